@@ -1,0 +1,2263 @@
+/* entropyinfer.h - entropy-guided adaptive sparse attention and latent
+   KV-cache compression for long-context LLMs (EntropyInfer, arXiv 2606.09508),
+   as one embeddable C99 header.                      MIT licence: see end.
+
+   QUICK START
+   ===========
+   In exactly one C or C++ file:
+
+       #define ENTROPYINFER_IMPLEMENTATION
+       #include "entropyinfer.h"
+
+   Everywhere else include it plainly. Link with -lm (and -lpthread for the
+   optional thread helpers, -ldl for the optional CUDA backend).
+
+       ei_config cfg = ei_config_default();      // the paper's configuration
+       ei_context *ctx;
+       if (ei_context_create(&cfg, &ctx) != EI_OK) { puts(ei_last_error()); }
+
+       // per layer, after RoPE: Q [tokens][heads][dim], K [tokens][kv_heads][dim]
+       ei_tensor q = ei_tensor_make(q_ptr, EI_BF16, n, 32, 128);
+       ei_tensor k = ei_tensor_make(k_ptr, EI_BF16, n, 8, 128);
+       size_t plan_bytes, ws_bytes;
+       ei_plan_size(ctx, n, 8, 128, 0, &plan_bytes);            // once, at setup
+       ei_profile_workspace_size(ctx, n, 32, 8, 128, &ws_bytes);
+       ei_plan plan;
+       ei_plan_init(ctx, &plan, n, 8, 128, 0, plan_mem, plan_bytes);
+       ei_profile(ctx, &q, &k, &plan, ws, ws_bytes);       // the sparsity plan
+       ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 1, ws2, ws2_bytes);
+
+   BUILD OPTIONS (define before the implementation include)
+   =============
+   | macro                   | effect                                               |
+   | EI_STATIC               | all functions static (private copy per file)          |
+   | EI_ASSERT(x)            | programmer-error assert (default: no-op)             |
+   | EI_MALLOC(sz), EI_FREE(p)| default allocator pair (both or neither)            |
+   | EI_NO_SIMD              | scalar paths only                                    |
+   | EI_NO_AVX2, EI_NO_AVX512| leave out that x86 path                              |
+   | EI_NO_NEON              | leave out the NEON path                               |
+   | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
+   | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
+
+   CONCEPTS
+   ========
+   segment     a run of segment_size consecutive queries (default 512).
+   block       a run of block_size consecutive keys (default 8).
+   profiling   cheap block-level estimate of each segment's attention: the
+               elementwise max/min of a segment's queries and of a block's
+               keys give score(s,b) = max((qmax.kmax + qmin.kmax)/2,
+               (qmax.kmin + qmin.kmin)/2), averaged over the query heads of a
+               kv group, softmaxed over the blocks strictly before s.
+   entropy     -sum p ln(p + 1e-9) of that distribution, per kv head, segment.
+   rigid head  every entropy of segments 1.. is below rigid_entropy (e_t):
+               keeps base_budget tokens in every segment.
+   dynamic head budget follows the entropy's relative change r[s]:
+               B[s] = clamp(B[s-1] + alpha*base*(r[s]-delta_t), 1x, 3x base).
+   plan        per kv head and segment: entropy, budget, keep count and the
+               ranked key blocks kept (descending score, ties to lower index).
+   observation window   the last `window` queries (the last window-decode_gap
+               prompt queries and the first decode_gap generated ones); decode
+               compression scores the cache against it and keeps
+               decode_budget positions per kv head (window included).
+
+   ERRORS
+   ======
+   Every function returns ei_result: EI_OK (0) or a negative code.
+   ei_result_name() and ei_result_string() give its name and meaning;
+   ei_last_error() gives a message about the calling thread's last failure
+   (thread-local storage; the only per-thread state in the library). An
+   optional logger in ei_config receives the same messages. The library never
+   aborts, exits or prints.
+
+   THREADS
+   =======
+   An ei_context is immutable after creation: any number of threads may use
+   one context at once. A plan or decoder may be shared by threads that work
+   on disjoint kv-head ranges (ei_profile_heads, ei_attention_prefill with
+   ith/nth); anything else written by a call belongs to one thread at a time.
+   Workspaces are per thread.
+*/
+#ifndef ENTROPYINFER_H
+#define ENTROPYINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EI_VERSION_MAJOR 0
+#define EI_VERSION_MINOR 1
+#define EI_VERSION_PATCH 0
+#define EI_VERSION_STRING "0.1.0"
+
+#ifndef EIDEF
+#ifdef EI_STATIC
+#define EIDEF static
+#else
+#ifdef __cplusplus
+#define EIDEF extern "C"
+#else
+#define EIDEF extern
+#endif
+#endif
+#endif
+
+/* ---------------------------------------------------------------- results */
+/* One table yields the enum, the names and the messages. */
+#define EI_RESULT_TABLE(X)                                                         \
+    X(EI_OK,               0, "success")                                           \
+    X(EI_ERR_NULL,        -1, "a required pointer argument is NULL")               \
+    X(EI_ERR_SIZE,        -2, "a size is zero, negative or above its maximum")     \
+    X(EI_ERR_GQA,         -3, "n_heads is not a multiple of n_kv_heads")           \
+    X(EI_ERR_CONFIG,      -4, "invalid configuration value")                       \
+    X(EI_ERR_STRIDE,      -5, "a stride is zero, negative or makes elements alias") \
+    X(EI_ERR_DTYPE,       -6, "unknown or unsupported dtype")                      \
+    X(EI_ERR_NONFINITE,   -7, "NaN or Inf in the input (or scores overflow)")      \
+    X(EI_ERR_OVERFLOW,    -8, "size arithmetic overflows")                         \
+    X(EI_ERR_WORKSPACE,   -9, "workspace or output buffer too small")             \
+    X(EI_ERR_NOMEM,      -10, "allocation failed")                                 \
+    X(EI_ERR_STATE,      -11, "call out of protocol order")                        \
+    X(EI_ERR_SHAPE,      -12, "shapes of the arguments disagree")                  \
+    X(EI_ERR_UNSUPPORTED,-13, "not supported by this CPU, build or backend")       \
+    X(EI_ERR_BACKEND,    -14, "GPU backend unavailable (library, driver or device)")
+
+typedef enum ei_result {
+#define EI__ENUM(name, value, text) name = value,
+    EI_RESULT_TABLE(EI__ENUM)
+#undef EI__ENUM
+    EI_RESULT_MIN_ = -14
+} ei_result;
+
+EIDEF const char *ei_result_name(ei_result r);   /* "EI_ERR_NULL" */
+EIDEF const char *ei_result_string(ei_result r); /* its meaning */
+EIDEF const char *ei_last_error(void);           /* detail of this thread's last failure */
+
+/* ---------------------------------------------------------------- tensors */
+typedef enum ei_dtype { EI_F32 = 0, EI_F16 = 1, EI_BF16 = 2 } ei_dtype;
+
+/* A read-only view of [n_tokens][n_heads][head_dim]. Strides count elements
+   (not bytes), must be positive and must not make two elements alias;
+   head_dim is contiguous. */
+typedef struct ei_tensor {
+    const void *data;
+    ei_dtype dtype;
+    int32_t n_heads;
+    int32_t head_dim;
+    int64_t n_tokens;
+    int64_t token_stride;
+    int64_t head_stride;
+} ei_tensor;
+
+/* The same for buffers the library writes (attention output, compaction). */
+typedef struct ei_out_tensor {
+    void *data;
+    ei_dtype dtype;
+    int32_t n_heads;
+    int32_t head_dim;
+    int64_t n_tokens;
+    int64_t token_stride;
+    int64_t head_stride;
+} ei_out_tensor;
+
+/* Contiguous [n_tokens][n_heads][head_dim] views. */
+EIDEF ei_tensor ei_tensor_make(const void *data, ei_dtype dtype, int64_t n_tokens,
+                               int32_t n_heads, int32_t head_dim);
+EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tokens,
+                                       int32_t n_heads, int32_t head_dim);
+
+/* Documented maximums (checked; past them: EI_ERR_SIZE). */
+#define EI_MAX_TOKENS     (1LL << 26)  /* 64M tokens per sequence */
+#define EI_MAX_HEADS      4096
+#define EI_MAX_HEAD_DIM   1024
+#define EI_MAX_SEGMENT    (1 << 20)
+#define EI_MAX_BUDGET     (1 << 26)
+
+/* ---------------------------------------------------------------- config */
+typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
+typedef enum ei_reduce { EI_REDUCE_MEAN = 0, EI_REDUCE_MAX = 1 } ei_reduce;
+typedef enum ei_simd {
+    EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
+    EI_SIMD_SCALAR = 1, /* plain reference */
+    EI_SIMD_AVX2 = 2,   /* AVX2 + FMA + F16C */
+    EI_SIMD_AVX512 = 3, /* AVX-512 F/BW/DQ/VL (+BF16/FP16 dot products where present) */
+    EI_SIMD_NEON = 4
+} ei_simd;
+typedef enum ei_backend { EI_BACKEND_CPU = 0, EI_BACKEND_CUDA = 1 } ei_backend;
+
+typedef struct ei_allocator {
+    void *(*alloc)(size_t size, void *user_data);
+    void (*free)(void *ptr, void *user_data);
+    void *user_data;
+} ei_allocator;
+
+typedef void (*ei_log_fn)(void *user_data, ei_result code, const char *message);
+
+/* Start from ei_config_default() (the paper's configuration) and change
+   fields: several knobs have 0 as a meaningful value. */
+typedef struct ei_config {
+    /* prefill profiling and plans */
+    int32_t segment_size;        /* 512 query tokens */
+    int32_t block_size;          /* 8 key tokens; segment_size % block_size == 0 */
+    int64_t threshold_len;       /* 4096: segments starting before it attend densely */
+    int32_t base_budget;         /* 2048 tokens */
+    double rigid_entropy;        /* e_t = 1e-5 */
+    double delta_t;              /* 0.4 */
+    double alpha;                /* 0.5 */
+    double budget_min_factor;    /* 1.0: dynamic budgets >= 1x base */
+    double budget_max_factor;    /* 3.0: dynamic budgets <= 3x base */
+    int32_t last_segment_dense;  /* 1: the last segment always attends densely */
+    int32_t per_segment_budget;  /* 0: each head keeps its own count (ragged);
+                                    1: the reference's max over heads per segment */
+    /* attention */
+    float attn_scale;            /* 0: 1/sqrt(head_dim) */
+    /* decode (latent KV compression) */
+    int32_t decode_budget;       /* 1024 positions kept per head, window included */
+    int32_t window;              /* 32 observation queries */
+    int32_t decode_gap;          /* 16 generated tokens before compressing */
+    ei_pool pool;                /* EI_POOL_AVG */
+    int32_t pool_kernel;         /* 5 (odd) */
+    int32_t per_kv_head;         /* 1: one keep-set per kv head; 0: per query head */
+    ei_reduce gqa_reduce;        /* EI_REDUCE_MEAN over a group's query heads */
+    int32_t recompress_every;    /* 0: compress once; k: again every k generated tokens */
+    float decode_scale;          /* 0: 1/sqrt(head_dim) */
+    /* execution */
+    ei_simd simd;                /* EI_SIMD_AUTO */
+    ei_backend backend;          /* EI_BACKEND_CPU */
+    const char *cuda_library;    /* NULL: $EI_CUDA_LIBRARY, then the usual names */
+    void *cuda_stream;           /* cudaStream_t for the CUDA backend (NULL: default) */
+    ei_allocator allocator;      /* {0}: EI_MALLOC/EI_FREE */
+    ei_log_fn log;               /* NULL: silent */
+    void *log_user_data;
+} ei_config;
+
+EIDEF ei_config ei_config_default(void);
+
+/* ---------------------------------------------------------------- context */
+typedef struct ei_context ei_context;
+
+EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out);
+EIDEF void ei_context_destroy(ei_context *ctx);
+EIDEF const ei_config *ei_context_config(const ei_context *ctx);
+EIDEF ei_simd ei_context_simd(const ei_context *ctx);   /* the path chosen */
+EIDEF ei_backend ei_context_backend(const ei_context *ctx);
+EIDEF int ei_cpu_supports(ei_simd path);                /* 1 if this CPU/OS/build can run it */
+EIDEF const char *ei_simd_name(ei_simd path);
+
+/* ---------------------------------------------------------------- plans */
+enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
+#define EI_PLAN_CHUNKED 1u   /* plan also holds the state of chunked planning */
+#define EI_PLAN_SCORES  2u   /* plan also stores the observation scores */
+
+/* A per-layer, per-sequence sparsity plan. Arrays are caller-visible and
+   laid out as in DESIGN.md (same on CPU and GPU):
+     entropy      f32[n_kv_heads][n_segments]
+     head_class   u8 [n_kv_heads]                  EI_HEAD_RIGID / EI_HEAD_DYNAMIC
+     budget       f32[n_kv_heads][n_segments]      tokens
+     keep_blocks  i32[n_kv_heads][n_segments]      each head's own count (after caps)
+     keep_count   i32[n_kv_heads][n_segments]      the count applied: keep_blocks, or
+                                                  the max over heads (per_segment_budget)
+     block_index  i32[n_kv_heads][n_segments][max_keep]  ranked, padded with -1
+     scores       f32[n_kv_heads][n_segments][n_blocks]  softmaxed (EI_PLAN_SCORES only)
+   Segment 0 keeps nothing. */
+typedef struct ei_plan {
+    int64_t n_tokens;      /* tokens planned so far (whole prompt: all) */
+    int64_t max_tokens;    /* capacity */
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t n_segments;    /* ceil(n_tokens / segment_size) */
+    int32_t n_blocks;      /* scored key blocks: (n_segments-1)*segment_size/block_size */
+    int32_t max_keep;      /* row capacity of block_index */
+    int32_t segment_size, block_size;
+    int32_t final;         /* 1 once the whole prompt is planned */
+    uint32_t flags;
+    float *entropy;
+    uint8_t *head_class;
+    float *budget;
+    int32_t *keep_blocks;
+    int32_t *keep_count;
+    int32_t *block_index;
+    float *scores;
+    void *state;           /* chunked planning state (library-private) */
+    void *owned_memory;    /* set by ei_plan_alloc */
+    int32_t seg_capacity;  /* segments the arrays can hold */
+    int32_t blk_capacity;  /* blocks a scores row can hold */
+} ei_plan;
+
+/* Bytes for a plan of up to max_tokens tokens (flags: EI_PLAN_*). */
+EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
+                             int32_t head_dim, uint32_t flags, size_t *bytes);
+/* Lay a plan out in caller memory (at least ei_plan_size bytes, any alignment). */
+EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
+                             int32_t n_kv_heads, int32_t head_dim, uint32_t flags,
+                             void *memory, size_t bytes);
+/* Or let the context's allocator own it (setup time, not per layer). */
+EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
+                              int32_t n_kv_heads, int32_t head_dim, uint32_t flags);
+EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan);
+/* Start a new sequence in an existing plan (chunked planning). */
+EIDEF ei_result ei_plan_reset(ei_plan *plan);
+/* After ei_profile_heads / ei_profile_chunk_heads ranges of one call have
+   all returned: fills keep_count with the max over heads when
+   per_segment_budget = 1 (no-op otherwise). ei_profile, ei_profile_mt and
+   ei_profile_chunk call it themselves. */
+EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan);
+
+/* ---------------------------------------------------------------- profiling */
+/* Per-thread workspace for profiling a prompt of n_tokens. */
+EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                          int32_t n_kv_heads, int32_t head_dim, size_t *bytes);
+
+/* Whole-prompt planning (equals the reference): q [n][heads][dim],
+   k [n][kv_heads][dim] post-RoPE, same n. Fills every kv head of the plan. */
+EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                           ei_plan *plan, void *workspace, size_t workspace_bytes);
+/* The same for kv heads [kv_begin, kv_end) only, so an engine's threads can
+   share one plan (each with its own workspace, disjoint ranges covering all
+   kv heads). Only the call whose range holds kv head 0 writes the plan's
+   shared fields (n_tokens, n_segments, ...); no call reads them. */
+EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                 ei_plan *plan, int32_t kv_begin, int32_t kv_end,
+                                 void *workspace, size_t workspace_bytes);
+/* Built-in pthread helper: n_threads workers, workspace = n_threads x per-thread size. */
+EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                              ei_plan *plan, int n_threads, void *workspace, size_t workspace_bytes);
+
+/* Chunked planning (plan made with EI_PLAN_CHUNKED): q holds the queries of
+   tokens [plan->n_tokens, plan->n_tokens + q->n_tokens): whole segments,
+   except that the final call (is_final = 1) may end with a partial one;
+   k holds all keys so far (k->n_tokens == plan->n_tokens + q->n_tokens).
+   Entropies of segments >= 1 equal whole-prompt ones exactly. A head is
+   rigid while all its entropies so far are below e_t; once one is not it is
+   dynamic and follows the recurrence (tracked from the start). Segment 0's
+   entropy and the last segment's cap are set by the final call. */
+EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                 ei_plan *plan, int is_final, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                       ei_plan *plan, int is_final, int32_t kv_begin, int32_t kv_end,
+                                       void *workspace, size_t workspace_bytes);
+
+/* 1 if query segment `segment` of the plan attends sparsely (starts at or
+   after threshold_len, and is not the last segment when last_segment_dense). */
+EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment);
+
+/* ---------------------------------------------------------------- attention */
+/* Block-sparse prefill attention executing a plan (plan NULL: dense causal).
+   q holds tokens [q_offset, q_offset + q->n_tokens) (q_offset = 0 for the
+   whole prompt; chunked callers pass the chunk's first position); k and v hold
+   keys 0 .. q_offset + q->n_tokens - 1. out has q's shape (f32, f16 or bf16).
+   Work is split into nth parts; call with ith = 0..nth-1 from the engine's
+   threads (or ith=0, nth=1). Workspace per thread. */
+EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
+                                            int32_t head_dim, size_t *bytes);
+EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                     const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
+                                     int64_t q_offset, int ith, int nth,
+                                     void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                        const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
+                                        int64_t q_offset, int n_threads,
+                                        void *workspace, size_t workspace_bytes);
+
+/* ---------------------------------------------------------------- decode */
+/* Per-layer, per-sequence observation state. */
+typedef struct ei_decoder {
+    int32_t n_heads, n_kv_heads, head_dim, window;
+    int64_t n_observed;     /* queries observed in total */
+    int64_t n_generated;    /* of which generated */
+    int64_t last_compress;  /* n_generated at the last compression (-1: none) */
+    float *queries;         /* ring of the last `window` queries, f32 [window][n_heads][head_dim] */
+} ei_decoder;
+
+EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes);
+EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
+                                int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes);
+EIDEF ei_result ei_decoder_reset(ei_decoder *dec);
+/* Feed queries: the prompt's (all or its last ones; generated = 0), then each
+   generated token's (generated = 1). The decoder keeps the last `window`. */
+EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated);
+/* 1 when the engine should ask for a keep-set now (decode_gap generated
+   tokens observed since the prompt, or recompress_every since the last). */
+EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec);
+
+/* The positions each head keeps, ascending, window included. */
+typedef struct ei_keep_set {
+    int32_t heads_out;      /* n_kv_heads (per_kv_head) or n_heads */
+    int32_t capacity;       /* row length of index (>= min(n_tokens, decode_budget)) */
+    int32_t n_kept;         /* set by ei_decode_keep: positions kept per head */
+    int32_t compressed;     /* 0: n_tokens < decode_budget, everything kept */
+    int64_t n_tokens;       /* cache length scored */
+    int32_t *index;         /* [heads_out][capacity] ascending */
+    uint8_t *mask;          /* optional [heads_out][mask_capacity]: 1 = kept */
+    int64_t mask_capacity;
+    float *pooled;          /* optional [heads_out][pooled_capacity]: the ranked pooled
+                               scores of the first n_tokens - window positions */
+    int64_t pooled_capacity;
+} ei_keep_set;
+
+EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                         int32_t n_kv_heads, size_t *bytes);
+/* Score the cache k [n_tokens][n_kv_heads][dim] (its last `window` keys line
+   up with the window's queries) and fill keep. */
+EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
+                               ei_keep_set *keep, void *workspace, size_t workspace_bytes);
+/* In-place compaction of a contiguous-per-head cache with keep->heads_out
+   heads: row i of head h becomes row keep->index[h][i]. Afterwards the cache
+   holds keep->n_kept tokens per head. */
+EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
+
+#endif /* ENTROPYINFER_H */
+
+/* ======================================================================== */
+/*                              IMPLEMENTATION                              */
+/* ======================================================================== */
+#ifdef ENTROPYINFER_IMPLEMENTATION
+#ifndef ENTROPYINFER_IMPLEMENTATION_DONE
+#define ENTROPYINFER_IMPLEMENTATION_DONE
+
+// >>common ------------------------------------------------------------------
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>   /* vsnprintf only: the library never prints */
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef EI_ASSERT
+#define EI_ASSERT(x) ((void)0)
+#endif
+#if defined(EI_MALLOC) != defined(EI_FREE)
+#error "define both EI_MALLOC and EI_FREE, or neither"
+#endif
+#ifndef EI_MALLOC
+#define EI_MALLOC(sz) malloc(sz)
+#define EI_FREE(p) free(p)
+#endif
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+#define EI__TLS thread_local
+#elif defined(_MSC_VER)
+#define EI__TLS __declspec(thread)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#define EI__TLS _Thread_local
+#else
+#define EI__TLS __thread
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define EI__MAYBE_UNUSED __attribute__((unused))
+#else
+#define EI__MAYBE_UNUSED
+#endif
+/* GCC's own intrinsic headers trip -Wmaybe-uninitialized (_mm512_undefined_ps)
+   when inlined into C++; the warning is about the header, not this code. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define EI__POP_DIAGNOSTICS 1
+#endif
+
+#define EI__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define EI__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define EI__ALIGN 64
+
+/* x86 SIMD is compiled per function with target attributes, so a plain -O2
+   build still carries the AVX2 and AVX-512 paths; which one runs is decided
+   at context creation from cpuid + xgetbv. */
+#if !defined(EI_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && \
+    (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#include <cpuid.h>
+#ifndef EI_NO_AVX2
+#define EI__HAVE_AVX2 1
+#define EI__TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+#ifndef EI_NO_AVX512
+#define EI__HAVE_AVX512 1
+#define EI__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#endif
+#endif
+#if !defined(EI_NO_SIMD) && !defined(EI_NO_NEON) && defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define EI__HAVE_NEON 1
+#endif
+
+struct ei_context {
+    ei_config cfg;
+    ei_simd simd;        /* the CPU path all kernels of this context use */
+    ei_allocator alloc;
+    void *cuda;          /* CUDA backend state (>>cuda-loader) */
+};
+
+static EI__TLS char ei__tls_message[512];
+
+/* Record why a call failed (thread-local), tell the logger, return code. */
+static ei_result ei__fail(const ei_context *ctx, ei_result code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static ei_result ei__fail(const ei_context *ctx, ei_result code, const char *fmt, ...) {
+    va_list ap;
+    int n = snprintf(ei__tls_message, sizeof ei__tls_message, "%s: ", ei_result_name(code));
+    if (n < 0 || n >= (int)sizeof ei__tls_message) n = 0;
+    va_start(ap, fmt);
+    vsnprintf(ei__tls_message + n, sizeof ei__tls_message - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (ctx && ctx->cfg.log) ctx->cfg.log(ctx->cfg.log_user_data, code, ei__tls_message);
+    return code;
+}
+
+EIDEF const char *ei_result_name(ei_result r) {
+    switch (r) {
+#define EI__NAME(name, value, text) case name: return #name;
+        EI_RESULT_TABLE(EI__NAME)
+#undef EI__NAME
+        default: return "EI_ERR_UNKNOWN";
+    }
+}
+EIDEF const char *ei_result_string(ei_result r) {
+    switch (r) {
+#define EI__TEXT(name, value, text) case name: return text;
+        EI_RESULT_TABLE(EI__TEXT)
+#undef EI__TEXT
+        default: return "unknown result code";
+    }
+}
+EIDEF const char *ei_last_error(void) { return ei__tls_message; }
+
+static void *ei__alloc(const ei_allocator *a, size_t n) {
+    if (a && a->alloc) return a->alloc(n, a->user_data);
+    return EI_MALLOC(n);
+}
+static void ei__free(const ei_allocator *a, void *p) {
+    if (!p) return;
+    if (a && a->free) a->free(p, a->user_data);
+    else EI_FREE(p);
+}
+
+/* Overflow-checked size arithmetic: every helper returns 0 on overflow. */
+static int ei__mul_size(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+static int ei__add_size(size_t a, size_t b, size_t *out) {
+    if (b > SIZE_MAX - a) return 0;
+    *out = a + b;
+    return 1;
+}
+/* Bytes of an aligned array of n elements of size elem, added to *total. */
+static int ei__reserve(size_t *total, size_t n, size_t elem) {
+    size_t bytes, t;
+    if (!ei__mul_size(n, elem, &bytes)) return 0;
+    if (!ei__add_size(bytes, EI__ALIGN - 1, &bytes)) return 0;
+    bytes &= ~(size_t)(EI__ALIGN - 1);
+    if (!ei__add_size(*total, bytes, &t)) return 0;
+    *total = t;
+    return 1;
+}
+/* Carve an aligned array from a bump arena (sizes were checked by reserve). */
+typedef struct ei__arena { unsigned char *ptr, *end; } ei__arena;
+static void ei__arena_init(ei__arena *a, void *mem, size_t bytes) {
+    uintptr_t p = (uintptr_t)mem, q = (p + EI__ALIGN - 1) & ~(uintptr_t)(EI__ALIGN - 1);
+    a->ptr = (unsigned char *)mem + (q - p);
+    a->end = (unsigned char *)mem + bytes;
+    if (a->ptr > a->end) a->ptr = a->end;
+}
+static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
+    size_t bytes = (n * elem + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1);
+    void *p = a->ptr;
+    if ((size_t)(a->end - a->ptr) < bytes) return NULL;
+    a->ptr += bytes;
+    return p;
+}
+
+// >>convert: f16 / bf16 <-> f32, bit-exact and portable ---------------------
+static float ei__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t ei__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static float ei__bf16_to_f32(uint16_t h) { return ei__bits_f32((uint32_t)h << 16); }
+static uint16_t ei__f32_to_bf16(float f) {
+    uint32_t u = ei__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
+    return (uint16_t)(u >> 16);
+}
+static float ei__f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return ei__bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float f = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    return ei__bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+static uint16_t ei__f32_to_f16(float f) {
+    uint32_t u = ei__f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);           /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);          /* overflow -> Inf */
+    if (a < 0x38800000u) {                                            /* subnormal or zero */
+        float m = ei__bits_f32(a) * 16777216.0f;                      /* scaled to 2^-24 units */
+        uint32_t r = (uint32_t)m;
+        float frac = m - (float)r;
+        if (frac > 0.5f || (frac == 0.5f && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (a >> 13));
+}
+/* One element of a view as f32. */
+static float ei__load1(const void *base, ei_dtype dt, int64_t i) {
+    switch (dt) {
+        case EI_F16: return ei__f16_to_f32(((const uint16_t *)base)[i]);
+        case EI_BF16: return ei__bf16_to_f32(((const uint16_t *)base)[i]);
+        default: return ((const float *)base)[i];
+    }
+}
+EI__MAYBE_UNUSED static void ei__store1(void *base, ei_dtype dt, int64_t i, float v) {
+    switch (dt) {
+        case EI_F16: ((uint16_t *)base)[i] = ei__f32_to_f16(v); break;
+        case EI_BF16: ((uint16_t *)base)[i] = ei__f32_to_bf16(v); break;
+        default: ((float *)base)[i] = v; break;
+    }
+}
+static size_t ei__dtype_size(ei_dtype dt) { return dt == EI_F32 ? 4 : 2; }
+/* Pointer to row (token t, head h) of a view, in elements of its dtype. */
+static const void *ei__row(const ei_tensor *t, int64_t tok, int32_t head) {
+    return (const unsigned char *)t->data +
+           (size_t)(tok * t->token_stride + (int64_t)head * t->head_stride) * ei__dtype_size(t->dtype);
+}
+static void *ei__row_out(const ei_out_tensor *t, int64_t tok, int32_t head) {
+    return (unsigned char *)t->data +
+           (size_t)(tok * t->token_stride + (int64_t)head * t->head_stride) * ei__dtype_size(t->dtype);
+}
+
+// >>cpu-features ------------------------------------------------------------
+#if defined(EI__HAVE_AVX2) || defined(EI__HAVE_AVX512)
+static uint64_t ei__xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+/* Bit i of the result: path i can run (the compiler emitted it and the CPU
+   and OS support it). Computed fresh: cpuid is cheap and this avoids a
+   mutable global. */
+static unsigned ei__cpu_paths(void) {
+    unsigned paths = 1u << EI_SIMD_SCALAR;
+#if defined(EI__HAVE_AVX2) || defined(EI__HAVE_AVX512)
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+        uint64_t xcr0 = osxsave ? ei__xgetbv0() : 0;
+        int ymm_os = (xcr0 & 6) == 6, zmm_os = (xcr0 & 0xe6) == 0xe6;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+            int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
+                vl = (b >> 31) & 1;
+#ifdef EI__HAVE_AVX2
+            if (ymm_os && avx2 && fma && f16c) paths |= 1u << EI_SIMD_AVX2;
+#endif
+#ifdef EI__HAVE_AVX512
+            if (zmm_os && avx2 && fma && f16c && f && dq && bw && vl) paths |= 1u << EI_SIMD_AVX512;
+#endif
+            (void)avx2; (void)f; (void)dq; (void)bw; (void)vl; (void)zmm_os; (void)ymm_os;
+        }
+    }
+#endif
+#ifdef EI__HAVE_NEON
+    paths |= 1u << EI_SIMD_NEON;
+#endif
+    return paths;
+}
+EIDEF int ei_cpu_supports(ei_simd path) {
+    if (path == EI_SIMD_AUTO) return 1;
+    if ((int)path < 0 || (int)path > EI_SIMD_NEON) return 0;
+    return (ei__cpu_paths() >> path) & 1u;
+}
+EIDEF const char *ei_simd_name(ei_simd path) {
+    switch (path) {
+        case EI_SIMD_AUTO: return "auto";
+        case EI_SIMD_SCALAR: return "scalar";
+        case EI_SIMD_AVX2: return "avx2";
+        case EI_SIMD_AVX512: return "avx512";
+        case EI_SIMD_NEON: return "neon";
+        default: return "unknown";
+    }
+}
+static ei_simd ei__best_simd(void) {
+    unsigned p = ei__cpu_paths();
+    if (p & (1u << EI_SIMD_AVX512)) return EI_SIMD_AVX512;
+    if (p & (1u << EI_SIMD_AVX2)) return EI_SIMD_AVX2;
+    if (p & (1u << EI_SIMD_NEON)) return EI_SIMD_NEON;
+    return EI_SIMD_SCALAR;
+}
+
+// >>validate ----------------------------------------------------------------
+/* A view is valid when its sizes are within limits, its strides positive and
+   non-aliasing: sorted by stride, each axis must step over the whole extent of
+   the axes inside it. */
+static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtype dtype, int64_t n_tokens,
+                                int32_t n_heads, int32_t head_dim, int64_t ts, int64_t hs,
+                                const char *name) {
+    int64_t s_in, n_in, s_out, n_out, extent;
+    if (!data) return ei__fail(ctx, EI_ERR_NULL, "%s: data is NULL", name);
+    if (dtype != EI_F32 && dtype != EI_F16 && dtype != EI_BF16)
+        return ei__fail(ctx, EI_ERR_DTYPE, "%s: dtype %d is not EI_F32, EI_F16 or EI_BF16", name, (int)dtype);
+    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "%s: n_tokens %lld not in 1..%lld", name, (long long)n_tokens,
+                        (long long)EI_MAX_TOKENS);
+    if (n_heads <= 0 || n_heads > EI_MAX_HEADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "%s: n_heads %d not in 1..%d", name, (int)n_heads, EI_MAX_HEADS);
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
+        return ei__fail(ctx, EI_ERR_SIZE, "%s: head_dim %d not in 1..%d", name, (int)head_dim, EI_MAX_HEAD_DIM);
+    if (ts <= 0 || hs <= 0)
+        return ei__fail(ctx, EI_ERR_STRIDE, "%s: strides must be positive (token %lld, head %lld)", name,
+                        (long long)ts, (long long)hs);
+    /* Both strides <= 2^40 keeps every offset below 2^63 with the limits above. */
+    if (ts > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: stride above 2^40 elements", name);
+    if (hs <= ts) { s_in = hs; n_in = n_heads; s_out = ts; n_out = n_tokens; }
+    else { s_in = ts; n_in = n_tokens; s_out = hs; n_out = n_heads; }
+    extent = s_in * (n_in - 1) + head_dim;
+    if ((n_in > 1 && s_in < head_dim) || (n_out > 1 && s_out < extent))
+        return ei__fail(ctx, EI_ERR_STRIDE,
+                        "%s: strides (token %lld, head %lld) make elements alias for %lld tokens x %d heads x %d dims",
+                        name, (long long)ts, (long long)hs, (long long)n_tokens, (int)n_heads, (int)head_dim);
+    return EI_OK;
+}
+static ei_result ei__check_tensor(const ei_context *ctx, const ei_tensor *t, const char *name) {
+    if (!t) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
+    return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
+                          t->head_stride, name);
+}
+static ei_result ei__check_out_tensor(const ei_context *ctx, const ei_out_tensor *t, const char *name) {
+    if (!t) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
+    return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
+                          t->head_stride, name);
+}
+/* Q and K of one layer: same head_dim, GQA grouping. */
+static ei_result ei__check_qk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k) {
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if ((r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    if (q->head_dim != k->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "q head_dim %d != k head_dim %d", (int)q->head_dim, (int)k->head_dim);
+    if (q->n_heads % k->n_heads != 0)
+        return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)q->n_heads,
+                        (int)k->n_heads);
+    return EI_OK;
+}
+
+EIDEF ei_tensor ei_tensor_make(const void *data, ei_dtype dtype, int64_t n_tokens, int32_t n_heads,
+                               int32_t head_dim) {
+    ei_tensor t;
+    t.data = data; t.dtype = dtype; t.n_heads = n_heads; t.head_dim = head_dim; t.n_tokens = n_tokens;
+    t.head_stride = head_dim; t.token_stride = (int64_t)n_heads * head_dim;
+    return t;
+}
+EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tokens, int32_t n_heads,
+                                       int32_t head_dim) {
+    ei_out_tensor t;
+    t.data = data; t.dtype = dtype; t.n_heads = n_heads; t.head_dim = head_dim; t.n_tokens = n_tokens;
+    t.head_stride = head_dim; t.token_stride = (int64_t)n_heads * head_dim;
+    return t;
+}
+
+// >>config ------------------------------------------------------------------
+EIDEF ei_config ei_config_default(void) {
+    ei_config c;
+    memset(&c, 0, sizeof c);
+    c.segment_size = 512;
+    c.block_size = 8;
+    c.threshold_len = 4096;
+    c.base_budget = 2048;
+    c.rigid_entropy = 1e-5;
+    c.delta_t = 0.4;
+    c.alpha = 0.5;
+    c.budget_min_factor = 1.0f;
+    c.budget_max_factor = 3.0f;
+    c.last_segment_dense = 1;
+    c.per_segment_budget = 0;
+    c.attn_scale = 0.0f;
+    c.decode_budget = 1024;
+    c.window = 32;
+    c.decode_gap = 16;
+    c.pool = EI_POOL_AVG;
+    c.pool_kernel = 5;
+    c.per_kv_head = 1;
+    c.gqa_reduce = EI_REDUCE_MEAN;
+    c.recompress_every = 0;
+    c.decode_scale = 0.0f;
+    c.simd = EI_SIMD_AUTO;
+    c.backend = EI_BACKEND_CPU;
+    return c;
+}
+
+static int ei__finite(double x) { return x == x && x - x == 0.0; }
+
+static ei_result ei__check_config(const ei_config *c) {
+#define EI__BAD(...) return ei__fail(NULL, EI_ERR_CONFIG, __VA_ARGS__)
+    if (c->segment_size <= 0 || c->segment_size > EI_MAX_SEGMENT)
+        EI__BAD("segment_size %d not in 1..%d", (int)c->segment_size, EI_MAX_SEGMENT);
+    if (c->block_size <= 0 || c->block_size > c->segment_size)
+        EI__BAD("block_size %d not in 1..segment_size (%d)", (int)c->block_size, (int)c->segment_size);
+    if (c->segment_size % c->block_size != 0)
+        EI__BAD("segment_size %d is not a multiple of block_size %d", (int)c->segment_size, (int)c->block_size);
+    if (c->threshold_len < 0) EI__BAD("threshold_len %lld is negative", (long long)c->threshold_len);
+    if (c->base_budget < 0 || c->base_budget > EI_MAX_BUDGET)
+        EI__BAD("base_budget %d not in 0..%d", (int)c->base_budget, EI_MAX_BUDGET);
+    if (!ei__finite(c->rigid_entropy) || c->rigid_entropy < 0) EI__BAD("rigid_entropy must be finite and >= 0");
+    if (!ei__finite(c->delta_t) || c->delta_t < 0) EI__BAD("delta_t must be finite and >= 0");
+    if (!ei__finite(c->alpha) || c->alpha < 0) EI__BAD("alpha must be finite and >= 0");
+    if (!ei__finite(c->budget_min_factor) || !ei__finite(c->budget_max_factor) || c->budget_min_factor < 0 ||
+        c->budget_max_factor < c->budget_min_factor || c->budget_max_factor > 64.0)
+        EI__BAD("budget factors must satisfy 0 <= min (%g) <= max (%g) <= 64", (double)c->budget_min_factor,
+                (double)c->budget_max_factor);
+    if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
+    if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
+    if (!ei__finite(c->attn_scale) || c->attn_scale < 0) EI__BAD("attn_scale must be finite and >= 0");
+    if (!ei__finite(c->decode_scale) || c->decode_scale < 0) EI__BAD("decode_scale must be finite and >= 0");
+    if (c->window <= 0 || c->window > 65536) EI__BAD("window %d not in 1..65536", (int)c->window);
+    if (c->decode_budget < c->window || c->decode_budget > EI_MAX_BUDGET)
+        EI__BAD("decode_budget %d not in window (%d)..%d", (int)c->decode_budget, (int)c->window, EI_MAX_BUDGET);
+    if (c->decode_gap < 0 || c->decode_gap > c->window)
+        EI__BAD("decode_gap %d not in 0..window (%d)", (int)c->decode_gap, (int)c->window);
+    if (c->pool != EI_POOL_AVG && c->pool != EI_POOL_MAX && c->pool != EI_POOL_NONE) EI__BAD("unknown pool %d", (int)c->pool);
+    if (c->pool != EI_POOL_NONE && (c->pool_kernel <= 0 || c->pool_kernel % 2 == 0 || c->pool_kernel > 1023))
+        EI__BAD("pool_kernel %d must be odd, 1..1023", (int)c->pool_kernel);
+    if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
+    if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
+    if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
+    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON) EI__BAD("unknown simd path %d", (int)c->simd);
+    if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA) EI__BAD("unknown backend %d", (int)c->backend);
+    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) EI__BAD("allocator needs both alloc and free, or neither");
+#undef EI__BAD
+    return EI_OK;
+}
+
+// >>context -----------------------------------------------------------------
+static ei_result ei__cuda_open(ei_context *ctx);
+static void ei__cuda_close(ei_context *ctx);
+
+EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
+    ei_config c;
+    ei_context *ctx;
+    ei_result r;
+    if (!out) return ei__fail(NULL, EI_ERR_NULL, "out (ei_context **) is NULL");
+    *out = NULL;
+    c = cfg ? *cfg : ei_config_default();
+    if ((r = ei__check_config(&c)) != EI_OK) {
+        if (c.log) c.log(c.log_user_data, r, ei__tls_message);
+        return r;
+    }
+    if (c.simd != EI_SIMD_AUTO && !ei_cpu_supports(c.simd)) {
+        ei_context tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.cfg = c;
+        return ei__fail(&tmp, EI_ERR_UNSUPPORTED, "SIMD path '%s' was forced but this CPU, OS or build lacks it",
+                        ei_simd_name(c.simd));
+    }
+    ctx = (ei_context *)ei__alloc(&c.allocator, sizeof *ctx);
+    if (!ctx) return ei__fail(NULL, EI_ERR_NOMEM, "allocating the context (%u bytes)", (unsigned)sizeof *ctx);
+    memset(ctx, 0, sizeof *ctx);
+    ctx->cfg = c;
+    ctx->alloc = c.allocator;
+    ctx->simd = c.simd == EI_SIMD_AUTO ? ei__best_simd() : c.simd;
+    if (c.backend == EI_BACKEND_CUDA && (r = ei__cuda_open(ctx)) != EI_OK) {
+        ei__free(&ctx->alloc, ctx);
+        return r;
+    }
+    *out = ctx;
+    return EI_OK;
+}
+EIDEF void ei_context_destroy(ei_context *ctx) {
+    ei_allocator a;
+    if (!ctx) return;
+    if (ctx->cuda) ei__cuda_close(ctx);
+    a = ctx->alloc;
+    ei__free(&a, ctx);
+}
+EIDEF const ei_config *ei_context_config(const ei_context *ctx) { return ctx ? &ctx->cfg : NULL; }
+EIDEF ei_simd ei_context_simd(const ei_context *ctx) { return ctx ? ctx->simd : EI_SIMD_SCALAR; }
+EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->cfg.backend : EI_BACKEND_CPU; }
+
+// >>plan --------------------------------------------------------------------
+/* Per-kv-head state of chunked planning. */
+typedef struct ei__head_state {
+    int64_t tokens_done;   /* queries planned so far */
+    int64_t blocks_done;   /* key blocks whose min/max representation is stored */
+    double budget_dyn;     /* the dynamic recurrence B[s], tracked from segment 0 */
+    float entropy_prev;    /* H[s-1] */
+    int32_t rigid_so_far;  /* every entropy of segments 1.. so far below e_t */
+    int32_t finished;      /* the final chunk was planned */
+} ei__head_state;
+
+static int32_t ei__max_keep(const ei_config *c, int64_t blk_capacity) {
+    double f = EI__MAX(1.0, (double)c->budget_max_factor);
+    int64_t k = (int64_t)floor(f * (double)c->base_budget / (double)c->block_size);
+    return (int32_t)EI__MIN(k, blk_capacity);
+}
+static int64_t ei__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ei__round_up(int64_t a, int64_t m) { return ei__ceil_div(a, m) * m; }
+
+/* Layout of a plan; bytes == 0 only sizes it. */
+typedef struct ei__plan_layout { int64_t segs, blks, blks_pad, max_keep; } ei__plan_layout;
+static ei_result ei__plan_layout_of(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
+                                    int32_t head_dim, uint32_t flags, ei__plan_layout *L, size_t *bytes) {
+    size_t total = 0, kv = (size_t)n_kv_heads;
+    int64_t segs, blks;
+    const ei_config *c;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!bytes) return ei__fail(ctx, EI_ERR_NULL, "bytes is NULL");
+    c = &ctx->cfg;
+    if (max_tokens <= 0 || max_tokens > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "max_tokens %lld not in 1..%lld", (long long)max_tokens, (long long)EI_MAX_TOKENS);
+    if (n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_kv_heads %d not in 1..%d", (int)n_kv_heads, EI_MAX_HEADS);
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
+        return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
+    if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES))
+        return ei__fail(ctx, EI_ERR_CONFIG, "unknown plan flags 0x%x", (unsigned)flags);
+    segs = ei__ceil_div(max_tokens, c->segment_size);
+    blks = (segs - 1) * (c->segment_size / c->block_size);
+    L->segs = segs;
+    L->blks = blks;
+    L->blks_pad = ei__round_up(blks > 0 ? blks : 1, 16);
+    L->max_keep = ei__max_keep(c, blks);
+    if (!ei__reserve(&total, kv * (size_t)segs, sizeof(float)) ||            /* entropy */
+        !ei__reserve(&total, kv, 1) ||                                        /* head_class */
+        !ei__reserve(&total, kv * (size_t)segs, sizeof(float)) ||            /* budget */
+        !ei__reserve(&total, kv * (size_t)segs, sizeof(int32_t)) ||          /* keep_blocks */
+        !ei__reserve(&total, kv * (size_t)segs, sizeof(int32_t)) ||          /* keep_count */
+        !ei__reserve(&total, kv * (size_t)segs, (size_t)L->max_keep * 4u) || /* block_index */
+        ((flags & EI_PLAN_SCORES) && !ei__reserve(&total, kv * (size_t)segs, (size_t)(blks > 0 ? blks : 1) * 4u)) ||
+        ((flags & EI_PLAN_CHUNKED) &&
+         (!ei__reserve(&total, kv, sizeof(ei__head_state)) ||
+          !ei__reserve(&total, kv * 2u * (size_t)head_dim, (size_t)L->blks_pad * 4u))) ||
+        !ei__add_size(total, EI__ALIGN, &total))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "plan of %lld tokens x %d kv heads does not fit in size_t",
+                        (long long)max_tokens, (int)n_kv_heads);
+    *bytes = total;
+    return EI_OK;
+}
+
+EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
+                             uint32_t flags, size_t *bytes) {
+    ei__plan_layout L;
+    return ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, bytes);
+}
+
+/* Per-head chunked state and its key-block min/max store (transposed:
+   [2][head_dim][blks_pad], max first). */
+static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
+static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
+    unsigned char *base = (unsigned char *)p->state;
+    size_t states = ((size_t)p->n_kv_heads * sizeof(ei__head_state) + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1);
+    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
+    return (float *)(base + states) + (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
+}
+
+EIDEF ei_result ei_plan_reset(ei_plan *plan) {
+    int32_t h;
+    size_t rows;
+    if (!plan || !plan->entropy) return ei__fail(NULL, EI_ERR_NULL, "plan is NULL or not initialised");
+    rows = (size_t)plan->n_kv_heads * (size_t)plan->seg_capacity;
+    plan->n_tokens = 0;
+    plan->n_segments = 0;
+    plan->n_blocks = 0;
+    plan->final = 0;
+    memset(plan->entropy, 0, rows * sizeof(float));
+    memset(plan->head_class, 0, (size_t)plan->n_kv_heads);
+    memset(plan->budget, 0, rows * sizeof(float));
+    memset(plan->keep_blocks, 0, rows * sizeof(int32_t));
+    memset(plan->keep_count, 0, rows * sizeof(int32_t));
+    memset(plan->block_index, 0xff, rows * (size_t)plan->max_keep * sizeof(int32_t)); /* -1 */
+    if (plan->scores) memset(plan->scores, 0, rows * (size_t)EI__MAX(plan->blk_capacity, 1) * sizeof(float));
+    if (plan->state)
+        for (h = 0; h < plan->n_kv_heads; ++h) {
+            ei__head_state *st = &ei__plan_states(plan)[h];
+            memset(st, 0, sizeof *st);
+            st->rigid_so_far = 1;
+        }
+    return EI_OK;
+}
+
+static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                                    int32_t head_dim, uint32_t flags, void *memory, size_t bytes);
+
+EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                             int32_t head_dim, uint32_t flags, void *memory, size_t bytes) {
+    ei__plan_layout L;
+    size_t need;
+    ei__arena a;
+    size_t kv = (size_t)n_kv_heads, rows;
+    ei_result r = ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, &need);
+    if (r != EI_OK) return r;
+    if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
+    if (!memory) return ei__fail(ctx, EI_ERR_NULL, "plan memory is NULL");
+    if (bytes < need)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "plan memory of %zu bytes, %zu needed", bytes, need);
+    if (ctx->cfg.backend == EI_BACKEND_CUDA)
+        return ei__cuda_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
+    rows = kv * (size_t)L.segs;
+    memset(plan, 0, sizeof *plan);
+    ei__arena_init(&a, memory, bytes);
+    plan->entropy = (float *)ei__arena_take(&a, rows, 4);
+    plan->head_class = (uint8_t *)ei__arena_take(&a, kv, 1);
+    plan->budget = (float *)ei__arena_take(&a, rows, 4);
+    plan->keep_blocks = (int32_t *)ei__arena_take(&a, rows, 4);
+    plan->keep_count = (int32_t *)ei__arena_take(&a, rows, 4);
+    plan->block_index = (int32_t *)ei__arena_take(&a, rows, (size_t)L.max_keep * 4u);
+    if (flags & EI_PLAN_SCORES) plan->scores = (float *)ei__arena_take(&a, rows, (size_t)EI__MAX(L.blks, 1) * 4u);
+    if (flags & EI_PLAN_CHUNKED)
+        plan->state = ei__arena_take(&a, ((kv * sizeof(ei__head_state) + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1)) +
+                                             kv * 2u * (size_t)head_dim * (size_t)L.blks_pad * 4u, 1);
+    plan->max_tokens = max_tokens;
+    plan->n_kv_heads = n_kv_heads;
+    plan->head_dim = head_dim;
+    plan->max_keep = (int32_t)L.max_keep;
+    plan->segment_size = ctx->cfg.segment_size;
+    plan->block_size = ctx->cfg.block_size;
+    plan->flags = flags;
+    plan->seg_capacity = (int32_t)L.segs;
+    plan->blk_capacity = (int32_t)L.blks;
+    return ei_plan_reset(plan);
+}
+
+EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                              int32_t head_dim, uint32_t flags) {
+    size_t bytes;
+    void *mem;
+    ei_result r = ei_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &bytes);
+    if (r != EI_OK) return r;
+    if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "ei_plan_alloc is host memory: give the CUDA backend device memory through ei_plan_init");
+    mem = ei__alloc(&ctx->alloc, bytes);
+    if (!mem) return ei__fail(ctx, EI_ERR_NOMEM, "allocating a plan of %zu bytes", bytes);
+    r = ei_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, mem, bytes);
+    if (r != EI_OK) { ei__free(&ctx->alloc, mem); return r; }
+    plan->owned_memory = mem;
+    return EI_OK;
+}
+EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
+    if (!plan) return;
+    if (plan->owned_memory) ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* The last scored segment's cap (FORMAT.md): n_blocks - ((n mod seg) div blk + 1). */
+static int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, int64_t n_blocks) {
+    int64_t visible = (int64_t)s * (c->segment_size / c->block_size);
+    int64_t tail = n_blocks - ((n_tokens % c->segment_size) / c->block_size + 1);
+    return EI__MAX(0, EI__MIN(visible, tail));
+}
+
+EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment) {
+    int64_t start;
+    if (!ctx || !plan || segment < 0 || segment >= plan->n_segments) return 0;
+    start = (int64_t)segment * plan->segment_size;
+    if (start < ctx->cfg.threshold_len) return 0;
+    if (ctx->cfg.last_segment_dense && plan->final && segment == plan->n_segments - 1) return 0;
+    return 1;
+}
+
+// >>simd: min/max representations and block scores -------------------------
+/* Each kernel below exists once per path; the scalar one is the reference.
+   minmax: elementwise max/min over nt rows of one head of a view; returns 0
+   if a NaN or Inf was read. score_row: for blocks 0..nb-1 (transposed key
+   representations, leading dimension ld) the group-mean raw score
+     (1/G) sum_g max((qmax.kmax + qmin.kmax)/2, (qmax.kmin + qmin.kmin)/2)
+   with qrep laid out [G][2][d] (max row, then min row). Results agree across
+   paths within float32 summation-order error (not bit-identical). */
+static int ei__minmax_scalar(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
+    int32_t d = t->head_dim, i;
+    int64_t r;
+    int bad = 0;
+    for (i = 0; i < d; ++i) { mx[i] = -FLT_MAX; mn[i] = FLT_MAX; }
+    for (r = 0; r < nt; ++r) {
+        const void *row = ei__row(t, t0 + r, head);
+        for (i = 0; i < d; ++i) {
+            float v = ei__load1(row, t->dtype, i);
+            if (v != v) bad = 1;
+            if (v > mx[i]) mx[i] = v;
+            if (v < mn[i]) mn[i] = v;
+        }
+    }
+    for (i = 0; i < d; ++i)
+        if (mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
+    return !bad;
+}
+
+static void ei__score_row_scalar(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
+                                 int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    int32_t g, i;
+    for (b = 0; b < nb; ++b) {
+        float sum = 0.0f;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, s1, s2;
+            for (i = 0; i < d; ++i) {
+                float kx = kmaxT[(size_t)i * (size_t)ld + (size_t)b], kn = kminT[(size_t)i * (size_t)ld + (size_t)b];
+                a0 += qx[i] * kx; a1 += qn[i] * kx; a2 += qx[i] * kn; a3 += qn[i] * kn;
+            }
+            s1 = (a0 + a1) * 0.5f;
+            s2 = (a2 + a3) * 0.5f;
+            sum += s1 > s2 ? s1 : s2;
+        }
+        raw[b] = sum / (float)G;
+    }
+}
+
+#ifdef EI__HAVE_AVX512
+/* 16 elements of a row of any dtype as f32 (masked: tail lanes read as 0). */
+EI__TARGET_AVX512 static __m512 ei__avx512_load(const void *p, ei_dtype dt, __mmask16 m) {
+    if (dt == EI_F32) return _mm512_maskz_loadu_ps(m, p);
+    if (dt == EI_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+EI__TARGET_AVX512 static int ei__minmax_avx512(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx,
+                                               float *mn) {
+    int32_t d = t->head_dim, c;
+    size_t es = ei__dtype_size(t->dtype);
+    __mmask16 nan = 0;
+    int bad = 0, i;
+    for (c = 0; c < d; c += 64) { /* 64 dims per pass: 8 accumulators stay in registers */
+        __m512 vx[4], vn[4];
+        __mmask16 m[4];
+        int64_t r;
+        for (i = 0; i < 4; ++i) {
+            int rem = d - c - 16 * i;
+            m[i] = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
+            vx[i] = _mm512_set1_ps(-FLT_MAX);
+            vn[i] = _mm512_set1_ps(FLT_MAX);
+        }
+        for (r = 0; r < nt; ++r) {
+            const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;
+            for (i = 0; i < 4; ++i) {
+                __m512 v;
+                if (!m[i]) break;
+                v = ei__avx512_load(row + (size_t)(16 * i) * es, t->dtype, m[i]);
+                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                vx[i] = _mm512_mask_max_ps(vx[i], m[i], vx[i], v);
+                vn[i] = _mm512_mask_min_ps(vn[i], m[i], vn[i], v);
+            }
+        }
+        for (i = 0; i < 4 && m[i]; ++i) {
+            _mm512_mask_storeu_ps(mx + c + 16 * i, m[i], vx[i]);
+            _mm512_mask_storeu_ps(mn + c + 16 * i, m[i], vn[i]);
+            bad |= _mm512_mask_cmp_ps_mask(m[i], vx[i], _mm512_set1_ps(INFINITY), _CMP_EQ_OQ) != 0;
+            bad |= _mm512_mask_cmp_ps_mask(m[i], vn[i], _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) != 0;
+        }
+    }
+    return !(bad || nan);
+}
+EI__TARGET_AVX512 static void ei__score_row_avx512(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                                                   const float *kminT, int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const __m512 half = _mm512_set1_ps(0.5f), gdiv = _mm512_set1_ps((float)G);
+    for (b = 0; b < nb; b += 32) { /* two tiles of 16 blocks: 8 independent FMA chains */
+        int64_t rem = nb - b;
+        __mmask16 m0 = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1u);
+        __mmask16 m1 = rem >= 32 ? (__mmask16)0xffff : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : (__mmask16)0;
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int32_t g, i;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (i = 0; i < d; ++i) {
+                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
+                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
+                __m512 bx = _mm512_set1_ps(qx[i]), bn = _mm512_set1_ps(qn[i]);
+                __m512 kx0 = _mm512_maskz_loadu_ps(m0, px), kn0 = _mm512_maskz_loadu_ps(m0, pn);
+                __m512 kx1 = _mm512_maskz_loadu_ps(m1, px + 16), kn1 = _mm512_maskz_loadu_ps(m1, pn + 16);
+                a0 = _mm512_fmadd_ps(bx, kx0, a0); a1 = _mm512_fmadd_ps(bn, kx0, a1);
+                a2 = _mm512_fmadd_ps(bx, kn0, a2); a3 = _mm512_fmadd_ps(bn, kn0, a3);
+                c0 = _mm512_fmadd_ps(bx, kx1, c0); c1 = _mm512_fmadd_ps(bn, kx1, c1);
+                c2 = _mm512_fmadd_ps(bx, kn1, c2); c3 = _mm512_fmadd_ps(bn, kn1, c3);
+            }
+            sum0 = _mm512_add_ps(sum0, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(a0, a1), half),
+                                                     _mm512_mul_ps(_mm512_add_ps(a2, a3), half)));
+            sum1 = _mm512_add_ps(sum1, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(c0, c1), half),
+                                                     _mm512_mul_ps(_mm512_add_ps(c2, c3), half)));
+        }
+        _mm512_mask_storeu_ps(raw + b, m0, _mm512_div_ps(sum0, gdiv));
+        if (m1) _mm512_mask_storeu_ps(raw + b + 16, m1, _mm512_div_ps(sum1, gdiv));
+    }
+}
+#endif
+
+#ifdef EI__HAVE_AVX2
+/* 8 elements as f32; n < 8 reads only n (through a small copy). */
+EI__TARGET_AVX2 static __m256 ei__avx2_load(const void *p, ei_dtype dt, int n) {
+    if (n < 8) {
+        float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i;
+        for (i = 0; i < n; ++i) tmp[i] = ei__load1(p, dt, i);
+        return _mm256_loadu_ps(tmp);
+    }
+    if (dt == EI_F32) return _mm256_loadu_ps((const float *)p);
+    if (dt == EI_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+EI__TARGET_AVX2 static int ei__minmax_avx2(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx,
+                                           float *mn) {
+    int32_t d = t->head_dim, c;
+    size_t es = ei__dtype_size(t->dtype);
+    __m256 nan = _mm256_setzero_ps();
+    int bad = 0, i;
+    for (c = 0; c < d; c += 32) {
+        __m256 vx[4], vn[4];
+        int cnt[4];
+        int64_t r;
+        for (i = 0; i < 4; ++i) {
+            int rem = d - c - 8 * i;
+            cnt[i] = rem >= 8 ? 8 : rem > 0 ? rem : 0;
+            vx[i] = _mm256_set1_ps(-FLT_MAX);
+            vn[i] = _mm256_set1_ps(FLT_MAX);
+        }
+        for (r = 0; r < nt; ++r) {
+            const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;
+            for (i = 0; i < 4 && cnt[i]; ++i) {
+                __m256 v = ei__avx2_load(row + (size_t)(8 * i) * es, t->dtype, cnt[i]);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                vx[i] = _mm256_max_ps(vx[i], v);
+                vn[i] = _mm256_min_ps(vn[i], v);
+            }
+        }
+        for (i = 0; i < 4 && cnt[i]; ++i) {
+            float bx[8], bn[8];
+            int j;
+            _mm256_storeu_ps(bx, vx[i]);
+            _mm256_storeu_ps(bn, vn[i]);
+            for (j = 0; j < cnt[i]; ++j) {
+                mx[c + 8 * i + j] = bx[j];
+                mn[c + 8 * i + j] = bn[j];
+                if (bx[j] == INFINITY || bn[j] == -INFINITY) bad = 1;
+            }
+        }
+    }
+    return !(bad || _mm256_movemask_ps(nan));
+}
+EI__TARGET_AVX2 static void ei__score_row_avx2(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                                               const float *kminT, int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const __m256 half = _mm256_set1_ps(0.5f), gdiv = _mm256_set1_ps((float)G);
+    /* ld is a multiple of 16 and columns past nb exist (padding), so whole
+       8-wide loads stay inside the representation store. */
+    for (b = 0; b < nb; b += 16) {
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        float out[16];
+        int32_t g, i;
+        int64_t j, rem = nb - b;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (i = 0; i < d; ++i) {
+                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
+                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
+                __m256 bx = _mm256_set1_ps(qx[i]), bn = _mm256_set1_ps(qn[i]);
+                __m256 kx0 = _mm256_loadu_ps(px), kn0 = _mm256_loadu_ps(pn);
+                __m256 kx1 = _mm256_loadu_ps(px + 8), kn1 = _mm256_loadu_ps(pn + 8);
+                a0 = _mm256_fmadd_ps(bx, kx0, a0); a1 = _mm256_fmadd_ps(bn, kx0, a1);
+                a2 = _mm256_fmadd_ps(bx, kn0, a2); a3 = _mm256_fmadd_ps(bn, kn0, a3);
+                c0 = _mm256_fmadd_ps(bx, kx1, c0); c1 = _mm256_fmadd_ps(bn, kx1, c1);
+                c2 = _mm256_fmadd_ps(bx, kn1, c2); c3 = _mm256_fmadd_ps(bn, kn1, c3);
+            }
+            sum0 = _mm256_add_ps(sum0, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(a0, a1), half),
+                                                     _mm256_mul_ps(_mm256_add_ps(a2, a3), half)));
+            sum1 = _mm256_add_ps(sum1, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(c0, c1), half),
+                                                     _mm256_mul_ps(_mm256_add_ps(c2, c3), half)));
+        }
+        _mm256_storeu_ps(out, _mm256_div_ps(sum0, gdiv));
+        _mm256_storeu_ps(out + 8, _mm256_div_ps(sum1, gdiv));
+        for (j = 0; j < 16 && j < rem; ++j) raw[b + j] = out[j];
+    }
+}
+#endif
+
+#ifdef EI__HAVE_NEON
+static int ei__minmax_neon(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
+    /* Conversion of f16/bf16 rows goes through the scalar loader; the
+       reduction itself is vectorised for f32. */
+    int32_t d = t->head_dim, i;
+    int64_t r;
+    int bad = 0;
+    if (t->dtype != EI_F32 || (d & 3)) return ei__minmax_scalar(t, t0, nt, head, mx, mn);
+    for (i = 0; i < d; i += 4) {
+        float32x4_t vx = vdupq_n_f32(-FLT_MAX), vn = vdupq_n_f32(FLT_MAX);
+        uint32x4_t nan = vdupq_n_u32(0);
+        for (r = 0; r < nt; ++r) {
+            float32x4_t v = vld1q_f32((const float *)ei__row(t, t0 + r, head) + i);
+            nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
+            vx = vmaxq_f32(vx, v);
+            vn = vminq_f32(vn, v);
+        }
+        vst1q_f32(mx + i, vx);
+        vst1q_f32(mn + i, vn);
+        if (vmaxvq_u32(nan)) bad = 1;
+    }
+    for (i = 0; i < d; ++i)
+        if (mx[i] != mx[i] || mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
+    return !bad;
+}
+static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
+                               int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const float32x4_t half = vdupq_n_f32(0.5f), gdiv = vdupq_n_f32((float)G);
+    for (b = 0; b < nb; b += 4) {
+        float32x4_t sum = vdupq_n_f32(0.0f);
+        float out[4];
+        int32_t g, i;
+        int64_t j;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            for (i = 0; i < d; ++i) {
+                float32x4_t kx = vld1q_f32(kmaxT + (size_t)i * (size_t)ld + (size_t)b);
+                float32x4_t kn = vld1q_f32(kminT + (size_t)i * (size_t)ld + (size_t)b);
+                a0 = vfmaq_n_f32(a0, kx, qx[i]); a1 = vfmaq_n_f32(a1, kx, qn[i]);
+                a2 = vfmaq_n_f32(a2, kn, qx[i]); a3 = vfmaq_n_f32(a3, kn, qn[i]);
+            }
+            sum = vaddq_f32(sum, vmaxq_f32(vmulq_f32(vaddq_f32(a0, a1), half), vmulq_f32(vaddq_f32(a2, a3), half)));
+        }
+        vst1q_f32(out, vdivq_f32(sum, gdiv));
+        for (j = 0; j < 4 && b + j < nb; ++j) raw[b + j] = out[j];
+    }
+}
+#endif
+
+static int ei__minmax(ei_simd path, const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
+    switch (path) {
+#ifdef EI__HAVE_AVX512
+        case EI_SIMD_AVX512: return ei__minmax_avx512(t, t0, nt, head, mx, mn);
+#endif
+#ifdef EI__HAVE_AVX2
+        case EI_SIMD_AVX2: return ei__minmax_avx2(t, t0, nt, head, mx, mn);
+#endif
+#ifdef EI__HAVE_NEON
+        case EI_SIMD_NEON: return ei__minmax_neon(t, t0, nt, head, mx, mn);
+#endif
+        default: return ei__minmax_scalar(t, t0, nt, head, mx, mn);
+    }
+}
+static void ei__score_row(ei_simd path, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                          const float *kminT, int64_t ld, int64_t nb, float *raw) {
+    switch (path) {
+#ifdef EI__HAVE_AVX512
+        case EI_SIMD_AVX512: ei__score_row_avx512(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
+#endif
+#ifdef EI__HAVE_AVX2
+        case EI_SIMD_AVX2: ei__score_row_avx2(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
+#endif
+#ifdef EI__HAVE_NEON
+        case EI_SIMD_NEON: ei__score_row_neon(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
+#endif
+        default: ei__score_row_scalar(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
+    }
+}
+
+// >>profile -----------------------------------------------------------------
+typedef struct ei__ranked { float score; int32_t index; } ei__ranked;
+
+/* Rank order of the method: descending score, ties to the lower index. */
+static int ei__ranked_before(const ei__ranked *a, const ei__ranked *b) {
+    return a->score > b->score || (a->score == b->score && a->index < b->index);
+}
+static int ei__ranked_cmp(const void *pa, const void *pb) {
+    return ei__ranked_before((const ei__ranked *)pa, (const ei__ranked *)pb) ? -1 : 1;
+}
+/* Quickselect: afterwards v[0..k) hold the k first elements in rank order (unsorted). */
+static void ei__select_top(ei__ranked *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1, want = k - 1;
+    if (k <= 0 || k >= n) return;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2, i = lo, j = hi;
+        ei__ranked a = v[lo], b = v[mid], c = v[hi], p, t;
+        /* median of three */
+        if (ei__ranked_before(&b, &a)) { t = a; a = b; b = t; }
+        if (ei__ranked_before(&c, &b)) { b = c; if (ei__ranked_before(&b, &a)) b = a; }
+        p = b;
+        while (i <= j) {
+            while (ei__ranked_before(&v[i], &p)) ++i;
+            while (ei__ranked_before(&p, &v[j])) --j;
+            if (i <= j) { t = v[i]; v[i] = v[j]; v[j] = t; ++i; --j; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+}
+/* The k best of raw[0..n) in rank order into out[0..k). */
+static void ei__rank_top(const float *raw, int64_t n, int64_t k, int32_t *out, ei__ranked *pairs) {
+    int64_t b;
+    if (k > n) k = n;
+    if (k <= 0) return;
+    for (b = 0; b < n; ++b) { pairs[b].score = raw[b]; pairs[b].index = (int32_t)b; }
+    ei__select_top(pairs, n, k);
+    qsort(pairs, (size_t)k, sizeof *pairs, ei__ranked_cmp);
+    for (b = 0; b < k; ++b) out[b] = pairs[b].index;
+}
+
+/* Softmax over the nvis visible blocks and its entropy -sum p ln(p + 1e-9),
+   in float32 like the reference (sums in double). prob (optional) receives
+   the row over nb blocks, masked ones 0. Returns 0 if the scores are not
+   finite (finite but huge inputs can overflow float32 dot products). */
+static int ei__softmax_entropy(const float *raw, int64_t nvis, int64_t nb, float *tmp, float *prob, float *entropy) {
+    float m = -FLT_MAX, z;
+    double sum = 0.0, h = 0.0;
+    int64_t b;
+    for (b = 0; b < nvis; ++b) {
+        if (!(raw[b] - raw[b] == 0.0f)) return 0;
+        if (raw[b] > m) m = raw[b];
+    }
+    for (b = 0; b < nvis; ++b) { tmp[b] = expf(raw[b] - m); sum += tmp[b]; }
+    z = (float)sum;
+    for (b = 0; b < nvis; ++b) {
+        float p = tmp[b] / z;
+        h -= (double)p * (double)logf(p + 1e-9f);
+        if (prob) prob[b] = p;
+    }
+    if (prob) for (b = nvis; b < nb; ++b) prob[b] = 0.0f;
+    *entropy = (float)h;
+    return 1;
+}
+/* Segment 0 sees no block: the reference's fully masked row comes out uniform. */
+static float ei__uniform_entropy(int64_t nb, float *prob) {
+    float p, h;
+    int64_t b;
+    if (nb <= 0) return 0.0f;
+    p = 1.0f / (float)nb;
+    h = (float)(-(double)nb * (double)p * (double)logf(p + 1e-9f));
+    if (prob) for (b = 0; b < nb; ++b) prob[b] = p;
+    return h;
+}
+
+/* One step of the dynamic-head budget recurrence (double precision). */
+static double ei__budget_next(const ei_config *c, int32_t s, double prev, float h, float h_prev) {
+    double base = (double)c->base_budget, r, b;
+    if (s == 0) return base;
+    r = s == 1 ? c->delta_t : ((double)h - (double)h_prev) / ((double)h_prev + 1e-9);
+    r = EI__MIN(EI__MAX(r, 0.0), 1.0 + c->delta_t);
+    b = prev + c->alpha * base * (r - c->delta_t);
+    return EI__MIN(EI__MAX(b, c->budget_min_factor * base), c->budget_max_factor * base);
+}
+/* Budget in tokens -> blocks kept: floor to blocks, then cap. */
+static int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t cap) {
+    double k = floor(budget / (double)c->block_size);
+    if (s == 0) return 0;
+    if (k > (double)cap) k = (double)cap;
+    return k < 0 ? 0 : (int32_t)k;
+}
+
+/* Workspace of one profiling thread. */
+typedef struct ei__profile_ws {
+    float *kmaxT, *kminT; /* whole-prompt key representations [d][ld] */
+    float *qrep;          /* [G][2][d] */
+    float *rows;          /* raw score rows [rows][ld] */
+    float *tmp;           /* [ld] */
+    ei__ranked *pairs;    /* [ld] */
+    float *mx, *mn;       /* [d] */
+} ei__profile_ws;
+
+static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
+                                 size_t bytes, size_t *need) {
+    int64_t S = ei__ceil_div(n, c->segment_size), nb = (S - 1) * (c->segment_size / c->block_size);
+    int64_t ld = ei__round_up(nb > 0 ? nb : 1, 16);
+    size_t total = 0;
+    ei__arena a;
+    if (!ei__reserve(&total, 2u * (size_t)d, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
+        !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
+        !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, 2u * (size_t)d, 4u) ||
+        !ei__add_size(total, EI__ALIGN, &total))
+        return 0;
+    *need = total;
+    if (!mem || bytes < total) return 1;
+    ei__arena_init(&a, mem, bytes);
+    w->kmaxT = (float *)ei__arena_take(&a, (size_t)d, (size_t)ld * 4u);
+    w->kminT = (float *)ei__arena_take(&a, (size_t)d, (size_t)ld * 4u);
+    w->qrep = (float *)ei__arena_take(&a, (size_t)G * 2u, (size_t)d * 4u);
+    w->rows = (float *)ei__arena_take(&a, (size_t)S, (size_t)ld * 4u);
+    w->tmp = (float *)ei__arena_take(&a, (size_t)ld, 4u);
+    w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)ld, sizeof(ei__ranked));
+    w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    return 1;
+}
+
+EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                          int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
+    ei__profile_ws w;
+    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
+    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
+    if (n_heads % n_kv_heads) return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
+    if (!ei__profile_ws_layout(&ctx->cfg, n_tokens, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n_tokens);
+    return EI_OK;
+}
+
+/* Min/max representation of key blocks [b0, b1) of kv head kvh, stored
+   transposed ([d][ld]) so block scores vectorise across blocks. */
+static int ei__build_key_reps(ei_simd path, const ei_tensor *k, int32_t kvh, int32_t bs, int64_t b0, int64_t b1,
+                              float *kmaxT, float *kminT, int64_t ld, float *mx, float *mn) {
+    int64_t b;
+    int32_t i, d = k->head_dim;
+    for (b = b0; b < b1; ++b) {
+        if (!ei__minmax(path, k, b * bs, bs, kvh, mx, mn)) return 0;
+        for (i = 0; i < d; ++i) {
+            kmaxT[(size_t)i * (size_t)ld + (size_t)b] = mx[i];
+            kminT[(size_t)i * (size_t)ld + (size_t)b] = mn[i];
+        }
+    }
+    /* zero the padding columns (read, never used, by full-width loads) */
+    if (b1 > 0)
+        for (i = 0; i < d; ++i)
+            for (b = b1; b < ei__round_up(b1, 16) && b < ld; ++b)
+                kmaxT[(size_t)i * (size_t)ld + (size_t)b] = kminT[(size_t)i * (size_t)ld + (size_t)b] = 0.0f;
+    return 1;
+}
+/* Query representations of segment s for the G query heads of kv head kvh. */
+static int ei__build_query_reps(ei_simd path, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+                                int32_t G, float *qrep) {
+    int32_t g, d = q->head_dim;
+    for (g = 0; g < G; ++g) {
+        float *qx = qrep + (size_t)g * 2u * (size_t)d;
+        if (!ei__minmax(path, q, row0, nrows, kvh * G + g, qx, qx + d)) return 0;
+    }
+    return 1;
+}
+
+static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                        const ei_plan *plan, int32_t kv0, int32_t kv1) {
+    ei_result r = ei__check_qk(ctx, q, k);
+    if (r != EI_OK) return r;
+    if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
+    if (plan->n_kv_heads != k->n_heads)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
+    if (plan->head_dim != k->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan head_dim %d, k head_dim %d", (int)plan->head_dim, (int)k->head_dim);
+    if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan was laid out for segment %d / block %d, context has %d / %d",
+                        (int)plan->segment_size, (int)plan->block_size, (int)ctx->cfg.segment_size, (int)ctx->cfg.block_size);
+    if (k->n_tokens > plan->max_tokens)
+        return ei__fail(ctx, EI_ERR_SIZE, "%lld tokens exceed the plan's capacity of %lld", (long long)k->n_tokens,
+                        (long long)plan->max_tokens);
+    if (kv0 < 0 || kv1 > k->n_heads || kv0 >= kv1)
+        return ei__fail(ctx, EI_ERR_SIZE, "kv head range [%d, %d) is not inside [0, %d)", (int)kv0, (int)kv1, (int)k->n_heads);
+    return EI_OK;
+}
+
+/* Rank the blocks of row s for head kvh: its own count (ragged), or every
+   block it could keep (per_segment_budget: ei_plan_finalize trims). */
+static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, int32_t s, const float *raw,
+                              int64_t nvis, int64_t cap, ei__ranked *pairs) {
+    size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
+    int32_t *idx = plan->block_index + row * (size_t)plan->max_keep;
+    int64_t k = c->per_segment_budget ? EI__MIN((int64_t)plan->max_keep, cap) : plan->keep_blocks[row];
+    int64_t i;
+    for (i = 0; i < plan->max_keep; ++i) idx[i] = -1;
+    ei__rank_top(raw, nvis, k, idx, pairs);
+    plan->keep_count[row] = plan->keep_blocks[row];
+}
+
+static ei_result ei__nonfinite(const ei_context *ctx, const char *what, int32_t head, int64_t tok) {
+    return ei__fail(ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)", what, (int)head, (long long)tok);
+}
+
+static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                   int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
+    const ei_config *c = &ctx->cfg;
+    ei__profile_ws w;
+    size_t need;
+    int64_t n, S, nb, ld, bps;
+    int32_t G, d, kvh, s;
+    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    if (r != EI_OK) return r;
+    if (q->n_tokens != k->n_tokens)
+        return ei__fail(ctx, EI_ERR_SHAPE, "whole-prompt planning needs as many queries (%lld) as keys (%lld)",
+                        (long long)q->n_tokens, (long long)k->n_tokens);
+    n = q->n_tokens;
+    G = q->n_heads / k->n_heads;
+    d = q->head_dim;
+    if (!ei__profile_ws_layout(c, n, G, d, &w, workspace, ws_bytes, &need))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
+    if (ws_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
+    bps = c->segment_size / c->block_size;
+    S = ei__ceil_div(n, c->segment_size);
+    nb = (S - 1) * bps;
+    ld = ei__round_up(nb > 0 ? nb : 1, 16);
+    for (kvh = kv0; kvh < kv1; ++kvh) {
+        size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
+        int rigid = 1;
+        double budget = 0.0;
+        /* 1. key-block representations (and a finiteness scan of the unscored tail) */
+        if (!ei__build_key_reps(ctx->simd, k, kvh, c->block_size, 0, nb, w.kmaxT, w.kminT, ld, w.mx, w.mn) ||
+            (n > nb * c->block_size && !ei__minmax(ctx->simd, k, nb * c->block_size, n - nb * c->block_size, kvh, w.mx, w.mn)))
+            return ei__nonfinite(ctx, "k", kvh, 0);
+        /* 2. per segment: query representations, scores, softmax, entropy */
+        for (s = 0; s < S; ++s) {
+            int64_t t0 = (int64_t)s * c->segment_size, cnt = EI__MIN((int64_t)c->segment_size, n - t0);
+            float *prob = plan->scores ? plan->scores + (row0 + (size_t)s) * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
+            if (!ei__build_query_reps(ctx->simd, q, t0, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
+            if (s == 0) { plan->entropy[row0] = ei__uniform_entropy(nb, prob); continue; }
+            ei__score_row(ctx->simd, w.qrep, G, d, w.kmaxT, w.kminT, ld, EI__MIN((int64_t)s * bps, nb),
+                          w.rows + (size_t)s * (size_t)ld);
+            if (!ei__softmax_entropy(w.rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb), nb, w.tmp, prob,
+                                     &plan->entropy[row0 + (size_t)s]))
+                return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
+            if (!((double)plan->entropy[row0 + (size_t)s] < c->rigid_entropy)) rigid = 0;
+        }
+        /* 3. head class, budgets, keep counts, ranked blocks */
+        plan->head_class[kvh] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+        for (s = 0; s < S; ++s) {
+            size_t row = row0 + (size_t)s;
+            int64_t cap = ei__cap_blocks(c, s, n, nb);
+            budget = rigid ? (double)c->base_budget
+                           : ei__budget_next(c, s, budget, plan->entropy[row], s > 0 ? plan->entropy[row - 1] : 0.0f);
+            plan->budget[row] = (float)budget;
+            plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
+            ei__plan_rank_row(c, plan, kvh, s, w.rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb),
+                              s == 0 ? 0 : cap, w.pairs);
+        }
+    }
+    if (kv0 == 0) {
+        plan->n_tokens = n;
+        plan->n_segments = (int32_t)S;
+        plan->n_blocks = (int32_t)nb;
+        plan->final = 1;
+    }
+    return EI_OK;
+}
+
+EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
+    int32_t s, h, i;
+    if (!ctx || !plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "context or plan is NULL");
+    if (!ctx->cfg.per_segment_budget) return EI_OK;
+    for (s = 0; s < plan->n_segments; ++s) {
+        int32_t kmax = 0;
+        for (h = 0; h < plan->n_kv_heads; ++h)
+            kmax = EI__MAX(kmax, plan->keep_blocks[(size_t)h * (size_t)plan->seg_capacity + (size_t)s]);
+        for (h = 0; h < plan->n_kv_heads; ++h) {
+            size_t row = (size_t)h * (size_t)plan->seg_capacity + (size_t)s;
+            int32_t *idx = plan->block_index + row * (size_t)plan->max_keep;
+            plan->keep_count[row] = kmax;
+            for (i = kmax; i < plan->max_keep; ++i) idx[i] = -1;
+        }
+    }
+    return EI_OK;
+}
+
+static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                  void *workspace, size_t workspace_bytes);
+
+EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                 int32_t kv_begin, int32_t kv_end, void *workspace, size_t workspace_bytes) {
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "head ranges are a CPU feature: call ei_profile on the CUDA backend");
+    return ei__profile_range(ctx, q, k, plan, kv_begin, kv_end, workspace, workspace_bytes);
+}
+EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                           void *workspace, size_t workspace_bytes) {
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_profile(ctx, q, k, plan, workspace, workspace_bytes);
+    if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    r = ei__profile_range(ctx, q, k, plan, 0, k->n_heads, workspace, workspace_bytes);
+    return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
+}
+
+// >>profile-chunked ---------------------------------------------------------
+static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                         int is_final, int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
+    const ei_config *c = &ctx->cfg;
+    ei__profile_ws w;
+    size_t need;
+    int64_t n, offset, s0, S, bps, ld, need_blocks;
+    int32_t G, d, kvh, s;
+    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    if (r != EI_OK) return r;
+    if (!plan->state) return ei__fail(ctx, EI_ERR_STATE, "chunked planning needs a plan made with EI_PLAN_CHUNKED");
+    n = k->n_tokens;
+    offset = n - q->n_tokens;
+    G = q->n_heads / k->n_heads;
+    d = q->head_dim;
+    if (offset < 0) return ei__fail(ctx, EI_ERR_SHAPE, "chunk has %lld queries but only %lld keys", (long long)q->n_tokens, (long long)n);
+    if (offset % c->segment_size)
+        return ei__fail(ctx, EI_ERR_SHAPE, "chunk starts at token %lld, not a segment boundary (%d)", (long long)offset, (int)c->segment_size);
+    if (!is_final && q->n_tokens % c->segment_size)
+        return ei__fail(ctx, EI_ERR_SHAPE, "a non-final chunk must hold whole segments (%lld queries, segment %d)",
+                        (long long)q->n_tokens, (int)c->segment_size);
+    for (kvh = kv0; kvh < kv1; ++kvh) {
+        const ei__head_state *st = &ei__plan_states(plan)[kvh];
+        if (st->finished) return ei__fail(ctx, EI_ERR_STATE, "kv head %d: the sequence was finalised; ei_plan_reset starts a new one", (int)kvh);
+        if (st->tokens_done != offset)
+            return ei__fail(ctx, EI_ERR_STATE, "kv head %d has planned %lld tokens, the chunk starts at %lld", (int)kvh,
+                            (long long)st->tokens_done, (long long)offset);
+    }
+    /* the workspace is sized for the plan's capacity; one row buffer is used */
+    if (!ei__profile_ws_layout(c, plan->max_tokens, G, d, &w, workspace, ws_bytes, &need))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
+    if (ws_bytes < need)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed (size it with the plan's max_tokens)", ws_bytes, need);
+    bps = c->segment_size / c->block_size;
+    s0 = offset / c->segment_size;
+    S = ei__ceil_div(n, c->segment_size);
+    need_blocks = (S - 1) * bps;
+    ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16);
+    for (kvh = kv0; kvh < kv1; ++kvh) {
+        ei__head_state *st = &ei__plan_states(plan)[kvh];
+        float *kmaxT = ei__plan_krep(plan, kvh), *kminT = kmaxT + (size_t)d * (size_t)ld;
+        size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
+        if (need_blocks > st->blocks_done) {
+            if (!ei__build_key_reps(ctx->simd, k, kvh, c->block_size, st->blocks_done, need_blocks, kmaxT, kminT, ld, w.mx, w.mn))
+                return ei__nonfinite(ctx, "k", kvh, st->blocks_done * c->block_size);
+            st->blocks_done = need_blocks;
+        }
+        if (is_final && n > need_blocks * c->block_size &&
+            !ei__minmax(ctx->simd, k, need_blocks * c->block_size, n - need_blocks * c->block_size, kvh, w.mx, w.mn))
+            return ei__nonfinite(ctx, "k", kvh, need_blocks * c->block_size);
+        for (s = (int32_t)s0; s < S; ++s) {
+            size_t row = row0 + (size_t)s;
+            int64_t t0 = (int64_t)s * c->segment_size, cnt = EI__MIN((int64_t)c->segment_size, n - t0);
+            int64_t nvis = (int64_t)s * bps;
+            int64_t cap = (is_final && s == S - 1) ? ei__cap_blocks(c, s, n, need_blocks) : nvis;
+            float *prob = plan->scores ? plan->scores + row * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
+            float h = 0.0f;
+            if (!ei__build_query_reps(ctx->simd, q, t0 - offset, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
+            if (s > 0) {
+                ei__score_row(ctx->simd, w.qrep, G, d, kmaxT, kminT, ld, nvis, w.rows);
+                if (!ei__softmax_entropy(w.rows, nvis, nvis, w.tmp, prob, &h))
+                    return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
+                if (prob) memset(prob + nvis, 0, (size_t)(EI__MAX(plan->blk_capacity, 1) - nvis) * sizeof(float));
+                if (!((double)h < c->rigid_entropy)) st->rigid_so_far = 0;
+            }
+            plan->entropy[row] = h;
+            st->budget_dyn = ei__budget_next(c, s, st->budget_dyn, h, st->entropy_prev);
+            st->entropy_prev = h;
+            plan->head_class[kvh] = (uint8_t)(st->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+            {
+                double budget = st->rigid_so_far ? (double)c->base_budget : st->budget_dyn;
+                plan->budget[row] = (float)budget;
+                plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
+            }
+            ei__plan_rank_row(c, plan, kvh, s, w.rows, nvis, s == 0 ? 0 : cap, w.pairs);
+        }
+        st->tokens_done = n;
+        if (is_final) {
+            float *prob = plan->scores ? plan->scores + row0 * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
+            plan->entropy[row0] = ei__uniform_entropy(need_blocks, prob);
+            st->finished = 1;
+        }
+    }
+    if (kv0 == 0) {
+        plan->n_tokens = n;
+        plan->n_segments = (int32_t)S;
+        plan->n_blocks = (int32_t)need_blocks;
+        plan->final = is_final ? 1 : 0;
+    }
+    return EI_OK;
+}
+
+EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                       int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
+                                       size_t workspace_bytes) {
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
+    return ei__profile_chunk_range(ctx, q, k, plan, is_final, kv_begin, kv_end, workspace, workspace_bytes);
+}
+EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                 int is_final, void *workspace, size_t workspace_bytes) {
+    ei_result r;
+    if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    r = ei_profile_chunk_heads(ctx, q, k, plan, is_final, 0, k->n_heads, workspace, workspace_bytes);
+    return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
+}
+
+// >>decode ------------------------------------------------------------------
+/* dot(a, b) over d floats, per path (scalar is the reference). */
+static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
+    float s = 0.0f;
+    int32_t i;
+    for (i = 0; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+#ifdef EI__HAVE_AVX512
+EI__TARGET_AVX512 static float ei__dot_avx512(const float *a, const float *b, int32_t d) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int32_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+#endif
+#ifdef EI__HAVE_AVX2
+EI__TARGET_AVX2 static float ei__dot_avx2(const float *a, const float *b, int32_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m128 h;
+    float s;
+    int32_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    s = _mm_cvtss_f32(h);
+    for (; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+#endif
+#ifdef EI__HAVE_NEON
+static float ei__dot_neon(const float *a, const float *b, int32_t d) {
+    float32x4_t s0 = vdupq_n_f32(0.0f);
+    float s;
+    int32_t i = 0;
+    for (; i + 4 <= d; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    s = vaddvq_f32(s0);
+    for (; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+#endif
+static float ei__dot(ei_simd path, const float *a, const float *b, int32_t d) {
+    switch (path) {
+#ifdef EI__HAVE_AVX512
+        case EI_SIMD_AVX512: return ei__dot_avx512(a, b, d);
+#endif
+#ifdef EI__HAVE_AVX2
+        case EI_SIMD_AVX2: return ei__dot_avx2(a, b, d);
+#endif
+#ifdef EI__HAVE_NEON
+        case EI_SIMD_NEON: return ei__dot_neon(a, b, d);
+#endif
+        default: return ei__dot_scalar(a, b, d);
+    }
+}
+/* A row of any dtype into f32. */
+static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) {
+    int32_t i;
+    if (dt == EI_F32) { memcpy(out, row, (size_t)d * 4u); return; }
+    for (i = 0; i < d; ++i) out[i] = ei__load1(row, dt, i);
+}
+
+EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
+    size_t total = 0;
+    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (n_heads <= 0 || n_heads > EI_MAX_HEADS) return ei__fail(ctx, EI_ERR_SIZE, "n_heads %d out of range", (int)n_heads);
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
+    if (!ei__reserve(&total, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u) ||
+        !ei__add_size(total, EI__ALIGN, &total))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decoder size overflows");
+    *bytes = total;
+    return EI_OK;
+}
+EIDEF ei_result ei_decoder_reset(ei_decoder *dec) {
+    if (!dec || !dec->queries) return ei__fail(NULL, EI_ERR_NULL, "decoder is NULL or not initialised");
+    dec->n_observed = 0;
+    dec->n_generated = 0;
+    dec->last_compress = -1;
+    return EI_OK;
+}
+EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, void *memory, size_t bytes) {
+    size_t need;
+    ei__arena a;
+    ei_result r = ei_decoder_size(ctx, n_heads, head_dim, &need);
+    if (r != EI_OK) return r;
+    if (!dec || !memory) return ei__fail(ctx, EI_ERR_NULL, "decoder or its memory is NULL");
+    if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads)
+        return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
+    if (bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "decoder memory of %zu bytes, %zu needed", bytes, need);
+    memset(dec, 0, sizeof *dec);
+    ei__arena_init(&a, memory, bytes);
+    dec->queries = (float *)ei__arena_take(&a, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u);
+    dec->n_heads = n_heads;
+    dec->n_kv_heads = n_kv_heads;
+    dec->head_dim = head_dim;
+    dec->window = ctx->cfg.window;
+    return ei_decoder_reset(dec);
+}
+
+EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated) {
+    int64_t t, first;
+    int32_t h;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if ((r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
+    if (q->n_heads != dec->n_heads || q->head_dim != dec->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "q has %d heads x %d dims, decoder %d x %d", (int)q->n_heads, (int)q->head_dim,
+                        (int)dec->n_heads, (int)dec->head_dim);
+    if (dec->window != ctx->cfg.window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
+    if (!generated && dec->n_generated > 0)
+        return ei__fail(ctx, EI_ERR_STATE, "prompt queries after generated ones: ei_decoder_reset starts a new sequence");
+    first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
+    for (t = first; t < q->n_tokens; ++t) /* check before changing any state */
+        for (h = 0; h < q->n_heads; ++h) {
+            const void *row = ei__row(q, t, h);
+            int32_t i;
+            for (i = 0; i < q->head_dim; ++i) {
+                float v = ei__load1(row, q->dtype, i);
+                if (!(v - v == 0.0f)) return ei__nonfinite(ctx, "observed q", h, t);
+            }
+        }
+    for (t = first; t < q->n_tokens; ++t) {
+        int64_t slot = (dec->n_observed + t) % dec->window;
+        for (h = 0; h < q->n_heads; ++h)
+            ei__row_to_f32(ei__row(q, t, h), q->dtype, q->head_dim,
+                           dec->queries + ((size_t)slot * (size_t)dec->n_heads + (size_t)h) * (size_t)dec->head_dim);
+    }
+    dec->n_observed += q->n_tokens;
+    if (generated) dec->n_generated += q->n_tokens;
+    return EI_OK;
+}
+
+EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec) {
+    if (!ctx || !dec) return 0;
+    if (dec->last_compress < 0) return dec->n_generated >= ctx->cfg.decode_gap && dec->n_observed > 0;
+    return ctx->cfg.recompress_every > 0 && dec->n_generated - dec->last_compress >= ctx->cfg.recompress_every;
+}
+
+/* Decode workspace: a key tile in f32, logits rows of one kv group, per-query-
+   head weight means, the reduced and pooled scores, ranking pairs. */
+typedef struct ei__decode_ws {
+    float *logits;   /* [G*W][n] */
+    float *acc;      /* [n_heads][L] */
+    float *pooled;   /* [L] */
+    float *krow;     /* [d] */
+    ei__ranked *pairs; /* [L] */
+} ei__decode_ws;
+static int ei__decode_ws_layout(const ei_config *c, int64_t n, int32_t H, int32_t KV, int32_t d, ei__decode_ws *w,
+                                void *mem, size_t bytes, size_t *need) {
+    size_t total = 0, G = (size_t)(H / KV), W = (size_t)c->window;
+    ei__arena a;
+    if (!ei__reserve(&total, G * W, (size_t)n * 4u) || !ei__reserve(&total, (size_t)H, (size_t)n * 4u) ||
+        !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)d, 4u) ||
+        !ei__reserve(&total, (size_t)n, sizeof(ei__ranked)) || !ei__add_size(total, EI__ALIGN, &total))
+        return 0;
+    *need = total;
+    if (!mem || bytes < total) return 1;
+    ei__arena_init(&a, mem, bytes);
+    w->logits = (float *)ei__arena_take(&a, G * W, (size_t)n * 4u);
+    w->acc = (float *)ei__arena_take(&a, (size_t)H, (size_t)n * 4u);
+    w->pooled = (float *)ei__arena_take(&a, (size_t)n, 4u);
+    w->krow = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)n, sizeof(ei__ranked));
+    return 1;
+}
+EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                         size_t *bytes) {
+    ei__decode_ws w;
+    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
+    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
+    if (n_heads % n_kv_heads) return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
+    if (!ei__decode_ws_layout(&ctx->cfg, n_tokens, n_heads, n_kv_heads, EI_MAX_HEAD_DIM, &w, NULL, 0, bytes))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    return EI_OK;
+}
+
+/* Pool a score row of length L: avg (zero padding, divide by kernel width,
+   as torch's count_include_pad), max, or none. */
+static void ei__pool_scores(ei_pool pool, int32_t kernel, const float *x, int64_t L, float *out) {
+    int64_t j, t, r = kernel / 2;
+    if (pool == EI_POOL_NONE || kernel <= 1) { memcpy(out, x, (size_t)L * sizeof(float)); return; }
+    for (j = 0; j < L; ++j) {
+        float acc = pool == EI_POOL_MAX ? -FLT_MAX : 0.0f;
+        for (t = j - r; t <= j + r; ++t) {
+            if (t < 0 || t >= L) continue;
+            if (pool == EI_POOL_MAX) acc = x[t] > acc ? x[t] : acc;
+            else acc += x[t];
+        }
+        out[j] = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
+    }
+}
+
+static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                                      void *workspace, size_t workspace_bytes);
+
+static void ei__keep_all(ei_keep_set *keep, int32_t heads_out, int64_t n) {
+    int32_t h;
+    int64_t j;
+    for (h = 0; h < heads_out; ++h) {
+        for (j = 0; j < n; ++j) keep->index[(size_t)h * (size_t)keep->capacity + (size_t)j] = (int32_t)j;
+        if (keep->mask) memset(keep->mask + (size_t)h * (size_t)keep->mask_capacity, 1, (size_t)n);
+    }
+    keep->n_kept = (int32_t)n;
+}
+
+EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                               void *workspace, size_t workspace_bytes) {
+    const ei_config *c;
+    ei__decode_ws w;
+    size_t need;
+    int64_t n, L, W, j;
+    int32_t H, KV, G, d, heads_out, kvh, h, i;
+    float scale;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_decode_keep(ctx, dec, k, keep, workspace, workspace_bytes);
+    c = &ctx->cfg;
+    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    H = dec->n_heads; KV = dec->n_kv_heads; d = dec->head_dim; G = H / KV;
+    if (k->n_heads != KV || k->head_dim != d)
+        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
+                        (int)k->head_dim, (int)KV, (int)d);
+    if (dec->window != c->window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)c->window);
+    if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
+    n = k->n_tokens;
+    W = EI__MIN((int64_t)c->window, dec->n_observed);
+    heads_out = c->per_kv_head ? KV : H;
+    if (n < W) return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld keys, fewer than the %lld observed queries", (long long)n, (long long)W);
+    if (keep->heads_out != heads_out)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d heads, %d needed (%s)", (int)keep->heads_out, (int)heads_out,
+                        c->per_kv_head ? "one per kv head" : "one per query head");
+    if ((int64_t)keep->capacity < EI__MIN(n, (int64_t)c->decode_budget))
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)EI__MIN(n, (int64_t)c->decode_budget));
+    if (keep->mask && keep->mask_capacity < n)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "mask capacity %lld < %lld tokens", (long long)keep->mask_capacity, (long long)n);
+    keep->n_tokens = n;
+    if (n < c->decode_budget) { /* nothing to evict */
+        keep->compressed = 0;
+        ei__keep_all(keep, heads_out, n);
+        dec->last_compress = dec->n_generated;
+        return EI_OK;
+    }
+    L = n - W;
+    if (keep->pooled && keep->pooled_capacity < L)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+    if (!ei__decode_ws_layout(c, n, H, KV, d, &w, workspace, workspace_bytes, &need))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
+    if (workspace_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", workspace_bytes, need);
+    scale = c->decode_scale > 0 ? (float)c->decode_scale : 1.0f / sqrtf((float)d);
+    for (kvh = 0; kvh < KV; ++kvh) {
+        /* logits of the group's window queries against every key */
+        for (j = 0; j < n; ++j) {
+            const void *krow = ei__row(k, j, kvh);
+            ei__row_to_f32(krow, k->dtype, d, w.krow);
+            for (i = 0; i < d; ++i)
+                if (!(w.krow[i] - w.krow[i] == 0.0f)) return ei__nonfinite(ctx, "k", kvh, j);
+            for (h = 0; h < G; ++h)
+                for (i = 0; i < W; ++i) {
+                    int64_t slot = (dec->n_observed - W + i) % dec->window;
+                    const float *qv = dec->queries + ((size_t)slot * (size_t)H + (size_t)(kvh * G + h)) * (size_t)d;
+                    w.logits[((size_t)h * (size_t)W + (size_t)i) * (size_t)n + (size_t)j] =
+                        j <= L + i ? scale * ei__dot(ctx->simd, qv, w.krow, d) : -INFINITY;
+                }
+        }
+        /* softmax per query (causal inside the window), mean over the window */
+        for (h = 0; h < G; ++h) {
+            float *acc = w.acc + (size_t)(kvh * G + h) * (size_t)n;
+            memset(acc, 0, (size_t)L * sizeof(float));
+            for (i = 0; i < W; ++i) {
+                float *row = w.logits + ((size_t)h * (size_t)W + (size_t)i) * (size_t)n, m = -FLT_MAX, zf;
+                double z = 0.0;
+                int64_t last = L + i;
+                for (j = 0; j <= last; ++j) m = row[j] > m ? row[j] : m;
+                if (!(m - m == 0.0f)) return ei__fail(ctx, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)(kvh * G + h));
+                for (j = 0; j <= last; ++j) { row[j] = expf(row[j] - m); z += row[j]; }
+                zf = (float)z;
+                for (j = 0; j < L; ++j) acc[j] += row[j] / zf;
+            }
+            for (j = 0; j < L; ++j) acc[j] /= (float)W;
+        }
+    }
+    /* per-kv-head reduction, pooling, top (budget - window), window appended */
+    for (h = 0; h < heads_out; ++h) {
+        float *score = w.acc + (size_t)h * (size_t)n, *pooled;
+        int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+        int64_t kk = (int64_t)c->decode_budget - W, t;
+        if (c->per_kv_head) {
+            /* reduce the group into its first head's row (rows are per kv group) */
+            float *first = w.acc + (size_t)(h * G) * (size_t)n;
+            for (j = 0; j < L; ++j) {
+                float v = first[j];
+                for (i = 1; i < G; ++i) {
+                    float x = w.acc[(size_t)(h * G + i) * (size_t)n + (size_t)j];
+                    v = c->gqa_reduce == EI_REDUCE_MAX ? (x > v ? x : v) : v + x;
+                }
+                w.pooled[j] = c->gqa_reduce == EI_REDUCE_MAX ? v : v / (float)G;
+            }
+            memcpy(first, w.pooled, (size_t)L * sizeof(float));
+            score = first;
+        }
+        pooled = keep->pooled ? keep->pooled + (size_t)h * (size_t)keep->pooled_capacity : w.pooled;
+        ei__pool_scores(c->pool, c->pool_kernel, score, L, pooled);
+        ei__rank_top(pooled, L, kk, idx, w.pairs);
+        if (kk > L) kk = L;
+        for (t = 0; t < W; ++t) idx[kk + t] = (int32_t)(L + t);
+        /* ascending positions: sort the ranked part (indices are unique) */
+        for (j = 0; j < kk + W; ++j) { w.pairs[j].score = -(float)idx[j]; w.pairs[j].index = idx[j]; }
+        qsort(w.pairs, (size_t)(kk + W), sizeof *w.pairs, ei__ranked_cmp);
+        for (j = 0; j < kk + W; ++j) idx[j] = w.pairs[j].index;
+        if (keep->mask) {
+            uint8_t *m = keep->mask + (size_t)h * (size_t)keep->mask_capacity;
+            memset(m, 0, (size_t)n);
+            for (j = 0; j < kk + W; ++j) m[idx[j]] = 1;
+        }
+        keep->n_kept = (int32_t)(kk + W);
+    }
+    keep->compressed = 1;
+    dec->last_compress = dec->n_generated;
+    return EI_OK;
+}
+
+static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
+
+EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v) {
+    ei_out_tensor *t[2];
+    int32_t which, h, i;
+    ei_result r;
+    t[0] = k; t[1] = v;
+    if (ctx && ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_kv_compact(ctx, keep, k, v);
+    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index is NULL");
+    if (keep->n_kept < 0 || keep->n_kept > keep->capacity || keep->heads_out <= 0)
+        return ei__fail(NULL, EI_ERR_SHAPE, "keep set is not filled (n_kept %d, capacity %d)", (int)keep->n_kept, (int)keep->capacity);
+    for (which = 0; which < 2; ++which) {
+        ei_out_tensor *x = t[which];
+        if (!x) continue; /* K only or V only is fine */
+        if ((r = ei__check_out_tensor(NULL, x, which ? "v" : "k")) != EI_OK) return r;
+        if (x->n_heads != keep->heads_out)
+            return ei__fail(NULL, EI_ERR_SHAPE, "%s cache has %d heads, keep set %d", which ? "v" : "k", (int)x->n_heads, (int)keep->heads_out);
+        if (x->n_tokens < keep->n_tokens)
+            return ei__fail(NULL, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
+                            (long long)x->n_tokens, (long long)keep->n_tokens);
+        for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
+            const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+            for (i = 0; i < keep->n_kept; ++i)
+                if (idx[i] < i || idx[i] >= keep->n_tokens || (i > 0 && idx[i] <= idx[i - 1]))
+                    return ei__fail(NULL, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", (int)h, (int)i, (int)idx[i]);
+        }
+    }
+    for (which = 0; which < 2; ++which) {
+        ei_out_tensor *x = t[which];
+        size_t row_bytes;
+        if (!x) continue;
+        row_bytes = (size_t)x->head_dim * ei__dtype_size(x->dtype);
+        for (h = 0; h < keep->heads_out; ++h) {
+            const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+            for (i = 0; i < keep->n_kept; ++i)
+                if (idx[i] != i) memmove(ei__row_out(x, i, h), ei__row_out(x, idx[i], h), row_bytes);
+        }
+    }
+    return EI_OK;
+}
+
+// >>attention ---------------------------------------------------------------
+#include "dev/attention_impl.h" /* DEV: merged into this section before release */
+
+// >>threads -----------------------------------------------------------------
+#ifndef EI_NO_PTHREADS
+#include <pthread.h>
+typedef struct ei__profile_job {
+    const ei_context *ctx;
+    const ei_tensor *q, *k;
+    ei_plan *plan;
+    int32_t kv0, kv1;
+    void *ws;
+    size_t ws_bytes;
+    ei_result result;
+} ei__profile_job;
+static void *ei__profile_worker(void *arg) {
+    ei__profile_job *j = (ei__profile_job *)arg;
+    j->result = ei__profile_range(j->ctx, j->q, j->k, j->plan, j->kv0, j->kv1, j->ws, j->ws_bytes);
+    return NULL;
+}
+#define EI__MAX_THREADS 256
+EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                              int n_threads, void *workspace, size_t workspace_bytes) {
+    ei__profile_job jobs[EI__MAX_THREADS];
+    pthread_t tid[EI__MAX_THREADS];
+    int started[EI__MAX_THREADS];
+    size_t per;
+    int t, nt;
+    ei_result r;
+    if (!ctx || !q || !k) return ei__fail(ctx, EI_ERR_NULL, "context, q or k is NULL");
+    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
+    if (n_threads <= 0 || n_threads > EI__MAX_THREADS) return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
+    if ((r = ei__check_profile_args(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
+    nt = EI__MIN(n_threads, k->n_heads);
+    if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL");
+    if (workspace_bytes / (size_t)nt < per)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    for (t = 0; t < nt; ++t) {
+        jobs[t].ctx = ctx; jobs[t].q = q; jobs[t].k = k; jobs[t].plan = plan;
+        jobs[t].kv0 = (int32_t)((int64_t)k->n_heads * t / nt);
+        jobs[t].kv1 = (int32_t)((int64_t)k->n_heads * (t + 1) / nt);
+        jobs[t].ws = (unsigned char *)workspace + per * (size_t)t;
+        jobs[t].ws_bytes = per;
+        jobs[t].result = EI_OK;
+        started[t] = 0;
+    }
+    for (t = 1; t < nt; ++t) started[t] = pthread_create(&tid[t], NULL, ei__profile_worker, &jobs[t]) == 0;
+    ei__profile_worker(&jobs[0]);
+    for (t = 1; t < nt; ++t) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        else ei__profile_worker(&jobs[t]); /* no thread: run it here */
+    }
+    for (t = 0; t < nt; ++t)
+        if (jobs[t].result != EI_OK) return jobs[t].result;
+    return ei_plan_finalize(ctx, plan);
+}
+#else
+EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                              int n_threads, void *workspace, size_t workspace_bytes) {
+    (void)n_threads;
+    return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
+}
+#endif
+
+// >>cuda-loader -------------------------------------------------------------
+#include "dev/cuda_loader_stub.h" /* DEV: replaced by the loader before release */
+
+#ifdef EI__POP_DIAGNOSTICS
+#pragma GCC diagnostic pop
+#endif
+#endif /* ENTROPYINFER_IMPLEMENTATION_DONE */
+#endif /* ENTROPYINFER_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+MIT License
+
+Copyright (c) 2026 the entropyinfer authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of
+this software and associated documentation files (the "Software"), to deal in
+the Software without restriction, including without limitation the rights to
+use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies
+of the Software, and to permit persons to whom the Software is furnished to do
+so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+*/
