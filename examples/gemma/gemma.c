@@ -1,0 +1,883 @@
+/* gemma.c - model loading, threads, kernels and the Gemma 3 forward pass.
+   See gemma.h for the overview. */
+#define _POSIX_C_SOURCE 200809L
+#include "gemma.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+double gm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ================================================================ threads */
+struct gm_pool {
+    int n;
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    gm_task fn;
+    void *arg;
+    long gen;
+    int pending, quit;
+    struct worker_arg *wargs;
+};
+typedef struct worker_arg { gm_pool *p; int ith; } worker_arg;
+
+static void *worker_main(void *a) {
+    worker_arg *wa = (worker_arg *)a;
+    gm_pool *p = wa->p;
+    long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        gm_task fn;
+        void *arg;
+        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
+        if (p->quit) break;
+        seen = p->gen;
+        fn = p->fn;
+        arg = p->arg;
+        pthread_mutex_unlock(&p->mu);
+        fn(arg, wa->ith, p->n);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->cv_done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+int gm_default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *e = getenv("GEMMA_THREADS");
+    if (e && atoi(e) > 0) n = atoi(e);
+    if (n < 1) n = 1;
+    if (n > 64) n = 64;
+    return (int)n;
+}
+
+gm_pool *gm_pool_create(int n_threads) {
+    gm_pool *p = (gm_pool *)calloc(1, sizeof(gm_pool));
+    int i;
+    if (!p) return NULL;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > 64) n_threads = 64;
+    p->n = n_threads;
+    p->th = (pthread_t *)calloc((size_t)n_threads, sizeof(pthread_t));
+    p->wargs = (worker_arg *)calloc((size_t)n_threads, sizeof(worker_arg));
+    if (!p->th || !p->wargs) { free(p->th); free(p->wargs); free(p); return NULL; }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_start, NULL);
+    pthread_cond_init(&p->cv_done, NULL);
+    for (i = 1; i < n_threads; i++) {
+        worker_arg *wa = &p->wargs[i];
+        wa->p = p;
+        wa->ith = i;
+        pthread_create(&p->th[i], NULL, worker_main, wa);
+    }
+    return p;
+}
+
+void gm_pool_run(gm_pool *p, gm_task fn, void *arg) {
+    if (p->n == 1) { fn(arg, 0, 1); return; }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->pending = p->n - 1;
+    p->gen++;
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg, 0, p->n);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+int gm_pool_size(const gm_pool *p) { return p->n; }
+
+void gm_pool_destroy(gm_pool *p) {
+    int i;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    for (i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv_start);
+    pthread_cond_destroy(&p->cv_done);
+    free(p->th);
+    free(p->wargs);
+    free(p);
+}
+
+/* ================================================================ matmul
+   Y[t][o] = sum_k X[t][k] * W[o][k]  (W row-major [out][in], as in GGUF).
+   Register-tiled with GCC/Clang vector extensions; an AVX-512 variant is
+   picked at run time when the CPU has it (the file itself is built for
+   AVX2+FMA or plain x86-64, so it runs anywhere). */
+#define GM_DEFINE_MATMUL(NAME, ATTR, VW, TT)                                                          \
+    typedef float NAME##_v __attribute__((vector_size(VW * 4)));                                     \
+    ATTR static NAME##_v NAME##_ld(const float *p) { NAME##_v v; memcpy(&v, p, sizeof v); return v; } \
+    ATTR static float NAME##_hsum(NAME##_v v) { float s = 0; int i; for (i = 0; i < VW; i++) s += v[i]; return s; } \
+    ATTR static void NAME(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1,  \
+                          float *Y, int64_t ldy) {                                                  \
+        int ob, t, o, k, a, b;                                                                       \
+        for (ob = o0; ob < o1; ob += 64) {                                                           \
+            int oe = ob + 64 < o1 ? ob + 64 : o1;                                                    \
+            for (t = 0; t < n; t += TT) {                                                            \
+                int tn = n - t < TT ? n - t : TT;                                                    \
+                for (o = ob; o < oe; o += 4) {                                                       \
+                    int on = oe - o < 4 ? oe - o : 4;                                                \
+                    if (tn == TT && on == 4) {                                                       \
+                        NAME##_v acc[TT][4];                                                         \
+                        memset(acc, 0, sizeof acc);                                                  \
+                        for (k = 0; k < in; k += VW) {                                               \
+                            NAME##_v xv[TT];                                                         \
+                            for (a = 0; a < TT; a++) xv[a] = NAME##_ld(X + (t + a) * ldx + k);      \
+                            for (b = 0; b < 4; b++) {                                                \
+                                NAME##_v w = NAME##_ld(W + (int64_t)(o + b) * in + k);               \
+                                for (a = 0; a < TT; a++) acc[a][b] += xv[a] * w;                     \
+                            }                                                                        \
+                        }                                                                            \
+                        for (a = 0; a < TT; a++)                                                     \
+                            for (b = 0; b < 4; b++) Y[(t + a) * ldy + o + b] = NAME##_hsum(acc[a][b]); \
+                    } else {                                                                         \
+                        for (a = 0; a < tn; a++)                                                     \
+                            for (b = 0; b < on; b++) {                                               \
+                                NAME##_v acc2 = {0};                                                 \
+                                const float *xr = X + (t + a) * ldx, *wr = W + (int64_t)(o + b) * in; \
+                                for (k = 0; k < in; k += VW) acc2 += NAME##_ld(xr + k) * NAME##_ld(wr + k); \
+                                Y[(t + a) * ldy + o + b] = NAME##_hsum(acc2);                        \
+                            }                                                                        \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+GM_DEFINE_MATMUL(mm_v8, , 8, 3)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(GEMMA_NO_AVX512)
+#define GM_HAVE_AVX512_PATH 1
+GM_DEFINE_MATMUL(mm_v16, __attribute__((target("avx512f,fma"))), 16, 4)
+#endif
+
+static void mm_scalar(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1, float *Y, int64_t ldy) {
+    int t, o, k;
+    for (t = 0; t < n; t++)
+        for (o = o0; o < o1; o++) {
+            float s = 0;
+            for (k = 0; k < in; k++) s += X[t * ldx + k] * W[(int64_t)o * in + k];
+            Y[t * ldy + o] = s;
+        }
+}
+
+static int g_use_avx512 = -1;
+static void mm_dispatch(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1, float *Y, int64_t ldy) {
+    if (g_use_avx512 < 0) {
+        g_use_avx512 = 0;
+#ifdef GM_HAVE_AVX512_PATH
+        __builtin_cpu_init();
+        g_use_avx512 = __builtin_cpu_supports("avx512f") && !getenv("GEMMA_NO_AVX512");
+#endif
+    }
+#ifdef GM_HAVE_AVX512_PATH
+    if (g_use_avx512 && in % 16 == 0) { mm_v16(X, ldx, n, in, W, o0, o1, Y, ldy); return; }
+#endif
+    if (in % 8 == 0) { mm_v8(X, ldx, n, in, W, o0, o1, Y, ldy); return; }
+    mm_scalar(X, ldx, n, in, W, o0, o1, Y, ldy);
+}
+
+/* Up to 3 matmuls sharing the same input, split by output rows over threads. */
+typedef struct mm_job {
+    const float *X;
+    int n, in, nw;
+    const float *W[3];
+    int out[3];
+    float *Y[3];
+} mm_job;
+
+static void mm_task(void *arg, int ith, int nth) {
+    const mm_job *j = (const mm_job *)arg;
+    int total = 0, i, begin, end, acc = 0;
+    for (i = 0; i < j->nw; i++) total += j->out[i];
+    /* equal shares of all output rows, rounded to tiles of 4 */
+    begin = (int)((int64_t)total * ith / nth) & ~3;
+    end = ith == nth - 1 ? total : (int)((int64_t)total * (ith + 1) / nth) & ~3;
+    for (i = 0; i < j->nw; i++) {
+        int lo = begin - acc, hi = end - acc;
+        if (lo < 0) lo = 0;
+        if (hi > j->out[i]) hi = j->out[i];
+        if (lo < hi) mm_dispatch(j->X, j->in, j->n, j->in, j->W[i], lo, hi, j->Y[i], j->out[i]);
+        acc += j->out[i];
+    }
+}
+
+static void matmul(gm_pool *p, const float *X, int n, int in, const float *W, int out, float *Y) {
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.X = X; j.n = n; j.in = in; j.nw = 1;
+    j.W[0] = W; j.out[0] = out; j.Y[0] = Y;
+    gm_pool_run(p, mm_task, &j);
+}
+
+/* ================================================================ small kernels */
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    float sc;
+    int i;
+    for (i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    sc = (float)(1.0 / sqrt(ss / n + eps));
+    for (i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
+}
+
+static float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+/* NEOX-style rotary embedding (pairs i and i + d/2), Gemma's layout. */
+static void rope(float *x, int d, const float *cs, const float *sn) {
+    int i, h = d / 2;
+    for (i = 0; i < h; i++) {
+        float a = x[i], b = x[i + h];
+        x[i] = a * cs[i] - b * sn[i];
+        x[i + h] = a * sn[i] + b * cs[i];
+    }
+}
+
+/* ================================================================ model loading */
+static const gguf_tensor *need_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                                      char *err, size_t errlen) {
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t) { fail(err, errlen, "model: tensor '%s' missing", name); return NULL; }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        fail(err, errlen, "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+             (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (long long)ne0, (long long)ne1);
+        return NULL;
+    }
+    if (!gguf_can_dequantize(t->type)) {
+        fail(err, errlen, "model: tensor '%s' has type %s, which this engine cannot dequantize", name, gguf_type_name(t->type));
+        return NULL;
+    }
+    return t;
+}
+
+static int get_hp_int(const gguf_file *f, const char *key, int64_t lo, int64_t hi, int required, int64_t def, int *out,
+                      char *err, size_t errlen) {
+    int64_t v;
+    if (gguf_get_int(f, key, &v) != 0) {
+        if (required) return fail(err, errlen, "model: metadata '%s' missing", key);
+        v = def;
+    }
+    if (v < lo || v > hi) return fail(err, errlen, "model: metadata '%s' = %lld out of range [%lld, %lld]", key, (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return 0;
+}
+
+typedef struct load_item { const gguf_tensor *t; float *dst; } load_item;
+typedef struct load_job { load_item *items; int n; int bad; } load_job;
+static void load_task(void *arg, int ith, int nth) {
+    load_job *j = (load_job *)arg;
+    int i;
+    for (i = ith; i < j->n; i += nth)
+        if (gguf_dequantize(j->items[i].t->type, j->items[i].t->data, j->items[i].dst, j->items[i].t->n_elems)) j->bad = 1;
+}
+
+int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
+    gm_hparams *hp = &m->hp;
+    gguf_file *f = &m->file;
+    gguf_str arch;
+    double dv;
+    int l, ni = 0, i;
+    size_t total = 0;
+    load_item *items = NULL;
+    char name[96];
+    memset(m, 0, sizeof(*m));
+    if (gguf_open(path, f, err, errlen)) return -1;
+    if (gguf_get_str(f, "general.architecture", &arch) || !gguf_str_eq(arch, "gemma3")) {
+        fail(err, errlen, "model: general.architecture is not \"gemma3\"");
+        goto bad;
+    }
+    if (get_hp_int(f, "gemma3.block_count", 1, 512, 1, 0, &hp->n_layer, err, errlen) ||
+        get_hp_int(f, "gemma3.embedding_length", 8, 65536, 1, 0, &hp->d_model, err, errlen) ||
+        get_hp_int(f, "gemma3.attention.head_count", 1, 1024, 1, 0, &hp->n_head, err, errlen) ||
+        get_hp_int(f, "gemma3.attention.head_count_kv", 1, 1024, 0, hp->n_head, &hp->n_kv_head, err, errlen) ||
+        get_hp_int(f, "gemma3.feed_forward_length", 8, 1 << 20, 1, 0, &hp->d_ff, err, errlen) ||
+        get_hp_int(f, "gemma3.context_length", 1, 1 << 24, 0, 8192, &hp->n_ctx, err, errlen) ||
+        get_hp_int(f, "gemma3.attention.sliding_window", 1, 1 << 24, 0, 512, &hp->sliding_window, err, errlen) ||
+        get_hp_int(f, "gemma3.attention.sliding_window_pattern", 1, 512, 0, 6, &hp->swa_pattern, err, errlen))
+        goto bad;
+    if (get_hp_int(f, "gemma3.attention.key_length", 8, 4096, 0, hp->d_model / hp->n_head, &hp->head_dim, err, errlen)) goto bad;
+    {
+        int vl;
+        if (get_hp_int(f, "gemma3.attention.value_length", 8, 4096, 0, hp->head_dim, &vl, err, errlen)) goto bad;
+        if (vl != hp->head_dim) { fail(err, errlen, "model: key_length %d != value_length %d", hp->head_dim, vl); goto bad; }
+    }
+    if (hp->n_head % hp->n_kv_head || hp->head_dim % 2) { fail(err, errlen, "model: bad head counts"); goto bad; }
+    hp->eps = gguf_get_float(f, "gemma3.attention.layer_norm_rms_epsilon", &dv) == 0 ? (float)dv : 1e-6f;
+    hp->rope_base_global = gguf_get_float(f, "gemma3.rope.freq_base", &dv) == 0 ? (float)dv : 1e6f;
+    /* Gemma 3 local layers: rope base 10k (llama.cpp hard-codes it; newer files may carry it) */
+    hp->rope_base_local = gguf_get_float(f, "gemma3.rope.freq_base_swa", &dv) == 0 ? (float)dv : 1e4f;
+    /* query_pre_attn_scalar = head_dim for the 270M/1B/4B/12B models */
+    hp->attn_scale = gguf_get_float(f, "gemma3.attention.scale", &dv) == 0 ? (float)dv : 1.0f / sqrtf((float)hp->head_dim);
+    hp->final_softcap = gguf_get_float(f, "gemma3.final_logit_softcapping", &dv) == 0 ? (float)dv : 0.0f;
+    hp->embed_scale = sqrtf((float)hp->d_model);
+
+    if (gm_tokenizer_init(&m->tok, f, err, errlen)) goto bad;
+    hp->n_vocab = m->tok.n_vocab;
+
+    /* shapes, then one arena for every dequantized tensor */
+    m->layers = (gm_layer *)calloc((size_t)hp->n_layer, sizeof(gm_layer));
+    items = (load_item *)calloc((size_t)hp->n_layer * 13 + 2, sizeof(load_item));
+    if (!m->layers || !items) { fail(err, errlen, "model: out of memory"); goto bad; }
+    {
+        const int D = hp->d_model, Q = hp->n_head * hp->head_dim, K = hp->n_kv_head * hp->head_dim, F = hp->d_ff, H = hp->head_dim;
+        struct { const char *fmt; int64_t ne0, ne1; } spec[13];
+        spec[0].fmt = "blk.%d.attn_norm.weight"; spec[0].ne0 = D; spec[0].ne1 = 1;
+        spec[1].fmt = "blk.%d.attn_q.weight"; spec[1].ne0 = D; spec[1].ne1 = Q;
+        spec[2].fmt = "blk.%d.attn_k.weight"; spec[2].ne0 = D; spec[2].ne1 = K;
+        spec[3].fmt = "blk.%d.attn_v.weight"; spec[3].ne0 = D; spec[3].ne1 = K;
+        spec[4].fmt = "blk.%d.attn_q_norm.weight"; spec[4].ne0 = H; spec[4].ne1 = 1;
+        spec[5].fmt = "blk.%d.attn_k_norm.weight"; spec[5].ne0 = H; spec[5].ne1 = 1;
+        spec[6].fmt = "blk.%d.attn_output.weight"; spec[6].ne0 = Q; spec[6].ne1 = D;
+        spec[7].fmt = "blk.%d.post_attention_norm.weight"; spec[7].ne0 = D; spec[7].ne1 = 1;
+        spec[8].fmt = "blk.%d.ffn_norm.weight"; spec[8].ne0 = D; spec[8].ne1 = 1;
+        spec[9].fmt = "blk.%d.ffn_gate.weight"; spec[9].ne0 = D; spec[9].ne1 = F;
+        spec[10].fmt = "blk.%d.ffn_up.weight"; spec[10].ne0 = D; spec[10].ne1 = F;
+        spec[11].fmt = "blk.%d.ffn_down.weight"; spec[11].ne0 = F; spec[11].ne1 = D;
+        spec[12].fmt = "blk.%d.post_ffw_norm.weight"; spec[12].ne0 = D; spec[12].ne1 = 1;
+        if (!(items[ni++].t = need_tensor(f, "token_embd.weight", D, hp->n_vocab, err, errlen))) goto bad;
+        if (!(items[ni++].t = need_tensor(f, "output_norm.weight", D, 1, err, errlen))) goto bad;
+        for (l = 0; l < hp->n_layer; l++)
+            for (i = 0; i < 13; i++) {
+                snprintf(name, sizeof name, spec[i].fmt, l);
+                if (!(items[ni++].t = need_tensor(f, name, spec[i].ne0, spec[i].ne1, err, errlen))) goto bad;
+            }
+        if (gguf_find_tensor(f, "output.weight")) {
+            fail(err, errlen, "model: separate output.weight is not supported (Gemma 3 ties embeddings)");
+            goto bad;
+        }
+    }
+    for (i = 0; i < ni; i++) total += (size_t)((items[i].t->n_elems + 15) & ~(int64_t)15);
+    m->arena = (float *)malloc(total * sizeof(float));
+    if (!m->arena) { fail(err, errlen, "model: cannot allocate %zu MB for weights", total * 4 >> 20); goto bad; }
+    m->arena_floats = total;
+    {
+        size_t off = 0;
+        for (i = 0; i < ni; i++) {
+            items[i].dst = m->arena + off;
+            off += (size_t)((items[i].t->n_elems + 15) & ~(int64_t)15);
+        }
+    }
+    {
+        load_job j;
+        gm_pool *p = gm_pool_create(gm_default_threads());
+        j.items = items; j.n = ni; j.bad = 0;
+        gm_pool_run(p, load_task, &j);
+        gm_pool_destroy(p);
+        if (j.bad) { fail(err, errlen, "model: dequantization failed"); goto bad; }
+    }
+    m->tok_embd = items[0].dst;
+    m->out_norm = items[1].dst;
+    for (l = 0; l < hp->n_layer; l++) {
+        gm_layer *L = &m->layers[l];
+        load_item *it = items + 2 + 13 * l;
+        L->attn_norm = it[0].dst; L->wq = it[1].dst; L->wk = it[2].dst; L->wv = it[3].dst;
+        L->q_norm = it[4].dst; L->k_norm = it[5].dst; L->wo = it[6].dst; L->post_attn_norm = it[7].dst;
+        L->ffn_norm = it[8].dst; L->w_gate = it[9].dst; L->w_up = it[10].dst; L->w_down = it[11].dst;
+        L->post_ffn_norm = it[12].dst;
+        /* llama.cpp's convention: layer il uses the sliding window unless il % pattern == pattern - 1 */
+        L->is_global = (l % hp->swa_pattern) == hp->swa_pattern - 1;
+        L->rope_base = L->is_global ? hp->rope_base_global : hp->rope_base_local;
+    }
+    free(items);
+    return 0;
+bad:
+    free(items);
+    gm_model_free(m);
+    return -1;
+}
+
+void gm_model_free(gm_model *m) {
+    free(m->arena);
+    free(m->layers);
+    gm_tokenizer_free(&m->tok);
+    gguf_close(&m->file);
+    memset(m, 0, sizeof(*m));
+}
+
+/* ================================================================ attention (own, dense)
+   Causal attention of n queries (rows q0.., absolute positions p0..) against
+   cache rows 0..q0+i, optionally restricted to a sliding window (rows ==
+   positions for local layers). All query heads of a kv group share each K/V
+   load; 4 query tokens are processed together for the same reason. */
+typedef struct attn_job {
+    const gm_state *s;
+    const float *q;   /* [n][n_head][hd] */
+    const float *kc, *vc; /* cache [rows][n_kv][hd] */
+    float *out;       /* [n][n_head][hd] */
+    int n;
+    int64_t q0;       /* cache row of the first query */
+    int window;       /* 0: none */
+    float scale;
+    float *scratch;   /* per thread */
+    size_t scratch_per_thread;
+} attn_job;
+
+#define ATT_TQ 4
+static void attn_task(void *arg, int ith, int nth) {
+    const attn_job *j = (const attn_job *)arg;
+    const gm_hparams *hp = &j->s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G;
+    const int64_t kstride = (int64_t)G * D;
+    float *sc = j->scratch + j->scratch_per_thread * (size_t)ith; /* [ATT_TQ*R][maxkeys] */
+    int64_t maxkeys = (int64_t)(j->scratch_per_thread / ((size_t)ATT_TQ * R));
+    int tile, ntiles = (j->n + ATT_TQ - 1) / ATT_TQ;
+    for (tile = ith; tile < ntiles; tile += nth) {
+        int t0 = tile * ATT_TQ, tn = j->n - t0 < ATT_TQ ? j->n - t0 : ATT_TQ, g, a, r, d;
+        int64_t last = j->q0 + t0 + tn - 1;              /* last key row any query here sees */
+        int64_t first = 0, kk;
+        if (j->window > 0) {
+            first = j->q0 + t0 - j->window + 1;
+            if (first < 0) first = 0;
+        }
+        if (last - first + 1 > maxkeys) continue; /* cannot happen: scratch sized for max_ctx */
+        for (g = 0; g < G; g++) {
+            /* scores */
+            for (kk = first; kk <= last; kk++) {
+                const float *kr = j->kc + kk * kstride + (int64_t)g * D;
+                for (a = 0; a < tn; a++) {
+                    int64_t qrow = j->q0 + t0 + a;
+                    int visible = kk <= qrow && (j->window <= 0 || qrow - kk < j->window);
+                    for (r = 0; r < R; r++) {
+                        float *srow = sc + (size_t)(a * R + r) * (size_t)maxkeys;
+                        if (visible) {
+                            const float *qr = j->q + ((int64_t)(t0 + a) * H + g * R + r) * D;
+                            float s = 0;
+                            for (d = 0; d < D; d++) s += qr[d] * kr[d];
+                            srow[kk - first] = s * j->scale;
+                        } else {
+                            srow[kk - first] = -INFINITY;
+                        }
+                    }
+                }
+            }
+            /* softmax per (query, head) */
+            for (a = 0; a < tn * R; a++) {
+                float *srow = sc + (size_t)a * (size_t)maxkeys, mx = -INFINITY;
+                double sum = 0;
+                int64_t nk = last - first + 1;
+                for (kk = 0; kk < nk; kk++) if (srow[kk] > mx) mx = srow[kk];
+                for (kk = 0; kk < nk; kk++) { float e = srow[kk] == -INFINITY ? 0.0f : expf(srow[kk] - mx); srow[kk] = e; sum += e; }
+                for (kk = 0; kk < nk; kk++) srow[kk] = (float)(srow[kk] / sum);
+            }
+            /* weighted values */
+            for (a = 0; a < tn; a++)
+                for (r = 0; r < R; r++) memset(j->out + ((int64_t)(t0 + a) * H + g * R + r) * D, 0, (size_t)D * sizeof(float));
+            for (kk = first; kk <= last; kk++) {
+                const float *vr = j->vc + kk * kstride + (int64_t)g * D;
+                for (a = 0; a < tn; a++)
+                    for (r = 0; r < R; r++) {
+                        float p = sc[(size_t)(a * R + r) * (size_t)maxkeys + (size_t)(kk - first)];
+                        float *o = j->out + ((int64_t)(t0 + a) * H + g * R + r) * D;
+                        if (p == 0.0f) continue;
+                        for (d = 0; d < D; d++) o[d] += p * vr[d];
+                    }
+            }
+        }
+    }
+}
+
+/* ================================================================ state */
+int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx, int max_batch,
+                  gm_attn_mode mode, const void *ei_cfg, char *err, size_t errlen) {
+    const gm_hparams *hp = &m->hp;
+    const int H = hp->n_head, D = hp->head_dim, KV = hp->n_kv_head * hp->head_dim;
+    int l, nth = gm_pool_size(pool), i;
+    int64_t p;
+    memset(s, 0, sizeof(*s));
+    s->m = m;
+    s->pool = pool;
+    s->max_ctx = max_ctx;
+    s->max_batch = max_batch;
+    s->mode = mode;
+    (void)ei_cfg;
+#ifndef GEMMA_WITH_EI
+    if (mode != GM_ATTN_DENSE_OWN) return fail(err, errlen, "state: built without entropyinfer (GEMMA_WITH_EI)");
+#endif
+    if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx) return fail(err, errlen, "state: bad sizes");
+    s->k_cache = (float **)calloc((size_t)hp->n_layer, sizeof(float *));
+    s->v_cache = (float **)calloc((size_t)hp->n_layer, sizeof(float *));
+    s->cache_len = (int64_t *)calloc((size_t)hp->n_layer, sizeof(int64_t));
+    if (!s->k_cache || !s->v_cache || !s->cache_len) goto oom;
+    for (l = 0; l < hp->n_layer; l++) {
+        s->k_cache[l] = (float *)malloc((size_t)max_ctx * KV * sizeof(float));
+        s->v_cache[l] = (float *)malloc((size_t)max_ctx * KV * sizeof(float));
+        if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
+    }
+#define ALLOC(ptr, count) if (!((ptr) = (float *)malloc((size_t)(count) * sizeof(float)))) goto oom
+    ALLOC(s->x, (size_t)max_batch * hp->d_model);
+    ALLOC(s->xn, (size_t)max_batch * hp->d_model);
+    ALLOC(s->q, (size_t)max_batch * H * D);
+    ALLOC(s->k, (size_t)max_batch * KV);
+    ALLOC(s->v, (size_t)max_batch * KV);
+    ALLOC(s->ao, (size_t)max_batch * H * D);
+    ALLOC(s->gate, (size_t)max_batch * hp->d_ff);
+    ALLOC(s->up, (size_t)max_batch * hp->d_ff);
+    ALLOC(s->tmp, (size_t)max_batch * hp->d_model);
+    /* attention scores scratch: ATT_TQ * group * max keys per thread */
+    ALLOC(s->att, (size_t)nth * ATT_TQ * (H / hp->n_kv_head) * (size_t)(max_ctx + ATT_TQ));
+    /* rotary tables for every position (cos, sin) x (local, global) */
+    ALLOC(s->rope_cos_l, (size_t)max_ctx * D / 2);
+    ALLOC(s->rope_sin_l, (size_t)max_ctx * D / 2);
+    ALLOC(s->rope_cos_g, (size_t)max_ctx * D / 2);
+    ALLOC(s->rope_sin_g, (size_t)max_ctx * D / 2);
+#undef ALLOC
+    for (p = 0; p < max_ctx; p++)
+        for (i = 0; i < D / 2; i++) {
+            double fl = pow((double)hp->rope_base_local, -2.0 * i / D), fg = pow((double)hp->rope_base_global, -2.0 * i / D);
+            s->rope_cos_l[p * D / 2 + i] = (float)cos((double)p * fl);
+            s->rope_sin_l[p * D / 2 + i] = (float)sin((double)p * fl);
+            s->rope_cos_g[p * D / 2 + i] = (float)cos((double)p * fg);
+            s->rope_sin_g[p * D / 2 + i] = (float)sin((double)p * fg);
+        }
+#ifdef GEMMA_WITH_EI
+    if (mode != GM_ATTN_DENSE_OWN) {
+        ei_result r;
+        size_t b;
+        s->ei_cfg = ei_cfg ? *(const ei_config *)ei_cfg : ei_config_default();
+        s->ei_cfg.attn_scale = hp->attn_scale;
+        if (s->ei_cfg.decode_scale == 0) s->ei_cfg.decode_scale = hp->attn_scale;
+        if ((r = ei_context_create(&s->ei_cfg, &s->ei)) != EI_OK)
+            return fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error());
+        if (max_batch % s->ei_cfg.segment_size)
+            return fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size);
+        s->plans = (ei_plan *)calloc((size_t)hp->n_layer, sizeof(ei_plan));
+        s->decs = (ei_decoder *)calloc((size_t)hp->n_layer, sizeof(ei_decoder));
+        s->dec_mem = (void **)calloc((size_t)hp->n_layer, sizeof(void *));
+        if (!s->plans || !s->decs || !s->dec_mem) goto oom;
+        for (l = 0; l < hp->n_layer; l++) {
+            if (!m->layers[l].is_global) continue;
+            if (mode == GM_ATTN_EI_SPARSE) {
+                if ((r = ei_plan_alloc(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, EI_PLAN_CHUNKED)) != EI_OK)
+                    return fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error());
+                if ((r = ei_decoder_size(s->ei, H, D, &b)) != EI_OK)
+                    return fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error());
+                if (!(s->dec_mem[l] = malloc(b))) goto oom;
+                if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], b)) != EI_OK)
+                    return fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error());
+            }
+        }
+        if ((r = ei_profile_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, D, &s->prof_ws_bytes)) != EI_OK)
+            return fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+        if ((r = ei_attention_workspace_size(s->ei, H, hp->n_kv_head, D, &s->attn_ws_bytes)) != EI_OK)
+            return fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+        if ((r = ei_decode_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, &s->dec_ws_bytes)) != EI_OK)
+            return fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+        s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
+        s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes : 1);
+        s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
+        s->dec_ws = malloc(s->dec_ws_bytes ? s->dec_ws_bytes : 1);
+        s->keep_index = (int32_t *)malloc((size_t)hp->n_kv_head * (size_t)max_ctx * sizeof(int32_t));
+        if (!s->prof_ws || !s->attn_ws || !s->dec_ws || !s->keep_index) goto oom;
+    }
+#endif
+    return 0;
+oom:
+    gm_state_free(s);
+    return fail(err, errlen, "state: out of memory (max_ctx %lld)", (long long)max_ctx);
+}
+
+void gm_state_free(gm_state *s) {
+    int l;
+    if (!s->m) return;
+    for (l = 0; s->k_cache && l < s->m->hp.n_layer; l++) { free(s->k_cache[l]); free(s->v_cache[l]); }
+    free(s->k_cache); free(s->v_cache); free(s->cache_len);
+    free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v); free(s->att); free(s->ao);
+    free(s->gate); free(s->up); free(s->tmp);
+    free(s->rope_cos_l); free(s->rope_sin_l); free(s->rope_cos_g); free(s->rope_sin_g);
+#ifdef GEMMA_WITH_EI
+    if (s->ei) {
+        for (l = 0; s->plans && l < s->m->hp.n_layer; l++)
+            if (s->plans[l].max_tokens) ei_plan_free(s->ei, &s->plans[l]);
+        for (l = 0; s->dec_mem && l < s->m->hp.n_layer; l++) free(s->dec_mem[l]);
+        ei_context_destroy(s->ei);
+    }
+    free(s->plans); free(s->decs); free(s->dec_mem);
+    free(s->prof_ws); free(s->attn_ws); free(s->dec_ws); free(s->keep_index);
+#endif
+    memset(s, 0, sizeof(*s));
+}
+
+void gm_state_reset(gm_state *s) {
+    int l;
+    s->n_past = 0;
+    for (l = 0; l < s->m->hp.n_layer; l++) s->cache_len[l] = 0;
+    memset(&s->stats, 0, sizeof(s->stats));
+#ifdef GEMMA_WITH_EI
+    if (s->ei && s->mode == GM_ATTN_EI_SPARSE)
+        for (l = 0; l < s->m->hp.n_layer; l++)
+            if (s->m->layers[l].is_global) {
+                ei_plan_reset(&s->plans[l]);
+                ei_decoder_reset(&s->decs[l]);
+            }
+    s->prompt_done = 0;
+    s->kv_bytes_before = s->kv_bytes_after = 0;
+    s->ei_err = 0;
+#endif
+}
+
+int64_t gm_kv_bytes(const gm_state *s) {
+    int64_t b = 0;
+    int l;
+    for (l = 0; l < s->m->hp.n_layer; l++) b += s->cache_len[l];
+    return b * s->m->hp.n_kv_head * s->m->hp.head_dim * 2 * (int64_t)sizeof(float);
+}
+
+/* ================================================================ entropyinfer glue */
+#ifdef GEMMA_WITH_EI
+typedef struct ei_attn_job {
+    gm_state *s;
+    ei_tensor q, k, v;
+    ei_out_tensor out;
+    const ei_plan *plan;
+    int64_t q_offset;
+    ei_result r[64];
+} ei_attn_job;
+
+static void ei_attn_task(void *arg, int ith, int nth) {
+    ei_attn_job *j = (ei_attn_job *)arg;
+    gm_state *s = j->s;
+    j->r[ith] = ei_attention_prefill(s->ei, &j->q, &j->k, &j->v, j->plan, &j->out, j->q_offset, ith, nth,
+                                     (char *)s->attn_ws + s->attn_ws_bytes * (size_t)ith, s->attn_ws_bytes);
+}
+
+static int ei_check(gm_state *s, ei_result r, const char *what, char *err, size_t errlen) {
+    if (r == EI_OK) return 0;
+    s->ei_err = 1;
+    snprintf(s->ei_msg, sizeof s->ei_msg, "%s: %s (%s)", what, ei_result_name(r), ei_last_error());
+    return fail(err, errlen, "entropyinfer: %s", s->ei_msg);
+}
+
+/* Global-layer attention through the library. phase: 0 prefill chunk, 1 decode. */
+static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_final, int decode,
+                               char *err, size_t errlen) {
+    const gm_hparams *hp = &s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim;
+    ei_attn_job j;
+    const ei_plan *plan = NULL;
+    double t0 = gm_now();
+    int i;
+    memset(&j, 0, sizeof j);
+    j.s = s;
+    j.q = ei_tensor_make(s->q, EI_F32, n, H, D);
+    j.k = ei_tensor_make(s->k_cache[l], EI_F32, row0 + n, G, D);
+    j.v = ei_tensor_make(s->v_cache[l], EI_F32, row0 + n, G, D);
+    j.out = ei_out_tensor_make(s->ao, EI_F32, n, H, D);
+    j.q_offset = row0;
+    if (s->mode == GM_ATTN_EI_SPARSE && !decode) {
+        double tp = gm_now();
+        if (ei_check(s, ei_profile_chunk(s->ei, &j.q, &j.k, &s->plans[l], is_final, s->prof_ws, s->prof_ws_bytes),
+                     "ei_profile_chunk", err, errlen))
+            return -1;
+        s->stats.t_profile += gm_now() - tp;
+        plan = &s->plans[l];
+    }
+    j.plan = plan;
+    gm_pool_run(s->pool, ei_attn_task, &j);
+    for (i = 0; i < gm_pool_size(s->pool); i++)
+        if (ei_check(s, j.r[i], "ei_attention_prefill", err, errlen)) return -1;
+    s->stats.t_attn_global += gm_now() - t0;
+    if (s->mode == GM_ATTN_EI_SPARSE) {
+        /* the decoder keeps the last `window` queries: feed only those of a prompt chunk */
+        int64_t keep = decode ? n : (n < s->ei_cfg.window ? n : s->ei_cfg.window);
+        ei_tensor qv = ei_tensor_make(s->q + (size_t)(n - keep) * H * D, EI_F32, keep, H, D);
+        if (ei_check(s, ei_decode_observe(s->ei, &s->decs[l], &qv, decode), "ei_decode_observe", err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* After a decode step: compress the layer's cache when the library says so. */
+static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
+    const gm_hparams *hp = &s->m->hp;
+    ei_keep_set keep;
+    ei_tensor kt;
+    ei_out_tensor ko, vo;
+    double t0;
+    if (s->mode != GM_ATTN_EI_SPARSE || !ei_decode_due(s->ei, &s->decs[l])) return 0;
+    t0 = gm_now();
+    memset(&keep, 0, sizeof keep);
+    keep.heads_out = s->ei_cfg.per_kv_head ? hp->n_kv_head : hp->n_head;
+    if (keep.heads_out != hp->n_kv_head)
+        return fail(err, errlen, "engine: per-query-head keep sets need a per-query-head cache (use per_kv_head=1)");
+    keep.capacity = (int32_t)s->max_ctx;
+    keep.index = s->keep_index;
+    kt = ei_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
+    if (ei_check(s, ei_decode_keep(s->ei, &s->decs[l], &kt, &keep, s->dec_ws, s->dec_ws_bytes), "ei_decode_keep", err, errlen))
+        return -1;
+    ko = ei_out_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
+    vo = ei_out_tensor_make(s->v_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
+    if (ei_check(s, ei_kv_compact(&keep, &ko, &vo), "ei_kv_compact", err, errlen)) return -1;
+    s->cache_len[l] = keep.n_kept;
+    s->stats.t_compress += gm_now() - t0;
+    s->stats.n_compress++;
+    return 0;
+}
+#endif
+
+/* ================================================================ forward */
+static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_final, float *hidden,
+                   char *err, size_t errlen) {
+    const gm_model *m = s->m;
+    const gm_hparams *hp = &m->hp;
+    const int Dm = hp->d_model, H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, F = hp->d_ff;
+    const int QD = H * D, KD = G * D;
+    int i, l, h;
+    double t0;
+    if (n < 1 || n > s->max_batch) return fail(err, errlen, "forward: batch of %d tokens (1..%d allowed)", n, s->max_batch);
+    if (s->n_past + n > s->max_ctx) return fail(err, errlen, "forward: context full (%lld + %d > %lld)", (long long)s->n_past, n, (long long)s->max_ctx);
+    for (i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] >= hp->n_vocab) return fail(err, errlen, "forward: token id %d out of range", tok[i]);
+        {
+            const float *e = m->tok_embd + (size_t)tok[i] * Dm;
+            float *x = s->x + (size_t)i * Dm;
+            int d;
+            for (d = 0; d < Dm; d++) x[d] = e[d] * hp->embed_scale;
+        }
+    }
+    for (l = 0; l < hp->n_layer; l++) {
+        const gm_layer *L = &m->layers[l];
+        const float *rc = L->is_global ? s->rope_cos_g : s->rope_cos_l;
+        const float *rs = L->is_global ? s->rope_sin_g : s->rope_sin_l;
+        int64_t row0 = s->cache_len[l];
+        mm_job j;
+        for (i = 0; i < n; i++) rmsnorm(s->xn + (size_t)i * Dm, s->x + (size_t)i * Dm, L->attn_norm, Dm, hp->eps);
+        t0 = gm_now();
+        memset(&j, 0, sizeof j);
+        j.X = s->xn; j.n = n; j.in = Dm; j.nw = 3;
+        j.W[0] = L->wq; j.out[0] = QD; j.Y[0] = s->q;
+        j.W[1] = L->wk; j.out[1] = KD; j.Y[1] = s->k;
+        j.W[2] = L->wv; j.out[2] = KD; j.Y[2] = s->v;
+        gm_pool_run(s->pool, mm_task, &j);
+        s->stats.t_matmul += gm_now() - t0;
+        for (i = 0; i < n; i++) {
+            int64_t pos = s->n_past + i;
+            for (h = 0; h < H; h++) {
+                float *q = s->q + ((size_t)i * H + h) * D;
+                rmsnorm(q, q, L->q_norm, D, hp->eps);
+                rope(q, D, rc + pos * D / 2, rs + pos * D / 2);
+            }
+            for (h = 0; h < G; h++) {
+                float *k = s->k + ((size_t)i * G + h) * D;
+                rmsnorm(k, k, L->k_norm, D, hp->eps);
+                rope(k, D, rc + pos * D / 2, rs + pos * D / 2);
+            }
+        }
+        memcpy(s->k_cache[l] + row0 * KD, s->k, (size_t)n * KD * sizeof(float));
+        memcpy(s->v_cache[l] + row0 * KD, s->v, (size_t)n * KD * sizeof(float));
+        s->cache_len[l] = row0 + n;
+        t0 = gm_now();
+#ifdef GEMMA_WITH_EI
+        if (L->is_global && s->mode != GM_ATTN_DENSE_OWN) {
+            if (ei_global_attention(s, l, n, row0, is_final, decode, err, errlen)) return -1;
+            if (decode && ei_maybe_compress(s, l, err, errlen)) return -1;
+        } else
+#endif
+        {
+            attn_job aj;
+            aj.s = s; aj.q = s->q; aj.kc = s->k_cache[l]; aj.vc = s->v_cache[l]; aj.out = s->ao;
+            aj.n = n; aj.q0 = row0; aj.window = L->is_global ? 0 : hp->sliding_window; aj.scale = hp->attn_scale;
+            aj.scratch = s->att;
+            aj.scratch_per_thread = (size_t)ATT_TQ * (H / G) * (size_t)(s->max_ctx + ATT_TQ);
+            gm_pool_run(s->pool, attn_task, &aj);
+            if (L->is_global) s->stats.t_attn_global += gm_now() - t0;
+            else s->stats.t_attn_local += gm_now() - t0;
+        }
+        (void)is_final;
+        t0 = gm_now();
+        matmul(s->pool, s->ao, n, QD, L->wo, Dm, s->tmp);
+        s->stats.t_matmul += gm_now() - t0;
+        for (i = 0; i < n; i++) {
+            float *t = s->tmp + (size_t)i * Dm, *x = s->x + (size_t)i * Dm;
+            int d;
+            rmsnorm(t, t, L->post_attn_norm, Dm, hp->eps);
+            for (d = 0; d < Dm; d++) x[d] += t[d];
+            rmsnorm(s->xn + (size_t)i * Dm, x, L->ffn_norm, Dm, hp->eps);
+        }
+        t0 = gm_now();
+        memset(&j, 0, sizeof j);
+        j.X = s->xn; j.n = n; j.in = Dm; j.nw = 2;
+        j.W[0] = L->w_gate; j.out[0] = F; j.Y[0] = s->gate;
+        j.W[1] = L->w_up; j.out[1] = F; j.Y[1] = s->up;
+        gm_pool_run(s->pool, mm_task, &j);
+        for (i = 0; i < n * F; i++) s->gate[i] = gelu_tanh(s->gate[i]) * s->up[i];
+        matmul(s->pool, s->gate, n, F, L->w_down, Dm, s->tmp);
+        s->stats.t_matmul += gm_now() - t0;
+        for (i = 0; i < n; i++) {
+            float *t = s->tmp + (size_t)i * Dm, *x = s->x + (size_t)i * Dm;
+            int d;
+            rmsnorm(t, t, L->post_ffn_norm, Dm, hp->eps);
+            for (d = 0; d < Dm; d++) x[d] += t[d];
+        }
+    }
+    s->n_past += n;
+    if (hidden)
+        for (i = 0; i < n; i++) rmsnorm(hidden + (size_t)i * Dm, s->x + (size_t)i * Dm, m->out_norm, Dm, hp->eps);
+    return 0;
+}
+
+int gm_prefill(gm_state *s, const int32_t *tokens, int64_t n, float *hidden, char *err, size_t errlen) {
+    int64_t done = 0;
+    while (done < n) {
+        int b = n - done < s->max_batch ? (int)(n - done) : s->max_batch;
+        int is_final = done + b == n;
+        if (forward(s, tokens + done, b, 0, is_final, hidden ? hidden + (size_t)done * s->m->hp.d_model : NULL, err, errlen))
+            return -1;
+        done += b;
+    }
+#ifdef GEMMA_WITH_EI
+    s->prompt_done = 1;
+#endif
+    return 0;
+}
+
+int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *err, size_t errlen) {
+    return forward(s, tokens, n, 1, 0, hidden, err, errlen);
+}
+
+typedef struct logit_job { const float *h; int n; const gm_model *m; float *out; } logit_job;
+static void logit_task(void *arg, int ith, int nth) {
+    const logit_job *j = (const logit_job *)arg;
+    const int V = j->m->hp.n_vocab, Dm = j->m->hp.d_model;
+    int begin = (int)((int64_t)V * ith / nth) & ~63, end = ith == nth - 1 ? V : (int)((int64_t)V * (ith + 1) / nth) & ~63;
+    mm_dispatch(j->h, Dm, j->n, Dm, j->m->tok_embd, begin, end, j->out, V);
+}
+
+void gm_logits(gm_state *s, const float *hidden, int n, float *logits) {
+    logit_job j;
+    const float cap = s->m->hp.final_softcap;
+    j.h = hidden; j.n = n; j.m = s->m; j.out = logits;
+    gm_pool_run(s->pool, logit_task, &j);
+    if (cap > 0) {
+        size_t i, N = (size_t)n * s->m->hp.n_vocab;
+        for (i = 0; i < N; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
+}
