@@ -327,7 +327,7 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
         goto bad;
     if (get_hp_int(f, "gemma3.attention.key_length", 8, 4096, 0, hp->d_model / hp->n_head, &hp->head_dim, err, errlen)) goto bad;
     {
-        int vl;
+        int vl = 0;
         if (get_hp_int(f, "gemma3.attention.value_length", 8, 4096, 0, hp->head_dim, &vl, err, errlen)) goto bad;
         if (vl != hp->head_dim) { fail(err, errlen, "model: key_length %d != value_length %d", hp->head_dim, vl); goto bad; }
     }
@@ -812,6 +812,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
             else s->stats.t_attn_local += gm_now() - t0;
         }
         (void)is_final;
+        (void)decode;
         t0 = gm_now();
         matmul(s->pool, s->ao, n, QD, L->wo, Dm, s->tmp);
         s->stats.t_matmul += gm_now() - t0;

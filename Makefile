@@ -1,0 +1,78 @@
+# entropyinfer: build, test and benchmark entry points.
+#   make demo      the main demo (examples/)
+#   make test      every test: C and C++, gcc and clang, -Wall -Wextra -Werror, golden runner
+#   make golden GOLDEN=<folder>   conformance runner on any folder of golden cases
+#   make bench     benchmarks (bench/)
+CC      ?= cc
+GOLDEN  ?= ../shared/golden
+BUILD   := build
+WARN    := -Wall -Wextra -Werror
+CFLAGS  ?= -O2 -g
+LDLIBS  := -lm -lpthread -ldl
+HDR     := entropyinfer.h $(wildcard dev/*.h)
+CLANG   := $(shell command -v clang 2>/dev/null)
+CLANGXX := $(shell command -v clang++ 2>/dev/null)
+
+.PHONY: all test golden demo bench clean test-core test-compilers quickstart
+
+all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+$(BUILD)/golden_runner: tests/golden_runner.c $(HDR) | $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+
+$(BUILD)/test_core: tests/test_core.c $(HDR) | $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+
+$(BUILD)/quickstart: examples/quickstart.c $(HDR) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+
+$(BUILD)/demo_synthetic: examples/demo_synthetic.c $(HDR) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+
+$(BUILD)/bench_profile: bench/bench_profile.c $(HDR) | $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
+
+golden: $(BUILD)/golden_runner
+	./$(BUILD)/golden_runner $(GOLDEN)
+
+test-core: $(BUILD)/test_core
+	./$(BUILD)/test_core
+
+quickstart: $(BUILD)/quickstart
+	./$(BUILD)/quickstart
+
+# The header must build warning-free as C99 and C++ with gcc and clang, in
+# static mode and with every opt-out; each variant runs the unit tests.
+COMPILERS := gcc:c g++:c++ $(if $(CLANG),clang:c) $(if $(CLANGXX),clang++:c++)
+test-compilers: | $(BUILD)
+	@set -e; for pair in $(COMPILERS); do \
+	  cc=$${pair%%:*}; lang=$${pair##*:}; \
+	  if [ $$lang = c ]; then std="-std=c99 -D_DEFAULT_SOURCE"; else std="-x c++ -std=c++11"; fi; \
+	  for opts in "" "-DEI_STATIC" "-DEI_NO_SIMD" "-DEI_NO_AVX512" "-DEI_NO_PTHREADS -DEI_NO_CUDA_LOADER"; do \
+	    echo "  $$cc $$lang $$opts"; \
+	    $$cc $$std -O1 $(WARN) $$opts tests/test_core.c -o $(BUILD)/test_core_variant $(LDLIBS); \
+	    ./$(BUILD)/test_core_variant > /dev/null; \
+	  done; \
+	  $$cc $$std -O1 $(WARN) examples/quickstart.c -o $(BUILD)/quickstart_variant $(LDLIBS); \
+	  ./$(BUILD)/quickstart_variant > /dev/null; \
+	done; echo "compilers: all variants built and passed"
+
+test: test-compilers test-core golden quickstart
+	@echo "make test: all passed"
+
+demo: $(BUILD)/demo_synthetic
+	./$(BUILD)/demo_synthetic
+
+bench: $(BUILD)/bench_profile
+	./$(BUILD)/bench_profile
+
+clean:
+	rm -rf $(BUILD)
+
+# Fragments of the other work lines (attention benchmark, CUDA backend, engine).
+-include bench/attention.mk
+-include cuda.mk
+-include examples/gemma/gemma.mk

@@ -1,0 +1,1594 @@
+/* entropyinfer_cuda.cu - the CUDA backend of entropyinfer.h, built into
+   libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
+   only when a context asks for EI_BACKEND_CUDA. Its only export is
+   ei_cuda_get_api(abi_version), which returns the function table declared in
+   dev/cuda_loader.inc.h (struct ei_cuda_api).
+
+   Stages (each one pass over the layer, no host loop over segments):
+   profile   >>cuda-minmax    min/max features of query segments and key blocks
+             >>cuda-scores    segment x block scores (f32, two dot products each)
+             >>cuda-softmax   masked softmax + entropy per (kv head, segment)
+             >>cuda-budgets   rigid test + budget recurrence in double precision
+             >>cuda-topk      per (kv head, segment) top-k: radix select on
+                              (score, index) keys, then a bitonic sort
+   attention >>cuda-attention block-sparse / dense causal prefill, mma.sync
+                              bf16/f16, f32 accumulation, online softmax, the
+                              query heads of a kv group packed in one CTA so a
+                              gathered K/V tile is read once for the group;
+                              ragged per-head budgets; one launch per layer
+   decode    >>cuda-decode    observation ring, window scoring, pooling,
+                              top-k keep sets (ascending, window included)
+             >>cuda-compact   in-place KV compaction
+
+   Plans have the CPU layout (ei_plan in entropyinfer.h), their arrays in device
+   memory; rows of the [kv][segment] arrays are seg_capacity apart, block_index
+   rows max_keep apart, score rows blk_capacity apart. */
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define EI_CUDA_ABI_DECLS
+#include "entropyinfer.h"
+#ifndef EI_CUDA_ABI_VERSION
+#define EI__CUDA_ABI_ONLY
+#include "dev/cuda_loader.inc.h"
+#endif
+
+#define EI_EXPORT extern "C" __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------ host helpers */
+static ei_result fail(char *msg, ei_result code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static ei_result fail(char *msg, ei_result code, const char *fmt, ...) {
+    if (msg) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, EI_CUDA_MSG_SIZE, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+#define CUDA_TRY(call)                                                                        \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess)                                                                \
+            return fail(msg, EI_ERR_BACKEND, "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), \
+                        __FILE__, __LINE__);                                                  \
+    } while (0)
+#define LAUNCH_CHECK(what)                                                                    \
+    do {                                                                                      \
+        cudaError_t e_ = cudaGetLastError();                                                  \
+        if (e_ != cudaSuccess)                                                                \
+            return fail(msg, EI_ERR_BACKEND, "launch of %s: %s", what, cudaGetErrorString(e_)); \
+    } while (0)
+
+static inline cudaStream_t stream_of(const ei_config *cfg) { return (cudaStream_t)cfg->cuda_stream; }
+
+static size_t dtype_size(ei_dtype t) { return t == EI_F32 ? 4 : 2; }
+
+/* a*b with overflow check into *out (size_t) */
+static bool mul_ok(size_t a, size_t b, size_t *out) {
+    if (a && b > SIZE_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static ei_result check_tensor(const ei_tensor *t, const char *name, char *msg) {
+    if (!t || !t->data) return fail(msg, EI_ERR_NULL, "tensor %s is NULL", name);
+    if (t->dtype != EI_F32 && t->dtype != EI_F16 && t->dtype != EI_BF16)
+        return fail(msg, EI_ERR_DTYPE, "tensor %s: unknown dtype %d", name, (int)t->dtype);
+    if (t->n_tokens <= 0 || t->n_tokens > EI_MAX_TOKENS || t->n_heads <= 0 || t->n_heads > EI_MAX_HEADS ||
+        t->head_dim <= 0 || t->head_dim > EI_MAX_HEAD_DIM)
+        return fail(msg, EI_ERR_SIZE, "tensor %s: shape [%lld][%d][%d] out of range", name,
+                    (long long)t->n_tokens, t->n_heads, t->head_dim);
+    if (t->token_stride <= 0 || t->head_stride <= 0)
+        return fail(msg, EI_ERR_STRIDE, "tensor %s: strides must be positive", name);
+    /* no aliasing: one of the two strides spans the other dimension */
+    bool heads_inner = t->head_stride >= t->head_dim && t->token_stride >= t->head_stride * t->n_heads;
+    bool tokens_inner = t->token_stride >= t->head_dim && t->head_stride >= t->token_stride * t->n_tokens;
+    if (!heads_inner && !tokens_inner && !(t->n_heads == 1 && t->token_stride >= t->head_dim) &&
+        !(t->n_tokens == 1 && t->head_stride >= t->head_dim))
+        return fail(msg, EI_ERR_STRIDE, "tensor %s: strides (%lld, %lld) make elements alias", name,
+                    (long long)t->token_stride, (long long)t->head_stride);
+    return EI_OK;
+}
+static ei_result check_out_tensor(const ei_out_tensor *o, const char *name, char *msg) {
+    ei_tensor t;
+    if (!o) return fail(msg, EI_ERR_NULL, "tensor %s is NULL", name);
+    t.data = o->data; t.dtype = o->dtype; t.n_heads = o->n_heads; t.head_dim = o->head_dim;
+    t.n_tokens = o->n_tokens; t.token_stride = o->token_stride; t.head_stride = o->head_stride;
+    return check_tensor(&t, name, msg);
+}
+static ei_result check_config(const ei_config *cfg, char *msg) {
+    if (!cfg) return fail(msg, EI_ERR_NULL, "config is NULL");
+    if (cfg->segment_size <= 0 || cfg->segment_size > EI_MAX_SEGMENT || cfg->block_size <= 0 ||
+        cfg->segment_size % cfg->block_size)
+        return fail(msg, EI_ERR_CONFIG, "segment_size %d / block_size %d invalid", cfg->segment_size,
+                    cfg->block_size);
+    if (cfg->base_budget < 0 || cfg->base_budget > EI_MAX_BUDGET)
+        return fail(msg, EI_ERR_CONFIG, "base_budget %d out of range", cfg->base_budget);
+    return EI_OK;
+}
+
+/* ------------------------------------------------------------ device helpers */
+__device__ __forceinline__ float load_f32(const void *p, int dtype, int64_t i) {
+    if (dtype == EI_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (dtype == EI_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+__device__ __forceinline__ void store_from_f32(void *p, int dtype, int64_t i, float x) {
+    if (dtype == EI_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(x);
+    else if (dtype == EI_F16) ((__half *)p)[i] = __float2half(x);
+    else ((float *)p)[i] = x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+/* block-wide reductions; red must hold 32 floats; all threads get the result */
+__device__ float block_max(float x, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) red[w] = x;
+    __syncthreads();
+    x = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(x);
+}
+__device__ float block_sum(float x, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    x = warp_sum(x);
+    __syncthreads();
+    if (lane == 0) red[w] = x;
+    __syncthreads();
+    x = lane < nw ? red[lane] : 0.f;
+    return warp_sum(x);
+}
+
+/* Order-preserving key of a float (larger float -> larger key; NaN never
+   reaches here: profiling rejects it). 64-bit keys append ~index so that
+   equal scores rank the lower index first and every key is unique. */
+__device__ __forceinline__ uint32_t float_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ uint64_t rank_key(float f, int j) {
+    return ((uint64_t)float_key(f) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)j);
+}
+
+/* The key of the k-th largest element of row[0..len) (1 <= k <= len), by an
+   8-bit radix select over the 64-bit rank keys. All threads return it;
+   exactly k elements have a key >= the result. hist: 256 ints of shared. */
+__device__ uint64_t block_select_kth(const float *row, int len, int k, int *hist) {
+    __shared__ uint64_t s_prefix;
+    __shared__ int s_k;
+    uint64_t prefix = 0, mask = 0;
+    if (threadIdx.x == 0) s_k = k;
+    for (int pass = 0; pass < 8; pass++) {
+        int shift = 56 - 8 * pass;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            uint64_t key = rank_key(row[j], j);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int need = s_k, cum = 0, bin = 255;
+            for (; bin > 0; bin--) {
+                if (cum + hist[bin] >= need) break;
+                cum += hist[bin];
+            }
+            s_k = need - cum;
+            s_prefix = prefix | ((uint64_t)bin << shift);
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= (uint64_t)255 << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+/* ============================================================ >>cuda-minmax */
+/* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's real queries */
+__global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t n,
+                                                    int D, int seg, int nseg, float *qfeat, int *flag) {
+    __shared__ float smax[4][64], smin[4][64];
+    int s = blockIdx.x, h = blockIdx.y;
+    int64_t t0 = (int64_t)s * seg, t1 = min(n, t0 + seg);
+    int lane = threadIdx.x & 63, r = threadIdx.x >> 6;
+    bool bad = false;
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int d = d0 + lane;
+        float mx = -INFINITY, mn = INFINITY;
+        if (d < D)
+            for (int64_t t = t0 + r; t < t1; t += 4) {
+                float x = load_f32(q, dtype, t * ts + h * hs + d);
+                bad |= !isfinite(x);
+                mx = fmaxf(mx, x);
+                mn = fminf(mn, x);
+            }
+        smax[r][lane] = mx;
+        smin[r][lane] = mn;
+        __syncthreads();
+        if (r == 0 && d < D) {
+            for (int i = 1; i < 4; i++) {
+                mx = fmaxf(mx, smax[i][lane]);
+                mn = fminf(mn, smin[i][lane]);
+            }
+            float *o = qfeat + ((int64_t)h * nseg + s) * 2 * D;
+            o[d] = mx;
+            o[D + d] = mn;
+        }
+        __syncthreads();
+    }
+    if (bad) atomicOr(flag, 1);
+}
+
+/* kfeat[(kvh*nblk + b)*2 + {max,min}][D] for b < nblk; every key is scanned for
+   non-finite values (the keys of the last segment too). */
+__global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
+                                                    int D, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag) {
+    int kvh = blockIdx.y;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= nb_all * D) return;
+    int64_t b = idx / D;
+    int d = (int)(idx % D);
+    int64_t t0 = b * bs, t1 = min(n, t0 + bs);
+    float mx = -INFINITY, mn = INFINITY;
+    bool bad = false;
+    for (int64_t t = t0; t < t1; t++) {
+        float x = load_f32(k, dtype, t * ts + kvh * hs + d);
+        bad |= !isfinite(x);
+        mx = fmaxf(mx, x);
+        mn = fminf(mn, x);
+    }
+    if (b < nblk) {
+        float *o = kfeat + ((int64_t)kvh * nblk + b) * 2 * D;
+        o[d] = mx;
+        o[D + d] = mn;
+    }
+    if (bad) atomicOr(flag, 1);
+}
+
+/* ============================================================ >>cuda-scores */
+/* raw[(kvh*nseg + s)*nblk + b] = mean over the group's query heads of
+   max((qmax.kmax + qmin.kmax)/2, (qmax.kmin + qmin.kmin)/2), for b < s*bps.
+   Tile: 32 segments x 64 blocks per CTA, 2 x 4 per thread, dims in chunks. */
+#define SC_ST 32
+#define SC_BT 64
+#define SC_DC 32
+__global__ void __launch_bounds__(256) score_kernel(const float *qfeat, const float *kfeat, float *raw, int nseg,
+                                                    int nblk, int D, int G, int bps) {
+    __shared__ float qs[2][SC_ST][SC_DC + 1];
+    __shared__ float ks[2][SC_BT][SC_DC + 1];
+    int kvh = blockIdx.z, s0 = blockIdx.y * SC_ST, b0 = blockIdx.x * SC_BT;
+    int smax = min(s0 + SC_ST, nseg) - 1;
+    if ((int64_t)b0 >= (int64_t)smax * bps) return; /* all masked */
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    float res[2][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) res[a][c] = 0.f;
+    for (int g = 0; g < G; g++) {
+        int h = kvh * G + g;
+        float acc[2][4][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[a][c][e] = 0.f;
+        for (int dc = 0; dc < D; dc += SC_DC) {
+            __syncthreads();
+            for (int i = tid; i < 2 * SC_ST * SC_DC; i += 256) {
+                int m = i / (SC_ST * SC_DC), rem = i % (SC_ST * SC_DC), sr = rem / SC_DC, dd = rem % SC_DC;
+                int s = s0 + sr, d = dc + dd;
+                qs[m][sr][dd] = (s < nseg && d < D) ? qfeat[(((int64_t)h * nseg + s) * 2 + m) * D + d] : 0.f;
+            }
+            for (int i = tid; i < 2 * SC_BT * SC_DC; i += 256) {
+                int m = i / (SC_BT * SC_DC), rem = i % (SC_BT * SC_DC), br = rem / SC_DC, dd = rem % SC_DC;
+                int b = b0 + br, d = dc + dd;
+                ks[m][br][dd] = (b < nblk && d < D) ? kfeat[(((int64_t)kvh * nblk + b) * 2 + m) * D + d] : 0.f;
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int dd = 0; dd < SC_DC; dd++) {
+                float qa[2], qi[2], ka[4], ki[4];
+#pragma unroll
+                for (int a = 0; a < 2; a++) {
+                    qa[a] = qs[0][ty * 2 + a][dd];
+                    qi[a] = qs[1][ty * 2 + a][dd];
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    ka[c] = ks[0][tx + 16 * c][dd];
+                    ki[c] = ks[1][tx + 16 * c][dd];
+                }
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        acc[a][c][0] = fmaf(qa[a], ka[c], acc[a][c][0]);
+                        acc[a][c][1] = fmaf(qi[a], ka[c], acc[a][c][1]);
+                        acc[a][c][2] = fmaf(qa[a], ki[c], acc[a][c][2]);
+                        acc[a][c][3] = fmaf(qi[a], ki[c], acc[a][c][3]);
+                    }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                res[a][c] += fmaxf((acc[a][c][0] + acc[a][c][1]) * 0.5f, (acc[a][c][2] + acc[a][c][3]) * 0.5f);
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int s = s0 + ty * 2 + a, b = b0 + tx + 16 * c;
+            if (s < nseg && b < nblk && (int64_t)b < (int64_t)s * bps)
+                raw[((int64_t)kvh * nseg + s) * nblk + b] = res[a][c] / (float)G;
+        }
+}
+
+/* ============================================================ >>cuda-softmax */
+/* entropy[kvh*seg_cap + s]; optional softmaxed scores rows (blk_cap apart). */
+__global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, int nseg, int nblk, int bps,
+                                                              float *entropy, int seg_cap, float *scores,
+                                                              int blk_cap, int *flag) {
+    __shared__ float red[32];
+    int s = blockIdx.x, kvh = blockIdx.y;
+    const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
+    float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
+    if (nblk == 0) {
+        if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = 0.f;
+        return;
+    }
+    int valid = (int)min((int64_t)s * bps, (int64_t)nblk);
+    float h = 0.f;
+    if (valid == 0) { /* segment 0: every block masked, the softmax is uniform */
+        float p = 1.f / (float)nblk;
+        for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
+            h += p * logf(p + 1e-9f);
+            if (srow) srow[b] = p;
+        }
+    } else {
+        float m = -INFINITY;
+        for (int b = threadIdx.x; b < valid; b += blockDim.x) m = fmaxf(m, row[b]);
+        m = block_max(m, red);
+        if (!isfinite(m)) {
+            if (threadIdx.x == 0) atomicOr(flag, 2);
+            return;
+        }
+        float z = 0.f;
+        for (int b = threadIdx.x; b < valid; b += blockDim.x) z += expf(row[b] - m);
+        z = block_sum(z, red);
+        for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
+            float p = b < valid ? expf(row[b] - m) / z : 0.f;
+            if (b < valid) h += p * logf(p + 1e-9f);
+            if (srow) srow[b] = p;
+        }
+    }
+    h = block_sum(h, red);
+    if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = -h;
+}
+
+/* ============================================================ >>cuda-budgets */
+struct BudgetParams {
+    int nkv, nseg, nblk, seg_cap, bs, bps, max_keep, per_segment;
+    int64_t n;
+    int seg;
+    float e_t;
+    double delta_t, alpha, base, bmin, bmax;
+};
+/* One CTA: thread per kv head runs the recurrence; then the per-segment max. */
+__global__ void budget_kernel(BudgetParams p, const float *entropy, uint8_t *head_class, float *budget,
+                              int *keep_blocks, int *keep_count) {
+    int64_t cap_last = (int64_t)p.nblk - ((p.n % p.seg) / p.bs + 1);
+    for (int h = threadIdx.x; h < p.nkv; h += blockDim.x) {
+        const float *H = entropy + (int64_t)h * p.seg_cap;
+        int rigid = p.nseg >= 2;
+        for (int s = 1; s < p.nseg; s++)
+            if (!(H[s] < p.e_t)) rigid = 0;
+        head_class[h] = rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC;
+        double B = p.base;
+        for (int s = 0; s < p.nseg; s++) {
+            int64_t keep = 0;
+            if (s > 0 && !rigid) {
+                double r = s == 1 ? p.delta_t : ((double)H[s] - (double)H[s - 1]) / ((double)H[s - 1] + 1e-9);
+                r = fmin(fmax(r, 0.0), 1.0 + p.delta_t);
+                B = fmin(fmax(B + p.alpha * p.base * (r - p.delta_t), p.bmin), p.bmax);
+            }
+            if (p.nseg >= 2 && s > 0) {
+                keep = (int64_t)floor(B / (double)p.bs);
+                int64_t cap = min((int64_t)s * p.bps, cap_last);
+                keep = max((int64_t)0, min(keep, cap));
+                keep = min(keep, (int64_t)p.max_keep);
+            }
+            budget[(int64_t)h * p.seg_cap + s] = (float)B;
+            keep_blocks[(int64_t)h * p.seg_cap + s] = (int)keep;
+        }
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < p.nseg; s += blockDim.x) {
+        int mx = 0;
+        if (p.per_segment)
+            for (int h = 0; h < p.nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * p.seg_cap + s]);
+        for (int h = 0; h < p.nkv; h++)
+            keep_count[(int64_t)h * p.seg_cap + s] = p.per_segment ? mx : keep_blocks[(int64_t)h * p.seg_cap + s];
+    }
+}
+
+/* ============================================================ >>cuda-topk */
+/* block_index row (kvh, s): the keep_count highest-scoring unmasked blocks by
+   descending raw score, ties to the lower index; -1 up to max_keep.
+   Dynamic shared memory: sort_n (power of two >= max_keep) 64-bit keys. */
+__global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, int nblk, int bps,
+                                                   const int *keep_count, int seg_cap, int *block_index,
+                                                   int max_keep, int sort_n) {
+    extern __shared__ uint64_t keys[];
+    __shared__ int hist[256];
+    __shared__ int count;
+    int s = blockIdx.x, kvh = blockIdx.y;
+    int *out = block_index + ((int64_t)kvh * seg_cap + s) * max_keep;
+    int len = (int)min((int64_t)s * bps, (int64_t)nblk);
+    int k = min(min(keep_count[(int64_t)kvh * seg_cap + s], len), max_keep);
+    if (k <= 0) {
+        for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
+        return;
+    }
+    const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
+    uint64_t thr = block_select_kth(row, len, k, hist);
+    int n2 = 1;
+    while (n2 < k) n2 <<= 1;
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) keys[i] = 0;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        uint64_t key = rank_key(row[j], j);
+        if (key >= thr) keys[atomicAdd(&count, 1)] = key;
+    }
+    __syncthreads();
+    /* bitonic sort, descending */
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool desc = (i & size) == 0;
+                    uint64_t a = keys[i], b = keys[j];
+                    if (desc ? (a < b) : (a > b)) {
+                        keys[i] = b;
+                        keys[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < max_keep; i += blockDim.x)
+        out[i] = i < k ? (int)(0xFFFFFFFFu - (uint32_t)keys[i]) : -1;
+    (void)sort_n;
+}
+
+/* ============================================================ plans (host) */
+struct PlanDims {
+    int32_t seg_cap, blk_cap, max_keep;
+};
+static ei_result plan_dims(const ei_config *cfg, int64_t max_tokens, int32_t n_kv_heads, PlanDims *d,
+                           char *msg) {
+    ei_result r = check_config(cfg, msg);
+    if (r) return r;
+    if (max_tokens <= 0 || max_tokens > EI_MAX_TOKENS)
+        return fail(msg, EI_ERR_SIZE, "max_tokens %lld out of range", (long long)max_tokens);
+    if (n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
+        return fail(msg, EI_ERR_SIZE, "n_kv_heads %d out of range", n_kv_heads);
+    int64_t seg_cap = (max_tokens + cfg->segment_size - 1) / cfg->segment_size;
+    int64_t blk_cap = (seg_cap - 1) * (cfg->segment_size / cfg->block_size);
+    double f = fmax(1.0, fmax((double)cfg->budget_min_factor, (double)cfg->budget_max_factor));
+    double keep = floor((double)cfg->base_budget * f / cfg->block_size);
+    int64_t max_keep = (int64_t)fmin(keep, (double)blk_cap);
+    d->seg_cap = (int32_t)seg_cap;
+    d->blk_cap = (int32_t)blk_cap;
+    d->max_keep = (int32_t)max_keep;
+    return EI_OK;
+}
+/* Device layout: entropy, budget, keep_blocks, keep_count, block_index,
+   scores, head_class; each array 256-byte aligned. */
+static ei_result plan_layout(const ei_config *cfg, int64_t max_tokens, int32_t nkv, uint32_t flags,
+                             PlanDims *d, size_t off[8], char *msg) {
+    ei_result r = plan_dims(cfg, max_tokens, nkv, d, msg);
+    if (r) return r;
+    size_t rows = (size_t)nkv * (size_t)d->seg_cap, bi, sc = 0, o = 0;
+    if (!mul_ok(rows, (size_t)d->max_keep * 4, &bi)) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
+    if ((flags & EI_PLAN_SCORES) && !mul_ok(rows, (size_t)d->blk_cap * 4, &sc))
+        return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
+    size_t sizes[7] = {rows * 4, rows * 4, rows * 4, rows * 4, bi, sc, (size_t)nkv};
+    for (int i = 0; i < 7; i++) {
+        off[i] = o;
+        o = align256(o + sizes[i]);
+        if (o < off[i]) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
+    }
+    off[7] = o + 256; /* + slack for aligning the base */
+    return EI_OK;
+}
+
+static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t nkv, uint32_t flags,
+                               size_t *bytes, char *msg) {
+    PlanDims d;
+    size_t off[8];
+    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    if (flags & EI_PLAN_CHUNKED)
+        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning is not implemented on the CUDA backend yet");
+    ei_result r = plan_layout(cfg, max_tokens, nkv, flags, &d, off, msg);
+    if (r) return r;
+    *bytes = off[7];
+    return EI_OK;
+}
+
+static ei_result api_plan_init(const ei_config *cfg, ei_plan *plan, int64_t max_tokens, int32_t nkv,
+                               uint32_t flags, void *mem, size_t bytes, char *msg) {
+    PlanDims d;
+    size_t off[8];
+    if (!plan || !mem) return fail(msg, EI_ERR_NULL, "plan or memory is NULL");
+    if (flags & EI_PLAN_CHUNKED)
+        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning is not implemented on the CUDA backend yet");
+    ei_result r = plan_layout(cfg, max_tokens, nkv, flags, &d, off, msg);
+    if (r) return r;
+    if (bytes < off[7]) return fail(msg, EI_ERR_WORKSPACE, "plan memory %zu bytes, needs %zu", bytes, off[7]);
+    char *base = (char *)(((uintptr_t)mem + 255) & ~(uintptr_t)255);
+    memset(plan, 0, sizeof *plan);
+    plan->max_tokens = max_tokens;
+    plan->n_kv_heads = nkv;
+    plan->max_keep = d.max_keep;
+    plan->segment_size = cfg->segment_size;
+    plan->block_size = cfg->block_size;
+    plan->flags = flags;
+    plan->seg_capacity = d.seg_cap;
+    plan->blk_capacity = d.blk_cap;
+    plan->entropy = (float *)(base + off[0]);
+    plan->budget = (float *)(base + off[1]);
+    plan->keep_blocks = (int32_t *)(base + off[2]);
+    plan->keep_count = (int32_t *)(base + off[3]);
+    plan->block_index = (int32_t *)(base + off[4]);
+    plan->scores = (flags & EI_PLAN_SCORES) ? (float *)(base + off[5]) : NULL;
+    plan->head_class = (uint8_t *)(base + off[6]);
+    plan->state = NULL;
+    cudaStream_t st = stream_of(cfg);
+    CUDA_TRY(cudaMemsetAsync(base, 0, off[4], st));
+    CUDA_TRY(cudaMemsetAsync(base + off[4], 0xFF, off[5] - off[4], st));
+    CUDA_TRY(cudaMemsetAsync(base + off[5], 0, off[7] - 256 - off[5], st));
+    return EI_OK;
+}
+
+static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan *src, int direction,
+                               char *msg) {
+    if (!dst || !src) return fail(msg, EI_ERR_NULL, "plan is NULL");
+    if (dst->n_kv_heads != src->n_kv_heads || dst->segment_size != src->segment_size ||
+        dst->block_size != src->block_size)
+        return fail(msg, EI_ERR_SHAPE, "plans differ in kv heads, segment or block size");
+    if (dst->seg_capacity < src->n_segments || dst->max_keep < src->max_keep ||
+        (src->scores && dst->scores && dst->blk_capacity < src->n_blocks))
+        return fail(msg, EI_ERR_WORKSPACE, "destination plan too small");
+    cudaMemcpyKind kind = direction == EI_CUDA_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
+                          : direction == EI_CUDA_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
+                                                                : cudaMemcpyDeviceToDevice;
+    cudaStream_t st = stream_of(cfg);
+    int nkv = src->n_kv_heads, nseg = src->n_segments;
+    if (nseg > 0) {
+        size_t w = (size_t)nseg * 4, dp = (size_t)dst->seg_capacity * 4, sp = (size_t)src->seg_capacity * 4;
+        CUDA_TRY(cudaMemcpy2DAsync(dst->entropy, dp, src->entropy, sp, w, nkv, kind, st));
+        CUDA_TRY(cudaMemcpy2DAsync(dst->budget, dp, src->budget, sp, w, nkv, kind, st));
+        CUDA_TRY(cudaMemcpy2DAsync(dst->keep_blocks, dp, src->keep_blocks, sp, w, nkv, kind, st));
+        CUDA_TRY(cudaMemcpy2DAsync(dst->keep_count, dp, src->keep_count, sp, w, nkv, kind, st));
+        CUDA_TRY(cudaMemcpyAsync(dst->head_class, src->head_class, (size_t)nkv, kind, st));
+        if (src->max_keep > 0)
+            for (int h = 0; h < nkv; h++) /* rows of max_keep; dst rows may be longer: pad -1 first */
+                CUDA_TRY(cudaMemcpy2DAsync(dst->block_index + (size_t)h * dst->seg_capacity * dst->max_keep,
+                                           (size_t)dst->max_keep * 4,
+                                           src->block_index + (size_t)h * src->seg_capacity * src->max_keep,
+                                           (size_t)src->max_keep * 4, (size_t)src->max_keep * 4, nseg, kind, st));
+        if (src->scores && dst->scores && src->n_blocks > 0)
+            for (int h = 0; h < nkv; h++)
+                CUDA_TRY(cudaMemcpy2DAsync(dst->scores + (size_t)h * dst->seg_capacity * dst->blk_capacity,
+                                           (size_t)dst->blk_capacity * 4,
+                                           src->scores + (size_t)h * src->seg_capacity * src->blk_capacity,
+                                           (size_t)src->blk_capacity * 4, (size_t)src->n_blocks * 4, nseg,
+                                           kind, st));
+    }
+    CUDA_TRY(cudaStreamSynchronize(st));
+    dst->n_tokens = src->n_tokens;
+    dst->n_segments = src->n_segments;
+    dst->n_blocks = src->n_blocks;
+    dst->final = src->final;
+    return EI_OK;
+}
+
+/* ============================================================ profile (host) */
+struct ProfileWs {
+    size_t qfeat, kfeat, raw, flag, total;
+};
+static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
+                            char *msg) {
+    ei_result r = check_config(cfg, msg);
+    if (r) return r;
+    if (n <= 0 || n > EI_MAX_TOKENS || nh <= 0 || nkv <= 0 || nh > EI_MAX_HEADS || D <= 0 || D > EI_MAX_HEAD_DIM)
+        return fail(msg, EI_ERR_SIZE, "profile shape out of range");
+    size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
+    size_t nblk = (nseg - 1) * (size_t)(cfg->segment_size / cfg->block_size);
+    size_t a, b, c;
+    if (!mul_ok((size_t)nh * nseg, (size_t)D * 8, &a) || !mul_ok((size_t)nkv * nblk, (size_t)D * 8, &b) ||
+        !mul_ok((size_t)nkv * nseg, nblk * 4, &c))
+        return fail(msg, EI_ERR_OVERFLOW, "profile workspace size overflows");
+    w->qfeat = 0;
+    w->kfeat = align256(a);
+    w->raw = w->kfeat + align256(b);
+    w->flag = w->raw + align256(c);
+    w->total = w->flag + 256 + 256;
+    return EI_OK;
+}
+static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
+                                            size_t *bytes, char *msg) {
+    ProfileWs w;
+    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
+    if (r) return r;
+    *bytes = w.total;
+    return EI_OK;
+}
+
+static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                             void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    if ((r = check_config(cfg, msg)) || (r = check_tensor(q, "q", msg)) || (r = check_tensor(k, "k", msg))) return r;
+    if (!plan || !ws) return fail(msg, EI_ERR_NULL, "plan or workspace is NULL");
+    if (q->n_tokens != k->n_tokens || q->head_dim != k->head_dim)
+        return fail(msg, EI_ERR_SHAPE, "q [%lld][..][%d] and k [%lld][..][%d] disagree", (long long)q->n_tokens,
+                    q->head_dim, (long long)k->n_tokens, k->head_dim);
+    if (q->n_heads % k->n_heads) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", q->n_heads, k->n_heads);
+    if (plan->n_kv_heads != k->n_heads || plan->segment_size != cfg->segment_size ||
+        plan->block_size != cfg->block_size)
+        return fail(msg, EI_ERR_SHAPE, "plan was made for another shape or configuration");
+    if (q->n_tokens > plan->max_tokens)
+        return fail(msg, EI_ERR_SIZE, "%lld tokens, plan holds %lld", (long long)q->n_tokens,
+                    (long long)plan->max_tokens);
+    ProfileWs w;
+    int64_t n = q->n_tokens;
+    int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
+    if ((r = profile_ws(cfg, n, nh, nkv, D, &w, msg))) return r;
+    if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace %zu bytes, needs %zu", ws_bytes, w.total);
+    char *base = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    if ((size_t)(base - (char *)ws) + w.total - 256 > ws_bytes)
+        return fail(msg, EI_ERR_WORKSPACE, "workspace too small after alignment");
+    float *qfeat = (float *)(base + w.qfeat), *kfeat = (float *)(base + w.kfeat), *raw = (float *)(base + w.raw);
+    int *flag = (int *)(base + w.flag);
+    int seg = cfg->segment_size, bs = cfg->block_size, bps = seg / bs;
+    int nseg = (int)((n + seg - 1) / seg);
+    int nblk = (nseg - 1) * bps;
+    int64_t nb_all = (n + bs - 1) / bs;
+    cudaStream_t st = stream_of(cfg);
+
+    CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
+    qfeat_kernel<<<dim3(nseg, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D, seg, nseg,
+                                                 qfeat, flag);
+    LAUNCH_CHECK("qfeat_kernel");
+    int64_t kthreads = nb_all * D;
+    kfeat_kernel<<<dim3((unsigned)((kthreads + 255) / 256), nkv), 256, 0, st>>>(
+        k->data, k->dtype, k->token_stride, k->head_stride, n, D, bs, nblk, nb_all, kfeat, flag);
+    LAUNCH_CHECK("kfeat_kernel");
+    if (nblk > 0) {
+        dim3 grid((nblk + SC_BT - 1) / SC_BT, (nseg + SC_ST - 1) / SC_ST, nkv);
+        score_kernel<<<grid, 256, 0, st>>>(qfeat, kfeat, raw, nseg, nblk, D, G, bps);
+        LAUNCH_CHECK("score_kernel");
+    }
+    softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
+                                                            plan->scores, plan->blk_capacity, flag);
+    LAUNCH_CHECK("softmax_entropy_kernel");
+    BudgetParams bp;
+    bp.nkv = nkv; bp.nseg = nseg; bp.nblk = nblk; bp.seg_cap = plan->seg_capacity; bp.bs = bs; bp.bps = bps;
+    bp.max_keep = plan->max_keep; bp.per_segment = cfg->per_segment_budget != 0; bp.n = n; bp.seg = seg;
+    bp.e_t = cfg->rigid_entropy; bp.delta_t = (double)cfg->delta_t; bp.alpha = (double)cfg->alpha;
+    bp.base = (double)cfg->base_budget;
+    bp.bmin = (double)cfg->budget_min_factor * bp.base;
+    bp.bmax = (double)cfg->budget_max_factor * bp.base;
+    budget_kernel<<<1, 256, 0, st>>>(bp, plan->entropy, plan->head_class, plan->budget, plan->keep_blocks,
+                                     plan->keep_count);
+    LAUNCH_CHECK("budget_kernel");
+    if (plan->max_keep > 0) {
+        int sort_n = 1;
+        while (sort_n < plan->max_keep) sort_n <<= 1;
+        size_t smem = (size_t)sort_n * 8;
+        if (smem > 200 * 1024)
+            return fail(msg, EI_ERR_UNSUPPORTED, "max_keep %d blocks is above the GPU top-k limit (25600)",
+                        plan->max_keep);
+        CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        topk_kernel<<<dim3(nseg, nkv), 256, smem, st>>>(raw, nseg, nblk, bps, plan->keep_count, plan->seg_capacity,
+                                                        plan->block_index, plan->max_keep, sort_n);
+        LAUNCH_CHECK("topk_kernel");
+    }
+    int host_flag = 0;
+    CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    plan->n_tokens = n;
+    plan->n_segments = nseg;
+    plan->n_blocks = nblk;
+    plan->final = 1;
+    if (host_flag & 1) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q or k");
+    if (host_flag & 2) return fail(msg, EI_ERR_NONFINITE, "profiling scores overflow");
+    return EI_OK;
+}
+
+/* ============================================================ >>cuda-attention */
+struct AttnParams {
+    const void *q, *k, *v;
+    void *out;
+    int64_t q_ts, q_hs, k_ts, k_hs, v_ts, v_hs, o_ts, o_hs;
+    int out_dtype;
+    int n_kv, G, HC, T, chunks;
+    int64_t q_offset, nq;
+    int seg, bs;
+    int64_t threshold;
+    int plan_nseg, last_dense; /* plan_nseg 0: dense causal everywhere */
+    const int *keep_count, *block_index;
+    int seg_stride, max_keep;
+    int s_last, tiles_per_seg;
+    float scale_log2;
+};
+
+#define ATT_BC 64
+#define POS_INVALID 0x7fffffff
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+template <typename T>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* The key list a CTA attends to: kept blocks (ranked; all before the
+   segment), then keys base_pos .. base_pos + own_len - 1 (causal). */
+struct KeyList {
+    const int *brow;
+    int kept_len, own_len, base_pos, bs, seg_first_block;
+    __device__ __forceinline__ int pos(int i) const {
+        if (i < kept_len) {
+            int b = brow[i / bs];
+            if (b < 0 || b >= seg_first_block) return POS_INVALID;
+            return b * bs + i % bs;
+        }
+        i -= kept_len;
+        return i < own_len ? base_pos + i : POS_INVALID;
+    }
+};
+
+/* One CTA: NW warps x 16 rows; rows are (query head of the group, token)
+   pairs sharing one kv head and one segment; ATT_BC keys per step. Shared
+   memory: Q [ROWS][D], K and V [2][ATT_BC][D], 16-byte chunks XOR-swizzled. */
+template <int D, int NW, typename T>
+__global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) {
+    constexpr int ROWS = 16 * NW, NT = 32 * NW, CH = D / 8;
+    constexpr bool QREG = D <= 128;
+    extern __shared__ uint4 smem[];
+    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + 2 * ATT_BC * CH;
+    __shared__ int kpos[2][ATT_BC];
+
+    /* ---- work item: segments from the last (heaviest) down */
+    int bid = blockIdx.x;
+    int tile = p.tiles_per_seg - 1 - bid % p.tiles_per_seg;
+    bid /= p.tiles_per_seg;
+    int chunk = bid % p.chunks;
+    bid /= p.chunks;
+    int kvh = bid % p.n_kv;
+    int s = p.s_last - bid / p.n_kv;
+    int64_t seg_lo = max((int64_t)s * p.seg, p.q_offset), seg_hi = min((int64_t)(s + 1) * p.seg, p.q_offset + p.nq);
+    int t0 = (int)(seg_lo + (int64_t)tile * p.T);
+    if (t0 >= seg_hi) return;
+    int t1 = (int)min((int64_t)t0 + p.T, seg_hi);
+    int h0 = kvh * p.G + chunk * p.HC, hc = min(p.HC, p.G - chunk * p.HC);
+
+    bool sparse = p.plan_nseg > 0 && s < p.plan_nseg && (int64_t)s * p.seg >= p.threshold &&
+                  !(p.last_dense && s == p.plan_nseg - 1);
+    KeyList kl;
+    kl.bs = p.bs;
+    kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
+    if (sparse) {
+        int kc = p.keep_count[(int64_t)kvh * p.seg_stride + s];
+        kc = max(0, min(kc, p.max_keep));
+        kl.brow = p.block_index + ((int64_t)kvh * p.seg_stride + s) * p.max_keep;
+        kl.kept_len = kc * p.bs;
+        kl.base_pos = s * p.seg;
+    } else {
+        kl.brow = p.block_index;
+        kl.kept_len = 0;
+        kl.base_pos = 0;
+    }
+    kl.own_len = t1 - kl.base_pos;
+    int total = kl.kept_len + kl.own_len;
+    int ntiles = (total + ATT_BC - 1) / ATT_BC;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const T *K = (const T *)p.k + (int64_t)kvh * p.k_hs;
+    const T *V = (const T *)p.v + (int64_t)kvh * p.v_hs;
+
+    /* ---- Q tile */
+    for (int c = tid; c < ROWS * CH; c += NT) {
+        int row = c / CH, ch = c % CH;
+        int hr = row / p.T, tok = t0 + row % p.T;
+        uint4 *dst = &sQ[row * CH + (ch ^ (row & 7))];
+        if (hr < hc && tok < t1)
+            cp_async16(dst, (const T *)p.q + (tok - p.q_offset) * p.q_ts + (int64_t)(h0 + hr) * p.q_hs + ch * 8);
+        else
+            *dst = make_uint4(0, 0, 0, 0);
+    }
+    /* the two rows of this thread: token, or -1 for padding rows */
+    int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+    int tok0 = (r0 / p.T < hc && t0 + r0 % p.T < t1) ? t0 + r0 % p.T : -1;
+    int tok1 = (r1 / p.T < hc && t0 + r1 % p.T < t1) ? t0 + r1 % p.T : -1;
+
+    auto issue = [&](int j, int buf) -> int {
+        uint4 *bK = sK + buf * ATT_BC * CH, *bV = sV + buf * ATT_BC * CH;
+        for (int c = tid; c < ATT_BC * CH; c += NT) {
+            int row = c / CH, ch = c % CH;
+            int pos = kl.pos(j * ATT_BC + row);
+            int sw = row * CH + (ch ^ (row & 7));
+            if (pos != POS_INVALID) {
+                cp_async16(&bK[sw], K + (int64_t)pos * p.k_ts + ch * 8);
+                cp_async16(&bV[sw], V + (int64_t)pos * p.v_ts + ch * 8);
+            } else {
+                bK[sw] = make_uint4(0, 0, 0, 0);
+                bV[sw] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        int need = 0;
+        if (tid < ATT_BC) {
+            int pos = kl.pos(j * ATT_BC + tid);
+            kpos[buf][tid] = pos;
+            need = pos > t0; /* beyond the first row's token, or padding */
+        }
+        return need;
+    };
+    int need_cur = issue(0, 0);
+    cp_async_commit();
+    cp_async_wait_all();
+    need_cur = __syncthreads_or(need_cur);
+
+    uint32_t qa[QREG ? D / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            int row = warp * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+            ldmatrix_x4(qa[QREG ? kk : 0], &sQ[row * CH + (ch ^ (row & 7))]);
+        }
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    for (int j = 0; j < ntiles; j++) {
+        int buf = j & 1;
+        int need_next = 0;
+        if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
+        cp_async_commit();
+        const uint4 *bK = sK + buf * ATT_BC * CH, *bV = sV + buf * ATT_BC * CH;
+
+        float sc[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4];
+            if (QREG) {
+                a[0] = qa[QREG ? kk : 0][0]; a[1] = qa[QREG ? kk : 0][1];
+                a[2] = qa[QREG ? kk : 0][2]; a[3] = qa[QREG ? kk : 0][3];
+            } else {
+                int row = warp * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(a, &sQ[row * CH + (ch ^ (row & 7))]);
+            }
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b[4];
+                int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                ldmatrix_x4(b, &bK[key * CH + (ch ^ (key & 7))]);
+                mma16816<T>(sc[2 * np], a, b[0], b[1]);
+                mma16816<T>(sc[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        /* scale (log2 domain) and mask */
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = sc[nt][e] * p.scale_log2;
+                if (need_cur) {
+                    int key = nt * 8 + (lane & 3) * 2 + (e & 1);
+                    int tok = e < 2 ? tok0 : tok1;
+                    if (kpos[buf][key] > tok) x = -INFINITY;
+                }
+                sc[nt][e] = x;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mu0 = mx0 == -INFINITY ? 0.f : mx0, mu1 = mx1 == -INFINITY ? 0.f : mx1;
+        float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= al0;
+        l1 *= al1;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            o[i][0] *= al0; o[i][1] *= al0;
+            o[i][2] *= al1; o[i][3] *= al1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            sc[nt][0] = exp2f(sc[nt][0] - mu0);
+            sc[nt][1] = exp2f(sc[nt][1] - mu0);
+            sc[nt][2] = exp2f(sc[nt][2] - mu1);
+            sc[nt][3] = exp2f(sc[nt][3] - mu1);
+            l0 += sc[nt][0] + sc[nt][1];
+            l1 += sc[nt][2] + sc[nt][3];
+        }
+        /* O += P V */
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            uint32_t a[4];
+            a[0] = pack2<T>(sc[2 * t][0], sc[2 * t][1]);
+            a[1] = pack2<T>(sc[2 * t][2], sc[2 * t][3]);
+            a[2] = pack2<T>(sc[2 * t + 1][0], sc[2 * t + 1][1]);
+            a[3] = pack2<T>(sc[2 * t + 1][2], sc[2 * t + 1][3]);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t b[4];
+                int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
+                ldmatrix_x4_trans(b, &bV[key * CH + (ch ^ (key & 7))]);
+                mma16816<T>(o[2 * np], a, b[0], b[1]);
+                mma16816<T>(o[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        cp_async_wait_all();
+        need_cur = __syncthreads_or(need_next);
+    }
+
+    /* ---- normalise and write */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int r = half ? r1 : r0, tok = half ? tok1 : tok0;
+        if (tok < 0) continue;
+        float inv = half ? inv1 : inv0;
+        int64_t base = (int64_t)(tok - p.q_offset) * p.o_ts + (int64_t)(h0 + r / p.T) * p.o_hs;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int d = nt * 8 + (lane & 3) * 2;
+            float x = o[nt][2 * half] * inv, y = o[nt][2 * half + 1] * inv;
+            if (p.out_dtype == EI_F32) {
+                *(float2 *)((float *)p.out + base + d) = make_float2(x, y);
+            } else if (p.out_dtype == EI_BF16) {
+                *(__nv_bfloat162 *)((__nv_bfloat16 *)p.out + base + d) = __floats2bfloat162_rn(x, y);
+            } else {
+                *(__half2 *)((__half *)p.out + base + d) = __floats2half2_rn(x, y);
+            }
+        }
+    }
+}
+
+template <int D, int NW, typename T>
+static ei_result launch_attention(const AttnParams &p, unsigned grid, cudaStream_t st, char *msg) {
+    size_t smem = (size_t)(16 * NW + 4 * ATT_BC) * D * 2;
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_kernel<D, NW, T><<<grid, NW * 32, smem, st>>>(p);
+    LAUNCH_CHECK("attention_kernel");
+    return EI_OK;
+}
+
+static int attention_warps(void) {
+    const char *e = getenv("EI_CUDA_ATTN_WARPS"); /* tuning knob: 4 or 8 */
+    return e && atoi(e) == 8 ? 8 : 4;
+}
+
+static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, int32_t nkv, int32_t D,
+                                              size_t *bytes, char *msg) {
+    (void)cfg; (void)nh; (void)nkv; (void)D;
+    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    *bytes = 0; /* the kernel needs none */
+    return EI_OK;
+}
+
+static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                               const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, void *ws, size_t ws_bytes,
+                               char *msg) {
+    ei_result r;
+    (void)ws; (void)ws_bytes;
+    if ((r = check_config(cfg, msg)) || (r = check_tensor(q, "q", msg)) || (r = check_tensor(k, "k", msg)) ||
+        (r = check_tensor(v, "v", msg)) || (r = check_out_tensor(out, "out", msg)))
+        return r;
+    int D = q->head_dim, nh = q->n_heads, nkv = k->n_heads;
+    if (k->head_dim != D || v->head_dim != D || out->head_dim != D || v->n_heads != nkv || out->n_heads != nh ||
+        out->n_tokens != q->n_tokens)
+        return fail(msg, EI_ERR_SHAPE, "q, k, v and out shapes disagree");
+    if (nh % nkv) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", nh, nkv);
+    if (q_offset < 0 || k->n_tokens < q_offset + q->n_tokens || v->n_tokens < q_offset + q->n_tokens)
+        return fail(msg, EI_ERR_SHAPE, "k/v hold %lld/%lld tokens, queries end at %lld", (long long)k->n_tokens,
+                    (long long)v->n_tokens, (long long)(q_offset + q->n_tokens));
+    if (q->dtype != k->dtype || q->dtype != v->dtype || q->dtype == EI_F32)
+        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs q, k, v all bf16 or all f16");
+    if (D != 64 && D != 128 && D != 256)
+        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim 64, 128, 256 (got %d)", D);
+    if (((uintptr_t)q->data | (uintptr_t)k->data | (uintptr_t)v->data) & 15 ||
+        (q->token_stride | q->head_stride | k->token_stride | k->head_stride | v->token_stride | v->head_stride) & 7)
+        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q/k/v rows and strides");
+    if (((uintptr_t)out->data & (out->dtype == EI_F32 ? 7 : 3)) || ((out->token_stride | out->head_stride) & 1))
+        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention needs aligned output rows");
+    if (q_offset + q->n_tokens > 0x7fffffffLL)
+        return fail(msg, EI_ERR_SIZE, "too many tokens for the CUDA attention kernel");
+    if (plan) {
+        if (!plan->final || plan->n_kv_heads != nkv || plan->segment_size != cfg->segment_size ||
+            plan->block_size != cfg->block_size)
+            return fail(msg, EI_ERR_STATE, "plan is not a finished plan for these shapes");
+    }
+    int NW = D == 256 ? 4 : attention_warps();
+    int rows = 16 * NW, G = nh / nkv;
+    AttnParams p;
+    memset(&p, 0, sizeof p);
+    p.q = q->data; p.k = k->data; p.v = v->data; p.out = out->data;
+    p.q_ts = q->token_stride; p.q_hs = q->head_stride; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
+    p.v_ts = v->token_stride; p.v_hs = v->head_stride; p.o_ts = out->token_stride; p.o_hs = out->head_stride;
+    p.out_dtype = out->dtype;
+    p.n_kv = nkv; p.G = G;
+    p.HC = G < rows ? G : rows;
+    p.T = rows / p.HC;
+    p.chunks = (G + p.HC - 1) / p.HC;
+    p.q_offset = q_offset; p.nq = q->n_tokens;
+    p.seg = cfg->segment_size; p.bs = cfg->block_size;
+    p.threshold = cfg->threshold_len;
+    p.plan_nseg = plan ? plan->n_segments : 0;
+    p.last_dense = cfg->last_segment_dense != 0;
+    p.keep_count = plan ? plan->keep_count : NULL;
+    p.block_index = plan ? plan->block_index : NULL;
+    p.seg_stride = plan ? plan->seg_capacity : 0;
+    p.max_keep = plan ? plan->max_keep : 0;
+    int s_first = (int)(q_offset / p.seg);
+    p.s_last = (int)((q_offset + q->n_tokens - 1) / p.seg);
+    p.tiles_per_seg = (p.seg + p.T - 1) / p.T;
+    float scale = cfg->attn_scale > 0.f ? cfg->attn_scale : 1.f / sqrtf((float)D);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    int64_t grid = (int64_t)(p.s_last - s_first + 1) * nkv * p.chunks * p.tiles_per_seg;
+    if (grid > 0x7fffffffLL) return fail(msg, EI_ERR_SIZE, "attention grid too large");
+    cudaStream_t st = stream_of(cfg);
+    bool bf = q->dtype == EI_BF16;
+#define EI__ATT(DD, NN)                                                                           \
+    return bf ? launch_attention<DD, NN, __nv_bfloat16>(p, (unsigned)grid, st, msg)               \
+              : launch_attention<DD, NN, __half>(p, (unsigned)grid, st, msg)
+    if (D == 64) { if (NW == 8) EI__ATT(64, 8); EI__ATT(64, 4); }
+    if (D == 128) { if (NW == 8) EI__ATT(128, 8); EI__ATT(128, 4); }
+    EI__ATT(256, 4);
+#undef EI__ATT
+}
+
+/* ============================================================ >>cuda-decode */
+__global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t first_tok, int count,
+                               int64_t first_global, int W, int nh, int D, float *ring) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t total = (int64_t)count * nh * D;
+    if (idx >= total) return;
+    int d = (int)(idx % D);
+    int h = (int)((idx / D) % nh);
+    int i = (int)(idx / ((int64_t)D * nh));
+    int slot = (int)((first_global + i) % W);
+    ring[((int64_t)slot * nh + h) * D + d] = load_f32(q, dtype, (first_tok + i) * ts + h * hs + d);
+}
+
+struct DecodeParams {
+    const void *k;
+    int dtype;
+    int64_t k_ts, k_hs;
+    const float *ring;
+    int ring_start; /* slot of the oldest window query */
+    int W, nh, nkv, G, D;
+    int64_t n, L; /* cache length, scored positions (n - W) */
+    int nchunks;
+    float scale;
+    float *stats;  /* [nh][W][nchunks][2] */
+    float *mz;     /* [nh][W][2] */
+    float *score;  /* [heads_out][L] */
+    int per_kv, reduce_max;
+};
+#define DEC_KC 64
+#define DEC_RC 32
+
+/* Pass 1 (final = 0): per chunk of DEC_KC keys and window query, the max and
+   sum of exp of the logits. Pass 2 (final = 1): the softmax weights, mean over
+   the window, reduction over the group; one thread per key. Shared: the key
+   chunk in f32 [DEC_KC][D+1] and logits [DEC_RC][DEC_KC+1]. */
+template <int FINAL>
+__global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
+    extern __shared__ float dsm[];
+    float *kt = dsm, *lg = dsm + DEC_KC * (p.D + 1);
+    int c = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
+    int64_t j0 = (int64_t)c * DEC_KC, j = j0 + tid;
+    for (int i = tid; i < DEC_KC * p.D; i += DEC_KC) {
+        int r = i / p.D, d = i % p.D;
+        int64_t jj = j0 + r;
+        kt[r * (p.D + 1) + d] = jj < p.n ? load_f32(p.k, p.dtype, jj * p.k_ts + kvh * p.k_hs + d) : 0.f;
+    }
+    __syncthreads();
+    const float *kr = kt + tid * (p.D + 1);
+    int R = p.G * p.W;
+    float red = 0.f; /* sum of one query head's window weights */
+    for (int r0 = 0; r0 < R; r0 += DEC_RC) {
+        int rc = min(DEC_RC, R - r0);
+        for (int rr = 0; rr < rc; rr++) {
+            int r = r0 + rr, g = r / p.W, i = r % p.W, h = kvh * p.G + g;
+            const float *qv = p.ring + ((int64_t)((p.ring_start + i) % p.W) * p.nh + h) * p.D;
+            float acc = 0.f;
+            for (int d = 0; d < p.D; d++) acc = fmaf(qv[d], kr[d], acc);
+            float x = acc * p.scale;
+            bool visible = j < p.n && j <= p.n - p.W + i;
+            if (!FINAL) {
+                lg[rr * (DEC_KC + 1) + tid] = visible ? x : -INFINITY;
+            } else {
+                const float *s = p.mz + ((int64_t)h * p.W + i) * 2;
+                float w = visible ? expf(x - s[0]) / s[1] : 0.f;
+                lg[rr * (DEC_KC + 1) + tid] = w;
+            }
+        }
+        __syncthreads();
+        if (!FINAL) {
+            /* warp w reduces rows w, w+2, ... over the chunk's keys */
+            for (int rr = tid >> 5; rr < rc; rr += DEC_KC / 32) {
+                int lane = tid & 31;
+                float a = lg[rr * (DEC_KC + 1) + lane], b = lg[rr * (DEC_KC + 1) + lane + 32];
+                float m = warp_max(fmaxf(a, b));
+                float z = m == -INFINITY ? 0.f : warp_sum(expf(a - m) + expf(b - m));
+                if (lane == 0) {
+                    int r = r0 + rr, g = r / p.W, i = r % p.W, h = kvh * p.G + g;
+                    float *st = p.stats + (((int64_t)h * p.W + i) * p.nchunks + c) * 2;
+                    st[0] = m;
+                    st[1] = z;
+                }
+            }
+        } else if (j < p.L) {
+            /* rows of one query head are consecutive: sum them per head */
+            for (int rr = 0; rr < rc; rr++) {
+                int r = r0 + rr, g = r / p.W, i = r % p.W;
+                red += lg[rr * (DEC_KC + 1) + tid];
+                if (i == p.W - 1) { /* head g complete */
+                    float mean = red / (float)p.W;
+                    if (!p.per_kv)
+                        p.score[(int64_t)(kvh * p.G + g) * p.L + j] = mean;
+                    else {
+                        float *o = p.score + (int64_t)kvh * p.L + j;
+                        if (g == 0) *o = mean;
+                        else *o = p.reduce_max ? fmaxf(*o, mean) : *o + mean;
+                        if (g == p.G - 1 && !p.reduce_max) *o = *o / (float)p.G;
+                    }
+                    red = 0.f;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void decode_combine_kernel(DecodeParams p) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x; /* (h, i) */
+    if (r >= p.nh * p.W) return;
+    const float *st = p.stats + (int64_t)r * p.nchunks * 2;
+    float m = -INFINITY;
+    for (int c = 0; c < p.nchunks; c++) m = fmaxf(m, st[2 * c]);
+    float z = 0.f;
+    for (int c = 0; c < p.nchunks; c++)
+        if (st[2 * c] != -INFINITY) z += st[2 * c + 1] * expf(st[2 * c] - m);
+    p.mz[2 * r] = m;
+    p.mz[2 * r + 1] = z;
+}
+
+/* pooled[h][j], j < L: avg (zero padding, divides by the width), max, none */
+__global__ void pool_kernel(const float *score, float *pooled, float *pooled_out, int64_t pooled_cap, int64_t L,
+                            int heads, int pool, int kernel) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= L * heads) return;
+    int h = (int)(idx / L);
+    int64_t j = idx % L;
+    const float *row = score + (int64_t)h * L;
+    float x;
+    if (pool == EI_POOL_NONE || kernel <= 1) {
+        x = row[j];
+    } else {
+        int half = kernel / 2;
+        float acc = pool == EI_POOL_MAX ? -INFINITY : 0.f;
+        for (int t = -half; t <= half; t++) {
+            int64_t jj = j + t;
+            float v = (jj >= 0 && jj < L) ? row[jj] : 0.f; /* scores are >= 0: zero padding is safe for max */
+            acc = pool == EI_POOL_MAX ? fmaxf(acc, v) : acc + v;
+        }
+        x = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
+    }
+    pooled[idx] = x;
+    if (pooled_out) pooled_out[(int64_t)h * pooled_cap + j] = x;
+}
+
+/* Per head: the kk best of pooled[0..L) (ties to the lower position), then
+   the window positions L..n-1; ascending. Optional byte mask. */
+__global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, int64_t L, int64_t n, int kk,
+                                                          int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
+    __shared__ int hist[256];
+    __shared__ int warp_tot[8];
+    int h = blockIdx.x;
+    const float *row = pooled + (int64_t)h * L;
+    int *out = index + (int64_t)h * capacity;
+    uint8_t *mrow = mask ? mask + (int64_t)h * mask_cap : NULL;
+    uint64_t thr = kk > 0 ? block_select_kth(row, (int)L, kk, hist) : ~(uint64_t)0;
+    int base = 0, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int64_t j0 = 0; j0 < L; j0 += blockDim.x) {
+        int64_t j = j0 + threadIdx.x;
+        bool keep = kk > 0 && j < L && rank_key(row[j], (int)j) >= thr;
+        unsigned bal = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0) warp_tot[w] = __popc(bal);
+        __syncthreads();
+        int before = base;
+        for (int i = 0; i < w; i++) before += warp_tot[i];
+        before += __popc(bal & ((1u << lane) - 1));
+        if (keep) out[before] = (int)j;
+        if (mrow && j < L) mrow[j] = keep;
+        int tot = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += warp_tot[i];
+        __syncthreads();
+        base += tot;
+    }
+    for (int64_t j = L + threadIdx.x; j < n; j += blockDim.x) out[kk + (j - L)] = (int)j;
+    if (mrow)
+        for (int64_t j = L + threadIdx.x; j < mask_cap; j += blockDim.x) mrow[j] = j < n;
+}
+
+/* everything kept (n < decode_budget) */
+__global__ void keep_all_kernel(int64_t n, int heads, int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
+    int h = blockIdx.y;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < max(n, mask_cap);
+         j += (int64_t)gridDim.x * blockDim.x) {
+        if (j < n) index[(int64_t)h * capacity + j] = (int)j;
+        if (mask && j < mask_cap) mask[(int64_t)h * mask_cap + j] = j < n;
+    }
+    (void)heads;
+}
+
+static ei_result api_decoder_size(const ei_config *cfg, int32_t nh, int32_t D, size_t *bytes, char *msg) {
+    if (!cfg || !bytes) return fail(msg, EI_ERR_NULL, "NULL argument");
+    if (cfg->window <= 0 || nh <= 0 || nh > EI_MAX_HEADS || D <= 0 || D > EI_MAX_HEAD_DIM)
+        return fail(msg, EI_ERR_SIZE, "decoder shape out of range");
+    *bytes = (size_t)cfg->window * nh * D * 4;
+    return EI_OK;
+}
+static ei_result api_decoder_init(const ei_config *cfg, ei_decoder *dec, int32_t nh, int32_t nkv, int32_t D,
+                                  void *mem, size_t bytes, char *msg) {
+    size_t need;
+    ei_result r = api_decoder_size(cfg, nh, D, &need, msg);
+    if (r) return r;
+    if (!dec || !mem) return fail(msg, EI_ERR_NULL, "decoder or memory is NULL");
+    if (nkv <= 0 || nh % nkv) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", nh, nkv);
+    if (bytes < need) return fail(msg, EI_ERR_WORKSPACE, "decoder memory %zu bytes, needs %zu", bytes, need);
+    if ((uintptr_t)mem & 3) return fail(msg, EI_ERR_UNSUPPORTED, "decoder memory must be 4-byte aligned");
+    dec->n_heads = nh; dec->n_kv_heads = nkv; dec->head_dim = D; dec->window = cfg->window;
+    dec->n_observed = 0; dec->n_generated = 0; dec->last_compress = -1;
+    dec->queries = (float *)mem;
+    CUDA_TRY(cudaMemsetAsync(mem, 0, need, stream_of(cfg)));
+    return EI_OK;
+}
+static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const ei_tensor *q, int generated,
+                                    char *msg) {
+    ei_result r;
+    if (!cfg || !dec) return fail(msg, EI_ERR_NULL, "NULL argument");
+    if ((r = check_tensor(q, "q", msg))) return r;
+    if (q->n_heads != dec->n_heads || q->head_dim != dec->head_dim)
+        return fail(msg, EI_ERR_SHAPE, "q has %d heads of %d, decoder %d of %d", q->n_heads, q->head_dim,
+                    dec->n_heads, dec->head_dim);
+    int W = dec->window;
+    int count = (int)(q->n_tokens < W ? q->n_tokens : W);
+    int64_t first_tok = q->n_tokens - count;
+    int64_t total = (int64_t)count * dec->n_heads * dec->head_dim;
+    observe_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream_of(cfg)>>>(
+        q->data, q->dtype, q->token_stride, q->head_stride, first_tok, count, dec->n_observed + first_tok, W,
+        dec->n_heads, dec->head_dim, dec->queries);
+    LAUNCH_CHECK("observe_kernel");
+    dec->n_observed += q->n_tokens;
+    if (generated) dec->n_generated += q->n_tokens;
+    return EI_OK;
+}
+
+struct DecodeWs {
+    size_t stats, mz, score, pooled, total;
+};
+static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, DecodeWs *w, char *msg) {
+    if (!cfg) return fail(msg, EI_ERR_NULL, "config is NULL");
+    if (n <= 0 || n > EI_MAX_TOKENS || nh <= 0 || nkv <= 0 || nh > EI_MAX_HEADS || cfg->window <= 0)
+        return fail(msg, EI_ERR_SIZE, "decode shape out of range");
+    size_t W = (size_t)cfg->window, nch = (size_t)((n + DEC_KC - 1) / DEC_KC);
+    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh;
+    size_t L = n > (int64_t)W ? (size_t)n - W : 0;
+    w->stats = 0;
+    w->mz = align256((size_t)nh * W * nch * 8);
+    w->score = w->mz + align256((size_t)nh * W * 8);
+    w->pooled = w->score + align256(heads_out * L * 4);
+    w->total = w->pooled + align256(heads_out * L * 4) + 256;
+    return EI_OK;
+}
+static ei_result api_decode_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, size_t *bytes,
+                                           char *msg) {
+    DecodeWs w;
+    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    ei_result r = decode_ws(cfg, n, nh, nkv, &w, msg);
+    if (r) return r;
+    *bytes = w.total;
+    return EI_OK;
+}
+
+static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                                 void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    if (!cfg || !dec || !keep) return fail(msg, EI_ERR_NULL, "NULL argument");
+    if ((r = check_tensor(k, "k", msg))) return r;
+    int W = dec->window, nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim;
+    if (k->n_heads != nkv || k->head_dim != D)
+        return fail(msg, EI_ERR_SHAPE, "k has %d heads of %d, decoder %d of %d", k->n_heads, k->head_dim, nkv, D);
+    if (dec->n_observed < W)
+        return fail(msg, EI_ERR_STATE, "%lld queries observed, the window needs %d", (long long)dec->n_observed, W);
+    int budget = cfg->decode_budget;
+    if (budget < W) return fail(msg, EI_ERR_CONFIG, "decode_budget %d below window %d", budget, W);
+    int64_t n = k->n_tokens;
+    int heads_out = cfg->per_kv_head ? nkv : nh;
+    if (keep->heads_out != heads_out)
+        return fail(msg, EI_ERR_SHAPE, "keep set has %d heads, needs %d", keep->heads_out, heads_out);
+    if (!keep->index) return fail(msg, EI_ERR_NULL, "keep->index is NULL");
+    int64_t kept = n < budget ? n : budget;
+    if (keep->capacity < kept)
+        return fail(msg, EI_ERR_WORKSPACE, "keep capacity %d, needs %lld", keep->capacity, (long long)kept);
+    if (keep->mask && keep->mask_capacity < n)
+        return fail(msg, EI_ERR_WORKSPACE, "keep mask capacity %lld, needs %lld", (long long)keep->mask_capacity,
+                    (long long)n);
+    if (n < W) return fail(msg, EI_ERR_SHAPE, "cache of %lld tokens is shorter than the window", (long long)n);
+    cudaStream_t st = stream_of(cfg);
+    keep->n_tokens = n;
+    if (n < budget) {
+        keep_all_kernel<<<dim3((unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), heads_out), 256, 0, st>>>(
+            n, heads_out, keep->index, keep->capacity, keep->mask, keep->mask_capacity);
+        LAUNCH_CHECK("keep_all_kernel");
+        keep->n_kept = (int32_t)n;
+        keep->compressed = 0;
+        dec->last_compress = dec->n_generated;
+        return EI_OK;
+    }
+    int64_t L = n - W;
+    if (keep->pooled && keep->pooled_capacity < L)
+        return fail(msg, EI_ERR_WORKSPACE, "keep pooled capacity %lld, needs %lld", (long long)keep->pooled_capacity,
+                    (long long)L);
+    if (n > 0x7fffffffLL) return fail(msg, EI_ERR_SIZE, "cache too long");
+    DecodeWs w;
+    if ((r = decode_ws(cfg, n, nh, nkv, &w, msg))) return r;
+    if (!ws || ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace %zu bytes, needs %zu", ws_bytes, w.total);
+    char *base = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    DecodeParams p;
+    p.k = k->data; p.dtype = k->dtype; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
+    p.ring = dec->queries;
+    p.ring_start = (int)(dec->n_observed % W);
+    p.W = W; p.nh = nh; p.nkv = nkv; p.G = nh / nkv; p.D = D; p.n = n; p.L = L;
+    p.nchunks = (int)((n + DEC_KC - 1) / DEC_KC);
+    p.scale = cfg->decode_scale > 0.f ? cfg->decode_scale : 1.f / sqrtf((float)D);
+    p.stats = (float *)(base + w.stats); p.mz = (float *)(base + w.mz); p.score = (float *)(base + w.score);
+    p.per_kv = cfg->per_kv_head != 0; p.reduce_max = cfg->gqa_reduce == EI_REDUCE_MAX;
+    float *pooled = (float *)(base + w.pooled);
+    size_t smem = ((size_t)DEC_KC * (D + 1) + (size_t)DEC_RC * (DEC_KC + 1)) * 4;
+    if (smem > 200 * 1024) return fail(msg, EI_ERR_UNSUPPORTED, "head_dim %d too large for CUDA decode scoring", D);
+    CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    decode_score_kernel<0><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
+    LAUNCH_CHECK("decode_score_kernel<0>");
+    decode_combine_kernel<<<(nh * W + 127) / 128, 128, 0, st>>>(p);
+    LAUNCH_CHECK("decode_combine_kernel");
+    decode_score_kernel<1><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
+    LAUNCH_CHECK("decode_score_kernel<1>");
+    int64_t tot = L * heads_out;
+    if (tot > 0) {
+        pool_kernel<<<(unsigned)((tot + 255) / 256), 256, 0, st>>>(p.score, pooled, keep->pooled, keep->pooled_capacity,
+                                                                   L, heads_out, cfg->pool, cfg->pool_kernel);
+        LAUNCH_CHECK("pool_kernel");
+    }
+    keep_select_kernel<<<heads_out, 256, 0, st>>>(pooled, L, n, budget - W, keep->index, keep->capacity, keep->mask,
+                                                   keep->mask_capacity);
+    LAUNCH_CHECK("keep_select_kernel");
+    keep->n_kept = budget;
+    keep->compressed = 1;
+    dec->last_compress = dec->n_generated;
+    return EI_OK;
+}
+
+/* ============================================================ >>cuda-compact */
+/* One CTA per (head, tensor): rows in chunks, all reads of a chunk before its
+   writes. Safe in place: index is ascending with index[i] >= i, so a chunk's
+   sources are never rows an earlier chunk wrote. */
+#define CMP_BYTES 16384
+__global__ void __launch_bounds__(256) compact_kernel(const int *index, int capacity, int n_kept, char *k, char *v,
+                                                      int64_t k_ts, int64_t k_hs, int64_t v_ts, int64_t v_hs,
+                                                      int es, int D) {
+    __shared__ uint16_t stage[CMP_BYTES / 2];
+    int h = blockIdx.x;
+    char *base = blockIdx.y ? v : k;
+    if (!base) return;
+    int64_t ts = (blockIdx.y ? v_ts : k_ts) * es, hs = (blockIdx.y ? v_hs : k_hs) * es;
+    const int *idx = index + (int64_t)h * capacity;
+    int units = D * es / 2; /* 16-bit units per row */
+    int rows = CMP_BYTES / 2 / units;
+    if (rows < 1) rows = 1;
+    for (int i0 = 0; i0 < n_kept; i0 += rows) {
+        int rc = min(rows, n_kept - i0);
+        for (int e = threadIdx.x; e < rc * units && e < CMP_BYTES / 2; e += blockDim.x) {
+            int r = e / units, u = e % units;
+            stage[e] = *(const uint16_t *)(base + (int64_t)idx[i0 + r] * ts + h * hs + (int64_t)u * 2);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < rc * units && e < CMP_BYTES / 2; e += blockDim.x) {
+            int r = e / units, u = e % units;
+            *(uint16_t *)(base + (int64_t)(i0 + r) * ts + h * hs + (int64_t)u * 2) = stage[e];
+        }
+        __syncthreads();
+    }
+}
+
+static ei_result api_kv_compact(const ei_config *cfg, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v,
+                                char *msg) {
+    ei_result r;
+    if (!cfg || !keep || !keep->index) return fail(msg, EI_ERR_NULL, "NULL argument");
+    if (!k && !v) return fail(msg, EI_ERR_NULL, "k and v are both NULL");
+    ei_out_tensor *ref = k ? k : v;
+    if ((k && (r = check_out_tensor(k, "k", msg))) || (v && (r = check_out_tensor(v, "v", msg)))) return r;
+    if ((k && v) && (k->n_heads != v->n_heads || k->head_dim != v->head_dim || k->dtype != v->dtype))
+        return fail(msg, EI_ERR_SHAPE, "k and v disagree");
+    if (ref->n_heads != keep->heads_out)
+        return fail(msg, EI_ERR_SHAPE, "cache has %d heads, keep set %d", ref->n_heads, keep->heads_out);
+    if ((k && k->n_tokens < keep->n_tokens) || (v && v->n_tokens < keep->n_tokens))
+        return fail(msg, EI_ERR_SHAPE, "cache shorter than the keep set's %lld tokens", (long long)keep->n_tokens);
+    if (keep->n_kept < 0 || keep->n_kept > keep->capacity || keep->n_kept > keep->n_tokens)
+        return fail(msg, EI_ERR_STATE, "keep set not filled");
+    if (!keep->compressed || keep->n_kept == 0) return EI_OK; /* identity */
+    int es = (int)dtype_size(ref->dtype);
+    if (((uintptr_t)(k ? k->data : 0) | (uintptr_t)(v ? v->data : 0)) & 1)
+        return fail(msg, EI_ERR_UNSUPPORTED, "cache must be 2-byte aligned");
+    compact_kernel<<<dim3(keep->heads_out, 2), 256, 0, stream_of(cfg)>>>(
+        keep->index, keep->capacity, keep->n_kept, k ? (char *)k->data : NULL, v ? (char *)v->data : NULL,
+        k ? k->token_stride : 0, k ? k->head_stride : 0, v ? v->token_stride : 0, v ? v->head_stride : 0, es,
+        ref->head_dim);
+    LAUNCH_CHECK("compact_kernel");
+    return EI_OK;
+}
+
+/* ============================================================ table */
+static const char *api_build_info(void) {
+    return "entropyinfer_cuda " EI_VERSION_STRING " (ABI " "1" ", built with CUDA " 
+#define EI__STR2(x) #x
+#define EI__STR(x) EI__STR2(x)
+        EI__STR(__CUDACC_VER_MAJOR__) "." EI__STR(__CUDACC_VER_MINOR__) ")";
+}
+static ei_result api_device_check(char *msg) {
+    int n = 0, dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return fail(msg, EI_ERR_BACKEND, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    if (n <= 0) return fail(msg, EI_ERR_BACKEND, "no CUDA device");
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+        return fail(msg, EI_ERR_BACKEND, "cannot query the current device");
+    if (prop.major < 8)
+        return fail(msg, EI_ERR_BACKEND, "device %d (%s) is sm_%d%d; sm_80 or newer needed", dev, prop.name, prop.major,
+                    prop.minor);
+    fail(msg, EI_OK, "device %d: %s, sm_%d%d, %d SMs", dev, prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    return EI_OK;
+}
+static ei_result api_mem_alloc(void **ptr, size_t bytes, char *msg) {
+    if (!ptr) return fail(msg, EI_ERR_NULL, "ptr is NULL");
+    *ptr = NULL;
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) return fail(msg, EI_ERR_NOMEM, "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+    return EI_OK;
+}
+static void api_mem_free(void *ptr) {
+    if (ptr) cudaFree(ptr);
+}
+static ei_result api_mem_copy(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg) {
+    cudaMemcpyKind k = kind == EI_CUDA_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
+                       : kind == EI_CUDA_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
+                                                        : cudaMemcpyDeviceToDevice;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, (cudaStream_t)stream));
+    CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
+    return EI_OK;
+}
+static ei_result api_synchronize(void *stream, char *msg) {
+    CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
+    return EI_OK;
+}
+
+static const ei_cuda_api ei__cuda_table = {
+    EI_CUDA_ABI_VERSION,
+    (int32_t)sizeof(ei_cuda_api),
+    api_build_info,
+    api_device_check,
+    api_mem_alloc,
+    api_mem_free,
+    api_mem_copy,
+    api_synchronize,
+    api_plan_size,
+    api_plan_init,
+    api_plan_copy,
+    api_profile_workspace_size,
+    api_profile,
+    api_attention_workspace_size,
+    api_attention,
+    api_decoder_size,
+    api_decoder_init,
+    api_decode_observe,
+    api_decode_workspace_size,
+    api_decode_keep,
+    api_kv_compact,
+};
+
+EI_EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
+    return abi_version == EI_CUDA_ABI_VERSION ? &ei__cuda_table : NULL;
+}
