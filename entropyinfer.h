@@ -2044,7 +2044,7 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
     L = n - W;
     if (keep->pooled && keep->pooled_capacity < L)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
-    if (!ei__decode_ws_layout(c, n, H, KV, d, &w, workspace, workspace_bytes, &need))
+    if (!ei__decode_ws_layout(c, n, H, KV, EI_MAX_HEAD_DIM, &w, workspace, workspace_bytes, &need))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (workspace_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", workspace_bytes, need);

@@ -486,74 +486,70 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
 }
 
 /* ============================================================ plans (host) */
+/* The header's layout (ei__plan_layout_of), so ei_plan_size serves both
+   backends: 64-byte aligned arrays in the order entropy, head_class, budget,
+   keep_blocks, keep_count, block_index, scores, then 64 bytes of slack. */
+#define PLAN_ALIGN 64
+static size_t align64(size_t x) { return (x + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 struct PlanDims {
     int32_t seg_cap, blk_cap, max_keep;
 };
-static ei_result plan_dims(const ei_config *cfg, int64_t max_tokens, int32_t n_kv_heads, PlanDims *d,
-                           char *msg) {
+static ei_result plan_layout(const ei_config *cfg, int64_t max_tokens, int32_t nkv, int32_t head_dim, uint32_t flags,
+                             PlanDims *d, size_t off[8], char *msg) {
     ei_result r = check_config(cfg, msg);
     if (r) return r;
     if (max_tokens <= 0 || max_tokens > EI_MAX_TOKENS)
         return fail(msg, EI_ERR_SIZE, "max_tokens %lld out of range", (long long)max_tokens);
-    if (n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
-        return fail(msg, EI_ERR_SIZE, "n_kv_heads %d out of range", n_kv_heads);
+    if (nkv <= 0 || nkv > EI_MAX_HEADS) return fail(msg, EI_ERR_SIZE, "n_kv_heads %d out of range", nkv);
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return fail(msg, EI_ERR_SIZE, "head_dim %d out of range", head_dim);
+    if (flags & EI_PLAN_CHUNKED)
+        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
+    if (flags & ~(uint32_t)(EI_PLAN_CHUNKED | EI_PLAN_SCORES)) return fail(msg, EI_ERR_CONFIG, "unknown plan flags");
     int64_t seg_cap = (max_tokens + cfg->segment_size - 1) / cfg->segment_size;
     int64_t blk_cap = (seg_cap - 1) * (cfg->segment_size / cfg->block_size);
-    double f = fmax(1.0, fmax((double)cfg->budget_min_factor, (double)cfg->budget_max_factor));
-    double keep = floor((double)cfg->base_budget * f / cfg->block_size);
-    int64_t max_keep = (int64_t)fmin(keep, (double)blk_cap);
+    double f = fmax(1.0, (double)cfg->budget_max_factor);
+    int64_t keep = (int64_t)floor(f * (double)cfg->base_budget / (double)cfg->block_size);
     d->seg_cap = (int32_t)seg_cap;
     d->blk_cap = (int32_t)blk_cap;
-    d->max_keep = (int32_t)max_keep;
-    return EI_OK;
-}
-/* Device layout: entropy, budget, keep_blocks, keep_count, block_index,
-   scores, head_class; each array 256-byte aligned. */
-static ei_result plan_layout(const ei_config *cfg, int64_t max_tokens, int32_t nkv, uint32_t flags,
-                             PlanDims *d, size_t off[8], char *msg) {
-    ei_result r = plan_dims(cfg, max_tokens, nkv, d, msg);
-    if (r) return r;
-    size_t rows = (size_t)nkv * (size_t)d->seg_cap, bi, sc = 0, o = 0;
+    d->max_keep = (int32_t)(keep < blk_cap ? keep : blk_cap);
+    size_t rows = (size_t)nkv * (size_t)seg_cap, bi, sc = 0, o = 0;
     if (!mul_ok(rows, (size_t)d->max_keep * 4, &bi)) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
-    if ((flags & EI_PLAN_SCORES) && !mul_ok(rows, (size_t)d->blk_cap * 4, &sc))
+    if ((flags & EI_PLAN_SCORES) && !mul_ok(rows, (size_t)(blk_cap > 0 ? blk_cap : 1) * 4, &sc))
         return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
-    size_t sizes[7] = {rows * 4, rows * 4, rows * 4, rows * 4, bi, sc, (size_t)nkv};
+    size_t sizes[7] = {rows * 4, (size_t)nkv, rows * 4, rows * 4, rows * 4, bi, sc};
     for (int i = 0; i < 7; i++) {
         off[i] = o;
-        o = align256(o + sizes[i]);
+        o = align64(o + sizes[i]);
         if (o < off[i]) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
     }
-    off[7] = o + 256; /* + slack for aligning the base */
+    off[7] = o + PLAN_ALIGN;
     return EI_OK;
 }
 
-static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t nkv, uint32_t flags,
-                               size_t *bytes, char *msg) {
+static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t nkv, int32_t head_dim,
+                               uint32_t flags, size_t *bytes, char *msg) {
     PlanDims d;
     size_t off[8];
     if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
-    if (flags & EI_PLAN_CHUNKED)
-        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning is not implemented on the CUDA backend yet");
-    ei_result r = plan_layout(cfg, max_tokens, nkv, flags, &d, off, msg);
+    ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
     if (r) return r;
     *bytes = off[7];
     return EI_OK;
 }
 
 static ei_result api_plan_init(const ei_config *cfg, ei_plan *plan, int64_t max_tokens, int32_t nkv,
-                               uint32_t flags, void *mem, size_t bytes, char *msg) {
+                               int32_t head_dim, uint32_t flags, void *mem, size_t bytes, char *msg) {
     PlanDims d;
     size_t off[8];
     if (!plan || !mem) return fail(msg, EI_ERR_NULL, "plan or memory is NULL");
-    if (flags & EI_PLAN_CHUNKED)
-        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning is not implemented on the CUDA backend yet");
-    ei_result r = plan_layout(cfg, max_tokens, nkv, flags, &d, off, msg);
+    ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
     if (r) return r;
     if (bytes < off[7]) return fail(msg, EI_ERR_WORKSPACE, "plan memory %zu bytes, needs %zu", bytes, off[7]);
-    char *base = (char *)(((uintptr_t)mem + 255) & ~(uintptr_t)255);
+    char *base = (char *)(((uintptr_t)mem + PLAN_ALIGN - 1) & ~(uintptr_t)(PLAN_ALIGN - 1));
     memset(plan, 0, sizeof *plan);
     plan->max_tokens = max_tokens;
     plan->n_kv_heads = nkv;
+    plan->head_dim = head_dim;
     plan->max_keep = d.max_keep;
     plan->segment_size = cfg->segment_size;
     plan->block_size = cfg->block_size;
@@ -561,17 +557,17 @@ static ei_result api_plan_init(const ei_config *cfg, ei_plan *plan, int64_t max_
     plan->seg_capacity = d.seg_cap;
     plan->blk_capacity = d.blk_cap;
     plan->entropy = (float *)(base + off[0]);
-    plan->budget = (float *)(base + off[1]);
-    plan->keep_blocks = (int32_t *)(base + off[2]);
-    plan->keep_count = (int32_t *)(base + off[3]);
-    plan->block_index = (int32_t *)(base + off[4]);
-    plan->scores = (flags & EI_PLAN_SCORES) ? (float *)(base + off[5]) : NULL;
-    plan->head_class = (uint8_t *)(base + off[6]);
+    plan->head_class = (uint8_t *)(base + off[1]);
+    plan->budget = (float *)(base + off[2]);
+    plan->keep_blocks = (int32_t *)(base + off[3]);
+    plan->keep_count = (int32_t *)(base + off[4]);
+    plan->block_index = (int32_t *)(base + off[5]);
+    plan->scores = (flags & EI_PLAN_SCORES) ? (float *)(base + off[6]) : NULL;
     plan->state = NULL;
     cudaStream_t st = stream_of(cfg);
-    CUDA_TRY(cudaMemsetAsync(base, 0, off[4], st));
-    CUDA_TRY(cudaMemsetAsync(base + off[4], 0xFF, off[5] - off[4], st));
-    CUDA_TRY(cudaMemsetAsync(base + off[5], 0, off[7] - 256 - off[5], st));
+    CUDA_TRY(cudaMemsetAsync(base, 0, off[5], st));
+    CUDA_TRY(cudaMemsetAsync(base + off[5], 0xFF, off[6] - off[5], st));
+    if (off[7] - PLAN_ALIGN > off[6]) CUDA_TRY(cudaMemsetAsync(base + off[6], 0, off[7] - PLAN_ALIGN - off[6], st));
     return EI_OK;
 }
 
@@ -696,7 +692,8 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
         LAUNCH_CHECK("score_kernel");
     }
     softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
-                                                            plan->scores, plan->blk_capacity, flag);
+                                                            plan->scores, plan->blk_capacity > 0 ? plan->blk_capacity : 1,
+                                                            flag);
     LAUNCH_CHECK("softmax_entropy_kernel");
     BudgetParams bp;
     bp.nkv = nkv; bp.nseg = nseg; bp.nblk = nblk; bp.seg_cap = plan->seg_capacity; bp.bs = bs; bp.bps = bps;
@@ -1322,7 +1319,7 @@ static ei_result api_decoder_size(const ei_config *cfg, int32_t nh, int32_t D, s
 }
 static ei_result api_decoder_init(const ei_config *cfg, ei_decoder *dec, int32_t nh, int32_t nkv, int32_t D,
                                   void *mem, size_t bytes, char *msg) {
-    size_t need;
+    size_t need = 0;
     ei_result r = api_decoder_size(cfg, nh, D, &need, msg);
     if (r) return r;
     if (!dec || !mem) return fail(msg, EI_ERR_NULL, "decoder or memory is NULL");
@@ -1375,7 +1372,7 @@ static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t 
 }
 static ei_result api_decode_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, size_t *bytes,
                                            char *msg) {
-    DecodeWs w;
+    DecodeWs w = {0, 0, 0, 0, 0};
     if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
     ei_result r = decode_ws(cfg, n, nh, nkv, &w, msg);
     if (r) return r;
@@ -1423,7 +1420,7 @@ static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei
         return fail(msg, EI_ERR_WORKSPACE, "keep pooled capacity %lld, needs %lld", (long long)keep->pooled_capacity,
                     (long long)L);
     if (n > 0x7fffffffLL) return fail(msg, EI_ERR_SIZE, "cache too long");
-    DecodeWs w;
+    DecodeWs w = {0, 0, 0, 0, 0};
     if ((r = decode_ws(cfg, n, nh, nkv, &w, msg))) return r;
     if (!ws || ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace %zu bytes, needs %zu", ws_bytes, w.total);
     char *base = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);

@@ -49,10 +49,10 @@ typedef struct ei_cuda_api {
 
     /* plans: same layout as the CPU's, arrays in device memory */
     ei_result (*plan_size)(const ei_config *cfg, int64_t max_tokens, int32_t n_kv_heads,
-                           uint32_t flags, size_t *bytes, char *msg);
+                           int32_t head_dim, uint32_t flags, size_t *bytes, char *msg);
     ei_result (*plan_init)(const ei_config *cfg, ei_plan *plan, int64_t max_tokens,
-                           int32_t n_kv_heads, uint32_t flags, void *device_memory,
-                           size_t bytes, char *msg);
+                           int32_t n_kv_heads, int32_t head_dim, uint32_t flags,
+                           void *device_memory, size_t bytes, char *msg);
     /* copy the arrays of src into dst (same n_kv_heads; dst capacity >= src
        contents); direction EI_CUDA_*; the host-side fields are copied too */
     ei_result (*plan_copy)(const ei_config *cfg, ei_plan *dst, const ei_plan *src,
@@ -93,6 +93,12 @@ typedef const ei_cuda_api *(*ei_cuda_get_api_fn)(int abi_version);
 
 #if !defined(EI__CUDA_ABI_ONLY) && !defined(EI__CUDA_LOADER_INCLUDED)
 #define EI__CUDA_LOADER_INCLUDED
+/* Not every entry is wired into the public API in every build. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EI__CUDA_FN static __attribute__((unused))
+#else
+#define EI__CUDA_FN static
+#endif
 // >>cuda-loader
 #ifndef EI_NO_CUDA_LOADER
 #include <dlfcn.h>
@@ -112,7 +118,7 @@ typedef struct ei__cuda_state {
 #define EI__CUDA_API(ctx) (((const ei__cuda_state *)(ctx)->cuda)->api)
 
 /* Try one candidate; on failure append dlerror() to why (bounded). */
-static void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
+EI__CUDA_FN void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
@@ -123,7 +129,7 @@ static void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
     return h;
 }
 
-static ei_result ei__cuda_open(ei_context *ctx) {
+EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
     char why[1024] = {0};
     char self_dir[512] = {0};
     char candidate[600];
@@ -209,7 +215,7 @@ static ei_result ei__cuda_open(ei_context *ctx) {
     return EI_OK;
 }
 
-static void ei__cuda_close(ei_context *ctx) {
+EI__CUDA_FN void ei__cuda_close(ei_context *ctx) {
     ei__cuda_state *st = (ei__cuda_state *)ctx->cuda;
     if (!st) return;
     if (st->library) dlclose(st->library);
@@ -229,130 +235,132 @@ static void ei__cuda_close(ei_context *ctx) {
         return EI_OK;                                                                 \
     } while (0)
 
-static ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
-                                    uint32_t flags, size_t *bytes) {
-    EI__CUDA_CALL(ctx, plan_size, &ctx->cfg, max_tokens, n_kv_heads, flags, bytes);
+EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
+                                    int32_t head_dim, uint32_t flags, size_t *bytes) {
+    EI__CUDA_CALL(ctx, plan_size, &ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, bytes);
 }
-static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
-                                    int32_t n_kv_heads, uint32_t flags, void *memory, size_t bytes) {
-    EI__CUDA_CALL(ctx, plan_init, &ctx->cfg, plan, max_tokens, n_kv_heads, flags, memory, bytes);
+EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
+                                    int32_t n_kv_heads, int32_t head_dim, uint32_t flags, void *memory,
+                                    size_t bytes) {
+    EI__CUDA_CALL(ctx, plan_init, &ctx->cfg, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
 }
-static ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
+EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
     EI__CUDA_CALL(ctx, plan_copy, &ctx->cfg, dst, src, direction);
 }
-static ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                                  int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     EI__CUDA_CALL(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
 }
-static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                   ei_plan *plan, void *ws, size_t ws_bytes) {
     EI__CUDA_CALL(ctx, profile, &ctx->cfg, q, k, plan, ws, ws_bytes);
 }
-static ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
+EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
                                                    int32_t head_dim, size_t *bytes) {
     EI__CUDA_CALL(ctx, attention_workspace_size, &ctx->cfg, n_heads, n_kv_heads, head_dim, bytes);
 }
-static ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                     const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
                                     int64_t q_offset, void *ws, size_t ws_bytes) {
     EI__CUDA_CALL(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, ws, ws_bytes);
 }
-static ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
+EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
     EI__CUDA_CALL(ctx, decoder_size, &ctx->cfg, n_heads, head_dim, bytes);
 }
-static ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
+EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
                                        int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes) {
     EI__CUDA_CALL(ctx, decoder_init, &ctx->cfg, dec, n_heads, n_kv_heads, head_dim, memory, bytes);
 }
-static ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q,
+EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q,
                                          int generated) {
     EI__CUDA_CALL(ctx, decode_observe, &ctx->cfg, dec, q, generated);
 }
-static ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                                 int32_t n_kv_heads, size_t *bytes) {
     EI__CUDA_CALL(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
 }
-static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
                                       ei_keep_set *keep, void *ws, size_t ws_bytes) {
     EI__CUDA_CALL(ctx, decode_keep, &ctx->cfg, dec, k, keep, ws, ws_bytes);
 }
-static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k,
                                      ei_out_tensor *v) {
     EI__CUDA_CALL(ctx, kv_compact, &ctx->cfg, keep, k, v);
 }
-static ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
+EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
     EI__CUDA_CALL(ctx, mem_alloc, ptr, bytes);
 }
-static void ei__cuda_mem_free(const ei_context *ctx, void *ptr) {
+EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *ptr) {
     if (ctx->cuda && ptr) EI__CUDA_API(ctx)->mem_free(ptr);
 }
-static ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
     EI__CUDA_CALL(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
 }
 #undef EI__CUDA_CALL
 
 #else /* EI_NO_CUDA_LOADER: the CUDA backend is compiled out */
 
-static ei_result ei__cuda_open(ei_context *ctx) {
+EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
     ctx->cuda = NULL;
     return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend compiled out (EI_NO_CUDA_LOADER)");
 }
-static void ei__cuda_close(ei_context *ctx) { ctx->cuda = NULL; }
+EI__CUDA_FN void ei__cuda_close(ei_context *ctx) { ctx->cuda = NULL; }
 #define EI__CUDA_STUB(ctx) return ei__fail((ctx), EI_ERR_UNSUPPORTED, "CUDA backend compiled out (EI_NO_CUDA_LOADER)")
-static ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t a, int32_t b, uint32_t c, size_t *d) {
-    (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
+EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t a, int32_t b, int32_t hd, uint32_t c,
+                                    size_t *d) {
+    (void)a; (void)b; (void)hd; (void)c; (void)d; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *p, int64_t a, int32_t b, uint32_t c,
-                                    void *m, size_t n) {
-    (void)p; (void)a; (void)b; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
+EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *p, int64_t a, int32_t b, int32_t hd,
+                                    uint32_t c, void *m, size_t n) {
+    (void)p; (void)a; (void)b; (void)hd; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *d, const ei_plan *s, int dir) {
+EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *d, const ei_plan *s, int dir) {
     (void)d; (void)s; (void)dir; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
+EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
                                                  int32_t d, size_t *e) {
     (void)a; (void)b; (void)c; (void)d; (void)e; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *p,
+EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *p,
                                   void *w, size_t n) {
     (void)q; (void)k; (void)p; (void)w; (void)n; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t a, int32_t b, int32_t c,
+EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t a, int32_t b, int32_t c,
                                                    size_t *d) {
     (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                     const ei_tensor *v, const ei_plan *p, ei_out_tensor *o, int64_t off,
                                     void *w, size_t n) {
     (void)q; (void)k; (void)v; (void)p; (void)o; (void)off; (void)w; (void)n; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t a, int32_t b, size_t *c) {
+EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t a, int32_t b, size_t *c) {
     (void)a; (void)b; (void)c; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *d, int32_t a, int32_t b, int32_t c,
+EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *d, int32_t a, int32_t b, int32_t c,
                                        void *m, size_t n) {
     (void)d; (void)a; (void)b; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *d, const ei_tensor *q, int g) {
+EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *d, const ei_tensor *q, int g) {
     (void)d; (void)q; (void)g; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
+EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
                                                 size_t *d) {
     (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *d, const ei_tensor *k, ei_keep_set *s,
+EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *d, const ei_tensor *k, ei_keep_set *s,
                                       void *w, size_t n) {
     (void)d; (void)k; (void)s; (void)w; (void)n; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *s, ei_out_tensor *k,
+EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *s, ei_out_tensor *k,
                                      ei_out_tensor *v) {
     (void)s; (void)k; (void)v; EI__CUDA_STUB(ctx);
 }
-static ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **p, size_t n) {
+EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **p, size_t n) {
     (void)p; (void)n; EI__CUDA_STUB(ctx);
 }
-static void ei__cuda_mem_free(const ei_context *ctx, void *p) { (void)ctx; (void)p; }
-static ei_result ei__cuda_mem_copy(const ei_context *ctx, void *d, const void *s, size_t n, int kind) {
+EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *p) { (void)ctx; (void)p; }
+EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *d, const void *s, size_t n, int kind) {
     (void)d; (void)s; (void)n; (void)kind; EI__CUDA_STUB(ctx);
 }
 #undef EI__CUDA_STUB

@@ -1,0 +1,602 @@
+/* Unit, property and bad-input tests of entropyinfer's core: conversions,
+   views, configuration, profiling on every SIMD path, chunked planning,
+   thread helpers, decode keep-sets and compaction. Guard bytes surround
+   every output buffer. Builds as C99 and as C++. */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+#include "../examples/synth_qk.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0, checks = 0;
+#define CHECK(cond, ...)                                                           \
+    do {                                                                           \
+        checks++;                                                                  \
+        if (!(cond)) {                                                             \
+            failures++;                                                            \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
+            printf(__VA_ARGS__);                                                   \
+            printf("\n");                                                          \
+        }                                                                          \
+    } while (0)
+/* An error code and a message that names it. */
+#define CHECK_ERR(expr, code)                                                      \
+    do {                                                                           \
+        ei_result r_ = (expr);                                                     \
+        CHECK(r_ == (code), "%s returned %s, expected %s (%s)", #expr, ei_result_name(r_), #code, ei_last_error()); \
+        if (r_ == (code) && r_ != EI_OK)                                           \
+            CHECK(strstr(ei_last_error(), #code) != NULL, "message '%s' lacks %s", ei_last_error(), #code); \
+    } while (0)
+
+/* Guarded buffers: 64 canary bytes on each side. */
+#define GUARD 64
+static void *guarded_alloc(size_t n) {
+    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
+    memset(p, 0xA5, GUARD);
+    memset(p + GUARD + n, 0xA5, GUARD);
+    memcpy(p + GUARD - sizeof(size_t), &n, 0); /* size is passed back explicitly */
+    return p + GUARD;
+}
+static int guard_intact(void *mem, size_t n) {
+    unsigned char *p = (unsigned char *)mem - GUARD;
+    size_t i;
+    for (i = 0; i < GUARD; ++i)
+        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
+    return 1;
+}
+static void guarded_free(void *mem) { free((unsigned char *)mem - GUARD); }
+
+/* ------------------------------------------------------------ conversions */
+static void test_conversions(void) {
+    const float vals[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 1e-3f, 3.14159f, 1e30f};
+    size_t i;
+    uint32_t u;
+    for (i = 0; i < sizeof vals / sizeof vals[0]; ++i) {
+        float v = vals[i];
+        float b = ei__bf16_to_f32(ei__f32_to_bf16(v));
+        CHECK(fabsf(b - v) <= fabsf(v) * (1.0f / 256.0f), "bf16 round trip of %g gave %g", v, b);
+        if (fabsf(v) <= 65504.0f) {
+            float h = ei__f16_to_f32(ei__f32_to_f16(v));
+            CHECK(fabsf(h - v) <= fabsf(v) * (1.0f / 1024.0f) + 6e-8f, "f16 round trip of %g gave %g", v, h);
+        }
+    }
+    /* every f16 bit pattern converts and round-trips exactly (NaNs stay NaN) */
+    for (u = 0; u < 65536; ++u) {
+        float f = ei__f16_to_f32((uint16_t)u);
+        if (f != f) CHECK(ei__f16_to_f32(ei__f32_to_f16(f)) != ei__f16_to_f32(ei__f32_to_f16(f)), "NaN lost");
+        else CHECK(ei__f32_to_f16(f) == (uint16_t)u, "f16 0x%04x -> %g -> 0x%04x", (unsigned)u, f, ei__f32_to_f16(f));
+    }
+    CHECK(ei__f32_to_f16(1e6f) == 0x7c00, "f16 overflow must give Inf");
+    CHECK(ei__f32_to_bf16(1.00390625f) == 0x3f80, "bf16 ties to even");
+}
+
+/* ------------------------------------------------------------ views and config */
+static void test_views_and_config(void) {
+    ei_context *ctx = NULL;
+    ei_config c;
+    float buf[64];
+    ei_tensor t;
+    CHECK_ERR(ei_context_create(NULL, NULL), EI_ERR_NULL);
+    CHECK_ERR(ei_context_create(NULL, &ctx), EI_OK); /* NULL config = defaults */
+    ei_context_destroy(ctx);
+
+#define BAD_CONFIG(field, value)                                                 \
+    do {                                                                         \
+        c = ei_config_default();                                                 \
+        c.field = value;                                                         \
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);                   \
+        CHECK(ctx == NULL, "context returned on error");                        \
+    } while (0)
+    BAD_CONFIG(segment_size, 0);
+    BAD_CONFIG(segment_size, -512);
+    BAD_CONFIG(block_size, 0);
+    BAD_CONFIG(block_size, 7); /* 512 % 7 != 0 */
+    BAD_CONFIG(block_size, 1024);
+    BAD_CONFIG(threshold_len, -1);
+    BAD_CONFIG(base_budget, -1);
+    BAD_CONFIG(rigid_entropy, -1.0);
+    BAD_CONFIG(rigid_entropy, NAN);
+    BAD_CONFIG(delta_t, INFINITY);
+    BAD_CONFIG(alpha, -0.5);
+    BAD_CONFIG(budget_max_factor, 0.5); /* below min */
+    BAD_CONFIG(budget_min_factor, -1.0);
+    BAD_CONFIG(decode_budget, 8); /* below window */
+    BAD_CONFIG(window, 0);
+    BAD_CONFIG(decode_gap, 33);
+    BAD_CONFIG(pool_kernel, 4);
+    BAD_CONFIG(pool, (ei_pool)7);
+    BAD_CONFIG(gqa_reduce, (ei_reduce)3);
+    BAD_CONFIG(per_kv_head, 2);
+    BAD_CONFIG(simd, (ei_simd)9);
+    BAD_CONFIG(attn_scale, -1.0f);
+    c = ei_config_default();
+    c.threshold_len = 0; c.delta_t = 0; c.alpha = 0; c.rigid_entropy = 0; /* zero is meaningful */
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_context_destroy(ctx);
+
+    CHECK_ERR(ei_context_create(NULL, &ctx), EI_OK);
+    memset(buf, 0, sizeof buf);
+    t = ei_tensor_make(buf, EI_F32, 4, 2, 8);
+    CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_OK);
+    t.data = NULL; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_NULL); t.data = buf;
+    t.n_tokens = 0; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_SIZE); t.n_tokens = 4;
+    t.n_tokens = -3; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_SIZE); t.n_tokens = 4;
+    t.n_heads = 0; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_SIZE); t.n_heads = 2;
+    t.head_dim = EI_MAX_HEAD_DIM + 1; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_SIZE); t.head_dim = 8;
+    t.dtype = (ei_dtype)5; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_DTYPE); t.dtype = EI_F32;
+    t.token_stride = 0; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_STRIDE);
+    t.token_stride = -16; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_STRIDE);
+    t.token_stride = 8; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_STRIDE); /* tokens overlap heads */
+    t.token_stride = 16; t.head_stride = 4; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_STRIDE); /* heads overlap dims */
+    t.token_stride = 8; t.head_stride = 32; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_OK); /* head-major layout */
+    t.token_stride = (int64_t)1 << 50; CHECK_ERR(ei__check_tensor(ctx, &t, "t"), EI_ERR_OVERFLOW);
+    CHECK_ERR(ei__check_tensor(ctx, NULL, "t"), EI_ERR_NULL);
+    CHECK(strcmp(ei_result_name(EI_ERR_GQA), "EI_ERR_GQA") == 0, "result names");
+    CHECK(strlen(ei_result_string(EI_ERR_STATE)) > 5, "result strings");
+    CHECK(strcmp(ei_result_name((ei_result)-99), "EI_ERR_UNKNOWN") == 0, "unknown code");
+    ei_context_destroy(ctx);
+
+    /* forcing a path the CPU lacks is refused; forcing scalar always works */
+    c = ei_config_default();
+    c.simd = EI_SIMD_NEON;
+    if (!ei_cpu_supports(EI_SIMD_NEON)) CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_UNSUPPORTED);
+    c.simd = EI_SIMD_SCALAR;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    CHECK(ei_context_simd(ctx) == EI_SIMD_SCALAR, "forced scalar");
+    ei_context_destroy(ctx);
+    /* the CUDA backend on a machine without it: a clear error, the CPU keeps working */
+    c = ei_config_default();
+    c.backend = EI_BACKEND_CUDA;
+    c.cuda_library = "/nonexistent/libentropyinfer_cuda.so";
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_BACKEND);
+}
+
+/* ------------------------------------------------------------ profiling */
+typedef struct layer {
+    long n;
+    int heads, kv, dim;
+    float *q, *k;
+} layer;
+static layer make_layer(long n, int heads, int kv, int dim, int segment, uint64_t seed) {
+    layer L;
+    L.n = n; L.heads = heads; L.kv = kv; L.dim = dim;
+    L.q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim);
+    L.k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    synth_qk(L.q, L.k, n, heads, kv, dim, segment, 2, seed);
+    return L;
+}
+static void free_layer(layer *L) { free(L->q); free(L->k); }
+
+static ei_config small_config(ei_simd simd) {
+    ei_config c = ei_config_default();
+    c.segment_size = 64;
+    c.block_size = 8;
+    c.base_budget = 64;
+    c.threshold_len = 128;
+    c.simd = simd;
+    return c;
+}
+
+/* Plan with guard bytes around plan memory and workspace. */
+static ei_result plan_layer(ei_context *ctx, const layer *L, ei_dtype dt, ei_plan *plan, void **mem_out) {
+    size_t pb, wb;
+    void *mem, *ws, *qd = (void *)L->q, *kd = (void *)L->k;
+    ei_tensor q, k;
+    ei_result r;
+    size_t i, nq = (size_t)L->n * L->heads * L->dim, nk = (size_t)L->n * L->kv * L->dim;
+    if (dt != EI_F32) {
+        uint16_t *q16 = (uint16_t *)malloc(nq * 2), *k16 = (uint16_t *)malloc(nk * 2);
+        for (i = 0; i < nq; ++i) q16[i] = dt == EI_BF16 ? ei__f32_to_bf16(L->q[i]) : ei__f32_to_f16(L->q[i]);
+        for (i = 0; i < nk; ++i) k16[i] = dt == EI_BF16 ? ei__f32_to_bf16(L->k[i]) : ei__f32_to_f16(L->k[i]);
+        qd = q16; kd = k16;
+    }
+    q = ei_tensor_make(qd, dt, L->n, L->heads, L->dim);
+    k = ei_tensor_make(kd, dt, L->n, L->kv, L->dim);
+    ei_plan_size(ctx, L->n, L->kv, L->dim, EI_PLAN_SCORES, &pb);
+    ei_profile_workspace_size(ctx, L->n, L->heads, L->kv, L->dim, &wb);
+    mem = guarded_alloc(pb);
+    ws = guarded_alloc(wb);
+    r = ei_plan_init(ctx, plan, L->n, L->kv, L->dim, EI_PLAN_SCORES, mem, pb);
+    if (r == EI_OK) r = ei_profile(ctx, &q, &k, plan, ws, wb);
+    CHECK(guard_intact(mem, pb) && guard_intact(ws, wb), "guard bytes around plan/workspace overwritten");
+    guarded_free(ws);
+    if (dt != EI_F32) { free(qd); free(kd); }
+    *mem_out = mem;
+    return r;
+}
+
+/* Properties every plan must have. */
+static void check_plan_properties(const ei_context *ctx, const ei_plan *p, const char *what) {
+    const ei_config *c = ei_context_config(ctx);
+    int32_t h, s, i, j, bps = c->segment_size / c->block_size;
+    for (h = 0; h < p->n_kv_heads; ++h)
+        for (s = 0; s < p->n_segments; ++s) {
+            size_t row = (size_t)h * p->seg_capacity + s;
+            const int32_t *idx = p->block_index + row * p->max_keep;
+            int32_t cnt = p->keep_count[row];
+            const float *sc = p->scores + row * p->blk_capacity;
+            CHECK(cnt >= 0 && cnt <= p->max_keep && cnt <= s * bps, "%s: count %d out of caps", what, cnt);
+            CHECK(s > 0 || cnt == 0, "%s: segment 0 keeps blocks", what);
+            if (p->head_class[h] == EI_HEAD_RIGID && s > 0 && s < p->n_segments - 1)
+                CHECK(p->budget[row] == (float)c->base_budget, "%s: rigid head budget %g", what, p->budget[row]);
+            CHECK(p->budget[row] >= c->base_budget * c->budget_min_factor - 1e-3 &&
+                      p->budget[row] <= c->base_budget * c->budget_max_factor + 1e-3, "%s: budget %g out of range", what, p->budget[row]);
+            for (i = 0; i < cnt; ++i) {
+                CHECK(idx[i] >= 0 && idx[i] < s * bps && idx[i] < p->n_blocks, "%s: index %d not causal", what, idx[i]);
+                for (j = 0; j < i; ++j) CHECK(idx[j] != idx[i], "%s: duplicate block", what);
+                if (i > 0) CHECK(sc[idx[i - 1]] >= sc[idx[i]], "%s: ranking not descending", what);
+            }
+            for (i = cnt; i < p->max_keep; ++i) CHECK(idx[i] == -1, "%s: padding %d", what, idx[i]);
+        }
+}
+
+static void test_profile_paths(void) {
+    layer L = make_layer(1000, 8, 4, 64, 64, 7); /* partial last segment */
+    ei_plan ref;
+    void *ref_mem;
+    ei_context *cref;
+    ei_config c = small_config(EI_SIMD_SCALAR);
+    int p, d;
+    int rigid = 0, dynamic = 0, h;
+    CHECK_ERR(ei_context_create(&c, &cref), EI_OK);
+    CHECK_ERR(plan_layer(cref, &L, EI_F32, &ref, &ref_mem), EI_OK);
+    check_plan_properties(cref, &ref, "scalar f32");
+    for (h = 0; h < ref.n_kv_heads; ++h) { rigid += ref.head_class[h] == EI_HEAD_RIGID; dynamic += ref.head_class[h] == EI_HEAD_DYNAMIC; }
+    CHECK(rigid > 0 && dynamic > 0, "generated layer should have rigid (%d) and dynamic (%d) heads", rigid, dynamic);
+    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p)
+        for (d = 0; d < 3; ++d) {
+            ei_context *ctx;
+            ei_plan plan;
+            void *mem;
+            char what[64];
+            int32_t hh, s, i;
+            if (!ei_cpu_supports((ei_simd)p)) continue;
+            snprintf(what, sizeof what, "%s/%d", ei_simd_name((ei_simd)p), d);
+            c = small_config((ei_simd)p);
+            CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+            CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)d, &plan, &mem), EI_OK);
+            check_plan_properties(ctx, &plan, what);
+            if (d == EI_F32) /* every path agrees with the scalar reference */
+                for (hh = 0; hh < plan.n_kv_heads; ++hh) {
+                    CHECK(plan.head_class[hh] == ref.head_class[hh], "%s: class differs", what);
+                    for (s = 0; s < plan.n_segments; ++s) {
+                        size_t row = (size_t)hh * plan.seg_capacity + s;
+                        CHECK(fabsf(plan.entropy[row] - ref.entropy[row]) <= 1e-6f + 1e-4f * fabsf(ref.entropy[row]),
+                              "%s: entropy %g vs %g", what, plan.entropy[row], ref.entropy[row]);
+                        CHECK(plan.keep_count[row] == ref.keep_count[row], "%s: keep count differs", what);
+                        for (i = 0; i < plan.keep_count[row]; ++i)
+                            CHECK(plan.block_index[row * plan.max_keep + i] == ref.block_index[row * ref.max_keep + i] ||
+                                      fabsf(ref.scores[row * ref.blk_capacity + plan.block_index[row * plan.max_keep + i]] -
+                                            ref.scores[row * ref.blk_capacity + ref.block_index[row * ref.max_keep + i]]) < 1e-6f,
+                                  "%s: ranking differs beyond ties", what);
+                    }
+                }
+            guarded_free(mem);
+            ei_context_destroy(ctx);
+        }
+    guarded_free(ref_mem);
+    ei_context_destroy(cref);
+    free_layer(&L);
+}
+
+/* Strided views (padded rows, head-major) give the same plan as contiguous. */
+static void test_strided_and_threads(void) {
+    layer L = make_layer(700, 4, 2, 32, 64, 3);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan a, b, m;
+    size_t wb, nq = (size_t)L.n * L.heads * L.dim;
+    void *ws;
+    float *qh = (float *)malloc(sizeof(float) * nq * 2);
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), qs;
+    long t;
+    int h, i;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = malloc(wb * 2);
+    CHECK_ERR(ei_plan_alloc(ctx, &a, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_plan_alloc(ctx, &b, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_plan_alloc(ctx, &m, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &a, ws, wb), EI_OK);
+    /* head-major, padded copy of q: [heads][n][2*dim] */
+    for (t = 0; t < L.n; ++t)
+        for (h = 0; h < L.heads; ++h)
+            for (i = 0; i < L.dim; ++i) qh[((size_t)h * L.n + t) * 2 * L.dim + i] = L.q[((size_t)t * L.heads + h) * L.dim + i];
+    qs = q;
+    qs.data = qh;
+    qs.token_stride = 2 * L.dim;
+    qs.head_stride = (int64_t)L.n * 2 * L.dim;
+    CHECK_ERR(ei_profile(ctx, &qs, &k, &b, ws, wb), EI_OK);
+    CHECK(memcmp(a.entropy, b.entropy, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0, "strided entropy differs");
+    CHECK(memcmp(a.block_index, b.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "strided plan differs");
+    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb * 2), EI_OK);
+    CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "threaded plan differs");
+    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 0, ws, wb), EI_ERR_SIZE);
+    /* head ranges on one plan */
+    CHECK_ERR(ei_plan_reset(&m), EI_OK);
+    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 1, 2, ws, wb), EI_OK);
+    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 0, 1, ws, wb), EI_OK);
+    CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "head ranges differ");
+    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 1, 1, ws, wb), EI_ERR_SIZE);
+    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 0, 3, ws, wb), EI_ERR_SIZE);
+    ei_plan_free(ctx, &a);
+    ei_plan_free(ctx, &b);
+    ei_plan_free(ctx, &m);
+    ei_context_destroy(ctx);
+    free(ws);
+    free(qh);
+    free_layer(&L);
+}
+
+static void test_profile_errors(void) {
+    layer L = make_layer(300, 4, 2, 16, 64, 5);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan plan, small;
+    size_t wb, pb;
+    void *ws, *pm;
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), x;
+    int p;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = malloc(wb);
+    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_profile(NULL, &q, &k, &plan, ws, wb), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, NULL, &k, &plan, ws, wb), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &q, &k, NULL, ws, wb), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, NULL, wb), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb - 1), EI_ERR_WORKSPACE);
+    x = q; x.n_heads = 3; x.token_stride = 3 * L.dim;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_GQA);
+    x = q; x.head_dim = 8;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
+    x = q; x.n_tokens = L.n - 1;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
+    /* plan too small for the prompt */
+    CHECK_ERR(ei_plan_alloc(ctx, &small, 100, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &small, ws, wb), EI_ERR_SIZE);
+    ei_plan_free(ctx, &small);
+    ei_plan_size(ctx, L.n, L.kv, L.dim, 0, &pb);
+    pm = malloc(pb);
+    CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0, pm, pb - 1), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0x80, pm, pb), EI_ERR_CONFIG);
+    CHECK_ERR(ei_plan_size(ctx, EI_MAX_TOKENS + 1, L.kv, L.dim, 0, &pb), EI_ERR_SIZE);
+    CHECK_ERR(ei_plan_size(ctx, 1000, 0, L.dim, 0, &pb), EI_ERR_SIZE);
+    free(pm);
+    /* non-finite input on every path, in q and in k (also in the unscored tail) */
+    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+        ei_context *cp;
+        ei_config cc = small_config((ei_simd)p);
+        if (!ei_cpu_supports((ei_simd)p)) continue;
+        CHECK_ERR(ei_context_create(&cc, &cp), EI_OK);
+        L.q[(size_t)123 * L.heads * L.dim + 5] = NAN;
+        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        L.q[(size_t)123 * L.heads * L.dim + 5] = 0.25f;
+        L.k[(size_t)77 * L.kv * L.dim + 3] = -INFINITY;
+        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        L.k[(size_t)77 * L.kv * L.dim + 3] = 0.25f;
+        L.k[(size_t)(L.n - 1) * L.kv * L.dim + 1] = INFINITY; /* key of the last segment: never scored, still read */
+        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        L.k[(size_t)(L.n - 1) * L.kv * L.dim + 1] = 0.25f;
+        /* finite but huge: the scores overflow float32 */
+        L.q[(size_t)100 * L.heads * L.dim] = 3e38f;
+        L.k[(size_t)10 * L.kv * L.dim] = 3e38f;
+        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        L.q[(size_t)100 * L.heads * L.dim] = 0.25f;
+        L.k[(size_t)10 * L.kv * L.dim] = 0.25f;
+        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_OK);
+        ei_context_destroy(cp);
+    }
+    ei_plan_free(ctx, &plan);
+    ei_context_destroy(ctx);
+    free(ws);
+    free_layer(&L);
+}
+
+/* Chunked planning: protocol errors and equality with whole-prompt planning. */
+static void test_chunked(void) {
+    layer L = make_layer(640, 4, 2, 32, 64, 9);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan whole, ch;
+    size_t wb;
+    void *ws;
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    ei_tensor qc = q, kc = k;
+    long t;
+    int h, s;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = malloc(wb);
+    CHECK_ERR(ei_plan_alloc(ctx, &whole, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_plan_alloc(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &whole, ws, wb), EI_OK);
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &whole, 1, ws, wb), EI_ERR_STATE); /* not a chunked plan */
+    /* two segments per call, then the rest */
+    for (t = 0; t < L.n; t += 128) {
+        long cnt = L.n - t < 128 ? L.n - t : 128;
+        qc.data = L.q + (size_t)t * L.heads * L.dim;
+        qc.n_tokens = cnt;
+        kc.n_tokens = t + cnt;
+        if (t == 128) { /* out of order: skipping a chunk */
+            ei_tensor qq = qc, kk = kc;
+            kk.n_tokens = t + 256;
+            qq.n_tokens = 128;
+            CHECK_ERR(ei_profile_chunk(ctx, &qq, &kk, &ch, 0, ws, wb), EI_ERR_STATE);
+            qq.n_tokens = 100; kk.n_tokens = t + 100; /* not whole segments, not final */
+            CHECK_ERR(ei_profile_chunk(ctx, &qq, &kk, &ch, 0, ws, wb), EI_ERR_SHAPE);
+        }
+        CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, t + cnt == L.n, ws, wb), EI_OK);
+    }
+    CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, 1, ws, wb), EI_ERR_STATE); /* after final */
+    CHECK(ch.final == 1 && ch.n_segments == whole.n_segments, "chunked plan shape");
+    for (h = 0; h < L.kv; ++h) {
+        size_t row = (size_t)h * ch.seg_capacity;
+        int late = whole.head_class[h] == EI_HEAD_DYNAMIC && !(whole.entropy[row + 1] >= c.rigid_entropy);
+        for (s = 0; s < ch.n_segments; ++s) {
+            CHECK(ch.entropy[row + s] == whole.entropy[row + s], "chunked entropy [%d][%d] %g vs %g", h, s, ch.entropy[row + s], whole.entropy[row + s]);
+            if (!late) CHECK(ch.keep_count[row + s] == whole.keep_count[row + s] &&
+                                 !memcmp(ch.block_index + (row + s) * ch.max_keep, whole.block_index + (row + s) * whole.max_keep,
+                                         sizeof(int32_t) * ch.max_keep), "chunked plan [%d][%d] differs", h, s);
+        }
+    }
+    CHECK_ERR(ei_plan_reset(&ch), EI_OK);
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &ch, 1, ws, wb), EI_OK); /* one call = whole prompt */
+    CHECK(!memcmp(ch.block_index, whole.block_index, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity * ch.max_keep),
+          "single chunked call differs from whole-prompt");
+    ei_plan_free(ctx, &whole);
+    ei_plan_free(ctx, &ch);
+    ei_context_destroy(ctx);
+    free(ws);
+    free_layer(&L);
+}
+
+/* ------------------------------------------------------------ decode */
+static void test_decode(void) {
+    const int heads = 8, kv = 2, dim = 32, prompt = 300, gap = 4;
+    ei_config c = ei_config_default();
+    ei_context *ctx;
+    ei_decoder dec;
+    ei_keep_set ks;
+    size_t db, wb, idx_bytes;
+    void *dm, *ws;
+    float *q, *k, *v, *k0;
+    long n = prompt + gap, t;
+    int h, i;
+    ei_tensor qt, kt;
+    ei_out_tensor ko, vo;
+    c.decode_budget = 96;
+    c.window = 16;
+    c.decode_gap = gap;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim);
+    k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    v = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    synth_qk(q, k, n, heads, kv, dim, 64, 2, 11);
+    for (t = 0; t < n * kv * dim; ++t) v[t] = (float)t;
+    k0 = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    memcpy(k0, k, sizeof(float) * (size_t)n * kv * dim);
+    ei_decoder_size(ctx, heads, dim, &db);
+    ei_decode_workspace_size(ctx, n, heads, kv, &wb);
+    dm = guarded_alloc(db);
+    ws = guarded_alloc(wb);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, heads, 3, dim, dm, db), EI_ERR_GQA);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, heads, kv, dim, dm, db - 1), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, heads, kv, dim, dm, db), EI_OK);
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = kv;
+    ks.capacity = c.decode_budget;
+    idx_bytes = sizeof(int32_t) * kv * c.decode_budget;
+    ks.index = (int32_t *)guarded_alloc(idx_bytes);
+    ks.mask_capacity = n;
+    ks.mask = (uint8_t *)guarded_alloc((size_t)kv * n);
+    kt = ei_tensor_make(k, EI_F32, n, kv, dim);
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE); /* nothing observed */
+    /* prompt queries (all at once; the decoder keeps the last window) */
+    qt = ei_tensor_make(q, EI_F32, prompt, heads, dim);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    CHECK(!ei_decode_due(ctx, &dec), "due before generation");
+    for (t = prompt; t < n; ++t) {
+        ei_tensor one = ei_tensor_make(q + (size_t)t * heads * dim, EI_F32, 1, heads, dim);
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+    }
+    CHECK(ei_decode_due(ctx, &dec), "due after decode_gap generated tokens");
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_ERR_STATE); /* prompt after generation */
+    ks.heads_out = heads;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_SHAPE);
+    ks.heads_out = kv;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb - 1), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
+    CHECK(!ei_decode_due(ctx, &dec), "fires once by default");
+    CHECK(ks.compressed == 1 && ks.n_kept == c.decode_budget, "kept %d", ks.n_kept);
+    for (h = 0; h < kv; ++h) {
+        const int32_t *idx = ks.index + h * ks.capacity;
+        int mask_count = 0;
+        for (i = 0; i < ks.n_kept; ++i) {
+            CHECK(idx[i] >= 0 && idx[i] < n && (i == 0 || idx[i] > idx[i - 1]), "keep index ascending");
+            CHECK(ks.mask[h * n + idx[i]] == 1, "mask agrees");
+        }
+        for (t = 0; t < n; ++t) mask_count += ks.mask[h * n + t];
+        CHECK(mask_count == ks.n_kept, "mask count");
+        for (i = 0; i < c.window; ++i) CHECK(idx[ks.n_kept - c.window + i] == n - c.window + i, "window kept");
+    }
+    CHECK(guard_intact(ks.index, idx_bytes) && guard_intact(ks.mask, (size_t)kv * n) && guard_intact(ws, wb) && guard_intact(dm, db),
+          "guard bytes overwritten");
+    /* compaction moves exactly the kept rows */
+    ko = ei_out_tensor_make(k, EI_F32, n, kv, dim);
+    vo = ei_out_tensor_make(v, EI_F32, n, kv, dim);
+    CHECK_ERR(ei_kv_compact(ctx, &ks, &ko, &vo), EI_OK);
+    for (h = 0; h < kv; ++h)
+        for (i = 0; i < ks.n_kept; ++i) {
+            long src = ks.index[h * ks.capacity + i];
+            CHECK(!memcmp(k + ((size_t)i * kv + h) * dim, k0 + ((size_t)src * kv + h) * dim, sizeof(float) * dim), "K row moved");
+            CHECK(v[((size_t)i * kv + h) * dim] == (float)((src * kv + h) * dim), "V row moved");
+        }
+    ks.index[3] = ks.index[2]; /* not ascending: refused before anything moves */
+    CHECK_ERR(ei_kv_compact(ctx, &ks, &ko, &vo), EI_ERR_SHAPE);
+    ko.n_heads = heads; ko.token_stride = (int64_t)heads * dim;
+    CHECK_ERR(ei_kv_compact(ctx, &ks, &ko, NULL), EI_ERR_SHAPE);
+    CHECK_ERR(ei_kv_compact(ctx, NULL, &ko, &vo), EI_ERR_NULL);
+    /* short cache: nothing evicted */
+    {
+        ei_tensor ks_short = ei_tensor_make(k0, EI_F32, 50, kv, dim);
+        CHECK_ERR(ei_decoder_reset(&dec), EI_OK);
+        qt.n_tokens = 50;
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+        CHECK_ERR(ei_decode_keep(ctx, &dec, &ks_short, &ks, ws, wb), EI_OK);
+        CHECK(ks.compressed == 0 && ks.n_kept == 50 && ks.index[49] == 49, "short cache keeps all");
+    }
+    /* NaN in observed queries is refused without changing the window */
+    q[(size_t)49 * heads * dim + 5] = NAN; /* the decoder reads the last window rows */
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 1), EI_ERR_NONFINITE);
+    guarded_free(ks.index); guarded_free(ks.mask); guarded_free(dm); guarded_free(ws);
+    free(q); free(k); free(v); free(k0);
+    ei_context_destroy(ctx);
+}
+
+/* ------------------------------------------------------------ allocator and logger */
+static int n_allocs = 0, n_frees = 0, n_logs = 0;
+static void *count_alloc(size_t n, void *u) { (void)u; n_allocs++; return malloc(n); }
+static void count_free(void *p, void *u) { (void)u; n_frees++; free(p); }
+static void count_log(void *u, ei_result code, const char *msg) { (void)u; (void)code; (void)msg; n_logs++; }
+static void test_allocator_logger(void) {
+    ei_config c = ei_config_default();
+    ei_context *ctx;
+    ei_plan p;
+    c.allocator.alloc = count_alloc;
+    c.allocator.free = count_free;
+    c.log = count_log;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    CHECK_ERR(ei_plan_alloc(ctx, &p, 4096, 2, 64, 0), EI_OK);
+    ei_plan_free(ctx, &p);
+    CHECK_ERR(ei_profile(ctx, NULL, NULL, NULL, NULL, 0), EI_ERR_NULL);
+    ei_context_destroy(ctx);
+    CHECK(n_allocs == 2 && n_frees == 2, "allocator calls %d/%d", n_allocs, n_frees);
+    CHECK(n_logs >= 1, "logger called");
+    c.allocator.free = NULL;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+}
+
+int main(void) {
+    printf("entropyinfer %s core tests; SIMD paths:", EI_VERSION_STRING);
+    {
+        int p;
+        for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p)
+            if (ei_cpu_supports((ei_simd)p)) printf(" %s", ei_simd_name((ei_simd)p));
+    }
+    printf("\n");
+    test_conversions();
+    test_views_and_config();
+    test_profile_paths();
+    test_strided_and_threads();
+    test_profile_errors();
+    test_chunked();
+    test_decode();
+    test_allocator_logger();
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}
