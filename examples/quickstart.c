@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define N_PROMPT 6000
 #define N_GEN 16
@@ -18,20 +19,21 @@ static float frand(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (floa
 
 int main(void) {
     const long cap = N_PROMPT + N_GEN;          /* the engine's KV cache capacity */
-    float *q = malloc(sizeof(float) * cap * HEADS * DIM);
-    float *k = malloc(sizeof(float) * cap * KV_HEADS * DIM);
-    float *v = malloc(sizeof(float) * cap * KV_HEADS * DIM);
-    float *out = malloc(sizeof(float) * N_PROMPT * HEADS * DIM);
+    float *q = (float *)malloc(sizeof(float) * cap * HEADS * DIM);
+    float *k = (float *)malloc(sizeof(float) * cap * KV_HEADS * DIM);
+    float *v = (float *)malloc(sizeof(float) * cap * KV_HEADS * DIM);
+    float *out = (float *)malloc(sizeof(float) * N_PROMPT * HEADS * DIM);
     unsigned seed = 1;
     long i, n;
     ei_config cfg = ei_config_default();
     ei_context *ctx;
     ei_plan plan;
     ei_decoder dec;
-    ei_keep_set keep = {0};
-    size_t prof_ws, attn_ws, dec_ws, dec_mem;
-    void *ws;
+    ei_keep_set keep;
+    size_t prof_ws = 0, attn_ws = 0, dec_ws = 0, dec_mem = 0;
+    void *ws, *dec_memory;
 
+    memset(&keep, 0, sizeof keep);
     for (i = 0; i < cap * HEADS * DIM; ++i) q[i] = frand(&seed);
     for (i = 0; i < cap * KV_HEADS * DIM; ++i) { k[i] = frand(&seed); v[i] = frand(&seed); }
 
@@ -43,10 +45,11 @@ int main(void) {
     ei_decode_workspace_size(ctx, cap, HEADS, KV_HEADS, &dec_ws);
     ei_decoder_size(ctx, HEADS, DIM, &dec_mem);
     ws = malloc(prof_ws > attn_ws ? (prof_ws > dec_ws ? prof_ws : dec_ws) : (attn_ws > dec_ws ? attn_ws : dec_ws));
-    ei_decoder_init(ctx, &dec, HEADS, KV_HEADS, DIM, malloc(dec_mem), dec_mem);
+    dec_memory = malloc(dec_mem);
+    ei_decoder_init(ctx, &dec, HEADS, KV_HEADS, DIM, dec_memory, dec_mem);
     keep.heads_out = KV_HEADS;
     keep.capacity = cfg.decode_budget;
-    keep.index = malloc(sizeof(int32_t) * KV_HEADS * cfg.decode_budget);
+    keep.index = (int32_t *)malloc(sizeof(int32_t) * KV_HEADS * cfg.decode_budget);
 
     /* ---- prefill hook: in the layer's attention, after RoPE */
     {
@@ -82,7 +85,7 @@ int main(void) {
         }
     }
     ei_plan_free(ctx, &plan);
-    free(dec.queries); /* the decoder's memory is the caller's */
+    free(dec_memory); /* the decoder's memory is the caller's */
     ei_context_destroy(ctx);
     free(q); free(k); free(v); free(out); free(ws); free(keep.index);
     return 0;

@@ -129,68 +129,71 @@ void gm_pool_destroy(gm_pool *p) {
 }
 
 /* ================================================================ matmul
-   Y[t][o] = sum_k X[t][k] * W[o][k]  (W row-major [out][in], as in GGUF).
-   Register-tiled with GCC/Clang vector extensions; an AVX-512 variant is
-   picked at run time when the CPU has it (the file itself is built for
-   AVX2+FMA or plain x86-64, so it runs anywhere). */
-#define GM_DEFINE_MATMUL(NAME, ATTR, VW, TT)                                                          \
-    typedef float NAME##_v __attribute__((vector_size(VW * 4)));                                     \
+   Y[t][o] = sum_k X[t][k] * W[o][k].
+   Weights are stored "packed" at load: panels of GM_PANEL output rows,
+   each panel laid out [in][GM_PANEL], so the kernel reads one contiguous
+   80 KB panel and broadcasts each X value against GM_PANEL outputs held in
+   vector registers (no horizontal sums). Written with GCC/Clang vector
+   extensions; an AVX-512 variant is picked at run time when the CPU has it
+   (the file itself is built for AVX2+FMA or plain x86-64). */
+#define GM_PANEL 32
+
+#define GM_DEFINE_MATMUL(NAME, ATTR, VW, TT)                                                           \
+    typedef float NAME##_v __attribute__((vector_size(VW * 4)));                                      \
+    enum { NAME##_NV = GM_PANEL / VW };                                                               \
     ATTR static NAME##_v NAME##_ld(const float *p) { NAME##_v v; memcpy(&v, p, sizeof v); return v; } \
-    ATTR static float NAME##_hsum(NAME##_v v) { float s = 0; int i; for (i = 0; i < VW; i++) s += v[i]; return s; } \
-    ATTR static void NAME(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1,  \
-                          float *Y, int64_t ldy) {                                                  \
-        int ob, t, o, k, a, b;                                                                       \
-        for (ob = o0; ob < o1; ob += 64) {                                                           \
-            int oe = ob + 64 < o1 ? ob + 64 : o1;                                                    \
-            for (t = 0; t < n; t += TT) {                                                            \
-                int tn = n - t < TT ? n - t : TT;                                                    \
-                for (o = ob; o < oe; o += 4) {                                                       \
-                    int on = oe - o < 4 ? oe - o : 4;                                                \
-                    if (tn == TT && on == 4) {                                                       \
-                        NAME##_v acc[TT][4];                                                         \
-                        memset(acc, 0, sizeof acc);                                                  \
-                        for (k = 0; k < in; k += VW) {                                               \
-                            NAME##_v xv[TT];                                                         \
-                            for (a = 0; a < TT; a++) xv[a] = NAME##_ld(X + (t + a) * ldx + k);      \
-                            for (b = 0; b < 4; b++) {                                                \
-                                NAME##_v w = NAME##_ld(W + (int64_t)(o + b) * in + k);               \
-                                for (a = 0; a < TT; a++) acc[a][b] += xv[a] * w;                     \
-                            }                                                                        \
-                        }                                                                            \
-                        for (a = 0; a < TT; a++)                                                     \
-                            for (b = 0; b < 4; b++) Y[(t + a) * ldy + o + b] = NAME##_hsum(acc[a][b]); \
-                    } else {                                                                         \
-                        for (a = 0; a < tn; a++)                                                     \
-                            for (b = 0; b < on; b++) {                                               \
-                                NAME##_v acc2 = {0};                                                 \
-                                const float *xr = X + (t + a) * ldx, *wr = W + (int64_t)(o + b) * in; \
-                                for (k = 0; k < in; k += VW) acc2 += NAME##_ld(xr + k) * NAME##_ld(wr + k); \
-                                Y[(t + a) * ldy + o + b] = NAME##_hsum(acc2);                        \
-                            }                                                                        \
-                    }                                                                                \
-                }                                                                                    \
-            }                                                                                        \
-        }                                                                                            \
+    ATTR static void NAME##_st(float *p, NAME##_v v) { memcpy(p, &v, sizeof v); }                     \
+    /* panels [p0, p1) of WP for all n rows of X */                                                   \
+    ATTR static void NAME(const float *X, int64_t ldx, int n, int in, const float *WP, int64_t pstr,   \
+                          int64_t kstr, int p0, int p1, float *Y, int64_t ldy) {                      \
+        int p, t, k, a, b;                                                                             \
+        for (p = p0; p < p1; p++) {                                                                    \
+            const float *panel = WP + (int64_t)p * pstr;                                               \
+            for (t = 0; t + TT <= n; t += TT) {                                                        \
+                NAME##_v acc[TT][NAME##_NV];                                                           \
+                const float *xr = X + (int64_t)t * ldx;                                                \
+                _Pragma("GCC unroll 16") for (a = 0; a < TT; a++)                                      \
+                _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++) acc[a][b] = (NAME##_v){0};    \
+                for (k = 0; k < in; k++) {                                                             \
+                    NAME##_v w[NAME##_NV];                                                             \
+                    _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++)                           \
+                        w[b] = NAME##_ld(panel + (int64_t)k * kstr + b * VW);                          \
+                    _Pragma("GCC unroll 16") for (a = 0; a < TT; a++) {                                \
+                        float xv = xr[a * ldx + k];                                                    \
+                        _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++) acc[a][b] += xv * w[b]; \
+                    }                                                                                  \
+                }                                                                                      \
+                _Pragma("GCC unroll 16") for (a = 0; a < TT; a++)                                      \
+                _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++)                               \
+                    NAME##_st(Y + (int64_t)(t + a) * ldy + (int64_t)p * GM_PANEL + b * VW, acc[a][b]);  \
+            }                                                                                          \
+            for (; t < n; t++) { /* leftover rows, one at a time */                                    \
+                NAME##_v acc[NAME##_NV];                                                               \
+                const float *xr = X + (int64_t)t * ldx;                                                \
+                _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++) acc[b] = (NAME##_v){0};        \
+                for (k = 0; k < in; k++) {                                                             \
+                    float xv = xr[k];                                                                  \
+                    _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++)                           \
+                        acc[b] += xv * NAME##_ld(panel + (int64_t)k * kstr + b * VW);                  \
+                }                                                                                      \
+                _Pragma("GCC unroll 16") for (b = 0; b < NAME##_NV; b++)                               \
+                    NAME##_st(Y + (int64_t)t * ldy + (int64_t)p * GM_PANEL + b * VW, acc[b]);           \
+            }                                                                                          \
+        }                                                                                              \
     }
 
 GM_DEFINE_MATMUL(mm_v8, , 8, 3)
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GEMMA_NO_AVX512)
 #define GM_HAVE_AVX512_PATH 1
-GM_DEFINE_MATMUL(mm_v16, __attribute__((target("avx512f,fma"))), 16, 4)
+GM_DEFINE_MATMUL(mm_v16, __attribute__((target("avx512f,fma"))), 16, 8)
 #endif
 
-static void mm_scalar(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1, float *Y, int64_t ldy) {
-    int t, o, k;
-    for (t = 0; t < n; t++)
-        for (o = o0; o < o1; o++) {
-            float s = 0;
-            for (k = 0; k < in; k++) s += X[t * ldx + k] * W[(int64_t)o * in + k];
-            Y[t * ldy + o] = s;
-        }
-}
-
 static int g_use_avx512 = -1;
-static void mm_dispatch(const float *X, int64_t ldx, int n, int in, const float *W, int o0, int o1, float *Y, int64_t ldy) {
+/* Panel p of WP starts at WP + p*pstr; its row k (GM_PANEL floats) at + k*kstr.
+   Packed weights: pstr = in*GM_PANEL, kstr = GM_PANEL. A row-major matrix
+   [in][cols] used as-is (attention values): pstr = GM_PANEL, kstr = cols. */
+static void mm_dispatch(const float *X, int64_t ldx, int n, int in, const float *WP, int64_t pstr, int64_t kstr,
+                        int p0, int p1, float *Y, int64_t ldy) {
     if (g_use_avx512 < 0) {
         g_use_avx512 = 0;
 #ifdef GM_HAVE_AVX512_PATH
@@ -199,41 +202,52 @@ static void mm_dispatch(const float *X, int64_t ldx, int n, int in, const float 
 #endif
     }
 #ifdef GM_HAVE_AVX512_PATH
-    if (g_use_avx512 && in % 16 == 0) { mm_v16(X, ldx, n, in, W, o0, o1, Y, ldy); return; }
+    if (g_use_avx512) { mm_v16(X, ldx, n, in, WP, pstr, kstr, p0, p1, Y, ldy); return; }
 #endif
-    if (in % 8 == 0) { mm_v8(X, ldx, n, in, W, o0, o1, Y, ldy); return; }
-    mm_scalar(X, ldx, n, in, W, o0, o1, Y, ldy);
+    mm_v8(X, ldx, n, in, WP, pstr, kstr, p0, p1, Y, ldy);
 }
 
-/* Up to 3 matmuls sharing the same input, split by output rows over threads. */
+/* Pack W [out][in] (row-major, out % GM_PANEL == 0) into panels. */
+static void pack_panels(const float *W, int out, int in, float *WP) {
+    int p, k, c;
+    for (p = 0; p < out / GM_PANEL; p++)
+        for (k = 0; k < in; k++)
+            for (c = 0; c < GM_PANEL; c++)
+                WP[((int64_t)p * in + k) * GM_PANEL + c] = W[((int64_t)p * GM_PANEL + c) * in + k];
+}
+
+/* Up to 3 matmuls sharing the same input, split by panels over threads. */
 typedef struct mm_job {
     const float *X;
+    int64_t ldx;
     int n, in, nw;
     const float *W[3];
     int out[3];
     float *Y[3];
+    int64_t ldy[3];
 } mm_job;
 
 static void mm_task(void *arg, int ith, int nth) {
     const mm_job *j = (const mm_job *)arg;
     int total = 0, i, begin, end, acc = 0;
-    for (i = 0; i < j->nw; i++) total += j->out[i];
-    /* equal shares of all output rows, rounded to tiles of 4 */
-    begin = (int)((int64_t)total * ith / nth) & ~3;
-    end = ith == nth - 1 ? total : (int)((int64_t)total * (ith + 1) / nth) & ~3;
+    for (i = 0; i < j->nw; i++) total += j->out[i] / GM_PANEL;
+    begin = (int)((int64_t)total * ith / nth);
+    end = (int)((int64_t)total * (ith + 1) / nth);
     for (i = 0; i < j->nw; i++) {
-        int lo = begin - acc, hi = end - acc;
+        int np = j->out[i] / GM_PANEL, lo = begin - acc, hi = end - acc;
         if (lo < 0) lo = 0;
-        if (hi > j->out[i]) hi = j->out[i];
-        if (lo < hi) mm_dispatch(j->X, j->in, j->n, j->in, j->W[i], lo, hi, j->Y[i], j->out[i]);
-        acc += j->out[i];
+        if (hi > np) hi = np;
+        if (lo < hi)
+            mm_dispatch(j->X, j->ldx, j->n, j->in, j->W[i], (int64_t)j->in * GM_PANEL, GM_PANEL, lo, hi, j->Y[i],
+                        j->ldy[i] ? j->ldy[i] : j->out[i]);
+        acc += np;
     }
 }
 
 static void matmul(gm_pool *p, const float *X, int n, int in, const float *W, int out, float *Y) {
     mm_job j;
     memset(&j, 0, sizeof j);
-    j.X = X; j.n = n; j.in = in; j.nw = 1;
+    j.X = X; j.ldx = in; j.n = n; j.in = in; j.nw = 1;
     j.W[0] = W; j.out[0] = out; j.Y[0] = Y;
     gm_pool_run(p, mm_task, &j);
 }
@@ -292,13 +306,32 @@ static int get_hp_int(const gguf_file *f, const char *key, int64_t lo, int64_t h
     return 0;
 }
 
-typedef struct load_item { const gguf_tensor *t; float *dst; } load_item;
-typedef struct load_job { load_item *items; int n; int bad; } load_job;
+/* Dequantize a tensor; matrices are packed into GM_PANEL panels on the way
+   (one panel of rows at a time through a small buffer). Threads take
+   every nth panel of every tensor. */
+typedef struct load_item { const gguf_tensor *t; float *dst; int packed; } load_item;
+typedef struct load_job { load_item *items; int n; int bad; float *tmp; size_t tmp_per_thread; } load_job;
 static void load_task(void *arg, int ith, int nth) {
     load_job *j = (load_job *)arg;
+    float *tmp = j->tmp + j->tmp_per_thread * (size_t)ith;
     int i;
-    for (i = ith; i < j->n; i += nth)
-        if (gguf_dequantize(j->items[i].t->type, j->items[i].t->data, j->items[i].dst, j->items[i].t->n_elems)) j->bad = 1;
+    for (i = 0; i < j->n; i++) {
+        const gguf_tensor *t = j->items[i].t;
+        int be, bb;
+        int64_t in = t->ne[0], out = t->n_elems / t->ne[0], p;
+        size_t row_bytes;
+        gguf_type_info(t->type, &be, &bb);
+        row_bytes = (size_t)(in / be) * (size_t)bb;
+        if (!j->items[i].packed) {
+            if (ith == 0 && gguf_dequantize(t->type, t->data, j->items[i].dst, t->n_elems)) j->bad = 1;
+            continue;
+        }
+        for (p = ith; p < out / GM_PANEL; p += nth) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)p * GM_PANEL * row_bytes;
+            if (gguf_dequantize(t->type, src, tmp, in * GM_PANEL)) { j->bad = 1; return; }
+            pack_panels(tmp, GM_PANEL, (int)in, j->items[i].dst + (size_t)p * GM_PANEL * (size_t)in);
+        }
+    }
 }
 
 int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
@@ -376,7 +409,17 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
             goto bad;
         }
     }
-    for (i = 0; i < ni; i++) total += (size_t)((items[i].t->n_elems + 15) & ~(int64_t)15);
+    for (i = 0; i < ni; i++) {
+        const gguf_tensor *t = items[i].t;
+        items[i].packed = t->ne[1] > 1;
+        if (items[i].packed && ((t->ne[1] % GM_PANEL) || t->ne[0] > (1 << 20))) {
+            fail(err, errlen, "model: tensor '%.*s' has %lld rows, not a multiple of %d", (int)t->name.n, t->name.p,
+                 (long long)t->ne[1], GM_PANEL);
+            goto bad;
+        }
+        total += (size_t)((t->n_elems + 15) & ~(int64_t)15);
+    }
+    if (hp->head_dim % GM_PANEL) { fail(err, errlen, "model: head_dim %d not a multiple of %d", hp->head_dim, GM_PANEL); goto bad; }
     m->arena = (float *)malloc(total * sizeof(float));
     if (!m->arena) { fail(err, errlen, "model: cannot allocate %zu MB for weights", total * 4 >> 20); goto bad; }
     m->arena_floats = total;
@@ -390,12 +433,19 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
     {
         load_job j;
         gm_pool *p = gm_pool_create(gm_default_threads());
+        int64_t maxin = 0;
+        for (i = 0; i < ni; i++) if (items[i].t->ne[0] > maxin) maxin = items[i].t->ne[0];
         j.items = items; j.n = ni; j.bad = 0;
+        j.tmp_per_thread = (size_t)maxin * GM_PANEL;
+        j.tmp = (float *)malloc(j.tmp_per_thread * (size_t)gm_pool_size(p) * sizeof(float));
+        if (!j.tmp) { gm_pool_destroy(p); fail(err, errlen, "model: out of memory"); goto bad; }
         gm_pool_run(p, load_task, &j);
         gm_pool_destroy(p);
+        free(j.tmp);
         if (j.bad) { fail(err, errlen, "model: dequantization failed"); goto bad; }
     }
-    m->tok_embd = items[0].dst;
+    m->out_proj = items[0].dst;
+    m->embd = items[0].t;
     m->out_norm = items[1].dst;
     for (l = 0; l < hp->n_layer; l++) {
         gm_layer *L = &m->layers[l];
@@ -425,84 +475,80 @@ void gm_model_free(gm_model *m) {
 }
 
 /* ================================================================ attention (own, dense)
-   Causal attention of n queries (rows q0.., absolute positions p0..) against
-   cache rows 0..q0+i, optionally restricted to a sliding window (rows ==
-   positions for local layers). All query heads of a kv group share each K/V
-   load; 4 query tokens are processed together for the same reason. */
+   Causal attention of n queries (cache rows q0.., absolute positions p0..)
+   against cache rows 0..q0+i, optionally restricted to a sliding window
+   (local layers: rows == positions). Work is tiled by GM_PANEL query rows
+   (tokens x query heads of one kv group) and both products run on the
+   matmul kernel:  S^T = K . Qtile^T  (Qtile packed as one panel), softmax
+   per query row, then O = P . V (V's rows used in place as panels). */
 typedef struct attn_job {
     const gm_state *s;
-    const float *q;   /* [n][n_head][hd] */
-    const float *kc, *vc; /* cache [rows][n_kv][hd] */
-    float *out;       /* [n][n_head][hd] */
+    const float *q;        /* [n][n_head][hd] */
+    const float *kc, *vc;  /* cache [rows][n_kv][hd] */
+    float *out;            /* [n][n_head][hd] */
     int n;
-    int64_t q0;       /* cache row of the first query */
-    int window;       /* 0: none */
+    int64_t q0;            /* cache row of the first query */
+    int window;            /* 0: none */
     float scale;
-    float *scratch;   /* per thread */
+    float *scratch;        /* per thread */
     size_t scratch_per_thread;
 } attn_job;
 
-#define ATT_TQ 4
+static size_t attn_scratch_floats(int64_t max_keys, int head_dim) {
+    /* QP [hd][P] + ST [keys][P] + P [P][keys] + O [P][hd] */
+    return (size_t)head_dim * GM_PANEL * 2 + (size_t)(max_keys + 16) * GM_PANEL * 2;
+}
+
 static void attn_task(void *arg, int ith, int nth) {
     const attn_job *j = (const attn_job *)arg;
     const gm_hparams *hp = &j->s->m->hp;
     const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G;
-    const int64_t kstride = (int64_t)G * D;
-    float *sc = j->scratch + j->scratch_per_thread * (size_t)ith; /* [ATT_TQ*R][maxkeys] */
-    int64_t maxkeys = (int64_t)(j->scratch_per_thread / ((size_t)ATT_TQ * R));
-    int tile, ntiles = (j->n + ATT_TQ - 1) / ATT_TQ;
-    for (tile = ith; tile < ntiles; tile += nth) {
-        int t0 = tile * ATT_TQ, tn = j->n - t0 < ATT_TQ ? j->n - t0 : ATT_TQ, g, a, r, d;
-        int64_t last = j->q0 + t0 + tn - 1;              /* last key row any query here sees */
-        int64_t first = 0, kk;
+    const int TQ = GM_PANEL / R > 0 ? GM_PANEL / R : 1; /* tokens per tile */
+    const int64_t ldk = (int64_t)G * D;
+    const int64_t max_keys = j->s->max_ctx + TQ;
+    float *QP = j->scratch + j->scratch_per_thread * (size_t)ith;
+    float *O = QP + (size_t)D * GM_PANEL;
+    float *ST = O + (size_t)D * GM_PANEL;
+    float *P = ST + (size_t)(max_keys + 16) * GM_PANEL;
+    int ntiles = (j->n + TQ - 1) / TQ, tile;
+    /* interleave tiles and kv groups over threads (later tiles are longer) */
+    for (tile = ith; tile < ntiles * G; tile += nth) {
+        int g = tile % G, t0 = (tile / G) * TQ, tn = j->n - t0 < TQ ? j->n - t0 : TQ, rows = tn * R, c, d;
+        int64_t last = j->q0 + t0 + tn - 1, first = 0, nk, kk;
+        if (R > GM_PANEL) return; /* groups wider than a panel: not needed for Gemma */
         if (j->window > 0) {
             first = j->q0 + t0 - j->window + 1;
             if (first < 0) first = 0;
         }
-        if (last - first + 1 > maxkeys) continue; /* cannot happen: scratch sized for max_ctx */
-        for (g = 0; g < G; g++) {
-            /* scores */
-            for (kk = first; kk <= last; kk++) {
-                const float *kr = j->kc + kk * kstride + (int64_t)g * D;
-                for (a = 0; a < tn; a++) {
-                    int64_t qrow = j->q0 + t0 + a;
-                    int visible = kk <= qrow && (j->window <= 0 || qrow - kk < j->window);
-                    for (r = 0; r < R; r++) {
-                        float *srow = sc + (size_t)(a * R + r) * (size_t)maxkeys;
-                        if (visible) {
-                            const float *qr = j->q + ((int64_t)(t0 + a) * H + g * R + r) * D;
-                            float s = 0;
-                            for (d = 0; d < D; d++) s += qr[d] * kr[d];
-                            srow[kk - first] = s * j->scale;
-                        } else {
-                            srow[kk - first] = -INFINITY;
-                        }
-                    }
-                }
-            }
-            /* softmax per (query, head) */
-            for (a = 0; a < tn * R; a++) {
-                float *srow = sc + (size_t)a * (size_t)maxkeys, mx = -INFINITY;
-                double sum = 0;
-                int64_t nk = last - first + 1;
-                for (kk = 0; kk < nk; kk++) if (srow[kk] > mx) mx = srow[kk];
-                for (kk = 0; kk < nk; kk++) { float e = srow[kk] == -INFINITY ? 0.0f : expf(srow[kk] - mx); srow[kk] = e; sum += e; }
-                for (kk = 0; kk < nk; kk++) srow[kk] = (float)(srow[kk] / sum);
-            }
-            /* weighted values */
-            for (a = 0; a < tn; a++)
-                for (r = 0; r < R; r++) memset(j->out + ((int64_t)(t0 + a) * H + g * R + r) * D, 0, (size_t)D * sizeof(float));
-            for (kk = first; kk <= last; kk++) {
-                const float *vr = j->vc + kk * kstride + (int64_t)g * D;
-                for (a = 0; a < tn; a++)
-                    for (r = 0; r < R; r++) {
-                        float p = sc[(size_t)(a * R + r) * (size_t)maxkeys + (size_t)(kk - first)];
-                        float *o = j->out + ((int64_t)(t0 + a) * H + g * R + r) * D;
-                        if (p == 0.0f) continue;
-                        for (d = 0; d < D; d++) o[d] += p * vr[d];
-                    }
-            }
+        nk = last - first + 1;
+        /* pack the tile's query rows (token a, head r -> column a*R + r) */
+        memset(QP, 0, (size_t)D * GM_PANEL * sizeof(float));
+        for (c = 0; c < rows; c++) {
+            const float *qr = j->q + ((int64_t)(t0 + c / R) * H + g * R + c % R) * D;
+            for (d = 0; d < D; d++) QP[(size_t)d * GM_PANEL + c] = qr[d];
         }
+        mm_dispatch(j->kc + first * ldk + (int64_t)g * D, ldk, (int)nk, D, QP, 0, GM_PANEL, 0, 1, ST, GM_PANEL);
+        /* masked softmax per query row -> P [rows][nk] */
+        for (c = 0; c < rows; c++) {
+            int64_t qrow = j->q0 + t0 + c / R, lo = first, hi = qrow;
+            float mx = -INFINITY, *pr = P + (size_t)c * (size_t)nk;
+            double sum = 0;
+            if (j->window > 0 && qrow - j->window + 1 > lo) lo = qrow - j->window + 1;
+            for (kk = lo; kk <= hi; kk++) {
+                float v = ST[(size_t)(kk - first) * GM_PANEL + c] * j->scale;
+                if (v > mx) mx = v;
+            }
+            for (kk = first; kk <= last; kk++) {
+                float e = 0.0f;
+                if (kk >= lo && kk <= hi) e = expf(ST[(size_t)(kk - first) * GM_PANEL + c] * j->scale - mx);
+                pr[kk - first] = e;
+                sum += e;
+            }
+            for (kk = 0; kk < nk; kk++) pr[kk] = (float)(pr[kk] / sum);
+        }
+        mm_dispatch(P, nk, rows, (int)nk, j->vc + first * ldk + (int64_t)g * D, GM_PANEL, ldk, 0, D / GM_PANEL, O, D);
+        for (c = 0; c < rows; c++)
+            memcpy(j->out + ((int64_t)(t0 + c / R) * H + g * R + c % R) * D, O + (size_t)c * D, (size_t)D * sizeof(float));
     }
 }
 
@@ -543,8 +589,8 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
     ALLOC(s->gate, (size_t)max_batch * hp->d_ff);
     ALLOC(s->up, (size_t)max_batch * hp->d_ff);
     ALLOC(s->tmp, (size_t)max_batch * hp->d_model);
-    /* attention scores scratch: ATT_TQ * group * max keys per thread */
-    ALLOC(s->att, (size_t)nth * ATT_TQ * (H / hp->n_kv_head) * (size_t)(max_ctx + ATT_TQ));
+    /* attention scratch per thread */
+    ALLOC(s->att, (size_t)nth * attn_scratch_floats(max_ctx + GM_PANEL, D));
     /* rotary tables for every position (cos, sin) x (local, global) */
     ALLOC(s->rope_cos_l, (size_t)max_ctx * D / 2);
     ALLOC(s->rope_sin_l, (size_t)max_ctx * D / 2);
@@ -757,10 +803,14 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
     for (i = 0; i < n; i++) {
         if (tok[i] < 0 || tok[i] >= hp->n_vocab) return fail(err, errlen, "forward: token id %d out of range", tok[i]);
         {
-            const float *e = m->tok_embd + (size_t)tok[i] * Dm;
+            /* the embedding row is dequantized straight from the file (the f32
+               copy is packed for the output projection) */
+            const gguf_tensor *e = m->embd;
+            int be, bb, d;
             float *x = s->x + (size_t)i * Dm;
-            int d;
-            for (d = 0; d < Dm; d++) x[d] = e[d] * hp->embed_scale;
+            gguf_type_info(e->type, &be, &bb);
+            gguf_dequantize(e->type, (const uint8_t *)e->data + (size_t)tok[i] * (size_t)(Dm / be) * (size_t)bb, x, Dm);
+            for (d = 0; d < Dm; d++) x[d] *= hp->embed_scale;
         }
     }
     for (l = 0; l < hp->n_layer; l++) {
@@ -772,7 +822,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         for (i = 0; i < n; i++) rmsnorm(s->xn + (size_t)i * Dm, s->x + (size_t)i * Dm, L->attn_norm, Dm, hp->eps);
         t0 = gm_now();
         memset(&j, 0, sizeof j);
-        j.X = s->xn; j.n = n; j.in = Dm; j.nw = 3;
+        j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 3;
         j.W[0] = L->wq; j.out[0] = QD; j.Y[0] = s->q;
         j.W[1] = L->wk; j.out[1] = KD; j.Y[1] = s->k;
         j.W[2] = L->wv; j.out[2] = KD; j.Y[2] = s->v;
@@ -806,7 +856,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
             aj.s = s; aj.q = s->q; aj.kc = s->k_cache[l]; aj.vc = s->v_cache[l]; aj.out = s->ao;
             aj.n = n; aj.q0 = row0; aj.window = L->is_global ? 0 : hp->sliding_window; aj.scale = hp->attn_scale;
             aj.scratch = s->att;
-            aj.scratch_per_thread = (size_t)ATT_TQ * (H / G) * (size_t)(s->max_ctx + ATT_TQ);
+            aj.scratch_per_thread = attn_scratch_floats(s->max_ctx + GM_PANEL, D);
             gm_pool_run(s->pool, attn_task, &aj);
             if (L->is_global) s->stats.t_attn_global += gm_now() - t0;
             else s->stats.t_attn_local += gm_now() - t0;
@@ -825,7 +875,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         }
         t0 = gm_now();
         memset(&j, 0, sizeof j);
-        j.X = s->xn; j.n = n; j.in = Dm; j.nw = 2;
+        j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 2;
         j.W[0] = L->w_gate; j.out[0] = F; j.Y[0] = s->gate;
         j.W[1] = L->w_up; j.out[1] = F; j.Y[1] = s->up;
         gm_pool_run(s->pool, mm_task, &j);
@@ -864,19 +914,9 @@ int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *er
     return forward(s, tokens, n, 1, 0, hidden, err, errlen);
 }
 
-typedef struct logit_job { const float *h; int n; const gm_model *m; float *out; } logit_job;
-static void logit_task(void *arg, int ith, int nth) {
-    const logit_job *j = (const logit_job *)arg;
-    const int V = j->m->hp.n_vocab, Dm = j->m->hp.d_model;
-    int begin = (int)((int64_t)V * ith / nth) & ~63, end = ith == nth - 1 ? V : (int)((int64_t)V * (ith + 1) / nth) & ~63;
-    mm_dispatch(j->h, Dm, j->n, Dm, j->m->tok_embd, begin, end, j->out, V);
-}
-
 void gm_logits(gm_state *s, const float *hidden, int n, float *logits) {
-    logit_job j;
     const float cap = s->m->hp.final_softcap;
-    j.h = hidden; j.n = n; j.m = s->m; j.out = logits;
-    gm_pool_run(s->pool, logit_task, &j);
+    matmul(s->pool, hidden, n, s->m->hp.d_model, s->m->out_proj, s->m->hp.n_vocab, logits);
     if (cap > 0) {
         size_t i, N = (size_t)n * s->m->hp.n_vocab;
         for (i = 0; i < N; i++) logits[i] = cap * tanhf(logits[i] / cap);

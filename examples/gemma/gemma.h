@@ -73,7 +73,7 @@ typedef struct gm_hparams {
 
 typedef struct gm_layer {
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
-    const float *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down; /* [out][in] */
+    const float *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down; /* packed panels (see gemma.c) */
     int is_global;
     float rope_base;
 } gm_layer;
@@ -82,7 +82,8 @@ typedef struct gm_model {
     gm_hparams hp;
     gguf_file file;
     gm_tokenizer tok;
-    float *tok_embd;   /* [n_vocab][d_model], also the output projection */
+    const gguf_tensor *embd; /* token_embd in the file: rows dequantized on lookup */
+    float *out_proj;   /* the same matrix, f32, packed: the (tied) output projection */
     float *out_norm;
     gm_layer *layers;
     float *arena;      /* all dequantized weights */
@@ -164,7 +165,7 @@ int gm_prefill(gm_state *s, const int32_t *tokens, int64_t n, float *hidden, cha
 /* Feed tokens after the prompt (generated or teacher-forced), n <= max_batch,
    decode path: observe + compress for entropyinfer. hidden as above. */
 int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *err, size_t errlen);
-/* logits [n][n_vocab] = tok_embd . hidden (with final softcapping). */
+/* logits [n][n_vocab] = token_embd . hidden (with final softcapping). */
 void gm_logits(gm_state *s, const float *hidden, int n, float *logits);
 /* KV-cache bytes currently held (all layers, f32). */
 int64_t gm_kv_bytes(const gm_state *s);

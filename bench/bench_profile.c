@@ -1,0 +1,62 @@
+/* bench_profile: time to profile (plan) one layer with entropyinfer.
+   usage: bench_profile [n_tokens=32768] [heads=32] [kv_heads=8] [dim=128] [threads=2] [reps=3]
+   Prints, per dtype (f32, bf16) and SIMD path, the best of reps runs in ms. */
+#define _POSIX_C_SOURCE 200809L
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+#include "../examples/synth_qk.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 32768;
+    int heads = argc > 2 ? atoi(argv[2]) : 32, kv = argc > 3 ? atoi(argv[3]) : 8, dim = argc > 4 ? atoi(argv[4]) : 128;
+    int threads = argc > 5 ? atoi(argv[5]) : 2, reps = argc > 6 ? atoi(argv[6]) : 3;
+    size_t nq = (size_t)n * heads * dim, nk = (size_t)n * kv * dim, i;
+    float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4);
+    uint16_t *q16 = (uint16_t *)malloc(nq * 2), *k16 = (uint16_t *)malloc(nk * 2);
+    int d, p, r;
+    if (!q || !k || !q16 || !k16 || heads % kv || threads < 1 || reps < 1) { fprintf(stderr, "bad arguments or out of memory\n"); return 1; }
+    synth_qk(q, k, n, heads, kv, dim, 512, 3, 42);
+    for (i = 0; i < nq; ++i) q16[i] = synth_bf16(q[i]);
+    for (i = 0; i < nk; ++i) k16[i] = synth_bf16(k[i]);
+    printf("profile one layer: %ld tokens, %d heads, %d kv heads, dim %d, %d threads, best of %d\n", n, heads, kv, dim, threads, reps);
+    printf("%-6s %-8s %10s\n", "dtype", "simd", "ms");
+    for (d = 0; d < 2; ++d)
+        for (p = EI_SIMD_AVX512; p >= EI_SIMD_SCALAR; --p) {
+            ei_config c = ei_config_default();
+            ei_context *ctx;
+            ei_plan plan;
+            size_t wb;
+            void *ws;
+            double best = 1e30;
+            ei_tensor qt = ei_tensor_make(d ? (const void *)q16 : (const void *)q, d ? EI_BF16 : EI_F32, n, heads, dim);
+            ei_tensor kt = ei_tensor_make(d ? (const void *)k16 : (const void *)k, d ? EI_BF16 : EI_F32, n, kv, dim);
+            if (!ei_cpu_supports((ei_simd)p)) continue;
+            c.simd = (ei_simd)p;
+            if (ei_context_create(&c, &ctx) != EI_OK || ei_plan_alloc(ctx, &plan, n, kv, dim, 0) != EI_OK ||
+                ei_profile_workspace_size(ctx, n, heads, kv, dim, &wb) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+            ws = malloc(wb * threads);
+            for (r = 0; r < reps; ++r) {
+                double t0 = now_ms();
+                if (ei_profile_mt(ctx, &qt, &kt, &plan, threads, ws, wb * threads) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+                t0 = now_ms() - t0;
+                if (t0 < best) best = t0;
+            }
+            printf("%-6s %-8s %10.1f\n", d ? "bf16" : "f32", ei_simd_name((ei_simd)p), best);
+            free(ws);
+            ei_plan_free(ctx, &plan);
+            ei_context_destroy(ctx);
+            if (p == EI_SIMD_SCALAR) break;
+        }
+    free(q); free(k); free(q16); free(k16);
+    return 0;
+}
