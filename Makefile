@@ -18,22 +18,24 @@ CLANGXX := $(shell command -v clang++ 2>/dev/null)
 
 all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
 
-$(BUILD):
-	mkdir -p $(BUILD)
-
-$(BUILD)/golden_runner: tests/golden_runner.c $(HDR) | $(BUILD)
+$(BUILD)/golden_runner: tests/golden_runner.c $(HDR)
+	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
 
-$(BUILD)/test_core: tests/test_core.c $(HDR) | $(BUILD)
+$(BUILD)/test_core: tests/test_core.c $(HDR)
+	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
 
-$(BUILD)/quickstart: examples/quickstart.c $(HDR) | $(BUILD)
+$(BUILD)/quickstart: examples/quickstart.c $(HDR)
+	@mkdir -p $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
 
-$(BUILD)/demo_synthetic: examples/demo_synthetic.c $(HDR) | $(BUILD)
+$(BUILD)/demo_synthetic: examples/demo_synthetic.c $(HDR)
+	@mkdir -p $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
 
-$(BUILD)/bench_profile: bench/bench_profile.c $(HDR) | $(BUILD)
+$(BUILD)/bench_profile: bench/bench_profile.c $(HDR)
+	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
 
 golden: $(BUILD)/golden_runner
@@ -48,8 +50,8 @@ quickstart: $(BUILD)/quickstart
 # The header must build warning-free as C99 and C++ with gcc and clang, in
 # static mode and with every opt-out; each variant runs the unit tests.
 COMPILERS := gcc:c g++:c++ $(if $(CLANG),clang:c) $(if $(CLANGXX),clang++:c++)
-test-compilers: | $(BUILD)
-	@set -e; for pair in $(COMPILERS); do \
+test-compilers:
+	@mkdir -p $(BUILD); set -e; for pair in $(COMPILERS); do \
 	  cc=$${pair%%:*}; lang=$${pair##*:}; \
 	  if [ $$lang = c ]; then std="-std=c99 -D_DEFAULT_SOURCE"; else std="-x c++ -std=c++11"; fi; \
 	  for opts in "" "-DEI_STATIC" "-DEI_NO_SIMD" "-DEI_NO_AVX512" "-DEI_NO_PTHREADS -DEI_NO_CUDA_LOADER"; do \

@@ -90,7 +90,11 @@
 
 #ifndef EIDEF
 #ifdef EI_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define EIDEF static __attribute__((unused))
+#else
 #define EIDEF static
+#endif
 #else
 #ifdef __cplusplus
 #define EIDEF extern "C"
@@ -2222,8 +2226,8 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
 #else
 EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                               int n_threads, void *workspace, size_t workspace_bytes) {
-    (void)n_threads;
-    return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
+    if (n_threads <= 0 || n_threads > 256) return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..256", n_threads);
+    return ei_profile(ctx, q, k, plan, workspace, workspace_bytes); /* built without pthreads: one thread */
 }
 #endif
 

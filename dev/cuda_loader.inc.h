@@ -112,7 +112,7 @@ typedef const ei_cuda_api *(*ei_cuda_get_api_fn)(int abi_version);
 typedef struct ei__cuda_state {
     void *library;              /* dlopen handle */
     const ei_cuda_api *api;
-    char path[512];             /* what was opened */
+    char path[640];             /* what was opened */
 } ei__cuda_state;
 
 #define EI__CUDA_API(ctx) (((const ei__cuda_state *)(ctx)->cuda)->api)

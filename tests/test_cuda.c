@@ -1,0 +1,1026 @@
+/* tests/test_cuda.c - the CUDA backend against the golden cases, the CPU
+   implementation and plain f32 references.
+
+     test_cuda [golden_dir]     GPU tests (needs a GPU and build/libentropyinfer_cuda.so)
+     test_cuda --fallback       no-GPU machine: EI_BACKEND_CUDA must fail cleanly
+                                with EI_ERR_BACKEND and the CPU path keep working
+     test_cuda --quick [dir]    a smaller GPU subset (for compute-sanitizer)
+
+   Built against the header with the CUDA loader in its >>cuda-loader section
+   (cuda.mk makes that copy while the header still carries the stub), so the
+   private ei__cuda_* entry points are callable here too. Device memory comes
+   from the backend's own helpers: no CUDA header or library at build time. */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "entropyinfer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <dirent.h>
+
+static int g_fail = 0, g_checks = 0;
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        g_checks++;                                                        \
+        if (!(cond)) {                                                     \
+            g_fail++;                                                      \
+            printf("  FAIL %s:%d: ", __FILE__, __LINE__);                  \
+            printf(__VA_ARGS__);                                           \
+            printf("\n");                                                  \
+        }                                                                  \
+    } while (0)
+#define OK(call)                                                                               \
+    do {                                                                                       \
+        ei_result r_ = (call);                                                                 \
+        if (r_ != EI_OK) {                                                                     \
+            printf("  FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, ei_result_name(r_), \
+                   ei_last_error());                                                           \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* ------------------------------------------------------------ small helpers */
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) { /* [0,1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static float nrand(void) {
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint16_t f2h(float f) { /* round to nearest even, normal range + subnormals */
+    uint32_t u, sign, e;
+    int32_t exp;
+    uint32_t mant;
+    memcpy(&u, &f, 4);
+    sign = (u >> 16) & 0x8000u;
+    e = (u >> 23) & 0xFF;
+    mant = u & 0x7FFFFF;
+    if (e == 0xFF) return (uint16_t)(sign | 0x7C00 | (mant ? 0x200 : 0));
+    exp = (int32_t)e - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7C00);
+    if (exp <= 0) {
+        uint32_t m, shift, r, half;
+        if (exp < -10) return (uint16_t)sign;
+        m = mant | 0x800000;
+        shift = (uint32_t)(14 - exp);
+        r = m >> shift;
+        half = 1u << (shift - 1);
+        if ((m & ((1u << shift) - 1)) > half || ((m & ((1u << shift) - 1)) == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    {
+        uint32_t r = ((uint32_t)exp << 10) | (mant >> 13);
+        uint32_t rem = mant & 0x1FFF;
+        if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+}
+static float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF, u;
+    float f;
+    if (e == 0) {
+        f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    if (e == 31) u = sign | 0x7F800000 | (m << 13);
+    else u = sign | ((e - 15 + 127) << 23) | (m << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void *read_file(const char *dir, const char *name, size_t *bytes) {
+    char path[1024];
+    FILE *f;
+    long n;
+    void *buf;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc(n > 0 ? (size_t)n : 1);
+    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    if (bytes) *bytes = (size_t)n;
+    return buf;
+}
+/* f32 array from NAME.f32, or NAME.bf16 (a compact copy of exact inputs) */
+static float *read_f32(const char *dir, const char *stem, size_t *count) {
+    char name[256];
+    size_t bytes = 0, i;
+    void *raw;
+    snprintf(name, sizeof name, "%s.f32", stem);
+    raw = read_file(dir, name, &bytes);
+    if (raw) {
+        if (count) *count = bytes / 4;
+        return (float *)raw;
+    }
+    snprintf(name, sizeof name, "%s.bf16", stem);
+    raw = read_file(dir, name, &bytes);
+    if (raw) {
+        float *f = (float *)malloc((bytes / 2) * 4 + 4);
+        for (i = 0; i < bytes / 2; i++) f[i] = bf2f(((uint16_t *)raw)[i]);
+        free(raw);
+        if (count) *count = bytes / 2;
+        return f;
+    }
+    return NULL;
+}
+
+typedef struct meta { char key[64][48]; char val[64][64]; int n; } meta;
+static int meta_read(const char *dir, meta *m) {
+    size_t bytes;
+    char *txt = (char *)read_file(dir, "meta.txt", &bytes), *line, *save = NULL;
+    m->n = 0;
+    if (!txt) return 0;
+    txt = (char *)realloc(txt, bytes + 1);
+    txt[bytes] = 0;
+    for (line = strtok_r(txt, "\n", &save); line && m->n < 64; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        if (!eq) continue;
+        *eq = 0;
+        snprintf(m->key[m->n], sizeof m->key[0], "%s", line);
+        snprintf(m->val[m->n], sizeof m->val[0], "%s", eq + 1);
+        m->n++;
+    }
+    free(txt);
+    return 1;
+}
+static const char *meta_s(const meta *m, const char *key) {
+    int i;
+    for (i = 0; i < m->n; i++)
+        if (!strcmp(m->key[i], key)) return m->val[i];
+    return "";
+}
+static double meta_f(const meta *m, const char *key) { return atof(meta_s(m, key)); }
+static int64_t meta_i(const meta *m, const char *key) { return atoll(meta_s(m, key)); }
+
+/* ------------------------------------------------------------ device helpers */
+static ei_context *g_gpu, *g_cpu;
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    OK(ei__cuda_mem_alloc(g_gpu, &p, bytes));
+    return p;
+}
+static void dev_free(void *p) { ei__cuda_mem_free(g_gpu, p); }
+static void dev_put(void *dst, const void *src, size_t bytes) {
+    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_CUDA_HOST_TO_DEVICE));
+}
+static void dev_get(void *dst, const void *src, size_t bytes) {
+    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_CUDA_DEVICE_TO_HOST));
+}
+/* upload f32 values as dtype; returns the device pointer */
+static void *dev_upload(const float *x, size_t count, ei_dtype dt) {
+    size_t es = dt == EI_F32 ? 4 : 2, i;
+    void *host = malloc(count * es + 16), *d = dev_alloc(count * es + 16);
+    for (i = 0; i < count; i++) {
+        if (dt == EI_F32) ((float *)host)[i] = x[i];
+        else if (dt == EI_BF16) ((uint16_t *)host)[i] = f2bf(x[i]);
+        else ((uint16_t *)host)[i] = f2h(x[i]);
+    }
+    dev_put(d, host, count * es);
+    free(host);
+    return d;
+}
+static void round_to(float *x, size_t count, ei_dtype dt) {
+    size_t i;
+    for (i = 0; i < count; i++)
+        x[i] = dt == EI_BF16 ? bf2f(f2bf(x[i])) : dt == EI_F16 ? h2f(f2h(x[i])) : x[i];
+}
+
+static ei_config base_config(void) {
+    ei_config c = ei_config_default();
+    c.backend = EI_BACKEND_CPU;
+    return c;
+}
+static ei_context *make_ctx(const ei_config *c, ei_backend backend) {
+    ei_config cc = *c;
+    ei_context *ctx = NULL;
+    cc.backend = backend;
+    OK(ei_context_create(&cc, &ctx));
+    return ctx;
+}
+
+/* A device plan profiled on the GPU and its host copy. */
+typedef struct gpu_plan { ei_plan dev, host; void *mem, *ws; } gpu_plan;
+static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const ei_tensor *k, uint32_t flags,
+                        gpu_plan *gp, ei_result expect) {
+    size_t bytes, wsb;
+    ei_result r;
+    int64_t n = q->n_tokens;
+    OK(ei_plan_size(g, n, k->n_heads, q->head_dim, flags, &bytes));
+    gp->mem = dev_alloc(bytes);
+    OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, bytes));
+    OK(ei__cuda_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
+    gp->ws = dev_alloc(wsb);
+    r = ei_profile(g, q, k, &gp->dev, gp->ws, wsb);
+    CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
+          ei_result_name(expect));
+    OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
+    if (r == EI_OK) OK(ei__cuda_plan_copy(g, &gp->host, &gp->dev, EI_CUDA_DEVICE_TO_HOST));
+}
+static void gpu_plan_free(gpu_plan *gp) {
+    dev_free(gp->mem);
+    dev_free(gp->ws);
+    ei_plan_free(g_cpu, &gp->host);
+}
+
+static int close_enough(double a, double b, double atol, double rtol) { return fabs(a - b) <= atol + rtol * fabs(b); }
+
+/* The kept set `got` (k entries) against reference scores ref[0..len): it
+   must hold every index scoring above the k-th best (+rel), only indices
+   scoring at least the k-th best (-rel2), and no duplicates. */
+static int check_set(const int32_t *got, int k, const float *ref, int len, double rel, double rel2, char *why,
+                     size_t why_size) {
+    int i, j, cnt_above = 0;
+    float *sorted = (float *)malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));
+    unsigned char *in = (unsigned char *)calloc((size_t)(len > 0 ? len : 1), 1);
+    double kth;
+    int ok = 1;
+    memcpy(sorted, ref, sizeof(float) * (size_t)len);
+    /* k-th largest by partial selection (small sizes) */
+    for (i = 0; i < k; i++) {
+        int best = i;
+        for (j = i + 1; j < len; j++)
+            if (sorted[j] > sorted[best]) best = j;
+        { float t = sorted[i]; sorted[i] = sorted[best]; sorted[best] = t; }
+    }
+    kth = k > 0 ? sorted[k - 1] : INFINITY;
+    for (i = 0; i < k && ok; i++) {
+        if (got[i] < 0 || got[i] >= len) { snprintf(why, why_size, "index %d out of 0..%d", got[i], len - 1); ok = 0; break; }
+        if (in[got[i]]) { snprintf(why, why_size, "index %d twice", got[i]); ok = 0; break; }
+        in[got[i]] = 1;
+        if (ref[got[i]] < kth - rel2 * fabs(kth) - 1e-30) {
+            snprintf(why, why_size, "index %d scores %g below the k-th best %g", got[i], ref[got[i]], kth);
+            ok = 0;
+        }
+    }
+    for (j = 0; j < len && ok; j++)
+        if (ref[j] > kth + rel * fabs(kth) + 1e-30) {
+            cnt_above++;
+            if (!in[j]) { snprintf(why, why_size, "index %d (score %g > k-th %g) missing", j, ref[j], kth); ok = 0; }
+        }
+    free(sorted);
+    free(in);
+    return ok;
+}
+
+/* ------------------------------------------------------------ golden prefill */
+static double budget_of(const float *H, int s, int rigid, const meta *m) {
+    double base = meta_f(m, "base_budget"), dt = (double)(float)meta_f(m, "delta_t"), al = (double)(float)meta_f(m, "alpha");
+    double B = base;
+    int t;
+    if (rigid) return base;
+    for (t = 1; t <= s; t++) {
+        double r = t == 1 ? dt : ((double)H[t] - (double)H[t - 1]) / ((double)H[t - 1] + 1e-9);
+        r = r < 0 ? 0 : r > 1 + dt ? 1 + dt : r;
+        B = B + al * base * (r - dt);
+        B = B < base ? base : B > 3 * base ? 3 * base : B;
+    }
+    return B;
+}
+
+static void golden_prefill(const char *dir, const char *name, ei_dtype dt) {
+    meta m;
+    size_t nq, nk;
+    float *q, *k, *ent, *scores;
+    uint8_t *rigid;
+    int32_t *keep, *topk, *segk;
+    int64_t n;
+    int nh, nkv, D, nseg, nblk, maxk, bps, h, s, bad_ent = 0, bad_keep = 0, bad_set = 0, bad_cnt = 0, bad_rigid = 0;
+    ei_config c;
+    ei_context *g, *cpu;
+    ei_tensor tq, tk;
+    void *dq, *dk;
+    gpu_plan gp, gp2;
+    char why[256];
+    meta_read(dir, &m);
+    n = meta_i(&m, "n_tokens"); nh = (int)meta_i(&m, "n_heads"); nkv = (int)meta_i(&m, "n_kv_heads");
+    D = (int)meta_i(&m, "head_dim"); nseg = (int)meta_i(&m, "n_segments"); nblk = (int)meta_i(&m, "n_blocks");
+    maxk = (int)meta_i(&m, "max_k");
+    c = base_config();
+    c.segment_size = (int32_t)meta_i(&m, "segment_size");
+    c.block_size = (int32_t)meta_i(&m, "block_size");
+    c.base_budget = (int32_t)meta_i(&m, "base_budget");
+    c.rigid_entropy = (float)meta_f(&m, "rigid_entropy");
+    c.delta_t = (float)meta_f(&m, "delta_t");
+    c.alpha = (float)meta_f(&m, "alpha");
+    bps = c.segment_size / c.block_size;
+    q = read_f32(dir, "q", &nq);
+    k = read_f32(dir, "k", &nk);
+    ent = read_f32(dir, "entropy", NULL);
+    scores = read_f32(dir, "scores", NULL);
+    rigid = (uint8_t *)read_file(dir, "rigid.u8", NULL);
+    keep = (int32_t *)read_file(dir, "keep_blocks.i32", NULL);
+    topk = (int32_t *)read_file(dir, "topk.i32", NULL);
+    segk = (int32_t *)read_file(dir, "segment_topk.i32", NULL);
+    if (!q || !k || !keep) { printf("  skip %s: files missing\n", name); return; }
+    g = make_ctx(&c, EI_BACKEND_CUDA);
+    cpu = make_ctx(&c, EI_BACKEND_CPU);
+    dq = dev_upload(q, nq, dt);
+    dk = dev_upload(k, nk, dt);
+    tq = ei_tensor_make(dq, dt, n, nh, D);
+    tk = ei_tensor_make(dk, dt, n, nkv, D);
+    gpu_profile(g, cpu, &tq, &tk, EI_PLAN_SCORES, &gp, EI_OK);
+    CHECK(gp.host.n_segments == nseg && gp.host.n_blocks == nblk, "%s: segments %d/%d blocks %d/%d", name,
+          gp.host.n_segments, nseg, gp.host.n_blocks, nblk);
+    for (h = 0; h < nkv; h++) {
+        if (rigid && nseg >= 2 && gp.host.head_class[h] != rigid[h]) bad_rigid++;
+        for (s = 0; s < nseg; s++) {
+            int32_t gk = gp.host.keep_blocks[h * gp.host.seg_capacity + s], rk = keep[h * nseg + s];
+            if (ent && nblk > 0 && !close_enough(gp.host.entropy[h * gp.host.seg_capacity + s], ent[h * nseg + s], 1e-6, 1e-3))
+                bad_ent++;
+            if (gk != rk) {
+                /* allowed only at a block boundary of the reference budget */
+                double B = ent ? budget_of(ent + h * nseg, s, rigid ? rigid[h] : 0, &m) : 0;
+                double frac = B / c.block_size - floor(B / c.block_size + 1e-9);
+                if (!(frac < 1e-3 / c.block_size || frac > 1 - 1e-3 / c.block_size)) bad_keep++;
+                continue;
+            }
+            if (s == 0 || rk == 0 || !scores) continue;
+            if (!check_set(gp.host.block_index + ((size_t)h * gp.host.seg_capacity + s) * gp.host.max_keep, rk,
+                           scores + ((size_t)h * nseg + s) * nblk, (int)(s * bps < nblk ? s * bps : nblk), 1e-6, 1e-3,
+                           why, sizeof why)) {
+                if (bad_set++ < 3) printf("  %s h%d s%d: %s\n", name, h, s, why);
+            }
+            {   /* the rest of the row is -1 padding */
+                int j;
+                for (j = rk; j < gp.host.max_keep; j++)
+                    if (gp.host.block_index[((size_t)h * gp.host.seg_capacity + s) * gp.host.max_keep + j] != -1) {
+                        bad_set++;
+                        break;
+                    }
+            }
+        }
+    }
+    CHECK(bad_ent == 0, "%s (%s): %d entropies off", name, dt == EI_F32 ? "f32" : "bf16", bad_ent);
+    CHECK(bad_rigid == 0, "%s: %d head classes differ", name, bad_rigid);
+    CHECK(bad_keep == 0, "%s: %d keep_blocks differ", name, bad_keep);
+    CHECK(bad_set == 0, "%s: %d top-k sets differ", name, bad_set);
+    (void)maxk; (void)topk;
+    /* the reference's one count per segment */
+    if (segk) {
+        ei_config c2 = c;
+        ei_context *g2;
+        c2.per_segment_budget = 1;
+        g2 = make_ctx(&c2, EI_BACKEND_CUDA);
+        gpu_profile(g2, cpu, &tq, &tk, 0, &gp2, EI_OK);
+        for (h = 0; h < nkv; h++)
+            for (s = 0; s < nseg; s++)
+                if (gp2.host.keep_count[h * gp2.host.seg_capacity + s] != segk[s]) bad_cnt++;
+        CHECK(bad_cnt == 0, "%s: %d per-segment counts differ from segment_topk", name, bad_cnt);
+        gpu_plan_free(&gp2);
+        ei_context_destroy(g2);
+    }
+    /* GPU vs CPU on the same input (f32 CPU reference of the same values) */
+    {
+        ei_plan cp;
+        size_t wsb;
+        void *ws;
+        ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, nkv, D);
+        int diff_keep = 0, diff_set = 0, exact = 0, total = 0;
+        if (dt != EI_F32) { round_to(q, nq, dt); round_to(k, nk, dt); }
+        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+        OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+        ws = malloc(wsb);
+        OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
+        for (h = 0; h < nkv; h++)
+            for (s = 1; s < nseg; s++) {
+                size_t row = (size_t)h * cp.seg_capacity + s;
+                int kc = cp.keep_count[row];
+                if (kc != gp.host.keep_count[row]) { diff_keep++; continue; }
+                total++;
+                if (!memcmp(cp.block_index + row * cp.max_keep, gp.host.block_index + row * cp.max_keep, (size_t)kc * 4)) exact++;
+                else if (!check_set(gp.host.block_index + row * cp.max_keep, kc, cp.scores + row * cp.blk_capacity,
+                                    s * bps < nblk ? s * bps : nblk, 1e-3, 1e-3, why, sizeof why))
+                    diff_set++;
+            }
+        CHECK(diff_keep == 0 && diff_set == 0, "%s: GPU vs CPU plan: %d counts, %d sets differ", name, diff_keep, diff_set);
+        printf("  %-22s %-4s gpu==golden ok; gpu vs cpu: %d/%d rankings identical\n", name,
+               dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", exact, total);
+        free(ws);
+        ei_plan_free(cpu, &cp);
+    }
+    gpu_plan_free(&gp);
+    dev_free(dq); dev_free(dk);
+    ei_context_destroy(g); ei_context_destroy(cpu);
+    free(q); free(k); free(ent); free(scores); free(rigid); free(keep); free(topk); free(segk);
+}
+
+/* ------------------------------------------------------------ decode */
+typedef struct dev_keep { ei_keep_set ks; void *idx, *mask, *pooled, *ws, *ring; ei_decoder dec; } dev_keep;
+
+static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, const float *obs, int64_t n, int nh,
+                           int nkv, int D, ei_dtype dt, dev_keep *dk, void **dkey) {
+    size_t bytes, wsb;
+    int heads_out = c->per_kv_head ? nkv : nh, W = c->window;
+    int64_t L = n - W > 0 ? n - W : 0;
+    ei_tensor tq, tk;
+    void *dq = dev_upload(obs, (size_t)W * nh * D, dt);
+    *dkey = dev_upload(k, (size_t)n * nkv * D, dt);
+    OK(ei__cuda_decoder_size(g, nh, D, &bytes));
+    dk->ring = dev_alloc(bytes);
+    OK(ei__cuda_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
+    tq = ei_tensor_make(dq, dt, W, nh, D);
+    OK(ei__cuda_decode_observe(g, &dk->dec, &tq, 0));
+    memset(&dk->ks, 0, sizeof dk->ks);
+    dk->ks.heads_out = heads_out;
+    dk->ks.capacity = c->decode_budget;
+    dk->idx = dev_alloc((size_t)heads_out * c->decode_budget * 4);
+    dk->mask = dev_alloc((size_t)heads_out * n);
+    dk->pooled = dev_alloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
+    dk->ks.index = (int32_t *)dk->idx;
+    dk->ks.mask = (uint8_t *)dk->mask;
+    dk->ks.mask_capacity = n;
+    dk->ks.pooled = (float *)dk->pooled;
+    dk->ks.pooled_capacity = L > 0 ? L : 1;
+    OK(ei__cuda_decode_workspace_size(g, n, nh, nkv, &wsb));
+    dk->ws = dev_alloc(wsb);
+    tk = ei_tensor_make(*dkey, dt, n, nkv, D);
+    OK(ei_decode_keep(g, &dk->dec, &tk, &dk->ks, dk->ws, wsb));
+    dev_free(dq);
+}
+static void dev_keep_free(dev_keep *dk) {
+    dev_free(dk->idx); dev_free(dk->mask); dev_free(dk->pooled); dev_free(dk->ws); dev_free(dk->ring);
+}
+/* ascending, window at the end, mask consistent */
+static int check_keep_shape(const int32_t *idx, const uint8_t *mask, int kept, int64_t n, int W, char *why, size_t ws) {
+    int i;
+    for (i = 1; i < kept; i++)
+        if (idx[i] <= idx[i - 1]) { snprintf(why, ws, "not ascending at %d", i); return 0; }
+    for (i = 0; i < W && i < kept; i++)
+        if (idx[kept - W + i] != n - W + i) { snprintf(why, ws, "window position %d missing", i); return 0; }
+    if (mask) {
+        int64_t j, cnt = 0;
+        for (j = 0; j < n; j++) cnt += mask[j];
+        if (cnt != kept) { snprintf(why, ws, "mask has %lld ones, %d kept", (long long)cnt, kept); return 0; }
+        for (i = 0; i < kept; i++)
+            if (!mask[idx[i]]) { snprintf(why, ws, "mask misses %d", idx[i]); return 0; }
+    }
+    return 1;
+}
+
+static void golden_decode(const char *dir, const char *name) {
+    meta m;
+    ei_config c;
+    ei_context *g;
+    float *k, *obs, *pooled_ref;
+    int32_t *keep_ref;
+    int64_t n, L;
+    int nh, nkv, D, W, budget, heads_out, h, bad_pool = 0, bad_set = 0, bad_shape = 0;
+    const char *pool;
+    dev_keep dk;
+    void *dkey;
+    int32_t *idx;
+    uint8_t *mask;
+    float *pooled;
+    char why[256];
+    meta_read(dir, &m);
+    n = meta_i(&m, "n_tokens"); nh = (int)meta_i(&m, "n_heads"); nkv = (int)meta_i(&m, "n_kv_heads");
+    D = (int)meta_i(&m, "head_dim"); W = (int)meta_i(&m, "window"); budget = (int)meta_i(&m, "decode_budget");
+    c = base_config();
+    c.decode_budget = budget;
+    c.window = W;
+    c.decode_gap = W < 16 ? W : 16;
+    pool = meta_s(&m, "pool");
+    c.pool = !strcmp(pool, "maxpool") ? EI_POOL_MAX : !strcmp(pool, "none") ? EI_POOL_NONE : EI_POOL_AVG;
+    c.pool_kernel = (int32_t)meta_i(&m, "pool_kernel");
+    c.per_kv_head = (int32_t)meta_i(&m, "per_kv_head");
+    c.gqa_reduce = !strcmp(meta_s(&m, "gqa_reduce"), "max") ? EI_REDUCE_MAX : EI_REDUCE_MEAN;
+    c.decode_scale = (float)meta_f(&m, "scale");
+    heads_out = c.per_kv_head ? nkv : nh;
+    L = n - W;
+    k = read_f32(dir, "k", NULL);
+    obs = read_f32(dir, "obs_q", NULL);
+    pooled_ref = read_f32(dir, "pooled", NULL);
+    keep_ref = (int32_t *)read_file(dir, "keep_idx.i32", NULL);
+    if (!k || !obs) { printf("  skip %s\n", name); return; }
+    g = make_ctx(&c, EI_BACKEND_CUDA);
+    run_decode_gpu(g, &c, k, obs, n, nh, nkv, D, EI_BF16, &dk, &dkey);
+    idx = (int32_t *)malloc((size_t)heads_out * budget * 4);
+    mask = (uint8_t *)malloc((size_t)heads_out * n);
+    pooled = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
+    dev_get(idx, dk.idx, (size_t)heads_out * budget * 4);
+    dev_get(mask, dk.mask, (size_t)heads_out * n);
+    if (dk.ks.compressed) dev_get(pooled, dk.pooled, (size_t)heads_out * L * 4);
+    CHECK(dk.ks.compressed == (int)meta_i(&m, "compressed"), "%s: compressed %d", name, dk.ks.compressed);
+    CHECK(dk.ks.n_kept == (n < budget ? n : budget), "%s: n_kept %d", name, dk.ks.n_kept);
+    for (h = 0; h < heads_out; h++) {
+        const int32_t *row = idx + (size_t)h * budget;
+        if (!check_keep_shape(row, mask + (size_t)h * n, dk.ks.n_kept, n, dk.ks.compressed ? W : 0, why, sizeof why)) {
+            if (bad_shape++ < 3) printf("  %s h%d: %s\n", name, h, why);
+        }
+        if (!dk.ks.compressed) continue;
+        if (pooled_ref) {
+            int64_t j;
+            for (j = 0; j < L; j++)
+                if (!close_enough(pooled[h * L + j], pooled_ref[h * L + j], 1e-8, 1e-3)) bad_pool++;
+            if (!check_set(row, budget - W, pooled_ref + h * L, (int)L, 1e-6, 1e-3, why, sizeof why))
+                if (bad_set++ < 3) printf("  %s h%d: %s\n", name, h, why);
+        }
+    }
+    (void)keep_ref;
+    CHECK(bad_shape == 0, "%s: %d keep rows malformed", name, bad_shape);
+    CHECK(bad_pool == 0, "%s: %d pooled scores off", name, bad_pool);
+    CHECK(bad_set == 0, "%s: %d keep sets differ", name, bad_set);
+    printf("  %-22s decode gpu==golden %s\n", name, bad_pool + bad_set + bad_shape ? "FAILED" : "ok");
+    dev_keep_free(&dk);
+    dev_free(dkey);
+    ei_context_destroy(g);
+    free(idx); free(mask); free(pooled); free(k); free(obs); free(pooled_ref); free(keep_ref);
+}
+
+/* ------------------------------------------------------------ random inputs */
+/* Mixed heads: even kv heads peaked (a sink block dominates: rigid), odd ones noisy. */
+static void gen_qk(float *q, float *k, int64_t n, int nh, int nkv, int D, float peak) {
+    int64_t t;
+    int h, d, G = nh / nkv;
+    for (t = 0; t < n; t++)
+        for (h = 0; h < nkv; h++)
+            for (d = 0; d < D; d++) {
+                float u = ((h * 31 + d * 7) % 3) - 1.0f;
+                float x = nrand();
+                if (peak > 0 && h % 2 == 0) x = 0.1f * x + (t < 8 ? peak * u : 0.f);
+                k[((size_t)t * nkv + h) * D + d] = x;
+            }
+    for (t = 0; t < n; t++)
+        for (h = 0; h < nh; h++)
+            for (d = 0; d < D; d++) {
+                int kvh = h / G;
+                float u = ((kvh * 31 + d * 7) % 3) - 1.0f;
+                float x = nrand();
+                if (peak > 0 && kvh % 2 == 0) x = 0.1f * x + 0.5f * peak * u;
+                q[((size_t)t * nh + h) * D + d] = x;
+            }
+}
+
+static void random_plans(int quick) {
+    struct { int64_t n; int nh, nkv, D, seg, bs, base; float peak; } cases[] = {
+        {3000, 8, 2, 64, 256, 8, 256, 2.f},   {5000, 4, 4, 128, 512, 8, 512, 0.f},
+        {1777, 6, 3, 32, 128, 16, 128, 3.f},  {9000, 8, 1, 64, 512, 8, 2048, 0.f},
+        {700, 14, 2, 64, 64, 8, 64, 2.f},
+    };
+    int ci, ncase = quick ? 2 : (int)(sizeof cases / sizeof cases[0]);
+    for (ci = 0; ci < ncase; ci++) {
+        int64_t n = cases[ci].n;
+        int nh = cases[ci].nh, nkv = cases[ci].nkv, D = cases[ci].D, h, s, diff = 0, exact = 0, total = 0, bad_ent = 0;
+        size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, wsb;
+        float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4);
+        ei_config c = base_config();
+        ei_context *g, *cpu;
+        ei_tensor tq, tk, hq, hk;
+        void *dq, *dk, *ws;
+        gpu_plan gp;
+        ei_plan cp;
+        char why[256];
+        c.segment_size = cases[ci].seg; c.block_size = cases[ci].bs; c.base_budget = cases[ci].base;
+        gen_qk(q, k, n, nh, nkv, D, cases[ci].peak);
+        round_to(q, nq, EI_BF16); round_to(k, nk, EI_BF16);
+        g = make_ctx(&c, EI_BACKEND_CUDA);
+        cpu = make_ctx(&c, EI_BACKEND_CPU);
+        dq = dev_upload(q, nq, EI_BF16);
+        dk = dev_upload(k, nk, EI_BF16);
+        tq = ei_tensor_make(dq, EI_BF16, n, nh, D);
+        tk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
+        gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
+        hq = ei_tensor_make(q, EI_F32, n, nh, D);
+        hk = ei_tensor_make(k, EI_F32, n, nkv, D);
+        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+        OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+        ws = malloc(wsb);
+        OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
+        for (h = 0; h < nkv; h++) {
+            if (cp.head_class[h] != gp.host.head_class[h]) diff++;
+            for (s = 0; s < cp.n_segments; s++) {
+                size_t row = (size_t)h * cp.seg_capacity + s;
+                int kc = cp.keep_count[row], lim = s * (c.segment_size / c.block_size);
+                if (!close_enough(gp.host.entropy[row], cp.entropy[row], 1e-6, 1e-3)) bad_ent++;
+                if (kc != gp.host.keep_count[row] || cp.keep_blocks[row] != gp.host.keep_blocks[row]) { diff++; continue; }
+                if (s == 0) continue;
+                total++;
+                if (!memcmp(cp.block_index + row * cp.max_keep, gp.host.block_index + row * cp.max_keep,
+                            (size_t)cp.max_keep * 4)) exact++;
+                else if (!check_set(gp.host.block_index + row * cp.max_keep, kc, cp.scores + row * cp.blk_capacity,
+                                    lim < cp.n_blocks ? lim : cp.n_blocks, 1e-3, 1e-3, why, sizeof why)) {
+                    if (diff++ < 3) printf("  random %d h%d s%d: %s\n", ci, h, s, why);
+                }
+            }
+        }
+        CHECK(diff == 0 && bad_ent == 0, "random case %d: %d plan rows differ, %d entropies off", ci, diff, bad_ent);
+        printf("  random plan n=%lld %d/%d heads d=%d: gpu vs cpu %s (%d/%d rankings identical)\n", (long long)n, nh,
+               nkv, D, diff + bad_ent ? "FAILED" : "ok", exact, total);
+        free(ws);
+        ei_plan_free(cpu, &cp);
+        gpu_plan_free(&gp);
+        dev_free(dq); dev_free(dk);
+        ei_context_destroy(g); ei_context_destroy(cpu);
+        free(q); free(k);
+    }
+}
+
+static void random_decode(int quick) {
+    struct { int64_t n; int nh, nkv, D, budget, W, per_kv; ei_reduce red; ei_pool pool; int kern; } cases[] = {
+        {3000, 8, 2, 128, 512, 32, 1, EI_REDUCE_MEAN, EI_POOL_AVG, 5},
+        {2500, 8, 4, 64, 300, 16, 1, EI_REDUCE_MAX, EI_POOL_MAX, 7},
+        {1200, 4, 2, 64, 256, 32, 0, EI_REDUCE_MEAN, EI_POOL_NONE, 1},
+        {100, 4, 2, 64, 128, 32, 1, EI_REDUCE_MEAN, EI_POOL_AVG, 5},
+    };
+    int ci, ncase = quick ? 2 : (int)(sizeof cases / sizeof cases[0]);
+    for (ci = 0; ci < ncase; ci++) {
+        int64_t n = cases[ci].n, L, j;
+        int nh = cases[ci].nh, nkv = cases[ci].nkv, D = cases[ci].D, W = cases[ci].W, B = cases[ci].budget, h, bad = 0;
+        int heads_out = cases[ci].per_kv ? nkv : nh;
+        float *k = (float *)malloc((size_t)n * nkv * D * 4), *obs = (float *)malloc((size_t)W * nh * D * 4);
+        float *qall = (float *)malloc((size_t)n * nh * D * 4);
+        ei_config c = base_config();
+        ei_context *g, *cpu;
+        dev_keep dk;
+        void *dkey, *ring, *ws;
+        ei_decoder dec;
+        ei_keep_set ks;
+        size_t bytes, wsb;
+        int32_t *gi, *ci_idx;
+        float *gpool, *cpool;
+        char why[256];
+        c.decode_budget = B; c.window = W; c.decode_gap = W < 16 ? W : 16; c.per_kv_head = cases[ci].per_kv;
+        c.gqa_reduce = cases[ci].red; c.pool = cases[ci].pool; c.pool_kernel = cases[ci].kern;
+        gen_qk(qall, k, n, nh, nkv, D, 0.f);
+        memcpy(obs, qall + (size_t)(n - W) * nh * D, (size_t)W * nh * D * 4);
+        round_to(k, (size_t)n * nkv * D, EI_BF16); round_to(obs, (size_t)W * nh * D, EI_BF16);
+        g = make_ctx(&c, EI_BACKEND_CUDA);
+        cpu = make_ctx(&c, EI_BACKEND_CPU);
+        run_decode_gpu(g, &c, k, obs, n, nh, nkv, D, EI_BF16, &dk, &dkey);
+        /* CPU */
+        OK(ei_decoder_size(cpu, nh, D, &bytes));
+        ring = malloc(bytes);
+        OK(ei_decoder_init(cpu, &dec, nh, nkv, D, ring, bytes));
+        {
+            ei_tensor tq = ei_tensor_make(obs, EI_F32, W, nh, D), tk = ei_tensor_make(k, EI_F32, n, nkv, D);
+            L = n - W;
+            memset(&ks, 0, sizeof ks);
+            ks.heads_out = heads_out; ks.capacity = B;
+            ks.index = (int32_t *)malloc((size_t)heads_out * B * 4);
+            ks.pooled = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
+            ks.pooled_capacity = L > 0 ? L : 1;
+            OK(ei_decode_observe(cpu, &dec, &tq, 0));
+            OK(ei_decode_workspace_size(cpu, n, nh, nkv, &wsb));
+            ws = malloc(wsb);
+            OK(ei_decode_keep(cpu, &dec, &tk, &ks, ws, wsb));
+        }
+        CHECK(ks.n_kept == dk.ks.n_kept && ks.compressed == dk.ks.compressed, "random decode %d: kept %d/%d", ci,
+              dk.ks.n_kept, ks.n_kept);
+        gi = (int32_t *)malloc((size_t)heads_out * B * 4);
+        gpool = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
+        dev_get(gi, dk.idx, (size_t)heads_out * B * 4);
+        if (ks.compressed) dev_get(gpool, dk.pooled, (size_t)heads_out * L * 4);
+        ci_idx = ks.index;
+        cpool = ks.pooled;
+        for (h = 0; h < heads_out; h++) {
+            int kept = ks.n_kept;
+            if (!ks.compressed) {
+                if (memcmp(gi + (size_t)h * B, ci_idx + (size_t)h * B, (size_t)kept * 4)) bad++;
+                continue;
+            }
+            for (j = 0; j < L; j++)
+                if (!close_enough(gpool[h * L + j], cpool[h * L + j], 1e-8, 1e-3)) { bad++; break; }
+            if (memcmp(gi + (size_t)h * B, ci_idx + (size_t)h * B, (size_t)kept * 4) &&
+                !check_set(gi + (size_t)h * B, B - W, cpool + h * L, (int)L, 1e-5, 1e-3, why, sizeof why)) {
+                if (bad++ < 3) printf("  random decode %d h%d: %s\n", ci, h, why);
+            }
+        }
+        CHECK(bad == 0, "random decode %d: %d heads differ from the CPU", ci, bad);
+        printf("  random decode n=%lld %d/%d heads budget %d window %d: gpu vs cpu %s\n", (long long)n, nh, nkv, B, W,
+               bad ? "FAILED" : "ok");
+        /* compaction on a head-major cache [heads_out][n][D] bf16 */
+        if (ks.compressed) {
+            size_t cnt = (size_t)heads_out * n * D;
+            float *kv = (float *)malloc(cnt * 4);
+            uint16_t *back = (uint16_t *)malloc(cnt * 2), *orig = (uint16_t *)malloc(cnt * 2);
+            void *dkc, *dvc;
+            ei_out_tensor ok, ov;
+            int64_t i;
+            int d, badc = 0;
+            for (i = 0; i < (int64_t)cnt; i++) kv[i] = nrand();
+            dkc = dev_upload(kv, cnt, EI_BF16);
+            for (i = 0; i < (int64_t)cnt; i++) kv[i] = -kv[i];
+            dvc = dev_upload(kv, cnt, EI_BF16);
+            dev_get(orig, dkc, cnt * 2);
+            ok = ei_out_tensor_make(dkc, EI_BF16, n, heads_out, D);
+            ok.token_stride = D; ok.head_stride = (int64_t)n * D;
+            ov = ok; ov.data = dvc;
+            OK(ei_kv_compact(g, &dk.ks, &ok, &ov));
+            dev_get(back, dkc, cnt * 2);
+            for (h = 0; h < heads_out; h++)
+                for (i = 0; i < dk.ks.n_kept; i++)
+                    for (d = 0; d < D; d++)
+                        if (back[((size_t)h * n + i) * D + d] != orig[((size_t)h * n + gi[(size_t)h * B + i]) * D + d]) badc++;
+            dev_get(back, dvc, cnt * 2);
+            for (h = 0; h < heads_out; h++)
+                for (i = 0; i < dk.ks.n_kept; i++)
+                    for (d = 0; d < D; d++)
+                        if (bf2f(back[((size_t)h * n + i) * D + d]) !=
+                            -bf2f(orig[((size_t)h * n + gi[(size_t)h * B + i]) * D + d])) badc++;
+            CHECK(badc == 0, "compaction: %d elements differ", badc);
+            printf("  kv compaction %d heads x %d kept: %s\n", heads_out, dk.ks.n_kept, badc ? "FAILED" : "exact");
+            dev_free(dkc); dev_free(dvc);
+            free(kv); free(back); free(orig);
+        }
+        dev_keep_free(&dk);
+        dev_free(dkey);
+        free(ks.index); free(ks.pooled); free(ws); free(ring); free(gi); free(gpool);
+        ei_context_destroy(g); ei_context_destroy(cpu);
+        free(k); free(obs); free(qall);
+    }
+}
+
+/* ------------------------------------------------------------ attention */
+/* f32 reference of the method's attention for query rows t in [t_lo, t_hi)
+   (absolute positions; q holds tokens from q_offset) of every head. */
+static void attention_ref(const float *q, const float *k, const float *v, int64_t q_offset, int64_t t_lo, int64_t t_hi,
+                          int nh, int nkv, int D, const ei_plan *plan, const ei_config *c, int stride_t, float *out) {
+    int G = nh / nkv, h;
+    int64_t t, j;
+    double scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)D);
+    int64_t *keys = (int64_t *)malloc(sizeof(int64_t) * (size_t)(t_hi + 1));
+    double *w = (double *)malloc(sizeof(double) * (size_t)(t_hi + 1)), *acc = (double *)malloc(sizeof(double) * (size_t)D);
+    for (t = t_lo; t < t_hi; t += stride_t) {
+        int s = (int)(t / c->segment_size);
+        int64_t start = (int64_t)s * c->segment_size;
+        for (h = 0; h < nh; h++) {
+            int kvh = h / G, d;
+            int64_t nk = 0, i;
+            int sparse = plan && s < plan->n_segments && start >= c->threshold_len &&
+                         !(c->last_segment_dense && s == plan->n_segments - 1);
+            double mx = -1e300, z = 0;
+            const float *qr = q + ((size_t)(t - q_offset) * nh + h) * D;
+            if (sparse) {
+                size_t row = (size_t)kvh * plan->seg_capacity + s;
+                int kc = plan->keep_count[row], b;
+                for (b = 0; b < kc; b++) {
+                    int bi = plan->block_index[row * plan->max_keep + b];
+                    for (i = 0; i < c->block_size; i++) keys[nk++] = (int64_t)bi * c->block_size + i;
+                }
+                for (j = start; j <= t; j++) keys[nk++] = j;
+            } else {
+                for (j = 0; j <= t; j++) keys[nk++] = j;
+            }
+            for (i = 0; i < nk; i++) {
+                const float *kr = k + ((size_t)keys[i] * nkv + kvh) * D;
+                double dot = 0;
+                for (d = 0; d < D; d++) dot += (double)qr[d] * kr[d];
+                w[i] = dot * scale;
+                if (w[i] > mx) mx = w[i];
+            }
+            for (d = 0; d < D; d++) acc[d] = 0;
+            for (i = 0; i < nk; i++) {
+                const float *vr = v + ((size_t)keys[i] * nkv + kvh) * D;
+                double e = exp(w[i] - mx);
+                z += e;
+                for (d = 0; d < D; d++) acc[d] += e * vr[d];
+            }
+            for (d = 0; d < D; d++) out[((size_t)(t - q_offset) * nh + h) * D + d] = (float)(acc[d] / z);
+        }
+    }
+    free(keys); free(w); free(acc);
+}
+
+static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, int base, int64_t threshold,
+                           ei_dtype dt, ei_dtype out_dt, int use_plan, int64_t q_offset, int stride_t, float peak) {
+    size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, i, nout;
+    float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4), *v = (float *)malloc(nk * 4);
+    float *ref, *got;
+    void *dq, *dk, *dv, *dout, *hout;
+    ei_config c = base_config();
+    ei_context *g, *cpu;
+    ei_tensor tq, tk, tv, tq_part;
+    ei_out_tensor to;
+    gpu_plan gp;
+    int64_t nq_tok = n - q_offset, t;
+    double err2 = 0, ref2 = 0, maxerr = 0;
+    int h, d, unwritten = 0;
+    size_t oes = out_dt == EI_F32 ? 4 : 2;
+    c.segment_size = seg; c.block_size = bs; c.base_budget = base; c.threshold_len = threshold;
+    gen_qk(q, k, n, nh, nkv, D, peak);
+    for (i = 0; i < nk; i++) v[i] = nrand();
+    round_to(q, nq, dt); round_to(k, nk, dt); round_to(v, nk, dt);
+    g = make_ctx(&c, EI_BACKEND_CUDA);
+    cpu = make_ctx(&c, EI_BACKEND_CPU);
+    dq = dev_upload(q, nq, dt); dk = dev_upload(k, nk, dt); dv = dev_upload(v, nk, dt);
+    tq = ei_tensor_make(dq, dt, n, nh, D);
+    tk = ei_tensor_make(dk, dt, n, nkv, D);
+    tv = ei_tensor_make(dv, dt, n, nkv, D);
+    memset(&gp, 0, sizeof gp);
+    if (use_plan) gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
+    nout = (size_t)nq_tok * nh * D;
+    dout = dev_alloc(nout * oes);
+    hout = malloc(nout * oes);
+    memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
+    dev_put(dout, hout, nout * oes);
+    tq_part = tq;
+    tq_part.data = (const char *)dq + (size_t)q_offset * nh * D * (dt == EI_F32 ? 4 : 2);
+    tq_part.n_tokens = nq_tok;
+    to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
+    OK(ei__cuda_attention(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, NULL, 0));
+    dev_get(hout, dout, nout * oes);
+    got = (float *)malloc(nout * 4);
+    for (i = 0; i < nout; i++)
+        got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
+    for (i = 0; i < nout; i++)
+        if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) unwritten++;
+    ref = (float *)calloc(nout, 4);
+    attention_ref(q, k, v, q_offset, q_offset, n, nh, nkv, D, use_plan ? &gp.host : NULL, &c, stride_t, ref);
+    for (t = q_offset; t < n; t += stride_t)
+        for (h = 0; h < nh; h++)
+            for (d = 0; d < D; d++) {
+                size_t at = ((size_t)(t - q_offset) * nh + h) * D + d;
+                double e = (double)got[at] - ref[at];
+                err2 += e * e;
+                ref2 += (double)ref[at] * ref[at];
+                if (fabs(e) > maxerr) maxerr = fabs(e);
+            }
+    {
+        double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
+        const char *dn = dt == EI_BF16 ? "bf16" : "f16", *on = out_dt == EI_F32 ? "f32" : out_dt == EI_BF16 ? "bf16" : "f16";
+        CHECK(unwritten == 0, "attention: %d outputs unwritten or non-finite", unwritten);
+        CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s: rel err %.3g max %.3g", (long long)n, nh,
+              nkv, D, use_plan ? "sparse" : "dense", rel, maxerr);
+        printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld: rel L2 err %.2e max abs %.2e %s\n",
+               (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, rel, maxerr,
+               unwritten == 0 && rel < 1e-2 && maxerr < 5e-2 ? "ok" : "FAILED");
+    }
+    if (use_plan) gpu_plan_free(&gp);
+    dev_free(dq); dev_free(dk); dev_free(dv); dev_free(dout);
+    free(hout); free(got); free(ref); free(q); free(k); free(v);
+    ei_context_destroy(g); ei_context_destroy(cpu);
+}
+
+static void attention_tests(int quick) {
+    /* n, heads, kv, dim, seg, blk, base, threshold, dtype, out, plan, q_offset, row stride, peak */
+    attention_case(1000, 4, 1, 128, 128, 8, 128, 256, EI_BF16, EI_F32, 1, 0, 1, 2.f);
+    attention_case(1500, 8, 2, 64, 256, 8, 128, 256, EI_BF16, EI_BF16, 1, 0, 3, 0.f);
+    if (quick) return;
+    attention_case(1500, 8, 2, 64, 256, 8, 128, 256, EI_BF16, EI_BF16, 0, 0, 3, 0.f);
+    attention_case(2100, 14, 2, 128, 256, 16, 256, 512, EI_BF16, EI_F32, 1, 0, 5, 2.f);  /* G=7: padded rows */
+    attention_case(2100, 14, 2, 128, 256, 16, 256, 512, EI_F16, EI_F16, 1, 0, 5, 2.f);
+    attention_case(1300, 4, 4, 256, 256, 8, 256, 256, EI_BF16, EI_BF16, 1, 0, 4, 0.f);   /* d=256, MHA */
+    attention_case(3000, 32, 2, 64, 512, 8, 512, 512, EI_BF16, EI_F32, 1, 0, 11, 2.f);  /* G=16 */
+    attention_case(3000, 8, 2, 128, 512, 8, 512, 1024, EI_BF16, EI_BF16, 1, 1024, 5, 2.f); /* chunk: q_offset */
+    attention_case(777, 2, 1, 64, 64, 8, 64, 0, EI_BF16, EI_F32, 1, 0, 1, 0.f);          /* threshold 0 */
+}
+
+/* ------------------------------------------------------------ errors */
+static void error_tests(void) {
+    ei_config c = base_config();
+    ei_context *g = make_ctx(&c, EI_BACKEND_CUDA), *cpu = make_ctx(&c, EI_BACKEND_CPU);
+    int64_t n = 1500;
+    int nh = 4, nkv = 2, D = 64;
+    float *q = (float *)malloc((size_t)n * nh * D * 4), *k = (float *)malloc((size_t)n * nkv * D * 4);
+    void *dq, *dk;
+    ei_tensor tq, tk;
+    gpu_plan gp;
+    gen_qk(q, k, n, nh, nkv, D, 0.f);
+    q[(size_t)777 * nh * D + 5] = NAN;
+    dq = dev_upload(q, (size_t)n * nh * D, EI_BF16);
+    dk = dev_upload(k, (size_t)n * nkv * D, EI_BF16);
+    tq = ei_tensor_make(dq, EI_BF16, n, nh, D);
+    tk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
+    gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_ERR_NONFINITE);
+    printf("  NaN in q: %s\n", ei_last_error());
+    {
+        ei_tensor bad = tq;
+        bad.head_stride = 0;
+        CHECK(ei_profile(g, &bad, &tk, &gp.dev, gp.ws, 1 << 30) == EI_ERR_STRIDE, "zero stride accepted");
+        CHECK(ei_profile(g, &tq, &tk, &gp.dev, gp.ws, 16) == EI_ERR_WORKSPACE, "small workspace accepted");
+    }
+    gpu_plan_free(&gp);
+    dev_free(dq); dev_free(dk);
+    free(q); free(k);
+    ei_context_destroy(g); ei_context_destroy(cpu);
+}
+
+/* ------------------------------------------------------------ no GPU */
+static int fallback_test(void) {
+    ei_config c = base_config();
+    ei_context *ctx = NULL;
+    ei_result r;
+    c.backend = EI_BACKEND_CUDA;
+    r = ei_context_create(&c, &ctx);
+    printf("  EI_BACKEND_CUDA here: %s: %s\n", ei_result_name(r), ei_last_error());
+    CHECK(r == EI_ERR_BACKEND && ctx == NULL, "expected EI_ERR_BACKEND, got %s", ei_result_name(r));
+    CHECK(strstr(ei_last_error(), "CUDA") != NULL, "message does not name CUDA: %s", ei_last_error());
+    c.cuda_library = "/nonexistent/libentropyinfer_cuda.so";
+    r = ei_context_create(&c, &ctx);
+    printf("  explicit missing library: %s: %s\n", ei_result_name(r), ei_last_error());
+    CHECK(r == EI_ERR_BACKEND && strstr(ei_last_error(), "/nonexistent/") != NULL, "explicit path not reported");
+    /* the CPU keeps working */
+    c.backend = EI_BACKEND_CPU;
+    c.cuda_library = NULL;
+    c.segment_size = 64; c.base_budget = 64;
+    {
+        int64_t n = 300;
+        int nh = 4, nkv = 2, D = 32;
+        float *q = (float *)malloc((size_t)n * nh * D * 4), *k = (float *)malloc((size_t)n * nkv * D * 4);
+        ei_tensor tq = ei_tensor_make(q, EI_F32, n, nh, D), tk = ei_tensor_make(k, EI_F32, n, nkv, D);
+        ei_plan plan;
+        size_t wsb;
+        void *ws;
+        OK(ei_context_create(&c, &ctx));
+        gen_qk(q, k, n, nh, nkv, D, 0.f);
+        OK(ei_plan_alloc(ctx, &plan, n, nkv, D, 0));
+        OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &wsb));
+        ws = malloc(wsb);
+        r = ei_profile(ctx, &tq, &tk, &plan, ws, wsb);
+        CHECK(r == EI_OK && plan.n_segments == 5, "CPU profile after a failed CUDA context: %s", ei_result_name(r));
+        printf("  CPU context after the failure: profile %s, %d segments\n", ei_result_name(r), plan.n_segments);
+        free(ws);
+        ei_plan_free(ctx, &plan);
+        ei_context_destroy(ctx);
+        free(q); free(k);
+    }
+    return g_fail;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = "../shared/golden";
+    int quick = 0, i;
+    ei_config c = base_config();
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--fallback")) {
+            printf("test_cuda --fallback\n");
+            fallback_test();
+            printf("%s: %d checks, %d failed\n", g_fail ? "FAILED" : "PASSED", g_checks, g_fail);
+            return g_fail ? 1 : 0;
+        }
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else dir = argv[i];
+    }
+    g_gpu = make_ctx(&c, EI_BACKEND_CUDA);
+    g_cpu = make_ctx(&c, EI_BACKEND_CPU);
+    {
+        char msg[EI_CUDA_MSG_SIZE] = {0};
+        const ei_cuda_api *api = EI__CUDA_API(g_gpu);
+        api->device_check(msg);
+        printf("test_cuda: %s; %s\n", api->build_info(), msg);
+    }
+    {   /* every case folder of dir, by name; kind from its meta.txt */
+        struct dirent **list = NULL;
+        int nlist = scandir(dir, &list, NULL, alphasort), j, np = 0, nd = 0, pass;
+        char path[1024];
+        if (nlist < 0) printf("golden: cannot read %s (skipped)\n", dir);
+        for (pass = 0; pass < 2; pass++) {
+            printf(pass ? "golden decode (%s):\n" : "golden prefill (%s):\n", dir);
+            for (j = 0; j < nlist; j++) {
+                meta m;
+                const char *kind;
+                if (list[j]->d_name[0] == '.') continue;
+                snprintf(path, sizeof path, "%s/%s", dir, list[j]->d_name);
+                if (!meta_read(path, &m)) continue;
+                kind = meta_s(&m, "kind");
+                if (pass == 0 && !strcmp(kind, "prefill") && (!quick || np < 3)) {
+                    golden_prefill(path, list[j]->d_name, EI_BF16);
+                    if (!quick) golden_prefill(path, list[j]->d_name, EI_F32);
+                    np++;
+                }
+                if (pass == 1 && !strcmp(kind, "decode") && (!quick || nd < 2)) {
+                    golden_decode(path, list[j]->d_name);
+                    nd++;
+                }
+            }
+        }
+        for (j = 0; j < nlist; j++) free(list[j]);
+        free(list);
+    }
+    printf("random plans, GPU vs CPU:\n");
+    random_plans(quick);
+    printf("random decode + compaction, GPU vs CPU:\n");
+    random_decode(quick);
+    printf("attention vs f64-accumulated reference (bf16/f16 inputs):\n");
+    attention_tests(quick);
+    printf("errors:\n");
+    error_tests();
+    ei_context_destroy(g_gpu);
+    ei_context_destroy(g_cpu);
+    printf("%s: %d checks, %d failed\n", g_fail ? "FAILED" : "PASSED", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
