@@ -60,6 +60,53 @@
                compression scores the cache against it and keeps
                decode_budget positions per kv head (window included).
 
+   DATA FORMATS
+   ============
+   Tensors are views (ei_tensor): pointer, dtype (f32, f16, bf16), element
+   strides for token and head (positive, non-aliasing), head_dim contiguous.
+   Query head h belongs to kv head h / (n_heads / n_kv_heads). A plan's
+   arrays are [kv_head][segment] rows with row stride plan.seg_capacity;
+   block_index rows hold plan.max_keep ranked block numbers padded with -1.
+   A keep set holds, per head, the kept positions in ascending order.
+
+   PROTOCOLS
+   =========
+   Whole prompt: one ei_profile call with all queries and keys; equals the
+   reference implementation (see tests/golden_runner.c).
+   Chunked: ei_profile_chunk with the queries of one or more whole segments
+   and all keys so far, in order; the last call may end with a partial
+   segment and passes is_final = 1. Size the workspace with the plan's
+   max_tokens. Entropies of segments >= 1 are identical to whole-prompt
+   ones. A head is rigid while every entropy so far is below e_t; once one
+   is not it follows the budget recurrence, tracked from segment 0, so plans
+   equal whole-prompt ones for every head except one that turns dynamic
+   late (its earlier segments used the base budget). Segment 0's entropy and
+   the last segment's cap are set by the final call.
+   Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
+   `window`), then each generated token's. When ei_decode_due says so (after
+   decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
+   scores the cache against the window (query i lines up with key
+   n - window + i; the reference fires one token later, with its window one
+   position off its keys: a deliberate difference) and ei_kv_compact
+   compacts it. recompress_every = k compresses again every k tokens.
+
+   ACCURACY ACROSS PATHS
+   =====================
+   Scalar, AVX2, AVX-512 and NEON agree within float32 summation-order error
+   (not bit-identical); every path passes the golden tolerances of
+   FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
+   bit-identical. expf/logf come from libm (no fast approximations) and no
+   flush-to-zero is set.
+
+   LIMITS
+   ======
+   EI_MAX_TOKENS (2^26) tokens, EI_MAX_HEADS (4096) heads, EI_MAX_HEAD_DIM
+   (1024), strides up to 2^40 elements, budgets up to EI_MAX_BUDGET: size
+   arithmetic is checked (EI_ERR_SIZE / EI_ERR_OVERFLOW past them).
+   NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
+   finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
+   V is never scanned: NaN in V propagates to the attention output.
+
    ERRORS
    ======
    Every function returns ei_result: EI_OK (0) or a negative code.
@@ -1127,11 +1174,11 @@ EI__TARGET_AVX512 static int ei__minmax_avx512(const ei_tensor *t, int64_t t0, i
     size_t es = ei__dtype_size(t->dtype);
     __mmask16 nan = 0;
     int bad = 0, i;
-    for (c = 0; c < d; c += 64) { /* 64 dims per pass: 8 accumulators stay in registers */
-        __m512 vx[4], vn[4];
-        __mmask16 m[4];
+    for (c = 0; c < d; c += 128) { /* 128 dims per pass: 16 accumulators stay in registers */
+        __m512 vx[8], vn[8];
+        __mmask16 m[8];
         int64_t r;
-        for (i = 0; i < 4; ++i) {
+        for (i = 0; i < 8; ++i) {
             int rem = d - c - 16 * i;
             m[i] = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
             vx[i] = _mm512_set1_ps(-FLT_MAX);
@@ -1139,7 +1186,7 @@ EI__TARGET_AVX512 static int ei__minmax_avx512(const ei_tensor *t, int64_t t0, i
         }
         for (r = 0; r < nt; ++r) {
             const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;
-            for (i = 0; i < 4; ++i) {
+            for (i = 0; i < 8; ++i) {
                 __m512 v;
                 if (!m[i]) break;
                 v = ei__avx512_load(row + (size_t)(16 * i) * es, t->dtype, m[i]);
@@ -1148,7 +1195,7 @@ EI__TARGET_AVX512 static int ei__minmax_avx512(const ei_tensor *t, int64_t t0, i
                 vn[i] = _mm512_mask_min_ps(vn[i], m[i], vn[i], v);
             }
         }
-        for (i = 0; i < 4 && m[i]; ++i) {
+        for (i = 0; i < 8 && m[i]; ++i) {
             _mm512_mask_storeu_ps(mx + c + 16 * i, m[i], vx[i]);
             _mm512_mask_storeu_ps(mn + c + 16 * i, m[i], vn[i]);
             bad |= _mm512_mask_cmp_ps_mask(m[i], vx[i], _mm512_set1_ps(INFINITY), _CMP_EQ_OQ) != 0;

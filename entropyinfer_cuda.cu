@@ -528,8 +528,8 @@ static ei_result plan_layout(const ei_config *cfg, int64_t max_tokens, int32_t n
 
 static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t nkv, int32_t head_dim,
                                uint32_t flags, size_t *bytes, char *msg) {
-    PlanDims d;
-    size_t off[8];
+    PlanDims d = {0, 0, 0};
+    size_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
     ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
     if (r) return r;
@@ -539,8 +539,8 @@ static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t
 
 static ei_result api_plan_init(const ei_config *cfg, ei_plan *plan, int64_t max_tokens, int32_t nkv,
                                int32_t head_dim, uint32_t flags, void *mem, size_t bytes, char *msg) {
-    PlanDims d;
-    size_t off[8];
+    PlanDims d = {0, 0, 0};
+    size_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (!plan || !mem) return fail(msg, EI_ERR_NULL, "plan or memory is NULL");
     ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
     if (r) return r;
@@ -639,7 +639,7 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
 }
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
-    ProfileWs w;
+    ProfileWs w = {0, 0, 0, 0, 0};
     if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
     if (r) return r;
@@ -662,7 +662,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     if (q->n_tokens > plan->max_tokens)
         return fail(msg, EI_ERR_SIZE, "%lld tokens, plan holds %lld", (long long)q->n_tokens,
                     (long long)plan->max_tokens);
-    ProfileWs w;
+    ProfileWs w = {0, 0, 0, 0, 0};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
     if ((r = profile_ws(cfg, n, nh, nkv, D, &w, msg))) return r;
@@ -1528,6 +1528,8 @@ static const char *api_build_info(void) {
 static ei_result api_device_check(char *msg) {
     int n = 0, dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+        return fail(msg, EI_ERR_BACKEND, "no NVIDIA driver or GPU here (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
     if (e != cudaSuccess) return fail(msg, EI_ERR_BACKEND, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
     if (n <= 0) return fail(msg, EI_ERR_BACKEND, "no CUDA device");
     cudaDeviceProp prop;

@@ -277,6 +277,50 @@ static void rope(float *x, int d, const float *cs, const float *sn) {
     }
 }
 
+/* Debug aid (GEMMA_EMULATE_Q8=1): round activations the way llama.cpp's CPU
+   backend does before quantized-weight matmuls (q8_0: blocks of 32 with an
+   f16 scale; q8_K: blocks of 256 with an f32 scale), so check_logits can
+   show the remaining differences come from that rounding. */
+static int emulate_q8(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("GEMMA_EMULATE_Q8") && atoi(getenv("GEMMA_EMULATE_Q8")) > 0;
+    return v;
+}
+static uint16_t f32_to_f16_rne(float f) {
+    uint32_t u, sign, e, man;
+    memcpy(&u, &f, 4);
+    sign = (u >> 16) & 0x8000;
+    e = (u >> 23) & 0xff;
+    man = u & 0x7fffff;
+    if (e >= 143) return (uint16_t)(sign | 0x7c00);  /* overflow -> inf (not reached here) */
+    if (e < 113) return (uint16_t)sign;              /* tiny -> 0 (good enough for scales) */
+    {
+        uint32_t h = ((e - 112) << 10) | (man >> 13), rest = man & 0x1fff;
+        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+}
+static void round_act(float *x, int64_t n, int blk_k) {
+    int64_t b, i;
+    for (b = 0; b + (blk_k ? 256 : 32) <= n; b += blk_k ? 256 : 32) {
+        int len = blk_k ? 256 : 32;
+        float amax = 0, mx = 0;
+        for (i = 0; i < len; i++) if (fabsf(x[b + i]) > amax) { amax = fabsf(x[b + i]); mx = x[b + i]; }
+        if (amax == 0) continue;
+        if (blk_k) {
+            float iscale = -127.0f / mx;
+            for (i = 0; i < len; i++) {
+                float q = nearbyintf(iscale * x[b + i]);
+                if (q > 127) q = 127;
+                x[b + i] = q / iscale;
+            }
+        } else {
+            float d = amax / 127.0f, id = 1.0f / d, dh = gguf_f16_to_f32(f32_to_f16_rne(d));
+            for (i = 0; i < len; i++) x[b + i] = roundf(x[b + i] * id) * dh;
+        }
+    }
+}
+
 /* ================================================================ model loading */
 static const gguf_tensor *need_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
                                       char *err, size_t errlen) {
@@ -820,6 +864,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         int64_t row0 = s->cache_len[l];
         mm_job j;
         for (i = 0; i < n; i++) rmsnorm(s->xn + (size_t)i * Dm, s->x + (size_t)i * Dm, L->attn_norm, Dm, hp->eps);
+        if (emulate_q8()) round_act(s->xn, (int64_t)n * Dm, 0);
         t0 = gm_now();
         memset(&j, 0, sizeof j);
         j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 3;
@@ -864,6 +909,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         (void)is_final;
         (void)decode;
         t0 = gm_now();
+        if (emulate_q8()) round_act(s->ao, (int64_t)n * QD, 1);
         matmul(s->pool, s->ao, n, QD, L->wo, Dm, s->tmp);
         s->stats.t_matmul += gm_now() - t0;
         for (i = 0; i < n; i++) {
@@ -873,6 +919,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
             for (d = 0; d < Dm; d++) x[d] += t[d];
             rmsnorm(s->xn + (size_t)i * Dm, x, L->ffn_norm, Dm, hp->eps);
         }
+        if (emulate_q8()) round_act(s->xn, (int64_t)n * Dm, 0);
         t0 = gm_now();
         memset(&j, 0, sizeof j);
         j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 2;
@@ -880,6 +927,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         j.W[1] = L->w_up; j.out[1] = F; j.Y[1] = s->up;
         gm_pool_run(s->pool, mm_task, &j);
         for (i = 0; i < n * F; i++) s->gate[i] = gelu_tanh(s->gate[i]) * s->up[i];
+        if (emulate_q8()) round_act(s->gate, (int64_t)n * F, 1);
         matmul(s->pool, s->gate, n, F, L->w_down, Dm, s->tmp);
         s->stats.t_matmul += gm_now() - t0;
         for (i = 0; i < n; i++) {
@@ -916,6 +964,7 @@ int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *er
 
 void gm_logits(gm_state *s, const float *hidden, int n, float *logits) {
     const float cap = s->m->hp.final_softcap;
+    if (emulate_q8()) round_act((float *)hidden, (int64_t)n * s->m->hp.d_model, 0); /* debug only */
     matmul(s->pool, hidden, n, s->m->hp.d_model, s->m->out_proj, s->m->hp.n_vocab, logits);
     if (cap > 0) {
         size_t i, N = (size_t)n * s->m->hp.n_vocab;

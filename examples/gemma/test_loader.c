@@ -6,7 +6,7 @@
    1. truncation: the file cut at every byte of its first 4 KiB, at ~3000
       points over the metadata and tensor-info region and ~300 over the
       tensor data: every cut that loses tensor data must fail with a message;
-   2. corruption: ~4000 single bytes and ~1000 8-byte fields of the header
+   2. corruption: 2400 single bytes and 600 8-byte fields of the header
       region overwritten with random or extreme values: parsing must either
       fail with a message or succeed with every tensor inside the buffer,
       and then the tokenizer and hyper-parameter reads must not crash;
@@ -137,8 +137,8 @@ int main(int argc, char **argv) {
     {
         int ok = 0, bad = 0;
         memcpy(work, buf, hdr); /* only the header region is ever modified */
-        for (i = 0; i < 5000; i++) {
-            size_t at = (size_t)(rnd() % hdr), len = i < 4000 ? 1 : 8, k;
+        for (i = 0; i < 3000; i++) {
+            size_t at = (size_t)(rnd() % hdr), len = i < 2400 ? 1 : 8, k;
             uint8_t saved[8];
             if (at + len > hdr) at = hdr - len;
             memcpy(saved, work + at, len);
@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
             if (rc == 0) {
                 ok++;
                 CHECK(tensors_inside(&f, work, size), "corrupt byte at %zu: a tensor points outside the file", at);
-                use_metadata(&f);
+                if (ok % 16 == 1) use_metadata(&f); /* building a 262k-token tokenizer takes a while */
                 gguf_close(&f);
             } else {
                 bad++;
@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
             }
             memcpy(work + at, saved, len);
         }
-        printf("corruption: 5000 cases, %d rejected with a message, %d still valid (e.g. a changed letter in a string)\n", bad, ok);
+        printf("corruption: 3000 cases, %d rejected with a message, %d still valid (e.g. a changed letter in a string)\n", bad, ok);
     }
 
     /* 3. targeted absurd values (work is intact again in the header region) */
@@ -190,8 +190,13 @@ int main(int argc, char **argv) {
         /* the first tensor info: dims, type, offset */
         rc = gguf_parse(buf, size, &f, err, sizeof err);
         if (rc == 0) {
-            size_t ti = (size_t)((const uint8_t *)f.tensors[0].name.p - buf) + (size_t)f.tensors[0].name.n;
-            uint32_t nd = f.tensors[0].n_dims;
+            /* the first block-quantized tensor, so that a row of 33 is not a block multiple */
+            uint64_t q = 0;
+            size_t ti;
+            uint32_t nd;
+            while (q + 1 < f.n_tensors && f.tensors[q].type == GGUF_T_F32) q++;
+            ti = (size_t)((const uint8_t *)f.tensors[q].name.p - buf) + (size_t)f.tensors[q].name.n;
+            nd = f.tensors[q].n_dims;
             struct { size_t at; uint64_t v; int len; const char *what; } tc[] = {
                 {ti, 0, 4, "tensor with 0 dims"},
                 {ti, 9, 4, "tensor with 9 dims"},

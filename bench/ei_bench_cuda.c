@@ -1,0 +1,243 @@
+/* bench/ei_bench_cuda.c - the CUDA backend on long prompts.
+
+     ei_bench_cuda [n_tokens ...]        (default 32768 65536 131072)
+
+   32 query heads, 8 kv heads, head_dim 128, bf16, the default configuration
+   (segment 512, block 8, threshold 4096, base budget 2048, last segment dense).
+   Generated inputs: even kv heads are peaked (a sink block dominates: rigid
+   heads), odd kv heads are noise (dynamic heads). Per size it times, as the
+   median of 5 runs after a warm-up (host clock around call + stream sync):
+     profile_ms  ei_profile on the GPU (min/max, scores, softmax+entropy,
+                 budgets, top-k; includes its non-finite check's sync)
+     dense_ms    our kernel in dense causal mode (plan NULL)
+     sparse_ms   our kernel executing the plan
+   and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
+   (bench/sdpa_ref.py). Dense TFLOP/s count 4*d*heads*n(n+1)/2; sparse useful
+   TFLOP/s count 4*d per (query, key) pair the plan attends; density = useful
+   pairs / dense causal pairs; efficiency = sparse useful TFLOP/s over dense
+   TFLOP/s (1.0 = time exactly proportional to the work kept). Each attention
+   variant runs with 4 and 8 warps per CTA (EI_CUDA_ATTN_WARPS). */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "entropyinfer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NH 32
+#define NKV 8
+#define HD 128
+
+static void die(const char *what, ei_result r) {
+    fprintf(stderr, "%s: %s: %s\n", what, ei_result_name(r), ei_last_error());
+    exit(1);
+}
+#define OK(call) do { ei_result r_ = (call); if (r_ != EI_OK) die(#call, r_); } while (0)
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static inline uint32_t next32(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+/* uniform noise in [-1.73, 1.73] (unit variance) as bf16, from a table */
+static uint16_t noise_table[65536];
+static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
+    int64_t t;
+    int h, d;
+    for (t = 0; t < n_tokens; t++)
+        for (h = 0; h < heads; h++) {
+            int kvh = is_q ? h / (NH / NKV) : h;
+            uint16_t *row = x + ((size_t)t * heads + h) * HD;
+            for (d = 0; d < HD; d++) {
+                uint32_t r = next32();
+                float u = (float)((kvh * 31 + d * 7) % 3) - 1.0f;
+                if (kvh % 2 == 0 && is_q >= 0) { /* rigid: a sink block at the start */
+                    float noise = 0.1f * ((float)(r & 0xFFFF) / 65535.f * 3.46f - 1.73f);
+                    float sink = is_q ? 1.0f * u : (t < 8 ? 2.0f * u : 0.f);
+                    row[d] = bf16_of(sink + noise);
+                } else {
+                    row[d] = noise_table[r & 0xFFFF];
+                }
+            }
+        }
+}
+
+typedef struct timing { double profile, dense[2], sparse[2]; } timing;
+
+static double median_ms(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+int main(int argc, char **argv) {
+    int64_t sizes[8] = {32768, 65536, 131072}, nmax = 0;
+    int nsizes = 3, i, si, rep;
+    const int reps = 5;
+    ei_config cfg = ei_config_default(), ccfg;
+    ei_context *g, *cpu;
+    uint16_t *hq, *hk, *hv;
+    void *dq, *dk, *dv, *dout, *ws, *plan_mem;
+    size_t bytes;
+    double sdpa_ms[8] = {0};
+    const ei_cuda_api *api;
+    char msg[EI_CUDA_MSG_SIZE];
+    if (argc > 1) {
+        nsizes = 0;
+        for (i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
+    }
+    for (i = 0; i < nsizes; i++) if (sizes[i] > nmax) nmax = sizes[i];
+    {   /* SDPA times from bench/sdpa_ref.py */
+        const char *path = getenv("EI_SDPA_TIMES");
+        FILE *f = path && path[0] ? fopen(path, "r") : NULL;
+        char line[256];
+        while (f && fgets(line, sizeof line, f)) {
+            long long n;
+            double ms;
+            if (sscanf(line, "sdpa %lld %lf", &n, &ms) == 2)
+                for (i = 0; i < nsizes; i++) if (sizes[i] == n) sdpa_ms[i] = ms;
+        }
+        if (f) fclose(f);
+    }
+    cfg.backend = EI_BACKEND_CUDA;
+    OK(ei_context_create(&cfg, &g));
+    ccfg = cfg;
+    ccfg.backend = EI_BACKEND_CPU;
+    OK(ei_context_create(&ccfg, &cpu));
+    api = EI__CUDA_API(g);
+    msg[0] = 0;
+    api->device_check(msg);
+    printf("ei_bench_cuda: %s; %s\n", api->build_info(), msg);
+    printf("shape: %d q heads, %d kv heads, d=%d, bf16; config: segment %d, block %d, threshold %lld, base %d\n", NH,
+           NKV, HD, cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget);
+
+    for (i = 0; i < 65536; i++) {
+        float u = ((float)i / 65535.f) * 3.46f - 1.73f;
+        noise_table[(i * 40503u) & 0xFFFF] = bf16_of(u);
+    }
+    hq = (uint16_t *)malloc((size_t)nmax * NH * HD * 2);
+    hk = (uint16_t *)malloc((size_t)nmax * NKV * HD * 2);
+    hv = (uint16_t *)malloc((size_t)nmax * NKV * HD * 2);
+    if (!hq || !hk || !hv) { fprintf(stderr, "out of host memory\n"); return 1; }
+    {
+        double t0 = now_ms();
+        fill(hq, nmax, NH, 1);
+        fill(hk, nmax, NKV, 0);
+        fill(hv, nmax, NKV, -1);
+        printf("generated %lld tokens in %.0f ms\n", (long long)nmax, now_ms() - t0);
+    }
+    OK(ei__cuda_mem_alloc(g, &dq, (size_t)nmax * NH * HD * 2));
+    OK(ei__cuda_mem_alloc(g, &dk, (size_t)nmax * NKV * HD * 2));
+    OK(ei__cuda_mem_alloc(g, &dv, (size_t)nmax * NKV * HD * 2));
+    OK(ei__cuda_mem_alloc(g, &dout, (size_t)nmax * NH * HD * 2));
+    OK(ei__cuda_mem_copy(g, dq, hq, (size_t)nmax * NH * HD * 2, EI_CUDA_HOST_TO_DEVICE));
+    OK(ei__cuda_mem_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_CUDA_HOST_TO_DEVICE));
+    OK(ei__cuda_mem_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_CUDA_HOST_TO_DEVICE));
+    OK(ei__cuda_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
+    OK(ei__cuda_mem_alloc(g, &ws, bytes));
+    {
+        size_t pb;
+        OK(ei_plan_size(g, nmax, NKV, HD, 0, &pb));
+        OK(ei__cuda_mem_alloc(g, &plan_mem, pb));
+    }
+
+    printf("\n%7s %10s %9s %9s %9s %8s %8s %9s %8s %6s %6s %8s %8s %9s\n", "n", "profile_ms", "dense_ms",
+           "sdpa_ms", "sparse_ms", "dense_TF", "sdpa_TF", "sparse_TF", "density", "eff", "prof%", "xdense",
+           "xsdpa", "ours/sdpa");
+    for (si = 0; si < nsizes; si++) {
+        int64_t n = sizes[si], t;
+        ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
+        ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);
+        ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
+        ei_plan plan, hplan;
+        size_t pb, wsb;
+        double v[16], useful = 0, dense_pairs, prof, dn[2], sp[2], best_dense, best_sparse, flops_dense;
+        int w, nrigid = 0;
+        OK(ei_plan_size(g, n, NKV, HD, 0, &pb));
+        OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, pb));
+        OK(ei__cuda_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
+        OK(ei_profile(g, &tq, &tk, &plan, ws, wsb)); /* warm-up */
+        for (rep = 0; rep < reps; rep++) {
+            double t0 = now_ms();
+            OK(ei_profile(g, &tq, &tk, &plan, ws, wsb));
+            v[rep] = now_ms() - t0;
+        }
+        prof = median_ms(v, reps);
+        for (w = 0; w < 2; w++) {
+            setenv("EI_CUDA_ATTN_WARPS", w ? "8" : "4", 1);
+            OK(ei__cuda_attention(g, &tq, &tk, &tv, NULL, &to, 0, NULL, 0));
+            OK(api->synchronize(cfg.cuda_stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
+            for (rep = 0; rep < reps; rep++) {
+                double t0 = now_ms();
+                OK(ei__cuda_attention(g, &tq, &tk, &tv, NULL, &to, 0, NULL, 0));
+                api->synchronize(cfg.cuda_stream, msg);
+                v[rep] = now_ms() - t0;
+            }
+            dn[w] = median_ms(v, reps);
+            OK(ei__cuda_attention(g, &tq, &tk, &tv, &plan, &to, 0, NULL, 0));
+            api->synchronize(cfg.cuda_stream, msg);
+            for (rep = 0; rep < reps; rep++) {
+                double t0 = now_ms();
+                OK(ei__cuda_attention(g, &tq, &tk, &tv, &plan, &to, 0, NULL, 0));
+                api->synchronize(cfg.cuda_stream, msg);
+                v[rep] = now_ms() - t0;
+            }
+            sp[w] = median_ms(v, reps);
+        }
+        /* density from the plan */
+        OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
+        OK(ei__cuda_plan_copy(g, &hplan, &plan, EI_CUDA_DEVICE_TO_HOST));
+        for (i = 0; i < NKV; i++) nrigid += hplan.head_class[i] == EI_HEAD_RIGID;
+        for (t = 0; t < n; t++) {
+            int s = (int)(t / cfg.segment_size);
+            int64_t start = (int64_t)s * cfg.segment_size;
+            if (ei_plan_segment_is_sparse(cpu, &hplan, s)) {
+                for (i = 0; i < NKV; i++)
+                    useful += (NH / NKV) * ((double)hplan.keep_count[(size_t)i * hplan.seg_capacity + s] * cfg.block_size +
+                                            (double)(t - start + 1));
+            } else {
+                useful += (double)NH * (double)(t + 1);
+            }
+        }
+        dense_pairs = (double)NH * (double)n * (double)(n + 1) / 2.0;
+        flops_dense = 4.0 * HD * dense_pairs;
+        best_dense = dn[0] < dn[1] ? dn[0] : dn[1];
+        best_sparse = sp[0] < sp[1] ? sp[0] : sp[1];
+        {
+            double dtf = flops_dense / best_dense / 1e9, stf = 4.0 * HD * useful / best_sparse / 1e9;
+            double sdtf = sdpa_ms[si] > 0 ? flops_dense / sdpa_ms[si] / 1e9 : 0;
+            printf("%7lld %10.2f %9.2f %9.2f %9.2f %8.1f %8.1f %9.1f %8.4f %6.2f %6.2f %8.2f %8.2f %9.2f\n",
+                   (long long)n, prof, best_dense, sdpa_ms[si], best_sparse, dtf, sdtf, stf, useful / dense_pairs,
+                   stf / dtf, 100.0 * prof / best_dense, best_dense / best_sparse,
+                   sdpa_ms[si] > 0 ? sdpa_ms[si] / best_sparse : 0, sdpa_ms[si] > 0 ? sdpa_ms[si] / best_dense : 0);
+            printf("        (4 warps: dense %.2f sparse %.2f ms; 8 warps: dense %.2f sparse %.2f ms; rigid kv heads %d/%d)\n",
+                   dn[0], sp[0], dn[1], sp[1], nrigid, NKV);
+        }
+        fflush(stdout);
+        ei_plan_free(cpu, &hplan);
+    }
+    printf("\ncolumns: xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
+    ei__cuda_mem_free(g, dq); ei__cuda_mem_free(g, dk); ei__cuda_mem_free(g, dv); ei__cuda_mem_free(g, dout);
+    ei__cuda_mem_free(g, ws); ei__cuda_mem_free(g, plan_mem);
+    free(hq); free(hk); free(hv);
+    ei_context_destroy(g);
+    ei_context_destroy(cpu);
+    return 0;
+}

@@ -1,0 +1,551 @@
+/* test_attention.c - block-sparse prefill attention against a naive reference.
+
+   The reference materialises every softmax row in double with the same key
+   set (kept blocks + causal segment keys, or dense causal) from the values as
+   stored (f16/bf16 converted exactly), so it checks the kernel's semantics and
+   its arithmetic at once. Every kernel this machine can run is checked:
+   scalar, AVX2, AVX-512 f32 and AVX-512 BF16 (vdpbf16ps).
+
+   Error bound per output element: |out - ref| <= tol * max|v| of its kv head,
+     f32 arithmetic (every kernel but avx512-bf16):  1e-5 (+ output rounding:
+       f16 out 2^-11, bf16 out 2^-8 relative)
+     avx512-bf16 (P rounded to bf16 before P V):      4e-3
+   plus: output finite, guard bytes around and between output rows intact,
+   ith/nth splits and chunked calls (q_offset) give the same result, bad
+   input returns the documented error and leaves out untouched.
+
+   Build: make -f bench/attention.mk test-attention (gcc, clang, C and C++,
+   ASan/UBSan variants: see bench/attention.mk). */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_fail = 0, g_checks = 0;
+static double g_worst[4][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        ++g_checks;                                                          \
+        if (!(cond)) {                                                       \
+            ++g_fail;                                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+        }                                                                    \
+    } while (0)
+
+/* ---- deterministic data ---------------------------------------------- */
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double rnd_u(void) { /* [0,1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static double rnd_n(void) { /* ~N(0,1) */
+    double s = 0; int i;
+    for (i = 0; i < 4; ++i) s += rnd_u();
+    return (s - 2.0) * 1.7320508;
+}
+
+/* A [n][heads][d] tensor stored in dtype dt, values exactly representable. */
+typedef struct buf { void *data; ei_dtype dt; int64_t n; int32_t heads, d; } buf;
+static size_t dsz(ei_dtype dt) { return dt == EI_F32 ? 4 : 2; }
+static void buf_alloc(buf *b, ei_dtype dt, int64_t n, int32_t heads, int32_t d) {
+    b->dt = dt; b->n = n; b->heads = heads; b->d = d;
+    b->data = calloc((size_t)(n * heads * d), dsz(dt));
+}
+static void buf_set(buf *b, int64_t i, float x) { ei__store1(b->data, b->dt, i, x); }
+static double buf_get(const buf *b, int64_t i) { return ei__load1(b->data, b->dt, i); }
+static ei_tensor buf_view(const buf *b) { return ei_tensor_make(b->data, b->dt, b->n, b->heads, b->d); }
+
+/* Q/K with structure: kv head 0 has an attention sink (rigid), the others
+   drift so their entropies (and budgets) differ per head and segment. */
+static void make_qkv(buf *q, buf *k, buf *v, int32_t G, float amp) {
+    int64_t n = q->n, t;
+    int32_t hk = k->heads, d = q->d, h, i;
+    for (t = 0; t < n; ++t) {
+        for (h = 0; h < hk; ++h) {
+            double drift = sin((double)t * 0.05 * (h + 1)) * 2.0;
+            for (i = 0; i < d; ++i) {
+                double x = rnd_n();
+                if (h == 0 && i == 0) x = t < 4 ? 40.0 : -1.0;   /* sink keys */
+                if (h > 0 && i == 1) x += drift * (double)(t % 7) * 0.3;
+                buf_set(k, (t * hk + h) * d + i, (float)(x * amp));
+                buf_set(v, (t * hk + h) * d + i, (float)rnd_n());
+            }
+            for (i = 0; i < G; ++i) {
+                int32_t qh = h * G + i, j;
+                for (j = 0; j < d; ++j) {
+                    double x = rnd_n();
+                    if (h == 0 && j == 0) x = 3.0 + 0.1 * i;
+                    if (h > 0 && j == 1) x += drift;
+                    buf_set(q, (t * q->heads + qh) * d + j, (float)(x * amp));
+                }
+            }
+        }
+    }
+}
+
+/* ---- the naive reference ------------------------------------------------ */
+static int ref_sparse(const ei_context *ctx, const ei_plan *plan, int32_t s) {
+    return plan && ei_plan_segment_is_sparse(ctx, plan, s);
+}
+/* ref [q->n][heads][d] for queries at absolute positions q_off + t. */
+static void reference(const ei_context *ctx, const ei_plan *plan, const buf *q, const buf *k, const buf *v,
+                      int64_t q_off, double scale, double *ref) {
+    int32_t H = q->heads, HK = k->heads, G = H / HK, d = q->d, seg = ctx->cfg.segment_size, bs = ctx->cfg.block_size;
+    int64_t nk_max = k->n, t;
+    double *w = (double *)malloc((size_t)nk_max * sizeof(double));
+    int64_t *pos = (int64_t *)malloc((size_t)nk_max * sizeof(int64_t));
+    for (t = 0; t < q->n; ++t) {
+        int64_t ta = q_off + t;
+        int32_t s = (int32_t)(ta / seg), h;
+        for (h = 0; h < H; ++h) {
+            int32_t kvh = h / G, i;
+            int64_t np = 0, j;
+            double mx = -1e300, sum = 0;
+            if (ref_sparse(ctx, plan, s)) {
+                size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
+                int32_t cnt = plan->keep_count[row], b, e;
+                for (b = 0; b < cnt; ++b)
+                    for (e = 0; e < bs; ++e) pos[np++] = (int64_t)plan->block_index[row * (size_t)plan->max_keep + (size_t)b] * bs + e;
+                for (j = (int64_t)s * seg; j <= ta; ++j) pos[np++] = j;
+            } else
+                for (j = 0; j <= ta; ++j) pos[np++] = j;
+            for (j = 0; j < np; ++j) {
+                double acc = 0;
+                for (i = 0; i < d; ++i) acc += buf_get(q, (t * H + h) * d + i) * buf_get(k, (pos[j] * HK + kvh) * d + i);
+                w[j] = acc * scale;
+                if (w[j] > mx) mx = w[j];
+            }
+            for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); sum += w[j]; }
+            for (i = 0; i < d; ++i) {
+                double o = 0;
+                for (j = 0; j < np; ++j) o += w[j] * buf_get(v, (pos[j] * HK + kvh) * d + i);
+                ref[(t * H + h) * d + i] = o / sum;
+            }
+        }
+    }
+    free(w);
+    free(pos);
+}
+
+/* ---- output with guard bytes ------------------------------------------- */
+#define GUARD 256
+#define PAD_ELEMS 5 /* extra elements between tokens (strided out) */
+typedef struct outbuf { unsigned char *mem; size_t bytes; ei_out_tensor t; } outbuf;
+static void out_alloc(outbuf *o, ei_dtype dt, int64_t n, int32_t heads, int32_t d, int strided) {
+    int64_t ts = (int64_t)heads * d + (strided ? PAD_ELEMS : 0);
+    o->bytes = (size_t)(n * ts) * dsz(dt) + 2 * GUARD;
+    o->mem = (unsigned char *)malloc(o->bytes);
+    memset(o->mem, 0xA5, o->bytes);
+    o->t = ei_out_tensor_make(o->mem + GUARD, dt, n, heads, d);
+    o->t.token_stride = ts;
+}
+/* 1 if every byte outside the output elements still holds the guard pattern. */
+static int out_guards_ok(const outbuf *o) {
+    size_t es = dsz(o->t.dtype), b;
+    int64_t t;
+    for (b = 0; b < GUARD; ++b)
+        if (o->mem[b] != 0xA5 || o->mem[o->bytes - 1 - b] != 0xA5) return 0;
+    for (t = 0; t < o->t.n_tokens; ++t) {
+        const unsigned char *pad = o->mem + GUARD + ((size_t)(t * o->t.token_stride) + (size_t)o->t.n_heads * (size_t)o->t.head_dim) * es;
+        size_t npad = (size_t)(o->t.token_stride - (int64_t)o->t.n_heads * o->t.head_dim) * es;
+        for (b = 0; b < npad; ++b)
+            if (pad[b] != 0xA5) return 0;
+    }
+    return 1;
+}
+static double out_get(const outbuf *o, int64_t t, int32_t h, int32_t i) {
+    return ei__load1(ei__row_out(&o->t, t, h), o->t.dtype, i);
+}
+
+/* ---- one configuration -------------------------------------------------- */
+typedef struct kernel_desc { const char *name; ei_simd simd; int kernel; } kernel_desc;
+static const kernel_desc g_kernels[] = {
+    {"scalar", EI_SIMD_SCALAR, EI__ATTN_K_SCALAR},
+    {"avx2", EI_SIMD_AVX2, EI__ATTN_K_AVX2},
+    {"avx512", EI_SIMD_AVX512, EI__ATTN_K_AVX512},
+    {"avx512-bf16", EI_SIMD_AVX512, EI__ATTN_K_AVX512_BF16},
+};
+static int kernel_available(const kernel_desc *kd, ei_dtype qkv, int32_t d) {
+    if (!ei_cpu_supports(kd->simd)) return 0;
+    if (kd->kernel == EI__ATTN_K_AVX512_BF16) return ei__attn_cpu_bf16() && qkv == EI_BF16 && d % 2 == 0;
+    return 1;
+}
+
+static ei_config small_config(void) {
+    ei_config c = ei_config_default();
+    c.segment_size = 16;
+    c.block_size = 4;
+    c.threshold_len = 32;
+    c.base_budget = 8; /* 2 blocks; dynamic heads 2..6 blocks */
+    c.rigid_entropy = 1e-5;
+    return c;
+}
+
+typedef struct case_desc {
+    int64_t n;
+    int32_t H, HK, d;
+    ei_dtype in_dt, out_dt;
+    int use_plan, strided, nth;
+    int64_t chunk;   /* 0: one call; else queries in chunks of this many tokens */
+    float amp;       /* input scale (large: peaked softmax) */
+} case_desc;
+
+static void run_case(const case_desc *cd) {
+    ei_config cfg = small_config();
+    ei_context *ctx_prof;
+    buf q, k, v;
+    ei_plan plan;
+    double *ref, scale = 1.0 / sqrt((double)cd->d);
+    double *vmax;
+    size_t ws_prof;
+    void *wsp;
+    unsigned kd;
+    int32_t G = cd->H / cd->HK;
+    int64_t i;
+    memset(&plan, 0, sizeof plan);
+    CHECK(ei_context_create(&cfg, &ctx_prof) == EI_OK, "context: %s", ei_last_error());
+    buf_alloc(&q, cd->in_dt, cd->n, cd->H, cd->d);
+    buf_alloc(&k, cd->in_dt, cd->n, cd->HK, cd->d);
+    buf_alloc(&v, cd->in_dt, cd->n, cd->HK, cd->d);
+    make_qkv(&q, &k, &v, G, cd->amp);
+    vmax = (double *)calloc((size_t)cd->HK, sizeof(double));
+    for (i = 0; i < cd->n * cd->HK * cd->d; ++i) {
+        int32_t h = (int32_t)((i / cd->d) % cd->HK);
+        double a = fabs(buf_get(&v, i));
+        if (a > vmax[h]) vmax[h] = a;
+    }
+    if (cd->use_plan) {
+        ei_tensor tq = buf_view(&q), tk = buf_view(&k);
+        CHECK(ei_plan_alloc(ctx_prof, &plan, cd->n, cd->HK, cd->d, 0) == EI_OK, "plan: %s", ei_last_error());
+        CHECK(ei_profile_workspace_size(ctx_prof, cd->n, cd->H, cd->HK, cd->d, &ws_prof) == EI_OK, "ws");
+        /* +256: ei__profile_ws_layout reserves mx/mn as one 2*d array but carves
+           two, so head_dim % 16 != 0 overruns by up to 64 bytes (header bug,
+           reported to the lead; remove once fixed) */
+        ws_prof += 256;
+        wsp = malloc(ws_prof);
+        CHECK(ei_profile(ctx_prof, &tq, &tk, &plan, wsp, ws_prof) == EI_OK, "profile: %s", ei_last_error());
+        free(wsp);
+    }
+    ref = (double *)malloc((size_t)(cd->n * cd->H * cd->d) * sizeof(double));
+    reference(ctx_prof, cd->use_plan ? &plan : NULL, &q, &k, &v, 0, scale, ref);
+
+    for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
+        const kernel_desc *K = &g_kernels[kd];
+        ei_config c2 = cfg;
+        ei_context *ctx;
+        outbuf o;
+        size_t wsb;
+        void *ws;
+        double tol, worst = 0;
+        int64_t t0, t;
+        int finite = 1, ith;
+        if (!kernel_available(K, cd->in_dt, cd->d)) continue;
+        c2.simd = K->simd;
+        if (ei_context_create(&c2, &ctx) != EI_OK) { CHECK(0, "context %s: %s", K->name, ei_last_error()); continue; }
+        out_alloc(&o, cd->out_dt, cd->n, cd->H, cd->d, cd->strided);
+        CHECK(ei_attention_workspace_size(ctx, cd->H, cd->HK, cd->d, &wsb) == EI_OK, "ws size");
+        ws = malloc(wsb);
+        for (t0 = 0; t0 < cd->n; t0 += cd->chunk ? cd->chunk : cd->n) {
+            int64_t nt = cd->chunk ? (cd->chunk < cd->n - t0 ? cd->chunk : cd->n - t0) : cd->n;
+            size_t qes = dsz(cd->in_dt), oes = dsz(cd->out_dt);
+            ei_tensor tq = ei_tensor_make((unsigned char *)q.data + (size_t)(t0 * cd->H * cd->d) * qes, cd->in_dt, nt, cd->H, cd->d);
+            ei_tensor tk = ei_tensor_make(k.data, cd->in_dt, t0 + nt, cd->HK, cd->d);
+            ei_tensor tv = ei_tensor_make(v.data, cd->in_dt, t0 + nt, cd->HK, cd->d);
+            ei_out_tensor to = o.t;
+            to.data = (unsigned char *)o.t.data + (size_t)(t0 * o.t.token_stride) * oes;
+            to.n_tokens = nt;
+            for (ith = 0; ith < cd->nth; ++ith) {
+                ei_result r = ei__attention_prefill_kernel(ctx, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0, ith,
+                                                           cd->nth, ws, wsb, K->kernel);
+                CHECK(r == EI_OK, "%s: %s", K->name, ei_last_error());
+            }
+        }
+        /* f32 logits carry ~eps*|q||k| error: the bound scales with amp^2 */
+        tol = (K->kernel == EI__ATTN_K_AVX512_BF16 ? 4e-3 : 1e-5) * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
+        if (cd->out_dt == EI_F16) tol += 1.0 / 2048;
+        if (cd->out_dt == EI_BF16) tol += 1.0 / 256;
+        for (t = 0; t < cd->n; ++t) {
+            int32_t h, e;
+            for (h = 0; h < cd->H; ++h)
+                for (e = 0; e < cd->d; ++e) {
+                    double a = out_get(&o, t, h, e), b = ref[(t * cd->H + h) * cd->d + e];
+                    double err = fabs(a - b) / (vmax[h / G] > 0 ? vmax[h / G] : 1.0);
+                    if (!(a - a == 0)) finite = 0;
+                    if (!(err <= worst)) worst = err; /* NaN-safe */
+                }
+        }
+        if (cd->amp <= 1 && cd->out_dt == EI_F32 && worst > g_worst[kd][cd->in_dt]) g_worst[kd][cd->in_dt] = worst;
+        CHECK(finite, "%s: non-finite output", K->name);
+        CHECK(worst <= tol, "%s n=%lld H=%d HK=%d d=%d in=%d out=%d plan=%d chunk=%lld nth=%d: max err %.3g > %.3g",
+              K->name, (long long)cd->n, cd->H, cd->HK, cd->d, cd->in_dt, cd->out_dt, cd->use_plan, (long long)cd->chunk,
+              cd->nth, worst, tol);
+        CHECK(out_guards_ok(&o), "%s: guard bytes overwritten", K->name);
+        free(ws);
+        free(o.mem);
+        ei_context_destroy(ctx);
+    }
+    if (cd->use_plan) ei_plan_free(ctx_prof, &plan);
+    ei_context_destroy(ctx_prof);
+    free(ref); free(vmax); free(q.data); free(k.data); free(v.data);
+}
+
+/* The plans these tests make really are ragged and sparse. */
+static void test_plans_are_ragged(void) {
+    ei_config cfg = small_config();
+    ei_context *ctx;
+    buf q, k, v;
+    ei_plan plan;
+    size_t wsb;
+    void *ws;
+    int32_t s, h, distinct = 0, sparse = 0, rigid = 0;
+    ei_tensor tq, tk;
+    ei_context_create(&cfg, &ctx);
+    buf_alloc(&q, EI_F32, 200, 8, 64); buf_alloc(&k, EI_F32, 200, 4, 64); buf_alloc(&v, EI_F32, 200, 4, 64);
+    make_qkv(&q, &k, &v, 2, 1.0f);
+    tq = buf_view(&q); tk = buf_view(&k);
+    ei_plan_alloc(ctx, &plan, 200, 4, 64, 0);
+    ei_profile_workspace_size(ctx, 200, 8, 4, 64, &wsb);
+    ws = malloc(wsb);
+    CHECK(ei_profile(ctx, &tq, &tk, &plan, ws, wsb) == EI_OK, "profile: %s", ei_last_error());
+    for (s = 0; s < plan.n_segments; ++s) {
+        int32_t c0 = plan.keep_count[s];
+        if (ei_plan_segment_is_sparse(ctx, &plan, s)) ++sparse;
+        for (h = 1; h < 4; ++h)
+            if (plan.keep_count[(size_t)h * (size_t)plan.seg_capacity + (size_t)s] != c0) { ++distinct; break; }
+    }
+    for (h = 0; h < 4; ++h) rigid += plan.head_class[h] == EI_HEAD_RIGID;
+    printf("plan: %d segments, %d sparse, %d with per-head counts differing, %d rigid heads\n", plan.n_segments, sparse,
+           distinct, rigid);
+    CHECK(sparse > 3 && distinct > 0, "test plans are not ragged/sparse enough");
+    free(ws); ei_plan_free(ctx, &plan); ei_context_destroy(ctx);
+    free(q.data); free(k.data); free(v.data);
+}
+
+/* ---- bad input ---------------------------------------------------------- */
+static void test_bad_inputs(void) {
+    ei_config cfg = small_config();
+    ei_context *ctx;
+    buf q, k, v;
+    ei_plan plan;
+    outbuf o;
+    ei_tensor tq, tk, tv, bad;
+    ei_out_tensor to, bo;
+    size_t wsb, wsp;
+    void *ws, *pws;
+    int32_t saved;
+    unsigned char *snap;
+    ei_context_create(&cfg, &ctx);
+    buf_alloc(&q, EI_F32, 100, 4, 32); buf_alloc(&k, EI_F32, 100, 2, 32); buf_alloc(&v, EI_F32, 100, 2, 32);
+    make_qkv(&q, &k, &v, 2, 1.0f);
+    tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
+    out_alloc(&o, EI_F32, 100, 4, 32, 0);
+    to = o.t;
+    ei_attention_workspace_size(ctx, 4, 2, 32, &wsb);
+    ws = malloc(wsb);
+    ei_plan_alloc(ctx, &plan, 100, 2, 32, 0);
+    ei_profile_workspace_size(ctx, 100, 4, 2, 32, &wsp);
+    pws = malloc(wsp);
+    ei_profile(ctx, &tq, &tk, &plan, pws, wsp);
+    snap = (unsigned char *)malloc(o.bytes);
+    memcpy(snap, o.mem, o.bytes);
+#define BAD(expr, code)                                                                                      \
+    do {                                                                                                     \
+        ei_result r_ = (expr);                                                                               \
+        CHECK(r_ == (code), "%s returned %s (%s), expected %s", #expr, ei_result_name(r_), ei_last_error(), \
+              ei_result_name(code));                                                                         \
+        CHECK(memcmp(snap, o.mem, o.bytes) == 0, "%s wrote to out", #expr);                                 \
+    } while (0)
+    BAD(ei_attention_prefill(NULL, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, NULL, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &tq, NULL, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, NULL, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, NULL, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, wsb), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb - 1), EI_ERR_WORKSPACE);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 1, 1, ws, wsb), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, -1, 2, ws, wsb), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 0, ws, wsb), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, -1, 0, 1, ws, wsb), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 1, 0, 1, ws, wsb), EI_ERR_SHAPE); /* keys too short */
+    bad = tq; bad.dtype = (ei_dtype)7;
+    BAD(ei_attention_prefill(ctx, &bad, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_DTYPE);
+    bad = tk; bad.token_stride = 16; /* aliases heads */
+    BAD(ei_attention_prefill(ctx, &tq, &bad, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+    bad = tv; bad.head_stride = 0;
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &bad, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+    bad = tv; bad.n_heads = 1; bad.token_stride = 32;
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &bad, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    bad = tk; bad.n_heads = 3; bad.token_stride = 96;
+    BAD(ei_attention_prefill(ctx, &tq, &bad, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_GQA);
+    bo = to; bo.n_tokens = 99;
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    bo = to; bo.head_dim = 16;
+    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    bo = to; bo.data = k.data; bo.n_heads = 2; bo.token_stride = 64; bo.dtype = EI_F32;
+    {   /* out overlapping k */
+        ei_tensor q2 = tq; q2.n_heads = 2; q2.token_stride = 128;
+        ei_result r = ei_attention_prefill(ctx, &q2, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb);
+        CHECK(r == EI_ERR_STRIDE, "out overlapping k: %s", ei_result_name(r));
+    }
+    /* plans */
+    {
+        ei_plan p2 = plan;
+        p2.n_kv_heads = 3;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        p2 = plan; p2.n_tokens = 50;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        p2 = plan; p2.block_index = NULL;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+    }
+    {   /* a sparse segment whose plan row names a block at its own start, or -1, or too many */
+        int32_t s = 4; /* tokens 64..79: sparse (threshold 32, not last) */
+        size_t row = (size_t)1 * (size_t)plan.seg_capacity + (size_t)s;
+        int32_t *idx = plan.block_index + row * (size_t)plan.max_keep, old = idx[0];
+        CHECK(ei_plan_segment_is_sparse(ctx, &plan, s) && plan.keep_count[row] > 0, "segment 4 should be sparse");
+        idx[0] = s * (16 / 4);
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        idx[0] = -1;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        idx[0] = old;
+        saved = plan.keep_count[row];
+        plan.keep_count[row] = plan.max_keep + 1;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        plan.keep_count[row] = saved;
+    }
+    BAD(ei_attention_workspace_size(ctx, 4, 3, 32, &wsb), EI_ERR_GQA);
+    BAD(ei_attention_workspace_size(ctx, 4, 2, 0, &wsb), EI_ERR_SIZE);
+    BAD(ei_attention_workspace_size(ctx, 4, 2, 32, NULL), EI_ERR_NULL);
+    BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 2, ws, wsb), EI_ERR_WORKSPACE);
+    BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, ws, wsb), EI_ERR_SIZE);
+    /* and a good call still works */
+    CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb) == EI_OK, "good call: %s", ei_last_error());
+    CHECK(out_guards_ok(&o), "guards");
+#undef BAD
+    free(snap); free(ws); free(pws); free(o.mem);
+    ei_plan_free(ctx, &plan);
+    ei_context_destroy(ctx);
+    free(q.data); free(k.data); free(v.data);
+}
+
+/* Extreme magnitudes: peaked softmax, overflowing dot products: never NaN/Inf. */
+static void test_extremes(void) {
+    ei_config cfg = small_config();
+    unsigned kd;
+    float amps[3] = {30.0f, 1e4f, 1e19f};
+    int a;
+    for (a = 0; a < 3; ++a)
+        for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
+            const kernel_desc *K = &g_kernels[kd];
+            ei_dtype dt = K->kernel == EI__ATTN_K_AVX512_BF16 ? EI_BF16 : EI_F32;
+            ei_config c2 = cfg;
+            ei_context *ctx;
+            buf q, k, v;
+            ei_tensor tq, tk, tv;
+            outbuf o;
+            size_t wsb;
+            void *ws;
+            int64_t i;
+            int finite = 1;
+            if (!kernel_available(K, dt, 64)) continue;
+            c2.simd = K->simd;
+            ei_context_create(&c2, &ctx);
+            buf_alloc(&q, dt, 90, 2, 64); buf_alloc(&k, dt, 90, 1, 64); buf_alloc(&v, dt, 90, 1, 64);
+            make_qkv(&q, &k, &v, 2, amps[a]);
+            tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
+            out_alloc(&o, EI_F32, 90, 2, 64, 0);
+            ei_attention_workspace_size(ctx, 2, 1, 64, &wsb);
+            ws = malloc(wsb);
+            CHECK(ei__attention_prefill_kernel(ctx, &tq, &tk, &tv, NULL, &o.t, 0, 0, 1, ws, wsb, K->kernel) == EI_OK, "extreme");
+            for (i = 0; i < 90 * 2 * 64; ++i) {
+                float x = ((float *)o.t.data)[i];
+                if (!(x - x == 0)) finite = 0;
+                if (fabsf(x) > 10.0f) finite = 0; /* a convex combination of |v| < ~7 */
+            }
+            CHECK(finite, "%s amp %g: non-finite or out-of-hull output", K->name, (double)amps[a]);
+            CHECK(out_guards_ok(&o), "guards");
+            free(ws); free(o.mem); ei_context_destroy(ctx);
+            free(q.data); free(k.data); free(v.data);
+        }
+}
+
+/* ei_attention_prefill_mt equals the single-threaded result bit for bit
+   (each query row is computed by one thread in the same order). */
+static void test_mt(void) {
+    ei_config cfg = small_config();
+    ei_context *ctx;
+    buf q, k, v;
+    ei_tensor tq, tk, tv;
+    outbuf o1, o2;
+    size_t wsb;
+    void *ws;
+    ei_context_create(&cfg, &ctx);
+    buf_alloc(&q, EI_F32, 300, 8, 128); buf_alloc(&k, EI_F32, 300, 2, 128); buf_alloc(&v, EI_F32, 300, 2, 128);
+    make_qkv(&q, &k, &v, 4, 1.0f);
+    tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
+    out_alloc(&o1, EI_F32, 300, 8, 128, 0);
+    out_alloc(&o2, EI_F32, 300, 8, 128, 0);
+    ei_attention_workspace_size(ctx, 8, 2, 128, &wsb);
+    ws = malloc(wsb * 3);
+    CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &o1.t, 0, 0, 1, ws, wsb) == EI_OK, "st");
+    CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &o2.t, 0, 3, ws, wsb * 3) == EI_OK, "mt: %s", ei_last_error());
+    CHECK(memcmp(o1.mem, o2.mem, o1.bytes) == 0, "mt result differs from single-threaded");
+    free(ws); free(o1.mem); free(o2.mem); ei_context_destroy(ctx);
+    free(q.data); free(k.data); free(v.data);
+}
+
+int main(int argc, char **argv) {
+    static const int32_t dims[3] = {64, 128, 256};
+    static const int32_t gqa[3][2] = {{2, 2}, {8, 2}, {8, 1}}; /* ratios 1, 4, 8 */
+    static const ei_dtype dts[3] = {EI_F32, EI_F16, EI_BF16};
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int di, gi, ti;
+    unsigned kd;
+    printf("kernels on this machine:");
+    for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
+        if (kernel_available(&g_kernels[kd], EI_BF16, 64)) printf(" %s", g_kernels[kd].name);
+    printf("\n");
+    test_plans_are_ragged();
+    test_bad_inputs();
+    test_extremes();
+    test_mt();
+    for (di = 0; di < 3; ++di)
+        for (gi = 0; gi < 3; ++gi)
+            for (ti = 0; ti < 3; ++ti) {
+                case_desc c;
+                memset(&c, 0, sizeof c);
+                c.n = 150; /* 10 segments, the last one partial (6 tokens) */
+                c.H = gqa[gi][0]; c.HK = gqa[gi][1]; c.d = dims[di];
+                c.in_dt = dts[ti]; c.out_dt = EI_F32;
+                c.use_plan = 1; c.strided = 1; c.nth = 1; c.amp = 1.0f;
+                if (quick && (di + gi + ti) % 3) continue;
+                run_case(&c);
+            }
+    {   /* variations: dense, chunked, thread split, f16/bf16 out, odd head_dim, peaked */
+        case_desc c;
+        memset(&c, 0, sizeof c);
+        c.n = 150; c.H = 8; c.HK = 2; c.d = 128; c.in_dt = EI_F32; c.out_dt = EI_F32;
+        c.use_plan = 0; c.strided = 1; c.nth = 1; c.amp = 1.0f;
+        run_case(&c);                                  /* dense causal */
+        c.use_plan = 1; c.chunk = 48; run_case(&c);    /* chunked at segment boundaries */
+        c.chunk = 37; run_case(&c);                    /* chunked mid-segment */
+        c.chunk = 0; c.nth = 3; run_case(&c);          /* ith/nth split */
+        c.nth = 1; c.out_dt = EI_F16; run_case(&c);
+        c.out_dt = EI_BF16; c.in_dt = EI_BF16; run_case(&c);
+        c.out_dt = EI_F32; c.in_dt = EI_F32; c.d = 40; c.H = 3; c.HK = 1; run_case(&c); /* d % 16 != 0, G = 3 */
+        c.d = 18; c.H = 6; c.HK = 2; c.in_dt = EI_BF16; run_case(&c);                  /* G = 3, d % 16 != 0 */
+        c.d = 7; c.H = 5; c.HK = 1; c.in_dt = EI_F16; run_case(&c);                    /* odd d, G = 5 */
+        c.d = 64; c.H = 16; c.HK = 1; c.in_dt = EI_F32; c.n = 333; run_case(&c);        /* G = 16: two head subgroups */
+        c.H = 4; c.HK = 4; c.n = 150; c.amp = 3.0f; run_case(&c);                      /* peaked */
+    }
+    printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
+    for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
+        printf("  %-12s f32 %.2e  f16 %.2e  bf16 %.2e\n", g_kernels[kd].name, g_worst[kd][EI_F32], g_worst[kd][EI_F16],
+               g_worst[kd][EI_BF16]);
+    printf("%d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
