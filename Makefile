@@ -14,7 +14,7 @@ HDR     := entropyinfer.h $(wildcard dev/*.h)
 CLANG   := $(shell command -v clang 2>/dev/null)
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
 
-.PHONY: all test golden demo bench clean test-core test-compilers quickstart
+.PHONY: all test golden demo bench clean test-core test-compilers quickstart test-arm64
 
 all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
 
@@ -65,6 +65,16 @@ test-compilers:
 
 test: test-compilers test-core golden quickstart
 	@echo "make test: all passed"
+
+# NEON path: cross-compiled for aarch64 and run under qemu-user (Debian:
+# gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
+ARM_CC ?= aarch64-linux-gnu-gcc
+test-arm64:
+	@mkdir -p $(BUILD)
+	$(ARM_CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) tests/test_core.c -o $(BUILD)/test_core_arm64 -lm -lpthread
+	$(ARM_CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) tests/golden_runner.c -o $(BUILD)/golden_runner_arm64 -lm -lpthread
+	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 ./$(BUILD)/test_core_arm64
+	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 ./$(BUILD)/golden_runner_arm64 $(GOLDEN)
 
 demo: $(BUILD)/demo_synthetic
 	./$(BUILD)/demo_synthetic
