@@ -16,7 +16,8 @@
    TFLOP/s count 4*d per (query, key) pair the plan attends; density = useful
    pairs / dense causal pairs; efficiency = sparse useful TFLOP/s over dense
    TFLOP/s (1.0 = time exactly proportional to the work kept). Each attention
-   variant runs with 4 and 8 warps per CTA (EI_CUDA_ATTN_WARPS). */
+   variant runs with every CTA shape (EI_CUDA_ATTN_CFG: warps x m-tiles per
+   warp); the table shows the best, the line below it each shape. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
@@ -80,7 +81,9 @@ static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
         }
 }
 
-typedef struct timing { double profile, dense[2], sparse[2]; } timing;
+#define MAXCFG 8
+static const char *cta_shapes[MAXCFG] = {"8x2x64", "8x2x32", "4x2x64", "4x2x32", "8x1x64"};
+static int NCFG = 5;
 
 static double median_ms(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -104,6 +107,17 @@ int main(int argc, char **argv) {
         for (i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
     }
     for (i = 0; i < nsizes; i++) if (sizes[i] > nmax) nmax = sizes[i];
+    {   /* EI_BENCH_SHAPES=8x2x64,4x2x64: only these CTA shapes */
+        static char shapes_buf[256];
+        const char *e = getenv("EI_BENCH_SHAPES");
+        if (e && e[0]) {
+            char *tok, *save = NULL;
+            snprintf(shapes_buf, sizeof shapes_buf, "%s", e);
+            NCFG = 0;
+            for (tok = strtok_r(shapes_buf, ",", &save); tok && NCFG < MAXCFG; tok = strtok_r(NULL, ",", &save))
+                cta_shapes[NCFG++] = tok;
+        }
+    }
     {   /* SDPA times from bench/sdpa_ref.py */
         const char *path = getenv("EI_SDPA_TIMES");
         FILE *f = path && path[0] ? fopen(path, "r") : NULL;
@@ -168,7 +182,7 @@ int main(int argc, char **argv) {
         ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
         ei_plan plan, hplan;
         size_t pb, wsb;
-        double v[16], useful = 0, dense_pairs, prof, dn[2], sp[2], best_dense, best_sparse, flops_dense;
+        double v[16], useful = 0, dense_pairs, prof, dn[MAXCFG], sp[MAXCFG], best_dense, best_sparse, flops_dense;
         int w, nrigid = 0;
         OK(ei_plan_size(g, n, NKV, HD, 0, &pb));
         OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, pb));
@@ -180,8 +194,8 @@ int main(int argc, char **argv) {
             v[rep] = now_ms() - t0;
         }
         prof = median_ms(v, reps);
-        for (w = 0; w < 2; w++) {
-            setenv("EI_CUDA_ATTN_WARPS", w ? "8" : "4", 1);
+        for (w = 0; w < NCFG; w++) {
+            setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
             OK(ei__cuda_attention(g, &tq, &tk, &tv, NULL, &to, 0, NULL, 0));
             OK(api->synchronize(cfg.cuda_stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
             for (rep = 0; rep < reps; rep++) {
@@ -218,8 +232,12 @@ int main(int argc, char **argv) {
         }
         dense_pairs = (double)NH * (double)n * (double)(n + 1) / 2.0;
         flops_dense = 4.0 * HD * dense_pairs;
-        best_dense = dn[0] < dn[1] ? dn[0] : dn[1];
-        best_sparse = sp[0] < sp[1] ? sp[0] : sp[1];
+        best_dense = dn[0];
+        best_sparse = sp[0];
+        for (w = 1; w < NCFG; w++) {
+            if (dn[w] < best_dense) best_dense = dn[w];
+            if (sp[w] < best_sparse) best_sparse = sp[w];
+        }
         {
             double dtf = flops_dense / best_dense / 1e9, stf = 4.0 * HD * useful / best_sparse / 1e9;
             double sdtf = sdpa_ms[si] > 0 ? flops_dense / sdpa_ms[si] / 1e9 : 0;
@@ -227,8 +245,9 @@ int main(int argc, char **argv) {
                    (long long)n, prof, best_dense, sdpa_ms[si], best_sparse, dtf, sdtf, stf, useful / dense_pairs,
                    stf / dtf, 100.0 * prof / best_dense, best_dense / best_sparse,
                    sdpa_ms[si] > 0 ? sdpa_ms[si] / best_sparse : 0, sdpa_ms[si] > 0 ? sdpa_ms[si] / best_dense : 0);
-            printf("        (4 warps: dense %.2f sparse %.2f ms; 8 warps: dense %.2f sparse %.2f ms; rigid kv heads %d/%d)\n",
-                   dn[0], sp[0], dn[1], sp[1], nrigid, NKV);
+            printf("        dense/sparse ms by CTA shape:");
+            for (w = 0; w < NCFG; w++) printf(" %s %.2f/%.2f;", cta_shapes[w], dn[w], sp[w]);
+            printf(" rigid kv heads %d/%d\n", nrigid, NKV);
         }
         fflush(stdout);
         ei_plan_free(cpu, &hplan);

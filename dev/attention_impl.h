@@ -9,38 +9,60 @@
    Softmax scale attn_scale (0: 1/sqrt(head_dim)); f32 accumulation.
 
    Algorithm (flash-style, no n x n buffer): a tile is Mt query tokens x Gt
-   query heads of one kv group (64..128 rows) against key tiles of
-   EI__ATTN_NK keys, so each key/value row is read once per tile for every
-   head of the group. Rows of a tile are laid out r = g*Mt + token and
-   vectorised 16 at a time, so S^T = K Q^T (keys x rows) is computed with K
-   elements broadcast against packed Q^T columns, and the online softmax
-   (running max, sum, rescale) is purely vertical: no horizontal reductions.
-   O += P V is register-blocked 4 rows x 64 dims. Scores are scaled by
+   query heads of one kv group (about EI__ATTN_ROWS = 256 rows; Mt is 16
+   times a power of two) against key tiles of EI__ATTN_NK = 64 keys, so each
+   key/value row is read once per tile for every head of the group. Rows of
+   a tile are laid out r = g*Mt + token and vectorised 16 at a time, so
+   S^T = K Q^T (keys x rows) is computed with key elements broadcast against
+   packed Q^T columns (register block: 32 rows x 8 keys), and the online
+   softmax (running max, sum, rescale) is purely vertical: no horizontal
+   reductions. O += P V runs per 64-dim chunk of a packed value tile,
+   register-blocked 4 rows x 64 dims. Scores are scaled by
    scale*log2(e) and exponentiated with a 1-2 ulp polynomial exp2 that maps
    -inf and very negative inputs to 0; masked keys are -inf, the running max
    starts at -FLT_MAX, scores are clamped to +-FLT_MAX (NaN from overflowing
    dot products too), so no -inf - -inf and no NaN from finite input.
 
    Kernels (chosen per call from the context's SIMD path and the dtypes):
-     scalar       the reference, one query row at a time (expf-free exp2f).
+     scalar       the reference, one query row at a time (libm exp2f); also
+                  what the NEON path runs for now.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
-     avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile.
-     avx512-bf16  q, k, v all bf16, even head_dim and a CPU with AVX512_BF16:
-                  vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for
-                  P V with P rounded to bf16 (relative error ~2^-9 per weight,
-                  as GPU flash attention does).
+     avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
+                  (vcvtph2ps / a shift). The default for every dtype.
+     avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16,
+                  and the build defines EI_ATTN_PREFER_DPBF16: vdpbf16ps for
+                  Q K^T (bf16 products exact, f32 sums) and for P V with P
+                  rounded to bf16 (error ~2^-9 per weight, as GPU flash
+                  attention does). Off by default because on the Sapphire
+                  Rapids we measured vdpbf16ps retires 32 FLOP/cycle against
+                  64 for vfmadd231ps (ei_bench --peak), so bf16 runs ~1.7x
+                  faster through the f32 kernel.
    f16 inputs use vcvtph2ps + f32 FMAs: AVX512_FP16 only offers FMAs that
    accumulate in f16 (no f32-accumulating dot product before AVX10.2), which
-   would put ~1e-2 errors on the logits. Paths agree within float32
-   summation-order error (f32) or the bf16 bound above; not bit-identical.
+   would put ~1e-2 errors on the logits. The f32-arithmetic kernels agree
+   with each other and with a double reference within float32 summation-order
+   error (tests: 1e-5 of max|v| at unit-scale inputs); not bit-identical
+   across kernels. A given kernel is deterministic and independent of
+   ith/nth (each query row is computed by one thread, in one order).
 
    Work split: items are (kv head, head subgroup, segment, query tile); each
    item's cost is estimated (rows x keys) and thread ith of nth takes the
    items whose cost midpoint falls in its 1/nth share, contiguous in
-   (kv head, segment) order. No allocation, no globals. */
+   (kv head, segment) order. No allocation, no globals.
 
-#define EI__ATTN_NK 64       /* keys per key tile (multiple of 4) */
+   Numbers (ei_bench, 2 threads of a 2-core Sapphire Rapids VM, N = 8k..32k,
+   8/2 heads, dim 128): dense ~240 GFLOP/s f32, ~255 bf16 = ~70% of the
+   measured 2-thread f32 FMA peak (350 GFLOP/s); sparse runs at the dense
+   FLOP rate (efficiency ~0.95-1.0). */
+
+#define EI__ATTN_NK 64       /* keys per key tile (multiple of 8) */
 #define EI__ATTN_MAX_GT 8    /* query heads per tile */
+#ifndef EI__ATTN_ROWS
+#define EI__ATTN_ROWS 256    /* target rows (query tokens x heads) per tile */
+#endif
+#ifndef EI__ATTN_MT_MIN
+#define EI__ATTN_MT_MIN 2    /* at least 16 x this many tokens per tile */
+#endif
 #define EI__ATTN_MAX_THREADS 256
 
 enum { EI__ATTN_K_SCALAR = 0, EI__ATTN_K_AVX2 = 1, EI__ATTN_K_AVX512 = 2, EI__ATTN_K_AVX512_BF16 = 3, EI__ATTN_K_AUTO = -1 };
@@ -84,7 +106,9 @@ typedef struct ei__attn_ws {
     uint32_t *pp;       /* probabilities as bf16 pairs [NK/2][ld] */
     float *o;           /* output accumulators [ld][dpad] */
     float *m, *l, *alpha; /* running max, running sum, rescale factor [ld] */
-    float *kbuf, *vbuf; /* converted rows [NK][dpad] (bf16 kernel: V as key pairs [NK/2][dpad][2] bf16) */
+    float *kbuf;        /* converted key rows [NK][dpad] */
+    float *vbuf;        /* value tile as f32, 64-dim chunk-major: (j, i) at ((i/64)*NK + j)*64 + i%64;
+                           bf16 kernel: key pairs as bf16, (j, i) at (j/2)*dpad*2 + 2*i + j%2 */
     float *qrow;        /* one query row [dpad] (scalar reference) */
     const void **kp, **vp; /* row pointers of the key tile [NK] */
     int64_t *kpos;      /* key positions [NK] */
@@ -93,7 +117,9 @@ typedef struct ei__attn_ws {
 static void ei__attn_geometry(int32_t G, int32_t d, int32_t *Gt, int32_t *Mt, int32_t *dpad) {
     int32_t gt = EI__MIN(G, EI__ATTN_MAX_GT);
     *Gt = gt;
-    *Mt = 16 * EI__MAX(1, 4 / gt);
+    int32_t m = EI__MAX(EI__ATTN_MT_MIN, EI__ATTN_ROWS / 16 / gt), p2 = 1;
+    while (p2 * 2 <= m) p2 *= 2; /* a power of two: the vector -> token map is a mask */
+    *Mt = 16 * p2;
     *dpad = (int32_t)ei__round_up(d, 16);
 }
 
@@ -106,7 +132,7 @@ static int ei__attn_ws_layout(int32_t G, int32_t d, ei__attn_ws *w, void *mem, s
     if (!ei__reserve(&total, (size_t)dpad * ld, 4) || !ei__reserve(&total, nk * ld, 4) ||
         !ei__reserve(&total, nk / 2 * ld, 4) || !ei__reserve(&total, ld * (size_t)dpad, 4) ||
         !ei__reserve(&total, ld, 4) || !ei__reserve(&total, ld, 4) || !ei__reserve(&total, ld, 4) ||
-        !ei__reserve(&total, nk * (size_t)dpad, 4) || !ei__reserve(&total, nk * (size_t)dpad, 4) ||
+        !ei__reserve(&total, nk * (size_t)dpad, 4) || !ei__reserve(&total, nk * (size_t)ei__round_up(dpad, 64), 4) ||
         !ei__reserve(&total, (size_t)dpad, 4) || !ei__reserve(&total, nk, sizeof(void *)) ||
         !ei__reserve(&total, nk, sizeof(void *)) || !ei__reserve(&total, nk, sizeof(int64_t)) ||
         !ei__add_size(total, EI__ALIGN, &total))
@@ -122,7 +148,7 @@ static int ei__attn_ws_layout(int32_t G, int32_t d, ei__attn_ws *w, void *mem, s
     w->l = (float *)ei__arena_take(&a, ld, 4);
     w->alpha = (float *)ei__arena_take(&a, ld, 4);
     w->kbuf = (float *)ei__arena_take(&a, nk * (size_t)dpad, 4);
-    w->vbuf = (float *)ei__arena_take(&a, nk * (size_t)dpad, 4);
+    w->vbuf = (float *)ei__arena_take(&a, nk * (size_t)ei__round_up(dpad, 64), 4);
     w->qrow = (float *)ei__arena_take(&a, (size_t)dpad, 4);
     w->kp = (const void **)ei__arena_take(&a, nk, sizeof(void *));
     w->vp = (const void **)ei__arena_take(&a, nk, sizeof(void *));
@@ -236,14 +262,14 @@ typedef struct ei__attn_tile {
 } ei__attn_tile;
 
 /* Visible lanes of a 16-row vector whose first token is tb, for key position p. */
-static uint32_t ei__attn_mask16(int64_t p, int64_t tb) {
+EI__MAYBE_UNUSED static uint32_t ei__attn_mask16(int64_t p, int64_t tb) {
     int64_t diff = p - tb;
     if (diff <= 0) return 0xffffu;
     if (diff >= 16) return 0u;
     return (0xffffu << diff) & 0xffffu;
 }
 
-static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
     int32_t g, tok, i, d = J->d;
     for (g = 0; g < T->gt; ++g)
         for (tok = 0; tok < J->Mt; ++tok) {
@@ -255,10 +281,13 @@ static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei_
 }
 
 #ifdef EI__HAVE_AVX512
-/* 2^x; -inf, NaN and x < -200 give 0. Cephes exp2f polynomial on [-0.5, 0.5]. */
+/* 2^x; -inf, NaN and x < -126 give 0 (no subnormal weights: they would cost
+   microcode assists in the FMAs and weigh < 2^-126 anyway). Cephes exp2f
+   polynomial on [-0.5, 0.5], ~1 ulp. */
 EI__TARGET_AVX512 static __m512 ei__attn_exp2_avx512(__m512 x) {
     __m512 n, f, p;
-    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
     n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     f = _mm512_sub_ps(x, n);
     p = _mm512_set1_ps(1.535336188319500e-4f);
@@ -268,7 +297,7 @@ EI__TARGET_AVX512 static __m512 ei__attn_exp2_avx512(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 EI__TARGET_AVX512 static void ei__attn_row_f32_avx512(const void *row, ei_dtype dt, int32_t d, int32_t dpad, float *dst) {
     size_t es = ei__dtype_size(dt);
@@ -280,91 +309,105 @@ EI__TARGET_AVX512 static void ei__attn_row_f32_avx512(const void *row, ei_dtype 
                                      : _mm512_setzero_ps());
     }
 }
+/* Key rows: in place (f32) or converted into kbuf. Value rows: always copied
+   into the chunk-major vbuf (a contiguous 16 KB block per 64 dims, so the
+   P V sweep stays in L1 whatever the cache's token stride). */
 EI__TARGET_AVX512 static void ei__attn_prep_kv_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                      int32_t nk, int convert_k) {
-    int32_t j;
-    int direct_v = J->v->dtype == EI_F32 && J->d == J->dpad;
+                                                      int32_t nk) {
+    const int32_t d = J->d, dpad = J->dpad;
+    const size_t es = ei__dtype_size(J->v->dtype);
+    int32_t j, c0;
     for (j = 0; j < nk; ++j) {
-        const void *kr = ei__row(J->k, w->kpos[j], T->kvh), *vr = ei__row(J->v, w->kpos[j], T->kvh);
-        if (convert_k && J->k->dtype != EI_F32) {
-            float *dst = w->kbuf + (size_t)j * (size_t)J->dpad;
-            ei__attn_row_f32_avx512(kr, J->k->dtype, J->d, J->dpad, dst);
+        const void *kr = ei__row(J->k, w->kpos[j], T->kvh);
+        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
+        if (J->k->dtype != EI_F32) {
+            float *dst = w->kbuf + (size_t)j * (size_t)dpad;
+            ei__attn_row_f32_avx512(kr, J->k->dtype, d, dpad, dst);
             kr = dst;
         }
-        if (!direct_v && convert_k) { /* f32 kernels read V rows as f32 [dpad] */
-            float *dst = w->vbuf + (size_t)j * (size_t)J->dpad;
-            ei__attn_row_f32_avx512(vr, J->v->dtype, J->d, J->dpad, dst);
-            vr = dst;
-        }
         w->kp[j] = kr;
-        w->vp[j] = vr;
+        for (c0 = 0; c0 < dpad; c0 += 16) {
+            int32_t rem = d - c0;
+            __mmask16 m = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
+            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
+            _mm512_store_ps(dst, m ? ei__avx512_load(vr + (size_t)c0 * es, J->v->dtype, m) : _mm512_setzero_ps());
+        }
     }
-    for (; j < ((nk + 3) & ~3); ++j) { w->kp[j] = w->kp[nk - 1]; w->vp[j] = w->vp[nk - 1]; }
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
 }
 
 /* Store 16 scores of 16-row vector vi for key j: scale, clamp, mask. */
-#define EI__ATTN_STORE512(acc, j, vi)                                                                       \
-    do {                                                                                                    \
-        __m512 x_ = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, cv), lo), hi);                          \
-        if (need_mask)                                                                                      \
-            x_ = _mm512_mask_blend_ps((__mmask16)ei__attn_mask16(w->kpos[j], T->t0 + 16 * ((vi) % T->vps)), \
-                                      ninf, x_);                                                            \
-        _mm512_store_ps(w->s + (size_t)(j) * (size_t)ld + (size_t)(vi) * 16u, x_);                          \
+#define EI__ATTN_STORE512(acc, j, vi)                                                                        \
+    do {                                                                                                     \
+        __m512 x_ = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, cv), lo), hi);                           \
+        if (need_mask)                                                                                       \
+            x_ = _mm512_mask_blend_ps((__mmask16)ei__attn_mask16(w->kpos[j], T->t0 + 16 * ((vi) & (T->vps - 1))), \
+                                      ninf, x_);                                                             \
+        _mm512_store_ps(w->s + (size_t)(j) * (size_t)ld + (size_t)(vi) * 16u, x_);                           \
     } while (0)
 
+/* S^T = K Q^T for the tile: 2 row vectors (32 rows) x 8 keys per register
+   block (16 accumulators; per dim 2 loads of Q^T + 8 broadcasts from key
+   rows). Row vectors outside, keys inside: the 32 rows' Q^T (16 KB at
+   d = 128) stays in L1 while the key tile streams past. */
 EI__TARGET_AVX512 static void ei__attn_scores_f32_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
                                                          int32_t nk, int need_mask) {
     const int32_t ld = T->ld, d = J->d;
     const __m512 cv = _mm512_set1_ps(J->c), lo = _mm512_set1_ps(-FLT_MAX), hi = _mm512_set1_ps(FLT_MAX),
                  ninf = _mm512_set1_ps(-INFINITY);
     int32_t vb, j, i;
-    for (vb = 0; vb + 4 <= T->nvec; vb += 4)
-        for (j = 0; j < nk; j += 4) {
+    for (vb = 0; vb + 2 <= T->nvec; vb += 2)
+        for (j = 0; j < nk; j += 8) {
             const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
             const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
+            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
             const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                   a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
             for (i = 0; i < d; ++i, qp += ld) {
-                __m512 q0 = _mm512_load_ps(qp), q1 = _mm512_load_ps(qp + 16), q2 = _mm512_load_ps(qp + 32),
-                       q3 = _mm512_load_ps(qp + 48), b;
-                b = _mm512_set1_ps(k0[i]);
-                a00 = _mm512_fmadd_ps(b, q0, a00); a01 = _mm512_fmadd_ps(b, q1, a01);
-                a02 = _mm512_fmadd_ps(b, q2, a02); a03 = _mm512_fmadd_ps(b, q3, a03);
-                b = _mm512_set1_ps(k1[i]);
-                a10 = _mm512_fmadd_ps(b, q0, a10); a11 = _mm512_fmadd_ps(b, q1, a11);
-                a12 = _mm512_fmadd_ps(b, q2, a12); a13 = _mm512_fmadd_ps(b, q3, a13);
-                b = _mm512_set1_ps(k2[i]);
-                a20 = _mm512_fmadd_ps(b, q0, a20); a21 = _mm512_fmadd_ps(b, q1, a21);
-                a22 = _mm512_fmadd_ps(b, q2, a22); a23 = _mm512_fmadd_ps(b, q3, a23);
-                b = _mm512_set1_ps(k3[i]);
-                a30 = _mm512_fmadd_ps(b, q0, a30); a31 = _mm512_fmadd_ps(b, q1, a31);
-                a32 = _mm512_fmadd_ps(b, q2, a32); a33 = _mm512_fmadd_ps(b, q3, a33);
+                __m512 q0 = _mm512_load_ps(qp), q1 = _mm512_load_ps(qp + 16), b;
+                b = _mm512_set1_ps(k0[i]); a00 = _mm512_fmadd_ps(b, q0, a00); a01 = _mm512_fmadd_ps(b, q1, a01);
+                b = _mm512_set1_ps(k1[i]); a10 = _mm512_fmadd_ps(b, q0, a10); a11 = _mm512_fmadd_ps(b, q1, a11);
+                b = _mm512_set1_ps(k2[i]); a20 = _mm512_fmadd_ps(b, q0, a20); a21 = _mm512_fmadd_ps(b, q1, a21);
+                b = _mm512_set1_ps(k3[i]); a30 = _mm512_fmadd_ps(b, q0, a30); a31 = _mm512_fmadd_ps(b, q1, a31);
+                b = _mm512_set1_ps(k4[i]); a40 = _mm512_fmadd_ps(b, q0, a40); a41 = _mm512_fmadd_ps(b, q1, a41);
+                b = _mm512_set1_ps(k5[i]); a50 = _mm512_fmadd_ps(b, q0, a50); a51 = _mm512_fmadd_ps(b, q1, a51);
+                b = _mm512_set1_ps(k6[i]); a60 = _mm512_fmadd_ps(b, q0, a60); a61 = _mm512_fmadd_ps(b, q1, a61);
+                b = _mm512_set1_ps(k7[i]); a70 = _mm512_fmadd_ps(b, q0, a70); a71 = _mm512_fmadd_ps(b, q1, a71);
             }
             EI__ATTN_STORE512(a00, j, vb); EI__ATTN_STORE512(a01, j, vb + 1);
-            EI__ATTN_STORE512(a02, j, vb + 2); EI__ATTN_STORE512(a03, j, vb + 3);
             EI__ATTN_STORE512(a10, j + 1, vb); EI__ATTN_STORE512(a11, j + 1, vb + 1);
-            EI__ATTN_STORE512(a12, j + 1, vb + 2); EI__ATTN_STORE512(a13, j + 1, vb + 3);
             EI__ATTN_STORE512(a20, j + 2, vb); EI__ATTN_STORE512(a21, j + 2, vb + 1);
-            EI__ATTN_STORE512(a22, j + 2, vb + 2); EI__ATTN_STORE512(a23, j + 2, vb + 3);
             EI__ATTN_STORE512(a30, j + 3, vb); EI__ATTN_STORE512(a31, j + 3, vb + 1);
-            EI__ATTN_STORE512(a32, j + 3, vb + 2); EI__ATTN_STORE512(a33, j + 3, vb + 3);
+            EI__ATTN_STORE512(a40, j + 4, vb); EI__ATTN_STORE512(a41, j + 4, vb + 1);
+            EI__ATTN_STORE512(a50, j + 5, vb); EI__ATTN_STORE512(a51, j + 5, vb + 1);
+            EI__ATTN_STORE512(a60, j + 6, vb); EI__ATTN_STORE512(a61, j + 6, vb + 1);
+            EI__ATTN_STORE512(a70, j + 7, vb); EI__ATTN_STORE512(a71, j + 7, vb + 1);
         }
-    for (; vb < T->nvec; ++vb) /* leftover vectors (G = 3, 5, 6, 7): one vector x 4 keys */
-        for (j = 0; j < nk; j += 4) {
+    for (; vb < T->nvec; ++vb) /* a leftover vector (G = 3, 5, 7): one vector x 8 keys */
+        for (j = 0; j < nk; j += 8) {
             const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
             const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
+            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
             const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             for (i = 0; i < d; ++i, qp += ld) {
                 __m512 q0 = _mm512_load_ps(qp);
                 a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[i]), q0, a0);
                 a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[i]), q0, a1);
                 a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[i]), q0, a2);
                 a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[i]), q0, a3);
+                a4 = _mm512_fmadd_ps(_mm512_set1_ps(k4[i]), q0, a4);
+                a5 = _mm512_fmadd_ps(_mm512_set1_ps(k5[i]), q0, a5);
+                a6 = _mm512_fmadd_ps(_mm512_set1_ps(k6[i]), q0, a6);
+                a7 = _mm512_fmadd_ps(_mm512_set1_ps(k7[i]), q0, a7);
             }
             EI__ATTN_STORE512(a0, j, vb); EI__ATTN_STORE512(a1, j + 1, vb);
             EI__ATTN_STORE512(a2, j + 2, vb); EI__ATTN_STORE512(a3, j + 3, vb);
+            EI__ATTN_STORE512(a4, j + 4, vb); EI__ATTN_STORE512(a5, j + 5, vb);
+            EI__ATTN_STORE512(a6, j + 6, vb); EI__ATTN_STORE512(a7, j + 7, vb);
         }
 }
 
@@ -388,63 +431,65 @@ EI__TARGET_AVX512 static void ei__attn_softmax_avx512(ei__attn_ws *w, const ei__
     }
 }
 
+/* O[r][c0..c0+63] = alpha[r] O[r][..] + sum_j P[j][r] V[j][..]: 64-dim chunks
+   outside (its 16 KB value block stays in L1), 4 rows x 64 dims inside. */
 EI__TARGET_AVX512 static void ei__attn_pv_f32_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
                                                      int32_t nk) {
     const int32_t ld = T->ld, dpad = J->dpad;
     int32_t r, c0, j;
-    for (r = 0; r < ld; r += 4) {
-        const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
-                     al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
-        float *o0 = w->o + (size_t)r * (size_t)dpad, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
-        for (c0 = 0; c0 + 64 <= dpad; c0 += 64) {
-            __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 16)),
-                   x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 48)),
-                   x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 16)),
-                   x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 48)),
-                   x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 16)),
-                   x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 48)),
-                   x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 16)),
-                   x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 48));
-            const float *pj = w->s + r;
-            for (j = 0; j < nk; ++j, pj += ld) {
-                const float *vr = (const float *)w->vp[j] + c0;
-                __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
-                       v3 = _mm512_loadu_ps(vr + 48), p;
-                p = _mm512_set1_ps(pj[0]);
-                x00 = _mm512_fmadd_ps(p, v0, x00); x01 = _mm512_fmadd_ps(p, v1, x01);
-                x02 = _mm512_fmadd_ps(p, v2, x02); x03 = _mm512_fmadd_ps(p, v3, x03);
-                p = _mm512_set1_ps(pj[1]);
-                x10 = _mm512_fmadd_ps(p, v0, x10); x11 = _mm512_fmadd_ps(p, v1, x11);
-                x12 = _mm512_fmadd_ps(p, v2, x12); x13 = _mm512_fmadd_ps(p, v3, x13);
-                p = _mm512_set1_ps(pj[2]);
-                x20 = _mm512_fmadd_ps(p, v0, x20); x21 = _mm512_fmadd_ps(p, v1, x21);
-                x22 = _mm512_fmadd_ps(p, v2, x22); x23 = _mm512_fmadd_ps(p, v3, x23);
-                p = _mm512_set1_ps(pj[3]);
-                x30 = _mm512_fmadd_ps(p, v0, x30); x31 = _mm512_fmadd_ps(p, v1, x31);
-                x32 = _mm512_fmadd_ps(p, v2, x32); x33 = _mm512_fmadd_ps(p, v3, x33);
+    for (c0 = 0; c0 < dpad; c0 += 64) {
+        const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u;
+        for (r = 0; r < ld; r += 4) {
+            const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
+                         al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
+            float *o0 = w->o + (size_t)r * (size_t)dpad + c0, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+            const float *pj = w->s + r, *vr = vc;
+            if (c0 + 64 <= dpad) {
+                __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 16)),
+                       x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 48)),
+                       x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 16)),
+                       x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 48)),
+                       x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 16)),
+                       x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 48)),
+                       x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 16)),
+                       x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 48));
+                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
+                    __m512 v0 = _mm512_load_ps(vr), v1 = _mm512_load_ps(vr + 16), v2 = _mm512_load_ps(vr + 32),
+                           v3 = _mm512_load_ps(vr + 48), p;
+                    p = _mm512_set1_ps(pj[0]);
+                    x00 = _mm512_fmadd_ps(p, v0, x00); x01 = _mm512_fmadd_ps(p, v1, x01);
+                    x02 = _mm512_fmadd_ps(p, v2, x02); x03 = _mm512_fmadd_ps(p, v3, x03);
+                    p = _mm512_set1_ps(pj[1]);
+                    x10 = _mm512_fmadd_ps(p, v0, x10); x11 = _mm512_fmadd_ps(p, v1, x11);
+                    x12 = _mm512_fmadd_ps(p, v2, x12); x13 = _mm512_fmadd_ps(p, v3, x13);
+                    p = _mm512_set1_ps(pj[2]);
+                    x20 = _mm512_fmadd_ps(p, v0, x20); x21 = _mm512_fmadd_ps(p, v1, x21);
+                    x22 = _mm512_fmadd_ps(p, v2, x22); x23 = _mm512_fmadd_ps(p, v3, x23);
+                    p = _mm512_set1_ps(pj[3]);
+                    x30 = _mm512_fmadd_ps(p, v0, x30); x31 = _mm512_fmadd_ps(p, v1, x31);
+                    x32 = _mm512_fmadd_ps(p, v2, x32); x33 = _mm512_fmadd_ps(p, v3, x33);
+                }
+                _mm512_store_ps(o0, x00); _mm512_store_ps(o0 + 16, x01); _mm512_store_ps(o0 + 32, x02); _mm512_store_ps(o0 + 48, x03);
+                _mm512_store_ps(o1, x10); _mm512_store_ps(o1 + 16, x11); _mm512_store_ps(o1 + 32, x12); _mm512_store_ps(o1 + 48, x13);
+                _mm512_store_ps(o2, x20); _mm512_store_ps(o2 + 16, x21); _mm512_store_ps(o2 + 32, x22); _mm512_store_ps(o2 + 48, x23);
+                _mm512_store_ps(o3, x30); _mm512_store_ps(o3 + 16, x31); _mm512_store_ps(o3 + 32, x32); _mm512_store_ps(o3 + 48, x33);
+            } else {
+                int32_t c1;
+                for (c1 = 0; c0 + c1 < dpad; c1 += 16) { /* 16-dim pieces of a partial chunk */
+                    __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c1)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c1)),
+                           x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c1)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c1));
+                    const float *pq = w->s + r, *vq = vc + c1;
+                    for (j = 0; j < nk; ++j, pq += ld, vq += 64) {
+                        __m512 v0 = _mm512_load_ps(vq);
+                        x0 = _mm512_fmadd_ps(_mm512_set1_ps(pq[0]), v0, x0);
+                        x1 = _mm512_fmadd_ps(_mm512_set1_ps(pq[1]), v0, x1);
+                        x2 = _mm512_fmadd_ps(_mm512_set1_ps(pq[2]), v0, x2);
+                        x3 = _mm512_fmadd_ps(_mm512_set1_ps(pq[3]), v0, x3);
+                    }
+                    _mm512_store_ps(o0 + c1, x0); _mm512_store_ps(o1 + c1, x1);
+                    _mm512_store_ps(o2 + c1, x2); _mm512_store_ps(o3 + c1, x3);
+                }
             }
-            _mm512_store_ps(o0 + c0, x00); _mm512_store_ps(o0 + c0 + 16, x01);
-            _mm512_store_ps(o0 + c0 + 32, x02); _mm512_store_ps(o0 + c0 + 48, x03);
-            _mm512_store_ps(o1 + c0, x10); _mm512_store_ps(o1 + c0 + 16, x11);
-            _mm512_store_ps(o1 + c0 + 32, x12); _mm512_store_ps(o1 + c0 + 48, x13);
-            _mm512_store_ps(o2 + c0, x20); _mm512_store_ps(o2 + c0 + 16, x21);
-            _mm512_store_ps(o2 + c0 + 32, x22); _mm512_store_ps(o2 + c0 + 48, x23);
-            _mm512_store_ps(o3 + c0, x30); _mm512_store_ps(o3 + c0 + 16, x31);
-            _mm512_store_ps(o3 + c0 + 32, x32); _mm512_store_ps(o3 + c0 + 48, x33);
-        }
-        for (; c0 < dpad; c0 += 16) { /* 16-dim leftovers (head_dim not a multiple of 64) */
-            __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)),
-                   x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0));
-            const float *pj = w->s + r;
-            for (j = 0; j < nk; ++j, pj += ld) {
-                __m512 v0 = _mm512_loadu_ps((const float *)w->vp[j] + c0);
-                x0 = _mm512_fmadd_ps(_mm512_set1_ps(pj[0]), v0, x0);
-                x1 = _mm512_fmadd_ps(_mm512_set1_ps(pj[1]), v0, x1);
-                x2 = _mm512_fmadd_ps(_mm512_set1_ps(pj[2]), v0, x2);
-                x3 = _mm512_fmadd_ps(_mm512_set1_ps(pj[3]), v0, x3);
-            }
-            _mm512_store_ps(o0 + c0, x0); _mm512_store_ps(o1 + c0, x1);
-            _mm512_store_ps(o2 + c0, x2); _mm512_store_ps(o3 + c0, x3);
         }
     }
 }
@@ -501,7 +546,7 @@ EI__TARGET_AVX512BF16 static void ei__attn_prep_kv_bf16(const ei__attn_job *J, e
     uint16_t *vb = (uint16_t *)w->vbuf;
     int32_t j, c0;
     for (j = 0; j < nk; ++j) w->kp[j] = ei__row(J->k, w->kpos[j], T->kvh);
-    for (; j < ((nk + 3) & ~3); ++j) w->kp[j] = w->kp[nk - 1];
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
     for (j = 0; j < nk; j += 2) {
         const uint16_t *va = (const uint16_t *)ei__row(J->v, w->kpos[j], T->kvh);
         const uint16_t *vbr = j + 1 < nk ? (const uint16_t *)ei__row(J->v, w->kpos[j + 1], T->kvh) : NULL;
@@ -692,14 +737,14 @@ EI__TARGET_AVX2 static void ei__attn_prep_kv_avx2(const ei__attn_job *J, ei__att
         w->kp[j] = kr;
         w->vp[j] = vr;
     }
-    for (; j < ((nk + 3) & ~3); ++j) { w->kp[j] = w->kp[nk - 1]; w->vp[j] = w->vp[nk - 1]; }
+    for (; j < ((nk + 7) & ~7); ++j) { w->kp[j] = w->kp[nk - 1]; w->vp[j] = w->vp[nk - 1]; }
 }
 /* 8 scores of rows r0..r0+7 (ymm half `half` of 16-row vector vi) for key j. */
 #define EI__ATTN_STORE256(acc, j, vi, half)                                                                    \
     do {                                                                                                       \
         __m256 x_ = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(acc, cv), lo), hi);                             \
         if (need_mask) {                                                                                       \
-            int64_t df_ = w->kpos[j] - (T->t0 + 16 * ((vi) % T->vps) + 8 * (half));                           \
+            int64_t df_ = w->kpos[j] - (T->t0 + 16 * ((vi) & (T->vps - 1)) + 8 * (half));                           \
             int32_t dc_ = df_ <= 0 ? 0 : df_ >= 8 ? 8 : (int32_t)df_;                                         \
             x_ = _mm256_blendv_ps(x_, ninf, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(dc_), iota))); \
         }                                                                                                      \
@@ -840,6 +885,7 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
         int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
         int64_t last = ei__attn_key_positions(ks, e0, nk, w->kpos);
         int need_mask = last > T->t0;
+        (void)need_mask; /* unused when no vector kernel is compiled in */
         switch (J->kernel) {
 #ifdef EI__HAVE_AVX512BF16
             case EI__ATTN_K_AVX512_BF16:
@@ -852,7 +898,7 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
 #endif
 #ifdef EI__HAVE_AVX512
             case EI__ATTN_K_AVX512:
-                ei__attn_prep_kv_avx512(J, w, T, nk, 1);
+                ei__attn_prep_kv_avx512(J, w, T, nk);
                 ei__attn_scores_f32_avx512(J, w, T, nk, need_mask);
                 ei__attn_softmax_avx512(w, T, nk);
                 ei__attn_pv_f32_avx512(J, w, T, nk);
@@ -1025,8 +1071,15 @@ static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, con
 #ifdef EI__HAVE_AVX512
         if (ctx->simd == EI_SIMD_AVX512) {
             kernel = EI__ATTN_K_AVX512;
+#ifdef EI_ATTN_PREFER_DPBF16
+            /* Off by default: on the Sapphire Rapids we measured, vdpbf16ps
+               retires 0.5 per cycle (64 FLOP) against 2 vfmadd231ps (64 FLOP),
+               so bf16 runs faster through the f32 kernel (bf16 -> f32 is a
+               shift). Define EI_ATTN_PREFER_DPBF16 where the dot product is
+               the faster instruction. */
             if (q->dtype == EI_BF16 && k->dtype == EI_BF16 && v->dtype == EI_BF16 && J->d % 2 == 0 && ei__attn_cpu_bf16())
                 kernel = EI__ATTN_K_AVX512_BF16;
+#endif
         }
 #endif
     }
@@ -1047,6 +1100,17 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
     return EI_OK;
 }
 
+static ei_result ei__attn_kernel_ok(const ei_context *ctx, const ei__attn_job *J) {
+    int kernel = J->kernel, ok = 1;
+    if (kernel == EI__ATTN_K_AVX2) ok = ei_cpu_supports(EI_SIMD_AVX2);
+    else if (kernel == EI__ATTN_K_AVX512) ok = ei_cpu_supports(EI_SIMD_AVX512);
+    else if (kernel == EI__ATTN_K_AVX512_BF16)
+        ok = ei__attn_cpu_bf16() && J->q->dtype == EI_BF16 && J->k->dtype == EI_BF16 && J->v->dtype == EI_BF16 && J->d % 2 == 0;
+    else if (kernel != EI__ATTN_K_SCALAR) ok = 0;
+    if (!ok) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "attention kernel %d cannot run on this CPU / these dtypes", kernel);
+    return EI_OK;
+}
+
 /* Internal entry with a forced kernel (EI__ATTN_K_*; tests use it to run
    every kernel this CPU has, e.g. the f32 AVX-512 kernel on bf16 data). */
 static ei_result ei__attention_prefill_kernel(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
@@ -1061,12 +1125,7 @@ static ei_result ei__attention_prefill_kernel(const ei_context *ctx, const ei_te
     if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
         return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
     if ((r = ei__attn_prepare(ctx, q, k, v, plan, out, q_offset, kernel, &J)) != EI_OK) return r;
-    if ((kernel == EI__ATTN_K_AVX2 && !ei_cpu_supports(EI_SIMD_AVX2)) ||
-        (kernel == EI__ATTN_K_AVX512 && !ei_cpu_supports(EI_SIMD_AVX512)) ||
-        (kernel == EI__ATTN_K_AVX512_BF16 && (!ei__attn_cpu_bf16() || q->dtype != EI_BF16 || k->dtype != EI_BF16 ||
-                                              v->dtype != EI_BF16 || q->head_dim % 2)) ||
-        kernel < EI__ATTN_K_AUTO || kernel > EI__ATTN_K_AVX512_BF16)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "attention kernel %d cannot run on this CPU / these dtypes", kernel);
+    if (kernel != EI__ATTN_K_AUTO && (r = ei__attn_kernel_ok(ctx, &J)) != EI_OK) return r; /* forced kernels only */
     return ei__attn_run(&J, ith, nth, workspace, workspace_bytes);
 }
 
@@ -1093,9 +1152,11 @@ static void *ei__attn_worker(void *arg) {
 }
 #endif
 
-EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                        const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int n_threads,
-                                        void *workspace, size_t workspace_bytes) {
+/* The pthread helper with a forced kernel (EI__ATTN_K_*, or EI__ATTN_K_AUTO). */
+static ei_result ei__attention_prefill_mt_kernel(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                                 const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
+                                                 int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes,
+                                                 int kernel) {
 #ifndef EI_NO_PTHREADS
     ei__attn_thread th[EI__ATTN_MAX_THREADS];
     pthread_t tid[EI__ATTN_MAX_THREADS];
@@ -1109,7 +1170,10 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "CPU attention called on a CUDA context");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_prepare(ctx, q, k, v, plan, out, q_offset, EI__ATTN_K_AUTO, &J)) != EI_OK) return r;
+    if (n_threads == 1)
+        return ei__attention_prefill_kernel(ctx, q, k, v, plan, out, q_offset, 0, 1, workspace, workspace_bytes, kernel);
+    if ((r = ei__attn_prepare(ctx, q, k, v, plan, out, q_offset, kernel, &J)) != EI_OK) return r;
+    if (kernel != EI__ATTN_K_AUTO && (r = ei__attn_kernel_ok(ctx, &J)) != EI_OK) return r; /* forced kernels only */
     if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
     if (workspace_bytes / (size_t)n_threads < per)
@@ -1131,15 +1195,20 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
         if (th[t].result != EI_OK) return th[t].result;
     return EI_OK;
 #else
-    ei_result r;
-    int t;
-    size_t per;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if (!q || !k) return ei__fail(ctx, EI_ERR_NULL, "q or k is NULL");
-    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
-    (void)t; (void)per;
-    return ei_attention_prefill(ctx, q, k, v, plan, out, q_offset, 0, 1, workspace, workspace_bytes);
+    /* no threads: one call does all the work; the workspace must hold one share */
+    return ei__attention_prefill_kernel(ctx, q, k, v, plan, out, q_offset, 0, 1, workspace, workspace_bytes, kernel);
 #endif
+}
+
+/* Built-in pthread helper: n_threads workers (the calling thread is one of
+   them), workspace = n_threads x ei_attention_workspace_size. Under
+   EI_NO_PTHREADS it runs everything on the calling thread. */
+EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                        const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int n_threads,
+                                        void *workspace, size_t workspace_bytes) {
+    return ei__attention_prefill_mt_kernel(ctx, q, k, v, plan, out, q_offset, n_threads, workspace, workspace_bytes,
+                                           EI__ATTN_K_AUTO);
 }

@@ -48,8 +48,11 @@ static void fz_fail(const char *what, long a, long b) {
 }
 #define ORACLE(cond, what, a, b) do { if (!(cond)) fz_fail(what, (long)(a), (long)(b)); } while (0)
 
+static int verbose = -1;
 /* Every result is in the table, and every failure's message names its code. */
-static ei_result checked(ei_result r) {
+#define checked(expr) checked_((expr), #expr)
+static ei_result checked_(ei_result r, const char *what) {
+    if (verbose > 0) fprintf(stderr, "    %.60s -> %s %s\n", what, ei_result_name(r), r ? ei_last_error() : "");
     ORACLE(r <= 0 && r >= EI_RESULT_MIN_, "result outside EI_RESULT_TABLE", r, 0);
     if (r != EI_OK) ORACLE(strstr(ei_last_error(), ei_result_name(r)) != NULL, "message does not name its code", r, 0);
     return r;
@@ -66,7 +69,45 @@ static float rng_val(void) { return ((float)(int32_t)(rng_next() % 2001u) - 1000
 /* ------------------------------------------------------------ buffers */
 /* An exact-size allocation (ASan catches any byte outside it). */
 static void *xalloc(size_t n) { void *p = malloc(n ? n : 1); if (!p) abort(); return p; }
-
+/* Memory the library writes (workspaces, outputs, plan and decoder memory,
+   keep sets) starts as garbage: NaN bytes or huge values, alternately, so a
+   kernel that reads what it never wrote gives wrong (or non-finite) results
+   deterministically, whatever the allocator hands out. */
+static unsigned poison_count;
+static int poison_byte(void) {
+    static int forced = -2;
+    if (forced == -2) {
+        const char *e = getenv("EI_FUZZ_POISON");
+        forced = e && *e >= '0' && *e <= '9' ? (int)strtol(e, NULL, 0) & 255 : -1;
+    }
+    if (forced >= 0) return forced;
+    return (poison_count++ & 1) ? 0x7f : 0xff;
+}
+static int poison_off(void) { /* EI_FUZZ_POISON=none: leave it uninitialised (valgrind memcheck finds reads of it) */
+    static int off = -1;
+    if (off < 0) { const char *e = getenv("EI_FUZZ_POISON"); off = e && !strcmp(e, "none"); }
+    return off;
+}
+/* ... and at a varying alignment: the buffer ends exactly where the
+   allocation ends (ASan catches overruns) and starts 16..64 bytes into it, so
+   sizes that only suffice at one alignment fail ("any alignment" is the
+   contract). The offset is kept in the byte before the buffer. */
+static int skip_known_enabled(void);
+static void *walloc_at(size_t n, int aligned) {
+    static const unsigned char offsets[] = {16, 20, 24, 32, 40, 48, 60, 64};
+    unsigned char off = aligned ? 64 : offsets[(poison_count * 5u + 3u) % 8u];
+    unsigned char *raw = (unsigned char *)xalloc(n + off), *p = raw + off;
+    if (!poison_off()) memset(p, poison_byte(), n ? n : 1);
+    else poison_count++;
+    p[-1] = off;
+    return p;
+}
+static void *walloc(size_t n) { return walloc_at(n, 0); }
+/* Known open bug (tests/fuzz_regressions/profile_workspace_unaligned_d33.bin):
+   the profiling workspace size only suffices 64-byte aligned when 4 * head_dim
+   is not a multiple of 64. EI_FUZZ_SKIP_KNOWN=1 aligns profiling workspaces. */
+static void *walloc_profile(size_t n) { return walloc_at(n, skip_known_enabled()); }
+static void wfree(void *p) { if (p) free((unsigned char *)p - ((unsigned char *)p)[-1]); }
 /* A view of [n][h][d] in its own exact buffer. */
 typedef struct view {
     ei_tensor t;
@@ -101,12 +142,12 @@ static void view_make(view *v, fz *f, ei_dtype dt, int64_t n, int32_t h, int32_t
         case 5: if (fz_u8(f) & 1) ts = -ts; else hs = -hs; break;
         case 6: ts = d; hs = d; if (h == 1 && n > 1) ts = d > 1 ? d - 1 : 0; break;
         case 7: ts = (int16_t)fz_u16(f); hs = (int16_t)fz_u16(f); break;
-        case 8: ts = (int64_t)1 << (40 + fz_u8(f) % 23); break;
+        case 8: ts = ((int64_t)1 << 40) + 1 + (fz_u8(f) & 1 ? (int64_t)1 << (41 + fz_u8(f) % 22) : 0); break; /* past the limit */
         default: break;
     }
     v->t.dtype = dt; v->t.n_tokens = n; v->t.n_heads = h; v->t.head_dim = d;
     v->t.token_stride = ts; v->t.head_stride = hs;
-    if (n <= 0 || h <= 0 || d <= 0 || ts <= 0 || hs <= 0 || ts > ((int64_t)1 << 24) || hs > ((int64_t)1 << 24) ||
+    if (n <= 0 || h <= 0 || d <= 0 || ts <= 0 || hs <= 0 || (n > 1 && ts > ((int64_t)1 << 24)) || (h > 1 && hs > ((int64_t)1 << 24)) ||
         n > 4096 || h > 64 || d > 256) {
         v->elems = (size_t)(d > 0 && d <= 256 ? d : 1); /* the library must reject before reading more */
     } else {
@@ -164,6 +205,12 @@ static void view_fill(view *v, fz *f) {
                     float x = load_el(v->buf, v->t.dtype, el_index(&v->t, t, h, j));
                     if (!(fabsf(x) <= 1e3f)) v->tame = 0;
                 }
+}
+static void describe(const char *name, const view *v) {
+    if (!verbose) return;
+    fprintf(stderr, "  %s: dtype %d, %lld tokens x %d heads x %d dims, strides token %lld head %lld, %zu elements, valid %d tame %d\n",
+            name, (int)v->t.dtype, (long long)v->t.n_tokens, (int)v->t.n_heads, (int)v->t.head_dim,
+            (long long)v->t.token_stride, (long long)v->t.head_stride, v->elems, v->valid, v->tame);
 }
 static void view_free(view *v) { free(v->buf); memset(v, 0, sizeof *v); }
 
@@ -286,13 +333,13 @@ typedef struct state {
 
 static void plan_release(state *s) {
     if (s->plan_owned) ei_plan_free(s->plan_ctx, &s->plan);
-    free(s->plan_mem);
+    wfree(s->plan_mem);
     s->plan_mem = NULL;
     s->plan_ok = s->plan_owned = s->plan_trusted = 0;
     memset(&s->plan, 0, sizeof s->plan);
 }
 static void keep_release(state *s) {
-    free(s->keep.index); free(s->keep.mask); free(s->keep.pooled);
+    wfree(s->keep.index); wfree(s->keep.mask); wfree(s->keep.pooled);
     memset(&s->keep, 0, sizeof s->keep);
     s->keep_ok = 0;
 }
@@ -319,7 +366,9 @@ static void layer_new(state *s, fz *f) {
     rng_s = ((uint64_t)fz_u32(f) << 1) | 1u;
     view_make(&s->q, f, dt, n, s->H, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->q, f);
     view_make(&s->k, f, dt, n, s->KV, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->k, f);
-    view_make(&s->v, f, FZ_PICK(f, dtypes), n, s->KV, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->v, f);
+    dt = FZ_PICK(f, dtypes); /* one read per statement: argument order is unspecified */
+    view_make(&s->v, f, dt, n, s->KV, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->v, f);
+    describe("layer q", &s->q); describe("layer k", &s->k); describe("layer v", &s->v);
 }
 
 /* ------------------------------------------------------------ plan checks */
@@ -377,12 +426,12 @@ static void op_plan_init(state *s, fz *f) {
         r = checked(ei_plan_alloc(ctx, &s->plan, maxt, kv, d, flags));
         if (r == EI_OK) { s->plan_ok = s->plan_owned = 1; s->plan_ctx = ctx; }
     } else {
-        size_t give = bytes, less = 1 + fz_u8(f) % 8;
-        if (m & 16) give = bytes > less ? bytes - less : 1;
-        s->plan_mem = xalloc(give);
+        size_t give = bytes, less;
+        if (m & 16) { less = 1 + fz_u8(f) % 8; give = bytes > less ? bytes - less : 1; }
+        s->plan_mem = walloc(give);
         r = checked(ei_plan_init(ctx, &s->plan, maxt, kv, d, flags, (m & 32) ? NULL : s->plan_mem, give));
         if (r == EI_OK) { s->plan_ok = 1; s->plan_ctx = ctx; ORACLE(give >= bytes, "plan accepted too small memory", give, bytes); }
-        else { free(s->plan_mem); s->plan_mem = NULL; }
+        else { wfree(s->plan_mem); s->plan_mem = NULL; }
     }
     s->plan_trusted = 0;
 }
@@ -395,7 +444,7 @@ static void *ws_for_profile(const state *s, const ei_context *ctx, fz *f, int64_
     need *= (size_t)mul;
     if ((m & 7) == 7 && need > 8) need -= 1 + (m >> 3) % 8; /* too small */
     *bytes = need;
-    return xalloc(need);
+    return walloc_profile(need);
 }
 
 static void after_profile(state *s, ei_result r, const ei_context *ctx) {
@@ -411,6 +460,23 @@ static void after_profile(state *s, ei_result r, const ei_context *ctx) {
         ORACLE(!(s->q.tame && s->k.tame && s->q.valid && s->k.valid), "NaN reported for finite input (padding read?)", 0, 0);
 }
 
+/* Known open bug (reported to the lead; regression input in
+   tests/fuzz_regressions/plan_from_other_context_overflow.bin): profiling
+   into a plan laid out by a context with a smaller budget ceiling
+   (base_budget * budget_max_factor) but the same segment/block sizes writes
+   keep_blocks > max_keep indices per row, past the plan memory. With
+   EI_FUZZ_SKIP_KNOWN=1 (make fuzz) such calls are skipped so that fuzzing
+   can look for new bugs; the replay runs them. */
+static int skip_known_enabled(void) {
+    static int skip = -1;
+    if (skip < 0) { const char *e = getenv("EI_FUZZ_SKIP_KNOWN"); skip = e && *e == '1'; }
+    return skip;
+}
+static int skip_known(const state *s, const ei_context *ctx) {
+    return skip_known_enabled() && s->plan_ok && ctx != s->plan_ctx &&
+           ei__max_keep(ei_context_config(ctx), s->plan.blk_capacity) > s->plan.max_keep;
+}
+
 static void op_profile(state *s, fz *f, int kind) {
     ei_context *ctx = s->ctx;
     size_t wb;
@@ -418,6 +484,7 @@ static void op_profile(state *s, fz *f, int kind) {
     ei_result r;
     ei_plan *p = (fz_u8(f) % 16 == 15) ? NULL : &s->plan;
     if (!s->plan_ok && p) p = (fz_u8(f) & 1) ? NULL : &s->plan; /* zeroed, uninitialised plan */
+    if (skip_known(s, ctx)) return;
     if (kind == 0) {
         ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
         r = checked(ei_profile(ctx, &s->q.t, &s->k.t, p, (fz_u8(f) % 32 == 31) ? NULL : ws, wb));
@@ -431,14 +498,18 @@ static void op_profile(state *s, fz *f, int kind) {
             if (b < s->KV) checked(ei_profile_heads(ctx, &s->q.t, &s->k.t, p, b, s->KV, ws, wb));
             r = checked(ei_plan_finalize(ctx, p));
         }
-        if (r == EI_OK) { s->plan_trusted = 0; free(ws); return; } /* partial plans are not checked */
+        if (r == EI_OK) { s->plan_trusted = 0; wfree(ws); return; } /* partial plans are not checked */
     } else {
         int nt = (int)(fz_u8(f) % 5) - 1;
         ws = ws_for_profile(s, ctx, f, s->n, &wb, nt > 0 ? nt : 1);
-        r = checked(ei_profile_mt(ctx, &s->q.t, &s->k.t, p, nt, ws, wb));
+        r = ei_profile_mt(ctx, &s->q.t, &s->k.t, p, nt, ws, wb);
+        /* Known open bug (tests/fuzz_regressions/profile_mt_worker_error_message.bin):
+           a failure in a worker thread returns its code, but the message
+           stays in the worker's thread-local buffer. */
+        if (!(skip_known_enabled() && r != EI_OK && !strstr(ei_last_error(), ei_result_name(r)))) r = checked(r);
     }
     after_profile(s, r, ctx);
-    free(ws);
+    wfree(ws);
 }
 
 /* Chunked planning: a chunk of queries in its own buffer, the keys so far in theirs. */
@@ -453,6 +524,7 @@ static void op_chunk(state *s, fz *f) {
     void *ws;
     ei_result r;
     if (!s->q.valid || !s->k.valid || s->n <= 0 || s->q.t.n_tokens != s->k.t.n_tokens) return;
+    if (skip_known(s, ctx)) return;
     if (m & 1) off = (int64_t)(fz_u8(f) % (unsigned)s->n);
     if (off >= s->n) return;
     cnt = (m & 2) ? (int64_t)c->segment_size * (1 + fz_u8(f) % 3) : (int64_t)(fz_u8(f) % 64) + 1;
@@ -465,7 +537,7 @@ static void op_chunk(state *s, fz *f) {
         wb > ((size_t)64 << 20))
         wb = 64;
     if ((m & 96) == 96 && wb > 8) wb -= 8;
-    ws = xalloc(wb);
+    ws = walloc_profile(wb);
     if (m & 128) {
         int32_t a = (int32_t)(fz_u8(f) % 5), b = (int32_t)(fz_u8(f) % 5);
         r = checked(ei_profile_chunk_heads(ctx, &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, is_final, a, b, ws, wb));
@@ -474,7 +546,7 @@ static void op_chunk(state *s, fz *f) {
         r = checked(ei_profile_chunk(ctx, &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, is_final, ws, wb));
         if (r == EI_OK) { s->plan_trusted = ctx == s->plan_ctx; plan_check(s, ctx); }
     }
-    free(ws);
+    wfree(ws);
     view_free(&qc);
     view_free(&kc);
 }
@@ -488,7 +560,7 @@ static void op_corrupt(state *s, fz *f) {
     if (!s->plan_ok) return;
     rows = (size_t)p->n_kv_heads * (size_t)p->seg_capacity;
     x = (fz_u8(f) & 1) ? FZ_PICK(f, vals) : (int32_t)(fz_u8(f) % 64) - 8;
-    if (fz_u8(f) % 4 == 0) x += p->n_blocks;
+    if (fz_u8(f) % 4 == 0) x = (int32_t)((uint32_t)x + (uint32_t)p->n_blocks);
     switch (which) {
         case 0: if (p->max_keep > 0) p->block_index[fz_u32(f) % (rows * (size_t)p->max_keep)] = x; break;
         case 1: p->keep_count[fz_u32(f) % rows] = x; break;
@@ -550,7 +622,10 @@ static int attention_matches(const state *s, const ei_context *ctx, const ei_pla
             for (i = 0; i < s->d; ++i) {
                 double ref = acc[i] / z;
                 float got = load_el(o->data, o->dtype, (size_t)(t * o->token_stride + (int64_t)h * o->head_stride + i));
-                double tol = (o->dtype == EI_F32 ? 2e-4 : 1e-2) * (1.0 + vmax);
+                /* f32 arithmetic: summation order only; the AVX-512 BF16 kernel
+                   (q, k, v all bf16) rounds the weights to bf16 (~2^-9) */
+                int all_bf16 = q->t.dtype == EI_BF16 && k->t.dtype == EI_BF16 && v->t.dtype == EI_BF16;
+                double tol = (o->dtype != EI_F32 ? 1e-2 : all_bf16 ? 4e-3 : 2e-4) * (1.0 + vmax);
                 if (!(fabs((double)got - ref) <= tol)) {
                     fprintf(stderr, "attention mismatch at token %lld head %d dim %d: %g vs reference %g\n",
                             (long long)(q_off + t), (int)h, (int)i, (double)got, ref);
@@ -582,9 +657,9 @@ static void op_attention(state *s, fz *f, int threaded) {
         float one = 0;
         o0.data = &one;
         r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb));
-        ws = xalloc(r == EI_OK && wb < ((size_t)64 << 20) ? wb : 64);
+        ws = walloc(r == EI_OK && wb < ((size_t)64 << 20) ? wb : 64);
         checked(ei_attention_prefill(ctx, &s->q.t, &s->k.t, &s->v.t, NULL, &o0, 0, 0, 1, ws, r == EI_OK ? wb : 64));
-        free(ws);
+        wfree(ws);
         return;
     }
     if (m & 2) { /* a chunk of queries at an offset */
@@ -601,23 +676,32 @@ static void op_attention(state *s, fz *f, int threaded) {
         view_rows(&vc, &s->v, 0, nk, f);
     }
     if ((m & 24) == 24 && (m & 64)) q_off = -q_off - 1;
-    view_make(&ov, f, FZ_PICK(f, dtypes), cnt, s->H, s->d, (int)(fz_u8(f) % 9));
+    {
+        ei_dtype odt = FZ_PICK(f, dtypes);
+        view_make(&ov, f, odt, cnt, s->H, s->d, (int)(fz_u8(f) % 9));
+    }
+    if (!poison_off()) memset(ov.buf, poison_byte(), ov.elems * esize(ov.t.dtype)); /* garbage until written */
     memcpy(&out, &ov.t, sizeof out); /* same layout, writable */
     out.data = ov.buf;
+    if (verbose > 0) {
+        fprintf(stderr, "  attention: q_offset %lld, plan %s\n", (long long)q_off, plan ? "yes" : "NULL");
+        describe("q", &qc); describe("k", &kc); describe("v", &vc); describe("out", &ov);
+    }
     r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &per));
     if (r != EI_OK || per > ((size_t)64 << 20)) per = 64;
     if (threaded) {
         int nt = (int)(fz_u8(f) % 4);
         wb = per * (size_t)(nt > 0 ? nt : 1);
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-        ws = xalloc(wb);
+        ws = walloc(wb);
         r = checked(ei_attention_prefill_mt(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, nt, ws, wb));
         all_ok = r == EI_OK;
     } else {
         nth = FZ_PICK(f, nths);
+        if (verbose > 0) fprintf(stderr, "  nth %d\n", nth);
         wb = per;
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-        ws = xalloc(wb);
+        ws = walloc(wb);
         if (fz_u8(f) % 8 == 7) { /* a single odd call */
             ith = (int)(fz_u8(f) % 6) - 1;
             r = checked(ei_attention_prefill(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, ith, nth, ws, wb));
@@ -632,7 +716,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         ei_context_backend(ctx) == EI_BACKEND_CPU) {
         if (!attention_matches(s, ctx, plan, &qc, &kc, &vc, &out, q_off)) fz_fail("attention differs from the reference", q_off, cnt);
     }
-    free(ws);
+    wfree(ws);
     view_free(&qc); view_free(&kc); view_free(&vc); view_free(&ov);
 }
 
@@ -642,14 +726,14 @@ static void op_decoder_init(state *s, fz *f) {
     int32_t H = s->H, KV = s->KV, d = s->d;
     size_t need = 0, give;
     memset(&s->dec, 0, sizeof s->dec);
-    free(s->dec_mem);
+    wfree(s->dec_mem);
     s->dec_mem = NULL;
     s->dec_ok = 0;
     if (m & 1) H = (int32_t)(fz_u8(f) % 10) - 1;
     if (m & 2) KV = (int32_t)(fz_u8(f) % 10) - 1;
     if (checked(ei_decoder_size(s->ctx, H, d, &need)) != EI_OK || need > ((size_t)64 << 20)) need = 64;
     give = (m & 4) ? need - 1 : need;
-    s->dec_mem = xalloc(give);
+    s->dec_mem = walloc(give);
     if (checked(ei_decoder_init(s->ctx, &s->dec, H, KV, d, (m & 8) ? NULL : s->dec_mem, give)) == EI_OK) s->dec_ok = 1;
 }
 
@@ -694,19 +778,19 @@ static void op_decode_keep(state *s, fz *f) {
     ks->capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
     if (m & 4) ks->capacity += (int32_t)(fz_u8(f) % 5) - 2;
     if (heads_out > 0 && ks->capacity > 0 && ks->capacity < (1 << 20)) {
-        ks->index = (int32_t *)xalloc(sizeof(int32_t) * (size_t)heads_out * (size_t)ks->capacity);
+        ks->index = (int32_t *)walloc(sizeof(int32_t) * (size_t)heads_out * (size_t)ks->capacity);
         if (m & 8) {
             ks->mask_capacity = n - ((m & 16) ? 1 : 0);
-            if (ks->mask_capacity > 0) ks->mask = (uint8_t *)xalloc((size_t)heads_out * (size_t)ks->mask_capacity);
+            if (ks->mask_capacity > 0) ks->mask = (uint8_t *)walloc((size_t)heads_out * (size_t)ks->mask_capacity);
         }
         if (m & 32) {
             ks->pooled_capacity = n - EI__MIN((int64_t)c->window, n) - ((m & 64) ? 1 : 0);
-            if (ks->pooled_capacity > 0) ks->pooled = (float *)xalloc(sizeof(float) * (size_t)heads_out * (size_t)ks->pooled_capacity);
+            if (ks->pooled_capacity > 0) ks->pooled = (float *)walloc(sizeof(float) * (size_t)heads_out * (size_t)ks->pooled_capacity);
         }
     }
     if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)256 << 20)) wb = 64;
     if ((m & 128) && wb > 0) wb -= 1;
-    ws = xalloc(wb);
+    ws = walloc(wb);
     r = checked(ei_decode_keep(ctx, s->dec_ok ? &s->dec : NULL, &kc.t, ks, ws, wb));
     if (r == EI_OK) {
         int32_t h, i;
@@ -719,9 +803,16 @@ static void op_decode_keep(state *s, fz *f) {
                 if (ks->mask) ORACLE(ks->mask[(size_t)h * (size_t)ks->mask_capacity + (size_t)idx[i]] == 1, "mask disagrees", h, i);
             }
         }
+        if (ks->compressed) { /* the observation window's positions are always kept, last */
+            int64_t W = EI__MIN((int64_t)c->window, s->dec.n_observed);
+            for (h = 0; h < ks->heads_out; ++h)
+                for (i = 0; i < W; ++i)
+                    ORACLE(ks->index[(size_t)h * (size_t)ks->capacity + (size_t)(ks->n_kept - W + i)] == n - W + i,
+                           "window position not kept", h, i);
+        }
         s->keep_ok = 1;
     }
-    free(ws);
+    wfree(ws);
     view_free(&kc);
 }
 
@@ -766,7 +857,8 @@ static void op_compact(state *s, fz *f) {
     if (n <= 0) n = 1;
     for (w = 0; w < 2; ++w) {
         use[w] = !((m >> (3 + w)) & 1);
-        view_make(&kv[w], f, FZ_PICK(f, dtypes), n, (m & 32) ? heads + 1 : heads, s->d > 0 ? s->d : 4, (int)(fz_u8(f) % 9));
+        ei_dtype cdt = FZ_PICK(f, dtypes);
+        view_make(&kv[w], f, cdt, n, (m & 32) ? heads + 1 : heads, s->d > 0 ? s->d : 4, (int)(fz_u8(f) % 9));
         rng_s = rng_s ? rng_s : 1;
         view_fill(&kv[w], f);
         memcpy(&o[w], &kv[w].t, sizeof o[w]);
@@ -835,15 +927,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     state s;
     int ops = 0;
     f.p = data; f.n = size; f.i = 0;
+    if (verbose < 0) verbose = getenv("EI_FUZZ_VERBOSE") != NULL;
     memset(&s, 0, sizeof s);
-    n_alloc_calls = 0; fail_after = -1;
+    n_alloc_calls = 0; fail_after = -1; poison_count = 0;
     s.ctx = fz_context(&f);
+    if (verbose) {
+        const ei_config *c = ei_context_config(s.ctx);
+        fprintf(stderr, "ctx: segment %d block %d threshold %lld base %d factors %g..%g per_segment %d decode %d window %d gap %d simd %s\n",
+                (int)c->segment_size, (int)c->block_size, (long long)c->threshold_len, (int)c->base_budget, c->budget_min_factor,
+                c->budget_max_factor, (int)c->per_segment_budget, (int)c->decode_budget, (int)c->window, (int)c->decode_gap,
+                ei_simd_name(ei_context_simd(s.ctx)));
+    }
     fail_after = -1;
     s.alt = fz_context(&f);
     fail_after = -1;
     layer_new(&s, &f);
     while (fz_left(&f) && ops++ < 48) {
         unsigned op = fz_u8(&f) % 20;
+        if (verbose) fprintf(stderr, "op %u at byte %zu\n", op, f.i - 1);
         switch (op) {
             case 0: op_plan_init(&s, &f); break;
             case 1: case 2: op_profile(&s, &f, 0); break;
@@ -869,7 +970,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     plan_release(&s);
     keep_release(&s);
-    free(s.dec_mem);
+    wfree(s.dec_mem);
     view_free(&s.q); view_free(&s.k); view_free(&s.v);
     ei_context_destroy(s.ctx);
     ei_context_destroy(s.alt);

@@ -193,10 +193,12 @@ typedef struct case_desc {
     int use_plan, strided, nth;
     int64_t chunk;   /* 0: one call; else queries in chunks of this many tokens */
     float amp;       /* input scale (large: peaked softmax) */
+    int per_segment; /* the reference's one count per segment (max over heads) */
 } case_desc;
 
 static void run_case(const case_desc *cd) {
     ei_config cfg = small_config();
+    cfg.per_segment_budget = cd->per_segment;
     ei_context *ctx_prof;
     buf q, k, v;
     ei_plan plan;
@@ -372,7 +374,7 @@ static void test_bad_inputs(void) {
     BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 0, ws, wsb), EI_ERR_SIZE);
     BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, -1, 0, 1, ws, wsb), EI_ERR_SIZE);
     BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 1, 0, 1, ws, wsb), EI_ERR_SHAPE); /* keys too short */
-    bad = tq; bad.dtype = (ei_dtype)7;
+    bad = tq; bad.dtype = (ei_dtype)3; /* in the enum's value range (C++), not a dtype */
     BAD(ei_attention_prefill(ctx, &bad, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_DTYPE);
     bad = tk; bad.token_stride = 16; /* aliases heads */
     BAD(ei_attention_prefill(ctx, &tq, &bad, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
@@ -420,7 +422,9 @@ static void test_bad_inputs(void) {
     BAD(ei_attention_workspace_size(ctx, 4, 3, 32, &wsb), EI_ERR_GQA);
     BAD(ei_attention_workspace_size(ctx, 4, 2, 0, &wsb), EI_ERR_SIZE);
     BAD(ei_attention_workspace_size(ctx, 4, 2, 32, NULL), EI_ERR_NULL);
+#ifndef EI_NO_PTHREADS /* without threads one share of workspace is enough */
     BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 2, ws, wsb), EI_ERR_WORKSPACE);
+#endif
     BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, ws, wsb), EI_ERR_SIZE);
     /* and a good call still works */
     CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb) == EI_OK, "good call: %s", ei_last_error());
@@ -498,6 +502,108 @@ static void test_mt(void) {
     free(q.data); free(k.data); free(v.data);
 }
 
+/* The vector exp2 of the kernels: <= 2 ulp-ish (3e-7 relative) on [-126, 0],
+   exactly 0 below -126, for -inf and for NaN. */
+#ifdef EI__HAVE_AVX512
+EI__TARGET_AVX512 static void exp2_avx512_16(const float *x, float *y) {
+    _mm512_storeu_ps(y, ei__attn_exp2_avx512(_mm512_loadu_ps(x)));
+}
+#endif
+#ifdef EI__HAVE_AVX2
+EI__TARGET_AVX2 static void exp2_avx2_8(const float *x, float *y) {
+    _mm256_storeu_ps(y, ei__attn_exp2_avx2(_mm256_loadu_ps(x)));
+}
+#endif
+static void test_exp2(void) {
+    float x[16], y[16];
+    double worst[2] = {0, 0};
+    int i, j, isa;
+    for (isa = 0; isa < 2; ++isa) {
+        if (!ei_cpu_supports(isa == 0 ? EI_SIMD_AVX512 : EI_SIMD_AVX2)) continue;
+        for (i = 0; i < 200000; ++i) {
+            for (j = 0; j < 16; ++j) x[j] = (float)(-126.0 * rnd_u());
+            if (i == 0) { x[0] = 0.0f; x[1] = -126.0f; x[2] = -0.5f; x[3] = -1e-30f; }
+#ifdef EI__HAVE_AVX512
+            if (isa == 0) exp2_avx512_16(x, y);
+#endif
+#ifdef EI__HAVE_AVX2
+            if (isa == 1) { exp2_avx2_8(x, y); exp2_avx2_8(x + 8, y + 8); }
+#endif
+            for (j = 0; j < 16; ++j) {
+                double r = exp2((double)x[j]), e = fabs((double)y[j] - r) / r;
+                if (!(e <= worst[isa])) worst[isa] = e;
+            }
+        }
+        x[0] = -126.5f; x[1] = -200.0f; x[2] = -INFINITY; x[3] = NAN; x[4] = -FLT_MAX; x[5] = -1e30f;
+        for (j = 6; j < 16; ++j) x[j] = -127.0f - (float)j;
+#ifdef EI__HAVE_AVX512
+        if (isa == 0) exp2_avx512_16(x, y);
+#endif
+#ifdef EI__HAVE_AVX2
+        if (isa == 1) { exp2_avx2_8(x, y); exp2_avx2_8(x + 8, y + 8); }
+#endif
+        for (j = 0; j < 16; ++j) CHECK(y[j] == 0.0f, "exp2 %s(%g) = %g, expected 0", isa ? "avx2" : "avx512", (double)x[j], (double)y[j]);
+        CHECK(worst[isa] <= 3e-7, "exp2 %s: max relative error %.3g", isa ? "avx2" : "avx512", worst[isa]);
+    }
+    printf("vector exp2 max relative error on [-126, 0]: avx512 %.2e, avx2 %.2e\n", worst[0], worst[1]);
+}
+
+/* The engine's flow: chunked planning (ei_profile_chunk) and attention of
+   each chunk with q_offset, against the reference on the plan as it stands
+   after that chunk. */
+static void test_chunked_planning(void) {
+    ei_config cfg = small_config();
+    ei_context *ctx;
+    buf q, k, v;
+    ei_plan plan;
+    outbuf o;
+    size_t wsp, wsa;
+    void *pws, *aws;
+    int64_t n = 200, chunk = 48, t0, i;
+    int32_t H = 8, HK = 2, d = 64;
+    double worst = 0, *ref = (double *)malloc((size_t)(n * H * d) * sizeof(double)), vmax = 0;
+    ei_context_create(&cfg, &ctx);
+    buf_alloc(&q, EI_F32, n, H, d); buf_alloc(&k, EI_F32, n, HK, d); buf_alloc(&v, EI_F32, n, HK, d);
+    make_qkv(&q, &k, &v, H / HK, 1.0f);
+    for (i = 0; i < n * HK * d; ++i) if (fabs(buf_get(&v, i)) > vmax) vmax = fabs(buf_get(&v, i));
+    CHECK(ei_plan_alloc(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED) == EI_OK, "plan: %s", ei_last_error());
+    ei_profile_workspace_size(ctx, n, H, HK, d, &wsp);
+    wsp += 256;
+    pws = malloc(wsp);
+    ei_attention_workspace_size(ctx, H, HK, d, &wsa);
+    aws = malloc(wsa * 2);
+    out_alloc(&o, EI_F32, n, H, d, 1);
+    for (t0 = 0; t0 < n; t0 += chunk) {
+        int64_t nt = chunk < n - t0 ? chunk : n - t0;
+        int is_final = t0 + nt == n;
+        ei_tensor tq = ei_tensor_make((float *)q.data + t0 * H * d, EI_F32, nt, H, d);
+        ei_tensor tk = ei_tensor_make(k.data, EI_F32, t0 + nt, HK, d), tv = ei_tensor_make(v.data, EI_F32, t0 + nt, HK, d);
+        ei_out_tensor to = o.t;
+        buf qc = q;
+        to.data = (float *)o.t.data + t0 * o.t.token_stride;
+        to.n_tokens = nt;
+        CHECK(ei_profile_chunk(ctx, &tq, &tk, &plan, is_final, pws, wsp) == EI_OK, "profile_chunk: %s", ei_last_error());
+        CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to, t0, 2, aws, wsa * 2) == EI_OK, "attention: %s",
+              ei_last_error());
+        qc.data = (float *)q.data + t0 * H * d;
+        qc.n = nt;
+        reference(ctx, &plan, &qc, &k, &v, t0, 1.0 / sqrt((double)d), ref + t0 * H * d);
+    }
+    for (i = 0; i < n; ++i) {
+        int32_t h, e;
+        for (h = 0; h < H; ++h)
+            for (e = 0; e < d; ++e) {
+                double err = fabs(out_get(&o, i, h, e) - ref[(i * H + h) * d + e]) / vmax;
+                if (!(err <= worst)) worst = err;
+            }
+    }
+    CHECK(worst <= 1e-5, "chunked planning + attention: max err %.3g", worst);
+    CHECK(out_guards_ok(&o), "guards");
+    free(ref); free(pws); free(aws); free(o.mem);
+    ei_plan_free(ctx, &plan); ei_context_destroy(ctx);
+    free(q.data); free(k.data); free(v.data);
+}
+
 int main(int argc, char **argv) {
     static const int32_t dims[3] = {64, 128, 256};
     static const int32_t gqa[3][2] = {{2, 2}, {8, 2}, {8, 1}}; /* ratios 1, 4, 8 */
@@ -509,10 +615,12 @@ int main(int argc, char **argv) {
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
         if (kernel_available(&g_kernels[kd], EI_BF16, 64)) printf(" %s", g_kernels[kd].name);
     printf("\n");
+    test_exp2();
     test_plans_are_ragged();
     test_bad_inputs();
     test_extremes();
     test_mt();
+    test_chunked_planning();
     for (di = 0; di < 3; ++di)
         for (gi = 0; gi < 3; ++gi)
             for (ti = 0; ti < 3; ++ti) {
@@ -541,6 +649,7 @@ int main(int argc, char **argv) {
         c.d = 7; c.H = 5; c.HK = 1; c.in_dt = EI_F16; run_case(&c);                    /* odd d, G = 5 */
         c.d = 64; c.H = 16; c.HK = 1; c.in_dt = EI_F32; c.n = 333; run_case(&c);        /* G = 16: two head subgroups */
         c.H = 4; c.HK = 4; c.n = 150; c.amp = 3.0f; run_case(&c);                      /* peaked */
+        c.amp = 1.0f; c.per_segment = 1; c.chunk = 64; run_case(&c);                   /* one count per segment */
     }
     printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)

@@ -818,7 +818,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     gpu_plan gp;
     int64_t nq_tok = n - q_offset, t;
     double err2 = 0, ref2 = 0, maxerr = 0;
-    int h, d, unwritten = 0;
+    int h, d, unwritten = 0, shape;
     size_t oes = out_dt == EI_F32 ? 4 : 2;
     c.segment_size = seg; c.block_size = bs; c.base_budget = base; c.threshold_len = threshold;
     gen_qk(q, k, n, nh, nkv, D, peak);
@@ -835,40 +835,48 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     nout = (size_t)nq_tok * nh * D;
     dout = dev_alloc(nout * oes);
     hout = malloc(nout * oes);
-    memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
-    dev_put(dout, hout, nout * oes);
+    got = (float *)malloc(nout * 4);
+    ref = (float *)calloc(nout, 4);
+    attention_ref(q + (size_t)q_offset * nh * D, k, v, q_offset, q_offset, n, nh, nkv, D, use_plan ? &gp.host : NULL,
+                  &c, stride_t, ref);
     tq_part = tq;
     tq_part.data = (const char *)dq + (size_t)q_offset * nh * D * (dt == EI_F32 ? 4 : 2);
     tq_part.n_tokens = nq_tok;
     to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
-    OK(ei__cuda_attention(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, NULL, 0));
-    dev_get(hout, dout, nout * oes);
-    got = (float *)malloc(nout * 4);
-    for (i = 0; i < nout; i++)
-        got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
-    for (i = 0; i < nout; i++)
-        if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) unwritten++;
-    ref = (float *)calloc(nout, 4);
-    attention_ref(q, k, v, q_offset, q_offset, n, nh, nkv, D, use_plan ? &gp.host : NULL, &c, stride_t, ref);
-    for (t = q_offset; t < n; t += stride_t)
-        for (h = 0; h < nh; h++)
-            for (d = 0; d < D; d++) {
-                size_t at = ((size_t)(t - q_offset) * nh + h) * D + d;
-                double e = (double)got[at] - ref[at];
-                err2 += e * e;
-                ref2 += (double)ref[at] * ref[at];
-                if (fabs(e) > maxerr) maxerr = fabs(e);
-            }
-    {
-        double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
-        const char *dn = dt == EI_BF16 ? "bf16" : "f16", *on = out_dt == EI_F32 ? "f32" : out_dt == EI_BF16 ? "bf16" : "f16";
-        CHECK(unwritten == 0, "attention: %d outputs unwritten or non-finite", unwritten);
-        CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s: rel err %.3g max %.3g", (long long)n, nh,
-              nkv, D, use_plan ? "sparse" : "dense", rel, maxerr);
-        printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld: rel L2 err %.2e max abs %.2e %s\n",
-               (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, rel, maxerr,
-               unwritten == 0 && rel < 1e-2 && maxerr < 5e-2 ? "ok" : "FAILED");
+    for (shape = 0; shape < (D == 256 ? 1 : 6); shape++) {
+        static const char *const shapes[6] = {"8x2x64", "4x1x64", "4x2x64", "8x1x64", "8x2x32", "4x2x32"};
+        setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
+        memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
+        dev_put(dout, hout, nout * oes);
+        OK(ei__cuda_attention(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, NULL, 0));
+        dev_get(hout, dout, nout * oes);
+        for (i = 0; i < nout; i++)
+            got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
+        unwritten = 0;
+        for (i = 0; i < nout; i++)
+            if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) unwritten++;
+        err2 = 0; ref2 = 0; maxerr = 0;
+        for (t = q_offset; t < n; t += stride_t)
+            for (h = 0; h < nh; h++)
+                for (d = 0; d < D; d++) {
+                    size_t at = ((size_t)(t - q_offset) * nh + h) * D + d;
+                    double e = (double)got[at] - ref[at];
+                    err2 += e * e;
+                    ref2 += (double)ref[at] * ref[at];
+                    if (fabs(e) > maxerr) maxerr = fabs(e);
+                }
+        {
+            double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
+            const char *dn = dt == EI_BF16 ? "bf16" : "f16", *on = out_dt == EI_F32 ? "f32" : out_dt == EI_BF16 ? "bf16" : "f16";
+            CHECK(unwritten == 0, "attention: %d outputs unwritten or non-finite", unwritten);
+            CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s cta %s: rel err %.3g max %.3g",
+                  (long long)n, nh, nkv, D, use_plan ? "sparse" : "dense", shapes[shape], rel, maxerr);
+            printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld cta %s: rel L2 err %.2e max abs %.2e %s\n",
+                   (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, shapes[shape], rel,
+                   maxerr, unwritten == 0 && rel < 1e-2 && maxerr < 5e-2 ? "ok" : "FAILED");
+        }
     }
+    unsetenv("EI_CUDA_ATTN_CFG");
     if (use_plan) gpu_plan_free(&gp);
     dev_free(dq); dev_free(dk); dev_free(dv); dev_free(dout);
     free(hout); free(got); free(ref); free(q); free(k); free(v);

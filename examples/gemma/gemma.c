@@ -182,7 +182,11 @@ void gm_pool_destroy(gm_pool *p) {
         }                                                                                              \
     }
 
-GM_DEFINE_MATMUL(mm_v8, , 8, 3)
+#if defined(__AVX__)
+GM_DEFINE_MATMUL(mm_v8, , 8, 3)  /* 12 accumulators of 8 floats */
+#else
+GM_DEFINE_MATMUL(mm_v8, , 4, 1)  /* portable build: 16-byte vectors (SSE, NEON) */
+#endif
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GEMMA_NO_AVX512)
 #define GM_HAVE_AVX512_PATH 1
 GM_DEFINE_MATMUL(mm_v16, __attribute__((target("avx512f,fma"))), 16, 8)
@@ -274,50 +278,6 @@ static void rope(float *x, int d, const float *cs, const float *sn) {
         float a = x[i], b = x[i + h];
         x[i] = a * cs[i] - b * sn[i];
         x[i + h] = a * sn[i] + b * cs[i];
-    }
-}
-
-/* Debug aid (GEMMA_EMULATE_Q8=1): round activations the way llama.cpp's CPU
-   backend does before quantized-weight matmuls (q8_0: blocks of 32 with an
-   f16 scale; q8_K: blocks of 256 with an f32 scale), so check_logits can
-   show the remaining differences come from that rounding. */
-static int emulate_q8(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("GEMMA_EMULATE_Q8") && atoi(getenv("GEMMA_EMULATE_Q8")) > 0;
-    return v;
-}
-static uint16_t f32_to_f16_rne(float f) {
-    uint32_t u, sign, e, man;
-    memcpy(&u, &f, 4);
-    sign = (u >> 16) & 0x8000;
-    e = (u >> 23) & 0xff;
-    man = u & 0x7fffff;
-    if (e >= 143) return (uint16_t)(sign | 0x7c00);  /* overflow -> inf (not reached here) */
-    if (e < 113) return (uint16_t)sign;              /* tiny -> 0 (good enough for scales) */
-    {
-        uint32_t h = ((e - 112) << 10) | (man >> 13), rest = man & 0x1fff;
-        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-}
-static void round_act(float *x, int64_t n, int blk_k) {
-    int64_t b, i;
-    for (b = 0; b + (blk_k ? 256 : 32) <= n; b += blk_k ? 256 : 32) {
-        int len = blk_k ? 256 : 32;
-        float amax = 0, mx = 0;
-        for (i = 0; i < len; i++) if (fabsf(x[b + i]) > amax) { amax = fabsf(x[b + i]); mx = x[b + i]; }
-        if (amax == 0) continue;
-        if (blk_k) {
-            float iscale = -127.0f / mx;
-            for (i = 0; i < len; i++) {
-                float q = nearbyintf(iscale * x[b + i]);
-                if (q > 127) q = 127;
-                x[b + i] = q / iscale;
-            }
-        } else {
-            float d = amax / 127.0f, id = 1.0f / d, dh = gguf_f16_to_f32(f32_to_f16_rne(d));
-            for (i = 0; i < len; i++) x[b + i] = roundf(x[b + i] * id) * dh;
-        }
     }
 }
 
@@ -613,7 +573,10 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
 #ifndef GEMMA_WITH_EI
     if (mode != GM_ATTN_DENSE_OWN) return fail(err, errlen, "state: built without entropyinfer (GEMMA_WITH_EI)");
 #endif
-    if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx) return fail(err, errlen, "state: bad sizes");
+    if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx) {
+        fail(err, errlen, "state: bad sizes (max_ctx %lld, max_batch %d)", (long long)max_ctx, max_batch);
+        goto bad;
+    }
     s->k_cache = (float **)calloc((size_t)hp->n_layer, sizeof(float *));
     s->v_cache = (float **)calloc((size_t)hp->n_layer, sizeof(float *));
     s->cache_len = (int64_t *)calloc((size_t)hp->n_layer, sizeof(int64_t));
@@ -657,9 +620,9 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         s->ei_cfg.attn_scale = hp->attn_scale;
         if (s->ei_cfg.decode_scale == 0) s->ei_cfg.decode_scale = hp->attn_scale;
         if ((r = ei_context_create(&s->ei_cfg, &s->ei)) != EI_OK)
-            return fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error());
+            { fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if (max_batch % s->ei_cfg.segment_size)
-            return fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size);
+            { fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size); goto bad; }
         s->plans = (ei_plan *)calloc((size_t)hp->n_layer, sizeof(ei_plan));
         s->decs = (ei_decoder *)calloc((size_t)hp->n_layer, sizeof(ei_decoder));
         s->dec_mem = (void **)calloc((size_t)hp->n_layer, sizeof(void *));
@@ -667,21 +630,21 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         for (l = 0; l < hp->n_layer; l++) {
             if (!m->layers[l].is_global) continue;
             if (mode == GM_ATTN_EI_SPARSE) {
-                if ((r = ei_plan_alloc(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, EI_PLAN_CHUNKED)) != EI_OK)
-                    return fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error());
+                if ((r = ei_plan_alloc(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED)) != EI_OK)
+                    { fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
                 if ((r = ei_decoder_size(s->ei, H, D, &b)) != EI_OK)
-                    return fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error());
+                    { fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
                 if (!(s->dec_mem[l] = malloc(b))) goto oom;
                 if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], b)) != EI_OK)
-                    return fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error());
+                    { fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
             }
         }
         if ((r = ei_profile_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, D, &s->prof_ws_bytes)) != EI_OK)
-            return fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+            { fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if ((r = ei_attention_workspace_size(s->ei, H, hp->n_kv_head, D, &s->attn_ws_bytes)) != EI_OK)
-            return fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+            { fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if ((r = ei_decode_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, &s->dec_ws_bytes)) != EI_OK)
-            return fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error());
+            { fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
         s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes : 1);
         s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
@@ -692,8 +655,10 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
 #endif
     return 0;
 oom:
+    fail(err, errlen, "state: out of memory (max_ctx %lld)", (long long)max_ctx);
+bad:
     gm_state_free(s);
-    return fail(err, errlen, "state: out of memory (max_ctx %lld)", (long long)max_ctx);
+    return -1;
 }
 
 void gm_state_free(gm_state *s) {
@@ -825,7 +790,7 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
         return -1;
     ko = ei_out_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
     vo = ei_out_tensor_make(s->v_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
-    if (ei_check(s, ei_kv_compact(&keep, &ko, &vo), "ei_kv_compact", err, errlen)) return -1;
+    if (ei_check(s, ei_kv_compact(s->ei, &keep, &ko, &vo), "ei_kv_compact", err, errlen)) return -1;
     s->cache_len[l] = keep.n_kept;
     s->stats.t_compress += gm_now() - t0;
     s->stats.n_compress++;
@@ -864,7 +829,6 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         int64_t row0 = s->cache_len[l];
         mm_job j;
         for (i = 0; i < n; i++) rmsnorm(s->xn + (size_t)i * Dm, s->x + (size_t)i * Dm, L->attn_norm, Dm, hp->eps);
-        if (emulate_q8()) round_act(s->xn, (int64_t)n * Dm, 0);
         t0 = gm_now();
         memset(&j, 0, sizeof j);
         j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 3;
@@ -909,7 +873,6 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         (void)is_final;
         (void)decode;
         t0 = gm_now();
-        if (emulate_q8()) round_act(s->ao, (int64_t)n * QD, 1);
         matmul(s->pool, s->ao, n, QD, L->wo, Dm, s->tmp);
         s->stats.t_matmul += gm_now() - t0;
         for (i = 0; i < n; i++) {
@@ -919,7 +882,6 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
             for (d = 0; d < Dm; d++) x[d] += t[d];
             rmsnorm(s->xn + (size_t)i * Dm, x, L->ffn_norm, Dm, hp->eps);
         }
-        if (emulate_q8()) round_act(s->xn, (int64_t)n * Dm, 0);
         t0 = gm_now();
         memset(&j, 0, sizeof j);
         j.X = s->xn; j.ldx = Dm; j.n = n; j.in = Dm; j.nw = 2;
@@ -927,7 +889,6 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         j.W[1] = L->w_up; j.out[1] = F; j.Y[1] = s->up;
         gm_pool_run(s->pool, mm_task, &j);
         for (i = 0; i < n * F; i++) s->gate[i] = gelu_tanh(s->gate[i]) * s->up[i];
-        if (emulate_q8()) round_act(s->gate, (int64_t)n * F, 1);
         matmul(s->pool, s->gate, n, F, L->w_down, Dm, s->tmp);
         s->stats.t_matmul += gm_now() - t0;
         for (i = 0; i < n; i++) {
@@ -964,7 +925,6 @@ int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *er
 
 void gm_logits(gm_state *s, const float *hidden, int n, float *logits) {
     const float cap = s->m->hp.final_softcap;
-    if (emulate_q8()) round_act((float *)hidden, (int64_t)n * s->m->hp.d_model, 0); /* debug only */
     matmul(s->pool, hidden, n, s->m->hp.d_model, s->m->out_proj, s->m->hp.n_vocab, logits);
     if (cap > 0) {
         size_t i, N = (size_t)n * s->m->hp.n_vocab;

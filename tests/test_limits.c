@@ -1,0 +1,788 @@
+/* Limits and bad input: overflow-safe size arithmetic up to and past the
+   documented maximums (EI_MAX_TOKENS, EI_MAX_HEADS, EI_MAX_HEAD_DIM,
+   EI_MAX_BUDGET, EI_MAX_SEGMENT), NaN/Inf behaviour (Q and K rejected with
+   EI_ERR_NONFINITE; V propagates, as documented), every code of
+   EI_RESULT_TABLE reached with its message asserted, and regression tests
+   for bugs found by fuzzing (tests/fuzz_regressions/). Guard bytes around
+   every output buffer.
+
+   EI_TEST_SIMD=scalar|avx2|avx512|neon|auto restricts the SIMD paths tested
+   (valgrind has no AVX-512: make test-valgrind runs scalar and avx2). */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+#include "../examples/synth_qk.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0, checks = 0;
+#define CHECK(cond, ...)                                                           \
+    do {                                                                           \
+        checks++;                                                                  \
+        if (!(cond)) {                                                             \
+            failures++;                                                            \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
+            printf(__VA_ARGS__);                                                   \
+            printf("\n");                                                          \
+        }                                                                          \
+    } while (0)
+/* Which codes some test reached, with its message naming it. */
+static int reached[-EI_RESULT_MIN_ + 1];
+#define CHECK_ERR(expr, code)                                                      \
+    do {                                                                           \
+        ei_result r_ = (expr);                                                     \
+        CHECK(r_ == (code), "%s returned %s, expected %s (%s)", #expr, ei_result_name(r_), #code, ei_last_error()); \
+        if (r_ == (code) && r_ != EI_OK) {                                         \
+            CHECK(strstr(ei_last_error(), #code) != NULL, "message '%s' lacks %s", ei_last_error(), #code); \
+            if (strstr(ei_last_error(), #code)) reached[-(int)r_] = 1;             \
+        }                                                                          \
+        if (r_ == EI_OK && (code) == EI_OK) reached[0] = 1;                        \
+    } while (0)
+
+#define GUARD 64
+static void *guarded_alloc(size_t n) {
+    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
+    if (!p) { printf("out of memory\n"); exit(2); }
+    memset(p, 0xA5, GUARD);
+    memset(p + GUARD + n, 0xA5, GUARD);
+    return p + GUARD;
+}
+static int guard_intact(void *mem, size_t n) {
+    unsigned char *p = (unsigned char *)mem - GUARD;
+    size_t i;
+    for (i = 0; i < GUARD; ++i)
+        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
+    return 1;
+}
+static void guarded_free(void *mem) { free((unsigned char *)mem - GUARD); }
+
+/* SIMD paths to test: every supported one, or the one EI_TEST_SIMD names. */
+static int simd_selected(ei_simd p) {
+    const char *e = getenv("EI_TEST_SIMD");
+    if (!ei_cpu_supports(p) || p == EI_SIMD_AUTO) return 0;
+    if (!e || !*e || !strcmp(e, "all")) return 1;
+    if (!strcmp(e, "auto")) { /* the path a default context picks */
+        int best = EI_SIMD_NEON;
+        while (best > EI_SIMD_SCALAR && !ei_cpu_supports((ei_simd)best)) --best;
+        return (int)p == best;
+    }
+    return !strcmp(e, ei_simd_name(p));
+}
+
+#ifdef __SIZEOF_INT128__
+typedef unsigned __int128 wide;
+#define WIDE_MAX_SIZE ((wide)SIZE_MAX)
+#else
+typedef long double wide;
+#define WIDE_MAX_SIZE ((wide)SIZE_MAX)
+#endif
+
+static ei_config small_config(ei_simd simd) {
+    ei_config c = ei_config_default();
+    c.segment_size = 64; c.block_size = 8; c.base_budget = 64; c.threshold_len = 128;
+    c.decode_budget = 96; c.window = 16; c.decode_gap = 4;
+    c.simd = simd;
+    return c;
+}
+
+/* ------------------------------------------------------------ size arithmetic */
+/* A lower bound of a plan's bytes that any implementation of the documented
+   layout needs: entropy, budget, keep_blocks, keep_count, head_class,
+   block_index with rows of the largest possible keep count, and scores /
+   chunked key representations when asked for. */
+static wide plan_lower_bound(const ei_config *c, int64_t T, int32_t kv, int32_t d, uint32_t flags) {
+    wide segs = (wide)((T + c->segment_size - 1) / c->segment_size);
+    wide blks = (segs - 1) * (wide)(c->segment_size / c->block_size);
+    double fmax = c->budget_max_factor > 1.0 ? c->budget_max_factor : 1.0;
+    wide keep = (wide)floor(fmax * (double)c->base_budget / (double)c->block_size);
+    wide rows = (wide)kv * segs, total;
+    if (keep > blks) keep = blks;
+    total = rows * 16u + (wide)kv + rows * keep * 4u;
+    if (flags & EI_PLAN_SCORES) total += rows * (blks > 0 ? blks : 1) * 4u;
+    if (flags & EI_PLAN_CHUNKED) total += (wide)kv * 2u * (wide)d * blks * 4u;
+    return total;
+}
+
+static void check_plan_size(const ei_context *ctx, int64_t T, int32_t kv, int32_t d, uint32_t flags) {
+    const ei_config *c = ei_context_config(ctx);
+    size_t bytes = 12345;
+    ei_result r = ei_plan_size(ctx, T, kv, d, flags, &bytes);
+    int in_range = T >= 1 && T <= EI_MAX_TOKENS && kv >= 1 && kv <= EI_MAX_HEADS && d >= 1 && d <= EI_MAX_HEAD_DIM;
+    if (!in_range) {
+        CHECK_ERR(r, EI_ERR_SIZE);
+        return;
+    }
+    {
+        wide lb = plan_lower_bound(c, T, kv, d, flags);
+        if (lb > WIDE_MAX_SIZE) CHECK_ERR(r, EI_ERR_OVERFLOW);
+        else if (r == EI_OK) {
+            CHECK((wide)bytes >= lb, "plan_size(%lld, %d, %d, %u) = %zu below the layout's %.0Lf bytes (wrapped?)",
+                  (long long)T, kv, d, flags, bytes, (long double)lb);
+            /* and not absurdly more (padding: 64-byte alignment per array, 16-block rows of key representations) */
+            CHECK((wide)bytes <= lb * 4u + (wide)kv * (wide)d * 8u * 64u + 1048576u, "plan_size(%lld, %d, %d, %u) = %zu, far above %.0Lf",
+                  (long long)T, kv, d, flags, bytes, (long double)lb);
+            reached[0] = 1;
+        } else
+            CHECK(r == EI_ERR_OVERFLOW, "plan_size(%lld, %d, %d, %u): %s for a size of %.0Lf bytes", (long long)T, kv, d, flags,
+                  ei_result_name(r), (long double)lb);
+    }
+}
+
+static void test_size_arithmetic(void) {
+    static const int64_t toks[] = {1, 511, 512, 513, 4096, 1000003, EI_MAX_TOKENS - 1, EI_MAX_TOKENS, EI_MAX_TOKENS + 1, 0, -1, INT64_MAX};
+    static const int32_t kvs[] = {1, 8, EI_MAX_HEADS, EI_MAX_HEADS + 1, 0, -5};
+    static const int32_t dims[] = {1, 128, EI_MAX_HEAD_DIM, EI_MAX_HEAD_DIM + 1, 0};
+    ei_config cfgs[4];
+    int ci;
+    cfgs[0] = ei_config_default();
+    cfgs[1] = ei_config_default(); /* the largest plans: one-token segments and blocks, the largest budget */
+    cfgs[1].segment_size = 1; cfgs[1].block_size = 1; cfgs[1].base_budget = EI_MAX_BUDGET; cfgs[1].budget_max_factor = 64.0;
+    cfgs[1].threshold_len = 0;
+    cfgs[2] = ei_config_default(); /* the largest segments */
+    cfgs[2].segment_size = EI_MAX_SEGMENT; cfgs[2].block_size = 1; cfgs[2].base_budget = EI_MAX_BUDGET;
+    cfgs[2].budget_max_factor = 64.0;
+    cfgs[3] = ei_config_default(); /* the largest decode window and budget */
+    cfgs[3].window = 65536; cfgs[3].decode_gap = 65536; cfgs[3].decode_budget = EI_MAX_BUDGET; cfgs[3].pool_kernel = 1023;
+    for (ci = 0; ci < 4; ++ci) {
+        ei_context *ctx;
+        size_t ti, ki, di, b, prev;
+        uint32_t flags;
+        CHECK_ERR(ei_context_create(&cfgs[ci], &ctx), EI_OK);
+        if (!ctx) continue;
+        for (ti = 0; ti < sizeof toks / sizeof toks[0]; ++ti)
+            for (ki = 0; ki < sizeof kvs / sizeof kvs[0]; ++ki)
+                for (di = 0; di < sizeof dims / sizeof dims[0]; ++di)
+                    for (flags = 0; flags < 4; ++flags) check_plan_size(ctx, toks[ti], kvs[ki], dims[di], flags);
+        /* profiling workspace: monotone in every argument, holds the key
+           representations [2][d][blocks], EI_ERR_SIZE past the limits */
+        for (di = 0; di < 3; ++di) {
+            prev = 0;
+            for (ti = 0; ti < 8; ++ti) {
+                int64_t T = toks[ti];
+                ei_result r = ei_profile_workspace_size(ctx, T, EI_MAX_HEADS, 1, dims[di], &b);
+                const ei_config *c = &cfgs[ci];
+                wide segs = (wide)((T + c->segment_size - 1) / c->segment_size);
+                wide lb = (wide)2 * (wide)dims[di] * (segs - 1) * (wide)(c->segment_size / c->block_size) * 4u;
+                if (r == EI_OK) {
+                    CHECK((wide)b >= lb && b >= prev, "profile workspace %zu for %lld tokens (previous %zu, needs >= %.0Lf)", b,
+                          (long long)T, prev, (long double)lb);
+                    prev = b;
+                } else
+                    CHECK(r == EI_ERR_OVERFLOW && lb > WIDE_MAX_SIZE / 4u, "profile workspace for %lld tokens: %s", (long long)T,
+                          ei_result_name(r));
+            }
+        }
+        CHECK_ERR(ei_profile_workspace_size(ctx, EI_MAX_TOKENS + 1, 8, 8, 64, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_workspace_size(ctx, 4096, EI_MAX_HEADS + 1, 1, 64, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_workspace_size(ctx, 4096, 8, 8, EI_MAX_HEAD_DIM + 1, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_workspace_size(ctx, 4096, 8, 3, 64, &b), EI_ERR_GQA);
+        /* decode workspace: logits of one kv group's window queries [G*window][n]
+           and per-query-head means [H][n] at least */
+        {
+            static const int32_t hs[] = {1, 64, EI_MAX_HEADS};
+            size_t hi;
+            for (hi = 0; hi < 3; ++hi) {
+                prev = 0;
+                for (ti = 0; ti < 9; ++ti) {
+                    int64_t T = toks[ti];
+                    ei_result r = ei_decode_workspace_size(ctx, T, hs[hi], 1, &b);
+                    wide lb = (wide)hs[hi] * (wide)cfgs[ci].window * (wide)T * 4u + (wide)hs[hi] * (wide)T * 4u;
+                    if (T > EI_MAX_TOKENS) { CHECK_ERR(r, EI_ERR_SIZE); continue; }
+                    if (lb > WIDE_MAX_SIZE) { CHECK_ERR(r, EI_ERR_OVERFLOW); continue; }
+                    CHECK(r == EI_OK && (wide)b >= lb && b >= prev, "decode workspace(%lld, %d) = %s %zu, needs >= %.0Lf",
+                          (long long)T, hs[hi], ei_result_name(r), b, (long double)lb);
+                    prev = b;
+                }
+            }
+        }
+        CHECK_ERR(ei_decode_workspace_size(ctx, 0, 8, 8, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_decode_workspace_size(ctx, 100, 8, 0, &b), EI_ERR_SIZE);
+        /* decoder: the ring of window queries */
+        CHECK_ERR(ei_decoder_size(ctx, EI_MAX_HEADS, EI_MAX_HEAD_DIM, &b), EI_OK);
+        CHECK((wide)b >= (wide)cfgs[ci].window * EI_MAX_HEADS * EI_MAX_HEAD_DIM * 4u, "decoder size %zu wrapped", b);
+        CHECK_ERR(ei_decoder_size(ctx, EI_MAX_HEADS + 1, 64, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_decoder_size(ctx, 8, EI_MAX_HEAD_DIM + 1, &b), EI_ERR_SIZE);
+        /* attention workspace: sane at the limits, monotone in head_dim */
+        {
+            size_t a1 = 0, a2 = 0;
+            ei_result r1 = ei_attention_workspace_size(ctx, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, &a1);
+            ei_result r2 = ei_attention_workspace_size(ctx, EI_MAX_HEADS, 1, 64, &a2);
+            CHECK(r1 == EI_OK && r2 == EI_OK && a1 >= a2 && a2 >= 64u * 4u, "attention workspace %s %zu / %s %zu",
+                  ei_result_name(r1), a1, ei_result_name(r2), a2);
+            CHECK_ERR(ei_attention_workspace_size(ctx, EI_MAX_HEADS + 1, 1, 64, &a1), EI_ERR_SIZE);
+            CHECK_ERR(ei_attention_workspace_size(ctx, 8, 8, EI_MAX_HEAD_DIM + 1, &a1), EI_ERR_SIZE);
+            CHECK_ERR(ei_attention_workspace_size(ctx, 8, 3, 64, &a1), EI_ERR_GQA);
+            CHECK_ERR(ei_attention_workspace_size(ctx, 8, 8, 64, NULL), EI_ERR_NULL);
+        }
+        ei_context_destroy(ctx);
+    }
+    /* configuration limits: at the maximum accepted, one past refused */
+    {
+        ei_config c;
+        ei_context *ctx;
+#define AT_AND_PAST(field, at, past)                                              \
+        c = ei_config_default(); c.field = at;                                    \
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK); ei_context_destroy(ctx);  \
+        c.field = past;                                                           \
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        AT_AND_PAST(segment_size, EI_MAX_SEGMENT, EI_MAX_SEGMENT + 1);
+        AT_AND_PAST(base_budget, EI_MAX_BUDGET, EI_MAX_BUDGET + 1);
+        AT_AND_PAST(decode_budget, EI_MAX_BUDGET, EI_MAX_BUDGET + 1);
+        AT_AND_PAST(budget_max_factor, 64.0, 64.5);
+        AT_AND_PAST(pool_kernel, 1023, 1025);
+        AT_AND_PAST(threshold_len, INT64_MAX, -1);
+        AT_AND_PAST(recompress_every, INT32_MAX, -1);
+        c = ei_config_default(); c.window = 65536; c.decode_gap = 16; c.decode_budget = 65536;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK); ei_context_destroy(ctx);
+        c.window = 65537; c.decode_budget = 65537;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+#undef AT_AND_PAST
+    }
+}
+
+/* Views: strides past 2^40 are refused; the largest accepted view must have
+   every element offset representable (its byte extent fits in int64). */
+static void test_view_extent(void) {
+    ei_context *ctx;
+    float x[8] = {0};
+    static const int64_t strides[] = {1, 1024, (int64_t)1 << 20, (int64_t)1 << 30, (int64_t)1 << 36, (int64_t)1 << 37,
+                                      (int64_t)1 << 40};
+    size_t i, j;
+    CHECK_ERR(ei_context_create(NULL, &ctx), EI_OK);
+    CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 1, 1, ((int64_t)1 << 40) + 1, 1, "t"), EI_ERR_OVERFLOW);
+    CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 2, 1, 2, ((int64_t)1 << 41), "t"), EI_ERR_OVERFLOW);
+    for (i = 0; i < sizeof strides / sizeof strides[0]; ++i)
+        for (j = 0; j < 2; ++j) {
+            int64_t ts = strides[i], hs = j ? 1024 : 1;
+            int64_t n = EI_MAX_TOKENS;
+            int32_t heads = j ? 1 : 1, d = j ? EI_MAX_HEAD_DIM : 1;
+            ei_result r;
+            if (j) { ts = strides[i] < 1024 ? 1024 : strides[i]; }
+            r = ei__check_view(ctx, x, EI_F32, n, heads, d, ts, hs, "t");
+            if (r == EI_OK) {
+                /* the last element's byte offset, exactly */
+                wide last = ((wide)(n - 1) * (wide)ts + (wide)(heads - 1) * (wide)hs + (wide)d) * 4u;
+                CHECK(last <= (wide)INT64_MAX, "a view of %lld tokens with token stride %lld was accepted, but its last "
+                      "element lies %.3Le bytes away: offsets overflow int64 in ei__row (tok * token_stride)",
+                      (long long)n, (long long)ts, (long double)last);
+            } else
+                CHECK(r == EI_ERR_OVERFLOW || r == EI_ERR_SIZE, "view refused with %s", ei_result_name(r));
+        }
+    ei_context_destroy(ctx);
+}
+
+/* ------------------------------------------------------------ NaN / Inf */
+typedef struct layer { long n; int heads, kv, dim; float *q, *k, *v; } layer;
+static layer make_layer(long n, int heads, int kv, int dim, uint64_t seed) {
+    layer L;
+    long i;
+    L.n = n; L.heads = heads; L.kv = kv; L.dim = dim;
+    L.q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim);
+    L.k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    L.v = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    synth_qk(L.q, L.k, n, heads, kv, dim, 64, 2, seed);
+    for (i = 0; i < n * kv * dim; ++i) L.v[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    return L;
+}
+static void free_layer(layer *L) { free(L->q); free(L->k); free(L->v); }
+
+/* A copy of an f32 buffer in another dtype (caller frees). */
+static void *convert(const float *x, size_t n, ei_dtype dt) {
+    size_t i;
+    if (dt == EI_F32) { float *y = (float *)malloc(n * 4); memcpy(y, x, n * 4); return y; }
+    {
+        uint16_t *y = (uint16_t *)malloc(n * 2);
+        for (i = 0; i < n; ++i) y[i] = dt == EI_BF16 ? ei__f32_to_bf16(x[i]) : ei__f32_to_f16(x[i]);
+        return y;
+    }
+}
+
+static void test_nonfinite(void) {
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    layer L = make_layer(300, 4, 2, 32, 5);
+    size_t nq = (size_t)L.n * L.heads * L.dim, nk = (size_t)L.n * L.kv * L.dim;
+    int p, dt, bi;
+    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+        ei_config c = small_config((ei_simd)p);
+        ei_context *ctx;
+        ei_plan plan;
+        size_t wb;
+        void *ws;
+        if (!simd_selected((ei_simd)p)) continue;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+        ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+        ws = guarded_alloc(wb);
+        for (dt = 0; dt < 3; ++dt)
+            for (bi = 0; bi < 3; ++bi) {
+                /* Q: in a segment's interior and in the last (partial) segment; K: in a
+                   scored block and in the never-scored tail */
+                static const long qpos[] = {77, 299}, kpos[] = {13, 290};
+                int w;
+                for (w = 0; w < 2; ++w) {
+                    float saved;
+                    void *qd, *kd;
+                    ei_tensor q, k;
+                    saved = L.q[(size_t)qpos[w] * L.heads * L.dim + 3];
+                    L.q[(size_t)qpos[w] * L.heads * L.dim + 3] = bad[bi];
+                    qd = convert(L.q, nq, (ei_dtype)dt); kd = convert(L.k, nk, (ei_dtype)dt);
+                    q = ei_tensor_make(qd, (ei_dtype)dt, L.n, L.heads, L.dim);
+                    k = ei_tensor_make(kd, (ei_dtype)dt, L.n, L.kv, L.dim);
+                    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+                    CHECK_ERR(ei_plan_reset(&plan), EI_OK);
+                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_NONFINITE);
+                    L.q[(size_t)qpos[w] * L.heads * L.dim + 3] = saved;
+                    free(qd); free(kd);
+                    saved = L.k[(size_t)kpos[w] * L.kv * L.dim + 1];
+                    L.k[(size_t)kpos[w] * L.kv * L.dim + 1] = bad[bi];
+                    qd = convert(L.q, nq, (ei_dtype)dt); kd = convert(L.k, nk, (ei_dtype)dt);
+                    q.data = qd; k.data = kd;
+                    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+                    CHECK_ERR(ei_plan_reset(&plan), EI_OK);
+                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_NONFINITE);
+                    L.k[(size_t)kpos[w] * L.kv * L.dim + 1] = saved;
+                    free(qd); free(kd);
+                    CHECK_ERR(ei_plan_reset(&plan), EI_OK);
+                }
+            }
+        /* denormals and -0 are ordinary finite input */
+        {
+            ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+            float sq = L.q[5], sk = L.k[9];
+            L.q[5] = 1e-42f; L.k[9] = -0.0f;
+            CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_OK);
+            L.q[5] = sq; L.k[9] = sk;
+        }
+        CHECK(guard_intact(ws, wb), "profile workspace guard");
+        guarded_free(ws);
+        ei_plan_free(ctx, &plan);
+        ei_context_destroy(ctx);
+    }
+    free_layer(&L);
+}
+
+/* Decode: non-finite K rejected; finite but huge Q.K that overflows to NaN
+   logits must not produce a keep-set ranked on NaN. */
+static void test_decode_nonfinite(void) {
+    const int heads = 4, kv = 2, dim = 16;
+    long n = 200, t;
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_decoder dec;
+    ei_keep_set ks;
+    void *dm, *ws;
+    size_t db, wb, idx_bytes;
+    float *q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim), *k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
+    ei_tensor qt, kt;
+    synth_qk(q, k, n, heads, kv, dim, 64, 2, 3);
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_decoder_size(ctx, heads, dim, &db);
+    ei_decode_workspace_size(ctx, n, heads, kv, &wb);
+    dm = guarded_alloc(db);
+    ws = guarded_alloc(wb);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, heads, kv, dim, dm, db), EI_OK);
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = kv;
+    ks.capacity = c.decode_budget;
+    idx_bytes = sizeof(int32_t) * (size_t)kv * (size_t)c.decode_budget;
+    ks.index = (int32_t *)guarded_alloc(idx_bytes);
+    qt = ei_tensor_make(q, EI_F32, n, heads, dim);
+    kt = ei_tensor_make(k, EI_F32, n, kv, dim);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    k[(size_t)17 * kv * dim + 2] = INFINITY;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_NONFINITE);
+    k[(size_t)17 * kv * dim + 2] = NAN;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_NONFINITE);
+    k[(size_t)17 * kv * dim + 2] = 0.5f;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
+    /* finite input whose products overflow: +inf and -inf terms give NaN logits */
+    CHECK_ERR(ei_decoder_reset(&dec), EI_OK);
+    for (t = n - c.window; t < n; ++t) { q[(size_t)t * heads * dim + 0] = 3e38f; q[(size_t)t * heads * dim + 1] = 3e38f; }
+    k[(size_t)40 * kv * dim + 0] = 3e38f;
+    k[(size_t)40 * kv * dim + 1] = -3e38f;
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    {
+        ei_result r = ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb);
+        CHECK(r == EI_ERR_NONFINITE, "decode scores that overflow to NaN (q 3e38 x k +-3e38) gave %s, not EI_ERR_NONFINITE: "
+              "the keep-set was ranked on NaN scores", ei_result_name(r));
+    }
+    CHECK(guard_intact(ks.index, idx_bytes) && guard_intact(ws, wb) && guard_intact(dm, db), "decode guards");
+    guarded_free(ks.index); guarded_free(ws); guarded_free(dm);
+    free(q); free(k);
+    ei_context_destroy(ctx);
+}
+
+/* V is not scanned: NaN in V propagates to exactly the outputs that attend
+   to it (dense causal: every query at or after its token), nothing else. */
+static void test_v_propagates(void) {
+    layer L = make_layer(130, 4, 2, 16, 9);
+    int p;
+    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+        ei_config c = small_config((ei_simd)p);
+        ei_context *ctx;
+        size_t wb, ob = sizeof(float) * (size_t)L.n * L.heads * L.dim;
+        void *ws;
+        float *out;
+        ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+        ei_tensor v = ei_tensor_make(L.v, EI_F32, L.n, L.kv, L.dim);
+        ei_out_tensor o;
+        long t;
+        int h, i, nan_before = 0, finite_after = 0;
+        const long bad_tok = 70;
+        if (!simd_selected((ei_simd)p)) continue;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        CHECK_ERR(ei_attention_workspace_size(ctx, L.heads, L.kv, L.dim, &wb), EI_OK);
+        ws = guarded_alloc(wb);
+        out = (float *)guarded_alloc(ob);
+        o = ei_out_tensor_make(out, EI_F32, L.n, L.heads, L.dim);
+        L.v[((size_t)bad_tok * L.kv + 1) * L.dim + 4] = NAN; /* kv head 1, dim 4 */
+        CHECK_ERR(ei_attention_prefill(ctx, &q, &k, &v, NULL, &o, 0, 0, 1, ws, wb), EI_OK);
+        for (t = 0; t < L.n; ++t)
+            for (h = 0; h < L.heads; ++h)
+                for (i = 0; i < L.dim; ++i) {
+                    float x = out[((size_t)t * L.heads + h) * L.dim + i];
+                    int affected = t >= bad_tok && h / (L.heads / L.kv) == 1 && i == 4;
+                    if (!affected && x != x) nan_before++;
+                    if (affected && x == x) finite_after++;
+                }
+        CHECK(nan_before == 0, "%s: NaN in V reached %d outputs that do not attend to it", ei_simd_name((ei_simd)p), nan_before);
+        CHECK(finite_after == 0, "%s: %d outputs attending to a NaN in V are finite (documented: it propagates)",
+              ei_simd_name((ei_simd)p), finite_after);
+        L.v[((size_t)bad_tok * L.kv + 1) * L.dim + 4] = 0.25f;
+        CHECK(guard_intact(out, ob) && guard_intact(ws, wb), "attention guards");
+        guarded_free(out); guarded_free(ws);
+        ei_context_destroy(ctx);
+    }
+    free_layer(&L);
+}
+
+/* ------------------------------------------------------------ every result code */
+static int alloc_budget = 0;
+static void *failing_alloc(size_t n, void *u) { (void)u; return alloc_budget-- > 0 ? malloc(n) : NULL; }
+static void failing_free(void *p, void *u) { (void)u; free(p); }
+
+static void test_every_code(void) {
+    layer L = make_layer(200, 4, 2, 16, 1);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx = NULL, *bad = NULL;
+    ei_plan plan;
+    ei_decoder dec;
+    ei_keep_set ks;
+    size_t wb, b;
+    void *ws, *dm;
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), x;
+    int p;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = guarded_alloc(wb);
+    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
+    /* EI_ERR_NULL */
+    CHECK_ERR(ei_context_create(NULL, NULL), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, NULL, wb), EI_ERR_NULL);
+    /* EI_ERR_SIZE */
+    CHECK_ERR(ei_plan_size(ctx, EI_MAX_TOKENS + 1, 2, 16, 0, &b), EI_ERR_SIZE);
+    x = q; x.n_tokens = 0;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SIZE);
+    /* EI_ERR_GQA */
+    x = q; x.n_heads = 3; x.token_stride = 3 * L.dim;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_GQA);
+    /* EI_ERR_CONFIG */
+    c.block_size = 7;
+    CHECK_ERR(ei_context_create(&c, &bad), EI_ERR_CONFIG);
+    c.block_size = 8;
+    /* EI_ERR_STRIDE */
+    x = q; x.token_stride = 0;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_STRIDE);
+    x = q; x.head_stride = -L.dim;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_STRIDE);
+    /* EI_ERR_DTYPE */
+    x = q; x.dtype = (ei_dtype)7;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_DTYPE);
+    /* EI_ERR_NONFINITE */
+    L.q[100] = NAN;
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+    L.q[100] = 0.5f;
+    /* EI_ERR_OVERFLOW: a plan larger than size_t, and a stride past 2^40 */
+    {
+        ei_config big = ei_config_default();
+        ei_context *cb;
+        big.segment_size = 1; big.block_size = 1; big.base_budget = EI_MAX_BUDGET; big.budget_max_factor = 64.0;
+        CHECK_ERR(ei_context_create(&big, &cb), EI_OK);
+        CHECK_ERR(ei_plan_size(cb, EI_MAX_TOKENS, EI_MAX_HEADS, EI_MAX_HEAD_DIM, EI_PLAN_SCORES, &b), EI_ERR_OVERFLOW);
+        ei_context_destroy(cb);
+    }
+    x = q; x.token_stride = ((int64_t)1 << 41);
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_OVERFLOW);
+    /* EI_ERR_WORKSPACE */
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb - 1), EI_ERR_WORKSPACE);
+    /* EI_ERR_NOMEM: the allocator fails for the context, then for a plan */
+    {
+        ei_config cn = small_config(EI_SIMD_AUTO);
+        ei_context *cx = NULL;
+        ei_plan pn;
+        cn.allocator.alloc = failing_alloc;
+        cn.allocator.free = failing_free;
+        alloc_budget = 0;
+        CHECK_ERR(ei_context_create(&cn, &cx), EI_ERR_NOMEM);
+        CHECK(cx == NULL, "context returned after NOMEM");
+        alloc_budget = 1;
+        CHECK_ERR(ei_context_create(&cn, &cx), EI_OK);
+        CHECK_ERR(ei_plan_alloc(cx, &pn, 1000, 2, 16, 0), EI_ERR_NOMEM);
+        ei_context_destroy(cx);
+    }
+    /* EI_ERR_STATE: keep-set before any query was observed; chunked planning on a plain plan */
+    ei_decoder_size(ctx, L.heads, L.dim, &b);
+    dm = guarded_alloc(b);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm, b), EI_OK);
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = L.kv;
+    ks.capacity = c.decode_budget;
+    ks.index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)L.kv * (size_t)c.decode_budget);
+    {
+        size_t dwb;
+        void *dws;
+        ei_decode_workspace_size(ctx, L.n, L.heads, L.kv, &dwb);
+        dws = guarded_alloc(dwb);
+        CHECK_ERR(ei_decode_keep(ctx, &dec, &k, &ks, dws, dwb), EI_ERR_STATE);
+        guarded_free(dws);
+    }
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_STATE);
+    /* EI_ERR_SHAPE */
+    x = q; x.head_dim = 8; x.head_stride = 8; x.token_stride = 8 * L.heads;
+    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
+    /* EI_ERR_UNSUPPORTED: forcing a SIMD path this CPU/build lacks */
+    for (p = EI_SIMD_AVX2; p <= EI_SIMD_NEON; ++p)
+        if (!ei_cpu_supports((ei_simd)p)) {
+            ei_config cu = small_config((ei_simd)p);
+            CHECK_ERR(ei_context_create(&cu, &bad), EI_ERR_UNSUPPORTED);
+            break;
+        }
+    /* EI_ERR_BACKEND: the CUDA backend from a library that is not there */
+    {
+        ei_config cc = small_config(EI_SIMD_AUTO);
+        cc.backend = EI_BACKEND_CUDA;
+        cc.cuda_library = "/nonexistent/libentropyinfer_cuda.so";
+        CHECK_ERR(ei_context_create(&cc, &bad), EI_ERR_BACKEND);
+    }
+    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_OK);
+    CHECK(guard_intact(ws, wb) && guard_intact(dm, b), "guards");
+    guarded_free(ks.index); guarded_free(dm); guarded_free(ws);
+    ei_plan_free(ctx, &plan);
+    ei_context_destroy(ctx);
+    free_layer(&L);
+    /* the table: every code reached with a message naming it */
+#define EI__REACHED(name, value, text)                                                 \
+    CHECK(reached[-(value)], "%s (%d) was not reached by any test with its message", #name, value); \
+    printf("  %-20s %s\n", #name, reached[-(value)] ? "reached, message names it" : "NOT REACHED");
+    EI_RESULT_TABLE(EI__REACHED)
+#undef EI__REACHED
+}
+
+/* ------------------------------------------------------------ any alignment */
+/* A buffer of exactly n bytes starting at (64-byte boundary + offset), with
+   guard bytes on both sides: sizes returned by the *_size functions must be
+   enough at any alignment (found by the fuzz replay: the profiling workspace
+   reserved mx/mn as one array but carved two, 64-byte rounded each). */
+typedef struct placed { unsigned char *raw; unsigned char *p; size_t n; } placed;
+static placed place(size_t n, unsigned offset) {
+    placed b;
+    uintptr_t a;
+    b.raw = (unsigned char *)malloc(n + 64 + 2 * GUARD + 64);
+    if (!b.raw) { printf("out of memory\n"); exit(2); }
+    a = ((uintptr_t)b.raw + GUARD + 63) & ~(uintptr_t)63;
+    b.p = (unsigned char *)a + offset;
+    b.n = n;
+    memset(b.p - GUARD, 0xA5, GUARD);
+    memset(b.p, 0xFF, n);
+    memset(b.p + n, 0xA5, GUARD);
+    return b;
+}
+static int placed_intact(const placed *b) {
+    size_t i;
+    for (i = 0; i < GUARD; ++i)
+        if (b->p[-1 - (long)i] != 0xA5 || b->p[b->n + i] != 0xA5) return 0;
+    return 1;
+}
+static void test_any_alignment(void) {
+    static const int dims[] = {1, 3, 8, 17, 33, 47, 64, 65, 100};
+    static const unsigned offsets[] = {0, 4, 8, 16, 32, 48, 60};
+    size_t di, oi;
+    int bad = 0;
+    for (di = 0; di < sizeof dims / sizeof dims[0]; ++di) {
+        layer L = make_layer(150, 4, 2, dims[di], 31);
+        ei_config c = small_config(EI_SIMD_AUTO);
+        ei_context *ctx;
+        c.segment_size = 32; c.block_size = 4; c.base_budget = 16; c.threshold_len = 32; c.window = 8; c.decode_gap = 4;
+        c.decode_budget = 40;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        for (oi = 0; oi < sizeof offsets / sizeof offsets[0]; ++oi) {
+            unsigned off = offsets[oi];
+            ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+            ei_tensor v = ei_tensor_make(L.v, EI_F32, L.n, L.kv, L.dim);
+            ei_plan plan;
+            ei_decoder dec;
+            ei_keep_set ks;
+            size_t pb, wb, ab, db, kb;
+            placed pm, ws, as, dm, dws, out;
+            ei_out_tensor o;
+            ei_result r1, r2, r3, r4;
+            ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, &pb);
+            ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+            ei_attention_workspace_size(ctx, L.heads, L.kv, L.dim, &ab);
+            ei_decoder_size(ctx, L.heads, L.dim, &db);
+            ei_decode_workspace_size(ctx, L.n, L.heads, L.kv, &kb);
+            pm = place(pb, off); ws = place(wb, off); as = place(ab, off); dm = place(db, off); dws = place(kb, off);
+            out = place(sizeof(float) * (size_t)L.n * L.heads * L.dim, off & ~3u);
+            o = ei_out_tensor_make(out.p, EI_F32, L.n, L.heads, L.dim);
+            r1 = ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, pm.p, pb);
+            if (r1 == EI_OK) r1 = ei_profile(ctx, &q, &k, &plan, ws.p, wb);
+            if (r1 == EI_OK) r1 = ei_plan_reset(&plan);
+            if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, 1, ws.p, wb);
+            r2 = r1 == EI_OK ? ei_attention_prefill(ctx, &q, &k, &v, &plan, &o, 0, 0, 1, as.p, ab) : r1;
+            r3 = ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm.p, db);
+            if (r3 == EI_OK) r3 = ei_decode_observe(ctx, &dec, &q, 0);
+            memset(&ks, 0, sizeof ks);
+            ks.heads_out = L.kv;
+            ks.capacity = c.decode_budget;
+            ks.index = (int32_t *)malloc(sizeof(int32_t) * (size_t)L.kv * (size_t)c.decode_budget);
+            r4 = r3 == EI_OK ? ei_decode_keep(ctx, &dec, &k, &ks, dws.p, kb) : r3;
+            if (r1 || r2 || r3 || r4 || !placed_intact(&pm) || !placed_intact(&ws) || !placed_intact(&as) ||
+                !placed_intact(&dm) || !placed_intact(&dws) || !placed_intact(&out)) {
+                if (bad++ < 8)
+                    printf("FAIL head_dim %d, memory at 64k+%u: profile %s, attention %s, decoder %s, decode %s, guards %d%d%d%d%d%d\n",
+                           dims[di], off, ei_result_name(r1), ei_result_name(r2), ei_result_name(r3), ei_result_name(r4),
+                           placed_intact(&pm), placed_intact(&ws), placed_intact(&as), placed_intact(&dm), placed_intact(&dws),
+                           placed_intact(&out));
+            }
+            free(ks.index);
+            free(pm.raw); free(ws.raw); free(as.raw); free(dm.raw); free(dws.raw); free(out.raw);
+        }
+        ei_context_destroy(ctx);
+        free_layer(&L);
+    }
+    CHECK(bad == 0, "%d (head_dim, alignment) combinations failed with memory of exactly the queried size", bad);
+}
+
+/* ------------------------------------------------------------ threaded helpers */
+/* tests/fuzz_regressions/profile_mt_worker_error_message.bin: when a worker
+   thread of ei_profile_mt fails (here: NaN in a kv head that thread 1 plans),
+   the code comes back but the message must reach the calling thread too
+   (ei_last_error is thread-local). */
+static void test_mt_error_message(void) {
+    layer L = make_layer(300, 4, 2, 16, 21);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan plan;
+    size_t wb;
+    void *ws;
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    ei_result r;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = guarded_alloc(2 * wb);
+    L.k[(size_t)40 * L.kv * L.dim + 1 * L.dim + 2] = NAN; /* kv head 1: the second thread's */
+    (void)ei_plan_size(ctx, 10, 2, 16, 0, NULL);          /* leaves an EI_ERR_NULL message behind */
+    r = ei_profile_mt(ctx, &q, &k, &plan, 2, ws, 2 * wb);
+    CHECK(r == EI_ERR_NONFINITE, "ei_profile_mt with NaN in kv head 1 returned %s", ei_result_name(r));
+    CHECK(strstr(ei_last_error(), "EI_ERR_NONFINITE") != NULL,
+          "ei_profile_mt returned EI_ERR_NONFINITE from a worker thread, but the caller's ei_last_error() is '%s'", ei_last_error());
+    CHECK(guard_intact(ws, 2 * wb), "workspace guard");
+    guarded_free(ws);
+    ei_plan_free(ctx, &plan);
+    ei_context_destroy(ctx);
+    free_layer(&L);
+}
+
+/* ------------------------------------------------------------ fuzz regressions */
+/* tests/fuzz_regressions/plan_from_other_context_overflow.bin: a plan laid out
+   by a context with a small budget ceiling, profiled with a context with the
+   same segment/block sizes and a larger base_budget. The rows of block_index
+   hold max_keep entries; the second context keeps more blocks per row. The
+   library must refuse (or clamp) instead of writing past the rows. */
+static void test_plan_other_context(void) {
+    layer L = make_layer(1000, 4, 2, 32, 13);
+    ei_config small = small_config(EI_SIMD_AUTO), large = small;
+    ei_context *cs, *cl;
+    ei_plan plan;
+    size_t pb, wb;
+    void *pm, *ws;
+    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    int pass;
+    large.base_budget = 2048;
+    CHECK_ERR(ei_context_create(&small, &cs), EI_OK);
+    CHECK_ERR(ei_context_create(&large, &cl), EI_OK);
+    for (pass = 0; pass < 2; ++pass) {
+        ei_result r;
+        uint32_t flags = pass ? EI_PLAN_CHUNKED : 0;
+        CHECK_ERR(ei_plan_size(cs, L.n, L.kv, L.dim, flags, &pb), EI_OK);
+        pm = guarded_alloc(pb);
+        CHECK_ERR(ei_plan_init(cs, &plan, L.n, L.kv, L.dim, flags, pm, pb), EI_OK);
+        ei_profile_workspace_size(cl, L.n, L.heads, L.kv, L.dim, &wb);
+        ws = guarded_alloc(wb);
+        r = pass ? ei_profile_chunk(cl, &q, &k, &plan, 1, ws, wb) : ei_profile(cl, &q, &k, &plan, ws, wb);
+        CHECK(guard_intact(pm, pb), "%s with another context's plan wrote past the plan memory (result %s)",
+              pass ? "ei_profile_chunk" : "ei_profile", ei_result_name(r));
+        if (r == EI_OK) {
+            int32_t h, s, over = 0;
+            for (h = 0; h < plan.n_kv_heads; ++h)
+                for (s = 0; s < plan.n_segments; ++s)
+                    if (plan.keep_count[(size_t)h * plan.seg_capacity + s] > plan.max_keep) over++;
+            CHECK(over == 0, "%s accepted another context's plan and wrote %d rows longer than max_keep %d",
+                  pass ? "ei_profile_chunk" : "ei_profile", over, plan.max_keep);
+        } else
+            CHECK(strstr(ei_last_error(), ei_result_name(r)) != NULL, "message names the code");
+        guarded_free(ws);
+        guarded_free(pm);
+    }
+    ei_context_destroy(cs);
+    ei_context_destroy(cl);
+    free_layer(&L);
+}
+
+/* The regression above corrupts the heap when the bug is present: run it in
+   a child process so the other tests still report. */
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/wait.h>
+#include <unistd.h>
+static void run_isolated(void (*fn)(void), const char *name) {
+    pid_t pid;
+    int status = 0;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        int before = failures;
+        fn();
+        fflush(stdout);
+        _exit(failures > before ? 1 : 0);
+    }
+    checks++;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        failures++;
+        printf("FAIL %s: %s (child %s %d)\n", name, "failed or crashed",
+               pid > 0 && WIFSIGNALED(status) ? "killed by signal" : "exit status",
+               pid > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    }
+}
+#else
+static void run_isolated(void (*fn)(void), const char *name) { (void)name; fn(); }
+#endif
+
+int main(void) {
+    const char *e = getenv("EI_TEST_SIMD");
+    printf("entropyinfer %s limits tests (SIMD: %s)\n", EI_VERSION_STRING, e && *e ? e : "all supported");
+    test_size_arithmetic();
+    test_view_extent();
+    test_nonfinite();
+    test_decode_nonfinite();
+    test_v_propagates();
+    test_every_code();
+    test_mt_error_message();
+    run_isolated(test_any_alignment, "test_any_alignment (fuzz_regressions/profile_workspace_unaligned_d33.bin)");
+    run_isolated(test_plan_other_context, "test_plan_other_context (fuzz_regressions/plan_from_other_context_overflow.bin)");
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}
