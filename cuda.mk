@@ -9,25 +9,19 @@ CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code
 NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 GOLDEN_CUDA ?= $(GOLDEN)
-# While the header still carries the loader stub, tests and benchmarks build
-# against a copy whose >>cuda-loader section includes dev/cuda_loader.inc.h.
-CUDA_HDR_DIR := $(BUILD)/cuda_hdr
-CUDA_HDR     := $(CUDA_HDR_DIR)/entropyinfer.h
 
 .PHONY: cuda test-cuda test-cuda-fallback bench-cuda
 
 cuda: $(CUDA_LIB)
 
-$(CUDA_LIB): entropyinfer_cuda.cu entropyinfer.h dev/cuda_loader.inc.h | $(BUILD)
+$(CUDA_LIB): entropyinfer_cuda.cu entropyinfer.h
+	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCHS) -I. -shared -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
 	  -o $@ $<
 
-$(CUDA_HDR): entropyinfer.h dev/cuda_loader.inc.h | $(BUILD)
-	mkdir -p $(CUDA_HDR_DIR)
-	sed 's|^#include "dev/cuda_loader_stub.h".*|#include "dev/cuda_loader.inc.h"|' $< > $@
-
-$(BUILD)/test_cuda: tests/test_cuda.c $(CUDA_HDR) $(HDR) | $(BUILD)
-	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I$(CUDA_HDR_DIR) -I. $< -o $@ $(LDLIBS)
+$(BUILD)/test_cuda: tests/test_cuda.c $(HDR)
+	@mkdir -p $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
 
 test-cuda-fallback: $(BUILD)/test_cuda
 	EI_CUDA_LIBRARY= ./$(BUILD)/test_cuda --fallback
@@ -41,8 +35,9 @@ test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda
 	    || { tail -40 $(BUILD)/sanitizer.log; echo "compute-sanitizer memcheck: FAILED"; exit 1; }; \
 	else echo "compute-sanitizer not found: skipped"; fi
 
-$(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c $(CUDA_HDR) $(HDR) | $(BUILD)
-	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I$(CUDA_HDR_DIR) -I. $< -o $@ $(LDLIBS)
+$(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c $(HDR)
+	@mkdir -p $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 
 BENCH_CUDA_SIZES ?= 32768 65536 131072
 bench-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_cuda

@@ -328,6 +328,7 @@ typedef struct ei_plan {
     float *scores;
     void *state;           /* chunked planning state (library-private) */
     void *owned_memory;    /* set by ei_plan_alloc */
+    int32_t on_device;     /* 1: arrays live in GPU memory (CUDA backend) */
     int32_t seg_capacity;  /* segments the arrays can hold */
     int32_t blk_capacity;  /* blocks a scores row can hold */
 } ei_plan;
@@ -453,6 +454,98 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
    heads: row i of head h becomes row keep->index[h][i]. Afterwards the cache
    holds keep->n_kept tokens per head. */
 EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
+
+
+/* ---------------------------------------------------------------- GPU memory */
+/* With the CUDA backend every tensor, plan array, decoder ring, keep set and
+   workspace is device memory; these helpers let engines without CUDA headers
+   (and the tests) manage it. On the CPU backend they return EI_ERR_UNSUPPORTED. */
+enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
+EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
+EIDEF void ei_device_free(const ei_context *ctx, void *ptr);
+/* Synchronous copy on the context's stream; kind: EI_COPY_*. */
+EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind);
+/* Copy a plan's arrays and fields between host and device (synchronous);
+   dst: same kv heads, segment and block size, capacity >= src contents. */
+EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction);
+
+/* ---------------------------------------------------------------- CUDA plugin ABI */
+/* The function table that libentropyinfer_cuda.so exports; visible to the
+   implementation and to the plugin (which defines EI_CUDA_ABI_DECLS). */
+#if defined(EI_CUDA_ABI_DECLS) || defined(ENTROPYINFER_IMPLEMENTATION)
+#ifndef EI__CUDA_ABI_INCLUDED
+#define EI__CUDA_ABI_INCLUDED
+
+/* Bump on any change of ei_cuda_api or of the meaning of its functions. */
+#define EI_CUDA_ABI_VERSION 1
+#define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
+#define EI_CUDA_MSG_SIZE 256
+
+
+/* Every function that can fail returns an ei_result and, on failure, writes a
+   NUL-terminated message of at most EI_CUDA_MSG_SIZE bytes into msg. Tensor,
+   plan, keep-set, decoder-ring and workspace pointers are device pointers;
+   the struct holding them lives on the host. All work is queued on
+   cfg->cuda_stream (NULL: the default stream) and is asynchronous, except
+   profile (it waits for its non-finite check) and the explicit copies. */
+typedef struct ei_cuda_api {
+    int32_t abi_version;   /* EI_CUDA_ABI_VERSION */
+    int32_t struct_size;   /* sizeof(ei_cuda_api) */
+    const char *(*build_info)(void);
+    /* 0 and a device description in msg if a usable device exists. */
+    ei_result (*device_check)(char *msg);
+
+    /* device memory helpers (also for tests and engines without CUDA headers) */
+    ei_result (*mem_alloc)(void **ptr, size_t bytes, char *msg);
+    void (*mem_free)(void *ptr);
+    /* kind: 0 device->host, 1 host->device, 2 device->device; waits for the stream */
+    ei_result (*mem_copy)(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg);
+    ei_result (*synchronize)(void *stream, char *msg);
+
+    /* plans: same layout as the CPU's, arrays in device memory */
+    ei_result (*plan_size)(const ei_config *cfg, int64_t max_tokens, int32_t n_kv_heads,
+                           int32_t head_dim, uint32_t flags, size_t *bytes, char *msg);
+    ei_result (*plan_init)(const ei_config *cfg, ei_plan *plan, int64_t max_tokens,
+                           int32_t n_kv_heads, int32_t head_dim, uint32_t flags,
+                           void *device_memory, size_t bytes, char *msg);
+    /* copy the arrays of src into dst (same n_kv_heads; dst capacity >= src
+       contents); direction EI_CUDA_*; the host-side fields are copied too */
+    ei_result (*plan_copy)(const ei_config *cfg, ei_plan *dst, const ei_plan *src,
+                           int direction, char *msg);
+
+    ei_result (*profile_workspace_size)(const ei_config *cfg, int64_t n_tokens, int32_t n_heads,
+                                        int32_t n_kv_heads, int32_t head_dim, size_t *bytes, char *msg);
+    ei_result (*profile)(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k,
+                         ei_plan *plan, void *workspace, size_t workspace_bytes, char *msg);
+
+    ei_result (*attention_workspace_size)(const ei_config *cfg, int32_t n_heads, int32_t n_kv_heads,
+                                          int32_t head_dim, size_t *bytes, char *msg);
+    /* plan NULL: dense causal. One launch for the whole layer. */
+    ei_result (*attention)(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k,
+                           const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
+                           int64_t q_offset, void *workspace, size_t workspace_bytes, char *msg);
+
+    /* decoder ring in device memory: f32 [window][n_heads][head_dim], query
+       number i (counting every observed query from 0) in slot i % window */
+    ei_result (*decoder_size)(const ei_config *cfg, int32_t n_heads, int32_t head_dim,
+                              size_t *bytes, char *msg);
+    ei_result (*decoder_init)(const ei_config *cfg, ei_decoder *dec, int32_t n_heads,
+                              int32_t n_kv_heads, int32_t head_dim, void *device_memory,
+                              size_t bytes, char *msg);
+    ei_result (*decode_observe)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *q,
+                                int generated, char *msg);
+    ei_result (*decode_workspace_size)(const ei_config *cfg, int64_t n_tokens, int32_t n_heads,
+                                       int32_t n_kv_heads, size_t *bytes, char *msg);
+    ei_result (*decode_keep)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k,
+                             ei_keep_set *keep, void *workspace, size_t workspace_bytes, char *msg);
+    ei_result (*kv_compact)(const ei_config *cfg, const ei_keep_set *keep, ei_out_tensor *k,
+                            ei_out_tensor *v, char *msg);
+} ei_cuda_api;
+
+typedef const ei_cuda_api *(*ei_cuda_get_api_fn)(int abi_version);
+
+#endif /* EI__CUDA_ABI_INCLUDED */
+#endif
 
 #endif /* ENTROPYINFER_H */
 
@@ -887,8 +980,35 @@ static ei_result ei__check_config(const ei_config *c) {
 }
 
 // >>context -----------------------------------------------------------------
+/* CUDA backend hooks (defined in >>cuda-loader). */
 static ei_result ei__cuda_open(ei_context *ctx);
 static void ei__cuda_close(ei_context *ctx);
+static ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
+                                    uint32_t flags, size_t *bytes);
+static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                                    int32_t head_dim, uint32_t flags, void *memory, size_t bytes);
+static ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction);
+static ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                 int32_t n_kv_heads, int32_t head_dim, size_t *bytes);
+static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                  void *workspace, size_t workspace_bytes);
+static ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
+                                                   int32_t head_dim, size_t *bytes);
+static ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                    const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, void *ws, size_t ws_bytes);
+static ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes);
+static ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads, int32_t n_kv_heads,
+                                       int32_t head_dim, void *memory, size_t bytes);
+static ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated);
+static ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                int32_t n_kv_heads, size_t *bytes);
+static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                                      void *workspace, size_t workspace_bytes);
+static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
+static ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes);
+static void ei__cuda_mem_free(const ei_context *ctx, void *ptr);
+static ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind);
+static int ei__on_gpu(const ei_context *ctx) { return ctx && ctx->cfg.backend == EI_BACKEND_CUDA; }
 
 EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
     ei_config c;
@@ -995,6 +1115,7 @@ static ei_result ei__plan_layout_of(const ei_context *ctx, int64_t max_tokens, i
 EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
                              uint32_t flags, size_t *bytes) {
     ei__plan_layout L;
+    if (ei__on_gpu(ctx)) return ei__cuda_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, bytes);
     return ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, bytes);
 }
 
@@ -1012,6 +1133,8 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     int32_t h;
     size_t rows;
     if (!plan || !plan->entropy) return ei__fail(NULL, EI_ERR_NULL, "plan is NULL or not initialised");
+    if (plan->on_device)
+        return ei__fail(NULL, EI_ERR_UNSUPPORTED, "a GPU plan is reset by calling ei_plan_init on its memory again");
     rows = (size_t)plan->n_kv_heads * (size_t)plan->seg_capacity;
     plan->n_tokens = 0;
     plan->n_segments = 0;
@@ -1033,23 +1156,25 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     return EI_OK;
 }
 
-static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
-                                    int32_t head_dim, uint32_t flags, void *memory, size_t bytes);
-
 EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
                              int32_t head_dim, uint32_t flags, void *memory, size_t bytes) {
     ei__plan_layout L;
     size_t need;
     ei__arena a;
     size_t kv = (size_t)n_kv_heads, rows;
-    ei_result r = ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, &need);
+    ei_result r = ei_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &need);
     if (r != EI_OK) return r;
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
     if (!memory) return ei__fail(ctx, EI_ERR_NULL, "plan memory is NULL");
     if (bytes < need)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "plan memory of %zu bytes, %zu needed", bytes, need);
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
-        return ei__cuda_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
+    if (ei__on_gpu(ctx)) {
+        if ((r = ei__cuda_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes)) != EI_OK) return r;
+        plan->owned_memory = NULL;
+        plan->on_device = 1;
+        return EI_OK;
+    }
+    ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, &need);
     rows = kv * (size_t)L.segs;
     memset(plan, 0, sizeof *plan);
     ei__arena_init(&a, memory, bytes);
@@ -1082,18 +1207,23 @@ EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_
     ei_result r = ei_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &bytes);
     if (r != EI_OK) return r;
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "ei_plan_alloc is host memory: give the CUDA backend device memory through ei_plan_init");
-    mem = ei__alloc(&ctx->alloc, bytes);
-    if (!mem) return ei__fail(ctx, EI_ERR_NOMEM, "allocating a plan of %zu bytes", bytes);
+    if (ei__on_gpu(ctx)) {
+        if ((r = ei__cuda_mem_alloc(ctx, &mem, bytes)) != EI_OK) return r;
+    } else if (!(mem = ei__alloc(&ctx->alloc, bytes)))
+        return ei__fail(ctx, EI_ERR_NOMEM, "allocating a plan of %zu bytes", bytes);
     r = ei_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, mem, bytes);
-    if (r != EI_OK) { ei__free(&ctx->alloc, mem); return r; }
+    if (r != EI_OK) {
+        if (ei__on_gpu(ctx)) ei__cuda_mem_free(ctx, mem);
+        else ei__free(&ctx->alloc, mem);
+        return r;
+    }
     plan->owned_memory = mem;
     return EI_OK;
 }
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     if (!plan) return;
-    if (plan->owned_memory) ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
+    if (plan->owned_memory && plan->on_device && ctx) ei__cuda_mem_free(ctx, plan->owned_memory);
+    else if (plan->owned_memory) ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -1541,6 +1671,7 @@ EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_token
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (ei__on_gpu(ctx)) return ei__cuda_profile_workspace_size(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
     if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
         return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
@@ -1688,7 +1819,7 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
 EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
     int32_t s, h, i;
     if (!ctx || !plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "context or plan is NULL");
-    if (!ctx->cfg.per_segment_budget) return EI_OK;
+    if (!ctx->cfg.per_segment_budget || plan->on_device) return EI_OK; /* the GPU profile finalises itself */
     for (s = 0; s < plan->n_segments; ++s) {
         int32_t kmax = 0;
         for (h = 0; h < plan->n_kv_heads; ++h)
@@ -1702,9 +1833,6 @@ EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
     }
     return EI_OK;
 }
-
-static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                  void *workspace, size_t workspace_bytes);
 
 EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int32_t kv_begin, int32_t kv_end, void *workspace, size_t workspace_bytes) {
@@ -1909,6 +2037,7 @@ static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) 
 EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
     size_t total = 0;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (ei__on_gpu(ctx)) return ei__cuda_decoder_size(ctx, n_heads, head_dim, bytes);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS) return ei__fail(ctx, EI_ERR_SIZE, "n_heads %d out of range", (int)n_heads);
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
     if (!ei__reserve(&total, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u) ||
@@ -1930,6 +2059,7 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     ei__arena a;
     ei_result r = ei_decoder_size(ctx, n_heads, head_dim, &need);
     if (r != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return ei__cuda_decoder_init(ctx, dec, n_heads, n_kv_heads, head_dim, memory, bytes);
     if (!dec || !memory) return ei__fail(ctx, EI_ERR_NULL, "decoder or its memory is NULL");
     if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads)
         return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
@@ -1957,6 +2087,7 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     if (dec->window != ctx->cfg.window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
     if (!generated && dec->n_generated > 0)
         return ei__fail(ctx, EI_ERR_STATE, "prompt queries after generated ones: ei_decoder_reset starts a new sequence");
+    if (ei__on_gpu(ctx)) return ei__cuda_decode_observe(ctx, dec, q, generated);
     first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
     for (t = first; t < q->n_tokens; ++t) /* check before changing any state */
         for (h = 0; h < q->n_heads; ++h) {
@@ -2015,6 +2146,7 @@ EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens
                                          size_t *bytes) {
     ei__decode_ws w;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (ei__on_gpu(ctx)) return ei__cuda_decode_workspace_size(ctx, n_tokens, n_heads, n_kv_heads, bytes);
     if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
         return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
@@ -2039,9 +2171,6 @@ static void ei__pool_scores(ei_pool pool, int32_t kernel, const float *x, int64_
         out[j] = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
     }
 }
-
-static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
-                                      void *workspace, size_t workspace_bytes);
 
 static void ei__keep_all(ei_keep_set *keep, int32_t heads_out, int64_t n) {
     int32_t h;
@@ -2172,8 +2301,6 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
     return EI_OK;
 }
 
-static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
-
 EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v) {
     ei_out_tensor *t[2];
     int32_t which, h, i;
@@ -2279,7 +2406,305 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
 #endif
 
 // >>cuda-loader -------------------------------------------------------------
-#include "dev/cuda_loader_stub.h" /* DEV: replaced by the loader before release */
+
+
+/* Not every entry is wired into the public API in every build. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EI__CUDA_FN static __attribute__((unused))
+#else
+#define EI__CUDA_FN static
+#endif
+#ifndef EI_NO_CUDA_LOADER
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#if defined(__linux__)
+#include <unistd.h> /* readlink, where the feature macros declare it */
+#endif
+
+typedef struct ei__cuda_state {
+    void *library;              /* dlopen handle */
+    const ei_cuda_api *api;
+    char path[640];             /* what was opened */
+} ei__cuda_state;
+
+#define EI__CUDA_API(ctx) (((const ei__cuda_state *)(ctx)->cuda)->api)
+
+/* Try one candidate; on failure append dlerror() to why (bounded). */
+EI__CUDA_FN void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        size_t used = strlen(why);
+        if (used + 4 < why_size)
+            snprintf(why + used, why_size - used, "%s%s", used ? "; " : "", e ? e : path);
+    }
+    return h;
+}
+
+EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
+    char why[1024] = {0};
+    char self_dir[512] = {0};
+    char candidate[600];
+    const char *explicit_path = ctx->cfg.cuda_library;
+    void *lib = NULL;
+    const char *opened = NULL;
+    ei_cuda_get_api_fn get_api;
+    const ei_cuda_api *api;
+    ei__cuda_state *st;
+    char msg[EI_CUDA_MSG_SIZE];
+    ei_result r;
+
+    ctx->cuda = NULL;
+    if (!explicit_path || !explicit_path[0]) explicit_path = getenv("EI_CUDA_LIBRARY");
+    if (explicit_path && explicit_path[0]) {
+        lib = ei__cuda_try_open(explicit_path, why, sizeof why);
+        opened = explicit_path;
+        if (!lib)
+            return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: cannot load '%s' (%s)", explicit_path, why);
+    } else {
+        static const char *const names[] = {
+            "libentropyinfer_cuda.so", "./libentropyinfer_cuda.so", "./build/libentropyinfer_cuda.so"};
+        size_t i;
+        for (i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+            lib = ei__cuda_try_open(names[i], why, sizeof why);
+            opened = names[i];
+        }
+        if (!lib) { /* next to the executable, and in its build/ folder */
+            long n = -1;
+#if defined(__linux__) && defined(__USE_XOPEN2K)
+            n = (long)readlink("/proc/self/exe", self_dir, sizeof self_dir - 1);
+#endif
+            if (n > 0) {
+                char *slash;
+                self_dir[n] = 0;
+                slash = strrchr(self_dir, '/');
+                if (slash) {
+                    slash[1] = 0;
+                    snprintf(candidate, sizeof candidate, "%slibentropyinfer_cuda.so", self_dir);
+                    lib = ei__cuda_try_open(candidate, why, sizeof why);
+                    if (!lib) {
+                        snprintf(candidate, sizeof candidate, "%s../build/libentropyinfer_cuda.so", self_dir);
+                        lib = ei__cuda_try_open(candidate, why, sizeof why);
+                    }
+                    opened = candidate;
+                }
+            }
+        }
+        if (!lib)
+            return ei__fail(ctx, EI_ERR_BACKEND,
+                            "CUDA backend: libentropyinfer_cuda.so not found (set ei_config.cuda_library or "
+                            "EI_CUDA_LIBRARY; build it with 'make cuda'): %s", why);
+    }
+    *(void **)(&get_api) = dlsym(lib, EI_CUDA_ENTRY_POINT);
+    if (!get_api) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: '%s' has no entry point %s", opened,
+                        EI_CUDA_ENTRY_POINT);
+    }
+    api = get_api(EI_CUDA_ABI_VERSION);
+    if (!api || api->abi_version != EI_CUDA_ABI_VERSION || api->struct_size != (int32_t)sizeof(ei_cuda_api)) {
+        int found = api ? api->abi_version : -1;
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_BACKEND,
+                        "CUDA backend: '%s' speaks ABI version %d, this header needs %d (rebuild it)",
+                        opened, found, EI_CUDA_ABI_VERSION);
+    }
+    msg[0] = 0;
+    r = api->device_check(msg);
+    if (r != EI_OK) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: no usable device (%s)", msg);
+    }
+    st = (ei__cuda_state *)ei__alloc(&ctx->alloc, sizeof *st);
+    if (!st) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    memset(st, 0, sizeof *st);
+    st->library = lib;
+    st->api = api;
+    snprintf(st->path, sizeof st->path, "%s", opened ? opened : "");
+    ctx->cuda = st;
+    return EI_OK;
+}
+
+EI__CUDA_FN void ei__cuda_close(ei_context *ctx) {
+    ei__cuda_state *st = (ei__cuda_state *)ctx->cuda;
+    if (!st) return;
+    if (st->library) dlclose(st->library);
+    ei__free(&ctx->alloc, st);
+    ctx->cuda = NULL;
+}
+
+/* Call one table entry with a message buffer; turn a failure into ei__fail. */
+#define EI__CUDA_CALL(ctx, name, ...)                                                 \
+    do {                                                                              \
+        char ei__msg[EI_CUDA_MSG_SIZE];                                               \
+        ei_result ei__r;                                                              \
+        if (!(ctx)->cuda) return ei__fail((ctx), EI_ERR_BACKEND, "CUDA backend not loaded"); \
+        ei__msg[0] = 0;                                                               \
+        ei__r = EI__CUDA_API(ctx)->name(__VA_ARGS__, ei__msg);                        \
+        if (ei__r != EI_OK) return ei__fail((ctx), ei__r, "CUDA " #name ": %s", ei__msg); \
+        return EI_OK;                                                                 \
+    } while (0)
+
+EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
+                                    int32_t head_dim, uint32_t flags, size_t *bytes) {
+    EI__CUDA_CALL(ctx, plan_size, &ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
+                                    int32_t n_kv_heads, int32_t head_dim, uint32_t flags, void *memory,
+                                    size_t bytes) {
+    EI__CUDA_CALL(ctx, plan_init, &ctx->cfg, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
+    EI__CUDA_CALL(ctx, plan_copy, &ctx->cfg, dst, src, direction);
+}
+EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                 int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
+    EI__CUDA_CALL(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                  ei_plan *plan, void *ws, size_t ws_bytes) {
+    EI__CUDA_CALL(ctx, profile, &ctx->cfg, q, k, plan, ws, ws_bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
+                                                   int32_t head_dim, size_t *bytes) {
+    EI__CUDA_CALL(ctx, attention_workspace_size, &ctx->cfg, n_heads, n_kv_heads, head_dim, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                    const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
+                                    int64_t q_offset, void *ws, size_t ws_bytes) {
+    EI__CUDA_CALL(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, ws, ws_bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
+    EI__CUDA_CALL(ctx, decoder_size, &ctx->cfg, n_heads, head_dim, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
+                                       int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes) {
+    EI__CUDA_CALL(ctx, decoder_init, &ctx->cfg, dec, n_heads, n_kv_heads, head_dim, memory, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q,
+                                         int generated) {
+    EI__CUDA_CALL(ctx, decode_observe, &ctx->cfg, dec, q, generated);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                int32_t n_kv_heads, size_t *bytes) {
+    EI__CUDA_CALL(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
+                                      ei_keep_set *keep, void *ws, size_t ws_bytes) {
+    EI__CUDA_CALL(ctx, decode_keep, &ctx->cfg, dec, k, keep, ws, ws_bytes);
+}
+EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k,
+                                     ei_out_tensor *v) {
+    EI__CUDA_CALL(ctx, kv_compact, &ctx->cfg, keep, k, v);
+}
+EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
+    EI__CUDA_CALL(ctx, mem_alloc, ptr, bytes);
+}
+EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *ptr) {
+    if (ctx->cuda && ptr) EI__CUDA_API(ctx)->mem_free(ptr);
+}
+EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+    EI__CUDA_CALL(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
+}
+#undef EI__CUDA_CALL
+
+#else /* EI_NO_CUDA_LOADER: the CUDA backend is compiled out */
+
+EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
+    ctx->cuda = NULL;
+    return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend compiled out (EI_NO_CUDA_LOADER)");
+}
+EI__CUDA_FN void ei__cuda_close(ei_context *ctx) { ctx->cuda = NULL; }
+#define EI__CUDA_STUB(ctx) return ei__fail((ctx), EI_ERR_UNSUPPORTED, "CUDA backend compiled out (EI_NO_CUDA_LOADER)")
+EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t a, int32_t b, int32_t hd, uint32_t c,
+                                    size_t *d) {
+    (void)a; (void)b; (void)hd; (void)c; (void)d; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *p, int64_t a, int32_t b, int32_t hd,
+                                    uint32_t c, void *m, size_t n) {
+    (void)p; (void)a; (void)b; (void)hd; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *d, const ei_plan *s, int dir) {
+    (void)d; (void)s; (void)dir; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
+                                                 int32_t d, size_t *e) {
+    (void)a; (void)b; (void)c; (void)d; (void)e; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *p,
+                                  void *w, size_t n) {
+    (void)q; (void)k; (void)p; (void)w; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t a, int32_t b, int32_t c,
+                                                   size_t *d) {
+    (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                    const ei_tensor *v, const ei_plan *p, ei_out_tensor *o, int64_t off,
+                                    void *w, size_t n) {
+    (void)q; (void)k; (void)v; (void)p; (void)o; (void)off; (void)w; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t a, int32_t b, size_t *c) {
+    (void)a; (void)b; (void)c; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *d, int32_t a, int32_t b, int32_t c,
+                                       void *m, size_t n) {
+    (void)d; (void)a; (void)b; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *d, const ei_tensor *q, int g) {
+    (void)d; (void)q; (void)g; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
+                                                size_t *d) {
+    (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *d, const ei_tensor *k, ei_keep_set *s,
+                                      void *w, size_t n) {
+    (void)d; (void)k; (void)s; (void)w; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *s, ei_out_tensor *k,
+                                     ei_out_tensor *v) {
+    (void)s; (void)k; (void)v; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **p, size_t n) {
+    (void)p; (void)n; EI__CUDA_STUB(ctx);
+}
+EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *p) { (void)ctx; (void)p; }
+EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *d, const void *s, size_t n, int kind) {
+    (void)d; (void)s; (void)n; (void)kind; EI__CUDA_STUB(ctx);
+}
+#undef EI__CUDA_STUB
+#endif /* EI_NO_CUDA_LOADER */
+
+EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
+    if (!ctx || !ptr) return ei__fail(ctx, EI_ERR_NULL, "context or ptr is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
+    return ei__cuda_mem_alloc(ctx, ptr, bytes);
+}
+EIDEF void ei_device_free(const ei_context *ctx, void *ptr) {
+    if (ei__on_gpu(ctx)) ei__cuda_mem_free(ctx, ptr);
+}
+EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
+    if (kind < EI_COPY_DEVICE_TO_HOST || kind > EI_COPY_DEVICE_TO_DEVICE) return ei__fail(ctx, EI_ERR_CONFIG, "copy kind %d", kind);
+    return ei__cuda_mem_copy(ctx, dst, src, bytes, kind);
+}
+EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
+    ei_result r;
+    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "plan copies between host and device need the CUDA backend");
+    if (direction < EI_COPY_DEVICE_TO_HOST || direction > EI_COPY_DEVICE_TO_DEVICE)
+        return ei__fail(ctx, EI_ERR_CONFIG, "copy direction %d", direction);
+    /* each plan keeps where its own memory lives (a host plan comes from a CPU context) */
+    if ((r = ei__cuda_plan_copy(ctx, dst, src, direction)) != EI_OK) return r;
+    return EI_OK;
+}
 
 #ifdef EI__POP_DIAGNOSTICS
 #pragma GCC diagnostic pop

@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   dev/cuda_loader.inc.h (struct ei_cuda_api).
+   entropyinfer.h (struct ei_cuda_api, under EI_CUDA_ABI_DECLS).
 
    Stages (each one pass over the layer, no host loop over segments):
    profile   >>cuda-minmax    min/max features of query segments and key blocks
@@ -35,12 +35,8 @@
 #include <math.h>
 #include <type_traits>
 
-#define EI_CUDA_ABI_DECLS
+#define EI_CUDA_ABI_DECLS /* the function table of entropyinfer.h */
 #include "entropyinfer.h"
-#ifndef EI_CUDA_ABI_VERSION
-#define EI__CUDA_ABI_ONLY
-#include "dev/cuda_loader.inc.h"
-#endif
 
 #define EI_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -580,8 +576,8 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
     if (dst->seg_capacity < src->n_segments || dst->max_keep < src->max_keep ||
         (src->scores && dst->scores && dst->blk_capacity < src->n_blocks))
         return fail(msg, EI_ERR_WORKSPACE, "destination plan too small");
-    cudaMemcpyKind kind = direction == EI_CUDA_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
-                          : direction == EI_CUDA_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
+    cudaMemcpyKind kind = direction == EI_COPY_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
+                          : direction == EI_COPY_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
                                                                 : cudaMemcpyDeviceToDevice;
     cudaStream_t st = stream_of(cfg);
     int nkv = src->n_kv_heads, nseg = src->n_segments;
@@ -816,15 +812,20 @@ struct KeyList {
 /* One CTA: NW warps x MT m-tiles of 16 rows; rows are (query head of the
    group, token) pairs sharing one kv head and one segment, so each gathered
    K/V tile serves the whole group; BC keys per step, double-buffered with
-   cp.async. Shared memory: Q [ROWS][D], K and V [2][BC][D], 16-byte
-   chunks XOR-swizzled. MT = 2 reuses every K/V fragment for two m-tiles (half
+   cp.async. Shared memory: Q [ROWS][D], K and V [2][BC][D], rows padded by
+   16 bytes (XOR-swizzled 16-byte chunks for D = 256). MT = 2 reuses every K/V fragment for two m-tiles (half
    the shared-memory traffic per mma); Q then stays in shared memory. */
 template <int D, int NW, int MT, int BC, typename T>
 __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) {
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = MT == 1 && D <= 128;
+    /* shared layout of a [rows][D] tile in 16-byte chunks: rows padded by one
+       chunk (constant offsets for ldmatrix, conflict-free) for D <= 128; for
+       D = 256 (shared memory is tight) XOR-swizzled instead */
+    constexpr int RS = D <= 128 ? CH + 1 : CH; /* row stride in chunks */
+    auto at = [](int row, int ch) -> int { return D <= 128 ? row * RS + ch : row * RS + (ch ^ (row & 7)); };
     extern __shared__ uint4 smem[];
-    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + 2 * BC * CH;
+    uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
     __shared__ int kpos[2][BC];
 
     /* ---- work item: segments from the last (heaviest) down */
@@ -869,7 +870,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
     for (int c = tid; c < ROWS * CH; c += NT) {
         int row = c / CH, ch = c % CH;
         int hr = row / p.T, tok = t0 + row % p.T;
-        uint4 *dst = &sQ[row * CH + (ch ^ (row & 7))];
+        uint4 *dst = &sQ[at(row, ch)];
         if (hr < hc && tok < t1)
             cp_async16(dst, (const T *)p.q + (tok - p.q_offset) * p.q_ts + (int64_t)(h0 + hr) * p.q_hs + ch * 8);
         else
@@ -883,11 +884,11 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
     };
 
     auto issue = [&](int j, int buf) -> int {
-        uint4 *bK = sK + buf * BC * CH, *bV = sV + buf * BC * CH;
+        uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
         for (int c = tid; c < BC * CH; c += NT) {
             int row = c / CH, ch = c % CH;
             int pos = kl.pos(j * BC + row);
-            int sw = row * CH + (ch ^ (row & 7));
+            int sw = at(row, ch);
             if (pos != POS_INVALID) {
                 cp_async16(&bK[sw], K + (int64_t)pos * p.k_ts + ch * 8);
                 cp_async16(&bV[sw], V + (int64_t)pos * p.v_ts + ch * 8);
@@ -914,7 +915,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             int row = warp * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-            ldmatrix_x4(qa[QREG ? kk : 0], &sQ[row * CH + (ch ^ (row & 7))]);
+            ldmatrix_x4(qa[QREG ? kk : 0], &sQ[at(row, ch)]);
         }
     }
 
@@ -933,7 +934,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
         int need_next = 0;
         if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
         cp_async_commit();
-        const uint4 *bK = sK + buf * BC * CH, *bV = sV + buf * BC * CH;
+        const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
 
         /* one key tile; masked = true only on tiles that reach past the first row's
            token (the diagonal) or hold padding: the rest runs branch-free */
@@ -953,14 +954,14 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
                         for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
                     } else {
                         int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                        ldmatrix_x4(a[mt], &sQ[row * CH + (ch ^ (row & 7))]);
+                        ldmatrix_x4(a[mt], &sQ[at(row, ch)]);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < NB / 2; np++) {
                     uint32_t b[4];
                     int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
-                    ldmatrix_x4(b, &bK[key * CH + (ch ^ (key & 7))]);
+                    ldmatrix_x4(b, &bK[at(key, ch)]);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
@@ -1037,7 +1038,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
                 for (int np = 0; np < D / 16; np++) {
                     uint32_t b[4];
                     int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
-                    ldmatrix_x4_trans(b, &bV[key * CH + (ch ^ (key & 7))]);
+                    ldmatrix_x4_trans(b, &bV[at(key, ch)]);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
@@ -1081,7 +1082,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
 
 template <int D, int NW, int MT, int BC, typename T>
 static ei_result launch_attention(const AttnParams &p, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = (size_t)(16 * NW * MT + 4 * BC) * D * 2;
+    size_t smem = (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     attention_kernel<D, NW, MT, BC, T><<<grid, NW * 32, smem, st>>>(p);
@@ -1627,8 +1628,8 @@ static void api_mem_free(void *ptr) {
     if (ptr) cudaFree(ptr);
 }
 static ei_result api_mem_copy(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg) {
-    cudaMemcpyKind k = kind == EI_CUDA_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
-                       : kind == EI_CUDA_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
+    cudaMemcpyKind k = kind == EI_COPY_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
+                       : kind == EI_COPY_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
                                                         : cudaMemcpyDeviceToDevice;
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, (cudaStream_t)stream));
     CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));

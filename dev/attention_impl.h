@@ -112,6 +112,9 @@ typedef struct ei__attn_ws {
     float *qrow;        /* one query row [dpad] (scalar reference) */
     const void **kp, **vp; /* row pointers of the key tile [NK] */
     int64_t *kpos;      /* key positions [NK] */
+    int64_t *kpos_next; /* positions of the next key tile (prefetched) [NK] */
+    int32_t *blocks;    /* a plan row's kept blocks, sorted ascending [keep_cap] */
+    int32_t keep_cap;
 } ei__attn_ws;
 
 static void ei__attn_geometry(int32_t G, int32_t d, int32_t *Gt, int32_t *Mt, int32_t *dpad) {
@@ -123,8 +126,16 @@ static void ei__attn_geometry(int32_t G, int32_t d, int32_t *Gt, int32_t *Mt, in
     *dpad = (int32_t)ei__round_up(d, 16);
 }
 
-static int ei__attn_ws_layout(int32_t G, int32_t d, ei__attn_ws *w, void *mem, size_t bytes, size_t *need) {
-    int32_t Gt, Mt, dpad;
+/* Room to sort a plan row's kept blocks: what a plan made with this
+   configuration holds per row, at most 2^16 (longer rows run unsorted). */
+static int32_t ei__attn_keep_cap(const ei_config *c) {
+    double k = floor(EI__MAX(1.0, (double)c->budget_max_factor) * (double)c->base_budget / (double)c->block_size);
+    return (int32_t)EI__MIN(k, 65536.0) + 1;
+}
+
+static int ei__attn_ws_layout(const ei_config *c, int32_t G, int32_t d, ei__attn_ws *w, void *mem, size_t bytes,
+                              size_t *need) {
+    int32_t Gt, Mt, dpad, keep_cap = ei__attn_keep_cap(c);
     size_t total = 0, ld, nk = EI__ATTN_NK;
     ei__arena a;
     ei__attn_geometry(G, d, &Gt, &Mt, &dpad);
@@ -135,6 +146,7 @@ static int ei__attn_ws_layout(int32_t G, int32_t d, ei__attn_ws *w, void *mem, s
         !ei__reserve(&total, nk * (size_t)dpad, 4) || !ei__reserve(&total, nk * (size_t)ei__round_up(dpad, 64), 4) ||
         !ei__reserve(&total, (size_t)dpad, 4) || !ei__reserve(&total, nk, sizeof(void *)) ||
         !ei__reserve(&total, nk, sizeof(void *)) || !ei__reserve(&total, nk, sizeof(int64_t)) ||
+        !ei__reserve(&total, nk, sizeof(int64_t)) || !ei__reserve(&total, (size_t)keep_cap, sizeof(int32_t)) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -153,6 +165,9 @@ static int ei__attn_ws_layout(int32_t G, int32_t d, ei__attn_ws *w, void *mem, s
     w->kp = (const void **)ei__arena_take(&a, nk, sizeof(void *));
     w->vp = (const void **)ei__arena_take(&a, nk, sizeof(void *));
     w->kpos = (int64_t *)ei__arena_take(&a, nk, sizeof(int64_t));
+    w->kpos_next = (int64_t *)ei__arena_take(&a, nk, sizeof(int64_t));
+    w->blocks = (int32_t *)ei__arena_take(&a, (size_t)keep_cap, sizeof(int32_t));
+    w->keep_cap = keep_cap;
     return 1;
 }
 
@@ -167,7 +182,7 @@ EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_hea
         return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
-    if (!ei__attn_ws_layout(n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
+    if (!ei__attn_ws_layout(&ctx->cfg, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     return EI_OK;
 }
@@ -718,26 +733,29 @@ EI__TARGET_AVX2 static void ei__attn_row_f32_avx2(const void *row, ei_dtype dt, 
                                            : _mm256_setzero_ps());
     }
 }
+/* As the AVX-512 version: keys in place (f32) or converted, values copied
+   into the chunk-major vbuf. */
 EI__TARGET_AVX2 static void ei__attn_prep_kv_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
                                                   int32_t nk) {
-    int32_t j;
-    int direct_v = J->v->dtype == EI_F32 && J->d == J->dpad;
+    const int32_t d = J->d, dpad = J->dpad;
+    const size_t es = ei__dtype_size(J->v->dtype);
+    int32_t j, c0;
     for (j = 0; j < nk; ++j) {
-        const void *kr = ei__row(J->k, w->kpos[j], T->kvh), *vr = ei__row(J->v, w->kpos[j], T->kvh);
+        const void *kr = ei__row(J->k, w->kpos[j], T->kvh);
+        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
         if (J->k->dtype != EI_F32) {
-            float *dst = w->kbuf + (size_t)j * (size_t)J->dpad;
-            ei__attn_row_f32_avx2(kr, J->k->dtype, J->d, J->dpad, dst);
+            float *dst = w->kbuf + (size_t)j * (size_t)dpad;
+            ei__attn_row_f32_avx2(kr, J->k->dtype, d, dpad, dst);
             kr = dst;
         }
-        if (!direct_v) {
-            float *dst = w->vbuf + (size_t)j * (size_t)J->dpad;
-            ei__attn_row_f32_avx2(vr, J->v->dtype, J->d, J->dpad, dst);
-            vr = dst;
-        }
         w->kp[j] = kr;
-        w->vp[j] = vr;
+        for (c0 = 0; c0 < dpad; c0 += 8) {
+            int32_t rem = d - c0;
+            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
+            _mm256_store_ps(dst, rem > 0 ? ei__avx2_load(vr + (size_t)c0 * es, J->v->dtype, EI__MIN(rem, 8)) : _mm256_setzero_ps());
+        }
     }
-    for (; j < ((nk + 7) & ~7); ++j) { w->kp[j] = w->kp[nk - 1]; w->vp[j] = w->vp[nk - 1]; }
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
 }
 /* 8 scores of rows r0..r0+7 (ymm half `half` of 16-row vector vi) for key j. */
 #define EI__ATTN_STORE256(acc, j, vi, half)                                                                    \
@@ -767,6 +785,9 @@ EI__TARGET_AVX2 static void ei__attn_scores_avx2(const ei__attn_job *J, ei__attn
             for (i = 0; i < d; ++i, qp += ld) {
                 __m256 q0 = _mm256_load_ps(qp), q1 = _mm256_load_ps(qp + 8), q2 = _mm256_load_ps(qp + 16),
                        q3 = _mm256_load_ps(qp + 24), b;
+                /* keep the 4 loads in registers: folded into each FMA they would be
+                   loaded twice and the loop would be load-bound */
+                __asm__("" : "+x"(q0), "+x"(q1), "+x"(q2), "+x"(q3));
                 b = _mm256_broadcast_ss(k0 + i);
                 a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
                 a02 = _mm256_fmadd_ps(b, q2, a02); a03 = _mm256_fmadd_ps(b, q3, a03);
@@ -819,31 +840,32 @@ EI__TARGET_AVX2 static void ei__attn_softmax_avx2(ei__attn_ws *w, const ei__attn
 }
 EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
     const int32_t ld = T->ld, dpad = J->dpad;
-    int32_t r, c0, j;
-    for (r = 0; r < ld; r += 4) {
-        const __m256 al0 = _mm256_set1_ps(w->alpha[r]), al1 = _mm256_set1_ps(w->alpha[r + 1]),
-                     al2 = _mm256_set1_ps(w->alpha[r + 2]), al3 = _mm256_set1_ps(w->alpha[r + 3]);
-        float *o0 = w->o + (size_t)r * (size_t)dpad, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
-        for (c0 = 0; c0 < dpad; c0 += 16) {
-            __m256 x00 = _mm256_mul_ps(al0, _mm256_load_ps(o0 + c0)), x01 = _mm256_mul_ps(al0, _mm256_load_ps(o0 + c0 + 8)),
-                   x10 = _mm256_mul_ps(al1, _mm256_load_ps(o1 + c0)), x11 = _mm256_mul_ps(al1, _mm256_load_ps(o1 + c0 + 8)),
-                   x20 = _mm256_mul_ps(al2, _mm256_load_ps(o2 + c0)), x21 = _mm256_mul_ps(al2, _mm256_load_ps(o2 + c0 + 8)),
-                   x30 = _mm256_mul_ps(al3, _mm256_load_ps(o3 + c0)), x31 = _mm256_mul_ps(al3, _mm256_load_ps(o3 + c0 + 8));
-            const float *pj = w->s + r;
-            for (j = 0; j < nk; ++j, pj += ld) {
-                const float *vr = (const float *)w->vp[j] + c0;
-                __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), p;
-                p = _mm256_broadcast_ss(pj); x00 = _mm256_fmadd_ps(p, v0, x00); x01 = _mm256_fmadd_ps(p, v1, x01);
-                p = _mm256_broadcast_ss(pj + 1); x10 = _mm256_fmadd_ps(p, v0, x10); x11 = _mm256_fmadd_ps(p, v1, x11);
-                p = _mm256_broadcast_ss(pj + 2); x20 = _mm256_fmadd_ps(p, v0, x20); x21 = _mm256_fmadd_ps(p, v1, x21);
-                p = _mm256_broadcast_ss(pj + 3); x30 = _mm256_fmadd_ps(p, v0, x30); x31 = _mm256_fmadd_ps(p, v1, x31);
+    int32_t r, c0, c1, j;
+    for (c0 = 0; c0 < dpad; c0 += 64) /* 64-dim chunks of the value tile, 16 dims x 4 rows inside */
+        for (c1 = c0; c1 < dpad && c1 < c0 + 64; c1 += 16) {
+            const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u + (size_t)(c1 - c0);
+            for (r = 0; r < ld; r += 4) {
+                const __m256 al0 = _mm256_set1_ps(w->alpha[r]), al1 = _mm256_set1_ps(w->alpha[r + 1]),
+                             al2 = _mm256_set1_ps(w->alpha[r + 2]), al3 = _mm256_set1_ps(w->alpha[r + 3]);
+                float *o0 = w->o + (size_t)r * (size_t)dpad + c1, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+                __m256 x00 = _mm256_mul_ps(al0, _mm256_load_ps(o0)), x01 = _mm256_mul_ps(al0, _mm256_load_ps(o0 + 8)),
+                       x10 = _mm256_mul_ps(al1, _mm256_load_ps(o1)), x11 = _mm256_mul_ps(al1, _mm256_load_ps(o1 + 8)),
+                       x20 = _mm256_mul_ps(al2, _mm256_load_ps(o2)), x21 = _mm256_mul_ps(al2, _mm256_load_ps(o2 + 8)),
+                       x30 = _mm256_mul_ps(al3, _mm256_load_ps(o3)), x31 = _mm256_mul_ps(al3, _mm256_load_ps(o3 + 8));
+                const float *pj = w->s + r, *vr = vc;
+                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
+                    __m256 v0 = _mm256_load_ps(vr), v1 = _mm256_load_ps(vr + 8), p;
+                    p = _mm256_broadcast_ss(pj); x00 = _mm256_fmadd_ps(p, v0, x00); x01 = _mm256_fmadd_ps(p, v1, x01);
+                    p = _mm256_broadcast_ss(pj + 1); x10 = _mm256_fmadd_ps(p, v0, x10); x11 = _mm256_fmadd_ps(p, v1, x11);
+                    p = _mm256_broadcast_ss(pj + 2); x20 = _mm256_fmadd_ps(p, v0, x20); x21 = _mm256_fmadd_ps(p, v1, x21);
+                    p = _mm256_broadcast_ss(pj + 3); x30 = _mm256_fmadd_ps(p, v0, x30); x31 = _mm256_fmadd_ps(p, v1, x31);
+                }
+                _mm256_store_ps(o0, x00); _mm256_store_ps(o0 + 8, x01);
+                _mm256_store_ps(o1, x10); _mm256_store_ps(o1 + 8, x11);
+                _mm256_store_ps(o2, x20); _mm256_store_ps(o2 + 8, x21);
+                _mm256_store_ps(o3, x30); _mm256_store_ps(o3 + 8, x31);
             }
-            _mm256_store_ps(o0 + c0, x00); _mm256_store_ps(o0 + c0 + 8, x01);
-            _mm256_store_ps(o1 + c0, x10); _mm256_store_ps(o1 + c0 + 8, x11);
-            _mm256_store_ps(o2 + c0, x20); _mm256_store_ps(o2 + c0 + 8, x21);
-            _mm256_store_ps(o3 + c0, x30); _mm256_store_ps(o3 + c0 + 8, x31);
         }
-    }
 }
 EI__TARGET_AVX2 static void ei__attn_store_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
     int32_t g, tok, c0, i, d = J->d;
@@ -869,6 +891,46 @@ EI__TARGET_AVX2 static void ei__attn_store_avx2(const ei__attn_job *J, ei__attn_
 }
 #endif /* EI__HAVE_AVX2 */
 
+/* Prefetch the key and value rows at positions pos[0..n) into the cache. */
+static void ei__attn_prefetch_rows(const ei__attn_job *J, int32_t kvh, const int64_t *pos, int32_t n) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t kbytes = (size_t)J->d * ei__dtype_size(J->k->dtype), vbytes = (size_t)J->d * ei__dtype_size(J->v->dtype), o;
+    int32_t j;
+    for (j = 0; j < n; ++j) {
+        const char *kr = (const char *)ei__row(J->k, pos[j], kvh), *vr = (const char *)ei__row(J->v, pos[j], kvh);
+        for (o = 0; o < kbytes; o += 64) __builtin_prefetch(kr + o, 0, 3);
+        for (o = 0; o < vbytes; o += 64) __builtin_prefetch(vr + o, 0, 3);
+    }
+#else
+    (void)J; (void)kvh; (void)pos; (void)n;
+#endif
+}
+
+/* In-place heapsort (no allocation): kept blocks visited in ascending
+   position order read the cache front to back. */
+static void ei__attn_sort_i32(int32_t *v, int32_t n) {
+    int32_t i, end;
+    for (i = n / 2 - 1; i >= 0; --i)
+        for (int32_t r = i;;) {
+            int32_t c = 2 * r + 1, t;
+            if (c >= n) break;
+            if (c + 1 < n && v[c + 1] > v[c]) ++c;
+            if (v[r] >= v[c]) break;
+            t = v[r]; v[r] = v[c]; v[c] = t; r = c;
+        }
+    for (end = n - 1; end > 0; --end) {
+        int32_t t = v[0];
+        v[0] = v[end]; v[end] = t;
+        for (int32_t r = 0;;) {
+            int32_t c = 2 * r + 1;
+            if (c >= end) break;
+            if (c + 1 < end && v[c + 1] > v[c]) ++c;
+            if (v[r] >= v[c]) break;
+            t = v[r]; v[r] = v[c]; v[c] = t; r = c;
+        }
+    }
+}
+
 /* One query tile through the vector stages of `kernel`. */
 static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, const ei__attn_keys *ks) {
     int64_t total = ei__attn_keys_total(ks), e0;
@@ -885,6 +947,11 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
         int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
         int64_t last = ei__attn_key_positions(ks, e0, nk, w->kpos);
         int need_mask = last > T->t0;
+        if (e0 + EI__ATTN_NK < total) { /* the next tile's rows: kept blocks are scattered */
+            int32_t nn = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0 - EI__ATTN_NK);
+            ei__attn_key_positions(ks, e0 + EI__ATTN_NK, nn, w->kpos_next);
+            ei__attn_prefetch_rows(J, T->kvh, w->kpos_next, nn);
+        }
         (void)need_mask; /* unused when no vector kernel is compiled in */
         switch (J->kernel) {
 #ifdef EI__HAVE_AVX512BF16
@@ -965,6 +1032,12 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                         if (owner >= nth) owner = nth - 1;
                         if (owner == ith) {
                             ks.run1 = t0 + nt;
+                            if (ks.blocks && ks.blocks != w->blocks && ks.n_block_keys / J->bs <= w->keep_cap) {
+                                int32_t nb = (int32_t)(ks.n_block_keys / J->bs);
+                                memcpy(w->blocks, ks.blocks, (size_t)nb * sizeof(int32_t));
+                                ei__attn_sort_i32(w->blocks, nb);
+                                ks.blocks = w->blocks; /* for the segment's later tiles too */
+                            }
                             if (J->kernel == EI__ATTN_K_SCALAR) ei__attn_qtile_scalar(J, w, kvh, h0, gt, t0, nt, &ks);
                             else {
                                 ei__attn_tile T;
@@ -1091,7 +1164,7 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
     ei__attn_ws w;
     size_t need;
     int64_t total;
-    if (!ei__attn_ws_layout(J->G, J->d, &w, workspace, ws_bytes, &need))
+    if (!ei__attn_ws_layout(&J->ctx->cfg, J->G, J->d, &w, workspace, ws_bytes, &need))
         return ei__fail(J->ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     if (!workspace) return ei__fail(J->ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need) return ei__fail(J->ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);

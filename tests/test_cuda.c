@@ -185,10 +185,10 @@ static void *dev_alloc(size_t bytes) {
 }
 static void dev_free(void *p) { ei__cuda_mem_free(g_gpu, p); }
 static void dev_put(void *dst, const void *src, size_t bytes) {
-    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_CUDA_HOST_TO_DEVICE));
+    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_COPY_HOST_TO_DEVICE));
 }
 static void dev_get(void *dst, const void *src, size_t bytes) {
-    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_CUDA_DEVICE_TO_HOST));
+    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
 }
 /* upload f32 values as dtype; returns the device pointer */
 static void *dev_upload(const float *x, size_t count, ei_dtype dt) {
@@ -238,7 +238,7 @@ static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const 
     CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
           ei_result_name(expect));
     OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
-    if (r == EI_OK) OK(ei__cuda_plan_copy(g, &gp->host, &gp->dev, EI_CUDA_DEVICE_TO_HOST));
+    if (r == EI_OK) OK(ei__cuda_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
 }
 static void gpu_plan_free(gpu_plan *gp) {
     dev_free(gp->mem);

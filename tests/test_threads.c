@@ -11,7 +11,8 @@
      3. attend: threads run ei_attention_prefill with ith/nth on the shared
         plan into one shared output;
      4. mixed: at the same time, two threads profile layer 1, two attend
-        layer 0, and every thread decodes its own layer (own decoder and
+        layer 2 (bf16), and every thread decodes its own layer (f32, bf16,
+        f16; own decoder and
         keep set, shared context), and each thread triggers a different
         error and checks that ei_last_error (thread-local) names its own code;
      5. the library's helpers ei_profile_mt / ei_attention_prefill_mt.
@@ -87,10 +88,20 @@ static int env_int(const char *name, int def) {
 /* ------------------------------------------------------------ layers */
 enum { N_LAYERS = 4, N = 400, HEADS = 8, KV = 4, DIM = 32, CHUNK = 128 };
 typedef struct layer {
-    float *q, *k, *v;
+    void *q, *k, *v;
+    ei_dtype dtype;
     ei_tensor tq, tk, tv;
 } layer;
 static layer layers[N_LAYERS];
+/* Replace an f32 array by its f16/bf16 conversion. */
+static void to16(void **p, size_t n, ei_dtype dt) {
+    const float *x = (const float *)*p;
+    uint16_t *y = (uint16_t *)malloc(n * 2);
+    size_t i;
+    for (i = 0; i < n; ++i) y[i] = dt == EI_BF16 ? ei__f32_to_bf16(x[i]) : ei__f32_to_f16(x[i]);
+    free(*p);
+    *p = y;
+}
 
 static void make_layers(void) {
     int l;
@@ -100,12 +111,24 @@ static void make_layers(void) {
         L->q = (float *)malloc(sizeof(float) * N * HEADS * DIM);
         L->k = (float *)malloc(sizeof(float) * N * KV * DIM);
         L->v = (float *)malloc(sizeof(float) * N * KV * DIM);
-        synth_qk(L->q, L->k, N, HEADS, KV, DIM, 64, 2, 100 + (uint64_t)l);
-        for (i = 0; i < (long)N * KV * DIM; ++i) L->v[i] = (float)((i * 2654435761u + (unsigned)l) % 2001u) / 1000.0f - 1.0f;
-        L->tq = ei_tensor_make(L->q, EI_F32, N, HEADS, DIM);
-        L->tk = ei_tensor_make(L->k, EI_F32, N, KV, DIM);
-        L->tv = ei_tensor_make(L->v, EI_F32, N, KV, DIM);
+        synth_qk((float *)L->q, (float *)L->k, N, HEADS, KV, DIM, 64, 2, 100 + (uint64_t)l);
+        for (i = 0; i < (long)N * KV * DIM; ++i)
+            ((float *)L->v)[i] = (float)((i * 2654435761u + (unsigned)l) % 2001u) / 1000.0f - 1.0f;
+        L->dtype = l == 2 ? EI_BF16 : l == 3 ? EI_F16 : EI_F32; /* layers 2, 3: 16-bit kernels */
+        if (L->dtype != EI_F32) {
+            to16(&L->q, (size_t)N * HEADS * DIM, L->dtype);
+            to16(&L->k, (size_t)N * KV * DIM, L->dtype);
+            to16(&L->v, (size_t)N * KV * DIM, L->dtype);
+        }
+        L->tq = ei_tensor_make(L->q, L->dtype, N, HEADS, DIM);
+        L->tk = ei_tensor_make(L->k, L->dtype, N, KV, DIM);
+        L->tv = ei_tensor_make(L->v, L->dtype, N, KV, DIM);
     }
+}
+/* Query row t of layer l as a one-token view. */
+static ei_tensor query_row(const layer *L, long t) {
+    size_t es = L->dtype == EI_F32 ? 4 : 2;
+    return ei_tensor_make((const unsigned char *)L->q + (size_t)t * HEADS * DIM * es, L->dtype, 1, HEADS, DIM);
 }
 
 /* ------------------------------------------------------------ per-layer results */
@@ -152,7 +175,7 @@ static ei_result decode_layer(const ei_context *ctx, int l, int32_t *keep_out, i
     prompt.n_tokens = N - c->decode_gap;
     if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &prompt, 0);
     for (t = N - c->decode_gap; t < N && r == EI_OK; ++t) {
-        ei_tensor one = ei_tensor_make(L->q + (size_t)t * HEADS * DIM, EI_F32, 1, HEADS, DIM);
+        ei_tensor one = query_row(L, t);
         r = ei_decode_observe(ctx, &dec, &one, 1);
     }
     if (r == EI_OK && !ei_decode_due(ctx, &dec)) r = EI_ERR_STATE;
@@ -186,7 +209,7 @@ static void reference(const ei_context *ctx, results *ref) {
         CHECK_ERR(ei_profile(ctx, &L->tq, &L->tk, &ref[l].plan, ws, pw), EI_OK);
         for (t = 0; t < N; t += CHUNK) {
             ei_tensor qc = L->tq, kc = L->tk;
-            qc.data = L->q + (size_t)t * HEADS * DIM;
+            qc.data = query_row(L, t).data;
             qc.n_tokens = t + CHUNK < N ? CHUNK : N - t;
             kc.n_tokens = t + qc.n_tokens;
             CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ref[l].chunked, t + CHUNK >= N, ws, pw), EI_OK);
@@ -244,7 +267,7 @@ static void *worker_main(void *arg) {
     /* 2. chunked plan of layer 0, chunk by chunk, head ranges in parallel */
     for (t = 0; t < N; t += CHUNK) {
         ei_tensor qc = layers[0].tq, kc = layers[0].tk;
-        qc.data = layers[0].q + (size_t)t * HEADS * DIM;
+        qc.data = query_row(&layers[0], t).data;
         qc.n_tokens = t + CHUNK < N ? CHUNK : N - t;
         kc.n_tokens = t + qc.n_tokens;
         if (a < b)

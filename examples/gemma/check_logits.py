@@ -33,7 +33,8 @@ pass (weights dequantized by the `gguf` package, not by our C code) on the
 first --numpy-tokens tokens (default 600, so the 512-token sliding window is
 exercised). Our engine computes in float32, so
 the expected difference is float32 rounding amplified by the model:
-max |diff| <= 0.05 and mean |diff| <= 0.005 (observed: a few 1e-3 / 1e-4).
+max |diff| <= 0.01 and mean |diff| <= 5e-4 (observed on GPL-3: max 2.4e-4,
+mean 8e-6, top-1 100%: float32 vs float64 with different summation orders).
 This catches indexing/tiling bugs far below llama.cpp's noise floor; the
 llama.cpp check catches misreadings of the architecture that a transcription
 by the same author could share.
@@ -140,7 +141,7 @@ def main():
     print(f"  engine vs float64 numpy transcription ({nn} tokens): max |diff| {dn.max():.5f}  mean {dn.mean():.6f}  "
           f"top-1 agreement {(ref64.argmax(1) == mine_all[:nn].argmax(1)).mean() * 100:.2f}%")
     checks = [("tokenizer ids equal", same == n),
-              ("numpy float64 reference: max |diff| <= 0.05, mean <= 0.005", dn.max() <= 0.05 and dn.mean() <= 0.005),
+              ("numpy float64 reference: max |diff| <= 0.01, mean <= 5e-4", dn.max() <= 0.01 and dn.mean() <= 5e-4),
               ("mean |diff| <= 2x noise floor", d.mean() <= 2 * d0.mean()),
               ("top-1 agreement >= floor - 3 points", top1 >= top1_0 - 0.03),
               ("perplexity within 1%", abs(p_mine - p_ref) / p_ref <= 0.01)]

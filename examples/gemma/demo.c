@@ -93,8 +93,11 @@ static void write_heatmap(const char *path, const gm_state *s, const ei_config *
                 int sparse = ei_plan_segment_is_sparse(s->ei, p, seg);
                 fprintf(f, "<rect x='%d' y='%d' width='%d' height='%d' fill='rgb(%d,%d,%d)' stroke='%s' stroke-width='%d'/>\n",
                         x0 + seg * cw, y, cw - 2, ch - 2, R, G, B, sparse ? "black" : "#bbb", sparse ? 3 : 1);
-                fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>%s%.3f/%d</text>\n", x0 + seg * cw + cw / 2, y + ch / 2 + 4,
-                        seg == 0 ? "(" : "", e, p->keep_count[r]);
+                if (seg == 0)
+                    fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>(%.2f)</text>\n", x0 + seg * cw + cw / 2, y + ch / 2 + 4, e);
+                else
+                    fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>%.3f/%d</text>\n", x0 + seg * cw + cw / 2, y + ch / 2 + 4, e,
+                            p->keep_count[r]);
             }
         }
     }
