@@ -10,11 +10,11 @@ BUILD   := build
 WARN    := -Wall -Wextra -Werror
 CFLAGS  ?= -O2 -g
 LDLIBS  := -lm -lpthread -ldl
-HDR     := entropyinfer.h $(wildcard dev/*.h)
+HDR     := entropyinfer.h
 CLANG   := $(shell command -v clang 2>/dev/null)
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
 
-.PHONY: all test golden demo bench clean test-core test-compilers quickstart test-arm64
+.PHONY: all test golden demo bench bench-profile clean test-core test-compilers quickstart test-arm64
 
 all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
 
@@ -79,7 +79,9 @@ test-arm64:
 demo: $(BUILD)/demo_synthetic
 	./$(BUILD)/demo_synthetic
 
+# `make bench` (bench/attention.mk) builds build/ei_bench; this adds the profiling benchmark.
 bench: $(BUILD)/bench_profile
+bench-profile: $(BUILD)/bench_profile
 	./$(BUILD)/bench_profile
 
 clean:

@@ -19,7 +19,7 @@ CC           ?= cc
 CXX          ?= c++
 ATTN_CFLAGS   = -O2 -Wall -Wextra -Werror $(CFLAGS)
 ATTN_LIBS     = -lm -lpthread -ldl
-ATTN_DEPS     = entropyinfer.h dev/attention_impl.h
+ATTN_DEPS     = entropyinfer.h
 ATTN_SAN      = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
 .PHONY: bench bench-run test-attention test-attention-all ggml-peer

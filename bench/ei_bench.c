@@ -17,8 +17,14 @@
    dense FLOPs (from the plan: kept keys + causal segment keys vs keys 0..t),
    speedup = dense_ms / sparse_ms, efficiency = speedup * density,
    rel_err = ||sparse - dense|| / ||dense||, rigid = rigid kv heads.
+   On a shared machine wall times are inflated by other processes; the
+   table's cpuGF/s and cpu_spd (JSON: dense_cpu_ms, sparse_cpu_ms,
+   dense_gflops_cpu) use process CPU time / threads instead.
    --peak measures the machine's FMA throughput (f32 zmm/ymm FMA and
-   vdpbf16ps) on 1 and `threads` threads and exits. */
+   vdpbf16ps: 12 independent accumulator chains per thread) on 1 and
+   `threads` threads and exits. --kernel forces an attention kernel
+   (dpbf16: the vdpbf16ps kernel, off by default). EI_BENCH_HEAD_ERR=1 in
+   the environment prints rel_err per kv head. */
 #define _POSIX_C_SOURCE 200809L
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
@@ -296,7 +302,6 @@ int main(int argc, char **argv) {
         if (ei_plan_alloc(ctx, &plan, n, HK, d, 0) != EI_OK ||
             ei_profile_workspace_size(ctx, n, H, HK, d, &wp) != EI_OK ||
             ei_attention_workspace_size(ctx, H, HK, d, &wa) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-        wp += 256; /* see tests/test_attention.c: profile workspace layout slack */
         wsp = malloc(wp * (size_t)threads);
         wsa = malloc(wa * (size_t)threads);
         for (r = 0; r < reps; ++r) {

@@ -95,8 +95,11 @@ static int poison_off(void) { /* EI_FUZZ_POISON=none: leave it uninitialised (va
 static int skip_known_enabled(void);
 static void *walloc_at(size_t n, int aligned) {
     static const unsigned char offsets[] = {16, 20, 24, 32, 40, 48, 60, 64};
-    unsigned char off = aligned ? 64 : offsets[(poison_count * 5u + 3u) % 8u];
-    unsigned char *raw = (unsigned char *)xalloc(n + off), *p = raw + off;
+    unsigned char off = offsets[(poison_count * 5u + 3u) % 8u];
+    unsigned char *raw = (unsigned char *)xalloc(n + 64), *p;
+    if (aligned) off = (unsigned char)(64 - ((uintptr_t)raw & 63u)); /* 64-byte aligned, 1..64 bytes in */
+    p = raw + off; /* unaligned: the buffer ends 64 - off bytes before the allocation does */
+    if (!aligned) { free(raw); raw = (unsigned char *)xalloc(n + off); p = raw + off; } /* ... or exactly at its end */
     if (!poison_off()) memset(p, poison_byte(), n ? n : 1);
     else poison_count++;
     p[-1] = off;
@@ -843,9 +846,9 @@ static void op_compact(state *s, fz *f) {
                 int32_t pos = 0;
                 for (i = 0; i < ks.capacity; ++i) {
                     unsigned b = fz_u8(f);
-                    pos += (int32_t)(b % 4);
+                    pos = (int32_t)((uint32_t)pos + b % 4u);
                     if (b >= 250) pos = (int32_t)fz_u32(f); /* arbitrary */
-                    index[(size_t)h * (size_t)ks.capacity + (size_t)i] = pos + i;
+                    index[(size_t)h * (size_t)ks.capacity + (size_t)i] = (int32_t)((uint32_t)pos + (uint32_t)i);
                 }
             }
         }

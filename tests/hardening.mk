@@ -124,14 +124,15 @@ $(HB)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(HB)
 test-valgrind: $(VG_BINS)
 	@command -v $(VALGRIND) >/dev/null || { echo "test-valgrind needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
 	@fail=""; \
-	run() { echo "== valgrind: $$*"; "$$@" > $(HB)/last.log 2>&1 || { tail -60 $(HB)/last.log; fail="$$fail $$*"; }; tail -1 $(HB)/last.log; }; \
-	run $(VG) ./$(HB)/test_core_plain; \
+	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(HB)/last.log 2>&1 || \
+	  { grep -v '^==[0-9]*== \( \|$$\)' $(HB)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(HB)/last.log; }; \
+	run test_core $(VG) ./$(HB)/test_core_plain; \
 	for simd in scalar avx2; do \
-	  run env EI_TEST_SIMD=$$simd $(VG) ./$(HB)/test_limits_plain; \
-	  run env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(VG) ./$(HB)/test_threads_plain; \
+	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(VG) ./$(HB)/test_limits_plain; \
+	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(VG) ./$(HB)/test_threads_plain; \
 	done; \
-	run env $(FUZZ_ENV) EI_FUZZ_POISON=none $(VG) ./$(HB)/fuzz_replay_plain tests/fuzz_corpus; \
-	$(if $(ATTN_TEST),run $(VG) ./$(HB)/test_attention_plain --quick;) \
+	run fuzz_corpus env $(FUZZ_ENV) EI_FUZZ_POISON=none $(VG) ./$(HB)/fuzz_replay_plain tests/fuzz_corpus; \
+	$(if $(ATTN_TEST),run test_attention $(VG) ./$(HB)/test_attention_plain --quick;) \
 	if [ -n "$$fail" ]; then echo "test-valgrind: FAILED:$$fail"; exit 1; fi; echo "test-valgrind: memcheck clean"
 
 # ---------------------------------------------------------------- limits
