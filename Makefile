@@ -63,7 +63,7 @@ test-compilers:
 	  ./$(BUILD)/quickstart_variant > /dev/null; \
 	done; echo "compilers: all variants built and passed"
 
-test: test-compilers test-core golden quickstart
+test: test-compilers test-core golden quickstart test-attention-all
 	@echo "make test: all passed"
 
 # NEON path: cross-compiled for aarch64 and run under qemu-user (Debian:
