@@ -165,19 +165,19 @@ int main(int argc, char **argv) {
         fill(hv, nmax, NKV, -1);
         printf("generated %lld tokens in %.0f ms\n", (long long)nmax, now_ms() - t0);
     }
-    OK(ei__cuda_mem_alloc(g, &dq, (size_t)nmax * NH * HD * 2));
-    OK(ei__cuda_mem_alloc(g, &dk, (size_t)nmax * NKV * HD * 2));
-    OK(ei__cuda_mem_alloc(g, &dv, (size_t)nmax * NKV * HD * 2));
-    OK(ei__cuda_mem_alloc(g, &dout, (size_t)nmax * NH * HD * 2));
-    OK(ei__cuda_mem_copy(g, dq, hq, (size_t)nmax * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei__cuda_mem_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei__cuda_mem_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei__cuda_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
-    OK(ei__cuda_mem_alloc(g, &ws, bytes));
+    OK(ei_device_alloc(g, &dq, (size_t)nmax * NH * HD * 2));
+    OK(ei_device_alloc(g, &dk, (size_t)nmax * NKV * HD * 2));
+    OK(ei_device_alloc(g, &dv, (size_t)nmax * NKV * HD * 2));
+    OK(ei_device_alloc(g, &dout, (size_t)nmax * NH * HD * 2));
+    OK(ei_device_copy(g, dq, hq, (size_t)nmax * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
+    OK(ei_device_alloc(g, &ws, bytes));
     {
         size_t pb;
         OK(ei_plan_size(g, nmax, NKV, HD, 0, &pb));
-        OK(ei__cuda_mem_alloc(g, &plan_mem, pb));
+        OK(ei_device_alloc(g, &plan_mem, pb));
     }
 
     printf("\n%7s %10s %9s %9s %9s %8s %8s %9s %8s %6s %6s %8s %8s %9s\n", "n", "profile_ms", "dense_ms",
@@ -194,7 +194,7 @@ int main(int argc, char **argv) {
         int w, nrigid = 0;
         OK(ei_plan_size(g, n, NKV, HD, 0, &pb));
         OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, pb));
-        OK(ei__cuda_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
+        OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         OK(ei_profile(g, &tq, &tk, &plan, ws, wsb)); /* warm-up */
         for (rep = 0; rep < reps; rep++) {
             double t0 = now_ms();
@@ -204,20 +204,20 @@ int main(int argc, char **argv) {
         prof = median_ms(v, reps);
         for (w = 0; w < NCFG; w++) {
             setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
-            OK(ei__cuda_attention(g, &tq, &tk, &tv, NULL, &to, 0, NULL, 0));
+            OK(ei_attention_prefill(g, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
             OK(api->synchronize(cfg.cuda_stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
             for (rep = 0; rep < reps; rep++) {
                 double t0 = now_ms();
-                OK(ei__cuda_attention(g, &tq, &tk, &tv, NULL, &to, 0, NULL, 0));
+                OK(ei_attention_prefill(g, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
                 api->synchronize(cfg.cuda_stream, msg);
                 v[rep] = now_ms() - t0;
             }
             dn[w] = median_ms(v, reps);
-            OK(ei__cuda_attention(g, &tq, &tk, &tv, &plan, &to, 0, NULL, 0));
+            OK(ei_attention_prefill(g, &tq, &tk, &tv, &plan, &to, 0, 0, 1, NULL, 0));
             api->synchronize(cfg.cuda_stream, msg);
             for (rep = 0; rep < reps; rep++) {
                 double t0 = now_ms();
-                OK(ei__cuda_attention(g, &tq, &tk, &tv, &plan, &to, 0, NULL, 0));
+                OK(ei_attention_prefill(g, &tq, &tk, &tv, &plan, &to, 0, 0, 1, NULL, 0));
                 api->synchronize(cfg.cuda_stream, msg);
                 v[rep] = now_ms() - t0;
             }
@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
         }
         /* density from the plan */
         OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
-        OK(ei__cuda_plan_copy(g, &hplan, &plan, EI_COPY_DEVICE_TO_HOST));
+        OK(ei_plan_copy(g, &hplan, &plan, EI_COPY_DEVICE_TO_HOST));
         for (i = 0; i < NKV; i++) nrigid += hplan.head_class[i] == EI_HEAD_RIGID;
         for (t = 0; t < n; t++) {
             int s = (int)(t / cfg.segment_size);
@@ -261,8 +261,8 @@ int main(int argc, char **argv) {
         ei_plan_free(cpu, &hplan);
     }
     printf("\ncolumns: xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
-    ei__cuda_mem_free(g, dq); ei__cuda_mem_free(g, dk); ei__cuda_mem_free(g, dv); ei__cuda_mem_free(g, dout);
-    ei__cuda_mem_free(g, ws); ei__cuda_mem_free(g, plan_mem);
+    ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
+    ei_device_free(g, ws); ei_device_free(g, plan_mem);
     free(hq); free(hk); free(hv);
     ei_context_destroy(g);
     ei_context_destroy(cpu);

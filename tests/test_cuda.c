@@ -6,10 +6,9 @@
                                 with EI_ERR_BACKEND and the CPU path keep working
      test_cuda --quick [dir]    a smaller GPU subset (for compute-sanitizer)
 
-   Built against the header with the CUDA loader in its >>cuda-loader section
-   (cuda.mk makes that copy while the header still carries the stub), so the
-   private ei__cuda_* entry points are callable here too. Device memory comes
-   from the backend's own helpers: no CUDA header or library at build time. */
+   Everything goes through the public API on a context with
+   EI_BACKEND_CUDA, as an engine would; device memory comes from
+   ei_device_alloc/ei_device_copy: no CUDA header or library at build time. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
@@ -180,15 +179,15 @@ static int64_t meta_i(const meta *m, const char *key) { return atoll(meta_s(m, k
 static ei_context *g_gpu, *g_cpu;
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
-    OK(ei__cuda_mem_alloc(g_gpu, &p, bytes));
+    OK(ei_device_alloc(g_gpu, &p, bytes));
     return p;
 }
-static void dev_free(void *p) { ei__cuda_mem_free(g_gpu, p); }
+static void dev_free(void *p) { ei_device_free(g_gpu, p); }
 static void dev_put(void *dst, const void *src, size_t bytes) {
-    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_HOST_TO_DEVICE));
 }
 static void dev_get(void *dst, const void *src, size_t bytes) {
-    OK(ei__cuda_mem_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
+    OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
 }
 /* upload f32 values as dtype; returns the device pointer */
 static void *dev_upload(const float *x, size_t count, ei_dtype dt) {
@@ -232,13 +231,13 @@ static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const 
     OK(ei_plan_size(g, n, k->n_heads, q->head_dim, flags, &bytes));
     gp->mem = dev_alloc(bytes);
     OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, bytes));
-    OK(ei__cuda_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
+    OK(ei_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
     gp->ws = dev_alloc(wsb);
     r = ei_profile(g, q, k, &gp->dev, gp->ws, wsb);
     CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
           ei_result_name(expect));
     OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
-    if (r == EI_OK) OK(ei__cuda_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
+    if (r == EI_OK) OK(ei_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
 }
 static void gpu_plan_free(gpu_plan *gp) {
     dev_free(gp->mem);
@@ -439,11 +438,11 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     ei_tensor tq, tk;
     void *dq = dev_upload(obs, (size_t)W * nh * D, dt);
     *dkey = dev_upload(k, (size_t)n * nkv * D, dt);
-    OK(ei__cuda_decoder_size(g, nh, D, &bytes));
+    OK(ei_decoder_size(g, nh, D, &bytes));
     dk->ring = dev_alloc(bytes);
-    OK(ei__cuda_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
+    OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
     tq = ei_tensor_make(dq, dt, W, nh, D);
-    OK(ei__cuda_decode_observe(g, &dk->dec, &tq, 0));
+    OK(ei_decode_observe(g, &dk->dec, &tq, 0));
     memset(&dk->ks, 0, sizeof dk->ks);
     dk->ks.heads_out = heads_out;
     dk->ks.capacity = c->decode_budget;
@@ -455,7 +454,7 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     dk->ks.mask_capacity = n;
     dk->ks.pooled = (float *)dk->pooled;
     dk->ks.pooled_capacity = L > 0 ? L : 1;
-    OK(ei__cuda_decode_workspace_size(g, n, nh, nkv, &wsb));
+    OK(ei_decode_workspace_size(g, n, nh, nkv, &wsb));
     dk->ws = dev_alloc(wsb);
     tk = ei_tensor_make(*dkey, dt, n, nkv, D);
     OK(ei_decode_keep(g, &dk->dec, &tk, &dk->ks, dk->ws, wsb));
@@ -848,7 +847,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
-        OK(ei__cuda_attention(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, NULL, 0));
+        OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1, NULL, 0));
         dev_get(hout, dout, nout * oes);
         for (i = 0; i < nout; i++)
             got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
