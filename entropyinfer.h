@@ -715,6 +715,58 @@ static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
     return p;
 }
 
+/* Fork-join for the built-in *_mt helpers: task(arg, ith, nth, ws + ith*per,
+   per) for ith = 0..nth-1, the calling thread taking ith 0; a thread that
+   cannot be created has its share run by the caller. The first failure wins.
+   Under EI_NO_PTHREADS every share runs on the calling thread in turn. */
+#define EI__MAX_THREADS 256
+typedef ei_result (*ei__task_fn)(void *arg, int ith, int nth, void *ws, size_t ws_bytes);
+#ifndef EI_NO_PTHREADS
+#include <pthread.h>
+typedef struct ei__share {
+    ei__task_fn task;
+    void *arg, *ws;
+    int ith, nth;
+    size_t ws_bytes;
+    ei_result result;
+} ei__share;
+static void *ei__share_run(void *p) {
+    ei__share *sh = (ei__share *)p;
+    sh->result = sh->task(sh->arg, sh->ith, sh->nth, sh->ws, sh->ws_bytes);
+    return NULL;
+}
+#endif
+static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, size_t per) {
+    int t;
+#ifndef EI_NO_PTHREADS
+    ei__share sh[EI__MAX_THREADS];
+    pthread_t tid[EI__MAX_THREADS];
+    int started[EI__MAX_THREADS];
+    for (t = 0; t < nth; ++t) {
+        sh[t].task = task; sh[t].arg = arg; sh[t].ith = t; sh[t].nth = nth;
+        sh[t].ws = ws ? (unsigned char *)ws + per * (size_t)t : NULL;
+        sh[t].ws_bytes = per;
+        sh[t].result = EI_OK;
+        started[t] = 0;
+    }
+    for (t = 1; t < nth; ++t) started[t] = pthread_create(&tid[t], NULL, ei__share_run, &sh[t]) == 0;
+    ei__share_run(&sh[0]);
+    for (t = 1; t < nth; ++t) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        else ei__share_run(&sh[t]);
+    }
+    for (t = 0; t < nth; ++t)
+        if (sh[t].result != EI_OK) return sh[t].result;
+    return EI_OK;
+#else
+    for (t = 0; t < nth; ++t) {
+        ei_result r = task(arg, t, nth, ws ? (unsigned char *)ws + per * (size_t)t : NULL, per);
+        if (r != EI_OK) return r;
+    }
+    return EI_OK;
+#endif
+}
+
 // >>convert: f16 / bf16 <-> f32, bit-exact and portable ---------------------
 static float ei__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t ei__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -1852,6 +1904,39 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
 
+/* ei_profile_mt: kv heads split evenly over the threads. */
+typedef struct ei__profile_job {
+    const ei_context *ctx;
+    const ei_tensor *q, *k;
+    ei_plan *plan;
+} ei__profile_job;
+static ei_result ei__profile_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__profile_job *j = (const ei__profile_job *)arg;
+    int32_t kv = j->k->n_heads;
+    return ei__profile_range(j->ctx, j->q, j->k, j->plan, (int32_t)((int64_t)kv * ith / nth),
+                             (int32_t)((int64_t)kv * (ith + 1) / nth), ws, ws_bytes);
+}
+EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                              int n_threads, void *workspace, size_t workspace_bytes) {
+    ei__profile_job job;
+    size_t per;
+    int nt;
+    ei_result r;
+    if (!ctx || !q || !k) return ei__fail(ctx, EI_ERR_NULL, "context, q or k is NULL");
+    if (ei__on_gpu(ctx)) return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
+    if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
+    if ((r = ei__check_profile_args(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
+    nt = EI__MIN(n_threads, k->n_heads);
+    if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
+    if (workspace_bytes / (size_t)nt < per)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    job.ctx = ctx; job.q = q; job.k = k; job.plan = plan;
+    if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+    return ei_plan_finalize(ctx, plan);
+}
+
 // >>profile-chunked ---------------------------------------------------------
 static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                          int is_final, int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
@@ -2410,7 +2495,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
 #ifndef EI__ATTN_MT_MIN
 #define EI__ATTN_MT_MIN 2    /* at least 16 x this many tokens per tile */
 #endif
-#define EI__ATTN_MAX_THREADS 256
+#define EI__ATTN_MAX_THREADS EI__MAX_THREADS
 
 enum { EI__ATTN_K_SCALAR = 0, EI__ATTN_K_AVX2 = 1, EI__ATTN_K_AVX512 = 2, EI__ATTN_K_AVX512_BF16 = 3, EI__ATTN_K_AUTO = -1 };
 
@@ -3562,34 +3647,17 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, 
                                         EI__ATTN_K_AUTO);
 }
 
-#ifndef EI_NO_PTHREADS
-#include <pthread.h>
-typedef struct ei__attn_thread {
-    const ei__attn_job *job;
-    int ith, nth;
-    void *ws;
-    size_t ws_bytes;
-    ei_result result;
-} ei__attn_thread;
-static void *ei__attn_worker(void *arg) {
-    ei__attn_thread *t = (ei__attn_thread *)arg;
-    t->result = ei__attn_run(t->job, t->ith, t->nth, t->ws, t->ws_bytes);
-    return NULL;
+static ei_result ei__attn_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    return ei__attn_run((const ei__attn_job *)arg, ith, nth, ws, ws_bytes);
 }
-#endif
 
 /* The pthread helper with a forced kernel (EI__ATTN_K_*, or EI__ATTN_K_AUTO). */
 static ei_result ei__attention_prefill_mt_kernel(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                                  const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
                                                  int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes,
                                                  int kernel) {
-#ifndef EI_NO_PTHREADS
-    ei__attn_thread th[EI__ATTN_MAX_THREADS];
-    pthread_t tid[EI__ATTN_MAX_THREADS];
-    int started[EI__ATTN_MAX_THREADS];
     ei__attn_job J;
     size_t per;
-    int t;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (ctx->cfg.backend == EI_BACKEND_CUDA)
@@ -3604,34 +3672,12 @@ static ei_result ei__attention_prefill_mt_kernel(const ei_context *ctx, const ei
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
     if (workspace_bytes / (size_t)n_threads < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
-    for (t = 0; t < n_threads; ++t) {
-        th[t].job = &J; th[t].ith = t; th[t].nth = n_threads;
-        th[t].ws = (unsigned char *)workspace + per * (size_t)t;
-        th[t].ws_bytes = per;
-        th[t].result = EI_OK;
-        started[t] = 0;
-    }
-    for (t = 1; t < n_threads; ++t) started[t] = pthread_create(&tid[t], NULL, ei__attn_worker, &th[t]) == 0;
-    ei__attn_worker(&th[0]);
-    for (t = 1; t < n_threads; ++t) {
-        if (started[t]) pthread_join(tid[t], NULL);
-        else ei__attn_worker(&th[t]); /* no thread: run its share here */
-    }
-    for (t = 0; t < n_threads; ++t)
-        if (th[t].result != EI_OK) return th[t].result;
-    return EI_OK;
-#else
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    /* no threads: one call does all the work; the workspace must hold one share */
-    return ei__attention_prefill_kernel(ctx, q, k, v, plan, out, q_offset, 0, 1, workspace, workspace_bytes, kernel);
-#endif
+    return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
 }
 
 /* Built-in pthread helper: n_threads workers (the calling thread is one of
    them), workspace = n_threads x ei_attention_workspace_size. Under
-   EI_NO_PTHREADS it runs everything on the calling thread. */
+   EI_NO_PTHREADS the shares run one after another on the calling thread. */
 EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                         const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int n_threads,
                                         void *workspace, size_t workspace_bytes) {
@@ -3639,68 +3685,6 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     return ei__attention_prefill_mt_kernel(ctx, q, k, v, plan, out, q_offset, n_threads, workspace, workspace_bytes,
                                            EI__ATTN_K_AUTO);
 }
-
-// >>threads -----------------------------------------------------------------
-#ifndef EI_NO_PTHREADS
-#include <pthread.h>
-typedef struct ei__profile_job {
-    const ei_context *ctx;
-    const ei_tensor *q, *k;
-    ei_plan *plan;
-    int32_t kv0, kv1;
-    void *ws;
-    size_t ws_bytes;
-    ei_result result;
-} ei__profile_job;
-static void *ei__profile_worker(void *arg) {
-    ei__profile_job *j = (ei__profile_job *)arg;
-    j->result = ei__profile_range(j->ctx, j->q, j->k, j->plan, j->kv0, j->kv1, j->ws, j->ws_bytes);
-    return NULL;
-}
-#define EI__MAX_THREADS 256
-EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                              int n_threads, void *workspace, size_t workspace_bytes) {
-    ei__profile_job jobs[EI__MAX_THREADS];
-    pthread_t tid[EI__MAX_THREADS];
-    int started[EI__MAX_THREADS];
-    size_t per;
-    int t, nt;
-    ei_result r;
-    if (!ctx || !q || !k) return ei__fail(ctx, EI_ERR_NULL, "context, q or k is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
-    if (n_threads <= 0 || n_threads > EI__MAX_THREADS) return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
-    if ((r = ei__check_profile_args(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
-    nt = EI__MIN(n_threads, k->n_heads);
-    if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
-    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL");
-    if (workspace_bytes / (size_t)nt < per)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
-    for (t = 0; t < nt; ++t) {
-        jobs[t].ctx = ctx; jobs[t].q = q; jobs[t].k = k; jobs[t].plan = plan;
-        jobs[t].kv0 = (int32_t)((int64_t)k->n_heads * t / nt);
-        jobs[t].kv1 = (int32_t)((int64_t)k->n_heads * (t + 1) / nt);
-        jobs[t].ws = (unsigned char *)workspace + per * (size_t)t;
-        jobs[t].ws_bytes = per;
-        jobs[t].result = EI_OK;
-        started[t] = 0;
-    }
-    for (t = 1; t < nt; ++t) started[t] = pthread_create(&tid[t], NULL, ei__profile_worker, &jobs[t]) == 0;
-    ei__profile_worker(&jobs[0]);
-    for (t = 1; t < nt; ++t) {
-        if (started[t]) pthread_join(tid[t], NULL);
-        else ei__profile_worker(&jobs[t]); /* no thread: run it here */
-    }
-    for (t = 0; t < nt; ++t)
-        if (jobs[t].result != EI_OK) return jobs[t].result;
-    return ei_plan_finalize(ctx, plan);
-}
-#else
-EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                              int n_threads, void *workspace, size_t workspace_bytes) {
-    if (n_threads <= 0 || n_threads > 256) return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..256", n_threads);
-    return ei_profile(ctx, q, k, plan, workspace, workspace_bytes); /* built without pthreads: one thread */
-}
-#endif
 
 // >>cuda-loader -------------------------------------------------------------
 

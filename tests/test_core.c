@@ -314,9 +314,7 @@ static void test_strided_and_threads(void) {
     CHECK(memcmp(a.block_index, b.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "strided plan differs");
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb * 2), EI_OK);
     CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "threaded plan differs");
-#ifndef EI_NO_PTHREADS
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb), EI_ERR_WORKSPACE);
-#endif
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 0, ws, wb), EI_ERR_SIZE);
     /* head ranges on one plan */
     CHECK_ERR(ei_plan_reset(&m), EI_OK);
