@@ -105,7 +105,9 @@
    arithmetic is checked (EI_ERR_SIZE / EI_ERR_OVERFLOW past them).
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
    finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
-   V is never scanned: NaN in V propagates to the attention output.
+   V is never scanned: NaN/Inf in V propagates to the outputs of the queries
+   that attend to it and, in the SIMD kernels, of the earlier queries of its
+   64-key tile (masked weight 0 times NaN), as in tiled flash attention.
 
    ERRORS
    ======
@@ -729,10 +731,12 @@ typedef struct ei__share {
     int ith, nth;
     size_t ws_bytes;
     ei_result result;
+    char message[512]; /* a worker's failure message (its own thread-local copy) */
 } ei__share;
 static void *ei__share_run(void *p) {
     ei__share *sh = (ei__share *)p;
     sh->result = sh->task(sh->arg, sh->ith, sh->nth, sh->ws, sh->ws_bytes);
+    if (sh->result != EI_OK) memcpy(sh->message, ei__tls_message, sizeof sh->message);
     return NULL;
 }
 #endif
@@ -756,7 +760,10 @@ static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, s
         else ei__share_run(&sh[t]);
     }
     for (t = 0; t < nth; ++t)
-        if (sh[t].result != EI_OK) return sh[t].result;
+        if (sh[t].result != EI_OK) {
+            memcpy(ei__tls_message, sh[t].message, sizeof sh[t].message);
+            return sh[t].result;
+        }
     return EI_OK;
 #else
     for (t = 0; t < nth; ++t) {
@@ -908,9 +915,16 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
     if (ts <= 0 || hs <= 0)
         return ei__fail(ctx, EI_ERR_STRIDE, "%s: strides must be positive (token %lld, head %lld)", name,
                         (long long)ts, (long long)hs);
-    /* Both strides <= 2^40 keeps every offset below 2^63 with the limits above. */
-    if (ts > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
-        return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: stride above 2^40 elements", name);
+    /* The farthest element, (n_tokens-1)*ts + (n_heads-1)*hs + head_dim, must
+       stay below 2^60 elements so that byte offsets fit in ptrdiff_t. */
+    {
+        const int64_t limit = (int64_t)1 << 60;
+        int64_t span_t = n_tokens - 1, span_h = (int64_t)n_heads - 1;
+        if ((span_t > 0 && ts > limit / span_t) || (span_h > 0 && hs > limit / span_h) ||
+            span_t * ts > limit - span_h * hs - head_dim)
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past 2^60 elements", name,
+                            (long long)ts, (long long)hs);
+    }
     if (hs <= ts) { s_in = hs; n_in = n_heads; s_out = ts; n_out = n_tokens; }
     else { s_in = ts; n_in = n_tokens; s_out = hs; n_out = n_heads; }
     extent = s_in * (n_in - 1) + head_dim;
@@ -1011,8 +1025,9 @@ static ei_result ei__check_config(const ei_config *c) {
                 (double)c->budget_max_factor);
     if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
     if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
-    if (!ei__finite(c->attn_scale) || c->attn_scale < 0) EI__BAD("attn_scale must be finite and >= 0");
-    if (!ei__finite(c->decode_scale) || c->decode_scale < 0) EI__BAD("decode_scale must be finite and >= 0");
+    /* scales are ~1/sqrt(head_dim); past 1e4 float32 logits overflow for ordinary inputs */
+    if (!ei__finite(c->attn_scale) || c->attn_scale < 0 || c->attn_scale > 1e4) EI__BAD("attn_scale must be in 0..1e4 (0: 1/sqrt(head_dim))");
+    if (!ei__finite(c->decode_scale) || c->decode_scale < 0 || c->decode_scale > 1e4) EI__BAD("decode_scale must be in 0..1e4 (0: 1/sqrt(head_dim))");
     if (c->window <= 0 || c->window > 65536) EI__BAD("window %d not in 1..65536", (int)c->window);
     if (c->decode_budget < c->window || c->decode_budget > EI_MAX_BUDGET)
         EI__BAD("decode_budget %d not in window (%d)..%d", (int)c->decode_budget, (int)c->window, EI_MAX_BUDGET);
@@ -1781,6 +1796,9 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
     if (k->n_tokens > plan->max_tokens)
         return ei__fail(ctx, EI_ERR_SIZE, "%lld tokens exceed the plan's capacity of %lld", (long long)k->n_tokens,
                         (long long)plan->max_tokens);
+    if (ei__max_keep(&ctx->cfg, plan->blk_capacity) > plan->max_keep)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan rows hold %d blocks, this context's budgets need %d: lay the plan out with this context",
+                        (int)plan->max_keep, (int)ei__max_keep(&ctx->cfg, plan->blk_capacity));
     if (kv0 < 0 || kv1 > k->n_heads || kv0 >= kv1)
         return ei__fail(ctx, EI_ERR_SIZE, "kv head range [%d, %d) is not inside [0, %d)", (int)kv0, (int)kv1, (int)k->n_heads);
     return EI_OK;

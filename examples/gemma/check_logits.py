@@ -52,12 +52,12 @@ def ensure_venv(path):
         print(f"creating test venv {path}", flush=True)
         venv.create(path, with_pip=True)
     try:
-        subprocess.run([py, "-c", "import numpy, llama_cpp"], check=True, capture_output=True)
+        subprocess.run([py, "-c", "import numpy, gguf, llama_cpp"], check=True, capture_output=True)
     except subprocess.CalledProcessError:
-        print("installing numpy + llama-cpp-python into the test venv (builds llama.cpp: several minutes)", flush=True)
+        print("installing numpy + gguf + llama-cpp-python into the test venv (builds llama.cpp: several minutes)", flush=True)
         env = dict(os.environ)
         env.setdefault("CMAKE_ARGS", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON")
-        subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "numpy", "llama-cpp-python"],
+        subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "numpy", "gguf==0.19.0", "llama-cpp-python==0.3.36"],
                        check=True, env=env)
     return py
 
