@@ -1,5 +1,5 @@
 # entropyinfer: build, test and benchmark entry points.
-#   make demo      the main demo (examples/)
+#   make demo      the main demo: Gemma 3 270M with entropyinfer (examples/gemma; fetches the model)
 #   make test      every test: C and C++, gcc and clang, -Wall -Wextra -Werror, golden runner
 #   make golden GOLDEN=<folder>   conformance runner on any folder of golden cases
 #   make bench     benchmarks (bench/)
@@ -14,7 +14,7 @@ HDR     := entropyinfer.h
 CLANG   := $(shell command -v clang 2>/dev/null)
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
 
-.PHONY: all test golden demo bench bench-profile clean test-core test-compilers quickstart test-arm64
+.PHONY: all test golden demo demo-synthetic bench bench-profile clean test-core test-compilers quickstart test-arm64
 
 all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
 
@@ -76,7 +76,9 @@ test-arm64:
 	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 ./$(BUILD)/test_core_arm64
 	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 ./$(BUILD)/golden_runner_arm64 $(GOLDEN)
 
-demo: $(BUILD)/demo_synthetic
+# `make demo` (examples/gemma/gemma.mk) runs the main demo: Gemma 3 270M with
+# entropyinfer in its attention. The synthetic one needs no model:
+demo-synthetic: $(BUILD)/demo_synthetic
 	./$(BUILD)/demo_synthetic
 
 # `make bench` (bench/attention.mk) builds build/ei_bench; this adds the profiling benchmark.
@@ -87,7 +89,9 @@ bench-profile: $(BUILD)/bench_profile
 clean:
 	rm -rf $(BUILD)
 
-# Fragments of the other work lines (attention benchmark, CUDA backend, engine).
+# Fragments: attention tests and benchmark, CUDA backend, Gemma engine,
+# hardening (fuzz, sanitizers, threads, limits).
 -include bench/attention.mk
 -include cuda.mk
 -include examples/gemma/gemma.mk
+-include tests/hardening.mk

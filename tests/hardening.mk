@@ -18,7 +18,7 @@
 # clang with its runtime: tests/install_clang_rt.sh (--valgrind also installs valgrind).
 
 BUILD        ?= build
-HB           := $(BUILD)/hardening
+H_BUILD      := $(BUILD)/hardening
 CC           ?= cc
 CLANG        ?= $(shell command -v clang 2>/dev/null)
 # Sanitizer builds prefer clang; gcc also has ASan, UBSan and TSan.
@@ -30,12 +30,12 @@ H_LDLIBS     := -lm -lpthread -ldl
 H_HDR        := entropyinfer.h $(wildcard dev/*.h) examples/synth_qk.h
 H_STD        := -std=c99 -D_DEFAULT_SOURCE
 H_WARN       := -Wall -Wextra
-SAN_FLAGS    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-TSAN_FLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+H_SAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+H_TSAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 # Regressions of bugs still open in the header are replayed by fuzz-replay and
 # test-asan; `make fuzz` skips those known calls so that it looks for new bugs.
 FUZZ_ENV     ?= EI_FUZZ_SKIP_KNOWN=1
-ATTN_TEST    := $(wildcard tests/test_attention.c)
+H_ATTN_TEST  := $(wildcard tests/test_attention.c)
 # Recursive make with the same makefiles, whether the top-level Makefile
 # includes this fragment or it was named with -f.
 H_INCLUDED   := $(shell grep -l 'tests/hardening.mk' Makefile 2>/dev/null)
@@ -47,100 +47,100 @@ H_TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 .PHONY: fuzz fuzz-replay test-asan test-tsan test-valgrind test-limits test-hardening
 
-$(HB):
-	mkdir -p $(HB)
+$(H_BUILD):
+	mkdir -p $(H_BUILD)
 
 # ---------------------------------------------------------------- fuzzing
-$(HB)/fuzz_api: tests/fuzz_api.c $(H_HDR) | $(HB)
+$(H_BUILD)/fuzz_api: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	@$(CLANG) --version >/dev/null 2>&1 || { echo "make fuzz needs clang (tests/install_clang_rt.sh)"; exit 1; }
 	$(CLANG) $(H_STD) $(H_WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(H_LDLIBS) || \
 	  { echo "clang cannot link libFuzzer: run tests/install_clang_rt.sh"; exit 1; }
 
-fuzz: $(HB)/fuzz_api
-	mkdir -p $(HB)/fuzz_work
-	cp tests/fuzz_corpus/*.bin $(HB)/fuzz_work/
-	@echo "fuzzing for $(FUZZ_SECONDS) s (log: $(HB)/fuzz.log)"
-	@$(FUZZ_ENV) ./$(HB)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
-	  -artifact_prefix=$(HB)/ -print_final_stats=1 $(HB)/fuzz_work > $(HB)/fuzz.log 2>&1; \
-	  status=$$?; grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(HB)/fuzz.log | tail -60; \
-	  grep '^#[0-9]' $(HB)/fuzz.log | tail -1; \
-	  if [ $$status -ne 0 ]; then echo "fuzz: crash (see $(HB)/crash-*); copy it to tests/fuzz_regressions/"; fi; \
+fuzz: $(H_BUILD)/fuzz_api
+	mkdir -p $(H_BUILD)/fuzz_work
+	cp tests/fuzz_corpus/*.bin $(H_BUILD)/fuzz_work/
+	@echo "fuzzing for $(FUZZ_SECONDS) s (log: $(H_BUILD)/fuzz.log)"
+	@$(FUZZ_ENV) ./$(H_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
+	  -artifact_prefix=$(H_BUILD)/ -print_final_stats=1 $(H_BUILD)/fuzz_work > $(H_BUILD)/fuzz.log 2>&1; \
+	  status=$$?; grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(H_BUILD)/fuzz.log | tail -60; \
+	  grep '^#[0-9]' $(H_BUILD)/fuzz.log | tail -1; \
+	  if [ $$status -ne 0 ]; then echo "fuzz: crash (see $(H_BUILD)/crash-*); copy it to tests/fuzz_regressions/"; fi; \
 	  exit $$status
 
-$(HB)/fuzz_replay_asan: tests/fuzz_api.c $(H_HDR) | $(HB)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
+$(H_BUILD)/fuzz_replay_asan: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
+	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
 
-fuzz-replay: $(HB)/fuzz_replay_asan
-	$(H_SAN_ENV) $(FUZZ_ENV) ./$(HB)/fuzz_replay_asan tests/fuzz_corpus
+fuzz-replay: $(H_BUILD)/fuzz_replay_asan
+	$(H_SAN_ENV) $(FUZZ_ENV) ./$(H_BUILD)/fuzz_replay_asan tests/fuzz_corpus
 	@fail=""; for f in tests/fuzz_regressions/*.bin; do \
 	  [ -e "$$f" ] || continue; \
-	  if $(H_SAN_ENV) ./$(HB)/fuzz_replay_asan "$$f" > $(HB)/regression.log 2>&1; then echo "  pass $$f"; \
-	  else echo "  FAIL $$f:"; grep -m4 "ERROR\|SUMMARY\|oracle" $(HB)/regression.log | sed 's/^/      /'; fail="$$fail $$f"; fi; \
+	  if $(H_SAN_ENV) ./$(H_BUILD)/fuzz_replay_asan "$$f" > $(H_BUILD)/regression.log 2>&1; then echo "  pass $$f"; \
+	  else echo "  FAIL $$f:"; grep -m4 "ERROR\|SUMMARY\|oracle" $(H_BUILD)/regression.log | sed 's/^/      /'; fail="$$fail $$f"; fi; \
 	done; if [ -n "$$fail" ]; then echo "fuzz-replay: regressions fail:$$fail"; exit 1; fi
 
 # ---------------------------------------------------------------- ASan + UBSan
-$(HB)/%_asan: tests/%.c $(H_HDR) | $(HB)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(SAN_FLAGS) $< -o $@ $(H_LDLIBS)
+$(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
+	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
-ASAN_BINS := $(HB)/test_core_asan $(HB)/golden_runner_asan $(HB)/test_limits_asan $(HB)/test_threads_asan \
-             $(if $(ATTN_TEST),$(HB)/test_attention_asan)
+H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
+             $(if $(H_ATTN_TEST),$(H_BUILD)/test_attention_asan)
 
 # Every step runs; the target fails at the end if any failed.
-test-asan: $(ASAN_BINS) $(HB)/fuzz_replay_asan
+test-asan: $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan
 	@fail=""; \
-	run() { echo "== asan: $$*"; env $(H_SAN_ENV) "$$@" > $(HB)/last.log 2>&1 || { grep -v '^    #[0-9]' $(HB)/last.log | grep -m30 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error'; fail="$$fail $$1"; }; tail -1 $(HB)/last.log; }; \
-	run ./$(HB)/test_core_asan; \
-	run ./$(HB)/golden_runner_asan $(GOLDEN); \
-	run ./$(HB)/test_limits_asan; \
-	run ./$(HB)/test_threads_asan; \
-	$(if $(ATTN_TEST),run ./$(HB)/test_attention_asan;) \
+	run() { echo "== asan: $$*"; env $(H_SAN_ENV) "$$@" > $(H_BUILD)/last.log 2>&1 || { grep -v '^    #[0-9]' $(H_BUILD)/last.log | grep -m30 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error'; fail="$$fail $$1"; }; tail -1 $(H_BUILD)/last.log; }; \
+	run ./$(H_BUILD)/test_core_asan; \
+	run ./$(H_BUILD)/golden_runner_asan $(GOLDEN); \
+	run ./$(H_BUILD)/test_limits_asan; \
+	run ./$(H_BUILD)/test_threads_asan; \
+	$(if $(H_ATTN_TEST),run ./$(H_BUILD)/test_attention_asan;) \
 	run $(H_SUBMAKE) fuzz-replay; \
 	if [ -n "$$fail" ]; then echo "test-asan: FAILED:$$fail"; exit 1; fi; echo "test-asan: all passed"
 
 # ---------------------------------------------------------------- ThreadSanitizer
-$(HB)/%_tsan: tests/%.c $(H_HDR) | $(HB)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
+$(H_BUILD)/%_tsan: tests/%.c $(H_HDR) | $(H_BUILD)
+	$(SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
-test-tsan: $(HB)/test_threads_tsan $(HB)/test_core_tsan
-	$(H_TSAN_ENV) ./$(HB)/test_threads_tsan
-	$(H_TSAN_ENV) ./$(HB)/test_core_tsan > $(HB)/test_core_tsan.log 2>&1 || { tail -40 $(HB)/test_core_tsan.log; exit 1; }
-	@tail -1 $(HB)/test_core_tsan.log
+test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
+	$(H_TSAN_ENV) ./$(H_BUILD)/test_threads_tsan
+	$(H_TSAN_ENV) ./$(H_BUILD)/test_core_tsan > $(H_BUILD)/test_core_tsan.log 2>&1 || { tail -40 $(H_BUILD)/test_core_tsan.log; exit 1; }
+	@tail -1 $(H_BUILD)/test_core_tsan.log
 	@echo "test-tsan: no data race"
 
 # ---------------------------------------------------------------- valgrind memcheck
-$(HB)/%_plain: tests/%.c $(H_HDR) | $(HB)
+$(H_BUILD)/%_plain: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -O1 -g $< -o $@ $(H_LDLIBS)
 
-VG := $(VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
-VG_BINS := $(HB)/test_core_plain $(HB)/test_limits_plain $(HB)/test_threads_plain $(HB)/fuzz_replay_plain \
-           $(if $(ATTN_TEST),$(HB)/test_attention_plain)
+H_VG := $(VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
+H_VG_BINS := $(H_BUILD)/test_core_plain $(H_BUILD)/test_limits_plain $(H_BUILD)/test_threads_plain $(H_BUILD)/fuzz_replay_plain \
+           $(if $(H_ATTN_TEST),$(H_BUILD)/test_attention_plain)
 
-$(HB)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(HB)
+$(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -O1 -g -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
 
 # test_core loops over the paths cpuid reports (under valgrind: no AVX-512);
 # our tests take EI_TEST_SIMD. The fuzz replay leaves library-written memory
 # uninitialised (EI_FUZZ_POISON=none) so memcheck sees any read of it.
-test-valgrind: $(VG_BINS)
+test-valgrind: $(H_VG_BINS)
 	@command -v $(VALGRIND) >/dev/null || { echo "test-valgrind needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
 	@fail=""; \
-	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(HB)/last.log 2>&1 || \
-	  { grep -v '^==[0-9]*== \( \|$$\)' $(HB)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(HB)/last.log; }; \
-	run test_core $(VG) ./$(HB)/test_core_plain; \
+	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(H_BUILD)/last.log 2>&1 || \
+	  { grep -v '^==[0-9]*== \( \|$$\)' $(H_BUILD)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(H_BUILD)/last.log; }; \
+	run test_core $(H_VG) ./$(H_BUILD)/test_core_plain; \
 	for simd in scalar avx2; do \
-	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(VG) ./$(HB)/test_limits_plain; \
-	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(VG) ./$(HB)/test_threads_plain; \
+	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(H_VG) ./$(H_BUILD)/test_limits_plain; \
+	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) ./$(H_BUILD)/test_threads_plain; \
 	done; \
-	run fuzz_corpus env $(FUZZ_ENV) EI_FUZZ_POISON=none $(VG) ./$(HB)/fuzz_replay_plain tests/fuzz_corpus; \
-	$(if $(ATTN_TEST),run test_attention $(VG) ./$(HB)/test_attention_plain --quick;) \
+	run fuzz_corpus env $(FUZZ_ENV) EI_FUZZ_POISON=none $(H_VG) ./$(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus; \
+	$(if $(H_ATTN_TEST),run test_attention $(H_VG) ./$(H_BUILD)/test_attention_plain --quick;) \
 	if [ -n "$$fail" ]; then echo "test-valgrind: FAILED:$$fail"; exit 1; fi; echo "test-valgrind: memcheck clean"
 
 # ---------------------------------------------------------------- limits
-$(HB)/test_limits: tests/test_limits.c $(H_HDR) | $(HB)
+$(H_BUILD)/test_limits: tests/test_limits.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -Werror -O2 -g $< -o $@ $(H_LDLIBS)
 
-test-limits: $(HB)/test_limits
-	./$(HB)/test_limits
+test-limits: $(H_BUILD)/test_limits
+	./$(H_BUILD)/test_limits
 
 test-hardening:
 	@fail=""; \

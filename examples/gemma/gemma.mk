@@ -30,17 +30,9 @@ GEMMA_LIBS       = -lm -lpthread -ldl
 
 GEMMA_CORE_SRC   = $(GEMMA_DIR)/gguf.c $(GEMMA_DIR)/tokenizer.c $(GEMMA_DIR)/gemma.c
 GEMMA_HDRS       = $(GEMMA_DIR)/gguf.h $(GEMMA_DIR)/gemma.h
-GEMMA_EI_HDRS    = entropyinfer.h $(wildcard dev/*.h)
-
-# entropyinfer is hooked in when its implementation is present in the header
-GEMMA_EI_OK := $(shell grep -q 'ifdef ENTROPYINFER_IMPLEMENTATION' entropyinfer.h 2>/dev/null && echo 1)
-ifeq ($(GEMMA_EI_OK),1)
+GEMMA_EI_HDRS    = entropyinfer.h
 GEMMA_EI_FLAGS   = -DGEMMA_WITH_EI
 GEMMA_EI_SRC     = $(GEMMA_DIR)/ei_impl.c
-else
-GEMMA_EI_FLAGS   =
-GEMMA_EI_SRC     =
-endif
 
 .PHONY: model gemma demo gemma-demo eval check-logits test-gemma-loader gemma-all
 
@@ -68,8 +60,7 @@ gemma: $(GEMMA_BUILD)/gemma
 
 gemma-all: $(GEMMA_BUILD)/gemma $(GEMMA_BUILD)/gemma-demo $(GEMMA_BUILD)/gemma-eval $(GEMMA_BUILD)/test_gemma_loader
 
-# `demo` gets the Gemma demo as a prerequisite (no recipe here, so an
-# includer's own `demo` recipe stays valid and both run).
+# `make demo` is the project's main demo.
 demo: gemma-demo
 gemma-demo: $(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
