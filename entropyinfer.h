@@ -101,8 +101,9 @@
    LIMITS
    ======
    EI_MAX_TOKENS (2^26) tokens, EI_MAX_HEADS (4096) heads, EI_MAX_HEAD_DIM
-   (1024), strides up to 2^40 elements, budgets up to EI_MAX_BUDGET: size
-   arithmetic is checked (EI_ERR_SIZE / EI_ERR_OVERFLOW past them).
+   (1024), views whose farthest element lies within 2^60 elements, budgets up
+   to EI_MAX_BUDGET: size arithmetic is checked (EI_ERR_SIZE /
+   EI_ERR_OVERFLOW past them).
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
    finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
@@ -124,7 +125,10 @@
    one context at once. A plan or decoder may be shared by threads that work
    on disjoint kv-head ranges (ei_profile_heads, ei_attention_prefill with
    ith/nth); anything else written by a call belongs to one thread at a time.
-   Workspaces are per thread.
+   Workspaces are per thread. The logger may be called from several threads
+   at once (your threads, or the workers of the *_mt helpers): make it
+   thread-safe. A failure inside an *_mt worker is returned, with its
+   message, to the calling thread.
 */
 #ifndef ENTROPYINFER_H
 #define ENTROPYINFER_H
@@ -2318,16 +2322,16 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
         return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)EI__MIN(n, (int64_t)c->decode_budget));
     if (keep->mask && keep->mask_capacity < n)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "mask capacity %lld < %lld tokens", (long long)keep->mask_capacity, (long long)n);
-    keep->n_tokens = n;
+    if (n >= c->decode_budget && keep->pooled && keep->pooled_capacity < n - W)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
     if (n < c->decode_budget) { /* nothing to evict */
+        keep->n_tokens = n;
         keep->compressed = 0;
         ei__keep_all(keep, heads_out, n);
         dec->last_compress = dec->n_generated;
         return EI_OK;
     }
     L = n - W;
-    if (keep->pooled && keep->pooled_capacity < L)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
     if (!ei__decode_ws_layout(c, n, H, KV, EI_MAX_HEAD_DIM, &w, workspace, workspace_bytes, &need))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
@@ -2400,6 +2404,7 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
         }
         keep->n_kept = (int32_t)(kk + W);
     }
+    keep->n_tokens = n;
     keep->compressed = 1;
     dec->last_compress = dec->n_generated;
     return EI_OK;
