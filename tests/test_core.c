@@ -11,43 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                                           \
-    do {                                                                           \
-        checks++;                                                                  \
-        if (!(cond)) {                                                             \
-            failures++;                                                            \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
-            printf(__VA_ARGS__);                                                   \
-            printf("\n");                                                          \
-        }                                                                          \
-    } while (0)
-/* An error code and a message that names it. */
-#define CHECK_ERR(expr, code)                                                      \
-    do {                                                                           \
-        ei_result r_ = (expr);                                                     \
-        CHECK(r_ == (code), "%s returned %s, expected %s (%s)", #expr, ei_result_name(r_), #code, ei_last_error()); \
-        if (r_ == (code) && r_ != EI_OK)                                           \
-            CHECK(strstr(ei_last_error(), #code) != NULL, "message '%s' lacks %s", ei_last_error(), #code); \
-    } while (0)
-
-/* Guarded buffers: 64 canary bytes on each side. */
-#define GUARD 64
-static void *guarded_alloc(size_t n) {
-    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
-    memset(p, 0xA5, GUARD);
-    memset(p + GUARD + n, 0xA5, GUARD);
-    memcpy(p + GUARD - sizeof(size_t), &n, 0); /* size is passed back explicitly */
-    return p + GUARD;
-}
-static int guard_intact(void *mem, size_t n) {
-    unsigned char *p = (unsigned char *)mem - GUARD;
-    size_t i;
-    for (i = 0; i < GUARD; ++i)
-        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
-    return 1;
-}
-static void guarded_free(void *mem) { free((unsigned char *)mem - GUARD); }
+#include "check.h"
 
 /* ------------------------------------------------------------ conversions */
 static void test_conversions(void) {

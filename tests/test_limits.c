@@ -18,46 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                                           \
-    do {                                                                           \
-        checks++;                                                                  \
-        if (!(cond)) {                                                             \
-            failures++;                                                            \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
-            printf(__VA_ARGS__);                                                   \
-            printf("\n");                                                          \
-        }                                                                          \
-    } while (0)
 /* Which codes some test reached, with its message naming it. */
 static int reached[-EI_RESULT_MIN_ + 1];
-#define CHECK_ERR(expr, code)                                                      \
-    do {                                                                           \
-        ei_result r_ = (expr);                                                     \
-        CHECK(r_ == (code), "%s returned %s, expected %s (%s)", #expr, ei_result_name(r_), #code, ei_last_error()); \
-        if (r_ == (code) && r_ != EI_OK) {                                         \
-            CHECK(strstr(ei_last_error(), #code) != NULL, "message '%s' lacks %s", ei_last_error(), #code); \
-            if (strstr(ei_last_error(), #code)) reached[-(int)r_] = 1;             \
-        }                                                                          \
-        if (r_ == EI_OK && (code) == EI_OK) reached[0] = 1;                        \
-    } while (0)
-
-#define GUARD 64
-static void *guarded_alloc(size_t n) {
-    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
-    if (!p) { printf("out of memory\n"); exit(2); }
-    memset(p, 0xA5, GUARD);
-    memset(p + GUARD + n, 0xA5, GUARD);
-    return p + GUARD;
-}
-static int guard_intact(void *mem, size_t n) {
-    unsigned char *p = (unsigned char *)mem - GUARD;
-    size_t i;
-    for (i = 0; i < GUARD; ++i)
-        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
-    return 1;
-}
-static void guarded_free(void *mem) { free((unsigned char *)mem - GUARD); }
+#define CHECK_ERR_REACHED(code) (reached[-(int)(code)] = 1)
+#include "check.h"
 
 /* SIMD paths to test: every supported one, or the one EI_TEST_SIMD names. */
 static int simd_selected(ei_simd p) {

@@ -29,45 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0, checks = 0;
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
-#define CHECK(cond, ...)                                                           \
-    do {                                                                           \
-        pthread_mutex_lock(&report_lock);                                          \
-        checks++;                                                                  \
-        if (!(cond)) {                                                             \
-            failures++;                                                            \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
-            printf(__VA_ARGS__);                                                   \
-            printf("\n");                                                          \
-        }                                                                          \
-        pthread_mutex_unlock(&report_lock);                                        \
-    } while (0)
-#define CHECK_ERR(expr, code)                                                      \
-    do {                                                                           \
-        ei_result r_ = (expr);                                                     \
-        CHECK(r_ == (code), "%s returned %s, expected %s (%s)", #expr, ei_result_name(r_), #code, ei_last_error()); \
-        if (r_ == (code) && r_ != EI_OK)                                           \
-            CHECK(strstr(ei_last_error(), #code) != NULL, "message '%s' lacks %s", ei_last_error(), #code); \
-    } while (0)
-
-#define GUARD 64
-static void *guarded_alloc(size_t n) {
-    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
-    if (!p) { printf("out of memory\n"); exit(2); }
-    memset(p, 0xA5, GUARD);
-    memset(p + GUARD, 0xFF, n); /* garbage until the library writes it */
-    memset(p + GUARD + n, 0xA5, GUARD);
-    return p + GUARD;
-}
-static int guard_intact(void *mem, size_t n) {
-    unsigned char *p = (unsigned char *)mem - GUARD;
-    size_t i;
-    for (i = 0; i < GUARD; ++i)
-        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
-    return 1;
-}
-static void guarded_free(void *mem) { if (mem) free((unsigned char *)mem - GUARD); }
+#define CHECK_LOCK() pthread_mutex_lock(&report_lock)
+#define CHECK_UNLOCK() pthread_mutex_unlock(&report_lock)
+#include "check.h"
 
 static int simd_selected(ei_simd p) {
     const char *e = getenv("EI_TEST_SIMD");
