@@ -339,6 +339,13 @@ typedef struct ei_plan {
     int32_t blk_capacity;  /* blocks a scores row can hold */
 } ei_plan;
 
+/* Index of row (kv head, segment) in the [kv][segment] arrays (row stride
+   seg_capacity), and the ranked block list of that row (max_keep entries,
+   the first keep_count[EI_PLAN_ROW(...)] meaningful). */
+#define EI_PLAN_ROW(plan, kv_head, segment) ((size_t)(kv_head) * (size_t)(plan)->seg_capacity + (size_t)(segment))
+#define EI_PLAN_BLOCKS(plan, kv_head, segment) \
+    ((plan)->block_index + EI_PLAN_ROW(plan, kv_head, segment) * (size_t)(plan)->max_keep)
+
 /* Bytes for a plan of up to max_tokens tokens (flags: EI_PLAN_*). */
 EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
                              int32_t head_dim, uint32_t flags, size_t *bytes);

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     printf("entropy of the block-level attention (rows: kv heads, columns: segments 1..%d)\n", plan.n_segments - 1);
     for (h = 0; h < kv_heads; ++h) {
         printf("kv%-2d %-7s", h, plan.head_class[h] == EI_HEAD_RIGID ? "rigid" : "dynamic");
-        for (s = 1; s < plan.n_segments; ++s) printf(" %5.2f", plan.entropy[h * plan.seg_capacity + s]);
+        for (s = 1; s < plan.n_segments; ++s) printf(" %5.2f", plan.entropy[EI_PLAN_ROW(&plan, h, s)]);
         printf("\n");
     }
     printf("\nbudget in tokens (kept key blocks x %d); '-' marks dense segments (before threshold or last)\n", cfg.block_size);
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
         long kept = 0, visible = 0;
         printf("kv%-2d %-7s", h, plan.head_class[h] == EI_HEAD_RIGID ? "rigid" : "dynamic");
         for (s = 1; s < plan.n_segments; ++s) {
-            int idx = h * plan.seg_capacity + s;
+            size_t idx = EI_PLAN_ROW(&plan, h, s);
             if (!ei_plan_segment_is_sparse(ctx, &plan, s)) { printf("     -"); continue; }
             printf(" %5.0f", plan.budget[idx]);
             kept += plan.keep_count[idx];
