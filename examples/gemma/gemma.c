@@ -12,15 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 double gm_now(void) {
     struct timespec ts;
@@ -285,14 +276,14 @@ static void rope(float *x, int d, const float *cs, const float *sn) {
 static const gguf_tensor *need_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
                                       char *err, size_t errlen) {
     const gguf_tensor *t = gguf_find_tensor(f, name);
-    if (!t) { fail(err, errlen, "model: tensor '%s' missing", name); return NULL; }
+    if (!t) { gguf_fail(err, errlen, "model: tensor '%s' missing", name); return NULL; }
     if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        fail(err, errlen, "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+        gguf_fail(err, errlen, "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
              (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (long long)ne0, (long long)ne1);
         return NULL;
     }
     if (!gguf_can_dequantize(t->type)) {
-        fail(err, errlen, "model: tensor '%s' has type %s, which this engine cannot dequantize", name, gguf_type_name(t->type));
+        gguf_fail(err, errlen, "model: tensor '%s' has type %s, which this engine cannot dequantize", name, gguf_type_name(t->type));
         return NULL;
     }
     return t;
@@ -302,10 +293,10 @@ static int get_hp_int(const gguf_file *f, const char *key, int64_t lo, int64_t h
                       char *err, size_t errlen) {
     int64_t v;
     if (gguf_get_int(f, key, &v) != 0) {
-        if (required) return fail(err, errlen, "model: metadata '%s' missing", key);
+        if (required) return gguf_fail(err, errlen, "model: metadata '%s' missing", key);
         v = def;
     }
-    if (v < lo || v > hi) return fail(err, errlen, "model: metadata '%s' = %lld out of range [%lld, %lld]", key, (long long)v, (long long)lo, (long long)hi);
+    if (v < lo || v > hi) return gguf_fail(err, errlen, "model: metadata '%s' = %lld out of range [%lld, %lld]", key, (long long)v, (long long)lo, (long long)hi);
     *out = (int)v;
     return 0;
 }
@@ -350,7 +341,7 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
     memset(m, 0, sizeof(*m));
     if (gguf_open(path, f, err, errlen)) return -1;
     if (gguf_get_str(f, "general.architecture", &arch) || !gguf_str_eq(arch, "gemma3")) {
-        fail(err, errlen, "model: general.architecture is not \"gemma3\"");
+        gguf_fail(err, errlen, "model: general.architecture is not \"gemma3\"");
         goto bad;
     }
     if (get_hp_int(f, "gemma3.block_count", 1, 512, 1, 0, &hp->n_layer, err, errlen) ||
@@ -366,9 +357,9 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
     {
         int vl = 0;
         if (get_hp_int(f, "gemma3.attention.value_length", 8, 4096, 0, hp->head_dim, &vl, err, errlen)) goto bad;
-        if (vl != hp->head_dim) { fail(err, errlen, "model: key_length %d != value_length %d", hp->head_dim, vl); goto bad; }
+        if (vl != hp->head_dim) { gguf_fail(err, errlen, "model: key_length %d != value_length %d", hp->head_dim, vl); goto bad; }
     }
-    if (hp->n_head % hp->n_kv_head || hp->head_dim % 2) { fail(err, errlen, "model: bad head counts"); goto bad; }
+    if (hp->n_head % hp->n_kv_head || hp->head_dim % 2) { gguf_fail(err, errlen, "model: bad head counts"); goto bad; }
     hp->eps = gguf_get_float(f, "gemma3.attention.layer_norm_rms_epsilon", &dv) == 0 ? (float)dv : 1e-6f;
     hp->rope_base_global = gguf_get_float(f, "gemma3.rope.freq_base", &dv) == 0 ? (float)dv : 1e6f;
     /* Gemma 3 local layers: rope base 10k (llama.cpp hard-codes it; newer files may carry it) */
@@ -384,7 +375,7 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
     /* shapes, then one arena for every dequantized tensor */
     m->layers = (gm_layer *)calloc((size_t)hp->n_layer, sizeof(gm_layer));
     items = (load_item *)calloc((size_t)hp->n_layer * 13 + 2, sizeof(load_item));
-    if (!m->layers || !items) { fail(err, errlen, "model: out of memory"); goto bad; }
+    if (!m->layers || !items) { gguf_fail(err, errlen, "model: out of memory"); goto bad; }
     {
         const int D = hp->d_model, Q = hp->n_head * hp->head_dim, K = hp->n_kv_head * hp->head_dim, F = hp->d_ff, H = hp->head_dim;
         struct { const char *fmt; int64_t ne0, ne1; } spec[13];
@@ -409,7 +400,7 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
                 if (!(items[ni++].t = need_tensor(f, name, spec[i].ne0, spec[i].ne1, err, errlen))) goto bad;
             }
         if (gguf_find_tensor(f, "output.weight")) {
-            fail(err, errlen, "model: separate output.weight is not supported (Gemma 3 ties embeddings)");
+            gguf_fail(err, errlen, "model: separate output.weight is not supported (Gemma 3 ties embeddings)");
             goto bad;
         }
     }
@@ -417,15 +408,15 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
         const gguf_tensor *t = items[i].t;
         items[i].packed = t->ne[1] > 1;
         if (items[i].packed && ((t->ne[1] % GM_PANEL) || t->ne[0] > (1 << 20))) {
-            fail(err, errlen, "model: tensor '%.*s' has %lld rows, not a multiple of %d", (int)t->name.n, t->name.p,
+            gguf_fail(err, errlen, "model: tensor '%.*s' has %lld rows, not a multiple of %d", (int)t->name.n, t->name.p,
                  (long long)t->ne[1], GM_PANEL);
             goto bad;
         }
         total += (size_t)((t->n_elems + 15) & ~(int64_t)15);
     }
-    if (hp->head_dim % GM_PANEL) { fail(err, errlen, "model: head_dim %d not a multiple of %d", hp->head_dim, GM_PANEL); goto bad; }
+    if (hp->head_dim % GM_PANEL) { gguf_fail(err, errlen, "model: head_dim %d not a multiple of %d", hp->head_dim, GM_PANEL); goto bad; }
     m->arena = (float *)malloc(total * sizeof(float));
-    if (!m->arena) { fail(err, errlen, "model: cannot allocate %zu MB for weights", total * 4 >> 20); goto bad; }
+    if (!m->arena) { gguf_fail(err, errlen, "model: cannot allocate %zu MB for weights", total * 4 >> 20); goto bad; }
     m->arena_floats = total;
     {
         size_t off = 0;
@@ -442,11 +433,11 @@ int gm_model_load(gm_model *m, const char *path, char *err, size_t errlen) {
         j.items = items; j.n = ni; j.bad = 0;
         j.tmp_per_thread = (size_t)maxin * GM_PANEL;
         j.tmp = (float *)malloc(j.tmp_per_thread * (size_t)gm_pool_size(p) * sizeof(float));
-        if (!j.tmp) { gm_pool_destroy(p); fail(err, errlen, "model: out of memory"); goto bad; }
+        if (!j.tmp) { gm_pool_destroy(p); gguf_fail(err, errlen, "model: out of memory"); goto bad; }
         gm_pool_run(p, load_task, &j);
         gm_pool_destroy(p);
         free(j.tmp);
-        if (j.bad) { fail(err, errlen, "model: dequantization failed"); goto bad; }
+        if (j.bad) { gguf_fail(err, errlen, "model: dequantization failed"); goto bad; }
     }
     m->out_proj = items[0].dst;
     m->embd = items[0].t;
@@ -571,10 +562,10 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
     s->mode = mode;
     (void)ei_cfg;
 #ifndef GEMMA_WITH_EI
-    if (mode != GM_ATTN_DENSE_OWN) return fail(err, errlen, "state: built without entropyinfer (GEMMA_WITH_EI)");
+    if (mode != GM_ATTN_DENSE_OWN) return gguf_fail(err, errlen, "state: built without entropyinfer (GEMMA_WITH_EI)");
 #endif
     if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx) {
-        fail(err, errlen, "state: bad sizes (max_ctx %lld, max_batch %d)", (long long)max_ctx, max_batch);
+        gguf_fail(err, errlen, "state: bad sizes (max_ctx %lld, max_batch %d)", (long long)max_ctx, max_batch);
         goto bad;
     }
     s->k_cache = (float **)calloc((size_t)hp->n_layer, sizeof(float *));
@@ -620,9 +611,9 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         s->ei_cfg.attn_scale = hp->attn_scale;
         if (s->ei_cfg.decode_scale == 0) s->ei_cfg.decode_scale = hp->attn_scale;
         if ((r = ei_context_create(&s->ei_cfg, &s->ei)) != EI_OK)
-            { fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+            { gguf_fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if (max_batch % s->ei_cfg.segment_size)
-            { fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size); goto bad; }
+            { gguf_fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size); goto bad; }
         s->plans = (ei_plan *)calloc((size_t)hp->n_layer, sizeof(ei_plan));
         s->decs = (ei_decoder *)calloc((size_t)hp->n_layer, sizeof(ei_decoder));
         s->dec_mem = (void **)calloc((size_t)hp->n_layer, sizeof(void *));
@@ -631,20 +622,20 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
             if (!m->layers[l].is_global) continue;
             if (mode == GM_ATTN_EI_SPARSE) {
                 if ((r = ei_plan_alloc(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED)) != EI_OK)
-                    { fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+                    { gguf_fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
                 if ((r = ei_decoder_size(s->ei, H, D, &b)) != EI_OK)
-                    { fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+                    { gguf_fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
                 if (!(s->dec_mem[l] = malloc(b))) goto oom;
                 if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], b)) != EI_OK)
-                    { fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+                    { gguf_fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
             }
         }
         if ((r = ei_profile_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, D, &s->prof_ws_bytes)) != EI_OK)
-            { fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+            { gguf_fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if ((r = ei_attention_workspace_size(s->ei, H, hp->n_kv_head, D, &s->attn_ws_bytes)) != EI_OK)
-            { fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+            { gguf_fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if ((r = ei_decode_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, &s->dec_ws_bytes)) != EI_OK)
-            { fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+            { gguf_fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
         s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes : 1);
         s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
@@ -655,7 +646,7 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
 #endif
     return 0;
 oom:
-    fail(err, errlen, "state: out of memory (max_ctx %lld)", (long long)max_ctx);
+    gguf_fail(err, errlen, "state: out of memory (max_ctx %lld)", (long long)max_ctx);
 bad:
     gm_state_free(s);
     return -1;
@@ -729,7 +720,7 @@ static int ei_check(gm_state *s, ei_result r, const char *what, char *err, size_
     if (r == EI_OK) return 0;
     s->ei_err = 1;
     snprintf(s->ei_msg, sizeof s->ei_msg, "%s: %s (%s)", what, ei_result_name(r), ei_last_error());
-    return fail(err, errlen, "entropyinfer: %s", s->ei_msg);
+    return gguf_fail(err, errlen, "entropyinfer: %s", s->ei_msg);
 }
 
 /* Global-layer attention through the library. phase: 0 prefill chunk, 1 decode. */
@@ -782,7 +773,7 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
     memset(&keep, 0, sizeof keep);
     keep.heads_out = s->ei_cfg.per_kv_head ? hp->n_kv_head : hp->n_head;
     if (keep.heads_out != hp->n_kv_head)
-        return fail(err, errlen, "engine: per-query-head keep sets need a per-query-head cache (use per_kv_head=1)");
+        return gguf_fail(err, errlen, "engine: per-query-head keep sets need a per-query-head cache (use per_kv_head=1)");
     keep.capacity = (int32_t)s->max_ctx;
     keep.index = s->keep_index;
     kt = ei_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
@@ -807,10 +798,10 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
     const int QD = H * D, KD = G * D;
     int i, l, h;
     double t0;
-    if (n < 1 || n > s->max_batch) return fail(err, errlen, "forward: batch of %d tokens (1..%d allowed)", n, s->max_batch);
-    if (s->n_past + n > s->max_ctx) return fail(err, errlen, "forward: context full (%lld + %d > %lld)", (long long)s->n_past, n, (long long)s->max_ctx);
+    if (n < 1 || n > s->max_batch) return gguf_fail(err, errlen, "forward: batch of %d tokens (1..%d allowed)", n, s->max_batch);
+    if (s->n_past + n > s->max_ctx) return gguf_fail(err, errlen, "forward: context full (%lld + %d > %lld)", (long long)s->n_past, n, (long long)s->max_ctx);
     for (i = 0; i < n; i++) {
-        if (tok[i] < 0 || tok[i] >= hp->n_vocab) return fail(err, errlen, "forward: token id %d out of range", tok[i]);
+        if (tok[i] < 0 || tok[i] >= hp->n_vocab) return gguf_fail(err, errlen, "forward: token id %d out of range", tok[i]);
         {
             /* the embedding row is dequantized straight from the file (the f32
                copy is packed for the output projection) */

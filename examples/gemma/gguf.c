@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------ errors */
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
+int gguf_fail(char *err, size_t errlen, const char *fmt, ...) {
     if (err && errlen) {
         va_list ap;
         va_start(ap, fmt);
@@ -153,63 +153,63 @@ static int parse(gguf_file *f, char *err, size_t errlen) {
     r.p = f->base;
     r.size = f->size;
 
-    if (f->size < 24) return fail(err, errlen, "gguf: file too small (%zu bytes) for a GGUF header", f->size);
-    if (memcmp(f->base, "GGUF", 4) != 0) return fail(err, errlen, "gguf: bad magic (not a GGUF file)");
+    if (f->size < 24) return gguf_fail(err, errlen, "gguf: file too small (%zu bytes) for a GGUF header", f->size);
+    if (memcmp(f->base, "GGUF", 4) != 0) return gguf_fail(err, errlen, "gguf: bad magic (not a GGUF file)");
     r.pos = 4;
     f->version = rd_u32(&r);
     if (f->version != 2 && f->version != 3)
-        return fail(err, errlen, "gguf: unsupported version %u (need 2 or 3)", f->version);
+        return gguf_fail(err, errlen, "gguf: unsupported version %u (need 2 or 3)", f->version);
     f->n_tensors = rd_u64(&r);
     f->n_kv = rd_u64(&r);
     /* each kv needs >= 8+0+4+1 bytes and each tensor info >= 8+4+8+4+8 bytes */
     if (f->n_kv > (f->size - r.pos) / 13)
-        return fail(err, errlen, "gguf: kv count %llu cannot fit in the file", (unsigned long long)f->n_kv);
+        return gguf_fail(err, errlen, "gguf: kv count %llu cannot fit in the file", (unsigned long long)f->n_kv);
     if (f->n_tensors > (f->size - r.pos) / 32)
-        return fail(err, errlen, "gguf: tensor count %llu cannot fit in the file", (unsigned long long)f->n_tensors);
+        return gguf_fail(err, errlen, "gguf: tensor count %llu cannot fit in the file", (unsigned long long)f->n_tensors);
 
     f->kv = (gguf_kv *)calloc(f->n_kv ? f->n_kv : 1, sizeof(gguf_kv));
     f->tensors = (gguf_tensor *)calloc(f->n_tensors ? f->n_tensors : 1, sizeof(gguf_tensor));
-    if (!f->kv || !f->tensors) return fail(err, errlen, "gguf: out of memory");
+    if (!f->kv || !f->tensors) return gguf_fail(err, errlen, "gguf: out of memory");
 
     f->alignment = 32;
     for (i = 0; i < f->n_kv; i++) {
         gguf_kv *kv = &f->kv[i];
         size_t at = r.pos;
-        if (rd_str(&r, &kv->key)) return fail(err, errlen, "gguf: truncated key of kv %llu (at byte %zu)", (unsigned long long)i, at);
+        if (rd_str(&r, &kv->key)) return gguf_fail(err, errlen, "gguf: truncated key of kv %llu (at byte %zu)", (unsigned long long)i, at);
         kv->type = rd_u32(&r);
-        if (r.bad) return fail(err, errlen, "gguf: truncated type of kv '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+        if (r.bad) return gguf_fail(err, errlen, "gguf: truncated type of kv '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
         kv->n = 1;
         if (kv->type == GGUF_VT_ARRAY) {
             kv->arr_type = rd_u32(&r);
             kv->n = rd_u64(&r);
-            if (r.bad) return fail(err, errlen, "gguf: truncated array header of '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
-            if (kv->arr_type == GGUF_VT_ARRAY) return fail(err, errlen, "gguf: nested arrays are not supported ('%.*s')", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+            if (r.bad) return gguf_fail(err, errlen, "gguf: truncated array header of '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+            if (kv->arr_type == GGUF_VT_ARRAY) return gguf_fail(err, errlen, "gguf: nested arrays are not supported ('%.*s')", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
         } else {
             kv->arr_type = kv->type;
         }
         if (kv->arr_type == GGUF_VT_STRING) {
             uint64_t j;
             if (kv->n > (r.size - r.pos) / 8)
-                return fail(err, errlen, "gguf: string array '%.*s' of %llu items cannot fit", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p, (unsigned long long)kv->n);
+                return gguf_fail(err, errlen, "gguf: string array '%.*s' of %llu items cannot fit", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p, (unsigned long long)kv->n);
             kv->strs = (gguf_str *)malloc((size_t)(kv->n ? kv->n : 1) * sizeof(gguf_str));
-            if (!kv->strs) return fail(err, errlen, "gguf: out of memory");
+            if (!kv->strs) return gguf_fail(err, errlen, "gguf: out of memory");
             kv->data = r.p + r.pos;
             for (j = 0; j < kv->n; j++)
                 if (rd_str(&r, &kv->strs[j]))
-                    return fail(err, errlen, "gguf: truncated string %llu of '%.*s'", (unsigned long long)j, (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+                    return gguf_fail(err, errlen, "gguf: truncated string %llu of '%.*s'", (unsigned long long)j, (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
         } else {
             int es = vtype_size(kv->arr_type);
-            if (!es) return fail(err, errlen, "gguf: unknown value type %u for '%.*s'", kv->arr_type, (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+            if (!es) return gguf_fail(err, errlen, "gguf: unknown value type %u for '%.*s'", kv->arr_type, (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
             if (kv->n > (r.size - r.pos) / (uint64_t)es)
-                return fail(err, errlen, "gguf: value of '%.*s' runs past the end of the file", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+                return gguf_fail(err, errlen, "gguf: value of '%.*s' runs past the end of the file", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
             kv->data = rd_take(&r, kv->n * (uint64_t)es);
-            if (!kv->data && kv->n) return fail(err, errlen, "gguf: truncated value of '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
+            if (!kv->data && kv->n) return gguf_fail(err, errlen, "gguf: truncated value of '%.*s'", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p);
         }
         if (gguf_str_eq(kv->key, "general.alignment")) {
-            if (kv->type != GGUF_VT_U32) return fail(err, errlen, "gguf: general.alignment must be u32");
+            if (kv->type != GGUF_VT_U32) return gguf_fail(err, errlen, "gguf: general.alignment must be u32");
             f->alignment = le32(kv->data);
             if (f->alignment == 0 || (f->alignment & (f->alignment - 1)) || f->alignment > (1u << 20))
-                return fail(err, errlen, "gguf: bad alignment %u", f->alignment);
+                return gguf_fail(err, errlen, "gguf: bad alignment %u", f->alignment);
         }
     }
 
@@ -218,42 +218,42 @@ static int parse(gguf_file *f, char *err, size_t errlen) {
         uint32_t d;
         int be, bb;
         int64_t n = 1;
-        if (rd_str(&r, &t->name)) return fail(err, errlen, "gguf: truncated name of tensor %llu", (unsigned long long)i);
+        if (rd_str(&r, &t->name)) return gguf_fail(err, errlen, "gguf: truncated name of tensor %llu", (unsigned long long)i);
         t->n_dims = rd_u32(&r);
-        if (r.bad) return fail(err, errlen, "gguf: truncated tensor info %llu", (unsigned long long)i);
+        if (r.bad) return gguf_fail(err, errlen, "gguf: truncated tensor info %llu", (unsigned long long)i);
         if (t->n_dims < 1 || t->n_dims > 4)
-            return fail(err, errlen, "gguf: tensor '%.*s' has %u dims (1..4 allowed)", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, t->n_dims);
+            return gguf_fail(err, errlen, "gguf: tensor '%.*s' has %u dims (1..4 allowed)", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, t->n_dims);
         for (d = 0; d < 4; d++) t->ne[d] = 1;
         for (d = 0; d < t->n_dims; d++) {
             uint64_t v = rd_u64(&r);
             if (v < 1 || v > (uint64_t)GGUF_MAX_ELEMS || (uint64_t)n > (uint64_t)GGUF_MAX_ELEMS / v)
-                return fail(err, errlen, "gguf: tensor '%.*s' has a bad dimension %llu", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (unsigned long long)v);
+                return gguf_fail(err, errlen, "gguf: tensor '%.*s' has a bad dimension %llu", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (unsigned long long)v);
             t->ne[d] = (int64_t)v;
             n *= (int64_t)v;
         }
         t->type = rd_u32(&r);
         t->offset = rd_u64(&r);
-        if (r.bad) return fail(err, errlen, "gguf: truncated tensor info of '%.*s'", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p);
+        if (r.bad) return gguf_fail(err, errlen, "gguf: truncated tensor info of '%.*s'", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p);
         if (!gguf_type_info(t->type, &be, &bb))
-            return fail(err, errlen, "gguf: tensor '%.*s' has unknown type %u", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, t->type);
+            return gguf_fail(err, errlen, "gguf: tensor '%.*s' has unknown type %u", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, t->type);
         if (t->ne[0] % be)
-            return fail(err, errlen, "gguf: tensor '%.*s': row of %lld is not a multiple of the %s block (%d)", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (long long)t->ne[0], gguf_type_name(t->type), be);
+            return gguf_fail(err, errlen, "gguf: tensor '%.*s': row of %lld is not a multiple of the %s block (%d)", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (long long)t->ne[0], gguf_type_name(t->type), be);
         if (t->offset % f->alignment)
-            return fail(err, errlen, "gguf: tensor '%.*s' offset %llu is not aligned to %u", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (unsigned long long)t->offset, f->alignment);
+            return gguf_fail(err, errlen, "gguf: tensor '%.*s' offset %llu is not aligned to %u", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (unsigned long long)t->offset, f->alignment);
         t->n_elems = n;
         t->nbytes = (uint64_t)(n / be) * (uint64_t)bb;
     }
     {
         uint64_t a = f->alignment;
         uint64_t off = ((uint64_t)r.pos + a - 1) / a * a;
-        if (off > f->size) return fail(err, errlen, "gguf: file ends before its data section");
+        if (off > f->size) return gguf_fail(err, errlen, "gguf: file ends before its data section");
         f->data_offset = off;
     }
     for (i = 0; i < f->n_tensors; i++) {
         gguf_tensor *t = &f->tensors[i];
         uint64_t avail = f->size - f->data_offset;
         if (t->offset > avail || t->nbytes > avail - t->offset)
-            return fail(err, errlen, "gguf: data of tensor '%.*s' (%llu bytes at %llu) runs past the end of the file (truncated?)",
+            return gguf_fail(err, errlen, "gguf: data of tensor '%.*s' (%llu bytes at %llu) runs past the end of the file (truncated?)",
                         (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, (unsigned long long)t->nbytes, (unsigned long long)t->offset);
         t->data = f->base + f->data_offset + t->offset;
     }
@@ -261,20 +261,20 @@ static int parse(gguf_file *f, char *err, size_t errlen) {
     if (f->n_tensors > 1) {
         const gguf_tensor **ix = (const gguf_tensor **)malloc((size_t)f->n_tensors * sizeof(*ix));
         int dup = 0;
-        if (!ix) return fail(err, errlen, "gguf: out of memory");
+        if (!ix) return gguf_fail(err, errlen, "gguf: out of memory");
         for (i = 0; i < f->n_tensors; i++) ix[i] = &f->tensors[i];
         qsort(ix, (size_t)f->n_tensors, sizeof(*ix), cmp_tensor_name);
         for (i = 1; i < f->n_tensors && !dup; i++)
             if (cmp_tensor_name(&ix[i - 1], &ix[i]) == 0) dup = 1;
         free(ix);
-        if (dup) return fail(err, errlen, "gguf: duplicate tensor names");
+        if (dup) return gguf_fail(err, errlen, "gguf: duplicate tensor names");
     }
     return 0;
 }
 
 int gguf_parse(const void *buf, size_t size, gguf_file *f, char *err, size_t errlen) {
     memset(f, 0, sizeof(*f));
-    if (!buf) return fail(err, errlen, "gguf: NULL buffer");
+    if (!buf) return gguf_fail(err, errlen, "gguf: NULL buffer");
     f->base = (const uint8_t *)buf;
     f->size = size;
     if (parse(f, err, errlen)) {
@@ -290,18 +290,18 @@ int gguf_open(const char *path, gguf_file *f, char *err, size_t errlen) {
     void *m;
     memset(f, 0, sizeof(*f));
     fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, "gguf: cannot open '%s'", path);
+    if (fd < 0) return gguf_fail(err, errlen, "gguf: cannot open '%s'", path);
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, "gguf: '%s' is not a regular file", path);
+        return gguf_fail(err, errlen, "gguf: '%s' is not a regular file", path);
     }
     if (st.st_size < 24) {
         close(fd);
-        return fail(err, errlen, "gguf: '%s' is too small (%lld bytes) to be a GGUF file", path, (long long)st.st_size);
+        return gguf_fail(err, errlen, "gguf: '%s' is too small (%lld bytes) to be a GGUF file", path, (long long)st.st_size);
     }
     m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (m == MAP_FAILED) return fail(err, errlen, "gguf: cannot map '%s'", path);
+    if (m == MAP_FAILED) return gguf_fail(err, errlen, "gguf: cannot map '%s'", path);
     if (gguf_parse(m, (size_t)st.st_size, f, err, errlen)) {
         munmap(m, (size_t)st.st_size);
         return -1;

@@ -71,6 +71,13 @@ typedef struct gguf_file {
 } gguf_file;
 
 /* 0 on success; on failure -1 and a message in err. */
+/* Writes a message into err (errlen bytes, may be NULL/0) and returns -1;
+   the error convention of the whole engine. */
+int gguf_fail(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 int gguf_open(const char *path, gguf_file *f, char *err, size_t errlen);
 /* Parse a file image already in memory (the buffer must outlive f). */
 int gguf_parse(const void *buf, size_t size, gguf_file *f, char *err, size_t errlen);
