@@ -1,10 +1,10 @@
 # cuda.mk - the CUDA backend (included by the top-level Makefile).
-#   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90 + PTX)
+#   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
 #   make test-cuda            GPU tests: golden cases, GPU vs CPU, attention, compute-sanitizer
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA
 NVCC        ?= nvcc
-CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
                -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so

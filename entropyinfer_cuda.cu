@@ -793,6 +793,199 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *(uint32_t *)&v;
 }
 
+/* ---- Hopper warpgroup MMA (sm_90a only; the other targets never launch it).
+   wgmma reads its shared-memory operands through 64-bit descriptors: start
+   address, leading/stride byte offsets (LBO/SBO) and the swizzle mode. Our
+   tiles use the 128-byte swizzle: a [rows][64 elements] slab per 64 columns
+   of the head dimension, 16-byte chunk c of row r stored at chunk c ^ (r & 7),
+   slabs 1024-byte aligned. As a K-major operand (Q and K: rows = M or N, the
+   head dimension = K) SBO is the 1024 bytes between 8-row groups and LBO is
+   unused; as an N-major operand (V: rows = keys = K, head dimension = N) LBO
+   is the distance between 64-column slabs and SBO the 1024 bytes between
+   8-key groups (PTX ISA, "Shared Memory Matrix Layout"). */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define EI_WGMMA 1
+#endif
+__device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef EI_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef EI_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#ifdef EI_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+/* cp.async and plain stores write shared memory through the generic proxy;
+   wgmma reads it through the async proxy */
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef EI_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* keeps registers that an in-flight wgmma reads alive until it has finished */
+__device__ __forceinline__ void reg_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void reg_keep(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* D[64 x N] (+)= A[64 x 16] (shared, K-major) * B[16 x N] (shared, K-major) */
+template <int N, typename T> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
+/* D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared, N-major) */
+template <int N, typename T> __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db);
+
+template <> __device__ __forceinline__ void wgmma_ss<64, __nv_bfloat16>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_rs<64, __nv_bfloat16>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    (void)d; (void)a; (void)db;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_ss<64, __half>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_rs<64, __half>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    (void)d; (void)a; (void)db;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_ss<128, __nv_bfloat16>(float (&d)[16][4], uint64_t da, uint64_t db, int acc) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_rs<128, __nv_bfloat16>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    (void)d; (void)a; (void)db;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_ss<128, __half>(float (&d)[16][4], uint64_t da, uint64_t db, int acc) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d; (void)da; (void)db; (void)acc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_rs<128, __half>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    (void)d; (void)a; (void)db;
+    __trap();
+#endif
+}
+
 /* The key list a CTA attends to: kept blocks (ranked; all before the
    segment), then keys base_pos .. base_pos + own_len - 1 (causal). */
 struct KeyList {
@@ -814,17 +1007,31 @@ struct KeyList {
    K/V tile serves the whole group; BC keys per step, double-buffered with
    cp.async. Shared memory: Q [ROWS][D], K and V [2][BC][D], rows padded by
    16 bytes (XOR-swizzled 16-byte chunks for D = 256). MT = 2 reuses every K/V fragment for two m-tiles (half
-   the shared-memory traffic per mma); Q then stays in shared memory. */
-template <int D, int NW, int MT, int BC, typename T>
-__global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) {
+   the shared-memory traffic per mma); Q then stays in shared memory.
+   WG (sm_90a, NW = 8, MT = 1): the two matrix products run as warpgroup MMAs
+   (wgmma) instead: each warpgroup of 4 warps owns 64 rows, S = Q K^T reads Q
+   and K straight from shared memory, O += P V takes P from registers (the
+   accumulator layout of S is the A-fragment layout) and V from shared memory;
+   tiles use the 128-byte-swizzled layout wgmma reads (see wgmma_desc). */
+template <int D, int NW, int MT, int BC, typename T, bool WG>
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_kernel(const AttnParams p) {
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
-    constexpr bool QREG = MT == 1 && D <= 128;
+    constexpr bool QREG = !WG && MT == 1 && D <= 128;
+    static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
     /* shared layout of a [rows][D] tile in 16-byte chunks: rows padded by one
        chunk (constant offsets for ldmatrix, conflict-free) for D <= 128; for
-       D = 256 (shared memory is tight) XOR-swizzled instead */
-    constexpr int RS = D <= 128 ? CH + 1 : CH; /* row stride in chunks */
-    auto at = [](int row, int ch) -> int { return D <= 128 ? row * RS + ch : row * RS + (ch ^ (row & 7)); };
-    extern __shared__ uint4 smem[];
+       D = 256 (shared memory is tight) XOR-swizzled instead; for WG, 64-column
+       slabs of [R rows][128 bytes], 128-byte swizzle (R = rows of the tile) */
+    constexpr int RS = (D <= 128 && !WG) ? CH + 1 : CH; /* row stride in chunks */
+    auto at = [](int row, int ch, int R) -> int {
+        if (WG) return (ch >> 3) * R * 8 + row * 8 + ((ch & 7) ^ (row & 7));
+        (void)R;
+        return D <= 128 ? row * RS + ch : row * RS + (ch ^ (row & 7));
+    };
+    extern __shared__ uint4 smem_raw[];
+    /* wgmma's swizzle pattern repeats every 1024 bytes: align the tiles to it
+       (the launch adds 1024 bytes of slack) */
+    uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
     uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
     __shared__ int kpos[2][BC];
 
@@ -870,7 +1077,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
     for (int c = tid; c < ROWS * CH; c += NT) {
         int row = c / CH, ch = c % CH;
         int hr = row / p.T, tok = t0 + row % p.T;
-        uint4 *dst = &sQ[at(row, ch)];
+        uint4 *dst = &sQ[at(row, ch, ROWS)];
         if (hr < hc && tok < t1)
             cp_async16(dst, (const T *)p.q + (tok - p.q_offset) * p.q_ts + (int64_t)(h0 + hr) * p.q_hs + ch * 8);
         else
@@ -888,7 +1095,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
         for (int c = tid; c < BC * CH; c += NT) {
             int row = c / CH, ch = c % CH;
             int pos = kl.pos(j * BC + row);
-            int sw = at(row, ch);
+            int sw = at(row, ch, BC);
             if (pos != POS_INVALID) {
                 cp_async16(&bK[sw], K + (int64_t)pos * p.k_ts + ch * 8);
                 cp_async16(&bV[sw], V + (int64_t)pos * p.v_ts + ch * 8);
@@ -908,6 +1115,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
     int need_cur = issue(0, 0);
     cp_async_commit();
     cp_async_wait_all();
+    if (WG) fence_proxy_async();
     need_cur = __syncthreads_or(need_cur);
 
     uint32_t qa[QREG ? D / 16 : 1][4];
@@ -915,7 +1123,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             int row = warp * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-            ldmatrix_x4(qa[QREG ? kk : 0], &sQ[at(row, ch)]);
+            ldmatrix_x4(qa[QREG ? kk : 0], &sQ[at(row, ch, ROWS)]);
         }
     }
 
@@ -944,28 +1152,40 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
+            if constexpr (WG) {
+                /* S = Q K^T: D/16 k-steps of 16 columns (32 bytes) inside the 128-byte rows */
+                const char *q0 = (const char *)sQ + (warp >> 2) * 64 * 128, *k0 = (const char *)bK;
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t a[MT][4];
+                for (int kk = 0; kk < D / 16; kk++)
+                    wgmma_ss<BC, T>(sc[0], wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                    wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+                wgmma_commit();
+                wgmma_wait_all();
+            } else {
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    if (QREG) {
-#pragma unroll
-                        for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
-                    } else {
-                        int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                        ldmatrix_x4(a[mt], &sQ[at(row, ch)]);
-                    }
-                }
-#pragma unroll
-                for (int np = 0; np < NB / 2; np++) {
-                    uint32_t b[4];
-                    int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
-                    ldmatrix_x4(b, &bK[at(key, ch)]);
+                for (int kk = 0; kk < D / 16; kk++) {
+                    uint32_t a[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
-                        mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        if (QREG) {
+#pragma unroll
+                            for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
+                        } else {
+                            int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                            ldmatrix_x4(a[mt], &sQ[at(row, ch, ROWS)]);
+                        }
+                    }
+#pragma unroll
+                    for (int np = 0; np < NB / 2; np++) {
+                        uint32_t b[4];
+                        int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                        ldmatrix_x4(b, &bK[at(key, ch, BC)]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
+                            mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
                     }
                 }
             }
@@ -1024,25 +1244,48 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
                 }
             }
             /* O += P V */
+            if constexpr (WG) {
+                /* P (bf16/f16) in the A-fragment layout, one 16-key k-step per 4 registers;
+                   the registers stay live until the asynchronous MMAs are done */
+                uint32_t pa[NB / 2][4];
 #pragma unroll
-            for (int t = 0; t < NB / 2; t++) {
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    a[mt][0] = pack2<T>(sc[mt][2 * t][0], sc[mt][2 * t][1]);
-                    a[mt][1] = pack2<T>(sc[mt][2 * t][2], sc[mt][2 * t][3]);
-                    a[mt][2] = pack2<T>(sc[mt][2 * t + 1][0], sc[mt][2 * t + 1][1]);
-                    a[mt][3] = pack2<T>(sc[mt][2 * t + 1][2], sc[mt][2 * t + 1][3]);
+                for (int t = 0; t < NB / 2; t++) {
+                    pa[t][0] = pack2<T>(sc[0][2 * t][0], sc[0][2 * t][1]);
+                    pa[t][1] = pack2<T>(sc[0][2 * t][2], sc[0][2 * t][3]);
+                    pa[t][2] = pack2<T>(sc[0][2 * t + 1][0], sc[0][2 * t + 1][1]);
+                    pa[t][3] = pack2<T>(sc[0][2 * t + 1][2], sc[0][2 * t + 1][3]);
                 }
+                wgmma_fence();
 #pragma unroll
-                for (int np = 0; np < D / 16; np++) {
-                    uint32_t b[4];
-                    int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
-                    ldmatrix_x4_trans(b, &bV[at(key, ch)]);
+                for (int t = 0; t < NB / 2; t++)
+                    wgmma_rs<D, T>(o[0], pa[t], wgmma_desc((const char *)bV + t * 16 * 128, BC * 128, 1024));
+                wgmma_commit();
+                wgmma_wait_all();
+#pragma unroll
+                for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+            } else {
+#pragma unroll
+                for (int t = 0; t < NB / 2; t++) {
+                    uint32_t a[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
-                        mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        a[mt][0] = pack2<T>(sc[mt][2 * t][0], sc[mt][2 * t][1]);
+                        a[mt][1] = pack2<T>(sc[mt][2 * t][2], sc[mt][2 * t][3]);
+                        a[mt][2] = pack2<T>(sc[mt][2 * t + 1][0], sc[mt][2 * t + 1][1]);
+                        a[mt][3] = pack2<T>(sc[mt][2 * t + 1][2], sc[mt][2 * t + 1][3]);
+                    }
+#pragma unroll
+                    for (int np = 0; np < D / 16; np++) {
+                        uint32_t b[4];
+                        int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
+                        ldmatrix_x4_trans(b, &bV[at(key, ch, BC)]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
+                            mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
                     }
                 }
             }
@@ -1050,6 +1293,7 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
         if (need_cur) tile(std::true_type{});
         else tile(std::false_type{});
         cp_async_wait_all();
+        if (WG) fence_proxy_async();
         need_cur = __syncthreads_or(need_next);
     }
 
@@ -1080,26 +1324,56 @@ __global__ void __launch_bounds__(NW * 32) attention_kernel(const AttnParams p) 
         }
 }
 
-template <int D, int NW, int MT, int BC, typename T>
+template <int D, int NW, int MT, int BC, typename T, bool WG = false>
 static ei_result launch_attention(const AttnParams &p, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
-    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)smem));
-    attention_kernel<D, NW, MT, BC, T><<<grid, NW * 32, smem, st>>>(p);
+    size_t smem = WG ? (size_t)(16 * NW * MT + 4 * BC) * D * 2 + 1024
+                     : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_kernel<D, NW, MT, BC, T, WG><<<grid, NW * 32, smem, st>>>(p);
     LAUNCH_CHECK("attention_kernel");
     return EI_OK;
 }
 
-/* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step.
-   Default 8x2x64 for head_dim <= 128 (fastest on an H200), 4x1x64 for 256.
-   Tuning knob EI_CUDA_ATTN_CFG = "WxMxB": W in {4,8}, M in {1,2}, B in {64,32}
-   (B = 32 with M = 2 and head_dim 128 only). */
-static void attention_shape(int D, int *nw, int *mt, int *bc) {
+/* Whether the wgmma kernels can run on the current device: a Hopper GPU
+   (sm_90) running this library's sm_90a code (not PTX compiled for it at load
+   time, which has no wgmma). Cached per device ordinal; racing callers store
+   the same answer. */
+static bool wgmma_available(void) {
+    static int known[64]; /* 0 unknown, 1 no, 2 yes */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return false;
+    if (dev < 64 && known[dev]) return known[dev] == 2;
+    cudaDeviceProp prop;
+    cudaFuncAttributes fa;
+    bool ok = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major == 9 && prop.minor == 0 &&
+              cudaFuncGetAttributes(&fa, attention_kernel<128, 8, 1, 128, __nv_bfloat16, true>) == cudaSuccess &&
+              fa.binaryVersion == 90;
+    if (dev < 64) known[dev] = ok ? 2 : 1;
+    return ok;
+}
+
+/* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
+   and whether the products run as wgmma (*wg).
+   Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
+   rows) x 128 keys. Elsewhere mma.sync, 8x2x64 for head_dim <= 128 (fastest
+   on an H200 before wgmma), 4x1x64 for 256.
+   Tuning knob EI_CUDA_ATTN_CFG: "wg128" / "wg64" (wgmma, keys per step), or
+   "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
+   M = 2 and head_dim 128 only). */
+static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     const char *e = getenv("EI_CUDA_ATTN_CFG");
     *nw = 8;
     *mt = 2;
     *bc = 64;
+    *wg = 0;
     if (D == 256) { *nw = 4; *mt = 1; return; }
+    if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
+        *wg = 1;
+        *mt = 1;
+        *bc = (e && !strcmp(e, "wg64")) ? 64 : 128;
+        return;
+    }
     if (e && e[0] && e[1] == 'x') {
         *nw = e[0] == '4' ? 4 : 8;
         *mt = e[2] == '2' ? 2 : 1;
@@ -1147,8 +1421,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
             plan->block_size != cfg->block_size)
             return fail(msg, EI_ERR_STATE, "plan is not a finished plan for these shapes");
     }
-    int NW, MT, BCK;
-    attention_shape(D, &NW, &MT, &BCK);
+    int NW, MT, BCK, WGK;
+    attention_shape(D, &NW, &MT, &BCK, &WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnParams p;
     memset(&p, 0, sizeof p);
@@ -1188,6 +1462,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         if (MT == 2) EI__ATT(DD, 4, 2, 64);                                                       \
         EI__ATT(DD, 4, 1, 64);                                                                    \
     } while (0)
+#define EI__ATT_WG(DD, BB)                                                                        \
+    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, true>(p, (unsigned)grid, st, msg)   \
+              : launch_attention<DD, 8, 1, BB, __half, true>(p, (unsigned)grid, st, msg)
+    if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64);
+    if (WGK && D == 64) EI__ATT_WG(64, 128);
+    if (WGK && BCK == 64) EI__ATT_WG(128, 64);
+    if (WGK) EI__ATT_WG(128, 128);
     if (D == 64) EI__ATT_D(64);
     if (D == 128) {
         if (BCK == 32 && NW == 8) EI__ATT(128, 8, 2, 32);
@@ -1195,6 +1476,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         EI__ATT_D(128);
     }
     EI__ATT(256, 4, 1, 64);
+#undef EI__ATT_WG
 #undef EI__ATT_D
 #undef EI__ATT
 }

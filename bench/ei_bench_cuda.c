@@ -90,7 +90,7 @@ static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
 }
 
 #define MAXCFG 8
-static const char *cta_shapes[MAXCFG] = {"8x2x64", "4x2x64", "8x1x64"};
+static const char *cta_shapes[MAXCFG] = {"wg128", "wg64", "8x2x64"};
 static int NCFG = 3;
 
 static double median_ms(double *v, int n) {

@@ -59,7 +59,7 @@ static double plan_density(const gm_state *s) {
     return n ? sum / n : 1.0;
 }
 
-typedef struct ppl_row { double ppl, agree, t_prefill, t_attn, density; int64_t n_scored; } ppl_row;
+typedef struct ppl_row { double ppl, agree, agree_head, agree_rest, t_prefill, t_attn, density; int64_t n_scored; } ppl_row;
 
 static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t L, const int64_t *pos, int64_t n_pos,
                    int32_t *argmax, ppl_row *row, char *err, size_t errlen) {
@@ -171,6 +171,8 @@ int main(int argc, char **argv) {
     int64_t ctxs[8], pk_ctxs[8];
     int n_ctx = parse_list(argc > 3 ? argv[3] : "8192,16384,32768", ctxs, 8);
     int n_pk = parse_list(argc > 4 ? argv[4] : "8192,16384", pk_ctxs, 8);
+    const char *text_path = argc > 5 ? argv[5] : "licences";
+    const char *text_name = strcmp(text_path, "licences") ? text_path : "/usr/share/common-licenses/*";
     gm_model m;
     gm_pool *pool;
     char err[512];
@@ -183,9 +185,9 @@ int main(int argc, char **argv) {
     double t_start = gm_now();
 
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
-    text = load_licences(&len);
+    text = strcmp(text_path, "licences") ? load_text_file(text_path, &len) : load_licences(&len);
     ids = text ? tokenize_all(&m.tok, text, len, 1, &n_all) : NULL;
-    if (!ids) { fprintf(stderr, "gemma-eval: cannot read /usr/share/common-licenses\n"); return 1; }
+    if (!ids) { fprintf(stderr, "gemma-eval: cannot read %s\n", text_name); return 1; }
     pool = gm_pool_create(gm_default_threads());
     md = fopen(out_path, "w");
     if (!md) { fprintf(stderr, "gemma-eval: cannot write %s\n", out_path); return 1; }
@@ -201,13 +203,13 @@ int main(int argc, char **argv) {
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
                 (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, gm_pool_size(pool));
         fprintf(md, "## Perplexity and top-1 agreement on the sparse segments\n\n");
-        fprintf(md, "Text: the first L tokens of /usr/share/common-licenses/* (%lld tokens in all). Scored: next-token "
+        fprintf(md, "Text: the first L tokens of %s (%lld tokens in all). Scored: next-token "
                     "predictions at positions in [4096, start of the last segment), subsampled to at most 4096 positions "
                     "(same positions in every mode). Density: mean fraction of the dense causal keys that a sparse segment "
                     "attends (kept blocks + half its own segment, over all global layers).\n\n",
-                (long long)n_all);
-        fprintf(md, "| context | mode | scored | perplexity | vs dense | top-1 agreement | density | global attention s | prefill s |\n");
-        fprintf(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+                text_name, (long long)n_all);
+        fprintf(md, "| context | mode | scored | perplexity | vs dense | top-1 agreement | agreement, first 64 / rest of a segment | density | global attention s | prefill s |\n");
+        fprintf(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         fflush(md);
     }
     for (c = 0; c < n_ctx; c++) {
@@ -230,13 +232,26 @@ int main(int argc, char **argv) {
                 return 1;
             }
             {
-                int64_t agree = 0;
-                for (i = 0; i < n_pos; i++) agree += am[mode][i] == am[M_DENSE][i];
+                /* agreement overall, and split by where the token sits in its segment: the
+                   first 64 tokens of a sparse segment see only kept blocks before them in
+                   the global layers (no guaranteed local window), the rest also see
+                   64+ keys of their own segment */
+                int64_t agree = 0, nh = 0, ah = 0, ar = 0;
+                for (i = 0; i < n_pos; i++) {
+                    int same = am[mode][i] == am[M_DENSE][i], head = pos[i] % ei_config_default().segment_size < 64;
+                    agree += same;
+                    nh += head;
+                    ah += head && same;
+                    ar += !head && same;
+                }
                 rows[mode].agree = (double)agree / (double)n_pos;
+                rows[mode].agree_head = nh ? (double)ah / (double)nh : 1.0;
+                rows[mode].agree_rest = n_pos > nh ? (double)ar / (double)(n_pos - nh) : 1.0;
             }
-            fprintf(md, "| %lld | %s | %lld | %.4f | %+.2f%% | %.2f%% | %.1f%% | %.2f | %.1f |\n", (long long)L, mode_name[mode],
-                    (long long)rows[mode].n_scored, rows[mode].ppl, 100.0 * (rows[mode].ppl / rows[M_DENSE].ppl - 1.0),
-                    100.0 * rows[mode].agree, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
+            fprintf(md, "| %lld | %s | %lld | %.4f | %+.2f%% | %.2f%% | %.1f%% / %.1f%% | %.1f%% | %.2f | %.1f |\n", (long long)L,
+                    mode_name[mode], (long long)rows[mode].n_scored, rows[mode].ppl,
+                    100.0 * (rows[mode].ppl / rows[M_DENSE].ppl - 1.0), 100.0 * rows[mode].agree,
+                    100.0 * rows[mode].agree_head, 100.0 * rows[mode].agree_rest, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
             fflush(md);
         }
         for (mode = 0; mode < N_MODES; mode++) free(am[mode]);
