@@ -11,7 +11,8 @@
              >>cuda-budgets   rigid test + budget recurrence in double precision
              >>cuda-topk      per (kv head, segment) top-k: radix select on
                               (score, index) keys, then a bitonic sort
-   attention >>cuda-attention block-sparse / dense causal prefill, mma.sync
+   attention >>cuda-attention block-sparse / dense causal prefill, tensor
+                              cores (wgmma on Hopper, mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
                               query heads of a kv group packed in one CTA so a
                               gathered K/V tile is read once for the group;
@@ -264,14 +265,18 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
 /* ============================================================ >>cuda-scores */
 /* raw[(kvh*nseg + s)*nblk + b] = mean over the group's query heads of
    max((qmax.kmax + qmin.kmax)/2, (qmax.kmin + qmin.kmin)/2), for b < s*bps.
-   Tile: 32 segments x 64 blocks per CTA, 2 x 4 per thread, dims in chunks. */
+   Tile: 32 segments x 64 blocks per CTA, 2 x 4 per thread, dims in chunks of
+   32 read from shared memory 4 at a time (float4; rows padded to 36 floats so
+   that 8 consecutive rows hit distinct banks): 12 shared loads per 128 FMAs,
+   which keeps the kernel FMA-bound (one float per load was load-bound). */
 #define SC_ST 32
 #define SC_BT 64
 #define SC_DC 32
+#define SC_PITCH (SC_DC + 4)
 __global__ void __launch_bounds__(256) score_kernel(const float *qfeat, const float *kfeat, float *raw, int nseg,
                                                     int nblk, int D, int G, int bps) {
-    __shared__ float qs[2][SC_ST][SC_DC + 1];
-    __shared__ float ks[2][SC_BT][SC_DC + 1];
+    __shared__ __align__(16) float qs[2][SC_ST][SC_PITCH];
+    __shared__ __align__(16) float ks[2][SC_BT][SC_PITCH];
     int kvh = blockIdx.z, s0 = blockIdx.y * SC_ST, b0 = blockIdx.x * SC_BT;
     int smax = min(s0 + SC_ST, nseg) - 1;
     if ((int64_t)b0 >= (int64_t)smax * bps) return; /* all masked */
@@ -303,27 +308,33 @@ __global__ void __launch_bounds__(256) score_kernel(const float *qfeat, const fl
                 ks[m][br][dd] = (b < nblk && d < D) ? kfeat[(((int64_t)kvh * nblk + b) * 2 + m) * D + d] : 0.f;
             }
             __syncthreads();
-#pragma unroll 4
-            for (int dd = 0; dd < SC_DC; dd++) {
-                float qa[2], qi[2], ka[4], ki[4];
+#pragma unroll 2
+            for (int dd = 0; dd < SC_DC; dd += 4) {
+                float4 qa[2], qi[2], ka[4], ki[4];
 #pragma unroll
                 for (int a = 0; a < 2; a++) {
-                    qa[a] = qs[0][ty * 2 + a][dd];
-                    qi[a] = qs[1][ty * 2 + a][dd];
+                    qa[a] = *(const float4 *)&qs[0][ty * 2 + a][dd];
+                    qi[a] = *(const float4 *)&qs[1][ty * 2 + a][dd];
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    ka[c] = ks[0][tx + 16 * c][dd];
-                    ki[c] = ks[1][tx + 16 * c][dd];
+                    ka[c] = *(const float4 *)&ks[0][tx + 16 * c][dd];
+                    ki[c] = *(const float4 *)&ks[1][tx + 16 * c][dd];
                 }
+                /* the same per-dimension FMA order as one float at a time */
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        acc[a][c][0] = fmaf(qa[a], ka[c], acc[a][c][0]);
-                        acc[a][c][1] = fmaf(qi[a], ka[c], acc[a][c][1]);
-                        acc[a][c][2] = fmaf(qa[a], ki[c], acc[a][c][2]);
-                        acc[a][c][3] = fmaf(qi[a], ki[c], acc[a][c][3]);
+                        float *r = acc[a][c];
+                        r[0] = fmaf(qa[a].x, ka[c].x, r[0]); r[1] = fmaf(qi[a].x, ka[c].x, r[1]);
+                        r[2] = fmaf(qa[a].x, ki[c].x, r[2]); r[3] = fmaf(qi[a].x, ki[c].x, r[3]);
+                        r[0] = fmaf(qa[a].y, ka[c].y, r[0]); r[1] = fmaf(qi[a].y, ka[c].y, r[1]);
+                        r[2] = fmaf(qa[a].y, ki[c].y, r[2]); r[3] = fmaf(qi[a].y, ki[c].y, r[3]);
+                        r[0] = fmaf(qa[a].z, ka[c].z, r[0]); r[1] = fmaf(qi[a].z, ka[c].z, r[1]);
+                        r[2] = fmaf(qa[a].z, ki[c].z, r[2]); r[3] = fmaf(qi[a].z, ki[c].z, r[3]);
+                        r[0] = fmaf(qa[a].w, ka[c].w, r[0]); r[1] = fmaf(qi[a].w, ka[c].w, r[1]);
+                        r[2] = fmaf(qa[a].w, ki[c].w, r[2]); r[3] = fmaf(qi[a].w, ki[c].w, r[3]);
                     }
             }
         }
@@ -820,9 +831,10 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wgmma_wait_all() {
+/* waits until at most N committed groups of this warpgroup are in flight */
+template <int N> __device__ __forceinline__ void wgmma_wait() {
 #ifdef EI_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 /* cp.async and plain stores write shared memory through the generic proxy;
@@ -1012,7 +1024,13 @@ struct KeyList {
    (wgmma) instead: each warpgroup of 4 warps owns 64 rows, S = Q K^T reads Q
    and K straight from shared memory, O += P V takes P from registers (the
    accumulator layout of S is the A-fragment layout) and V from shared memory;
-   tiles use the 128-byte-swizzled layout wgmma reads (see wgmma_desc). */
+   tiles use the 128-byte-swizzled layout wgmma reads (see wgmma_desc).
+   Measured on an H200 (bench/ei_bench_cuda.c): 64 keys per step with 2 CTAs
+   per SM (the two CTAs' softmax and products interleave) beats 128 keys with
+   one CTA per SM by 18%; a software-pipelined variant (the P V product of one
+   tile in flight during the next tile's softmax, V loaded a tile behind K) ran
+   40% slower at both widths (at 64 keys ptxas serialises the wgmmas for lack
+   of registers) and was dropped. */
 template <int D, int NW, int MT, int BC, typename T, bool WG>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_kernel(const AttnParams p) {
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
@@ -1090,6 +1108,9 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         return (r / p.T < hc && t0 + r % p.T < t1) ? t0 + r % p.T : -1;
     };
 
+    /* gathers key tile j (keys j*BC ..) into buffer buf: K and V rows, and the
+       tile's key positions (for the mask); returns whether the tile needs the
+       causal/padding mask (a key beyond the first row's token, or padding) */
     auto issue = [&](int j, int buf) -> int {
         uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
         for (int c = tid; c < BC * CH; c += NT) {
@@ -1108,7 +1129,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         if (tid < BC) {
             int pos = kl.pos(j * BC + tid);
             kpos[buf][tid] = pos;
-            need = pos > t0; /* beyond the first row's token, or padding */
+            need = pos > t0;
         }
         return need;
     };
@@ -1137,6 +1158,91 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         l_[mt][0] = l_[mt][1] = 0.f;
     }
 
+    /* ---- the steps of one key tile, shared by the loops below */
+    /* causal / padding mask: keys past a row's token score -inf */
+    auto mask_scores = [&](float (&s)[NB][4], int mt, int buf) {
+        int tk0 = row_token(mt, 0), tk1 = row_token(mt, 1);
+#pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = nt * 8 + (lane & 3) * 2 + (e & 1);
+                if (kpos[buf][key] > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
+            }
+    };
+    /* online softmax, in place: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2),
+       row sums updated; row reductions in two chains (short dependency chains).
+       Returns true (warp-uniform) when a row maximum moved: O must then be scaled
+       by al0/al1 (rescaling on every tile measured ~10% slower on an H200: more spills) */
+    auto softmax_tile = [&](float (&s)[NB][4], int mt, float &al0, float &al1) -> bool {
+        const float sl = p.scale_log2;
+        float ma0 = m_[mt][0], ma1 = m_[mt][1], mb0 = -INFINITY, mb1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NB; nt += 2) {
+            ma0 = fmaxf(ma0, fmaxf(s[nt][0], s[nt][1]));
+            ma1 = fmaxf(ma1, fmaxf(s[nt][2], s[nt][3]));
+            mb0 = fmaxf(mb0, fmaxf(s[nt + 1][0], s[nt + 1][1]));
+            mb1 = fmaxf(mb1, fmaxf(s[nt + 1][2], s[nt + 1][3]));
+        }
+        float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
+        bool moved = __any_sync(0xffffffffu, mx0 != m_[mt][0] || mx1 != m_[mt][1]);
+        if (moved) {
+            al0 = fast_exp2(m_[mt][0] * sl - mu0);
+            al1 = fast_exp2(m_[mt][1] * sl - mu1);
+            l_[mt][0] *= al0;
+            l_[mt][1] *= al1;
+        }
+        m_[mt][0] = mx0;
+        m_[mt][1] = mx1;
+#pragma unroll
+        for (int nt = 0; nt < NB; nt++) {
+            s[nt][0] = fast_exp2(fmaf(s[nt][0], sl, -mu0));
+            s[nt][1] = fast_exp2(fmaf(s[nt][1], sl, -mu0));
+            s[nt][2] = fast_exp2(fmaf(s[nt][2], sl, -mu1));
+            s[nt][3] = fast_exp2(fmaf(s[nt][3], sl, -mu1));
+            l_[mt][0] += s[nt][0] + s[nt][1];
+            l_[mt][1] += s[nt][2] + s[nt][3];
+        }
+        return moved;
+    };
+    auto rescale_o = [&](int mt, float al0, float al1) {
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            o[mt][i][0] *= al0; o[mt][i][1] *= al0;
+            o[mt][i][2] *= al1; o[mt][i][3] *= al1;
+        }
+    };
+    /* P of 16 keys (n-tiles 2t, 2t+1) as an A fragment (mma.sync and wgmma alike) */
+    auto pack_p = [&](const float (&s)[NB][4], int t, uint32_t (&a)[4]) {
+        a[0] = pack2<T>(s[2 * t][0], s[2 * t][1]);
+        a[1] = pack2<T>(s[2 * t][2], s[2 * t][3]);
+        a[2] = pack2<T>(s[2 * t + 1][0], s[2 * t + 1][1]);
+        a[3] = pack2<T>(s[2 * t + 1][2], s[2 * t + 1][3]);
+    };
+    /* wgmma products: S = Q K^T over D/16 k-steps of 16 columns (32 bytes) inside
+       the 128-byte rows; O += P V over BC/16 k-steps of 16 keys */
+    auto wg_qk = [&](float (&s)[NB][4], const uint4 *bK) {
+        if constexpr (WG) {
+            const char *q0 = (const char *)sQ + (warp >> 2) * 64 * 128, *k0 = (const char *)bK;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BC, T>(s, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+        }
+    };
+    auto wg_pv = [&](uint32_t (&pa)[NB / 2][4], const uint4 *bV) {
+        if constexpr (WG) {
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+                wgmma_rs<D, T>(o[0], pa[t], wgmma_desc((const char *)bV + t * 16 * 128, BC * 128, 1024));
+        }
+    };
+
     for (int j = 0; j < ntiles; j++) {
         int buf = j & 1;
         int need_next = 0;
@@ -1153,15 +1259,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
 #pragma unroll
                 for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
             if constexpr (WG) {
-                /* S = Q K^T: D/16 k-steps of 16 columns (32 bytes) inside the 128-byte rows */
-                const char *q0 = (const char *)sQ + (warp >> 2) * 64 * 128, *k0 = (const char *)bK;
                 wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++)
-                    wgmma_ss<BC, T>(sc[0], wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                    wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+                wg_qk(sc[0], bK);
                 wgmma_commit();
-                wgmma_wait_all();
+                wgmma_wait<0>();
             } else {
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk++) {
@@ -1189,59 +1290,11 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                     }
                 }
             }
-            /* mask, online softmax: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2);
-               row reductions in two chains (short dependency chains) */
-            const float sl = p.scale_log2;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                if constexpr (decltype(masked)::value) {
-                    int tk0 = row_token(mt, 0), tk1 = row_token(mt, 1);
-#pragma unroll
-                    for (int nt = 0; nt < NB; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int key = nt * 8 + (lane & 3) * 2 + (e & 1);
-                            if (kpos[buf][key] > (e < 2 ? tk0 : tk1)) sc[mt][nt][e] = -INFINITY;
-                        }
-                }
-                /* two interleaved chains per row: half the dependency depth */
-                float ma0 = m_[mt][0], ma1 = m_[mt][1], mb0 = -INFINITY, mb1 = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < NB; nt += 2) {
-                    ma0 = fmaxf(ma0, fmaxf(sc[mt][nt][0], sc[mt][nt][1]));
-                    ma1 = fmaxf(ma1, fmaxf(sc[mt][nt][2], sc[mt][nt][3]));
-                    mb0 = fmaxf(mb0, fmaxf(sc[mt][nt + 1][0], sc[mt][nt + 1][1]));
-                    mb1 = fmaxf(mb1, fmaxf(sc[mt][nt + 1][2], sc[mt][nt + 1][3]));
-                }
-                float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-                float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
-                /* rescale only when a row maximum moved (warp-uniform branch; rescaling
-                   on every tile measured ~10% slower on an H200: more spills) */
-                if (__any_sync(0xffffffffu, mx0 != m_[mt][0] || mx1 != m_[mt][1])) {
-                    float al0 = fast_exp2(m_[mt][0] * sl - mu0), al1 = fast_exp2(m_[mt][1] * sl - mu1);
-                    l_[mt][0] *= al0;
-                    l_[mt][1] *= al1;
-#pragma unroll
-                    for (int i = 0; i < D / 8; i++) {
-                        o[mt][i][0] *= al0; o[mt][i][1] *= al0;
-                        o[mt][i][2] *= al1; o[mt][i][3] *= al1;
-                    }
-                }
-                m_[mt][0] = mx0;
-                m_[mt][1] = mx1;
-#pragma unroll
-                for (int nt = 0; nt < NB; nt++) {
-                    sc[mt][nt][0] = fast_exp2(fmaf(sc[mt][nt][0], sl, -mu0));
-                    sc[mt][nt][1] = fast_exp2(fmaf(sc[mt][nt][1], sl, -mu0));
-                    sc[mt][nt][2] = fast_exp2(fmaf(sc[mt][nt][2], sl, -mu1));
-                    sc[mt][nt][3] = fast_exp2(fmaf(sc[mt][nt][3], sl, -mu1));
-                    l_[mt][0] += sc[mt][nt][0] + sc[mt][nt][1];
-                    l_[mt][1] += sc[mt][nt][2] + sc[mt][nt][3];
-                }
+                float al0, al1;
+                if constexpr (decltype(masked)::value) mask_scores(sc[mt], mt, buf);
+                if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
             }
             /* O += P V */
             if constexpr (WG) {
@@ -1249,18 +1302,11 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                    the registers stay live until the asynchronous MMAs are done */
                 uint32_t pa[NB / 2][4];
 #pragma unroll
-                for (int t = 0; t < NB / 2; t++) {
-                    pa[t][0] = pack2<T>(sc[0][2 * t][0], sc[0][2 * t][1]);
-                    pa[t][1] = pack2<T>(sc[0][2 * t][2], sc[0][2 * t][3]);
-                    pa[t][2] = pack2<T>(sc[0][2 * t + 1][0], sc[0][2 * t + 1][1]);
-                    pa[t][3] = pack2<T>(sc[0][2 * t + 1][2], sc[0][2 * t + 1][3]);
-                }
+                for (int t = 0; t < NB / 2; t++) pack_p(sc[0], t, pa[t]);
                 wgmma_fence();
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++)
-                    wgmma_rs<D, T>(o[0], pa[t], wgmma_desc((const char *)bV + t * 16 * 128, BC * 128, 1024));
+                wg_pv(pa, bV);
                 wgmma_commit();
-                wgmma_wait_all();
+                wgmma_wait<0>();
 #pragma unroll
                 for (int t = 0; t < NB / 2; t++)
 #pragma unroll
@@ -1270,12 +1316,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                 for (int t = 0; t < NB / 2; t++) {
                     uint32_t a[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        a[mt][0] = pack2<T>(sc[mt][2 * t][0], sc[mt][2 * t][1]);
-                        a[mt][1] = pack2<T>(sc[mt][2 * t][2], sc[mt][2 * t][3]);
-                        a[mt][2] = pack2<T>(sc[mt][2 * t + 1][0], sc[mt][2 * t + 1][1]);
-                        a[mt][3] = pack2<T>(sc[mt][2 * t + 1][2], sc[mt][2 * t + 1][3]);
-                    }
+                    for (int mt = 0; mt < MT; mt++) pack_p(sc[mt], t, a[mt]);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         uint32_t b[4];
@@ -1296,7 +1337,6 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         if (WG) fence_proxy_async();
         need_cur = __syncthreads_or(need_next);
     }
-
     /* ---- normalise and write */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -1356,9 +1396,9 @@ static bool wgmma_available(void) {
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
    Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
-   rows) x 128 keys. Elsewhere mma.sync, 8x2x64 for head_dim <= 128 (fastest
-   on an H200 before wgmma), 4x1x64 for 256.
-   Tuning knob EI_CUDA_ATTN_CFG: "wg128" / "wg64" (wgmma, keys per step), or
+   rows) x 64 keys, 2 CTAs per SM. Elsewhere mma.sync, 8x2x64 for head_dim <=
+   128 (fastest on an H200 before wgmma), 4x1x64 for 256.
+   Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
@@ -1371,7 +1411,7 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
         *wg = 1;
         *mt = 1;
-        *bc = (e && !strcmp(e, "wg64")) ? 64 : 128;
+        *bc = (e && !strcmp(e, "wg128")) ? 128 : 64;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -1462,13 +1502,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         if (MT == 2) EI__ATT(DD, 4, 2, 64);                                                       \
         EI__ATT(DD, 4, 1, 64);                                                                    \
     } while (0)
-#define EI__ATT_WG(DD, BB)                                                                        \
-    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, true>(p, (unsigned)grid, st, msg)   \
-              : launch_attention<DD, 8, 1, BB, __half, true>(p, (unsigned)grid, st, msg)
-    if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64);
-    if (WGK && D == 64) EI__ATT_WG(64, 128);
-    if (WGK && BCK == 64) EI__ATT_WG(128, 64);
-    if (WGK) EI__ATT_WG(128, 128);
+#define EI__ATT_WG(DD, BB, WW)                                                                    \
+    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, WW>(p, (unsigned)grid, st, msg)     \
+              : launch_attention<DD, 8, 1, BB, __half, WW>(p, (unsigned)grid, st, msg)
+    if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64, true);
+    if (WGK && D == 64) EI__ATT_WG(64, 128, true);
+    if (WGK && BCK == 64) EI__ATT_WG(128, 64, true);
+    if (WGK) EI__ATT_WG(128, 128, true);
     if (D == 64) EI__ATT_D(64);
     if (D == 128) {
         if (BCK == 32 && NW == 8) EI__ATT(128, 8, 2, 32);

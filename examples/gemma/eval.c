@@ -1,18 +1,21 @@
 /* eval.c - long-context quality of entropyinfer on Gemma 3 270M (not in CI).
 
-     build/gemma-eval MODEL.gguf build/eval.md [contexts] [passkey_contexts]
+     build/gemma-eval MODEL.gguf build/eval.md [contexts] [passkey_contexts] [text]
          contexts          comma list, default 8192,16384,32768
          passkey_contexts  comma list, default 8192,16384
+         text              a UTF-8 text file, or "licences" (default): the
+                           regular files of /usr/share/common-licenses
 
    Modes (global layers; the 15 sliding-window layers are dense in all):
      dense        ei_attention_prefill with plan NULL
      ragged       the paper's configuration (threshold 4096, base budget 2048,
                   segment 512, block 8), each kv head its own budget
      per-segment  the same with per_segment_budget = 1 (the reference's max
-                  over heads applied to every head)
+                  over heads applied to every head); not run on a model with
+                  one kv head per layer, where it is the ragged plan
    1. Perplexity and top-1 agreement with dense over the prompt tokens of the
       segments that attend sparsely ([4096, start of the last segment)) of
-      the first L tokens of Debian's licence texts. Above 4096 scored
+      the first L tokens of the text. Above 4096 scored
       positions the positions are subsampled with a fixed stride (the same
       positions in every mode).
    2. Passkey retrieval: a 5-digit key at 10/50/90% depth of filler text,
@@ -180,7 +183,7 @@ int main(int argc, char **argv) {
     char *text;
     int32_t *ids;
     int64_t n_all;
-    int c, mode;
+    int c, mode, n_modes;
     FILE *md;
     double t_start = gm_now();
 
@@ -189,6 +192,9 @@ int main(int argc, char **argv) {
     ids = text ? tokenize_all(&m.tok, text, len, 1, &n_all) : NULL;
     if (!ids) { fprintf(stderr, "gemma-eval: cannot read %s\n", text_name); return 1; }
     pool = gm_pool_create(gm_default_threads());
+    /* with one kv head the reference's per-segment count (max over heads) is the
+       head's own count: that plan is the ragged plan, so it is not run twice */
+    n_modes = m.hp.n_kv_head > 1 ? N_MODES : M_PERSEG;
     md = fopen(out_path, "w");
     if (!md) { fprintf(stderr, "gemma-eval: cannot write %s\n", out_path); return 1; }
     {
@@ -198,10 +204,12 @@ int main(int argc, char **argv) {
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
                     "entropyinfer runs in the 3 global layers (5, 11, 17); the 15 sliding-window (512) layers are dense in every mode. "
                     "%d threads on a shared 2-core machine: timings are indicative only. "
-                    "Gemma 3 270M has a single kv head per layer, so the ragged and per-segment plans are identical here "
-                    "(any difference between those two rows is timing noise).\n\n",
+                    "%s\n\n",
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
-                (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, gm_pool_size(pool));
+                (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, gm_pool_size(pool),
+                n_modes < N_MODES ? "This model has a single kv head per layer, so the reference's per-segment budget (the max over "
+                                    "heads) is that head's own budget: the per-segment plan is the ragged plan and is not run separately."
+                                  : "Ragged: each kv head its own budget; per-segment: the reference's max over heads for every head.");
         fprintf(md, "## Perplexity and top-1 agreement on the sparse segments\n\n");
         fprintf(md, "Text: the first L tokens of %s (%lld tokens in all). Scored: next-token "
                     "predictions at positions in [4096, start of the last segment), subsampled to at most 4096 positions "
@@ -224,7 +232,7 @@ int main(int argc, char **argv) {
         n_pos = (hi - lo + stride - 1) / stride;
         pos = (int64_t *)malloc((size_t)n_pos * sizeof(int64_t));
         for (i = 0; i < n_pos; i++) pos[i] = lo + i * stride;
-        for (mode = 0; mode < N_MODES; mode++) {
+        for (mode = 0; mode < n_modes; mode++) {
             am[mode] = (int32_t *)malloc((size_t)n_pos * sizeof(int32_t));
             fprintf(stderr, "[%6.0fs] context %lld: %s ...\n", gm_now() - t_start, (long long)L, mode_name[mode]);
             if (ppl_run(&m, pool, mode, ids, L, pos, n_pos, am[mode], &rows[mode], err, sizeof err)) {
@@ -254,7 +262,7 @@ int main(int argc, char **argv) {
                     100.0 * rows[mode].agree_head, 100.0 * rows[mode].agree_rest, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
             fflush(md);
         }
-        for (mode = 0; mode < N_MODES; mode++) free(am[mode]);
+        for (mode = 0; mode < n_modes; mode++) free(am[mode]);
         free(pos);
     }
 
@@ -262,7 +270,8 @@ int main(int argc, char **argv) {
     fprintf(md, "Filler \"%s\" repeated; the sentence \"The pass key is NNNNN. Remember it. NNNNN is the pass key.\" at the "
                 "given depth; the prompt ends \"What is the pass key? The pass key is\" and 8 tokens are decoded greedily. "
                 "A cell shows whether the key was reproduced and the decoded text.\n\n", FILLER);
-    fprintf(md, "| context | depth | key | dense | entropyinfer ragged | entropyinfer per-segment |\n|---:|---:|---:|---|---|---|\n");
+    fprintf(md, "| context | depth | key | dense | entropyinfer ragged |%s\n|---:|---:|---:|---|---|%s\n",
+            n_modes == N_MODES ? " entropyinfer per-segment |" : "", n_modes == N_MODES ? "---|" : "");
     fflush(md);
     {
         const double depths[3] = {0.1, 0.5, 0.9};
@@ -273,7 +282,7 @@ int main(int argc, char **argv) {
                 int64_t n;
                 int32_t *pids = passkey_prompt(&m.tok, pk_ctxs[c], depths[d], key, &n);
                 fprintf(md, "| %lld | %.0f%% | %05d |", (long long)n, depths[d] * 100, key);
-                for (mode = 0; mode < N_MODES; mode++) {
+                for (mode = 0; mode < n_modes; mode++) {
                     char ans[256];
                     int ok = 0;
                     fprintf(stderr, "[%6.0fs] passkey %lld depth %.0f%%: %s ...\n", gm_now() - t_start, (long long)n, depths[d] * 100,
@@ -294,7 +303,9 @@ int main(int argc, char **argv) {
                 total++;
                 free(pids);
             }
-        fprintf(md, "\nRetrieved: dense %d/%d, ragged %d/%d, per-segment %d/%d.\n", hits[0], total, hits[1], total, hits[2], total);
+        fprintf(md, "\nRetrieved: dense %d/%d, ragged %d/%d", hits[0], total, hits[1], total);
+        if (n_modes == N_MODES) fprintf(md, ", per-segment %d/%d", hits[2], total);
+        fprintf(md, ".\n");
     }
     fprintf(md, "\nTotal evaluation time: %.0f s.\n", gm_now() - t_start);
     fclose(md);

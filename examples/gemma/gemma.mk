@@ -7,6 +7,8 @@
 #   gemma              build/gemma: the engine's command-line front end (dense)
 #   demo, gemma-demo   dense vs entropyinfer on a long Debian licence text (~1 min)
 #   eval               long-context perplexity/agreement + passkey table -> build/eval.md (not in CI; ~1 h)
+#                      text: EVAL_TEXT (default: The Debian Administrator's Handbook, fetched by
+#                      fetch_corpus.sh into .cache/corpus; EVAL_TEXT=licences for /usr/share/common-licenses)
 #   check-logits       compare the engine's logits with llama-cpp-python (test venv in .cache/venv)
 #   test-gemma-loader  GGUF loader truncation/corruption test (needs the model)
 #
@@ -19,6 +21,10 @@ GEMMA_DIR        ?= examples/gemma
 GEMMA_BUILD      ?= build
 GEMMA_MODEL      ?= .cache/model/gemma-3-270m-q4_k_m.gguf
 GEMMA_VENV       ?= .cache/venv
+GEMMA_CORPUS     ?= .cache/corpus/debian-handbook.txt
+EVAL_TEXT        ?= $(GEMMA_CORPUS)
+EVAL_CONTEXTS    ?= 8192,16384,32768
+EVAL_PASSKEY     ?= 8192,16384,32768
 CC               ?= cc
 ifeq ($(shell uname -m),x86_64)
 GEMMA_ARCH_FLAGS ?= -mavx2 -mfma -mf16c
@@ -44,6 +50,9 @@ $(GEMMA_MODEL):
 
 model: $(GEMMA_MODEL)
 
+$(GEMMA_CORPUS):
+	sh $(GEMMA_DIR)/fetch_corpus.sh
+
 $(GEMMA_BUILD)/gemma: $(GEMMA_DIR)/main.c $(GEMMA_CORE_SRC) $(GEMMA_HDRS) | $(GEMMA_BUILD)
 	$(CC) $(GEMMA_CFLAGS) -o $@ $(GEMMA_DIR)/main.c $(GEMMA_CORE_SRC) $(GEMMA_LIBS)
 
@@ -65,8 +74,8 @@ demo: gemma-demo
 gemma-demo: $(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 
-eval: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL)
-	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_BUILD)/eval.md
+eval: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(if $(filter licences,$(EVAL_TEXT)),,$(EVAL_TEXT))
+	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_BUILD)/eval.md $(EVAL_CONTEXTS) $(EVAL_PASSKEY) $(EVAL_TEXT)
 
 test-gemma-loader: $(GEMMA_BUILD)/test_gemma_loader $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/test_gemma_loader $(GEMMA_MODEL)
