@@ -2507,7 +2507,10 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    Work split: items are (kv head, head subgroup, segment, query tile); each
    item's cost is estimated (rows x keys) and thread ith of nth takes the
    items whose cost midpoint falls in its 1/nth share, contiguous in
-   (kv head, segment) order. No allocation, no globals.
+   (kv head, segment) order. A query tile holds 16 x 2^k tokens of up to 8
+   heads (256 rows); calls with fewer query tokens (decode steps) shrink it
+   down to 16 tokens, since rows past the call's tokens are computed and
+   dropped. No allocation, no globals.
 
    Numbers (ei_bench, 2 threads on 2 quiet Sapphire Rapids cores, N = 8k..32k,
    8/2 heads, dim 128): dense 246-250 GFLOP/s f32 and 250-265 bf16, about
@@ -3595,6 +3598,10 @@ static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, con
     J->G = q->n_heads / k->n_heads;
     J->d = q->head_dim;
     ei__attn_geometry(J->G, J->d, &J->Gt, &J->Mt, &J->dpad);
+    /* few query tokens (a decode step): shrink the tile to them; rows past the
+       call's tokens are computed and thrown away, so a 64-token tile would do
+       64x the work of one token */
+    while (J->Mt > 16 && J->Mt / 2 >= q->n_tokens) J->Mt /= 2;
     J->seg = ctx->cfg.segment_size;
     J->bs = ctx->cfg.block_size;
     scale = ctx->cfg.attn_scale > 0.0f ? (double)ctx->cfg.attn_scale : 1.0 / sqrt((double)J->d);

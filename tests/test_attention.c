@@ -649,6 +649,9 @@ int main(int argc, char **argv) {
         c.H = 4; c.HK = 4; c.n = 150; c.amp = 3.0f; run_case(&c);                      /* peaked */
         c.amp = 1.0f; c.per_segment = 1; c.chunk = 64; run_case(&c);                   /* one count per segment */
         c.per_segment = 0; c.chunk = 0; c.small_cap = 1; run_case(&c);                 /* unsorted kept blocks */
+        c.small_cap = 0; c.chunk = 1; run_case(&c);        /* one token per call (decode steps): the smallest tile */
+        c.chunk = 17; c.H = 8; c.HK = 2; run_case(&c);     /* 17 tokens per call: a 32-token tile */
+        c.use_plan = 0; c.chunk = 1; run_case(&c);         /* dense decode steps */
     }
     printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)

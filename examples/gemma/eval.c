@@ -5,6 +5,8 @@
          passkey_contexts  comma list, default 8192,16384
          text              a UTF-8 text file, or "licences" (default): the
                            regular files of /usr/share/common-licenses
+         base_budget=N     optional: another base budget (tokens) than the
+                           paper's 2048, to trace quality against density
 
    Modes (global layers; the 15 sliding-window layers are dense in all):
      dense        ei_attention_prefill with plan NULL
@@ -31,16 +33,22 @@ int main(void) {
 }
 #else
 
-enum { M_DENSE, M_RAGGED, M_PERSEG, N_MODES };
-static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entropyinfer per-segment"};
+enum { M_DENSE, M_RAGGED, M_PERSEG, M_BF16KV, N_MODES };
+static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entropyinfer per-segment",
+                                         "dense, bf16 K/V cache (reference)"};
+
+static int32_t base_budget_override; /* base_budget=N on the command line; 0: the paper's */
 
 static ei_config mode_config(int mode) {
     ei_config c = ei_config_default(); /* paper: segment 512, block 8, threshold 4096, base 2048 */
     c.per_segment_budget = mode == M_PERSEG;
+    if (base_budget_override > 0) c.base_budget = base_budget_override;
     return c;
 }
 
-static gm_attn_mode mode_attn(int mode) { return mode == M_DENSE ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE; }
+static gm_attn_mode mode_attn(int mode) {
+    return mode == M_DENSE || mode == M_BF16KV ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE;
+}
 
 /* mean fraction of the dense causal keys that a sparse segment attends to */
 static double plan_density(const gm_state *s) {
@@ -78,11 +86,12 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     int64_t i;
     if (!hidden || !sel || !logits || !targets) { snprintf(err, errlen, "out of memory"); return -1; }
     if (gm_state_init(&s, m, pool, L, cfg.segment_size, mode_attn(mode), &cfg, err, errlen)) return -1;
+    s.kv_bf16 = mode == M_BF16KV;
     t0 = gm_now();
     if (gm_prefill(&s, ids, L, hidden, err, errlen)) return -1;
     row->t_prefill = gm_now() - t0;
     row->t_attn = s.stats.t_attn_global;
-    row->density = mode == M_DENSE ? 1.0 : plan_density(&s);
+    row->density = mode_attn(mode) == GM_ATTN_EI_DENSE ? 1.0 : plan_density(&s);
     for (i = 0; i < n_pos; i++) {
         memcpy(sel + (size_t)i * Dm, hidden + (size_t)pos[i] * Dm, (size_t)Dm * sizeof(float));
         targets[i] = ids[pos[i] + 1];
@@ -176,6 +185,7 @@ int main(int argc, char **argv) {
     int n_pk = parse_list(argc > 4 ? argv[4] : "8192,16384", pk_ctxs, 8);
     const char *text_path = argc > 5 ? argv[5] : "licences";
     const char *text_name = strcmp(text_path, "licences") ? text_path : "/usr/share/common-licenses/*";
+    if (argc > 6 && !strncmp(argv[6], "base_budget=", 12)) base_budget_override = atoi(argv[6] + 12);
     gm_model m;
     gm_pool *pool;
     char err[512];
@@ -183,7 +193,8 @@ int main(int argc, char **argv) {
     char *text;
     int32_t *ids;
     int64_t n_all;
-    int c, mode, n_modes;
+    int c, mode, mi, n_modes, n_ppl;
+    int ppl_modes[N_MODES];
     FILE *md;
     double t_start = gm_now();
 
@@ -194,20 +205,25 @@ int main(int argc, char **argv) {
     pool = gm_pool_create(gm_default_threads());
     /* with one kv head the reference's per-segment count (max over heads) is the
        head's own count: that plan is the ragged plan, so it is not run twice */
-    n_modes = m.hp.n_kv_head > 1 ? N_MODES : M_PERSEG;
+    n_modes = m.hp.n_kv_head > 1 ? M_PERSEG + 1 : M_PERSEG;
+    /* perplexity table: the passkey modes, then the precision reference: how far a
+       common engine choice (K/V cached in bf16) moves a dense run, for scale */
+    for (n_ppl = 0; n_ppl < n_modes; n_ppl++) ppl_modes[n_ppl] = n_ppl;
+    ppl_modes[n_ppl++] = M_BF16KV;
     md = fopen(out_path, "w");
     if (!md) { fprintf(stderr, "gemma-eval: cannot write %s\n", out_path); return 1; }
     {
-        ei_config d = ei_config_default();
+        ei_config d = mode_config(M_RAGGED);
         fprintf(md, "# entropyinfer on Gemma 3 270M (Q4_K_M GGUF, f32 engine)\n\n");
-        fprintf(md, "Configuration: the paper's defaults: segment %d, block %d, threshold_len %lld, base_budget %d "
+        fprintf(md, "Configuration: %s: segment %d, block %d, threshold_len %lld, base_budget %d "
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
                     "entropyinfer runs in the 3 global layers (5, 11, 17); the 15 sliding-window (512) layers are dense in every mode. "
                     "%d threads on a shared 2-core machine: timings are indicative only. "
                     "%s\n\n",
+                base_budget_override > 0 ? "the paper's defaults except the base budget" : "the paper's defaults",
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
                 (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, gm_pool_size(pool),
-                n_modes < N_MODES ? "This model has a single kv head per layer, so the reference's per-segment budget (the max over "
+                n_modes <= M_PERSEG ? "This model has a single kv head per layer, so the reference's per-segment budget (the max over "
                                     "heads) is that head's own budget: the per-segment plan is the ragged plan and is not run separately."
                                   : "Ragged: each kv head its own budget; per-segment: the reference's max over heads for every head.");
         fprintf(md, "## Perplexity and top-1 agreement on the sparse segments\n\n");
@@ -232,7 +248,8 @@ int main(int argc, char **argv) {
         n_pos = (hi - lo + stride - 1) / stride;
         pos = (int64_t *)malloc((size_t)n_pos * sizeof(int64_t));
         for (i = 0; i < n_pos; i++) pos[i] = lo + i * stride;
-        for (mode = 0; mode < n_modes; mode++) {
+        for (mi = 0; mi < n_ppl; mi++) {
+            mode = ppl_modes[mi];
             am[mode] = (int32_t *)malloc((size_t)n_pos * sizeof(int32_t));
             fprintf(stderr, "[%6.0fs] context %lld: %s ...\n", gm_now() - t_start, (long long)L, mode_name[mode]);
             if (ppl_run(&m, pool, mode, ids, L, pos, n_pos, am[mode], &rows[mode], err, sizeof err)) {
@@ -262,7 +279,7 @@ int main(int argc, char **argv) {
                     100.0 * rows[mode].agree_head, 100.0 * rows[mode].agree_rest, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
             fflush(md);
         }
-        for (mode = 0; mode < n_modes; mode++) free(am[mode]);
+        for (mi = 0; mi < n_ppl; mi++) free(am[ppl_modes[mi]]);
         free(pos);
     }
 
@@ -271,11 +288,11 @@ int main(int argc, char **argv) {
                 "given depth; the prompt ends \"What is the pass key? The pass key is\" and 8 tokens are decoded greedily. "
                 "A cell shows whether the key was reproduced and the decoded text.\n\n", FILLER);
     fprintf(md, "| context | depth | key | dense | entropyinfer ragged |%s\n|---:|---:|---:|---|---|%s\n",
-            n_modes == N_MODES ? " entropyinfer per-segment |" : "", n_modes == N_MODES ? "---|" : "");
+            n_modes > M_PERSEG ? " entropyinfer per-segment |" : "", n_modes > M_PERSEG ? "---|" : "");
     fflush(md);
     {
         const double depths[3] = {0.1, 0.5, 0.9};
-        int d, hits[N_MODES] = {0, 0, 0}, total = 0;
+        int d, hits[N_MODES] = {0}, total = 0;
         for (c = 0; c < n_pk; c++)
             for (d = 0; d < 3; d++) {
                 int key = 10000 + (int)((uint32_t)(pk_ctxs[c] * 7919 + d * 104729) % 90000u);
@@ -304,7 +321,7 @@ int main(int argc, char **argv) {
                 free(pids);
             }
         fprintf(md, "\nRetrieved: dense %d/%d, ragged %d/%d", hits[0], total, hits[1], total);
-        if (n_modes == N_MODES) fprintf(md, ", per-segment %d/%d", hits[2], total);
+        if (n_modes > M_PERSEG) fprintf(md, ", per-segment %d/%d", hits[M_PERSEG], total);
         fprintf(md, ".\n");
     }
     fprintf(md, "\nTotal evaluation time: %.0f s.\n", gm_now() - t_start);

@@ -257,6 +257,17 @@ static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) 
     for (i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
 }
 
+/* round to the nearest bfloat16 (ties to even), kept in f32 storage */
+static void round_bf16(float *x, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&x[i], &u, 4);
+    }
+}
+
 static float gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
@@ -843,6 +854,10 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
         }
         memcpy(s->k_cache[l] + row0 * KD, s->k, (size_t)n * KD * sizeof(float));
         memcpy(s->v_cache[l] + row0 * KD, s->v, (size_t)n * KD * sizeof(float));
+        if (s->kv_bf16) {
+            round_bf16(s->k_cache[l] + row0 * KD, (size_t)n * KD);
+            round_bf16(s->v_cache[l] + row0 * KD, (size_t)n * KD);
+        }
         s->cache_len[l] = row0 + n;
         t0 = gm_now();
 #ifdef GEMMA_WITH_EI

@@ -130,6 +130,7 @@ typedef struct gm_state {
     float *x, *xn, *q, *k, *v, *att, *ao, *gate, *up, *tmp;
     float *rope_cos_l, *rope_sin_l, *rope_cos_g, *rope_sin_g; /* per batch row */
     gm_attn_mode mode;
+    int kv_bf16;           /* round cached K/V rows to bfloat16 (a precision reference; default 0) */
     gm_stats stats;
 #ifdef GEMMA_WITH_EI
     ei_context *ei;
