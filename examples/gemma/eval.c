@@ -37,6 +37,21 @@ enum { M_DENSE, M_RAGGED, M_PERSEG, M_BF16KV, N_MODES };
 static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entropyinfer per-segment",
                                          "dense, bf16 K/V cache (reference)"};
 
+/* A whole text file (for eval's long document). Returns malloc'd text. */
+static char *load_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (text = (char *)malloc((size_t)n + 1)) != NULL) {
+        *len = fread(text, 1, (size_t)n, f);
+        text[*len] = 0;
+    }
+    fclose(f);
+    return text;
+}
+
 static int32_t base_budget_override; /* base_budget=N on the command line; 0: the paper's */
 
 static ei_config mode_config(int mode) {
