@@ -649,9 +649,15 @@ int main(int argc, char **argv) {
         c.H = 4; c.HK = 4; c.n = 150; c.amp = 3.0f; run_case(&c);                      /* peaked */
         c.amp = 1.0f; c.per_segment = 1; c.chunk = 64; run_case(&c);                   /* one count per segment */
         c.per_segment = 0; c.chunk = 0; c.small_cap = 1; run_case(&c);                 /* unsorted kept blocks */
-        c.small_cap = 0; c.chunk = 1; run_case(&c);        /* one token per call (decode steps): the smallest tile */
+        /* calls with few tokens (decode steps): tiles of 1..8 tokens with the heads
+           packed into 16-row vectors, causal masks inside the call's own tokens */
+        c.small_cap = 0; c.chunk = 1; run_case(&c);        /* one token per call, 4 heads per vector */
+        c.chunk = 3; c.H = 8; c.HK = 2; run_case(&c);      /* 4-token tiles: 4 heads x 4 tokens in one vector */
+        c.chunk = 6; c.H = 3; c.HK = 1; run_case(&c);      /* 8-token tiles, G = 3: 24 rows in 2 vectors */
+        c.chunk = 2; c.H = 16; c.HK = 1; run_case(&c);     /* 2-token tiles, G = 16: two head subgroups */
         c.chunk = 17; c.H = 8; c.HK = 2; run_case(&c);     /* 17 tokens per call: a 32-token tile */
         c.use_plan = 0; c.chunk = 1; run_case(&c);         /* dense decode steps */
+        c.chunk = 5; run_case(&c);
     }
     printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
