@@ -3432,6 +3432,8 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
         int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
         int64_t last = ei__attn_key_positions(ks, e0, nk, w->kpos);
         int need_mask = last > T->t0;
+        int32_t jp;
+        for (jp = nk; jp < ((nk + 7) & ~7); ++jp) w->kpos[jp] = w->kpos[nk - 1]; /* the score loops run whole key groups */
         if (e0 + EI__ATTN_NK < total) { /* the next tile's rows: kept blocks are scattered */
             int32_t nn = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0 - EI__ATTN_NK);
             ei__attn_key_positions(ks, e0 + EI__ATTN_NK, nn, w->kpos_next);
