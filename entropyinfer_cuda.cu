@@ -831,10 +831,10 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-/* waits until at most N committed groups of this warpgroup are in flight */
-template <int N> __device__ __forceinline__ void wgmma_wait() {
+/* waits until every committed group of this warpgroup has finished */
+__device__ __forceinline__ void wgmma_wait_all() {
 #ifdef EI_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
 /* cp.async and plain stores write shared memory through the generic proxy;
@@ -846,7 +846,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 /* keeps registers that an in-flight wgmma reads alive until it has finished */
 __device__ __forceinline__ void reg_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ void reg_keep(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
 /* D[64 x N] (+)= A[64 x 16] (shared, K-major) * B[16 x N] (shared, K-major) */
 template <int N, typename T> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
@@ -1190,7 +1189,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                 wgmma_fence();
                 wg_qk(sc[0], bK);
                 wgmma_commit();
-                wgmma_wait<0>();
+                wgmma_wait_all();
             } else {
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk++) {
@@ -1234,7 +1233,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                 wgmma_fence();
                 wg_pv(pa, bV);
                 wgmma_commit();
-                wgmma_wait<0>();
+                wgmma_wait_all();
 #pragma unroll
                 for (int t = 0; t < NB / 2; t++)
 #pragma unroll

@@ -276,9 +276,9 @@ int main(int argc, char **argv) {
                    first 64 tokens of a sparse segment see only kept blocks before them in
                    the global layers (no guaranteed local window), the rest also see
                    64+ keys of their own segment */
-                int64_t agree = 0, nh = 0, ah = 0, ar = 0;
+                int64_t agree = 0, nh = 0, ah = 0, ar = 0, seg = mode_config(mode).segment_size;
                 for (i = 0; i < n_pos; i++) {
-                    int same = am[mode][i] == am[M_DENSE][i], head = pos[i] % ei_config_default().segment_size < 64;
+                    int same = am[mode][i] == am[M_DENSE][i], head = pos[i] % seg < 64;
                     agree += same;
                     nh += head;
                     ah += head && same;
