@@ -1,12 +1,17 @@
 /* eval.c - long-context quality of entropyinfer on Gemma 3 270M (not in CI).
 
-     build/gemma-eval MODEL.gguf build/eval.md [contexts] [passkey_contexts] [text]
+     build/gemma-eval MODEL.gguf build/eval.md [contexts] [passkey_contexts] [text] [name=value ...]
          contexts          comma list, default 8192,16384,32768
-         passkey_contexts  comma list, default 8192,16384
+         passkey_contexts  comma list, default 8192,16384 ("" for none)
          text              a UTF-8 text file, or "licences" (default): the
                            regular files of /usr/share/common-licenses
-         base_budget=N     optional: another base budget (tokens) than the
-                           paper's 2048, to trace quality against density
+       Options for sweeps (the sparse modes; default: the paper's values):
+         base_budget=N     base key budget (tokens), paper 2048
+         segment=N         query segment (tokens, a divisor of 512), paper 512
+         block=N           key block (tokens), paper 8
+         dense_layers=L,.. global layers kept dense (the engine's dense_layers)
+         oracle=0          skip the oracle row (below)
+         no_reference=1    skip the bf16 K/V reference row
 
    Modes (global layers; the 15 sliding-window layers are dense in all):
      dense        ei_attention_prefill with plan NULL
@@ -15,6 +20,13 @@
      per-segment  the same with per_segment_budget = 1 (the reference's max
                   over heads applied to every head); not run on a model with
                   one kv head per layer, where it is the ragged plan
+     oracle       (perplexity table only, a diagnostic) the ragged plan's
+                  counts, its blocks re-ranked by the attention mass that dense
+                  softmax puts on them: the best any block selector could do at
+                  the same budget. It separates what the budget costs from what
+                  the reference's block score costs (it costs a dense pass).
+     bf16 K/V     dense with K/V rounded to bf16: a common precision change,
+                  for scale
    1. Perplexity and top-1 agreement with dense over the prompt tokens of the
       segments that attend sparsely ([4096, start of the last segment)) of
       the first L tokens of the text. Above 4096 scored
@@ -33,8 +45,9 @@ int main(void) {
 }
 #else
 
-enum { M_DENSE, M_RAGGED, M_PERSEG, M_BF16KV, N_MODES };
+enum { M_DENSE, M_RAGGED, M_PERSEG, M_ORACLE, M_BF16KV, N_MODES };
 static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entropyinfer per-segment",
+                                         "ragged counts, oracle block ranking (diagnostic)",
                                          "dense, bf16 K/V cache (reference)"};
 
 /* A whole text file (for eval's long document). Returns malloc'd text. */
@@ -52,17 +65,132 @@ static char *load_text_file(const char *path, size_t *len) {
     return text;
 }
 
-static int32_t base_budget_override; /* base_budget=N on the command line; 0: the paper's */
+/* name=N on the command line: the configuration of the sparse modes, for sweeps
+   (0: the paper's value) */
+static struct { int32_t base_budget, segment, block, oracle, no_reference; uint64_t dense_layers; } ovr = {0, 0, 0, 1, 0, 0};
 
 static ei_config mode_config(int mode) {
     ei_config c = ei_config_default(); /* paper: segment 512, block 8, threshold 4096, base 2048 */
     c.per_segment_budget = mode == M_PERSEG;
-    if (base_budget_override > 0) c.base_budget = base_budget_override;
+    if (ovr.base_budget > 0) c.base_budget = ovr.base_budget;
+    if (ovr.segment > 0) c.segment_size = ovr.segment;
+    if (ovr.block > 0) c.block_size = ovr.block;
     return c;
 }
 
+static int parse_override(const char *arg) {
+    if (!strncmp(arg, "dense_layers=", 13)) { /* comma list of layer numbers */
+        const char *p = arg + 13;
+        for (; *p; p = *p == ',' ? p + 1 : p) {
+            char *end;
+            long l = strtol(p, &end, 10);
+            if (end == p || l < 0 || l > 63) return -1;
+            ovr.dense_layers |= (uint64_t)1 << l;
+            p = end;
+        }
+        return 0;
+    }
+    static const struct { const char *name; int32_t *v; } keys[] = {
+        {"base_budget=", &ovr.base_budget}, {"segment=", &ovr.segment}, {"block=", &ovr.block}, {"oracle=", &ovr.oracle},
+        {"no_reference=", &ovr.no_reference}};
+    size_t i;
+    for (i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strncmp(arg, keys[i].name, strlen(keys[i].name))) {
+            *keys[i].v = atoi(arg + strlen(keys[i].name));
+            return 0;
+        }
+    return -1;
+}
+
 static gm_attn_mode mode_attn(int mode) {
-    return mode == M_DENSE || mode == M_BF16KV ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE;
+    return mode == M_DENSE || mode == M_BF16KV ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE; /* ragged, per-segment, oracle */
+}
+
+/* ---------------------------------------------------------------- oracle selection
+   Diagnostic (the oracle row; oracle=0 skips it): keep the plan's counts, but rank a sparse segment's
+   blocks by the attention mass its queries really put on them (dense causal
+   softmax, summed over the segment's queries and the group's heads). What the
+   best block selector would keep at the same budget: it separates what the
+   budget costs from what the reference's block score costs. */
+typedef struct oracle_job {
+    const gm_state *s;
+    int l, n;
+    int64_t row0, seg_start;
+    int32_t nb, seg_len;
+    double *mass;          /* [nth][n_kv_head][nb] */
+    int failed;            /* a thread could not allocate its scratch */
+} oracle_job;
+
+/* Thread ith: for its queries of the segment [seg_start, seg_start + seg_len) and
+   every head, the dense causal softmax over keys 0..t; the weight on keys before
+   the segment is added to their block's mass. */
+static void oracle_task(void *arg, int ith, int nth) {
+    oracle_job *j = (oracle_job *)arg;
+    const gm_hparams *hp = &j->s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = j->s->ei_cfg.block_size;
+    const float *kc = j->s->k_cache[j->l];
+    double *mass = j->mass + (size_t)ith * G * j->nb;
+    float *w = (float *)malloc((size_t)(j->seg_start + j->seg_len) * sizeof(float));
+    int64_t t, key;
+    int h, d, u;
+    if (!w) { j->failed = 1; return; }
+    for (t = j->seg_start + ith; t < j->seg_start + j->seg_len; t += nth)
+        for (h = 0; h < H; h++) {
+            const float *q = j->s->q + ((size_t)(t - j->row0) * H + h) * D;
+            float mx = -INFINITY;
+            double sum = 0;
+            for (key = 0; key <= t; key++) {
+                const float *k = kc + ((size_t)key * G + h / R) * D;
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0; /* 8 lanes: the compiler vectorizes it */
+                for (d = 0; d + 8 <= D; d += 8)
+                    for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
+                for (; d < D; d++) dot += q[d] * k[d];
+                for (u = 0; u < 8; u++) dot += acc[u];
+                w[key] = dot * hp->attn_scale;
+                if (w[key] > mx) mx = w[key];
+            }
+            for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
+            for (key = 0; key < (int64_t)j->nb * bs; key++) mass[(size_t)(h / R) * j->nb + key / bs] += w[key] / sum;
+        }
+    free(w);
+}
+
+/* gm_state.plan_hook: re-rank the kept blocks of the sparse segments in this chunk. */
+static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
+    ei_plan *p = &s->plans[l];
+    const int nth = gm_pool_size(s->pool), S = p->segment_size, G = s->m->hp.n_kv_head;
+    int32_t seg, kv, i, b, c;
+    for (seg = (int32_t)(row0 / S); seg < p->n_segments && (int64_t)seg * S < row0 + n; seg++) {
+        oracle_job j;
+        if (!ei_plan_segment_is_sparse(s->ei, p, seg)) continue;
+        j.s = s; j.l = l; j.n = n; j.row0 = row0; j.seg_start = (int64_t)seg * S;
+        j.seg_len = (int32_t)((row0 + n - j.seg_start) < S ? row0 + n - j.seg_start : S);
+        j.nb = (int32_t)(j.seg_start / p->block_size);
+        j.failed = 0;
+        if (j.seg_start < row0) return -1; /* a segment split across chunks: not supported here */
+        if (!(j.mass = (double *)calloc((size_t)nth * G * j.nb, sizeof(double)))) return -1;
+        gm_pool_run(s->pool, oracle_task, &j);
+        if (j.failed) { free(j.mass); return -1; }
+        for (i = 1; i < nth; i++)
+            for (b = 0; b < G * j.nb; b++) j.mass[b] += j.mass[(size_t)i * G * j.nb + b];
+        for (kv = 0; kv < G; kv++) {
+            /* the heads of kv head `kv` share its blocks: their summed mass ranks them */
+            const double *mk = j.mass + (size_t)kv * j.nb;
+            int32_t keep = p->keep_count[EI_PLAN_ROW(p, kv, seg)], *row = EI_PLAN_BLOCKS(p, kv, seg);
+            uint8_t *taken = (uint8_t *)calloc((size_t)j.nb, 1);
+            if (!taken) { free(j.mass); return -1; }
+            for (c = 0; c < keep; c++) {
+                int32_t best = -1;
+                for (b = 0; b < j.nb; b++)
+                    if (!taken[b] && (best < 0 || mk[b] > mk[best])) best = b;
+                taken[best] = 1;
+                row[c] = best;
+            }
+            free(taken);
+        }
+        free(j.mass);
+    }
+    return 0;
 }
 
 /* mean fraction of the dense causal keys that a sparse segment attends to */
@@ -72,15 +200,21 @@ static double plan_density(const gm_state *s) {
     for (l = 0; l < s->m->hp.n_layer; l++) {
         const ei_plan *p = &s->plans[l];
         if (!s->m->layers[l].is_global) continue;
-        for (h = 0; h < p->n_kv_heads; h++)
+        for (h = 0; h < p->n_kv_heads; h++) {
+            /* the log gets each head's kept tokens per sparse segment: where budgets go */
+            if (p->n_segments) fprintf(stderr, "  layer %d kv head %d (%s): kept tokens per sparse segment:", l, h,
+                                       p->head_class[h] == EI_HEAD_RIGID ? "rigid" : "dynamic");
             for (seg = 1; seg < p->n_segments; seg++) {
                 double dense, kept;
                 if (!ei_plan_segment_is_sparse(s->ei, p, seg)) continue;
                 dense = (double)seg * p->segment_size + p->segment_size / 2.0;
-                kept = (double)p->keep_count[(size_t)h * p->seg_capacity + seg] * p->block_size + p->segment_size / 2.0;
+                kept = (double)p->keep_count[EI_PLAN_ROW(p, h, seg)] * p->block_size + p->segment_size / 2.0;
+                fprintf(stderr, " %d", p->keep_count[EI_PLAN_ROW(p, h, seg)] * p->block_size);
                 sum += kept / dense;
                 n++;
             }
+            if (p->n_segments) fprintf(stderr, "\n");
+        }
     }
     return n ? sum / n : 1.0;
 }
@@ -102,6 +236,8 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     if (!hidden || !sel || !logits || !targets) { snprintf(err, errlen, "out of memory"); return -1; }
     if (gm_state_init(&s, m, pool, L, cfg.segment_size, mode_attn(mode), &cfg, err, errlen)) return -1;
     s.kv_bf16 = mode == M_BF16KV;
+    s.dense_layers = ovr.dense_layers;
+    if (mode == M_ORACLE) s.plan_hook = oracle_rank;
     t0 = gm_now();
     if (gm_prefill(&s, ids, L, hidden, err, errlen)) return -1;
     row->t_prefill = gm_now() - t0;
@@ -165,6 +301,7 @@ static int passkey_run(const gm_model *m, gm_pool *pool, int mode, const int32_t
     int i;
     if (!hidden || !logits) return -1;
     if (gm_state_init(&s, m, pool, n + 16, cfg.segment_size, mode_attn(mode), &cfg, err, errlen)) return -1;
+    s.dense_layers = ovr.dense_layers;
     if (gm_prefill(&s, ids, n, hidden, err, errlen)) return -1;
     gm_logits(&s, hidden + (size_t)(n - 1) * Dm, 1, logits);
     for (i = 0; i < 8; i++) {
@@ -200,7 +337,6 @@ int main(int argc, char **argv) {
     int n_pk = parse_list(argc > 4 ? argv[4] : "8192,16384", pk_ctxs, 8);
     const char *text_path = argc > 5 ? argv[5] : "licences";
     const char *text_name = strcmp(text_path, "licences") ? text_path : "/usr/share/common-licenses/*";
-    if (argc > 6 && !strncmp(argv[6], "base_budget=", 12)) base_budget_override = atoi(argv[6] + 12);
     gm_model m;
     gm_pool *pool;
     char err[512];
@@ -213,6 +349,8 @@ int main(int argc, char **argv) {
     FILE *md;
     double t_start = gm_now();
 
+    for (c = 6; c < argc; c++)
+        if (parse_override(argv[c])) { fprintf(stderr, "gemma-eval: unknown option %s\n", argv[c]); return 2; }
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
     text = strcmp(text_path, "licences") ? load_text_file(text_path, &len) : load_licences(&len);
     ids = text ? tokenize_all(&m.tok, text, len, 1, &n_all) : NULL;
@@ -224,20 +362,35 @@ int main(int argc, char **argv) {
     /* perplexity table: the passkey modes, then the precision reference: how far a
        common engine choice (K/V cached in bf16) moves a dense run, for scale */
     for (n_ppl = 0; n_ppl < n_modes; n_ppl++) ppl_modes[n_ppl] = n_ppl;
-    ppl_modes[n_ppl++] = M_BF16KV;
+    if (ovr.oracle) ppl_modes[n_ppl++] = M_ORACLE;
+    if (!ovr.no_reference) ppl_modes[n_ppl++] = M_BF16KV;
     md = fopen(out_path, "w");
     if (!md) { fprintf(stderr, "gemma-eval: cannot write %s\n", out_path); return 1; }
     {
         ei_config d = mode_config(M_RAGGED);
+        char sparse_list[256] = "", dense_note[128] = "";
+        int l, n_local = 0;
+        for (l = 0; l < m.hp.n_layer; l++) {
+            size_t w = strlen(sparse_list);
+            if (!m.layers[l].is_global) n_local++;
+            else if (ovr.dense_layers >> l & 1)
+                snprintf(dense_note + strlen(dense_note), sizeof dense_note - strlen(dense_note), "%s%d", *dense_note ? ", " : "", l);
+            else snprintf(sparse_list + w, sizeof sparse_list - w, "%s%d", w ? ", " : "", l);
+        }
+        if (*dense_note) {
+            size_t w = strlen(sparse_list);
+            snprintf(sparse_list + w, sizeof sparse_list - w, " (global layers %s kept dense)", dense_note);
+        }
         fprintf(md, "# entropyinfer on Gemma 3 270M (Q4_K_M GGUF, f32 engine)\n\n");
         fprintf(md, "Configuration: %s: segment %d, block %d, threshold_len %lld, base_budget %d "
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
-                    "entropyinfer runs in the 3 global layers (5, 11, 17); the 15 sliding-window (512) layers are dense in every mode. "
+                    "entropyinfer runs in the global layers %s; the %d sliding-window (%d) layers are dense in every mode. "
                     "%d threads on a shared 2-core machine: timings are indicative only. "
                     "%s\n\n",
-                base_budget_override > 0 ? "the paper's defaults except the base budget" : "the paper's defaults",
+                ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.dense_layers ? "the paper's defaults with overrides from the command line" : "the paper's defaults",
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
-                (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, gm_pool_size(pool),
+                (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, sparse_list, n_local,
+                m.hp.sliding_window, gm_pool_size(pool),
                 n_modes <= M_PERSEG ? "This model has a single kv head per layer, so the reference's per-segment budget (the max over "
                                     "heads) is that head's own budget: the per-segment plan is the ragged plan and is not run separately."
                                   : "Ragged: each kv head its own budget; per-segment: the reference's max over heads for every head.");

@@ -734,6 +734,11 @@ static int ei_check(gm_state *s, ei_result r, const char *what, char *err, size_
     return gguf_fail(err, errlen, "entropyinfer: %s", s->ei_msg);
 }
 
+/* Does global layer l run entropyinfer (plan, decode compression)? */
+static int ei_layer_sparse(const gm_state *s, int l) {
+    return s->mode == GM_ATTN_EI_SPARSE && !(l < 64 && (s->dense_layers >> l & 1));
+}
+
 /* Global-layer attention through the library. phase: 0 prefill chunk, 1 decode. */
 static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_final, int decode,
                                char *err, size_t errlen) {
@@ -750,20 +755,22 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
     j.v = ei_tensor_make(s->v_cache[l], EI_F32, row0 + n, G, D);
     j.out = ei_out_tensor_make(s->ao, EI_F32, n, H, D);
     j.q_offset = row0;
-    if (s->mode == GM_ATTN_EI_SPARSE && !decode) {
+    if (ei_layer_sparse(s, l) && !decode) {
         double tp = gm_now();
         if (ei_check(s, ei_profile_chunk(s->ei, &j.q, &j.k, &s->plans[l], is_final, s->prof_ws, s->prof_ws_bytes),
                      "ei_profile_chunk", err, errlen))
             return -1;
         s->stats.t_profile += gm_now() - tp;
         plan = &s->plans[l];
+        if (s->plan_hook && s->plan_hook(s, l, n, row0))
+            return gguf_fail(err, errlen, "plan_hook failed at layer %d, rows %lld..%lld", l, (long long)row0, (long long)(row0 + n - 1));
     }
     j.plan = plan;
     gm_pool_run(s->pool, ei_attn_task, &j);
     for (i = 0; i < gm_pool_size(s->pool); i++)
         if (ei_check(s, j.r[i], "ei_attention_prefill", err, errlen)) return -1;
     s->stats.t_attn_global += gm_now() - t0;
-    if (s->mode == GM_ATTN_EI_SPARSE) {
+    if (ei_layer_sparse(s, l)) {
         /* the decoder keeps the last `window` queries: feed only those of a prompt chunk */
         int64_t keep = decode ? n : (n < s->ei_cfg.window ? n : s->ei_cfg.window);
         ei_tensor qv = ei_tensor_make(s->q + (size_t)(n - keep) * H * D, EI_F32, keep, H, D);
@@ -779,7 +786,7 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
     ei_tensor kt;
     ei_out_tensor ko, vo;
     double t0;
-    if (s->mode != GM_ATTN_EI_SPARSE || !ei_decode_due(s->ei, &s->decs[l])) return 0;
+    if (!ei_layer_sparse(s, l) || !ei_decode_due(s->ei, &s->decs[l])) return 0;
     t0 = gm_now();
     memset(&keep, 0, sizeof keep);
     keep.heads_out = s->ei_cfg.per_kv_head ? hp->n_kv_head : hp->n_head;

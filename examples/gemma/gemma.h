@@ -131,6 +131,13 @@ typedef struct gm_state {
     float *rope_cos_l, *rope_sin_l, *rope_cos_g, *rope_sin_g; /* per batch row */
     gm_attn_mode mode;
     int kv_bf16;           /* round cached K/V rows to bfloat16 (a precision reference; default 0) */
+    uint64_t dense_layers; /* GM_ATTN_EI_SPARSE: bit l set keeps global layer l dense (no plan, no
+                              compression); set after gm_state_init, default 0: every global layer */
+    /* GM_ATTN_EI_SPARSE, optional: called after each prefill chunk of a global layer is
+       planned and before its attention runs (queries of rows row0.. in q, keys in
+       k_cache[layer]); may inspect or rewrite plans[layer]. Nonzero return: an error.
+       eval.c's oracle selection uses it. */
+    int (*plan_hook)(struct gm_state *s, int layer, int n, int64_t row0);
     gm_stats stats;
 #ifdef GEMMA_WITH_EI
     ei_context *ei;
