@@ -155,6 +155,11 @@ static void oracle_task(void *arg, int ith, int nth) {
     free(w);
 }
 
+/* Share of the attention mass on a sparse segment's earlier keys that its kept
+   blocks hold, summed over (layer, kv head, segment) rows: under the plan's own
+   ranking and under the oracle's. */
+static struct { double ref, oracle; int64_t rows; } mass_kept;
+
 /* gm_state.plan_hook: re-rank the kept blocks of the sparse segments in this chunk. */
 static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
     ei_plan *p = &s->plans[l];
@@ -178,15 +183,24 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
             const double *mk = j.mass + (size_t)kv * j.nb;
             int32_t keep = p->keep_count[EI_PLAN_ROW(p, kv, seg)], *row = EI_PLAN_BLOCKS(p, kv, seg);
             uint8_t *taken = (uint8_t *)calloc((size_t)j.nb, 1);
+            double total = 0, ref = 0, best_sum = 0;
             if (!taken) { free(j.mass); return -1; }
+            for (b = 0; b < j.nb; b++) total += mk[b];
+            for (c = 0; c < keep; c++) ref += mk[row[c]];
             for (c = 0; c < keep; c++) {
                 int32_t best = -1;
                 for (b = 0; b < j.nb; b++)
                     if (!taken[b] && (best < 0 || mk[b] > mk[best])) best = b;
                 taken[best] = 1;
                 row[c] = best;
+                best_sum += mk[best];
             }
             free(taken);
+            if (total > 0) {
+                mass_kept.ref += ref / total;
+                mass_kept.oracle += best_sum / total;
+                mass_kept.rows++;
+            }
         }
         free(j.mass);
     }
@@ -238,6 +252,7 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     s.kv_bf16 = mode == M_BF16KV;
     s.dense_layers = ovr.dense_layers;
     if (mode == M_ORACLE) s.plan_hook = oracle_rank;
+    memset(&mass_kept, 0, sizeof mass_kept);
     t0 = gm_now();
     if (gm_prefill(&s, ids, L, hidden, err, errlen)) return -1;
     row->t_prefill = gm_now() - t0;
@@ -346,6 +361,9 @@ int main(int argc, char **argv) {
     int64_t n_all;
     int c, mode, mi, n_modes, n_ppl;
     int ppl_modes[N_MODES];
+    int64_t mass_ctx[8];
+    double mass_ref[8], mass_or[8];
+    int n_mass = 0;
     FILE *md;
     double t_start = gm_now();
 
@@ -446,11 +464,23 @@ int main(int argc, char **argv) {
                     100.0 * (rows[mode].ppl / rows[M_DENSE].ppl - 1.0), 100.0 * rows[mode].agree,
                     100.0 * rows[mode].agree_head, 100.0 * rows[mode].agree_rest, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
             fflush(md);
+            if (mode == M_ORACLE && mass_kept.rows && n_mass < 8) {
+                mass_ctx[n_mass] = L;
+                mass_ref[n_mass] = mass_kept.ref / (double)mass_kept.rows;
+                mass_or[n_mass++] = mass_kept.oracle / (double)mass_kept.rows;
+            }
         }
         for (mi = 0; mi < n_ppl; mi++) free(am[ppl_modes[mi]]);
         free(pos);
     }
 
+    if (n_mass) {
+        fprintf(md, "\nAttention mass that the kept blocks hold, as a share of what the segment's queries put on "
+                    "all keys before the segment (dense softmax; mean over layers and sparse segments), at the same counts:\n\n"
+                    "| context | reference block score (entropyinfer) | oracle ranking |\n|---:|---:|---:|\n");
+        for (c = 0; c < n_mass; c++)
+            fprintf(md, "| %lld | %.1f%% | %.1f%% |\n", (long long)mass_ctx[c], 100.0 * mass_ref[c], 100.0 * mass_or[c]);
+    }
     fprintf(md, "\n## Passkey retrieval\n\n");
     fprintf(md, "Filler \"%s\" repeated; the sentence \"The pass key is NNNNN. Remember it. NNNNN is the pass key.\" at the "
                 "given depth; the prompt ends \"What is the pass key? The pass key is\" and 8 tokens are decoded greedily. "
