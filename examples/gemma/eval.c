@@ -376,6 +376,11 @@ int main(int argc, char **argv) {
 
     for (c = 6; c < argc; c++)
         if (parse_override(argv[c])) { fprintf(stderr, "gemma-eval: unknown option %s\n", argv[c]); return 2; }
+    if (ovr.segment < 0 || (ovr.segment > 0 && 512 % ovr.segment) || ovr.block < 0 || ovr.base_budget < 0) {
+        /* scored positions end where a 512-token last segment would start */
+        fprintf(stderr, "gemma-eval: segment must divide 512; block and base_budget must be positive\n");
+        return 2;
+    }
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
     text = strcmp(text_path, "licences") ? load_text_file(text_path, &len) : load_licences(&len);
     ids = text ? tokenize_all(&m.tok, text, len, 1, &n_all) : NULL;
