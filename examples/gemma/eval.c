@@ -7,7 +7,7 @@
                            regular files of /usr/share/common-licenses
        Options for sweeps (the sparse modes; default: the paper's values):
          base_budget=N     base key budget (tokens), paper 2048
-         segment=N         query segment (tokens, a divisor of 512), paper 512
+         segment=N         query segment (tokens, a divisor of 512, the prefill micro-batch), paper 512
          block=N           key block (tokens), paper 8
          dense_layers=L,.. global layers kept dense (the engine's dense_layers)
          oracle=0          skip the oracle row (below)
@@ -102,12 +102,11 @@ static int parse_override(const char *arg) {
     return -1;
 }
 
-/* Prefill micro-batch: ~512 tokens whatever the segment (a whole number of
-   segments, as chunked planning needs), so that timings compare configurations
-   and not batch sizes. */
-static int micro_batch(const ei_config *c) {
-    return c->segment_size >= 512 ? c->segment_size : 512 / c->segment_size * c->segment_size;
-}
+/* Prefill micro-batch in every mode, whatever the segment (segment= must divide
+   it, so a batch is a whole number of segments, as chunked planning needs):
+   timings compare configurations, not batch sizes. Scored positions end where a
+   last segment of this size would start. */
+enum { EVAL_BATCH = 512 };
 
 static gm_attn_mode mode_attn(int mode) {
     return mode == M_DENSE || mode == M_BF16KV ? GM_ATTN_EI_DENSE : GM_ATTN_EI_SPARSE; /* ragged, per-segment, oracle */
@@ -121,7 +120,7 @@ static gm_attn_mode mode_attn(int mode) {
    budget costs from what the reference's block score costs. */
 typedef struct oracle_job {
     const gm_state *s;
-    int l, n;
+    int l;
     int64_t row0, seg_start;
     int32_t nb, seg_len;
     double *mass;          /* [nth][n_kv_head][nb] */
@@ -175,7 +174,7 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
     for (seg = (int32_t)(row0 / S); seg < p->n_segments && (int64_t)seg * S < row0 + n; seg++) {
         oracle_job j;
         if (!ei_plan_segment_is_sparse(s->ei, p, seg)) continue;
-        j.s = s; j.l = l; j.n = n; j.row0 = row0; j.seg_start = (int64_t)seg * S;
+        j.s = s; j.l = l; j.row0 = row0; j.seg_start = (int64_t)seg * S;
         j.seg_len = (int32_t)((row0 + n - j.seg_start) < S ? row0 + n - j.seg_start : S);
         j.nb = (int32_t)(j.seg_start / p->block_size);
         j.failed = 0;
@@ -214,6 +213,22 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
     return 0;
 }
 
+/* The log gets each global layer's kept tokens per sparse segment: where budgets go. */
+static void log_kept_tokens(const gm_state *s) {
+    int l, h, seg;
+    for (l = 0; l < s->m->hp.n_layer; l++) {
+        const ei_plan *p = &s->plans[l];
+        if (!s->m->layers[l].is_global || !p->n_segments) continue;
+        for (h = 0; h < p->n_kv_heads; h++) {
+            fprintf(stderr, "  layer %d kv head %d (%s): kept tokens per sparse segment:", l, h,
+                    p->head_class[h] == EI_HEAD_RIGID ? "rigid" : "dynamic");
+            for (seg = 1; seg < p->n_segments; seg++)
+                if (ei_plan_segment_is_sparse(s->ei, p, seg)) fprintf(stderr, " %d", p->keep_count[EI_PLAN_ROW(p, h, seg)] * p->block_size);
+            fprintf(stderr, "\n");
+        }
+    }
+}
+
 /* mean fraction of the dense causal keys that a sparse segment attends to */
 static double plan_density(const gm_state *s) {
     double sum = 0;
@@ -221,21 +236,15 @@ static double plan_density(const gm_state *s) {
     for (l = 0; l < s->m->hp.n_layer; l++) {
         const ei_plan *p = &s->plans[l];
         if (!s->m->layers[l].is_global) continue;
-        for (h = 0; h < p->n_kv_heads; h++) {
-            /* the log gets each head's kept tokens per sparse segment: where budgets go */
-            if (p->n_segments) fprintf(stderr, "  layer %d kv head %d (%s): kept tokens per sparse segment:", l, h,
-                                       p->head_class[h] == EI_HEAD_RIGID ? "rigid" : "dynamic");
+        for (h = 0; h < p->n_kv_heads; h++)
             for (seg = 1; seg < p->n_segments; seg++) {
                 double dense, kept;
                 if (!ei_plan_segment_is_sparse(s->ei, p, seg)) continue;
                 dense = (double)seg * p->segment_size + p->segment_size / 2.0;
                 kept = (double)p->keep_count[EI_PLAN_ROW(p, h, seg)] * p->block_size + p->segment_size / 2.0;
-                fprintf(stderr, " %d", p->keep_count[EI_PLAN_ROW(p, h, seg)] * p->block_size);
                 sum += kept / dense;
                 n++;
             }
-            if (p->n_segments) fprintf(stderr, "\n");
-        }
     }
     return n ? sum / n : 1.0;
 }
@@ -255,7 +264,7 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     double t0;
     int64_t i;
     if (!hidden || !sel || !logits || !targets) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (gm_state_init(&s, m, pool, L, micro_batch(&cfg), mode_attn(mode), &cfg, err, errlen)) return -1;
+    if (gm_state_init(&s, m, pool, L, EVAL_BATCH, mode_attn(mode), &cfg, err, errlen)) return -1;
     s.kv_bf16 = mode == M_BF16KV;
     s.dense_layers = ovr.dense_layers;
     if (mode == M_ORACLE) s.plan_hook = oracle_rank;
@@ -265,6 +274,7 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     row->t_prefill = gm_now() - t0;
     row->t_attn = s.stats.t_attn_global;
     row->density = mode_attn(mode) == GM_ATTN_EI_DENSE ? 1.0 : plan_density(&s);
+    if (mode_attn(mode) == GM_ATTN_EI_SPARSE) log_kept_tokens(&s);
     for (i = 0; i < n_pos; i++) {
         memcpy(sel + (size_t)i * Dm, hidden + (size_t)pos[i] * Dm, (size_t)Dm * sizeof(float));
         targets[i] = ids[pos[i] + 1];
@@ -322,7 +332,7 @@ static int passkey_run(const gm_model *m, gm_pool *pool, int mode, const int32_t
     char keystr[16];
     int i;
     if (!hidden || !logits) return -1;
-    if (gm_state_init(&s, m, pool, n + 16, micro_batch(&cfg), mode_attn(mode), &cfg, err, errlen)) return -1;
+    if (gm_state_init(&s, m, pool, n + 16, EVAL_BATCH, mode_attn(mode), &cfg, err, errlen)) return -1;
     s.dense_layers = ovr.dense_layers;
     if (gm_prefill(&s, ids, n, hidden, err, errlen)) return -1;
     gm_logits(&s, hidden + (size_t)(n - 1) * Dm, 1, logits);
@@ -376,9 +386,8 @@ int main(int argc, char **argv) {
 
     for (c = 6; c < argc; c++)
         if (parse_override(argv[c])) { fprintf(stderr, "gemma-eval: unknown option %s\n", argv[c]); return 2; }
-    if (ovr.segment < 0 || (ovr.segment > 0 && 512 % ovr.segment) || ovr.block < 0 || ovr.base_budget < 0) {
-        /* scored positions end where a 512-token last segment would start */
-        fprintf(stderr, "gemma-eval: segment must divide 512; block and base_budget must be positive\n");
+    if (ovr.segment < 0 || (ovr.segment > 0 && EVAL_BATCH % ovr.segment) || ovr.block < 0 || ovr.base_budget < 0) {
+        fprintf(stderr, "gemma-eval: segment must divide %d; block and base_budget must be positive\n", EVAL_BATCH);
         return 2;
     }
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
@@ -440,7 +449,7 @@ int main(int argc, char **argv) {
         int32_t *am[N_MODES];
         ppl_row rows[N_MODES];
         if (L + 1 > n_all || L > m.hp.n_ctx) { fprintf(stderr, "skip context %lld (document or model too short)\n", (long long)L); continue; }
-        hi = (L + 511) / 512 * 512 - 512;
+        hi = (L + EVAL_BATCH - 1) / EVAL_BATCH * EVAL_BATCH - EVAL_BATCH;
         if (hi <= lo) continue;
         stride = (hi - lo + 4095) / 4096;
         n_pos = (hi - lo + stride - 1) / stride;
