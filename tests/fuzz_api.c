@@ -545,7 +545,12 @@ static void op_chunk(state *s, fz *f) {
         if (r == EI_OK) s->plan_trusted = 0;
     } else {
         r = checked(ei_profile_chunk(ctx, &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, is_final, ws, wb));
-        if (r == EI_OK) { s->plan_trusted = ctx == s->plan_ctx; plan_check(s, ctx); }
+        /* a chunk rewrites only its own segments: a plan corrupted earlier stays
+           untrusted unless this chunk started it (offset 0 rewrites every row) */
+        if (r == EI_OK) {
+            s->plan_trusted = (s->plan_trusted || off == 0) && ctx == s->plan_ctx;
+            if (s->plan_trusted) plan_check(s, ctx);
+        }
     }
     wfree(ws);
     view_free(&qc);
