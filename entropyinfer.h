@@ -235,9 +235,15 @@ typedef enum ei_simd {
     EI_SIMD_SCALAR = 1, /* plain reference */
     EI_SIMD_AVX2 = 2,   /* AVX2 + FMA + F16C */
     EI_SIMD_AVX512 = 3, /* AVX-512 F/BW/DQ/VL (+BF16/FP16 dot products where present) */
-    EI_SIMD_NEON = 4
+    EI_SIMD_NEON = 4,
+    EI_SIMD_AVX512_BF16 = 5 /* AVX-512, and vdpbf16ps attention for all-bf16 calls (CPUs with AVX512_BF16) */
 } ei_simd;
-typedef enum ei_backend { EI_BACKEND_CPU = 0, EI_BACKEND_CUDA = 1 } ei_backend;
+typedef enum ei_backend {
+    EI_BACKEND_CPU = 0,
+    EI_BACKEND_CUDA = 1,        /* the CUDA plugin; context creation fails without it */
+    EI_BACKEND_CUDA_OR_CPU = 2  /* the CUDA plugin when it loads and finds a GPU, else the CPU (the
+                                   logger hears why); ei_context_backend() says which */
+} ei_backend;
 
 typedef struct ei_allocator {
     void *(*alloc)(size_t size, void *user_data);
@@ -490,41 +496,40 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 1
+#define EI_CUDA_ABI_VERSION 2
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
-
-/* Every function that can fail returns an ei_result and, on failure, writes a
-   NUL-terminated message of at most EI_CUDA_MSG_SIZE bytes into msg. Tensor,
-   plan, keep-set, decoder-ring and workspace pointers are device pointers;
-   the struct holding them lives on the host. All work is queued on
-   cfg->cuda_stream (NULL: the default stream) and is asynchronous, except
-   profile (it waits for its non-finite check) and the explicit copies. */
+/* The header validates every argument of a public call (views, shapes, GQA,
+   plan layout and capacities, protocol state, budgets) before it calls an
+   entry here, so both backends accept and refuse the same calls with the same
+   codes. An entry checks only what the device adds: dtypes and head sizes its
+   kernels support, alignment, grid limits, and the contents of device memory
+   the host cannot read (NaN/Inf in Q/K, keep-set indices); on failure it
+   returns the code and writes a NUL-terminated message of at most
+   EI_CUDA_MSG_SIZE bytes into msg. Tensor, plan-array, keep-set, decoder-ring
+   and workspace pointers are device pointers; the structs holding them live
+   on the host. Work is queued on cfg->cuda_stream (NULL: the default stream)
+   and is asynchronous, except where an entry must read a device flag back
+   (profile, decode_observe, kv_compact) and the explicit copies. */
 typedef struct ei_cuda_api {
-    int32_t abi_version;   /* EI_CUDA_ABI_VERSION */
-    int32_t struct_size;   /* sizeof(ei_cuda_api) */
+    int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
+    int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
     const char *(*build_info)(void);
-    /* 0 and a device description in msg if a usable device exists. */
+    /* EI_OK and a device description in msg if a usable device exists. */
     ei_result (*device_check)(char *msg);
 
-    /* device memory helpers (also for tests and engines without CUDA headers) */
+    /* device memory */
     ei_result (*mem_alloc)(void **ptr, size_t bytes, char *msg);
     void (*mem_free)(void *ptr);
-    /* kind: 0 device->host, 1 host->device, 2 device->device; waits for the stream */
+    /* kind: EI_COPY_*; waits for the stream */
     ei_result (*mem_copy)(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg);
+    ei_result (*mem_set)(void *dst, int byte, size_t bytes, void *stream, char *msg);
     ei_result (*synchronize)(void *stream, char *msg);
 
-    /* plans: same layout as the CPU's, arrays in device memory */
-    ei_result (*plan_size)(const ei_config *cfg, int64_t max_tokens, int32_t n_kv_heads,
-                           int32_t head_dim, uint32_t flags, size_t *bytes, char *msg);
-    ei_result (*plan_init)(const ei_config *cfg, ei_plan *plan, int64_t max_tokens,
-                           int32_t n_kv_heads, int32_t head_dim, uint32_t flags,
-                           void *device_memory, size_t bytes, char *msg);
-    /* copy the arrays of src into dst (same n_kv_heads; dst capacity >= src
-       contents); direction EI_CUDA_*; the host-side fields are copied too */
-    ei_result (*plan_copy)(const ei_config *cfg, ei_plan *dst, const ei_plan *src,
-                           int direction, char *msg);
+    /* copy a plan's arrays (layout of ei__plan_geometry) between host and
+       device; direction EI_COPY_*; the header checked that dst can hold src */
+    ei_result (*plan_copy)(const ei_config *cfg, ei_plan *dst, const ei_plan *src, int direction, char *msg);
 
     ei_result (*profile_workspace_size)(const ei_config *cfg, int64_t n_tokens, int32_t n_heads,
                                         int32_t n_kv_heads, int32_t head_dim, size_t *bytes, char *msg);
@@ -538,24 +543,153 @@ typedef struct ei_cuda_api {
                            const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
                            int64_t q_offset, void *workspace, size_t workspace_bytes, char *msg);
 
-    /* decoder ring in device memory: f32 [window][n_heads][head_dim], query
-       number i (counting every observed query from 0) in slot i % window */
-    ei_result (*decoder_size)(const ei_config *cfg, int32_t n_heads, int32_t head_dim,
-                              size_t *bytes, char *msg);
-    ei_result (*decoder_init)(const ei_config *cfg, ei_decoder *dec, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t head_dim, void *device_memory,
-                              size_t bytes, char *msg);
+    /* the decoder ring (f32 [window][n_heads][head_dim], query number i in
+       slot i % window) is laid out and cleared by the header; observe scans
+       the queries it keeps for NaN/Inf before it changes anything */
     ei_result (*decode_observe)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *q,
                                 int generated, char *msg);
     ei_result (*decode_workspace_size)(const ei_config *cfg, int64_t n_tokens, int32_t n_heads,
                                        int32_t n_kv_heads, size_t *bytes, char *msg);
+    /* scores the last ei__decode_window(cfg, dec) observed queries (all of
+       them when fewer than cfg->window were observed) */
     ei_result (*decode_keep)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k,
                              ei_keep_set *keep, void *workspace, size_t workspace_bytes, char *msg);
+    /* checks the keep-set's indices (ascending, inside the cache) on the
+       device before moving anything */
     ei_result (*kv_compact)(const ei_config *cfg, const ei_keep_set *keep, ei_out_tensor *k,
                             ei_out_tensor *v, char *msg);
 } ei_cuda_api;
 
+/* The plugin's only export: returns its table whatever version is asked
+   for; the header compares abi_version and struct_size and names both. */
 typedef const ei_cuda_api *(*ei_cuda_get_api_fn)(int abi_version);
+
+/* ---------------------------------------------------------------- the method's rules, once
+   Plan layout, caps, sparsity of a segment, the rigid test and the budget
+   recurrence, as inline functions that compile for the host and (under
+   nvcc) the device: the CPU implementation, the CUDA plugin and the tests
+   all call these; nothing re-derives them. */
+#include <math.h>
+#ifdef __CUDACC__
+#define EI__HD static inline __host__ __device__
+#else
+#define EI__HD static inline
+#endif
+#define EI__PLAN_ALIGN 64
+
+EI__HD int64_t ei__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+EI__HD int64_t ei__round_up(int64_t a, int64_t m) { return ei__ceil_div(a, m) * m; }
+EI__HD size_t ei__align_size(size_t x) { return (x + EI__PLAN_ALIGN - 1) & ~(size_t)(EI__PLAN_ALIGN - 1); }
+
+/* Per-kv-head state of chunked planning (CPU plans with EI_PLAN_CHUNKED). */
+typedef struct ei__head_state {
+    int64_t tokens_done;   /* queries planned so far */
+    int64_t blocks_done;   /* key blocks whose min/max representation is stored */
+    double budget_dyn;     /* the dynamic recurrence B[s], tracked from segment 0 */
+    float entropy_prev;    /* H[s-1] */
+    int32_t rigid_so_far;  /* every entropy of segments 1.. so far below e_t */
+    int32_t finished;      /* the final chunk was planned */
+} ei__head_state;
+
+/* Row capacity of block_index: the most blocks a budget of this
+   configuration keeps (max factor x base), at most the blocks there are. */
+EI__HD int32_t ei__max_keep(const ei_config *c, int64_t blk_capacity) {
+    double f = c->budget_max_factor > 1.0 ? (double)c->budget_max_factor : 1.0;
+    int64_t k = (int64_t)floor(f * (double)c->base_budget / (double)c->block_size);
+    return (int32_t)(k < blk_capacity ? k : blk_capacity);
+}
+
+/* The arrays of a plan, in memory order, each 64-byte aligned from a
+   64-byte aligned base (bytes includes 64 of slack to align the base). */
+enum { EI__PA_ENTROPY, EI__PA_CLASS, EI__PA_BUDGET, EI__PA_KEEP_BLOCKS, EI__PA_KEEP_COUNT, EI__PA_BLOCK_INDEX,
+       EI__PA_SCORES, EI__PA_STATE, EI__PA_COUNT };
+typedef struct ei__plan_geom {
+    int64_t segs, blks, blks_pad, max_keep;
+    size_t offset[EI__PA_COUNT], size[EI__PA_COUNT];
+    size_t bytes;
+} ei__plan_geom;
+/* 0 when a size overflows size_t. */
+EI__HD int ei__plan_geometry(const ei_config *c, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
+                             uint32_t flags, ei__plan_geom *g) {
+    size_t kv = (size_t)n_kv_heads, rows, o = 0, lim = (size_t)-1 / 8;
+    int i;
+    g->segs = ei__ceil_div(max_tokens, c->segment_size);
+    g->blks = (g->segs - 1) * (c->segment_size / c->block_size);
+    g->blks_pad = ei__round_up(g->blks > 0 ? g->blks : 1, 16);
+    g->max_keep = ei__max_keep(c, g->blks);
+    rows = kv * (size_t)g->segs;
+    if (rows / kv != (size_t)g->segs || rows > lim / ((size_t)g->max_keep + 1) ||
+        rows > lim / (size_t)g->blks_pad || kv * 2u * (size_t)head_dim > lim / (size_t)g->blks_pad)
+        return 0;
+    g->size[EI__PA_ENTROPY] = rows * 4u;
+    g->size[EI__PA_CLASS] = kv;
+    g->size[EI__PA_BUDGET] = rows * 4u;
+    g->size[EI__PA_KEEP_BLOCKS] = rows * 4u;
+    g->size[EI__PA_KEEP_COUNT] = rows * 4u;
+    g->size[EI__PA_BLOCK_INDEX] = rows * (size_t)g->max_keep * 4u;
+    g->size[EI__PA_SCORES] = (flags & EI_PLAN_SCORES) ? rows * (size_t)(g->blks > 0 ? g->blks : 1) * 4u : 0;
+    g->size[EI__PA_STATE] = (flags & EI_PLAN_CHUNKED)
+                                ? ei__align_size(kv * sizeof(ei__head_state)) +
+                                      kv * 2u * (size_t)head_dim * (size_t)g->blks_pad * 4u
+                                : 0;
+    for (i = 0; i < EI__PA_COUNT; ++i) {
+        size_t next = o + ei__align_size(g->size[i]);
+        if (next < o) return 0;
+        g->offset[i] = o;
+        o = next;
+    }
+    g->bytes = o + EI__PLAN_ALIGN;
+    return g->bytes > o;
+}
+
+/* Blocks segment s may keep: all blocks before it, and for the last scored
+   segment n_blocks - ((n mod segment) div block + 1) (FORMAT.md). */
+EI__HD int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, int64_t n_blocks) {
+    int64_t visible = (int64_t)s * (c->segment_size / c->block_size);
+    int64_t tail = n_blocks - ((n_tokens % c->segment_size) / c->block_size + 1);
+    int64_t cap = visible < tail ? visible : tail;
+    return cap > 0 ? cap : 0;
+}
+/* Segment s attends sparsely: it starts at or past threshold_len and is not
+   the last segment of a finished plan when last_segment_dense. */
+EI__HD int ei__segment_sparse(const ei_config *c, int32_t s, int32_t n_segments, int32_t final) {
+    if ((int64_t)s * c->segment_size < c->threshold_len) return 0;
+    return !(c->last_segment_dense && final && s == n_segments - 1);
+}
+/* An entropy below e_t keeps a head rigid (every segment after 0 must be;
+   with one segment the condition holds vacuously). */
+EI__HD int ei__entropy_rigid(const ei_config *c, float h) { return (double)h < c->rigid_entropy; }
+EI__HD int ei__head_rigid(const ei_config *c, const float *entropy_row, int32_t n_segments) {
+    int32_t s;
+    for (s = 1; s < n_segments; ++s)
+        if (!ei__entropy_rigid(c, entropy_row[s])) return 0;
+    return 1;
+}
+/* One step of the dynamic-head budget recurrence (double precision):
+   B[0] = base; r = delta_t at s = 1, else the entropy's relative change,
+   clamped to [0, 1 + delta_t]; B[s] = clamp(B[s-1] + alpha base (r - delta_t),
+   min factor x base, max factor x base). */
+EI__HD double ei__budget_next(const ei_config *c, int32_t s, double prev, float h, float h_prev) {
+    double base = (double)c->base_budget, r, b, lo = c->budget_min_factor * base, hi = c->budget_max_factor * base;
+    if (s == 0) return base;
+    r = s == 1 ? c->delta_t : ((double)h - (double)h_prev) / ((double)h_prev + 1e-9);
+    r = r > 0.0 ? r : 0.0;
+    r = r < 1.0 + c->delta_t ? r : 1.0 + c->delta_t;
+    b = prev + c->alpha * base * (r - c->delta_t);
+    b = b > lo ? b : lo;
+    return b < hi ? b : hi;
+}
+/* Budget in tokens -> blocks kept: floor to blocks, then cap; segment 0 keeps none. */
+EI__HD int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t cap) {
+    double k = floor(budget / (double)c->block_size);
+    if (s == 0) return 0;
+    if (k > (double)cap) k = (double)cap;
+    return k < 0 ? 0 : (int32_t)k;
+}
+/* Queries a keep-set scores: the window, or every query observed when fewer. */
+EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
+    return dec->n_observed < (int64_t)c->window ? dec->n_observed : (int64_t)c->window;
+}
 
 #endif /* EI__CUDA_ABI_INCLUDED */
 #endif
@@ -632,16 +766,61 @@ typedef const ei_cuda_api *(*ei_cuda_get_api_fn)(int abi_version);
 #define EI__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 #endif
+/* vdpbf16ps (AVX512_BF16) needs gcc >= 10 or clang >= 9 */
+#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define EI__HAVE_AVX512BF16 1
+#define EI__TARGET_AVX512BF16 \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
+#endif
 #if !defined(EI_NO_SIMD) && !defined(EI_NO_NEON) && defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define EI__HAVE_NEON 1
 #endif
 
+/* One kernel table per context, chosen once at creation (>>kernels): every
+   stage that has per-ISA code is called through it, so a context runs one
+   path throughout and a test forces a path by choosing cfg.simd. */
+struct ei__attn_job;
+struct ei__attn_ws;
+struct ei__attn_tile;
+typedef struct ei__attn_stages {   /* the stages of one query tile (>>attention) */
+    void (*pack_q)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T);
+    void (*prep_kv)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk);
+    void (*scores)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk,
+                   int need_mask);
+    void (*softmax)(struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk);
+    void (*pack_p)(struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk); /* NULL: P stays f32 */
+    void (*pv)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk);
+    void (*store)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T);
+} ei__attn_stages;
+typedef struct ei__kernels {
+    ei_simd simd;
+    /* profiling: elementwise max/min of nt rows of one head (0 if NaN/Inf was
+       read); group-mean block scores of one segment (>>simd) */
+    int (*minmax)(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn);
+    void (*score_row)(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT, int64_t ld,
+                      int64_t nb, float *raw);
+    /* decode scoring */
+    float (*dot)(const float *a, const float *b, int32_t d);
+    /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
+       and stages for all-bf16 calls with an even head_dim (NULL: none) */
+    const ei__attn_stages *attn;
+    const ei__attn_stages *attn_bf16;
+} ei__kernels;
+
+typedef struct ei__cuda_state {
+    void *library;              /* dlopen handle */
+    const ei_cuda_api *api;
+    char path[640];             /* what was opened */
+} ei__cuda_state;
+
 struct ei_context {
-    ei_config cfg;
-    ei_simd simd;        /* the CPU path all kernels of this context use */
+    ei_config cfg;              /* as given (backend as asked for) */
+    ei_backend backend;         /* the backend in use: EI_BACKEND_CPU or EI_BACKEND_CUDA */
+    const ei__kernels *kern;    /* the CPU kernels */
     ei_allocator alloc;
-    void *cuda;          /* CUDA backend state (>>cuda-loader) */
+    ei__cuda_state *cuda;       /* the loaded plugin (>>backend), NULL on the CPU */
 };
 
 static EI__TLS char ei__tls_message[512];
@@ -873,6 +1052,10 @@ static unsigned ei__cpu_paths(void) {
 #ifdef EI__HAVE_AVX512
             if (zmm_os && avx2 && fma && f16c && f && dq && bw && vl) paths |= 1u << EI_SIMD_AVX512;
 #endif
+#ifdef EI__HAVE_AVX512BF16 /* AVX512_BF16: cpuid leaf 7 subleaf 1, EAX bit 5 */
+            if (((paths >> EI_SIMD_AVX512) & 1u) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u))
+                paths |= 1u << EI_SIMD_AVX512_BF16;
+#endif
             (void)avx2; (void)f; (void)dq; (void)bw; (void)vl; (void)zmm_os; (void)ymm_os;
         }
     }
@@ -884,7 +1067,7 @@ static unsigned ei__cpu_paths(void) {
 }
 EIDEF int ei_cpu_supports(ei_simd path) {
     if (path == EI_SIMD_AUTO) return 1;
-    if ((int)path < 0 || (int)path > EI_SIMD_NEON) return 0;
+    if ((int)path < 0 || (int)path > EI_SIMD_AVX512_BF16) return 0;
     return (ei__cpu_paths() >> path) & 1u;
 }
 EIDEF const char *ei_simd_name(ei_simd path) {
@@ -894,15 +1077,9 @@ EIDEF const char *ei_simd_name(ei_simd path) {
         case EI_SIMD_AVX2: return "avx2";
         case EI_SIMD_AVX512: return "avx512";
         case EI_SIMD_NEON: return "neon";
+        case EI_SIMD_AVX512_BF16: return "avx512-bf16";
         default: return "unknown";
     }
-}
-static ei_simd ei__best_simd(void) {
-    unsigned p = ei__cpu_paths();
-    if (p & (1u << EI_SIMD_AVX512)) return EI_SIMD_AVX512;
-    if (p & (1u << EI_SIMD_AVX2)) return EI_SIMD_AVX2;
-    if (p & (1u << EI_SIMD_NEON)) return EI_SIMD_NEON;
-    return EI_SIMD_SCALAR;
 }
 
 // >>validate ----------------------------------------------------------------
@@ -950,10 +1127,27 @@ static ei_result ei__check_tensor(const ei_context *ctx, const ei_tensor *t, con
     return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
                           t->head_stride, name);
 }
+/* A view of a buffer the library writes, to check it like any other. */
+static ei_tensor ei__as_view(const ei_out_tensor *t) {
+    ei_tensor v;
+    v.data = t->data; v.dtype = t->dtype; v.n_heads = t->n_heads; v.head_dim = t->head_dim;
+    v.n_tokens = t->n_tokens; v.token_stride = t->token_stride; v.head_stride = t->head_stride;
+    return v;
+}
 static ei_result ei__check_out_tensor(const ei_context *ctx, const ei_out_tensor *t, const char *name) {
+    ei_tensor v;
     if (!t) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
-    return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
-                          t->head_stride, name);
+    v = ei__as_view(t);
+    return ei__check_tensor(ctx, &v, name);
+}
+/* Whether the address ranges of two checked views intersect. */
+static int ei__views_overlap(const ei_tensor *a, const ei_tensor *b) {
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    uintptr_t a1 = a0 + (uintptr_t)((a->n_tokens - 1) * a->token_stride + (int64_t)(a->n_heads - 1) * a->head_stride +
+                                    a->head_dim) * (uintptr_t)ei__dtype_size(a->dtype);
+    uintptr_t b1 = b0 + (uintptr_t)((b->n_tokens - 1) * b->token_stride + (int64_t)(b->n_heads - 1) * b->head_stride +
+                                    b->head_dim) * (uintptr_t)ei__dtype_size(b->dtype);
+    return a0 < b1 && b0 < a1;
 }
 /* Q and K of one layer: same head_dim, GQA grouping. */
 static ei_result ei__check_qk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k) {
@@ -1050,43 +1244,166 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
     if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
     if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
-    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON) EI__BAD("unknown simd path %d", (int)c->simd);
-    if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA) EI__BAD("unknown backend %d", (int)c->backend);
+    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_AVX512_BF16) EI__BAD("unknown simd path %d", (int)c->simd);
+    if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA && c->backend != EI_BACKEND_CUDA_OR_CPU)
+        EI__BAD("unknown backend %d", (int)c->backend);
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) EI__BAD("allocator needs both alloc and free, or neither");
 #undef EI__BAD
     return EI_OK;
 }
 
+// >>backend: the CUDA plugin, loaded with dlopen -----------------------------
+/* A GPU context holds the plugin's table; every public call validates its
+   arguments (>>validate and each stage's checks) and then either runs the
+   CPU code or calls the table entry of the same name through EI__CUDA, which
+   turns a failure into the thread's error message. */
+static int ei__on_gpu(const ei_context *ctx) { return ctx && ctx->cuda; }
+static const ei_cuda_api *ei__cuda_api_of(const ei_context *ctx) { return ctx->cuda->api; }
+static EI__TLS char ei__cuda_msg[EI_CUDA_MSG_SIZE];
+static ei_result ei__cuda_result(const ei_context *ctx, const char *entry, ei_result r) {
+    return r == EI_OK ? EI_OK : ei__fail(ctx, r, "CUDA %s: %s", entry, ei__cuda_msg);
+}
+#define EI__CUDA(ctx, entry, ...) \
+    (ei__cuda_msg[0] = 0, ei__cuda_result((ctx), #entry, ei__cuda_api_of(ctx)->entry(__VA_ARGS__, ei__cuda_msg)))
+
+#ifndef EI_NO_CUDA_LOADER
+#include <dlfcn.h>
+#if defined(__linux__)
+#include <unistd.h> /* readlink, where the feature macros declare it */
+#endif
+
+/* Try one candidate; on failure append dlerror() to why (bounded). */
+static void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        size_t used = strlen(why);
+        if (used + 4 < why_size) snprintf(why + used, why_size - used, "%s%s", used ? "; " : "", e ? e : path);
+    }
+    return h;
+}
+
+/* The library named by cfg.cuda_library or $EI_CUDA_LIBRARY, else the usual
+   names, then next to the executable and in its ../build folder. */
+static void *ei__cuda_find(const ei_config *c, char *opened, size_t opened_size, char *why, size_t why_size) {
+    static const char *const names[] = {"libentropyinfer_cuda.so", "./libentropyinfer_cuda.so",
+                                        "./build/libentropyinfer_cuda.so"};
+    const char *path = c->cuda_library && c->cuda_library[0] ? c->cuda_library : getenv("EI_CUDA_LIBRARY");
+    char self[512] = {0};
+    void *lib = NULL;
+    size_t i;
+    long n = -1;
+    if (path && path[0]) {
+        snprintf(opened, opened_size, "%s", path);
+        return ei__cuda_try_open(path, why, why_size);
+    }
+    for (i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+        snprintf(opened, opened_size, "%s", names[i]);
+        lib = ei__cuda_try_open(names[i], why, why_size);
+    }
+#if defined(__linux__) && defined(__USE_XOPEN2K)
+    if (!lib) n = (long)readlink("/proc/self/exe", self, sizeof self - 1);
+#endif
+    if (n > 0 && strrchr(self, '/')) {
+        strrchr(self, '/')[1] = 0;
+        snprintf(opened, opened_size, "%slibentropyinfer_cuda.so", self);
+        if (!(lib = ei__cuda_try_open(opened, why, why_size))) {
+            snprintf(opened, opened_size, "%s../build/libentropyinfer_cuda.so", self);
+            lib = ei__cuda_try_open(opened, why, why_size);
+        }
+    }
+    return lib;
+}
+
+static ei_result ei__cuda_open(ei_context *ctx) {
+    char why[1024] = {0}, opened[640] = {0};
+    void *lib = ei__cuda_find(&ctx->cfg, opened, sizeof opened, why, sizeof why);
+    ei_cuda_get_api_fn get_api;
+    const ei_cuda_api *api;
+    ei__cuda_state *st;
+    if (!lib)
+        return ei__fail(ctx, EI_ERR_BACKEND,
+                        "CUDA backend: libentropyinfer_cuda.so not found (set ei_config.cuda_library or "
+                        "EI_CUDA_LIBRARY; build it with 'make cuda'): %s", why);
+    *(void **)(&get_api) = dlsym(lib, EI_CUDA_ENTRY_POINT);
+    api = get_api ? get_api(EI_CUDA_ABI_VERSION) : NULL;
+    if (!api) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: '%s' has no entry point %s returning a table", opened,
+                        EI_CUDA_ENTRY_POINT);
+    }
+    if (api->abi_version != EI_CUDA_ABI_VERSION || api->struct_size != (int32_t)sizeof(ei_cuda_api)) {
+        ei_result r = ei__fail(ctx, EI_ERR_BACKEND,
+                               "CUDA backend: '%s' speaks ABI version %d (a table of %d bytes), this header speaks "
+                               "version %d (%d bytes): rebuild the library with this header ('make cuda')",
+                               opened, (int)api->abi_version, (int)api->struct_size, EI_CUDA_ABI_VERSION,
+                               (int)sizeof(ei_cuda_api));
+        dlclose(lib);
+        return r;
+    }
+    ei__cuda_msg[0] = 0;
+    if (api->device_check(ei__cuda_msg) != EI_OK) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: no usable device (%s)", ei__cuda_msg);
+    }
+    if (!(st = (ei__cuda_state *)ei__alloc(&ctx->alloc, sizeof *st))) {
+        dlclose(lib);
+        return ei__fail(ctx, EI_ERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    memset(st, 0, sizeof *st);
+    st->library = lib;
+    st->api = api;
+    snprintf(st->path, sizeof st->path, "%s", opened);
+    ctx->cuda = st;
+    return EI_OK;
+}
+static void ei__cuda_close(ei_context *ctx) {
+    if (!ctx->cuda) return;
+    dlclose(ctx->cuda->library);
+    ei__free(&ctx->alloc, ctx->cuda);
+    ctx->cuda = NULL;
+}
+#else /* EI_NO_CUDA_LOADER: no dlopen; a context never holds a plugin */
+static ei_result ei__cuda_open(ei_context *ctx) {
+    return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend compiled out (EI_NO_CUDA_LOADER)");
+}
+static void ei__cuda_close(ei_context *ctx) { (void)ctx; }
+#endif
+
+EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
+    if (!ctx || !ptr) return ei__fail(ctx, EI_ERR_NULL, "context or ptr is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
+    return EI__CUDA(ctx, mem_alloc, ptr, bytes);
+}
+EIDEF void ei_device_free(const ei_context *ctx, void *ptr) {
+    if (ei__on_gpu(ctx) && ptr) ei__cuda_api_of(ctx)->mem_free(ptr);
+}
+EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
+    if (kind < EI_COPY_DEVICE_TO_HOST || kind > EI_COPY_DEVICE_TO_DEVICE) return ei__fail(ctx, EI_ERR_CONFIG, "copy kind %d", kind);
+    return EI__CUDA(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
+}
+EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
+    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
+    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "plan copies between host and device need the CUDA backend");
+    if (direction < EI_COPY_DEVICE_TO_HOST || direction > EI_COPY_DEVICE_TO_DEVICE)
+        return ei__fail(ctx, EI_ERR_CONFIG, "copy direction %d", direction);
+    if (!dst->entropy || !src->entropy) return ei__fail(ctx, EI_ERR_NULL, "dst or src plan is not initialised");
+    if (dst->n_kv_heads != src->n_kv_heads || dst->segment_size != src->segment_size ||
+        dst->block_size != src->block_size)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plans differ in kv heads (%d, %d), segment (%d, %d) or block size (%d, %d)",
+                        (int)dst->n_kv_heads, (int)src->n_kv_heads, (int)dst->segment_size, (int)src->segment_size,
+                        (int)dst->block_size, (int)src->block_size);
+    if (dst->seg_capacity < src->n_segments || dst->max_keep < src->max_keep ||
+        (src->scores && dst->scores && dst->blk_capacity < src->n_blocks))
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "destination plan holds %d segments x %d blocks, the source %d x %d",
+                        (int)dst->seg_capacity, (int)dst->max_keep, (int)src->n_segments, (int)src->max_keep);
+    return EI__CUDA(ctx, plan_copy, &ctx->cfg, dst, src, direction);
+}
+
 // >>context -----------------------------------------------------------------
-/* CUDA backend hooks (defined in >>cuda-loader). */
-static ei_result ei__cuda_open(ei_context *ctx);
-static void ei__cuda_close(ei_context *ctx);
-static ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
-                                    uint32_t flags, size_t *bytes);
-static ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
-                                    int32_t head_dim, uint32_t flags, void *memory, size_t bytes);
-static ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction);
-static ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                 int32_t n_kv_heads, int32_t head_dim, size_t *bytes);
-static ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                  void *workspace, size_t workspace_bytes);
-static ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
-                                                   int32_t head_dim, size_t *bytes);
-static ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                    const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, void *ws, size_t ws_bytes);
-static ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes);
-static ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads, int32_t n_kv_heads,
-                                       int32_t head_dim, void *memory, size_t bytes);
-static ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated);
-static ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                int32_t n_kv_heads, size_t *bytes);
-static ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
-                                      void *workspace, size_t workspace_bytes);
-static ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
-static ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes);
-static void ei__cuda_mem_free(const ei_context *ctx, void *ptr);
-static ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind);
-static int ei__on_gpu(const ei_context *ctx) { return ctx && ctx->cfg.backend == EI_BACKEND_CUDA; }
+static const ei__kernels *ei__kernels_for(ei_simd path); /* >>kernels */
 
 EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
     ei_config c;
@@ -1099,22 +1416,28 @@ EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
         if (c.log) c.log(c.log_user_data, r, ei__tls_message);
         return r;
     }
-    if (c.simd != EI_SIMD_AUTO && !ei_cpu_supports(c.simd)) {
-        ei_context tmp;
-        memset(&tmp, 0, sizeof tmp);
-        tmp.cfg = c;
-        return ei__fail(&tmp, EI_ERR_UNSUPPORTED, "SIMD path '%s' was forced but this CPU, OS or build lacks it",
-                        ei_simd_name(c.simd));
-    }
     ctx = (ei_context *)ei__alloc(&c.allocator, sizeof *ctx);
     if (!ctx) return ei__fail(NULL, EI_ERR_NOMEM, "allocating the context (%u bytes)", (unsigned)sizeof *ctx);
     memset(ctx, 0, sizeof *ctx);
     ctx->cfg = c;
     ctx->alloc = c.allocator;
-    ctx->simd = c.simd == EI_SIMD_AUTO ? ei__best_simd() : c.simd;
-    if (c.backend == EI_BACKEND_CUDA && (r = ei__cuda_open(ctx)) != EI_OK) {
+    ctx->backend = EI_BACKEND_CPU;
+    if (!(ctx->kern = ei__kernels_for(c.simd))) {
+        r = ei__fail(ctx, EI_ERR_UNSUPPORTED, "SIMD path '%s' was forced but this CPU, OS or build lacks it",
+                     ei_simd_name(c.simd));
         ei__free(&ctx->alloc, ctx);
         return r;
+    }
+    if (c.backend != EI_BACKEND_CPU) {
+        if ((r = ei__cuda_open(ctx)) == EI_OK) ctx->backend = EI_BACKEND_CUDA;
+        else if (c.backend == EI_BACKEND_CUDA) {
+            ei__free(&ctx->alloc, ctx);
+            return r;
+        } else if (c.log) { /* EI_BACKEND_CUDA_OR_CPU: say why the CPU runs it */
+            char why[600];
+            snprintf(why, sizeof why, "EI_BACKEND_CUDA_OR_CPU: running on the CPU (%s)", ei__tls_message);
+            c.log(c.log_user_data, EI_OK, why);
+        }
     }
     *out = ctx;
     return EI_OK;
@@ -1122,43 +1445,32 @@ EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
 EIDEF void ei_context_destroy(ei_context *ctx) {
     ei_allocator a;
     if (!ctx) return;
-    if (ctx->cuda) ei__cuda_close(ctx);
+    ei__cuda_close(ctx);
     a = ctx->alloc;
     ei__free(&a, ctx);
 }
 EIDEF const ei_config *ei_context_config(const ei_context *ctx) { return ctx ? &ctx->cfg : NULL; }
-EIDEF ei_simd ei_context_simd(const ei_context *ctx) { return ctx ? ctx->simd : EI_SIMD_SCALAR; }
-EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->cfg.backend : EI_BACKEND_CPU; }
+EIDEF ei_simd ei_context_simd(const ei_context *ctx) { return ctx ? ctx->kern->simd : EI_SIMD_SCALAR; }
+EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->backend : EI_BACKEND_CPU; }
 
 // >>plan --------------------------------------------------------------------
-/* Per-kv-head state of chunked planning. */
-typedef struct ei__head_state {
-    int64_t tokens_done;   /* queries planned so far */
-    int64_t blocks_done;   /* key blocks whose min/max representation is stored */
-    double budget_dyn;     /* the dynamic recurrence B[s], tracked from segment 0 */
-    float entropy_prev;    /* H[s-1] */
-    int32_t rigid_so_far;  /* every entropy of segments 1.. so far below e_t */
-    int32_t finished;      /* the final chunk was planned */
-} ei__head_state;
+/* Plans are laid out by ei__plan_geometry (under the ABI), the same on both
+   backends; here they are checked, placed in memory and cleared. */
 
-static int32_t ei__max_keep(const ei_config *c, int64_t blk_capacity) {
-    double f = EI__MAX(1.0, (double)c->budget_max_factor);
-    int64_t k = (int64_t)floor(f * (double)c->base_budget / (double)c->block_size);
-    return (int32_t)EI__MIN(k, blk_capacity);
+/* Per-head chunked state and its key-block min/max store (transposed:
+   [2][head_dim][blks_pad], max first). */
+static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
+static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
+    unsigned char *base = (unsigned char *)p->state;
+    size_t states = ei__align_size((size_t)p->n_kv_heads * sizeof(ei__head_state));
+    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
+    return (float *)(base + states) + (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
 }
-static int64_t ei__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t ei__round_up(int64_t a, int64_t m) { return ei__ceil_div(a, m) * m; }
 
-/* Layout of a plan; bytes == 0 only sizes it. */
-typedef struct ei__plan_layout { int64_t segs, blks, blks_pad, max_keep; } ei__plan_layout;
-static ei_result ei__plan_layout_of(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
-                                    int32_t head_dim, uint32_t flags, ei__plan_layout *L, size_t *bytes) {
-    size_t total = 0, kv = (size_t)n_kv_heads;
-    int64_t segs, blks;
-    const ei_config *c;
+/* The arguments of a plan's layout, checked once for both backends. */
+static ei_result ei__check_plan_geometry(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
+                                         int32_t head_dim, uint32_t flags, ei__plan_geom *g) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (!bytes) return ei__fail(ctx, EI_ERR_NULL, "bytes is NULL");
-    c = &ctx->cfg;
     if (max_tokens <= 0 || max_tokens > EI_MAX_TOKENS)
         return ei__fail(ctx, EI_ERR_SIZE, "max_tokens %lld not in 1..%lld", (long long)max_tokens, (long long)EI_MAX_TOKENS);
     if (n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
@@ -1167,45 +1479,28 @@ static ei_result ei__plan_layout_of(const ei_context *ctx, int64_t max_tokens, i
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
     if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES))
         return ei__fail(ctx, EI_ERR_CONFIG, "unknown plan flags 0x%x", (unsigned)flags);
-    segs = ei__ceil_div(max_tokens, c->segment_size);
-    blks = (segs - 1) * (c->segment_size / c->block_size);
-    L->segs = segs;
-    L->blks = blks;
-    L->blks_pad = ei__round_up(blks > 0 ? blks : 1, 16);
-    L->max_keep = ei__max_keep(c, blks);
-    if (!ei__reserve(&total, kv * (size_t)segs, sizeof(float)) ||            /* entropy */
-        !ei__reserve(&total, kv, 1) ||                                        /* head_class */
-        !ei__reserve(&total, kv * (size_t)segs, sizeof(float)) ||            /* budget */
-        !ei__reserve(&total, kv * (size_t)segs, sizeof(int32_t)) ||          /* keep_blocks */
-        !ei__reserve(&total, kv * (size_t)segs, sizeof(int32_t)) ||          /* keep_count */
-        !ei__reserve(&total, kv * (size_t)segs, (size_t)L->max_keep * 4u) || /* block_index */
-        ((flags & EI_PLAN_SCORES) && !ei__reserve(&total, kv * (size_t)segs, (size_t)(blks > 0 ? blks : 1) * 4u)) ||
-        ((flags & EI_PLAN_CHUNKED) &&
-         (!ei__reserve(&total, kv, sizeof(ei__head_state)) ||
-          !ei__reserve(&total, kv * 2u * (size_t)head_dim, (size_t)L->blks_pad * 4u))) ||
-        !ei__add_size(total, EI__ALIGN, &total))
+    if (ei__on_gpu(ctx) && (flags & EI_PLAN_CHUNKED))
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning (EI_PLAN_CHUNKED) runs on the CPU backend");
+    if (!ei__plan_geometry(&ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, g))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "plan of %lld tokens x %d kv heads does not fit in size_t",
                         (long long)max_tokens, (int)n_kv_heads);
-    *bytes = total;
     return EI_OK;
 }
 
 EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
                              uint32_t flags, size_t *bytes) {
-    ei__plan_layout L;
-    if (ei__on_gpu(ctx)) return ei__cuda_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, bytes);
-    return ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, bytes);
+    ei__plan_geom g;
+    ei_result r;
+    if (!bytes) return ei__fail(ctx, EI_ERR_NULL, "bytes is NULL");
+    *bytes = 0;
+    if ((r = ei__check_plan_geometry(ctx, max_tokens, n_kv_heads, head_dim, flags, &g)) != EI_OK) return r;
+    *bytes = g.bytes;
+    return EI_OK;
 }
 
-/* Per-head chunked state and its key-block min/max store (transposed:
-   [2][head_dim][blks_pad], max first). */
-static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
-static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
-    unsigned char *base = (unsigned char *)p->state;
-    size_t states = ((size_t)p->n_kv_heads * sizeof(ei__head_state) + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1);
-    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
-    return (float *)(base + states) + (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
-}
+/* Rows of the [kv][segment] arrays, and the length of a scores row. */
+static size_t ei__plan_rows(const ei_plan *p) { return (size_t)p->n_kv_heads * (size_t)p->seg_capacity; }
+static size_t ei__plan_score_row(const ei_plan *p) { return (size_t)EI__MAX(p->blk_capacity, 1); }
 
 EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     int32_t h;
@@ -1213,7 +1508,7 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     if (!plan || !plan->entropy) return ei__fail(NULL, EI_ERR_NULL, "plan is NULL or not initialised");
     if (plan->on_device)
         return ei__fail(NULL, EI_ERR_UNSUPPORTED, "a GPU plan is reset by calling ei_plan_init on its memory again");
-    rows = (size_t)plan->n_kv_heads * (size_t)plan->seg_capacity;
+    rows = ei__plan_rows(plan);
     plan->n_tokens = 0;
     plan->n_segments = 0;
     plan->n_blocks = 0;
@@ -1224,7 +1519,7 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     memset(plan->keep_blocks, 0, rows * sizeof(int32_t));
     memset(plan->keep_count, 0, rows * sizeof(int32_t));
     memset(plan->block_index, 0xff, rows * (size_t)plan->max_keep * sizeof(int32_t)); /* -1 */
-    if (plan->scores) memset(plan->scores, 0, rows * (size_t)EI__MAX(plan->blk_capacity, 1) * sizeof(float));
+    if (plan->scores) memset(plan->scores, 0, rows * ei__plan_score_row(plan) * sizeof(float));
     if (plan->state)
         for (h = 0; h < plan->n_kv_heads; ++h) {
             ei__head_state *st = &ei__plan_states(plan)[h];
@@ -1236,46 +1531,41 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
 
 EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
                              int32_t head_dim, uint32_t flags, void *memory, size_t bytes) {
-    ei__plan_layout L;
-    size_t need;
-    ei__arena a;
-    size_t kv = (size_t)n_kv_heads, rows;
-    ei_result r = ei_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &need);
+    ei__plan_geom g;
+    unsigned char *base;
+    ei_result r = ei__check_plan_geometry(ctx, max_tokens, n_kv_heads, head_dim, flags, &g);
     if (r != EI_OK) return r;
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
     if (!memory) return ei__fail(ctx, EI_ERR_NULL, "plan memory is NULL");
-    if (bytes < need)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "plan memory of %zu bytes, %zu needed", bytes, need);
-    if (ei__on_gpu(ctx)) {
-        if ((r = ei__cuda_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes)) != EI_OK) return r;
-        plan->owned_memory = NULL;
-        plan->on_device = 1;
-        return EI_OK;
-    }
-    ei__plan_layout_of(ctx, max_tokens, n_kv_heads, head_dim, flags, &L, &need);
-    rows = kv * (size_t)L.segs;
+    if (bytes < g.bytes) return ei__fail(ctx, EI_ERR_WORKSPACE, "plan memory of %zu bytes, %zu needed", bytes, g.bytes);
+    /* the same layout in host or device memory: pointer arithmetic only */
+    base = (unsigned char *)memory + ((EI__PLAN_ALIGN - (uintptr_t)memory % EI__PLAN_ALIGN) % EI__PLAN_ALIGN);
     memset(plan, 0, sizeof *plan);
-    ei__arena_init(&a, memory, bytes);
-    plan->entropy = (float *)ei__arena_take(&a, rows, 4);
-    plan->head_class = (uint8_t *)ei__arena_take(&a, kv, 1);
-    plan->budget = (float *)ei__arena_take(&a, rows, 4);
-    plan->keep_blocks = (int32_t *)ei__arena_take(&a, rows, 4);
-    plan->keep_count = (int32_t *)ei__arena_take(&a, rows, 4);
-    plan->block_index = (int32_t *)ei__arena_take(&a, rows, (size_t)L.max_keep * 4u);
-    if (flags & EI_PLAN_SCORES) plan->scores = (float *)ei__arena_take(&a, rows, (size_t)EI__MAX(L.blks, 1) * 4u);
-    if (flags & EI_PLAN_CHUNKED)
-        plan->state = ei__arena_take(&a, ((kv * sizeof(ei__head_state) + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1)) +
-                                             kv * 2u * (size_t)head_dim * (size_t)L.blks_pad * 4u, 1);
+    plan->entropy = (float *)(base + g.offset[EI__PA_ENTROPY]);
+    plan->head_class = (uint8_t *)(base + g.offset[EI__PA_CLASS]);
+    plan->budget = (float *)(base + g.offset[EI__PA_BUDGET]);
+    plan->keep_blocks = (int32_t *)(base + g.offset[EI__PA_KEEP_BLOCKS]);
+    plan->keep_count = (int32_t *)(base + g.offset[EI__PA_KEEP_COUNT]);
+    plan->block_index = (int32_t *)(base + g.offset[EI__PA_BLOCK_INDEX]);
+    if (flags & EI_PLAN_SCORES) plan->scores = (float *)(base + g.offset[EI__PA_SCORES]);
+    if (flags & EI_PLAN_CHUNKED) plan->state = base + g.offset[EI__PA_STATE];
     plan->max_tokens = max_tokens;
     plan->n_kv_heads = n_kv_heads;
     plan->head_dim = head_dim;
-    plan->max_keep = (int32_t)L.max_keep;
+    plan->max_keep = (int32_t)g.max_keep;
     plan->segment_size = ctx->cfg.segment_size;
     plan->block_size = ctx->cfg.block_size;
     plan->flags = flags;
-    plan->seg_capacity = (int32_t)L.segs;
-    plan->blk_capacity = (int32_t)L.blks;
-    return ei_plan_reset(plan);
+    plan->seg_capacity = (int32_t)g.segs;
+    plan->blk_capacity = (int32_t)g.blks;
+    if (!ei__on_gpu(ctx)) return ei_plan_reset(plan);
+    /* device: zero counts and entropies, -1 block lists, zero scores */
+    plan->on_device = 1;
+    if ((r = EI__CUDA(ctx, mem_set, base, 0, g.offset[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK ||
+        (r = EI__CUDA(ctx, mem_set, plan->block_index, 0xff, g.size[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK)
+        return r;
+    if (plan->scores) return EI__CUDA(ctx, mem_set, plan->scores, 0, g.size[EI__PA_SCORES], ctx->cfg.cuda_stream);
+    return EI_OK;
 }
 
 EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
@@ -1286,39 +1576,37 @@ EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_
     if (r != EI_OK) return r;
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
     if (ei__on_gpu(ctx)) {
-        if ((r = ei__cuda_mem_alloc(ctx, &mem, bytes)) != EI_OK) return r;
+        if ((r = EI__CUDA(ctx, mem_alloc, &mem, bytes)) != EI_OK) return r;
     } else if (!(mem = ei__alloc(&ctx->alloc, bytes)))
         return ei__fail(ctx, EI_ERR_NOMEM, "allocating a plan of %zu bytes", bytes);
     r = ei_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, mem, bytes);
     if (r != EI_OK) {
-        if (ei__on_gpu(ctx)) ei__cuda_mem_free(ctx, mem);
+        if (ei__on_gpu(ctx)) ei__cuda_api_of(ctx)->mem_free(mem);
         else ei__free(&ctx->alloc, mem);
         return r;
     }
     plan->owned_memory = mem;
     return EI_OK;
 }
+/* A plan's own memory goes back to where it came from: a device plan to the
+   CUDA context that allocated it (free() on device memory is undefined;
+   without that context the plan is left as it is and the error recorded). */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     if (!plan) return;
-    if (plan->owned_memory && plan->on_device && ctx) ei__cuda_mem_free(ctx, plan->owned_memory);
-    else if (plan->owned_memory) ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
+    if (plan->owned_memory && plan->on_device) {
+        if (!ei__on_gpu(ctx)) {
+            ei__fail(ctx, EI_ERR_STATE, "a GPU plan is freed with the CUDA context that allocated it (plan left as is)");
+            return;
+        }
+        ei__cuda_api_of(ctx)->mem_free(plan->owned_memory);
+    } else if (plan->owned_memory)
+        ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
     memset(plan, 0, sizeof *plan);
 }
 
-/* The last scored segment's cap (FORMAT.md): n_blocks - ((n mod seg) div blk + 1). */
-static int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, int64_t n_blocks) {
-    int64_t visible = (int64_t)s * (c->segment_size / c->block_size);
-    int64_t tail = n_blocks - ((n_tokens % c->segment_size) / c->block_size + 1);
-    return EI__MAX(0, EI__MIN(visible, tail));
-}
-
 EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment) {
-    int64_t start;
     if (!ctx || !plan || segment < 0 || segment >= plan->n_segments) return 0;
-    start = (int64_t)segment * plan->segment_size;
-    if (start < ctx->cfg.threshold_len) return 0;
-    if (ctx->cfg.last_segment_dense && plan->final && segment == plan->n_segments - 1) return 0;
-    return 1;
+    return ei__segment_sparse(&ctx->cfg, segment, plan->n_segments, plan->final);
 }
 
 // >>simd: min/max representations and block scores -------------------------
@@ -1587,35 +1875,6 @@ static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const fl
 }
 #endif
 
-static int ei__minmax(ei_simd path, const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
-    switch (path) {
-#ifdef EI__HAVE_AVX512
-        case EI_SIMD_AVX512: return ei__minmax_avx512(t, t0, nt, head, mx, mn);
-#endif
-#ifdef EI__HAVE_AVX2
-        case EI_SIMD_AVX2: return ei__minmax_avx2(t, t0, nt, head, mx, mn);
-#endif
-#ifdef EI__HAVE_NEON
-        case EI_SIMD_NEON: return ei__minmax_neon(t, t0, nt, head, mx, mn);
-#endif
-        default: return ei__minmax_scalar(t, t0, nt, head, mx, mn);
-    }
-}
-static void ei__score_row(ei_simd path, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
-                          const float *kminT, int64_t ld, int64_t nb, float *raw) {
-    switch (path) {
-#ifdef EI__HAVE_AVX512
-        case EI_SIMD_AVX512: ei__score_row_avx512(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
-#endif
-#ifdef EI__HAVE_AVX2
-        case EI_SIMD_AVX2: ei__score_row_avx2(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
-#endif
-#ifdef EI__HAVE_NEON
-        case EI_SIMD_NEON: ei__score_row_neon(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
-#endif
-        default: ei__score_row_scalar(qrep, G, d, kmaxT, kminT, ld, nb, raw); return;
-    }
-}
 
 // >>profile -----------------------------------------------------------------
 typedef struct ei__ranked { float score; int32_t index; } ei__ranked;
@@ -1693,22 +1952,6 @@ static float ei__uniform_entropy(int64_t nb, float *prob) {
     return h;
 }
 
-/* One step of the dynamic-head budget recurrence (double precision). */
-static double ei__budget_next(const ei_config *c, int32_t s, double prev, float h, float h_prev) {
-    double base = (double)c->base_budget, r, b;
-    if (s == 0) return base;
-    r = s == 1 ? c->delta_t : ((double)h - (double)h_prev) / ((double)h_prev + 1e-9);
-    r = EI__MIN(EI__MAX(r, 0.0), 1.0 + c->delta_t);
-    b = prev + c->alpha * base * (r - c->delta_t);
-    return EI__MIN(EI__MAX(b, c->budget_min_factor * base), c->budget_max_factor * base);
-}
-/* Budget in tokens -> blocks kept: floor to blocks, then cap. */
-static int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t cap) {
-    double k = floor(budget / (double)c->block_size);
-    if (s == 0) return 0;
-    if (k > (double)cap) k = (double)cap;
-    return k < 0 ? 0 : (int32_t)k;
-}
 
 /* Workspace of one profiling thread. */
 typedef struct ei__profile_ws {
@@ -1746,16 +1989,29 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     return 1;
 }
 
+/* The sizes a workspace query names, for both backends (n_tokens or
+   head_dim 0: not part of that query). */
+static ei_result ei__check_sizes(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                 int32_t head_dim, const size_t *bytes) {
+    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
+    if (n_tokens < 0 || n_tokens > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld not in 1..%lld", (long long)n_tokens, (long long)EI_MAX_TOKENS);
+    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d not in 1..%d", (int)n_heads, (int)n_kv_heads, EI_MAX_HEADS);
+    if (n_heads % n_kv_heads)
+        return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
+    if (head_dim < 0 || head_dim > EI_MAX_HEAD_DIM)
+        return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
+    return EI_OK;
+}
+
 EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
-    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
-    if (ei__on_gpu(ctx)) return ei__cuda_profile_workspace_size(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
-    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
-    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
-    if (n_heads % n_kv_heads) return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
-    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
+    ei_result r = ei__check_sizes(ctx, n_tokens ? n_tokens : -1, n_heads, n_kv_heads, head_dim ? head_dim : -1, bytes);
+    if (r != EI_OK) return r;
+    if (ei__on_gpu(ctx))
+        return EI__CUDA(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
     if (!ei__profile_ws_layout(&ctx->cfg, n_tokens, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n_tokens);
     return EI_OK;
@@ -1763,12 +2019,12 @@ EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_token
 
 /* Min/max representation of key blocks [b0, b1) of kv head kvh, stored
    transposed ([d][ld]) so block scores vectorise across blocks. */
-static int ei__build_key_reps(ei_simd path, const ei_tensor *k, int32_t kvh, int32_t bs, int64_t b0, int64_t b1,
+static int ei__build_key_reps(const ei__kernels *K, const ei_tensor *k, int32_t kvh, int32_t bs, int64_t b0, int64_t b1,
                               float *kmaxT, float *kminT, int64_t ld, float *mx, float *mn) {
     int64_t b;
     int32_t i, d = k->head_dim;
     for (b = b0; b < b1; ++b) {
-        if (!ei__minmax(path, k, b * bs, bs, kvh, mx, mn)) return 0;
+        if (!K->minmax(k, b * bs, bs, kvh, mx, mn)) return 0;
         for (i = 0; i < d; ++i) {
             kmaxT[(size_t)i * (size_t)ld + (size_t)b] = mx[i];
             kminT[(size_t)i * (size_t)ld + (size_t)b] = mn[i];
@@ -1782,12 +2038,12 @@ static int ei__build_key_reps(ei_simd path, const ei_tensor *k, int32_t kvh, int
     return 1;
 }
 /* Query representations of segment s for the G query heads of kv head kvh. */
-static int ei__build_query_reps(ei_simd path, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
                                 int32_t G, float *qrep) {
     int32_t g, d = q->head_dim;
     for (g = 0; g < G; ++g) {
         float *qx = qrep + (size_t)g * 2u * (size_t)d;
-        if (!ei__minmax(path, q, row0, nrows, kvh * G + g, qx, qx + d)) return 0;
+        if (!K->minmax(q, row0, nrows, kvh * G + g, qx, qx + d)) return 0;
     }
     return 1;
 }
@@ -1828,6 +2084,16 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
     plan->keep_count[row] = plan->keep_blocks[row];
 }
 
+/* Whole-prompt planning: the profiling checks and as many queries as keys. */
+static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                        const ei_plan *plan, int32_t kv0, int32_t kv1) {
+    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    if (r == EI_OK && q->n_tokens != k->n_tokens)
+        return ei__fail(ctx, EI_ERR_SHAPE, "whole-prompt planning needs as many queries (%lld) as keys (%lld)",
+                        (long long)q->n_tokens, (long long)k->n_tokens);
+    return r;
+}
+
 static ei_result ei__nonfinite(const ei_context *ctx, const char *what, int32_t head, int64_t tok) {
     return ei__fail(ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)", what, (int)head, (long long)tok);
 }
@@ -1839,11 +2105,8 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
     size_t need;
     int64_t n, S, nb, ld, bps;
     int32_t G, d, kvh, s;
-    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    ei_result r = ei__check_whole_prompt(ctx, q, k, plan, kv0, kv1);
     if (r != EI_OK) return r;
-    if (q->n_tokens != k->n_tokens)
-        return ei__fail(ctx, EI_ERR_SHAPE, "whole-prompt planning needs as many queries (%lld) as keys (%lld)",
-                        (long long)q->n_tokens, (long long)k->n_tokens);
     n = q->n_tokens;
     G = q->n_heads / k->n_heads;
     d = q->head_dim;
@@ -1860,21 +2123,21 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
         int rigid = 1;
         double budget = 0.0;
         /* 1. key-block representations (and a finiteness scan of the unscored tail) */
-        if (!ei__build_key_reps(ctx->simd, k, kvh, c->block_size, 0, nb, w.kmaxT, w.kminT, ld, w.mx, w.mn) ||
-            (n > nb * c->block_size && !ei__minmax(ctx->simd, k, nb * c->block_size, n - nb * c->block_size, kvh, w.mx, w.mn)))
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w.kmaxT, w.kminT, ld, w.mx, w.mn) ||
+            (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w.mx, w.mn)))
             return ei__nonfinite(ctx, "k", kvh, 0);
         /* 2. per segment: query representations, scores, softmax, entropy */
         for (s = 0; s < S; ++s) {
             int64_t t0 = (int64_t)s * c->segment_size, cnt = EI__MIN((int64_t)c->segment_size, n - t0);
             float *prob = plan->scores ? plan->scores + (row0 + (size_t)s) * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
-            if (!ei__build_query_reps(ctx->simd, q, t0, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
+            if (!ei__build_query_reps(ctx->kern, q, t0, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
             if (s == 0) { plan->entropy[row0] = ei__uniform_entropy(nb, prob); continue; }
-            ei__score_row(ctx->simd, w.qrep, G, d, w.kmaxT, w.kminT, ld, EI__MIN((int64_t)s * bps, nb),
+            ctx->kern->score_row(w.qrep, G, d, w.kmaxT, w.kminT, ld, EI__MIN((int64_t)s * bps, nb),
                           w.rows + (size_t)s * (size_t)ld);
             if (!ei__softmax_entropy(w.rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb), nb, w.tmp, prob,
                                      &plan->entropy[row0 + (size_t)s]))
                 return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
-            if (!((double)plan->entropy[row0 + (size_t)s] < c->rigid_entropy)) rigid = 0;
+            if (!ei__entropy_rigid(c, plan->entropy[row0 + (size_t)s])) rigid = 0;
         }
         /* 3. head class, budgets, keep counts, ranked blocks */
         plan->head_class[kvh] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
@@ -1919,16 +2182,16 @@ EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
 EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int32_t kv_begin, int32_t kv_end, void *workspace, size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
+    if (ei__on_gpu(ctx))
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "head ranges are a CPU feature: call ei_profile on the CUDA backend");
     return ei__profile_range(ctx, q, k, plan, kv_begin, kv_end, workspace, workspace_bytes);
 }
 EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                            void *workspace, size_t workspace_bytes) {
     ei_result r;
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_profile(ctx, q, k, plan, workspace, workspace_bytes);
-    if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
+    if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes);
     r = ei__profile_range(ctx, q, k, plan, 0, k->n_heads, workspace, workspace_bytes);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
@@ -1951,11 +2214,11 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
     size_t per;
     int nt;
     ei_result r;
-    if (!ctx || !q || !k) return ei__fail(ctx, EI_ERR_NULL, "context, q or k is NULL");
+    if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
     if (ei__on_gpu(ctx)) return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
-    if ((r = ei__check_profile_args(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
+    if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
     nt = EI__MIN(n_threads, k->n_heads);
     if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
@@ -2010,12 +2273,12 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
         float *kmaxT = ei__plan_krep(plan, kvh), *kminT = kmaxT + (size_t)d * (size_t)ld;
         size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
         if (need_blocks > st->blocks_done) {
-            if (!ei__build_key_reps(ctx->simd, k, kvh, c->block_size, st->blocks_done, need_blocks, kmaxT, kminT, ld, w.mx, w.mn))
+            if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, st->blocks_done, need_blocks, kmaxT, kminT, ld, w.mx, w.mn))
                 return ei__nonfinite(ctx, "k", kvh, st->blocks_done * c->block_size);
             st->blocks_done = need_blocks;
         }
         if (is_final && n > need_blocks * c->block_size &&
-            !ei__minmax(ctx->simd, k, need_blocks * c->block_size, n - need_blocks * c->block_size, kvh, w.mx, w.mn))
+            !ctx->kern->minmax(k, need_blocks * c->block_size, n - need_blocks * c->block_size, kvh, w.mx, w.mn))
             return ei__nonfinite(ctx, "k", kvh, need_blocks * c->block_size);
         for (s = (int32_t)s0; s < S; ++s) {
             size_t row = row0 + (size_t)s;
@@ -2024,13 +2287,13 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             int64_t cap = (is_final && s == S - 1) ? ei__cap_blocks(c, s, n, need_blocks) : nvis;
             float *prob = plan->scores ? plan->scores + row * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
             float h = 0.0f;
-            if (!ei__build_query_reps(ctx->simd, q, t0 - offset, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
+            if (!ei__build_query_reps(ctx->kern, q, t0 - offset, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
             if (s > 0) {
-                ei__score_row(ctx->simd, w.qrep, G, d, kmaxT, kminT, ld, nvis, w.rows);
+                ctx->kern->score_row(w.qrep, G, d, kmaxT, kminT, ld, nvis, w.rows);
                 if (!ei__softmax_entropy(w.rows, nvis, nvis, w.tmp, prob, &h))
                     return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 if (prob) memset(prob + nvis, 0, (size_t)(EI__MAX(plan->blk_capacity, 1) - nvis) * sizeof(float));
-                if (!((double)h < c->rigid_entropy)) st->rigid_so_far = 0;
+                if (!ei__entropy_rigid(c, h)) st->rigid_so_far = 0;
             }
             plan->entropy[row] = h;
             st->budget_dyn = ei__budget_next(c, s, st->budget_dyn, h, st->entropy_prev);
@@ -2063,8 +2326,7 @@ EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q
                                        int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
                                        size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
+    if (ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
     return ei__profile_chunk_range(ctx, q, k, plan, is_final, kv_begin, kv_end, workspace, workspace_bytes);
 }
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
@@ -2128,20 +2390,6 @@ static float ei__dot_neon(const float *a, const float *b, int32_t d) {
     return s;
 }
 #endif
-static float ei__dot(ei_simd path, const float *a, const float *b, int32_t d) {
-    switch (path) {
-#ifdef EI__HAVE_AVX512
-        case EI_SIMD_AVX512: return ei__dot_avx512(a, b, d);
-#endif
-#ifdef EI__HAVE_AVX2
-        case EI_SIMD_AVX2: return ei__dot_avx2(a, b, d);
-#endif
-#ifdef EI__HAVE_NEON
-        case EI_SIMD_NEON: return ei__dot_neon(a, b, d);
-#endif
-        default: return ei__dot_scalar(a, b, d);
-    }
-}
 /* A row of any dtype into f32. */
 static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) {
     int32_t i;
@@ -2152,7 +2400,6 @@ static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) 
 EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
     size_t total = 0;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
-    if (ei__on_gpu(ctx)) return ei__cuda_decoder_size(ctx, n_heads, head_dim, bytes);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS) return ei__fail(ctx, EI_ERR_SIZE, "n_heads %d out of range", (int)n_heads);
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
     if (!ei__reserve(&total, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u) ||
@@ -2174,7 +2421,6 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     ei__arena a;
     ei_result r = ei_decoder_size(ctx, n_heads, head_dim, &need);
     if (r != EI_OK) return r;
-    if (ei__on_gpu(ctx)) return ei__cuda_decoder_init(ctx, dec, n_heads, n_kv_heads, head_dim, memory, bytes);
     if (!dec || !memory) return ei__fail(ctx, EI_ERR_NULL, "decoder or its memory is NULL");
     if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads)
         return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
@@ -2186,6 +2432,9 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     dec->n_kv_heads = n_kv_heads;
     dec->head_dim = head_dim;
     dec->window = ctx->cfg.window;
+    if (ei__on_gpu(ctx) && /* the same layout in device memory, cleared there */
+        (r = EI__CUDA(ctx, mem_set, dec->queries, 0, need - EI__ALIGN, ctx->cfg.cuda_stream)) != EI_OK)
+        return r;
     return ei_decoder_reset(dec);
 }
 
@@ -2202,7 +2451,7 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     if (dec->window != ctx->cfg.window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
     if (!generated && dec->n_generated > 0)
         return ei__fail(ctx, EI_ERR_STATE, "prompt queries after generated ones: ei_decoder_reset starts a new sequence");
-    if (ei__on_gpu(ctx)) return ei__cuda_decode_observe(ctx, dec, q, generated);
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated);
     first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
     for (t = first; t < q->n_tokens; ++t) /* check before changing any state */
         for (h = 0; h < q->n_heads; ++h) {
@@ -2260,12 +2509,9 @@ static int ei__decode_ws_layout(const ei_config *c, int64_t n, int32_t H, int32_
 EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
                                          size_t *bytes) {
     ei__decode_ws w;
-    if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
-    if (ei__on_gpu(ctx)) return ei__cuda_decode_workspace_size(ctx, n_tokens, n_heads, n_kv_heads, bytes);
-    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS) return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld out of range", (long long)n_tokens);
-    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d out of range", (int)n_heads, (int)n_kv_heads);
-    if (n_heads % n_kv_heads) return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
+    ei_result r = ei__check_sizes(ctx, n_tokens ? n_tokens : -1, n_heads, n_kv_heads, 0, bytes);
+    if (r != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
     if (!ei__decode_ws_layout(&ctx->cfg, n_tokens, n_heads, n_kv_heads, EI_MAX_HEAD_DIM, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     return EI_OK;
@@ -2307,7 +2553,6 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
     float scale;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_decode_keep(ctx, dec, k, keep, workspace, workspace_bytes);
     c = &ctx->cfg;
     if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
     if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
@@ -2319,7 +2564,7 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
     if (dec->window != c->window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)c->window);
     if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
     n = k->n_tokens;
-    W = EI__MIN((int64_t)c->window, dec->n_observed);
+    W = ei__decode_window(c, dec);
     heads_out = c->per_kv_head ? KV : H;
     if (n < W) return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld keys, fewer than the %lld observed queries", (long long)n, (long long)W);
     if (keep->heads_out != heads_out)
@@ -2331,6 +2576,7 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
         return ei__fail(ctx, EI_ERR_WORKSPACE, "mask capacity %lld < %lld tokens", (long long)keep->mask_capacity, (long long)n);
     if (n >= c->decode_budget && keep->pooled && keep->pooled_capacity < n - W)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
     if (n < c->decode_budget) { /* nothing to evict */
         keep->n_tokens = n;
         keep->compressed = 0;
@@ -2356,7 +2602,7 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
                     int64_t slot = (dec->n_observed - W + i) % dec->window;
                     const float *qv = dec->queries + ((size_t)slot * (size_t)H + (size_t)(kvh * G + h)) * (size_t)d;
                     w.logits[((size_t)h * (size_t)W + (size_t)i) * (size_t)n + (size_t)j] =
-                        j <= L + i ? scale * ei__dot(ctx->simd, qv, w.krow, d) : -INFINITY;
+                        j <= L + i ? scale * ctx->kern->dot(qv, w.krow, d) : -INFINITY;
                 }
         }
         /* softmax per query (causal inside the window), mean over the window */
@@ -2422,25 +2668,32 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
     int32_t which, h, i;
     ei_result r;
     t[0] = k; t[1] = v;
-    if (ctx && ctx->cfg.backend == EI_BACKEND_CUDA) return ei__cuda_kv_compact(ctx, keep, k, v);
     if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index is NULL");
-    if (keep->n_kept < 0 || keep->n_kept > keep->capacity || keep->heads_out <= 0)
-        return ei__fail(NULL, EI_ERR_SHAPE, "keep set is not filled (n_kept %d, capacity %d)", (int)keep->n_kept, (int)keep->capacity);
+    if (!k && !v) return ei__fail(ctx, EI_ERR_NULL, "k and v are both NULL");
+    if (keep->heads_out <= 0 || keep->capacity < 0 || keep->n_kept < 0 || keep->n_kept > keep->capacity ||
+        keep->n_kept > keep->n_tokens)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set is not filled (%d heads, n_kept %d, capacity %d, %lld tokens)",
+                        (int)keep->heads_out, (int)keep->n_kept, (int)keep->capacity, (long long)keep->n_tokens);
     for (which = 0; which < 2; ++which) {
         ei_out_tensor *x = t[which];
         if (!x) continue; /* K only or V only is fine */
-        if ((r = ei__check_out_tensor(NULL, x, which ? "v" : "k")) != EI_OK) return r;
+        if ((r = ei__check_out_tensor(ctx, x, which ? "v" : "k")) != EI_OK) return r;
         if (x->n_heads != keep->heads_out)
-            return ei__fail(NULL, EI_ERR_SHAPE, "%s cache has %d heads, keep set %d", which ? "v" : "k", (int)x->n_heads, (int)keep->heads_out);
+            return ei__fail(ctx, EI_ERR_SHAPE, "%s cache has %d heads, keep set %d", which ? "v" : "k", (int)x->n_heads, (int)keep->heads_out);
         if (x->n_tokens < keep->n_tokens)
-            return ei__fail(NULL, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
+            return ei__fail(ctx, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
                             (long long)x->n_tokens, (long long)keep->n_tokens);
-        for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
-            const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
-            for (i = 0; i < keep->n_kept; ++i)
-                if (idx[i] < i || idx[i] >= keep->n_tokens || (i > 0 && idx[i] <= idx[i - 1]))
-                    return ei__fail(NULL, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", (int)h, (int)i, (int)idx[i]);
-        }
+    }
+    if (k && v) { /* one cache passed twice would be compacted twice */
+        ei_tensor kv = ei__as_view(k), vv = ei__as_view(v);
+        if (ei__views_overlap(&kv, &vv)) return ei__fail(ctx, EI_ERR_STRIDE, "k and v caches overlap");
+    }
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, kv_compact, &ctx->cfg, keep, k, v);
+    for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
+        const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+        for (i = 0; i < keep->n_kept; ++i)
+            if (idx[i] < i || idx[i] >= keep->n_tokens || (i > 0 && idx[i] <= idx[i - 1]))
+                return ei__fail(ctx, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", (int)h, (int)i, (int)idx[i]);
     }
     for (which = 0; which < 2; ++which) {
         ei_out_tensor *x = t[which];
@@ -2533,26 +2786,6 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
 #endif
 #define EI__ATTN_MAX_THREADS EI__MAX_THREADS
 
-enum { EI__ATTN_K_SCALAR = 0, EI__ATTN_K_AVX2 = 1, EI__ATTN_K_AVX512 = 2, EI__ATTN_K_AVX512_BF16 = 3, EI__ATTN_K_AUTO = -1 };
-
-#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && \
-    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
-#define EI__HAVE_AVX512BF16 1
-#define EI__TARGET_AVX512BF16 \
-    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
-#endif
-
-/* AVX512_BF16 (cpuid leaf 7 subleaf 1, EAX bit 5), on top of the AVX-512 path. */
-static int ei__attn_cpu_bf16(void) {
-#ifdef EI__HAVE_AVX512BF16
-    unsigned a, b, c, d;
-    if (!ei_cpu_supports(EI_SIMD_AVX512)) return 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
-    return (int)((a >> 5) & 1u);
-#else
-    return 0;
-#endif
-}
 
 /* One call's arguments, resolved. */
 typedef struct ei__attn_job {
@@ -2564,7 +2797,7 @@ typedef struct ei__attn_job {
     int32_t G, Gt, Mt, d, dpad;
     int32_t seg, bs;
     float c;                   /* softmax scale * log2(e) */
-    int kernel;
+    const ei__attn_stages *K;  /* the vector stages, NULL: the scalar reference */
 } ei__attn_job;
 
 /* Workspace of one thread. */
@@ -2642,15 +2875,9 @@ static int ei__attn_ws_layout(const ei_config *c, int32_t G, int32_t d, ei__attn
 EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
                                             int32_t head_dim, size_t *bytes) {
     ei__attn_ws w;
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (!bytes) return ei__fail(ctx, EI_ERR_NULL, "bytes is NULL");
-    if (ei__on_gpu(ctx)) return ei__cuda_attention_workspace_size(ctx, n_heads, n_kv_heads, head_dim, bytes);
-    if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d not in 1..%d", (int)n_heads, (int)n_kv_heads, EI_MAX_HEADS);
-    if (n_heads % n_kv_heads)
-        return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
-    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
-        return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
+    ei_result r = ei__check_sizes(ctx, 0, n_heads, n_kv_heads, head_dim ? head_dim : -1, bytes);
+    if (r != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention_workspace_size, &ctx->cfg, n_heads, n_kv_heads, head_dim, bytes);
     if (!ei__attn_ws_layout(&ctx->cfg, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     return EI_OK;
@@ -3416,22 +3643,17 @@ static void ei__attn_sort_i32(int32_t *v, int32_t n) {
     }
 }
 
-/* One query tile through the vector stages of `kernel`. */
+/* One query tile through the vector stages J->K. */
 static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, const ei__attn_keys *ks) {
+    const ei__attn_stages *K = J->K;
     int64_t total = ei__attn_keys_total(ks), e0;
     size_t i, rows = (size_t)T->ld;
     for (i = 0; i < rows; ++i) { w->m[i] = -FLT_MAX; w->l[i] = 0.0f; }
     memset(w->o, 0, rows * (size_t)J->dpad * sizeof(float));
-    switch (J->kernel) {
-#ifdef EI__HAVE_AVX512BF16
-        case EI__ATTN_K_AVX512_BF16: ei__attn_pack_q_bf16(J, w, T); break;
-#endif
-        default: ei__attn_pack_q_f32(J, w, T); break;
-    }
+    K->pack_q(J, w, T);
     for (e0 = 0; e0 < total; e0 += EI__ATTN_NK) {
         int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
         int64_t last = ei__attn_key_positions(ks, e0, nk, w->kpos);
-        int need_mask = last > T->t0;
         int32_t jp;
         for (jp = nk; jp < ((nk + 7) & ~7); ++jp) w->kpos[jp] = w->kpos[nk - 1]; /* the score loops run whole key groups */
         if (e0 + EI__ATTN_NK < total) { /* the next tile's rows: kept blocks are scattered */
@@ -3439,46 +3661,13 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
             ei__attn_key_positions(ks, e0 + EI__ATTN_NK, nn, w->kpos_next);
             ei__attn_prefetch_rows(J, T->kvh, w->kpos_next, nn);
         }
-        (void)need_mask; /* unused when no vector kernel is compiled in */
-        switch (J->kernel) {
-#ifdef EI__HAVE_AVX512BF16
-            case EI__ATTN_K_AVX512_BF16:
-                ei__attn_prep_kv_bf16(J, w, T, nk);
-                ei__attn_scores_bf16(J, w, T, nk, need_mask);
-                ei__attn_softmax_avx512(w, T, nk);
-                ei__attn_pack_p_bf16(w, T, nk);
-                ei__attn_pv_bf16(J, w, T, nk);
-                break;
-#endif
-#ifdef EI__HAVE_AVX512
-            case EI__ATTN_K_AVX512:
-                ei__attn_prep_kv_avx512(J, w, T, nk);
-                ei__attn_scores_f32_avx512(J, w, T, nk, need_mask);
-                ei__attn_softmax_avx512(w, T, nk);
-                ei__attn_pv_f32_avx512(J, w, T, nk);
-                break;
-#endif
-#ifdef EI__HAVE_AVX2
-            case EI__ATTN_K_AVX2:
-                ei__attn_prep_kv_avx2(J, w, T, nk);
-                ei__attn_scores_avx2(J, w, T, nk, need_mask);
-                ei__attn_softmax_avx2(w, T, nk);
-                ei__attn_pv_avx2(J, w, T, nk);
-                break;
-#endif
-            default: break;
-        }
+        K->prep_kv(J, w, T, nk);
+        K->scores(J, w, T, nk, last > T->t0);
+        K->softmax(w, T, nk);
+        if (K->pack_p) K->pack_p(w, T, nk);
+        K->pv(J, w, T, nk);
     }
-    switch (J->kernel) {
-#ifdef EI__HAVE_AVX512
-        case EI__ATTN_K_AVX512_BF16:
-        case EI__ATTN_K_AVX512: ei__attn_store_avx512(J, w, T); break;
-#endif
-#ifdef EI__HAVE_AVX2
-        case EI__ATTN_K_AVX2: ei__attn_store_avx2(J, w, T); break;
-#endif
-        default: break;
-    }
+    K->store(J, w, T);
 }
 
 /* ---- work items, costs, split ------------------------------------------ */
@@ -3525,7 +3714,7 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                                 ei__attn_sort_i32(w->blocks, nb);
                                 ks.blocks = w->blocks; /* for the segment's later tiles too */
                             }
-                            if (J->kernel == EI__ATTN_K_SCALAR) ei__attn_qtile_scalar(J, w, kvh, h0, gt, t0, nt, &ks);
+                            if (!J->K) ei__attn_qtile_scalar(J, w, kvh, h0, gt, t0, nt, &ks);
                             else {
                                 ei__attn_tile T;
                                 T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
@@ -3542,24 +3731,13 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
 }
 
 /* ---- validation --------------------------------------------------------- */
-static void ei__attn_extent(const void *data, ei_dtype dt, int64_t n, int32_t heads, int32_t d, int64_t ts, int64_t hs,
-                            uintptr_t *lo, uintptr_t *hi) {
-    int64_t last = (n - 1) * ts + (int64_t)(heads - 1) * hs + d;
-    *lo = (uintptr_t)data;
-    *hi = *lo + (uintptr_t)last * (uintptr_t)ei__dtype_size(dt);
-}
-static int ei__attn_overlap(const ei_out_tensor *o, const ei_tensor *t) {
-    uintptr_t a0, a1, b0, b1;
-    ei__attn_extent(o->data, o->dtype, o->n_tokens, o->n_heads, o->head_dim, o->token_stride, o->head_stride, &a0, &a1);
-    ei__attn_extent(t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride, t->head_stride, &b0, &b1);
-    return a0 < b1 && b0 < a1;
-}
 
-static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                  const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int kernel, ei__attn_job *J) {
+/* Every check of an attention call, for both backends. */
+static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset) {
+    ei_tensor ov;
     ei_result r;
     int64_t need;
-    double scale;
     if ((r = ei__check_qk(ctx, q, k)) != EI_OK) return r;
     if ((r = ei__check_tensor(ctx, v, "v")) != EI_OK) return r;
     if ((r = ei__check_out_tensor(ctx, out, "out")) != EI_OK) return r;
@@ -3577,7 +3755,8 @@ static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, con
     if (k->n_tokens < need || v->n_tokens < need)
         return ei__fail(ctx, EI_ERR_SHAPE, "queries reach token %lld but k holds %lld and v %lld keys", (long long)need - 1,
                         (long long)k->n_tokens, (long long)v->n_tokens);
-    if (ei__attn_overlap(out, q) || ei__attn_overlap(out, k) || ei__attn_overlap(out, v))
+    ov = ei__as_view(out);
+    if (ei__views_overlap(&ov, q) || ei__views_overlap(&ov, k) || ei__views_overlap(&ov, v))
         return ei__fail(ctx, EI_ERR_STRIDE, "out overlaps q, k or v (attention is not in place)");
     if (plan) {
         int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last;
@@ -3613,9 +3792,16 @@ static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, con
                                         (int)kvh, (int)s, (int)i, (int)idx[i], (long long)first_blocked - 1);
             }
     }
+    return EI_OK;
+}
+
+/* The job of a checked call: tile geometry, scale and the kernel's stages. */
+static void ei__attn_setup(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                           const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset, ei__attn_job *J) {
+    double scale;
     memset(J, 0, sizeof *J);
     J->ctx = ctx; J->q = q; J->k = k; J->v = v; J->plan = plan; J->out = out;
-    J->q_offset = q_offset; J->q_end = need;
+    J->q_offset = q_offset; J->q_end = q_offset + q->n_tokens;
     J->G = q->n_heads / k->n_heads;
     J->d = q->head_dim;
     ei__attn_geometry(J->G, J->d, &J->Gt, &J->Mt, &J->dpad);
@@ -3627,28 +3813,9 @@ static ei_result ei__attn_prepare(const ei_context *ctx, const ei_tensor *q, con
     J->bs = ctx->cfg.block_size;
     scale = ctx->cfg.attn_scale > 0.0f ? (double)ctx->cfg.attn_scale : 1.0 / sqrt((double)J->d);
     J->c = (float)(scale * 1.4426950408889634);
-    if (kernel == EI__ATTN_K_AUTO) {
-        kernel = EI__ATTN_K_SCALAR;
-#ifdef EI__HAVE_AVX2
-        if (ctx->simd == EI_SIMD_AVX2) kernel = EI__ATTN_K_AVX2;
-#endif
-#ifdef EI__HAVE_AVX512
-        if (ctx->simd == EI_SIMD_AVX512) {
-            kernel = EI__ATTN_K_AVX512;
-#ifdef EI_ATTN_PREFER_DPBF16
-            /* Off by default: on the Sapphire Rapids we measured, vdpbf16ps
-               retires 0.5 per cycle (64 FLOP) against 2 vfmadd231ps (64 FLOP),
-               so bf16 runs faster through the f32 kernel (bf16 -> f32 is a
-               shift). Define EI_ATTN_PREFER_DPBF16 where the dot product is
-               the faster instruction. */
-            if (q->dtype == EI_BF16 && k->dtype == EI_BF16 && v->dtype == EI_BF16 && J->d % 2 == 0 && ei__attn_cpu_bf16())
-                kernel = EI__ATTN_K_AVX512_BF16;
-#endif
-        }
-#endif
-    }
-    J->kernel = kernel;
-    return EI_OK;
+    J->K = ctx->kern->attn;
+    if (ctx->kern->attn_bf16 && q->dtype == EI_BF16 && k->dtype == EI_BF16 && v->dtype == EI_BF16 && J->d % 2 == 0)
+        J->K = ctx->kern->attn_bf16;
 }
 
 static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *workspace, size_t ws_bytes) {
@@ -3664,73 +3831,24 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
     return EI_OK;
 }
 
-static ei_result ei__attn_kernel_ok(const ei_context *ctx, const ei__attn_job *J) {
-    int kernel = J->kernel, ok = 1;
-    if (kernel == EI__ATTN_K_AVX2) ok = ei_cpu_supports(EI_SIMD_AVX2);
-    else if (kernel == EI__ATTN_K_AVX512) ok = ei_cpu_supports(EI_SIMD_AVX512);
-    else if (kernel == EI__ATTN_K_AVX512_BF16)
-        ok = ei__attn_cpu_bf16() && J->q->dtype == EI_BF16 && J->k->dtype == EI_BF16 && J->v->dtype == EI_BF16 && J->d % 2 == 0;
-    else if (kernel != EI__ATTN_K_SCALAR) ok = 0;
-    if (!ok) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "attention kernel %d cannot run on this CPU / these dtypes", kernel);
-    return EI_OK;
-}
-
-/* Internal entry with a forced kernel (EI__ATTN_K_*; tests use it to run
-   every kernel this CPU has, e.g. the f32 AVX-512 kernel on bf16 data). */
-static ei_result ei__attention_prefill_kernel(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                              const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
-                                              int64_t q_offset, int ith, int nth, void *workspace,
-                                              size_t workspace_bytes, int kernel) {
-    ei__attn_job J;
-    ei_result r;
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "CPU attention called on a CUDA context");
-    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
-        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_prepare(ctx, q, k, v, plan, out, q_offset, kernel, &J)) != EI_OK) return r;
-    if (kernel != EI__ATTN_K_AUTO && (r = ei__attn_kernel_ok(ctx, &J)) != EI_OK) return r; /* forced kernels only */
-    return ei__attn_run(&J, ith, nth, workspace, workspace_bytes);
-}
-
 EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                      const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
                                      void *workspace, size_t workspace_bytes) {
-    if (ei__on_gpu(ctx)) { /* one launch does the whole layer: the call with ith 0 makes it */
-        if (nth <= 0 || ith < 0 || ith >= nth)
-            return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth", ith, nth);
-        return ith == 0 ? ei__cuda_attention(ctx, q, k, v, plan, out, q_offset, workspace, workspace_bytes) : EI_OK;
-    }
-    return ei__attention_prefill_kernel(ctx, q, k, v, plan, out, q_offset, ith, nth, workspace, workspace_bytes,
-                                        EI__ATTN_K_AUTO);
+    ei__attn_job J;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
+        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset)) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) /* one launch does the whole layer: the call with ith 0 makes it */
+        return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes)
+                        : EI_OK;
+    ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
+    return ei__attn_run(&J, ith, nth, workspace, workspace_bytes);
 }
 
 static ei_result ei__attn_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
     return ei__attn_run((const ei__attn_job *)arg, ith, nth, ws, ws_bytes);
-}
-
-/* The pthread helper with a forced kernel (EI__ATTN_K_*, or EI__ATTN_K_AUTO). */
-static ei_result ei__attention_prefill_mt_kernel(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                                 const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
-                                                 int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes,
-                                                 int kernel) {
-    ei__attn_job J;
-    size_t per;
-    ei_result r;
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ctx->cfg.backend == EI_BACKEND_CUDA)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "CPU attention called on a CUDA context");
-    if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if (n_threads == 1)
-        return ei__attention_prefill_kernel(ctx, q, k, v, plan, out, q_offset, 0, 1, workspace, workspace_bytes, kernel);
-    if ((r = ei__attn_prepare(ctx, q, k, v, plan, out, q_offset, kernel, &J)) != EI_OK) return r;
-    if (kernel != EI__ATTN_K_AUTO && (r = ei__attn_kernel_ok(ctx, &J)) != EI_OK) return r; /* forced kernels only */
-    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
-    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
-    if (workspace_bytes / (size_t)n_threads < per)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
-    return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
 }
 
 /* Built-in pthread helper: n_threads workers (the calling thread is one of
@@ -3739,310 +3857,82 @@ static ei_result ei__attention_prefill_mt_kernel(const ei_context *ctx, const ei
 EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                         const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int n_threads,
                                         void *workspace, size_t workspace_bytes) {
-    if (ei__on_gpu(ctx)) return ei__cuda_attention(ctx, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
-    return ei__attention_prefill_mt_kernel(ctx, q, k, v, plan, out, q_offset, n_threads, workspace, workspace_bytes,
-                                           EI__ATTN_K_AUTO);
-}
-
-// >>cuda-loader -------------------------------------------------------------
-
-
-/* Not every entry is wired into the public API in every build. */
-#if defined(__GNUC__) || defined(__clang__)
-#define EI__CUDA_FN static __attribute__((unused))
-#else
-#define EI__CUDA_FN static
-#endif
-#ifndef EI_NO_CUDA_LOADER
-#include <dlfcn.h>
-#include <stdlib.h>
-#include <string.h>
-#include <stdio.h>
-#if defined(__linux__)
-#include <unistd.h> /* readlink, where the feature macros declare it */
-#endif
-
-typedef struct ei__cuda_state {
-    void *library;              /* dlopen handle */
-    const ei_cuda_api *api;
-    char path[640];             /* what was opened */
-} ei__cuda_state;
-
-#define EI__CUDA_API(ctx) (((const ei__cuda_state *)(ctx)->cuda)->api)
-
-/* Try one candidate; on failure append dlerror() to why (bounded). */
-EI__CUDA_FN void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        size_t used = strlen(why);
-        if (used + 4 < why_size)
-            snprintf(why + used, why_size - used, "%s%s", used ? "; " : "", e ? e : path);
-    }
-    return h;
-}
-
-EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
-    char why[1024] = {0};
-    char self_dir[512] = {0};
-    char candidate[600];
-    const char *explicit_path = ctx->cfg.cuda_library;
-    void *lib = NULL;
-    const char *opened = NULL;
-    ei_cuda_get_api_fn get_api;
-    const ei_cuda_api *api;
-    ei__cuda_state *st;
-    char msg[EI_CUDA_MSG_SIZE];
+    ei__attn_job J;
+    size_t per;
     ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset)) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
+    ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
+    if (n_threads == 1) return ei__attn_run(&J, 0, 1, workspace, workspace_bytes);
+    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
+    if (workspace_bytes / (size_t)n_threads < per)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
+    return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
+}
 
-    ctx->cuda = NULL;
-    if (!explicit_path || !explicit_path[0]) explicit_path = getenv("EI_CUDA_LIBRARY");
-    if (explicit_path && explicit_path[0]) {
-        lib = ei__cuda_try_open(explicit_path, why, sizeof why);
-        opened = explicit_path;
-        if (!lib)
-            return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: cannot load '%s' (%s)", explicit_path, why);
-    } else {
-        static const char *const names[] = {
-            "libentropyinfer_cuda.so", "./libentropyinfer_cuda.so", "./build/libentropyinfer_cuda.so"};
-        size_t i;
-        for (i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-            lib = ei__cuda_try_open(names[i], why, sizeof why);
-            opened = names[i];
-        }
-        if (!lib) { /* next to the executable, and in its build/ folder */
-            long n = -1;
-#if defined(__linux__) && defined(__USE_XOPEN2K)
-            n = (long)readlink("/proc/self/exe", self_dir, sizeof self_dir - 1);
+// >>kernels: one table per path, chosen once per context --------------------
+#ifdef EI__HAVE_AVX2
+static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
+                                              ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
+static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
+                                             &ei__attn_avx2, NULL};
 #endif
-            if (n > 0) {
-                char *slash;
-                self_dir[n] = 0;
-                slash = strrchr(self_dir, '/');
-                if (slash) {
-                    slash[1] = 0;
-                    snprintf(candidate, sizeof candidate, "%slibentropyinfer_cuda.so", self_dir);
-                    lib = ei__cuda_try_open(candidate, why, sizeof why);
-                    if (!lib) {
-                        snprintf(candidate, sizeof candidate, "%s../build/libentropyinfer_cuda.so", self_dir);
-                        lib = ei__cuda_try_open(candidate, why, sizeof why);
-                    }
-                    opened = candidate;
-                }
-            }
-        }
-        if (!lib)
-            return ei__fail(ctx, EI_ERR_BACKEND,
-                            "CUDA backend: libentropyinfer_cuda.so not found (set ei_config.cuda_library or "
-                            "EI_CUDA_LIBRARY; build it with 'make cuda'): %s", why);
+#ifdef EI__HAVE_AVX512
+static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_f32_avx512,
+                                                ei__attn_softmax_avx512, NULL, ei__attn_pv_f32_avx512,
+                                                ei__attn_store_avx512};
+static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
+                                               &ei__attn_avx512, NULL};
+#endif
+#ifdef EI__HAVE_AVX512BF16
+/* vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for P V with P
+   rounded to bf16; everything else as on the AVX-512 path */
+static const ei__attn_stages ei__attn_avx512_bf16 = {ei__attn_pack_q_bf16, ei__attn_prep_kv_bf16, ei__attn_scores_bf16,
+                                                     ei__attn_softmax_avx512, ei__attn_pack_p_bf16, ei__attn_pv_bf16,
+                                                     ei__attn_store_avx512};
+static const ei__kernels ei__kernels_avx512_bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__score_row_avx512,
+                                                    ei__dot_avx512, &ei__attn_avx512, &ei__attn_avx512_bf16};
+#endif
+#ifdef EI__HAVE_NEON /* NEON attention runs the scalar reference for now */
+static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon, NULL, NULL};
+#endif
+static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__score_row_scalar, ei__dot_scalar,
+                                               NULL, NULL};
+
+/* The table of a path this CPU, OS and build can run (NULL otherwise); AUTO:
+   the widest one. The vdpbf16ps attention is chosen by AUTO only when the
+   build defines EI_ATTN_PREFER_DPBF16 (>>attention says why). */
+static const ei__kernels *ei__kernels_for(ei_simd path) {
+    if (path == EI_SIMD_AUTO) {
+#ifdef EI_ATTN_PREFER_DPBF16
+        if (ei_cpu_supports(EI_SIMD_AVX512_BF16)) return ei__kernels_for(EI_SIMD_AVX512_BF16);
+#endif
+        if (ei_cpu_supports(EI_SIMD_AVX512)) return ei__kernels_for(EI_SIMD_AVX512);
+        if (ei_cpu_supports(EI_SIMD_AVX2)) return ei__kernels_for(EI_SIMD_AVX2);
+        if (ei_cpu_supports(EI_SIMD_NEON)) return ei__kernels_for(EI_SIMD_NEON);
+        return &ei__kernels_scalar;
     }
-    *(void **)(&get_api) = dlsym(lib, EI_CUDA_ENTRY_POINT);
-    if (!get_api) {
-        dlclose(lib);
-        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: '%s' has no entry point %s", opened,
-                        EI_CUDA_ENTRY_POINT);
+    if (!ei_cpu_supports(path)) return NULL;
+    switch (path) {
+#ifdef EI__HAVE_AVX2
+        case EI_SIMD_AVX2: return &ei__kernels_avx2;
+#endif
+#ifdef EI__HAVE_AVX512
+        case EI_SIMD_AVX512: return &ei__kernels_avx512;
+#endif
+#ifdef EI__HAVE_AVX512BF16
+        case EI_SIMD_AVX512_BF16: return &ei__kernels_avx512_bf16;
+#endif
+#ifdef EI__HAVE_NEON
+        case EI_SIMD_NEON: return &ei__kernels_neon;
+#endif
+        case EI_SIMD_SCALAR: return &ei__kernels_scalar;
+        default: return NULL;
     }
-    api = get_api(EI_CUDA_ABI_VERSION);
-    if (!api || api->abi_version != EI_CUDA_ABI_VERSION || api->struct_size != (int32_t)sizeof(ei_cuda_api)) {
-        int found = api ? api->abi_version : -1;
-        dlclose(lib);
-        return ei__fail(ctx, EI_ERR_BACKEND,
-                        "CUDA backend: '%s' speaks ABI version %d, this header needs %d (rebuild it)",
-                        opened, found, EI_CUDA_ABI_VERSION);
-    }
-    msg[0] = 0;
-    r = api->device_check(msg);
-    if (r != EI_OK) {
-        dlclose(lib);
-        return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend: no usable device (%s)", msg);
-    }
-    st = (ei__cuda_state *)ei__alloc(&ctx->alloc, sizeof *st);
-    if (!st) {
-        dlclose(lib);
-        return ei__fail(ctx, EI_ERR_NOMEM, "CUDA backend: out of host memory");
-    }
-    memset(st, 0, sizeof *st);
-    st->library = lib;
-    st->api = api;
-    snprintf(st->path, sizeof st->path, "%s", opened ? opened : "");
-    ctx->cuda = st;
-    return EI_OK;
-}
-
-EI__CUDA_FN void ei__cuda_close(ei_context *ctx) {
-    ei__cuda_state *st = (ei__cuda_state *)ctx->cuda;
-    if (!st) return;
-    if (st->library) dlclose(st->library);
-    ei__free(&ctx->alloc, st);
-    ctx->cuda = NULL;
-}
-
-/* Call one table entry with a message buffer; turn a failure into ei__fail. */
-#define EI__CUDA_CALL(ctx, name, ...)                                                 \
-    do {                                                                              \
-        char ei__msg[EI_CUDA_MSG_SIZE];                                               \
-        ei_result ei__r;                                                              \
-        if (!(ctx)->cuda) return ei__fail((ctx), EI_ERR_BACKEND, "CUDA backend not loaded"); \
-        ei__msg[0] = 0;                                                               \
-        ei__r = EI__CUDA_API(ctx)->name(__VA_ARGS__, ei__msg);                        \
-        if (ei__r != EI_OK) return ei__fail((ctx), ei__r, "CUDA " #name ": %s", ei__msg); \
-        return EI_OK;                                                                 \
-    } while (0)
-
-EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
-                                    int32_t head_dim, uint32_t flags, size_t *bytes) {
-    EI__CUDA_CALL(ctx, plan_size, &ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
-                                    int32_t n_kv_heads, int32_t head_dim, uint32_t flags, void *memory,
-                                    size_t bytes) {
-    EI__CUDA_CALL(ctx, plan_init, &ctx->cfg, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
-    EI__CUDA_CALL(ctx, plan_copy, &ctx->cfg, dst, src, direction);
-}
-EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                 int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
-    EI__CUDA_CALL(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                  ei_plan *plan, void *ws, size_t ws_bytes) {
-    EI__CUDA_CALL(ctx, profile, &ctx->cfg, q, k, plan, ws, ws_bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
-                                                   int32_t head_dim, size_t *bytes) {
-    EI__CUDA_CALL(ctx, attention_workspace_size, &ctx->cfg, n_heads, n_kv_heads, head_dim, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                    const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
-                                    int64_t q_offset, void *ws, size_t ws_bytes) {
-    EI__CUDA_CALL(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, ws, ws_bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
-    EI__CUDA_CALL(ctx, decoder_size, &ctx->cfg, n_heads, head_dim, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
-                                       int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes) {
-    EI__CUDA_CALL(ctx, decoder_init, &ctx->cfg, dec, n_heads, n_kv_heads, head_dim, memory, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q,
-                                         int generated) {
-    EI__CUDA_CALL(ctx, decode_observe, &ctx->cfg, dec, q, generated);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                int32_t n_kv_heads, size_t *bytes) {
-    EI__CUDA_CALL(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
-                                      ei_keep_set *keep, void *ws, size_t ws_bytes) {
-    EI__CUDA_CALL(ctx, decode_keep, &ctx->cfg, dec, k, keep, ws, ws_bytes);
-}
-EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k,
-                                     ei_out_tensor *v) {
-    EI__CUDA_CALL(ctx, kv_compact, &ctx->cfg, keep, k, v);
-}
-EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
-    EI__CUDA_CALL(ctx, mem_alloc, ptr, bytes);
-}
-EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *ptr) {
-    if (ctx->cuda && ptr) EI__CUDA_API(ctx)->mem_free(ptr);
-}
-EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
-    EI__CUDA_CALL(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
-}
-#undef EI__CUDA_CALL
-
-#else /* EI_NO_CUDA_LOADER: the CUDA backend is compiled out */
-
-EI__CUDA_FN ei_result ei__cuda_open(ei_context *ctx) {
-    ctx->cuda = NULL;
-    return ei__fail(ctx, EI_ERR_BACKEND, "CUDA backend compiled out (EI_NO_CUDA_LOADER)");
-}
-EI__CUDA_FN void ei__cuda_close(ei_context *ctx) { ctx->cuda = NULL; }
-#define EI__CUDA_STUB(ctx) return ei__fail((ctx), EI_ERR_UNSUPPORTED, "CUDA backend compiled out (EI_NO_CUDA_LOADER)")
-EI__CUDA_FN ei_result ei__cuda_plan_size(const ei_context *ctx, int64_t a, int32_t b, int32_t hd, uint32_t c,
-                                    size_t *d) {
-    (void)a; (void)b; (void)hd; (void)c; (void)d; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_plan_init(const ei_context *ctx, ei_plan *p, int64_t a, int32_t b, int32_t hd,
-                                    uint32_t c, void *m, size_t n) {
-    (void)p; (void)a; (void)b; (void)hd; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_plan_copy(const ei_context *ctx, ei_plan *d, const ei_plan *s, int dir) {
-    (void)d; (void)s; (void)dir; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_profile_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
-                                                 int32_t d, size_t *e) {
-    (void)a; (void)b; (void)c; (void)d; (void)e; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *p,
-                                  void *w, size_t n) {
-    (void)q; (void)k; (void)p; (void)w; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_attention_workspace_size(const ei_context *ctx, int32_t a, int32_t b, int32_t c,
-                                                   size_t *d) {
-    (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_attention(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                    const ei_tensor *v, const ei_plan *p, ei_out_tensor *o, int64_t off,
-                                    void *w, size_t n) {
-    (void)q; (void)k; (void)v; (void)p; (void)o; (void)off; (void)w; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_decoder_size(const ei_context *ctx, int32_t a, int32_t b, size_t *c) {
-    (void)a; (void)b; (void)c; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_decoder_init(const ei_context *ctx, ei_decoder *d, int32_t a, int32_t b, int32_t c,
-                                       void *m, size_t n) {
-    (void)d; (void)a; (void)b; (void)c; (void)m; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_observe(const ei_context *ctx, ei_decoder *d, const ei_tensor *q, int g) {
-    (void)d; (void)q; (void)g; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_workspace_size(const ei_context *ctx, int64_t a, int32_t b, int32_t c,
-                                                size_t *d) {
-    (void)a; (void)b; (void)c; (void)d; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_decode_keep(const ei_context *ctx, ei_decoder *d, const ei_tensor *k, ei_keep_set *s,
-                                      void *w, size_t n) {
-    (void)d; (void)k; (void)s; (void)w; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_kv_compact(const ei_context *ctx, const ei_keep_set *s, ei_out_tensor *k,
-                                     ei_out_tensor *v) {
-    (void)s; (void)k; (void)v; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN ei_result ei__cuda_mem_alloc(const ei_context *ctx, void **p, size_t n) {
-    (void)p; (void)n; EI__CUDA_STUB(ctx);
-}
-EI__CUDA_FN void ei__cuda_mem_free(const ei_context *ctx, void *p) { (void)ctx; (void)p; }
-EI__CUDA_FN ei_result ei__cuda_mem_copy(const ei_context *ctx, void *d, const void *s, size_t n, int kind) {
-    (void)d; (void)s; (void)n; (void)kind; EI__CUDA_STUB(ctx);
-}
-#undef EI__CUDA_STUB
-#endif /* EI_NO_CUDA_LOADER */
-
-EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes) {
-    if (!ctx || !ptr) return ei__fail(ctx, EI_ERR_NULL, "context or ptr is NULL");
-    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
-    return ei__cuda_mem_alloc(ctx, ptr, bytes);
-}
-EIDEF void ei_device_free(const ei_context *ctx, void *ptr) {
-    if (ei__on_gpu(ctx)) ei__cuda_mem_free(ctx, ptr);
-}
-EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
-    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
-    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
-    if (kind < EI_COPY_DEVICE_TO_HOST || kind > EI_COPY_DEVICE_TO_DEVICE) return ei__fail(ctx, EI_ERR_CONFIG, "copy kind %d", kind);
-    return ei__cuda_mem_copy(ctx, dst, src, bytes, kind);
-}
-EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
-    ei_result r;
-    if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
-    if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "plan copies between host and device need the CUDA backend");
-    if (direction < EI_COPY_DEVICE_TO_HOST || direction > EI_COPY_DEVICE_TO_DEVICE)
-        return ei__fail(ctx, EI_ERR_CONFIG, "copy direction %d", direction);
-    /* each plan keeps where its own memory lives (a host plan comes from a CPU context) */
-    if ((r = ei__cuda_plan_copy(ctx, dst, src, direction)) != EI_OK) return r;
-    return EI_OK;
 }
 
 #ifdef EI__POP_DIAGNOSTICS

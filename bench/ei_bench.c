@@ -126,7 +126,7 @@ static void peak(int threads) {
     for (kind = 0; kind < 3; ++kind) {
         if (kind == 0 && !ei_cpu_supports(EI_SIMD_AVX512)) continue;
         if (kind == 1 && !ei_cpu_supports(EI_SIMD_AVX2)) continue;
-        if (kind == 2 && !ei__attn_cpu_bf16()) continue;
+        if (kind == 2 && !ei_cpu_supports(EI_SIMD_AVX512_BF16)) continue;
         for (nt = 1; nt <= threads; nt = nt == threads ? threads + 1 : threads) {
             double best = 0, g;
             int r;
@@ -221,7 +221,7 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
     int64_t ns[16] = {8192, 16384, 32768};
-    int n_ns = 3, json = 0, threads = 2, reps = 1, a, ni, kernel = EI__ATTN_K_AUTO;
+    int n_ns = 3, json = 0, threads = 2, reps = 1, a, ni;
     int32_t H = 8, HK = 2, d = 128;
     ei_dtype dt = EI_F32;
     ei_config cfg = ei_config_default();
@@ -249,8 +249,8 @@ int main(int argc, char **argv) {
                      : !strcmp(s, "avx512") ? EI_SIMD_AVX512 : EI_SIMD_AUTO;
         } else if (!strcmp(o, "--kernel")) { /* default: what ei_attention_prefill_mt picks */
             const char *s = TAKE;
-            kernel = !strcmp(s, "scalar") ? EI__ATTN_K_SCALAR : !strcmp(s, "avx2") ? EI__ATTN_K_AVX2
-                   : !strcmp(s, "avx512") ? EI__ATTN_K_AVX512 : !strcmp(s, "dpbf16") ? EI__ATTN_K_AVX512_BF16 : EI__ATTN_K_AUTO;
+            cfg.simd = !strcmp(s, "scalar") ? EI_SIMD_SCALAR : !strcmp(s, "avx2") ? EI_SIMD_AVX2
+                     : !strcmp(s, "avx512") ? EI_SIMD_AVX512 : !strcmp(s, "dpbf16") ? EI_SIMD_AVX512_BF16 : EI_SIMD_AUTO;
         } else if (!strcmp(o, "--segment")) cfg.segment_size = atoi(TAKE);
         else if (!strcmp(o, "--block")) cfg.block_size = atoi(TAKE);
         else if (!strcmp(o, "--threshold")) cfg.threshold_len = atoll(TAKE);
@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
         ei_context *c0;
         if (ei_context_create(&cfg, &c0) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
         printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d\n",
-               EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei__attn_cpu_bf16() ? "+bf16" : "", H, HK, d, threads,
+               EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
                dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", cfg.segment_size, cfg.block_size,
                (long long)cfg.threshold_len, cfg.base_budget);
         printf("%7s %4s %5s %10s %10s %10s %9s %8s %8s %7s %10s %6s %6s %9s %8s\n", "N", "thr", "dtype", "profile_ms", "dense_ms",
@@ -314,7 +314,7 @@ int main(int argc, char **argv) {
         for (r = 0; r < reps; ++r) {
             c = cpu_ms();
             t = now_ms();
-            er = ei__attention_prefill_mt_kernel(ctx, &tq, &tk, &tv, NULL, &to_d, 0, threads, wsa, wa * (size_t)threads, kernel);
+            er = ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to_d, 0, threads, wsa, wa * (size_t)threads);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "dense: %s\n", ei_last_error()); return 1; }
@@ -322,7 +322,7 @@ int main(int argc, char **argv) {
             if (c < c_dense) c_dense = c;
             c = cpu_ms();
             t = now_ms();
-            er = ei__attention_prefill_mt_kernel(ctx, &tq, &tk, &tv, &plan, &to_s, 0, threads, wsa, wa * (size_t)threads, kernel);
+            er = ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to_s, 0, threads, wsa, wa * (size_t)threads);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "sparse: %s\n", ei_last_error()); return 1; }
@@ -367,7 +367,7 @@ int main(int argc, char **argv) {
                        "\"dense_cpu_ms\": %.3f, \"sparse_cpu_ms\": %.3f, \"dense_gflops_cpu\": %.2f}\n",
                        (long long)n, threads, dts, H, HK, d, t_prof, t_dense, t_sparse, gflops, density, speedup,
                        speedup * density, rel, 100.0 * t_prof / t_dense, rigid, ei_simd_name(ei_context_simd(ctx)),
-                       kernel == EI__ATTN_K_AVX512_BF16 ? "+dpbf16" : "",
+                       ei_context_simd(ctx) == EI_SIMD_AVX512_BF16 ? "+dpbf16" : "",
                        c_dense, c_sparse, gflops * t_dense / c_dense);
             else
                 printf("%7lld %4d %5s %10.1f %10.1f %10.1f %9.1f %8.4f %8.2f %7.3f %10.2e %6.2f %3d/%d %9.1f %8.1f\n",
