@@ -987,7 +987,7 @@ int main(int argc, char **argv) {
     g_cpu = make_ctx(&c, EI_BACKEND_CPU);
     {
         char msg[EI_CUDA_MSG_SIZE] = {0};
-        const ei_cuda_api *api = EI__CUDA_API(g_gpu);
+        const ei_cuda_api *api = g_gpu->cuda->api;
         api->device_check(msg);
         printf("test_cuda: %s; %s\n", api->build_info(), msg);
     }
