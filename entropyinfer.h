@@ -25,16 +25,19 @@
        ei_plan plan;
        ei_plan_init(ctx, &plan, n, 8, 128, 0, plan_mem, plan_bytes);
        ei_profile(ctx, &q, &k, &plan, ws, ws_bytes);       // the sparsity plan
-       ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 1, ws2, ws2_bytes);
+       ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 0, 1, ws2, ws2_bytes);  // q_offset, ith, nth
 
    BUILD OPTIONS (define before the implementation include)
    =============
    | macro                   | effect                                               |
    | EI_STATIC               | all functions static (private copy per file)          |
-   | EI_ASSERT(x)            | programmer-error assert (default: no-op)             |
+   | EI_ASSERT(x)            | checks the library's internal invariants (sizes it  |
+   |                         | computed itself, never caller input; default: no-op) |
    | EI_MALLOC(sz), EI_FREE(p)| default allocator pair (both or neither)            |
    | EI_NO_SIMD              | scalar paths only                                    |
    | EI_NO_AVX2, EI_NO_AVX512| leave out that x86 path                              |
+   | EI_NO_AVX512BF16        | leave out the vdpbf16ps attention (EI_SIMD_AVX512_BF16)|
+   | EI_ATTN_PREFER_DPBF16   | EI_SIMD_AUTO picks vdpbf16ps attention where present |
    | EI_NO_NEON              | leave out the NEON path                               |
    | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
    | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
@@ -94,7 +97,7 @@
    =====================
    Scalar, AVX2, AVX-512 and NEON agree within float32 summation-order error
    (not bit-identical); every path passes the golden tolerances of
-   FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
+   tests/golden/FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
    bit-identical. expf/logf come from libm (no fast approximations) and no
    flush-to-zero is set.
 
@@ -176,12 +179,15 @@
     X(EI_ERR_UNSUPPORTED,-13, "not supported by this CPU, build or backend")       \
     X(EI_ERR_BACKEND,    -14, "GPU backend unavailable (library, driver or device)")
 
+/* Codes run 0, -1, -2, ... without gaps, so the lowest is 1 - (entries). */
+#define EI__ONE(name, value, text) +1
 typedef enum ei_result {
 #define EI__ENUM(name, value, text) name = value,
     EI_RESULT_TABLE(EI__ENUM)
 #undef EI__ENUM
-    EI_RESULT_MIN_ = -14
+    EI_RESULT_MIN_ = 1 - (0 EI_RESULT_TABLE(EI__ONE))
 } ei_result;
+#undef EI__ONE
 
 EIDEF const char *ei_result_name(ei_result r);   /* "EI_ERR_NULL" */
 EIDEF const char *ei_result_string(ei_result r); /* its meaning */
@@ -310,7 +316,7 @@ enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
 #define EI_PLAN_SCORES  2u   /* plan also stores the observation scores */
 
 /* A per-layer, per-sequence sparsity plan. Arrays are caller-visible and
-   laid out as in DESIGN.md (same on CPU and GPU):
+   laid out as below, the same on CPU and GPU (ei__plan_geometry):
      entropy      f32[n_kv_heads][n_segments]
      head_class   u8 [n_kv_heads]                  EI_HEAD_RIGID / EI_HEAD_DYNAMIC
      budget       f32[n_kv_heads][n_segments]      tokens
@@ -702,6 +708,25 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #ifdef ENTROPYINFER_IMPLEMENTATION
 #ifndef ENTROPYINFER_IMPLEMENTATION_DONE
 #define ENTROPYINFER_IMPLEMENTATION_DONE
+/* SECTIONS (search for the marker, e.g. "// >>plan")
+     >>common        includes, the context struct, the kernel table type, errors,
+                     allocation, size arithmetic, arenas, the *_mt fork-join
+     >>convert       f16 / bf16 <-> f32, bit-exact
+     >>cpu-features  cpuid/xgetbv: which SIMD paths this CPU, OS and build can run
+     >>validate      views (strides, aliasing, extents), overlaps, Q/K agreement
+     >>config        ei_config_default and its checks
+     >>backend       the CUDA plugin: dlopen, the EI__CUDA call-through, device memory
+     >>context       ei_context_create (kernel table, backend, fallback)
+     >>plan          plan layout (ei__plan_geometry under the ABI), init, reset, free
+     >>simd          min/max representations and block scores, per ISA
+     >>profile       whole-prompt planning: reps, scores, entropy, budgets, ranking
+     >>profile-chunked  causal planning, one chunk of segments at a time
+     >>decode        observation window, keep-sets, KV compaction
+     >>attention     block-sparse / dense prefill attention: checks, tile walk, stages
+     >>kernels       one kernel table per SIMD path; ei__kernels_for
+   The method's rules (plan geometry, caps, sparse segments, rigid test,
+   budget recurrence, decode window) are not here but above, under the CUDA
+   plugin ABI, so that the plugin and the tests share them. */
 
 // >>common ------------------------------------------------------------------
 #include <float.h>
@@ -902,6 +927,8 @@ static void ei__arena_init(ei__arena *a, void *mem, size_t bytes) {
 static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
     size_t bytes = (n * elem + EI__ALIGN - 1) & ~(size_t)(EI__ALIGN - 1);
     void *p = a->ptr;
+    /* every arena was sized by ei__reserve with the same counts */
+    EI_ASSERT((size_t)(a->end - a->ptr) >= bytes);
     if ((size_t)(a->end - a->ptr) < bytes) return NULL;
     a->ptr += bytes;
     return p;
@@ -2094,6 +2121,14 @@ static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *
     return r;
 }
 
+/* What a plan covers once its first n tokens are planned (both backends). */
+static void ei__plan_covers(const ei_config *c, ei_plan *plan, int64_t n, int final) {
+    plan->n_tokens = n;
+    plan->n_segments = (int32_t)ei__ceil_div(n, c->segment_size);
+    plan->n_blocks = (plan->n_segments - 1) * (c->segment_size / c->block_size);
+    plan->final = final ? 1 : 0;
+}
+
 static ei_result ei__nonfinite(const ei_context *ctx, const char *what, int32_t head, int64_t tok) {
     return ei__fail(ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)", what, (int)head, (long long)tok);
 }
@@ -2152,12 +2187,7 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
                               s == 0 ? 0 : cap, w.pairs);
         }
     }
-    if (kv0 == 0) {
-        plan->n_tokens = n;
-        plan->n_segments = (int32_t)S;
-        plan->n_blocks = (int32_t)nb;
-        plan->final = 1;
-    }
+    if (kv0 == 0) ei__plan_covers(c, plan, n, 1);
     return EI_OK;
 }
 
@@ -2191,7 +2221,11 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     ei_result r;
     if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
-    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes);
+    if (ei__on_gpu(ctx)) {
+        if ((r = EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes)) == EI_OK)
+            ei__plan_covers(&ctx->cfg, plan, q->n_tokens, 1);
+        return r;
+    }
     r = ei__profile_range(ctx, q, k, plan, 0, k->n_heads, workspace, workspace_bytes);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
@@ -2313,12 +2347,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             st->finished = 1;
         }
     }
-    if (kv0 == 0) {
-        plan->n_tokens = n;
-        plan->n_segments = (int32_t)S;
-        plan->n_blocks = (int32_t)need_blocks;
-        plan->final = is_final ? 1 : 0;
-    }
+    if (kv0 == 0) ei__plan_covers(c, plan, n, is_final);
     return EI_OK;
 }
 
@@ -2712,7 +2741,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
 // >>attention ---------------------------------------------------------------
 /* Block-sparse prefill attention executing a plan (plan NULL: dense causal).
 
-   Semantics (golden/FORMAT.md, "Sparse prefill attention"): query token t of
+   Semantics (tests/golden/FORMAT.md, "Sparse prefill attention"): query token t of
    segment s (query head h, kv head h/G) attends
      - if ei_plan_segment_is_sparse(s): the key blocks the plan keeps for
        (h/G, s) (all before the segment start), then the segment's own keys

@@ -25,11 +25,8 @@
 #include "common.h"
 
 #ifndef GEMMA_WITH_EI
-int main(void) {
-    fprintf(stderr, "gemma-demo: built without entropyinfer (its implementation was not found in entropyinfer.h)\n");
-    return 1;
-}
-#else
+#error "built with -DGEMMA_WITH_EI (examples/gemma/gemma.mk): this program runs entropyinfer"
+#endif
 
 #define N_CONT 256
 #define N_GEN 24
@@ -297,4 +294,3 @@ int main(int argc, char **argv) {
     gm_model_free(&m);
     return 0;
 }
-#endif

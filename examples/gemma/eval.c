@@ -39,11 +39,8 @@
 #include "common.h"
 
 #ifndef GEMMA_WITH_EI
-int main(void) {
-    fprintf(stderr, "gemma-eval: built without entropyinfer (its implementation was not found in entropyinfer.h)\n");
-    return 1;
-}
-#else
+#error "built with -DGEMMA_WITH_EI (examples/gemma/gemma.mk): this program runs entropyinfer"
+#endif
 
 enum { M_DENSE, M_RAGGED, M_PERSEG, M_ORACLE, M_BF16KV, N_MODES };
 static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entropyinfer per-segment",
@@ -552,4 +549,3 @@ int main(int argc, char **argv) {
     gm_model_free(&m);
     return 0;
 }
-#endif
