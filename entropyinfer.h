@@ -2080,6 +2080,9 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
     ei_result r = ei__check_qk(ctx, q, k);
     if (r != EI_OK) return r;
     if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
+    if (plan->on_device != ei__on_gpu(ctx))
+        return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
+                        ei__on_gpu(ctx) ? "GPU" : "CPU");
     if (plan->n_kv_heads != k->n_heads)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
     if (plan->head_dim != k->head_dim)
@@ -3801,8 +3804,13 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
         if (plan->n_segments > plan->seg_capacity || plan->max_keep < 0)
             return ei__fail(ctx, EI_ERR_STATE, "plan is corrupt (%d segments, capacity %d)", (int)plan->n_segments,
                             (int)plan->seg_capacity);
+        if (plan->on_device != ei__on_gpu(ctx))
+            return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
+                            ei__on_gpu(ctx) ? "GPU" : "CPU");
         s_last = (int32_t)((need - 1) / ctx->cfg.segment_size);
-        for (kvh = 0; kvh < k->n_heads; ++kvh)
+        /* the rows a call reads (a device plan's rows are device memory: the
+           kernel clamps counts and skips block numbers outside the segment) */
+        for (kvh = 0; kvh < k->n_heads && !plan->on_device; ++kvh)
             for (s = s_first; s <= s_last; ++s) {
                 size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
                 int64_t first_blocked = (int64_t)s * (ctx->cfg.segment_size / ctx->cfg.block_size);

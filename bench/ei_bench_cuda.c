@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
     ccfg = cfg;
     ccfg.backend = EI_BACKEND_CPU;
     OK(ei_context_create(&ccfg, &cpu));
-    api = EI__CUDA_API(g);
+    api = g->cuda->api;
     msg[0] = 0;
     api->device_check(msg);
     printf("ei_bench_cuda: %s; %s\n", api->build_info(), msg);
