@@ -2,13 +2,25 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, under EI_CUDA_ABI_DECLS).
+   entropyinfer.h (struct ei_cuda_api, ABI version 2).
+
+   The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
+   every argument of a public call (views, shapes, GQA, plan layout and
+   capacities, protocol state, budgets) before it calls an entry here, lays
+   plans and the decoder ring out itself and clears them with mem_set. An
+   entry checks only what the device adds: dtypes and head sizes the kernels
+   support, alignment, grid and shared-memory limits, and the contents of
+   device memory the host cannot read (NaN/Inf in Q/K, keep-set indices).
+   The method's rules (caps, sparsity of a segment, rigid test, budget
+   recurrence, decode window) come from the header's host/device block
+   ("the method's rules, once"): nothing here re-derives them.
 
    Stages (each one pass over the layer, no host loop over segments):
    profile   >>cuda-minmax    min/max features of query segments and key blocks
              >>cuda-scores    segment x block scores (f32, two dot products each)
              >>cuda-softmax   masked softmax + entropy per (kv head, segment)
-             >>cuda-budgets   rigid test + budget recurrence in double precision
+             >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_of /
+                              ei__cap_blocks, one thread per kv head
              >>cuda-topk      per (kv head, segment) top-k: radix select on
                               (score, index) keys, then a bitonic sort
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
@@ -17,17 +29,23 @@
                               query heads of a kv group packed in one CTA so a
                               gathered K/V tile is read once for the group;
                               ragged per-head budgets; one launch per layer
-   decode    >>cuda-decode    observation ring, window scoring, pooling,
-                              top-k keep sets (ascending, window included)
-             >>cuda-compact   in-place KV compaction
+   decode    >>cuda-decode    observation ring (NaN/Inf scan first), window
+                              scoring of the last ei__decode_window queries,
+                              pooling, top-k keep sets (ascending, window
+                              included)
+             >>cuda-compact   keep-set index check, then in-place KV compaction
 
-   Plans have the CPU layout (ei_plan in entropyinfer.h), their arrays in device
-   memory; rows of the [kv][segment] arrays are seg_capacity apart, block_index
-   rows max_keep apart, score rows blk_capacity apart. */
+   Every view is read as element (t, h, i) = data[t*token_stride +
+   h*head_stride + i]; no kernel assumes another layout. Plans have the CPU
+   layout (ei__plan_geometry), their arrays in device memory; rows of the
+   [kv][segment] arrays are seg_capacity apart, block_index rows max_keep
+   apart, score rows blk_capacity apart. */
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <atomic>
+#include <float.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +54,7 @@
 #include <math.h>
 #include <type_traits>
 
-#define EI_CUDA_ABI_DECLS /* the function table of entropyinfer.h */
+#define EI_CUDA_ABI_DECLS /* the function table and the shared rules of entropyinfer.h */
 #include "entropyinfer.h"
 
 #define EI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -69,8 +87,6 @@ static ei_result fail(char *msg, ei_result code, const char *fmt, ...) {
 
 static inline cudaStream_t stream_of(const ei_config *cfg) { return (cudaStream_t)cfg->cuda_stream; }
 
-static size_t dtype_size(ei_dtype t) { return t == EI_F32 ? 4 : 2; }
-
 /* a*b with overflow check into *out (size_t) */
 static bool mul_ok(size_t a, size_t b, size_t *out) {
     if (a && b > SIZE_MAX / a) return false;
@@ -78,41 +94,47 @@ static bool mul_ok(size_t a, size_t b, size_t *out) {
     return true;
 }
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+/* the 256-byte aligned start of a workspace */
+static char *ws_base(void *ws) { return (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255); }
 
-static ei_result check_tensor(const ei_tensor *t, const char *name, char *msg) {
-    if (!t || !t->data) return fail(msg, EI_ERR_NULL, "tensor %s is NULL", name);
-    if (t->dtype != EI_F32 && t->dtype != EI_F16 && t->dtype != EI_BF16)
-        return fail(msg, EI_ERR_DTYPE, "tensor %s: unknown dtype %d", name, (int)t->dtype);
-    if (t->n_tokens <= 0 || t->n_tokens > EI_MAX_TOKENS || t->n_heads <= 0 || t->n_heads > EI_MAX_HEADS ||
-        t->head_dim <= 0 || t->head_dim > EI_MAX_HEAD_DIM)
-        return fail(msg, EI_ERR_SIZE, "tensor %s: shape [%lld][%d][%d] out of range", name,
-                    (long long)t->n_tokens, t->n_heads, t->head_dim);
-    if (t->token_stride <= 0 || t->head_stride <= 0)
-        return fail(msg, EI_ERR_STRIDE, "tensor %s: strides must be positive", name);
-    /* no aliasing: one of the two strides spans the other dimension */
-    bool heads_inner = t->head_stride >= t->head_dim && t->token_stride >= t->head_stride * t->n_heads;
-    bool tokens_inner = t->token_stride >= t->head_dim && t->head_stride >= t->token_stride * t->n_tokens;
-    if (!heads_inner && !tokens_inner && !(t->n_heads == 1 && t->token_stride >= t->head_dim) &&
-        !(t->n_tokens == 1 && t->head_stride >= t->head_dim))
-        return fail(msg, EI_ERR_STRIDE, "tensor %s: strides (%lld, %lld) make elements alias", name,
-                    (long long)t->token_stride, (long long)t->head_stride);
+/* Opt-in shared memory per block of the current device (bytes). */
+static ei_result smem_limit(int *bytes, char *msg) {
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return EI_OK;
 }
-static ei_result check_out_tensor(const ei_out_tensor *o, const char *name, char *msg) {
-    ei_tensor t;
-    if (!o) return fail(msg, EI_ERR_NULL, "tensor %s is NULL", name);
-    t.data = o->data; t.dtype = o->dtype; t.n_heads = o->n_heads; t.head_dim = o->head_dim;
-    t.n_tokens = o->n_tokens; t.token_stride = o->token_stride; t.head_stride = o->head_stride;
-    return check_tensor(&t, name, msg);
+/* A launch grid within the hardware's limits (x < 2^31, y and z < 2^16). */
+static ei_result grid_fits(const char *what, int64_t x, int64_t y, int64_t z, char *msg) {
+    if (x <= 0x7fffffffLL && y <= 65535 && z <= 65535) return EI_OK;
+    return fail(msg, EI_ERR_UNSUPPORTED, "%s: the launch grid (%lld x %lld x %lld) exceeds the device's limits",
+                what, (long long)x, (long long)y, (long long)z);
 }
-static ei_result check_config(const ei_config *cfg, char *msg) {
-    if (!cfg) return fail(msg, EI_ERR_NULL, "config is NULL");
-    if (cfg->segment_size <= 0 || cfg->segment_size > EI_MAX_SEGMENT || cfg->block_size <= 0 ||
-        cfg->segment_size % cfg->block_size)
-        return fail(msg, EI_ERR_CONFIG, "segment_size %d / block_size %d invalid", cfg->segment_size,
-                    cfg->block_size);
-    if (cfg->base_budget < 0 || cfg->base_budget > EI_MAX_BUDGET)
-        return fail(msg, EI_ERR_CONFIG, "base_budget %d out of range", cfg->base_budget);
+/* Blocks of 256 threads for a grid-stride loop over n elements. */
+static unsigned stride_blocks(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* Entries without a workspace that must read a device result back
+   (decode_observe, kv_compact) record "the first bad element" in a slot of
+   this array: atomicMin of a 64-bit key, ~0 when none. Every call takes its
+   own slot (round robin) and holds it only until it returns (the readback
+   synchronises), so concurrent calls from the threads sharing a context do
+   not meet unless thousands are in flight at once. */
+#define EI_CUDA_SLOTS 4096
+__device__ unsigned long long g_first_bad[EI_CUDA_SLOTS];
+static std::atomic<unsigned> g_next_slot(0);
+static ei_result slot_take(cudaStream_t st, unsigned long long **slot, char *msg) {
+    void *base = NULL;
+    CUDA_TRY(cudaGetSymbolAddress(&base, g_first_bad));
+    *slot = (unsigned long long *)base + g_next_slot.fetch_add(1u) % EI_CUDA_SLOTS;
+    CUDA_TRY(cudaMemsetAsync(*slot, 0xFF, sizeof(unsigned long long), st));
+    return EI_OK;
+}
+static ei_result slot_read(cudaStream_t st, const unsigned long long *slot, unsigned long long *value, char *msg) {
+    CUDA_TRY(cudaMemcpyAsync(value, slot, sizeof *value, cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
     return EI_OK;
 }
 
@@ -122,11 +144,6 @@ __device__ __forceinline__ float load_f32(const void *p, int dtype, int64_t i) {
     if (dtype == EI_F16) return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
 }
-__device__ __forceinline__ void store_from_f32(void *p, int dtype, int64_t i, float x) {
-    if (dtype == EI_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(x);
-    else if (dtype == EI_F16) ((__half *)p)[i] = __float2half(x);
-    else ((float *)p)[i] = x;
-}
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
@@ -135,7 +152,11 @@ __device__ __forceinline__ float warp_sum(float x) {
     for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
-/* block-wide reductions; red must hold 32 floats; all threads get the result */
+__device__ __forceinline__ double warp_sum_d(double x) {
+    for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+/* block-wide reductions; red must hold 32 values; all threads get the result */
 __device__ float block_max(float x, float *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     x = warp_max(x);
@@ -145,46 +166,50 @@ __device__ float block_max(float x, float *red) {
     x = lane < nw ? red[lane] : -INFINITY;
     return warp_max(x);
 }
-__device__ float block_sum(float x, float *red) {
+__device__ double block_sum_d(double x, double *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    x = warp_sum(x);
+    x = warp_sum_d(x);
     __syncthreads();
     if (lane == 0) red[w] = x;
     __syncthreads();
-    x = lane < nw ? red[lane] : 0.f;
-    return warp_sum(x);
+    x = lane < nw ? red[lane] : 0.0;
+    return warp_sum_d(x);
 }
 
-/* Order-preserving key of a float (larger float -> larger key; NaN never
-   reaches here: profiling rejects it). 64-bit keys append ~index so that
-   equal scores rank the lower index first and every key is unique. */
+/* Order-preserving key of a float (larger float -> larger key; -0 and +0
+   are one value, as in the CPU's comparisons; NaN never reaches here). 64-bit
+   keys append ~index so that equal scores rank the lower index first (the
+   CPU's order: descending score, ties to the lower index) and every key is
+   unique. */
 __device__ __forceinline__ uint32_t float_key(float f) {
     uint32_t u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0u;
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-__device__ __forceinline__ uint64_t rank_key(float f, int j) {
+__device__ __forceinline__ uint64_t rank_key(float f, int64_t j) {
     return ((uint64_t)float_key(f) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)j);
 }
 
 /* The key of the k-th largest element of row[0..len) (1 <= k <= len), by an
    8-bit radix select over the 64-bit rank keys. All threads return it;
    exactly k elements have a key >= the result. hist: 256 ints of shared. */
-__device__ uint64_t block_select_kth(const float *row, int len, int k, int *hist) {
+__device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, int *hist) {
     __shared__ uint64_t s_prefix;
-    __shared__ int s_k;
+    __shared__ int64_t s_k;
     uint64_t prefix = 0, mask = 0;
     if (threadIdx.x == 0) s_k = k;
     for (int pass = 0; pass < 8; pass++) {
         int shift = 56 - 8 * pass;
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
             uint64_t key = rank_key(row[j], j);
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            int need = s_k, cum = 0, bin = 255;
+            int64_t need = s_k, cum = 0;
+            int bin = 255;
             for (; bin > 0; bin--) {
                 if (cum + hist[bin] >= need) break;
                 cum += hist[bin];
@@ -201,7 +226,10 @@ __device__ uint64_t block_select_kth(const float *row, int len, int k, int *hist
 }
 
 /* ============================================================ >>cuda-minmax */
-/* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's real queries */
+/* Profiling flags (one int in the workspace, read back at the end). */
+enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8 };
+
+/* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's queries */
 __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t n,
                                                     int D, int seg, int nseg, float *qfeat, int *flag) {
     __shared__ float smax[4][64], smin[4][64];
@@ -214,7 +242,7 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
         float mx = -INFINITY, mn = INFINITY;
         if (d < D)
             for (int64_t t = t0 + r; t < t1; t += 4) {
-                float x = load_f32(q, dtype, t * ts + h * hs + d);
+                float x = load_f32(q, dtype, t * ts + (int64_t)h * hs + d);
                 bad |= !isfinite(x);
                 mx = fmaxf(mx, x);
                 mn = fminf(mn, x);
@@ -233,7 +261,7 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
         }
         __syncthreads();
     }
-    if (bad) atomicOr(flag, 1);
+    if (bad) atomicOr(flag, PF_NAN_Q);
 }
 
 /* kfeat[(kvh*nblk + b)*2 + {max,min}][D] for b < nblk; every key is scanned for
@@ -249,7 +277,7 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
     float mx = -INFINITY, mn = INFINITY;
     bool bad = false;
     for (int64_t t = t0; t < t1; t++) {
-        float x = load_f32(k, dtype, t * ts + kvh * hs + d);
+        float x = load_f32(k, dtype, t * ts + (int64_t)kvh * hs + d);
         bad |= !isfinite(x);
         mx = fmaxf(mx, x);
         mn = fminf(mn, x);
@@ -259,7 +287,7 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
         o[d] = mx;
         o[D + d] = mn;
     }
-    if (bad) atomicOr(flag, 1);
+    if (bad) atomicOr(flag, PF_NAN_K);
 }
 
 /* ============================================================ >>cuda-scores */
@@ -268,16 +296,17 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
    Tile: 32 segments x 64 blocks per CTA, 2 x 4 per thread, dims in chunks of
    32 read from shared memory 4 at a time (float4; rows padded to 36 floats so
    that 8 consecutive rows hit distinct banks): 12 shared loads per 128 FMAs,
-   which keeps the kernel FMA-bound (one float per load was load-bound). */
+   which keeps the kernel FMA-bound (one float per load was load-bound).
+   Grid: x = block tiles x kv heads (kv head major), y = segment tiles. */
 #define SC_ST 32
 #define SC_BT 64
 #define SC_DC 32
 #define SC_PITCH (SC_DC + 4)
 __global__ void __launch_bounds__(256) score_kernel(const float *qfeat, const float *kfeat, float *raw, int nseg,
-                                                    int nblk, int D, int G, int bps) {
+                                                    int nblk, int D, int G, int bps, int blk_tiles) {
     __shared__ __align__(16) float qs[2][SC_ST][SC_PITCH];
     __shared__ __align__(16) float ks[2][SC_BT][SC_PITCH];
-    int kvh = blockIdx.z, s0 = blockIdx.y * SC_ST, b0 = blockIdx.x * SC_BT;
+    int kvh = blockIdx.x / blk_tiles, s0 = blockIdx.y * SC_ST, b0 = (blockIdx.x % blk_tiles) * SC_BT;
     int smax = min(s0 + SC_ST, nseg) - 1;
     if ((int64_t)b0 >= (int64_t)smax * bps) return; /* all masked */
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -355,108 +384,110 @@ __global__ void __launch_bounds__(256) score_kernel(const float *qfeat, const fl
 }
 
 /* ============================================================ >>cuda-softmax */
-/* entropy[kvh*seg_cap + s]; optional softmaxed scores rows (blk_cap apart). */
+/* entropy[kvh*seg_cap + s] and the optional softmaxed scores rows (blk_cap
+   apart), computed as the CPU's ei__softmax_entropy / ei__uniform_entropy:
+   f32 exponentials and probabilities, sums in double; segment 0 (no visible
+   block) is the uniform row. A non-finite raw score (float32 overflow of the
+   block scores) sets PF_OVERFLOW, as the CPU refuses it. */
 __global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, int nseg, int nblk, int bps,
                                                               float *entropy, int seg_cap, float *scores,
                                                               int blk_cap, int *flag) {
     __shared__ float red[32];
+    __shared__ double redd[32];
     int s = blockIdx.x, kvh = blockIdx.y;
     const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
     float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
-    if (nblk == 0) {
+    if (nblk == 0) { /* one segment: nothing scored (the CPU writes no scores row either) */
         if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = 0.f;
         return;
     }
     int valid = (int)min((int64_t)s * bps, (int64_t)nblk);
-    float h = 0.f;
-    if (valid == 0) { /* segment 0: every block masked, the softmax is uniform */
-        float p = 1.f / (float)nblk;
-        for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
-            h += p * logf(p + 1e-9f);
-            if (srow) srow[b] = p;
-        }
-    } else {
-        float m = -INFINITY;
-        for (int b = threadIdx.x; b < valid; b += blockDim.x) m = fmaxf(m, row[b]);
-        m = block_max(m, red);
-        if (!isfinite(m)) {
-            if (threadIdx.x == 0) atomicOr(flag, 2);
-            return;
-        }
-        float z = 0.f;
-        for (int b = threadIdx.x; b < valid; b += blockDim.x) z += expf(row[b] - m);
-        z = block_sum(z, red);
-        for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
-            float p = b < valid ? expf(row[b] - m) / z : 0.f;
-            if (b < valid) h += p * logf(p + 1e-9f);
-            if (srow) srow[b] = p;
-        }
+    if (valid == 0) { /* segment 0 */
+        float p = 1.0f / (float)nblk;
+        if (srow)
+            for (int b = threadIdx.x; b < nblk; b += blockDim.x) srow[b] = p;
+        if (threadIdx.x == 0)
+            entropy[(int64_t)kvh * seg_cap + s] = (float)(-(double)nblk * (double)p * (double)logf(p + 1e-9f));
+        return;
     }
-    h = block_sum(h, red);
-    if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = -h;
+    float m = -FLT_MAX;
+    int bad = 0;
+    for (int b = threadIdx.x; b < valid; b += blockDim.x) {
+        float x = row[b];
+        bad |= !isfinite(x);
+        m = fmaxf(m, x);
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) atomicOr(flag, PF_OVERFLOW);
+        return;
+    }
+    m = block_max(m, red);
+    double z = 0.0;
+    for (int b = threadIdx.x; b < valid; b += blockDim.x) z += (double)expf(row[b] - m);
+    float zf = (float)block_sum_d(z, redd);
+    double h = 0.0;
+    for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
+        float p = b < valid ? expf(row[b] - m) / zf : 0.f;
+        if (b < valid) h += (double)p * (double)logf(p + 1e-9f);
+        if (srow) srow[b] = p;
+    }
+    h = block_sum_d(h, redd);
+    if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = (float)(-h);
 }
 
 /* ============================================================ >>cuda-budgets */
-struct BudgetParams {
-    int nkv, nseg, nblk, seg_cap, bs, bps, max_keep, per_segment;
-    int64_t n;
-    int seg;
-    float e_t;
-    double delta_t, alpha, base, bmin, bmax;
-};
-/* One CTA: thread per kv head runs the recurrence; then the per-segment max. */
-__global__ void budget_kernel(BudgetParams p, const float *entropy, uint8_t *head_class, float *budget,
-                              int *keep_blocks, int *keep_count) {
-    int64_t cap_last = (int64_t)p.nblk - ((p.n % p.seg) / p.bs + 1);
-    for (int h = threadIdx.x; h < p.nkv; h += blockDim.x) {
-        const float *H = entropy + (int64_t)h * p.seg_cap;
-        int rigid = p.nseg >= 2;
-        for (int s = 1; s < p.nseg; s++)
-            if (!(H[s] < p.e_t)) rigid = 0;
-        head_class[h] = rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC;
-        double B = p.base;
-        for (int s = 0; s < p.nseg; s++) {
-            int64_t keep = 0;
-            if (s > 0 && !rigid) {
-                double r = s == 1 ? p.delta_t : ((double)H[s] - (double)H[s - 1]) / ((double)H[s - 1] + 1e-9);
-                r = fmin(fmax(r, 0.0), 1.0 + p.delta_t);
-                B = fmin(fmax(B + p.alpha * p.base * (r - p.delta_t), p.bmin), p.bmax);
-            }
-            if (p.nseg >= 2 && s > 0) {
-                keep = (int64_t)floor(B / (double)p.bs);
-                int64_t cap = min((int64_t)s * p.bps, cap_last);
-                keep = max((int64_t)0, min(keep, cap));
-                keep = min(keep, (int64_t)p.max_keep);
-            }
-            budget[(int64_t)h * p.seg_cap + s] = (float)B;
-            keep_blocks[(int64_t)h * p.seg_cap + s] = (int)keep;
+/* One CTA: a thread per kv head runs the header's rules (ei__head_rigid,
+   ei__budget_next, ei__keep_of with ei__cap_blocks) exactly as the CPU's
+   profile does; then keep_count per segment: each head's own count, or with
+   per_segment_budget the max over heads (the CPU's ei_plan_finalize). */
+__global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_cap, int64_t n, int64_t nblk,
+                              const float *entropy, uint8_t *head_class, float *budget, int *keep_blocks,
+                              int *keep_count) {
+    const ei_config *c = &cfg;
+    for (int h = threadIdx.x; h < nkv; h += blockDim.x) {
+        const float *H = entropy + (int64_t)h * seg_cap;
+        int rigid = ei__head_rigid(c, H, nseg);
+        double B = 0.0;
+        head_class[h] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+        for (int s = 0; s < nseg; s++) {
+            int64_t cap = ei__cap_blocks(c, s, n, nblk);
+            B = rigid ? (double)c->base_budget : ei__budget_next(c, s, B, H[s], s > 0 ? H[s - 1] : 0.0f);
+            budget[(int64_t)h * seg_cap + s] = (float)B;
+            keep_blocks[(int64_t)h * seg_cap + s] = ei__keep_of(c, s, B, cap);
         }
     }
     __syncthreads();
-    for (int s = threadIdx.x; s < p.nseg; s += blockDim.x) {
+    for (int s = threadIdx.x; s < nseg; s += blockDim.x) {
         int mx = 0;
-        if (p.per_segment)
-            for (int h = 0; h < p.nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * p.seg_cap + s]);
-        for (int h = 0; h < p.nkv; h++)
-            keep_count[(int64_t)h * p.seg_cap + s] = p.per_segment ? mx : keep_blocks[(int64_t)h * p.seg_cap + s];
+        if (c->per_segment_budget)
+            for (int h = 0; h < nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * seg_cap + s]);
+        for (int h = 0; h < nkv; h++)
+            keep_count[(int64_t)h * seg_cap + s] = c->per_segment_budget ? mx : keep_blocks[(int64_t)h * seg_cap + s];
     }
 }
 
 /* ============================================================ >>cuda-topk */
-/* block_index row (kvh, s): the keep_count highest-scoring unmasked blocks by
+/* block_index row (kvh, s): the keep_count highest-scoring visible blocks by
    descending raw score, ties to the lower index; -1 up to max_keep.
-   Dynamic shared memory: sort_n (power of two >= max_keep) 64-bit keys. */
+   Dynamic shared memory: sort_n (power of two >= max_keep) 64-bit keys. The
+   budgets never keep more blocks than a row holds or than are visible (the
+   header checked the plan's rows against this configuration's budgets);
+   PF_KEEP reports the impossible. */
 __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, int nblk, int bps,
                                                    const int *keep_count, int seg_cap, int *block_index,
-                                                   int max_keep) {
+                                                   int max_keep, int *flag) {
     extern __shared__ uint64_t keys[];
     __shared__ int hist[256];
     __shared__ int count;
     int s = blockIdx.x, kvh = blockIdx.y;
     int *out = block_index + ((int64_t)kvh * seg_cap + s) * max_keep;
     int len = (int)min((int64_t)s * bps, (int64_t)nblk);
-    int k = min(min(keep_count[(int64_t)kvh * seg_cap + s], len), max_keep);
-    if (k <= 0) {
+    int k = keep_count[(int64_t)kvh * seg_cap + s];
+    if (k > len || k > max_keep || k < 0) {
+        if (threadIdx.x == 0) atomicOr(flag, PF_KEEP);
+        k = 0;
+    }
+    if (k == 0) {
         for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
         return;
     }
@@ -493,100 +524,11 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
 }
 
 /* ============================================================ plans (host) */
-/* The header's layout (ei__plan_layout_of), so ei_plan_size serves both
-   backends: 64-byte aligned arrays in the order entropy, head_class, budget,
-   keep_blocks, keep_count, block_index, scores, then 64 bytes of slack. */
-#define PLAN_ALIGN 64
-static size_t align64(size_t x) { return (x + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
-struct PlanDims {
-    int32_t seg_cap, blk_cap, max_keep;
-};
-static ei_result plan_layout(const ei_config *cfg, int64_t max_tokens, int32_t nkv, int32_t head_dim, uint32_t flags,
-                             PlanDims *d, size_t off[8], char *msg) {
-    ei_result r = check_config(cfg, msg);
-    if (r) return r;
-    if (max_tokens <= 0 || max_tokens > EI_MAX_TOKENS)
-        return fail(msg, EI_ERR_SIZE, "max_tokens %lld out of range", (long long)max_tokens);
-    if (nkv <= 0 || nkv > EI_MAX_HEADS) return fail(msg, EI_ERR_SIZE, "n_kv_heads %d out of range", nkv);
-    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return fail(msg, EI_ERR_SIZE, "head_dim %d out of range", head_dim);
-    if (flags & EI_PLAN_CHUNKED)
-        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
-    if (flags & ~(uint32_t)(EI_PLAN_CHUNKED | EI_PLAN_SCORES)) return fail(msg, EI_ERR_CONFIG, "unknown plan flags");
-    int64_t seg_cap = (max_tokens + cfg->segment_size - 1) / cfg->segment_size;
-    int64_t blk_cap = (seg_cap - 1) * (cfg->segment_size / cfg->block_size);
-    double f = fmax(1.0, (double)cfg->budget_max_factor);
-    int64_t keep = (int64_t)floor(f * (double)cfg->base_budget / (double)cfg->block_size);
-    d->seg_cap = (int32_t)seg_cap;
-    d->blk_cap = (int32_t)blk_cap;
-    d->max_keep = (int32_t)(keep < blk_cap ? keep : blk_cap);
-    size_t rows = (size_t)nkv * (size_t)seg_cap, bi, sc = 0, o = 0;
-    if (!mul_ok(rows, (size_t)d->max_keep * 4, &bi)) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
-    if ((flags & EI_PLAN_SCORES) && !mul_ok(rows, (size_t)(blk_cap > 0 ? blk_cap : 1) * 4, &sc))
-        return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
-    size_t sizes[7] = {rows * 4, (size_t)nkv, rows * 4, rows * 4, rows * 4, bi, sc};
-    for (int i = 0; i < 7; i++) {
-        off[i] = o;
-        o = align64(o + sizes[i]);
-        if (o < off[i]) return fail(msg, EI_ERR_OVERFLOW, "plan size overflows");
-    }
-    off[7] = o + PLAN_ALIGN;
-    return EI_OK;
-}
-
-static ei_result api_plan_size(const ei_config *cfg, int64_t max_tokens, int32_t nkv, int32_t head_dim,
-                               uint32_t flags, size_t *bytes, char *msg) {
-    PlanDims d = {0, 0, 0};
-    size_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
-    ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
-    if (r) return r;
-    *bytes = off[7];
-    return EI_OK;
-}
-
-static ei_result api_plan_init(const ei_config *cfg, ei_plan *plan, int64_t max_tokens, int32_t nkv,
-                               int32_t head_dim, uint32_t flags, void *mem, size_t bytes, char *msg) {
-    PlanDims d = {0, 0, 0};
-    size_t off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (!plan || !mem) return fail(msg, EI_ERR_NULL, "plan or memory is NULL");
-    ei_result r = plan_layout(cfg, max_tokens, nkv, head_dim, flags, &d, off, msg);
-    if (r) return r;
-    if (bytes < off[7]) return fail(msg, EI_ERR_WORKSPACE, "plan memory %zu bytes, needs %zu", bytes, off[7]);
-    char *base = (char *)(((uintptr_t)mem + PLAN_ALIGN - 1) & ~(uintptr_t)(PLAN_ALIGN - 1));
-    memset(plan, 0, sizeof *plan);
-    plan->max_tokens = max_tokens;
-    plan->n_kv_heads = nkv;
-    plan->head_dim = head_dim;
-    plan->max_keep = d.max_keep;
-    plan->segment_size = cfg->segment_size;
-    plan->block_size = cfg->block_size;
-    plan->flags = flags;
-    plan->seg_capacity = d.seg_cap;
-    plan->blk_capacity = d.blk_cap;
-    plan->entropy = (float *)(base + off[0]);
-    plan->head_class = (uint8_t *)(base + off[1]);
-    plan->budget = (float *)(base + off[2]);
-    plan->keep_blocks = (int32_t *)(base + off[3]);
-    plan->keep_count = (int32_t *)(base + off[4]);
-    plan->block_index = (int32_t *)(base + off[5]);
-    plan->scores = (flags & EI_PLAN_SCORES) ? (float *)(base + off[6]) : NULL;
-    plan->state = NULL;
-    cudaStream_t st = stream_of(cfg);
-    CUDA_TRY(cudaMemsetAsync(base, 0, off[5], st));
-    CUDA_TRY(cudaMemsetAsync(base + off[5], 0xFF, off[6] - off[5], st));
-    if (off[7] - PLAN_ALIGN > off[6]) CUDA_TRY(cudaMemsetAsync(base + off[6], 0, off[7] - PLAN_ALIGN - off[6], st));
-    return EI_OK;
-}
-
+/* The header checked that dst can hold src (same kv heads, segment and block
+   size, enough segments, rows and score columns). Rows of dst longer than
+   src's are padded with -1 first. */
 static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan *src, int direction,
                                char *msg) {
-    if (!dst || !src) return fail(msg, EI_ERR_NULL, "plan is NULL");
-    if (dst->n_kv_heads != src->n_kv_heads || dst->segment_size != src->segment_size ||
-        dst->block_size != src->block_size)
-        return fail(msg, EI_ERR_SHAPE, "plans differ in kv heads, segment or block size");
-    if (dst->seg_capacity < src->n_segments || dst->max_keep < src->max_keep ||
-        (src->scores && dst->scores && dst->blk_capacity < src->n_blocks))
-        return fail(msg, EI_ERR_WORKSPACE, "destination plan too small");
     cudaMemcpyKind kind = direction == EI_COPY_DEVICE_TO_HOST   ? cudaMemcpyDeviceToHost
                           : direction == EI_COPY_HOST_TO_DEVICE ? cudaMemcpyHostToDevice
                                                                 : cudaMemcpyDeviceToDevice;
@@ -599,19 +541,27 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
         CUDA_TRY(cudaMemcpy2DAsync(dst->keep_blocks, dp, src->keep_blocks, sp, w, nkv, kind, st));
         CUDA_TRY(cudaMemcpy2DAsync(dst->keep_count, dp, src->keep_count, sp, w, nkv, kind, st));
         CUDA_TRY(cudaMemcpyAsync(dst->head_class, src->head_class, (size_t)nkv, kind, st));
+        if (dst->max_keep > src->max_keep) {
+            size_t all = (size_t)nkv * (size_t)dst->seg_capacity * (size_t)dst->max_keep * 4;
+            if (direction == EI_COPY_DEVICE_TO_HOST) {
+                CUDA_TRY(cudaStreamSynchronize(st)); /* nothing queued writes dst: plain memset */
+                memset(dst->block_index, 0xFF, all);
+            } else
+                CUDA_TRY(cudaMemsetAsync(dst->block_index, 0xFF, all, st));
+        }
         if (src->max_keep > 0)
-            for (int h = 0; h < nkv; h++) /* rows of max_keep; dst rows may be longer: pad -1 first */
+            for (int h = 0; h < nkv; h++) /* rows of max_keep ints, nseg rows per head */
                 CUDA_TRY(cudaMemcpy2DAsync(dst->block_index + (size_t)h * dst->seg_capacity * dst->max_keep,
                                            (size_t)dst->max_keep * 4,
                                            src->block_index + (size_t)h * src->seg_capacity * src->max_keep,
                                            (size_t)src->max_keep * 4, (size_t)src->max_keep * 4, nseg, kind, st));
         if (src->scores && dst->scores && src->n_blocks > 0)
             for (int h = 0; h < nkv; h++)
-                CUDA_TRY(cudaMemcpy2DAsync(dst->scores + (size_t)h * dst->seg_capacity * dst->blk_capacity,
-                                           (size_t)dst->blk_capacity * 4,
-                                           src->scores + (size_t)h * src->seg_capacity * src->blk_capacity,
-                                           (size_t)src->blk_capacity * 4, (size_t)src->n_blocks * 4, nseg,
-                                           kind, st));
+                CUDA_TRY(cudaMemcpy2DAsync(dst->scores + (size_t)h * dst->seg_capacity * (dst->blk_capacity > 0 ? dst->blk_capacity : 1),
+                                           (size_t)(dst->blk_capacity > 0 ? dst->blk_capacity : 1) * 4,
+                                           src->scores + (size_t)h * src->seg_capacity * (src->blk_capacity > 0 ? src->blk_capacity : 1),
+                                           (size_t)(src->blk_capacity > 0 ? src->blk_capacity : 1) * 4,
+                                           (size_t)src->n_blocks * 4, nseg, kind, st));
     }
     CUDA_TRY(cudaStreamSynchronize(st));
     dst->n_tokens = src->n_tokens;
@@ -627,27 +577,22 @@ struct ProfileWs {
 };
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
                             char *msg) {
-    ei_result r = check_config(cfg, msg);
-    if (r) return r;
-    if (n <= 0 || n > EI_MAX_TOKENS || nh <= 0 || nkv <= 0 || nh > EI_MAX_HEADS || D <= 0 || D > EI_MAX_HEAD_DIM)
-        return fail(msg, EI_ERR_SIZE, "profile shape out of range");
     size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
     size_t nblk = (nseg - 1) * (size_t)(cfg->segment_size / cfg->block_size);
     size_t a, b, c;
     if (!mul_ok((size_t)nh * nseg, (size_t)D * 8, &a) || !mul_ok((size_t)nkv * nblk, (size_t)D * 8, &b) ||
-        !mul_ok((size_t)nkv * nseg, nblk * 4, &c))
-        return fail(msg, EI_ERR_OVERFLOW, "profile workspace size overflows");
+        !mul_ok((size_t)nkv * nseg, nblk * 4, &c) || a > SIZE_MAX / 4 || b > SIZE_MAX / 4 || c > SIZE_MAX / 4)
+        return fail(msg, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n);
     w->qfeat = 0;
     w->kfeat = align256(a);
     w->raw = w->kfeat + align256(b);
     w->flag = w->raw + align256(c);
-    w->total = w->flag + 256 + 256;
+    w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
     ProfileWs w = {0, 0, 0, 0, 0};
-    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
     if (r) return r;
     *bytes = w.total;
@@ -656,83 +601,74 @@ static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int
 
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                              void *ws, size_t ws_bytes, char *msg) {
-    ei_result r;
-    if ((r = check_config(cfg, msg)) || (r = check_tensor(q, "q", msg)) || (r = check_tensor(k, "k", msg))) return r;
-    if (!plan || !ws) return fail(msg, EI_ERR_NULL, "plan or workspace is NULL");
-    if (q->n_tokens != k->n_tokens || q->head_dim != k->head_dim)
-        return fail(msg, EI_ERR_SHAPE, "q [%lld][..][%d] and k [%lld][..][%d] disagree", (long long)q->n_tokens,
-                    q->head_dim, (long long)k->n_tokens, k->head_dim);
-    if (q->n_heads % k->n_heads) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", q->n_heads, k->n_heads);
-    if (plan->n_kv_heads != k->n_heads || plan->segment_size != cfg->segment_size ||
-        plan->block_size != cfg->block_size)
-        return fail(msg, EI_ERR_SHAPE, "plan was made for another shape or configuration");
-    if (q->n_tokens > plan->max_tokens)
-        return fail(msg, EI_ERR_SIZE, "%lld tokens, plan holds %lld", (long long)q->n_tokens,
-                    (long long)plan->max_tokens);
     ProfileWs w = {0, 0, 0, 0, 0};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
-    if ((r = profile_ws(cfg, n, nh, nkv, D, &w, msg))) return r;
-    if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace %zu bytes, needs %zu", ws_bytes, w.total);
-    char *base = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
-    if ((size_t)(base - (char *)ws) + w.total - 256 > ws_bytes)
-        return fail(msg, EI_ERR_WORKSPACE, "workspace too small after alignment");
+    ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
+    if (r) return r;
+    if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
+    if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w.total);
+    char *base = ws_base(ws);
     float *qfeat = (float *)(base + w.qfeat), *kfeat = (float *)(base + w.kfeat), *raw = (float *)(base + w.raw);
     int *flag = (int *)(base + w.flag);
     int seg = cfg->segment_size, bs = cfg->block_size, bps = seg / bs;
     int nseg = (int)((n + seg - 1) / seg);
     int nblk = (nseg - 1) * bps;
-    int64_t nb_all = (n + bs - 1) / bs;
+    int64_t nb_all = (n + bs - 1) / bs, kblocks = (nb_all * D + 255) / 256;
+    int blk_tiles = (nblk + SC_BT - 1) / SC_BT, seg_tiles = (nseg + SC_ST - 1) / SC_ST;
+    int sort_n = 1, smem_max = 0;
+    while (sort_n < plan->max_keep) sort_n <<= 1;
+    size_t sort_bytes = (size_t)sort_n * 8;
+    if ((r = grid_fits("profile (query segments)", nseg, nh, 1, msg)) ||
+        (r = grid_fits("profile (key blocks)", kblocks, nkv, 1, msg)) ||
+        (r = grid_fits("profile (block scores)", (int64_t)blk_tiles * nkv, seg_tiles, 1, msg)) ||
+        (r = grid_fits("profile (segments)", nseg, nkv, 1, msg)) || (r = smem_limit(&smem_max, msg)))
+        return r;
+    if (plan->max_keep > 0 && sort_bytes + 2048 > (size_t)smem_max)
+        return fail(msg, EI_ERR_UNSUPPORTED,
+                    "plan rows of %d blocks need %zu bytes of shared memory for the GPU top-k, the device has %d",
+                    (int)plan->max_keep, sort_bytes, smem_max);
     cudaStream_t st = stream_of(cfg);
 
     CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
     qfeat_kernel<<<dim3(nseg, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D, seg, nseg,
                                                  qfeat, flag);
     LAUNCH_CHECK("qfeat_kernel");
-    int64_t kthreads = nb_all * D;
-    kfeat_kernel<<<dim3((unsigned)((kthreads + 255) / 256), nkv), 256, 0, st>>>(
-        k->data, k->dtype, k->token_stride, k->head_stride, n, D, bs, nblk, nb_all, kfeat, flag);
+    kfeat_kernel<<<dim3((unsigned)kblocks, nkv), 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n,
+                                                                D, bs, nblk, nb_all, kfeat, flag);
     LAUNCH_CHECK("kfeat_kernel");
     if (nblk > 0) {
-        dim3 grid((nblk + SC_BT - 1) / SC_BT, (nseg + SC_ST - 1) / SC_ST, nkv);
-        score_kernel<<<grid, 256, 0, st>>>(qfeat, kfeat, raw, nseg, nblk, D, G, bps);
+        score_kernel<<<dim3((unsigned)blk_tiles * nkv, seg_tiles), 256, 0, st>>>(qfeat, kfeat, raw, nseg, nblk, D, G,
+                                                                                  bps, blk_tiles);
         LAUNCH_CHECK("score_kernel");
     }
     softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
                                                             plan->scores, plan->blk_capacity > 0 ? plan->blk_capacity : 1,
                                                             flag);
     LAUNCH_CHECK("softmax_entropy_kernel");
-    BudgetParams bp;
-    bp.nkv = nkv; bp.nseg = nseg; bp.nblk = nblk; bp.seg_cap = plan->seg_capacity; bp.bs = bs; bp.bps = bps;
-    bp.max_keep = plan->max_keep; bp.per_segment = cfg->per_segment_budget != 0; bp.n = n; bp.seg = seg;
-    bp.e_t = cfg->rigid_entropy; bp.delta_t = (double)cfg->delta_t; bp.alpha = (double)cfg->alpha;
-    bp.base = (double)cfg->base_budget;
-    bp.bmin = (double)cfg->budget_min_factor * bp.base;
-    bp.bmax = (double)cfg->budget_max_factor * bp.base;
-    budget_kernel<<<1, 256, 0, st>>>(bp, plan->entropy, plan->head_class, plan->budget, plan->keep_blocks,
-                                     plan->keep_count);
+    budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->entropy, plan->head_class,
+                                     plan->budget, plan->keep_blocks, plan->keep_count);
     LAUNCH_CHECK("budget_kernel");
     if (plan->max_keep > 0) {
-        int sort_n = 1;
-        while (sort_n < plan->max_keep) sort_n <<= 1;
-        size_t smem = (size_t)sort_n * 8;
-        if (smem > 200 * 1024)
-            return fail(msg, EI_ERR_UNSUPPORTED, "max_keep %d blocks is above the GPU top-k limit (25600)",
-                        plan->max_keep);
-        CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        topk_kernel<<<dim3(nseg, nkv), 256, smem, st>>>(raw, nseg, nblk, bps, plan->keep_count, plan->seg_capacity,
-                                                        plan->block_index, plan->max_keep);
+        CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
+        topk_kernel<<<dim3(nseg, nkv), 256, sort_bytes, st>>>(raw, nseg, nblk, bps, plan->keep_count,
+                                                              plan->seg_capacity, plan->block_index, plan->max_keep,
+                                                              flag);
         LAUNCH_CHECK("topk_kernel");
     }
     int host_flag = 0;
     CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaStreamSynchronize(st));
+    if (host_flag & PF_NAN_K) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k");
+    if (host_flag & PF_NAN_Q) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q");
+    if (host_flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
+    if (host_flag & PF_KEEP)
+        return fail(msg, EI_ERR_BACKEND, "internal error: a keep count exceeds its row (%d blocks) or the visible blocks",
+                    (int)plan->max_keep);
     plan->n_tokens = n;
     plan->n_segments = nseg;
     plan->n_blocks = nblk;
     plan->final = 1;
-    if (host_flag & 1) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q or k");
-    if (host_flag & 2) return fail(msg, EI_ERR_NONFINITE, "profiling scores overflow");
     return EI_OK;
 }
 
@@ -745,8 +681,10 @@ struct AttnParams {
     int n_kv, G, HC, T, chunks;
     int64_t q_offset, nq;
     int seg, bs;
-    int64_t threshold;
-    int plan_nseg, last_dense; /* plan_nseg 0: dense causal everywhere */
+    /* which segments attend sparsely: ei__segment_sparse(&cfg, s, plan_nseg,
+       plan_final) for s < plan_nseg; plan_nseg 0 (no plan): dense causal */
+    ei_config cfg;
+    int plan_nseg, plan_final;
     const int *keep_count, *block_index;
     int seg_stride, max_keep;
     int s_last, tiles_per_seg;
@@ -994,12 +932,14 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
     int t1 = (int)min((int64_t)t0 + p.T, seg_hi);
     int h0 = kvh * p.G + chunk * p.HC, hc = min(p.HC, p.G - chunk * p.HC);
 
-    bool sparse = p.plan_nseg > 0 && s < p.plan_nseg && (int64_t)s * p.seg >= p.threshold &&
-                  !(p.last_dense && s == p.plan_nseg - 1);
+    bool sparse = s < p.plan_nseg && ei__segment_sparse(&p.cfg, s, p.plan_nseg, p.plan_final);
     KeyList kl;
     kl.bs = p.bs;
     kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
     if (sparse) {
+        /* the header checked host plans' rows; a corrupt device plan must
+           still not make the kernel read outside its rows (KeyList::pos
+           likewise masks block numbers that are not before the segment) */
         int kc = p.keep_count[(int64_t)kvh * p.seg_stride + s];
         kc = max(0, min(kc, p.max_keep));
         kl.brow = p.block_index + ((int64_t)kvh * p.seg_stride + s) * p.max_keep;
@@ -1348,11 +1288,29 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     }
 }
 
+
 static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, int32_t nkv, int32_t D,
                                               size_t *bytes, char *msg) {
-    (void)cfg; (void)nh; (void)nkv; (void)D;
-    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    (void)cfg; (void)nh; (void)nkv; (void)D; (void)msg;
     *bytes = 0; /* the kernel needs none */
+    return EI_OK;
+}
+
+/* What the kernels need of one view: rows read with 16-byte cp.async (q, k,
+   v) or written as pairs of elements (out). */
+static ei_result attn_rows_aligned(const char *name, const void *data, ei_dtype dt, int64_t ts, int64_t hs,
+                                   int out, char *msg) {
+    if (!out) {
+        if (((uintptr_t)data & 15) || (ts & 7) || (hs & 7))
+            return fail(msg, EI_ERR_UNSUPPORTED,
+                        "CUDA attention reads rows with 16-byte copies (cp.async): %s needs a 16-byte aligned data "
+                        "pointer and token/head strides that are multiples of 8 elements (got %p, %lld, %lld)",
+                        name, data, (long long)ts, (long long)hs);
+    } else if (((uintptr_t)data & (dt == EI_F32 ? 7 : 3)) || (ts & 1) || (hs & 1))
+        return fail(msg, EI_ERR_UNSUPPORTED,
+                    "CUDA attention writes pairs of elements: %s needs a data pointer aligned to two elements and even "
+                    "token/head strides (got %p, %lld, %lld)",
+                    name, data, (long long)ts, (long long)hs);
     return EI_OK;
 }
 
@@ -1361,33 +1319,16 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
                                char *msg) {
     ei_result r;
     (void)ws; (void)ws_bytes;
-    if ((r = check_config(cfg, msg)) || (r = check_tensor(q, "q", msg)) || (r = check_tensor(k, "k", msg)) ||
-        (r = check_tensor(v, "v", msg)) || (r = check_out_tensor(out, "out", msg)))
-        return r;
     int D = q->head_dim, nh = q->n_heads, nkv = k->n_heads;
-    if (k->head_dim != D || v->head_dim != D || out->head_dim != D || v->n_heads != nkv || out->n_heads != nh ||
-        out->n_tokens != q->n_tokens)
-        return fail(msg, EI_ERR_SHAPE, "q, k, v and out shapes disagree");
-    if (nh % nkv) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", nh, nkv);
-    if (q_offset < 0 || k->n_tokens < q_offset + q->n_tokens || v->n_tokens < q_offset + q->n_tokens)
-        return fail(msg, EI_ERR_SHAPE, "k/v hold %lld/%lld tokens, queries end at %lld", (long long)k->n_tokens,
-                    (long long)v->n_tokens, (long long)(q_offset + q->n_tokens));
     if (q->dtype != k->dtype || q->dtype != v->dtype || q->dtype == EI_F32)
-        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs q, k, v all bf16 or all f16");
+        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs q, k and v all bf16 or all f16 (the output may be any dtype)");
     if (D != 64 && D != 128 && D != 256)
-        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim 64, 128, 256 (got %d)", D);
-    if (((uintptr_t)q->data | (uintptr_t)k->data | (uintptr_t)v->data) & 15 ||
-        (q->token_stride | q->head_stride | k->token_stride | k->head_stride | v->token_stride | v->head_stride) & 7)
-        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q/k/v rows and strides");
-    if (((uintptr_t)out->data & (out->dtype == EI_F32 ? 7 : 3)) || ((out->token_stride | out->head_stride) & 1))
-        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention needs aligned output rows");
-    if (q_offset + q->n_tokens > 0x7fffffffLL)
-        return fail(msg, EI_ERR_SIZE, "too many tokens for the CUDA attention kernel");
-    if (plan) {
-        if (!plan->final || plan->n_kv_heads != nkv || plan->segment_size != cfg->segment_size ||
-            plan->block_size != cfg->block_size)
-            return fail(msg, EI_ERR_STATE, "plan is not a finished plan for these shapes");
-    }
+        return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim 64, 128 and 256 (got %d)", D);
+    if ((r = attn_rows_aligned("q", q->data, q->dtype, q->token_stride, q->head_stride, 0, msg)) ||
+        (r = attn_rows_aligned("k", k->data, k->dtype, k->token_stride, k->head_stride, 0, msg)) ||
+        (r = attn_rows_aligned("v", v->data, v->dtype, v->token_stride, v->head_stride, 0, msg)) ||
+        (r = attn_rows_aligned("out", out->data, out->dtype, out->token_stride, out->head_stride, 1, msg)))
+        return r;
     int NW, MT, BCK, WGK;
     attention_shape(D, &NW, &MT, &BCK, &WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
@@ -1403,9 +1344,9 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     p.chunks = (G + p.HC - 1) / p.HC;
     p.q_offset = q_offset; p.nq = q->n_tokens;
     p.seg = cfg->segment_size; p.bs = cfg->block_size;
-    p.threshold = cfg->threshold_len;
+    p.cfg = *cfg;
     p.plan_nseg = plan ? plan->n_segments : 0;
-    p.last_dense = cfg->last_segment_dense != 0;
+    p.plan_final = plan ? plan->final : 0;
     p.keep_count = plan ? plan->keep_count : NULL;
     p.block_index = plan ? plan->block_index : NULL;
     p.seg_stride = plan ? plan->seg_capacity : 0;
@@ -1416,7 +1357,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     float scale = cfg->attn_scale > 0.f ? cfg->attn_scale : 1.f / sqrtf((float)D);
     p.scale_log2 = scale * 1.4426950408889634f;
     int64_t grid = (int64_t)(p.s_last - s_first + 1) * nkv * p.chunks * p.tiles_per_seg;
-    if (grid > 0x7fffffffLL) return fail(msg, EI_ERR_SIZE, "attention grid too large");
+    if ((r = grid_fits("attention", grid, 1, 1, msg))) return r;
     cudaStream_t st = stream_of(cfg);
     bool bf = q->dtype == EI_BF16;
 #define EI__ATT(DD, NN, MM, BB)                                                                   \
@@ -1449,16 +1390,31 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
 }
 
 /* ============================================================ >>cuda-decode */
-__global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t first_tok, int count,
-                               int64_t first_global, int W, int nh, int D, float *ring) {
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int64_t total = (int64_t)count * nh * D;
-    if (idx >= total) return;
-    int d = (int)(idx % D);
-    int h = (int)((idx / D) % nh);
-    int i = (int)(idx / ((int64_t)D * nh));
-    int slot = (int)((first_global + i) % W);
-    ring[((int64_t)slot * nh + h) * D + d] = load_f32(q, dtype, (first_tok + i) * ts + h * hs + d);
+/* The queries decode_observe keeps (tokens first_tok .. first_tok+count-1 of
+   q): the first non-finite element as the key (token << 12 | head), the
+   order of the CPU's scan (token, then head; heads < 4096). */
+__global__ void observe_scan_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t first_tok, int64_t count,
+                                    int nh, int D, unsigned long long *first_bad) {
+    int64_t total = count * nh * D;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(e % D);
+        int h = (int)((e / D) % nh);
+        int64_t t = first_tok + e / ((int64_t)D * nh);
+        if (!isfinite(load_f32(q, dtype, t * ts + (int64_t)h * hs + d)))
+            atomicMin(first_bad, ((unsigned long long)t << 12) | (unsigned long long)h);
+    }
+}
+/* query number first_number + i goes to ring slot (first_number + i) % window */
+__global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t first_tok, int64_t count,
+                               int64_t first_number, int window, int nh, int D, float *ring) {
+    int64_t total = count * nh * D;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(e % D);
+        int h = (int)((e / D) % nh);
+        int64_t i = e / ((int64_t)D * nh);
+        int64_t slot = (first_number + i) % window;
+        ring[(slot * nh + h) * D + d] = load_f32(q, dtype, (first_tok + i) * ts + (int64_t)h * hs + d);
+    }
 }
 
 struct DecodeParams {
@@ -1466,23 +1422,30 @@ struct DecodeParams {
     int dtype;
     int64_t k_ts, k_hs;
     const float *ring;
-    int ring_start; /* slot of the oldest window query */
-    int W, nh, nkv, G, D;
-    int64_t n, L; /* cache length, scored positions (n - W) */
+    int64_t first_slot; /* ring slot of the first scored query: (n_observed - W) % window */
+    int window;         /* ring length (dec->window) */
+    int W, nh, nkv, G, D; /* W: queries scored, ei__decode_window(cfg, dec) <= window */
+    int64_t n, L;       /* cache length, scored positions (n - W) */
     int nchunks;
     float scale;
     float *stats;  /* [nh][W][nchunks][2] */
     float *mz;     /* [nh][W][2] */
     float *score;  /* [heads_out][L] */
     int per_kv, reduce_max;
+    unsigned long long *bad_k;   /* first non-finite key: kv head << 32 | position */
+    unsigned long long *bad_row; /* first query head whose logits overflow */
 };
 #define DEC_KC 64
 #define DEC_RC 32
 
-/* Pass 1 (final = 0): per chunk of DEC_KC keys and window query, the max and
-   sum of exp of the logits. Pass 2 (final = 1): the softmax weights, mean over
-   the window, reduction over the group; one thread per key. Shared: the key
-   chunk in f32 [DEC_KC][D+1] and logits [DEC_RC][DEC_KC+1]. */
+/* Query i (0 <= i < W) of the scored window is query number n_observed - W + i,
+   in ring slot (first_slot + i) % window; it lines up with key L + i and sees
+   keys 0 .. L + i (causal inside the window).
+   Pass 1 (FINAL = 0): per chunk of DEC_KC keys and window query, the max and
+   sum of exp of the logits; non-finite keys and overflowing logits are
+   recorded. Pass 2 (FINAL = 1): the softmax weights, mean over the window,
+   reduction over the group; one thread per key. Shared: the key chunk in f32
+   [DEC_KC][D+1] and logits [DEC_RC][DEC_KC+1]. */
 template <int FINAL>
 __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     extern __shared__ float dsm[];
@@ -1492,7 +1455,9 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     for (int i = tid; i < DEC_KC * p.D; i += DEC_KC) {
         int r = i / p.D, d = i % p.D;
         int64_t jj = j0 + r;
-        kt[r * (p.D + 1) + d] = jj < p.n ? load_f32(p.k, p.dtype, jj * p.k_ts + kvh * p.k_hs + d) : 0.f;
+        float x = jj < p.n ? load_f32(p.k, p.dtype, jj * p.k_ts + (int64_t)kvh * p.k_hs + d) : 0.f;
+        if (!FINAL && !isfinite(x)) atomicMin(p.bad_k, ((unsigned long long)kvh << 32) | (unsigned long long)jj);
+        kt[r * (p.D + 1) + d] = x;
     }
     __syncthreads();
     const float *kr = kt + tid * (p.D + 1);
@@ -1502,12 +1467,13 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
         int rc = min(DEC_RC, R - r0);
         for (int rr = 0; rr < rc; rr++) {
             int r = r0 + rr, g = r / p.W, i = r % p.W, h = kvh * p.G + g;
-            const float *qv = p.ring + ((int64_t)((p.ring_start + i) % p.W) * p.nh + h) * p.D;
+            const float *qv = p.ring + (((p.first_slot + i) % p.window) * p.nh + h) * p.D;
             float acc = 0.f;
             for (int d = 0; d < p.D; d++) acc = fmaf(qv[d], kr[d], acc);
             float x = acc * p.scale;
-            bool visible = j < p.n && j <= p.n - p.W + i;
+            bool visible = j < p.n && j <= p.L + i;
             if (!FINAL) {
+                if (visible && !(x < INFINITY)) atomicMin(p.bad_row, (unsigned long long)h); /* +inf or NaN */
                 lg[rr * (DEC_KC + 1) + tid] = visible ? x : -INFINITY;
             } else {
                 const float *s = p.mz + ((int64_t)h * p.W + i) * 2;
@@ -1566,34 +1532,36 @@ __global__ void decode_combine_kernel(DecodeParams p) {
     p.mz[2 * r + 1] = z;
 }
 
-/* pooled[h][j], j < L: avg (zero padding, divides by the width), max, none */
+/* pooled[h][j], j < L, as the CPU's ei__pool_scores: avg (positions outside
+   0..L-1 count as zero, divided by the kernel width), max (over the
+   positions inside), none. */
 __global__ void pool_kernel(const float *score, float *pooled, float *pooled_out, int64_t pooled_cap, int64_t L,
                             int heads, int pool, int kernel) {
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= L * heads) return;
-    int h = (int)(idx / L);
-    int64_t j = idx % L;
-    const float *row = score + (int64_t)h * L;
-    float x;
-    if (pool == EI_POOL_NONE || kernel <= 1) {
-        x = row[j];
-    } else {
-        int half = kernel / 2;
-        float acc = pool == EI_POOL_MAX ? -INFINITY : 0.f;
-        for (int t = -half; t <= half; t++) {
-            int64_t jj = j + t;
-            float v = (jj >= 0 && jj < L) ? row[jj] : 0.f; /* scores are >= 0: zero padding is safe for max */
-            acc = pool == EI_POOL_MAX ? fmaxf(acc, v) : acc + v;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < L * heads;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int h = (int)(idx / L);
+        int64_t j = idx % L;
+        const float *row = score + (int64_t)h * L;
+        float x;
+        if (pool == EI_POOL_NONE || kernel <= 1) {
+            x = row[j];
+        } else {
+            int64_t r = kernel / 2;
+            float acc = pool == EI_POOL_MAX ? -FLT_MAX : 0.f;
+            for (int64_t t = j - r; t <= j + r; t++) {
+                if (t < 0 || t >= L) continue;
+                acc = pool == EI_POOL_MAX ? (row[t] > acc ? row[t] : acc) : acc + row[t];
+            }
+            x = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
         }
-        x = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
+        pooled[idx] = x;
+        if (pooled_out) pooled_out[(int64_t)h * pooled_cap + j] = x;
     }
-    pooled[idx] = x;
-    if (pooled_out) pooled_out[(int64_t)h * pooled_cap + j] = x;
 }
 
 /* Per head: the kk best of pooled[0..L) (ties to the lower position), then
-   the window positions L..n-1; ascending. Optional byte mask. */
-__global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, int64_t L, int64_t n, int kk,
+   the window positions L..n-1; ascending. Optional byte mask over 0..n-1. */
+__global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, int64_t L, int64_t n, int64_t kk,
                                                           int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
     __shared__ int hist[256];
     __shared__ int warp_tot[8];
@@ -1601,15 +1569,16 @@ __global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, i
     const float *row = pooled + (int64_t)h * L;
     int *out = index + (int64_t)h * capacity;
     uint8_t *mrow = mask ? mask + (int64_t)h * mask_cap : NULL;
-    uint64_t thr = kk > 0 ? block_select_kth(row, (int)L, kk, hist) : ~(uint64_t)0;
-    int base = 0, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint64_t thr = kk > 0 ? block_select_kth(row, L, kk, hist) : ~(uint64_t)0;
+    int64_t base = 0;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int64_t j0 = 0; j0 < L; j0 += blockDim.x) {
         int64_t j = j0 + threadIdx.x;
-        bool keep = kk > 0 && j < L && rank_key(row[j], (int)j) >= thr;
+        bool keep = kk > 0 && j < L && rank_key(row[j], j) >= thr;
         unsigned bal = __ballot_sync(0xffffffffu, keep);
         if (lane == 0) warp_tot[w] = __popc(bal);
         __syncthreads();
-        int before = base;
+        int64_t before = base;
         for (int i = 0; i < w; i++) before += warp_tot[i];
         before += __popc(bal & ((1u << lane) - 1));
         if (keep) out[before] = (int)j;
@@ -1619,227 +1588,241 @@ __global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, i
         __syncthreads();
         base += tot;
     }
-    for (int64_t j = L + threadIdx.x; j < n; j += blockDim.x) out[kk + (j - L)] = (int)j;
-    if (mrow)
-        for (int64_t j = L + threadIdx.x; j < mask_cap; j += blockDim.x) mrow[j] = j < n;
-}
-
-/* everything kept (n < decode_budget) */
-__global__ void keep_all_kernel(int64_t n, int heads, int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
-    int h = blockIdx.y;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < max(n, mask_cap);
-         j += (int64_t)gridDim.x * blockDim.x) {
-        if (j < n) index[(int64_t)h * capacity + j] = (int)j;
-        if (mask && j < mask_cap) mask[(int64_t)h * mask_cap + j] = j < n;
+    for (int64_t j = L + threadIdx.x; j < n; j += blockDim.x) {
+        out[kk + (j - L)] = (int)j;
+        if (mrow) mrow[j] = 1;
     }
-    (void)heads;
 }
 
-static ei_result api_decoder_size(const ei_config *cfg, int32_t nh, int32_t D, size_t *bytes, char *msg) {
-    if (!cfg || !bytes) return fail(msg, EI_ERR_NULL, "NULL argument");
-    if (cfg->window <= 0 || nh <= 0 || nh > EI_MAX_HEADS || D <= 0 || D > EI_MAX_HEAD_DIM)
-        return fail(msg, EI_ERR_SIZE, "decoder shape out of range");
-    *bytes = (size_t)cfg->window * nh * D * 4;
-    return EI_OK;
+/* everything kept (n < decode_budget): index 0..n-1, mask ones over 0..n-1 */
+__global__ void keep_all_kernel(int64_t n, int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
+    int h = blockIdx.y;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
+        index[(int64_t)h * capacity + j] = (int)j;
+        if (mask) mask[(int64_t)h * mask_cap + j] = 1;
+    }
 }
-static ei_result api_decoder_init(const ei_config *cfg, ei_decoder *dec, int32_t nh, int32_t nkv, int32_t D,
-                                  void *mem, size_t bytes, char *msg) {
-    size_t need = 0;
-    ei_result r = api_decoder_size(cfg, nh, D, &need, msg);
-    if (r) return r;
-    if (!dec || !mem) return fail(msg, EI_ERR_NULL, "decoder or memory is NULL");
-    if (nkv <= 0 || nh % nkv) return fail(msg, EI_ERR_GQA, "%d query heads, %d kv heads", nh, nkv);
-    if (bytes < need) return fail(msg, EI_ERR_WORKSPACE, "decoder memory %zu bytes, needs %zu", bytes, need);
-    if ((uintptr_t)mem & 3) return fail(msg, EI_ERR_UNSUPPORTED, "decoder memory must be 4-byte aligned");
-    dec->n_heads = nh; dec->n_kv_heads = nkv; dec->head_dim = D; dec->window = cfg->window;
-    dec->n_observed = 0; dec->n_generated = 0; dec->last_compress = -1;
-    dec->queries = (float *)mem;
-    CUDA_TRY(cudaMemsetAsync(mem, 0, need, stream_of(cfg)));
-    return EI_OK;
-}
+
+/* The header checked q against the decoder and the protocol. The kept queries
+   (the last min(n_tokens, window)) are scanned for NaN/Inf before the ring or
+   the counts change. */
 static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const ei_tensor *q, int generated,
                                     char *msg) {
+    cudaStream_t st = stream_of(cfg);
+    int64_t W = dec->window;
+    int64_t count = q->n_tokens < W ? q->n_tokens : W, first_tok = q->n_tokens - count;
+    int64_t total = count * dec->n_heads * dec->head_dim;
+    unsigned long long *slot = NULL, bad = 0;
     ei_result r;
-    if (!cfg || !dec) return fail(msg, EI_ERR_NULL, "NULL argument");
-    if ((r = check_tensor(q, "q", msg))) return r;
-    if (q->n_heads != dec->n_heads || q->head_dim != dec->head_dim)
-        return fail(msg, EI_ERR_SHAPE, "q has %d heads of %d, decoder %d of %d", q->n_heads, q->head_dim,
-                    dec->n_heads, dec->head_dim);
-    int W = dec->window;
-    int count = (int)(q->n_tokens < W ? q->n_tokens : W);
-    int64_t first_tok = q->n_tokens - count;
-    int64_t total = (int64_t)count * dec->n_heads * dec->head_dim;
-    observe_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream_of(cfg)>>>(
-        q->data, q->dtype, q->token_stride, q->head_stride, first_tok, count, dec->n_observed + first_tok, W,
-        dec->n_heads, dec->head_dim, dec->queries);
+    if ((r = slot_take(st, &slot, msg))) return r;
+    observe_scan_kernel<<<stride_blocks(total), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride,
+                                                              first_tok, count, dec->n_heads, dec->head_dim, slot);
+    LAUNCH_CHECK("observe_scan_kernel");
+    if ((r = slot_read(st, slot, &bad, msg))) return r;
+    if (bad != ~0ull)
+        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in observed q (head %d, tokens from %lld)", (int)(bad & 4095u),
+                    (long long)(bad >> 12));
+    observe_kernel<<<stride_blocks(total), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, first_tok,
+                                                         count, dec->n_observed + first_tok, dec->window, dec->n_heads,
+                                                         dec->head_dim, dec->queries);
     LAUNCH_CHECK("observe_kernel");
     dec->n_observed += q->n_tokens;
     if (generated) dec->n_generated += q->n_tokens;
     return EI_OK;
 }
 
+/* Sized for the configuration's window (the most queries a call scores) and
+   L up to n: any W <= window fits. */
 struct DecodeWs {
-    size_t stats, mz, score, pooled, total;
+    size_t stats, mz, score, pooled, flags, total;
 };
 static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, DecodeWs *w, char *msg) {
-    if (!cfg) return fail(msg, EI_ERR_NULL, "config is NULL");
-    if (n <= 0 || n > EI_MAX_TOKENS || nh <= 0 || nkv <= 0 || nh > EI_MAX_HEADS || cfg->window <= 0)
-        return fail(msg, EI_ERR_SIZE, "decode shape out of range");
     size_t W = (size_t)cfg->window, nch = (size_t)((n + DEC_KC - 1) / DEC_KC);
-    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh;
-    size_t L = n > (int64_t)W ? (size_t)n - W : 0;
+    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh, a, b, c;
+    if (!mul_ok((size_t)nh * W, nch * 8, &a) || !mul_ok((size_t)nh * W, 8, &b) || !mul_ok(heads_out, (size_t)n * 4, &c) ||
+        a > SIZE_MAX / 8 || c > SIZE_MAX / 8)
+        return fail(msg, EI_ERR_OVERFLOW, "decode workspace for %lld tokens overflows size_t", (long long)n);
     w->stats = 0;
-    w->mz = align256((size_t)nh * W * nch * 8);
-    w->score = w->mz + align256((size_t)nh * W * 8);
-    w->pooled = w->score + align256(heads_out * L * 4);
-    w->total = w->pooled + align256(heads_out * L * 4) + 256;
+    w->mz = align256(a);
+    w->score = w->mz + align256(b);
+    w->pooled = w->score + align256(c);
+    w->flags = w->pooled + align256(c);
+    w->total = w->flags + 256 + 256; /* two first-bad keys, and slack to align the base */
     return EI_OK;
 }
 static ei_result api_decode_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, size_t *bytes,
                                            char *msg) {
-    DecodeWs w = {0, 0, 0, 0, 0};
-    if (!bytes) return fail(msg, EI_ERR_NULL, "bytes is NULL");
+    DecodeWs w = {0, 0, 0, 0, 0, 0};
     ei_result r = decode_ws(cfg, n, nh, nkv, &w, msg);
     if (r) return r;
     *bytes = w.total;
     return EI_OK;
 }
 
+/* The header checked k against the decoder, the keep set's heads and
+   capacities and the protocol. W = ei__decode_window(cfg, dec) queries are
+   scored (every query observed while fewer than the window), as the CPU. */
 static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
                                  void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
-    if (!cfg || !dec || !keep) return fail(msg, EI_ERR_NULL, "NULL argument");
-    if ((r = check_tensor(k, "k", msg))) return r;
-    int W = dec->window, nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim;
-    if (k->n_heads != nkv || k->head_dim != D)
-        return fail(msg, EI_ERR_SHAPE, "k has %d heads of %d, decoder %d of %d", k->n_heads, k->head_dim, nkv, D);
-    if (dec->n_observed < W)
-        return fail(msg, EI_ERR_STATE, "%lld queries observed, the window needs %d", (long long)dec->n_observed, W);
-    int budget = cfg->decode_budget;
-    if (budget < W) return fail(msg, EI_ERR_CONFIG, "decode_budget %d below window %d", budget, W);
-    int64_t n = k->n_tokens;
+    int nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim;
+    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens, budget = cfg->decode_budget;
     int heads_out = cfg->per_kv_head ? nkv : nh;
-    if (keep->heads_out != heads_out)
-        return fail(msg, EI_ERR_SHAPE, "keep set has %d heads, needs %d", keep->heads_out, heads_out);
-    if (!keep->index) return fail(msg, EI_ERR_NULL, "keep->index is NULL");
-    int64_t kept = n < budget ? n : budget;
-    if (keep->capacity < kept)
-        return fail(msg, EI_ERR_WORKSPACE, "keep capacity %d, needs %lld", keep->capacity, (long long)kept);
-    if (keep->mask && keep->mask_capacity < n)
-        return fail(msg, EI_ERR_WORKSPACE, "keep mask capacity %lld, needs %lld", (long long)keep->mask_capacity,
-                    (long long)n);
-    if (n < W) return fail(msg, EI_ERR_SHAPE, "cache of %lld tokens is shorter than the window", (long long)n);
     cudaStream_t st = stream_of(cfg);
-    keep->n_tokens = n;
-    if (n < budget) {
-        keep_all_kernel<<<dim3((unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), heads_out), 256, 0, st>>>(
-            n, heads_out, keep->index, keep->capacity, keep->mask, keep->mask_capacity);
+    if (n < budget) { /* nothing to evict */
+        if ((r = grid_fits("decode keep", 1, heads_out, 1, msg))) return r;
+        keep_all_kernel<<<dim3(stride_blocks(n), heads_out), 256, 0, st>>>(n, keep->index, keep->capacity, keep->mask,
+                                                                            keep->mask_capacity);
         LAUNCH_CHECK("keep_all_kernel");
-        keep->n_kept = (int32_t)n;
+        keep->n_tokens = n;
         keep->compressed = 0;
+        keep->n_kept = (int32_t)n;
         dec->last_compress = dec->n_generated;
         return EI_OK;
     }
     int64_t L = n - W;
-    if (keep->pooled && keep->pooled_capacity < L)
-        return fail(msg, EI_ERR_WORKSPACE, "keep pooled capacity %lld, needs %lld", (long long)keep->pooled_capacity,
-                    (long long)L);
-    if (n > 0x7fffffffLL) return fail(msg, EI_ERR_SIZE, "cache too long");
-    DecodeWs w = {0, 0, 0, 0, 0};
+    DecodeWs w = {0, 0, 0, 0, 0, 0};
     if ((r = decode_ws(cfg, n, nh, nkv, &w, msg))) return r;
-    if (!ws || ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace %zu bytes, needs %zu", ws_bytes, w.total);
-    char *base = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
+    if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w.total);
+    int smem_max = 0;
+    size_t smem = ((size_t)DEC_KC * (D + 1) + (size_t)DEC_RC * (DEC_KC + 1)) * 4;
+    if ((r = smem_limit(&smem_max, msg))) return r;
+    if (smem > (size_t)smem_max)
+        return fail(msg, EI_ERR_UNSUPPORTED, "head_dim %d needs %zu bytes of shared memory for CUDA decode scoring, the "
+                    "device has %d", D, smem, smem_max);
+    char *base = ws_base(ws);
     DecodeParams p;
+    memset(&p, 0, sizeof p);
     p.k = k->data; p.dtype = k->dtype; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
     p.ring = dec->queries;
-    p.ring_start = (int)(dec->n_observed % W);
-    p.W = W; p.nh = nh; p.nkv = nkv; p.G = nh / nkv; p.D = D; p.n = n; p.L = L;
+    p.window = dec->window;
+    p.first_slot = (dec->n_observed - W) % dec->window;
+    p.W = (int)W; p.nh = nh; p.nkv = nkv; p.G = nh / nkv; p.D = D; p.n = n; p.L = L;
     p.nchunks = (int)((n + DEC_KC - 1) / DEC_KC);
     p.scale = cfg->decode_scale > 0.f ? cfg->decode_scale : 1.f / sqrtf((float)D);
     p.stats = (float *)(base + w.stats); p.mz = (float *)(base + w.mz); p.score = (float *)(base + w.score);
     p.per_kv = cfg->per_kv_head != 0; p.reduce_max = cfg->gqa_reduce == EI_REDUCE_MAX;
+    p.bad_k = (unsigned long long *)(base + w.flags);
+    p.bad_row = p.bad_k + 1;
     float *pooled = (float *)(base + w.pooled);
-    size_t smem = ((size_t)DEC_KC * (D + 1) + (size_t)DEC_RC * (DEC_KC + 1)) * 4;
-    if (smem > 200 * 1024) return fail(msg, EI_ERR_UNSUPPORTED, "head_dim %d too large for CUDA decode scoring", D);
+    if ((r = grid_fits("decode scoring", p.nchunks, nkv, 1, msg))) return r;
     CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_TRY(cudaMemsetAsync(p.bad_k, 0xFF, 2 * sizeof(unsigned long long), st));
     decode_score_kernel<0><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
     LAUNCH_CHECK("decode_score_kernel<0>");
-    decode_combine_kernel<<<(nh * W + 127) / 128, 128, 0, st>>>(p);
+    {   /* K and the logits are checked before anything of the keep set is written */
+        unsigned long long bad[2] = {0, 0};
+        CUDA_TRY(cudaMemcpyAsync(bad, p.bad_k, sizeof bad, cudaMemcpyDeviceToHost, st));
+        CUDA_TRY(cudaStreamSynchronize(st));
+        if (bad[0] != ~0ull)
+            return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k (head %d, tokens from %lld)", (int)(bad[0] >> 32),
+                        (long long)(bad[0] & 0xFFFFFFFFu));
+        if (bad[1] != ~0ull)
+            return fail(msg, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)bad[1]);
+    }
+    decode_combine_kernel<<<(unsigned)((nh * W + 127) / 128), 128, 0, st>>>(p);
     LAUNCH_CHECK("decode_combine_kernel");
     decode_score_kernel<1><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
     LAUNCH_CHECK("decode_score_kernel<1>");
-    int64_t tot = L * heads_out;
-    if (tot > 0) {
-        pool_kernel<<<(unsigned)((tot + 255) / 256), 256, 0, st>>>(p.score, pooled, keep->pooled, keep->pooled_capacity,
-                                                                   L, heads_out, cfg->pool, cfg->pool_kernel);
+    if (L > 0) {
+        pool_kernel<<<stride_blocks(L * heads_out), 256, 0, st>>>(p.score, pooled, keep->pooled, keep->pooled_capacity,
+                                                                  L, heads_out, cfg->pool, cfg->pool_kernel);
         LAUNCH_CHECK("pool_kernel");
     }
     keep_select_kernel<<<heads_out, 256, 0, st>>>(pooled, L, n, budget - W, keep->index, keep->capacity, keep->mask,
                                                    keep->mask_capacity);
     LAUNCH_CHECK("keep_select_kernel");
-    keep->n_kept = budget;
+    keep->n_tokens = n;
+    keep->n_kept = (int32_t)budget;
     keep->compressed = 1;
     dec->last_compress = dec->n_generated;
     return EI_OK;
 }
 
 /* ============================================================ >>cuda-compact */
-/* One CTA per (head, tensor): rows in chunks, all reads of a chunk before its
-   writes. Safe in place: index is ascending with index[i] >= i, so a chunk's
-   sources are never rows an earlier chunk wrote. */
+/* The keep set's indices, checked as the CPU does before anything moves: for
+   every head h and i < n_kept, i <= index[h][i] < n_tokens, ascending. The
+   first bad (h, i) in the CPU's order goes to first_bad as h << 32 | i. */
+__global__ void keep_check_kernel(const int *index, int capacity, int heads, int n_kept, int64_t n_tokens,
+                                  unsigned long long *first_bad) {
+    int64_t total = (int64_t)heads * n_kept;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int h = (int)(e / n_kept), i = (int)(e % n_kept);
+        const int *idx = index + (int64_t)h * capacity;
+        int x = idx[i];
+        if (x < i || x >= n_tokens || (i > 0 && x <= idx[i - 1]))
+            atomicMin(first_bad, ((unsigned long long)h << 32) | (unsigned long long)i);
+    }
+}
+
+/* One CTA per head: row i of head h becomes row index[h][i], the rows moved
+   in chunks through shared memory in units of U (16, 8, 4 or 2 bytes), all
+   reads of a chunk before its writes. Safe in place: the index is ascending
+   with index[i] >= i, so a chunk's sources are never rows an earlier chunk
+   wrote. Rows already in place (index[i] == i) are left alone. */
 #define CMP_BYTES 16384
-__global__ void __launch_bounds__(256) compact_kernel(const int *index, int capacity, int n_kept, char *k, char *v,
-                                                      int64_t k_ts, int64_t k_hs, int64_t v_ts, int64_t v_hs,
-                                                      int es, int D) {
-    __shared__ uint16_t stage[CMP_BYTES / 2];
+template <typename U>
+__global__ void __launch_bounds__(256) compact_kernel(const int *index, int capacity, int n_kept, char *data,
+                                                      int64_t ts_bytes, int64_t hs_bytes, int row_bytes) {
+    __shared__ U stage[CMP_BYTES / sizeof(U)];
     int h = blockIdx.x;
-    char *base = blockIdx.y ? v : k;
-    if (!base) return;
-    int64_t ts = (blockIdx.y ? v_ts : k_ts) * es, hs = (blockIdx.y ? v_hs : k_hs) * es;
     const int *idx = index + (int64_t)h * capacity;
-    int units = D * es / 2; /* 16-bit units per row */
-    int rows = CMP_BYTES / 2 / units;
-    if (rows < 1) rows = 1;
+    int units = row_bytes / (int)sizeof(U);
+    int rows = (int)(CMP_BYTES / sizeof(U)) / units;
+    char *head = data + (int64_t)h * hs_bytes;
     for (int i0 = 0; i0 < n_kept; i0 += rows) {
         int rc = min(rows, n_kept - i0);
-        for (int e = threadIdx.x; e < rc * units && e < CMP_BYTES / 2; e += blockDim.x) {
-            int r = e / units, u = e % units;
-            stage[e] = *(const uint16_t *)(base + (int64_t)idx[i0 + r] * ts + h * hs + (int64_t)u * 2);
+        for (int e = threadIdx.x; e < rc * units; e += blockDim.x) {
+            int r = e / units, u = e % units, src = idx[i0 + r];
+            if (src != i0 + r) stage[e] = *(const U *)(head + (int64_t)src * ts_bytes + (int64_t)u * sizeof(U));
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < rc * units && e < CMP_BYTES / 2; e += blockDim.x) {
+        for (int e = threadIdx.x; e < rc * units; e += blockDim.x) {
             int r = e / units, u = e % units;
-            *(uint16_t *)(base + (int64_t)(i0 + r) * ts + h * hs + (int64_t)u * 2) = stage[e];
+            if (idx[i0 + r] != i0 + r) *(U *)(head + (int64_t)(i0 + r) * ts_bytes + (int64_t)u * sizeof(U)) = stage[e];
         }
         __syncthreads();
     }
 }
 
+static ei_result compact_one(const ei_keep_set *keep, ei_out_tensor *x, cudaStream_t st, char *msg) {
+    int64_t es = x->dtype == EI_F32 ? 4 : 2, ts = x->token_stride * es, hs = x->head_stride * es;
+    int row = (int)(x->head_dim * es);
+    uintptr_t a = (uintptr_t)x->data | (uintptr_t)ts | (uintptr_t)hs | (uintptr_t)row;
+    char *d = (char *)x->data;
+    if (a & 1) return fail(msg, EI_ERR_UNSUPPORTED, "CUDA compaction needs a 2-byte aligned cache (got %p)", x->data);
+    if (!(a & 15)) compact_kernel<uint4><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
+    else if (!(a & 7)) compact_kernel<uint2><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
+    else if (!(a & 3)) compact_kernel<uint32_t><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
+    else compact_kernel<uint16_t><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
+    LAUNCH_CHECK("compact_kernel");
+    return EI_OK;
+}
+
+/* The header checked the keep set's shape, k and v (either may be NULL) and
+   that they do not overlap; k and v may differ in dtype and head_dim. */
 static ei_result api_kv_compact(const ei_config *cfg, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v,
                                 char *msg) {
+    cudaStream_t st = stream_of(cfg);
+    unsigned long long *slot = NULL, bad = 0;
+    int64_t total = (int64_t)keep->heads_out * keep->n_kept;
     ei_result r;
-    if (!cfg || !keep || !keep->index) return fail(msg, EI_ERR_NULL, "NULL argument");
-    if (!k && !v) return fail(msg, EI_ERR_NULL, "k and v are both NULL");
-    ei_out_tensor *ref = k ? k : v;
-    if ((k && (r = check_out_tensor(k, "k", msg))) || (v && (r = check_out_tensor(v, "v", msg)))) return r;
-    if ((k && v) && (k->n_heads != v->n_heads || k->head_dim != v->head_dim || k->dtype != v->dtype))
-        return fail(msg, EI_ERR_SHAPE, "k and v disagree");
-    if (ref->n_heads != keep->heads_out)
-        return fail(msg, EI_ERR_SHAPE, "cache has %d heads, keep set %d", ref->n_heads, keep->heads_out);
-    if ((k && k->n_tokens < keep->n_tokens) || (v && v->n_tokens < keep->n_tokens))
-        return fail(msg, EI_ERR_SHAPE, "cache shorter than the keep set's %lld tokens", (long long)keep->n_tokens);
-    if (keep->n_kept < 0 || keep->n_kept > keep->capacity || keep->n_kept > keep->n_tokens)
-        return fail(msg, EI_ERR_STATE, "keep set not filled");
-    if (!keep->compressed || keep->n_kept == 0) return EI_OK; /* identity */
-    int es = (int)dtype_size(ref->dtype);
-    if (((uintptr_t)(k ? k->data : 0) | (uintptr_t)(v ? v->data : 0)) & 1)
-        return fail(msg, EI_ERR_UNSUPPORTED, "cache must be 2-byte aligned");
-    compact_kernel<<<dim3(keep->heads_out, 2), 256, 0, stream_of(cfg)>>>(
-        keep->index, keep->capacity, keep->n_kept, k ? (char *)k->data : NULL, v ? (char *)v->data : NULL,
-        k ? k->token_stride : 0, k ? k->head_stride : 0, v ? v->token_stride : 0, v ? v->head_stride : 0, es,
-        ref->head_dim);
-    LAUNCH_CHECK("compact_kernel");
+    if (keep->n_kept == 0) return EI_OK; /* nothing kept, nothing to check or move */
+    if ((r = slot_take(st, &slot, msg))) return r;
+    keep_check_kernel<<<stride_blocks(total), 256, 0, st>>>(keep->index, keep->capacity, keep->heads_out, keep->n_kept,
+                                                            keep->n_tokens, slot);
+    LAUNCH_CHECK("keep_check_kernel");
+    if ((r = slot_read(st, slot, &bad, msg))) return r;
+    if (bad != ~0ull) {
+        int h = (int)(bad >> 32), i = (int)(bad & 0xFFFFFFFFu), x = 0;
+        CUDA_TRY(cudaMemcpy(&x, keep->index + (size_t)h * (size_t)keep->capacity + (size_t)i, sizeof x,
+                            cudaMemcpyDeviceToHost));
+        return fail(msg, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", h, i, x);
+    }
+    if (k && (r = compact_one(keep, k, st, msg))) return r;
+    if (v && (r = compact_one(keep, v, st, msg))) return r;
     return EI_OK;
 }
 
@@ -1867,7 +1850,6 @@ static ei_result api_device_check(char *msg) {
     return EI_OK;
 }
 static ei_result api_mem_alloc(void **ptr, size_t bytes, char *msg) {
-    if (!ptr) return fail(msg, EI_ERR_NULL, "ptr is NULL");
     *ptr = NULL;
     cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) return fail(msg, EI_ERR_NOMEM, "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
@@ -1884,6 +1866,11 @@ static ei_result api_mem_copy(void *dst, const void *src, size_t bytes, int kind
     CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
     return EI_OK;
 }
+/* cudaMemsetAsync on the stream (asynchronous, like the kernels) */
+static ei_result api_mem_set(void *dst, int byte, size_t bytes, void *stream, char *msg) {
+    CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)stream));
+    return EI_OK;
+}
 static ei_result api_synchronize(void *stream, char *msg) {
     CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
     return EI_OK;
@@ -1897,22 +1884,22 @@ static const ei_cuda_api ei__cuda_table = {
     api_mem_alloc,
     api_mem_free,
     api_mem_copy,
+    api_mem_set,
     api_synchronize,
-    api_plan_size,
-    api_plan_init,
     api_plan_copy,
     api_profile_workspace_size,
     api_profile,
     api_attention_workspace_size,
     api_attention,
-    api_decoder_size,
-    api_decoder_init,
     api_decode_observe,
     api_decode_workspace_size,
     api_decode_keep,
     api_kv_compact,
 };
 
+/* The table whatever version is asked for: the header compares abi_version
+   and struct_size and names both in its error. */
 EI_EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
-    return abi_version == EI_CUDA_ABI_VERSION ? &ei__cuda_table : NULL;
+    (void)abi_version;
+    return &ei__cuda_table;
 }

@@ -1,0 +1,860 @@
+/* tests/test_backends.c - the same scenarios on the CPU backend and, when a
+   CUDA context can be created (EI_BACKEND_CUDA, the plugin from
+   $EI_CUDA_LIBRARY or the usual names), on the GPU: both backends must
+   return the same result codes and the same results (plans: identical block
+   lists; keep-sets: identical; attention: within bf16 tolerance).
+
+     test_backends                 the CPU half, and the GPU half when a GPU is there
+     test_backends --require-gpu   a missing GPU is a failure
+
+   Scenarios:
+     1 decode scoring with fewer observed queries than cfg.window (20 of 32),
+       then with the ring wrapped (45 observed): EI_OK, the same keep-sets
+     2 NaN/Inf in the queries decode_observe keeps: EI_ERR_NONFINITE, nothing
+       changed; NaN in a query it drops: EI_OK; the rings equal
+     3 a plan laid out by a context with a smaller base_budget, used by a
+       context whose budgets need longer rows: EI_ERR_SHAPE (profile); the
+       same code on both backends for attention
+     4 interleaved views (head_stride 136, head_dim 128, token_stride 264 for
+       2 kv heads; bf16): accepted, the same plan, attention within tolerance,
+       padding neither read nor written
+     5 ei_plan_free of a device plan without its CUDA context: EI_ERR_STATE,
+       the plan left as it is (the CPU half simulates one)
+     6 kv_compact with a keep index that is not ascending inside the cache:
+       EI_ERR_SHAPE naming [h][i], the caches unchanged; a valid one moves the
+       same rows on both
+
+   Data move with ei_device_alloc / ei_device_copy / ei_plan_copy; no CUDA
+   header or library at build time. */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The code attention returns for a plan whose rows are shorter than the
+   context's budgets need (scenario 3). The header refuses such a plan in
+   profiling (EI_ERR_SHAPE) but not yet in attention, where the plan's own
+   rows are consistent: both backends must agree either way. */
+#ifndef EI_TEST_SMALL_PLAN_ATTENTION
+#define EI_TEST_SMALL_PLAN_ATTENTION EI_OK
+#endif
+
+/* ------------------------------------------------------------ a backend */
+typedef struct side {
+    int gpu;          /* 0: CPU context, host memory; 1: CUDA context, device memory */
+    ei_context *ctx;
+} side;
+
+static const char *side_name(const side *s) { return s->gpu ? "gpu" : "cpu"; }
+
+static ei_context *ctx_make(int gpu, ei_config c) {
+    ei_context *ctx = NULL;
+    ei_result r;
+    c.backend = gpu ? EI_BACKEND_CUDA : EI_BACKEND_CPU;
+    r = ei_context_create(&c, &ctx);
+    if (r != EI_OK) {
+        printf("FAIL: ei_context_create (%s): %s\n", gpu ? "gpu" : "cpu", ei_last_error());
+        exit(1);
+    }
+    return ctx;
+}
+static side side_make(int gpu, ei_config c) {
+    side s;
+    s.gpu = gpu;
+    s.ctx = ctx_make(gpu, c);
+    return s;
+}
+static void side_free(side *s) {
+    ei_context_destroy(s->ctx);
+    s->ctx = NULL;
+}
+
+/* Memory of a backend: guarded host buffers (garbage 0xFF inside) or device
+   buffers (filled with 0xFF too, so unwritten output reads back alike). */
+static void *mem_new(const side *s, size_t n) {
+    void *p = NULL, *garbage;
+    if (!s->gpu) return guarded_alloc(n);
+    if (ei_device_alloc(s->ctx, &p, n ? n : 1) != EI_OK) {
+        printf("FAIL: ei_device_alloc(%zu): %s\n", n, ei_last_error());
+        exit(1);
+    }
+    if (n) {
+        garbage = malloc(n);
+        memset(garbage, 0xFF, n);
+        if (ei_device_copy(s->ctx, p, garbage, n, EI_COPY_HOST_TO_DEVICE) != EI_OK) {
+            printf("FAIL: ei_device_copy: %s\n", ei_last_error());
+            exit(1);
+        }
+        free(garbage);
+    }
+    return p;
+}
+static void mem_put(const side *s, void *dst, const void *src, size_t n) {
+    if (!n) return;
+    if (!s->gpu) memcpy(dst, src, n);
+    else if (ei_device_copy(s->ctx, dst, src, n, EI_COPY_HOST_TO_DEVICE) != EI_OK) {
+        printf("FAIL: ei_device_copy to the device: %s\n", ei_last_error());
+        exit(1);
+    }
+}
+static void mem_get(const side *s, void *dst, const void *src, size_t n) {
+    if (!n) return;
+    if (!s->gpu) memcpy(dst, src, n);
+    else if (ei_device_copy(s->ctx, dst, src, n, EI_COPY_DEVICE_TO_HOST) != EI_OK) {
+        printf("FAIL: ei_device_copy to the host: %s\n", ei_last_error());
+        exit(1);
+    }
+}
+static void *mem_up(const side *s, const void *src, size_t n) {
+    void *p = mem_new(s, n);
+    mem_put(s, p, src, n);
+    return p;
+}
+/* A host copy of n bytes of backend memory (malloc'ed). */
+static void *mem_down(const side *s, const void *src, size_t n) {
+    void *h = malloc(n ? n : 1);
+    mem_get(s, h, src, n);
+    return h;
+}
+static void mem_del(const side *s, void *p, size_t n) {
+    if (!p) return;
+    if (s->gpu) { ei_device_free(s->ctx, p); return; }
+    CHECK(guard_intact(p, n), "cpu: a guard of a %zu-byte buffer was overwritten", n);
+    guarded_free(p);
+}
+
+/* ------------------------------------------------------------ data */
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static double urand(void) {
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static float nrand(void) {
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+static uint16_t bf16(float x) { return ei__f32_to_bf16(x); }
+static float bf16_f(uint16_t x) { return ei__bf16_to_f32(x); }
+/* n bf16 values: normal (scale) or small integers in [-3, 3] (exact in every
+   summation order, so both backends score blocks bit-identically). */
+static uint16_t *bf16_normal(size_t n, float scale) {
+    uint16_t *x = (uint16_t *)malloc(n * 2);
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = bf16(scale * nrand());
+    return x;
+}
+static uint16_t *bf16_ints(size_t n) {
+    uint16_t *x = (uint16_t *)malloc(n * 2);
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = bf16((float)((int)(urand() * 7.0) - 3));
+    return x;
+}
+
+/* ------------------------------------------------------------ 1: decode window */
+enum { S1_H = 4, S1_KV = 2, S1_D = 64, S1_Q = 45, S1_N = 225 };
+/* Keys of random norms (0.5 .. 3) spread the pooled scores; with this seed
+   the kept and the dropped positions of every head and stage are 1e-2 apart
+   (relative) at the boundary, far above the backends' float32 differences
+   (~1e-6), so the keep-sets must be identical. The CPU half checks the data
+   keep at least 2e-3 ("test data"). */
+#ifndef S1_SEED
+#define S1_SEED 33u
+#endif
+static uint16_t *s1_keys(void) {
+    uint16_t *k = (uint16_t *)malloc((size_t)S1_N * S1_KV * S1_D * 2);
+    size_t t, i;
+    for (t = 0; t < (size_t)S1_N * S1_KV; ++t) {
+        float norm = 0.5f + 2.5f * (float)urand();
+        for (i = 0; i < S1_D; ++i) k[t * S1_D + i] = bf16(norm * nrand());
+    }
+    return k;
+}
+static ei_config s1_config(void) {
+    ei_config c = ei_config_default();
+    c.window = 32;
+    c.decode_budget = 64;
+    c.decode_gap = 16;
+    c.pool = EI_POOL_AVG;
+    c.pool_kernel = 5;
+    c.per_kv_head = 1;
+    return c;
+}
+/* One keep-set as the host sees it. */
+typedef struct keep_out {
+    ei_result r;
+    int64_t observed, window_w, n, L;
+    int32_t n_kept, compressed, cap, heads;
+    int32_t *index;  /* [heads][cap] */
+    uint8_t *mask;   /* [heads][n] */
+    float *pooled;   /* [heads][n] (first L meaningful) */
+} keep_out;
+static void keep_out_free(keep_out *o) { free(o->index); free(o->mask); free(o->pooled); }
+
+typedef struct s1_out { keep_out stage[2]; } s1_out;
+
+static void s1_run(int gpu, const uint16_t *q, const uint16_t *k, s1_out *o) {
+    ei_config c = s1_config();
+    side s = side_make(gpu, c);
+    size_t ring_bytes, ws_bytes;
+    void *ring, *dq, *dk, *ws;
+    ei_decoder dec;
+    int stage, heads = S1_KV, cap = c.decode_budget;
+    int64_t q_done = 0;
+    CHECK_ERR(ei_decoder_size(s.ctx, S1_H, S1_D, &ring_bytes), EI_OK);
+    ring = mem_new(&s, ring_bytes);
+    CHECK_ERR(ei_decoder_init(s.ctx, &dec, S1_H, S1_KV, S1_D, ring, ring_bytes), EI_OK);
+    dq = mem_up(&s, q, (size_t)S1_Q * S1_H * S1_D * 2);
+    dk = mem_up(&s, k, (size_t)S1_N * S1_KV * S1_D * 2);
+    CHECK_ERR(ei_decode_workspace_size(s.ctx, S1_N, S1_H, S1_KV, &ws_bytes), EI_OK);
+    ws = mem_new(&s, ws_bytes);
+    for (stage = 0; stage < 2; ++stage) {
+        keep_out *ko = &o->stage[stage];
+        int64_t observe_to = stage == 0 ? 20 : S1_Q, n = stage == 0 ? 200 : S1_N;
+        ei_keep_set ks;
+        ei_tensor tk = ei_tensor_make(dk, EI_BF16, n, S1_KV, S1_D);
+        /* stage 0: 20 prompt queries; stage 1: 25 generated ones, 5 at a time */
+        while (q_done < observe_to) {
+            int64_t take = stage == 0 ? observe_to - q_done : 5;
+            ei_tensor tq = ei_tensor_make((const char *)dq + (size_t)q_done * S1_H * S1_D * 2, EI_BF16, take, S1_H, S1_D);
+            CHECK_ERR(ei_decode_observe(s.ctx, &dec, &tq, stage), EI_OK);
+            q_done += take;
+        }
+        memset(&ks, 0, sizeof ks);
+        ks.heads_out = heads;
+        ks.capacity = cap;
+        ks.index = (int32_t *)mem_new(&s, (size_t)heads * cap * 4);
+        ks.mask = (uint8_t *)mem_new(&s, (size_t)heads * n);
+        ks.mask_capacity = n;
+        ks.pooled = (float *)mem_new(&s, (size_t)heads * n * 4);
+        ks.pooled_capacity = n;
+        ko->r = ei_decode_keep(s.ctx, &dec, &tk, &ks, ws, ws_bytes);
+        CHECK(ko->r == EI_OK, "1 (%s): decode_keep with %lld observed: %s", side_name(&s), (long long)dec.n_observed,
+              ei_last_error());
+        ko->observed = dec.n_observed;
+        ko->window_w = ei__decode_window(&c, &dec);
+        ko->n = n;
+        ko->L = n - ko->window_w;
+        ko->n_kept = ks.n_kept;
+        ko->compressed = ks.compressed;
+        ko->cap = cap;
+        ko->heads = heads;
+        ko->index = (int32_t *)mem_down(&s, ks.index, (size_t)heads * cap * 4);
+        ko->mask = (uint8_t *)mem_down(&s, ks.mask, (size_t)heads * n);
+        ko->pooled = (float *)mem_down(&s, ks.pooled, (size_t)heads * n * 4);
+        mem_del(&s, ks.index, (size_t)heads * cap * 4);
+        mem_del(&s, ks.mask, (size_t)heads * n);
+        mem_del(&s, ks.pooled, (size_t)heads * n * 4);
+    }
+    mem_del(&s, ws, ws_bytes);
+    mem_del(&s, dq, (size_t)S1_Q * S1_H * S1_D * 2);
+    mem_del(&s, dk, (size_t)S1_N * S1_KV * S1_D * 2);
+    mem_del(&s, ring, ring_bytes);
+    side_free(&s);
+}
+
+/* The shape every keep-set must have, and (CPU) that the data separate the
+   kept from the dropped positions clearly enough for an exact comparison. */
+static void s1_check_one(const char *who, const keep_out *o, int data_quality) {
+    int h, i;
+    int64_t kk = o->n_kept - o->window_w;
+    CHECK(o->compressed == 1 && o->n_kept == 64, "1 (%s): n_kept %d compressed %d", who, o->n_kept, o->compressed);
+    CHECK(o->window_w == (o->observed < 32 ? o->observed : 32), "1 (%s): window of %lld queries", who,
+          (long long)o->window_w);
+    for (h = 0; h < o->heads && o->r == EI_OK; ++h) {
+        const int32_t *idx = o->index + (size_t)h * o->cap;
+        int bad = 0;
+        for (i = 1; i < o->n_kept; ++i) bad += idx[i] <= idx[i - 1];
+        for (i = 0; i < o->window_w; ++i) bad += idx[kk + i] != o->L + i;
+        CHECK(bad == 0, "1 (%s): head %d: keep-set not ascending or window missing", who, h);
+        if (data_quality) { /* the kk-th and (kk+1)-th pooled scores apart by >= 1e-3 relative */
+            const float *p = o->pooled + (size_t)h * o->n;
+            float kth = INFINITY, next = -INFINITY;
+            int64_t j;
+            for (i = 0; i < kk; ++i) kth = fminf(kth, p[idx[i]]);
+            for (j = 0; j < o->L; ++j) {
+                int kept = 0;
+                for (i = 0; i < kk; ++i) kept |= idx[i] == j;
+                if (!kept) next = fmaxf(next, p[j]);
+            }
+            CHECK(kth > next && (kth - next) >= 2e-3 * kth, "1: test data: head %d: kept %g vs dropped %g too close", h,
+                  (double)kth, (double)next);
+        }
+    }
+}
+static void s1_compare(const s1_out *cpu, const s1_out *gpu) {
+    int stage, h;
+    for (stage = 0; stage < 2; ++stage) {
+        const keep_out *a = &cpu->stage[stage], *b = &gpu->stage[stage];
+        int64_t j;
+        int idx_diff = 0, mask_diff = 0, pool_diff = 0;
+        CHECK(a->r == b->r, "1: stage %d: cpu %s, gpu %s", stage, ei_result_name(a->r), ei_result_name(b->r));
+        CHECK(a->n_kept == b->n_kept && a->compressed == b->compressed && a->window_w == b->window_w,
+              "1: stage %d: n_kept %d/%d compressed %d/%d W %lld/%lld", stage, a->n_kept, b->n_kept, a->compressed,
+              b->compressed, (long long)a->window_w, (long long)b->window_w);
+        if (a->r != EI_OK || b->r != EI_OK || a->n_kept != b->n_kept) continue;
+        for (h = 0; h < a->heads; ++h) {
+            idx_diff += memcmp(a->index + (size_t)h * a->cap, b->index + (size_t)h * b->cap, (size_t)a->n_kept * 4) != 0;
+            mask_diff += memcmp(a->mask + (size_t)h * a->n, b->mask + (size_t)h * b->n, (size_t)a->n) != 0;
+            for (j = 0; j < a->L; ++j)
+                if (!close_to(b->pooled[(size_t)h * b->n + j], a->pooled[(size_t)h * a->n + j], 1e-9, 1e-4)) {
+                    if (pool_diff++ < 3)
+                        printf("  1: stage %d head %d pooled[%lld]: cpu %g gpu %g\n", stage, h, (long long)j,
+                               (double)a->pooled[(size_t)h * a->n + j], (double)b->pooled[(size_t)h * b->n + j]);
+                }
+        }
+        CHECK(idx_diff == 0 && mask_diff == 0, "1: stage %d (%lld observed): %d keep-sets, %d masks differ", stage,
+              (long long)a->observed, idx_diff, mask_diff);
+        CHECK(pool_diff == 0, "1: stage %d: %d pooled scores differ", stage, pool_diff);
+    }
+}
+
+/* ------------------------------------------------------------ 2: NaN in observed queries */
+enum { S2_H = 4, S2_KV = 2, S2_D = 64 };
+typedef struct s2_out { float *ring; size_t ring_bytes; int64_t observed; } s2_out;
+
+static void s2_run(int gpu, s2_out *o) {
+    ei_config c = ei_config_default();
+    side s;
+    size_t ring_bytes, n40 = (size_t)40 * S2_H * S2_D;
+    void *ring, *d10, *d40, *d1;
+    ei_decoder dec, saved;
+    uint16_t *q10, *q40, *q1;
+    float *before, *after;
+    int64_t i;
+    c.window = 32;
+    c.decode_budget = 64;
+    s = side_make(gpu, c);
+    g_rng = 0x51ED27u;
+    q10 = bf16_normal((size_t)10 * S2_H * S2_D, 1.0f);
+    q40 = bf16_normal(n40, 1.0f);
+    q1 = bf16_normal((size_t)S2_H * S2_D, 1.0f);
+    CHECK_ERR(ei_decoder_size(s.ctx, S2_H, S2_D, &ring_bytes), EI_OK);
+    ring = mem_new(&s, ring_bytes);
+    CHECK_ERR(ei_decoder_init(s.ctx, &dec, S2_H, S2_KV, S2_D, ring, ring_bytes), EI_OK);
+    d10 = mem_up(&s, q10, (size_t)10 * S2_H * S2_D * 2);
+    {
+        ei_tensor t = ei_tensor_make(d10, EI_BF16, 10, S2_H, S2_D);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_OK);
+    }
+    /* NaN in token 30 (kept: the last 32 of 40 are tokens 8..39), head 1 */
+    q40[((size_t)30 * S2_H + 1) * S2_D + 5] = 0x7FC0;
+    d40 = mem_up(&s, q40, n40 * 2);
+    saved = dec;
+    before = (float *)mem_down(&s, dec.queries, (size_t)32 * S2_H * S2_D * 4);
+    {
+        ei_tensor t = ei_tensor_make(d40, EI_BF16, 40, S2_H, S2_D);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_ERR_NONFINITE);
+        CHECK(strstr(ei_last_error(), "NaN or Inf in observed q (head 1, tokens from 30)") != NULL,
+              "2 (%s): message '%s'", side_name(&s), ei_last_error());
+    }
+    after = (float *)mem_down(&s, dec.queries, (size_t)32 * S2_H * S2_D * 4);
+    CHECK(!memcmp(&saved, &dec, sizeof dec), "2 (%s): the decoder changed (observed %lld, generated %lld)",
+          side_name(&s), (long long)dec.n_observed, (long long)dec.n_generated);
+    CHECK(!memcmp(before, after, (size_t)32 * S2_H * S2_D * 4), "2 (%s): the ring changed", side_name(&s));
+    free(after);
+    /* a generated token with +Inf: refused, n_generated unchanged */
+    q1[7] = 0x7F80;
+    d1 = mem_up(&s, q1, (size_t)S2_H * S2_D * 2);
+    {
+        ei_tensor t = ei_tensor_make(d1, EI_BF16, 1, S2_H, S2_D);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 1), EI_ERR_NONFINITE);
+        CHECK(dec.n_observed == 10 && dec.n_generated == 0, "2 (%s): counts %lld/%lld after a refused generated token",
+              side_name(&s), (long long)dec.n_observed, (long long)dec.n_generated);
+    }
+    after = (float *)mem_down(&s, dec.queries, (size_t)32 * S2_H * S2_D * 4);
+    CHECK(!memcmp(before, after, (size_t)32 * S2_H * S2_D * 4), "2 (%s): the ring changed", side_name(&s));
+    free(after);
+    /* the NaN moved to token 2, which the decoder drops: accepted */
+    q40[((size_t)30 * S2_H + 1) * S2_D + 5] = bf16(0.5f);
+    q40[((size_t)2 * S2_H + 3) * S2_D + 0] = 0x7FC0;
+    mem_put(&s, d40, q40, n40 * 2);
+    {
+        ei_tensor t = ei_tensor_make(d40, EI_BF16, 40, S2_H, S2_D);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_OK);
+        CHECK(dec.n_observed == 50, "2 (%s): %lld observed", side_name(&s), (long long)dec.n_observed);
+    }
+    o->ring_bytes = (size_t)32 * S2_H * S2_D * 4;
+    o->ring = (float *)mem_down(&s, dec.queries, o->ring_bytes);
+    o->observed = dec.n_observed;
+    /* the ring holds query number i in slot i % 32: numbers 18..49 are tokens 8..39 of q40 */
+    {
+        int bad = 0;
+        for (i = 18; i < 50; ++i) {
+            int64_t slot = i % 32, tok = i - 10;
+            int h, d;
+            for (h = 0; h < S2_H; ++h)
+                for (d = 0; d < S2_D; ++d)
+                    bad += o->ring[((size_t)slot * S2_H + h) * S2_D + d] != bf16_f(q40[((size_t)tok * S2_H + h) * S2_D + d]);
+        }
+        CHECK(bad == 0, "2 (%s): %d ring elements are not the kept queries", side_name(&s), bad);
+    }
+    free(before);
+    mem_del(&s, d1, (size_t)S2_H * S2_D * 2);
+    mem_del(&s, d10, (size_t)10 * S2_H * S2_D * 2);
+    mem_del(&s, d40, n40 * 2);
+    mem_del(&s, ring, ring_bytes);
+    free(q10); free(q40); free(q1);
+    side_free(&s);
+}
+static void s2_compare(const s2_out *a, const s2_out *b) {
+    CHECK(a->observed == b->observed, "2: observed cpu %lld gpu %lld", (long long)a->observed, (long long)b->observed);
+    CHECK(a->ring_bytes == b->ring_bytes && !memcmp(a->ring, b->ring, a->ring_bytes), "2: the rings differ");
+}
+
+/* ------------------------------------------------------------ plans of both backends */
+/* Plans equal: fields, classes, counts and block lists identical, entropies
+   and budgets close. */
+static void plans_compare(const char *what, const ei_plan *a, const ei_plan *b) {
+    int32_t h, s, i, rows = 0, ent = 0, bud = 0, lists = 0;
+    CHECK(a->n_tokens == b->n_tokens && a->n_segments == b->n_segments && a->n_blocks == b->n_blocks &&
+              a->final == b->final && a->max_keep == b->max_keep,
+          "%s: plan fields differ (segments %d/%d, blocks %d/%d, max_keep %d/%d)", what, a->n_segments, b->n_segments,
+          a->n_blocks, b->n_blocks, a->max_keep, b->max_keep);
+    if (a->n_segments != b->n_segments || a->max_keep != b->max_keep) return;
+    for (h = 0; h < a->n_kv_heads; ++h) {
+        CHECK(a->head_class[h] == b->head_class[h], "%s: kv head %d class cpu %d gpu %d", what, h, a->head_class[h],
+              b->head_class[h]);
+        for (s = 0; s < a->n_segments; ++s) {
+            size_t r = EI_PLAN_ROW(a, h, s), rb = EI_PLAN_ROW(b, h, s);
+            const int32_t *la = EI_PLAN_BLOCKS(a, h, s), *lb = EI_PLAN_BLOCKS(b, h, s);
+            ent += !close_to(b->entropy[rb], a->entropy[r], 1e-6, 1e-4);
+            bud += !close_to(b->budget[rb], a->budget[r], 1e-3, 1e-6);
+            if (a->keep_count[r] != b->keep_count[rb] || a->keep_blocks[r] != b->keep_blocks[rb]) {
+                if (rows++ < 3)
+                    printf("  %s: kv %d seg %d: keep %d/%d (own %d/%d)\n", what, h, s, a->keep_count[r], b->keep_count[rb],
+                           a->keep_blocks[r], b->keep_blocks[rb]);
+                continue;
+            }
+            for (i = 0; i < a->max_keep; ++i)
+                if (la[i] != lb[i]) {
+                    if (lists++ < 3) printf("  %s: kv %d seg %d: block_index[%d] cpu %d gpu %d\n", what, h, s, i, la[i], lb[i]);
+                    break;
+                }
+        }
+    }
+    CHECK(rows == 0 && lists == 0, "%s: %d keep counts and %d block lists differ", what, rows, lists);
+    CHECK(ent == 0 && bud == 0, "%s: %d entropies and %d budgets differ", what, ent, bud);
+}
+
+/* ------------------------------------------------------------ 3: plan too small for the budgets */
+enum { S3_N = 512, S3_H = 4, S3_KV = 2, S3_D = 64 };
+typedef struct s3_out { ei_result profile_small, profile_big, attention_big; } s3_out;
+static ei_config s3_config(int32_t base) {
+    ei_config c = ei_config_default();
+    c.segment_size = 64;
+    c.block_size = 8;
+    c.threshold_len = 128;
+    c.base_budget = base;
+    return c;
+}
+static void s3_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t *v, s3_out *o) {
+    side small = side_make(gpu, s3_config(32)), big = side_make(gpu, s3_config(64));
+    size_t nq = (size_t)S3_N * S3_H * S3_D * 2, nk = (size_t)S3_N * S3_KV * S3_D * 2, nout = (size_t)S3_N * S3_H * S3_D * 4;
+    void *dq = mem_up(&small, q, nq), *dk = mem_up(&small, k, nk), *dv = mem_up(&small, v, nk), *dout, *ws, *aws;
+    size_t ws_bytes, aws_bytes;
+    ei_tensor tq = ei_tensor_make(dq, EI_BF16, S3_N, S3_H, S3_D), tk = ei_tensor_make(dk, EI_BF16, S3_N, S3_KV, S3_D);
+    ei_tensor tv = ei_tensor_make(dv, EI_BF16, S3_N, S3_KV, S3_D);
+    ei_out_tensor to;
+    ei_plan plan;
+    dout = mem_new(&small, nout);
+    to = ei_out_tensor_make(dout, EI_F32, S3_N, S3_H, S3_D);
+    CHECK_ERR(ei_plan_alloc(small.ctx, &plan, S3_N, S3_KV, S3_D, 0), EI_OK);
+    CHECK(plan.max_keep == 12, "3: the small context's rows hold %d blocks, 12 expected", plan.max_keep);
+    CHECK_ERR(ei_profile_workspace_size(big.ctx, S3_N, S3_H, S3_KV, S3_D, &ws_bytes), EI_OK);
+    ws = mem_new(&big, ws_bytes);
+    /* profiling with the big context: its budgets need rows of 24 blocks */
+    o->profile_big = ei_profile(big.ctx, &tq, &tk, &plan, ws, ws_bytes);
+    CHECK(o->profile_big == EI_ERR_SHAPE && strstr(ei_last_error(), "EI_ERR_SHAPE"),
+          "3 (%s): profile with a plan too small for the budgets: %s (%s)", side_name(&big),
+          ei_result_name(o->profile_big), ei_last_error());
+    /* the context that laid it out plans it; the big one runs attention with it */
+    o->profile_small = ei_profile(small.ctx, &tq, &tk, &plan, ws, ws_bytes);
+    CHECK(o->profile_small == EI_OK, "3 (%s): profile with the small context: %s", side_name(&small), ei_last_error());
+    CHECK_ERR(ei_attention_workspace_size(big.ctx, S3_H, S3_KV, S3_D, &aws_bytes), EI_OK);
+    aws = mem_new(&big, aws_bytes);
+    o->attention_big = ei_attention_prefill(big.ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, aws, aws_bytes);
+    CHECK(o->attention_big == EI_TEST_SMALL_PLAN_ATTENTION, "3 (%s): attention with the small plan: %s (%s)",
+          side_name(&big), ei_result_name(o->attention_big), ei_last_error());
+    mem_del(&big, aws, aws_bytes);
+    mem_del(&big, ws, ws_bytes);
+    ei_plan_free(small.ctx, &plan);
+    mem_del(&small, dout, nout);
+    mem_del(&small, dq, nq); mem_del(&small, dk, nk); mem_del(&small, dv, nk);
+    side_free(&small);
+    side_free(&big);
+}
+static void s3_compare(const s3_out *a, const s3_out *b) {
+    CHECK(a->profile_big == b->profile_big && a->profile_small == b->profile_small && a->attention_big == b->attention_big,
+          "3: codes differ: profile %s/%s, %s/%s, attention %s/%s", ei_result_name(a->profile_big),
+          ei_result_name(b->profile_big), ei_result_name(a->profile_small), ei_result_name(b->profile_small),
+          ei_result_name(a->attention_big), ei_result_name(b->attention_big));
+}
+
+/* ------------------------------------------------------------ 4: interleaved views */
+/* q: 4 heads of 128 at head_stride 136, token_stride 544; k, v: 2 kv heads at
+   136, token_stride 264 (8 elements of padding after each head but the last
+   of a token); out: f32, head_stride 132, token_stride 528. Padding holds
+   NaN: reading it would poison the results. */
+enum { S4_N = 512, S4_H = 4, S4_KV = 2, S4_D = 128, S4_QHS = 136, S4_QTS = 544, S4_KHS = 136, S4_KTS = 264,
+       S4_OHS = 132, S4_OTS = 528 };
+typedef struct s4_out {
+    ei_result r_profile, r_sparse, r_dense;
+    ei_plan plan;     /* the plan on the CPU; the device plan's host copy on the GPU */
+    float *sparse, *dense; /* [N][H][D] gathered from the strided outputs */
+    int padding_ok;
+} s4_out;
+static ei_config s4_config(void) {
+    ei_config c = ei_config_default();
+    c.segment_size = 64;
+    c.block_size = 8;
+    c.threshold_len = 128;
+    c.base_budget = 64;
+    return c;
+}
+static uint16_t *s4_strided(const uint16_t *dense, int heads, int64_t hs, int64_t ts) {
+    uint16_t *x = (uint16_t *)malloc((size_t)S4_N * (size_t)ts * 2);
+    int64_t t;
+    int h;
+    for (t = 0; t < (int64_t)S4_N * ts; ++t) x[t] = 0x7FC0; /* NaN padding */
+    for (t = 0; t < S4_N; ++t)
+        for (h = 0; h < heads; ++h)
+            memcpy(x + t * ts + h * hs, dense + ((size_t)t * heads + h) * S4_D, S4_D * 2);
+    return x;
+}
+static void s4_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t *v, s4_out *o) {
+    ei_config c = s4_config();
+    side s = side_make(gpu, c);
+    ei_context *host = ctx_make(0, c); /* lays out the host plan */
+    uint16_t *hq = s4_strided(q, S4_H, S4_QHS, S4_QTS), *hk = s4_strided(k, S4_KV, S4_KHS, S4_KTS);
+    uint16_t *hv = s4_strided(v, S4_KV, S4_KHS, S4_KTS);
+    size_t bq = (size_t)S4_N * S4_QTS * 2, bk = (size_t)S4_N * S4_KTS * 2, bo = (size_t)S4_N * S4_OTS * 4, ws_bytes, aws_bytes;
+    void *dq = mem_up(&s, hq, bq), *dk = mem_up(&s, hk, bk), *dv = mem_up(&s, hv, bk), *dout, *ws, *aws;
+    ei_tensor tq = ei_tensor_make(dq, EI_BF16, S4_N, S4_H, S4_D), tk = ei_tensor_make(dk, EI_BF16, S4_N, S4_KV, S4_D);
+    ei_tensor tv;
+    ei_out_tensor to;
+    ei_plan dplan, *plan = gpu ? &dplan : &o->plan;
+    int pass;
+    memset(&dplan, 0, sizeof dplan);
+    tq.head_stride = S4_QHS; tq.token_stride = S4_QTS;
+    tk.head_stride = S4_KHS; tk.token_stride = S4_KTS;
+    tv = tk;
+    tv.data = dv;
+    dout = mem_new(&s, bo);
+    to = ei_out_tensor_make(dout, EI_F32, S4_N, S4_H, S4_D);
+    to.head_stride = S4_OHS; to.token_stride = S4_OTS;
+    CHECK_ERR(ei_plan_alloc(host, &o->plan, S4_N, S4_KV, S4_D, 0), EI_OK);
+    if (gpu) CHECK_ERR(ei_plan_alloc(s.ctx, &dplan, S4_N, S4_KV, S4_D, 0), EI_OK);
+    CHECK_ERR(ei_profile_workspace_size(s.ctx, S4_N, S4_H, S4_KV, S4_D, &ws_bytes), EI_OK);
+    ws = mem_new(&s, ws_bytes);
+    o->r_profile = ei_profile(s.ctx, &tq, &tk, plan, ws, ws_bytes);
+    CHECK(o->r_profile == EI_OK, "4 (%s): profile of interleaved views: %s", side_name(&s), ei_last_error());
+    if (gpu) CHECK_ERR(ei_plan_copy(s.ctx, &o->plan, &dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
+    CHECK_ERR(ei_attention_workspace_size(s.ctx, S4_H, S4_KV, S4_D, &aws_bytes), EI_OK);
+    aws = mem_new(&s, aws_bytes);
+    o->padding_ok = 1;
+    for (pass = 0; pass < 2; ++pass) {
+        ei_result r = ei_attention_prefill(s.ctx, &tq, &tk, &tv, pass == 0 ? plan : NULL, &to, 0, 0, 1, aws, aws_bytes);
+        float *raw = (float *)mem_down(&s, dout, bo), *dst = (float *)malloc((size_t)S4_N * S4_H * S4_D * 4);
+        int64_t t;
+        int h, i;
+        CHECK(r == EI_OK, "4 (%s): %s attention of interleaved views: %s", side_name(&s), pass ? "dense" : "sparse",
+              ei_last_error());
+        for (t = 0; t < S4_N; ++t)
+            for (h = 0; h < S4_H; ++h) {
+                memcpy(dst + ((size_t)t * S4_H + h) * S4_D, raw + t * S4_OTS + h * S4_OHS, S4_D * 4);
+                for (i = S4_D; i < S4_OHS; ++i) {
+                    uint32_t u;
+                    memcpy(&u, raw + t * S4_OTS + h * S4_OHS + i, 4);
+                    if (u != 0xFFFFFFFFu) o->padding_ok = 0;
+                }
+            }
+        if (pass == 0) { o->r_sparse = r; o->sparse = dst; }
+        else { o->r_dense = r; o->dense = dst; }
+        free(raw);
+    }
+    CHECK(o->padding_ok, "4 (%s): attention wrote into the output's padding", side_name(&s));
+    mem_del(&s, aws, aws_bytes);
+    mem_del(&s, ws, ws_bytes);
+    if (gpu) ei_plan_free(s.ctx, &dplan);
+    ei_context_destroy(host);
+    mem_del(&s, dout, bo);
+    mem_del(&s, dq, bq); mem_del(&s, dk, bk); mem_del(&s, dv, bk);
+    free(hq); free(hk); free(hv);
+    side_free(&s);
+}
+static void s4_outputs_compare(const char *what, const float *a, const float *b) {
+    size_t i, n = (size_t)S4_N * S4_H * S4_D, bad = 0;
+    double e2 = 0, r2 = 0, mx = 0;
+    for (i = 0; i < n; ++i) {
+        double e = (double)b[i] - a[i];
+        if (!(b[i] == b[i])) bad++;
+        e2 += e * e;
+        r2 += (double)a[i] * a[i];
+        if (fabs(e) > mx) mx = fabs(e);
+    }
+    CHECK(bad == 0 && sqrt(e2 / (r2 > 0 ? r2 : 1)) < 1e-2 && mx < 5e-2,
+          "4: %s attention gpu vs cpu: %zu NaN, rel L2 %.3g, max abs %.3g", what, bad, sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
+    printf("  4: %s attention gpu vs cpu: rel L2 %.2e, max abs %.2e\n", what, sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
+}
+static void s4_compare(const s4_out *a, const s4_out *b) {
+    CHECK(a->r_profile == b->r_profile && a->r_sparse == b->r_sparse && a->r_dense == b->r_dense,
+          "4: codes differ: profile %s/%s, sparse %s/%s, dense %s/%s", ei_result_name(a->r_profile),
+          ei_result_name(b->r_profile), ei_result_name(a->r_sparse), ei_result_name(b->r_sparse),
+          ei_result_name(a->r_dense), ei_result_name(b->r_dense));
+    plans_compare("4: plan of interleaved views", &a->plan, &b->plan);
+    s4_outputs_compare("sparse", a->sparse, b->sparse);
+    s4_outputs_compare("dense", a->dense, b->dense);
+}
+static void s4_free(s4_out *o, ei_context *host_ctx) {
+    ei_plan_free(host_ctx, &o->plan);
+    free(o->sparse);
+    free(o->dense);
+}
+/* CPU only: the plan has sparse segments that keep blocks (so the sparse
+   path is exercised) and the CPU's sparse output matches the reference. */
+static void s4_check_cpu(const s4_out *o, const uint16_t *q, const uint16_t *k, const uint16_t *v) {
+    ei_config c = s4_config();
+    int32_t s, h, sparse = 0, kept = 0;
+    size_t n = (size_t)S4_N * S4_H * S4_D, i;
+    float *fq = (float *)malloc(n * 4), *fk = (float *)malloc(n / 2 * 4), *fv = (float *)malloc(n / 2 * 4);
+    double *ref = (double *)malloc(n * sizeof(double)), mx = 0;
+    ei_tensor tq, tk, tv;
+    for (s = 0; s < o->plan.n_segments; ++s)
+        if (ei__segment_sparse(&c, s, o->plan.n_segments, o->plan.final)) {
+            sparse++;
+            for (h = 0; h < S4_KV; ++h) kept += o->plan.keep_count[EI_PLAN_ROW(&o->plan, h, s)] > 0;
+        }
+    CHECK(sparse >= 4 && kept == sparse * S4_KV, "4: %d sparse segments, %d rows keeping blocks", sparse, kept);
+    for (i = 0; i < n; ++i) fq[i] = bf16_f(q[i]);
+    for (i = 0; i < n / 2; ++i) { fk[i] = bf16_f(k[i]); fv[i] = bf16_f(v[i]); }
+    tq = ei_tensor_make(fq, EI_F32, S4_N, S4_H, S4_D);
+    tk = ei_tensor_make(fk, EI_F32, S4_N, S4_KV, S4_D);
+    tv = ei_tensor_make(fv, EI_F32, S4_N, S4_KV, S4_D);
+    CHECK(ref_attention(&c, &o->plan, &tq, &tk, &tv, 0, ref), "4: reference out of range");
+    for (i = 0; i < n; ++i) mx = fmax(mx, fabs(ref[i] - o->sparse[i]));
+    CHECK(mx < 1e-4, "4: cpu sparse attention of interleaved views vs reference: max abs %.3g", mx);
+    free(fq); free(fk); free(fv); free(ref);
+}
+
+/* ------------------------------------------------------------ 5: freeing a device plan without its context */
+static void s5_cpu(void) {
+    static unsigned char not_heap[256]; /* what free() must never see */
+    ei_plan plan, before;
+    ei_config c = ei_config_default();
+    ei_context *cpu = ctx_make(0, c);
+    memset(&plan, 0, sizeof plan);
+    plan.on_device = 1;
+    plan.owned_memory = not_heap;
+    plan.entropy = (float *)(void *)(not_heap + 64);
+    plan.n_kv_heads = 2;
+    before = plan;
+    CHECK_ERR(ei_plan_reset(NULL), EI_ERR_NULL); /* a different last error first */
+    ei_plan_free(NULL, &plan);
+    CHECK(!memcmp(&plan, &before, sizeof plan), "5 (cpu): the plan changed");
+    CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "5 (cpu): last error '%s'", ei_last_error());
+    CHECK_ERR(ei_plan_reset(NULL), EI_ERR_NULL);
+    ei_plan_free(cpu, &plan); /* a CPU context cannot free device memory either */
+    CHECK(!memcmp(&plan, &before, sizeof plan), "5 (cpu): the plan changed (CPU context)");
+    CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "5 (cpu): last error '%s'", ei_last_error());
+    ei_context_destroy(cpu);
+}
+static void s5_gpu(void) {
+    ei_config c = ei_config_default();
+    ei_context *gpu = ctx_make(1, c), *cpu = ctx_make(0, c);
+    ei_plan plan, before;
+    CHECK_ERR(ei_plan_alloc(gpu, &plan, 4096, 2, 64, 0), EI_OK);
+    CHECK(plan.on_device == 1 && plan.owned_memory != NULL, "5 (gpu): not a device plan");
+    before = plan;
+    CHECK_ERR(ei_plan_reset(NULL), EI_ERR_NULL);
+    ei_plan_free(NULL, &plan);
+    CHECK(!memcmp(&plan, &before, sizeof plan), "5 (gpu): the plan changed");
+    CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "5 (gpu): last error '%s'", ei_last_error());
+    CHECK_ERR(ei_plan_reset(NULL), EI_ERR_NULL);
+    ei_plan_free(cpu, &plan);
+    CHECK(!memcmp(&plan, &before, sizeof plan), "5 (gpu): the plan changed (CPU context)");
+    CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "5 (gpu): last error '%s'", ei_last_error());
+    ei_plan_free(gpu, &plan); /* its own context frees it */
+    CHECK(plan.owned_memory == NULL && plan.entropy == NULL, "5 (gpu): the plan was not released");
+    ei_context_destroy(cpu);
+    ei_context_destroy(gpu);
+}
+
+/* ------------------------------------------------------------ 6: kv_compact with a bad keep index */
+/* k: bf16, head-major [2][16][64]; v: f32 token-major [16][2][32] (k and v may
+   differ in dtype, head size and layout). */
+enum { S6_HEADS = 2, S6_N = 16, S6_DK = 64, S6_DV = 32, S6_CAP = 8, S6_KEPT = 4, S6_CASES = 4 };
+static const int32_t s6_index[S6_CASES][S6_HEADS][S6_KEPT] = {
+    {{0, 3, 5, 9}, {1, 4, 4, 10}},    /* [1][2] = 4: not ascending */
+    {{0, 3, 5, 16}, {1, 2, 0, 3}},    /* [0][3] = 16: outside the cache (and head 1 bad too) */
+    {{2, 3, 1, 7}, {0, 1, 2, 3}},     /* [0][2] = 1: below its own position */
+    {{0, 3, 5, 15}, {1, 2, 8, 11}},   /* valid */
+};
+static const char *const s6_message[S6_CASES] = {
+    "keep index [1][2] = 4 is not ascending", "keep index [0][3] = 16 is not ascending",
+    "keep index [0][2] = 1 is not ascending", NULL};
+typedef struct s6_out { ei_result r[S6_CASES]; uint16_t *k; float *v; } s6_out;
+
+static void s6_run(int gpu, s6_out *o) {
+    ei_config c = ei_config_default();
+    side s = side_make(gpu, c);
+    size_t bk = (size_t)S6_HEADS * S6_N * S6_DK * 2, bv = (size_t)S6_N * S6_HEADS * S6_DV * 4, i;
+    uint16_t *hk = (uint16_t *)malloc(bk), *back_k;
+    float *hv = (float *)malloc(bv), *back_v;
+    void *dk, *dv, *didx;
+    int cs;
+    for (i = 0; i < bk / 2; ++i) hk[i] = bf16((float)i);
+    for (i = 0; i < bv / 4; ++i) hv[i] = -(float)i;
+    dk = mem_up(&s, hk, bk);
+    dv = mem_up(&s, hv, bv);
+    didx = mem_new(&s, (size_t)S6_HEADS * S6_CAP * 4);
+    for (cs = 0; cs < S6_CASES; ++cs) {
+        ei_keep_set ks;
+        ei_out_tensor ok = ei_out_tensor_make(dk, EI_BF16, S6_N, S6_HEADS, S6_DK), ov;
+        int32_t idx[S6_HEADS * S6_CAP];
+        int h, j;
+        ok.token_stride = S6_DK;
+        ok.head_stride = (int64_t)S6_N * S6_DK;
+        ov = ei_out_tensor_make(dv, EI_F32, S6_N, S6_HEADS, S6_DV);
+        for (h = 0; h < S6_HEADS; ++h)
+            for (j = 0; j < S6_CAP; ++j) idx[h * S6_CAP + j] = j < S6_KEPT ? s6_index[cs][h][j] : -7;
+        mem_put(&s, didx, idx, sizeof idx);
+        memset(&ks, 0, sizeof ks);
+        ks.heads_out = S6_HEADS;
+        ks.capacity = S6_CAP;
+        ks.n_kept = S6_KEPT;
+        ks.compressed = 1;
+        ks.n_tokens = S6_N;
+        ks.index = (int32_t *)didx;
+        o->r[cs] = ei_kv_compact(s.ctx, &ks, &ok, &ov);
+        back_k = (uint16_t *)mem_down(&s, dk, bk);
+        back_v = (float *)mem_down(&s, dv, bv);
+        if (s6_message[cs]) {
+            CHECK(o->r[cs] == EI_ERR_SHAPE && strstr(ei_last_error(), "EI_ERR_SHAPE") &&
+                      strstr(ei_last_error(), s6_message[cs]),
+                  "6 (%s) case %d: %s (%s), expected EI_ERR_SHAPE '%s'", side_name(&s), cs, ei_result_name(o->r[cs]),
+                  ei_last_error(), s6_message[cs]);
+            CHECK(!memcmp(back_k, hk, bk) && !memcmp(back_v, hv, bv), "6 (%s) case %d: the caches changed",
+                  side_name(&s), cs);
+            free(back_k);
+            free(back_v);
+        } else {
+            int bad = 0;
+            CHECK(o->r[cs] == EI_OK, "6 (%s): a valid keep-set refused: %s", side_name(&s), ei_last_error());
+            for (h = 0; h < S6_HEADS; ++h)
+                for (j = 0; j < S6_KEPT; ++j) {
+                    int src = s6_index[cs][h][j];
+                    bad += memcmp(back_k + ((size_t)h * S6_N + j) * S6_DK, hk + ((size_t)h * S6_N + src) * S6_DK, S6_DK * 2) != 0;
+                    bad += memcmp(back_v + ((size_t)j * S6_HEADS + h) * S6_DV, hv + ((size_t)src * S6_HEADS + h) * S6_DV,
+                                  S6_DV * 4) != 0;
+                }
+            CHECK(bad == 0, "6 (%s): %d compacted rows are not the kept ones", side_name(&s), bad);
+            o->k = back_k;
+            o->v = back_v;
+        }
+    }
+    mem_del(&s, didx, (size_t)S6_HEADS * S6_CAP * 4);
+    mem_del(&s, dk, bk);
+    mem_del(&s, dv, bv);
+    free(hk); free(hv);
+    side_free(&s);
+}
+static void s6_compare(const s6_out *a, const s6_out *b) {
+    int cs;
+    for (cs = 0; cs < S6_CASES; ++cs)
+        CHECK(a->r[cs] == b->r[cs], "6: case %d: cpu %s, gpu %s", cs, ei_result_name(a->r[cs]), ei_result_name(b->r[cs]));
+    CHECK(a->k && b->k && !memcmp(a->k, b->k, (size_t)S6_HEADS * S6_N * S6_DK * 2) &&
+              !memcmp(a->v, b->v, (size_t)S6_N * S6_HEADS * S6_DV * 4),
+          "6: the compacted caches differ");
+}
+
+/* ------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    int require_gpu = 0, have_gpu, i;
+    ei_config c = ei_config_default();
+    ei_context *probe = NULL, *host_ctx;
+    uint16_t *q1, *k1, *q3, *k3, *v3, *q4, *k4, *v4;
+    s1_out o1[2];
+    s2_out o2[2];
+    s3_out o3[2];
+    s4_out o4[2];
+    s6_out o6[2];
+    for (i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--require-gpu")) require_gpu = 1;
+        else {
+            printf("usage: %s [--require-gpu]\n", argv[0]);
+            return 2;
+        }
+    }
+    c.backend = EI_BACKEND_CUDA;
+    have_gpu = ei_context_create(&c, &probe) == EI_OK;
+    if (have_gpu) {
+        printf("test_backends: CPU and GPU (%s)\n", probe->cuda->api->build_info());
+        ei_context_destroy(probe);
+    } else {
+        printf("CUDA backend not available: GPU half skipped (%s)\n", ei_last_error());
+        CHECK(!require_gpu, "--require-gpu: no CUDA backend");
+    }
+    memset(o1, 0, sizeof o1); memset(o2, 0, sizeof o2); memset(o3, 0, sizeof o3);
+    memset(o4, 0, sizeof o4); memset(o6, 0, sizeof o6);
+    host_ctx = ctx_make(0, ei_config_default());
+
+    /* the inputs, the same for both backends */
+    g_rng = S1_SEED;
+    q1 = bf16_normal((size_t)S1_Q * S1_H * S1_D, 1.0f);
+    k1 = s1_keys();
+    g_rng = 0x1234567u;
+    q3 = bf16_normal((size_t)S3_N * S3_H * S3_D, 1.0f);
+    k3 = bf16_normal((size_t)S3_N * S3_KV * S3_D, 1.0f);
+    v3 = bf16_normal((size_t)S3_N * S3_KV * S3_D, 1.0f);
+    q4 = bf16_ints((size_t)S4_N * S4_H * S4_D);
+    k4 = bf16_ints((size_t)S4_N * S4_KV * S4_D);
+    v4 = bf16_normal((size_t)S4_N * S4_KV * S4_D, 1.0f);
+
+    for (i = 0; i < 1 + have_gpu; ++i) {
+        printf("%s:\n", i ? "gpu" : "cpu");
+        s1_run(i, q1, k1, &o1[i]);
+        s1_check_one(i ? "gpu" : "cpu", &o1[i].stage[0], i == 0);
+        s1_check_one(i ? "gpu" : "cpu", &o1[i].stage[1], i == 0);
+        printf("  1: decode keep with 20 and 45 observed queries (window 32): %s, %s\n", ei_result_name(o1[i].stage[0].r),
+               ei_result_name(o1[i].stage[1].r));
+        s2_run(i, &o2[i]);
+        printf("  2: NaN/Inf in kept observed queries refused, in a dropped one accepted\n");
+        s3_run(i, q3, k3, v3, &o3[i]);
+        printf("  3: plan too small for the budgets: profile %s, attention %s\n", ei_result_name(o3[i].profile_big),
+               ei_result_name(o3[i].attention_big));
+        s4_run(i, q4, k4, v4, &o4[i]);
+        if (i == 0) s4_check_cpu(&o4[0], q4, k4, v4);
+        printf("  4: interleaved views: profile %s, sparse %s, dense %s\n", ei_result_name(o4[i].r_profile),
+               ei_result_name(o4[i].r_sparse), ei_result_name(o4[i].r_dense));
+        if (i == 0) s5_cpu();
+        else s5_gpu();
+        printf("  5: ei_plan_free of a device plan without its context: refused, plan intact\n");
+        s6_run(i, &o6[i]);
+        printf("  6: kv_compact: bad keep indices %s/%s/%s, valid %s\n", ei_result_name(o6[i].r[0]),
+               ei_result_name(o6[i].r[1]), ei_result_name(o6[i].r[2]), ei_result_name(o6[i].r[3]));
+    }
+    if (have_gpu) {
+        printf("cpu vs gpu:\n");
+        s1_compare(&o1[0], &o1[1]);
+        s2_compare(&o2[0], &o2[1]);
+        s3_compare(&o3[0], &o3[1]);
+        s4_compare(&o4[0], &o4[1]);
+        s6_compare(&o6[0], &o6[1]);
+    }
+    for (i = 0; i < 2; ++i) {
+        keep_out_free(&o1[i].stage[0]);
+        keep_out_free(&o1[i].stage[1]);
+        free(o2[i].ring);
+        if (i <= have_gpu) s4_free(&o4[i], host_ctx);
+        free(o6[i].k);
+        free(o6[i].v);
+    }
+    free(q1); free(k1); free(q3); free(k3); free(v3); free(q4); free(k4); free(v4);
+    ei_context_destroy(host_ctx);
+    printf("test_backends: %s\n", failures ? "FAILED" : "passed");
+    return check_summary();
+}
