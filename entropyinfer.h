@@ -2550,29 +2550,33 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    key/value row is read once per tile for every head of the group. Rows of
    a tile are laid out r = g*Mt + token and vectorised 16 at a time, so
    S^T = K Q^T (keys x rows) is computed with key elements broadcast against
-   packed Q^T columns (register block: 32 rows x 8 keys), and the online
-   softmax (running max, sum, rescale) is purely vertical: no horizontal
-   reductions. O += P V runs per 64-dim chunk of a packed value tile,
-   register-blocked 4 rows x 64 dims. Scores are scaled by
+   packed Q^T columns (AVX-512 register block: 32 rows x 8 keys), and the
+   online softmax (running max, sum, rescale) is purely vertical: no
+   horizontal reductions. O += P V runs per 64-dim chunk of a packed value
+   tile (AVX-512 register block: 4 rows x 64 dims). Scores are scaled by
    scale*log2(e) and exponentiated with a 1-2 ulp polynomial exp2 that maps
    -inf and very negative inputs to 0; masked keys are -inf, the running max
    starts at -FLT_MAX, scores are clamped to +-FLT_MAX (NaN from overflowing
    dot products too), so no -inf - -inf and no NaN from finite input.
 
-   Kernels (chosen per call from the context's SIMD path and the dtypes):
+   Kernels (the stages of the context's table, >>isa-*, chosen per call
+   from it and the dtypes; the score and P V loops are hand-written per ISA,
+   the other stages written once against a vector vocabulary, >>simd):
      scalar       the reference, one query row at a time (libm exp2f); also
                   what the NEON path runs for now.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
      avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
-                  (vcvtph2ps / a shift). The default for every dtype.
-     avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16,
-                  and the build defines EI_ATTN_PREFER_DPBF16: vdpbf16ps for
-                  Q K^T (bf16 products exact, f32 sums) and for P V with P
-                  rounded to bf16 (error ~2^-9 per weight, as GPU flash
-                  attention does). Off by default because on the Sapphire
-                  Rapids we measured vdpbf16ps retires 32 FLOP/cycle against
-                  64 for vfmadd231ps (ei_bench --peak), so bf16 runs ~1.7x
-                  faster through the f32 kernel.
+                  (vcvtph2ps / a shift). What AUTO picks for every dtype.
+     avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16:
+                  vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for
+                  P V with P rounded to bf16 (error ~2^-9 per weight, as GPU
+                  flash attention does). cfg.simd = EI_SIMD_AVX512_BF16
+                  forces it; AUTO picks it only when the build defines
+                  EI_ATTN_PREFER_DPBF16, because its rate relative to f32 FMA
+                  depends on the CPU (`build/ei_bench --peak` measures both):
+                  about half the f32 FMA FLOP rate on a Sapphire Rapids, about
+                  1.8x on an AMD Zen 5. By default bf16 rows are widened to
+                  f32 (a shift) and run through the avx512 kernel.
    f16 inputs use vcvtph2ps + f32 FMAs: AVX512_FP16 only offers FMAs that
    accumulate in f16 (no f32-accumulating dot product before AVX10.2), which
    would put ~1e-2 errors on the logits. The f32-arithmetic kernels agree
@@ -2588,17 +2592,12 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    heads (256 rows); calls with fewer query tokens (decode steps) shrink it
    to the next power of two of their token count, down to one token with the
    heads packed into 16-row vectors, since padding rows are computed and
-   dropped (one token against 16k keys, 4 query heads / 1 kv head, d = 256,
-   f32, one thread, AVX-512: 31 ms with the 64-token tile, 2.9 ms now; best of
-   15 on this 2-core machine). No allocation, no globals.
+   dropped (a 64-token tile would do 64x the work of a one-token call). No
+   allocation, no globals.
 
-   Numbers (ei_bench, 2 threads on 2 quiet Sapphire Rapids cores, N = 8k..32k,
-   8/2 heads, dim 128): dense 246-250 GFLOP/s f32 and 250-265 bf16, about
-   73% of the measured 2-thread vfmadd231ps peak (340-350 GFLOP/s); the
-   opt-in vdpbf16ps kernel 150 GFLOP/s (91% of that instruction's 165 peak);
-   AVX2 kernel 115 GFLOP/s (79% of the ymm peak); ggml_flash_attn_ext on the
-   same cores 92-112. Sparse runs at the dense FLOP rate (efficiency
-   0.92-1.02). */
+   Measured figures (GFLOP/s against the machine's FMA peak, sparse against
+   dense, ggml's flash attention on the same cores) live in README.md's
+   Performance section, not here; `make bench-run` reproduces them. */
 
 #define EI__ATTN_NK 64       /* keys per key tile (multiple of 8) */
 #define EI__ATTN_MAX_GT 8    /* query heads per tile */
