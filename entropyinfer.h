@@ -1637,271 +1637,147 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
 }
 
 // >>simd: min/max representations and block scores -------------------------
-/* Each kernel below exists once per path; the scalar one is the reference.
+/* The profiling kernels, one per path (the code is in the >>isa-* sections;
+   the scalar one is the reference):
    minmax: elementwise max/min over nt rows of one head of a view; returns 0
-   if a NaN or Inf was read. score_row: for blocks 0..nb-1 (transposed key
-   representations, leading dimension ld) the group-mean raw score
+   if a NaN or Inf was read. Exact (max and min do not round): every path
+   gives the same bits.
+   score_row: for blocks 0..nb-1 (transposed key representations, leading
+   dimension ld) the group-mean raw score
      (1/G) sum_g max((qmax.kmax + qmin.kmax)/2, (qmax.kmin + qmin.kmin)/2)
    with qrep laid out [G][2][d] (max row, then min row). Results agree across
-   paths within float32 summation-order error (not bit-identical). */
-static int ei__minmax_scalar(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
-    int32_t d = t->head_dim, i;
-    int64_t r;
-    int bad = 0;
-    for (i = 0; i < d; ++i) { mx[i] = -FLT_MAX; mn[i] = FLT_MAX; }
-    for (r = 0; r < nt; ++r) {
-        const void *row = ei__row(t, t0 + r, head);
-        for (i = 0; i < d; ++i) {
-            float v = ei__load1(row, t->dtype, i);
-            if (v != v) bad = 1;
-            if (v > mx[i]) mx[i] = v;
-            if (v < mn[i]) mn[i] = v;
-        }
-    }
-    for (i = 0; i < d; ++i)
-        if (mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
-    return !bad;
-}
+   paths within float32 summation-order error (not bit-identical).
 
-static void ei__score_row_scalar(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
-                                 int64_t ld, int64_t nb, float *raw) {
-    int64_t b;
-    int32_t g, i;
-    for (b = 0; b < nb; ++b) {
-        float sum = 0.0f;
-        for (g = 0; g < G; ++g) {
-            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, s1, s2;
-            for (i = 0; i < d; ++i) {
-                float kx = kmaxT[(size_t)i * (size_t)ld + (size_t)b], kn = kminT[(size_t)i * (size_t)ld + (size_t)b];
-                a0 += qx[i] * kx; a1 += qn[i] * kx; a2 += qx[i] * kn; a3 += qn[i] * kn;
-            }
-            s1 = (a0 + a1) * 0.5f;
-            s2 = (a2 + a3) * 0.5f;
-            sum += s1 > s2 ? s1 : s2;
-        }
-        raw[b] = sum / (float)G;
-    }
-}
+   ISA code is grouped by ISA: one section per path (>>isa-scalar, >>isa-avx2,
+   >>isa-avx512, >>isa-avx512bf16, >>isa-neon) holds its minmax, score_row,
+   dot and attention stages and ends with its kernel table (>>kernels picks
+   one per context). The hot loops (score_row, dot, the attention Q K^T and
+   P V loops) are hand-written per ISA. The elementwise pieces (minmax here;
+   exp2, online softmax, row conversion, K/V and Q packing, score store,
+   output normalise in >>attention) are written once, as templates, against
+   a small vector vocabulary that each x86 section provides:
 
-#ifdef EI__HAVE_AVX512
-/* 16 elements of a row of any dtype as f32 (masked: tail lanes read as 0). */
-EI__TARGET_AVX512 static __m512 ei__avx512_load(const void *p, ei_dtype dt, __mmask16 m) {
-    if (dt == EI_F32) return _mm512_maskz_loadu_ps(m, p);
-    if (dt == EI_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-EI__TARGET_AVX512 static int ei__minmax_avx512(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx,
-                                               float *mn) {
-    int32_t d = t->head_dim, c;
-    size_t es = ei__dtype_size(t->dtype);
-    __mmask16 nan = 0;
-    int bad = 0, i;
-    for (c = 0; c < d; c += 128) { /* 128 dims per pass: 16 accumulators stay in registers */
-        __m512 vx[8], vn[8];
-        __mmask16 m[8];
-        int64_t r;
-        for (i = 0; i < 8; ++i) {
-            int rem = d - c - 16 * i;
-            m[i] = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
-            vx[i] = _mm512_set1_ps(-FLT_MAX);
-            vn[i] = _mm512_set1_ps(FLT_MAX);
-        }
-        for (r = 0; r < nt; ++r) {
-            const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;
-            for (i = 0; i < 8; ++i) {
-                __m512 v;
-                if (!m[i]) break;
-                v = ei__avx512_load(row + (size_t)(16 * i) * es, t->dtype, m[i]);
-                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-                vx[i] = _mm512_mask_max_ps(vx[i], m[i], vx[i], v);
-                vn[i] = _mm512_mask_min_ps(vn[i], m[i], vn[i], v);
-            }
-        }
-        for (i = 0; i < 8 && m[i]; ++i) {
-            _mm512_mask_storeu_ps(mx + c + 16 * i, m[i], vx[i]);
-            _mm512_mask_storeu_ps(mn + c + 16 * i, m[i], vn[i]);
-            bad |= _mm512_mask_cmp_ps_mask(m[i], vx[i], _mm512_set1_ps(INFINITY), _CMP_EQ_OQ) != 0;
-            bad |= _mm512_mask_cmp_ps_mask(m[i], vn[i], _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) != 0;
-        }
-    }
-    return !(bad || nan);
-}
-EI__TARGET_AVX512 static void ei__score_row_avx512(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
-                                                   const float *kminT, int64_t ld, int64_t nb, float *raw) {
-    int64_t b;
-    const __m512 half = _mm512_set1_ps(0.5f), gdiv = _mm512_set1_ps((float)G);
-    for (b = 0; b < nb; b += 32) { /* two tiles of 16 blocks: 8 independent FMA chains */
-        int64_t rem = nb - b;
-        __mmask16 m0 = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1u);
-        __mmask16 m1 = rem >= 32 ? (__mmask16)0xffff : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : (__mmask16)0;
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-        int32_t g, i;
-        for (g = 0; g < G; ++g) {
-            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-            for (i = 0; i < d; ++i) {
-                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
-                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
-                __m512 bx = _mm512_set1_ps(qx[i]), bn = _mm512_set1_ps(qn[i]);
-                __m512 kx0 = _mm512_maskz_loadu_ps(m0, px), kn0 = _mm512_maskz_loadu_ps(m0, pn);
-                __m512 kx1 = _mm512_maskz_loadu_ps(m1, px + 16), kn1 = _mm512_maskz_loadu_ps(m1, pn + 16);
-                a0 = _mm512_fmadd_ps(bx, kx0, a0); a1 = _mm512_fmadd_ps(bn, kx0, a1);
-                a2 = _mm512_fmadd_ps(bx, kn0, a2); a3 = _mm512_fmadd_ps(bn, kn0, a3);
-                c0 = _mm512_fmadd_ps(bx, kx1, c0); c1 = _mm512_fmadd_ps(bn, kx1, c1);
-                c2 = _mm512_fmadd_ps(bx, kn1, c2); c3 = _mm512_fmadd_ps(bn, kn1, c3);
-            }
-            sum0 = _mm512_add_ps(sum0, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(a0, a1), half),
-                                                     _mm512_mul_ps(_mm512_add_ps(a2, a3), half)));
-            sum1 = _mm512_add_ps(sum1, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(c0, c1), half),
-                                                     _mm512_mul_ps(_mm512_add_ps(c2, c3), half)));
-        }
-        _mm512_mask_storeu_ps(raw + b, m0, _mm512_div_ps(sum0, gdiv));
-        if (m1) _mm512_mask_storeu_ps(raw + b + 16, m1, _mm512_div_ps(sum1, gdiv));
-    }
-}
+     EI__VEC           EI__VN f32 lanes (AVX2 8, AVX-512 16; the attention
+                       tile's 16-row vectors are two AVX2 vectors)
+     EI__VMASK         a lane mask (EI__VGE, NaN tracking)
+     EI__VTAIL         the first n lanes of a partial vector: EI__VFIRST(n)
+     EI__VZERO() EI__VSET1(x) EI__VLOAD(p) EI__VSTORE(p, v)   (aligned)
+     EI__VSTOREU(p, v) EI__VADD EI__VSUB EI__VMUL EI__VMAX EI__VMIN
+     EI__VFMA(a, b, c) (a*b + c)   EI__VROUND(x) (to nearest)
+     EI__VGE(a, b)     lanes where a >= b (ordered)
+     EI__VPOW2(p, n, keep)  p * 2^n (n integral) in kept lanes, 0 elsewhere
+     EI__VLOAD_ROW(p, dt, tail)     tail lanes of a row of any dtype as f32
+                                    (f16/bf16 -> f32 exact), the rest 0
+     EI__VSTORE_ROW(p, dt, v, tail) tail lanes to a row of any dtype (f32
+                                    -> f16/bf16 rounded to nearest even)
+     EI__VSELECT_BITS(bits, x, y)   lane i: x if bit i of bits is set, else y
+     EI__VNAN_NONE() EI__VNAN_OR(m, v) EI__VANY(m)   NaN tracking
+     EI__VMINMAX_VECS  vectors per minmax pass (2 accumulators each stay in
+                       registers)
+
+   Mechanics: a section defines EI__VISA (its name, e.g. avx2) and
+   EI__VTARGET (its target attribute), expands the templates (e.g.
+   EI__DEFINE_MINMAX() defines ei__minmax_avx2) and #undefs both. Each
+   vocabulary op is a static inline function of the section, ei__<isa>_<op>
+   (EI__VADD is ei__avx2_add there), so ops are type-checked and a debugger
+   steps into them; the templates are macros because C has no templates, and
+   the alternative (re-including the header once per ISA, as
+   stb_image_resize2.h does) would need guards around the whole file. A
+   template body is one line to a debugger and to compiler messages: run the
+   preprocessor (cc -E) to see it expanded. Every function in a template
+   carries EI__VTARGET and every vocabulary op its section's target
+   attribute, since this header compiles ISA code without -march (>>common).
+   Templates keep the operation order of the kernels they replaced, so each
+   path's results are unchanged bit for bit. */
+#define EI__VCAT3_(a, b, c) a##b##c
+#define EI__VCAT3(a, b, c) EI__VCAT3_(a, b, c)
+#define EI__V(op) EI__VCAT3(ei__, EI__VISA, _##op)    /* ei__<isa>_<op> */
+#define EI__VNAME(f) EI__VCAT3(f, _, EI__VISA)        /* f_<isa> */
+#if defined(__GNUC__) || defined(__clang__)
+#define EI__VINLINE static inline __attribute__((always_inline))
+#else
+#define EI__VINLINE static inline
 #endif
+/* The vocabulary ops whose intrinsics differ between x86 ISAs only in their
+   prefix (mm: _mm256, _mm512), defined for section isa with vector type V. */
+#define EI__DEFINE_VOCAB_LANEWISE(isa, TARGET, V, mm)                                                          \
+    TARGET EI__VINLINE V ei__##isa##_zero(void) { return mm##_setzero_ps(); }                                  \
+    TARGET EI__VINLINE V ei__##isa##_set1(float x) { return mm##_set1_ps(x); }                                 \
+    TARGET EI__VINLINE V ei__##isa##_load(const float *p) { return mm##_load_ps(p); }                          \
+    TARGET EI__VINLINE void ei__##isa##_store(float *p, V v) { mm##_store_ps(p, v); }                          \
+    TARGET EI__VINLINE void ei__##isa##_storeu(float *p, V v) { mm##_storeu_ps(p, v); }                        \
+    TARGET EI__VINLINE V ei__##isa##_add(V a, V b) { return mm##_add_ps(a, b); }                               \
+    TARGET EI__VINLINE V ei__##isa##_sub(V a, V b) { return mm##_sub_ps(a, b); }                               \
+    TARGET EI__VINLINE V ei__##isa##_mul(V a, V b) { return mm##_mul_ps(a, b); }                               \
+    TARGET EI__VINLINE V ei__##isa##_fma(V a, V b, V c) { return mm##_fmadd_ps(a, b, c); }                     \
+    TARGET EI__VINLINE V ei__##isa##_max(V a, V b) { return mm##_max_ps(a, b); }                               \
+    TARGET EI__VINLINE V ei__##isa##_min(V a, V b) { return mm##_min_ps(a, b); }
+#define EI__VEC EI__V(v)
+#define EI__VMASK EI__V(m)
+#define EI__VTAIL EI__V(tail)
+#define EI__VN EI__V(n)
+#define EI__VMINMAX_VECS EI__V(minmax_vecs)
+#define EI__VFIRST EI__V(first)
+#define EI__VZERO EI__V(zero)
+#define EI__VSET1 EI__V(set1)
+#define EI__VLOAD EI__V(load)
+#define EI__VSTORE EI__V(store)
+#define EI__VSTOREU EI__V(storeu)
+#define EI__VADD EI__V(add)
+#define EI__VSUB EI__V(sub)
+#define EI__VMUL EI__V(mul)
+#define EI__VFMA EI__V(fma)
+#define EI__VMAX EI__V(max)
+#define EI__VMIN EI__V(min)
+#define EI__VROUND EI__V(round)
+#define EI__VGE EI__V(ge)
+#define EI__VPOW2 EI__V(pow2)
+#define EI__VLOAD_ROW EI__V(load_row)
+#define EI__VSTORE_ROW EI__V(store_row)
+#define EI__VSELECT_BITS EI__V(select_bits)
+#define EI__VNAN_NONE EI__V(nan_none)
+#define EI__VNAN_OR EI__V(nan_or)
+#define EI__VANY EI__V(any)
 
-#ifdef EI__HAVE_AVX2
-/* 8 elements as f32; n < 8 reads only n (through a small copy). */
-EI__TARGET_AVX2 static __m256 ei__avx2_load(const void *p, ei_dtype dt, int n) {
-    if (n < 8) {
-        float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int i;
-        for (i = 0; i < n; ++i) tmp[i] = ei__load1(p, dt, i);
-        return _mm256_loadu_ps(tmp);
+/* minmax, written once: passes of EI__VMINMAX_VECS vectors of dims, rows
+   streamed through 2 accumulators per vector; NaN tracked per lane, Inf
+   checked on the results. Defines ei__minmax_<isa>. */
+#define EI__DEFINE_MINMAX()                                                                                    \
+    EI__VTARGET static int EI__VNAME(ei__minmax)(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head,      \
+                                                 float *mx, float *mn) {                                        \
+        const int32_t d = t->head_dim;                                                                         \
+        const size_t es = ei__dtype_size(t->dtype);                                                            \
+        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
+        int32_t c, i;                                                                                          \
+        int bad = 0;                                                                                           \
+        for (c = 0; c < d; c += EI__VN * EI__VMINMAX_VECS) {                                                  \
+            EI__VEC vx[EI__VMINMAX_VECS], vn[EI__VMINMAX_VECS];                                                \
+            EI__VTAIL tail[EI__VMINMAX_VECS];                                                                  \
+            int32_t nv = 0;                                                                                    \
+            int64_t r;                                                                                         \
+            for (; nv < EI__VMINMAX_VECS && c + EI__VN * nv < d; ++nv) {                                       \
+                tail[nv] = EI__VFIRST(EI__MIN(d - c - EI__VN * nv, (int32_t)EI__VN));                          \
+                vx[nv] = EI__VSET1(-FLT_MAX);                                                                  \
+                vn[nv] = EI__VSET1(FLT_MAX);                                                                   \
+            }                                                                                                  \
+            for (r = 0; r < nt; ++r) {                                                                         \
+                const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;   \
+                for (i = 0; i < nv; ++i) {                                                                     \
+                    EI__VEC v = EI__VLOAD_ROW(row + (size_t)(EI__VN * i) * es, t->dtype, tail[i]);             \
+                    nan = EI__VNAN_OR(nan, v);                                                                 \
+                    vx[i] = EI__VMAX(vx[i], v);                                                                \
+                    vn[i] = EI__VMIN(vn[i], v);                                                                \
+                }                                                                                              \
+            }                                                                                                  \
+            for (i = 0; i < nv; ++i) {                                                                         \
+                EI__VSTORE_ROW(mx + c + EI__VN * i, EI_F32, vx[i], tail[i]);                                   \
+                EI__VSTORE_ROW(mn + c + EI__VN * i, EI_F32, vn[i], tail[i]);                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (i = 0; i < d; ++i)                                                                                \
+            if (mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;                                              \
+        return !(bad || EI__VANY(nan));                                                                        \
     }
-    if (dt == EI_F32) return _mm256_loadu_ps((const float *)p);
-    if (dt == EI_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-EI__TARGET_AVX2 static int ei__minmax_avx2(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx,
-                                           float *mn) {
-    int32_t d = t->head_dim, c;
-    size_t es = ei__dtype_size(t->dtype);
-    __m256 nan = _mm256_setzero_ps();
-    int bad = 0, i;
-    for (c = 0; c < d; c += 32) {
-        __m256 vx[4], vn[4];
-        int cnt[4];
-        int64_t r;
-        for (i = 0; i < 4; ++i) {
-            int rem = d - c - 8 * i;
-            cnt[i] = rem >= 8 ? 8 : rem > 0 ? rem : 0;
-            vx[i] = _mm256_set1_ps(-FLT_MAX);
-            vn[i] = _mm256_set1_ps(FLT_MAX);
-        }
-        for (r = 0; r < nt; ++r) {
-            const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;
-            for (i = 0; i < 4 && cnt[i]; ++i) {
-                __m256 v = ei__avx2_load(row + (size_t)(8 * i) * es, t->dtype, cnt[i]);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-                vx[i] = _mm256_max_ps(vx[i], v);
-                vn[i] = _mm256_min_ps(vn[i], v);
-            }
-        }
-        for (i = 0; i < 4 && cnt[i]; ++i) {
-            float bx[8], bn[8];
-            int j;
-            _mm256_storeu_ps(bx, vx[i]);
-            _mm256_storeu_ps(bn, vn[i]);
-            for (j = 0; j < cnt[i]; ++j) {
-                mx[c + 8 * i + j] = bx[j];
-                mn[c + 8 * i + j] = bn[j];
-                if (bx[j] == INFINITY || bn[j] == -INFINITY) bad = 1;
-            }
-        }
-    }
-    return !(bad || _mm256_movemask_ps(nan));
-}
-EI__TARGET_AVX2 static void ei__score_row_avx2(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
-                                               const float *kminT, int64_t ld, int64_t nb, float *raw) {
-    int64_t b;
-    const __m256 half = _mm256_set1_ps(0.5f), gdiv = _mm256_set1_ps((float)G);
-    /* ld is a multiple of 16 and columns past nb exist (padding), so whole
-       8-wide loads stay inside the representation store. */
-    for (b = 0; b < nb; b += 16) {
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-        float out[16];
-        int32_t g, i;
-        int64_t j, rem = nb - b;
-        for (g = 0; g < G; ++g) {
-            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-            for (i = 0; i < d; ++i) {
-                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
-                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
-                __m256 bx = _mm256_set1_ps(qx[i]), bn = _mm256_set1_ps(qn[i]);
-                __m256 kx0 = _mm256_loadu_ps(px), kn0 = _mm256_loadu_ps(pn);
-                __m256 kx1 = _mm256_loadu_ps(px + 8), kn1 = _mm256_loadu_ps(pn + 8);
-                a0 = _mm256_fmadd_ps(bx, kx0, a0); a1 = _mm256_fmadd_ps(bn, kx0, a1);
-                a2 = _mm256_fmadd_ps(bx, kn0, a2); a3 = _mm256_fmadd_ps(bn, kn0, a3);
-                c0 = _mm256_fmadd_ps(bx, kx1, c0); c1 = _mm256_fmadd_ps(bn, kx1, c1);
-                c2 = _mm256_fmadd_ps(bx, kn1, c2); c3 = _mm256_fmadd_ps(bn, kn1, c3);
-            }
-            sum0 = _mm256_add_ps(sum0, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(a0, a1), half),
-                                                     _mm256_mul_ps(_mm256_add_ps(a2, a3), half)));
-            sum1 = _mm256_add_ps(sum1, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(c0, c1), half),
-                                                     _mm256_mul_ps(_mm256_add_ps(c2, c3), half)));
-        }
-        _mm256_storeu_ps(out, _mm256_div_ps(sum0, gdiv));
-        _mm256_storeu_ps(out + 8, _mm256_div_ps(sum1, gdiv));
-        for (j = 0; j < 16 && j < rem; ++j) raw[b + j] = out[j];
-    }
-}
-#endif
-
-#ifdef EI__HAVE_NEON
-static int ei__minmax_neon(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
-    /* Conversion of f16/bf16 rows goes through the scalar loader; the
-       reduction itself is vectorised for f32. */
-    int32_t d = t->head_dim, i;
-    int64_t r;
-    int bad = 0;
-    if (t->dtype != EI_F32 || (d & 3)) return ei__minmax_scalar(t, t0, nt, head, mx, mn);
-    for (i = 0; i < d; i += 4) {
-        float32x4_t vx = vdupq_n_f32(-FLT_MAX), vn = vdupq_n_f32(FLT_MAX);
-        uint32x4_t nan = vdupq_n_u32(0);
-        for (r = 0; r < nt; ++r) {
-            float32x4_t v = vld1q_f32((const float *)ei__row(t, t0 + r, head) + i);
-            nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
-            vx = vmaxq_f32(vx, v);
-            vn = vminq_f32(vn, v);
-        }
-        vst1q_f32(mx + i, vx);
-        vst1q_f32(mn + i, vn);
-        if (vmaxvq_u32(nan)) bad = 1;
-    }
-    for (i = 0; i < d; ++i)
-        if (mx[i] != mx[i] || mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
-    return !bad;
-}
-static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
-                               int64_t ld, int64_t nb, float *raw) {
-    int64_t b;
-    const float32x4_t half = vdupq_n_f32(0.5f), gdiv = vdupq_n_f32((float)G);
-    for (b = 0; b < nb; b += 4) {
-        float32x4_t sum = vdupq_n_f32(0.0f);
-        float out[4];
-        int32_t g, i;
-        int64_t j;
-        for (g = 0; g < G; ++g) {
-            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
-            float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            for (i = 0; i < d; ++i) {
-                float32x4_t kx = vld1q_f32(kmaxT + (size_t)i * (size_t)ld + (size_t)b);
-                float32x4_t kn = vld1q_f32(kminT + (size_t)i * (size_t)ld + (size_t)b);
-                a0 = vfmaq_n_f32(a0, kx, qx[i]); a1 = vfmaq_n_f32(a1, kx, qn[i]);
-                a2 = vfmaq_n_f32(a2, kn, qx[i]); a3 = vfmaq_n_f32(a3, kn, qn[i]);
-            }
-            sum = vaddq_f32(sum, vmaxq_f32(vmulq_f32(vaddq_f32(a0, a1), half), vmulq_f32(vaddq_f32(a2, a3), half)));
-        }
-        vst1q_f32(out, vdivq_f32(sum, gdiv));
-        for (j = 0; j < 4 && b + j < nb; ++j) raw[b + j] = out[j];
-    }
-}
-#endif
-
 
 // >>profile -----------------------------------------------------------------
 typedef struct ei__ranked { float score; int32_t index; } ei__ranked;
@@ -2370,58 +2246,6 @@ EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, cons
 }
 
 // >>decode ------------------------------------------------------------------
-/* dot(a, b) over d floats, per path (scalar is the reference). */
-static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
-    float s = 0.0f;
-    int32_t i;
-    for (i = 0; i < d; ++i) s += a[i] * b[i];
-    return s;
-}
-#ifdef EI__HAVE_AVX512
-EI__TARGET_AVX512 static float ei__dot_avx512(const float *a, const float *b, int32_t d) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int32_t i = 0;
-    for (; i + 32 <= d; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i < d; i += 16) {
-        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
-        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-#endif
-#ifdef EI__HAVE_AVX2
-EI__TARGET_AVX2 static float ei__dot_avx2(const float *a, const float *b, int32_t d) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    __m128 h;
-    float s;
-    int32_t i = 0;
-    for (; i + 16 <= d; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    s0 = _mm256_add_ps(s0, s1);
-    h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    s = _mm_cvtss_f32(h);
-    for (; i < d; ++i) s += a[i] * b[i];
-    return s;
-}
-#endif
-#ifdef EI__HAVE_NEON
-static float ei__dot_neon(const float *a, const float *b, int32_t d) {
-    float32x4_t s0 = vdupq_n_f32(0.0f);
-    float s;
-    int32_t i = 0;
-    for (; i + 4 <= d; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-    s = vaddvq_f32(s0);
-    for (; i < d; ++i) s += a[i] * b[i];
-    return s;
-}
-#endif
 /* A row of any dtype into f32. */
 static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) {
     int32_t i;
@@ -2758,29 +2582,33 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    key/value row is read once per tile for every head of the group. Rows of
    a tile are laid out r = g*Mt + token and vectorised 16 at a time, so
    S^T = K Q^T (keys x rows) is computed with key elements broadcast against
-   packed Q^T columns (register block: 32 rows x 8 keys), and the online
-   softmax (running max, sum, rescale) is purely vertical: no horizontal
-   reductions. O += P V runs per 64-dim chunk of a packed value tile,
-   register-blocked 4 rows x 64 dims. Scores are scaled by
+   packed Q^T columns (AVX-512 register block: 32 rows x 8 keys), and the
+   online softmax (running max, sum, rescale) is purely vertical: no
+   horizontal reductions. O += P V runs per 64-dim chunk of a packed value
+   tile (AVX-512 register block: 4 rows x 64 dims). Scores are scaled by
    scale*log2(e) and exponentiated with a 1-2 ulp polynomial exp2 that maps
    -inf and very negative inputs to 0; masked keys are -inf, the running max
    starts at -FLT_MAX, scores are clamped to +-FLT_MAX (NaN from overflowing
    dot products too), so no -inf - -inf and no NaN from finite input.
 
-   Kernels (chosen per call from the context's SIMD path and the dtypes):
+   Kernels (the stages of the context's table, >>isa-*, chosen per call
+   from it and the dtypes; the score and P V loops are hand-written per ISA,
+   the other stages written once against a vector vocabulary, >>simd):
      scalar       the reference, one query row at a time (libm exp2f); also
                   what the NEON path runs for now.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
      avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
-                  (vcvtph2ps / a shift). The default for every dtype.
-     avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16,
-                  and the build defines EI_ATTN_PREFER_DPBF16: vdpbf16ps for
-                  Q K^T (bf16 products exact, f32 sums) and for P V with P
-                  rounded to bf16 (error ~2^-9 per weight, as GPU flash
-                  attention does). Off by default because on the Sapphire
-                  Rapids we measured vdpbf16ps retires 32 FLOP/cycle against
-                  64 for vfmadd231ps (ei_bench --peak), so bf16 runs ~1.7x
-                  faster through the f32 kernel.
+                  (vcvtph2ps / a shift). What AUTO picks for every dtype.
+     avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16:
+                  vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for
+                  P V with P rounded to bf16 (error ~2^-9 per weight, as GPU
+                  flash attention does). cfg.simd = EI_SIMD_AVX512_BF16
+                  forces it; AUTO picks it only when the build defines
+                  EI_ATTN_PREFER_DPBF16, because its rate relative to f32 FMA
+                  depends on the CPU (`build/ei_bench --peak` measures both):
+                  about half the f32 FMA FLOP rate on a Sapphire Rapids, about
+                  1.8x on an AMD Zen 5. By default bf16 rows are widened to
+                  f32 (a shift) and run through the avx512 kernel.
    f16 inputs use vcvtph2ps + f32 FMAs: AVX512_FP16 only offers FMAs that
    accumulate in f16 (no f32-accumulating dot product before AVX10.2), which
    would put ~1e-2 errors on the logits. The f32-arithmetic kernels agree
@@ -2796,17 +2624,12 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    heads (256 rows); calls with fewer query tokens (decode steps) shrink it
    to the next power of two of their token count, down to one token with the
    heads packed into 16-row vectors, since padding rows are computed and
-   dropped (one token against 16k keys, 4 query heads / 1 kv head, d = 256,
-   f32, one thread, AVX-512: 31 ms with the 64-token tile, 2.9 ms now; best of
-   15 on this 2-core machine). No allocation, no globals.
+   dropped (a 64-token tile would do 64x the work of a one-token call). No
+   allocation, no globals.
 
-   Numbers (ei_bench, 2 threads on 2 quiet Sapphire Rapids cores, N = 8k..32k,
-   8/2 heads, dim 128): dense 246-250 GFLOP/s f32 and 250-265 bf16, about
-   73% of the measured 2-thread vfmadd231ps peak (340-350 GFLOP/s); the
-   opt-in vdpbf16ps kernel 150 GFLOP/s (91% of that instruction's 165 peak);
-   AVX2 kernel 115 GFLOP/s (79% of the ymm peak); ggml_flash_attn_ext on the
-   same cores 92-112. Sparse runs at the dense FLOP rate (efficiency
-   0.92-1.02). */
+   Measured figures (GFLOP/s against the machine's FMA peak, sparse against
+   dense, ggml's flash attention on the same cores) live in README.md's
+   Performance section, not here; `make bench-run` reproduces them. */
 
 #define EI__ATTN_NK 64       /* keys per key tile (multiple of 8) */
 #define EI__ATTN_MAX_GT 8    /* query heads per tile */
@@ -2991,13 +2814,16 @@ static void ei__attn_qtile_scalar(const ei__attn_job *J, ei__attn_ws *w, int32_t
 }
 
 /* ---- vector kernels: tile stages ---------------------------------------- */
-/* Stages of one query tile, per ISA:
+/* Stages of one query tile (a path's ei__attn_stages, >>isa-*):
      pack_q   the tile's queries into w->qt (zero rows past nt)
      prep_kv  key/value row pointers of the key tile (converted rows if needed)
      scores   w->s[j][r] = clamp(c * q_r.k_j), -inf where key j > token of r
      softmax  online softmax over the tile: m, l, alpha; w->s becomes P
+     pack_p   (bf16 kernel only) P rounded to bf16 pairs
      pv       O[r] = alpha[r] * O[r] + sum_j P[j][r] v_j
-     store    out = O / l for the valid rows */
+     store    out = O / l for the valid rows
+   scores and pv are hand-written per ISA (>>isa-*); the others are the
+   templates below, written once against the vector vocabulary (>>simd). */
 /* Rows are head-major: row r = g * mt + tok (head h0 + g, token t0 + tok);
    mt (tokens per head, a power of two) is 16 x 2^k for prompt chunks and
    1..8 for calls with fewer tokens (decode steps), where a 16-row vector
@@ -3030,610 +2856,161 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
     return m;
 }
 
-EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
-    int32_t r, i, d = J->d;
-    for (r = 0; r < T->ld; ++r) {
-        int32_t g = r / T->mt, tok = r % T->mt;
-        if (g < T->gt && tok < T->nt)
-            ei__attn_row_to_f32(ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g), J->q->dtype, d, w->qrow);
-        else for (i = 0; i < d; ++i) w->qrow[i] = 0.0f;
-        for (i = 0; i < d; ++i) w->qt[(size_t)i * (size_t)T->ld + (size_t)r] = w->qrow[i];
-    }
-}
+/* The elementwise stages, written once (vocabulary and mechanics: >>simd).
+   EI__ATTN_DEFINE_STAGES() defines, for the section's EI__VISA:
+     ei__attn_exp2_<isa>        2^x per lane
+     ei__attn_row_f32_<isa>     a row of any dtype as d f32, zero to dpad
+     ei__attn_put_scores_<isa>  one vector of scores: scale, clamp, mask, store
+     ei__attn_pack_q_<isa>, ei__attn_prep_kv_<isa>, ei__attn_softmax_<isa>,
+     ei__attn_store_<isa>       stages of ei__attn_stages
+   A 16-row vector of the tile layout is 16 / EI__VN vectors: part `sub` of
+   vector vi holds rows 16 vi + EI__VN sub ... */
 
-#ifdef EI__HAVE_AVX512
 /* 2^x; -inf, NaN and x < -126 give 0 (no subnormal weights: they would cost
-   microcode assists in the FMAs and weigh < 2^-126 anyway). Cephes exp2f
-   polynomial on [-0.5, 0.5], ~1 ulp. */
-EI__TARGET_AVX512 static __m512 ei__attn_exp2_avx512(__m512 x) {
-    __m512 n, f, p;
-    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-    n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    f = _mm512_sub_ps(x, n);
-    p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-EI__TARGET_AVX512 static void ei__attn_row_f32_avx512(const void *row, ei_dtype dt, int32_t d, int32_t dpad, float *dst) {
-    size_t es = ei__dtype_size(dt);
-    int32_t c0;
-    for (c0 = 0; c0 < dpad; c0 += 16) {
-        int32_t rem = d - c0;
-        __mmask16 m = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
-        _mm512_storeu_ps(dst + c0, m ? ei__avx512_load((const unsigned char *)row + (size_t)c0 * es, dt, m)
-                                     : _mm512_setzero_ps());
+   microcode assists in the FMAs and weigh < 2^-126 anyway; max() returns its
+   second operand for a NaN, so NaN becomes -127 and is dropped). Cephes
+   exp2f polynomial on [-0.5, 0.5], ~1 ulp. */
+#define EI__ATTN_DEFINE_EXP2()                                                                                 \
+    EI__VTARGET EI__VINLINE EI__VEC EI__VNAME(ei__attn_exp2)(EI__VEC x) {                                       \
+        EI__VEC n, f, p;                                                                                       \
+        EI__VMASK keep;                                                                                        \
+        x = EI__VMAX(x, EI__VSET1(-127.0f));                                                                   \
+        keep = EI__VGE(x, EI__VSET1(-126.0f));                                                                 \
+        n = EI__VROUND(x);                                                                                     \
+        f = EI__VSUB(x, n);                                                                                    \
+        p = EI__VSET1(1.535336188319500e-4f);                                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(1.339887440266574e-3f));                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(9.618437357674640e-3f));                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(5.550332471162809e-2f));                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(2.402264791363012e-1f));                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(6.931472028550421e-1f));                                                  \
+        p = EI__VFMA(p, f, EI__VSET1(1.0f));                                                                   \
+        return EI__VPOW2(p, n, keep);                                                                          \
     }
-}
+
+/* A row of any dtype as d f32, zero from d to dpad. */
+#define EI__ATTN_DEFINE_ROW_F32()                                                                              \
+    EI__VTARGET static void EI__VNAME(ei__attn_row_f32)(const void *row, ei_dtype dt, int32_t d, int32_t dpad,  \
+                                                        float *dst) {                                          \
+        const size_t es = ei__dtype_size(dt);                                                                  \
+        int32_t c0;                                                                                            \
+        for (c0 = 0; c0 < dpad; c0 += EI__VN) {                                                                \
+            int32_t rem = d - c0;                                                                              \
+            EI__VSTOREU(dst + c0, rem > 0 ? EI__VLOAD_ROW((const unsigned char *)row + (size_t)c0 * es, dt,     \
+                                                          EI__VFIRST(EI__MIN(rem, (int32_t)EI__VN)))            \
+                                          : EI__VZERO());                                                      \
+        }                                                                                                      \
+    }
+
+/* Scores of rows 16 vi + EI__VN sub ... for key j: scale, clamp to
+   +-FLT_MAX (NaN too), -inf where the key is past the row's token. */
+#define EI__ATTN_DEFINE_PUT_SCORES()                                                                           \
+    EI__VTARGET EI__VINLINE void EI__VNAME(ei__attn_put_scores)(ei__attn_ws *w, const ei__attn_tile *T,         \
+                                                                int need_mask, int32_t j, int32_t vi,          \
+                                                                int32_t sub, EI__VEC acc, EI__VEC cv) {        \
+        EI__VEC x = EI__VMIN(EI__VMAX(EI__VMUL(acc, cv), EI__VSET1(-FLT_MAX)), EI__VSET1(FLT_MAX));            \
+        if (need_mask)                                                                                         \
+            x = EI__VSELECT_BITS(ei__attn_vmask(T, vi, w->kpos[j]) >> (EI__VN * sub), x, EI__VSET1(-INFINITY)); \
+        EI__VSTORE(w->s + (size_t)j * (size_t)T->ld + (size_t)vi * 16u + (size_t)(EI__VN * sub), x);           \
+    }
+
+/* Queries transposed into w->qt [d][ld]: row r of the tile is column r. */
+#define EI__ATTN_DEFINE_PACK_Q()                                                                               \
+    EI__VTARGET static void EI__VNAME(ei__attn_pack_q)(const ei__attn_job *J, ei__attn_ws *w,                   \
+                                                       const ei__attn_tile *T) {                               \
+        int32_t r, i, d = J->d;                                                                                \
+        for (r = 0; r < T->ld; ++r) {                                                                          \
+            int32_t g = r / T->mt, tok = r % T->mt;                                                            \
+            if (g < T->gt && tok < T->nt)                                                                      \
+                EI__VNAME(ei__attn_row_f32)(ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g), J->q->dtype, d, \
+                                            J->dpad, w->qrow);                                                 \
+            else                                                                                               \
+                for (i = 0; i < d; ++i) w->qrow[i] = 0.0f;                                                     \
+            for (i = 0; i < d; ++i) w->qt[(size_t)i * (size_t)T->ld + (size_t)r] = w->qrow[i];                 \
+        }                                                                                                      \
+    }
+
 /* Key rows: in place (f32) or converted into kbuf. Value rows: always copied
    into the chunk-major vbuf (a contiguous 16 KB block per 64 dims, so the
-   P V sweep stays in L1 whatever the cache's token stride). */
-EI__TARGET_AVX512 static void ei__attn_prep_kv_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                      int32_t nk) {
-    const int32_t d = J->d, dpad = J->dpad;
-    const size_t es = ei__dtype_size(J->v->dtype);
-    int32_t j, c0;
-    for (j = 0; j < nk; ++j) {
-        const void *kr = ei__row(J->k, w->kpos[j], T->kvh);
-        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
-        if (J->k->dtype != EI_F32) {
-            float *dst = w->kbuf + (size_t)j * (size_t)dpad;
-            ei__attn_row_f32_avx512(kr, J->k->dtype, d, dpad, dst);
-            kr = dst;
-        }
-        w->kp[j] = kr;
-        for (c0 = 0; c0 < dpad; c0 += 16) {
-            int32_t rem = d - c0;
-            __mmask16 m = rem >= 16 ? (__mmask16)0xffff : rem > 0 ? (__mmask16)((1u << rem) - 1u) : (__mmask16)0;
-            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
-            _mm512_store_ps(dst, m ? ei__avx512_load(vr + (size_t)c0 * es, J->v->dtype, m) : _mm512_setzero_ps());
-        }
-    }
-    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
-}
-
-/* Store 16 scores of 16-row vector vi for key j: scale, clamp, mask. */
-#define EI__ATTN_STORE512(acc, j, vi)                                                                        \
-    do {                                                                                                     \
-        __m512 x_ = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, cv), lo), hi);                           \
-        if (need_mask)                                                                                       \
-            x_ = _mm512_mask_blend_ps((__mmask16)ei__attn_vmask(T, (vi), w->kpos[j]), ninf, x_);                \
-        _mm512_store_ps(w->s + (size_t)(j) * (size_t)ld + (size_t)(vi) * 16u, x_);                           \
-    } while (0)
-
-/* S^T = K Q^T for the tile: 2 row vectors (32 rows) x 8 keys per register
-   block (16 accumulators; per dim 2 loads of Q^T + 8 broadcasts from key
-   rows). Row vectors outside, keys inside: the 32 rows' Q^T (16 KB at
-   d = 128) stays in L1 while the key tile streams past. */
-EI__TARGET_AVX512 static void ei__attn_scores_f32_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                         int32_t nk, int need_mask) {
-    const int32_t ld = T->ld, d = J->d;
-    const __m512 cv = _mm512_set1_ps(J->c), lo = _mm512_set1_ps(-FLT_MAX), hi = _mm512_set1_ps(FLT_MAX),
-                 ninf = _mm512_set1_ps(-INFINITY);
-    int32_t vb, j, i;
-    for (vb = 0; vb + 2 <= T->nvec; vb += 2)
-        for (j = 0; j < nk; j += 8) {
-            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
-            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
-            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
-            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-                   a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
-            for (i = 0; i < d; ++i, qp += ld) {
-                __m512 q0 = _mm512_load_ps(qp), q1 = _mm512_load_ps(qp + 16), b;
-                b = _mm512_set1_ps(k0[i]); a00 = _mm512_fmadd_ps(b, q0, a00); a01 = _mm512_fmadd_ps(b, q1, a01);
-                b = _mm512_set1_ps(k1[i]); a10 = _mm512_fmadd_ps(b, q0, a10); a11 = _mm512_fmadd_ps(b, q1, a11);
-                b = _mm512_set1_ps(k2[i]); a20 = _mm512_fmadd_ps(b, q0, a20); a21 = _mm512_fmadd_ps(b, q1, a21);
-                b = _mm512_set1_ps(k3[i]); a30 = _mm512_fmadd_ps(b, q0, a30); a31 = _mm512_fmadd_ps(b, q1, a31);
-                b = _mm512_set1_ps(k4[i]); a40 = _mm512_fmadd_ps(b, q0, a40); a41 = _mm512_fmadd_ps(b, q1, a41);
-                b = _mm512_set1_ps(k5[i]); a50 = _mm512_fmadd_ps(b, q0, a50); a51 = _mm512_fmadd_ps(b, q1, a51);
-                b = _mm512_set1_ps(k6[i]); a60 = _mm512_fmadd_ps(b, q0, a60); a61 = _mm512_fmadd_ps(b, q1, a61);
-                b = _mm512_set1_ps(k7[i]); a70 = _mm512_fmadd_ps(b, q0, a70); a71 = _mm512_fmadd_ps(b, q1, a71);
-            }
-            EI__ATTN_STORE512(a00, j, vb); EI__ATTN_STORE512(a01, j, vb + 1);
-            EI__ATTN_STORE512(a10, j + 1, vb); EI__ATTN_STORE512(a11, j + 1, vb + 1);
-            EI__ATTN_STORE512(a20, j + 2, vb); EI__ATTN_STORE512(a21, j + 2, vb + 1);
-            EI__ATTN_STORE512(a30, j + 3, vb); EI__ATTN_STORE512(a31, j + 3, vb + 1);
-            EI__ATTN_STORE512(a40, j + 4, vb); EI__ATTN_STORE512(a41, j + 4, vb + 1);
-            EI__ATTN_STORE512(a50, j + 5, vb); EI__ATTN_STORE512(a51, j + 5, vb + 1);
-            EI__ATTN_STORE512(a60, j + 6, vb); EI__ATTN_STORE512(a61, j + 6, vb + 1);
-            EI__ATTN_STORE512(a70, j + 7, vb); EI__ATTN_STORE512(a71, j + 7, vb + 1);
-        }
-    for (; vb < T->nvec; ++vb) /* a leftover vector (G = 3, 5, 7): one vector x 8 keys */
-        for (j = 0; j < nk; j += 8) {
-            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
-            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
-            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
-            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            for (i = 0; i < d; ++i, qp += ld) {
-                __m512 q0 = _mm512_load_ps(qp);
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[i]), q0, a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[i]), q0, a1);
-                a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[i]), q0, a2);
-                a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[i]), q0, a3);
-                a4 = _mm512_fmadd_ps(_mm512_set1_ps(k4[i]), q0, a4);
-                a5 = _mm512_fmadd_ps(_mm512_set1_ps(k5[i]), q0, a5);
-                a6 = _mm512_fmadd_ps(_mm512_set1_ps(k6[i]), q0, a6);
-                a7 = _mm512_fmadd_ps(_mm512_set1_ps(k7[i]), q0, a7);
-            }
-            EI__ATTN_STORE512(a0, j, vb); EI__ATTN_STORE512(a1, j + 1, vb);
-            EI__ATTN_STORE512(a2, j + 2, vb); EI__ATTN_STORE512(a3, j + 3, vb);
-            EI__ATTN_STORE512(a4, j + 4, vb); EI__ATTN_STORE512(a5, j + 5, vb);
-            EI__ATTN_STORE512(a6, j + 6, vb); EI__ATTN_STORE512(a7, j + 7, vb);
-        }
-}
-
-EI__TARGET_AVX512 static void ei__attn_softmax_avx512(ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
-    const int32_t ld = T->ld;
-    int32_t vi, j;
-    for (vi = 0; vi < T->nvec; ++vi) {
-        float *col = w->s + (size_t)vi * 16u;
-        __m512 mo = _mm512_load_ps(w->m + vi * 16), mx = mo, al, sum = _mm512_setzero_ps();
-        for (j = 0; j < nk; ++j) mx = _mm512_max_ps(mx, _mm512_load_ps(col + (size_t)j * (size_t)ld));
-        al = ei__attn_exp2_avx512(_mm512_sub_ps(mo, mx));
-        for (j = 0; j < nk; ++j) {
-            float *p = col + (size_t)j * (size_t)ld;
-            __m512 e = ei__attn_exp2_avx512(_mm512_sub_ps(_mm512_load_ps(p), mx));
-            _mm512_store_ps(p, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        _mm512_store_ps(w->l + vi * 16, _mm512_fmadd_ps(_mm512_load_ps(w->l + vi * 16), al, sum));
-        _mm512_store_ps(w->m + vi * 16, mx);
-        _mm512_store_ps(w->alpha + vi * 16, al);
-    }
-}
-
-/* O[r][c0..c0+63] = alpha[r] O[r][..] + sum_j P[j][r] V[j][..]: 64-dim chunks
-   outside (its 16 KB value block stays in L1), 4 rows x 64 dims inside. */
-EI__TARGET_AVX512 static void ei__attn_pv_f32_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                     int32_t nk) {
-    const int32_t ld = T->ld, dpad = J->dpad;
-    int32_t r, c0, j;
-    for (c0 = 0; c0 < dpad; c0 += 64) {
-        const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u;
-        for (r = 0; r < ld; r += 4) {
-            const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
-                         al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
-            float *o0 = w->o + (size_t)r * (size_t)dpad + c0, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
-            const float *pj = w->s + r, *vr = vc;
-            if (c0 + 64 <= dpad) {
-                __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 16)),
-                       x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 48)),
-                       x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 16)),
-                       x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 48)),
-                       x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 16)),
-                       x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 48)),
-                       x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 16)),
-                       x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 48));
-                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
-                    __m512 v0 = _mm512_load_ps(vr), v1 = _mm512_load_ps(vr + 16), v2 = _mm512_load_ps(vr + 32),
-                           v3 = _mm512_load_ps(vr + 48), p;
-                    p = _mm512_set1_ps(pj[0]);
-                    x00 = _mm512_fmadd_ps(p, v0, x00); x01 = _mm512_fmadd_ps(p, v1, x01);
-                    x02 = _mm512_fmadd_ps(p, v2, x02); x03 = _mm512_fmadd_ps(p, v3, x03);
-                    p = _mm512_set1_ps(pj[1]);
-                    x10 = _mm512_fmadd_ps(p, v0, x10); x11 = _mm512_fmadd_ps(p, v1, x11);
-                    x12 = _mm512_fmadd_ps(p, v2, x12); x13 = _mm512_fmadd_ps(p, v3, x13);
-                    p = _mm512_set1_ps(pj[2]);
-                    x20 = _mm512_fmadd_ps(p, v0, x20); x21 = _mm512_fmadd_ps(p, v1, x21);
-                    x22 = _mm512_fmadd_ps(p, v2, x22); x23 = _mm512_fmadd_ps(p, v3, x23);
-                    p = _mm512_set1_ps(pj[3]);
-                    x30 = _mm512_fmadd_ps(p, v0, x30); x31 = _mm512_fmadd_ps(p, v1, x31);
-                    x32 = _mm512_fmadd_ps(p, v2, x32); x33 = _mm512_fmadd_ps(p, v3, x33);
-                }
-                _mm512_store_ps(o0, x00); _mm512_store_ps(o0 + 16, x01); _mm512_store_ps(o0 + 32, x02); _mm512_store_ps(o0 + 48, x03);
-                _mm512_store_ps(o1, x10); _mm512_store_ps(o1 + 16, x11); _mm512_store_ps(o1 + 32, x12); _mm512_store_ps(o1 + 48, x13);
-                _mm512_store_ps(o2, x20); _mm512_store_ps(o2 + 16, x21); _mm512_store_ps(o2 + 32, x22); _mm512_store_ps(o2 + 48, x23);
-                _mm512_store_ps(o3, x30); _mm512_store_ps(o3 + 16, x31); _mm512_store_ps(o3 + 32, x32); _mm512_store_ps(o3 + 48, x33);
-            } else {
-                int32_t c1;
-                for (c1 = 0; c0 + c1 < dpad; c1 += 16) { /* 16-dim pieces of a partial chunk */
-                    __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c1)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c1)),
-                           x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c1)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c1));
-                    const float *pq = w->s + r, *vq = vc + c1;
-                    for (j = 0; j < nk; ++j, pq += ld, vq += 64) {
-                        __m512 v0 = _mm512_load_ps(vq);
-                        x0 = _mm512_fmadd_ps(_mm512_set1_ps(pq[0]), v0, x0);
-                        x1 = _mm512_fmadd_ps(_mm512_set1_ps(pq[1]), v0, x1);
-                        x2 = _mm512_fmadd_ps(_mm512_set1_ps(pq[2]), v0, x2);
-                        x3 = _mm512_fmadd_ps(_mm512_set1_ps(pq[3]), v0, x3);
-                    }
-                    _mm512_store_ps(o0 + c1, x0); _mm512_store_ps(o1 + c1, x1);
-                    _mm512_store_ps(o2 + c1, x2); _mm512_store_ps(o3 + c1, x3);
-                }
-            }
-        }
-    }
-}
-
-EI__TARGET_AVX512 static void ei__attn_store_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
-    int32_t g, tok, c0, d = J->d;
-    ei_dtype dt = J->out->dtype;
-    for (g = 0; g < T->gt; ++g)
-        for (tok = 0; tok < T->nt; ++tok) {
-            int32_t r = g * J->Mt + tok;
-            const float *o = w->o + (size_t)r * (size_t)J->dpad;
-            __m512 inv = _mm512_set1_ps(1.0f / w->l[r]);
-            unsigned char *dst = (unsigned char *)ei__row_out(J->out, T->t0 + tok - J->q_offset, T->h0 + g);
-            for (c0 = 0; c0 < d; c0 += 16) {
-                int32_t rem = d - c0;
-                __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1u);
-                __m512 x = _mm512_mul_ps(_mm512_load_ps(o + c0), inv);
-                if (dt == EI_F32) _mm512_mask_storeu_ps(dst + (size_t)c0 * 4u, m, x);
-                else if (dt == EI_F16)
-                    _mm256_mask_storeu_epi16(dst + (size_t)c0 * 2u, m, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                else { /* bf16, round to nearest even (values are finite) */
-                    __m512i u = _mm512_castps_si512(x);
-                    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-                    _mm256_mask_storeu_epi16(dst + (size_t)c0 * 2u, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-                }
-            }
-        }
-}
-#endif /* EI__HAVE_AVX512 */
-
-#ifdef EI__HAVE_AVX512BF16
-/* bf16 kernel: queries as u32 pairs (q[2i], q[2i+1]) [d/2][ld]; keys read in place. */
-EI__TARGET_AVX512BF16 static void ei__attn_pack_q_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
-    int32_t r, i2, d2 = J->d / 2;
-    uint32_t *qp = (uint32_t *)w->qt;
-    for (r = 0; r < T->ld; ++r) {
-        int32_t g = r / T->mt, tok = r % T->mt;
-        if (g < T->gt && tok < T->nt) {
-            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
-            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
-        } else
-            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
-    }
-}
-/* Values as key pairs: vbuf[j2][i] = (v[2 j2][i], v[2 j2 + 1][i]) as two bf16. */
-EI__TARGET_AVX512BF16 static void ei__attn_prep_kv_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                       int32_t nk) {
-    static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i ilo = _mm512_loadu_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
-    const int32_t d = J->d, dpad = J->dpad;
-    uint16_t *vb = (uint16_t *)w->vbuf;
-    int32_t j, c0;
-    for (j = 0; j < nk; ++j) w->kp[j] = ei__row(J->k, w->kpos[j], T->kvh);
-    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
-    for (j = 0; j < nk; j += 2) {
-        const uint16_t *va = (const uint16_t *)ei__row(J->v, w->kpos[j], T->kvh);
-        const uint16_t *vbr = j + 1 < nk ? (const uint16_t *)ei__row(J->v, w->kpos[j + 1], T->kvh) : NULL;
-        uint16_t *dst = vb + (size_t)(j / 2) * (size_t)dpad * 2u;
-        for (c0 = 0; c0 < dpad; c0 += 32) {
-            int32_t rem = d - c0;
-            __mmask32 m = rem >= 32 ? (__mmask32)0xffffffffu : rem > 0 ? (__mmask32)((1u << rem) - 1u) : (__mmask32)0;
-            __m512i a = _mm512_maskz_loadu_epi16(m, va + c0);
-            __m512i b = vbr ? _mm512_maskz_loadu_epi16(m, vbr + c0) : _mm512_setzero_si512();
-            _mm512_storeu_si512(dst + 2 * c0, _mm512_permutex2var_epi16(a, ilo, b));
-            if (c0 + 16 < dpad) _mm512_storeu_si512(dst + 2 * c0 + 32, _mm512_permutex2var_epi16(a, ihi, b));
-        }
-    }
-}
-static uint32_t ei__attn_u32(const void *p) { uint32_t u; memcpy(&u, p, 4); return u; }
-#define EI__ATTN_BCAST(ptr, i2) _mm512_set1_epi32((int)ei__attn_u32((const unsigned char *)(ptr) + 4 * (i2)))
-#define EI__ATTN_DP(acc, a, b) acc = _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
-
-EI__TARGET_AVX512BF16 static void ei__attn_scores_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                      int32_t nk, int need_mask) {
-    const int32_t ld = T->ld, d2 = J->d / 2;
-    const __m512 cv = _mm512_set1_ps(J->c), lo = _mm512_set1_ps(-FLT_MAX), hi = _mm512_set1_ps(FLT_MAX),
-                 ninf = _mm512_set1_ps(-INFINITY);
-    int32_t vb, j, i;
-    for (vb = 0; vb + 4 <= T->nvec; vb += 4)
-        for (j = 0; j < nk; j += 4) {
-            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-            for (i = 0; i < d2; ++i, qp += ld) {
-                __m512i q0 = _mm512_load_si512(qp), q1 = _mm512_load_si512(qp + 16), q2 = _mm512_load_si512(qp + 32),
-                        q3 = _mm512_load_si512(qp + 48), b;
-                b = EI__ATTN_BCAST(k0, i);
-                EI__ATTN_DP(a00, b, q0); EI__ATTN_DP(a01, b, q1); EI__ATTN_DP(a02, b, q2); EI__ATTN_DP(a03, b, q3);
-                b = EI__ATTN_BCAST(k1, i);
-                EI__ATTN_DP(a10, b, q0); EI__ATTN_DP(a11, b, q1); EI__ATTN_DP(a12, b, q2); EI__ATTN_DP(a13, b, q3);
-                b = EI__ATTN_BCAST(k2, i);
-                EI__ATTN_DP(a20, b, q0); EI__ATTN_DP(a21, b, q1); EI__ATTN_DP(a22, b, q2); EI__ATTN_DP(a23, b, q3);
-                b = EI__ATTN_BCAST(k3, i);
-                EI__ATTN_DP(a30, b, q0); EI__ATTN_DP(a31, b, q1); EI__ATTN_DP(a32, b, q2); EI__ATTN_DP(a33, b, q3);
-            }
-            EI__ATTN_STORE512(a00, j, vb); EI__ATTN_STORE512(a01, j, vb + 1);
-            EI__ATTN_STORE512(a02, j, vb + 2); EI__ATTN_STORE512(a03, j, vb + 3);
-            EI__ATTN_STORE512(a10, j + 1, vb); EI__ATTN_STORE512(a11, j + 1, vb + 1);
-            EI__ATTN_STORE512(a12, j + 1, vb + 2); EI__ATTN_STORE512(a13, j + 1, vb + 3);
-            EI__ATTN_STORE512(a20, j + 2, vb); EI__ATTN_STORE512(a21, j + 2, vb + 1);
-            EI__ATTN_STORE512(a22, j + 2, vb + 2); EI__ATTN_STORE512(a23, j + 2, vb + 3);
-            EI__ATTN_STORE512(a30, j + 3, vb); EI__ATTN_STORE512(a31, j + 3, vb + 1);
-            EI__ATTN_STORE512(a32, j + 3, vb + 2); EI__ATTN_STORE512(a33, j + 3, vb + 3);
-        }
-    for (; vb < T->nvec; ++vb)
-        for (j = 0; j < nk; j += 4) {
-            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (i = 0; i < d2; ++i, qp += ld) {
-                __m512i q0 = _mm512_load_si512(qp), b;
-                b = EI__ATTN_BCAST(k0, i); EI__ATTN_DP(a0, b, q0);
-                b = EI__ATTN_BCAST(k1, i); EI__ATTN_DP(a1, b, q0);
-                b = EI__ATTN_BCAST(k2, i); EI__ATTN_DP(a2, b, q0);
-                b = EI__ATTN_BCAST(k3, i); EI__ATTN_DP(a3, b, q0);
-            }
-            EI__ATTN_STORE512(a0, j, vb); EI__ATTN_STORE512(a1, j + 1, vb);
-            EI__ATTN_STORE512(a2, j + 2, vb); EI__ATTN_STORE512(a3, j + 3, vb);
-        }
-}
-
-/* P (f32 [j][r]) -> bf16 pairs pp[j2][r] = (P[2 j2][r], P[2 j2 + 1][r]). */
-EI__TARGET_AVX512BF16 static void ei__attn_pack_p_bf16(ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
-    static const uint16_t il_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i il = _mm512_loadu_si512(il_idx);
-    const int32_t ld = T->ld;
-    int32_t j, vi;
-    for (j = 0; j < nk; j += 2)
-        for (vi = 0; vi < T->nvec; ++vi) {
-            __m512 a = _mm512_load_ps(w->s + (size_t)j * (size_t)ld + (size_t)vi * 16u);
-            __m512 b = j + 1 < nk ? _mm512_load_ps(w->s + (size_t)(j + 1) * (size_t)ld + (size_t)vi * 16u) : _mm512_setzero_ps();
-            __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* low 16: a, high 16: b */
-            _mm512_store_si512(w->pp + (size_t)(j / 2) * (size_t)ld + (size_t)vi * 16u, _mm512_permutexvar_epi16(il, ab));
-        }
-}
-
-EI__TARGET_AVX512BF16 static void ei__attn_pv_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                  int32_t nk) {
-    const int32_t ld = T->ld, dpad = J->dpad, n2 = (nk + 1) / 2;
-    const uint16_t *vb = (const uint16_t *)w->vbuf;
-    int32_t r, c0, j;
-    for (r = 0; r < ld; r += 4) {
-        const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
-                     al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
-        float *o0 = w->o + (size_t)r * (size_t)dpad, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
-        for (c0 = 0; c0 + 64 <= dpad; c0 += 64) {
-            __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 16)),
-                   x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 48)),
-                   x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 16)),
-                   x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 48)),
-                   x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 16)),
-                   x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 48)),
-                   x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 16)),
-                   x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 48));
-            const uint32_t *pj = w->pp + r;
-            for (j = 0; j < n2; ++j, pj += ld) {
-                const uint16_t *vr = vb + ((size_t)j * (size_t)dpad + (size_t)c0) * 2u;
-                __m512i v0 = _mm512_loadu_si512(vr), v1 = _mm512_loadu_si512(vr + 32), v2 = _mm512_loadu_si512(vr + 64),
-                        v3 = _mm512_loadu_si512(vr + 96), p;
-                p = _mm512_set1_epi32((int)pj[0]);
-                EI__ATTN_DP(x00, p, v0); EI__ATTN_DP(x01, p, v1); EI__ATTN_DP(x02, p, v2); EI__ATTN_DP(x03, p, v3);
-                p = _mm512_set1_epi32((int)pj[1]);
-                EI__ATTN_DP(x10, p, v0); EI__ATTN_DP(x11, p, v1); EI__ATTN_DP(x12, p, v2); EI__ATTN_DP(x13, p, v3);
-                p = _mm512_set1_epi32((int)pj[2]);
-                EI__ATTN_DP(x20, p, v0); EI__ATTN_DP(x21, p, v1); EI__ATTN_DP(x22, p, v2); EI__ATTN_DP(x23, p, v3);
-                p = _mm512_set1_epi32((int)pj[3]);
-                EI__ATTN_DP(x30, p, v0); EI__ATTN_DP(x31, p, v1); EI__ATTN_DP(x32, p, v2); EI__ATTN_DP(x33, p, v3);
-            }
-            _mm512_store_ps(o0 + c0, x00); _mm512_store_ps(o0 + c0 + 16, x01);
-            _mm512_store_ps(o0 + c0 + 32, x02); _mm512_store_ps(o0 + c0 + 48, x03);
-            _mm512_store_ps(o1 + c0, x10); _mm512_store_ps(o1 + c0 + 16, x11);
-            _mm512_store_ps(o1 + c0 + 32, x12); _mm512_store_ps(o1 + c0 + 48, x13);
-            _mm512_store_ps(o2 + c0, x20); _mm512_store_ps(o2 + c0 + 16, x21);
-            _mm512_store_ps(o2 + c0 + 32, x22); _mm512_store_ps(o2 + c0 + 48, x23);
-            _mm512_store_ps(o3 + c0, x30); _mm512_store_ps(o3 + c0 + 16, x31);
-            _mm512_store_ps(o3 + c0 + 32, x32); _mm512_store_ps(o3 + c0 + 48, x33);
-        }
-        for (; c0 < dpad; c0 += 16) {
-            __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)),
-                   x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0));
-            const uint32_t *pj = w->pp + r;
-            for (j = 0; j < n2; ++j, pj += ld) {
-                __m512i v0 = _mm512_loadu_si512(vb + ((size_t)j * (size_t)dpad + (size_t)c0) * 2u), p;
-                p = _mm512_set1_epi32((int)pj[0]); EI__ATTN_DP(x0, p, v0);
-                p = _mm512_set1_epi32((int)pj[1]); EI__ATTN_DP(x1, p, v0);
-                p = _mm512_set1_epi32((int)pj[2]); EI__ATTN_DP(x2, p, v0);
-                p = _mm512_set1_epi32((int)pj[3]); EI__ATTN_DP(x3, p, v0);
-            }
-            _mm512_store_ps(o0 + c0, x0); _mm512_store_ps(o1 + c0, x1);
-            _mm512_store_ps(o2 + c0, x2); _mm512_store_ps(o3 + c0, x3);
-        }
-    }
-}
-#endif /* EI__HAVE_AVX512BF16 */
-
-#ifdef EI__HAVE_AVX2
-/* 2^x; NaN and x < -126 give 0. */
-EI__TARGET_AVX2 static __m256 ei__attn_exp2_avx2(__m256 x) {
-    __m256 n, f, p, keep;
-    __m256i e;
-    x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
-    keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
-    n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    f = _mm256_sub_ps(x, n);
-    p = _mm256_set1_ps(1.535336188319500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-EI__TARGET_AVX2 static void ei__attn_row_f32_avx2(const void *row, ei_dtype dt, int32_t d, int32_t dpad, float *dst) {
-    size_t es = ei__dtype_size(dt);
-    int32_t c0;
-    for (c0 = 0; c0 < dpad; c0 += 8) {
-        int32_t rem = d - c0;
-        _mm256_storeu_ps(dst + c0, rem > 0 ? ei__avx2_load((const unsigned char *)row + (size_t)c0 * es, dt, EI__MIN(rem, 8))
-                                           : _mm256_setzero_ps());
-    }
-}
-/* As the AVX-512 version: keys in place (f32) or converted, values copied
-   into the chunk-major vbuf. */
-EI__TARGET_AVX2 static void ei__attn_prep_kv_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                  int32_t nk) {
-    const int32_t d = J->d, dpad = J->dpad;
-    const size_t es = ei__dtype_size(J->v->dtype);
-    int32_t j, c0;
-    for (j = 0; j < nk; ++j) {
-        const void *kr = ei__row(J->k, w->kpos[j], T->kvh);
-        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
-        if (J->k->dtype != EI_F32) {
-            float *dst = w->kbuf + (size_t)j * (size_t)dpad;
-            ei__attn_row_f32_avx2(kr, J->k->dtype, d, dpad, dst);
-            kr = dst;
-        }
-        w->kp[j] = kr;
-        for (c0 = 0; c0 < dpad; c0 += 8) {
-            int32_t rem = d - c0;
-            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
-            _mm256_store_ps(dst, rem > 0 ? ei__avx2_load(vr + (size_t)c0 * es, J->v->dtype, EI__MIN(rem, 8)) : _mm256_setzero_ps());
-        }
-    }
-    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
-}
-/* 8 scores of rows r0..r0+7 (ymm half `half` of 16-row vector vi) for key j. */
-#define EI__ATTN_STORE256(acc, j, vi, half)                                                                    \
-    do {                                                                                                       \
-        __m256 x_ = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(acc, cv), lo), hi);                             \
-        if (need_mask) { /* lanes whose bit of the vector's visible mask is clear get -inf */                  \
-            __m256i b_ = _mm256_and_si256(_mm256_set1_epi32((int)(ei__attn_vmask(T, (vi), w->kpos[j]) >> (8 * (half)))), \
-                                          lanebit);                                                             \
-            x_ = _mm256_blendv_ps(ninf, x_, _mm256_castsi256_ps(_mm256_cmpeq_epi32(b_, lanebit)));             \
+   P V sweep stays in L1 whatever the cache's token stride). Key pointers
+   past nk repeat the last row (the score loops run whole key groups). */
+#define EI__ATTN_DEFINE_PREP_KV()                                                                              \
+    EI__VTARGET static void EI__VNAME(ei__attn_prep_kv)(const ei__attn_job *J, ei__attn_ws *w,                  \
+                                                        const ei__attn_tile *T, int32_t nk) {                  \
+        const int32_t d = J->d, dpad = J->dpad;                                                                \
+        const size_t es = ei__dtype_size(J->v->dtype);                                                         \
+        int32_t j, c0;                                                                                         \
+        for (j = 0; j < nk; ++j) {                                                                             \
+            const void *kr = ei__row(J->k, w->kpos[j], T->kvh);                                                \
+            const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);                \
+            if (J->k->dtype != EI_F32) {                                                                       \
+                float *dst = w->kbuf + (size_t)j * (size_t)dpad;                                               \
+                EI__VNAME(ei__attn_row_f32)(kr, J->k->dtype, d, dpad, dst);                                    \
+                kr = dst;                                                                                      \
+            }                                                                                                  \
+            w->kp[j] = kr;                                                                                     \
+            for (c0 = 0; c0 < dpad; c0 += EI__VN) {                                                            \
+                int32_t rem = d - c0;                                                                          \
+                float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);  \
+                EI__VSTORE(dst, rem > 0 ? EI__VLOAD_ROW(vr + (size_t)c0 * es, J->v->dtype,                       \
+                                                        EI__VFIRST(EI__MIN(rem, (int32_t)EI__VN)))              \
+                                        : EI__VZERO());                                                        \
+            }                                                                                                  \
         }                                                                                                      \
-        _mm256_store_ps(w->s + (size_t)(j) * (size_t)ld + (size_t)(vi) * 16u + 8u * (half), x_);            \
-    } while (0)
-
-EI__TARGET_AVX2 static void ei__attn_scores_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
-                                                 int32_t nk, int need_mask) {
-    const int32_t ld = T->ld, d = J->d;
-    const __m256 cv = _mm256_set1_ps(J->c), lo = _mm256_set1_ps(-FLT_MAX), hi = _mm256_set1_ps(FLT_MAX),
-                 ninf = _mm256_set1_ps(-INFINITY);
-    const __m256i lanebit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    int32_t vb, j, i;
-    /* 2 vectors (4 ymm of rows) x 2 keys: 8 accumulators */
-    for (vb = 0; vb + 2 <= T->nvec; vb += 2)
-        for (j = 0; j < nk; j += 2) {
-            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-            for (i = 0; i < d; ++i, qp += ld) {
-                __m256 q0 = _mm256_load_ps(qp), q1 = _mm256_load_ps(qp + 8), q2 = _mm256_load_ps(qp + 16),
-                       q3 = _mm256_load_ps(qp + 24), b;
-                /* keep the 4 loads in registers: folded into each FMA they would be
-                   loaded twice and the loop would be load-bound */
-                __asm__("" : "+x"(q0), "+x"(q1), "+x"(q2), "+x"(q3));
-                b = _mm256_broadcast_ss(k0 + i);
-                a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
-                a02 = _mm256_fmadd_ps(b, q2, a02); a03 = _mm256_fmadd_ps(b, q3, a03);
-                b = _mm256_broadcast_ss(k1 + i);
-                a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
-                a12 = _mm256_fmadd_ps(b, q2, a12); a13 = _mm256_fmadd_ps(b, q3, a13);
-            }
-            EI__ATTN_STORE256(a00, j, vb, 0); EI__ATTN_STORE256(a01, j, vb, 1);
-            EI__ATTN_STORE256(a02, j, vb + 1, 0); EI__ATTN_STORE256(a03, j, vb + 1, 1);
-            EI__ATTN_STORE256(a10, j + 1, vb, 0); EI__ATTN_STORE256(a11, j + 1, vb, 1);
-            EI__ATTN_STORE256(a12, j + 1, vb + 1, 0); EI__ATTN_STORE256(a13, j + 1, vb + 1, 1);
-        }
-    for (; vb < T->nvec; ++vb)
-        for (j = 0; j < nk; j += 4) {
-            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
-            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
-            const float *qp = w->qt + (size_t)vb * 16u;
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            for (i = 0; i < d; ++i, qp += ld) {
-                __m256 q0 = _mm256_load_ps(qp), q1 = _mm256_load_ps(qp + 8), b;
-                b = _mm256_broadcast_ss(k0 + i); a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
-                b = _mm256_broadcast_ss(k1 + i); a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
-                b = _mm256_broadcast_ss(k2 + i); a20 = _mm256_fmadd_ps(b, q0, a20); a21 = _mm256_fmadd_ps(b, q1, a21);
-                b = _mm256_broadcast_ss(k3 + i); a30 = _mm256_fmadd_ps(b, q0, a30); a31 = _mm256_fmadd_ps(b, q1, a31);
-            }
-            EI__ATTN_STORE256(a00, j, vb, 0); EI__ATTN_STORE256(a01, j, vb, 1);
-            EI__ATTN_STORE256(a10, j + 1, vb, 0); EI__ATTN_STORE256(a11, j + 1, vb, 1);
-            EI__ATTN_STORE256(a20, j + 2, vb, 0); EI__ATTN_STORE256(a21, j + 2, vb, 1);
-            EI__ATTN_STORE256(a30, j + 3, vb, 0); EI__ATTN_STORE256(a31, j + 3, vb, 1);
-        }
-}
-EI__TARGET_AVX2 static void ei__attn_softmax_avx2(ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
-    const int32_t ld = T->ld;
-    int32_t vi, j;
-    for (vi = 0; vi < 2 * T->nvec; ++vi) {
-        float *col = w->s + (size_t)vi * 8u;
-        __m256 mo = _mm256_load_ps(w->m + vi * 8), mx = mo, al, sum = _mm256_setzero_ps();
-        for (j = 0; j < nk; ++j) mx = _mm256_max_ps(mx, _mm256_load_ps(col + (size_t)j * (size_t)ld));
-        al = ei__attn_exp2_avx2(_mm256_sub_ps(mo, mx));
-        for (j = 0; j < nk; ++j) {
-            float *p = col + (size_t)j * (size_t)ld;
-            __m256 e = ei__attn_exp2_avx2(_mm256_sub_ps(_mm256_load_ps(p), mx));
-            _mm256_store_ps(p, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        _mm256_store_ps(w->l + vi * 8, _mm256_fmadd_ps(_mm256_load_ps(w->l + vi * 8), al, sum));
-        _mm256_store_ps(w->m + vi * 8, mx);
-        _mm256_store_ps(w->alpha + vi * 8, al);
+        for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];                                             \
     }
-}
-EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
-    const int32_t ld = T->ld, dpad = J->dpad;
-    int32_t r, c0, c1, j;
-    for (c0 = 0; c0 < dpad; c0 += 64) /* 64-dim chunks of the value tile, 16 dims x 4 rows inside */
-        for (c1 = c0; c1 < dpad && c1 < c0 + 64; c1 += 16) {
-            const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u + (size_t)(c1 - c0);
-            for (r = 0; r < ld; r += 4) {
-                const __m256 al0 = _mm256_set1_ps(w->alpha[r]), al1 = _mm256_set1_ps(w->alpha[r + 1]),
-                             al2 = _mm256_set1_ps(w->alpha[r + 2]), al3 = _mm256_set1_ps(w->alpha[r + 3]);
-                float *o0 = w->o + (size_t)r * (size_t)dpad + c1, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
-                __m256 x00 = _mm256_mul_ps(al0, _mm256_load_ps(o0)), x01 = _mm256_mul_ps(al0, _mm256_load_ps(o0 + 8)),
-                       x10 = _mm256_mul_ps(al1, _mm256_load_ps(o1)), x11 = _mm256_mul_ps(al1, _mm256_load_ps(o1 + 8)),
-                       x20 = _mm256_mul_ps(al2, _mm256_load_ps(o2)), x21 = _mm256_mul_ps(al2, _mm256_load_ps(o2 + 8)),
-                       x30 = _mm256_mul_ps(al3, _mm256_load_ps(o3)), x31 = _mm256_mul_ps(al3, _mm256_load_ps(o3 + 8));
-                const float *pj = w->s + r, *vr = vc;
-                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
-                    __m256 v0 = _mm256_load_ps(vr), v1 = _mm256_load_ps(vr + 8), p;
-                    p = _mm256_broadcast_ss(pj); x00 = _mm256_fmadd_ps(p, v0, x00); x01 = _mm256_fmadd_ps(p, v1, x01);
-                    p = _mm256_broadcast_ss(pj + 1); x10 = _mm256_fmadd_ps(p, v0, x10); x11 = _mm256_fmadd_ps(p, v1, x11);
-                    p = _mm256_broadcast_ss(pj + 2); x20 = _mm256_fmadd_ps(p, v0, x20); x21 = _mm256_fmadd_ps(p, v1, x21);
-                    p = _mm256_broadcast_ss(pj + 3); x30 = _mm256_fmadd_ps(p, v0, x30); x31 = _mm256_fmadd_ps(p, v1, x31);
-                }
-                _mm256_store_ps(o0, x00); _mm256_store_ps(o0 + 8, x01);
-                _mm256_store_ps(o1, x10); _mm256_store_ps(o1 + 8, x11);
-                _mm256_store_ps(o2, x20); _mm256_store_ps(o2 + 8, x21);
-                _mm256_store_ps(o3, x30); _mm256_store_ps(o3 + 8, x31);
-            }
-        }
-}
-EI__TARGET_AVX2 static void ei__attn_store_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
-    int32_t g, tok, c0, i, d = J->d;
-    ei_dtype dt = J->out->dtype;
-    for (g = 0; g < T->gt; ++g)
-        for (tok = 0; tok < T->nt; ++tok) {
-            int32_t r = g * J->Mt + tok;
-            const float *o = w->o + (size_t)r * (size_t)J->dpad;
-            __m256 inv = _mm256_set1_ps(1.0f / w->l[r]);
-            void *dst = ei__row_out(J->out, T->t0 + tok - J->q_offset, T->h0 + g);
-            for (c0 = 0; c0 < d; c0 += 8) {
-                float tmp[8];
-                __m256 x = _mm256_mul_ps(_mm256_load_ps(o + c0), inv);
-                if (dt == EI_F32 && c0 + 8 <= d) { _mm256_storeu_ps((float *)dst + c0, x); continue; }
-                if (dt == EI_F16 && c0 + 8 <= d) {
-                    _mm_storeu_si128((__m128i *)((uint16_t *)dst + c0), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                    continue;
-                }
-                _mm256_storeu_ps(tmp, x);
-                for (i = 0; i < 8 && c0 + i < d; ++i) ei__store1(dst, dt, c0 + i, tmp[i]);
-            }
-        }
-}
-#endif /* EI__HAVE_AVX2 */
+
+/* Online softmax, per vector of rows (purely vertical): new max over the key
+   tile, alpha = 2^(m_old - m_new), P = 2^(s - m_new), l = l alpha + sum P. */
+#define EI__ATTN_DEFINE_SOFTMAX()                                                                              \
+    EI__VTARGET static void EI__VNAME(ei__attn_softmax)(ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {   \
+        const int32_t ld = T->ld;                                                                              \
+        int32_t vi, j;                                                                                         \
+        for (vi = 0; vi < ld / (int32_t)EI__VN; ++vi) {                                                        \
+            float *col = w->s + (size_t)vi * EI__VN;                                                           \
+            EI__VEC mo = EI__VLOAD(w->m + vi * EI__VN), mx = mo, al, sum = EI__VZERO();                        \
+            for (j = 0; j < nk; ++j) mx = EI__VMAX(mx, EI__VLOAD(col + (size_t)j * (size_t)ld));               \
+            al = EI__VNAME(ei__attn_exp2)(EI__VSUB(mo, mx));                                                   \
+            for (j = 0; j < nk; ++j) {                                                                         \
+                float *p = col + (size_t)j * (size_t)ld;                                                       \
+                EI__VEC e = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(p), mx));                              \
+                EI__VSTORE(p, e);                                                                              \
+                sum = EI__VADD(sum, e);                                                                        \
+            }                                                                                                  \
+            EI__VSTORE(w->l + vi * EI__VN, EI__VFMA(EI__VLOAD(w->l + vi * EI__VN), al, sum));                  \
+            EI__VSTORE(w->m + vi * EI__VN, mx);                                                                \
+            EI__VSTORE(w->alpha + vi * EI__VN, al);                                                            \
+        }                                                                                                      \
+    }
+
+/* out = O / l for the tile's valid rows, in the output's dtype. */
+#define EI__ATTN_DEFINE_STORE()                                                                                \
+    EI__VTARGET static void EI__VNAME(ei__attn_store)(const ei__attn_job *J, ei__attn_ws *w,                    \
+                                                      const ei__attn_tile *T) {                                \
+        const int32_t d = J->d;                                                                                \
+        const ei_dtype dt = J->out->dtype;                                                                     \
+        const size_t es = ei__dtype_size(dt);                                                                  \
+        int32_t g, tok, c0;                                                                                    \
+        for (g = 0; g < T->gt; ++g)                                                                            \
+            for (tok = 0; tok < T->nt; ++tok) {                                                                \
+                int32_t r = g * J->Mt + tok;                                                                   \
+                const float *o = w->o + (size_t)r * (size_t)J->dpad;                                           \
+                EI__VEC inv = EI__VSET1(1.0f / w->l[r]);                                                       \
+                unsigned char *dst = (unsigned char *)ei__row_out(J->out, T->t0 + tok - J->q_offset, T->h0 + g); \
+                for (c0 = 0; c0 < d; c0 += EI__VN)                                                             \
+                    EI__VSTORE_ROW(dst + (size_t)c0 * es, dt, EI__VMUL(EI__VLOAD(o + c0), inv),                \
+                                   EI__VFIRST(EI__MIN(d - c0, (int32_t)EI__VN)));                              \
+            }                                                                                                  \
+    }
+
+#define EI__ATTN_DEFINE_STAGES()                                                                               \
+    EI__ATTN_DEFINE_EXP2()                                                                                     \
+    EI__ATTN_DEFINE_ROW_F32()                                                                                  \
+    EI__ATTN_DEFINE_PUT_SCORES()                                                                               \
+    EI__ATTN_DEFINE_PACK_Q()                                                                                   \
+    EI__ATTN_DEFINE_PREP_KV()                                                                                  \
+    EI__ATTN_DEFINE_SOFTMAX()                                                                                  \
+    EI__ATTN_DEFINE_STORE()
 
 /* Prefetch the key and value rows at positions pos[0..n) into the cache. */
 static void ei__attn_prefetch_rows(const ei__attn_job *J, int32_t kvh, const int64_t *pos, int32_t n) {
@@ -3911,35 +3288,763 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
 }
 
-// >>kernels: one table per path, chosen once per context --------------------
-#ifdef EI__HAVE_AVX2
-static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
-                                              ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
-static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             &ei__attn_avx2, NULL};
-#endif
-#ifdef EI__HAVE_AVX512
-static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_f32_avx512,
-                                                ei__attn_softmax_avx512, NULL, ei__attn_pv_f32_avx512,
-                                                ei__attn_store_avx512};
-static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               &ei__attn_avx512, NULL};
-#endif
-#ifdef EI__HAVE_AVX512BF16
-/* vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for P V with P
-   rounded to bf16; everything else as on the AVX-512 path */
-static const ei__attn_stages ei__attn_avx512_bf16 = {ei__attn_pack_q_bf16, ei__attn_prep_kv_bf16, ei__attn_scores_bf16,
-                                                     ei__attn_softmax_avx512, ei__attn_pack_p_bf16, ei__attn_pv_bf16,
-                                                     ei__attn_store_avx512};
-static const ei__kernels ei__kernels_avx512_bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__score_row_avx512,
-                                                    ei__dot_avx512, &ei__attn_avx512, &ei__attn_avx512_bf16};
-#endif
-#ifdef EI__HAVE_NEON /* NEON attention runs the scalar reference for now */
-static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon, NULL, NULL};
-#endif
+// >>isa-scalar: the plain reference kernels ---------------------------------
+/* The reference every other path is checked against (tests/test_core.c,
+   tests/test_attention.c): plain C, one element at a time. Its attention is
+   the scalar tile walk in >>attention (ei__attn_qtile_scalar: attn NULL). */
+static int ei__minmax_scalar(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
+    int32_t d = t->head_dim, i;
+    int64_t r;
+    int bad = 0;
+    for (i = 0; i < d; ++i) { mx[i] = -FLT_MAX; mn[i] = FLT_MAX; }
+    for (r = 0; r < nt; ++r) {
+        const void *row = ei__row(t, t0 + r, head);
+        for (i = 0; i < d; ++i) {
+            float v = ei__load1(row, t->dtype, i);
+            if (v != v) bad = 1;
+            if (v > mx[i]) mx[i] = v;
+            if (v < mn[i]) mn[i] = v;
+        }
+    }
+    for (i = 0; i < d; ++i)
+        if (mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
+    return !bad;
+}
+
+static void ei__score_row_scalar(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
+                                 int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    int32_t g, i;
+    for (b = 0; b < nb; ++b) {
+        float sum = 0.0f;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, s1, s2;
+            for (i = 0; i < d; ++i) {
+                float kx = kmaxT[(size_t)i * (size_t)ld + (size_t)b], kn = kminT[(size_t)i * (size_t)ld + (size_t)b];
+                a0 += qx[i] * kx; a1 += qn[i] * kx; a2 += qx[i] * kn; a3 += qn[i] * kn;
+            }
+            s1 = (a0 + a1) * 0.5f;
+            s2 = (a2 + a3) * 0.5f;
+            sum += s1 > s2 ? s1 : s2;
+        }
+        raw[b] = sum / (float)G;
+    }
+}
+
+/* dot(a, b) over d floats (decode scoring). */
+static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
+    float s = 0.0f;
+    int32_t i;
+    for (i = 0; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__score_row_scalar, ei__dot_scalar,
                                                NULL, NULL};
 
+// >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
+#ifdef EI__HAVE_AVX2
+/* The vocabulary (>>simd): 8 f32 lanes in a ymm register; a 16-row vector of
+   the attention tile is two of them. A partial row (n < 8 lanes) goes
+   through a small copy: AVX2 has no 16-bit masked loads and stores. */
+typedef __m256 ei__avx2_v;
+typedef __m256 ei__avx2_m;     /* lane mask: all-ones lanes */
+typedef int32_t ei__avx2_tail; /* lane count, 0..8 */
+enum { ei__avx2_n = 8, ei__avx2_minmax_vecs = 4 };
+EI__TARGET_AVX2 EI__VINLINE ei__avx2_tail ei__avx2_first(int32_t n) { return n; }
+EI__DEFINE_VOCAB_LANEWISE(avx2, EI__TARGET_AVX2, __m256, _mm256)
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_round(__m256 x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_ge(__m256 a, __m256 b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+/* p * 2^n through the exponent field (n in -127..127; exact unless the
+   result is subnormal, where it rounds like vscalefps). */
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_pow2(__m256 p, __m256 n, __m256 keep) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+EI__TARGET_AVX2 static __m256 ei__avx2_load_row(const void *p, ei_dtype dt, ei__avx2_tail n) {
+    if (n < 8) {
+        float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int32_t i;
+        for (i = 0; i < n; ++i) tmp[i] = ei__load1(p, dt, i);
+        return _mm256_loadu_ps(tmp);
+    }
+    if (dt == EI_F32) return _mm256_loadu_ps((const float *)p);
+    if (dt == EI_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+/* bf16 rows and partial rows are stored through the scalar conversion. */
+EI__TARGET_AVX2 EI__VINLINE void ei__avx2_store_row(void *p, ei_dtype dt, __m256 x, ei__avx2_tail n) {
+    float tmp[8];
+    int32_t i;
+    if (n == 8 && dt == EI_F32) { _mm256_storeu_ps((float *)p, x); return; }
+    if (n == 8 && dt == EI_F16) {
+        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+    }
+    _mm256_storeu_ps(tmp, x);
+    for (i = 0; i < n; ++i) ei__store1(p, dt, i, tmp[i]);
+}
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_select_bits(uint32_t bits, __m256 x, __m256 y) {
+    const __m256i lanebit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i b = _mm256_and_si256(_mm256_set1_epi32((int)bits), lanebit);
+    return _mm256_blendv_ps(y, x, _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, lanebit)));
+}
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_nan_none(void) { return _mm256_setzero_ps(); }
+EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_nan_or(__m256 m, __m256 v) {
+    return _mm256_or_ps(m, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+EI__TARGET_AVX2 EI__VINLINE int ei__avx2_any(__m256 m) { return _mm256_movemask_ps(m) != 0; }
+
+/* The templates: ei__minmax_avx2, ei__attn_{exp2, row_f32, put_scores,
+   pack_q, prep_kv, softmax, store}_avx2. */
+#define EI__VISA avx2
+#define EI__VTARGET EI__TARGET_AVX2
+EI__DEFINE_MINMAX()
+EI__ATTN_DEFINE_STAGES()
+#undef EI__VTARGET
+#undef EI__VISA
+
+/* Hand-written: block scores, dot, Q K^T, P V. */
+EI__TARGET_AVX2 static void ei__score_row_avx2(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                                               const float *kminT, int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const __m256 half = _mm256_set1_ps(0.5f), gdiv = _mm256_set1_ps((float)G);
+    /* ld is a multiple of 16 and columns past nb exist (padding), so whole
+       8-wide loads stay inside the representation store. */
+    for (b = 0; b < nb; b += 16) {
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        float out[16];
+        int32_t g, i;
+        int64_t j, rem = nb - b;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (i = 0; i < d; ++i) {
+                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
+                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
+                __m256 bx = _mm256_set1_ps(qx[i]), bn = _mm256_set1_ps(qn[i]);
+                __m256 kx0 = _mm256_loadu_ps(px), kn0 = _mm256_loadu_ps(pn);
+                __m256 kx1 = _mm256_loadu_ps(px + 8), kn1 = _mm256_loadu_ps(pn + 8);
+                a0 = _mm256_fmadd_ps(bx, kx0, a0); a1 = _mm256_fmadd_ps(bn, kx0, a1);
+                a2 = _mm256_fmadd_ps(bx, kn0, a2); a3 = _mm256_fmadd_ps(bn, kn0, a3);
+                c0 = _mm256_fmadd_ps(bx, kx1, c0); c1 = _mm256_fmadd_ps(bn, kx1, c1);
+                c2 = _mm256_fmadd_ps(bx, kn1, c2); c3 = _mm256_fmadd_ps(bn, kn1, c3);
+            }
+            sum0 = _mm256_add_ps(sum0, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(a0, a1), half),
+                                                     _mm256_mul_ps(_mm256_add_ps(a2, a3), half)));
+            sum1 = _mm256_add_ps(sum1, _mm256_max_ps(_mm256_mul_ps(_mm256_add_ps(c0, c1), half),
+                                                     _mm256_mul_ps(_mm256_add_ps(c2, c3), half)));
+        }
+        _mm256_storeu_ps(out, _mm256_div_ps(sum0, gdiv));
+        _mm256_storeu_ps(out + 8, _mm256_div_ps(sum1, gdiv));
+        for (j = 0; j < 16 && j < rem; ++j) raw[b + j] = out[j];
+    }
+}
+
+/* dot(a, b) over d floats (decode scoring). */
+EI__TARGET_AVX2 static float ei__dot_avx2(const float *a, const float *b, int32_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m128 h;
+    float s;
+    int32_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    s = _mm_cvtss_f32(h);
+    for (; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+
+/* S^T = K Q^T for the tile (>>attention): 2 row vectors (4 ymm of rows) x 2
+   keys per register block (8 accumulators); a leftover vector x 4 keys. */
+#define EI__PUT256(acc, j, vi, sub) ei__attn_put_scores_avx2(w, T, need_mask, (j), (vi), (sub), (acc), cv)
+EI__TARGET_AVX2 static void ei__attn_scores_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                 int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d = J->d;
+    const __m256 cv = _mm256_set1_ps(J->c);
+    int32_t vb, j, i;
+    /* 2 vectors (4 ymm of rows) x 2 keys: 8 accumulators */
+    for (vb = 0; vb + 2 <= T->nvec; vb += 2)
+        for (j = 0; j < nk; j += 2) {
+            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (i = 0; i < d; ++i, qp += ld) {
+                __m256 q0 = _mm256_load_ps(qp), q1 = _mm256_load_ps(qp + 8), q2 = _mm256_load_ps(qp + 16),
+                       q3 = _mm256_load_ps(qp + 24), b;
+                /* keep the 4 loads in registers: folded into each FMA they would be
+                   loaded twice and the loop would be load-bound */
+                __asm__("" : "+x"(q0), "+x"(q1), "+x"(q2), "+x"(q3));
+                b = _mm256_broadcast_ss(k0 + i);
+                a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
+                a02 = _mm256_fmadd_ps(b, q2, a02); a03 = _mm256_fmadd_ps(b, q3, a03);
+                b = _mm256_broadcast_ss(k1 + i);
+                a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
+                a12 = _mm256_fmadd_ps(b, q2, a12); a13 = _mm256_fmadd_ps(b, q3, a13);
+            }
+            EI__PUT256(a00, j, vb, 0); EI__PUT256(a01, j, vb, 1);
+            EI__PUT256(a02, j, vb + 1, 0); EI__PUT256(a03, j, vb + 1, 1);
+            EI__PUT256(a10, j + 1, vb, 0); EI__PUT256(a11, j + 1, vb, 1);
+            EI__PUT256(a12, j + 1, vb + 1, 0); EI__PUT256(a13, j + 1, vb + 1, 1);
+        }
+    for (; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
+            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            for (i = 0; i < d; ++i, qp += ld) {
+                __m256 q0 = _mm256_load_ps(qp), q1 = _mm256_load_ps(qp + 8), b;
+                b = _mm256_broadcast_ss(k0 + i); a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
+                b = _mm256_broadcast_ss(k1 + i); a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
+                b = _mm256_broadcast_ss(k2 + i); a20 = _mm256_fmadd_ps(b, q0, a20); a21 = _mm256_fmadd_ps(b, q1, a21);
+                b = _mm256_broadcast_ss(k3 + i); a30 = _mm256_fmadd_ps(b, q0, a30); a31 = _mm256_fmadd_ps(b, q1, a31);
+            }
+            EI__PUT256(a00, j, vb, 0); EI__PUT256(a01, j, vb, 1);
+            EI__PUT256(a10, j + 1, vb, 0); EI__PUT256(a11, j + 1, vb, 1);
+            EI__PUT256(a20, j + 2, vb, 0); EI__PUT256(a21, j + 2, vb, 1);
+            EI__PUT256(a30, j + 3, vb, 0); EI__PUT256(a31, j + 3, vb, 1);
+        }
+}
+#undef EI__PUT256
+
+/* O[r][..] = alpha[r] O[r][..] + sum_j P[j][r] V[j][..]: 64-dim chunks of the
+   value tile (its 16 KB block stays in L1), 16 dims x 4 rows inside. */
+EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+    const int32_t ld = T->ld, dpad = J->dpad;
+    int32_t r, c0, c1, j;
+    for (c0 = 0; c0 < dpad; c0 += 64)
+        for (c1 = c0; c1 < dpad && c1 < c0 + 64; c1 += 16) {
+            const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u + (size_t)(c1 - c0);
+            for (r = 0; r < ld; r += 4) {
+                const __m256 al0 = _mm256_set1_ps(w->alpha[r]), al1 = _mm256_set1_ps(w->alpha[r + 1]),
+                             al2 = _mm256_set1_ps(w->alpha[r + 2]), al3 = _mm256_set1_ps(w->alpha[r + 3]);
+                float *o0 = w->o + (size_t)r * (size_t)dpad + c1, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+                __m256 x00 = _mm256_mul_ps(al0, _mm256_load_ps(o0)), x01 = _mm256_mul_ps(al0, _mm256_load_ps(o0 + 8)),
+                       x10 = _mm256_mul_ps(al1, _mm256_load_ps(o1)), x11 = _mm256_mul_ps(al1, _mm256_load_ps(o1 + 8)),
+                       x20 = _mm256_mul_ps(al2, _mm256_load_ps(o2)), x21 = _mm256_mul_ps(al2, _mm256_load_ps(o2 + 8)),
+                       x30 = _mm256_mul_ps(al3, _mm256_load_ps(o3)), x31 = _mm256_mul_ps(al3, _mm256_load_ps(o3 + 8));
+                const float *pj = w->s + r, *vr = vc;
+                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
+                    __m256 v0 = _mm256_load_ps(vr), v1 = _mm256_load_ps(vr + 8), p;
+                    p = _mm256_broadcast_ss(pj); x00 = _mm256_fmadd_ps(p, v0, x00); x01 = _mm256_fmadd_ps(p, v1, x01);
+                    p = _mm256_broadcast_ss(pj + 1); x10 = _mm256_fmadd_ps(p, v0, x10); x11 = _mm256_fmadd_ps(p, v1, x11);
+                    p = _mm256_broadcast_ss(pj + 2); x20 = _mm256_fmadd_ps(p, v0, x20); x21 = _mm256_fmadd_ps(p, v1, x21);
+                    p = _mm256_broadcast_ss(pj + 3); x30 = _mm256_fmadd_ps(p, v0, x30); x31 = _mm256_fmadd_ps(p, v1, x31);
+                }
+                _mm256_store_ps(o0, x00); _mm256_store_ps(o0 + 8, x01);
+                _mm256_store_ps(o1, x10); _mm256_store_ps(o1 + 8, x11);
+                _mm256_store_ps(o2, x20); _mm256_store_ps(o2 + 8, x21);
+                _mm256_store_ps(o3, x30); _mm256_store_ps(o3 + 8, x31);
+            }
+        }
+}
+
+static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_avx2, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
+                                              ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
+static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
+                                             &ei__attn_avx2, NULL};
+#endif /* EI__HAVE_AVX2 */
+
+// >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
+#ifdef EI__HAVE_AVX512
+/* The vocabulary (>>simd): 16 f32 lanes in a zmm register, one 16-row vector
+   of the attention tile; partial rows through masked loads and stores. */
+typedef __m512 ei__avx512_v;
+typedef __mmask16 ei__avx512_m;
+typedef __mmask16 ei__avx512_tail;
+enum { ei__avx512_n = 16, ei__avx512_minmax_vecs = 8 };
+EI__TARGET_AVX512 EI__VINLINE ei__avx512_tail ei__avx512_first(int32_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+EI__DEFINE_VOCAB_LANEWISE(avx512, EI__TARGET_AVX512, __m512, _mm512)
+EI__TARGET_AVX512 EI__VINLINE __m512 ei__avx512_round(__m512 x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_ge(__m512 a, __m512 b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+EI__TARGET_AVX512 EI__VINLINE __m512 ei__avx512_pow2(__m512 p, __m512 n, __mmask16 keep) {
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+EI__TARGET_AVX512 static __m512 ei__avx512_load_row(const void *p, ei_dtype dt, __mmask16 m) {
+    if (dt == EI_F32) return _mm512_maskz_loadu_ps(m, p);
+    if (dt == EI_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+/* bf16: round to nearest even by integer arithmetic (stored values are finite). */
+EI__TARGET_AVX512 EI__VINLINE void ei__avx512_store_row(void *p, ei_dtype dt, __m512 x, __mmask16 m) {
+    if (dt == EI_F32) _mm512_mask_storeu_ps(p, m, x);
+    else if (dt == EI_F16)
+        _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    else {
+        __m512i u = _mm512_castps_si512(x);
+        u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
+}
+EI__TARGET_AVX512 EI__VINLINE __m512 ei__avx512_select_bits(uint32_t bits, __m512 x, __m512 y) {
+    return _mm512_mask_blend_ps((__mmask16)bits, y, x);
+}
+EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_nan_none(void) { return 0; }
+EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_nan_or(__mmask16 m, __m512 v) {
+    return (__mmask16)(m | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+}
+EI__TARGET_AVX512 EI__VINLINE int ei__avx512_any(__mmask16 m) { return m != 0; }
+
+/* The templates: ei__minmax_avx512, ei__attn_{exp2, row_f32, put_scores,
+   pack_q, prep_kv, softmax, store}_avx512. */
+#define EI__VISA avx512
+#define EI__VTARGET EI__TARGET_AVX512
+EI__DEFINE_MINMAX()
+EI__ATTN_DEFINE_STAGES()
+#undef EI__VTARGET
+#undef EI__VISA
+
+/* Hand-written: block scores, dot, Q K^T, P V. */
+EI__TARGET_AVX512 static void ei__score_row_avx512(const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                                                   const float *kminT, int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const __m512 half = _mm512_set1_ps(0.5f), gdiv = _mm512_set1_ps((float)G);
+    for (b = 0; b < nb; b += 32) { /* two tiles of 16 blocks: 8 independent FMA chains */
+        int64_t rem = nb - b;
+        __mmask16 m0 = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1u);
+        __mmask16 m1 = rem >= 32 ? (__mmask16)0xffff : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : (__mmask16)0;
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int32_t g, i;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (i = 0; i < d; ++i) {
+                const float *px = kmaxT + (size_t)i * (size_t)ld + (size_t)b;
+                const float *pn = kminT + (size_t)i * (size_t)ld + (size_t)b;
+                __m512 bx = _mm512_set1_ps(qx[i]), bn = _mm512_set1_ps(qn[i]);
+                __m512 kx0 = _mm512_maskz_loadu_ps(m0, px), kn0 = _mm512_maskz_loadu_ps(m0, pn);
+                __m512 kx1 = _mm512_maskz_loadu_ps(m1, px + 16), kn1 = _mm512_maskz_loadu_ps(m1, pn + 16);
+                a0 = _mm512_fmadd_ps(bx, kx0, a0); a1 = _mm512_fmadd_ps(bn, kx0, a1);
+                a2 = _mm512_fmadd_ps(bx, kn0, a2); a3 = _mm512_fmadd_ps(bn, kn0, a3);
+                c0 = _mm512_fmadd_ps(bx, kx1, c0); c1 = _mm512_fmadd_ps(bn, kx1, c1);
+                c2 = _mm512_fmadd_ps(bx, kn1, c2); c3 = _mm512_fmadd_ps(bn, kn1, c3);
+            }
+            sum0 = _mm512_add_ps(sum0, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(a0, a1), half),
+                                                     _mm512_mul_ps(_mm512_add_ps(a2, a3), half)));
+            sum1 = _mm512_add_ps(sum1, _mm512_max_ps(_mm512_mul_ps(_mm512_add_ps(c0, c1), half),
+                                                     _mm512_mul_ps(_mm512_add_ps(c2, c3), half)));
+        }
+        _mm512_mask_storeu_ps(raw + b, m0, _mm512_div_ps(sum0, gdiv));
+        if (m1) _mm512_mask_storeu_ps(raw + b + 16, m1, _mm512_div_ps(sum1, gdiv));
+    }
+}
+
+/* dot(a, b) over d floats (decode scoring). */
+EI__TARGET_AVX512 static float ei__dot_avx512(const float *a, const float *b, int32_t d) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int32_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, need_mask, (j), (vi), 0, (acc), cv)
+/* S^T = K Q^T for the tile: 2 row vectors (32 rows) x 8 keys per register
+   block (16 accumulators; per dim 2 loads of Q^T + 8 broadcasts from key
+   rows). Row vectors outside, keys inside: the 32 rows' Q^T (16 KB at
+   d = 128) stays in L1 while the key tile streams past. */
+EI__TARGET_AVX512 static void ei__attn_scores_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                     int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d = J->d;
+    const __m512 cv = _mm512_set1_ps(J->c);
+    int32_t vb, j, i;
+    for (vb = 0; vb + 2 <= T->nvec; vb += 2)
+        for (j = 0; j < nk; j += 8) {
+            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
+            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
+            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                   a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
+            for (i = 0; i < d; ++i, qp += ld) {
+                __m512 q0 = _mm512_load_ps(qp), q1 = _mm512_load_ps(qp + 16), b;
+                b = _mm512_set1_ps(k0[i]); a00 = _mm512_fmadd_ps(b, q0, a00); a01 = _mm512_fmadd_ps(b, q1, a01);
+                b = _mm512_set1_ps(k1[i]); a10 = _mm512_fmadd_ps(b, q0, a10); a11 = _mm512_fmadd_ps(b, q1, a11);
+                b = _mm512_set1_ps(k2[i]); a20 = _mm512_fmadd_ps(b, q0, a20); a21 = _mm512_fmadd_ps(b, q1, a21);
+                b = _mm512_set1_ps(k3[i]); a30 = _mm512_fmadd_ps(b, q0, a30); a31 = _mm512_fmadd_ps(b, q1, a31);
+                b = _mm512_set1_ps(k4[i]); a40 = _mm512_fmadd_ps(b, q0, a40); a41 = _mm512_fmadd_ps(b, q1, a41);
+                b = _mm512_set1_ps(k5[i]); a50 = _mm512_fmadd_ps(b, q0, a50); a51 = _mm512_fmadd_ps(b, q1, a51);
+                b = _mm512_set1_ps(k6[i]); a60 = _mm512_fmadd_ps(b, q0, a60); a61 = _mm512_fmadd_ps(b, q1, a61);
+                b = _mm512_set1_ps(k7[i]); a70 = _mm512_fmadd_ps(b, q0, a70); a71 = _mm512_fmadd_ps(b, q1, a71);
+            }
+            EI__PUT512(a00, j, vb); EI__PUT512(a01, j, vb + 1);
+            EI__PUT512(a10, j + 1, vb); EI__PUT512(a11, j + 1, vb + 1);
+            EI__PUT512(a20, j + 2, vb); EI__PUT512(a21, j + 2, vb + 1);
+            EI__PUT512(a30, j + 3, vb); EI__PUT512(a31, j + 3, vb + 1);
+            EI__PUT512(a40, j + 4, vb); EI__PUT512(a41, j + 4, vb + 1);
+            EI__PUT512(a50, j + 5, vb); EI__PUT512(a51, j + 5, vb + 1);
+            EI__PUT512(a60, j + 6, vb); EI__PUT512(a61, j + 6, vb + 1);
+            EI__PUT512(a70, j + 7, vb); EI__PUT512(a71, j + 7, vb + 1);
+        }
+    for (; vb < T->nvec; ++vb) /* a leftover vector (G = 3, 5, 7): one vector x 8 keys */
+        for (j = 0; j < nk; j += 8) {
+            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
+            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *k4 = (const float *)w->kp[j + 4], *k5 = (const float *)w->kp[j + 5];
+            const float *k6 = (const float *)w->kp[j + 6], *k7 = (const float *)w->kp[j + 7];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (i = 0; i < d; ++i, qp += ld) {
+                __m512 q0 = _mm512_load_ps(qp);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[i]), q0, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(k1[i]), q0, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(k2[i]), q0, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(k3[i]), q0, a3);
+                a4 = _mm512_fmadd_ps(_mm512_set1_ps(k4[i]), q0, a4);
+                a5 = _mm512_fmadd_ps(_mm512_set1_ps(k5[i]), q0, a5);
+                a6 = _mm512_fmadd_ps(_mm512_set1_ps(k6[i]), q0, a6);
+                a7 = _mm512_fmadd_ps(_mm512_set1_ps(k7[i]), q0, a7);
+            }
+            EI__PUT512(a0, j, vb); EI__PUT512(a1, j + 1, vb);
+            EI__PUT512(a2, j + 2, vb); EI__PUT512(a3, j + 3, vb);
+            EI__PUT512(a4, j + 4, vb); EI__PUT512(a5, j + 5, vb);
+            EI__PUT512(a6, j + 6, vb); EI__PUT512(a7, j + 7, vb);
+        }
+}
+#undef EI__PUT512
+
+/* O[r][c0..c0+63] = alpha[r] O[r][..] + sum_j P[j][r] V[j][..]: 64-dim chunks
+   outside (its 16 KB value block stays in L1), 4 rows x 64 dims inside. */
+EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                 int32_t nk) {
+    const int32_t ld = T->ld, dpad = J->dpad;
+    int32_t r, c0, j;
+    for (c0 = 0; c0 < dpad; c0 += 64) {
+        const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u;
+        for (r = 0; r < ld; r += 4) {
+            const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
+                         al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
+            float *o0 = w->o + (size_t)r * (size_t)dpad + c0, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+            const float *pj = w->s + r, *vr = vc;
+            if (c0 + 64 <= dpad) {
+                __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 16)),
+                       x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + 48)),
+                       x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 16)),
+                       x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + 48)),
+                       x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 16)),
+                       x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + 48)),
+                       x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 16)),
+                       x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + 48));
+                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
+                    __m512 v0 = _mm512_load_ps(vr), v1 = _mm512_load_ps(vr + 16), v2 = _mm512_load_ps(vr + 32),
+                           v3 = _mm512_load_ps(vr + 48), p;
+                    p = _mm512_set1_ps(pj[0]);
+                    x00 = _mm512_fmadd_ps(p, v0, x00); x01 = _mm512_fmadd_ps(p, v1, x01);
+                    x02 = _mm512_fmadd_ps(p, v2, x02); x03 = _mm512_fmadd_ps(p, v3, x03);
+                    p = _mm512_set1_ps(pj[1]);
+                    x10 = _mm512_fmadd_ps(p, v0, x10); x11 = _mm512_fmadd_ps(p, v1, x11);
+                    x12 = _mm512_fmadd_ps(p, v2, x12); x13 = _mm512_fmadd_ps(p, v3, x13);
+                    p = _mm512_set1_ps(pj[2]);
+                    x20 = _mm512_fmadd_ps(p, v0, x20); x21 = _mm512_fmadd_ps(p, v1, x21);
+                    x22 = _mm512_fmadd_ps(p, v2, x22); x23 = _mm512_fmadd_ps(p, v3, x23);
+                    p = _mm512_set1_ps(pj[3]);
+                    x30 = _mm512_fmadd_ps(p, v0, x30); x31 = _mm512_fmadd_ps(p, v1, x31);
+                    x32 = _mm512_fmadd_ps(p, v2, x32); x33 = _mm512_fmadd_ps(p, v3, x33);
+                }
+                _mm512_store_ps(o0, x00); _mm512_store_ps(o0 + 16, x01); _mm512_store_ps(o0 + 32, x02); _mm512_store_ps(o0 + 48, x03);
+                _mm512_store_ps(o1, x10); _mm512_store_ps(o1 + 16, x11); _mm512_store_ps(o1 + 32, x12); _mm512_store_ps(o1 + 48, x13);
+                _mm512_store_ps(o2, x20); _mm512_store_ps(o2 + 16, x21); _mm512_store_ps(o2 + 32, x22); _mm512_store_ps(o2 + 48, x23);
+                _mm512_store_ps(o3, x30); _mm512_store_ps(o3 + 16, x31); _mm512_store_ps(o3 + 32, x32); _mm512_store_ps(o3 + 48, x33);
+            } else {
+                int32_t c1;
+                for (c1 = 0; c0 + c1 < dpad; c1 += 16) { /* 16-dim pieces of a partial chunk */
+                    __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c1)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c1)),
+                           x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c1)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c1));
+                    const float *pq = w->s + r, *vq = vc + c1;
+                    for (j = 0; j < nk; ++j, pq += ld, vq += 64) {
+                        __m512 v0 = _mm512_load_ps(vq);
+                        x0 = _mm512_fmadd_ps(_mm512_set1_ps(pq[0]), v0, x0);
+                        x1 = _mm512_fmadd_ps(_mm512_set1_ps(pq[1]), v0, x1);
+                        x2 = _mm512_fmadd_ps(_mm512_set1_ps(pq[2]), v0, x2);
+                        x3 = _mm512_fmadd_ps(_mm512_set1_ps(pq[3]), v0, x3);
+                    }
+                    _mm512_store_ps(o0 + c1, x0); _mm512_store_ps(o1 + c1, x1);
+                    _mm512_store_ps(o2 + c1, x2); _mm512_store_ps(o3 + c1, x3);
+                }
+            }
+        }
+    }
+}
+
+static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_avx512, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
+                                                ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
+static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
+                                               &ei__attn_avx512, NULL};
+#endif /* EI__HAVE_AVX512 */
+
+// >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
+#ifdef EI__HAVE_AVX512BF16
+/* vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for P V with P
+   rounded to bf16; softmax, output store, profiling and decode are the
+   AVX-512 path's. Opt-in (>>attention, Kernels, says why). Hand-written:
+   the pair layouts (queries, values and P as bf16 pairs) have no f32
+   counterpart. */
+/* bf16 kernel: queries as u32 pairs (q[2i], q[2i+1]) [d/2][ld]; keys read in place. */
+EI__TARGET_AVX512BF16 static void ei__attn_pack_q_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
+                                                             const ei__attn_tile *T) {
+    int32_t r, i2, d2 = J->d / 2;
+    uint32_t *qp = (uint32_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        if (g < T->gt && tok < T->nt) {
+            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
+        } else
+            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
+    }
+}
+/* Values as key pairs: vbuf[j2][i] = (v[2 j2][i], v[2 j2 + 1][i]) as two bf16. */
+EI__TARGET_AVX512BF16 static void ei__attn_prep_kv_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
+                                                              const ei__attn_tile *T, int32_t nk) {
+    static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i ilo = _mm512_loadu_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    const int32_t d = J->d, dpad = J->dpad;
+    uint16_t *vb = (uint16_t *)w->vbuf;
+    int32_t j, c0;
+    for (j = 0; j < nk; ++j) w->kp[j] = ei__row(J->k, w->kpos[j], T->kvh);
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
+    for (j = 0; j < nk; j += 2) {
+        const uint16_t *va = (const uint16_t *)ei__row(J->v, w->kpos[j], T->kvh);
+        const uint16_t *vbr = j + 1 < nk ? (const uint16_t *)ei__row(J->v, w->kpos[j + 1], T->kvh) : NULL;
+        uint16_t *dst = vb + (size_t)(j / 2) * (size_t)dpad * 2u;
+        for (c0 = 0; c0 < dpad; c0 += 32) {
+            int32_t rem = d - c0;
+            __mmask32 m = rem >= 32 ? (__mmask32)0xffffffffu : rem > 0 ? (__mmask32)((1u << rem) - 1u) : (__mmask32)0;
+            __m512i a = _mm512_maskz_loadu_epi16(m, va + c0);
+            __m512i b = vbr ? _mm512_maskz_loadu_epi16(m, vbr + c0) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + 2 * c0, _mm512_permutex2var_epi16(a, ilo, b));
+            if (c0 + 16 < dpad) _mm512_storeu_si512(dst + 2 * c0 + 32, _mm512_permutex2var_epi16(a, ihi, b));
+        }
+    }
+}
+static uint32_t ei__attn_u32(const void *p) { uint32_t u; memcpy(&u, p, 4); return u; }
+#define EI__ATTN_BCAST(ptr, i2) _mm512_set1_epi32((int)ei__attn_u32((const unsigned char *)(ptr) + 4 * (i2)))
+#define EI__ATTN_DP(acc, a, b) acc = _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
+#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, need_mask, (j), (vi), 0, (acc), cv)
+
+EI__TARGET_AVX512BF16 static void ei__attn_scores_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
+                                                             const ei__attn_tile *T, int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d2 = J->d / 2;
+    const __m512 cv = _mm512_set1_ps(J->c);
+    int32_t vb, j, i;
+    for (vb = 0; vb + 4 <= T->nvec; vb += 4)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (i = 0; i < d2; ++i, qp += ld) {
+                __m512i q0 = _mm512_load_si512(qp), q1 = _mm512_load_si512(qp + 16), q2 = _mm512_load_si512(qp + 32),
+                        q3 = _mm512_load_si512(qp + 48), b;
+                b = EI__ATTN_BCAST(k0, i);
+                EI__ATTN_DP(a00, b, q0); EI__ATTN_DP(a01, b, q1); EI__ATTN_DP(a02, b, q2); EI__ATTN_DP(a03, b, q3);
+                b = EI__ATTN_BCAST(k1, i);
+                EI__ATTN_DP(a10, b, q0); EI__ATTN_DP(a11, b, q1); EI__ATTN_DP(a12, b, q2); EI__ATTN_DP(a13, b, q3);
+                b = EI__ATTN_BCAST(k2, i);
+                EI__ATTN_DP(a20, b, q0); EI__ATTN_DP(a21, b, q1); EI__ATTN_DP(a22, b, q2); EI__ATTN_DP(a23, b, q3);
+                b = EI__ATTN_BCAST(k3, i);
+                EI__ATTN_DP(a30, b, q0); EI__ATTN_DP(a31, b, q1); EI__ATTN_DP(a32, b, q2); EI__ATTN_DP(a33, b, q3);
+            }
+            EI__PUT512(a00, j, vb); EI__PUT512(a01, j, vb + 1);
+            EI__PUT512(a02, j, vb + 2); EI__PUT512(a03, j, vb + 3);
+            EI__PUT512(a10, j + 1, vb); EI__PUT512(a11, j + 1, vb + 1);
+            EI__PUT512(a12, j + 1, vb + 2); EI__PUT512(a13, j + 1, vb + 3);
+            EI__PUT512(a20, j + 2, vb); EI__PUT512(a21, j + 2, vb + 1);
+            EI__PUT512(a22, j + 2, vb + 2); EI__PUT512(a23, j + 2, vb + 3);
+            EI__PUT512(a30, j + 3, vb); EI__PUT512(a31, j + 3, vb + 1);
+            EI__PUT512(a32, j + 3, vb + 2); EI__PUT512(a33, j + 3, vb + 3);
+        }
+    for (; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (i = 0; i < d2; ++i, qp += ld) {
+                __m512i q0 = _mm512_load_si512(qp), b;
+                b = EI__ATTN_BCAST(k0, i); EI__ATTN_DP(a0, b, q0);
+                b = EI__ATTN_BCAST(k1, i); EI__ATTN_DP(a1, b, q0);
+                b = EI__ATTN_BCAST(k2, i); EI__ATTN_DP(a2, b, q0);
+                b = EI__ATTN_BCAST(k3, i); EI__ATTN_DP(a3, b, q0);
+            }
+            EI__PUT512(a0, j, vb); EI__PUT512(a1, j + 1, vb);
+            EI__PUT512(a2, j + 2, vb); EI__PUT512(a3, j + 3, vb);
+        }
+}
+
+#undef EI__PUT512
+
+/* P (f32 [j][r]) -> bf16 pairs pp[j2][r] = (P[2 j2][r], P[2 j2 + 1][r]). */
+EI__TARGET_AVX512BF16 static void ei__attn_pack_p_avx512bf16(ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+    static const uint16_t il_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i il = _mm512_loadu_si512(il_idx);
+    const int32_t ld = T->ld;
+    int32_t j, vi;
+    for (j = 0; j < nk; j += 2)
+        for (vi = 0; vi < T->nvec; ++vi) {
+            __m512 a = _mm512_load_ps(w->s + (size_t)j * (size_t)ld + (size_t)vi * 16u);
+            __m512 b = j + 1 < nk ? _mm512_load_ps(w->s + (size_t)(j + 1) * (size_t)ld + (size_t)vi * 16u) : _mm512_setzero_ps();
+            __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* low 16: a, high 16: b */
+            _mm512_store_si512(w->pp + (size_t)(j / 2) * (size_t)ld + (size_t)vi * 16u, _mm512_permutexvar_epi16(il, ab));
+        }
+}
+
+EI__TARGET_AVX512BF16 static void ei__attn_pv_avx512bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                         int32_t nk) {
+    const int32_t ld = T->ld, dpad = J->dpad, n2 = (nk + 1) / 2;
+    const uint16_t *vb = (const uint16_t *)w->vbuf;
+    int32_t r, c0, j;
+    for (r = 0; r < ld; r += 4) {
+        const __m512 al0 = _mm512_set1_ps(w->alpha[r]), al1 = _mm512_set1_ps(w->alpha[r + 1]),
+                     al2 = _mm512_set1_ps(w->alpha[r + 2]), al3 = _mm512_set1_ps(w->alpha[r + 3]);
+        float *o0 = w->o + (size_t)r * (size_t)dpad, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+        for (c0 = 0; c0 + 64 <= dpad; c0 += 64) {
+            __m512 x00 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x01 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 16)),
+                   x02 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 32)), x03 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0 + 48)),
+                   x10 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)), x11 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 16)),
+                   x12 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 32)), x13 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0 + 48)),
+                   x20 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x21 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 16)),
+                   x22 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 32)), x23 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0 + 48)),
+                   x30 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0)), x31 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 16)),
+                   x32 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 32)), x33 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0 + 48));
+            const uint32_t *pj = w->pp + r;
+            for (j = 0; j < n2; ++j, pj += ld) {
+                const uint16_t *vr = vb + ((size_t)j * (size_t)dpad + (size_t)c0) * 2u;
+                __m512i v0 = _mm512_loadu_si512(vr), v1 = _mm512_loadu_si512(vr + 32), v2 = _mm512_loadu_si512(vr + 64),
+                        v3 = _mm512_loadu_si512(vr + 96), p;
+                p = _mm512_set1_epi32((int)pj[0]);
+                EI__ATTN_DP(x00, p, v0); EI__ATTN_DP(x01, p, v1); EI__ATTN_DP(x02, p, v2); EI__ATTN_DP(x03, p, v3);
+                p = _mm512_set1_epi32((int)pj[1]);
+                EI__ATTN_DP(x10, p, v0); EI__ATTN_DP(x11, p, v1); EI__ATTN_DP(x12, p, v2); EI__ATTN_DP(x13, p, v3);
+                p = _mm512_set1_epi32((int)pj[2]);
+                EI__ATTN_DP(x20, p, v0); EI__ATTN_DP(x21, p, v1); EI__ATTN_DP(x22, p, v2); EI__ATTN_DP(x23, p, v3);
+                p = _mm512_set1_epi32((int)pj[3]);
+                EI__ATTN_DP(x30, p, v0); EI__ATTN_DP(x31, p, v1); EI__ATTN_DP(x32, p, v2); EI__ATTN_DP(x33, p, v3);
+            }
+            _mm512_store_ps(o0 + c0, x00); _mm512_store_ps(o0 + c0 + 16, x01);
+            _mm512_store_ps(o0 + c0 + 32, x02); _mm512_store_ps(o0 + c0 + 48, x03);
+            _mm512_store_ps(o1 + c0, x10); _mm512_store_ps(o1 + c0 + 16, x11);
+            _mm512_store_ps(o1 + c0 + 32, x12); _mm512_store_ps(o1 + c0 + 48, x13);
+            _mm512_store_ps(o2 + c0, x20); _mm512_store_ps(o2 + c0 + 16, x21);
+            _mm512_store_ps(o2 + c0 + 32, x22); _mm512_store_ps(o2 + c0 + 48, x23);
+            _mm512_store_ps(o3 + c0, x30); _mm512_store_ps(o3 + c0 + 16, x31);
+            _mm512_store_ps(o3 + c0 + 32, x32); _mm512_store_ps(o3 + c0 + 48, x33);
+        }
+        for (; c0 < dpad; c0 += 16) {
+            __m512 x0 = _mm512_mul_ps(al0, _mm512_load_ps(o0 + c0)), x1 = _mm512_mul_ps(al1, _mm512_load_ps(o1 + c0)),
+                   x2 = _mm512_mul_ps(al2, _mm512_load_ps(o2 + c0)), x3 = _mm512_mul_ps(al3, _mm512_load_ps(o3 + c0));
+            const uint32_t *pj = w->pp + r;
+            for (j = 0; j < n2; ++j, pj += ld) {
+                __m512i v0 = _mm512_loadu_si512(vb + ((size_t)j * (size_t)dpad + (size_t)c0) * 2u), p;
+                p = _mm512_set1_epi32((int)pj[0]); EI__ATTN_DP(x0, p, v0);
+                p = _mm512_set1_epi32((int)pj[1]); EI__ATTN_DP(x1, p, v0);
+                p = _mm512_set1_epi32((int)pj[2]); EI__ATTN_DP(x2, p, v0);
+                p = _mm512_set1_epi32((int)pj[3]); EI__ATTN_DP(x3, p, v0);
+            }
+            _mm512_store_ps(o0 + c0, x0); _mm512_store_ps(o1 + c0, x1);
+            _mm512_store_ps(o2 + c0, x2); _mm512_store_ps(o3 + c0, x3);
+        }
+    }
+}
+
+static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_avx512bf16, ei__attn_prep_kv_avx512bf16,
+                                                    ei__attn_scores_avx512bf16, ei__attn_softmax_avx512,
+                                                    ei__attn_pack_p_avx512bf16, ei__attn_pv_avx512bf16,
+                                                    ei__attn_store_avx512};
+static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__score_row_avx512,
+                                                   ei__dot_avx512, &ei__attn_avx512, &ei__attn_avx512bf16};
+#endif /* EI__HAVE_AVX512BF16 */
+
+// >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
+#ifdef EI__HAVE_NEON
+/* Profiling and decode kernels; attention runs the scalar reference for now
+   (attn NULL). */
+static int ei__minmax_neon(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
+    /* Conversion of f16/bf16 rows goes through the scalar loader; the
+       reduction itself is vectorised for f32. */
+    int32_t d = t->head_dim, i;
+    int64_t r;
+    int bad = 0;
+    if (t->dtype != EI_F32 || (d & 3)) return ei__minmax_scalar(t, t0, nt, head, mx, mn);
+    for (i = 0; i < d; i += 4) {
+        float32x4_t vx = vdupq_n_f32(-FLT_MAX), vn = vdupq_n_f32(FLT_MAX);
+        uint32x4_t nan = vdupq_n_u32(0);
+        for (r = 0; r < nt; ++r) {
+            float32x4_t v = vld1q_f32((const float *)ei__row(t, t0 + r, head) + i);
+            nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
+            vx = vmaxq_f32(vx, v);
+            vn = vminq_f32(vn, v);
+        }
+        vst1q_f32(mx + i, vx);
+        vst1q_f32(mn + i, vn);
+        if (vmaxvq_u32(nan)) bad = 1;
+    }
+    for (i = 0; i < d; ++i)
+        if (mx[i] != mx[i] || mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
+    return !bad;
+}
+static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
+                               int64_t ld, int64_t nb, float *raw) {
+    int64_t b;
+    const float32x4_t half = vdupq_n_f32(0.5f), gdiv = vdupq_n_f32((float)G);
+    for (b = 0; b < nb; b += 4) {
+        float32x4_t sum = vdupq_n_f32(0.0f);
+        float out[4];
+        int32_t g, i;
+        int64_t j;
+        for (g = 0; g < G; ++g) {
+            const float *qx = qrep + (size_t)g * 2u * (size_t)d, *qn = qx + d;
+            float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            for (i = 0; i < d; ++i) {
+                float32x4_t kx = vld1q_f32(kmaxT + (size_t)i * (size_t)ld + (size_t)b);
+                float32x4_t kn = vld1q_f32(kminT + (size_t)i * (size_t)ld + (size_t)b);
+                a0 = vfmaq_n_f32(a0, kx, qx[i]); a1 = vfmaq_n_f32(a1, kx, qn[i]);
+                a2 = vfmaq_n_f32(a2, kn, qx[i]); a3 = vfmaq_n_f32(a3, kn, qn[i]);
+            }
+            sum = vaddq_f32(sum, vmaxq_f32(vmulq_f32(vaddq_f32(a0, a1), half), vmulq_f32(vaddq_f32(a2, a3), half)));
+        }
+        vst1q_f32(out, vdivq_f32(sum, gdiv));
+        for (j = 0; j < 4 && b + j < nb; ++j) raw[b + j] = out[j];
+    }
+}
+
+/* dot(a, b) over d floats (decode scoring). */
+static float ei__dot_neon(const float *a, const float *b, int32_t d) {
+    float32x4_t s0 = vdupq_n_f32(0.0f);
+    float s;
+    int32_t i = 0;
+    for (; i + 4 <= d; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    s = vaddvq_f32(s0);
+    for (; i < d; ++i) s += a[i] * b[i];
+    return s;
+}
+
+static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon, NULL, NULL};
+#endif /* EI__HAVE_NEON */
+
+// >>kernels: one table per path, chosen once per context --------------------
 /* The table of a path this CPU, OS and build can run (NULL otherwise); AUTO:
    the widest one. The vdpbf16ps attention is chosen by AUTO only when the
    build defines EI_ATTN_PREFER_DPBF16 (>>attention says why). */
@@ -3962,7 +4067,7 @@ static const ei__kernels *ei__kernels_for(ei_simd path) {
         case EI_SIMD_AVX512: return &ei__kernels_avx512;
 #endif
 #ifdef EI__HAVE_AVX512BF16
-        case EI_SIMD_AVX512_BF16: return &ei__kernels_avx512_bf16;
+        case EI_SIMD_AVX512_BF16: return &ei__kernels_avx512bf16;
 #endif
 #ifdef EI__HAVE_NEON
         case EI_SIMD_NEON: return &ei__kernels_neon;
