@@ -718,12 +718,17 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
      >>backend       the CUDA plugin: dlopen, the EI__CUDA call-through, device memory
      >>context       ei_context_create (kernel table, backend, fallback)
      >>plan          plan layout (ei__plan_geometry under the ABI), init, reset, free
-     >>simd          min/max representations and block scores, per ISA
+     >>simd          what the min/max and block-score kernels compute
      >>profile       whole-prompt planning: reps, scores, entropy, budgets, ranking
      >>profile-chunked  causal planning, one chunk of segments at a time
      >>decode        observation window, keep-sets, KV compaction
-     >>attention     block-sparse / dense prefill attention: checks, tile walk, stages
-     >>kernels       one kernel table per SIMD path; ei__kernels_for
+     >>attention     block-sparse / dense prefill attention: checks, tile walk,
+                     the stage interface, the scalar reference
+     >>isa-scalar, >>isa-avx2, >>isa-avx512, >>isa-avx512bf16, >>isa-neon
+                     each path's kernels (a vector vocabulary, the elementwise
+                     stages written once against it, the hand-written score and
+                     P.V loops) and its kernel table
+     >>kernels       ei__kernels_for: the table a context uses
    The method's rules (plan geometry, caps, sparse segments, rigid test,
    budget recurrence, decode window) are not here but above, under the CUDA
    plugin ABI, so that the plugin and the tests share them. */

@@ -1,14 +1,56 @@
-/* check.h - the assertion and guard-byte helpers shared by the tests.
+/* check.h - the test support of entropyinfer, used by every test. Include it
+   after the implementation:
+
+       #define ENTROPYINFER_IMPLEMENTATION
+       #include "../entropyinfer.h"
+       #include "check.h"
+
+   checks      CHECK(cond, fmt, ...), CHECK_ERR(expr, code), check_summary()
+   guards      guarded_alloc(n) / guarded_alloc_at(n, offset), guard_intact,
+               guarded_free; guarded_out_* (an output view with guards and
+               padding between tokens)
+   data        dtype_size, dtype_name, to_dtype (a copy in f16/bf16 through the
+               header's converters), round_to_dtype, close_to, env_int,
+               test_simd_selected (EI_TEST_SIMD), print_simd_paths;
+               synth_layer_* (examples/synth_qk.h layers with q, k, v)
+   golden      golden_meta, golden_read_meta, golden_load, golden_cases,
+               golden_config (the case format: golden/FORMAT.md)
+   reference   ref_attention / ref_attention_token: sparse prefill attention
+               in double (FORMAT.md "Sparse prefill attention", the header's
+               >>attention); ref_vmax; ref_budget, ref_keep_blocks,
+               ref_budget_on_edge: the budget walk on the header's own rules
+               (ei__budget_next, ei__keep_of, ei__cap_blocks)
+
+   Every function is static inline (and unused-tolerant): a test pays only
+   for what it calls, and -Wall -Wextra -Werror stays clean as C and C++.
+
    Define before including, when needed:
      CHECK_LOCK() / CHECK_UNLOCK()   serialise reports (threaded tests)
      CHECK_ERR_REACHED(code)         called when an error code and a message
                                      naming it were both seen */
 #ifndef EI_TEST_CHECK_H
 #define EI_TEST_CHECK_H
+#ifndef ENTROPYINFER_IMPLEMENTATION_DONE
+#error "check.h: include it after the implementation (#define ENTROPYINFER_IMPLEMENTATION, #include entropyinfer.h)"
+#endif
+#include <dirent.h>
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../examples/synth_qk.h"
 
+#if defined(__GNUC__) || defined(__clang__)
+#define CHECK_UNUSED __attribute__((unused))
+#else
+#define CHECK_UNUSED
+#endif
+#define CHECK_FN static inline CHECK_UNUSED
+
+/* ------------------------------------------------------------ checks */
 #ifndef CHECK_LOCK
 #define CHECK_LOCK() ((void)0)
 #define CHECK_UNLOCK() ((void)0)
@@ -17,7 +59,7 @@
 #define CHECK_ERR_REACHED(code) ((void)0)
 #endif
 
-static int failures = 0, checks = 0;
+static int failures CHECK_UNUSED = 0, checks CHECK_UNUSED = 0;
 #define CHECK(cond, ...)                                                           \
     do {                                                                           \
         CHECK_LOCK();                                                              \
@@ -42,23 +84,394 @@ static int failures = 0, checks = 0;
         if (r_ == EI_OK && (code) == EI_OK) CHECK_ERR_REACHED(EI_OK);              \
     } while (0)
 
-/* Buffers with 64 canary bytes on each side; the inside starts as garbage
-   (0xFF) so that reading what the library did not write shows up. */
-#define GUARD 64
-static void *guarded_alloc(size_t n) {
-    unsigned char *p = (unsigned char *)malloc(n + 2 * GUARD);
-    if (!p) { printf("out of memory\n"); exit(2); }
-    memset(p, 0xA5, GUARD);
-    memset(p + GUARD, 0xFF, n);
-    memset(p + GUARD + n, 0xA5, GUARD);
-    return p + GUARD;
+/* The last line of every test ("N checks, M failed") and its exit status. */
+CHECK_FN int check_summary(void) {
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
 }
-static int guard_intact(void *mem, size_t n) {
-    unsigned char *p = (unsigned char *)mem - GUARD;
+
+/* ------------------------------------------------------------ guarded buffers */
+/* n bytes with GUARD canary bytes (0xA5) on each side; the inside starts as
+   garbage (0xFF: NaN in every dtype) so that reading what the library did not
+   write shows up. guarded_alloc_at puts the buffer `offset` bytes past a
+   64-byte boundary (sizes must suffice at any alignment); guarded_alloc uses
+   16, as malloc usually gives. */
+#define GUARD 256
+typedef struct guard_head { unsigned char *raw; size_t n; } guard_head;
+CHECK_FN void *guarded_alloc_at(size_t n, unsigned offset) {
+    size_t pre = sizeof(guard_head) + GUARD;
+    unsigned char *raw = (unsigned char *)malloc(pre + 128 + n + GUARD), *p;
+    guard_head h;
+    if (!raw) { printf("out of memory\n"); exit(2); }
+    p = (unsigned char *)(((uintptr_t)raw + pre + 63) & ~(uintptr_t)63) + offset % 64u;
+    h.raw = raw;
+    h.n = n;
+    memcpy(p - GUARD - sizeof h, &h, sizeof h);
+    memset(p - GUARD, 0xA5, GUARD);
+    memset(p, 0xFF, n);
+    memset(p + n, 0xA5, GUARD);
+    return p;
+}
+CHECK_FN void *guarded_alloc(size_t n) { return guarded_alloc_at(n, 16); }
+CHECK_FN guard_head guard_head_of(const void *mem) {
+    guard_head h;
+    memcpy(&h, (const unsigned char *)mem - GUARD - sizeof h, sizeof h);
+    return h;
+}
+/* 1 if both guards are intact (and mem holds n bytes). */
+CHECK_FN int guard_intact(const void *mem, size_t n) {
+    const unsigned char *p = (const unsigned char *)mem;
     size_t i;
+    if (guard_head_of(mem).n != n) return 0;
     for (i = 0; i < GUARD; ++i)
-        if (p[i] != 0xA5 || p[GUARD + n + i] != 0xA5) return 0;
+        if (p[-1 - (ptrdiff_t)i] != 0xA5 || p[n + i] != 0xA5) return 0;
     return 1;
 }
-static void guarded_free(void *mem) { if (mem) free((unsigned char *)mem - GUARD); }
+CHECK_FN void guarded_free(void *mem) { if (mem) free(guard_head_of(mem).raw); }
+
+CHECK_FN size_t dtype_size(ei_dtype dt) { return dt == EI_F16 || dt == EI_BF16 ? 2 : 4; } /* others: stored as f32 */
+CHECK_FN const char *dtype_name(ei_dtype dt) { return dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : dt == EI_BF16 ? "bf16" : "?"; }
+
+/* An output view [n][heads][d] in guarded memory, pad elements after each
+   token's heads (strided rows); guarded_out_intact: the guards and every
+   padding byte still as allocated. */
+typedef struct guarded_out { ei_out_tensor t; size_t bytes; } guarded_out;
+CHECK_FN guarded_out guarded_out_make(ei_dtype dt, int64_t n, int32_t heads, int32_t d, int32_t pad) {
+    guarded_out o;
+    o.t = ei_out_tensor_make(NULL, dt, n, heads, d);
+    o.t.token_stride = (int64_t)heads * d + pad;
+    o.bytes = (size_t)(n * o.t.token_stride) * dtype_size(dt);
+    o.t.data = guarded_alloc(o.bytes);
+    return o;
+}
+CHECK_FN int guarded_out_intact(const guarded_out *o) {
+    size_t es = dtype_size(o->t.dtype), row = (size_t)o->t.n_heads * (size_t)o->t.head_dim * es, b;
+    int64_t t;
+    if (!guard_intact(o->t.data, o->bytes)) return 0;
+    for (t = 0; t < o->t.n_tokens; ++t) {
+        const unsigned char *pad = (const unsigned char *)o->t.data + (size_t)(t * o->t.token_stride) * es + row;
+        for (b = 0; b < (size_t)o->t.token_stride * es - row; ++b)
+            if (pad[b] != 0xFF) return 0;
+    }
+    return 1;
+}
+CHECK_FN double guarded_out_get(const guarded_out *o, int64_t t, int32_t h, int32_t i) {
+    return ei__load1(o->t.data, o->t.dtype, t * o->t.token_stride + (int64_t)h * o->t.head_stride + i);
+}
+CHECK_FN void guarded_out_free(guarded_out *o) { guarded_free(o->t.data); o->t.data = NULL; }
+
+/* ------------------------------------------------------------ data */
+/* A malloc'ed copy of n floats stored in dtype dt (f16/bf16 through the
+   header's converters: the values the library sees). */
+CHECK_FN void *to_dtype(const float *src, size_t n, ei_dtype dt) {
+    void *out = malloc(n * dtype_size(dt) + 4);
+    size_t i;
+    if (!out) { printf("out of memory\n"); exit(2); }
+    if (dt != EI_F16 && dt != EI_BF16) memcpy(out, src, n * 4);
+    else
+        for (i = 0; i < n; ++i) ((uint16_t *)out)[i] = dt == EI_F16 ? ei__f32_to_f16(src[i]) : ei__f32_to_bf16(src[i]);
+    return out;
+}
+/* x[i] = x[i] rounded through dtype dt (what a tensor of that dtype holds). */
+CHECK_FN void round_to_dtype(float *x, size_t n, ei_dtype dt) {
+    size_t i;
+    for (i = 0; i < n; ++i)
+        x[i] = dt == EI_F16 ? ei__f16_to_f32(ei__f32_to_f16(x[i])) : dt == EI_BF16 ? ei__bf16_to_f32(ei__f32_to_bf16(x[i])) : x[i];
+}
+CHECK_FN int close_to(double a, double b, double abs_tol, double rel_tol) { return fabs(a - b) <= abs_tol + rel_tol * fabs(b); }
+CHECK_FN int env_int(const char *name, int def) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : def;
+}
+/* Loops over the SIMD paths: for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
+   with ei_cpu_supports((ei_simd)p) as the filter (the enum is not in order
+   of width: EI_SIMD_AVX512_BF16 comes after EI_SIMD_NEON). */
+#define TEST_SIMD_END 8
+/* SIMD paths to test: every one this CPU and build support, or the one
+   EI_TEST_SIMD names (scalar|avx2|avx512|avx512-bf16|neon; auto: the one a
+   default context picks; all). */
+CHECK_FN int test_simd_selected(ei_simd p) {
+    const char *e = getenv("EI_TEST_SIMD");
+    if (p == EI_SIMD_AUTO || !ei_cpu_supports(p)) return 0;
+    if (!e || !*e || !strcmp(e, "all")) return 1;
+    if (!strcmp(e, "auto")) {
+        ei_context *ctx = NULL;
+        ei_simd chosen = EI_SIMD_SCALAR;
+        if (ei_context_create(NULL, &ctx) == EI_OK) chosen = ei_context_simd(ctx);
+        ei_context_destroy(ctx);
+        return p == chosen;
+    }
+    return !strcmp(e, ei_simd_name(p));
+}
+CHECK_FN void print_simd_paths(void) {
+    int p;
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
+        if (ei_cpu_supports((ei_simd)p)) printf(" %s", ei_simd_name((ei_simd)p));
+}
+
+/* A generated layer (examples/synth_qk.h: rigid and dynamic kv heads), f32,
+   contiguous, with values v in [-0.5, 0.5). */
+typedef struct synth_layer {
+    long n;
+    int heads, kv, dim;
+    float *q, *k, *v;
+    ei_tensor tq, tk, tv;
+} synth_layer;
+CHECK_FN synth_layer synth_layer_make(long n, int heads, int kv, int dim, int segment, uint64_t seed) {
+    synth_layer L;
+    long i;
+    L.n = n; L.heads = heads; L.kv = kv; L.dim = dim;
+    L.q = (float *)malloc(sizeof(float) * (size_t)n * (size_t)heads * (size_t)dim);
+    L.k = (float *)malloc(sizeof(float) * (size_t)n * (size_t)kv * (size_t)dim);
+    L.v = (float *)malloc(sizeof(float) * (size_t)n * (size_t)kv * (size_t)dim);
+    if (!L.q || !L.k || !L.v) { printf("out of memory\n"); exit(2); }
+    synth_qk(L.q, L.k, n, heads, kv, dim, segment, 2, seed);
+    for (i = 0; i < n * kv * dim; ++i) L.v[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    L.tq = ei_tensor_make(L.q, EI_F32, n, heads, dim);
+    L.tk = ei_tensor_make(L.k, EI_F32, n, kv, dim);
+    L.tv = ei_tensor_make(L.v, EI_F32, n, kv, dim);
+    return L;
+}
+CHECK_FN void synth_layer_free(synth_layer *L) { free(L->q); free(L->k); free(L->v); L->q = L->k = L->v = NULL; }
+
+/* ------------------------------------------------------------ golden cases */
+/* One case folder (golden/FORMAT.md): meta.txt and binary arrays. */
+typedef struct golden_meta {
+    char dir[1024];
+    char kind[32];
+    long n_tokens, n_heads, n_kv_heads, head_dim, segment_size, block_size, base_budget, n_segments, n_blocks, max_k;
+    long decode_budget, window, pool_kernel, per_kv_head, heads_out, compressed;
+    double rigid_entropy, delta_t, alpha, scale;
+    char pool[32], gqa_reduce[32];
+} golden_meta;
+
+/* out = a + "/" + b (b NULL: a), truncated safely to cap bytes. */
+CHECK_FN void golden_join(char *out, size_t cap, const char *a, const char *b) {
+    size_t la = strlen(a), lb = b ? strlen(b) : 0;
+    if (la > cap - 2) la = cap - 2;
+    memcpy(out, a, la);
+    out[la] = 0;
+    if (!b) return;
+    out[la] = '/';
+    if (lb > cap - la - 2) lb = cap - la - 2;
+    memcpy(out + la + 1, b, lb);
+    out[la + 1 + lb] = 0;
+}
+
+/* Reads dir/meta.txt; 0 when it is missing or names no kind. */
+CHECK_FN int golden_read_meta(const char *dir, golden_meta *m) {
+    char path[1200], line[512];
+    FILE *f;
+    memset(m, 0, sizeof *m);
+    golden_join(m->dir, sizeof m->dir, dir, NULL);
+    golden_join(path, sizeof path, dir, "meta.txt");
+    if (!(f = fopen(path, "r"))) return 0;
+    while (fgets(line, sizeof line, f)) {
+        char *eq = strchr(line, '='), *key = line, *val;
+        if (!eq) continue;
+        *eq = 0;
+        val = eq + 1;
+        val[strcspn(val, "\r\n")] = 0;
+#define GOLDEN_INT(k) else if (!strcmp(key, #k)) m->k = atol(val);
+#define GOLDEN_DBL(k) else if (!strcmp(key, #k)) m->k = atof(val);
+#define GOLDEN_STR(k) else if (!strcmp(key, #k)) snprintf(m->k, sizeof m->k, "%s", val);
+        if (0) {}
+        GOLDEN_STR(kind) GOLDEN_INT(n_tokens) GOLDEN_INT(n_heads) GOLDEN_INT(n_kv_heads) GOLDEN_INT(head_dim)
+        GOLDEN_INT(segment_size) GOLDEN_INT(block_size) GOLDEN_INT(base_budget) GOLDEN_INT(n_segments) GOLDEN_INT(n_blocks)
+        GOLDEN_INT(max_k) GOLDEN_INT(decode_budget) GOLDEN_INT(window) GOLDEN_INT(pool_kernel) GOLDEN_INT(per_kv_head)
+        GOLDEN_INT(heads_out) GOLDEN_INT(compressed) GOLDEN_DBL(rigid_entropy) GOLDEN_DBL(delta_t) GOLDEN_DBL(alpha)
+        GOLDEN_DBL(scale) GOLDEN_STR(pool) GOLDEN_STR(gqa_reduce)
+#undef GOLDEN_INT
+#undef GOLDEN_DBL
+#undef GOLDEN_STR
+    }
+    fclose(f);
+    return m->kind[0] != 0;
+}
+
+/* Loads the case's file `name` (malloc'ed; NULL if absent); *count =
+   elements of elem bytes. */
+CHECK_FN void *golden_load(const golden_meta *m, const char *name, size_t elem, size_t *count) {
+    char path[1200];
+    FILE *f;
+    long len;
+    void *buf;
+    if (count) *count = 0;
+    golden_join(path, sizeof path, m->dir, name);
+    if (!(f = fopen(path, "rb"))) return NULL;
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (buf && len > 0 && fread(buf, 1, (size_t)len, f) != (size_t)len) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf && count) *count = (size_t)len / elem;
+    return buf;
+}
+
+/* The case folders of root, sorted: those holding a meta.txt. Returns their
+   number (names malloc'ed into names[0..max)), or -1 when root cannot be
+   opened; *skipped counts the other subfolders (no meta.txt). */
+CHECK_FN int golden_cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+CHECK_FN int golden_cases(const char *root, char **names, int max, int *skipped) {
+    DIR *dir = opendir(root);
+    struct dirent *e;
+    int n = 0;
+    *skipped = 0;
+    if (!dir) return -1;
+    while ((e = readdir(dir)) && n < max) {
+        char path[1200], meta[1300];
+        FILE *f;
+        DIR *sub;
+        if (e->d_name[0] == '.') continue;
+        golden_join(path, sizeof path, root, e->d_name);
+        if (!(sub = opendir(path))) continue; /* a file (FORMAT.md, README.md) */
+        closedir(sub);
+        golden_join(meta, sizeof meta, path, "meta.txt");
+        if (!(f = fopen(meta, "r"))) { ++*skipped; continue; }
+        fclose(f);
+        names[n] = (char *)malloc(strlen(e->d_name) + 1);
+        if (!names[n]) { printf("out of memory\n"); exit(2); }
+        memcpy(names[n++], e->d_name, strlen(e->d_name) + 1);
+    }
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof *names, golden_cmp_names);
+    return n;
+}
+
+/* The configuration a case was made with (the other knobs: defaults). */
+CHECK_FN ei_config golden_config(const golden_meta *m) {
+    ei_config c = ei_config_default();
+    if (!strcmp(m->kind, "prefill")) {
+        c.segment_size = (int32_t)m->segment_size;
+        c.block_size = (int32_t)m->block_size;
+        c.base_budget = (int32_t)m->base_budget;
+        c.rigid_entropy = m->rigid_entropy;
+        c.delta_t = m->delta_t;
+        c.alpha = m->alpha;
+    } else {
+        c.decode_budget = (int32_t)m->decode_budget;
+        c.window = (int32_t)m->window;
+        c.decode_gap = c.decode_gap > c.window ? c.window : c.decode_gap;
+        c.pool = !strcmp(m->pool, "maxpool") ? EI_POOL_MAX : !strcmp(m->pool, "none") ? EI_POOL_NONE : EI_POOL_AVG;
+        c.pool_kernel = (int32_t)m->pool_kernel;
+        c.per_kv_head = (int32_t)m->per_kv_head;
+        c.gqa_reduce = !strcmp(m->gqa_reduce, "max") ? EI_REDUCE_MAX : EI_REDUCE_MEAN;
+        c.decode_scale = (float)m->scale;
+    }
+    return c;
+}
+
+/* ------------------------------------------------------------ reference attention */
+/* Element (token, head, i) of a view, as the library reads it. */
+CHECK_FN double ref_at(const ei_tensor *x, int64_t tok, int32_t h, int32_t i) {
+    return ei__load1(x->data, x->dtype, tok * x->token_stride + (int64_t)h * x->head_stride + i);
+}
+/* Segment s of plan attends sparsely (the header's rule; NULL plan: dense). */
+CHECK_FN int ref_segment_sparse(const ei_config *c, const ei_plan *plan, int64_t s) {
+    return plan && s >= 0 && s < plan->n_segments && ei__segment_sparse(c, (int32_t)s, plan->n_segments, plan->final);
+}
+/* max |v| over the tokens of v, of one kv head (kv_head < 0: of all). */
+CHECK_FN double ref_vmax(const ei_tensor *v, int32_t kv_head) {
+    double m = 0;
+    int64_t t;
+    int32_t h, i;
+    for (t = 0; t < v->n_tokens; ++t)
+        for (h = 0; h < v->n_heads; ++h)
+            if (kv_head < 0 || h == kv_head)
+                for (i = 0; i < v->head_dim; ++i) m = fmax(m, fabs(ref_at(v, t, h, i)));
+    return m;
+}
+
+/* Query token t of q (absolute position q_offset + t), every query head:
+   out[h * d + i], in double. The semantics (golden/FORMAT.md "Sparse
+   prefill attention", >>attention in the header): position p of segment s,
+   query head h, kv head h / G attends, if segment s is sparse
+   (ei__segment_sparse), to the blocks the plan keeps for (h / G, s), then the
+   segment's own keys s * segment_size .. p; otherwise to keys 0 .. p. Scale
+   attn_scale, or 1 / sqrt(head_dim) when it is 0. Keys and values are read
+   from k and v as stored (any dtype, any strides).
+   Returns 0 when a logit leaves float range (|x| > 1e37: the kernels clamp
+   those to +-FLT_MAX by design, so the reference does not apply), else 1. */
+CHECK_FN int ref_attention_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
+                                 const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
+    int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
+    int64_t p = q_offset + t, s = p / c->segment_size, start = s * c->segment_size, cap = p + 1, j;
+    int sparse = ref_segment_sparse(c, plan, s), in_range = 1;
+    double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+    int64_t *pos;
+    double *w;
+    if (sparse && (int64_t)plan->max_keep * c->block_size + (p - start + 1) > cap)
+        cap = (int64_t)plan->max_keep * c->block_size + (p - start + 1);
+    pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)cap);
+    w = (double *)malloc(sizeof(double) * (size_t)cap);
+    if (!pos || !w) { printf("out of memory\n"); exit(2); }
+    for (h = 0; h < H; ++h) {
+        int32_t kvh = h / G;
+        int64_t np = 0;
+        double mx = -INFINITY, z = 0;
+        if (sparse) {
+            const int32_t *idx = EI_PLAN_BLOCKS(plan, kvh, s);
+            int32_t kc = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)], b, e;
+            if (kc > plan->max_keep) kc = plan->max_keep;
+            for (b = 0; b < kc; ++b)
+                for (e = 0; e < c->block_size; ++e) {
+                    int64_t key = (int64_t)idx[b] * c->block_size + e;
+                    if (idx[b] >= 0 && key < start) pos[np++] = key; /* a trusted plan's blocks lie before the segment */
+                }
+            for (j = start; j <= p; ++j) pos[np++] = j;
+        } else
+            for (j = 0; j <= p; ++j) pos[np++] = j;
+        for (j = 0; j < np; ++j) {
+            double dot = 0;
+            for (i = 0; i < d; ++i) dot += ref_at(q, t, h, i) * ref_at(k, pos[j], kvh, i);
+            w[j] = dot * scale;
+            if (!(fabs(w[j]) <= 1e37)) in_range = 0;
+            if (w[j] > mx) mx = w[j];
+        }
+        for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
+        for (i = 0; i < d; ++i) {
+            double o = 0;
+            for (j = 0; j < np; ++j) o += w[j] * ref_at(v, pos[j], kvh, i);
+            out[(size_t)h * (size_t)d + (size_t)i] = o / z;
+        }
+    }
+    free(pos);
+    free(w);
+    return in_range;
+}
+/* Every query token of q: out[(t * H + h) * d + i]. Returns 0 when a logit
+   left float range (see ref_attention_token). */
+CHECK_FN int ref_attention(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
+                           const ei_tensor *v, int64_t q_offset, double *out) {
+    int64_t t;
+    int in_range = 1;
+    for (t = 0; t < q->n_tokens; ++t)
+        in_range &= ref_attention_token(c, plan, q, k, v, q_offset, t,
+                                        out + (size_t)t * (size_t)q->n_heads * (size_t)q->head_dim);
+    return in_range;
+}
+
+/* ------------------------------------------------------------ reference budgets */
+/* B[s] of one kv head from its entropy row (segments 0..s): base_budget
+   when the head is rigid, else the recurrence from segment 0, one
+   ei__budget_next step per segment (the header's rule, not a copy). */
+CHECK_FN double ref_budget(const ei_config *c, const float *entropy_row, int32_t s, int rigid) {
+    double b = 0.0;
+    int32_t t;
+    if (rigid) return (double)c->base_budget;
+    for (t = 0; t <= s; ++t) b = ei__budget_next(c, t, b, entropy_row[t], t > 0 ? entropy_row[t - 1] : 0.0f);
+    return b;
+}
+/* Blocks a budget keeps in segment s of a plan of n_tokens (n_blocks
+   scored): floor to blocks, then the cap (ei__keep_of, ei__cap_blocks). */
+CHECK_FN int32_t ref_keep_blocks(const ei_config *c, int32_t s, double budget, int64_t n_tokens, int64_t n_blocks) {
+    return ei__keep_of(c, s, budget, ei__cap_blocks(c, s, n_tokens, n_blocks));
+}
+/* 1 when a budget lies within tol tokens of a block boundary: there two
+   implementations may floor to different counts (FORMAT.md). */
+CHECK_FN int ref_budget_on_edge(const ei_config *c, double budget, double tol) {
+    double blocks = budget / (double)c->block_size, frac = blocks - floor(blocks);
+    return frac * c->block_size < tol || (1.0 - frac) * c->block_size < tol;
+}
 #endif

@@ -16,22 +16,17 @@
    AddressSanitizer reports any access outside it. Oracles besides the
    sanitizers: every failure's message names its code; successful calls leave
    valid plans and keep sets; compaction moves exactly the kept rows; dense
-   and sparse attention match a double-precision reference of the method's
-   semantics (FORMAT.md) when the inputs are tame; nothing reads padding
-   (padding is NaN, so reading it would report a non-finite input).
+   and sparse attention match the double-precision reference of the method's
+   semantics (check.h: ref_attention, FORMAT.md) when the inputs are tame;
+   nothing reads padding (padding is NaN, so reading it would report a
+   non-finite input).
 
    Build (libFuzzer):  clang -fsanitize=fuzzer,address,undefined tests/fuzz_api.c
    Build (replay):     cc -DEI_FUZZ_STANDALONE tests/fuzz_api.c   then
                        ./fuzz_replay FILE_OR_DIR...   (runs each input once) */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
-
-#include <dirent.h>
-#include <float.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "check.h"
 #include <sys/stat.h>
 
 /* ------------------------------------------------------------ input bytes */
@@ -92,7 +87,6 @@ static int poison_off(void) { /* EI_FUZZ_POISON=none: leave it uninitialised (va
    allocation ends (ASan catches overruns) and starts 16..64 bytes into it, so
    sizes that only suffice at one alignment fail ("any alignment" is the
    contract). The offset is kept in the byte before the buffer. */
-static int skip_known_enabled(void);
 static void *walloc_at(size_t n, int aligned) {
     static const unsigned char offsets[] = {16, 20, 24, 32, 40, 48, 60, 64};
     unsigned char off = offsets[(poison_count * 5u + 3u) % 8u];
@@ -123,7 +117,7 @@ typedef struct view {
 static const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 1e30f, -1e30f, 1e-40f, -1e-45f,
                                  0.0f, -0.0f, 65504.0f, 70000.0f, 1e-8f, 3e38f, 1e20f, -1e20f};
 
-static size_t esize(ei_dtype dt) { return dt == EI_F16 || dt == EI_BF16 ? 2 : 4; } /* unknown dtypes: stored as f32 */
+static size_t esize(ei_dtype dt) { return dtype_size(dt); } /* unknown dtypes: stored as f32 */
 static float load_el(const void *buf, ei_dtype dt, size_t i) { return ei__load1(buf, dt, (int64_t)i); }
 static void store_el(void *buf, ei_dtype dt, size_t i, float v) { ei__store1(buf, dt, (int64_t)i, v); }
 static size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
@@ -467,21 +461,6 @@ static void after_profile(state *s, ei_result r, const ei_context *ctx) {
         ORACLE(!(s->q.tame && s->k.tame && s->q.valid && s->k.valid), "NaN reported for finite input (padding read?)", 0, 0);
 }
 
-/* EI_FUZZ_SKIP_KNOWN=1 (make fuzz) skips calls that hit bugs already
-   reported and still open, so that fuzzing looks for new ones; the replay of
-   tests/fuzz_regressions runs them. None is open now: the two it skipped
-   (a plan from another context, a worker's message in ei_profile_mt) are
-   fixed in 21fddf8. Add a condition here when a new one is found. */
-static int skip_known_enabled(void) {
-    static int skip = -1;
-    if (skip < 0) { const char *e = getenv("EI_FUZZ_SKIP_KNOWN"); skip = e && *e == '1'; }
-    return skip;
-}
-static int skip_known(const state *s, const ei_context *ctx) {
-    (void)s; (void)ctx;
-    return skip_known_enabled() && 0; /* && <condition of an open bug> */
-}
-
 static void op_profile(state *s, fz *f, int kind) {
     ei_context *ctx = s->ctx;
     size_t wb;
@@ -489,7 +468,6 @@ static void op_profile(state *s, fz *f, int kind) {
     ei_result r;
     ei_plan *p = (fz_u8(f) % 16 == 15) ? NULL : &s->plan;
     if (!s->plan_ok && p) p = (fz_u8(f) & 1) ? NULL : &s->plan; /* zeroed, uninitialised plan */
-    if (skip_known(s, ctx)) return;
     if (kind == 0) {
         ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
         r = checked(ei_profile(ctx, &s->q.t, &s->k.t, p, (fz_u8(f) % 32 == 31) ? NULL : ws, wb));
@@ -525,7 +503,6 @@ static void op_chunk(state *s, fz *f) {
     void *ws;
     ei_result r;
     if (!s->q.valid || !s->k.valid || s->n <= 0 || s->q.t.n_tokens != s->k.t.n_tokens) return;
-    if (skip_known(s, ctx)) return;
     if (m & 1) off = (int64_t)(fz_u8(f) % (unsigned)s->n);
     if (off >= s->n) return;
     cnt = (m & 2) ? (int64_t)c->segment_size * (1 + fz_u8(f) % 3) : (int64_t)(fz_u8(f) % 64) + 1;
@@ -580,71 +557,34 @@ static void op_corrupt(state *s, fz *f) {
 }
 
 /* ------------------------------------------------------------ attention */
-/* Double-precision reference of prefill attention (FORMAT.md semantics). */
-static int attention_matches(const state *s, const ei_context *ctx, const ei_plan *plan, const view *q, const view *k,
-                             const view *v, const ei_out_tensor *o, int64_t q_off) {
-    const ei_config *c = ei_context_config(ctx);
-    int32_t G = s->H / s->KV, h, i;
-    int64_t t, j, nk = k->t.n_tokens;
-    double scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)s->d), vmax = 0;
-    double *w = (double *)xalloc(sizeof(double) * (size_t)nk), *acc = (double *)xalloc(sizeof(double) * (size_t)s->d);
-    uint8_t *use = (uint8_t *)xalloc((size_t)nk);
-    int ok = 1, overflow = 0;
-    for (j = 0; j < nk; ++j)
-        for (h = 0; h < s->KV; ++h)
-            for (i = 0; i < s->d; ++i) vmax = fmax(vmax, fabs(load_el(v->buf, v->t.dtype, el_index(&v->t, j, h, i))));
-    for (t = 0; t < q->t.n_tokens && ok && !overflow; ++t)
-        for (h = 0; h < s->H && ok; ++h) {
-            int64_t pos = q_off + t, seg = pos / c->segment_size;
-            int32_t kvh = h / G;
-            double m = -INFINITY, z = 0;
-            memset(use, 0, (size_t)nk);
-            if (plan && ei_plan_segment_is_sparse(ctx, plan, (int32_t)seg)) {
-                size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)seg;
-                int32_t b, bi;
-                for (bi = 0; bi < plan->keep_count[row]; ++bi) {
-                    b = plan->block_index[row * (size_t)plan->max_keep + (size_t)bi];
-                    for (j = (int64_t)b * c->block_size; j < (int64_t)(b + 1) * c->block_size; ++j) use[j] = 1;
-                }
-                for (j = seg * c->segment_size; j <= pos; ++j) use[j] = 1;
-            } else
-                for (j = 0; j <= pos; ++j) use[j] = 1;
-            for (j = 0; j < nk; ++j) {
-                double dot = 0;
-                if (!use[j]) continue;
-                for (i = 0; i < s->d; ++i)
-                    dot += (double)load_el(q->buf, q->t.dtype, el_index(&q->t, t, h, i)) *
-                           (double)load_el(k->buf, k->t.dtype, el_index(&k->t, j, kvh, i));
-                w[j] = dot * scale;
-                if (w[j] > m) m = w[j];
-                /* logits beyond float range (attn_scale up to FLT_MAX is accepted): the kernels
-                   clamp them to +-FLT_MAX by design, so the reference does not apply */
-                if (fabs(w[j]) > 1e37) overflow = 1;
-            }
-            if (overflow) break;
-            for (i = 0; i < s->d; ++i) acc[i] = 0;
-            for (j = 0; j < nk; ++j) {
-                if (!use[j]) continue;
-                w[j] = exp(w[j] - m);
-                z += w[j];
-                for (i = 0; i < s->d; ++i) acc[i] += w[j] * (double)load_el(v->buf, v->t.dtype, el_index(&v->t, j, kvh, i));
-            }
-            for (i = 0; i < s->d; ++i) {
-                double ref = acc[i] / z;
+/* The output against check.h's double-precision reference (FORMAT.md
+   semantics), token by token, up to the first token with a logit beyond
+   float range: the kernels clamp those to +-FLT_MAX by design, so the
+   reference does not apply from there on. */
+static int attention_matches(const ei_context *ctx, const ei_plan *plan, const view *q, const view *k, const view *v,
+                             const ei_out_tensor *o, int64_t q_off) {
+    int32_t H = q->t.n_heads, d = q->t.head_dim, h, i;
+    int64_t t;
+    /* f32 arithmetic: summation order only; the AVX-512 BF16 kernel
+       (q, k, v all bf16) rounds the weights to bf16 (~2^-9) */
+    int all_bf16 = q->t.dtype == EI_BF16 && k->t.dtype == EI_BF16 && v->t.dtype == EI_BF16, ok = 1;
+    double tol = (o->dtype != EI_F32 ? 1e-2 : all_bf16 ? 4e-3 : 2e-4) * (1.0 + ref_vmax(&v->t, -1));
+    double *ref = (double *)xalloc(sizeof(double) * (size_t)H * (size_t)d);
+    for (t = 0; t < q->t.n_tokens && ok; ++t) {
+        if (!ref_attention_token(ei_context_config(ctx), plan, &q->t, &k->t, &v->t, q_off, t, ref)) break;
+        for (h = 0; h < H && ok; ++h)
+            for (i = 0; i < d; ++i) {
+                double want = ref[(size_t)h * (size_t)d + (size_t)i];
                 float got = load_el(o->data, o->dtype, (size_t)(t * o->token_stride + (int64_t)h * o->head_stride + i));
-                /* f32 arithmetic: summation order only; the AVX-512 BF16 kernel
-                   (q, k, v all bf16) rounds the weights to bf16 (~2^-9) */
-                int all_bf16 = q->t.dtype == EI_BF16 && k->t.dtype == EI_BF16 && v->t.dtype == EI_BF16;
-                double tol = (o->dtype != EI_F32 ? 1e-2 : all_bf16 ? 4e-3 : 2e-4) * (1.0 + vmax);
-                if (!(fabs((double)got - ref) <= tol)) {
+                if (!(fabs((double)got - want) <= tol)) {
                     fprintf(stderr, "attention mismatch at token %lld head %d dim %d: %g vs reference %g\n",
-                            (long long)(q_off + t), (int)h, (int)i, (double)got, ref);
+                            (long long)(q_off + t), (int)h, (int)i, (double)got, want);
                     ok = 0;
                     break;
                 }
             }
-        }
-    free(w); free(acc); free(use);
+    }
+    free(ref);
     return ok;
 }
 
@@ -724,7 +664,7 @@ static void op_attention(state *s, fz *f, int threaded) {
     }
     if (all_ok && r == EI_OK && qc.tame && kc.tame && vc.tame && ov.valid && (!plan || (s->plan_trusted && s->plan_ctx == ctx && plan->n_kv_heads == s->KV)) &&
         ei_context_backend(ctx) == EI_BACKEND_CPU) {
-        if (!attention_matches(s, ctx, plan, &qc, &kc, &vc, &out, q_off)) fz_fail("attention differs from the reference", q_off, cnt);
+        if (!attention_matches(ctx, plan, &qc, &kc, &vc, &out, q_off)) fz_fail("attention differs from the reference", q_off, cnt);
     }
     wfree(ws);
     view_free(&qc); view_free(&kc); view_free(&vc); view_free(&ov);

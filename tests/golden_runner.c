@@ -5,104 +5,15 @@
 
    usage: golden_runner [folder]        (default ../shared/golden)
    prints one line per case and ends with "N passed, M failed"; exit 1 on any
-   failure. */
+   failure, 2 when the folder cannot be read or holds no case (a folder of
+   case folders, each with a meta.txt: an empty or mistyped folder is an
+   error, not a pass). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
-
-#include <dirent.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* ------------------------------------------------------------ case files */
-/* out = a + "/" + b, truncated safely to cap bytes. */
-static void join_path(char *out, size_t cap, const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > cap - 2) la = cap - 2;
-    memcpy(out, a, la);
-    out[la] = '/';
-    if (lb > cap - la - 2) lb = cap - la - 2;
-    memcpy(out + la + 1, b, lb);
-    out[la + 1 + lb] = 0;
-}
-typedef struct {
-    char dir[1024];
-    char kind[32];
-    long n_tokens, n_heads, n_kv_heads, head_dim, segment_size, block_size, base_budget, n_segments, n_blocks, max_k;
-    long decode_budget, window, pool_kernel, per_kv_head, heads_out, compressed;
-    double rigid_entropy, delta_t, alpha, scale;
-    char pool[32], gqa_reduce[32];
-} golden_meta;
-
-static int read_meta(const char *dir, golden_meta *m) {
-    char path[1200], line[512];
-    FILE *f;
-    memset(m, 0, sizeof *m);
-    join_path(m->dir, sizeof m->dir, dir, "");
-    m->dir[strlen(m->dir) - 1] = 0;
-    join_path(path, sizeof path, dir, "meta.txt");
-    if (!(f = fopen(path, "r"))) return 0;
-    while (fgets(line, sizeof line, f)) {
-        char *eq = strchr(line, '='), *key = line, *val;
-        if (!eq) continue;
-        *eq = 0;
-        val = eq + 1;
-        val[strcspn(val, "\r\n")] = 0;
-#define INT_KEY(k) else if (!strcmp(key, #k)) m->k = atol(val);
-#define DBL_KEY(k) else if (!strcmp(key, #k)) m->k = atof(val);
-#define STR_KEY(k) else if (!strcmp(key, #k)) snprintf(m->k, sizeof m->k, "%s", val);
-        if (0) {}
-        STR_KEY(kind) INT_KEY(n_tokens) INT_KEY(n_heads) INT_KEY(n_kv_heads) INT_KEY(head_dim)
-        INT_KEY(segment_size) INT_KEY(block_size) INT_KEY(base_budget) INT_KEY(n_segments) INT_KEY(n_blocks)
-        INT_KEY(max_k) INT_KEY(decode_budget) INT_KEY(window) INT_KEY(pool_kernel) INT_KEY(per_kv_head)
-        INT_KEY(heads_out) INT_KEY(compressed) DBL_KEY(rigid_entropy) DBL_KEY(delta_t) DBL_KEY(alpha)
-        DBL_KEY(scale) STR_KEY(pool) STR_KEY(gqa_reduce)
-    }
-    fclose(f);
-    return m->kind[0] != 0;
-}
-
-/* Loads dir/name; returns NULL if absent. *count = elements of elem bytes. */
-static void *read_file(const char *dir, const char *name, size_t elem, size_t *count) {
-    char path[1200];
-    FILE *f;
-    long len;
-    void *buf;
-    join_path(path, sizeof path, dir, name);
-    if (!(f = fopen(path, "rb"))) return NULL;
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)len + 1);
-    if (buf && len > 0 && fread(buf, 1, (size_t)len, f) != (size_t)len) { free(buf); buf = NULL; }
-    fclose(f);
-    if (count) *count = (size_t)len / elem;
-    return buf;
-}
-
-/* Inputs converted to the dtype under test (values round-trip through it). */
-static void *convert_input(const float *src, size_t n, ei_dtype dt) {
-    size_t i;
-    if (dt == EI_F32) {
-        float *out = (float *)malloc(n * 4 + 4);
-        memcpy(out, src, n * 4);
-        return out;
-    } else {
-        uint16_t *out = (uint16_t *)malloc(n * 2 + 2);
-        for (i = 0; i < n; ++i) out[i] = dt == EI_F16 ? ei__f32_to_f16(src[i]) : ei__f32_to_bf16(src[i]);
-        return out;
-    }
-}
-
-static const char *dtype_name(ei_dtype d) { return d == EI_F32 ? "f32" : d == EI_F16 ? "f16" : "bf16"; }
+#include "check.h"
 
 static char failure[2048];
 #define FAIL(...) do { snprintf(failure, sizeof failure, __VA_ARGS__); return 0; } while (0)
-
-static int close_to(double a, double b, double abs_tol, double rel_tol) {
-    return fabs(a - b) <= abs_tol + rel_tol * fabs(b);
-}
 
 /* ------------------------------------------------------------ prefill */
 typedef struct {
@@ -112,23 +23,10 @@ typedef struct {
 } prefill_ref;
 
 /* FORMAT.md: a keep count may differ only where the reference budget lies
-   within 1e-3 tokens of a block boundary; recompute B from entropy.f32. */
-static int knife_edge_budget(const golden_meta *m, const prefill_ref *r, long h, long s) {
-    double base = (double)m->base_budget, B = base;
-    long t;
-    if (r->rigid[h]) return 0;
-    for (t = 1; t <= s; ++t) {
-        double rr = t == 1 ? m->delta_t
-                           : ((double)r->entropy[h * m->n_segments + t] - r->entropy[h * m->n_segments + t - 1]) /
-                                 ((double)r->entropy[h * m->n_segments + t - 1] + 1e-9);
-        rr = rr < 0 ? 0 : rr > 1 + m->delta_t ? 1 + m->delta_t : rr;
-        B += m->alpha * base * (rr - m->delta_t);
-        B = B < base ? base : B > 3 * base ? 3 * base : B;
-    }
-    {
-        double frac = B / m->block_size - floor(B / m->block_size);
-        return frac * m->block_size < 1e-3 || (1 - frac) * m->block_size < 1e-3;
-    }
+   within 1e-3 tokens of a block boundary; B recomputed from entropy.f32 by
+   the header's recurrence (check.h: ref_budget). */
+static int knife_edge_budget(const ei_config *c, const golden_meta *m, const prefill_ref *r, long h, long s) {
+    return !r->rigid[h] && ref_budget_on_edge(c, ref_budget(c, r->entropy + h * m->n_segments, (int32_t)s, 0), 1e-3);
 }
 
 /* The kept SET of one row against the reference ranking (FORMAT.md). */
@@ -159,7 +57,8 @@ static int check_topk_set(const golden_meta *m, const prefill_ref *r, long h, lo
     return 1;
 }
 
-static int check_plan(const golden_meta *m, const prefill_ref *r, const ei_plan *p, int per_segment, const char *what) {
+static int check_plan(const ei_config *c, const golden_meta *m, const prefill_ref *r, const ei_plan *p, int per_segment,
+                      const char *what) {
     long h, s, b, S = m->n_segments, nb = m->n_blocks;
     if (p->n_segments != S || p->n_blocks != nb) FAIL("%s: plan has %d segments / %d blocks, reference %ld / %ld", what, p->n_segments, p->n_blocks, S, nb);
     for (h = 0; h < m->n_kv_heads; ++h) {
@@ -184,7 +83,7 @@ static int check_plan(const golden_meta *m, const prefill_ref *r, const ei_plan 
         for (s = 0; s < S; ++s) {
             long ours = p->keep_blocks[row0 + s], ref = r->keep_blocks[h * S + s], applied = p->keep_count[row0 + s], i;
             const int32_t *idx = p->block_index + (row0 + s) * (size_t)p->max_keep;
-            if (ours != ref && !knife_edge_budget(m, r, h, s))
+            if (ours != ref && !knife_edge_budget(c, m, r, h, s))
                 FAIL("%s: keep_blocks[%ld][%ld] = %ld, reference %ld", what, h, s, ours, ref);
             if (per_segment ? applied != r->segment_topk[s] : applied != ours)
                 FAIL("%s: keep_count[%ld][%ld] = %ld, expected %ld", what, h, s, applied, per_segment ? (long)r->segment_topk[s] : ours);
@@ -197,13 +96,7 @@ static int check_plan(const golden_meta *m, const prefill_ref *r, const ei_plan 
 }
 
 static ei_config prefill_config(const golden_meta *m, ei_simd simd, int per_segment) {
-    ei_config c = ei_config_default();
-    c.segment_size = (int32_t)m->segment_size;
-    c.block_size = (int32_t)m->block_size;
-    c.base_budget = (int32_t)m->base_budget;
-    c.rigid_entropy = m->rigid_entropy;
-    c.delta_t = m->delta_t;
-    c.alpha = m->alpha;
+    ei_config c = golden_config(m);
     c.simd = simd;
     c.per_segment_budget = per_segment;
     return c;
@@ -254,18 +147,17 @@ static int check_chunked(const golden_meta *m, ei_context *ctx, const ei_tensor 
 static int run_prefill(const golden_meta *m, char *summary) {
     prefill_ref r;
     size_t nq, nk;
-    int ok = 1, d, p, per;
-    int checks = 0;
+    int ok = 1, d, p, per, configs = 0;
     memset(&r, 0, sizeof r);
-    r.q = (float *)read_file(m->dir, "q.f32", 4, &nq);
-    r.k = (float *)read_file(m->dir, "k.f32", 4, &nk);
-    r.scores = (float *)read_file(m->dir, "scores.f32", 4, NULL);
-    r.entropy = (float *)read_file(m->dir, "entropy.f32", 4, NULL);
-    r.rigid = (uint8_t *)read_file(m->dir, "rigid.u8", 1, NULL);
-    r.keep_blocks = (int32_t *)read_file(m->dir, "keep_blocks.i32", 4, NULL);
-    r.segment_topk = (int32_t *)read_file(m->dir, "segment_topk.i32", 4, NULL);
-    r.topk = (int32_t *)read_file(m->dir, "topk.i32", 4, NULL);
-    r.topk_w = (float *)read_file(m->dir, "topk_w.f32", 4, NULL);
+    r.q = (float *)golden_load(m, "q.f32", 4, &nq);
+    r.k = (float *)golden_load(m, "k.f32", 4, &nk);
+    r.scores = (float *)golden_load(m, "scores.f32", 4, NULL);
+    r.entropy = (float *)golden_load(m, "entropy.f32", 4, NULL);
+    r.rigid = (uint8_t *)golden_load(m, "rigid.u8", 1, NULL);
+    r.keep_blocks = (int32_t *)golden_load(m, "keep_blocks.i32", 4, NULL);
+    r.segment_topk = (int32_t *)golden_load(m, "segment_topk.i32", 4, NULL);
+    r.topk = (int32_t *)golden_load(m, "topk.i32", 4, NULL);
+    r.topk_w = (float *)golden_load(m, "topk_w.f32", 4, NULL);
     if (!r.q || !r.k || !r.keep_blocks || !r.segment_topk || nq != (size_t)(m->n_tokens * m->n_heads * m->head_dim) ||
         nk != (size_t)(m->n_tokens * m->n_kv_heads * m->head_dim) ||
         (m->n_segments >= 2 && (!r.scores || !r.entropy || !r.rigid || !r.topk || !r.topk_w))) {
@@ -274,10 +166,10 @@ static int run_prefill(const golden_meta *m, char *summary) {
     }
     for (d = 0; ok && d < 3; ++d) {
         ei_dtype dt = (ei_dtype)d;
-        void *qd = convert_input(r.q, nq, dt), *kd = convert_input(r.k, nk, dt);
+        void *qd = to_dtype(r.q, nq, dt), *kd = to_dtype(r.k, nk, dt);
         ei_tensor q = ei_tensor_make(qd, dt, m->n_tokens, (int32_t)m->n_heads, (int32_t)m->head_dim);
         ei_tensor k = ei_tensor_make(kd, dt, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim);
-        for (p = EI_SIMD_SCALAR; ok && p <= EI_SIMD_NEON; ++p) {
+        for (p = EI_SIMD_SCALAR; ok && p < TEST_SIMD_END; ++p) {
             if (!ei_cpu_supports((ei_simd)p)) continue;
             for (per = 0; ok && per < 2; ++per) {
                 char what[256];
@@ -301,9 +193,9 @@ static int run_prefill(const golden_meta *m, char *summary) {
                     ok = 0;
                 } else {
                     /* f16 inputs below the normal range lose precision: scores hold within tolerance (FORMAT.md) */
-                    ok = check_plan(m, &r, &plan, per, what);
+                    ok = check_plan(&c, m, &r, &plan, per, what);
                     if (ok) ok = check_chunked(m, ctx, &q, &k, &plan, ws, ws_bytes, what);
-                    checks++;
+                    configs++;
                 }
                 free(ws);
                 ei_plan_free(ctx, &plan);
@@ -313,7 +205,7 @@ static int run_prefill(const golden_meta *m, char *summary) {
         free(qd);
         free(kd);
     }
-    sprintf(summary, "%d configurations (dtype x simd x mode), chunked vs whole", checks);
+    sprintf(summary, "%d configurations (dtype x simd x mode), chunked vs whole", configs);
     free(r.q); free(r.k); free(r.scores); free(r.entropy); free(r.rigid); free(r.keep_blocks);
     free(r.segment_topk); free(r.topk); free(r.topk_w);
     return ok;
@@ -356,10 +248,10 @@ static int check_decode(const golden_meta *m, const ei_keep_set *ks, const float
 
 static int run_decode(const golden_meta *m, char *summary) {
     size_t nk, nq;
-    float *k = (float *)read_file(m->dir, "k.f32", 4, &nk), *oq = (float *)read_file(m->dir, "obs_q.f32", 4, &nq);
-    float *ref_pooled = (float *)read_file(m->dir, "pooled.f32", 4, NULL);
-    int32_t *ref_keep = (int32_t *)read_file(m->dir, "keep_idx.i32", 4, NULL);
-    int ok = 1, d, p, checks = 0;
+    float *k = (float *)golden_load(m, "k.f32", 4, &nk), *oq = (float *)golden_load(m, "obs_q.f32", 4, &nq);
+    float *ref_pooled = (float *)golden_load(m, "pooled.f32", 4, NULL);
+    int32_t *ref_keep = (int32_t *)golden_load(m, "keep_idx.i32", 4, NULL);
+    int ok = 1, d, p, configs = 0;
     if (!k || !oq || nk != (size_t)(m->n_tokens * m->n_kv_heads * m->head_dim) ||
         nq != (size_t)(m->window * m->n_heads * m->head_dim) || (m->compressed && (!ref_pooled || !ref_keep))) {
         snprintf(failure, sizeof failure, "missing or mis-sized case files");
@@ -367,12 +259,12 @@ static int run_decode(const golden_meta *m, char *summary) {
     }
     for (d = 0; ok && d < 3; ++d) {
         ei_dtype dt = (ei_dtype)d;
-        void *kd = convert_input(k, nk, dt), *qd = convert_input(oq, nq, dt);
+        void *kd = to_dtype(k, nk, dt), *qd = to_dtype(oq, nq, dt);
         ei_tensor kt = ei_tensor_make(kd, dt, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim);
         ei_tensor qt = ei_tensor_make(qd, dt, m->window, (int32_t)m->n_heads, (int32_t)m->head_dim);
-        for (p = EI_SIMD_SCALAR; ok && p <= EI_SIMD_NEON; ++p) {
+        for (p = EI_SIMD_SCALAR; ok && p < TEST_SIMD_END; ++p) {
             char what[128];
-            ei_config c = ei_config_default();
+            ei_config c = golden_config(m);
             ei_context *ctx = NULL;
             ei_decoder dec;
             ei_keep_set ks;
@@ -381,14 +273,6 @@ static int run_decode(const golden_meta *m, char *summary) {
             if (!ei_cpu_supports((ei_simd)p)) continue;
             snprintf(what, sizeof what, "%s/%s", dtype_name(dt), ei_simd_name((ei_simd)p));
             c.simd = (ei_simd)p;
-            c.decode_budget = (int32_t)m->decode_budget;
-            c.window = (int32_t)m->window;
-            c.decode_gap = c.decode_gap > c.window ? c.window : c.decode_gap;
-            c.pool = !strcmp(m->pool, "maxpool") ? EI_POOL_MAX : !strcmp(m->pool, "none") ? EI_POOL_NONE : EI_POOL_AVG;
-            c.pool_kernel = (int32_t)m->pool_kernel;
-            c.per_kv_head = (int32_t)m->per_kv_head;
-            c.gqa_reduce = !strcmp(m->gqa_reduce, "max") ? EI_REDUCE_MAX : EI_REDUCE_MEAN;
-            c.decode_scale = m->scale;
             if (ei_context_create(&c, &ctx) != EI_OK || ei_decoder_size(ctx, (int32_t)m->n_heads, (int32_t)m->head_dim, &dbytes) != EI_OK ||
                 ei_decode_workspace_size(ctx, m->n_tokens, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, &wbytes) != EI_OK) {
                 snprintf(failure, sizeof failure, "%s: setup: %s", what, ei_last_error());
@@ -410,7 +294,7 @@ static int run_decode(const golden_meta *m, char *summary) {
                 ok = 0;
             } else {
                 ok = check_decode(m, &ks, ref_pooled, ref_keep, what);
-                checks++;
+                configs++;
             }
             free(ks.index); free(ks.pooled); free(dmem); free(ws);
             ei_context_destroy(ctx);
@@ -418,43 +302,34 @@ static int run_decode(const golden_meta *m, char *summary) {
         free(kd);
         free(qd);
     }
-    sprintf(summary, "%d configurations (dtype x simd)", checks);
+    sprintf(summary, "%d configurations (dtype x simd)", configs);
     free(k); free(oq); free(ref_pooled); free(ref_keep);
     return ok;
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "../shared/golden";
-    DIR *dir = opendir(root);
-    struct dirent *e;
     char *names[4096];
-    int n = 0, i, passed = 0, failed = 0;
-    if (!dir) { fprintf(stderr, "golden_runner: cannot open %s\n", root); return 2; }
-    while ((e = readdir(dir)) && n < 4096) {
-        char path[1200];
-        FILE *f;
-        if (e->d_name[0] == '.') continue;
-        join_path(path, sizeof path, root, e->d_name);
-        join_path(path, sizeof path, path, "meta.txt");
-        if (!(f = fopen(path, "r"))) continue;
-        fclose(f);
-        names[n++] = strdup(e->d_name);
+    int n, i, passed = 0, failed = 0, skipped = 0;
+    n = golden_cases(root, names, 4096, &skipped);
+    if (n < 0) { printf("golden_runner: FAIL: cannot open the folder %s\n", root); return 2; }
+    if (n == 0) {
+        printf("golden_runner: FAIL: no golden cases in %s (%d subfolders without meta.txt): a case is a folder with a "
+               "meta.txt (FORMAT.md); is the folder right?\n", root, skipped);
+        return 2;
     }
-    closedir(dir);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    printf("golden cases in %s: %d; SIMD paths here:", root, n);
-    for (i = EI_SIMD_SCALAR; i <= EI_SIMD_NEON; ++i)
-        if (ei_cpu_supports((ei_simd)i)) printf(" %s", ei_simd_name((ei_simd)i));
+    printf("golden cases in %s: %d", root, n);
+    if (skipped) printf(" (%d subfolders without meta.txt skipped)", skipped);
+    printf("; SIMD paths here:");
+    print_simd_paths();
     printf("\n");
     for (i = 0; i < n; ++i) {
         golden_meta m;
         char path[1200], summary[256] = "";
         int ok;
-        join_path(path, sizeof path, root, names[i]);
+        golden_join(path, sizeof path, root, names[i]);
         failure[0] = 0;
-        if (!read_meta(path, &m)) { ok = 0; snprintf(failure, sizeof failure, "unreadable meta.txt"); }
+        if (!golden_read_meta(path, &m)) { ok = 0; snprintf(failure, sizeof failure, "unreadable meta.txt"); }
         else if (!strcmp(m.kind, "prefill")) ok = run_prefill(&m, summary);
         else if (!strcmp(m.kind, "decode")) ok = run_decode(&m, summary);
         else { ok = 0; snprintf(failure, sizeof failure, "unknown kind '%s'", m.kind); }

@@ -1,6 +1,6 @@
-# tests/hardening.mk: fuzzing, sanitizers, memcheck and threads (issue 6).
-# The top-level Makefile includes it (-include tests/hardening.mk); on its own:
-#   make -f Makefile -f tests/hardening.mk <target>
+# tests/hardening.mk: fuzzing, sanitizers and memcheck (issue 6); the plain
+# test builds and runs (test_limits, test_threads, ...) are in tests/tests.mk.
+# The top-level Makefile includes both.
 #
 #   make fuzz [FUZZ_SECONDS=60]  libFuzzer (clang, ASan+UBSan) over every public entry
 #                                point, seeded from tests/fuzz_corpus; the growing corpus
@@ -9,12 +9,11 @@
 #                                (replayed by test-asan) and report it.
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
-#                                test_threads, test_attention (if present), fuzz replay
+#                                test_threads, test_attention, test_plugin, fuzz replay
 #   make test-tsan               ThreadSanitizer: test_threads, test_core
 #   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full, on the
 #                                scalar and AVX2 paths (valgrind has no AVX-512)
-#   make test-limits             limits, NaN/Inf, every result code (plain build, -Werror)
-#   make test-hardening          test-asan + test-tsan + test-limits
+#   make test-hardening          test-asan + test-tsan + test-limits (tests/tests.mk)
 # clang with its runtime: tests/install_clang_rt.sh (--valgrind also installs valgrind).
 
 BUILD        ?= build
@@ -27,15 +26,11 @@ GOLDEN       ?= $(firstword $(wildcard ../shared/golden) tests/golden)
 FUZZ_SECONDS ?= 60
 VALGRIND     ?= valgrind
 H_LDLIBS     := -lm -lpthread -ldl
-H_HDR        := entropyinfer.h $(wildcard dev/*.h) examples/synth_qk.h
+H_HDR        := entropyinfer.h tests/check.h examples/synth_qk.h
 H_STD        := -std=c99 -D_DEFAULT_SOURCE
 H_WARN       := -Wall -Wextra
 H_SAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 H_TSAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
-# Regressions of bugs still open in the header are replayed by fuzz-replay and
-# test-asan; `make fuzz` skips those known calls so that it looks for new bugs.
-FUZZ_ENV     ?= EI_FUZZ_SKIP_KNOWN=1
-H_ATTN_TEST  := $(wildcard tests/test_attention.c)
 # Recursive make with the same makefiles, whether the top-level Makefile
 # includes this fragment or it was named with -f.
 H_INCLUDED   := $(shell grep -l 'tests/hardening.mk' Makefile 2>/dev/null)
@@ -45,7 +40,7 @@ H_SAN_ENV    := ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 H_TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: fuzz fuzz-replay test-asan test-tsan test-valgrind test-limits test-hardening
+.PHONY: fuzz fuzz-replay test-asan test-tsan test-valgrind test-hardening
 
 $(H_BUILD):
 	mkdir -p $(H_BUILD)
@@ -60,7 +55,7 @@ fuzz: $(H_BUILD)/fuzz_api
 	mkdir -p $(H_BUILD)/fuzz_work
 	cp tests/fuzz_corpus/*.bin $(H_BUILD)/fuzz_work/
 	@echo "fuzzing for $(FUZZ_SECONDS) s (log: $(H_BUILD)/fuzz.log)"
-	@$(FUZZ_ENV) ./$(H_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
+	@$(H_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
 	  -artifact_prefix=$(H_BUILD)/ -print_final_stats=1 $(H_BUILD)/fuzz_work > $(H_BUILD)/fuzz.log 2>&1; \
 	  status=$$?; grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(H_BUILD)/fuzz.log | tail -60; \
 	  grep '^#[0-9]' $(H_BUILD)/fuzz.log | tail -1; \
@@ -71,10 +66,10 @@ $(H_BUILD)/fuzz_replay_asan: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
 
 fuzz-replay: $(H_BUILD)/fuzz_replay_asan
-	$(H_SAN_ENV) $(FUZZ_ENV) ./$(H_BUILD)/fuzz_replay_asan tests/fuzz_corpus
+	$(H_SAN_ENV) $(H_BUILD)/fuzz_replay_asan tests/fuzz_corpus
 	@fail=""; for f in tests/fuzz_regressions/*.bin; do \
 	  [ -e "$$f" ] || continue; \
-	  if $(H_SAN_ENV) ./$(H_BUILD)/fuzz_replay_asan "$$f" > $(H_BUILD)/regression.log 2>&1; then echo "  pass $$f"; \
+	  if $(H_SAN_ENV) $(H_BUILD)/fuzz_replay_asan "$$f" > $(H_BUILD)/regression.log 2>&1; then echo "  pass $$f"; \
 	  else echo "  FAIL $$f:"; grep -m4 "ERROR\|SUMMARY\|oracle" $(H_BUILD)/regression.log | sed 's/^/      /'; fail="$$fail $$f"; fi; \
 	done; if [ -n "$$fail" ]; then echo "fuzz-replay: regressions fail:$$fail"; exit 1; fi
 
@@ -83,17 +78,18 @@ $(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
-             $(if $(H_ATTN_TEST),$(H_BUILD)/test_attention_asan)
+             $(H_BUILD)/test_attention_asan $(H_BUILD)/test_plugin_asan
 
 # Every step runs; the target fails at the end if any failed.
-test-asan: $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan
+test-asan: $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan $(T_FAKES)
 	@fail=""; \
 	run() { echo "== asan: $$*"; env $(H_SAN_ENV) "$$@" > $(H_BUILD)/last.log 2>&1 || { grep -v '^    #[0-9]' $(H_BUILD)/last.log | grep -m30 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error'; fail="$$fail $$1"; }; tail -1 $(H_BUILD)/last.log; }; \
-	run ./$(H_BUILD)/test_core_asan; \
-	run ./$(H_BUILD)/golden_runner_asan $(GOLDEN); \
-	run ./$(H_BUILD)/test_limits_asan; \
-	run ./$(H_BUILD)/test_threads_asan; \
-	$(if $(H_ATTN_TEST),run ./$(H_BUILD)/test_attention_asan;) \
+	run $(H_BUILD)/test_core_asan; \
+	run $(H_BUILD)/golden_runner_asan $(GOLDEN); \
+	run $(H_BUILD)/test_limits_asan; \
+	run $(H_BUILD)/test_threads_asan; \
+	run $(H_BUILD)/test_attention_asan; \
+	run $(H_BUILD)/test_plugin_asan $(BUILD); \
 	run $(H_SUBMAKE) fuzz-replay; \
 	if [ -n "$$fail" ]; then echo "test-asan: FAILED:$$fail"; exit 1; fi; echo "test-asan: all passed"
 
@@ -102,8 +98,8 @@ $(H_BUILD)/%_tsan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
-	$(H_TSAN_ENV) ./$(H_BUILD)/test_threads_tsan
-	$(H_TSAN_ENV) ./$(H_BUILD)/test_core_tsan > $(H_BUILD)/test_core_tsan.log 2>&1 || { tail -40 $(H_BUILD)/test_core_tsan.log; exit 1; }
+	$(H_TSAN_ENV) $(H_BUILD)/test_threads_tsan
+	$(H_TSAN_ENV) $(H_BUILD)/test_core_tsan > $(H_BUILD)/test_core_tsan.log 2>&1 || { tail -40 $(H_BUILD)/test_core_tsan.log; exit 1; }
 	@tail -1 $(H_BUILD)/test_core_tsan.log
 	@echo "test-tsan: no data race"
 
@@ -113,7 +109,7 @@ $(H_BUILD)/%_plain: tests/%.c $(H_HDR) | $(H_BUILD)
 
 H_VG := $(VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
 H_VG_BINS := $(H_BUILD)/test_core_plain $(H_BUILD)/test_limits_plain $(H_BUILD)/test_threads_plain $(H_BUILD)/fuzz_replay_plain \
-           $(if $(H_ATTN_TEST),$(H_BUILD)/test_attention_plain)
+           $(H_BUILD)/test_attention_plain
 
 $(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -O1 -g -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
@@ -126,22 +122,16 @@ test-valgrind: $(H_VG_BINS)
 	@fail=""; \
 	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(H_BUILD)/last.log 2>&1 || \
 	  { grep -v '^==[0-9]*== \( \|$$\)' $(H_BUILD)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(H_BUILD)/last.log; }; \
-	run test_core $(H_VG) ./$(H_BUILD)/test_core_plain; \
+	run test_core $(H_VG) $(H_BUILD)/test_core_plain; \
 	for simd in scalar avx2; do \
-	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(H_VG) ./$(H_BUILD)/test_limits_plain; \
-	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) ./$(H_BUILD)/test_threads_plain; \
+	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(H_VG) $(H_BUILD)/test_limits_plain; \
+	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain; \
 	done; \
-	run fuzz_corpus env $(FUZZ_ENV) EI_FUZZ_POISON=none $(H_VG) ./$(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus; \
-	$(if $(H_ATTN_TEST),run test_attention $(H_VG) ./$(H_BUILD)/test_attention_plain --quick;) \
+	run fuzz_corpus env EI_FUZZ_POISON=none $(H_VG) $(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus; \
+	run test_attention $(H_VG) $(H_BUILD)/test_attention_plain --quick; \
 	if [ -n "$$fail" ]; then echo "test-valgrind: FAILED:$$fail"; exit 1; fi; echo "test-valgrind: memcheck clean"
 
-# ---------------------------------------------------------------- limits
-$(H_BUILD)/test_limits: tests/test_limits.c $(H_HDR) | $(H_BUILD)
-	$(CC) $(H_STD) $(H_WARN) -Werror -O2 -g $< -o $@ $(H_LDLIBS)
-
-test-limits: $(H_BUILD)/test_limits
-	./$(H_BUILD)/test_limits
-
+# ---------------------------------------------------------------- all three
 test-hardening:
 	@fail=""; \
 	for t in test-asan test-tsan test-limits; do \

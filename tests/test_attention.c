@@ -1,9 +1,9 @@
 /* test_attention.c - block-sparse prefill attention against a naive reference.
 
-   The reference materialises every softmax row in double with the same key
-   set (kept blocks + causal segment keys, or dense causal) from the values as
-   stored (f16/bf16 converted exactly), so it checks the kernel's semantics and
-   its arithmetic at once. Every kernel this machine can run is checked:
+   The reference (check.h: ref_attention) materialises every softmax row in
+   double with the same key set (kept blocks + causal segment keys, or dense
+   causal) from the values as stored (f16/bf16 converted exactly), so it
+   checks the kernel's semantics and its arithmetic at once. Every kernel this machine can run is checked:
    scalar, AVX2, AVX-512 f32 and AVX-512 BF16 (vdpbf16ps).
 
    Error bound per output element: |out - ref| <= tol * max|v| of its kv head,
@@ -14,28 +14,13 @@
    ith/nth splits and chunked calls (q_offset) give the same result, bad
    input returns the documented error and leaves out untouched.
 
-   Build: make -f bench/attention.mk test-attention (gcc, clang, C and C++,
-   ASan/UBSan variants: see bench/attention.mk). */
+   Build: make test-attention (test-attention-all: gcc, clang, C and C++,
+   ASan/UBSan variants; tests/tests.mk). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
+#include "check.h"
 
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-static int g_fail = 0, g_checks = 0;
 static double g_worst[4][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        ++g_checks;                                                          \
-        if (!(cond)) {                                                       \
-            ++g_fail;                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-        }                                                                    \
-    } while (0)
 
 /* ---- deterministic data ---------------------------------------------- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -51,13 +36,11 @@ static double rnd_n(void) { /* ~N(0,1) */
 
 /* A [n][heads][d] tensor stored in dtype dt, values exactly representable. */
 typedef struct buf { void *data; ei_dtype dt; int64_t n; int32_t heads, d; } buf;
-static size_t dsz(ei_dtype dt) { return dt == EI_F32 ? 4 : 2; }
 static void buf_alloc(buf *b, ei_dtype dt, int64_t n, int32_t heads, int32_t d) {
     b->dt = dt; b->n = n; b->heads = heads; b->d = d;
-    b->data = calloc((size_t)(n * heads * d), dsz(dt));
+    b->data = calloc((size_t)(n * heads * d), dtype_size(dt));
 }
 static void buf_set(buf *b, int64_t i, float x) { ei__store1(b->data, b->dt, i, x); }
-static double buf_get(const buf *b, int64_t i) { return ei__load1(b->data, b->dt, i); }
 static ei_tensor buf_view(const buf *b) { return ei_tensor_make(b->data, b->dt, b->n, b->heads, b->d); }
 
 /* Q/K with structure: kv head 0 has an attention sink (rigid), the others
@@ -88,78 +71,10 @@ static void make_qkv(buf *q, buf *k, buf *v, int32_t G, float amp) {
     }
 }
 
-/* ---- the naive reference ------------------------------------------------ */
-static int ref_sparse(const ei_context *ctx, const ei_plan *plan, int32_t s) {
-    return plan && ei_plan_segment_is_sparse(ctx, plan, s);
-}
-/* ref [q->n][heads][d] for queries at absolute positions q_off + t. */
-static void reference(const ei_context *ctx, const ei_plan *plan, const buf *q, const buf *k, const buf *v,
-                      int64_t q_off, double scale, double *ref) {
-    int32_t H = q->heads, HK = k->heads, G = H / HK, d = q->d, seg = ctx->cfg.segment_size, bs = ctx->cfg.block_size;
-    int64_t nk_max = k->n, t;
-    double *w = (double *)malloc((size_t)nk_max * sizeof(double));
-    int64_t *pos = (int64_t *)malloc((size_t)nk_max * sizeof(int64_t));
-    for (t = 0; t < q->n; ++t) {
-        int64_t ta = q_off + t;
-        int32_t s = (int32_t)(ta / seg), h;
-        for (h = 0; h < H; ++h) {
-            int32_t kvh = h / G, i;
-            int64_t np = 0, j;
-            double mx = -1e300, sum = 0;
-            if (ref_sparse(ctx, plan, s)) {
-                size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
-                int32_t cnt = plan->keep_count[row], b, e;
-                for (b = 0; b < cnt; ++b)
-                    for (e = 0; e < bs; ++e) pos[np++] = (int64_t)plan->block_index[row * (size_t)plan->max_keep + (size_t)b] * bs + e;
-                for (j = (int64_t)s * seg; j <= ta; ++j) pos[np++] = j;
-            } else
-                for (j = 0; j <= ta; ++j) pos[np++] = j;
-            for (j = 0; j < np; ++j) {
-                double acc = 0;
-                for (i = 0; i < d; ++i) acc += buf_get(q, (t * H + h) * d + i) * buf_get(k, (pos[j] * HK + kvh) * d + i);
-                w[j] = acc * scale;
-                if (w[j] > mx) mx = w[j];
-            }
-            for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); sum += w[j]; }
-            for (i = 0; i < d; ++i) {
-                double o = 0;
-                for (j = 0; j < np; ++j) o += w[j] * buf_get(v, (pos[j] * HK + kvh) * d + i);
-                ref[(t * H + h) * d + i] = o / sum;
-            }
-        }
-    }
-    free(w);
-    free(pos);
-}
-
-/* ---- output with guard bytes ------------------------------------------- */
-#define GUARD 256
-#define PAD_ELEMS 5 /* extra elements between tokens (strided out) */
-typedef struct outbuf { unsigned char *mem; size_t bytes; ei_out_tensor t; } outbuf;
-static void out_alloc(outbuf *o, ei_dtype dt, int64_t n, int32_t heads, int32_t d, int strided) {
-    int64_t ts = (int64_t)heads * d + (strided ? PAD_ELEMS : 0);
-    o->bytes = (size_t)(n * ts) * dsz(dt) + 2 * GUARD;
-    o->mem = (unsigned char *)malloc(o->bytes);
-    memset(o->mem, 0xA5, o->bytes);
-    o->t = ei_out_tensor_make(o->mem + GUARD, dt, n, heads, d);
-    o->t.token_stride = ts;
-}
-/* 1 if every byte outside the output elements still holds the guard pattern. */
-static int out_guards_ok(const outbuf *o) {
-    size_t es = dsz(o->t.dtype), b;
-    int64_t t;
-    for (b = 0; b < GUARD; ++b)
-        if (o->mem[b] != 0xA5 || o->mem[o->bytes - 1 - b] != 0xA5) return 0;
-    for (t = 0; t < o->t.n_tokens; ++t) {
-        const unsigned char *pad = o->mem + GUARD + ((size_t)(t * o->t.token_stride) + (size_t)o->t.n_heads * (size_t)o->t.head_dim) * es;
-        size_t npad = (size_t)(o->t.token_stride - (int64_t)o->t.n_heads * o->t.head_dim) * es;
-        for (b = 0; b < npad; ++b)
-            if (pad[b] != 0xA5) return 0;
-    }
-    return 1;
-}
-static double out_get(const outbuf *o, int64_t t, int32_t h, int32_t i) {
-    return ei__load1(ei__row_out(&o->t, t, h), o->t.dtype, i);
+/* ---- outputs: guarded, PAD_ELEMS extra elements between tokens (strided) -- */
+#define PAD_ELEMS 5
+static guarded_out out_alloc(ei_dtype dt, int64_t n, int32_t heads, int32_t d, int strided) {
+    return guarded_out_make(dt, n, heads, d, strided ? PAD_ELEMS : 0);
 }
 
 /* ---- one configuration -------------------------------------------------- */
@@ -206,8 +121,8 @@ static void run_case(const case_desc *cd) {
     ei_context *ctx_prof;
     buf q, k, v;
     ei_plan plan;
-    double *ref, scale = 1.0 / sqrt((double)cd->d);
-    double *vmax;
+    ei_tensor tv;
+    double *ref, *vmax;
     size_t ws_prof;
     void *wsp;
     unsigned kd;
@@ -219,12 +134,9 @@ static void run_case(const case_desc *cd) {
     buf_alloc(&k, cd->in_dt, cd->n, cd->HK, cd->d);
     buf_alloc(&v, cd->in_dt, cd->n, cd->HK, cd->d);
     make_qkv(&q, &k, &v, G, cd->amp);
+    tv = buf_view(&v);
     vmax = (double *)calloc((size_t)cd->HK, sizeof(double));
-    for (i = 0; i < cd->n * cd->HK * cd->d; ++i) {
-        int32_t h = (int32_t)((i / cd->d) % cd->HK);
-        double a = fabs(buf_get(&v, i));
-        if (a > vmax[h]) vmax[h] = a;
-    }
+    for (i = 0; i < cd->HK; ++i) vmax[i] = ref_vmax(&tv, (int32_t)i);
     if (cd->use_plan) {
         ei_tensor tq = buf_view(&q), tk = buf_view(&k);
         CHECK(ei_plan_alloc(ctx_prof, &plan, cd->n, cd->HK, cd->d, 0) == EI_OK, "plan: %s", ei_last_error());
@@ -234,13 +146,16 @@ static void run_case(const case_desc *cd) {
         free(wsp);
     }
     ref = (double *)malloc((size_t)(cd->n * cd->H * cd->d) * sizeof(double));
-    reference(ctx_prof, cd->use_plan ? &plan : NULL, &q, &k, &v, 0, scale, ref);
+    {
+        ei_tensor tq = buf_view(&q), tk = buf_view(&k);
+        ref_attention(&cfg, cd->use_plan ? &plan : NULL, &tq, &tk, &tv, 0, ref);
+    }
 
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
         const kernel_desc *K = &g_kernels[kd];
         ei_config c2 = cfg;
         ei_context *ctx;
-        outbuf o;
+        guarded_out o;
         size_t wsb;
         void *ws;
         double tol, worst = 0;
@@ -250,12 +165,12 @@ static void run_case(const case_desc *cd) {
         c2.simd = K->simd;
         if (cd->small_cap) c2.base_budget = 4;
         if (ei_context_create(&c2, &ctx) != EI_OK) { CHECK(0, "context %s: %s", K->name, ei_last_error()); continue; }
-        out_alloc(&o, cd->out_dt, cd->n, cd->H, cd->d, cd->strided);
+        o = out_alloc(cd->out_dt, cd->n, cd->H, cd->d, cd->strided);
         CHECK(ei_attention_workspace_size(ctx, cd->H, cd->HK, cd->d, &wsb) == EI_OK, "ws size");
         ws = malloc(wsb);
         for (t0 = 0; t0 < cd->n; t0 += cd->chunk ? cd->chunk : cd->n) {
             int64_t nt = cd->chunk ? (cd->chunk < cd->n - t0 ? cd->chunk : cd->n - t0) : cd->n;
-            size_t qes = dsz(cd->in_dt), oes = dsz(cd->out_dt);
+            size_t qes = dtype_size(cd->in_dt), oes = dtype_size(cd->out_dt);
             ei_tensor tq = ei_tensor_make((unsigned char *)q.data + (size_t)(t0 * cd->H * cd->d) * qes, cd->in_dt, nt, cd->H, cd->d);
             ei_tensor tk = ei_tensor_make(k.data, cd->in_dt, t0 + nt, cd->HK, cd->d);
             ei_tensor tv = ei_tensor_make(v.data, cd->in_dt, t0 + nt, cd->HK, cd->d);
@@ -276,7 +191,7 @@ static void run_case(const case_desc *cd) {
             int32_t h, e;
             for (h = 0; h < cd->H; ++h)
                 for (e = 0; e < cd->d; ++e) {
-                    double a = out_get(&o, t, h, e), b = ref[(t * cd->H + h) * cd->d + e];
+                    double a = guarded_out_get(&o, t, h, e), b = ref[(t * cd->H + h) * cd->d + e];
                     double err = fabs(a - b) / (vmax[h / G] > 0 ? vmax[h / G] : 1.0);
                     if (!(a - a == 0)) finite = 0;
                     if (!(err <= worst)) worst = err; /* NaN-safe */
@@ -287,9 +202,9 @@ static void run_case(const case_desc *cd) {
         CHECK(worst <= tol, "%s n=%lld H=%d HK=%d d=%d in=%d out=%d plan=%d chunk=%lld nth=%d: max err %.3g > %.3g",
               K->name, (long long)cd->n, cd->H, cd->HK, cd->d, cd->in_dt, cd->out_dt, cd->use_plan, (long long)cd->chunk,
               cd->nth, worst, tol);
-        CHECK(out_guards_ok(&o), "%s: guard bytes overwritten", K->name);
+        CHECK(guarded_out_intact(&o), "%s: guard bytes overwritten", K->name);
         free(ws);
-        free(o.mem);
+        guarded_out_free(&o);
         ei_context_destroy(ctx);
     }
     if (cd->use_plan) ei_plan_free(ctx_prof, &plan);
@@ -335,7 +250,7 @@ static void test_bad_inputs(void) {
     ei_context *ctx;
     buf q, k, v;
     ei_plan plan;
-    outbuf o;
+    guarded_out o;
     ei_tensor tq, tk, tv, bad;
     ei_out_tensor to, bo;
     size_t wsb, wsp;
@@ -346,7 +261,7 @@ static void test_bad_inputs(void) {
     buf_alloc(&q, EI_F32, 100, 4, 32); buf_alloc(&k, EI_F32, 100, 2, 32); buf_alloc(&v, EI_F32, 100, 2, 32);
     make_qkv(&q, &k, &v, 2, 1.0f);
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
-    out_alloc(&o, EI_F32, 100, 4, 32, 0);
+    o = out_alloc(EI_F32, 100, 4, 32, 0);
     to = o.t;
     ei_attention_workspace_size(ctx, 4, 2, 32, &wsb);
     ws = malloc(wsb);
@@ -355,13 +270,13 @@ static void test_bad_inputs(void) {
     pws = malloc(wsp);
     ei_profile(ctx, &tq, &tk, &plan, pws, wsp);
     snap = (unsigned char *)malloc(o.bytes);
-    memcpy(snap, o.mem, o.bytes);
+    memcpy(snap, o.t.data, o.bytes);
 #define BAD(expr, code)                                                                                      \
     do {                                                                                                     \
         ei_result r_ = (expr);                                                                               \
         CHECK(r_ == (code), "%s returned %s (%s), expected %s", #expr, ei_result_name(r_), ei_last_error(), \
               ei_result_name(code));                                                                         \
-        CHECK(memcmp(snap, o.mem, o.bytes) == 0, "%s wrote to out", #expr);                                 \
+        CHECK(memcmp(snap, o.t.data, o.bytes) == 0, "%s wrote to out", #expr);                                 \
     } while (0)
     BAD(ei_attention_prefill(NULL, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
     BAD(ei_attention_prefill(ctx, NULL, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
@@ -429,9 +344,9 @@ static void test_bad_inputs(void) {
     BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, ws, wsb), EI_ERR_SIZE);
     /* and a good call still works */
     CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb) == EI_OK, "good call: %s", ei_last_error());
-    CHECK(out_guards_ok(&o), "guards");
+    CHECK(guarded_out_intact(&o), "guards");
 #undef BAD
-    free(snap); free(ws); free(pws); free(o.mem);
+    free(snap); free(ws); free(pws); guarded_out_free(&o);
     ei_plan_free(ctx, &plan);
     ei_context_destroy(ctx);
     free(q.data); free(k.data); free(v.data);
@@ -451,7 +366,7 @@ static void test_extremes(void) {
             ei_context *ctx;
             buf q, k, v;
             ei_tensor tq, tk, tv;
-            outbuf o;
+            guarded_out o;
             size_t wsb;
             void *ws;
             int64_t i;
@@ -462,7 +377,7 @@ static void test_extremes(void) {
             buf_alloc(&q, dt, 90, 2, 64); buf_alloc(&k, dt, 90, 1, 64); buf_alloc(&v, dt, 90, 1, 64);
             make_qkv(&q, &k, &v, 2, amps[a]);
             tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
-            out_alloc(&o, EI_F32, 90, 2, 64, 0);
+            o = out_alloc(EI_F32, 90, 2, 64, 0);
             ei_attention_workspace_size(ctx, 2, 1, 64, &wsb);
             ws = malloc(wsb);
             CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &o.t, 0, 0, 1, ws, wsb) == EI_OK, "extreme");
@@ -472,8 +387,8 @@ static void test_extremes(void) {
                 if (fabsf(x) > 10.0f) finite = 0; /* a convex combination of |v| < ~7 */
             }
             CHECK(finite, "%s amp %g: non-finite or out-of-hull output", K->name, (double)amps[a]);
-            CHECK(out_guards_ok(&o), "guards");
-            free(ws); free(o.mem); ei_context_destroy(ctx);
+            CHECK(guarded_out_intact(&o), "guards");
+            free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
             free(q.data); free(k.data); free(v.data);
         }
 }
@@ -485,21 +400,22 @@ static void test_mt(void) {
     ei_context *ctx;
     buf q, k, v;
     ei_tensor tq, tk, tv;
-    outbuf o1, o2;
+    guarded_out o1, o2;
     size_t wsb;
     void *ws;
     ei_context_create(&cfg, &ctx);
     buf_alloc(&q, EI_F32, 300, 8, 128); buf_alloc(&k, EI_F32, 300, 2, 128); buf_alloc(&v, EI_F32, 300, 2, 128);
     make_qkv(&q, &k, &v, 4, 1.0f);
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
-    out_alloc(&o1, EI_F32, 300, 8, 128, 0);
-    out_alloc(&o2, EI_F32, 300, 8, 128, 0);
+    o1 = out_alloc(EI_F32, 300, 8, 128, 0);
+    o2 = out_alloc(EI_F32, 300, 8, 128, 0);
     ei_attention_workspace_size(ctx, 8, 2, 128, &wsb);
     ws = malloc(wsb * 3);
     CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &o1.t, 0, 0, 1, ws, wsb) == EI_OK, "st");
     CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &o2.t, 0, 3, ws, wsb * 3) == EI_OK, "mt: %s", ei_last_error());
-    CHECK(memcmp(o1.mem, o2.mem, o1.bytes) == 0, "mt result differs from single-threaded");
-    free(ws); free(o1.mem); free(o2.mem); ei_context_destroy(ctx);
+    CHECK(memcmp(o1.t.data, o2.t.data, o1.bytes) == 0 && guarded_out_intact(&o1) && guarded_out_intact(&o2),
+          "mt result differs from single-threaded");
+    free(ws); guarded_out_free(&o1); guarded_out_free(&o2); ei_context_destroy(ctx);
     free(q.data); free(k.data); free(v.data);
 }
 
@@ -557,49 +473,49 @@ static void test_chunked_planning(void) {
     ei_context *ctx;
     buf q, k, v;
     ei_plan plan;
-    outbuf o;
+    guarded_out o;
     size_t wsp, wsa;
     void *pws, *aws;
     int64_t n = 200, chunk = 48, t0, i;
     int32_t H = 8, HK = 2, d = 64;
-    double worst = 0, *ref = (double *)malloc((size_t)(n * H * d) * sizeof(double)), vmax = 0;
+    double worst = 0, *ref = (double *)malloc((size_t)(n * H * d) * sizeof(double)), vmax;
+    ei_tensor tkall, tvall;
     ei_context_create(&cfg, &ctx);
     buf_alloc(&q, EI_F32, n, H, d); buf_alloc(&k, EI_F32, n, HK, d); buf_alloc(&v, EI_F32, n, HK, d);
     make_qkv(&q, &k, &v, H / HK, 1.0f);
-    for (i = 0; i < n * HK * d; ++i) if (fabs(buf_get(&v, i)) > vmax) vmax = fabs(buf_get(&v, i));
+    tkall = buf_view(&k);
+    tvall = buf_view(&v);
+    vmax = ref_vmax(&tvall, -1);
     CHECK(ei_plan_alloc(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED) == EI_OK, "plan: %s", ei_last_error());
     ei_profile_workspace_size(ctx, n, H, HK, d, &wsp);
     pws = malloc(wsp);
     ei_attention_workspace_size(ctx, H, HK, d, &wsa);
     aws = malloc(wsa * 2);
-    out_alloc(&o, EI_F32, n, H, d, 1);
+    o = out_alloc(EI_F32, n, H, d, 1);
     for (t0 = 0; t0 < n; t0 += chunk) {
         int64_t nt = chunk < n - t0 ? chunk : n - t0;
         int is_final = t0 + nt == n;
         ei_tensor tq = ei_tensor_make((float *)q.data + t0 * H * d, EI_F32, nt, H, d);
         ei_tensor tk = ei_tensor_make(k.data, EI_F32, t0 + nt, HK, d), tv = ei_tensor_make(v.data, EI_F32, t0 + nt, HK, d);
         ei_out_tensor to = o.t;
-        buf qc = q;
         to.data = (float *)o.t.data + t0 * o.t.token_stride;
         to.n_tokens = nt;
         CHECK(ei_profile_chunk(ctx, &tq, &tk, &plan, is_final, pws, wsp) == EI_OK, "profile_chunk: %s", ei_last_error());
         CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to, t0, 2, aws, wsa * 2) == EI_OK, "attention: %s",
               ei_last_error());
-        qc.data = (float *)q.data + t0 * H * d;
-        qc.n = nt;
-        reference(ctx, &plan, &qc, &k, &v, t0, 1.0 / sqrt((double)d), ref + t0 * H * d);
+        ref_attention(&cfg, &plan, &tq, &tkall, &tvall, t0, ref + t0 * H * d);
     }
     for (i = 0; i < n; ++i) {
         int32_t h, e;
         for (h = 0; h < H; ++h)
             for (e = 0; e < d; ++e) {
-                double err = fabs(out_get(&o, i, h, e) - ref[(i * H + h) * d + e]) / vmax;
+                double err = fabs(guarded_out_get(&o, i, h, e) - ref[(i * H + h) * d + e]) / vmax;
                 if (!(err <= worst)) worst = err;
             }
     }
     CHECK(worst <= 1e-5, "chunked planning + attention: max err %.3g", worst);
-    CHECK(out_guards_ok(&o), "guards");
-    free(ref); free(pws); free(aws); free(o.mem);
+    CHECK(guarded_out_intact(&o), "guards");
+    free(ref); free(pws); free(aws); guarded_out_free(&o);
     ei_plan_free(ctx, &plan); ei_context_destroy(ctx);
     free(q.data); free(k.data); free(v.data);
 }
@@ -665,6 +581,5 @@ int main(int argc, char **argv) {
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
         printf("  %-12s f32 %.2e  f16 %.2e  bf16 %.2e\n", g_kernels[kd].name, g_worst[kd][EI_F32], g_worst[kd][EI_F16],
                g_worst[kd][EI_BF16]);
-    printf("%d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    return check_summary();
 }

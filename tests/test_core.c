@@ -4,13 +4,6 @@
    every output buffer. Builds as C99 and as C++. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
-#include "../examples/synth_qk.h"
-
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "check.h"
 
 /* ------------------------------------------------------------ conversions */
@@ -119,21 +112,6 @@ static void test_views_and_config(void) {
 }
 
 /* ------------------------------------------------------------ profiling */
-typedef struct layer {
-    long n;
-    int heads, kv, dim;
-    float *q, *k;
-} layer;
-static layer make_layer(long n, int heads, int kv, int dim, int segment, uint64_t seed) {
-    layer L;
-    L.n = n; L.heads = heads; L.kv = kv; L.dim = dim;
-    L.q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim);
-    L.k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
-    synth_qk(L.q, L.k, n, heads, kv, dim, segment, 2, seed);
-    return L;
-}
-static void free_layer(layer *L) { free(L->q); free(L->k); }
-
 static ei_config small_config(ei_simd simd) {
     ei_config c = ei_config_default();
     c.segment_size = 64;
@@ -145,18 +123,12 @@ static ei_config small_config(ei_simd simd) {
 }
 
 /* Plan with guard bytes around plan memory and workspace. */
-static ei_result plan_layer(ei_context *ctx, const layer *L, ei_dtype dt, ei_plan *plan, void **mem_out) {
+static ei_result plan_layer(ei_context *ctx, const synth_layer *L, ei_dtype dt, ei_plan *plan, void **mem_out) {
     size_t pb, wb;
-    void *mem, *ws, *qd = (void *)L->q, *kd = (void *)L->k;
+    void *mem, *ws;
+    void *qd = to_dtype(L->q, (size_t)L->n * L->heads * L->dim, dt), *kd = to_dtype(L->k, (size_t)L->n * L->kv * L->dim, dt);
     ei_tensor q, k;
     ei_result r;
-    size_t i, nq = (size_t)L->n * L->heads * L->dim, nk = (size_t)L->n * L->kv * L->dim;
-    if (dt != EI_F32) {
-        uint16_t *q16 = (uint16_t *)malloc(nq * 2), *k16 = (uint16_t *)malloc(nk * 2);
-        for (i = 0; i < nq; ++i) q16[i] = dt == EI_BF16 ? ei__f32_to_bf16(L->q[i]) : ei__f32_to_f16(L->q[i]);
-        for (i = 0; i < nk; ++i) k16[i] = dt == EI_BF16 ? ei__f32_to_bf16(L->k[i]) : ei__f32_to_f16(L->k[i]);
-        qd = q16; kd = k16;
-    }
     q = ei_tensor_make(qd, dt, L->n, L->heads, L->dim);
     k = ei_tensor_make(kd, dt, L->n, L->kv, L->dim);
     ei_plan_size(ctx, L->n, L->kv, L->dim, EI_PLAN_SCORES, &pb);
@@ -167,21 +139,30 @@ static ei_result plan_layer(ei_context *ctx, const layer *L, ei_dtype dt, ei_pla
     if (r == EI_OK) r = ei_profile(ctx, &q, &k, plan, ws, wb);
     CHECK(guard_intact(mem, pb) && guard_intact(ws, wb), "guard bytes around plan/workspace overwritten");
     guarded_free(ws);
-    if (dt != EI_F32) { free(qd); free(kd); }
+    free(qd);
+    free(kd);
     *mem_out = mem;
     return r;
 }
 
-/* Properties every plan must have. */
+/* Properties every whole-prompt plan must have; its head classes, budgets
+   and keep counts are the reference walk's (check.h) on its own entropies. */
 static void check_plan_properties(const ei_context *ctx, const ei_plan *p, const char *what) {
     const ei_config *c = ei_context_config(ctx);
     int32_t h, s, i, j, bps = c->segment_size / c->block_size;
-    for (h = 0; h < p->n_kv_heads; ++h)
+    for (h = 0; h < p->n_kv_heads; ++h) {
+        const float *entropy_row = p->entropy + EI_PLAN_ROW(p, h, 0);
+        int rigid = ei__head_rigid(c, entropy_row, p->n_segments);
+        CHECK(p->head_class[h] == (rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC), "%s: kv head %d class %d", what, h, p->head_class[h]);
         for (s = 0; s < p->n_segments; ++s) {
             size_t row = (size_t)h * p->seg_capacity + s;
             const int32_t *idx = p->block_index + row * p->max_keep;
             int32_t cnt = p->keep_count[row];
             const float *sc = p->scores + row * p->blk_capacity;
+            double budget = ref_budget(c, entropy_row, s, rigid);
+            CHECK(p->budget[row] == (float)budget, "%s: budget[%d][%d] %g, the reference walk %g", what, h, s, p->budget[row], budget);
+            CHECK(p->keep_blocks[row] == ref_keep_blocks(c, s, budget, p->n_tokens, p->n_blocks), "%s: keep_blocks[%d][%d] %d, the reference walk %d",
+                  what, h, s, p->keep_blocks[row], ref_keep_blocks(c, s, budget, p->n_tokens, p->n_blocks));
             CHECK(cnt >= 0 && cnt <= p->max_keep && cnt <= s * bps, "%s: count %d out of caps", what, cnt);
             CHECK(s > 0 || cnt == 0, "%s: segment 0 keeps blocks", what);
             if (p->head_class[h] == EI_HEAD_RIGID && s > 0 && s < p->n_segments - 1)
@@ -195,10 +176,11 @@ static void check_plan_properties(const ei_context *ctx, const ei_plan *p, const
             }
             for (i = cnt; i < p->max_keep; ++i) CHECK(idx[i] == -1, "%s: padding %d", what, idx[i]);
         }
+    }
 }
 
 static void test_profile_paths(void) {
-    layer L = make_layer(1000, 8, 4, 64, 64, 7); /* partial last segment */
+    synth_layer L = synth_layer_make(1000, 8, 4, 64, 64, 7); /* partial last segment */
     ei_plan ref;
     void *ref_mem;
     ei_context *cref;
@@ -210,7 +192,7 @@ static void test_profile_paths(void) {
     check_plan_properties(cref, &ref, "scalar f32");
     for (h = 0; h < ref.n_kv_heads; ++h) { rigid += ref.head_class[h] == EI_HEAD_RIGID; dynamic += ref.head_class[h] == EI_HEAD_DYNAMIC; }
     CHECK(rigid > 0 && dynamic > 0, "generated layer should have rigid (%d) and dynamic (%d) heads", rigid, dynamic);
-    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p)
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
         for (d = 0; d < 3; ++d) {
             ei_context *ctx;
             ei_plan plan;
@@ -243,19 +225,19 @@ static void test_profile_paths(void) {
         }
     guarded_free(ref_mem);
     ei_context_destroy(cref);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* Strided views (padded rows, head-major) give the same plan as contiguous. */
 static void test_strided_and_threads(void) {
-    layer L = make_layer(700, 4, 2, 32, 64, 3);
+    synth_layer L = synth_layer_make(700, 4, 2, 32, 64, 3);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan a, b, m;
     size_t wb, nq = (size_t)L.n * L.heads * L.dim;
     void *ws;
     float *qh = (float *)malloc(sizeof(float) * nq * 2);
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), qs;
+    ei_tensor q = L.tq, k = L.tk, qs;
     long t;
     int h, i;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
@@ -293,17 +275,17 @@ static void test_strided_and_threads(void) {
     ei_context_destroy(ctx);
     free(ws);
     free(qh);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 static void test_profile_errors(void) {
-    layer L = make_layer(300, 4, 2, 16, 64, 5);
+    synth_layer L = synth_layer_make(300, 4, 2, 16, 64, 5);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan plan, small;
     size_t wb, pb;
     void *ws, *pm;
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), x;
+    ei_tensor q = L.tq, k = L.tk, x;
     int p;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
     ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
@@ -332,7 +314,7 @@ static void test_profile_errors(void) {
     CHECK_ERR(ei_plan_size(ctx, 1000, 0, L.dim, 0, &pb), EI_ERR_SIZE);
     free(pm);
     /* non-finite input on every path, in q and in k (also in the unscored tail) */
-    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
         ei_context *cp;
         ei_config cc = small_config((ei_simd)p);
         if (!ei_cpu_supports((ei_simd)p)) continue;
@@ -358,18 +340,18 @@ static void test_profile_errors(void) {
     ei_plan_free(ctx, &plan);
     ei_context_destroy(ctx);
     free(ws);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* Chunked planning: protocol errors and equality with whole-prompt planning. */
 static void test_chunked(void) {
-    layer L = make_layer(640, 4, 2, 32, 64, 9);
+    synth_layer L = synth_layer_make(640, 4, 2, 32, 64, 9);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan whole, ch;
     size_t wb;
     void *ws;
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    ei_tensor q = L.tq, k = L.tk;
     ei_tensor qc = q, kc = k;
     long t;
     int h, s;
@@ -416,7 +398,7 @@ static void test_chunked(void) {
     ei_plan_free(ctx, &ch);
     ei_context_destroy(ctx);
     free(ws);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* ------------------------------------------------------------ decode */
@@ -547,11 +529,7 @@ static void test_allocator_logger(void) {
 
 int main(void) {
     printf("entropyinfer %s core tests; SIMD paths:", EI_VERSION_STRING);
-    {
-        int p;
-        for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p)
-            if (ei_cpu_supports((ei_simd)p)) printf(" %s", ei_simd_name((ei_simd)p));
-    }
+    print_simd_paths();
     printf("\n");
     test_conversions();
     test_views_and_config();
@@ -561,6 +539,5 @@ int main(void) {
     test_chunked();
     test_decode();
     test_allocator_logger();
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }

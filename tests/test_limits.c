@@ -10,31 +10,11 @@
    (valgrind has no AVX-512: make test-valgrind runs scalar and avx2). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
-#include "../examples/synth_qk.h"
-
-#include <float.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* Which codes some test reached, with its message naming it. */
 static int reached[-EI_RESULT_MIN_ + 1];
 #define CHECK_ERR_REACHED(code) (reached[-(int)(code)] = 1)
 #include "check.h"
-
-/* SIMD paths to test: every supported one, or the one EI_TEST_SIMD names. */
-static int simd_selected(ei_simd p) {
-    const char *e = getenv("EI_TEST_SIMD");
-    if (!ei_cpu_supports(p) || p == EI_SIMD_AUTO) return 0;
-    if (!e || !*e || !strcmp(e, "all")) return 1;
-    if (!strcmp(e, "auto")) { /* the path a default context picks */
-        int best = EI_SIMD_NEON;
-        while (best > EI_SIMD_SCALAR && !ei_cpu_supports((ei_simd)best)) --best;
-        return (int)p == best;
-    }
-    return !strcmp(e, ei_simd_name(p));
-}
 
 #ifdef __SIZEOF_INT128__
 typedef unsigned __int128 wide;
@@ -240,43 +220,23 @@ static void test_view_extent(void) {
 }
 
 /* ------------------------------------------------------------ NaN / Inf */
-typedef struct layer { long n; int heads, kv, dim; float *q, *k, *v; } layer;
-static layer make_layer(long n, int heads, int kv, int dim, uint64_t seed) {
-    layer L;
-    long i;
-    L.n = n; L.heads = heads; L.kv = kv; L.dim = dim;
-    L.q = (float *)malloc(sizeof(float) * (size_t)n * heads * dim);
-    L.k = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
-    L.v = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
-    synth_qk(L.q, L.k, n, heads, kv, dim, 64, 2, seed);
-    for (i = 0; i < n * kv * dim; ++i) L.v[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
-    return L;
-}
-static void free_layer(layer *L) { free(L->q); free(L->k); free(L->v); }
-
-/* A copy of an f32 buffer in another dtype (caller frees). */
-static void *convert(const float *x, size_t n, ei_dtype dt) {
-    size_t i;
-    if (dt == EI_F32) { float *y = (float *)malloc(n * 4); memcpy(y, x, n * 4); return y; }
-    {
-        uint16_t *y = (uint16_t *)malloc(n * 2);
-        for (i = 0; i < n; ++i) y[i] = dt == EI_BF16 ? ei__f32_to_bf16(x[i]) : ei__f32_to_f16(x[i]);
-        return y;
-    }
+/* The layers of these tests: check.h's synth_layer with 64-token segments. */
+static synth_layer make_layer(long n, int heads, int kv, int dim, uint64_t seed) {
+    return synth_layer_make(n, heads, kv, dim, 64, seed);
 }
 
 static void test_nonfinite(void) {
     static const float bad[] = {NAN, INFINITY, -INFINITY};
-    layer L = make_layer(300, 4, 2, 32, 5);
+    synth_layer L = make_layer(300, 4, 2, 32, 5);
     size_t nq = (size_t)L.n * L.heads * L.dim, nk = (size_t)L.n * L.kv * L.dim;
     int p, dt, bi;
-    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
         ei_config c = small_config((ei_simd)p);
         ei_context *ctx;
         ei_plan plan;
         size_t wb;
         void *ws;
-        if (!simd_selected((ei_simd)p)) continue;
+        if (!test_simd_selected((ei_simd)p)) continue;
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
         CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
         ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
@@ -293,7 +253,7 @@ static void test_nonfinite(void) {
                     ei_tensor q, k;
                     saved = L.q[(size_t)qpos[w] * L.heads * L.dim + 3];
                     L.q[(size_t)qpos[w] * L.heads * L.dim + 3] = bad[bi];
-                    qd = convert(L.q, nq, (ei_dtype)dt); kd = convert(L.k, nk, (ei_dtype)dt);
+                    qd = to_dtype(L.q, nq, (ei_dtype)dt); kd = to_dtype(L.k, nk, (ei_dtype)dt);
                     q = ei_tensor_make(qd, (ei_dtype)dt, L.n, L.heads, L.dim);
                     k = ei_tensor_make(kd, (ei_dtype)dt, L.n, L.kv, L.dim);
                     CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
@@ -303,7 +263,7 @@ static void test_nonfinite(void) {
                     free(qd); free(kd);
                     saved = L.k[(size_t)kpos[w] * L.kv * L.dim + 1];
                     L.k[(size_t)kpos[w] * L.kv * L.dim + 1] = bad[bi];
-                    qd = convert(L.q, nq, (ei_dtype)dt); kd = convert(L.k, nk, (ei_dtype)dt);
+                    qd = to_dtype(L.q, nq, (ei_dtype)dt); kd = to_dtype(L.k, nk, (ei_dtype)dt);
                     q.data = qd; k.data = kd;
                     CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
                     CHECK_ERR(ei_plan_reset(&plan), EI_OK);
@@ -315,7 +275,7 @@ static void test_nonfinite(void) {
             }
         /* denormals and -0 are ordinary finite input */
         {
-            ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+            ei_tensor q = L.tq, k = L.tk;
             float sq = L.q[5], sk = L.k[9];
             L.q[5] = 1e-42f; L.k[9] = -0.0f;
             CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_OK);
@@ -326,7 +286,7 @@ static void test_nonfinite(void) {
         ei_plan_free(ctx, &plan);
         ei_context_destroy(ctx);
     }
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* Decode: non-finite K rejected; finite but huge Q.K that overflows to NaN
@@ -383,21 +343,20 @@ static void test_decode_nonfinite(void) {
 /* V is not scanned: NaN in V propagates to exactly the outputs that attend
    to it (dense causal: every query at or after its token), nothing else. */
 static void test_v_propagates(void) {
-    layer L = make_layer(130, 4, 2, 16, 9);
+    synth_layer L = make_layer(130, 4, 2, 16, 9);
     int p;
-    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p) {
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
         ei_config c = small_config((ei_simd)p);
         ei_context *ctx;
         size_t wb, ob = sizeof(float) * (size_t)L.n * L.heads * L.dim;
         void *ws;
         float *out;
-        ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
-        ei_tensor v = ei_tensor_make(L.v, EI_F32, L.n, L.kv, L.dim);
+        ei_tensor q = L.tq, k = L.tk, v = L.tv;
         ei_out_tensor o;
         long t;
         int h, i, nan_before = 0, finite_after = 0;
         const long bad_tok = 70;
-        if (!simd_selected((ei_simd)p)) continue;
+        if (!test_simd_selected((ei_simd)p)) continue;
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
         CHECK_ERR(ei_attention_workspace_size(ctx, L.heads, L.kv, L.dim, &wb), EI_OK);
         ws = guarded_alloc(wb);
@@ -424,7 +383,7 @@ static void test_v_propagates(void) {
         guarded_free(out); guarded_free(ws);
         ei_context_destroy(ctx);
     }
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* ------------------------------------------------------------ every result code */
@@ -433,7 +392,7 @@ static void *failing_alloc(size_t n, void *u) { (void)u; return alloc_budget-- >
 static void failing_free(void *p, void *u) { (void)u; free(p); }
 
 static void test_every_code(void) {
-    layer L = make_layer(200, 4, 2, 16, 1);
+    synth_layer L = make_layer(200, 4, 2, 16, 1);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx = NULL, *bad = NULL;
     ei_plan plan;
@@ -441,7 +400,7 @@ static void test_every_code(void) {
     ei_keep_set ks;
     size_t wb, b;
     void *ws, *dm;
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim), x;
+    ei_tensor q = L.tq, k = L.tk, x;
     int p;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
     ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
@@ -540,7 +499,7 @@ static void test_every_code(void) {
     guarded_free(ks.index); guarded_free(dm); guarded_free(ws);
     ei_plan_free(ctx, &plan);
     ei_context_destroy(ctx);
-    free_layer(&L);
+    synth_layer_free(&L);
     /* the table: every code reached with a message naming it */
 #define EI__REACHED(name, value, text)                                                 \
     CHECK(reached[-(value)], "%s (%d) was not reached by any test with its message", #name, value); \
@@ -550,37 +509,18 @@ static void test_every_code(void) {
 }
 
 /* ------------------------------------------------------------ any alignment */
-/* A buffer of exactly n bytes starting at (64-byte boundary + offset), with
-   guard bytes on both sides: sizes returned by the *_size functions must be
-   enough at any alignment (found by the fuzz replay: the profiling workspace
-   reserved mx/mn as one array but carved two, 64-byte rounded each). */
-typedef struct placed { unsigned char *raw; unsigned char *p; size_t n; } placed;
-static placed place(size_t n, unsigned offset) {
-    placed b;
-    uintptr_t a;
-    b.raw = (unsigned char *)malloc(n + 64 + 2 * GUARD + 64);
-    if (!b.raw) { printf("out of memory\n"); exit(2); }
-    a = ((uintptr_t)b.raw + GUARD + 63) & ~(uintptr_t)63;
-    b.p = (unsigned char *)a + offset;
-    b.n = n;
-    memset(b.p - GUARD, 0xA5, GUARD);
-    memset(b.p, 0xFF, n);
-    memset(b.p + n, 0xA5, GUARD);
-    return b;
-}
-static int placed_intact(const placed *b) {
-    size_t i;
-    for (i = 0; i < GUARD; ++i)
-        if (b->p[-1 - (long)i] != 0xA5 || b->p[b->n + i] != 0xA5) return 0;
-    return 1;
-}
+/* Buffers of exactly the queried size at 64-byte boundary + offset, with
+   guard bytes on both sides (check.h: guarded_alloc_at): sizes returned by
+   the *_size functions must be enough at any alignment (found by the fuzz
+   replay: the profiling workspace reserved mx/mn as one array but carved
+   two, 64-byte rounded each). */
 static void test_any_alignment(void) {
     static const int dims[] = {1, 3, 8, 17, 33, 47, 64, 65, 100};
     static const unsigned offsets[] = {0, 4, 8, 16, 32, 48, 60};
     size_t di, oi;
     int bad = 0;
     for (di = 0; di < sizeof dims / sizeof dims[0]; ++di) {
-        layer L = make_layer(150, 4, 2, dims[di], 31);
+        synth_layer L = make_layer(150, 4, 2, dims[di], 31);
         ei_config c = small_config(EI_SIMD_AUTO);
         ei_context *ctx;
         c.segment_size = 32; c.block_size = 4; c.base_budget = 16; c.threshold_len = 32; c.window = 8; c.decode_gap = 4;
@@ -588,13 +528,13 @@ static void test_any_alignment(void) {
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
         for (oi = 0; oi < sizeof offsets / sizeof offsets[0]; ++oi) {
             unsigned off = offsets[oi];
-            ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
-            ei_tensor v = ei_tensor_make(L.v, EI_F32, L.n, L.kv, L.dim);
+            ei_tensor q = L.tq, k = L.tk, v = L.tv;
             ei_plan plan;
             ei_decoder dec;
             ei_keep_set ks;
             size_t pb, wb, ab, db, kb;
-            placed pm, ws, as, dm, dws, out;
+            void *pm, *ws, *as, *dm, *dws, *out;
+            size_t ob = sizeof(float) * (size_t)L.n * L.heads * L.dim;
             ei_out_tensor o;
             ei_result r1, r2, r3, r4;
             ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, &pb);
@@ -602,34 +542,35 @@ static void test_any_alignment(void) {
             ei_attention_workspace_size(ctx, L.heads, L.kv, L.dim, &ab);
             ei_decoder_size(ctx, L.heads, L.dim, &db);
             ei_decode_workspace_size(ctx, L.n, L.heads, L.kv, &kb);
-            pm = place(pb, off); ws = place(wb, off); as = place(ab, off); dm = place(db, off); dws = place(kb, off);
-            out = place(sizeof(float) * (size_t)L.n * L.heads * L.dim, off & ~3u);
-            o = ei_out_tensor_make(out.p, EI_F32, L.n, L.heads, L.dim);
-            r1 = ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, pm.p, pb);
-            if (r1 == EI_OK) r1 = ei_profile(ctx, &q, &k, &plan, ws.p, wb);
+            pm = guarded_alloc_at(pb, off); ws = guarded_alloc_at(wb, off); as = guarded_alloc_at(ab, off);
+            dm = guarded_alloc_at(db, off); dws = guarded_alloc_at(kb, off);
+            out = guarded_alloc_at(ob, off & ~3u);
+            o = ei_out_tensor_make(out, EI_F32, L.n, L.heads, L.dim);
+            r1 = ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, pm, pb);
+            if (r1 == EI_OK) r1 = ei_profile(ctx, &q, &k, &plan, ws, wb);
             if (r1 == EI_OK) r1 = ei_plan_reset(&plan);
-            if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, 1, ws.p, wb);
-            r2 = r1 == EI_OK ? ei_attention_prefill(ctx, &q, &k, &v, &plan, &o, 0, 0, 1, as.p, ab) : r1;
-            r3 = ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm.p, db);
+            if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb);
+            r2 = r1 == EI_OK ? ei_attention_prefill(ctx, &q, &k, &v, &plan, &o, 0, 0, 1, as, ab) : r1;
+            r3 = ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm, db);
             if (r3 == EI_OK) r3 = ei_decode_observe(ctx, &dec, &q, 0);
             memset(&ks, 0, sizeof ks);
             ks.heads_out = L.kv;
             ks.capacity = c.decode_budget;
             ks.index = (int32_t *)malloc(sizeof(int32_t) * (size_t)L.kv * (size_t)c.decode_budget);
-            r4 = r3 == EI_OK ? ei_decode_keep(ctx, &dec, &k, &ks, dws.p, kb) : r3;
-            if (r1 || r2 || r3 || r4 || !placed_intact(&pm) || !placed_intact(&ws) || !placed_intact(&as) ||
-                !placed_intact(&dm) || !placed_intact(&dws) || !placed_intact(&out)) {
+            r4 = r3 == EI_OK ? ei_decode_keep(ctx, &dec, &k, &ks, dws, kb) : r3;
+            if (r1 || r2 || r3 || r4 || !guard_intact(pm, pb) || !guard_intact(ws, wb) || !guard_intact(as, ab) ||
+                !guard_intact(dm, db) || !guard_intact(dws, kb) || !guard_intact(out, ob)) {
                 if (bad++ < 8)
                     printf("FAIL head_dim %d, memory at 64k+%u: profile %s, attention %s, decoder %s, decode %s, guards %d%d%d%d%d%d\n",
                            dims[di], off, ei_result_name(r1), ei_result_name(r2), ei_result_name(r3), ei_result_name(r4),
-                           placed_intact(&pm), placed_intact(&ws), placed_intact(&as), placed_intact(&dm), placed_intact(&dws),
-                           placed_intact(&out));
+                           guard_intact(pm, pb), guard_intact(ws, wb), guard_intact(as, ab), guard_intact(dm, db),
+                           guard_intact(dws, kb), guard_intact(out, ob));
             }
             free(ks.index);
-            free(pm.raw); free(ws.raw); free(as.raw); free(dm.raw); free(dws.raw); free(out.raw);
+            guarded_free(pm); guarded_free(ws); guarded_free(as); guarded_free(dm); guarded_free(dws); guarded_free(out);
         }
         ei_context_destroy(ctx);
-        free_layer(&L);
+        synth_layer_free(&L);
     }
     CHECK(bad == 0, "%d (head_dim, alignment) combinations failed with memory of exactly the queried size", bad);
 }
@@ -640,13 +581,13 @@ static void test_any_alignment(void) {
    the code comes back but the message must reach the calling thread too
    (ei_last_error is thread-local). */
 static void test_mt_error_message(void) {
-    layer L = make_layer(300, 4, 2, 16, 21);
+    synth_layer L = make_layer(300, 4, 2, 16, 21);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan plan;
     size_t wb;
     void *ws;
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    ei_tensor q = L.tq, k = L.tk;
     ei_result r;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
     CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
@@ -662,7 +603,7 @@ static void test_mt_error_message(void) {
     guarded_free(ws);
     ei_plan_free(ctx, &plan);
     ei_context_destroy(ctx);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* ------------------------------------------------------------ fuzz regressions */
@@ -672,13 +613,13 @@ static void test_mt_error_message(void) {
    hold max_keep entries; the second context keeps more blocks per row. The
    library must refuse (or clamp) instead of writing past the rows. */
 static void test_plan_other_context(void) {
-    layer L = make_layer(1000, 4, 2, 32, 13);
+    synth_layer L = make_layer(1000, 4, 2, 32, 13);
     ei_config small = small_config(EI_SIMD_AUTO), large = small;
     ei_context *cs, *cl;
     ei_plan plan;
     size_t pb, wb;
     void *pm, *ws;
-    ei_tensor q = ei_tensor_make(L.q, EI_F32, L.n, L.heads, L.dim), k = ei_tensor_make(L.k, EI_F32, L.n, L.kv, L.dim);
+    ei_tensor q = L.tq, k = L.tk;
     int pass;
     large.base_budget = 2048;
     CHECK_ERR(ei_context_create(&small, &cs), EI_OK);
@@ -708,7 +649,7 @@ static void test_plan_other_context(void) {
     }
     ei_context_destroy(cs);
     ei_context_destroy(cl);
-    free_layer(&L);
+    synth_layer_free(&L);
 }
 
 /* The regression above corrupts the heap when the bug is present: run it in
@@ -751,6 +692,5 @@ int main(void) {
     test_mt_error_message();
     run_isolated(test_any_alignment, "test_any_alignment (fuzz_regressions/profile_workspace_unaligned_d33.bin)");
     run_isolated(test_plan_other_context, "test_plan_other_context (fuzz_regressions/plan_from_other_context_overflow.bin)");
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }

@@ -21,34 +21,12 @@
    EI_TEST_THREADS (default 4) and EI_TEST_ROUNDS (default 2). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
-#include "../examples/synth_qk.h"
-
-#include <math.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 #define CHECK_LOCK() pthread_mutex_lock(&report_lock)
 #define CHECK_UNLOCK() pthread_mutex_unlock(&report_lock)
 #include "check.h"
-
-static int simd_selected(ei_simd p) {
-    const char *e = getenv("EI_TEST_SIMD");
-    if (!ei_cpu_supports(p) || p == EI_SIMD_AUTO) return 0;
-    if (!e || !*e || !strcmp(e, "all")) return 1;
-    if (!strcmp(e, "auto")) {
-        int best = EI_SIMD_NEON;
-        while (best > EI_SIMD_SCALAR && !ei_cpu_supports((ei_simd)best)) --best;
-        return (int)p == best;
-    }
-    return !strcmp(e, ei_simd_name(p));
-}
-static int env_int(const char *name, int def) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : def;
-}
 
 /* ------------------------------------------------------------ layers */
 enum { N_LAYERS = 4, N = 400, HEADS = 8, KV = 4, DIM = 32, CHUNK = 128 };
@@ -60,10 +38,7 @@ typedef struct layer {
 static layer layers[N_LAYERS];
 /* Replace an f32 array by its f16/bf16 conversion. */
 static void to16(void **p, size_t n, ei_dtype dt) {
-    const float *x = (const float *)*p;
-    uint16_t *y = (uint16_t *)malloc(n * 2);
-    size_t i;
-    for (i = 0; i < n; ++i) y[i] = dt == EI_BF16 ? ei__f32_to_bf16(x[i]) : ei__f32_to_f16(x[i]);
+    void *y = to_dtype((const float *)*p, n, dt);
     free(*p);
     *p = y;
 }
@@ -90,6 +65,8 @@ static void make_layers(void) {
         L->tv = ei_tensor_make(L->v, L->dtype, N, KV, DIM);
     }
 }
+/* Queries in the chunk starting at token t (chunked planning, CHUNK at a time). */
+static long chunk_tokens(long t) { return t + CHUNK < N ? (long)CHUNK : (long)N - t; }
 /* Query row t of layer l as a one-token view. */
 static ei_tensor query_row(const layer *L, long t) {
     size_t es = L->dtype == EI_F32 ? 4 : 2;
@@ -175,7 +152,7 @@ static void reference(const ei_context *ctx, results *ref) {
         for (t = 0; t < N; t += CHUNK) {
             ei_tensor qc = L->tq, kc = L->tk;
             qc.data = query_row(L, t).data;
-            qc.n_tokens = t + CHUNK < N ? CHUNK : N - t;
+            qc.n_tokens = chunk_tokens(t);
             kc.n_tokens = t + qc.n_tokens;
             CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ref[l].chunked, t + CHUNK >= N, ws, pw), EI_OK);
         }
@@ -233,7 +210,7 @@ static void *worker_main(void *arg) {
     for (t = 0; t < N; t += CHUNK) {
         ei_tensor qc = layers[0].tq, kc = layers[0].tk;
         qc.data = query_row(&layers[0], t).data;
-        qc.n_tokens = t + CHUNK < N ? CHUNK : N - t;
+        qc.n_tokens = chunk_tokens(t);
         kc.n_tokens = t + qc.n_tokens;
         if (a < b)
             CHECK_ERR(ei_profile_chunk_heads(ctx, &qc, &kc, &S->got[0].chunked, t + CHUNK >= N, a, b, ws, S->pw), EI_OK);
@@ -372,13 +349,13 @@ int main(void) {
     if (nth > 64) nth = 64;
     printf("entropyinfer %s thread tests: %d threads, %d rounds\n", EI_VERSION_STRING, nth, rounds);
     make_layers();
-    for (p = EI_SIMD_SCALAR; p <= EI_SIMD_NEON; ++p)
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
         for (per = 0; per < 2; ++per) {
             ei_config c = ei_config_default();
             ei_context *ctx;
             results ref[N_LAYERS];
             char what[64];
-            if (!simd_selected((ei_simd)p)) continue;
+            if (!test_simd_selected((ei_simd)p)) continue;
             c.segment_size = 64; c.block_size = 8; c.base_budget = 64; c.threshold_len = 128;
             c.decode_budget = 96; c.window = 16; c.decode_gap = 4;
             c.per_segment_budget = per;
@@ -400,6 +377,5 @@ int main(void) {
         int l;
         for (l = 0; l < N_LAYERS; ++l) { free(layers[l].q); free(layers[l].k); free(layers[l].v); }
     }
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }
