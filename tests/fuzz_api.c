@@ -117,7 +117,6 @@ typedef struct view {
 static const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 1e30f, -1e30f, 1e-40f, -1e-45f,
                                  0.0f, -0.0f, 65504.0f, 70000.0f, 1e-8f, 3e38f, 1e20f, -1e20f};
 
-static size_t esize(ei_dtype dt) { return dtype_size(dt); } /* unknown dtypes: stored as f32 */
 static float load_el(const void *buf, ei_dtype dt, size_t i) { return ei__load1(buf, dt, (int64_t)i); }
 static void store_el(void *buf, ei_dtype dt, size_t i, float v) { ei__store1(buf, dt, (int64_t)i, v); }
 static size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
@@ -166,7 +165,7 @@ static void view_make(view *v, fz *f, ei_dtype dt, int64_t n, int32_t h, int32_t
         v->valid = ts > 0 && hs > 0 && far <= (double)((int64_t)1 << 60) && n > 0 && h > 0 && d > 0 &&
                    !((n_in > 1 && s_in < d) || (n_out > 1 && s_out < s_in * (n_in - 1) + d)) && backed;
     }
-    v->buf = xalloc(v->elems * esize(dt));
+    v->buf = xalloc(v->elems * dtype_size(dt));
     v->t.data = v->buf;
     v->tame = 1;
 }
@@ -225,7 +224,7 @@ static void view_rows(view *dst, const view *src, int64_t t0, int64_t cnt, fz *f
         for (h = 0; h < src->t.n_heads; ++h)
             for (j = 0; j < src->t.head_dim; ++j) {
                 size_t se = el_index(&src->t, t0 + t, h, j), de = el_index(&dst->t, t, h, j);
-                if (esize(src->t.dtype) == 4) ((float *)dst->buf)[de] = ((const float *)src->buf)[se];
+                if (dtype_size(src->t.dtype) == 4) ((float *)dst->buf)[de] = ((const float *)src->buf)[se];
                 else ((uint16_t *)dst->buf)[de] = ((const uint16_t *)src->buf)[se];
             }
     dst->tame = src->tame;
@@ -630,7 +629,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         ei_dtype odt = FZ_PICK(f, dtypes);
         view_make(&ov, f, odt, cnt, s->H, s->d, (int)(fz_u8(f) % 9));
     }
-    if (!poison_off()) memset(ov.buf, poison_byte(), ov.elems * esize(ov.t.dtype)); /* garbage until written */
+    if (!poison_off()) memset(ov.buf, poison_byte(), ov.elems * dtype_size(ov.t.dtype)); /* garbage until written */
     memcpy(&out, &ov.t, sizeof out); /* same layout, writable */
     out.data = ov.buf;
     if (verbose > 0) {
@@ -813,21 +812,21 @@ static void op_compact(state *s, fz *f) {
         view_fill(&kv[w], f);
         memcpy(&o[w], &kv[w].t, sizeof o[w]);
         o[w].data = kv[w].buf;
-        orig[w] = xalloc(kv[w].elems * esize(kv[w].t.dtype));
-        memcpy(orig[w], kv[w].buf, kv[w].elems * esize(kv[w].t.dtype));
+        orig[w] = xalloc(kv[w].elems * dtype_size(kv[w].t.dtype));
+        memcpy(orig[w], kv[w].buf, kv[w].elems * dtype_size(kv[w].t.dtype));
     }
     r = checked(ei_kv_compact((m & 64) ? NULL : s->ctx, (m & 128) ? NULL : &ks, use[0] ? &o[0] : NULL, use[1] ? &o[1] : NULL));
     if (r == EI_OK && !(m & 128))
         for (w = 0; w < 2; ++w) {
             size_t rb;
             if (!use[w]) continue;
-            rb = (size_t)o[w].head_dim * esize(o[w].dtype);
+            rb = (size_t)o[w].head_dim * dtype_size(o[w].dtype);
             for (h = 0; h < ks.heads_out; ++h)
                 for (i = 0; i < ks.n_kept; ++i) {
                     int32_t src = ks.index[(size_t)h * (size_t)ks.capacity + (size_t)i];
                     ORACLE(src >= i && src < n, "compaction accepted a bad index", src, i);
-                    ORACLE(!memcmp((char *)kv[w].buf + el_index(&kv[w].t, i, h, 0) * esize(o[w].dtype),
-                                   (char *)orig[w] + el_index(&kv[w].t, src, h, 0) * esize(o[w].dtype), rb),
+                    ORACLE(!memcmp((char *)kv[w].buf + el_index(&kv[w].t, i, h, 0) * dtype_size(o[w].dtype),
+                                   (char *)orig[w] + el_index(&kv[w].t, src, h, 0) * dtype_size(o[w].dtype), rb),
                            "compaction moved the wrong row", h, i);
                 }
         }

@@ -1,0 +1,194 @@
+# tests/tests.mk - every test's build and run rules; the top-level Makefile
+# includes it (on its own: make -f tests/tests.mk <target>). The GPU tests are
+# in cuda.mk, fuzzing, sanitizers and memcheck in tests/hardening.mk.
+#
+#   make test                  every test below, in this order; ends "make test: all passed"
+#   make test-harness-selftest the harness fails when it should: the golden runner on
+#                              an empty, a missing and a non-case folder; the test
+#                              builds depend on files that exist (no wildcard); no
+#                              switch is set that no test reads, or that cannot act
+#   make test-compilers        the build matrix: gcc, g++, clang, clang++ x {default,
+#                              EI_STATIC, every EI_NO_* option of the header's BUILD
+#                              OPTIONS table}, each running test_core; quickstart per compiler
+#   make test-core             build/test_core: conversions, views, config, profiling on
+#                              every SIMD path, chunked planning, decode, compaction
+#   make golden [GOLDEN=dir]   build/golden_runner on a folder of golden cases
+#   make test-attention        build/test_attention: every kernel against check.h's
+#                              double-precision reference
+#   make test-attention-all    the same, then gcc/clang as C and C++, the kernel
+#                              opt-outs and ASan/UBSan builds (--quick)
+#   make test-limits           limits, NaN/Inf, every result code, fuzz regressions
+#   make test-threads          one context and plan shared by threads (EI_TEST_THREADS,
+#                              EI_TEST_ROUNDS, EI_TEST_SIMD)
+#   make test-plugin           the CUDA plugin boundary with a fake plugin (no GPU needed)
+#   make test-backends         build/test_backends on the CPU
+#   make quickstart            examples/quickstart.c
+#   make test-arm64            the NEON path and an EI_NO_NEON build, cross-compiled for
+#                              aarch64, under qemu-user (not part of make test)
+# Every test includes tests/check.h (checks, guards, golden reader, references).
+# Builds of several programs run T_JOBS at a time (default: the CPU count).
+
+BUILD    ?= build
+CC       ?= cc
+CFLAGS   ?= -O2 -g
+WARN     ?= -Wall -Wextra -Werror
+LDLIBS   ?= -lm -lpthread -ldl
+CLANG    ?= $(shell command -v clang 2>/dev/null)
+CLANGXX  ?= $(shell command -v clang++ 2>/dev/null)
+GOLDEN   ?= $(firstword $(wildcard ../shared/golden) tests/golden)
+T_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+# What every test build depends on (files that exist: no wildcard, see the self-test).
+T_DEPS   := entropyinfer.h tests/check.h examples/synth_qk.h
+T_C      := -std=c99 -D_DEFAULT_SOURCE
+T_CXX    := -x c++ -std=c++11
+T_LOGS   := $(BUILD)/logs
+# A sub-make with the same makefiles, building several programs at once
+# (unless the caller's make already runs jobs: then its jobserver decides).
+T_TOP    := $(firstword $(MAKEFILE_LIST))
+T_BUILDJ  = $(MAKE) --no-print-directory -f $(T_TOP) $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(T_JOBS))
+# run NAME CMD...: one line per program (its last line), its whole output on
+# failure; every program runs, the recipe fails at the end (if [ -n "$$fail" ]).
+T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
+             if "$$@" > $(T_LOGS)/$$name.log 2>&1; then printf '  %-34s %s\n' "$$name" "$$(tail -1 $(T_LOGS)/$$name.log)"; \
+             else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
+
+.PHONY: test test-harness-selftest test-compilers test-core golden test-attention test-attention-all test-limits \
+        test-threads test-plugin test-backends quickstart test-arm64
+
+test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
+      test-backends quickstart
+	@echo "make test: all passed"
+
+# ---------------------------------------------------------------- the test programs
+T_PROGS := test_core golden_runner test_attention test_limits test_threads test_plugin \
+           $(if $(wildcard tests/test_backends.c),test_backends)
+$(addprefix $(BUILD)/,$(T_PROGS)): $(BUILD)/%: tests/%.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(T_C) $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
+
+$(BUILD)/quickstart: examples/quickstart.c entropyinfer.h
+	@mkdir -p $(@D)
+	$(CC) $(T_C) $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
+
+test-core: $(BUILD)/test_core
+	$(BUILD)/test_core
+
+golden: $(BUILD)/golden_runner
+	$(BUILD)/golden_runner $(GOLDEN)
+
+test-attention: $(BUILD)/test_attention
+	$(BUILD)/test_attention
+
+test-limits: $(BUILD)/test_limits
+	$(BUILD)/test_limits
+
+test-threads: $(BUILD)/test_threads
+	$(BUILD)/test_threads
+
+quickstart: $(BUILD)/quickstart
+	$(BUILD)/quickstart
+
+# tests/test_plugin.c with three builds of tests/fake_cuda_plugin.c: a working
+# table, one of ABI version 1, one without a device.
+T_FAKES := $(BUILD)/fake_cuda.so $(BUILD)/fake_cuda_abi1.so $(BUILD)/fake_cuda_nodev.so
+$(BUILD)/fake_cuda.so: T_FAKE_FLAGS :=
+$(BUILD)/fake_cuda_abi1.so: T_FAKE_FLAGS := -DFAKE_ABI_VERSION=1
+$(BUILD)/fake_cuda_nodev.so: T_FAKE_FLAGS := -DFAKE_NO_DEVICE
+$(T_FAKES): tests/fake_cuda_plugin.c entropyinfer.h
+	@mkdir -p $(@D)
+	$(CC) $(T_C) -O1 $(WARN) -fPIC -shared -fvisibility=hidden -I. $(T_FAKE_FLAGS) $< -o $@
+
+test-plugin: $(BUILD)/test_plugin $(T_FAKES)
+	$(BUILD)/test_plugin $(BUILD)
+
+# tests/test_backends.c (the same scenarios on every backend): here on the CPU.
+# Until the file exists the target says so and passes.
+test-backends: $(if $(wildcard tests/test_backends.c),$(BUILD)/test_backends)
+	$(if $(wildcard tests/test_backends.c),$(BUILD)/test_backends,@echo "test-backends: tests/test_backends.c does not exist yet: skipped")
+
+# ---------------------------------------------------------------- the build matrix
+# Every compiler and language x every build option the header documents
+# (BUILD OPTIONS table: EI_NO_*), plus EI_STATIC and the default; each build
+# runs test_core (a failed build names its target: build/matrix/test_core.<compiler>.<option>).
+# EI_NO_PTHREADS links without -lpthread, EI_NO_CUDA_LOADER without -ldl.
+T_COMPILERS := gcc g++ $(if $(CLANG),clang) $(if $(CLANGXX),clang++)
+T_OPTIONS   := default EI_STATIC $(sort $(shell sed -n '/BUILD OPTIONS/,/CONCEPTS/p' entropyinfer.h | grep -o 'EI_NO_[A-Z0-9_]*'))
+T_MATRIX    := $(foreach c,$(T_COMPILERS),$(foreach o,$(T_OPTIONS),$(BUILD)/matrix/test_core.$(c).$(o))) \
+               $(foreach c,$(T_COMPILERS),$(BUILD)/matrix/quickstart.$(c).default)
+t_cc   = $(word 1,$(subst ., ,$*))
+t_opt  = $(filter-out default,$(word 2,$(subst ., ,$*)))
+t_lang = $(if $(filter %++,$(t_cc)),$(T_CXX),$(T_C))
+t_libs = -lm $(if $(filter EI_NO_PTHREADS,$(t_opt)),,-lpthread) $(if $(filter EI_NO_CUDA_LOADER,$(t_opt)),,-ldl)
+$(BUILD)/matrix/test_core.%: tests/test_core.c $(T_DEPS)
+	@mkdir -p $(@D)
+	@$(t_cc) $(t_lang) -O1 $(WARN) $(addprefix -D,$(t_opt)) $< -o $@ $(t_libs)
+$(BUILD)/matrix/quickstart.%: examples/quickstart.c entropyinfer.h
+	@mkdir -p $(@D)
+	@$(t_cc) $(t_lang) -O1 $(WARN) $< -o $@ $(t_libs)
+
+test-compilers:
+	@$(T_BUILDJ) $(T_MATRIX)
+	@$(T_RUN); for t in $(T_MATRIX); do run $${t#$(BUILD)/matrix/} $$t; done; \
+	if [ -n "$$fail" ]; then echo "test-compilers: FAILED:$$fail"; exit 1; fi; \
+	echo "compilers: $(words $(T_MATRIX)) builds ($(T_COMPILERS) x $(T_OPTIONS)) built and passed"
+
+# ---------------------------------------------------------------- attention kernels
+# build/test_attention (full), then each build below with --quick (t_asan_gcc: full).
+T_SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+T_ATTN_BINS := $(addprefix $(BUILD)/attn/,t_gcc t_gxx t_noavx512 t_noavx2 t_nobf16 t_dpbf16 t_nosimd t_asan_gcc \
+                 $(if $(CLANG),t_clang t_asan_clang) $(if $(CLANGXX),t_clangxx t_asan_clangxx))
+$(BUILD)/attn/t_gcc:          T_A = gcc $(T_C) -O2
+$(BUILD)/attn/t_gxx:          T_A = g++ $(T_CXX) -O2
+$(BUILD)/attn/t_noavx512:     T_A = gcc $(T_C) -O2 -DEI_NO_PTHREADS -DEI_NO_AVX512
+$(BUILD)/attn/t_noavx2:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX2
+$(BUILD)/attn/t_nobf16:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX512BF16
+$(BUILD)/attn/t_dpbf16:       T_A = gcc $(T_C) -O2 -DEI_ATTN_PREFER_DPBF16
+$(BUILD)/attn/t_nosimd:       T_A = gcc $(T_C) -O2 -DEI_NO_SIMD
+$(BUILD)/attn/t_asan_gcc:     T_A = gcc $(T_C) $(T_SAN)
+$(BUILD)/attn/t_clang:        T_A = clang $(T_C) -O2
+$(BUILD)/attn/t_asan_clang:   T_A = clang $(T_C) $(T_SAN)
+$(BUILD)/attn/t_clangxx:      T_A = clang++ $(T_CXX) -O2
+$(BUILD)/attn/t_asan_clangxx: T_A = clang++ $(T_CXX) $(T_SAN)
+$(BUILD)/attn/t_noavx512:     T_A_LIBS = -lm -ldl
+$(T_ATTN_BINS): $(BUILD)/attn/%: tests/test_attention.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(T_A) -g $(WARN) $< -o $@ $(or $(T_A_LIBS),$(LDLIBS))
+
+test-attention-all:
+	@$(T_BUILDJ) $(BUILD)/test_attention $(T_ATTN_BINS)
+	@$(T_RUN); run test_attention $(BUILD)/test_attention; \
+	$(foreach b,$(T_ATTN_BINS),run $(notdir $(b)) $(b) $(if $(filter t_asan_gcc,$(notdir $(b))),,--quick);) \
+	if [ -n "$$fail" ]; then echo "test-attention-all: FAILED:$$fail"; exit 1; fi; \
+	echo "attention: $(words $(BUILD)/test_attention $(T_ATTN_BINS)) builds passed"
+
+# ---------------------------------------------------------------- the harness itself
+# Each check fails on the defect it is named after (and passed before it was fixed).
+test-harness-selftest: $(BUILD)/golden_runner
+	@tmp=$$(mktemp -d); fail=""; mkdir -p $$tmp/empty $$tmp/not_cases/p01_tiny_gauss; \
+	for dir in $$tmp/empty $$tmp/missing $$tmp/not_cases; do \
+	  $(BUILD)/golden_runner $$dir > $$tmp/log 2>&1; rc=$$?; \
+	  if [ $$rc -eq 0 ] || ! grep -q "$$dir" $$tmp/log; then \
+	    echo "FAIL: golden_runner on the $${dir#$$tmp/} folder (no case) exited $$rc:"; cat $$tmp/log; fail=1; fi; \
+	done; rm -rf $$tmp; \
+	if grep -n '^[A-Z_]*\(HDR\|DEPS\)[[:space:]]*[:?+]*=.*\(wildcard\|\*\)' Makefile tests/*.mk bench/attention.mk; then \
+	  echo "FAIL: a test build depends on a wildcard: one that matches nothing hides a wrong path"; fail=1; fi; \
+	for dep in $(T_DEPS) $(H_HDR); do [ -f "$$dep" ] || { echo "FAIL: test builds depend on $$dep, which does not exist"; fail=1; }; done; \
+	for var in $$(grep -ho 'EI_[A-Z0-9_]*=' Makefile tests/*.mk bench/attention.mk | tr -d = | sort -u); do \
+	  grep -q "\"$$var\"" tests/*.c tests/check.h || { echo "FAIL: the makefiles set $$var, which no test reads"; fail=1; }; \
+	done; \
+	if grep -n '&& 0\b\|&& 0;' tests/*.c tests/check.h; then echo "FAIL: a condition that can never hold (a stub switch)"; fail=1; fi; \
+	if [ -n "$$fail" ]; then echo "test-harness-selftest: FAILED"; exit 1; fi; \
+	echo "harness self-test: golden runner fails on zero cases; test dependencies exist; no dead switch"
+
+# ---------------------------------------------------------------- NEON (aarch64 under qemu)
+# Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user (.ci/run installs them).
+ARM_CC ?= aarch64-linux-gnu-gcc
+ARM_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64
+test-arm64:
+	@mkdir -p $(BUILD)
+	$(ARM_CC) $(T_C) -O2 $(WARN) tests/test_core.c -o $(BUILD)/test_core_arm64 -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 $(WARN) -DEI_NO_NEON tests/test_core.c -o $(BUILD)/test_core_arm64_noneon -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 $(WARN) tests/golden_runner.c -o $(BUILD)/golden_runner_arm64 -lm -lpthread
+	$(ARM_RUN) $(BUILD)/test_core_arm64
+	$(ARM_RUN) $(BUILD)/test_core_arm64_noneon
+	$(ARM_RUN) $(BUILD)/golden_runner_arm64 $(GOLDEN)
