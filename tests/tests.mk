@@ -144,7 +144,7 @@ $(BUILD)/attn/t_noavx2:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX2
 $(BUILD)/attn/t_nobf16:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX512BF16
 $(BUILD)/attn/t_dpbf16:       T_A = gcc $(T_C) -O2 -DEI_ATTN_PREFER_DPBF16
 $(BUILD)/attn/t_nosimd:       T_A = gcc $(T_C) -O2 -DEI_NO_SIMD
-$(BUILD)/attn/t_asan_gcc:     T_A = gcc $(T_C) $(T_SAN)
+$(BUILD)/attn/t_asan_gcc:     T_A = gcc $(T_C) $(T_SAN) -include assert.h -DEI_ASSERT=assert
 $(BUILD)/attn/t_clang:        T_A = clang $(T_C) -O2
 $(BUILD)/attn/t_asan_clang:   T_A = clang $(T_C) $(T_SAN)
 $(BUILD)/attn/t_clangxx:      T_A = clang++ $(T_CXX) -O2
