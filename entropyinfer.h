@@ -1646,7 +1646,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    the scalar one is the reference):
    minmax: elementwise max/min over nt rows of one head of a view; returns 0
    if a NaN or Inf was read. Exact (max and min do not round): every path
-   gives the same bits.
+   gives the same values (a zero's sign aside).
    score_row: for blocks 0..nb-1 (transposed key representations, leading
    dimension ld) the group-mean raw score
      (1/G) sum_g max((qmax.kmax + qmin.kmax)/2, (qmax.kmin + qmin.kmin)/2)
@@ -1658,9 +1658,9 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    dot and attention stages and ends with its kernel table (>>kernels picks
    one per context). The hot loops (score_row, dot, the attention Q K^T and
    P V loops) are hand-written per ISA. The elementwise pieces (minmax here;
-   exp2, online softmax, row conversion, K/V and Q packing, score store,
-   output normalise in >>attention) are written once, as templates, against
-   a small vector vocabulary that each x86 section provides:
+   exp2, online softmax, row conversion, K/V packing, score store, output
+   normalise in >>attention) are written once, as templates, against a
+   small vector vocabulary that each x86 section provides:
 
      EI__VEC           EI__VN f32 lanes (AVX2 8, AVX-512 16; the attention
                        tile's 16-row vectors are two AVX2 vectors)
@@ -1691,9 +1691,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    template body is one line to a debugger and to compiler messages: run the
    preprocessor (cc -E) to see it expanded. Every function in a template
    carries EI__VTARGET and every vocabulary op its section's target
-   attribute, since this header compiles ISA code without -march (>>common).
-   Templates keep the operation order of the kernels they replaced, so each
-   path's results are unchanged bit for bit. */
+   attribute, since this header compiles ISA code without -march (>>common). */
 #define EI__VCAT3_(a, b, c) a##b##c
 #define EI__VCAT3(a, b, c) EI__VCAT3_(a, b, c)
 #define EI__V(op) EI__VCAT3(ei__, EI__VISA, _##op)    /* ei__<isa>_<op> */
@@ -2598,7 +2596,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
 
    Kernels (the stages of the context's table, >>isa-*, chosen per call
    from it and the dtypes; the score and P V loops are hand-written per ISA,
-   the other stages written once against a vector vocabulary, >>simd):
+   the elementwise stages written once against a vector vocabulary, >>simd):
      scalar       the reference, one query row at a time (libm exp2f); also
                   what the NEON path runs for now.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
@@ -2827,8 +2825,9 @@ static void ei__attn_qtile_scalar(const ei__attn_job *J, ei__attn_ws *w, int32_t
      pack_p   (bf16 kernel only) P rounded to bf16 pairs
      pv       O[r] = alpha[r] * O[r] + sum_j P[j][r] v_j
      store    out = O / l for the valid rows
-   scores and pv are hand-written per ISA (>>isa-*); the others are the
-   templates below, written once against the vector vocabulary (>>simd). */
+   scores and pv are hand-written per ISA (>>isa-*), as are the bf16
+   kernel's packings; prep_kv, softmax and store are the templates below,
+   written once against the vector vocabulary (>>simd); pack_q is plain C. */
 /* Rows are head-major: row r = g * mt + tok (head h0 + g, token t0 + tok);
    mt (tokens per head, a power of two) is 16 x 2^k for prompt chunks and
    1..8 for calls with fewer tokens (decode steps), where a 16-row vector
@@ -2861,13 +2860,27 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
     return m;
 }
 
+/* Queries transposed into w->qt [d][ld] (row r of the tile is column r):
+   plain C, shared by the f32-arithmetic paths (a strided scatter that the
+   vector units would not speed up). */
+EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i, d = J->d;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        if (g < T->gt && tok < T->nt)
+            ei__attn_row_to_f32(ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g), J->q->dtype, d, w->qrow);
+        else for (i = 0; i < d; ++i) w->qrow[i] = 0.0f;
+        for (i = 0; i < d; ++i) w->qt[(size_t)i * (size_t)T->ld + (size_t)r] = w->qrow[i];
+    }
+}
+
 /* The elementwise stages, written once (vocabulary and mechanics: >>simd).
    EI__ATTN_DEFINE_STAGES() defines, for the section's EI__VISA:
      ei__attn_exp2_<isa>        2^x per lane
      ei__attn_row_f32_<isa>     a row of any dtype as d f32, zero to dpad
      ei__attn_put_scores_<isa>  one vector of scores: scale, clamp, mask, store
-     ei__attn_pack_q_<isa>, ei__attn_prep_kv_<isa>, ei__attn_softmax_<isa>,
-     ei__attn_store_<isa>       stages of ei__attn_stages
+     ei__attn_prep_kv_<isa>, ei__attn_softmax_<isa>, ei__attn_store_<isa>
+                                stages of ei__attn_stages
    A 16-row vector of the tile layout is 16 / EI__VN vectors: part `sub` of
    vector vi holds rows 16 vi + EI__VN sub ... */
 
@@ -2908,31 +2921,18 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
     }
 
 /* Scores of rows 16 vi + EI__VN sub ... for key j: scale, clamp to
-   +-FLT_MAX (NaN too), -inf where the key is past the row's token. */
+   +-FLT_MAX (NaN too), -inf where the key is past the row's token. ld is
+   T->ld, passed by value: a vector store may alias T, and the reload would
+   cost a multiply per store. */
 #define EI__ATTN_DEFINE_PUT_SCORES()                                                                           \
     EI__VTARGET EI__VINLINE void EI__VNAME(ei__attn_put_scores)(ei__attn_ws *w, const ei__attn_tile *T,         \
-                                                                int need_mask, int32_t j, int32_t vi,          \
-                                                                int32_t sub, EI__VEC acc, EI__VEC cv) {        \
+                                                                int32_t ld, int need_mask, int32_t j,          \
+                                                                int32_t vi, int32_t sub, EI__VEC acc,          \
+                                                                EI__VEC cv) {                                  \
         EI__VEC x = EI__VMIN(EI__VMAX(EI__VMUL(acc, cv), EI__VSET1(-FLT_MAX)), EI__VSET1(FLT_MAX));            \
         if (need_mask)                                                                                         \
             x = EI__VSELECT_BITS(ei__attn_vmask(T, vi, w->kpos[j]) >> (EI__VN * sub), x, EI__VSET1(-INFINITY)); \
-        EI__VSTORE(w->s + (size_t)j * (size_t)T->ld + (size_t)vi * 16u + (size_t)(EI__VN * sub), x);           \
-    }
-
-/* Queries transposed into w->qt [d][ld]: row r of the tile is column r. */
-#define EI__ATTN_DEFINE_PACK_Q()                                                                               \
-    EI__VTARGET static void EI__VNAME(ei__attn_pack_q)(const ei__attn_job *J, ei__attn_ws *w,                   \
-                                                       const ei__attn_tile *T) {                               \
-        int32_t r, i, d = J->d;                                                                                \
-        for (r = 0; r < T->ld; ++r) {                                                                          \
-            int32_t g = r / T->mt, tok = r % T->mt;                                                            \
-            if (g < T->gt && tok < T->nt)                                                                      \
-                EI__VNAME(ei__attn_row_f32)(ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g), J->q->dtype, d, \
-                                            J->dpad, w->qrow);                                                 \
-            else                                                                                               \
-                for (i = 0; i < d; ++i) w->qrow[i] = 0.0f;                                                     \
-            for (i = 0; i < d; ++i) w->qt[(size_t)i * (size_t)T->ld + (size_t)r] = w->qrow[i];                 \
-        }                                                                                                      \
+        EI__VSTORE(w->s + (size_t)j * (size_t)ld + (size_t)vi * 16u + (size_t)(EI__VN * sub), x);              \
     }
 
 /* Key rows: in place (f32) or converted into kbuf. Value rows: always copied
@@ -3002,9 +3002,10 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
                 const float *o = w->o + (size_t)r * (size_t)J->dpad;                                           \
                 EI__VEC inv = EI__VSET1(1.0f / w->l[r]);                                                       \
                 unsigned char *dst = (unsigned char *)ei__row_out(J->out, T->t0 + tok - J->q_offset, T->h0 + g); \
-                for (c0 = 0; c0 < d; c0 += EI__VN)                                                             \
-                    EI__VSTORE_ROW(dst + (size_t)c0 * es, dt, EI__VMUL(EI__VLOAD(o + c0), inv),                \
-                                   EI__VFIRST(EI__MIN(d - c0, (int32_t)EI__VN)));                              \
+                for (c0 = 0; c0 + EI__VN <= d; c0 += EI__VN)                                                   \
+                    EI__VSTORE_ROW(dst + (size_t)c0 * es, dt, EI__VMUL(EI__VLOAD(o + c0), inv), EI__VFIRST(EI__VN)); \
+                if (c0 < d)                                                                                    \
+                    EI__VSTORE_ROW(dst + (size_t)c0 * es, dt, EI__VMUL(EI__VLOAD(o + c0), inv), EI__VFIRST(d - c0)); \
             }                                                                                                  \
     }
 
@@ -3012,7 +3013,6 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
     EI__ATTN_DEFINE_EXP2()                                                                                     \
     EI__ATTN_DEFINE_ROW_F32()                                                                                  \
     EI__ATTN_DEFINE_PUT_SCORES()                                                                               \
-    EI__ATTN_DEFINE_PACK_Q()                                                                                   \
     EI__ATTN_DEFINE_PREP_KV()                                                                                  \
     EI__ATTN_DEFINE_SOFTMAX()                                                                                  \
     EI__ATTN_DEFINE_STORE()
@@ -3390,7 +3390,9 @@ EI__TARGET_AVX2 EI__VINLINE void ei__avx2_store_row(void *p, ei_dtype dt, __m256
         return;
     }
     _mm256_storeu_ps(tmp, x);
-    for (i = 0; i < n; ++i) ei__store1(p, dt, i, tmp[i]);
+    if (dt == EI_BF16) for (i = 0; i < n; ++i) ((uint16_t *)p)[i] = ei__f32_to_bf16(tmp[i]);
+    else if (dt == EI_F16) for (i = 0; i < n; ++i) ((uint16_t *)p)[i] = ei__f32_to_f16(tmp[i]);
+    else for (i = 0; i < n; ++i) ((float *)p)[i] = tmp[i];
 }
 EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_select_bits(uint32_t bits, __m256 x, __m256 y) {
     const __m256i lanebit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -3404,7 +3406,7 @@ EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_nan_or(__m256 m, __m256 v) {
 EI__TARGET_AVX2 EI__VINLINE int ei__avx2_any(__m256 m) { return _mm256_movemask_ps(m) != 0; }
 
 /* The templates: ei__minmax_avx2, ei__attn_{exp2, row_f32, put_scores,
-   pack_q, prep_kv, softmax, store}_avx2. */
+   prep_kv, softmax, store}_avx2. */
 #define EI__VISA avx2
 #define EI__VTARGET EI__TARGET_AVX2
 EI__DEFINE_MINMAX()
@@ -3470,7 +3472,7 @@ EI__TARGET_AVX2 static float ei__dot_avx2(const float *a, const float *b, int32_
 
 /* S^T = K Q^T for the tile (>>attention): 2 row vectors (4 ymm of rows) x 2
    keys per register block (8 accumulators); a leftover vector x 4 keys. */
-#define EI__PUT256(acc, j, vi, sub) ei__attn_put_scores_avx2(w, T, need_mask, (j), (vi), (sub), (acc), cv)
+#define EI__PUT256(acc, j, vi, sub) ei__attn_put_scores_avx2(w, T, ld, need_mask, (j), (vi), (sub), (acc), cv)
 EI__TARGET_AVX2 static void ei__attn_scores_avx2(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
                                                  int32_t nk, int need_mask) {
     const int32_t ld = T->ld, d = J->d;
@@ -3553,7 +3555,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
         }
 }
 
-static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_avx2, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
+static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
                                              &ei__attn_avx2, NULL};
@@ -3605,7 +3607,7 @@ EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_nan_or(__mmask16 m, __m512 v)
 EI__TARGET_AVX512 EI__VINLINE int ei__avx512_any(__mmask16 m) { return m != 0; }
 
 /* The templates: ei__minmax_avx512, ei__attn_{exp2, row_f32, put_scores,
-   pack_q, prep_kv, softmax, store}_avx512. */
+   prep_kv, softmax, store}_avx512. */
 #define EI__VISA avx512
 #define EI__VTARGET EI__TARGET_AVX512
 EI__DEFINE_MINMAX()
@@ -3663,7 +3665,7 @@ EI__TARGET_AVX512 static float ei__dot_avx512(const float *a, const float *b, in
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, need_mask, (j), (vi), 0, (acc), cv)
+#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, ld, need_mask, (j), (vi), 0, (acc), cv)
 /* S^T = K Q^T for the tile: 2 row vectors (32 rows) x 8 keys per register
    block (16 accumulators; per dim 2 loads of Q^T + 8 broadcasts from key
    rows). Row vectors outside, keys inside: the 32 rows' Q^T (16 KB at
@@ -3792,7 +3794,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
     }
 }
 
-static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_avx512, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
+static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
                                                &ei__attn_avx512, NULL};
@@ -3847,7 +3849,7 @@ EI__TARGET_AVX512BF16 static void ei__attn_prep_kv_avx512bf16(const ei__attn_job
 static uint32_t ei__attn_u32(const void *p) { uint32_t u; memcpy(&u, p, 4); return u; }
 #define EI__ATTN_BCAST(ptr, i2) _mm512_set1_epi32((int)ei__attn_u32((const unsigned char *)(ptr) + 4 * (i2)))
 #define EI__ATTN_DP(acc, a, b) acc = _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
-#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, need_mask, (j), (vi), 0, (acc), cv)
+#define EI__PUT512(acc, j, vi) ei__attn_put_scores_avx512(w, T, ld, need_mask, (j), (vi), 0, (acc), cv)
 
 EI__TARGET_AVX512BF16 static void ei__attn_scores_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
                                                              const ei__attn_tile *T, int32_t nk, int need_mask) {
