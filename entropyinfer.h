@@ -3322,7 +3322,7 @@ EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_pow2(__m256 p, __m256 n, __m256 keep
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
-EI__TARGET_AVX2 static __m256 ei__avx2_load_row(const void *p, ei_dtype dt, ei__avx2_tail n) {
+EI__TARGET_AVX2 static inline __m256 ei__avx2_load_row(const void *p, ei_dtype dt, ei__avx2_tail n) {
     if (n < 8) {
         float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int32_t i;
@@ -3533,7 +3533,7 @@ EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_ge(__m512 a, __m512 b) { retu
 EI__TARGET_AVX512 EI__VINLINE __m512 ei__avx512_pow2(__m512 p, __m512 n, __mmask16 keep) {
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
-EI__TARGET_AVX512 static __m512 ei__avx512_load_row(const void *p, ei_dtype dt, __mmask16 m) {
+EI__TARGET_AVX512 static inline __m512 ei__avx512_load_row(const void *p, ei_dtype dt, __mmask16 m) {
     if (dt == EI_F32) return _mm512_maskz_loadu_ps(m, p);
     if (dt == EI_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
