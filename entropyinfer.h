@@ -1656,42 +1656,37 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    ISA code is grouped by ISA: one section per path (>>isa-scalar, >>isa-avx2,
    >>isa-avx512, >>isa-avx512bf16, >>isa-neon) holds its minmax, score_row,
    dot and attention stages and ends with its kernel table (>>kernels picks
-   one per context). The hot loops (score_row, dot, the attention Q K^T and
-   P V loops) are hand-written per ISA. The elementwise pieces (minmax here;
-   exp2, online softmax, row conversion, K/V packing, score store, output
-   normalise in >>attention) are written once, as templates, against a
-   small vector vocabulary that each x86 section provides:
-
-     EI__VEC           EI__VN f32 lanes (AVX2 8, AVX-512 16; the attention
-                       tile's 16-row vectors are two AVX2 vectors)
-     EI__VMASK         a lane mask (EI__VGE, NaN tracking)
+   one per context). Hot loops (score_row, dot, the attention Q K^T and P V)
+   are hand-written per ISA; the elementwise pieces (minmax here; exp2,
+   online softmax, row conversion, K/V packing, score store and output
+   normalise in >>attention) are templates written once against a small
+   vector vocabulary, which each x86 section provides (as ggml's simd
+   mappings do):
+     EI__VEC, EI__VN   a vector of EI__VN f32 lanes (AVX2 8, AVX-512 16: a
+                       16-row vector of the attention tile is 2 AVX2 vectors)
+     EI__VMASK         lane mask (EI__VGE, NaN tracking)
      EI__VTAIL         the first n lanes of a partial vector: EI__VFIRST(n)
-     EI__VZERO() EI__VSET1(x) EI__VLOAD(p) EI__VSTORE(p, v)   (aligned)
-     EI__VSTOREU(p, v) EI__VADD EI__VSUB EI__VMUL EI__VMAX EI__VMIN
-     EI__VFMA(a, b, c) (a*b + c)   EI__VROUND(x) (to nearest)
-     EI__VGE(a, b)     lanes where a >= b (ordered)
-     EI__VPOW2(p, n, keep)  p * 2^n (n integral) in kept lanes, 0 elsewhere
+     EI__VZERO() EI__VSET1(x) EI__VLOAD(p) EI__VSTORE(p, v) (aligned)
+     EI__VSTOREU EI__VADD EI__VSUB EI__VMUL EI__VMAX EI__VMIN
+     EI__VFMA(a, b, c) = a*b + c, EI__VROUND (to nearest), EI__VGE(a, b)
+     EI__VPOW2(p, n, keep)          p * 2^n in kept lanes, 0 elsewhere
      EI__VLOAD_ROW(p, dt, tail)     tail lanes of a row of any dtype as f32
-                                    (f16/bf16 -> f32 exact), the rest 0
-     EI__VSTORE_ROW(p, dt, v, tail) tail lanes to a row of any dtype (f32
-                                    -> f16/bf16 rounded to nearest even)
-     EI__VSELECT_BITS(bits, x, y)   lane i: x if bit i of bits is set, else y
+                                    (exact), other lanes 0
+     EI__VSTORE_ROW(p, dt, v, tail) tail lanes into a row of any dtype
+                                    (f16/bf16: nearest even)
+     EI__VSELECT_BITS(bits, x, y)   lane i: x if bit i is set, else y
      EI__VNAN_NONE() EI__VNAN_OR(m, v) EI__VANY(m)   NaN tracking
-     EI__VMINMAX_VECS  vectors per minmax pass (2 accumulators each stay in
-                       registers)
-
-   Mechanics: a section defines EI__VISA (its name, e.g. avx2) and
-   EI__VTARGET (its target attribute), expands the templates (e.g.
-   EI__DEFINE_MINMAX() defines ei__minmax_avx2) and #undefs both. Each
-   vocabulary op is a static inline function of the section, ei__<isa>_<op>
-   (EI__VADD is ei__avx2_add there), so ops are type-checked and a debugger
-   steps into them; the templates are macros because C has no templates, and
-   the alternative (re-including the header once per ISA, as
-   stb_image_resize2.h does) would need guards around the whole file. A
-   template body is one line to a debugger and to compiler messages: run the
-   preprocessor (cc -E) to see it expanded. Every function in a template
-   carries EI__VTARGET and every vocabulary op its section's target
-   attribute, since this header compiles ISA code without -march (>>common). */
+     EI__VMINMAX_VECS  vectors per minmax pass
+   A section defines EI__VISA (its name: avx2) and EI__VTARGET (its target
+   attribute), expands the templates (EI__DEFINE_MINMAX() defines
+   ei__minmax_avx2, ...) and #undefs both. Vocabulary ops are static inline
+   functions ei__<isa>_<op> carrying the section's target attribute (this
+   header compiles ISA code without -march, >>common), so they are
+   type-checked and a debugger steps into them; EI__VADD names ei__avx2_add
+   there. The templates are macros, C having no templates (re-including the
+   header per ISA, as stb_image_resize2.h does, would need guards around the
+   whole file): a template is one line to a debugger and in compiler
+   messages, and cc -E shows it expanded. */
 #define EI__VCAT3_(a, b, c) a##b##c
 #define EI__VCAT3(a, b, c) EI__VCAT3_(a, b, c)
 #define EI__V(op) EI__VCAT3(ei__, EI__VISA, _##op)    /* ei__<isa>_<op> */
@@ -2861,8 +2856,8 @@ EI__MAYBE_UNUSED static uint32_t ei__attn_vmask(const ei__attn_tile *T, int32_t 
 }
 
 /* Queries transposed into w->qt [d][ld] (row r of the tile is column r):
-   plain C, shared by the f32-arithmetic paths (a strided scatter that the
-   vector units would not speed up). */
+   plain C shared by the f32-arithmetic paths; the work is a strided
+   scatter, which compiled per ISA ran more instructions, not fewer. */
 EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
     int32_t r, i, d = J->d;
     for (r = 0; r < T->ld; ++r) {
@@ -3369,7 +3364,7 @@ EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_pow2(__m256 p, __m256 n, __m256 keep
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
-EI__TARGET_AVX2 static __m256 ei__avx2_load_row(const void *p, ei_dtype dt, ei__avx2_tail n) {
+EI__TARGET_AVX2 static inline __m256 ei__avx2_load_row(const void *p, ei_dtype dt, ei__avx2_tail n) {
     if (n < 8) {
         float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int32_t i;
@@ -3580,7 +3575,7 @@ EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_ge(__m512 a, __m512 b) { retu
 EI__TARGET_AVX512 EI__VINLINE __m512 ei__avx512_pow2(__m512 p, __m512 n, __mmask16 keep) {
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
-EI__TARGET_AVX512 static __m512 ei__avx512_load_row(const void *p, ei_dtype dt, __mmask16 m) {
+EI__TARGET_AVX512 static inline __m512 ei__avx512_load_row(const void *p, ei_dtype dt, __mmask16 m) {
     if (dt == EI_F32) return _mm512_maskz_loadu_ps(m, p);
     if (dt == EI_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
