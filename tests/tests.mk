@@ -173,7 +173,7 @@ test-harness-selftest: $(BUILD)/golden_runner
 	if grep -n '^[A-Z_]*\(HDR\|DEPS\)[[:space:]]*[:?+]*=.*\(wildcard\|\*\)' Makefile tests/*.mk bench/attention.mk; then \
 	  echo "FAIL: a test build depends on a wildcard: one that matches nothing hides a wrong path"; fail=1; fi; \
 	for dep in $(T_DEPS) $(H_HDR); do [ -f "$$dep" ] || { echo "FAIL: test builds depend on $$dep, which does not exist"; fail=1; }; done; \
-	for var in $$(grep -ho 'EI_[A-Z0-9_]*=' Makefile tests/*.mk bench/attention.mk | tr -d = | sort -u); do \
+	for var in $$(grep -ho '\(^\|[[:space:]]\)EI_[A-Z0-9_]*=' Makefile tests/*.mk bench/attention.mk | tr -d '= \t' | sort -u); do \
 	  grep -q "\"$$var\"" tests/*.c tests/check.h || { echo "FAIL: the makefiles set $$var, which no test reads"; fail=1; }; \
 	done; \
 	if grep -n '&& 0\b\|&& 0;' tests/*.c tests/check.h; then echo "FAIL: a condition that can never hold (a stub switch)"; fail=1; fi; \
