@@ -1636,6 +1636,13 @@ EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
+/* A plan's arrays live where its context computes: host or device memory. */
+static ei_result ei__check_plan_side(const ei_context *ctx, const ei_plan *plan) {
+    if (plan->on_device == ei__on_gpu(ctx)) return EI_OK;
+    return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
+                    ei__on_gpu(ctx) ? "GPU" : "CPU");
+}
+
 EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment) {
     if (!ctx || !plan || segment < 0 || segment >= plan->n_segments) return 0;
     return ei__segment_sparse(&ctx->cfg, segment, plan->n_segments, plan->final);
@@ -1890,18 +1897,18 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     return 1;
 }
 
-/* The sizes a workspace query names, for both backends (n_tokens or
-   head_dim 0: not part of that query). */
+/* The sizes a workspace query names, for both backends (a query without
+   n_tokens or head_dim passes 1). */
 static ei_result ei__check_sizes(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
                                  int32_t head_dim, const size_t *bytes) {
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
-    if (n_tokens < 0 || n_tokens > EI_MAX_TOKENS)
+    if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld not in 1..%lld", (long long)n_tokens, (long long)EI_MAX_TOKENS);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS || n_kv_heads <= 0 || n_kv_heads > EI_MAX_HEADS)
         return ei__fail(ctx, EI_ERR_SIZE, "heads %d / kv heads %d not in 1..%d", (int)n_heads, (int)n_kv_heads, EI_MAX_HEADS);
     if (n_heads % n_kv_heads)
         return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
-    if (head_dim < 0 || head_dim > EI_MAX_HEAD_DIM)
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
     return EI_OK;
 }
@@ -1909,7 +1916,7 @@ static ei_result ei__check_sizes(const ei_context *ctx, int64_t n_tokens, int32_
 EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
-    ei_result r = ei__check_sizes(ctx, n_tokens ? n_tokens : -1, n_heads, n_kv_heads, head_dim ? head_dim : -1, bytes);
+    ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
     if (r != EI_OK) return r;
     if (ei__on_gpu(ctx))
         return EI__CUDA(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
@@ -1954,9 +1961,7 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
     ei_result r = ei__check_qk(ctx, q, k);
     if (r != EI_OK) return r;
     if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
-    if (plan->on_device != ei__on_gpu(ctx))
-        return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
-                        ei__on_gpu(ctx) ? "GPU" : "CPU");
+    if ((r = ei__check_plan_side(ctx, plan)) != EI_OK) return r;
     if (plan->n_kv_heads != k->n_heads)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
     if (plan->head_dim != k->head_dim)
@@ -2363,7 +2368,7 @@ static int ei__decode_ws_layout(const ei_config *c, int64_t n, int32_t H, int32_
 EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
                                          size_t *bytes) {
     ei__decode_ws w;
-    ei_result r = ei__check_sizes(ctx, n_tokens ? n_tokens : -1, n_heads, n_kv_heads, 0, bytes);
+    ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, 1, bytes);
     if (r != EI_OK) return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
     if (!ei__decode_ws_layout(&ctx->cfg, n_tokens, n_heads, n_kv_heads, EI_MAX_HEAD_DIM, &w, NULL, 0, bytes))
@@ -2728,7 +2733,7 @@ static int ei__attn_ws_layout(const ei_config *c, int32_t G, int32_t d, ei__attn
 EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
                                             int32_t head_dim, size_t *bytes) {
     ei__attn_ws w;
-    ei_result r = ei__check_sizes(ctx, 0, n_heads, n_kv_heads, head_dim ? head_dim : -1, bytes);
+    ei_result r = ei__check_sizes(ctx, 1, n_heads, n_kv_heads, head_dim, bytes);
     if (r != EI_OK) return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention_workspace_size, &ctx->cfg, n_heads, n_kv_heads, head_dim, bytes);
     if (!ei__attn_ws_layout(&ctx->cfg, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
@@ -3181,9 +3186,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
         if (plan->n_segments > plan->seg_capacity || plan->max_keep < 0)
             return ei__fail(ctx, EI_ERR_STATE, "plan is corrupt (%d segments, capacity %d)", (int)plan->n_segments,
                             (int)plan->seg_capacity);
-        if (plan->on_device != ei__on_gpu(ctx))
-            return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
-                            ei__on_gpu(ctx) ? "GPU" : "CPU");
+        if ((r = ei__check_plan_side(ctx, plan)) != EI_OK) return r;
         s_last = (int32_t)((need - 1) / ctx->cfg.segment_size);
         /* the rows a call reads (a device plan's rows are device memory: the
            kernel clamps counts and skips block numbers outside the segment) */

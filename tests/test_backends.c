@@ -93,22 +93,18 @@ static void *mem_new(const side *s, size_t n) {
     }
     return p;
 }
-static void mem_put(const side *s, void *dst, const void *src, size_t n) {
+/* Copy n bytes host->side (kind EI_COPY_HOST_TO_DEVICE) or side->host. */
+static void mem_move(const side *s, void *dst, const void *src, size_t n, int kind) {
     if (!n) return;
     if (!s->gpu) memcpy(dst, src, n);
-    else if (ei_device_copy(s->ctx, dst, src, n, EI_COPY_HOST_TO_DEVICE) != EI_OK) {
-        printf("FAIL: ei_device_copy to the device: %s\n", ei_last_error());
+    else if (ei_device_copy(s->ctx, dst, src, n, kind) != EI_OK) {
+        printf("FAIL: ei_device_copy (%s): %s\n", kind == EI_COPY_HOST_TO_DEVICE ? "to the device" : "to the host",
+               ei_last_error());
         exit(1);
     }
 }
-static void mem_get(const side *s, void *dst, const void *src, size_t n) {
-    if (!n) return;
-    if (!s->gpu) memcpy(dst, src, n);
-    else if (ei_device_copy(s->ctx, dst, src, n, EI_COPY_DEVICE_TO_HOST) != EI_OK) {
-        printf("FAIL: ei_device_copy to the host: %s\n", ei_last_error());
-        exit(1);
-    }
-}
+static void mem_put(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_HOST_TO_DEVICE); }
+static void mem_get(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_DEVICE_TO_HOST); }
 static void *mem_up(const side *s, const void *src, size_t n) {
     void *p = mem_new(s, n);
     mem_put(s, p, src, n);
@@ -174,13 +170,8 @@ static uint16_t *s1_keys(void) {
     return k;
 }
 static ei_config s1_config(void) {
-    ei_config c = ei_config_default();
-    c.window = 32;
+    ei_config c = ei_config_default(); /* window 32, gap 16, avg pooling 5, per kv head */
     c.decode_budget = 64;
-    c.decode_gap = 16;
-    c.pool = EI_POOL_AVG;
-    c.pool_kernel = 5;
-    c.per_kv_head = 1;
     return c;
 }
 /* One keep-set as the host sees it. */
