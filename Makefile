@@ -53,3 +53,4 @@ include tests/tests.mk
 -include cuda.mk
 -include examples/gemma/gemma.mk
 -include tests/hardening.mk
+-include examples/llama.cpp/llama-cpp.mk

@@ -3,7 +3,7 @@
 #
 # llama-cpp-python's source distribution vendors a whole llama.cpp tree
 # (vendor/llama.cpp). This script downloads that sdist with pip, checks its
-# sha256 and unpacks the tree into $LLAMA_CPP_SRC (default
+# sha256 and unpacks the tree into $LLAMA_CPP_PRISTINE (default
 # .cache/llama.cpp/src-<commit>), unpatched. Idempotent: a second run checks
 # the stamp and returns. Nothing of llama.cpp is committed to this repository.
 #
@@ -15,7 +15,7 @@ COMMIT=0c1e57098               # its vendored ggml-org/llama.cpp commit (CHANGEL
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
 CACHE=${LLAMA_CPP_CACHE:-.cache/llama.cpp}
-DEST=${LLAMA_CPP_SRC:-$CACHE/src-$COMMIT}
+DEST=${LLAMA_CPP_PRISTINE:-$CACHE/src-$COMMIT}
 SDIST=$CACHE/llama_cpp_python-$VERSION.tar.gz
 PIP=${PIP:-python3 -m pip}
 

@@ -1,0 +1,1003 @@
+// ei_llama.cpp - entropyinfer inside llama.cpp (compiled into libllama by
+// entropyinfer.patch; the entry points are described in ei_llama.h).
+//
+// What runs where
+//   A layer is served when its attention is plain causal softmax attention
+//   over the KV cache: no sliding window, soft-capping, ALiBi, sinks, KQ bias
+//   or MLA, equal K/V head sizes, an F16/BF16/F32 cache and a head-major V
+//   (flash attention on; with it off llama.cpp stores V transposed).
+//   A ubatch is served when llama_decode announced it, it has at least
+//   min_tokens tokens (default 32), one sequence, consecutive positions, and
+//   the cache cells 0 .. pos+n-1 hold positions 0 .. pos+n-1 of that sequence
+//   (checked with ei_check_key_positions) with no later cell holding an
+//   earlier position. Everything else runs llama.cpp's own attention, and the
+//   reason is printed once on stderr ("entropyinfer: ...").
+//
+//   For a served layer and ubatch the graph holds three ggml custom ops in
+//   place of llama.cpp's attention nodes:
+//     ei_profile   ei_profile_chunk_heads, kv-head ranges over ggml's threads
+//     ei_finalize  ei_plan_finalize, one thread (and the density statistics)
+//     ei_attn      ei_attention_prefill(ith, nth) into [head_dim*n_head, n_tokens]
+//   Q is llama.cpp's f32 post-RoPE query, K and V are views of the cache (no
+//   copies). The ubatch's first position and is_final are read at compute
+//   time (set_input of a graph input of ours), and that input's can_reuse
+//   makes llama.cpp rebuild the graph whenever the serve decision changes.
+//
+// Modes (--entropyinfer-opt mode=...)
+//   sparse      (default) planning + block-sparse attention
+//   ei-dense    entropyinfer's attention kernel without a plan (dense causal)
+//   time-dense  llama.cpp's own attention, timed in the layers and ubatches
+//               entropyinfer would serve (numerics of unpatched llama.cpp)
+//
+// At exit one line sums the run: layers served, ubatches served, the mean
+// density of the sparse segments (kept keys / causal keys over their queries
+// and kv heads), and the wall time of planning, of entropyinfer's attention
+// and of llama.cpp's attention (time-dense).
+
+#define ENTROPYINFER_IMPLEMENTATION
+#include "entropyinfer.h"
+
+#include "ei_llama.h"
+
+#include "llama-arch.h"
+#include "llama-batch.h"
+#include "llama-cparams.h"
+#include "llama-graph.h"
+#include "llama-hparams.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
+#include "llama-model.h"
+
+#include "ggml.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// ---------------------------------------------------------------- options
+
+enum ei_mode { EI_MODE_SPARSE = 0, EI_MODE_EI_DENSE = 1, EI_MODE_TIME_DENSE = 2 };
+static const char * const k_mode_names[] = { "sparse", "ei-dense", "time-dense" };
+
+struct ei_options {
+    bool      enabled    = false;
+    ei_config cfg        = ei_config_default();
+    int       min_tokens = 32;
+    ei_mode   mode       = EI_MODE_SPARSE;
+};
+
+static ei_options & ei_opts() {
+    static ei_options o;
+    return o;
+}
+
+enum ei_field_kind { EI_I32, EI_I64, EI_F64, EI_F32, EI_ENUM_SIMD, EI_ENUM_POOL, EI_ENUM_REDUCE };
+
+struct ei_field {
+    const char *  name;
+    ei_field_kind kind;
+    size_t        offset;
+};
+
+#define EI_FIELD(name, kind) { #name, kind, offsetof(ei_config, name) }
+static const ei_field k_fields[] = {
+    EI_FIELD(segment_size,       EI_I32),
+    EI_FIELD(block_size,         EI_I32),
+    EI_FIELD(threshold_len,      EI_I64),
+    EI_FIELD(base_budget,        EI_I32),
+    EI_FIELD(rigid_entropy,      EI_F64),
+    EI_FIELD(delta_t,            EI_F64),
+    EI_FIELD(alpha,              EI_F64),
+    EI_FIELD(budget_min_factor,  EI_F64),
+    EI_FIELD(budget_max_factor,  EI_F64),
+    EI_FIELD(last_segment_dense, EI_I32),
+    EI_FIELD(per_segment_budget, EI_I32),
+    EI_FIELD(simd,               EI_ENUM_SIMD),
+    // decode compression: accepted for completeness, unused by this glue
+    EI_FIELD(decode_budget,      EI_I32),
+    EI_FIELD(window,             EI_I32),
+    EI_FIELD(decode_gap,         EI_I32),
+    EI_FIELD(pool,               EI_ENUM_POOL),
+    EI_FIELD(pool_kernel,        EI_I32),
+    EI_FIELD(per_kv_head,        EI_I32),
+    EI_FIELD(gqa_reduce,         EI_ENUM_REDUCE),
+    EI_FIELD(recompress_every,   EI_I32),
+    EI_FIELD(decode_scale,       EI_F32),
+};
+#undef EI_FIELD
+
+static bool ei_parse_int(const std::string & s, long long lo, long long hi, long long & out) {
+    if (s.empty()) {
+        return false;
+    }
+    errno = 0;
+    char * end = nullptr;
+    const long long v = strtoll(s.c_str(), &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > hi) {
+        return false;
+    }
+    out = v;
+    return true;
+}
+
+static bool ei_parse_double(const std::string & s, double & out) {
+    if (s.empty()) {
+        return false;
+    }
+    errno = 0;
+    char * end = nullptr;
+    const double v = strtod(s.c_str(), &end);
+    if (errno != 0 || *end != '\0' || !std::isfinite(v)) {
+        return false;
+    }
+    out = v;
+    return true;
+}
+
+// value: a name of the list (its index) or the index itself
+static bool ei_parse_enum(const std::string & s, const char * const * names, int n, int & out) {
+    for (int i = 0; i < n; ++i) {
+        if (s == names[i]) {
+            out = i;
+            return true;
+        }
+    }
+    long long v;
+    if (ei_parse_int(s, 0, n - 1, v)) {
+        out = (int) v;
+        return true;
+    }
+    return false;
+}
+
+static std::string ei_names(const char * const * names, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) {
+        s += (i ? "|" : "");
+        s += names[i];
+    }
+    return s;
+}
+
+static const char * const k_simd_names[]   = { "auto", "scalar", "avx2", "avx512", "neon", "avx512_bf16" };
+static const char * const k_pool_names[]   = { "avg", "max", "none" };
+static const char * const k_reduce_names[] = { "mean", "max" };
+
+static bool ei_set_one(const std::string & item, std::string & err) {
+    ei_options & o = ei_opts();
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+        err = "expected NAME=VALUE, got '" + item + "'";
+        return false;
+    }
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    long long iv;
+    double dv;
+    int ev;
+    if (name == "min_tokens") {
+        if (!ei_parse_int(value, 1, INT32_MAX, iv)) {
+            err = "min_tokens: expected an integer >= 1, got '" + value + "'";
+            return false;
+        }
+        o.min_tokens = (int) iv;
+        return true;
+    }
+    if (name == "mode") {
+        if (!ei_parse_enum(value, k_mode_names, 3, ev)) {
+            err = "mode: expected " + ei_names(k_mode_names, 3) + ", got '" + value + "'";
+            return false;
+        }
+        o.mode = (ei_mode) ev;
+        return true;
+    }
+    if (name == "attn_scale") {
+        err = "attn_scale is the model's (llama.cpp's kq_scale of each layer) and cannot be set";
+        return false;
+    }
+    for (const ei_field & f : k_fields) {
+        if (name != f.name) {
+            continue;
+        }
+        char * p = (char *) &o.cfg + f.offset;
+        bool ok = false;
+        switch (f.kind) {
+            case EI_I32:
+                ok = ei_parse_int(value, INT32_MIN, INT32_MAX, iv);
+                if (ok) { int32_t x = (int32_t) iv; memcpy(p, &x, sizeof x); }
+                break;
+            case EI_I64:
+                ok = ei_parse_int(value, INT64_MIN, INT64_MAX, iv);
+                if (ok) { int64_t x = (int64_t) iv; memcpy(p, &x, sizeof x); }
+                break;
+            case EI_F64:
+                ok = ei_parse_double(value, dv);
+                if (ok) { memcpy(p, &dv, sizeof dv); }
+                break;
+            case EI_F32:
+                ok = ei_parse_double(value, dv) && std::fabs(dv) <= 3.0e38;
+                if (ok) { float x = (float) dv; memcpy(p, &x, sizeof x); }
+                break;
+            case EI_ENUM_SIMD:
+                ok = ei_parse_enum(value, k_simd_names, 6, ev);
+                if (ok) { o.cfg.simd = (ei_simd) ev; }
+                break;
+            case EI_ENUM_POOL:
+                ok = ei_parse_enum(value, k_pool_names, 3, ev);
+                if (ok) { o.cfg.pool = (ei_pool) ev; }
+                break;
+            case EI_ENUM_REDUCE:
+                ok = ei_parse_enum(value, k_reduce_names, 2, ev);
+                if (ok) { o.cfg.gqa_reduce = (ei_reduce) ev; }
+                break;
+        }
+        if (!ok) {
+            const char * what =
+                f.kind == EI_I32 || f.kind == EI_I64 ? "an integer" :
+                f.kind == EI_F64 || f.kind == EI_F32 ? "a finite number" :
+                f.kind == EI_ENUM_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
+                f.kind == EI_ENUM_POOL ? "avg|max|none or 0..2" : "mean|max or 0..1";
+            err = std::string(f.name) + ": expected " + what + ", got '" + value + "'";
+            return false;
+        }
+        return true;
+    }
+    err = "unknown option '" + name + "' (known: ";
+    for (const ei_field & f : k_fields) {
+        err += f.name;
+        err += ", ";
+    }
+    err += "min_tokens, mode)";
+    return false;
+}
+
+// ---------------------------------------------------------------- reports and statistics
+
+static int64_t ei_now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static std::mutex & ei_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+// One line on stderr per distinct message.
+static void ei_report_once(const std::string & msg) {
+    static std::set<std::string> seen;
+    std::lock_guard<std::mutex> lock(ei_mutex());
+    if (seen.insert(msg).second) {
+        fprintf(stderr, "entropyinfer: %s\n", msg.c_str());
+        fflush(stderr);
+    }
+}
+
+struct ei_stats {
+    int     n_layer         = 0;
+    int     layers_served   = 0;
+    int64_t ubatches        = 0; // announced by llama_decode
+    int64_t ubatches_served = 0; // with entropyinfer (time-dense: timed)
+    double  kept            = 0; // keys attended by the queries of sparse segments (per kv head)
+    double  causal          = 0; // keys a dense causal attention would attend for the same queries
+    int64_t ns_plan         = 0;
+    int64_t ns_attn         = 0;
+    int64_t ns_dense        = 0; // llama.cpp's attention (time-dense)
+
+    void add(const ei_stats & o) {
+        n_layer          = std::max(n_layer, o.n_layer);
+        layers_served    = std::max(layers_served, o.layers_served);
+        ubatches        += o.ubatches;
+        ubatches_served += o.ubatches_served;
+        kept            += o.kept;
+        causal          += o.causal;
+        ns_plan         += o.ns_plan;
+        ns_attn         += o.ns_attn;
+        ns_dense        += o.ns_dense;
+    }
+};
+
+struct ei_global {
+    ei_stats                       done;      // of freed contexts
+    std::set<llama_ei_state *>     live;
+    int                            contexts = 0;
+};
+
+static ei_global & ei_glob() {
+    static ei_global * g = new ei_global; // never destroyed: read by the atexit handler
+    return *g;
+}
+
+// ---------------------------------------------------------------- per-context state
+
+// Wall time of one custom-op call over ggml's threads: from the first thread
+// in to the last thread out.
+struct ei_timer {
+    std::atomic<int>     in{0};
+    std::atomic<int>     out{0};
+    std::atomic<int64_t> t0{0};
+
+    void reset() {
+        in  = 0;
+        out = 0;
+    }
+    void enter() {
+        if (in.fetch_add(1) == 0) {
+            t0 = ei_now_ns();
+        }
+    }
+    // the elapsed ns for the last of nth threads, -1 for the others
+    int64_t leave(int nth) {
+        if (out.fetch_add(1) + 1 == nth) {
+            return ei_now_ns() - t0.load();
+        }
+        return -1;
+    }
+};
+
+struct ei_layer {
+    llama_ei_state * st       = nullptr;
+    int              il       = -1;
+    int              status   = 0;       // 0: not seen yet, 1: served, -1: not served
+    ei_context *     ctx      = nullptr; // owned by the state (one per attention scale)
+    ei_plan          plan     = {};
+    bool             has_plan = false;
+    int32_t          n_head = 0, n_head_kv = 0, head_dim = 0;
+
+    // this ubatch
+    bool             use_plan = false;
+    std::atomic<int> failed{0};
+    char             error[512] = {0};
+    ei_timer         t_plan, t_attn;
+    int64_t          ns_plan = 0;
+    int64_t          t_dense0 = 0;
+
+    void fail(const char * what) {
+        int expected = 0;
+        if (failed.compare_exchange_strong(expected, 1)) {
+            snprintf(error, sizeof error, "%s: %s", what, ei_last_error());
+        }
+    }
+};
+
+struct llama_ei_state {
+    ei_options                             opts;
+    int                                    n_layer = 0;
+    std::vector<std::unique_ptr<ei_layer>> layers;
+    std::map<uint32_t, ei_context *>       ctxs;          // by the bits of the attention scale
+    ei_context *                           ctx0 = nullptr; // the configuration as given (checks)
+    std::vector<void *>                    ws;            // per thread
+    size_t                                 ws_bytes = 0;
+    std::vector<int32_t>                   cell_pos;
+
+    // the ubatch llama_decode is processing (announced), and the one computed
+    const llama_pos * ann_pos  = nullptr;
+    uint32_t          ann_n    = 0;
+    bool              ann_last = false;
+    int64_t           q_pos    = 0;
+    int               is_final = 0;
+
+    ei_stats          stats;
+};
+
+static void ei_free_ws(llama_ei_state * st) {
+    for (void * p : st->ws) {
+        free(p);
+    }
+    st->ws.clear();
+    st->ws_bytes = 0;
+}
+
+// per-thread workspaces of at least `bytes` for n threads (graph-build time: no op runs)
+static bool ei_ensure_ws(llama_ei_state * st, size_t bytes, int n) {
+    if (bytes <= st->ws_bytes && (int) st->ws.size() >= n) {
+        return true;
+    }
+    const size_t b = std::max(bytes, st->ws_bytes);
+    const int    m = std::max(n, (int) st->ws.size());
+    ei_free_ws(st);
+    const size_t rounded = (b + 63) / 64 * 64;
+    for (int i = 0; i < m; ++i) {
+        void * p = aligned_alloc(64, rounded ? rounded : 64);
+        if (!p) {
+            ei_free_ws(st);
+            return false;
+        }
+        st->ws.push_back(p);
+    }
+    st->ws_bytes = b;
+    return true;
+}
+
+static void ei_print_summary() {
+    ei_global & g = ei_glob();
+    ei_stats s;
+    int contexts;
+    ei_mode mode;
+    {
+        std::lock_guard<std::mutex> lock(ei_mutex());
+        s = g.done;
+        for (llama_ei_state * st : g.live) {
+            s.add(st->stats);
+        }
+        contexts = g.contexts;
+        mode     = ei_opts().mode;
+    }
+    if (contexts == 0) {
+        return;
+    }
+    char line[512];
+    int  n = snprintf(line, sizeof line, "entropyinfer: mode %s, layers %d/%d, ubatches %lld/%lld",
+            k_mode_names[mode], s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
+    if (mode == EI_MODE_SPARSE) {
+        if (s.causal > 0) {
+            n += snprintf(line + n, sizeof line - n, ", density %.4f", s.kept / s.causal);
+        } else {
+            n += snprintf(line + n, sizeof line - n, ", density 1 (no sparse segment)");
+        }
+        n += snprintf(line + n, sizeof line - n, ", plan %.3f s", s.ns_plan * 1e-9);
+    }
+    if (mode != EI_MODE_TIME_DENSE) {
+        n += snprintf(line + n, sizeof line - n, ", attention %.3f s", s.ns_attn * 1e-9);
+    } else {
+        n += snprintf(line + n, sizeof line - n, ", dense-attention %.3f s", s.ns_dense * 1e-9);
+    }
+    fprintf(stderr, "%s\n", line);
+    fflush(stderr);
+}
+
+// ---------------------------------------------------------------- command line
+
+void llama_entropyinfer_enable(void) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // construct what the handler reads before registering it (it runs before their destructors)
+        (void) ei_opts();
+        (void) ei_mutex();
+        (void) ei_glob();
+        atexit(ei_print_summary);
+    });
+    ei_opts().enabled = true;
+}
+
+int llama_entropyinfer_option(const char * name_values, char * err, size_t err_size) {
+    std::string s = name_values ? name_values : "", msg;
+    size_t start = 0;
+    while (true) {
+        const size_t comma = s.find(',', start);
+        const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (!ei_set_one(item, msg)) {
+            if (err && err_size) {
+                snprintf(err, err_size, "--entropyinfer-opt: %s", msg.c_str());
+            }
+            return -1;
+        }
+        if (comma == std::string::npos) {
+            break;
+        }
+        start = comma + 1;
+    }
+    llama_entropyinfer_enable();
+    return 0;
+}
+
+const char * llama_entropyinfer_help(void) {
+    static std::string help;
+    if (help.empty()) {
+        const ei_config d = ei_config_default();
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+            "entropyinfer option NAME=VALUE (repeatable, or comma-separated; implies --entropyinfer):\n"
+            "ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d),\n"
+            "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g),\n"
+            "last_segment_dense (%d), per_segment_budget (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16);\n"
+            "glue: min_tokens (32: smaller ubatches use llama.cpp's attention),\n"
+            "mode (sparse: entropyinfer's plans and block-sparse attention; ei-dense: its kernel without a plan;\n"
+            "time-dense: llama.cpp's attention, timed in the layers entropyinfer would serve)",
+            (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
+            d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
+            (int) d.last_segment_dense, (int) d.per_segment_budget);
+        help = buf;
+    }
+    return help.c_str();
+}
+
+// ---------------------------------------------------------------- context
+
+llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cparams & cparams) {
+    const ei_options & o = ei_opts();
+    if (!o.enabled) {
+        return nullptr;
+    }
+    auto st = std::make_unique<llama_ei_state>();
+    st->opts    = o;
+    st->n_layer = (int) model.hparams.n_layer();
+    for (int il = 0; il < st->n_layer; ++il) {
+        st->layers.emplace_back(new ei_layer);
+        st->layers.back()->st = st.get();
+        st->layers.back()->il = il;
+    }
+    st->stats.n_layer = st->n_layer;
+    if (ei_context_create(&st->opts.cfg, &st->ctx0) != EI_OK) {
+        const std::string msg = std::string("invalid configuration: ") + ei_last_error();
+        fprintf(stderr, "entropyinfer: %s\n", msg.c_str());
+        throw std::runtime_error("entropyinfer: " + msg);
+    }
+
+    static std::once_flag once;
+    std::call_once(once, [&] {
+        const ei_config & c = st->opts.cfg;
+        fprintf(stderr, "entropyinfer: on, mode %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
+                "last_segment_dense %d, per_segment_budget %d, min_tokens %d, simd %s; %s\n",
+                k_mode_names[st->opts.mode], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
+                (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget, st->opts.min_tokens,
+                ei_simd_name(ei_context_simd(st->ctx0)),
+                cparams.flash_attn ? "flash attention on: the V cache is head-major, layers can be served"
+                                   : "flash attention off: llama.cpp stores the V cache transposed, so no layer can be "
+                                     "served and llama.cpp's attention runs everywhere (use -fa on)");
+        fflush(stderr);
+    });
+
+    std::lock_guard<std::mutex> lock(ei_mutex());
+    ei_glob().live.insert(st.get());
+    ei_glob().contexts++;
+    return st.release();
+}
+
+void llama_ei_context_free(llama_ei_state * st) {
+    if (!st) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(ei_mutex());
+        ei_glob().done.add(st->stats);
+        ei_glob().live.erase(st);
+    }
+    for (auto & L : st->layers) {
+        if (L->has_plan) {
+            ei_plan_free(L->ctx, &L->plan);
+        }
+    }
+    for (auto & kv : st->ctxs) {
+        ei_context_destroy(kv.second);
+    }
+    ei_context_destroy(st->ctx0);
+    ei_free_ws(st);
+    delete st;
+}
+
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last) {
+    if (!st) {
+        return;
+    }
+    st->ann_pos  = ubatch.pos;
+    st->ann_n    = ubatch.n_tokens;
+    st->ann_last = last;
+    st->stats.ubatches++;
+}
+
+void llama_ei_ubatch_end(llama_ei_state * st) {
+    if (!st) {
+        return;
+    }
+    st->ann_pos = nullptr;
+    st->ann_n   = 0;
+}
+
+// ---------------------------------------------------------------- serve decisions
+
+enum ei_decision { EI_SILENT = 0, EI_FALLBACK = 1, EI_SERVE = 2 };
+
+static const llama_kv_cache_context * ei_attn_kv(const llama_memory_context_i * m) {
+    if (auto * kv = dynamic_cast<const llama_kv_cache_context *>(m)) {
+        return kv;
+    }
+    if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa_context *>(m)) {
+        return iswa->get_base();
+    }
+    if (auto * hyb = dynamic_cast<const llama_memory_hybrid_context *>(m)) {
+        return hyb->get_attn();
+    }
+    return nullptr;
+}
+
+// Can this ubatch be served (in every servable layer)? why: the reason when not.
+static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
+                             std::string & why) {
+    if (!ub.pos || ub.pos != st->ann_pos || ub.n_tokens != st->ann_n) {
+        return EI_SILENT; // not a ubatch of llama_decode (graph reservation): llama.cpp's attention, no report
+    }
+    char buf[256];
+    if ((int64_t) ub.n_tokens < st->opts.min_tokens) {
+        snprintf(buf, sizeof buf, "ubatches of fewer than %d tokens (min_tokens) run llama.cpp's attention", st->opts.min_tokens);
+        why = buf;
+        return EI_FALLBACK;
+    }
+    if (ub.n_seqs_unq != 1 || !ub.seq_id_unq) {
+        why = "a ubatch holds several sequences: llama.cpp's attention";
+        return EI_FALLBACK;
+    }
+    if (ub.n_pos != 1) {
+        why = "several positions per token (M-RoPE): llama.cpp's attention";
+        return EI_FALLBACK;
+    }
+    const int64_t p0 = ub.pos[0], n_end = p0 + ub.n_tokens;
+    for (uint32_t i = 1; i < ub.n_tokens; ++i) {
+        if (ub.pos[i] != p0 + (llama_pos) i) {
+            why = "positions of a ubatch are not consecutive: llama.cpp's attention";
+            return EI_FALLBACK;
+        }
+    }
+    if (!kvc || !kvc->get_kv()) {
+        why = "no KV cache: llama.cpp's attention";
+        return EI_FALLBACK;
+    }
+    const llama_seq_id   seq   = ub.seq_id_unq[0];
+    const llama_kv_cells & cells = kvc->get_kv()->get_cells(seq);
+    const int64_t        n_kv  = std::min<int64_t>(kvc->get_n_kv(), cells.size());
+    if (p0 < 0 || n_end > n_kv) {
+        snprintf(buf, sizeof buf, "positions %lld..%lld lie past the %lld cache cells in view: llama.cpp's attention",
+                 (long long) p0, (long long) n_end - 1, (long long) n_kv);
+        why = buf;
+        return EI_FALLBACK;
+    }
+    st->cell_pos.resize((size_t) n_end);
+    for (int64_t j = 0; j < n_end; ++j) {
+        st->cell_pos[j] = cells.is_empty((uint32_t) j) || !cells.seq_has((uint32_t) j, seq) ? -1 : cells.pos_get((uint32_t) j);
+    }
+    if (ei_check_key_positions(st->ctx0, st->cell_pos.data(), n_end) != EI_OK) {
+        why = std::string("KV cells are not in position order (") + ei_last_error() + "): llama.cpp's attention";
+        return EI_FALLBACK;
+    }
+    for (int64_t j = n_end; j < n_kv; ++j) {
+        if (!cells.is_empty((uint32_t) j) && cells.seq_has((uint32_t) j, seq) && cells.pos_get((uint32_t) j) < n_end) {
+            snprintf(buf, sizeof buf, "cache cell %lld holds position %d, seen by this ubatch: llama.cpp's attention",
+                     (long long) j, (int) cells.pos_get((uint32_t) j));
+            why = buf;
+            return EI_FALLBACK;
+        }
+    }
+    return EI_SERVE;
+}
+
+// The graph input of ours: the compute-time ubatch data, and graph reuse only
+// while the decision stays the same.
+class llm_graph_input_ei : public llm_graph_input_i {
+public:
+    llm_graph_input_ei(llama_ei_state * st, ei_decision d) : st(st), decision(d) {}
+
+    void set_input(const llama_ubatch * ub) override {
+        st->q_pos    = ub && ub->pos ? ub->pos[0] : 0;
+        st->is_final = st->ann_last ? 1 : 0;
+        for (auto & L : st->layers) {
+            L->failed = 0;
+            L->t_plan.reset();
+            L->t_attn.reset();
+        }
+        if (decision == EI_SERVE && served_layers > 0) {
+            st->stats.ubatches_served++;
+        }
+    }
+
+    bool can_reuse(const llm_graph_params & params) override {
+        std::string why;
+        return ei_decide(st, params.ubatch, ei_attn_kv(params.mctx), why) == decision;
+    }
+
+    llama_ei_state * st;
+    ei_decision      decision;
+    int              served_layers = 0;
+};
+
+static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei_state * st,
+                                           const llama_kv_cache_context * kvc) {
+    for (auto & in : g.res->inputs) {
+        if (auto * e = dynamic_cast<llm_graph_input_ei *>(in.get())) {
+            return e;
+        }
+    }
+    std::string why;
+    const ei_decision d = ei_decide(st, g.ubatch, kvc, why);
+    if (d == EI_FALLBACK) {
+        ei_report_once(why);
+    }
+    auto * in = new llm_graph_input_ei(st, d);
+    g.res->add_input(llm_graph_input_ptr(in));
+    return in;
+}
+
+static bool ei_cache_type(ggml_type t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_F32;
+}
+
+// Why layer il cannot be served, or nullptr.
+static const char * ei_layer_reason(const llm_graph_context & g, const llama_kv_cache_context * mctx,
+                                    const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                    const ggml_tensor * kq_b, const ggml_tensor * sinks, const ggml_tensor * v_mla, int il) {
+    const llama_hparams & hp = g.hparams;
+    if (g.cparams.training)                         return "training graphs run llama.cpp's attention";
+    if (!g.cparams.causal_attn)                     return "non-causal attention: llama.cpp's attention";
+    if (!mctx)                                      return "layers without a KV cache run llama.cpp's attention";
+    if (hp.is_swa(il))                              return "sliding-window layers run llama.cpp's attention";
+    if (hp.attn_soft_cap)                           return "layers with logit soft-capping run llama.cpp's attention";
+    if (hp.use_alibi || hp.f_max_alibi_bias > 0.0f) return "ALiBi layers run llama.cpp's attention";
+    if (g.arch == LLM_ARCH_GROK)                    return "Grok's scaled logits run llama.cpp's attention";
+    if (sinks)                                      return "layers with attention sinks run llama.cpp's attention";
+    if (kq_b)                                       return "layers with a KQ bias run llama.cpp's attention";
+    if (v_mla)                                      return "MLA layers run llama.cpp's attention";
+    if (hp.n_embd_head_k(il) != hp.n_embd_head_v(il)) return "layers whose K and V head sizes differ run llama.cpp's attention";
+    if (!ei_cache_type(k->type) || !ei_cache_type(v->type))
+        return "a quantized KV cache is not served (F16, BF16 or F32 only): llama.cpp's attention";
+    if (v->nb[1] > v->nb[2])
+        return "the V cache is transposed (flash attention off): llama.cpp's attention in every layer (use -fa on)";
+    if (q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || q->nb[1] % sizeof(float) || q->nb[2] % sizeof(float))
+        return "a query that is not f32 with contiguous heads: llama.cpp's attention";
+    const size_t es = ggml_type_size(k->type);
+    if (k->nb[0] != es || v->nb[0] != ggml_type_size(v->type) || k->nb[1] % es || k->nb[2] % es ||
+        v->nb[1] % ggml_type_size(v->type) || v->nb[2] % ggml_type_size(v->type))
+        return "a K/V cache view without contiguous heads: llama.cpp's attention";
+    if (q->ne[0] != k->ne[0] || k->ne[0] != v->ne[0] || k->ne[1] != v->ne[1] || k->ne[1] <= 0 || q->ne[1] % k->ne[1])
+        return "Q/K/V head shapes that do not match: llama.cpp's attention";
+    if (q->ne[1] / k->ne[1] > EI_MAX_CHUNK_GROUP)
+        return "more query heads per kv head than entropyinfer's chunked planning takes: llama.cpp's attention";
+    return nullptr;
+}
+
+static ei_dtype ei_dtype_of(ggml_type t) {
+    return t == GGML_TYPE_F16 ? EI_F16 : t == GGML_TYPE_BF16 ? EI_BF16 : EI_F32;
+}
+
+// [head_dim, n_heads, n_tokens] ggml view -> ei_tensor (strides in elements)
+static ei_tensor ei_view(const ggml_tensor * t) {
+    const size_t es = ggml_type_size(t->type);
+    ei_tensor v;
+    v.data         = t->data;
+    v.dtype        = ei_dtype_of(t->type);
+    v.n_heads      = (int32_t) t->ne[1];
+    v.head_dim     = (int32_t) t->ne[0];
+    v.n_tokens     = t->ne[2];
+    v.token_stride = (int64_t) (t->nb[2] / es);
+    v.head_stride  = (int64_t) (t->nb[1] / es);
+    return v;
+}
+
+// First build of a servable layer: its context (per attention scale), plan and workspaces.
+static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_context & g,
+                           const llama_kv_cache_context * mctx, const ggml_tensor * q, const ggml_tensor * k,
+                           float kq_scale) {
+    uint32_t bits;
+    memcpy(&bits, &kq_scale, sizeof bits);
+    auto it = st->ctxs.find(bits);
+    if (it == st->ctxs.end()) {
+        ei_config cfg = st->opts.cfg;
+        cfg.attn_scale = kq_scale;
+        ei_context * c = nullptr;
+        if (ei_context_create(&cfg, &c) != EI_OK) {
+            ei_report_once(std::string("context for attention scale failed: ") + ei_last_error() + ": llama.cpp's attention");
+            return false;
+        }
+        it = st->ctxs.emplace(bits, c).first;
+    }
+    L->ctx       = it->second;
+    L->n_head    = (int32_t) q->ne[1];
+    L->n_head_kv = (int32_t) k->ne[1];
+    L->head_dim  = (int32_t) k->ne[0];
+    const int64_t n_cells = mctx->get_kv()->get_size();
+    if (st->opts.mode == EI_MODE_SPARSE) {
+        if (ei_plan_alloc(L->ctx, &L->plan, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
+            ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": llama.cpp's attention");
+            return false;
+        }
+        L->has_plan = true;
+    }
+    size_t b_prof = 0, b_attn = 0;
+    if ((st->opts.mode == EI_MODE_SPARSE &&
+         ei_profile_workspace_size(L->ctx, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK) ||
+        ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &b_attn) != EI_OK) {
+        ei_report_once(std::string("workspace size: ") + ei_last_error() + ": llama.cpp's attention");
+        return false;
+    }
+    const int n_threads = std::max({ (int) g.cparams.n_threads, (int) g.cparams.n_threads_batch, 1 });
+    if (!ei_ensure_ws(st, std::max(b_prof, b_attn), n_threads)) {
+        ei_report_once("workspace allocation failed: llama.cpp's attention");
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- custom ops
+
+static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    L->t_plan.enter();
+    const int nw = std::min(nth, (int) st->ws.size());
+    if (ith < nw) {
+        const ei_tensor q = ei_view(dst->src[0]);
+        const ei_tensor k = ei_view(dst->src[1]);
+        const int32_t   H = L->n_head_kv;
+        const int32_t   b = (int32_t) ((int64_t) ith * H / nw), e = (int32_t) ((int64_t) (ith + 1) * H / nw);
+        if (b < e && ei_profile_chunk_heads(L->ctx, &q, &k, &L->plan, st->q_pos, st->is_final, b, e,
+                                            st->ws[ith], st->ws_bytes) != EI_OK) {
+            L->fail("ei_profile_chunk_heads");
+        }
+    }
+    const int64_t ns = L->t_plan.leave(nth);
+    if (ns >= 0) {
+        L->ns_plan = ns;
+    }
+}
+
+static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
+    (void) nth;
+    if (ith != 0) {
+        return;
+    }
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    const int64_t    t0 = ei_now_ns();
+    if (!L->failed && ei_plan_finalize(L->ctx, &L->plan) != EI_OK) {
+        L->fail("ei_plan_finalize");
+    }
+    if (L->failed) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "layer %d: %s; this ubatch runs entropyinfer's dense attention (exact)", L->il, L->error);
+        ei_report_once(msg);
+        ei_plan_reset(&L->plan);
+        L->use_plan = false;
+    } else {
+        L->use_plan = true;
+        // density of the sparse segments this ubatch holds: kept / causal keys over their queries
+        const ei_plan & p   = L->plan;
+        const int64_t   seg = p.segment_size, n = dst->src[0]->src[0]->ne[2];
+        const int64_t   a0 = st->q_pos, a1 = st->q_pos + n;
+        for (int64_t s = a0 / seg; s <= (a1 - 1) / seg; ++s) {
+            if (!ei_plan_segment_is_sparse(L->ctx, &p, (int32_t) s)) {
+                continue;
+            }
+            const int64_t S0 = s * seg, a = std::max(S0, a0), b = std::min(S0 + seg, a1), cnt = b - a;
+            // sum over queries p in [a, b) of (p - S0 + 1) (own segment) and of (p + 1) (causal)
+            const double diag   = 0.5 * (double) cnt * (double) ((a - S0 + 1) + (b - S0));
+            const double causal = 0.5 * (double) cnt * (double) ((a + 1) + b);
+            for (int32_t h = 0; h < p.n_kv_heads; ++h) {
+                st->stats.kept   += (double) cnt * p.keep_count[EI_PLAN_ROW(&p, h, s)] * p.block_size + diag;
+                st->stats.causal += causal;
+            }
+        }
+    }
+    st->stats.ns_plan += L->ns_plan + (ei_now_ns() - t0);
+}
+
+static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    L->t_attn.enter();
+    const int nw = std::min(nth, (int) st->ws.size());
+    if (ith < nw) {
+        const ei_tensor q = ei_view(dst->src[0]);
+        const ei_tensor k = ei_view(dst->src[1]);
+        const ei_tensor v = ei_view(dst->src[2]);
+        ei_out_tensor   o = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
+        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
+        ei_result r = ei_attention_prefill(L->ctx, &q, &k, &v, plan, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+        if (r != EI_OK && plan) {
+            // argument checks fail alike in every thread: all of them retry without the plan
+            char msg[700];
+            snprintf(msg, sizeof msg, "layer %d: ei_attention_prefill: %s; retrying dense", L->il, ei_last_error());
+            ei_report_once(msg);
+            r = ei_attention_prefill(L->ctx, &q, &k, &v, nullptr, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+        }
+        if (r != EI_OK) {
+            char msg[700];
+            snprintf(msg, sizeof msg, "layer %d: ei_attention_prefill: %s; the output is NaN", L->il, ei_last_error());
+            ei_report_once(msg);
+            const size_t n = (size_t) ggml_nelements(dst);
+            float * out = (float *) dst->data;
+            for (size_t i = 0; i < n; ++i) {
+                out[i] = NAN;
+            }
+        }
+    }
+    const int64_t ns = L->t_attn.leave(nth);
+    if (ns >= 0) {
+        st->stats.ns_attn += ns;
+    }
+}
+
+static void ei_op_time_begin(ggml_tensor * dst, int ith, int nth, void * ud) {
+    (void) dst; (void) nth;
+    if (ith == 0) {
+        ((ei_layer *) ud)->t_dense0 = ei_now_ns();
+    }
+}
+
+static void ei_op_time_end(ggml_tensor * dst, int ith, int nth, void * ud) {
+    (void) dst; (void) nth;
+    if (ith == 0) {
+        ei_layer * L = (ei_layer *) ud;
+        L->st->stats.ns_dense += ei_now_ns() - L->t_dense0;
+    }
+}
+
+// ---------------------------------------------------------------- graph
+
+ggml_tensor * llama_ei_build_attn(
+        const llm_graph_context      & g,
+        const llama_kv_cache_context * mctx,
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+        ggml_tensor * kq_b, ggml_tensor * kq_mask, ggml_tensor * sinks, ggml_tensor * v_mla,
+        float kq_scale, int il) {
+    llama_ei_state * st = g.cparams.ei;
+    if (!st || il < 0 || il >= st->n_layer) {
+        return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+    }
+    ei_layer * L = st->layers[il].get();
+    if (L->status == 0) {
+        const char * why = ei_layer_reason(g, mctx, q, k, v, kq_b, sinks, v_mla, il);
+        if (why) {
+            ei_report_once(why);
+            L->status = -1;
+        } else {
+            L->status = ei_layer_setup(st, L, g, mctx, q, k, kq_scale) ? 1 : -1;
+        }
+        if (L->status == 1) {
+            st->stats.layers_served++;
+        }
+    }
+    if (L->status != 1) {
+        return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+    }
+
+    llm_graph_input_ei * in = ei_graph_input(g, st, mctx);
+    if (in->decision == EI_SERVE && k->ne[3] != 1) {
+        ei_report_once("a ubatch spans several KV streams: llama.cpp's attention");
+        in->decision = EI_FALLBACK; // the whole graph: later layers see it too
+    }
+    if (in->decision != EI_SERVE) {
+        return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+    }
+    in->served_layers++;
+
+    ggml_context * ctx0 = g.ctx0;
+    if (st->opts.mode == EI_MODE_TIME_DENSE) {
+        ggml_tensor * a0[3] = { q, k, v };
+        ggml_tensor * t0 = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, 3, ei_op_time_begin, 1, L);
+        ggml_format_name(t0, "ei_time_begin-%d", il);
+        ggml_build_forward_expand(g.gf, t0);
+        ggml_tensor * cur = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+        ggml_tensor * a1[2] = { cur, t0 };
+        ggml_tensor * t1 = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a1, 2, ei_op_time_end, 1, L);
+        ggml_format_name(t1, "ei_time_end-%d", il);
+        ggml_build_forward_expand(g.gf, t1);
+        return cur;
+    }
+
+    ggml_tensor * fin = nullptr;
+    if (st->opts.mode == EI_MODE_SPARSE) {
+        ggml_tensor * a0[2] = { q, k };
+        ggml_tensor * prof = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, 2, ei_op_profile, GGML_N_TASKS_MAX, L);
+        ggml_format_name(prof, "ei_profile-%d", il);
+        ggml_tensor * a1[1] = { prof };
+        fin = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a1, 1, ei_op_finalize, 1, L);
+        ggml_format_name(fin, "ei_finalize-%d", il);
+    }
+    ggml_tensor * a2[4] = { q, k, v, fin };
+    ggml_tensor * out = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2], 1, 1,
+                                       a2, fin ? 4 : 3, ei_op_attention, GGML_N_TASKS_MAX, L);
+    ggml_format_name(out, "ei_attn-%d", il);
+    ggml_build_forward_expand(g.gf, out);
+    return out;
+}

@@ -1,0 +1,70 @@
+// ei_llama.h - entropyinfer inside llama.cpp: the glue's entry points.
+//
+// ei_llama.cpp is compiled into libllama by entropyinfer.patch, which calls
+// these functions from five places of llama.cpp:
+//   common/arg.cpp      --entropyinfer, --entropyinfer-opt NAME=VALUE
+//   llama_context       create / free the per-context state (cparams.ei),
+//                       announce each ubatch of llama_decode (is it the last?)
+//   build_attn          (KV-cache and iSWA variants) llama_ei_build_attn instead
+//                       of build_attn_mha: entropyinfer's planning and block-sparse
+//                       attention as ggml custom ops for the layers and ubatches
+//                       it can serve exactly, llama.cpp's attention otherwise.
+// Disabled (no --entropyinfer), cparams.ei is null and every hook reduces to
+// the unpatched code path: same graph, same numbers.
+#pragma once
+
+#include "llama.h"
+
+#include <cstddef>
+#include <cstdint>
+
+// ---- command line (process-wide options, read when a context is created)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Turn entropyinfer on with the paper's configuration (ei_config_default()).
+LLAMA_API void llama_entropyinfer_enable(void);
+
+// "name=value[,name=value...]": a numeric ei_config field or a glue option
+// (see llama_entropyinfer_help()). Implies llama_entropyinfer_enable().
+// Returns 0, or -1 with a message in err.
+LLAMA_API int llama_entropyinfer_option(const char * name_values, char * err, size_t err_size);
+
+// Help text of the options.
+LLAMA_API const char * llama_entropyinfer_help(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+// ---- inside libllama (llama-context.cpp, llama-graph.cpp)
+
+struct ggml_tensor;
+struct llama_model;
+struct llama_cparams;
+struct llama_ubatch;
+struct llm_graph_context;
+class  llama_kv_cache_context;
+struct llama_ei_state;
+
+// nullptr when entropyinfer is off; throws std::runtime_error on a bad configuration.
+llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cparams & cparams);
+void             llama_ei_context_free(llama_ei_state * st);
+
+// Around each ubatch of llama_context::decode: `last` is true for the last
+// ubatch of the call (the end of the prompt: is_final for the planner).
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last);
+void llama_ei_ubatch_end  (llama_ei_state * st);
+
+// build_attn_mha's replacement: returns the attention output
+// [n_embd_head_v*n_head, n_tokens], built by entropyinfer or by build_attn_mha.
+ggml_tensor * llama_ei_build_attn(
+        const llm_graph_context      & g,
+        const llama_kv_cache_context * mctx,
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+        ggml_tensor * kq_b, ggml_tensor * kq_mask, ggml_tensor * sinks, ggml_tensor * v_mla,
+        float kq_scale, int il);
+#endif

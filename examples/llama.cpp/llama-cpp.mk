@@ -1,0 +1,73 @@
+# examples/llama.cpp/llama-cpp.mk - llama.cpp's own tools with entropyinfer in
+# their attention. Included by the top-level Makefile (or: make -f examples/llama.cpp/llama-cpp.mk ...).
+#
+# Targets
+#   llama-cpp          build/llama.cpp/bin/{llama-perplexity,llama-completion,llama-bench,llama-simple}:
+#                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
+#                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
+#                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
+#   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers)
+#   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M, dense vs --entropyinfer (a few minutes)
+#   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
+#
+# The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
+# the patch applied, made again whenever the patch changes; cmake rebuilds what changed
+# (the glue and entropyinfer.h are compiled from this repository in place).
+#
+# Variables: LLAMA_CPP_TARGETS, LLAMA_CPP_JOBS (default: nproc), LLAMA_CPP_CMAKE_FLAGS (more -D...).
+
+LLAMA_CPP_COMMIT    := 0c1e57098
+LLAMA_CPP_DIR       := examples/llama.cpp
+LLAMA_CPP_PRISTINE  := .cache/llama.cpp/src-$(LLAMA_CPP_COMMIT)
+LLAMA_CPP_PATCHED   := build/llama.cpp-src
+LLAMA_CPP_BUILD     := build/llama.cpp
+LLAMA_CPP_VANILLA   := build/llama.cpp-vanilla
+LLAMA_CPP_PATCH     := $(LLAMA_CPP_DIR)/entropyinfer.patch
+LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple
+LLAMA_CPP_JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
+LLAMA_CPP_CMAKE_FLAGS ?=
+# CPU backend only (GGML_NATIVE: built for this machine's CPU, llama.cpp's default), static,
+# no server/tests/https; the build info names the vendored commit (the tree has no .git).
+LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+                      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+                      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=$(LLAMA_CPP_COMMIT) -DLLAMA_BUILD_NUMBER=0 \
+                      $(LLAMA_CPP_CMAKE_FLAGS)
+
+.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-clean
+
+$(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
+	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
+	touch $@
+
+# A fresh patched copy. cp -a keeps the pristine files' times, so cmake rebuilds only the
+# files this patch or the previous one touched (touched here).
+$(LLAMA_CPP_PATCHED)/.patched: $(LLAMA_CPP_PRISTINE)/.fetched $(LLAMA_CPP_PATCH)
+	rm -rf $(LLAMA_CPP_PATCHED).tmp
+	cp -a $(LLAMA_CPP_PRISTINE) $(LLAMA_CPP_PATCHED).tmp
+	patch -s -p1 -d $(LLAMA_CPP_PATCHED).tmp < $(LLAMA_CPP_PATCH)
+	for f in $$(sed -n 's#^+++ b/##p' $(LLAMA_CPP_PATCH) $(wildcard $(LLAMA_CPP_PATCHED)/.entropyinfer.patch)); do \
+	    touch $(LLAMA_CPP_PATCHED).tmp/$$f; done
+	cp $(LLAMA_CPP_PATCH) $(LLAMA_CPP_PATCHED).tmp/.entropyinfer.patch
+	rm -rf $(LLAMA_CPP_PATCHED)
+	mv $(LLAMA_CPP_PATCHED).tmp $(LLAMA_CPP_PATCHED)
+	touch $@
+
+$(LLAMA_CPP_BUILD)/CMakeCache.txt: $(LLAMA_CPP_PATCHED)/.patched
+	cmake -S $(LLAMA_CPP_PATCHED) -B $(LLAMA_CPP_BUILD) $(LLAMA_CPP_CMAKE) -DLLAMA_ENTROPYINFER_DIR=$(CURDIR)
+	touch $@
+
+$(LLAMA_CPP_VANILLA)/CMakeCache.txt: $(LLAMA_CPP_PRISTINE)/.fetched
+	cmake -S $(LLAMA_CPP_PRISTINE) -B $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_CMAKE)
+	touch $@
+
+llama-cpp: $(LLAMA_CPP_BUILD)/CMakeCache.txt
+	cmake --build $(LLAMA_CPP_BUILD) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_TARGETS)
+
+llama-cpp-vanilla: $(LLAMA_CPP_VANILLA)/CMakeCache.txt
+	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_TARGETS)
+
+llama-cpp-smoke: llama-cpp
+	sh $(LLAMA_CPP_DIR)/smoke.sh
+
+llama-cpp-clean:
+	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp
