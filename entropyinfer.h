@@ -10,22 +10,37 @@
        #include "entropyinfer.h"
 
    Everywhere else include it plainly. Link with -lm (and -lpthread for the
-   optional thread helpers, -ldl for the optional CUDA backend).
+   optional thread helpers, -ldl for the optional CUDA backend). One layer's
+   prefill, with q_ptr, k_ptr, v_ptr (bf16) and out_ptr (f32) the engine's
+   buffers of n tokens (`make test-quickstart-header` compiles and runs this
+   block as it stands here):
 
        ei_config cfg = ei_config_default();      // the paper's configuration
        ei_context *ctx;
-       if (ei_context_create(&cfg, &ctx) != EI_OK) { puts(ei_last_error()); }
+       if (ei_context_create(&cfg, &ctx) != EI_OK) { puts(ei_last_error()); return 1; }
 
-       // per layer, after RoPE: Q [tokens][heads][dim], K [tokens][kv_heads][dim]
-       ei_tensor q = ei_tensor_make(q_ptr, EI_BF16, n, 32, 128);
-       ei_tensor k = ei_tensor_make(k_ptr, EI_BF16, n, 8, 128);
-       size_t plan_bytes, ws_bytes;
-       ei_plan_size(ctx, n, 8, 128, 0, &plan_bytes);            // once, at setup
-       ei_profile_workspace_size(ctx, n, 32, 8, 128, &ws_bytes);
+       // once, at setup: plan memory and per-thread workspaces for up to n tokens
+       size_t plan_bytes, ws_bytes, ws2_bytes;
+       ei_plan_size(ctx, n, 8, 128, 0, &plan_bytes);               // 8 kv heads, head_dim 128
+       ei_profile_workspace_size(ctx, n, 32, 8, 128, &ws_bytes);   // 32 query heads
+       ei_attention_workspace_size(ctx, 32, 8, 128, &ws2_bytes);
+       void *plan_mem = malloc(plan_bytes), *ws = malloc(ws_bytes), *ws2 = malloc(ws2_bytes);
        ei_plan plan;
        ei_plan_init(ctx, &plan, n, 8, 128, 0, plan_mem, plan_bytes);
-       ei_profile(ctx, &q, &k, &plan, ws, ws_bytes);       // the sparsity plan
-       ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 0, 1, ws2, ws2_bytes);  // q_offset, ith, nth
+
+       // per layer, after RoPE: Q [n][32][128], K and V [n][8][128], out [n][32][128]
+       ei_tensor q = ei_tensor_make(q_ptr, EI_BF16, n, 32, 128);
+       ei_tensor k = ei_tensor_make(k_ptr, EI_BF16, n, 8, 128);
+       ei_tensor v = ei_tensor_make(v_ptr, EI_BF16, n, 8, 128);
+       ei_out_tensor out = ei_out_tensor_make(out_ptr, EI_F32, n, 32, 128);
+       ei_result r = ei_profile(ctx, &q, &k, &plan, ws, ws_bytes);   // the sparsity plan
+       if (r == EI_OK)                          // q_offset 0, thread 0 of 1
+           r = ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 0, 1, ws2, ws2_bytes);
+       if (r != EI_OK) puts(ei_last_error());
+       ei_context_destroy(ctx); free(plan_mem); free(ws); free(ws2);
+
+   Engines that prefill in micro-batches use ei_profile_chunk (PROTOCOLS);
+   README.md shows decode compression and the thread helpers.
 
    BUILD OPTIONS (define before the implementation include)
    =============
@@ -76,15 +91,18 @@
    =========
    Whole prompt: one ei_profile call with all queries and keys; equals the
    reference implementation (see tests/golden_runner.c).
-   Chunked: ei_profile_chunk with the queries of one or more whole segments
-   and all keys so far, in order; the last call may end with a partial
-   segment and passes is_final = 1. Size the workspace with the plan's
-   max_tokens. Entropies of segments >= 1 are identical to whole-prompt
-   ones. A head is rigid while every entropy so far is below e_t; once one
-   is not it follows the budget recurrence, tracked from segment 0, so plans
-   equal whole-prompt ones for every head except one that turns dynamic
-   late (its earlier segments used the base budget). Segment 0's entropy and
-   the last segment's cap are set by the final call.
+   Chunked (micro-batched prefill, chat turns, prompt caches):
+   ei_profile_chunk with the queries of positions [q_pos, q_pos + m) and the
+   cache's keys (cell j = position j; cells past q_pos + m ignored): any
+   start and count; q_pos below the plan's end rolls it back, above it skips
+   positions; is_final marks the end of a prompt and a later chunk continues
+   (the next turn). Segments split across chunks get their whole-prompt rows
+   once all their queries are in; entropies of segments >= 1 are identical
+   to whole-prompt ones. A head is rigid while every entropy so far is below
+   e_t; once one is not it follows the budget recurrence, tracked from
+   segment 0, so plans equal whole-prompt ones for every head except one that
+   turns dynamic late (its earlier segments used the base budget). Segment
+   0's entropy and the last segment's cap are set by a final call.
    Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
    `window`), then each generated token's. When ei_decode_due says so (after
    decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
@@ -232,6 +250,7 @@ EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tok
 #define EI_MAX_HEAD_DIM   1024
 #define EI_MAX_SEGMENT    (1 << 20)
 #define EI_MAX_BUDGET     (1 << 26)
+#define EI_MAX_CHUNK_GROUP 64          /* query heads per kv head in chunked planning */
 
 /* ---------------------------------------------------------------- config */
 typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
@@ -397,19 +416,41 @@ EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, cons
 EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                               ei_plan *plan, int n_threads, void *workspace, size_t workspace_bytes);
 
-/* Chunked planning (plan made with EI_PLAN_CHUNKED): q holds the queries of
-   tokens [plan->n_tokens, plan->n_tokens + q->n_tokens): whole segments,
-   except that the final call (is_final = 1) may end with a partial one;
-   k holds all keys so far (k->n_tokens == plan->n_tokens + q->n_tokens).
-   Entropies of segments >= 1 equal whole-prompt ones exactly. A head is
-   rigid while all its entropies so far are below e_t; once one is not it is
-   dynamic and follows the recurrence (tracked from the start). Segment 0's
-   entropy and the last segment's cap are set by the final call. */
-EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                 ei_plan *plan, int is_final, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                       ei_plan *plan, int is_final, int32_t kv_begin, int32_t kv_end,
+/* Chunked planning (plan made with EI_PLAN_CHUNKED), for engines that
+   prefill in micro-batches. q holds the queries of positions [q_pos, q_pos +
+   q->n_tokens) (any start, any count); k is the cache: cell j holds the key
+   of position j for j < q_pos + q->n_tokens, and cells past those (padding,
+   later tokens) are ignored. Where the chunk starts:
+     q_pos == plan->n_tokens  continues the sequence, also after a final call
+                              (the next turn of a chat);
+     q_pos <  plan->n_tokens  rolls the plan back to q_pos first (0: a new
+                              sequence; a prompt cache kept up to q_pos);
+     q_pos >  plan->n_tokens  skips positions whose queries the engine did not
+                              give (e.g. decoded with its own attention).
+   is_final = 1 marks the end of a prompt: the last segment's cap and the
+   last-segment-dense rule apply to it, and segment 0's entropy is set; a
+   final call with q = NULL (q_pos = plan->n_tokens) finalises a plan whose
+   last chunk was not marked. Exactness: a segment split across chunks is
+   planned from the min/max of its queries so far and gets its whole-prompt
+   row once all its queries are in; entropies of segments >= 1 then equal
+   whole-prompt ones. A head is rigid while all its entropies so far are
+   below e_t; once one is not it follows the recurrence tracked from the
+   start, so plans equal whole-prompt ones except for a head that turns
+   dynamic late (its earlier segments kept the base budget). After a roll-back
+   into a segment, or skipped positions, that segment is planned from the
+   queries given after the cut only, and after a skip the recurrence starts
+   again as at segment 1. Workspace: ei_profile_workspace_size with the
+   plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head. */
+EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                 int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                       int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end,
                                        void *workspace, size_t workspace_bytes);
+/* What the library needs of an engine's cache order: cell j holds the key of
+   position j for every j < n_keys (a cache filled in order for one sequence).
+   EI_OK if cell_pos[j] == j for all of them; otherwise EI_ERR_SHAPE naming
+   the first cell that breaks it (keep that layer on the engine's attention). */
+EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cell_pos, int64_t n_keys);
 
 /* 1 if query segment `segment` of the plan attends sparsely (starts at or
    after threshold_len, and is not the last segment when last_segment_dense). */
@@ -589,13 +630,34 @@ EI__HD size_t ei__align_size(size_t x) { return (x + EI__PLAN_ALIGN - 1) & ~(siz
 
 /* Per-kv-head state of chunked planning (CPU plans with EI_PLAN_CHUNKED). */
 typedef struct ei__head_state {
-    int64_t tokens_done;   /* queries planned so far */
+    int64_t tokens_done;   /* the chunk end so far: positions [0, tokens_done) are planned or skipped */
     int64_t blocks_done;   /* key blocks whose min/max representation is stored */
-    double budget_dyn;     /* the dynamic recurrence B[s], tracked from segment 0 */
-    float entropy_prev;    /* H[s-1] */
-    int32_t rigid_so_far;  /* every entropy of segments 1.. so far below e_t */
-    int32_t finished;      /* the final chunk was planned */
+    int32_t group;         /* query heads per kv head of the stored query representation (0: none) */
+    int32_t open_valid;    /* the open segment's query representation is stored */
+    int32_t last_final;    /* the open segment's row was planned with the final call's cap */
+    int32_t pad_;
 } ei__head_state;
+/* The budget recurrence after segment s of one kv head: planning segment s+1
+   is a function of this row alone, so any segment can be planned again
+   (a chunk that continues it, a roll-back, a final call). */
+typedef struct ei__seg_state {
+    double budget_dyn;     /* B[s], tracked from the first planned segment */
+    float entropy;         /* H[s] as the recurrence saw it (segment 0: 0) */
+    int32_t known;         /* 0: segment s was skipped, rolled back or never planned */
+    int32_t rigid_so_far;  /* every entropy of segments 1..s below e_t */
+    int32_t pad_;
+} ei__seg_state;
+/* The chunked state region: head states, [kv][segment] recurrence rows,
+   each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d]
+   and its key-block min/max store [2][d][blks_pad] (max first). */
+typedef struct ei__chunk_geom { size_t seg_rows, open_reps, key_reps, bytes; } ei__chunk_geom;
+EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, ei__chunk_geom *g) {
+    size_t kv = (size_t)n_kv_heads;
+    g->seg_rows = ei__align_size(kv * sizeof(ei__head_state));
+    g->open_reps = g->seg_rows + ei__align_size(kv * (size_t)segs * sizeof(ei__seg_state));
+    g->key_reps = g->open_reps + ei__align_size(kv * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)head_dim * 4u);
+    g->bytes = g->key_reps + kv * 2u * (size_t)head_dim * (size_t)blks_pad * 4u;
+}
 
 /* Row capacity of block_index: the most blocks a budget of this
    configuration keeps (max factor x base), at most the blocks there are. */
@@ -634,10 +696,13 @@ EI__HD int ei__plan_geometry(const ei_config *c, int64_t max_tokens, int32_t n_k
     g->size[EI__PA_KEEP_COUNT] = rows * 4u;
     g->size[EI__PA_BLOCK_INDEX] = rows * (size_t)g->max_keep * 4u;
     g->size[EI__PA_SCORES] = (flags & EI_PLAN_SCORES) ? rows * (size_t)(g->blks > 0 ? g->blks : 1) * 4u : 0;
-    g->size[EI__PA_STATE] = (flags & EI_PLAN_CHUNKED)
-                                ? ei__align_size(kv * sizeof(ei__head_state)) +
-                                      kv * 2u * (size_t)head_dim * (size_t)g->blks_pad * 4u
-                                : 0;
+    g->size[EI__PA_STATE] = 0;
+    if (flags & EI_PLAN_CHUNKED) {
+        ei__chunk_geom cg;
+        if (rows > lim / sizeof(ei__seg_state) || kv * (size_t)head_dim > lim / (2u * EI_MAX_CHUNK_GROUP)) return 0;
+        ei__chunk_geometry(g->segs, g->blks_pad, n_kv_heads, head_dim, &cg);
+        g->size[EI__PA_STATE] = cg.bytes;
+    }
     for (i = 0; i < EI__PA_COUNT; ++i) {
         size_t next = o + ei__align_size(g->size[i]);
         if (next < o) return 0;
@@ -649,7 +714,7 @@ EI__HD int ei__plan_geometry(const ei_config *c, int64_t max_tokens, int32_t n_k
 }
 
 /* Blocks segment s may keep: all blocks before it, and for the last scored
-   segment n_blocks - ((n mod segment) div block + 1) (FORMAT.md). */
+   segment n_blocks - ((n mod segment) div block + 1) (tests/golden/FORMAT.md). */
 EI__HD int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, int64_t n_blocks) {
     int64_t visible = (int64_t)s * (c->segment_size / c->block_size);
     int64_t tail = n_blocks - ((n_tokens % c->segment_size) / c->block_size + 1);
@@ -1492,11 +1557,26 @@ EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->b
 /* Per-head chunked state and its key-block min/max store (transposed:
    [2][head_dim][blks_pad], max first). */
 static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
+static ei__chunk_geom ei__plan_chunk_geom(const ei_plan *p) {
+    ei__chunk_geom g;
+    ei__chunk_geometry(p->seg_capacity, ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16), p->n_kv_heads,
+                       p->head_dim, &g);
+    return g;
+}
+/* The recurrence row of (kv head, segment). */
+static ei__seg_state *ei__plan_seg_state(const ei_plan *p, int32_t kvh, int64_t s) {
+    return (ei__seg_state *)((unsigned char *)p->state + ei__plan_chunk_geom(p).seg_rows) +
+           (size_t)kvh * (size_t)p->seg_capacity + (size_t)s;
+}
+/* Head kvh's stored query representation of its open segment ([G][2][d]). */
+static float *ei__plan_open_reps(const ei_plan *p, int32_t kvh) {
+    return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).open_reps) +
+           (size_t)kvh * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)p->head_dim;
+}
 static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
-    unsigned char *base = (unsigned char *)p->state;
-    size_t states = ei__align_size((size_t)p->n_kv_heads * sizeof(ei__head_state));
     int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
-    return (float *)(base + states) + (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
+    return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).key_reps) +
+           (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
 }
 
 /* The arguments of a plan's layout, checked once for both backends. */
@@ -1535,7 +1615,6 @@ static size_t ei__plan_rows(const ei_plan *p) { return (size_t)p->n_kv_heads * (
 static size_t ei__plan_score_row(const ei_plan *p) { return (size_t)EI__MAX(p->blk_capacity, 1); }
 
 EIDEF ei_result ei_plan_reset(ei_plan *plan) {
-    int32_t h;
     size_t rows;
     if (!plan || !plan->entropy) return ei__fail(NULL, EI_ERR_NULL, "plan is NULL or not initialised");
     if (plan->on_device)
@@ -1552,12 +1631,10 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     memset(plan->keep_count, 0, rows * sizeof(int32_t));
     memset(plan->block_index, 0xff, rows * (size_t)plan->max_keep * sizeof(int32_t)); /* -1 */
     if (plan->scores) memset(plan->scores, 0, rows * ei__plan_score_row(plan) * sizeof(float));
-    if (plan->state)
-        for (h = 0; h < plan->n_kv_heads; ++h) {
-            ei__head_state *st = &ei__plan_states(plan)[h];
-            memset(st, 0, sizeof *st);
-            st->rigid_so_far = 1;
-        }
+    if (plan->state) {
+        memset(ei__plan_states(plan), 0, (size_t)plan->n_kv_heads * sizeof(ei__head_state));
+        memset(ei__plan_seg_state(plan, 0, 0), 0, rows * sizeof(ei__seg_state));
+    }
     return EI_OK;
 }
 
@@ -1864,7 +1941,7 @@ static float ei__uniform_entropy(int64_t nb, float *prob) {
 /* Workspace of one profiling thread. */
 typedef struct ei__profile_ws {
     float *kmaxT, *kminT; /* whole-prompt key representations [d][ld] */
-    float *qrep;          /* [G][2][d] */
+    float *qrep, *qtmp;   /* [G][2][d] each */
     float *rows;          /* raw score rows [rows][ld] */
     float *tmp;           /* [ld] */
     ei__ranked *pairs;    /* [ld] */
@@ -1878,6 +1955,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     size_t total = 0;
     ei__arena a;
     if (!ei__reserve(&total, 2u * (size_t)d, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
+        !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
         !ei__reserve(&total, (size_t)d, 4u) ||
@@ -1889,6 +1967,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->kmaxT = (float *)ei__arena_take(&a, (size_t)d, (size_t)ld * 4u);
     w->kminT = (float *)ei__arena_take(&a, (size_t)d, (size_t)ld * 4u);
     w->qrep = (float *)ei__arena_take(&a, (size_t)G * 2u, (size_t)d * 4u);
+    w->qtmp = (float *)ei__arena_take(&a, (size_t)G * 2u, (size_t)d * 4u);
     w->rows = (float *)ei__arena_take(&a, (size_t)S, (size_t)ld * 4u);
     w->tmp = (float *)ei__arena_take(&a, (size_t)ld, 4u);
     w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)ld, sizeof(ei__ranked));
@@ -1956,9 +2035,12 @@ static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_
     return 1;
 }
 
+/* The checks every profiling call shares; n_keys: the valid keys of k (the
+   chunked calls let k hold more cells); q NULL: a final chunked call without
+   new queries. */
 static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                        const ei_plan *plan, int32_t kv0, int32_t kv1) {
-    ei_result r = ei__check_qk(ctx, q, k);
+                                        const ei_plan *plan, int64_t n_keys, int32_t kv0, int32_t kv1) {
+    ei_result r = q ? ei__check_qk(ctx, q, k) : ei__check_tensor(ctx, k, "k");
     if (r != EI_OK) return r;
     if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
     if ((r = ei__check_plan_side(ctx, plan)) != EI_OK) return r;
@@ -1969,8 +2051,8 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
     if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan was laid out for segment %d / block %d, context has %d / %d",
                         (int)plan->segment_size, (int)plan->block_size, (int)ctx->cfg.segment_size, (int)ctx->cfg.block_size);
-    if (k->n_tokens > plan->max_tokens)
-        return ei__fail(ctx, EI_ERR_SIZE, "%lld tokens exceed the plan's capacity of %lld", (long long)k->n_tokens,
+    if (n_keys > plan->max_tokens)
+        return ei__fail(ctx, EI_ERR_SIZE, "%lld tokens exceed the plan's capacity of %lld", (long long)n_keys,
                         (long long)plan->max_tokens);
     if (ei__max_keep(&ctx->cfg, plan->blk_capacity) > plan->max_keep)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan rows hold %d blocks, this context's budgets need %d: lay the plan out with this context",
@@ -1996,7 +2078,9 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 /* Whole-prompt planning: the profiling checks and as many queries as keys. */
 static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                         const ei_plan *plan, int32_t kv0, int32_t kv1) {
-    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    ei_result r;
+    if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
+    r = ei__check_profile_args(ctx, q, k, plan, k ? k->n_tokens : 0, kv0, kv1);
     if (r == EI_OK && q->n_tokens != k->n_tokens)
         return ei__fail(ctx, EI_ERR_SHAPE, "whole-prompt planning needs as many queries (%lld) as keys (%lld)",
                         (long long)q->n_tokens, (long long)k->n_tokens);
@@ -2146,87 +2230,201 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
 }
 
 // >>profile-chunked ---------------------------------------------------------
+/* Chunked planning keeps, per kv head, the budget recurrence after every
+   segment (ei__seg_state), the key-block min/max store and the query min/max
+   of its open segment (the one the last chunk ended in). Planning segment s
+   reads the recurrence row of s-1, the segment's query representation and
+   the key store, and writes row s of the plan and of the recurrence; so a
+   chunk plans the segments its queries touch, in order, and any segment can
+   be planned again. A chunk that continues a segment merges its queries into
+   the stored representation: min/max are exact, so a segment split across
+   chunks gets its whole-prompt row once all its queries are in. */
+
+/* Forget head kvh's segments [s0, s1): plan rows cleared, recurrence unknown. */
+static void ei__chunk_clear_rows(ei_plan *plan, int32_t kvh, int64_t s0, int64_t s1) {
+    int64_t s;
+    s1 = EI__MIN(s1, (int64_t)plan->seg_capacity);
+    for (s = EI__MAX(s0, (int64_t)0); s < s1; ++s) {
+        size_t row = EI_PLAN_ROW(plan, kvh, s);
+        int32_t i, *idx = plan->block_index + row * (size_t)plan->max_keep;
+        plan->entropy[row] = plan->budget[row] = 0.0f;
+        plan->keep_blocks[row] = plan->keep_count[row] = 0;
+        for (i = 0; i < plan->max_keep; ++i) idx[i] = -1;
+        if (plan->scores) memset(plan->scores + row * ei__plan_score_row(plan), 0, ei__plan_score_row(plan) * sizeof(float));
+        memset(ei__plan_seg_state(plan, kvh, s), 0, sizeof(ei__seg_state));
+    }
+}
+
+/* Bring head kvh's chunk end to q_pos. Rolling back forgets every segment
+   from q_pos on (a segment cut at q_pos is planned again from the queries
+   given after q_pos: those before it are not stored). Skipping ahead leaves
+   the segments wholly inside the gap unplanned (their recurrence unknown). */
+static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64_t q_pos) {
+    ei__head_state *st = &ei__plan_states(plan)[kvh];
+    int64_t s_pos = q_pos / c->segment_size;
+    if (q_pos < st->tokens_done) {
+        ei__chunk_clear_rows(plan, kvh, q_pos % c->segment_size ? s_pos + 1 : s_pos,
+                             ei__ceil_div(st->tokens_done, c->segment_size));
+        st->open_valid = 0;
+        st->last_final = 0;
+        st->blocks_done = EI__MIN(st->blocks_done, q_pos / c->block_size);
+    }
+    st->tokens_done = q_pos;
+}
+
+/* Plan segment s of head kvh for a sequence whose chunk ends at n, from the
+   segment's query representation qrep ([G][2][d]). last_final: s is the last
+   segment of a final call (the reference's cap of the last segment). */
+static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *k, ei_plan *plan, int32_t kvh,
+                                        int32_t s, int64_t n, int last_final, const float *qrep, int32_t G,
+                                        ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    ei__head_state *st = &ei__plan_states(plan)[kvh];
+    ei__seg_state *cur = ei__plan_seg_state(plan, kvh, s), *prev = s > 0 ? cur - 1 : NULL;
+    int64_t bps = c->segment_size / c->block_size, nvis = (int64_t)s * bps;
+    int64_t ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16);
+    int64_t cap = last_final ? ei__cap_blocks(c, s, n, (ei__ceil_div(n, c->segment_size) - 1) * bps) : nvis;
+    int32_t d = plan->head_dim;
+    float *kmaxT = ei__plan_krep(plan, kvh), *kminT = kmaxT + (size_t)d * (size_t)ld;
+    size_t row = EI_PLAN_ROW(plan, kvh, s);
+    float *prob = plan->scores ? plan->scores + row * ei__plan_score_row(plan) : NULL;
+    float h = 0.0f;
+    double budget;
+    if (nvis > st->blocks_done) {
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, st->blocks_done, nvis, kmaxT, kminT, ld, w->mx, w->mn))
+            return ei__nonfinite(ctx, "k", kvh, st->blocks_done * c->block_size);
+        st->blocks_done = nvis;
+    }
+    if (s > 0) {
+        ctx->kern->score_row(qrep, G, d, kmaxT, kminT, ld, nvis, w->rows);
+        if (!ei__softmax_entropy(w->rows, nvis, nvis, w->tmp, prob, &h))
+            return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
+        if (prob) memset(prob + nvis, 0, (ei__plan_score_row(plan) - (size_t)nvis) * sizeof(float));
+    } else if (prob)
+        memset(prob, 0, ei__plan_score_row(plan) * sizeof(float));
+    if (s == 0) { cur->budget_dyn = (double)c->base_budget; cur->rigid_so_far = 1; }
+    else if (prev->known) {
+        cur->budget_dyn = ei__budget_next(c, s, prev->budget_dyn, h, prev->entropy);
+        cur->rigid_so_far = prev->rigid_so_far && ei__entropy_rigid(c, h);
+    } else { /* the first segment after skipped positions starts the recurrence as segment 1 does */
+        cur->budget_dyn = ei__budget_next(c, 1, (double)c->base_budget, h, 0.0f);
+        cur->rigid_so_far = ei__entropy_rigid(c, h);
+    }
+    cur->entropy = h;
+    cur->known = 1;
+    plan->entropy[row] = h;
+    plan->head_class[kvh] = (uint8_t)(cur->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+    budget = cur->rigid_so_far ? (double)c->base_budget : cur->budget_dyn;
+    plan->budget[row] = (float)budget;
+    plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
+    ei__plan_rank_row(c, plan, kvh, s, w->rows, nvis, s == 0 ? 0 : cap, w->pairs);
+    return EI_OK;
+}
+
+/* Merge rows [r0, r0+nr) of q into the representation qrep ([G][2][d]). */
+static int ei__merge_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t r0, int64_t nr, int32_t kvh, int32_t G,
+                                float *qrep, float *tmp) {
+    int32_t g, i, d = q->head_dim;
+    if (!ei__build_query_reps(K, q, r0, nr, kvh, G, tmp)) return 0;
+    for (g = 0; g < G; ++g) {
+        float *mx = qrep + (size_t)g * 2u * (size_t)d, *mn = mx + d;
+        const float *tx = tmp + (size_t)g * 2u * (size_t)d, *tn = tx + d;
+        for (i = 0; i < d; ++i) {
+            mx[i] = tx[i] > mx[i] ? tx[i] : mx[i];
+            mn[i] = tn[i] < mn[i] ? tn[i] : mn[i];
+        }
+    }
+    return 1;
+}
+
+/* The chunk's checks, before any head's state changes. */
+static ei_result ei__check_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_plan *plan,
+                                 int64_t q_pos, int is_final, int32_t kv0, int32_t kv1) {
+    int64_t m = q ? q->n_tokens : 0, n;
+    int32_t kvh;
+    ei_result r;
+    if (q_pos < 0 || q_pos > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "q_pos %lld not in 0..%lld", (long long)q_pos, (long long)EI_MAX_TOKENS);
+    n = q_pos + m;
+    if ((r = ei__check_profile_args(ctx, q, k, plan, n, kv0, kv1)) != EI_OK) return r;
+    if (!plan->state) return ei__fail(ctx, EI_ERR_STATE, "chunked planning needs a plan made with EI_PLAN_CHUNKED");
+    if (k->n_tokens < n)
+        return ei__fail(ctx, EI_ERR_SHAPE, "the chunk's queries reach position %lld but k holds %lld keys", (long long)n - 1,
+                        (long long)k->n_tokens);
+    if (q && q->n_heads / k->n_heads > EI_MAX_CHUNK_GROUP)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning keeps up to %d query heads per kv head, q has %d",
+                        EI_MAX_CHUNK_GROUP, (int)(q->n_heads / k->n_heads));
+    for (kvh = kv0; kvh < kv1; ++kvh) {
+        const ei__head_state *st = &ei__plan_states(plan)[kvh];
+        if (q && st->group && st->open_valid && st->group != q->n_heads / k->n_heads)
+            return ei__fail(ctx, EI_ERR_SHAPE, "kv head %d was planned with %d query heads per kv head, q has %d", (int)kvh,
+                            (int)st->group, (int)(q->n_heads / k->n_heads));
+        if (!q && (!is_final || st->tokens_done != q_pos || !st->open_valid || q_pos == 0))
+            return ei__fail(ctx, EI_ERR_STATE,
+                            "a call without queries finalises the plan where it ends: is_final = 1 and q_pos = %lld "
+                            "(kv head %d; got q_pos %lld, is_final %d)",
+                            (long long)st->tokens_done, (int)kvh, (long long)q_pos, is_final);
+    }
+    return EI_OK;
+}
+
 static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                         int is_final, int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
+                                         int64_t q_pos, int is_final, int32_t kv0, int32_t kv1, void *workspace,
+                                         size_t ws_bytes) {
     const ei_config *c = &ctx->cfg;
     ei__profile_ws w;
     size_t need;
-    int64_t n, offset, s0, S, bps, ld, need_blocks;
-    int32_t G, d, kvh, s;
-    ei_result r = ei__check_profile_args(ctx, q, k, plan, kv0, kv1);
+    int64_t m = q ? q->n_tokens : 0, n = q_pos + m, seg = c->segment_size, s_end;
+    int32_t d, kvh, s;
+    ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, kv0, kv1);
     if (r != EI_OK) return r;
-    if (!plan->state) return ei__fail(ctx, EI_ERR_STATE, "chunked planning needs a plan made with EI_PLAN_CHUNKED");
-    n = k->n_tokens;
-    offset = n - q->n_tokens;
-    G = q->n_heads / k->n_heads;
-    d = q->head_dim;
-    if (offset < 0) return ei__fail(ctx, EI_ERR_SHAPE, "chunk has %lld queries but only %lld keys", (long long)q->n_tokens, (long long)n);
-    if (offset % c->segment_size)
-        return ei__fail(ctx, EI_ERR_SHAPE, "chunk starts at token %lld, not a segment boundary (%d)", (long long)offset, (int)c->segment_size);
-    if (!is_final && q->n_tokens % c->segment_size)
-        return ei__fail(ctx, EI_ERR_SHAPE, "a non-final chunk must hold whole segments (%lld queries, segment %d)",
-                        (long long)q->n_tokens, (int)c->segment_size);
-    for (kvh = kv0; kvh < kv1; ++kvh) {
-        const ei__head_state *st = &ei__plan_states(plan)[kvh];
-        if (st->finished) return ei__fail(ctx, EI_ERR_STATE, "kv head %d: the sequence was finalised; ei_plan_reset starts a new one", (int)kvh);
-        if (st->tokens_done != offset)
-            return ei__fail(ctx, EI_ERR_STATE, "kv head %d has planned %lld tokens, the chunk starts at %lld", (int)kvh,
-                            (long long)st->tokens_done, (long long)offset);
-    }
-    /* the workspace is sized for the plan's capacity; one row buffer is used */
-    if (!ei__profile_ws_layout(c, plan->max_tokens, G, d, &w, workspace, ws_bytes, &need))
+    d = k->head_dim;
+    /* the workspace is sized for the plan's capacity (and the largest group) */
+    if (!ei__profile_ws_layout(c, plan->max_tokens, q ? q->n_heads / k->n_heads : ei__plan_states(plan)[kv0].group, d, &w,
+                               workspace, ws_bytes, &need))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed (size it with the plan's max_tokens)", ws_bytes, need);
-    bps = c->segment_size / c->block_size;
-    s0 = offset / c->segment_size;
-    S = ei__ceil_div(n, c->segment_size);
-    need_blocks = (S - 1) * bps;
-    ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16);
+    s_end = ei__ceil_div(n, seg); /* segments [.., s_end) hold positions < n */
     for (kvh = kv0; kvh < kv1; ++kvh) {
         ei__head_state *st = &ei__plan_states(plan)[kvh];
-        float *kmaxT = ei__plan_krep(plan, kvh), *kminT = kmaxT + (size_t)d * (size_t)ld;
-        size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
-        if (need_blocks > st->blocks_done) {
-            if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, st->blocks_done, need_blocks, kmaxT, kminT, ld, w.mx, w.mn))
-                return ei__nonfinite(ctx, "k", kvh, st->blocks_done * c->block_size);
-            st->blocks_done = need_blocks;
-        }
-        if (is_final && n > need_blocks * c->block_size &&
-            !ctx->kern->minmax(k, need_blocks * c->block_size, n - need_blocks * c->block_size, kvh, w.mx, w.mn))
-            return ei__nonfinite(ctx, "k", kvh, need_blocks * c->block_size);
-        for (s = (int32_t)s0; s < S; ++s) {
-            size_t row = row0 + (size_t)s;
-            int64_t t0 = (int64_t)s * c->segment_size, cnt = EI__MIN((int64_t)c->segment_size, n - t0);
-            int64_t nvis = (int64_t)s * bps;
-            int64_t cap = (is_final && s == S - 1) ? ei__cap_blocks(c, s, n, need_blocks) : nvis;
-            float *prob = plan->scores ? plan->scores + row * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
-            float h = 0.0f;
-            if (!ei__build_query_reps(ctx->kern, q, t0 - offset, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
-            if (s > 0) {
-                ctx->kern->score_row(w.qrep, G, d, kmaxT, kminT, ld, nvis, w.rows);
-                if (!ei__softmax_entropy(w.rows, nvis, nvis, w.tmp, prob, &h))
-                    return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
-                if (prob) memset(prob + nvis, 0, (size_t)(EI__MAX(plan->blk_capacity, 1) - nvis) * sizeof(float));
-                if (!ei__entropy_rigid(c, h)) st->rigid_so_far = 0;
+        float *open = ei__plan_open_reps(plan, kvh);
+        int32_t G = q ? q->n_heads / k->n_heads : st->group;
+        int64_t open_seg = st->tokens_done > 0 ? (st->tokens_done - 1) / seg : -1; /* before the seek */
+        size_t row0 = EI_PLAN_ROW(plan, kvh, 0);
+        if (q) {
+            ei__chunk_seek(c, plan, kvh, q_pos); /* a roll-back drops the stored representation */
+            /* the open segment was the last of a final call and stays before this chunk: plan it as an inner one */
+            if (st->last_final && st->open_valid && open_seg < q_pos / seg &&
+                (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open, G, &w)) != EI_OK)
+                return r;
+            for (s = (int32_t)(q_pos / seg); s < s_end; ++s) {
+                int64_t t0 = EI__MAX((int64_t)s * seg, q_pos), t1 = EI__MIN((int64_t)(s + 1) * seg, n);
+                if (s == open_seg && st->open_valid) { /* continue the stored segment */
+                    memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
+                    if (!ei__merge_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp))
+                        return ei__nonfinite(ctx, "q", kvh * G, t0);
+                } else if (!ei__build_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep))
+                    return ei__nonfinite(ctx, "q", kvh * G, t0);
+                if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, s, n, is_final && s == s_end - 1, w.qrep, G, &w)) != EI_OK)
+                    return r;
+                if (s == s_end - 1) { /* the new open segment */
+                    memcpy(open, w.qrep, (size_t)G * 2u * (size_t)d * sizeof(float));
+                    st->open_valid = 1;
+                    st->group = G;
+                }
             }
-            plan->entropy[row] = h;
-            st->budget_dyn = ei__budget_next(c, s, st->budget_dyn, h, st->entropy_prev);
-            st->entropy_prev = h;
-            plan->head_class[kvh] = (uint8_t)(st->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
-            {
-                double budget = st->rigid_so_far ? (double)c->base_budget : st->budget_dyn;
-                plan->budget[row] = (float)budget;
-                plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
-            }
-            ei__plan_rank_row(c, plan, kvh, s, w.rows, nvis, s == 0 ? 0 : cap, w.pairs);
-        }
+        } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open, G, &w)) != EI_OK)
+            return r;
         st->tokens_done = n;
+        st->last_final = is_final ? 1 : 0;
+        /* segment 0: the uniform entropy over the scored blocks once final */
         if (is_final) {
-            float *prob = plan->scores ? plan->scores + row0 * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
-            plan->entropy[row0] = ei__uniform_entropy(need_blocks, prob);
-            st->finished = 1;
+            int64_t nb = (s_end - 1) * (seg / c->block_size);
+            if (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w.mx, w.mn))
+                return ei__nonfinite(ctx, "k", kvh, nb * c->block_size);
+            plan->entropy[row0] = ei__uniform_entropy(nb, plan->scores ? plan->scores + row0 * ei__plan_score_row(plan) : NULL);
         }
     }
     if (kv0 == 0) ei__plan_covers(c, plan, n, is_final);
@@ -2234,18 +2432,32 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
 }
 
 EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                       int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
+                                       int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
                                        size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
-    return ei__profile_chunk_range(ctx, q, k, plan, is_final, kv_begin, kv_end, workspace, workspace_bytes);
+    return ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, kv_begin, kv_end, workspace, workspace_bytes);
 }
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                 int is_final, void *workspace, size_t workspace_bytes) {
+                                 int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes) {
     ei_result r;
     if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
-    r = ei_profile_chunk_heads(ctx, q, k, plan, is_final, 0, k->n_heads, workspace, workspace_bytes);
+    r = ei_profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads, workspace, workspace_bytes);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
+}
+
+EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cell_pos, int64_t n_keys) {
+    int64_t j;
+    if (n_keys < 0 || n_keys > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_keys %lld not in 0..%lld", (long long)n_keys, (long long)EI_MAX_TOKENS);
+    if (n_keys > 0 && !cell_pos) return ei__fail(ctx, EI_ERR_NULL, "cell_pos is NULL");
+    for (j = 0; j < n_keys; ++j)
+        if (cell_pos[j] != j)
+            return ei__fail(ctx, EI_ERR_SHAPE,
+                            "cache cell %lld holds position %ld: the library reads key j at cell j (cells 0..%lld must hold "
+                            "positions 0..%lld in order)",
+                            (long long)j, (long)cell_pos[j], (long long)n_keys - 1, (long long)n_keys - 1);
+    return EI_OK;
 }
 
 // >>decode ------------------------------------------------------------------

@@ -214,11 +214,12 @@ static void describe(const char *name, const view *v) {
 }
 static void view_free(view *v) { free(v->buf); memset(v, 0, sizeof *v); }
 
-/* Rows [t0, t0+cnt) of src (valid view) into a new exact buffer with its own layout. */
-static void view_rows(view *dst, const view *src, int64_t t0, int64_t cnt, fz *f) {
+/* Rows [t0, t0+cnt) of src (valid view) into a new buffer with its own layout,
+   followed by `pad` NaN rows. */
+static void view_rows_padded(view *dst, const view *src, int64_t t0, int64_t cnt, int64_t pad, fz *f) {
     int64_t t;
     int32_t h, j;
-    view_make(dst, f, src->t.dtype, cnt, src->t.n_heads, src->t.head_dim, (int)(fz_u8(f) % 4));
+    view_make(dst, f, src->t.dtype, cnt + pad, src->t.n_heads, src->t.head_dim, (int)(fz_u8(f) % 4));
     for (t = 0; t < (int64_t)dst->elems; ++t) store_el(dst->buf, dst->t.dtype, (size_t)t, NAN);
     for (t = 0; t < cnt; ++t)
         for (h = 0; h < src->t.n_heads; ++h)
@@ -229,6 +230,7 @@ static void view_rows(view *dst, const view *src, int64_t t0, int64_t cnt, fz *f
             }
     dst->tame = src->tame;
 }
+static void view_rows(view *dst, const view *src, int64_t t0, int64_t cnt, fz *f) { view_rows_padded(dst, src, t0, cnt, 0, f); }
 
 /* ------------------------------------------------------------ configuration */
 static int n_alloc_calls = 0, fail_after = -1;
@@ -490,13 +492,16 @@ static void op_profile(state *s, fz *f, int kind) {
     wfree(ws);
 }
 
-/* Chunked planning: a chunk of queries in its own buffer, the keys so far in theirs. */
+/* Chunked planning: a chunk of queries in its own buffer at any position
+   (continuing, rolling back or skipping), the keys so far in theirs with
+   padding cells after them, or a final call without queries. */
 static void op_chunk(state *s, fz *f) {
     ei_context *ctx = s->ctx;
     const ei_config *c = ei_context_config(ctx);
     int64_t off = s->plan_ok ? s->plan.n_tokens : 0, cnt;
     unsigned m = fz_u8(f);
-    int is_final;
+    int is_final, no_queries;
+    int64_t pad;
     view qc, kc;
     size_t wb = 0;
     void *ws;
@@ -508,8 +513,11 @@ static void op_chunk(state *s, fz *f) {
     if (m & 4) cnt = s->n - off;
     if (off + cnt > s->n) cnt = s->n - off;
     is_final = off + cnt == s->n ? !(m & 8) : (m & 16) != 0;
-    view_rows(&qc, &s->q, off, cnt, f);
-    view_rows(&kc, &s->k, 0, off + cnt, f);
+    pad = (m & 32) ? (int64_t)(fz_u8(f) % (unsigned)(s->n - off - cnt + 1)) : 0;
+    no_queries = (m & 72) == 72 && s->plan_ok; /* finalise where the plan ends */
+    if (no_queries) { off = s->plan.n_tokens; cnt = 0; is_final = 1; pad = s->n - off; }
+    if (!no_queries) view_rows(&qc, &s->q, off, cnt, f);
+    view_rows_padded(&kc, &s->k, 0, off + cnt, pad, f); /* padding cells are NaN: never read */
     if (checked(ei_profile_workspace_size(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, &wb)) != EI_OK ||
         wb > ((size_t)64 << 20))
         wb = 64;
@@ -517,19 +525,21 @@ static void op_chunk(state *s, fz *f) {
     ws = walloc_profile(wb);
     if (m & 128) {
         int32_t a = (int32_t)(fz_u8(f) % 5), b = (int32_t)(fz_u8(f) % 5);
-        r = checked(ei_profile_chunk_heads(ctx, &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, is_final, a, b, ws, wb));
+        r = checked(ei_profile_chunk_heads(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
+                                           a, b, ws, wb));
         if (r == EI_OK) s->plan_trusted = 0;
     } else {
-        r = checked(ei_profile_chunk(ctx, &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, is_final, ws, wb));
+        r = checked(ei_profile_chunk(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
+                                     ws, wb));
         /* a chunk rewrites only its own segments: a plan corrupted earlier stays
            untrusted unless this chunk started it (offset 0 rewrites every row) */
         if (r == EI_OK) {
-            s->plan_trusted = (s->plan_trusted || off == 0) && ctx == s->plan_ctx;
+            s->plan_trusted = (s->plan_trusted || (off == 0 && !no_queries)) && ctx == s->plan_ctx;
             if (s->plan_trusted) plan_check(s, ctx);
         }
     }
     wfree(ws);
-    view_free(&qc);
+    if (!no_queries) view_free(&qc);
     view_free(&kc);
 }
 

@@ -117,7 +117,7 @@ static int check_chunked(const golden_meta *m, ei_context *ctx, const ei_tensor 
         qc.data = (const char *)q->data + (size_t)t * q->token_stride * (q->dtype == EI_F32 ? 4 : 2);
         qc.n_tokens = cnt;
         kc.n_tokens = t + cnt;
-        rc = ei_profile_chunk(ctx, &qc, &kc, &p, t + cnt == m->n_tokens, ws, ws_bytes);
+        rc = ei_profile_chunk(ctx, &qc, &kc, &p, t, t + cnt == m->n_tokens, ws, ws_bytes);
         if (rc != EI_OK) { ei_plan_free(ctx, &p); FAIL("%s: ei_profile_chunk at %ld: %s", what, t, ei_last_error()); }
     }
     for (h = 0; h < m->n_kv_heads; ++h) {

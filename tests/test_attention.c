@@ -467,7 +467,9 @@ static void test_exp2(void) {
 
 /* The engine's flow: chunked planning (ei_profile_chunk) and attention of
    each chunk with q_offset, against the reference on the plan as it stands
-   after that chunk. */
+   after that chunk. Chunks of uneven sizes that start and end inside
+   segments; K and V are the whole cache with 32 NaN cells after the prompt
+   (an engine's padded view): no cell past the chunk's queries is read. */
 static void test_chunked_planning(void) {
     ei_config cfg = small_config();
     ei_context *ctx;
@@ -476,15 +478,19 @@ static void test_chunked_planning(void) {
     guarded_out o;
     size_t wsp, wsa;
     void *pws, *aws;
-    int64_t n = 200, chunk = 48, t0, i;
+    int64_t n = 200, pad = 32, t0, i, nt;
+    static const int64_t sizes[] = {48, 5, 29, 1, 64, 20};
+    int ci = 0;
     int32_t H = 8, HK = 2, d = 64;
     double worst = 0, *ref = (double *)malloc((size_t)(n * H * d) * sizeof(double)), vmax;
     ei_tensor tkall, tvall;
     ei_context_create(&cfg, &ctx);
-    buf_alloc(&q, EI_F32, n, H, d); buf_alloc(&k, EI_F32, n, HK, d); buf_alloc(&v, EI_F32, n, HK, d);
+    buf_alloc(&q, EI_F32, n, H, d); buf_alloc(&k, EI_F32, n + pad, HK, d); buf_alloc(&v, EI_F32, n + pad, HK, d);
+    k.n = v.n = n;
     make_qkv(&q, &k, &v, H / HK, 1.0f);
     tkall = buf_view(&k);
     tvall = buf_view(&v);
+    for (i = n * HK * d; i < (n + pad) * HK * d; ++i) { buf_set(&k, i, NAN); buf_set(&v, i, NAN); }
     vmax = ref_vmax(&tvall, -1);
     CHECK(ei_plan_alloc(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED) == EI_OK, "plan: %s", ei_last_error());
     ei_profile_workspace_size(ctx, n, H, HK, d, &wsp);
@@ -492,15 +498,17 @@ static void test_chunked_planning(void) {
     ei_attention_workspace_size(ctx, H, HK, d, &wsa);
     aws = malloc(wsa * 2);
     o = out_alloc(EI_F32, n, H, d, 1);
-    for (t0 = 0; t0 < n; t0 += chunk) {
-        int64_t nt = chunk < n - t0 ? chunk : n - t0;
-        int is_final = t0 + nt == n;
-        ei_tensor tq = ei_tensor_make((float *)q.data + t0 * H * d, EI_F32, nt, H, d);
-        ei_tensor tk = ei_tensor_make(k.data, EI_F32, t0 + nt, HK, d), tv = ei_tensor_make(v.data, EI_F32, t0 + nt, HK, d);
+    for (t0 = 0; t0 < n; t0 += nt) {
+        int is_final;
+        ei_tensor tq, tk = ei_tensor_make(k.data, EI_F32, n + pad, HK, d), tv = ei_tensor_make(v.data, EI_F32, n + pad, HK, d);
+        nt = sizes[ci++ % 6];
+        nt = nt < n - t0 ? nt : n - t0;
+        is_final = t0 + nt == n;
+        tq = ei_tensor_make((float *)q.data + t0 * H * d, EI_F32, nt, H, d);
         ei_out_tensor to = o.t;
         to.data = (float *)o.t.data + t0 * o.t.token_stride;
         to.n_tokens = nt;
-        CHECK(ei_profile_chunk(ctx, &tq, &tk, &plan, is_final, pws, wsp) == EI_OK, "profile_chunk: %s", ei_last_error());
+        CHECK(ei_profile_chunk(ctx, &tq, &tk, &plan, t0, is_final, pws, wsp) == EI_OK, "profile_chunk: %s", ei_last_error());
         CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to, t0, 2, aws, wsa * 2) == EI_OK, "attention: %s",
               ei_last_error());
         ref_attention(&cfg, &plan, &tq, &tkall, &tvall, t0, ref + t0 * H * d);

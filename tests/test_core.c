@@ -361,24 +361,16 @@ static void test_chunked(void) {
     CHECK_ERR(ei_plan_alloc(ctx, &whole, L.n, L.kv, L.dim, 0), EI_OK);
     CHECK_ERR(ei_plan_alloc(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
     CHECK_ERR(ei_profile(ctx, &q, &k, &whole, ws, wb), EI_OK);
-    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &whole, 1, ws, wb), EI_ERR_STATE); /* not a chunked plan */
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &whole, 0, 1, ws, wb), EI_ERR_STATE); /* not a chunked plan */
     /* two segments per call, then the rest */
     for (t = 0; t < L.n; t += 128) {
         long cnt = L.n - t < 128 ? L.n - t : 128;
         qc.data = L.q + (size_t)t * L.heads * L.dim;
         qc.n_tokens = cnt;
         kc.n_tokens = t + cnt;
-        if (t == 128) { /* out of order: skipping a chunk */
-            ei_tensor qq = qc, kk = kc;
-            kk.n_tokens = t + 256;
-            qq.n_tokens = 128;
-            CHECK_ERR(ei_profile_chunk(ctx, &qq, &kk, &ch, 0, ws, wb), EI_ERR_STATE);
-            qq.n_tokens = 100; kk.n_tokens = t + 100; /* not whole segments, not final */
-            CHECK_ERR(ei_profile_chunk(ctx, &qq, &kk, &ch, 0, ws, wb), EI_ERR_SHAPE);
-        }
-        CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, t + cnt == L.n, ws, wb), EI_OK);
+        CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, t, t + cnt == L.n, ws, wb), EI_OK);
     }
-    CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, 1, ws, wb), EI_ERR_STATE); /* after final */
+    CHECK_ERR(ei_profile_chunk(ctx, NULL, &kc, &ch, L.n, 1, ws, wb), EI_OK); /* finalising again changes nothing */
     CHECK(ch.final == 1 && ch.n_segments == whole.n_segments, "chunked plan shape");
     for (h = 0; h < L.kv; ++h) {
         size_t row = (size_t)h * ch.seg_capacity;
@@ -391,7 +383,7 @@ static void test_chunked(void) {
         }
     }
     CHECK_ERR(ei_plan_reset(&ch), EI_OK);
-    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &ch, 1, ws, wb), EI_OK); /* one call = whole prompt */
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &ch, ch.n_tokens, 1, ws, wb), EI_OK); /* one call = whole prompt */
     CHECK(!memcmp(ch.block_index, whole.block_index, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity * ch.max_keep),
           "single chunked call differs from whole-prompt");
     ei_plan_free(ctx, &whole);
@@ -402,6 +394,217 @@ static void test_chunked(void) {
 }
 
 /* ------------------------------------------------------------ decode */
+/* Chunked planning from any position: chunks that start and end anywhere,
+   padded K views, continuing after a final call, finalising without queries,
+   roll-backs and skipped positions; each compared with whole-prompt planning
+   of the same sequence. */
+static uint64_t rng_next(uint64_t *x) { /* splitmix64 */
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+typedef struct chunk_env {
+    ei_context *ctx;
+    const ei_config *c;
+    void *ws;
+    size_t wb;
+} chunk_env;
+
+/* Plan rows [t0, t0+cnt) of L into ch; k holds L's keys and `pad` NaN cells after them
+   (kbuf: L.n + 64 rows, NaN past L.n) or, when pad < 0, every later key of L. */
+static ei_result chunk_call(const chunk_env *E, const synth_layer *L, const float *kbuf, ei_plan *ch, long t0, long cnt,
+                            int is_final, long pad) {
+    ei_tensor qc = L->tq, kc = ei_tensor_make(kbuf, EI_F32, L->n + 64, L->kv, L->dim);
+    qc.data = L->q + (size_t)t0 * L->heads * L->dim;
+    qc.n_tokens = cnt;
+    kc.n_tokens = pad < 0 ? L->n : t0 + cnt + pad;
+    return ei_profile_chunk(E->ctx, cnt ? &qc : NULL, &kc, ch, t0, is_final, E->ws, E->wb);
+}
+
+/* Rows of segments [s0, s1) of ch equal those of whole (entropies from segment 1; counts and
+   ranked blocks for heads that are not dynamic only after segment 1, see the manual). */
+static void chunk_compare(const chunk_env *E, const ei_plan *ch, const ei_plan *whole, int s0, int s1, const char *what) {
+    int h, s;
+    for (h = 0; h < ch->n_kv_heads; ++h) {
+        size_t row = EI_PLAN_ROW(whole, h, 0);
+        int late = whole->head_class[h] == EI_HEAD_DYNAMIC && whole->n_segments > 1 &&
+                   !(whole->entropy[row + 1] >= E->c->rigid_entropy);
+        for (s = s0; s < s1; ++s) {
+            if (s > 0)
+                CHECK(ch->entropy[row + s] == whole->entropy[row + s], "%s: entropy [%d][%d] %g vs %g", what, h, s,
+                      ch->entropy[row + s], whole->entropy[row + s]);
+            if (!late)
+                CHECK(ch->keep_count[row + s] == whole->keep_count[row + s] &&
+                          !memcmp(EI_PLAN_BLOCKS(ch, h, s), EI_PLAN_BLOCKS(whole, h, s), sizeof(int32_t) * ch->max_keep),
+                      "%s: row [%d][%d] differs (keep %d vs %d)", what, h, s, ch->keep_count[row + s], whole->keep_count[row + s]);
+        }
+        if (s0 == 0 && s1 == whole->n_segments) CHECK(ch->head_class[h] == whole->head_class[h] || late, "%s: class of %d", what, h);
+    }
+}
+
+/* L's queries and keys for rows < p, M's from p on. */
+static synth_layer chunk_splice(const synth_layer *L, const synth_layer *M, long p) {
+    synth_layer S = synth_layer_make(L->n, L->heads, L->kv, L->dim, 64, 1);
+    memcpy(S.q, L->q, sizeof(float) * (size_t)p * L->heads * L->dim);
+    memcpy(S.k, L->k, sizeof(float) * (size_t)p * L->kv * L->dim);
+    memcpy(S.q + (size_t)p * L->heads * L->dim, M->q + (size_t)p * L->heads * L->dim,
+           sizeof(float) * (size_t)(L->n - p) * L->heads * L->dim);
+    memcpy(S.k + (size_t)p * L->kv * L->dim, M->k + (size_t)p * L->kv * L->dim, sizeof(float) * (size_t)(L->n - p) * L->kv * L->dim);
+    return S;
+}
+static float *chunk_kbuf(const synth_layer *L) {
+    size_t row = (size_t)L->kv * L->dim, i;
+    float *b = (float *)malloc(sizeof(float) * row * (size_t)(L->n + 64));
+    memcpy(b, L->k, sizeof(float) * row * (size_t)L->n);
+    for (i = row * (size_t)L->n; i < row * (size_t)(L->n + 64); ++i) b[i] = NAN;
+    return b;
+}
+
+static void test_chunked_any_position(int per_segment) {
+    synth_layer L = synth_layer_make(640, 6, 2, 32, 64, 21), M = synth_layer_make(640, 6, 2, 32, 64, 77);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    chunk_env E;
+    ei_plan whole, ch;
+    float *kL = chunk_kbuf(&L);
+    uint64_t rng = 12345;
+    int trial;
+    c.per_segment_budget = per_segment;
+    CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
+    E.c = ei_context_config(E.ctx);
+    ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
+    E.ws = malloc(E.wb);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &whole, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+    CHECK_ERR(ei_profile(E.ctx, &L.tq, &L.tk, &whole, E.ws, E.wb), EI_OK);
+    for (trial = 0; trial < 24; ++trial) {
+        /* chunks of 1..150 queries; trial % 3: 0 final on the last chunk, 1 final in the middle too
+           (the next turn continues), 2 no final chunk, then a final call without queries */
+        long t = 0, cut = 1 + (long)(rng_next(&rng) % (uint64_t)(L.n - 2));
+        char what[64];
+        snprintf(what, sizeof what, "random chunks, trial %d, per_segment %d", trial, per_segment);
+        ei_plan_reset(&ch);
+        while (t < L.n) {
+            long cnt = 1 + (long)(rng_next(&rng) % 150), pad = (long)(rng_next(&rng) % 3) == 0 ? -1 : (long)(rng_next(&rng) % 64);
+            int fin;
+            if (trial % 3 == 1 && t < cut && t + cnt > cut) cnt = cut - t;
+            if (t + cnt > L.n) cnt = L.n - t;
+            if (t + cnt + (pad > 0 ? pad : 0) > L.n + 64) pad = 0;
+            fin = trial % 3 == 2 ? 0 : t + cnt == L.n || (trial % 3 == 1 && t + cnt == cut);
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, t, cnt, fin, pad), EI_OK);
+            if (fin && t + cnt < L.n) CHECK(ch.final == 1 && ch.n_tokens == t + cnt, "%s: final mid-way", what);
+            t += cnt;
+        }
+        if (trial % 3 == 2) {
+            CHECK(ch.final == 0, "%s: not final yet", what);
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, L.n, 0, 1, 64), EI_OK);
+        }
+        CHECK(ch.final == 1 && ch.n_tokens == L.n && ch.n_segments == whole.n_segments, "%s: coverage", what);
+        chunk_compare(&E, &ch, &whole, 0, whole.n_segments, what);
+    }
+    {   /* roll-backs: to 0 (a new sequence), to a segment boundary, into a segment */
+        static const long cuts[] = {0, 192, 200};
+        int i;
+        for (i = 0; i < 3; ++i) {
+            long p = cuts[i];
+            synth_layer S = chunk_splice(&L, &M, p);
+            float *kS = chunk_kbuf(&S);
+            ei_plan ws_plan;
+            char what[64];
+            snprintf(what, sizeof what, "roll-back to %ld, per_segment %d", p, per_segment);
+            CHECK_ERR(ei_plan_alloc(E.ctx, &ws_plan, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_profile(E.ctx, &S.tq, &S.tk, &ws_plan, E.ws, E.wb), EI_OK);
+            ei_plan_reset(&ch);
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 300, 0, -1), EI_OK);
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, 300, 340, 1, 0), EI_OK);
+            CHECK_ERR(chunk_call(&E, &S, kS, &ch, p, 100, 0, -1), EI_OK); /* S's keys from p on */
+            CHECK(ch.n_tokens == p + 100 && ch.final == 0, "%s: coverage %lld", what, (long long)ch.n_tokens);
+            CHECK_ERR(chunk_call(&E, &S, kS, &ch, p + 100, L.n - p - 100, 1, 0), EI_OK);
+            /* a cut inside a segment plans that segment from the queries after the cut only */
+            chunk_compare(&E, &ch, &ws_plan, 0, p % 64 ? (int)(p / 64) : ws_plan.n_segments, what);
+            if (p % 64) {
+                int h;
+                for (h = 0; h < L.kv; ++h) CHECK(ch.keep_count[EI_PLAN_ROW(&ch, h, p / 64)] > 0, "%s: cut segment planned", what);
+            }
+            ei_plan_free(E.ctx, &ws_plan);
+            free(kS);
+            synth_layer_free(&S);
+        }
+    }
+    {   /* skipped positions: [0, 130) planned, [130, 300) decoded elsewhere, [300, 640) planned */
+        int h, s;
+        ei_plan_reset(&ch);
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 130, 1, 7), EI_OK);
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 300, L.n - 300, 1, 64), EI_OK);
+        CHECK(ch.n_tokens == L.n && ch.final == 1, "skip: coverage");
+        chunk_compare(&E, &ch, &whole, 0, 2, "skip: before the gap");
+        for (h = 0; h < L.kv; ++h) {
+            size_t row = EI_PLAN_ROW(&ch, h, 3);
+            CHECK(ch.keep_count[row] == 0 && ch.entropy[row] == 0.0f && EI_PLAN_BLOCKS(&ch, h, 3)[0] == -1,
+                  "skip: segment 3 lies in the gap and is not planned");
+            for (s = 4; s < ch.n_segments; ++s) {
+                row = EI_PLAN_ROW(&ch, h, s);
+                CHECK(ch.keep_count[row] >= 1 && ch.keep_count[row] <= s * 8, "skip: segment %d planned (%d)", s, ch.keep_count[row]);
+                if (s > 4) CHECK(ch.entropy[row] == whole.entropy[row], "skip: entropy of a whole segment after the gap");
+            }
+        }
+    }
+    {   /* misuse */
+        ei_plan plain;
+        synth_layer W = synth_layer_make(64, 130, 2, 8, 64, 3);
+        ei_plan wide;
+        size_t wwb;
+        void *wws;
+        ei_plan_reset(&ch);
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 0, 1, 5), EI_ERR_STATE);  /* nothing to finalise */
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 100, 0, 0), EI_OK);
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 100, 0, 0, 0), EI_ERR_STATE); /* no queries, not final */
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 90, 0, 1, 0), EI_ERR_STATE);  /* no queries, elsewhere */
+        {
+            ei_tensor qc = L.tq, kc = L.tk;
+            qc.n_tokens = 50;
+            kc.n_tokens = 149;
+            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, 100, 0, E.ws, E.wb), EI_ERR_SHAPE); /* k too short */
+            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, -1, 0, E.ws, E.wb), EI_ERR_SIZE);
+            kc.n_tokens = L.n;
+            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, L.n - 49, 0, E.ws, E.wb), EI_ERR_SIZE); /* past capacity */
+            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, 100, 0, E.ws, E.wb - 1), EI_ERR_WORKSPACE);
+        }
+        CHECK(ch.n_tokens == 100, "failed calls leave the plan where it was");
+        CHECK_ERR(chunk_call(&E, &L, kL, &ch, 100, 0, 1, 0), EI_OK);
+        CHECK_ERR(ei_plan_alloc(E.ctx, &plain, L.n, L.kv, L.dim, 0), EI_OK);
+        CHECK_ERR(chunk_call(&E, &L, kL, &plain, 0, 64, 1, 0), EI_ERR_STATE); /* not a chunked plan */
+        ei_plan_free(E.ctx, &plain);
+        /* more query heads per kv head than chunked planning keeps */
+        CHECK_ERR(ei_plan_alloc(E.ctx, &wide, 64, 2, 8, EI_PLAN_CHUNKED), EI_OK);
+        ei_profile_workspace_size(E.ctx, 64, 130, 2, 8, &wwb);
+        wws = malloc(wwb);
+        CHECK_ERR(ei_profile_chunk(E.ctx, &W.tq, &W.tk, &wide, 0, 1, wws, wwb), EI_ERR_UNSUPPORTED);
+        CHECK(strstr(ei_last_error(), "64") != NULL, "message names the limit: %s", ei_last_error());
+        free(wws);
+        ei_plan_free(E.ctx, &wide);
+        synth_layer_free(&W);
+    }
+    {   /* the engine's statement about its cache order */
+        int32_t cells[5] = {0, 1, 2, 3, 4};
+        CHECK_ERR(ei_check_key_positions(E.ctx, cells, 5), EI_OK);
+        CHECK_ERR(ei_check_key_positions(E.ctx, NULL, 0), EI_OK);
+        cells[3] = 7;
+        CHECK_ERR(ei_check_key_positions(E.ctx, cells, 3), EI_OK); /* cells past n_keys are not read */
+        CHECK_ERR(ei_check_key_positions(E.ctx, cells, 5), EI_ERR_SHAPE);
+        CHECK(strstr(ei_last_error(), "cell 3 holds position 7") != NULL, "message: %s", ei_last_error());
+        CHECK_ERR(ei_check_key_positions(E.ctx, NULL, 2), EI_ERR_NULL);
+        CHECK_ERR(ei_check_key_positions(E.ctx, cells, -1), EI_ERR_SIZE);
+    }
+    ei_plan_free(E.ctx, &whole);
+    ei_plan_free(E.ctx, &ch);
+    ei_context_destroy(E.ctx);
+    free(E.ws);
+    free(kL);
+    synth_layer_free(&L);
+    synth_layer_free(&M);
+}
+
 static void test_decode(void) {
     const int heads = 8, kv = 2, dim = 32, prompt = 300, gap = 4;
     ei_config c = ei_config_default();
@@ -537,6 +740,8 @@ int main(void) {
     test_strided_and_threads();
     test_profile_errors();
     test_chunked();
+    test_chunked_any_position(0);
+    test_chunked_any_position(1);
     test_decode();
     test_allocator_logger();
     return check_summary();

@@ -36,7 +36,7 @@ static ei_config small_config(ei_simd simd) {
 /* A lower bound of a plan's bytes that any implementation of the documented
    layout needs: entropy, budget, keep_blocks, keep_count, head_class,
    block_index with rows of the largest possible keep count, and scores /
-   chunked key representations when asked for. */
+   chunked planning's state when asked for. */
 static wide plan_lower_bound(const ei_config *c, int64_t T, int32_t kv, int32_t d, uint32_t flags) {
     wide segs = (wide)((T + c->segment_size - 1) / c->segment_size);
     wide blks = (segs - 1) * (wide)(c->segment_size / c->block_size);
@@ -46,7 +46,8 @@ static wide plan_lower_bound(const ei_config *c, int64_t T, int32_t kv, int32_t 
     if (keep > blks) keep = blks;
     total = rows * 16u + (wide)kv + rows * keep * 4u;
     if (flags & EI_PLAN_SCORES) total += rows * (blks > 0 ? blks : 1) * 4u;
-    if (flags & EI_PLAN_CHUNKED) total += (wide)kv * 2u * (wide)d * blks * 4u;
+    if (flags & EI_PLAN_CHUNKED) /* key representations, the open segments' queries, the recurrence rows */
+        total += (wide)kv * 2u * (wide)d * blks * 4u + (wide)kv * EI_MAX_CHUNK_GROUP * 2u * (wide)d * 4u + rows * 16u;
     return total;
 }
 
@@ -258,7 +259,7 @@ static void test_nonfinite(void) {
                     k = ei_tensor_make(kd, (ei_dtype)dt, L.n, L.kv, L.dim);
                     CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
                     CHECK_ERR(ei_plan_reset(&plan), EI_OK);
-                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_NONFINITE);
+                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, plan.n_tokens, 1, ws, wb), EI_ERR_NONFINITE);
                     L.q[(size_t)qpos[w] * L.heads * L.dim + 3] = saved;
                     free(qd); free(kd);
                     saved = L.k[(size_t)kpos[w] * L.kv * L.dim + 1];
@@ -267,7 +268,7 @@ static void test_nonfinite(void) {
                     q.data = qd; k.data = kd;
                     CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
                     CHECK_ERR(ei_plan_reset(&plan), EI_OK);
-                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_NONFINITE);
+                    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, plan.n_tokens, 1, ws, wb), EI_ERR_NONFINITE);
                     L.k[(size_t)kpos[w] * L.kv * L.dim + 1] = saved;
                     free(qd); free(kd);
                     CHECK_ERR(ei_plan_reset(&plan), EI_OK);
@@ -476,7 +477,7 @@ static void test_every_code(void) {
         CHECK_ERR(ei_decode_keep(ctx, &dec, &k, &ks, dws, dwb), EI_ERR_STATE);
         guarded_free(dws);
     }
-    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb), EI_ERR_STATE);
+    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &plan, plan.n_tokens, 1, ws, wb), EI_ERR_STATE);
     /* EI_ERR_SHAPE */
     x = q; x.head_dim = 8; x.head_stride = 8; x.token_stride = 8 * L.heads;
     CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
@@ -549,7 +550,7 @@ static void test_any_alignment(void) {
             r1 = ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES, pm, pb);
             if (r1 == EI_OK) r1 = ei_profile(ctx, &q, &k, &plan, ws, wb);
             if (r1 == EI_OK) r1 = ei_plan_reset(&plan);
-            if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, 1, ws, wb);
+            if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, plan.n_tokens, 1, ws, wb);
             r2 = r1 == EI_OK ? ei_attention_prefill(ctx, &q, &k, &v, &plan, &o, 0, 0, 1, as, ab) : r1;
             r3 = ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm, db);
             if (r3 == EI_OK) r3 = ei_decode_observe(ctx, &dec, &q, 0);
@@ -632,7 +633,7 @@ static void test_plan_other_context(void) {
         CHECK_ERR(ei_plan_init(cs, &plan, L.n, L.kv, L.dim, flags, pm, pb), EI_OK);
         ei_profile_workspace_size(cl, L.n, L.heads, L.kv, L.dim, &wb);
         ws = guarded_alloc(wb);
-        r = pass ? ei_profile_chunk(cl, &q, &k, &plan, 1, ws, wb) : ei_profile(cl, &q, &k, &plan, ws, wb);
+        r = pass ? ei_profile_chunk(cl, &q, &k, &plan, plan.n_tokens, 1, ws, wb) : ei_profile(cl, &q, &k, &plan, ws, wb);
         CHECK(guard_intact(pm, pb), "%s with another context's plan wrote past the plan memory (result %s)",
               pass ? "ei_profile_chunk" : "ei_profile", ei_result_name(r));
         if (r == EI_OK) {

@@ -154,7 +154,7 @@ static void reference(const ei_context *ctx, results *ref) {
             qc.data = query_row(L, t).data;
             qc.n_tokens = chunk_tokens(t);
             kc.n_tokens = t + qc.n_tokens;
-            CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ref[l].chunked, t + CHUNK >= N, ws, pw), EI_OK);
+            CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ref[l].chunked, t, t + CHUNK >= N, ws, pw), EI_OK);
         }
         ref[l].out = (float *)guarded_alloc(out_bytes());
         o = ei_out_tensor_make(ref[l].out, EI_F32, N, HEADS, DIM);
@@ -213,7 +213,7 @@ static void *worker_main(void *arg) {
         qc.n_tokens = chunk_tokens(t);
         kc.n_tokens = t + qc.n_tokens;
         if (a < b)
-            CHECK_ERR(ei_profile_chunk_heads(ctx, &qc, &kc, &S->got[0].chunked, t + CHUNK >= N, a, b, ws, S->pw), EI_OK);
+            CHECK_ERR(ei_profile_chunk_heads(ctx, &qc, &kc, &S->got[0].chunked, t, t + CHUNK >= N, a, b, ws, S->pw), EI_OK);
         pthread_barrier_wait(&S->barrier);
         if (ith == 0) CHECK_ERR(ei_plan_finalize(ctx, &S->got[0].chunked), EI_OK);
         pthread_barrier_wait(&S->barrier);

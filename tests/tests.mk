@@ -23,6 +23,8 @@
 #   make test-plugin           the CUDA plugin boundary with a fake plugin (no GPU needed)
 #   make test-backends         build/test_backends on the CPU
 #   make quickstart            examples/quickstart.c
+#   make test-quickstart-header the code block of entropyinfer.h's QUICK START, extracted
+#                              as it stands, compiled as C and C++ and run
 #   make test-arm64            the NEON path and an EI_NO_NEON build, cross-compiled for
 #                              aarch64, under qemu-user (not part of make test)
 # Every test includes tests/check.h (checks, guards, golden reader, references).
@@ -53,10 +55,10 @@ T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
              else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
 
 .PHONY: test test-harness-selftest test-compilers test-core golden test-attention test-attention-all test-limits \
-        test-threads test-plugin test-backends quickstart test-arm64
+        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
-      test-backends quickstart
+      test-backends quickstart test-quickstart-header
 	@echo "make test: all passed"
 
 # ---------------------------------------------------------------- the test programs
@@ -87,6 +89,21 @@ test-threads: $(BUILD)/test_threads
 
 quickstart: $(BUILD)/quickstart
 	$(BUILD)/quickstart
+
+# The QUICK START section's indented code lines (not its #define/#include
+# lines, which the wrapper holds) become the body of a function.
+$(BUILD)/quickstart_header.inc: entropyinfer.h
+	@mkdir -p $(@D)
+	awk '/^   QUICK START/ {on=1; next} /^   BUILD OPTIONS/ {on=0} on && /^       / && !/^ *#/' $< > $@
+	@test -s $@ || { echo "no code found in entropyinfer.h's QUICK START"; exit 1; }
+$(BUILD)/quickstart_header $(BUILD)/quickstart_header_cxx: tests/quickstart_header.c $(BUILD)/quickstart_header.inc entropyinfer.h
+$(BUILD)/quickstart_header:
+	$(CC) $(T_C) $(CFLAGS) $(WARN) -I$(BUILD) $< -o $@ $(LDLIBS)
+$(BUILD)/quickstart_header_cxx:
+	$(if $(CLANGXX),$(CLANGXX),g++) $(T_CXX) $(CFLAGS) $(WARN) -I$(BUILD) $< -o $@ $(LDLIBS)
+test-quickstart-header: $(BUILD)/quickstart_header $(BUILD)/quickstart_header_cxx
+	$(BUILD)/quickstart_header
+	$(BUILD)/quickstart_header_cxx
 
 # tests/test_plugin.c with three builds of tests/fake_cuda_plugin.c: a working
 # table, one of ABI version 1, one without a device.

@@ -757,7 +757,7 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
     j.q_offset = row0;
     if (ei_layer_sparse(s, l) && !decode) {
         double tp = gm_now();
-        if (ei_check(s, ei_profile_chunk(s->ei, &j.q, &j.k, &s->plans[l], is_final, s->prof_ws, s->prof_ws_bytes),
+        if (ei_check(s, ei_profile_chunk(s->ei, &j.q, &j.k, &s->plans[l], row0, is_final, s->prof_ws, s->prof_ws_bytes),
                      "ei_profile_chunk", err, errlen))
             return -1;
         s->stats.t_profile += gm_now() - tp;
