@@ -24,7 +24,9 @@
 #   Gemma 3 270M Q4_K_M at -c 16384 and -c 32768, 1 chunk, modes vanilla,
 #     entropyinfer, time-dense.
 # Every run: flash attention on (`-fa on`, or `-fa` on llama.cpp versions whose
-# flag takes no value: read from --help), -t = nproc, -b 2048 -ub 512.
+# flag takes no value: read from --help), -t = nproc, -b 2048 -ub 512, and -lv 4
+# where --help lists a "4: trace" verbosity (newer llama.cpp shows libllama's
+# INFO messages, the llama_perf_context_print timings among them, only there).
 #
 # The report is rebuilt from every log in the log folder, so runs made at
 # different times (EVAL_ONLY) end up in one report; EVAL_ONLY=none only rebuilds it.
@@ -32,13 +34,20 @@
 #
 # What is read from each run's output (stdout and stderr together):
 #   Final estimate: PPL = 12.3456 +/- 0.12345                (perplexity.cpp)
+#   perplexity: 33.33 seconds per pass - ETA 0.55 minutes    (the first chunk's prefill)
 #   llama_perf_context_print: prompt eval time = 1234.56 ms / 8192 tokens (...)
-#   entropyinfer: ...   the last line that starts so (the patched tool's summary
-#                       with --entropyinfer), read loosely as "key value [unit]"
-#                       pairs separated by spaces, commas, semicolons, '=' or ':'
-#                       (e.g. "layers 3/18, density 0.53, plan 0.12 s,
-#                       attention 1.9 s, dense-attention 5.6 s"; ms are turned
-#                       into s); the raw line is copied into the report.
+#                       (shown for reference: llama.cpp 0c1e57098 leaves some
+#                       llama_decode calls out of it)
+#   entropyinfer: mode sparse, layers 3/18, ubatches 10/16, density 0.5300, plan 0.123 s, attention 1.900 s
+#   entropyinfer: mode time-dense, layers 3/18, ubatches 10/16, dense-attention 5.600 s
+#                       the patched tool's summary at exit (ei_llama.cpp): the last
+#                       line starting "entropyinfer: mode ", read loosely as
+#                       "key value [unit]" pairs separated by spaces, commas,
+#                       semicolons, '=' or ':' (ms are turned into s); copied into
+#                       the report with the start-up line "entropyinfer: on, ..."
+#                       and up to 5 other "entropyinfer:" messages.
+# A run that fails is listed with the last line of its output; exit 132 (SIGILL)
+# gets a hint: EVAL_EXTRA_ARGS=-nr keeps ggml off its AMX kernels.
 #
 # Environment (all optional):
 #   LLAMA_PERPLEXITY          patched binary   (build/llama.cpp/bin/llama-perplexity)
@@ -52,7 +61,7 @@
 #   EVAL_CHUNKS               --chunks (default: smollm2 2, gemma 1)
 #   SMOL_MODES, GEMMA_MODES   modes to run (comma lists of the names above)
 #   EVAL_THREADS (nproc)  EVAL_BATCH (2048)  EVAL_UBATCH (512)
-#   EVAL_FA                   flash-attention arguments instead of the detected ones
+#   EVAL_FA, EVAL_LOG_ARGS    flash-attention / logging arguments instead of the detected ones
 #   EVAL_EXTRA_ARGS           more llama-perplexity arguments (split on spaces)
 #   EVAL_OUT (build/llama_cpp_eval.md)  EVAL_LOGS (build/llama_cpp_eval)
 set -eu
@@ -166,6 +175,12 @@ parse_prompt_eval() {
     sed -n 's/.*prompt eval time = *\([0-9.]*\) ms \/ *\([0-9]*\) tokens.*/\1 \2/p' "$1" | tail -n 1
 }
 
+# Seconds of the first pass (the first chunk's llama_decode calls up to a
+# llama_synchronize), from `perplexity: 33.33 seconds per pass - ETA ...`.
+parse_pass_s() {
+    sed -n 's/.*perplexity: *\([0-9.]*\) seconds per pass.*/\1/p' "$1" | head -n 1
+}
+
 # The run's summary: the last line that starts with `entropyinfer: mode `, else
 # the last that starts with `entropyinfer:` but is not the start-up line
 # (`entropyinfer: on, ...`). An optional log prefix of llama.cpp's timestamped
@@ -274,13 +289,20 @@ fa_args() {
     esac
 }
 
+# logging arguments for BIN: llama.cpp versions whose -lv has a "trace" level (4)
+# print libllama's INFO messages, llama_perf_context_print's among them, only at -lv 4.
+log_args() {
+    if [ -n "${EVAL_LOG_ARGS+x}" ]; then echo "$EVAL_LOG_ARGS"; return; fi
+    if "$1" --help 2>&1 | grep -q -E '^ *- *4: *trace'; then echo "-lv 4"; else echo ""; fi
+}
+
 bin_version() { "$1" --version 2>&1 | grep -E 'version|built with' | tr '\n' ' ' | sed 's/ *$//' || true; }
 
 run_one() { # MODEL CTX MODE
     m=$1; c=$2; mode=$3
     bin=$(mode_bin "$mode")
     name="$m-$c-$mode"
-    case $mode in vanilla) fa=$FA_VANILLA;; *) fa=$FA_PATCHED;; esac
+    case $mode in vanilla) fa="$FA_VANILLA $LOG_VANILLA";; *) fa="$FA_PATCHED $LOG_PATCHED";; esac
     # shellcheck disable=SC2046,SC2086  # the flag lists are split on purpose
     set -- "$bin" -m "$(model_file "$m")" -f "$TEXT" -c "$c" --chunks "$(model_chunks "$m")" \
         -b "$BATCH" -ub "$UBATCH" -t "$THREADS" $fa $(mode_args "$mode") $EXTRA
@@ -300,6 +322,10 @@ run_one() { # MODEL CTX MODE
     ppl=$(parse_ppl "$LOGS/$name.log")
     if [ "$rc" != 0 ]; then
         say "$name: FAILED (exit $rc), see $LOGS/$name.log"; FAILED="$FAILED $name"
+        if [ "$rc" = 132 ]; then
+            say "  exit 132 is SIGILL: a GGML_NATIVE build can use AMX tile instructions that this (virtual)"
+            say "  machine does not run; EVAL_EXTRA_ARGS=-nr (no extra buffer types: no repack, no AMX) avoids them"
+        fi
     elif [ -z "$ppl" ]; then
         say "$name: no 'Final estimate' line, see $LOGS/$name.log"; FAILED="$FAILED $name"
     else
@@ -310,11 +336,11 @@ run_one() { # MODEL CTX MODE
 # ---------------------------------------------------------------- report
 report_table() { # MODEL CTX
     m=$1; c=$2
-    ref=""; refmode=""; refms=""
+    ref=""; refmode=""; refpass=""
     for r in vanilla dense; do
         f="$LOGS/$m-$c-$r.log"
         if [ -f "$f" ] && [ -n "$(parse_ppl "$f")" ]; then
-            ref=$(parse_ppl "$f" | cut -d' ' -f1); refms=$(parse_prompt_eval "$f" | cut -d' ' -f1); refmode=$r; break
+            ref=$(parse_ppl "$f" | cut -d' ' -f1); refpass=$(parse_pass_s "$f"); refmode=$r; break
         fi
     done
     fa_dense=""
@@ -325,8 +351,8 @@ report_table() { # MODEL CTX
     echo "## $(model_title "$m"), context $c"
     echo
     [ -n "$chunks" ] && echo "llama-perplexity: $chunks." && echo
-    echo "| mode | perplexity | vs dense | density | served layers, ubatches | prefill s (tokens) | dense / this prefill | plan s | attention s, served layers | llama.cpp FA s, same layers | FA / entropyinfer | wall s |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| mode | perplexity | vs dense | density | served layers, ubatches | prefill s, 1st chunk | dense / this | plan s | attention s, served layers | llama.cpp FA s, same layers | FA / entropyinfer | llama_perf prompt eval s (tokens) | wall s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for mode in $ALL_MODES; do
         f="$LOGS/$m-$c-$mode.log"
         [ -f "$f" ] || continue
@@ -348,9 +374,9 @@ report_table() { # MODEL CTX
             pcol="$ppl ± $err"
             if [ "$mode" = "$refmode" ]; then dcol="(reference)"; else dcol=$(pct_delta "$ppl" "$ref"); fi
         fi
-        prefill="-"; pratio="-"
-        if [ -n "$pr" ]; then prefill="$(ms_to_s "$pms") ($ptok)"; pratio=$(ratio "$refms" "$pms"); fi
-        echo "| $(mode_title "$mode") | $pcol | $dcol | $(dash "$den") | $(dash "$lay") | $prefill | $pratio | $(dash "$pln") | $(dash "$att") | $(dash "$fa") | $(ratio "$fa" "$att") | $(dash "$(meta "$LOGS/$m-$c-$mode.meta" wall_s)") |"
+        pass=$(parse_pass_s "$f")
+        perf="-"; [ -z "$pr" ] || perf="$(ms_to_s "$pms") ($ptok)"
+        echo "| $(mode_title "$mode") | $pcol | $dcol | $(dash "$den") | $(dash "$lay") | $(dash "$pass") | $(ratio "$refpass" "$pass") | $(dash "$pln") | $(dash "$att") | $(dash "$fa") | $(ratio "$fa" "$att") | $perf | $(dash "$(meta "$LOGS/$m-$c-$mode.meta" wall_s)") |"
     done
     echo
     v=$(parse_ppl "$LOGS/$m-$c-vanilla.log" 2>/dev/null || true)
@@ -384,7 +410,7 @@ report_table() { # MODEL CTX
             tr -d '`' | sed "s/^/  \`/; s/\$/\`/" || true
     done
     [ -z "$have" ] || echo
-    fl=$(grep -h -o 'flash_attn *= *[A-Za-z0-9]*' "$LOGS/$m-$c"-*.log 2>/dev/null | sort -u | tr '\n' ';' | sed 's/;$//; s/;/; /g' || true)
+    fl=$(grep -h -o 'flash_attn *= *[A-Za-z0-9]*' "$LOGS/$m-$c"-*.log 2>/dev/null | tr -s ' ' | sort -u | tr '\n' ';' | sed 's/;$//; s/;/; /g' || true)
     [ -z "$fl" ] || { echo "llama.cpp context: $fl."; echo; }
 }
 
@@ -407,7 +433,8 @@ write_report() {
         echo "- machine: $cpu, nproc $NPROC${mem:+, $mem}"
         chars=$(wc -c < "$TEXT" 2>/dev/null | tr -d ' ' || true)
         echo "- text: \`$TEXT\`${chars:+, $chars bytes (about $((chars / 4)) tokens at 4 characters a token)}"
-        echo "- perplexity over the second half of each chunk (llama-perplexity's method); \"vs dense\" is against the unpatched dense run (else the patched dense one); prefill s is llama_perf_context_print's prompt eval time over all chunks"
+        echo "- perplexity over the second half of each chunk (llama-perplexity's method); \"vs dense\" is against the unpatched dense run (else the patched dense one); prefill s: llama-perplexity's own timer of the first chunk (\"seconds per pass\": its llama_decode calls up to a llama_synchronize); wall s: the whole run, loading and tokenizing included"
+        echo "- llama_perf prompt eval: llama_perf_context_print's total, for reference only: in llama.cpp 0c1e57098 it leaves out the time of some llama_decode calls (2048 tokens in 1.7 ms on a 2048-token chunk), so the prefill column uses the tool's timer"
         echo "- attention s, served layers: the \`attention\` field of the \`entropyinfer:\` line; llama.cpp FA s: the \`dense-attention\` field of the time-dense run (llama.cpp's flash attention in the same layers); FA / entropyinfer is their ratio"
         for meta_f in "$LOGS"/*.meta; do
             [ -f "$meta_f" ] || continue
@@ -415,7 +442,7 @@ write_report() {
         done | sort -u | while IFS='|' read -r b ver; do
             echo "- llama.cpp: \`$b\`: ${ver:-version unknown}"
         done
-        sys=$(grep -h -m 1 '^system_info:' "$LOGS"/*.log 2>/dev/null | head -n 1 || true)
+        sys=$(grep -h -m 1 'system_info:' "$LOGS"/*.log 2>/dev/null | head -n 1 | sed 's/^.*system_info:/system_info:/' || true)
         [ -z "$sys" ] || echo "- $sys"
         echo
         for m in $MODELS; do
@@ -487,13 +514,13 @@ if [ -n "$RUNS" ]; then
             say "warning: $TEXT has about $((chars / 4)) tokens (chars/4); $m at -c $c wants $need or more"
         fi
     done
-    FA_PATCHED=""; FA_VANILLA=""
+    FA_PATCHED=""; FA_VANILLA=""; LOG_PATCHED=""; LOG_VANILLA=""
     if [ -n "$need_patched" ]; then
-        FA_PATCHED=$(fa_args "$PATCHED")
+        FA_PATCHED=$(fa_args "$PATCHED"); LOG_PATCHED=$(log_args "$PATCHED")
         "$PATCHED" --help 2>&1 | grep -q -e '--entropyinfer' ||
             say "warning: $PATCHED --help shows no --entropyinfer: is it the patched build?"
     fi
-    [ -z "$need_vanilla" ] || FA_VANILLA=$(fa_args "$VANILLA")
+    if [ -n "$need_vanilla" ]; then FA_VANILLA=$(fa_args "$VANILLA"); LOG_VANILLA=$(log_args "$VANILLA"); fi
     for r in $RUNS; do
         run_one "${r%%:*}" "$(echo "$r" | cut -d: -f2)" "${r##*:}"
     done
