@@ -85,7 +85,7 @@ static ei_options & ei_opts() {
     return o;
 }
 
-enum ei_field_kind { EI_I32, EI_I64, EI_F64, EI_F32, EI_ENUM_SIMD, EI_ENUM_POOL, EI_ENUM_REDUCE };
+enum ei_field_kind { EI_FIELD_I32, EI_FIELD_I64, EI_FIELD_F64, EI_FIELD_F32, EI_FIELD_SIMD, EI_FIELD_POOL, EI_FIELD_REDUCE };
 
 struct ei_field {
     const char *  name;
@@ -95,28 +95,28 @@ struct ei_field {
 
 #define EI_FIELD(name, kind) { #name, kind, offsetof(ei_config, name) }
 static const ei_field k_fields[] = {
-    EI_FIELD(segment_size,       EI_I32),
-    EI_FIELD(block_size,         EI_I32),
-    EI_FIELD(threshold_len,      EI_I64),
-    EI_FIELD(base_budget,        EI_I32),
-    EI_FIELD(rigid_entropy,      EI_F64),
-    EI_FIELD(delta_t,            EI_F64),
-    EI_FIELD(alpha,              EI_F64),
-    EI_FIELD(budget_min_factor,  EI_F64),
-    EI_FIELD(budget_max_factor,  EI_F64),
-    EI_FIELD(last_segment_dense, EI_I32),
-    EI_FIELD(per_segment_budget, EI_I32),
-    EI_FIELD(simd,               EI_ENUM_SIMD),
+    EI_FIELD(segment_size,       EI_FIELD_I32),
+    EI_FIELD(block_size,         EI_FIELD_I32),
+    EI_FIELD(threshold_len,      EI_FIELD_I64),
+    EI_FIELD(base_budget,        EI_FIELD_I32),
+    EI_FIELD(rigid_entropy,      EI_FIELD_F64),
+    EI_FIELD(delta_t,            EI_FIELD_F64),
+    EI_FIELD(alpha,              EI_FIELD_F64),
+    EI_FIELD(budget_min_factor,  EI_FIELD_F64),
+    EI_FIELD(budget_max_factor,  EI_FIELD_F64),
+    EI_FIELD(last_segment_dense, EI_FIELD_I32),
+    EI_FIELD(per_segment_budget, EI_FIELD_I32),
+    EI_FIELD(simd,               EI_FIELD_SIMD),
     // decode compression: accepted for completeness, unused by this glue
-    EI_FIELD(decode_budget,      EI_I32),
-    EI_FIELD(window,             EI_I32),
-    EI_FIELD(decode_gap,         EI_I32),
-    EI_FIELD(pool,               EI_ENUM_POOL),
-    EI_FIELD(pool_kernel,        EI_I32),
-    EI_FIELD(per_kv_head,        EI_I32),
-    EI_FIELD(gqa_reduce,         EI_ENUM_REDUCE),
-    EI_FIELD(recompress_every,   EI_I32),
-    EI_FIELD(decode_scale,       EI_F32),
+    EI_FIELD(decode_budget,      EI_FIELD_I32),
+    EI_FIELD(window,             EI_FIELD_I32),
+    EI_FIELD(decode_gap,         EI_FIELD_I32),
+    EI_FIELD(pool,               EI_FIELD_POOL),
+    EI_FIELD(pool_kernel,        EI_FIELD_I32),
+    EI_FIELD(per_kv_head,        EI_FIELD_I32),
+    EI_FIELD(gqa_reduce,         EI_FIELD_REDUCE),
+    EI_FIELD(recompress_every,   EI_FIELD_I32),
+    EI_FIELD(decode_scale,       EI_FIELD_F32),
 };
 #undef EI_FIELD
 
@@ -215,41 +215,41 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         char * p = (char *) &o.cfg + f.offset;
         bool ok = false;
         switch (f.kind) {
-            case EI_I32:
+            case EI_FIELD_I32:
                 ok = ei_parse_int(value, INT32_MIN, INT32_MAX, iv);
                 if (ok) { int32_t x = (int32_t) iv; memcpy(p, &x, sizeof x); }
                 break;
-            case EI_I64:
+            case EI_FIELD_I64:
                 ok = ei_parse_int(value, INT64_MIN, INT64_MAX, iv);
                 if (ok) { int64_t x = (int64_t) iv; memcpy(p, &x, sizeof x); }
                 break;
-            case EI_F64:
+            case EI_FIELD_F64:
                 ok = ei_parse_double(value, dv);
                 if (ok) { memcpy(p, &dv, sizeof dv); }
                 break;
-            case EI_F32:
+            case EI_FIELD_F32:
                 ok = ei_parse_double(value, dv) && std::fabs(dv) <= 3.0e38;
                 if (ok) { float x = (float) dv; memcpy(p, &x, sizeof x); }
                 break;
-            case EI_ENUM_SIMD:
+            case EI_FIELD_SIMD:
                 ok = ei_parse_enum(value, k_simd_names, 6, ev);
                 if (ok) { o.cfg.simd = (ei_simd) ev; }
                 break;
-            case EI_ENUM_POOL:
+            case EI_FIELD_POOL:
                 ok = ei_parse_enum(value, k_pool_names, 3, ev);
                 if (ok) { o.cfg.pool = (ei_pool) ev; }
                 break;
-            case EI_ENUM_REDUCE:
+            case EI_FIELD_REDUCE:
                 ok = ei_parse_enum(value, k_reduce_names, 2, ev);
                 if (ok) { o.cfg.gqa_reduce = (ei_reduce) ev; }
                 break;
         }
         if (!ok) {
             const char * what =
-                f.kind == EI_I32 || f.kind == EI_I64 ? "an integer" :
-                f.kind == EI_F64 || f.kind == EI_F32 ? "a finite number" :
-                f.kind == EI_ENUM_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
-                f.kind == EI_ENUM_POOL ? "avg|max|none or 0..2" : "mean|max or 0..1";
+                f.kind == EI_FIELD_I32 || f.kind == EI_FIELD_I64 ? "an integer" :
+                f.kind == EI_FIELD_F64 || f.kind == EI_FIELD_F32 ? "a finite number" :
+                f.kind == EI_FIELD_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
+                f.kind == EI_FIELD_POOL ? "avg|max|none or 0..2" : "mean|max or 0..1";
             err = std::string(f.name) + ": expected " + what + ", got '" + value + "'";
             return false;
         }
@@ -360,7 +360,7 @@ struct ei_layer {
     // this ubatch
     bool             use_plan = false;
     std::atomic<int> failed{0};
-    char             error[512] = {0};
+    std::string      error;
     ei_timer         t_plan, t_attn;
     int64_t          ns_plan = 0;
     int64_t          t_dense0 = 0;
@@ -368,7 +368,7 @@ struct ei_layer {
     void fail(const char * what) {
         int expected = 0;
         if (failed.compare_exchange_strong(expected, 1)) {
-            snprintf(error, sizeof error, "%s: %s", what, ei_last_error());
+            error = std::string(what) + ": " + ei_last_error();
         }
     }
 };
@@ -622,9 +622,7 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
     }
     char buf[256];
     if ((int64_t) ub.n_tokens < st->opts.min_tokens) {
-        snprintf(buf, sizeof buf, "ubatches of fewer than %d tokens (min_tokens) run llama.cpp's attention", st->opts.min_tokens);
-        why = buf;
-        return EI_FALLBACK;
+        return EI_SILENT; // by choice (decode, warm-up): llama.cpp's attention, not reported
     }
     if (ub.n_seqs_unq != 1 || !ub.seq_id_unq) {
         why = "a ubatch holds several sequences: llama.cpp's attention";
@@ -853,9 +851,8 @@ static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
         L->fail("ei_plan_finalize");
     }
     if (L->failed) {
-        char msg[700];
-        snprintf(msg, sizeof msg, "layer %d: %s; this ubatch runs entropyinfer's dense attention (exact)", L->il, L->error);
-        ei_report_once(msg);
+        ei_report_once("layer " + std::to_string(L->il) + ": " + L->error +
+                       "; this ubatch runs entropyinfer's dense attention (exact)");
         ei_plan_reset(&L->plan);
         L->use_plan = false;
     } else {
@@ -895,15 +892,13 @@ static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
         ei_result r = ei_attention_prefill(L->ctx, &q, &k, &v, plan, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
         if (r != EI_OK && plan) {
             // argument checks fail alike in every thread: all of them retry without the plan
-            char msg[700];
-            snprintf(msg, sizeof msg, "layer %d: ei_attention_prefill: %s; retrying dense", L->il, ei_last_error());
-            ei_report_once(msg);
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
+                           "; retrying without the plan (dense)");
             r = ei_attention_prefill(L->ctx, &q, &k, &v, nullptr, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
         }
         if (r != EI_OK) {
-            char msg[700];
-            snprintf(msg, sizeof msg, "layer %d: ei_attention_prefill: %s; the output is NaN", L->il, ei_last_error());
-            ei_report_once(msg);
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
+                           "; the attention output of this ubatch is NaN");
             const size_t n = (size_t) ggml_nelements(dst);
             float * out = (float *) dst->data;
             for (size_t i = 0; i < n; ++i) {

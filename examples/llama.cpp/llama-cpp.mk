@@ -26,11 +26,15 @@ LLAMA_CPP_PATCH     := $(LLAMA_CPP_DIR)/entropyinfer.patch
 LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple
 LLAMA_CPP_JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 LLAMA_CPP_CMAKE_FLAGS ?=
+# AMX off: -march=native turns it on where the CPU advertises it, and some virtual machines
+# advertise AMX but fault on its instructions (SIGILL in ggml's AMX matmul).
+LLAMA_CPP_ARCH_FLAGS ?= $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 # CPU backend only (GGML_NATIVE: built for this machine's CPU, llama.cpp's default), static,
 # no server/tests/https; the build info names the vendored commit (the tree has no .git).
 LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
                       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
                       -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=$(LLAMA_CPP_COMMIT) -DLLAMA_BUILD_NUMBER=0 \
+                      -DCMAKE_C_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" \
                       $(LLAMA_CPP_CMAKE_FLAGS)
 
 .PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-clean
@@ -52,11 +56,11 @@ $(LLAMA_CPP_PATCHED)/.patched: $(LLAMA_CPP_PRISTINE)/.fetched $(LLAMA_CPP_PATCH)
 	mv $(LLAMA_CPP_PATCHED).tmp $(LLAMA_CPP_PATCHED)
 	touch $@
 
-$(LLAMA_CPP_BUILD)/CMakeCache.txt: $(LLAMA_CPP_PATCHED)/.patched
+$(LLAMA_CPP_BUILD)/CMakeCache.txt: $(LLAMA_CPP_PATCHED)/.patched $(LLAMA_CPP_DIR)/llama-cpp.mk
 	cmake -S $(LLAMA_CPP_PATCHED) -B $(LLAMA_CPP_BUILD) $(LLAMA_CPP_CMAKE) -DLLAMA_ENTROPYINFER_DIR=$(CURDIR)
 	touch $@
 
-$(LLAMA_CPP_VANILLA)/CMakeCache.txt: $(LLAMA_CPP_PRISTINE)/.fetched
+$(LLAMA_CPP_VANILLA)/CMakeCache.txt: $(LLAMA_CPP_PRISTINE)/.fetched $(LLAMA_CPP_DIR)/llama-cpp.mk
 	cmake -S $(LLAMA_CPP_PRISTINE) -B $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_CMAKE)
 	touch $@
 

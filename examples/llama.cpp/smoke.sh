@@ -9,7 +9,7 @@
 #   - mode=time-dense (llama.cpp's attention, timed) prints the dense perplexity
 #     to the last digit and its entropyinfer line times served layers;
 #   - --entropyinfer with segments scaled down (segment_size=128, threshold_len=512,
-#     base_budget=256) serves layers, keeps a sparse density < 1 and stays within
+#     base_budget=384) serves layers, keeps a sparse density < 1 and stays within
 #     SMOKE_TOLERANCE (5%) of the dense perplexity: with ubatches of 512 in one
 #     decode call, and with decode calls of 600 tokens in ubatches of 200 (chunks
 #     that start inside a segment, final chunks continued by later ones);
@@ -40,7 +40,7 @@ TEXT=$OUT/licences.txt
 find /usr/share/common-licenses -maxdepth 1 -type f | LC_ALL=C sort | xargs cat > "$TEXT"
 [ "$(wc -c < "$TEXT")" -gt 100000 ] || die "$TEXT: too little text in /usr/share/common-licenses"
 
-EI="--entropyinfer --entropyinfer-opt segment_size=128 --entropyinfer-opt threshold_len=512 --entropyinfer-opt base_budget=256"
+EI="--entropyinfer --entropyinfer-opt segment_size=128 --entropyinfer-opt threshold_len=512 --entropyinfer-opt base_budget=384"
 
 # run NAME BINDIR ARGS...: llama-perplexity, log in $OUT/NAME.log; sets PPL and EILINE
 run() {
