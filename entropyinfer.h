@@ -124,7 +124,9 @@
    EI_MAX_TOKENS (2^26) tokens, EI_MAX_HEADS (4096) heads, EI_MAX_HEAD_DIM
    (1024), views whose farthest element lies within 2^60 elements, budgets up
    to EI_MAX_BUDGET: size arithmetic is checked (EI_ERR_SIZE /
-   EI_ERR_OVERFLOW past them).
+   EI_ERR_OVERFLOW past them). Chunked planning keeps each kv head's open
+   segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
+   kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
    finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
