@@ -21,10 +21,11 @@
 #                   serve; numerics dense)
 #     ei-dense      (not run by default) --entropyinfer-opt mode=ei-dense: entropyinfer's
 #                   attention kernel without a plan, dense
-#   Gemma 3 270M Q4_K_M at -c 16384 and -c 32768, 1 chunk, modes vanilla,
-#     entropyinfer, time-dense.
+#   Gemma 3 270M Q4_K_M at -c 16384 and -c 32768, 1 chunk, modes entropyinfer and
+#     time-dense (whose perplexity is the dense one: llama.cpp's own attention;
+#     GEMMA_MODES=vanilla,... adds the unpatched run).
 # Every run: flash attention on (`-fa on`, or `-fa` on llama.cpp versions whose
-# flag takes no value: read from --help), -t = nproc, -b 2048 -ub 512, and -lv 4
+# flag takes no value: read from --help), -t = nproc, -b (EVAL_BATCH below) -ub 512, and -lv 4
 # where --help lists a "4: trace" verbosity (newer llama.cpp shows libllama's
 # INFO messages, the llama_perf_context_print timings among them, only there).
 #
@@ -60,7 +61,13 @@
 #                             default: smollm2 8192, gemma 16384,32768)
 #   EVAL_CHUNKS               --chunks (default: smollm2 2, gemma 1)
 #   SMOL_MODES, GEMMA_MODES   modes to run (comma lists of the names above)
-#   EVAL_THREADS (nproc)  EVAL_BATCH (2048)  EVAL_UBATCH (512)
+#   EVAL_THREADS (nproc)  EVAL_UBATCH (512)
+#   EVAL_BATCH                -b: llama_decode's batch (default: the context, so a chunk is
+#                             one llama_decode call and only its last segment is dense, as
+#                             in the paper: the glue marks the last ubatch of each call
+#                             final. Gemma's 262k-token vocabulary makes that call's logits
+#                             large: 8.6 GB at 16k, 17 GB at 32k; llama-perplexity with a
+#                             smaller batch reserves n_ctx x n_vocab floats, worse)
 #   EVAL_FA, EVAL_LOG_ARGS    flash-attention / logging arguments instead of the detected ones
 #   EVAL_EXTRA_ARGS           more llama-perplexity arguments (split on spaces)
 #   EVAL_OUT (build/llama_cpp_eval.md)  EVAL_LOGS (build/llama_cpp_eval)
@@ -77,10 +84,10 @@ EVAL_ONLY=${EVAL_ONLY:-all}
 EVAL_CONTEXTS=${EVAL_CONTEXTS:-}
 EVAL_CHUNKS=${EVAL_CHUNKS:-}
 SMOL_MODES=${SMOL_MODES:-vanilla,dense,entropyinfer,per-segment,time-dense}
-GEMMA_MODES=${GEMMA_MODES:-vanilla,entropyinfer,time-dense}
+GEMMA_MODES=${GEMMA_MODES:-entropyinfer,time-dense}
 NPROC=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 THREADS=${EVAL_THREADS:-$NPROC}
-BATCH=${EVAL_BATCH:-2048}
+BATCH=${EVAL_BATCH:-}
 UBATCH=${EVAL_UBATCH:-512}
 EXTRA=${EVAL_EXTRA_ARGS:-}
 OUT=${EVAL_OUT:-build/llama_cpp_eval.md}
@@ -298,6 +305,10 @@ log_args() {
 
 bin_version() { "$1" --version 2>&1 | grep -E 'version|built with' | tr '\n' ' ' | sed 's/ *$//' || true; }
 
+model_batch() { # MODEL CTX
+    if [ -n "$BATCH" ]; then echo "$BATCH"; else echo "$2"; fi
+}
+
 run_one() { # MODEL CTX MODE
     m=$1; c=$2; mode=$3
     bin=$(mode_bin "$mode")
@@ -305,7 +316,7 @@ run_one() { # MODEL CTX MODE
     case $mode in vanilla) fa="$FA_VANILLA $LOG_VANILLA";; *) fa="$FA_PATCHED $LOG_PATCHED";; esac
     # shellcheck disable=SC2046,SC2086  # the flag lists are split on purpose
     set -- "$bin" -m "$(model_file "$m")" -f "$TEXT" -c "$c" --chunks "$(model_chunks "$m")" \
-        -b "$BATCH" -ub "$UBATCH" -t "$THREADS" $fa $(mode_args "$mode") $EXTRA
+        -b "$(model_batch "$m" "$c")" -ub "$UBATCH" -t "$THREADS" $fa $(mode_args "$mode") $EXTRA
     cmd=$(quote_cmd "$@")
     printf '%s\n' "$cmd" > "$LOGS/$name.cmd"
     say "$name: $cmd"
