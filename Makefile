@@ -9,6 +9,9 @@
 #   make test-asan test-tsan test-valgrind fuzz   sanitizers, memcheck, libFuzzer (tests/hardening.mk)
 #   make test-arm64               the NEON path under qemu (tests/tests.mk)
 #   make cuda test-cuda           the CUDA backend and its GPU tests (cuda.mk)
+#   make llama-cpp llama-cpp-models llama-cpp-smoke llama-cpp-eval
+#                                 llama.cpp's own tools with entropyinfer in their attention
+#                                 (examples/llama.cpp/llama-cpp.mk)
 #   make bench     benchmarks (bench/)
 CC      ?= cc
 # The full case set lives beside the repository; tests/golden is a subset kept in it.
@@ -47,7 +50,7 @@ clean:
 	rm -rf $(BUILD)
 
 # Fragments: every test (tests/tests.mk), attention benchmark, CUDA backend,
-# Gemma engine, hardening (fuzz, sanitizers, memcheck).
+# Gemma engine, hardening (fuzz, sanitizers, memcheck), llama.cpp with entropyinfer.
 include tests/tests.mk
 -include bench/attention.mk
 -include cuda.mk
