@@ -481,7 +481,7 @@ int llama_entropyinfer_option(const char * name_values, char * err, size_t err_s
         const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         if (!ei_set_one(item, msg)) {
             if (err && err_size) {
-                snprintf(err, err_size, "--entropyinfer-opt: %s", msg.c_str());
+                snprintf(err, err_size, "%s", msg.c_str());
             }
             return -1;
         }
@@ -500,13 +500,13 @@ const char * llama_entropyinfer_help(void) {
         const ei_config d = ei_config_default();
         char buf[1024];
         snprintf(buf, sizeof buf,
-            "entropyinfer option NAME=VALUE (repeatable, or comma-separated; implies --entropyinfer):\n"
-            "ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d),\n"
-            "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g),\n"
-            "last_segment_dense (%d), per_segment_budget (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16);\n"
-            "glue: min_tokens (32: smaller ubatches use llama.cpp's attention),\n"
-            "mode (sparse: entropyinfer's plans and block-sparse attention; ei-dense: its kernel without a plan;\n"
-            "time-dense: llama.cpp's attention, timed in the layers entropyinfer would serve)",
+            "entropyinfer option (repeatable, or comma-separated; implies --entropyinfer): "
+            "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
+            "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g), "
+            "last_segment_dense (%d), per_segment_budget (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16); "
+            "min_tokens (32: smaller ubatches run llama.cpp's attention); "
+            "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
+            "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
             (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
             d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
             (int) d.last_segment_dense, (int) d.per_segment_budget);
