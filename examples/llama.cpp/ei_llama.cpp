@@ -533,7 +533,7 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     st->stats.n_layer = st->n_layer;
     if (ei_context_create(&st->opts.cfg, &st->ctx0) != EI_OK) {
         const std::string msg = std::string("invalid configuration: ") + ei_last_error();
-        fprintf(stderr, "entropyinfer: %s\n", msg.c_str());
+        ei_report_once(msg);
         throw std::runtime_error("entropyinfer: " + msg);
     }
 
@@ -692,12 +692,19 @@ public:
 
     bool can_reuse(const llm_graph_params & params) override {
         std::string why;
-        return ei_decide(st, params.ubatch, ei_attn_kv(params.mctx), why) == decision;
+        const llama_kv_cache_context * kvc = ei_attn_kv(params.mctx);
+        // the K/V views of a served graph span n_kv cells (llama.cpp's own check of that lives in
+        // its KQ-mask input, which skips an unallocated mask: iSWA models whose global layers we serve)
+        if (kvc && (int64_t) kvc->get_n_kv() != n_kv) {
+            return false;
+        }
+        return ei_decide(st, params.ubatch, kvc, why) == decision;
     }
 
     llama_ei_state * st;
     ei_decision      decision;
     int              served_layers = 0;
+    int64_t          n_kv          = -1; // cells of the K/V views the graph was built with
 };
 
 static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei_state * st,
@@ -713,6 +720,7 @@ static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei
         ei_report_once(why);
     }
     auto * in = new llm_graph_input_ei(st, d);
+    in->n_kv = kvc ? (int64_t) kvc->get_n_kv() : -1;
     g.res->add_input(llm_graph_input_ptr(in));
     return in;
 }
@@ -989,9 +997,18 @@ ggml_tensor * llama_ei_build_attn(
         fin = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a1, 1, ei_op_finalize, 1, L);
         ggml_format_name(fin, "ei_finalize-%d", il);
     }
-    ggml_tensor * a2[4] = { q, k, v, fin };
+    // the KQ mask is not read; as a source it stays allocated, so llama.cpp's graph-reuse check
+    // of the mask's size (n_kv) stays in force
+    ggml_tensor * a2[5] = { q, k, v, nullptr, nullptr };
+    int n_args = 3;
+    if (kq_mask) {
+        a2[n_args++] = kq_mask;
+    }
+    if (fin) {
+        a2[n_args++] = fin;
+    }
     ggml_tensor * out = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2], 1, 1,
-                                       a2, fin ? 4 : 3, ei_op_attention, GGML_N_TASKS_MAX, L);
+                                       a2, n_args, ei_op_attention, GGML_N_TASKS_MAX, L);
     ggml_format_name(out, "ei_attn-%d", il);
     ggml_build_forward_expand(g.gf, out);
     return out;
