@@ -276,11 +276,18 @@ static std::mutex & ei_mutex() {
     return m;
 }
 
-// One line on stderr per distinct message.
+// One line on stderr per kind of message: messages that differ only in numbers (layer,
+// positions, cells) are one kind, so each situation is reported once.
 static void ei_report_once(const std::string & msg) {
     static std::set<std::string> seen;
+    std::string key;
+    for (char c : msg) {
+        if (c < '0' || c > '9') {
+            key += c;
+        }
+    }
     std::lock_guard<std::mutex> lock(ei_mutex());
-    if (seen.insert(msg).second) {
+    if (seen.insert(key).second) {
         fprintf(stderr, "entropyinfer: %s\n", msg.c_str());
         fflush(stderr);
     }
