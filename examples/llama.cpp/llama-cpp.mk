@@ -51,6 +51,7 @@ $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 # files this patch or the previous one touched (touched here).
 $(LLAMA_CPP_PATCHED)/.patched: $(LLAMA_CPP_PRISTINE)/.fetched $(LLAMA_CPP_PATCH)
 	rm -rf $(LLAMA_CPP_PATCHED).tmp
+	mkdir -p $(dir $(LLAMA_CPP_PATCHED))
 	cp -a $(LLAMA_CPP_PRISTINE) $(LLAMA_CPP_PATCHED).tmp
 	patch -s -p1 -d $(LLAMA_CPP_PATCHED).tmp < $(LLAMA_CPP_PATCH)
 	for f in $$(sed -n 's#^+++ b/##p' $(LLAMA_CPP_PATCH) $(wildcard $(LLAMA_CPP_PATCHED)/.entropyinfer.patch)); do \
