@@ -11,7 +11,8 @@
 //   the cache cells 0 .. pos+n-1 hold positions 0 .. pos+n-1 of that sequence
 //   (checked with ei_check_key_positions) with no later cell holding an
 //   earlier position. Everything else runs llama.cpp's own attention, and the
-//   reason is printed once on stderr ("entropyinfer: ...").
+//   reason is printed once on stderr ("entropyinfer: ..."); ubatches below
+//   min_tokens (decoding) are a choice and not reported.
 //
 //   For a served layer and ubatch the graph holds three ggml custom ops in
 //   place of llama.cpp's attention nodes:
@@ -21,7 +22,10 @@
 //   Q is llama.cpp's f32 post-RoPE query, K and V are views of the cache (no
 //   copies). The ubatch's first position and is_final are read at compute
 //   time (set_input of a graph input of ours), and that input's can_reuse
-//   makes llama.cpp rebuild the graph whenever the serve decision changes.
+//   makes llama.cpp rebuild the graph whenever the serve decision or the
+//   number of cells in the K/V views changes. A failing library call is
+//   reported with ei_last_error(): planning falls back to entropyinfer's dense
+//   attention for that ubatch, an attention failure retries without the plan.
 //
 // Modes (--entropyinfer-opt mode=...)
 //   sparse      (default) planning + block-sparse attention
@@ -29,10 +33,11 @@
 //   time-dense  llama.cpp's own attention, timed in the layers and ubatches
 //               entropyinfer would serve (numerics of unpatched llama.cpp)
 //
-// At exit one line sums the run: layers served, ubatches served, the mean
-// density of the sparse segments (kept keys / causal keys over their queries
-// and kv heads), and the wall time of planning, of entropyinfer's attention
-// and of llama.cpp's attention (time-dense).
+// At exit one line sums the run: layers served, ubatches served, the density
+// of the sparse segments (keys attended / keys of dense causal attention,
+// summed over their queries and kv heads), and the wall time of planning, of
+// entropyinfer's attention and of llama.cpp's attention (time-dense), each
+// from the first of ggml's threads entering the op to the last leaving it.
 
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
@@ -623,9 +628,16 @@ static const llama_kv_cache_context * ei_attn_kv(const llama_memory_context_i * 
 
 // Can this ubatch be served (in every servable layer)? why: the reason when not.
 static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
-                             std::string & why) {
+                             const llama_cparams & cp, std::string & why) {
     if (!ub.pos || ub.pos != st->ann_pos || ub.n_tokens != st->ann_n) {
         return EI_SILENT; // not a ubatch of llama_decode (graph reservation): llama.cpp's attention, no report
+    }
+    if (cp.training) {
+        return EI_SILENT;
+    }
+    if (!cp.causal_attn) {
+        why = "non-causal attention (llama_set_causal_attn): llama.cpp's attention";
+        return EI_FALLBACK;
     }
     char buf[256];
     if ((int64_t) ub.n_tokens < st->opts.min_tokens) {
@@ -705,7 +717,7 @@ public:
         if (kvc && (int64_t) kvc->get_n_kv() != n_kv) {
             return false;
         }
-        return ei_decide(st, params.ubatch, kvc, why) == decision;
+        return ei_decide(st, params.ubatch, kvc, params.cparams, why) == decision;
     }
 
     llama_ei_state * st;
@@ -722,7 +734,7 @@ static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei
         }
     }
     std::string why;
-    const ei_decision d = ei_decide(st, g.ubatch, kvc, why);
+    const ei_decision d = ei_decide(st, g.ubatch, kvc, g.cparams, why);
     if (d == EI_FALLBACK) {
         ei_report_once(why);
     }
@@ -741,8 +753,6 @@ static const char * ei_layer_reason(const llm_graph_context & g, const llama_kv_
                                     const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
                                     const ggml_tensor * kq_b, const ggml_tensor * sinks, const ggml_tensor * v_mla, int il) {
     const llama_hparams & hp = g.hparams;
-    if (g.cparams.training)                         return "training graphs run llama.cpp's attention";
-    if (!g.cparams.causal_attn)                     return "non-causal attention: llama.cpp's attention";
     if (!mctx)                                      return "layers without a KV cache run llama.cpp's attention";
     if (hp.is_swa(il))                              return "sliding-window layers run llama.cpp's attention";
     if (hp.attn_soft_cap)                           return "layers with logit soft-capping run llama.cpp's attention";
