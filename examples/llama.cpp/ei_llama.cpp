@@ -676,7 +676,8 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
         st->cell_pos[j] = cells.is_empty((uint32_t) j) || !cells.seq_has((uint32_t) j, seq) ? -1 : cells.pos_get((uint32_t) j);
     }
     if (ei_check_key_positions(st->ctx0, st->cell_pos.data(), n_end) != EI_OK) {
-        why = std::string("KV cells are not in position order (") + ei_last_error() + "): llama.cpp's attention";
+        why = std::string("KV cells are not in position order for the sequence (-1: empty or another sequence's; ") +
+              ei_last_error() + "): llama.cpp's attention";
         return EI_FALLBACK;
     }
     for (int64_t j = n_end; j < n_kv; ++j) {
