@@ -11,7 +11,8 @@
 #   llama-cpp-eval     eval.sh: llama-perplexity dense vs entropyinfer on a long text, SmolLM2 at 8k and
 #                      Gemma at 16k/32k, and the time of llama.cpp's attention in the same layers
 #                      -> build/llama_cpp_eval.md (not in CI; tens of minutes on 2 cores)
-#   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M, dense vs --entropyinfer (a few minutes)
+#   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M and Gemma 3 270M, dense vs --entropyinfer
+#                      (about 3 minutes on 2 cores; compares with llama-cpp-vanilla when that is built)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
