@@ -52,6 +52,7 @@
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-memory-hybrid.h"
+#include "llama-memory-hybrid-iswa.h"
 #include "llama-model.h"
 
 #include "ggml.h"
@@ -623,7 +624,10 @@ static const llama_kv_cache_context * ei_attn_kv(const llama_memory_context_i * 
     if (auto * hyb = dynamic_cast<const llama_memory_hybrid_context *>(m)) {
         return hyb->get_attn();
     }
-    return nullptr;
+    if (auto * hyb = dynamic_cast<const llama_memory_hybrid_iswa_context *>(m)) {
+        return hyb->get_attn() ? hyb->get_attn()->get_base() : nullptr;
+    }
+    return nullptr; // unknown memory: no reuse of served graphs (ei_decide falls back)
 }
 
 // Can this ubatch be served (in every servable layer)? why: the reason when not.
