@@ -788,6 +788,26 @@ static ei_dtype ei_dtype_of(ggml_type t) {
     return t == GGML_TYPE_F16 ? EI_F16 : t == GGML_TYPE_BF16 ? EI_BF16 : EI_F32;
 }
 
+// The query that planning reads. The method's block scores are defined on the raw
+// post-RoPE query (the reference softmaxes unscaled scores), but some models fold
+// the attention scale into Q before attention (Gemma 3: Q * 1/sqrt(head_dim), then
+// kq_scale 1); planning on the scaled Q would flatten every block distribution by
+// that factor (higher entropies, smaller relative changes, other budgets). When Q
+// is the output of a (not in-place) ggml_scale by a positive factor without bias,
+// planning reads its input instead: computed already, kept alive as our source.
+static ggml_tensor * ei_raw_query(ggml_tensor * q) {
+    float sb[2] = { 0.0f, 0.0f };
+    if (q->op != GGML_OP_SCALE || q->view_src != nullptr || q->src[0] == nullptr) {
+        return q;
+    }
+    memcpy(sb, q->op_params, sizeof sb); // ggml_scale_impl: scale, bias
+    ggml_tensor * raw = q->src[0];
+    if (!(sb[0] > 0.0f) || sb[1] != 0.0f || raw->type != GGML_TYPE_F32 || !ggml_are_same_shape(raw, q)) {
+        return q;
+    }
+    return raw;
+}
+
 // [head_dim, n_heads, n_tokens] ggml view -> ei_tensor (strides in elements)
 static ei_tensor ei_view(const ggml_tensor * t) {
     const size_t es = ggml_type_size(t->type);
@@ -1012,7 +1032,7 @@ ggml_tensor * llama_ei_build_attn(
 
     ggml_tensor * fin = nullptr;
     if (st->opts.mode == EI_MODE_SPARSE) {
-        ggml_tensor * a0[2] = { q, k };
+        ggml_tensor * a0[2] = { ei_raw_query(q), k };
         ggml_tensor * prof = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, 2, ei_op_profile, GGML_N_TASKS_MAX, L);
         ggml_format_name(prof, "ei_profile-%d", il);
         ggml_tensor * a1[1] = { prof };
