@@ -65,7 +65,11 @@
                elementwise max/min of a segment's queries and of a block's
                keys give score(s,b) = max((qmax.kmax + qmin.kmax)/2,
                (qmax.kmin + qmin.kmin)/2), averaged over the query heads of a
-               kv group, softmaxed over the blocks strictly before s.
+               kv group, softmaxed over the blocks strictly before s. The
+               scores are not scaled: give profiling the raw post-RoPE Q.
+               An engine that folds the attention scale into Q (llama.cpp's
+               Gemma 3: Q * 1/sqrt(head_dim)) profiles the Q before that
+               scale, or every block distribution is flattened by it.
    entropy     -sum p ln(p + 1e-9) of that distribution, per kv head, segment.
    rigid head  every entropy of segments 1.. is below rigid_entropy (e_t):
                keeps base_budget tokens in every segment.

@@ -348,7 +348,7 @@ run_one() { # MODEL CTX MODE
 report_table() { # MODEL CTX
     m=$1; c=$2
     ref=""; refmode=""; refpass=""
-    for r in vanilla dense; do
+    for r in vanilla dense time-dense; do   # time-dense: llama.cpp's attention, dense numerics
         f="$LOGS/$m-$c-$r.log"
         if [ -f "$f" ] && [ -n "$(parse_ppl "$f")" ]; then
             ref=$(parse_ppl "$f" | cut -d' ' -f1); refpass=$(parse_pass_s "$f"); refmode=$r; break
@@ -444,7 +444,7 @@ write_report() {
         echo "- machine: $cpu, nproc $NPROC${mem:+, $mem}"
         chars=$(wc -c < "$TEXT" 2>/dev/null | tr -d ' ' || true)
         echo "- text: \`$TEXT\`${chars:+, $chars bytes (about $((chars / 4)) tokens at 4 characters a token)}"
-        echo "- perplexity over the second half of each chunk (llama-perplexity's method); \"vs dense\" is against the unpatched dense run (else the patched dense one); prefill s: llama-perplexity's own timer of the first chunk (\"seconds per pass\": its llama_decode calls up to a llama_synchronize); wall s: the whole run, loading and tokenizing included"
+        echo "- perplexity over the second half of each chunk (llama-perplexity's method); \"vs dense\" is against the unpatched dense run (else the patched dense one, else the time-dense run: llama.cpp's attention, the same numbers); prefill s: llama-perplexity's own timer of the first chunk (\"seconds per pass\": its llama_decode calls up to a llama_synchronize); wall s: the whole run, loading and tokenizing included"
         echo "- llama_perf prompt eval: llama_perf_context_print's total, for reference only: in llama.cpp 0c1e57098 it leaves out the time of some llama_decode calls (2048 tokens in 1.7 ms on a 2048-token chunk), so the prefill column uses the tool's timer"
         echo "- attention s, served layers: the \`attention\` field of the \`entropyinfer:\` line; llama.cpp FA s: the \`dense-attention\` field of the time-dense run (llama.cpp's flash attention in the same layers); FA / entropyinfer is their ratio"
         for meta_f in "$LOGS"/*.meta; do
