@@ -10,7 +10,7 @@
 #   EVAL_ONLY=gemma16k,gemma32k ...   EVAL_ONLY=smollm2-2k ...   EVAL_ONLY=none (report only)
 #
 # Runs (text: the Debian Administrator's Handbook, examples/gemma/fetch_corpus.sh):
-#   SmolLM2-135M-Instruct Q4_1 at -c 8192, 2 chunks, modes
+#   SmolLM2-135M-Instruct Q4_1 at -c 8192, 1 chunk, modes
 #     vanilla       unpatched llama-perplexity, dense
 #     dense         patched, no flag (must print the same perplexity to the last digit)
 #     entropyinfer  patched --entropyinfer (ragged per-head plans, the default)
@@ -59,7 +59,7 @@
 #                             gemma-32768, smollm2-8k), all (default) or none
 #   EVAL_CONTEXTS             contexts for a model named without one (comma list;
 #                             default: smollm2 8192, gemma 16384,32768)
-#   EVAL_CHUNKS               --chunks (default: smollm2 2, gemma 1)
+#   EVAL_CHUNKS               --chunks (default 1: perplexity over the second half of one context)
 #   SMOL_MODES, GEMMA_MODES   modes to run (comma lists of the names above)
 #   EVAL_THREADS (nproc)  EVAL_UBATCH (512)
 #   EVAL_BATCH                -b: llama_decode's batch (default: the context, so a chunk is
@@ -105,7 +105,7 @@ model_title()  { case $1 in smollm2) echo "SmolLM2-135M-Instruct (Q4_1)";; gemma
 model_ctxs()   { if [ -n "$EVAL_CONTEXTS" ]; then echo "$EVAL_CONTEXTS"; else
                  case $1 in smollm2) echo 8192;; gemma) echo 16384,32768;; esac; fi; }
 model_chunks() { if [ -n "$EVAL_CHUNKS" ]; then echo "$EVAL_CHUNKS"; else
-                 case $1 in smollm2) echo 2;; gemma) echo 1;; esac; fi; }
+                 case $1 in smollm2) echo 1;; gemma) echo 1;; esac; fi; }
 model_modes()  { case $1 in smollm2) echo "$SMOL_MODES";; gemma) echo "$GEMMA_MODES";; esac | tr ',' ' '; }
 
 mode_bin() { case $1 in vanilla) echo "$VANILLA";; *) echo "$PATCHED";; esac; }
