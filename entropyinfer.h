@@ -77,6 +77,29 @@
                B[s] = clamp(B[s-1] + alpha*base*(r[s]-delta_t), 1x, 3x base).
    plan        per kv head and segment: entropy, budget, keep count and the
                ranked key blocks kept (descending score, ties to lower index).
+   ranking     (cfg.ranking) the order in which a segment keeps blocks.
+               EI_RANK_REFERENCE: the block score above (the paper's, and
+               the golden-tested mode). EI_RANK_SAMPLED: attention mass.
+               R = rank_samples real query rows of segment s (first token
+               t0) are scored exactly: row i is token t_i = t0 +
+               ((2i + 1) segment_size) / (2R) (integer division) of query
+               head kvh*G + i mod G (G = query heads per kv head), used when
+               t_i is a token given so far; the softmax of scale * q.k_j over
+               keys j = 0..t_i (scale: attn_scale, 0 = 1/sqrt(head_dim)) is
+               summed per block b < t0 / block_size, and a block's mass is
+               that sum over the rows used. A row subsample of the true
+               attention mass (its expectation over rows). Either way the
+               reference score gives the entropy, the head class and the
+               budget recurrence (a plan's budget field).
+   top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
+               whose share of the ranking's mass over the blocks before the
+               segment reaches top_p (reference ranking: the softmaxed block
+               scores; sampled: the mass), then at least base_budget and at
+               most budget_max_factor x base_budget tokens, within the cap.
+   sink, local the first sink_blocks blocks and the local_blocks blocks just
+               before the segment lead every ranked row (sink first, then
+               local, each ascending; counted once) and count in its keep
+               count: a row keeps at least them (within the cap).
    observation window   the last `window` queries (the last window-decode_gap
                prompt queries and the first decode_gap generated ones); decode
                compression scores the cache against it and keeps
@@ -257,10 +280,16 @@ EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tok
 #define EI_MAX_SEGMENT    (1 << 20)
 #define EI_MAX_BUDGET     (1 << 26)
 #define EI_MAX_CHUNK_GROUP 64          /* query heads per kv head in chunked planning */
+#define EI_MAX_RANK_SAMPLES 4096       /* rank_samples */
 
 /* ---------------------------------------------------------------- config */
 typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
 typedef enum ei_reduce { EI_REDUCE_MEAN = 0, EI_REDUCE_MAX = 1 } ei_reduce;
+/* How profiling ranks a segment's key blocks (CONCEPTS: ranking). */
+typedef enum ei_ranking {
+    EI_RANK_REFERENCE = 0, /* the paper's midpoint-query block score (golden-tested) */
+    EI_RANK_SAMPLED = 1    /* attention mass of sampled real query rows, scored exactly */
+} ei_ranking;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
     EI_SIMD_SCALAR = 1, /* plain reference */
@@ -300,6 +329,15 @@ typedef struct ei_config {
     int32_t last_segment_dense;  /* 1: the last segment always attends densely */
     int32_t per_segment_budget;  /* 0: each head keeps its own count (ragged);
                                     1: the reference's max over heads per segment */
+    /* block ranking and budgets beyond the paper (CONCEPTS; the defaults are
+       the reference's; ei_config_quality() gives the best measured values) */
+    ei_ranking ranking;          /* EI_RANK_REFERENCE */
+    int32_t rank_samples;        /* 64: query rows scored per segment and kv head (EI_RANK_SAMPLED) */
+    double top_p;                /* 0: keep counts from the budget recurrence; in (0, 1]:
+                                    blocks kept until their share of the ranking's mass
+                                    reaches top_p, between base and max factor x base */
+    int32_t sink_blocks;         /* 0: key blocks from position 0 always kept */
+    int32_t local_blocks;        /* 0: key blocks just before the segment always kept */
     /* attention */
     float attn_scale;            /* 0: 1/sqrt(head_dim) */
     /* decode (latent KV compression) */
@@ -323,6 +361,9 @@ typedef struct ei_config {
 } ei_config;
 
 EIDEF ei_config ei_config_default(void);
+/* The paper's configuration with the ranking and budgets that measured best
+   on real models (README, "Block ranking beyond the paper"). */
+EIDEF ei_config ei_config_quality(void);
 
 /* ---------------------------------------------------------------- context */
 typedef struct ei_context ei_context;
@@ -549,7 +590,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 2
+#define EI_CUDA_ABI_VERSION 3
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -761,6 +802,41 @@ EI__HD int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t
     double k = floor(budget / (double)c->block_size);
     if (s == 0) return 0;
     if (k > (double)cap) k = (double)cap;
+    return k < 0 ? 0 : (int32_t)k;
+}
+/* EI_RANK_SAMPLED: the token of sampled row i of segment s (CONCEPTS:
+   ranking); its query head is kvh * G + i % G. */
+EI__HD int64_t ei__sample_token(const ei_config *c, int32_t s, int32_t i) {
+    return (int64_t)s * c->segment_size + ((2 * (int64_t)i + 1) * c->segment_size) / (2 * (int64_t)c->rank_samples);
+}
+/* The always-kept blocks of a segment that sees nvis blocks: sink blocks
+   [0, *n_sink) and local blocks [*local0, nvis). Returns their count. */
+EI__HD int64_t ei__forced_blocks(const ei_config *c, int64_t nvis, int64_t *n_sink, int64_t *local0) {
+    int64_t ns = (int64_t)c->sink_blocks < nvis ? (int64_t)c->sink_blocks : nvis;
+    int64_t l0 = nvis - (int64_t)c->local_blocks;
+    *n_sink = ns;
+    *local0 = l0 > ns ? l0 : ns;
+    return ns + (nvis - *local0);
+}
+/* A row's keep count: from the budget (ei__keep_of), or with top_p from k_p,
+   the fewest ranked blocks whose share reaches top_p, clamped to
+   [base, max factor x base] tokens; then at least the n_forced always-kept
+   blocks, at most cap and the row capacity max_keep. Segment 0 keeps none. */
+EI__HD int32_t ei__keep_count(const ei_config *c, int32_t s, double budget, int64_t k_p, int64_t n_forced, int64_t cap,
+                              int32_t max_keep) {
+    int64_t k;
+    if (s == 0) return 0;
+    if (c->top_p > 0.0) {
+        int64_t lo = (int64_t)floor((double)c->base_budget / (double)c->block_size);
+        int64_t hi = (int64_t)floor((c->budget_max_factor > 1.0 ? c->budget_max_factor : 1.0) * (double)c->base_budget /
+                                    (double)c->block_size);
+        k = k_p < lo ? lo : k_p;
+        k = k < hi ? k : hi;
+    } else
+        k = (int64_t)floor(budget / (double)c->block_size);
+    k = k > n_forced ? k : n_forced;
+    k = k < cap ? k : cap;
+    k = k < (int64_t)max_keep ? k : (int64_t)max_keep;
     return k < 0 ? 0 : (int32_t)k;
 }
 /* Queries a keep-set scores: the window, or every query observed when fewer. */
@@ -1296,6 +1372,11 @@ EIDEF ei_config ei_config_default(void) {
     c.budget_max_factor = 3.0f;
     c.last_segment_dense = 1;
     c.per_segment_budget = 0;
+    c.ranking = EI_RANK_REFERENCE;
+    c.rank_samples = 64;
+    c.top_p = 0.0;
+    c.sink_blocks = 0;
+    c.local_blocks = 0;
     c.attn_scale = 0.0f;
     c.decode_budget = 1024;
     c.window = 32;
@@ -1308,6 +1389,19 @@ EIDEF ei_config ei_config_default(void) {
     c.decode_scale = 0.0f;
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
+    return c;
+}
+
+/* The values measured best on real models (README, "Block ranking beyond
+   the paper"): the paper's segments, blocks and threshold, the sampled
+   ranking with top-p budgets and sink/local blocks. */
+EIDEF ei_config ei_config_quality(void) {
+    ei_config c = ei_config_default();
+    c.ranking = EI_RANK_SAMPLED;
+    c.rank_samples = 64;
+    c.top_p = 0.95;
+    c.sink_blocks = 1;
+    c.local_blocks = 8;
     return c;
 }
 
@@ -1333,6 +1427,12 @@ static ei_result ei__check_config(const ei_config *c) {
                 (double)c->budget_max_factor);
     if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
     if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
+    if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED) EI__BAD("unknown ranking %d", (int)c->ranking);
+    if (c->rank_samples <= 0 || c->rank_samples > EI_MAX_RANK_SAMPLES)
+        EI__BAD("rank_samples %d not in 1..%d", (int)c->rank_samples, EI_MAX_RANK_SAMPLES);
+    if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
+    if (c->sink_blocks < 0 || c->local_blocks < 0 || c->sink_blocks > EI_MAX_BUDGET || c->local_blocks > EI_MAX_BUDGET)
+        EI__BAD("sink_blocks %d / local_blocks %d not in 0..%d", (int)c->sink_blocks, (int)c->local_blocks, EI_MAX_BUDGET);
     /* scales are ~1/sqrt(head_dim); past 1e4 float32 logits overflow for ordinary inputs */
     if (!ei__finite(c->attn_scale) || c->attn_scale < 0 || c->attn_scale > 1e4) EI__BAD("attn_scale must be in 0..1e4 (0: 1/sqrt(head_dim))");
     if (!ei__finite(c->decode_scale) || c->decode_scale < 0 || c->decode_scale > 1e4) EI__BAD("decode_scale must be in 0..1e4 (0: 1/sqrt(head_dim))");
