@@ -682,7 +682,7 @@ typedef struct ei__head_state {
     int32_t group;         /* query heads per kv head of the stored query representation (0: none) */
     int32_t open_valid;    /* the open segment's query representation is stored */
     int32_t last_final;    /* the open segment's row was planned with the final call's cap */
-    int32_t pad_;
+    int32_t open_rows;     /* EI_RANK_SAMPLED: sampled rows summed into the open segment's mass */
 } ei__head_state;
 /* The budget recurrence after segment s of one kv head: planning segment s+1
    is a function of this row alone, so any segment can be planned again
@@ -695,14 +695,16 @@ typedef struct ei__seg_state {
     int32_t pad_;
 } ei__seg_state;
 /* The chunked state region: head states, [kv][segment] recurrence rows,
-   each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d]
-   and its key-block min/max store [2][d][blks_pad] (max first). */
-typedef struct ei__chunk_geom { size_t seg_rows, open_reps, key_reps, bytes; } ei__chunk_geom;
+   each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d],
+   its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED) and its
+   key-block min/max store [2][d][blks_pad] (max first). */
+typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, key_reps, bytes; } ei__chunk_geom;
 EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, ei__chunk_geom *g) {
     size_t kv = (size_t)n_kv_heads;
     g->seg_rows = ei__align_size(kv * sizeof(ei__head_state));
     g->open_reps = g->seg_rows + ei__align_size(kv * (size_t)segs * sizeof(ei__seg_state));
-    g->key_reps = g->open_reps + ei__align_size(kv * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)head_dim * 4u);
+    g->open_mass = g->open_reps + ei__align_size(kv * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)head_dim * 4u);
+    g->key_reps = g->open_mass + ei__align_size(kv * (size_t)blks_pad * 4u);
     g->bytes = g->key_reps + kv * 2u * (size_t)head_dim * (size_t)blks_pad * 4u;
 }
 
@@ -980,6 +982,11 @@ typedef struct ei__kernels {
                       int64_t nb, float *raw);
     /* decode scoring */
     float (*dot)(const float *a, const float *b, int32_t d);
+    /* EI_RANK_SAMPLED: add the block mass of up to EI__SAMPLE_ROWS sampled
+       rows to mass[0..nvis) (>>profile, ei__sample_mass); 0 if a score is
+       not finite */
+    int (*sample_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
+                       int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
        and stages for all-bf16 calls with an even head_dim (NULL: none) */
     const ei__attn_stages *attn;
@@ -1198,6 +1205,13 @@ static const void *ei__row(const ei_tensor *t, int64_t tok, int32_t head) {
     return (const unsigned char *)t->data +
            (size_t)(tok * t->token_stride + (int64_t)head * t->head_stride) * ei__dtype_size(t->dtype);
 }
+/* A row of any dtype into f32. */
+static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) {
+    int32_t i;
+    if (dt == EI_F32) { memcpy(out, row, (size_t)d * 4u); return; }
+    for (i = 0; i < d; ++i) out[i] = ei__load1(row, dt, i);
+}
+
 static void *ei__row_out(const ei_out_tensor *t, int64_t tok, int32_t head) {
     return (unsigned char *)t->data +
            (size_t)(tok * t->token_stride + (int64_t)head * t->head_stride) * ei__dtype_size(t->dtype);
@@ -1679,6 +1693,11 @@ static float *ei__plan_open_reps(const ei_plan *p, int32_t kvh) {
     return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).open_reps) +
            (size_t)kvh * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)p->head_dim;
 }
+/* Head kvh's sampled block mass of its open segment ([blks_pad]). */
+static float *ei__plan_open_mass(const ei_plan *p, int32_t kvh) {
+    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
+    return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).open_mass) + (size_t)kvh * (size_t)pad;
+}
 static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
     int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
     return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).key_reps) +
@@ -1998,15 +2017,20 @@ static void ei__select_top(ei__ranked *v, int64_t n, int64_t k) {
         else break;
     }
 }
-/* The k best of raw[0..n) in rank order into out[0..k). */
-static void ei__rank_top(const float *raw, int64_t n, int64_t k, int32_t *out, ei__ranked *pairs) {
+/* The k best of the n candidates in pairs, in rank order, into out[0..k). */
+static void ei__rank_top_pairs(ei__ranked *pairs, int64_t n, int64_t k, int32_t *out) {
     int64_t b;
     if (k > n) k = n;
     if (k <= 0) return;
-    for (b = 0; b < n; ++b) { pairs[b].score = raw[b]; pairs[b].index = (int32_t)b; }
     ei__select_top(pairs, n, k);
     qsort(pairs, (size_t)k, sizeof *pairs, ei__ranked_cmp);
     for (b = 0; b < k; ++b) out[b] = pairs[b].index;
+}
+/* The k best of raw[0..n) in rank order into out[0..k). */
+static void ei__rank_top(const float *raw, int64_t n, int64_t k, int32_t *out, ei__ranked *pairs) {
+    int64_t b;
+    for (b = 0; b < n; ++b) { pairs[b].score = raw[b]; pairs[b].index = (int32_t)b; }
+    ei__rank_top_pairs(pairs, n, k, out);
 }
 
 /* Softmax over the nvis visible blocks and its entropy -sum p ln(p + 1e-9),
@@ -2044,6 +2068,9 @@ static float ei__uniform_entropy(int64_t nb, float *prob) {
 }
 
 
+/* EI_RANK_SAMPLED scores its rows in batches against tiles of keys. */
+enum { EI__SAMPLE_ROWS = 16, EI__SAMPLE_KEYS = 64 };
+
 /* Workspace of one profiling thread. */
 typedef struct ei__profile_ws {
     float *kmaxT, *kminT; /* whole-prompt key representations [d][ld] */
@@ -2052,6 +2079,12 @@ typedef struct ei__profile_ws {
     float *tmp;           /* [ld] */
     ei__ranked *pairs;    /* [ld] */
     float *mx, *mn;       /* [d] */
+    /* EI_RANK_SAMPLED only (NULL otherwise) */
+    float *mass;          /* a segment's block mass [ld] */
+    float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
+    float *keys;          /* a tile of keys as f32 [EI__SAMPLE_KEYS][d rounded up to 16] */
+    float *logits;        /* the batch's scores [lt][EI__SAMPLE_ROWS] */
+    int64_t lt;           /* logits row stride: the tokens the layout was made for */
 } ei__profile_ws;
 
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
@@ -2065,6 +2098,10 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
         !ei__reserve(&total, (size_t)d, 4u) ||
+        (c->ranking == EI_RANK_SAMPLED &&
+         (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
+          !ei__reserve(&total, EI__SAMPLE_KEYS, (size_t)ei__round_up(d, 16) * 4u) ||
+          !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)ei__round_up(n, 16) * 4u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -2079,6 +2116,14 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)ld, sizeof(ei__ranked));
     w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    w->mass = w->sq = w->keys = w->logits = NULL;
+    w->lt = ei__round_up(n, 16);
+    if (c->ranking == EI_RANK_SAMPLED) {
+        w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
+        w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
+        w->keys = (float *)ei__arena_take(&a, EI__SAMPLE_KEYS, (size_t)ei__round_up(d, 16) * 4u);
+        w->logits = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)w->lt * 4u);
+    }
     return 1;
 }
 
@@ -2168,17 +2213,90 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
     return EI_OK;
 }
 
-/* Rank the blocks of row s for head kvh: its own count (ragged), or every
-   block it could keep (per_segment_budget: ei_plan_finalize trims). */
-static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, int32_t s, const float *raw,
-                              int64_t nvis, int64_t cap, ei__ranked *pairs) {
+/* Row s of head kvh: its keep count and its ranked blocks. sc: the ranking
+   score of the nvis visible blocks (the reference's raw block score, or the
+   sampled mass); wt: the weights top_p adds up (the sampled mass), NULL for
+   the reference ranking (its softmax weights, from sc); budget: the
+   recurrence's. The always-kept blocks lead the row (ei__forced_blocks); the
+   row holds the head's own count (ragged) or every block it could keep
+   (per_segment_budget: ei_plan_finalize trims). */
+static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, int32_t s, const float *sc, const float *wt,
+                              int64_t nvis, int64_t cap, double budget, ei__ranked *pairs) {
     size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
     int32_t *idx = plan->block_index + row * (size_t)plan->max_keep;
-    int64_t k = c->per_segment_budget ? EI__MIN((int64_t)plan->max_keep, cap) : plan->keep_blocks[row];
-    int64_t i;
+    int64_t n_sink = 0, local0 = 0, nf = 0, np = 0, ranked = 0, k_p = -1, k, i, b;
     for (i = 0; i < plan->max_keep; ++i) idx[i] = -1;
-    ei__rank_top(raw, nvis, k, idx, pairs);
+    if (s == 0) { plan->keep_blocks[row] = plan->keep_count[row] = 0; return; }
+    nf = ei__forced_blocks(c, nvis, &n_sink, &local0);
+    /* the ranked candidates: the visible blocks that are not always kept */
+    for (b = n_sink; b < local0; ++b) { pairs[np].score = sc[b]; pairs[np].index = (int32_t)b; ++np; }
+    if (c->top_p > 0.0) { /* the fewest blocks, forced first, whose weight reaches top_p of the row's */
+        float m = -FLT_MAX;
+        double total = 0.0, cum = 0.0;
+        if (!wt) for (b = 0; b < nvis; ++b) m = sc[b] > m ? sc[b] : m;
+#define EI__W(b) (wt ? (double)wt[b] : (double)expf(sc[b] - m))
+        for (b = 0; b < nvis; ++b) total += EI__W(b);
+        for (b = 0; b < n_sink; ++b) cum += EI__W(b);
+        for (b = local0; b < nvis; ++b) cum += EI__W(b);
+        ranked = EI__MIN(np, (int64_t)plan->max_keep); /* past the row capacity the count is clamped anyway */
+        ei__select_top(pairs, np, ranked);
+        qsort(pairs, (size_t)ranked, sizeof *pairs, ei__ranked_cmp);
+        for (k_p = nf, i = 0; cum < c->top_p * total && i < ranked; ++i, ++k_p) cum += EI__W(pairs[i].index);
+        if (cum < c->top_p * total) ++k_p; /* not reached within the row's capacity */
+        if (!(total > 0.0)) k_p = 0;
+#undef EI__W
+    }
+    plan->keep_blocks[row] = ei__keep_count(c, s, budget, k_p, nf, cap, plan->max_keep);
     plan->keep_count[row] = plan->keep_blocks[row];
+    k = c->per_segment_budget ? EI__MIN((int64_t)plan->max_keep, cap) : plan->keep_blocks[row];
+    for (i = 0, b = 0; b < n_sink && i < k; ++b) idx[i++] = (int32_t)b;
+    for (b = local0; b < nvis && i < k; ++b) idx[i++] = (int32_t)b;
+    if (k - i > ranked) { /* pairs[0..ranked) are in rank order */
+        ranked = EI__MIN(k - i, np);
+        ei__select_top(pairs, np, ranked);
+        qsort(pairs, (size_t)ranked, sizeof *pairs, ei__ranked_cmp);
+    }
+    for (b = 0; i < k && b < ranked; ++b) idx[i++] = pairs[b].index;
+}
+
+/* Segment s is ranked by sampled mass: EI_RANK_SAMPLED, and it may attend
+   sparsely (segments that start before threshold_len attend densely: their
+   rows, never read, keep the reference ranking and cost nothing). */
+static int ei__rank_sampled(const ei_config *c, int32_t s) {
+    return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
+}
+
+/* EI_RANK_SAMPLED: add to mass[0..nvis) the block mass of the sampled rows
+   of segment s whose tokens lie in [t_lo, t_hi) (CONCEPTS: ranking). q holds
+   the queries of tokens from q_pos on; k every key up to the last row's
+   token. Rows are scored in batches against tiles of keys converted to f32
+   once, then softmaxed and summed per block in row order, so a segment whose
+   rows arrive over several chunks gets the same sums as in one call.
+   *rows counts the rows added. Returns 0 if a score is not finite. */
+static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                           int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows, ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim;
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    int64_t tok[EI__SAMPLE_ROWS];
+    int32_t i = 0, nr, e;
+    while (i < c->rank_samples) {
+        memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
+        for (nr = 0; i < c->rank_samples && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of rows, in columns */
+            int64_t t = ei__sample_token(c, s, i);
+            if (t < t_lo || t >= t_hi) continue;
+            tok[nr] = t;
+            ei__row_to_f32(ei__row(q, t - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+            for (e = 0; e < d; ++e) w->sq[(size_t)e * EI__SAMPLE_ROWS + (size_t)nr] = w->qtmp[e];
+            ++nr;
+        }
+        if (!nr) break;
+        if (!ctx->kern->sample_mass(w->sq, tok, nr, k, kvh, scale, c->block_size, (int64_t)s * (c->segment_size / c->block_size),
+                                    w->logits, w->keys, mass))
+            return 0;
+        *rows += nr;
+    }
+    return 1;
 }
 
 /* Whole-prompt planning: the profiling checks and as many queries as keys. */
@@ -2253,10 +2371,16 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
             int64_t cap = ei__cap_blocks(c, s, n, nb);
             budget = rigid ? (double)c->base_budget
                            : ei__budget_next(c, s, budget, plan->entropy[row], s > 0 ? plan->entropy[row - 1] : 0.0f);
+            const float *sc = w.rows + (size_t)s * (size_t)ld, *wt = NULL;
             plan->budget[row] = (float)budget;
-            plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
-            ei__plan_rank_row(c, plan, kvh, s, w.rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb),
-                              s == 0 ? 0 : cap, w.pairs);
+            if (ei__rank_sampled(c, s)) {
+                int32_t rows = 0;
+                memset(w.mass, 0, (size_t)s * (size_t)bps * sizeof(float));
+                if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w.mass, &rows, &w))
+                    return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
+                sc = wt = w.mass;
+            }
+            ei__plan_rank_row(c, plan, kvh, s, sc, wt, EI__MIN((int64_t)s * bps, nb), s == 0 ? 0 : cap, budget, w.pairs);
         }
     }
     if (kv0 == 0) ei__plan_covers(c, plan, n, 1);
@@ -2379,11 +2503,12 @@ static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64
 }
 
 /* Plan segment s of head kvh for a sequence whose chunk ends at n, from the
-   segment's query representation qrep ([G][2][d]). last_final: s is the last
-   segment of a final call (the reference's cap of the last segment). */
+   segment's query representation qrep ([G][2][d]) and, when it is ranked by
+   sampled mass, its mass row (else NULL). last_final: s is the last segment
+   of a final call (the reference's cap of the last segment). */
 static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *k, ei_plan *plan, int32_t kvh,
-                                        int32_t s, int64_t n, int last_final, const float *qrep, int32_t G,
-                                        ei__profile_ws *w) {
+                                        int32_t s, int64_t n, int last_final, const float *qrep, const float *mass,
+                                        int32_t G, ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
     ei__head_state *st = &ei__plan_states(plan)[kvh];
     ei__seg_state *cur = ei__plan_seg_state(plan, kvh, s), *prev = s > 0 ? cur - 1 : NULL;
@@ -2422,8 +2547,7 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
     plan->head_class[kvh] = (uint8_t)(cur->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
     budget = cur->rigid_so_far ? (double)c->base_budget : cur->budget_dyn;
     plan->budget[row] = (float)budget;
-    plan->keep_blocks[row] = ei__keep_of(c, s, budget, cap);
-    ei__plan_rank_row(c, plan, kvh, s, w->rows, nvis, s == 0 ? 0 : cap, w->pairs);
+    ei__plan_rank_row(c, plan, kvh, s, mass ? mass : w->rows, mass, nvis, s == 0 ? 0 : cap, budget, w->pairs);
     return EI_OK;
 }
 
@@ -2495,7 +2619,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
     s_end = ei__ceil_div(n, seg); /* segments [.., s_end) hold positions < n */
     for (kvh = kv0; kvh < kv1; ++kvh) {
         ei__head_state *st = &ei__plan_states(plan)[kvh];
-        float *open = ei__plan_open_reps(plan, kvh);
+        float *open = ei__plan_open_reps(plan, kvh), *open_mass = ei__plan_open_mass(plan, kvh);
         int32_t G = q ? q->n_heads / k->n_heads : st->group;
         int64_t open_seg = st->tokens_done > 0 ? (st->tokens_done - 1) / seg : -1; /* before the seek */
         size_t row0 = EI_PLAN_ROW(plan, kvh, 0);
@@ -2503,25 +2627,39 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             ei__chunk_seek(c, plan, kvh, q_pos); /* a roll-back drops the stored representation */
             /* the open segment was the last of a final call and stays before this chunk: plan it as an inner one */
             if (st->last_final && st->open_valid && open_seg < q_pos / seg &&
-                (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open, G, &w)) != EI_OK)
+                (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open,
+                                            ei__rank_sampled(c, (int32_t)open_seg) ? open_mass : NULL, G, &w)) != EI_OK)
                 return r;
             for (s = (int32_t)(q_pos / seg); s < s_end; ++s) {
                 int64_t t0 = EI__MAX((int64_t)s * seg, q_pos), t1 = EI__MIN((int64_t)(s + 1) * seg, n);
-                if (s == open_seg && st->open_valid) { /* continue the stored segment */
+                int continues = s == open_seg && st->open_valid;
+                int32_t rows = continues ? st->open_rows : 0;
+                float *mass = ei__rank_sampled(c, s) ? w.mass : NULL;
+                size_t mass_bytes = (size_t)s * (size_t)(seg / c->block_size) * sizeof(float);
+                if (continues) { /* continue the stored segment */
                     memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
                     if (!ei__merge_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp))
                         return ei__nonfinite(ctx, "q", kvh * G, t0);
                 } else if (!ei__build_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep))
                     return ei__nonfinite(ctx, "q", kvh * G, t0);
-                if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, s, n, is_final && s == s_end - 1, w.qrep, G, &w)) != EI_OK)
+                if (mass) {
+                    if (continues) memcpy(mass, open_mass, mass_bytes);
+                    else memset(mass, 0, mass_bytes);
+                    if (!ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
+                        return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
+                }
+                if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, s, n, is_final && s == s_end - 1, w.qrep, mass, G, &w)) != EI_OK)
                     return r;
                 if (s == s_end - 1) { /* the new open segment */
                     memcpy(open, w.qrep, (size_t)G * 2u * (size_t)d * sizeof(float));
+                    if (mass) memcpy(open_mass, mass, mass_bytes);
+                    st->open_rows = rows;
                     st->open_valid = 1;
                     st->group = G;
                 }
             }
-        } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open, G, &w)) != EI_OK)
+        } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open,
+                                               ei__rank_sampled(c, (int32_t)open_seg) ? open_mass : NULL, G, &w)) != EI_OK)
             return r;
         st->tokens_done = n;
         st->last_final = is_final ? 1 : 0;
@@ -2567,13 +2705,6 @@ EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cel
 }
 
 // >>decode ------------------------------------------------------------------
-/* A row of any dtype into f32. */
-static void ei__row_to_f32(const void *row, ei_dtype dt, int32_t d, float *out) {
-    int32_t i;
-    if (dt == EI_F32) { memcpy(out, row, (size_t)d * 4u); return; }
-    for (i = 0; i < d; ++i) out[i] = ei__load1(row, dt, i);
-}
-
 EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
     size_t total = 0;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
@@ -3609,6 +3740,100 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
 }
 
+/* The block mass of sampled rows (EI_RANK_SAMPLED), written once; defines
+   ei__sample_mass_<isa>. qt [d][EI__SAMPLE_ROWS]: row r of the batch in
+   column r (columns from nr on zero), tokens tok[0..nr) ascending. For each
+   row, scale * q.k_j over keys j = 0..tok[r] of kv head kvh (in log2 units:
+   the scale carries log2 e), softmaxed; the weights of block b < nvis
+   (block_size bs) are summed and added to mass[b], rows in row order (so a
+   segment's mass does not depend on how its rows are batched). Rows sit in
+   lanes: a key's score for all rows is a broadcast-FMA walk over d, KB keys
+   at a time. lg: [keys][EI__SAMPLE_ROWS]; kbuf: EI__SAMPLE_KEYS key rows as
+   f32, stride d rounded up to 16. The scalar reference, with expf, is
+   ei__sample_mass_scalar (>>isa-scalar). */
+#define EI__DEFINE_SAMPLE_MASS()                                                                               \
+    EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
+                                                      const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
+                                                      int64_t nvis, float *lg, float *kbuf, float *mass) {      \
+        enum { RV = EI__SAMPLE_ROWS / EI__VN };                                                               \
+        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
+        const int64_t last = tok[nr - 1];                                                                      \
+        const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
+        EI__VEC mx[RV], z[RV];                                                                                 \
+        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
+        float inv[EI__SAMPLE_ROWS], part[EI__SAMPLE_ROWS];                                                     \
+        int64_t j0, j, b;                                                                                      \
+        int32_t i, u, v, r;                                                                                    \
+        for (j0 = 0; j0 <= last; j0 += EI__SAMPLE_KEYS) {                                                      \
+            int64_t nk = EI__MIN((int64_t)EI__SAMPLE_KEYS, last + 1 - j0);                                     \
+            for (j = 0; j < nk; ++j)                                                                           \
+                EI__VNAME(ei__attn_row_f32)(ei__row(k, j0 + j, kvh), k->dtype, d, dp, kbuf + (size_t)j * (size_t)dp); \
+            for (j = 0; j < nk; j += 8) /* 8 keys at a time, explicit accumulators (kept in registers) */   \
+                for (v = 0; v < RV; ++v) {                                                                     \
+                    const float *q0 = qt + (size_t)(v * EI__VN);                                               \
+                    const float *k0 = kbuf + (size_t)EI__MIN(j + 0, nk - 1) * (size_t)dp,                      \
+                                *k1 = kbuf + (size_t)EI__MIN(j + 1, nk - 1) * (size_t)dp,                      \
+                                *k2 = kbuf + (size_t)EI__MIN(j + 2, nk - 1) * (size_t)dp,                      \
+                                *k3 = kbuf + (size_t)EI__MIN(j + 3, nk - 1) * (size_t)dp,                      \
+                                *k4 = kbuf + (size_t)EI__MIN(j + 4, nk - 1) * (size_t)dp,                      \
+                                *k5 = kbuf + (size_t)EI__MIN(j + 5, nk - 1) * (size_t)dp,                      \
+                                *k6 = kbuf + (size_t)EI__MIN(j + 6, nk - 1) * (size_t)dp,                      \
+                                *k7 = kbuf + (size_t)EI__MIN(j + 7, nk - 1) * (size_t)dp;                      \
+                    EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();            \
+                    EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO();            \
+                    EI__VEC acc[8];                                                                            \
+                    for (i = 0; i < d; ++i) {                                                                  \
+                        EI__VEC qv = EI__VLOAD(q0 + (size_t)i * EI__SAMPLE_ROWS);                              \
+                        a0 = EI__VFMA(qv, EI__VSET1(k0[i]), a0);                                               \
+                        a1 = EI__VFMA(qv, EI__VSET1(k1[i]), a1);                                               \
+                        a2 = EI__VFMA(qv, EI__VSET1(k2[i]), a2);                                               \
+                        a3 = EI__VFMA(qv, EI__VSET1(k3[i]), a3);                                               \
+                        a4 = EI__VFMA(qv, EI__VSET1(k4[i]), a4);                                               \
+                        a5 = EI__VFMA(qv, EI__VSET1(k5[i]), a5);                                               \
+                        a6 = EI__VFMA(qv, EI__VSET1(k6[i]), a6);                                               \
+                        a7 = EI__VFMA(qv, EI__VSET1(k7[i]), a7);                                               \
+                    }                                                                                          \
+                    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                        \
+                    acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                        \
+                    for (u = 0; u < 8 && j + u < nk; ++u) {                                                    \
+                        EI__VEC x = EI__VMUL(acc[u], sc);                                                      \
+                        nan = EI__VNAN_OR(nan, x);                                                             \
+                        EI__VSTORE(lg + (size_t)(j0 + j + u) * EI__SAMPLE_ROWS + (size_t)(v * EI__VN), x);     \
+                    }                                                                                          \
+                }                                                                                              \
+        }                                                                                                      \
+        if (EI__VANY(nan)) return 0;                                                                           \
+        for (j = tok[0] + 1; j <= last; ++j) /* causal: row r sees keys up to tok[r] */                       \
+            for (r = 0; r < nr; ++r)                                                                           \
+                if (tok[r] < j) lg[(size_t)j * EI__SAMPLE_ROWS + (size_t)r] = -INFINITY;                       \
+        for (v = 0; v < RV; ++v) { mx[v] = EI__VSET1(-FLT_MAX); z[v] = EI__VZERO(); }                          \
+        for (j = 0; j <= last; ++j)                                                                            \
+            for (v = 0; v < RV; ++v)                                                                           \
+                mx[v] = EI__VMAX(mx[v], EI__VLOAD(lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN)));   \
+        for (v = 0; v < RV; ++v) EI__VSTOREU(part + v * EI__VN, mx[v]);                                        \
+        for (r = 0; r < nr; ++r)                                                                               \
+            if (!(part[r] - part[r] == 0.0f)) return 0; /* +inf: the scores overflow */                        \
+        for (j = 0; j <= last; ++j)                                                                            \
+            for (v = 0; v < RV; ++v) {                                                                         \
+                float *p = lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN);                            \
+                EI__VEC e = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(p), mx[v]));                           \
+                EI__VSTORE(p, e);                                                                              \
+                z[v] = EI__VADD(z[v], e);                                                                      \
+            }                                                                                                  \
+        for (v = 0; v < RV; ++v) EI__VSTOREU(part + v * EI__VN, z[v]);                                         \
+        for (r = 0; r < EI__SAMPLE_ROWS; ++r) inv[r] = r < nr ? 1.0f / part[r] : 0.0f;                         \
+        for (b = 0; b < nvis; ++b) {                                                                           \
+            for (v = 0; v < RV; ++v) {                                                                         \
+                EI__VEC acc = EI__VZERO();                                                                     \
+                for (j = b * bs; j < (b + 1) * bs; ++j)                                                        \
+                    acc = EI__VADD(acc, EI__VLOAD(lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN)));   \
+                EI__VSTOREU(part + v * EI__VN, acc);                                                           \
+            }                                                                                                  \
+            for (r = 0; r < nr; ++r) mass[b] += part[r] * inv[r];                                              \
+        }                                                                                                      \
+        return 1;                                                                                              \
+    }
+
 // >>isa-scalar: the plain reference kernels ---------------------------------
 /* The reference every other path is checked against (tests/test_core.c,
    tests/test_attention.c): plain C, one element at a time. Its attention is
@@ -3661,8 +3886,44 @@ static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
     return s;
 }
 
+/* The block mass of sampled rows (EI_RANK_SAMPLED; the vector version and
+   the contract: EI__DEFINE_SAMPLE_MASS in >>attention's templates). */
+static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
+                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
+    const int32_t d = k->head_dim, R = EI__SAMPLE_ROWS;
+    float inv[EI__SAMPLE_ROWS];
+    int64_t j, b;
+    int32_t r, i;
+    for (j = 0; j <= tok[nr - 1]; ++j) { /* scale * q.k, rows in columns */
+        ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kbuf);
+        for (r = 0; r < R; ++r) {
+            float acc = 0.0f;
+            for (i = 0; i < d; ++i) acc += qt[(size_t)i * R + (size_t)r] * kbuf[i];
+            lg[(size_t)j * R + (size_t)r] = acc * scale;
+        }
+    }
+    for (r = 0; r < nr; ++r) { /* softmax of row r over keys 0..tok[r] */
+        float m = -FLT_MAX;
+        double z = 0.0;
+        for (j = 0; j <= tok[r]; ++j) {
+            float x = lg[(size_t)j * R + (size_t)r];
+            if (!(x - x == 0.0f)) return 0;
+            m = x > m ? x : m;
+        }
+        for (j = 0; j <= tok[r]; ++j) z += (double)(lg[(size_t)j * R + (size_t)r] = expf(lg[(size_t)j * R + (size_t)r] - m));
+        inv[r] = (float)(1.0 / z);
+    }
+    for (b = 0; b < nvis; ++b) /* per block, rows added in row order */
+        for (r = 0; r < nr; ++r) {
+            float acc = 0.0f;
+            for (j = b * bs; j < (b + 1) * bs; ++j) acc += lg[(size_t)j * R + (size_t)r];
+            mass[b] += acc * inv[r];
+        }
+    return 1;
+}
+
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               NULL, NULL};
+                                               ei__sample_mass_scalar, NULL, NULL};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -3727,6 +3988,7 @@ EI__TARGET_AVX2 EI__VINLINE int ei__avx2_any(__m256 m) { return _mm256_movemask_
 #define EI__VTARGET EI__TARGET_AVX2
 EI__DEFINE_MINMAX()
 EI__ATTN_DEFINE_STAGES()
+EI__DEFINE_SAMPLE_MASS()
 #undef EI__VTARGET
 #undef EI__VISA
 
@@ -3874,7 +4136,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             &ei__attn_avx2, NULL};
+                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -3928,6 +4190,7 @@ EI__TARGET_AVX512 EI__VINLINE int ei__avx512_any(__mmask16 m) { return m != 0; }
 #define EI__VTARGET EI__TARGET_AVX512
 EI__DEFINE_MINMAX()
 EI__ATTN_DEFINE_STAGES()
+EI__DEFINE_SAMPLE_MASS()
 #undef EI__VTARGET
 #undef EI__VISA
 
@@ -4113,7 +4376,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               &ei__attn_avx512, NULL};
+                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -4297,7 +4560,8 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_avx512bf16, 
                                                     ei__attn_pack_p_avx512bf16, ei__attn_pv_avx512bf16,
                                                     ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__score_row_avx512,
-                                                   ei__dot_avx512, &ei__attn_avx512, &ei__attn_avx512bf16};
+                                                   ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
+                                                   &ei__attn_avx512bf16};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -4364,7 +4628,8 @@ static float ei__dot_neon(const float *a, const float *b, int32_t d) {
     return s;
 }
 
-static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon, NULL, NULL};
+static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon,
+                                             ei__sample_mass_scalar, NULL, NULL};
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------

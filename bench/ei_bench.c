@@ -11,6 +11,8 @@
                     [--segment 512] [--block 8] [--threshold 4096] [--budget 2048]
                     [--e-t 1e-5] [--delta 0.4] [--alpha 0.5] [--per-segment]
                     [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16]
+                    [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B]
+                    [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
 
    Columns / JSON keys: n, threads, dtype, profile_ms, dense_ms, sparse_ms,
    dense_gflops = 4*N*N*dim*heads/2 / dense time, density = sparse FLOPs /
@@ -216,7 +218,8 @@ static void usage(void) {
     puts("usage: ei_bench [--n 8192,16384,32768] [--heads 8] [--kv-heads 2] [--dim 128] [--threads 2]\n"
          "                [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512] [--segment 512] [--block 8]\n"
          "                [--threshold 4096] [--budget 2048] [--e-t 1e-5] [--delta 0.4] [--alpha 0.5]\n"
-         "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16]");
+         "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16]\n"
+         "                [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]");
 }
 
 int main(int argc, char **argv) {
@@ -258,6 +261,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--e-t")) cfg.rigid_entropy = atof(TAKE);
         else if (!strcmp(o, "--delta")) cfg.delta_t = atof(TAKE);
         else if (!strcmp(o, "--alpha")) cfg.alpha = atof(TAKE);
+        else if (!strcmp(o, "--quality")) { /* the preset, keeping the shape options given before it */
+            ei_config qc = ei_config_quality();
+            cfg.ranking = qc.ranking; cfg.rank_samples = qc.rank_samples; cfg.top_p = qc.top_p;
+            cfg.sink_blocks = qc.sink_blocks; cfg.local_blocks = qc.local_blocks;
+        } else if (!strcmp(o, "--ranking")) {
+            const char *v = TAKE;
+            cfg.ranking = !strcmp(v, "sampled") ? EI_RANK_SAMPLED : EI_RANK_REFERENCE;
+        } else if (!strcmp(o, "--samples")) cfg.rank_samples = atoi(TAKE);
+        else if (!strcmp(o, "--top-p")) cfg.top_p = atof(TAKE);
+        else if (!strcmp(o, "--sink")) cfg.sink_blocks = atoi(TAKE);
+        else if (!strcmp(o, "--local")) cfg.local_blocks = atoi(TAKE);
         else { usage(); return 2; }
 #undef TAKE
     }
@@ -265,12 +279,15 @@ int main(int argc, char **argv) {
     if (!json) {
         ei_context *c0;
         if (ei_context_create(&cfg, &c0) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-        printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d\n",
+        printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d"
+               "  ranking %s samples %d top_p %g sink %d local %d\n",
                EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
                dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", cfg.segment_size, cfg.block_size,
-               (long long)cfg.threshold_len, cfg.base_budget);
-        printf("%7s %4s %5s %10s %10s %10s %9s %8s %8s %7s %10s %6s %6s %9s %8s\n", "N", "thr", "dtype", "profile_ms", "dense_ms",
-               "sparse_ms", "dense_GF/s", "density", "speedup", "effic", "rel_err", "prof%", "rigid", "cpuGF/s", "cpu_spd");
+               (long long)cfg.threshold_len, cfg.base_budget, cfg.ranking == EI_RANK_SAMPLED ? "sampled" : "reference",
+               cfg.rank_samples, cfg.top_p, cfg.sink_blocks, cfg.local_blocks);
+        printf("%7s %4s %5s %10s %10s %10s %9s %8s %8s %7s %10s %6s %6s %9s %8s %9s\n", "N", "thr", "dtype", "profile_ms", "dense_ms",
+               "sparse_ms", "dense_GF/s", "density", "speedup", "effic", "rel_err", "prof%", "rigid", "cpuGF/s", "cpu_spd",
+               "refprof%");
         ei_context_destroy(c0);
     }
     for (ni = 0; ni < n_ns; ++ni) {
@@ -285,7 +302,7 @@ int main(int argc, char **argv) {
         ei_out_tensor to_d, to_s;
         size_t wp, wa;
         void *wsp, *wsa;
-        double t_prof = 1e300, t_dense = 1e300, t_sparse = 1e300, t, c, num = 0, den = 0, dense_fl, sparse_fl;
+        double t_prof = 1e300, t_ref_prof = 1e300, t_dense = 1e300, t_sparse = 1e300, t, c, num = 0, den = 0, dense_fl, sparse_fl;
         double c_dense = 1e300, c_sparse = 1e300;
         int r, rigid = 0, h;
         ei_result er;
@@ -310,6 +327,25 @@ int main(int argc, char **argv) {
             t = now_ms() - t;
             if (er != EI_OK) { fprintf(stderr, "profile: %s\n", ei_last_error()); return 1; }
             if (t < t_prof) t_prof = t;
+        }
+        { /* the reference ranking's profile, same data, for its cost beside this configuration's */
+            ei_config rc = cfg;
+            ei_context *rctx;
+            ei_plan rplan;
+            rc.ranking = EI_RANK_REFERENCE; rc.top_p = 0.0; rc.sink_blocks = rc.local_blocks = 0;
+            if (ei_context_create(&rc, &rctx) != EI_OK || ei_plan_alloc(rctx, &rplan, n, HK, d, 0) != EI_OK) {
+                fprintf(stderr, "%s\n", ei_last_error());
+                return 1;
+            }
+            for (r = 0; r < reps; ++r) {
+                t = now_ms();
+                er = ei_profile_mt(rctx, &tq, &tk, &rplan, threads, wsp, wp * (size_t)threads);
+                t = now_ms() - t;
+                if (er != EI_OK) { fprintf(stderr, "reference profile: %s\n", ei_last_error()); return 1; }
+                if (t < t_ref_prof) t_ref_prof = t;
+            }
+            ei_plan_free(rctx, &rplan);
+            ei_context_destroy(rctx);
         }
         for (r = 0; r < reps; ++r) {
             c = cpu_ms();
@@ -364,15 +400,18 @@ int main(int argc, char **argv) {
                        "\"profile_ms\": %.3f, \"dense_ms\": %.3f, \"sparse_ms\": %.3f, \"dense_gflops\": %.2f, "
                        "\"density\": %.4f, \"speedup\": %.3f, \"efficiency\": %.3f, \"rel_err\": %.3e, "
                        "\"profile_pct_of_dense\": %.3f, \"rigid_kv_heads\": %d, \"simd\": \"%s%s\", "
-                       "\"dense_cpu_ms\": %.3f, \"sparse_cpu_ms\": %.3f, \"dense_gflops_cpu\": %.2f}\n",
+                       "\"dense_cpu_ms\": %.3f, \"sparse_cpu_ms\": %.3f, \"dense_gflops_cpu\": %.2f, "
+                       "\"ranking\": \"%s\", \"reference_profile_ms\": %.3f, \"reference_profile_pct_of_dense\": %.3f}\n",
                        (long long)n, threads, dts, H, HK, d, t_prof, t_dense, t_sparse, gflops, density, speedup,
                        speedup * density, rel, 100.0 * t_prof / t_dense, rigid, ei_simd_name(ei_context_simd(ctx)),
                        ei_context_simd(ctx) == EI_SIMD_AVX512_BF16 ? "+dpbf16" : "",
-                       c_dense, c_sparse, gflops * t_dense / c_dense);
+                       c_dense, c_sparse, gflops * t_dense / c_dense, cfg.ranking == EI_RANK_SAMPLED ? "sampled" : "reference",
+                       t_ref_prof, 100.0 * t_ref_prof / t_dense);
             else
-                printf("%7lld %4d %5s %10.1f %10.1f %10.1f %9.1f %8.4f %8.2f %7.3f %10.2e %6.2f %3d/%d %9.1f %8.1f\n",
+                printf("%7lld %4d %5s %10.1f %10.1f %10.1f %9.1f %8.4f %8.2f %7.3f %10.2e %6.2f %3d/%d %9.1f %8.1f %9.2f\n",
                        (long long)n, threads, dts, t_prof, t_dense, t_sparse, gflops, density, speedup, speedup * density,
-                       rel, 100.0 * t_prof / t_dense, rigid, HK, gflops * t_dense / c_dense, c_dense / c_sparse);
+                       rel, 100.0 * t_prof / t_dense, rigid, HK, gflops * t_dense / c_dense, c_dense / c_sparse,
+                       100.0 * t_ref_prof / t_dense);
             fflush(stdout);
         }
         free(wsp); free(wsa); free(qd); free(kd); free(vd); free(od); free(os);
