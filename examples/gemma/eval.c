@@ -9,8 +9,21 @@
          base_budget=N     base key budget (tokens), paper 2048
          segment=N         query segment (tokens, a divisor of 512, the prefill micro-batch), paper 512
          block=N           key block (tokens), paper 8
+         ranking=reference|sampled
+                           block ranking (entropyinfer.h CONCEPTS: ranking). reference
+                           (default): the paper's configuration; sampled: the library's
+                           preset ei_config_quality() (sampled attention mass, top-p
+                           budgets, sink and local blocks). The options below override
+                           either.
+         samples=N         rank_samples: query rows scored per segment and kv head (sampled)
+         top_p=P           top-p keep counts, P in (0, 1]; 0: counts from the budget recurrence
+         sink=N            sink_blocks: key blocks from position 0 always kept
+         local=N           local_blocks: key blocks just before the segment always kept
          dense_layers=L,.. global layers kept dense (the engine's dense_layers)
          oracle=0          skip the oracle row (below)
+         mass=1            also measure the attention mass that the ragged (and
+                           per-segment) plans keep, as the oracle row does (costs a
+                           dense softmax pass per sparse segment)
          no_reference=1    skip the bf16 K/V reference row
 
    Modes (global layers; the 15 sliding-window layers are dense in all):
@@ -34,8 +47,29 @@
       positions in every mode).
    2. Passkey retrieval: a 5-digit key at 10/50/90% depth of filler text,
       then a question; greedy decoding must reproduce the key.
-   Writes a markdown report to the given path. */
+   Writes a markdown report to the given path and, beside it, the same results
+   as JSON (the path with ".md" replaced by ".json", or ".json" appended):
+     {"model", "text", "tokens_in_text", "threads", "complete" (false while the
+      run is under way: the file is rewritten after every row),
+      "config": {ranking, rank_samples, top_p, sink_blocks, local_blocks,
+                 base_budget, segment_size, block_size, threshold_len, ...},
+      "rows": one per (context, mode) of the perplexity table: context, mode
+              (dense | ragged | per_segment | oracle | bf16kv), ranking
+              ("reference" | "sampled" | "oracle"; null for the dense modes),
+              perplexity, ppl_vs_dense_pct, agreement_pct, density (a fraction,
+              0..1), attention_s (global layers), prefill_s (both without the
+              oracle's and mass=1's dense passes), mass_kept_pct (null
+              where not measured; the oracle row: the oracle's), on the oracle row
+              (and with mass=1 the ragged rows) mass_kept_plan_pct and
+              mass_kept_oracle_pct, and the config fields,
+      "passkey": null, or {"contexts", "results": [{mode, hits, total}],
+                 "trials": [{context, tokens, depth, key, <mode>: {ok, answer}}]},
+      "total_s"}
+   Numbers that are not finite are written as null. examples/gemma/plot_curves.py
+   draws quality-vs-density curves from any number of these files (`make eval`). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+
 #include "common.h"
 
 #ifndef GEMMA_WITH_EI
@@ -62,17 +96,50 @@ static char *load_text_file(const char *path, size_t *len) {
     return text;
 }
 
-/* name=N on the command line: the configuration of the sparse modes, for sweeps
-   (0: the paper's value) */
-static struct { int32_t base_budget, segment, block, oracle, no_reference; uint64_t dense_layers; } ovr = {0, 0, 0, 1, 0, 0};
+/* name=value on the command line: the configuration of the sparse modes, for
+   sweeps (0 or -1: not given, the base configuration's value) */
+static struct {
+    int32_t base_budget, segment, block, oracle, no_reference, mass;
+    int32_t ranking;      /* -1: not given (the paper's configuration); EI_RANK_* */
+    int32_t samples;      /* 0: not given */
+    int32_t sink, local;  /* -1: not given */
+    double top_p;         /* -1: not given */
+    uint64_t dense_layers;
+} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, 0};
 
+/* any option beyond the ranking that changes the sparse modes */
+static int ovr_changes_config(void) {
+    return ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.samples > 0 || ovr.top_p >= 0 || ovr.sink >= 0 ||
+           ovr.local >= 0 || ovr.dense_layers;
+}
+
+/* ranking=sampled starts from the library's preset (ei_config_quality), anything
+   else from the paper's configuration; the options given override either */
 static ei_config mode_config(int mode) {
-    ei_config c = ei_config_default(); /* paper: segment 512, block 8, threshold 4096, base 2048 */
+    ei_config c = ovr.ranking == EI_RANK_SAMPLED ? ei_config_quality() : ei_config_default();
     c.per_segment_budget = mode == M_PERSEG;
+    if (ovr.ranking >= 0) c.ranking = (ei_ranking)ovr.ranking;
     if (ovr.base_budget > 0) c.base_budget = ovr.base_budget;
     if (ovr.segment > 0) c.segment_size = ovr.segment;
     if (ovr.block > 0) c.block_size = ovr.block;
+    if (ovr.samples > 0) c.rank_samples = ovr.samples;
+    if (ovr.top_p >= 0) c.top_p = ovr.top_p;
+    if (ovr.sink >= 0) c.sink_blocks = ovr.sink;
+    if (ovr.local >= 0) c.local_blocks = ovr.local;
     return c;
+}
+
+static const char *ranking_id(ei_ranking r) { return r == EI_RANK_SAMPLED ? "sampled" : "reference"; }
+
+/* a whole non-negative integer (no trailing characters) */
+static int parse_count(const char *s, int32_t *out) {
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 0 || v > INT32_MAX) return -1;
+    *out = (int32_t)v;
+    return 0;
 }
 
 static int parse_override(const char *arg) {
@@ -87,15 +154,30 @@ static int parse_override(const char *arg) {
         }
         return 0;
     }
-    static const struct { const char *name; int32_t *v; } keys[] = {
-        {"base_budget=", &ovr.base_budget}, {"segment=", &ovr.segment}, {"block=", &ovr.block}, {"oracle=", &ovr.oracle},
-        {"no_reference=", &ovr.no_reference}};
-    size_t i;
-    for (i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (!strncmp(arg, keys[i].name, strlen(keys[i].name))) {
-            *keys[i].v = atoi(arg + strlen(keys[i].name));
-            return 0;
-        }
+    if (!strncmp(arg, "ranking=", 8)) {
+        if (!strcmp(arg + 8, "reference")) ovr.ranking = EI_RANK_REFERENCE;
+        else if (!strcmp(arg + 8, "sampled")) ovr.ranking = EI_RANK_SAMPLED;
+        else return -1;
+        return 0;
+    }
+    if (!strncmp(arg, "top_p=", 6)) {
+        char *end;
+        double v;
+        errno = 0;
+        v = strtod(arg + 6, &end);
+        if (end == arg + 6 || *end || errno || !(v >= 0.0 && v <= 1.0)) return -1;
+        ovr.top_p = v;
+        return 0;
+    }
+    {
+        static const struct { const char *name; int32_t *v; } keys[] = {
+            {"base_budget=", &ovr.base_budget}, {"segment=", &ovr.segment}, {"block=", &ovr.block},
+            {"oracle=", &ovr.oracle}, {"no_reference=", &ovr.no_reference}, {"mass=", &ovr.mass},
+            {"samples=", &ovr.samples}, {"sink=", &ovr.sink}, {"local=", &ovr.local}};
+        size_t i;
+        for (i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (!strncmp(arg, keys[i].name, strlen(keys[i].name))) return parse_count(arg + strlen(keys[i].name), keys[i].v);
+    }
     return -1;
 }
 
@@ -162,11 +244,15 @@ static void oracle_task(void *arg, int ith, int nth) {
    blocks hold, summed over (layer, kv head, segment) rows: under the plan's own
    ranking and under the oracle's. */
 static struct { double ref, oracle; int64_t rows; } mass_kept;
+static int oracle_rerank; /* 1: the oracle mode; 0: measure the mass only (mass=1), the plan unchanged */
+static double hook_s;     /* seconds in oracle_rank, taken out of the run's timings */
 
-/* gm_state.plan_hook: re-rank the kept blocks of the sparse segments in this chunk. */
+/* gm_state.plan_hook: re-rank the kept blocks of the sparse segments in this
+   chunk (or only measure the mass they hold). */
 static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
     ei_plan *p = &s->plans[l];
     const int nth = gm_pool_size(s->pool), S = p->segment_size, G = s->m->hp.n_kv_head;
+    const double t0 = gm_now();
     int32_t seg, kv, i, b, c;
     for (seg = (int32_t)(row0 / S); seg < p->n_segments && (int64_t)seg * S < row0 + n; seg++) {
         oracle_job j;
@@ -195,7 +281,7 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
                 for (b = 0; b < j.nb; b++)
                     if (!taken[b] && (best < 0 || mk[b] > mk[best])) best = b;
                 taken[best] = 1;
-                row[c] = best;
+                if (oracle_rerank) row[c] = best;
                 best_sum += mk[best];
             }
             free(taken);
@@ -207,6 +293,7 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
         }
         free(j.mass);
     }
+    hook_s += gm_now() - t0;
     return 0;
 }
 
@@ -264,12 +351,15 @@ static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *id
     if (gm_state_init(&s, m, pool, L, EVAL_BATCH, mode_attn(mode), &cfg, err, errlen)) return -1;
     s.kv_bf16 = mode == M_BF16KV;
     s.dense_layers = ovr.dense_layers;
-    if (mode == M_ORACLE) s.plan_hook = oracle_rank;
+    oracle_rerank = mode == M_ORACLE;
+    if (mode == M_ORACLE || (ovr.mass && (mode == M_RAGGED || mode == M_PERSEG))) s.plan_hook = oracle_rank;
     memset(&mass_kept, 0, sizeof mass_kept);
+    hook_s = 0;
     t0 = gm_now();
     if (gm_prefill(&s, ids, L, hidden, err, errlen)) return -1;
-    row->t_prefill = gm_now() - t0;
-    row->t_attn = s.stats.t_attn_global;
+    /* without the oracle's dense softmax passes (the engine counts the plan hook in global attention) */
+    row->t_prefill = gm_now() - t0 - hook_s;
+    row->t_attn = s.stats.t_attn_global - hook_s;
     row->density = mode_attn(mode) == GM_ATTN_EI_DENSE ? 1.0 : plan_density(&s);
     if (mode_attn(mode) == GM_ATTN_EI_SPARSE) log_kept_tokens(&s);
     for (i = 0; i < n_pos; i++) {
@@ -289,7 +379,7 @@ static const char *FILLER = "The grass is green. The sky is blue. The sun is yel
 
 static int32_t *passkey_prompt(const gm_tokenizer *t, int64_t target_len, double depth, int key, int64_t *n_out) {
     /* measure the filler's token count once, then build text of the right size */
-    int64_t nf, nq, ni, reps, before, k;
+    int64_t nf = 1, nq = 0, ni = 0, reps, before, k;
     char needle[256], question[256];
     char *text;
     size_t cap, w = 0;
@@ -348,6 +438,195 @@ static int passkey_run(const gm_model *m, gm_pool *pool, int mode, const int32_t
     return 0;
 }
 
+/* ---------------------------------------------------------------- JSON report
+   Kept in memory and rewritten whole (to a temporary file, then renamed) after
+   every row, so a run that stops half-way leaves a valid file ("complete":
+   false). Plain fprintf: strings escaped, invalid UTF-8 replaced, numbers that
+   are not finite written as null. */
+static const char *mode_id[N_MODES] = {"dense", "ragged", "per_segment", "oracle", "bf16kv"};
+
+typedef struct json_row {
+    int64_t ctx;
+    int mode;
+    ppl_row r;
+    double ppl_dense;
+    double mass_plan, mass_oracle; /* shares, NAN where not measured */
+} json_row;
+
+typedef struct pk_trial {
+    int64_t ctx, tokens;
+    double depth;
+    int key, n_done; /* modes run so far */
+    int ok[N_MODES];
+    char answer[N_MODES][256];
+} pk_trial;
+
+static struct {
+    const char *path, *model, *text;
+    int64_t tokens_in_text;
+    int threads, n_modes;
+    json_row rows[8 * N_MODES];
+    int n_rows;
+    int64_t pk_ctxs[8];
+    int n_pk;
+    pk_trial trials[8 * 3];
+    int n_trials;
+} rep;
+
+/* bytes of the valid UTF-8 sequence at p (p[0] >= 0x80), 0 if invalid */
+static int utf8_len(const unsigned char *p) {
+    int n, i;
+    uint32_t cp;
+    if ((p[0] & 0xE0) == 0xC0) n = 2, cp = p[0] & 0x1Fu;
+    else if ((p[0] & 0xF0) == 0xE0) n = 3, cp = p[0] & 0x0Fu;
+    else if ((p[0] & 0xF8) == 0xF0) n = 4, cp = p[0] & 0x07u;
+    else return 0;
+    for (i = 1; i < n; i++) { /* stops at the terminating 0 */
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3Fu);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+static void json_str(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    fputc('"', f);
+    while (*p) {
+        int n;
+        if (*p == '"' || *p == '\\') fputc('\\', f), fputc(*p++, f);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p++);
+        else if (*p < 0x80) fputc(*p++, f);
+        else if ((n = utf8_len(p)) > 0) fwrite(p, 1, (size_t)n, f), p += n;
+        else fputs("\\ufffd", f), p++;
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.10g", v);
+    else fputs("null", f);
+}
+
+/* `, "key": ` then the value */
+static void jkey(FILE *f, const char *key) { fprintf(f, ", \"%s\": ", key); }
+static void jnum(FILE *f, const char *key, double v) { jkey(f, key); json_num(f, v); }
+static void jint(FILE *f, const char *key, long long v) { jkey(f, key); fprintf(f, "%lld", v); }
+static void jstr(FILE *f, const char *key, const char *v) {
+    jkey(f, key);
+    if (v) json_str(f, v);
+    else fputs("null", f);
+}
+
+/* the sparse configuration's fields (after a first key) */
+static void json_config_fields(FILE *f, const ei_config *c) {
+    jint(f, "rank_samples", c->rank_samples);
+    jnum(f, "top_p", c->top_p);
+    jint(f, "sink_blocks", c->sink_blocks);
+    jint(f, "local_blocks", c->local_blocks);
+    jint(f, "base_budget", c->base_budget);
+    jint(f, "segment_size", c->segment_size);
+    jint(f, "block_size", c->block_size);
+    jint(f, "threshold_len", (long long)c->threshold_len);
+}
+
+static int write_json(int complete, double total_s) {
+    char tmp[1100];
+    const ei_config c = mode_config(M_RAGGED);
+    FILE *f;
+    int i, mode, l, first;
+    snprintf(tmp, sizeof tmp, "%s.tmp", rep.path);
+    if (!(f = fopen(tmp, "w"))) return -1;
+    fputs("{\"model\": ", f);
+    json_str(f, rep.model);
+    jstr(f, "text", rep.text);
+    jint(f, "tokens_in_text", (long long)rep.tokens_in_text);
+    jint(f, "threads", rep.threads);
+    jkey(f, "complete");
+    fputs(complete ? "true" : "false", f);
+    jnum(f, "total_s", total_s);
+    fputs(",\n \"config\": {\"ranking\": ", f);
+    json_str(f, ranking_id(c.ranking));
+    json_config_fields(f, &c);
+    jnum(f, "budget_min_factor", c.budget_min_factor);
+    jnum(f, "budget_max_factor", c.budget_max_factor);
+    jkey(f, "preset");
+    json_str(f, ovr.ranking == EI_RANK_SAMPLED ? "ei_config_quality" : "ei_config_default");
+    jkey(f, "overrides");
+    fputs(ovr_changes_config() ? "true" : "false", f);
+    jkey(f, "dense_layers");
+    fputc('[', f);
+    for (l = 0, first = 1; l < 64; l++)
+        if (ovr.dense_layers >> l & 1) fprintf(f, "%s%d", first ? "" : ", ", l), first = 0;
+    fputs("]},\n \"rows\": [", f);
+    for (i = 0; i < rep.n_rows; i++) {
+        const json_row *r = &rep.rows[i];
+        const ei_config rc = mode_config(r->mode);
+        const int sparse = mode_attn(r->mode) == GM_ATTN_EI_SPARSE;
+        fprintf(f, "%s\n  {\"context\": %lld", i ? "," : "", (long long)r->ctx);
+        jstr(f, "mode", mode_id[r->mode]);
+        jstr(f, "mode_name", mode_name[r->mode]);
+        jstr(f, "ranking", r->mode == M_ORACLE ? "oracle" : sparse ? ranking_id(rc.ranking) : NULL);
+        jint(f, "scored", (long long)r->r.n_scored);
+        jnum(f, "perplexity", r->r.ppl);
+        jnum(f, "ppl_dense", r->ppl_dense);
+        jnum(f, "ppl_vs_dense_pct", 100.0 * (r->r.ppl / r->ppl_dense - 1.0));
+        jnum(f, "agreement_pct", 100.0 * r->r.agree);
+        jnum(f, "agreement_first64_pct", 100.0 * r->r.agree_head);
+        jnum(f, "agreement_rest_pct", 100.0 * r->r.agree_rest);
+        jnum(f, "density", r->r.density);
+        jnum(f, "attention_s", r->r.t_attn);
+        jnum(f, "prefill_s", r->r.t_prefill);
+        jnum(f, "mass_kept_pct", 100.0 * (r->mode == M_ORACLE ? r->mass_oracle : r->mass_plan));
+        if (isfinite(r->mass_plan)) {
+            jnum(f, "mass_kept_plan_pct", 100.0 * r->mass_plan);
+            jnum(f, "mass_kept_oracle_pct", 100.0 * r->mass_oracle);
+        }
+        jkey(f, "per_segment_budget");
+        fputs(rc.per_segment_budget ? "true" : "false", f);
+        json_config_fields(f, &rc);
+        fputc('}', f);
+    }
+    fputs("],\n \"passkey\": ", f);
+    if (!rep.n_pk) fputs("null", f);
+    else {
+        int hits[N_MODES] = {0}, total[N_MODES] = {0};
+        fputs("{\"contexts\": [", f);
+        for (i = 0; i < rep.n_pk; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)rep.pk_ctxs[i]);
+        fputs("], \"trials\": [", f);
+        for (i = 0; i < rep.n_trials; i++) {
+            const pk_trial *t = &rep.trials[i];
+            fprintf(f, "%s\n   {\"context\": %lld", i ? "," : "", (long long)t->ctx);
+            jint(f, "tokens", (long long)t->tokens);
+            jnum(f, "depth", t->depth);
+            jint(f, "key", t->key);
+            for (mode = 0; mode < t->n_done; mode++) {
+                jkey(f, mode_id[mode]);
+                fprintf(f, "{\"ok\": %s, \"answer\": ", t->ok[mode] ? "true" : "false");
+                json_str(f, t->answer[mode]);
+                fputc('}', f);
+                hits[mode] += t->ok[mode];
+                total[mode]++;
+            }
+            fputc('}', f);
+        }
+        fputs("],\n  \"results\": [", f);
+        for (mode = 0; mode < rep.n_modes; mode++) {
+            fprintf(f, "%s{\"mode\": ", mode ? ", " : "");
+            json_str(f, mode_id[mode]);
+            jint(f, "hits", hits[mode]);
+            jint(f, "total", total[mode]);
+            fputc('}', f);
+        }
+        fputs("]}", f);
+    }
+    fputs("}\n", f);
+    if (fclose(f) || rename(tmp, rep.path)) { remove(tmp); return -1; }
+    return 0;
+}
+
 static int parse_list(const char *s, int64_t *out, int max) {
     int n = 0;
     while (s && *s && n < max) {
@@ -375,17 +654,33 @@ int main(int argc, char **argv) {
     int64_t n_all;
     int c, mode, mi, n_modes, n_ppl;
     int ppl_modes[N_MODES];
-    int64_t mass_ctx[8];
-    double mass_ref[8], mass_or[8];
+    char json_path[1024];
     int n_mass = 0;
     FILE *md;
     double t_start = gm_now();
 
     for (c = 6; c < argc; c++)
-        if (parse_override(argv[c])) { fprintf(stderr, "gemma-eval: unknown option %s\n", argv[c]); return 2; }
+        if (parse_override(argv[c])) { fprintf(stderr, "gemma-eval: unknown option or bad value: %s\n", argv[c]); return 2; }
     if (ovr.segment < 0 || (ovr.segment > 0 && EVAL_BATCH % ovr.segment) || ovr.block < 0 || ovr.base_budget < 0) {
         fprintf(stderr, "gemma-eval: segment must divide %d; block and base_budget must be positive\n", EVAL_BATCH);
         return 2;
+    }
+    { /* the library's own checks of the sparse configuration, before the model loads */
+        ei_config cfg = mode_config(M_RAGGED);
+        ei_context *ctx = NULL;
+        ei_result r = ei_context_create(&cfg, &ctx);
+        if (r != EI_OK) {
+            fprintf(stderr, "gemma-eval: configuration: %s (%s)\n", ei_result_name(r), ei_last_error());
+            return 2;
+        }
+        ei_context_destroy(ctx);
+    }
+    { /* the JSON report: the markdown path with .md replaced by .json (or .json appended) */
+        size_t n = strlen(out_path);
+        if (n + 6 > sizeof json_path) { fprintf(stderr, "gemma-eval: path too long: %s\n", out_path); return 2; }
+        memcpy(json_path, out_path, n + 1);
+        if (n >= 3 && !strcmp(json_path + n - 3, ".md")) json_path[n - 3] = 0;
+        strcat(json_path, ".json");
     }
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
     text = strcmp(text_path, "licences") ? load_text_file(text_path, &len) : load_licences(&len);
@@ -402,6 +697,15 @@ int main(int argc, char **argv) {
     if (!ovr.no_reference) ppl_modes[n_ppl++] = M_BF16KV;
     md = fopen(out_path, "w");
     if (!md) { fprintf(stderr, "gemma-eval: cannot write %s\n", out_path); return 1; }
+    rep.path = json_path;
+    rep.model = model;
+    rep.text = text_name;
+    rep.tokens_in_text = n_all;
+    rep.threads = gm_pool_size(pool);
+    rep.n_modes = n_modes;
+    rep.n_pk = n_pk;
+    for (c = 0; c < n_pk; c++) rep.pk_ctxs[c] = pk_ctxs[c];
+    if (write_json(0, NAN)) { fprintf(stderr, "gemma-eval: cannot write %s\n", json_path); return 1; }
     {
         ei_config d = mode_config(M_RAGGED);
         char sparse_list[256] = "", dense_note[128] = "";
@@ -417,13 +721,34 @@ int main(int argc, char **argv) {
             size_t w = strlen(sparse_list);
             snprintf(sparse_list + w, sizeof sparse_list - w, " (global layers %s kept dense)", dense_note);
         }
+        char rank_desc[512];
+        if (d.ranking == EI_RANK_SAMPLED)
+            snprintf(rank_desc, sizeof rank_desc, "sampled attention mass (%d real query rows per segment and kv head, scored exactly)",
+                     (int)d.rank_samples);
+        else snprintf(rank_desc, sizeof rank_desc, "the reference's block score (the paper's)");
+        if (d.top_p > 0)
+            snprintf(rank_desc + strlen(rank_desc), sizeof rank_desc - strlen(rank_desc),
+                     "; keep counts: top-p %g of the ranking's mass, between 1x and %gx the base budget", d.top_p,
+                     (double)(d.budget_max_factor > 1.0 ? d.budget_max_factor : 1.0));
+        else snprintf(rank_desc + strlen(rank_desc), sizeof rank_desc - strlen(rank_desc), "; keep counts: the budget recurrence");
+        snprintf(rank_desc + strlen(rank_desc), sizeof rank_desc - strlen(rank_desc),
+                 "; always kept: %d sink block(s) from position 0, %d local block(s) before the segment", (int)d.sink_blocks,
+                 (int)d.local_blocks);
         fprintf(md, "# entropyinfer on Gemma 3 270M (Q4_K_M GGUF, f32 engine)\n\n");
-        fprintf(md, "Configuration: %s: segment %d, block %d, threshold_len %lld, base_budget %d "
+        if (argc > 6) {
+            fprintf(md, "Options:");
+            for (c = 6; c < argc; c++) fprintf(md, " `%s`", argv[c]);
+            fprintf(md, "\n\n");
+        }
+        fprintf(md, "Ranking: %s (ranking=%s, rank_samples %d, top_p %g, sink_blocks %d, local_blocks %d).\n\n", rank_desc,
+                ranking_id(d.ranking), (int)d.rank_samples, d.top_p, (int)d.sink_blocks, (int)d.local_blocks);
+        fprintf(md, "Configuration: %s%s: segment %d, block %d, threshold_len %lld, base_budget %d "
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
                     "entropyinfer runs in the global layers %s; the %d sliding-window (%d) layers are dense in every mode. "
                     "%d threads on a shared 2-core machine: timings are indicative only. "
                     "%s\n\n",
-                ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.dense_layers ? "the paper's defaults with overrides from the command line" : "the paper's defaults",
+                ovr.ranking == EI_RANK_SAMPLED ? "the library's preset ei_config_quality()" : "the paper's defaults",
+                ovr_changes_config() ? " with overrides from the command line" : "",
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
                 (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, sparse_list, n_local,
                 m.hp.sliding_window, gm_pool_size(pool),
@@ -482,10 +807,19 @@ int main(int argc, char **argv) {
                     100.0 * (rows[mode].ppl / rows[M_DENSE].ppl - 1.0), 100.0 * rows[mode].agree,
                     100.0 * rows[mode].agree_head, 100.0 * rows[mode].agree_rest, 100.0 * rows[mode].density, rows[mode].t_attn, rows[mode].t_prefill);
             fflush(md);
-            if (mode == M_ORACLE && mass_kept.rows && n_mass < 8) {
-                mass_ctx[n_mass] = L;
-                mass_ref[n_mass] = mass_kept.ref / (double)mass_kept.rows;
-                mass_or[n_mass++] = mass_kept.oracle / (double)mass_kept.rows;
+            if (rep.n_rows < (int)(sizeof rep.rows / sizeof rep.rows[0])) {
+                json_row *jr = &rep.rows[rep.n_rows++];
+                jr->ctx = L;
+                jr->mode = mode;
+                jr->r = rows[mode];
+                jr->ppl_dense = rows[M_DENSE].ppl;
+                jr->mass_plan = jr->mass_oracle = NAN;
+                if (mass_kept.rows && (mode == M_ORACLE || (ovr.mass && (mode == M_RAGGED || mode == M_PERSEG)))) {
+                    jr->mass_plan = mass_kept.ref / (double)mass_kept.rows;
+                    jr->mass_oracle = mass_kept.oracle / (double)mass_kept.rows;
+                    n_mass++;
+                }
+                if (write_json(0, NAN)) fprintf(stderr, "gemma-eval: cannot write %s\n", json_path);
             }
         }
         for (mi = 0; mi < n_ppl; mi++) free(am[ppl_modes[mi]]);
@@ -494,10 +828,18 @@ int main(int argc, char **argv) {
 
     if (n_mass) {
         fprintf(md, "\nAttention mass that the kept blocks hold, as a share of what the segment's queries put on "
-                    "all keys before the segment (dense softmax; mean over layers and sparse segments), at the same counts:\n\n"
-                    "| context | reference block score (entropyinfer) | oracle ranking |\n|---:|---:|---:|\n");
-        for (c = 0; c < n_mass; c++)
-            fprintf(md, "| %lld | %.1f%% | %.1f%% |\n", (long long)mass_ctx[c], 100.0 * mass_ref[c], 100.0 * mass_or[c]);
+                    "all keys before the segment (dense softmax; mean over layers and sparse segments), at the same counts "
+                    "(the oracle row: the plan's counts under the run's ranking, %s):\n\n"
+                    "| context | measured in the mode | the plan's ranking | oracle ranking |\n|---:|---|---:|---:|\n",
+                ranking_id(mode_config(M_RAGGED).ranking));
+        for (c = 0; c < rep.n_rows; c++)
+            if (isfinite(rep.rows[c].mass_plan))
+                fprintf(md, "| %lld | %s | %.1f%% | %.1f%% |\n", (long long)rep.rows[c].ctx, mode_name[rep.rows[c].mode],
+                        100.0 * rep.rows[c].mass_plan, 100.0 * rep.rows[c].mass_oracle);
+    }
+    if (!n_pk) {
+        fprintf(md, "\nPasskey retrieval: not run.\n");
+        goto done;
     }
     fprintf(md, "\n## Passkey retrieval\n\n");
     fprintf(md, "Filler \"%s\" repeated; the sentence \"The pass key is NNNNN. Remember it. NNNNN is the pass key.\" at the "
@@ -512,8 +854,14 @@ int main(int argc, char **argv) {
         for (c = 0; c < n_pk; c++)
             for (d = 0; d < 3; d++) {
                 int key = 10000 + (int)((uint32_t)(pk_ctxs[c] * 7919 + d * 104729) % 90000u);
-                int64_t n;
+                int64_t n = 0;
                 int32_t *pids = passkey_prompt(&m.tok, pk_ctxs[c], depths[d], key, &n);
+                pk_trial *tr = &rep.trials[rep.n_trials++]; /* at most 8 contexts x 3 depths */
+                tr->ctx = pk_ctxs[c];
+                tr->tokens = n;
+                tr->depth = depths[d];
+                tr->key = key;
+                tr->n_done = 0;
                 fprintf(md, "| %lld | %.0f%% | %05d |", (long long)n, depths[d] * 100, key);
                 for (mode = 0; mode < n_modes; mode++) {
                     char ans[256];
@@ -531,6 +879,10 @@ int main(int argc, char **argv) {
                     fprintf(md, " %s `%s` |", ok ? "yes" : "**no**", ans);
                     hits[mode] += ok;
                     fflush(md);
+                    tr->ok[mode] = ok;
+                    snprintf(tr->answer[mode], sizeof tr->answer[mode], "%s", ans);
+                    tr->n_done = mode + 1;
+                    if (write_json(0, NAN)) fprintf(stderr, "gemma-eval: cannot write %s\n", json_path);
                 }
                 fprintf(md, "\n");
                 total++;
@@ -540,9 +892,11 @@ int main(int argc, char **argv) {
         if (n_modes > M_PERSEG) fprintf(md, ", per-segment %d/%d", hits[M_PERSEG], total);
         fprintf(md, ".\n");
     }
+done:
     fprintf(md, "\nTotal evaluation time: %.0f s.\n", gm_now() - t_start);
     fclose(md);
-    fprintf(stderr, "wrote %s in %.0f s\n", out_path, gm_now() - t_start);
+    if (write_json(1, gm_now() - t_start)) { fprintf(stderr, "gemma-eval: cannot write %s\n", json_path); return 1; }
+    fprintf(stderr, "wrote %s and %s in %.0f s\n", out_path, json_path, gm_now() - t_start);
     free(ids);
     free(text);
     gm_pool_destroy(pool);

