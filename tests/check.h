@@ -474,4 +474,101 @@ CHECK_FN int ref_budget_on_edge(const ei_config *c, double budget, double tol) {
     double blocks = budget / (double)c->block_size, frac = blocks - floor(blocks);
     return frac * c->block_size < tol || (1.0 - frac) * c->block_size < tol;
 }
+/* ------------------------------------------------------------ reference ranking (beyond the paper) */
+/* EI_RANK_SAMPLED in double: the block mass of segment s of kv head kvh over
+   the first n tokens (entropyinfer.h CONCEPTS: ranking), into mass[0..nvis). */
+CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,
+                               double *mass) {
+    const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
+    const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+    double *lg = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    int64_t b, j;
+    int32_t i, e;
+    if (!lg) { printf("out of memory\n"); exit(2); }
+    for (b = 0; b < nvis; ++b) mass[b] = 0.0;
+    for (i = 0; i < c->rank_samples; ++i) {
+        int64_t t = ei__sample_token(c, s, i);
+        int32_t h = kvh * G + i % G;
+        double m = -HUGE_VAL, z = 0.0;
+        if (t >= n) continue;
+        for (j = 0; j <= t; ++j) {
+            double acc = 0.0;
+            for (e = 0; e < d; ++e) acc += ref_at(q, t, h, e) * ref_at(k, j, kvh, e);
+            lg[j] = scale * acc;
+            if (lg[j] > m) m = lg[j];
+        }
+        for (j = 0; j <= t; ++j) z += (lg[j] = exp(lg[j] - m));
+        for (j = 0; j < nvis * bs; ++j) mass[j / bs] += lg[j] / z;
+    }
+    free(lg);
+}
+
+/* Row (kvh, s) of a whole-prompt plan against the ranking rules (CONCEPTS:
+   ranking, top_p, sink, local): w[0..nvis) the reference's weights (sampled
+   mass, or the softmaxed block scores), budget the recurrence's, cap the
+   segment's. The always-kept blocks lead the row; the count is the one
+   ei__keep_count gives for a top-p count that the weights allow within tol
+   (relative: sums in another order may cross top_p elsewhere); the other
+   kept blocks are the heaviest, up to ties within tol. Returns 1 if it holds. */
+CHECK_FN int ref_check_ranked_row(const ei_config *c, const ei_plan *p, int32_t kvh, int32_t s, const double *w, int64_t nvis,
+                                  int64_t cap, double budget, double tol, char *why, size_t why_len) {
+    size_t row = EI_PLAN_ROW(p, kvh, s);
+    const int32_t *idx = EI_PLAN_BLOCKS(p, kvh, s);
+    int32_t cnt = p->keep_blocks[row], i;
+    int64_t n_sink, local0, nf = ei__forced_blocks(c, nvis, &n_sink, &local0), b, np = 0, f = 0, kp;
+    int32_t *order = (int32_t *)malloc(sizeof(int32_t) * (size_t)(nvis > 0 ? nvis : 1));
+    unsigned char *kept = (unsigned char *)calloc((size_t)(nvis > 0 ? nvis : 1), 1);
+    double wmin = HUGE_VAL, total = 0.0, cum = 0.0;
+    int ok = 0, count_ok = 0;
+    if (!order || !kept) { printf("out of memory\n"); exit(2); }
+    why[0] = 0;
+    /* always-kept blocks first, in order */
+    for (b = 0; b < n_sink && f < cnt; ++b, ++f)
+        if (idx[f] != b) { snprintf(why, why_len, "entry %lld is %d, sink block %lld expected", (long long)f, idx[f], (long long)b); goto done; }
+    for (b = local0; b < nvis && f < cnt; ++b, ++f)
+        if (idx[f] != b) { snprintf(why, why_len, "entry %lld is %d, local block %lld expected", (long long)f, idx[f], (long long)b); goto done; }
+    /* the count */
+    for (b = n_sink; b < local0; ++b) order[np++] = (int32_t)b;
+    for (b = 1; b < np; ++b) { /* insertion sort by weight, descending, ties to the lower index */
+        int32_t x = order[b];
+        int64_t a = b - 1;
+        while (a >= 0 && (w[order[a]] < w[x] || (w[order[a]] == w[x] && order[a] > x))) { order[a + 1] = order[a]; --a; }
+        order[a + 1] = x;
+    }
+    if (c->top_p > 0.0) {
+        for (b = 0; b < nvis; ++b) total += w[b];
+        for (b = 0; b < nvis; ++b) if (b < n_sink || b >= local0) cum += w[b];
+        for (kp = nf; kp <= nf + np + 1 && !count_ok; ++kp) {
+            double before = cum; /* weight of the first kp - 1 entries */
+            if (kp > nf && kp - nf - 1 < np) cum += w[order[kp - nf - 1]];
+            if (!(total > 0.0)) count_ok = cnt == ei__keep_count(c, s, budget, 0, nf, cap, p->max_keep);
+            else if ((kp == nf || before < c->top_p * total * (1.0 + tol)) && (cum >= c->top_p * total * (1.0 - tol) || kp > nf + np))
+                count_ok = cnt == ei__keep_count(c, s, budget, kp, nf, cap, p->max_keep);
+            (void)before;
+        }
+    } else
+        count_ok = cnt == ei__keep_count(c, s, budget, -1, nf, cap, p->max_keep);
+    if (!count_ok) { snprintf(why, why_len, "keep count %d is not one the weights allow", cnt); goto done; }
+    /* the ranked part: distinct visible blocks, the heaviest up to ties */
+    for (i = 0; i < cnt; ++i) {
+        if (idx[i] < 0 || idx[i] >= nvis || kept[idx[i]]) { snprintf(why, why_len, "entry %d is %d", i, idx[i]); goto done; }
+        kept[idx[i]] = 1;
+        if (i >= f && w[idx[i]] < wmin) wmin = w[idx[i]];
+    }
+    for (i = cnt; i < p->max_keep; ++i)
+        if (idx[i] != -1 && !c->per_segment_budget) { snprintf(why, why_len, "padding entry %d is %d", i, idx[i]); goto done; }
+    if (cnt > f)
+        for (b = n_sink; b < local0; ++b)
+            if (!kept[b] && w[b] > wmin * (1.0 + tol) + 1e-12) {
+                snprintf(why, why_len, "block %lld (weight %.6g) dropped for one of weight %.6g", (long long)b, w[b], wmin);
+                goto done;
+            }
+    ok = 1;
+done:
+    free(order);
+    free(kept);
+    return ok;
+}
+
 #endif

@@ -393,6 +393,122 @@ static void test_chunked(void) {
     synth_layer_free(&L);
 }
 
+/* ------------------------------------------------------------ ranking beyond the paper */
+/* The sampled ranking, top-p counts and sink/local blocks on every path and
+   dtype, each row checked against the plain reference (check.h:
+   ref_sampled_mass, ref_check_ranked_row); the default configuration's rows
+   are unchanged by the options' code (the golden runner judges them). */
+static void check_ranked_plan(const ei_config *c, const ei_plan *p, const synth_layer *L, ei_dtype dt, const char *what) {
+    float *qr = (float *)malloc(sizeof(float) * (size_t)L->n * L->heads * L->dim), *kr = (float *)malloc(sizeof(float) * (size_t)L->n * L->kv * L->dim);
+    double *w = (double *)malloc(sizeof(double) * (size_t)p->n_blocks + 8);
+    ei_tensor q, k;
+    int32_t h, s;
+    int64_t b;
+    char why[160];
+    memcpy(qr, L->q, sizeof(float) * (size_t)L->n * L->heads * L->dim);
+    memcpy(kr, L->k, sizeof(float) * (size_t)L->n * L->kv * L->dim);
+    round_to_dtype(qr, (size_t)L->n * L->heads * L->dim, dt); /* the reference sees what the library reads */
+    round_to_dtype(kr, (size_t)L->n * L->kv * L->dim, dt);
+    q = ei_tensor_make(qr, EI_F32, L->n, L->heads, L->dim);
+    k = ei_tensor_make(kr, EI_F32, L->n, L->kv, L->dim);
+    for (h = 0; h < p->n_kv_heads; ++h)
+        for (s = 1; s < p->n_segments; ++s) {
+            size_t row = EI_PLAN_ROW(p, h, s);
+            int64_t nvis = (int64_t)s * (c->segment_size / c->block_size);
+            int rigid = p->head_class[h] == EI_HEAD_RIGID;
+            double budget = ref_budget(c, p->entropy + EI_PLAN_ROW(p, h, 0), s, rigid);
+            if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len)
+                ref_sampled_mass(c, &q, &k, h, s, L->n, w);
+            else { /* the softmaxed reference score the plan stores */
+                double m = -HUGE_VAL;
+                for (b = 0; b < nvis; ++b) m = p->scores[row * p->blk_capacity + b] > m ? p->scores[row * p->blk_capacity + b] : m;
+                for (b = 0; b < nvis; ++b) w[b] = p->scores[row * p->blk_capacity + b];
+                (void)m;
+            }
+            CHECK(ref_check_ranked_row(c, p, h, s, w, nvis, ei__cap_blocks(c, s, p->n_tokens, p->n_blocks), budget, 2e-3, why,
+                                       sizeof why),
+                  "%s: row [%d][%d]: %s", what, h, s, why);
+        }
+    free(qr); free(kr); free(w);
+}
+
+static void test_ranking_options(void) {
+    synth_layer L = synth_layer_make(1000, 8, 4, 64, 64, 7);
+    static const struct { ei_ranking ranking; int32_t samples; double top_p; int32_t sink, local, per_segment; } cases[] = {
+        {EI_RANK_SAMPLED, 8, 0.0, 0, 0, 0},   {EI_RANK_SAMPLED, 12, 0.9, 1, 2, 0}, {EI_RANK_SAMPLED, 100, 0.6, 0, 3, 0},
+        {EI_RANK_REFERENCE, 64, 0.9, 2, 1, 0}, {EI_RANK_SAMPLED, 16, 0.95, 1, 1, 1}, {EI_RANK_REFERENCE, 64, 0.0, 3, 4, 0}};
+    size_t ci;
+    int p, d;
+    for (ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci)
+        for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
+            for (d = 0; d < 3; ++d) {
+                ei_config c = small_config((ei_simd)p);
+                ei_context *ctx;
+                ei_plan plan;
+                void *mem;
+                char what[96];
+                if (!test_simd_selected((ei_simd)p) || (d != EI_F32 && p != EI_SIMD_AUTO && ci > 1)) continue;
+                c.ranking = cases[ci].ranking;
+                c.rank_samples = cases[ci].samples;
+                c.top_p = cases[ci].top_p;
+                c.sink_blocks = cases[ci].sink;
+                c.local_blocks = cases[ci].local;
+                c.per_segment_budget = cases[ci].per_segment;
+                c.base_budget = 48;
+                snprintf(what, sizeof what, "ranking case %d, %s, %s", (int)ci, ei_simd_name((ei_simd)p), dtype_name((ei_dtype)d));
+                CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)d, &plan, &mem), EI_OK);
+                if (!cases[ci].per_segment) check_ranked_plan(ei_context_config(ctx), &plan, &L, (ei_dtype)d, what);
+                else { /* every row leads with the forced blocks; counts are the max over heads */
+                    int32_t s, h;
+                    for (s = 1; s < plan.n_segments; ++s)
+                        for (h = 0; h < plan.n_kv_heads; ++h) {
+                            int32_t kmax = 0, g;
+                            for (g = 0; g < plan.n_kv_heads; ++g) kmax = EI__MAX(kmax, plan.keep_blocks[EI_PLAN_ROW(&plan, g, s)]);
+                            CHECK(plan.keep_count[EI_PLAN_ROW(&plan, h, s)] == kmax, "%s: per-segment count", what);
+                            CHECK(EI_PLAN_BLOCKS(&plan, h, s)[0] == 0, "%s: sink block first", what);
+                        }
+                }
+                guarded_free(mem);
+                ei_context_destroy(ctx);
+            }
+    {   /* finite inputs whose sampled scores overflow float32 */
+        ei_config c = small_config(EI_SIMD_AUTO);
+        ei_context *ctx;
+        ei_plan plan;
+        void *mem;
+        synth_layer B = synth_layer_make(300, 2, 1, 16, 64, 5);
+        long i;
+        c.ranking = EI_RANK_SAMPLED;
+        c.attn_scale = 1e4f;
+        for (i = 0; i < 300 * 2 * 16; ++i) B.q[i] = 3e17f;
+        for (i = 0; i < 300 * 16; ++i) B.k[i] = 3e17f;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        CHECK_ERR(plan_layer(ctx, &B, EI_F32, &plan, &mem), EI_ERR_NONFINITE);
+        guarded_free(mem);
+        ei_context_destroy(ctx);
+        synth_layer_free(&B);
+    }
+    {   /* configuration checks */
+        ei_config c = ei_config_default();
+        ei_context *ctx;
+        c.ranking = (ei_ranking)7; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.rank_samples = 0; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.rank_samples = EI_MAX_RANK_SAMPLES + 1; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.top_p = 1.5; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.top_p = -0.1; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.top_p = NAN; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.sink_blocks = -1; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default(); c.local_blocks = -2; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_quality();
+        CHECK(c.ranking == EI_RANK_SAMPLED && c.top_p > 0.0 && c.segment_size == 512 && c.base_budget == 2048,
+              "ei_config_quality: the paper's shapes with the sampled ranking");
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        ei_context_destroy(ctx);
+    }
+    synth_layer_free(&L);
+}
+
 /* ------------------------------------------------------------ decode */
 /* Chunked planning from any position: chunks that start and end anywhere,
    padded K views, continuing after a final call, finalising without queries,
@@ -461,7 +577,7 @@ static float *chunk_kbuf(const synth_layer *L) {
     return b;
 }
 
-static void test_chunked_any_position(int per_segment) {
+static void test_chunked_any_position(int per_segment, int sampled) {
     synth_layer L = synth_layer_make(640, 6, 2, 32, 64, 21), M = synth_layer_make(640, 6, 2, 32, 64, 77);
     ei_config c = small_config(EI_SIMD_AUTO);
     chunk_env E;
@@ -470,6 +586,13 @@ static void test_chunked_any_position(int per_segment) {
     uint64_t rng = 12345;
     int trial;
     c.per_segment_budget = per_segment;
+    if (sampled) { /* the sampled ranking's open-segment mass, top-p counts, sink and local blocks */
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = 12;
+        c.top_p = 0.9;
+        c.sink_blocks = 1;
+        c.local_blocks = 2;
+    }
     CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
     E.c = ei_context_config(E.ctx);
     ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
@@ -482,7 +605,7 @@ static void test_chunked_any_position(int per_segment) {
            (the next turn continues), 2 no final chunk, then a final call without queries */
         long t = 0, cut = 1 + (long)(rng_next(&rng) % (uint64_t)(L.n - 2));
         char what[64];
-        snprintf(what, sizeof what, "random chunks, trial %d, per_segment %d", trial, per_segment);
+        snprintf(what, sizeof what, "random chunks, trial %d, per_segment %d, sampled %d", trial, per_segment, sampled);
         ei_plan_reset(&ch);
         while (t < L.n) {
             long cnt = 1 + (long)(rng_next(&rng) % 150), pad = (long)(rng_next(&rng) % 3) == 0 ? -1 : (long)(rng_next(&rng) % 64);
@@ -511,7 +634,7 @@ static void test_chunked_any_position(int per_segment) {
             float *kS = chunk_kbuf(&S);
             ei_plan ws_plan;
             char what[64];
-            snprintf(what, sizeof what, "roll-back to %ld, per_segment %d", p, per_segment);
+            snprintf(what, sizeof what, "roll-back to %ld, per_segment %d, sampled %d", p, per_segment, sampled);
             CHECK_ERR(ei_plan_alloc(E.ctx, &ws_plan, L.n, L.kv, L.dim, 0), EI_OK);
             CHECK_ERR(ei_profile(E.ctx, &S.tq, &S.tk, &ws_plan, E.ws, E.wb), EI_OK);
             ei_plan_reset(&ch);
@@ -740,8 +863,11 @@ int main(void) {
     test_strided_and_threads();
     test_profile_errors();
     test_chunked();
-    test_chunked_any_position(0);
-    test_chunked_any_position(1);
+    test_chunked_any_position(0, 0);
+    test_chunked_any_position(1, 0);
+    test_chunked_any_position(0, 1);
+    test_chunked_any_position(1, 1);
+    test_ranking_options();
     test_decode();
     test_allocator_logger();
     return check_summary();
