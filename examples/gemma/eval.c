@@ -25,6 +25,9 @@
                            per-segment) plans keep, as the oracle row does (costs a
                            dense softmax pass per sparse segment)
          no_reference=1    skip the bf16 K/V reference row
+         dense_cache=DIR   reuse the dense mode's results (perplexity row, arg-maxes,
+                           passkey answers) stored in DIR by an earlier run on the
+                           same model file size, tokens and positions (sweeps)
 
    Modes (global layers; the 15 sliding-window layers are dense in all):
      dense        ei_attention_prefill with plan NULL
@@ -105,7 +108,8 @@ static struct {
     int32_t sink, local;  /* -1: not given */
     double top_p;         /* -1: not given */
     uint64_t dense_layers;
-} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, 0};
+    const char *dense_cache; /* NULL: dense rows are computed in every run */
+} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, 0, NULL};
 
 /* any option beyond the ranking that changes the sparse modes */
 static int ovr_changes_config(void) {
@@ -153,6 +157,10 @@ static int parse_override(const char *arg) {
             p = end;
         }
         return 0;
+    }
+    if (!strncmp(arg, "dense_cache=", 12)) {
+        ovr.dense_cache = arg + 12;
+        return *ovr.dense_cache ? 0 : -1;
     }
     if (!strncmp(arg, "ranking=", 8)) {
         if (!strcmp(arg + 8, "reference")) ovr.ranking = EI_RANK_REFERENCE;
@@ -335,8 +343,58 @@ static double plan_density(const gm_state *s) {
 
 typedef struct ppl_row { double ppl, agree, agree_head, agree_rest, t_prefill, t_attn, density; int64_t n_scored; } ppl_row;
 
+/* ---------------------------------------------------------------- dense cache
+   dense_cache=DIR: the dense mode's results (its row and arg-maxes; its passkey
+   answers) do not depend on the sparse options, so a sweep computes them once.
+   A file is named by a hash of everything they depend on: the model file's
+   size, the token ids, the positions or the key. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+static uint64_t model_bytes;
+static void dense_cache_path(char *out, size_t cap, const char *kind, uint64_t h) {
+    h = fnv1a(h, &model_bytes, sizeof model_bytes);
+    snprintf(out, cap, "%s/dense-%s-%016llx.bin", ovr.dense_cache, kind, (unsigned long long)h);
+}
+/* 1 if loaded: n bytes of a, then m bytes of b */
+static int dense_cache_load(const char *path, void *a, size_t n, void *b, size_t m) {
+    FILE *f = fopen(path, "rb");
+    int ok = f && fread(a, 1, n, f) == n && (!m || fread(b, 1, m, f) == m);
+    if (f) fclose(f);
+    return ok;
+}
+static void dense_cache_save(const char *path, const void *a, size_t n, const void *b, size_t m) {
+    char tmp[1200];
+    FILE *f;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!(f = fopen(tmp, "wb"))) return;
+    if (fwrite(a, 1, n, f) == n && (!m || fwrite(b, 1, m, f) == m) && fclose(f) == 0) rename(tmp, path);
+    else remove(tmp);
+}
+
+static int ppl_run_uncached(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t L, const int64_t *pos,
+                            int64_t n_pos, int32_t *argmax, ppl_row *row, char *err, size_t errlen);
 static int ppl_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t L, const int64_t *pos, int64_t n_pos,
                    int32_t *argmax, ppl_row *row, char *err, size_t errlen) {
+    char path[1100];
+    uint64_t h = 0xcbf29ce484222325ull;
+    int r;
+    if (mode != M_DENSE || !ovr.dense_cache) return ppl_run_uncached(m, pool, mode, ids, L, pos, n_pos, argmax, row, err, errlen);
+    h = fnv1a(fnv1a(h, ids, (size_t)(L + 1) * sizeof *ids), pos, (size_t)n_pos * sizeof *pos);
+    dense_cache_path(path, sizeof path, "ppl", h);
+    if (dense_cache_load(path, row, sizeof *row, argmax, (size_t)n_pos * sizeof *argmax)) {
+        fprintf(stderr, "  dense row from %s\n", path);
+        return 0;
+    }
+    r = ppl_run_uncached(m, pool, mode, ids, L, pos, n_pos, argmax, row, err, errlen);
+    if (!r) dense_cache_save(path, row, sizeof *row, argmax, (size_t)n_pos * sizeof *argmax);
+    return r;
+}
+static int ppl_run_uncached(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t L, const int64_t *pos,
+                            int64_t n_pos, int32_t *argmax, ppl_row *row, char *err, size_t errlen) {
     gm_state s;
     ei_config cfg = mode_config(mode);
     const int Dm = m->hp.d_model;
@@ -408,8 +466,29 @@ static int32_t *passkey_prompt(const gm_tokenizer *t, int64_t target_len, double
     return ids;
 }
 
+static int passkey_run_uncached(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t n, int key,
+                                char *answer, size_t anscap, int *ok, char *err, size_t errlen);
 static int passkey_run(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t n, int key, char *answer,
                        size_t anscap, int *ok, char *err, size_t errlen) {
+    char path[1100], saved[256];
+    uint64_t h = 0xcbf29ce484222325ull;
+    int r;
+    if (mode != M_DENSE || !ovr.dense_cache || anscap > sizeof saved)
+        return passkey_run_uncached(m, pool, mode, ids, n, key, answer, anscap, ok, err, errlen);
+    h = fnv1a(fnv1a(h, ids, (size_t)n * sizeof *ids), &key, sizeof key);
+    dense_cache_path(path, sizeof path, "passkey", h);
+    memset(saved, 0, sizeof saved);
+    if (dense_cache_load(path, ok, sizeof *ok, saved, sizeof saved)) {
+        snprintf(answer, anscap, "%s", saved);
+        return 0;
+    }
+    r = passkey_run_uncached(m, pool, mode, ids, n, key, answer, anscap, ok, err, errlen);
+    snprintf(saved, sizeof saved, "%s", answer);
+    if (!r) dense_cache_save(path, ok, sizeof *ok, saved, sizeof saved);
+    return r;
+}
+static int passkey_run_uncached(const gm_model *m, gm_pool *pool, int mode, const int32_t *ids, int64_t n, int key,
+                                char *answer, size_t anscap, int *ok, char *err, size_t errlen) {
     gm_state s;
     ei_config cfg = mode_config(mode);
     const int Dm = m->hp.d_model, V = m->hp.n_vocab;
@@ -683,6 +762,11 @@ int main(int argc, char **argv) {
         strcat(json_path, ".json");
     }
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-eval: %s\n", err); return 1; }
+    {
+        FILE *mf = fopen(model, "rb");
+        if (mf && fseek(mf, 0, SEEK_END) == 0) model_bytes = (uint64_t)ftell(mf);
+        if (mf) fclose(mf);
+    }
     text = strcmp(text_path, "licences") ? load_text_file(text_path, &len) : load_licences(&len);
     ids = text ? tokenize_all(&m.tok, text, len, 1, &n_all) : NULL;
     if (!ids) { fprintf(stderr, "gemma-eval: cannot read %s\n", text_name); return 1; }

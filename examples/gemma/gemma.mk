@@ -118,8 +118,9 @@ $(EVAL_DIR)/$(1).args: gemma-eval-force
 	@echo '$(EVAL_CONTEXTS) "$(gemma_eval_pk_$(1))" $(EVAL_TEXT) $(gemma_eval_opts_$(1))' > $$@.new; \
 	if cmp -s $$@.new $$@; then rm -f $$@.new; else mv $$@.new $$@; fi
 $(EVAL_DIR)/$(1).json: $(EVAL_DIR)/$(1).args $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP) | $(2)
+	@mkdir -p $(EVAL_DIR)/dense
 	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(EVAL_DIR)/$(1).md $(EVAL_CONTEXTS) "$(gemma_eval_pk_$(1))" $(EVAL_TEXT) \
-	    $(gemma_eval_opts_$(1)) || { rm -f $$@; exit 1; }
+	    $(gemma_eval_opts_$(1)) dense_cache=$(EVAL_DIR)/dense || { rm -f $$@; exit 1; }
 endef
 gemma_eval_prev :=
 $(foreach r,$(gemma_eval_runs),$(eval $(call GEMMA_EVAL_RUN,$(r),$(gemma_eval_prev)))$(eval gemma_eval_prev := $(EVAL_DIR)/$(r).json))

@@ -91,7 +91,8 @@ static ei_options & ei_opts() {
     return o;
 }
 
-enum ei_field_kind { EI_FIELD_I32, EI_FIELD_I64, EI_FIELD_F64, EI_FIELD_F32, EI_FIELD_SIMD, EI_FIELD_POOL, EI_FIELD_REDUCE };
+enum ei_field_kind { EI_FIELD_I32, EI_FIELD_I64, EI_FIELD_F64, EI_FIELD_F32, EI_FIELD_SIMD, EI_FIELD_POOL, EI_FIELD_REDUCE,
+                     EI_FIELD_RANKING };
 
 struct ei_field {
     const char *  name;
@@ -112,6 +113,11 @@ static const ei_field k_fields[] = {
     EI_FIELD(budget_max_factor,  EI_FIELD_F64),
     EI_FIELD(last_segment_dense, EI_FIELD_I32),
     EI_FIELD(per_segment_budget, EI_FIELD_I32),
+    EI_FIELD(ranking,            EI_FIELD_RANKING),
+    EI_FIELD(rank_samples,       EI_FIELD_I32),
+    EI_FIELD(top_p,              EI_FIELD_F64),
+    EI_FIELD(sink_blocks,        EI_FIELD_I32),
+    EI_FIELD(local_blocks,       EI_FIELD_I32),
     EI_FIELD(simd,               EI_FIELD_SIMD),
     // decode compression: accepted for completeness, unused by this glue
     EI_FIELD(decode_budget,      EI_FIELD_I32),
@@ -182,6 +188,7 @@ static std::string ei_names(const char * const * names, int n) {
 static const char * const k_simd_names[]   = { "auto", "scalar", "avx2", "avx512", "neon", "avx512_bf16" };
 static const char * const k_pool_names[]   = { "avg", "max", "none" };
 static const char * const k_reduce_names[] = { "mean", "max" };
+static const char * const k_ranking_names[] = { "reference", "sampled" };
 
 static bool ei_set_one(const std::string & item, std::string & err) {
     ei_options & o = ei_opts();
@@ -208,6 +215,19 @@ static bool ei_set_one(const std::string & item, std::string & err) {
             return false;
         }
         o.mode = (ei_mode) ev;
+        return true;
+    }
+    if (name == "preset") { // the library's measured-best ranking and budgets over the paper's configuration
+        if (value != "quality" && value != "paper") {
+            err = "preset: expected quality|paper, got '" + value + "'";
+            return false;
+        }
+        const ei_config q = value == "quality" ? ei_config_quality() : ei_config_default();
+        o.cfg.ranking      = q.ranking;
+        o.cfg.rank_samples = q.rank_samples;
+        o.cfg.top_p        = q.top_p;
+        o.cfg.sink_blocks  = q.sink_blocks;
+        o.cfg.local_blocks = q.local_blocks;
         return true;
     }
     if (name == "attn_scale") {
@@ -249,13 +269,18 @@ static bool ei_set_one(const std::string & item, std::string & err) {
                 ok = ei_parse_enum(value, k_reduce_names, 2, ev);
                 if (ok) { o.cfg.gqa_reduce = (ei_reduce) ev; }
                 break;
+            case EI_FIELD_RANKING:
+                ok = ei_parse_enum(value, k_ranking_names, 2, ev);
+                if (ok) { o.cfg.ranking = (ei_ranking) ev; }
+                break;
         }
         if (!ok) {
             const char * what =
                 f.kind == EI_FIELD_I32 || f.kind == EI_FIELD_I64 ? "an integer" :
                 f.kind == EI_FIELD_F64 || f.kind == EI_FIELD_F32 ? "a finite number" :
                 f.kind == EI_FIELD_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
-                f.kind == EI_FIELD_POOL ? "avg|max|none or 0..2" : "mean|max or 0..1";
+                f.kind == EI_FIELD_POOL ? "avg|max|none or 0..2" :
+                f.kind == EI_FIELD_RANKING ? "reference|sampled or 0..1" : "mean|max or 0..1";
             err = std::string(f.name) + ": expected " + what + ", got '" + value + "'";
             return false;
         }
@@ -266,7 +291,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         err += f.name;
         err += ", ";
     }
-    err += "min_tokens, mode)";
+    err += "min_tokens, mode, preset)";
     return false;
 }
 
@@ -366,6 +391,7 @@ struct ei_layer {
     int              il       = -1;
     int              status   = 0;       // 0: not seen yet, 1: served, -1: not served
     ei_context *     ctx      = nullptr; // owned by the state (one per attention scale)
+    ei_context *     ctx_plan = nullptr; // planning's: attn_scale * the Q pre-scale it undoes (ei_raw_query)
     ei_plan          plan     = {};
     bool             has_plan = false;
     int32_t          n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -511,18 +537,22 @@ const char * llama_entropyinfer_help(void) {
     static std::string help;
     if (help.empty()) {
         const ei_config d = ei_config_default();
-        char buf[1024];
+        char buf[1536];
         snprintf(buf, sizeof buf,
             "entropyinfer option (repeatable, or comma-separated; implies --entropyinfer): "
             "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
             "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g), "
-            "last_segment_dense (%d), per_segment_budget (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16); "
+            "last_segment_dense (%d), per_segment_budget (%d), ranking (reference|sampled), rank_samples (%d), "
+            "top_p (%g), sink_blocks (%d), local_blocks (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16); "
+            "preset=quality (ei_config_quality(): the sampled ranking, top-p counts, sink and local blocks) or "
+            "preset=paper; "
             "min_tokens (32: smaller ubatches run llama.cpp's attention); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
             (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
             d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
-            (int) d.last_segment_dense, (int) d.per_segment_budget);
+            (int) d.last_segment_dense, (int) d.per_segment_budget, (int) d.rank_samples, d.top_p, (int) d.sink_blocks,
+            (int) d.local_blocks);
         help = buf;
     }
     return help.c_str();
@@ -554,9 +584,12 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     std::call_once(once, [&] {
         const ei_config & c = st->opts.cfg;
         fprintf(stderr, "entropyinfer: on, mode %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
-                "last_segment_dense %d, per_segment_budget %d, min_tokens %d, simd %s; %s\n",
+                "last_segment_dense %d, per_segment_budget %d, ranking %s (rank_samples %d, top_p %g, sink_blocks %d, "
+                "local_blocks %d), min_tokens %d, simd %s; %s\n",
                 k_mode_names[st->opts.mode], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
-                (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget, st->opts.min_tokens,
+                (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget,
+                k_ranking_names[c.ranking == EI_RANK_SAMPLED ? 1 : 0], (int) c.rank_samples, c.top_p, (int) c.sink_blocks,
+                (int) c.local_blocks, st->opts.min_tokens,
                 ei_simd_name(ei_context_simd(st->ctx0)),
                 cparams.flash_attn ? "flash attention on: the V cache is head-major, layers can be served"
                                    : "flash attention off: llama.cpp stores the V cache transposed, so no layer can be "
@@ -795,8 +828,13 @@ static ei_dtype ei_dtype_of(ggml_type t) {
 // that factor (higher entropies, smaller relative changes, other budgets). When Q
 // is the output of a (not in-place) ggml_scale by a positive factor without bias,
 // planning reads its input instead: computed already, kept alive as our source.
-static ggml_tensor * ei_raw_query(ggml_tensor * q) {
+// *pre_scale receives that factor (1 when Q is read as it is): the sampled ranking
+// scores real rows of the raw Q, so its planning context scales them by it.
+static ggml_tensor * ei_raw_query(ggml_tensor * q, float * pre_scale = nullptr) {
     float sb[2] = { 0.0f, 0.0f };
+    if (pre_scale) {
+        *pre_scale = 1.0f;
+    }
     if (q->op != GGML_OP_SCALE || q->view_src != nullptr || q->src[0] == nullptr) {
         return q;
     }
@@ -804,6 +842,9 @@ static ggml_tensor * ei_raw_query(ggml_tensor * q) {
     ggml_tensor * raw = q->src[0];
     if (!(sb[0] > 0.0f) || sb[1] != 0.0f || raw->type != GGML_TYPE_F32 || !ggml_are_same_shape(raw, q)) {
         return q;
+    }
+    if (pre_scale) {
+        *pre_scale = sb[0];
     }
     return raw;
 }
@@ -822,24 +863,35 @@ static ei_tensor ei_view(const ggml_tensor * t) {
     return v;
 }
 
-// First build of a servable layer: its context (per attention scale), plan and workspaces.
-static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_context & g,
-                           const llama_kv_cache_context * mctx, const ggml_tensor * q, const ggml_tensor * k,
-                           float kq_scale) {
+// The state's context for one attention scale (created on first use; NULL on failure).
+static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
     uint32_t bits;
-    memcpy(&bits, &kq_scale, sizeof bits);
+    memcpy(&bits, &scale, sizeof bits);
     auto it = st->ctxs.find(bits);
     if (it == st->ctxs.end()) {
         ei_config cfg = st->opts.cfg;
-        cfg.attn_scale = kq_scale;
+        cfg.attn_scale = scale;
         ei_context * c = nullptr;
         if (ei_context_create(&cfg, &c) != EI_OK) {
             ei_report_once(std::string("context for attention scale failed: ") + ei_last_error() + ": llama.cpp's attention");
-            return false;
+            return nullptr;
         }
         it = st->ctxs.emplace(bits, c).first;
     }
-    L->ctx       = it->second;
+    return it->second;
+}
+
+// First build of a servable layer: its contexts (per attention scale), plan and workspaces.
+static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_context & g,
+                           const llama_kv_cache_context * mctx, ggml_tensor * q, const ggml_tensor * k,
+                           float kq_scale) {
+    float pre_scale = 1.0f;
+    ei_raw_query(q, &pre_scale);
+    L->ctx      = ei_context_for_scale(st, kq_scale);
+    L->ctx_plan = ei_context_for_scale(st, kq_scale * pre_scale);
+    if (!L->ctx || !L->ctx_plan) {
+        return false;
+    }
     L->n_head    = (int32_t) q->ne[1];
     L->n_head_kv = (int32_t) k->ne[1];
     L->head_dim  = (int32_t) k->ne[0];
@@ -878,7 +930,7 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
         const ei_tensor k = ei_view(dst->src[1]);
         const int32_t   H = L->n_head_kv;
         const int32_t   b = (int32_t) ((int64_t) ith * H / nw), e = (int32_t) ((int64_t) (ith + 1) * H / nw);
-        if (b < e && ei_profile_chunk_heads(L->ctx, &q, &k, &L->plan, st->q_pos, st->is_final, b, e,
+        if (b < e && ei_profile_chunk_heads(L->ctx_plan, &q, &k, &L->plan, st->q_pos, st->is_final, b, e,
                                             st->ws[ith], st->ws_bytes) != EI_OK) {
             L->fail("ei_profile_chunk_heads");
         }
@@ -897,7 +949,7 @@ static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
     const int64_t    t0 = ei_now_ns();
-    if (!L->failed && ei_plan_finalize(L->ctx, &L->plan) != EI_OK) {
+    if (!L->failed && ei_plan_finalize(L->ctx_plan, &L->plan) != EI_OK) {
         L->fail("ei_plan_finalize");
     }
     if (L->failed) {
