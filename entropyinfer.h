@@ -2069,7 +2069,7 @@ static float ei__uniform_entropy(int64_t nb, float *prob) {
 
 
 /* EI_RANK_SAMPLED scores its rows in batches against tiles of keys. */
-enum { EI__SAMPLE_ROWS = 16, EI__SAMPLE_KEYS = 64 };
+enum { EI__SAMPLE_ROWS = 32, EI__SAMPLE_KEYS = 64 };
 
 /* Workspace of one profiling thread. */
 typedef struct ei__profile_ws {
@@ -3755,7 +3755,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
                                                       const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
                                                       int64_t nvis, float *lg, float *kbuf, float *mass) {      \
-        enum { RV = EI__SAMPLE_ROWS / EI__VN };                                                               \
+        enum { RV = EI__SAMPLE_ROWS / EI__VN, PV = EI__VN == 16 ? 2 : 1 }; /* PV: row vectors per pass */    \
         const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
         const int64_t last = tok[nr - 1];                                                                      \
         const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
@@ -3768,9 +3768,9 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
             int64_t nk = EI__MIN((int64_t)EI__SAMPLE_KEYS, last + 1 - j0);                                     \
             for (j = 0; j < nk; ++j)                                                                           \
                 EI__VNAME(ei__attn_row_f32)(ei__row(k, j0 + j, kvh), k->dtype, d, dp, kbuf + (size_t)j * (size_t)dp); \
-            for (j = 0; j < nk; j += 8) /* 8 keys at a time, explicit accumulators (kept in registers) */   \
-                for (v = 0; v < RV; ++v) {                                                                     \
-                    const float *q0 = qt + (size_t)(v * EI__VN);                                               \
+            for (j = 0; j < nk; j += 8) /* 8 keys x PV row vectors at a time, accumulators in registers */  \
+                for (v = 0; v < RV; v += PV) {                                                                 \
+                    const float *q0 = qt + (size_t)(v * EI__VN), *q1 = q0 + (PV > 1 ? EI__VN : 0);             \
                     const float *k0 = kbuf + (size_t)EI__MIN(j + 0, nk - 1) * (size_t)dp,                      \
                                 *k1 = kbuf + (size_t)EI__MIN(j + 1, nk - 1) * (size_t)dp,                      \
                                 *k2 = kbuf + (size_t)EI__MIN(j + 2, nk - 1) * (size_t)dp,                      \
@@ -3781,25 +3781,31 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                                 *k7 = kbuf + (size_t)EI__MIN(j + 7, nk - 1) * (size_t)dp;                      \
                     EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();            \
                     EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO();            \
-                    EI__VEC acc[8];                                                                            \
+                    EI__VEC b0 = EI__VZERO(), b1 = EI__VZERO(), b2 = EI__VZERO(), b3 = EI__VZERO();            \
+                    EI__VEC b4 = EI__VZERO(), b5 = EI__VZERO(), b6 = EI__VZERO(), b7 = EI__VZERO();            \
+                    EI__VEC acc[2][8];                                                                         \
                     for (i = 0; i < d; ++i) {                                                                  \
-                        EI__VEC qv = EI__VLOAD(q0 + (size_t)i * EI__SAMPLE_ROWS);                              \
-                        a0 = EI__VFMA(qv, EI__VSET1(k0[i]), a0);                                               \
-                        a1 = EI__VFMA(qv, EI__VSET1(k1[i]), a1);                                               \
-                        a2 = EI__VFMA(qv, EI__VSET1(k2[i]), a2);                                               \
-                        a3 = EI__VFMA(qv, EI__VSET1(k3[i]), a3);                                               \
-                        a4 = EI__VFMA(qv, EI__VSET1(k4[i]), a4);                                               \
-                        a5 = EI__VFMA(qv, EI__VSET1(k5[i]), a5);                                               \
-                        a6 = EI__VFMA(qv, EI__VSET1(k6[i]), a6);                                               \
-                        a7 = EI__VFMA(qv, EI__VSET1(k7[i]), a7);                                               \
+                        EI__VEC qa = EI__VLOAD(q0 + (size_t)i * EI__SAMPLE_ROWS), kb;                          \
+                        EI__VEC qb = PV > 1 ? EI__VLOAD(q1 + (size_t)i * EI__SAMPLE_ROWS) : qa;                \
+                        kb = EI__VSET1(k0[i]); a0 = EI__VFMA(qa, kb, a0); if (PV > 1) b0 = EI__VFMA(qb, kb, b0); \
+                        kb = EI__VSET1(k1[i]); a1 = EI__VFMA(qa, kb, a1); if (PV > 1) b1 = EI__VFMA(qb, kb, b1); \
+                        kb = EI__VSET1(k2[i]); a2 = EI__VFMA(qa, kb, a2); if (PV > 1) b2 = EI__VFMA(qb, kb, b2); \
+                        kb = EI__VSET1(k3[i]); a3 = EI__VFMA(qa, kb, a3); if (PV > 1) b3 = EI__VFMA(qb, kb, b3); \
+                        kb = EI__VSET1(k4[i]); a4 = EI__VFMA(qa, kb, a4); if (PV > 1) b4 = EI__VFMA(qb, kb, b4); \
+                        kb = EI__VSET1(k5[i]); a5 = EI__VFMA(qa, kb, a5); if (PV > 1) b5 = EI__VFMA(qb, kb, b5); \
+                        kb = EI__VSET1(k6[i]); a6 = EI__VFMA(qa, kb, a6); if (PV > 1) b6 = EI__VFMA(qb, kb, b6); \
+                        kb = EI__VSET1(k7[i]); a7 = EI__VFMA(qa, kb, a7); if (PV > 1) b7 = EI__VFMA(qb, kb, b7); \
                     }                                                                                          \
-                    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                        \
-                    acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                        \
-                    for (u = 0; u < 8 && j + u < nk; ++u) {                                                    \
-                        EI__VEC x = EI__VMUL(acc[u], sc);                                                      \
-                        nan = EI__VNAN_OR(nan, x);                                                             \
-                        EI__VSTORE(lg + (size_t)(j0 + j + u) * EI__SAMPLE_ROWS + (size_t)(v * EI__VN), x);     \
-                    }                                                                                          \
+                    acc[0][0] = a0; acc[0][1] = a1; acc[0][2] = a2; acc[0][3] = a3;                            \
+                    acc[0][4] = a4; acc[0][5] = a5; acc[0][6] = a6; acc[0][7] = a7;                            \
+                    acc[1][0] = b0; acc[1][1] = b1; acc[1][2] = b2; acc[1][3] = b3;                            \
+                    acc[1][4] = b4; acc[1][5] = b5; acc[1][6] = b6; acc[1][7] = b7;                            \
+                    for (u = 0; u < 8 && j + u < nk; ++u)                                                      \
+                        for (r = 0; r < PV; ++r) {                                                             \
+                            EI__VEC x = EI__VMUL(acc[r][u], sc);                                               \
+                            nan = EI__VNAN_OR(nan, x);                                                         \
+                            EI__VSTORE(lg + (size_t)(j0 + j + u) * EI__SAMPLE_ROWS + (size_t)((v + r) * EI__VN), x); \
+                        }                                                                                      \
                 }                                                                                              \
         }                                                                                                      \
         if (EI__VANY(nan)) return 0;                                                                           \
