@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, ABI version 2).
+   entropyinfer.h (struct ei_cuda_api, ABI version 3).
 
    The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
    every argument of a public call (views, shapes, GQA, plan layout and
@@ -19,10 +19,15 @@
    profile   >>cuda-minmax    min/max features of query segments and key blocks
              >>cuda-scores    segment x block scores (f32, two dot products each)
              >>cuda-softmax   masked softmax + entropy per (kv head, segment)
-             >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_of /
+             >>cuda-sampled   EI_RANK_SAMPLED: block mass of the sampled query
+                              rows (exact softmax, tensor cores for bf16/f16)
+             >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_count /
                               ei__cap_blocks, one thread per kv head
              >>cuda-topk      per (kv head, segment) top-k: radix select on
                               (score, index) keys, then a bitonic sort
+             >>cuda-rank      the same beyond the paper: always-kept blocks
+                              first, sampled mass or reference score, top_p
+                              counts (ei__keep_count)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
                               cores (wgmma on Hopper, mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
@@ -227,7 +232,7 @@ __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, i
 
 /* ============================================================ >>cuda-minmax */
 /* Profiling flags (one int in the workspace, read back at the end). */
-enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8 };
+enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8, PF_SAMPLED = 16 };
 
 /* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's queries */
 __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t n,
@@ -437,25 +442,32 @@ __global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, 
 
 /* ============================================================ >>cuda-budgets */
 /* One CTA: a thread per kv head runs the header's rules (ei__head_rigid,
-   ei__budget_next, ei__keep_of with ei__cap_blocks) exactly as the CPU's
-   profile does; then keep_count per segment: each head's own count, or with
-   per_segment_budget the max over heads (the CPU's ei_plan_finalize). */
+   ei__budget_next, ei__keep_count with ei__cap_blocks and the always-kept
+   blocks of ei__forced_blocks) exactly as the CPU's profile does; then
+   keep_count per segment: each head's own count, or with per_segment_budget
+   the max over heads (the CPU's ei_plan_finalize). With top_p the counts
+   follow the ranking: rank_kernel writes them (and seg_max_kernel takes the
+   max), this kernel only the budgets. */
 __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_cap, int64_t n, int64_t nblk,
-                              const float *entropy, uint8_t *head_class, float *budget, int *keep_blocks,
-                              int *keep_count) {
+                              int max_keep, const float *entropy, uint8_t *head_class, float *budget,
+                              int *keep_blocks, int *keep_count) {
     const ei_config *c = &cfg;
+    const int64_t bps = c->segment_size / c->block_size;
+    const bool counts = !(c->top_p > 0.0);
     for (int h = threadIdx.x; h < nkv; h += blockDim.x) {
         const float *H = entropy + (int64_t)h * seg_cap;
         int rigid = ei__head_rigid(c, H, nseg);
         double B = 0.0;
         head_class[h] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
         for (int s = 0; s < nseg; s++) {
-            int64_t cap = ei__cap_blocks(c, s, n, nblk);
+            int64_t cap = ei__cap_blocks(c, s, n, nblk), n_sink, local0;
+            int64_t nf = ei__forced_blocks(c, min((int64_t)s * bps, nblk), &n_sink, &local0);
             B = rigid ? (double)c->base_budget : ei__budget_next(c, s, B, H[s], s > 0 ? H[s - 1] : 0.0f);
             budget[(int64_t)h * seg_cap + s] = (float)B;
-            keep_blocks[(int64_t)h * seg_cap + s] = ei__keep_of(c, s, B, cap);
+            if (counts) keep_blocks[(int64_t)h * seg_cap + s] = ei__keep_count(c, s, B, -1, nf, cap, max_keep);
         }
     }
+    if (!counts) return;
     __syncthreads();
     for (int s = threadIdx.x; s < nseg; s += blockDim.x) {
         int mx = 0;
@@ -523,6 +535,176 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
         out[i] = i < k ? (int)(0xFFFFFFFFu - (uint32_t)keys[i]) : -1;
 }
 
+/* ============================================================ >>cuda-rank */
+/* The ranked rows beyond the paper (CONCEPTS: ranking, top_p, sink/local),
+   as the CPU's ei__plan_rank_row: the always-kept blocks of
+   ei__forced_blocks lead the row (sink ascending, then local ascending),
+   then the other visible blocks by descending ranking score, ties to the
+   lower index. The score is the sampled mass (EI_RANK_SAMPLED, segments at or
+   past threshold_len: ei__rank_sampled) or the reference's raw block score.
+   Without top_p the row ranks the keep_count the budgets gave; with top_p it
+   ranks min(candidates, max_keep) blocks, walks them (forced first) until
+   their weight reaches top_p of the visible blocks' (weights: the mass, or
+   the reference's softmax numerators expf(raw - max); sums in double, the
+   walk in the CPU's order), and ei__keep_count turns that into the count.
+   per_segment_budget rows then hold every block they could keep and
+   seg_max_kernel applies the max over heads. Dynamic shared memory: sort_n
+   (power of two >= max_keep) 64-bit keys. */
+__device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
+    return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
+}
+/* block_select_kth over the candidates of row[0..len): blocks [ns, l0); the
+   always-kept ones take key 0, below every real key (1 <= k <= l0 - ns). */
+__device__ uint64_t block_select_kth_cand(const float *row, int64_t len, int64_t k, int64_t ns, int64_t l0, int *hist) {
+    __shared__ uint64_t s_prefix;
+    __shared__ int64_t s_k;
+    uint64_t prefix = 0, mask = 0;
+    if (threadIdx.x == 0) s_k = k;
+    for (int pass = 0; pass < 8; pass++) {
+        int shift = 56 - 8 * pass;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+            uint64_t key = (j >= ns && j < l0) ? rank_key(row[j], j) : 0;
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int64_t need = s_k, cum = 0;
+            int bin = 255;
+            for (; bin > 0; bin--) {
+                if (cum + hist[bin] >= need) break;
+                cum += hist[bin];
+            }
+            s_k = need - cum;
+            s_prefix = prefix | ((uint64_t)bin << shift);
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= (uint64_t)255 << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+__global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const float *raw, const float *mass, int nseg,
+                                                   int nblk, int64_t n, int *keep_blocks, int *keep_count,
+                                                   int seg_cap, int *block_index, int max_keep, int *flag) {
+    extern __shared__ uint64_t keys[];
+    __shared__ int hist[256];
+    __shared__ int count, s_kout;
+    __shared__ float red[32];
+    __shared__ double redd[32];
+    const ei_config *c = &cfg;
+    const bool topp = c->top_p > 0.0;
+    int s = blockIdx.x, kvh = blockIdx.y;
+    int64_t row = (int64_t)kvh * seg_cap + s;
+    int *out = block_index + row * max_keep;
+    int nvis = (int)min((int64_t)s * (c->segment_size / c->block_size), (int64_t)nblk);
+    if (s == 0 || nvis == 0) { /* nothing visible: keeps none */
+        if (topp && threadIdx.x == 0) {
+            keep_blocks[row] = 0;
+            if (!c->per_segment_budget) keep_count[row] = 0;
+        }
+        for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
+        return;
+    }
+    const bool sampled = rank_sampled(c, s);
+    const float *sc = (sampled ? mass : raw) + ((int64_t)kvh * nseg + s) * nblk;
+    int64_t ns64, l064;
+    const int nf = (int)ei__forced_blocks(c, nvis, &ns64, &l064), ns = (int)ns64, l0 = (int)l064;
+    const int np = nvis - nf; /* candidates: blocks [ns, l0) */
+    int k = 0, ranked;
+    if (topp)
+        ranked = min(np, max_keep);
+    else {
+        k = keep_count[row];
+        if (k > nvis || k > max_keep || k < 0) {
+            if (threadIdx.x == 0) atomicOr(flag, PF_KEEP);
+            k = 0;
+        }
+        ranked = k - min(nf, k);
+    }
+    if (ranked > 0) {
+        uint64_t thr = block_select_kth_cand(sc, nvis, ranked, ns, l0, hist);
+        int n2 = 1;
+        while (n2 < ranked) n2 <<= 1;
+        for (int i = threadIdx.x; i < n2; i += blockDim.x) keys[i] = 0;
+        if (threadIdx.x == 0) count = 0;
+        __syncthreads();
+        for (int j = ns + threadIdx.x; j < l0; j += blockDim.x) {
+            uint64_t key = rank_key(sc[j], j);
+            if (key >= thr) keys[atomicAdd(&count, 1)] = key;
+        }
+        __syncthreads();
+        for (int size = 2; size <= n2; size <<= 1) /* bitonic sort, descending */
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+                    int j = i ^ stride;
+                    if (j > i) {
+                        bool desc = (i & size) == 0;
+                        uint64_t a = keys[i], b = keys[j];
+                        if (desc ? (a < b) : (a > b)) {
+                            keys[i] = b;
+                            keys[j] = a;
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+    }
+    int kout = k;
+    if (topp) {
+        float m = -FLT_MAX;
+        if (!sampled) {
+            for (int b = threadIdx.x; b < nvis; b += blockDim.x) m = fmaxf(m, sc[b]);
+            m = block_max(m, red);
+        }
+#define EI__W(b) (sampled ? (double)sc[b] : (double)expf(sc[b] - m))
+        double total = 0.0;
+        for (int b = threadIdx.x; b < nvis; b += blockDim.x) total += EI__W(b);
+        total = block_sum_d(total, redd);
+        if (threadIdx.x == 0) {
+            double target = c->top_p * total, cum = 0.0;
+            int64_t k_p = nf, cap = ei__cap_blocks(c, s, n, nblk);
+            for (int b = 0; b < ns; b++) cum += EI__W(b);
+            for (int b = l0; b < nvis; b++) cum += EI__W(b);
+            for (int i = 0; cum < target && i < ranked; ++i, ++k_p) cum += EI__W((int)(0xFFFFFFFFu - (uint32_t)keys[i]));
+            if (cum < target) ++k_p; /* not reached within the row's capacity */
+            if (!(total > 0.0)) k_p = 0;
+            int kk = ei__keep_count(c, s, 0.0, k_p, nf, cap, max_keep); /* top_p: the budget is not used */
+            keep_blocks[row] = kk;
+            if (!c->per_segment_budget) keep_count[row] = kk;
+            s_kout = c->per_segment_budget ? (int)min((int64_t)max_keep, cap) : kk;
+        }
+#undef EI__W
+        __syncthreads();
+        kout = s_kout;
+    }
+    for (int i = threadIdx.x; i < max_keep; i += blockDim.x) {
+        int b = -1;
+        if (i < kout) b = i < nf ? (i < ns ? i : l0 + (i - ns)) : (int)(0xFFFFFFFFu - (uint32_t)keys[i - nf]);
+        out[i] = b;
+    }
+}
+/* per_segment_budget with top_p: every head of segment s keeps the max of
+   their counts (the CPU's ei_plan_finalize); rows padded with -1 past it. */
+__global__ void seg_max_kernel(int nkv, int seg_cap, const int *keep_blocks, int *keep_count, int *block_index,
+                               int max_keep) {
+    __shared__ int kmax;
+    int s = blockIdx.x;
+    if (threadIdx.x == 0) {
+        int mx = 0;
+        for (int h = 0; h < nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * seg_cap + s]);
+        kmax = mx;
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < nkv; h += blockDim.x) keep_count[(int64_t)h * seg_cap + s] = kmax;
+    for (int64_t x = threadIdx.x; x < (int64_t)nkv * max_keep; x += blockDim.x) {
+        int h = (int)(x / max_keep), i = (int)(x % max_keep);
+        if (i >= kmax) block_index[((int64_t)h * seg_cap + s) * max_keep + i] = -1;
+    }
+}
+
 /* ============================================================ plans (host) */
 /* The header checked that dst can hold src (same kv heads, segment and block
    size, enough segments, rows and score columns). Rows of dst longer than
@@ -573,8 +755,17 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
 
 /* ============================================================ profile (host) */
 struct ProfileWs {
-    size_t qfeat, kfeat, raw, flag, total;
+    size_t qfeat, kfeat, raw, mass, stats, flag, total;
 };
+/* The plan's rows need the ranking stage beyond the paper (rank_kernel):
+   sampled mass, top_p counts or always-kept blocks; else topk_kernel as in
+   the reference (bit-identical plans for the default configuration). */
+static bool profile_extended(const ei_config *cfg) {
+    return cfg->ranking == EI_RANK_SAMPLED || cfg->top_p > 0.0 || cfg->sink_blocks > 0 || cfg->local_blocks > 0;
+}
+static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int nseg, int nblk,
+                                    float *mass, float2 *stats, int *flag, cudaStream_t st, char *msg);
+static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
                             char *msg) {
     size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
@@ -586,13 +777,15 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->qfeat = 0;
     w->kfeat = align256(a);
     w->raw = w->kfeat + align256(b);
-    w->flag = w->raw + align256(c);
+    w->mass = w->raw + align256(c); /* EI_RANK_SAMPLED: block mass, laid out as raw, and part statistics */
+    w->stats = w->mass + (cfg->ranking == EI_RANK_SAMPLED ? align256(c) : 0);
+    w->flag = w->stats + align256(mass_stats_bytes(cfg, n, nkv));
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0};
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
     if (r) return r;
     *bytes = w.total;
@@ -601,7 +794,7 @@ static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int
 
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                              void *ws, size_t ws_bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0};
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
@@ -610,6 +803,8 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w.total);
     char *base = ws_base(ws);
     float *qfeat = (float *)(base + w.qfeat), *kfeat = (float *)(base + w.kfeat), *raw = (float *)(base + w.raw);
+    float *mass = cfg->ranking == EI_RANK_SAMPLED ? (float *)(base + w.mass) : NULL;
+    const bool ext = profile_extended(cfg);
     int *flag = (int *)(base + w.flag);
     int seg = cfg->segment_size, bs = cfg->block_size, bps = seg / bs;
     int nseg = (int)((n + seg - 1) / seg);
@@ -646,10 +841,25 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
                                                             plan->scores, plan->blk_capacity > 0 ? plan->blk_capacity : 1,
                                                             flag);
     LAUNCH_CHECK("softmax_entropy_kernel");
-    budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->entropy, plan->head_class,
-                                     plan->budget, plan->keep_blocks, plan->keep_count);
+    if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
+        (r = launch_sample_mass(cfg, q, k, nseg, nblk, mass, (float2 *)(base + w.stats), flag, st, msg)) != EI_OK)
+        return r;
+    budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
+                                     plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
     LAUNCH_CHECK("budget_kernel");
-    if (plan->max_keep > 0) {
+    if (ext) {
+        /* rows of 0 blocks still get their counts (and -1 padding, of nothing) */
+        CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
+        rank_kernel<<<dim3(nseg, nkv), 256, sort_bytes, st>>>(*cfg, raw, mass, nseg, nblk, n, plan->keep_blocks,
+                                                              plan->keep_count, plan->seg_capacity, plan->block_index,
+                                                              plan->max_keep, flag);
+        LAUNCH_CHECK("rank_kernel");
+        if (cfg->top_p > 0.0 && cfg->per_segment_budget) {
+            seg_max_kernel<<<nseg, 256, 0, st>>>(nkv, plan->seg_capacity, plan->keep_blocks, plan->keep_count,
+                                                 plan->block_index, plan->max_keep);
+            LAUNCH_CHECK("seg_max_kernel");
+        }
+    } else if (plan->max_keep > 0) {
         CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
         topk_kernel<<<dim3(nseg, nkv), 256, sort_bytes, st>>>(raw, nseg, nblk, bps, plan->keep_count,
                                                               plan->seg_capacity, plan->block_index, plan->max_keep,
@@ -662,6 +872,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     if (host_flag & PF_NAN_K) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k");
     if (host_flag & PF_NAN_Q) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q");
     if (host_flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
+    if (host_flag & PF_SAMPLED) return fail(msg, EI_ERR_NONFINITE, "sampled scores overflow float32");
     if (host_flag & PF_KEEP)
         return fail(msg, EI_ERR_BACKEND, "internal error: a keep count exceeds its row (%d blocks) or the visible blocks",
                     (int)plan->max_keep);
@@ -1387,6 +1598,570 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
 #undef EI__ATT_WG
 #undef EI__ATT_D
 #undef EI__ATT
+}
+
+/* ============================================================ >>cuda-sampled */
+/* EI_RANK_SAMPLED (CONCEPTS: ranking): the block mass of R sampled query
+   rows per (kv head, segment s >= 1 at or past threshold_len). Row i of
+   segment s is token t = ei__sample_token(cfg, s, i) of query head
+   kvh*G + i%G, used when t < n; its softmax of scale * q.k_j over keys
+   0..t (f32, max-subtracted) is summed per block over keys j < s*segment
+   into mass[(kvh*nseg + s)*nblk + b], over the used rows. The mass rows are
+   zeroed first; every block is written by one CTA in a fixed order, so plans
+   are reproducible bit for bit.
+   mass_mma_kernel (bf16/f16 q and k of one dtype, head_dim 64/128/256):
+   CTAs of 8 warps x 2 m-tiles = 256 rows from consecutive segments of one
+   kv head (256 / R rounded up to 16 segments per CTA; R > 256: one segment,
+   its rows in chunks of 256), so that every K tile read serves all of them;
+   64 keys per step, double-buffered with cp.async (element loads where a
+   view is not 16-byte aligned), S = Q K^T with mma.sync (f32 accumulation),
+   exp2 with the scale folded in. The keys are cut into ns parts (one CTA
+   each, for balance: the last segments see the most keys) and the kernel
+   runs twice: PHASE 1 writes each part's row max and sum (online softmax),
+   PHASE 2 combines them in part order and sums its part's normalised
+   probabilities over the rows of each segment per key (a fixed shuffle tree,
+   then m-tiles in order) and per block. Work items go from the heaviest
+   (last) segments down. mass_generic_kernel (any dtype and head_dim): f32
+   CUDA-core tiles, one CTA per (kv head, segment), rows 32 at a time, both
+   passes in one CTA. */
+#define MS_NW 8
+#define MS_MT 2
+#define MS_ROWS (16 * MS_NW * MS_MT)
+#define MS_BC 64
+struct MassParams {
+    const void *q, *k;
+    int64_t q_ts, q_hs, k_ts, k_hs, n;
+    int q_dtype, k_dtype, D;
+    int nseg, nblk, nkv, G, R, seg, bs;
+    int s_first, spc, rpad, rchunks, ngroups, ns, align, vec;
+    float scale, scale_log2;
+    float *mass;
+    float2 *stats; /* [kvh][group][chunk][part][MS_ROWS]: each part's row max and sum */
+    int *flag;
+    ei_config cfg;
+};
+/* How the tensor-core path splits the work: the first sampled segment,
+   segments per CTA (spc), rows per segment slot (rpad), row chunks, CTA
+   groups of segments, and key parts per group (ns: about 2048 CTAs in all,
+   at most 16 / chunks; a function of the shapes alone, so plans do not
+   depend on the device). Returns 0 when no segment is sampled. */
+static int mass_geometry(const ei_config *cfg, int64_t n, int32_t nkv, int *s_first, int *spc, int *rpad, int *rchunks,
+                         int *ngroups, int *ns) {
+    int64_t seg = cfg->segment_size, nseg = (n + seg - 1) / seg, sf = (cfg->threshold_len + seg - 1) / seg, per;
+    int R = cfg->rank_samples, rp = (R + 15) / 16 * 16;
+    if (sf < 1) sf = 1;
+    if (cfg->ranking != EI_RANK_SAMPLED || sf >= nseg) return 0;
+    *s_first = (int)sf;
+    if (rp <= MS_ROWS) { *rpad = rp; *spc = MS_ROWS / rp; *rchunks = 1; }
+    else { *rpad = MS_ROWS; *spc = 1; *rchunks = (R + MS_ROWS - 1) / MS_ROWS; }
+    *ngroups = (int)((nseg - sf + *spc - 1) / *spc);
+    per = (int64_t)*ngroups * nkv;
+    *ns = (int)((2048 + per - 1) / per);
+    if (*ns > 16 / *rchunks) *ns = 16 / *rchunks;
+    if (*ns < 1) *ns = 1;
+    return 1;
+}
+/* Bytes of the part statistics (0 when no segment is sampled). */
+static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv) {
+    int sf, spc, rpad, rchunks, ngroups, ns;
+    if (!mass_geometry(cfg, n, nkv, &sf, &spc, &rpad, &rchunks, &ngroups, &ns)) return 0;
+    return (size_t)nkv * (size_t)ngroups * (size_t)rchunks * (size_t)ns * MS_ROWS * sizeof(float2);
+}
+/* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
+   is s_lo: its token (-1: unused) and query head; *seg its segment. */
+__device__ __forceinline__ int mass_row(const MassParams &p, int s_lo, int chunk, int r, int kvh, int *head, int *seg) {
+    int a = r / p.rpad, il = r - a * p.rpad, s = s_lo + a, i = chunk * p.rpad + il;
+    *seg = s;
+    *head = 0;
+    if (a >= p.spc || s >= p.nseg || i >= p.R) return -1;
+    int64_t t = ei__sample_token(&p.cfg, s, i);
+    if (t >= p.n) return -1;
+    *head = kvh * p.G + i % p.G;
+    return (int)t;
+}
+/* 16 bytes (8 elements) of a row into shared memory: cp.async where the
+   view allows it, else element by element. */
+template <typename T> __device__ __forceinline__ void load16(uint4 *dst, const T *src, int vec) {
+    if (vec) {
+        cp_async16(dst, src);
+        return;
+    }
+    union { uint4 v; unsigned short h[8]; } u;
+#pragma unroll
+    for (int e = 0; e < 8; e++) u.h[e] = ((const unsigned short *)src)[e];
+    *dst = u.v;
+}
+/* Sum of the 16 values c[nt*2 + col] (n-tile nt, column col of this lane's
+   columns 2*(lane&3) + col) over the 8 lanes that share lane & 3: a
+   reduce-scatter over lane bits 4, 3, 2 (14 shuffles). Lane L returns the sums
+   of the tile's keys 2L and 2L+1, each formed in one lane in a fixed order. */
+__device__ __forceinline__ float2 colsum_scatter(const float (&c)[16], int lane) {
+    float d8[8], d4[4], d2[2];
+    bool hi = lane & 16;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float send = hi ? c[k] : c[k + 8], keep = hi ? c[k + 8] : c[k];
+        d8[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+    }
+    hi = lane & 8;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float send = hi ? d8[k] : d8[k + 4], keep = hi ? d8[k + 4] : d8[k];
+        d4[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+    }
+    hi = lane & 4;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        float send = hi ? d4[k] : d4[k + 2], keep = hi ? d4[k + 2] : d4[k];
+        d2[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+    }
+    return make_float2(d2[0], d2[1]);
+}
+
+/* Key range [*lo, *hi) (tiles of MS_BC keys) of part `split` of NS of the
+   keys [0, kend): part boundaries are multiples of `align` keys (a multiple
+   of MS_BC and of the block size, so no block straddles two parts). */
+__device__ __forceinline__ void mass_part(int kend, int split, int ns, int align, int *lo, int *hi) {
+    *lo = (int)((int64_t)kend * split / ns / align * align);
+    *hi = split == ns - 1 ? kend : (int)((int64_t)kend * (split + 1) / ns / align * align);
+}
+
+/* PHASE 1: the rows' max and sum (online softmax) over one part of the keys
+   0..t, into p.stats. PHASE 2: the parts' stats combined (in part order),
+   then the normalised probabilities of one part of the keys before each
+   row's segment, summed over the rows of a segment and per block into
+   p.mass (each block in one part: one CTA writes it). */
+template <int D, typename T, int PHASE>
+__global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(const MassParams p) {
+    constexpr int CH = D / 8, RS = CH + 1, NB = MS_BC / 8, MT = MS_MT, NMT = MS_ROWS / 16;
+    extern __shared__ uint4 smem[];
+    uint4 *sQ = smem, *sK = smem + MS_ROWS * RS;
+    __shared__ int r_tok[MS_ROWS], r_lim[MS_ROWS], mt_tmax[NMT], mt_lim[NMT];
+    __shared__ float colsum[NMT][MS_BC];
+    __shared__ int kend1_s, kend2_s;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int split = blockIdx.x % p.ns, rest = blockIdx.x / p.ns;
+    const int kvh = rest % p.nkv, g = p.ngroups - 1 - rest / p.nkv;
+    const int s_lo = p.s_first + g * p.spc;
+    const T *K = (const T *)p.k + (int64_t)kvh * p.k_hs;
+    const float sl = p.scale_log2;
+
+    auto issue = [&](int j, int buf) {
+        uint4 *bK = sK + buf * MS_BC * RS;
+        for (int c = tid; c < MS_BC * CH; c += MS_NW * 32) {
+            int row = c / CH, ch = c % CH;
+            int64_t key = (int64_t)j * MS_BC + row;
+            if (key < p.n) load16<T>(&bK[row * RS + ch], K + key * p.k_ts + ch * 8, p.vec);
+            else bK[row * RS + ch] = make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto qk = [&](float (&sc)[MT][NB][4], const uint4 *bK) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(a[mt], &sQ[row * RS + ch]);
+            }
+#pragma unroll
+            for (int np = 0; np < NB / 2; np++) {
+                uint32_t b[4];
+                int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                ldmatrix_x4(b, &bK[key * RS + ch]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
+                    mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    };
+
+    for (int chunk = 0; chunk < p.rchunks; chunk++) {
+        __syncthreads(); /* the previous chunk is done with shared memory */
+        if (tid == 0) kend1_s = kend2_s = 0;
+        __syncthreads();
+        {   /* one row per thread: its token, mass limit and query */
+            int r = tid, head, s;
+            int t = mass_row(p, s_lo, chunk, r, kvh, &head, &s);
+            r_tok[r] = t;
+            r_lim[r] = t >= 0 ? s * p.seg : 0;
+            uint4 *dst = sQ + r * RS;
+            if (t >= 0) {
+                const T *src = (const T *)p.q + (int64_t)t * p.q_ts + (int64_t)head * p.q_hs;
+                atomicMax(&kend1_s, t + 1);
+                atomicMax(&kend2_s, s * p.seg);
+                for (int ch = 0; ch < CH; ch++) load16<T>(dst + ch, src + ch * 8, p.vec);
+            } else
+                for (int ch = 0; ch < CH; ch++) dst[ch] = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads();
+        if (tid < NMT) {
+            int mx = -1, lm = 0;
+            for (int r = tid * 16; r < tid * 16 + 16; r++) {
+                mx = max(mx, r_tok[r]);
+                lm = max(lm, r_lim[r]);
+            }
+            mt_tmax[tid] = mx;
+            mt_lim[tid] = lm;
+        }
+        int trow[MT][2], tlim[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                int r = (warp * MT + mt) * 16 + (lane >> 2) + 8 * hf;
+                trow[mt][hf] = r_tok[r];
+                tlim[mt][hf] = r_lim[r];
+            }
+        __syncthreads();
+        const int kend1 = kend1_s, kend2 = kend2_s;
+        if (kend1 == 0) continue; /* no row of this chunk is used */
+        int wt1 = -1, wl2 = 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            wt1 = max(wt1, mt_tmax[warp * MT + mt]);
+            wl2 = max(wl2, mt_lim[warp * MT + mt]);
+        }
+        float2 *stats = p.stats + ((((int64_t)kvh * p.ngroups + g) * p.rchunks + chunk) * p.ns) * MS_ROWS;
+
+        if constexpr (PHASE == 1) {
+            /* ---- the rows' max and sum over this part of the keys 0..t */
+            float m_[MT][2], l_[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) m_[mt][0] = m_[mt][1] = -INFINITY, l_[mt][0] = l_[mt][1] = 0.f;
+            int lo, hi;
+            mass_part(kend1, split, p.ns, p.align, &lo, &hi);
+            const int j0 = lo / MS_BC, j1 = (hi + MS_BC - 1) / MS_BC;
+            if (j0 < j1) {
+                issue(j0, 0);
+                cp_async_commit();
+                cp_async_wait_all();
+                __syncthreads();
+            }
+            for (int j = j0; j < j1; j++) {
+                int buf = (j - j0) & 1, ts = j * MS_BC;
+                if (j + 1 < j1) issue(j + 1, buf ^ 1);
+                cp_async_commit();
+                if (ts <= wt1) {
+                    float sc[MT][NB][4];
+                    qk(sc, sK + buf * MS_BC * RS);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                int key = ts + nt * 8 + (lane & 3) * 2 + (e & 1);
+                                if (key > trow[mt][e >> 1]) sc[mt][nt][e] = -INFINITY;
+                                mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][nt][e]);
+                            }
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            float x = mx[hf];
+                            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                            float mnew = fmaxf(m_[mt][hf], x), mu = mnew == -INFINITY ? 0.f : mnew * sl;
+                            if (mnew != m_[mt][hf]) l_[mt][hf] *= fast_exp2(m_[mt][hf] * sl - mu);
+                            m_[mt][hf] = mnew;
+                            float acc = 0.f;
+#pragma unroll
+                            for (int nt = 0; nt < NB; nt++)
+                                acc += fast_exp2(fmaf(sc[mt][nt][2 * hf], sl, -mu)) +
+                                       fast_exp2(fmaf(sc[mt][nt][2 * hf + 1], sl, -mu));
+                            l_[mt][hf] += acc;
+                        }
+                    }
+                }
+                cp_async_wait_all();
+                __syncthreads();
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    float l = l_[mt][hf];
+                    l += __shfl_xor_sync(0xffffffffu, l, 1);
+                    l += __shfl_xor_sync(0xffffffffu, l, 2);
+                    if ((lane & 3) == 0)
+                        stats[(int64_t)split * MS_ROWS + (warp * MT + mt) * 16 + (lane >> 2) + 8 * hf] =
+                            make_float2(m_[mt][hf], l);
+                }
+        } else {
+            /* ---- the parts' stats, then this part of the keys before each row's segment */
+            float mu[MT][2], inv[MT][2];
+            bool bad = false;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    int r = (warp * MT + mt) * 16 + (lane >> 2) + 8 * hf;
+                    float m = -INFINITY, l = 0.f;
+                    for (int j = 0; j < p.ns; j++) m = fmaxf(m, stats[(int64_t)j * MS_ROWS + r].x);
+                    bool ok = m > -INFINITY && m < INFINITY;
+                    if (ok)
+                        for (int j = 0; j < p.ns; j++) {
+                            float2 st = stats[(int64_t)j * MS_ROWS + r];
+                            if (st.x > -INFINITY) l += st.y * fast_exp2((st.x - m) * sl);
+                        }
+                    ok = ok && l > 0.f && l < INFINITY; /* also catches NaN */
+                    if (trow[mt][hf] >= 0 && !ok) bad = true;
+                    mu[mt][hf] = ok ? m * sl : 0.f;
+                    inv[mt][hf] = ok ? 1.0f / l : 0.f;
+                    if (!ok) tlim[mt][hf] = 0; /* a refused row adds nothing */
+                }
+            if (bad && split == 0) atomicOr(p.flag, PF_SAMPLED);
+            int lo, hi;
+            mass_part(kend2, split, p.ns, p.align, &lo, &hi);
+            const int j0 = lo / MS_BC, j1 = (hi + MS_BC - 1) / MS_BC;
+            const int nbt = (MS_BC + p.bs - 1) / p.bs + 1; /* blocks a tile can touch (general path) */
+            if (j0 < j1) {
+                issue(j0, 0);
+                cp_async_commit();
+                cp_async_wait_all();
+                __syncthreads();
+            }
+            for (int j = j0; j < j1; j++) {
+                int buf = (j - j0) & 1, ts = j * MS_BC;
+                if (j + 1 < j1) issue(j + 1, buf ^ 1);
+                cp_async_commit();
+                if (ts < wl2) {
+                    float sc[MT][NB][4];
+                    qk(sc, sK + buf * MS_BC * RS);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        float c[16];
+#pragma unroll
+                        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                            for (int col = 0; col < 2; col++) {
+                                int key = ts + nt * 8 + (lane & 3) * 2 + col;
+                                float p0 = key < tlim[mt][0] ? fast_exp2(fmaf(sc[mt][nt][col], sl, -mu[mt][0])) * inv[mt][0] : 0.f;
+                                float p1 = key < tlim[mt][1] ? fast_exp2(fmaf(sc[mt][nt][2 + col], sl, -mu[mt][1])) * inv[mt][1] : 0.f;
+                                c[nt * 2 + col] = p0 + p1;
+                            }
+                        float2 cs = colsum_scatter(c, lane);
+                        colsum[warp * MT + mt][2 * lane] = cs.x;
+                        colsum[warp * MT + mt][2 * lane + 1] = cs.y;
+                    }
+                }
+                __syncthreads();
+                if (p.bs <= 32 && !(p.bs & (p.bs - 1))) {
+                    /* one (segment, key) per thread: m-tiles in order, then the block's keys by a
+                       shuffle tree (a block is bs consecutive lanes); one store per block */
+                    for (int x = tid; x < p.spc * MS_BC; x += MS_NW * 32) {
+                        int a = x / MS_BC, key = x % MS_BC, s = s_lo + a; /* a is the same across the warp */
+                        if (s >= p.nseg) continue;
+                        int mt0 = a * p.rpad / 16, mt1 = min(NMT, (a + 1) * p.rpad / 16), lim = 0;
+                        float v = 0.f;
+                        for (int mt = mt0; mt < mt1; mt++) {
+                            int L = mt_lim[mt];
+                            lim = max(lim, L);
+                            if (L > ts) v += colsum[mt][key];
+                        }
+                        if (ts >= lim) continue;
+                        for (int o = 1; o < p.bs; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                        if (!(key & (p.bs - 1)) && ts + key < lim) {
+                            float *dst = p.mass + ((int64_t)kvh * p.nseg + s) * p.nblk + (ts + key) / p.bs;
+                            if (p.rchunks > 1) *dst += v;
+                            else *dst = v;
+                        }
+                    }
+                } else {
+                    /* (segment, block) pairs this tile touches, keys in order */
+                    for (int x = tid; x < p.spc * nbt; x += MS_NW * 32) {
+                        int a = x / nbt, s = s_lo + a;
+                        if (s >= p.nseg) continue;
+                        int mt0 = a * p.rpad / 16, mt1 = min(NMT, (a + 1) * p.rpad / 16), lim = 0;
+                        for (int mt = mt0; mt < mt1; mt++) lim = max(lim, mt_lim[mt]);
+                        int kend = min(ts + MS_BC, lim);
+                        int b = ts / p.bs + x % nbt;
+                        int k0 = max(b * p.bs, ts), k1 = min((b + 1) * p.bs, kend);
+                        if (k0 >= k1) continue;
+                        float acc = 0.f;
+                        for (int key = k0; key < k1; key++) {
+                            float csum = 0.f;
+                            for (int mt = mt0; mt < mt1; mt++)
+                                if (mt_lim[mt] > ts) csum += colsum[mt][key - ts];
+                            acc += csum;
+                        }
+                        p.mass[((int64_t)kvh * p.nseg + s) * p.nblk + b] += acc;
+                    }
+                }
+                cp_async_wait_all();
+                __syncthreads();
+            }
+        }
+    }
+}
+
+#define MG_RT 32
+#define MG_TK 32
+#define MG_DC 32
+__global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
+    __shared__ float qs[MG_RT][MG_DC + 1], ks[MG_TK][MG_DC + 1], P[MG_RT][MG_TK + 1], colsum[MG_TK];
+    __shared__ int r_tok[MG_RT], r_head[MG_RT], kend1_s;
+    const int tid = threadIdx.x, tr = tid >> 3, tk = tid & 7;
+    const int kvh = blockIdx.x % p.nkv, s = p.s_first + (p.ngroups - 1 - blockIdx.x / p.nkv);
+    const int lim = s * p.seg;
+    /* acc[u] = q_row(tr) . k(j0 + tk + 8u) over the head dimension */
+    auto dots = [&](int j0, float (&acc)[4]) {
+        for (int u = 0; u < 4; u++) acc[u] = 0.f;
+        for (int d0 = 0; d0 < p.D; d0 += MG_DC) {
+            __syncthreads();
+            for (int x = tid; x < MG_RT * MG_DC; x += 256) {
+                int r = x / MG_DC, dd = x % MG_DC, d = d0 + dd;
+                qs[r][dd] = (r_tok[r] >= 0 && d < p.D)
+                                ? load_f32(p.q, p.q_dtype, (int64_t)r_tok[r] * p.q_ts + (int64_t)r_head[r] * p.q_hs + d)
+                                : 0.f;
+                int64_t key = (int64_t)j0 + r;
+                ks[r][dd] = (key < p.n && d < p.D) ? load_f32(p.k, p.k_dtype, key * p.k_ts + (int64_t)kvh * p.k_hs + d) : 0.f;
+            }
+            __syncthreads();
+            for (int dd = 0; dd < MG_DC; dd++) {
+                float qv = qs[tr][dd];
+                for (int u = 0; u < 4; u++) acc[u] = fmaf(qv, ks[tk + 8 * u][dd], acc[u]);
+            }
+        }
+    };
+    for (int i0 = 0; i0 < p.R; i0 += MG_RT) {
+        __syncthreads();
+        if (tid == 0) kend1_s = 0;
+        __syncthreads();
+        if (tid < MG_RT) {
+            int i = i0 + tid, t = -1;
+            if (i < p.R) {
+                int64_t tt = ei__sample_token(&p.cfg, s, i);
+                t = tt < p.n ? (int)tt : -1;
+            }
+            r_tok[tid] = t;
+            r_head[tid] = kvh * p.G + i % p.G;
+            if (t >= 0) atomicMax(&kend1_s, t + 1);
+        }
+        __syncthreads();
+        const int kend1 = kend1_s, tok = r_tok[tr];
+        if (kend1 == 0) continue;
+        /* pass 1: this thread's keys, then the row over its 8 lanes */
+        float m = -INFINITY, l = 0.f;
+        bool bad = false;
+        for (int j0 = 0; j0 < kend1; j0 += MG_TK) {
+            float acc[4];
+            dots(j0, acc);
+            for (int u = 0; u < 4; u++) {
+                int key = j0 + tk + 8 * u;
+                if (key > tok) continue;
+                float x = acc[u] * p.scale;
+                if (!isfinite(x)) { bad = true; continue; }
+                if (x > m) { l = l * expf(m - x) + 1.0f; m = x; }
+                else l += expf(x - m);
+            }
+        }
+        for (int o = 1; o < 8; o <<= 1) {
+            float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+            float M = fmaxf(m, mo);
+            l = (m == -INFINITY ? 0.f : l * expf(m - M)) + (mo == -INFINITY ? 0.f : lo * expf(mo - M));
+            m = M;
+        }
+        if (bad) atomicOr(p.flag, PF_SAMPLED);
+        const float inv = (tok >= 0 && l > 0.f && isfinite(l)) ? 1.0f / l : 0.f;
+        /* pass 2: probabilities of keys before the segment, summed over rows, then per block */
+        for (int j0 = 0; j0 < lim; j0 += MG_TK) {
+            float acc[4];
+            dots(j0, acc);
+            for (int u = 0; u < 4; u++) {
+                int key = j0 + tk + 8 * u;
+                P[tr][tk + 8 * u] = (inv > 0.f && key < lim) ? expf(acc[u] * p.scale - m) * inv : 0.f;
+            }
+            __syncthreads();
+            if (tid < MG_TK) {
+                float cs = 0.f;
+                for (int r = 0; r < MG_RT; r++) cs += P[r][tid];
+                colsum[tid] = cs;
+            }
+            __syncthreads();
+            int kend = min(j0 + MG_TK, lim), b0 = j0 / p.bs, b1 = (kend - 1) / p.bs;
+            for (int b = b0 + tid; b <= b1; b += 256) {
+                int k0 = max(b * p.bs, j0), k1 = min((b + 1) * p.bs, kend);
+                float a = 0.f;
+                for (int key = k0; key < k1; key++) a += colsum[key - j0];
+                p.mass[((int64_t)kvh * p.nseg + s) * p.nblk + b] += a;
+            }
+        }
+    }
+}
+
+/* mass rows of segments s_first.. of every kv head = 0 */
+__global__ void mass_zero_kernel(float *mass, int nkv, int nseg, int nblk, int s_first) {
+    int64_t per = (int64_t)(nseg - s_first) * nblk, all = per * nkv;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < all; e += (int64_t)gridDim.x * blockDim.x)
+        mass[(e / per) * ((int64_t)nseg * nblk) + (int64_t)s_first * nblk + e % per] = 0.f;
+}
+/* Zeroes the mass rows of the sampled segments and launches the kernels
+   (stats: the part statistics, MS_ROWS float2 per row chunk and part). */
+static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int nseg, int nblk,
+                                    float *mass, float2 *stats, int *flag, cudaStream_t st, char *msg) {
+    MassParams p;
+    memset(&p, 0, sizeof p);
+    int D = q->head_dim;
+    if (!mass_geometry(cfg, q->n_tokens, k->n_heads, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups, &p.ns))
+        return EI_OK; /* no segment is ranked by sampled mass */
+    p.q = q->data; p.k = k->data;
+    p.q_ts = q->token_stride; p.q_hs = q->head_stride; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
+    p.n = q->n_tokens;
+    p.q_dtype = q->dtype; p.k_dtype = k->dtype; p.D = D;
+    p.nseg = nseg; p.nblk = nblk; p.nkv = k->n_heads; p.G = q->n_heads / k->n_heads; p.R = cfg->rank_samples;
+    p.seg = cfg->segment_size; p.bs = cfg->block_size;
+    p.align = (p.bs <= 32 && !(p.bs & (p.bs - 1))) ? MS_BC : MS_BC * p.bs;
+    p.scale = cfg->attn_scale > 0.f ? cfg->attn_scale : 1.0f / sqrtf((float)D);
+    p.scale_log2 = p.scale * 1.4426950408889634f;
+    p.mass = mass; p.stats = stats; p.flag = flag; p.cfg = *cfg;
+    {
+        int64_t per = (int64_t)(nseg - p.s_first) * nblk;
+        mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(mass, p.nkv, nseg, nblk, p.s_first);
+        LAUNCH_CHECK("mass_zero_kernel");
+    }
+    const char *e = getenv("EI_CUDA_SAMPLED_GENERIC");
+    bool mma = q->dtype == k->dtype && q->dtype != EI_F32 && (D == 64 || D == 128 || D == 256) && !(e && e[0] == '1');
+    ei_result r;
+    if (!mma) { /* one CTA per (kv head, segment) */
+        p.spc = 1; p.rpad = MG_RT; p.rchunks = 1; p.ns = 1;
+        p.ngroups = nseg - p.s_first;
+        if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv, 1, 1, msg))) return r;
+        mass_generic_kernel<<<(unsigned)((int64_t)p.ngroups * p.nkv), 256, 0, st>>>(p);
+        LAUNCH_CHECK("mass_generic_kernel");
+        return EI_OK;
+    }
+    p.vec = !((uintptr_t)q->data & 15) && !((uintptr_t)k->data & 15) && !(q->token_stride & 7) &&
+            !(q->head_stride & 7) && !(k->token_stride & 7) && !(k->head_stride & 7);
+    if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv * p.ns, 1, 1, msg))) return r;
+    unsigned grid = (unsigned)((int64_t)p.ngroups * p.nkv * p.ns);
+    bool bf = q->dtype == EI_BF16;
+#define EI__MASS(DD, TT)                                                                                  \
+    do {                                                                                                  \
+        size_t smem = (size_t)(MS_ROWS + 2 * MS_BC) * (DD / 8 + 1) * 16;                                  \
+        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                      (int)smem));                                                        \
+        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                      (int)smem));                                                        \
+        mass_mma_kernel<DD, TT, 1><<<grid, MS_NW * 32, smem, st>>>(p);                                    \
+        LAUNCH_CHECK("mass_mma_kernel (statistics)");                                                     \
+        mass_mma_kernel<DD, TT, 2><<<grid, MS_NW * 32, smem, st>>>(p);                                    \
+        LAUNCH_CHECK("mass_mma_kernel (mass)");                                                           \
+        return EI_OK;                                                                                     \
+    } while (0)
+    if (D == 64) { if (bf) EI__MASS(64, __nv_bfloat16); EI__MASS(64, __half); }
+    if (D == 128) { if (bf) EI__MASS(128, __nv_bfloat16); EI__MASS(128, __half); }
+    if (bf) EI__MASS(256, __nv_bfloat16);
+    EI__MASS(256, __half);
+#undef EI__MASS
 }
 
 /* ============================================================ >>cuda-decode */

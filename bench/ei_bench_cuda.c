@@ -9,6 +9,12 @@
    median of 5 runs after a warm-up (host clock around call + stream sync):
      profile_ms  ei_profile on the GPU (min/max, scores, softmax+entropy,
                  budgets, top-k; includes its non-finite check's sync)
+     prof_q_ms   the same with ei_config_quality()'s ranking: the sampled
+                 ranking (64 rows per kv head and segment scored exactly),
+                 top_p 0.95, sink 1, local 8 blocks (a second line per size
+                 gives its density and sparse time, first CTA shape;
+                 EI_BENCH_QUALITY_R=R samples R rows, 0 keeps the reference
+                 ranking with the same top_p, sink and local)
      dense_ms    our kernel in dense causal mode (plan NULL)
      sparse_ms   our kernel executing the plan
    and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
@@ -104,11 +110,11 @@ int main(int argc, char **argv) {
     int64_t sizes[8] = {32768, 65536, 131072}, nmax = 0;
     int nsizes = 3, i, si, rep;
     const int reps = 5;
-    ei_config cfg = ei_config_default(), ccfg;
-    ei_context *g, *cpu;
+    ei_config cfg = ei_config_default(), ccfg, qcfg;
+    ei_context *g, *cpu, *gq;
     uint16_t *hq, *hk, *hv;
-    void *dq, *dk, *dv, *dout, *ws, *plan_mem;
-    size_t bytes;
+    void *dq, *dk, *dv, *dout, *ws, *plan_mem, *qplan_mem;
+    size_t bytes, qbytes;
     double sdpa_ms[8] = {0};
     const ei_cuda_api *api;
     char msg[EI_CUDA_MSG_SIZE];
@@ -145,6 +151,17 @@ int main(int argc, char **argv) {
     ccfg = cfg;
     ccfg.backend = EI_BACKEND_CPU;
     OK(ei_context_create(&ccfg, &cpu));
+    qcfg = ei_config_quality();
+    qcfg.backend = EI_BACKEND_CUDA;
+    {   /* EI_BENCH_QUALITY_R=R: R sampled rows; 0: the reference ranking with the same top_p, sink and local */
+        const char *e = getenv("EI_BENCH_QUALITY_R");
+        if (e && e[0]) {
+            int r = atoi(e);
+            if (r > 0) qcfg.rank_samples = r;
+            else qcfg.ranking = EI_RANK_REFERENCE;
+        }
+    }
+    OK(ei_context_create(&qcfg, &gq));
     api = g->cuda->api;
     msg[0] = 0;
     api->device_check(msg);
@@ -175,24 +192,28 @@ int main(int argc, char **argv) {
     OK(ei_device_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
     OK(ei_device_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
     OK(ei_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
-    OK(ei_device_alloc(g, &ws, bytes));
+    OK(ei_profile_workspace_size(gq, nmax, NH, NKV, HD, &qbytes));
+    OK(ei_device_alloc(g, &ws, bytes > qbytes ? bytes : qbytes));
     {
         size_t pb;
         OK(ei_plan_size(g, nmax, NKV, HD, 0, &pb));
         OK(ei_device_alloc(g, &plan_mem, pb));
+        OK(ei_plan_size(gq, nmax, NKV, HD, 0, &pb));
+        OK(ei_device_alloc(g, &qplan_mem, pb));
     }
 
-    printf("\n%7s %10s %9s %9s %9s %8s %8s %9s %8s %6s %6s %8s %8s %9s\n", "n", "profile_ms", "dense_ms",
-           "sdpa_ms", "sparse_ms", "dense_TF", "sdpa_TF", "sparse_TF", "density", "eff", "prof%", "xdense",
-           "xsdpa", "ours/sdpa");
+    printf("\n%7s %10s %9s %9s %9s %9s %8s %8s %9s %8s %6s %6s %7s %8s %8s %9s\n", "n", "profile_ms", "prof_q_ms",
+           "dense_ms", "sdpa_ms", "sparse_ms", "dense_TF", "sdpa_TF", "sparse_TF", "density", "eff", "prof%", "prof_q%",
+           "xdense", "xsdpa", "ours/sdpa");
     for (si = 0; si < nsizes; si++) {
         int64_t n = sizes[si], t;
         ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
         ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);
         ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
-        ei_plan plan, hplan;
+        ei_plan plan, hplan, qplan;
         size_t pb, wsb;
-        double v[16], useful = 0, dense_pairs, prof, dn[MAXCFG], sp[MAXCFG], best_dense, best_sparse, flops_dense;
+        double v[16], useful = 0, qdensity, dense_pairs, prof, profq, spq, dn[MAXCFG], sp[MAXCFG], best_dense, best_sparse,
+               flops_dense;
         int w, nrigid = 0;
         OK(ei_plan_size(g, n, NKV, HD, 0, &pb));
         OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, pb));
@@ -204,6 +225,18 @@ int main(int argc, char **argv) {
             v[rep] = now_ms() - t0;
         }
         prof = median_ms(v, reps);
+        /* the quality configuration: sampled ranking, top_p, sink/local */
+        OK(ei_plan_size(gq, n, NKV, HD, 0, &pb));
+        OK(ei_plan_init(gq, &qplan, n, NKV, HD, 0, qplan_mem, pb));
+        OK(ei_profile_workspace_size(gq, n, NH, NKV, HD, &wsb));
+        OK(ei_profile(gq, &tq, &tk, &qplan, ws, wsb)); /* warm-up */
+        for (rep = 0; rep < reps; rep++) {
+            double t0 = now_ms();
+            OK(ei_profile(gq, &tq, &tk, &qplan, ws, wsb));
+            v[rep] = now_ms() - t0;
+        }
+        profq = median_ms(v, reps);
+        OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         for (w = 0; w < NCFG; w++) {
             setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
             OK(ei_attention_prefill(g, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
@@ -225,6 +258,32 @@ int main(int argc, char **argv) {
             }
             sp[w] = median_ms(v, reps);
         }
+        /* the quality plan: density and sparse time (first CTA shape) */
+        setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+        OK(ei_attention_prefill(gq, &tq, &tk, &tv, &qplan, &to, 0, 0, 1, NULL, 0));
+        api->synchronize(cfg.cuda_stream, msg);
+        for (rep = 0; rep < reps; rep++) {
+            double t0 = now_ms();
+            OK(ei_attention_prefill(gq, &tq, &tk, &tv, &qplan, &to, 0, 0, 1, NULL, 0));
+            api->synchronize(cfg.cuda_stream, msg);
+            v[rep] = now_ms() - t0;
+        }
+        spq = median_ms(v, reps);
+        OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
+        OK(ei_plan_copy(gq, &hplan, &qplan, EI_COPY_DEVICE_TO_HOST));
+        qdensity = 0;
+        for (t = 0; t < n; t++) {
+            int s = (int)(t / cfg.segment_size);
+            int64_t start = (int64_t)s * cfg.segment_size;
+            if (ei_plan_segment_is_sparse(cpu, &hplan, s)) {
+                for (i = 0; i < NKV; i++)
+                    qdensity += (NH / NKV) * ((double)hplan.keep_count[(size_t)i * hplan.seg_capacity + s] * cfg.block_size +
+                                              (double)(t - start + 1));
+            } else {
+                qdensity += (double)NH * (double)(t + 1);
+            }
+        }
+        ei_plan_free(cpu, &hplan);
         /* density from the plan */
         OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
         OK(ei_plan_copy(g, &hplan, &plan, EI_COPY_DEVICE_TO_HOST));
@@ -251,21 +310,28 @@ int main(int argc, char **argv) {
         {
             double dtf = flops_dense / best_dense / 1e9, stf = 4.0 * HD * useful / best_sparse / 1e9;
             double sdtf = sdpa_ms[si] > 0 ? flops_dense / sdpa_ms[si] / 1e9 : 0;
-            printf("%7lld %10.2f %9.2f %9.2f %9.2f %8.1f %8.1f %9.1f %8.4f %6.2f %6.2f %8.2f %8.2f %9.2f\n",
-                   (long long)n, prof, best_dense, sdpa_ms[si], best_sparse, dtf, sdtf, stf, useful / dense_pairs,
-                   stf / dtf, 100.0 * prof / best_dense, best_dense / best_sparse,
+            printf("%7lld %10.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %9.1f %8.4f %6.2f %6.2f %7.2f %8.2f %8.2f %9.2f\n",
+                   (long long)n, prof, profq, best_dense, sdpa_ms[si], best_sparse, dtf, sdtf, stf, useful / dense_pairs,
+                   stf / dtf, 100.0 * prof / best_dense, 100.0 * profq / best_dense, best_dense / best_sparse,
                    sdpa_ms[si] > 0 ? sdpa_ms[si] / best_sparse : 0, sdpa_ms[si] > 0 ? sdpa_ms[si] / best_dense : 0);
             printf("        dense/sparse ms by CTA shape:");
             for (w = 0; w < NCFG; w++) printf(" %s %.2f/%.2f;", cta_shapes[w], dn[w], sp[w]);
             printf(" rigid kv heads %d/%d\n", nrigid, NKV);
+            printf("        quality config (%s R=%d, top_p %.2f, sink %d, local %d): profile %.2f ms (%.2f%% of dense, "
+                   "reference ranking %.2f ms), density %.4f, sparse %.2f ms (%s)\n",
+                   qcfg.ranking == EI_RANK_SAMPLED ? "sampled" : "reference ranking,", qcfg.rank_samples, qcfg.top_p,
+                   qcfg.sink_blocks, qcfg.local_blocks, profq, 100.0 * profq / best_dense, prof, qdensity / dense_pairs,
+                   spq, cta_shapes[0]);
         }
         fflush(stdout);
         ei_plan_free(cpu, &hplan);
     }
-    printf("\ncolumns: xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
+    printf("\ncolumns: prof%% / prof_q%% = profile time (reference / quality configuration) over our dense time; "
+           "xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
     ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
-    ei_device_free(g, ws); ei_device_free(g, plan_mem);
+    ei_device_free(g, ws); ei_device_free(g, plan_mem); ei_device_free(g, qplan_mem);
     free(hq); free(hk); free(hv);
+    ei_context_destroy(gq);
     ei_context_destroy(g);
     ei_context_destroy(cpu);
     return 0;

@@ -24,6 +24,13 @@
        EI_ERR_SHAPE naming [h][i], the caches unchanged; a valid one moves the
        same rows on both
 
+     7 rankings beyond the paper: the sampled ranking (tensor-core and
+       CUDA-core GPU paths), top_p counts and sink/local blocks, ragged and
+       per-segment budgets: the always-kept blocks identical, counts equal
+       but at knife-edges of top_p, kept sets equal up to near-ties of the
+       ranking score (recomputed by the test in double); the CPU's rows also
+       against the ideal rows of those scores
+
    Data move with ei_device_alloc / ei_device_copy / ei_plan_copy; no CUDA
    header or library at build time. */
 #define ENTROPYINFER_IMPLEMENTATION
@@ -762,6 +769,331 @@ static void s6_compare(const s6_out *a, const s6_out *b) {
           "6: the compacted caches differ");
 }
 
+/* ------------------------------------------------------------ 7: rankings beyond the paper */
+/* The sampled ranking (EI_RANK_SAMPLED), top_p counts and sink/local blocks:
+   bf16 views with head_dim 64 (the GPU's tensor-core path, and its CUDA-core
+   path through EI_CUDA_SAMPLED_GENERIC=1) and f32 views with head_dim 40 (the
+   CUDA-core path), ragged and per-segment budgets, R below, not a multiple of
+   and above the 256 rows of a GPU tile, a last segment of 40 tokens (rows past
+   the prompt unused) and threshold 128 (segment 1 keeps the reference
+   ranking). Keys carry a per-block strength along one direction that the
+   queries share, so mass varies from block to block.
+   Backends differ in float32 rounding (~1e-6), so: the always-kept blocks lead
+   both rows identically; keep counts are equal except at a knife-edge of
+   top_p (the share of the CPU row's first min(k_cpu, k_gpu) blocks within
+   1e-4 of top_p: counted and reported); the ranked parts of the kept sets are
+   equal up to near-ties: a block kept by one backend and not the other has a
+   ranking score within 1e-4 (relative) of the CPU's last kept one. Ranking
+   scores are the test's own: the sampled mass recomputed in double, or the
+   reference's softmaxed block score (the CPU plan's scores row). The CPU half
+   also checks its rows against the ideal row of those scores (the same
+   tolerance), and that the data make the ranking matter. */
+enum { S7_N = 1000, S7_H = 8, S7_KV = 2, S7_SEG = 64, S7_BS = 8, S7_NSEG = (S7_N + S7_SEG - 1) / S7_SEG,
+       S7_NB = (S7_NSEG - 1) * (S7_SEG / S7_BS) };
+typedef struct s7_data { ei_dtype dt; int d; void *q, *k; double *qd, *kd; } s7_data;
+typedef struct s7_case {
+    const char *name;
+    int data;            /* 0: bf16, head_dim 64; 1: f32, head_dim 40 */
+    ei_ranking ranking;
+    int R;
+    double top_p;
+    int sink, local, per_seg;
+    int misalign;        /* q and k one element past a 16-byte boundary (the GPU's element loads) */
+} s7_case;
+static const s7_case s7_cases[] = {
+    {"sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0},
+    {"sampled R=300, sink 2, local 3, per-segment budget", 0, EI_RANK_SAMPLED, 300, 0.0, 2, 3, 1, 0},
+    {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0},
+    {"sampled R=64, top_p 0.95, sink 1, local 8, unaligned views", 0, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 1},
+    {"f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1, 0},
+};
+enum { S7_CASES = (int)(sizeof s7_cases / sizeof s7_cases[0]) };
+
+static ei_simd g_s7_simd = EI_SIMD_AUTO; /* the CPU path of s7_run */
+static ei_config s7_config(const s7_case *cs) {
+    ei_config c = ei_config_default();
+    c.simd = g_s7_simd;
+    c.segment_size = S7_SEG;
+    c.block_size = S7_BS;
+    c.threshold_len = 128;
+    c.base_budget = 64;
+    c.ranking = cs->ranking;
+    c.rank_samples = cs->R;
+    c.top_p = cs->top_p;
+    c.sink_blocks = cs->sink;
+    c.local_blocks = cs->local;
+    c.per_segment_budget = cs->per_seg;
+    return c;
+}
+static s7_data s7_make(ei_dtype dt, int d, uint64_t seed) {
+    s7_data D;
+    size_t nq = (size_t)S7_N * S7_H * d, nk = (size_t)S7_N * S7_KV * d, i;
+    double u[S7_KV][64], strength[S7_KV][S7_N / S7_BS + 1];
+    int h, t, e;
+    g_rng = seed;
+    D.dt = dt;
+    D.d = d;
+    D.q = malloc(nq * (dt == EI_F32 ? 4 : 2));
+    D.k = malloc(nk * (dt == EI_F32 ? 4 : 2));
+    D.qd = (double *)malloc(nq * sizeof(double));
+    D.kd = (double *)malloc(nk * sizeof(double));
+    for (h = 0; h < S7_KV; ++h) {
+        for (e = 0; e < d; ++e) u[h][e] = nrand() * sqrt(16.0 / d); /* |u|^2 ~ 16 */
+        for (t = 0; t <= S7_N / S7_BS; ++t) strength[h][t] = 2.0 * urand();
+    }
+    for (i = 0; i < nq + nk; ++i) {
+        int is_q = i < nq;
+        size_t j = is_q ? i : i - nq;
+        int tok = (int)(j / ((size_t)(is_q ? S7_H : S7_KV) * d)), head = (int)(j / d % (is_q ? S7_H : S7_KV));
+        int kvh = is_q ? head / (S7_H / S7_KV) : head, dim = (int)(j % d);
+        double x = 0.5 * nrand() + (is_q ? (0.6 + 0.8 * urand()) : strength[kvh][tok / S7_BS]) * u[kvh][dim];
+        double stored;
+        if (dt == EI_F32) {
+            float f = (float)x;
+            (is_q ? (float *)D.q : (float *)D.k)[j] = f;
+            stored = f;
+        } else {
+            uint16_t b = bf16((float)x);
+            (is_q ? (uint16_t *)D.q : (uint16_t *)D.k)[j] = b;
+            stored = bf16_f(b);
+        }
+        (is_q ? D.qd : D.kd)[j] = stored;
+    }
+    return D;
+}
+static void s7_free_data(s7_data *D) { free(D->q); free(D->k); free(D->qd); free(D->kd); }
+
+/* Profile the case on one backend; the plan (host memory) into *out. */
+static ei_result s7_run(int gpu, const s7_case *cs, const s7_data *D, ei_plan *out) {
+    ei_config c = s7_config(cs);
+    side s = side_make(gpu, c);
+    ei_context *host = ctx_make(0, c);
+    size_t es = D->dt == EI_F32 ? 4 : 2, bq = (size_t)S7_N * S7_H * D->d * es, bk = (size_t)S7_N * S7_KV * D->d * es, wsb;
+    size_t off = cs->misalign ? es : 0;
+    void *dq = mem_new(&s, bq + 16), *dk = mem_new(&s, bk + 16), *ws;
+    ei_tensor tq = ei_tensor_make((char *)dq + off, D->dt, S7_N, S7_H, D->d);
+    ei_tensor tk = ei_tensor_make((char *)dk + off, D->dt, S7_N, S7_KV, D->d);
+    ei_plan dplan, *plan = gpu ? &dplan : out;
+    ei_result r;
+    mem_put(&s, (char *)dq + off, D->q, bq);
+    mem_put(&s, (char *)dk + off, D->k, bk);
+    CHECK_ERR(ei_plan_alloc(host, out, S7_N, S7_KV, D->d, EI_PLAN_SCORES), EI_OK);
+    if (gpu) CHECK_ERR(ei_plan_alloc(s.ctx, &dplan, S7_N, S7_KV, D->d, EI_PLAN_SCORES), EI_OK);
+    CHECK_ERR(ei_profile_workspace_size(s.ctx, S7_N, S7_H, S7_KV, D->d, &wsb), EI_OK);
+    ws = mem_new(&s, wsb);
+    r = ei_profile(s.ctx, &tq, &tk, plan, ws, wsb);
+    CHECK(r == EI_OK, "7 (%s): %s: profile: %s", side_name(&s), cs->name, ei_last_error());
+    if (gpu) {
+        CHECK_ERR(ei_plan_copy(s.ctx, out, &dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
+        ei_plan_free(s.ctx, &dplan);
+    }
+    mem_del(&s, ws, wsb);
+    mem_del(&s, dq, bq + 16);
+    mem_del(&s, dk, bk + 16);
+    ei_context_destroy(host);
+    side_free(&s);
+    return r;
+}
+
+/* The sampled mass of (kvh, s) in double: mass[b] for b < s * blocks per segment. */
+static void s7_mass_ref(const s7_data *D, const ei_config *c, int kvh, int s, double *mass) {
+    int G = S7_H / S7_KV, d = D->d, i, e;
+    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), j, t;
+    double scale = (double)(1.0f / sqrtf((float)d)), *lg = (double *)malloc(S7_N * sizeof(double));
+    for (j = 0; j < nvis; ++j) mass[j] = 0.0;
+    for (i = 0; i < c->rank_samples; ++i) {
+        double mx = -1e300, z = 0.0;
+        const double *q;
+        t = ei__sample_token(c, s, i);
+        if (t >= S7_N) continue;
+        q = D->qd + ((size_t)t * S7_H + (size_t)(kvh * G + i % G)) * d;
+        for (j = 0; j <= t; ++j) {
+            const double *k = D->kd + ((size_t)j * S7_KV + kvh) * d;
+            double acc = 0.0;
+            for (e = 0; e < d; ++e) acc += q[e] * k[e];
+            lg[j] = scale * acc;
+            if (lg[j] > mx) mx = lg[j];
+        }
+        for (j = 0; j <= t; ++j) z += (lg[j] = exp(lg[j] - mx));
+        for (j = 0; j < (int64_t)s * c->segment_size; ++j) mass[j / c->block_size] += lg[j] / z;
+    }
+    free(lg);
+}
+/* The ranking score and top_p weight of the visible blocks of (kvh, s). */
+static void s7_scores(const s7_data *D, const ei_config *c, const ei_plan *cpu, int kvh, int s, double *sc) {
+    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), b;
+    if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len) {
+        s7_mass_ref(D, c, kvh, s, sc);
+        return;
+    }
+    for (b = 0; b < nvis; ++b) sc[b] = cpu->scores[EI_PLAN_ROW(cpu, kvh, s) * (size_t)cpu->blk_capacity + (size_t)b];
+}
+/* Share of the total weight in the first L entries of a row. */
+static double s7_share(const int32_t *row, int L, const double *w, int64_t nvis) {
+    double cum = 0.0, tot = 0.0;
+    int64_t b;
+    int i;
+    for (b = 0; b < nvis; ++b) tot += w[b];
+    for (i = 0; i < L; ++i) cum += w[row[i]];
+    return tot > 0 ? cum / tot : 0.0;
+}
+/* a block outside both sets' intersection is a near-tie of the last kept one */
+static int s7_near(double x, double last) { return fabs(x - last) <= 1e-4 * fabs(last) + 1e-30; }
+
+/* Row (kvh, s) of plan b against the CPU's plan a. Returns the failures;
+   *knife counts knife-edges of top_p. */
+static int s7_row_compare(const char *what, const ei_config *c, const ei_plan *a, const ei_plan *b, int kvh, int s,
+                          const double *sc, int *knife, int *shown) {
+    size_t r = EI_PLAN_ROW(a, kvh, s);
+    const int32_t *la = EI_PLAN_BLOCKS(a, kvh, s), *lb = EI_PLAN_BLOCKS(b, kvh, s);
+    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), ns, l0;
+    int nf = (int)ei__forced_blocks(c, nvis, &ns, &l0);
+    int ka = a->keep_count[r], kb = b->keep_count[r], oa = a->keep_blocks[r], ob = b->keep_blocks[r];
+    int kmin = ka < kb ? ka : kb, bad = 0, i, j, edge = 0;
+    double last;
+#define S7_FAIL(...) do { bad++; if ((*shown)++ < 6) { printf("  7: %s: kv %d seg %d: ", what, kvh, s); printf(__VA_ARGS__); printf("\n"); } } while (0)
+    if (oa != ob || ka != kb) {
+        int lo = oa < ob ? oa : ob;
+        edge = c->top_p > 0 && abs(oa - ob) <= 1 && lo <= (c->per_segment_budget ? a->max_keep : ka) &&
+               fabs(s7_share(la, lo, sc, nvis) - c->top_p) < 1e-4;
+        if (edge) (*knife)++;
+        else if (oa != ob) S7_FAIL("own keep count cpu %d other %d", oa, ob);
+    }
+    if (ka != kb && !edge && !c->per_segment_budget) S7_FAIL("keep count cpu %d other %d", ka, kb);
+    for (i = 0; i < a->max_keep; ++i) {
+        if (i >= ka && la[i] != -1) { S7_FAIL("cpu entry %d = %d past the count %d", i, la[i], ka); break; }
+        if (i >= kb && lb[i] != -1) { S7_FAIL("entry %d = %d past the count %d", i, lb[i], kb); break; }
+    }
+    for (i = 0; i < kmin && i < nf; ++i) {
+        int want = i < ns ? i : (int)l0 + (i - (int)ns);
+        if (la[i] != want || lb[i] != want) { S7_FAIL("always-kept entry %d: cpu %d other %d, %d expected", i, la[i], lb[i], want); break; }
+    }
+    if (kmin <= nf) return bad;
+    last = sc[la[kmin - 1]];
+    for (i = nf; i < kb; ++i)
+        if (lb[i] < ns || lb[i] >= l0) { S7_FAIL("entry %d = %d is not a ranked candidate [%d, %d)", i, lb[i], (int)ns, (int)l0); break; }
+    for (i = nf; i < kmin; ++i) {
+        int in_b = 0, in_a = 0;
+        for (j = nf; j < kmin; ++j) { in_b |= lb[j] == la[i]; in_a |= la[j] == lb[i]; }
+        if (!in_b && !s7_near(sc[la[i]], last))
+            S7_FAIL("block %d (score %.9g) kept by the cpu only; last kept %.9g", la[i], sc[la[i]], last);
+        if (!in_a && !s7_near(sc[lb[i]], last))
+            S7_FAIL("block %d (score %.9g) kept by the other only; last kept %.9g", lb[i], sc[lb[i]], last);
+    }
+#undef S7_FAIL
+    return bad;
+}
+/* The ideal row of the scores (candidates by descending score, ties to the
+   lower index; forced first) as a plan row, and with top_p its own count. */
+static void s7_ideal(const ei_config *c, const ei_plan *a, int kvh, int s, const double *sc, ei_plan *ideal) {
+    size_t r = EI_PLAN_ROW(a, kvh, s);
+    int32_t *row = EI_PLAN_BLOCKS(ideal, kvh, s);
+    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), ns, l0, cap = ei__cap_blocks(c, s, a->n_tokens, a->n_blocks);
+    int nf = (int)ei__forced_blocks(c, nvis, &ns, &l0), n = 0, i, j, k;
+    int32_t *cand = (int32_t *)malloc((size_t)(nvis + 1) * 4);
+    for (i = 0; i < nf; ++i) cand[n++] = i < ns ? i : (int)l0 + (i - (int)ns);
+    for (i = (int)ns; i < l0; ++i) cand[n++] = i;
+    for (i = nf + 1; i < n; ++i) /* insertion sort of the candidates */
+        for (j = i; j > nf && (sc[cand[j]] > sc[cand[j - 1]] || (sc[cand[j]] == sc[cand[j - 1]] && cand[j] < cand[j - 1])); --j) {
+            int32_t t = cand[j]; cand[j] = cand[j - 1]; cand[j - 1] = t;
+        }
+    k = a->keep_blocks[r];
+    if (c->top_p > 0) {
+        double tot = 0, cum = 0;
+        int64_t b, kp;
+        for (b = 0; b < nvis; ++b) tot += sc[b];
+        for (kp = 0; kp < n && cum < c->top_p * tot; ++kp) cum += sc[cand[kp]];
+        if (kp < nf) kp = nf;
+        if (cum < c->top_p * tot) kp = n + 1;
+        k = ei__keep_count(c, s, 0.0, kp, nf, cap, a->max_keep);
+    }
+    ideal->keep_blocks[r] = k;
+    ideal->keep_count[r] = c->per_segment_budget ? a->keep_count[r] : k;
+    for (i = 0; i < a->max_keep; ++i) row[i] = i < (c->per_segment_budget ? a->keep_count[r] : k) && i < n ? cand[i] : -1;
+    free(cand);
+}
+
+/* Every row of plan b against the CPU's plan a. */
+static void s7_compare(const char *what, const s7_case *cs, const s7_data *D, const ei_plan *a, const ei_plan *b) {
+    ei_config c = s7_config(cs);
+    double *sc = (double *)malloc((size_t)S7_NB * sizeof(double));
+    int kvh, s, bad = 0, knife = 0, shown = 0, maxbad = 0;
+    CHECK(a->n_segments == S7_NSEG && b->n_segments == S7_NSEG && a->max_keep == b->max_keep && a->n_blocks == b->n_blocks,
+          "7: %s: %s: plan shapes differ", cs->name, what);
+    if (a->n_segments != S7_NSEG || b->n_segments != S7_NSEG || a->max_keep != b->max_keep) { free(sc); return; }
+    for (kvh = 0; kvh < S7_KV; ++kvh)
+        for (s = 0; s < S7_NSEG; ++s) {
+            size_t r = EI_PLAN_ROW(a, kvh, s);
+            if (s == 0) {
+                bad += a->keep_count[r] != 0 || b->keep_count[r] != 0 || EI_PLAN_BLOCKS(b, kvh, s)[0] != -1;
+                continue;
+            }
+            s7_scores(D, &c, a, kvh, s, sc);
+            bad += s7_row_compare(what, &c, a, b, kvh, s, sc, &knife, &shown);
+        }
+    if (c.per_segment_budget) /* every head keeps the max of the heads' own counts */
+        for (s = 0; s < S7_NSEG; ++s) {
+            int ma = 0, mb = 0;
+            for (kvh = 0; kvh < S7_KV; ++kvh) {
+                ma = a->keep_blocks[EI_PLAN_ROW(a, kvh, s)] > ma ? a->keep_blocks[EI_PLAN_ROW(a, kvh, s)] : ma;
+                mb = b->keep_blocks[EI_PLAN_ROW(b, kvh, s)] > mb ? b->keep_blocks[EI_PLAN_ROW(b, kvh, s)] : mb;
+            }
+            for (kvh = 0; kvh < S7_KV; ++kvh)
+                maxbad += a->keep_count[EI_PLAN_ROW(a, kvh, s)] != ma || b->keep_count[EI_PLAN_ROW(b, kvh, s)] != mb;
+        }
+    CHECK(bad == 0 && maxbad == 0, "7: %s: %s: %d rows differ beyond near-ties, %d per-segment counts are not the max (%d knife-edges of top_p)",
+          cs->name, what, bad, maxbad, knife);
+    CHECK(knife <= 2, "7: %s: %s: %d knife-edges of top_p", cs->name, what, knife);
+    printf("  7: %s: %s: %s (%d knife-edges of top_p)\n", cs->name, what, bad || maxbad ? "DIFFER" : "the same plan", knife);
+    free(sc);
+}
+/* CPU half: the CPU's rows against the ideal rows of the test's scores, and
+   that the data make the ranking matter (rows that keep fewer blocks than
+   they see; with the sampled ranking, rows whose kept set differs from the
+   reference score's). */
+static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) {
+    ei_config c = s7_config(cs);
+    ei_context *host = ctx_make(0, c);
+    ei_plan ideal;
+    double *sc = (double *)malloc((size_t)S7_NB * sizeof(double)), *ref = (double *)malloc((size_t)S7_NB * sizeof(double));
+    int kvh, s, i, bad = 0, knife = 0, shown = 0, selective = 0, differs = 0, kmin = 1 << 30, kmax = 0;
+    CHECK_ERR(ei_plan_alloc(host, &ideal, S7_N, S7_KV, D->d, 0), EI_OK);
+    for (kvh = 0; kvh < S7_KV; ++kvh)
+        for (s = 1; s < S7_NSEG; ++s) {
+            size_t r = EI_PLAN_ROW(a, kvh, s);
+            int64_t nvis = (int64_t)s * (S7_SEG / S7_BS), ns, l0, nf = ei__forced_blocks(&c, nvis, &ns, &l0);
+            int k = a->keep_count[r];
+            kmin = a->keep_blocks[r] < kmin ? a->keep_blocks[r] : kmin;
+            kmax = a->keep_blocks[r] > kmax ? a->keep_blocks[r] : kmax;
+            s7_scores(D, &c, a, kvh, s, sc);
+            s7_ideal(&c, a, kvh, s, sc, &ideal);
+            bad += s7_row_compare("cpu vs ideal", &c, a, &ideal, kvh, s, sc, &knife, &shown);
+            if (k < nvis) selective++;
+            if (c.ranking == EI_RANK_SAMPLED && (int64_t)s * S7_SEG >= c.threshold_len && k > nf) {
+                /* kept by mass, not among the reference's top k - nf candidates */
+                const float *p = a->scores + r * (size_t)a->blk_capacity;
+                const int32_t *row = EI_PLAN_BLOCKS(a, kvh, s);
+                for (i = (int)nf; i < k; ++i) {
+                    int64_t b2, better = 0;
+                    for (b2 = ns; b2 < l0; ++b2) better += p[b2] > p[row[i]];
+                    if (better >= k - nf) { differs++; break; }
+                }
+            }
+        }
+    CHECK(bad == 0, "7: %s: cpu vs ideal rows: %d differences beyond near-ties", cs->name, bad);
+    CHECK(knife <= 2, "7: %s: cpu vs ideal rows: %d knife-edges of top_p", cs->name, knife);
+    CHECK(selective >= S7_KV * (S7_NSEG - 1) / 2, "7: test data: %s: only %d rows keep fewer blocks than they see", cs->name,
+          selective);
+    if (c.ranking == EI_RANK_SAMPLED)
+        CHECK(differs >= 4, "7: test data: %s: the sampled ranking changes only %d rows", cs->name, differs);
+    printf("  7: %s: cpu rows = ideal rows of the test's scores (%d knife-edges); own counts %d..%d, %d selective "
+           "rows, %d ranked otherwise than by the reference score\n", cs->name, knife, kmin, kmax, selective, differs);
+    ei_plan_free(host, &ideal);
+    free(sc);
+    free(ref);
+    ei_context_destroy(host);
+}
+
 /* ------------------------------------------------------------ main */
 int main(int argc, char **argv) {
     int require_gpu = 0, have_gpu, i;
@@ -835,6 +1167,39 @@ int main(int argc, char **argv) {
         s3_compare(&o3[0], &o3[1]);
         s4_compare(&o4[0], &o4[1]);
         s6_compare(&o6[0], &o6[1]);
+    }
+    {   /* 7: both halves in one place (plans are compared row by row with tolerances) */
+        s7_data d7[2];
+        d7[0] = s7_make(EI_BF16, 64, 0x7A11u);
+        d7[1] = s7_make(EI_F32, 40, 0x7B22u);
+        printf("7: rankings beyond the paper (sampled mass, top_p, sink/local):\n");
+        for (i = 0; i < S7_CASES; ++i) {
+            const s7_case *cs = &s7_cases[i];
+            const s7_data *D = &d7[cs->data];
+            ei_plan pc, pg;
+            s7_run(0, cs, D, &pc);
+            s7_check_cpu(cs, D, &pc);
+            g_s7_simd = EI_SIMD_SCALAR; /* the plain reference path of the CPU: the same plan up to rounding */
+            s7_run(0, cs, D, &pg);
+            g_s7_simd = EI_SIMD_AUTO;
+            s7_compare("cpu scalar vs cpu", cs, D, &pc, &pg);
+            ei_plan_free(host_ctx, &pg);
+            if (have_gpu) {
+                s7_run(1, cs, D, &pg);
+                s7_compare("gpu vs cpu", cs, D, &pc, &pg);
+                ei_plan_free(host_ctx, &pg);
+                if (D->dt != EI_F32 && cs->ranking == EI_RANK_SAMPLED) { /* the CUDA-core path on the same data */
+                    setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+                    s7_run(1, cs, D, &pg);
+                    unsetenv("EI_CUDA_SAMPLED_GENERIC");
+                    s7_compare("gpu (cuda cores) vs cpu", cs, D, &pc, &pg);
+                    ei_plan_free(host_ctx, &pg);
+                }
+            }
+            ei_plan_free(host_ctx, &pc);
+        }
+        s7_free_data(&d7[0]);
+        s7_free_data(&d7[1]);
     }
     for (i = 0; i < 2; ++i) {
         keep_out_free(&o1[i].stage[0]);
