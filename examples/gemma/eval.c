@@ -341,7 +341,7 @@ static double plan_density(const gm_state *s) {
     return n ? sum / n : 1.0;
 }
 
-typedef struct ppl_row { double ppl, agree, agree_head, agree_rest, t_prefill, t_attn, density; int64_t n_scored; } ppl_row;
+typedef struct ppl_row { double ppl, agree, agree_head, agree_rest, t_prefill, t_attn, density; int64_t n_scored; double t_profile; } ppl_row;
 
 /* ---------------------------------------------------------------- dense cache
    dense_cache=DIR: the dense mode's results (its row and arg-maxes; its passkey
@@ -356,7 +356,8 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 }
 static uint64_t model_bytes;
 static void dense_cache_path(char *out, size_t cap, const char *kind, uint64_t h) {
-    h = fnv1a(h, &model_bytes, sizeof model_bytes);
+    size_t layout = sizeof(ppl_row); /* the cached record's layout */
+    h = fnv1a(fnv1a(h, &model_bytes, sizeof model_bytes), &layout, sizeof layout);
     snprintf(out, cap, "%s/dense-%s-%016llx.bin", ovr.dense_cache, kind, (unsigned long long)h);
 }
 /* 1 if loaded: n bytes of a, then m bytes of b */
@@ -418,6 +419,7 @@ static int ppl_run_uncached(const gm_model *m, gm_pool *pool, int mode, const in
     /* without the oracle's dense softmax passes (the engine counts the plan hook in global attention) */
     row->t_prefill = gm_now() - t0 - hook_s;
     row->t_attn = s.stats.t_attn_global - hook_s;
+    row->t_profile = s.stats.t_profile; /* planning, inside t_attn */
     row->density = mode_attn(mode) == GM_ATTN_EI_DENSE ? 1.0 : plan_density(&s);
     if (mode_attn(mode) == GM_ATTN_EI_SPARSE) log_kept_tokens(&s);
     for (i = 0; i < n_pos; i++) {
@@ -657,6 +659,7 @@ static int write_json(int complete, double total_s) {
         jnum(f, "agreement_rest_pct", 100.0 * r->r.agree_rest);
         jnum(f, "density", r->r.density);
         jnum(f, "attention_s", r->r.t_attn);
+        jnum(f, "profile_s", r->r.t_profile);
         jnum(f, "prefill_s", r->r.t_prefill);
         jnum(f, "mass_kept_pct", 100.0 * (r->mode == M_ORACLE ? r->mass_oracle : r->mass_plan));
         if (isfinite(r->mass_plan)) {

@@ -11,10 +11,12 @@
 #                      build/eval_curves.svg (plot_curves.py over build/eval/*.json, so runs put there
 #                      by hand are drawn too). Runs, one at a time (also under -j):
 #                        ref-b<B>      reference ranking (the paper), base_budget B for B in EVAL_BUDGETS,
-#                                      with the oracle row (the oracle at the reference's counts)
+#                                      with the oracle row (the oracle at the reference's counts) for B in
+#                                      EVAL_ORACLE_BUDGETS
 #                        sampled-p<P>  ranking=sampled (the ei_config_quality preset) with top_p P for P
 #                                      in EVAL_TOP_P (no oracle row)
-#                      Passkey (EVAL_PASSKEY) only in ref-b<EVAL_PK_BUDGET> and sampled-p<EVAL_PK_TOP_P>,
+#                      The dense rows and dense passkey answers are computed once (dense_cache=build/eval/dense).
+#                      Passkey (EVAL_PASSKEY) only in sampled-p<EVAL_PK_TOP_P> (and ref-b<EVAL_PK_BUDGET> if set),
 #                      the bf16 K/V row (dense, for scale) only in ref-b<EVAL_PK_BUDGET>. A run is redone
 #                      when its command line, gemma-eval (so entropyinfer.h), the model or the text
 #                      changes, else kept; `make eval-clean` drops them all.
@@ -41,8 +43,9 @@ EVAL_TEXT        ?= $(GEMMA_CORPUS)
 EVAL_CONTEXTS    ?= 8192,16384,32768
 EVAL_PASSKEY     ?= 8192,16384,32768
 EVAL_BUDGETS     ?= 1024 2048 3072
-EVAL_TOP_P       ?= 0.9 0.95 0.98
-EVAL_PK_BUDGET   ?= 2048
+EVAL_TOP_P       ?= 0.9 0.95 0.98 0.99
+EVAL_PK_BUDGET   ?=
+EVAL_ORACLE_BUDGETS ?= 1024 2048
 EVAL_PK_TOP_P    ?= 0.95
 EVAL_OPTIONS     ?=
 EVAL_DIR         ?= $(GEMMA_BUILD)/eval
@@ -104,7 +107,7 @@ eval-table: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP)
 # The sweep. Each run's options and passkey contexts:
 gemma_eval_runs := $(foreach b,$(EVAL_BUDGETS),ref-b$(b)) $(foreach p,$(EVAL_TOP_P),sampled-p$(p))
 $(foreach b,$(EVAL_BUDGETS),$(eval gemma_eval_opts_ref-b$(b) = ranking=reference base_budget=$(b)$(if \
-    $(filter $(b),$(EVAL_PK_BUDGET)),, no_reference=1) $$(EVAL_OPTIONS)))
+    $(filter $(b),$(EVAL_PK_BUDGET)),, no_reference=1)$(if $(filter $(b),$(EVAL_ORACLE_BUDGETS)),, oracle=0) $$(EVAL_OPTIONS)))
 $(foreach b,$(EVAL_BUDGETS),$(eval gemma_eval_pk_ref-b$(b) = $(if $(filter $(b),$(EVAL_PK_BUDGET)),$$(EVAL_PASSKEY))))
 $(foreach p,$(EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=0 no_reference=1 $$(EVAL_OPTIONS)))
 $(foreach p,$(EVAL_TOP_P),$(eval gemma_eval_pk_sampled-p$(p) = $(if $(filter $(p),$(EVAL_PK_TOP_P)),$$(EVAL_PASSKEY))))
