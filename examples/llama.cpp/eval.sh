@@ -14,6 +14,8 @@
 #     vanilla       unpatched llama-perplexity, dense
 #     dense         patched, no flag (must print the same perplexity to the last digit)
 #     entropyinfer  patched --entropyinfer (ragged per-head plans, the default)
+#     quality       patched --entropyinfer --entropyinfer-opt preset=quality
+#                   (ei_config_quality: the sampled ranking, top-p counts, sink/local blocks)
 #     per-segment   patched --entropyinfer --entropyinfer-opt per_segment_budget=1
 #                   (the reference's one count per segment: the max over heads)
 #     time-dense    patched --entropyinfer --entropyinfer-opt mode=time-dense
@@ -83,8 +85,8 @@ TEXT=${EVAL_TEXT:-.cache/corpus/debian-handbook.txt}
 EVAL_ONLY=${EVAL_ONLY:-all}
 EVAL_CONTEXTS=${EVAL_CONTEXTS:-}
 EVAL_CHUNKS=${EVAL_CHUNKS:-}
-SMOL_MODES=${SMOL_MODES:-vanilla,dense,entropyinfer,per-segment,time-dense}
-GEMMA_MODES=${GEMMA_MODES:-entropyinfer,time-dense}
+SMOL_MODES=${SMOL_MODES:-vanilla,dense,entropyinfer,quality,per-segment,time-dense}
+GEMMA_MODES=${GEMMA_MODES:-entropyinfer,quality,time-dense}
 NPROC=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 THREADS=${EVAL_THREADS:-$NPROC}
 BATCH=${EVAL_BATCH:-}
@@ -94,7 +96,7 @@ OUT=${EVAL_OUT:-build/llama_cpp_eval.md}
 LOGS=${EVAL_LOGS:-build/llama_cpp_eval}
 
 MODELS="smollm2 gemma"
-ALL_MODES="vanilla dense entropyinfer per-segment ei-dense time-dense"
+ALL_MODES="vanilla dense entropyinfer quality per-segment ei-dense time-dense"
 
 die() { echo "llama-cpp-eval: $*" >&2; exit 1; }
 say() { echo "llama-cpp-eval: $*" >&2; }
@@ -113,6 +115,7 @@ mode_args() {
     case $1 in
         vanilla|dense) ;;
         entropyinfer)  echo "--entropyinfer";;
+        quality)       echo "--entropyinfer --entropyinfer-opt preset=quality";;
         per-segment)   echo "--entropyinfer --entropyinfer-opt per_segment_budget=1";;
         ei-dense)      echo "--entropyinfer --entropyinfer-opt mode=ei-dense";;
         time-dense)    echo "--entropyinfer --entropyinfer-opt mode=time-dense";;
@@ -124,6 +127,7 @@ mode_title() {
         vanilla)      echo "dense, llama.cpp unpatched";;
         dense)        echo "dense, patched (no flag)";;
         entropyinfer) echo "entropyinfer (ragged per-head plans)";;
+        quality)      echo "entropyinfer preset=quality (sampled ranking, top-p, sink/local)";;
         per-segment)  echo "entropyinfer per_segment_budget=1";;
         ei-dense)     echo "ei-dense (entropyinfer's kernel, no plan)";;
         time-dense)   echo "time-dense (llama.cpp attention timed, dense numerics)";;
@@ -378,7 +382,7 @@ report_table() { # MODEL CTX
             ub=$(ei_ubatches "$line"); [ -z "$ub" ] || lay="${lay:--}, $ub"
         fi
         if [ "$mode" = time-dense ]; then fa=$fa_dense; att=""; fi
-        case $mode in entropyinfer|per-segment|ei-dense) fa=$fa_dense;; esac
+        case $mode in entropyinfer|quality|per-segment|ei-dense) fa=$fa_dense;; esac
         if [ -z "$pe" ]; then
             pcol="no result (exit ${rc:-?})"; dcol="-"
         else
