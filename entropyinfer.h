@@ -88,7 +88,10 @@
                keys j = 0..t_i (scale: attn_scale, 0 = 1/sqrt(head_dim)) is
                summed per block b < t0 / block_size, and a block's mass is
                that sum over the rows used. A row subsample of the true
-               attention mass (its expectation over rows). Either way the
+               attention mass (its expectation over rows). A segment none of
+               whose rows is given yet (a chunk that ends just after its
+               start, or a last segment shorter than the first row's offset)
+               is ranked by the reference score. Either way the
                reference score gives the entropy, the head class and the
                budget recurrence (a plan's budget field).
    top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
@@ -143,7 +146,11 @@
    Scalar, AVX2, AVX-512 and NEON agree within float32 summation-order error
    (not bit-identical); every path passes the golden tolerances of
    tests/golden/FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
-   bit-identical. expf/logf come from libm (no fast approximations) and no
+   bit-identical, and so are the sampled ranking's block masses (rows are
+   added in row order however chunks cut a segment). The sampled ranking's
+   SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
+   expf: masses agree across paths within 1e-3 relative, so near-ties may
+   rank in another order. expf/logf come from libm (no fast approximations) and no
    flush-to-zero is set.
 
    LIMITS
@@ -154,6 +161,8 @@
    EI_ERR_OVERFLOW past them). Chunked planning keeps each kv head's open
    segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
+   The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
+   segment and kv head; its workspace adds 32 x n_tokens floats of scores.
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
    finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
@@ -2378,7 +2387,7 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
                 memset(w.mass, 0, (size_t)s * (size_t)bps * sizeof(float));
                 if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w.mass, &rows, &w))
                     return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
-                sc = wt = w.mass;
+                if (rows > 0) sc = wt = w.mass; /* a last segment too short for any row keeps the reference ranking */
             }
             ei__plan_rank_row(c, plan, kvh, s, sc, wt, EI__MIN((int64_t)s * bps, nb), s == 0 ? 0 : cap, budget, w.pairs);
         }
@@ -2628,7 +2637,8 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             /* the open segment was the last of a final call and stays before this chunk: plan it as an inner one */
             if (st->last_final && st->open_valid && open_seg < q_pos / seg &&
                 (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open,
-                                            ei__rank_sampled(c, (int32_t)open_seg) ? open_mass : NULL, G, &w)) != EI_OK)
+                                            ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL, G,
+                                            &w)) != EI_OK)
                 return r;
             for (s = (int32_t)(q_pos / seg); s < s_end; ++s) {
                 int64_t t0 = EI__MAX((int64_t)s * seg, q_pos), t1 = EI__MIN((int64_t)(s + 1) * seg, n);
@@ -2648,7 +2658,9 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                     if (!ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
                         return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 }
-                if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, s, n, is_final && s == s_end - 1, w.qrep, mass, G, &w)) != EI_OK)
+                /* no row of the segment given yet: the reference ranking, until its rows come */
+                if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, s, n, is_final && s == s_end - 1, w.qrep,
+                                                mass && rows > 0 ? mass : NULL, G, &w)) != EI_OK)
                     return r;
                 if (s == s_end - 1) { /* the new open segment */
                     memcpy(open, w.qrep, (size_t)G * 2u * (size_t)d * sizeof(float));
@@ -2659,7 +2671,8 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 }
             }
         } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open,
-                                               ei__rank_sampled(c, (int32_t)open_seg) ? open_mass : NULL, G, &w)) != EI_OK)
+                                               ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL,
+                                               G, &w)) != EI_OK)
             return r;
         st->tokens_done = n;
         st->last_final = is_final ? 1 : 0;

@@ -417,7 +417,8 @@ static void check_ranked_plan(const ei_config *c, const ei_plan *p, const synth_
             int64_t nvis = (int64_t)s * (c->segment_size / c->block_size);
             int rigid = p->head_class[h] == EI_HEAD_RIGID;
             double budget = ref_budget(c, p->entropy + EI_PLAN_ROW(p, h, 0), s, rigid);
-            if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len)
+            if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len &&
+                ei__sample_token(c, s, 0) < L->n) /* a segment with no row given keeps the reference ranking */
                 ref_sampled_mass(c, &q, &k, h, s, L->n, w);
             else { /* the softmaxed reference score the plan stores */
                 double m = -HUGE_VAL;
