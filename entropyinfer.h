@@ -2078,7 +2078,16 @@ static float ei__uniform_entropy(int64_t nb, float *prob) {
 
 
 /* EI_RANK_SAMPLED scores its rows in batches against tiles of keys. */
-enum { EI__SAMPLE_ROWS = 32, EI__SAMPLE_KEYS = 64 };
+enum { EI__SAMPLE_ROWS = 32 };
+/* Keys per tile of the sampled ranking's kernels: whole blocks, about 64. */
+static int32_t ei__sample_tile_keys(int32_t bs) { return bs * (bs < 64 ? 64 / bs : 1); }
+/* Floats of its score buffer for n tokens (block size bs): the scalar
+   reference keeps every score ([n][rows]); the tiled kernels a tile, the
+   blocks' sums and two values per tile ([tile + n/bs + 2 tiles][rows]). */
+static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
+    int64_t tk = ei__sample_tile_keys(bs), tiled = tk + n / bs + 2 * (n / tk + 1), rows = ei__round_up(n, 16);
+    return (size_t)(rows > tiled ? rows : tiled) * EI__SAMPLE_ROWS;
+}
 
 /* Workspace of one profiling thread. */
 typedef struct ei__profile_ws {
@@ -2091,9 +2100,8 @@ typedef struct ei__profile_ws {
     /* EI_RANK_SAMPLED only (NULL otherwise) */
     float *mass;          /* a segment's block mass [ld] */
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
-    float *keys;          /* a tile of keys as f32 [EI__SAMPLE_KEYS][d rounded up to 16] */
-    float *logits;        /* the batch's scores [lt][EI__SAMPLE_ROWS] */
-    int64_t lt;           /* logits row stride: the tokens the layout was made for */
+    float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
+    float *logits;        /* the batch's scores (ei__sample_lg_floats) */
 } ei__profile_ws;
 
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
@@ -2109,8 +2117,8 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)d, 4u) ||
         (c->ranking == EI_RANK_SAMPLED &&
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
-          !ei__reserve(&total, EI__SAMPLE_KEYS, (size_t)ei__round_up(d, 16) * 4u) ||
-          !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)ei__round_up(n, 16) * 4u))) ||
+          !ei__reserve(&total, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u) ||
+          !ei__reserve(&total, ei__sample_lg_floats(n, c->block_size), 4u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -2126,12 +2134,11 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mass = w->sq = w->keys = w->logits = NULL;
-    w->lt = ei__round_up(n, 16);
     if (c->ranking == EI_RANK_SAMPLED) {
         w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
-        w->keys = (float *)ei__arena_take(&a, EI__SAMPLE_KEYS, (size_t)ei__round_up(d, 16) * 4u);
-        w->logits = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)w->lt * 4u);
+        w->keys = (float *)ei__arena_take(&a, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u);
+        w->logits = (float *)ei__arena_take(&a, ei__sample_lg_floats(n, c->block_size), 4u);
     }
     return 1;
 }
@@ -3760,25 +3767,29 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
    the scale carries log2 e), softmaxed; the weights of block b < nvis
    (block_size bs) are summed and added to mass[b], rows in row order (so a
    segment's mass does not depend on how its rows are batched). Rows sit in
-   lanes: a key's score for all rows is a broadcast-FMA walk over d, KB keys
-   at a time. lg: [keys][EI__SAMPLE_ROWS]; kbuf: EI__SAMPLE_KEYS key rows as
-   f32, stride d rounded up to 16. The scalar reference, with expf, is
+   lanes: a key's score for all rows is a broadcast-FMA walk over d, 8 keys
+   at a time. Keys go by tiles of ei__sample_tile_keys (whole blocks): a
+   tile's scores stay in L1, its max, its exp sum and its blocks' exp sums
+   (relative to the tile max) are kept, and the blocks are rescaled once the
+   row's max and sum are known: one pass over the scores. lg: the layout of
+   ei__sample_lg_floats; kbuf: a tile of key rows as f32, stride d rounded
+   up to 16. The scalar reference, with expf and every score stored, is
    ei__sample_mass_scalar (>>isa-scalar). */
 #define EI__DEFINE_SAMPLE_MASS()                                                                               \
     EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
                                                       const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
                                                       int64_t nvis, float *lg, float *kbuf, float *mass) {      \
-        enum { RV = EI__SAMPLE_ROWS / EI__VN, PV = EI__VN == 16 ? 2 : 1 }; /* PV: row vectors per pass */    \
-        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
-        const int64_t last = tok[nr - 1];                                                                      \
+        enum { R = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN, PV = EI__VN == 16 ? 2 : 1 }; /* PV: row vectors per pass */ \
+        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16), tk = ei__sample_tile_keys(bs);       \
+        const int64_t last = tok[nr - 1], ntiles = last / tk + 1;                                              \
+        float *tl = lg, *bsum = tl + (size_t)tk * R, *tm = bsum + (size_t)nvis * R, *tz = tm + (size_t)ntiles * R; \
         const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
-        EI__VEC mx[RV], z[RV];                                                                                 \
         EI__VMASK nan = EI__VNAN_NONE();                                                                       \
-        float inv[EI__SAMPLE_ROWS], part[EI__SAMPLE_ROWS];                                                     \
-        int64_t j0, j, b;                                                                                      \
+        float inv[EI__SAMPLE_ROWS], part[EI__SAMPLE_ROWS], m[EI__SAMPLE_ROWS];                                 \
+        int64_t j0, j, b, t;                                                                                   \
         int32_t i, u, v, r;                                                                                    \
-        for (j0 = 0; j0 <= last; j0 += EI__SAMPLE_KEYS) {                                                      \
-            int64_t nk = EI__MIN((int64_t)EI__SAMPLE_KEYS, last + 1 - j0);                                     \
+        for (t = 0, j0 = 0; j0 <= last; ++t, j0 += tk) {                                                       \
+            int64_t nk = EI__MIN((int64_t)tk, last + 1 - j0);                                                  \
             for (j = 0; j < nk; ++j)                                                                           \
                 EI__VNAME(ei__attn_row_f32)(ei__row(k, j0 + j, kvh), k->dtype, d, dp, kbuf + (size_t)j * (size_t)dp); \
             for (j = 0; j < nk; j += 8) /* 8 keys x PV row vectors at a time, accumulators in registers */  \
@@ -3798,8 +3809,8 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                     EI__VEC b4 = EI__VZERO(), b5 = EI__VZERO(), b6 = EI__VZERO(), b7 = EI__VZERO();            \
                     EI__VEC acc[2][8];                                                                         \
                     for (i = 0; i < d; ++i) {                                                                  \
-                        EI__VEC qa = EI__VLOAD(q0 + (size_t)i * EI__SAMPLE_ROWS), kb;                          \
-                        EI__VEC qb = PV > 1 ? EI__VLOAD(q1 + (size_t)i * EI__SAMPLE_ROWS) : qa;                \
+                        EI__VEC qa = EI__VLOAD(q0 + (size_t)i * R), kb;                                        \
+                        EI__VEC qb = PV > 1 ? EI__VLOAD(q1 + (size_t)i * R) : qa;                              \
                         kb = EI__VSET1(k0[i]); a0 = EI__VFMA(qa, kb, a0); if (PV > 1) b0 = EI__VFMA(qb, kb, b0); \
                         kb = EI__VSET1(k1[i]); a1 = EI__VFMA(qa, kb, a1); if (PV > 1) b1 = EI__VFMA(qb, kb, b1); \
                         kb = EI__VSET1(k2[i]); a2 = EI__VFMA(qa, kb, a2); if (PV > 1) b2 = EI__VFMA(qb, kb, b2); \
@@ -3816,39 +3827,44 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                     for (u = 0; u < 8 && j + u < nk; ++u)                                                      \
                         for (r = 0; r < PV; ++r) {                                                             \
                             EI__VEC x = EI__VMUL(acc[r][u], sc);                                               \
-                            nan = EI__VNAN_OR(nan, x);                                                         \
-                            EI__VSTORE(lg + (size_t)(j0 + j + u) * EI__SAMPLE_ROWS + (size_t)((v + r) * EI__VN), x); \
+                            nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                \
+                            EI__VSTORE(tl + (size_t)(j + u) * R + (size_t)((v + r) * EI__VN), x);              \
                         }                                                                                      \
                 }                                                                                              \
+            for (j = EI__MAX(tok[0] + 1 - j0, (int64_t)0); j < nk; ++j) /* causal: row r sees keys up to tok[r] */ \
+                for (r = 0; r < nr; ++r)                                                                       \
+                    if (tok[r] < j0 + j) tl[(size_t)j * R + (size_t)r] = -INFINITY;                            \
+            for (v = 0; v < RV; ++v) { /* the tile's max and exp sum; its blocks' exp sums */                \
+                EI__VEC mx = EI__VSET1(-FLT_MAX), z = EI__VZERO(), bsv = EI__VZERO();                          \
+                for (j = 0; j < nk; ++j) mx = EI__VMAX(mx, EI__VLOAD(tl + (size_t)j * R + (size_t)(v * EI__VN))); \
+                for (j = 0; j < nk; ++j) {                                                                     \
+                    EI__VEC e = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(tl + (size_t)j * R + (size_t)(v * EI__VN)), mx)); \
+                    z = EI__VADD(z, e);                                                                        \
+                    bsv = EI__VADD(bsv, e);                                                                    \
+                    if ((j + 1) % bs == 0) {                                                                   \
+                        b = (j0 + j) / bs;                                                                     \
+                        if (b < nvis) EI__VSTORE(bsum + (size_t)b * R + (size_t)(v * EI__VN), bsv);            \
+                        bsv = EI__VZERO();                                                                     \
+                    }                                                                                          \
+                }                                                                                              \
+                EI__VSTORE(tm + (size_t)t * R + (size_t)(v * EI__VN), mx);                                     \
+                EI__VSTORE(tz + (size_t)t * R + (size_t)(v * EI__VN), z);                                      \
+            }                                                                                                  \
         }                                                                                                      \
         if (EI__VANY(nan)) return 0;                                                                           \
-        for (j = tok[0] + 1; j <= last; ++j) /* causal: row r sees keys up to tok[r] */                       \
-            for (r = 0; r < nr; ++r)                                                                           \
-                if (tok[r] < j) lg[(size_t)j * EI__SAMPLE_ROWS + (size_t)r] = -INFINITY;                       \
-        for (v = 0; v < RV; ++v) { mx[v] = EI__VSET1(-FLT_MAX); z[v] = EI__VZERO(); }                          \
-        for (j = 0; j <= last; ++j)                                                                            \
-            for (v = 0; v < RV; ++v)                                                                           \
-                mx[v] = EI__VMAX(mx[v], EI__VLOAD(lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN)));   \
-        for (v = 0; v < RV; ++v) EI__VSTOREU(part + v * EI__VN, mx[v]);                                        \
-        for (r = 0; r < nr; ++r)                                                                               \
-            if (!(part[r] - part[r] == 0.0f)) return 0; /* +inf: the scores overflow */                        \
-        for (j = 0; j <= last; ++j)                                                                            \
-            for (v = 0; v < RV; ++v) {                                                                         \
-                float *p = lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN);                            \
-                EI__VEC e = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(p), mx[v]));                           \
-                EI__VSTORE(p, e);                                                                              \
-                z[v] = EI__VADD(z[v], e);                                                                      \
-            }                                                                                                  \
-        for (v = 0; v < RV; ++v) EI__VSTOREU(part + v * EI__VN, z[v]);                                         \
-        for (r = 0; r < EI__SAMPLE_ROWS; ++r) inv[r] = r < nr ? 1.0f / part[r] : 0.0f;                         \
+        for (r = 0; r < R; ++r) { /* each row's max and sum over its tiles */                                 \
+            double zr = 0.0;                                                                                   \
+            m[r] = -FLT_MAX;                                                                                   \
+            for (t = 0; t < ntiles; ++t) m[r] = tm[(size_t)t * R + (size_t)r] > m[r] ? tm[(size_t)t * R + (size_t)r] : m[r]; \
+            if (r < nr && !(m[r] - m[r] == 0.0f)) return 0; /* +inf: the scores overflow */                    \
+            for (t = 0; t < ntiles; ++t) zr += (double)tz[(size_t)t * R + (size_t)r] * exp2((double)(tm[(size_t)t * R + (size_t)r] - m[r])); \
+            inv[r] = r < nr && zr > 0.0 ? (float)(1.0 / zr) : 0.0f;                                           \
+        }                                                                                                      \
         for (b = 0; b < nvis; ++b) {                                                                           \
-            for (v = 0; v < RV; ++v) {                                                                         \
-                EI__VEC acc = EI__VZERO();                                                                     \
-                for (j = b * bs; j < (b + 1) * bs; ++j)                                                        \
-                    acc = EI__VADD(acc, EI__VLOAD(lg + (size_t)j * EI__SAMPLE_ROWS + (size_t)(v * EI__VN)));   \
-                EI__VSTOREU(part + v * EI__VN, acc);                                                           \
-            }                                                                                                  \
-            for (r = 0; r < nr; ++r) mass[b] += part[r] * inv[r];                                              \
+            t = b * bs / tk;                                                                                   \
+            if (b == 0 || (b * bs) % tk == 0) /* a new tile: its rows' scale */                                \
+                for (r = 0; r < nr; ++r) part[r] = (float)exp2((double)(tm[(size_t)t * R + (size_t)r] - m[r])) * inv[r]; \
+            for (r = 0; r < nr; ++r) mass[b] += bsum[(size_t)b * R + (size_t)r] * part[r];                     \
         }                                                                                                      \
         return 1;                                                                                              \
     }
