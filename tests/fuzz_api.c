@@ -270,6 +270,10 @@ static ei_config fz_config(fz *f) {
     static const int32_t red[] = {EI_REDUCE_MEAN, EI_REDUCE_MAX, 2, -1};
     static const int32_t rec[] = {0, 1, 2, 5, -1, INT32_MAX};
     static const int32_t simd[] = {EI_SIMD_AUTO, EI_SIMD_SCALAR, EI_SIMD_AVX2, EI_SIMD_AVX512, EI_SIMD_NEON, 5, -1};
+    static const int32_t rk[] = {EI_RANK_SAMPLED, EI_RANK_REFERENCE, 2, -1};
+    static const int32_t smp[] = {8, 1, 3, 64, 0, -1, EI_MAX_RANK_SAMPLES, EI_MAX_RANK_SAMPLES + 1, 33};
+    static const double tp[] = {0.9, 0.0, 1.0, 0.5, 1e-9, -0.1, 1.5, NAN, INFINITY};
+    static const int32_t sk[] = {1, 0, 2, 8, 1000, -1, EI_MAX_BUDGET + 1};
     ei_config c = fz_small_config();
     unsigned sel = fz_u8(f); /* bit i: knob group i is fuzzed (0: the small valid configuration) */
     if (sel & 1) { c.segment_size = FZ_PICK(f, seg); c.block_size = FZ_PICK(f, blk); }
@@ -295,6 +299,10 @@ static ei_config fz_config(fz *f) {
         if (x & 8) c.log = fz_log;
         if (x & 16) { c.backend = EI_BACKEND_CUDA; c.cuda_library = "/nonexistent/libentropyinfer_cuda.so"; }
         if (x & 32) c.backend = (ei_backend)7;
+        if (x & 64) { /* the ranking beyond the paper */
+            c.ranking = (ei_ranking)FZ_PICK(f, rk); c.rank_samples = FZ_PICK(f, smp); c.top_p = FZ_PICK(f, tp);
+            c.sink_blocks = FZ_PICK(f, sk); c.local_blocks = FZ_PICK(f, sk);
+        }
     }
     return c;
 }
@@ -374,6 +382,11 @@ static void layer_new(state *s, fz *f) {
 }
 
 /* ------------------------------------------------------------ plan checks */
+/* Always-kept blocks that lead a row of a segment that sees nvis blocks. */
+static int64_t fz_forced(const ei_config *c, int64_t nvis) {
+    int64_t n_sink, local0;
+    return ei__forced_blocks(c, nvis, &n_sink, &local0);
+}
 static void plan_check(const state *s, const ei_context *ctx) {
     const ei_plan *p = &s->plan;
     const ei_config *c = ei_context_config(ctx);
@@ -392,7 +405,7 @@ static void plan_check(const state *s, const ei_context *ctx) {
             for (i = 0; i < cnt && i < p->max_keep; ++i) {
                 ORACLE(idx[i] >= 0 && idx[i] < sg * bps && idx[i] < p->n_blocks, "block index out of range", idx[i], sg);
                 for (j = 0; j < i; ++j) ORACLE(idx[j] != idx[i], "duplicate block", idx[i], sg);
-                if (i > 0 && p->scores)
+                if (i > 0 && p->scores && c->ranking == EI_RANK_REFERENCE && i > fz_forced(c, (int64_t)sg * bps))
                     ORACLE(p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i - 1]] >=
                                p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i]],
                            "ranking not descending", i, sg);
