@@ -20,7 +20,8 @@
              >>cuda-scores    segment x block scores (f32, two dot products each)
              >>cuda-softmax   masked softmax + entropy per (kv head, segment)
              >>cuda-sampled   EI_RANK_SAMPLED: block mass of the sampled query
-                              rows (exact softmax, tensor cores for bf16/f16)
+                              rows (exact softmax; tensor cores for bf16/f16:
+                              wgmma on Hopper, else mma.sync; CUDA cores else)
              >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_count /
                               ei__cap_blocks, one thread per kv head
              >>cuda-topk      per (kv head, segment) top-k: radix select on
@@ -51,6 +52,7 @@
 #include <cuda_fp16.h>
 #include <atomic>
 #include <float.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -549,7 +551,8 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
    walk in the CPU's order), and ei__keep_count turns that into the count.
    per_segment_budget rows then hold every block they could keep and
    seg_max_kernel applies the max over heads. Dynamic shared memory: sort_n
-   (power of two >= max_keep) 64-bit keys. */
+   (power of two >= max_keep) 64-bit keys, with top_p as many doubles after
+   the ranked ones (their weights). */
 __device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
@@ -660,15 +663,16 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
             m = block_max(m, red);
         }
 #define EI__W(b) (sampled ? (double)sc[b] : (double)expf(sc[b] - m))
-        double total = 0.0;
+        double total = 0.0, *wts = (double *)(keys + max(ranked, 1)); /* the ranked entries' weights */
         for (int b = threadIdx.x; b < nvis; b += blockDim.x) total += EI__W(b);
-        total = block_sum_d(total, redd);
+        for (int i = threadIdx.x; i < ranked; i += blockDim.x) wts[i] = EI__W((int)(0xFFFFFFFFu - (uint32_t)keys[i]));
+        total = block_sum_d(total, redd); /* (synchronises: wts is complete) */
         if (threadIdx.x == 0) {
             double target = c->top_p * total, cum = 0.0;
             int64_t k_p = nf, cap = ei__cap_blocks(c, s, n, nblk);
             for (int b = 0; b < ns; b++) cum += EI__W(b);
             for (int b = l0; b < nvis; b++) cum += EI__W(b);
-            for (int i = 0; cum < target && i < ranked; ++i, ++k_p) cum += EI__W((int)(0xFFFFFFFFu - (uint32_t)keys[i]));
+            for (int i = 0; cum < target && i < ranked; ++i, ++k_p) cum += wts[i]; /* the CPU's order */
             if (cum < target) ++k_p; /* not reached within the row's capacity */
             if (!(total > 0.0)) k_p = 0;
             int kk = ei__keep_count(c, s, 0.0, k_p, nf, cap, max_keep); /* top_p: the budget is not used */
@@ -849,8 +853,13 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     LAUNCH_CHECK("budget_kernel");
     if (ext) {
         /* rows of 0 blocks still get their counts (and -1 padding, of nothing) */
-        CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
-        rank_kernel<<<dim3(nseg, nkv), 256, sort_bytes, st>>>(*cfg, raw, mass, nseg, nblk, n, plan->keep_blocks,
+        size_t rank_bytes = cfg->top_p > 0.0 ? 2 * sort_bytes : sort_bytes;
+        if (rank_bytes + 2048 > (size_t)smem_max)
+            return fail(msg, EI_ERR_UNSUPPORTED,
+                        "plan rows of %d blocks need %zu bytes of shared memory for the GPU ranking, the device has %d",
+                        (int)plan->max_keep, rank_bytes, smem_max);
+        CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rank_bytes));
+        rank_kernel<<<dim3(nseg, nkv), 256, rank_bytes, st>>>(*cfg, raw, mass, nseg, nblk, n, plan->keep_blocks,
                                                               plan->keep_count, plan->seg_capacity, plan->block_index,
                                                               plan->max_keep, flag);
         LAUNCH_CHECK("rank_kernel");
@@ -1614,8 +1623,11 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
    kv head (256 / R rounded up to 16 segments per CTA; R > 256: one segment,
    its rows in chunks of 256), so that every K tile read serves all of them;
    64 keys per step, double-buffered with cp.async (element loads where a
-   view is not 16-byte aligned), S = Q K^T with mma.sync (f32 accumulation),
-   exp2 with the scale folded in. The keys are cut into ns parts (one CTA
+   view is not 16-byte aligned), S = Q K^T with f32 accumulation: warpgroup
+   MMAs (wgmma, WG: Hopper's sm_90a code; tiles in the 128-byte-swizzled
+   layout, Q rows placed so that the accumulator rows are the mma.sync
+   layout's) or mma.sync (elsewhere, or EI_CUDA_SAMPLED_MMA=1); exp2 with the
+   scale folded in, tiles below every row's token or segment unmasked. The keys are cut into ns parts (one CTA
    each, for balance: the last segments see the most keys) and the kernel
    runs twice: PHASE 1 writes each part's row max and sum (online softmax),
    PHASE 2 combines them in part order and sums its part's normalised
@@ -1644,7 +1656,9 @@ struct MassParams {
    segments per CTA (spc), rows per segment slot (rpad), row chunks, CTA
    groups of segments, and key parts per group (ns: about 2048 CTAs in all,
    at most 16 / chunks; a function of the shapes alone, so plans do not
-   depend on the device). Returns 0 when no segment is sampled. */
+   depend on the device; the part statistics combine in another order for
+   another ns, a float32 rounding difference). Returns 0 when no segment is
+   sampled. */
 static int mass_geometry(const ei_config *cfg, int64_t n, int32_t nkv, int *s_first, int *spc, int *rpad, int *rchunks,
                          int *ngroups, int *ns) {
     int64_t seg = cfg->segment_size, nseg = (n + seg - 1) / seg, sf = (cfg->threshold_len + seg - 1) / seg, per;
@@ -1656,7 +1670,11 @@ static int mass_geometry(const ei_config *cfg, int64_t n, int32_t nkv, int *s_fi
     else { *rpad = MS_ROWS; *spc = 1; *rchunks = (R + MS_ROWS - 1) / MS_ROWS; }
     *ngroups = (int)((nseg - sf + *spc - 1) / *spc);
     per = (int64_t)*ngroups * nkv;
-    *ns = (int)((2048 + per - 1) / per);
+    {   /* tuning knob EI_CUDA_SAMPLED_CTAS: the CTA count aimed at (default 2048) */
+        const char *e = getenv("EI_CUDA_SAMPLED_CTAS");
+        int64_t target = e && atoi(e) > 0 ? atoi(e) : 2048;
+        *ns = (int)((target + per - 1) / per);
+    }
     if (*ns > 16 / *rchunks) *ns = 16 / *rchunks;
     if (*ns < 1) *ns = 1;
     return 1;
@@ -1731,10 +1749,21 @@ __device__ __forceinline__ void mass_part(int kend, int split, int ns, int align
    then the normalised probabilities of one part of the keys before each
    row's segment, summed over the rows of a segment and per block into
    p.mass (each block in one part: one CTA writes it). */
-template <int D, typename T, int PHASE>
+template <int D, typename T, int PHASE, bool WG>
 __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(const MassParams p) {
-    constexpr int CH = D / 8, RS = CH + 1, NB = MS_BC / 8, MT = MS_MT, NMT = MS_ROWS / 16;
-    extern __shared__ uint4 smem[];
+    constexpr int CH = D / 8, RS = WG ? CH : CH + 1, NB = MS_BC / 8, MT = MS_MT, NMT = MS_ROWS / 16;
+    static_assert(!WG || D % 64 == 0, "wgmma tiles: 64-column slabs");
+    /* shared layout of a [R rows][D] tile in 16-byte chunks: rows padded by one chunk
+       (ldmatrix, conflict-free), or for WG 64-column slabs of [R][128 bytes] with the
+       128-byte swizzle wgmma reads (chunk c of row r at c ^ (r & 7)) */
+    auto at = [](int row, int ch, int R) -> int {
+        if (WG) return (ch >> 3) * R * 8 + row * 8 + ((ch & 7) ^ (row & 7));
+        (void)R;
+        return row * RS + ch;
+    };
+    extern __shared__ uint4 smem_raw[];
+    /* wgmma's swizzle repeats every 1024 bytes: align the tiles to it (the launch adds the slack) */
+    uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
     uint4 *sQ = smem, *sK = smem + MS_ROWS * RS;
     __shared__ int r_tok[MS_ROWS], r_lim[MS_ROWS], mt_tmax[NMT], mt_lim[NMT];
     __shared__ float colsum[NMT][MS_BC];
@@ -1751,32 +1780,48 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
         for (int c = tid; c < MS_BC * CH; c += MS_NW * 32) {
             int row = c / CH, ch = c % CH;
             int64_t key = (int64_t)j * MS_BC + row;
-            if (key < p.n) load16<T>(&bK[row * RS + ch], K + key * p.k_ts + ch * 8, p.vec);
-            else bK[row * RS + ch] = make_uint4(0, 0, 0, 0);
+            if (key < p.n) load16<T>(&bK[at(row, ch, MS_BC)], K + key * p.k_ts + ch * 8, p.vec);
+            else bK[at(row, ch, MS_BC)] = make_uint4(0, 0, 0, 0);
         }
     };
     auto qk = [&](float (&sc)[MT][NB][4], const uint4 *bK) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t a[MT][4];
+        if constexpr (WG) {
+            /* warpgroup wg owns rows wg*128 .. +127 as two 64-row blocks (the rows were laid out so
+               that the accumulator rows are this warp's logical m-tiles, see the Q load) */
+            wgmma_fence();
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(a[mt], &sQ[row * RS + ch]);
-            }
+                const char *q0 = (const char *)sQ + ((warp >> 2) * 128 + mt * 64) * 128, *k0 = (const char *)bK;
 #pragma unroll
-            for (int np = 0; np < NB / 2; np++) {
-                uint32_t b[4];
-                int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(b, &bK[key * RS + ch]);
+                for (int kk = 0; kk < D / 16; kk++)
+                    wgmma_ss<MS_BC, T>(sc[mt], wgmma_desc(q0 + (kk >> 2) * MS_ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                       wgmma_desc(k0 + (kk >> 2) * MS_BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t a[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
-                    mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                    ldmatrix_x4(a[mt], &sQ[at(row, ch, MS_ROWS)]);
+                }
+#pragma unroll
+                for (int np = 0; np < NB / 2; np++) {
+                    uint32_t b[4];
+                    int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                    ldmatrix_x4(b, &bK[at(key, ch, MS_BC)]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
+                        mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
                 }
             }
         }
@@ -1791,17 +1836,20 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
             int t = mass_row(p, s_lo, chunk, r, kvh, &head, &s);
             r_tok[r] = t;
             r_lim[r] = t >= 0 ? s * p.seg : 0;
-            uint4 *dst = sQ + r * RS;
+            /* WG: logical m-tile L (warp L/2, m-tile L%2) sits where that warp's wgmma
+               accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
+            int L = r >> 4, pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
             if (t >= 0) {
                 const T *src = (const T *)p.q + (int64_t)t * p.q_ts + (int64_t)head * p.q_hs;
                 atomicMax(&kend1_s, t + 1);
                 atomicMax(&kend2_s, s * p.seg);
-                for (int ch = 0; ch < CH; ch++) load16<T>(dst + ch, src + ch * 8, p.vec);
+                for (int ch = 0; ch < CH; ch++) load16<T>(&sQ[at(pr, ch, MS_ROWS)], src + ch * 8, p.vec);
             } else
-                for (int ch = 0; ch < CH; ch++) dst[ch] = make_uint4(0, 0, 0, 0);
+                for (int ch = 0; ch < CH; ch++) sQ[at(pr, ch, MS_ROWS)] = make_uint4(0, 0, 0, 0);
         }
         cp_async_commit();
         cp_async_wait_all();
+        if (WG) fence_proxy_async();
         __syncthreads();
         if (tid < NMT) {
             int mx = -1, lm = 0;
@@ -1824,11 +1872,28 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
         __syncthreads();
         const int kend1 = kend1_s, kend2 = kend2_s;
         if (kend1 == 0) continue; /* no row of this chunk is used */
-        int wt1 = -1, wl2 = 0;
+        int wt1 = -1, wl2 = 0, wmin_t = INT_MAX, wmin_lim = INT_MAX;
+        if (WG) /* a warpgroup computes its tiles together: its 8 m-tiles decide */
+            for (int m = (warp >> 2) * 8; m < (warp >> 2) * 8 + 8; m++) {
+                wt1 = max(wt1, mt_tmax[m]);
+                wl2 = max(wl2, mt_lim[m]);
+            }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             wt1 = max(wt1, mt_tmax[warp * MT + mt]);
             wl2 = max(wl2, mt_lim[warp * MT + mt]);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                if (trow[mt][hf] >= 0) {
+                    wmin_t = min(wmin_t, trow[mt][hf]);
+                    wmin_lim = min(wmin_lim, tlim[mt][hf]);
+                }
+        }
+        /* the warp's smallest token and mass limit over its used rows: tiles below them need no
+           mask (unused rows score a zero query and are dropped by their statistics) */
+        for (int o = 16; o; o >>= 1) {
+            wmin_t = min(wmin_t, __shfl_xor_sync(0xffffffffu, wmin_t, o));
+            wmin_lim = min(wmin_lim, __shfl_xor_sync(0xffffffffu, wmin_lim, o));
         }
         float2 *stats = p.stats + ((((int64_t)kvh * p.ngroups + g) * p.rchunks + chunk) * p.ns) * MS_ROWS;
 
@@ -1837,6 +1902,40 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
             float m_[MT][2], l_[MT][2];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) m_[mt][0] = m_[mt][1] = -INFINITY, l_[mt][0] = l_[mt][1] = 0.f;
+            /* the scores of one tile: masked = the tile reaches past a used row's token */
+            auto tile1 = [&](auto masked, float (&sc)[MT][NB][4], int ts) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                    for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            if constexpr (decltype(masked)::value) {
+                                int key = ts + nt * 8 + (lane & 3) * 2 + (e & 1);
+                                if (key > trow[mt][e >> 1]) sc[mt][nt][e] = -INFINITY;
+                            }
+                            mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][nt][e]);
+                        }
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        float x = mx[hf];
+                        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                        float mnew = fmaxf(m_[mt][hf], x), mu = mnew == -INFINITY ? 0.f : mnew * sl;
+                        if (mnew != m_[mt][hf]) l_[mt][hf] *= fast_exp2(m_[mt][hf] * sl - mu);
+                        m_[mt][hf] = mnew;
+                        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                        for (int nt = 0; nt < NB; nt += 2) {
+                            a0 += fast_exp2(fmaf(sc[mt][nt][2 * hf], sl, -mu)) + fast_exp2(fmaf(sc[mt][nt][2 * hf + 1], sl, -mu));
+                            a1 += fast_exp2(fmaf(sc[mt][nt + 1][2 * hf], sl, -mu)) +
+                                  fast_exp2(fmaf(sc[mt][nt + 1][2 * hf + 1], sl, -mu));
+                        }
+                        l_[mt][hf] += a0 + a1;
+                    }
+                }
+            };
             int lo, hi;
             mass_part(kend1, split, p.ns, p.align, &lo, &hi);
             const int j0 = lo / MS_BC, j1 = (hi + MS_BC - 1) / MS_BC;
@@ -1844,44 +1943,21 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                 issue(j0, 0);
                 cp_async_commit();
                 cp_async_wait_all();
+                if (WG) fence_proxy_async();
                 __syncthreads();
             }
             for (int j = j0; j < j1; j++) {
                 int buf = (j - j0) & 1, ts = j * MS_BC;
                 if (j + 1 < j1) issue(j + 1, buf ^ 1);
                 cp_async_commit();
-                if (ts <= wt1) {
+                if (ts <= wt1) { /* (warpgroup-uniform for WG: wgmma runs in all four warps) */
                     float sc[MT][NB][4];
                     qk(sc, sK + buf * MS_BC * RS);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-                        for (int nt = 0; nt < NB; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                int key = ts + nt * 8 + (lane & 3) * 2 + (e & 1);
-                                if (key > trow[mt][e >> 1]) sc[mt][nt][e] = -INFINITY;
-                                mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][nt][e]);
-                            }
-#pragma unroll
-                        for (int hf = 0; hf < 2; hf++) {
-                            float x = mx[hf];
-                            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-                            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-                            float mnew = fmaxf(m_[mt][hf], x), mu = mnew == -INFINITY ? 0.f : mnew * sl;
-                            if (mnew != m_[mt][hf]) l_[mt][hf] *= fast_exp2(m_[mt][hf] * sl - mu);
-                            m_[mt][hf] = mnew;
-                            float acc = 0.f;
-#pragma unroll
-                            for (int nt = 0; nt < NB; nt++)
-                                acc += fast_exp2(fmaf(sc[mt][nt][2 * hf], sl, -mu)) +
-                                       fast_exp2(fmaf(sc[mt][nt][2 * hf + 1], sl, -mu));
-                            l_[mt][hf] += acc;
-                        }
-                    }
+                    if (ts + MS_BC - 1 > wmin_t) tile1(std::true_type{}, sc, ts);
+                    else tile1(std::false_type{}, sc, ts);
                 }
                 cp_async_wait_all();
+                if (WG) fence_proxy_async();
                 __syncthreads();
             }
 #pragma unroll
@@ -1896,8 +1972,9 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                             make_float2(m_[mt][hf], l);
                 }
         } else {
-            /* ---- the parts' stats, then this part of the keys before each row's segment */
-            float mu[MT][2], inv[MT][2];
+            /* ---- the parts' stats, then this part of the keys before each row's segment:
+               p = 2^(x * scale log2 e - (max * scale log2 e + log2 sum)) */
+            float mu[MT][2];
             bool bad = false;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -1914,11 +1991,33 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                         }
                     ok = ok && l > 0.f && l < INFINITY; /* also catches NaN */
                     if (trow[mt][hf] >= 0 && !ok) bad = true;
-                    mu[mt][hf] = ok ? m * sl : 0.f;
-                    inv[mt][hf] = ok ? 1.0f / l : 0.f;
-                    if (!ok) tlim[mt][hf] = 0; /* a refused row adds nothing */
+                    /* an unused or refused row adds nothing: 2^-inf */
+                    mu[mt][hf] = (ok && trow[mt][hf] >= 0) ? fmaf(m, sl, log2f(l)) : INFINITY;
                 }
             if (bad && split == 0) atomicOr(p.flag, PF_SAMPLED);
+            /* the scores of one tile: masked = the tile reaches a used row's segment */
+            auto tile2 = [&](auto masked, float (&sc)[MT][NB][4], int ts) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float c[16];
+#pragma unroll
+                    for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                        for (int col = 0; col < 2; col++) {
+                            float p0 = fast_exp2(fmaf(sc[mt][nt][col], sl, -mu[mt][0]));
+                            float p1 = fast_exp2(fmaf(sc[mt][nt][2 + col], sl, -mu[mt][1]));
+                            if constexpr (decltype(masked)::value) {
+                                int key = ts + nt * 8 + (lane & 3) * 2 + col;
+                                p0 = key < tlim[mt][0] ? p0 : 0.f;
+                                p1 = key < tlim[mt][1] ? p1 : 0.f;
+                            }
+                            c[nt * 2 + col] = p0 + p1;
+                        }
+                    float2 cs = colsum_scatter(c, lane);
+                    colsum[warp * MT + mt][2 * lane] = cs.x;
+                    colsum[warp * MT + mt][2 * lane + 1] = cs.y;
+                }
+            };
             int lo, hi;
             mass_part(kend2, split, p.ns, p.align, &lo, &hi);
             const int j0 = lo / MS_BC, j1 = (hi + MS_BC - 1) / MS_BC;
@@ -1927,31 +2026,18 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                 issue(j0, 0);
                 cp_async_commit();
                 cp_async_wait_all();
+                if (WG) fence_proxy_async();
                 __syncthreads();
             }
             for (int j = j0; j < j1; j++) {
                 int buf = (j - j0) & 1, ts = j * MS_BC;
                 if (j + 1 < j1) issue(j + 1, buf ^ 1);
                 cp_async_commit();
-                if (ts < wl2) {
+                if (ts < wl2) { /* (warpgroup-uniform for WG) */
                     float sc[MT][NB][4];
                     qk(sc, sK + buf * MS_BC * RS);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        float c[16];
-#pragma unroll
-                        for (int nt = 0; nt < NB; nt++)
-#pragma unroll
-                            for (int col = 0; col < 2; col++) {
-                                int key = ts + nt * 8 + (lane & 3) * 2 + col;
-                                float p0 = key < tlim[mt][0] ? fast_exp2(fmaf(sc[mt][nt][col], sl, -mu[mt][0])) * inv[mt][0] : 0.f;
-                                float p1 = key < tlim[mt][1] ? fast_exp2(fmaf(sc[mt][nt][2 + col], sl, -mu[mt][1])) * inv[mt][1] : 0.f;
-                                c[nt * 2 + col] = p0 + p1;
-                            }
-                        float2 cs = colsum_scatter(c, lane);
-                        colsum[warp * MT + mt][2 * lane] = cs.x;
-                        colsum[warp * MT + mt][2 * lane + 1] = cs.y;
-                    }
+                    if (ts + MS_BC > wmin_lim) tile2(std::true_type{}, sc, ts);
+                    else tile2(std::false_type{}, sc, ts);
                 }
                 __syncthreads();
                 if (p.bs <= 32 && !(p.bs & (p.bs - 1))) {
@@ -1997,6 +2083,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                     }
                 }
                 cp_async_wait_all();
+                if (WG) fence_proxy_async();
                 __syncthreads();
             }
         }
@@ -2144,24 +2231,33 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
     if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv * p.ns, 1, 1, msg))) return r;
     unsigned grid = (unsigned)((int64_t)p.ngroups * p.nkv * p.ns);
     bool bf = q->dtype == EI_BF16;
-#define EI__MASS(DD, TT)                                                                                  \
+    const char *em = getenv("EI_CUDA_SAMPLED_MMA"); /* 1: mma.sync even where wgmma runs */
+    bool wg = wgmma_available() && !(em && em[0] == '1');
+#define EI__MASS_K(DD, TT, WW)                                                                            \
     do {                                                                                                  \
-        size_t smem = (size_t)(MS_ROWS + 2 * MS_BC) * (DD / 8 + 1) * 16;                                  \
-        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                      (int)smem));                                                        \
-        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                      (int)smem));                                                        \
-        mass_mma_kernel<DD, TT, 1><<<grid, MS_NW * 32, smem, st>>>(p);                                    \
+        size_t smem = WW ? (size_t)(MS_ROWS + 2 * MS_BC) * DD * 2 + 1024                                  \
+                         : (size_t)(MS_ROWS + 2 * MS_BC) * (DD / 8 + 1) * 16;                             \
+        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 1, WW>,                                     \
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));           \
+        CUDA_TRY(cudaFuncSetAttribute(mass_mma_kernel<DD, TT, 2, WW>,                                     \
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));           \
+        mass_mma_kernel<DD, TT, 1, WW><<<grid, MS_NW * 32, smem, st>>>(p);                                \
         LAUNCH_CHECK("mass_mma_kernel (statistics)");                                                     \
-        mass_mma_kernel<DD, TT, 2><<<grid, MS_NW * 32, smem, st>>>(p);                                    \
+        mass_mma_kernel<DD, TT, 2, WW><<<grid, MS_NW * 32, smem, st>>>(p);                                \
         LAUNCH_CHECK("mass_mma_kernel (mass)");                                                           \
         return EI_OK;                                                                                     \
+    } while (0)
+#define EI__MASS(DD, TT)                                                                                  \
+    do {                                                                                                  \
+        if (wg) EI__MASS_K(DD, TT, true);                                                                 \
+        EI__MASS_K(DD, TT, false);                                                                        \
     } while (0)
     if (D == 64) { if (bf) EI__MASS(64, __nv_bfloat16); EI__MASS(64, __half); }
     if (D == 128) { if (bf) EI__MASS(128, __nv_bfloat16); EI__MASS(128, __half); }
     if (bf) EI__MASS(256, __nv_bfloat16);
     EI__MASS(256, __half);
 #undef EI__MASS
+#undef EI__MASS_K
 }
 
 /* ============================================================ >>cuda-decode */

@@ -33,7 +33,12 @@
      32768        0.59     21.04    14.76       4.62     418.0   0.1675 0.76       0.70
      65536        1.54     85.04    58.16       9.23     413.7   0.0849 0.78       0.68
     131072        4.63    343.07   247.08      18.45     410.2   0.0427 0.79       0.72
-   dense ms by shape at 131072: wg64 343.1, wg128 401.1, mma.sync 8x2x64 399.2. */
+   dense ms by shape at 131072: wg64 343.1, wg128 401.1, mma.sync 8x2x64 399.2.
+   The quality configuration's profile (prof_q_ms; same H200, 2026-12-01):
+   1.62 / 5.21 / 18.53 ms at 32k / 64k / 128k (7.8 / 6.2 / 5.4% of dense;
+   the reference ranking's 0.58 / 1.57 / 4.79 ms); at 128k the sampled rows'
+   two passes take 6.1 + 7.4 ms (wgmma; 20.5 ms in all with mma.sync), the
+   ranking with top_p 0.55 ms. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 

@@ -24,8 +24,8 @@
        EI_ERR_SHAPE naming [h][i], the caches unchanged; a valid one moves the
        same rows on both
 
-     7 rankings beyond the paper: the sampled ranking (tensor-core and
-       CUDA-core GPU paths), top_p counts and sink/local blocks, ragged and
+     7 rankings beyond the paper: the sampled ranking (the GPU's wgmma,
+       mma.sync and CUDA-core paths), top_p counts and sink/local blocks, ragged and
        per-segment budgets: the always-kept blocks identical, counts equal
        but at knife-edges of top_p, kept sets equal up to near-ties of the
        ranking score (recomputed by the test in double); the CPU's rows also
@@ -771,8 +771,9 @@ static void s6_compare(const s6_out *a, const s6_out *b) {
 
 /* ------------------------------------------------------------ 7: rankings beyond the paper */
 /* The sampled ranking (EI_RANK_SAMPLED), top_p counts and sink/local blocks:
-   bf16 views with head_dim 64 (the GPU's tensor-core path, and its CUDA-core
-   path through EI_CUDA_SAMPLED_GENERIC=1) and f32 views with head_dim 40 (the
+   bf16 views with head_dim 64 and 128 (the GPU's tensor-core path: wgmma on
+   Hopper, mma.sync through EI_CUDA_SAMPLED_MMA=1; and its CUDA-core path
+   through EI_CUDA_SAMPLED_GENERIC=1) and f32 views with head_dim 40 (the
    CUDA-core path), ragged and per-segment budgets, R below, not a multiple of
    and above the 256 rows of a GPU tile, a last segment of 40 tokens (rows past
    the prompt unused) and threshold 128 (segment 1 keeps the reference
@@ -793,7 +794,7 @@ enum { S7_N = 1000, S7_H = 8, S7_KV = 2, S7_SEG = 64, S7_BS = 8, S7_NSEG = (S7_N
 typedef struct s7_data { ei_dtype dt; int d; void *q, *k; double *qd, *kd; } s7_data;
 typedef struct s7_case {
     const char *name;
-    int data;            /* 0: bf16, head_dim 64; 1: f32, head_dim 40 */
+    int data;            /* 0: bf16, head_dim 64; 1: f32, head_dim 40; 2: bf16, head_dim 128 */
     ei_ranking ranking;
     int R;
     double top_p;
@@ -806,6 +807,7 @@ static const s7_case s7_cases[] = {
     {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0},
     {"sampled R=64, top_p 0.95, sink 1, local 8, unaligned views", 0, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 1},
     {"f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1, 0},
+    {"d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0},
 };
 enum { S7_CASES = (int)(sizeof s7_cases / sizeof s7_cases[0]) };
 
@@ -828,7 +830,7 @@ static ei_config s7_config(const s7_case *cs) {
 static s7_data s7_make(ei_dtype dt, int d, uint64_t seed) {
     s7_data D;
     size_t nq = (size_t)S7_N * S7_H * d, nk = (size_t)S7_N * S7_KV * d, i;
-    double u[S7_KV][64], strength[S7_KV][S7_N / S7_BS + 1];
+    double u[S7_KV][128], strength[S7_KV][S7_N / S7_BS + 1];
     int h, t, e;
     g_rng = seed;
     D.dt = dt;
@@ -1169,9 +1171,10 @@ int main(int argc, char **argv) {
         s6_compare(&o6[0], &o6[1]);
     }
     {   /* 7: both halves in one place (plans are compared row by row with tolerances) */
-        s7_data d7[2];
+        s7_data d7[3];
         d7[0] = s7_make(EI_BF16, 64, 0x7A11u);
         d7[1] = s7_make(EI_F32, 40, 0x7B22u);
+        d7[2] = s7_make(EI_BF16, 128, 0x7C33u);
         printf("7: rankings beyond the paper (sampled mass, top_p, sink/local):\n");
         for (i = 0; i < S7_CASES; ++i) {
             const s7_case *cs = &s7_cases[i];
@@ -1188,7 +1191,13 @@ int main(int argc, char **argv) {
                 s7_run(1, cs, D, &pg);
                 s7_compare("gpu vs cpu", cs, D, &pc, &pg);
                 ei_plan_free(host_ctx, &pg);
-                if (D->dt != EI_F32 && cs->ranking == EI_RANK_SAMPLED) { /* the CUDA-core path on the same data */
+                if (D->dt != EI_F32 && cs->ranking == EI_RANK_SAMPLED) {
+                    /* the other GPU paths on the same data: mma.sync where wgmma runs, and CUDA cores */
+                    setenv("EI_CUDA_SAMPLED_MMA", "1", 1);
+                    s7_run(1, cs, D, &pg);
+                    unsetenv("EI_CUDA_SAMPLED_MMA");
+                    s7_compare("gpu (mma.sync) vs cpu", cs, D, &pc, &pg);
+                    ei_plan_free(host_ctx, &pg);
                     setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
                     s7_run(1, cs, D, &pg);
                     unsetenv("EI_CUDA_SAMPLED_GENERIC");
@@ -1200,6 +1209,7 @@ int main(int argc, char **argv) {
         }
         s7_free_data(&d7[0]);
         s7_free_data(&d7[1]);
+        s7_free_data(&d7[2]);
     }
     for (i = 0; i < 2; ++i) {
         keep_out_free(&o1[i].stage[0]);
