@@ -5,7 +5,8 @@
 #   (make test-backends, in tests/tests.mk, runs test_backends without --require-gpu: the CPU
 #   half, and the GPU half when the plugin loads and finds a GPU, else "GPU half skipped")
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working
-#   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA
+#   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
+#                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 NVCC        ?= nvcc
 CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
                -gencode arch=compute_90,code=compute_90
