@@ -611,7 +611,8 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
         for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
         return;
     }
-    const bool sampled = rank_sampled(c, s);
+    /* a last segment too short for any sampled row keeps the reference ranking (as on the CPU) */
+    const bool sampled = rank_sampled(c, s) && ei__sample_token(c, s, 0) < n;
     const float *sc = (sampled ? mass : raw) + ((int64_t)kvh * nseg + s) * nblk;
     int64_t ns64, l064;
     const int nf = (int)ei__forced_blocks(c, nvis, &ns64, &l064), ns = (int)ns64, l0 = (int)l064;
