@@ -197,10 +197,12 @@ __device__ __forceinline__ uint64_t rank_key(float f, int64_t j) {
     return ((uint64_t)float_key(f) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)j);
 }
 
-/* The key of the k-th largest element of row[0..len) (1 <= k <= len), by an
-   8-bit radix select over the 64-bit rank keys. All threads return it;
-   exactly k elements have a key >= the result. hist: 256 ints of shared. */
-__device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, int *hist) {
+/* The key of the k-th largest candidate of row[0..len) (1 <= k <= the
+   candidates): elements [ns, l0) are candidates, the others (the always-kept
+   blocks of a ranked row) take key 0, below every real key. An 8-bit radix
+   select over the 64-bit rank keys; all threads return it; exactly k
+   candidates have a key >= the result. hist: 256 ints of shared. */
+__device__ uint64_t block_select_kth_range(const float *row, int64_t len, int64_t k, int64_t ns, int64_t l0, int *hist) {
     __shared__ uint64_t s_prefix;
     __shared__ int64_t s_k;
     uint64_t prefix = 0, mask = 0;
@@ -210,7 +212,7 @@ __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, i
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-            uint64_t key = rank_key(row[j], j);
+            uint64_t key = (j >= ns && j < l0) ? rank_key(row[j], j) : 0;
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
         }
         __syncthreads();
@@ -230,6 +232,10 @@ __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, i
         __syncthreads();
     }
     return prefix;
+}
+/* The k-th largest element of the whole row (1 <= k <= len). */
+__device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, int *hist) {
+    return block_select_kth_range(row, len, k, 0, len, hist);
 }
 
 /* ============================================================ >>cuda-minmax */
@@ -556,39 +562,6 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
 __device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
-/* block_select_kth over the candidates of row[0..len): blocks [ns, l0); the
-   always-kept ones take key 0, below every real key (1 <= k <= l0 - ns). */
-__device__ uint64_t block_select_kth_cand(const float *row, int64_t len, int64_t k, int64_t ns, int64_t l0, int *hist) {
-    __shared__ uint64_t s_prefix;
-    __shared__ int64_t s_k;
-    uint64_t prefix = 0, mask = 0;
-    if (threadIdx.x == 0) s_k = k;
-    for (int pass = 0; pass < 8; pass++) {
-        int shift = 56 - 8 * pass;
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-            uint64_t key = (j >= ns && j < l0) ? rank_key(row[j], j) : 0;
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int64_t need = s_k, cum = 0;
-            int bin = 255;
-            for (; bin > 0; bin--) {
-                if (cum + hist[bin] >= need) break;
-                cum += hist[bin];
-            }
-            s_k = need - cum;
-            s_prefix = prefix | ((uint64_t)bin << shift);
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        mask |= (uint64_t)255 << shift;
-        __syncthreads();
-    }
-    return prefix;
-}
 __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const float *raw, const float *mass, int nseg,
                                                    int nblk, int64_t n, int *keep_blocks, int *keep_count,
                                                    int seg_cap, int *block_index, int max_keep, int *flag) {
@@ -629,7 +602,7 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
         ranked = k - min(nf, k);
     }
     if (ranked > 0) {
-        uint64_t thr = block_select_kth_cand(sc, nvis, ranked, ns, l0, hist);
+        uint64_t thr = block_select_kth_range(sc, nvis, ranked, ns, l0, hist);
         int n2 = 1;
         while (n2 < ranked) n2 <<= 1;
         for (int i = threadIdx.x; i < n2; i += blockDim.x) keys[i] = 0;
