@@ -17,6 +17,7 @@
                            either.
          samples=N         rank_samples: query rows scored per segment and kv head (sampled)
          top_p=P           top-p keep counts, P in (0, 1]; 0: counts from the budget recurrence
+         max_factor=F      budget_max_factor: budgets (and top-p counts) up to F x base (paper 3)
          sink=N            sink_blocks: key blocks from position 0 always kept
          local=N           local_blocks: key blocks just before the segment always kept
          dense_layers=L,.. global layers kept dense (the engine's dense_layers)
@@ -107,13 +108,15 @@ static struct {
     int32_t samples;      /* 0: not given */
     int32_t sink, local;  /* -1: not given */
     double top_p;         /* -1: not given */
+    double max_factor;    /* -1: not given (budget_max_factor) */
     uint64_t dense_layers;
     const char *dense_cache; /* NULL: dense rows are computed in every run */
-} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, 0, NULL};
+} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, -1.0, 0, NULL};
 
 /* any option beyond the ranking that changes the sparse modes */
 static int ovr_changes_config(void) {
     return ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.samples > 0 || ovr.top_p >= 0 || ovr.sink >= 0 ||
+           ovr.max_factor >= 0 ||
            ovr.local >= 0 || ovr.dense_layers;
 }
 
@@ -128,6 +131,7 @@ static ei_config mode_config(int mode) {
     if (ovr.block > 0) c.block_size = ovr.block;
     if (ovr.samples > 0) c.rank_samples = ovr.samples;
     if (ovr.top_p >= 0) c.top_p = ovr.top_p;
+    if (ovr.max_factor >= 0) c.budget_max_factor = ovr.max_factor;
     if (ovr.sink >= 0) c.sink_blocks = ovr.sink;
     if (ovr.local >= 0) c.local_blocks = ovr.local;
     return c;
@@ -166,6 +170,15 @@ static int parse_override(const char *arg) {
         if (!strcmp(arg + 8, "reference")) ovr.ranking = EI_RANK_REFERENCE;
         else if (!strcmp(arg + 8, "sampled")) ovr.ranking = EI_RANK_SAMPLED;
         else return -1;
+        return 0;
+    }
+    if (!strncmp(arg, "max_factor=", 11)) {
+        char *end;
+        double v;
+        errno = 0;
+        v = strtod(arg + 11, &end);
+        if (end == arg + 11 || *end || errno || !(v >= 1.0 && v <= 64.0)) return -1;
+        ovr.max_factor = v;
         return 0;
     }
     if (!strncmp(arg, "top_p=", 6)) {
