@@ -1416,8 +1416,8 @@ EIDEF ei_config ei_config_default(void) {
 }
 
 /* The values measured best on real models (README, "Block ranking beyond
-   the paper"): the paper's segments, blocks and threshold, the sampled
-   ranking with top-p budgets and sink/local blocks. */
+   the paper"): the paper's segments, blocks, threshold and base budget, the
+   sampled ranking with top-p counts (cap 4x base) and sink/local blocks. */
 EIDEF ei_config ei_config_quality(void) {
     ei_config c = ei_config_default();
     c.ranking = EI_RANK_SAMPLED;
@@ -1425,6 +1425,7 @@ EIDEF ei_config ei_config_quality(void) {
     c.top_p = 0.95;
     c.sink_blocks = 1;
     c.local_blocks = 8;
+    c.budget_max_factor = 4.0; /* top-p counts up to 4x base: at 32k the 3x cap bound most segments */
     return c;
 }
 
