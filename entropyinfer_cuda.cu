@@ -233,6 +233,25 @@ __device__ uint64_t block_select_kth_range(const float *row, int64_t len, int64_
     }
     return prefix;
 }
+/* Bitonic sort of keys[0..n2) (n2 a power of two, shared memory), descending;
+   ends with a barrier. */
+__device__ void block_sort_desc(uint64_t *keys, int n2) {
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool desc = (i & size) == 0;
+                    uint64_t a = keys[i], b = keys[j];
+                    if (desc ? (a < b) : (a > b)) {
+                        keys[i] = b;
+                        keys[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
 /* The k-th largest element of the whole row (1 <= k <= len). */
 __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, int *hist) {
     return block_select_kth_range(row, len, k, 0, len, hist);
@@ -523,22 +542,7 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
         if (key >= thr) keys[atomicAdd(&count, 1)] = key;
     }
     __syncthreads();
-    /* bitonic sort, descending */
-    for (int size = 2; size <= n2; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-                int j = i ^ stride;
-                if (j > i) {
-                    bool desc = (i & size) == 0;
-                    uint64_t a = keys[i], b = keys[j];
-                    if (desc ? (a < b) : (a > b)) {
-                        keys[i] = b;
-                        keys[j] = a;
-                    }
-                }
-            }
-            __syncthreads();
-        }
+    block_sort_desc(keys, n2);
     for (int i = threadIdx.x; i < max_keep; i += blockDim.x)
         out[i] = i < k ? (int)(0xFFFFFFFFu - (uint32_t)keys[i]) : -1;
 }
@@ -613,21 +617,7 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
             if (key >= thr) keys[atomicAdd(&count, 1)] = key;
         }
         __syncthreads();
-        for (int size = 2; size <= n2; size <<= 1) /* bitonic sort, descending */
-            for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-                    int j = i ^ stride;
-                    if (j > i) {
-                        bool desc = (i & size) == 0;
-                        uint64_t a = keys[i], b = keys[j];
-                        if (desc ? (a < b) : (a > b)) {
-                            keys[i] = b;
-                            keys[j] = a;
-                        }
-                    }
-                }
-                __syncthreads();
-            }
+        block_sort_desc(keys, n2);
     }
     int kout = k;
     if (topp) {
