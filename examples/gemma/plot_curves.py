@@ -35,6 +35,7 @@ MARKERS = ["circle", "square", "triangle", "diamond", "triangle-down", "cross"]
 IDENT_FIELDS = [
     ("counts", "counts"),
     ("rank_samples", "samples"),
+    ("budget_max_factor", "cap x base"),
     ("sink_blocks", "sink"),
     ("local_blocks", "local"),
     ("segment_size", "segment"),
@@ -77,7 +78,7 @@ def row_ident(run, row):
         "dense_layers": ",".join(str(x) for x in (run.get("config") or {}).get("dense_layers") or []) or None,
         "per_segment_budget": cfg.get("per_segment_budget"),
     }
-    for k in ("sink_blocks", "local_blocks", "segment_size", "block_size", "threshold_len"):
+    for k in ("sink_blocks", "local_blocks", "segment_size", "block_size", "threshold_len", "budget_max_factor"):
         ident[k] = cfg.get(k)
     ident["text"] = os.path.basename(str(run.get("text") or ""))
     ident["model"] = os.path.basename(str(run.get("model") or ""))
