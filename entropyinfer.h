@@ -106,7 +106,9 @@
    observation window   the last `window` queries (the last window-decode_gap
                prompt queries and the first decode_gap generated ones); decode
                compression scores the cache against it and keeps
-               decode_budget positions per kv head (window included).
+               decode_budget positions per kv head (window included), or one
+               set for every head and layer of a sequence (shared keep set:
+               each layer's scores weigh 1, ei_decode_shared_add).
 
    DATA FORMATS
    ============
@@ -115,7 +117,12 @@
    Query head h belongs to kv head h / (n_heads / n_kv_heads). A plan's
    arrays are [kv_head][segment] rows with row stride plan.seg_capacity;
    block_index rows hold plan.max_keep ranked block numbers padded with -1.
-   A keep set holds, per head, the kept positions in ascending order.
+   A keep set holds, per head, the kept ROWS of the cache in ascending order
+   (what ei_kv_compact moves) and, optionally, the position each holds; a
+   cache's rows map to positions through row_pos (default: row j holds
+   position j; -1: a row without one), so caches whose rows are not in
+   position order (an engine's reused cells, a compacted cache) are scored
+   in position order.
 
    PROTOCOLS
    =========
@@ -139,7 +146,13 @@
    scores the cache against the window (query i lines up with key
    n - window + i; the reference fires one token later, with its window one
    position off its keys: a deliberate difference) and ei_kv_compact
-   compacts it. recompress_every = k compresses again every k tokens.
+   compacts it. recompress_every = k compresses again every k tokens. After
+   a compaction row i holds keep.positions[h][i]: pass them as row_pos next
+   time, with the new tokens' rows after them. Engines whose cells are
+   shared by every head and layer (llama.cpp) take one keep set per
+   sequence: ei_decode_score each layer (threads split the query heads),
+   ei_decode_shared_add its scores, ei_decode_select_shared, then evict the
+   positions not kept.
 
    ACCURACY ACROSS PATHS
    =====================
@@ -163,6 +176,9 @@
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head; its workspace adds 32 x n_tokens floats of scores.
+   Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
+   thread (ei_decode_workspace_size); the rows that hold positions are read
+   in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
    finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
@@ -183,7 +199,9 @@
    An ei_context is immutable after creation: any number of threads may use
    one context at once. A plan or decoder may be shared by threads that work
    on disjoint kv-head ranges (ei_profile_heads, ei_attention_prefill with
-   ith/nth); anything else written by a call belongs to one thread at a time.
+   ith/nth) or query-head ranges (ei_decode_score with ith/nth, which only
+   reads the decoder); anything else written by a call belongs to one thread
+   at a time.
    Workspaces are per thread. The logger may be called from several threads
    at once (your threads, or the workers of the *_mt helpers): make it
    thread-safe. A failure inside an *_mt worker is returned, with its
@@ -551,30 +569,73 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
    tokens observed since the prompt, or recompress_every since the last). */
 EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec);
 
-/* The positions each head keeps, ascending, window included. */
+/* The rows each head keeps. A cache is n_tokens ROWS; each row holds one
+   POSITION of the sequence (row_pos; by default row j holds position j) or
+   none (-1: an empty cell, another sequence's: never scored, never kept).
+   Candidates: the rows holding positions, minus the window (the rows of
+   the newest W positions, W = the queries the decoder holds, always kept). */
 typedef struct ei_keep_set {
-    int32_t heads_out;      /* n_kv_heads (per_kv_head) or n_heads */
-    int32_t capacity;       /* row length of index (>= min(n_tokens, decode_budget)) */
-    int32_t n_kept;         /* set by ei_decode_keep: positions kept per head */
-    int32_t compressed;     /* 0: n_tokens < decode_budget, everything kept */
-    int64_t n_tokens;       /* cache length scored */
-    int32_t *index;         /* [heads_out][capacity] ascending */
-    uint8_t *mask;          /* optional [heads_out][mask_capacity]: 1 = kept */
+    int32_t heads_out;      /* in: n_kv_heads (per_kv_head), n_heads, or 1 (a shared set) */
+    int32_t capacity;       /* in: row length of index/positions (>= min(rows holding positions, decode_budget)) */
+    int32_t n_kept;         /* out: rows kept per head */
+    int32_t compressed;     /* out: 0 when fewer than decode_budget rows hold positions (every one kept) */
+    int64_t n_tokens;       /* out: rows of the cache scored */
+    int32_t *index;         /* out [heads_out][capacity]: the kept ROWS, ascending, window included */
+    uint8_t *mask;          /* optional out [heads_out][mask_capacity]: mask[h][row] = 1 if kept */
     int64_t mask_capacity;
-    float *pooled;          /* optional [heads_out][pooled_capacity]: the ranked pooled
-                               scores of the first n_tokens - window positions */
+    float *pooled;          /* optional out [heads_out][pooled_capacity]: the pooled score of every
+                               candidate, oldest position first (row_pos NULL: of positions
+                               0..n_tokens-window-1), the value that was ranked */
     int64_t pooled_capacity;
+    const int32_t *row_pos; /* optional in [n_tokens] (per kv head: + kvh * row_pos_stride): the
+                               position row j holds, -1 = none. NULL: row j holds position j */
+    int64_t row_pos_stride; /* 0: one map for every kv head */
+    int32_t *positions;     /* optional out [heads_out][capacity]: the position held by row
+                               index[h][i]; after ei_kv_compact row i holds positions[h][i]
+                               (the next call's row_pos) */
 } ei_keep_set;
 
 EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                          int32_t n_kv_heads, size_t *bytes);
-/* Score the cache k [n_tokens][n_kv_heads][dim] (its last `window` keys line
-   up with the window's queries) and fill keep. */
+/* Score the cache k [n_tokens rows][n_kv_heads][dim] against the window and
+   fill keep (ei_decode_score + ei_decode_select). The window's W queries
+   line up with the keys of the newest W positions; each query attends the
+   rows holding positions up to its own. _mt: n_threads threads (query heads
+   split between them), workspace n_threads x ei_decode_workspace_size. */
 EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
                                ei_keep_set *keep, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
+                                  ei_keep_set *keep, int n_threads, void *workspace, size_t workspace_bytes);
+/* The parts, for an engine's own threads:
+   ei_decode_score: thread ith of nth fills the rows of its query heads
+     (n_heads * ith / nth up to n_heads * (ith + 1) / nth) of scores
+     [n_heads][k->n_tokens]: scores[h][row] = the mean over the window's
+     queries of query head h of their softmax weight on that row (0 for rows
+     holding no position); row_pos/row_pos_stride as in ei_keep_set. One
+     workspace of ei_decode_workspace_size bytes per thread.
+   ei_decode_select: from one layer's scores, the keep set of each head
+     (query heads reduced per kv head by gqa_reduce when per_kv_head; pooled
+     over candidates in position order; the top decode_budget - W kept).
+   Shared keep set (one set of rows for every head and every layer of a
+     sequence, as llama.cpp's KV cells are shared): zero shared [n_tokens],
+     ei_decode_shared_add each layer's scores (all its query heads reduced by
+     gqa_reduce, pooled, then divided by their sum over the candidates: each
+     layer weighs 1, whatever mass it leaves on its window), then
+     ei_decode_select_shared (keep->heads_out = 1; keep->row_pos the map).
+     shared_add marks the decoder as compressed (ei_decode_due). */
+EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k,
+                                const int32_t *row_pos, int64_t row_pos_stride, float *scores,
+                                int ith, int nth, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                 ei_keep_set *keep, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                     const int32_t *row_pos, float *shared, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder *dec, const float *shared,
+                                        int64_t n_rows, ei_keep_set *keep, void *workspace, size_t workspace_bytes);
 /* In-place compaction of a contiguous-per-head cache with keep->heads_out
-   heads: row i of head h becomes row keep->index[h][i]. Afterwards the cache
-   holds keep->n_kept tokens per head. */
+   heads (or any number of heads for a shared set, heads_out 1): row i of
+   head h becomes row keep->index[h][i]. Afterwards the cache holds
+   keep->n_kept rows per head; row i holds position keep->positions[h][i]. */
 EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v);
 
 
@@ -599,7 +660,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 3
+#define EI_CUDA_ABI_VERSION 4
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -658,9 +719,28 @@ typedef struct ei_cuda_api {
     ei_result (*decode_keep)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k,
                              ei_keep_set *keep, void *workspace, size_t workspace_bytes, char *msg);
     /* checks the keep-set's indices (ascending, inside the cache) on the
-       device before moving anything */
+       device before moving anything; a shared set (heads_out 1) moves every
+       head of the caches */
     ei_result (*kv_compact)(const ei_config *cfg, const ei_keep_set *keep, ei_out_tensor *k,
                             ei_out_tensor *v, char *msg);
+
+    /* ABI 4: the parts of decode_keep (ei_decode_score / _select /
+       _shared_add / _select_shared). The row maps (row_pos, keep->row_pos)
+       are device arrays the plugin validates (the CPU's codes: EI_ERR_SHAPE
+       for a bad map); decode_keep honours keep->row_pos and fills
+       keep->positions. decode_score fills query heads [h0, h1) of scores
+       (the header splits ith/nth). */
+    ei_result (*decode_score)(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k,
+                              const int32_t *row_pos, int64_t row_pos_stride, float *scores, int32_t h0,
+                              int32_t h1, void *workspace, size_t workspace_bytes, char *msg);
+    ei_result (*decode_select)(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
+                               ei_keep_set *keep, void *workspace, size_t workspace_bytes, char *msg);
+    ei_result (*decode_shared_add)(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                   const int32_t *row_pos, float *shared, void *workspace,
+                                   size_t workspace_bytes, char *msg);
+    ei_result (*decode_select_shared)(const ei_config *cfg, const ei_decoder *dec, const float *shared,
+                                      int64_t n_rows, ei_keep_set *keep, void *workspace,
+                                      size_t workspace_bytes, char *msg);
 } ei_cuda_api;
 
 /* The plugin's only export: returns its table whatever version is asked
@@ -995,7 +1075,7 @@ typedef struct ei__kernels {
        rows to mass[0..nvis) (>>profile, ei__sample_mass); 0 if a score is
        not finite */
     int (*sample_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
-                       int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass);
+                       int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass, const int32_t *krow);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
        and stages for all-bf16 calls with an even head_dim (NULL: none) */
     const ei__attn_stages *attn;
@@ -2309,7 +2389,7 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
         }
         if (!nr) break;
         if (!ctx->kern->sample_mass(w->sq, tok, nr, k, kvh, scale, c->block_size, (int64_t)s * (c->segment_size / c->block_size),
-                                    w->logits, w->keys, mass))
+                                    w->logits, w->keys, mass, NULL))
             return 0;
         *rows += nr;
     }
@@ -2808,31 +2888,47 @@ EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec) {
     return ctx->cfg.recompress_every > 0 && dec->n_generated - dec->last_compress >= ctx->cfg.recompress_every;
 }
 
-/* Decode workspace: a key tile in f32, logits rows of one kv group, per-query-
-   head weight means, the reduced and pooled scores, ranking pairs. */
+/* Decode workspace, one per thread: the rows in position order and their
+   sort keys, the sampled-mass kernel's buffers (a batch of window queries,
+   a tile of keys, its scores) and a score row; for selection a reduced and
+   a pooled row and ranking pairs; for ei_decode_keep the scores of every
+   query head (ei_decode_keep_mt: the first thread's). */
 typedef struct ei__decode_ws {
-    float *logits;   /* [G*W][n] */
-    float *acc;      /* [n_heads][L] */
-    float *pooled;   /* [L] */
-    float *krow;     /* [d] */
-    ei__ranked *pairs; /* [L] */
+    int32_t *order;    /* [n] rows that hold positions, oldest first */
+    int64_t *keys;     /* [n] (position << 32 | row) while sorting */
+    float *qt;         /* [d][EI__SAMPLE_ROWS] a batch of window queries, transposed */
+    float *kbuf;       /* [tile][d rounded up to 16] */
+    float *lg;         /* ei__sample_lg_floats(n, 1) */
+    float *mass;       /* [n] summed weights, oldest first */
+    float *red;        /* [n] */
+    float *pooled;     /* [n] */
+    ei__ranked *pairs; /* [n] */
+    float *scores;     /* [n_heads][n] */
 } ei__decode_ws;
-static int ei__decode_ws_layout(const ei_config *c, int64_t n, int32_t H, int32_t KV, int32_t d, ei__decode_ws *w,
-                                void *mem, size_t bytes, size_t *need) {
-    size_t total = 0, G = (size_t)(H / KV), W = (size_t)c->window;
+static int ei__decode_ws_layout(int64_t n, int32_t H, int32_t d, ei__decode_ws *w, void *mem, size_t bytes,
+                                size_t *need) {
+    size_t total = 0, dp = (size_t)ei__round_up(d, 16), N = (size_t)n;
     ei__arena a;
-    if (!ei__reserve(&total, G * W, (size_t)n * 4u) || !ei__reserve(&total, (size_t)H, (size_t)n * 4u) ||
-        !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)d, 4u) ||
-        !ei__reserve(&total, (size_t)n, sizeof(ei__ranked)) || !ei__add_size(total, EI__ALIGN, &total))
+    if (!ei__reserve(&total, N, 4u) || !ei__reserve(&total, N, 8u) ||
+        !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
+        !ei__reserve(&total, (size_t)ei__sample_tile_keys(1), dp * 4u) ||
+        !ei__reserve(&total, ei__sample_lg_floats(n, 1), 4u) || !ei__reserve(&total, N, 4u) ||
+        !ei__reserve(&total, N, 4u) || !ei__reserve(&total, N, 4u) || !ei__reserve(&total, N, sizeof(ei__ranked)) ||
+        !ei__reserve(&total, (size_t)H, N * 4u) || !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
     if (!mem || bytes < total) return 1;
     ei__arena_init(&a, mem, bytes);
-    w->logits = (float *)ei__arena_take(&a, G * W, (size_t)n * 4u);
-    w->acc = (float *)ei__arena_take(&a, (size_t)H, (size_t)n * 4u);
-    w->pooled = (float *)ei__arena_take(&a, (size_t)n, 4u);
-    w->krow = (float *)ei__arena_take(&a, (size_t)d, 4u);
-    w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)n, sizeof(ei__ranked));
+    w->order = (int32_t *)ei__arena_take(&a, N, 4u);
+    w->keys = (int64_t *)ei__arena_take(&a, N, 8u);
+    w->qt = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
+    w->kbuf = (float *)ei__arena_take(&a, (size_t)ei__sample_tile_keys(1), dp * 4u);
+    w->lg = (float *)ei__arena_take(&a, ei__sample_lg_floats(n, 1), 4u);
+    w->mass = (float *)ei__arena_take(&a, N, 4u);
+    w->red = (float *)ei__arena_take(&a, N, 4u);
+    w->pooled = (float *)ei__arena_take(&a, N, 4u);
+    w->pairs = (ei__ranked *)ei__arena_take(&a, N, sizeof(ei__ranked));
+    w->scores = (float *)ei__arena_take(&a, (size_t)H, N * 4u);
     return 1;
 }
 EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
@@ -2841,8 +2937,18 @@ EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens
     ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, 1, bytes);
     if (r != EI_OK) return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, bytes);
-    if (!ei__decode_ws_layout(&ctx->cfg, n_tokens, n_heads, n_kv_heads, EI_MAX_HEAD_DIM, &w, NULL, 0, bytes))
+    if (!ei__decode_ws_layout(n_tokens, n_heads, EI_MAX_HEAD_DIM, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    return EI_OK;
+}
+/* The workspace of one call (or thread) for n rows, laid out in w. */
+static ei_result ei__decode_ws_take(const ei_context *ctx, int64_t n, int32_t H, void *workspace, size_t bytes,
+                                    ei__decode_ws *w) {
+    size_t need;
+    if (!ei__decode_ws_layout(n, H, EI_MAX_HEAD_DIM, w, workspace, bytes, &need))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
+    if (bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", bytes, need);
     return EI_OK;
 }
 
@@ -2862,134 +2968,390 @@ static void ei__pool_scores(ei_pool pool, int32_t kernel, const float *x, int64_
     }
 }
 
-static void ei__keep_all(ei_keep_set *keep, int32_t heads_out, int64_t n) {
-    int32_t h;
-    int64_t j;
-    for (h = 0; h < heads_out; ++h) {
-        for (j = 0; j < n; ++j) keep->index[(size_t)h * (size_t)keep->capacity + (size_t)j] = (int32_t)j;
-        if (keep->mask) memset(keep->mask + (size_t)h * (size_t)keep->mask_capacity, 1, (size_t)n);
+static int ei__int64_cmp(const void *pa, const void *pb) {
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return (a > b) - (a < b);
+}
+
+/* The rows of a cache of n rows that hold positions, oldest first, into
+   order[0..*np) (row_pos NULL: row j holds position j). The newest W
+   positions are the window: they must be consecutive (the keys of the
+   observed queries, every one in the cache). */
+static ei_result ei__decode_order(const ei_context *ctx, const int32_t *row_pos, int64_t n, int64_t W, int32_t *order,
+                                  int64_t *keys, int64_t *np_out) {
+    int64_t j, np = 0, i;
+    int sorted = 1;
+    if (!row_pos) {
+        for (j = 0; j < n; ++j) order[j] = (int32_t)j;
+        np = n;
+    } else {
+        for (j = 0; j < n; ++j) {
+            if (row_pos[j] < -1)
+                return ei__fail(ctx, EI_ERR_SHAPE, "row_pos[%lld] = %d (a position >= 0, or -1 for a row without one)",
+                                (long long)j, (int)row_pos[j]);
+            if (row_pos[j] < 0) continue;
+            if (np && row_pos[j] <= row_pos[order[np - 1]]) sorted = 0;
+            order[np++] = (int32_t)j;
+        }
+        if (!sorted) { /* position << 32 | row: sorts by position, rows break no tie (checked below) */
+            for (i = 0; i < np; ++i) keys[i] = (int64_t)row_pos[order[i]] << 32 | (int64_t)order[i];
+            qsort(keys, (size_t)np, sizeof *keys, ei__int64_cmp);
+            for (i = 0; i < np; ++i) order[i] = (int32_t)(keys[i] & 0xffffffff);
+        }
+        for (i = 1; i < np; ++i)
+            if (row_pos[order[i]] == row_pos[order[i - 1]])
+                return ei__fail(ctx, EI_ERR_SHAPE, "rows %d and %d both hold position %d", (int)order[i - 1], (int)order[i],
+                                (int)row_pos[order[i]]);
     }
-    keep->n_kept = (int32_t)n;
+    if (np < W)
+        return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld positions, fewer than the %lld observed queries",
+                        (long long)np, (long long)W);
+    if (row_pos && W > 0 && row_pos[order[np - 1]] - row_pos[order[np - W]] != W - 1)
+        return ei__fail(ctx, EI_ERR_SHAPE,
+                        "the newest %lld positions (%d..%d) are not consecutive: the window's keys must all be in the cache",
+                        (long long)W, (int)row_pos[order[np - W]], (int)row_pos[order[np - 1]]);
+    *np_out = np;
+    return EI_OK;
+}
+
+/* The decode scores of query head h: scale * q.k of each window query
+   against the keys of its kv head (rows in position order, order[0..np)),
+   softmax over the keys up to its own (window query i lines up with the
+   key at np - W + i), mean over the W queries; out[row], 0 for rows that
+   hold no position. Batches of EI__SAMPLE_ROWS queries through the sampled
+   ranking's kernel with one-key blocks. */
+static ei_result ei__decode_score_head(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, int32_t h,
+                                       const int32_t *order, int64_t np, int64_t W, float *out, ei__decode_ws *w) {
+    const int32_t d = dec->head_dim, H = dec->n_heads, kvh = h / (H / dec->n_kv_heads);
+    const float scale = ctx->cfg.decode_scale > 0 ? ctx->cfg.decode_scale : 1.0f / sqrtf((float)d);
+    int64_t tok[EI__SAMPLE_ROWS], i0, j;
+    int32_t r, e, nr;
+    memset(w->mass, 0, (size_t)np * sizeof(float));
+    for (i0 = 0; i0 < W; i0 += EI__SAMPLE_ROWS) {
+        nr = (int32_t)EI__MIN((int64_t)EI__SAMPLE_ROWS, W - i0);
+        memset(w->qt, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
+        for (r = 0; r < nr; ++r) {
+            int64_t slot = (dec->n_observed - W + i0 + r) % dec->window;
+            const float *qv = dec->queries + ((size_t)slot * (size_t)H + (size_t)h) * (size_t)d;
+            for (e = 0; e < d; ++e) w->qt[(size_t)e * EI__SAMPLE_ROWS + (size_t)r] = qv[e];
+            tok[r] = np - W + i0 + r;
+        }
+        if (!ctx->kern->sample_mass(w->qt, tok, nr, k, kvh, scale, 1, tok[nr - 1] + 1, w->lg, w->kbuf, w->mass, order))
+            return ei__fail(ctx, EI_ERR_NONFINITE, "decode scores of query head %d are not finite (NaN/Inf in k, or "
+                            "float32 overflow)", (int)h);
+    }
+    memset(out, 0, (size_t)k->n_tokens * sizeof(float));
+    for (j = 0; j < np; ++j) out[order[j]] = w->mass[j] / (float)W;
+    return EI_OK;
+}
+
+/* The map of kv head kvh's rows (NULL: identity). */
+static const int32_t *ei__row_map(const ei_keep_set *keep, int32_t kvh) {
+    if (!keep || !keep->row_pos) return NULL;
+    return keep->row_pos + (size_t)kvh * (size_t)keep->row_pos_stride;
+}
+
+static ei_result ei__check_rows(const ei_context *ctx, int64_t n_rows) {
+    if (n_rows <= 0 || n_rows > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_rows %lld not in 1..%lld", (long long)n_rows, (long long)EI_MAX_TOKENS);
+    return EI_OK;
+}
+
+/* Checks shared by every decode entry point. */
+static ei_result ei__check_decoder(const ei_context *ctx, const ei_decoder *dec) {
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if (dec->window != ctx->cfg.window)
+        return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
+    if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
+    return EI_OK;
+}
+
+EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
+                                int64_t row_pos_stride, float *scores, int ith, int nth, void *workspace,
+                                size_t workspace_bytes) {
+    ei__decode_ws w;
+    int64_t W, np = 0;
+    int32_t h, h0, h1, G, kv_done = -1;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
+    if (k->n_heads != dec->n_kv_heads || k->head_dim != dec->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
+                        (int)k->head_dim, (int)dec->n_kv_heads, (int)dec->head_dim);
+    if (nth < 1 || ith < 0 || ith >= nth) return ei__fail(ctx, EI_ERR_SIZE, "thread %d of %d", ith, nth);
+    if (row_pos_stride < 0 || (row_pos_stride > 0 && row_pos_stride < k->n_tokens))
+        return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld (0: one map for every kv head, else >= %lld rows)",
+                        (long long)row_pos_stride, (long long)k->n_tokens);
+    if (ei__on_gpu(ctx)) /* this thread's query heads, scored on the device */
+        return EI__CUDA(ctx, decode_score, &ctx->cfg, dec, k, row_pos, row_pos_stride, scores,
+                        (int32_t)((int64_t)dec->n_heads * ith / nth), (int32_t)((int64_t)dec->n_heads * (ith + 1) / nth),
+                        workspace, workspace_bytes);
+    if ((r = ei__decode_ws_take(ctx, k->n_tokens, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
+    W = ei__decode_window(&ctx->cfg, dec);
+    G = dec->n_heads / dec->n_kv_heads;
+    h0 = (int32_t)((int64_t)dec->n_heads * ith / nth);
+    h1 = (int32_t)((int64_t)dec->n_heads * (ith + 1) / nth);
+    for (h = h0; h < h1; ++h) {
+        if (h / G != kv_done) { /* the order of this kv head's rows */
+            kv_done = h / G;
+            r = ei__decode_order(ctx, row_pos ? row_pos + (size_t)kv_done * (size_t)row_pos_stride : NULL, k->n_tokens, W,
+                                 w.order, w.keys, &np);
+            if (r != EI_OK) return r;
+        }
+        if ((r = ei__decode_score_head(ctx, dec, k, h, w.order, np, W, scores + (size_t)h * (size_t)k->n_tokens, &w)) != EI_OK)
+            return r;
+    }
+    return EI_OK;
+}
+
+/* Checks of a keep set about to be filled for n rows (heads_out rows). */
+static ei_result ei__check_keep(const ei_context *ctx, const ei_keep_set *keep, int32_t heads_out, int64_t n,
+                                const char *why) {
+    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
+    if (keep->heads_out != heads_out)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d heads, %d needed (%s)", (int)keep->heads_out, (int)heads_out, why);
+    if ((int64_t)keep->capacity < EI__MIN(n, (int64_t)ctx->cfg.decode_budget) || keep->capacity < 0)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity,
+                        (long long)EI__MIN(n, (int64_t)ctx->cfg.decode_budget));
+    if (keep->mask && keep->mask_capacity < n)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "mask capacity %lld < %lld tokens", (long long)keep->mask_capacity, (long long)n);
+    if (keep->row_pos && (keep->row_pos_stride < 0 || (keep->row_pos_stride > 0 && keep->row_pos_stride < n)))
+        return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld (0: one map for every kv head, else >= %lld rows)",
+                        (long long)keep->row_pos_stride, (long long)n);
+    return EI_OK;
+}
+
+/* Keep row h of a keep set: the top k candidates of score[0..L) (candidate
+   j = the row order[j]; score already pooled) and the W window rows
+   order[L..L+W), as rows ascending, with their positions and mask. */
+static void ei__keep_rows(ei_keep_set *keep, int32_t h, const int32_t *map, const float *score, const int32_t *order,
+                          int64_t L, int64_t W, int64_t kk, int64_t n, ei__ranked *pairs) {
+    int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+    int64_t j;
+    if (kk > L) kk = L;
+    if (kk < 0) kk = 0;
+    ei__rank_top(score, L, kk, idx, pairs);
+    for (j = 0; j < kk; ++j) idx[j] = order[idx[j]];
+    for (j = 0; j < W; ++j) idx[kk + j] = order[L + j];
+    /* ascending rows (rows are unique) */
+    for (j = 0; j < kk + W; ++j) { pairs[j].score = -(float)idx[j]; pairs[j].index = idx[j]; }
+    qsort(pairs, (size_t)(kk + W), sizeof *pairs, ei__ranked_cmp);
+    for (j = 0; j < kk + W; ++j) idx[j] = pairs[j].index;
+    if (keep->positions)
+        for (j = 0; j < kk + W; ++j)
+            keep->positions[(size_t)h * (size_t)keep->capacity + (size_t)j] = map ? map[idx[j]] : idx[j];
+    if (keep->mask) {
+        uint8_t *m = keep->mask + (size_t)h * (size_t)keep->mask_capacity;
+        memset(m, 0, (size_t)n);
+        for (j = 0; j < kk + W; ++j) m[idx[j]] = 1;
+    }
+    keep->n_kept = (int32_t)(kk + W);
+}
+
+/* Reduce the scores of query heads h0..h0+nh (rows of n) over the given
+   candidates (order[0..L)) by gqa_reduce into red[0..L). */
+static void ei__reduce_heads(const ei_config *c, const float *scores, int64_t n, int32_t h0, int32_t nh,
+                             const int32_t *order, int64_t L, float *red) {
+    int64_t j;
+    int32_t i;
+    for (j = 0; j < L; ++j) {
+        float v = scores[(size_t)h0 * (size_t)n + (size_t)order[j]];
+        for (i = 1; i < nh; ++i) {
+            float x = scores[(size_t)(h0 + i) * (size_t)n + (size_t)order[j]];
+            v = c->gqa_reduce == EI_REDUCE_MAX ? (x > v ? x : v) : v + x;
+        }
+        red[j] = c->gqa_reduce == EI_REDUCE_MAX ? v : v / (float)nh;
+    }
+}
+
+/* Fewer rows hold positions than decode_budget: every one is kept. */
+static void ei__keep_all(ei_keep_set *keep, const int32_t *order, int64_t np, int64_t n, int32_t h, const int32_t *map) {
+    int64_t j, m = 0;
+    int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+    (void)order;
+    for (j = 0; j < n; ++j) /* the rows that hold positions, ascending */
+        if (!map || map[j] >= 0) idx[m++] = (int32_t)j;
+    if (keep->positions)
+        for (j = 0; j < np; ++j) keep->positions[(size_t)h * (size_t)keep->capacity + (size_t)j] = map ? map[idx[j]] : idx[j];
+    if (keep->mask) {
+        uint8_t *mk = keep->mask + (size_t)h * (size_t)keep->mask_capacity;
+        memset(mk, 0, (size_t)n);
+        for (j = 0; j < np; ++j) mk[idx[j]] = 1;
+    }
+    keep->n_kept = (int32_t)np;
+}
+
+EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                 ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+    const ei_config *c;
+    ei__decode_ws w;
+    int64_t W, np = 0, L, kk;
+    int32_t h, heads_out, G, kvh_done = -1;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    c = &ctx->cfg;
+    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
+    if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads;
+    if ((r = ei__check_keep(ctx, keep, heads_out, n_rows, c->per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
+        return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select, c, dec, scores, n_rows, keep, workspace, workspace_bytes);
+    if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
+    W = ei__decode_window(c, dec);
+    G = dec->n_heads / dec->n_kv_heads;
+    for (h = 0; h < heads_out; ++h) {
+        int32_t kvh = c->per_kv_head ? h : h / G;
+        const int32_t *map = ei__row_map(keep, kvh);
+        if (kvh != kvh_done && (r = ei__decode_order(ctx, map, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
+        kvh_done = kvh;
+        if (np > (int64_t)keep->capacity && np < c->decode_budget) /* (capacity >= min(n_rows, budget) >= np else) */
+            return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
+        if (np < c->decode_budget) { ei__keep_all(keep, w.order, np, n_rows, h, map); continue; }
+        L = np - W;
+        kk = (int64_t)c->decode_budget - W;
+        if (keep->pooled && keep->pooled_capacity < L)
+            return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+        if (c->per_kv_head) ei__reduce_heads(c, scores, n_rows, h * G, G, w.order, L, w.red);
+        else ei__reduce_heads(c, scores, n_rows, h, 1, w.order, L, w.red);
+        {
+            float *pooled = keep->pooled ? keep->pooled + (size_t)h * (size_t)keep->pooled_capacity : w.pooled;
+            ei__pool_scores(c->pool, c->pool_kernel, w.red, L, pooled);
+            ei__keep_rows(keep, h, map, pooled, w.order, L, W, kk, n_rows, w.pairs);
+        }
+    }
+    keep->n_tokens = n_rows;
+    keep->compressed = np >= c->decode_budget;
+    dec->last_compress = dec->n_generated;
+    return EI_OK;
+}
+
+EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                     const int32_t *row_pos, float *shared, void *workspace, size_t workspace_bytes) {
+    const ei_config *c;
+    ei__decode_ws w;
+    int64_t W, np = 0, L, j;
+    double sum = 0.0;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    c = &ctx->cfg;
+    if (!scores || !shared) return ei__fail(ctx, EI_ERR_NULL, "scores or shared is NULL");
+    if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_shared_add, c, dec, scores, n_rows, row_pos, shared, workspace, workspace_bytes);
+    if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
+    W = ei__decode_window(c, dec);
+    if ((r = ei__decode_order(ctx, row_pos, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
+    L = np - W;
+    /* every head of the layer, reduced; pooled over positions; a layer's
+       candidates then weigh 1 in total, so that every layer has one vote
+       (the mass a layer leaves on its window or its sinks differs) */
+    ei__reduce_heads(c, scores, n_rows, 0, dec->n_heads, w.order, L, w.red);
+    ei__pool_scores(c->pool, c->pool_kernel, w.red, L, w.pooled);
+    for (j = 0; j < L; ++j) sum += w.pooled[j];
+    if (sum > 0.0)
+        for (j = 0; j < L; ++j) shared[w.order[j]] += (float)(w.pooled[j] / sum);
+    dec->last_compress = dec->n_generated;
+    return EI_OK;
+}
+
+EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder *dec, const float *shared, int64_t n_rows,
+                                        ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+    const ei_config *c;
+    ei__decode_ws w;
+    int64_t W, np = 0, L, j;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    c = &ctx->cfg;
+    if (!shared) return ei__fail(ctx, EI_ERR_NULL, "shared is NULL");
+    if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    if ((r = ei__check_keep(ctx, keep, 1, n_rows, "a shared keep set has one")) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select_shared, c, dec, shared, n_rows, keep, workspace, workspace_bytes);
+    if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
+    W = ei__decode_window(c, dec);
+    if ((r = ei__decode_order(ctx, keep->row_pos, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
+    keep->n_tokens = n_rows;
+    keep->compressed = np >= c->decode_budget;
+    if (!keep->compressed) {
+        if (np > (int64_t)keep->capacity)
+            return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
+        ei__keep_all(keep, w.order, np, n_rows, 0, keep->row_pos);
+        return EI_OK;
+    }
+    L = np - W;
+    if (keep->pooled && keep->pooled_capacity < L)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+    for (j = 0; j < L; ++j) {
+        float v = shared[w.order[j]];
+        if (!(v - v == 0.0f)) return ei__fail(ctx, EI_ERR_NONFINITE, "shared score of row %d is not finite", (int)w.order[j]);
+        w.pooled[j] = v;
+    }
+    if (keep->pooled) memcpy(keep->pooled, w.pooled, (size_t)L * sizeof(float));
+    ei__keep_rows(keep, 0, keep->row_pos, w.pooled, w.order, L, W, (int64_t)c->decode_budget - W, n_rows, w.pairs);
+    return EI_OK;
+}
+
+/* ei_decode_keep's scoring, thread ith of nth (ei_decode_keep_mt). */
+typedef struct ei__decode_job {
+    const ei_context *ctx;
+    const ei_decoder *dec;
+    const ei_tensor *k;
+    const ei_keep_set *keep;
+    float *scores;
+} ei__decode_job;
+static ei_result ei__decode_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__decode_job *j = (const ei__decode_job *)arg;
+    return ei_decode_score(j->ctx, j->dec, j->k, j->keep->row_pos, j->keep->row_pos ? j->keep->row_pos_stride : 0,
+                           j->scores, ith, nth, ws, ws_bytes);
+}
+
+EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                                  int n_threads, void *workspace, size_t workspace_bytes) {
+    const ei_config *c;
+    ei__decode_ws w;
+    ei__decode_job job;
+    size_t per;
+    int32_t heads_out;
+    int nt;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    c = &ctx->cfg;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    if (k->n_heads != dec->n_kv_heads || k->head_dim != dec->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
+                        (int)k->head_dim, (int)dec->n_kv_heads, (int)dec->head_dim);
+    heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads;
+    if ((r = ei__check_keep(ctx, keep, heads_out, k->n_tokens, c->per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
+        return r;
+    if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
+    if (ei__on_gpu(ctx)) { /* the cache in position order, scored whole on the device */
+        int64_t W = ei__decode_window(c, dec), n = k->n_tokens;
+        if (keep->row_pos) /* a device map: the plugin checks it and counts its positions */
+            return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
+        if (n < W)
+            return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld keys, fewer than the %lld observed queries",
+                            (long long)n, (long long)W);
+        if (n >= c->decode_budget && keep->pooled && keep->pooled_capacity < n - W)
+            return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
+        return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
+    }
+    if ((r = ei_decode_workspace_size(ctx, k->n_tokens, dec->n_heads, dec->n_kv_heads, &per)) != EI_OK) return r;
+    nt = EI__MIN(n_threads, dec->n_heads);
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
+    if (workspace_bytes / (size_t)nt < per)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    if ((r = ei__decode_ws_take(ctx, k->n_tokens, dec->n_heads, workspace, per, &w)) != EI_OK) return r;
+    job.ctx = ctx; job.dec = dec; job.k = k; job.keep = keep; job.scores = w.scores;
+    if (nt == 1) r = ei__decode_share(&job, 0, 1, workspace, per);
+    else r = ei__fork_join(ei__decode_share, &job, nt, workspace, per);
+    if (r != EI_OK) return r;
+    return ei_decode_select(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
 }
 
 EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
                                void *workspace, size_t workspace_bytes) {
-    const ei_config *c;
-    ei__decode_ws w;
-    size_t need;
-    int64_t n, L, W, j;
-    int32_t H, KV, G, d, heads_out, kvh, h, i;
-    float scale;
-    ei_result r;
-    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    c = &ctx->cfg;
-    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
-    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
-    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
-    H = dec->n_heads; KV = dec->n_kv_heads; d = dec->head_dim; G = H / KV;
-    if (k->n_heads != KV || k->head_dim != d)
-        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
-                        (int)k->head_dim, (int)KV, (int)d);
-    if (dec->window != c->window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)c->window);
-    if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
-    n = k->n_tokens;
-    W = ei__decode_window(c, dec);
-    heads_out = c->per_kv_head ? KV : H;
-    if (n < W) return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld keys, fewer than the %lld observed queries", (long long)n, (long long)W);
-    if (keep->heads_out != heads_out)
-        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d heads, %d needed (%s)", (int)keep->heads_out, (int)heads_out,
-                        c->per_kv_head ? "one per kv head" : "one per query head");
-    if ((int64_t)keep->capacity < EI__MIN(n, (int64_t)c->decode_budget))
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)EI__MIN(n, (int64_t)c->decode_budget));
-    if (keep->mask && keep->mask_capacity < n)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "mask capacity %lld < %lld tokens", (long long)keep->mask_capacity, (long long)n);
-    if (n >= c->decode_budget && keep->pooled && keep->pooled_capacity < n - W)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
-    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
-    if (n < c->decode_budget) { /* nothing to evict */
-        keep->n_tokens = n;
-        keep->compressed = 0;
-        ei__keep_all(keep, heads_out, n);
-        dec->last_compress = dec->n_generated;
-        return EI_OK;
-    }
-    L = n - W;
-    if (!ei__decode_ws_layout(c, n, H, KV, EI_MAX_HEAD_DIM, &w, workspace, workspace_bytes, &need))
-        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
-    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
-    if (workspace_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", workspace_bytes, need);
-    scale = c->decode_scale > 0 ? (float)c->decode_scale : 1.0f / sqrtf((float)d);
-    for (kvh = 0; kvh < KV; ++kvh) {
-        /* logits of the group's window queries against every key */
-        for (j = 0; j < n; ++j) {
-            const void *krow = ei__row(k, j, kvh);
-            ei__row_to_f32(krow, k->dtype, d, w.krow);
-            for (i = 0; i < d; ++i)
-                if (!(w.krow[i] - w.krow[i] == 0.0f)) return ei__nonfinite(ctx, "k", kvh, j);
-            for (h = 0; h < G; ++h)
-                for (i = 0; i < W; ++i) {
-                    int64_t slot = (dec->n_observed - W + i) % dec->window;
-                    const float *qv = dec->queries + ((size_t)slot * (size_t)H + (size_t)(kvh * G + h)) * (size_t)d;
-                    w.logits[((size_t)h * (size_t)W + (size_t)i) * (size_t)n + (size_t)j] =
-                        j <= L + i ? scale * ctx->kern->dot(qv, w.krow, d) : -INFINITY;
-                }
-        }
-        /* softmax per query (causal inside the window), mean over the window */
-        for (h = 0; h < G; ++h) {
-            float *acc = w.acc + (size_t)(kvh * G + h) * (size_t)n;
-            memset(acc, 0, (size_t)L * sizeof(float));
-            for (i = 0; i < W; ++i) {
-                float *row = w.logits + ((size_t)h * (size_t)W + (size_t)i) * (size_t)n, m = -FLT_MAX, zf;
-                double z = 0.0;
-                int64_t last = L + i;
-                for (j = 0; j <= last; ++j) m = row[j] > m ? row[j] : m;
-                if (!(m - m == 0.0f)) return ei__fail(ctx, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)(kvh * G + h));
-                for (j = 0; j <= last; ++j) { row[j] = expf(row[j] - m); z += row[j]; }
-                zf = (float)z;
-                for (j = 0; j < L; ++j) acc[j] += row[j] / zf;
-            }
-            for (j = 0; j < L; ++j) acc[j] /= (float)W;
-        }
-    }
-    /* per-kv-head reduction, pooling, top (budget - window), window appended */
-    for (h = 0; h < heads_out; ++h) {
-        float *score = w.acc + (size_t)h * (size_t)n, *pooled;
-        int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
-        int64_t kk = (int64_t)c->decode_budget - W, t;
-        if (c->per_kv_head) {
-            /* reduce the group into its first head's row (rows are per kv group) */
-            float *first = w.acc + (size_t)(h * G) * (size_t)n;
-            for (j = 0; j < L; ++j) {
-                float v = first[j];
-                for (i = 1; i < G; ++i) {
-                    float x = w.acc[(size_t)(h * G + i) * (size_t)n + (size_t)j];
-                    v = c->gqa_reduce == EI_REDUCE_MAX ? (x > v ? x : v) : v + x;
-                }
-                w.pooled[j] = c->gqa_reduce == EI_REDUCE_MAX ? v : v / (float)G;
-            }
-            memcpy(first, w.pooled, (size_t)L * sizeof(float));
-            score = first;
-        }
-        pooled = keep->pooled ? keep->pooled + (size_t)h * (size_t)keep->pooled_capacity : w.pooled;
-        ei__pool_scores(c->pool, c->pool_kernel, score, L, pooled);
-        ei__rank_top(pooled, L, kk, idx, w.pairs);
-        if (kk > L) kk = L;
-        for (t = 0; t < W; ++t) idx[kk + t] = (int32_t)(L + t);
-        /* ascending positions: sort the ranked part (indices are unique) */
-        for (j = 0; j < kk + W; ++j) { w.pairs[j].score = -(float)idx[j]; w.pairs[j].index = idx[j]; }
-        qsort(w.pairs, (size_t)(kk + W), sizeof *w.pairs, ei__ranked_cmp);
-        for (j = 0; j < kk + W; ++j) idx[j] = w.pairs[j].index;
-        if (keep->mask) {
-            uint8_t *m = keep->mask + (size_t)h * (size_t)keep->mask_capacity;
-            memset(m, 0, (size_t)n);
-            for (j = 0; j < kk + W; ++j) m[idx[j]] = 1;
-        }
-        keep->n_kept = (int32_t)(kk + W);
-    }
-    keep->n_tokens = n;
-    keep->compressed = 1;
-    dec->last_compress = dec->n_generated;
-    return EI_OK;
+    return ei_decode_keep_mt(ctx, dec, k, keep, 1, workspace, workspace_bytes);
 }
 
 EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v) {
@@ -3007,7 +3369,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
         ei_out_tensor *x = t[which];
         if (!x) continue; /* K only or V only is fine */
         if ((r = ei__check_out_tensor(ctx, x, which ? "v" : "k")) != EI_OK) return r;
-        if (x->n_heads != keep->heads_out)
+        if (x->n_heads != keep->heads_out && keep->heads_out != 1) /* 1: a shared set, for every head */
             return ei__fail(ctx, EI_ERR_SHAPE, "%s cache has %d heads, keep set %d", which ? "v" : "k", (int)x->n_heads, (int)keep->heads_out);
         if (x->n_tokens < keep->n_tokens)
             return ei__fail(ctx, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
@@ -3017,7 +3379,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
         ei_tensor kv = ei__as_view(k), vv = ei__as_view(v);
         if (ei__views_overlap(&kv, &vv)) return ei__fail(ctx, EI_ERR_STRIDE, "k and v caches overlap");
     }
-    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, kv_compact, &ctx->cfg, keep, k, v);
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, kv_compact, &ctx->cfg, keep, k, v); /* shared sets too */
     for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
         const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
         for (i = 0; i < keep->n_kept; ++i)
@@ -3029,8 +3391,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
         size_t row_bytes;
         if (!x) continue;
         row_bytes = (size_t)x->head_dim * ei__dtype_size(x->dtype);
-        for (h = 0; h < keep->heads_out; ++h) {
-            const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+        for (h = 0; h < x->n_heads; ++h) {
+            const int32_t *idx = keep->index + (size_t)(keep->heads_out == 1 ? 0 : h) * (size_t)keep->capacity;
             for (i = 0; i < keep->n_kept; ++i)
                 if (idx[i] != i) memmove(ei__row_out(x, i, h), ei__row_out(x, idx[i], h), row_bytes);
         }
@@ -3774,12 +4136,15 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
    (relative to the tile max) are kept, and the blocks are rescaled once the
    row's max and sum are known: one pass over the scores. lg: the layout of
    ei__sample_lg_floats; kbuf: a tile of key rows as f32, stride d rounded
-   up to 16. The scalar reference, with expf and every score stored, is
+   up to 16. krow (NULL: key j is row j) gathers key j from row krow[j]
+   (decode scoring of caches whose rows are not in position order, with
+   bs = 1: mass[j] is key j's summed weight). The scalar reference, with expf and every score stored, is
    ei__sample_mass_scalar (>>isa-scalar). */
 #define EI__DEFINE_SAMPLE_MASS()                                                                               \
     EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
                                                       const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
-                                                      int64_t nvis, float *lg, float *kbuf, float *mass) {      \
+                                                      int64_t nvis, float *lg, float *kbuf, float *mass,        \
+                                                      const int32_t *krow) {                                    \
         enum { R = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN, PV = EI__VN == 16 ? 2 : 1 }; /* PV: row vectors per pass */ \
         const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16), tk = ei__sample_tile_keys(bs);       \
         const int64_t last = tok[nr - 1], ntiles = last / tk + 1;                                              \
@@ -3792,7 +4157,8 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
         for (t = 0, j0 = 0; j0 <= last; ++t, j0 += tk) {                                                       \
             int64_t nk = EI__MIN((int64_t)tk, last + 1 - j0);                                                  \
             for (j = 0; j < nk; ++j)                                                                           \
-                EI__VNAME(ei__attn_row_f32)(ei__row(k, j0 + j, kvh), k->dtype, d, dp, kbuf + (size_t)j * (size_t)dp); \
+                EI__VNAME(ei__attn_row_f32)(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, dp,   \
+                                            kbuf + (size_t)j * (size_t)dp);                                    \
             for (j = 0; j < nk; j += 8) /* 8 keys x PV row vectors at a time, accumulators in registers */  \
                 for (v = 0; v < RV; v += PV) {                                                                 \
                     const float *q0 = qt + (size_t)(v * EI__VN), *q1 = q0 + (PV > 1 ? EI__VN : 0);             \
@@ -3925,13 +4291,14 @@ static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
 /* The block mass of sampled rows (EI_RANK_SAMPLED; the vector version and
    the contract: EI__DEFINE_SAMPLE_MASS in >>attention's templates). */
 static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
-                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
+                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass,
+                                  const int32_t *krow) {
     const int32_t d = k->head_dim, R = EI__SAMPLE_ROWS;
     float inv[EI__SAMPLE_ROWS];
     int64_t j, b;
     int32_t r, i;
     for (j = 0; j <= tok[nr - 1]; ++j) { /* scale * q.k, rows in columns */
-        ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kbuf);
+        ei__row_to_f32(ei__row(k, krow ? krow[j] : j, kvh), k->dtype, d, kbuf);
         for (r = 0; r < R; ++r) {
             float acc = 0.0f;
             for (i = 0; i < d; ++i) acc += qt[(size_t)i * R + (size_t)r] * kbuf[i];
@@ -3949,10 +4316,10 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
         for (j = 0; j <= tok[r]; ++j) z += (double)(lg[(size_t)j * R + (size_t)r] = expf(lg[(size_t)j * R + (size_t)r] - m));
         inv[r] = (float)(1.0 / z);
     }
-    for (b = 0; b < nvis; ++b) /* per block, rows added in row order */
+    for (b = 0; b < nvis; ++b) /* per block, rows added in row order; row r sees keys 0..tok[r] */
         for (r = 0; r < nr; ++r) {
             float acc = 0.0f;
-            for (j = b * bs; j < (b + 1) * bs; ++j) acc += lg[(size_t)j * R + (size_t)r];
+            for (j = b * bs; j < (b + 1) * bs && j <= tok[r]; ++j) acc += lg[(size_t)j * R + (size_t)r];
             mass[b] += acc * inv[r];
         }
     return 1;

@@ -4,7 +4,8 @@
 # (the attention tests, test-attention and test-attention-all, are in tests/tests.mk)
 #
 # Targets
-#   bench                  build/ei_bench (dense vs sparse attention, profiling cost)
+#   bench                  build/ei_bench (dense vs sparse attention, profiling cost) and
+#                          build/bench_decode (the decode keep-set next to one dense decode step)
 #   bench-run              the reference runs: N = 8k,16k,32k, 2 threads, f32 and bf16, JSON
 #   ggml-peer              build/ggml_peer against a ggml checkout (GGML_DIR=/path/to/ggml)
 #
@@ -20,7 +21,11 @@ ATTN_DEPS     = entropyinfer.h
 
 .PHONY: bench bench-run ggml-peer
 
-bench: $(ATTN_BUILD)/ei_bench
+bench: $(ATTN_BUILD)/ei_bench $(ATTN_BUILD)/bench_decode
+
+$(ATTN_BUILD)/bench_decode: bench/bench_decode.c $(ATTN_DEPS)
+	@mkdir -p $(ATTN_BUILD)
+	$(CC) -std=c99 $(ATTN_CFLAGS) -o $@ bench/bench_decode.c $(ATTN_LIBS)
 
 $(ATTN_BUILD)/ei_bench: bench/ei_bench.c $(ATTN_DEPS)
 	@mkdir -p $(ATTN_BUILD)

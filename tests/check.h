@@ -19,7 +19,9 @@
                in double (FORMAT.md "Sparse prefill attention", the header's
                >>attention); ref_vmax; ref_budget, ref_keep_blocks,
                ref_budget_on_edge: the budget walk on the header's own rules
-               (ei__budget_next, ei__keep_of, ei__cap_blocks)
+               (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass,
+               ref_check_ranked_row (the ranking options); ref_decode_scores
+               (decode scoring with row maps)
 
    Every function is static inline (and unused-tolerant): a test pays only
    for what it calls, and -Wall -Wextra -Werror stays clean as C and C++.
@@ -500,6 +502,47 @@ CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_
         }
         for (j = 0; j <= t; ++j) z += (lg[j] = exp(lg[j] - m));
         for (j = 0; j < nvis * bs; ++j) mass[j / bs] += lg[j] / z;
+    }
+    free(lg);
+}
+
+/* Decode scores in double (ei_decode_score): out[h][row] = the mean over
+   the W window queries q_win [W][H][d] of query head h of their softmax
+   weight (scale = decode_scale, else 1/sqrt(d)) on the row, 0 for rows
+   holding no position. row_pos (NULL: row j holds position j; per kv head
+   + kvh * stride) maps rows to positions; window query i has the position
+   W - 1 - i before the newest, and attends rows up to its own position. */
+CHECK_FN void ref_decode_scores(const ei_config *c, const float *q_win, int64_t W, int32_t H, const ei_tensor *k,
+                                const int32_t *row_pos, int64_t stride, double *out) {
+    const int32_t KV = k->n_heads, G = H / KV, d = k->head_dim;
+    const int64_t n = k->n_tokens;
+    const double scale = c->decode_scale > 0.0f ? (double)c->decode_scale : 1.0 / sqrt((double)d);
+    double *lg = (double *)malloc(sizeof(double) * (size_t)n);
+    int64_t j, i, last;
+    int32_t h, e;
+    if (!lg) { printf("out of memory\n"); exit(2); }
+    for (h = 0; h < H; ++h) {
+        const int32_t *map = row_pos ? row_pos + (size_t)(h / G) * (size_t)stride : NULL;
+        for (j = 0, last = -1; j < n; ++j) {
+            int64_t pj = map ? map[j] : j;
+            if (pj > last) last = pj;
+            out[(size_t)h * (size_t)n + (size_t)j] = 0.0;
+        }
+        for (i = 0; i < W; ++i) {
+            const float *qv = q_win + ((size_t)i * (size_t)H + (size_t)h) * (size_t)d;
+            int64_t pi = last - (W - 1 - i);
+            double m = -HUGE_VAL, z = 0.0;
+            for (j = 0; j < n; ++j) {
+                int64_t pj = map ? map[j] : j;
+                double acc = 0.0;
+                if (pj < 0 || pj > pi) { lg[j] = -HUGE_VAL; continue; }
+                for (e = 0; e < d; ++e) acc += (double)qv[e] * ref_at(k, j, h / G, e);
+                lg[j] = scale * acc;
+                if (lg[j] > m) m = lg[j];
+            }
+            for (j = 0; j < n; ++j) z += (lg[j] = lg[j] == -HUGE_VAL ? 0.0 : exp(lg[j] - m));
+            for (j = 0; j < n; ++j) out[(size_t)h * (size_t)n + (size_t)j] += lg[j] / z / (double)W;
+        }
     }
     free(lg);
 }

@@ -836,6 +836,288 @@ static int n_allocs = 0, n_frees = 0, n_logs = 0;
 static void *count_alloc(size_t n, void *u) { (void)u; n_allocs++; return malloc(n); }
 static void count_free(void *p, void *u) { (void)u; n_frees++; free(p); }
 static void count_log(void *u, ei_result code, const char *msg) { (void)u; (void)code; (void)msg; n_logs++; }
+/* A keep set with every output array (guarded). */
+static ei_keep_set decode_keep_set(int32_t heads_out, int32_t capacity, int64_t n_rows, int64_t pooled) {
+    ei_keep_set ks;
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = heads_out;
+    ks.capacity = capacity;
+    ks.index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)heads_out * (size_t)capacity);
+    ks.positions = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)heads_out * (size_t)capacity);
+    ks.mask = (uint8_t *)guarded_alloc((size_t)heads_out * (size_t)n_rows);
+    ks.mask_capacity = n_rows;
+    ks.pooled = (float *)guarded_alloc(sizeof(float) * (size_t)heads_out * (size_t)pooled);
+    ks.pooled_capacity = pooled;
+    return ks;
+}
+static void decode_keep_set_free(ei_keep_set *ks) {
+    CHECK(guard_intact(ks->index, sizeof(int32_t) * (size_t)ks->heads_out * (size_t)ks->capacity) &&
+          guard_intact(ks->positions, sizeof(int32_t) * (size_t)ks->heads_out * (size_t)ks->capacity) &&
+          guard_intact(ks->mask, (size_t)ks->heads_out * (size_t)ks->mask_capacity) &&
+          guard_intact(ks->pooled, sizeof(float) * (size_t)ks->heads_out * (size_t)ks->pooled_capacity),
+          "keep set guard bytes overwritten");
+    guarded_free(ks->index); guarded_free(ks->positions); guarded_free(ks->mask); guarded_free(ks->pooled);
+}
+static int int32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+/* Observe positions 0..n-1 of q (the last gap ones as generated tokens). */
+static void decode_observe_all(const ei_context *ctx, ei_decoder *dec, const float *q, long n, int heads, int dim, int gap) {
+    ei_tensor qt = ei_tensor_make(q, EI_F32, n - gap, heads, dim);
+    long t;
+    CHECK_ERR(ei_decoder_reset(dec), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, dec, &qt, 0), EI_OK);
+    for (t = n - gap; t < n; ++t) {
+        ei_tensor one = ei_tensor_make(q + (size_t)t * heads * dim, EI_F32, 1, heads, dim);
+        CHECK_ERR(ei_decode_observe(ctx, dec, &one, 1), EI_OK);
+    }
+}
+
+/* Decode keep sets on caches whose rows are not in position order (with
+   empty rows), after repeated compressions, over threads, and the shared
+   keep set of several layers, against double references. */
+static void test_decode_rows(void) {
+    enum { HEADS = 8, KV = 2, DIM = 32, GAP = 4, WIN = 16, BUDGET = 96, NPOS = 300, EXTRA = 37, MORE = 8 };
+    const long rows = NPOS + EXTRA, L = NPOS - WIN;
+    ei_config c = ei_config_default();
+    ei_context *ctx;
+    ei_decoder dec, dec2;
+    ei_keep_set ksA, ksB, ksT, ksC, ksD, ksS;
+    ei_tensor kA, kB, kC, kD;
+    ei_out_tensor ko;
+    size_t db, wb;
+    void *dm, *dm2, *ws;
+    float *q, *q2, *k, *bufB, *bufD, *scores1, *scores2, *shared;
+    int32_t *row_pos, *perm, *row_pos2, *row_pos_d;
+    double *ref1, *ref2, *refS;
+    long t, j, i;
+    int h, nt;
+    c.decode_budget = BUDGET; c.window = WIN; c.decode_gap = GAP; c.recompress_every = MORE;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    q = (float *)malloc(sizeof(float) * (NPOS + MORE) * HEADS * DIM);
+    q2 = (float *)malloc(sizeof(float) * (NPOS + MORE) * HEADS * DIM);
+    k = (float *)malloc(sizeof(float) * (NPOS + MORE) * KV * DIM);
+    synth_qk(q, k, NPOS + MORE, HEADS, KV, DIM, 64, 2, 23);
+    synth_qk(q2, bufB = (float *)malloc(sizeof(float) * (size_t)rows * KV * DIM), NPOS + MORE, HEADS, KV, DIM, 64, 2, 29);
+    ei_decoder_size(ctx, HEADS, DIM, &db);
+    ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+    dm = guarded_alloc(db); dm2 = guarded_alloc(db);
+    ws = guarded_alloc(5 * wb);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
+    CHECK_ERR(ei_decoder_init(ctx, &dec2, HEADS, KV, DIM, dm2, db), EI_OK);
+    decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
+
+    /* A: rows in position order; B: the same positions scattered over more
+       rows, the empty ones NaN (never read) */
+    kA = ei_tensor_make(k, EI_F32, NPOS, KV, DIM);
+    ksA = decode_keep_set(KV, BUDGET, rows, L);
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kA, &ksA, ws, wb), EI_OK);
+    row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
+    perm = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
+    for (j = 0; j < rows; ++j) { perm[j] = (int32_t)j; row_pos[j] = -1; }
+    {
+        uint32_t s = 12345u;
+        for (j = rows - 1; j > 0; --j) {
+            long x;
+            int32_t tmp;
+            s = s * 1664525u + 1013904223u;
+            x = (long)(s >> 8) % (j + 1);
+            tmp = perm[j]; perm[j] = perm[x]; perm[x] = tmp;
+        }
+    }
+    for (j = 0; j < rows * KV * DIM; ++j) bufB[j] = NAN;
+    for (t = 0; t < NPOS; ++t) {
+        row_pos[perm[t]] = (int32_t)t;
+        memcpy(bufB + (size_t)perm[t] * KV * DIM, k + (size_t)t * KV * DIM, sizeof(float) * KV * DIM);
+    }
+    kB = ei_tensor_make(bufB, EI_F32, rows, KV, DIM);
+    ksB = decode_keep_set(KV, BUDGET, rows, L);
+    ksB.row_pos = row_pos;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_OK);
+    CHECK(ksB.n_kept == BUDGET && ksA.n_kept == BUDGET && ksB.compressed == 1 && ksB.n_tokens == rows, "kept %d", ksB.n_kept);
+    for (h = 0; h < KV; ++h) {
+        int32_t sorted[BUDGET];
+        for (i = 0; i < BUDGET; ++i) {
+            int32_t r = ksB.index[h * BUDGET + i];
+            CHECK(i == 0 || r > ksB.index[h * BUDGET + i - 1], "rows ascending");
+            CHECK(row_pos[r] == ksB.positions[h * BUDGET + i], "positions[%ld] is row %d's", i, r);
+            CHECK(ksB.mask[h * rows + r] == 1, "mask of a kept row");
+            CHECK(ksA.positions[h * BUDGET + i] == ksA.index[h * BUDGET + i], "identity map");
+            sorted[i] = ksB.positions[h * BUDGET + i];
+        }
+        qsort(sorted, BUDGET, sizeof *sorted, int32_cmp);
+        CHECK(!memcmp(sorted, ksA.index + h * BUDGET, sizeof sorted), "the scattered cache keeps the same positions");
+        for (i = 0; i < WIN; ++i) CHECK(sorted[BUDGET - WIN + i] == NPOS - WIN + i, "window kept");
+    }
+    CHECK(!memcmp(ksA.pooled, ksB.pooled, sizeof(float) * KV * L), "pooled scores identical in any row order");
+
+    /* threads: the same keep set */
+    for (nt = 2; nt <= 5; nt += 3) {
+        ksT = decode_keep_set(KV, BUDGET, rows, L);
+        ksT.row_pos = row_pos;
+        CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kB, &ksT, nt, ws, (size_t)nt * wb - 1), EI_ERR_WORKSPACE);
+        CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kB, &ksT, nt, ws, (size_t)nt * wb), EI_OK);
+        CHECK(!memcmp(ksT.index, ksB.index, sizeof(int32_t) * KV * BUDGET) &&
+              !memcmp(ksT.pooled, ksB.pooled, sizeof(float) * KV * L), "%d threads: the same keep set", nt);
+        decode_keep_set_free(&ksT);
+    }
+    /* scores: split over 3 threads = one call, and the double reference */
+    scores1 = (float *)malloc(sizeof(float) * HEADS * (size_t)rows);
+    scores2 = (float *)malloc(sizeof(float) * HEADS * (size_t)rows);
+    ref1 = (double *)malloc(sizeof(double) * HEADS * (size_t)rows);
+    ref2 = (double *)malloc(sizeof(double) * HEADS * (size_t)rows);
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb), EI_OK);
+    for (i = 0; i < 3; ++i) CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores2, (int)i, 3, ws, wb), EI_OK);
+    CHECK(!memcmp(scores1, scores2, sizeof(float) * HEADS * (size_t)rows), "threaded scores identical");
+    ref_decode_scores(&c, q + (size_t)(NPOS - WIN) * HEADS * DIM, WIN, HEADS, &kB, row_pos, 0, ref1);
+    {
+        double worst = 0.0;
+        for (j = 0; j < HEADS * rows; ++j) {
+            double e = fabs(scores1[j] - ref1[j]) / (1e-7 + fabs(ref1[j]));
+            if (e > worst) worst = e;
+        }
+        CHECK(worst < 1e-3, "decode scores vs double reference: relative error %g", worst);
+    }
+
+    /* a second compression: compact per kv head, new positions into rows in
+       reverse order, against the same cache with rows in position order */
+    ko = ei_out_tensor_make(bufB, EI_F32, rows, KV, DIM);
+    CHECK_ERR(ei_kv_compact(ctx, &ksB, &ko, NULL), EI_OK);
+    row_pos2 = (int32_t *)malloc(sizeof(int32_t) * KV * (BUDGET + MORE));
+    row_pos_d = (int32_t *)malloc(sizeof(int32_t) * KV * (BUDGET + MORE));
+    bufD = (float *)malloc(sizeof(float) * (BUDGET + MORE) * KV * DIM);
+    for (h = 0; h < KV; ++h) {
+        for (i = 0; i < BUDGET; ++i) row_pos2[h * (BUDGET + MORE) + i] = ksB.positions[h * BUDGET + i];
+        for (i = 0; i < MORE; ++i) {
+            int32_t pos = (int32_t)(NPOS + MORE - 1 - i);
+            row_pos2[h * (BUDGET + MORE) + BUDGET + i] = pos;
+            memcpy(bufB + ((size_t)(BUDGET + i) * KV + h) * DIM, k + ((size_t)pos * KV + h) * DIM, sizeof(float) * DIM);
+        }
+        memcpy(row_pos_d + h * (BUDGET + MORE), row_pos2 + h * (BUDGET + MORE), sizeof(int32_t) * (BUDGET + MORE));
+        qsort(row_pos_d + h * (BUDGET + MORE), BUDGET + MORE, sizeof(int32_t), int32_cmp);
+        for (i = 0; i < BUDGET + MORE; ++i)
+            memcpy(bufD + ((size_t)i * KV + h) * DIM, k + ((size_t)row_pos_d[h * (BUDGET + MORE) + i] * KV + h) * DIM,
+                   sizeof(float) * DIM);
+    }
+    for (t = NPOS; t < NPOS + MORE; ++t) {
+        ei_tensor one = ei_tensor_make(q + (size_t)t * HEADS * DIM, EI_F32, 1, HEADS, DIM);
+        CHECK(!ei_decode_due(ctx, &dec), "not due before recompress_every tokens");
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+    }
+    CHECK(ei_decode_due(ctx, &dec), "due after recompress_every tokens");
+    kC = ei_tensor_make(bufB, EI_F32, BUDGET + MORE, KV, DIM);
+    kD = ei_tensor_make(bufD, EI_F32, BUDGET + MORE, KV, DIM);
+    ksC = decode_keep_set(KV, BUDGET, rows, L);
+    ksD = decode_keep_set(KV, BUDGET, rows, L);
+    ksC.row_pos = row_pos2; ksC.row_pos_stride = BUDGET + MORE;
+    ksD.row_pos = row_pos_d; ksD.row_pos_stride = BUDGET + MORE;
+    ksC.row_pos_stride = 1;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_ERR_STRIDE);
+    ksC.row_pos_stride = BUDGET + MORE;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kD, &ksD, ws, wb), EI_OK);
+    for (h = 0; h < KV; ++h) {
+        int32_t sorted[BUDGET];
+        for (i = 0; i < BUDGET; ++i) sorted[i] = ksC.positions[h * BUDGET + i];
+        qsort(sorted, BUDGET, sizeof *sorted, int32_cmp);
+        CHECK(!memcmp(sorted, ksD.positions + h * BUDGET, sizeof sorted), "second compression: the same positions");
+        for (i = 0; i < WIN; ++i) CHECK(sorted[BUDGET - WIN + i] == NPOS + MORE - WIN + i, "window kept");
+    }
+    CHECK(!memcmp(ksC.pooled, ksD.pooled, sizeof(float) * KV * (BUDGET + MORE - WIN)), "second compression: same pooled scores");
+
+    /* the shared keep set of two layers over the scattered cache */
+    for (j = 0; j < rows * KV * DIM; ++j) bufB[j] = NAN;
+    for (t = 0; t < NPOS; ++t) memcpy(bufB + (size_t)perm[t] * KV * DIM, k + (size_t)t * KV * DIM, sizeof(float) * KV * DIM);
+    decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
+    decode_observe_all(ctx, &dec2, q2, NPOS, HEADS, DIM, GAP);
+    shared = (float *)calloc((size_t)rows, sizeof(float));
+    refS = (double *)calloc((size_t)NPOS, sizeof(double));
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_score(ctx, &dec2, &kB, row_pos, 0, scores2, 0, 1, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_shared_add(ctx, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
+    CHECK(!ei_decode_due(ctx, &dec) && ei_decode_due(ctx, &dec2), "shared_add marks its decoder compressed");
+    CHECK_ERR(ei_decode_shared_add(ctx, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+    ref_decode_scores(&c, q2 + (size_t)(NPOS - WIN) * HEADS * DIM, WIN, HEADS, &kB, row_pos, 0, ref2);
+    for (i = 0; i < 2; ++i) { /* reduce all heads (mean), pool (avg 5) in position order, weigh 1 */
+        const double *ref = i ? ref2 : ref1;
+        double red[NPOS], pooled[NPOS], sum = 0.0;
+        long p;
+        for (p = 0; p < L; ++p) {
+            red[p] = 0.0;
+            for (h = 0; h < HEADS; ++h) red[p] += ref[(size_t)h * rows + (size_t)perm[p]] / HEADS;
+        }
+        for (p = 0; p < L; ++p) {
+            pooled[p] = 0.0;
+            for (t = p - 2; t <= p + 2; ++t) if (t >= 0 && t < L) pooled[p] += red[t] / 5.0;
+            sum += pooled[p];
+        }
+        for (p = 0; p < L; ++p) refS[p] += pooled[p] / sum;
+    }
+    ksS = decode_keep_set(1, BUDGET, rows, L);
+    ksS.row_pos = row_pos;
+    ksS.heads_out = 2;
+    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksS, ws, wb), EI_ERR_SHAPE);
+    ksS.heads_out = 1;
+    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksS, ws, wb), EI_OK);
+    {
+        double last = HUGE_VAL, worst = 0.0;
+        int in_window = 0;
+        unsigned char kept[NPOS];
+        memset(kept, 0, sizeof kept);
+        CHECK(ksS.n_kept == BUDGET && ksS.compressed == 1, "shared: kept %d", ksS.n_kept);
+        for (i = 0; i < BUDGET; ++i) {
+            int32_t pos = ksS.positions[i];
+            CHECK(row_pos[ksS.index[i]] == pos && (i == 0 || ksS.index[i] > ksS.index[i - 1]), "shared rows ascending, mapped");
+            kept[pos] = 1;
+            if (pos >= L) in_window++;
+            else if (refS[pos] < last) last = refS[pos];
+        }
+        CHECK(in_window == WIN, "shared: the window is kept");
+        for (j = 0; j < L; ++j) {
+            double e = fabs(ksS.pooled[j] - refS[j]) / (1e-9 + refS[j]);
+            if (e > worst) worst = e;
+            CHECK(kept[j] || refS[j] <= last * (1.0 + 1e-3), "shared: position %ld (%g) dropped, %g kept", j, refS[j], last);
+        }
+        CHECK(worst < 2e-3, "shared scores vs double reference: relative error %g", worst);
+    }
+    /* a shared set compacts every head of a cache */
+    ko = ei_out_tensor_make(bufB, EI_F32, rows, KV, DIM);
+    CHECK_ERR(ei_kv_compact(ctx, &ksS, &ko, NULL), EI_OK);
+    for (i = 0; i < BUDGET; ++i)
+        for (h = 0; h < KV; ++h)
+            CHECK(!memcmp(bufB + ((size_t)i * KV + h) * DIM, k + ((size_t)ksS.positions[i] * KV + h) * DIM, sizeof(float) * DIM),
+                  "shared compaction: row %ld head %d", i, h);
+
+    /* misuse */
+    for (j = 0; j < rows * KV * DIM; ++j) bufB[j] = NAN;
+    for (t = 0; t < NPOS; ++t) memcpy(bufB + (size_t)perm[t] * KV * DIM, k + (size_t)t * KV * DIM, sizeof(float) * KV * DIM);
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, NULL, 0, 1, ws, wb), EI_ERR_NULL);
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 2, 2, ws, wb), EI_ERR_SIZE);
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb - 1), EI_ERR_WORKSPACE);
+    row_pos[perm[5]] = -2;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    row_pos[perm[5]] = 6; /* two rows hold position 6 */
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    row_pos[perm[5]] = 5;
+    row_pos[perm[NPOS - 3]] = -1; /* a window key missing */
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    row_pos[perm[NPOS - 3]] = NPOS - 3;
+    bufB[(size_t)perm[7] * KV * DIM + 3] = NAN; /* a row that holds a position */
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_NONFINITE);
+    for (i = 0; i < DIM; ++i) /* finite keys whose float32 scores overflow */
+        bufB[(size_t)perm[7] * KV * DIM + (size_t)i] = q[(size_t)(NPOS - 1) * HEADS * DIM + (size_t)i] >= 0 ? 3e38f : -3e38f;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_NONFINITE);
+    CHECK(guard_intact(ws, 5 * wb) && guard_intact(dm, db) && guard_intact(dm2, db), "guard bytes overwritten");
+
+    decode_keep_set_free(&ksA); decode_keep_set_free(&ksB); decode_keep_set_free(&ksC);
+    decode_keep_set_free(&ksD); decode_keep_set_free(&ksS);
+    guarded_free(dm); guarded_free(dm2); guarded_free(ws);
+    free(q); free(q2); free(k); free(bufB); free(bufD); free(scores1); free(scores2); free(shared);
+    free(row_pos); free(perm); free(row_pos2); free(row_pos_d); free(ref1); free(ref2); free(refS);
+    ei_context_destroy(ctx);
+}
+
 static void test_allocator_logger(void) {
     ei_config c = ei_config_default();
     ei_context *ctx;
@@ -870,6 +1152,7 @@ int main(void) {
     test_chunked_any_position(1, 1);
     test_ranking_options();
     test_decode();
+    test_decode_rows();
     test_allocator_logger();
     return check_summary();
 }

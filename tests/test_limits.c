@@ -124,8 +124,9 @@ static void test_size_arithmetic(void) {
         CHECK_ERR(ei_profile_workspace_size(ctx, 4096, EI_MAX_HEADS + 1, 1, 64, &b), EI_ERR_SIZE);
         CHECK_ERR(ei_profile_workspace_size(ctx, 4096, 8, 8, EI_MAX_HEAD_DIM + 1, &b), EI_ERR_SIZE);
         CHECK_ERR(ei_profile_workspace_size(ctx, 4096, 8, 3, 64, &b), EI_ERR_GQA);
-        /* decode workspace: logits of one kv group's window queries [G*window][n]
-           and per-query-head means [H][n] at least */
+        /* decode workspace: the scores of every query head [H][n], the scoring
+           kernel's 32 rows of scores [n][32], and per row its order, sort key,
+           mass, reduced and pooled score and ranking pair, at least */
         {
             static const int32_t hs[] = {1, 64, EI_MAX_HEADS};
             size_t hi;
@@ -134,7 +135,7 @@ static void test_size_arithmetic(void) {
                 for (ti = 0; ti < 9; ++ti) {
                     int64_t T = toks[ti];
                     ei_result r = ei_decode_workspace_size(ctx, T, hs[hi], 1, &b);
-                    wide lb = (wide)hs[hi] * (wide)cfgs[ci].window * (wide)T * 4u + (wide)hs[hi] * (wide)T * 4u;
+                    wide lb = (wide)hs[hi] * (wide)T * 4u + (wide)32 * (wide)T * 4u + (wide)T * 32u;
                     if (T > EI_MAX_TOKENS) { CHECK_ERR(r, EI_ERR_SIZE); continue; }
                     if (lb > WIDE_MAX_SIZE) { CHECK_ERR(r, EI_ERR_OVERFLOW); continue; }
                     CHECK(r == EI_OK && (wide)b >= lb && b >= prev, "decode workspace(%lld, %d) = %s %zu, needs >= %.0Lf",

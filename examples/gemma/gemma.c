@@ -652,7 +652,12 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
         s->dec_ws = malloc(s->dec_ws_bytes ? s->dec_ws_bytes : 1);
         s->keep_index = (int32_t *)malloc((size_t)hp->n_kv_head * (size_t)max_ctx * sizeof(int32_t));
-        if (!s->prof_ws || !s->attn_ws || !s->dec_ws || !s->keep_index) goto oom;
+        s->ei_shared = getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) != 0;
+        s->shared_scores = (float *)malloc((size_t)(H + 1) * (size_t)max_ctx * sizeof(float));
+        s->row_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
+        s->shared_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
+        if (!s->prof_ws || !s->attn_ws || !s->dec_ws || !s->keep_index || !s->shared_scores || !s->row_pos || !s->shared_pos)
+            goto oom;
     }
 #endif
     return 0;
@@ -680,6 +685,7 @@ void gm_state_free(gm_state *s) {
     }
     free(s->plans); free(s->decs); free(s->dec_mem);
     free(s->prof_ws); free(s->attn_ws); free(s->dec_ws); free(s->keep_index);
+    free(s->shared_scores); free(s->row_pos); free(s->shared_pos);
 #endif
     memset(s, 0, sizeof(*s));
 }
@@ -697,6 +703,7 @@ void gm_state_reset(gm_state *s) {
                 ei_decoder_reset(&s->decs[l]);
             }
     s->prompt_done = 0;
+    s->shared_rows = 0;
     s->kv_bytes_before = s->kv_bytes_after = 0;
     s->ei_err = 0;
 #endif
@@ -805,6 +812,60 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
     s->stats.n_compress++;
     return 0;
 }
+
+/* After a decode step, shared keep set (ei_shared): one set of rows for every
+   global layer, scored by all of them; rows map to positions through
+   row_pos (the kept positions of the last compaction, then the new tokens). */
+static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
+    const gm_hparams *hp = &s->m->hp;
+    const int H = hp->n_head;
+    float *scores = s->shared_scores, *shared = s->shared_scores + (size_t)H * (size_t)s->max_ctx;
+    ei_keep_set keep;
+    int64_t n = -1, j;
+    int l;
+    double t0;
+    for (l = 0; l < hp->n_layer; l++)
+        if (ei_layer_sparse(s, l)) { n = s->cache_len[l]; break; }
+    if (n < 0 || !ei_decode_due(s->ei, &s->decs[l])) return 0;
+    t0 = gm_now();
+    for (j = 0; j < n; j++)
+        s->row_pos[j] = (int32_t)(j < s->shared_rows ? s->shared_pos[j]
+                                  : s->shared_rows ? s->shared_pos[s->shared_rows - 1] + 1 + (j - s->shared_rows) : j);
+    memset(shared, 0, (size_t)n * sizeof(float));
+    for (l = 0; l < hp->n_layer; l++) {
+        ei_tensor kt;
+        if (!ei_layer_sparse(s, l)) continue;
+        if (s->cache_len[l] != n) return gguf_fail(err, errlen, "engine: global layers hold %lld and %lld rows", (long long)n, (long long)s->cache_len[l]);
+        kt = ei_tensor_make(s->k_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
+        if (ei_check(s, ei_decode_score(s->ei, &s->decs[l], &kt, s->row_pos, 0, scores, 0, 1, s->dec_ws, s->dec_ws_bytes),
+                     "ei_decode_score", err, errlen) ||
+            ei_check(s, ei_decode_shared_add(s->ei, &s->decs[l], scores, n, s->row_pos, shared, s->dec_ws, s->dec_ws_bytes),
+                     "ei_decode_shared_add", err, errlen))
+            return -1;
+    }
+    memset(&keep, 0, sizeof keep);
+    keep.heads_out = 1;
+    keep.capacity = (int32_t)s->max_ctx;
+    keep.index = s->keep_index;
+    keep.positions = s->shared_pos;
+    keep.row_pos = s->row_pos;
+    for (l = 0; l < hp->n_layer && !ei_layer_sparse(s, l); l++) {}
+    if (ei_check(s, ei_decode_select_shared(s->ei, &s->decs[l], shared, n, &keep, s->dec_ws, s->dec_ws_bytes),
+                 "ei_decode_select_shared", err, errlen))
+        return -1;
+    for (l = 0; l < hp->n_layer; l++) {
+        ei_out_tensor ko, vo;
+        if (!ei_layer_sparse(s, l)) continue;
+        ko = ei_out_tensor_make(s->k_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
+        vo = ei_out_tensor_make(s->v_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
+        if (ei_check(s, ei_kv_compact(s->ei, &keep, &ko, &vo), "ei_kv_compact", err, errlen)) return -1;
+        s->cache_len[l] = keep.n_kept;
+    }
+    s->shared_rows = keep.n_kept;
+    s->stats.t_compress += gm_now() - t0;
+    s->stats.n_compress++;
+    return 0;
+}
 #endif
 
 /* ================================================================ forward */
@@ -870,7 +931,7 @@ static int forward(gm_state *s, const int32_t *tok, int n, int decode, int is_fi
 #ifdef GEMMA_WITH_EI
         if (L->is_global && s->mode != GM_ATTN_DENSE_OWN) {
             if (ei_global_attention(s, l, n, row0, is_final, decode, err, errlen)) return -1;
-            if (decode && ei_maybe_compress(s, l, err, errlen)) return -1;
+            if (decode && !s->ei_shared && ei_maybe_compress(s, l, err, errlen)) return -1;
         } else
 #endif
         {
@@ -933,7 +994,11 @@ int gm_prefill(gm_state *s, const int32_t *tokens, int64_t n, float *hidden, cha
 }
 
 int gm_decode(gm_state *s, const int32_t *tokens, int n, float *hidden, char *err, size_t errlen) {
-    return forward(s, tokens, n, 1, 0, hidden, err, errlen);
+    if (forward(s, tokens, n, 1, 0, hidden, err, errlen)) return -1;
+#ifdef GEMMA_WITH_EI
+    if (s->ei && s->ei_shared && s->mode == GM_ATTN_EI_SPARSE && ei_maybe_compress_shared(s, err, errlen)) return -1;
+#endif
+    return 0;
 }
 
 void gm_logits(gm_state *s, const float *hidden, int n, float *logits) {

@@ -151,6 +151,14 @@ typedef struct gm_state {
     void *dec_ws; size_t dec_ws_bytes;
     int32_t *keep_index;
     int prompt_done;       /* the prompt was planned to the end (final) */
+    /* shared keep set (GEMMA_EI_SHARED=1 in the environment at gm_state_init): one set
+       of rows for every global layer, from all of their scores (ei_decode_shared_add),
+       as an engine whose KV cells are shared by all layers (llama.cpp) must; default 0:
+       one keep set per layer and kv head (ei_decode_keep). */
+    int ei_shared;
+    float *shared_scores;  /* [n_head][max_ctx] one layer's scores, then [max_ctx] the sum */
+    int32_t *row_pos, *shared_pos; /* [max_ctx]: the position of each row; of the rows kept */
+    int64_t shared_rows;   /* rows whose positions shared_pos holds (0: row r = position r) */
     int64_t kv_bytes_before, kv_bytes_after;
     int ei_err;            /* nonzero once an ei_* call failed */
     char ei_msg[256];

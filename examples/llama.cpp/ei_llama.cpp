@@ -46,6 +46,7 @@
 
 #include "llama-arch.h"
 #include "llama-batch.h"
+#include "llama-context.h"
 #include "llama-cparams.h"
 #include "llama-graph.h"
 #include "llama-hparams.h"
@@ -72,6 +73,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 // ---------------------------------------------------------------- options
@@ -84,6 +86,7 @@ struct ei_options {
     ei_config cfg        = ei_config_default();
     int       min_tokens = 32;
     ei_mode   mode       = EI_MODE_SPARSE;
+    bool      compress   = true; // decode compression (observe, keep-set, evict)
 };
 
 static ei_options & ei_opts() {
@@ -119,16 +122,15 @@ static const ei_field k_fields[] = {
     EI_FIELD(sink_blocks,        EI_FIELD_I32),
     EI_FIELD(local_blocks,       EI_FIELD_I32),
     EI_FIELD(simd,               EI_FIELD_SIMD),
-    // decode compression: accepted for completeness, unused by this glue
+    // decode compression (one keep-set per sequence: gqa_reduce reduces all heads of a layer;
+    // decode_scale is the model's kq_scale of each layer)
     EI_FIELD(decode_budget,      EI_FIELD_I32),
     EI_FIELD(window,             EI_FIELD_I32),
     EI_FIELD(decode_gap,         EI_FIELD_I32),
     EI_FIELD(pool,               EI_FIELD_POOL),
     EI_FIELD(pool_kernel,        EI_FIELD_I32),
-    EI_FIELD(per_kv_head,        EI_FIELD_I32),
     EI_FIELD(gqa_reduce,         EI_FIELD_REDUCE),
     EI_FIELD(recompress_every,   EI_FIELD_I32),
-    EI_FIELD(decode_scale,       EI_FIELD_F32),
 };
 #undef EI_FIELD
 
@@ -209,6 +211,14 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.min_tokens = (int) iv;
         return true;
     }
+    if (name == "compress") {
+        if (!ei_parse_int(value, 0, 1, iv)) {
+            err = "compress: expected 0 or 1, got '" + value + "'";
+            return false;
+        }
+        o.compress = iv != 0;
+        return true;
+    }
     if (name == "mode") {
         if (!ei_parse_enum(value, k_mode_names, 3, ev)) {
             err = "mode: expected " + ei_names(k_mode_names, 3) + ", got '" + value + "'";
@@ -230,8 +240,8 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.cfg.local_blocks = q.local_blocks;
         return true;
     }
-    if (name == "attn_scale") {
-        err = "attn_scale is the model's (llama.cpp's kq_scale of each layer) and cannot be set";
+    if (name == "attn_scale" || name == "decode_scale") {
+        err = name + " is the model's (llama.cpp's kq_scale of each layer) and cannot be set";
         return false;
     }
     for (const ei_field & f : k_fields) {
@@ -291,7 +301,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         err += f.name;
         err += ", ";
     }
-    err += "min_tokens, mode, preset)";
+    err += "min_tokens, mode, preset, compress)";
     return false;
 }
 
@@ -334,8 +344,22 @@ struct ei_stats {
     int64_t ns_plan         = 0;
     int64_t ns_attn         = 0;
     int64_t ns_dense        = 0; // llama.cpp's attention (time-dense)
+    // decode compression
+    int32_t compressions    = 0;
+    int64_t cells_before    = 0, cells_after = 0, bytes_before = 0, bytes_after = 0;
+    int64_t ns_compress     = 0;
 
     void add(const ei_stats & o) {
+        if (o.compressions > 0) {
+            if (compressions == 0) {
+                cells_before = o.cells_before;
+                bytes_before = o.bytes_before;
+            }
+            cells_after  = o.cells_after;
+            bytes_after  = o.bytes_after;
+        }
+        compressions    += o.compressions;
+        ns_compress     += o.ns_compress;
         n_layer          = std::max(n_layer, o.n_layer);
         layers_served    = std::max(layers_served, o.layers_served);
         ubatches        += o.ubatches;
@@ -404,6 +428,11 @@ struct ei_layer {
     int64_t          ns_plan = 0;
     int64_t          t_dense0 = 0;
 
+    // decode compression: the layer's observation window
+    ei_decoder           dec = {};
+    std::vector<uint8_t> dec_mem;
+    bool                 has_dec = false;
+
     void fail(const char * what) {
         int expected = 0;
         if (failed.compare_exchange_strong(expected, 1)) {
@@ -428,6 +457,18 @@ struct llama_ei_state {
     bool              ann_last = false;
     int64_t           q_pos    = 0;
     int               is_final = 0;
+    uint32_t          ann_n_all = 0;
+
+    // decode compression of one sequence (ei_observe_decide, llama_ei_compress)
+    bool                              dec_off       = false; // refused for this context (reported)
+    llama_seq_id                      dec_seq       = -1;
+    int64_t                           next_pos      = -1;    // the position after the last observed token
+    bool                              obs_active    = false; // this ubatch's queries are observed
+    int                               obs_generated = 0;
+    int                               n_threads     = 1;
+    std::vector<std::vector<uint8_t>> dec_ws;                // per scoring thread
+    std::vector<float>                dec_scores, dec_shared;
+    std::vector<int32_t>              dec_row_pos, dec_index, dec_positions;
 
     ei_stats          stats;
 };
@@ -478,7 +519,7 @@ static void ei_print_summary() {
     if (contexts == 0) {
         return;
     }
-    char line[512];
+    char line[768];
     int  n = snprintf(line, sizeof line, "entropyinfer: mode %s, layers %d/%d, ubatches %lld/%lld",
             k_mode_names[mode], s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
     if (mode == EI_MODE_SPARSE) {
@@ -493,6 +534,11 @@ static void ei_print_summary() {
         n += snprintf(line + n, sizeof line - n, ", attention %.3f s", s.ns_attn * 1e-9);
     } else {
         n += snprintf(line + n, sizeof line - n, ", dense-attention %.3f s", s.ns_dense * 1e-9);
+    }
+    if (s.compressions > 0) {
+        n += snprintf(line + n, sizeof line - n, ", compressions %d, cells=%lld->%lld, kv-bytes=%lld->%lld, compress %.3f s",
+                      (int) s.compressions, (long long) s.cells_before, (long long) s.cells_after,
+                      (long long) s.bytes_before, (long long) s.bytes_after, s.ns_compress * 1e-9);
     }
     fprintf(stderr, "%s\n", line);
     fflush(stderr);
@@ -537,7 +583,7 @@ const char * llama_entropyinfer_help(void) {
     static std::string help;
     if (help.empty()) {
         const ei_config d = ei_config_default();
-        char buf[1536];
+        char buf[2560];
         snprintf(buf, sizeof buf,
             "entropyinfer option (repeatable, or comma-separated; implies --entropyinfer): "
             "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
@@ -547,12 +593,17 @@ const char * llama_entropyinfer_help(void) {
             "preset=quality (ei_config_quality(): the sampled ranking, top-p counts, sink and local blocks) or "
             "preset=paper; "
             "min_tokens (32: smaller ubatches run llama.cpp's attention); "
+            "decode compression (generated tokens' queries observed; after decode_gap of them one keep-set of "
+            "decode_budget positions per sequence, the other KV cells evicted and the rest moved to the front): "
+            "decode_budget (%d), window (%d), decode_gap (%d), recompress_every (%d), pool (avg|max|none), "
+            "pool_kernel (%d), gqa_reduce (mean|max), compress (1; 0: off); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
             (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
             d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
             (int) d.last_segment_dense, (int) d.per_segment_budget, (int) d.rank_samples, d.top_p, (int) d.sink_blocks,
-            (int) d.local_blocks);
+            (int) d.local_blocks, (int) d.decode_budget, (int) d.window, (int) d.decode_gap, (int) d.recompress_every,
+            (int) d.pool_kernel);
         help = buf;
     }
     return help.c_str();
@@ -625,13 +676,14 @@ void llama_ei_context_free(llama_ei_state * st) {
     delete st;
 }
 
-void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last) {
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all) {
     if (!st) {
         return;
     }
-    st->ann_pos  = ubatch.pos;
-    st->ann_n    = ubatch.n_tokens;
-    st->ann_last = last;
+    st->ann_pos   = ubatch.pos;
+    st->ann_n     = ubatch.n_tokens;
+    st->ann_last  = last;
+    st->ann_n_all = n_tokens_all;
     st->stats.ubatches++;
 }
 
@@ -728,6 +780,77 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
     return EI_SERVE;
 }
 
+// ---------------------------------------------------------------- decode compression
+
+static void ei_decode_refuse(llama_ei_state * st, const std::string & why) {
+    ei_report_once("decode compression off for this context: " + why);
+    st->dec_off    = true;
+    st->obs_active = false;
+}
+
+// Are this ubatch's queries observed (compute time, from set_input)? Decode
+// compression serves one sequence whose tokens come in position order: a new
+// sequence starts at position 0 (the decoders are reset), every later ubatch
+// continues where the last one ended. A ubatch of a llama_decode call with one
+// token is a generated token; once one was, later tokens count as generated.
+static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub) {
+    st->obs_active = false;
+    if (!st->opts.compress || st->dec_off || !ub || !ub->pos || ub->pos != st->ann_pos || ub->n_tokens != st->ann_n) {
+        return; // off, or not a ubatch of llama_decode (graph reservation)
+    }
+    bool any = false, generated = st->ann_n_all == 1;
+    for (auto & L : st->layers) {
+        if (L->has_dec) {
+            any = true;
+            generated = generated || L->dec.n_generated > 0;
+        }
+    }
+    if (!any) {
+        return;
+    }
+    char buf[256];
+    if (ub->n_seqs_unq != 1 || !ub->seq_id_unq) {
+        ei_decode_refuse(st, "a ubatch holds several sequences (one keep-set per context is served)");
+        return;
+    }
+    if (ub->n_pos != 1) {
+        ei_decode_refuse(st, "several positions per token (M-RoPE)");
+        return;
+    }
+    const llama_seq_id seq = ub->seq_id_unq[0];
+    const int64_t      p0  = ub->pos[0];
+    for (uint32_t i = 1; i < ub->n_tokens; ++i) {
+        if (ub->pos[i] != p0 + (llama_pos) i) {
+            ei_decode_refuse(st, "positions of a ubatch are not consecutive");
+            return;
+        }
+    }
+    if (p0 == 0) { // a new sequence (llama-perplexity clears the memory for each chunk)
+        if (st->dec_seq >= 0 && seq != st->dec_seq) {
+            ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
+            return;
+        }
+        for (auto & L : st->layers) {
+            if (L->has_dec) {
+                ei_decoder_reset(&L->dec);
+            }
+        }
+        generated = st->ann_n_all == 1;
+    } else if (seq != st->dec_seq) {
+        ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
+        return;
+    } else if (p0 != st->next_pos) {
+        snprintf(buf, sizeof buf, "positions jump from %lld to %lld (context shift, prompt-cache reuse or a rewind: "
+                 "compressed history cannot be restored)", (long long) st->next_pos, (long long) p0);
+        ei_decode_refuse(st, buf);
+        return;
+    }
+    st->dec_seq       = seq;
+    st->next_pos      = p0 + ub->n_tokens;
+    st->obs_active    = true;
+    st->obs_generated = generated ? 1 : 0;
+}
+
 // The graph input of ours: the compute-time ubatch data, and graph reuse only
 // while the decision stays the same.
 class llm_graph_input_ei : public llm_graph_input_i {
@@ -745,6 +868,7 @@ public:
         if (decision == EI_SERVE && served_layers > 0) {
             st->stats.ubatches_served++;
         }
+        ei_observe_decide(st, ub);
     }
 
     bool can_reuse(const llm_graph_params & params) override {
@@ -870,7 +994,8 @@ static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
     auto it = st->ctxs.find(bits);
     if (it == st->ctxs.end()) {
         ei_config cfg = st->opts.cfg;
-        cfg.attn_scale = scale;
+        cfg.attn_scale   = scale;
+        cfg.decode_scale = scale; // decode scores: the layer's own softmax(kq_scale * q.k)
         ei_context * c = nullptr;
         if (ei_context_create(&cfg, &c) != EI_OK) {
             ei_report_once(std::string("context for attention scale failed: ") + ei_last_error() + ": llama.cpp's attention");
@@ -914,6 +1039,21 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
     if (!ei_ensure_ws(st, std::max(b_prof, b_attn), n_threads)) {
         ei_report_once("workspace allocation failed: llama.cpp's attention");
         return false;
+    }
+    if (st->opts.compress) { // the observation window of decode compression
+        size_t b_dec = 0;
+        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &b_dec) != EI_OK) {
+            ei_report_once(std::string("decoder size: ") + ei_last_error() + ": no decode compression");
+            st->dec_off = true;
+        } else {
+            L->dec_mem.resize(b_dec);
+            if (ei_decoder_init(L->ctx, &L->dec, L->n_head, L->n_head_kv, L->head_dim, L->dec_mem.data(), b_dec) != EI_OK) {
+                ei_report_once(std::string("decoder: ") + ei_last_error() + ": no decode compression");
+                st->dec_off = true;
+            } else {
+                L->has_dec = true;
+            }
+        }
     }
     return true;
 }
@@ -1029,6 +1169,234 @@ static void ei_op_time_end(ggml_tensor * dst, int ith, int nth, void * ud) {
     }
 }
 
+// Observe the queries of this ubatch in the layer's decoder (one thread; the
+// decoder keeps the last `window`).
+static void ei_op_observe(ggml_tensor * dst, int ith, int nth, void * ud) {
+    (void) nth;
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    if (ith != 0 || !st->obs_active || !L->has_dec) {
+        return;
+    }
+    ei_tensor q = ei_view(dst->src[0]);
+    const int64_t keep = std::min<int64_t>(q.n_tokens, L->dec.window);
+    q.data     = (const float *) q.data + (size_t) (q.n_tokens - keep) * (size_t) q.token_stride;
+    q.n_tokens = keep;
+    if (ei_decode_observe(L->ctx, &L->dec, &q, st->obs_generated) != EI_OK) {
+        ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_observe: " + ei_last_error());
+    }
+}
+
+bool llama_ei_compress_due(const llama_ei_state * st) {
+    if (!st || !st->opts.compress || st->dec_off) {
+        return false;
+    }
+    for (const auto & L : st->layers) {
+        if (L->has_dec) {
+            return ei_decode_due(L->ctx, &L->dec) != 0;
+        }
+    }
+    return false;
+}
+
+// The KV cache whose cells the served layers use: a unified cache, or the
+// base (full-attention) cache of an iSWA model, whose sliding-window cache
+// keeps its own cells (those layers are never compressed).
+static llama_kv_cache * ei_compress_cache(llama_memory_i * mem) {
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        return kv;
+    }
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        return iswa->get_base();
+    }
+    return nullptr;
+}
+
+void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
+    if (!llama_ei_compress_due(st)) {
+        return;
+    }
+    const int64_t t0 = ei_now_ns();
+    char buf[256];
+    llama_kv_cache * kv = ei_compress_cache(mem);
+    if (!kv) {
+        ei_decode_refuse(st, "the model's memory is not a KV cache (recurrent or hybrid memory)");
+        return;
+    }
+    if (kv->get_n_stream() != 1 || kv->get_has_shift()) {
+        ei_decode_refuse(st, kv->get_has_shift() ? "a context shift is pending" : "a KV cache with several streams");
+        return;
+    }
+    // every layer of the cache must be observed: evicting a cell removes it from all of them
+    std::vector<ei_layer *> layers;
+    for (uint32_t il : kv->get_layer_ids()) {
+        ei_layer * L = il < st->layers.size() ? st->layers[il].get() : nullptr;
+        if (!L || !L->has_dec) {
+            snprintf(buf, sizeof buf, "layer %u shares the KV cells but is not served (see above): evicting its cells "
+                     "would change it", il);
+            ei_decode_refuse(st, buf);
+            return;
+        }
+        layers.push_back(L);
+    }
+    if (layers.empty()) {
+        return;
+    }
+    const llama_kv_cells & cells = kv->get_cells(st->dec_seq);
+    const int64_t n = cells.used_max_p1();
+    st->dec_row_pos.assign((size_t) n, -1);
+    for (int64_t j = 0; j < n; ++j) {
+        if (cells.is_empty((uint32_t) j)) {
+            continue;
+        }
+        if (!cells.seq_has((uint32_t) j, st->dec_seq) || cells.seq_count((uint32_t) j) != 1) {
+            snprintf(buf, sizeof buf, "cell %lld is shared with another sequence", (long long) j);
+            ei_decode_refuse(st, buf);
+            return;
+        }
+        st->dec_row_pos[j] = cells.pos_get((uint32_t) j);
+    }
+    const int64_t used_before = cells.get_used();
+    int64_t row_bytes = 0; // K and V bytes of one cell over the cache's layers
+    for (ei_layer * L : layers) {
+        const ggml_tensor * k = kv->get_k_storage(L->il);
+        row_bytes += 2 * (int64_t) k->nb[1];
+    }
+
+    // one keep-set for the sequence: every layer's scores, each layer weighing 1
+    ei_layer *    L0 = layers[0];
+    const int32_t H = L0->n_head, KV = L0->n_head_kv;
+    size_t ws_bytes = 0;
+    if (ei_decode_workspace_size(L0->ctx, n, H, KV, &ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_workspace_size: ") + ei_last_error());
+        return;
+    }
+    const int nt = std::max(1, std::min(st->n_threads, (int) H));
+    st->dec_ws.resize((size_t) nt);
+    for (auto & w : st->dec_ws) {
+        w.resize(ws_bytes);
+    }
+    st->dec_shared.assign((size_t) n, 0.0f);
+    for (ei_layer * L : layers) {
+        const ggml_tensor * k = kv->get_k_storage(L->il);
+        if (!ei_cache_type(k->type) || !k->data || !k->buffer || !ggml_backend_buffer_is_host(k->buffer) ||
+            L->n_head != H || L->n_head_kv != KV) {
+            snprintf(buf, sizeof buf, "layer %d: its K cache is not a host F16/BF16/F32 tensor of the first layer's shape", L->il);
+            ei_decode_refuse(st, buf);
+            return;
+        }
+        ei_tensor kt;
+        kt.data         = k->data;
+        kt.dtype        = ei_dtype_of(k->type);
+        kt.n_heads      = L->n_head_kv;
+        kt.head_dim     = L->head_dim;
+        kt.n_tokens     = n;
+        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
+        kt.head_stride  = L->head_dim;
+        st->dec_scores.resize((size_t) H * (size_t) n);
+        std::vector<ei_result> rs((size_t) nt, EI_OK);
+        std::vector<std::string> msgs((size_t) nt);
+        auto score = [&](int ith) {
+            rs[ith] = ei_decode_score(L->ctx, &L->dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
+                                      st->dec_ws[ith].data(), ws_bytes);
+            if (rs[ith] != EI_OK) {
+                msgs[ith] = ei_last_error();
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int ith = 1; ith < nt; ++ith) {
+            pool.emplace_back(score, ith);
+        }
+        score(0);
+        for (auto & t : pool) {
+            t.join();
+        }
+        for (int ith = 0; ith < nt; ++ith) {
+            if (rs[ith] != EI_OK) {
+                ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score: " + msgs[ith]);
+                return;
+            }
+        }
+        if (ei_decode_shared_add(L->ctx, &L->dec, st->dec_scores.data(), n, st->dec_row_pos.data(), st->dec_shared.data(),
+                                 st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
+            return;
+        }
+    }
+    const int32_t cap = (int32_t) std::min<int64_t>(n, L0->ctx ? ei_context_config(L0->ctx)->decode_budget : n);
+    st->dec_index.assign((size_t) std::max(cap, 1), 0);
+    st->dec_positions.assign((size_t) std::max(cap, 1), 0);
+    ei_keep_set keep;
+    memset(&keep, 0, sizeof keep);
+    keep.heads_out = 1;
+    keep.capacity  = std::max(cap, 1);
+    keep.index     = st->dec_index.data();
+    keep.positions = st->dec_positions.data();
+    keep.row_pos   = st->dec_row_pos.data();
+    if (ei_decode_select_shared(L0->ctx, &L0->dec, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_select_shared: ") + ei_last_error());
+        return;
+    }
+    if (keep.compressed) {
+        // evict the positions not kept, in runs, through llama.cpp's own memory API
+        std::vector<int32_t> kept(st->dec_positions.begin(), st->dec_positions.begin() + keep.n_kept), held;
+        std::sort(kept.begin(), kept.end());
+        for (int64_t j = 0; j < n; ++j) {
+            if (st->dec_row_pos[j] >= 0) {
+                held.push_back(st->dec_row_pos[j]);
+            }
+        }
+        std::sort(held.begin(), held.end());
+        size_t ik = 0;
+        for (size_t i = 0; i < held.size();) {
+            while (ik < kept.size() && kept[ik] < held[i]) {
+                ++ik;
+            }
+            if (ik < kept.size() && kept[ik] == held[i]) {
+                ++i;
+                continue;
+            }
+            size_t e = i + 1; // a run of evicted positions: held[i..e) with no kept one between
+            while (e < held.size() && (ik >= kept.size() || held[e] < kept[ik])) {
+                ++e;
+            }
+            kv->seq_rm(st->dec_seq, held[i], held[e - 1] + 1);
+            i = e;
+        }
+        if (kv->ei_compact(kv->get_stream(st->dec_seq)) < 0) {
+            ei_report_once("decode compression: the V cache is transposed, cells evicted but not moved to the front");
+        }
+    }
+    const int64_t used_after = kv->get_cells(st->dec_seq).get_used();
+    ei_stats & s = st->stats;
+    if (s.compressions == 0) {
+        s.cells_before = used_before;
+        s.bytes_before = used_before * row_bytes;
+    }
+    s.compressions++;
+    s.cells_after  = used_after;
+    s.bytes_after  = used_after * row_bytes;
+    s.ns_compress += ei_now_ns() - t0;
+}
+
+int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyinfer_decode_info * out) {
+    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
+    if (!out) {
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    if (!st) {
+        return -1;
+    }
+    out->compressions = st->stats.compressions;
+    out->cells_before = st->stats.cells_before;
+    out->cells_after  = st->stats.cells_after;
+    out->bytes_before = st->stats.bytes_before;
+    out->bytes_after  = st->stats.bytes_after;
+    out->seconds      = st->stats.ns_compress * 1e-9;
+    return 0;
+}
+
 // ---------------------------------------------------------------- graph
 
 ggml_tensor * llama_ei_build_attn(
@@ -1059,6 +1427,13 @@ ggml_tensor * llama_ei_build_attn(
     }
 
     llm_graph_input_ei * in = ei_graph_input(g, st, mctx);
+    st->n_threads = std::max(1, (int) g.cparams.n_threads);
+    if (L->has_dec) { // decode compression: the queries of every ubatch (observed when ei_observe_decide says so)
+        ggml_tensor * a[1] = { q };
+        ggml_tensor * obs = ggml_custom_4d(g.ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a, 1, ei_op_observe, 1, L);
+        ggml_format_name(obs, "ei_observe-%d", il);
+        ggml_build_forward_expand(g.gf, obs);
+    }
     if (in->decision == EI_SERVE && k->ne[3] != 1) {
         ei_report_once("a ubatch spans several KV streams: llama.cpp's attention");
         in->decision = EI_FALLBACK; // the whole graph: later layers see it too

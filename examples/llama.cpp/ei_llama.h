@@ -4,7 +4,9 @@
 // these functions from five places of llama.cpp:
 //   common/arg.cpp      --entropyinfer, --entropyinfer-opt NAME=VALUE
 //   llama_context       create / free the per-context state (cparams.ei),
-//                       announce each ubatch of llama_decode (is it the last?)
+//                       announce each ubatch of llama_decode (is it the last?),
+//                       decode compression at the end of llama_decode
+//   llama_kv_cache      ei_compact: move the cells in use to the front
 //   build_attn          (KV-cache and iSWA variants) llama_ei_build_attn instead
 //                       of build_attn_mha: entropyinfer's planning and block-sparse
 //                       attention as ggml custom ops for the layers and ubatches
@@ -35,6 +37,18 @@ LLAMA_API int llama_entropyinfer_option(const char * name_values, char * err, si
 // Help text of the options.
 LLAMA_API const char * llama_entropyinfer_help(void);
 
+// Decode compression of a context so far (all zero when it never compressed).
+struct llama_entropyinfer_decode_info {
+    int32_t compressions;   // keep-sets computed and applied
+    int64_t cells_before;   // KV cells in use before the first compression (the compressed cache)
+    int64_t cells_after;    // ... after the last one
+    int64_t bytes_before;   // their K/V bytes
+    int64_t bytes_after;
+    double  seconds;        // scoring, selection, eviction and compaction, summed
+};
+// 0, or -1 when entropyinfer is off for ctx.
+LLAMA_API int llama_entropyinfer_get_decode_info(const struct llama_context * ctx, struct llama_entropyinfer_decode_info * out);
+
 #ifdef __cplusplus
 }
 #endif
@@ -55,9 +69,18 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
 void             llama_ei_context_free(llama_ei_state * st);
 
 // Around each ubatch of llama_context::decode: `last` is true for the last
-// ubatch of the call (the end of the prompt: is_final for the planner).
-void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last);
+// ubatch of the call (the end of the prompt: is_final for the planner);
+// n_tokens_all: the call's tokens (1: a generated token).
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all);
 void llama_ei_ubatch_end  (llama_ei_state * st);
+
+// At the end of llama_context::decode: is a decode compression due (the
+// observed layers' decoders say so)? Then, after synchronising, compress:
+// one keep-set for the sequence, the other cells evicted with seq_rm and the
+// cells in use moved to the front (llama_kv_cache::ei_compact).
+struct llama_memory_i;
+bool llama_ei_compress_due(const llama_ei_state * st);
+void llama_ei_compress    (llama_ei_state * st, llama_memory_i * mem);
 
 // build_attn_mha's replacement: returns the attention output
 // [n_embd_head_v*n_head, n_tokens], built by entropyinfer or by build_attn_mha.

@@ -1,0 +1,154 @@
+/* bench_decode.c - the decode keep-set (KV-cache compression) next to one
+   dense decode step of the same layer.
+
+     build/bench_decode [--n 32768] [--heads 32] [--kv-heads 8] [--dim 128]
+                        [--window 32] [--threads 2] [--dtype bf16|f16|f32] [--reps 3]
+
+   One layer's cache of n keys (and values), the window's queries observed;
+   times, best of reps (wall and process CPU time / threads):
+     keep_scalar  ei_decode_keep, the scalar reference kernels, 1 thread
+     keep_1t      ei_decode_keep, the CPU's fastest kernels, 1 thread
+     keep_mt      ei_decode_keep_mt, `threads` threads (query heads split)
+     step         one dense decode step: ei_attention_prefill_mt with one query
+                  (at position n - 1) against the n keys and values, `threads` threads
+   and the keep-set's scoring rate: 2 x window x heads x n x dim FLOPs
+   (q.k) over its time, plus the two ratios keep_mt / step and
+   keep_1t / keep_mt. Synthetic data (random unit-scale Q/K/V). */
+#define _POSIX_C_SOURCE 200809L
+#define ENTROPYINFER_IMPLEMENTATION
+#include "../entropyinfer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(int cpu) {
+    struct timespec ts;
+    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static uint32_t rng = 2463534242u;
+static float frand(void) { /* xorshift32, uniform in [-1, 1) */
+    rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5;
+    return (float)((double)rng / 2147483648.0 - 1.0);
+}
+
+static void fill(void *p, ei_dtype dt, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        float x = frand();
+        if (dt == EI_F32) ((float *)p)[i] = x;
+        else if (dt == EI_F16) ((uint16_t *)p)[i] = ei__f32_to_f16(x);
+        else ((uint16_t *)p)[i] = ei__f32_to_bf16(x);
+    }
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_decode: %s: %s\n", what, ei_last_error());
+    exit(1);
+}
+
+typedef struct timing { double wall, cpu; } timing;
+
+int main(int argc, char **argv) {
+    int64_t n = 32768;
+    int H = 32, KV = 8, d = 128, W = 32, threads = 2, reps = 3, a, r, path;
+    ei_dtype dt = EI_BF16;
+    ei_config cfg = ei_config_default();
+    ei_context *ctx[2];
+    ei_decoder dec[2];
+    ei_keep_set keep;
+    void *kbuf, *vbuf, *dmem[2], *ws, *aws;
+    float *q, *out;
+    size_t esz, db, wb, ab;
+    timing t_keep_scalar = {1e30, 1e30}, t_keep_1t = {1e30, 1e30}, t_keep_mt = {1e30, 1e30}, t_step = {1e30, 1e30};
+    double flops;
+    for (a = 1; a < argc; ++a) {
+        const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
+        if (!v) { fprintf(stderr, "bench_decode: %s needs a value\n", o); return 2; }
+        if (!strcmp(o, "--n")) n = atoll(v);
+        else if (!strcmp(o, "--heads")) H = atoi(v);
+        else if (!strcmp(o, "--kv-heads")) KV = atoi(v);
+        else if (!strcmp(o, "--dim")) d = atoi(v);
+        else if (!strcmp(o, "--window")) W = atoi(v);
+        else if (!strcmp(o, "--threads")) threads = atoi(v);
+        else if (!strcmp(o, "--reps")) reps = atoi(v);
+        else if (!strcmp(o, "--dtype")) dt = !strcmp(v, "f32") ? EI_F32 : !strcmp(v, "f16") ? EI_F16 : EI_BF16;
+        else { fprintf(stderr, "bench_decode: unknown option %s\n", o); return 2; }
+        ++a;
+    }
+    if (n < 2 * W || H < 1 || KV < 1 || H % KV || d < 1 || W < 1 || threads < 1 || reps < 1) {
+        fprintf(stderr, "bench_decode: bad sizes\n");
+        return 2;
+    }
+    cfg.window = W;
+    cfg.decode_gap = W / 2;
+    cfg.decode_budget = 1024 > W ? 1024 : W;
+    for (path = 0; path < 2; ++path) { /* 0: the scalar reference kernels, 1: automatic */
+        ei_config c = cfg;
+        c.simd = path ? EI_SIMD_AUTO : EI_SIMD_SCALAR;
+        if (ei_context_create(&c, &ctx[path]) != EI_OK) die("ei_context_create");
+    }
+    esz = dt == EI_F32 ? 4 : 2;
+    kbuf = malloc((size_t)n * KV * d * esz);
+    vbuf = malloc((size_t)n * KV * d * esz);
+    q = (float *)malloc(sizeof(float) * (size_t)W * H * d);
+    out = (float *)malloc(sizeof(float) * (size_t)H * d);
+    if (!kbuf || !vbuf || !q || !out) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
+    fill(kbuf, dt, (size_t)n * KV * d);
+    fill(vbuf, dt, (size_t)n * KV * d);
+    fill(q, EI_F32, (size_t)W * H * d);
+    if (ei_decoder_size(ctx[1], H, d, &db) != EI_OK) die("ei_decoder_size");
+    for (path = 0; path < 2; ++path) {
+        ei_tensor qt = ei_tensor_make(q, EI_F32, W, H, d);
+        dmem[path] = malloc(db);
+        if (ei_decoder_init(ctx[path], &dec[path], H, KV, d, dmem[path], db) != EI_OK) die("ei_decoder_init");
+        if (ei_decode_observe(ctx[path], &dec[path], &qt, 1) != EI_OK) die("ei_decode_observe");
+    }
+    if (ei_decode_workspace_size(ctx[1], n, H, KV, &wb) != EI_OK) die("ei_decode_workspace_size");
+    if (ei_attention_workspace_size(ctx[1], H, KV, d, &ab) != EI_OK) die("ei_attention_workspace_size");
+    ws = malloc(wb * (size_t)threads);
+    aws = malloc(ab * (size_t)threads);
+    memset(&keep, 0, sizeof keep);
+    keep.heads_out = KV;
+    keep.capacity = cfg.decode_budget;
+    keep.index = (int32_t *)malloc(sizeof(int32_t) * (size_t)KV * (size_t)keep.capacity);
+    if (!ws || !aws || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
+    {
+        ei_tensor kt = ei_tensor_make(kbuf, dt, n, KV, d), vt = ei_tensor_make(vbuf, dt, n, KV, d);
+        ei_tensor qt = ei_tensor_make(q + (size_t)(W - 1) * H * d, EI_F32, 1, H, d);
+        ei_out_tensor ot = ei_out_tensor_make(out, EI_F32, 1, H, d);
+        for (r = 0; r < reps; ++r) {
+            double w0, c0;
+#define TIME(slot, call)                                                              \
+            w0 = now_ms(0); c0 = now_ms(1);                                           \
+            if ((call) != EI_OK) die(#call);                                          \
+            if (now_ms(0) - w0 < slot.wall) slot.wall = now_ms(0) - w0;              \
+            if (now_ms(1) - c0 < slot.cpu) slot.cpu = now_ms(1) - c0;
+            if (r == 0) { TIME(t_keep_scalar, ei_decode_keep(ctx[0], &dec[0], &kt, &keep, ws, wb)) }
+            TIME(t_keep_1t, ei_decode_keep(ctx[1], &dec[1], &kt, &keep, ws, wb))
+            TIME(t_keep_mt, ei_decode_keep_mt(ctx[1], &dec[1], &kt, &keep, threads, ws, wb * (size_t)threads))
+            TIME(t_step, ei_attention_prefill_mt(ctx[1], &qt, &kt, &vt, NULL, &ot, n - 1, threads, aws, ab * (size_t)threads))
+#undef TIME
+        }
+    }
+    flops = 2.0 * W * H * (double)n * d;
+    printf("decode keep-set vs one dense decode step: n %lld, %d/%d heads, dim %d, window %d, %s cache, %d threads, "
+           "kernels %s (best of %d; cpu = process CPU time / threads)\n",
+           (long long)n, H, KV, d, W, dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : "bf16", threads,
+           ei_simd_name(ei_context_simd(ctx[1])), reps);
+    printf("%-14s %10s %10s %10s\n", "", "wall ms", "cpu ms", "GFLOP/s");
+    printf("%-14s %10.2f %10.2f %10.1f\n", "keep_scalar", t_keep_scalar.wall, t_keep_scalar.cpu, flops / t_keep_scalar.wall * 1e-6);
+    printf("%-14s %10.2f %10.2f %10.1f\n", "keep_1t", t_keep_1t.wall, t_keep_1t.cpu, flops / t_keep_1t.wall * 1e-6);
+    printf("%-14s %10.2f %10.2f %10.1f\n", "keep_mt", t_keep_mt.wall, t_keep_mt.cpu / threads, flops / t_keep_mt.wall * 1e-6);
+    printf("%-14s %10.2f %10.2f\n", "step", t_step.wall, t_step.cpu / threads);
+    printf("keep_mt / step %.1f (wall), %.1f (cpu); keep_1t / keep_mt %.2f; keep_scalar / keep_1t %.1f\n",
+           t_keep_mt.wall / t_step.wall, t_keep_mt.cpu / t_step.cpu, t_keep_1t.wall / t_keep_mt.wall,
+           t_keep_scalar.wall / t_keep_1t.wall);
+    for (path = 0; path < 2; ++path) { ei_context_destroy(ctx[path]); free(dmem[path]); }
+    free(kbuf); free(vbuf); free(q); free(out); free(ws); free(aws); free(keep.index);
+    return 0;
+}
