@@ -620,7 +620,8 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
      sequence, as llama.cpp's KV cells are shared): zero shared [n_tokens],
      ei_decode_shared_add each layer's scores (all its query heads reduced by
      gqa_reduce, pooled, then divided by their sum over the candidates: each
-     layer weighs 1, whatever mass it leaves on its window), then
+     layer weighs 1, whatever mass it leaves on its window; layers added, or
+     with gqa_reduce max their maximum kept), then
      ei_decode_select_shared (keep->heads_out = 1; keep->row_pos the map).
      shared_add marks the decoder as compressed (ei_decode_due). */
 EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k,
@@ -675,7 +676,8 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    and workspace pointers are device pointers; the structs holding them live
    on the host. Work is queued on cfg->cuda_stream (NULL: the default stream)
    and is asynchronous, except where an entry must read a device flag back
-   (profile, decode_observe, kv_compact) and the explicit copies. */
+   (profile, decode_observe, kv_compact, the decode entries that read a row
+   map or check scores) and the explicit copies. */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
@@ -3187,7 +3189,7 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
                                  ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     const ei_config *c;
     ei__decode_ws w;
-    int64_t W, np = 0, L, kk;
+    int64_t W, np = 0, np0 = -1, L, kk;
     int32_t h, heads_out, G, kvh_done = -1;
     ei_result r;
     if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
@@ -3206,6 +3208,10 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
         const int32_t *map = ei__row_map(keep, kvh);
         if (kvh != kvh_done && (r = ei__decode_order(ctx, map, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
         kvh_done = kvh;
+        if (np0 >= 0 && np != np0) /* (on failure the keep set's arrays hold partial rows) */
+            return ei__fail(ctx, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions (one count per keep set)",
+                            (long long)np0, (long long)np);
+        np0 = np;
         if (np > (int64_t)keep->capacity && np < c->decode_budget) /* (capacity >= min(n_rows, budget) >= np else) */
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
         if (np < c->decode_budget) { ei__keep_all(keep, w.order, np, n_rows, h, map); continue; }
@@ -3245,12 +3251,16 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
     L = np - W;
     /* every head of the layer, reduced; pooled over positions; a layer's
        candidates then weigh 1 in total, so that every layer has one vote
-       (the mass a layer leaves on its window or its sinks differs) */
+       (the mass a layer leaves on its window or its sinks differs); layers
+       are added (gqa_reduce mean) or their maximum kept (max) */
     ei__reduce_heads(c, scores, n_rows, 0, dec->n_heads, w.order, L, w.red);
     ei__pool_scores(c->pool, c->pool_kernel, w.red, L, w.pooled);
     for (j = 0; j < L; ++j) sum += w.pooled[j];
     if (sum > 0.0)
-        for (j = 0; j < L; ++j) shared[w.order[j]] += (float)(w.pooled[j] / sum);
+        for (j = 0; j < L; ++j) {
+            float v = (float)(w.pooled[j] / sum), *x = shared + w.order[j];
+            *x = c->gqa_reduce == EI_REDUCE_MAX ? (v > *x ? v : *x) : *x + v;
+        }
     dec->last_compress = dec->n_generated;
     return EI_OK;
 }
@@ -3314,6 +3324,9 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     int32_t heads_out;
     int nt;
     ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
     if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
     c = &ctx->cfg;
     if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;

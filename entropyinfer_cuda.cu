@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, ABI version 3).
+   entropyinfer.h (struct ei_cuda_api, ABI version 4).
 
    The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
    every argument of a public call (views, shapes, GQA, plan layout and
@@ -35,11 +35,16 @@
                               query heads of a kv group packed in one CTA so a
                               gathered K/V tile is read once for the group;
                               ragged per-head budgets; one launch per layer
-   decode    >>cuda-decode    observation ring (NaN/Inf scan first), window
-                              scoring of the last ei__decode_window queries,
-                              pooling, top-k keep sets (ascending, window
-                              included)
+   decode    >>cuda-decode    observation ring (NaN/Inf scan first); row maps
+                              (row_pos: checked, each sorted by position with
+                              CUB's radix sort); window scoring of the last
+                              ei__decode_window queries over the rows in
+                              position order (ei_decode_score: raw per row);
+                              reduction over a group, pooling, top-k keep sets
+                              (rows ascending, window included, positions);
+                              shared keep sets (shared_add, select_shared)
              >>cuda-compact   keep-set index check, then in-place KV compaction
+                              (per head, or one shared set for every head)
 
    Every view is read as element (t, h, i) = data[t*token_stride +
    h*head_stride + i]; no kernel assumes another layout. Plans have the CPU
@@ -60,6 +65,8 @@
 #include <string.h>
 #include <math.h>
 #include <type_traits>
+#include <vector>
+#include <cub/device/device_radix_sort.cuh>
 
 #define EI_CUDA_ABI_DECLS /* the function table and the shared rules of entropyinfer.h */
 #include "entropyinfer.h"
@@ -2252,6 +2259,59 @@ __global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs,
     }
 }
 
+/* ------------------------------------------------------------ row maps
+   A cache of n rows whose row j holds position row_pos[j] (-1: none, an
+   empty row: never read). The rows holding positions, oldest first, come
+   from a radix sort (CUB, stable) of the keys row_pos[j] + 1 with the rows as
+   values, so the empty rows (key 0) lead and are skipped; map m (one per kv
+   head, or one for every head) is sorted on its own. info[m][4] (device):
+   the positions the map holds (np), the first row whose value is < -1, the
+   first sorted index whose position repeats the one before it (~0: none),
+   and the span between the newest and the W-th newest position (W - 1 when
+   consecutive); the host reads it back and reports the CPU's errors. */
+struct MapRef {
+    const int *order;               /* [maps][n] sorted rows; NULL: row j holds position j (np = n) */
+    const unsigned long long *info; /* [maps][4] */
+    int64_t n;
+    int maps;                       /* 0 (identity), 1 (one for every kv head) or n_kv_heads */
+};
+__device__ __forceinline__ int64_t map_np(const MapRef &r, int m) { return r.order ? (int64_t)r.info[4 * m] : r.n; }
+/* the row of the j-th oldest position of map m (np: map_np) */
+__device__ __forceinline__ int64_t map_row(const MapRef &r, int m, int64_t np, int64_t j) {
+    return r.order ? (int64_t)r.order[(int64_t)m * r.n + (r.n - np) + j] : j;
+}
+__global__ void map_init_kernel(unsigned long long *info, int m0, int m1) {
+    for (int m = m0 + (int)threadIdx.x; m < m1; m += blockDim.x) {
+        info[4 * m] = 0;
+        info[4 * m + 1] = ~0ull;
+        info[4 * m + 2] = ~0ull;
+        info[4 * m + 3] = 0;
+    }
+}
+__global__ void map_prep_kernel(const int *row_pos, int64_t stride, int m0, int m1, int64_t n, unsigned *keys, int *vals,
+                                unsigned long long *info) {
+    int64_t total = (int64_t)(m1 - m0) * n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int m = m0 + (int)(e / n);
+        int64_t j = e % n, at = (int64_t)m * n + j;
+        int p = row_pos[(int64_t)m * stride + j];
+        if (p < -1) atomicMin(&info[4 * m + 1], (unsigned long long)j);
+        keys[at] = (unsigned)p + 1u; /* a value < -1 wraps: reported before any use */
+        vals[at] = (int)j;
+    }
+}
+__global__ void map_post_kernel(const unsigned *keys, int m0, int m1, int64_t n, int64_t W, unsigned long long *info) {
+    int64_t total = (int64_t)(m1 - m0) * n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int m = m0 + (int)(e / n);
+        int64_t i = e % n, at = (int64_t)m * n + i;
+        unsigned k = keys[at], prev = i > 0 ? keys[at - 1] : 0u;
+        if (k != 0u && prev == 0u) info[4 * m] = (unsigned long long)(n - i);
+        if (k != 0u && prev == k) atomicMin(&info[4 * m + 2], (unsigned long long)i);
+        if (i == n - 1 && W > 0 && n >= W) info[4 * m + 3] = (unsigned long long)(k - keys[at - (W - 1)]);
+    }
+}
+
 struct DecodeParams {
     const void *k;
     int dtype;
@@ -2260,53 +2320,66 @@ struct DecodeParams {
     int64_t first_slot; /* ring slot of the first scored query: (n_observed - W) % window */
     int window;         /* ring length (dec->window) */
     int W, nh, nkv, G, D; /* W: queries scored, ei__decode_window(cfg, dec) <= window */
-    int64_t n, L;       /* cache length, scored positions (n - W) */
+    int64_t n;          /* cache rows */
     int nchunks;
     float scale;
     float *stats;  /* [nh][W][nchunks][2] */
     float *mz;     /* [nh][W][2] */
-    float *score;  /* [heads_out][L] */
+    float *score;  /* decode_keep: [heads_out][n], candidate j (position order) of each head, j < L */
+    float *raw;    /* decode_score: [nh][n] by row, rows holding positions (else NULL) */
     int per_kv, reduce_max;
-    unsigned long long *bad_k;   /* first non-finite key: kv head << 32 | position */
+    int h0, h1, kv0; /* query heads [h0, h1) scored; blockIdx.y is kv head kv0 + y */
+    MapRef map;      /* the rows of kv head kvh in position order: map kvh (maps > 1) or 0 */
+    unsigned long long *bad_k;   /* first non-finite key: kv head << 32 | row */
     unsigned long long *bad_row; /* first query head whose logits overflow */
 };
 #define DEC_KC 64
 #define DEC_RC 32
 
-/* Query i (0 <= i < W) of the scored window is query number n_observed - W + i,
-   in ring slot (first_slot + i) % window; it lines up with key L + i and sees
-   keys 0 .. L + i (causal inside the window).
+/* Keys are taken in position order: key j (0 <= j < np, np the positions
+   kv head kvh's map holds, L = np - W) is the row map_row(j). Query i
+   (0 <= i < W) of the scored window is query number n_observed - W + i, in
+   ring slot (first_slot + i) % window; it lines up with key L + i and sees
+   keys 0 .. L + i (causal inside the window, by position).
    Pass 1 (FINAL = 0): per chunk of DEC_KC keys and window query, the max and
    sum of exp of the logits; non-finite keys and overflowing logits are
    recorded. Pass 2 (FINAL = 1): the softmax weights, mean over the window,
-   reduction over the group; one thread per key. Shared: the key chunk in f32
-   [DEC_KC][D+1] and logits [DEC_RC][DEC_KC+1]. */
+   then either the scores of the candidates (reduced over the group when
+   per_kv) or the raw per-row scores of every query head; one thread per key.
+   Shared: the key chunk in f32 [DEC_KC][D+1] and logits [DEC_RC][DEC_KC+1]. */
 template <int FINAL>
 __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     extern __shared__ float dsm[];
     float *kt = dsm, *lg = dsm + DEC_KC * (p.D + 1);
-    int c = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
+    int c = blockIdx.x, kvh = p.kv0 + (int)blockIdx.y, tid = threadIdx.x;
+    int m = p.map.maps > 1 ? kvh : 0;
+    int64_t np = map_np(p.map, m), L = np - p.W;
     int64_t j0 = (int64_t)c * DEC_KC, j = j0 + tid;
+    int g_lo = max(p.h0 - kvh * p.G, 0), g_hi = min(p.h1 - kvh * p.G, p.G);
     for (int i = tid; i < DEC_KC * p.D; i += DEC_KC) {
         int r = i / p.D, d = i % p.D;
         int64_t jj = j0 + r;
-        float x = jj < p.n ? load_f32(p.k, p.dtype, jj * p.k_ts + (int64_t)kvh * p.k_hs + d) : 0.f;
-        if (!FINAL && !isfinite(x)) atomicMin(p.bad_k, ((unsigned long long)kvh << 32) | (unsigned long long)jj);
+        float x = 0.f;
+        if (jj < np) {
+            int64_t row = map_row(p.map, m, np, jj);
+            x = load_f32(p.k, p.dtype, row * p.k_ts + (int64_t)kvh * p.k_hs + d);
+            if (!FINAL && !isfinite(x)) atomicMin(p.bad_k, ((unsigned long long)kvh << 32) | (unsigned long long)row);
+        }
         kt[r * (p.D + 1) + d] = x;
     }
     __syncthreads();
     const float *kr = kt + tid * (p.D + 1);
-    int R = p.G * p.W;
+    int R = (g_hi - g_lo) * p.W;
     float red = 0.f; /* sum of one query head's window weights */
     for (int r0 = 0; r0 < R; r0 += DEC_RC) {
         int rc = min(DEC_RC, R - r0);
         for (int rr = 0; rr < rc; rr++) {
-            int r = r0 + rr, g = r / p.W, i = r % p.W, h = kvh * p.G + g;
+            int r = r0 + rr, g = g_lo + r / p.W, i = r % p.W, h = kvh * p.G + g;
             const float *qv = p.ring + (((p.first_slot + i) % p.window) * p.nh + h) * p.D;
             float acc = 0.f;
             for (int d = 0; d < p.D; d++) acc = fmaf(qv[d], kr[d], acc);
             float x = acc * p.scale;
-            bool visible = j < p.n && j <= p.L + i;
+            bool visible = j < np && j <= L + i;
             if (!FINAL) {
                 if (visible && !(x < INFINITY)) atomicMin(p.bad_row, (unsigned long long)h); /* +inf or NaN */
                 lg[rr * (DEC_KC + 1) + tid] = visible ? x : -INFINITY;
@@ -2322,29 +2395,33 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
             for (int rr = tid >> 5; rr < rc; rr += DEC_KC / 32) {
                 int lane = tid & 31;
                 float a = lg[rr * (DEC_KC + 1) + lane], b = lg[rr * (DEC_KC + 1) + lane + 32];
-                float m = warp_max(fmaxf(a, b));
-                float z = m == -INFINITY ? 0.f : warp_sum(expf(a - m) + expf(b - m));
+                float mx = warp_max(fmaxf(a, b));
+                float z = mx == -INFINITY ? 0.f : warp_sum(expf(a - mx) + expf(b - mx));
                 if (lane == 0) {
-                    int r = r0 + rr, g = r / p.W, i = r % p.W, h = kvh * p.G + g;
+                    int r = r0 + rr, g = g_lo + r / p.W, i = r % p.W, h = kvh * p.G + g;
                     float *st = p.stats + (((int64_t)h * p.W + i) * p.nchunks + c) * 2;
-                    st[0] = m;
+                    st[0] = mx;
                     st[1] = z;
                 }
             }
-        } else if (j < p.L) {
+        } else if (j < np) {
             /* rows of one query head are consecutive: sum them per head */
             for (int rr = 0; rr < rc; rr++) {
-                int r = r0 + rr, g = r / p.W, i = r % p.W;
+                int r = r0 + rr, g = g_lo + r / p.W, i = r % p.W;
                 red += lg[rr * (DEC_KC + 1) + tid];
                 if (i == p.W - 1) { /* head g complete */
                     float mean = red / (float)p.W;
-                    if (!p.per_kv)
-                        p.score[(int64_t)(kvh * p.G + g) * p.L + j] = mean;
-                    else {
-                        float *o = p.score + (int64_t)kvh * p.L + j;
-                        if (g == 0) *o = mean;
-                        else *o = p.reduce_max ? fmaxf(*o, mean) : *o + mean;
-                        if (g == p.G - 1 && !p.reduce_max) *o = *o / (float)p.G;
+                    if (p.raw)
+                        p.raw[(int64_t)(kvh * p.G + g) * p.n + map_row(p.map, m, np, j)] = mean;
+                    else if (j < L) {
+                        if (!p.per_kv)
+                            p.score[(int64_t)(kvh * p.G + g) * p.n + j] = mean;
+                        else { /* the CPU's ei__reduce_heads: in head order, then / G */
+                            float *o = p.score + (int64_t)kvh * p.n + j;
+                            if (g == g_lo) *o = mean;
+                            else *o = p.reduce_max ? fmaxf(*o, mean) : *o + mean;
+                            if (g == g_hi - 1 && !p.reduce_max) *o = *o / (float)(g_hi - g_lo);
+                        }
                     }
                     red = 0.f;
                 }
@@ -2354,9 +2431,10 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     }
 }
 
+/* per (query head h in [h0, h1), window query i): max and sum over the chunks */
 __global__ void decode_combine_kernel(DecodeParams p) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x; /* (h, i) */
-    if (r >= p.nh * p.W) return;
+    int r = p.h0 * p.W + (int)(blockIdx.x * blockDim.x + threadIdx.x); /* (h, i) */
+    if (r >= p.h1 * p.W) return;
     const float *st = p.stats + (int64_t)r * p.nchunks * 2;
     float m = -INFINITY;
     for (int c = 0; c < p.nchunks; c++) m = fmaxf(m, st[2 * c]);
@@ -2367,16 +2445,42 @@ __global__ void decode_combine_kernel(DecodeParams p) {
     p.mz[2 * r + 1] = z;
 }
 
-/* pooled[h][j], j < L, as the CPU's ei__pool_scores: avg (positions outside
-   0..L-1 count as zero, divided by the kernel width), max (over the
-   positions inside), none. */
-__global__ void pool_kernel(const float *score, float *pooled, float *pooled_out, int64_t pooled_cap, int64_t L,
-                            int heads, int pool, int kernel) {
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < L * heads;
+/* red[h][j] = the scores of query heads first = h * per .. + per (rows of
+   n) of candidate j of head h's map (position order, j < L), reduced as the
+   CPU's ei__reduce_heads (in head order; mean: then / per). */
+__global__ void reduce_heads_kernel(const float *scores, int64_t n, int heads, int per, int reduce_max, MapRef mr,
+                                    int div, int64_t W, float *red) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)heads * n;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        int h = (int)(idx / L);
-        int64_t j = idx % L;
-        const float *row = score + (int64_t)h * L;
+        int h = (int)(idx / n);
+        int64_t j = idx % n;
+        int m = mr.maps > 1 ? h / div : 0;
+        int64_t np = map_np(mr, m), L = np - W;
+        if (j >= L) continue;
+        const float *s = scores + (int64_t)h * per * n + map_row(mr, m, np, j);
+        float v = s[0];
+        for (int i = 1; i < per; i++) {
+            float x = s[(int64_t)i * n];
+            v = reduce_max ? (x > v ? x : v) : v + x;
+        }
+        red[(int64_t)h * n + j] = reduce_max ? v : v / (float)per;
+    }
+}
+
+/* pooled[h][j], j < L of head h's map (rows of n), as the CPU's
+   ei__pool_scores: avg (candidates outside 0..L-1 count as zero, divided by
+   the kernel width), max (over those inside), none. Heads that compress
+   (np >= budget) also write pooled_out. */
+__global__ void pool_kernel(const float *score, float *pooled, float *pooled_out, int64_t pooled_cap, int64_t n, int heads,
+                            MapRef mr, int div, int64_t W, int64_t budget, int pool, int kernel) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)heads * n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int h = (int)(idx / n);
+        int64_t j = idx % n;
+        int m = mr.maps > 1 ? h / div : 0;
+        int64_t np = map_np(mr, m), L = np - W;
+        if (j >= L) continue;
+        const float *row = score + (int64_t)h * n;
         float x;
         if (pool == EI_POOL_NONE || kernel <= 1) {
             x = row[j];
@@ -2389,53 +2493,101 @@ __global__ void pool_kernel(const float *score, float *pooled, float *pooled_out
             }
             x = pool == EI_POOL_MAX ? acc : acc / (float)kernel;
         }
-        pooled[idx] = x;
-        if (pooled_out) pooled_out[(int64_t)h * pooled_cap + j] = x;
+        pooled[(int64_t)h * n + j] = x;
+        if (pooled_out && np >= budget) pooled_out[(int64_t)h * pooled_cap + j] = x;
     }
 }
 
-/* Per head: the kk best of pooled[0..L) (ties to the lower position), then
-   the window positions L..n-1; ascending. Optional byte mask over 0..n-1. */
-__global__ void __launch_bounds__(256) keep_select_kernel(const float *pooled, int64_t L, int64_t n, int64_t kk,
-                                                          int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
+struct KeepParams {
+    const float *pooled; /* [heads][n]: pooled scores of the candidates, position order */
+    MapRef map;
+    int div;             /* head h uses map h / div (maps > 1) */
+    int64_t n, W, budget;
+    const int *row_pos;  /* the maps (positions out); NULL: row j holds position j */
+    int64_t rp_stride;
+    uint8_t *flag;       /* [heads][n] scratch */
+    int *index;
+    int capacity;
+    int *positions;
+    uint8_t *mask;
+    int64_t mask_cap;
+};
+/* One CTA per head: every row holding a position when fewer than budget do;
+   else the kk = budget - W best candidates (ties to the older position) and
+   the W window rows. Then the kept rows ascending, their positions, the
+   byte mask over 0..n-1. */
+__global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
     __shared__ int hist[256];
     __shared__ int warp_tot[8];
     int h = blockIdx.x;
-    const float *row = pooled + (int64_t)h * L;
-    int *out = index + (int64_t)h * capacity;
-    uint8_t *mrow = mask ? mask + (int64_t)h * mask_cap : NULL;
+    int m = p.map.maps > 1 ? h / p.div : 0;
+    int64_t np = map_np(p.map, m), L = np - p.W;
+    bool all = np < p.budget;
+    int64_t kk = all ? 0 : p.budget - p.W;
+    if (kk > L) kk = L;
+    if (kk < 0) kk = 0;
+    const float *row = p.pooled + (int64_t)h * p.n;
     uint64_t thr = kk > 0 ? block_select_kth(row, L, kk, hist) : ~(uint64_t)0;
+    uint8_t *f = p.flag + (int64_t)h * p.n;
+    for (int64_t j = threadIdx.x; j < p.n; j += blockDim.x) f[j] = 0;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < np; j += blockDim.x) {
+        bool kept = all || j >= L || (kk > 0 && rank_key(row[j], j) >= thr);
+        if (kept) f[map_row(p.map, m, np, j)] = 1;
+    }
+    __syncthreads();
+    const int *map = p.row_pos ? p.row_pos + (int64_t)m * p.rp_stride : NULL;
+    int *out = p.index + (int64_t)h * p.capacity;
+    int *pos = p.positions ? p.positions + (int64_t)h * p.capacity : NULL;
+    uint8_t *mrow = p.mask ? p.mask + (int64_t)h * p.mask_cap : NULL;
     int64_t base = 0;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int64_t j0 = 0; j0 < L; j0 += blockDim.x) {
+    for (int64_t j0 = 0; j0 < p.n; j0 += blockDim.x) {
         int64_t j = j0 + threadIdx.x;
-        bool keep = kk > 0 && j < L && rank_key(row[j], j) >= thr;
+        bool keep = j < p.n && f[j] != 0;
         unsigned bal = __ballot_sync(0xffffffffu, keep);
         if (lane == 0) warp_tot[w] = __popc(bal);
         __syncthreads();
         int64_t before = base;
         for (int i = 0; i < w; i++) before += warp_tot[i];
         before += __popc(bal & ((1u << lane) - 1));
-        if (keep) out[before] = (int)j;
-        if (mrow && j < L) mrow[j] = keep;
+        if (keep) {
+            out[before] = (int)j;
+            if (pos) pos[before] = map ? map[j] : (int)j;
+        }
+        if (mrow && j < p.n) mrow[j] = keep;
         int tot = 0;
         for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += warp_tot[i];
         __syncthreads();
         base += tot;
     }
-    for (int64_t j = L + threadIdx.x; j < n; j += blockDim.x) {
-        out[kk + (j - L)] = (int)j;
-        if (mrow) mrow[j] = 1;
-    }
 }
 
-/* everything kept (n < decode_budget): index 0..n-1, mask ones over 0..n-1 */
-__global__ void keep_all_kernel(int64_t n, int *index, int capacity, uint8_t *mask, int64_t mask_cap) {
-    int h = blockIdx.y;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
-        index[(int64_t)h * capacity + j] = (int)j;
-        if (mask) mask[(int64_t)h * mask_cap + j] = 1;
+/* shared keep sets: the candidates' shared scores in position order (the
+   first non-finite one as j << 32 | row), their sum, and a layer's share */
+__global__ void shared_gather_kernel(const float *shared, MapRef mr, int64_t W, float *pooled, unsigned long long *bad) {
+    int64_t np = map_np(mr, 0), L = np - W;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = map_row(mr, 0, np, j);
+        float v = shared[row];
+        if (!isfinite(v)) atomicMin(bad, ((unsigned long long)j << 32) | (unsigned long long)row);
+        pooled[j] = v;
     }
+}
+__global__ void shared_sum_kernel(const float *pooled, MapRef mr, int64_t W, double *sum) {
+    __shared__ double red[32];
+    int64_t L = map_np(mr, 0) - W;
+    double acc = 0.0;
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) acc += (double)pooled[j];
+    acc = block_sum_d(acc, red);
+    if (threadIdx.x == 0) *sum = acc;
+}
+__global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, float *shared) {
+    double s = *sum;
+    int64_t np = map_np(mr, 0), L = np - W;
+    if (!(s > 0.0)) return;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x)
+        shared[map_row(mr, 0, np, j)] += (float)((double)pooled[j] / s);
 }
 
 /* The header checked q against the decoder and the protocol. The kept queries
@@ -2466,114 +2618,392 @@ static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const
     return EI_OK;
 }
 
-/* Sized for the configuration's window (the most queries a call scores) and
-   L up to n: any W <= window fits. */
+/* Sized for the configuration's window (the most queries a call scores),
+   n rows, one row map per kv head and the row sort's temporary storage: any
+   W <= window, any map fits. */
 struct DecodeWs {
-    size_t stats, mz, score, pooled, flags, total;
+    size_t stats, mz, score, pooled, flags, keys_in, keys_out, vals_in, vals_out, info, sort, rowflag, total;
+    size_t sort_bytes;
 };
 static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, DecodeWs *w, char *msg) {
     size_t W = (size_t)cfg->window, nch = (size_t)((n + DEC_KC - 1) / DEC_KC);
-    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh, a, b, c;
-    if (!mul_ok((size_t)nh * W, nch * 8, &a) || !mul_ok((size_t)nh * W, 8, &b) || !mul_ok(heads_out, (size_t)n * 4, &c) ||
-        a > SIZE_MAX / 8 || c > SIZE_MAX / 8)
+    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh, a, b, c, mk, rf, inf, sort_bytes = 0;
+    if (n <= 0 || n > INT_MAX || !mul_ok((size_t)nh * W, nch * 8, &a) || !mul_ok((size_t)nh * W, 8, &b) ||
+        !mul_ok(heads_out, (size_t)n * 4, &c) || !mul_ok((size_t)nkv, (size_t)n * 4, &mk) ||
+        !mul_ok(heads_out, (size_t)n, &rf) || !mul_ok((size_t)nkv, 32, &inf) || a > SIZE_MAX / 16 ||
+        c > SIZE_MAX / 16 || mk > SIZE_MAX / 16)
         return fail(msg, EI_ERR_OVERFLOW, "decode workspace for %lld tokens overflows size_t", (long long)n);
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const unsigned *)NULL, (unsigned *)NULL,
+                                                    (const int *)NULL, (int *)NULL, (int)n, 0, 32);
+    if (e != cudaSuccess) return fail(msg, EI_ERR_BACKEND, "sizing the row sort: %s", cudaGetErrorString(e));
+    w->sort_bytes = sort_bytes;
     w->stats = 0;
     w->mz = align256(a);
     w->score = w->mz + align256(b);
     w->pooled = w->score + align256(c);
-    w->flags = w->pooled + align256(c);
-    w->total = w->flags + 256 + 256; /* two first-bad keys, and slack to align the base */
+    w->flags = w->pooled + align256(c); /* bad key, bad logits, bad shared score, (double) shared sum */
+    w->keys_in = w->flags + 256;
+    w->keys_out = w->keys_in + align256(mk);
+    w->vals_in = w->keys_out + align256(mk);
+    w->vals_out = w->vals_in + align256(mk);
+    w->info = w->vals_out + align256(mk);
+    w->sort = w->info + align256(inf);
+    w->rowflag = w->sort + align256(sort_bytes);
+    w->total = w->rowflag + align256(rf) + 256; /* and slack to align the base */
     return EI_OK;
 }
 static ei_result api_decode_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, size_t *bytes,
                                            char *msg) {
-    DecodeWs w = {0, 0, 0, 0, 0, 0};
+    DecodeWs w;
+    memset(&w, 0, sizeof w);
     ei_result r = decode_ws(cfg, n, nh, nkv, &w, msg);
     if (r) return r;
     *bytes = w.total;
     return EI_OK;
 }
+/* The workspace of a decode call for n rows: its aligned base. */
+static ei_result decode_ws_take(const ei_config *cfg, int64_t n, const ei_decoder *dec, void *ws, size_t ws_bytes,
+                                DecodeWs *w, char **base, char *msg) {
+    memset(w, 0, sizeof *w);
+    ei_result r = decode_ws(cfg, n, dec->n_heads, dec->n_kv_heads, w, msg);
+    if (r) return r;
+    if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w->total);
+    if (ws_bytes < w->total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w->total);
+    *base = ws_base(ws);
+    return EI_OK;
+}
 
-/* The header checked k against the decoder, the keep set's heads and
-   capacities and the protocol. W = ei__decode_window(cfg, dec) queries are
-   scored (every query observed while fewer than the window), as the CPU. */
-static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
-                                 void *ws, size_t ws_bytes, char *msg) {
-    ei_result r;
-    int nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim;
-    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens, budget = cfg->decode_budget;
-    int heads_out = cfg->per_kv_head ? nkv : nh;
-    cudaStream_t st = stream_of(cfg);
-    if (n < budget) { /* nothing to evict */
-        if ((r = grid_fits("decode keep", 1, heads_out, 1, msg))) return r;
-        keep_all_kernel<<<dim3(stride_blocks(n), heads_out), 256, 0, st>>>(n, keep->index, keep->capacity, keep->mask,
-                                                                            keep->mask_capacity);
-        LAUNCH_CHECK("keep_all_kernel");
-        keep->n_tokens = n;
-        keep->compressed = 0;
-        keep->n_kept = (int32_t)n;
-        dec->last_compress = dec->n_generated;
+/* The row maps of a call, sorted on the device; info read back. */
+struct Maps {
+    MapRef ref;
+    std::vector<unsigned long long> info; /* host copy [maps][4] (identity: one map) */
+    const int32_t *row_pos;
+    int64_t stride, n, W;
+    const unsigned *keys; /* sorted keys (position + 1) [maps][n] */
+    const int *vals;      /* sorted rows [maps][n] */
+    int64_t np(int m) const { return (int64_t)info[ref.maps ? 4 * m : 0]; }
+};
+/* Maps m0..m1-1 of row_pos (map m at row_pos + m * stride); maps 0: row j
+   holds position j. Synchronises the stream (the host reads the counts). */
+static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, int m0, int m1, int64_t n, int64_t W,
+                            char *base, const DecodeWs &w, cudaStream_t st, Maps *mp, char *msg) {
+    mp->row_pos = row_pos;
+    mp->stride = stride;
+    mp->n = n;
+    mp->W = W;
+    mp->ref.order = NULL;
+    mp->ref.info = NULL;
+    mp->ref.n = n;
+    mp->ref.maps = maps;
+    mp->keys = (const unsigned *)(base + w.keys_out);
+    mp->vals = (const int *)(base + w.vals_out);
+    if (!maps) {
+        mp->info.assign(4, 0);
+        mp->info[0] = (unsigned long long)n;
+        mp->info[1] = mp->info[2] = ~0ull;
+        mp->info[3] = W > 0 ? (unsigned long long)(W - 1) : 0;
         return EI_OK;
     }
-    int64_t L = n - W;
-    DecodeWs w = {0, 0, 0, 0, 0, 0};
-    if ((r = decode_ws(cfg, n, nh, nkv, &w, msg))) return r;
-    if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
-    if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w.total);
+    unsigned long long *dinfo = (unsigned long long *)(base + w.info);
+    unsigned *kin = (unsigned *)(base + w.keys_in), *kout = (unsigned *)(base + w.keys_out);
+    int *vin = (int *)(base + w.vals_in), *vout = (int *)(base + w.vals_out);
+    int64_t total = (int64_t)(m1 - m0) * n;
+    map_init_kernel<<<1, 256, 0, st>>>(dinfo, m0, m1);
+    LAUNCH_CHECK("map_init_kernel");
+    map_prep_kernel<<<stride_blocks(total), 256, 0, st>>>(row_pos, stride, m0, m1, n, kin, vin, dinfo);
+    LAUNCH_CHECK("map_prep_kernel");
+    for (int m = m0; m < m1; m++) {
+        size_t tb = w.sort_bytes;
+        int64_t at = (int64_t)m * n;
+        CUDA_TRY(cub::DeviceRadixSort::SortPairs((void *)(base + w.sort), tb, kin + at, kout + at, vin + at, vout + at,
+                                                 (int)n, 0, 32, st));
+    }
+    map_post_kernel<<<stride_blocks(total), 256, 0, st>>>(kout, m0, m1, n, W, dinfo);
+    LAUNCH_CHECK("map_post_kernel");
+    mp->info.assign((size_t)maps * 4, 0);
+    CUDA_TRY(cudaMemcpyAsync(mp->info.data() + 4 * m0, dinfo + 4 * m0, sizeof(unsigned long long) * 4 * (m1 - m0),
+                             cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    mp->ref.order = vout;
+    mp->ref.info = dinfo;
+    return EI_OK;
+}
+/* Map m as the CPU's ei__decode_order checks it, in its order. */
+static ei_result map_check(const Maps &mp, int m, char *msg) {
+    const unsigned long long *in = &mp.info[mp.ref.maps ? 4 * m : 0];
+    int64_t n = mp.n, W = mp.W, at = (int64_t)m * n;
+    if (in[1] != ~0ull) {
+        int v = 0;
+        int64_t j = (int64_t)in[1];
+        CUDA_TRY(cudaMemcpy(&v, mp.row_pos + (int64_t)m * mp.stride + j, sizeof v, cudaMemcpyDeviceToHost));
+        return fail(msg, EI_ERR_SHAPE, "row_pos[%lld] = %d (a position >= 0, or -1 for a row without one)", (long long)j, v);
+    }
+    if (in[2] != ~0ull) {
+        int64_t i = (int64_t)in[2];
+        int rows[2] = {0, 0};
+        unsigned key = 0;
+        CUDA_TRY(cudaMemcpy(rows, mp.vals + at + i - 1, sizeof rows, cudaMemcpyDeviceToHost));
+        CUDA_TRY(cudaMemcpy(&key, mp.keys + at + i, sizeof key, cudaMemcpyDeviceToHost));
+        return fail(msg, EI_ERR_SHAPE, "rows %d and %d both hold position %d", rows[0], rows[1], (int)(key - 1u));
+    }
+    if ((int64_t)in[0] < W)
+        return fail(msg, EI_ERR_SHAPE, "the cache holds %lld positions, fewer than the %lld observed queries",
+                    (long long)in[0], (long long)W);
+    if (W > 0 && in[3] != (unsigned long long)(W - 1)) {
+        unsigned keys[2] = {0, 0};
+        CUDA_TRY(cudaMemcpy(&keys[0], mp.keys + at + n - W, sizeof keys[0], cudaMemcpyDeviceToHost));
+        CUDA_TRY(cudaMemcpy(&keys[1], mp.keys + at + n - 1, sizeof keys[1], cudaMemcpyDeviceToHost));
+        return fail(msg, EI_ERR_SHAPE,
+                    "the newest %lld positions (%d..%d) are not consecutive: the window's keys must all be in the cache",
+                    (long long)W, (int)(keys[0] - 1u), (int)(keys[1] - 1u));
+    }
+    return EI_OK;
+}
+
+/* The window scores of query heads [h0, h1) against k in each kv head's
+   position order: into score (decode_keep's candidates) or raw (per row). */
+static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k, const MapRef &mr,
+                                  int64_t W, int h0, int h1, float *score, float *raw, char *base, const DecodeWs &w,
+                                  cudaStream_t st, char *msg) {
+    ei_result r;
+    int nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim, G = nh / nkv;
+    int64_t n = k->n_tokens;
     int smem_max = 0;
     size_t smem = ((size_t)DEC_KC * (D + 1) + (size_t)DEC_RC * (DEC_KC + 1)) * 4;
     if ((r = smem_limit(&smem_max, msg))) return r;
     if (smem > (size_t)smem_max)
         return fail(msg, EI_ERR_UNSUPPORTED, "head_dim %d needs %zu bytes of shared memory for CUDA decode scoring, the "
                     "device has %d", D, smem, smem_max);
-    char *base = ws_base(ws);
     DecodeParams p;
     memset(&p, 0, sizeof p);
     p.k = k->data; p.dtype = k->dtype; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
     p.ring = dec->queries;
     p.window = dec->window;
     p.first_slot = (dec->n_observed - W) % dec->window;
-    p.W = (int)W; p.nh = nh; p.nkv = nkv; p.G = nh / nkv; p.D = D; p.n = n; p.L = L;
+    p.W = (int)W; p.nh = nh; p.nkv = nkv; p.G = G; p.D = D; p.n = n;
     p.nchunks = (int)((n + DEC_KC - 1) / DEC_KC);
     p.scale = cfg->decode_scale > 0.f ? cfg->decode_scale : 1.f / sqrtf((float)D);
-    p.stats = (float *)(base + w.stats); p.mz = (float *)(base + w.mz); p.score = (float *)(base + w.score);
+    p.stats = (float *)(base + w.stats); p.mz = (float *)(base + w.mz);
+    p.score = score; p.raw = raw;
     p.per_kv = cfg->per_kv_head != 0; p.reduce_max = cfg->gqa_reduce == EI_REDUCE_MAX;
+    p.h0 = h0; p.h1 = h1; p.kv0 = h0 / G;
+    p.map = mr;
     p.bad_k = (unsigned long long *)(base + w.flags);
     p.bad_row = p.bad_k + 1;
-    float *pooled = (float *)(base + w.pooled);
-    if ((r = grid_fits("decode scoring", p.nchunks, nkv, 1, msg))) return r;
+    int kv_count = (h1 - 1) / G - p.kv0 + 1;
+    if ((r = grid_fits("decode scoring", p.nchunks, kv_count, 1, msg))) return r;
     CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_TRY(cudaFuncSetAttribute(decode_score_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_TRY(cudaMemsetAsync(p.bad_k, 0xFF, 2 * sizeof(unsigned long long), st));
-    decode_score_kernel<0><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
+    decode_score_kernel<0><<<dim3(p.nchunks, kv_count), DEC_KC, smem, st>>>(p);
     LAUNCH_CHECK("decode_score_kernel<0>");
-    {   /* K and the logits are checked before anything of the keep set is written */
+    {   /* K and the logits are checked before anything of the results is written */
         unsigned long long bad[2] = {0, 0};
         CUDA_TRY(cudaMemcpyAsync(bad, p.bad_k, sizeof bad, cudaMemcpyDeviceToHost, st));
         CUDA_TRY(cudaStreamSynchronize(st));
         if (bad[0] != ~0ull)
-            return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k (head %d, tokens from %lld)", (int)(bad[0] >> 32),
+            return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k (head %d, row %lld)", (int)(bad[0] >> 32),
                         (long long)(bad[0] & 0xFFFFFFFFu));
         if (bad[1] != ~0ull)
             return fail(msg, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)bad[1]);
     }
-    decode_combine_kernel<<<(unsigned)((nh * W + 127) / 128), 128, 0, st>>>(p);
+    decode_combine_kernel<<<(unsigned)(((int64_t)(h1 - h0) * W + 127) / 128), 128, 0, st>>>(p);
     LAUNCH_CHECK("decode_combine_kernel");
-    decode_score_kernel<1><<<dim3(p.nchunks, nkv), DEC_KC, smem, st>>>(p);
+    decode_score_kernel<1><<<dim3(p.nchunks, kv_count), DEC_KC, smem, st>>>(p);
     LAUNCH_CHECK("decode_score_kernel<1>");
-    if (L > 0) {
-        pool_kernel<<<stride_blocks(L * heads_out), 256, 0, st>>>(p.score, pooled, keep->pooled, keep->pooled_capacity,
-                                                                  L, heads_out, cfg->pool, cfg->pool_kernel);
+    return EI_OK;
+}
+
+/* A keep set of `heads` heads (head h on map h / div) from the reduced
+   candidate scores red [heads][n] (pooled here when pool_it, else red is
+   already pooled and keep->pooled written by the caller). The host checks
+   come first, per head in the CPU's order (its map, then capacities). */
+static ei_result keep_finish_run(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
+                                 int div, float *red, bool pool_it, char *base, const DecodeWs &w, cudaStream_t st,
+                                 char *msg) {
+    ei_result r;
+    int64_t budget = cfg->decode_budget, n = mp.n, W = mp.W, np = 0;
+    int32_t n_kept = 0;
+    int last_m = -1;
+    for (int h = 0; h < heads; h++) {
+        int m = mp.ref.maps > 1 ? h / div : 0;
+        if (m != last_m && (r = map_check(mp, m, msg))) return r;
+        last_m = m;
+        np = mp.np(m);
+        if (np > (int64_t)keep->capacity && np < budget)
+            return fail(msg, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
+        if (np < budget) {
+            n_kept = (int32_t)np;
+            continue;
+        }
+        int64_t L = np - W, kk = budget - W;
+        if (kk > L) kk = L;
+        if (kk < 0) kk = 0;
+        if (keep->pooled && keep->pooled_capacity < L)
+            return fail(msg, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+        n_kept = (int32_t)(kk + W);
+    }
+    if ((r = grid_fits("decode keep", heads, 1, 1, msg))) return r;
+    float *pooled = red;
+    if (pool_it) {
+        pooled = (float *)(base + w.pooled);
+        pool_kernel<<<stride_blocks((int64_t)heads * n), 256, 0, st>>>(red, pooled, keep->pooled, keep->pooled_capacity, n,
+                                                                      heads, mp.ref, div, W, budget, cfg->pool,
+                                                                      cfg->pool_kernel);
         LAUNCH_CHECK("pool_kernel");
     }
-    keep_select_kernel<<<heads_out, 256, 0, st>>>(pooled, L, n, budget - W, keep->index, keep->capacity, keep->mask,
-                                                   keep->mask_capacity);
-    LAUNCH_CHECK("keep_select_kernel");
+    KeepParams kp;
+    memset(&kp, 0, sizeof kp);
+    kp.pooled = pooled;
+    kp.map = mp.ref;
+    kp.div = div;
+    kp.n = n; kp.W = W; kp.budget = budget;
+    kp.row_pos = mp.ref.maps ? mp.row_pos : NULL;
+    kp.rp_stride = mp.stride;
+    kp.flag = (uint8_t *)(base + w.rowflag);
+    kp.index = keep->index; kp.capacity = keep->capacity; kp.positions = keep->positions;
+    kp.mask = keep->mask; kp.mask_cap = keep->mask_capacity;
+    keep_finish_kernel<<<heads, 256, 0, st>>>(kp);
+    LAUNCH_CHECK("keep_finish_kernel");
     keep->n_tokens = n;
-    keep->n_kept = (int32_t)budget;
-    keep->compressed = 1;
+    keep->n_kept = n_kept;
+    keep->compressed = np >= budget; /* the last head's, as the CPU */
+    if (dec) dec->last_compress = dec->n_generated;
+    return EI_OK;
+}
+
+/* The header checked k against the decoder, the keep set's heads and
+   capacities and the protocol (and, without a row map, the cache against
+   the window). W = ei__decode_window(cfg, dec) queries are scored (every
+   query observed while fewer than the window), as the CPU: score, then
+   select; with keep->row_pos the maps are checked and sorted first. */
+static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+                                 void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
+    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
+    int heads_out = cfg->per_kv_head ? nkv : nh;
+    cudaStream_t st = stream_of(cfg);
+    DecodeWs w;
+    char *base = NULL;
+    Maps mp;
+    if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
+    int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
+    for (int m = 0; m < (maps ? maps : 1); m++)
+        if ((r = map_check(mp, m, msg))) return r;
+    float *score = (float *)(base + w.score);
+    if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, st, msg))) return r;
+    return keep_finish_run(cfg, dec, keep, mp, heads_out, cfg->per_kv_head ? 1 : G, score, true, base, w, st, msg);
+}
+
+/* ei_decode_score: query heads [h0, h1) (the header's split of ith/nth),
+   scores [nh][n] by row, 0 for rows holding no position. */
+static ei_result api_decode_score(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
+                                  int64_t row_pos_stride, float *scores, int32_t h0, int32_t h1, void *ws,
+                                  size_t ws_bytes, char *msg) {
+    ei_result r;
+    int nkv = dec->n_kv_heads, G = dec->n_heads / nkv;
+    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
+    cudaStream_t st = stream_of(cfg);
+    DecodeWs w;
+    char *base = NULL;
+    Maps mp;
+    if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
+    if (h0 >= h1) return EI_OK; /* more threads than heads */
+    int maps = row_pos ? (row_pos_stride ? nkv : 1) : 0;
+    int m0 = maps > 1 ? h0 / G : 0, m1 = maps > 1 ? (h1 - 1) / G + 1 : maps;
+    if ((r = maps_build(row_pos, row_pos_stride, maps, m0, m1, n, W, base, w, st, &mp, msg))) return r;
+    for (int m = m0; m < (m1 > m0 ? m1 : m0 + 1); m++)
+        if ((r = map_check(mp, m, msg))) return r;
+    CUDA_TRY(cudaMemsetAsync(scores + (int64_t)h0 * n, 0, sizeof(float) * (size_t)(h1 - h0) * (size_t)n, st));
+    return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, st, msg);
+}
+
+/* ei_decode_select: scores [nh][n_rows] by row (ei_decode_score's) reduced
+   per head of the keep set over its map's candidates, then pooled and kept. */
+static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                   ei_keep_set *keep, void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
+    int64_t W = ei__decode_window(cfg, dec), n = n_rows;
+    int heads_out = cfg->per_kv_head ? nkv : nh, per = cfg->per_kv_head ? G : 1, div = cfg->per_kv_head ? 1 : G;
+    cudaStream_t st = stream_of(cfg);
+    DecodeWs w;
+    char *base = NULL;
+    Maps mp;
+    if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
+    int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
+    float *red = (float *)(base + w.score);
+    reduce_heads_kernel<<<stride_blocks((int64_t)heads_out * n), 256, 0, st>>>(
+        scores, n, heads_out, per, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref, div, W, red);
+    LAUNCH_CHECK("reduce_heads_kernel");
+    return keep_finish_run(cfg, dec, keep, mp, heads_out, div, red, true, base, w, st, msg);
+}
+
+/* ei_decode_shared_add: every query head of the layer reduced, pooled over
+   the candidates in position order, divided by their sum, added into
+   shared[row]. */
+static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                       const int32_t *row_pos, float *shared, void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    int nh = dec->n_heads;
+    int64_t W = ei__decode_window(cfg, dec), n = n_rows;
+    cudaStream_t st = stream_of(cfg);
+    DecodeWs w;
+    char *base = NULL;
+    Maps mp;
+    if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
+    if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, W, base, w, st, &mp, msg))) return r;
+    if ((r = map_check(mp, 0, msg))) return r;
+    float *red = (float *)(base + w.score), *pooled = (float *)(base + w.pooled);
+    double *sum = (double *)(base + w.flags + 3 * sizeof(unsigned long long));
+    reduce_heads_kernel<<<stride_blocks(n), 256, 0, st>>>(scores, n, 1, nh, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref,
+                                                          1, W, red);
+    LAUNCH_CHECK("reduce_heads_kernel");
+    pool_kernel<<<stride_blocks(n), 256, 0, st>>>(red, pooled, NULL, 0, n, 1, mp.ref, 1, W, cfg->decode_budget,
+                                                  cfg->pool, cfg->pool_kernel);
+    LAUNCH_CHECK("pool_kernel");
+    shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, W, sum);
+    LAUNCH_CHECK("shared_sum_kernel");
+    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, shared);
+    LAUNCH_CHECK("shared_add_kernel");
     dec->last_compress = dec->n_generated;
     return EI_OK;
+}
+
+/* ei_decode_select_shared: one keep set (heads_out 1) from the summed
+   shared scores; non-finite ones refused before anything is written. */
+static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder *dec, const float *shared,
+                                          int64_t n_rows, ei_keep_set *keep, void *ws, size_t ws_bytes, char *msg) {
+    ei_result r;
+    int64_t W = ei__decode_window(cfg, dec), n = n_rows, budget = cfg->decode_budget;
+    cudaStream_t st = stream_of(cfg);
+    DecodeWs w;
+    char *base = NULL;
+    Maps mp;
+    if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
+    int maps = keep->row_pos ? 1 : 0;
+    if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
+    if ((r = map_check(mp, 0, msg))) return r;
+    float *pooled = (float *)(base + w.pooled);
+    int64_t np = mp.np(0), L = np - W;
+    if (np >= budget) {
+        unsigned long long *bad = (unsigned long long *)(base + w.flags) + 2, b = 0;
+        if (keep->pooled && keep->pooled_capacity < L)
+            return fail(msg, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+        CUDA_TRY(cudaMemsetAsync(bad, 0xFF, sizeof *bad, st));
+        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, W, pooled, bad);
+        LAUNCH_CHECK("shared_gather_kernel");
+        CUDA_TRY(cudaMemcpyAsync(&b, bad, sizeof b, cudaMemcpyDeviceToHost, st));
+        CUDA_TRY(cudaStreamSynchronize(st));
+        if (b != ~0ull)
+            return fail(msg, EI_ERR_NONFINITE, "shared score of row %d is not finite", (int)(b & 0xFFFFFFFFu));
+        if (keep->pooled && L > 0)
+            CUDA_TRY(cudaMemcpyAsync(keep->pooled, pooled, sizeof(float) * (size_t)L, cudaMemcpyDeviceToDevice, st));
+    }
+    return keep_finish_run(cfg, NULL, keep, mp, 1, 1, pooled, false, base, w, st, msg);
 }
 
 /* ============================================================ >>cuda-compact */
@@ -2599,11 +3029,11 @@ __global__ void keep_check_kernel(const int *index, int capacity, int heads, int
    wrote. Rows already in place (index[i] == i) are left alone. */
 #define CMP_BYTES 16384
 template <typename U>
-__global__ void __launch_bounds__(256) compact_kernel(const int *index, int capacity, int n_kept, char *data,
+__global__ void __launch_bounds__(256) compact_kernel(const int *index, int64_t idx_stride, int n_kept, char *data,
                                                       int64_t ts_bytes, int64_t hs_bytes, int row_bytes) {
     __shared__ U stage[CMP_BYTES / sizeof(U)];
     int h = blockIdx.x;
-    const int *idx = index + (int64_t)h * capacity;
+    const int *idx = index + (int64_t)h * idx_stride; /* idx_stride 0: a shared set */
     int units = row_bytes / (int)sizeof(U);
     int rows = (int)(CMP_BYTES / sizeof(U)) / units;
     char *head = data + (int64_t)h * hs_bytes;
@@ -2627,11 +3057,14 @@ static ei_result compact_one(const ei_keep_set *keep, ei_out_tensor *x, cudaStre
     int row = (int)(x->head_dim * es);
     uintptr_t a = (uintptr_t)x->data | (uintptr_t)ts | (uintptr_t)hs | (uintptr_t)row;
     char *d = (char *)x->data;
+    /* one CTA per head of the cache; a shared set (heads_out 1) serves every head */
+    int64_t is = keep->heads_out == 1 ? 0 : (int64_t)keep->capacity;
+    unsigned heads = (unsigned)x->n_heads;
     if (a & 1) return fail(msg, EI_ERR_UNSUPPORTED, "CUDA compaction needs a 2-byte aligned cache (got %p)", x->data);
-    if (!(a & 15)) compact_kernel<uint4><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
-    else if (!(a & 7)) compact_kernel<uint2><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
-    else if (!(a & 3)) compact_kernel<uint32_t><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
-    else compact_kernel<uint16_t><<<keep->heads_out, 256, 0, st>>>(keep->index, keep->capacity, keep->n_kept, d, ts, hs, row);
+    if (!(a & 15)) compact_kernel<uint4><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
+    else if (!(a & 7)) compact_kernel<uint2><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
+    else if (!(a & 3)) compact_kernel<uint32_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
+    else compact_kernel<uint16_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
     LAUNCH_CHECK("compact_kernel");
     return EI_OK;
 }
@@ -2730,6 +3163,10 @@ static const ei_cuda_api ei__cuda_table = {
     api_decode_workspace_size,
     api_decode_keep,
     api_kv_compact,
+    api_decode_score,
+    api_decode_select,
+    api_decode_shared_add,
+    api_decode_select_shared,
 };
 
 /* The table whatever version is asked for: the header compares abi_version

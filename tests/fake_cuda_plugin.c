@@ -20,7 +20,7 @@
 /* calls per entry, read by the test through dlsym */
 EXPORT int fake_calls[32];
 enum { C_ALLOC, C_FREE, C_COPY, C_SET, C_SYNC, C_PLAN_COPY, C_PWS, C_PROFILE, C_AWS, C_ATTN, C_OBSERVE, C_DWS, C_KEEP,
-       C_COMPACT };
+       C_COMPACT, C_SCORE, C_SELECT, C_SHARED_ADD, C_SELECT_SHARED };
 
 static const char *info(void) { return "fake entropyinfer CUDA plugin (host memory)"; }
 static ei_result device_check(char *msg) {
@@ -81,10 +81,32 @@ static ei_result keep(const ei_config *c, ei_decoder *d, const ei_tensor *k, ei_
 static ei_result compact(const ei_config *c, const ei_keep_set *ks, ei_out_tensor *k, ei_out_tensor *v, char *msg) {
     (void)c; (void)ks; (void)k; (void)v; (void)msg; fake_calls[C_COMPACT]++; return EI_OK;
 }
+static ei_result score(const ei_config *c, const ei_decoder *d, const ei_tensor *k, const int32_t *rp, int64_t rs,
+                       float *s, int32_t h0, int32_t h1, void *w, size_t wb, char *msg) {
+    (void)c; (void)d; (void)k; (void)rp; (void)rs; (void)s; (void)h0; (void)h1; (void)w; (void)wb; (void)msg;
+    fake_calls[C_SCORE]++;
+    return EI_OK;
+}
+static ei_result select_(const ei_config *c, ei_decoder *d, const float *s, int64_t n, ei_keep_set *ks, void *w,
+                         size_t wb, char *msg) {
+    (void)c; (void)d; (void)s; (void)n; (void)ks; (void)w; (void)wb; (void)msg; fake_calls[C_SELECT]++; return EI_OK;
+}
+static ei_result shared_add(const ei_config *c, ei_decoder *d, const float *s, int64_t n, const int32_t *rp, float *sh,
+                            void *w, size_t wb, char *msg) {
+    (void)c; (void)d; (void)s; (void)n; (void)rp; (void)sh; (void)w; (void)wb; (void)msg;
+    fake_calls[C_SHARED_ADD]++;
+    return EI_OK;
+}
+static ei_result select_shared(const ei_config *c, const ei_decoder *d, const float *sh, int64_t n, ei_keep_set *ks,
+                               void *w, size_t wb, char *msg) {
+    (void)c; (void)d; (void)sh; (void)n; (void)ks; (void)w; (void)wb; (void)msg;
+    fake_calls[C_SELECT_SHARED]++;
+    return EI_OK;
+}
 
 static const ei_cuda_api table = {FAKE_ABI_VERSION, (int32_t)sizeof(ei_cuda_api), info, device_check, mem_alloc,
                                   mem_free, mem_copy, mem_set, sync_, plan_copy, pws, profile, aws, attn, observe, dws,
-                                  keep, compact};
+                                  keep, compact, score, select_, shared_add, select_shared};
 EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
     (void)abi_version; /* the table whatever is asked: the header compares */
     return &table;

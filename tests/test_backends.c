@@ -30,6 +30,12 @@
        but at knife-edges of top_p, kept sets equal up to near-ties of the
        ranking score (recomputed by the test in double); the CPU's rows also
        against the ideal rows of those scores
+     8 decode over a row map (rows out of position order, empty rows NaN):
+       ei_decode_keep with row_pos and positions, ei_decode_score split over
+       threads, ei_decode_select, a keep set per query head over per-kv-head
+       maps, compaction and a second compression, the shared keep set of two
+       layers and its compaction of every head, the misuse codes: kept
+       positions equal up to near-ties, pooled scores within 1e-3
 
    Data move with ei_device_alloc / ei_device_copy / ei_plan_copy; no CUDA
    header or library at build time. */
@@ -1096,6 +1102,496 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
     ei_context_destroy(host);
 }
 
+/* ------------------------------------------------------------ 8: decode over a row map */
+/* A cache whose rows are not in position order: positions 0..299 scattered
+   over 337 rows (the 37 empty rows NaN, never read), f32, 8 query heads on 2
+   kv heads, window 16, budget 96. On each backend: ei_decode_keep with
+   row_pos (positions, mask, pooled); ei_decode_score split over 3 "threads"
+   (= one call); ei_decode_select of those scores; a keep set per query head
+   (per_kv_head 0, max pooling) over per-kv-head maps; compaction per kv
+   head, 8 new positions into rows in reverse order and a second
+   compression over per-kv-head maps; the shared keep set of two layers
+   (ei_decode_shared_add, ei_decode_select_shared) and its compaction of a
+   2-head cache; the misuse codes. The GPU against the CPU: kept positions
+   identical up to near-ties of the CPU's pooled scores (1e-3 relative),
+   pooled scores within 1e-3, the same codes. */
+enum { S8_H = 8, S8_KV = 2, S8_D = 32, S8_GAP = 4, S8_WIN = 16, S8_BUDGET = 96, S8_NPOS = 300, S8_EXTRA = 37,
+       S8_MORE = 8, S8_ROWS = S8_NPOS + S8_EXTRA, S8_L = S8_NPOS - S8_WIN, S8_ROWS2 = S8_BUDGET + S8_MORE,
+       S8_MISUSE = 9 };
+typedef struct s8_keep {
+    ei_result r;
+    int32_t heads, cap, n_kept, compressed;
+    int64_t n_tokens, n, pcap;
+    int32_t *index, *positions; /* [heads][cap] */
+    uint8_t *mask;              /* [heads][n] */
+    float *pooled;              /* [heads][pcap] */
+} s8_keep;
+typedef struct s8_out {
+    s8_keep keep, sel, perq, second, shared_set;
+    float *scores;     /* [H][ROWS] of layer 1 */
+    float *shared;     /* [ROWS] */
+    int32_t *map2;     /* [KV][ROWS2]: the second compression's map */
+    ei_result misuse[S8_MISUSE];
+} s8_out;
+typedef struct s8_data {
+    float *q, *q2, *k; /* [NPOS + MORE][H or KV][D] */
+    float *kB;         /* [ROWS][KV][D]: the scattered cache */
+    int32_t *row_pos;  /* [ROWS] */
+    int32_t *row_pos2; /* [2][ROWS]: the same map for each kv head */
+} s8_data;
+
+/* misuse cases of s8_run, in order: a value -2 in the map (decode_keep,
+   decode_select), two rows holding one position (decode_keep,
+   decode_shared_add), a window position missing (decode_score), NaN in a
+   row holding a position (decode_keep, decode_score of the second kv head's
+   query heads), row_pos_stride < rows (decode_score), Inf in a shared score
+   (decode_select_shared) */
+static const ei_result s8_misuse_codes[S8_MISUSE] = {EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE,
+                                                     EI_ERR_NONFINITE, EI_ERR_NONFINITE, EI_ERR_STRIDE, EI_ERR_NONFINITE};
+static int int32_cmp_b(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+static ei_config s8_config(void) {
+    ei_config c = ei_config_default();
+    c.decode_budget = S8_BUDGET; c.window = S8_WIN; c.decode_gap = S8_GAP; c.recompress_every = S8_MORE;
+    return c;
+}
+static s8_data s8_make(void) {
+    s8_data d;
+    int32_t perm[S8_ROWS];
+    long j, t;
+    uint32_t s = 12345u;
+    d.q = (float *)malloc(sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    d.q2 = (float *)malloc(sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    d.k = (float *)malloc(sizeof(float) * (S8_NPOS + S8_MORE) * S8_KV * S8_D);
+    d.kB = (float *)malloc(sizeof(float) * S8_ROWS * S8_KV * S8_D);
+    d.row_pos = (int32_t *)malloc(sizeof(int32_t) * S8_ROWS);
+    d.row_pos2 = (int32_t *)malloc(sizeof(int32_t) * 2 * S8_ROWS);
+    {
+        float *k2 = (float *)malloc(sizeof(float) * (S8_NPOS + S8_MORE) * S8_KV * S8_D);
+        synth_qk(d.q, d.k, S8_NPOS + S8_MORE, S8_H, S8_KV, S8_D, 64, 2, 23);
+        synth_qk(d.q2, k2, S8_NPOS + S8_MORE, S8_H, S8_KV, S8_D, 64, 2, 29);
+        free(k2);
+    }
+    for (j = 0; j < S8_ROWS; ++j) { perm[j] = (int32_t)j; d.row_pos[j] = -1; }
+    for (j = S8_ROWS - 1; j > 0; --j) {
+        long x;
+        int32_t tmp;
+        s = s * 1664525u + 1013904223u;
+        x = (long)(s >> 8) % (j + 1);
+        tmp = perm[j]; perm[j] = perm[x]; perm[x] = tmp;
+    }
+    for (j = 0; j < S8_ROWS * S8_KV * S8_D; ++j) d.kB[j] = NAN;
+    for (t = 0; t < S8_NPOS; ++t) {
+        d.row_pos[perm[t]] = (int32_t)t;
+        memcpy(d.kB + (size_t)perm[t] * S8_KV * S8_D, d.k + (size_t)t * S8_KV * S8_D, sizeof(float) * S8_KV * S8_D);
+    }
+    memcpy(d.row_pos2, d.row_pos, sizeof(int32_t) * S8_ROWS);
+    memcpy(d.row_pos2 + S8_ROWS, d.row_pos, sizeof(int32_t) * S8_ROWS);
+    return d;
+}
+static void s8_free_data(s8_data *d) { free(d->q); free(d->q2); free(d->k); free(d->kB); free(d->row_pos); free(d->row_pos2); }
+
+/* A keep set with every output array in the side's memory. */
+static ei_keep_set s8_keep_new(const side *s, int32_t heads, int32_t cap, int64_t n, int64_t pcap) {
+    ei_keep_set ks;
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = heads;
+    ks.capacity = cap;
+    ks.index = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
+    ks.positions = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
+    ks.mask = (uint8_t *)mem_new(s, (size_t)heads * n);
+    ks.mask_capacity = n;
+    ks.pooled = (float *)mem_new(s, (size_t)heads * pcap * 4);
+    ks.pooled_capacity = pcap;
+    return ks;
+}
+/* Its host copy (o), the side's arrays freed. */
+static void s8_keep_take(const side *s, ei_keep_set *ks, ei_result r, s8_keep *o) {
+    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
+    o->r = r;
+    o->heads = ks->heads_out; o->cap = ks->capacity; o->n_kept = ks->n_kept; o->compressed = ks->compressed;
+    o->n_tokens = ks->n_tokens; o->n = ks->mask_capacity; o->pcap = ks->pooled_capacity;
+    o->index = (int32_t *)mem_down(s, ks->index, ib);
+    o->positions = (int32_t *)mem_down(s, ks->positions, ib);
+    o->mask = (uint8_t *)mem_down(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
+    o->pooled = (float *)mem_down(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
+    mem_del(s, ks->index, ib);
+    mem_del(s, ks->positions, ib);
+    mem_del(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
+    mem_del(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
+}
+/* The side's arrays of a keep set, not read. */
+static void s8_keep_del(const side *s, ei_keep_set *ks) {
+    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
+    mem_del(s, ks->index, ib);
+    mem_del(s, ks->positions, ib);
+    mem_del(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
+    mem_del(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
+}
+static void s8_keep_free(s8_keep *o) { free(o->index); free(o->positions); free(o->mask); free(o->pooled); }
+
+/* The map of keep-set head h (map NULL: row j holds position j). */
+static const int32_t *s8_map(const int32_t *map, int64_t stride, int32_t h, int32_t div) {
+    return map ? map + (size_t)(h / div) * (size_t)stride : NULL;
+}
+/* The positions a map holds (n rows), ascending, into held; returns how many. */
+static int64_t s8_held(const int32_t *map, int64_t n, int32_t *held) {
+    int64_t j, np = 0;
+    for (j = 0; j < n; ++j)
+        if (!map || map[j] >= 0) held[np++] = map ? map[j] : (int32_t)j;
+    qsort(held, (size_t)np, sizeof *held, int32_cmp_b);
+    return np;
+}
+/* A keep set as the CPU documents it: rows ascending, holding the positions
+   given, mask over exactly those rows, the window kept. */
+static void s8_check_one(const char *who, const char *what, const s8_keep *o, const int32_t *map, int64_t stride,
+                         int32_t div) {
+    int32_t h, i, held[S8_ROWS];
+    if (o->r != EI_OK) return;
+    for (h = 0; h < o->heads; ++h) {
+        const int32_t *m = s8_map(map, stride, h, div), *idx = o->index + (size_t)h * o->cap;
+        const int32_t *pos = o->positions + (size_t)h * o->cap;
+        int64_t np = s8_held(m, o->n_tokens, held), j;
+        int bad = 0, window = 0, masked = 0;
+        for (i = 0; i < o->n_kept; ++i) {
+            bad += idx[i] < 0 || idx[i] >= o->n_tokens || (i > 0 && idx[i] <= idx[i - 1]);
+            if (idx[i] >= 0 && idx[i] < o->n_tokens) {
+                bad += pos[i] != (m ? m[idx[i]] : idx[i]);
+                bad += o->mask[(size_t)h * o->n + idx[i]] != 1;
+                window += pos[i] >= held[np - S8_WIN];
+            }
+        }
+        for (j = 0; j < o->n_tokens; ++j) masked += o->mask[(size_t)h * o->n + j] == 1;
+        CHECK(bad == 0 && window == S8_WIN && masked == o->n_kept, "8 (%s): %s head %d: %d bad rows, %d window rows, "
+              "%d masked of %d kept", who, what, h, bad, window, masked, o->n_kept);
+    }
+}
+/* b against a (the CPU's): the same kept positions but at near-ties of a's
+   pooled scores, pooled scores within 1e-3. */
+static void s8_compare_keep(const char *what, const s8_keep *a, const s8_keep *b, const int32_t *map, int64_t stride,
+                            int32_t div) {
+    int32_t h, i, held[S8_ROWS], sa[S8_ROWS], sb[S8_ROWS];
+    int ties = 0, bad_set = 0, bad_pool = 0;
+    CHECK(a->r == b->r, "8: %s: %s against %s", what, ei_result_name(b->r), ei_result_name(a->r));
+    if (a->r != EI_OK || b->r != EI_OK) return;
+    CHECK(a->n_kept == b->n_kept && a->compressed == b->compressed && a->n_tokens == b->n_tokens,
+          "8: %s: n_kept %d/%d compressed %d/%d n_tokens %lld/%lld", what, a->n_kept, b->n_kept, a->compressed,
+          b->compressed, (long long)a->n_tokens, (long long)b->n_tokens);
+    if (a->n_kept != b->n_kept) return;
+    for (h = 0; h < a->heads; ++h) {
+        const int32_t *m = s8_map(map, stride, h, div);
+        int64_t np = s8_held(m, a->n_tokens, held), L = np - S8_WIN, j, x = 0, y = 0;
+        const float *pa = a->pooled + (size_t)h * a->pcap, *pb = b->pooled + (size_t)h * b->pcap;
+        double thr = HUGE_VAL;
+        memcpy(sa, a->positions + (size_t)h * a->cap, sizeof(int32_t) * a->n_kept);
+        memcpy(sb, b->positions + (size_t)h * b->cap, sizeof(int32_t) * b->n_kept);
+        qsort(sa, (size_t)a->n_kept, sizeof *sa, int32_cmp_b);
+        qsort(sb, (size_t)b->n_kept, sizeof *sb, int32_cmp_b);
+        if (!a->compressed) {
+            bad_set += memcmp(sa, sb, sizeof(int32_t) * a->n_kept) != 0;
+            continue;
+        }
+        for (i = 0; i < a->n_kept; ++i) { /* the CPU's threshold: its lowest kept candidate */
+            int32_t *at = (int32_t *)bsearch(&sa[i], held, (size_t)np, sizeof *held, int32_cmp_b);
+            if (at && at - held < L && pa[at - held] < thr) thr = pa[at - held];
+        }
+        while (x < a->n_kept || y < b->n_kept) { /* the symmetric difference, each at a near-tie */
+            int32_t p;
+            int32_t *at;
+            if (x < a->n_kept && y < b->n_kept && sa[x] == sb[y]) { x++; y++; continue; }
+            p = (y >= b->n_kept || (x < a->n_kept && sa[x] < sb[y])) ? sa[x++] : sb[y++];
+            at = (int32_t *)bsearch(&p, held, (size_t)np, sizeof *held, int32_cmp_b);
+            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= 1e-3 * thr + 1e-9)) {
+                if (bad_set++ < 3)
+                    printf("  8: %s head %d: position %d kept by one backend only (cpu pooled %g, threshold %g)\n", what, h,
+                           (int)p, at && at - held < L ? (double)pa[at - held] : -1.0, thr);
+            } else
+                ties++;
+        }
+        for (j = 0; j < L; ++j)
+            if (!close_to(pb[j], pa[j], 1e-9, 1e-3) && bad_pool++ < 3)
+                printf("  8: %s head %d pooled[%lld]: cpu %g gpu %g\n", what, h, (long long)j, (double)pa[j], (double)pb[j]);
+    }
+    CHECK(bad_set == 0, "8: %s: %d kept positions differ beyond near-ties", what, bad_set);
+    CHECK(bad_pool == 0, "8: %s: pooled scores differ", what);
+    if (bad_set || bad_pool) printf("  8: %s: FAILED\n", what);
+    else printf("  8: %s: the same kept positions (%d near-tie swaps), pooled scores within 1e-3\n", what, ties / 2);
+}
+
+static void s8_observe(const side *s, ei_decoder *dec, void *dq, long from, long to, int generated) {
+    long t;
+    if (!generated) {
+        ei_tensor tq = ei_tensor_make((const char *)dq + (size_t)from * S8_H * S8_D * 4, EI_F32, to - from, S8_H, S8_D);
+        CHECK_ERR(ei_decode_observe(s->ctx, dec, &tq, 0), EI_OK);
+        return;
+    }
+    for (t = from; t < to; ++t) {
+        ei_tensor one = ei_tensor_make((const char *)dq + (size_t)t * S8_H * S8_D * 4, EI_F32, 1, S8_H, S8_D);
+        CHECK_ERR(ei_decode_observe(s->ctx, dec, &one, 1), EI_OK);
+    }
+}
+static void s8_observe_all(const side *s, ei_decoder *dec, void *dq) {
+    CHECK_ERR(ei_decoder_reset(dec), EI_OK);
+    s8_observe(s, dec, dq, 0, S8_NPOS - S8_GAP, 0);
+    s8_observe(s, dec, dq, S8_NPOS - S8_GAP, S8_NPOS, 1);
+}
+
+static void s8_run(int gpu, const s8_data *D, s8_out *o) {
+    ei_config c = s8_config(), cq = s8_config();
+    side s = side_make(gpu, c), sq;
+    size_t ring_bytes, wb, kb_bytes = sizeof(float) * S8_ROWS * S8_KV * S8_D, sc_bytes = sizeof(float) * S8_H * S8_ROWS;
+    void *ring, *ring2, *ws, *dq, *dq2, *dk;
+    int32_t *drp, *drp2, *dmap2;
+    float *dsc, *dsc2, *dshared;
+    ei_decoder dec, dec2;
+    ei_keep_set ks;
+    ei_tensor kB = ei_tensor_make(NULL, EI_F32, S8_ROWS, S8_KV, S8_D);
+    ei_out_tensor ko;
+    int i, h, mi = 0;
+    const char *who = side_name(&s);
+    cq.per_kv_head = 0; cq.pool = EI_POOL_MAX; cq.pool_kernel = 3;
+    sq = side_make(gpu, cq);
+    CHECK_ERR(ei_decoder_size(s.ctx, S8_H, S8_D, &ring_bytes), EI_OK);
+    ring = mem_new(&s, ring_bytes);
+    ring2 = mem_new(&s, ring_bytes);
+    CHECK_ERR(ei_decoder_init(s.ctx, &dec, S8_H, S8_KV, S8_D, ring, ring_bytes), EI_OK);
+    CHECK_ERR(ei_decoder_init(s.ctx, &dec2, S8_H, S8_KV, S8_D, ring2, ring_bytes), EI_OK);
+    CHECK_ERR(ei_decode_workspace_size(sq.ctx, S8_ROWS, S8_H, S8_KV, &wb), EI_OK); /* per query head: the larger */
+    ws = mem_new(&s, wb);
+    dq = mem_up(&s, D->q, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    dq2 = mem_up(&s, D->q2, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    dk = mem_up(&s, D->kB, kb_bytes);
+    drp = (int32_t *)mem_up(&s, D->row_pos, sizeof(int32_t) * S8_ROWS);
+    drp2 = (int32_t *)mem_up(&s, D->row_pos2, sizeof(int32_t) * 2 * S8_ROWS);
+    dsc = (float *)mem_new(&s, sc_bytes);
+    dsc2 = (float *)mem_new(&s, sc_bytes);
+    kB.data = dk;
+    s8_observe_all(&s, &dec, dq);
+
+    /* decode_keep over the scattered rows */
+    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks.row_pos = drp;
+    s8_keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), &o->keep);
+    CHECK(o->keep.r == EI_OK && o->keep.n_kept == S8_BUDGET && o->keep.compressed == 1 && o->keep.n_tokens == S8_ROWS,
+          "8 (%s): decode_keep with row_pos: %s, kept %d", who, ei_result_name(o->keep.r), o->keep.n_kept);
+    s8_check_one(who, "decode_keep", &o->keep, D->row_pos, 0, 1);
+
+    /* decode_score over 3 "threads" = one call; select from those scores */
+    for (i = 0; i < 3; ++i) CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, i, 3, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc2, 0, 1, ws, wb), EI_OK);
+    o->scores = (float *)mem_down(&s, dsc, sc_bytes);
+    {
+        float *one = (float *)mem_down(&s, dsc2, sc_bytes);
+        CHECK(!memcmp(one, o->scores, sc_bytes), "8 (%s): decode_score split over 3 threads differs from one call", who);
+        free(one);
+    }
+    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks.row_pos = drp;
+    s8_keep_take(&s, &ks, ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb), &o->sel);
+    s8_check_one(who, "decode_select", &o->sel, D->row_pos, 0, 1);
+
+    /* a keep set per query head (max pooling), per-kv-head maps */
+    {
+        ei_decoder decq;
+        void *ringq = mem_new(&sq, ring_bytes);
+        CHECK_ERR(ei_decoder_init(sq.ctx, &decq, S8_H, S8_KV, S8_D, ringq, ring_bytes), EI_OK);
+        s8_observe_all(&sq, &decq, dq);
+        ks = s8_keep_new(&sq, S8_H, S8_BUDGET, S8_ROWS, S8_ROWS);
+        ks.row_pos = drp2;
+        ks.row_pos_stride = S8_ROWS;
+        s8_keep_take(&sq, &ks, ei_decode_keep(sq.ctx, &decq, &kB, &ks, ws, wb), &o->perq);
+        CHECK(o->perq.r == EI_OK, "8 (%s): per query head: %s", who, ei_last_error());
+        s8_check_one(who, "per query head", &o->perq, D->row_pos2, S8_ROWS, S8_H / S8_KV);
+        mem_del(&sq, ringq, ring_bytes);
+    }
+
+    /* compaction per kv head, then 8 new positions into rows 96..103 (newest
+       first) and a second compression over per-kv-head maps */
+    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks.row_pos = drp;
+    CHECK_ERR(ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), EI_OK);
+    ko = ei_out_tensor_make(dk, EI_F32, S8_ROWS, S8_KV, S8_D);
+    CHECK_ERR(ei_kv_compact(s.ctx, &ks, &ko, NULL), EI_OK);
+    o->map2 = (int32_t *)malloc(sizeof(int32_t) * S8_KV * S8_ROWS2);
+    {
+        float *kc = (float *)mem_down(&s, dk, kb_bytes);
+        int32_t *pos = (int32_t *)mem_down(&s, ks.positions, sizeof(int32_t) * S8_KV * S8_BUDGET);
+        int bad = 0;
+        for (h = 0; h < S8_KV; ++h) {
+            for (i = 0; i < S8_BUDGET; ++i) {
+                bad += memcmp(kc + ((size_t)i * S8_KV + h) * S8_D, D->k + ((size_t)pos[h * S8_BUDGET + i] * S8_KV + h) * S8_D,
+                              sizeof(float) * S8_D) != 0;
+                o->map2[h * S8_ROWS2 + i] = pos[h * S8_BUDGET + i];
+            }
+            for (i = 0; i < S8_MORE; ++i) {
+                int32_t p = S8_NPOS + S8_MORE - 1 - i;
+                o->map2[h * S8_ROWS2 + S8_BUDGET + i] = p;
+                memcpy(kc + ((size_t)(S8_BUDGET + i) * S8_KV + h) * S8_D, D->k + ((size_t)p * S8_KV + h) * S8_D,
+                       sizeof(float) * S8_D);
+            }
+        }
+        CHECK(bad == 0, "8 (%s): kv_compact per kv head: %d rows are not the kept positions' keys", who, bad);
+        mem_put(&s, dk, kc, sizeof(float) * S8_ROWS2 * S8_KV * S8_D);
+        free(kc);
+        free(pos);
+    }
+    s8_keep_del(&s, &ks);
+    s8_observe(&s, &dec, dq, S8_NPOS, S8_NPOS + S8_MORE, 1);
+    CHECK(ei_decode_due(s.ctx, &dec), "8 (%s): due after recompress_every tokens", who);
+    dmap2 = (int32_t *)mem_up(&s, o->map2, sizeof(int32_t) * S8_KV * S8_ROWS2);
+    {
+        ei_tensor kC = ei_tensor_make(dk, EI_F32, S8_ROWS2, S8_KV, S8_D);
+        ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS2, S8_ROWS2);
+        ks.row_pos = dmap2;
+        ks.row_pos_stride = S8_ROWS2;
+        s8_keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kC, &ks, ws, wb), &o->second);
+        CHECK(o->second.r == EI_OK && o->second.n_kept == S8_BUDGET, "8 (%s): second compression: %s", who,
+              ei_result_name(o->second.r));
+        s8_check_one(who, "second compression", &o->second, o->map2, S8_ROWS2, 1);
+    }
+
+    /* the shared keep set of two layers over the scattered cache */
+    mem_put(&s, dk, D->kB, kb_bytes);
+    s8_observe_all(&s, &dec, dq);
+    s8_observe_all(&s, &dec2, dq2);
+    dshared = (float *)mem_new(&s, sizeof(float) * S8_ROWS);
+    {
+        float zeros[S8_ROWS];
+        memset(zeros, 0, sizeof zeros);
+        mem_put(&s, dshared, zeros, sizeof zeros);
+    }
+    CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 0, 1, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_score(s.ctx, &dec2, &kB, drp, 0, dsc2, 0, 1, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_shared_add(s.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+    CHECK(!ei_decode_due(s.ctx, &dec) && ei_decode_due(s.ctx, &dec2), "8 (%s): shared_add marks its decoder", who);
+    CHECK_ERR(ei_decode_shared_add(s.ctx, &dec2, dsc2, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+    o->shared = (float *)mem_down(&s, dshared, sizeof(float) * S8_ROWS);
+    ks = s8_keep_new(&s, 1, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks.row_pos = drp;
+    s8_keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb), &o->shared_set);
+    CHECK(o->shared_set.r == EI_OK && o->shared_set.n_kept == S8_BUDGET, "8 (%s): select_shared: %s", who,
+          ei_result_name(o->shared_set.r));
+    s8_check_one(who, "shared keep set", &o->shared_set, D->row_pos, 0, 1);
+    if (o->shared_set.r == EI_OK) { /* one shared set compacts both heads of the cache */
+        float *kc;
+        int bad = 0;
+        int32_t *didx = (int32_t *)mem_up(&s, o->shared_set.index, sizeof(int32_t) * S8_BUDGET);
+        ei_keep_set sh;
+        memset(&sh, 0, sizeof sh);
+        sh.heads_out = 1; sh.capacity = S8_BUDGET; sh.n_kept = o->shared_set.n_kept; sh.n_tokens = S8_ROWS;
+        sh.compressed = 1; sh.index = didx;
+        ko = ei_out_tensor_make(dk, EI_F32, S8_ROWS, S8_KV, S8_D);
+        CHECK_ERR(ei_kv_compact(s.ctx, &sh, &ko, NULL), EI_OK);
+        kc = (float *)mem_down(&s, dk, kb_bytes);
+        for (i = 0; i < S8_BUDGET; ++i)
+            for (h = 0; h < S8_KV; ++h)
+                bad += memcmp(kc + ((size_t)i * S8_KV + h) * S8_D,
+                              D->k + ((size_t)o->shared_set.positions[i] * S8_KV + h) * S8_D, sizeof(float) * S8_D) != 0;
+        CHECK(bad == 0, "8 (%s): shared compaction: %d rows differ", who, bad);
+        free(kc);
+        mem_del(&s, didx, sizeof(int32_t) * S8_BUDGET);
+    }
+
+    /* misuse: the same codes on both backends */
+    mem_put(&s, dk, D->kB, kb_bytes);
+    {
+        int32_t rp[S8_ROWS];
+        int32_t r5 = -1, r6 = -1, rw = -1;
+        float nan_row[S8_KV * S8_D], shared_bad[S8_ROWS];
+        for (i = 0; i < S8_ROWS; ++i) {
+            if (D->row_pos[i] == 5) r5 = i;
+            if (D->row_pos[i] == 6) r6 = i;
+            if (D->row_pos[i] == S8_NPOS - 3) rw = i;
+        }
+        ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+        ks.row_pos = drp;
+        memcpy(rp, D->row_pos, sizeof rp);
+        rp[r5] = -2; /* not a position */
+        mem_put(&s, drp, rp, sizeof rp);
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
+        o->misuse[mi++] = ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb);
+        rp[r5] = 6; /* two rows hold position 6 */
+        mem_put(&s, drp, rp, sizeof rp);
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
+        o->misuse[mi++] = ei_decode_shared_add(s.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb);
+        rp[r5] = 5;
+        rp[rw] = -1; /* a window position missing: the newest 16 are not consecutive */
+        mem_put(&s, drp, rp, sizeof rp);
+        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 0, 1, ws, wb);
+        rp[rw] = S8_NPOS - 3;
+        mem_put(&s, drp, rp, sizeof rp);
+        for (i = 0; i < S8_KV * S8_D; ++i) nan_row[i] = NAN; /* NaN in a row holding position 6 */
+        mem_put(&s, (float *)dk + (size_t)r6 * S8_KV * S8_D, nan_row, sizeof nan_row);
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
+        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 1, 2, ws, wb);
+        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 1, dsc, 0, 1, ws, wb); /* stride < rows */
+        for (i = 0; i < S8_ROWS; ++i) shared_bad[i] = 1.0f;
+        shared_bad[r5] = INFINITY;
+        mem_put(&s, dshared, shared_bad, sizeof shared_bad);
+        ks.heads_out = 1;
+        o->misuse[mi++] = ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb);
+        ks.heads_out = S8_KV;
+        s8_keep_del(&s, &ks);
+    }
+    for (i = 0; i < S8_MISUSE; ++i)
+        CHECK(o->misuse[i] == s8_misuse_codes[i], "8 (%s): misuse %d returned %s, expected %s", who, i,
+              ei_result_name(o->misuse[i]), ei_result_name(s8_misuse_codes[i]));
+    CHECK(mi == S8_MISUSE, "8: %d misuse cases run", mi);
+    mem_del(&s, dshared, sizeof(float) * S8_ROWS);
+    mem_del(&s, dmap2, sizeof(int32_t) * S8_KV * S8_ROWS2);
+    mem_del(&s, dsc, sc_bytes);
+    mem_del(&s, dsc2, sc_bytes);
+    mem_del(&s, drp, sizeof(int32_t) * S8_ROWS);
+    mem_del(&s, drp2, sizeof(int32_t) * 2 * S8_ROWS);
+    mem_del(&s, dk, kb_bytes);
+    mem_del(&s, dq, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    mem_del(&s, dq2, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
+    mem_del(&s, ws, wb);
+    mem_del(&s, ring, ring_bytes);
+    mem_del(&s, ring2, ring_bytes);
+    side_free(&sq);
+    side_free(&s);
+}
+
+/* The GPU's results against the CPU's (and each side's select against its keep). */
+static void s8_compare(const s8_out *a, const s8_out *b, const s8_data *D) {
+    int64_t j;
+    int bad = 0, zero = 0;
+    int32_t i;
+    s8_compare_keep("decode_keep over row_pos, gpu vs cpu", &a->keep, &b->keep, D->row_pos, 0, 1);
+    s8_compare_keep("decode_select, gpu vs cpu", &a->sel, &b->sel, D->row_pos, 0, 1);
+    s8_compare_keep("gpu decode_select vs gpu decode_keep", &b->keep, &b->sel, D->row_pos, 0, 1);
+    s8_compare_keep("per query head (max pooling, per-kv-head maps), gpu vs cpu", &a->perq, &b->perq, D->row_pos2,
+                    S8_ROWS, S8_H / S8_KV);
+    if (!memcmp(a->map2, b->map2, sizeof(int32_t) * S8_KV * S8_ROWS2))
+        s8_compare_keep("second compression (per-kv-head maps, rows out of order), gpu vs cpu", &a->second, &b->second,
+                        a->map2, S8_ROWS2, 1);
+    else
+        printf("  8: second compression: the first kept other positions (near-ties): compared on each side only\n");
+    s8_compare_keep("shared keep set of two layers, gpu vs cpu", &a->shared_set, &b->shared_set, D->row_pos, 0, 1);
+    for (j = 0; j < (int64_t)S8_H * S8_ROWS; ++j) {
+        if (a->scores[j] == 0.0f) zero += b->scores[j] != 0.0f;
+        if (!close_to(b->scores[j], a->scores[j], 1e-9, 1e-3) && bad++ < 3)
+            printf("  8: scores[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->scores[j], (double)b->scores[j]);
+    }
+    CHECK(bad == 0 && zero == 0, "8: decode_score: %d scores differ beyond 1e-3, %d empty rows not 0", bad, zero);
+    for (bad = 0, j = 0; j < S8_ROWS; ++j)
+        if (!close_to(b->shared[j], a->shared[j], 1e-9, 1e-3) && bad++ < 3)
+            printf("  8: shared[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->shared[j], (double)b->shared[j]);
+    CHECK(bad == 0, "8: shared scores differ");
+    for (i = 0; i < S8_MISUSE; ++i)
+        CHECK(a->misuse[i] == b->misuse[i], "8: misuse %d: cpu %s, gpu %s", i, ei_result_name(a->misuse[i]),
+              ei_result_name(b->misuse[i]));
+    printf("  8: decode_score (3 threads) within 1e-3 of the cpu, shared scores within 1e-3, misuse codes equal\n");
+}
+static void s8_out_free(s8_out *o) {
+    s8_keep_free(&o->keep); s8_keep_free(&o->sel); s8_keep_free(&o->perq); s8_keep_free(&o->second);
+    s8_keep_free(&o->shared_set);
+    free(o->scores); free(o->shared); free(o->map2);
+}
+
 /* ------------------------------------------------------------ main */
 int main(int argc, char **argv) {
     int require_gpu = 0, have_gpu, i;
@@ -1107,6 +1603,8 @@ int main(int argc, char **argv) {
     s3_out o3[2];
     s4_out o4[2];
     s6_out o6[2];
+    s8_out o8[2];
+    s8_data d8;
     for (i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--require-gpu")) require_gpu = 1;
         else {
@@ -1124,7 +1622,7 @@ int main(int argc, char **argv) {
         CHECK(!require_gpu, "--require-gpu: no CUDA backend");
     }
     memset(o1, 0, sizeof o1); memset(o2, 0, sizeof o2); memset(o3, 0, sizeof o3);
-    memset(o4, 0, sizeof o4); memset(o6, 0, sizeof o6);
+    memset(o4, 0, sizeof o4); memset(o6, 0, sizeof o6); memset(o8, 0, sizeof o8);
     host_ctx = ctx_make(0, ei_config_default());
 
     /* the inputs, the same for both backends */
@@ -1138,6 +1636,7 @@ int main(int argc, char **argv) {
     q4 = bf16_ints((size_t)S4_N * S4_H * S4_D);
     k4 = bf16_ints((size_t)S4_N * S4_KV * S4_D);
     v4 = bf16_normal((size_t)S4_N * S4_KV * S4_D, 1.0f);
+    d8 = s8_make();
 
     for (i = 0; i < 1 + have_gpu; ++i) {
         printf("%s:\n", i ? "gpu" : "cpu");
@@ -1161,6 +1660,11 @@ int main(int argc, char **argv) {
         s6_run(i, &o6[i]);
         printf("  6: kv_compact: bad keep indices %s/%s/%s, valid %s\n", ei_result_name(o6[i].r[0]),
                ei_result_name(o6[i].r[1]), ei_result_name(o6[i].r[2]), ei_result_name(o6[i].r[3]));
+        s8_run(i, &d8, &o8[i]);
+        printf("  8: decode over a row map: keep %s, select %s, per query head %s, second %s, shared %s\n",
+               ei_result_name(o8[i].keep.r), ei_result_name(o8[i].sel.r), ei_result_name(o8[i].perq.r),
+               ei_result_name(o8[i].second.r), ei_result_name(o8[i].shared_set.r));
+        if (i == 0) s8_compare_keep("cpu decode_select vs cpu decode_keep", &o8[0].keep, &o8[0].sel, d8.row_pos, 0, 1);
     }
     if (have_gpu) {
         printf("cpu vs gpu:\n");
@@ -1169,6 +1673,7 @@ int main(int argc, char **argv) {
         s3_compare(&o3[0], &o3[1]);
         s4_compare(&o4[0], &o4[1]);
         s6_compare(&o6[0], &o6[1]);
+        s8_compare(&o8[0], &o8[1], &d8);
     }
     {   /* 7: both halves in one place (plans are compared row by row with tolerances) */
         s7_data d7[3];
@@ -1218,7 +1723,9 @@ int main(int argc, char **argv) {
         if (i <= have_gpu) s4_free(&o4[i], host_ctx);
         free(o6[i].k);
         free(o6[i].v);
+        s8_out_free(&o8[i]);
     }
+    s8_free_data(&d8);
     free(q1); free(k1); free(q3); free(k3); free(v3); free(q4); free(k4); free(v4);
     ei_context_destroy(host_ctx);
     printf("test_backends: %s\n", failures ? "FAILED" : "passed");

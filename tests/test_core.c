@@ -1081,6 +1081,42 @@ static void test_decode_rows(void) {
         }
         CHECK(worst < 2e-3, "shared scores vs double reference: relative error %g", worst);
     }
+    { /* gqa_reduce max: the heads' maximum, and the layers' */
+        ei_config cm = c;
+        ei_context *ctxm;
+        ei_keep_set ksM = decode_keep_set(1, BUDGET, rows, L);
+        double worst = 0.0, refM[NPOS];
+        long p;
+        cm.gqa_reduce = EI_REDUCE_MAX;
+        CHECK_ERR(ei_context_create(&cm, &ctxm), EI_OK);
+        memset(shared, 0, sizeof(float) * (size_t)rows);
+        CHECK_ERR(ei_decode_shared_add(ctxm, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxm, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+        ksM.row_pos = row_pos;
+        CHECK_ERR(ei_decode_select_shared(ctxm, &dec, shared, rows, &ksM, ws, wb), EI_OK);
+        for (p = 0; p < L; ++p) refM[p] = 0.0;
+        for (i = 0; i < 2; ++i) {
+            const double *ref = i ? ref2 : ref1;
+            double red[NPOS], pooled[NPOS], sum = 0.0;
+            for (p = 0; p < L; ++p) {
+                red[p] = 0.0;
+                for (h = 0; h < HEADS; ++h) red[p] = fmax(red[p], ref[(size_t)h * rows + (size_t)perm[p]]);
+            }
+            for (p = 0; p < L; ++p) {
+                pooled[p] = 0.0;
+                for (t = p - 2; t <= p + 2; ++t) if (t >= 0 && t < L) pooled[p] += red[t] / 5.0;
+                sum += pooled[p];
+            }
+            for (p = 0; p < L; ++p) refM[p] = fmax(refM[p], pooled[p] / sum);
+        }
+        for (p = 0; p < L; ++p) {
+            double e = fabs(ksM.pooled[p] - refM[p]) / (1e-9 + refM[p]);
+            if (e > worst) worst = e;
+        }
+        CHECK(worst < 2e-3 && ksM.n_kept == BUDGET, "shared (max) scores vs double reference: relative error %g", worst);
+        decode_keep_set_free(&ksM);
+        ei_context_destroy(ctxm);
+    }
     /* a shared set compacts every head of a cache */
     ko = ei_out_tensor_make(bufB, EI_F32, rows, KV, DIM);
     CHECK_ERR(ei_kv_compact(ctx, &ksS, &ko, NULL), EI_OK);

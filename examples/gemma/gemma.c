@@ -825,7 +825,7 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
     int l;
     double t0;
     for (l = 0; l < hp->n_layer; l++)
-        if (ei_layer_sparse(s, l)) { n = s->cache_len[l]; break; }
+        if ((s->m->layers[l].is_global && ei_layer_sparse(s, l))) { n = s->cache_len[l]; break; }
     if (n < 0 || !ei_decode_due(s->ei, &s->decs[l])) return 0;
     t0 = gm_now();
     for (j = 0; j < n; j++)
@@ -834,7 +834,7 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
     memset(shared, 0, (size_t)n * sizeof(float));
     for (l = 0; l < hp->n_layer; l++) {
         ei_tensor kt;
-        if (!ei_layer_sparse(s, l)) continue;
+        if (!(s->m->layers[l].is_global && ei_layer_sparse(s, l))) continue;
         if (s->cache_len[l] != n) return gguf_fail(err, errlen, "engine: global layers hold %lld and %lld rows", (long long)n, (long long)s->cache_len[l]);
         kt = ei_tensor_make(s->k_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
         if (ei_check(s, ei_decode_score(s->ei, &s->decs[l], &kt, s->row_pos, 0, scores, 0, 1, s->dec_ws, s->dec_ws_bytes),
@@ -849,13 +849,13 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
     keep.index = s->keep_index;
     keep.positions = s->shared_pos;
     keep.row_pos = s->row_pos;
-    for (l = 0; l < hp->n_layer && !ei_layer_sparse(s, l); l++) {}
+    for (l = 0; l < hp->n_layer && !(s->m->layers[l].is_global && ei_layer_sparse(s, l)); l++) {}
     if (ei_check(s, ei_decode_select_shared(s->ei, &s->decs[l], shared, n, &keep, s->dec_ws, s->dec_ws_bytes),
                  "ei_decode_select_shared", err, errlen))
         return -1;
     for (l = 0; l < hp->n_layer; l++) {
         ei_out_tensor ko, vo;
-        if (!ei_layer_sparse(s, l)) continue;
+        if (!(s->m->layers[l].is_global && ei_layer_sparse(s, l))) continue;
         ko = ei_out_tensor_make(s->k_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
         vo = ei_out_tensor_make(s->v_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
         if (ei_check(s, ei_kv_compact(s->ei, &keep, &ko, &vo), "ei_kv_compact", err, errlen)) return -1;

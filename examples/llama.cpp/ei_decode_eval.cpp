@@ -13,7 +13,8 @@
 //   nll_after, ppl_after  over the tokens fed after the first compression (all of them when none ran)
 //   step_ms_after         mean wall time of one single-token llama_decode after it (same steps when none ran)
 //   compressions, cells_before, cells_after, kv_bytes_before, kv_bytes_after, compress_s
-//   argmax                the top-1 token of every step (space separated; agreement between runs)
+//   argmax, nll           the top-1 token and the NLL of every step (space separated: runs compare
+//                         on the same tokens)
 // --passkey DEPTH,KEY: the prompt is TEXT as filler with "The pass key is KEY. Remember it. KEY is
 // the pass key." at DEPTH (0..1) of the filler, then "What is the pass key? The pass key is"; the
 // last `fed` (default: decode_gap, 16) tokens of the question are fed one by one (so compression,
@@ -138,7 +139,7 @@ int main(int argc, char ** argv) {
 
     llama_backend_init();
     llama_log_set([](ggml_log_level level, const char * msg, void *) {
-        if (level >= GGML_LOG_LEVEL_WARN) {
+        if (level >= GGML_LOG_LEVEL_WARN || strstr(msg, "llama_kv_cache: size") != nullptr) { // the caches' sizes too
             fputs(msg, stderr);
         }
     }, nullptr);
@@ -203,7 +204,7 @@ int main(int argc, char ** argv) {
     std::vector<float> last(llama_get_logits_ith(ctx, -1), llama_get_logits_ith(ctx, -1) + n_vocab);
     double nll_all = 0, nll_after = 0, ms_after = 0, ms_all = 0;
     int n_after = 0, first_after = -1;
-    std::string argmax;
+    std::string argmax, nlls;
     for (size_t i = 0; i < fed_tok.size(); ++i) {
         const double nll = nll_of(last.data(), n_vocab, fed_tok[i]);
         nll_all += nll;
@@ -212,6 +213,9 @@ int main(int argc, char ** argv) {
             ++n_after;
         }
         argmax += (i ? " " : "") + std::to_string(argmax_of(last.data(), n_vocab));
+        char nb[32];
+        snprintf(nb, sizeof nb, "%s%.5f", i ? " " : "", nll);
+        nlls += nb;
         const double dt = decode(ctx, &fed_tok[i], 1);
         ms_all += dt * 1e3;
         if (first_after >= 0) {
@@ -234,7 +238,7 @@ int main(int argc, char ** argv) {
                nll_all / nfed, std::exp(nll_all / nfed), first_after, n_after ? nll_after / n_after : 0.0,
                n_after ? std::exp(nll_after / n_after) : 0.0);
         const int steps = first_after >= 0 ? nfed - first_after : nfed;
-        printf("step_ms_after %.3f\nargmax %s\n", steps > 0 ? ms_after / steps : 0.0, argmax.c_str());
+        printf("step_ms_after %.3f\nargmax %s\nnll %s\n", steps > 0 ? ms_after / steps : 0.0, argmax.c_str(), nlls.c_str());
     } else {
         std::string answer;
         llama_token tok = argmax_of(last.data(), n_vocab);

@@ -27,6 +27,26 @@
 //   reported with ei_last_error(): planning falls back to entropyinfer's dense
 //   attention for that ubatch, an attention failure retries without the plan.
 //
+// Decode compression (on with --entropyinfer; compress=0 turns it off)
+//   An observe op in every served layer copies the ubatch's last `window`
+//   queries into the layer's ei_decoder (ei_observe_decide: one sequence,
+//   positions continuing the last ubatch or restarting at 0; a llama_decode
+//   call of one token is a generated token). At the end of llama_decode, when
+//   the decoders are due (decode_gap generated tokens, then every
+//   recompress_every), llama_ei_compress scores the cache of every layer of
+//   the KV cache (ei_decode_score over the context's threads; cells mapped to
+//   positions, empty ones ignored), adds them into one score per cell
+//   (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells
+//   with the window (ei_decode_select_shared), evicts the others with
+//   seq_rm and moves the rest to the front (llama_kv_cache::ei_compact, added
+//   by the patch) so that attention reads fewer cells. iSWA models (Gemma 3):
+//   only the base cache of the global layers is compressed; the
+//   sliding-window cache keeps its cells. Refused with a message, compression
+//   then off for the context: several sequences, positions that jump (context
+//   shift, prompt-cache reuse, a rewind), a unified cache with a layer that is
+//   not served, recurrent/hybrid memory, several KV streams, cells shared
+//   between sequences.
+//
 // Modes (--entropyinfer-opt mode=...)
 //   sparse      (default) planning + block-sparse attention
 //   ei-dense    entropyinfer's attention kernel without a plan (dense causal)

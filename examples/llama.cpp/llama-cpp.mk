@@ -2,7 +2,8 @@
 # their attention. Included by the top-level Makefile (or: make -f examples/llama.cpp/llama-cpp.mk ...).
 #
 # Targets
-#   llama-cpp          build/llama.cpp/bin/{llama-perplexity,llama-completion,llama-bench,llama-simple}:
+#   llama-cpp          build/llama.cpp/bin/{llama-perplexity,llama-completion,llama-bench,llama-simple,
+#                      llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp)}:
 #                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
@@ -10,7 +11,10 @@
 #   llama-cpp-models   fetch_models.sh: Gemma 3 270M and SmolLM2-135M-Instruct (PyPI) into .cache/model
 #   llama-cpp-eval     eval.sh: llama-perplexity dense vs entropyinfer on a long text, SmolLM2 at 8k and
 #                      Gemma at 16k/32k, and the time of llama.cpp's attention in the same layers
-#                      -> build/llama_cpp_eval.md (not in CI; tens of minutes on 2 cores)
+#                      -> build/llama_cpp_eval.md (not in CI; tens of minutes on 2 cores); then
+#                      eval_decode.sh: decode compression, dense vs --entropyinfer, with llama-ei-decode
+#                      (KV cells/bytes, decode speed, continuation perplexity, passkey at 10/50/90 %)
+#                      -> build/llama_cpp_decode_eval.md (about an hour on 2 cores)
 #   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M and Gemma 3 270M, dense vs --entropyinfer
 #                      (about 3 minutes on 2 cores; compares with llama-cpp-vanilla when that is built)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
@@ -85,6 +89,7 @@ llama-cpp-models:
 llama-cpp-eval: llama-cpp llama-cpp-vanilla llama-cpp-models
 	sh examples/gemma/fetch_corpus.sh > /dev/null
 	sh $(LLAMA_CPP_DIR)/eval.sh
+	sh $(LLAMA_CPP_DIR)/eval_decode.sh
 
 llama-cpp-clean:
 	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp

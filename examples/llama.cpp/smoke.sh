@@ -16,6 +16,8 @@
 #     that start inside a segment, final chunks continued by later ones);
 #   - Gemma 3: --entropyinfer serves its global layers only (sliding-window layers are
 #     reported and left to llama.cpp), density < 1, perplexity within SMOKE_TOLERANCE;
+#   - decode compression: llama-completion generates 48 tokens with decode_budget 512; the
+#     closing line reports a compression and cells=<before>->512, and generation went on;
 #   - an unknown --entropyinfer-opt name is refused at start-up.
 # Logs: build/llama_cpp_smoke/*.log.
 set -eu
@@ -108,6 +110,26 @@ check_sparse gemma-sparse
 [ "${layers%%/*}" -lt "${layers##*/}" ] || die "gemma-sparse: its sliding-window layers were served ($EILINE)"
 grep -q '^entropyinfer: sliding-window layers' "$OUT/gemma-sparse.log" || die "gemma-sparse: no report of the sliding-window layers"
 MODEL=$SMOL
+
+# decode compression in llama.cpp's own generation tool: SmolLM2, a prompt of about 1200 tokens, 48
+# tokens generated greedily with decode_budget 512: after decode_gap (16) generated tokens the glue
+# computes one keep-set for the sequence, evicts the other cells and compacts the rest
+echo "llama-cpp-smoke: decode: llama-completion --entropyinfer --entropyinfer-opt decode_budget=512 -n 48" >&2
+head -c 6000 "$TEXT" > "$OUT/prompt.txt"
+if ! "$BIN/llama-completion" -m "$SMOL" -f "$OUT/prompt.txt" -n 48 -c 2048 -t "$THREADS" -fa on --temp 0 -no-cnv \
+        --ignore-eos --entropyinfer --entropyinfer-opt decode_budget=512 > "$OUT/decode.out" 2> "$OUT/decode.log"; then
+    tail -20 "$OUT/decode.log" >&2
+    die "decode: llama-completion failed (log $OUT/decode.log)"
+fi
+EILINE=$(grep '^entropyinfer: mode ' "$OUT/decode.log" | tail -1 || true)
+printf '  %-14s %s\n' decode "$EILINE" >&2
+comp=$(field compressions "$EILINE")
+before=$(echo "$EILINE" | sed -n 's/.*cells=\([0-9]*\)->\([0-9]*\).*/\1/p')
+after=$(echo "$EILINE" | sed -n 's/.*cells=\([0-9]*\)->\([0-9]*\).*/\2/p')
+runs=$(sed -n 's/.* eval time = .*\/ *\([0-9]*\) runs.*/\1/p' "$OUT/decode.log" | tail -1)
+[ "${comp:-0}" -ge 1 ] 2>/dev/null || die "decode: no compression reported ($EILINE)"
+[ "$after" = 512 ] && [ "$before" -gt 512 ] 2>/dev/null || die "decode: cells in use $before->$after, expected ->512 ($EILINE)"
+[ "$runs" = 47 ] || die "decode: $runs generation steps after the first token, 47 expected (log $OUT/decode.log)"
 
 echo "llama-cpp-smoke: bad-option: llama-perplexity --entropyinfer-opt no_such_option=1" >&2
 if "$BIN/llama-perplexity" -m "$MODEL" -f "$TEXT" --entropyinfer-opt no_such_option=1 > "$OUT/bad-option.log" 2>&1; then
