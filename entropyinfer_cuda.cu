@@ -2582,12 +2582,15 @@ __global__ void shared_sum_kernel(const float *pooled, MapRef mr, int64_t W, dou
     acc = block_sum_d(acc, red);
     if (threadIdx.x == 0) *sum = acc;
 }
-__global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, float *shared) {
+__global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, int use_max,
+                                  float *shared) {
     double s = *sum;
     int64_t np = map_np(mr, 0), L = np - W;
     if (!(s > 0.0)) return;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x)
-        shared[map_row(mr, 0, np, j)] += (float)((double)pooled[j] / s);
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x) {
+        float v = (float)((double)pooled[j] / s), *x = shared + map_row(mr, 0, np, j);
+        *x = use_max ? fmaxf(*x, v) : *x + v; /* gqa_reduce max: the layers' maximum */
+    }
 }
 
 /* The header checked q against the decoder and the protocol. The kept queries
@@ -2944,7 +2947,7 @@ static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const 
 
 /* ei_decode_shared_add: every query head of the layer reduced, pooled over
    the candidates in position order, divided by their sum, added into
-   shared[row]. */
+   shared[row] (gqa_reduce max: the maximum kept). */
 static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
                                        const int32_t *row_pos, float *shared, void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
@@ -2967,7 +2970,7 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
     LAUNCH_CHECK("pool_kernel");
     shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, W, sum);
     LAUNCH_CHECK("shared_sum_kernel");
-    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, shared);
+    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared);
     LAUNCH_CHECK("shared_add_kernel");
     dec->last_compress = dec->n_generated;
     return EI_OK;

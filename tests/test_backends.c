@@ -1130,6 +1130,7 @@ typedef struct s8_out {
     s8_keep keep, sel, perq, second, shared_set;
     float *scores;     /* [H][ROWS] of layer 1 */
     float *shared;     /* [ROWS] */
+    float *shared_max; /* [ROWS] the same with gqa_reduce max (the layers' maximum) */
     int32_t *map2;     /* [KV][ROWS2]: the second compression's map */
     ei_result misuse[S8_MISUSE];
 } s8_out;
@@ -1468,6 +1469,20 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
     CHECK(!ei_decode_due(s.ctx, &dec) && ei_decode_due(s.ctx, &dec2), "8 (%s): shared_add marks its decoder", who);
     CHECK_ERR(ei_decode_shared_add(s.ctx, &dec2, dsc2, S8_ROWS, drp, dshared, ws, wb), EI_OK);
     o->shared = (float *)mem_down(&s, dshared, sizeof(float) * S8_ROWS);
+    { /* gqa_reduce max: the heads' and the layers' maximum */
+        ei_config cm = s8_config();
+        side sm;
+        float zeros[S8_ROWS];
+        cm.gqa_reduce = EI_REDUCE_MAX;
+        sm = side_make(gpu, cm);
+        memset(zeros, 0, sizeof zeros);
+        mem_put(&s, dshared, zeros, sizeof zeros);
+        CHECK_ERR(ei_decode_shared_add(sm.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(sm.ctx, &dec2, dsc2, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+        o->shared_max = (float *)mem_down(&s, dshared, sizeof(float) * S8_ROWS);
+        mem_put(&s, dshared, o->shared, sizeof(float) * S8_ROWS);
+        side_free(&sm);
+    }
     ks = s8_keep_new(&s, 1, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
     s8_keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb), &o->shared_set);
@@ -1581,6 +1596,10 @@ static void s8_compare(const s8_out *a, const s8_out *b, const s8_data *D) {
         if (!close_to(b->shared[j], a->shared[j], 1e-9, 1e-3) && bad++ < 3)
             printf("  8: shared[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->shared[j], (double)b->shared[j]);
     CHECK(bad == 0, "8: shared scores differ");
+    for (bad = 0, j = 0; j < S8_ROWS; ++j)
+        if (!close_to(b->shared_max[j], a->shared_max[j], 1e-9, 1e-3) && bad++ < 3)
+            printf("  8: shared (max)[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->shared_max[j], (double)b->shared_max[j]);
+    CHECK(bad == 0, "8: shared scores (gqa_reduce max) differ");
     for (i = 0; i < S8_MISUSE; ++i)
         CHECK(a->misuse[i] == b->misuse[i], "8: misuse %d: cpu %s, gpu %s", i, ei_result_name(a->misuse[i]),
               ei_result_name(b->misuse[i]));
@@ -1589,7 +1608,7 @@ static void s8_compare(const s8_out *a, const s8_out *b, const s8_data *D) {
 static void s8_out_free(s8_out *o) {
     s8_keep_free(&o->keep); s8_keep_free(&o->sel); s8_keep_free(&o->perq); s8_keep_free(&o->second);
     s8_keep_free(&o->shared_set);
-    free(o->scores); free(o->shared); free(o->map2);
+    free(o->scores); free(o->shared); free(o->shared_max); free(o->map2);
 }
 
 /* ------------------------------------------------------------ main */
