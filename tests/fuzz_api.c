@@ -726,6 +726,64 @@ static void op_observe(state *s, fz *f) {
     view_free(&qc);
 }
 
+/* Decode keep sets over a row map (positions shuffled over the rows, an empty
+   row, a garbage entry), scoring split over threads, per-head or shared. */
+static void op_decode_rows(state *s, fz *f) {
+    ei_context *ctx = s->ctx;
+    const ei_config *c = ei_context_config(ctx);
+    unsigned m = fz_u8(f);
+    int64_t n = s->n, j;
+    int32_t *map, h, i;
+    int nth, ith;
+    float *scores, *shared;
+    size_t wb = 0;
+    void *ws;
+    ei_keep_set ks;
+    ei_result r = EI_OK;
+    if (!s->k.valid || n <= 0 || !s->dec_ok || (size_t)n * (size_t)s->H > ((size_t)16 << 20)) return;
+    map = (int32_t *)walloc(sizeof(int32_t) * (size_t)n);
+    for (j = 0; j < n; ++j) map[j] = (int32_t)j;
+    for (j = n - 1; j > 0; --j) {
+        int64_t x = (int64_t)(fz_u16(f) % (unsigned)(j + 1));
+        int32_t t = map[j];
+        map[j] = map[x]; map[x] = t;
+    }
+    if (m & 1) map[fz_u16(f) % (unsigned)n] = -1;
+    if (m & 2) map[fz_u16(f) % (unsigned)n] = (int32_t)fz_u32(f);
+    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)256 << 20)) wb = 64;
+    ws = walloc(wb);
+    scores = (float *)walloc(sizeof(float) * (size_t)s->H * (size_t)n);
+    shared = (float *)walloc(sizeof(float) * (size_t)n);
+    memset(shared, 0, sizeof(float) * (size_t)n);
+    nth = 1 + (int)(fz_u8(f) % 4u);
+    for (ith = 0; ith < nth && r == EI_OK; ++ith)
+        r = checked(ei_decode_score(ctx, &s->dec, &s->k.t, map, 0, scores, ith, nth, ws, wb));
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = (m & 4) ? 1 : c->per_kv_head ? s->KV : s->H;
+    ks.capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
+    ks.index = (int32_t *)walloc(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
+    ks.positions = (int32_t *)walloc(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
+    ks.row_pos = map;
+    if (r == EI_OK) {
+        if (m & 4) {
+            r = checked(ei_decode_shared_add(ctx, &s->dec, scores, n, map, shared, ws, wb));
+            if (r == EI_OK) r = checked(ei_decode_select_shared(ctx, &s->dec, shared, n, &ks, ws, wb));
+        } else {
+            r = checked(ei_decode_select(ctx, &s->dec, scores, n, &ks, ws, wb));
+        }
+    }
+    if (r == EI_OK)
+        for (h = 0; h < ks.heads_out; ++h)
+            for (i = 0; i < ks.n_kept; ++i) {
+                int32_t row = ks.index[(size_t)h * (size_t)ks.capacity + (size_t)i];
+                ORACLE(row >= 0 && row < n && (i == 0 || row > ks.index[(size_t)h * (size_t)ks.capacity + (size_t)i - 1]),
+                       "kept rows not ascending in range", row, i);
+                ORACLE(map[row] >= 0 && ks.positions[(size_t)h * (size_t)ks.capacity + (size_t)i] == map[row],
+                       "kept row's position is not its map entry", row, map[row]);
+            }
+    wfree(ks.index); wfree(ks.positions); wfree(scores); wfree(shared); wfree(ws); wfree(map);
+}
+
 static void op_decode_keep(state *s, fz *f) {
     ei_context *ctx = s->ctx;
     const ei_config *c = ei_context_config(ctx);
@@ -880,7 +938,7 @@ static void op_sizes(state *s, fz *f) {
     if (checked(ei_profile_workspace_size(ctx, n, H, KV, d, &b)) == EI_OK)
         ORACLE((u128)b >= (u128)d * 8u, "profile workspace too small", (long)b, d);
     if (checked(ei_decode_workspace_size(ctx, n, H, KV, &b)) == EI_OK)
-        ORACLE((u128)b >= (u128)(H / KV) * (u128)c->window * (u128)n * 4u + (u128)H * (u128)n * 4u, "decode workspace wrapped", (long)b, n);
+        ORACLE((u128)b >= (u128)H * (u128)n * 4u + (u128)32 * (u128)n * 4u + (u128)n * 32u, "decode workspace wrapped", (long)b, n);
     if (checked(ei_decoder_size(ctx, H, d, &b)) == EI_OK)
         ORACLE((u128)b >= (u128)c->window * (u128)H * (u128)d * 4u, "decoder size wrapped", (long)b, H);
     if (checked(ei_attention_workspace_size(ctx, H, KV, d, &b)) == EI_OK) ORACLE(b > 0, "zero attention workspace", 0, 0);
@@ -944,7 +1002,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             case 10: op_attention(&s, &f, 1); break;
             case 11: op_decoder_init(&s, &f); break;
             case 12: case 13: op_observe(&s, &f); break;
-            case 14: op_decode_keep(&s, &f); break;
+            case 14: if (fz_u8(&f) < 64) op_decode_rows(&s, &f); else op_decode_keep(&s, &f); break;
             case 15: op_compact(&s, &f); break;
             case 16: if (s.dec_ok) checked(ei_decoder_reset(&s.dec)); else checked(ei_decoder_reset(NULL)); break;
             case 17: op_sizes(&s, &f); break;

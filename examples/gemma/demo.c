@@ -18,7 +18,11 @@
 
    Configuration: ei_config_quality() (the sampled block ranking, top-p keep
    counts, sink and local blocks); GEMMA_DEMO_PAPER=1 runs the paper's
-   ei_config_default() instead.
+   ei_config_default() instead. Decode compression: one keep set per layer
+   (and kv head) by default; GEMMA_EI_SHARED=1 one shared keep set for the
+   three global layers (ei_decode_shared_add, as an engine with shared KV
+   cells must); GEMMA_DEMO_REDUCE=max: gqa_reduce max (heads, and layers of
+   a shared set, by their maximum) instead of the mean.
 
    Consistency check: GEMMA_DEMO_OWN=1 makes the second run use the engine's
    own dense attention instead of entropyinfer (expected: identical
@@ -226,6 +230,7 @@ int main(int argc, char **argv) {
        block ranking, top-p counts, sink and local blocks); GEMMA_DEMO_PAPER=1:
        the paper's own ranking and budgets */
     ei_config cfg = getenv("GEMMA_DEMO_PAPER") ? ei_config_default() : ei_config_quality();
+    if (getenv("GEMMA_DEMO_REDUCE") && !strcmp(getenv("GEMMA_DEMO_REDUCE"), "max")) cfg.gqa_reduce = EI_REDUCE_MAX;
     run_result rd, rs;
     double t_start = gm_now();
 

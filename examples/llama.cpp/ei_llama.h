@@ -1,7 +1,8 @@
 // ei_llama.h - entropyinfer inside llama.cpp: the glue's entry points.
 //
-// ei_llama.cpp is compiled into libllama by entropyinfer.patch, which calls
-// these functions from five places of llama.cpp:
+// ei_llama.cpp is compiled into libllama by entropyinfer.patch (which also
+// builds llama-ei-decode, ei_decode_eval.cpp), and called from these places
+// of llama.cpp:
 //   common/arg.cpp      --entropyinfer, --entropyinfer-opt NAME=VALUE
 //   llama_context       create / free the per-context state (cparams.ei),
 //                       announce each ubatch of llama_decode (is it the last?),
