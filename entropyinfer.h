@@ -3169,10 +3169,9 @@ static void ei__reduce_heads(const ei_config *c, const float *scores, int64_t n,
 }
 
 /* Fewer rows hold positions than decode_budget: every one is kept. */
-static void ei__keep_all(ei_keep_set *keep, const int32_t *order, int64_t np, int64_t n, int32_t h, const int32_t *map) {
+static void ei__keep_all(ei_keep_set *keep, int64_t np, int64_t n, int32_t h, const int32_t *map) {
     int64_t j, m = 0;
     int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
-    (void)order;
     for (j = 0; j < n; ++j) /* the rows that hold positions, ascending */
         if (!map || map[j] >= 0) idx[m++] = (int32_t)j;
     if (keep->positions)
@@ -3214,7 +3213,7 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
         np0 = np;
         if (np > (int64_t)keep->capacity && np < c->decode_budget) /* (capacity >= min(n_rows, budget) >= np else) */
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
-        if (np < c->decode_budget) { ei__keep_all(keep, w.order, np, n_rows, h, map); continue; }
+        if (np < c->decode_budget) { ei__keep_all(keep, np, n_rows, h, map); continue; }
         L = np - W;
         kk = (int64_t)c->decode_budget - W;
         if (keep->pooled && keep->pooled_capacity < L)
@@ -3285,7 +3284,7 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     if (!keep->compressed) {
         if (np > (int64_t)keep->capacity)
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
-        ei__keep_all(keep, w.order, np, n_rows, 0, keep->row_pos);
+        ei__keep_all(keep, np, n_rows, 0, keep->row_pos);
         return EI_OK;
     }
     L = np - W;
