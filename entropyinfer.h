@@ -163,7 +163,10 @@
    added in row order however chunks cut a segment). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
-   rank in another order. expf/logf come from libm (no fast approximations) and no
+   rank in another order. Decode scores run through the same kernels (rows in
+   position order, whatever the row order of the cache): the same holds for
+   them, and a cache and the same cache with its rows permuted give
+   bit-identical scores on one path. expf/logf come from libm (no fast approximations) and no
    flush-to-zero is set.
 
    LIMITS
