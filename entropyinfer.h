@@ -3062,6 +3062,14 @@ static ei_result ei__check_rows(const ei_context *ctx, int64_t n_rows) {
     return EI_OK;
 }
 
+/* The scored cache k has the decoder's kv heads and head size. */
+static ei_result ei__check_decoder_k(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k) {
+    if (k->n_heads != dec->n_kv_heads || k->head_dim != dec->head_dim)
+        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
+                        (int)k->head_dim, (int)dec->n_kv_heads, (int)dec->head_dim);
+    return EI_OK;
+}
+
 /* Checks shared by every decode entry point. */
 static ei_result ei__check_decoder(const ei_context *ctx, const ei_decoder *dec) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
@@ -3082,9 +3090,7 @@ EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, co
     if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
     if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
     if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
-    if (k->n_heads != dec->n_kv_heads || k->head_dim != dec->head_dim)
-        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
-                        (int)k->head_dim, (int)dec->n_kv_heads, (int)dec->head_dim);
+    if ((r = ei__check_decoder_k(ctx, dec, k)) != EI_OK) return r;
     if (nth < 1 || ith < 0 || ith >= nth) return ei__fail(ctx, EI_ERR_SIZE, "thread %d of %d", ith, nth);
     if (row_pos_stride < 0 || (row_pos_stride > 0 && row_pos_stride < k->n_tokens))
         return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld (0: one map for every kv head, else >= %lld rows)",
@@ -3332,9 +3338,7 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
     c = &ctx->cfg;
     if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
-    if (k->n_heads != dec->n_kv_heads || k->head_dim != dec->head_dim)
-        return ei__fail(ctx, EI_ERR_SHAPE, "k has %d heads x %d dims, decoder expects %d x %d", (int)k->n_heads,
-                        (int)k->head_dim, (int)dec->n_kv_heads, (int)dec->head_dim);
+    if ((r = ei__check_decoder_k(ctx, dec, k)) != EI_OK) return r;
     heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads;
     if ((r = ei__check_keep(ctx, keep, heads_out, k->n_tokens, c->per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
         return r;
