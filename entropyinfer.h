@@ -254,7 +254,9 @@
     X(EI_ERR_STATE,      -11, "call out of protocol order")                        \
     X(EI_ERR_SHAPE,      -12, "shapes of the arguments disagree")                  \
     X(EI_ERR_UNSUPPORTED,-13, "not supported by this CPU, build or backend")       \
-    X(EI_ERR_BACKEND,    -14, "GPU backend unavailable (library, driver or device)")
+    X(EI_ERR_BACKEND,    -14, "GPU backend unavailable (library, driver or device)") \
+    X(EI_ERR_OVERLAP,    -15, "two buffers of a call overlap and one of them is written") \
+    X(EI_ERR_ALIGN,      -16, "data not aligned to its element size")
 
 /* Codes run 0, -1, -2, ... without gaps, so the lowest is 1 - (entries). */
 #define EI__ONE(name, value, text) +1
