@@ -447,6 +447,8 @@ typedef struct ei_plan {
     int32_t on_device;     /* 1: arrays live in GPU memory (CUDA backend) */
     int32_t seg_capacity;  /* segments the arrays can hold */
     int32_t blk_capacity;  /* blocks a scores row can hold */
+    uint64_t seal;         /* library-private: checksum of the layout fields above, set by
+                              ei_plan_init; a plan whose layout was edited is refused */
 } ei_plan;
 
 /* Index of row (kv head, segment) in the [kv][segment] arrays (row stride
@@ -561,6 +563,8 @@ typedef struct ei_decoder {
     int64_t n_generated;    /* of which generated */
     int64_t last_compress;  /* n_generated at the last compression (-1: none) */
     float *queries;         /* ring of the last `window` queries, f32 [window][n_heads][head_dim] */
+    uint64_t seal;          /* library-private: checksum of the layout fields, set by
+                               ei_decoder_init; an edited decoder is refused */
 } ei_decoder;
 
 EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes);
@@ -666,7 +670,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 4
+#define EI_CUDA_ABI_VERSION 5
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -1197,46 +1201,65 @@ static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
 typedef ei_result (*ei__task_fn)(void *arg, int ith, int nth, void *ws, size_t ws_bytes);
 #ifndef EI_NO_PTHREADS
 #include <pthread.h>
-typedef struct ei__share {
+/* The caller's stack holds one small slot per thread (24-32 bytes, 8 KB at
+   EI__MAX_THREADS) and one message: the first failing share's (lowest ith),
+   copied under a lock from the worker's thread-local message. */
+typedef struct ei__fork {
     ei__task_fn task;
-    void *arg, *ws;
-    int ith, nth;
-    size_t ws_bytes;
-    ei_result result;
-    char message[512]; /* a worker's failure message (its own thread-local copy) */
+    void *arg;
+    unsigned char *ws;
+    size_t per;
+    int nth, failed_ith;
+    pthread_mutex_t lock;
+    char message[sizeof ei__tls_message];
+} ei__fork;
+typedef struct ei__share {
+    ei__fork *fork;
+    pthread_t tid;
+    int ith, started;
+    ei_result result;  /* written by its worker only, read after the join */
 } ei__share;
 static void *ei__share_run(void *p) {
     ei__share *sh = (ei__share *)p;
-    sh->result = sh->task(sh->arg, sh->ith, sh->nth, sh->ws, sh->ws_bytes);
-    if (sh->result != EI_OK) memcpy(sh->message, ei__tls_message, sizeof sh->message);
+    ei__fork *f = sh->fork;
+    ei_result r = f->task(f->arg, sh->ith, f->nth, f->ws ? f->ws + f->per * (size_t)sh->ith : NULL, f->per);
+    sh->result = r;
+    if (r != EI_OK) {
+        pthread_mutex_lock(&f->lock);
+        if (f->failed_ith < 0 || sh->ith < f->failed_ith) {
+            f->failed_ith = sh->ith;
+            memcpy(f->message, ei__tls_message, sizeof f->message);
+        }
+        pthread_mutex_unlock(&f->lock);
+    }
     return NULL;
 }
 #endif
 static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, size_t per) {
     int t;
 #ifndef EI_NO_PTHREADS
+    ei__fork f;
     ei__share sh[EI__MAX_THREADS];
-    pthread_t tid[EI__MAX_THREADS];
-    int started[EI__MAX_THREADS];
-    for (t = 0; t < nth; ++t) {
-        sh[t].task = task; sh[t].arg = arg; sh[t].ith = t; sh[t].nth = nth;
-        sh[t].ws = ws ? (unsigned char *)ws + per * (size_t)t : NULL;
-        sh[t].ws_bytes = per;
-        sh[t].result = EI_OK;
-        started[t] = 0;
+    ei_result r = EI_OK;
+    f.task = task; f.arg = arg; f.ws = (unsigned char *)ws; f.per = per; f.nth = nth; f.failed_ith = -1;
+    if (pthread_mutex_init(&f.lock, NULL) != 0) { /* no lock, no threads: every share on this one */
+        for (t = 0; t < nth; ++t)
+            if ((r = task(arg, t, nth, ws ? (unsigned char *)ws + per * (size_t)t : NULL, per)) != EI_OK) return r;
+        return EI_OK;
     }
-    for (t = 1; t < nth; ++t) started[t] = pthread_create(&tid[t], NULL, ei__share_run, &sh[t]) == 0;
+    for (t = 0; t < nth; ++t) { sh[t].fork = &f; sh[t].ith = t; sh[t].started = 0; sh[t].result = EI_OK; }
+    for (t = 1; t < nth; ++t) sh[t].started = pthread_create(&sh[t].tid, NULL, ei__share_run, &sh[t]) == 0;
     ei__share_run(&sh[0]);
     for (t = 1; t < nth; ++t) {
-        if (started[t]) pthread_join(tid[t], NULL);
+        if (sh[t].started) pthread_join(sh[t].tid, NULL);
         else ei__share_run(&sh[t]);
     }
-    for (t = 0; t < nth; ++t)
-        if (sh[t].result != EI_OK) {
-            memcpy(ei__tls_message, sh[t].message, sizeof sh[t].message);
-            return sh[t].result;
-        }
-    return EI_OK;
+    pthread_mutex_destroy(&f.lock);
+    if (f.failed_ith >= 0) {
+        memcpy(ei__tls_message, f.message, sizeof f.message);
+        r = sh[f.failed_ith].result;
+    }
+    return r;
 #else
     for (t = 0; t < nth; ++t) {
         ei_result r = task(arg, t, nth, ws ? (unsigned char *)ws + per * (size_t)t : NULL, per);
@@ -1392,6 +1415,10 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
     if (ts <= 0 || hs <= 0)
         return ei__fail(ctx, EI_ERR_STRIDE, "%s: strides must be positive (token %lld, head %lld)", name,
                         (long long)ts, (long long)hs);
+    /* strides count elements, so an aligned first element aligns them all */
+    if ((uintptr_t)data % ei__dtype_size(dtype) != 0)
+        return ei__fail(ctx, EI_ERR_ALIGN, "%s: data at %p is not aligned to its %d-byte elements", name, data,
+                        (int)ei__dtype_size(dtype));
     /* The farthest element, (n_tokens-1)*ts + (n_heads-1)*hs + head_dim, must
        stay below 2^60 elements so that byte offsets fit in ptrdiff_t. */
     {
@@ -1429,15 +1456,151 @@ static ei_result ei__check_out_tensor(const ei_context *ctx, const ei_out_tensor
     v = ei__as_view(t);
     return ei__check_tensor(ctx, &v, name);
 }
-/* Whether the address ranges of two checked views intersect. */
-static int ei__views_overlap(const ei_tensor *a, const ei_tensor *b) {
-    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-    uintptr_t a1 = a0 + (uintptr_t)((a->n_tokens - 1) * a->token_stride + (int64_t)(a->n_heads - 1) * a->head_stride +
-                                    a->head_dim) * (uintptr_t)ei__dtype_size(a->dtype);
-    uintptr_t b1 = b0 + (uintptr_t)((b->n_tokens - 1) * b->token_stride + (int64_t)(b->n_heads - 1) * b->head_stride +
-                                    b->head_dim) * (uintptr_t)ei__dtype_size(b->dtype);
-    return a0 < b1 && b0 < a1;
+/* ---- overlaps, alignment, sealed layouts
+   The README promises that bad input never makes the library write outside a
+   caller's buffer. Three things a careless caller can do break that unless
+   every call checks them:
+   - place one buffer over another (an output over the plan it is reading, a
+     keep-set array inside the workspace, K and V the same cache): every call
+     lists the regions it reads and writes and refuses any pair that
+     intersects where one of the two is written (EI_ERR_OVERLAP, naming both).
+     Read-only regions may share memory (Q and K in one buffer). A view's
+     region is its address range, except that two views of the same dtype and
+     strides are compared element by element, so interleaved layouts (K and V
+     rows alternating in one buffer) pass;
+   - hand view data at an address that is not a multiple of its element size
+     (f32 loaded as float would be undefined behaviour): EI_ERR_ALIGN, and
+     the same for the caller's int32/float arrays. Plan, decoder and workspace
+     memory may have any alignment (the library aligns inside them);
+   - edit a plan's or decoder's size fields or pointers after init: their
+     layout fields are sealed with a checksum at init and every call checks
+     it (EI_ERR_STATE), then checks the fields that calls change against the
+     capacity the memory was laid out for. */
+#define EI__MAX_REGIONS 16
+typedef struct ei__region {
+    const void *p;
+    size_t bytes;
+    const char *name;
+    int written;
+    const ei_tensor *view; /* the view whose data this is, or NULL */
+} ei__region;
+typedef struct ei__regions {
+    ei__region r[EI__MAX_REGIONS];
+    ei_tensor views[EI__MAX_REGIONS]; /* copies of out tensors as read views */
+    int n;
+} ei__regions;
+
+static void ei__reg_mem(ei__regions *g, const void *p, size_t bytes, const char *name, int written) {
+    EI_ASSERT(g->n < EI__MAX_REGIONS);
+    if (!p || !bytes || g->n >= EI__MAX_REGIONS) return;
+    g->r[g->n].p = p; g->r[g->n].bytes = bytes; g->r[g->n].name = name; g->r[g->n].written = written;
+    g->r[g->n].view = NULL;
+    g->n++;
 }
+/* Bytes from a checked view's first element to the end of its farthest. */
+static size_t ei__view_bytes(const ei_tensor *t) {
+    return (size_t)((t->n_tokens - 1) * t->token_stride + (int64_t)(t->n_heads - 1) * t->head_stride + t->head_dim) *
+           ei__dtype_size(t->dtype);
+}
+/* A checked view's data, and the struct that describes it (read throughout
+   the call, so nothing may be written over it either). */
+static void ei__reg_view(ei__regions *g, const ei_tensor *t, const char *name, const char *struct_name, int written) {
+    int i = g->n;
+    ei__reg_mem(g, t->data, ei__view_bytes(t), name, written);
+    if (g->n > i) { g->views[i] = *t; g->r[i].view = &g->views[i]; }
+    ei__reg_mem(g, t, sizeof *t, struct_name, 0);
+}
+static void ei__reg_out_view(ei__regions *g, const ei_out_tensor *t, const char *name, const char *struct_name) {
+    int i = g->n;
+    ei_tensor v = ei__as_view(t);
+    ei__reg_mem(g, t->data, ei__view_bytes(&v), name, 1);
+    if (g->n > i) { g->views[i] = v; g->r[i].view = &g->views[i]; }
+    ei__reg_mem(g, t, sizeof *t, struct_name, 0);
+}
+
+static int64_t ei__floor_div(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q; }
+static int64_t ei__ceil_div_s(int64_t a, int64_t b) { return -ei__floor_div(-a, b); }
+/* Whether two views of one dtype, strides and head_dim share an element:
+   whether b's offset from a, D elements, is dt*ts + dh*hs + di for some
+   dt in (-nt_b, nt_a), dh in (-nh_b, nh_a), di in (-d, d). The axes nest
+   (each steps over the extent of the one inside it), so few outer steps
+   can reach D; past 64 candidates the answer is a conservative yes. */
+static int ei__views_share_element(const ei_tensor *a, const ei_tensor *b) {
+    int64_t es = (int64_t)ei__dtype_size(a->dtype), diff = (int64_t)((intptr_t)b->data - (intptr_t)a->data), D;
+    int64_t s_in, in_lo, in_hi, s_out, out_lo, out_hi, d = a->head_dim, lo, hi, o, o0, o1;
+    if (diff % es != 0) return 1;
+    D = diff / es;
+    if (a->head_stride <= a->token_stride) {
+        s_in = a->head_stride; in_lo = 1 - (int64_t)b->n_heads; in_hi = (int64_t)a->n_heads - 1;
+        s_out = a->token_stride; out_lo = 1 - b->n_tokens; out_hi = a->n_tokens - 1;
+    } else {
+        s_in = a->token_stride; in_lo = 1 - b->n_tokens; in_hi = a->n_tokens - 1;
+        s_out = a->head_stride; out_lo = 1 - (int64_t)b->n_heads; out_hi = (int64_t)a->n_heads - 1;
+    }
+    lo = in_lo * s_in - (d - 1); /* the inner steps reach [lo, hi] */
+    hi = in_hi * s_in + (d - 1);
+    o0 = EI__MAX(out_lo, ei__ceil_div_s(D - hi, s_out));
+    o1 = EI__MIN(out_hi, ei__floor_div(D - lo, s_out));
+    if (o1 - o0 > 64) return 1;
+    for (o = o0; o <= o1; ++o) {
+        int64_t rem = D - o * s_out;
+        int64_t i0 = EI__MAX(in_lo, ei__ceil_div_s(rem - (d - 1), s_in)), i1 = EI__MIN(in_hi, ei__floor_div(rem + (d - 1), s_in));
+        if (i0 <= i1) return 1;
+    }
+    return 0;
+}
+static int ei__same_layout(const ei_tensor *a, const ei_tensor *b) {
+    return a->dtype == b->dtype && a->head_dim == b->head_dim && a->token_stride == b->token_stride &&
+           a->head_stride == b->head_stride;
+}
+/* Every pair of a call's regions where one is written: disjoint. */
+static ei_result ei__check_regions(const ei_context *ctx, const ei__regions *g) {
+    int i, j;
+    for (i = 0; i < g->n; ++i)
+        for (j = i + 1; j < g->n; ++j) {
+            const ei__region *a = &g->r[i], *b = &g->r[j];
+            uintptr_t a0 = (uintptr_t)a->p, b0 = (uintptr_t)b->p;
+            if (!a->written && !b->written) continue;
+            if (!(a0 < b0 + b->bytes && b0 < a0 + a->bytes)) continue;
+            if (a->view && b->view && ei__same_layout(a->view, b->view) && !ei__views_share_element(a->view, b->view))
+                continue;
+            return ei__fail(ctx, EI_ERR_OVERLAP, "%s [%p, +%zu bytes) overlaps %s [%p, +%zu bytes) and the call writes %s",
+                            a->name, a->p, a->bytes, b->name, b->p, b->bytes, a->written ? a->name : b->name);
+        }
+    return EI_OK;
+}
+/* A caller's int32 / float array: 4-byte aligned. */
+static ei_result ei__check_align4(const ei_context *ctx, const void *p, const char *name) {
+    if ((uintptr_t)p % 4u != 0)
+        return ei__fail(ctx, EI_ERR_ALIGN, "%s at %p is not 4-byte aligned", name, p);
+    return EI_OK;
+}
+
+/* FNV-1a over the fields that fix a plan's or decoder's memory layout. */
+static uint64_t ei__fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+#define EI__FNV_FIELD(h, x) ((h) = ei__fnv((h), &(x), sizeof(x)))
+static uint64_t ei__plan_seal(const ei_plan *p) {
+    uint64_t h = 14695981039346656037ull;
+    EI__FNV_FIELD(h, p->max_tokens); EI__FNV_FIELD(h, p->n_kv_heads); EI__FNV_FIELD(h, p->head_dim);
+    EI__FNV_FIELD(h, p->max_keep); EI__FNV_FIELD(h, p->segment_size); EI__FNV_FIELD(h, p->block_size);
+    EI__FNV_FIELD(h, p->flags); EI__FNV_FIELD(h, p->entropy); EI__FNV_FIELD(h, p->head_class);
+    EI__FNV_FIELD(h, p->budget); EI__FNV_FIELD(h, p->keep_blocks); EI__FNV_FIELD(h, p->keep_count);
+    EI__FNV_FIELD(h, p->block_index); EI__FNV_FIELD(h, p->scores); EI__FNV_FIELD(h, p->state);
+    EI__FNV_FIELD(h, p->on_device); EI__FNV_FIELD(h, p->seg_capacity); EI__FNV_FIELD(h, p->blk_capacity);
+    return h | 1u; /* never 0: a zeroed plan is not sealed */
+}
+static uint64_t ei__decoder_seal(const ei_decoder *d) {
+    uint64_t h = 14695981039346656037ull;
+    EI__FNV_FIELD(h, d->n_heads); EI__FNV_FIELD(h, d->n_kv_heads); EI__FNV_FIELD(h, d->head_dim);
+    EI__FNV_FIELD(h, d->window); EI__FNV_FIELD(h, d->queries);
+    return h | 1u;
+}
+
 /* Q and K of one layer: same head_dim, GQA grouping. */
 static ei_result ei__check_qk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k) {
     ei_result r;
@@ -1696,14 +1859,36 @@ EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src
     if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
     if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "device memory needs the CUDA backend");
     if (kind < EI_COPY_DEVICE_TO_HOST || kind > EI_COPY_DEVICE_TO_DEVICE) return ei__fail(ctx, EI_ERR_CONFIG, "copy kind %d", kind);
+    if (kind == EI_COPY_DEVICE_TO_DEVICE) { /* (host and device addresses of a copy cannot meet) */
+        ei__regions g;
+        ei_result r;
+        g.n = 0;
+        ei__reg_mem(&g, src, bytes, "src", 0);
+        ei__reg_mem(&g, dst, bytes, "dst", 1);
+        if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    }
     return EI__CUDA(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
 }
+static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *plan); /* >>plan */
+static void ei__reg_plan(ei__regions *g, const ei_plan *plan, int written);
 EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction) {
+    ei__regions g;
+    ei_result r;
     if (!ctx || !dst || !src) return ei__fail(ctx, EI_ERR_NULL, "context, dst or src is NULL");
     if (!ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "plan copies between host and device need the CUDA backend");
     if (direction < EI_COPY_DEVICE_TO_HOST || direction > EI_COPY_DEVICE_TO_DEVICE)
         return ei__fail(ctx, EI_ERR_CONFIG, "copy direction %d", direction);
-    if (!dst->entropy || !src->entropy) return ei__fail(ctx, EI_ERR_NULL, "dst or src plan is not initialised");
+    if ((r = ei__check_plan_layout(ctx, dst)) != EI_OK || (r = ei__check_plan_layout(ctx, src)) != EI_OK) return r;
+    if (src->on_device != (direction != EI_COPY_HOST_TO_DEVICE) || dst->on_device != (direction != EI_COPY_DEVICE_TO_HOST))
+        return ei__fail(ctx, EI_ERR_STATE, "copy direction %d from a %s plan to a %s plan", direction,
+                        src->on_device ? "GPU" : "host", dst->on_device ? "GPU" : "host");
+    g.n = 0;
+    ei__reg_plan(&g, src, 0);
+    ei__reg_plan(&g, dst, 1);
+    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    if (dst->max_tokens < src->n_tokens)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "destination plan holds %lld tokens, the source covers %lld",
+                        (long long)dst->max_tokens, (long long)src->n_tokens);
     if (dst->n_kv_heads != src->n_kv_heads || dst->segment_size != src->segment_size ||
         dst->block_size != src->block_size)
         return ei__fail(ctx, EI_ERR_SHAPE, "plans differ in kv heads (%d, %d), segment (%d, %d) or block size (%d, %d)",
@@ -1836,9 +2021,60 @@ EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t 
 static size_t ei__plan_rows(const ei_plan *p) { return (size_t)p->n_kv_heads * (size_t)p->seg_capacity; }
 static size_t ei__plan_score_row(const ei_plan *p) { return (size_t)EI__MAX(p->blk_capacity, 1); }
 
+/* A plan's arrays live where its context computes: host or device memory. */
+static ei_result ei__check_plan_side(const ei_context *ctx, const ei_plan *plan) {
+    if (plan->on_device == ei__on_gpu(ctx)) return EI_OK;
+    return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
+                    ei__on_gpu(ctx) ? "GPU" : "CPU");
+}
+
+/* A plan as ei_plan_init laid it out (sealed layout fields), with the counts
+   calls change within the capacity its memory was laid out for. Every call
+   that takes a plan starts here, so an edited or never-initialised plan is
+   refused before any of its arrays is read. */
+static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *plan) {
+    int64_t segs;
+    if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
+    if (plan->seal != ei__plan_seal(plan))
+        return ei__fail(ctx, EI_ERR_STATE,
+                        "plan layout fields (sizes, capacities, flags, array pointers) were changed after ei_plan_init, "
+                        "or the plan was not made by it");
+    segs = plan->n_tokens > 0 ? ei__ceil_div(plan->n_tokens, plan->segment_size) : 0;
+    if (plan->n_tokens < 0 || plan->n_tokens > plan->max_tokens || plan->n_segments != segs ||
+        plan->n_segments > plan->seg_capacity || plan->n_blocks < 0 || plan->n_blocks > plan->blk_capacity ||
+        plan->n_blocks != (segs > 0 ? (segs - 1) * (plan->segment_size / plan->block_size) : 0) ||
+        (plan->final != 0 && plan->final != 1))
+        return ei__fail(ctx, EI_ERR_STATE,
+                        "plan counts (n_tokens %lld, n_segments %d, n_blocks %d, final %d) do not fit its layout "
+                        "(max_tokens %lld, %d segments, %d blocks)",
+                        (long long)plan->n_tokens, (int)plan->n_segments, (int)plan->n_blocks, (int)plan->final,
+                        (long long)plan->max_tokens, (int)plan->seg_capacity, (int)plan->blk_capacity);
+    return EI_OK;
+}
+static ei_result ei__check_plan(const ei_context *ctx, const ei_plan *plan) {
+    ei_result r = ei__check_plan_layout(ctx, plan);
+    return r != EI_OK ? r : ei__check_plan_side(ctx, plan);
+}
+/* Bytes of a checked plan's arrays, from its first to the end of its last. */
+static size_t ei__plan_extent(const ei_plan *p) {
+    size_t rows = ei__plan_rows(p);
+    const unsigned char *end;
+    if (p->state) end = (const unsigned char *)p->state + ei__plan_chunk_geom(p).bytes;
+    else if (p->scores) end = (const unsigned char *)(p->scores + rows * ei__plan_score_row(p));
+    else end = (const unsigned char *)(p->block_index + rows * (size_t)p->max_keep);
+    return (size_t)(end - (const unsigned char *)p->entropy);
+}
+/* A plan's arrays and the struct that points at them. */
+static void ei__reg_plan(ei__regions *g, const ei_plan *plan, int written) {
+    ei__reg_mem(g, plan->entropy, ei__plan_extent(plan), "the plan's arrays", written);
+    ei__reg_mem(g, plan, sizeof *plan, "the ei_plan struct", written);
+}
+
+
 EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     size_t rows;
-    if (!plan || !plan->entropy) return ei__fail(NULL, EI_ERR_NULL, "plan is NULL or not initialised");
+    ei_result r;
+    if ((r = ei__check_plan_layout(NULL, plan)) != EI_OK) return r;
     if (plan->on_device)
         return ei__fail(NULL, EI_ERR_UNSUPPORTED, "a GPU plan is reset by calling ei_plan_init on its memory again");
     rows = ei__plan_rows(plan);
@@ -1869,6 +2105,13 @@ EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_t
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
     if (!memory) return ei__fail(ctx, EI_ERR_NULL, "plan memory is NULL");
     if (bytes < g.bytes) return ei__fail(ctx, EI_ERR_WORKSPACE, "plan memory of %zu bytes, %zu needed", bytes, g.bytes);
+    {
+        ei__regions reg;
+        reg.n = 0;
+        ei__reg_mem(&reg, memory, g.bytes, "plan memory", 1);
+        ei__reg_mem(&reg, plan, sizeof *plan, "the ei_plan struct", 1);
+        if ((r = ei__check_regions(ctx, &reg)) != EI_OK) return r;
+    }
     /* the same layout in host or device memory: pointer arithmetic only */
     base = (unsigned char *)memory + ((EI__PLAN_ALIGN - (uintptr_t)memory % EI__PLAN_ALIGN) % EI__PLAN_ALIGN);
     memset(plan, 0, sizeof *plan);
@@ -1889,9 +2132,10 @@ EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_t
     plan->flags = flags;
     plan->seg_capacity = (int32_t)g.segs;
     plan->blk_capacity = (int32_t)g.blks;
+    if (ei__on_gpu(ctx)) plan->on_device = 1;
+    plan->seal = ei__plan_seal(plan);
     if (!ei__on_gpu(ctx)) return ei_plan_reset(plan);
     /* device: zero counts and entropies, -1 block lists, zero scores */
-    plan->on_device = 1;
     if ((r = EI__CUDA(ctx, mem_set, base, 0, g.offset[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK ||
         (r = EI__CUDA(ctx, mem_set, plan->block_index, 0xff, g.size[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK)
         return r;
@@ -1933,13 +2177,6 @@ EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     } else if (plan->owned_memory)
         ei__free(ctx ? &ctx->alloc : NULL, plan->owned_memory);
     memset(plan, 0, sizeof *plan);
-}
-
-/* A plan's arrays live where its context computes: host or device memory. */
-static ei_result ei__check_plan_side(const ei_context *ctx, const ei_plan *plan) {
-    if (plan->on_device == ei__on_gpu(ctx)) return EI_OK;
-    return ei__fail(ctx, EI_ERR_STATE, "a %s plan on a %s context", plan->on_device ? "GPU" : "host",
-                    ei__on_gpu(ctx) ? "GPU" : "CPU");
 }
 
 EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment) {
@@ -2297,8 +2534,7 @@ static ei_result ei__check_profile_args(const ei_context *ctx, const ei_tensor *
                                         const ei_plan *plan, int64_t n_keys, int32_t kv0, int32_t kv1) {
     ei_result r = q ? ei__check_qk(ctx, q, k) : ei__check_tensor(ctx, k, "k");
     if (r != EI_OK) return r;
-    if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
-    if ((r = ei__check_plan_side(ctx, plan)) != EI_OK) return r;
+    if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
     if (plan->n_kv_heads != k->n_heads)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
     if (plan->head_dim != k->head_dim)
@@ -2404,6 +2640,18 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
 }
 
 /* Whole-prompt planning: the profiling checks and as many queries as keys. */
+/* What a profiling call reads (q, k) and writes (the plan, ws_bytes of the
+   workspace) must not meet (ei__check_regions). */
+static ei_result ei__check_profile_regions(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                          const ei_plan *plan, const void *workspace, size_t ws_bytes) {
+    ei__regions g;
+    g.n = 0;
+    if (q) ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
+    ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
+    ei__reg_plan(&g, plan, 1);
+    ei__reg_mem(&g, workspace, ws_bytes, "the workspace", 1);
+    return ei__check_regions(ctx, &g);
+}
 static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                         const ei_plan *plan, int32_t kv0, int32_t kv1) {
     ei_result r;
@@ -2443,6 +2691,7 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
         return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
+    if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK) return r;
     bps = c->segment_size / c->block_size;
     S = ei__ceil_div(n, c->segment_size);
     nb = (S - 1) * bps;
@@ -2493,7 +2742,9 @@ static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, co
 
 EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
     int32_t s, h, i;
-    if (!ctx || !plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "context or plan is NULL");
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
     if (!ctx->cfg.per_segment_budget || plan->on_device) return EI_OK; /* the GPU profile finalises itself */
     for (s = 0; s < plan->n_segments; ++s) {
         int32_t kmax = 0;
@@ -2522,6 +2773,10 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) {
+        size_t need;
+        if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
+            (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
+            return r;
         if ((r = EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes)) == EI_OK)
             ei__plan_covers(&ctx->cfg, plan, q->n_tokens, 1);
         return r;
@@ -2558,6 +2813,7 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, per * (size_t)nt)) != EI_OK) return r;
     job.ctx = ctx; job.q = q; job.k = k; job.plan = plan;
     if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
     return ei_plan_finalize(ctx, plan);
@@ -2720,6 +2976,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed (size it with the plan's max_tokens)", ws_bytes, need);
+    if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK) return r;
     s_end = ei__ceil_div(n, seg); /* segments [.., s_end) hold positions < n */
     for (kvh = kv0; kvh < kv1; ++kvh) {
         ei__head_state *st = &ei__plan_states(plan)[kvh];
@@ -2803,6 +3060,7 @@ EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cel
     if (n_keys < 0 || n_keys > EI_MAX_TOKENS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_keys %lld not in 0..%lld", (long long)n_keys, (long long)EI_MAX_TOKENS);
     if (n_keys > 0 && !cell_pos) return ei__fail(ctx, EI_ERR_NULL, "cell_pos is NULL");
+    if (ei__check_align4(ctx, cell_pos, "cell_pos") != EI_OK) return EI_ERR_ALIGN;
     for (j = 0; j < n_keys; ++j)
         if (cell_pos[j] != j)
             return ei__fail(ctx, EI_ERR_SHAPE,
@@ -2824,8 +3082,35 @@ EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t 
     *bytes = total;
     return EI_OK;
 }
+/* A decoder as ei_decoder_init laid it out (sealed fields; the window of
+   ctx when given) with its counters in range: an edited decoder is refused
+   before its ring is read or written. */
+static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decoder *dec) {
+    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if (dec->seal != ei__decoder_seal(dec))
+        return ei__fail(ctx, EI_ERR_STATE, "decoder fields (heads, head_dim, window, ring pointer) were changed after "
+                                           "ei_decoder_init, or the decoder was not made by it");
+    if (ctx && dec->window != ctx->cfg.window)
+        return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window,
+                        (int)ctx->cfg.window);
+    if (dec->n_observed < 0 || dec->n_generated < 0 || dec->n_generated > dec->n_observed || dec->last_compress < -1 ||
+        dec->last_compress > dec->n_generated)
+        return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld)",
+                        (long long)dec->n_observed, (long long)dec->n_generated, (long long)dec->last_compress);
+    return EI_OK;
+}
+/* The decoder's ring (ring: 0 unused, 1 read, 2 written) and its struct
+   (read, or written when the call updates its counters) as regions. */
+static void ei__reg_decoder(ei__regions *g, const ei_decoder *dec, int ring, int struct_written) {
+    if (ring)
+        ei__reg_mem(g, dec->queries, (size_t)dec->window * (size_t)dec->n_heads * (size_t)dec->head_dim * 4u,
+                    "the decoder's query ring", ring == 2);
+    ei__reg_mem(g, dec, sizeof *dec, "the ei_decoder struct", struct_written);
+}
+
 EIDEF ei_result ei_decoder_reset(ei_decoder *dec) {
     if (!dec || !dec->queries) return ei__fail(NULL, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if (dec->seal != ei__decoder_seal(dec)) return ei__check_decoder_layout(NULL, dec); /* its message */
     dec->n_observed = 0;
     dec->n_generated = 0;
     dec->last_compress = -1;
@@ -2841,6 +3126,13 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads)
         return ei__fail(ctx, EI_ERR_GQA, "n_heads %d is not a multiple of n_kv_heads %d", (int)n_heads, (int)n_kv_heads);
     if (bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "decoder memory of %zu bytes, %zu needed", bytes, need);
+    {
+        ei__regions g;
+        g.n = 0;
+        ei__reg_mem(&g, memory, need, "decoder memory", 1);
+        ei__reg_mem(&g, dec, sizeof *dec, "the ei_decoder struct", 1);
+        if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    }
     memset(dec, 0, sizeof *dec);
     ei__arena_init(&a, memory, bytes);
     dec->queries = (float *)ei__arena_take(&a, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u);
@@ -2848,6 +3140,7 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     dec->n_kv_heads = n_kv_heads;
     dec->head_dim = head_dim;
     dec->window = ctx->cfg.window;
+    dec->seal = ei__decoder_seal(dec);
     if (ei__on_gpu(ctx) && /* the same layout in device memory, cleared there */
         (r = EI__CUDA(ctx, mem_set, dec->queries, 0, need - EI__ALIGN, ctx->cfg.cuda_stream)) != EI_OK)
         return r;
@@ -2859,12 +3152,18 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     int32_t h;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
+    if ((r = ei__check_decoder_layout(ctx, dec)) != EI_OK) return r;
     if ((r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
     if (q->n_heads != dec->n_heads || q->head_dim != dec->head_dim)
         return ei__fail(ctx, EI_ERR_SHAPE, "q has %d heads x %d dims, decoder %d x %d", (int)q->n_heads, (int)q->head_dim,
                         (int)dec->n_heads, (int)dec->head_dim);
-    if (dec->window != ctx->cfg.window) return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
+    {
+        ei__regions g;
+        g.n = 0;
+        ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
+        ei__reg_decoder(&g, dec, 2, 1);
+        if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    }
     if (!generated && dec->n_generated > 0)
         return ei__fail(ctx, EI_ERR_STATE, "prompt queries after generated ones: ei_decoder_reset starts a new sequence");
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated);
@@ -3058,6 +3357,30 @@ static const int32_t *ei__row_map(const ei_keep_set *keep, int32_t kvh) {
     return keep->row_pos + (size_t)kvh * (size_t)keep->row_pos_stride;
 }
 
+/* Bytes of the row maps of n_maps kv heads over n rows (read by the call). */
+static void ei__reg_row_pos(ei__regions *g, const int32_t *row_pos, int64_t stride, int32_t n_maps, int64_t n) {
+    size_t ints = stride > 0 ? (size_t)(n_maps - 1) * (size_t)stride + (size_t)n : (size_t)n;
+    ei__reg_mem(g, row_pos, ints * 4u, "row_pos", 0);
+}
+/* A keep set the call fills (its struct and arrays) and the maps it reads. */
+static void ei__reg_keep(ei__regions *g, const ei_keep_set *keep, int32_t n_maps, int64_t n) {
+    size_t heads = (size_t)keep->heads_out, cap = (size_t)keep->capacity;
+    ei__reg_mem(g, keep, sizeof *keep, "the ei_keep_set struct", 1);
+    ei__reg_mem(g, keep->index, heads * cap * 4u, "keep->index", 1);
+    ei__reg_mem(g, keep->positions, heads * cap * 4u, "keep->positions", 1);
+    if (keep->mask) ei__reg_mem(g, keep->mask, heads * (size_t)keep->mask_capacity, "keep->mask", 1);
+    if (keep->pooled) ei__reg_mem(g, keep->pooled, heads * (size_t)keep->pooled_capacity * 4u, "keep->pooled", 1);
+    if (keep->row_pos) ei__reg_row_pos(g, keep->row_pos, keep->row_pos_stride, n_maps, n);
+}
+/* The decode workspace a call uses: threads x ei_decode_workspace_size. */
+static ei_result ei__reg_decode_ws(const ei_context *ctx, ei__regions *g, const ei_decoder *dec, int64_t n,
+                                   const void *workspace, int threads) {
+    size_t per;
+    ei_result r = ei_decode_workspace_size(ctx, n, dec->n_heads, dec->n_kv_heads, &per);
+    if (r == EI_OK) ei__reg_mem(g, workspace, per * (size_t)threads, "the workspace", 1);
+    return r;
+}
+
 static ei_result ei__check_rows(const ei_context *ctx, int64_t n_rows) {
     if (n_rows <= 0 || n_rows > EI_MAX_TOKENS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_rows %lld not in 1..%lld", (long long)n_rows, (long long)EI_MAX_TOKENS);
@@ -3074,29 +3397,22 @@ static ei_result ei__check_decoder_k(const ei_context *ctx, const ei_decoder *de
 
 /* Checks shared by every decode entry point. */
 static ei_result ei__check_decoder(const ei_context *ctx, const ei_decoder *dec) {
+    ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
-    if (dec->window != ctx->cfg.window)
-        return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window, (int)ctx->cfg.window);
+    if ((r = ei__check_decoder_layout(ctx, dec)) != EI_OK) return r;
     if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
     return EI_OK;
 }
 
-EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
-                                int64_t row_pos_stride, float *scores, int ith, int nth, void *workspace,
-                                size_t workspace_bytes) {
+/* ei_decode_score once its arguments are checked (ei_decode_keep_mt's
+   workers run it on scores inside the caller's workspace). */
+static ei_result ei__decode_score_run(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k,
+                                      const int32_t *row_pos, int64_t row_pos_stride, float *scores, int ith, int nth,
+                                      void *workspace, size_t workspace_bytes) {
     ei__decode_ws w;
     int64_t W, np = 0;
     int32_t h, h0, h1, G, kv_done = -1;
     ei_result r;
-    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
-    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
-    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
-    if ((r = ei__check_decoder_k(ctx, dec, k)) != EI_OK) return r;
-    if (nth < 1 || ith < 0 || ith >= nth) return ei__fail(ctx, EI_ERR_SIZE, "thread %d of %d", ith, nth);
-    if (row_pos_stride < 0 || (row_pos_stride > 0 && row_pos_stride < k->n_tokens))
-        return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld (0: one map for every kv head, else >= %lld rows)",
-                        (long long)row_pos_stride, (long long)k->n_tokens);
     if (ei__on_gpu(ctx)) /* this thread's query heads, scored on the device */
         return EI__CUDA(ctx, decode_score, &ctx->cfg, dec, k, row_pos, row_pos_stride, scores,
                         (int32_t)((int64_t)dec->n_heads * ith / nth), (int32_t)((int64_t)dec->n_heads * (ith + 1) / nth),
@@ -3119,10 +3435,48 @@ EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, co
     return EI_OK;
 }
 
+EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
+                                int64_t row_pos_stride, float *scores, int ith, int nth, void *workspace,
+                                size_t workspace_bytes) {
+    ei__regions g;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
+    if ((r = ei__check_decoder_k(ctx, dec, k)) != EI_OK) return r;
+    if (nth < 1 || ith < 0 || ith >= nth) return ei__fail(ctx, EI_ERR_SIZE, "thread %d of %d", ith, nth);
+    if (row_pos_stride < 0 || (row_pos_stride > 0 && row_pos_stride < k->n_tokens) || row_pos_stride > ((int64_t)1 << 40))
+        return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld (0: one map for every kv head, else %lld..2^40 rows)",
+                        (long long)row_pos_stride, (long long)k->n_tokens);
+    if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK || (r = ei__check_align4(ctx, row_pos, "row_pos")) != EI_OK)
+        return r;
+    g.n = 0; /* threads share the decoder, k, the maps and scores (their own rows of it) */
+    ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
+    ei__reg_decoder(&g, dec, 1, 0);
+    if (row_pos) ei__reg_row_pos(&g, row_pos, row_pos_stride, dec->n_kv_heads, k->n_tokens);
+    ei__reg_mem(&g, scores, (size_t)dec->n_heads * (size_t)k->n_tokens * 4u, "scores", 1);
+    if ((r = ei__reg_decode_ws(ctx, &g, dec, k->n_tokens, workspace, 1)) != EI_OK ||
+        (r = ei__check_regions(ctx, &g)) != EI_OK)
+        return r;
+    return ei__decode_score_run(ctx, dec, k, row_pos, row_pos_stride, scores, ith, nth, workspace, workspace_bytes);
+}
+
 /* Checks of a keep set about to be filled for n rows (heads_out rows). */
 static ei_result ei__check_keep(const ei_context *ctx, const ei_keep_set *keep, int32_t heads_out, int64_t n,
                                 const char *why) {
+    ei_result r;
     if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index array is NULL");
+    if ((r = ei__check_align4(ctx, keep->index, "keep->index")) != EI_OK ||
+        (r = ei__check_align4(ctx, keep->positions, "keep->positions")) != EI_OK ||
+        (r = ei__check_align4(ctx, keep->pooled, "keep->pooled")) != EI_OK ||
+        (r = ei__check_align4(ctx, keep->row_pos, "keep->row_pos")) != EI_OK)
+        return r;
+    if ((keep->pooled && (keep->pooled_capacity < 0 || keep->pooled_capacity > EI_MAX_TOKENS)) ||
+        (keep->mask && keep->mask_capacity > EI_MAX_TOKENS))
+        return ei__fail(ctx, EI_ERR_SIZE, "pooled capacity %lld / mask capacity %lld not in 0..%lld",
+                        (long long)keep->pooled_capacity, (long long)keep->mask_capacity, (long long)EI_MAX_TOKENS);
+    if (keep->row_pos && keep->row_pos_stride > ((int64_t)1 << 40))
+        return ei__fail(ctx, EI_ERR_STRIDE, "row_pos_stride %lld past 2^40", (long long)keep->row_pos_stride);
     if (keep->heads_out != heads_out)
         return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d heads, %d needed (%s)", (int)keep->heads_out, (int)heads_out, why);
     if ((int64_t)keep->capacity < EI__MIN(n, (int64_t)ctx->cfg.decode_budget) || keep->capacity < 0)
@@ -3195,20 +3549,15 @@ static void ei__keep_all(ei_keep_set *keep, int64_t np, int64_t n, int32_t h, co
     keep->n_kept = (int32_t)np;
 }
 
-EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
-                                 ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
-    const ei_config *c;
+/* The keep set of each head from checked arguments (ei_decode_keep_mt
+   passes scores inside its workspace). */
+static ei_result ei__decode_select_run(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                       ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+    const ei_config *c = &ctx->cfg;
     ei__decode_ws w;
     int64_t W, np = 0, np0 = -1, L, kk;
-    int32_t h, heads_out, G, kvh_done = -1;
+    int32_t h, heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads, G, kvh_done = -1;
     ei_result r;
-    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
-    c = &ctx->cfg;
-    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
-    if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
-    heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads;
-    if ((r = ei__check_keep(ctx, keep, heads_out, n_rows, c->per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
-        return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select, c, dec, scores, n_rows, keep, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
     W = ei__decode_window(c, dec);
@@ -3242,6 +3591,26 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
     dec->last_compress = dec->n_generated;
     return EI_OK;
 }
+EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                 ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+    ei__regions g;
+    int32_t heads_out;
+    ei_result r;
+    if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
+    if (!scores) return ei__fail(ctx, EI_ERR_NULL, "scores is NULL");
+    if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK) return r;
+    heads_out = ctx->cfg.per_kv_head ? dec->n_kv_heads : dec->n_heads;
+    if ((r = ei__check_keep(ctx, keep, heads_out, n_rows, ctx->cfg.per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
+        return r;
+    g.n = 0;
+    ei__reg_mem(&g, scores, (size_t)dec->n_heads * (size_t)n_rows * 4u, "scores", 0);
+    ei__reg_decoder(&g, dec, 0, 1);
+    ei__reg_keep(&g, keep, dec->n_kv_heads, n_rows);
+    if ((r = ei__reg_decode_ws(ctx, &g, dec, n_rows, workspace, 1)) != EI_OK || (r = ei__check_regions(ctx, &g)) != EI_OK)
+        return r;
+    return ei__decode_select_run(ctx, dec, scores, n_rows, keep, workspace, workspace_bytes);
+}
 
 EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
                                      const int32_t *row_pos, float *shared, void *workspace, size_t workspace_bytes) {
@@ -3254,6 +3623,20 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
     c = &ctx->cfg;
     if (!scores || !shared) return ei__fail(ctx, EI_ERR_NULL, "scores or shared is NULL");
     if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK || (r = ei__check_align4(ctx, shared, "shared")) != EI_OK ||
+        (r = ei__check_align4(ctx, row_pos, "row_pos")) != EI_OK)
+        return r;
+    {
+        ei__regions g;
+        g.n = 0;
+        ei__reg_mem(&g, scores, (size_t)dec->n_heads * (size_t)n_rows * 4u, "scores", 0);
+        if (row_pos) ei__reg_row_pos(&g, row_pos, 0, 1, n_rows);
+        ei__reg_mem(&g, shared, (size_t)n_rows * 4u, "shared", 1);
+        ei__reg_decoder(&g, dec, 0, 1);
+        if ((r = ei__reg_decode_ws(ctx, &g, dec, n_rows, workspace, 1)) != EI_OK ||
+            (r = ei__check_regions(ctx, &g)) != EI_OK)
+            return r;
+    }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_shared_add, c, dec, scores, n_rows, row_pos, shared, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
     W = ei__decode_window(c, dec);
@@ -3286,6 +3669,17 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     if (!shared) return ei__fail(ctx, EI_ERR_NULL, "shared is NULL");
     if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
     if ((r = ei__check_keep(ctx, keep, 1, n_rows, "a shared keep set has one")) != EI_OK) return r;
+    if ((r = ei__check_align4(ctx, shared, "shared")) != EI_OK) return r;
+    {
+        ei__regions g;
+        g.n = 0;
+        ei__reg_mem(&g, shared, (size_t)n_rows * 4u, "shared", 0);
+        ei__reg_decoder(&g, dec, 0, 0);
+        ei__reg_keep(&g, keep, 1, n_rows);
+        if ((r = ei__reg_decode_ws(ctx, &g, dec, n_rows, workspace, 1)) != EI_OK ||
+            (r = ei__check_regions(ctx, &g)) != EI_OK)
+            return r;
+    }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select_shared, c, dec, shared, n_rows, keep, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
     W = ei__decode_window(c, dec);
@@ -3321,8 +3715,8 @@ typedef struct ei__decode_job {
 } ei__decode_job;
 static ei_result ei__decode_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
     const ei__decode_job *j = (const ei__decode_job *)arg;
-    return ei_decode_score(j->ctx, j->dec, j->k, j->keep->row_pos, j->keep->row_pos ? j->keep->row_pos_stride : 0,
-                           j->scores, ith, nth, ws, ws_bytes);
+    return ei__decode_score_run(j->ctx, j->dec, j->k, j->keep->row_pos, j->keep->row_pos ? j->keep->row_pos_stride : 0,
+                                j->scores, ith, nth, ws, ws_bytes);
 }
 
 EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
@@ -3346,6 +3740,17 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
         return r;
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
+    {
+        ei__regions g;
+        g.n = 0;
+        ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
+        ei__reg_decoder(&g, dec, 1, 1);
+        ei__reg_keep(&g, keep, dec->n_kv_heads, k->n_tokens);
+        if ((r = ei__reg_decode_ws(ctx, &g, dec, k->n_tokens, workspace,
+                                   ei__on_gpu(ctx) ? 1 : EI__MIN(n_threads, dec->n_heads))) != EI_OK ||
+            (r = ei__check_regions(ctx, &g)) != EI_OK)
+            return r;
+    }
     if (ei__on_gpu(ctx)) { /* the cache in position order, scored whole on the device */
         int64_t W = ei__decode_window(c, dec), n = k->n_tokens;
         if (keep->row_pos) /* a device map: the plugin checks it and counts its positions */
@@ -3367,7 +3772,7 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     if (nt == 1) r = ei__decode_share(&job, 0, 1, workspace, per);
     else r = ei__fork_join(ei__decode_share, &job, nt, workspace, per);
     if (r != EI_OK) return r;
-    return ei_decode_select(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
+    return ei__decode_select_run(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
 }
 
 EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
@@ -3396,9 +3801,15 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
             return ei__fail(ctx, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
                             (long long)x->n_tokens, (long long)keep->n_tokens);
     }
-    if (k && v) { /* one cache passed twice would be compacted twice */
-        ei_tensor kv = ei__as_view(k), vv = ei__as_view(v);
-        if (ei__views_overlap(&kv, &vv)) return ei__fail(ctx, EI_ERR_STRIDE, "k and v caches overlap");
+    if ((r = ei__check_align4(ctx, keep->index, "keep->index")) != EI_OK) return r;
+    { /* one cache passed twice would be compacted twice; the index must not move under it */
+        ei__regions g;
+        g.n = 0;
+        ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
+        ei__reg_mem(&g, keep->index, (size_t)keep->heads_out * (size_t)keep->capacity * 4u, "keep->index", 0);
+        if (k) ei__reg_out_view(&g, k, "k", "the ei_out_tensor k");
+        if (v) ei__reg_out_view(&g, v, "v", "the ei_out_tensor v");
+        if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, kv_compact, &ctx->cfg, keep, k, v); /* shared sets too */
     for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
@@ -4001,8 +4412,10 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
 
 /* Every check of an attention call, for both backends. */
 static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset) {
-    ei_tensor ov;
+                                const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset, const void *workspace,
+                                int n_ws) {
+    ei__regions g;
+    size_t per;
     ei_result r;
     int64_t need;
     if ((r = ei__check_qk(ctx, q, k)) != EI_OK) return r;
@@ -4022,12 +4435,18 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
     if (k->n_tokens < need || v->n_tokens < need)
         return ei__fail(ctx, EI_ERR_SHAPE, "queries reach token %lld but k holds %lld and v %lld keys", (long long)need - 1,
                         (long long)k->n_tokens, (long long)v->n_tokens);
-    ov = ei__as_view(out);
-    if (ei__views_overlap(&ov, q) || ei__views_overlap(&ov, k) || ei__views_overlap(&ov, v))
-        return ei__fail(ctx, EI_ERR_STRIDE, "out overlaps q, k or v (attention is not in place)");
+    if (plan && (r = ei__check_plan(ctx, plan)) != EI_OK) return r;
+    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    g.n = 0; /* attention is not in place: out meets nothing it reads */
+    ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
+    ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
+    ei__reg_view(&g, v, "v", "the ei_tensor v", 0);
+    ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
+    if (plan) ei__reg_plan(&g, plan, 0);
+    ei__reg_mem(&g, workspace, per * (size_t)n_ws, "the workspace", 1);
+    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     if (plan) {
         int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last;
-        if (!plan->keep_count || !plan->block_index) return ei__fail(ctx, EI_ERR_NULL, "plan is not initialised");
         if (plan->n_kv_heads != k->n_heads)
             return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
         if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
@@ -4036,10 +4455,6 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
         if (plan->n_tokens < need)
             return ei__fail(ctx, EI_ERR_STATE, "plan covers %lld tokens, queries reach %lld: profile them first",
                             (long long)plan->n_tokens, (long long)need);
-        if (plan->n_segments > plan->seg_capacity || plan->max_keep < 0)
-            return ei__fail(ctx, EI_ERR_STATE, "plan is corrupt (%d segments, capacity %d)", (int)plan->n_segments,
-                            (int)plan->seg_capacity);
-        if ((r = ei__check_plan_side(ctx, plan)) != EI_OK) return r;
         s_last = (int32_t)((need - 1) / ctx->cfg.segment_size);
         /* the rows a call reads (a device plan's rows are device memory: the
            kernel clamps counts and skips block numbers outside the segment) */
@@ -4109,7 +4524,7 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, 
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
         return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset)) != EI_OK) return r;
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, 1)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) /* one launch does the whole layer: the call with ith 0 makes it */
         return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes)
                         : EI_OK;
@@ -4133,7 +4548,8 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset)) != EI_OK) return r;
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, ei__on_gpu(ctx) ? 1 : n_threads)) != EI_OK)
+        return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
     ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
     if (n_threads == 1) return ei__attn_run(&J, 0, 1, workspace, workspace_bytes);

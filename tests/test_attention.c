@@ -308,16 +308,18 @@ static void test_bad_inputs(void) {
     {   /* out overlapping k */
         ei_tensor q2 = tq; q2.n_heads = 2; q2.token_stride = 128;
         ei_result r = ei_attention_prefill(ctx, &q2, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb);
-        CHECK(r == EI_ERR_STRIDE, "out overlapping k: %s", ei_result_name(r));
+        CHECK(r == EI_ERR_OVERLAP, "out overlapping k: %s", ei_result_name(r));
     }
     /* plans */
-    {
+    {   /* edited layout fields are refused by the seal, before any array is read */
         ei_plan p2 = plan;
         p2.n_kv_heads = 3;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
         p2 = plan; p2.n_tokens = 50;
         BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
         p2 = plan; p2.block_index = NULL;
+        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        p2 = plan; p2.entropy = NULL;
         BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
     }
     {   /* a sparse segment whose plan row names a block at its own start, or -1, or too many */
