@@ -3938,6 +3938,11 @@ typedef struct ei__attn_ws {
     int64_t *kpos_next; /* positions of the next key tile (prefetched) [NK] */
     int32_t *blocks;    /* a plan row's kept blocks, sorted ascending [keep_cap] */
     int32_t keep_cap;
+    int32_t scan_kvh;   /* the kv head whose keys [0, scan_to) this thread found finite */
+    int64_t scan_to;
+    const char *bad;    /* what held NaN/Inf ("q" or "k"), its head and token; NULL: nothing */
+    int32_t bad_head;
+    int64_t bad_tok;
 } ei__attn_ws;
 
 static void ei__attn_geometry(int32_t G, int32_t d, int32_t *Gt, int32_t *Mt, int32_t *dpad) {
@@ -4348,12 +4353,42 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
     K->store(J, w, T);
 }
 
+/* NaN/Inf in what a tile reads (README: NaN or Inf in Q or K gets a code):
+   its queries, and the keys of its kv head up to its last token. A thread
+   remembers the prefix of a kv head's keys it has found finite, so it reads
+   each key once per call, about 1/16 of the work of the scores of one
+   16-row vector (a one-token call), far less for prefill tiles. Sparse tiles
+   read a subset of that prefix; the check covers all of it, as profiling
+   reads all of K. The profiling min/max kernel does the reading (kbuf is
+   free between tiles). */
+static int ei__attn_scan(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh, int32_t h0, int32_t gt, int64_t t0,
+                         int32_t nt) {
+    const ei__kernels *K = J->ctx->kern;
+    float *mx = w->kbuf, *mn = w->kbuf + J->dpad;
+    int32_t g;
+    for (g = 0; g < gt; ++g)
+        if (!K->minmax(J->q, t0 - J->q_offset, nt, h0 + g, mx, mn)) {
+            w->bad = "q"; w->bad_head = h0 + g; w->bad_tok = t0;
+            return 0;
+        }
+    if (w->scan_kvh != kvh) { w->scan_kvh = kvh; w->scan_to = 0; }
+    if (t0 + nt > w->scan_to) {
+        if (!K->minmax(J->k, w->scan_to, t0 + nt - w->scan_to, kvh, mx, mn)) {
+            w->bad = "k"; w->bad_head = kvh; w->bad_tok = w->scan_to;
+            return 0;
+        }
+        w->scan_to = t0 + nt;
+    }
+    return 1;
+}
+
 /* ---- work items, costs, split ------------------------------------------ */
 static int ei__attn_sparse(const ei__attn_job *J, int32_t s) {
     return J->plan && ei_plan_segment_is_sparse(J->ctx, J->plan, s);
 }
 /* Walk every item of the call in (kv head, head subgroup, segment, tile)
-   order. mode 0: return the total cost. mode 1: run the items of thread ith. */
+   order. mode 0: return the total cost. mode 1: run the items of thread ith
+   (-1 when one reads NaN/Inf: w->bad says where). */
 static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost, int ith, int nth, ei__attn_ws *w) {
     int32_t kvh, hs, n_kv = J->k->n_heads, n_hs = (J->G + J->Gt - 1) / J->Gt;
     int64_t cum = 0;
@@ -4385,6 +4420,7 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                         int owner = (int)((double)mid * (double)nth / (double)total_cost);
                         if (owner >= nth) owner = nth - 1;
                         if (owner == ith) {
+                            if (!ei__attn_scan(J, w, kvh, h0, gt, t0, nt)) return -1;
                             ks.run1 = t0 + nt;
                             if (ks.blocks && ks.blocks != w->blocks && ks.n_block_keys / J->bs <= w->keep_cap) {
                                 int32_t nb = (int32_t)(ks.n_block_keys / J->bs);
@@ -4511,8 +4547,11 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
         return ei__fail(J->ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     if (!workspace) return ei__fail(J->ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need) return ei__fail(J->ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
+    w.scan_kvh = -1; w.scan_to = 0; w.bad = NULL;
     total = ei__attn_walk(J, 0, 0, ith, nth, NULL);
-    if (total > 0) ei__attn_walk(J, 1, total, ith, nth, &w);
+    if (total > 0 && ei__attn_walk(J, 1, total, ith, nth, &w) < 0)
+        return ei__fail(J->ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)%s", w.bad, (int)w.bad_head,
+                        (long long)w.bad_tok, w.bad[0] == 'k' ? " (K is read up to the call's last query)" : "");
     return EI_OK;
 }
 

@@ -577,6 +577,396 @@ static void test_any_alignment(void) {
     CHECK(bad == 0, "%d (head_dim, alignment) combinations failed with memory of exactly the queried size", bad);
 }
 
+/* ------------------------------------------------------------ misuse (issue 15) */
+/* What a careless caller does, each refused with its code before any write:
+   buffers over each other and over the library's memory, misaligned data,
+   NaN/Inf that attention reads, edited plans and decoders. Each fails without
+   the checks (a crash or a write outside a buffer under ASan; EI_OK). */
+typedef struct mu_setup {
+    synth_layer L;
+    ei_config c;
+    ei_context *ctx;
+    ei_plan plan;
+    ei_decoder dec;
+    void *pm, *dm;
+    size_t pb, wb, ab, db, kb, ob;
+} mu_setup;
+static mu_setup mu_make(ei_simd simd) {
+    mu_setup m;
+    m.L = make_layer(200, 4, 2, 16, 3);
+    m.c = small_config(simd);
+    CHECK_ERR(ei_context_create(&m.c, &m.ctx), EI_OK);
+    ei_plan_size(m.ctx, m.L.n, m.L.kv, m.L.dim, 0, &m.pb);
+    ei_profile_workspace_size(m.ctx, m.L.n, m.L.heads, m.L.kv, m.L.dim, &m.wb);
+    ei_attention_workspace_size(m.ctx, m.L.heads, m.L.kv, m.L.dim, &m.ab);
+    ei_decoder_size(m.ctx, m.L.heads, m.L.dim, &m.db);
+    ei_decode_workspace_size(m.ctx, m.L.n, m.L.heads, m.L.kv, &m.kb);
+    m.ob = sizeof(float) * (size_t)m.L.n * (size_t)m.L.heads * (size_t)m.L.dim;
+    /* room for an output laid over the plan's arrays */
+    m.pm = guarded_alloc(m.pb + m.ob);
+    m.dm = guarded_alloc(m.db + m.ob);
+    CHECK_ERR(ei_plan_init(m.ctx, &m.plan, m.L.n, m.L.kv, m.L.dim, 0, m.pm, m.pb), EI_OK);
+    {
+        void *ws = guarded_alloc(m.wb);
+        CHECK_ERR(ei_profile(m.ctx, &m.L.tq, &m.L.tk, &m.plan, ws, m.wb), EI_OK);
+        guarded_free(ws);
+    }
+    CHECK_ERR(ei_decoder_init(m.ctx, &m.dec, m.L.heads, m.L.kv, m.L.dim, m.dm, m.db), EI_OK);
+    CHECK_ERR(ei_decode_observe(m.ctx, &m.dec, &m.L.tq, 0), EI_OK);
+    return m;
+}
+static void mu_free(mu_setup *m) {
+    CHECK(guard_intact(m->pm, m->pb + m->ob) && guard_intact(m->dm, m->db + m->ob), "plan / decoder memory guards");
+    guarded_free(m->pm); guarded_free(m->dm);
+    ei_context_destroy(m->ctx);
+    synth_layer_free(&m->L);
+}
+/* The code, and a message that names both buffers. */
+static void mu_expect_overlap(ei_result r, const char *a, const char *b, const char *what) {
+    CHECK(r == EI_ERR_OVERLAP && strstr(ei_last_error(), a) && strstr(ei_last_error(), b),
+          "%s: %s (%s), expected EI_ERR_OVERLAP naming '%s' and '%s'", what, ei_result_name(r), ei_last_error(), a, b);
+    if (r == EI_ERR_OVERLAP) CHECK_ERR_REACHED(EI_ERR_OVERLAP);
+}
+static ei_keep_set mu_keep(const mu_setup *m, int32_t *index) {
+    ei_keep_set ks;
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = m->L.kv;
+    ks.capacity = m->c.decode_budget;
+    ks.index = index;
+    return ks;
+}
+
+static void test_overlaps(void) {
+    mu_setup m = mu_make(EI_SIMD_AUTO);
+    synth_layer *L = &m.L;
+    size_t kv_rows = (size_t)L->n * (size_t)L->kv * (size_t)L->dim;
+    void *as = guarded_alloc(m.ab + m.ob), *ws = guarded_alloc(m.wb + m.ob), *dws = guarded_alloc(2 * m.kb);
+    int32_t *index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)L->kv * (size_t)m.c.decode_budget);
+    float *out = (float *)guarded_alloc(m.ob), *scores = (float *)guarded_alloc(m.kb), *shared;
+    ei_out_tensor o = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim), ox;
+    ei_keep_set ks = mu_keep(&m, index), kx;
+    uint8_t *mask = (uint8_t *)guarded_alloc((size_t)L->kv * (size_t)L->n);
+    ei_tensor x;
+    /* attention output over the plan's arrays, over its own workspace, over q */
+    ox = o; ox.data = m.plan.block_index;
+    mu_expect_overlap(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &m.plan, &ox, 0, 0, 1, as, m.ab), "out",
+                      "plan", "attention output over the plan");
+    ox = o; ox.data = (unsigned char *)as + 64;
+    mu_expect_overlap(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &m.plan, &ox, 0, 0, 1, as, m.ab), "out",
+                      "workspace", "attention output over its workspace");
+    mu_expect_overlap(ei_attention_prefill_mt(m.ctx, &L->tq, &L->tk, &L->tv, NULL, &ox, 0, 1, as, m.ab), "out",
+                      "workspace", "attention_mt output over its workspace");
+    ox = o; ox.data = L->q + 16;
+    mu_expect_overlap(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, NULL, &ox, 0, 0, 1, as, m.ab), "out", "q",
+                      "attention output over q");
+    ox = o; ox.data = &o; /* over the struct that describes it */
+    mu_expect_overlap(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, NULL, &ox, 0, 0, 1, as, m.ab), "out",
+                      "overlaps", "attention output over its own ei_out_tensor (and the call's other structs)");
+    CHECK_ERR(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &m.plan, &o, 0, 0, 1, as, m.ab), EI_OK);
+    /* profiling: workspace over q, plan arrays over k, plan struct inside its memory */
+    x = L->tq; x.data = (unsigned char *)ws + 64;
+    memcpy((unsigned char *)ws + 64, L->q, m.ob);
+    mu_expect_overlap(ei_profile(m.ctx, &x, &L->tk, &m.plan, ws, m.wb), "q", "workspace", "profile workspace over q");
+    mu_expect_overlap(ei_profile_mt(m.ctx, &x, &L->tk, &m.plan, 1, ws, m.wb), "q", "workspace", "profile_mt workspace over q");
+    {
+        ei_plan *inside = (ei_plan *)((unsigned char *)m.pm + 128);
+        void *pm2 = guarded_alloc(m.pb);
+        mu_expect_overlap(ei_plan_init(m.ctx, inside, L->n, L->kv, L->dim, 0, m.pm, m.pb), "plan memory", "ei_plan",
+                          "a plan struct inside its memory");
+        inside = (ei_plan *)pm2;
+        mu_expect_overlap(ei_plan_init(m.ctx, inside, L->n, L->kv, L->dim, 0, pm2, m.pb), "plan memory", "ei_plan",
+                          "a plan struct at its memory");
+        guarded_free(pm2);
+    }
+    /* read-only views may share memory: k = the first two heads of q */
+    x = L->tk; x.data = L->q; x.token_stride = (int64_t)L->heads * L->dim;
+    CHECK_ERR(ei_profile(m.ctx, &L->tq, &x, &m.plan, ws, m.wb), EI_OK);
+    /* decode: the keep index inside the workspace (with a byte mask), positions over index, scores over k */
+    kx = ks; kx.index = (int32_t *)((unsigned char *)dws + 256);
+    kx.mask = mask;
+    kx.mask_capacity = L->n;
+    mu_expect_overlap(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), "keep->index", "workspace",
+                      "keep index inside the decode workspace");
+    kx.index = (int32_t *)((unsigned char *)dws + m.kb + 256); /* thread 1's share of a 2-thread call */
+    mu_expect_overlap(ei_decode_keep_mt(m.ctx, &m.dec, &L->tk, &kx, 2, dws, 2 * m.kb), "keep->index", "workspace",
+                      "keep index inside the second thread's workspace");
+    kx.index = index; kx.mask = (uint8_t *)index;
+    mu_expect_overlap(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), "keep->index", "keep->mask",
+                      "keep mask over the index");
+    kx = ks; kx.positions = index + 3;
+    mu_expect_overlap(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), "keep->index", "keep->positions",
+                      "keep positions over the index");
+    kx = ks; kx.index = (int32_t *)(void *)&kx;
+    mu_expect_overlap(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), "keep->index", "overlaps",
+                      "keep index over its own ei_keep_set (and the call's other structs)");
+    kx = ks; kx.index = (int32_t *)(void *)m.dec.queries;
+    mu_expect_overlap(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), "ring", "keep->index",
+                      "keep index over the decoder's ring");
+    mu_expect_overlap(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, L->k, 0, 1, dws, m.kb), "k", "scores",
+                      "decode scores over k");
+    mu_expect_overlap(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, (float *)dws + 64, 0, 1, dws, m.kb), "scores",
+                      "workspace", "decode scores inside the workspace");
+    x = L->tq; x.data = m.dec.queries; x.n_tokens = 1;
+    mu_expect_overlap(ei_decode_observe(m.ctx, &m.dec, &x, 0), "q", "ring", "observed q inside the decoder's ring");
+    CHECK_ERR(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, scores, 0, 1, dws, m.kb), EI_OK);
+    shared = (float *)guarded_alloc(sizeof(float) * (size_t)L->n);
+    memset(shared, 0, sizeof(float) * (size_t)L->n);
+    mu_expect_overlap(ei_decode_shared_add(m.ctx, &m.dec, scores, L->n, NULL, scores + 8, dws, m.kb), "scores", "shared",
+                      "shared over the scores");
+    CHECK_ERR(ei_decode_shared_add(m.ctx, &m.dec, scores, L->n, NULL, shared, dws, m.kb), EI_OK);
+    kx = ks; kx.heads_out = 1; kx.index = (int32_t *)(void *)shared;
+    mu_expect_overlap(ei_decode_select_shared(m.ctx, &m.dec, shared, L->n, &kx, dws, m.kb), "shared", "keep->index",
+                      "shared keep index over the shared scores");
+    kx = ks;
+    CHECK_ERR(ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb), EI_OK);
+    /* compaction: one cache passed as K and V; K and V interleaved in one buffer (allowed) */
+    {
+        float *kvbuf = (float *)guarded_alloc(2 * kv_rows * sizeof(float)), *kref = (float *)malloc(kv_rows * 4),
+              *vref = (float *)malloc(kv_rows * 4);
+        ei_out_tensor ko = ei_out_tensor_make(kvbuf, EI_F32, L->n, L->kv, L->dim), vo = ko, kr, vr;
+        size_t t, i;
+        memcpy(kref, L->k, kv_rows * 4); memcpy(vref, L->v, kv_rows * 4);
+        ko.token_stride = vo.token_stride = 2 * (int64_t)L->kv * L->dim;
+        vo.data = kvbuf + (size_t)L->kv * L->dim;
+        for (t = 0; t < (size_t)L->n; ++t)
+            for (i = 0; i < (size_t)L->kv * L->dim; ++i) {
+                kvbuf[t * 2 * L->kv * L->dim + i] = L->k[t * L->kv * L->dim + i];
+                kvbuf[t * 2 * L->kv * L->dim + L->kv * L->dim + i] = L->v[t * L->kv * L->dim + i];
+            }
+        mu_expect_overlap(ei_kv_compact(m.ctx, &kx, &ko, &ko), "k", "v", "compaction of one cache passed twice");
+        vr = vo; vr.data = kvbuf + 1; /* shares elements with K */
+        mu_expect_overlap(ei_kv_compact(m.ctx, &kx, &ko, &vr), "k", "v", "compaction of V one element into K");
+        vr = vo; vr.data = index; vr.token_stride = (int64_t)L->kv * L->dim;
+        mu_expect_overlap(ei_kv_compact(m.ctx, &kx, &ko, &vr), "keep->index", "v", "compaction of V over the keep index");
+        CHECK_ERR(ei_kv_compact(m.ctx, &kx, &ko, &vo), EI_OK);
+        kr = ei_out_tensor_make(kref, EI_F32, L->n, L->kv, L->dim); vr = ei_out_tensor_make(vref, EI_F32, L->n, L->kv, L->dim);
+        CHECK_ERR(ei_kv_compact(m.ctx, &kx, &kr, &vr), EI_OK);
+        for (t = 0; t < (size_t)kx.n_kept; ++t)
+            CHECK(!memcmp(kvbuf + t * 2 * L->kv * L->dim, kref + t * L->kv * L->dim, (size_t)L->kv * L->dim * 4) &&
+                      !memcmp(kvbuf + t * 2 * L->kv * L->dim + L->kv * L->dim, vref + t * L->kv * L->dim,
+                              (size_t)L->kv * L->dim * 4),
+                  "interleaved K/V compaction differs from separate caches at row %d", (int)t);
+        CHECK(guard_intact(kvbuf, 2 * kv_rows * sizeof(float)), "kv guard");
+        guarded_free(kvbuf); free(kref); free(vref);
+    }
+    CHECK(guard_intact(as, m.ab + m.ob) && guard_intact(ws, m.wb + m.ob) && guard_intact(dws, 2 * m.kb) &&
+              guard_intact(out, m.ob) && guard_intact(scores, m.kb), "guards");
+    guarded_free(as); guarded_free(ws); guarded_free(dws); guarded_free(index); guarded_free(out); guarded_free(scores);
+    guarded_free(shared); guarded_free(mask);
+    mu_free(&m);
+}
+
+/* View data must sit on its element size; the caller's int32/float arrays on
+   4 bytes (EI_ERR_ALIGN). Element-aligned f16/bf16 data at 2 mod 4 is read
+   correctly on every path (the same results as the same data at 64). */
+static void mu_expect_align(ei_result r, const char *what) {
+    CHECK(r == EI_ERR_ALIGN, "%s: %s (%s), expected EI_ERR_ALIGN", what, ei_result_name(r), ei_last_error());
+    if (r == EI_ERR_ALIGN) CHECK_ERR_REACHED(EI_ERR_ALIGN);
+}
+static void test_alignment_rules(void) {
+    int p;
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+        mu_setup m;
+        synth_layer *L;
+        size_t nq, nk, dt;
+        void *as, *dws;
+        float *out, *out2;
+        int32_t *index;
+        if (!test_simd_selected((ei_simd)p)) continue;
+        m = mu_make((ei_simd)p);
+        L = &m.L;
+        nq = (size_t)L->n * L->heads * L->dim; nk = (size_t)L->n * L->kv * L->dim;
+        as = guarded_alloc(m.ab); dws = guarded_alloc(m.kb);
+        out = (float *)guarded_alloc(m.ob); out2 = (float *)guarded_alloc(m.ob);
+        index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)L->kv * (size_t)m.c.decode_budget + 4);
+        {   /* f32 at 1 and 2 bytes past an element; f16 at 1 byte */
+            unsigned char *raw = (unsigned char *)guarded_alloc(nq * 4 + 8);
+            ei_tensor x = L->tq;
+            ei_out_tensor o = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim);
+            ei_keep_set ks = mu_keep(&m, index);
+            void *ws = guarded_alloc(m.wb);
+            memcpy(raw + 2, L->q, nq * 4);
+            x.data = raw + 2;
+            mu_expect_align(ei_profile(m.ctx, &x, &L->tk, &m.plan, ws, m.wb), "profile, f32 q at +2");
+            mu_expect_align(ei_attention_prefill(m.ctx, &x, &L->tk, &L->tv, &m.plan, &o, 0, 0, 1, as, m.ab),
+                            "attention, f32 q at +2");
+            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, 0), "observe, f32 q at +2");
+            x.data = raw + 1; x.dtype = EI_F16;
+            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, 0), "observe, f16 q at +1");
+            x = L->tk; x.data = raw + 1;
+            mu_expect_align(ei_decode_keep(m.ctx, &m.dec, &x, &ks, dws, m.kb), "decode, f32 k at +1");
+            o.data = (unsigned char *)out + 2;
+            mu_expect_align(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, NULL, &o, 0, 0, 1, as, m.ab),
+                            "attention, f32 out at +2");
+            ks.index = (int32_t *)(void *)((unsigned char *)index + 2);
+            mu_expect_align(ei_decode_keep(m.ctx, &m.dec, &L->tk, &ks, dws, m.kb), "decode, keep index at +2");
+            mu_expect_align(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, (float *)(void *)(raw + 1), 0, 1, dws, m.kb),
+                            "decode scores at +1");
+            mu_expect_align(ei_check_key_positions(m.ctx, (const int32_t *)(void *)(raw + 2), 4), "cell_pos at +2");
+            guarded_free(raw); guarded_free(ws);
+        }
+        for (dt = EI_F16; dt <= EI_BF16; ++dt) { /* 2-byte elements at 2 mod 4: read like any others */
+            void *qd = to_dtype(L->q, nq, (ei_dtype)dt), *kd = to_dtype(L->k, nk, (ei_dtype)dt),
+                 *vd = to_dtype(L->v, nk, (ei_dtype)dt);
+            unsigned char *raw = (unsigned char *)guarded_alloc((nq + 2 * nk) * 2 + 64);
+            unsigned char *q2 = raw + 2, *k2 = q2 + nq * 2 + 4, *v2 = k2 + nk * 2 + 4;
+            ei_tensor qa = ei_tensor_make(qd, (ei_dtype)dt, L->n, L->heads, L->dim);
+            ei_tensor ka = ei_tensor_make(kd, (ei_dtype)dt, L->n, L->kv, L->dim);
+            ei_tensor va = ei_tensor_make(vd, (ei_dtype)dt, L->n, L->kv, L->dim), qb = qa, kb2 = ka, vb = va;
+            ei_out_tensor oa = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim), ob = oa;
+            memcpy(q2, qd, nq * 2); memcpy(k2, kd, nk * 2); memcpy(v2, vd, nk * 2);
+            qb.data = q2; kb2.data = k2; vb.data = v2; ob.data = out2;
+            CHECK((uintptr_t)q2 % 4 == 2 && (uintptr_t)k2 % 4 == 2, "2 mod 4");
+            CHECK_ERR(ei_attention_prefill(m.ctx, &qa, &ka, &va, &m.plan, &oa, 0, 0, 1, as, m.ab), EI_OK);
+            CHECK_ERR(ei_attention_prefill(m.ctx, &qb, &kb2, &vb, &m.plan, &ob, 0, 0, 1, as, m.ab), EI_OK);
+            CHECK(!memcmp(out, out2, m.ob), "%s %s: attention on data at 2 mod 4 differs from the same data at 64",
+                  ei_simd_name((ei_simd)p), dtype_name((ei_dtype)dt));
+            free(qd); free(kd); free(vd); guarded_free(raw);
+        }
+        guarded_free(as); guarded_free(dws); guarded_free(out); guarded_free(out2); guarded_free(index);
+        mu_free(&m);
+    }
+}
+
+/* Attention reads Q and K: NaN/Inf there is EI_ERR_NONFINITE on every path
+   and dtype, dense and sparse, whole and chunked (q_offset > 0), whichever
+   thread reads it; keys past the call's last query are not read; NaN in V
+   keeps its documented behaviour (EI_OK, propagated). */
+static void test_attention_nonfinite(void) {
+    int p;
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+        mu_setup m;
+        synth_layer *L;
+        size_t nq, nk, dt;
+        void *as;
+        float *out;
+        if (!test_simd_selected((ei_simd)p)) continue;
+        m = mu_make((ei_simd)p);
+        L = &m.L;
+        nq = (size_t)L->n * L->heads * L->dim; nk = (size_t)L->n * L->kv * L->dim;
+        as = guarded_alloc(3 * m.ab);
+        out = (float *)guarded_alloc(m.ob);
+        for (dt = EI_F32; dt <= EI_BF16; ++dt) {
+            static const float bad[] = {NAN, INFINITY, -INFINITY};
+            int bi, which, sparse;
+            for (bi = 0; bi < 3; ++bi)
+                for (which = 0; which < 3; ++which) /* q, k, v */
+                    for (sparse = 0; sparse < 2; ++sparse) {
+                        float *arr = which == 0 ? L->q : which == 1 ? L->k : L->v;
+                        size_t at = which == 0 ? (size_t)150 * L->heads * L->dim + 2 * L->dim + 5
+                                               : (size_t)20 * L->kv * L->dim + L->dim + 3; /* a block a sparse row may drop */
+                        float saved = arr[at];
+                        void *qd, *kd, *vd;
+                        ei_tensor q, k, v, qc;
+                        ei_out_tensor o = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim), oc;
+                        ei_result r, r3[3];
+                        int t;
+                        arr[at] = bad[bi];
+                        qd = to_dtype(L->q, nq, (ei_dtype)dt); kd = to_dtype(L->k, nk, (ei_dtype)dt);
+                        vd = to_dtype(L->v, nk, (ei_dtype)dt);
+                        q = ei_tensor_make(qd, (ei_dtype)dt, L->n, L->heads, L->dim);
+                        k = ei_tensor_make(kd, (ei_dtype)dt, L->n, L->kv, L->dim);
+                        v = ei_tensor_make(vd, (ei_dtype)dt, L->n, L->kv, L->dim);
+                        r = ei_attention_prefill(m.ctx, &q, &k, &v, sparse ? &m.plan : NULL, &o, 0, 0, 1, as, m.ab);
+                        CHECK(r == (which == 2 ? EI_OK : EI_ERR_NONFINITE), "%s %s %s %s: %s",
+                              ei_simd_name((ei_simd)p), dtype_name((ei_dtype)dt), which == 0 ? "q" : which == 1 ? "k" : "v",
+                              sparse ? "sparse" : "dense", ei_result_name(r));
+                        /* three threads: one of them meets it */
+                        for (t = 0; t < 3; ++t)
+                            r3[t] = ei_attention_prefill(m.ctx, &q, &k, &v, sparse ? &m.plan : NULL, &o, 0, t, 3,
+                                                         (unsigned char *)as + (size_t)t * m.ab, m.ab);
+                        CHECK((which == 2) == (r3[0] == EI_OK && r3[1] == EI_OK && r3[2] == EI_OK),
+                              "ith/nth 3: %s %s %s", ei_result_name(r3[0]), ei_result_name(r3[1]), ei_result_name(r3[2]));
+                        r = ei_attention_prefill_mt(m.ctx, &q, &k, &v, sparse ? &m.plan : NULL, &o, 0, 3, as, 3 * m.ab);
+                        CHECK(r == (which == 2 ? EI_OK : EI_ERR_NONFINITE), "_mt: %s", ei_result_name(r));
+                        /* a chunk after the bad row (q_offset 160) still reads k's row, not q's */
+                        qc = q; qc.data = (const unsigned char *)qd + (size_t)160 * L->heads * L->dim * dtype_size((ei_dtype)dt);
+                        qc.n_tokens = 40;
+                        oc = o; oc.n_tokens = 40;
+                        r = ei_attention_prefill(m.ctx, &qc, &k, &v, sparse ? &m.plan : NULL, &oc, 160, 0, 1, as, m.ab);
+                        CHECK(r == (which == 1 ? EI_ERR_NONFINITE : EI_OK), "chunk at 160: %s", ei_result_name(r));
+                        /* keys past the call's last query are not read: a first chunk of 16 tokens */
+                        qc = q; qc.n_tokens = 16; oc = o; oc.n_tokens = 16;
+                        r = ei_attention_prefill(m.ctx, &qc, &k, &v, NULL, &oc, 0, 0, 1, as, m.ab);
+                        CHECK_ERR(r, EI_OK);
+                        arr[at] = saved;
+                        free(qd); free(kd); free(vd);
+                    }
+        }
+        CHECK(guard_intact(as, 3 * m.ab) && guard_intact(out, m.ob), "guards");
+        guarded_free(as); guarded_free(out);
+        mu_free(&m);
+    }
+}
+
+/* Every layout field of a plan, and every field of a decoder, edited after
+   init: refused (EI_ERR_STATE; a NULL array pointer: EI_ERR_NULL) by every
+   call that takes it, before anything is read or written. */
+static void test_edited_plan_decoder(void) {
+    mu_setup m = mu_make(EI_SIMD_AUTO);
+    synth_layer *L = &m.L;
+    void *ws = guarded_alloc(m.wb), *as = guarded_alloc(m.ab), *dws = guarded_alloc(m.kb);
+    float *out = (float *)guarded_alloc(m.ob);
+    int32_t *index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)L->kv * (size_t)m.c.decode_budget);
+    ei_out_tensor o = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim);
+    ei_keep_set ks = mu_keep(&m, index);
+    int f;
+    for (f = 0; f < 19; ++f) {
+        ei_plan e = m.plan;
+        ei_result r1, r2, r3, r4;
+        switch (f) {
+            case 0: e.max_tokens *= 64; break;
+            case 1: e.n_kv_heads = 3; break;
+            case 2: e.head_dim = 64; break;
+            case 3: e.max_keep += 100; break;
+            case 4: e.seg_capacity += 7; break;
+            case 5: e.blk_capacity += 50; break;
+            case 6: e.flags = EI_PLAN_SCORES; break;
+            case 7: e.segment_size = 32; break;
+            case 8: e.block_size = 4; break;
+            case 9: e.block_index = e.block_index + 1000; break;
+            case 10: e.keep_count = e.keep_count - 100; break;
+            case 11: e.scores = (float *)(void *)e.keep_count; break;
+            case 12: e.n_tokens = e.max_tokens + 100; break;
+            case 13: e.n_segments = e.seg_capacity + 1; break;
+            case 14: e.n_blocks = e.blk_capacity + 8; break;
+            case 15: e.final = 7; break;
+            case 16: e.n_tokens = -1; break;
+            case 17: e.on_device = 1; break;
+            default: e.state = out; break;
+        }
+        r1 = ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &e, &o, 0, 0, 1, as, m.ab);
+        r2 = ei_profile(m.ctx, &L->tq, &L->tk, &e, ws, m.wb);
+        r3 = ei_plan_reset(&e);
+        r4 = ei_plan_finalize(m.ctx, &e);
+        CHECK(r1 == EI_ERR_STATE && r2 == EI_ERR_STATE && r3 == EI_ERR_STATE && r4 == EI_ERR_STATE,
+              "plan field edit %d: attention %s, profile %s, reset %s, finalize %s", f, ei_result_name(r1),
+              ei_result_name(r2), ei_result_name(r3), ei_result_name(r4));
+    }
+    for (f = 0; f < 8; ++f) {
+        ei_decoder e = m.dec;
+        ei_result r1, r2;
+        switch (f) {
+            case 0: e.n_heads = 8; break;
+            case 1: e.n_kv_heads = 1; break;
+            case 2: e.head_dim = 32; break;
+            case 3: e.window = 64; break;
+            case 4: e.queries = out; break;
+            case 5: e.n_observed = -3; break;
+            case 6: e.n_generated = e.n_observed + 5; break;
+            default: e.last_compress = e.n_generated + 9; break;
+        }
+        r1 = ei_decode_observe(m.ctx, &e, &L->tq, 0);
+        r2 = ei_decode_keep(m.ctx, &e, &L->tk, &ks, dws, m.kb);
+        CHECK((r1 == EI_ERR_STATE || (f == 3 && r1 == EI_ERR_SHAPE)) && (r2 == EI_ERR_STATE || (f == 3 && r2 == EI_ERR_SHAPE)),
+              "decoder field edit %d: observe %s, keep %s", f, ei_result_name(r1), ei_result_name(r2));
+    }
+    CHECK_ERR(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &m.plan, &o, 0, 0, 1, as, m.ab), EI_OK);
+    CHECK(guard_intact(ws, m.wb) && guard_intact(as, m.ab) && guard_intact(dws, m.kb) && guard_intact(out, m.ob), "guards");
+    guarded_free(ws); guarded_free(as); guarded_free(dws); guarded_free(out); guarded_free(index);
+    mu_free(&m);
+}
+
 /* ------------------------------------------------------------ threaded helpers */
 /* tests/fuzz_regressions/profile_mt_worker_error_message.bin: when a worker
    thread of ei_profile_mt fails (here: NaN in a kv head that thread 1 plans),
@@ -690,6 +1080,10 @@ int main(void) {
     test_nonfinite();
     test_decode_nonfinite();
     test_v_propagates();
+    test_overlaps();
+    test_alignment_rules();
+    test_attention_nonfinite();
+    test_edited_plan_decoder();
     test_every_code();
     test_mt_error_message();
     run_isolated(test_any_alignment, "test_any_alignment (fuzz_regressions/profile_workspace_unaligned_d33.bin)");
