@@ -1078,6 +1078,8 @@ typedef struct ei__kernels {
     /* profiling: elementwise max/min of nt rows of one head (0 if NaN/Inf was
        read); group-mean block scores of one segment (>>simd) */
     int (*minmax)(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn);
+    /* attention: 1 if rows pos[0..n) of one head hold no NaN/Inf (>>simd) */
+    int (*rows_finite)(const ei_tensor *t, const int64_t *pos, int32_t n, int32_t head);
     void (*score_row)(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT, int64_t ld,
                       int64_t nb, float *raw);
     /* decode scoring */
@@ -2210,6 +2212,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
      EI__VMASK         lane mask (EI__VGE, NaN tracking)
      EI__VTAIL         the first n lanes of a partial vector: EI__VFIRST(n)
      EI__VZERO() EI__VSET1(x) EI__VLOAD(p) EI__VSTORE(p, v) (aligned)
+     EI__VLOADU(p)     unaligned load (f32 data is only 4-byte aligned)
      EI__VSTOREU EI__VADD EI__VSUB EI__VMUL EI__VMAX EI__VMIN
      EI__VFMA(a, b, c) = a*b + c, EI__VROUND (to nearest), EI__VGE(a, b)
      EI__VPOW2(p, n, keep)          p * 2^n in kept lanes, 0 elsewhere
@@ -2245,6 +2248,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
     TARGET EI__VINLINE V ei__##isa##_zero(void) { return mm##_setzero_ps(); }                                  \
     TARGET EI__VINLINE V ei__##isa##_set1(float x) { return mm##_set1_ps(x); }                                 \
     TARGET EI__VINLINE V ei__##isa##_load(const float *p) { return mm##_load_ps(p); }                          \
+    TARGET EI__VINLINE V ei__##isa##_loadu(const float *p) { return mm##_loadu_ps(p); }                        \
     TARGET EI__VINLINE void ei__##isa##_store(float *p, V v) { mm##_store_ps(p, v); }                          \
     TARGET EI__VINLINE void ei__##isa##_storeu(float *p, V v) { mm##_storeu_ps(p, v); }                        \
     TARGET EI__VINLINE V ei__##isa##_add(V a, V b) { return mm##_add_ps(a, b); }                               \
@@ -2262,6 +2266,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
 #define EI__VZERO EI__V(zero)
 #define EI__VSET1 EI__V(set1)
 #define EI__VLOAD EI__V(load)
+#define EI__VLOADU EI__V(loadu)
 #define EI__VSTORE EI__V(store)
 #define EI__VSTOREU EI__V(storeu)
 #define EI__VADD EI__V(add)
@@ -2318,6 +2323,33 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
         for (i = 0; i < d; ++i)                                                                                \
             if (mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;                                              \
         return !(bad || EI__VANY(nan));                                                                        \
+    }
+
+/* rows_finite, written once: whether rows pos[0..n) of one head of a view
+   hold only finite values: acc += x * 0 stays 0 unless some x is NaN or
+   +-Inf (then NaN), one FMA per vector. Attention calls it on each key tile
+   just before scoring it, while the rows are in cache. Defines
+   ei__rows_finite_<isa>. */
+#define EI__DEFINE_ROWS_FINITE()                                                                               \
+    EI__VTARGET static int EI__VNAME(ei__rows_finite)(const ei_tensor *t, const int64_t *pos, int32_t n,        \
+                                                      int32_t head) {                                           \
+        const int32_t d = t->head_dim;                                                                         \
+        const size_t es = ei__dtype_size(t->dtype);                                                            \
+        const EI__VEC zero = EI__VZERO();                                                                      \
+        EI__VEC acc = EI__VZERO();                                                                             \
+        int32_t j, c;                                                                                          \
+        for (j = 0; j < n; ++j) {                                                                              \
+            const unsigned char *row = (const unsigned char *)ei__row(t, pos[j], head);                        \
+            if (t->dtype == EI_F32)                                                                            \
+                for (c = 0; c + (int32_t)EI__VN <= d; c += EI__VN)                                             \
+                    acc = EI__VFMA(EI__VLOADU((const float *)(const void *)row + c), zero, acc);               \
+            else                                                                                               \
+                for (c = 0; c + (int32_t)EI__VN <= d; c += EI__VN)                                             \
+                    acc = EI__VFMA(EI__VLOAD_ROW(row + (size_t)c * es, t->dtype, EI__VFIRST(EI__VN)), zero, acc); \
+            if (c < d)                                                                                         \
+                acc = EI__VFMA(EI__VLOAD_ROW(row + (size_t)c * es, t->dtype, EI__VFIRST(d - c)), zero, acc);    \
+        }                                                                                                      \
+        return !EI__VANY(EI__VNAN_OR(EI__VNAN_NONE(), acc));                                                   \
     }
 
 // >>profile -----------------------------------------------------------------
@@ -3938,8 +3970,6 @@ typedef struct ei__attn_ws {
     int64_t *kpos_next; /* positions of the next key tile (prefetched) [NK] */
     int32_t *blocks;    /* a plan row's kept blocks, sorted ascending [keep_cap] */
     int32_t keep_cap;
-    int32_t scan_kvh;   /* the kv head whose keys [0, scan_to) this thread found finite */
-    int64_t scan_to;
     const char *bad;    /* what held NaN/Inf ("q" or "k"), its head and token; NULL: nothing */
     int32_t bad_head;
     int64_t bad_tok;
@@ -4326,8 +4356,36 @@ static void ei__attn_sort_i32(int32_t *v, int32_t n) {
     }
 }
 
-/* One query tile through the vector stages J->K. */
-static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, const ei__attn_keys *ks) {
+/* NaN/Inf in what a tile reads (README: NaN or Inf in Q or K gets a code):
+   its query rows, here, and its key rows: the vector path checks each key
+   tile just before scoring it (the rows are then in cache: a one-token call
+   would otherwise read K twice from memory), the scalar reference all of
+   them before its row loop. V is not read for this. The Q rows cost about
+   1/keys of the tile's work; the key rows 1/rows (1/16 for a one-token tile,
+   whose 16-row vector holds its heads). */
+static int ei__attn_bad(ei__attn_ws *w, const char *what, int32_t head, int64_t tok) {
+    w->bad = what; w->bad_head = head; w->bad_tok = tok;
+    return 0;
+}
+static int ei__attn_q_finite(const ei__attn_job *J, ei__attn_ws *w, int32_t h0, int32_t gt, int64_t t0, int32_t nt) {
+    int32_t g;
+    for (g = 0; g < gt; ++g)
+        if (!J->ctx->kern->minmax(J->q, t0 - J->q_offset, nt, h0 + g, w->kbuf, w->kbuf + J->dpad))
+            return ei__attn_bad(w, "q", h0 + g, t0);
+    return 1;
+}
+static int ei__attn_keys_finite(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh, const ei__attn_keys *ks) {
+    int64_t total = ei__attn_keys_total(ks), e0;
+    for (e0 = 0; e0 < total; e0 += EI__ATTN_NK) {
+        int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
+        ei__attn_key_positions(ks, e0, nk, w->kpos);
+        if (!J->ctx->kern->rows_finite(J->k, w->kpos, nk, kvh)) return ei__attn_bad(w, "k", kvh, w->kpos[0]);
+    }
+    return 1;
+}
+
+/* One query tile through the vector stages J->K; 0 if a key row holds NaN/Inf. */
+static int ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, const ei__attn_keys *ks) {
     const ei__attn_stages *K = J->K;
     int64_t total = ei__attn_keys_total(ks), e0;
     size_t i, rows = (size_t)T->ld;
@@ -4338,6 +4396,7 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
         int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
         int64_t last = ei__attn_key_positions(ks, e0, nk, w->kpos);
         int32_t jp;
+        if (!J->ctx->kern->rows_finite(J->k, w->kpos, nk, T->kvh)) return ei__attn_bad(w, "k", T->kvh, w->kpos[0]);
         for (jp = nk; jp < ((nk + 7) & ~7); ++jp) w->kpos[jp] = w->kpos[nk - 1]; /* the score loops run whole key groups */
         if (e0 + EI__ATTN_NK < total) { /* the next tile's rows: kept blocks are scattered */
             int32_t nn = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0 - EI__ATTN_NK);
@@ -4351,34 +4410,6 @@ static void ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__
         K->pv(J, w, T, nk);
     }
     K->store(J, w, T);
-}
-
-/* NaN/Inf in what a tile reads (README: NaN or Inf in Q or K gets a code):
-   its queries, and the keys of its kv head up to its last token. A thread
-   remembers the prefix of a kv head's keys it has found finite, so it reads
-   each key once per call, about 1/16 of the work of the scores of one
-   16-row vector (a one-token call), far less for prefill tiles. Sparse tiles
-   read a subset of that prefix; the check covers all of it, as profiling
-   reads all of K. The profiling min/max kernel does the reading (kbuf is
-   free between tiles). */
-static int ei__attn_scan(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh, int32_t h0, int32_t gt, int64_t t0,
-                         int32_t nt) {
-    const ei__kernels *K = J->ctx->kern;
-    float *mx = w->kbuf, *mn = w->kbuf + J->dpad;
-    int32_t g;
-    for (g = 0; g < gt; ++g)
-        if (!K->minmax(J->q, t0 - J->q_offset, nt, h0 + g, mx, mn)) {
-            w->bad = "q"; w->bad_head = h0 + g; w->bad_tok = t0;
-            return 0;
-        }
-    if (w->scan_kvh != kvh) { w->scan_kvh = kvh; w->scan_to = 0; }
-    if (t0 + nt > w->scan_to) {
-        if (!K->minmax(J->k, w->scan_to, t0 + nt - w->scan_to, kvh, mx, mn)) {
-            w->bad = "k"; w->bad_head = kvh; w->bad_tok = w->scan_to;
-            return 0;
-        }
-        w->scan_to = t0 + nt;
-    }
     return 1;
 }
 
@@ -4420,7 +4451,7 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                         int owner = (int)((double)mid * (double)nth / (double)total_cost);
                         if (owner >= nth) owner = nth - 1;
                         if (owner == ith) {
-                            if (!ei__attn_scan(J, w, kvh, h0, gt, t0, nt)) return -1;
+                            if (!ei__attn_q_finite(J, w, h0, gt, t0, nt)) return -1;
                             ks.run1 = t0 + nt;
                             if (ks.blocks && ks.blocks != w->blocks && ks.n_block_keys / J->bs <= w->keep_cap) {
                                 int32_t nb = (int32_t)(ks.n_block_keys / J->bs);
@@ -4428,12 +4459,14 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                                 ei__attn_sort_i32(w->blocks, nb);
                                 ks.blocks = w->blocks; /* for the segment's later tiles too */
                             }
-                            if (!J->K) ei__attn_qtile_scalar(J, w, kvh, h0, gt, t0, nt, &ks);
-                            else {
+                            if (!J->K) {
+                                if (!ei__attn_keys_finite(J, w, kvh, &ks)) return -1;
+                                ei__attn_qtile_scalar(J, w, kvh, h0, gt, t0, nt, &ks);
+                            } else {
                                 ei__attn_tile T;
                                 T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
                                 T.nt = nt; T.gt = gt; T.h0 = h0; T.kvh = kvh; T.t0 = t0;
-                                ei__attn_qtile_vec(J, w, &T, &ks);
+                                if (!ei__attn_qtile_vec(J, w, &T, &ks)) return -1;
                             }
                         }
                     }
@@ -4547,11 +4580,11 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
         return ei__fail(J->ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     if (!workspace) return ei__fail(J->ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need) return ei__fail(J->ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
-    w.scan_kvh = -1; w.scan_to = 0; w.bad = NULL;
+    w.bad = NULL;
     total = ei__attn_walk(J, 0, 0, ith, nth, NULL);
     if (total > 0 && ei__attn_walk(J, 1, total, ith, nth, &w) < 0)
         return ei__fail(J->ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)%s", w.bad, (int)w.bad_head,
-                        (long long)w.bad_tok, w.bad[0] == 'k' ? " (K is read up to the call's last query)" : "");
+                        (long long)w.bad_tok, "");
     return EI_OK;
 }
 
@@ -4716,6 +4749,17 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
 /* The reference every other path is checked against (tests/test_core.c,
    tests/test_attention.c): plain C, one element at a time. Its attention is
    the scalar tile walk in >>attention (ei__attn_qtile_scalar: attn NULL). */
+static int ei__rows_finite_scalar(const ei_tensor *t, const int64_t *pos, int32_t n, int32_t head) {
+    int32_t j, i;
+    for (j = 0; j < n; ++j) {
+        const void *row = ei__row(t, pos[j], head);
+        for (i = 0; i < t->head_dim; ++i) {
+            float x = ei__load1(row, t->dtype, i);
+            if (!(x - x == 0.0f)) return 0;
+        }
+    }
+    return 1;
+}
 static int ei__minmax_scalar(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
     int32_t d = t->head_dim, i;
     int64_t r;
@@ -4801,7 +4845,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
     return 1;
 }
 
-static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__score_row_scalar, ei__dot_scalar,
+static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
                                                ei__sample_mass_scalar, NULL, NULL};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
@@ -4866,6 +4910,7 @@ EI__TARGET_AVX2 EI__VINLINE int ei__avx2_any(__m256 m) { return _mm256_movemask_
 #define EI__VISA avx2
 #define EI__VTARGET EI__TARGET_AVX2
 EI__DEFINE_MINMAX()
+EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
 #undef EI__VTARGET
@@ -5014,7 +5059,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
-static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__score_row_avx2, ei__dot_avx2,
+static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
                                              ei__sample_mass_avx2, &ei__attn_avx2, NULL};
 #endif /* EI__HAVE_AVX2 */
 
@@ -5068,6 +5113,7 @@ EI__TARGET_AVX512 EI__VINLINE int ei__avx512_any(__mmask16 m) { return m != 0; }
 #define EI__VISA avx512
 #define EI__VTARGET EI__TARGET_AVX512
 EI__DEFINE_MINMAX()
+EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
 #undef EI__VTARGET
@@ -5254,7 +5300,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
-static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__score_row_avx512, ei__dot_avx512,
+static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
                                                ei__sample_mass_avx512, &ei__attn_avx512, NULL};
 #endif /* EI__HAVE_AVX512 */
 
@@ -5438,7 +5484,8 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_avx512bf16, 
                                                     ei__attn_scores_avx512bf16, ei__attn_softmax_avx512,
                                                     ei__attn_pack_p_avx512bf16, ei__attn_pv_avx512bf16,
                                                     ei__attn_store_avx512};
-static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__score_row_avx512,
+static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
+                                                   ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16};
 #endif /* EI__HAVE_AVX512BF16 */
@@ -5507,7 +5554,7 @@ static float ei__dot_neon(const float *a, const float *b, int32_t d) {
     return s;
 }
 
-static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__score_row_neon, ei__dot_neon,
+static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_scalar, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_scalar, NULL, NULL};
 #endif /* EI__HAVE_NEON */
 
