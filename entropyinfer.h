@@ -113,7 +113,10 @@
    DATA FORMATS
    ============
    Tensors are views (ei_tensor): pointer, dtype (f32, f16, bf16), element
-   strides for token and head (positive, non-aliasing), head_dim contiguous.
+   strides for token and head (positive, non-aliasing), head_dim contiguous,
+   data aligned to its element size (4 bytes f32, 2 bytes f16/bf16; the
+   caller's int32/float arrays to 4 bytes; else EI_ERR_ALIGN). Plan, decoder
+   and workspace memory may have any alignment (the library aligns inside).
    Query head h belongs to kv head h / (n_heads / n_kv_heads). A plan's
    arrays are [kv_head][segment] rows with row stride plan.seg_capacity;
    block_index rows hold plan.max_keep ranked block numbers padded with -1.
@@ -182,11 +185,31 @@
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
-   NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full);
-   finite inputs so large that float32 scores overflow: EI_ERR_NONFINITE.
+   NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full;
+   attention checks each query row of its tiles and each key row it reads,
+   just before scoring it: keys a sparse row drops, or past the call's last
+   query, are not read; with ith/nth, the threads whose rows meet it return
+   it); finite inputs so large that float32 block or decode scores overflow:
+   EI_ERR_NONFINITE (attention clamps its logits to +-FLT_MAX).
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
    that attend to it and, in the SIMD kernels, of the earlier queries of its
    64-key tile (masked weight 0 times NaN), as in tiled flash attention.
+
+   MEMORY RULES
+   ============
+   A call refuses, with EI_ERR_OVERLAP and a message naming both, any two of
+   the regions it reads and writes that intersect where one of them is
+   written: views (address range from the first element to the end of the
+   farthest), a plan's arrays, a decoder's query ring, the workspace bytes it
+   uses (n_threads x the per-thread size for *_mt), keep-set arrays, scores,
+   row maps, and the ei_plan / ei_keep_set / ei_decoder / ei_tensor structs
+   it reads or writes. Read-only regions may share memory (Q and K in one
+   buffer). Two views with the same dtype and strides are compared element
+   by element: K and V interleaved in one buffer pass. Plans and decoders
+   are written by the library only: their layout fields and array pointers
+   are sealed at init (a checksum in .seal), so one edited afterwards, or a
+   struct never initialised, is refused (EI_ERR_STATE) before any of its
+   memory is touched; so are counts outside what the memory was laid out for.
 
    ERRORS
    ======
@@ -200,11 +223,13 @@
    THREADS
    =======
    An ei_context is immutable after creation: any number of threads may use
-   one context at once. A plan or decoder may be shared by threads that work
-   on disjoint kv-head ranges (ei_profile_heads, ei_attention_prefill with
-   ith/nth) or query-head ranges (ei_decode_score with ith/nth, which only
-   reads the decoder); anything else written by a call belongs to one thread
-   at a time.
+   one context at once. A plan may be shared by threads that work on
+   disjoint kv-head ranges (ei_profile_heads, ei_profile_chunk_heads) or
+   read it at once (ei_attention_prefill with ith/nth, disjoint outputs). A
+   decoder belongs to one thread at a time (observe, keep, select and
+   shared_add write it), except that threads may run ei_decode_score on it at
+   once (it only reads the decoder; each writes its own query heads' rows of
+   scores). Anything else written by a call belongs to one thread at a time.
    Workspaces are per thread. The logger may be called from several threads
    at once (your threads, or the workers of the *_mt helpers): make it
    thread-safe. A failure inside an *_mt worker is returned, with its
