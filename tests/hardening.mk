@@ -10,7 +10,8 @@
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
 #                                test_threads, test_attention, test_plugin, fuzz replay
-#   make test-tsan               ThreadSanitizer: test_threads, test_core
+#   make test-tsan               ThreadSanitizer: test_threads (phases split by barriers,
+#                                then by thread create/join: EI_TEST_SYNC), test_core
 #   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full, on the
 #                                scalar and AVX2 paths (valgrind has no AVX-512)
 #   make test-hardening          test-asan + test-tsan + test-limits (tests/tests.mk)
@@ -98,7 +99,8 @@ $(H_BUILD)/%_tsan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
-	$(H_TSAN_ENV) $(H_BUILD)/test_threads_tsan
+	$(H_TSAN_ENV) EI_TEST_SYNC=barrier $(H_BUILD)/test_threads_tsan
+	$(H_TSAN_ENV) EI_TEST_SYNC=join $(H_BUILD)/test_threads_tsan
 	$(H_TSAN_ENV) $(H_BUILD)/test_core_tsan > $(H_BUILD)/test_core_tsan.log 2>&1 || { tail -40 $(H_BUILD)/test_core_tsan.log; exit 1; }
 	@tail -1 $(H_BUILD)/test_core_tsan.log
 	@echo "test-tsan: no data race"

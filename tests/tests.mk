@@ -18,8 +18,10 @@
 #   make test-attention-all    the same, then gcc/clang as C and C++, the kernel
 #                              opt-outs and ASan/UBSan builds (--quick)
 #   make test-limits           limits, NaN/Inf, every result code, fuzz regressions
-#   make test-threads          one context and plan shared by threads (EI_TEST_THREADS,
-#                              EI_TEST_ROUNDS, EI_TEST_SIMD)
+#   make test-threads          one context, plan and decoder shared by threads, phases
+#                              split by barriers, then by thread create/join (EI_TEST_SYNC,
+#                              EI_TEST_THREADS, EI_TEST_ROUNDS, EI_TEST_SIMD); then every
+#                              call's stack high-water mark on a 64 KiB thread stack
 #   make test-plugin           the CUDA plugin boundary with a fake plugin (no GPU needed)
 #   make test-backends         build/test_backends on the CPU
 #   make quickstart            examples/quickstart.c
