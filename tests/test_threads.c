@@ -55,7 +55,7 @@
    of memory painted with a pattern, with STACK_GUARD bytes of PROT_NONE
    below it. Each call's high-water mark (the painted bytes it overwrote,
    counted from the thread's first frame down) is printed and must stay
-   within STACK_BOUND (48 KiB); an overflow is a SIGSEGV in the guard,
+   within STACK_BOUND (24 KiB, the manual's LIMITS); an overflow is a SIGSEGV in the guard,
    reported as a failure of that call (the test goes on). Covered:
    ei_profile and ei_profile_chunk (reference and sampled ranking),
    ei_profile_mt (2 and 8 threads), ei_attention_prefill (f32, f16, bf16),
@@ -581,7 +581,7 @@ static void helpers_round(const ei_context *ctx, const results *ref, int nth, co
 
 /* ------------------------------------------------------------ stack use */
 #ifndef STACK_BOUND
-#define STACK_BOUND (48 * 1024) /* bytes a call may touch below its caller */
+#define STACK_BOUND (24 * 1024) /* bytes a call may touch below its caller (manual: LIMITS) */
 #endif
 #define STACK_BYTES (64 * 1024)   /* the thread's whole stack (glibc puts its TLS and descriptor at the top) */
 #define STACK_GUARD (4 << 20)     /* PROT_NONE below it: past any single frame */
