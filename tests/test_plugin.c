@@ -22,9 +22,13 @@ static void logger(void *user, ei_result code, const char *msg) {
 }
 
 static int *g_calls; /* fake_calls of the loaded fake plugin */
+/* Calls of entries that do work: the workspace-size queries (6 profile, 8
+   attention, 11 decode; fake_cuda_plugin.c's C_*WS) are pure and the header
+   asks them while it validates (the workspace bytes a call uses are one of
+   its memory regions, checked for overlaps). */
 static int calls_total(void) {
     int i, n = 0;
-    for (i = 0; i < 32; ++i) n += g_calls[i];
+    for (i = 0; i < 32; ++i) n += (i == 6 || i == 8 || i == 11) ? 0 : g_calls[i];
     return n;
 }
 
@@ -160,7 +164,7 @@ static void test_validate_once(const char *dir) {
         bad = L.tk; bad.token_stride = 4; /* tokens alias heads */
         CHECK_ERR(ei_attention_prefill(x, &L.tq, &bad, &L.tv, NULL, &L.to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
         out_over = ei_out_tensor_make(L.q, EI_F32, 64, 4, 8); /* out over q */
-        CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &out_over, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+        CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &out_over, 0, 0, 1, ws, wsb), EI_ERR_OVERLAP);
         CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &L.to, 1, 0, 1, ws, wsb), EI_ERR_SHAPE);
         CHECK_ERR(ei_profile_workspace_size(x, 64, 4, 3, 8, &wsb), EI_ERR_GQA);
         CHECK_ERR(ei_attention_workspace_size(x, 4, 2, EI_MAX_HEAD_DIM + 1, &wsb), EI_ERR_SIZE);
@@ -177,7 +181,7 @@ static void test_validate_once(const char *dir) {
             ks.n_kept = 70; /* more than the capacity */
             CHECK_ERR(ei_kv_compact(x, &ks, &kc, &vc), EI_ERR_SHAPE);
             ks.n_kept = 3;
-            CHECK_ERR(ei_kv_compact(x, &ks, &kc, &kc), EI_ERR_STRIDE); /* one cache twice */
+            CHECK_ERR(ei_kv_compact(x, &ks, &kc, &kc), EI_ERR_OVERLAP); /* one cache twice */
             CHECK_ERR(ei_kv_compact(x, &ks, &k3, NULL), EI_ERR_SHAPE);
         }
         if (b) CHECK(calls_total() == before, "%s: the plugin was called %d times by calls the header refuses", name,
