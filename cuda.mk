@@ -4,7 +4,14 @@
 #                             equivalence scenarios (test_backends --require-gpu), compute-sanitizer
 #   (make test-backends, in tests/tests.mk, runs test_backends without --require-gpu: the CPU
 #   half, and the GPU half when the plugin loads and finds a GPU, else "GPU half skipped")
-#   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working
+#   make test-gpu-fuzz        tests/fuzz_backends.c: random configs, shapes, dtypes, layouts and
+#                             protocols on the CPU and the GPU, compared (FUZZ_SEED, FUZZ_ITERS,
+#                             FUZZ_SECONDS: a time limit, 0 none; FUZZ_JOBS processes, seeds
+#                             FUZZ_SEED.. ; replay one iteration: fuzz_backends --seed S --first I --iters 1)
+#   make test-gpu-fuzz-sanitize  the same under compute-sanitizer: memcheck (FUZZ_MEMCHECK_ITERS)
+#                             and racecheck (FUZZ_RACECHECK_ITERS: slow, few)
+#   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working;
+#                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 NVCC        ?= nvcc
@@ -14,7 +21,7 @@ NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 GOLDEN_CUDA ?= $(GOLDEN)
 
-.PHONY: cuda test-cuda test-cuda-fallback bench-cuda
+.PHONY: cuda test-cuda test-cuda-fallback bench-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
 
 cuda: $(CUDA_LIB)
 
@@ -36,8 +43,44 @@ $(BUILD)/test_backends: tests/test_backends.c tests/check.h examples/synth_qk.h 
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
 endif
 
-test-cuda-fallback: $(BUILD)/test_cuda
+# The differential fuzzer (tests/fuzz_backends.c), against the plugin.
+$(BUILD)/fuzz_backends: tests/fuzz_backends.c tests/check.h examples/synth_qk.h $(HDR)
+	@mkdir -p $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
+
+FUZZ_SEED            ?= 1
+FUZZ_ITERS           ?= 300
+FUZZ_SECONDS         ?= 0
+FUZZ_JOBS            ?= 1
+FUZZ_MEMCHECK_ITERS  ?= 25
+FUZZ_RACECHECK_ITERS ?= 4
+FUZZ_RUN = EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/fuzz_backends --require-gpu
+# FUZZ_JOBS processes on one GPU (the CPU side is single-threaded), seeds
+# FUZZ_SEED, FUZZ_SEED+1, ...; each writes build/fuzz.<seed>.log, the
+# failures and summaries are printed, and any failure fails the target.
+test-gpu-fuzz: $(CUDA_LIB) $(BUILD)/fuzz_backends
+	@fail=0; pids=""; for j in $$(seq 0 $$(($(FUZZ_JOBS) - 1))); do s=$$(($(FUZZ_SEED) + j)); \
+	  $(FUZZ_RUN) --seed $$s --iters $(FUZZ_ITERS) --seconds $(FUZZ_SECONDS) > $(BUILD)/fuzz.$$s.log 2>&1 & pids="$$pids $$!"; done; \
+	for p in $$pids; do wait $$p || fail=1; done; \
+	for j in $$(seq 0 $$(($(FUZZ_JOBS) - 1))); do s=$$(($(FUZZ_SEED) + j)); \
+	  grep -E '^(FAIL|counts|fuzz_backends: [0-9])' $(BUILD)/fuzz.$$s.log | tail -30; done; \
+	test $$fail = 0 || { echo "test-gpu-fuzz: FAILED (logs: $(BUILD)/fuzz.*.log)"; exit 1; }
+# compute-sanitizer on the same draws (kernels run 10-100x slower under it).
+test-gpu-fuzz-sanitize: $(CUDA_LIB) $(BUILD)/fuzz_backends
+	@for tool in memcheck racecheck; do \
+	  n=$$(test $$tool = memcheck && echo $(FUZZ_MEMCHECK_ITERS) || echo $(FUZZ_RACECHECK_ITERS)); \
+	  EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool $$tool --error-exitcode 9 \
+	    ./$(BUILD)/fuzz_backends --require-gpu --seed $(FUZZ_SEED) --iters $$n --max-n 600 > $(BUILD)/fuzz.$$tool.log 2>&1; rc=$$?; \
+	  grep -E '^(FAIL|fuzz_backends: [0-9])|ERROR SUMMARY|RACECHECK SUMMARY|Error' $(BUILD)/fuzz.$$tool.log | head -20; \
+	  test $$rc = 0 || { echo "compute-sanitizer $$tool: FAILED (rc $$rc, $(BUILD)/fuzz.$$tool.log)"; exit 1; }; \
+	  echo "compute-sanitizer $$tool: clean ($$n iterations)"; done
+
+# (CI runs this target: it also builds the fuzzer, which without a GPU says so
+# and passes, and runs a few of its draws CPU against CPU on another SIMD path.)
+test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 	EI_CUDA_LIBRARY= ./$(BUILD)/test_cuda --fallback
+	EI_CUDA_LIBRARY= ./$(BUILD)/fuzz_backends
+	./$(BUILD)/fuzz_backends --cpu-twin --seed $(FUZZ_SEED) --iters 4
 
 test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(GOLDEN_CUDA)

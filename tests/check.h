@@ -22,6 +22,11 @@
                (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass,
                ref_check_ranked_row (the ranking options); ref_decode_scores
                (decode scoring with row maps)
+   backends    side (a CPU or CUDA context), mem_new / mem_up / mem_down /
+               mem_put / mem_get / mem_del (guarded host or device memory);
+               plan_row_compare (a plan row of another backend against the
+               CPU's, up to near-ties); keep_host, keep_new / keep_take /
+               keep_check_one / keep_compare (keep sets, up to near-ties)
 
    Every function is static inline (and unused-tolerant): a test pays only
    for what it calls, and -Wall -Wextra -Werror stays clean as C and C++.
@@ -612,6 +617,311 @@ done:
     free(order);
     free(kept);
     return ok;
+}
+
+
+/* ------------------------------------------------------------ backends (test_backends, fuzz_backends) */
+/* A backend of a comparison: a CPU context with guarded host memory, or a
+   CUDA context with device memory (ei_device_alloc / ei_device_copy; no CUDA
+   header or library at build time). */
+typedef struct side {
+    int gpu;          /* 0: CPU context, host memory; 1: CUDA context, device memory */
+    ei_context *ctx;
+} side;
+
+CHECK_FN const char *side_name(const side *s) { return s->gpu ? "gpu" : "cpu"; }
+
+CHECK_FN ei_context *ctx_make(int gpu, ei_config c) {
+    ei_context *ctx = NULL;
+    ei_result r;
+    c.backend = gpu ? EI_BACKEND_CUDA : EI_BACKEND_CPU;
+    r = ei_context_create(&c, &ctx);
+    if (r != EI_OK) {
+        printf("FAIL: ei_context_create (%s): %s\n", gpu ? "gpu" : "cpu", ei_last_error());
+        exit(1);
+    }
+    return ctx;
+}
+CHECK_FN side side_make(int gpu, ei_config c) {
+    side s;
+    s.gpu = gpu;
+    s.ctx = ctx_make(gpu, c);
+    return s;
+}
+CHECK_FN void side_free(side *s) {
+    ei_context_destroy(s->ctx);
+    s->ctx = NULL;
+}
+
+/* Memory of a backend: guarded host buffers (garbage 0xFF inside) or device
+   buffers (filled with 0xFF too, so unwritten output reads back alike). */
+CHECK_FN void *mem_new(const side *s, size_t n) {
+    void *p = NULL, *garbage;
+    if (!s->gpu) return guarded_alloc(n);
+    if (ei_device_alloc(s->ctx, &p, n ? n : 1) != EI_OK) {
+        printf("FAIL: ei_device_alloc(%zu): %s\n", n, ei_last_error());
+        exit(1);
+    }
+    if (n) {
+        garbage = malloc(n);
+        if (!garbage) { printf("out of memory\n"); exit(2); }
+        memset(garbage, 0xFF, n);
+        if (ei_device_copy(s->ctx, p, garbage, n, EI_COPY_HOST_TO_DEVICE) != EI_OK) {
+            printf("FAIL: ei_device_copy: %s\n", ei_last_error());
+            exit(1);
+        }
+        free(garbage);
+    }
+    return p;
+}
+/* Copy n bytes host->side (kind EI_COPY_HOST_TO_DEVICE) or side->host. */
+CHECK_FN void mem_move(const side *s, void *dst, const void *src, size_t n, int kind) {
+    if (!n) return;
+    if (!s->gpu) memcpy(dst, src, n);
+    else if (ei_device_copy(s->ctx, dst, src, n, kind) != EI_OK) {
+        printf("FAIL: ei_device_copy (%s): %s\n", kind == EI_COPY_HOST_TO_DEVICE ? "to the device" : "to the host",
+               ei_last_error());
+        exit(1);
+    }
+}
+CHECK_FN void mem_put(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_HOST_TO_DEVICE); }
+CHECK_FN void mem_get(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_DEVICE_TO_HOST); }
+CHECK_FN void *mem_up(const side *s, const void *src, size_t n) {
+    void *p = mem_new(s, n);
+    mem_put(s, p, src, n);
+    return p;
+}
+/* A host copy of n bytes of backend memory (malloc'ed). */
+CHECK_FN void *mem_down(const side *s, const void *src, size_t n) {
+    void *h = malloc(n ? n : 1);
+    if (!h) { printf("out of memory\n"); exit(2); }
+    mem_get(s, h, src, n);
+    return h;
+}
+CHECK_FN void mem_del(const side *s, void *p, size_t n) {
+    if (!p) return;
+    if (s->gpu) { ei_device_free(s->ctx, p); return; }
+    CHECK(guard_intact(p, n), "cpu: a guard of a %zu-byte buffer was overwritten", n);
+    guarded_free(p);
+}
+
+/* ------------------------------------------------------------ comparing plans of two backends */
+/* Share of the total weight w[0..nvis) in the first L entries of a row. */
+CHECK_FN double plan_share(const int32_t *row, int L, const double *w, int64_t nvis) {
+    double cum = 0.0, tot = 0.0;
+    int64_t b;
+    int i;
+    for (b = 0; b < nvis; ++b) tot += w[b];
+    for (i = 0; i < L; ++i) cum += w[row[i]];
+    return tot > 0 ? cum / tot : 0.0;
+}
+/* Two ranking scores are a near-tie (tol: relative): backends that round
+   differently may order them either way. */
+CHECK_FN int plan_near_tie(double x, double last, double tol) { return fabs(x - last) <= tol * fabs(last) + 1e-30; }
+
+/* Row (kvh, s) of plan b against plan a (the CPU's): sc[0..nvis) the
+   ranking scores of the visible blocks (the sampled mass recomputed in
+   double, or the reference's softmaxed block scores), tol the relative
+   difference of scores the backends may round apart (1e-4; the sampled
+   mass of the SIMD paths: 1e-3, ACCURACY ACROSS PATHS). The always-kept
+   blocks lead both rows identically; keep counts are equal except at a
+   knife-edge of top_p (the share of a's first min(own counts) blocks within
+   tol of top_p: counted in *knife); entries past a row's count are -1; the
+   ranked parts of the kept sets are equal up to near-ties of a's last kept
+   score.
+   Returns the failures (the first few printed, *shown counts them). */
+CHECK_FN int plan_row_compare(const char *what, const ei_config *c, const ei_plan *a, const ei_plan *b, int kvh, int s,
+                              const double *sc, double tol, int *knife, int *shown) {
+    size_t r = EI_PLAN_ROW(a, kvh, s), rb = EI_PLAN_ROW(b, kvh, s);
+    const int32_t *la = EI_PLAN_BLOCKS(a, kvh, s), *lb = EI_PLAN_BLOCKS(b, kvh, s);
+    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), ns, l0;
+    int nf, ka = a->keep_count[r], kb = b->keep_count[rb], oa = a->keep_blocks[r], ob = b->keep_blocks[rb];
+    int kmin = ka < kb ? ka : kb, bad = 0, i, j, edge = 0;
+    double last;
+    if (nvis > a->n_blocks) nvis = a->n_blocks;
+    nf = (int)ei__forced_blocks(c, nvis, &ns, &l0);
+#define PLAN_FAIL(...) do { bad++; if ((*shown)++ < 6) { printf("  %s: kv %d seg %d: ", what, kvh, s); printf(__VA_ARGS__); printf("\n"); } } while (0)
+    if (oa != ob || ka != kb) {
+        int lo = oa < ob ? oa : ob;
+        edge = c->top_p > 0 && abs(oa - ob) <= 1 && lo <= (c->per_segment_budget ? a->max_keep : ka) &&
+               fabs(plan_share(la, lo, sc, nvis) - c->top_p) < tol;
+        if (edge) (*knife)++;
+        else if (oa != ob) PLAN_FAIL("own keep count cpu %d other %d", oa, ob);
+    }
+    if (ka != kb && !edge && !c->per_segment_budget) PLAN_FAIL("keep count cpu %d other %d", ka, kb);
+    for (i = 0; i < a->max_keep; ++i) {
+        if (i >= ka && la[i] != -1) { PLAN_FAIL("cpu entry %d = %d past the count %d", i, la[i], ka); break; }
+        if (i >= kb && lb[i] != -1) { PLAN_FAIL("entry %d = %d past the count %d", i, lb[i], kb); break; }
+    }
+    for (i = 0; i < kmin && i < nf; ++i) {
+        int want = i < ns ? i : (int)l0 + (i - (int)ns);
+        if (la[i] != want || lb[i] != want) { PLAN_FAIL("always-kept entry %d: cpu %d other %d, %d expected", i, la[i], lb[i], want); break; }
+    }
+    if (kmin <= nf) return bad;
+    for (i = nf; i < kb; ++i)
+        if (lb[i] < ns || lb[i] >= l0) { PLAN_FAIL("entry %d = %d is not a ranked candidate [%d, %d)", i, lb[i], (int)ns, (int)l0); return bad; }
+    for (i = nf; i < ka; ++i)
+        if (la[i] < ns || la[i] >= l0) { PLAN_FAIL("cpu entry %d = %d is not a ranked candidate [%d, %d)", i, la[i], (int)ns, (int)l0); return bad; }
+    last = sc[la[kmin - 1]];
+    for (i = nf; i < kmin; ++i) {
+        int in_b = 0, in_a = 0;
+        for (j = nf; j < kmin; ++j) { in_b |= lb[j] == la[i]; in_a |= la[j] == lb[i]; }
+        if (!in_b && !plan_near_tie(sc[la[i]], last, tol))
+            PLAN_FAIL("block %d (score %.9g) kept by the cpu only; last kept %.9g", la[i], sc[la[i]], last);
+        if (!in_a && !plan_near_tie(sc[lb[i]], last, tol))
+            PLAN_FAIL("block %d (score %.9g) kept by the other only; last kept %.9g", lb[i], sc[lb[i]], last);
+    }
+#undef PLAN_FAIL
+    return bad;
+}
+
+/* ------------------------------------------------------------ comparing keep sets of two backends */
+/* A keep set as the host sees it (a backend's arrays copied down). */
+typedef struct keep_host {
+    ei_result r;
+    int32_t heads, cap, n_kept, compressed;
+    int64_t n_tokens, n, pcap;
+    int32_t *index, *positions; /* [heads][cap] */
+    uint8_t *mask;              /* [heads][n] */
+    float *pooled;              /* [heads][pcap] */
+} keep_host;
+CHECK_FN int keep_int32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+/* A keep set with every output array in the side's memory. */
+CHECK_FN ei_keep_set keep_new(const side *s, int32_t heads, int32_t cap, int64_t n, int64_t pcap) {
+    ei_keep_set ks;
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = heads;
+    ks.capacity = cap;
+    ks.index = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
+    ks.positions = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
+    ks.mask = (uint8_t *)mem_new(s, (size_t)heads * n);
+    ks.mask_capacity = n;
+    ks.pooled = (float *)mem_new(s, (size_t)heads * pcap * 4);
+    ks.pooled_capacity = pcap;
+    return ks;
+}
+/* The side's arrays of a keep set, not read. */
+CHECK_FN void keep_del(const side *s, ei_keep_set *ks) {
+    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
+    mem_del(s, ks->index, ib);
+    mem_del(s, ks->positions, ib);
+    mem_del(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
+    mem_del(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
+}
+/* Its host copy (o), the side's arrays freed. */
+CHECK_FN void keep_take(const side *s, ei_keep_set *ks, ei_result r, keep_host *o) {
+    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
+    o->r = r;
+    o->heads = ks->heads_out; o->cap = ks->capacity; o->n_kept = ks->n_kept; o->compressed = ks->compressed;
+    o->n_tokens = ks->n_tokens; o->n = ks->mask_capacity; o->pcap = ks->pooled_capacity;
+    o->index = (int32_t *)mem_down(s, ks->index, ib);
+    o->positions = (int32_t *)mem_down(s, ks->positions, ib);
+    o->mask = (uint8_t *)mem_down(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
+    o->pooled = (float *)mem_down(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
+    keep_del(s, ks);
+}
+CHECK_FN void keep_free(keep_host *o) {
+    free(o->index); free(o->positions); free(o->mask); free(o->pooled);
+    o->index = o->positions = NULL; o->mask = NULL; o->pooled = NULL;
+}
+/* The map of keep-set head h (map NULL: row j holds position j). */
+CHECK_FN const int32_t *keep_map(const int32_t *map, int64_t stride, int32_t h, int32_t div) {
+    return map ? map + (size_t)(h / div) * (size_t)stride : NULL;
+}
+/* The positions a map holds (n rows), ascending, into held; returns how many. */
+CHECK_FN int64_t keep_held(const int32_t *map, int64_t n, int32_t *held) {
+    int64_t j, np = 0;
+    for (j = 0; j < n; ++j)
+        if (!map || map[j] >= 0) held[np++] = map ? map[j] : (int32_t)j;
+    qsort(held, (size_t)np, sizeof *held, keep_int32_cmp);
+    return np;
+}
+/* A keep set as the CPU documents it (rows ascending, holding the positions
+   given, mask over exactly those rows, the W window positions kept); head h
+   on map h / div (stride apart). */
+CHECK_FN void keep_check_one(const char *who, const char *what, const keep_host *o, const int32_t *map, int64_t stride,
+                             int32_t div, int64_t W) {
+    int32_t h, i, *held;
+    if (o->r != EI_OK) return;
+    held = (int32_t *)malloc(sizeof(int32_t) * (size_t)(o->n_tokens + 1));
+    if (!held) { printf("out of memory\n"); exit(2); }
+    for (h = 0; h < o->heads; ++h) {
+        const int32_t *m = keep_map(map, stride, h, div), *idx = o->index + (size_t)h * o->cap;
+        const int32_t *pos = o->positions + (size_t)h * o->cap;
+        int64_t np = keep_held(m, o->n_tokens, held), j, w = W < np ? W : np;
+        int bad = 0, window = 0, masked = 0;
+        for (i = 0; i < o->n_kept; ++i) {
+            bad += idx[i] < 0 || idx[i] >= o->n_tokens || (i > 0 && idx[i] <= idx[i - 1]);
+            if (idx[i] >= 0 && idx[i] < o->n_tokens) {
+                bad += pos[i] != (m ? m[idx[i]] : idx[i]);
+                bad += o->mask[(size_t)h * o->n + idx[i]] != 1;
+                window += w > 0 && pos[i] >= held[np - w];
+            }
+        }
+        for (j = 0; j < o->n_tokens; ++j) masked += o->mask[(size_t)h * o->n + j] == 1;
+        CHECK(bad == 0 && window == w && masked == o->n_kept, "%s: %s head %d: %d bad rows, %d window rows, "
+              "%d masked of %d kept", who, what, h, bad, window, masked, o->n_kept);
+    }
+    free(held);
+}
+/* b against a (the CPU's): the same kept positions but at near-ties of a's
+   pooled scores (1e-3 relative), pooled scores within 1e-3. Returns the
+   near-tie swaps. */
+CHECK_FN int keep_compare(const char *what, const keep_host *a, const keep_host *b, const int32_t *map, int64_t stride,
+                          int32_t div, int64_t W) {
+    int32_t h, i, *held, *sa, *sb;
+    int ties = 0, bad_set = 0, bad_pool = 0;
+    CHECK(a->r == b->r, "%s: %s against %s", what, ei_result_name(b->r), ei_result_name(a->r));
+    if (a->r != EI_OK || b->r != EI_OK) return 0;
+    CHECK(a->n_kept == b->n_kept && a->compressed == b->compressed && a->n_tokens == b->n_tokens,
+          "%s: n_kept %d/%d compressed %d/%d n_tokens %lld/%lld", what, a->n_kept, b->n_kept, a->compressed,
+          b->compressed, (long long)a->n_tokens, (long long)b->n_tokens);
+    if (a->n_kept != b->n_kept) return 0;
+    held = (int32_t *)malloc(sizeof(int32_t) * (size_t)(a->n_tokens + 1));
+    sa = (int32_t *)malloc(sizeof(int32_t) * (size_t)(a->n_kept + 1));
+    sb = (int32_t *)malloc(sizeof(int32_t) * (size_t)(a->n_kept + 1));
+    if (!held || !sa || !sb) { printf("out of memory\n"); exit(2); }
+    for (h = 0; h < a->heads; ++h) {
+        const int32_t *m = keep_map(map, stride, h, div);
+        int64_t np = keep_held(m, a->n_tokens, held), L = np - W, j, x = 0, y = 0;
+        const float *pa = a->pooled + (size_t)h * a->pcap, *pb = b->pooled + (size_t)h * b->pcap;
+        double thr = HUGE_VAL;
+        memcpy(sa, a->positions + (size_t)h * a->cap, sizeof(int32_t) * a->n_kept);
+        memcpy(sb, b->positions + (size_t)h * b->cap, sizeof(int32_t) * b->n_kept);
+        qsort(sa, (size_t)a->n_kept, sizeof *sa, keep_int32_cmp);
+        qsort(sb, (size_t)b->n_kept, sizeof *sb, keep_int32_cmp);
+        if (!a->compressed) {
+            bad_set += memcmp(sa, sb, sizeof(int32_t) * a->n_kept) != 0;
+            continue;
+        }
+        for (i = 0; i < a->n_kept; ++i) { /* the CPU's threshold: its lowest kept candidate */
+            int32_t *at = (int32_t *)bsearch(&sa[i], held, (size_t)np, sizeof *held, keep_int32_cmp);
+            if (at && at - held < L && pa[at - held] < thr) thr = pa[at - held];
+        }
+        while (x < a->n_kept || y < b->n_kept) { /* the symmetric difference, each at a near-tie */
+            int32_t p;
+            int32_t *at;
+            if (x < a->n_kept && y < b->n_kept && sa[x] == sb[y]) { x++; y++; continue; }
+            p = (y >= b->n_kept || (x < a->n_kept && sa[x] < sb[y])) ? sa[x++] : sb[y++];
+            at = (int32_t *)bsearch(&p, held, (size_t)np, sizeof *held, keep_int32_cmp);
+            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= 1e-3 * thr + 1e-9)) {
+                if (bad_set++ < 3)
+                    printf("  %s head %d: position %d kept by one backend only (cpu pooled %g, threshold %g)\n", what, h,
+                           (int)p, at && at - held < L ? (double)pa[at - held] : -1.0, thr);
+            } else
+                ties++;
+        }
+        for (j = 0; j < L && j < a->pcap; ++j)
+            if (!close_to(pb[j], pa[j], 1e-9, 1e-3) && bad_pool++ < 3)
+                printf("  %s head %d pooled[%lld]: cpu %g gpu %g\n", what, h, (long long)j, (double)pa[j], (double)pb[j]);
+    }
+    CHECK(bad_set == 0, "%s: %d kept positions differ beyond near-ties", what, bad_set);
+    CHECK(bad_pool == 0, "%s: pooled scores differ", what);
+    free(held); free(sa); free(sb);
+    return ties / 2;
 }
 
 #endif

@@ -56,86 +56,6 @@
 #define EI_TEST_SMALL_PLAN_ATTENTION EI_OK
 #endif
 
-/* ------------------------------------------------------------ a backend */
-typedef struct side {
-    int gpu;          /* 0: CPU context, host memory; 1: CUDA context, device memory */
-    ei_context *ctx;
-} side;
-
-static const char *side_name(const side *s) { return s->gpu ? "gpu" : "cpu"; }
-
-static ei_context *ctx_make(int gpu, ei_config c) {
-    ei_context *ctx = NULL;
-    ei_result r;
-    c.backend = gpu ? EI_BACKEND_CUDA : EI_BACKEND_CPU;
-    r = ei_context_create(&c, &ctx);
-    if (r != EI_OK) {
-        printf("FAIL: ei_context_create (%s): %s\n", gpu ? "gpu" : "cpu", ei_last_error());
-        exit(1);
-    }
-    return ctx;
-}
-static side side_make(int gpu, ei_config c) {
-    side s;
-    s.gpu = gpu;
-    s.ctx = ctx_make(gpu, c);
-    return s;
-}
-static void side_free(side *s) {
-    ei_context_destroy(s->ctx);
-    s->ctx = NULL;
-}
-
-/* Memory of a backend: guarded host buffers (garbage 0xFF inside) or device
-   buffers (filled with 0xFF too, so unwritten output reads back alike). */
-static void *mem_new(const side *s, size_t n) {
-    void *p = NULL, *garbage;
-    if (!s->gpu) return guarded_alloc(n);
-    if (ei_device_alloc(s->ctx, &p, n ? n : 1) != EI_OK) {
-        printf("FAIL: ei_device_alloc(%zu): %s\n", n, ei_last_error());
-        exit(1);
-    }
-    if (n) {
-        garbage = malloc(n);
-        memset(garbage, 0xFF, n);
-        if (ei_device_copy(s->ctx, p, garbage, n, EI_COPY_HOST_TO_DEVICE) != EI_OK) {
-            printf("FAIL: ei_device_copy: %s\n", ei_last_error());
-            exit(1);
-        }
-        free(garbage);
-    }
-    return p;
-}
-/* Copy n bytes host->side (kind EI_COPY_HOST_TO_DEVICE) or side->host. */
-static void mem_move(const side *s, void *dst, const void *src, size_t n, int kind) {
-    if (!n) return;
-    if (!s->gpu) memcpy(dst, src, n);
-    else if (ei_device_copy(s->ctx, dst, src, n, kind) != EI_OK) {
-        printf("FAIL: ei_device_copy (%s): %s\n", kind == EI_COPY_HOST_TO_DEVICE ? "to the device" : "to the host",
-               ei_last_error());
-        exit(1);
-    }
-}
-static void mem_put(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_HOST_TO_DEVICE); }
-static void mem_get(const side *s, void *dst, const void *src, size_t n) { mem_move(s, dst, src, n, EI_COPY_DEVICE_TO_HOST); }
-static void *mem_up(const side *s, const void *src, size_t n) {
-    void *p = mem_new(s, n);
-    mem_put(s, p, src, n);
-    return p;
-}
-/* A host copy of n bytes of backend memory (malloc'ed). */
-static void *mem_down(const side *s, const void *src, size_t n) {
-    void *h = malloc(n ? n : 1);
-    mem_get(s, h, src, n);
-    return h;
-}
-static void mem_del(const side *s, void *p, size_t n) {
-    if (!p) return;
-    if (s->gpu) { ei_device_free(s->ctx, p); return; }
-    CHECK(guard_intact(p, n), "cpu: a guard of a %zu-byte buffer was overwritten", n);
-    guarded_free(p);
-}
-
 /* ------------------------------------------------------------ data */
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static double urand(void) {
@@ -936,61 +856,6 @@ static void s7_scores(const s7_data *D, const ei_config *c, const ei_plan *cpu, 
     }
     for (b = 0; b < nvis; ++b) sc[b] = cpu->scores[EI_PLAN_ROW(cpu, kvh, s) * (size_t)cpu->blk_capacity + (size_t)b];
 }
-/* Share of the total weight in the first L entries of a row. */
-static double s7_share(const int32_t *row, int L, const double *w, int64_t nvis) {
-    double cum = 0.0, tot = 0.0;
-    int64_t b;
-    int i;
-    for (b = 0; b < nvis; ++b) tot += w[b];
-    for (i = 0; i < L; ++i) cum += w[row[i]];
-    return tot > 0 ? cum / tot : 0.0;
-}
-/* a block outside both sets' intersection is a near-tie of the last kept one */
-static int s7_near(double x, double last) { return fabs(x - last) <= 1e-4 * fabs(last) + 1e-30; }
-
-/* Row (kvh, s) of plan b against the CPU's plan a. Returns the failures;
-   *knife counts knife-edges of top_p. */
-static int s7_row_compare(const char *what, const ei_config *c, const ei_plan *a, const ei_plan *b, int kvh, int s,
-                          const double *sc, int *knife, int *shown) {
-    size_t r = EI_PLAN_ROW(a, kvh, s);
-    const int32_t *la = EI_PLAN_BLOCKS(a, kvh, s), *lb = EI_PLAN_BLOCKS(b, kvh, s);
-    int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), ns, l0;
-    int nf = (int)ei__forced_blocks(c, nvis, &ns, &l0);
-    int ka = a->keep_count[r], kb = b->keep_count[r], oa = a->keep_blocks[r], ob = b->keep_blocks[r];
-    int kmin = ka < kb ? ka : kb, bad = 0, i, j, edge = 0;
-    double last;
-#define S7_FAIL(...) do { bad++; if ((*shown)++ < 6) { printf("  7: %s: kv %d seg %d: ", what, kvh, s); printf(__VA_ARGS__); printf("\n"); } } while (0)
-    if (oa != ob || ka != kb) {
-        int lo = oa < ob ? oa : ob;
-        edge = c->top_p > 0 && abs(oa - ob) <= 1 && lo <= (c->per_segment_budget ? a->max_keep : ka) &&
-               fabs(s7_share(la, lo, sc, nvis) - c->top_p) < 1e-4;
-        if (edge) (*knife)++;
-        else if (oa != ob) S7_FAIL("own keep count cpu %d other %d", oa, ob);
-    }
-    if (ka != kb && !edge && !c->per_segment_budget) S7_FAIL("keep count cpu %d other %d", ka, kb);
-    for (i = 0; i < a->max_keep; ++i) {
-        if (i >= ka && la[i] != -1) { S7_FAIL("cpu entry %d = %d past the count %d", i, la[i], ka); break; }
-        if (i >= kb && lb[i] != -1) { S7_FAIL("entry %d = %d past the count %d", i, lb[i], kb); break; }
-    }
-    for (i = 0; i < kmin && i < nf; ++i) {
-        int want = i < ns ? i : (int)l0 + (i - (int)ns);
-        if (la[i] != want || lb[i] != want) { S7_FAIL("always-kept entry %d: cpu %d other %d, %d expected", i, la[i], lb[i], want); break; }
-    }
-    if (kmin <= nf) return bad;
-    last = sc[la[kmin - 1]];
-    for (i = nf; i < kb; ++i)
-        if (lb[i] < ns || lb[i] >= l0) { S7_FAIL("entry %d = %d is not a ranked candidate [%d, %d)", i, lb[i], (int)ns, (int)l0); break; }
-    for (i = nf; i < kmin; ++i) {
-        int in_b = 0, in_a = 0;
-        for (j = nf; j < kmin; ++j) { in_b |= lb[j] == la[i]; in_a |= la[j] == lb[i]; }
-        if (!in_b && !s7_near(sc[la[i]], last))
-            S7_FAIL("block %d (score %.9g) kept by the cpu only; last kept %.9g", la[i], sc[la[i]], last);
-        if (!in_a && !s7_near(sc[lb[i]], last))
-            S7_FAIL("block %d (score %.9g) kept by the other only; last kept %.9g", lb[i], sc[lb[i]], last);
-    }
-#undef S7_FAIL
-    return bad;
-}
 /* The ideal row of the scores (candidates by descending score, ties to the
    lower index; forced first) as a plan row, and with top_p its own count. */
 static void s7_ideal(const ei_config *c, const ei_plan *a, int kvh, int s, const double *sc, ei_plan *ideal) {
@@ -1037,7 +902,7 @@ static void s7_compare(const char *what, const s7_case *cs, const s7_data *D, co
                 continue;
             }
             s7_scores(D, &c, a, kvh, s, sc);
-            bad += s7_row_compare(what, &c, a, b, kvh, s, sc, &knife, &shown);
+            bad += plan_row_compare(what, &c, a, b, kvh, s, sc, 1e-4, &knife, &shown);
         }
     if (c.per_segment_budget) /* every head keeps the max of the heads' own counts */
         for (s = 0; s < S7_NSEG; ++s) {
@@ -1075,7 +940,7 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
             kmax = a->keep_blocks[r] > kmax ? a->keep_blocks[r] : kmax;
             s7_scores(D, &c, a, kvh, s, sc);
             s7_ideal(&c, a, kvh, s, sc, &ideal);
-            bad += s7_row_compare("cpu vs ideal", &c, a, &ideal, kvh, s, sc, &knife, &shown);
+            bad += plan_row_compare("cpu vs ideal", &c, a, &ideal, kvh, s, sc, 1e-4, &knife, &shown);
             if (k < nvis) selective++;
             if (c.ranking == EI_RANK_SAMPLED && (int64_t)s * S7_SEG >= c.threshold_len && k > nf) {
                 /* kept by mass, not among the reference's top k - nf candidates */
@@ -1118,16 +983,8 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
 enum { S8_H = 8, S8_KV = 2, S8_D = 32, S8_GAP = 4, S8_WIN = 16, S8_BUDGET = 96, S8_NPOS = 300, S8_EXTRA = 37,
        S8_MORE = 8, S8_ROWS = S8_NPOS + S8_EXTRA, S8_L = S8_NPOS - S8_WIN, S8_ROWS2 = S8_BUDGET + S8_MORE,
        S8_MISUSE = 9 };
-typedef struct s8_keep {
-    ei_result r;
-    int32_t heads, cap, n_kept, compressed;
-    int64_t n_tokens, n, pcap;
-    int32_t *index, *positions; /* [heads][cap] */
-    uint8_t *mask;              /* [heads][n] */
-    float *pooled;              /* [heads][pcap] */
-} s8_keep;
 typedef struct s8_out {
-    s8_keep keep, sel, perq, second, shared_set;
+    keep_host keep, sel, perq, second, shared_set;
     float *scores;     /* [H][ROWS] of layer 1 */
     float *shared;     /* [ROWS] */
     float *shared_max; /* [ROWS] the same with gqa_reduce max (the layers' maximum) */
@@ -1149,10 +1006,6 @@ typedef struct s8_data {
    (decode_select_shared) */
 static const ei_result s8_misuse_codes[S8_MISUSE] = {EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE,
                                                      EI_ERR_NONFINITE, EI_ERR_NONFINITE, EI_ERR_STRIDE, EI_ERR_NONFINITE};
-static int int32_cmp_b(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
 static ei_config s8_config(void) {
     ei_config c = ei_config_default();
     c.decode_budget = S8_BUDGET; c.window = S8_WIN; c.decode_gap = S8_GAP; c.recompress_every = S8_MORE;
@@ -1194,131 +1047,17 @@ static s8_data s8_make(void) {
 }
 static void s8_free_data(s8_data *d) { free(d->q); free(d->q2); free(d->k); free(d->kB); free(d->row_pos); free(d->row_pos2); }
 
-/* A keep set with every output array in the side's memory. */
-static ei_keep_set s8_keep_new(const side *s, int32_t heads, int32_t cap, int64_t n, int64_t pcap) {
-    ei_keep_set ks;
-    memset(&ks, 0, sizeof ks);
-    ks.heads_out = heads;
-    ks.capacity = cap;
-    ks.index = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
-    ks.positions = (int32_t *)mem_new(s, (size_t)heads * cap * 4);
-    ks.mask = (uint8_t *)mem_new(s, (size_t)heads * n);
-    ks.mask_capacity = n;
-    ks.pooled = (float *)mem_new(s, (size_t)heads * pcap * 4);
-    ks.pooled_capacity = pcap;
-    return ks;
-}
-/* Its host copy (o), the side's arrays freed. */
-static void s8_keep_take(const side *s, ei_keep_set *ks, ei_result r, s8_keep *o) {
-    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
-    o->r = r;
-    o->heads = ks->heads_out; o->cap = ks->capacity; o->n_kept = ks->n_kept; o->compressed = ks->compressed;
-    o->n_tokens = ks->n_tokens; o->n = ks->mask_capacity; o->pcap = ks->pooled_capacity;
-    o->index = (int32_t *)mem_down(s, ks->index, ib);
-    o->positions = (int32_t *)mem_down(s, ks->positions, ib);
-    o->mask = (uint8_t *)mem_down(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
-    o->pooled = (float *)mem_down(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
-    mem_del(s, ks->index, ib);
-    mem_del(s, ks->positions, ib);
-    mem_del(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
-    mem_del(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
-}
-/* The side's arrays of a keep set, not read. */
-static void s8_keep_del(const side *s, ei_keep_set *ks) {
-    size_t ib = (size_t)ks->heads_out * ks->capacity * 4;
-    mem_del(s, ks->index, ib);
-    mem_del(s, ks->positions, ib);
-    mem_del(s, ks->mask, (size_t)ks->heads_out * ks->mask_capacity);
-    mem_del(s, ks->pooled, (size_t)ks->heads_out * ks->pooled_capacity * 4);
-}
-static void s8_keep_free(s8_keep *o) { free(o->index); free(o->positions); free(o->mask); free(o->pooled); }
-
-/* The map of keep-set head h (map NULL: row j holds position j). */
-static const int32_t *s8_map(const int32_t *map, int64_t stride, int32_t h, int32_t div) {
-    return map ? map + (size_t)(h / div) * (size_t)stride : NULL;
-}
-/* The positions a map holds (n rows), ascending, into held; returns how many. */
-static int64_t s8_held(const int32_t *map, int64_t n, int32_t *held) {
-    int64_t j, np = 0;
-    for (j = 0; j < n; ++j)
-        if (!map || map[j] >= 0) held[np++] = map ? map[j] : (int32_t)j;
-    qsort(held, (size_t)np, sizeof *held, int32_cmp_b);
-    return np;
-}
-/* A keep set as the CPU documents it: rows ascending, holding the positions
-   given, mask over exactly those rows, the window kept. */
-static void s8_check_one(const char *who, const char *what, const s8_keep *o, const int32_t *map, int64_t stride,
+/* The shape of a keep set (check.h's keep_check_one, window S8_WIN). */
+static void s8_check_one(const char *who, const char *what, const keep_host *o, const int32_t *map, int64_t stride,
                          int32_t div) {
-    int32_t h, i, held[S8_ROWS];
-    if (o->r != EI_OK) return;
-    for (h = 0; h < o->heads; ++h) {
-        const int32_t *m = s8_map(map, stride, h, div), *idx = o->index + (size_t)h * o->cap;
-        const int32_t *pos = o->positions + (size_t)h * o->cap;
-        int64_t np = s8_held(m, o->n_tokens, held), j;
-        int bad = 0, window = 0, masked = 0;
-        for (i = 0; i < o->n_kept; ++i) {
-            bad += idx[i] < 0 || idx[i] >= o->n_tokens || (i > 0 && idx[i] <= idx[i - 1]);
-            if (idx[i] >= 0 && idx[i] < o->n_tokens) {
-                bad += pos[i] != (m ? m[idx[i]] : idx[i]);
-                bad += o->mask[(size_t)h * o->n + idx[i]] != 1;
-                window += pos[i] >= held[np - S8_WIN];
-            }
-        }
-        for (j = 0; j < o->n_tokens; ++j) masked += o->mask[(size_t)h * o->n + j] == 1;
-        CHECK(bad == 0 && window == S8_WIN && masked == o->n_kept, "8 (%s): %s head %d: %d bad rows, %d window rows, "
-              "%d masked of %d kept", who, what, h, bad, window, masked, o->n_kept);
-    }
+    keep_check_one(who, what, o, map, stride, div, S8_WIN);
 }
-/* b against a (the CPU's): the same kept positions but at near-ties of a's
-   pooled scores, pooled scores within 1e-3. */
-static void s8_compare_keep(const char *what, const s8_keep *a, const s8_keep *b, const int32_t *map, int64_t stride,
+/* b against a (the CPU's), up to near-ties (check.h's keep_compare). */
+static void s8_compare_keep(const char *what, const keep_host *a, const keep_host *b, const int32_t *map, int64_t stride,
                             int32_t div) {
-    int32_t h, i, held[S8_ROWS], sa[S8_ROWS], sb[S8_ROWS];
-    int ties = 0, bad_set = 0, bad_pool = 0;
-    CHECK(a->r == b->r, "8: %s: %s against %s", what, ei_result_name(b->r), ei_result_name(a->r));
-    if (a->r != EI_OK || b->r != EI_OK) return;
-    CHECK(a->n_kept == b->n_kept && a->compressed == b->compressed && a->n_tokens == b->n_tokens,
-          "8: %s: n_kept %d/%d compressed %d/%d n_tokens %lld/%lld", what, a->n_kept, b->n_kept, a->compressed,
-          b->compressed, (long long)a->n_tokens, (long long)b->n_tokens);
-    if (a->n_kept != b->n_kept) return;
-    for (h = 0; h < a->heads; ++h) {
-        const int32_t *m = s8_map(map, stride, h, div);
-        int64_t np = s8_held(m, a->n_tokens, held), L = np - S8_WIN, j, x = 0, y = 0;
-        const float *pa = a->pooled + (size_t)h * a->pcap, *pb = b->pooled + (size_t)h * b->pcap;
-        double thr = HUGE_VAL;
-        memcpy(sa, a->positions + (size_t)h * a->cap, sizeof(int32_t) * a->n_kept);
-        memcpy(sb, b->positions + (size_t)h * b->cap, sizeof(int32_t) * b->n_kept);
-        qsort(sa, (size_t)a->n_kept, sizeof *sa, int32_cmp_b);
-        qsort(sb, (size_t)b->n_kept, sizeof *sb, int32_cmp_b);
-        if (!a->compressed) {
-            bad_set += memcmp(sa, sb, sizeof(int32_t) * a->n_kept) != 0;
-            continue;
-        }
-        for (i = 0; i < a->n_kept; ++i) { /* the CPU's threshold: its lowest kept candidate */
-            int32_t *at = (int32_t *)bsearch(&sa[i], held, (size_t)np, sizeof *held, int32_cmp_b);
-            if (at && at - held < L && pa[at - held] < thr) thr = pa[at - held];
-        }
-        while (x < a->n_kept || y < b->n_kept) { /* the symmetric difference, each at a near-tie */
-            int32_t p;
-            int32_t *at;
-            if (x < a->n_kept && y < b->n_kept && sa[x] == sb[y]) { x++; y++; continue; }
-            p = (y >= b->n_kept || (x < a->n_kept && sa[x] < sb[y])) ? sa[x++] : sb[y++];
-            at = (int32_t *)bsearch(&p, held, (size_t)np, sizeof *held, int32_cmp_b);
-            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= 1e-3 * thr + 1e-9)) {
-                if (bad_set++ < 3)
-                    printf("  8: %s head %d: position %d kept by one backend only (cpu pooled %g, threshold %g)\n", what, h,
-                           (int)p, at && at - held < L ? (double)pa[at - held] : -1.0, thr);
-            } else
-                ties++;
-        }
-        for (j = 0; j < L; ++j)
-            if (!close_to(pb[j], pa[j], 1e-9, 1e-3) && bad_pool++ < 3)
-                printf("  8: %s head %d pooled[%lld]: cpu %g gpu %g\n", what, h, (long long)j, (double)pa[j], (double)pb[j]);
-    }
-    CHECK(bad_set == 0, "8: %s: %d kept positions differ beyond near-ties", what, bad_set);
-    CHECK(bad_pool == 0, "8: %s: pooled scores differ", what);
-    if (bad_set || bad_pool) printf("  8: %s: FAILED\n", what);
-    else printf("  8: %s: the same kept positions (%d near-tie swaps), pooled scores within 1e-3\n", what, ties / 2);
+    int f = failures, ties = keep_compare(what, a, b, map, stride, div, S8_WIN);
+    if (failures != f) printf("  8: %s: FAILED\n", what);
+    else printf("  8: %s: the same kept positions (%d near-tie swaps), pooled scores within 1e-3\n", what, ties);
 }
 
 static void s8_observe(const side *s, ei_decoder *dec, void *dq, long from, long to, int generated) {
@@ -1372,9 +1111,9 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
     s8_observe_all(&s, &dec, dq);
 
     /* decode_keep over the scattered rows */
-    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    s8_keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), &o->keep);
+    keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), &o->keep);
     CHECK(o->keep.r == EI_OK && o->keep.n_kept == S8_BUDGET && o->keep.compressed == 1 && o->keep.n_tokens == S8_ROWS,
           "8 (%s): decode_keep with row_pos: %s, kept %d", who, ei_result_name(o->keep.r), o->keep.n_kept);
     s8_check_one(who, "decode_keep", &o->keep, D->row_pos, 0, 1);
@@ -1388,9 +1127,9 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         CHECK(!memcmp(one, o->scores, sc_bytes), "8 (%s): decode_score split over 3 threads differs from one call", who);
         free(one);
     }
-    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    s8_keep_take(&s, &ks, ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb), &o->sel);
+    keep_take(&s, &ks, ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb), &o->sel);
     s8_check_one(who, "decode_select", &o->sel, D->row_pos, 0, 1);
 
     /* a keep set per query head (max pooling), per-kv-head maps */
@@ -1399,10 +1138,10 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         void *ringq = mem_new(&sq, ring_bytes);
         CHECK_ERR(ei_decoder_init(sq.ctx, &decq, S8_H, S8_KV, S8_D, ringq, ring_bytes), EI_OK);
         s8_observe_all(&sq, &decq, dq);
-        ks = s8_keep_new(&sq, S8_H, S8_BUDGET, S8_ROWS, S8_ROWS);
+        ks = keep_new(&sq, S8_H, S8_BUDGET, S8_ROWS, S8_ROWS);
         ks.row_pos = drp2;
         ks.row_pos_stride = S8_ROWS;
-        s8_keep_take(&sq, &ks, ei_decode_keep(sq.ctx, &decq, &kB, &ks, ws, wb), &o->perq);
+        keep_take(&sq, &ks, ei_decode_keep(sq.ctx, &decq, &kB, &ks, ws, wb), &o->perq);
         CHECK(o->perq.r == EI_OK, "8 (%s): per query head: %s", who, ei_last_error());
         s8_check_one(who, "per query head", &o->perq, D->row_pos2, S8_ROWS, S8_H / S8_KV);
         mem_del(&sq, ringq, ring_bytes);
@@ -1410,7 +1149,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
 
     /* compaction per kv head, then 8 new positions into rows 96..103 (newest
        first) and a second compression over per-kv-head maps */
-    ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
     CHECK_ERR(ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), EI_OK);
     ko = ei_out_tensor_make(dk, EI_F32, S8_ROWS, S8_KV, S8_D);
@@ -1438,16 +1177,16 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         free(kc);
         free(pos);
     }
-    s8_keep_del(&s, &ks);
+    keep_del(&s, &ks);
     s8_observe(&s, &dec, dq, S8_NPOS, S8_NPOS + S8_MORE, 1);
     CHECK(ei_decode_due(s.ctx, &dec), "8 (%s): due after recompress_every tokens", who);
     dmap2 = (int32_t *)mem_up(&s, o->map2, sizeof(int32_t) * S8_KV * S8_ROWS2);
     {
         ei_tensor kC = ei_tensor_make(dk, EI_F32, S8_ROWS2, S8_KV, S8_D);
-        ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS2, S8_ROWS2);
+        ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS2, S8_ROWS2);
         ks.row_pos = dmap2;
         ks.row_pos_stride = S8_ROWS2;
-        s8_keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kC, &ks, ws, wb), &o->second);
+        keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kC, &ks, ws, wb), &o->second);
         CHECK(o->second.r == EI_OK && o->second.n_kept == S8_BUDGET, "8 (%s): second compression: %s", who,
               ei_result_name(o->second.r));
         s8_check_one(who, "second compression", &o->second, o->map2, S8_ROWS2, 1);
@@ -1483,9 +1222,9 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         mem_put(&s, dshared, o->shared, sizeof(float) * S8_ROWS);
         side_free(&sm);
     }
-    ks = s8_keep_new(&s, 1, S8_BUDGET, S8_ROWS, S8_ROWS);
+    ks = keep_new(&s, 1, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    s8_keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb), &o->shared_set);
+    keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb), &o->shared_set);
     CHECK(o->shared_set.r == EI_OK && o->shared_set.n_kept == S8_BUDGET, "8 (%s): select_shared: %s", who,
           ei_result_name(o->shared_set.r));
     s8_check_one(who, "shared keep set", &o->shared_set, D->row_pos, 0, 1);
@@ -1520,7 +1259,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
             if (D->row_pos[i] == 6) r6 = i;
             if (D->row_pos[i] == S8_NPOS - 3) rw = i;
         }
-        ks = s8_keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
+        ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
         ks.row_pos = drp;
         memcpy(rp, D->row_pos, sizeof rp);
         rp[r5] = -2; /* not a position */
@@ -1548,7 +1287,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         ks.heads_out = 1;
         o->misuse[mi++] = ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb);
         ks.heads_out = S8_KV;
-        s8_keep_del(&s, &ks);
+        keep_del(&s, &ks);
     }
     for (i = 0; i < S8_MISUSE; ++i)
         CHECK(o->misuse[i] == s8_misuse_codes[i], "8 (%s): misuse %d returned %s, expected %s", who, i,
@@ -1606,8 +1345,8 @@ static void s8_compare(const s8_out *a, const s8_out *b, const s8_data *D) {
     printf("  8: decode_score (3 threads) within 1e-3 of the cpu, shared scores within 1e-3, misuse codes equal\n");
 }
 static void s8_out_free(s8_out *o) {
-    s8_keep_free(&o->keep); s8_keep_free(&o->sel); s8_keep_free(&o->perq); s8_keep_free(&o->second);
-    s8_keep_free(&o->shared_set);
+    keep_free(&o->keep); keep_free(&o->sel); keep_free(&o->perq); keep_free(&o->second);
+    keep_free(&o->shared_set);
     free(o->scores); free(o->shared); free(o->shared_max); free(o->map2);
 }
 
