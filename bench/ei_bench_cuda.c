@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     int nsizes = 3, i, si, rep;
     const int reps = 5;
     ei_config cfg = ei_config_default(), ccfg, qcfg;
-    ei_context *g, *cpu, *gq;
+    ei_context *g, *cpu, *gq, *cpuq;
     uint16_t *hq, *hk, *hv;
     void *dq, *dk, *dv, *dout, *ws, *plan_mem, *qplan_mem;
     size_t bytes, qbytes;
@@ -167,6 +167,11 @@ int main(int argc, char **argv) {
         }
     }
     OK(ei_context_create(&qcfg, &gq));
+    {   /* the quality plan read back needs host rows of its own budgets */
+        ei_config hq = qcfg;
+        hq.backend = EI_BACKEND_CPU;
+        OK(ei_context_create(&hq, &cpuq));
+    }
     api = g->cuda->api;
     msg[0] = 0;
     api->device_check(msg);
@@ -274,7 +279,7 @@ int main(int argc, char **argv) {
             v[rep] = now_ms() - t0;
         }
         spq = median_ms(v, reps);
-        OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
+        OK(ei_plan_alloc(cpuq, &hplan, n, NKV, HD, 0));
         OK(ei_plan_copy(gq, &hplan, &qplan, EI_COPY_DEVICE_TO_HOST));
         qdensity = 0;
         for (t = 0; t < n; t++) {
@@ -288,7 +293,7 @@ int main(int argc, char **argv) {
                 qdensity += (double)NH * (double)(t + 1);
             }
         }
-        ei_plan_free(cpu, &hplan);
+        ei_plan_free(cpuq, &hplan);
         /* density from the plan */
         OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
         OK(ei_plan_copy(g, &hplan, &plan, EI_COPY_DEVICE_TO_HOST));
@@ -339,5 +344,6 @@ int main(int argc, char **argv) {
     ei_context_destroy(gq);
     ei_context_destroy(g);
     ei_context_destroy(cpu);
+    ei_context_destroy(cpuq);
     return 0;
 }
