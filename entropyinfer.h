@@ -714,8 +714,9 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    and workspace pointers are device pointers; the structs holding them live
    on the host. Work is queued on cfg->cuda_stream (NULL: the default stream)
    and is asynchronous, except where an entry must read a device flag back
-   (profile, decode_observe, kv_compact, the decode entries that read a row
-   map or check scores) and the explicit copies. */
+   (profile, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
+   kv_compact, the decode entries that read a row map or check scores) and
+   the explicit copies. */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
