@@ -2078,7 +2078,8 @@ static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *pla
     int64_t segs;
     ei_result r = ei__check_plan_seal(ctx, plan);
     if (r != EI_OK) return r;
-    segs = plan->n_tokens > 0 ? ei__ceil_div(plan->n_tokens, plan->segment_size) : 0;
+    /* (n_tokens first: any int64 reaches here, and ceil_div must not overflow) */
+    segs = plan->n_tokens > 0 && plan->n_tokens <= plan->max_tokens ? ei__ceil_div(plan->n_tokens, plan->segment_size) : 0;
     if (plan->n_tokens < 0 || plan->n_tokens > plan->max_tokens || plan->n_segments != segs ||
         plan->n_segments > plan->seg_capacity || plan->n_blocks < 0 || plan->n_blocks > plan->blk_capacity ||
         plan->n_blocks != (segs > 0 ? (segs - 1) * (plan->segment_size / plan->block_size) : 0) ||
