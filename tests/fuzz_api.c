@@ -1,37 +1,191 @@
 /* fuzz_api.c - libFuzzer target over every public entry point of entropyinfer.
 
-   The input bytes are a small program: a configuration (every knob drawn from
-   its defaults, its limits and values past them), a layer (shapes, dtypes,
-   strides: contiguous, padded, head-major, zero, negative, aliasing, huge;
-   values with NaN, Inf, denormals and huge magnitudes injected), then a
-   sequence of operations in any order: plan init/alloc/reset/finalize, whole,
-   per-head-range, threaded and chunked profiling (chunks of any size and
-   offset), plan corruption (arbitrary block indices and counts), prefill
-   attention with arbitrary plans and ith/nth, decoder init/observe/due/keep
-   (also before anything was observed), keep sets and compaction with
-   arbitrary indices, size queries with extreme arguments, the GPU-memory
-   helpers on a CPU context, and swapping the context a plan was made with.
+   The input bytes are a small program: two configurations (every knob drawn
+   from its defaults, its limits and values past them), a layer (shapes,
+   dtypes, strides: contiguous, padded, head-major, zero, negative, aliasing,
+   huge; values with NaN, Inf, denormals and huge magnitudes injected), then
+   a sequence of operations in any order (the op byte modulo OP_COUNT, see
+   run_op): plan init/alloc/reset/finalize, whole, per-head-range, threaded
+   and chunked profiling (chunks of any size and offset), plan corruption
+   (arbitrary block indices and counts), prefill attention with arbitrary
+   plans and ith/nth, decoder init/observe/due/keep (also before anything was
+   observed), keep sets over row maps and compaction with arbitrary indices,
+   size queries with extreme arguments, the GPU-memory helpers on a CPU
+   context, swapping the context a plan was made with, and (issue 15):
+     placement   one call's buffers (views, plan memory and struct, decoder
+                 ring and struct, keep-set arrays and struct, row maps,
+                 scores, workspaces) placed in one arena at fuzzer-chosen
+                 byte offsets (odd ones included), and optionally one placed
+                 over another at a fuzzer-chosen offset (also interleaved
+                 views of one layout). Oracles: a written region that meets
+                 another is refused (EI_ERR_OVERLAP, or any error), unless the
+                 two are views of one dtype and strides with disjoint
+                 elements; misaligned views (element size) and int32/float
+                 arrays (4 bytes) are refused; otherwise the call gives the
+                 same result, bit for bit, as with every buffer apart and
+                 64-byte aligned (plan, decoder and workspace memory may have
+                 any alignment). Gaps between the buffers are poisoned, so
+                 ASan reports any access outside them;
+     plan edit   a plan's layout field, count or array pointer (or a
+                 decoder's) set to an arbitrary value, then the plan used:
+                 an edited layout field or counts that do not fit the layout
+                 are refused;
+     small stack any other op run on a thread with a 64 KiB stack (mmap, with
+                 a guard page below it: an overflow is a clean crash);
+     cell_pos    ei_check_key_positions over orderly, broken and misaligned
+                 maps.
 
    Every buffer handed to the library has exactly the size its shape says, so
    AddressSanitizer reports any access outside it. Oracles besides the
    sanitizers: every failure's message names its code; successful calls leave
    valid plans and keep sets; compaction moves exactly the kept rows; dense
    and sparse attention match the double-precision reference of the method's
-   semantics (check.h: ref_attention, FORMAT.md) when the inputs are tame;
-   nothing reads padding (padding is NaN, so reading it would report a
-   non-finite input).
+   semantics (the reference of check.h, ref_attention_token, on sampled
+   tokens) when the inputs are tame; nothing reads padding (padding is NaN,
+   so reading it would report a non-finite input); a successful attention
+   over finite, bounded V writes finite outputs (NaN/Inf in the Q and K rows
+   a call reads is refused, EI_ERR_NONFINITE).
+
+   Speed (issue 15: >= 4,000 executions/s on one core under -fsanitize=
+   fuzzer,address,undefined -O1): contexts are created once per distinct
+   configuration and kept in a cache keyed by the configuration's bytes;
+   layers are capped at tokens^2 x heads x dim <= FZ_LAYER_WORK and one
+   attention call at FZ_ATTN_WORK (a long layer's last queries); an input
+   runs at most FZ_MAX_OPS ops and stops when its work budget (FZ_INPUT_WORK,
+   roughly multiply-adds) is spent; the small configuration (segment 8,
+   block 2, threshold 16) has sparse segments at 25 tokens; calls with
+   worker threads are rare (a thread start under ASan costs as much as a
+   whole input: fz_threads) and the small-stack thread is started once; large
+   buffers come from a pool with the bytes around them poisoned (ASan maps
+   and unmaps large allocations); the harness itself is compiled without
+   coverage instrumentation (only the library gives libFuzzer features).
+   EI_FUZZ_TIMING=1 prints the time of each op and the placement outcomes
+   per call kind at exit.
+
+   Ops (the op byte modulo OP_COUNT): 0 plan init/alloc, 1-2 profile,
+   3 profile_heads, 4 profile_mt, 5 chunk, 6 reset/finalize, 7 corrupt,
+   8-9 attention, 10 attention_mt, 11 decoder init, 12-13 observe, 14 decode
+   (row maps, or keep), 15 compact, 16 decoder reset, 17 sizes, 18 new layer,
+   19 swap contexts, 20 and 24 placement, 21 plan/decoder edit, 22 small
+   stack, 23 cell_pos. tests/fuzz_seeds.py writes inputs in this format.
+
+   Op families can be switched off (compile -DEI_FUZZ_FAMILIES=mask or
+   environment EI_FUZZ_FAMILIES=mask; FAM_* below), e.g. while the library
+   lacks the checks one family needs.
 
    Build (libFuzzer):  clang -fsanitize=fuzzer,address,undefined tests/fuzz_api.c
    Build (replay):     cc -DEI_FUZZ_STANDALONE tests/fuzz_api.c   then
-                       ./fuzz_replay FILE_OR_DIR...   (runs each input once) */
+                       ./fuzz_replay FILE_OR_DIR...   (runs each input once)
+   EI_FUZZ_VERBOSE=1 traces every op and call. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FZ_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(FZ_ASAN)
+#define FZ_ASAN 1
+#endif
+#ifdef FZ_ASAN
+#include <sanitizer/asan_interface.h>
+#define FZ_POISON(p, n) __asan_poison_memory_region((p), (n))
+#define FZ_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define FZ_POISON(p, n) ((void)(p), (void)(n))
+#define FZ_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+/* The harness's own loops (fills, references, checks) without coverage
+   instrumentation: faster, and the fuzzer's feedback is the library's. */
+#if defined(__clang__) && __clang_major__ >= 13
+#define FZ_NOCOV __attribute__((noinline, no_sanitize("coverage")))
+#elif defined(__GNUC__)
+#define FZ_NOCOV __attribute__((noinline))
+#else
+#define FZ_NOCOV
+#endif
+
+/* The whole harness below is left out of coverage (the library above is
+   instrumented): libFuzzer's feedback is the library's, the harness's own
+   loops add no features (features cost time on every run) and run faster. */
+#if defined(__clang__) && __clang_major__ >= 13 && !defined(EI_FUZZ_COVER_HARNESS)
+#pragma clang attribute push(__attribute__((no_sanitize("coverage"))), apply_to = function)
+#define FZ_PRAGMA_PUSHED 1
+#endif
+
+/* ------------------------------------------------------------ op families */
+enum {
+    FAM_OVERLAP = 1,   /* placement: one buffer over another */
+    FAM_ALIGN = 2,     /* placement: views and int32/float arrays at misaligned addresses */
+    FAM_PLANEDIT = 4,  /* plan / decoder fields edited after init */
+    FAM_STACK = 8,     /* ops on a 64 KiB thread stack */
+    FAM_NONFINITE = 16 /* attention: NaN/Inf in Q/K rows read is refused, finite V gives finite outputs */
+};
+#ifndef EI_FUZZ_FAMILIES
+#define EI_FUZZ_FAMILIES (FAM_OVERLAP | FAM_ALIGN | FAM_PLANEDIT | FAM_STACK | FAM_NONFINITE)
+#endif
+static unsigned families(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("EI_FUZZ_FAMILIES");
+        v = e && *e ? (int)(strtol(e, NULL, 0) & 0xffff) : (EI_FUZZ_FAMILIES);
+    }
+    return (unsigned)v;
+}
+#define FAMILY(x) ((families() & (x)) != 0)
+
+/* ------------------------------------------------------------ work budget */
+#ifndef FZ_LAYER_WORK
+#define FZ_LAYER_WORK 12288.0   /* tokens^2 x heads x dim of a layer */
+#endif
+#ifndef FZ_ATTN_WORK
+#define FZ_ATTN_WORK 6144.0     /* queries x keys x heads x dim of one attention call */
+#endif
+#ifndef FZ_MAX_OPS
+#define FZ_MAX_OPS 14           /* ops per input */
+#endif
+#ifndef FZ_INPUT_WORK
+#define FZ_INPUT_WORK 600000.0  /* per input, roughly multiply-adds */
+#endif
+static double work_left;
+static void work_spend(double w) { work_left -= w; }
+/* Threads of an _mt call. Starting a thread costs 0.2-0.4 ms under ASan
+   (its 8 MB stack's shadow is cleared), the cost of a hundred plain calls:
+   a call with worker threads is rare (byte % 32 == 31) and comes once per
+   input; otherwise one thread (the caller runs the share), or 0 / -1
+   (refused) now and then. */
+static int threads_left;
+static int fz_threads(unsigned b, int maxn) {
+    if (b % 32u == 31u && threads_left > 0) {
+        threads_left--;
+        return 2 + (int)((b >> 5) % (unsigned)(maxn > 2 ? maxn - 1 : 1));
+    }
+    if (b % 32u == 0u) return -(int)((b >> 5) & 1u);
+    return 1;
+}
+static int fz_threads1(unsigned b, int maxn) { int n = fz_threads(b, maxn); return n > 0 ? n : 1; }
 
 /* ------------------------------------------------------------ input bytes */
-typedef struct fz { const uint8_t *p; size_t n, i; } fz;
-static unsigned fz_u8(fz *f) { return f->i < f->n ? f->p[f->i++] : 0u; }
+typedef struct fz {
+    const uint8_t *p;
+    size_t n, i;
+    uint8_t *rec;        /* when set: every byte read is recorded here (the context cache's key) */
+    unsigned nrec, caprec;
+} fz;
+static unsigned fz_u8(fz *f) {
+    unsigned v = f->i < f->n ? f->p[f->i++] : 0u;
+    if (f->rec) {
+        if (f->nrec < f->caprec) f->rec[f->nrec] = (uint8_t)v;
+        f->nrec++;
+    }
+    return v;
+}
 static unsigned fz_u16(fz *f) { unsigned a = fz_u8(f); return a | (fz_u8(f) << 8); }
 static uint32_t fz_u32(fz *f) { uint32_t a = fz_u16(f); return a | ((uint32_t)fz_u16(f) << 16); }
 static int fz_left(const fz *f) { return f->i < f->n; }
@@ -53,13 +207,75 @@ static ei_result checked_(ei_result r, const char *what) {
     return r;
 }
 
-/* ------------------------------------------------------------ rng for values */
+/* ------------------------------------------------------------ rng and element access */
 static uint64_t rng_s;
-static uint32_t rng_next(void) {
+static FZ_NOCOV uint32_t rng_next(void) {
     rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
     return (uint32_t)(rng_s >> 32);
 }
-static float rng_val(void) { return ((float)(int32_t)(rng_next() % 2001u) - 1000.0f) / 500.0f; } /* [-2, 2] */
+static FZ_NOCOV float rng_val(void) { return (float)((int32_t)(rng_next() >> 21) - 1024) * (1.0f / 512.0f); } /* [-2, 2) */
+
+/* The library's conversions (>>convert), uninstrumented. */
+static FZ_NOCOV uint16_t fz_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static FZ_NOCOV uint16_t fz_to_f16(float f) {
+    uint32_t u, sign, a;
+    memcpy(&u, &f, 4);
+    sign = (u >> 16) & 0x8000u; a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        float m, frac;
+        uint32_t r;
+        memcpy(&m, &a, 4);
+        m *= 16777216.0f;
+        r = (uint32_t)m;
+        frac = m - (float)r;
+        if (frac > 0.5f || (frac == 0.5f && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (a >> 13));
+}
+static FZ_NOCOV float fz_from16(uint16_t h, ei_dtype dt) {
+    uint32_t u;
+    float f;
+    if (dt == EI_BF16) { u = (uint32_t)h << 16; memcpy(&f, &u, 4); return f; }
+    {
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+        if (ex == 0x1f) u = sign | 0x7f800000u | (man << 13);
+        else if (ex == 0) { f = (float)man * (1.0f / 16777216.0f); return sign ? -f : f; }
+        else u = sign | ((ex + 112u) << 23) | (man << 13);
+        memcpy(&f, &u, 4);
+        return f;
+    }
+}
+/* Element i of a buffer of dtype dt (any alignment: memcpy). */
+static FZ_NOCOV float load_el(const void *buf, ei_dtype dt, size_t i) {
+    if (dtype_size(dt) == 2) {
+        uint16_t h;
+        memcpy(&h, (const unsigned char *)buf + 2 * i, 2);
+        return fz_from16(h, dt);
+    } else {
+        float f;
+        memcpy(&f, (const unsigned char *)buf + 4 * i, 4);
+        return f;
+    }
+}
+static FZ_NOCOV void store_el(void *buf, ei_dtype dt, size_t i, float v) {
+    if (dtype_size(dt) == 2) {
+        uint16_t h = dt == EI_BF16 ? fz_to_bf16(v) : fz_to_f16(v);
+        memcpy((unsigned char *)buf + 2 * i, &h, 2);
+    } else memcpy((unsigned char *)buf + 4 * i, &v, 4);
+}
+static size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
+    return (size_t)(tok * t->token_stride + (int64_t)h * t->head_stride + i);
+}
 
 /* ------------------------------------------------------------ buffers */
 /* An exact-size allocation (ASan catches any byte outside it). */
@@ -83,28 +299,104 @@ static int poison_off(void) { /* EI_FUZZ_POISON=none: leave it uninitialised (va
     if (off < 0) { const char *e = getenv("EI_FUZZ_POISON"); off = e && !strcmp(e, "none"); }
     return off;
 }
-/* ... and at a varying alignment: the buffer ends exactly where the
-   allocation ends (ASan catches overruns) and starts 16..64 bytes into it, so
-   sizes that only suffice at one alignment fail ("any alignment" is the
-   contract). The offset is kept in the byte before the buffer. */
-static void *walloc_at(size_t n, int aligned) {
-    static const unsigned char offsets[] = {16, 20, 24, 32, 40, 48, 60, 64};
-    unsigned char off = offsets[(poison_count * 5u + 3u) % 8u];
-    unsigned char *raw = (unsigned char *)xalloc(n + 64), *p;
-    if (aligned) off = (unsigned char)(64 - ((uintptr_t)raw & 63u)); /* 64-byte aligned, 1..64 bytes in */
-    p = raw + off; /* unaligned: the buffer ends 64 - off bytes before the allocation does */
-    if (!aligned) { free(raw); raw = (unsigned char *)xalloc(n + off); p = raw + off; } /* ... or exactly at its end */
-    if (!poison_off()) memset(p, poison_byte(), n ? n : 1);
+/* Large buffers (workspaces are 150-400 KB) come from a pool of persistent
+   allocations: ASan maps and unmaps large ones on every malloc/free, and the
+   page faults cost more than the calls. Everything in a pool allocation
+   outside the buffer handed out is poisoned (and a free buffer entirely), so
+   ASan reports any access outside it, before it as well as after it. With
+   EI_FUZZ_POISON=none (valgrind) every buffer is a fresh exact allocation. */
+#define FZ_POOL 32
+typedef struct pool_entry { unsigned char *raw, *user; size_t cap; } pool_entry;
+static pool_entry pool[FZ_POOL];
+static int poison_off(void);
+static unsigned char *pool_take(size_t n, size_t *cap) {
+    int i, best = -1;
+    if (poison_off() || n > ((size_t)1 << 30)) return NULL;
+    for (i = 0; i < FZ_POOL; ++i)
+        if (!pool[i].user && pool[i].raw && pool[i].cap >= n && (best < 0 || pool[i].cap < pool[best].cap)) best = i;
+    if (best < 0)
+        for (i = 0; i < FZ_POOL; ++i)
+            if (!pool[i].user) { /* a free entry, too small or empty: (re)allocate it */
+                size_t c = (size_t)1 << 16;
+                while (c < n) c *= 2;
+                if (pool[i].raw) { FZ_UNPOISON(pool[i].raw, pool[i].cap); free(pool[i].raw); }
+                pool[i].raw = (unsigned char *)xalloc(c);
+                pool[i].cap = c;
+                FZ_POISON(pool[i].raw, c);
+                best = i;
+                break;
+            }
+    if (best < 0) return NULL;
+    pool[best].user = pool[best].raw;
+    *cap = pool[best].cap;
+    return pool[best].raw;
+}
+static int pool_give(const void *user) {
+    int i;
+    for (i = 0; i < FZ_POOL; ++i)
+        if (pool[i].user && pool[i].user == (const unsigned char *)user) {
+            FZ_POISON(pool[i].raw, pool[i].cap);
+            pool[i].user = NULL;
+            return 1;
+        }
+    return 0;
+}
+/* ... at a varying address: address mod 64 = off mod 64. Library memory
+   (plan, decoder, workspaces) takes any offset, odd ones included ("any
+   alignment" is the contract); int32/float arrays multiples of 4 (misaligned
+   ones are the placement op's). Small buffers end exactly where their
+   allocation ends (the offset is kept in the byte before the buffer). */
+static void *walloc_off(size_t n, unsigned off) {
+    unsigned char *raw, *p;
+    size_t cap = 0;
+    off %= 64u;
+    if (n >= 256 && (raw = pool_take(n + 64, &cap)) != NULL) {
+        size_t at = cap - n;
+        at -= ((uintptr_t)(raw + at) - off) % 64u;
+        p = raw + at;
+        FZ_UNPOISON(p, n);
+        {
+            int i;
+            for (i = 0; i < FZ_POOL; ++i)
+                if (pool[i].raw == raw) pool[i].user = p;
+        }
+        if (!poison_off()) { /* large workspaces are mostly never touched: whole every 8th time, else their ends */
+            int pb = poison_byte();
+            if (n <= 20480 || (poison_count & 7u) == 0) memset(p, pb, n);
+            else { memset(p, pb, 16384); memset(p + n - 4096, pb, 4096); }
+        }
+        return p;
+    }
+    off = off ? off : 64u;
+    raw = (unsigned char *)xalloc(n + off);
+    p = raw + off;
+    if (!poison_off()) memset(p, poison_byte(), n);
     else poison_count++;
-    p[-1] = off;
+    p[-1] = (unsigned char)off;
     return p;
 }
-static void *walloc(size_t n) { return walloc_at(n, 0); }
-/* Profiling workspaces: misaligned like the rest (the sizing bug of
-   tests/fuzz_regressions/profile_workspace_unaligned_d33.bin is fixed);
-   walloc_at(n, 1) would give 64-byte aligned ones. */
-static void *walloc_profile(size_t n) { return walloc_at(n, 0); }
-static void wfree(void *p) { if (p) free((unsigned char *)p - ((unsigned char *)p)[-1]); }
+static void *walloc_mem(size_t n) { return walloc_off(n, poison_count * 37u + 11u); }
+static void *walloc_arr(size_t n) { return walloc_off(n, ((poison_count * 5u + 3u) % 16u) * 4u); }
+static void wfree(void *p) {
+    if (!p || pool_give(p)) return;
+    free((unsigned char *)p - ((unsigned char *)p)[-1]);
+}
+/* An exact buffer for view data: it ends where its memory ends, and from a
+   pool entry the bytes before it are poisoned. */
+static void *valloc_exact(size_t n) {
+    size_t cap = 0;
+    unsigned char *raw;
+    int i;
+    if (n < 256 || (raw = pool_take(n, &cap)) == NULL) return xalloc(n);
+    for (i = 0; i < FZ_POOL; ++i)
+        if (pool[i].raw == raw) pool[i].user = raw + cap - n;
+    FZ_UNPOISON(raw + cap - n, n);
+    return raw + cap - n;
+}
+static void vfree(void *p) {
+    if (p && !pool_give(p)) free(p);
+}
+
 /* A view of [n][h][d] in its own exact buffer. */
 typedef struct view {
     ei_tensor t;
@@ -116,12 +408,6 @@ typedef struct view {
 
 static const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 1e30f, -1e30f, 1e-40f, -1e-45f,
                                  0.0f, -0.0f, 65504.0f, 70000.0f, 1e-8f, 3e38f, 1e20f, -1e20f};
-
-static float load_el(const void *buf, ei_dtype dt, size_t i) { return ei__load1(buf, dt, (int64_t)i); }
-static void store_el(void *buf, ei_dtype dt, size_t i, float v) { ei__store1(buf, dt, (int64_t)i, v); }
-static size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
-    return (size_t)(tok * t->token_stride + (int64_t)h * t->head_stride + i);
-}
 
 /* Stride modes: 0 contiguous, 1 padded tokens, 2 head-major, 3 padded heads,
    4 zero stride, 5 negative stride, 6 aliasing, 7 arbitrary, 8 huge. */
@@ -150,7 +436,7 @@ static void view_make(view *v, fz *f, ei_dtype dt, int64_t n, int32_t h, int32_t
         v->elems = (size_t)(d > 0 && d <= 256 ? d : 1); /* the library must reject before reading more */
     } else {
         int64_t ext = (n - 1) * ts + (int64_t)(h - 1) * hs + d;
-        if (ext > ((int64_t)1 << 22)) { /* too big for a fast input: fall back to contiguous */
+        if (ext > ((int64_t)1 << 17)) { /* too big for a fast input: fall back to contiguous */
             ts = (int64_t)h * d; hs = d;
             v->t.token_stride = ts; v->t.head_stride = hs;
             ext = n * ts;
@@ -165,46 +451,60 @@ static void view_make(view *v, fz *f, ei_dtype dt, int64_t n, int32_t h, int32_t
         v->valid = ts > 0 && hs > 0 && far <= (double)((int64_t)1 << 60) && n > 0 && h > 0 && d > 0 &&
                    !((n_in > 1 && s_in < d) || (n_out > 1 && s_out < s_in * (n_in - 1) + d)) && backed;
     }
-    v->buf = xalloc(v->elems * dtype_size(dt));
+    v->buf = valloc_exact(v->elems * dtype_size(dt));
     v->t.data = v->buf;
     v->tame = 1;
 }
-/* Padding NaN, real elements from the rng or raw bits; then specials. */
-static void view_fill(view *v, fz *f) {
-    unsigned mode = fz_u8(f) % 4, nspec = fz_u8(f) % 4, s;
-    size_t i;
+/* Padding NaN (all-ones bytes: NaN in every dtype), real elements from the
+   rng (mode 1: peaked, 2: ties, 3: raw 16-bit patterns) or raw bits. */
+static FZ_NOCOV void view_fill_values(view *v, unsigned mode) {
     int64_t t;
     int32_t h, j;
-    for (i = 0; i < v->elems; ++i) store_el(v->buf, v->t.dtype, i, NAN); /* padding: never read */
+    size_t es = dtype_size(v->t.dtype);
+    memset(v->buf, 0xff, v->elems * es);
     if (!v->valid) {
+        size_t i;
         for (i = 0; i < v->elems; ++i) store_el(v->buf, v->t.dtype, i, rng_val());
         return;
     }
     for (t = 0; t < v->t.n_tokens; ++t)
-        for (h = 0; h < v->t.n_heads; ++h)
+        for (h = 0; h < v->t.n_heads; ++h) {
+            size_t e0 = el_index(&v->t, t, h, 0);
             for (j = 0; j < v->t.head_dim; ++j) {
-                size_t e = el_index(&v->t, t, h, j);
                 float x = rng_val();
-                if (mode == 1) x *= 20.0f;                       /* peaked softmaxes */
+                if (mode == 1) x *= 20.0f;                          /* peaked softmaxes */
                 if (mode == 2) x = (float)(rng_next() % 3u) - 1.0f; /* many exact ties */
-                if (mode == 3 && v->t.dtype != EI_F32) { ((uint16_t *)v->buf)[e] = (uint16_t)rng_next(); continue; }
-                store_el(v->buf, v->t.dtype, e, x);
+                if (mode == 3 && es == 2) { ((uint16_t *)v->buf)[e0 + (size_t)j] = (uint16_t)rng_next(); continue; }
+                store_el(v->buf, v->t.dtype, e0 + (size_t)j, x);
             }
-    if (mode == 3) v->tame = 0;
+        }
+}
+/* Every real element finite and |x| <= 1e3. */
+static FZ_NOCOV int view_is_tame(const view *v) {
+    int64_t t;
+    int32_t h, j;
+    if (!v->valid) return 0;
+    for (t = 0; t < v->t.n_tokens; ++t)
+        for (h = 0; h < v->t.n_heads; ++h) {
+            size_t e0 = el_index(&v->t, t, h, 0);
+            for (j = 0; j < v->t.head_dim; ++j) {
+                float x = load_el(v->buf, v->t.dtype, e0 + (size_t)j);
+                if (!(fabsf(x) <= 1e3f)) return 0;
+            }
+        }
+    return 1;
+}
+static void view_fill(view *v, fz *f) {
+    unsigned mode = fz_u8(f) % 4, nspec = fz_u8(f) % 4, s;
+    view_fill_values(v, mode);
+    if (!v->valid) return;
     for (s = 0; s < nspec; ++s) {
         int64_t tt = (int64_t)(fz_u16(f) % (unsigned)v->t.n_tokens);
         int32_t hh = (int32_t)(fz_u8(f) % (unsigned)v->t.n_heads), jj = (int32_t)(fz_u8(f) % (unsigned)v->t.head_dim);
         float x = FZ_PICK(f, specials);
         store_el(v->buf, v->t.dtype, el_index(&v->t, tt, hh, jj), x);
-        v->tame = 0;
     }
-    if (v->tame) /* 16-bit conversions of [-40,40] stay finite */
-        for (t = 0; t < v->t.n_tokens; ++t)
-            for (h = 0; h < v->t.n_heads; ++h)
-                for (j = 0; j < v->t.head_dim; ++j) {
-                    float x = load_el(v->buf, v->t.dtype, el_index(&v->t, t, h, j));
-                    if (!(fabsf(x) <= 1e3f)) v->tame = 0;
-                }
+    v->tame = mode != 3 && nspec == 0 ? 1 : view_is_tame(v);
 }
 static void describe(const char *name, const view *v) {
     if (!verbose) return;
@@ -212,22 +512,25 @@ static void describe(const char *name, const view *v) {
             name, (int)v->t.dtype, (long long)v->t.n_tokens, (int)v->t.n_heads, (int)v->t.head_dim,
             (long long)v->t.token_stride, (long long)v->t.head_stride, v->elems, v->valid, v->tame);
 }
-static void view_free(view *v) { free(v->buf); memset(v, 0, sizeof *v); }
+static void view_free(view *v) { vfree(v->buf); memset(v, 0, sizeof *v); }
 
+/* Rows [t0, t0+cnt) of view src into view dst (same dtype, heads, dim; any
+   layouts; element bytes copied). */
+static FZ_NOCOV void copy_rows(const ei_tensor *dst, void *dst_data, const ei_tensor *src, int64_t t0, int64_t cnt) {
+    size_t es = dtype_size(src->dtype), rb = (size_t)src->head_dim * es;
+    int64_t t;
+    int32_t h;
+    for (t = 0; t < cnt; ++t)
+        for (h = 0; h < src->n_heads; ++h)
+            memcpy((unsigned char *)dst_data + el_index(dst, t, h, 0) * es,
+                   (const unsigned char *)src->data + el_index(src, t0 + t, h, 0) * es, rb);
+}
 /* Rows [t0, t0+cnt) of src (valid view) into a new buffer with its own layout,
    followed by `pad` NaN rows. */
 static void view_rows_padded(view *dst, const view *src, int64_t t0, int64_t cnt, int64_t pad, fz *f) {
-    int64_t t;
-    int32_t h, j;
     view_make(dst, f, src->t.dtype, cnt + pad, src->t.n_heads, src->t.head_dim, (int)(fz_u8(f) % 4));
-    for (t = 0; t < (int64_t)dst->elems; ++t) store_el(dst->buf, dst->t.dtype, (size_t)t, NAN);
-    for (t = 0; t < cnt; ++t)
-        for (h = 0; h < src->t.n_heads; ++h)
-            for (j = 0; j < src->t.head_dim; ++j) {
-                size_t se = el_index(&src->t, t0 + t, h, j), de = el_index(&dst->t, t, h, j);
-                if (dtype_size(src->t.dtype) == 4) ((float *)dst->buf)[de] = ((const float *)src->buf)[se];
-                else ((uint16_t *)dst->buf)[de] = ((const uint16_t *)src->buf)[se];
-            }
+    memset(dst->buf, 0xff, dst->elems * dtype_size(dst->t.dtype));
+    copy_rows(&dst->t, dst->buf, &src->t, t0, cnt);
     dst->tame = src->tame;
 }
 static void view_rows(view *dst, const view *src, int64_t t0, int64_t cnt, fz *f) { view_rows_padded(dst, src, t0, cnt, 0, f); }
@@ -247,8 +550,9 @@ static void fz_log(void *u, ei_result code, const char *msg) {
 
 static ei_config fz_small_config(void) {
     ei_config c = ei_config_default();
-    c.segment_size = 16; c.block_size = 4; c.base_budget = 16; c.threshold_len = 32;
-    c.decode_budget = 24; c.window = 8; c.decode_gap = 4;
+    /* small enough that short layers (FZ_LAYER_WORK) have sparse segments and compress */
+    c.segment_size = 8; c.block_size = 2; c.base_budget = 8; c.threshold_len = 16;
+    c.decode_budget = 12; c.window = 4; c.decode_gap = 2;
     return c;
 }
 static ei_config fz_config(fz *f) {
@@ -307,8 +611,19 @@ static ei_config fz_config(fz *f) {
     return c;
 }
 
-static ei_context *fz_context(fz *f) {
-    ei_config c = fz_config(f);
+/* Contexts are immutable: one per distinct configuration, created once and
+   kept in a small cache keyed by the configuration's bytes (a failed
+   creation is remembered with the valid context it falls back to). */
+#define FZ_CACHE 256
+#define FZ_KEY 64
+typedef struct ctx_entry {
+    uint8_t key[FZ_KEY];
+    unsigned len;
+    ei_context *ctx;
+} ctx_entry;
+static ctx_entry ctx_cache[FZ_CACHE];
+static unsigned ctx_cache_next;
+static ei_context *fz_context_create(ei_config c) {
     ei_context *ctx = (ei_context *)1;
     ei_result r = checked(ei_context_create(&c, &ctx));
     if (r != EI_OK) {
@@ -322,6 +637,27 @@ static ei_context *fz_context(fz *f) {
         ORACLE(ei_cpu_supports(ei_context_simd(ctx)), "chosen SIMD path unsupported", ei_context_simd(ctx), 0);
     }
     return ctx;
+}
+static ei_context *fz_context(fz *f, ei_context *keep) {
+    uint8_t key[FZ_KEY];
+    unsigned i, len;
+    ei_config c;
+    ctx_entry *e;
+    f->rec = key; f->nrec = 0; f->caprec = FZ_KEY;
+    c = fz_config(f);
+    f->rec = NULL;
+    len = f->nrec;
+    ORACLE(len <= FZ_KEY, "configuration longer than the cache key", len, FZ_KEY);
+    for (i = 0; i < FZ_CACHE; ++i)
+        if (ctx_cache[i].ctx && ctx_cache[i].len == len && !memcmp(ctx_cache[i].key, key, len)) return ctx_cache[i].ctx;
+    e = &ctx_cache[ctx_cache_next++ % FZ_CACHE];
+    if (e->ctx == keep) e = &ctx_cache[ctx_cache_next++ % FZ_CACHE]; /* never the other context of this input */
+    if (e->ctx) ei_context_destroy(e->ctx);
+    e->ctx = NULL; /* the allocator may fail: creation falls back to the small configuration */
+    e->ctx = fz_context_create(c);
+    memcpy(e->key, key, len);
+    e->len = len;
+    return e->ctx;
 }
 
 /* ------------------------------------------------------------ state */
@@ -371,7 +707,7 @@ static void layer_new(state *s, fz *f) {
     if ((gsel >> 4) == 13) n = 0;
     if ((gsel >> 4) == 12) n = -5;
     /* keep each input fast: dense attention costs n^2 H d */
-    while (n > 8 && (double)n * (double)n * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) > 4e6) n /= 2;
+    while (n > 8 && (double)n * (double)n * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) > FZ_LAYER_WORK) n /= 2;
     s->n = n;
     rng_s = ((uint64_t)fz_u32(f) << 1) | 1u;
     view_make(&s->q, f, dt, n, s->H, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->q, f);
@@ -379,6 +715,12 @@ static void layer_new(state *s, fz *f) {
     dt = FZ_PICK(f, dtypes); /* one read per statement: argument order is unspecified */
     view_make(&s->v, f, dt, n, s->KV, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->v, f);
     describe("layer q", &s->q); describe("layer k", &s->k); describe("layer v", &s->v);
+    work_spend((double)(s->q.elems + s->k.elems + s->v.elems));
+}
+/* The layer's sizes, for ops that need valid ones (0: none). */
+static int layer_usable(const state *s) {
+    return s->n > 0 && s->H > 0 && s->KV > 0 && s->H % s->KV == 0 && s->d > 0 && s->d <= 256 && s->q.valid && s->k.valid &&
+           s->v.valid;
 }
 
 /* ------------------------------------------------------------ plan checks */
@@ -387,7 +729,7 @@ static int64_t fz_forced(const ei_config *c, int64_t nvis) {
     int64_t n_sink, local0;
     return ei__forced_blocks(c, nvis, &n_sink, &local0);
 }
-static void plan_check(const state *s, const ei_context *ctx) {
+static FZ_NOCOV void plan_check(const state *s, const ei_context *ctx) {
     const ei_plan *p = &s->plan;
     const ei_config *c = ei_context_config(ctx);
     int32_t h, sg, i, j, bps = c->segment_size / c->block_size;
@@ -399,16 +741,20 @@ static void plan_check(const state *s, const ei_context *ctx) {
             size_t row = (size_t)h * (size_t)p->seg_capacity + (size_t)sg;
             const int32_t *idx = p->block_index + row * (size_t)p->max_keep;
             int32_t cnt = p->keep_count[row];
+            int64_t forced = -1;
             ORACLE(cnt >= 0 && cnt <= p->max_keep, "keep count above the row capacity max_keep", cnt, p->max_keep);
             ORACLE(p->keep_blocks[row] >= 0 && p->keep_blocks[row] <= p->max_keep, "keep_blocks above max_keep", p->keep_blocks[row], p->max_keep);
             ORACLE((int64_t)cnt <= (int64_t)sg * bps, "keep count not causal", cnt, sg);
             for (i = 0; i < cnt && i < p->max_keep; ++i) {
                 ORACLE(idx[i] >= 0 && idx[i] < sg * bps && idx[i] < p->n_blocks, "block index out of range", idx[i], sg);
                 for (j = 0; j < i; ++j) ORACLE(idx[j] != idx[i], "duplicate block", idx[i], sg);
-                if (i > 0 && p->scores && c->ranking == EI_RANK_REFERENCE && i > fz_forced(c, (int64_t)sg * bps))
-                    ORACLE(p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i - 1]] >=
-                               p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i]],
-                           "ranking not descending", i, sg);
+                if (i > 0 && p->scores && c->ranking == EI_RANK_REFERENCE) {
+                    if (forced < 0) forced = fz_forced(c, (int64_t)sg * bps);
+                    if (i > forced)
+                        ORACLE(p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i - 1]] >=
+                                   p->scores[row * (size_t)EI__MAX(p->blk_capacity, 1) + (size_t)idx[i]],
+                               "ranking not descending", i, sg);
+                }
             }
             if (!c->per_segment_budget)
                 for (i = cnt; i < p->max_keep; ++i) ORACLE(idx[i] == -1, "padding not -1", idx[i], i);
@@ -436,14 +782,15 @@ static void op_plan_init(state *s, fz *f) {
     r = checked(ei_plan_size(ctx, maxt, kv, d, flags, &bytes));
     if (r != EI_OK) return;
     ORACLE(bytes > 0, "zero plan size", 0, 0);
-    if (bytes > ((size_t)64 << 20)) return; /* too big for a fast input */
+    if (bytes > ((size_t)4 << 20)) return; /* too big for a fast input */
+    work_spend((double)bytes / 4.0);
     if (m & 8) {
         r = checked(ei_plan_alloc(ctx, &s->plan, maxt, kv, d, flags));
         if (r == EI_OK) { s->plan_ok = s->plan_owned = 1; s->plan_ctx = ctx; }
     } else {
         size_t give = bytes, less;
         if (m & 16) { less = 1 + fz_u8(f) % 8; give = bytes > less ? bytes - less : 1; }
-        s->plan_mem = walloc(give);
+        s->plan_mem = walloc_mem(give);
         r = checked(ei_plan_init(ctx, &s->plan, maxt, kv, d, flags, (m & 32) ? NULL : s->plan_mem, give));
         if (r == EI_OK) { s->plan_ok = 1; s->plan_ctx = ctx; ORACLE(give >= bytes, "plan accepted too small memory", give, bytes); }
         else { wfree(s->plan_mem); s->plan_mem = NULL; }
@@ -455,11 +802,11 @@ static void *ws_for_profile(const state *s, const ei_context *ctx, fz *f, int64_
     size_t need = 0;
     unsigned m = fz_u8(f);
     if (checked(ei_profile_workspace_size(ctx, n, s->H, s->KV, s->d, &need)) != EI_OK) need = 64;
-    if (need > ((size_t)64 << 20)) need = 64;
+    if (need > ((size_t)8 << 20)) need = 64;
     need *= (size_t)mul;
     if ((m & 7) == 7 && need > 8) need -= 1 + (m >> 3) % 8; /* too small */
     *bytes = need;
-    return walloc_profile(need);
+    return walloc_mem(need);
 }
 
 static void after_profile(state *s, ei_result r, const ei_context *ctx) {
@@ -474,6 +821,9 @@ static void after_profile(state *s, ei_result r, const ei_context *ctx) {
     if (r == EI_ERR_NONFINITE)
         ORACLE(!(s->q.tame && s->k.tame && s->q.valid && s->k.valid), "NaN reported for finite input (padding read?)", 0, 0);
 }
+static double layer_cost(const state *s, double per_token) {
+    return (double)(s->n > 0 ? s->n : 1) * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) * per_token;
+}
 
 static void op_profile(state *s, fz *f, int kind) {
     ei_context *ctx = s->ctx;
@@ -482,6 +832,7 @@ static void op_profile(state *s, fz *f, int kind) {
     ei_result r;
     ei_plan *p = (fz_u8(f) % 16 == 15) ? NULL : &s->plan;
     if (!s->plan_ok && p) p = (fz_u8(f) & 1) ? NULL : &s->plan; /* zeroed, uninitialised plan */
+    work_spend(layer_cost(s, 8.0));
     if (kind == 0) {
         ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
         r = checked(ei_profile(ctx, &s->q.t, &s->k.t, p, (fz_u8(f) % 32 == 31) ? NULL : ws, wb));
@@ -497,7 +848,7 @@ static void op_profile(state *s, fz *f, int kind) {
         }
         if (r == EI_OK) { s->plan_trusted = 0; wfree(ws); return; } /* partial plans are not checked */
     } else {
-        int nt = (int)(fz_u8(f) % 5) - 1;
+        int nt = fz_threads(fz_u8(f), 3);
         ws = ws_for_profile(s, ctx, f, s->n, &wb, nt > 0 ? nt : 1);
         r = checked(ei_profile_mt(ctx, &s->q.t, &s->k.t, p, nt, ws, wb));
     }
@@ -527,15 +878,16 @@ static void op_chunk(state *s, fz *f) {
     if (off + cnt > s->n) cnt = s->n - off;
     is_final = off + cnt == s->n ? !(m & 8) : (m & 16) != 0;
     pad = (m & 32) ? (int64_t)(fz_u8(f) % (unsigned)(s->n - off - cnt + 1)) : 0;
-    no_queries = (m & 72) == 72 && s->plan_ok; /* finalise where the plan ends */
+    no_queries = (m & 72) == 72 && s->plan_ok && s->plan.n_tokens <= s->n; /* finalise where the plan ends */
     if (no_queries) { off = s->plan.n_tokens; cnt = 0; is_final = 1; pad = s->n - off; }
     if (!no_queries) view_rows(&qc, &s->q, off, cnt, f);
     view_rows_padded(&kc, &s->k, 0, off + cnt, pad, f); /* padding cells are NaN: never read */
     if (checked(ei_profile_workspace_size(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, &wb)) != EI_OK ||
-        wb > ((size_t)64 << 20))
+        wb > ((size_t)8 << 20))
         wb = 64;
     if ((m & 96) == 96 && wb > 8) wb -= 8;
-    ws = walloc_profile(wb);
+    ws = walloc_mem(wb);
+    work_spend(layer_cost(s, 8.0));
     if (m & 128) {
         int32_t a = (int32_t)(fz_u8(f) % 5), b = (int32_t)(fz_u8(f) % 5);
         r = checked(ei_profile_chunk_heads(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
@@ -579,21 +931,91 @@ static void op_corrupt(state *s, fz *f) {
 }
 
 /* ------------------------------------------------------------ attention */
-/* The output against check.h's double-precision reference (FORMAT.md
-   semantics), token by token, up to the first token with a logit beyond
-   float range: the kernels clamp those to +-FLT_MAX by design, so the
-   reference does not apply from there on. */
-static int attention_matches(const ei_context *ctx, const ei_plan *plan, const view *q, const view *k, const view *v,
-                             const ei_out_tensor *o, int64_t q_off) {
-    int32_t H = q->t.n_heads, d = q->t.head_dim, h, i;
+/* check.h's ref_attention_token (FORMAT.md semantics) on the harness's
+   uninstrumented loads: query token t of q (position q_offset + t), every
+   query head, out[h * d + i] in double; 0 when a logit leaves float range
+   (the kernels clamp those to +-FLT_MAX by design). */
+static FZ_NOCOV int fz_ref_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
+                                 const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
+    int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
+    int64_t p = q_offset + t, s = p / c->segment_size, start = s * c->segment_size, cap = p + 1, j;
+    int sparse = ref_segment_sparse(c, plan, s), in_range = 1;
+    double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+    int64_t *pos;
+    double *w, *qrow;
+    if (sparse && (int64_t)plan->max_keep * c->block_size + (p - start + 1) > cap)
+        cap = (int64_t)plan->max_keep * c->block_size + (p - start + 1);
+    pos = (int64_t *)xalloc(sizeof(int64_t) * (size_t)cap);
+    w = (double *)xalloc(sizeof(double) * (size_t)cap);
+    qrow = (double *)xalloc(sizeof(double) * (size_t)d);
+    for (h = 0; h < H; ++h) {
+        int32_t kvh = h / G;
+        int64_t np = 0;
+        double mx = -INFINITY, z = 0;
+        if (sparse) {
+            const int32_t *idx = EI_PLAN_BLOCKS(plan, kvh, s);
+            int32_t kc = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)], b, e;
+            if (kc > plan->max_keep) kc = plan->max_keep;
+            for (b = 0; b < kc; ++b)
+                for (e = 0; e < c->block_size; ++e) {
+                    int64_t key = (int64_t)idx[b] * c->block_size + e;
+                    if (idx[b] >= 0 && key < start) pos[np++] = key; /* a trusted plan's blocks lie before the segment */
+                }
+            for (j = start; j <= p; ++j) pos[np++] = j;
+        } else
+            for (j = 0; j <= p; ++j) pos[np++] = j;
+        for (i = 0; i < d; ++i) qrow[i] = load_el(q->data, q->dtype, el_index(q, t, h, i));
+        for (j = 0; j < np; ++j) {
+            double dot = 0;
+            size_t e0 = el_index(k, pos[j], kvh, 0);
+            for (i = 0; i < d; ++i) dot += qrow[i] * load_el(k->data, k->dtype, e0 + (size_t)i);
+            w[j] = dot * scale;
+            if (!(fabs(w[j]) <= 1e37)) in_range = 0;
+            if (w[j] > mx) mx = w[j];
+        }
+        for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
+        for (i = 0; i < d; ++i) out[(size_t)h * (size_t)d + (size_t)i] = 0;
+        for (j = 0; j < np; ++j) {
+            size_t e0 = el_index(v, pos[j], kvh, 0);
+            for (i = 0; i < d; ++i) out[(size_t)h * (size_t)d + (size_t)i] += w[j] * load_el(v->data, v->dtype, e0 + (size_t)i);
+        }
+        for (i = 0; i < d; ++i) out[(size_t)h * (size_t)d + (size_t)i] /= z;
+    }
+    free(pos); free(w); free(qrow);
+    return in_range;
+}
+/* max |v| over the real elements of v (NaN counts as infinite). */
+static FZ_NOCOV double fz_vmax(const ei_tensor *v, int64_t n_tokens) {
+    double m = 0;
     int64_t t;
+    int32_t h, i;
+    for (t = 0; t < n_tokens && t < v->n_tokens; ++t)
+        for (h = 0; h < v->n_heads; ++h)
+            for (i = 0; i < v->head_dim; ++i) {
+                double x = fabs((double)load_el(v->data, v->dtype, el_index(v, t, h, i)));
+                if (!(x <= m)) m = x == x ? x : INFINITY;
+            }
+    return m;
+}
+/* The output against the reference on a few sampled tokens (the last one,
+   the first one and a fuzzer-chosen one); a token with a logit beyond float
+   range is skipped (clamped by design). */
+static FZ_NOCOV int attention_matches(const ei_context *ctx, const ei_plan *plan, const view *q, const view *k, const view *v,
+                                      const ei_out_tensor *o, int64_t q_off, unsigned pick) {
+    int32_t H = q->t.n_heads, d = q->t.head_dim, h, i;
+    int64_t toks[3];
+    int nt = 0, a, ok = 1;
     /* f32 arithmetic: summation order only; the AVX-512 BF16 kernel
        (q, k, v all bf16) rounds the weights to bf16 (~2^-9) */
-    int all_bf16 = q->t.dtype == EI_BF16 && k->t.dtype == EI_BF16 && v->t.dtype == EI_BF16, ok = 1;
-    double tol = (o->dtype != EI_F32 ? 1e-2 : all_bf16 ? 4e-3 : 2e-4) * (1.0 + ref_vmax(&v->t, -1));
+    int all_bf16 = q->t.dtype == EI_BF16 && k->t.dtype == EI_BF16 && v->t.dtype == EI_BF16;
+    double tol = (o->dtype != EI_F32 ? 1e-2 : all_bf16 ? 4e-3 : 2e-4) * (1.0 + fz_vmax(&v->t, v->t.n_tokens));
     double *ref = (double *)xalloc(sizeof(double) * (size_t)H * (size_t)d);
-    for (t = 0; t < q->t.n_tokens && ok; ++t) {
-        if (!ref_attention_token(ei_context_config(ctx), plan, &q->t, &k->t, &v->t, q_off, t, ref)) break;
+    toks[nt++] = q->t.n_tokens - 1;
+    if (q->t.n_tokens > 1) toks[nt++] = 0;
+    if (q->t.n_tokens > 2) toks[nt++] = (int64_t)(pick % (unsigned)q->t.n_tokens);
+    for (a = 0; a < nt && ok; ++a) {
+        int64_t t = toks[a];
+        if (!fz_ref_token(ei_context_config(ctx), plan, &q->t, &k->t, &v->t, q_off, t, ref)) continue;
         for (h = 0; h < H && ok; ++h)
             for (i = 0; i < d; ++i) {
                 double want = ref[(size_t)h * (size_t)d + (size_t)i];
@@ -608,6 +1030,17 @@ static int attention_matches(const ei_context *ctx, const ei_plan *plan, const v
     }
     free(ref);
     return ok;
+}
+/* Every element of out finite (a successful call over finite, bounded V). */
+static FZ_NOCOV int out_finite(const ei_out_tensor *o) {
+    int64_t t;
+    int32_t h, i;
+    for (t = 0; t < o->n_tokens; ++t)
+        for (h = 0; h < o->n_heads; ++h)
+            for (i = 0; i < o->head_dim; ++i)
+                if (!isfinite(load_el(o->data, o->dtype, (size_t)(t * o->token_stride + (int64_t)h * o->head_stride + i))))
+                    return 0;
+    return 1;
 }
 
 static void op_attention(state *s, fz *f, int threaded) {
@@ -629,7 +1062,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         float one = 0;
         o0.data = &one;
         r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb));
-        ws = walloc(r == EI_OK && wb < ((size_t)64 << 20) ? wb : 64);
+        ws = walloc_mem(r == EI_OK && wb < ((size_t)8 << 20) ? wb : 64);
         checked(ei_attention_prefill(ctx, &s->q.t, &s->k.t, &s->v.t, NULL, &o0, 0, 0, 1, ws, r == EI_OK ? wb : 64));
         wfree(ws);
         return;
@@ -639,6 +1072,12 @@ static void op_attention(state *s, fz *f, int threaded) {
         if (m & 4) q_off -= q_off % ei_context_config(ctx)->segment_size;
         cnt = (int64_t)(fz_u8(f) % (unsigned)(s->n - q_off)) + 1;
     }
+    /* long layers: the last queries of the range only (late segments: the sparse ones) */
+    while (cnt > 1 && (double)cnt * (double)(q_off + cnt) * (double)s->H * (double)s->d > FZ_ATTN_WORK) {
+        q_off += cnt - cnt / 2;
+        cnt /= 2;
+    }
+    work_spend((double)cnt * (double)(q_off + cnt) * (double)s->H * (double)s->d);
     view_rows(&qc, &s->q, q_off, cnt, f);
     {
         int64_t nk = q_off + cnt;
@@ -646,7 +1085,9 @@ static void op_attention(state *s, fz *f, int threaded) {
         if (nk <= 0) nk = 1;
         view_rows(&kc, &s->k, 0, nk, f);
         view_rows(&vc, &s->v, 0, nk, f);
+        kc.tame = view_is_tame(&kc); /* rows of an untame layer may be tame */
     }
+    qc.tame = view_is_tame(&qc);
     if ((m & 24) == 24 && (m & 64)) q_off = -q_off - 1;
     {
         ei_dtype odt = FZ_PICK(f, dtypes);
@@ -660,12 +1101,12 @@ static void op_attention(state *s, fz *f, int threaded) {
         describe("q", &qc); describe("k", &kc); describe("v", &vc); describe("out", &ov);
     }
     r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &per));
-    if (r != EI_OK || per > ((size_t)64 << 20)) per = 64;
+    if (r != EI_OK || per > ((size_t)8 << 20)) per = 64;
     if (threaded) {
-        int nt = (int)(fz_u8(f) % 4);
+        int nt = fz_threads(fz_u8(f), 3);
         wb = per * (size_t)(nt > 0 ? nt : 1);
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-        ws = walloc(wb);
+        ws = walloc_mem(wb);
         r = checked(ei_attention_prefill_mt(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, nt, ws, wb));
         all_ok = r == EI_OK;
     } else {
@@ -673,7 +1114,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         if (verbose > 0) fprintf(stderr, "  nth %d\n", nth);
         wb = per;
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-        ws = walloc(wb);
+        ws = walloc_mem(wb);
         if (fz_u8(f) % 8 == 7) { /* a single odd call */
             ith = (int)(fz_u8(f) % 6) - 1;
             r = checked(ei_attention_prefill(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, ith, nth, ws, wb));
@@ -686,8 +1127,17 @@ static void op_attention(state *s, fz *f, int threaded) {
     }
     if (all_ok && r == EI_OK && qc.tame && kc.tame && vc.tame && ov.valid && (!plan || (s->plan_trusted && s->plan_ctx == ctx && plan->n_kv_heads == s->KV)) &&
         ei_context_backend(ctx) == EI_BACKEND_CPU) {
-        if (!attention_matches(ctx, plan, &qc, &kc, &vc, &out, q_off)) fz_fail("attention differs from the reference", q_off, cnt);
+        if (!attention_matches(ctx, plan, &qc, &kc, &vc, &out, q_off, m)) fz_fail("attention differs from the reference", q_off, cnt);
     }
+    /* the Q and K rows a call reads are scanned (EI_ERR_NONFINITE) and V is
+       not: over finite V small enough for the output dtype, a successful call
+       over all of q writes finite values (NaN padding read would show too) */
+    if (FAMILY(FAM_NONFINITE) && all_ok && r == EI_OK && ov.valid && q_off >= 0) {
+        double vmax = fz_vmax(&vc.t, q_off + cnt);
+        if (vmax <= (ov.t.dtype == EI_F16 ? 6e4 : 1e30)) ORACLE(out_finite(&out), "attention wrote NaN/Inf over finite V", q_off, cnt);
+    }
+    if (FAMILY(FAM_NONFINITE) && r == EI_ERR_NONFINITE && qc.valid && kc.valid)
+        ORACLE(!(qc.tame && kc.tame), "attention reported NaN/Inf for finite Q and K", q_off, cnt);
     wfree(ws);
     view_free(&qc); view_free(&kc); view_free(&vc); view_free(&ov);
 }
@@ -703,9 +1153,9 @@ static void op_decoder_init(state *s, fz *f) {
     s->dec_ok = 0;
     if (m & 1) H = (int32_t)(fz_u8(f) % 10) - 1;
     if (m & 2) KV = (int32_t)(fz_u8(f) % 10) - 1;
-    if (checked(ei_decoder_size(s->ctx, H, d, &need)) != EI_OK || need > ((size_t)64 << 20)) need = 64;
+    if (checked(ei_decoder_size(s->ctx, H, d, &need)) != EI_OK || need > ((size_t)2 << 20)) need = 64;
     give = (m & 4) ? need - 1 : need;
-    s->dec_mem = walloc(give);
+    s->dec_mem = walloc_mem(give);
     if (checked(ei_decoder_init(s->ctx, &s->dec, H, KV, d, (m & 8) ? NULL : s->dec_mem, give)) == EI_OK) s->dec_ok = 1;
 }
 
@@ -741,7 +1191,8 @@ static void op_decode_rows(state *s, fz *f) {
     ei_keep_set ks;
     ei_result r = EI_OK;
     if (!s->k.valid || n <= 0 || !s->dec_ok || (size_t)n * (size_t)s->H > ((size_t)16 << 20)) return;
-    map = (int32_t *)walloc(sizeof(int32_t) * (size_t)n);
+    work_spend((double)n * (double)s->H * (double)s->d * (double)EI__MAX(ei_context_config(ctx)->window, 1) * 2.0);
+    map = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)n);
     for (j = 0; j < n; ++j) map[j] = (int32_t)j;
     for (j = n - 1; j > 0; --j) {
         int64_t x = (int64_t)(fz_u16(f) % (unsigned)(j + 1));
@@ -750,10 +1201,10 @@ static void op_decode_rows(state *s, fz *f) {
     }
     if (m & 1) map[fz_u16(f) % (unsigned)n] = -1;
     if (m & 2) map[fz_u16(f) % (unsigned)n] = (int32_t)fz_u32(f);
-    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)256 << 20)) wb = 64;
-    ws = walloc(wb);
-    scores = (float *)walloc(sizeof(float) * (size_t)s->H * (size_t)n);
-    shared = (float *)walloc(sizeof(float) * (size_t)n);
+    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
+    ws = walloc_mem(wb);
+    scores = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)n);
+    shared = (float *)walloc_arr(sizeof(float) * (size_t)n);
     memset(shared, 0, sizeof(float) * (size_t)n);
     nth = 1 + (int)(fz_u8(f) % 4u);
     for (ith = 0; ith < nth && r == EI_OK; ++ith)
@@ -761,8 +1212,8 @@ static void op_decode_rows(state *s, fz *f) {
     memset(&ks, 0, sizeof ks);
     ks.heads_out = (m & 4) ? 1 : c->per_kv_head ? s->KV : s->H;
     ks.capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
-    ks.index = (int32_t *)walloc(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
-    ks.positions = (int32_t *)walloc(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
+    ks.index = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
+    ks.positions = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
     ks.row_pos = map;
     if (r == EI_OK) {
         if (m & 4) {
@@ -800,6 +1251,7 @@ static void op_decode_keep(state *s, fz *f) {
         return;
     }
     keep_release(s);
+    work_spend((double)n * (double)s->H * (double)s->d * (double)EI__MAX(c->window, 1));
     if (m & 1) n = (int64_t)(fz_u8(f) % (unsigned)s->n) + 1;
     view_rows(&kc, &s->k, 0, n, f);
     heads_out = c->per_kv_head ? s->KV : s->H;
@@ -808,19 +1260,19 @@ static void op_decode_keep(state *s, fz *f) {
     ks->capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
     if (m & 4) ks->capacity += (int32_t)(fz_u8(f) % 5) - 2;
     if (heads_out > 0 && ks->capacity > 0 && ks->capacity < (1 << 20)) {
-        ks->index = (int32_t *)walloc(sizeof(int32_t) * (size_t)heads_out * (size_t)ks->capacity);
+        ks->index = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)heads_out * (size_t)ks->capacity);
         if (m & 8) {
             ks->mask_capacity = n - ((m & 16) ? 1 : 0);
-            if (ks->mask_capacity > 0) ks->mask = (uint8_t *)walloc((size_t)heads_out * (size_t)ks->mask_capacity);
+            if (ks->mask_capacity > 0) ks->mask = (uint8_t *)walloc_mem((size_t)heads_out * (size_t)ks->mask_capacity);
         }
         if (m & 32) {
             ks->pooled_capacity = n - EI__MIN((int64_t)c->window, n) - ((m & 64) ? 1 : 0);
-            if (ks->pooled_capacity > 0) ks->pooled = (float *)walloc(sizeof(float) * (size_t)heads_out * (size_t)ks->pooled_capacity);
+            if (ks->pooled_capacity > 0) ks->pooled = (float *)walloc_arr(sizeof(float) * (size_t)heads_out * (size_t)ks->pooled_capacity);
         }
     }
-    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)256 << 20)) wb = 64;
+    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
     if ((m & 128) && wb > 0) wb -= 1;
-    ws = walloc(wb);
+    ws = walloc_mem(wb);
     r = checked(ei_decode_keep(ctx, s->dec_ok ? &s->dec : NULL, &kc.t, ks, ws, wb));
     if (r == EI_OK) {
         int32_t h, i;
@@ -962,17 +1414,1235 @@ static void op_sizes(state *s, fz *f) {
     (void)ei_result_string((ei_result)(int8_t)fz_u8(f));
 }
 
+
+/* ------------------------------------------------------------ cache order check */
+/* ei_check_key_positions over an orderly map, one with a broken cell, and a
+   map at a misaligned address (EI_ERR_ALIGN). */
+static void op_cell_pos(state *s, fz *f) {
+    unsigned m = fz_u8(f);
+    int64_t n = (int64_t)(fz_u8(f) % 80u) + ((m & 64) ? -2 : 1), j, bad = -1;
+    unsigned char *raw;
+    int32_t *map;
+    size_t off = (m & 3) ? 4u * (m & 3u) : 0u;
+    ei_result r;
+    if (FAMILY(FAM_ALIGN) && (m & 4)) off += 1u + (m >> 3) % 3u; /* not a multiple of 4 */
+    raw = (unsigned char *)xalloc((size_t)(n > 0 ? n : 1) * 4u + off);
+    map = (int32_t *)(void *)(raw + off);
+    for (j = 0; j < n; ++j) {
+        int32_t x = (int32_t)j;
+        memcpy((unsigned char *)map + 4 * j, &x, 4);
+    }
+    if ((m & 16) && n > 0) {
+        int32_t x = (int32_t)fz_u32(f);
+        bad = (int64_t)(fz_u8(f) % (unsigned)n);
+        memcpy((unsigned char *)map + 4 * bad, &x, 4);
+        if (x == (int32_t)bad) bad = -1;
+    }
+    r = checked(ei_check_key_positions((m & 32) ? NULL : s->ctx, (m & 128) ? NULL : map, n));
+    if (r == EI_OK) {
+        ORACLE(n >= 0 && (n == 0 || !(m & 128)), "ei_check_key_positions accepted bad arguments", m, n);
+        ORACLE(n == 0 || bad < 0, "ei_check_key_positions accepted a broken map", bad, n);
+        ORACLE(n == 0 || (m & 128) || off % 4u == 0, "ei_check_key_positions accepted a misaligned map", off, 0);
+    }
+    if (!(m & 128) && n > 0 && off % 4u == 0) /* the context is optional (messages only) */
+        ORACLE((r == EI_OK) == (bad < 0), "ei_check_key_positions: result disagrees with the map", r, bad);
+    free(raw);
+}
+
+/* ------------------------------------------------------------ edited plans and decoders */
+/* The plan's counts fit its layout (the header's rule for the fields calls
+   change: n_tokens within max_tokens, n_segments and n_blocks derived from
+   it, final 0 or 1). */
+static int plan_counts_fit(const ei_plan *p) {
+    int64_t segs;
+    if (p->segment_size <= 0 || p->block_size <= 0 || p->n_tokens < 0 || p->n_tokens > p->max_tokens) return 0;
+    segs = p->n_tokens > 0 ? (p->n_tokens - 1) / p->segment_size + 1 : 0;
+    return p->n_segments == segs && p->n_segments <= p->seg_capacity &&
+           p->n_blocks >= 0 && p->n_blocks <= p->blk_capacity &&
+           p->n_blocks == (segs > 0 ? (segs - 1) * (p->segment_size / p->block_size) : 0) && (p->final == 0 || p->final == 1);
+}
+/* One field of the plan (or the decoder) set to an arbitrary value, then the
+   plan (decoder) used: a changed layout field (sizes, capacities, flags,
+   array pointers) and counts that do not fit the layout are refused before
+   any array is read (ASan: the plan memory is exact). The fields are put back
+   afterwards (what the call wrote stays). */
+static void op_plan_edit(state *s, fz *f) {
+    static const int64_t vals[] = {0, 1, -1, 2, 3, 7, 16, 17, 64, 4096, INT32_MAX, INT32_MIN, (int64_t)1 << 26,
+                                   ((int64_t)1 << 26) + 1, INT64_MAX, INT64_MIN, 65535, 255};
+    unsigned which = fz_u8(f) % 28, use = fz_u8(f), vm = fz_u8(f);
+    int64_t delta = (int64_t)(vm >> 1) - 64, v;
+    int layout_changed = 0;
+    ei_result r = EI_OK;
+    if (which < 20) { /* the plan */
+        ei_plan saved, *p = &s->plan;
+        size_t ws_need = 0, wb;
+        void *ws = NULL;
+        if (!s->plan_ok) return;
+        memcpy(&saved, p, sizeof saved);
+#define EDIT_INT(field, type) do { v = (vm & 1) ? FZ_PICK(f, vals) : (int64_t)p->field + delta; p->field = (type)v; \
+                                   layout_changed = p->field != saved.field; } while (0)
+#define EDIT_PTR(field, type) do { uintptr_t b_ = (uintptr_t)p->field; \
+                                   p->field = (type)(void *)((vm & 1) ? (fz_u8(f) & 1 ? 0 : (uintptr_t)p->entropy) : b_ + (uintptr_t)(delta * 4)); \
+                                   layout_changed = p->field != saved.field; } while (0)
+        switch (which) {
+            case 0: EDIT_INT(max_tokens, int64_t); break;
+            case 1: EDIT_INT(n_kv_heads, int32_t); break;
+            case 2: EDIT_INT(head_dim, int32_t); break;
+            case 3: EDIT_INT(max_keep, int32_t); break;
+            case 4: EDIT_INT(seg_capacity, int32_t); break;
+            case 5: EDIT_INT(blk_capacity, int32_t); break;
+            case 6: EDIT_INT(flags, uint32_t); break;
+            case 7: EDIT_INT(segment_size, int32_t); break;
+            case 8: EDIT_INT(block_size, int32_t); break;
+            case 9: EDIT_INT(on_device, int32_t); break;
+            case 10: EDIT_PTR(entropy, float *); break;
+            case 11: EDIT_PTR(head_class, uint8_t *); break;
+            case 12: EDIT_PTR(budget, float *); break;
+            case 13: EDIT_PTR(keep_blocks, int32_t *); break;
+            case 14: EDIT_PTR(keep_count, int32_t *); break;
+            case 15: EDIT_PTR(block_index, int32_t *); break;
+            case 16: EDIT_PTR(scores, float *); break;
+            case 17: EDIT_PTR(state, void *); break;
+            /* counts: edited ones that still fit the layout may be accepted */
+            case 18: EDIT_INT(n_tokens, int64_t); layout_changed = 0; break;
+            default:
+                if (vm & 2) { EDIT_INT(n_segments, int32_t); } else if (vm & 4) { EDIT_INT(n_blocks, int32_t); } else { EDIT_INT(final, int32_t); }
+                layout_changed = 0;
+                break;
+        }
+#undef EDIT_INT
+#undef EDIT_PTR
+        if (verbose > 0)
+            fprintf(stderr, "  plan field %u edited (layout changed %d, counts fit %d; tokens %lld/%lld, segments %d/%d, blocks %d/%d)\n", which,
+                    layout_changed, plan_counts_fit(p), (long long)p->n_tokens, (long long)p->max_tokens, (int)p->n_segments,
+                    (int)p->seg_capacity, (int)p->n_blocks, (int)p->blk_capacity);
+        if (checked(ei_profile_workspace_size(s->ctx, saved.max_tokens, s->H, s->KV, s->d, &ws_need)) != EI_OK ||
+            ws_need > ((size_t)8 << 20))
+            ws_need = 64;
+        wb = ws_need;
+        switch (use % 8) {
+            case 0: ws = walloc_mem(wb); r = checked(ei_profile(s->ctx, &s->q.t, &s->k.t, p, ws, wb)); break;
+            case 1: ws = walloc_mem(wb); r = checked(ei_profile_chunk(s->ctx, &s->q.t, &s->k.t, p, 0, 1, ws, wb)); break;
+            case 2: ws = walloc_mem(wb); r = checked(ei_profile_heads(s->ctx, &s->q.t, &s->k.t, p, 0, s->KV, ws, wb)); break;
+            case 3: {
+                view ov;
+                ei_out_tensor out;
+                size_t per = 0;
+                if (!layer_usable(s)) { r = checked(ei_plan_finalize(s->ctx, p)); break; }
+                view_make(&ov, f, EI_F32, s->n, s->H, s->d, 0);
+                memcpy(&out, &ov.t, sizeof out);
+                out.data = ov.buf;
+                if (checked(ei_attention_workspace_size(s->ctx, s->H, s->KV, s->d, &per)) != EI_OK || per > ((size_t)8 << 20)) per = 64;
+                ws = walloc_mem(per);
+                work_spend((double)s->n * (double)s->n * (double)s->H * (double)s->d);
+                r = checked(ei_attention_prefill(s->ctx, &s->q.t, &s->k.t, &s->v.t, p, &out, 0, 0, 1, ws, per));
+                view_free(&ov);
+                break;
+            }
+            case 4: r = checked(ei_plan_finalize(s->ctx, p)); break;
+            case 5: r = checked(ei_plan_reset(p)); break;
+            case 6: {
+                ei_plan dst;
+                memset(&dst, 0, sizeof dst);
+                (void)ei_plan_segment_is_sparse(s->ctx, p, (int32_t)(use >> 3));
+                r = checked(ei_plan_copy(s->ctx, &dst, p, EI_COPY_HOST_TO_DEVICE));
+                ORACLE(r != EI_OK, "ei_plan_copy succeeded on a CPU context", r, 0);
+                r = EI_ERR_STATE; /* not a plan check */
+                break;
+            }
+            default: {
+                int nt = fz_threads1(fz_u8(f), 2);
+                ws = walloc_mem(wb * (size_t)nt);
+                r = checked(ei_profile_mt(s->ctx, &s->q.t, &s->k.t, p, nt, ws, wb * (size_t)nt));
+                break;
+            }
+        }
+        work_spend(layer_cost(s, 8.0));
+        if (layout_changed || !plan_counts_fit(p))
+            ORACLE(r != EI_OK, "a plan with an edited layout field or counts outside its layout was accepted", which, use % 8);
+        wfree(ws);
+        memcpy(p, &saved, sizeof saved);
+        s->plan_trusted = 0;
+    } else { /* the decoder */
+        ei_decoder saved, *d = &s->dec;
+        if (!s->dec_ok) return;
+        memcpy(&saved, d, sizeof saved);
+        switch (which) {
+            case 20: v = (vm & 1) ? FZ_PICK(f, vals) : d->n_heads + delta; d->n_heads = (int32_t)v; layout_changed = d->n_heads != saved.n_heads; break;
+            case 21: v = (vm & 1) ? FZ_PICK(f, vals) : d->n_kv_heads + delta; d->n_kv_heads = (int32_t)v; layout_changed = d->n_kv_heads != saved.n_kv_heads; break;
+            case 22: v = (vm & 1) ? FZ_PICK(f, vals) : d->head_dim + delta; d->head_dim = (int32_t)v; layout_changed = d->head_dim != saved.head_dim; break;
+            case 23: v = (vm & 1) ? FZ_PICK(f, vals) : d->window + delta; d->window = (int32_t)v; layout_changed = d->window != saved.window; break;
+            case 24:
+                d->queries = (float *)(void *)((vm & 1) ? 0 : (uintptr_t)d->queries + (uintptr_t)(delta * 4));
+                layout_changed = d->queries != saved.queries;
+                break;
+            case 25: d->n_observed = (vm & 1) ? FZ_PICK(f, vals) : d->n_observed + delta; break;
+            case 26: d->n_generated = (vm & 1) ? FZ_PICK(f, vals) : d->n_generated + delta; break;
+            default: d->last_compress = (vm & 1) ? FZ_PICK(f, vals) : d->last_compress + delta; break;
+        }
+        {
+            int counts_fit = d->n_observed >= 0 && d->n_generated >= 0 && d->n_generated <= d->n_observed && d->last_compress >= -1 &&
+                             d->last_compress <= d->n_generated;
+            if (verbose > 0) fprintf(stderr, "  decoder field %u edited (layout changed %d, counts fit %d)\n", which, layout_changed, counts_fit);
+            switch (use % 4) {
+                case 0: r = checked(ei_decoder_reset(d)); counts_fit = 1; break; /* reset sets the counters */
+                case 1: {
+                    view qc;
+                    if (!s->q.valid || s->n <= 0) { r = checked(ei_decode_observe(s->ctx, d, &s->q.t, 1)); break; }
+                    view_rows(&qc, &s->q, s->n - 1, 1, f);
+                    r = checked(ei_decode_observe(s->ctx, d, &qc.t, 1));
+                    view_free(&qc);
+                    break;
+                }
+                case 2: (void)ei_decode_due(s->ctx, d); r = EI_ERR_STATE; counts_fit = 1; layout_changed = 0; break;
+                default: {
+                    size_t wb = 0;
+                    void *ws;
+                    ei_keep_set ks;
+                    int64_t n = s->n > 0 ? s->n : 1;
+                    if (!s->k.valid) { r = checked(ei_decode_keep(s->ctx, d, &s->k.t, &s->keep, NULL, 0)); break; }
+                    memset(&ks, 0, sizeof ks);
+                    ks.heads_out = ei_context_config(s->ctx)->per_kv_head ? s->KV : s->H;
+                    ks.capacity = (int32_t)EI__MIN(n, (int64_t)ei_context_config(s->ctx)->decode_budget);
+                    if (ks.heads_out <= 0 || ks.capacity <= 0) { r = EI_ERR_STATE; counts_fit = 1; layout_changed = 0; break; }
+                    ks.index = (int32_t *)walloc_arr(4u * (size_t)ks.heads_out * (size_t)ks.capacity);
+                    if (checked(ei_decode_workspace_size(s->ctx, n, saved.n_heads, saved.n_kv_heads, &wb)) != EI_OK ||
+                        wb > ((size_t)8 << 20))
+                        wb = 64;
+                    ws = walloc_mem(wb);
+                    work_spend((double)n * (double)saved.n_heads * (double)saved.head_dim * (double)EI__MAX(saved.window, 1));
+                    r = checked(ei_decode_keep(s->ctx, d, &s->k.t, &ks, ws, wb));
+                    wfree(ws);
+                    wfree(ks.index);
+                    break;
+                }
+            }
+            if (layout_changed || !counts_fit)
+                ORACLE(r != EI_OK, "a decoder with an edited field or counters out of range was accepted", which, use % 4);
+        }
+        memcpy(d, &saved, sizeof saved);
+    }
+}
+
+/* ------------------------------------------------------------ placement */
+/* One call with every buffer it uses placed in one arena: each at a
+   fuzzer-chosen address (mod 64), optionally one (the guest) over another
+   (the host) at a fuzzer-chosen offset. The bytes between buffers are
+   poisoned (ASan). The same call with every buffer apart and 64-byte aligned
+   (views keep their address mod 64) is the reference. */
+enum { R_Q, R_K, R_V, R_OUT, R_PLAN, R_PSTRUCT, R_WS, R_DEC, R_DSTRUCT, R_KSTRUCT, R_INDEX, R_POS, R_MASK, R_POOLED,
+       R_ROWPOS, R_SCORES, R_SHARED, R_COUNT };
+static const char *const role_names[R_COUNT] = {"q", "k", "v", "out", "plan memory", "ei_plan", "workspace",
+                                                "decoder memory", "ei_decoder", "ei_keep_set", "keep->index",
+                                                "keep->positions", "keep->mask", "keep->pooled", "row_pos", "scores",
+                                                "shared"};
+enum { PK_VIEW, PK_ARR, PK_BYTES, PK_MEM, PK_STRUCT };
+static const unsigned char role_kind[R_COUNT] = {PK_VIEW, PK_VIEW, PK_VIEW, PK_VIEW, PK_MEM, PK_STRUCT, PK_MEM, PK_MEM,
+                                                 PK_STRUCT, PK_STRUCT, PK_ARR, PK_ARR, PK_BYTES, PK_ARR, PK_ARR, PK_ARR,
+                                                 PK_ARR};
+/* Roles whose contents the harness prepares with library calls (or builds):
+   an overlap that involves one leaves no reference to compare with. */
+static int role_prepared(int r) { return r == R_PLAN || r == R_PSTRUCT || r == R_DEC || r == R_DSTRUCT || r == R_KSTRUCT; }
+
+enum { PL_PROFILE, PL_CHUNK, PL_ATTN, PL_DEC_INIT, PL_OBSERVE, PL_KEEP, PL_SCORE, PL_SELECT, PL_SHARED_ADD,
+       PL_SELECT_SHARED, PL_COMPACT, PL_PLAN_INIT, PL_COUNT };
+static const char *const kind_names[PL_COUNT] = {"profile", "profile_chunk", "attention", "decoder_init", "observe",
+                                                 "decode_keep", "decode_score", "decode_select", "shared_add",
+                                                 "select_shared", "kv_compact", "plan_init"};
+
+typedef struct pcall {
+    ei_context *ctx;
+    const ei_config *c;
+    int kind;
+    unsigned var;
+    int64_t n, cnt, q_off, kn; /* rows / keys; queries; first query's position; rows of the K view */
+    int32_t H, KV, d;
+    ei_dtype dt, vdt, odt;
+    int lay[4];                /* layouts of q, k (or compact's k), v, out */
+    uint32_t flags;
+    int nt;                    /* threads of an _mt variant (0: the plain call) */
+    int ith, nth;
+    int use_plan, is_final;
+    int64_t c1;                /* chunk: positions planned before the call */
+    int32_t heads_out, capacity, n_kept;
+    int64_t mask_cap, pooled_cap;
+    size_t bytes[R_COUNT];     /* 0: not used by the call */
+    int inter;                 /* interleaved views: host and guest forced (1) */
+    unsigned var2;
+    view qs, ks, vs;           /* sources: tame values, contiguous */
+    int32_t *rowpos, *index;
+    float *scores, *shared;
+    /* prepared state, restored into the arena's structs */
+    ei_plan plan;
+    ei_decoder dec;
+} pcall;
+
+typedef struct placement {
+    int64_t pos[R_COUNT];
+    unsigned char *p[R_COUNT];
+    unsigned char *raw, *base;
+    size_t alloc;
+    int pooled;
+} placement;
+
+static void lay_strides(int lay, int64_t n, int32_t h, int32_t d, int64_t *ts, int64_t *hs) {
+    switch (lay) {
+        case 1: *ts = (int64_t)h * d + 3; *hs = d; break;                  /* padded tokens */
+        case 2: *ts = d; *hs = n * (int64_t)d; break;                      /* head-major */
+        case 3: *ts = 2 * (int64_t)h * d; *hs = d; break;                  /* every other token row free */
+        case 4: *ts = 2 * (int64_t)h * d; *hs = 2 * (int64_t)d; break;     /* every other head row free */
+        default: *ts = (int64_t)h * d; *hs = d; break;
+    }
+}
+static ei_tensor pview(int lay, ei_dtype dt, int64_t n, int32_t h, int32_t d, const void *data) {
+    ei_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data; t.dtype = dt; t.n_tokens = n; t.n_heads = h; t.head_dim = d;
+    lay_strides(lay, n, h, d, &t.token_stride, &t.head_stride);
+    return t;
+}
+static ei_out_tensor pview_out(int lay, ei_dtype dt, int64_t n, int32_t h, int32_t d, void *data) {
+    ei_tensor t = pview(lay, dt, n, h, d, data);
+    ei_out_tensor o;
+    memcpy(&o, &t, sizeof o);
+    o.data = data;
+    return o;
+}
+static size_t tensor_bytes(const ei_tensor *t) {
+    return (size_t)((t->n_tokens - 1) * t->token_stride + (int64_t)(t->n_heads - 1) * t->head_stride + t->head_dim) *
+           dtype_size(t->dtype);
+}
+static ei_tensor as_view(const ei_out_tensor *o) {
+    ei_tensor t;
+    memcpy(&t, o, sizeof t);
+    t.data = o->data;
+    return t;
+}
+/* Bytes of a plan's arrays, from entropy to the end of the last one (ei_plan_init's layout). */
+static size_t plan_extent(const ei_config *c, int64_t max_tokens, int32_t kv, int32_t d, uint32_t flags) {
+    ei__plan_geom g;
+    int last = (flags & EI_PLAN_CHUNKED) ? EI__PA_STATE : (flags & EI_PLAN_SCORES) ? EI__PA_SCORES : EI__PA_BLOCK_INDEX;
+    if (!ei__plan_geometry(c, max_tokens, kv, d, flags, &g)) return 0;
+    return g.offset[last] + g.size[last];
+}
+static size_t ring_bytes(const pcall *pc) { return (size_t)pc->c->window * (size_t)pc->H * (size_t)pc->d * 4u; }
+
+/* ---- the regions of a call (the rules of issue 15) and the harness's own test */
+typedef struct preg {
+    const unsigned char *p;
+    size_t len;
+    int written, role;
+    int is_view;
+    ei_tensor view;
+} preg;
+typedef struct pregs { preg r[16]; int n; } pregs;
+static void preg_add(pregs *g, int role, const void *p, size_t len, int written) {
+    if (!p || !len) return;
+    g->r[g->n].p = (const unsigned char *)p; g->r[g->n].len = len; g->r[g->n].written = written; g->r[g->n].role = role;
+    g->r[g->n].is_view = 0;
+    g->n++;
+}
+static void preg_view(pregs *g, int role, const ei_tensor *t, int written) {
+    preg_add(g, role, t->data, tensor_bytes(t), written);
+    g->r[g->n - 1].is_view = 1;
+    g->r[g->n - 1].view = *t;
+}
+/* Whether two views share a byte of their elements (brute force over a bitmap). */
+static FZ_NOCOV int views_share_bytes(const ei_tensor *a, const ei_tensor *b) {
+    const unsigned char *a0 = (const unsigned char *)a->data, *b0 = (const unsigned char *)b->data;
+    const unsigned char *lo = a0 < b0 ? a0 : b0, *ae = a0 + tensor_bytes(a), *be = b0 + tensor_bytes(b);
+    size_t span = (size_t)((ae > be ? ae : be) - lo), esa = dtype_size(a->dtype), esb = dtype_size(b->dtype), x;
+    unsigned char *bits = (unsigned char *)calloc(span / 8 + 1, 1);
+    int64_t t;
+    int32_t h;
+    int share = 0;
+    if (!bits) abort();
+    for (t = 0; t < a->n_tokens; ++t)
+        for (h = 0; h < a->n_heads; ++h) {
+            size_t o = (size_t)(a0 - lo) + el_index(a, t, h, 0) * esa;
+            for (x = o; x < o + (size_t)a->head_dim * esa; ++x) bits[x >> 3] |= (unsigned char)(1u << (x & 7));
+        }
+    for (t = 0; t < b->n_tokens && !share; ++t)
+        for (h = 0; h < b->n_heads && !share; ++h) {
+            size_t o = (size_t)(b0 - lo) + el_index(b, t, h, 0) * esb;
+            for (x = o; x < o + (size_t)b->head_dim * esb; ++x)
+                if (bits[x >> 3] & (1u << (x & 7))) { share = 1; break; }
+        }
+    free(bits);
+    return share;
+}
+/* 1 if some pair of regions meets where one of the two is written, other
+   than two views of one dtype, head_dim and strides with disjoint elements. */
+static int regions_conflict(const pregs *g, int *pa, int *pb) {
+    int i, j;
+    for (i = 0; i < g->n; ++i)
+        for (j = i + 1; j < g->n; ++j) {
+            const preg *a = &g->r[i], *b = &g->r[j];
+            if (!a->written && !b->written) continue;
+            if (!(a->p < b->p + b->len && b->p < a->p + a->len)) continue;
+            if (a->is_view && b->is_view && a->view.dtype == b->view.dtype && a->view.head_dim == b->view.head_dim &&
+                a->view.token_stride == b->view.token_stride && a->view.head_stride == b->view.head_stride &&
+                !views_share_bytes(&a->view, &b->view))
+                continue;
+            *pa = a->role; *pb = b->role;
+            return 1;
+        }
+    return 0;
+}
+
+/* ---- the call's parameters */
+static int pcall_setup(pcall *pc, state *s, fz *f) {
+    const ei_config *c;
+    size_t per = 0;
+    int i;
+    memset(pc, 0, sizeof *pc);
+    pc->ctx = s->ctx;
+    pc->c = c = ei_context_config(s->ctx);
+    pc->kind = (int)(fz_u8(f) % PL_COUNT);
+    pc->var = fz_u8(f);
+    if (ei_context_backend(pc->ctx) != EI_BACKEND_CPU) return 0;
+    if (layer_usable(s) && s->H <= 16 && s->d <= 64 && s->q.t.dtype >= EI_F32 && s->q.t.dtype <= EI_BF16 &&
+        s->v.t.dtype >= EI_F32 && s->v.t.dtype <= EI_BF16) {
+        pc->n = EI__MIN(s->n, 40); pc->H = s->H; pc->KV = s->KV; pc->d = s->d;
+        pc->dt = s->q.t.dtype; pc->vdt = s->v.t.dtype;
+    } else {
+        pc->n = 24; pc->H = 2; pc->KV = 1; pc->d = 8; pc->dt = EI_F32; pc->vdt = EI_BF16;
+    }
+    while (pc->n > 4 && (double)pc->n * (double)pc->n * (double)pc->H * (double)pc->d > FZ_LAYER_WORK / 4) pc->n /= 2;
+    for (i = 0; i < 4; ++i) pc->lay[i] = (int)(fz_u8(f) % 5);
+    pc->odt = (ei_dtype)(fz_u8(f) % 3);
+    pc->cnt = pc->n; pc->kn = pc->n;
+    pc->heads_out = c->per_kv_head ? pc->KV : pc->H;
+    pc->capacity = (int32_t)EI__MIN(pc->n, (int64_t)EI__MAX(c->decode_budget, 1));
+    pc->mask_cap = pc->n;
+    pc->pooled_cap = pc->n;
+    pc->var2 = fz_u8(f);
+    pc->inter = FAMILY(FAM_OVERLAP) && (pc->var2 & 12) == 12;
+    switch (pc->kind) {
+        case PL_PROFILE:
+            pc->flags = (pc->var >> 4) & 3u;
+            if ((pc->var & 3) == 2) pc->nt = fz_threads1(fz_u8(f), 3);
+            if (pc->inter && pc->H == pc->KV) { pc->lay[1] = pc->lay[0] = 3 + (pc->lay[0] & 1); } /* q, k interleaved (both read) */
+            else pc->inter = 0;
+            break;
+        case PL_CHUNK:
+            pc->flags = EI_PLAN_CHUNKED | ((pc->var & 16) ? EI_PLAN_SCORES : 0u);
+            pc->c1 = (pc->var & 4) ? (int64_t)(fz_u8(f) % (unsigned)pc->n) : 0;
+            pc->cnt = 1 + (int64_t)(fz_u8(f) % (unsigned)(pc->n - pc->c1));
+            pc->q_off = pc->c1;
+            pc->is_final = pc->c1 + pc->cnt == pc->n ? !(pc->var & 8) : 0;
+            pc->kn = pc->c1 + pc->cnt + ((pc->var & 64) ? (int64_t)(fz_u8(f) % 4) : 0);
+            pc->inter = 0;
+            break;
+        case PL_ATTN:
+            pc->use_plan = pc->var & 1;
+            if (pc->var & 2) {
+                pc->q_off = (int64_t)(fz_u8(f) % (unsigned)pc->n);
+                pc->cnt = 1 + (int64_t)(fz_u8(f) % (unsigned)(pc->n - pc->q_off));
+            }
+            while (pc->cnt > 1 && (double)pc->cnt * (double)(pc->q_off + pc->cnt) * (double)pc->H * (double)pc->d > FZ_ATTN_WORK) {
+                pc->q_off += pc->cnt - pc->cnt / 2;
+                pc->cnt /= 2;
+            }
+            pc->kn = pc->q_off + pc->cnt;
+            if (pc->var & 4) pc->nt = fz_threads1(fz_u8(f), 3);
+            if (pc->inter) { pc->odt = pc->dt; pc->lay[3] = pc->lay[0] = 3 + (pc->lay[0] & 1); } /* out between q's rows */
+            break;
+        case PL_OBSERVE:
+            pc->cnt = 1 + (int64_t)(fz_u8(f) % (unsigned)pc->n);
+            pc->inter = 0;
+            break;
+        case PL_KEEP:
+            if (pc->var & 16) pc->nt = fz_threads1(fz_u8(f), 2);
+            pc->inter = 0;
+            break;
+        case PL_SCORE:
+            pc->nth = 1 + (int)((pc->var >> 4) % 3);
+            pc->ith = (int)((pc->var >> 6) % (unsigned)pc->nth);
+            pc->inter = 0;
+            break;
+        case PL_SELECT_SHARED: pc->heads_out = 1; pc->inter = 0; break;
+        case PL_COMPACT:
+            pc->heads_out = pc->KV;
+            pc->capacity = (int32_t)pc->n;
+            pc->n_kept = (int32_t)(fz_u8(f) % (unsigned)(pc->n + 1));
+            if (pc->inter) { pc->vdt = pc->dt; pc->lay[2] = pc->lay[1] = 3 + (pc->lay[1] & 1); } /* v between k's rows */
+            break;
+        case PL_PLAN_INIT: pc->flags = pc->var & 3u; pc->inter = 0; break;
+        default: pc->inter = 0; break;
+    }
+    /* the buffers each call uses, and their sizes */
+#define USE(role, b) (pc->bytes[role] = (b))
+    {
+        ei_tensor t;
+        size_t b = 0;
+        int64_t n = pc->n;
+        int dec = 0, keep = 0;
+        switch (pc->kind) {
+            case PL_PROFILE: case PL_CHUNK: case PL_ATTN:
+                t = pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, NULL); USE(R_Q, tensor_bytes(&t));
+                t = pview(pc->lay[1], pc->dt, pc->kn, pc->KV, pc->d, NULL); USE(R_K, tensor_bytes(&t));
+                if (pc->kind == PL_ATTN) {
+                    t = pview(pc->lay[2], pc->vdt, pc->kn, pc->KV, pc->d, NULL); USE(R_V, tensor_bytes(&t));
+                    t = pview(pc->lay[3], pc->odt, pc->cnt, pc->H, pc->d, NULL); USE(R_OUT, tensor_bytes(&t));
+                    if (ei_attention_workspace_size(pc->ctx, pc->H, pc->KV, pc->d, &per) != EI_OK) return 0;
+                } else if (ei_profile_workspace_size(pc->ctx, n, pc->H, pc->KV, pc->d, &per) != EI_OK)
+                    return 0;
+                USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : 1));
+                if (pc->kind != PL_ATTN || pc->use_plan) {
+                    if (ei_plan_size(pc->ctx, n, pc->KV, pc->d, pc->flags, &b) != EI_OK) return 0;
+                    USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
+                }
+                break;
+            case PL_PLAN_INIT:
+                if (ei_plan_size(pc->ctx, n, pc->KV, pc->d, pc->flags, &b) != EI_OK) return 0;
+                USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
+                break;
+            case PL_DEC_INIT: dec = 1; break;
+            case PL_OBSERVE:
+                dec = 1;
+                t = pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, NULL); USE(R_Q, tensor_bytes(&t));
+                break;
+            case PL_KEEP: case PL_SCORE:
+                dec = 1; keep = pc->kind == PL_KEEP;
+                t = pview(pc->lay[1], pc->dt, n, pc->KV, pc->d, NULL); USE(R_K, tensor_bytes(&t));
+                if (pc->kind == PL_SCORE) USE(R_SCORES, 4u * (size_t)pc->H * (size_t)n);
+                if (pc->var & 8) USE(R_ROWPOS, 4u * (size_t)n);
+                break;
+            case PL_SELECT: case PL_SHARED_ADD: case PL_SELECT_SHARED:
+                dec = 1; keep = pc->kind != PL_SHARED_ADD;
+                if (pc->kind != PL_SELECT_SHARED) USE(R_SCORES, 4u * (size_t)pc->H * (size_t)n);
+                if (pc->kind != PL_SELECT) USE(R_SHARED, 4u * (size_t)n);
+                if ((pc->var & 8) || pc->kind == PL_SHARED_ADD) USE(R_ROWPOS, 4u * (size_t)n);
+                break;
+            case PL_COMPACT:
+                t = pview(pc->lay[1], pc->dt, n, pc->KV, pc->d, NULL); USE(R_K, tensor_bytes(&t));
+                t = pview(pc->lay[2], pc->vdt, n, pc->KV, pc->d, NULL); USE(R_V, tensor_bytes(&t));
+                USE(R_KSTRUCT, sizeof(ei_keep_set));
+                USE(R_INDEX, 4u * (size_t)pc->heads_out * (size_t)pc->capacity);
+                break;
+            default: return 0;
+        }
+        if (dec) {
+            if (ei_decoder_size(pc->ctx, pc->H, pc->d, &b) != EI_OK || b > ((size_t)1 << 20)) return 0;
+            USE(R_DEC, b); USE(R_DSTRUCT, sizeof(ei_decoder));
+            if (pc->kind != PL_DEC_INIT && pc->kind != PL_OBSERVE) {
+                if (ei_decode_workspace_size(pc->ctx, n, pc->H, pc->KV, &per) != EI_OK) return 0;
+                USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : 1));
+            }
+        }
+        if (keep) {
+            if (pc->heads_out <= 0 || pc->capacity <= 0) return 0;
+            USE(R_KSTRUCT, sizeof(ei_keep_set));
+            USE(R_INDEX, 4u * (size_t)pc->heads_out * (size_t)pc->capacity);
+            if (pc->var & 1) USE(R_POS, 4u * (size_t)pc->heads_out * (size_t)pc->capacity);
+            if (pc->var & 2) USE(R_MASK, (size_t)pc->heads_out * (size_t)pc->mask_cap);
+            if (pc->var & 4) USE(R_POOLED, 4u * (size_t)pc->heads_out * (size_t)pc->pooled_cap);
+        }
+    }
+#undef USE
+    for (i = 0; i < R_COUNT; ++i)
+        if (pc->bytes[i] > ((size_t)4 << 20)) return 0;
+    /* sources */
+    {
+        int64_t t;
+        int32_t *map;
+        view_make(&pc->qs, f, pc->dt, pc->n, pc->H, pc->d, 0);
+        view_make(&pc->ks, f, pc->dt, pc->n, pc->KV, pc->d, 0);
+        view_make(&pc->vs, f, pc->vdt, pc->n, pc->KV, pc->d, 0);
+        view_fill_values(&pc->qs, 0); view_fill_values(&pc->ks, 0); view_fill_values(&pc->vs, 0);
+        map = pc->rowpos = (int32_t *)xalloc(4u * (size_t)pc->n);
+        for (t = 0; t < pc->n; ++t) map[t] = (int32_t)t;
+        if (pc->var & 32)
+            for (t = pc->n - 1; t > 0; --t) { int64_t x = (int64_t)(rng_next() % (uint32_t)(t + 1)); int32_t y = map[t]; map[t] = map[x]; map[x] = y; }
+        if ((pc->var & 128) && pc->n > 1) map[rng_next() % (uint32_t)pc->n] = -1;
+        pc->scores = (float *)xalloc(4u * (size_t)pc->H * (size_t)pc->n);
+        for (t = 0; t < (int64_t)pc->H * pc->n; ++t) pc->scores[t] = (float)(rng_next() % 1000u) / 1000.0f;
+        pc->shared = (float *)xalloc(4u * (size_t)pc->n);
+        for (t = 0; t < pc->n; ++t) pc->shared[t] = pc->kind == PL_SHARED_ADD && !(pc->var & 64) ? 0.0f : (float)(rng_next() % 1000u) / 500.0f;
+        pc->index = (int32_t *)xalloc(4u * (size_t)pc->heads_out * (size_t)EI__MAX(pc->capacity, 1));
+        if (pc->kind == PL_COMPACT) { /* ascending rows of each head: n_kept of n */
+            int32_t h;
+            for (h = 0; h < pc->heads_out; ++h) {
+                int64_t need = pc->n_kept, left = pc->n, j = 0;
+                for (t = 0; t < pc->n && need > 0; ++t, --left)
+                    if ((int64_t)(rng_next() % (uint32_t)left) < need) { pc->index[(size_t)h * (size_t)pc->capacity + (size_t)j++] = (int32_t)t; need--; }
+            }
+        }
+    }
+    return 1;
+}
+static void pcall_free(pcall *pc) {
+    view_free(&pc->qs); view_free(&pc->ks); view_free(&pc->vs);
+    free(pc->rowpos); free(pc->scores); free(pc->shared); free(pc->index);
+}
+
+/* ---- placing the buffers */
+/* All-ones bytes (NaN in every dtype); large workspaces at their ends only. */
+static void fill_all(unsigned char *p, size_t n) { memset(p, 0xff, n); }
+static void fill_ff(unsigned char *p, size_t n) {
+    if (n <= 20480) memset(p, 0xff, n);
+    else { memset(p, 0xff, 16384); memset(p + n - 4096, 0xff, 4096); }
+}
+/* resid[r]: address mod 64 of role r; guest over host at offset o from the
+   host's region (reference: every buffer apart, memory 64-byte aligned). */
+static void placement_build(placement *pl, const pcall *pc, const unsigned *resid, int host, int guest, int64_t o,
+                            int guest_raw, int reference) {
+    int64_t cursor = 0, lo = 0, hi = 0;
+    int r, first = 1;
+    memset(pl, 0, sizeof *pl);
+    for (r = 0; r < R_COUNT; ++r) {
+        int64_t want;
+        if (!pc->bytes[r] || (!reference && r == guest)) continue;
+        want = reference ? (role_kind[r] == PK_VIEW ? (int64_t)resid[r] : 0) : (int64_t)resid[r];
+        pl->pos[r] = cursor + ((want - cursor % 64) + 64) % 64;
+        cursor = pl->pos[r] + (int64_t)pc->bytes[r] + (reference ? 64 : 8 + (int64_t)((r * 13 + resid[r]) % 40));
+    }
+    if (!reference && guest >= 0) {
+        int64_t hoff = 0, goff = 0, g;
+        if (host == R_PLAN || host == R_DEC) hoff = (64 - pl->pos[host] % 64) % 64;
+        if (guest == R_PLAN || guest == R_DEC) goff = (64 - (int64_t)resid[guest]) % 64;
+        g = pl->pos[host] + hoff + o - goff;
+        if (role_kind[guest] == PK_STRUCT) g -= ((g % 8) + 8) % 8; /* the harness writes the struct */
+        else if (!guest_raw && role_kind[guest] == PK_VIEW) {
+            int64_t es = (int64_t)dtype_size(guest == R_V ? pc->vdt : guest == R_OUT ? pc->odt : pc->dt);
+            g -= ((g % es) + es) % es;
+        } else if (!guest_raw && role_kind[guest] == PK_ARR)
+            g -= ((g % 4) + 4) % 4;
+        pl->pos[guest] = g;
+    }
+    for (r = 0; r < R_COUNT; ++r) {
+        if (!pc->bytes[r]) continue;
+        if (first || pl->pos[r] < lo) lo = pl->pos[r];
+        if (first || pl->pos[r] + (int64_t)pc->bytes[r] > hi) hi = pl->pos[r] + (int64_t)pc->bytes[r];
+        first = 0;
+    }
+    lo -= ((lo % 64) + 64) % 64; /* shift by a multiple of 64: residues stay */
+    pl->alloc = (size_t)(hi - lo) + 128;
+    pl->pooled = (pl->raw = pool_take(pl->alloc, &pl->alloc)) != NULL;
+    if (!pl->pooled) pl->raw = (unsigned char *)xalloc(pl->alloc);
+    pl->base = pl->raw + (64 - (uintptr_t)pl->raw % 64) % 64;
+    FZ_POISON(pl->raw, pl->alloc);
+    for (r = 0; r < R_COUNT; ++r) {
+        if (!pc->bytes[r]) continue;
+        pl->pos[r] -= lo;
+        pl->p[r] = pl->base + pl->pos[r];
+        FZ_UNPOISON(pl->p[r], pc->bytes[r]);
+    }
+}
+static void placement_free(placement *pl) {
+    if (!pl->raw) return;
+    if (pl->pooled) pool_give(pl->raw);
+    else { FZ_UNPOISON(pl->raw, pl->alloc); free(pl->raw); }
+    pl->raw = NULL;
+}
+
+/* ---- views of the call over a placement */
+static ei_tensor pc_q(const pcall *pc, const placement *pl) { return pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, pl->p[R_Q]); }
+static ei_tensor pc_k(const pcall *pc, const placement *pl) {
+    return pview(pc->lay[1], pc->dt, pc->kind == PL_CHUNK || pc->kind == PL_ATTN ? pc->kn : pc->n, pc->KV, pc->d, pl->p[R_K]);
+}
+static ei_tensor pc_v(const pcall *pc, const placement *pl) {
+    return pview(pc->lay[2], pc->vdt, pc->kind == PL_ATTN ? pc->kn : pc->n, pc->KV, pc->d, pl->p[R_V]);
+}
+static ei_out_tensor pc_out(const pcall *pc, const placement *pl) { return pview_out(pc->lay[3], pc->odt, pc->cnt, pc->H, pc->d, pl->p[R_OUT]); }
+static ei_out_tensor pc_kout(const pcall *pc, const placement *pl) { return pview_out(pc->lay[1], pc->dt, pc->n, pc->KV, pc->d, pl->p[R_K]); }
+static ei_out_tensor pc_vout(const pcall *pc, const placement *pl) { return pview_out(pc->lay[2], pc->vdt, pc->n, pc->KV, pc->d, pl->p[R_V]); }
+static ei_keep_set pc_keep(const pcall *pc, const placement *pl) {
+    ei_keep_set k;
+    memset(&k, 0, sizeof k);
+    k.heads_out = pc->heads_out;
+    k.capacity = pc->capacity;
+    k.index = (int32_t *)(void *)pl->p[R_INDEX];
+    k.positions = (int32_t *)(void *)pl->p[R_POS];
+    if (pl->p[R_MASK]) { k.mask = pl->p[R_MASK]; k.mask_capacity = pc->mask_cap; }
+    if (pl->p[R_POOLED]) { k.pooled = (float *)(void *)pl->p[R_POOLED]; k.pooled_capacity = pc->pooled_cap; }
+    k.row_pos = (const int32_t *)(void *)pl->p[R_ROWPOS];
+    if (pc->kind == PL_COMPACT) { k.n_kept = pc->n_kept; k.n_tokens = pc->n; }
+    return k;
+}
+
+/* Placement outcomes per call kind (EI_FUZZ_TIMING prints them):
+   refused conflicts, refused misalignments, clean calls, of which compared
+   with the reference, interleaved views accepted, results EI_OK. */
+static long place_stats[PL_COUNT][6];
+/* ---- preparing: plan and decoder through the library, into the arena */
+static int pc_prepare(pcall *pc, placement *pl, int reference) {
+    ei_result r;
+    int a, b;
+    if (pc->bytes[R_PLAN]) {
+        ei_plan *p = (ei_plan *)(void *)pl->p[R_PSTRUCT];
+        pregs g;
+        g.n = 0;
+        preg_add(&g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
+        preg_add(&g, R_PSTRUCT, p, sizeof *p, 1);
+        r = checked(ei_plan_init(pc->ctx, p, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
+        if (regions_conflict(&g, &a, &b)) {
+            ORACLE(r != EI_OK, "ei_plan_init accepted its struct over its memory", a, b);
+            if (!reference) place_stats[pc->kind][0]++;
+            return 0;
+        }
+        ORACLE(r == EI_OK, "ei_plan_init refused memory of the right size (any alignment)", r, (long)(pl->pos[R_PLAN] % 64));
+        if (pc->kind == PL_PLAN_INIT) return 1;
+        if ((pc->kind == PL_ATTN && pc->use_plan) || (pc->kind == PL_CHUNK && pc->c1 > 0)) {
+            size_t need = 0;
+            void *ws;
+            if (ei_profile_workspace_size(pc->ctx, pc->n, pc->H, pc->KV, pc->d, &need) != EI_OK) return 0;
+            ws = walloc_mem(need);
+            if (pc->kind == PL_ATTN) r = checked(ei_profile(pc->ctx, &pc->qs.t, &pc->ks.t, p, ws, need));
+            else {
+                ei_tensor q0 = pc->qs.t, k0 = pc->ks.t;
+                q0.n_tokens = k0.n_tokens = pc->c1;
+                r = checked(ei_profile_chunk(pc->ctx, &q0, &k0, p, 0, 0, ws, need));
+            }
+            wfree(ws);
+            if (r != EI_OK && reference) return 0;
+        }
+        memcpy(&pc->plan, p, sizeof pc->plan);
+    }
+    if (pc->bytes[R_DEC]) {
+        ei_decoder *d = (ei_decoder *)(void *)pl->p[R_DSTRUCT];
+        pregs g;
+        g.n = 0;
+        preg_add(&g, R_DEC, pl->p[R_DEC], pc->bytes[R_DEC], 1);
+        preg_add(&g, R_DSTRUCT, d, sizeof *d, 1);
+        r = checked(ei_decoder_init(pc->ctx, d, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
+        if (regions_conflict(&g, &a, &b)) {
+            ORACLE(r != EI_OK, "ei_decoder_init accepted its struct over its memory", a, b);
+            if (!reference) place_stats[pc->kind][0]++;
+            return 0;
+        }
+        ORACLE(r == EI_OK, "ei_decoder_init refused memory of the right size (any alignment)", r, (long)(pl->pos[R_DEC] % 64));
+        if (pc->kind != PL_DEC_INIT && (pc->kind != PL_OBSERVE || (pc->var & 2))) {
+            int64_t w = EI__MIN((int64_t)EI__MAX(pc->c->window, 1), pc->n);
+            ei_tensor q0 = pc->qs.t;
+            q0.data = (const unsigned char *)pc->qs.buf + (size_t)(pc->n - w) * (size_t)pc->H * (size_t)pc->d * dtype_size(pc->dt);
+            q0.n_tokens = w;
+            r = checked(ei_decode_observe(pc->ctx, d, &q0, 0));
+            if (r == EI_OK && (pc->var & 64)) {
+                q0.n_tokens = 1;
+                r = checked(ei_decode_observe(pc->ctx, d, &q0, 1));
+            }
+            if (r != EI_OK && reference) return 0;
+        }
+        memcpy(&pc->dec, d, sizeof pc->dec);
+    }
+    return 1;
+}
+
+/* ---- filling: inputs from the sources (or, for the reference, the fuzzed
+   arena's bytes), outputs garbage; the structs last */
+static int role_is_input(const pcall *pc, int r) {
+    switch (r) {
+        case R_Q: case R_V: case R_ROWPOS: return 1;
+        case R_K: return 1;
+        case R_SCORES: return pc->kind != PL_SCORE;
+        case R_SHARED: return 1;
+        case R_INDEX: return pc->kind == PL_COMPACT;
+        default: return 0;
+    }
+}
+static FZ_NOCOV void pc_fill_role(const pcall *pc, const placement *pl, int r) {
+    ei_tensor t;
+    switch (r) {
+        case R_Q:
+            t = pc_q(pc, pl);
+            copy_rows(&t, pl->p[R_Q], &pc->qs.t, pc->kind == PL_OBSERVE ? pc->n - pc->cnt : pc->q_off, pc->cnt);
+            break;
+        case R_K:
+            t = pc_k(pc, pl);
+            copy_rows(&t, pl->p[R_K], &pc->ks.t, 0, EI__MIN(t.n_tokens, pc->n));
+            break;
+        case R_V:
+            t = pc_v(pc, pl);
+            copy_rows(&t, pl->p[R_V], &pc->vs.t, 0, EI__MIN(t.n_tokens, pc->n));
+            break;
+        case R_OUT: { /* its elements only: the out view may lie between q's rows */
+            ei_out_tensor o = pc_out(pc, pl);
+            int64_t tt;
+            int32_t h;
+            size_t es = dtype_size(o.dtype);
+            for (tt = 0; tt < o.n_tokens; ++tt)
+                for (h = 0; h < o.n_heads; ++h)
+                    memset((unsigned char *)o.data + (size_t)(tt * o.token_stride + (int64_t)h * o.head_stride) * es, 0xff,
+                           (size_t)o.head_dim * es);
+            break;
+        }
+        case R_ROWPOS: memcpy(pl->p[r], pc->rowpos, pc->bytes[r]); break;
+        case R_SCORES: if (pc->kind != PL_SCORE) memcpy(pl->p[r], pc->scores, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_SHARED: memcpy(pl->p[r], pc->shared, pc->bytes[r]); break;
+        case R_INDEX: if (pc->kind == PL_COMPACT) memcpy(pl->p[r], pc->index, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_POS: case R_MASK: case R_POOLED: memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_WS: fill_ff(pl->p[r], pc->bytes[r]); break;
+        default: break;
+    }
+}
+static void pc_fill_structs(const pcall *pc, const placement *pl) {
+    if (pc->bytes[R_PSTRUCT] && pc->bytes[R_PLAN] && pc->kind != PL_PLAN_INIT) memcpy(pl->p[R_PSTRUCT], &pc->plan, sizeof pc->plan);
+    if (pc->bytes[R_DSTRUCT] && pc->kind != PL_DEC_INIT) memcpy(pl->p[R_DSTRUCT], &pc->dec, sizeof pc->dec);
+    if (pc->bytes[R_KSTRUCT]) {
+        ei_keep_set k = pc_keep(pc, pl);
+        memcpy(pl->p[R_KSTRUCT], &k, sizeof k);
+    }
+}
+
+/* ---- the call */
+static ei_result pc_run(const pcall *pc, const placement *pl) {
+    ei_context *ctx = pc->ctx;
+    ei_plan *plan = (ei_plan *)(void *)pl->p[R_PSTRUCT];
+    ei_decoder *dec = (ei_decoder *)(void *)pl->p[R_DSTRUCT];
+    ei_keep_set *keep = (ei_keep_set *)(void *)pl->p[R_KSTRUCT];
+    void *ws = pl->p[R_WS];
+    size_t wb = pc->bytes[R_WS];
+    ei_tensor q = pc_q(pc, pl), k = pc_k(pc, pl), v = pc_v(pc, pl);
+    ei_out_tensor out = pc_out(pc, pl), ko = pc_kout(pc, pl), vo = pc_vout(pc, pl);
+    const int32_t *rowpos = (const int32_t *)(void *)pl->p[R_ROWPOS];
+    float *scores = (float *)(void *)pl->p[R_SCORES], *shared = (float *)(void *)pl->p[R_SHARED];
+    switch (pc->kind) {
+        case PL_PROFILE:
+            if ((pc->var & 3) == 1) return checked(ei_profile_heads(ctx, &q, &k, plan, 0, pc->KV, ws, wb));
+            if (pc->nt > 0) return checked(ei_profile_mt(ctx, &q, &k, plan, pc->nt, ws, wb));
+            return checked(ei_profile(ctx, &q, &k, plan, ws, wb));
+        case PL_CHUNK: return checked(ei_profile_chunk(ctx, &q, &k, plan, pc->q_off, pc->is_final, ws, wb));
+        case PL_ATTN:
+            if (pc->nt > 0) return checked(ei_attention_prefill_mt(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, pc->nt, ws, wb));
+            return checked(ei_attention_prefill(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, 0, 1, ws, wb));
+        case PL_DEC_INIT: return checked(ei_decoder_init(ctx, dec, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
+        case PL_OBSERVE: return checked(ei_decode_observe(ctx, dec, &q, (int)(pc->var & 1)));
+        case PL_KEEP:
+            if (pc->nt > 0) return checked(ei_decode_keep_mt(ctx, dec, &k, keep, pc->nt, ws, wb));
+            return checked(ei_decode_keep(ctx, dec, &k, keep, ws, wb));
+        case PL_SCORE: return checked(ei_decode_score(ctx, dec, &k, rowpos, 0, scores, pc->ith, pc->nth, ws, wb));
+        case PL_SELECT: return checked(ei_decode_select(ctx, dec, scores, pc->n, keep, ws, wb));
+        case PL_SHARED_ADD: return checked(ei_decode_shared_add(ctx, dec, scores, pc->n, rowpos, shared, ws, wb));
+        case PL_SELECT_SHARED: return checked(ei_decode_select_shared(ctx, dec, shared, pc->n, keep, ws, wb));
+        case PL_COMPACT: return checked(ei_kv_compact(ctx, keep, &ko, &vo));
+        case PL_PLAN_INIT: return checked(ei_plan_init(ctx, plan, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
+        default: return EI_ERR_STATE;
+    }
+}
+/* The workspace bytes a call needs: *_workspace_size per thread the call
+   runs (ei_profile_mt runs at most one per kv head, ei_decode_keep_mt one per
+   query head). */
+static size_t pc_ws_need(const pcall *pc) {
+    size_t per = pc->bytes[R_WS] / (size_t)(pc->nt > 0 ? pc->nt : 1);
+    int used = pc->nt > 0 ? pc->nt : 1;
+    if (pc->kind == PL_PROFILE && pc->nt > 0) used = EI__MIN(pc->nt, pc->KV);
+    if (pc->kind == PL_KEEP && pc->nt > 0) used = EI__MIN(pc->nt, pc->H);
+    return per * (size_t)used;
+}
+/* The regions the call uses, from the rules (not from the library). */
+static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
+    const ei_plan *plan = (const ei_plan *)(const void *)pl->p[R_PSTRUCT];
+    const ei_decoder *dec = (const ei_decoder *)(const void *)pl->p[R_DSTRUCT];
+    ei_tensor t;
+    ei_out_tensor o;
+    int kw = pc->kind == PL_KEEP || pc->kind == PL_SELECT || pc->kind == PL_SELECT_SHARED;
+    g->n = 0;
+    switch (pc->kind) {
+        case PL_PROFILE: case PL_CHUNK: case PL_ATTN:
+            t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
+            t = pc_k(pc, pl); preg_view(g, R_K, &t, 0);
+            if (pc->kind == PL_ATTN) {
+                t = pc_v(pc, pl); preg_view(g, R_V, &t, 0);
+                o = pc_out(pc, pl); t = as_view(&o); preg_view(g, R_OUT, &t, 1);
+            }
+            if (pc->kind != PL_ATTN || pc->use_plan) {
+                preg_add(g, R_PLAN, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags), pc->kind != PL_ATTN);
+                preg_add(g, R_PSTRUCT, plan, sizeof *plan, pc->kind != PL_ATTN);
+            }
+            preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
+            break;
+        case PL_PLAN_INIT:
+            preg_add(g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
+            preg_add(g, R_PSTRUCT, plan, sizeof *plan, 1);
+            break;
+        case PL_DEC_INIT:
+            preg_add(g, R_DEC, pl->p[R_DEC], pc->bytes[R_DEC], 1);
+            preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
+            break;
+        case PL_OBSERVE:
+            t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
+            preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 1);
+            preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
+            break;
+        case PL_COMPACT:
+            preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 0);
+            preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 0);
+            o = pc_kout(pc, pl); t = as_view(&o); preg_view(g, R_K, &t, 1);
+            o = pc_vout(pc, pl); t = as_view(&o); preg_view(g, R_V, &t, 1);
+            break;
+        default: /* decode */
+            if (pc->kind == PL_KEEP || pc->kind == PL_SCORE) {
+                t = pc_k(pc, pl); preg_view(g, R_K, &t, 0);
+                preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
+            }
+            preg_add(g, R_DSTRUCT, dec, sizeof *dec, pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED);
+            if (kw) {
+                preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 1);
+                preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 1);
+                preg_add(g, R_POS, pl->p[R_POS], pc->bytes[R_POS], 1);
+                preg_add(g, R_MASK, pl->p[R_MASK], pc->bytes[R_MASK], 1);
+                preg_add(g, R_POOLED, pl->p[R_POOLED], pc->bytes[R_POOLED], 1);
+            }
+            preg_add(g, R_ROWPOS, pl->p[R_ROWPOS], pc->bytes[R_ROWPOS], 0);
+            preg_add(g, R_SCORES, pl->p[R_SCORES], pc->bytes[R_SCORES], pc->kind == PL_SCORE);
+            preg_add(g, R_SHARED, pl->p[R_SHARED], pc->bytes[R_SHARED], pc->kind == PL_SHARED_ADD);
+            preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
+            break;
+    }
+}
+/* A view, or an int32/float array, the call uses at an address that is not a
+   multiple of its element size. */
+static int pc_misaligned(const pcall *pc, const placement *pl, int *role) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) {
+        size_t need = 1;
+        if (!pc->bytes[r] || !pl->p[r]) continue;
+        if (role_kind[r] == PK_VIEW) need = dtype_size(r == R_V ? pc->vdt : r == R_OUT ? pc->odt : pc->dt);
+        else if (role_kind[r] == PK_ARR) need = 4;
+        if ((uintptr_t)pl->p[r] % need) { *role = r; return 1; }
+    }
+    return 0;
+}
+
+/* ---- what the call produced, as bytes */
+typedef struct snap { unsigned char *b; size_t n, cap; } snap;
+static void snap_put(snap *s, const void *p, size_t n) {
+    if (s->n + n > s->cap) {
+        s->cap = (s->n + n) * 2 + 256;
+        s->b = (unsigned char *)realloc(s->b, s->cap);
+        if (!s->b) abort();
+    }
+    memcpy(s->b + s->n, p, n);
+    s->n += n;
+}
+static FZ_NOCOV void snap_view(snap *s, const ei_out_tensor *o) {
+    int64_t t;
+    int32_t h;
+    size_t es = dtype_size(o->dtype);
+    for (t = 0; t < o->n_tokens; ++t)
+        for (h = 0; h < o->n_heads; ++h)
+            snap_put(s, (const unsigned char *)o->data + (size_t)(t * o->token_stride + (int64_t)h * o->head_stride) * es,
+                     (size_t)o->head_dim * es);
+}
+static void pc_snapshot(const pcall *pc, const placement *pl, snap *s) {
+    const ei_plan *plan = (const ei_plan *)(const void *)pl->p[R_PSTRUCT];
+    const ei_decoder *dec = (const ei_decoder *)(const void *)pl->p[R_DSTRUCT];
+    const ei_keep_set *keep = (const ei_keep_set *)(const void *)pl->p[R_KSTRUCT];
+    ei_out_tensor o;
+    s->n = 0;
+    switch (pc->kind) {
+        case PL_PROFILE: case PL_CHUNK: case PL_PLAN_INIT: {
+            int64_t cnt[4];
+            cnt[0] = plan->n_tokens; cnt[1] = plan->n_segments; cnt[2] = plan->n_blocks; cnt[3] = plan->final;
+            snap_put(s, cnt, sizeof cnt);
+            snap_put(s, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags));
+            break;
+        }
+        case PL_ATTN: o = pc_out(pc, pl); snap_view(s, &o); break;
+        case PL_COMPACT: o = pc_kout(pc, pl); snap_view(s, &o); o = pc_vout(pc, pl); snap_view(s, &o); break;
+        case PL_SCORE: snap_put(s, pl->p[R_SCORES], pc->bytes[R_SCORES]); break;
+        default: {
+            int64_t cnt[6];
+            cnt[0] = dec->n_observed; cnt[1] = dec->n_generated; cnt[2] = dec->last_compress;
+            cnt[3] = keep ? keep->n_kept : 0; cnt[4] = keep ? keep->compressed : 0; cnt[5] = keep ? keep->n_tokens : 0;
+            snap_put(s, cnt, sizeof cnt);
+            if (pc->kind == PL_OBSERVE || pc->kind == PL_DEC_INIT) snap_put(s, dec->queries, ring_bytes(pc));
+            if (pc->kind == PL_SHARED_ADD) snap_put(s, pl->p[R_SHARED], pc->bytes[R_SHARED]);
+            if (keep) {
+                int r;
+                for (r = R_INDEX; r <= R_POOLED; ++r)
+                    if (pc->bytes[r]) snap_put(s, pl->p[r], pc->bytes[r]);
+            }
+            break;
+        }
+    }
+}
+/* Compaction moved the kept rows (the reference placement: K and V apart). */
+static FZ_NOCOV void compact_check(const pcall *pc, const placement *pl) {
+    ei_out_tensor o[2];
+    const view *src[2];
+    int w;
+    int32_t h, i;
+    o[0] = pc_kout(pc, pl); o[1] = pc_vout(pc, pl);
+    src[0] = &pc->ks; src[1] = &pc->vs;
+    for (w = 0; w < 2; ++w) {
+        size_t es = dtype_size(o[w].dtype), rb = (size_t)pc->d * es;
+        for (h = 0; h < pc->heads_out; ++h)
+            for (i = 0; i < pc->n_kept; ++i) {
+                int32_t row = pc->index[(size_t)h * (size_t)pc->capacity + (size_t)i];
+                ORACLE(!memcmp((const unsigned char *)o[w].data + (size_t)(i * o[w].token_stride + (int64_t)h * o[w].head_stride) * es,
+                               (const unsigned char *)src[w]->buf + el_index(&src[w]->t, row, h, 0) * es, rb),
+                       "placement: compaction moved the wrong row", h, i);
+            }
+    }
+}
+
+static void op_place(state *s, fz *f) {
+    pcall pc;
+    placement A, B;
+    unsigned resid[R_COUNT];
+    int guest_raw = 0, host = -1, guest = -1, r, used[R_COUNT], nused = 0, conflict, mis, ra = 0, rb = 0, mrole = -1, diff;
+    int64_t o = 0;
+    ei_result res_a, res_b = EI_OK;
+    pregs g;
+    snap sa, sb;
+    memset(&A, 0, sizeof A); memset(&B, 0, sizeof B);
+    memset(&sa, 0, sizeof sa); memset(&sb, 0, sizeof sb);
+    if (!pcall_setup(&pc, s, f)) { pcall_free(&pc); return; }
+    /* each buffer's address mod 64 */
+    for (r = 0; r < R_COUNT; ++r) {
+        unsigned al, need = 1;
+        resid[r] = 0;
+        if (!pc.bytes[r]) continue;
+        used[nused++] = r;
+        al = fz_u8(f);
+        if (role_kind[r] == PK_VIEW) need = (unsigned)dtype_size(r == R_V ? pc.vdt : r == R_OUT ? pc.odt : pc.dt);
+        else if (role_kind[r] == PK_ARR) need = 4;
+        else if (role_kind[r] == PK_STRUCT) need = 8;
+        resid[r] = al & 63u;
+        if (need > 1 && role_kind[r] != PK_STRUCT && FAMILY(FAM_ALIGN) && (al >> 6) == 3) {
+            if (resid[r] % need == 0) resid[r] += 1;            /* misaligned: refused */
+        } else resid[r] -= resid[r] % need;
+    }
+    /* one buffer over another */
+    if (pc.inter) {
+        int es = (int)dtype_size(pc.dt);
+        unsigned x = fz_u8(f);
+        host = pc.kind == PL_COMPACT ? R_K : R_Q;
+        guest = pc.kind == PL_COMPACT ? R_V : pc.kind == PL_ATTN ? R_OUT : R_K;
+        o = (pc.lay[pc.kind == PL_COMPACT ? 1 : 0] == 3 ? (int64_t)(pc.kind == PL_COMPACT ? pc.KV : pc.H) * pc.d : pc.d) * es;
+        if (x % 3 == 0) o += (int64_t)es * (1 + (int64_t)(x >> 2) % pc.d); /* sharing elements: refused */
+        if (x % 5 == 1) o = -o;
+        resid[guest] = (unsigned)((resid[host] + (unsigned)(((o % 64) + 64) % 64)) % 64u);
+        guest_raw = 1;
+    } else if (FAMILY(FAM_OVERLAP) && nused >= 2 && (fz_u8(f) & 1)) {
+        unsigned x = fz_u8(f);
+        int64_t hl, gl;
+        {
+            unsigned hi = fz_u8(f) % (unsigned)nused, gi = fz_u8(f) % (unsigned)nused;
+            if (gi == hi) gi = (hi + 1) % (unsigned)nused;
+            host = used[hi];
+            guest = used[gi];
+        }
+        hl = (int64_t)(host == R_PLAN ? plan_extent(pc.c, pc.n, pc.KV, pc.d, pc.flags) : host == R_DEC && pc.kind != PL_DEC_INIT ? ring_bytes(&pc) : pc.bytes[host]);
+        gl = (int64_t)pc.bytes[guest];
+        if (hl <= 0) hl = 1;
+        switch (x & 7) {
+            case 0: o = hl - 1; break;           /* the guest's first byte on the host's last */
+            case 1: o = 1 - gl; break;           /* the guest's last byte on the host's first */
+            case 2: o = hl; break;               /* just after: no overlap */
+            case 3: o = -gl; break;              /* just before: no overlap */
+            default: o = (int64_t)(fz_u16(f) % (unsigned)EI__MIN(hl + gl - 1, 65535)) - (gl - 1); break;
+        }
+        guest_raw = (x & 8) != 0 && FAMILY(FAM_ALIGN); /* the guest at the offset as it falls (else element-aligned) */
+    }
+    if (verbose > 0)
+        fprintf(stderr, "  placement: %s, n %lld, q %lld at %lld, heads %d/%d, dim %d, guest %s over %s at %lld\n",
+                kind_names[pc.kind], (long long)pc.n, (long long)pc.cnt, (long long)pc.q_off, (int)pc.H, (int)pc.KV,
+                (int)pc.d, guest >= 0 ? role_names[guest] : "-", host >= 0 ? role_names[host] : "-", (long long)o);
+    placement_build(&A, &pc, resid, host, guest, o, guest_raw, 0);
+    for (r = 0; r < R_COUNT; ++r)
+        if (pc.bytes[r]) (r == R_WS ? fill_ff : fill_all)(A.p[r], pc.bytes[r]);
+    work_spend(2.0 * (double)pc.n * (double)pc.n * (double)pc.H * (double)pc.d);
+    if (!pc_prepare(&pc, &A, 0)) goto done;
+    for (r = 0; r < R_COUNT; ++r)
+        if (pc.bytes[r] && r != guest) pc_fill_role(&pc, &A, r);
+    if (guest >= 0) pc_fill_role(&pc, &A, guest);
+    pc_fill_structs(&pc, &A);
+    pc_regions(&pc, &A, &g);
+    conflict = regions_conflict(&g, &ra, &rb);
+    mis = pc_misaligned(&pc, &A, &mrole);
+    /* the reference: always when buffers meet, for a quarter of the others */
+    diff = !conflict && !mis && (guest >= 0 || (pc.var2 & 3) == 0);
+    if (guest >= 0) /* the guest may meet any buffer, not only its host: none the harness prepares */
+        for (r = 0; r < R_COUNT; ++r)
+            if (pc.bytes[r] && r != guest && A.pos[r] < A.pos[guest] + (int64_t)pc.bytes[guest] &&
+                A.pos[guest] < A.pos[r] + (int64_t)pc.bytes[r] && (role_prepared(r) || role_prepared(guest)))
+                diff = 0;
+    if (verbose > 0) fprintf(stderr, "  conflict %d (%s, %s), misaligned %d (%s), reference %d\n", conflict,
+                             conflict ? role_names[ra] : "-", conflict ? role_names[rb] : "-", mis, mis ? role_names[mrole] : "-", diff);
+    if (diff) {
+        unsigned resid_b[R_COUNT];
+        for (r = 0; r < R_COUNT; ++r) resid_b[r] = A.p[r] ? (unsigned)((uintptr_t)A.p[r] % 64u) : 0u; /* views: as in A */
+        placement_build(&B, &pc, resid_b, -1, -1, 0, 0, 1);
+        for (r = 0; r < R_COUNT; ++r)
+            if (pc.bytes[r]) (r == R_WS ? fill_ff : fill_all)(B.p[r], pc.bytes[r]);
+        if (!pc_prepare(&pc, &B, 1)) diff = 0;
+        else {
+            for (r = 0; r < R_COUNT; ++r) {
+                if (!pc.bytes[r]) continue;
+                if (role_is_input(&pc, r)) memcpy(B.p[r], A.p[r], pc.bytes[r]);
+                else pc_fill_role(&pc, &B, r);
+            }
+            pc_fill_structs(&pc, &B);
+            res_b = pc_run(&pc, &B);
+            pc_snapshot(&pc, &B, &sb);
+            if (res_b == EI_OK && pc.kind == PL_COMPACT) compact_check(&pc, &B);
+        }
+    }
+    res_a = pc_run(&pc, &A);
+    place_stats[pc.kind][conflict ? 0 : mis ? 1 : 2]++;
+    if (!conflict && !mis && diff) place_stats[pc.kind][3]++;
+    if (!conflict && pc.inter) place_stats[pc.kind][4]++;
+    if (res_a == EI_OK) place_stats[pc.kind][5]++;
+    if (conflict)
+        ORACLE(res_a != EI_OK, "placement: a call accepted a written buffer over another", ra, rb);
+    else if (mis)
+        ORACLE(res_a != EI_OK, "placement: a call accepted a misaligned view or array", mrole, (long)((uintptr_t)A.p[mrole] % 64));
+    else {
+        ORACLE(res_a != EI_ERR_OVERLAP && res_a != EI_ERR_ALIGN, "placement: a call refused buffers that do not conflict", res_a,
+               guest);
+        if (diff) {
+            ORACLE(res_a == res_b, "placement: result differs from the one with buffers apart and aligned", res_a, res_b);
+            if (res_a == EI_OK) {
+                pc_snapshot(&pc, &A, &sa);
+                if (sa.n != sb.n || memcmp(sa.b, sb.b, sa.n)) {
+                    size_t i = 0;
+                    while (i < sa.n && i < sb.n && sa.b[i] == sb.b[i]) ++i;
+                    fprintf(stderr, "placement: %s outputs differ at byte %zu of %zu (%zu): %02x%02x%02x%02x vs %02x%02x%02x%02x\n", kind_names[pc.kind], i, sa.n, sb.n,
+                            sa.b[i & ~3u], sa.b[(i & ~3u) + 1], sa.b[(i & ~3u) + 2], sa.b[(i & ~3u) + 3], sb.b[i & ~3u], sb.b[(i & ~3u) + 1], sb.b[(i & ~3u) + 2], sb.b[(i & ~3u) + 3]);
+                }
+                ORACLE(sa.n == sb.n && !memcmp(sa.b, sb.b, sa.n),
+                       "placement: output differs from the one with buffers apart and aligned", pc.kind, guest);
+            }
+        }
+    }
+done:
+    free(sa.b); free(sb.b);
+    placement_free(&A);
+    placement_free(&B);
+    pcall_free(&pc);
+}
+
 /* ------------------------------------------------------------ driver */
+enum {
+    OP_PLAN_INIT, OP_PROFILE, OP_PROFILE2, OP_PROFILE_HEADS, OP_PROFILE_MT, OP_CHUNK, OP_RESET_FINALIZE, OP_CORRUPT,
+    OP_ATTENTION, OP_ATTENTION2, OP_ATTENTION_MT, OP_DECODER_INIT, OP_OBSERVE, OP_OBSERVE2, OP_DECODE, OP_COMPACT,
+    OP_DECODER_RESET, OP_SIZES, OP_LAYER, OP_SWAP, OP_PLACE, OP_PLAN_EDIT, OP_SMALL_STACK, OP_CELL_POS, OP_PLACE2,
+    OP_COUNT
+};
+static void run_op(state *s, fz *f, unsigned op);
+
+/* Another op on a thread whose stack is 64 KiB (mmap'd, a PROT_NONE guard
+   page below it: an overflow is a clean SEGV, not a silent write). One
+   worker thread, started once and handed each job (a thread start costs
+   more than a whole input). */
+#define FZ_SMALL_STACK ((size_t)64 << 10)
+typedef struct stack_job { state *s; fz *f; unsigned op; } stack_job;
+static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stack_cv = PTHREAD_COND_INITIALIZER;
+static stack_job *stack_pending;
+static int stack_busy;
+static void *stack_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&stack_lock);
+    for (;;) {
+        stack_job *j;
+        while (!stack_pending) pthread_cond_wait(&stack_cv, &stack_lock);
+        j = stack_pending;
+        pthread_mutex_unlock(&stack_lock);
+        run_op(j->s, j->f, j->op);
+        pthread_mutex_lock(&stack_lock);
+        stack_pending = NULL;
+        stack_busy = 0;
+        pthread_cond_broadcast(&stack_cv);
+    }
+    return NULL;
+}
+static void op_small_stack(state *s, fz *f) {
+    static int started = 0; /* 1: running, -1: cannot */
+    static const unsigned char ops[] = {OP_PROFILE, OP_PROFILE_HEADS, OP_PROFILE_MT, OP_CHUNK, OP_ATTENTION, OP_ATTENTION_MT,
+                                        OP_DECODE, OP_COMPACT, OP_OBSERVE, OP_PLACE, OP_PLAN_EDIT, OP_DECODER_INIT, OP_SIZES};
+    stack_job job;
+    job.s = s; job.f = f; job.op = FZ_PICK(f, ops);
+    if (!started) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        unsigned char *mem = (unsigned char *)mmap(NULL, FZ_SMALL_STACK + page, PROT_READ | PROT_WRITE,
+                                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        pthread_attr_t attr;
+        pthread_t tid;
+        started = -1;
+        if (mem == (unsigned char *)MAP_FAILED) return;
+        if (mprotect(mem, page, PROT_NONE) != 0) abort();
+        if (pthread_attr_init(&attr) != 0) return;
+        if (pthread_attr_setstack(&attr, mem + page, FZ_SMALL_STACK) == 0 && pthread_create(&tid, &attr, stack_main, NULL) == 0) {
+            pthread_detach(tid);
+            started = 1;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    if (started < 0) return;
+    if (verbose > 0) fprintf(stderr, "  on a 64 KiB stack: op %u\n", job.op);
+    pthread_mutex_lock(&stack_lock);
+    stack_pending = &job;
+    stack_busy = 1;
+    pthread_cond_broadcast(&stack_cv);
+    while (stack_busy) pthread_cond_wait(&stack_cv, &stack_lock);
+    pthread_mutex_unlock(&stack_lock);
+}
+
+static void run_op(state *s, fz *f, unsigned op) {
+    switch (op) {
+        case OP_PLAN_INIT: op_plan_init(s, f); break;
+        case OP_PROFILE: case OP_PROFILE2: op_profile(s, f, 0); break;
+        case OP_PROFILE_HEADS: op_profile(s, f, 1); break;
+        case OP_PROFILE_MT: op_profile(s, f, 2); break;
+        case OP_CHUNK: op_chunk(s, f); break;
+        case OP_RESET_FINALIZE:
+            if (s->plan_ok && (fz_u8(f) & 1)) { checked(ei_plan_reset(&s->plan)); s->plan_trusted = 0; }
+            else checked(ei_plan_finalize(s->ctx, s->plan_ok ? &s->plan : NULL));
+            break;
+        case OP_CORRUPT: op_corrupt(s, f); break;
+        case OP_ATTENTION: case OP_ATTENTION2: op_attention(s, f, 0); break;
+        case OP_ATTENTION_MT: op_attention(s, f, 1); break;
+        case OP_DECODER_INIT: op_decoder_init(s, f); break;
+        case OP_OBSERVE: case OP_OBSERVE2: op_observe(s, f); break;
+        case OP_DECODE: if (fz_u8(f) < 64) op_decode_rows(s, f); else op_decode_keep(s, f); break;
+        case OP_COMPACT: op_compact(s, f); break;
+        case OP_DECODER_RESET: if (s->dec_ok) checked(ei_decoder_reset(&s->dec)); else checked(ei_decoder_reset(NULL)); break;
+        case OP_SIZES: op_sizes(s, f); break;
+        case OP_LAYER: layer_new(s, f); break;
+        case OP_SWAP: { ei_context *t = s->ctx; s->ctx = s->alt; s->alt = t; break; } /* plans meet the other context */
+        case OP_PLACE: case OP_PLACE2: op_place(s, f); break;
+        case OP_PLAN_EDIT: if (FAMILY(FAM_PLANEDIT)) op_plan_edit(s, f); break;
+        case OP_SMALL_STACK: if (FAMILY(FAM_STACK)) op_small_stack(s, f); break;
+        case OP_CELL_POS: op_cell_pos(s, f); break;
+        default: break;
+    }
+}
+
+/* EI_FUZZ_TIMING=1: the time spent in each op, printed at exit. */
+#include <time.h>
+static int op_timing = -1;
+static double op_seconds[OP_COUNT];
+static long op_calls[OP_COUNT];
+static void op_timing_print(void) {
+    int op, k;
+    fprintf(stderr, "placement (kind: conflicts, misaligned, clean, compared, interleaved accepted, EI_OK):\n");
+    for (k = 0; k < PL_COUNT; ++k)
+        fprintf(stderr, "  %-14s %6ld %6ld %6ld %6ld %6ld %6ld\n", kind_names[k], place_stats[k][0], place_stats[k][1],
+                place_stats[k][2], place_stats[k][3], place_stats[k][4], place_stats[k][5]);
+    for (op = 0; op < OP_COUNT; ++op)
+        if (op_calls[op])
+            fprintf(stderr, "  op %2d: %7ld calls, %8.1f us each, %7.3f s\n", op, op_calls[op],
+                    1e6 * op_seconds[op] / (double)op_calls[op], op_seconds[op]);
+}
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz f;
     state s;
     int ops = 0;
+    memset(&f, 0, sizeof f);
     f.p = data; f.n = size; f.i = 0;
     if (verbose < 0) verbose = getenv("EI_FUZZ_VERBOSE") != NULL;
+    if (op_timing < 0 && (op_timing = getenv("EI_FUZZ_TIMING") != NULL) != 0) atexit(op_timing_print);
     memset(&s, 0, sizeof s);
     n_alloc_calls = 0; fail_after = -1; poison_count = 0;
-    s.ctx = fz_context(&f);
+    work_left = FZ_INPUT_WORK;
+    threads_left = 1;
+    s.ctx = fz_context(&f, NULL);
     if (verbose) {
         const ei_config *c = ei_context_config(s.ctx);
         fprintf(stderr, "ctx: segment %d block %d threshold %lld base %d factors %g..%g per_segment %d decode %d window %d gap %d simd %s\n",
@@ -981,43 +2651,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 ei_simd_name(ei_context_simd(s.ctx)));
     }
     fail_after = -1;
-    s.alt = fz_context(&f);
+    s.alt = fz_context(&f, s.ctx);
     fail_after = -1;
     layer_new(&s, &f);
-    while (fz_left(&f) && ops++ < 48) {
-        unsigned op = fz_u8(&f) % 20;
-        if (verbose) fprintf(stderr, "op %u at byte %zu\n", op, f.i - 1);
-        switch (op) {
-            case 0: op_plan_init(&s, &f); break;
-            case 1: case 2: op_profile(&s, &f, 0); break;
-            case 3: op_profile(&s, &f, 1); break;
-            case 4: op_profile(&s, &f, 2); break;
-            case 5: op_chunk(&s, &f); break;
-            case 6:
-                if (s.plan_ok && (fz_u8(&f) & 1)) { checked(ei_plan_reset(&s.plan)); s.plan_trusted = 0; }
-                else checked(ei_plan_finalize(s.ctx, s.plan_ok ? &s.plan : NULL));
-                break;
-            case 7: op_corrupt(&s, &f); break;
-            case 8: case 9: op_attention(&s, &f, 0); break;
-            case 10: op_attention(&s, &f, 1); break;
-            case 11: op_decoder_init(&s, &f); break;
-            case 12: case 13: op_observe(&s, &f); break;
-            case 14: if (fz_u8(&f) < 64) op_decode_rows(&s, &f); else op_decode_keep(&s, &f); break;
-            case 15: op_compact(&s, &f); break;
-            case 16: if (s.dec_ok) checked(ei_decoder_reset(&s.dec)); else checked(ei_decoder_reset(NULL)); break;
-            case 17: op_sizes(&s, &f); break;
-            case 18: layer_new(&s, &f); break;
-            default: { ei_context *t = s.ctx; s.ctx = s.alt; s.alt = t; break; } /* plans meet the other context */
+    while (fz_left(&f) && ops++ < FZ_MAX_OPS && work_left > 0) {
+        unsigned op = fz_u8(&f) % OP_COUNT;
+        if (verbose) fprintf(stderr, "op %u at byte %zu (work left %.0f)\n", op, f.i - 1, work_left);
+        if (op_timing) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            run_op(&s, &f, op);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            op_seconds[op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            op_calls[op]++;
+            continue;
         }
+        run_op(&s, &f, op);
     }
     plan_release(&s);
     keep_release(&s);
     wfree(s.dec_mem);
     view_free(&s.q); view_free(&s.k); view_free(&s.v);
-    ei_context_destroy(s.ctx);
-    ei_context_destroy(s.alt);
     return 0;
 }
+
 
 #ifdef EI_FUZZ_STANDALONE
 /* Replay: every file named, or every file in every folder named, once. */
@@ -1056,4 +2713,7 @@ int main(int argc, char **argv) {
     printf("fuzz replay: %d inputs, %d unreadable\n", files, bad);
     return bad ? 1 : 0;
 }
+#endif
+#ifdef FZ_PRAGMA_PUSHED
+#pragma clang attribute pop
 #endif

@@ -1,64 +1,214 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of tests/fuzz_api.c (the byte program it reads is
 documented there). Each seed is a short, valid session that reaches deep
-into one part of the API; libFuzzer mutates from them. Run from anywhere:
-    python3 tests/fuzz_seeds.py"""
+into one part of the API; libFuzzer mutates from them, and the corpus in
+tests/fuzz_corpus is these seeds merged with what a fuzzing run grew from
+them (make fuzz-merge). Every op, and every call kind of the placement op,
+is reached by at least one seed. Run from anywhere:
+    python3 tests/fuzz_seeds.py [DIR]    (writes seed_*.bin into DIR, default
+                                         tests/fuzz_corpus; leaves other files)"""
 import os
+import sys
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fuzz_corpus')
+HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fuzz_corpus')
 
-SMALL = [0]                       # the small valid configuration
-def layer(kv=2, group=2, dtype=0, n=100, dim_idx=1, seed=7, vdtype=0, fill=0):
+# ---------------------------------------------------------------- configuration and layer
+SMALL = [0]                       # the small valid configuration (segment 8, block 2, threshold 16)
+def layer(kv=1, group=2, dtype=0, n=27, dim_idx=0, seed=7, vdtype=0, fill=0, mode=0):
+    """dim_idx into {8, 16, 1, 3, 7, 17, 32, 33, 64, 5, 24, 0, -1, 1025}; n is capped by FZ_LAYER_WORK."""
     gsel = (kv - 1) | ((group - 1) << 2)
-    view = [0, 0, 0, fill, 0]     # contiguous, no padding; fill mode, no specials
-    return [gsel, dtype, n & 255, n >> 8, dim_idx] + list(seed.to_bytes(4, 'little')) + view + view + [vdtype] + view
+    view = [mode, 0, 0, fill, 0]  # stride mode, paddings, fill mode, no specials
+    return [gsel, dtype, (n - 1) & 255, (n - 1) >> 8, dim_idx] + list(seed.to_bytes(4, 'little')) + view + view + [vdtype] + view
 
-PLAN_INIT = lambda flags=0, alt=0: [0, alt | (flags << 1), 0]
-PROFILE = [1, 0, 0, 0]
-PROFILE_HEADS = [3, 0, 1, 2, 0, 1]          # kv range [0, 2) then the rest, finalize
-PROFILE_MT = [4, 0, 3, 0, 0]                # 2 threads
+# ---------------------------------------------------------------- ops (op byte = index in run_op)
+OP = dict(PLAN_INIT=0, PROFILE=1, PROFILE_HEADS=3, PROFILE_MT=4, CHUNK=5, RESET_FINALIZE=6, CORRUPT=7, ATTENTION=8,
+          ATTENTION_MT=10, DECODER_INIT=11, OBSERVE=12, DECODE=14, COMPACT=15, DECODER_RESET=16, SIZES=17, LAYER=18,
+          SWAP=19, PLACE=20, PLAN_EDIT=21, SMALL_STACK=22, CELL_POS=23)
+THREADS = 31                      # fz_threads: a byte % 32 == 31 asks for worker threads (once per input)
+
+def PLAN_INIT(flags=0, alt=0, alloc=False):
+    return [OP['PLAN_INIT'], alt | (flags << 1) | (8 if alloc else 0), 0]
+PROFILE = [OP['PROFILE'], 0, 0, 0]                     # plan, workspace byte, workspace not NULL
+PROFILE_HEADS = [OP['PROFILE_HEADS'], 0, 1, 2, 0, 1]  # kv range [0, 2) then the rest, finalize
+def PROFILE_MT(threads=THREADS):
+    return [OP['PROFILE_MT'], 0, threads, 0]
 def CHUNK(segments=1, final=False):
-    return [5, 4 if final else 2, segments - 1, 0, 0, 0, 0, 0, 0]
-FINALIZE = [6, 0]
-RESET = [6, 1]
-ATTN_DENSE = [8, 0] + [0, 0, 0] * 3 + [0, 0, 0, 0] + [0, 0, 0]
-ATTN_PLAN = [8, 1] + [0, 0, 0] * 3 + [0, 0, 0, 0] + [0, 0, 0]
-ATTN_CHUNK = [8, 1 | 2 | 4, 40, 30] + [0, 0, 0] * 3 + [0, 0, 0, 0] + [1, 0, 0]   # q_offset at a segment boundary, nth 2
-ATTN_MT = [10, 1] + [0, 0, 0] * 3 + [0, 0, 0, 0] + [2, 0]
-DEC_INIT = [11, 0]
+    return [OP['CHUNK'], 4 if final else 2, segments - 1, 0, 0, 0, 0, 0, 0]
+FINALIZE = [OP['RESET_FINALIZE'], 0]
+RESET = [OP['RESET_FINALIZE'], 1]
+def CORRUPT(which, val):
+    return [OP['CORRUPT'], which, 1, val, 1, 5, 0, 0, 0]
+ATTN_VIEWS = [0, 0, 0] * 3 + [0, 0, 0, 0]             # q, k, v rows (layout 0), out f32 contiguous
+ATTN_DENSE = [OP['ATTENTION'], 0] + ATTN_VIEWS + [0, 0, 0]
+ATTN_PLAN = [OP['ATTENTION'], 1] + ATTN_VIEWS + [0, 0, 0]
+ATTN_CHUNK = [OP['ATTENTION'], 1 | 2 | 4, 30, 20] + ATTN_VIEWS + [1, 0, 0]   # q_offset at a segment start, nth 2
+ATTN_MT = [OP['ATTENTION_MT'], 1] + ATTN_VIEWS + [THREADS, 0]
+DEC_INIT = [OP['DECODER_INIT'], 0]
 def OBSERVE_PROMPT(n):
-    return [12, 0, 0, n - 1, 0, 0, 0]
+    return [OP['OBSERVE'], 0, 0, n - 1, 0, 0, 0]
 def OBSERVE_GEN(t):
-    return [12, 3, t, 0, 0, 0]
-DECODE_KEEP = [14, 8 | 32, 0, 0, 0]
-COMPACT_LAST = [15, 1] + [0, 0, 0, 0, 0, 0] * 2
-COMPACT_ARB = [15, 0, 2, 20, 22, 40] + [1] * 40 * 2 + [0, 0, 0, 0, 0, 0] * 2
-SIZES = [17, 0, 6, 4, 4, 3, 3, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0]
-SWAP = [19]
-CORRUPT = lambda which, val: [7, which, 1, val, 1, 5, 0, 0, 0]   # value from the list, no n_blocks added, entry 5
+    return [OP['OBSERVE'], 3, t, 0, 0, 0]
+DECODE_KEEP = [OP['DECODE'], 200, 8 | 32, 0, 0, 0]    # keep (selector >= 64): mask and pooled
+def DECODE_ROWS(n, m=0, nth=0):
+    """row map shuffled by n-1 u16 draws, scoring split nth + 1 ways, per head (m & 4: shared)"""
+    return [OP['DECODE'], 10, m] + [0, 0] * (n - 1) + ([0, 0] if m & 1 else []) + ([0, 0, 0, 0, 0, 0] if m & 2 else []) + [nth]
+COMPACT_LAST = [OP['COMPACT'], 1] + [0, 0, 0, 0, 0, 0] * 2
+COMPACT_ARB = [OP['COMPACT'], 0, 2, 20, 22, 40] + [1] * 40 * 2 + [0, 0, 0, 0, 0, 0] * 2
+SIZES = [OP['SIZES'], 0, 6, 4, 4, 3, 3, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0]
+SWAP = [OP['SWAP']]
 
+# ---------------------------------------------------------------- placement (op_place)
+R = dict(Q=0, K=1, V=2, OUT=3, PLAN=4, PSTRUCT=5, WS=6, DEC=7, DSTRUCT=8, KSTRUCT=9, INDEX=10, POS=11, MASK=12,
+         POOLED=13, ROWPOS=14, SCORES=15, SHARED=16)
+KINDS = ['profile', 'chunk', 'attention', 'decoder_init', 'observe', 'keep', 'score', 'select', 'shared_add',
+         'select_shared', 'compact', 'plan_init']
+
+def used_roles(kind, var):
+    """The buffers the call uses (pcall_setup), in role order: one alignment byte each."""
+    k = KINDS[kind]
+    u = set()
+    keep = {R['KSTRUCT'], R['INDEX']} | ({R['POS']} if var & 1 else set()) | ({R['MASK']} if var & 2 else set()) | \
+           ({R['POOLED']} if var & 4 else set())
+    if k in ('profile', 'chunk', 'attention'):
+        u |= {R['Q'], R['K'], R['WS']}
+        if k == 'attention':
+            u |= {R['V'], R['OUT']}
+        if k != 'attention' or var & 1:
+            u |= {R['PLAN'], R['PSTRUCT']}
+    elif k == 'plan_init':
+        u |= {R['PLAN'], R['PSTRUCT']}
+    elif k == 'decoder_init':
+        u |= {R['DEC'], R['DSTRUCT']}
+    elif k == 'observe':
+        u |= {R['Q'], R['DEC'], R['DSTRUCT']}
+    elif k in ('keep', 'score'):
+        u |= {R['K'], R['DEC'], R['DSTRUCT'], R['WS']}
+        if k == 'score':
+            u.add(R['SCORES'])
+        if var & 8:
+            u.add(R['ROWPOS'])
+        if k == 'keep':
+            u |= keep
+    elif k in ('select', 'shared_add', 'select_shared'):
+        u |= {R['DEC'], R['DSTRUCT'], R['WS']}
+        if k != 'select_shared':
+            u.add(R['SCORES'])
+        if k != 'select':
+            u.add(R['SHARED'])
+        if var & 8 or k == 'shared_add':
+            u.add(R['ROWPOS'])
+        if k != 'shared_add':
+            u |= keep
+    elif k == 'compact':
+        u |= {R['K'], R['V'], R['KSTRUCT'], R['INDEX']}
+    return sorted(u)
+
+def PLACE(kind, var=0, lays=(0, 0, 0, 0), odt=0, inter=False, extra=(), align=None, overlap=None, inter_x=1):
+    """kind: index in KINDS; var: its variant bits; extra: the kind's own bytes (chunk: c1, cnt, pad; attention:
+    q_offset, count, threads; observe: count; keep: threads; compact: rows kept); align: {role: byte} (bits 6-7 = 3
+    and an address that is not a multiple of the element size: misaligned); overlap: (x, host_index, guest_index,
+    offset u16) over the used roles (x & 7: 0 guest's first byte on host's last, 1 guest's last on host's first,
+    2/3 just after/before (no overlap), 4-7 the u16 offset; x & 8: the guest's address as it falls)."""
+    var2 = 12 if inter else 0
+    roles = used_roles(kind, var)
+    b = [OP['PLACE'], kind, var] + list(lays) + [odt, var2] + list(extra) + [0, 0] * 3
+    b += [(align or {}).get(r, 0) for r in roles]
+    if inter and KINDS[kind] in ('attention', 'compact', 'profile'):
+        b += [inter_x]
+    elif overlap is None:
+        b += [0]
+    else:
+        x, hi, gi, off = overlap
+        b += [1, x, hi, gi] + ([off & 255, off >> 8] if x & 7 >= 4 else [])
+    return b
+
+def PLAN_EDIT(which, use, vm=0, value=None):
+    """which: 0 max_tokens .. 9 on_device, 10-17 array pointers, 18 n_tokens, 19 n_segments/n_blocks/final,
+    20-27 the decoder; use: the call that follows (plan: profile, chunk, heads, attention, finalize, reset,
+    copy, profile_mt; decoder: reset, observe, due, keep)."""
+    b = [OP['PLAN_EDIT'], which, use, vm]
+    if vm & 1 and which != 24:
+        b.append(value or 0)
+    if which < 20:
+        if use % 8 == 3:
+            b += [0, 0]              # the out view's paddings
+        if use % 8 == 7:
+            b.append(1)              # one thread
+    elif use % 4 == 1:
+        b += [0, 0, 0]               # the observed row's view
+    return b
+
+STACK_OPS = ['PROFILE', 'PROFILE_HEADS', 'PROFILE_MT', 'CHUNK', 'ATTENTION', 'ATTENTION_MT', 'DECODE', 'COMPACT',
+             'OBSERVE', 'PLACE', 'PLAN_EDIT', 'DECODER_INIT', 'SIZES']
+def SMALL_STACK(op_bytes):
+    """op_bytes: an op as above; it runs on the 64 KiB-stack thread"""
+    return [OP['SMALL_STACK'], STACK_OPS.index(next(k for k, v in OP.items() if v == op_bytes[0] and k in STACK_OPS))] + op_bytes[1:]
+
+def CELL_POS(n, m=0, bad=None):
+    b = [OP['CELL_POS'], m | (16 if bad is not None else 0), n - 1]
+    if bad is not None:
+        b += list((bad[1] & 0xffffffff).to_bytes(4, 'little')) + [bad[0]]
+    return b
+
+L = SMALL + SMALL + layer()
 seeds = {
-    'whole_profile_attention': SMALL + SMALL + layer() + PLAN_INIT(2) + PROFILE + ATTN_PLAN + ATTN_DENSE,
-    'bf16_gqa4': SMALL + SMALL + layer(kv=1, group=4, dtype=2, vdtype=2, dim_idx=8) + PLAN_INIT(2) + PROFILE + ATTN_PLAN,
-    'f16_odd_dim': SMALL + SMALL + layer(kv=3, group=1, dtype=1, vdtype=1, dim_idx=7) + PLAN_INIT(0) + PROFILE + ATTN_PLAN,
-    'heads_then_mt': SMALL + SMALL + layer(kv=4, group=2) + PLAN_INIT(0) + PROFILE_HEADS + ATTN_PLAN + PROFILE_MT + ATTN_MT,
-    'chunked': SMALL + SMALL + layer(n=90) + PLAN_INIT(1) + CHUNK(1) + CHUNK(2) + ATTN_CHUNK + CHUNK(1, True) + ATTN_PLAN,
-    'chunk_out_of_order': SMALL + SMALL + layer(n=90) + PLAN_INIT(3) + CHUNK(2) + RESET + CHUNK(1) + CHUNK(1) + CHUNK(1, True) + CHUNK(1),
-    'decode_compact': SMALL + SMALL + layer(n=120) + DEC_INIT + OBSERVE_PROMPT(100) + OBSERVE_GEN(100) + OBSERVE_GEN(101) +
-                      OBSERVE_GEN(102) + OBSERVE_GEN(103) + DECODE_KEEP + COMPACT_LAST,
-    'decode_before_observe': SMALL + SMALL + layer() + DEC_INIT + DECODE_KEEP + OBSERVE_GEN(3) + DECODE_KEEP,
-    'compact_arbitrary': SMALL + SMALL + layer() + COMPACT_ARB,
-    'corrupt_plan': SMALL + SMALL + layer() + PLAN_INIT(0) + PROFILE + CORRUPT(0, 0) + ATTN_PLAN + PROFILE + CORRUPT(0, 3) + ATTN_PLAN + PROFILE + CORRUPT(1, 3) + ATTN_PLAN + CORRUPT(4, 5) + ATTN_PLAN,
-    'sizes': SMALL + SMALL + layer() + SIZES + [17, 1, 6, 5, 4, 4, 3] + [17, 0, 7, 8, 9, 7, 1],
-    # a plan laid out by one context (base budget 16) profiled with another (base budget 2048, same segment/block)
+    # the original sessions
+    'whole_profile_attention': L + PLAN_INIT(2) + PROFILE + ATTN_PLAN + ATTN_DENSE,
+    'bf16_gqa4': SMALL + SMALL + layer(kv=1, group=4, dtype=2, vdtype=2, dim_idx=6, n=9) + PLAN_INIT(2) + PROFILE + ATTN_PLAN,
+    'f16_odd_dim': SMALL + SMALL + layer(kv=3, group=1, dtype=1, vdtype=1, dim_idx=4, n=24) + PLAN_INIT(0) + PROFILE + ATTN_PLAN,
+    'heads_then_mt': SMALL + SMALL + layer(kv=2, group=2, n=19) + PLAN_INIT(0) + PROFILE_HEADS + ATTN_PLAN + PROFILE_MT() + ATTN_MT,
+    'chunked': L + PLAN_INIT(1) + CHUNK(1) + CHUNK(2) + ATTN_CHUNK + CHUNK(1, True) + ATTN_PLAN,
+    'chunk_out_of_order': L + PLAN_INIT(3) + CHUNK(2) + RESET + CHUNK(1) + CHUNK(1) + CHUNK(1, True) + CHUNK(1),
+    'decode_compact': SMALL + SMALL + layer(n=27, kv=1, group=2) + DEC_INIT + OBSERVE_PROMPT(24) + OBSERVE_GEN(24) +
+                      OBSERVE_GEN(25) + DECODE_KEEP + COMPACT_LAST,
+    'decode_rows_shared': SMALL + SMALL + layer(n=24, kv=1, group=2) + DEC_INIT + OBSERVE_PROMPT(20) + OBSERVE_GEN(20) +
+                          DECODE_ROWS(24, m=4, nth=1) + DECODE_ROWS(24, m=3),
+    'decode_before_observe': L + DEC_INIT + DECODE_KEEP + OBSERVE_GEN(3) + DECODE_KEEP,
+    'compact_arbitrary': L + COMPACT_ARB,
+    'corrupt_plan': L + PLAN_INIT(0) + PROFILE + CORRUPT(0, 0) + ATTN_PLAN + PROFILE + CORRUPT(0, 3) + ATTN_PLAN +
+                    PROFILE + CORRUPT(1, 3) + ATTN_PLAN + CORRUPT(4, 5) + ATTN_PLAN,
+    'sizes': L + SIZES + [OP['SIZES'], 1, 6, 5, 4, 4, 3] + [0] * 13,
     'plan_other_context': SMALL + [2, 0, 1] + layer() + PLAN_INIT(0) + SWAP + PROFILE + ATTN_PLAN,
-    'nan_inputs': SMALL + SMALL + [5, 0, 100, 0, 1, 7, 0, 0, 0, 0, 0, 0, 0, 1, 5, 0, 1, 2, 0] +
-                  [0, 0, 0, 0, 1, 9, 0, 0, 0, 2] + [0, 0, 0, 0, 0, 0] + PLAN_INIT(0) + PROFILE + DEC_INIT + OBSERVE_PROMPT(100),
+    'nan_inputs': SMALL + SMALL + [5, 0, 40, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 1, 5, 0, 1, 2, 0] +
+                  [0, 0, 0, 0, 1, 9, 0, 0, 0, 2] + [0, 0, 0, 0, 0, 0] + PLAN_INIT(0) + PROFILE + ATTN_DENSE + DEC_INIT +
+                  OBSERVE_PROMPT(30),
     'bad_config': [0xff] + [9, 6, 5, 10, 5, 6, 5, 5, 5, 3, 3, 4, 6, 6, 6, 4, 5, 4, 3, 4, 5, 3, 3, 6, 0x3f, 2] + SMALL + layer() + PROFILE,
-    'extreme_config': [0x3f, 1, 2, 2, 8, 4, 3, 3, 3, 3, 1, 1, 0, 4, 6, 4, 2, 0, 3, 2, 7, 1, 1, 1] + SMALL + layer(n=150) +
-                      PLAN_INIT(3) + PROFILE + ATTN_PLAN + DEC_INIT + OBSERVE_PROMPT(150) + DECODE_KEEP,
+    'extreme_config': [0x3f, 1, 2, 2, 8, 4, 3, 3, 3, 3, 1, 1, 0, 4, 6, 4, 2, 0, 3, 2, 7, 1, 1, 1] + SMALL + layer(n=110, kv=1, group=1, dim_idx=2) +
+                      PLAN_INIT(3) + PROFILE + ATTN_PLAN + DEC_INIT + OBSERVE_PROMPT(100) + DECODE_KEEP,
+    # issue 15: cache order, edited plans and decoders, small stacks
+    'cell_pos': L + CELL_POS(20) + CELL_POS(20, bad=(5, 7)) + CELL_POS(9, m=4) + CELL_POS(3, m=32),
+    'plan_edit_layout': L + PLAN_INIT(1) + PROFILE + PLAN_EDIT(0, 0) + PLAN_EDIT(4, 3, vm=1, value=3) + PLAN_EDIT(10, 4) +
+                        PLAN_EDIT(15, 1, vm=1, value=1) + PLAN_EDIT(6, 5, vm=1, value=1) + PLAN_EDIT(7, 7) + ATTN_PLAN,
+    'plan_edit_counts': L + PLAN_INIT(2) + PROFILE + PLAN_EDIT(18, 3, vm=66) + PLAN_EDIT(19, 4, vm=2 | 128) +
+                        PLAN_EDIT(19, 0, vm=4 | 130) + PLAN_EDIT(19, 1, vm=1, value=5) + PLAN_EDIT(17, 2, vm=1, value=0),
+    'decoder_edit': L + DEC_INIT + OBSERVE_PROMPT(20) + PLAN_EDIT(20, 1) + PLAN_EDIT(24, 3) + PLAN_EDIT(25, 0, vm=1, value=2) +
+                    PLAN_EDIT(26, 1, vm=1, value=3) + PLAN_EDIT(27, 3, vm=1, value=2) + PLAN_EDIT(23, 2),
+    'small_stack': L + PLAN_INIT(0) + SMALL_STACK(PROFILE) + SMALL_STACK(ATTN_PLAN) + SMALL_STACK(PROFILE_MT()) +
+                   DEC_INIT + OBSERVE_PROMPT(20) + SMALL_STACK(DECODE_KEEP) + SMALL_STACK(ATTN_MT),
 }
+# placement: every call kind apart and aligned, then at odd addresses; one buffer over another; misaligned ones
+ODD = {r: 1 + 2 * r for r in range(17)}   # odd addresses (library memory may have any; views and arrays refuse)
+for kind, name in enumerate(KINDS):
+    var = {'attention': 1, 'keep': 1 | 2 | 4 | 8, 'select': 1 | 2 | 4, 'select_shared': 1 | 8, 'score': 8,
+           'chunk': 4}.get(name, 0)
+    extra = {'chunk': [10, 20], 'observe': [3], 'compact': [5]}.get(name, [])
+    prefix = L + (DEC_INIT + OBSERVE_PROMPT(20) if name in ('observe', 'keep', 'score', 'select', 'shared_add', 'select_shared') else [])
+    roles = used_roles(kind, var)
+    mem = {r: 1 + 6 * r for r in roles if r in (R['PLAN'], R['WS'], R['DEC'])}   # memory at odd addresses: accepted
+    seeds['place_%s' % name] = prefix + PLACE(kind, var, extra=extra) + PLACE(kind, var, extra=extra, align=mem)
+    # one buffer over another: each role over the next one, the guest's first byte on the host's last
+    over = []
+    for i in range(len(roles)):
+        over += PLACE(kind, var, extra=extra, overlap=(i % 8, i, (i + 1) % len(roles), 97 * i))
+    seeds['place_%s_overlap' % name] = prefix + over
+    seeds['place_%s_misaligned' % name] = prefix + PLACE(kind, var, extra=extra, align={r: 0xc0 | 1 for r in roles})
+seeds['place_attention_interleaved'] = L + PLACE(2, 0, lays=(3, 0, 0, 3), inter=True) + PLACE(2, 0, lays=(4, 0, 0, 4), inter=True, inter_x=0)
+seeds['place_compact_interleaved'] = L + PLACE(10, 0, lays=(0, 3, 3, 0), inter=True, extra=[7]) + \
+                                     PLACE(10, 0, lays=(0, 4, 4, 0), inter=True, extra=[7], inter_x=3)
+seeds['place_profile_qk_shared'] = SMALL + SMALL + layer(kv=2, group=1, n=19) + PLACE(0, 0, lays=(3, 3, 0, 0), inter=True)
 
+for name in list(seeds):
+    seeds['seed_' + name] = seeds.pop(name)
 for name, data in seeds.items():
     with open(os.path.join(HERE, name + '.bin'), 'wb') as f:
         f.write(bytes(b & 255 for b in data))

@@ -3,10 +3,15 @@
 # The top-level Makefile includes both.
 #
 #   make fuzz [FUZZ_SECONDS=60]  libFuzzer (clang, ASan+UBSan) over every public entry
-#                                point, seeded from tests/fuzz_corpus; the growing corpus
+#        [FUZZ_FLAGS=...]        point, seeded from tests/fuzz_corpus; the growing corpus
 #                                lives in build/hardening/fuzz_work. A crash leaves
 #                                build/hardening/crash-*: copy it to tests/fuzz_regressions/
-#                                (replayed by test-asan) and report it.
+#                                (replayed by test-asan) and report it. FUZZ_FLAGS adds
+#                                libFuzzer flags, e.g. the long run (two cores, 1e7 runs):
+#                                make fuzz FUZZ_SECONDS=0 FUZZ_FLAGS='-jobs=2 -workers=2 -runs=5000000'
+#   make fuzz-merge              tests/fuzz_corpus := the seeds (tests/fuzz_seeds.py) + the
+#                                fewest inputs of tests/fuzz_corpus and fuzz_work that cover
+#                                the same edges (libFuzzer -merge=1 -use_counters=0)
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
 #                                test_threads, test_attention, test_plugin, fuzz replay
@@ -41,7 +46,7 @@ H_SAN_ENV    := ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 H_TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: fuzz fuzz-replay test-asan test-tsan test-valgrind test-hardening
+.PHONY: fuzz fuzz-merge fuzz-replay test-asan test-tsan test-valgrind test-hardening
 
 $(H_BUILD):
 	mkdir -p $(H_BUILD)
@@ -52,16 +57,31 @@ $(H_BUILD)/fuzz_api: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(CLANG) $(H_STD) $(H_WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(H_LDLIBS) || \
 	  { echo "clang cannot link libFuzzer: run tests/install_clang_rt.sh"; exit 1; }
 
+FUZZ_FLAGS   ?=
+# With -jobs=N libFuzzer writes fuzz-<job>.log files into the current directory:
+# they go to $(H_BUILD)/fuzz_jobs (each job's last line gives its exec/s).
 fuzz: $(H_BUILD)/fuzz_api
-	mkdir -p $(H_BUILD)/fuzz_work
+	mkdir -p $(H_BUILD)/fuzz_work $(H_BUILD)/fuzz_jobs
+	rm -f $(H_BUILD)/fuzz_jobs/fuzz-*.log
 	cp tests/fuzz_corpus/*.bin $(H_BUILD)/fuzz_work/
-	@echo "fuzzing for $(FUZZ_SECONDS) s (log: $(H_BUILD)/fuzz.log)"
-	@$(H_BUILD)/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
-	  -artifact_prefix=$(H_BUILD)/ -print_final_stats=1 $(H_BUILD)/fuzz_work > $(H_BUILD)/fuzz.log 2>&1; \
-	  status=$$?; grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(H_BUILD)/fuzz.log | tail -60; \
+	@echo "fuzzing for $(FUZZ_SECONDS) s $(FUZZ_FLAGS) (log: $(H_BUILD)/fuzz.log)"
+	@cd $(H_BUILD)/fuzz_jobs && $(abspath $(H_BUILD))/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  -max_len=2048 -artifact_prefix=$(abspath $(H_BUILD))/ -print_final_stats=1 $(FUZZ_FLAGS) $(abspath $(H_BUILD))/fuzz_work \
+	  > $(abspath $(H_BUILD))/fuzz.log 2>&1; \
+	  status=$$?; cd $(CURDIR); grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(H_BUILD)/fuzz.log | tail -60; \
 	  grep '^#[0-9]' $(H_BUILD)/fuzz.log | tail -1; \
+	  for j in $(H_BUILD)/fuzz_jobs/fuzz-*.log; do [ -e "$$j" ] && { echo "$$j:"; grep -h 'DONE\|SUMMARY' "$$j" | tail -2; }; done; \
 	  if [ $$status -ne 0 ]; then echo "fuzz: crash (see $(H_BUILD)/crash-*); copy it to tests/fuzz_regressions/"; fi; \
 	  exit $$status
+
+fuzz-merge: $(H_BUILD)/fuzz_api
+	rm -rf $(H_BUILD)/fuzz_merged && mkdir -p $(H_BUILD)/fuzz_merged $(H_BUILD)/fuzz_work
+	python3 tests/fuzz_seeds.py $(H_BUILD)/fuzz_merged
+	$(H_BUILD)/fuzz_api -merge=1 -use_counters=0 -max_len=2048 -timeout=10 -rss_limit_mb=2048 \
+	  $(H_BUILD)/fuzz_merged tests/fuzz_corpus $(H_BUILD)/fuzz_work > $(H_BUILD)/fuzz_merge.log 2>&1 || { tail -20 $(H_BUILD)/fuzz_merge.log; exit 1; }
+	rm -f tests/fuzz_corpus/*.bin
+	for f in $(H_BUILD)/fuzz_merged/*; do b=$$(basename $$f .bin); cp $$f tests/fuzz_corpus/$$b.bin; done
+	@echo "tests/fuzz_corpus: $$(ls tests/fuzz_corpus | wc -l) files, $$(cat tests/fuzz_corpus/*.bin | wc -c) bytes"
 
 $(H_BUILD)/fuzz_replay_asan: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
