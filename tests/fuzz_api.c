@@ -63,11 +63,12 @@
    per call kind at exit.
 
    Ops (the op byte modulo OP_COUNT): 0 plan init/alloc, 1-2 profile,
-   3 profile_heads, 4 profile_mt, 5 chunk, 6 reset/finalize, 7 corrupt,
-   8-9 attention, 10 attention_mt, 11 decoder init, 12-13 observe, 14 decode
-   (row maps, or keep), 15 compact, 16 decoder reset, 17 sizes, 18 new layer,
-   19 swap contexts, 20 and 24 placement, 21 plan/decoder edit, 22 small
-   stack, 23 cell_pos. tests/fuzz_seeds.py writes inputs in this format.
+   3 profile_heads, 4 profile_mt, 5 and 24 chunk, 6 reset/finalize,
+   7 corrupt, 8 attention, 10 attention_mt, 11 decoder init, 12-13 observe,
+   9 and 14 decode (row maps, or keep), 15 compact, 16 decoder reset,
+   17 sizes, 18 new layer, 19 swap contexts, 20 placement, 21 plan/decoder
+   edit, 22 small stack, 23 cell_pos. tests/fuzz_seeds.py writes inputs in
+   this format.
 
    Op families can be switched off (compile -DEI_FUZZ_FAMILIES=mask or
    environment EI_FUZZ_FAMILIES=mask; FAM_* below), e.g. while the library
@@ -110,6 +111,19 @@
 #else
 #define FZ_NOCOV
 #endif
+/* ... and the pure arithmetic on the harness's own data (the rng, element
+   conversions, fills, the double reference) without ASan/UBSan checks as
+   well: their memcpy/memset calls are still checked by ASan's interceptors. */
+#if defined(__clang__) && __clang_major__ >= 13
+#define FZ_FAST __attribute__((noinline, no_sanitize("coverage", "address", "undefined")))
+#define FZ_FAST_INLINE __attribute__((no_sanitize("coverage", "address", "undefined")))
+#elif defined(__GNUC__) && __GNUC__ >= 8
+#define FZ_FAST __attribute__((noinline, no_sanitize("address", "undefined")))
+#define FZ_FAST_INLINE __attribute__((no_sanitize("address", "undefined")))
+#else
+#define FZ_FAST
+#define FZ_FAST_INLINE
+#endif
 
 /* The whole harness below is left out of coverage (the library above is
    instrumented): libFuzzer's feedback is the library's, the harness's own
@@ -144,17 +158,22 @@ static unsigned families(void) {
 #ifndef FZ_LAYER_WORK
 #define FZ_LAYER_WORK 12288.0   /* tokens^2 x heads x dim of a layer */
 #endif
+/* one attention call: queries x keys x heads x dim, the keys rounded up to
+   the kernels' 64-key tiles and dim to 16 lanes (attn_cost) */
 #ifndef FZ_ATTN_WORK
-#define FZ_ATTN_WORK 6144.0     /* queries x keys x heads x dim of one attention call */
+#define FZ_ATTN_WORK 32768.0
 #endif
 #ifndef FZ_MAX_OPS
-#define FZ_MAX_OPS 14           /* ops per input */
+#define FZ_MAX_OPS 12           /* ops per input */
 #endif
 #ifndef FZ_INPUT_WORK
 #define FZ_INPUT_WORK 600000.0  /* per input, roughly multiply-adds */
 #endif
 static double work_left;
 static void work_spend(double w) { work_left -= w; }
+static double attn_cost(int64_t cnt, int64_t keys, int32_t H, int32_t d) {
+    return (double)cnt * (double)((keys + 63) / 64 * 64) * (double)(H > 0 ? H : 1) * (double)((d + 15) / 16 * 16);
+}
 /* Threads of an _mt call. Starting a thread costs 0.2-0.4 ms under ASan
    (its 8 MB stack's shadow is cleared), the cost of a hundred plain calls:
    a call with worker threads is rare (byte % 32 == 31) and comes once per
@@ -209,21 +228,21 @@ static ei_result checked_(ei_result r, const char *what) {
 
 /* ------------------------------------------------------------ rng and element access */
 static uint64_t rng_s;
-static FZ_NOCOV uint32_t rng_next(void) {
+static FZ_FAST uint32_t rng_next(void) {
     rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
     return (uint32_t)(rng_s >> 32);
 }
-static FZ_NOCOV float rng_val(void) { return (float)((int32_t)(rng_next() >> 21) - 1024) * (1.0f / 512.0f); } /* [-2, 2) */
+static FZ_FAST float rng_val(void) { return (float)((int32_t)(rng_next() >> 21) - 1024) * (1.0f / 512.0f); } /* [-2, 2) */
 
 /* The library's conversions (>>convert), uninstrumented. */
-static FZ_NOCOV uint16_t fz_to_bf16(float f) {
+static FZ_FAST uint16_t fz_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static FZ_NOCOV uint16_t fz_to_f16(float f) {
+static FZ_FAST uint16_t fz_to_f16(float f) {
     uint32_t u, sign, a;
     memcpy(&u, &f, 4);
     sign = (u >> 16) & 0x8000u; a = u & 0x7fffffffu;
@@ -242,7 +261,7 @@ static FZ_NOCOV uint16_t fz_to_f16(float f) {
     a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
     return (uint16_t)(sign | (a >> 13));
 }
-static FZ_NOCOV float fz_from16(uint16_t h, ei_dtype dt) {
+static FZ_FAST float fz_from16(uint16_t h, ei_dtype dt) {
     uint32_t u;
     float f;
     if (dt == EI_BF16) { u = (uint32_t)h << 16; memcpy(&f, &u, 4); return f; }
@@ -256,7 +275,7 @@ static FZ_NOCOV float fz_from16(uint16_t h, ei_dtype dt) {
     }
 }
 /* Element i of a buffer of dtype dt (any alignment: memcpy). */
-static FZ_NOCOV float load_el(const void *buf, ei_dtype dt, size_t i) {
+static FZ_FAST float load_el(const void *buf, ei_dtype dt, size_t i) {
     if (dtype_size(dt) == 2) {
         uint16_t h;
         memcpy(&h, (const unsigned char *)buf + 2 * i, 2);
@@ -267,13 +286,13 @@ static FZ_NOCOV float load_el(const void *buf, ei_dtype dt, size_t i) {
         return f;
     }
 }
-static FZ_NOCOV void store_el(void *buf, ei_dtype dt, size_t i, float v) {
+static FZ_FAST void store_el(void *buf, ei_dtype dt, size_t i, float v) {
     if (dtype_size(dt) == 2) {
         uint16_t h = dt == EI_BF16 ? fz_to_bf16(v) : fz_to_f16(v);
         memcpy((unsigned char *)buf + 2 * i, &h, 2);
     } else memcpy((unsigned char *)buf + 4 * i, &v, 4);
 }
-static size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
+static FZ_FAST_INLINE size_t el_index(const ei_tensor *t, int64_t tok, int32_t h, int32_t i) {
     return (size_t)(tok * t->token_stride + (int64_t)h * t->head_stride + i);
 }
 
@@ -457,14 +476,13 @@ static void view_make(view *v, fz *f, ei_dtype dt, int64_t n, int32_t h, int32_t
 }
 /* Padding NaN (all-ones bytes: NaN in every dtype), real elements from the
    rng (mode 1: peaked, 2: ties, 3: raw 16-bit patterns) or raw bits. */
-static FZ_NOCOV void view_fill_values(view *v, unsigned mode) {
+static FZ_FAST void view_fill_values(view *v, unsigned mode) {
     int64_t t;
     int32_t h, j;
     size_t es = dtype_size(v->t.dtype);
     memset(v->buf, 0xff, v->elems * es);
-    if (!v->valid) {
-        size_t i;
-        for (i = 0; i < v->elems; ++i) store_el(v->buf, v->t.dtype, i, rng_val());
+    if (!v->valid) { /* refused before any element is read: a constant, cheaply */
+        memset(v->buf, 0x3c, v->elems * es);
         return;
     }
     for (t = 0; t < v->t.n_tokens; ++t)
@@ -480,7 +498,7 @@ static FZ_NOCOV void view_fill_values(view *v, unsigned mode) {
         }
 }
 /* Every real element finite and |x| <= 1e3. */
-static FZ_NOCOV int view_is_tame(const view *v) {
+static FZ_FAST int view_is_tame(const view *v) {
     int64_t t;
     int32_t h, j;
     if (!v->valid) return 0;
@@ -516,7 +534,7 @@ static void view_free(view *v) { vfree(v->buf); memset(v, 0, sizeof *v); }
 
 /* Rows [t0, t0+cnt) of view src into view dst (same dtype, heads, dim; any
    layouts; element bytes copied). */
-static FZ_NOCOV void copy_rows(const ei_tensor *dst, void *dst_data, const ei_tensor *src, int64_t t0, int64_t cnt) {
+static FZ_FAST void copy_rows(const ei_tensor *dst, void *dst_data, const ei_tensor *src, int64_t t0, int64_t cnt) {
     size_t es = dtype_size(src->dtype), rb = (size_t)src->head_dim * es;
     int64_t t;
     int32_t h;
@@ -692,6 +710,16 @@ static void keep_release(state *s) {
 
 static const ei_dtype dtypes[] = {EI_F32, EI_F16, EI_BF16, EI_F32, (ei_dtype)3, (ei_dtype)-1};
 
+/* The sampled ranking scores rank_samples rows per segment and kv head
+   whatever the segment's length (4096 rows of an 8-token segment): its cost
+   over a layer, relative to the layer's attention. */
+static double rank_cost(const ei_context *ctx) {
+    const ei_config *c = ei_context_config(ctx);
+    double f;
+    if (!c || c->ranking != EI_RANK_SAMPLED || c->segment_size <= 0) return 1.0;
+    f = (double)c->rank_samples / (double)c->segment_size; /* rows scored per query of a segment (expf each) */
+    return f > 1.0 ? f : 1.0;
+}
 static void layer_new(state *s, fz *f) {
     static const int32_t dims[] = {8, 16, 1, 3, 7, 17, 32, 33, 64, 5, 24, 0, -1, EI_MAX_HEAD_DIM + 1};
     unsigned gsel = fz_u8(f);
@@ -707,7 +735,9 @@ static void layer_new(state *s, fz *f) {
     if ((gsel >> 4) == 13) n = 0;
     if ((gsel >> 4) == 12) n = -5;
     /* keep each input fast: dense attention costs n^2 H d */
-    while (n > 8 && (double)n * (double)n * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) > FZ_LAYER_WORK) n /= 2;
+    while (n > 8 && (double)n * (double)n * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) *
+                        EI__MAX(rank_cost(s->ctx), rank_cost(s->alt)) > FZ_LAYER_WORK)
+        n /= 2;
     s->n = n;
     rng_s = ((uint64_t)fz_u32(f) << 1) | 1u;
     view_make(&s->q, f, dt, n, s->H, s->d, (int)(fz_u8(f) % 9)); view_fill(&s->q, f);
@@ -935,7 +965,7 @@ static void op_corrupt(state *s, fz *f) {
    uninstrumented loads: query token t of q (position q_offset + t), every
    query head, out[h * d + i] in double; 0 when a logit leaves float range
    (the kernels clamp those to +-FLT_MAX by design). */
-static FZ_NOCOV int fz_ref_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
+static FZ_FAST int fz_ref_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
                                  const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
     int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
     int64_t p = q_offset + t, s = p / c->segment_size, start = s * c->segment_size, cap = p + 1, j;
@@ -985,7 +1015,7 @@ static FZ_NOCOV int fz_ref_token(const ei_config *c, const ei_plan *plan, const 
     return in_range;
 }
 /* max |v| over the real elements of v (NaN counts as infinite). */
-static FZ_NOCOV double fz_vmax(const ei_tensor *v, int64_t n_tokens) {
+static FZ_FAST double fz_vmax(const ei_tensor *v, int64_t n_tokens) {
     double m = 0;
     int64_t t;
     int32_t h, i;
@@ -1000,7 +1030,7 @@ static FZ_NOCOV double fz_vmax(const ei_tensor *v, int64_t n_tokens) {
 /* The output against the reference on a few sampled tokens (the last one,
    the first one and a fuzzer-chosen one); a token with a logit beyond float
    range is skipped (clamped by design). */
-static FZ_NOCOV int attention_matches(const ei_context *ctx, const ei_plan *plan, const view *q, const view *k, const view *v,
+static FZ_FAST int attention_matches(const ei_context *ctx, const ei_plan *plan, const view *q, const view *k, const view *v,
                                       const ei_out_tensor *o, int64_t q_off, unsigned pick) {
     int32_t H = q->t.n_heads, d = q->t.head_dim, h, i;
     int64_t toks[3];
@@ -1032,7 +1062,7 @@ static FZ_NOCOV int attention_matches(const ei_context *ctx, const ei_plan *plan
     return ok;
 }
 /* Every element of out finite (a successful call over finite, bounded V). */
-static FZ_NOCOV int out_finite(const ei_out_tensor *o) {
+static FZ_FAST int out_finite(const ei_out_tensor *o) {
     int64_t t;
     int32_t h, i;
     for (t = 0; t < o->n_tokens; ++t)
@@ -1073,7 +1103,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         cnt = (int64_t)(fz_u8(f) % (unsigned)(s->n - q_off)) + 1;
     }
     /* long layers: the last queries of the range only (late segments: the sparse ones) */
-    while (cnt > 1 && (double)cnt * (double)(q_off + cnt) * (double)s->H * (double)s->d > FZ_ATTN_WORK) {
+    while (cnt > 1 && attn_cost(cnt, q_off + cnt, s->H, s->d) > FZ_ATTN_WORK) {
         q_off += cnt - cnt / 2;
         cnt /= 2;
     }
@@ -1748,7 +1778,7 @@ static void preg_view(pregs *g, int role, const ei_tensor *t, int written) {
     g->r[g->n - 1].view = *t;
 }
 /* Whether two views share a byte of their elements (brute force over a bitmap). */
-static FZ_NOCOV int views_share_bytes(const ei_tensor *a, const ei_tensor *b) {
+static FZ_FAST int views_share_bytes(const ei_tensor *a, const ei_tensor *b) {
     const unsigned char *a0 = (const unsigned char *)a->data, *b0 = (const unsigned char *)b->data;
     const unsigned char *lo = a0 < b0 ? a0 : b0, *ae = a0 + tensor_bytes(a), *be = b0 + tensor_bytes(b);
     size_t span = (size_t)((ae > be ? ae : be) - lo), esa = dtype_size(a->dtype), esb = dtype_size(b->dtype), x;
@@ -1808,7 +1838,8 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
     } else {
         pc->n = 24; pc->H = 2; pc->KV = 1; pc->d = 8; pc->dt = EI_F32; pc->vdt = EI_BF16;
     }
-    while (pc->n > 4 && (double)pc->n * (double)pc->n * (double)pc->H * (double)pc->d > FZ_LAYER_WORK / 4) pc->n /= 2;
+    while (pc->n > 4 && (double)pc->n * (double)pc->n * (double)pc->H * (double)pc->d * rank_cost(pc->ctx) > FZ_LAYER_WORK / 4)
+        pc->n /= 2;
     for (i = 0; i < 4; ++i) pc->lay[i] = (int)(fz_u8(f) % 5);
     pc->odt = (ei_dtype)(fz_u8(f) % 3);
     pc->cnt = pc->n; pc->kn = pc->n;
@@ -1840,7 +1871,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
                 pc->q_off = (int64_t)(fz_u8(f) % (unsigned)pc->n);
                 pc->cnt = 1 + (int64_t)(fz_u8(f) % (unsigned)(pc->n - pc->q_off));
             }
-            while (pc->cnt > 1 && (double)pc->cnt * (double)(pc->q_off + pc->cnt) * (double)pc->H * (double)pc->d > FZ_ATTN_WORK) {
+            while (pc->cnt > 1 && attn_cost(pc->cnt, pc->q_off + pc->cnt, pc->H, pc->d) > FZ_ATTN_WORK) {
                 pc->q_off += pc->cnt - pc->cnt / 2;
                 pc->cnt /= 2;
             }
@@ -2142,7 +2173,7 @@ static int role_is_input(const pcall *pc, int r) {
         default: return 0;
     }
 }
-static FZ_NOCOV void pc_fill_role(const pcall *pc, const placement *pl, int r) {
+static FZ_FAST void pc_fill_role(const pcall *pc, const placement *pl, int r) {
     ei_tensor t;
     switch (r) {
         case R_Q:
@@ -2317,7 +2348,7 @@ static void snap_put(snap *s, const void *p, size_t n) {
     memcpy(s->b + s->n, p, n);
     s->n += n;
 }
-static FZ_NOCOV void snap_view(snap *s, const ei_out_tensor *o) {
+static FZ_FAST void snap_view(snap *s, const ei_out_tensor *o) {
     int64_t t;
     int32_t h;
     size_t es = dtype_size(o->dtype);
@@ -2360,7 +2391,7 @@ static void pc_snapshot(const pcall *pc, const placement *pl, snap *s) {
     }
 }
 /* Compaction moved the kept rows (the reference placement: K and V apart). */
-static FZ_NOCOV void compact_check(const pcall *pc, const placement *pl) {
+static FZ_FAST void compact_check(const pcall *pc, const placement *pl) {
     ei_out_tensor o[2];
     const view *src[2];
     int w;
@@ -2519,8 +2550,8 @@ done:
 /* ------------------------------------------------------------ driver */
 enum {
     OP_PLAN_INIT, OP_PROFILE, OP_PROFILE2, OP_PROFILE_HEADS, OP_PROFILE_MT, OP_CHUNK, OP_RESET_FINALIZE, OP_CORRUPT,
-    OP_ATTENTION, OP_ATTENTION2, OP_ATTENTION_MT, OP_DECODER_INIT, OP_OBSERVE, OP_OBSERVE2, OP_DECODE, OP_COMPACT,
-    OP_DECODER_RESET, OP_SIZES, OP_LAYER, OP_SWAP, OP_PLACE, OP_PLAN_EDIT, OP_SMALL_STACK, OP_CELL_POS, OP_PLACE2,
+    OP_ATTENTION, OP_DECODE2, OP_ATTENTION_MT, OP_DECODER_INIT, OP_OBSERVE, OP_OBSERVE2, OP_DECODE, OP_COMPACT,
+    OP_DECODER_RESET, OP_SIZES, OP_LAYER, OP_SWAP, OP_PLACE, OP_PLAN_EDIT, OP_SMALL_STACK, OP_CELL_POS, OP_CHUNK2,
     OP_COUNT
 };
 static void run_op(state *s, fz *f, unsigned op);
@@ -2589,23 +2620,23 @@ static void run_op(state *s, fz *f, unsigned op) {
         case OP_PROFILE: case OP_PROFILE2: op_profile(s, f, 0); break;
         case OP_PROFILE_HEADS: op_profile(s, f, 1); break;
         case OP_PROFILE_MT: op_profile(s, f, 2); break;
-        case OP_CHUNK: op_chunk(s, f); break;
+        case OP_CHUNK: case OP_CHUNK2: op_chunk(s, f); break;
         case OP_RESET_FINALIZE:
             if (s->plan_ok && (fz_u8(f) & 1)) { checked(ei_plan_reset(&s->plan)); s->plan_trusted = 0; }
             else checked(ei_plan_finalize(s->ctx, s->plan_ok ? &s->plan : NULL));
             break;
         case OP_CORRUPT: op_corrupt(s, f); break;
-        case OP_ATTENTION: case OP_ATTENTION2: op_attention(s, f, 0); break;
+        case OP_ATTENTION: op_attention(s, f, 0); break;
         case OP_ATTENTION_MT: op_attention(s, f, 1); break;
         case OP_DECODER_INIT: op_decoder_init(s, f); break;
         case OP_OBSERVE: case OP_OBSERVE2: op_observe(s, f); break;
-        case OP_DECODE: if (fz_u8(f) < 64) op_decode_rows(s, f); else op_decode_keep(s, f); break;
+        case OP_DECODE: case OP_DECODE2: if (fz_u8(f) < 64) op_decode_rows(s, f); else op_decode_keep(s, f); break;
         case OP_COMPACT: op_compact(s, f); break;
         case OP_DECODER_RESET: if (s->dec_ok) checked(ei_decoder_reset(&s->dec)); else checked(ei_decoder_reset(NULL)); break;
         case OP_SIZES: op_sizes(s, f); break;
         case OP_LAYER: layer_new(s, f); break;
         case OP_SWAP: { ei_context *t = s->ctx; s->ctx = s->alt; s->alt = t; break; } /* plans meet the other context */
-        case OP_PLACE: case OP_PLACE2: op_place(s, f); break;
+        case OP_PLACE: op_place(s, f); break;
         case OP_PLAN_EDIT: if (FAMILY(FAM_PLANEDIT)) op_plan_edit(s, f); break;
         case OP_SMALL_STACK: if (FAMILY(FAM_STACK)) op_small_stack(s, f); break;
         case OP_CELL_POS: op_cell_pos(s, f); break;
@@ -2645,9 +2676,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s.ctx = fz_context(&f, NULL);
     if (verbose) {
         const ei_config *c = ei_context_config(s.ctx);
-        fprintf(stderr, "ctx: segment %d block %d threshold %lld base %d factors %g..%g per_segment %d decode %d window %d gap %d simd %s\n",
+        fprintf(stderr, "ctx: segment %d block %d threshold %lld base %d factors %g..%g per_segment %d ranking %d samples %d top_p %g "
+                        "sink %d local %d decode %d window %d gap %d simd %s\n",
                 (int)c->segment_size, (int)c->block_size, (long long)c->threshold_len, (int)c->base_budget, c->budget_min_factor,
-                c->budget_max_factor, (int)c->per_segment_budget, (int)c->decode_budget, (int)c->window, (int)c->decode_gap,
+                c->budget_max_factor, (int)c->per_segment_budget, (int)c->ranking, (int)c->rank_samples, c->top_p,
+                (int)c->sink_blocks, (int)c->local_blocks, (int)c->decode_budget, (int)c->window, (int)c->decode_gap,
                 ei_simd_name(ei_context_simd(s.ctx)));
     }
     fail_after = -1;
@@ -2689,7 +2722,15 @@ static int replay_file(const char *path) {
     buf = (uint8_t *)xalloc((size_t)(len > 0 ? len : 1));
     if (len > 0 && fread(buf, 1, (size_t)len, fp) != (size_t)len) { fclose(fp); free(buf); return 1; }
     fclose(fp);
-    LLVMFuzzerTestOneInput(buf, (size_t)(len > 0 ? len : 0));
+    {
+        struct timespec t0, t1;
+        double us;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        LLVMFuzzerTestOneInput(buf, (size_t)(len > 0 ? len : 0));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        us = 1e6 * (double)(t1.tv_sec - t0.tv_sec) + 1e-3 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (op_timing > 0 && us > 1000.0) fprintf(stderr, "slow input (%.0f us): %s\n", us, path);
+    }
     free(buf);
     return 0;
 }
