@@ -205,7 +205,8 @@
    the regions it reads and writes that intersect where one of them is
    written: views (address range from the first element to the end of the
    farthest), a plan's arrays, a decoder's query ring, the workspace bytes it
-   uses (n_threads x the per-thread size for *_mt), keep-set arrays, scores,
+   uses (for *_mt: the per-thread size times the threads it runs, n_threads
+   or fewer when there are fewer heads to split), keep-set arrays, scores,
    row maps, and the ei_plan / ei_keep_set / ei_decoder / ei_tensor structs
    it reads or writes. Read-only regions may share memory (Q and K in one
    buffer). Two views with the same dtype and strides are compared element
