@@ -390,6 +390,48 @@ CHECK_FN double ref_vmax(const ei_tensor *v, int32_t kv_head) {
     return m;
 }
 
+/* The scale of attention logits: attn_scale, or 1 / sqrt(d) when it is 0. */
+CHECK_FN double ref_attn_scale(const ei_config *c, int32_t d) {
+    return c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+}
+/* How many keys query position p may attend to (the size of ref_token_keys's pos). */
+CHECK_FN int64_t ref_token_key_cap(const ei_config *c, const ei_plan *plan, int sparse, int64_t p) {
+    int64_t start = p / c->segment_size * c->segment_size, cap = p + 1;
+    if (sparse && (int64_t)plan->max_keep * c->block_size + (p - start + 1) > cap)
+        cap = (int64_t)plan->max_keep * c->block_size + (p - start + 1);
+    return cap;
+}
+/* The keys query position p of kv head kvh attends to, in pos[0..np):
+   the plan's kept blocks and the segment's own keys when its segment is
+   sparse, else 0..p. Returns np. */
+CHECK_FN int64_t ref_token_keys(const ei_config *c, const ei_plan *plan, int sparse, int64_t p, int32_t kvh, int64_t *pos) {
+    int64_t s = p / c->segment_size, start = s * c->segment_size, np = 0, j;
+    if (sparse) {
+        const int32_t *idx = EI_PLAN_BLOCKS(plan, kvh, s);
+        int32_t kc = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)], b, e;
+        if (kc > plan->max_keep) kc = plan->max_keep;
+        for (b = 0; b < kc; ++b)
+            for (e = 0; e < c->block_size; ++e) {
+                int64_t key = (int64_t)idx[b] * c->block_size + e;
+                if (idx[b] >= 0 && key < start) pos[np++] = key; /* a trusted plan's blocks lie before the segment */
+            }
+        for (j = start; j <= p; ++j) pos[np++] = j;
+    } else
+        for (j = 0; j <= p; ++j) pos[np++] = j;
+    return np;
+}
+/* Logits w[0..np) -> exp(w - max) in place; returns their sum. Clears
+   *in_range when a logit leaves float range (|x| > 1e37). */
+CHECK_FN double ref_softmax_weights(double *w, int64_t np, int *in_range) {
+    double mx = -INFINITY, z = 0;
+    int64_t j;
+    for (j = 0; j < np; ++j) {
+        if (!(fabs(w[j]) <= 1e37)) *in_range = 0;
+        if (w[j] > mx) mx = w[j];
+    }
+    for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
+    return z;
+}
 /* Query token t of q (absolute position q_offset + t), every query head:
    out[h * d + i], in double. The semantics (golden/FORMAT.md "Sparse
    prefill attention", >>attention in the header): position p of segment s,
@@ -403,40 +445,22 @@ CHECK_FN double ref_vmax(const ei_tensor *v, int32_t kv_head) {
 CHECK_FN int ref_attention_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
                                  const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
     int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
-    int64_t p = q_offset + t, s = p / c->segment_size, start = s * c->segment_size, cap = p + 1, j;
-    int sparse = ref_segment_sparse(c, plan, s), in_range = 1;
-    double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)d);
-    int64_t *pos;
-    double *w;
-    if (sparse && (int64_t)plan->max_keep * c->block_size + (p - start + 1) > cap)
-        cap = (int64_t)plan->max_keep * c->block_size + (p - start + 1);
-    pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)cap);
-    w = (double *)malloc(sizeof(double) * (size_t)cap);
+    int64_t p = q_offset + t, j;
+    int sparse = ref_segment_sparse(c, plan, p / c->segment_size), in_range = 1;
+    double scale = ref_attn_scale(c, d);
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)ref_token_key_cap(c, plan, sparse, p));
+    double *w = (double *)malloc(sizeof(double) * (size_t)ref_token_key_cap(c, plan, sparse, p));
     if (!pos || !w) { printf("out of memory\n"); exit(2); }
     for (h = 0; h < H; ++h) {
         int32_t kvh = h / G;
-        int64_t np = 0;
-        double mx = -INFINITY, z = 0;
-        if (sparse) {
-            const int32_t *idx = EI_PLAN_BLOCKS(plan, kvh, s);
-            int32_t kc = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)], b, e;
-            if (kc > plan->max_keep) kc = plan->max_keep;
-            for (b = 0; b < kc; ++b)
-                for (e = 0; e < c->block_size; ++e) {
-                    int64_t key = (int64_t)idx[b] * c->block_size + e;
-                    if (idx[b] >= 0 && key < start) pos[np++] = key; /* a trusted plan's blocks lie before the segment */
-                }
-            for (j = start; j <= p; ++j) pos[np++] = j;
-        } else
-            for (j = 0; j <= p; ++j) pos[np++] = j;
+        int64_t np = ref_token_keys(c, plan, sparse, p, kvh, pos);
+        double z;
         for (j = 0; j < np; ++j) {
             double dot = 0;
             for (i = 0; i < d; ++i) dot += ref_at(q, t, h, i) * ref_at(k, pos[j], kvh, i);
             w[j] = dot * scale;
-            if (!(fabs(w[j]) <= 1e37)) in_range = 0;
-            if (w[j] > mx) mx = w[j];
         }
-        for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
+        z = ref_softmax_weights(w, np, &in_range);
         for (i = 0; i < d; ++i) {
             double o = 0;
             for (j = 0; j < np; ++j) o += w[j] * ref_at(v, pos[j], kvh, i);

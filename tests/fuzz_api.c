@@ -968,42 +968,24 @@ static void op_corrupt(state *s, fz *f) {
 static FZ_FAST int fz_ref_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
                                  const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
     int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
-    int64_t p = q_offset + t, s = p / c->segment_size, start = s * c->segment_size, cap = p + 1, j;
-    int sparse = ref_segment_sparse(c, plan, s), in_range = 1;
-    double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)d);
-    int64_t *pos;
-    double *w, *qrow;
-    if (sparse && (int64_t)plan->max_keep * c->block_size + (p - start + 1) > cap)
-        cap = (int64_t)plan->max_keep * c->block_size + (p - start + 1);
-    pos = (int64_t *)xalloc(sizeof(int64_t) * (size_t)cap);
-    w = (double *)xalloc(sizeof(double) * (size_t)cap);
-    qrow = (double *)xalloc(sizeof(double) * (size_t)d);
+    int64_t p = q_offset + t, j;
+    int sparse = ref_segment_sparse(c, plan, p / c->segment_size), in_range = 1;
+    double scale = ref_attn_scale(c, d);
+    int64_t *pos = (int64_t *)xalloc(sizeof(int64_t) * (size_t)ref_token_key_cap(c, plan, sparse, p));
+    double *w = (double *)xalloc(sizeof(double) * (size_t)ref_token_key_cap(c, plan, sparse, p));
+    double *qrow = (double *)xalloc(sizeof(double) * (size_t)d);
     for (h = 0; h < H; ++h) {
         int32_t kvh = h / G;
-        int64_t np = 0;
-        double mx = -INFINITY, z = 0;
-        if (sparse) {
-            const int32_t *idx = EI_PLAN_BLOCKS(plan, kvh, s);
-            int32_t kc = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)], b, e;
-            if (kc > plan->max_keep) kc = plan->max_keep;
-            for (b = 0; b < kc; ++b)
-                for (e = 0; e < c->block_size; ++e) {
-                    int64_t key = (int64_t)idx[b] * c->block_size + e;
-                    if (idx[b] >= 0 && key < start) pos[np++] = key; /* a trusted plan's blocks lie before the segment */
-                }
-            for (j = start; j <= p; ++j) pos[np++] = j;
-        } else
-            for (j = 0; j <= p; ++j) pos[np++] = j;
+        int64_t np = ref_token_keys(c, plan, sparse, p, kvh, pos);
+        double z;
         for (i = 0; i < d; ++i) qrow[i] = load_el(q->data, q->dtype, el_index(q, t, h, i));
         for (j = 0; j < np; ++j) {
             double dot = 0;
             size_t e0 = el_index(k, pos[j], kvh, 0);
             for (i = 0; i < d; ++i) dot += qrow[i] * load_el(k->data, k->dtype, e0 + (size_t)i);
             w[j] = dot * scale;
-            if (!(fabs(w[j]) <= 1e37)) in_range = 0;
-            if (w[j] > mx) mx = w[j];
         }
-        for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
+        z = ref_softmax_weights(w, np, &in_range);
         for (i = 0; i < d; ++i) out[(size_t)h * (size_t)d + (size_t)i] = 0;
         for (j = 0; j < np; ++j) {
             size_t e0 = el_index(v, pos[j], kvh, 0);
@@ -1212,16 +1194,16 @@ static void op_decode_rows(state *s, fz *f) {
     ei_context *ctx = s->ctx;
     const ei_config *c = ei_context_config(ctx);
     unsigned m = fz_u8(f);
-    int64_t n = s->n, j;
-    int32_t *map, h, i;
+    int64_t n = s->k.t.n_tokens, j;
+    int32_t *map, h, i, H = s->dec.n_heads, KV = s->dec.n_kv_heads; /* the decoder's heads: op_decoder_init may vary them */
     int nth, ith;
     float *scores, *shared;
     size_t wb = 0;
     void *ws;
     ei_keep_set ks;
     ei_result r = EI_OK;
-    if (!s->k.valid || n <= 0 || !s->dec_ok || (size_t)n * (size_t)s->H > ((size_t)16 << 20)) return;
-    work_spend((double)n * (double)s->H * (double)s->d * (double)EI__MAX(ei_context_config(ctx)->window, 1) * 2.0);
+    if (!s->k.valid || n <= 0 || !s->dec_ok || H <= 0 || (size_t)n * (size_t)H > ((size_t)16 << 20)) return;
+    work_spend((double)n * (double)H * (double)s->d * (double)EI__MAX(ei_context_config(ctx)->window, 1) * 2.0);
     map = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)n);
     for (j = 0; j < n; ++j) map[j] = (int32_t)j;
     for (j = n - 1; j > 0; --j) {
@@ -1231,16 +1213,16 @@ static void op_decode_rows(state *s, fz *f) {
     }
     if (m & 1) map[fz_u16(f) % (unsigned)n] = -1;
     if (m & 2) map[fz_u16(f) % (unsigned)n] = (int32_t)fz_u32(f);
-    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
+    if (checked(ei_decode_workspace_size(ctx, n, H, KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
     ws = walloc_mem(wb);
-    scores = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)n);
+    scores = (float *)walloc_arr(sizeof(float) * (size_t)H * (size_t)n);
     shared = (float *)walloc_arr(sizeof(float) * (size_t)n);
     memset(shared, 0, sizeof(float) * (size_t)n);
     nth = 1 + (int)(fz_u8(f) % 4u);
     for (ith = 0; ith < nth && r == EI_OK; ++ith)
         r = checked(ei_decode_score(ctx, &s->dec, &s->k.t, map, 0, scores, ith, nth, ws, wb));
     memset(&ks, 0, sizeof ks);
-    ks.heads_out = (m & 4) ? 1 : c->per_kv_head ? s->KV : s->H;
+    ks.heads_out = (m & 4) ? 1 : c->per_kv_head ? KV : H;
     ks.capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
     ks.index = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
     ks.positions = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
@@ -2098,22 +2080,31 @@ static ei_keep_set pc_keep(const pcall *pc, const placement *pl) {
    with the reference, interleaved views accepted, results EI_OK. */
 static long place_stats[PL_COUNT][6];
 /* ---- preparing: plan and decoder through the library, into the arena */
+/* The oracle of an init (ei_plan_init, ei_decoder_init) that returned r for
+   its struct (role st, `bytes` long) and its memory (role mem): refused
+   when they overlap, accepted otherwise. Returns 1 when the init stands. */
+static int pc_init_judged(pcall *pc, placement *pl, int mem, int st, size_t bytes, ei_result r, const char *what,
+                          int reference) {
+    pregs g;
+    int a, b;
+    g.n = 0;
+    preg_add(&g, mem, pl->p[mem], pc->bytes[mem], 1);
+    preg_add(&g, st, pl->p[st], bytes, 1);
+    if (regions_conflict(&g, &a, &b)) {
+        ORACLE(r != EI_OK, "an init accepted its struct over its memory", a, b);
+        if (!reference) place_stats[pc->kind][0]++;
+        return 0;
+    }
+    if (r != EI_OK) fprintf(stderr, "%s: ", what);
+    ORACLE(r == EI_OK, "an init refused memory of the right size (any alignment)", r, (long)(pl->pos[mem] % 64));
+    return 1;
+}
 static int pc_prepare(pcall *pc, placement *pl, int reference) {
     ei_result r;
-    int a, b;
     if (pc->bytes[R_PLAN]) {
         ei_plan *p = (ei_plan *)(void *)pl->p[R_PSTRUCT];
-        pregs g;
-        g.n = 0;
-        preg_add(&g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
-        preg_add(&g, R_PSTRUCT, p, sizeof *p, 1);
         r = checked(ei_plan_init(pc->ctx, p, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
-        if (regions_conflict(&g, &a, &b)) {
-            ORACLE(r != EI_OK, "ei_plan_init accepted its struct over its memory", a, b);
-            if (!reference) place_stats[pc->kind][0]++;
-            return 0;
-        }
-        ORACLE(r == EI_OK, "ei_plan_init refused memory of the right size (any alignment)", r, (long)(pl->pos[R_PLAN] % 64));
+        if (!pc_init_judged(pc, pl, R_PLAN, R_PSTRUCT, sizeof *p, r, "ei_plan_init", reference)) return 0;
         if (pc->kind == PL_PLAN_INIT) return 1;
         if ((pc->kind == PL_ATTN && pc->use_plan) || (pc->kind == PL_CHUNK && pc->c1 > 0)) {
             size_t need = 0;
@@ -2133,17 +2124,8 @@ static int pc_prepare(pcall *pc, placement *pl, int reference) {
     }
     if (pc->bytes[R_DEC]) {
         ei_decoder *d = (ei_decoder *)(void *)pl->p[R_DSTRUCT];
-        pregs g;
-        g.n = 0;
-        preg_add(&g, R_DEC, pl->p[R_DEC], pc->bytes[R_DEC], 1);
-        preg_add(&g, R_DSTRUCT, d, sizeof *d, 1);
         r = checked(ei_decoder_init(pc->ctx, d, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
-        if (regions_conflict(&g, &a, &b)) {
-            ORACLE(r != EI_OK, "ei_decoder_init accepted its struct over its memory", a, b);
-            if (!reference) place_stats[pc->kind][0]++;
-            return 0;
-        }
-        ORACLE(r == EI_OK, "ei_decoder_init refused memory of the right size (any alignment)", r, (long)(pl->pos[R_DEC] % 64));
+        if (!pc_init_judged(pc, pl, R_DEC, R_DSTRUCT, sizeof *d, r, "ei_decoder_init", reference)) return 0;
         if (pc->kind != PL_DEC_INIT && (pc->kind != PL_OBSERVE || (pc->var & 2))) {
             int64_t w = EI__MIN((int64_t)EI__MAX(pc->c->window, 1), pc->n);
             ei_tensor q0 = pc->qs.t;
