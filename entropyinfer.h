@@ -585,6 +585,39 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                                         int64_t q_offset, int n_threads,
                                         void *workspace, size_t workspace_bytes);
 
+/* Decode attention: a step of 1..EI_DECODE_MAX_TOKENS query tokens (the
+   tokens of q are positions q_offset ..; k and v hold keys 0 .. q_offset +
+   n_tokens - 1), dense causal, the same result as ei_attention_prefill with
+   plan NULL (within float32 summation order), split along the keys so that
+   every thread works however few kv heads the layer has. Two phases:
+     ei_attention_decode(..., ith, nth, partials, ...)  thread ith of nth
+         attends to its slice of the keys for every head and writes slot ith
+         of `partials` (shared by the threads, 4-byte aligned,
+         ei_attention_decode_partials_size bytes); workspace per thread
+         (ei_attention_workspace_size); out is not written on the CPU;
+     ei_attention_decode_merge(ctx, out, partials, ..., ith, nth)  after
+         every slice is in (the engine's barrier), thread ith writes its
+         share of out's rows; the same nth as the first phase.
+   ei_attention_decode_mt does both with the built-in threads; its one
+   workspace is ei_attention_decode_workspace_size bytes (any alignment).
+   On the CUDA backend the ith = 0 call runs the whole step and the merge
+   does nothing. NaN/Inf in q or in a key gets EI_ERR_NONFINITE. */
+#define EI_DECODE_MAX_TOKENS 16
+EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                  int32_t head_dim, int nth, size_t *bytes);
+EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                    const ei_tensor *v, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
+                                    float *partials, size_t partials_bytes,
+                                    void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
+                                          size_t partials_bytes, int ith, int nth);
+EIDEF ei_result ei_attention_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                   int32_t n_kv_heads, int32_t head_dim, int n_threads,
+                                                   size_t *bytes);
+EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                       const ei_tensor *v, ei_out_tensor *out, int64_t q_offset, int n_threads,
+                                       void *workspace, size_t workspace_bytes);
+
 /* ---------------------------------------------------------------- decode */
 /* Per-layer, per-sequence observation state. */
 typedef struct ei_decoder {
@@ -4114,45 +4147,56 @@ static float ei__attn_clamp(float x) {
     return x > FLT_MAX ? FLT_MAX : x;
 }
 
+/* One query row (head h, position t) over every key of ks: the output
+   before normalisation in o[0..d), the running max *m (log2 units) and sum
+   *l of the online softmax (*m = -FLT_MAX, *l = 0 for no keys). */
+static void ei__attn_row_scalar(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh, int32_t h, int64_t t,
+                                const ei__attn_keys *ks, float *o, float *m_out, float *l_out) {
+    int32_t d = J->d, i, j;
+    int64_t e0, total = ei__attn_keys_total(ks);
+    float *qv = w->qrow, *sc = w->s, *kv = w->kbuf, *vv = w->vbuf, m = -FLT_MAX, l = 0.0f;
+    ei__attn_row_to_f32(ei__row(J->q, t - J->q_offset, h), J->q->dtype, d, qv);
+    for (i = 0; i < d; ++i) o[i] = 0.0f;
+    for (e0 = 0; e0 < total; e0 += EI__ATTN_NK) {
+        int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
+        float mx = m, al, sum = 0.0f;
+        ei__attn_key_positions(ks, e0, nk, w->kpos);
+        for (j = 0; j < nk; ++j) {
+            float acc = 0.0f;
+            ei__attn_row_to_f32(ei__row(J->k, w->kpos[j], kvh), J->k->dtype, d, kv);
+            for (i = 0; i < d; ++i) acc += qv[i] * kv[i];
+            sc[j] = ei__attn_clamp(acc * J->c);
+            if (sc[j] > mx) mx = sc[j];
+        }
+        al = exp2f(m - mx);
+        for (i = 0; i < d; ++i) o[i] *= al;
+        for (j = 0; j < nk; ++j) {
+            float p = exp2f(sc[j] - mx);
+            sum += p;
+            ei__attn_row_to_f32(ei__row(J->v, w->kpos[j], kvh), J->v->dtype, d, vv);
+            for (i = 0; i < d; ++i) o[i] += p * vv[i];
+        }
+        l = l * al + sum;
+        m = mx;
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
 static void ei__attn_qtile_scalar(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh, int32_t h0, int32_t gt, int64_t t0,
                                   int32_t nt, const ei__attn_keys *tile_keys) {
-    int32_t d = J->d, g, tok, i, j;
-    float *qv = w->qrow, *o = w->o, *sc = w->s, *kv = w->kbuf, *vv = w->vbuf;
+    int32_t d = J->d, g, tok, i;
     for (g = 0; g < gt; ++g)
         for (tok = 0; tok < nt; ++tok) {
-            int64_t t = t0 + tok, e0, total;
+            int64_t t = t0 + tok;
             ei__attn_keys ks = *tile_keys;
-            float m = -FLT_MAX, l = 0.0f, inv;
+            float m, l, inv;
             void *orow;
             ks.run1 = t + 1;
-            total = ei__attn_keys_total(&ks);
-            ei__attn_row_to_f32(ei__row(J->q, t - J->q_offset, h0 + g), J->q->dtype, d, qv);
-            for (i = 0; i < d; ++i) o[i] = 0.0f;
-            for (e0 = 0; e0 < total; e0 += EI__ATTN_NK) {
-                int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, total - e0);
-                float mx = m, al, sum = 0.0f;
-                ei__attn_key_positions(&ks, e0, nk, w->kpos);
-                for (j = 0; j < nk; ++j) {
-                    float acc = 0.0f;
-                    ei__attn_row_to_f32(ei__row(J->k, w->kpos[j], kvh), J->k->dtype, d, kv);
-                    for (i = 0; i < d; ++i) acc += qv[i] * kv[i];
-                    sc[j] = ei__attn_clamp(acc * J->c);
-                    if (sc[j] > mx) mx = sc[j];
-                }
-                al = exp2f(m - mx);
-                for (i = 0; i < d; ++i) o[i] *= al;
-                for (j = 0; j < nk; ++j) {
-                    float p = exp2f(sc[j] - mx);
-                    sum += p;
-                    ei__attn_row_to_f32(ei__row(J->v, w->kpos[j], kvh), J->v->dtype, d, vv);
-                    for (i = 0; i < d; ++i) o[i] += p * vv[i];
-                }
-                l = l * al + sum;
-                m = mx;
-            }
+            ei__attn_row_scalar(J, w, kvh, h0 + g, t, &ks, w->o, &m, &l);
             inv = 1.0f / l;
             orow = ei__row_out(J->out, t - J->q_offset, h0 + g);
-            for (i = 0; i < d; ++i) ei__store1(orow, J->out->dtype, i, o[i] * inv);
+            for (i = 0; i < d; ++i) ei__store1(orow, J->out->dtype, i, w->o[i] * inv);
         }
 }
 
@@ -4425,7 +4469,9 @@ static int ei__attn_keys_finite(const ei__attn_job *J, ei__attn_ws *w, int32_t k
     return 1;
 }
 
-/* One query tile through the vector stages J->K; 0 if a key row holds NaN/Inf. */
+/* One query tile through the vector stages J->K, up to the output before
+   normalisation (w->o, w->m, w->l: K->store or ei__attn_save_partial
+   next); 0 if a key row holds NaN/Inf. */
 static int ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, const ei__attn_keys *ks) {
     const ei__attn_stages *K = J->K;
     int64_t total = ei__attn_keys_total(ks), e0;
@@ -4450,7 +4496,6 @@ static int ei__attn_qtile_vec(const ei__attn_job *J, ei__attn_ws *w, const ei__a
         if (K->pack_p) K->pack_p(w, T, nk);
         K->pv(J, w, T, nk);
     }
-    K->store(J, w, T);
     return 1;
 }
 
@@ -4508,6 +4553,7 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
                                 T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
                                 T.nt = nt; T.gt = gt; T.h0 = h0; T.kvh = kvh; T.t0 = t0;
                                 if (!ei__attn_qtile_vec(J, w, &T, &ks)) return -1;
+                                J->K->store(J, w, &T);
                             }
                         }
                     }
@@ -4520,10 +4566,11 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
 
 /* ---- validation --------------------------------------------------------- */
 
-/* Every check of an attention call, for both backends. */
+/* Every check of an attention call, for both backends (partials: a decode
+   call's, NULL for prefill). */
 static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                 const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset, const void *workspace,
-                                int n_ws) {
+                                int n_ws, const void *partials, size_t partials_bytes) {
     ei__regions g;
     size_t per;
     ei_result r;
@@ -4554,6 +4601,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
     ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
     if (plan) ei__reg_plan(&g, plan, 0);
     ei__reg_mem(&g, workspace, per * (size_t)n_ws, "the workspace", 1);
+    if (partials) ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
     if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     if (plan) {
         int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last;
@@ -4613,19 +4661,28 @@ static void ei__attn_setup(const ei_context *ctx, const ei_tensor *q, const ei_t
         J->K = ctx->kern->attn_bf16;
 }
 
-static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *workspace, size_t ws_bytes) {
-    ei__attn_ws w;
+/* One thread's workspace, laid out. */
+static ei_result ei__attn_ws_take(const ei__attn_job *J, void *workspace, size_t ws_bytes, ei__attn_ws *w) {
     size_t need;
-    int64_t total;
-    if (!ei__attn_ws_layout(&J->ctx->cfg, J->G, J->d, &w, workspace, ws_bytes, &need))
+    if (!ei__attn_ws_layout(&J->ctx->cfg, J->G, J->d, w, workspace, ws_bytes, &need))
         return ei__fail(J->ctx, EI_ERR_OVERFLOW, "attention workspace overflows size_t");
     if (!workspace) return ei__fail(J->ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
     if (ws_bytes < need) return ei__fail(J->ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
-    w.bad = NULL;
+    w->bad = NULL;
+    return EI_OK;
+}
+static ei_result ei__attn_bad_fail(const ei__attn_job *J, const ei__attn_ws *w) {
+    return ei__fail(J->ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)", w->bad, (int)w->bad_head,
+                    (long long)w->bad_tok);
+}
+
+static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *workspace, size_t ws_bytes) {
+    ei__attn_ws w;
+    int64_t total;
+    ei_result r;
+    if ((r = ei__attn_ws_take(J, workspace, ws_bytes, &w)) != EI_OK) return r;
     total = ei__attn_walk(J, 0, 0, ith, nth, NULL);
-    if (total > 0 && ei__attn_walk(J, 1, total, ith, nth, &w) < 0)
-        return ei__fail(J->ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)%s", w.bad, (int)w.bad_head,
-                        (long long)w.bad_tok, "");
+    if (total > 0 && ei__attn_walk(J, 1, total, ith, nth, &w) < 0) return ei__attn_bad_fail(J, &w);
     return EI_OK;
 }
 
@@ -4637,7 +4694,7 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, 
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
         return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, 1)) != EI_OK) return r;
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, 1, NULL, 0)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) /* one launch does the whole layer: the call with ith 0 makes it */
         return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes)
                         : EI_OK;
@@ -4661,7 +4718,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, ei__on_gpu(ctx) ? 1 : n_threads)) != EI_OK)
+    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, ei__on_gpu(ctx) ? 1 : n_threads, NULL, 0)) != EI_OK)
         return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
     ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
@@ -4671,6 +4728,248 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (workspace_bytes / (size_t)n_threads < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
     return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
+}
+
+/* ---- decode attention: few query tokens, split along the keys --------- */
+/* A decode step has one query token (a few with speculative decoding): a
+   split by kv head leaves threads idle when a layer has fewer kv heads than
+   threads (Gemma 3 270M has one), and the cache is read once per step, so
+   the work is split along the keys instead. Thread ith of nth attends, for
+   every head, to the key slice [n ith / nth, n (ith + 1) / nth) (rounded to
+   key tiles; n = q_offset + n_tokens) and writes the output before
+   normalisation with its running max and sum: a partial, row h * n_tokens
+   + token of its slot. The merge combines the nth partials of a row,
+   out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s with M = max_s m_s
+   (exact: the online softmax split in two), and runs after every slice is
+   in (the engine's barrier between the two calls, or the join of
+   ei_attention_decode_mt). The scalar reference splits the same way, one
+   row at a time (ei__attn_row_scalar). */
+#define EI__DECODE_PARTIAL_HEAD 2 /* floats before a partial's outputs: m, l */
+
+static size_t ei__decode_partial_floats(int32_t d) { return (size_t)d + EI__DECODE_PARTIAL_HEAD; }
+
+EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                  int32_t head_dim, int nth, size_t *bytes) {
+    size_t rows, floats;
+    ei_result r = ei__check_sizes(ctx, 1, n_heads, 1, head_dim, bytes);
+    if (r != EI_OK) return r;
+    if (n_tokens <= 0 || n_tokens > EI_DECODE_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_tokens %lld not in 1..%d (a decode step; longer: ei_attention_prefill)",
+                        (long long)n_tokens, EI_DECODE_MAX_TOKENS);
+    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "nth %d not in 1..%d", nth, EI__ATTN_MAX_THREADS);
+    if (!ei__mul_size((size_t)n_tokens * (size_t)n_heads, (size_t)nth, &rows) ||
+        !ei__mul_size(rows, ei__decode_partial_floats(head_dim), &floats) || !ei__mul_size(floats, 4u, bytes))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode partials overflow size_t");
+    return EI_OK;
+}
+
+/* A row whose slice held no key the row sees. */
+static void ei__decode_partial_empty(float *dst, int32_t d) {
+    dst[0] = -FLT_MAX;
+    dst[1] = 0.0f;
+    memset(dst + EI__DECODE_PARTIAL_HEAD, 0, (size_t)d * sizeof(float));
+}
+/* The rows of a vector tile into this thread's slot. */
+static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, const ei__attn_tile *T, float *slot) {
+    const size_t P = ei__decode_partial_floats(J->d);
+    int32_t g, tok;
+    for (g = 0; g < T->gt; ++g)
+        for (tok = 0; tok < T->nt; ++tok) {
+            int32_t r = g * J->Mt + tok;
+            float *dst = slot + ((size_t)(T->h0 + g) * (size_t)J->q->n_tokens + (size_t)tok) * P;
+            dst[0] = w->m[r];
+            dst[1] = w->l[r];
+            memcpy(dst + EI__DECODE_PARTIAL_HEAD, w->o + (size_t)r * (size_t)J->dpad, (size_t)J->d * sizeof(float));
+        }
+}
+
+/* Thread ith's key slice for every head, into slot ith of partials. */
+static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, float *partials, void *workspace,
+                                     size_t ws_bytes) {
+    const int64_t n = J->q_end, nt = J->q->n_tokens;
+    const size_t P = ei__decode_partial_floats(J->d);
+    int64_t lo = n * ith / nth / EI__ATTN_NK * EI__ATTN_NK;
+    int64_t hi = ith == nth - 1 ? n : n * (ith + 1) / nth / EI__ATTN_NK * EI__ATTN_NK;
+    int32_t kvh, hs, n_hs = (J->G + J->Gt - 1) / J->Gt, g, tok;
+    float *slot = partials + (size_t)ith * (size_t)nt * (size_t)J->q->n_heads * P;
+    ei__attn_ws w;
+    ei__attn_keys ks;
+    ei_result r;
+    if ((r = ei__attn_ws_take(J, workspace, ws_bytes, &w)) != EI_OK) return r;
+    ks.blocks = NULL; ks.n_block_keys = 0; ks.bs = J->bs;
+    ks.run0 = lo; ks.run1 = hi; /* a dense slice: keys lo .. hi - 1 */
+    for (kvh = 0; kvh < J->k->n_heads; ++kvh)
+        for (hs = 0; hs < n_hs; ++hs) {
+            int32_t h0 = kvh * J->G + hs * J->Gt, gt = EI__MIN(J->Gt, J->G - hs * J->Gt);
+            if (!ei__attn_q_finite(J, &w, h0, gt, J->q_offset, (int32_t)nt)) return ei__attn_bad_fail(J, &w);
+            if (lo >= hi) { /* an empty slice (fewer key tiles than threads) */
+                for (g = 0; g < gt; ++g)
+                    for (tok = 0; tok < nt; ++tok)
+                        ei__decode_partial_empty(slot + ((size_t)(h0 + g) * (size_t)nt + (size_t)tok) * P, J->d);
+            } else if (J->K) {
+                ei__attn_tile T;
+                T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
+                T.nt = (int32_t)nt; T.gt = gt; T.h0 = h0; T.kvh = kvh; T.t0 = J->q_offset;
+                if (!ei__attn_qtile_vec(J, &w, &T, &ks)) return ei__attn_bad_fail(J, &w);
+                ei__attn_save_partial(J, &w, &T, slot);
+            } else {
+                if (!ei__attn_keys_finite(J, &w, kvh, &ks)) return ei__attn_bad_fail(J, &w);
+                for (g = 0; g < gt; ++g)
+                    for (tok = 0; tok < nt; ++tok) {
+                        float *dst = slot + ((size_t)(h0 + g) * (size_t)nt + (size_t)tok) * P;
+                        ei__attn_keys row = ks;
+                        row.run1 = EI__MIN(hi, J->q_offset + tok + 1); /* causal */
+                        if (row.run1 <= row.run0) ei__decode_partial_empty(dst, J->d);
+                        else ei__attn_row_scalar(J, &w, kvh, h0 + g, J->q_offset + tok, &row, dst + EI__DECODE_PARTIAL_HEAD,
+                                                 &dst[0], &dst[1]);
+                    }
+            }
+        }
+    return EI_OK;
+}
+
+/* Rows [rows ith / nth, rows (ith + 1) / nth) of out from the n_slots
+   partials of each (plain C: the merge is d x n_slots flops a row). */
+static void ei__attn_decode_merge_rows(const ei_out_tensor *out, const float *partials, int n_slots, int ith, int nth) {
+    const int32_t d = out->head_dim;
+    const int64_t nt = out->n_tokens, rows = nt * out->n_heads;
+    const size_t P = ei__decode_partial_floats(d), slot_floats = (size_t)rows * P;
+    int64_t r, r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
+    float wgt[EI__ATTN_MAX_THREADS];
+    int s;
+    for (r = r0; r < r1; ++r) {
+        const float *p0 = partials + (size_t)r * P;
+        float M = -FLT_MAX, L = 0.0f, inv;
+        void *orow = ei__row_out(out, r % nt, (int32_t)(r / nt));
+        int32_t i;
+        for (s = 0; s < n_slots; ++s) M = EI__MAX(M, p0[(size_t)s * slot_floats]);
+        for (s = 0; s < n_slots; ++s) {
+            wgt[s] = exp2f(p0[(size_t)s * slot_floats] - M);
+            L += wgt[s] * p0[(size_t)s * slot_floats + 1];
+        }
+        inv = 1.0f / L;
+        for (i = 0; i < d; ++i) {
+            float o = 0.0f;
+            for (s = 0; s < n_slots; ++s) o += wgt[s] * p0[(size_t)s * slot_floats + EI__DECODE_PARTIAL_HEAD + (size_t)i];
+            ei__store1(orow, out->dtype, i, o * inv);
+        }
+    }
+}
+
+/* Checks of a decode call: the attention checks, its token count, the
+   partials' size and alignment. */
+static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                       const ei_out_tensor *out, int64_t q_offset, int nth, const void *workspace, int n_ws,
+                                       const float *partials, size_t partials_bytes) {
+    size_t need;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
+    if ((r = ei_attention_decode_partials_size(ctx, q->n_tokens, q->n_heads, q->head_dim, nth, &need)) != EI_OK) return r;
+    if (!ei__on_gpu(ctx)) {
+        if (!partials) return ei__fail(ctx, EI_ERR_NULL, "partials is NULL (%zu bytes needed)", need);
+        if (partials_bytes < need)
+            return ei__fail(ctx, EI_ERR_WORKSPACE, "partials of %zu bytes, %zu needed for %d threads", partials_bytes, need, nth);
+        if ((r = ei__check_align4(ctx, partials, "partials")) != EI_OK) return r;
+    }
+    return ei__attn_check(ctx, q, k, v, NULL, out, q_offset, workspace, n_ws, partials, partials ? need : 0);
+}
+
+EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                    ei_out_tensor *out, int64_t q_offset, int ith, int nth, float *partials,
+                                    size_t partials_bytes, void *workspace, size_t workspace_bytes) {
+    ei__attn_job J;
+    ei_result r;
+    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
+        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_decode_check(ctx, q, k, v, out, q_offset, nth, workspace, 1, partials, partials_bytes)) != EI_OK)
+        return r;
+    if (ei__on_gpu(ctx)) /* one launch: the call with ith 0 writes out, the merge has nothing to do */
+        return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, NULL, out, q_offset, workspace, workspace_bytes)
+                        : EI_OK;
+    ei__attn_setup(ctx, q, k, v, NULL, out, q_offset, &J);
+    return ei__attn_decode_run(&J, ith, nth, partials, workspace, workspace_bytes);
+}
+
+EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
+                                          size_t partials_bytes, int ith, int nth) {
+    ei__regions g;
+    size_t need;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
+        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__check_out_tensor(ctx, out, "out")) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI_OK;
+    if ((r = ei_attention_decode_partials_size(ctx, out->n_tokens, out->n_heads, out->head_dim, nth, &need)) != EI_OK)
+        return r;
+    if (!partials) return ei__fail(ctx, EI_ERR_NULL, "partials is NULL (%zu bytes needed)", need);
+    if (partials_bytes < need)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "partials of %zu bytes, %zu needed for %d threads", partials_bytes, need, nth);
+    if ((r = ei__check_align4(ctx, partials, "partials")) != EI_OK) return r;
+    g.n = 0;
+    ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
+    ei__reg_mem(&g, partials, need, "partials", 0);
+    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    ei__attn_decode_merge_rows(out, partials, nth, ith, nth);
+    return EI_OK;
+}
+
+/* ei_attention_decode_mt's workspace: the partials (64-byte aligned inside
+   it), then n_threads attention workspaces. */
+static ei_result ei__attn_decode_mt_sizes(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                          int32_t head_dim, int n_threads, size_t *partials, size_t *per, size_t *bytes) {
+    size_t ws;
+    ei_result r;
+    if ((r = ei_attention_decode_partials_size(ctx, n_tokens, n_heads, head_dim, n_threads, partials)) != EI_OK ||
+        (r = ei_attention_workspace_size(ctx, n_heads, n_kv_heads, head_dim, per)) != EI_OK)
+        return r;
+    if (!ei__mul_size(*per, (size_t)n_threads, &ws) || !ei__add_size(ws, *partials + EI__ALIGN, bytes))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    return EI_OK;
+}
+EIDEF ei_result ei_attention_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+                                                   int32_t n_kv_heads, int32_t head_dim, int n_threads, size_t *bytes) {
+    size_t partials, per;
+    if (ctx && ei__on_gpu(ctx)) return ei_attention_workspace_size(ctx, n_heads, n_kv_heads, head_dim, bytes);
+    return ei__attn_decode_mt_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, n_threads, &partials, &per, bytes);
+}
+
+typedef struct ei__decode_mt_arg { const ei__attn_job *J; float *partials; } ei__decode_mt_arg;
+static ei_result ei__attn_decode_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__decode_mt_arg *a = (const ei__decode_mt_arg *)arg;
+    return ei__attn_decode_run(a->J, ith, nth, a->partials, ws, ws_bytes);
+}
+
+/* Built-in pthread helper: both phases, the merge on the calling thread. */
+EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                       ei_out_tensor *out, int64_t q_offset, int n_threads, void *workspace,
+                                       size_t workspace_bytes) {
+    ei__attn_job J;
+    ei__decode_mt_arg a;
+    size_t pbytes = 0, per = 0, need = 0;
+    unsigned char *ws = (unsigned char *)workspace;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
+    if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
+    if (ei__on_gpu(ctx)) return ei_attention_decode(ctx, q, k, v, out, q_offset, 0, 1, NULL, 0, workspace, workspace_bytes);
+    if ((r = ei__attn_decode_mt_sizes(ctx, q->n_tokens, q->n_heads, k ? k->n_heads : 1, q->head_dim, n_threads, &pbytes,
+                                      &per, &need)) != EI_OK)
+        return r;
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
+    if (workspace_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", workspace_bytes, need);
+    a.partials = (float *)(void *)(ws + ((EI__ALIGN - (uintptr_t)ws % EI__ALIGN) % EI__ALIGN));
+    ws = (unsigned char *)a.partials + pbytes;
+    if ((r = ei__attn_decode_check(ctx, q, k, v, out, q_offset, n_threads, ws, n_threads, a.partials, pbytes)) != EI_OK)
+        return r;
+    ei__attn_setup(ctx, q, k, v, NULL, out, q_offset, &J);
+    a.J = &J;
+    if ((r = ei__fork_join(ei__attn_decode_share, &a, n_threads, ws, per)) != EI_OK) return r;
+    ei__attn_decode_merge_rows(out, a.partials, n_threads, 0, 1);
+    return EI_OK;
 }
 
 /* The block mass of sampled rows (EI_RANK_SAMPLED), written once; defines

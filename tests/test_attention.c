@@ -113,7 +113,55 @@ typedef struct case_desc {
     int per_segment; /* the reference's one count per segment (max over heads) */
     int small_cap;   /* attention contexts with a smaller base_budget than the plan's:
                         rows longer than the workspace's sort buffer run unsorted */
+    int decode;      /* chunks through ei_attention_decode + merge (nth slices of the
+                        keys), checked bit-identical to ei_attention_decode_mt */
 } case_desc;
+
+/* One chunk of queries through the two decode phases, nth threads in turn;
+   then the same through ei_attention_decode_mt, which must agree bit for bit. */
+static ei_result decode_chunk(ei_context *ctx, const ei_tensor *tq, const ei_tensor *tk, const ei_tensor *tv,
+                              ei_out_tensor *to, int64_t t0, int nth, void *ws, size_t wsb) {
+    size_t pb = 0, mtb = 0;
+    float *partials;
+    void *mtws;
+    guarded_out o2;
+    ei_result r;
+    int ith;
+    CHECK(ei_attention_decode_partials_size(ctx, tq->n_tokens, tq->n_heads, tq->head_dim, nth, &pb) == EI_OK, "partials size");
+    partials = (float *)malloc(pb);
+    for (ith = 0; ith < nth; ++ith)
+        if ((r = ei_attention_decode(ctx, tq, tk, tv, to, t0, ith, nth, partials, pb, ws, wsb)) != EI_OK) {
+            free(partials);
+            return r;
+        }
+    for (ith = 0; ith < nth; ++ith)
+        if ((r = ei_attention_decode_merge(ctx, to, partials, pb, ith, nth)) != EI_OK) { free(partials); return r; }
+    free(partials);
+    CHECK(ei_attention_decode_workspace_size(ctx, tq->n_tokens, tq->n_heads, tk->n_heads, tq->head_dim, nth, &mtb) == EI_OK,
+          "decode workspace size");
+    mtws = malloc(mtb + 1);
+    o2 = guarded_out_make(to->dtype, to->n_tokens, to->n_heads, to->head_dim, 0);
+    r = ei_attention_decode_mt(ctx, tq, tk, tv, &o2.t, t0, nth, (char *)mtws + 1, mtb); /* any alignment */
+    CHECK(r == EI_OK, "decode_mt: %s", ei_last_error());
+    if (r == EI_OK) {
+        int64_t t;
+        int32_t h, e, same = 1;
+        for (t = 0; t < to->n_tokens; ++t)
+            for (h = 0; h < to->n_heads; ++h)
+                for (e = 0; e < to->head_dim; ++e) {
+                    size_t es = dtype_size(to->dtype);
+                    const unsigned char *a = (const unsigned char *)to->data +
+                                             ((size_t)(t * to->token_stride + h * to->head_stride + e)) * es;
+                    const unsigned char *b = (const unsigned char *)o2.t.data +
+                                             ((size_t)(t * o2.t.token_stride + h * o2.t.head_stride + e)) * es;
+                    if (memcmp(a, b, es) != 0) same = 0;
+                }
+        CHECK(same && guarded_out_intact(&o2), "decode_mt (%d threads) differs from the two phases", nth);
+    }
+    guarded_out_free(&o2);
+    free(mtws);
+    return EI_OK;
+}
 
 static void run_case(const case_desc *cd) {
     ei_config cfg = small_config();
@@ -177,11 +225,15 @@ static void run_case(const case_desc *cd) {
             ei_out_tensor to = o.t;
             to.data = (unsigned char *)o.t.data + (size_t)(t0 * o.t.token_stride) * oes;
             to.n_tokens = nt;
-            for (ith = 0; ith < cd->nth; ++ith) {
-                ei_result r = ei_attention_prefill(ctx, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0, ith,
-                                                   cd->nth, ws, wsb);
-                CHECK(r == EI_OK, "%s: %s", K->name, ei_last_error());
-            }
+            if (cd->decode) {
+                ei_result r = decode_chunk(ctx, &tq, &tk, &tv, &to, t0, cd->nth, ws, wsb);
+                CHECK(r == EI_OK, "%s decode: %s", K->name, ei_last_error());
+            } else
+                for (ith = 0; ith < cd->nth; ++ith) {
+                    ei_result r = ei_attention_prefill(ctx, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0, ith,
+                                                       cd->nth, ws, wsb);
+                    CHECK(r == EI_OK, "%s: %s", K->name, ei_last_error());
+                }
         }
         /* f32 logits carry ~eps*|q||k| error: the bound scales with amp^2 */
         tol = (K->simd == EI_SIMD_AVX512_BF16 ? 4e-3 : 1e-5) * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
@@ -421,6 +473,64 @@ static void test_mt(void) {
     free(q.data); free(k.data); free(v.data);
 }
 
+/* ei_attention_decode and its merge refuse what they cannot serve, with a
+   code, before writing anything; NaN in a key is reported by the thread
+   whose slice holds it. */
+static void test_decode_bad_inputs(void) {
+    ei_config cfg = small_config();
+    ei_context *ctx;
+    buf q, k, v;
+    ei_tensor tq, tk, tv, q17;
+    guarded_out o;
+    size_t wsb, pb;
+    void *ws;
+    float *partials;
+    ei_result r0, r1;
+    ei_context_create(&cfg, &ctx);
+    buf_alloc(&q, EI_F32, 300, 8, 64); buf_alloc(&k, EI_F32, 300, 2, 64); buf_alloc(&v, EI_F32, 300, 2, 64);
+    make_qkv(&q, &k, &v, 4, 1.0f);
+    tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
+    tq.n_tokens = 1;
+    o = out_alloc(EI_F32, 1, 8, 64, 0);
+    ei_attention_workspace_size(ctx, 8, 2, 64, &wsb);
+    ws = malloc(wsb);
+    CHECK(ei_attention_decode_partials_size(ctx, 1, 8, 64, 2, &pb) == EI_OK && pb == 2 * 8 * 66 * 4, "partials size %zu", pb);
+    partials = (float *)malloc(pb + 8);
+    CHECK(ei_attention_decode_partials_size(ctx, 17, 8, 64, 2, &pb) == EI_ERR_SIZE, "17 tokens accepted");
+    CHECK(ei_attention_decode_partials_size(ctx, 1, 8, 64, 0, &pb) == EI_ERR_SIZE, "nth 0 accepted");
+    ei_attention_decode_partials_size(ctx, 1, 8, 64, 2, &pb);
+    q17 = buf_view(&q); q17.n_tokens = 17;
+    CHECK(ei_attention_decode(ctx, &q17, &tk, &tv, &o.t, 0, 0, 2, partials, pb, ws, wsb) == EI_ERR_SIZE, "q of 17 tokens");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 2, 2, partials, pb, ws, wsb) == EI_ERR_SIZE, "ith == nth");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, NULL, pb, ws, wsb) == EI_ERR_NULL, "partials NULL");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb - 4, ws, wsb) == EI_ERR_WORKSPACE,
+          "partials short");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, (float *)(void *)((char *)partials + 2), pb, ws, wsb) ==
+              EI_ERR_ALIGN, "partials misaligned");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb, ws, wsb - 1) == EI_ERR_WORKSPACE,
+          "workspace short");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, (float *)ws, pb, ws, wsb) == EI_ERR_OVERLAP,
+          "partials over the workspace");
+    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 300, 0, 2, partials, pb, ws, wsb) == EI_ERR_SHAPE,
+          "a query past the keys");
+    CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb - 4, 0, 2) == EI_ERR_WORKSPACE, "merge: partials short");
+    CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb, 0, 3) == EI_ERR_WORKSPACE, "merge: more threads than slots");
+    {
+        ei_out_tensor over = o.t;
+        over.data = partials;
+        CHECK(ei_attention_decode_merge(ctx, &over, partials, pb, 0, 2) == EI_ERR_OVERLAP, "merge: out over partials");
+    }
+    CHECK(guarded_out_intact(&o), "guard bytes overwritten");
+    /* NaN in key 200: the slice of thread 1 of 2 (keys 128..299) */
+    ((float *)k.data)[(200 * 2 + 1) * 64 + 3] = NAN;
+    tq.data = (float *)q.data + 299 * 8 * 64;
+    r0 = ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb, ws, wsb);
+    r1 = ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 1, 2, partials, pb, ws, wsb);
+    CHECK(r0 == EI_OK && r1 == EI_ERR_NONFINITE, "NaN key: thread results %d %d", (int)r0, (int)r1);
+    free(partials); free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
+    free(q.data); free(k.data); free(v.data);
+}
+
 /* The vector exp2 of the kernels: <= 2 ulp-ish (3e-7 relative) on [-126, 0],
    exactly 0 below -126, for -inf and for NaN. */
 #ifdef EI__HAVE_AVX512
@@ -546,6 +656,7 @@ int main(int argc, char **argv) {
     test_bad_inputs();
     test_extremes();
     test_mt();
+    test_decode_bad_inputs();
     test_chunked_planning();
     for (di = 0; di < 3; ++di)
         for (gi = 0; gi < 3; ++gi)
@@ -586,6 +697,15 @@ int main(int argc, char **argv) {
         c.chunk = 17; c.H = 8; c.HK = 2; run_case(&c);     /* 17 tokens per call: a 32-token tile */
         c.use_plan = 0; c.chunk = 1; run_case(&c);         /* dense decode steps */
         c.chunk = 5; run_case(&c);
+        /* ei_attention_decode: key slices per thread, merged (empty slices when
+           the keys are fewer than 64 x threads) */
+        c.decode = 1; c.chunk = 1; c.nth = 3; run_case(&c);
+        c.n = 700; c.H = 4; c.HK = 1; c.nth = 2; c.in_dt = EI_BF16; run_case(&c);       /* one kv head (Gemma 3 270M) */
+        if (!quick) { c.nth = 5; c.chunk = 16; c.H = 8; c.HK = 2; c.in_dt = EI_F16; c.out_dt = EI_BF16; run_case(&c); }
+        c.n = 300; c.nth = 4; c.chunk = 3; c.H = 16; c.HK = 1; c.d = 40; c.in_dt = EI_F32; c.out_dt = EI_F32;
+        run_case(&c);                                                                  /* two head subgroups, d % 16 */
+        c.nth = 1; c.chunk = 7; c.H = 6; c.HK = 2; c.d = 18; c.in_dt = EI_BF16; run_case(&c);
+        c.decode = 0;
     }
     printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
