@@ -687,6 +687,8 @@ typedef struct state {
     ei_plan plan;
     void *plan_mem;
     int plan_ok, plan_owned, plan_trusted; /* trusted: produced by the library with the current ctx, not corrupted */
+    int plan_dirty; /* op_corrupt wrote into the plan since its init or reset: rows the library does not
+                       rewrite (past the planned segments, a skipped gap) may hold what it wrote */
     ei_context *plan_ctx;
     ei_decoder dec;
     void *dec_mem;
@@ -699,7 +701,7 @@ static void plan_release(state *s) {
     if (s->plan_owned) ei_plan_free(s->plan_ctx, &s->plan);
     wfree(s->plan_mem);
     s->plan_mem = NULL;
-    s->plan_ok = s->plan_owned = s->plan_trusted = 0;
+    s->plan_ok = s->plan_owned = s->plan_trusted = s->plan_dirty = 0;
     memset(&s->plan, 0, sizeof s->plan);
 }
 static void keep_release(state *s) {
@@ -825,7 +827,7 @@ static void op_plan_init(state *s, fz *f) {
         if (r == EI_OK) { s->plan_ok = 1; s->plan_ctx = ctx; ORACLE(give >= bytes, "plan accepted too small memory", give, bytes); }
         else { wfree(s->plan_mem); s->plan_mem = NULL; }
     }
-    s->plan_trusted = 0;
+    s->plan_trusted = s->plan_dirty = 0;
 }
 
 static void *ws_for_profile(const state *s, const ei_context *ctx, fz *f, int64_t n, size_t *bytes, int mul) {
@@ -843,7 +845,7 @@ static void after_profile(state *s, ei_result r, const ei_context *ctx) {
     if (r == EI_OK && s->plan_ok) {
         /* a plan made with another context may not be used with this one
            (its rows are sized for the other configuration) */
-        s->plan_trusted = ctx == s->plan_ctx;
+        s->plan_trusted = ctx == s->plan_ctx && !s->plan_dirty;
         plan_check(s, ctx);
     }
     /* padding is NaN and real elements are tame: a non-finite report means
@@ -929,7 +931,7 @@ static void op_chunk(state *s, fz *f) {
         /* a chunk rewrites only its own segments: a plan corrupted earlier stays
            untrusted unless this chunk started it (offset 0 rewrites every row) */
         if (r == EI_OK) {
-            s->plan_trusted = (s->plan_trusted || (off == 0 && !no_queries)) && ctx == s->plan_ctx;
+            s->plan_trusted = (s->plan_trusted || (off == 0 && !no_queries)) && ctx == s->plan_ctx && !s->plan_dirty;
             if (s->plan_trusted) plan_check(s, ctx);
         }
     }
@@ -958,6 +960,7 @@ static void op_corrupt(state *s, fz *f) {
             break;
     }
     s->plan_trusted = 0;
+    s->plan_dirty = 1;
 }
 
 /* ------------------------------------------------------------ attention */
@@ -2604,7 +2607,10 @@ static void run_op(state *s, fz *f, unsigned op) {
         case OP_PROFILE_MT: op_profile(s, f, 2); break;
         case OP_CHUNK: case OP_CHUNK2: op_chunk(s, f); break;
         case OP_RESET_FINALIZE:
-            if (s->plan_ok && (fz_u8(f) & 1)) { checked(ei_plan_reset(&s->plan)); s->plan_trusted = 0; }
+            if (s->plan_ok && (fz_u8(f) & 1)) {
+                if (checked(ei_plan_reset(&s->plan)) == EI_OK) s->plan_dirty = 0; /* every row cleared */
+                s->plan_trusted = 0;
+            }
             else checked(ei_plan_finalize(s->ctx, s->plan_ok ? &s->plan : NULL));
             break;
         case OP_CORRUPT: op_corrupt(s, f); break;
