@@ -1117,7 +1117,34 @@ static void op_attention(state *s, fz *f, int threaded) {
     }
     r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &per));
     if (r != EI_OK || per > ((size_t)8 << 20)) per = 64;
-    if (threaded) {
+    if ((m & 128) && !plan && cnt <= EI_DECODE_MAX_TOKENS + 1) { /* a decode step: keys split over threads, merged */
+        size_t pb = 0;
+        float *partials;
+        nth = threaded ? fz_threads(fz_u8(f), 3) : FZ_PICK(f, nths);
+        if (checked(ei_attention_decode_partials_size(ctx, cnt, s->H, s->d, nth, &pb)) != EI_OK || pb > ((size_t)8 << 20))
+            pb = 64;
+        if (fz_u8(f) % 8 == 7 && pb >= 4) pb -= 4;
+        if (threaded) {
+            if (checked(ei_attention_decode_workspace_size(ctx, cnt, s->H, s->KV, s->d, nth, &wb)) != EI_OK ||
+                wb > ((size_t)16 << 20))
+                wb = 64;
+            if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
+            ws = walloc_mem(wb);
+            r = checked(ei_attention_decode_mt(ctx, &qc.t, &kc.t, &vc.t, &out, q_off, nth, ws, wb));
+            all_ok = r == EI_OK;
+        } else {
+            partials = (float *)walloc_arr(pb);
+            wb = per;
+            if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
+            ws = walloc_mem(wb);
+            for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
+                all_ok = (r = checked(ei_attention_decode(ctx, &qc.t, &kc.t, &vc.t, &out, q_off, ith, nth, partials, pb, ws,
+                                                          wb))) == EI_OK;
+            for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
+                all_ok = (r = checked(ei_attention_decode_merge(ctx, &out, partials, pb, ith, nth))) == EI_OK;
+            wfree(partials);
+        }
+    } else if (threaded) {
         int nt = fz_threads(fz_u8(f), 3);
         wb = per * (size_t)(nt > 0 ? nt : 1);
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
