@@ -11,14 +11,23 @@
      keep_mt      ei_decode_keep_mt, `threads` threads (query heads split)
      step         one dense decode step: ei_attention_prefill_mt with one query
                   (at position n - 1) against the n keys and values, `threads` threads
+                  (split by kv head)
+     step_split   the same step through ei_attention_decode_mt (split along the keys)
+     stream       `threads` threads reading the step's K and V bytes once (the
+                  memory bandwidth a step can use: its ceiling)
    and the keep-set's scoring rate: 2 x window x heads x n x dim FLOPs
-   (q.k) over its time, plus the two ratios keep_mt / step and
-   keep_1t / keep_mt. Synthetic data (random unit-scale Q/K/V). */
+   (q.k) over its time, the steps' K/V bytes over their time against the
+   stream rate, plus the ratios keep_mt / step and keep_1t / keep_mt.
+   Synthetic data (random unit-scale Q/K/V). The caches are 2 x n x kv-heads
+   x dim elements: at the default shape (128 MiB of bf16) they do not fit in
+   the cache, so the steps are timed from memory, as in a real model whose
+   other layers evict them. */
 #define _POSIX_C_SOURCE 200809L
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +62,37 @@ static void die(const char *what) {
 
 typedef struct timing { double wall, cpu; } timing;
 
+/* The memory bandwidth threads can use: each sums its share of a buffer
+   with 8 independent 64-bit accumulators (no SIMD needed to saturate DRAM). */
+typedef struct stream_arg { const uint64_t *p; size_t n; uint64_t sum; } stream_arg;
+static void *stream_run(void *arg) {
+    stream_arg *a = (stream_arg *)arg;
+    uint64_t s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i, j;
+    for (i = 0; i + 8 <= a->n; i += 8)
+        for (j = 0; j < 8; ++j) s[j] += a->p[i + j];
+    for (j = 0; j < 8; ++j) a->sum += s[j];
+    return NULL;
+}
+static uint64_t stream_read(const void *buf, size_t bytes, int threads) {
+    pthread_t tid[64];
+    stream_arg arg[64];
+    size_t words = bytes / 8;
+    uint64_t sum = 0;
+    int t;
+    if (threads > 64) threads = 64;
+    for (t = 0; t < threads; ++t) {
+        arg[t].p = (const uint64_t *)buf + words * (size_t)t / (size_t)threads;
+        arg[t].n = words * (size_t)(t + 1) / (size_t)threads - words * (size_t)t / (size_t)threads;
+        arg[t].sum = 0;
+        if (t > 0 && pthread_create(&tid[t], NULL, stream_run, &arg[t]) != 0) stream_run(&arg[t]), tid[t] = 0;
+    }
+    stream_run(&arg[0]);
+    for (t = 1; t < threads; ++t) if (tid[t]) pthread_join(tid[t], NULL);
+    for (t = 0; t < threads; ++t) sum += arg[t].sum;
+    return sum;
+}
+
 int main(int argc, char **argv) {
     int64_t n = 32768;
     int H = 32, KV = 8, d = 128, W = 32, threads = 2, reps = 3, a, r, path;
@@ -61,11 +101,13 @@ int main(int argc, char **argv) {
     ei_context *ctx[2];
     ei_decoder dec[2];
     ei_keep_set keep;
-    void *kbuf, *vbuf, *dmem[2], *ws, *aws;
+    void *kbuf, *vbuf, *dmem[2], *ws, *aws, *dws;
     float *q, *out;
-    size_t esz, db, wb, ab;
+    size_t esz, db, wb, ab, dwb;
     timing t_keep_scalar = {1e30, 1e30}, t_keep_1t = {1e30, 1e30}, t_keep_mt = {1e30, 1e30}, t_step = {1e30, 1e30};
-    double flops;
+    timing t_split = {1e30, 1e30}, t_stream = {1e30, 1e30};
+    double flops, kv_bytes;
+    uint64_t sink = 0;
     for (a = 1; a < argc; ++a) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!v) { fprintf(stderr, "bench_decode: %s needs a value\n", o); return 2; }
@@ -110,13 +152,15 @@ int main(int argc, char **argv) {
     }
     if (ei_decode_workspace_size(ctx[1], n, H, KV, &wb) != EI_OK) die("ei_decode_workspace_size");
     if (ei_attention_workspace_size(ctx[1], H, KV, d, &ab) != EI_OK) die("ei_attention_workspace_size");
+    if (ei_attention_decode_workspace_size(ctx[1], 1, H, KV, d, threads, &dwb) != EI_OK) die("ei_attention_decode_workspace_size");
     ws = malloc(wb * (size_t)threads);
     aws = malloc(ab * (size_t)threads);
+    dws = malloc(dwb);
     memset(&keep, 0, sizeof keep);
     keep.heads_out = KV;
     keep.capacity = cfg.decode_budget;
     keep.index = (int32_t *)malloc(sizeof(int32_t) * (size_t)KV * (size_t)keep.capacity);
-    if (!ws || !aws || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
+    if (!ws || !aws || !dws || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
     {
         ei_tensor kt = ei_tensor_make(kbuf, dt, n, KV, d), vt = ei_tensor_make(vbuf, dt, n, KV, d);
         ei_tensor qt = ei_tensor_make(q + (size_t)(W - 1) * H * d, EI_F32, 1, H, d);
@@ -132,6 +176,11 @@ int main(int argc, char **argv) {
             TIME(t_keep_1t, ei_decode_keep(ctx[1], &dec[1], &kt, &keep, ws, wb))
             TIME(t_keep_mt, ei_decode_keep_mt(ctx[1], &dec[1], &kt, &keep, threads, ws, wb * (size_t)threads))
             TIME(t_step, ei_attention_prefill_mt(ctx[1], &qt, &kt, &vt, NULL, &ot, n - 1, threads, aws, ab * (size_t)threads))
+            TIME(t_split, ei_attention_decode_mt(ctx[1], &qt, &kt, &vt, &ot, n - 1, threads, dws, dwb))
+            w0 = now_ms(0); c0 = now_ms(1);
+            sink += stream_read(kbuf, (size_t)n * KV * d * esz, threads) + stream_read(vbuf, (size_t)n * KV * d * esz, threads);
+            if (now_ms(0) - w0 < t_stream.wall) t_stream.wall = now_ms(0) - w0;
+            if (now_ms(1) - c0 < t_stream.cpu) t_stream.cpu = now_ms(1) - c0;
 #undef TIME
         }
     }
@@ -144,11 +193,17 @@ int main(int argc, char **argv) {
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_scalar", t_keep_scalar.wall, t_keep_scalar.cpu, flops / t_keep_scalar.wall * 1e-6);
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_1t", t_keep_1t.wall, t_keep_1t.cpu, flops / t_keep_1t.wall * 1e-6);
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_mt", t_keep_mt.wall, t_keep_mt.cpu / threads, flops / t_keep_mt.wall * 1e-6);
-    printf("%-14s %10.2f %10.2f\n", "step", t_step.wall, t_step.cpu / threads);
+    kv_bytes = 2.0 * (double)n * KV * d * (double)esz;
+    printf("%-14s %10.2f %10.2f %10s %8.1f GB/s (%.0f%% of stream)\n", "step", t_step.wall, t_step.cpu / threads, "",
+           kv_bytes / t_step.wall * 1e-6, 100.0 * t_stream.wall / t_step.wall);
+    printf("%-14s %10.2f %10.2f %10s %8.1f GB/s (%.0f%% of stream)\n", "step_split", t_split.wall, t_split.cpu / threads, "",
+           kv_bytes / t_split.wall * 1e-6, 100.0 * t_stream.wall / t_split.wall);
+    printf("%-14s %10.2f %10.2f %10s %8.1f GB/s (K and V read once; checksum %llu)\n", "stream", t_stream.wall,
+           t_stream.cpu / threads, "", kv_bytes / t_stream.wall * 1e-6, (unsigned long long)(sink & 0xff));
     printf("keep_mt / step %.1f (wall), %.1f (cpu); keep_1t / keep_mt %.2f; keep_scalar / keep_1t %.1f\n",
            t_keep_mt.wall / t_step.wall, t_keep_mt.cpu / t_step.cpu, t_keep_1t.wall / t_keep_mt.wall,
            t_keep_scalar.wall / t_keep_1t.wall);
     for (path = 0; path < 2; ++path) { ei_context_destroy(ctx[path]); free(dmem[path]); }
-    free(kbuf); free(vbuf); free(q); free(out); free(ws); free(aws); free(keep.index);
+    free(kbuf); free(vbuf); free(q); free(out); free(ws); free(aws); free(dws); free(keep.index);
     return 0;
 }

@@ -647,7 +647,10 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
             { gguf_fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if ((r = ei_decode_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, &s->dec_ws_bytes)) != EI_OK)
             { gguf_fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+        if ((r = ei_attention_decode_partials_size(s->ei, 1, H, D, nth, &s->attn_partials_bytes)) != EI_OK)
+            { gguf_fail(err, errlen, "entropyinfer: ei_attention_decode_partials_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
+        s->attn_partials = (float *)malloc(s->attn_partials_bytes);
         s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes : 1);
         s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
         s->dec_ws = malloc(s->dec_ws_bytes ? s->dec_ws_bytes : 1);
@@ -656,7 +659,7 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         s->shared_scores = (float *)malloc((size_t)(H + 1) * (size_t)max_ctx * sizeof(float));
         s->row_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
         s->shared_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
-        if (!s->prof_ws || !s->attn_ws || !s->dec_ws || !s->keep_index || !s->shared_scores || !s->row_pos || !s->shared_pos)
+        if (!s->prof_ws || !s->attn_ws || !s->attn_partials || !s->dec_ws || !s->keep_index || !s->shared_scores || !s->row_pos || !s->shared_pos)
             goto oom;
     }
 #endif
@@ -684,7 +687,7 @@ void gm_state_free(gm_state *s) {
         ei_context_destroy(s->ei);
     }
     free(s->plans); free(s->decs); free(s->dec_mem);
-    free(s->prof_ws); free(s->attn_ws); free(s->dec_ws); free(s->keep_index);
+    free(s->prof_ws); free(s->attn_ws); free(s->attn_partials); free(s->dec_ws); free(s->keep_index);
     free(s->shared_scores); free(s->row_pos); free(s->shared_pos);
 #endif
     memset(s, 0, sizeof(*s));
@@ -734,6 +737,21 @@ static void ei_attn_task(void *arg, int ith, int nth) {
                                      (char *)s->attn_ws + s->attn_ws_bytes * (size_t)ith, s->attn_ws_bytes);
 }
 
+/* A decode step: the keys split over the pool's threads (every thread works
+   though the model has one kv head), then the slices merged, after the
+   pool's join. */
+static void ei_decode_task(void *arg, int ith, int nth) {
+    ei_attn_job *j = (ei_attn_job *)arg;
+    gm_state *s = j->s;
+    j->r[ith] = ei_attention_decode(s->ei, &j->q, &j->k, &j->v, &j->out, j->q_offset, ith, nth, s->attn_partials,
+                                    s->attn_partials_bytes, (char *)s->attn_ws + s->attn_ws_bytes * (size_t)ith,
+                                    s->attn_ws_bytes);
+}
+static void ei_merge_task(void *arg, int ith, int nth) {
+    ei_attn_job *j = (ei_attn_job *)arg;
+    j->r[ith] = ei_attention_decode_merge(j->s->ei, &j->out, j->s->attn_partials, j->s->attn_partials_bytes, ith, nth);
+}
+
 static int ei_check(gm_state *s, ei_result r, const char *what, char *err, size_t errlen) {
     if (r == EI_OK) return 0;
     s->ei_err = 1;
@@ -773,9 +791,18 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
             return gguf_fail(err, errlen, "plan_hook failed at layer %d, rows %lld..%lld", l, (long long)row0, (long long)(row0 + n - 1));
     }
     j.plan = plan;
-    gm_pool_run(s->pool, ei_attn_task, &j);
-    for (i = 0; i < gm_pool_size(s->pool); i++)
-        if (ei_check(s, j.r[i], "ei_attention_prefill", err, errlen)) return -1;
+    if (decode && n == 1) { /* the partials are sized for one token */
+        gm_pool_run(s->pool, ei_decode_task, &j);
+        for (i = 0; i < gm_pool_size(s->pool); i++)
+            if (ei_check(s, j.r[i], "ei_attention_decode", err, errlen)) return -1;
+        gm_pool_run(s->pool, ei_merge_task, &j);
+        for (i = 0; i < gm_pool_size(s->pool); i++)
+            if (ei_check(s, j.r[i], "ei_attention_decode_merge", err, errlen)) return -1;
+    } else {
+        gm_pool_run(s->pool, ei_attn_task, &j);
+        for (i = 0; i < gm_pool_size(s->pool); i++)
+            if (ei_check(s, j.r[i], "ei_attention_prefill", err, errlen)) return -1;
+    }
     s->stats.t_attn_global += gm_now() - t0;
     if (ei_layer_sparse(s, l)) {
         /* the decoder keeps the last `window` queries: feed only those of a prompt chunk */

@@ -148,6 +148,7 @@ typedef struct gm_state {
     void *plan_mem;
     void *prof_ws; size_t prof_ws_bytes;
     void *attn_ws; size_t attn_ws_bytes;   /* per thread, attn_ws_bytes each */
+    float *attn_partials; size_t attn_partials_bytes; /* a decode step's slices (ei_attention_decode), shared */
     void *dec_ws; size_t dec_ws_bytes;
     int32_t *keep_index;
     int prompt_done;       /* the prompt was planned to the end (final) */
