@@ -185,6 +185,10 @@
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
+   A decoder observes at most EI_MAX_TOKENS queries (EI_ERR_SIZE past it;
+   ei_decoder_reset starts again). Decode attention (ei_attention_decode)
+   takes up to EI_DECODE_MAX_TOKENS (16) query tokens a call; its partials
+   are threads x tokens x heads x (head_dim + 2) floats.
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full;
    attention checks each query row of its tiles and each key row it reads,
    just before scoring it: keys a sparse row drops, or past the call's last
@@ -3199,8 +3203,8 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
     if (ctx && dec->window != ctx->cfg.window)
         return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window,
                         (int)ctx->cfg.window);
-    if (dec->n_observed < 0 || dec->n_generated < 0 || dec->n_generated > dec->n_observed || dec->last_compress < -1 ||
-        dec->last_compress > dec->n_generated)
+    if (dec->n_observed < 0 || dec->n_observed > EI_MAX_TOKENS || dec->n_generated < 0 ||
+        dec->n_generated > dec->n_observed || dec->last_compress < -1 || dec->last_compress > dec->n_generated)
         return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld)",
                         (long long)dec->n_observed, (long long)dec->n_generated, (long long)dec->last_compress);
     return EI_OK;
@@ -3272,6 +3276,9 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     }
     if (!generated && dec->n_generated > 0)
         return ei__fail(ctx, EI_ERR_STATE, "prompt queries after generated ones: ei_decoder_reset starts a new sequence");
+    if (q->n_tokens > EI_MAX_TOKENS - dec->n_observed) /* a sequence holds at most EI_MAX_TOKENS positions */
+        return ei__fail(ctx, EI_ERR_SIZE, "%lld queries observed, %lld more exceed %lld: ei_decoder_reset starts a new sequence",
+                        (long long)dec->n_observed, (long long)q->n_tokens, (long long)EI_MAX_TOKENS);
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated);
     first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
     for (t = first; t < q->n_tokens; ++t) /* check before changing any state */

@@ -1623,7 +1623,8 @@ static void op_plan_edit(state *s, fz *f) {
             default: d->last_compress = (vm & 1) ? FZ_PICK(f, vals) : d->last_compress + delta; break;
         }
         {
-            int counts_fit = d->n_observed >= 0 && d->n_generated >= 0 && d->n_generated <= d->n_observed && d->last_compress >= -1 &&
+            int counts_fit = d->n_observed >= 0 && d->n_observed <= EI_MAX_TOKENS && d->n_generated >= 0 &&
+                             d->n_generated <= d->n_observed && d->last_compress >= -1 &&
                              d->last_compress <= d->n_generated;
             if (verbose > 0) fprintf(stderr, "  decoder field %u edited (layout changed %d, counts fit %d)\n", which, layout_changed, counts_fit);
             switch (use % 4) {
