@@ -441,6 +441,11 @@ EIDEF ei_simd ei_context_simd(const ei_context *ctx);   /* the path chosen */
 EIDEF ei_backend ei_context_backend(const ei_context *ctx);
 EIDEF int ei_cpu_supports(ei_simd path);                /* 1 if this CPU/OS/build can run it */
 EIDEF const char *ei_simd_name(ei_simd path);
+/* The vdpbf16ps FLOP rate over the f32 FMA FLOP rate of this core, measured
+   once per process (0 without AVX512_BF16). EI_SIMD_AUTO runs bf16 attention
+   with vdpbf16ps (the avx512-bf16 path) when it is at least 1.25, else
+   widens bf16 to f32 (>>kernels says why). */
+EIDEF double ei_cpu_dpbf16_ratio(void);
 
 /* ---------------------------------------------------------------- plans */
 enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
@@ -5906,13 +5911,106 @@ static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------
+#ifdef EI__HAVE_AVX512BF16
+/* Which bf16 attention runs faster on this CPU: vdpbf16ps (bf16 products,
+   f32 sums) or bf16 widened to f32 and f32 FMAs. Their rate ratio is a
+   property of the core, not of the ISA: vdpbf16ps retires at about half the
+   f32 FMA FLOP rate on a Sapphire Rapids and about 1.8x on a Zen 5, and the
+   attention kernels follow (0.6x and 1.7x, issue 16's measurements). So it
+   is measured: 16 independent chains of each instruction (enough to cover
+   its latency on both cores), 1024 rounds, in time-stamp-counter ticks,
+   after 8 untimed runs of each (512-bit units run slowly for tens of
+   microseconds after idling), interleaved 7 times, the fastest run of each
+   kept (a preempted run is only ever slower); about 0.3 ms. The dpbf16 kernel is chosen when its FLOP
+   rate is at least 1.25x the f32 FMA rate: the ratios seen, 0.5 and 1.8,
+   sit far on either side, and the dpbf16 kernel's extra packing work needs
+   the margin. Done once per process (pthread_once; per context under
+   EI_NO_PTHREADS). */
+static uint64_t ei__tsc(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+#define EI__CAL_ROUNDS 1024
+/* The timed loops are assembly so that what they time does not depend on
+   the compiler or its options (at -O0 intrinsics keep the accumulators in
+   memory and the loop would time store forwarding): 16 accumulators
+   zmm0..15, operands zmm16/17 (zero: no special values), `rounds` x 16
+   instructions. */
+#define EI__CAL_16(op)                                                                                        \
+    op " %%zmm17, %%zmm16, %%zmm0\n\t" op " %%zmm17, %%zmm16, %%zmm1\n\t" op " %%zmm17, %%zmm16, %%zmm2\n\t"   \
+    op " %%zmm17, %%zmm16, %%zmm3\n\t" op " %%zmm17, %%zmm16, %%zmm4\n\t" op " %%zmm17, %%zmm16, %%zmm5\n\t"   \
+    op " %%zmm17, %%zmm16, %%zmm6\n\t" op " %%zmm17, %%zmm16, %%zmm7\n\t" op " %%zmm17, %%zmm16, %%zmm8\n\t"   \
+    op " %%zmm17, %%zmm16, %%zmm9\n\t" op " %%zmm17, %%zmm16, %%zmm10\n\t" op " %%zmm17, %%zmm16, %%zmm11\n\t" \
+    op " %%zmm17, %%zmm16, %%zmm12\n\t" op " %%zmm17, %%zmm16, %%zmm13\n\t" op " %%zmm17, %%zmm16, %%zmm14\n\t" \
+    op " %%zmm17, %%zmm16, %%zmm15\n\t"
+#define EI__CAL_LOOP(op, n)                                                                                   \
+    __asm__ volatile("vpxord %%zmm16, %%zmm16, %%zmm16\n\tvpxord %%zmm17, %%zmm17, %%zmm17\n\t"                \
+                     "1:\n\t" EI__CAL_16(op) "dec %0\n\tjnz 1b"                                                \
+                     : "+r"(n)                                                                                 \
+                     :                                                                                         \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc")
+EI__TARGET_AVX512BF16 static uint64_t ei__cal_dpbf16(void) {
+    uint64_t t0, n = EI__CAL_ROUNDS;
+    t0 = ei__tsc();
+    EI__CAL_LOOP("vdpbf16ps", n);
+    return ei__tsc() - t0;
+}
+EI__TARGET_AVX512 static uint64_t ei__cal_fma(void) {
+    uint64_t t0, n = EI__CAL_ROUNDS;
+    t0 = ei__tsc();
+    EI__CAL_LOOP("vfmadd231ps", n);
+    return ei__tsc() - t0;
+}
+static double ei__dpbf16_ratio_value;
+/* vdpbf16ps FLOP rate / f32 FMA FLOP rate (64 vs 32 flops an instruction). */
+static void ei__dpbf16_measure(void) {
+    uint64_t best_dp = UINT64_MAX, best_fma = UINT64_MAX, t;
+    int r;
+    for (r = 0; r < 8; ++r) { /* warm up: 512-bit units run slowly for ~10-50 us after idling (frequency licences) */
+        (void)ei__cal_dpbf16();
+        (void)ei__cal_fma();
+    }
+    for (r = 0; r < 7; ++r) {
+        if ((t = ei__cal_dpbf16()) < best_dp) best_dp = t;
+        if ((t = ei__cal_fma()) < best_fma) best_fma = t;
+    }
+    ei__dpbf16_ratio_value = best_dp ? 2.0 * (double)best_fma / (double)best_dp : 0.0;
+}
+static double ei__dpbf16_ratio(void) {
+#ifndef EI_NO_PTHREADS
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (pthread_once(&once, ei__dpbf16_measure) != 0) ei__dpbf16_measure(); /* once failing: measure here */
+#else
+    ei__dpbf16_measure();
+#endif
+    return ei__dpbf16_ratio_value;
+}
+#define EI__DPBF16_MIN_RATIO 1.25
+#endif
+
+EIDEF double ei_cpu_dpbf16_ratio(void) {
+#ifdef EI__HAVE_AVX512BF16
+    if (ei_cpu_supports(EI_SIMD_AVX512_BF16)) return ei__dpbf16_ratio();
+#endif
+    return 0.0;
+}
+
 /* The table of a path this CPU, OS and build can run (NULL otherwise); AUTO:
-   the widest one. The vdpbf16ps attention is chosen by AUTO only when the
-   build defines EI_ATTN_PREFER_DPBF16 (>>attention says why). */
+   the widest one, and where the CPU has AVX512_BF16 the vdpbf16ps attention
+   when it is the faster here (ei__dpbf16_ratio), or always when the build
+   defines EI_ATTN_PREFER_DPBF16. */
 static const ei__kernels *ei__kernels_for(ei_simd path) {
     if (path == EI_SIMD_AUTO) {
+#ifdef EI__HAVE_AVX512BF16
+        if (ei_cpu_supports(EI_SIMD_AVX512_BF16)) {
 #ifdef EI_ATTN_PREFER_DPBF16
-        if (ei_cpu_supports(EI_SIMD_AVX512_BF16)) return ei__kernels_for(EI_SIMD_AVX512_BF16);
+            return ei__kernels_for(EI_SIMD_AVX512_BF16);
+#else
+            if (ei__dpbf16_ratio() >= EI__DPBF16_MIN_RATIO) return ei__kernels_for(EI_SIMD_AVX512_BF16);
+#endif
+        }
 #endif
         if (ei_cpu_supports(EI_SIMD_AVX512)) return ei__kernels_for(EI_SIMD_AVX512);
         if (ei_cpu_supports(EI_SIMD_AVX2)) return ei__kernels_for(EI_SIMD_AVX2);

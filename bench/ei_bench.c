@@ -145,6 +145,28 @@ static void peak(int threads) {
 static void peak(int threads) { (void)threads; printf("--peak: x86-64 only\n"); }
 #endif
 
+/* The CPU's model name (Linux: /proc/cpuinfo), for the record. */
+static const char *cpu_model(void) {
+    static char name[160] = "unknown";
+    char line[256];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return name;
+    while (fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (c && (!strncmp(line, "model name", 10) || !strncmp(line, "Model", 5))) {
+            size_t n;
+            c += 2;
+            n = strcspn(c, "\n");
+            if (n >= sizeof name) n = sizeof name - 1;
+            memcpy(name, c, n);
+            name[n] = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return name;
+}
+
 /* ---- data ------------------------------------------------------------- */
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static double rnd_n(void) {
@@ -250,14 +272,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--dtype")) {
             const char *s = TAKE;
             dt = !strcmp(s, "bf16") ? EI_BF16 : !strcmp(s, "f16") ? EI_F16 : EI_F32;
-        } else if (!strcmp(o, "--simd")) {
+        } else if (!strcmp(o, "--simd") || !strcmp(o, "--kernel")) { /* default: what EI_SIMD_AUTO picks */
             const char *s = TAKE;
-            cfg.simd = !strcmp(s, "scalar") ? EI_SIMD_SCALAR : !strcmp(s, "avx2") ? EI_SIMD_AVX2
-                     : !strcmp(s, "avx512") ? EI_SIMD_AVX512 : EI_SIMD_AUTO;
-        } else if (!strcmp(o, "--kernel")) { /* default: what ei_attention_prefill_mt picks */
-            const char *s = TAKE;
-            cfg.simd = !strcmp(s, "scalar") ? EI_SIMD_SCALAR : !strcmp(s, "avx2") ? EI_SIMD_AVX2
-                     : !strcmp(s, "avx512") ? EI_SIMD_AVX512 : !strcmp(s, "dpbf16") ? EI_SIMD_AVX512_BF16 : EI_SIMD_AUTO;
+            if (!strcmp(s, "auto")) cfg.simd = EI_SIMD_AUTO;
+            else if (!strcmp(s, "scalar")) cfg.simd = EI_SIMD_SCALAR;
+            else if (!strcmp(s, "avx2")) cfg.simd = EI_SIMD_AVX2;
+            else if (!strcmp(s, "avx512")) cfg.simd = EI_SIMD_AVX512;
+            else if (!strcmp(s, "dpbf16") || !strcmp(s, "avx512-bf16")) cfg.simd = EI_SIMD_AVX512_BF16;
+            else if (!strcmp(s, "neon")) cfg.simd = EI_SIMD_NEON;
+            else {
+                fprintf(stderr, "ei_bench: unknown kernel '%s' (auto, scalar, avx2, avx512, dpbf16, neon)\n", s);
+                return 2;
+            }
+            if (!ei_cpu_supports(cfg.simd)) {
+                fprintf(stderr, "ei_bench: kernel '%s' is not available on this CPU, OS or build\n", s);
+                return 2;
+            }
         } else if (!strcmp(o, "--segment")) cfg.segment_size = atoi(TAKE);
         else if (!strcmp(o, "--block")) cfg.block_size = atoi(TAKE);
         else if (!strcmp(o, "--threshold")) cfg.threshold_len = atoll(TAKE);
@@ -283,6 +313,8 @@ int main(int argc, char **argv) {
     if (!json) {
         ei_context *c0;
         if (ei_context_create(&cfg, &c0) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+        printf("cpu: %s; vdpbf16ps / f32 FMA FLOP rate %.2f (measured at context creation; >= 1.25: AUTO runs bf16 "
+               "attention with vdpbf16ps)\n", cpu_model(), ei_cpu_dpbf16_ratio());
         printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d"
                "  ranking %s samples %d top_p %g sink %d local %d\n",
                EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,

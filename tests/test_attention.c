@@ -651,6 +651,23 @@ int main(int argc, char **argv) {
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
         if (kernel_available(&g_kernels[kd], EI_BF16, 64)) printf(" %s", g_kernels[kd].name);
     printf("\n");
+    {   /* EI_SIMD_AUTO's bf16 attention follows the measured vdpbf16ps / FMA rate ratio */
+        ei_context *ctx;
+        double ratio = ei_cpu_dpbf16_ratio();
+        ei_simd expect = ei_cpu_supports(EI_SIMD_AVX512_BF16) && ratio >= 1.25 ? EI_SIMD_AVX512_BF16
+                         : ei_cpu_supports(EI_SIMD_AVX512) ? EI_SIMD_AVX512 : ei_cpu_supports(EI_SIMD_AVX2) ? EI_SIMD_AVX2
+                         : ei_cpu_supports(EI_SIMD_NEON) ? EI_SIMD_NEON : EI_SIMD_SCALAR;
+        CHECK(ei_context_create(NULL, &ctx) == EI_OK, "default context");
+        printf("vdpbf16ps / f32 FMA FLOP rate: %.2f; EI_SIMD_AUTO chose %s\n", ratio, ei_simd_name(ei_context_simd(ctx)));
+        CHECK(ei_cpu_supports(EI_SIMD_AVX512_BF16) ? ratio > 0.1 && ratio < 10 : ratio == 0.0, "ratio %g", ratio);
+#ifndef EI_ATTN_PREFER_DPBF16
+        CHECK(ei_context_simd(ctx) == expect, "AUTO chose %s, expected %s", ei_simd_name(ei_context_simd(ctx)),
+              ei_simd_name(expect));
+#else
+        (void)expect;
+#endif
+        ei_context_destroy(ctx);
+    }
     test_exp2();
     test_plans_are_ragged();
     test_bad_inputs();
