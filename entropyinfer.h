@@ -2790,68 +2790,90 @@ static ei_result ei__nonfinite(const ei_context *ctx, const char *what, int32_t 
     return ei__fail(ctx, EI_ERR_NONFINITE, "NaN or Inf in %s (head %d, tokens from %lld)", what, (int)head, (long long)tok);
 }
 
-static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                   int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
+/* Kv head kvh's share of whole-prompt planning for segments [s0, s1), in
+   two steps (ei_profile_mt's split over segments puts a join between them;
+   each thread keeps its workspace, so step 2 finds the scores of step 1):
+   step 1: the key-block representations (all of them: each part builds its
+     own, n x d work against the scores' quadratic), then per segment the
+     query representation, block scores (w->rows), softmax and entropy;
+   step 2: the head's class from every segment's entropy, the budget
+     recurrence up to s1 (in double, as one pass would), and the keep counts
+     and ranked blocks of the part's segments. */
+static ei_result ei__profile_part(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                  int32_t kvh, int32_t s0, int32_t s1, int step, ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
-    ei__profile_ws w;
-    size_t need;
-    int64_t n, S, nb, ld, bps;
-    int32_t G, d, kvh, s;
-    ei_result r = ei__check_whole_prompt(ctx, q, k, plan, kv0, kv1);
-    if (r != EI_OK) return r;
-    n = q->n_tokens;
-    G = q->n_heads / k->n_heads;
-    d = q->head_dim;
-    if (!ei__profile_ws_layout(c, n, G, d, &w, workspace, ws_bytes, &need))
-        return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
-    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", need);
-    if (ws_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, need);
-    if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK) return r;
-    bps = c->segment_size / c->block_size;
-    S = ei__ceil_div(n, c->segment_size);
-    nb = (S - 1) * bps;
-    ld = ei__round_up(nb > 0 ? nb : 1, 16);
-    for (kvh = kv0; kvh < kv1; ++kvh) {
-        size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
-        int rigid = 1;
-        double budget = 0.0;
-        /* 1. key-block representations (and a finiteness scan of the unscored tail) */
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w.kmaxT, w.kminT, ld, w.mx, w.mn) ||
-            (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w.mx, w.mn)))
+    const int64_t n = q->n_tokens, bps = c->segment_size / c->block_size, S = ei__ceil_div(n, c->segment_size);
+    const int64_t nb = (S - 1) * bps, ld = ei__round_up(nb > 0 ? nb : 1, 16);
+    const int32_t G = q->n_heads / k->n_heads, d = q->head_dim;
+    const size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
+    int32_t s;
+    if (step == 1) {
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w->kmaxT, w->kminT, ld, w->mx, w->mn) ||
+            (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w->mx, w->mn)))
             return ei__nonfinite(ctx, "k", kvh, 0);
-        /* 2. per segment: query representations, scores, softmax, entropy */
-        for (s = 0; s < S; ++s) {
+        for (s = s0; s < s1; ++s) {
             int64_t t0 = (int64_t)s * c->segment_size, cnt = EI__MIN((int64_t)c->segment_size, n - t0);
             float *prob = plan->scores ? plan->scores + (row0 + (size_t)s) * (size_t)EI__MAX(plan->blk_capacity, 1) : NULL;
-            if (!ei__build_query_reps(ctx->kern, q, t0, cnt, kvh, G, w.qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
+            if (!ei__build_query_reps(ctx->kern, q, t0, cnt, kvh, G, w->qrep)) return ei__nonfinite(ctx, "q", kvh * G, t0);
             if (s == 0) { plan->entropy[row0] = ei__uniform_entropy(nb, prob); continue; }
-            ctx->kern->score_row(w.qrep, G, d, w.kmaxT, w.kminT, ld, EI__MIN((int64_t)s * bps, nb),
-                          w.rows + (size_t)s * (size_t)ld);
-            if (!ei__softmax_entropy(w.rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb), nb, w.tmp, prob,
+            ctx->kern->score_row(w->qrep, G, d, w->kmaxT, w->kminT, ld, EI__MIN((int64_t)s * bps, nb),
+                                 w->rows + (size_t)s * (size_t)ld);
+            if (!ei__softmax_entropy(w->rows + (size_t)s * (size_t)ld, EI__MIN((int64_t)s * bps, nb), nb, w->tmp, prob,
                                      &plan->entropy[row0 + (size_t)s]))
                 return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
-            if (!ei__entropy_rigid(c, plan->entropy[row0 + (size_t)s])) rigid = 0;
         }
-        /* 3. head class, budgets, keep counts, ranked blocks */
-        plan->head_class[kvh] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
-        for (s = 0; s < S; ++s) {
+    } else {
+        int rigid = 1;
+        double budget = 0.0;
+        for (s = 1; s < S; ++s) /* segment 0 sees no blocks: its entropy does not count */
+            if (!ei__entropy_rigid(c, plan->entropy[row0 + (size_t)s])) rigid = 0;
+        if (s0 == 0) plan->head_class[kvh] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+        for (s = 0; s < s1; ++s) {
             size_t row = row0 + (size_t)s;
             int64_t cap = ei__cap_blocks(c, s, n, nb);
+            const float *sc = w->rows + (size_t)s * (size_t)ld, *wt = NULL;
             budget = rigid ? (double)c->base_budget
                            : ei__budget_next(c, s, budget, plan->entropy[row], s > 0 ? plan->entropy[row - 1] : 0.0f);
-            const float *sc = w.rows + (size_t)s * (size_t)ld, *wt = NULL;
+            if (s < s0) continue;
             plan->budget[row] = (float)budget;
             if (ei__rank_sampled(c, s)) {
                 int32_t rows = 0;
-                memset(w.mass, 0, (size_t)s * (size_t)bps * sizeof(float));
-                if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w.mass, &rows, &w))
+                memset(w->mass, 0, (size_t)s * (size_t)bps * sizeof(float));
+                if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w->mass, &rows, w))
                     return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
-                if (rows > 0) sc = wt = w.mass; /* a last segment too short for any row keeps the reference ranking */
+                if (rows > 0) sc = wt = w->mass; /* a last segment too short for any row keeps the reference ranking */
             }
-            ei__plan_rank_row(c, plan, kvh, s, sc, wt, EI__MIN((int64_t)s * bps, nb), s == 0 ? 0 : cap, budget, w.pairs);
+            ei__plan_rank_row(c, plan, kvh, s, sc, wt, EI__MIN((int64_t)s * bps, nb), s == 0 ? 0 : cap, budget, w->pairs);
         }
     }
-    if (kv0 == 0) ei__plan_covers(c, plan, n, 1);
+    return EI_OK;
+}
+
+/* A thread's workspace for whole-prompt planning, laid out and checked. */
+static ei_result ei__profile_ws_take(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, void *workspace,
+                                     size_t ws_bytes, ei__profile_ws *w, size_t *need) {
+    if (!ei__profile_ws_layout(&ctx->cfg, q->n_tokens, q->n_heads / k->n_heads, q->head_dim, w, workspace, ws_bytes, need))
+        return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace overflows size_t");
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", *need);
+    if (ws_bytes < *need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, *need);
+    return EI_OK;
+}
+
+static ei_result ei__profile_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                   int32_t kv0, int32_t kv1, void *workspace, size_t ws_bytes) {
+    ei__profile_ws w;
+    size_t need;
+    int32_t kvh, S;
+    ei_result r = ei__check_whole_prompt(ctx, q, k, plan, kv0, kv1);
+    if (r != EI_OK || (r = ei__profile_ws_take(ctx, q, k, workspace, ws_bytes, &w, &need)) != EI_OK ||
+        (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
+        return r;
+    S = (int32_t)ei__ceil_div(q->n_tokens, ctx->cfg.segment_size);
+    for (kvh = kv0; kvh < kv1; ++kvh)
+        if ((r = ei__profile_part(ctx, q, k, plan, kvh, 0, S, 1, &w)) != EI_OK ||
+            (r = ei__profile_part(ctx, q, k, plan, kvh, 0, S, 2, &w)) != EI_OK)
+            return r;
+    if (kv0 == 0) ei__plan_covers(&ctx->cfg, plan, q->n_tokens, 1);
     return EI_OK;
 }
 
@@ -2900,17 +2922,47 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
 
-/* ei_profile_mt: kv heads split evenly over the threads. */
+/* ei_profile_mt: kv heads split evenly over the threads; with fewer kv
+   heads than threads (Gemma 3 270M has one), each kv head's segments split
+   over its threads instead (ei__profile_split), in the two steps of
+   ei__profile_part with a join between them. */
 typedef struct ei__profile_job {
     const ei_context *ctx;
     const ei_tensor *q, *k;
     ei_plan *plan;
+    int step;                 /* 0: kv-head ranges; 1, 2: the steps of a segment split */
 } ei__profile_job;
+/* Thread ith of nth (nth > kv heads): its kv head, and the segments [s0, s1)
+   of that head whose cost midpoint falls in its share, segment s costing
+   s + 1 (its score row and sampled rows grow with the blocks it sees). */
+static void ei__profile_split(int32_t n_kv, int64_t S, int ith, int nth, int32_t *kvh, int32_t *s0, int32_t *s1) {
+    int32_t h = (int32_t)((int64_t)ith * n_kv / nth);
+    int first = (int)(((int64_t)h * nth + n_kv - 1) / n_kv), last = (int)(((int64_t)(h + 1) * nth + n_kv - 1) / n_kv);
+    int j = ith - first, m = last - first;
+    double total = (double)S * (double)(S + 1) / 2.0, lo = total * j / m, hi = total * (j + 1) / m, cum = 0.0;
+    int64_t s;
+    *kvh = h;
+    *s0 = *s1 = 0;
+    for (s = 0; s < S; ++s) {
+        double mid = cum + (double)(s + 1) / 2.0;
+        if (mid < lo) *s0 = (int32_t)(s + 1);
+        if (mid < hi) *s1 = (int32_t)(s + 1);
+        cum += (double)(s + 1);
+    }
+}
 static ei_result ei__profile_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
     const ei__profile_job *j = (const ei__profile_job *)arg;
-    int32_t kv = j->k->n_heads;
-    return ei__profile_range(j->ctx, j->q, j->k, j->plan, (int32_t)((int64_t)kv * ith / nth),
-                             (int32_t)((int64_t)kv * (ith + 1) / nth), ws, ws_bytes);
+    int32_t kv = j->k->n_heads, kvh, s0, s1;
+    ei__profile_ws w;
+    size_t need;
+    ei_result r;
+    if (j->step == 0)
+        return ei__profile_range(j->ctx, j->q, j->k, j->plan, (int32_t)((int64_t)kv * ith / nth),
+                                 (int32_t)((int64_t)kv * (ith + 1) / nth), ws, ws_bytes);
+    if ((r = ei__profile_ws_take(j->ctx, j->q, j->k, ws, ws_bytes, &w, &need)) != EI_OK) return r;
+    ei__profile_split(kv, ei__ceil_div(j->q->n_tokens, j->ctx->cfg.segment_size), ith, nth, &kvh, &s0, &s1);
+    if (s0 >= s1) return EI_OK;
+    return ei__profile_part(j->ctx, j->q, j->k, j->plan, kvh, s0, s1, j->step, &w);
 }
 EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                               int n_threads, void *workspace, size_t workspace_bytes) {
@@ -2923,14 +2975,22 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
-    nt = EI__MIN(n_threads, k->n_heads);
+    nt = (int)EI__MIN((int64_t)n_threads, EI__MAX((int64_t)k->n_heads, ei__ceil_div(q->n_tokens, ctx->cfg.segment_size)));
     if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
     if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, per * (size_t)nt)) != EI_OK) return r;
-    job.ctx = ctx; job.q = q; job.k = k; job.plan = plan;
-    if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+    job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.step = 0;
+    if (nt <= k->n_heads) {
+        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+    } else { /* fewer kv heads than threads: segments split, a join between the steps */
+        job.step = 1;
+        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+        job.step = 2;
+        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+        ei__plan_covers(&ctx->cfg, plan, q->n_tokens, 1);
+    }
     return ei_plan_finalize(ctx, plan);
 }
 

@@ -2266,12 +2266,13 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
     }
 }
 /* The workspace bytes a call needs: *_workspace_size per thread the call
-   runs (ei_profile_mt runs at most one per kv head, ei_decode_keep_mt one per
-   query head). */
+   runs (ei_profile_mt runs at most one per kv head or, with fewer kv heads
+   than threads, per segment; ei_decode_keep_mt one per query head). */
 static size_t pc_ws_need(const pcall *pc) {
     size_t per = pc->bytes[R_WS] / (size_t)(pc->nt > 0 ? pc->nt : 1);
     int used = pc->nt > 0 ? pc->nt : 1;
-    if (pc->kind == PL_PROFILE && pc->nt > 0) used = EI__MIN(pc->nt, pc->KV);
+    if (pc->kind == PL_PROFILE && pc->nt > 0)
+        used = (int)EI__MIN((int64_t)pc->nt, EI__MAX((int64_t)pc->KV, (pc->n + pc->c->segment_size - 1) / pc->c->segment_size));
     if (pc->kind == PL_KEEP && pc->nt > 0) used = EI__MIN(pc->nt, pc->H);
     return per * (size_t)used;
 }

@@ -260,6 +260,52 @@ static void test_strided_and_threads(void) {
     CHECK(memcmp(a.block_index, b.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "strided plan differs");
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb * 2), EI_OK);
     CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "threaded plan differs");
+    {   /* more threads than kv heads: segments split over them, the same plan bit for bit */
+        int nt;
+        void *ws5 = malloc(wb * 5);
+        for (nt = 3; nt <= 5; ++nt) {
+            CHECK_ERR(ei_plan_reset(&m), EI_OK);
+            CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, nt, ws5, wb * (size_t)nt), EI_OK);
+            CHECK(m.n_tokens == a.n_tokens && m.n_segments == a.n_segments && m.final == a.final, "split plan's counts");
+            CHECK(memcmp(a.entropy, m.entropy, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0 &&
+                      memcmp(a.budget, m.budget, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0 &&
+                      memcmp(a.head_class, m.head_class, (size_t)a.n_kv_heads) == 0 &&
+                      memcmp(a.keep_count, m.keep_count, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity) == 0 &&
+                      memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0,
+                  "plan split over segments (%d threads, 2 kv heads) differs", nt);
+        }
+        free(ws5);
+    }
+    {   /* one kv head, the sampled ranking with top-p, sink and local blocks: 2 and 3 threads */
+        synth_layer L1 = synth_layer_make(900, 4, 1, 32, 64, 5);
+        ei_config cq = c, qp = ei_config_quality();
+        ei_context *cx;
+        ei_plan p1, pm;
+        size_t wq;
+        void *wsq;
+        int nt;
+        cq.ranking = qp.ranking; cq.rank_samples = 16; cq.top_p = qp.top_p; cq.sink_blocks = 1; cq.local_blocks = 2;
+        CHECK_ERR(ei_context_create(&cq, &cx), EI_OK);
+        ei_profile_workspace_size(cx, L1.n, L1.heads, L1.kv, L1.dim, &wq);
+        wsq = malloc(wq * 3);
+        CHECK_ERR(ei_plan_alloc(cx, &p1, L1.n, 1, L1.dim, 0), EI_OK);
+        CHECK_ERR(ei_plan_alloc(cx, &pm, L1.n, 1, L1.dim, 0), EI_OK);
+        CHECK_ERR(ei_profile(cx, &L1.tq, &L1.tk, &p1, wsq, wq), EI_OK);
+        for (nt = 2; nt <= 3; ++nt) {
+            CHECK_ERR(ei_plan_reset(&pm), EI_OK);
+            CHECK_ERR(ei_profile_mt(cx, &L1.tq, &L1.tk, &pm, nt, wsq, wq * (size_t)nt), EI_OK);
+            CHECK(memcmp(p1.entropy, pm.entropy, sizeof(float) * p1.seg_capacity) == 0 &&
+                      memcmp(p1.keep_count, pm.keep_count, sizeof(int32_t) * p1.seg_capacity) == 0 &&
+                      memcmp(p1.block_index, pm.block_index, sizeof(int32_t) * p1.seg_capacity * p1.max_keep) == 0 &&
+                      p1.head_class[0] == pm.head_class[0],
+                  "sampled ranking split over segments (%d threads, 1 kv head) differs", nt);
+        }
+        free(wsq);
+        ei_plan_free(cx, &p1);
+        ei_plan_free(cx, &pm);
+        ei_context_destroy(cx);
+        synth_layer_free(&L1);
+    }
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb), EI_ERR_WORKSPACE);
     CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 0, ws, wb), EI_ERR_SIZE);
     /* head ranges on one plan */
