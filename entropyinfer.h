@@ -532,7 +532,11 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
 EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                  ei_plan *plan, int32_t kv_begin, int32_t kv_end,
                                  void *workspace, size_t workspace_bytes);
-/* Built-in pthread helper: n_threads workers, workspace = n_threads x per-thread size. */
+/* Built-in pthread helper: n_threads workers, workspace = n_threads x
+   per-thread size. Threads split the kv heads; with fewer kv heads than
+   threads (one, in Gemma 3 270M) each kv head's segments are split over its
+   threads instead (the same plan, bit for bit); at most max(kv heads,
+   segments) threads run. */
 EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                               ei_plan *plan, int n_threads, void *workspace, size_t workspace_bytes);
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/cpu_vs_ggml.sh GGML_DIR [N] [THREADS]
+# bench/cpu_vs_ggml.sh GGML_DIR [N] [THREADS]   (GGML_DIR: a ggml checkout or a llama.cpp tree)
 # Issue 16's CPU comparison in one run, on this machine, side by side:
 #   - the CPU, and the vdpbf16ps / f32 FMA rate ratio the library measured;
 #   - dense attention (8/2 heads, dim 128, N tokens, default 16384) with the
@@ -8,8 +8,8 @@
 #   - profiling at 32k with ONE kv head (8/1 heads): its share of dense attention;
 #   - one decode step (32/8 heads, dim 128, 32768 cached keys, bf16): ours split
 #     by kv head and along the keys, ggml's, and the memory bandwidth ceiling.
-# GGML_DIR: a ggml checkout (llama.cpp's ggml/ folder will do, e.g. the one
-# examples/llama.cpp/fetch_llama_cpp.sh unpacks to build/llama.cpp-src/ggml).
+# GGML_DIR: a ggml checkout or a llama.cpp source tree (an unpatched one, e.g.
+# the one examples/llama.cpp/fetch_llama_cpp.sh unpacks under .cache/llama.cpp/).
 # Run it on a quiet machine: every figure is a best-of-reps wall time.
 set -eu
 GGML_DIR=${1:?usage: cpu_vs_ggml.sh GGML_DIR [N] [THREADS]}
