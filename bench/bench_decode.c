@@ -3,6 +3,11 @@
 
      build/bench_decode [--n 32768] [--heads 32] [--kv-heads 8] [--dim 128]
                         [--window 32] [--threads 2] [--dtype bf16|f16|f32] [--reps 3]
+                        [--layout token|head]
+
+   --layout: the cache token-major ([n][kv_heads][dim], as engines store it;
+   default) or head-major ([kv_heads][n][dim], as ggml_peer --decode 1 lays
+   out its K and V).
 
    One layer's cache of n keys (and values), the window's queries observed;
    times, best of reps (wall and process CPU time / threads):
@@ -95,7 +100,7 @@ static uint64_t stream_read(const void *buf, size_t bytes, int threads) {
 
 int main(int argc, char **argv) {
     int64_t n = 32768;
-    int H = 32, KV = 8, d = 128, W = 32, threads = 2, reps = 3, a, r, path;
+    int H = 32, KV = 8, d = 128, W = 32, threads = 2, reps = 3, head_major = 0, a, r, path;
     ei_dtype dt = EI_BF16;
     ei_config cfg = ei_config_default();
     ei_context *ctx[2];
@@ -118,6 +123,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--window")) W = atoi(v);
         else if (!strcmp(o, "--threads")) threads = atoi(v);
         else if (!strcmp(o, "--reps")) reps = atoi(v);
+        else if (!strcmp(o, "--layout")) head_major = !strcmp(v, "head");
         else if (!strcmp(o, "--dtype")) dt = !strcmp(v, "f32") ? EI_F32 : !strcmp(v, "f16") ? EI_F16 : EI_BF16;
         else { fprintf(stderr, "bench_decode: unknown option %s\n", o); return 2; }
         ++a;
@@ -163,6 +169,10 @@ int main(int argc, char **argv) {
     if (!ws || !aws || !dws || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
     {
         ei_tensor kt = ei_tensor_make(kbuf, dt, n, KV, d), vt = ei_tensor_make(vbuf, dt, n, KV, d);
+        if (head_major) {
+            kt.token_stride = vt.token_stride = d;
+            kt.head_stride = vt.head_stride = n * d;
+        }
         ei_tensor qt = ei_tensor_make(q + (size_t)(W - 1) * H * d, EI_F32, 1, H, d);
         ei_out_tensor ot = ei_out_tensor_make(out, EI_F32, 1, H, d);
         for (r = 0; r < reps; ++r) {
@@ -185,9 +195,9 @@ int main(int argc, char **argv) {
         }
     }
     flops = 2.0 * W * H * (double)n * d;
-    printf("decode keep-set vs one dense decode step: n %lld, %d/%d heads, dim %d, window %d, %s cache, %d threads, "
+    printf("decode keep-set vs one dense decode step: n %lld, %d/%d heads, dim %d, window %d, %s cache (%s-major), %d threads, "
            "kernels %s (best of %d; cpu = process CPU time / threads)\n",
-           (long long)n, H, KV, d, W, dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : "bf16", threads,
+           (long long)n, H, KV, d, W, dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : "bf16", head_major ? "head" : "token", threads,
            ei_simd_name(ei_context_simd(ctx[1])), reps);
     printf("%-14s %10s %10s %10s\n", "", "wall ms", "cpu ms", "GFLOP/s");
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_scalar", t_keep_scalar.wall, t_keep_scalar.cpu, flops / t_keep_scalar.wall * 1e-6);

@@ -39,7 +39,9 @@ done
 echo "== profiling with one kv head, 32768 tokens, 8/1 heads"
 ./build/ei_bench --n 32768 --heads 8 --kv-heads 1 --threads "$T" --dtype bf16 --json
 echo "== one decode step, 32768 keys, 32/8 heads, dim 128"
-./build/bench_decode --n 32768 --heads 32 --kv-heads 8 --threads "$T" --dtype bf16 --reps 5
+for lay in token head; do
+    ./build/bench_decode --n 32768 --heads 32 --kv-heads 8 --threads "$T" --dtype bf16 --reps 5 --layout "$lay"
+done
 for kv in bf16 f16; do
     bench/run_ggml_peer.sh "$GGML_DIR" --n 32768 --heads 32 --kv-heads 8 --threads "$T" --kv "$kv" --reps 5 --decode 1
 done
