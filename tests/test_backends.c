@@ -560,7 +560,19 @@ static void s4_check_cpu(const s4_out *o, const uint16_t *q, const uint16_t *k, 
     tv = ei_tensor_make(fv, EI_F32, S4_N, S4_KV, S4_D);
     CHECK(ref_attention(&c, &o->plan, &tq, &tk, &tv, 0, ref), "4: reference out of range");
     for (i = 0; i < n; ++i) mx = fmax(mx, fabs(ref[i] - o->sparse[i]));
-    CHECK(mx < 1e-4, "4: cpu sparse attention of interleaved views vs reference: max abs %.3g", mx);
+    {   /* EI_SIMD_AUTO runs all-bf16 attention with vdpbf16ps where this CPU's rate favours it
+           (ei_cpu_dpbf16_ratio): P is rounded to bf16 there, ~2^-9 of max|v| per weight */
+        double vmax = 0, tol = 1e-4;
+        ei_context *auto_ctx;
+        if (ei_context_create(&c, &auto_ctx) == EI_OK) {
+            if (ei_context_simd(auto_ctx) == EI_SIMD_AVX512_BF16) {
+                for (i = 0; i < n / 2; ++i) vmax = fmax(vmax, fabs(fv[i]));
+                tol = 4e-3 * (vmax > 1 ? vmax : 1.0);
+            }
+            ei_context_destroy(auto_ctx);
+        }
+        CHECK(mx < tol, "4: cpu sparse attention of interleaved views vs reference: max abs %.3g (tolerance %.3g)", mx, tol);
+    }
     free(fq); free(fk); free(fv); free(ref);
 }
 
