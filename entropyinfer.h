@@ -52,7 +52,8 @@
    | EI_NO_SIMD              | scalar paths only                                    |
    | EI_NO_AVX2, EI_NO_AVX512| leave out that x86 path                              |
    | EI_NO_AVX512BF16        | leave out the vdpbf16ps attention (EI_SIMD_AVX512_BF16)|
-   | EI_ATTN_PREFER_DPBF16   | EI_SIMD_AUTO picks vdpbf16ps attention where present |
+   | EI_ATTN_PREFER_DPBF16   | AUTO: vdpbf16ps attention wherever present (default: |
+   |                         | where its measured rate wins, ei_cpu_dpbf16_ratio)   |
    | EI_NO_NEON              | leave out the NEON path                               |
    | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
    | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
@@ -4052,11 +4053,12 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
                   vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for
                   P V with P rounded to bf16 (error ~2^-9 per weight, as GPU
                   flash attention does). cfg.simd = EI_SIMD_AVX512_BF16
-                  forces it; AUTO picks it only when the build defines
-                  EI_ATTN_PREFER_DPBF16, because its rate relative to f32 FMA
-                  depends on the CPU (`build/ei_bench --peak` measures both):
-                  about half the f32 FMA FLOP rate on a Sapphire Rapids, about
-                  1.8x on an AMD Zen 5. By default bf16 rows are widened to
+                  forces it; AUTO picks it where its FLOP rate, measured at
+                  the first context creation (ei_cpu_dpbf16_ratio, >>kernels),
+                  is at least 1.25x the f32 FMA rate, because that ratio
+                  depends on the core: about 0.5 on a Sapphire Rapids, about
+                  1.8 on an AMD Zen 5 (or always, when the build defines
+                  EI_ATTN_PREFER_DPBF16). Otherwise bf16 rows are widened to
                   f32 (a shift) and run through the avx512 kernel.
    f16 inputs use vcvtph2ps + f32 FMAs: AVX512_FP16 only offers FMAs that
    accumulate in f16 (no f32-accumulating dot product before AVX10.2), which
