@@ -4644,6 +4644,13 @@ static int64_t ei__attn_walk(const ei__attn_job *J, int mode, int64_t total_cost
 
 /* ---- validation --------------------------------------------------------- */
 
+/* Thread ith of nth of an attention or decode call. */
+static ei_result ei__attn_check_split(const ei_context *ctx, int ith, int nth) {
+    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
+        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    return EI_OK;
+}
+
 /* Every check of an attention call, for both backends (partials: a decode
    call's, NULL for prefill). */
 static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
@@ -4770,8 +4777,7 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, 
     ei__attn_job J;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
-        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
     if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, 1, NULL, 0)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) /* one launch does the whole layer: the call with ith 0 makes it */
         return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes)
@@ -4842,6 +4848,10 @@ EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t
     return EI_OK;
 }
 
+/* Row (head h, token tok) of a slot of partials over nt tokens. */
+static float *ei__decode_partial_row(float *slot, int32_t h, int64_t tok, int64_t nt, int32_t d) {
+    return slot + ((size_t)h * (size_t)nt + (size_t)tok) * ei__decode_partial_floats(d);
+}
 /* A row whose slice held no key the row sees. */
 static void ei__decode_partial_empty(float *dst, int32_t d) {
     dst[0] = -FLT_MAX;
@@ -4850,12 +4860,11 @@ static void ei__decode_partial_empty(float *dst, int32_t d) {
 }
 /* The rows of a vector tile into this thread's slot. */
 static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, const ei__attn_tile *T, float *slot) {
-    const size_t P = ei__decode_partial_floats(J->d);
     int32_t g, tok;
     for (g = 0; g < T->gt; ++g)
         for (tok = 0; tok < T->nt; ++tok) {
             int32_t r = g * J->Mt + tok;
-            float *dst = slot + ((size_t)(T->h0 + g) * (size_t)J->q->n_tokens + (size_t)tok) * P;
+            float *dst = ei__decode_partial_row(slot, T->h0 + g, tok, J->q->n_tokens, J->d);
             dst[0] = w->m[r];
             dst[1] = w->l[r];
             memcpy(dst + EI__DECODE_PARTIAL_HEAD, w->o + (size_t)r * (size_t)J->dpad, (size_t)J->d * sizeof(float));
@@ -4866,11 +4875,10 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
 static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, float *partials, void *workspace,
                                      size_t ws_bytes) {
     const int64_t n = J->q_end, nt = J->q->n_tokens;
-    const size_t P = ei__decode_partial_floats(J->d);
     int64_t lo = n * ith / nth / EI__ATTN_NK * EI__ATTN_NK;
     int64_t hi = ith == nth - 1 ? n : n * (ith + 1) / nth / EI__ATTN_NK * EI__ATTN_NK;
     int32_t kvh, hs, n_hs = (J->G + J->Gt - 1) / J->Gt, g, tok;
-    float *slot = partials + (size_t)ith * (size_t)nt * (size_t)J->q->n_heads * P;
+    float *slot = ei__decode_partial_row(partials, (int32_t)ith * J->q->n_heads, 0, nt, J->d); /* slots follow each other */
     ei__attn_ws w;
     ei__attn_keys ks;
     ei_result r;
@@ -4884,7 +4892,7 @@ static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, fl
             if (lo >= hi) { /* an empty slice (fewer key tiles than threads) */
                 for (g = 0; g < gt; ++g)
                     for (tok = 0; tok < nt; ++tok)
-                        ei__decode_partial_empty(slot + ((size_t)(h0 + g) * (size_t)nt + (size_t)tok) * P, J->d);
+                        ei__decode_partial_empty(ei__decode_partial_row(slot, h0 + g, tok, nt, J->d), J->d);
             } else if (J->K) {
                 ei__attn_tile T;
                 T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
@@ -4895,7 +4903,7 @@ static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, fl
                 if (!ei__attn_keys_finite(J, &w, kvh, &ks)) return ei__attn_bad_fail(J, &w);
                 for (g = 0; g < gt; ++g)
                     for (tok = 0; tok < nt; ++tok) {
-                        float *dst = slot + ((size_t)(h0 + g) * (size_t)nt + (size_t)tok) * P;
+                        float *dst = ei__decode_partial_row(slot, h0 + g, tok, nt, J->d);
                         ei__attn_keys row = ks;
                         row.run1 = EI__MIN(hi, J->q_offset + tok + 1); /* causal */
                         if (row.run1 <= row.run0) ei__decode_partial_empty(dst, J->d);
@@ -4935,6 +4943,13 @@ static void ei__attn_decode_merge_rows(const ei_out_tensor *out, const float *pa
     }
 }
 
+/* The partials of nth threads: present, need bytes long, 4-byte aligned. */
+static ei_result ei__check_partials(const ei_context *ctx, const float *partials, size_t bytes, size_t need, int nth) {
+    if (!partials) return ei__fail(ctx, EI_ERR_NULL, "partials is NULL (%zu bytes needed)", need);
+    if (bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "partials of %zu bytes, %zu needed for %d threads", bytes, need, nth);
+    return ei__check_align4(ctx, partials, "partials");
+}
+
 /* Checks of a decode call: the attention checks, its token count, the
    partials' size and alignment. */
 static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
@@ -4946,10 +4961,7 @@ static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q
     if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
     if ((r = ei_attention_decode_partials_size(ctx, q->n_tokens, q->n_heads, q->head_dim, nth, &need)) != EI_OK) return r;
     if (!ei__on_gpu(ctx)) {
-        if (!partials) return ei__fail(ctx, EI_ERR_NULL, "partials is NULL (%zu bytes needed)", need);
-        if (partials_bytes < need)
-            return ei__fail(ctx, EI_ERR_WORKSPACE, "partials of %zu bytes, %zu needed for %d threads", partials_bytes, need, nth);
-        if ((r = ei__check_align4(ctx, partials, "partials")) != EI_OK) return r;
+        if ((r = ei__check_partials(ctx, partials, partials_bytes, need, nth)) != EI_OK) return r;
     }
     return ei__attn_check(ctx, q, k, v, NULL, out, q_offset, workspace, n_ws, partials, partials ? need : 0);
 }
@@ -4959,8 +4971,7 @@ EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, c
                                     size_t partials_bytes, void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
     ei_result r;
-    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
-        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
     if ((r = ei__attn_decode_check(ctx, q, k, v, out, q_offset, nth, workspace, 1, partials, partials_bytes)) != EI_OK)
         return r;
     if (ei__on_gpu(ctx)) /* one launch: the call with ith 0 writes out, the merge has nothing to do */
@@ -4976,16 +4987,12 @@ EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *
     size_t need;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (nth <= 0 || nth > EI__ATTN_MAX_THREADS || ith < 0 || ith >= nth)
-        return ei__fail(ctx, EI_ERR_SIZE, "ith %d / nth %d: need 0 <= ith < nth <= %d", ith, nth, EI__ATTN_MAX_THREADS);
+    if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
     if ((r = ei__check_out_tensor(ctx, out, "out")) != EI_OK) return r;
     if (ei__on_gpu(ctx)) return EI_OK;
     if ((r = ei_attention_decode_partials_size(ctx, out->n_tokens, out->n_heads, out->head_dim, nth, &need)) != EI_OK)
         return r;
-    if (!partials) return ei__fail(ctx, EI_ERR_NULL, "partials is NULL (%zu bytes needed)", need);
-    if (partials_bytes < need)
-        return ei__fail(ctx, EI_ERR_WORKSPACE, "partials of %zu bytes, %zu needed for %d threads", partials_bytes, need, nth);
-    if ((r = ei__check_align4(ctx, partials, "partials")) != EI_OK) return r;
+    if ((r = ei__check_partials(ctx, partials, partials_bytes, need, nth)) != EI_OK) return r;
     g.n = 0;
     ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
     ei__reg_mem(&g, partials, need, "partials", 0);
