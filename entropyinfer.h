@@ -1171,6 +1171,11 @@ typedef struct ei__kernels {
        and stages for all-bf16 calls with an even head_dim (NULL: none) */
     const ei__attn_stages *attn;
     const ei__attn_stages *attn_bf16;
+    /* decode attention: one key tile of one head group into its partials
+       (>>attention, ei__attn_decode_tile; NULL: the prefill stages or the
+       scalar reference); 0 if a key row holds NaN/Inf */
+    int (*decode)(const struct ei__attn_job *J, struct ei__attn_ws *w, int32_t kvh, const float *q, int32_t nr, float *st,
+                  int64_t e0, int32_t nk, int32_t pf_nk);
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -2308,6 +2313,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
                                     (f16/bf16: nearest even)
      EI__VSELECT_BITS(bits, x, y)   lane i: x if bit i is set, else y
      EI__VNAN_NONE() EI__VNAN_OR(m, v) EI__VANY(m)   NaN tracking
+     EI__VHSUM(v) EI__VHMAX(v)   the sum, the largest of the lanes (a float)
      EI__VMINMAX_VECS  vectors per minmax pass
    A section defines EI__VISA (its name: avx2) and EI__VTARGET (its target
    attribute), expands the templates (EI__DEFINE_MINMAX() defines
@@ -2370,6 +2376,8 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
 #define EI__VNAN_NONE EI__V(nan_none)
 #define EI__VNAN_OR EI__V(nan_or)
 #define EI__VANY EI__V(any)
+#define EI__VHSUM EI__V(hsum)
+#define EI__VHMAX EI__V(hmax)
 
 /* minmax, written once: passes of EI__VMINMAX_VECS vectors of dims, rows
    streamed through 2 accumulators per vector; NaN tracked per lane, Inf
@@ -4479,19 +4487,23 @@ EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn
     EI__ATTN_DEFINE_SOFTMAX()                                                                                  \
     EI__ATTN_DEFINE_STORE()
 
+/* Prefetch the cache lines of bytes [p, p + n) for reading. */
+static void ei__prefetch_bytes(const void *p, size_t n) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t o;
+    for (o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+#else
+    (void)p; (void)n;
+#endif
+}
 /* Prefetch the key and value rows at positions pos[0..n) into the cache. */
 static void ei__attn_prefetch_rows(const ei__attn_job *J, int32_t kvh, const int64_t *pos, int32_t n) {
-#if defined(__GNUC__) || defined(__clang__)
-    size_t kbytes = (size_t)J->d * ei__dtype_size(J->k->dtype), vbytes = (size_t)J->d * ei__dtype_size(J->v->dtype), o;
+    size_t kbytes = (size_t)J->d * ei__dtype_size(J->k->dtype), vbytes = (size_t)J->d * ei__dtype_size(J->v->dtype);
     int32_t j;
     for (j = 0; j < n; ++j) {
-        const char *kr = (const char *)ei__row(J->k, pos[j], kvh), *vr = (const char *)ei__row(J->v, pos[j], kvh);
-        for (o = 0; o < kbytes; o += 64) __builtin_prefetch(kr + o, 0, 3);
-        for (o = 0; o < vbytes; o += 64) __builtin_prefetch(vr + o, 0, 3);
+        ei__prefetch_bytes(ei__row(J->k, pos[j], kvh), kbytes);
+        ei__prefetch_bytes(ei__row(J->v, pos[j], kvh), vbytes);
     }
-#else
-    (void)J; (void)kvh; (void)pos; (void)n;
-#endif
 }
 
 /* In-place heapsort (no allocation): kept blocks visited in ascending
@@ -4871,6 +4883,166 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
         }
 }
 
+/* Decode attention, written once (vocabulary: >>simd). One key tile, keys
+   e0 .. e0 + nk - 1 (nk <= EI__ATTN_NK) of kv head kvh, for the nr rows of
+   one head group: row r = g * n_tokens + t is head h0 + g at token t; q
+   holds them as f32 scaled by scale * log2(e), dpad apart (zero past d), st
+   their partials (m, l, o[d]; ei__decode_partial_floats(d) apart), which
+   the tile updates (online softmax). The first pf_nk keys of the group's
+   next tile are prefetched (the walk visits every group's tile before it
+   comes back, so they are in cache by then). Why not the prefill stages: their tile
+   pads a row vector to 16 rows, so a one-token step of 4 heads computed 16
+   rows for 4; here only real rows are computed, 4 at a time, so each key
+   and value row read from memory serves 4 of them, and a score is one
+   horizontal sum per 4 x d/EI__VN FMAs. NaN/Inf: the queries are finite
+   (checked when packed), so a key row holding NaN or Inf makes its scores
+   non-finite; such a tile is then checked with rows_finite, which tells a
+   bad key (returns 0, w->bad set) from finite values whose product
+   overflowed (clamped to +-FLT_MAX, as the prefill tile does). Defines
+   ei__attn_decode_tile_<isa>. */
+#define EI__DEFINE_DECODE_TILE()                                                                               \
+    EI__VTARGET static int EI__VNAME(ei__attn_decode_tile)(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh,  \
+                                                           const float *q, int32_t nr, float *st, int64_t e0,   \
+                                                           int32_t nk, int32_t pf_nk) {                         \
+        const int32_t d = J->d, dpad = J->dpad, nt = (int32_t)J->q->n_tokens;                                 \
+        const int32_t nr4 = (nr + 3) & ~3, nkv = (int32_t)ei__round_up(nk, EI__VN);                            \
+        const size_t P = ei__decode_partial_floats(d), kes = ei__dtype_size(J->k->dtype);                      \
+        const size_t ves = ei__dtype_size(J->v->dtype);                                                        \
+        const ei_dtype kdt = J->k->dtype, vdt = J->v->dtype;                                                   \
+        float *sc = w->s; /* scores, then weights: row r at r * EI__ATTN_NK */                                 \
+        int32_t r, r0, b, j, c;                                                                                \
+        int flag = 0;                                                                                          \
+        for (j = 0; j < nk; ++j) {                                                                             \
+            w->kp[j] = ei__row(J->k, e0 + j, kvh);                                                             \
+            w->vp[j] = ei__row(J->v, e0 + j, kvh);                                                             \
+        }                                                                                                      \
+        for (r0 = 0; r0 < nr; r0 += 4) { /* scores; rows past nr repeat the last one (not kept) */            \
+            const float *q0 = q + (size_t)r0 * (size_t)dpad, *q1 = q + (size_t)EI__MIN(r0 + 1, nr - 1) * (size_t)dpad; \
+            const float *q2 = q + (size_t)EI__MIN(r0 + 2, nr - 1) * (size_t)dpad;                              \
+            const float *q3 = q + (size_t)EI__MIN(r0 + 3, nr - 1) * (size_t)dpad;                              \
+            float *s0 = sc + (size_t)r0 * EI__ATTN_NK;                                                         \
+            for (j = 0; j < nk; ++j) {                                                                         \
+                const unsigned char *kr = (const unsigned char *)w->kp[j];                                     \
+                EI__VEC a0 = EI__VZERO(), a1 = a0, a2 = a0, a3 = a0;                                           \
+                if (r0 == 0 && j < pf_nk) { /* the group's next tile, spread over this one */                  \
+                    ei__prefetch_bytes(ei__row(J->k, e0 + EI__ATTN_NK + j, kvh), (size_t)d * kes);             \
+                    ei__prefetch_bytes(ei__row(J->v, e0 + EI__ATTN_NK + j, kvh), (size_t)d * ves);             \
+                }                                                                                              \
+                for (c = 0; c < d; c += EI__VN) {                                                              \
+                    EI__VEC kv = EI__VLOAD_ROW(kr + (size_t)c * kes, kdt, EI__VFIRST(EI__MIN(d - c, (int32_t)EI__VN))); \
+                    a0 = EI__VFMA(EI__VLOADU(q0 + c), kv, a0);                                                 \
+                    a1 = EI__VFMA(EI__VLOADU(q1 + c), kv, a1);                                                 \
+                    a2 = EI__VFMA(EI__VLOADU(q2 + c), kv, a2);                                                 \
+                    a3 = EI__VFMA(EI__VLOADU(q3 + c), kv, a3);                                                 \
+                }                                                                                              \
+                s0[j] = EI__VHSUM(a0);                                                                         \
+                s0[EI__ATTN_NK + j] = EI__VHSUM(a1);                                                           \
+                s0[2 * EI__ATTN_NK + j] = EI__VHSUM(a2);                                                       \
+                s0[3 * EI__ATTN_NK + j] = EI__VHSUM(a3);                                                       \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (r = 0; r < nr4; ++r) { /* clamp, causal mask, pad to whole vectors; rows past nr weigh 0 */       \
+            float *s = sc + (size_t)r * EI__ATTN_NK;                                                           \
+            int64_t lim = J->q_offset + r % nt + 1; /* the row's token sees keys < lim */                     \
+            for (j = 0; j < nk; ++j) {                                                                         \
+                float x = s[j];                                                                                \
+                if (!(x >= -FLT_MAX && x <= FLT_MAX)) { flag = 1; x = x > 0.0f ? FLT_MAX : -FLT_MAX; }          \
+                s[j] = r >= nr ? 0.0f : e0 + j < lim ? x : -INFINITY;                                          \
+            }                                                                                                  \
+            for (; j < nkv; ++j) s[j] = r >= nr ? 0.0f : -INFINITY;                                            \
+        }                                                                                                      \
+        if (flag) {                                                                                            \
+            for (j = 0; j < nk; ++j) w->kpos[j] = e0 + j;                                                      \
+            if (!J->ctx->kern->rows_finite(J->k, w->kpos, nk, kvh)) return ei__attn_bad(w, "k", kvh, e0);     \
+        }                                                                                                      \
+        for (r = 0; r < nr; ++r) { /* online softmax of the row */                                             \
+            float *s = sc + (size_t)r * EI__ATTN_NK, *pr = st + (size_t)r * P, mx;                             \
+            EI__VEC sum = EI__VZERO(), vmx = EI__VSET1(pr[0]);                                                 \
+            for (j = 0; j < nkv; j += EI__VN) vmx = EI__VMAX(vmx, EI__VLOADU(s + j)); /* padding: -inf */      \
+            mx = EI__VHMAX(vmx);                                                                               \
+            for (j = 0; j < nkv; j += EI__VN) {                                                                \
+                EI__VEC e = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOADU(s + j), EI__VSET1(mx)));              \
+                EI__VSTOREU(s + j, e);                                                                         \
+                sum = EI__VADD(sum, e);                                                                        \
+            }                                                                                                  \
+            w->alpha[r] = exp2f(pr[0] - mx);                                                                   \
+            pr[1] = pr[1] * w->alpha[r] + EI__VHSUM(sum);                                                      \
+            pr[0] = mx;                                                                                        \
+        }                                                                                                      \
+        for (r0 = 0; r0 < nr; r0 += 4) { /* o = o alpha + P V, one vector of dims at a time */                 \
+            const int32_t nb = EI__MIN(4, nr - r0);                                                            \
+            const float *p = sc + (size_t)r0 * EI__ATTN_NK;                                                    \
+            float *o0 = st + (size_t)r0 * P + EI__DECODE_PARTIAL_HEAD;                                         \
+            for (c = 0; c < d; c += EI__VN) {                                                                  \
+                EI__VTAIL tail = EI__VFIRST(EI__MIN(d - c, (int32_t)EI__VN));                                  \
+                EI__VEC a[4];                                                                                  \
+                EI__VEC a0 = EI__VZERO(), a1 = a0, a2 = a0, a3 = a0;                                           \
+                for (j = 0; j < nk; ++j) {                                                                     \
+                    EI__VEC vv = EI__VLOAD_ROW((const unsigned char *)w->vp[j] + (size_t)c * ves, vdt, tail);  \
+                    a0 = EI__VFMA(EI__VSET1(p[j]), vv, a0);                                                    \
+                    a1 = EI__VFMA(EI__VSET1(p[EI__ATTN_NK + j]), vv, a1);                                      \
+                    a2 = EI__VFMA(EI__VSET1(p[2 * EI__ATTN_NK + j]), vv, a2);                                  \
+                    a3 = EI__VFMA(EI__VSET1(p[3 * EI__ATTN_NK + j]), vv, a3);                                  \
+                }                                                                                              \
+                a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3;                                                    \
+                for (b = 0; b < nb; ++b) {                                                                     \
+                    float *ob = o0 + (size_t)b * P + c;                                                        \
+                    EI__VSTORE_ROW(ob, EI_F32, EI__VFMA(EI__VLOAD_ROW(ob, EI_F32, tail), EI__VSET1(w->alpha[r0 + b]), a[b]), tail); \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        return 1;                                                                                              \
+    }
+
+/* The decode walk of a kernel table with a decode kernel: keys [lo, hi)
+   for every head group (kv head, subgroup of at most Gt heads) into the
+   partials of slot. The groups' query rows are packed and scaled once, as
+   many groups at a time as the workspace's query buffer holds (all of them
+   for a one-token step of up to Gt x Mt heads), and their tiles are walked
+   tile by tile across those groups: with a token-major cache the 64-key
+   tiles of all kv heads then lie together, and the walk reads the slice
+   front to back once instead of once per kv head at its head stride. */
+static int ei__attn_decode_slice_vec(const ei__attn_job *J, ei__attn_ws *w, int64_t lo, int64_t hi, float *slot) {
+    const int32_t nt = (int32_t)J->q->n_tokens, d = J->d, dpad = J->dpad, n_hs = (J->G + J->Gt - 1) / J->Gt;
+    const int32_t n_groups = J->k->n_heads * n_hs;
+    const size_t P = ei__decode_partial_floats(d);
+    int32_t cap, Gt, Mt, dp, g0 = 0, g1, gi, h, t, i;
+    ei__attn_geometry(J->G, d, &Gt, &Mt, &dp);
+    cap = Gt * Mt; /* rows of w->qt (ei__attn_ws_layout) */
+    for (; g0 < n_groups; g0 = g1) {
+        int32_t hfirst = (g0 / n_hs) * J->G + (g0 % n_hs) * J->Gt, rows = 0;
+        int64_t e0;
+        for (g1 = g0; g1 < n_groups; ++g1) { /* the unit: groups g0 .. g1 - 1, whole heads hfirst .. */
+            int32_t gt = EI__MIN(J->Gt, J->G - (g1 % n_hs) * J->Gt);
+            if (rows + gt * nt > cap) break;
+            rows += gt * nt;
+        }
+        for (gi = g0; gi < g1; ++gi) {
+            int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * J->Gt, gt = EI__MIN(J->Gt, J->G - (gi % n_hs) * J->Gt);
+            if (!ei__attn_q_finite(J, w, h0, gt, J->q_offset, nt)) return 0;
+            for (h = h0; h < h0 + gt; ++h)
+                for (t = 0; t < nt; ++t) {
+                    float *qr = w->qt + (size_t)((h - hfirst) * nt + t) * (size_t)dpad;
+                    ei__attn_row_to_f32(ei__row(J->q, t, h), J->q->dtype, d, qr);
+                    for (i = 0; i < d; ++i) qr[i] *= J->c;
+                    for (; i < dpad; ++i) qr[i] = 0.0f;
+                    ei__decode_partial_empty(ei__decode_partial_row(slot, h, t, nt, d), d);
+                }
+        }
+        for (e0 = lo; e0 < hi; e0 += EI__ATTN_NK) {
+            int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, hi - e0);
+            int32_t pf_nk = (int32_t)EI__MAX((int64_t)0, EI__MIN((int64_t)EI__ATTN_NK, hi - e0 - EI__ATTN_NK));
+            for (gi = g0; gi < g1; ++gi) {
+                int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * J->Gt, gt = EI__MIN(J->Gt, J->G - (gi % n_hs) * J->Gt);
+                if (!J->ctx->kern->decode(J, w, gi / n_hs, w->qt + (size_t)((h0 - hfirst) * nt) * (size_t)dpad, gt * nt,
+                                          slot + (size_t)h0 * (size_t)nt * P, e0, nk, pf_nk))
+                    return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 /* Thread ith's key slice for every head, into slot ith of partials. */
 static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, float *partials, void *workspace,
                                      size_t ws_bytes) {
@@ -4883,6 +5055,8 @@ static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, fl
     ei__attn_keys ks;
     ei_result r;
     if ((r = ei__attn_ws_take(J, workspace, ws_bytes, &w)) != EI_OK) return r;
+    if (lo < hi && J->ctx->kern->decode)
+        return ei__attn_decode_slice_vec(J, &w, lo, hi, slot) ? EI_OK : ei__attn_bad_fail(J, &w);
     ks.blocks = NULL; ks.n_block_keys = 0; ks.bs = J->bs;
     ks.run0 = lo; ks.run1 = hi; /* a dense slice: keys lo .. hi - 1 */
     for (kvh = 0; kvh < J->k->n_heads; ++kvh)
@@ -5271,7 +5445,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, NULL, NULL};
+                                               ei__sample_mass_scalar, NULL, NULL, NULL};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -5329,6 +5503,16 @@ EI__TARGET_AVX2 EI__VINLINE __m256 ei__avx2_nan_or(__m256 m, __m256 v) {
     return _mm256_or_ps(m, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 }
 EI__TARGET_AVX2 EI__VINLINE int ei__avx2_any(__m256 m) { return _mm256_movemask_ps(m) != 0; }
+EI__TARGET_AVX2 EI__VINLINE float ei__avx2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+EI__TARGET_AVX2 EI__VINLINE float ei__avx2_hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
 
 /* The templates: ei__minmax_avx2, ei__attn_{exp2, row_f32, put_scores,
    prep_kv, softmax, store}_avx2. */
@@ -5338,6 +5522,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
 
@@ -5485,7 +5670,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL};
+                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, ei__attn_decode_tile_avx2};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -5532,6 +5717,8 @@ EI__TARGET_AVX512 EI__VINLINE __mmask16 ei__avx512_nan_or(__mmask16 m, __m512 v)
     return (__mmask16)(m | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
 }
 EI__TARGET_AVX512 EI__VINLINE int ei__avx512_any(__mmask16 m) { return m != 0; }
+EI__TARGET_AVX512 EI__VINLINE float ei__avx512_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+EI__TARGET_AVX512 EI__VINLINE float ei__avx512_hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 /* The templates: ei__minmax_avx512, ei__attn_{exp2, row_f32, put_scores,
    prep_kv, softmax, store}_avx512. */
@@ -5541,6 +5728,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
 
@@ -5726,7 +5914,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL};
+                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, ei__attn_decode_tile_avx512};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -5912,7 +6100,7 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_avx512bf16, 
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
-                                                   &ei__attn_avx512bf16};
+                                                   &ei__attn_avx512bf16, ei__attn_decode_tile_avx512};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -5980,7 +6168,7 @@ static float ei__dot_neon(const float *a, const float *b, int32_t d) {
 }
 
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_scalar, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_scalar, NULL, NULL};
+                                             ei__sample_mass_scalar, NULL, NULL, NULL};
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------

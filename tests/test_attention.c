@@ -442,6 +442,28 @@ static void test_extremes(void) {
             }
             CHECK(finite, "%s amp %g: non-finite or out-of-hull output", K->name, (double)amps[a]);
             CHECK(guarded_out_intact(&o), "guards");
+            { /* the same as decode steps: the last 1 and 5 tokens against the keys before them, split in 2 */
+                int64_t nt;
+                for (nt = 1; nt <= 5; nt += 4) {
+                    ei_tensor q1 = tq;
+                    guarded_out o1 = out_alloc(EI_F32, nt, 2, 64, 0);
+                    size_t dwb;
+                    void *dws;
+                    q1.data = (char *)q.data + (size_t)(90 - nt) * (size_t)tq.token_stride * (dt == EI_F32 ? 4u : 2u);
+                    q1.n_tokens = nt;
+                    ei_attention_decode_workspace_size(ctx, nt, 2, 1, 64, 2, &dwb);
+                    dws = malloc(dwb);
+                    CHECK(ei_attention_decode_mt(ctx, &q1, &tk, &tv, &o1.t, 90 - nt, 2, dws, dwb) == EI_OK, "extreme decode: %s",
+                          ei_last_error());
+                    for (i = 0, finite = 1; i < nt * 2 * 64; ++i) {
+                        float x = ((float *)o1.t.data)[i];
+                        if (!(x - x == 0) || fabsf(x) > 10.0f) finite = 0;
+                    }
+                    CHECK(finite, "%s amp %g: decode of %d tokens non-finite or out of the hull", K->name, (double)amps[a], (int)nt);
+                    CHECK(guarded_out_intact(&o1), "decode guards");
+                    free(dws); guarded_out_free(&o1);
+                }
+            }
             free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
             free(q.data); free(k.data); free(v.data);
         }
@@ -722,6 +744,10 @@ int main(int argc, char **argv) {
         c.n = 300; c.nth = 4; c.chunk = 3; c.H = 16; c.HK = 1; c.d = 40; c.in_dt = EI_F32; c.out_dt = EI_F32;
         run_case(&c);                                                                  /* two head subgroups, d % 16 */
         c.nth = 1; c.chunk = 7; c.H = 6; c.HK = 2; c.d = 18; c.in_dt = EI_BF16; run_case(&c);
+        /* more query rows than the workspace packs at once (the vector decode
+           walk then takes the head groups in several units) */
+        c.n = 200; c.nth = 2; c.chunk = 16; c.H = 24; c.HK = 3; c.d = 64; c.in_dt = EI_F16; run_case(&c); /* G = 8 */
+        c.H = 32; c.HK = 2; c.chunk = 13; c.in_dt = EI_F32; run_case(&c);                                 /* G = 16 */
         c.decode = 0;
     }
     printf("largest error / max|v| (f32 out, unit-scale inputs):\n");
