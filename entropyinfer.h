@@ -615,7 +615,15 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
    ei_attention_decode_mt does both with the built-in threads; its one
    workspace is ei_attention_decode_workspace_size bytes (any alignment).
    On the CUDA backend the ith = 0 call runs the whole step and the merge
-   does nothing. NaN/Inf in q or in a key gets EI_ERR_NONFINITE. */
+   does nothing. NaN/Inf in q or in a key gets EI_ERR_NONFINITE.
+   ei_attention_decode_keep(_mt) attend through a keep set instead of the
+   whole cache, for engines that mask evicted rows rather than compacting
+   them (ei_kv_compact): each query head attends to its set's kept rows
+   (keep->index: one row per kv head, per query head, or one shared set),
+   then to every row appended since the set was made (keep->n_tokens ..
+   q_offset + t, causal). The set must have been made at or before the
+   step's first query (keep->n_tokens <= q_offset + 1); the result equals
+   dense attention over the compacted cache. CPU backend only. */
 #define EI_DECODE_MAX_TOKENS 16
 EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                                   int32_t head_dim, int nth, size_t *bytes);
@@ -631,6 +639,14 @@ EIDEF ei_result ei_attention_decode_workspace_size(const ei_context *ctx, int64_
 EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                        const ei_tensor *v, ei_out_tensor *out, int64_t q_offset, int n_threads,
                                        void *workspace, size_t workspace_bytes);
+typedef struct ei_keep_set ei_keep_set;
+EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                         const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
+                                         int64_t q_offset, int ith, int nth, float *partials, size_t partials_bytes,
+                                         void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                            const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
+                                            int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes);
 
 /* ---------------------------------------------------------------- decode */
 /* Per-layer, per-sequence observation state. */
@@ -660,7 +676,7 @@ EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec);
    none (-1: an empty cell, another sequence's: never scored, never kept).
    Candidates: the rows holding positions, minus the window (the rows of
    the newest W positions, W = the queries the decoder holds, always kept). */
-typedef struct ei_keep_set {
+struct ei_keep_set {
     int32_t heads_out;      /* in: n_kv_heads (per_kv_head), n_heads, or 1 (a shared set) */
     int32_t capacity;       /* in: row length of index/positions (>= min(rows holding positions, decode_budget)) */
     int32_t n_kept;         /* out: rows kept per head */
@@ -679,7 +695,7 @@ typedef struct ei_keep_set {
     int32_t *positions;     /* optional out [heads_out][capacity]: the position held by row
                                index[h][i]; after ei_kv_compact row i holds positions[h][i]
                                (the next call's row_pos) */
-} ei_keep_set;
+};
 
 EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                          int32_t n_kv_heads, size_t *bytes);
@@ -1175,7 +1191,7 @@ typedef struct ei__kernels {
        (>>attention, ei__attn_decode_tile; NULL: the prefill stages or the
        scalar reference); 0 if a key row holds NaN/Inf */
     int (*decode)(const struct ei__attn_job *J, struct ei__attn_ws *w, int32_t kvh, const float *q, int32_t nr, float *st,
-                  int64_t e0, int32_t nk, int32_t pf_nk);
+                  const int64_t *pos, int32_t nk, const int64_t *pf_pos, int32_t pf_nk);
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -3971,17 +3987,35 @@ EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_
     return ei_decode_keep_mt(ctx, dec, k, keep, 1, workspace, workspace_bytes);
 }
 
+/* Checks of a filled keep set that a call reads (ei_kv_compact, decode
+   attention): its counts, then (ei__check_keep_index) every kept row
+   ascending inside the rows it scored. */
+static ei_result ei__check_keep_filled(const ei_context *ctx, const ei_keep_set *keep) {
+    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index is NULL");
+    if (keep->heads_out <= 0 || keep->capacity < 0 || keep->n_kept < 0 || keep->n_kept > keep->capacity ||
+        keep->n_kept > keep->n_tokens || keep->n_tokens > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set is not filled (%d heads, n_kept %d, capacity %d, %lld tokens)",
+                        (int)keep->heads_out, (int)keep->n_kept, (int)keep->capacity, (long long)keep->n_tokens);
+    return ei__check_align4(ctx, keep->index, "keep->index");
+}
+static ei_result ei__check_keep_index(const ei_context *ctx, const ei_keep_set *keep) {
+    int32_t h, i;
+    for (h = 0; h < keep->heads_out; ++h) {
+        const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
+        for (i = 0; i < keep->n_kept; ++i)
+            if (idx[i] < i || idx[i] >= keep->n_tokens || (i > 0 && idx[i] <= idx[i - 1]))
+                return ei__fail(ctx, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", (int)h, (int)i, (int)idx[i]);
+    }
+    return EI_OK;
+}
+
 EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei_out_tensor *k, ei_out_tensor *v) {
     ei_out_tensor *t[2];
     int32_t which, h, i;
     ei_result r;
     t[0] = k; t[1] = v;
-    if (!keep || !keep->index) return ei__fail(ctx, EI_ERR_NULL, "keep set or its index is NULL");
+    if ((r = ei__check_keep_filled(ctx, keep)) != EI_OK) return r;
     if (!k && !v) return ei__fail(ctx, EI_ERR_NULL, "k and v are both NULL");
-    if (keep->heads_out <= 0 || keep->capacity < 0 || keep->n_kept < 0 || keep->n_kept > keep->capacity ||
-        keep->n_kept > keep->n_tokens)
-        return ei__fail(ctx, EI_ERR_SHAPE, "keep set is not filled (%d heads, n_kept %d, capacity %d, %lld tokens)",
-                        (int)keep->heads_out, (int)keep->n_kept, (int)keep->capacity, (long long)keep->n_tokens);
     for (which = 0; which < 2; ++which) {
         ei_out_tensor *x = t[which];
         if (!x) continue; /* K only or V only is fine */
@@ -3992,7 +4026,6 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
             return ei__fail(ctx, EI_ERR_SHAPE, "%s cache holds %lld tokens, keep set scored %lld", which ? "v" : "k",
                             (long long)x->n_tokens, (long long)keep->n_tokens);
     }
-    if ((r = ei__check_align4(ctx, keep->index, "keep->index")) != EI_OK) return r;
     { /* one cache passed twice would be compacted twice; the index must not move under it */
         ei__regions g;
         g.n = 0;
@@ -4003,12 +4036,7 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
         if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, kv_compact, &ctx->cfg, keep, k, v); /* shared sets too */
-    for (h = 0; h < keep->heads_out; ++h) { /* validate every index before moving anything */
-        const int32_t *idx = keep->index + (size_t)h * (size_t)keep->capacity;
-        for (i = 0; i < keep->n_kept; ++i)
-            if (idx[i] < i || idx[i] >= keep->n_tokens || (i > 0 && idx[i] <= idx[i - 1]))
-                return ei__fail(ctx, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", (int)h, (int)i, (int)idx[i]);
-    }
+    if ((r = ei__check_keep_index(ctx, keep)) != EI_OK) return r; /* every index before moving anything */
     for (which = 0; which < 2; ++which) {
         ei_out_tensor *x = t[which];
         size_t row_bytes;
@@ -4108,6 +4136,7 @@ typedef struct ei__attn_job {
     const ei_plan *plan;
     const ei_out_tensor *out;
     int64_t q_offset, q_end;   /* absolute positions of q's first and one-past-last token */
+    const ei_keep_set *keep;   /* decode restricted to a keep set (NULL: dense) */
     int32_t G, Gt, Mt, d, dpad;
     int32_t seg, bs;
     float c;                   /* softmax scale * log2(e) */
@@ -4870,27 +4899,14 @@ static void ei__decode_partial_empty(float *dst, int32_t d) {
     dst[1] = 0.0f;
     memset(dst + EI__DECODE_PARTIAL_HEAD, 0, (size_t)d * sizeof(float));
 }
-/* The rows of a vector tile into this thread's slot. */
-static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, const ei__attn_tile *T, float *slot) {
-    int32_t g, tok;
-    for (g = 0; g < T->gt; ++g)
-        for (tok = 0; tok < T->nt; ++tok) {
-            int32_t r = g * J->Mt + tok;
-            float *dst = ei__decode_partial_row(slot, T->h0 + g, tok, J->q->n_tokens, J->d);
-            dst[0] = w->m[r];
-            dst[1] = w->l[r];
-            memcpy(dst + EI__DECODE_PARTIAL_HEAD, w->o + (size_t)r * (size_t)J->dpad, (size_t)J->d * sizeof(float));
-        }
-}
-
-/* Decode attention, written once (vocabulary: >>simd). One key tile, keys
-   e0 .. e0 + nk - 1 (nk <= EI__ATTN_NK) of kv head kvh, for the nr rows of
+/* Decode attention, written once (vocabulary: >>simd). One key tile, the
+   cache rows pos[0..nk) (nk <= EI__ATTN_NK) of kv head kvh, for the nr rows of
    one head group: row r = g * n_tokens + t is head h0 + g at token t; q
    holds them as f32 scaled by scale * log2(e), dpad apart (zero past d), st
    their partials (m, l, o[d]; ei__decode_partial_floats(d) apart), which
-   the tile updates (online softmax). The first pf_nk keys of the group's
-   next tile are prefetched (the walk visits every group's tile before it
-   comes back, so they are in cache by then). Why not the prefill stages: their tile
+   the tile updates (online softmax). The rows pf_pos[0..pf_nk) of the
+   group's next tile are prefetched (the walk visits every group's tile
+   before it comes back, so they are in cache by then). Why not the prefill stages: their tile
    pads a row vector to 16 rows, so a one-token step of 4 heads computed 16
    rows for 4; here only real rows are computed, 4 at a time, so each key
    and value row read from memory serves 4 of them, and a score is one
@@ -4902,8 +4918,9 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
    ei__attn_decode_tile_<isa>. */
 #define EI__DEFINE_DECODE_TILE()                                                                               \
     EI__VTARGET static int EI__VNAME(ei__attn_decode_tile)(const ei__attn_job *J, ei__attn_ws *w, int32_t kvh,  \
-                                                           const float *q, int32_t nr, float *st, int64_t e0,   \
-                                                           int32_t nk, int32_t pf_nk) {                         \
+                                                           const float *q, int32_t nr, float *st,               \
+                                                           const int64_t *pos, int32_t nk,                      \
+                                                           const int64_t *pf_pos, int32_t pf_nk) {              \
         const int32_t d = J->d, dpad = J->dpad, nt = (int32_t)J->q->n_tokens;                                 \
         const int32_t nr4 = (nr + 3) & ~3, nkv = (int32_t)ei__round_up(nk, EI__VN);                            \
         const size_t P = ei__decode_partial_floats(d), kes = ei__dtype_size(J->k->dtype);                      \
@@ -4913,8 +4930,8 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
         int32_t r, r0, b, j, c;                                                                                \
         int flag = 0;                                                                                          \
         for (j = 0; j < nk; ++j) {                                                                             \
-            w->kp[j] = ei__row(J->k, e0 + j, kvh);                                                             \
-            w->vp[j] = ei__row(J->v, e0 + j, kvh);                                                             \
+            w->kp[j] = ei__row(J->k, pos[j], kvh);                                                             \
+            w->vp[j] = ei__row(J->v, pos[j], kvh);                                                             \
         }                                                                                                      \
         for (r0 = 0; r0 < nr; r0 += 4) { /* scores; rows past nr repeat the last one (not kept) */            \
             const float *q0 = q + (size_t)r0 * (size_t)dpad, *q1 = q + (size_t)EI__MIN(r0 + 1, nr - 1) * (size_t)dpad; \
@@ -4925,8 +4942,8 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
                 const unsigned char *kr = (const unsigned char *)w->kp[j];                                     \
                 EI__VEC a0 = EI__VZERO(), a1 = a0, a2 = a0, a3 = a0;                                           \
                 if (r0 == 0 && j < pf_nk) { /* the group's next tile, spread over this one */                  \
-                    ei__prefetch_bytes(ei__row(J->k, e0 + EI__ATTN_NK + j, kvh), (size_t)d * kes);             \
-                    ei__prefetch_bytes(ei__row(J->v, e0 + EI__ATTN_NK + j, kvh), (size_t)d * ves);             \
+                    ei__prefetch_bytes(ei__row(J->k, pf_pos[j], kvh), (size_t)d * kes);                        \
+                    ei__prefetch_bytes(ei__row(J->v, pf_pos[j], kvh), (size_t)d * ves);                        \
                 }                                                                                              \
                 for (c = 0; c < d; c += EI__VN) {                                                              \
                     EI__VEC kv = EI__VLOAD_ROW(kr + (size_t)c * kes, kdt, EI__VFIRST(EI__MIN(d - c, (int32_t)EI__VN))); \
@@ -4947,14 +4964,11 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
             for (j = 0; j < nk; ++j) {                                                                         \
                 float x = s[j];                                                                                \
                 if (!(x >= -FLT_MAX && x <= FLT_MAX)) { flag = 1; x = x > 0.0f ? FLT_MAX : -FLT_MAX; }          \
-                s[j] = r >= nr ? 0.0f : e0 + j < lim ? x : -INFINITY;                                          \
+                s[j] = r >= nr ? 0.0f : pos[j] < lim ? x : -INFINITY;                                          \
             }                                                                                                  \
             for (; j < nkv; ++j) s[j] = r >= nr ? 0.0f : -INFINITY;                                            \
         }                                                                                                      \
-        if (flag) {                                                                                            \
-            for (j = 0; j < nk; ++j) w->kpos[j] = e0 + j;                                                      \
-            if (!J->ctx->kern->rows_finite(J->k, w->kpos, nk, kvh)) return ei__attn_bad(w, "k", kvh, e0);     \
-        }                                                                                                      \
+        if (flag && !J->ctx->kern->rows_finite(J->k, pos, nk, kvh)) return ei__attn_bad(w, "k", kvh, pos[0]);  \
         for (r = 0; r < nr; ++r) { /* online softmax of the row */                                             \
             float *s = sc + (size_t)r * EI__ATTN_NK, *pr = st + (size_t)r * P, mx;                             \
             EI__VEC sum = EI__VZERO(), vmx = EI__VSET1(pr[0]);                                                 \
@@ -4994,31 +5008,68 @@ static void ei__attn_save_partial(const ei__attn_job *J, const ei__attn_ws *w, c
         return 1;                                                                                              \
     }
 
-/* The decode walk of a kernel table with a decode kernel: keys [lo, hi)
-   for every head group (kv head, subgroup of at most Gt heads) into the
-   partials of slot. The groups' query rows are packed and scaled once, as
-   many groups at a time as the workspace's query buffer holds (all of them
-   for a one-token step of up to Gt x Mt heads), and their tiles are walked
-   tile by tile across those groups: with a token-major cache the 64-key
-   tiles of all kv heads then lie together, and the walk reads the slice
-   front to back once instead of once per kv head at its head stride. */
+/* The keys a decode step attends to, one list per keep-set row: dense,
+   rows 0 .. q_end - 1; with a keep set (ei_attention_decode_keep), its
+   kept rows, then every row appended since it was made (keep->n_tokens ..
+   q_end - 1). Every list has the same length, so thread ith of nth takes
+   the same slice [L ith / nth, L (ith + 1) / nth) (rounded to key tiles)
+   of every list. */
+static int64_t ei__decode_n_keys(const ei__attn_job *J) {
+    return J->keep ? (int64_t)J->keep->n_kept + (J->q_end - J->keep->n_tokens) : J->q_end;
+}
+/* The keep-set row of query head h (kv head h / G): a shared set, one per
+   kv head or one per query head. */
+static int32_t ei__decode_set(const ei__attn_job *J, int32_t h) {
+    if (!J->keep || J->keep->heads_out == 1) return 0;
+    return J->keep->heads_out == J->q->n_heads ? h : h / J->G;
+}
+/* Heads per group of the decode walk: a group shares its keys, so with one
+   keep set per query head (and G > 1) every head is its own group. */
+static int32_t ei__decode_group_heads(const ei__attn_job *J) {
+    return J->keep && J->keep->heads_out == J->q->n_heads && J->G > 1 ? 1 : J->Gt;
+}
+/* Keys [lo, hi) of set `set`'s list as ei__attn_keys (kept rows: blocks of
+   one row). */
+static void ei__decode_keys(const ei__attn_job *J, int32_t set, int64_t lo, int64_t hi, ei__attn_keys *ks) {
+    const ei_keep_set *keep = J->keep;
+    int64_t nk;
+    ks->blocks = NULL; ks->n_block_keys = 0; ks->bs = 1;
+    if (!keep) { ks->run0 = lo; ks->run1 = hi; return; }
+    nk = keep->n_kept;
+    if (lo < nk) {
+        ks->blocks = keep->index + (size_t)set * (size_t)keep->capacity + (size_t)lo;
+        ks->n_block_keys = EI__MIN(hi, nk) - lo;
+    }
+    ks->run0 = keep->n_tokens + EI__MAX(lo - nk, (int64_t)0);
+    ks->run1 = keep->n_tokens + EI__MAX(hi - nk, (int64_t)0);
+}
+
+/* The decode walk of a kernel table with a decode kernel: keys [lo, hi) of
+   every group's list (group: heads of one kv head sharing their keys, at
+   most Gt of them) into the partials of slot. The groups' query rows are
+   packed and scaled once, as many groups at a time as the workspace's query
+   buffer holds (all of them for a one-token step of up to Gt x Mt heads),
+   and their tiles are walked tile by tile across those groups: with a
+   token-major cache the 64-key tiles of all kv heads then lie together,
+   and the walk reads the slice front to back once instead of once per kv
+   head at its head stride. */
 static int ei__attn_decode_slice_vec(const ei__attn_job *J, ei__attn_ws *w, int64_t lo, int64_t hi, float *slot) {
-    const int32_t nt = (int32_t)J->q->n_tokens, d = J->d, dpad = J->dpad, n_hs = (J->G + J->Gt - 1) / J->Gt;
-    const int32_t n_groups = J->k->n_heads * n_hs;
+    const int32_t nt = (int32_t)J->q->n_tokens, d = J->d, dpad = J->dpad, Gg = ei__decode_group_heads(J);
+    const int32_t n_hs = (J->G + Gg - 1) / Gg, n_groups = J->k->n_heads * n_hs;
     const size_t P = ei__decode_partial_floats(d);
     int32_t cap, Gt, Mt, dp, g0 = 0, g1, gi, h, t, i;
     ei__attn_geometry(J->G, d, &Gt, &Mt, &dp);
     cap = Gt * Mt; /* rows of w->qt (ei__attn_ws_layout) */
     for (; g0 < n_groups; g0 = g1) {
-        int32_t hfirst = (g0 / n_hs) * J->G + (g0 % n_hs) * J->Gt, rows = 0;
+        int32_t hfirst = (g0 / n_hs) * J->G + (g0 % n_hs) * Gg, rows = 0;
         int64_t e0;
         for (g1 = g0; g1 < n_groups; ++g1) { /* the unit: groups g0 .. g1 - 1, whole heads hfirst .. */
-            int32_t gt = EI__MIN(J->Gt, J->G - (g1 % n_hs) * J->Gt);
+            int32_t gt = EI__MIN(Gg, J->G - (g1 % n_hs) * Gg);
             if (rows + gt * nt > cap) break;
             rows += gt * nt;
         }
         for (gi = g0; gi < g1; ++gi) {
-            int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * J->Gt, gt = EI__MIN(J->Gt, J->G - (gi % n_hs) * J->Gt);
+            int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * Gg, gt = EI__MIN(Gg, J->G - (gi % n_hs) * Gg);
             if (!ei__attn_q_finite(J, w, h0, gt, J->q_offset, nt)) return 0;
             for (h = h0; h < h0 + gt; ++h)
                 for (t = 0; t < nt; ++t) {
@@ -5033,9 +5084,13 @@ static int ei__attn_decode_slice_vec(const ei__attn_job *J, ei__attn_ws *w, int6
             int32_t nk = (int32_t)EI__MIN((int64_t)EI__ATTN_NK, hi - e0);
             int32_t pf_nk = (int32_t)EI__MAX((int64_t)0, EI__MIN((int64_t)EI__ATTN_NK, hi - e0 - EI__ATTN_NK));
             for (gi = g0; gi < g1; ++gi) {
-                int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * J->Gt, gt = EI__MIN(J->Gt, J->G - (gi % n_hs) * J->Gt);
+                int32_t h0 = (gi / n_hs) * J->G + (gi % n_hs) * Gg, gt = EI__MIN(Gg, J->G - (gi % n_hs) * Gg);
+                ei__attn_keys ks;
+                ei__decode_keys(J, ei__decode_set(J, h0), lo, hi, &ks);
+                ei__attn_key_positions(&ks, e0 - lo, nk, w->kpos);
+                ei__attn_key_positions(&ks, e0 - lo + nk, pf_nk, w->kpos_next);
                 if (!J->ctx->kern->decode(J, w, gi / n_hs, w->qt + (size_t)((h0 - hfirst) * nt) * (size_t)dpad, gt * nt,
-                                          slot + (size_t)h0 * (size_t)nt * P, e0, nk, pf_nk))
+                                          slot + (size_t)h0 * (size_t)nt * P, w->kpos, nk, w->kpos_next, pf_nk))
                     return 0;
             }
         }
@@ -5046,46 +5101,34 @@ static int ei__attn_decode_slice_vec(const ei__attn_job *J, ei__attn_ws *w, int6
 /* Thread ith's key slice for every head, into slot ith of partials. */
 static ei_result ei__attn_decode_run(const ei__attn_job *J, int ith, int nth, float *partials, void *workspace,
                                      size_t ws_bytes) {
-    const int64_t n = J->q_end, nt = J->q->n_tokens;
+    const int64_t n = ei__decode_n_keys(J), nt = J->q->n_tokens;
     int64_t lo = n * ith / nth / EI__ATTN_NK * EI__ATTN_NK;
     int64_t hi = ith == nth - 1 ? n : n * (ith + 1) / nth / EI__ATTN_NK * EI__ATTN_NK;
-    int32_t kvh, hs, n_hs = (J->G + J->Gt - 1) / J->Gt, g, tok;
+    int32_t kvh, h, tok;
     float *slot = ei__decode_partial_row(partials, (int32_t)ith * J->q->n_heads, 0, nt, J->d); /* slots follow each other */
     ei__attn_ws w;
-    ei__attn_keys ks;
     ei_result r;
     if ((r = ei__attn_ws_take(J, workspace, ws_bytes, &w)) != EI_OK) return r;
     if (lo < hi && J->ctx->kern->decode)
         return ei__attn_decode_slice_vec(J, &w, lo, hi, slot) ? EI_OK : ei__attn_bad_fail(J, &w);
-    ks.blocks = NULL; ks.n_block_keys = 0; ks.bs = J->bs;
-    ks.run0 = lo; ks.run1 = hi; /* a dense slice: keys lo .. hi - 1 */
-    for (kvh = 0; kvh < J->k->n_heads; ++kvh)
-        for (hs = 0; hs < n_hs; ++hs) {
-            int32_t h0 = kvh * J->G + hs * J->Gt, gt = EI__MIN(J->Gt, J->G - hs * J->Gt);
-            if (!ei__attn_q_finite(J, &w, h0, gt, J->q_offset, (int32_t)nt)) return ei__attn_bad_fail(J, &w);
-            if (lo >= hi) { /* an empty slice (fewer key tiles than threads) */
-                for (g = 0; g < gt; ++g)
-                    for (tok = 0; tok < nt; ++tok)
-                        ei__decode_partial_empty(ei__decode_partial_row(slot, h0 + g, tok, nt, J->d), J->d);
-            } else if (J->K) {
-                ei__attn_tile T;
-                T.mt = J->Mt; T.ld = (int32_t)ei__round_up(gt * J->Mt, 16); T.nvec = T.ld / 16;
-                T.nt = (int32_t)nt; T.gt = gt; T.h0 = h0; T.kvh = kvh; T.t0 = J->q_offset;
-                if (!ei__attn_qtile_vec(J, &w, &T, &ks)) return ei__attn_bad_fail(J, &w);
-                ei__attn_save_partial(J, &w, &T, slot);
-            } else {
-                if (!ei__attn_keys_finite(J, &w, kvh, &ks)) return ei__attn_bad_fail(J, &w);
-                for (g = 0; g < gt; ++g)
-                    for (tok = 0; tok < nt; ++tok) {
-                        float *dst = ei__decode_partial_row(slot, h0 + g, tok, nt, J->d);
-                        ei__attn_keys row = ks;
-                        row.run1 = EI__MIN(hi, J->q_offset + tok + 1); /* causal */
-                        if (row.run1 <= row.run0) ei__decode_partial_empty(dst, J->d);
-                        else ei__attn_row_scalar(J, &w, kvh, h0 + g, J->q_offset + tok, &row, dst + EI__DECODE_PARTIAL_HEAD,
-                                                 &dst[0], &dst[1]);
-                    }
+    /* the scalar reference, one row at a time (an empty slice: every row empty) */
+    for (kvh = 0; kvh < J->k->n_heads; ++kvh) {
+        if (!ei__attn_q_finite(J, &w, kvh * J->G, J->G, J->q_offset, (int32_t)nt)) return ei__attn_bad_fail(J, &w);
+        for (h = kvh * J->G; h < (kvh + 1) * J->G; ++h) {
+            ei__attn_keys ks;
+            ei__decode_keys(J, ei__decode_set(J, h), lo, hi, &ks);
+            if (lo < hi && (h == kvh * J->G || ei__decode_set(J, h) != ei__decode_set(J, h - 1)) &&
+                !ei__attn_keys_finite(J, &w, kvh, &ks))
+                return ei__attn_bad_fail(J, &w);
+            for (tok = 0; tok < nt; ++tok) {
+                float *dst = ei__decode_partial_row(slot, h, tok, nt, J->d);
+                ei__attn_keys row = ks;
+                row.run1 = EI__MAX(row.run0, EI__MIN(row.run1, J->q_offset + tok + 1)); /* causal */
+                if (lo >= hi || ei__attn_keys_total(&row) == 0) ei__decode_partial_empty(dst, J->d);
+                else ei__attn_row_scalar(J, &w, kvh, h, J->q_offset + tok, &row, dst + EI__DECODE_PARTIAL_HEAD, &dst[0], &dst[1]);
             }
         }
+    }
     return EI_OK;
 }
 
@@ -5124,11 +5167,37 @@ static ei_result ei__check_partials(const ei_context *ctx, const float *partials
     return ei__check_align4(ctx, partials, "partials");
 }
 
-/* Checks of a decode call: the attention checks, its token count, the
-   partials' size and alignment. */
-static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                       const ei_out_tensor *out, int64_t q_offset, int nth, const void *workspace, int n_ws,
+/* A keep set a decode step can attend through: filled, one row per kv head,
+   per query head or shared, made before the step's first query (its kept
+   rows lie before that query, so every token of the step sees them; rows
+   appended since are attended causally), rows ascending inside the cache,
+   and not written by the call. */
+static ei_result ei__check_decode_keep(const ei_context *ctx, const ei_keep_set *keep, const ei_tensor *q,
+                                       const ei_tensor *k, const ei_out_tensor *out, int64_t q_offset,
                                        const float *partials, size_t partials_bytes) {
+    ei__regions g;
+    ei_result r;
+    if ((r = ei__check_keep_filled(ctx, keep)) != EI_OK) return r;
+    if (keep->heads_out != 1 && keep->heads_out != k->n_heads && keep->heads_out != q->n_heads)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d rows: 1, %d (kv heads) or %d (query heads) expected",
+                        (int)keep->heads_out, (int)k->n_heads, (int)q->n_heads);
+    if (keep->n_tokens > q_offset + 1)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set scored %lld rows, the step's first query is row %lld: its kept rows "
+                        "must lie at or before it", (long long)keep->n_tokens, (long long)q_offset);
+    g.n = 0;
+    ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
+    ei__reg_mem(&g, keep->index, (size_t)keep->heads_out * (size_t)keep->capacity * 4u, "keep->index", 0);
+    ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
+    ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
+    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    return ei__check_keep_index(ctx, keep);
+}
+
+/* Checks of a decode call: the attention checks, its token count, the
+   partials' size and alignment, the keep set if any. */
+static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                       const ei_keep_set *keep, const ei_out_tensor *out, int64_t q_offset, int nth,
+                                       const void *workspace, int n_ws, const float *partials, size_t partials_bytes) {
     size_t need;
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
@@ -5136,23 +5205,34 @@ static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q
     if ((r = ei_attention_decode_partials_size(ctx, q->n_tokens, q->n_heads, q->head_dim, nth, &need)) != EI_OK) return r;
     if (!ei__on_gpu(ctx)) {
         if ((r = ei__check_partials(ctx, partials, partials_bytes, need, nth)) != EI_OK) return r;
-    }
-    return ei__attn_check(ctx, q, k, v, NULL, out, q_offset, workspace, n_ws, partials, partials ? need : 0);
+    } else if (keep)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "decode attention through a keep set runs on the CPU backend "
+                        "(compact the cache with ei_kv_compact and attend densely)");
+    if ((r = ei__attn_check(ctx, q, k, v, NULL, out, q_offset, workspace, n_ws, partials, partials ? need : 0)) != EI_OK)
+        return r;
+    return keep ? ei__check_decode_keep(ctx, keep, q, k, out, q_offset, partials, need) : EI_OK;
 }
 
-EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                    ei_out_tensor *out, int64_t q_offset, int ith, int nth, float *partials,
-                                    size_t partials_bytes, void *workspace, size_t workspace_bytes) {
+EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                         const ei_keep_set *keep, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
+                                         float *partials, size_t partials_bytes, void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
     ei_result r;
     if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
-    if ((r = ei__attn_decode_check(ctx, q, k, v, out, q_offset, nth, workspace, 1, partials, partials_bytes)) != EI_OK)
+    if ((r = ei__attn_decode_check(ctx, q, k, v, keep, out, q_offset, nth, workspace, 1, partials, partials_bytes)) != EI_OK)
         return r;
     if (ei__on_gpu(ctx)) /* one launch: the call with ith 0 writes out, the merge has nothing to do */
         return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, NULL, out, q_offset, workspace, workspace_bytes)
                         : EI_OK;
     ei__attn_setup(ctx, q, k, v, NULL, out, q_offset, &J);
+    J.keep = keep;
     return ei__attn_decode_run(&J, ith, nth, partials, workspace, workspace_bytes);
+}
+EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                    ei_out_tensor *out, int64_t q_offset, int ith, int nth, float *partials,
+                                    size_t partials_bytes, void *workspace, size_t workspace_bytes) {
+    return ei_attention_decode_keep(ctx, q, k, v, NULL, out, q_offset, ith, nth, partials, partials_bytes, workspace,
+                                    workspace_bytes);
 }
 
 EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
@@ -5202,9 +5282,9 @@ static ei_result ei__attn_decode_share(void *arg, int ith, int nth, void *ws, si
 }
 
 /* Built-in pthread helper: both phases, the merge on the calling thread. */
-EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                       ei_out_tensor *out, int64_t q_offset, int n_threads, void *workspace,
-                                       size_t workspace_bytes) {
+EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+                                            const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
+                                            int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
     ei__decode_mt_arg a;
     size_t pbytes = 0, per = 0, need = 0;
@@ -5214,7 +5294,8 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
     if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if (ei__on_gpu(ctx)) return ei_attention_decode(ctx, q, k, v, out, q_offset, 0, 1, NULL, 0, workspace, workspace_bytes);
+    if (ei__on_gpu(ctx))
+        return ei_attention_decode_keep(ctx, q, k, v, keep, out, q_offset, 0, 1, NULL, 0, workspace, workspace_bytes);
     if ((r = ei__attn_decode_mt_sizes(ctx, q->n_tokens, q->n_heads, k ? k->n_heads : 1, q->head_dim, n_threads, &pbytes,
                                       &per, &need)) != EI_OK)
         return r;
@@ -5222,13 +5303,19 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
     if (workspace_bytes < need) return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", workspace_bytes, need);
     a.partials = (float *)(void *)(ws + ((EI__ALIGN - (uintptr_t)ws % EI__ALIGN) % EI__ALIGN));
     ws = (unsigned char *)a.partials + pbytes;
-    if ((r = ei__attn_decode_check(ctx, q, k, v, out, q_offset, n_threads, ws, n_threads, a.partials, pbytes)) != EI_OK)
+    if ((r = ei__attn_decode_check(ctx, q, k, v, keep, out, q_offset, n_threads, ws, n_threads, a.partials, pbytes)) != EI_OK)
         return r;
     ei__attn_setup(ctx, q, k, v, NULL, out, q_offset, &J);
+    J.keep = keep;
     a.J = &J;
     if ((r = ei__fork_join(ei__attn_decode_share, &a, n_threads, ws, per)) != EI_OK) return r;
     ei__attn_decode_merge_rows(out, a.partials, n_threads, 0, 1);
     return EI_OK;
+}
+EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+                                       ei_out_tensor *out, int64_t q_offset, int n_threads, void *workspace,
+                                       size_t workspace_bytes) {
+    return ei_attention_decode_keep_mt(ctx, q, k, v, NULL, out, q_offset, n_threads, workspace, workspace_bytes);
 }
 
 /* The block mass of sampled rows (EI_RANK_SAMPLED), written once; defines

@@ -432,6 +432,28 @@ CHECK_FN double ref_softmax_weights(double *w, int64_t np, int *in_range) {
     for (j = 0; j < np; ++j) { w[j] = exp(w[j] - mx); z += w[j]; }
     return z;
 }
+/* Query head h of token t of q over the keys pos[0..np) of its kv head:
+   out[0..d), in double; w holds np doubles. Returns 0 when a logit leaves
+   float range (see ref_attention_token). */
+CHECK_FN int ref_attend_keys(const ei_tensor *q, const ei_tensor *k, const ei_tensor *v, int64_t t, int32_t h,
+                             const int64_t *pos, int64_t np, double scale, double *w, double *out) {
+    int32_t kvh = h / (q->n_heads / k->n_heads), d = q->head_dim, i;
+    int64_t j;
+    int in_range = 1;
+    double z;
+    for (j = 0; j < np; ++j) {
+        double dot = 0;
+        for (i = 0; i < d; ++i) dot += ref_at(q, t, h, i) * ref_at(k, pos[j], kvh, i);
+        w[j] = dot * scale;
+    }
+    z = ref_softmax_weights(w, np, &in_range);
+    for (i = 0; i < d; ++i) {
+        double o = 0;
+        for (j = 0; j < np; ++j) o += w[j] * ref_at(v, pos[j], kvh, i);
+        out[i] = o / z;
+    }
+    return in_range;
+}
 /* Query token t of q (absolute position q_offset + t), every query head:
    out[h * d + i], in double. The semantics (golden/FORMAT.md "Sparse
    prefill attention", >>attention in the header): position p of segment s,
@@ -444,28 +466,39 @@ CHECK_FN double ref_softmax_weights(double *w, int64_t np, int *in_range) {
    those to +-FLT_MAX by design, so the reference does not apply), else 1. */
 CHECK_FN int ref_attention_token(const ei_config *c, const ei_plan *plan, const ei_tensor *q, const ei_tensor *k,
                                  const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
-    int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
-    int64_t p = q_offset + t, j;
+    int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h;
+    int64_t p = q_offset + t;
     int sparse = ref_segment_sparse(c, plan, p / c->segment_size), in_range = 1;
     double scale = ref_attn_scale(c, d);
     int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)ref_token_key_cap(c, plan, sparse, p));
     double *w = (double *)malloc(sizeof(double) * (size_t)ref_token_key_cap(c, plan, sparse, p));
     if (!pos || !w) { printf("out of memory\n"); exit(2); }
     for (h = 0; h < H; ++h) {
-        int32_t kvh = h / G;
-        int64_t np = ref_token_keys(c, plan, sparse, p, kvh, pos);
-        double z;
-        for (j = 0; j < np; ++j) {
-            double dot = 0;
-            for (i = 0; i < d; ++i) dot += ref_at(q, t, h, i) * ref_at(k, pos[j], kvh, i);
-            w[j] = dot * scale;
-        }
-        z = ref_softmax_weights(w, np, &in_range);
-        for (i = 0; i < d; ++i) {
-            double o = 0;
-            for (j = 0; j < np; ++j) o += w[j] * ref_at(v, pos[j], kvh, i);
-            out[(size_t)h * (size_t)d + (size_t)i] = o / z;
-        }
+        int64_t np = ref_token_keys(c, plan, sparse, p, h / G, pos);
+        in_range &= ref_attend_keys(q, k, v, t, h, pos, np, scale, w, out + (size_t)h * (size_t)d);
+    }
+    free(pos);
+    free(w);
+    return in_range;
+}
+
+/* Query token t of q through a keep set (ei_attention_decode_keep): head h
+   attends to its set's kept rows (keep->index row: 0 for a shared set, h /
+   G per kv head, h per query head), then to rows keep->n_tokens ..
+   q_offset + t. out[h * d + i]. Returns 0 when a logit left float range. */
+CHECK_FN int ref_attention_keep(const ei_config *c, const ei_keep_set *keep, const ei_tensor *q, const ei_tensor *k,
+                                const ei_tensor *v, int64_t q_offset, int64_t t, double *out) {
+    int32_t H = q->n_heads, G = H / k->n_heads, d = q->head_dim, h, i;
+    int64_t cap = keep->n_kept + (q_offset + t + 1 - keep->n_tokens), np, j;
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(cap > 0 ? cap : 1));
+    double *w = (double *)malloc(sizeof(double) * (size_t)(cap > 0 ? cap : 1));
+    int in_range = 1;
+    if (!pos || !w) { printf("out of memory\n"); exit(2); }
+    for (h = 0; h < H; ++h) {
+        int32_t set = keep->heads_out == 1 ? 0 : keep->heads_out == H ? h : h / G;
+        for (np = 0, i = 0; i < keep->n_kept; ++i) pos[np++] = keep->index[(size_t)set * (size_t)keep->capacity + (size_t)i];
+        for (j = keep->n_tokens; j <= q_offset + t; ++j) pos[np++] = j;
+        in_range &= ref_attend_keys(q, k, v, t, h, pos, np, ref_attn_scale(c, d), w, out + (size_t)h * (size_t)d);
     }
     free(pos);
     free(w);

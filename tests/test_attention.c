@@ -553,6 +553,125 @@ static void test_decode_bad_inputs(void) {
     free(q.data); free(k.data); free(v.data);
 }
 
+/* ei_attention_decode_keep(_mt): a step through a keep set equals the double
+   reference over the set's kept rows and the rows appended since (every
+   kernel; sets shared, per kv head and per query head; made well before the
+   step and at its first query; 1 and 3 tokens; 1 and 3 threads, the _mt
+   helper bit-identical to the two phases), and a set it cannot serve is
+   refused with a code before anything is written. */
+static void test_decode_keep(void) {
+    ei_config cfg = small_config();
+    enum { N = 400, H = 8, HK = 2, D = 72, KEPT = 120, CAP = 130 };
+    int32_t *index = (int32_t *)malloc(sizeof(int32_t) * H * CAP + 8);
+    unsigned kd;
+    int di;
+    for (di = 0; di < 2; ++di) {
+        ei_dtype dt = di ? EI_BF16 : EI_F32;
+        buf q, k, v;
+        buf_alloc(&q, dt, N, H, D); buf_alloc(&k, dt, N, HK, D); buf_alloc(&v, dt, N, HK, D);
+        make_qkv(&q, &k, &v, H / HK, 1.0f);
+        for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
+            const kernel_desc *K = &g_kernels[kd];
+            ei_config c2 = cfg;
+            ei_context *ctx;
+            int ho, nt, nth, mi;
+            if (!kernel_available(K, dt, D)) continue;
+            c2.simd = K->simd;
+            ei_context_create(&c2, &ctx);
+            for (ho = 0; ho < 3; ++ho)
+                for (nt = 1; nt <= 3; nt += 2)
+                    for (mi = 0; mi < 2; ++mi)
+                        for (nth = 1; nth <= 3; nth += 2) {
+                            const int32_t heads_out = ho == 0 ? 1 : ho == 1 ? HK : H;
+                            const int64_t q_offset = N - nt, made = mi ? q_offset + 1 : 333;
+                            ei_keep_set keep;
+                            ei_tensor tq = buf_view(&q), tk = buf_view(&k), tv = buf_view(&v);
+                            guarded_out o = out_alloc(EI_F32, nt, H, D, 0), o2 = out_alloc(EI_F32, nt, H, D, 0);
+                            double *ref = (double *)malloc(sizeof(double) * (size_t)nt * H * D), worst = 0, tol;
+                            size_t pb, wsb, mtb;
+                            float *partials;
+                            void *ws, *mtws;
+                            int32_t s, i, row, h, e;
+                            int64_t t;
+                            memset(&keep, 0, sizeof keep);
+                            keep.heads_out = heads_out; keep.capacity = CAP; keep.n_kept = KEPT; keep.n_tokens = made;
+                            keep.index = index;
+                            for (s = 0; s < heads_out; ++s) /* KEPT ascending rows of 0 .. made - 1, a different pattern per set */
+                                for (i = 0, row = 0; i < KEPT; ++row)
+                                    if ((row * 7 + s * 3) % 5 < 2 || row >= made - (KEPT - i)) index[s * CAP + i++] = row;
+                            tq.data = (unsigned char *)q.data + (size_t)q_offset * H * D * dtype_size(dt);
+                            tq.n_tokens = nt;
+                            ei_attention_decode_partials_size(ctx, nt, H, D, nth, &pb);
+                            ei_attention_workspace_size(ctx, H, HK, D, &wsb);
+                            ei_attention_decode_workspace_size(ctx, nt, H, HK, D, nth, &mtb);
+                            partials = (float *)malloc(pb); ws = malloc(wsb); mtws = malloc(mtb);
+                            for (i = 0; i < nth; ++i)
+                                CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, &keep, &o.t, q_offset, i, nth, partials, pb, ws,
+                                                               wsb) == EI_OK, "%s decode_keep: %s", K->name, ei_last_error());
+                            for (i = 0; i < nth; ++i) CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb, i, nth) == EI_OK, "merge");
+                            CHECK(ei_attention_decode_keep_mt(ctx, &tq, &tk, &tv, &keep, &o2.t, q_offset, nth, mtws, mtb) == EI_OK,
+                                  "%s decode_keep_mt: %s", K->name, ei_last_error());
+                            CHECK(memcmp(o.t.data, o2.t.data, o.bytes) == 0, "%s decode_keep_mt differs from the two phases", K->name);
+                            for (t = 0; t < nt; ++t)
+                                ref_attention_keep(&c2, &keep, &tq, &tk, &tv, q_offset, t, ref + (size_t)t * H * D);
+                            for (t = 0; t < nt; ++t)
+                                for (h = 0; h < H; ++h)
+                                    for (e = 0; e < D; ++e) {
+                                        double a = guarded_out_get(&o, t, h, e), b = ref[((size_t)t * H + h) * D + e];
+                                        if (!(fabs(a - b) <= worst)) worst = fabs(a - b);
+                                    }
+                            tol = K->simd == EI_SIMD_AVX512_BF16 ? 4e-3 : 1e-5;
+                            CHECK(worst <= tol * 8, "%s %s heads_out %d nt %d made %lld nth %d: max err %.3g", K->name,
+                                  dt == EI_F32 ? "f32" : "bf16", heads_out, nt, (long long)made, nth, worst);
+                            CHECK(guarded_out_intact(&o) && guarded_out_intact(&o2), "guards");
+                            free(ref); free(partials); free(ws); free(mtws); guarded_out_free(&o); guarded_out_free(&o2);
+                        }
+            ei_context_destroy(ctx);
+        }
+        if (dt == EI_F32) { /* what is refused */
+            ei_context *ctx;
+            ei_keep_set keep;
+            ei_tensor tq = buf_view(&q), tk = buf_view(&k), tv = buf_view(&v);
+            guarded_out o = out_alloc(EI_F32, 1, H, D, 0);
+            size_t pb, wsb;
+            float *partials;
+            void *ws;
+            int32_t i;
+            ei_context_create(&cfg, &ctx);
+            tq.data = (float *)q.data + (size_t)(N - 1) * H * D;
+            tq.n_tokens = 1;
+            ei_attention_decode_partials_size(ctx, 1, H, D, 1, &pb);
+            ei_attention_workspace_size(ctx, H, HK, D, &wsb);
+            partials = (float *)malloc(pb); ws = malloc(wsb);
+            memset(&keep, 0, sizeof keep);
+            keep.heads_out = HK; keep.capacity = CAP; keep.n_kept = KEPT; keep.n_tokens = 300; keep.index = index;
+            for (i = 0; i < HK * CAP; ++i) index[i] = (i % CAP) * 2;
+#define DK(code, what) CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, &keep, &o.t, N - 1, 0, 1, partials, pb, ws, wsb) == (code), \
+                             "decode_keep: %s: %s", what, ei_last_error())
+            DK(EI_OK, "a good set");
+            keep.heads_out = 3; DK(EI_ERR_SHAPE, "3 rows for 2 kv / 8 query heads"); keep.heads_out = HK;
+            keep.n_tokens = N + 1; DK(EI_ERR_SHAPE, "a set made after the step's first query"); keep.n_tokens = 300;
+            keep.n_kept = CAP + 1; DK(EI_ERR_SHAPE, "n_kept over capacity"); keep.n_kept = KEPT;
+            keep.n_tokens = KEPT - 1; DK(EI_ERR_SHAPE, "n_kept over the rows scored"); keep.n_tokens = 300;
+            index[CAP + 5] = index[CAP + 4]; DK(EI_ERR_SHAPE, "rows not ascending"); index[CAP + 5] = 10;
+            index[CAP + KEPT - 1] = 300; DK(EI_ERR_SHAPE, "a row past the rows scored"); index[CAP + KEPT - 1] = 2 * (KEPT - 1);
+            keep.index = NULL; DK(EI_ERR_NULL, "index NULL");
+            keep.index = (int32_t *)(void *)((char *)index + 2); DK(EI_ERR_ALIGN, "index misaligned"); keep.index = index;
+            CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, NULL, &o.t, N - 1, 0, 1, partials, pb, ws, wsb) == EI_OK,
+                  "decode_keep: keep NULL is dense decode");
+            keep.index = (int32_t *)partials; /* the set inside what the call writes */
+            DK(EI_ERR_OVERLAP, "index inside the partials");
+            keep.index = index;
+            DK(EI_OK, "the good set again");
+#undef DK
+            CHECK(guarded_out_intact(&o), "guards");
+            free(partials); free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
+        }
+        free(q.data); free(k.data); free(v.data);
+    }
+    free(index);
+}
+
 /* The vector exp2 of the kernels: <= 2 ulp-ish (3e-7 relative) on [-126, 0],
    exactly 0 below -126, for -inf and for NaN. */
 #ifdef EI__HAVE_AVX512
@@ -696,6 +815,7 @@ int main(int argc, char **argv) {
     test_extremes();
     test_mt();
     test_decode_bad_inputs();
+    test_decode_keep();
     test_chunked_planning();
     for (di = 0; di < 3; ++di)
         for (gi = 0; gi < 3; ++gi)
