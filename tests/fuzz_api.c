@@ -1120,6 +1120,34 @@ static void op_attention(state *s, fz *f, int threaded) {
     if ((m & 128) && !plan && cnt <= EI_DECODE_MAX_TOKENS + 1) { /* a decode step: keys split over threads, merged */
         size_t pb = 0;
         float *partials;
+        ei_keep_set keep, *kp = NULL;
+        int keep_full = 0, keep_broken = 0;
+        unsigned km = fz_u8(f);
+        memset(&keep, 0, sizeof keep);
+        if (km & 1) { /* through a keep set: all rows (must equal dense), a random subset, or a broken one */
+            static const int32_t odd[] = {0, -1, 2, 3, 5};
+            int64_t ntok = q_off + 1 - (int64_t)(fz_u8(f) % 3) + ((km & 8) ? 1 : 0), row;
+            int32_t ho = (km & 6) == 0 ? 1 : (km & 6) == 2 ? s->KV : (km & 6) == 4 ? s->H : FZ_PICK(f, odd), h, i;
+            if (ntok < 0) ntok = 0;
+            if (ntok > 4096) ntok = 4096;
+            keep.heads_out = ho;
+            keep.n_tokens = ntok;
+            keep.capacity = (int32_t)ntok + (int32_t)(fz_u8(f) % 3);
+            keep_full = (km & 16) != 0;
+            keep.n_kept = keep_full ? (int32_t)ntok : (int32_t)(fz_u8(f) % (unsigned)(ntok + 1));
+            if (ho > 0 && ho <= 64) {
+                keep.index = (int32_t *)walloc_arr((size_t)ho * (size_t)(keep.capacity > 0 ? keep.capacity : 1) * 4u);
+                for (h = 0; h < ho; ++h) /* n_kept ascending rows of 0 .. ntok - 1 */
+                    for (i = 0, row = 0; i < keep.n_kept; ++row)
+                        if (keep_full || row >= ntok - (keep.n_kept - i) || fz_u8(f) % 2)
+                            keep.index[(size_t)h * (size_t)keep.capacity + (size_t)i++] = (int32_t)row;
+                if ((km & 32) && keep.n_kept > 1) { /* a repeated row */
+                    keep.index[keep.n_kept - 1] = keep.index[keep.n_kept - 2];
+                    keep_broken = 1;
+                }
+            }
+            kp = &keep;
+        }
         nth = threaded ? fz_threads(fz_u8(f), 3) : FZ_PICK(f, nths);
         if (checked(ei_attention_decode_partials_size(ctx, cnt, s->H, s->d, nth, &pb)) != EI_OK || pb > ((size_t)8 << 20))
             pb = 64;
@@ -1130,7 +1158,7 @@ static void op_attention(state *s, fz *f, int threaded) {
                 wb = 64;
             if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
             ws = walloc_mem(wb);
-            r = checked(ei_attention_decode_mt(ctx, &qc.t, &kc.t, &vc.t, &out, q_off, nth, ws, wb));
+            r = checked(ei_attention_decode_keep_mt(ctx, &qc.t, &kc.t, &vc.t, kp, &out, q_off, nth, ws, wb));
             all_ok = r == EI_OK;
         } else {
             partials = (float *)walloc_arr(pb);
@@ -1138,11 +1166,18 @@ static void op_attention(state *s, fz *f, int threaded) {
             if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
             ws = walloc_mem(wb);
             for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
-                all_ok = (r = checked(ei_attention_decode(ctx, &qc.t, &kc.t, &vc.t, &out, q_off, ith, nth, partials, pb, ws,
-                                                          wb))) == EI_OK;
+                all_ok = (r = checked(ei_attention_decode_keep(ctx, &qc.t, &kc.t, &vc.t, kp, &out, q_off, ith, nth, partials,
+                                                               pb, ws, wb))) == EI_OK;
             for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
                 all_ok = (r = checked(ei_attention_decode_merge(ctx, &out, partials, pb, ith, nth))) == EI_OK;
             wfree(partials);
+        }
+        if (kp) {
+            ORACLE(!(keep_broken && r == EI_OK), "decode attention accepted a keep set with a repeated row", keep.n_kept, 0);
+            ORACLE(!(r == EI_OK && keep.n_tokens > q_off + 1), "decode attention accepted a keep set made after the step",
+                   keep.n_tokens, q_off);
+            if (!keep_full) all_ok = 0; /* a subset: no dense reference to compare with */
+            wfree(keep.index);
         }
     } else if (threaded) {
         int nt = fz_threads(fz_u8(f), 3);

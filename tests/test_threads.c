@@ -61,6 +61,8 @@
    ei_profile_mt (2 and 8 threads), ei_attention_prefill (f32, f16, bf16),
    ei_attention_prefill_mt (2 and 8), ei_decode_observe, ei_decode_keep,
    ei_decode_keep_mt (2 and 8), ei_decode_score, ei_decode_select,
+   ei_attention_decode + merge (1 and 3 slices), ei_attention_decode_mt (2
+   and 8), ei_attention_decode_keep(_mt) through the keep set just selected,
    ei_decode_shared_add, ei_decode_select_shared, ei_kv_compact and a
    refused call that formats its message for a logger, on every SIMD path
    this CPU runs; ei_context_create (EI_SIMD_AUTO, a sampled-ranking config,
@@ -620,6 +622,9 @@ typedef struct stack_env {
     size_t db;
     ei_keep_set ks, ks1;            /* per kv head; shared (heads_out 1) */
     float *scores, *shared, *kc, *vc;
+    void *daws, *dmt;               /* decode attention: ST_MT workspaces for the decode layer; the _mt helper's */
+    float *dpart;                   /* decode attention partials of ST_MT threads */
+    size_t daw, dmtw, dpw;
     int logged;
 } stack_env;
 typedef ei_result (*stack_fn)(stack_env *E, long arg);
@@ -764,6 +769,25 @@ static ei_result sc_keep(stack_env *E, long nth) {
     return nth ? ei_decode_keep_mt(E->ctx, &E->dec, &E->D.tk, &E->ks, (int)nth, E->dws, E->dw * ST_MT)
                : ei_decode_keep(E->ctx, &E->dec, &E->D.tk, &E->ks, E->dws, E->dw);
 }
+/* Decode attention of the decode layer's last query against its cache
+   (through the keep set E->ks when keep is set): both phases of nth
+   threads in turn on this thread, or the _mt helper with nth threads. */
+static ei_result sc_attn_decode_run(stack_env *E, long nth, int mt, const ei_keep_set *keep) {
+    ei_tensor q = ei_tensor_make(E->D.q + (size_t)(ST_DN - 1) * ST_HEADS * ST_DIM, EI_F32, 1, ST_HEADS, ST_DIM);
+    ei_out_tensor o = ei_out_tensor_make(E->out, EI_F32, 1, ST_HEADS, ST_DIM);
+    ei_result r = EI_OK;
+    int ith;
+    if (mt) return ei_attention_decode_keep_mt(E->ctx, &q, &E->D.tk, &E->D.tv, keep, &o, ST_DN - 1, (int)nth, E->dmt, E->dmtw);
+    for (ith = 0; ith < nth && r == EI_OK; ++ith)
+        r = ei_attention_decode_keep(E->ctx, &q, &E->D.tk, &E->D.tv, keep, &o, ST_DN - 1, ith, (int)nth, E->dpart, E->dpw,
+                                     (unsigned char *)E->daws + E->daw * (size_t)ith, E->daw);
+    for (ith = 0; ith < nth && r == EI_OK; ++ith) r = ei_attention_decode_merge(E->ctx, &o, E->dpart, E->dpw, ith, (int)nth);
+    return r;
+}
+static ei_result sc_attn_decode(stack_env *E, long nth) { return sc_attn_decode_run(E, nth, 0, NULL); }
+static ei_result sc_attn_decode_mt(stack_env *E, long nth) { return sc_attn_decode_run(E, nth, 1, NULL); }
+static ei_result sc_attn_decode_keep(stack_env *E, long nth) { return sc_attn_decode_run(E, nth, 0, &E->ks); }
+static ei_result sc_attn_decode_keep_mt(stack_env *E, long nth) { return sc_attn_decode_run(E, nth, 1, &E->ks); }
 static ei_result sc_score(stack_env *E, long arg) {
     (void)arg;
     return ei_decode_score(E->ctx, &E->dec, &E->D.tk, NULL, 0, E->scores, 0, 1, E->dws, E->dw);
@@ -848,6 +872,13 @@ static void stack_env_make(stack_env *E, ei_simd p) {
     E->dws = malloc(E->dw * ST_MT);
     E->out = (float *)malloc(sizeof(float) * ST_N * ST_PH * ST_DIM);
     E->D = synth_layer_make(ST_DN, ST_HEADS, ST_KV, ST_DIM, 64, 8);
+    ei_attention_workspace_size(E->ctx, ST_HEADS, ST_KV, ST_DIM, &E->daw);
+    ei_attention_decode_partials_size(E->ctx, 1, ST_HEADS, ST_DIM, ST_MT, &E->dpw);
+    ei_attention_decode_workspace_size(E->ctx, 1, ST_HEADS, ST_KV, ST_DIM, ST_MT, &E->dmtw);
+    E->daws = malloc(E->daw * ST_MT);
+    E->dmt = malloc(E->dmtw);
+    E->dpart = (float *)malloc(E->dpw);
+    if (!E->daws || !E->dmt || !E->dpart) { printf("out of memory\n"); exit(2); }
     ei_decoder_size(E->ctx, ST_HEADS, ST_DIM, &E->db);
     E->dec_mem = malloc(E->db);
     CHECK_ERR(ei_decoder_init(E->ctx, &E->dec, ST_HEADS, ST_KV, ST_DIM, E->dec_mem, E->db), EI_OK);
@@ -891,6 +922,7 @@ static void stack_env_free(stack_env *E) {
     free(E->ks.index); free(E->ks.positions); free(E->ks.mask); free(E->ks.pooled);
     free(E->ks1.index); free(E->ks1.positions);
     free(E->scores); free(E->shared); free(E->kc); free(E->vc);
+    free(E->daws); free(E->dmt); free(E->dpart);
 }
 /* Before a decode call: the decoder observed afresh (prep 1) or reset (prep 2). */
 static void stack_prep(stack_env *E, int prep) {
@@ -918,6 +950,12 @@ static const stack_case stack_cases[] = {
     {"ei_decode_keep_mt 8", sc_keep, 8, 1},
     {"ei_decode_score", sc_score, 0, 1},
     {"ei_decode_select", sc_select, 0, 0},
+    {"ei_attention_decode + merge 1", sc_attn_decode, 1, 0},
+    {"ei_attention_decode + merge 3", sc_attn_decode, 3, 0},
+    {"ei_attention_decode_mt 2", sc_attn_decode_mt, 2, 0},
+    {"ei_attention_decode_mt 8", sc_attn_decode_mt, 8, 0},
+    {"ei_attention_decode_keep 2", sc_attn_decode_keep, 2, 0},
+    {"ei_attention_decode_keep_mt 8", sc_attn_decode_keep_mt, 8, 0},
     {"ei_decode_shared_add", sc_shared_add, 0, 0},
     {"ei_decode_select_shared", sc_select_shared, 0, 0},
     {"ei_kv_compact", sc_compact, 0, 0},
