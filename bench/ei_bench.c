@@ -10,7 +10,7 @@
                     [--threads 2] [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512]
                     [--segment 512] [--block 8] [--threshold 4096] [--budget 2048]
                     [--e-t 1e-5] [--delta 0.4] [--alpha 0.5] [--per-segment]
-                    [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16]
+                    [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]
                     [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B]
                     [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
 
@@ -244,7 +244,7 @@ static void usage(void) {
     puts("usage: ei_bench [--n 8192,16384,32768] [--heads 8] [--kv-heads 2] [--dim 128] [--threads 2]\n"
          "                [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512] [--segment 512] [--block 8]\n"
          "                [--threshold 4096] [--budget 2048] [--e-t 1e-5] [--delta 0.4] [--alpha 0.5]\n"
-         "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16]\n"
+         "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]\n"
          "                [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]");
 }
 
@@ -279,9 +279,10 @@ int main(int argc, char **argv) {
             else if (!strcmp(s, "avx2")) cfg.simd = EI_SIMD_AVX2;
             else if (!strcmp(s, "avx512")) cfg.simd = EI_SIMD_AVX512;
             else if (!strcmp(s, "dpbf16") || !strcmp(s, "avx512-bf16")) cfg.simd = EI_SIMD_AVX512_BF16;
+            else if (!strcmp(s, "amx")) cfg.simd = EI_SIMD_AMX;
             else if (!strcmp(s, "neon")) cfg.simd = EI_SIMD_NEON;
             else {
-                fprintf(stderr, "ei_bench: unknown kernel '%s' (auto, scalar, avx2, avx512, dpbf16, neon)\n", s);
+                fprintf(stderr, "ei_bench: unknown kernel '%s' (auto, scalar, avx2, avx512, dpbf16, amx, neon)\n", s);
                 return 2;
             }
             if (!ei_cpu_supports(cfg.simd)) {

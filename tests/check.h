@@ -185,6 +185,10 @@ CHECK_FN void round_to_dtype(float *x, size_t n, ei_dtype dt) {
     for (i = 0; i < n; ++i)
         x[i] = dt == EI_F16 ? ei__f16_to_f32(ei__f32_to_f16(x[i])) : dt == EI_BF16 ? ei__bf16_to_f32(ei__f32_to_bf16(x[i])) : x[i];
 }
+/* Kernels whose all-bf16 attention rounds P to bf16 before P V
+   (vdpbf16ps, AMX tiles): ~2^-9 of max|v| per weight, as GPU flash
+   attention does; the others keep f32 and meet f32 tolerances. */
+CHECK_FN int kernel_rounds_p(ei_simd p) { return p == EI_SIMD_AVX512_BF16 || p == EI_SIMD_AMX; }
 CHECK_FN int close_to(double a, double b, double abs_tol, double rel_tol) { return fabs(a - b) <= abs_tol + rel_tol * fabs(b); }
 CHECK_FN int env_int(const char *name, int def) {
     const char *e = getenv(name);
@@ -195,7 +199,7 @@ CHECK_FN int env_int(const char *name, int def) {
    of width: EI_SIMD_AVX512_BF16 comes after EI_SIMD_NEON). */
 #define TEST_SIMD_END 8
 /* SIMD paths to test: every one this CPU and build support, or the one
-   EI_TEST_SIMD names (scalar|avx2|avx512|avx512-bf16|neon; auto: the one a
+   EI_TEST_SIMD names (scalar|avx2|avx512|avx512-bf16|amx|neon; auto: the one a
    default context picks; all). */
 CHECK_FN int test_simd_selected(ei_simd p) {
     const char *e = getenv("EI_TEST_SIMD");

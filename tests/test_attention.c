@@ -20,7 +20,7 @@
 #include "../entropyinfer.h"
 #include "check.h"
 
-static double g_worst[4][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
+static double g_worst[5][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
 
 /* ---- deterministic data ---------------------------------------------- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -86,10 +86,11 @@ static const kernel_desc g_kernels[] = {
     {"avx2", EI_SIMD_AVX2},
     {"avx512", EI_SIMD_AVX512},
     {"avx512-bf16", EI_SIMD_AVX512_BF16},
+    {"amx", EI_SIMD_AMX},
 };
 static int kernel_available(const kernel_desc *kd, ei_dtype qkv, int32_t d) {
     if (!ei_cpu_supports(kd->simd)) return 0;
-    if (kd->simd == EI_SIMD_AVX512_BF16) return qkv == EI_BF16 && d % 2 == 0;
+    if (kernel_rounds_p(kd->simd)) return qkv == EI_BF16 && d % 2 == 0;
     return 1;
 }
 
@@ -236,7 +237,7 @@ static void run_case(const case_desc *cd) {
                 }
         }
         /* f32 logits carry ~eps*|q||k| error: the bound scales with amp^2 */
-        tol = (K->simd == EI_SIMD_AVX512_BF16 ? 4e-3 : 1e-5) * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
+        tol = (kernel_rounds_p(K->simd) ? 4e-3 : 1e-5) * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
         if (cd->out_dt == EI_F16) tol += 1.0 / 2048;
         if (cd->out_dt == EI_BF16) tol += 1.0 / 256;
         for (t = 0; t < cd->n; ++t) {
@@ -415,7 +416,7 @@ static void test_extremes(void) {
     for (a = 0; a < 3; ++a)
         for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
             const kernel_desc *K = &g_kernels[kd];
-            ei_dtype dt = K->simd == EI_SIMD_AVX512_BF16 ? EI_BF16 : EI_F32;
+            ei_dtype dt = kernel_rounds_p(K->simd) ? EI_BF16 : EI_F32;
             ei_config c2 = cfg;
             ei_context *ctx;
             buf q, k, v;
@@ -620,7 +621,7 @@ static void test_decode_keep(void) {
                                         double a = guarded_out_get(&o, t, h, e), b = ref[((size_t)t * H + h) * D + e];
                                         if (!(fabs(a - b) <= worst)) worst = fabs(a - b);
                                     }
-                            tol = K->simd == EI_SIMD_AVX512_BF16 ? 4e-3 : 1e-5;
+                            tol = kernel_rounds_p(K->simd) ? 4e-3 : 1e-5;
                             CHECK(worst <= tol * 8, "%s %s heads_out %d nt %d made %lld nth %d: max err %.3g", K->name,
                                   dt == EI_F32 ? "f32" : "bf16", heads_out, nt, (long long)made, nth, worst);
                             CHECK(guarded_out_intact(&o) && guarded_out_intact(&o2), "guards");
@@ -795,7 +796,8 @@ int main(int argc, char **argv) {
     {   /* EI_SIMD_AUTO's bf16 attention follows the measured vdpbf16ps / FMA rate ratio */
         ei_context *ctx;
         double ratio = ei_cpu_dpbf16_ratio();
-        ei_simd expect = ei_cpu_supports(EI_SIMD_AVX512_BF16) && ratio >= 1.25 ? EI_SIMD_AVX512_BF16
+        ei_simd expect = ei_cpu_supports(EI_SIMD_AMX) ? EI_SIMD_AMX
+                         : ei_cpu_supports(EI_SIMD_AVX512_BF16) && ratio >= 1.25 ? EI_SIMD_AVX512_BF16
                          : ei_cpu_supports(EI_SIMD_AVX512) ? EI_SIMD_AVX512 : ei_cpu_supports(EI_SIMD_AVX2) ? EI_SIMD_AVX2
                          : ei_cpu_supports(EI_SIMD_NEON) ? EI_SIMD_NEON : EI_SIMD_SCALAR;
         CHECK(ei_context_create(NULL, &ctx) == EI_OK, "default context");
