@@ -1500,15 +1500,19 @@ static unsigned ei__cpu_paths(void) {
 #ifdef EI__HAVE_AVX512
             if (zmm_os && avx2 && fma && f16c && f && dq && bw && vl) paths |= 1u << EI_SIMD_AVX512;
 #endif
-#ifdef EI__HAVE_AMX /* AMX-TILE, AMX-BF16: leaf 7 EDX bits 24, 22; XCR0 bits 17-18; the process's permission */
-            if (((d >> 24) & 1u) && ((d >> 22) & 1u) && (xcr0 & 0x60000u) == 0x60000u && ei__amx_permitted())
-                paths |= 1u << EI_SIMD_AMX;
-#endif
 #ifdef EI__HAVE_AVX512BF16 /* AVX512_BF16: cpuid leaf 7 subleaf 1, EAX bit 5 */
-            if (((paths >> EI_SIMD_AVX512) & 1u) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u))
-                paths |= 1u << EI_SIMD_AVX512_BF16;
-            else
-                paths &= ~(1u << EI_SIMD_AMX); /* the AMX table runs the AVX512_BF16 stages around its tiles */
+            {
+                unsigned edx7 = d; /* leaf 7 subleaf 0 */
+                if (((paths >> EI_SIMD_AVX512) & 1u) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u)) {
+                    paths |= 1u << EI_SIMD_AVX512_BF16;
+#ifdef EI__HAVE_AMX /* AMX-TILE, AMX-BF16: leaf 7 EDX bits 24, 22; XCR0 bits 17-18; the process's permission
+                       (the AMX table runs AVX512_BF16 stages around its tiles) */
+                    if (((edx7 >> 24) & 1u) && ((edx7 >> 22) & 1u) && (xcr0 & 0x60000u) == 0x60000u && ei__amx_permitted())
+                        paths |= 1u << EI_SIMD_AMX;
+#endif
+                }
+                (void)edx7;
+            }
 #endif
             (void)avx2; (void)f; (void)dq; (void)bw; (void)vl; (void)zmm_os; (void)ymm_os;
         }

@@ -154,13 +154,14 @@ test-compilers:
 # ---------------------------------------------------------------- attention kernels
 # build/test_attention (full), then each build below with --quick (t_asan_gcc: full).
 T_SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-T_ATTN_BINS := $(addprefix $(BUILD)/attn/,t_gcc t_gxx t_noavx512 t_noavx2 t_nobf16 t_dpbf16 t_nosimd t_asan_gcc \
+T_ATTN_BINS := $(addprefix $(BUILD)/attn/,t_gcc t_gxx t_noavx512 t_noavx2 t_nobf16 t_noamx t_dpbf16 t_nosimd t_asan_gcc \
                  $(if $(CLANG),t_clang t_asan_clang) $(if $(CLANGXX),t_clangxx t_asan_clangxx))
 $(BUILD)/attn/t_gcc:          T_A = gcc $(T_C) -O2
 $(BUILD)/attn/t_gxx:          T_A = g++ $(T_CXX) -O2
 $(BUILD)/attn/t_noavx512:     T_A = gcc $(T_C) -O2 -DEI_NO_PTHREADS -DEI_NO_AVX512
 $(BUILD)/attn/t_noavx2:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX2
 $(BUILD)/attn/t_nobf16:       T_A = gcc $(T_C) -O2 -DEI_NO_AVX512BF16
+$(BUILD)/attn/t_noamx:        T_A = gcc $(T_C) -O2 -DEI_NO_AMX
 $(BUILD)/attn/t_dpbf16:       T_A = gcc $(T_C) -O2 -DEI_ATTN_PREFER_DPBF16
 $(BUILD)/attn/t_nosimd:       T_A = gcc $(T_C) -O2 -DEI_NO_SIMD
 $(BUILD)/attn/t_asan_gcc:     T_A = gcc $(T_C) $(T_SAN) -include assert.h -DEI_ASSERT=assert
