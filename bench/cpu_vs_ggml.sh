@@ -3,7 +3,8 @@
 # Issue 16's CPU comparison in one run, on this machine, side by side:
 #   - the CPU, and the vdpbf16ps / f32 FMA rate ratio the library measured;
 #   - dense attention (8/2 heads, dim 128, N tokens, default 16384) with the
-#     DEFAULT kernel choice and with every kernel forced, f32 and bf16 inputs;
+#     DEFAULT kernel choice and with every kernel forced (avx512, avx2, and for
+#     bf16 the vdpbf16ps and AMX tile kernels where the CPU has them);
 #   - ggml's flash_attn_ext (f32 Q; K/V f16, bf16 and f32) on the same shapes;
 #   - profiling at 32k with ONE kv head (8/1 heads): its share of dense attention;
 #   - one decode step (32/8 heads, dim 128, 32768 cached keys, bf16): ours split
@@ -26,8 +27,8 @@ echo "== peak FLOP rates"
 ./build/ei_bench --peak --threads "$T"
 echo "== dense/sparse attention, N=$N, 8/2 heads, dim 128, $T threads"
 for dt in f32 bf16; do
-    for k in auto avx512 avx2 dpbf16; do
-        if [ "$k" = dpbf16 ] && [ "$dt" = f32 ]; then continue; fi
+    for k in auto avx512 avx2 dpbf16 amx; do
+        if { [ "$k" = dpbf16 ] || [ "$k" = amx ]; } && [ "$dt" = f32 ]; then continue; fi
         echo "-- dtype $dt kernel $k"
         ./build/ei_bench --n "$N" --threads "$T" --dtype "$dt" --kernel "$k" --json 2>&1 || echo "(kernel $k not available)"
     done
