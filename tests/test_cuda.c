@@ -1036,7 +1036,14 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
         gpu_profile(g, cpu, &tq, &tk, 0, &gpg, EI_OK);
         unsetenv("EI_CUDA_SAMPLED_GENERIC");
         OK(ei_plan_alloc(cpu, &cp, n, nkv, D, 0));
-        OK(ei_profile(cpu, &hq, &htk, &cp, cws, cwsb));
+        {   /* the sampled ranking's own (larger) workspace */
+            size_t swsb;
+            void *sws;
+            OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &swsb));
+            sws = malloc(swsb);
+            OK(ei_profile(cpu, &hq, &htk, &cp, sws, swsb));
+            free(sws);
+        }
         for (h = 0; h < nkv; h++)
             for (s = 0; s < cp.n_segments; s++) {
                 size_t row = (size_t)h * cp.seg_capacity + s;
