@@ -38,7 +38,19 @@
    1.62 / 5.21 / 18.53 ms at 32k / 64k / 128k (7.8 / 6.2 / 5.4% of dense;
    the reference ranking's 0.58 / 1.57 / 4.79 ms); at 128k the sampled rows'
    two passes take 6.1 + 7.4 ms (wgmma; 20.5 ms in all with mma.sync), the
-   ranking with top_p 0.55 ms. */
+   ranking with top_p 0.55 ms.
+   Two lines more per size, "real density 30% / 50%": base_budget bisected
+   (reference ranking, the plan read back) until the plan keeps that share of
+   the dense causal pairs, as the real model does (Gemma 3 270M: 37-63%);
+   profile and sparse ms (first CTA shape), profile + sparse against SDPA's
+   dense time. Then a table of f32 queries: the same Q values as f32, dense
+   attention (first CTA shape) and both profiles, beside the bf16 q; the
+   sampled rows on CUDA cores (EI_CUDA_SAMPLED_GENERIC=1) at the first size.
+   Measured 2026-12-02 (one H200, CUDA 13.0, driver 580.159.04, torch 2.11):
+   profile + sparse vs SDPA dense at 30% density 1.44x / 1.65x / 1.80x at
+   32k / 64k / 128k, at 50% 0.89x / 1.00x / 1.08x; dense with f32 q 21.17 /
+   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (README.md,
+   GPU tables). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
