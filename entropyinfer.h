@@ -758,8 +758,9 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    an f16 cache): an f32 q is rounded to k's 16-bit type (round to nearest
    even) as each Q tile is loaded, without a copy of Q, since the tensor cores
    take 16-bit operands; the CPU keeps q in f32. The logits then differ from
-   the CPU's by up to 2^-9 (bf16; f16: 2^-11) of scale * sum |q_i k_i|, about
-   2^-9 of the typical logit magnitude: outputs agree within the 16-bit
+   the CPU's by at most u * scale * sum |q_i k_i|, u the unit roundoff (2^-8
+   for bf16's 8 significant bits, 2^-11 for f16's 11; about u/sqrt(3) rms per
+   element, ~2^-9 for bf16): outputs agree within the 16-bit
    kernels' usual tolerance (tests/test_cuda.c), and equal bit for bit the GPU's
    result for q rounded to k's type beforehand. An f32 q element that rounds to
    Inf (f16: |x| >= 65520) is refused like NaN/Inf (EI_ERR_NONFINITE); other

@@ -42,8 +42,9 @@
                               each element is rounded to k's type (nearest
                               even) as the Q tile is loaded into shared memory
                               (no copy of Q; the MMAs take 16-bit operands), so
-                              logits carry up to 2^-9 (bf16) / 2^-11 (f16)
-                              relative error of scale * sum |q_i k_i| that the
+                              logits carry up to 2^-8 (bf16; ~2^-9 rms) /
+                              2^-11 (f16) of scale * sum |q_i k_i| (the unit
+                              roundoff of the 16-bit type) that the
                               CPU, which keeps q in f32, does not; the scan
                               reads q as f32 and checks the rounded values (an
                               f16 Inf from |x| >= 65520 is refused too)
