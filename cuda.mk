@@ -14,6 +14,8 @@
 #                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
+#                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
+#                             and f32 queries (dense attention, profiling) against bf16 q
 NVCC        ?= nvcc
 CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
                -gencode arch=compute_90,code=compute_90

@@ -754,7 +754,24 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
 /* ---------------------------------------------------------------- GPU memory */
 /* With the CUDA backend every tensor, plan array, decoder ring, keep set and
    workspace is device memory; these helpers let engines without CUDA headers
-   (and the tests) manage it. On the CPU backend they return EI_ERR_UNSUPPORTED. */
+   (and the tests) manage it. On the CPU backend they return EI_ERR_UNSUPPORTED.
+   Attention on the GPU (prefill and decode) takes k and v both bf16 or both
+   f16, head_dim 64/128/256, and q of k's dtype or f32 (llama.cpp's f32 Q over
+   an f16 cache): an f32 q is rounded to k's 16-bit type (round to nearest
+   even) as each Q tile is loaded, without a copy of Q, since the tensor cores
+   take 16-bit operands; the CPU keeps q in f32. The logits then differ from
+   the CPU's by at most u * scale * sum |q_i k_i|, u the unit roundoff (2^-8
+   for bf16's 8 significant bits, 2^-11 for f16's 11; about u/sqrt(3) rms per
+   element, ~2^-9 for bf16): outputs agree within the 16-bit
+   kernels' usual tolerance (tests/test_cuda.c), and equal bit for bit the GPU's
+   result for q rounded to k's type beforehand. An f32 q element that rounds to
+   Inf (f16: |x| >= 65520) is refused like NaN/Inf (EI_ERR_NONFINITE); other
+   mixes (q f16 with k bf16, k and v of different dtypes, f32 k/v) get
+   EI_ERR_DTYPE. Profiling takes any dtypes: the reference ranking reads q in
+   f32 either way (plans equal the CPU's); the sampled ranking (EI_RANK_SAMPLED)
+   rounds an f32 q to k's type on the tensor cores as attention does (an f32 q
+   element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
+   in f32 for f32 k or head_dim other than 64/128/256. */
 enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
 EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
 EIDEF void ei_device_free(const ei_context *ctx, void *ptr);

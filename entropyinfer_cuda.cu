@@ -20,7 +20,8 @@
              >>cuda-scores    segment x block scores (f32, two dot products each)
              >>cuda-softmax   masked softmax + entropy per (kv head, segment)
              >>cuda-sampled   EI_RANK_SAMPLED: block mass of the sampled query
-                              rows (exact softmax; tensor cores for bf16/f16:
+                              rows (exact softmax; tensor cores for bf16/f16 k
+                              with q of k's type or f32, rounded to it on load:
                               wgmma on Hopper, else mma.sync; CUDA cores else)
              >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_count /
                               ei__cap_blocks, one thread per kv head
@@ -36,7 +37,17 @@
                               gathered K/V tile is read once for the group;
                               ragged per-head budgets; one launch per layer;
                               views of any element-aligned layout; NaN/Inf in
-                              the Q and K rows read: EI_ERR_NONFINITE
+                              the Q and K rows read: EI_ERR_NONFINITE.
+                              q may be f32 over bf16/f16 k and v (llama.cpp):
+                              each element is rounded to k's type (nearest
+                              even) as the Q tile is loaded into shared memory
+                              (no copy of Q; the MMAs take 16-bit operands), so
+                              logits carry up to 2^-8 (bf16; ~2^-9 rms) /
+                              2^-11 (f16) of scale * sum |q_i k_i| (the unit
+                              roundoff of the 16-bit type) that the
+                              CPU, which keeps q in f32, does not; the scan
+                              reads q as f32 and checks the rounded values (an
+                              f16 Inf from |x| >= 65520 is refused too)
    decode    >>cuda-decode    observation ring (NaN/Inf scan first); row maps
                               (row_pos: checked, each sorted by position with
                               CUB's radix sort); window scoring of the last
@@ -103,6 +114,7 @@ static ei_result fail(char *msg, ei_result code, const char *fmt, ...) {
     } while (0)
 
 static inline cudaStream_t stream_of(const ei_config *cfg) { return (cudaStream_t)cfg->cuda_stream; }
+static const char *dtype_str(int dt) { return dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : dt == EI_BF16 ? "bf16" : "?"; }
 
 /* a*b with overflow check into *out (size_t) */
 static bool mul_ok(size_t a, size_t b, size_t *out) {
@@ -269,7 +281,8 @@ __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, i
 
 /* ============================================================ >>cuda-minmax */
 /* Profiling flags (one int in the workspace, read back at the end). */
-enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8, PF_SAMPLED = 16 };
+enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8, PF_SAMPLED = 16,
+       PF_Q_RANGE = 32 /* an f32 query beyond the 16-bit type the sampled rows round it to */ };
 
 /* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's queries */
 __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t n,
@@ -854,6 +867,9 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     CUDA_TRY(cudaStreamSynchronize(st));
     if (host_flag & PF_NAN_K) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k");
     if (host_flag & PF_NAN_Q) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q");
+    if (host_flag & PF_Q_RANGE)
+        return fail(msg, EI_ERR_NONFINITE, "f32 q rounds to Inf in k's 16-bit type (|x| >= 65520 for f16) in a sampled "
+                    "row (the GPU's tensor-core sampled ranking rounds q to k's dtype)");
     if (host_flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
     if (host_flag & PF_SAMPLED) return fail(msg, EI_ERR_NONFINITE, "sampled scores overflow float32");
     if (host_flag & PF_KEEP)
@@ -884,6 +900,7 @@ struct AttnParams {
     int s_last, tiles_per_seg;
     float scale_log2;
     const unsigned long long *bad; /* the scan's report: the kernel does nothing unless it is ~0 */
+    int q_f32; /* q is f32: each element rounded to T (k's dtype) as the Q tile is loaded */
 };
 /* The order of the reports: q before k, then by token (key position) and head. */
 __device__ __forceinline__ unsigned long long attn_bad_key(int is_k, int64_t tok, int head) {
@@ -921,6 +938,34 @@ template <typename T> __device__ __forceinline__ void load16(uint4 *dst, const T
 #pragma unroll
     for (int e = 0; e < 8; e++) u.h[e] = ((const unsigned short *)src)[e];
     *dst = u.v;
+}
+/* 8 f32 elements of a query row, rounded to T (round to nearest even) into
+   16 bytes of shared memory: how an f32 Q (llama.cpp's) meets 16-bit K/V.
+   vec: two 16-byte loads (data 16-byte aligned, strides multiples of 8
+   elements), else element loads. Synchronous: the Q tile is loaded once per
+   CTA, beside the cp.async K/V tiles. */
+template <typename T> __device__ __forceinline__ uint4 round8_of_f32(const float *src, int vec) {
+    float x[8];
+    if (vec) {
+        float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+        x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = src[e];
+    }
+    union { uint4 v; T h[8]; } u;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        if constexpr (std::is_same<T, __half>::value) u.h[e] = __float2half_rn(x[e]);
+        else u.h[e] = __float2bfloat16_rn(x[e]);
+    }
+    return u.v;
+}
+/* A Q row chunk (8 elements) into shared memory as T: load16 for a T view,
+   rounded from f32 for an f32 view (q_f32) */
+template <typename T> __device__ __forceinline__ void load16_q(uint4 *dst, const void *src, int64_t off, int q_f32, int vec) {
+    if (q_f32) *dst = round8_of_f32<T>((const float *)src + off, vec);
+    else load16<T>(dst, (const T *)src + off, vec);
 }
 /* Non-zero when one of the 8 bf16/f16 elements of v is NaN or Inf (its
    exponent field all ones): adding the exponent's lowest bit to the masked
@@ -1188,7 +1233,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         int hr = row / p.T, tok = t0 + row % p.T;
         uint4 *dst = &sQ[at(row, ch, ROWS)];
         if (hr < hc && tok < t1)
-            load16<T>(dst, (const T *)p.q + (tok - p.q_offset) * p.q_ts + (int64_t)(h0 + hr) * p.q_hs + ch * 8, VEC);
+            load16_q<T>(dst, p.q, (tok - p.q_offset) * p.q_ts + (int64_t)(h0 + hr) * p.q_hs + ch * 8, p.q_f32, VEC);
         else
             *dst = make_uint4(0, 0, 0, 0);
     }
@@ -1551,6 +1596,7 @@ struct ScanParams {
     const void *q, *k;
     int64_t q_ts, q_hs, k_ts, k_hs, q_offset, nq, dense_hi;
     int nh, nkv, D, vec_q, vec_k;
+    int q_f32; /* q is f32: its chunks are rounded to T first (what the kernel reads) */
     ei_config cfg;
     int plan_nseg, plan_final, s_first;
     const int *keep_count, *block_index;
@@ -1578,9 +1624,14 @@ template <typename T> __global__ void __launch_bounds__(256) attn_scan_rows_kern
         int64_t u = is_k ? e - nq_chunks : e, row = u / cpr;
         int c = (int)(u % cpr), nheads = is_k ? p.nkv : p.nh, h = (int)(row % nheads);
         int64_t t = row / nheads;
-        const T *src = is_k ? (const T *)p.k + t * p.k_ts + (int64_t)h * p.k_hs + c * 8
-                            : (const T *)p.q + t * p.q_ts + (int64_t)h * p.q_hs + c * 8;
-        if (scan_chunk<T>(src, is_k ? p.vec_k : p.vec_q)) {
+        uint32_t nonfinite;
+        if (is_k)
+            nonfinite = scan_chunk<T>((const T *)p.k + t * p.k_ts + (int64_t)h * p.k_hs + c * 8, p.vec_k);
+        else if (p.q_f32) /* NaN/Inf in f32, or beyond T's range (f16: |x| >= 65520 rounds to Inf) */
+            nonfinite = nonfinite8<T>(round8_of_f32<T>((const float *)p.q + t * p.q_ts + (int64_t)h * p.q_hs + c * 8, p.vec_q));
+        else
+            nonfinite = scan_chunk<T>((const T *)p.q + t * p.q_ts + (int64_t)h * p.q_hs + c * 8, p.vec_q);
+        if (nonfinite) {
             if (is_k && t >= p.dense_hi) *p.suspect = 0; /* the second pass decides */
             else atomicMin(p.bad, attn_bad_key(is_k, is_k ? t : p.q_offset + t, h));
         }
@@ -1701,8 +1752,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     ei_result r;
     (void)ws; (void)ws_bytes;
     int D = q->head_dim, nh = q->n_heads, nkv = k->n_heads;
-    if (q->dtype != k->dtype || q->dtype != v->dtype || q->dtype == EI_F32)
-        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs q, k and v all bf16 or all f16 (the output may be any dtype)");
+    if (k->dtype != v->dtype || k->dtype == EI_F32)
+        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs k and v both bf16 or both f16 (got k %s, v %s; q may be "
+                    "k's dtype or f32, the output any dtype)", dtype_str(k->dtype), dtype_str(v->dtype));
+    if (q->dtype != k->dtype && q->dtype != EI_F32)
+        return fail(msg, EI_ERR_DTYPE, "CUDA attention needs q of k's dtype (%s) or f32 (rounded to %s on the GPU); "
+                    "got q %s", dtype_str(k->dtype), dtype_str(k->dtype), dtype_str(q->dtype));
+    const int q_f32 = q->dtype == EI_F32;
     if (D != 64 && D != 128 && D != 256)
         return fail(msg, EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim 64, 128 and 256 (got %d)", D);
     bool vec = attn_vec_rows(q->data, q->token_stride, q->head_stride) &&
@@ -1717,6 +1773,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     p.q_ts = q->token_stride; p.q_hs = q->head_stride; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
     p.v_ts = v->token_stride; p.v_hs = v->head_stride; p.o_ts = out->token_stride; p.o_hs = out->head_stride;
     p.out_dtype = out->dtype;
+    p.q_f32 = q_f32;
     p.n_kv = nkv; p.G = G;
     p.HC = G < rows ? G : rows;
     p.T = rows / p.HC;
@@ -1738,13 +1795,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     int64_t grid = (int64_t)(p.s_last - s_first + 1) * nkv * p.chunks * p.tiles_per_seg;
     if ((r = grid_fits("attention", grid, 1, 1, msg))) return r;
     cudaStream_t st = stream_of(cfg);
-    bool bf = q->dtype == EI_BF16;
+    bool bf = k->dtype == EI_BF16; /* the kernels' type: k's (an f32 q is rounded to it) */
     ScanParams sp;
     memset(&sp, 0, sizeof sp);
     sp.q = q->data; sp.k = k->data;
     sp.q_ts = q->token_stride; sp.q_hs = q->head_stride; sp.k_ts = k->token_stride; sp.k_hs = k->head_stride;
     sp.q_offset = q_offset; sp.nq = q->n_tokens;
-    sp.nh = nh; sp.nkv = nkv; sp.D = D;
+    sp.nh = nh; sp.nkv = nkv; sp.D = D; sp.q_f32 = q_f32;
     sp.vec_q = attn_vec_rows(q->data, q->token_stride, q->head_stride);
     sp.vec_k = attn_vec_rows(k->data, k->token_stride, k->head_stride);
     sp.cfg = *cfg;
@@ -1762,7 +1819,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         (r = attention_launch(p, D, bf, vec, (unsigned)grid, st, msg)) || (r = slot_read(st, slot, &bad, msg)))
         return r;
     if (bad != ~0ull)
-        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in %s (%s %d, %s %lld)", bad >> 62 ? "k" : "q",
+        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in %s%s (%s %d, %s %lld)", bad >> 62 ? "k" : "q",
+                    !(bad >> 62) && q_f32 ? (bf ? " (f32, rounded to bf16)" : " (f32 rounded to f16: NaN, Inf or |x| >= 65520)") : "",
                     bad >> 62 ? "kv head" : "head", (int)(bad & 4095u), bad >> 62 ? "key" : "token",
                     (long long)((bad >> 12) & ((1ull << 50) - 1)));
     return EI_OK;
@@ -1987,10 +2045,19 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
             int L = r >> 4, pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
             if (t >= 0) {
-                const T *src = (const T *)p.q + (int64_t)t * p.q_ts + (int64_t)head * p.q_hs;
+                int64_t src = (int64_t)t * p.q_ts + (int64_t)head * p.q_hs;
                 atomicMax(&kend1_s, t + 1);
                 atomicMax(&kend2_s, s * p.seg);
-                for (int ch = 0; ch < CH; ch++) load16<T>(&sQ[at(pr, ch, MS_ROWS)], src + ch * 8, p.vec);
+                if (p.q_dtype == EI_F32) { /* rounded to T, as attention does; beyond T's range: refused */
+                    uint32_t bad = 0;
+                    for (int ch = 0; ch < CH; ch++) {
+                        uint4 v = round8_of_f32<T>((const float *)p.q + src + ch * 8, p.vec);
+                        bad |= nonfinite8<T>(v);
+                        sQ[at(pr, ch, MS_ROWS)] = v;
+                    }
+                    if (bad) atomicOr(p.flag, PF_Q_RANGE);
+                } else
+                    for (int ch = 0; ch < CH; ch++) load16<T>(&sQ[at(pr, ch, MS_ROWS)], (const T *)p.q + src + ch * 8, p.vec);
             } else
                 for (int ch = 0; ch < CH; ch++) sQ[at(pr, ch, MS_ROWS)] = make_uint4(0, 0, 0, 0);
         }
@@ -2363,7 +2430,9 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         LAUNCH_CHECK("mass_zero_kernel");
     }
     const char *e = getenv("EI_CUDA_SAMPLED_GENERIC");
-    bool mma = q->dtype == k->dtype && q->dtype != EI_F32 && (D == 64 || D == 128 || D == 256) && !(e && e[0] == '1');
+    /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded) */
+    bool mma = k->dtype != EI_F32 && (q->dtype == k->dtype || q->dtype == EI_F32) && (D == 64 || D == 128 || D == 256) &&
+               !(e && e[0] == '1');
     ei_result r;
     if (!mma) { /* one CTA per (kv head, segment) */
         p.spc = 1; p.rpad = MG_RT; p.rchunks = 1; p.ns = 1;
@@ -2377,7 +2446,7 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
             !(q->head_stride & 7) && !(k->token_stride & 7) && !(k->head_stride & 7);
     if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv * p.ns, 1, 1, msg))) return r;
     unsigned grid = (unsigned)((int64_t)p.ngroups * p.nkv * p.ns);
-    bool bf = q->dtype == EI_BF16;
+    bool bf = k->dtype == EI_BF16;
     const char *em = getenv("EI_CUDA_SAMPLED_MMA"); /* 1: mma.sync even where wgmma runs */
     bool wg = wgmma_available() && !(em && em[0] == '1');
 #define EI__MASS_K(DD, TT, WW)                                                                            \

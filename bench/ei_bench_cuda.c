@@ -38,7 +38,19 @@
    1.62 / 5.21 / 18.53 ms at 32k / 64k / 128k (7.8 / 6.2 / 5.4% of dense;
    the reference ranking's 0.58 / 1.57 / 4.79 ms); at 128k the sampled rows'
    two passes take 6.1 + 7.4 ms (wgmma; 20.5 ms in all with mma.sync), the
-   ranking with top_p 0.55 ms. */
+   ranking with top_p 0.55 ms.
+   Two lines more per size, "real density 30% / 50%": base_budget bisected
+   (reference ranking, the plan read back) until the plan keeps that share of
+   the dense causal pairs, as the real model does (Gemma 3 270M: 37-63%);
+   profile and sparse ms (first CTA shape), profile + sparse against SDPA's
+   dense time. Then a table of f32 queries: the same Q values as f32, dense
+   attention (first CTA shape) and both profiles, beside the bf16 q; the
+   sampled rows on CUDA cores (EI_CUDA_SAMPLED_GENERIC=1) at the first size.
+   Measured 2026-12-02 (one H200, CUDA 13.0, driver 580.159.04, torch 2.11):
+   profile + sparse vs SDPA dense at 30% density 1.44x / 1.65x / 1.80x at
+   32k / 64k / 128k, at 50% 0.89x / 1.00x / 1.08x; dense with f32 q 21.17 /
+   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (README.md,
+   GPU tables). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
@@ -111,6 +123,51 @@ static double median_ms(double *v, int n) {
     return v[n / 2];
 }
 
+/* Share of the dense causal (query, key) pairs a host plan attends. */
+static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
+    double useful = 0;
+    int64_t t;
+    int i;
+    for (t = 0; t < n; t++) {
+        int s = (int)(t / c->segment_size);
+        int64_t start = (int64_t)s * c->segment_size;
+        if (ei_plan_segment_is_sparse(cpu, hp, s))
+            for (i = 0; i < NKV; i++)
+                useful += (NH / NKV) * ((double)hp->keep_count[(size_t)i * hp->seg_capacity + s] * c->block_size +
+                                        (double)(t - start + 1));
+        else
+            useful += (double)NH * (double)(t + 1);
+    }
+    return useful / ((double)NH * (double)n * (double)(n + 1) / 2.0);
+}
+/* One profile (GPU) with base_budget `base`: the plan on the device (*mem,
+   reallocated) and its density; *ctx_out keeps the context. */
+static double profile_at(const ei_config *base_cfg, int base, int64_t n, void *dq, void *dk, void *ws, size_t ws_bytes,
+                         ei_context **gctx, ei_context **cctx, void **mem, ei_plan *plan) {
+    ei_config c = *base_cfg, h;
+    ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
+    ei_plan hp;
+    size_t pb, wsb;
+    double d;
+    c.base_budget = base;
+    if (*gctx) { ei_device_free(*gctx, *mem); ei_context_destroy(*gctx); ei_context_destroy(*cctx); }
+    OK(ei_context_create(&c, gctx));
+    h = c;
+    h.backend = EI_BACKEND_CPU;
+    OK(ei_context_create(&h, cctx));
+    OK(ei_plan_size(*gctx, n, NKV, HD, 0, &pb));
+    OK(ei_device_alloc(*gctx, mem, pb));
+    OK(ei_plan_init(*gctx, plan, n, NKV, HD, 0, *mem, pb));
+    OK(ei_profile_workspace_size(*gctx, n, NH, NKV, HD, &wsb));
+    if (wsb > ws_bytes) { fprintf(stderr, "profile workspace too small\n"); exit(1); }
+    OK(ei_profile(*gctx, &tq, &tk, plan, ws, wsb));
+    OK(ei_plan_alloc(*cctx, &hp, n, NKV, HD, 0));
+    OK(ei_plan_copy(*gctx, &hp, plan, EI_COPY_DEVICE_TO_HOST));
+    d = plan_density(*cctx, &hp, &c, n);
+    ei_plan_free(*cctx, &hp);
+    return d;
+}
+
 int main(int argc, char **argv) {
     int64_t sizes[8] = {32768, 65536, 131072}, nmax = 0;
     int nsizes = 3, i, si, rep;
@@ -119,7 +176,10 @@ int main(int argc, char **argv) {
     ei_context *g, *cpu, *gq, *cpuq;
     uint16_t *hq, *hk, *hv;
     void *dq, *dk, *dv, *dout, *ws, *plan_mem, *qplan_mem;
-    size_t bytes, qbytes;
+    size_t bytes, qbytes, wsmax;
+    void *dq32;
+    double dense_bf16[8] = {0}, dense_f32q[8] = {0}, prof_f32q[8] = {0}, profq_f32q[8] = {0}, profq_bf16[8] = {0},
+           profq_gen_f32q[8] = {0}, prof_bf16[8] = {0};
     double sdpa_ms[8] = {0};
     const ei_cuda_api *api;
     char msg[EI_CUDA_MSG_SIZE];
@@ -203,7 +263,30 @@ int main(int argc, char **argv) {
     OK(ei_device_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
     OK(ei_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
     OK(ei_profile_workspace_size(gq, nmax, NH, NKV, HD, &qbytes));
-    OK(ei_device_alloc(g, &ws, bytes > qbytes ? bytes : qbytes));
+    {   /* the real-density rows profile with base budgets up to nmax: size the workspace for that too */
+        ei_config bc = cfg;
+        ei_context *gb;
+        size_t bb;
+        bc.base_budget = (int)(nmax < (1 << 30) ? nmax : (1 << 30));
+        OK(ei_context_create(&bc, &gb));
+        OK(ei_profile_workspace_size(gb, nmax, NH, NKV, HD, &bb));
+        ei_context_destroy(gb);
+        if (bb > bytes) bytes = bb;
+    }
+    wsmax = bytes > qbytes ? bytes : qbytes;
+    OK(ei_device_alloc(g, &ws, wsmax));
+    OK(ei_device_alloc(g, &dq32, (size_t)nmax * NH * HD * 4));
+    {   /* the same queries as f32 (exact: bf16 values), for the f32-query rows */
+        float *h32 = (float *)malloc((size_t)nmax * NH * HD * 4);
+        size_t e;
+        if (!h32) { fprintf(stderr, "out of host memory\n"); return 1; }
+        for (e = 0; e < (size_t)nmax * NH * HD; e++) {
+            uint32_t u = (uint32_t)hq[e] << 16;
+            memcpy(&h32[e], &u, 4);
+        }
+        OK(ei_device_copy(g, dq32, h32, (size_t)nmax * NH * HD * 4, EI_COPY_HOST_TO_DEVICE));
+        free(h32);
+    }
     {
         size_t pb;
         OK(ei_plan_size(g, nmax, NKV, HD, 0, &pb));
@@ -335,11 +418,112 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
         ei_plan_free(cpu, &hplan);
+        prof_bf16[si] = prof;
+        profq_bf16[si] = profq;
+        {   /* f32 queries (bf16 k/v): dense attention, first CTA shape; profile, both rankings */
+            ei_tensor tq32 = ei_tensor_make(dq32, EI_F32, n, NH, HD);
+            setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+            for (w = 0; w < 2; w++) {
+                const ei_tensor *qq = w ? &tq32 : &tq;
+                OK(ei_attention_prefill(g, qq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
+                api->synchronize(cfg.cuda_stream, msg);
+                for (rep = 0; rep < reps; rep++) {
+                    double t0 = now_ms();
+                    OK(ei_attention_prefill(g, qq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
+                    api->synchronize(cfg.cuda_stream, msg);
+                    v[rep] = now_ms() - t0;
+                }
+                if (w) dense_f32q[si] = median_ms(v, reps);
+                else dense_bf16[si] = median_ms(v, reps);
+            }
+            OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
+            OK(ei_profile(g, &tq32, &tk, &plan, ws, wsb));
+            for (rep = 0; rep < reps; rep++) {
+                double t0 = now_ms();
+                OK(ei_profile(g, &tq32, &tk, &plan, ws, wsb));
+                v[rep] = now_ms() - t0;
+            }
+            prof_f32q[si] = median_ms(v, reps);
+            OK(ei_profile_workspace_size(gq, n, NH, NKV, HD, &wsb));
+            OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+            for (rep = 0; rep < reps; rep++) {
+                double t0 = now_ms();
+                OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                v[rep] = now_ms() - t0;
+            }
+            profq_f32q[si] = median_ms(v, reps);
+            if (si == 0) { /* the CUDA-core sampled path (f32 q read as f32), smallest size only: slow */
+                setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+                OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                for (rep = 0; rep < 3; rep++) {
+                    double t0 = now_ms();
+                    OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                    v[rep] = now_ms() - t0;
+                }
+                profq_gen_f32q[si] = median_ms(v, 3);
+                unsetenv("EI_CUDA_SAMPLED_GENERIC");
+            }
+        }
+        {   /* real densities: base_budget found by bisection so that the plan keeps ~30% / ~50% of the dense
+               causal pairs (the Gemma 3 270M measurements: 37-63%); profile ms, sparse ms (first CTA shape),
+               profile + sparse against SDPA's dense time */
+            static const double targets[2] = {0.30, 0.50};
+            int ti;
+            for (ti = 0; ti < 2; ti++) {
+                int lo = cfg.block_size, hi = (int)(n < (1 << 30) ? n : (1 << 30)), base = lo, it;
+                double dens = 0, pms, sms;
+                ei_context *gc = NULL, *cc = NULL;
+                void *pmem = NULL;
+                ei_plan pl;
+                for (it = 0; it < 18 && hi - lo > cfg.block_size; it++) { /* density rises with the budget */
+                    int mid = (lo + hi) / 2 / cfg.block_size * cfg.block_size;
+                    double d = profile_at(&cfg, mid, n, dq, dk, ws, wsmax, &gc, &cc, &pmem, &pl);
+                    if (d < targets[ti]) lo = mid; else hi = mid;
+                }
+                base = hi;
+                dens = profile_at(&cfg, base, n, dq, dk, ws, wsmax, &gc, &cc, &pmem, &pl);
+                OK(ei_profile_workspace_size(gc, n, NH, NKV, HD, &wsb));
+                for (rep = 0; rep < reps; rep++) {
+                    double t0 = now_ms();
+                    OK(ei_profile(gc, &tq, &tk, &pl, ws, wsb));
+                    v[rep] = now_ms() - t0;
+                }
+                pms = median_ms(v, reps);
+                setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+                OK(ei_attention_prefill(gc, &tq, &tk, &tv, &pl, &to, 0, 0, 1, NULL, 0));
+                api->synchronize(cfg.cuda_stream, msg);
+                for (rep = 0; rep < reps; rep++) {
+                    double t0 = now_ms();
+                    OK(ei_attention_prefill(gc, &tq, &tk, &tv, &pl, &to, 0, 0, 1, NULL, 0));
+                    api->synchronize(cfg.cuda_stream, msg);
+                    v[rep] = now_ms() - t0;
+                }
+                sms = median_ms(v, reps);
+                printf("        real density %.0f%%: base_budget %d -> density %.4f: profile %.2f ms, sparse %.2f ms (%s), "
+                       "profile+sparse %.2f ms vs SDPA dense %.2f ms: %.2fx (vs our dense %.2f ms: %.2fx)\n",
+                       100 * targets[ti], base, dens, pms, sms, cta_shapes[0], pms + sms, sdpa_ms[si],
+                       sdpa_ms[si] > 0 ? sdpa_ms[si] / (pms + sms) : 0, best_dense, best_dense / (pms + sms));
+                fflush(stdout);
+                ei_device_free(gc, pmem);
+                ei_context_destroy(gc);
+                ei_context_destroy(cc);
+            }
+        }
     }
+    printf("\nf32 queries (bf16 k/v; q rounded to bf16 as each Q tile loads), %s:\n", cta_shapes[0]);
+    printf("%7s %12s %12s %7s %12s %12s %14s %14s %16s\n", "n", "dense_bf16q", "dense_f32q", "cost", "prof_bf16q",
+           "prof_f32q", "prof_q_bf16q", "prof_q_f32q", "prof_q_f32q_gen");
+    for (si = 0; si < nsizes; si++)
+        printf("%7lld %12.2f %12.2f %6.1f%% %12.2f %12.2f %14.2f %14.2f %16.2f\n", (long long)sizes[si], dense_bf16[si],
+               dense_f32q[si], 100.0 * (dense_f32q[si] / dense_bf16[si] - 1), prof_bf16[si], prof_f32q[si],
+               profq_bf16[si], profq_f32q[si], profq_gen_f32q[si]);
+    printf("columns: dense ms with bf16 / f32 q (cost: the f32 q's extra time); profile ms (reference ranking) and "
+           "prof_q ms (quality configuration, sampled rows on the tensor cores) with bf16 / f32 q; prof_q_f32q_gen: "
+           "the sampled rows on CUDA cores with q read as f32 (EI_CUDA_SAMPLED_GENERIC=1; first size only, 0 = not run)\n");
     printf("\ncolumns: prof%% / prof_q%% = profile time (reference / quality configuration) over our dense time; "
            "xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
     ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
-    ei_device_free(g, ws); ei_device_free(g, plan_mem); ei_device_free(g, qplan_mem);
+    ei_device_free(g, ws); ei_device_free(g, plan_mem); ei_device_free(g, dq32); ei_device_free(g, qplan_mem);
     free(hq); free(hk); free(hv);
     ei_context_destroy(gq);
     ei_context_destroy(g);

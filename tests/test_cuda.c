@@ -870,6 +870,251 @@ static void attention_tests(int quick) {
     attention_case(777, 2, 1, 64, 64, 8, 64, 0, EI_BF16, EI_F32, 1, 0, 1, 0.f);          /* threshold 0 */
 }
 
+/* ------------------------------------------------------------ f32 queries */
+/* llama.cpp's layout: q f32, k/v bf16 or f16. The GPU rounds each q element
+   to k's type as it loads a Q tile (the CPU keeps f32), so:
+   (1) the GPU's output from the f32 q equals bit for bit its output from q
+       rounded to k's type on the host (round to nearest even, as
+       __float2bfloat16_rn / __float2half_rn) and uploaded as 16-bit: the
+       conversion is the only change;
+   (2) against the CPU on the same f32 q (and the same 16-bit k, v): the
+       rounding adds a logit error of at most u * scale * sum|q_i k_i| (u the
+       unit roundoff: 2^-8 bf16, 2^-11 f16; rms about u/sqrt(3) per element,
+       so about u/sqrt(3) * sqrt(d) * scale ~ u/2 in rms for unit inputs), the
+       same order as the kernels' own rounding of P to 16 bits; so the 16-bit
+       attention tolerance of attention_case (rel L2 1e-2, max abs 5e-2) holds
+       for bf16, and a quarter of it for f16 (u is 8x smaller: 2x margin).
+       Measured on an H200 (2026-12-02): bf16 rel L2 1.2-2.2e-3, f16 1.4-1.6e-4;
+   (3) plans profiled from the f32 q (reference ranking: q read in f32 on
+       both) equal the CPU's as random_plans compares them; with the sampled
+       ranking (the tensor-core path rounds q to k's type, the CUDA-core
+       path keeps f32) keep counts and entropies equal the CPU's (they come
+       from the reference scores, f32 q on both), and the rankings' agreement
+       with the CPU's is printed for both paths. */
+static void *host_as(const float *x, size_t count, ei_dtype dt) {
+    size_t i, es = dt == EI_F32 ? 4 : 2;
+    void *h = malloc(count * es);
+    for (i = 0; i < count; i++) {
+        if (dt == EI_F32) ((float *)h)[i] = x[i];
+        else if (dt == EI_BF16) ((uint16_t *)h)[i] = f2bf(x[i]);
+        else ((uint16_t *)h)[i] = f2h(x[i]);
+    }
+    return h;
+}
+static void rel_err(const float *got, const float *ref, size_t count, double *rel, double *maxabs, int *bad) {
+    double e2 = 0, r2 = 0;
+    size_t i;
+    *maxabs = 0; *bad = 0;
+    for (i = 0; i < count; i++) {
+        double e = (double)got[i] - ref[i];
+        if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) (*bad)++;
+        e2 += e * e; r2 += (double)ref[i] * ref[i];
+        if (fabs(e) > *maxabs) *maxabs = fabs(e);
+    }
+    *rel = sqrt(e2 / (r2 > 0 ? r2 : 1));
+}
+/* plan rows of a (GPU, host copy) against b (CPU): returns rows that differ
+   (class, counts, or a ranking that is not a valid top-k of b's scores when
+   b has scores); *exact rankings identical of *total */
+static int plan_diff(const ei_config *c, const ei_plan *a, const ei_plan *b, int *exact, int *total, int *bad_ent) {
+    int h, s, diff = 0;
+    char why[256];
+    *exact = *total = *bad_ent = 0;
+    for (h = 0; h < b->n_kv_heads; h++) {
+        if (a->head_class[h] != b->head_class[h]) diff++;
+        for (s = 0; s < b->n_segments; s++) {
+            size_t row = (size_t)h * b->seg_capacity + s;
+            int kc = b->keep_count[row], lim = s * (c->segment_size / c->block_size);
+            if (!close_enough(a->entropy[row], b->entropy[row], 1e-6, 1e-3)) (*bad_ent)++;
+            if (kc != a->keep_count[row] || a->keep_blocks[row] != b->keep_blocks[row]) { diff++; continue; }
+            if (s == 0) continue;
+            (*total)++;
+            if (!memcmp(a->block_index + row * b->max_keep, b->block_index + row * b->max_keep, (size_t)b->max_keep * 4))
+                (*exact)++;
+            else if (b->scores && !check_set(a->block_index + row * b->max_keep, kc, b->scores + row * b->blk_capacity,
+                                             lim < b->n_blocks ? lim : b->n_blocks, 1e-3, 1e-3, why, sizeof why)) {
+                if (diff++ < 3) printf("    h%d s%d: %s\n", h, s, why);
+            }
+        }
+    }
+    return diff;
+}
+static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float peak) {
+    size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, i, wsb, cwsb;
+    float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4), *v = (float *)malloc(nk * 4);
+    float *got = (float *)malloc(nq * 4), *got16 = (float *)malloc(nq * 4), *ref = (float *)malloc(nq * 4);
+    void *hk, *hv, *dq, *dq16, *dk, *dv, *dout, *cws;
+    const char *kn = kdt == EI_BF16 ? "bf16" : "f16";
+    double tol_rel = kdt == EI_BF16 ? 1e-2 : 2.5e-3, tol_max = kdt == EI_BF16 ? 5e-2 : 1.25e-2, rel, mx;
+    ei_config c = base_config();
+    ei_context *g, *cpu;
+    ei_tensor tq, tq16, tk, tv, hq, htk, htv;
+    ei_out_tensor to, ho;
+    gpu_plan gp;
+    ei_plan cp;
+    int mode, bad, exact, total, bad_ent, diff;
+    c.segment_size = 256; c.block_size = 8; c.base_budget = 256; c.threshold_len = 512;
+    gen_qk(q, k, n, nh, nkv, D, peak);
+    for (i = 0; i < nk; i++) v[i] = nrand();
+    round_to(k, nk, kdt); round_to(v, nk, kdt); /* q stays f32 */
+    g = make_ctx(&c, EI_BACKEND_CUDA);
+    cpu = make_ctx(&c, EI_BACKEND_CPU);
+    dq = dev_upload(q, nq, EI_F32); dq16 = dev_upload(q, nq, kdt);
+    dk = dev_upload(k, nk, kdt); dv = dev_upload(v, nk, kdt);
+    dout = dev_alloc(nq * 4);
+    hk = host_as(k, nk, kdt); hv = host_as(v, nk, kdt);
+    tq = ei_tensor_make(dq, EI_F32, n, nh, D); tq16 = ei_tensor_make(dq16, kdt, n, nh, D);
+    tk = ei_tensor_make(dk, kdt, n, nkv, D); tv = ei_tensor_make(dv, kdt, n, nkv, D);
+    hq = ei_tensor_make(q, EI_F32, n, nh, D); htk = ei_tensor_make(hk, kdt, n, nkv, D); htv = ei_tensor_make(hv, kdt, n, nkv, D);
+    to = ei_out_tensor_make(dout, EI_F32, n, nh, D);
+    ho = ei_out_tensor_make(ref, EI_F32, n, nh, D);
+    OK(ei_attention_workspace_size(cpu, nh, nkv, D, &cwsb));
+    OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+    if (wsb > cwsb) cwsb = wsb;
+    OK(ei_attention_decode_workspace_size(cpu, 1, nh, nkv, D, 1, &wsb));
+    if (wsb > cwsb) cwsb = wsb;
+    cws = malloc(cwsb);
+    /* the plan from the f32 q: GPU against CPU */
+    gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
+    OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+    OK(ei_profile(cpu, &hq, &htk, &cp, cws, cwsb));
+    diff = plan_diff(&c, &gp.host, &cp, &exact, &total, &bad_ent);
+    CHECK(diff == 0 && bad_ent == 0, "f32 q / %s k: plan: %d rows differ, %d entropies off", kn, diff, bad_ent);
+    printf("  f32 q, %s k: plan (reference ranking) gpu vs cpu %s (%d/%d rankings identical)\n", kn,
+           diff + bad_ent ? "FAILED" : "ok", exact, total);
+    for (mode = 0; mode < 3; mode++) { /* dense, sparse (the GPU plan on both), decode step (last token) */
+        static const char *const names[3] = {"dense", "sparse", "decode"};
+        int64_t off = mode == 2 ? n - 1 : 0, nt = n - off;
+        size_t no = (size_t)nt * nh * D;
+        ei_tensor q1 = tq, q116 = tq16, hq1 = hq;
+        ei_out_tensor o1 = to, ho1 = ho;
+        const ei_plan *dplan = mode == 1 ? &gp.dev : NULL, *hplan = mode == 1 ? &gp.host : NULL;
+        if (mode == 2) {
+            q1.data = (const float *)dq + (size_t)off * nh * D; q1.n_tokens = 1;
+            q116.data = (const uint16_t *)dq16 + (size_t)off * nh * D; q116.n_tokens = 1;
+            hq1.data = q + (size_t)off * nh * D; hq1.n_tokens = 1;
+            o1.n_tokens = 1; ho1.n_tokens = 1;
+        }
+        for (i = 0; i < no; i++) ref[i] = NAN;
+        if (mode == 2) {
+            OK(ei_attention_decode_mt(cpu, &hq1, &htk, &htv, &ho1, off, 1, cws, cwsb));
+            OK(ei_attention_decode(g, &q1, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
+        } else {
+            OK(ei_attention_prefill(cpu, &hq1, &htk, &htv, hplan, &ho1, off, 0, 1, cws, cwsb));
+            OK(ei_attention_prefill(g, &q1, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+        }
+        dev_get(got, dout, no * 4);
+        {   /* poison, then the same call with q rounded on the host */
+            float *poison = (float *)malloc(no * 4);
+            for (i = 0; i < no; i++) poison[i] = NAN;
+            dev_put(dout, poison, no * 4);
+            free(poison);
+        }
+        if (mode == 2) OK(ei_attention_decode(g, &q116, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
+        else OK(ei_attention_prefill(g, &q116, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+        dev_get(got16, dout, no * 4);
+        rel_err(got, ref, no, &rel, &mx, &bad);
+        CHECK(bad == 0, "f32 q / %s k %s: %d outputs unwritten or non-finite", kn, names[mode], bad);
+        CHECK(!memcmp(got, got16, no * 4), "f32 q / %s k %s: differs from the GPU's result for q rounded to %s", kn,
+              names[mode], kn);
+        CHECK(rel < tol_rel && mx < tol_max, "f32 q / %s k %s vs cpu: rel L2 %.3g (limit %.3g), max abs %.3g (limit %.3g)",
+              kn, names[mode], rel, tol_rel, mx, tol_max);
+        printf("  f32 q, %s k/v, %-6s n=%lld %d/%d heads d=%d: vs cpu (f32 q) rel L2 %.2e max abs %.2e (limits %.1e / "
+               "%.1e); = gpu with q rounded to %s: %s\n", kn, names[mode], (long long)n, nh, nkv, D, rel, mx, tol_rel,
+               tol_max, kn, memcmp(got, got16, no * 4) ? "NO" : "bit-identical");
+    }
+    gpu_plan_free(&gp);
+    ei_plan_free(cpu, &cp);
+    ei_context_destroy(g); ei_context_destroy(cpu);
+    {   /* sampled ranking, tensor cores (q rounded) and CUDA cores (q f32): counts and entropies = the CPU's */
+        ei_config sc = c;
+        int kc_diff = 0, ent_off = 0, h, s, gen_exact = 0, gen_total = 0, b2;
+        gpu_plan gpg;
+        sc.ranking = EI_RANK_SAMPLED;
+        g = make_ctx(&sc, EI_BACKEND_CUDA);
+        cpu = make_ctx(&sc, EI_BACKEND_CPU);
+        gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
+        setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1); /* CUDA cores, q in f32 */
+        gpu_profile(g, cpu, &tq, &tk, 0, &gpg, EI_OK);
+        unsetenv("EI_CUDA_SAMPLED_GENERIC");
+        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, 0));
+        {   /* the sampled ranking's own (larger) workspace */
+            size_t swsb;
+            void *sws;
+            OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &swsb));
+            sws = malloc(swsb);
+            OK(ei_profile(cpu, &hq, &htk, &cp, sws, swsb));
+            free(sws);
+        }
+        for (h = 0; h < nkv; h++)
+            for (s = 0; s < cp.n_segments; s++) {
+                size_t row = (size_t)h * cp.seg_capacity + s;
+                kc_diff += cp.keep_count[row] != gp.host.keep_count[row];
+                kc_diff += cp.keep_count[row] != gpg.host.keep_count[row];
+            }
+        plan_diff(&sc, &gpg.host, &cp, &gen_exact, &gen_total, &b2);
+        plan_diff(&sc, &gp.host, &cp, &exact, &total, &bad_ent);
+        ent_off = b2 + bad_ent;
+        CHECK(kc_diff == 0 && ent_off == 0, "f32 q / %s k sampled: %d keep counts differ from the CPU's, %d entropies off",
+              kn, kc_diff, ent_off);
+        printf("  f32 q, %s k: sampled plan: keep counts and entropies = cpu: %s; rankings identical to the cpu's: "
+               "tensor cores (q rounded to %s) %d/%d, CUDA cores (q f32) %d/%d\n", kn, kc_diff + ent_off ? "NO" : "ok",
+               kn, exact, total, gen_exact, gen_total);
+        gpu_plan_free(&gp); gpu_plan_free(&gpg);
+        ei_plan_free(cpu, &cp);
+        ei_context_destroy(g); ei_context_destroy(cpu);
+    }
+    dev_free(dq); dev_free(dq16); dev_free(dk); dev_free(dv); dev_free(dout);
+    free(hk); free(hv); free(cws);
+    free(q); free(k); free(v); free(got); free(got16); free(ref);
+}
+static void f32q_errors(void) {
+    /* what stays refused: q f16 over bf16 k/v; k and v of different 16-bit types; f32 k/v */
+    ei_config c = base_config();
+    ei_context *g = make_ctx(&c, EI_BACKEND_CUDA);
+    int64_t n = 300;
+    int nh = 4, nkv = 2, D = 64;
+    float *x = (float *)calloc((size_t)n * nh * D, 4);
+    void *d16 = dev_upload(x, (size_t)n * nh * D, EI_BF16), *d32 = dev_upload(x, (size_t)n * nh * D, EI_F32), *dout;
+    void *dk16 = dev_upload(x, (size_t)n * nkv * D, EI_BF16), *dv16 = dev_upload(x, (size_t)n * nkv * D, EI_BF16);
+    void *dk32 = dev_upload(x, (size_t)n * nkv * D, EI_F32);
+    ei_tensor qh = ei_tensor_make(d16, EI_F16, n, nh, D), kb = ei_tensor_make(dk16, EI_BF16, n, nkv, D);
+    ei_tensor kh = ei_tensor_make(dv16, EI_F16, n, nkv, D), q32 = ei_tensor_make(d32, EI_F32, n, nh, D);
+    ei_tensor k32 = ei_tensor_make(dk32, EI_F32, n, nkv, D);
+    ei_out_tensor o;
+    ei_result r;
+    dout = dev_alloc((size_t)n * nh * D * 4);
+    o = ei_out_tensor_make(dout, EI_F32, n, nh, D);
+    ei_tensor vb = ei_tensor_make(dv16, EI_BF16, n, nkv, D);
+    r = ei_attention_prefill(g, &qh, &kb, &vb, NULL, &o, 0, 0, 1, NULL, 0);
+    CHECK(r == EI_ERR_DTYPE && strstr(ei_last_error(), "q of k's dtype"), "q f16 over bf16 k: %s", ei_result_name(r));
+    printf("  q f16, k/v bf16: %s: %s\n", ei_result_name(r), ei_last_error());
+    r = ei_attention_prefill(g, &q32, &kb, &kh, NULL, &o, 0, 0, 1, NULL, 0);
+    CHECK(r == EI_ERR_DTYPE && strstr(ei_last_error(), "k and v both"), "k bf16, v f16: %s", ei_result_name(r));
+    printf("  q f32, k bf16, v f16: %s: %s\n", ei_result_name(r), ei_last_error());
+    ei_tensor v32 = ei_tensor_make(dk32, EI_F32, n, nkv, D);
+    r = ei_attention_prefill(g, &q32, &k32, &v32, NULL, &o, 0, 0, 1, NULL, 0);
+    CHECK(r == EI_ERR_DTYPE, "f32 k/v: %s", ei_result_name(r));
+    printf("  q, k, v f32: %s: %s\n", ei_result_name(r), ei_last_error());
+    {   /* an f32 q beyond f16's range over f16 k: refused, not served as Inf */
+        float big = 70000.f;
+        ei_tensor k16 = ei_tensor_make(dk16, EI_F16, n, nkv, D), v16 = ei_tensor_make(dv16, EI_F16, n, nkv, D);
+        dev_put((float *)d32 + 5 * nh * D + 3, &big, 4);
+        r = ei_attention_prefill(g, &q32, &k16, &v16, NULL, &o, 0, 0, 1, NULL, 0);
+        CHECK(r == EI_ERR_NONFINITE, "f32 q 70000 over f16 k: %s", ei_result_name(r));
+        printf("  q f32 holding 70000, k/v f16: %s: %s\n", ei_result_name(r), ei_last_error());
+    }
+    dev_free(d16); dev_free(d32); dev_free(dk16); dev_free(dv16); dev_free(dk32); dev_free(dout);
+    free(x);
+    ei_context_destroy(g);
+}
+static void f32q_tests(int quick) {
+    f32q_case(EI_BF16, quick ? 1300 : 2100, 8, 2, 128, 2.f);
+    f32q_case(EI_F16, quick ? 1300 : 2100, 8, 2, 128, 2.f);
+    if (!quick) f32q_case(EI_BF16, 1500, 8, 4, 64, 0.f);
+    f32q_errors();
+}
+
 /* ------------------------------------------------------------ errors */
 static void error_tests(void) {
     ei_config c = base_config();
@@ -999,6 +1244,8 @@ int main(int argc, char **argv) {
     random_decode(quick);
     printf("attention vs f64-accumulated reference (bf16/f16 inputs):\n");
     attention_tests(quick);
+    printf("f32 queries over bf16/f16 k, v (GPU vs CPU):\n");
+    f32q_tests(quick);
     printf("errors:\n");
     error_tests();
     ei_context_destroy(g_gpu);
