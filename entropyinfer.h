@@ -1123,8 +1123,10 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #define EI__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 #endif
-/* vdpbf16ps (AVX512_BF16) needs gcc >= 10 or clang >= 9 */
-#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && \
+/* vdpbf16ps (AVX512_BF16) needs gcc >= 10 or clang >= 9, and x86-64: its
+   rate calibration (>>kernels) times 16 accumulators in zmm0..15 plus two
+   operands, registers that 32-bit mode does not have (it has zmm0..7). */
+#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && defined(__x86_64__) && \
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
 #define EI__HAVE_AVX512BF16 1
 #define EI__TARGET_AVX512BF16 \
@@ -1500,14 +1502,22 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
         return ei__fail(ctx, EI_ERR_ALIGN, "%s: data at %p is not aligned to its %d-byte elements", name, data,
                         (int)ei__dtype_size(dtype));
     /* The farthest element, (n_tokens-1)*ts + (n_heads-1)*hs + head_dim, must
-       stay below 2^60 elements so that byte offsets fit in ptrdiff_t. */
+       stay below 2^60 elements and its byte offset within PTRDIFF_MAX, so that
+       byte offsets fit in ptrdiff_t and size_t: with a 32-bit size_t that is
+       2 GiB, far below 2^60 elements. And the view may not run past the top
+       of the address space (a region's end, data + bytes, must not wrap). */
     {
-        const int64_t limit = (int64_t)1 << 60;
-        int64_t span_t = n_tokens - 1, span_h = (int64_t)n_heads - 1;
+        int64_t limit = (int64_t)1 << 60, span_t = n_tokens - 1, span_h = (int64_t)n_heads - 1;
+        uint64_t byte_limit = (uint64_t)PTRDIFF_MAX / ei__dtype_size(dtype); /* 2^61 / 2^62, or 2^29 / 2^30 on 32-bit */
+        if ((uint64_t)limit > byte_limit) limit = (int64_t)byte_limit;
         if ((span_t > 0 && ts > limit / span_t) || (span_h > 0 && hs > limit / span_h) ||
             span_t * ts > limit - span_h * hs - head_dim)
-            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past 2^60 elements", name,
-                            (long long)ts, (long long)hs);
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past %lld elements", name,
+                            (long long)ts, (long long)hs, (long long)limit);
+        if ((uint64_t)(UINTPTR_MAX - (uintptr_t)data) <
+            (uint64_t)(span_t * ts + span_h * hs + head_dim) * ei__dtype_size(dtype))
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: %p plus the view's extent runs past the end of the address space",
+                            name, data);
     }
     if (hs <= ts) { s_in = hs; n_in = n_heads; s_out = ts; n_out = n_tokens; }
     else { s_in = ts; n_in = n_tokens; s_out = hs; n_out = n_heads; }
