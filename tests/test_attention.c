@@ -20,7 +20,7 @@
 #include "../entropyinfer.h"
 #include "check.h"
 
-static double g_worst[4][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
+static double g_worst[5][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
 
 /* ---- deterministic data ---------------------------------------------- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -86,6 +86,7 @@ static const kernel_desc g_kernels[] = {
     {"avx2", EI_SIMD_AVX2},
     {"avx512", EI_SIMD_AVX512},
     {"avx512-bf16", EI_SIMD_AVX512_BF16},
+    {"neon", EI_SIMD_NEON},
 };
 static int kernel_available(const kernel_desc *kd, ei_dtype qkv, int32_t d) {
     if (!ei_cpu_supports(kd->simd)) return 0;
