@@ -176,9 +176,19 @@
    LIMITS
    ======
    EI_MAX_TOKENS (2^26) tokens, EI_MAX_HEADS (4096) heads, EI_MAX_HEAD_DIM
-   (1024), views whose farthest element lies within 2^60 elements, budgets up
-   to EI_MAX_BUDGET: size arithmetic is checked (EI_ERR_SIZE /
-   EI_ERR_OVERFLOW past them). Chunked planning keeps each kv head's open
+   (1024), views whose farthest element lies within 2^60 elements and within
+   PTRDIFF_MAX bytes of the first, budgets up to EI_MAX_BUDGET: size
+   arithmetic is checked (EI_ERR_SIZE / EI_ERR_OVERFLOW past them).
+   32-bit targets (size_t and pointers of 32 bits; i386 and armhf are
+   tested): the same limits, and two that bind sooner, each EI_ERR_OVERFLOW:
+   a view's farthest element lies within PTRDIFF_MAX = 2^31 - 1 bytes of its
+   first (2^29 f32 or 2^30 f16/bf16 elements) and below the top of the
+   address space; every size the library computes (plans, workspaces, the
+   decoder's ring, ei_*_size) fits in SIZE_MAX = 2^32 - 1 bytes, e.g. the
+   decoder of a window of 65536 queries x 4096 heads x 1024 dims, or the
+   profiling workspace of 2^26 tokens in one-token segments, are refused
+   there (tests/test_limits.c checks both at the edge). The vdpbf16ps path
+   (EI_SIMD_AVX512_BF16) is x86-64 only. Chunked planning keeps each kv head's open
    segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per

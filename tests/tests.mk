@@ -27,8 +27,13 @@
 #   make quickstart            examples/quickstart.c
 #   make test-quickstart-header the code block of entropyinfer.h's QUICK START, extracted
 #                              as it stands, compiled as C and C++ and run
-#   make test-arm64            the NEON path and an EI_NO_NEON build, cross-compiled for
-#                              aarch64, under qemu-user (not part of make test)
+#   make test-arm64            the NEON path (test_core, golden, test_limits, every ARM
+#                              attention kernel in test_attention --quick) and an
+#                              EI_NO_NEON test_core, cross-compiled for aarch64, under
+#                              qemu-user -cpu max (not part of make test)
+#   make insn-count-arm64      instructions per attention tile of the scalar and NEON
+#                              kernels, counted under qemu-aarch64 (tests/insn_count.sh;
+#                              a measurement, not a test; several minutes)
 #   make test-i386             32-bit x86 (size_t of 32 bits): test_core, test_limits,
 #                              golden_runner and test_attention --quick built with
 #                              i686-linux-gnu-gcc, run natively (not part of make test)
@@ -63,7 +68,7 @@ T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
              else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
 
 .PHONY: test test-harness-selftest test-compilers test-core golden test-attention test-attention-all test-limits \
-        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf
+        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
       test-backends quickstart test-quickstart-header
@@ -207,16 +212,31 @@ test-harness-selftest: $(BUILD)/golden_runner
 
 # ---------------------------------------------------------------- NEON (aarch64 under qemu)
 # Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user (.ci/run installs them).
+# -cpu max: qemu's CPU with every optional extension (FP16 arithmetic, BF16...),
+# so each ARM kernel the CPU may have is available and test_attention forces
+# every one in turn against the reference (same tolerances as on x86).
+# test_attention gets -fno-tree-loop-vectorize: aarch64 gcc 12.2 dies with an
+# internal compiler error (vect_transform_reduction) vectorising a loop of
+# the test's own test_chunked_planning; the library's code is not affected.
 ARM_CC ?= aarch64-linux-gnu-gcc
-ARM_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64
+ARM_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max
 test-arm64:
 	@mkdir -p $(BUILD)
 	$(ARM_CC) $(T_C) -O2 $(WARN) tests/test_core.c -o $(BUILD)/test_core_arm64 -lm -lpthread
 	$(ARM_CC) $(T_C) -O2 $(WARN) -DEI_NO_NEON tests/test_core.c -o $(BUILD)/test_core_arm64_noneon -lm -lpthread
 	$(ARM_CC) $(T_C) -O2 $(WARN) tests/golden_runner.c -o $(BUILD)/golden_runner_arm64 -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 $(WARN) tests/test_limits.c -o $(BUILD)/test_limits_arm64 -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 -fno-tree-loop-vectorize $(WARN) tests/test_attention.c -o $(BUILD)/test_attention_arm64 -lm -lpthread
 	$(ARM_RUN) $(BUILD)/test_core_arm64
 	$(ARM_RUN) $(BUILD)/test_core_arm64_noneon
 	$(ARM_RUN) $(BUILD)/golden_runner_arm64 $(GOLDEN)
+	$(ARM_RUN) $(BUILD)/test_limits_arm64
+	$(ARM_RUN) $(BUILD)/test_attention_arm64 --quick
+# One tile (tests/insn_tile.c) per kernel and dtype; the counting: tests/insn_count.sh.
+insn-count-arm64:
+	@mkdir -p $(BUILD)
+	$(ARM_CC) $(T_C) -O2 $(WARN) -I. tests/insn_tile.c -o $(BUILD)/insn_tile_arm64 -lm
+	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu tests/insn_count.sh $(BUILD)/insn_tile_arm64 qemu-aarch64 -cpu max
 
 # ---------------------------------------------------------------- 32-bit targets (size_t of 32 bits)
 # Debian: gcc-i686-linux-gnu libc6-dev-i386-cross (runs natively on an x86-64
