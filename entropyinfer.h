@@ -373,7 +373,8 @@ typedef enum ei_simd {
     EI_SIMD_AVX2 = 2,   /* AVX2 + FMA + F16C */
     EI_SIMD_AVX512 = 3, /* AVX-512 F/BW/DQ/VL (+BF16/FP16 dot products where present) */
     EI_SIMD_NEON = 4,
-    EI_SIMD_AVX512_BF16 = 5 /* AVX-512, and vdpbf16ps attention for all-bf16 calls (CPUs with AVX512_BF16) */
+    EI_SIMD_AVX512_BF16 = 5, /* AVX-512, and vdpbf16ps attention for all-bf16 calls (CPUs with AVX512_BF16) */
+    EI_SIMD_NEON_BF16 = 6    /* NEON, and BFDOT Q K^T for all-bf16 calls (CPUs with FEAT_BF16; forced only) */
 } ei_simd;
 typedef enum ei_backend {
     EI_BACKEND_CPU = 0,
@@ -1149,6 +1150,17 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #include <sys/auxv.h> /* getauxval: the CPU's features as the kernel reports them (>>cpu-features) */
 #define EI__HAVE_AUXV 1
 #endif
+/* BFDOT (FEAT_BF16): compiled per function with a target attribute on gcc >=
+   10, as the x86 paths are, so a plain build carries it and the CPU decides;
+   clang's arm_neon.h offers the bf16 intrinsics only when the whole file
+   targets them (-march=...+bf16), so there it follows the build. */
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#define EI__HAVE_NEON_BF16 1
+#define EI__TARGET_NEON_BF16
+#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10
+#define EI__HAVE_NEON_BF16 1
+#define EI__TARGET_NEON_BF16 __attribute__((target("arch=armv8.2-a+bf16")))
+#endif
 #endif
 
 /* One kernel table per context, chosen once at creation (>>kernels): every
@@ -1474,17 +1486,24 @@ static unsigned ei__cpu_paths(void) {
        CPU it runs on. HWCAP_ASIMD is bit 1 of AT_HWCAP (the kernel's ABI;
        spelled out because older libcs' headers lack the name). */
     if (getauxval(AT_HWCAP) & (1ul << 1)) paths |= 1u << EI_SIMD_NEON;
+#ifdef EI__HAVE_NEON_BF16 /* HWCAP2_BF16: bit 14 of AT_HWCAP2 */
+    if (((paths >> EI_SIMD_NEON) & 1u) && (getauxval(AT_HWCAP2) & (1ul << 14))) paths |= 1u << EI_SIMD_NEON_BF16;
+#endif
 #else
     /* elsewhere the compile-time fact: the compiler targets AArch64 with
-       Advanced SIMD (__ARM_NEON), which every such CPU has */
+       Advanced SIMD (__ARM_NEON), which every such CPU has; BF16 only where
+       the build targets it */
     paths |= 1u << EI_SIMD_NEON;
+#if defined(EI__HAVE_NEON_BF16) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+    paths |= 1u << EI_SIMD_NEON_BF16;
+#endif
 #endif
 #endif
     return paths;
 }
 EIDEF int ei_cpu_supports(ei_simd path) {
     if (path == EI_SIMD_AUTO) return 1;
-    if ((int)path < 0 || (int)path > EI_SIMD_AVX512_BF16) return 0;
+    if ((int)path < 0 || (int)path > EI_SIMD_NEON_BF16) return 0;
     return (ei__cpu_paths() >> path) & 1u;
 }
 EIDEF const char *ei_simd_name(ei_simd path) {
@@ -1495,6 +1514,7 @@ EIDEF const char *ei_simd_name(ei_simd path) {
         case EI_SIMD_AVX512: return "avx512";
         case EI_SIMD_NEON: return "neon";
         case EI_SIMD_AVX512_BF16: return "avx512-bf16";
+        case EI_SIMD_NEON_BF16: return "neon-bf16";
         default: return "unknown";
     }
 }
@@ -1834,7 +1854,7 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
     if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
     if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
-    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_AVX512_BF16) EI__BAD("unknown simd path %d", (int)c->simd);
+    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BF16) EI__BAD("unknown simd path %d", (int)c->simd);
     if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA && c->backend != EI_BACKEND_CUDA_OR_CPU)
         EI__BAD("unknown backend %d", (int)c->backend);
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) EI__BAD("allocator needs both alloc and free, or neither");
@@ -4080,6 +4100,11 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
      scalar       the reference, one query row at a time (libm exp2f).
      neon         AArch64 Advanced SIMD, f32 arithmetic (4 lanes); f16/bf16
                   rows converted per tile. What AUTO picks on AArch64.
+     neon-bf16    q, k, v all bf16, even head_dim, a CPU with FEAT_BF16
+                  (HWCAP2_BF16): BFDOT for Q K^T (bf16 pair products, f32
+                  sums), the neon stages for the rest (P V in f32). Only
+                  when cfg.simd = EI_SIMD_NEON_BF16 forces it: its speed has
+                  not been measured on ARM hardware, so AUTO keeps neon.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
      avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
                   (vcvtph2ps / a shift). What AUTO picks for every dtype.
@@ -6156,6 +6181,90 @@ static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_neon, &ei__attn_neon, NULL};
+
+#ifdef EI__HAVE_NEON_BF16
+/* neon-bf16 (>>attention, Kernels): BFDOT for Q K^T of all-bf16 calls, the
+   neon stages for the rest. Queries are packed as bf16 pairs (q[2i],
+   q[2i+1]) [d/2][ld], so 4 rows of one dimension pair are one 128-bit load,
+   and each key's pair is broadcast: BFDOT adds both products of the pair
+   to each row's f32 sum. */
+static void ei__attn_pack_q_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i2, d2 = J->d / 2;
+    uint32_t *qp = (uint32_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        if (g < T->gt && tok < T->nt) {
+            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
+        } else
+            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
+    }
+}
+/* Keys read in place (bf16 rows); values widened into the f32 vbuf as the
+   neon prep_kv does. */
+static void ei__attn_prep_kv_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+    const int32_t d = J->d, dpad = J->dpad;
+    int32_t j, c0;
+    for (j = 0; j < nk; ++j) {
+        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
+        w->kp[j] = ei__row(J->k, w->kpos[j], T->kvh);
+        for (c0 = 0; c0 < dpad; c0 += 4) {
+            int32_t rem = d - c0;
+            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
+            vst1q_f32(dst, rem > 0 ? ei__neon_load_row(vr + (size_t)c0 * 2u, EI_BF16, EI__MIN(rem, 4)) : vdupq_n_f32(0.0f));
+        }
+    }
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
+}
+/* S^T = K Q^T: one 16-row vector (4 registers of 4 rows x 1 pair) x 4 keys,
+   16 accumulators; per dimension pair 4 query loads, 4 key pairs
+   broadcast, 16 BFDOTs. */
+#define EI__PUTNEONBF(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
+EI__TARGET_NEON_BF16 static inline bfloat16x8_t ei__neon_bf16_pair(const void *row, int32_t i2) {
+    uint32_t pair;
+    memcpy(&pair, (const unsigned char *)row + 4 * (size_t)i2, 4); /* rows are only 2-byte aligned */
+    return vreinterpretq_bf16_u32(vdupq_n_u32(pair));
+}
+EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                          int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d2 = J->d / 2;
+    const float32x4_t cv = vdupq_n_f32(J->c);
+    int32_t vb, j, i2;
+    for (vb = 0; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const uint32_t *qp = (const uint32_t *)w->qt + (size_t)vb * 16u;
+            float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                        a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (i2 = 0; i2 < d2; ++i2, qp += ld) {
+                bfloat16x8_t q0 = vreinterpretq_bf16_u32(vld1q_u32(qp)), q1 = vreinterpretq_bf16_u32(vld1q_u32(qp + 4)),
+                             q2 = vreinterpretq_bf16_u32(vld1q_u32(qp + 8)), q3 = vreinterpretq_bf16_u32(vld1q_u32(qp + 12));
+                bfloat16x8_t b = ei__neon_bf16_pair(k0, i2);
+                a00 = vbfdotq_f32(a00, q0, b); a01 = vbfdotq_f32(a01, q1, b);
+                a02 = vbfdotq_f32(a02, q2, b); a03 = vbfdotq_f32(a03, q3, b);
+                b = ei__neon_bf16_pair(k1, i2);
+                a10 = vbfdotq_f32(a10, q0, b); a11 = vbfdotq_f32(a11, q1, b);
+                a12 = vbfdotq_f32(a12, q2, b); a13 = vbfdotq_f32(a13, q3, b);
+                b = ei__neon_bf16_pair(k2, i2);
+                a20 = vbfdotq_f32(a20, q0, b); a21 = vbfdotq_f32(a21, q1, b);
+                a22 = vbfdotq_f32(a22, q2, b); a23 = vbfdotq_f32(a23, q3, b);
+                b = ei__neon_bf16_pair(k3, i2);
+                a30 = vbfdotq_f32(a30, q0, b); a31 = vbfdotq_f32(a31, q1, b);
+                a32 = vbfdotq_f32(a32, q2, b); a33 = vbfdotq_f32(a33, q3, b);
+            }
+            EI__PUTNEONBF(a00, j, 0); EI__PUTNEONBF(a01, j, 1); EI__PUTNEONBF(a02, j, 2); EI__PUTNEONBF(a03, j, 3);
+            EI__PUTNEONBF(a10, j + 1, 0); EI__PUTNEONBF(a11, j + 1, 1); EI__PUTNEONBF(a12, j + 1, 2); EI__PUTNEONBF(a13, j + 1, 3);
+            EI__PUTNEONBF(a20, j + 2, 0); EI__PUTNEONBF(a21, j + 2, 1); EI__PUTNEONBF(a22, j + 2, 2); EI__PUTNEONBF(a23, j + 2, 3);
+            EI__PUTNEONBF(a30, j + 3, 0); EI__PUTNEONBF(a31, j + 3, 1); EI__PUTNEONBF(a32, j + 3, 2); EI__PUTNEONBF(a33, j + 3, 3);
+        }
+}
+#undef EI__PUTNEONBF
+static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_neon_bf16, ei__attn_prep_kv_neon_bf16,
+                                                   ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
+                                                   ei__attn_pv_neon, ei__attn_store_neon};
+static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
+                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16};
+#endif /* EI__HAVE_NEON_BF16 */
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------
@@ -6278,6 +6387,9 @@ static const ei__kernels *ei__kernels_for(ei_simd path) {
 #endif
 #ifdef EI__HAVE_NEON
         case EI_SIMD_NEON: return &ei__kernels_neon;
+#endif
+#ifdef EI__HAVE_NEON_BF16
+        case EI_SIMD_NEON_BF16: return &ei__kernels_neon_bf16;
 #endif
         case EI_SIMD_SCALAR: return &ei__kernels_scalar;
         default: return NULL;
