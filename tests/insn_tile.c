@@ -3,7 +3,8 @@
    heads of one kv head, head_dim 128, 64 query tokens attending densely
    (causal) to their own 64 keys, which is one tile of 256 rows x one key
    tile of 64 keys (>>attention's geometry), plus its Q packing and output
-   store. Usage: insn_tile SIMD CALLS [f32|f16|bf16]; the difference between
+   store. Usage: insn_tile scalar|neon|neon-bf16 CALLS [f32|f16|bf16] (neon-bf16
+   runs BFDOT only for bf16); the difference between
    CALLS = 2 and CALLS = 1 is one tile's instructions, setup excluded. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
@@ -20,8 +21,8 @@ int main(int argc, char **argv) {
     void *ws;
     size_t wsb, i, es;
     int calls, c;
-    if (argc < 3) { fprintf(stderr, "usage: %s scalar|neon CALLS [f32|f16|bf16]\n", argv[0]); return 2; }
-    cfg.simd = strcmp(argv[1], "neon") == 0 ? EI_SIMD_NEON : EI_SIMD_SCALAR;
+    if (argc < 3) { fprintf(stderr, "usage: %s scalar|neon|neon-bf16 CALLS [f32|f16|bf16]\n", argv[0]); return 2; }
+    cfg.simd = strcmp(argv[1], "neon-bf16") == 0 ? EI_SIMD_NEON_BF16 : strcmp(argv[1], "neon") == 0 ? EI_SIMD_NEON : EI_SIMD_SCALAR;
     calls = atoi(argv[2]);
     if (argc > 3) dt = strcmp(argv[3], "f16") == 0 ? EI_F16 : strcmp(argv[3], "bf16") == 0 ? EI_BF16 : EI_F32;
     es = dt == EI_F32 ? 4 : 2;
