@@ -177,9 +177,19 @@
    LIMITS
    ======
    EI_MAX_TOKENS (2^26) tokens, EI_MAX_HEADS (4096) heads, EI_MAX_HEAD_DIM
-   (1024), views whose farthest element lies within 2^60 elements, budgets up
-   to EI_MAX_BUDGET: size arithmetic is checked (EI_ERR_SIZE /
-   EI_ERR_OVERFLOW past them). Chunked planning keeps each kv head's open
+   (1024), views whose farthest element lies within 2^60 elements and within
+   PTRDIFF_MAX bytes of the first, budgets up to EI_MAX_BUDGET: size
+   arithmetic is checked (EI_ERR_SIZE / EI_ERR_OVERFLOW past them).
+   32-bit targets (size_t and pointers of 32 bits; i386 and armhf are
+   tested): the same limits, and two that bind sooner, each EI_ERR_OVERFLOW:
+   a view's farthest element lies within PTRDIFF_MAX = 2^31 - 1 bytes of its
+   first (2^29 f32 or 2^30 f16/bf16 elements) and below the top of the
+   address space; every size the library computes (plans, workspaces, the
+   decoder's ring, ei_*_size) fits in SIZE_MAX = 2^32 - 1 bytes, e.g. the
+   decoder of a window of 65536 queries x 4096 heads x 1024 dims, or the
+   profiling workspace of 2^26 tokens in one-token segments, are refused
+   there (tests/test_limits.c checks both at the edge). The vdpbf16ps path
+   (EI_SIMD_AVX512_BF16) is x86-64 only. Chunked planning keeps each kv head's open
    segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
@@ -372,7 +382,8 @@ typedef enum ei_simd {
     EI_SIMD_AVX512 = 3, /* AVX-512 F/BW/DQ/VL (+BF16/FP16 dot products where present) */
     EI_SIMD_NEON = 4,
     EI_SIMD_AVX512_BF16 = 5, /* AVX-512, and vdpbf16ps attention for all-bf16 calls (CPUs with AVX512_BF16) */
-    EI_SIMD_AMX = 6          /* AVX-512, and AMX-BF16 tile attention for all-bf16 calls (Linux, CPUs with AMX) */
+    EI_SIMD_AMX = 6,         /* AVX-512, and AMX-BF16 tile attention for all-bf16 calls (Linux, CPUs with AMX) */
+    EI_SIMD_NEON_BF16 = 7    /* NEON, and BFDOT Q K^T for all-bf16 calls (CPUs with FEAT_BF16; forced only) */
 } ei_simd;
 typedef enum ei_backend {
     EI_BACKEND_CPU = 0,
@@ -1165,8 +1176,10 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #define EI__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 #endif
-/* vdpbf16ps (AVX512_BF16) needs gcc >= 10 or clang >= 9 */
-#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && \
+/* vdpbf16ps (AVX512_BF16) needs gcc >= 10 or clang >= 9, and x86-64: its
+   rate calibration (>>kernels) times 16 accumulators in zmm0..15 plus two
+   operands, registers that 32-bit mode does not have (it has zmm0..7). */
+#if defined(EI__HAVE_AVX512) && !defined(EI_NO_AVX512BF16) && defined(__x86_64__) && \
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
 #define EI__HAVE_AVX512BF16 1
 #define EI__TARGET_AVX512BF16 \
@@ -1183,6 +1196,21 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #if !defined(EI_NO_SIMD) && !defined(EI_NO_NEON) && defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define EI__HAVE_NEON 1
+#if defined(__linux__)
+#include <sys/auxv.h> /* getauxval: the CPU's features as the kernel reports them (>>cpu-features) */
+#define EI__HAVE_AUXV 1
+#endif
+/* BFDOT (FEAT_BF16): compiled per function with a target attribute on gcc >=
+   10, as the x86 paths are, so a plain build carries it and the CPU decides;
+   clang's arm_neon.h offers the bf16 intrinsics only when the whole file
+   targets them (-march=...+bf16), so there it follows the build. */
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#define EI__HAVE_NEON_BF16 1
+#define EI__TARGET_NEON_BF16
+#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10
+#define EI__HAVE_NEON_BF16 1
+#define EI__TARGET_NEON_BF16 __attribute__((target("arch=armv8.2-a+bf16")))
+#endif
 #endif
 
 /* One kernel table per context, chosen once at creation (>>kernels): every
@@ -1536,13 +1564,29 @@ static unsigned ei__cpu_paths(void) {
     }
 #endif
 #ifdef EI__HAVE_NEON
+#ifdef EI__HAVE_AUXV
+    /* Linux: the kernel's hwcaps, so a binary built elsewhere decides on the
+       CPU it runs on. HWCAP_ASIMD is bit 1 of AT_HWCAP (the kernel's ABI;
+       spelled out because older libcs' headers lack the name). */
+    if (getauxval(AT_HWCAP) & (1ul << 1)) paths |= 1u << EI_SIMD_NEON;
+#ifdef EI__HAVE_NEON_BF16 /* HWCAP2_BF16: bit 14 of AT_HWCAP2 */
+    if (((paths >> EI_SIMD_NEON) & 1u) && (getauxval(AT_HWCAP2) & (1ul << 14))) paths |= 1u << EI_SIMD_NEON_BF16;
+#endif
+#else
+    /* elsewhere the compile-time fact: the compiler targets AArch64 with
+       Advanced SIMD (__ARM_NEON), which every such CPU has; BF16 only where
+       the build targets it */
     paths |= 1u << EI_SIMD_NEON;
+#if defined(EI__HAVE_NEON_BF16) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+    paths |= 1u << EI_SIMD_NEON_BF16;
+#endif
+#endif
 #endif
     return paths;
 }
 EIDEF int ei_cpu_supports(ei_simd path) {
     if (path == EI_SIMD_AUTO) return 1;
-    if ((int)path < 0 || (int)path > EI_SIMD_AMX) return 0;
+    if ((int)path < 0 || (int)path > EI_SIMD_NEON_BF16) return 0;
     return (ei__cpu_paths() >> path) & 1u;
 }
 EIDEF const char *ei_simd_name(ei_simd path) {
@@ -1554,6 +1598,7 @@ EIDEF const char *ei_simd_name(ei_simd path) {
         case EI_SIMD_NEON: return "neon";
         case EI_SIMD_AVX512_BF16: return "avx512-bf16";
         case EI_SIMD_AMX: return "amx";
+        case EI_SIMD_NEON_BF16: return "neon-bf16";
         default: return "unknown";
     }
 }
@@ -1584,14 +1629,22 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
         return ei__fail(ctx, EI_ERR_ALIGN, "%s: data at %p is not aligned to its %d-byte elements", name, data,
                         (int)ei__dtype_size(dtype));
     /* The farthest element, (n_tokens-1)*ts + (n_heads-1)*hs + head_dim, must
-       stay below 2^60 elements so that byte offsets fit in ptrdiff_t. */
+       stay below 2^60 elements and its byte offset within PTRDIFF_MAX, so that
+       byte offsets fit in ptrdiff_t and size_t: with a 32-bit size_t that is
+       2 GiB, far below 2^60 elements. And the view may not run past the top
+       of the address space (a region's end, data + bytes, must not wrap). */
     {
-        const int64_t limit = (int64_t)1 << 60;
-        int64_t span_t = n_tokens - 1, span_h = (int64_t)n_heads - 1;
+        int64_t limit = (int64_t)1 << 60, span_t = n_tokens - 1, span_h = (int64_t)n_heads - 1;
+        uint64_t byte_limit = (uint64_t)PTRDIFF_MAX / ei__dtype_size(dtype); /* 2^61 / 2^62, or 2^29 / 2^30 on 32-bit */
+        if ((uint64_t)limit > byte_limit) limit = (int64_t)byte_limit;
         if ((span_t > 0 && ts > limit / span_t) || (span_h > 0 && hs > limit / span_h) ||
             span_t * ts > limit - span_h * hs - head_dim)
-            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past 2^60 elements", name,
-                            (long long)ts, (long long)hs);
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past %lld elements", name,
+                            (long long)ts, (long long)hs, (long long)limit);
+        if ((uint64_t)(UINTPTR_MAX - (uintptr_t)data) <
+            (uint64_t)(span_t * ts + span_h * hs + head_dim) * ei__dtype_size(dtype))
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: %p plus the view's extent runs past the end of the address space",
+                            name, data);
     }
     if (hs <= ts) { s_in = hs; n_in = n_heads; s_out = ts; n_out = n_tokens; }
     else { s_in = ts; n_in = n_tokens; s_out = hs; n_out = n_heads; }
@@ -1885,7 +1938,7 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
     if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
     if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
-    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_AMX) EI__BAD("unknown simd path %d", (int)c->simd);
+    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BF16) EI__BAD("unknown simd path %d", (int)c->simd);
     if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA && c->backend != EI_BACKEND_CUDA_OR_CPU)
         EI__BAD("unknown backend %d", (int)c->backend);
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) EI__BAD("allocator needs both alloc and free, or neither");
@@ -4143,8 +4196,14 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    Kernels (the stages of the context's table, >>isa-*, chosen per call
    from it and the dtypes; the score and P V loops are hand-written per ISA,
    the elementwise stages written once against a vector vocabulary, >>simd):
-     scalar       the reference, one query row at a time (libm exp2f); also
-                  what the NEON path runs for now.
+     scalar       the reference, one query row at a time (libm exp2f).
+     neon         AArch64 Advanced SIMD, f32 arithmetic (4 lanes); f16/bf16
+                  rows converted per tile. What AUTO picks on AArch64.
+     neon-bf16    q, k, v all bf16, even head_dim, a CPU with FEAT_BF16
+                  (HWCAP2_BF16): BFDOT for Q K^T (bf16 pair products, f32
+                  sums), the neon stages for the rest (P V in f32). Only
+                  when cfg.simd = EI_SIMD_NEON_BF16 forces it: its speed has
+                  not been measured on ARM hardware, so AUTO keeps neon.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
      avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
                   (vcvtph2ps / a shift). What AUTO picks for every dtype.
@@ -6471,32 +6530,87 @@ static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
 #ifdef EI__HAVE_NEON
-/* Profiling and decode kernels; attention runs the scalar reference for now
-   (attn NULL). */
-static int ei__minmax_neon(const ei_tensor *t, int64_t t0, int64_t nt, int32_t head, float *mx, float *mn) {
-    /* Conversion of f16/bf16 rows goes through the scalar loader; the
-       reduction itself is vectorised for f32. */
-    int32_t d = t->head_dim, i;
-    int64_t r;
-    int bad = 0;
-    if (t->dtype != EI_F32 || (d & 3)) return ei__minmax_scalar(t, t0, nt, head, mx, mn);
-    for (i = 0; i < d; i += 4) {
-        float32x4_t vx = vdupq_n_f32(-FLT_MAX), vn = vdupq_n_f32(FLT_MAX);
-        uint32x4_t nan = vdupq_n_u32(0);
-        for (r = 0; r < nt; ++r) {
-            float32x4_t v = vld1q_f32((const float *)ei__row(t, t0 + r, head) + i);
-            nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
-            vx = vmaxq_f32(vx, v);
-            vn = vminq_f32(vn, v);
-        }
-        vst1q_f32(mx + i, vx);
-        vst1q_f32(mn + i, vn);
-        if (vmaxvq_u32(nan)) bad = 1;
-    }
-    for (i = 0; i < d; ++i)
-        if (mx[i] != mx[i] || mx[i] == INFINITY || mn[i] == -INFINITY) bad = 1;
-    return !bad;
+/* The vocabulary (>>simd): 4 f32 lanes in a q register; a 16-row vector of
+   the attention tile is 4 of them. Advanced SIMD is part of the AArch64
+   base architecture that compilers target, so no target attribute is
+   needed (EI__TARGET_NEON is empty); the CPU check is in >>cpu-features.
+   max/min are FMAXNM/FMINNM: like x86's maxps with the NaN as its first
+   operand they return the other operand, which the templates rely on (a
+   NaN score clamps to -FLT_MAX, a NaN exponent to -127); FMAX would
+   propagate the NaN. */
+#define EI__TARGET_NEON
+typedef float32x4_t ei__neon_v;
+typedef uint32x4_t ei__neon_m; /* lane mask: all-ones lanes */
+typedef int32_t ei__neon_tail; /* lane count, 0..4 */
+enum { ei__neon_n = 4, ei__neon_minmax_vecs = 8 };
+EI__VINLINE ei__neon_tail ei__neon_first(int32_t n) { return n; }
+EI__VINLINE float32x4_t ei__neon_zero(void) { return vdupq_n_f32(0.0f); }
+EI__VINLINE float32x4_t ei__neon_set1(float x) { return vdupq_n_f32(x); }
+EI__VINLINE float32x4_t ei__neon_load(const float *p) { return vld1q_f32(p); }
+EI__VINLINE float32x4_t ei__neon_loadu(const float *p) { return vld1q_f32(p); }
+EI__VINLINE void ei__neon_store(float *p, float32x4_t v) { vst1q_f32(p, v); }
+EI__VINLINE void ei__neon_storeu(float *p, float32x4_t v) { vst1q_f32(p, v); }
+EI__VINLINE float32x4_t ei__neon_add(float32x4_t a, float32x4_t b) { return vaddq_f32(a, b); }
+EI__VINLINE float32x4_t ei__neon_sub(float32x4_t a, float32x4_t b) { return vsubq_f32(a, b); }
+EI__VINLINE float32x4_t ei__neon_mul(float32x4_t a, float32x4_t b) { return vmulq_f32(a, b); }
+EI__VINLINE float32x4_t ei__neon_fma(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); }
+EI__VINLINE float32x4_t ei__neon_max(float32x4_t a, float32x4_t b) { return vmaxnmq_f32(a, b); }
+EI__VINLINE float32x4_t ei__neon_min(float32x4_t a, float32x4_t b) { return vminnmq_f32(a, b); }
+EI__VINLINE float32x4_t ei__neon_round(float32x4_t x) { return vrndnq_f32(x); }
+EI__VINLINE uint32x4_t ei__neon_ge(float32x4_t a, float32x4_t b) { return vcgeq_f32(a, b); }
+/* p * 2^n through the exponent field (n integral, in -127..127). */
+EI__VINLINE float32x4_t ei__neon_pow2(float32x4_t p, float32x4_t n, uint32x4_t keep) {
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(vmulq_f32(p, vreinterpretq_f32_s32(e)))));
 }
+/* Partial rows go through a small copy (no masked loads or stores). */
+static inline float32x4_t ei__neon_load_row(const void *p, ei_dtype dt, ei__neon_tail n) {
+    if (n < 4) {
+        float tmp[4] = {0, 0, 0, 0};
+        int32_t i;
+        for (i = 0; i < n; ++i) tmp[i] = ei__load1(p, dt, i);
+        return vld1q_f32(tmp);
+    }
+    if (dt == EI_F32) return vld1q_f32((const float *)p);
+    if (dt == EI_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
+    return vreinterpretq_f32_u32(vshlq_n_u32(vmovl_u16(vld1_u16((const uint16_t *)p)), 16));
+}
+/* bf16 rows and partial rows are stored through the scalar conversion;
+   f16 through FCVTN, which rounds to nearest even like ei__f32_to_f16. */
+EI__VINLINE void ei__neon_store_row(void *p, ei_dtype dt, float32x4_t x, ei__neon_tail n) {
+    float tmp[4];
+    int32_t i;
+    if (n == 4 && dt == EI_F32) { vst1q_f32((float *)p, x); return; }
+    if (n == 4 && dt == EI_F16) { vst1_u16((uint16_t *)p, vreinterpret_u16_f16(vcvt_f16_f32(x))); return; }
+    vst1q_f32(tmp, x);
+    if (dt == EI_BF16) for (i = 0; i < n; ++i) ((uint16_t *)p)[i] = ei__f32_to_bf16(tmp[i]);
+    else if (dt == EI_F16) for (i = 0; i < n; ++i) ((uint16_t *)p)[i] = ei__f32_to_f16(tmp[i]);
+    else for (i = 0; i < n; ++i) ((float *)p)[i] = tmp[i];
+}
+EI__VINLINE float32x4_t ei__neon_select_bits(uint32_t bits, float32x4_t x, float32x4_t y) {
+    static const uint32_t lanebit[4] = {1, 2, 4, 8};
+    return vbslq_f32(vtstq_u32(vdupq_n_u32(bits), vld1q_u32(lanebit)), x, y);
+}
+EI__VINLINE uint32x4_t ei__neon_nan_none(void) { return vdupq_n_u32(0); }
+EI__VINLINE uint32x4_t ei__neon_nan_or(uint32x4_t m, float32x4_t v) { return vorrq_u32(m, vmvnq_u32(vceqq_f32(v, v))); }
+EI__VINLINE int ei__neon_any(uint32x4_t m) { return vmaxvq_u32(m) != 0; }
+EI__VINLINE float ei__neon_hsum(float32x4_t v) { return vaddvq_f32(v); }
+EI__VINLINE float ei__neon_hmax(float32x4_t v) { return vmaxvq_f32(v); }
+
+/* The templates: ei__minmax_neon, ei__rows_finite_neon, ei__sample_mass_neon,
+   ei__attn_{exp2, row_f32, put_scores, prep_kv, softmax, store,
+   decode_tile}_neon. */
+#define EI__VISA neon
+#define EI__VTARGET EI__TARGET_NEON
+EI__DEFINE_MINMAX()
+EI__DEFINE_ROWS_FINITE()
+EI__ATTN_DEFINE_STAGES()
+EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_DECODE_TILE()
+#undef EI__VTARGET
+#undef EI__VISA
+
+/* Hand-written: block scores, dot, Q K^T, P V. */
 static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const float *kmaxT, const float *kminT,
                                int64_t ld, int64_t nb, float *raw) {
     int64_t b;
@@ -6522,19 +6636,194 @@ static void ei__score_row_neon(const float *qrep, int32_t G, int32_t d, const fl
     }
 }
 
-/* dot(a, b) over d floats (decode scoring). */
+/* dot(a, b) over d floats (decode scoring): two accumulators hide the FMA
+   latency. */
 static float ei__dot_neon(const float *a, const float *b, int32_t d) {
-    float32x4_t s0 = vdupq_n_f32(0.0f);
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
     float s;
     int32_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    }
     for (; i + 4 <= d; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-    s = vaddvq_f32(s0);
+    s = vaddvq_f32(vaddq_f32(s0, s1));
     for (; i < d; ++i) s += a[i] * b[i];
     return s;
 }
 
-static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_scalar, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_scalar, NULL, NULL, NULL};
+/* S^T = K Q^T for the tile (>>attention): one 16-row vector (4 q registers)
+   x 4 keys per register block, 16 accumulators; per dimension 4 row loads
+   and 4 key elements (FMLA by element) for 16 FMAs. Key pointers are valid
+   up to a multiple of 8 keys (prep_kv repeats the last row). */
+#define EI__PUTNEON(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
+static void ei__attn_scores_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk,
+                                 int need_mask) {
+    const int32_t ld = T->ld, d = J->d;
+    const float32x4_t cv = vdupq_n_f32(J->c);
+    int32_t vb, j, i;
+    for (vb = 0; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const float *k0 = (const float *)w->kp[j], *k1 = (const float *)w->kp[j + 1];
+            const float *k2 = (const float *)w->kp[j + 2], *k3 = (const float *)w->kp[j + 3];
+            const float *qp = w->qt + (size_t)vb * 16u;
+            float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                        a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (i = 0; i < d; ++i, qp += ld) {
+                float32x4_t q0 = vld1q_f32(qp), q1 = vld1q_f32(qp + 4), q2 = vld1q_f32(qp + 8), q3 = vld1q_f32(qp + 12);
+                float b = k0[i];
+                a00 = vfmaq_n_f32(a00, q0, b); a01 = vfmaq_n_f32(a01, q1, b);
+                a02 = vfmaq_n_f32(a02, q2, b); a03 = vfmaq_n_f32(a03, q3, b);
+                b = k1[i];
+                a10 = vfmaq_n_f32(a10, q0, b); a11 = vfmaq_n_f32(a11, q1, b);
+                a12 = vfmaq_n_f32(a12, q2, b); a13 = vfmaq_n_f32(a13, q3, b);
+                b = k2[i];
+                a20 = vfmaq_n_f32(a20, q0, b); a21 = vfmaq_n_f32(a21, q1, b);
+                a22 = vfmaq_n_f32(a22, q2, b); a23 = vfmaq_n_f32(a23, q3, b);
+                b = k3[i];
+                a30 = vfmaq_n_f32(a30, q0, b); a31 = vfmaq_n_f32(a31, q1, b);
+                a32 = vfmaq_n_f32(a32, q2, b); a33 = vfmaq_n_f32(a33, q3, b);
+            }
+            EI__PUTNEON(a00, j, 0); EI__PUTNEON(a01, j, 1); EI__PUTNEON(a02, j, 2); EI__PUTNEON(a03, j, 3);
+            EI__PUTNEON(a10, j + 1, 0); EI__PUTNEON(a11, j + 1, 1); EI__PUTNEON(a12, j + 1, 2); EI__PUTNEON(a13, j + 1, 3);
+            EI__PUTNEON(a20, j + 2, 0); EI__PUTNEON(a21, j + 2, 1); EI__PUTNEON(a22, j + 2, 2); EI__PUTNEON(a23, j + 2, 3);
+            EI__PUTNEON(a30, j + 3, 0); EI__PUTNEON(a31, j + 3, 1); EI__PUTNEON(a32, j + 3, 2); EI__PUTNEON(a33, j + 3, 3);
+        }
+}
+#undef EI__PUTNEON
+
+/* O[r][..] = alpha[r] O[r][..] + sum_j P[j][r] V[j][..]: 64-dim chunks of the
+   value tile (as avx2), 16 dims (4 registers) x 4 rows inside; the 4 rows'
+   weights of key j are one vector load (rows are contiguous in P's column)
+   and enter the FMAs by lane. */
+static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+    const int32_t ld = T->ld, dpad = J->dpad;
+    int32_t r, c0, c1, j;
+    for (c0 = 0; c0 < dpad; c0 += 64)
+        for (c1 = c0; c1 < dpad && c1 < c0 + 64; c1 += 16) {
+            const float *vc = w->vbuf + (size_t)(c0 / 64) * EI__ATTN_NK * 64u + (size_t)(c1 - c0);
+            for (r = 0; r < ld; r += 4) {
+                const float32x4_t al = vld1q_f32(w->alpha + r);
+                float *o0 = w->o + (size_t)r * (size_t)dpad + c1, *o1 = o0 + dpad, *o2 = o1 + dpad, *o3 = o2 + dpad;
+                float32x4_t x00 = vmulq_laneq_f32(vld1q_f32(o0), al, 0), x01 = vmulq_laneq_f32(vld1q_f32(o0 + 4), al, 0),
+                            x02 = vmulq_laneq_f32(vld1q_f32(o0 + 8), al, 0), x03 = vmulq_laneq_f32(vld1q_f32(o0 + 12), al, 0),
+                            x10 = vmulq_laneq_f32(vld1q_f32(o1), al, 1), x11 = vmulq_laneq_f32(vld1q_f32(o1 + 4), al, 1),
+                            x12 = vmulq_laneq_f32(vld1q_f32(o1 + 8), al, 1), x13 = vmulq_laneq_f32(vld1q_f32(o1 + 12), al, 1),
+                            x20 = vmulq_laneq_f32(vld1q_f32(o2), al, 2), x21 = vmulq_laneq_f32(vld1q_f32(o2 + 4), al, 2),
+                            x22 = vmulq_laneq_f32(vld1q_f32(o2 + 8), al, 2), x23 = vmulq_laneq_f32(vld1q_f32(o2 + 12), al, 2),
+                            x30 = vmulq_laneq_f32(vld1q_f32(o3), al, 3), x31 = vmulq_laneq_f32(vld1q_f32(o3 + 4), al, 3),
+                            x32 = vmulq_laneq_f32(vld1q_f32(o3 + 8), al, 3), x33 = vmulq_laneq_f32(vld1q_f32(o3 + 12), al, 3);
+                const float *pj = w->s + r, *vr = vc;
+                for (j = 0; j < nk; ++j, pj += ld, vr += 64) {
+                    float32x4_t v0 = vld1q_f32(vr), v1 = vld1q_f32(vr + 4), v2 = vld1q_f32(vr + 8), v3 = vld1q_f32(vr + 12);
+                    float32x4_t p = vld1q_f32(pj);
+                    x00 = vfmaq_laneq_f32(x00, v0, p, 0); x01 = vfmaq_laneq_f32(x01, v1, p, 0);
+                    x02 = vfmaq_laneq_f32(x02, v2, p, 0); x03 = vfmaq_laneq_f32(x03, v3, p, 0);
+                    x10 = vfmaq_laneq_f32(x10, v0, p, 1); x11 = vfmaq_laneq_f32(x11, v1, p, 1);
+                    x12 = vfmaq_laneq_f32(x12, v2, p, 1); x13 = vfmaq_laneq_f32(x13, v3, p, 1);
+                    x20 = vfmaq_laneq_f32(x20, v0, p, 2); x21 = vfmaq_laneq_f32(x21, v1, p, 2);
+                    x22 = vfmaq_laneq_f32(x22, v2, p, 2); x23 = vfmaq_laneq_f32(x23, v3, p, 2);
+                    x30 = vfmaq_laneq_f32(x30, v0, p, 3); x31 = vfmaq_laneq_f32(x31, v1, p, 3);
+                    x32 = vfmaq_laneq_f32(x32, v2, p, 3); x33 = vfmaq_laneq_f32(x33, v3, p, 3);
+                }
+                vst1q_f32(o0, x00); vst1q_f32(o0 + 4, x01); vst1q_f32(o0 + 8, x02); vst1q_f32(o0 + 12, x03);
+                vst1q_f32(o1, x10); vst1q_f32(o1 + 4, x11); vst1q_f32(o1 + 8, x12); vst1q_f32(o1 + 12, x13);
+                vst1q_f32(o2, x20); vst1q_f32(o2 + 4, x21); vst1q_f32(o2 + 8, x22); vst1q_f32(o2 + 12, x23);
+                vst1q_f32(o3, x30); vst1q_f32(o3 + 4, x31); vst1q_f32(o3 + 8, x32); vst1q_f32(o3 + 12, x33);
+            }
+        }
+}
+
+/* f32 arithmetic for every dtype (f16/bf16 rows widened per tile, as avx2). */
+static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
+                                              ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
+static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
+                                             ei__sample_mass_neon, &ei__attn_neon, NULL, ei__attn_decode_tile_neon};
+
+#ifdef EI__HAVE_NEON_BF16
+/* neon-bf16 (>>attention, Kernels): BFDOT for Q K^T of all-bf16 calls, the
+   neon stages for the rest. Queries are packed as bf16 pairs (q[2i],
+   q[2i+1]) [d/2][ld], so 4 rows of one dimension pair are one 128-bit load,
+   and each key's pair is broadcast: BFDOT adds both products of the pair
+   to each row's f32 sum. */
+static void ei__attn_pack_q_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i2, d2 = J->d / 2;
+    uint32_t *qp = (uint32_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        if (g < T->gt && tok < T->nt) {
+            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
+        } else
+            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
+    }
+}
+/* Keys read in place (bf16 rows); values widened into the f32 vbuf as the
+   neon prep_kv does. */
+static void ei__attn_prep_kv_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+    const int32_t d = J->d, dpad = J->dpad;
+    int32_t j, c0;
+    for (j = 0; j < nk; ++j) {
+        const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
+        w->kp[j] = ei__row(J->k, w->kpos[j], T->kvh);
+        for (c0 = 0; c0 < dpad; c0 += 4) {
+            int32_t rem = d - c0;
+            float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
+            vst1q_f32(dst, rem > 0 ? ei__neon_load_row(vr + (size_t)c0 * 2u, EI_BF16, EI__MIN(rem, 4)) : vdupq_n_f32(0.0f));
+        }
+    }
+    for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
+}
+/* S^T = K Q^T: one 16-row vector (4 registers of 4 rows x 1 pair) x 4 keys,
+   16 accumulators; per dimension pair 4 query loads, 4 key pairs
+   broadcast, 16 BFDOTs. */
+#define EI__PUTNEONBF(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
+EI__TARGET_NEON_BF16 static inline bfloat16x8_t ei__neon_bf16_pair(const void *row, int32_t i2) {
+    uint32_t pair;
+    memcpy(&pair, (const unsigned char *)row + 4 * (size_t)i2, 4); /* rows are only 2-byte aligned */
+    return vreinterpretq_bf16_u32(vdupq_n_u32(pair));
+}
+EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                          int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d2 = J->d / 2;
+    const float32x4_t cv = vdupq_n_f32(J->c);
+    int32_t vb, j, i2;
+    for (vb = 0; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const uint32_t *qp = (const uint32_t *)w->qt + (size_t)vb * 16u;
+            float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                        a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (i2 = 0; i2 < d2; ++i2, qp += ld) {
+                bfloat16x8_t q0 = vreinterpretq_bf16_u32(vld1q_u32(qp)), q1 = vreinterpretq_bf16_u32(vld1q_u32(qp + 4)),
+                             q2 = vreinterpretq_bf16_u32(vld1q_u32(qp + 8)), q3 = vreinterpretq_bf16_u32(vld1q_u32(qp + 12));
+                bfloat16x8_t b = ei__neon_bf16_pair(k0, i2);
+                a00 = vbfdotq_f32(a00, q0, b); a01 = vbfdotq_f32(a01, q1, b);
+                a02 = vbfdotq_f32(a02, q2, b); a03 = vbfdotq_f32(a03, q3, b);
+                b = ei__neon_bf16_pair(k1, i2);
+                a10 = vbfdotq_f32(a10, q0, b); a11 = vbfdotq_f32(a11, q1, b);
+                a12 = vbfdotq_f32(a12, q2, b); a13 = vbfdotq_f32(a13, q3, b);
+                b = ei__neon_bf16_pair(k2, i2);
+                a20 = vbfdotq_f32(a20, q0, b); a21 = vbfdotq_f32(a21, q1, b);
+                a22 = vbfdotq_f32(a22, q2, b); a23 = vbfdotq_f32(a23, q3, b);
+                b = ei__neon_bf16_pair(k3, i2);
+                a30 = vbfdotq_f32(a30, q0, b); a31 = vbfdotq_f32(a31, q1, b);
+                a32 = vbfdotq_f32(a32, q2, b); a33 = vbfdotq_f32(a33, q3, b);
+            }
+            EI__PUTNEONBF(a00, j, 0); EI__PUTNEONBF(a01, j, 1); EI__PUTNEONBF(a02, j, 2); EI__PUTNEONBF(a03, j, 3);
+            EI__PUTNEONBF(a10, j + 1, 0); EI__PUTNEONBF(a11, j + 1, 1); EI__PUTNEONBF(a12, j + 1, 2); EI__PUTNEONBF(a13, j + 1, 3);
+            EI__PUTNEONBF(a20, j + 2, 0); EI__PUTNEONBF(a21, j + 2, 1); EI__PUTNEONBF(a22, j + 2, 2); EI__PUTNEONBF(a23, j + 2, 3);
+            EI__PUTNEONBF(a30, j + 3, 0); EI__PUTNEONBF(a31, j + 3, 1); EI__PUTNEONBF(a32, j + 3, 2); EI__PUTNEONBF(a33, j + 3, 3);
+        }
+}
+#undef EI__PUTNEONBF
+static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_neon_bf16, ei__attn_prep_kv_neon_bf16,
+                                                   ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
+                                                   ei__attn_pv_neon, ei__attn_store_neon};
+static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
+                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16,
+                                                  ei__attn_decode_tile_neon};
+#endif /* EI__HAVE_NEON_BF16 */
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------
@@ -6665,6 +6954,9 @@ static const ei__kernels *ei__kernels_for(ei_simd path) {
 #endif
 #ifdef EI__HAVE_NEON
         case EI_SIMD_NEON: return &ei__kernels_neon;
+#endif
+#ifdef EI__HAVE_NEON_BF16
+        case EI_SIMD_NEON_BF16: return &ei__kernels_neon_bf16;
 #endif
         case EI_SIMD_SCALAR: return &ei__kernels_scalar;
         default: return NULL;

@@ -20,7 +20,7 @@
 #include "../entropyinfer.h"
 #include "check.h"
 
-static double g_worst[5][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
+static double g_worst[7][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
 
 /* ---- deterministic data ---------------------------------------------- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -87,10 +87,12 @@ static const kernel_desc g_kernels[] = {
     {"avx512", EI_SIMD_AVX512},
     {"avx512-bf16", EI_SIMD_AVX512_BF16},
     {"amx", EI_SIMD_AMX},
+    {"neon", EI_SIMD_NEON},
+    {"neon-bf16", EI_SIMD_NEON_BF16},
 };
 static int kernel_available(const kernel_desc *kd, ei_dtype qkv, int32_t d) {
     if (!ei_cpu_supports(kd->simd)) return 0;
-    if (kernel_rounds_p(kd->simd)) return qkv == EI_BF16 && d % 2 == 0;
+    if (kernel_rounds_p(kd->simd) || kd->simd == EI_SIMD_NEON_BF16) return qkv == EI_BF16 && d % 2 == 0;
     return 1;
 }
 
@@ -685,8 +687,17 @@ EI__TARGET_AVX2 static void exp2_avx2_8(const float *x, float *y) {
     _mm256_storeu_ps(y, ei__attn_exp2_avx2(_mm256_loadu_ps(x)));
 }
 #endif
-/* y[0..15] = exp2(x[0..15]) through the kernel of isa 0 (AVX-512) or 1 (AVX2) */
+#ifdef EI__HAVE_NEON
+static void exp2_neon_4(const float *x, float *y) { vst1q_f32(y, ei__attn_exp2_neon(vld1q_f32(x))); }
+#endif
+/* y[0..15] = exp2(x[0..15]) through the kernel of isa 0 (AVX-512), 1 (AVX2) or 2 (NEON) */
+static const char *const exp2_isa[3] = {"avx512", "avx2", "neon"};
 static void exp2_16(int isa, const float *x, float *y) {
+    int i;
+    for (i = 0; i < 16; ++i) y[i] = -1.0f; /* an isa this build lacks: fails the checks */
+#ifdef EI__HAVE_NEON
+    if (isa == 2) for (i = 0; i < 16; i += 4) exp2_neon_4(x + i, y + i);
+#endif
 #ifdef EI__HAVE_AVX512
     if (isa == 0) exp2_avx512_16(x, y);
 #endif
@@ -697,10 +708,10 @@ static void exp2_16(int isa, const float *x, float *y) {
 }
 static void test_exp2(void) {
     float x[16], y[16];
-    double worst[2] = {0, 0};
+    double worst[3] = {0, 0, 0};
     int i, j, isa;
-    for (isa = 0; isa < 2; ++isa) {
-        if (!ei_cpu_supports(isa == 0 ? EI_SIMD_AVX512 : EI_SIMD_AVX2)) continue;
+    for (isa = 0; isa < 3; ++isa) {
+        if (!ei_cpu_supports(isa == 0 ? EI_SIMD_AVX512 : isa == 1 ? EI_SIMD_AVX2 : EI_SIMD_NEON)) continue;
         for (i = 0; i < 200000; ++i) {
             for (j = 0; j < 16; ++j) x[j] = (float)(-126.0 * rnd_u());
             if (i == 0) { x[0] = 0.0f; x[1] = -126.0f; x[2] = -0.5f; x[3] = -1e-30f; }
@@ -713,10 +724,10 @@ static void test_exp2(void) {
         x[0] = -126.5f; x[1] = -200.0f; x[2] = -INFINITY; x[3] = NAN; x[4] = -FLT_MAX; x[5] = -1e30f;
         for (j = 6; j < 16; ++j) x[j] = -127.0f - (float)j;
         exp2_16(isa, x, y);
-        for (j = 0; j < 16; ++j) CHECK(y[j] == 0.0f, "exp2 %s(%g) = %g, expected 0", isa ? "avx2" : "avx512", (double)x[j], (double)y[j]);
-        CHECK(worst[isa] <= 3e-7, "exp2 %s: max relative error %.3g", isa ? "avx2" : "avx512", worst[isa]);
+        for (j = 0; j < 16; ++j) CHECK(y[j] == 0.0f, "exp2 %s(%g) = %g, expected 0", exp2_isa[isa], (double)x[j], (double)y[j]);
+        CHECK(worst[isa] <= 3e-7, "exp2 %s: max relative error %.3g", exp2_isa[isa], worst[isa]);
     }
-    printf("vector exp2 max relative error on [-126, 0]: avx512 %.2e, avx2 %.2e\n", worst[0], worst[1]);
+    printf("vector exp2 max relative error on [-126, 0]: avx512 %.2e, avx2 %.2e, neon %.2e\n", worst[0], worst[1], worst[2]);
 }
 
 /* The engine's flow: chunked planning (ei_profile_chunk) and attention of

@@ -110,7 +110,9 @@ static void test_size_arithmetic(void) {
                 ei_result r = ei_profile_workspace_size(ctx, T, EI_MAX_HEADS, 1, dims[di], &b);
                 const ei_config *c = &cfgs[ci];
                 wide segs = (wide)((T + c->segment_size - 1) / c->segment_size);
-                wide lb = (wide)2 * (wide)dims[di] * (segs - 1) * (wide)(c->segment_size / c->block_size) * 4u;
+                /* the key representations [2][d][blocks] and a raw score row per segment [segments][blocks] */
+                wide blks = (segs - 1) * (wide)(c->segment_size / c->block_size);
+                wide lb = (wide)2 * (wide)dims[di] * blks * 4u + segs * blks * 4u;
                 if (r == EI_OK) {
                     CHECK((wide)b >= lb && b >= prev, "profile workspace %zu for %lld tokens (previous %zu, needs >= %.0Lf)", b,
                           (long long)T, prev, (long double)lb);
@@ -147,8 +149,17 @@ static void test_size_arithmetic(void) {
         CHECK_ERR(ei_decode_workspace_size(ctx, 0, 8, 8, &b), EI_ERR_SIZE);
         CHECK_ERR(ei_decode_workspace_size(ctx, 100, 8, 0, &b), EI_ERR_SIZE);
         /* decoder: the ring of window queries */
-        CHECK_ERR(ei_decoder_size(ctx, EI_MAX_HEADS, EI_MAX_HEAD_DIM, &b), EI_OK);
-        CHECK((wide)b >= (wide)cfgs[ci].window * EI_MAX_HEADS * EI_MAX_HEAD_DIM * 4u, "decoder size %zu wrapped", b);
+        {
+            /* [window][heads][head_dim] floats: past 4 GiB with the largest
+               window on a 32-bit size_t, which must refuse it */
+            wide ring = (wide)cfgs[ci].window * EI_MAX_HEADS * EI_MAX_HEAD_DIM * 4u;
+            ei_result r = ei_decoder_size(ctx, EI_MAX_HEADS, EI_MAX_HEAD_DIM, &b);
+            if (ring + 64u > WIDE_MAX_SIZE) CHECK_ERR(r, EI_ERR_OVERFLOW);
+            else {
+                CHECK_ERR(r, EI_OK);
+                CHECK((wide)b >= ring, "decoder size %zu wrapped", b);
+            }
+        }
         CHECK_ERR(ei_decoder_size(ctx, EI_MAX_HEADS + 1, 64, &b), EI_ERR_SIZE);
         CHECK_ERR(ei_decoder_size(ctx, 8, EI_MAX_HEAD_DIM + 1, &b), EI_ERR_SIZE);
         /* attention workspace: sane at the limits, monotone in head_dim */
@@ -200,7 +211,29 @@ static void test_view_extent(void) {
     CHECK_ERR(ei_context_create(NULL, &ctx), EI_OK);
     CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 1, 1, ((int64_t)1 << 60) + 1, 1, "t"), EI_ERR_OVERFLOW);
     CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 2, 1, 2, ((int64_t)1 << 61), "t"), EI_ERR_OVERFLOW);
-    CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 1, 1, ((int64_t)1 << 40) + 1, 1, "t"), EI_OK);
+    if (sizeof(size_t) >= 8)
+        CHECK_ERR(ei__check_view(ctx, x, EI_F32, 2, 1, 1, ((int64_t)1 << 40) + 1, 1, "t"), EI_OK);
+    {
+        /* The byte limit, the one that binds on 32-bit targets (2 GiB there;
+           2^60 elements binds first with a 64-bit size_t): the farthest
+           element's byte offset within PTRDIFF_MAX, and the view's end below
+           the top of the address space. The addresses are never dereferenced
+           by ei__check_view. */
+        int dt;
+        for (dt = 0; dt < 2; ++dt) {
+            ei_dtype type = dt ? EI_F16 : EI_F32;
+            int64_t es = dt ? 2 : 4, lim = (int64_t)PTRDIFF_MAX / es;
+            void *low = (void *)(uintptr_t)64, *top = (void *)(uintptr_t)(UINTPTR_MAX - 63);
+            if (lim > ((int64_t)1 << 60)) lim = (int64_t)1 << 60;
+            CHECK_ERR(ei__check_view(ctx, low, type, 2, 1, 1, lim - 1, 1, "t"), EI_OK);       /* farthest = lim */
+            CHECK_ERR(ei__check_view(ctx, low, type, 2, 1, 1, lim, 1, "t"), EI_ERR_OVERFLOW); /* farthest = lim + 1 */
+            CHECK_ERR(ei__check_view(ctx, low, type, 2, 1, 2, lim - 2, 2, "t"), EI_OK);
+            CHECK_ERR(ei__check_view(ctx, low, type, 2, 1, 2, lim - 1, 2, "t"), EI_ERR_OVERFLOW);
+            /* 60 bytes from UINTPTR_MAX - 63 end at UINTPTR_MAX - 3; 64 bytes would wrap to address 0 */
+            CHECK_ERR(ei__check_view(ctx, top, type, 1, 1, (int32_t)(60 / es), 64, 64, "t"), EI_OK);
+            CHECK_ERR(ei__check_view(ctx, top, type, 1, 1, (int32_t)(64 / es), 64, 64, "t"), EI_ERR_OVERFLOW);
+        }
+    }
     for (i = 0; i < sizeof strides / sizeof strides[0]; ++i)
         for (j = 0; j < 2; ++j) {
             /* j = 0: tokens outermost; j = 1: heads outermost (head-major) */
@@ -212,7 +245,7 @@ static void test_view_extent(void) {
             if (r == EI_OK) {
                 /* the last element's byte offset, exactly */
                 wide last = ((wide)(n - 1) * (wide)ts + (wide)(heads - 1) * (wide)hs + (wide)d) * 4u;
-                CHECK(last <= (wide)INT64_MAX, "a view of %lld tokens x %d heads x %d dims with strides (token %lld, head %lld) "
+                CHECK(last <= (wide)PTRDIFF_MAX, "a view of %lld tokens x %d heads x %d dims with strides (token %lld, head %lld) "
                       "was accepted, but its last element lies %.3Le bytes away: ei__row's offset arithmetic overflows",
                       (long long)n, (int)heads, (int)d, (long long)ts, (long long)hs, (long double)last);
             } else

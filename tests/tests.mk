@@ -27,8 +27,19 @@
 #   make quickstart            examples/quickstart.c
 #   make test-quickstart-header the code block of entropyinfer.h's QUICK START, extracted
 #                              as it stands, compiled as C and C++ and run
-#   make test-arm64            the NEON path and an EI_NO_NEON build, cross-compiled for
-#                              aarch64, under qemu-user (not part of make test)
+#   make test-arm64            the NEON path (test_core, golden, test_limits, every ARM
+#                              attention kernel in test_attention --quick) and an
+#                              EI_NO_NEON test_core, cross-compiled for aarch64, under
+#                              qemu-user -cpu max (not part of make test)
+#   make insn-count-arm64      instructions per attention tile of the scalar and NEON
+#                              kernels, counted under qemu-aarch64 (tests/insn_count.sh;
+#                              a measurement, not a test; several minutes)
+#   make test-i386             32-bit x86 (size_t of 32 bits): test_core, test_limits,
+#                              golden_runner and test_attention --quick built with
+#                              i686-linux-gnu-gcc, run natively (not part of make test)
+#   make test-armhf            32-bit ARMv7 hard-float with NEON: the same four programs
+#                              built with arm-linux-gnueabihf-gcc, run under qemu-arm
+#                              (not part of make test)
 # Every test includes tests/check.h (checks, guards, golden reader, references).
 # Builds of several programs run T_JOBS at a time (default: the CPU count).
 
@@ -57,7 +68,7 @@ T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
              else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
 
 .PHONY: test test-harness-selftest test-compilers test-core golden test-attention test-attention-all test-limits \
-        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64
+        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
       test-backends quickstart test-quickstart-header
@@ -202,13 +213,59 @@ test-harness-selftest: $(BUILD)/golden_runner
 
 # ---------------------------------------------------------------- NEON (aarch64 under qemu)
 # Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user (.ci/run installs them).
+# -cpu max: qemu's CPU with every optional extension (FP16 arithmetic, BF16...),
+# so each ARM kernel the CPU may have is available and test_attention forces
+# every one in turn against the reference (same tolerances as on x86).
+# test_attention gets -fno-tree-loop-vectorize: aarch64 gcc 12.2 dies with an
+# internal compiler error (vect_transform_reduction) vectorising a loop of
+# the test's own test_chunked_planning; the library's code is not affected.
 ARM_CC ?= aarch64-linux-gnu-gcc
-ARM_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64
+ARM_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max
 test-arm64:
 	@mkdir -p $(BUILD)
 	$(ARM_CC) $(T_C) -O2 $(WARN) tests/test_core.c -o $(BUILD)/test_core_arm64 -lm -lpthread
 	$(ARM_CC) $(T_C) -O2 $(WARN) -DEI_NO_NEON tests/test_core.c -o $(BUILD)/test_core_arm64_noneon -lm -lpthread
 	$(ARM_CC) $(T_C) -O2 $(WARN) tests/golden_runner.c -o $(BUILD)/golden_runner_arm64 -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 $(WARN) tests/test_limits.c -o $(BUILD)/test_limits_arm64 -lm -lpthread
+	$(ARM_CC) $(T_C) -O2 -fno-tree-loop-vectorize $(WARN) tests/test_attention.c -o $(BUILD)/test_attention_arm64 -lm -lpthread
 	$(ARM_RUN) $(BUILD)/test_core_arm64
 	$(ARM_RUN) $(BUILD)/test_core_arm64_noneon
 	$(ARM_RUN) $(BUILD)/golden_runner_arm64 $(GOLDEN)
+	$(ARM_RUN) $(BUILD)/test_limits_arm64
+	$(ARM_RUN) $(BUILD)/test_attention_arm64 --quick
+# One tile (tests/insn_tile.c) per kernel and dtype; the counting: tests/insn_count.sh.
+insn-count-arm64:
+	@mkdir -p $(BUILD)
+	$(ARM_CC) $(T_C) -O2 $(WARN) -I. tests/insn_tile.c -o $(BUILD)/insn_tile_arm64 -lm
+	QEMU_LD_PREFIX=/usr/aarch64-linux-gnu tests/insn_count.sh $(BUILD)/insn_tile_arm64 qemu-aarch64 -cpu max
+
+# ---------------------------------------------------------------- 32-bit targets (size_t of 32 bits)
+# Debian: gcc-i686-linux-gnu libc6-dev-i386-cross (runs natively on an x86-64
+# kernel with libc6-i386; I386_RUN=qemu-i386 where it does not), and
+# gcc-arm-linux-gnueabihf libc6-dev-armhf-cross qemu-user (.ci/run installs them).
+# The four programs of each are built in parallel (T_BUILDJ), then run in turn.
+# _FILE_OFFSET_BITS=64: the golden runner's readdir fails (EOVERFLOW) on file
+# systems with 64-bit inode numbers otherwise (seen under qemu-arm); the
+# library itself does no file I/O.
+X32_PROGS := test_core test_limits golden_runner test_attention
+X32_C     := $(T_C) -D_FILE_OFFSET_BITS=64
+I386_CC  ?= i686-linux-gnu-gcc
+I386_RUN ?= $(if $(wildcard /lib/ld-linux.so.2),,env QEMU_LD_PREFIX=/usr/i686-linux-gnu qemu-i386)
+ARMHF_CC ?= arm-linux-gnueabihf-gcc
+ARMHF_RUN = env QEMU_LD_PREFIX=/usr/arm-linux-gnueabihf qemu-arm
+$(BUILD)/i386/%: tests/%.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(I386_CC) $(X32_C) -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+$(BUILD)/armhf/%: tests/%.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(ARMHF_CC) $(X32_C) -O2 -march=armv7-a -mfpu=neon -mfloat-abi=hard $(WARN) -I. $< -o $@ $(LDLIBS)
+# x32_run ARCH RUNNER: the four programs, test_attention on --quick (CI's time budget)
+x32_run = $(T_RUN); run $(1)_test_core $(2) $(BUILD)/$(1)/test_core; run $(1)_test_limits $(2) $(BUILD)/$(1)/test_limits; \
+	run $(1)_golden $(2) $(BUILD)/$(1)/golden_runner $(GOLDEN); run $(1)_test_attention $(2) $(BUILD)/$(1)/test_attention --quick; \
+	if [ -n "$$fail" ]; then echo "test-$(1): FAILED:$$fail"; exit 1; fi; echo "test-$(1): 4 programs passed"
+test-i386:
+	@$(T_BUILDJ) $(addprefix $(BUILD)/i386/,$(X32_PROGS))
+	@$(call x32_run,i386,$(I386_RUN))
+test-armhf:
+	@$(T_BUILDJ) $(addprefix $(BUILD)/armhf/,$(X32_PROGS))
+	@$(call x32_run,armhf,$(ARMHF_RUN))
