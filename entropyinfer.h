@@ -6656,6 +6656,13 @@ static float ei__dot_neon(const float *a, const float *b, int32_t d) {
    x 4 keys per register block, 16 accumulators; per dimension 4 row loads
    and 4 key elements (FMLA by element) for 16 FMAs. Key pointers are valid
    up to a multiple of 8 keys (prep_kv repeats the last row). */
+/* The 16 accumulators a<key><vector> of a 4-key x 4-vector register block,
+   each put with PUT(acc, key, vector). */
+#define EI__NEON_PUT_BLOCK(PUT, j)                                                          \
+    PUT(a00, j, 0); PUT(a01, j, 1); PUT(a02, j, 2); PUT(a03, j, 3);                         \
+    PUT(a10, j + 1, 0); PUT(a11, j + 1, 1); PUT(a12, j + 1, 2); PUT(a13, j + 1, 3);         \
+    PUT(a20, j + 2, 0); PUT(a21, j + 2, 1); PUT(a22, j + 2, 2); PUT(a23, j + 2, 3);         \
+    PUT(a30, j + 3, 0); PUT(a31, j + 3, 1); PUT(a32, j + 3, 2); PUT(a33, j + 3, 3)
 #define EI__PUTNEON(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
 static void ei__attn_scores_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk,
                                  int need_mask) {
@@ -6684,10 +6691,7 @@ static void ei__attn_scores_neon(const ei__attn_job *J, ei__attn_ws *w, const ei
                 a30 = vfmaq_n_f32(a30, q0, b); a31 = vfmaq_n_f32(a31, q1, b);
                 a32 = vfmaq_n_f32(a32, q2, b); a33 = vfmaq_n_f32(a33, q3, b);
             }
-            EI__PUTNEON(a00, j, 0); EI__PUTNEON(a01, j, 1); EI__PUTNEON(a02, j, 2); EI__PUTNEON(a03, j, 3);
-            EI__PUTNEON(a10, j + 1, 0); EI__PUTNEON(a11, j + 1, 1); EI__PUTNEON(a12, j + 1, 2); EI__PUTNEON(a13, j + 1, 3);
-            EI__PUTNEON(a20, j + 2, 0); EI__PUTNEON(a21, j + 2, 1); EI__PUTNEON(a22, j + 2, 2); EI__PUTNEON(a23, j + 2, 3);
-            EI__PUTNEON(a30, j + 3, 0); EI__PUTNEON(a31, j + 3, 1); EI__PUTNEON(a32, j + 3, 2); EI__PUTNEON(a33, j + 3, 3);
+            EI__NEON_PUT_BLOCK(EI__PUTNEON, j);
         }
 }
 #undef EI__PUTNEON
@@ -6810,10 +6814,7 @@ EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bf16(const ei__attn_job *J
                 a30 = vbfdotq_f32(a30, q0, b); a31 = vbfdotq_f32(a31, q1, b);
                 a32 = vbfdotq_f32(a32, q2, b); a33 = vbfdotq_f32(a33, q3, b);
             }
-            EI__PUTNEONBF(a00, j, 0); EI__PUTNEONBF(a01, j, 1); EI__PUTNEONBF(a02, j, 2); EI__PUTNEONBF(a03, j, 3);
-            EI__PUTNEONBF(a10, j + 1, 0); EI__PUTNEONBF(a11, j + 1, 1); EI__PUTNEONBF(a12, j + 1, 2); EI__PUTNEONBF(a13, j + 1, 3);
-            EI__PUTNEONBF(a20, j + 2, 0); EI__PUTNEONBF(a21, j + 2, 1); EI__PUTNEONBF(a22, j + 2, 2); EI__PUTNEONBF(a23, j + 2, 3);
-            EI__PUTNEONBF(a30, j + 3, 0); EI__PUTNEONBF(a31, j + 3, 1); EI__PUTNEONBF(a32, j + 3, 2); EI__PUTNEONBF(a33, j + 3, 3);
+            EI__NEON_PUT_BLOCK(EI__PUTNEONBF, j);
         }
 }
 #undef EI__PUTNEONBF
