@@ -4517,6 +4517,23 @@ EI__MAYBE_UNUSED static void ei__attn_pack_q_f32(const ei__attn_job *J, ei__attn
     }
 }
 
+/* Queries as u32 bf16 pairs (q[2i], q[2i+1]) [d/2][ld] (row r of the tile
+   is column r): the packing of the kernels that take a dimension pair per
+   instruction (vdpbf16ps, BFDOT) for all-bf16 calls; plain C shared by
+   them, a strided scatter like ei__attn_pack_q_f32. */
+EI__MAYBE_UNUSED static void ei__attn_pack_q_pairs(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i2, d2 = J->d / 2;
+    uint32_t *qp = (uint32_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        if (g < T->gt && tok < T->nt) {
+            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
+        } else
+            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
+    }
+}
+
 /* The elementwise stages, written once (vocabulary and mechanics: >>simd).
    EI__ATTN_DEFINE_STAGES() defines, for the section's EI__VISA:
      ei__attn_exp2_<isa>        2^x per lane
@@ -6155,20 +6172,7 @@ static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512
    AVX-512 path's. Opt-in (>>attention, Kernels, says why). Hand-written:
    the pair layouts (queries, values and P as bf16 pairs) have no f32
    counterpart. */
-/* bf16 kernel: queries as u32 pairs (q[2i], q[2i+1]) [d/2][ld]; keys read in place. */
-EI__TARGET_AVX512BF16 static void ei__attn_pack_q_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
-                                                             const ei__attn_tile *T) {
-    int32_t r, i2, d2 = J->d / 2;
-    uint32_t *qp = (uint32_t *)w->qt;
-    for (r = 0; r < T->ld; ++r) {
-        int32_t g = r / T->mt, tok = r % T->mt;
-        if (g < T->gt && tok < T->nt) {
-            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
-            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
-        } else
-            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
-    }
-}
+/* bf16 kernel: queries as u32 pairs (ei__attn_pack_q_pairs); keys read in place. */
 /* Values as key pairs: vbuf[j2][i] = (v[2 j2][i], v[2 j2 + 1][i]) as two bf16. */
 EI__TARGET_AVX512BF16 static void ei__attn_prep_kv_avx512bf16(const ei__attn_job *J, ei__attn_ws *w,
                                                               const ei__attn_tile *T, int32_t nk) {
@@ -6324,7 +6328,7 @@ EI__TARGET_AVX512BF16 static void ei__attn_pv_avx512bf16(const ei__attn_job *J, 
     }
 }
 
-static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_avx512bf16, ei__attn_prep_kv_avx512bf16,
+static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__attn_prep_kv_avx512bf16,
                                                     ei__attn_scores_avx512bf16, ei__attn_softmax_avx512,
                                                     ei__attn_pack_p_avx512bf16, ei__attn_pv_avx512bf16,
                                                     ei__attn_store_avx512};
@@ -6749,19 +6753,7 @@ static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__
    neon stages for the rest. Queries are packed as bf16 pairs (q[2i],
    q[2i+1]) [d/2][ld], so 4 rows of one dimension pair are one 128-bit load,
    and each key's pair is broadcast: BFDOT adds both products of the pair
-   to each row's f32 sum. */
-static void ei__attn_pack_q_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
-    int32_t r, i2, d2 = J->d / 2;
-    uint32_t *qp = (uint32_t *)w->qt;
-    for (r = 0; r < T->ld; ++r) {
-        int32_t g = r / T->mt, tok = r % T->mt;
-        if (g < T->gt && tok < T->nt) {
-            const unsigned char *row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
-            for (i2 = 0; i2 < d2; ++i2) memcpy(&qp[(size_t)i2 * (size_t)T->ld + (size_t)r], row + 4 * i2, 4);
-        } else
-            for (i2 = 0; i2 < d2; ++i2) qp[(size_t)i2 * (size_t)T->ld + (size_t)r] = 0u;
-    }
-}
+   to each row's f32 sum (ei__attn_pack_q_pairs). */
 /* Keys read in place (bf16 rows); values widened into the f32 vbuf as the
    neon prep_kv does. */
 static void ei__attn_prep_kv_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
@@ -6818,7 +6810,7 @@ EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bf16(const ei__attn_job *J
         }
 }
 #undef EI__PUTNEONBF
-static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_neon_bf16, ei__attn_prep_kv_neon_bf16,
+static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__attn_prep_kv_neon_bf16,
                                                    ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
