@@ -123,6 +123,24 @@ static double median_ms(double *v, int n) {
     return v[n / 2];
 }
 
+/* One untimed call of the layer's attention (warm-up), then the median of
+   reps timed calls, each waited for on the stream; v holds reps doubles. */
+static double time_prefill(const ei_context *ctx, const ei_cuda_api *api, void *stream, const ei_tensor *q,
+                           const ei_tensor *k, const ei_tensor *vt, const ei_plan *plan, ei_out_tensor *o, double *v,
+                           int reps) {
+    char msg[EI_CUDA_MSG_SIZE];
+    int rep;
+    OK(ei_attention_prefill(ctx, q, k, vt, plan, o, 0, 0, 1, NULL, 0));
+    OK(api->synchronize(stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
+    for (rep = 0; rep < reps; rep++) {
+        double t0 = now_ms();
+        OK(ei_attention_prefill(ctx, q, k, vt, plan, o, 0, 0, 1, NULL, 0));
+        api->synchronize(stream, msg);
+        v[rep] = now_ms() - t0;
+    }
+    return median_ms(v, reps);
+}
+
 /* Share of the dense causal (query, key) pairs a host plan attends. */
 static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
     double useful = 0;
@@ -332,36 +350,12 @@ int main(int argc, char **argv) {
         OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         for (w = 0; w < NCFG; w++) {
             setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
-            OK(ei_attention_prefill(g, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
-            OK(api->synchronize(cfg.cuda_stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
-            for (rep = 0; rep < reps; rep++) {
-                double t0 = now_ms();
-                OK(ei_attention_prefill(g, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
-                api->synchronize(cfg.cuda_stream, msg);
-                v[rep] = now_ms() - t0;
-            }
-            dn[w] = median_ms(v, reps);
-            OK(ei_attention_prefill(g, &tq, &tk, &tv, &plan, &to, 0, 0, 1, NULL, 0));
-            api->synchronize(cfg.cuda_stream, msg);
-            for (rep = 0; rep < reps; rep++) {
-                double t0 = now_ms();
-                OK(ei_attention_prefill(g, &tq, &tk, &tv, &plan, &to, 0, 0, 1, NULL, 0));
-                api->synchronize(cfg.cuda_stream, msg);
-                v[rep] = now_ms() - t0;
-            }
-            sp[w] = median_ms(v, reps);
+            dn[w] = time_prefill(g, api, cfg.cuda_stream, &tq, &tk, &tv, NULL, &to, v, reps);
+            sp[w] = time_prefill(g, api, cfg.cuda_stream, &tq, &tk, &tv, &plan, &to, v, reps);
         }
         /* the quality plan: density and sparse time (first CTA shape) */
         setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
-        OK(ei_attention_prefill(gq, &tq, &tk, &tv, &qplan, &to, 0, 0, 1, NULL, 0));
-        api->synchronize(cfg.cuda_stream, msg);
-        for (rep = 0; rep < reps; rep++) {
-            double t0 = now_ms();
-            OK(ei_attention_prefill(gq, &tq, &tk, &tv, &qplan, &to, 0, 0, 1, NULL, 0));
-            api->synchronize(cfg.cuda_stream, msg);
-            v[rep] = now_ms() - t0;
-        }
-        spq = median_ms(v, reps);
+        spq = time_prefill(gq, api, cfg.cuda_stream, &tq, &tk, &tv, &qplan, &to, v, reps);
         OK(ei_plan_alloc(cpuq, &hplan, n, NKV, HD, 0));
         OK(ei_plan_copy(gq, &hplan, &qplan, EI_COPY_DEVICE_TO_HOST));
         qdensity = 0;
@@ -425,16 +419,8 @@ int main(int argc, char **argv) {
             setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
             for (w = 0; w < 2; w++) {
                 const ei_tensor *qq = w ? &tq32 : &tq;
-                OK(ei_attention_prefill(g, qq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
-                api->synchronize(cfg.cuda_stream, msg);
-                for (rep = 0; rep < reps; rep++) {
-                    double t0 = now_ms();
-                    OK(ei_attention_prefill(g, qq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, 0));
-                    api->synchronize(cfg.cuda_stream, msg);
-                    v[rep] = now_ms() - t0;
-                }
-                if (w) dense_f32q[si] = median_ms(v, reps);
-                else dense_bf16[si] = median_ms(v, reps);
+                if (w) dense_f32q[si] = time_prefill(g, api, cfg.cuda_stream, qq, &tk, &tv, NULL, &to, v, reps);
+                else dense_bf16[si] = time_prefill(g, api, cfg.cuda_stream, qq, &tk, &tv, NULL, &to, v, reps);
             }
             OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
             OK(ei_profile(g, &tq32, &tk, &plan, ws, wsb));
@@ -490,15 +476,7 @@ int main(int argc, char **argv) {
                 }
                 pms = median_ms(v, reps);
                 setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
-                OK(ei_attention_prefill(gc, &tq, &tk, &tv, &pl, &to, 0, 0, 1, NULL, 0));
-                api->synchronize(cfg.cuda_stream, msg);
-                for (rep = 0; rep < reps; rep++) {
-                    double t0 = now_ms();
-                    OK(ei_attention_prefill(gc, &tq, &tk, &tv, &pl, &to, 0, 0, 1, NULL, 0));
-                    api->synchronize(cfg.cuda_stream, msg);
-                    v[rep] = now_ms() - t0;
-                }
-                sms = median_ms(v, reps);
+                sms = time_prefill(gc, api, cfg.cuda_stream, &tq, &tk, &tv, &pl, &to, v, reps);
                 printf("        real density %.0f%%: base_budget %d -> density %.4f: profile %.2f ms, sparse %.2f ms (%s), "
                        "profile+sparse %.2f ms vs SDPA dense %.2f ms: %.2fx (vs our dense %.2f ms: %.2fx)\n",
                        100 * targets[ti], base, dens, pms, sms, cta_shapes[0], pms + sms, sdpa_ms[si],
