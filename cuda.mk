@@ -1,7 +1,8 @@
 # cuda.mk - the CUDA backend (included by the top-level Makefile).
 #   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
 #   make test-cuda            GPU tests: golden cases, GPU vs CPU, attention, the backend
-#                             equivalence scenarios (test_backends --require-gpu), compute-sanitizer
+#                             equivalence scenarios (test_backends --require-gpu), a layer captured
+#                             in a CUDA graph (test_cuda_graph: cuda_deferred_errors), compute-sanitizer
 #   (make test-backends, in tests/tests.mk, runs test_backends without --require-gpu: the CPU
 #   half, and the GPU half when the plugin loads and finds a GPU, else "GPU half skipped")
 #   make test-gpu-fuzz        tests/fuzz_backends.c: random configs, shapes, dtypes, layouts and
@@ -35,6 +36,13 @@ $(CUDA_LIB): entropyinfer_cuda.cu entropyinfer.h
 $(BUILD)/test_cuda: tests/test_cuda.c $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
+
+# cfg.cuda_deferred_errors: a layer captured in a CUDA graph and replayed; it
+# drives the stream and the graph itself, so nvcc builds it against the CUDA
+# runtime (only here: test-cuda-fallback builds nothing that needs CUDA).
+$(BUILD)/test_cuda_graph: tests/test_cuda_graph.c tests/check.h $(HDR)
+	@mkdir -p $(BUILD)
+	$(NVCC) -O2 -I. -Xcompiler -Wall,-Wextra,-Werror $< -o $@ -ldl -lpthread -lm
 
 # The same scenarios on a CPU and a CUDA context (no CUDA header or library at
 # build time); tests/tests.mk builds it with the other test programs when it
@@ -84,13 +92,16 @@ test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 	EI_CUDA_LIBRARY= ./$(BUILD)/fuzz_backends
 	./$(BUILD)/fuzz_backends --cpu-twin --seed $(FUZZ_SEED) --iters 4
 
-test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends
+test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_cuda_graph
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(GOLDEN_CUDA)
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_backends --require-gpu
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda_graph
 	@if command -v compute-sanitizer >/dev/null; then \
 	  EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool memcheck --error-exitcode 9 \
 	    ./$(BUILD)/test_cuda --quick $(GOLDEN_CUDA) > $(BUILD)/sanitizer.log 2>&1 \
-	    && echo "compute-sanitizer memcheck: clean" \
+	    && EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool memcheck --error-exitcode 9 \
+	    ./$(BUILD)/test_cuda_graph >> $(BUILD)/sanitizer.log 2>&1 \
+	    && echo "compute-sanitizer memcheck: clean (test_cuda --quick, test_cuda_graph)" \
 	    || { tail -40 $(BUILD)/sanitizer.log; echo "compute-sanitizer memcheck: FAILED"; exit 1; }; \
 	else echo "compute-sanitizer not found: skipped"; fi
 

@@ -442,6 +442,8 @@ typedef struct ei_config {
     ei_backend backend;          /* EI_BACKEND_CPU */
     const char *cuda_library;    /* NULL: $EI_CUDA_LIBRARY, then the usual names */
     void *cuda_stream;           /* cudaStream_t for the CUDA backend (NULL: default) */
+    int32_t cuda_deferred_errors; /* 0: GPU calls wait to return data errors; 1: per-layer GPU calls never
+                                     wait (CUDA graph capture), data errors go to ei_cuda_status() */
     ei_allocator allocator;      /* {0}: EI_MALLOC/EI_FREE */
     ei_log_fn log;               /* NULL: silent */
     void *log_user_data;
@@ -792,6 +794,27 @@ EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src
    dst: same kv heads, segment and block size, capacity >= src contents. */
 EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan *src, int direction);
 
+/* CUDA graphs (cfg.cuda_deferred_errors = 1). By default a GPU call that must
+   look at device data to return its code (NaN/Inf in q or k, score overflow,
+   a bad keep index) waits for cfg.cuda_stream and reads a flag back. With
+   cuda_deferred_errors the per-layer calls ei_profile, the attention calls
+   (prefill and decode), ei_decode_observe and ei_kv_compact never wait, read back or
+   allocate: they only queue kernels and async memsets on cfg.cuda_stream, so
+   an engine can capture a layer's calls in a CUDA graph (cudaStreamBeginCapture
+   .. EndCapture) and replay it. Host-side checks (views, shapes, plan layout,
+   protocol, workspace size) still fail at call time; a data error is recorded
+   on the device instead, and the call's outputs are then unspecified
+   (attention and compaction write nothing, a decoder has counted the queries
+   it did not store). In this mode ei_attention_workspace_size is 512 bytes
+   per call (the call's scan reports, so that a graph replays its own): pass
+   it. After synchronising, the engine calls ei_cuda_status: the first data
+   error recorded since the last call, with the code and message the waiting
+   call would have returned (ei_last_error), then cleared; EI_OK if none. The
+   record is one per process and device: contexts in the mode on one device
+   share it. The other decode calls (keep, score, select) still wait. On the
+   CPU, or without the mode, ei_cuda_status returns EI_OK. */
+EIDEF ei_result ei_cuda_status(const ei_context *ctx);
+
 /* ---------------------------------------------------------------- CUDA plugin ABI */
 /* The function table that libentropyinfer_cuda.so exports; visible to the
    implementation and to the plugin (which defines EI_CUDA_ABI_DECLS). */
@@ -800,7 +823,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 5
+#define EI_CUDA_ABI_VERSION 6
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -817,7 +840,11 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    and is asynchronous, except where an entry must read a device flag back
    (profile, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
    kv_compact, the decode entries that read a row map or check scores) and
-   the explicit copies. */
+   the explicit copies. With cfg->cuda_deferred_errors (ABI 6) profile,
+   attention, decode_observe and kv_compact read nothing back: each queues a
+   one-thread kernel that records its report on the device (the first since
+   deferred_status cleared it), and returns EI_OK unless a host-side check
+   fails. */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
@@ -883,6 +910,10 @@ typedef struct ei_cuda_api {
     ei_result (*decode_select_shared)(const ei_config *cfg, const ei_decoder *dec, const float *shared,
                                       int64_t n_rows, ei_keep_set *keep, void *workspace,
                                       size_t workspace_bytes, char *msg);
+    /* ABI 6: the first report recorded under cfg->cuda_deferred_errors since
+       the last call, as the code and message of the synchronous call (EI_OK:
+       none), then cleared; waits for the stream */
+    ei_result (*deferred_status)(void *stream, char *msg);
 } ei_cuda_api;
 
 /* The plugin's only export: returns its table whatever version is asked
@@ -1917,6 +1948,7 @@ static ei_result ei__check_config(const ei_config *c) {
         EI__BAD("budget factors must satisfy 0 <= min (%g) <= max (%g) <= 64", (double)c->budget_min_factor,
                 (double)c->budget_max_factor);
     if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
+    if (c->cuda_deferred_errors != 0 && c->cuda_deferred_errors != 1) EI__BAD("cuda_deferred_errors must be 0 or 1");
     if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
     if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED) EI__BAD("unknown ranking %d", (int)c->ranking);
     if (c->rank_samples <= 0 || c->rank_samples > EI_MAX_RANK_SAMPLES)
@@ -2085,6 +2117,11 @@ EIDEF ei_result ei_device_copy(const ei_context *ctx, void *dst, const void *src
         if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     }
     return EI__CUDA(ctx, mem_copy, dst, src, bytes, kind, ctx->cfg.cuda_stream);
+}
+EIDEF ei_result ei_cuda_status(const ei_context *ctx) {
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!ei__on_gpu(ctx) || !ctx->cfg.cuda_deferred_errors) return EI_OK; /* nothing is ever deferred */
+    return EI__CUDA(ctx, deferred_status, ctx->cfg.cuda_stream);
 }
 static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *plan); /* >>plan */
 static void ei__reg_plan(ei__regions *g, const ei_plan *plan, int written);

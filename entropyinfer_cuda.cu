@@ -150,7 +150,11 @@ static unsigned stride_blocks(int64_t n) {
    this array: atomicMin of a 64-bit key, ~0 when none. Every call takes its
    own slot (round robin) and holds it only until it returns (the readback
    synchronises), so concurrent calls from the threads sharing a context do
-   not meet unless thousands are in flight at once. */
+   not meet unless thousands are in flight at once. With deferred errors
+   (no readback) a call holds its slot until its kernels have run: a graph
+   that captured decode_observe or kv_compact replays its slot, which the
+   4095 calls taken after it may meet again (attention keeps its reports in
+   its workspace instead). */
 #define EI_CUDA_SLOTS 4096
 __device__ unsigned long long g_first_bad[EI_CUDA_SLOTS];
 static std::atomic<unsigned> g_next_slot(0);
@@ -164,6 +168,30 @@ static ei_result slot_take(cudaStream_t st, unsigned long long **slot, char *msg
 static ei_result slot_read(cudaStream_t st, const unsigned long long *slot, unsigned long long *value, char *msg) {
     CUDA_TRY(cudaMemcpyAsync(value, slot, sizeof *value, cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaStreamSynchronize(st));
+    return EI_OK;
+}
+
+/* Deferred errors (cfg->cuda_deferred_errors, for CUDA graph capture): the
+   per-layer entries then never synchronise or read back; a one-thread kernel
+   queued after a call's checks moves its report (a profile flag, a first-bad
+   slot) into g_deferred: word 0 = DE_* source | detail bits << 8, word 1 =
+   the report, the first report since api_deferred_status cleared them (one
+   pair per process and device: the contexts of the mode share it). */
+enum { DE_PROFILE = 1, DE_ATTENTION = 2, DE_OBSERVE = 3, DE_COMPACT = 4 };
+enum { DE_Q_F32 = 1, DE_BF16 = 2 }; /* detail bits of DE_ATTENTION */
+__device__ unsigned long long g_deferred[2];
+static inline bool deferred(const ei_config *cfg) { return cfg->cuda_deferred_errors != 0; }
+/* report: an int flag (DE_PROFILE, 0 = none) or a first-bad key (~0 = none) */
+__global__ void deferred_record_kernel(const void *report, int source, int detail) {
+    unsigned long long value = source == DE_PROFILE ? (unsigned long long)(unsigned)*(const int *)report
+                                                    : *(const unsigned long long *)report;
+    if (source == DE_PROFILE ? value == 0 : value == ~0ull) return;
+    if (atomicCAS(&g_deferred[0], 0ull, (unsigned long long)source | ((unsigned long long)detail << 8)) == 0ull)
+        atomicExch(&g_deferred[1], value);
+}
+static ei_result deferred_record(const void *report, int source, int detail, cudaStream_t st, char *msg) {
+    deferred_record_kernel<<<1, 1, 0, st>>>(report, source, detail);
+    LAUNCH_CHECK("deferred_record_kernel");
     return EI_OK;
 }
 
@@ -783,6 +811,21 @@ static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int
     return EI_OK;
 }
 
+/* A profile's flag as the call's code and message (EI_OK for 0). */
+static ei_result profile_flag_fail(int flag, int max_keep, char *msg) {
+    if (flag & PF_NAN_K) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k");
+    if (flag & PF_NAN_Q) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q");
+    if (flag & PF_Q_RANGE)
+        return fail(msg, EI_ERR_NONFINITE, "f32 q rounds to Inf in k's 16-bit type (|x| >= 65520 for f16) in a sampled "
+                    "row (the GPU's tensor-core sampled ranking rounds q to k's dtype)");
+    if (flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
+    if (flag & PF_SAMPLED) return fail(msg, EI_ERR_NONFINITE, "sampled scores overflow float32");
+    if (flag & PF_KEEP)
+        return fail(msg, EI_ERR_BACKEND, "internal error: a keep count exceeds its row (%d blocks) or the visible blocks",
+                    max_keep);
+    return EI_OK;
+}
+
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                              void *ws, size_t ws_bytes, char *msg) {
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
@@ -862,19 +905,14 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
                                                               flag);
         LAUNCH_CHECK("topk_kernel");
     }
-    int host_flag = 0;
-    CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
-    CUDA_TRY(cudaStreamSynchronize(st));
-    if (host_flag & PF_NAN_K) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k");
-    if (host_flag & PF_NAN_Q) return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in q");
-    if (host_flag & PF_Q_RANGE)
-        return fail(msg, EI_ERR_NONFINITE, "f32 q rounds to Inf in k's 16-bit type (|x| >= 65520 for f16) in a sampled "
-                    "row (the GPU's tensor-core sampled ranking rounds q to k's dtype)");
-    if (host_flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
-    if (host_flag & PF_SAMPLED) return fail(msg, EI_ERR_NONFINITE, "sampled scores overflow float32");
-    if (host_flag & PF_KEEP)
-        return fail(msg, EI_ERR_BACKEND, "internal error: a keep count exceeds its row (%d blocks) or the visible blocks",
-                    (int)plan->max_keep);
+    if (deferred(cfg)) { /* the flag goes to the deferred status, nothing is read back */
+        if ((r = deferred_record(flag, DE_PROFILE, (int)plan->max_keep, st, msg))) return r;
+    } else {
+        int host_flag = 0;
+        CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
+        CUDA_TRY(cudaStreamSynchronize(st));
+        if ((r = profile_flag_fail(host_flag, (int)plan->max_keep, msg))) return r;
+    }
     plan->n_tokens = n;
     plan->n_segments = nseg;
     plan->n_blocks = nblk;
@@ -1569,10 +1607,13 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
 }
 
 
+/* The kernel needs none; with deferred errors the call's two scan reports
+   live there (a graph replays its own, never another call's slot). */
+#define ATTN_DEFERRED_WS 512
 static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, int32_t nkv, int32_t D,
                                               size_t *bytes, char *msg) {
-    (void)cfg; (void)nh; (void)nkv; (void)D; (void)msg;
-    *bytes = 0; /* the kernel needs none */
+    (void)nh; (void)nkv; (void)D; (void)msg;
+    *bytes = deferred(cfg) ? ATTN_DEFERRED_WS : 0;
     return EI_OK;
 }
 
@@ -1746,12 +1787,22 @@ static ei_result attention_launch(const AttnParams &p, int D, bool bf, bool vec,
    scan's report read back: the call waits for the kernel, as profiling
    does, so that it can return EI_ERR_NONFINITE as the CPU does (the output
    is then not written). */
+/* The scan's first bad row (~0: none) as the call's code and message. */
+static ei_result attention_bad_fail(unsigned long long bad, bool q_f32, bool bf, char *msg) {
+    if (bad == ~0ull) return EI_OK;
+    return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in %s%s (%s %d, %s %lld)", bad >> 62 ? "k" : "q",
+                !(bad >> 62) && q_f32 ? (bf ? " (f32, rounded to bf16)" : " (f32 rounded to f16: NaN, Inf or |x| >= 65520)") : "",
+                bad >> 62 ? "kv head" : "head", (int)(bad & 4095u), bad >> 62 ? "key" : "token",
+                (long long)((bad >> 12) & ((1ull << 50) - 1)));
+}
 static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, void *ws, size_t ws_bytes,
                                char *msg) {
     ei_result r;
-    (void)ws; (void)ws_bytes;
     int D = q->head_dim, nh = q->n_heads, nkv = k->n_heads;
+    if (deferred(cfg) && !ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%d bytes needed)", ATTN_DEFERRED_WS);
+    if (deferred(cfg) && ws_bytes < ATTN_DEFERRED_WS)
+        return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d needed", ws_bytes, ATTN_DEFERRED_WS);
     if (k->dtype != v->dtype || k->dtype == EI_F32)
         return fail(msg, EI_ERR_DTYPE, "CUDA attention needs k and v both bf16 or both f16 (got k %s, v %s; q may be "
                     "k's dtype or f32, the output any dtype)", dtype_str(k->dtype), dtype_str(v->dtype));
@@ -1811,19 +1862,21 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         if (!(s < p.plan_nseg && ei__segment_sparse(cfg, s, p.plan_nseg, p.plan_final)))
             sp.dense_hi = std::min((int64_t)(s + 1) * p.seg, q_offset + q->n_tokens);
     unsigned long long *slot = NULL, *suspect = NULL, bad = 0;
-    if ((r = slot_take(st, &slot, msg)) || (r = slot_take(st, &suspect, msg))) return r;
+    if (deferred(cfg)) { /* the reports in the workspace, cleared on the stream */
+        slot = (unsigned long long *)ws_base(ws);
+        suspect = slot + 1;
+        CUDA_TRY(cudaMemsetAsync(slot, 0xFF, 2 * sizeof(unsigned long long), st));
+    } else if ((r = slot_take(st, &slot, msg)) || (r = slot_take(st, &suspect, msg)))
+        return r;
     sp.bad = slot;
     sp.suspect = suspect;
     p.bad = slot;
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)) ||
-        (r = attention_launch(p, D, bf, vec, (unsigned)grid, st, msg)) || (r = slot_read(st, slot, &bad, msg)))
+        (r = attention_launch(p, D, bf, vec, (unsigned)grid, st, msg)))
         return r;
-    if (bad != ~0ull)
-        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in %s%s (%s %d, %s %lld)", bad >> 62 ? "k" : "q",
-                    !(bad >> 62) && q_f32 ? (bf ? " (f32, rounded to bf16)" : " (f32 rounded to f16: NaN, Inf or |x| >= 65520)") : "",
-                    bad >> 62 ? "kv head" : "head", (int)(bad & 4095u), bad >> 62 ? "key" : "token",
-                    (long long)((bad >> 12) & ((1ull << 50) - 1)));
-    return EI_OK;
+    if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
+    if ((r = slot_read(st, slot, &bad, msg))) return r;
+    return attention_bad_fail(bad, q_f32, bf, msg);
 }
 
 /* ============================================================ >>cuda-sampled */
@@ -2491,9 +2544,12 @@ __global__ void observe_scan_kernel(const void *q, int dtype, int64_t ts, int64_
             atomicMin(first_bad, ((unsigned long long)t << 12) | (unsigned long long)h);
     }
 }
-/* query number first_number + i goes to ring slot (first_number + i) % window */
+/* query number first_number + i goes to ring slot (first_number + i) % window
+   (gate: with deferred errors, the scan's report: nothing written unless ~0) */
 __global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t first_tok, int64_t count,
-                               int64_t first_number, int window, int nh, int D, float *ring) {
+                               int64_t first_number, int window, int nh, int D, float *ring,
+                               const unsigned long long *gate) {
+    if (gate && *gate != ~0ull) return;
     int64_t total = count * nh * D;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         int d = (int)(e % D);
@@ -2841,6 +2897,11 @@ __global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, con
 /* The header checked q against the decoder and the protocol. The kept queries
    (the last min(n_tokens, window)) are scanned for NaN/Inf before the ring or
    the counts change. */
+static ei_result observe_bad_fail(unsigned long long bad, char *msg) {
+    if (bad == ~0ull) return EI_OK;
+    return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in observed q (head %d, tokens from %lld)", (int)(bad & 4095u),
+                (long long)(bad >> 12));
+}
 static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const ei_tensor *q, int generated,
                                     char *msg) {
     cudaStream_t st = stream_of(cfg);
@@ -2853,13 +2914,15 @@ static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const
     observe_scan_kernel<<<stride_blocks(total), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride,
                                                               first_tok, count, dec->n_heads, dec->head_dim, slot);
     LAUNCH_CHECK("observe_scan_kernel");
-    if ((r = slot_read(st, slot, &bad, msg))) return r;
-    if (bad != ~0ull)
-        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in observed q (head %d, tokens from %lld)", (int)(bad & 4095u),
-                    (long long)(bad >> 12));
+    if (deferred(cfg)) {
+        if ((r = deferred_record(slot, DE_OBSERVE, 0, st, msg))) return r;
+    } else {
+        if ((r = slot_read(st, slot, &bad, msg))) return r;
+        if ((r = observe_bad_fail(bad, msg))) return r;
+    }
     observe_kernel<<<stride_blocks(total), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, first_tok,
                                                          count, dec->n_observed + first_tok, dec->window, dec->n_heads,
-                                                         dec->head_dim, dec->queries);
+                                                         dec->head_dim, dec->queries, deferred(cfg) ? slot : NULL);
     LAUNCH_CHECK("observe_kernel");
     dec->n_observed += q->n_tokens;
     if (generated) dec->n_generated += q->n_tokens;
@@ -3278,8 +3341,10 @@ __global__ void keep_check_kernel(const int *index, int capacity, int heads, int
 #define CMP_BYTES 16384
 template <typename U>
 __global__ void __launch_bounds__(256) compact_kernel(const int *index, int64_t idx_stride, int n_kept, char *data,
-                                                      int64_t ts_bytes, int64_t hs_bytes, int row_bytes) {
+                                                      int64_t ts_bytes, int64_t hs_bytes, int row_bytes,
+                                                      const unsigned long long *gate) {
     __shared__ U stage[CMP_BYTES / sizeof(U)];
+    if (gate && *gate != ~0ull) return; /* deferred errors: a bad keep set moves nothing */
     int h = blockIdx.x;
     const int *idx = index + (int64_t)h * idx_stride; /* idx_stride 0: a shared set */
     int units = row_bytes / (int)sizeof(U);
@@ -3300,7 +3365,8 @@ __global__ void __launch_bounds__(256) compact_kernel(const int *index, int64_t 
     }
 }
 
-static ei_result compact_one(const ei_keep_set *keep, ei_out_tensor *x, cudaStream_t st, char *msg) {
+static ei_result compact_one(const ei_keep_set *keep, ei_out_tensor *x, const unsigned long long *gate, cudaStream_t st,
+                             char *msg) {
     int64_t es = x->dtype == EI_F32 ? 4 : 2, ts = x->token_stride * es, hs = x->head_stride * es;
     int row = (int)(x->head_dim * es);
     uintptr_t a = (uintptr_t)x->data | (uintptr_t)ts | (uintptr_t)hs | (uintptr_t)row;
@@ -3309,10 +3375,10 @@ static ei_result compact_one(const ei_keep_set *keep, ei_out_tensor *x, cudaStre
     int64_t is = keep->heads_out == 1 ? 0 : (int64_t)keep->capacity;
     unsigned heads = (unsigned)x->n_heads;
     if (a & 1) return fail(msg, EI_ERR_UNSUPPORTED, "CUDA compaction needs a 2-byte aligned cache (got %p)", x->data);
-    if (!(a & 15)) compact_kernel<uint4><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
-    else if (!(a & 7)) compact_kernel<uint2><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
-    else if (!(a & 3)) compact_kernel<uint32_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
-    else compact_kernel<uint16_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row);
+    if (!(a & 15)) compact_kernel<uint4><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row, gate);
+    else if (!(a & 7)) compact_kernel<uint2><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row, gate);
+    else if (!(a & 3)) compact_kernel<uint32_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row, gate);
+    else compact_kernel<uint16_t><<<heads, 256, 0, st>>>(keep->index, is, keep->n_kept, d, ts, hs, row, gate);
     LAUNCH_CHECK("compact_kernel");
     return EI_OK;
 }
@@ -3330,6 +3396,12 @@ static ei_result api_kv_compact(const ei_config *cfg, const ei_keep_set *keep, e
     keep_check_kernel<<<stride_blocks(total), 256, 0, st>>>(keep->index, keep->capacity, keep->heads_out, keep->n_kept,
                                                             keep->n_tokens, slot);
     LAUNCH_CHECK("keep_check_kernel");
+    if (deferred(cfg)) {
+        if ((r = deferred_record(slot, DE_COMPACT, 0, st, msg)) || (k && (r = compact_one(keep, k, slot, st, msg))) ||
+            (v && (r = compact_one(keep, v, slot, st, msg))))
+            return r;
+        return EI_OK;
+    }
     if ((r = slot_read(st, slot, &bad, msg))) return r;
     if (bad != ~0ull) {
         int h = (int)(bad >> 32), i = (int)(bad & 0xFFFFFFFFu), x = 0;
@@ -3337,8 +3409,8 @@ static ei_result api_kv_compact(const ei_config *cfg, const ei_keep_set *keep, e
                             cudaMemcpyDeviceToHost));
         return fail(msg, EI_ERR_SHAPE, "keep index [%d][%d] = %d is not ascending inside the cache", h, i, x);
     }
-    if (k && (r = compact_one(keep, k, st, msg))) return r;
-    if (v && (r = compact_one(keep, v, st, msg))) return r;
+    if (k && (r = compact_one(keep, k, NULL, st, msg))) return r;
+    if (v && (r = compact_one(keep, v, NULL, st, msg))) return r;
     return EI_OK;
 }
 
@@ -3392,6 +3464,33 @@ static ei_result api_synchronize(void *stream, char *msg) {
     return EI_OK;
 }
 
+/* The first deferred report since the last call, as the code and message the
+   synchronous call would have returned, then cleared; waits for the stream. */
+static ei_result api_deferred_status(void *stream, char *msg) {
+    cudaStream_t st = (cudaStream_t)stream;
+    unsigned long long word[2] = {0, 0};
+    static const unsigned long long zero[2] = {0, 0};
+    CUDA_TRY(cudaMemcpyFromSymbolAsync(word, g_deferred, sizeof word, 0, cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    if (!word[0]) return EI_OK;
+    CUDA_TRY(cudaMemcpyToSymbolAsync(g_deferred, zero, sizeof zero, 0, cudaMemcpyHostToDevice, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    int source = (int)(word[0] & 255u), detail = (int)(word[0] >> 8);
+    ei_result r = EI_ERR_BACKEND;
+    const char *entry = source == DE_PROFILE ? "profile" : source == DE_ATTENTION ? "attention"
+                      : source == DE_OBSERVE ? "decode_observe" : "kv_compact";
+    char what[EI_CUDA_MSG_SIZE];
+    what[0] = 0;
+    if (source == DE_PROFILE) r = profile_flag_fail((int)word[1], detail, what);
+    else if (source == DE_ATTENTION) r = attention_bad_fail(word[1], (detail & DE_Q_F32) != 0, (detail & DE_BF16) != 0, what);
+    else if (source == DE_OBSERVE) r = observe_bad_fail(word[1], what);
+    else if (source == DE_COMPACT)
+        r = fail(what, EI_ERR_SHAPE, "keep index [%d][%d] is not ascending inside the cache", (int)(word[1] >> 32),
+                 (int)(word[1] & 0xFFFFFFFFu));
+    else snprintf(what, sizeof what, "unknown report %llu", word[0]);
+    return fail(msg, r, "%s (deferred): %s", entry, what);
+}
+
 static const ei_cuda_api ei__cuda_table = {
     EI_CUDA_ABI_VERSION,
     (int32_t)sizeof(ei_cuda_api),
@@ -3415,6 +3514,7 @@ static const ei_cuda_api ei__cuda_table = {
     api_decode_select,
     api_decode_shared_add,
     api_decode_select_shared,
+    api_deferred_status,
 };
 
 /* The table whatever version is asked for: the header compares abi_version

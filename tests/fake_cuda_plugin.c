@@ -104,9 +104,11 @@ static ei_result select_shared(const ei_config *c, const ei_decoder *d, const fl
     return EI_OK;
 }
 
+static ei_result deferred_status(void *st, char *msg) { (void)st; (void)msg; return EI_OK; }
+
 static const ei_cuda_api table = {FAKE_ABI_VERSION, (int32_t)sizeof(ei_cuda_api), info, device_check, mem_alloc,
                                   mem_free, mem_copy, mem_set, sync_, plan_copy, pws, profile, aws, attn, observe, dws,
-                                  keep, compact, score, select_, shared_add, select_shared};
+                                  keep, compact, score, select_, shared_add, select_shared, deferred_status};
 EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
     (void)abi_version; /* the table whatever is asked: the header compares */
     return &table;
