@@ -253,6 +253,24 @@ static void prefill_graph(void) {
         r = ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, &G.plan, &G.to, 0, 0, 1, NULL, 0);
         CHECK(r == EI_ERR_NULL, "deferred attention without its workspace: %s", ei_result_name(r));
     }
+    { /* attention's own report (dense, eager, deferred): NaN in q, nothing written */
+        unsigned char *o = (unsigned char *)malloc(nq * 2);
+        int untouched = 1;
+        q[(size_t)2500 * nh * D + 3 * D + 17] = 0x7FC0;
+        layer_put(&G, q, k, v);
+        CU(cudaMemset(G.out, 0x5A, nq * 2));
+        OK(ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0, 0, 1, G.aws, G.aws_bytes));
+        CU(cudaStreamSynchronize(st));
+        r = ei_cuda_status(capt);
+        CHECK(r == EI_ERR_NONFINITE && strstr(ei_last_error(), "attention") && strstr(ei_last_error(), "token 2500"),
+              "deferred attention with NaN in q: %s (%s)", ei_result_name(r), ei_last_error());
+        printf("  deferred attention with NaN in q: ei_cuda_status %s: %s\n", ei_result_name(r), ei_last_error());
+        CU(cudaMemcpy(o, G.out, nq * 2, cudaMemcpyDeviceToHost));
+        for (i = 0; i < nq * 2 && untouched; i++) untouched = o[i] == 0x5A;
+        CHECK(untouched, "deferred attention with NaN in q wrote its output");
+        CHECK(ei_cuda_status(capt) == EI_OK, "the status was not cleared");
+        free(o);
+    }
     CU(cudaGraphExecDestroy(exec));
     CU(cudaGraphDestroy(graph));
     layer_free(&E); layer_free(&G);
