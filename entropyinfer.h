@@ -5104,7 +5104,9 @@ static void ei__decode_partial_empty(float *dst, int32_t d) {
         const ei_dtype kdt = J->k->dtype, vdt = J->v->dtype;                                                   \
         float *sc = w->s; /* scores, then weights: row r at r * EI__ATTN_NK */                                 \
         int32_t r, r0, b, j, c;                                                                                \
-        int flag = 0;                                                                                          \
+        int64_t pmax;                                                                                          \
+        EI__VMASK bad = EI__VNAN_NONE();                                                                       \
+        int flag;                                                                                              \
         for (j = 0; j < nk; ++j) {                                                                             \
             w->kp[j] = ei__row(J->k, pos[j], kvh);                                                             \
             w->vp[j] = ei__row(J->v, pos[j], kvh);                                                             \
@@ -5134,16 +5136,22 @@ static void ei__decode_partial_empty(float *dst, int32_t d) {
                 s0[3 * EI__ATTN_NK + j] = EI__VHSUM(a3);                                                       \
             }                                                                                                  \
         }                                                                                                      \
+        for (j = 1, pmax = pos[0]; j < nk; ++j) pmax = EI__MAX(pmax, pos[j]);                                 \
         for (r = 0; r < nr4; ++r) { /* clamp, causal mask, pad to whole vectors; rows past nr weigh 0 */       \
             float *s = sc + (size_t)r * EI__ATTN_NK;                                                           \
             int64_t lim = J->q_offset + r % nt + 1; /* the row's token sees keys < lim */                     \
-            for (j = 0; j < nk; ++j) {                                                                         \
-                float x = s[j];                                                                                \
-                if (!(x >= -FLT_MAX && x <= FLT_MAX)) { flag = 1; x = x > 0.0f ? FLT_MAX : -FLT_MAX; }          \
-                s[j] = r >= nr ? 0.0f : pos[j] < lim ? x : -INFINITY;                                          \
+            for (j = 0; j < nkv; j += EI__VN) { /* x - x: NaN where x is NaN or +-Inf */                       \
+                EI__VEC x = r >= nr ? EI__VZERO()                                                              \
+                                    : EI__VLOAD_ROW(s + j, EI_F32, EI__VFIRST(EI__MIN(nk - j, (int32_t)EI__VN))); \
+                bad = EI__VNAN_OR(bad, EI__VSUB(x, x));                                                        \
+                EI__VSTOREU(s + j, EI__VMIN(EI__VMAX(x, EI__VSET1(-FLT_MAX)), EI__VSET1(FLT_MAX)));            \
             }                                                                                                  \
-            for (; j < nkv; ++j) s[j] = r >= nr ? 0.0f : -INFINITY;                                            \
+            if (r >= nr) continue;                                                                             \
+            if (pmax >= lim) /* some key of the tile is past the row's token (a step of several tokens) */     \
+                for (j = 0; j < nk; ++j) s[j] = pos[j] < lim ? s[j] : -INFINITY;                               \
+            for (j = nk; j < nkv; ++j) s[j] = -INFINITY;                                                       \
         }                                                                                                      \
+        flag = EI__VANY(bad);                                                                                  \
         if (flag && !J->ctx->kern->rows_finite(J->k, pos, nk, kvh)) return ei__attn_bad(w, "k", kvh, pos[0]);  \
         for (r = 0; r < nr; ++r) { /* online softmax of the row */                                             \
             float *s = sc + (size_t)r * EI__ATTN_NK, *pr = st + (size_t)r * P, mx;                             \
