@@ -2539,7 +2539,7 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
                 const unsigned char *row = (const unsigned char *)ei__row(t, t0 + r, head) + (size_t)c * es;   \
                 if (r + EI__MINMAX_AHEAD < nt) /* a head's rows are strided: the hardware prefetch lags */     \
                     ei__prefetch_bytes((const unsigned char *)ei__row(t, t0 + r + EI__MINMAX_AHEAD, head) + (size_t)c * es, \
-                                       (size_t)(nv * EI__VN) * es);                                            \
+                                       (size_t)(nv * EI__VN) * es, 1);                                         \
                 for (i = 0; i < nv; ++i) {                                                                     \
                     EI__VEC v = EI__VLOAD_ROW(row + (size_t)(EI__VN * i) * es, t->dtype, tail[i]);             \
                     nan = EI__VNAN_OR(nan, v);                                                                 \
@@ -4683,28 +4683,22 @@ EI__MAYBE_UNUSED static void ei__attn_pack_q_pairs(const ei__attn_job *J, ei__at
     EI__ATTN_DEFINE_SOFTMAX()                                                                                  \
     EI__ATTN_DEFINE_STORE()
 
-/* Prefetch the cache lines of bytes [p, p + n) for reading, into every
-   level (prefetcht0: read soon, by the next tile). */
-static void ei__prefetch_bytes(const void *p, size_t n) {
+/* Prefetch the cache lines of bytes [p, p + n) for reading: into every level
+   (l1 = 1, prefetcht0: read soon, by the next tile) or into L2 only (l1 = 0,
+   prefetcht1: for rows read after the walk has touched more than L1 holds;
+   a decode step's next tile of a group comes after every other group's
+   tile, n_kv_heads x 32 KB of bf16 K and V). Measured on an AMD Zen 5 (2
+   threads, 32k bf16 keys, 32/8 heads): a decode step took 14-17 ms with
+   prefetcht0, 7.7-9 ms with prefetcht1, 25-28 ms with no software prefetch. */
+static void ei__prefetch_bytes(const void *p, size_t n, int l1) {
 #if defined(__GNUC__) || defined(__clang__)
     size_t o;
-    for (o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+    if (l1)
+        for (o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+    else
+        for (o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
 #else
-    (void)p; (void)n;
-#endif
-}
-/* The same into L2, not L1 (prefetcht1): for rows read after the walk has
-   touched more than L1 holds (a decode step's next tile of a group comes
-   after every other group's tile: n_kv_heads x 32 KB of bf16 K and V).
-   Measured on an AMD Zen 5 (2 threads, 32k bf16 keys, 32/8 heads): a decode
-   step took 14-17 ms with prefetcht0, 7.7-9 ms with prefetcht1, 25-28 ms
-   with no software prefetch. */
-static void ei__prefetch_bytes_l2(const void *p, size_t n) {
-#if defined(__GNUC__) || defined(__clang__)
-    size_t o;
-    for (o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
-#else
-    (void)p; (void)n;
+    (void)p; (void)n; (void)l1;
 #endif
 }
 /* Prefetch the key and value rows at positions pos[0..n) into the cache. */
@@ -4712,8 +4706,8 @@ static void ei__attn_prefetch_rows(const ei__attn_job *J, int32_t kvh, const int
     size_t kbytes = (size_t)J->d * ei__dtype_size(J->k->dtype), vbytes = (size_t)J->d * ei__dtype_size(J->v->dtype);
     int32_t j;
     for (j = 0; j < n; ++j) {
-        ei__prefetch_bytes(ei__row(J->k, pos[j], kvh), kbytes);
-        ei__prefetch_bytes(ei__row(J->v, pos[j], kvh), vbytes);
+        ei__prefetch_bytes(ei__row(J->k, pos[j], kvh), kbytes, 1);
+        ei__prefetch_bytes(ei__row(J->v, pos[j], kvh), vbytes, 1);
     }
 }
 
@@ -5126,8 +5120,8 @@ static void ei__decode_partial_empty(float *dst, int32_t d) {
                 const unsigned char *kr = (const unsigned char *)w->kp[j];                                     \
                 EI__VEC a0 = EI__VZERO(), a1 = a0, a2 = a0, a3 = a0;                                           \
                 if (r0 == 0 && j < pf_nk) { /* the group's next tile, spread over this one */                  \
-                    ei__prefetch_bytes_l2(ei__row(J->k, pf_pos[j], kvh), (size_t)d * kes);                     \
-                    ei__prefetch_bytes_l2(ei__row(J->v, pf_pos[j], kvh), (size_t)d * ves);                     \
+                    ei__prefetch_bytes(ei__row(J->k, pf_pos[j], kvh), (size_t)d * kes, 0);                     \
+                    ei__prefetch_bytes(ei__row(J->v, pf_pos[j], kvh), (size_t)d * ves, 0);                     \
                 }                                                                                              \
                 for (c = 0; c < d; c += EI__VN) {                                                              \
                     EI__VEC kv = EI__VLOAD_ROW(kr + (size_t)c * kes, kdt, EI__VFIRST(EI__MIN(d - c, (int32_t)EI__VN))); \
