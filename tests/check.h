@@ -103,6 +103,17 @@ CHECK_FN int check_summary(void) {
    write shows up. guarded_alloc_at puts the buffer `offset` bytes past a
    64-byte boundary (sizes must suffice at any alignment); guarded_alloc uses
    16, as malloc usually gives. */
+/* A call that must succeed in a test's set-up: on failure, say where and
+   what, and stop the program. */
+#define CHECK_OK(call)                                                                         \
+    do {                                                                                       \
+        ei_result r_ = (call);                                                                 \
+        if (r_ != EI_OK) {                                                                     \
+            printf("  FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, ei_result_name(r_), \
+                   ei_last_error());                                                           \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
 #define GUARD 256
 typedef struct guard_head { unsigned char *raw; size_t n; } guard_head;
 CHECK_FN void *guarded_alloc_at(size_t n, unsigned offset) {

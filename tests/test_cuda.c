@@ -24,15 +24,6 @@
 #include <string.h>
 #include <time.h>
 #include <dirent.h>
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        ei_result r_ = (call);                                                                 \
-        if (r_ != EI_OK) {                                                                     \
-            printf("  FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, ei_result_name(r_), \
-                   ei_last_error());                                                           \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 /* ------------------------------------------------------------ small helpers */
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -173,15 +164,15 @@ static int64_t meta_i(const meta *m, const char *key) { return atoll(meta_s(m, k
 static ei_context *g_gpu, *g_cpu;
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
-    OK(ei_device_alloc(g_gpu, &p, bytes));
+    CHECK_OK(ei_device_alloc(g_gpu, &p, bytes));
     return p;
 }
 static void dev_free(void *p) { ei_device_free(g_gpu, p); }
 static void dev_put(void *dst, const void *src, size_t bytes) {
-    OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_HOST_TO_DEVICE));
+    CHECK_OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_HOST_TO_DEVICE));
 }
 static void dev_get(void *dst, const void *src, size_t bytes) {
-    OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
+    CHECK_OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
 }
 /* upload f32 values as dtype; returns the device pointer */
 static void *dev_upload(const float *x, size_t count, ei_dtype dt) {
@@ -211,7 +202,7 @@ static ei_context *make_ctx(const ei_config *c, ei_backend backend) {
     ei_config cc = *c;
     ei_context *ctx = NULL;
     cc.backend = backend;
-    OK(ei_context_create(&cc, &ctx));
+    CHECK_OK(ei_context_create(&cc, &ctx));
     return ctx;
 }
 
@@ -222,16 +213,16 @@ static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const 
     size_t bytes, wsb;
     ei_result r;
     int64_t n = q->n_tokens;
-    OK(ei_plan_size(g, n, k->n_heads, q->head_dim, flags, &bytes));
+    CHECK_OK(ei_plan_size(g, n, k->n_heads, q->head_dim, flags, &bytes));
     gp->mem = dev_alloc(bytes);
-    OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, bytes));
-    OK(ei_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
+    CHECK_OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, bytes));
+    CHECK_OK(ei_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
     gp->ws = dev_alloc(wsb);
     r = ei_profile(g, q, k, &gp->dev, gp->ws, wsb);
     CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
           ei_result_name(expect));
-    OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
-    if (r == EI_OK) OK(ei_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
+    CHECK_OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
+    if (r == EI_OK) CHECK_OK(ei_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
 }
 static void gpu_plan_free(gpu_plan *gp) {
     dev_free(gp->mem);
@@ -402,10 +393,10 @@ static void golden_prefill(const char *dir, const char *name, ei_dtype dt) {
         ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, nkv, D);
         int diff_keep = 0, diff_set = 0, exact = 0, total = 0;
         if (dt != EI_F32) { round_to(q, nq, dt); round_to(k, nk, dt); }
-        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
-        OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+        CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+        CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
         ws = malloc(wsb);
-        OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
+        CHECK_OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
         for (h = 0; h < nkv; h++)
             for (s = 1; s < nseg; s++) {
                 size_t row = (size_t)h * cp.seg_capacity + s;
@@ -440,11 +431,11 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     ei_tensor tq, tk;
     void *dq = dev_upload(obs, (size_t)W * nh * D, dt);
     *dkey = dev_upload(k, (size_t)n * nkv * D, dt);
-    OK(ei_decoder_size(g, nh, D, &bytes));
+    CHECK_OK(ei_decoder_size(g, nh, D, &bytes));
     dk->ring = dev_alloc(bytes);
-    OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
+    CHECK_OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
     tq = ei_tensor_make(dq, dt, W, nh, D);
-    OK(ei_decode_observe(g, &dk->dec, &tq, 0));
+    CHECK_OK(ei_decode_observe(g, &dk->dec, &tq, 0));
     memset(&dk->ks, 0, sizeof dk->ks);
     dk->ks.heads_out = heads_out;
     dk->ks.capacity = c->decode_budget;
@@ -456,10 +447,10 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     dk->ks.mask_capacity = n;
     dk->ks.pooled = (float *)dk->pooled;
     dk->ks.pooled_capacity = L > 0 ? L : 1;
-    OK(ei_decode_workspace_size(g, n, nh, nkv, &wsb));
+    CHECK_OK(ei_decode_workspace_size(g, n, nh, nkv, &wsb));
     dk->ws = dev_alloc(wsb);
     tk = ei_tensor_make(*dkey, dt, n, nkv, D);
-    OK(ei_decode_keep(g, &dk->dec, &tk, &dk->ks, dk->ws, wsb));
+    CHECK_OK(ei_decode_keep(g, &dk->dec, &tk, &dk->ks, dk->ws, wsb));
     dev_free(dq);
 }
 static void dev_keep_free(dev_keep *dk) {
@@ -611,10 +602,10 @@ static void random_plans(int quick) {
         gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
         hq = ei_tensor_make(q, EI_F32, n, nh, D);
         hk = ei_tensor_make(k, EI_F32, n, nkv, D);
-        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
-        OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+        CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+        CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
         ws = malloc(wsb);
-        OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
+        CHECK_OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
         for (h = 0; h < nkv; h++) {
             if (cp.head_class[h] != gp.host.head_class[h]) diff++;
             for (s = 0; s < cp.n_segments; s++) {
@@ -677,9 +668,9 @@ static void random_decode(int quick) {
         cpu = make_ctx(&c, EI_BACKEND_CPU);
         run_decode_gpu(g, &c, k, obs, n, nh, nkv, D, EI_BF16, &dk, &dkey);
         /* CPU */
-        OK(ei_decoder_size(cpu, nh, D, &bytes));
+        CHECK_OK(ei_decoder_size(cpu, nh, D, &bytes));
         ring = malloc(bytes);
-        OK(ei_decoder_init(cpu, &dec, nh, nkv, D, ring, bytes));
+        CHECK_OK(ei_decoder_init(cpu, &dec, nh, nkv, D, ring, bytes));
         {
             ei_tensor tq = ei_tensor_make(obs, EI_F32, W, nh, D), tk = ei_tensor_make(k, EI_F32, n, nkv, D);
             L = n - W;
@@ -688,10 +679,10 @@ static void random_decode(int quick) {
             ks.index = (int32_t *)malloc((size_t)heads_out * B * 4);
             ks.pooled = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
             ks.pooled_capacity = L > 0 ? L : 1;
-            OK(ei_decode_observe(cpu, &dec, &tq, 0));
-            OK(ei_decode_workspace_size(cpu, n, nh, nkv, &wsb));
+            CHECK_OK(ei_decode_observe(cpu, &dec, &tq, 0));
+            CHECK_OK(ei_decode_workspace_size(cpu, n, nh, nkv, &wsb));
             ws = malloc(wsb);
-            OK(ei_decode_keep(cpu, &dec, &tk, &ks, ws, wsb));
+            CHECK_OK(ei_decode_keep(cpu, &dec, &tk, &ks, ws, wsb));
         }
         CHECK(ks.n_kept == dk.ks.n_kept && ks.compressed == dk.ks.compressed, "random decode %d: kept %d/%d", ci,
               dk.ks.n_kept, ks.n_kept);
@@ -734,7 +725,7 @@ static void random_decode(int quick) {
             ok = ei_out_tensor_make(dkc, EI_BF16, n, heads_out, D);
             ok.token_stride = D; ok.head_stride = (int64_t)n * D;
             ov = ok; ov.data = dvc;
-            OK(ei_kv_compact(g, &dk.ks, &ok, &ov));
+            CHECK_OK(ei_kv_compact(g, &dk.ks, &ok, &ov));
             dev_get(back, dkc, cnt * 2);
             for (h = 0; h < heads_out; h++)
                 for (i = 0; i < dk.ks.n_kept; i++)
@@ -821,7 +812,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
-        OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1, NULL, 0));
+        CHECK_OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1, NULL, 0));
         dev_get(hout, dout, nout * oes);
         for (i = 0; i < nout; i++)
             got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
@@ -968,16 +959,16 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
     hq = ei_tensor_make(q, EI_F32, n, nh, D); htk = ei_tensor_make(hk, kdt, n, nkv, D); htv = ei_tensor_make(hv, kdt, n, nkv, D);
     to = ei_out_tensor_make(dout, EI_F32, n, nh, D);
     ho = ei_out_tensor_make(ref, EI_F32, n, nh, D);
-    OK(ei_attention_workspace_size(cpu, nh, nkv, D, &cwsb));
-    OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
+    CHECK_OK(ei_attention_workspace_size(cpu, nh, nkv, D, &cwsb));
+    CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
     if (wsb > cwsb) cwsb = wsb;
-    OK(ei_attention_decode_workspace_size(cpu, 1, nh, nkv, D, 1, &wsb));
+    CHECK_OK(ei_attention_decode_workspace_size(cpu, 1, nh, nkv, D, 1, &wsb));
     if (wsb > cwsb) cwsb = wsb;
     cws = malloc(cwsb);
     /* the plan from the f32 q: GPU against CPU */
     gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
-    OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
-    OK(ei_profile(cpu, &hq, &htk, &cp, cws, cwsb));
+    CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
+    CHECK_OK(ei_profile(cpu, &hq, &htk, &cp, cws, cwsb));
     diff = plan_diff(&c, &gp.host, &cp, &exact, &total, &bad_ent);
     CHECK(diff == 0 && bad_ent == 0, "f32 q / %s k: plan: %d rows differ, %d entropies off", kn, diff, bad_ent);
     printf("  f32 q, %s k: plan (reference ranking) gpu vs cpu %s (%d/%d rankings identical)\n", kn,
@@ -997,11 +988,11 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
         }
         for (i = 0; i < no; i++) ref[i] = NAN;
         if (mode == 2) {
-            OK(ei_attention_decode_mt(cpu, &hq1, &htk, &htv, &ho1, off, 1, cws, cwsb));
-            OK(ei_attention_decode(g, &q1, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
+            CHECK_OK(ei_attention_decode_mt(cpu, &hq1, &htk, &htv, &ho1, off, 1, cws, cwsb));
+            CHECK_OK(ei_attention_decode(g, &q1, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
         } else {
-            OK(ei_attention_prefill(cpu, &hq1, &htk, &htv, hplan, &ho1, off, 0, 1, cws, cwsb));
-            OK(ei_attention_prefill(g, &q1, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+            CHECK_OK(ei_attention_prefill(cpu, &hq1, &htk, &htv, hplan, &ho1, off, 0, 1, cws, cwsb));
+            CHECK_OK(ei_attention_prefill(g, &q1, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
         }
         dev_get(got, dout, no * 4);
         {   /* poison, then the same call with q rounded on the host */
@@ -1010,8 +1001,8 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
             dev_put(dout, poison, no * 4);
             free(poison);
         }
-        if (mode == 2) OK(ei_attention_decode(g, &q116, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
-        else OK(ei_attention_prefill(g, &q116, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+        if (mode == 2) CHECK_OK(ei_attention_decode(g, &q116, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
+        else CHECK_OK(ei_attention_prefill(g, &q116, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
         dev_get(got16, dout, no * 4);
         rel_err(got, ref, no, &rel, &mx, &bad);
         CHECK(bad == 0, "f32 q / %s k %s: %d outputs unwritten or non-finite", kn, names[mode], bad);
@@ -1037,13 +1028,13 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
         setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1); /* CUDA cores, q in f32 */
         gpu_profile(g, cpu, &tq, &tk, 0, &gpg, EI_OK);
         unsetenv("EI_CUDA_SAMPLED_GENERIC");
-        OK(ei_plan_alloc(cpu, &cp, n, nkv, D, 0));
+        CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, 0));
         {   /* the sampled ranking's own (larger) workspace */
             size_t swsb;
             void *sws;
-            OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &swsb));
+            CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &swsb));
             sws = malloc(swsb);
-            OK(ei_profile(cpu, &hq, &htk, &cp, sws, swsb));
+            CHECK_OK(ei_profile(cpu, &hq, &htk, &cp, sws, swsb));
             free(sws);
         }
         for (h = 0; h < nkv; h++)
@@ -1171,10 +1162,10 @@ static int fallback_test(void) {
         ei_plan plan;
         size_t wsb;
         void *ws;
-        OK(ei_context_create(&c, &ctx));
+        CHECK_OK(ei_context_create(&c, &ctx));
         gen_qk(q, k, n, nh, nkv, D, 0.f);
-        OK(ei_plan_alloc(ctx, &plan, n, nkv, D, 0));
-        OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &wsb));
+        CHECK_OK(ei_plan_alloc(ctx, &plan, n, nkv, D, 0));
+        CHECK_OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &wsb));
         ws = malloc(wsb);
         r = ei_profile(ctx, &tq, &tk, &plan, ws, wsb);
         CHECK(r == EI_OK && plan.n_segments == 5, "CPU profile after a failed CUDA context: %s", ei_result_name(r));

@@ -27,15 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        ei_result r_ = (call);                                                                 \
-        if (r_ != EI_OK) {                                                                     \
-            printf("  FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, ei_result_name(r_), \
-                   ei_last_error());                                                           \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 #define CU(call)                                                                                       \
     do {                                                                                               \
         cudaError_t e_ = (call);                                                                       \
@@ -83,12 +74,12 @@ static void layer_make(ei_context *ctx, layer *L, int64_t n, int nh, int nkv, in
     CU(cudaMalloc(&L->v, L->nk * 2));
     CU(cudaMalloc(&L->out, L->nq * 2));
     CU(cudaMemset(L->out, 0, L->nq * 2));
-    OK(ei_plan_size(ctx, n, nkv, D, 0, &L->plan_bytes));
+    CHECK_OK(ei_plan_size(ctx, n, nkv, D, 0, &L->plan_bytes));
     CU(cudaMalloc(&L->plan_mem, L->plan_bytes));
-    OK(ei_plan_init(ctx, &L->plan, n, nkv, D, 0, L->plan_mem, L->plan_bytes));
-    OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &L->pws_bytes));
+    CHECK_OK(ei_plan_init(ctx, &L->plan, n, nkv, D, 0, L->plan_mem, L->plan_bytes));
+    CHECK_OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &L->pws_bytes));
     CU(cudaMalloc(&L->pws, L->pws_bytes));
-    OK(ei_attention_workspace_size(ctx, nh, nkv, D, &L->aws_bytes));
+    CHECK_OK(ei_attention_workspace_size(ctx, nh, nkv, D, &L->aws_bytes));
     if (L->aws_bytes) CU(cudaMalloc(&L->aws, L->aws_bytes));
     L->tq = ei_tensor_make(L->q, EI_BF16, n, nh, D);
     L->tk = ei_tensor_make(L->k, EI_BF16, n, nkv, D);
@@ -181,9 +172,9 @@ static void prefill_graph(void) {
     c.cuda_stream = st;
     c.threshold_len = 1024; /* sparse segments from token 1024 */
     c.base_budget = 256;
-    OK(ei_context_create(&c, &eager));
+    CHECK_OK(ei_context_create(&c, &eager));
     c.cuda_deferred_errors = 1;
-    OK(ei_context_create(&c, &capt));
+    CHECK_OK(ei_context_create(&c, &capt));
     layer_make(eager, &E, n, nh, nkv, D);
     layer_make(capt, &G, n, nh, nkv, D);
     CHECK(E.aws_bytes == 0 && G.aws_bytes > 0, "attention workspace: %zu bytes eager, %zu deferred", E.aws_bytes,
@@ -239,16 +230,16 @@ static void prefill_graph(void) {
             continue;
         }
         CHECK(r == EI_OK, "replay %d: status %s (%s)", rep, ei_result_name(r), ei_last_error());
-        OK(layer_run(eager, &E));
+        CHECK_OK(layer_run(eager, &E));
         same = layer_same(&G, &E);
         CHECK(same, "replay %d: plan or output differs from the eager run", rep);
         printf("  replay %d: plan (%lld bytes) and output (%lld bytes) %s the eager run's\n", rep,
                (long long)G.plan_bytes, (long long)(nq * 2), same ? "equal bit for bit" : "DIFFER from");
     }
     { /* the mode outside a graph: the same calls, eager, equal too */
-        OK(layer_run(capt, &G));
+        CHECK_OK(layer_run(capt, &G));
         CU(cudaStreamSynchronize(st));
-        OK(ei_cuda_status(capt));
+        CHECK_OK(ei_cuda_status(capt));
         CHECK(layer_same(&G, &E), "deferred eager run differs from the synchronous one");
         r = ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, &G.plan, &G.to, 0, 0, 1, NULL, 0);
         CHECK(r == EI_ERR_NULL, "deferred attention without its workspace: %s", ei_result_name(r));
@@ -259,7 +250,7 @@ static void prefill_graph(void) {
         q[(size_t)2500 * nh * D + 3 * D + 17] = 0x7FC0;
         layer_put(&G, q, k, v);
         CU(cudaMemset(G.out, 0x5A, nq * 2));
-        OK(ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0, 0, 1, G.aws, G.aws_bytes));
+        CHECK_OK(ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0, 0, 1, G.aws, G.aws_bytes));
         CU(cudaStreamSynchronize(st));
         r = ei_cuda_status(capt);
         CHECK(r == EI_ERR_NONFINITE && strstr(ei_last_error(), "attention") && strstr(ei_last_error(), "token 2500"),
@@ -313,10 +304,10 @@ static void decode_graph(void) {
     c.backend = EI_BACKEND_CUDA;
     c.cuda_stream = st;
     c.cuda_deferred_errors = 1;
-    OK(ei_context_create(&c, &ctx));
-    OK(ei_decoder_size(ctx, nh, D, &dec_bytes));
+    CHECK_OK(ei_context_create(&c, &ctx));
+    CHECK_OK(ei_decoder_size(ctx, nh, D, &dec_bytes));
     CU(cudaMalloc(&dec_mem, dec_bytes));
-    OK(ei_decoder_init(ctx, &dec, nh, nkv, D, dec_mem, dec_bytes));
+    CHECK_OK(ei_decoder_init(ctx, &dec, nh, nkv, D, dec_mem, dec_bytes));
     CU(cudaMalloc(&dq, nq * 2));
     tq = ei_tensor_make(dq, EI_BF16, 1, nh, D);
 
@@ -400,7 +391,7 @@ int main(void) {
     ei_config c = ei_config_default();
     ei_context *cpu = NULL, *bad = NULL;
     printf("test_cuda_graph\n");
-    OK(ei_context_create(&c, &cpu));
+    CHECK_OK(ei_context_create(&c, &cpu));
     CHECK(ei_cuda_status(cpu) == EI_OK, "ei_cuda_status on the CPU");
     ei_context_destroy(cpu);
     c.cuda_deferred_errors = 2;
