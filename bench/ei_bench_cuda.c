@@ -17,7 +17,8 @@
                  ranking with the same top_p, sink and local)
      dense_ms    our kernel in dense causal mode (plan NULL)
      sparse_ms   our kernel executing the plan
-   and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
+   (EI_BENCH_PROFILE_ONLY=1: only profile_ms and prof_q_ms, e.g. to run
+   under ncu) and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
    (bench/sdpa_ref.py). Dense TFLOP/s count 4*d*heads*n(n+1)/2; sparse useful
    TFLOP/s count 4*d per (query, key) pair the plan attends; density = useful
    pairs / dense causal pairs; efficiency = sparse useful TFLOP/s over dense
@@ -201,6 +202,8 @@ int main(int argc, char **argv) {
     double sdpa_ms[8] = {0};
     const ei_cuda_api *api;
     char msg[EI_CUDA_MSG_SIZE];
+    const char *po = getenv("EI_BENCH_PROFILE_ONLY");
+    const int profile_only = po && po[0] == '1';
     if (argc > 1) {
         nsizes = 0;
         for (i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
@@ -347,6 +350,10 @@ int main(int argc, char **argv) {
             v[rep] = now_ms() - t0;
         }
         profq = median_ms(v, reps);
+        if (profile_only) { /* EI_BENCH_PROFILE_ONLY=1: the two profiles, nothing else (e.g. under ncu) */
+            printf("%7lld %10.3f %9.3f   (EI_BENCH_PROFILE_ONLY: profiles only)\n", (long long)n, prof, profq);
+            continue;
+        }
         OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         for (w = 0; w < NCFG; w++) {
             setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
@@ -488,6 +495,7 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (!profile_only) {
     printf("\nf32 queries (bf16 k/v; q rounded to bf16 as each Q tile loads), %s:\n", cta_shapes[0]);
     printf("%7s %12s %12s %7s %12s %12s %14s %14s %16s\n", "n", "dense_bf16q", "dense_f32q", "cost", "prof_bf16q",
            "prof_f32q", "prof_q_bf16q", "prof_q_f32q", "prof_q_f32q_gen");
@@ -500,6 +508,7 @@ int main(int argc, char **argv) {
            "the sampled rows on CUDA cores with q read as f32 (EI_CUDA_SAMPLED_GENERIC=1; first size only, 0 = not run)\n");
     printf("\ncolumns: prof%% / prof_q%% = profile time (reference / quality configuration) over our dense time; "
            "xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
+    }
     ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
     ei_device_free(g, ws); ei_device_free(g, plan_mem); ei_device_free(g, dq32); ei_device_free(g, qplan_mem);
     free(hq); free(hk); free(hv);
