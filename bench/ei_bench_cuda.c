@@ -496,18 +496,18 @@ int main(int argc, char **argv) {
         }
     }
     if (!profile_only) {
-    printf("\nf32 queries (bf16 k/v; q rounded to bf16 as each Q tile loads), %s:\n", cta_shapes[0]);
-    printf("%7s %12s %12s %7s %12s %12s %14s %14s %16s\n", "n", "dense_bf16q", "dense_f32q", "cost", "prof_bf16q",
-           "prof_f32q", "prof_q_bf16q", "prof_q_f32q", "prof_q_f32q_gen");
-    for (si = 0; si < nsizes; si++)
-        printf("%7lld %12.2f %12.2f %6.1f%% %12.2f %12.2f %14.2f %14.2f %16.2f\n", (long long)sizes[si], dense_bf16[si],
-               dense_f32q[si], 100.0 * (dense_f32q[si] / dense_bf16[si] - 1), prof_bf16[si], prof_f32q[si],
-               profq_bf16[si], profq_f32q[si], profq_gen_f32q[si]);
-    printf("columns: dense ms with bf16 / f32 q (cost: the f32 q's extra time); profile ms (reference ranking) and "
-           "prof_q ms (quality configuration, sampled rows on the tensor cores) with bf16 / f32 q; prof_q_f32q_gen: "
-           "the sampled rows on CUDA cores with q read as f32 (EI_CUDA_SAMPLED_GENERIC=1; first size only, 0 = not run)\n");
-    printf("\ncolumns: prof%% / prof_q%% = profile time (reference / quality configuration) over our dense time; "
-           "xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
+        printf("\nf32 queries (bf16 k/v; q rounded to bf16 as each Q tile loads), %s:\n", cta_shapes[0]);
+        printf("%7s %12s %12s %7s %12s %12s %14s %14s %16s\n", "n", "dense_bf16q", "dense_f32q", "cost", "prof_bf16q",
+               "prof_f32q", "prof_q_bf16q", "prof_q_f32q", "prof_q_f32q_gen");
+        for (si = 0; si < nsizes; si++)
+            printf("%7lld %12.2f %12.2f %6.1f%% %12.2f %12.2f %14.2f %14.2f %16.2f\n", (long long)sizes[si], dense_bf16[si],
+                   dense_f32q[si], 100.0 * (dense_f32q[si] / dense_bf16[si] - 1), prof_bf16[si], prof_f32q[si],
+                   profq_bf16[si], profq_f32q[si], profq_gen_f32q[si]);
+        printf("columns: dense ms with bf16 / f32 q (cost: the f32 q's extra time); profile ms (reference ranking) and "
+               "prof_q ms (quality configuration, sampled rows on the tensor cores) with bf16 / f32 q; prof_q_f32q_gen: "
+               "the sampled rows on CUDA cores with q read as f32 (EI_CUDA_SAMPLED_GENERIC=1; first size only, 0 = not run)\n");
+        printf("\ncolumns: prof%% / prof_q%% = profile time (reference / quality configuration) over our dense time; "
+               "xdense = our dense / our sparse; xsdpa = SDPA / our sparse; ours/sdpa = SDPA time / our dense time\n");
     }
     ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
     ei_device_free(g, ws); ei_device_free(g, plan_mem); ei_device_free(g, dq32); ei_device_free(g, qplan_mem);
