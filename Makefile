@@ -57,3 +57,4 @@ include tests/tests.mk
 -include examples/gemma/gemma.mk
 -include tests/hardening.mk
 -include examples/llama.cpp/llama-cpp.mk
+-include bench/tp.mk
