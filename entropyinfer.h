@@ -1202,7 +1202,7 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #include <sys/auxv.h> /* getauxval: the CPU's features as the kernel reports them (>>cpu-features) */
 #define EI__HAVE_AUXV 1
 #endif
-/* BFDOT (FEAT_BF16): compiled per function with a target attribute on gcc >=
+/* BFDOT and BFMMLA (FEAT_BF16): compiled per function with a target attribute on gcc >=
    10, as the x86 paths are, so a plain build carries it and the CPU decides;
    clang's arm_neon.h offers the bf16 intrinsics only when the whole file
    targets them (-march=...+bf16), so there it follows the build. */
@@ -6991,26 +6991,37 @@ static void ei__attn_pack_q_f16_fhm(const ei__attn_job *J, ei__attn_ws *w, const
    loads of 4 halves, 64 FMLAL/FMLAL2; an odd last pair alone. */
 #define EI__PUTNEONFHM(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
 /* the 16 accumulators' FMLAL (dimension of lane L0) then FMLAL2 (lane L1)
-   against query registers q0..q3 and key registers b0..b3 */
-#define EI__FHM_PAIR(L0, L1)                                                                                    \
-    a00 = vfmlalq_lane_low_f16(a00, q0, b0, L0); a00 = vfmlalq_lane_high_f16(a00, q0, b0, L1);               \
-    a01 = vfmlalq_lane_low_f16(a01, q1, b0, L0); a01 = vfmlalq_lane_high_f16(a01, q1, b0, L1);               \
-    a02 = vfmlalq_lane_low_f16(a02, q2, b0, L0); a02 = vfmlalq_lane_high_f16(a02, q2, b0, L1);               \
-    a03 = vfmlalq_lane_low_f16(a03, q3, b0, L0); a03 = vfmlalq_lane_high_f16(a03, q3, b0, L1);               \
-    a10 = vfmlalq_lane_low_f16(a10, q0, b1, L0); a10 = vfmlalq_lane_high_f16(a10, q0, b1, L1);               \
-    a11 = vfmlalq_lane_low_f16(a11, q1, b1, L0); a11 = vfmlalq_lane_high_f16(a11, q1, b1, L1);               \
-    a12 = vfmlalq_lane_low_f16(a12, q2, b1, L0); a12 = vfmlalq_lane_high_f16(a12, q2, b1, L1);               \
-    a13 = vfmlalq_lane_low_f16(a13, q3, b1, L0); a13 = vfmlalq_lane_high_f16(a13, q3, b1, L1);               \
-    a20 = vfmlalq_lane_low_f16(a20, q0, b2, L0); a20 = vfmlalq_lane_high_f16(a20, q0, b2, L1);               \
-    a21 = vfmlalq_lane_low_f16(a21, q1, b2, L0); a21 = vfmlalq_lane_high_f16(a21, q1, b2, L1);               \
-    a22 = vfmlalq_lane_low_f16(a22, q2, b2, L0); a22 = vfmlalq_lane_high_f16(a22, q2, b2, L1);               \
-    a23 = vfmlalq_lane_low_f16(a23, q3, b2, L0); a23 = vfmlalq_lane_high_f16(a23, q3, b2, L1);               \
-    a30 = vfmlalq_lane_low_f16(a30, q0, b3, L0); a30 = vfmlalq_lane_high_f16(a30, q0, b3, L1);               \
-    a31 = vfmlalq_lane_low_f16(a31, q1, b3, L0); a31 = vfmlalq_lane_high_f16(a31, q1, b3, L1);               \
-    a32 = vfmlalq_lane_low_f16(a32, q2, b3, L0); a32 = vfmlalq_lane_high_f16(a32, q2, b3, L1);               \
-    a33 = vfmlalq_lane_low_f16(a33, q3, b3, L0); a33 = vfmlalq_lane_high_f16(a33, q3, b3, L1)
-#define EI__FHM_LOAD_Q(qp)                                                                                      \
-    q0 = vreinterpretq_f16_u16(vld1q_u16(qp)); q1 = vreinterpretq_f16_u16(vld1q_u16((qp) + 8));               \
+   against query registers q0..q3 and key registers b0..b3 (key rows k0..k3,
+   dimensions from i). clang 14 gives FMLAL by element registers v16..v31
+   for the element operand, which its encoding cannot name (wrong results
+   under qemu): there each key element is broadcast by LD1R and multiplied
+   vector by vector, one more load per 8 FMLALs. */
+#if defined(__clang__)
+#define EI__FHM_MLA(acc, q, kb, krow, L, half) \
+    ((void)(kb),                              \
+     acc = vfmlalq_##half##_f16(acc, q, vreinterpretq_f16_u16(vld1q_dup_u16((const uint16_t *)(krow) + i + (L)))))
+#else
+#define EI__FHM_MLA(acc, q, kb, krow, L, half) (acc = vfmlalq_lane_##half##_f16(acc, q, kb, L))
+#endif
+#define EI__FHM_PAIR(L0, L1)                                                       \
+    EI__FHM_MLA(a00, q0, b0, k0, L0, low); EI__FHM_MLA(a00, q0, b0, k0, L1, high); \
+    EI__FHM_MLA(a01, q1, b0, k0, L0, low); EI__FHM_MLA(a01, q1, b0, k0, L1, high); \
+    EI__FHM_MLA(a02, q2, b0, k0, L0, low); EI__FHM_MLA(a02, q2, b0, k0, L1, high); \
+    EI__FHM_MLA(a03, q3, b0, k0, L0, low); EI__FHM_MLA(a03, q3, b0, k0, L1, high); \
+    EI__FHM_MLA(a10, q0, b1, k1, L0, low); EI__FHM_MLA(a10, q0, b1, k1, L1, high); \
+    EI__FHM_MLA(a11, q1, b1, k1, L0, low); EI__FHM_MLA(a11, q1, b1, k1, L1, high); \
+    EI__FHM_MLA(a12, q2, b1, k1, L0, low); EI__FHM_MLA(a12, q2, b1, k1, L1, high); \
+    EI__FHM_MLA(a13, q3, b1, k1, L0, low); EI__FHM_MLA(a13, q3, b1, k1, L1, high); \
+    EI__FHM_MLA(a20, q0, b2, k2, L0, low); EI__FHM_MLA(a20, q0, b2, k2, L1, high); \
+    EI__FHM_MLA(a21, q1, b2, k2, L0, low); EI__FHM_MLA(a21, q1, b2, k2, L1, high); \
+    EI__FHM_MLA(a22, q2, b2, k2, L0, low); EI__FHM_MLA(a22, q2, b2, k2, L1, high); \
+    EI__FHM_MLA(a23, q3, b2, k2, L0, low); EI__FHM_MLA(a23, q3, b2, k2, L1, high); \
+    EI__FHM_MLA(a30, q0, b3, k3, L0, low); EI__FHM_MLA(a30, q0, b3, k3, L1, high); \
+    EI__FHM_MLA(a31, q1, b3, k3, L0, low); EI__FHM_MLA(a31, q1, b3, k3, L1, high); \
+    EI__FHM_MLA(a32, q2, b3, k3, L0, low); EI__FHM_MLA(a32, q2, b3, k3, L1, high); \
+    EI__FHM_MLA(a33, q3, b3, k3, L0, low); EI__FHM_MLA(a33, q3, b3, k3, L1, high)
+#define EI__FHM_LOAD_Q(qp)                                                                \
+    q0 = vreinterpretq_f16_u16(vld1q_u16(qp)); q1 = vreinterpretq_f16_u16(vld1q_u16((qp) + 8));    \
     q2 = vreinterpretq_f16_u16(vld1q_u16((qp) + 16)); q3 = vreinterpretq_f16_u16(vld1q_u16((qp) + 24))
 /* halves i..i+3 (n = 4) or i..i+1 (n = 2, lanes 2 and 3 zero) of a key row */
 EI__TARGET_NEON_FHM static inline float16x4_t ei__neon_f16_keys(const void *row, int32_t i, int n) {
@@ -7053,6 +7064,7 @@ EI__TARGET_NEON_FHM static void ei__attn_scores_neon_fhm(const ei__attn_job *J, 
 }
 #undef EI__FHM_LOAD_Q
 #undef EI__FHM_PAIR
+#undef EI__FHM_MLA
 #undef EI__PUTNEONFHM
 static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__attn_prep_kv_neon_half,
                                                   ei__attn_scores_neon_fhm, ei__attn_softmax_neon, NULL,
