@@ -1202,10 +1202,11 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #include <sys/auxv.h> /* getauxval: the CPU's features as the kernel reports them (>>cpu-features) */
 #define EI__HAVE_AUXV 1
 #endif
-/* BFDOT and BFMMLA (FEAT_BF16): compiled per function with a target attribute on gcc >=
-   10, as the x86 paths are, so a plain build carries it and the CPU decides;
-   clang's arm_neon.h offers the bf16 intrinsics only when the whole file
-   targets them (-march=...+bf16), so there it follows the build. */
+/* BFDOT and BFMMLA (FEAT_BF16): compiled per function with a target
+   attribute on gcc >= 10, as the x86 paths are, so a plain build carries
+   them and the CPU decides; clang's arm_neon.h offers the bf16 intrinsics
+   only when the whole file targets them (-march=...+bf16), so there it
+   follows the build. */
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
 #define EI__HAVE_NEON_BF16 1
 #define EI__TARGET_NEON_BF16
@@ -4323,7 +4324,8 @@ typedef struct ei__attn_job {
 
 /* Workspace of one thread. */
 typedef struct ei__attn_ws {
-    float *qt;          /* packed queries: f32 [d][ld] (bf16 kernel: u32 pairs [d/2][ld]) */
+    float *qt;          /* packed queries: f32 [d][ld] (bf16 kernels: u32 pairs [d/2][ld]; neon-fhm, neon-bfmmla:
+                           16-bit layouts of their pack_q) */
     float *s;           /* scores, then probabilities, [NK][ld] */
     uint32_t *pp;       /* probabilities as bf16 pairs [NK/2][ld] */
     float *o;           /* output accumulators [ld][dpad] */
@@ -6785,7 +6787,7 @@ static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__
                                              ei__sample_mass_neon, &ei__attn_neon, NULL, ei__attn_decode_tile_neon};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
-   neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
+   neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
    f32 vbuf as the neon prep_kv does. */
 EI__MAYBE_UNUSED static void ei__attn_prep_kv_neon_half(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
                                                         int32_t nk) {
