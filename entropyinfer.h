@@ -383,7 +383,9 @@ typedef enum ei_simd {
     EI_SIMD_NEON = 4,
     EI_SIMD_AVX512_BF16 = 5, /* AVX-512, and vdpbf16ps attention for all-bf16 calls (CPUs with AVX512_BF16) */
     EI_SIMD_AMX = 6,         /* AVX-512, and AMX-BF16 tile attention for all-bf16 calls (Linux, CPUs with AMX) */
-    EI_SIMD_NEON_BF16 = 7    /* NEON, and BFDOT Q K^T for all-bf16 calls (CPUs with FEAT_BF16; forced only) */
+    EI_SIMD_NEON_BF16 = 7,   /* NEON, and BFDOT Q K^T for all-bf16 calls (CPUs with FEAT_BF16; forced only) */
+    EI_SIMD_NEON_FHM = 8,    /* NEON, and FMLAL/FMLAL2 Q K^T for all-f16 calls (CPUs with FEAT_FHM; forced only) */
+    EI_SIMD_NEON_BFMMLA = 9  /* NEON, and BFMMLA Q K^T for all-bf16 calls (CPUs with FEAT_BF16; forced only) */
 } ei_simd;
 typedef enum ei_backend {
     EI_BACKEND_CPU = 0,
@@ -1231,16 +1233,26 @@ EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
 #include <sys/auxv.h> /* getauxval: the CPU's features as the kernel reports them (>>cpu-features) */
 #define EI__HAVE_AUXV 1
 #endif
-/* BFDOT (FEAT_BF16): compiled per function with a target attribute on gcc >=
-   10, as the x86 paths are, so a plain build carries it and the CPU decides;
-   clang's arm_neon.h offers the bf16 intrinsics only when the whole file
-   targets them (-march=...+bf16), so there it follows the build. */
+/* BFDOT and BFMMLA (FEAT_BF16): compiled per function with a target
+   attribute on gcc >= 10, as the x86 paths are, so a plain build carries
+   them and the CPU decides; clang's arm_neon.h offers the bf16 intrinsics
+   only when the whole file targets them (-march=...+bf16), so there it
+   follows the build. */
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
 #define EI__HAVE_NEON_BF16 1
 #define EI__TARGET_NEON_BF16
 #elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10
 #define EI__HAVE_NEON_BF16 1
 #define EI__TARGET_NEON_BF16 __attribute__((target("arch=armv8.2-a+bf16")))
+#endif
+/* FMLAL/FMLAL2 (FEAT_FHM: f16 products added to f32 sums) the same way:
+   per function on gcc >= 9, from the build's target on clang. */
+#if defined(__ARM_FEATURE_FP16_FML)
+#define EI__HAVE_NEON_FHM 1
+#define EI__TARGET_NEON_FHM
+#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9
+#define EI__HAVE_NEON_FHM 1
+#define EI__TARGET_NEON_FHM __attribute__((target("arch=armv8.2-a+fp16fml")))
 #endif
 #endif
 
@@ -1600,8 +1612,13 @@ static unsigned ei__cpu_paths(void) {
        CPU it runs on. HWCAP_ASIMD is bit 1 of AT_HWCAP (the kernel's ABI;
        spelled out because older libcs' headers lack the name). */
     if (getauxval(AT_HWCAP) & (1ul << 1)) paths |= 1u << EI_SIMD_NEON;
-#ifdef EI__HAVE_NEON_BF16 /* HWCAP2_BF16: bit 14 of AT_HWCAP2 */
-    if (((paths >> EI_SIMD_NEON) & 1u) && (getauxval(AT_HWCAP2) & (1ul << 14))) paths |= 1u << EI_SIMD_NEON_BF16;
+#ifdef EI__HAVE_NEON_BF16 /* HWCAP2_BF16: bit 14 of AT_HWCAP2 (BFDOT and BFMMLA) */
+    if (((paths >> EI_SIMD_NEON) & 1u) && (getauxval(AT_HWCAP2) & (1ul << 14)))
+        paths |= (1u << EI_SIMD_NEON_BF16) | (1u << EI_SIMD_NEON_BFMMLA);
+#endif
+#ifdef EI__HAVE_NEON_FHM /* HWCAP_ASIMDHP (bit 10: FP16 vector arithmetic) and HWCAP_ASIMDFHM (bit 23: FMLAL) */
+    if (((paths >> EI_SIMD_NEON) & 1u) && (getauxval(AT_HWCAP) & (1ul << 10)) && (getauxval(AT_HWCAP) & (1ul << 23)))
+        paths |= 1u << EI_SIMD_NEON_FHM;
 #endif
 #else
     /* elsewhere the compile-time fact: the compiler targets AArch64 with
@@ -1609,7 +1626,10 @@ static unsigned ei__cpu_paths(void) {
        the build targets it */
     paths |= 1u << EI_SIMD_NEON;
 #if defined(EI__HAVE_NEON_BF16) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-    paths |= 1u << EI_SIMD_NEON_BF16;
+    paths |= (1u << EI_SIMD_NEON_BF16) | (1u << EI_SIMD_NEON_BFMMLA);
+#endif
+#if defined(EI__HAVE_NEON_FHM) && defined(__ARM_FEATURE_FP16_FML)
+    paths |= 1u << EI_SIMD_NEON_FHM;
 #endif
 #endif
 #endif
@@ -1617,7 +1637,7 @@ static unsigned ei__cpu_paths(void) {
 }
 EIDEF int ei_cpu_supports(ei_simd path) {
     if (path == EI_SIMD_AUTO) return 1;
-    if ((int)path < 0 || (int)path > EI_SIMD_NEON_BF16) return 0;
+    if ((int)path < 0 || (int)path > EI_SIMD_NEON_BFMMLA) return 0;
     return (ei__cpu_paths() >> path) & 1u;
 }
 EIDEF const char *ei_simd_name(ei_simd path) {
@@ -1630,6 +1650,8 @@ EIDEF const char *ei_simd_name(ei_simd path) {
         case EI_SIMD_AVX512_BF16: return "avx512-bf16";
         case EI_SIMD_AMX: return "amx";
         case EI_SIMD_NEON_BF16: return "neon-bf16";
+        case EI_SIMD_NEON_FHM: return "neon-fhm";
+        case EI_SIMD_NEON_BFMMLA: return "neon-bfmmla";
         default: return "unknown";
     }
 }
@@ -1970,7 +1992,7 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
     if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
     if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
-    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BF16) EI__BAD("unknown simd path %d", (int)c->simd);
+    if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BFMMLA) EI__BAD("unknown simd path %d", (int)c->simd);
     if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA && c->backend != EI_BACKEND_CUDA_OR_CPU)
         EI__BAD("unknown backend %d", (int)c->backend);
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) EI__BAD("allocator needs both alloc and free, or neither");
@@ -2157,6 +2179,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 
 // >>context -----------------------------------------------------------------
 static const ei__kernels *ei__kernels_for(ei_simd path); /* >>kernels */
+static const ei__attn_stages *ei__attn_f16_stages(const ei__kernels *kern); /* >>kernels */
 
 EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
     ei_config c;
@@ -4247,6 +4270,18 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
                   sums), the neon stages for the rest (P V in f32). Only
                   when cfg.simd = EI_SIMD_NEON_BF16 forces it: its speed has
                   not been measured on ARM hardware, so AUTO keeps neon.
+     neon-bfmmla  as neon-bf16 with BFMMLA for Q K^T (2 rows x 4 dimensions
+                  x 2 keys an instruction, twice BFDOT's products, the same
+                  arithmetic). Only when cfg.simd = EI_SIMD_NEON_BFMMLA
+                  forces it, for the same reason.
+     neon-fhm     q, k, v all f16, even head_dim, a CPU with FEAT_FHM
+                  (HWCAP_ASIMDHP and HWCAP_ASIMDFHM): FMLAL/FMLAL2 for Q K^T
+                  (f16 products, exact in f32, added to f32 sums in
+                  dimension order: the same scores as neon on f16 inputs),
+                  keys read as they are, the neon stages for the rest (P V
+                  in f32). Only when cfg.simd = EI_SIMD_NEON_FHM forces it:
+                  its speed has not been measured on ARM hardware (only its
+                  instruction count under qemu), so AUTO keeps neon.
      avx2         AVX2+FMA, f32 arithmetic; f16/bf16 rows converted per tile.
      avx512       AVX-512F, f32 arithmetic; f16/bf16 rows converted per tile
                   (vcvtph2ps / a shift). What AUTO picks for every dtype.
@@ -4332,7 +4367,8 @@ typedef struct ei__attn_job {
 
 /* Workspace of one thread. */
 typedef struct ei__attn_ws {
-    float *qt;          /* packed queries: f32 [d][ld] (bf16 kernel: u32 pairs [d/2][ld]) */
+    float *qt;          /* packed queries: f32 [d][ld] (bf16 kernels: u32 pairs [d/2][ld]; neon-fhm, neon-bfmmla:
+                           16-bit layouts of their pack_q) */
     float *s;           /* scores, then probabilities, [NK][ld] */
     uint32_t *pp;       /* probabilities as bf16 pairs [NK/2][ld] */
     float *o;           /* output accumulators [ld][dpad] */
@@ -4998,6 +5034,8 @@ static void ei__attn_setup(const ei_context *ctx, const ei_tensor *q, const ei_t
     J->K = ctx->kern->attn;
     if (ctx->kern->attn_bf16 && q->dtype == EI_BF16 && k->dtype == EI_BF16 && v->dtype == EI_BF16 && J->d % 2 == 0)
         J->K = ctx->kern->attn_bf16;
+    if (ei__attn_f16_stages(ctx->kern) && q->dtype == EI_F16 && k->dtype == EI_F16 && v->dtype == EI_F16 && J->d % 2 == 0)
+        J->K = ei__attn_f16_stages(ctx->kern);
 }
 
 /* One thread's workspace, laid out. */
@@ -6808,16 +6846,13 @@ static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_neon, &ei__attn_neon, NULL, ei__attn_decode_tile_neon};
 
-#ifdef EI__HAVE_NEON_BF16
-/* neon-bf16 (>>attention, Kernels): BFDOT for Q K^T of all-bf16 calls, the
-   neon stages for the rest. Queries are packed as bf16 pairs (q[2i],
-   q[2i+1]) [d/2][ld], so 4 rows of one dimension pair are one 128-bit load,
-   and each key's pair is broadcast: BFDOT adds both products of the pair
-   to each row's f32 sum (ei__attn_pack_q_pairs). */
-/* Keys read in place (bf16 rows); values widened into the f32 vbuf as the
-   neon prep_kv does. */
-static void ei__attn_prep_kv_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T, int32_t nk) {
+/* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
+   neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
+   f32 vbuf as the neon prep_kv does. */
+EI__MAYBE_UNUSED static void ei__attn_prep_kv_neon_half(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                        int32_t nk) {
     const int32_t d = J->d, dpad = J->dpad;
+    const ei_dtype vdt = J->v->dtype;
     int32_t j, c0;
     for (j = 0; j < nk; ++j) {
         const unsigned char *vr = (const unsigned char *)ei__row(J->v, w->kpos[j], T->kvh);
@@ -6825,11 +6860,19 @@ static void ei__attn_prep_kv_neon_bf16(const ei__attn_job *J, ei__attn_ws *w, co
         for (c0 = 0; c0 < dpad; c0 += 4) {
             int32_t rem = d - c0;
             float *dst = w->vbuf + ((size_t)(c0 / 64) * EI__ATTN_NK + (size_t)j) * 64u + (size_t)(c0 % 64);
-            vst1q_f32(dst, rem > 0 ? ei__neon_load_row(vr + (size_t)c0 * 2u, EI_BF16, EI__MIN(rem, 4)) : vdupq_n_f32(0.0f));
+            vst1q_f32(dst, rem > 0 ? ei__neon_load_row(vr + (size_t)c0 * 2u, vdt, EI__MIN(rem, 4)) : vdupq_n_f32(0.0f));
         }
     }
     for (; j < ((nk + 7) & ~7); ++j) w->kp[j] = w->kp[nk - 1];
 }
+
+#ifdef EI__HAVE_NEON_BF16
+/* neon-bf16 (>>attention, Kernels): BFDOT for Q K^T of all-bf16 calls, the
+   neon stages for the rest. Queries are packed as bf16 pairs (q[2i],
+   q[2i+1]) [d/2][ld], so 4 rows of one dimension pair are one 128-bit load,
+   and each key's pair is broadcast: BFDOT adds both products of the pair
+   to each row's f32 sum (ei__attn_pack_q_pairs). Keys are read in place
+   (ei__attn_prep_kv_neon_half). */
 /* S^T = K Q^T: one 16-row vector (4 registers of 4 rows x 1 pair) x 4 keys,
    16 accumulators; per dimension pair 4 query loads, 4 key pairs
    broadcast, 16 BFDOTs. */
@@ -6870,13 +6913,228 @@ EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bf16(const ei__attn_job *J
         }
 }
 #undef EI__PUTNEONBF
-static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__attn_prep_kv_neon_bf16,
+static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__attn_prep_kv_neon_half,
                                                    ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16,
                                                   ei__attn_decode_tile_neon};
+
+/* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
+   the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
+   rows x 4 dimensions) by a 4 x 2 one (4 dimensions x 2 keys) into a 2 x 2
+   f32 sum [r0 k0, r0 k1, r1 k0, r1 k1]: 16 products an instruction, twice
+   BFDOT's 8, with the same bf16 product and f32 sum arithmetic. Queries are
+   packed per 4 dimensions and row pair (ei__attn_pack_q_bfmmla); UZP1/UZP2
+   turn two row pairs' sums into the 4-row vectors of one key that
+   put_scores takes. Keys are read in place (ei__attn_prep_kv_neon_half). */
+/* w->qt as u16 [ceil(d/4)][4 ld]: element (row r, dimension i) at
+   (i / 4) * 4 ld + (r / 2) * 8 + (r % 2) * 4 + i % 4; dimensions past d
+   (d = 4n + 2) and rows past the tile are zero. */
+static void ei__attn_pack_q_bfmmla(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i, d = J->d, dq = (J->d + 3) / 4;
+    uint16_t *qh = (uint16_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        uint16_t *col = qh + (size_t)(r / 2) * 8u + (size_t)(r % 2) * 4u;
+        const unsigned char *row = NULL;
+        if (g < T->gt && tok < T->nt) row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+        for (i = 0; i < dq; ++i) {
+            uint16_t *dst = &col[(size_t)i * 4u * (size_t)T->ld];
+            memset(dst, 0, 8);
+            if (row && 4 * i + 4 <= d) memcpy(dst, row + 8 * i, 8);
+            else if (row) memcpy(dst, row + 8 * i, 4); /* d = 4n + 2: the last pair */
+        }
+    }
+}
+/* keys j and j + 1, dimensions i..i+3 (n = 4) or i..i+1 (n = 2, the rest
+   zero) as the 4 x 2 operand: key j in the low 64 bits */
+EI__TARGET_NEON_BF16 static inline bfloat16x8_t ei__neon_bf16_keypair(const void *kj, const void *kj1, int32_t i, int n) {
+    uint32_t p0, p1;
+    if (n == 4)
+        return vreinterpretq_bf16_u16(vcombine_u16(vld1_u16((const uint16_t *)kj + i), vld1_u16((const uint16_t *)kj1 + i)));
+    memcpy(&p0, (const uint16_t *)kj + i, 4); /* rows are only 2-byte aligned */
+    memcpy(&p1, (const uint16_t *)kj1 + i, 4);
+    return vreinterpretq_bf16_u64(vcombine_u64(vcreate_u64(p0), vcreate_u64(p1)));
+}
+/* S^T = K Q^T: one 16-row vector (8 row pairs) x 4 keys (2 key pairs), 16
+   accumulators c<row pair><key pair>; per 4 dimensions 8 query loads, 2 key
+   pair operands, 16 BFMMLAs. */
+#define EI__PUTNEONMM(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
+#define EI__BFMMLA_ROWPAIR(p, qv)                                                                    \
+    c##p##0 = vbfmmlaq_f32(c##p##0, qv, b0); c##p##1 = vbfmmlaq_f32(c##p##1, qv, b1)
+/* 4 dimensions of the 8 row pairs at qp against key pairs b0, b1 */
+#define EI__BFMMLA_QUAD()                                              \
+    EI__BFMMLA_ROWPAIR(0, vreinterpretq_bf16_u16(vld1q_u16(qp)));      \
+    EI__BFMMLA_ROWPAIR(1, vreinterpretq_bf16_u16(vld1q_u16(qp + 8)));  \
+    EI__BFMMLA_ROWPAIR(2, vreinterpretq_bf16_u16(vld1q_u16(qp + 16))); \
+    EI__BFMMLA_ROWPAIR(3, vreinterpretq_bf16_u16(vld1q_u16(qp + 24))); \
+    EI__BFMMLA_ROWPAIR(4, vreinterpretq_bf16_u16(vld1q_u16(qp + 32))); \
+    EI__BFMMLA_ROWPAIR(5, vreinterpretq_bf16_u16(vld1q_u16(qp + 40))); \
+    EI__BFMMLA_ROWPAIR(6, vreinterpretq_bf16_u16(vld1q_u16(qp + 48))); \
+    EI__BFMMLA_ROWPAIR(7, vreinterpretq_bf16_u16(vld1q_u16(qp + 56)))
+/* the 4 rows of sub-vector s (row pairs 2s, 2s+1) for keys j..j+3 */
+#define EI__BFMMLA_UNZIP(s, pa, pb)                                                                  \
+    a0##s = vuzp1q_f32(c##pa##0, c##pb##0); a1##s = vuzp2q_f32(c##pa##0, c##pb##0);                  \
+    a2##s = vuzp1q_f32(c##pa##1, c##pb##1); a3##s = vuzp2q_f32(c##pa##1, c##pb##1)
+EI__TARGET_NEON_BF16 static void ei__attn_scores_neon_bfmmla(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                            int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d = J->d;
+    const float32x4_t cv = vdupq_n_f32(J->c);
+    int32_t vb, j, i;
+    for (vb = 0; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const uint16_t *qp = (const uint16_t *)w->qt + (size_t)vb * 64u;
+            float32x4_t c00 = vdupq_n_f32(0.0f), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+                        c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+            float32x4_t a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33;
+            bfloat16x8_t b0, b1;
+            for (i = 0; i + 4 <= d; i += 4, qp += 4 * ld) {
+                b0 = ei__neon_bf16_keypair(k0, k1, i, 4); b1 = ei__neon_bf16_keypair(k2, k3, i, 4);
+                EI__BFMMLA_QUAD();
+            }
+            if (i < d) { /* d = 4n + 2: the last pair, zero past it */
+                b0 = ei__neon_bf16_keypair(k0, k1, i, 2); b1 = ei__neon_bf16_keypair(k2, k3, i, 2);
+                EI__BFMMLA_QUAD();
+            }
+            EI__BFMMLA_UNZIP(0, 0, 1);
+            EI__BFMMLA_UNZIP(1, 2, 3);
+            EI__BFMMLA_UNZIP(2, 4, 5);
+            EI__BFMMLA_UNZIP(3, 6, 7);
+            EI__NEON_PUT_BLOCK(EI__PUTNEONMM, j);
+        }
+}
+#undef EI__BFMMLA_UNZIP
+#undef EI__BFMMLA_QUAD
+#undef EI__BFMMLA_ROWPAIR
+#undef EI__PUTNEONMM
+static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei__attn_prep_kv_neon_half,
+                                                     ei__attn_scores_neon_bfmmla, ei__attn_softmax_neon, NULL,
+                                                     ei__attn_pv_neon, ei__attn_store_neon};
+static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
+                                                    ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
+                                                    &ei__attn_neon_bfmmla, ei__attn_decode_tile_neon};
 #endif /* EI__HAVE_NEON_BF16 */
+
+#ifdef EI__HAVE_NEON_FHM
+/* neon-fhm (>>attention, Kernels): FMLAL/FMLAL2 for Q K^T of all-f16 calls
+   with an even head_dim, the neon stages for the rest (P V in f32). FMLAL
+   multiplies the low 4 f16 lanes of a register by one f16 lane of another
+   and adds the products to 4 f32 sums, FMLAL2 the high 4 lanes; an f16 x
+   f16 product is exact in f32 and each add is fused, as FMLA's is, so with
+   each row's dimensions added in order the scores equal the neon kernel's
+   on the same f16 inputs (f32 accumulation throughout). Queries are packed
+   per dimension pair and 4 rows, 8 halves: rows r..r+3 of dimension 2i,
+   then of dimension 2i+1 (ei__attn_pack_q_f16_fhm); one 128-bit load holds
+   both, FMLAL takes the first dimension and FMLAL2 the second against lanes
+   0 and 1 of the key's pair. Keys are read in place
+   (ei__attn_prep_kv_neon_half). */
+/* w->qt as u16 [d/2][2 ld]: element (row r, dimension 2 i2 + e) at
+   i2 * 2 ld + (r / 4) * 8 + e * 4 + r % 4; rows past the tile are zero. */
+static void ei__attn_pack_q_f16_fhm(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T) {
+    int32_t r, i2, d2 = J->d / 2;
+    uint16_t *qh = (uint16_t *)w->qt;
+    for (r = 0; r < T->ld; ++r) {
+        int32_t g = r / T->mt, tok = r % T->mt;
+        uint16_t *col = qh + (size_t)(r / 4) * 8u + (size_t)(r % 4), pair[2] = {0, 0};
+        const unsigned char *row = NULL;
+        if (g < T->gt && tok < T->nt) row = (const unsigned char *)ei__row(J->q, T->t0 + tok - J->q_offset, T->h0 + g);
+        for (i2 = 0; i2 < d2; ++i2) {
+            uint16_t *dst = &col[(size_t)i2 * 2u * (size_t)T->ld];
+            if (row) memcpy(pair, row + 4 * i2, 4);
+            dst[0] = pair[0];
+            dst[4] = pair[1];
+        }
+    }
+}
+/* S^T = K Q^T: one 16-row vector (4 registers of 4 rows x 2 dimensions) x 4
+   keys, 16 accumulators; per 4 dimensions (two pairs) 8 query loads, 4 key
+   loads of 4 halves, 64 FMLAL/FMLAL2; an odd last pair alone. */
+#define EI__PUTNEONFHM(acc, j, sub) ei__attn_put_scores_neon(w, T, ld, need_mask, (j), vb, (sub), (acc), cv)
+/* the 16 accumulators' FMLAL (dimension of lane L0) then FMLAL2 (lane L1)
+   against query registers q0..q3 and key registers b0..b3 (key rows k0..k3,
+   dimensions from i). clang 14 gives FMLAL by element registers v16..v31
+   for the element operand, which its encoding cannot name (wrong results
+   under qemu): there each key element is broadcast by LD1R and multiplied
+   vector by vector, one more load per 8 FMLALs. */
+#if defined(__clang__)
+#define EI__FHM_MLA(acc, q, kb, krow, L, half) \
+    ((void)(kb),                              \
+     acc = vfmlalq_##half##_f16(acc, q, vreinterpretq_f16_u16(vld1q_dup_u16((const uint16_t *)(krow) + i + (L)))))
+#else
+#define EI__FHM_MLA(acc, q, kb, krow, L, half) (acc = vfmlalq_lane_##half##_f16(acc, q, kb, L))
+#endif
+#define EI__FHM_PAIR(L0, L1)                                                       \
+    EI__FHM_MLA(a00, q0, b0, k0, L0, low); EI__FHM_MLA(a00, q0, b0, k0, L1, high); \
+    EI__FHM_MLA(a01, q1, b0, k0, L0, low); EI__FHM_MLA(a01, q1, b0, k0, L1, high); \
+    EI__FHM_MLA(a02, q2, b0, k0, L0, low); EI__FHM_MLA(a02, q2, b0, k0, L1, high); \
+    EI__FHM_MLA(a03, q3, b0, k0, L0, low); EI__FHM_MLA(a03, q3, b0, k0, L1, high); \
+    EI__FHM_MLA(a10, q0, b1, k1, L0, low); EI__FHM_MLA(a10, q0, b1, k1, L1, high); \
+    EI__FHM_MLA(a11, q1, b1, k1, L0, low); EI__FHM_MLA(a11, q1, b1, k1, L1, high); \
+    EI__FHM_MLA(a12, q2, b1, k1, L0, low); EI__FHM_MLA(a12, q2, b1, k1, L1, high); \
+    EI__FHM_MLA(a13, q3, b1, k1, L0, low); EI__FHM_MLA(a13, q3, b1, k1, L1, high); \
+    EI__FHM_MLA(a20, q0, b2, k2, L0, low); EI__FHM_MLA(a20, q0, b2, k2, L1, high); \
+    EI__FHM_MLA(a21, q1, b2, k2, L0, low); EI__FHM_MLA(a21, q1, b2, k2, L1, high); \
+    EI__FHM_MLA(a22, q2, b2, k2, L0, low); EI__FHM_MLA(a22, q2, b2, k2, L1, high); \
+    EI__FHM_MLA(a23, q3, b2, k2, L0, low); EI__FHM_MLA(a23, q3, b2, k2, L1, high); \
+    EI__FHM_MLA(a30, q0, b3, k3, L0, low); EI__FHM_MLA(a30, q0, b3, k3, L1, high); \
+    EI__FHM_MLA(a31, q1, b3, k3, L0, low); EI__FHM_MLA(a31, q1, b3, k3, L1, high); \
+    EI__FHM_MLA(a32, q2, b3, k3, L0, low); EI__FHM_MLA(a32, q2, b3, k3, L1, high); \
+    EI__FHM_MLA(a33, q3, b3, k3, L0, low); EI__FHM_MLA(a33, q3, b3, k3, L1, high)
+#define EI__FHM_LOAD_Q(qp)                                                                \
+    q0 = vreinterpretq_f16_u16(vld1q_u16(qp)); q1 = vreinterpretq_f16_u16(vld1q_u16((qp) + 8));    \
+    q2 = vreinterpretq_f16_u16(vld1q_u16((qp) + 16)); q3 = vreinterpretq_f16_u16(vld1q_u16((qp) + 24))
+/* halves i..i+3 (n = 4) or i..i+1 (n = 2, lanes 2 and 3 zero) of a key row */
+EI__TARGET_NEON_FHM static inline float16x4_t ei__neon_f16_keys(const void *row, int32_t i, int n) {
+    uint32_t pair;
+    if (n == 4) return vreinterpret_f16_u16(vld1_u16((const uint16_t *)row + i));
+    memcpy(&pair, (const uint16_t *)row + i, 4); /* rows are only 2-byte aligned */
+    return vreinterpret_f16_u64(vcreate_u64(pair));
+}
+EI__TARGET_NEON_FHM static void ei__attn_scores_neon_fhm(const ei__attn_job *J, ei__attn_ws *w, const ei__attn_tile *T,
+                                                        int32_t nk, int need_mask) {
+    const int32_t ld = T->ld, d = J->d;
+    const float32x4_t cv = vdupq_n_f32(J->c);
+    int32_t vb, j, i;
+    for (vb = 0; vb < T->nvec; ++vb)
+        for (j = 0; j < nk; j += 4) {
+            const void *k0 = w->kp[j], *k1 = w->kp[j + 1], *k2 = w->kp[j + 2], *k3 = w->kp[j + 3];
+            const uint16_t *qp = (const uint16_t *)w->qt + (size_t)vb * 32u;
+            float32x4_t a00 = vdupq_n_f32(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                        a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            float16x8_t q0, q1, q2, q3;
+            float16x4_t b0, b1, b2, b3;
+            for (i = 0; i + 4 <= d; i += 4) {
+                b0 = ei__neon_f16_keys(k0, i, 4); b1 = ei__neon_f16_keys(k1, i, 4);
+                b2 = ei__neon_f16_keys(k2, i, 4); b3 = ei__neon_f16_keys(k3, i, 4);
+                EI__FHM_LOAD_Q(qp);
+                EI__FHM_PAIR(0, 1);
+                qp += 2 * ld;
+                EI__FHM_LOAD_Q(qp);
+                EI__FHM_PAIR(2, 3);
+                qp += 2 * ld;
+            }
+            if (i < d) { /* d = 4n + 2 */
+                b0 = ei__neon_f16_keys(k0, i, 2); b1 = ei__neon_f16_keys(k1, i, 2);
+                b2 = ei__neon_f16_keys(k2, i, 2); b3 = ei__neon_f16_keys(k3, i, 2);
+                EI__FHM_LOAD_Q(qp);
+                EI__FHM_PAIR(0, 1);
+            }
+            EI__NEON_PUT_BLOCK(EI__PUTNEONFHM, j);
+        }
+}
+#undef EI__FHM_LOAD_Q
+#undef EI__FHM_PAIR
+#undef EI__FHM_MLA
+#undef EI__PUTNEONFHM
+static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__attn_prep_kv_neon_half,
+                                                  ei__attn_scores_neon_fhm, ei__attn_softmax_neon, NULL,
+                                                  ei__attn_pv_neon, ei__attn_store_neon};
+static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
+                                                 ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL,
+                                                 ei__attn_decode_tile_neon};
+#endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 
 // >>kernels: one table per path, chosen once per context --------------------
@@ -6966,12 +7224,26 @@ EIDEF double ei_cpu_dpbf16_ratio(void) {
     return 0.0;
 }
 
+/* A table's prefill stages for all-f16 calls with an even head_dim (NULL:
+   none, the f32-arithmetic stages run them): only neon-fhm has them. A
+   function of the table rather than a field of every table, since no other
+   path has such stages. */
+static const ei__attn_stages *ei__attn_f16_stages(const ei__kernels *kern) {
+#ifdef EI__HAVE_NEON_FHM
+    if (kern->simd == EI_SIMD_NEON_FHM) return &ei__attn_neon_fhm;
+#endif
+    (void)kern;
+    return NULL;
+}
+
 /* The table of a path this CPU, OS and build can run (NULL otherwise); AUTO:
    the widest one: AMX tiles for all-bf16 attention where the CPU and OS
    have them (2x the avx512 kernel on a Sapphire Rapids, issue 16's
    measurement), else where the CPU has AVX512_BF16 the vdpbf16ps attention
    when it is the faster here (ei__dpbf16_ratio); always vdpbf16ps when the
-   build defines EI_ATTN_PREFER_DPBF16. */
+   build defines EI_ATTN_PREFER_DPBF16. On AArch64 AUTO is neon: neon-bf16,
+   neon-bfmmla and neon-fhm run only when forced, their speed never having been measured
+   on ARM hardware. */
 static const ei__kernels *ei__kernels_for(ei_simd path) {
     if (path == EI_SIMD_AUTO) {
 #ifdef EI__HAVE_AVX512BF16
@@ -7010,6 +7282,10 @@ static const ei__kernels *ei__kernels_for(ei_simd path) {
 #endif
 #ifdef EI__HAVE_NEON_BF16
         case EI_SIMD_NEON_BF16: return &ei__kernels_neon_bf16;
+        case EI_SIMD_NEON_BFMMLA: return &ei__kernels_neon_bfmmla;
+#endif
+#ifdef EI__HAVE_NEON_FHM
+        case EI_SIMD_NEON_FHM: return &ei__kernels_neon_fhm;
 #endif
         case EI_SIMD_SCALAR: return &ei__kernels_scalar;
         default: return NULL;

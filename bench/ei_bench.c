@@ -281,8 +281,12 @@ int main(int argc, char **argv) {
             else if (!strcmp(s, "dpbf16") || !strcmp(s, "avx512-bf16")) cfg.simd = EI_SIMD_AVX512_BF16;
             else if (!strcmp(s, "amx")) cfg.simd = EI_SIMD_AMX;
             else if (!strcmp(s, "neon")) cfg.simd = EI_SIMD_NEON;
+            else if (!strcmp(s, "neon-bf16")) cfg.simd = EI_SIMD_NEON_BF16;
+            else if (!strcmp(s, "neon-bfmmla")) cfg.simd = EI_SIMD_NEON_BFMMLA;
+            else if (!strcmp(s, "neon-fhm")) cfg.simd = EI_SIMD_NEON_FHM;
             else {
-                fprintf(stderr, "ei_bench: unknown kernel '%s' (auto, scalar, avx2, avx512, dpbf16, amx, neon)\n", s);
+                fprintf(stderr, "ei_bench: unknown kernel '%s' (auto, scalar, avx2, avx512, dpbf16, amx, neon, neon-bf16, "
+                        "neon-bfmmla, neon-fhm)\n", s);
                 return 2;
             }
             if (!ei_cpu_supports(cfg.simd)) {

@@ -208,9 +208,9 @@ CHECK_FN int env_int(const char *name, int def) {
 /* Loops over the SIMD paths: for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
    with ei_cpu_supports((ei_simd)p) as the filter (the enum is not in order
    of width: EI_SIMD_AVX512_BF16 comes after EI_SIMD_NEON). */
-#define TEST_SIMD_END 8
+#define TEST_SIMD_END 10
 /* SIMD paths to test: every one this CPU and build support, or the one
-   EI_TEST_SIMD names (scalar|avx2|avx512|avx512-bf16|amx|neon|neon-bf16; auto: the one a
+   EI_TEST_SIMD names (scalar|avx2|avx512|avx512-bf16|amx|neon|neon-bf16|neon-fhm|neon-bfmmla; auto: the one a
    default context picks; all). */
 CHECK_FN int test_simd_selected(ei_simd p) {
     const char *e = getenv("EI_TEST_SIMD");

@@ -17,7 +17,7 @@ count() { # count SIMD CALLS DTYPE
 runner=("$@")
 printf '%-8s %-5s %14s\n' kernel dtype "insns/tile"
 for dt in ${DTYPES:-f32 f16 bf16}; do
-  for k in ${KERNELS:-scalar neon $([ "$dt" = bf16 ] && echo neon-bf16)}; do
+  for k in ${KERNELS:-scalar neon $([ "$dt" = bf16 ] && echo neon-bf16 neon-bfmmla) $([ "$dt" = f16 ] && echo neon-fhm)}; do
     args=("$k" 1 "$dt"); n1=$(count "${runner[@]}")
     args=("$k" 2 "$dt"); n2=$(count "${runner[@]}")
     printf '%-8s %-5s %14d\n' "$k" "$dt" $((n2 - n1))

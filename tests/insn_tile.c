@@ -3,9 +3,10 @@
    heads of one kv head, head_dim 128, 64 query tokens attending densely
    (causal) to their own 64 keys, which is one tile of 256 rows x one key
    tile of 64 keys (>>attention's geometry), plus its Q packing and output
-   store. Usage: insn_tile scalar|neon|neon-bf16 CALLS [f32|f16|bf16] (neon-bf16
-   runs BFDOT only for bf16); the difference between
-   CALLS = 2 and CALLS = 1 is one tile's instructions, setup excluded. */
+   store. Usage: insn_tile scalar|neon|neon-bf16|neon-bfmmla|neon-fhm CALLS
+   [f32|f16|bf16] (neon-bf16 and neon-bfmmla run BFDOT / BFMMLA only for
+   bf16, neon-fhm FMLAL only for f16); the difference between CALLS = 2 and
+   CALLS = 1 is one tile's instructions, setup excluded. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 #include <stdio.h>
@@ -21,8 +22,10 @@ int main(int argc, char **argv) {
     void *ws;
     size_t wsb, i, es;
     int calls, c;
-    if (argc < 3) { fprintf(stderr, "usage: %s scalar|neon|neon-bf16 CALLS [f32|f16|bf16]\n", argv[0]); return 2; }
-    cfg.simd = strcmp(argv[1], "neon-bf16") == 0 ? EI_SIMD_NEON_BF16 : strcmp(argv[1], "neon") == 0 ? EI_SIMD_NEON : EI_SIMD_SCALAR;
+    if (argc < 3) { fprintf(stderr, "usage: %s scalar|neon|neon-bf16|neon-bfmmla|neon-fhm CALLS [f32|f16|bf16]\n", argv[0]); return 2; }
+    cfg.simd = strcmp(argv[1], "neon-bf16") == 0 ? EI_SIMD_NEON_BF16 : strcmp(argv[1], "neon-fhm") == 0 ? EI_SIMD_NEON_FHM
+               : strcmp(argv[1], "neon-bfmmla") == 0 ? EI_SIMD_NEON_BFMMLA
+               : strcmp(argv[1], "neon") == 0 ? EI_SIMD_NEON : EI_SIMD_SCALAR;
     calls = atoi(argv[2]);
     if (argc > 3) dt = strcmp(argv[3], "f16") == 0 ? EI_F16 : strcmp(argv[3], "bf16") == 0 ? EI_BF16 : EI_F32;
     es = dt == EI_F32 ? 4 : 2;

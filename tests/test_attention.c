@@ -4,7 +4,9 @@
    double with the same key set (kept blocks + causal segment keys, or dense
    causal) from the values as stored (f16/bf16 converted exactly), so it
    checks the kernel's semantics and its arithmetic at once. Every kernel this machine can run is checked:
-   scalar, AVX2, AVX-512 f32 and AVX-512 BF16 (vdpbf16ps).
+   scalar, AVX2, AVX-512 f32, AVX-512 BF16 (vdpbf16ps), AMX, NEON f32,
+   NEON-BF16 (BFDOT) and NEON-BFMMLA (BFMMLA) on all-bf16 calls, NEON-FHM
+   (FMLAL) on all-f16 calls (f32 sums, so the f32 bound).
 
    Error bound per output element: |out - ref| <= tol * max|v| of its kv head,
      f32 arithmetic (every kernel but avx512-bf16):  1e-5 (+ output rounding:
@@ -20,7 +22,7 @@
 #include "../entropyinfer.h"
 #include "check.h"
 
-static double g_worst[7][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
+static double g_worst[9][3]; /* [kernel][input dtype]: largest error / tol-unit seen (amp 1 cases) */
 
 /* ---- deterministic data ---------------------------------------------- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -79,7 +81,9 @@ static guarded_out out_alloc(ei_dtype dt, int64_t n, int32_t heads, int32_t d, i
 
 /* ---- one configuration -------------------------------------------------- */
 /* A kernel is forced by choosing the context's kernel table (cfg.simd);
-   avx512-bf16 runs its vdpbf16ps stages on all-bf16 calls with an even dim. */
+   avx512-bf16 runs its vdpbf16ps stages on all-bf16 calls with an even dim,
+   neon-bf16 and neon-bfmmla their BFDOT / BFMMLA stages on the same, neon-fhm its FMLAL stages on
+   all-f16 calls with an even dim (offered here only for those). */
 typedef struct kernel_desc { const char *name; ei_simd simd; } kernel_desc;
 static const kernel_desc g_kernels[] = {
     {"scalar", EI_SIMD_SCALAR},
@@ -89,10 +93,13 @@ static const kernel_desc g_kernels[] = {
     {"amx", EI_SIMD_AMX},
     {"neon", EI_SIMD_NEON},
     {"neon-bf16", EI_SIMD_NEON_BF16},
+    {"neon-fhm", EI_SIMD_NEON_FHM},
+    {"neon-bfmmla", EI_SIMD_NEON_BFMMLA},
 };
 static int kernel_available(const kernel_desc *kd, ei_dtype qkv, int32_t d) {
     if (!ei_cpu_supports(kd->simd)) return 0;
-    if (kernel_rounds_p(kd->simd) || kd->simd == EI_SIMD_NEON_BF16) return qkv == EI_BF16 && d % 2 == 0;
+    if (kernel_rounds_p(kd->simd) || kd->simd == EI_SIMD_NEON_BF16 || kd->simd == EI_SIMD_NEON_BFMMLA) return qkv == EI_BF16 && d % 2 == 0;
+    if (kd->simd == EI_SIMD_NEON_FHM) return qkv == EI_F16 && d % 2 == 0;
     return 1;
 }
 
@@ -418,7 +425,8 @@ static void test_extremes(void) {
     for (a = 0; a < 3; ++a)
         for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd) {
             const kernel_desc *K = &g_kernels[kd];
-            ei_dtype dt = kernel_rounds_p(K->simd) ? EI_BF16 : EI_F32;
+            ei_dtype dt = kernel_rounds_p(K->simd) || K->simd == EI_SIMD_NEON_BF16 || K->simd == EI_SIMD_NEON_BFMMLA ? EI_BF16
+                          : K->simd == EI_SIMD_NEON_FHM ? EI_F16 : EI_F32;
             ei_config c2 = cfg;
             ei_context *ctx;
             buf q, k, v;
@@ -429,6 +437,7 @@ static void test_extremes(void) {
             int64_t i;
             int finite = 1;
             if (!kernel_available(K, dt, 64)) continue;
+            if (dt == EI_F16 && amps[a] * 40.0f > 65504.0f) continue; /* the sink keys (40 amp) past f16's range */
             c2.simd = K->simd;
             ei_context_create(&c2, &ctx);
             buf_alloc(&q, dt, 90, 2, 64); buf_alloc(&k, dt, 90, 1, 64); buf_alloc(&v, dt, 90, 1, 64);
@@ -802,7 +811,7 @@ int main(int argc, char **argv) {
     unsigned kd;
     printf("kernels on this machine:");
     for (kd = 0; kd < sizeof g_kernels / sizeof g_kernels[0]; ++kd)
-        if (kernel_available(&g_kernels[kd], EI_BF16, 64)) printf(" %s", g_kernels[kd].name);
+        if (ei_cpu_supports(g_kernels[kd].simd)) printf(" %s", g_kernels[kd].name);
     printf("\n");
     {   /* EI_SIMD_AUTO's bf16 attention follows the measured vdpbf16ps / FMA rate ratio */
         ei_context *ctx;
@@ -855,6 +864,7 @@ int main(int argc, char **argv) {
         c.out_dt = EI_BF16; c.in_dt = EI_BF16; run_case(&c);
         c.out_dt = EI_F32; c.in_dt = EI_F32; c.d = 40; c.H = 3; c.HK = 1; run_case(&c); /* d % 16 != 0, G = 3 */
         c.d = 18; c.H = 6; c.HK = 2; c.in_dt = EI_BF16; run_case(&c);                  /* G = 3, d % 16 != 0 */
+        c.in_dt = EI_F16; run_case(&c);       /* d = 4n + 2: neon-fhm's and neon-bfmmla's last dimension pair */
         c.d = 7; c.H = 5; c.HK = 1; c.in_dt = EI_F16; run_case(&c);                    /* odd d, G = 5 */
         c.d = 64; c.H = 16; c.HK = 1; c.in_dt = EI_F32; c.n = 333; run_case(&c);        /* G = 16: two head subgroups */
         c.H = 4; c.HK = 4; c.n = 150; c.amp = 3.0f; run_case(&c);                      /* peaked */
@@ -864,6 +874,9 @@ int main(int argc, char **argv) {
            packed into 16-row vectors, causal masks inside the call's own tokens */
         c.small_cap = 0; c.chunk = 1; run_case(&c);        /* one token per call, 4 heads per vector */
         c.chunk = 3; c.H = 8; c.HK = 2; run_case(&c);      /* 4-token tiles: 4 heads x 4 tokens in one vector */
+        c.in_dt = EI_F16; run_case(&c);                    /* the same through the f16 and bf16 kernels */
+        c.in_dt = EI_BF16; run_case(&c);
+        c.in_dt = EI_F32;
         c.chunk = 6; c.H = 3; c.HK = 1; run_case(&c);      /* 8-token tiles, G = 3: 24 rows in 2 vectors */
         c.chunk = 2; c.H = 16; c.HK = 1; run_case(&c);     /* 2-token tiles, G = 16: two head subgroups */
         c.chunk = 17; c.H = 8; c.HK = 2; run_case(&c);     /* 17 tokens per call: a 32-token tile */

@@ -67,7 +67,7 @@ static void test_views_and_config(void) {
     BAD_CONFIG(pool, (ei_pool)7);
     BAD_CONFIG(gqa_reduce, (ei_reduce)3);
     BAD_CONFIG(per_kv_head, 2);
-    BAD_CONFIG(simd, (ei_simd)9);
+    BAD_CONFIG(simd, (ei_simd)(EI_SIMD_NEON_BFMMLA + 1)); /* one past the last path */
     BAD_CONFIG(attn_scale, -1.0f);
     c = ei_config_default();
     c.threshold_len = 0; c.delta_t = 0; c.alpha = 0; c.rigid_entropy = 0; /* zero is meaningful */
