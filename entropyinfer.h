@@ -1289,9 +1289,11 @@ typedef struct ei__kernels {
     int (*sample_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
                        int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass, const int32_t *krow);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
-       and stages for all-bf16 calls with an even head_dim (NULL: none) */
+       and stages for all-bf16 / all-f16 calls with an even head_dim (NULL:
+       none) */
     const ei__attn_stages *attn;
     const ei__attn_stages *attn_bf16;
+    const ei__attn_stages *attn_f16;
     /* decode attention: one key tile of one head group into its partials
        (>>attention, ei__attn_decode_tile; NULL: the prefill stages or the
        scalar reference); 0 if a key row holds NaN/Inf */
@@ -2179,7 +2181,6 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 
 // >>context -----------------------------------------------------------------
 static const ei__kernels *ei__kernels_for(ei_simd path); /* >>kernels */
-static const ei__attn_stages *ei__attn_f16_stages(const ei__kernels *kern); /* >>kernels */
 
 EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
     ei_config c;
@@ -5034,8 +5035,8 @@ static void ei__attn_setup(const ei_context *ctx, const ei_tensor *q, const ei_t
     J->K = ctx->kern->attn;
     if (ctx->kern->attn_bf16 && q->dtype == EI_BF16 && k->dtype == EI_BF16 && v->dtype == EI_BF16 && J->d % 2 == 0)
         J->K = ctx->kern->attn_bf16;
-    if (ei__attn_f16_stages(ctx->kern) && q->dtype == EI_F16 && k->dtype == EI_F16 && v->dtype == EI_F16 && J->d % 2 == 0)
-        J->K = ei__attn_f16_stages(ctx->kern);
+    if (ctx->kern->attn_f16 && q->dtype == EI_F16 && k->dtype == EI_F16 && v->dtype == EI_F16 && J->d % 2 == 0)
+        J->K = ctx->kern->attn_f16;
 }
 
 /* One thread's workspace, laid out. */
@@ -5791,7 +5792,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, NULL, NULL, NULL};
+                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -6016,7 +6017,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, ei__attn_decode_tile_avx2};
+                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -6260,7 +6261,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, ei__attn_decode_tile_avx512};
+                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -6433,7 +6434,7 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
-                                                   &ei__attn_avx512bf16, ei__attn_decode_tile_avx512};
+                                                   &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -6626,7 +6627,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_softmax_amx, ei__attn_pack_p_amx, ei__attn_pv_amx,
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
-                                            ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx,
+                                            ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
                                             ei__attn_decode_tile_avx512};
 #endif /* EI__HAVE_AMX */
 
@@ -6844,7 +6845,7 @@ static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__at
 static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, &ei__attn_neon, NULL, ei__attn_decode_tile_neon};
+                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -6917,7 +6918,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16,
+                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
                                                   ei__attn_decode_tile_neon};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
@@ -7014,7 +7015,7 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
-                                                    &ei__attn_neon_bfmmla, ei__attn_decode_tile_neon};
+                                                    &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -7132,7 +7133,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_scores_neon_fhm, ei__attn_softmax_neon, NULL,
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                 ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL,
+                                                 ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
                                                  ei__attn_decode_tile_neon};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
@@ -7222,18 +7223,6 @@ EIDEF double ei_cpu_dpbf16_ratio(void) {
     if (ei_cpu_supports(EI_SIMD_AVX512_BF16)) return ei__dpbf16_ratio();
 #endif
     return 0.0;
-}
-
-/* A table's prefill stages for all-f16 calls with an even head_dim (NULL:
-   none, the f32-arithmetic stages run them): only neon-fhm has them. A
-   function of the table rather than a field of every table, since no other
-   path has such stages. */
-static const ei__attn_stages *ei__attn_f16_stages(const ei__kernels *kern) {
-#ifdef EI__HAVE_NEON_FHM
-    if (kern->simd == EI_SIMD_NEON_FHM) return &ei__attn_neon_fhm;
-#endif
-    (void)kern;
-    return NULL;
 }
 
 /* The table of a path this CPU, OS and build can run (NULL otherwise); AUTO:
