@@ -595,6 +595,17 @@ EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, cons
 EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                        int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end,
                                        void *workspace, size_t workspace_bytes);
+/* Built-in pthread helper for a chunk, as ei_profile_mt is for a whole
+   prompt: n_threads workers (created and joined by the call), workspace =
+   min(n_threads, kv heads) x the ei_profile_chunk size (ei_profile_workspace_size
+   with the plan's max_tokens). Threads split the kv heads; with
+   fewer kv heads than threads (one, in Gemma 3 270M) each segment's block
+   scores are split over the threads by block range instead (the key and
+   query min/max, the softmax, the budget and the ranking of a segment stay
+   on the calling thread). The same plan as ei_profile_chunk, bit for bit. */
+EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                    int64_t q_pos, int is_final, int n_threads, void *workspace,
+                                    size_t workspace_bytes);
 /* What the library needs of an engine's cache order: cell j holds the key of
    position j for every j < n_keys (a cache filled in order for one sequence).
    EI_OK if cell_pos[j] == j for all of them; otherwise EI_ERR_SHAPE naming
@@ -2752,6 +2763,7 @@ typedef struct ei__profile_ws {
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
+    int score_threads;    /* threads a chunk's segment splits its block scores over (ei_profile_chunk_mt) */
 } ei__profile_ws;
 
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
@@ -2784,6 +2796,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mass = w->sq = w->keys = w->logits = NULL;
+    w->score_threads = 1;
     if (c->ranking == EI_RANK_SAMPLED) {
         w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
@@ -2850,6 +2863,36 @@ static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_
         if (!K->minmax(q, row0, nrows, kvh * G + g, qx, qx + d)) return 0;
     }
     return 1;
+}
+
+/* The same over nth threads, each the reps of a range of the group's heads
+   (ei_profile_chunk_mt with fewer kv heads than threads); one thread below
+   EI__QREP_SPLIT_MIN elements (a thread's start costs about 16 us). */
+typedef struct ei__qrep_split {
+    const ei__kernels *K;
+    const ei_tensor *q;
+    int64_t row0, nrows;
+    int32_t kvh, G;
+    float *qrep;
+} ei__qrep_split;
+static ei_result ei__qrep_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__qrep_split *j = (const ei__qrep_split *)arg;
+    int32_t g, d = j->q->head_dim;
+    (void)ws; (void)ws_bytes;
+    for (g = (int32_t)((int64_t)j->G * ith / nth); g < (int32_t)((int64_t)j->G * (ith + 1) / nth); ++g) {
+        float *qx = j->qrep + (size_t)g * 2u * (size_t)d;
+        if (!j->K->minmax(j->q, j->row0, j->nrows, j->kvh * j->G + g, qx, qx + d)) return EI_ERR_NONFINITE;
+    }
+    return EI_OK;
+}
+#define EI__QREP_SPLIT_MIN ((int64_t)1 << 18)
+static int ei__build_query_reps_mt(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+                                   int32_t G, float *qrep, int nth) {
+    ei__qrep_split j;
+    if (nrows * G * q->head_dim < EI__QREP_SPLIT_MIN || EI__MIN(nth, G) <= 1)
+        return ei__build_query_reps(K, q, row0, nrows, kvh, G, qrep);
+    j.K = K; j.q = q; j.row0 = row0; j.nrows = nrows; j.kvh = kvh; j.G = G; j.qrep = qrep;
+    return ei__fork_join(ei__qrep_share, &j, EI__MIN(nth, G), NULL, 0) == EI_OK;
 }
 
 /* The checks every profiling call shares; n_keys: the valid keys of k (the
@@ -3249,6 +3292,35 @@ static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64
     st->tokens_done = q_pos;
 }
 
+/* One segment's block scores (score_row) over nth threads, each a range of
+   blocks (multiples of 16: whole vectors); a block's score depends on its
+   block alone, so the row is the one-thread row bit for bit. */
+typedef struct ei__score_split {
+    const ei__kernels *kern;
+    const float *qrep, *kmaxT, *kminT;
+    int32_t G, d;
+    int64_t ld, nb;
+    float *raw;
+} ei__score_split;
+static ei_result ei__score_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__score_split *j = (const ei__score_split *)arg;
+    int64_t b0 = ei__round_up(j->nb * ith / nth, 16), b1 = ith == nth - 1 ? j->nb : ei__round_up(j->nb * (ith + 1) / nth, 16);
+    (void)ws; (void)ws_bytes;
+    b1 = EI__MIN(b1, j->nb);
+    if (b0 < b1) j->kern->score_row(j->qrep, j->G, j->d, j->kmaxT + b0, j->kminT + b0, j->ld, b1 - b0, j->raw + b0);
+    return EI_OK;
+}
+/* Below this many blocks a thread's share would not pay for its start. */
+#define EI__SCORE_SPLIT_MIN_BLOCKS 512
+static void ei__score_row_split(const ei__kernels *kern, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+                                const float *kminT, int64_t ld, int64_t nb, float *raw, int nth) {
+    ei__score_split j;
+    nth = (int)EI__MIN((int64_t)nth, nb / EI__SCORE_SPLIT_MIN_BLOCKS);
+    if (nth <= 1) { kern->score_row(qrep, G, d, kmaxT, kminT, ld, nb, raw); return; }
+    j.kern = kern; j.qrep = qrep; j.kmaxT = kmaxT; j.kminT = kminT; j.G = G; j.d = d; j.ld = ld; j.nb = nb; j.raw = raw;
+    (void)ei__fork_join(ei__score_share, &j, nth, NULL, 0); /* the shares cannot fail */
+}
+
 /* Plan segment s of head kvh for a sequence whose chunk ends at n, from the
    segment's query representation qrep ([G][2][d]) and, when it is ranked by
    sampled mass, its mass row (else NULL). last_final: s is the last segment
@@ -3274,7 +3346,7 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
         st->blocks_done = nvis;
     }
     if (s > 0) {
-        ctx->kern->score_row(qrep, G, d, kmaxT, kminT, ld, nvis, w->rows);
+        ei__score_row_split(ctx->kern, qrep, G, d, kmaxT, kminT, ld, nvis, w->rows, w->score_threads);
         if (!ei__softmax_entropy(w->rows, nvis, nvis, w->tmp, prob, &h))
             return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
         if (prob) memset(prob + nvis, 0, (ei__plan_score_row(plan) - (size_t)nvis) * sizeof(float));
@@ -3300,9 +3372,9 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
 
 /* Merge rows [r0, r0+nr) of q into the representation qrep ([G][2][d]). */
 static int ei__merge_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t r0, int64_t nr, int32_t kvh, int32_t G,
-                                float *qrep, float *tmp) {
+                                float *qrep, float *tmp, int nth) {
     int32_t g, i, d = q->head_dim;
-    if (!ei__build_query_reps(K, q, r0, nr, kvh, G, tmp)) return 0;
+    if (!ei__build_query_reps_mt(K, q, r0, nr, kvh, G, tmp, nth)) return 0;
     for (g = 0; g < G; ++g) {
         float *mx = qrep + (size_t)g * 2u * (size_t)d, *mn = mx + d;
         const float *tx = tmp + (size_t)g * 2u * (size_t)d, *tn = tx + d;
@@ -3347,7 +3419,7 @@ static ei_result ei__check_chunk(const ei_context *ctx, const ei_tensor *q, cons
 
 static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                          int64_t q_pos, int is_final, int32_t kv0, int32_t kv1, void *workspace,
-                                         size_t ws_bytes) {
+                                         size_t ws_bytes, int score_threads) {
     const ei_config *c = &ctx->cfg;
     ei__profile_ws w;
     size_t need;
@@ -3364,6 +3436,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
     if (ws_bytes < need)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed (size it with the plan's max_tokens)", ws_bytes, need);
     if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK) return r;
+    w.score_threads = score_threads;
     s_end = ei__ceil_div(n, seg); /* segments [.., s_end) hold positions < n */
     for (kvh = kv0; kvh < kv1; ++kvh) {
         ei__head_state *st = &ei__plan_states(plan)[kvh];
@@ -3387,9 +3460,9 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 size_t mass_bytes = (size_t)s * (size_t)(seg / c->block_size) * sizeof(float);
                 if (continues) { /* continue the stored segment */
                     memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
-                    if (!ei__merge_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp))
+                    if (!ei__merge_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp, score_threads))
                         return ei__nonfinite(ctx, "q", kvh * G, t0);
-                } else if (!ei__build_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep))
+                } else if (!ei__build_query_reps_mt(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, score_threads))
                     return ei__nonfinite(ctx, "q", kvh * G, t0);
                 if (mass) {
                     if (continues) memcpy(mass, open_mass, mass_bytes);
@@ -3432,13 +3505,57 @@ EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q
                                        size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
-    return ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, kv_begin, kv_end, workspace, workspace_bytes);
+    return ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, kv_begin, kv_end, workspace, workspace_bytes, 1);
 }
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes) {
     ei_result r;
     if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
     r = ei_profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads, workspace, workspace_bytes);
+    return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
+}
+
+/* ei_profile_chunk_mt: kv-head ranges over the threads, or, with fewer kv
+   heads than threads, every head on this thread with its block scores split
+   (ei__score_row_split). The whole chunk is checked before any share runs,
+   so a bad call leaves every head's state as it was. */
+typedef struct ei__chunk_job {
+    const ei_context *ctx;
+    const ei_tensor *q, *k;
+    ei_plan *plan;
+    int64_t q_pos;
+    int is_final;
+} ei__chunk_job;
+static ei_result ei__chunk_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__chunk_job *j = (const ei__chunk_job *)arg;
+    int32_t kv = j->k->n_heads;
+    return ei__profile_chunk_range(j->ctx, j->q, j->k, j->plan, j->q_pos, j->is_final, (int32_t)((int64_t)kv * ith / nth),
+                                   (int32_t)((int64_t)kv * (ith + 1) / nth), ws, ws_bytes, 1);
+}
+EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                    int64_t q_pos, int is_final, int n_threads, void *workspace, size_t workspace_bytes) {
+    ei__chunk_job job;
+    size_t per;
+    int32_t kv, G;
+    int nt;
+    ei_result r;
+    if (!ctx || !k || !plan) return ei__fail(ctx, EI_ERR_NULL, "context, k or plan is NULL");
+    if (ei__on_gpu(ctx)) return ei_profile_chunk(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
+    if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
+    if ((r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads)) != EI_OK) return r;
+    kv = k->n_heads;
+    G = q ? q->n_heads / kv : ei__plan_states(plan)[0].group;
+    if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, EI__MAX(G, 1) * kv, kv, k->head_dim, &per)) != EI_OK) return r;
+    nt = EI__MIN(n_threads, (int)kv);
+    if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
+    if (workspace_bytes / (size_t)nt < per)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    if (nt > 1) {
+        job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.q_pos = q_pos; job.is_final = is_final;
+        r = ei__fork_join(ei__chunk_share, &job, nt, workspace, per);
+    } else /* one kv head (or one thread): its segments' block scores split */
+        r = ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, 0, kv, workspace, per, n_threads);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
 

@@ -24,6 +24,7 @@
         (thread-local) names its own code, while the context's logger
         (thread-safe, as THREADS asks) hears every thread's messages;
    then, on the main thread, the library's helpers ei_profile_mt /
+   ei_profile_chunk_mt /
    ei_attention_prefill_mt against the same references, and a failure
    inside one of their workers (NaN in the last kv head's keys, in the last
    query) returned with its message to the caller.
@@ -552,6 +553,20 @@ static void helpers_round(const ei_context *ctx, const results *ref, int nth, co
     CHECK_ERR(ei_plan_alloc(ctx, &p, N, KV, DIM, 0), EI_OK);
     CHECK_ERR(ei_profile_mt(ctx, &layers[0].tq, &layers[0].tk, &p, nth, ws, pw * (size_t)nth), EI_OK);
     CHECK(plans_equal(&p, &ref[0].plan), "%s: ei_profile_mt(%d) differs", what, nth);
+    {   /* the chunked helper, chunk by chunk (kv-head ranges over its workers) */
+        ei_plan pc;
+        long t;
+        CHECK_ERR(ei_plan_alloc(ctx, &pc, N, KV, DIM, EI_PLAN_CHUNKED), EI_OK);
+        for (t = 0; t < N; t += CHUNK) {
+            ei_tensor qc = layers[0].tq, kc = layers[0].tk;
+            qc.data = query_row(&layers[0], t).data;
+            qc.n_tokens = chunk_tokens(t);
+            kc.n_tokens = t + qc.n_tokens;
+            CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &pc, t, t + CHUNK >= N, nth, ws, pw * (size_t)nth), EI_OK);
+        }
+        CHECK(plans_equal(&pc, &ref[0].chunked), "%s: ei_profile_chunk_mt(%d) differs", what, nth);
+        ei_plan_free(ctx, &pc);
+    }
     CHECK_ERR(ei_attention_prefill_mt(ctx, &layers[0].tq, &layers[0].tk, &layers[0].tv, &p, &o, 0, nth, aws, aw * (size_t)nth),
               EI_OK);
     CHECK(!memcmp(out, ref[0].out, out_bytes()), "%s: ei_attention_prefill_mt(%d) differs", what, nth);
