@@ -926,8 +926,13 @@ static void op_chunk(state *s, fz *f) {
                                            a, b, ws, wb));
         if (r == EI_OK) s->plan_trusted = 0;
     } else {
-        r = checked(ei_profile_chunk(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
-                                     ws, wb));
+        int nt = fz_u8(f) % 4; /* 1..3: ei_profile_chunk_mt (the same plan, or a refused workspace) */
+        if (nt > 0)
+            r = checked(ei_profile_chunk_mt(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
+                                            nt, ws, wb));
+        else
+            r = checked(ei_profile_chunk(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
+                                         ws, wb));
         /* a chunk rewrites only its own segments: a plan corrupted earlier stays
            untrusted unless this chunk started it (offset 0 rewrites every row) */
         if (r == EI_OK) {

@@ -651,7 +651,8 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
             { gguf_fail(err, errlen, "entropyinfer: ei_attention_decode_partials_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
         s->attn_partials = (float *)malloc(s->attn_partials_bytes);
-        s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes : 1);
+        s->prof_nth = nth < hp->n_kv_head ? nth : hp->n_kv_head; /* ei_profile_chunk_mt's workspaces */
+        s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes * (size_t)s->prof_nth : 1);
         s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
         s->dec_ws = malloc(s->dec_ws_bytes ? s->dec_ws_bytes : 1);
         s->keep_index = (int32_t *)malloc((size_t)hp->n_kv_head * (size_t)max_ctx * sizeof(int32_t));
@@ -782,8 +783,11 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
     j.q_offset = row0;
     if (ei_layer_sparse(s, l) && !decode) {
         double tp = gm_now();
-        if (ei_check(s, ei_profile_chunk(s->ei, &j.q, &j.k, &s->plans[l], row0, is_final, s->prof_ws, s->prof_ws_bytes),
-                     "ei_profile_chunk", err, errlen))
+        /* every thread of the pool: with Gemma's one kv head, each segment's
+           query min/max split by head and its block scores by block range */
+        if (ei_check(s, ei_profile_chunk_mt(s->ei, &j.q, &j.k, &s->plans[l], row0, is_final, gm_pool_size(s->pool),
+                                            s->prof_ws, s->prof_ws_bytes * (size_t)s->prof_nth),
+                     "ei_profile_chunk_mt", err, errlen))
             return -1;
         s->stats.t_profile += gm_now() - tp;
         plan = &s->plans[l];

@@ -146,7 +146,8 @@ typedef struct gm_state {
     ei_decoder *decs;
     void **dec_mem;
     void *plan_mem;
-    void *prof_ws; size_t prof_ws_bytes;
+    void *prof_ws; size_t prof_ws_bytes; /* per thread; prof_nth of them (ei_profile_chunk_mt) */
+    int prof_nth;
     void *attn_ws; size_t attn_ws_bytes;   /* per thread, attn_ws_bytes each */
     float *attn_partials; size_t attn_partials_bytes; /* a decode step's slices (ei_attention_decode), shared */
     void *dec_ws; size_t dec_ws_bytes;
