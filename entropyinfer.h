@@ -145,6 +145,18 @@
    segment 0, so plans equal whole-prompt ones for every head except one that
    turns dynamic late (its earlier segments used the base budget). Segment
    0's entropy and the last segment's cap are set by a final call.
+   On the CUDA backend ei_profile_chunk runs the same protocol with q, k and
+   the plan in device memory, every kv head in one call (the head states stay
+   in the plan's device memory; kv-head ranges, ei_profile_chunk_heads, are
+   CPU-only): plans equal the CPU's chunked ones (counts, classes and the
+   default ranking exactly; entropies and scores within float32 summation
+   order; tests/test_cuda.c). Like ei_profile it queues its kernels on
+   cfg.cuda_stream and waits only to read its data-error flag back (none
+   with cuda_deferred_errors: a chunk can be captured in a CUDA graph). Two
+   differences: a q whose query heads per kv head differ from the open
+   segment's is found on the device (EI_ERR_SHAPE after the plan changed,
+   as with NaN: roll back with q_pos 0), and EI_RANK_SAMPLED chunked plans
+   are CPU-only (EI_ERR_UNSUPPORTED when the plan is laid out).
    Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
    `window`), then each generated token's. When ei_decode_due says so (after
    decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
@@ -589,7 +601,12 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
    into a segment, or skipped positions, that segment is planned from the
    queries given after the cut only, and after a skip the recurrence starts
    again as at segment 1. Workspace: ei_profile_workspace_size with the
-   plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head. */
+   plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head.
+   CUDA backend: ei_profile_chunk only (every kv head: ei_profile_chunk_heads
+   refuses other ranges with EI_ERR_UNSUPPORTED), the reference ranking
+   (EI_RANK_SAMPLED: EI_ERR_UNSUPPORTED), PROTOCOLS says the rest. A
+   chunked plan's state does not travel with ei_plan_copy: continue a copied
+   plan with a roll-back to 0. */
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes);
 EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
@@ -786,7 +803,9 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    f32 either way (plans equal the CPU's); the sampled ranking (EI_RANK_SAMPLED)
    rounds an f32 q to k's type on the tensor cores as attention does (an f32 q
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
-   in f32 for f32 k or head_dim other than 64/128/256. */
+   in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
+   (ei_profile_chunk) runs on the GPU with the reference ranking, every kv
+   head in one call (PROTOCOLS). */
 enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
 EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
 EIDEF void ei_device_free(const ei_context *ctx, void *ptr);
@@ -799,9 +818,10 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 /* CUDA graphs (cfg.cuda_deferred_errors = 1). By default a GPU call that must
    look at device data to return its code (NaN/Inf in q or k, score overflow,
    a bad keep index) waits for cfg.cuda_stream and reads a flag back. With
-   cuda_deferred_errors the per-layer calls ei_profile, the attention calls
+   cuda_deferred_errors the per-layer calls ei_profile, ei_profile_chunk, the attention calls
    (prefill and decode), ei_decode_observe and ei_kv_compact never wait, read back or
-   allocate: they only queue kernels and async memsets on cfg.cuda_stream, so
+   allocate: they only queue kernels and async memsets (and, for a chunk, a
+   device-to-device copy) on cfg.cuda_stream, so
    an engine can capture a layer's calls in a CUDA graph (cudaStreamBeginCapture
    .. EndCapture) and replay it. Host-side checks (views, shapes, plan layout,
    protocol, workspace size) still fail at call time; a data error is recorded
@@ -840,9 +860,9 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
    and workspace pointers are device pointers; the structs holding them live
    on the host. Work is queued on cfg->cuda_stream (NULL: the default stream)
    and is asynchronous, except where an entry must read a device flag back
-   (profile, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
+   (profile, profile_chunk, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
    kv_compact, the decode entries that read a row map or check scores) and
-   the explicit copies. With cfg->cuda_deferred_errors (ABI 6) profile,
+   the explicit copies. With cfg->cuda_deferred_errors (ABI 6) profile, profile_chunk,
    attention, decode_observe and kv_compact read nothing back: each queues a
    one-thread kernel that records its report on the device (the first since
    deferred_status cleared it), and returns EI_OK unless a host-side check

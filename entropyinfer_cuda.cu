@@ -30,6 +30,12 @@
              >>cuda-rank      the same beyond the paper: always-kept blocks
                               first, sampled mass or reference score, top_p
                               counts (ei__keep_count)
+             >>cuda-chunked   chunked planning (ei_profile_chunk): the stages
+                              above on the segments a chunk touches, the
+                              per-head state in the plan's device memory (the
+                              open segment's query min/max merged, its raw
+                              scores kept, the key-block store, the budget
+                              recurrence of ei__chunk_recurrence)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
                               cores (wgmma on Hopper, mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
@@ -857,15 +863,18 @@ __global__ void seg_max_kernel(int nkv, int seg_cap, const int *keep_blocks, int
    changes its cap). The protocol's decisions (roll-back, continuation, the
    segments to plan) follow from the plan's host fields: api_profile_chunk. */
 
-/* A roll-back forgets segments [s0, s0 + gridDim.x) of every kv head: plan
-   rows cleared, block lists -1, recurrence rows unknown (ei__chunk_clear_rows). */
-__global__ void chunk_clear_kernel(const ei_plan p, ei__seg_state *seg_state, int s0) {
+/* A roll-back forgets segments [s0, s1) of every kv head (ei__chunk_clear_rows):
+   plan rows cleared, block lists -1, recurrence rows unknown; the recurrence
+   rows of segments [s1, s0 + gridDim.x) (the capacity) too, which only a call
+   that failed on the device (its rows past the plan's end) may have set. */
+__global__ void chunk_clear_kernel(const ei_plan p, ei__seg_state *seg_state, int s0, int s1) {
     int s = s0 + (int)blockIdx.x, kvh = blockIdx.y;
     int64_t row = (int64_t)kvh * p.seg_capacity + s, blk_cap = p.blk_capacity > 0 ? p.blk_capacity : 1;
+    if (threadIdx.x == 0) memset(&seg_state[row], 0, sizeof(ei__seg_state));
+    if (s >= s1) return;
     if (threadIdx.x == 0) {
         p.entropy[row] = p.budget[row] = 0.f;
         p.keep_blocks[row] = p.keep_count[row] = 0;
-        memset(&seg_state[row], 0, sizeof(ei__seg_state));
     }
     for (int i = threadIdx.x; i < p.max_keep; i += blockDim.x) p.block_index[row * p.max_keep + i] = -1;
     if (p.scores)
@@ -1171,8 +1180,8 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
     if (rollback) {
         int64_t c0 = q_pos % seg ? sq + 1 : sq, c1 = std::min((T + seg - 1) / seg, (int64_t)seg_cap);
-        if (c1 > c0) {
-            chunk_clear_kernel<<<dim3((unsigned)(c1 - c0), nkv), 256, 0, st>>>(*plan, rec, (int)c0);
+        if (seg_cap > c0) {
+            chunk_clear_kernel<<<dim3((unsigned)(seg_cap - c0), nkv), 256, 0, st>>>(*plan, rec, (int)c0, (int)c1);
             LAUNCH_CHECK("chunk_clear_kernel");
         }
     }

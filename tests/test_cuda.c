@@ -1240,77 +1240,105 @@ static void chunked_plans(int quick) {
     nc = chunk_schedule(calls, 0, 2500, 2500, 1);
     chunked_case("one chunk", &c, 2500, 8, 2, 64, EI_BF16, 2.f, calls, nc);
 }
-/* Bad chunked calls: the CPU's codes, no crash, and a group change found on
-   the device; head ranges and the sampled ranking say what to use instead. */
+/* Bad chunked calls: the same call on a CPU plan and a GPU plan (the same
+   history) gets the same code, with no crash; a group change is found on the
+   device. Head ranges and the sampled ranking say what to use instead. */
+typedef struct chunk_pair {
+    ei_context *cpu, *g;
+    ei_plan cp, gp;
+    const float *hq, *hk;     /* host f32 q [n][nh][D], k [n][nkv][D] */
+    const void *dq, *dk;      /* the same on the device, bf16 */
+    void *cws, *gws;
+    size_t cwsb, gwsb;
+    int nh, nkv, D;
+} chunk_pair;
+/* queries of rows [src, src + m) as `heads` query heads (m 0: none) at q_pos,
+   k holding k_tokens keys; workspaces cut to ws_cut bytes when not 0 */
+static void chunk_both(chunk_pair *P, int64_t src, int64_t m, int heads, int64_t k_tokens, int64_t q_pos, int is_final,
+                       size_t ws_cut, ei_result want, const char *what) {
+    const int64_t ts = (int64_t)P->nh * P->D;
+    ei_tensor cq = ei_tensor_make(P->hq + src * ts, EI_F32, m, heads, P->D);
+    ei_tensor gq = ei_tensor_make((const uint16_t *)P->dq + src * ts, EI_BF16, m, heads, P->D);
+    ei_tensor ck = ei_tensor_make(P->hk, EI_F32, k_tokens, P->nkv, P->D);
+    ei_tensor gk = ei_tensor_make(P->dk, EI_BF16, k_tokens, P->nkv, P->D);
+    ei_result rc, rg;
+    char cmsg[512];
+    cq.token_stride = gq.token_stride = ts;
+    rc = ei_profile_chunk(P->cpu, m ? &cq : NULL, &ck, &P->cp, q_pos, is_final, P->cws, ws_cut ? ws_cut : P->cwsb);
+    snprintf(cmsg, sizeof cmsg, "%s", ei_last_error());
+    rg = ei_profile_chunk(P->g, m ? &gq : NULL, &gk, &P->gp, q_pos, is_final, P->gws, ws_cut ? ws_cut : P->gwsb);
+    CHECK(rc == want && rg == want, "%s: cpu %s (%s), gpu %s (%s), expected %s", what, ei_result_name(rc), cmsg,
+          ei_result_name(rg), ei_last_error(), ei_result_name(want));
+    if (rg != EI_OK) printf("  %-34s cpu %s, gpu %s: %s\n", what, ei_result_name(rc), ei_result_name(rg), ei_last_error());
+    CHECK(rg != EI_OK || P->gp.n_tokens == P->cp.n_tokens, "%s: the plans cover %lld (gpu) and %lld (cpu) tokens", what,
+          (long long)P->gp.n_tokens, (long long)P->cp.n_tokens);
+}
 static void chunked_errors(void) {
     ei_config c = base_config();
-    ei_context *g, *cpu;
     int64_t n = 1500;
-    int nh = 8, nkv = 2, D = 64;
-    size_t pbytes, wsb;
-    float *q = (float *)malloc((size_t)n * nh * D * 4), *k = (float *)malloc((size_t)n * nkv * D * 4);
-    void *dq, *dk, *pmem, *ws;
-    ei_tensor tq, tk, q4;
-    ei_plan gp, whole;
+    chunk_pair P;
+    size_t pbytes;
+    float *q, *k;
+    void *pm;
+    ei_plan whole;
+    memset(&P, 0, sizeof P);
+    P.nh = 8; P.nkv = 2; P.D = 64;
+    q = (float *)malloc((size_t)n * P.nh * P.D * 4);
+    k = (float *)malloc((size_t)n * P.nkv * P.D * 4);
     c.base_budget = 256;
-    g = make_ctx(&c, EI_BACKEND_CUDA);
-    cpu = make_ctx(&c, EI_BACKEND_CPU);
-    gen_qk(q, k, n, nh, nkv, D, 0.f);
-    dq = dev_upload(q, (size_t)n * nh * D, EI_BF16);
-    dk = dev_upload(k, (size_t)n * nkv * D, EI_BF16);
-    tk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
-    tq = ei_tensor_make(dq, EI_BF16, 600, nh, D);
-    CHECK_OK(ei_plan_size(g, n, nkv, D, EI_PLAN_CHUNKED, &pbytes));
-    pmem = dev_alloc(pbytes);
-    CHECK_OK(ei_plan_init(g, &gp, n, nkv, D, EI_PLAN_CHUNKED, pmem, pbytes));
-    CHECK_OK(ei_profile_workspace_size(g, n, nh, nkv, D, &wsb));
-    ws = dev_alloc(wsb);
-    CHECK_ERR(ei_profile_chunk(g, NULL, &tk, &gp, 0, 1, ws, wsb), EI_ERR_STATE);    /* nothing to finalise */
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &gp, 0, 0, ws, wsb), EI_OK);
-    CHECK_ERR(ei_profile_chunk(g, NULL, &tk, &gp, 500, 1, ws, wsb), EI_ERR_STATE);  /* not where the plan ends */
-    CHECK_ERR(ei_profile_chunk(g, NULL, &tk, &gp, 600, 0, ws, wsb), EI_ERR_STATE);  /* without queries: final only */
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &gp, -3, 0, ws, wsb), EI_ERR_SIZE);
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &gp, 1000, 0, ws, wsb), EI_ERR_SHAPE);  /* queries past k's keys */
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &gp, 600, 0, ws, 64), EI_ERR_WORKSPACE);
-    CHECK_ERR(ei_profile_chunk_heads(g, &tq, &tk, &gp, 600, 0, 0, 1, ws, wsb), EI_ERR_UNSUPPORTED);
-    CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "head-range message: %s", ei_last_error());
-    printf("  head range on the GPU: %s\n", ei_last_error());
-    CHECK(gp.n_tokens == 600, "refused calls moved the plan to %lld", (long long)gp.n_tokens);
-    /* another query group than the open segment's: found on the device */
-    q4 = ei_tensor_make(dq, EI_BF16, 300, 4, D);
-    q4.token_stride = (int64_t)nh * D;
-    CHECK_ERR(ei_profile_chunk(g, &q4, &tk, &gp, 600, 0, ws, wsb), EI_ERR_SHAPE);
-    printf("  query group change: %s\n", ei_last_error());
-    /* a roll-back to 0 starts the sequence again; then NaN in a chunk's q is refused like the CPU's */
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &gp, 0, 0, ws, wsb), EI_OK);
+    P.g = make_ctx(&c, EI_BACKEND_CUDA);
+    P.cpu = make_ctx(&c, EI_BACKEND_CPU);
+    gen_qk(q, k, n, P.nh, P.nkv, P.D, 0.f);
+    q[(size_t)1417 * P.nh * P.D + 3] = NAN; /* a chunk from 1400 meets it */
+    round_to(q, (size_t)n * P.nh * P.D, EI_BF16);
+    round_to(k, (size_t)n * P.nkv * P.D, EI_BF16);
+    P.hq = q; P.hk = k;
+    P.dq = dev_upload(q, (size_t)n * P.nh * P.D, EI_BF16);
+    P.dk = dev_upload(k, (size_t)n * P.nkv * P.D, EI_BF16);
+    CHECK_OK(ei_plan_size(P.g, n, P.nkv, P.D, EI_PLAN_CHUNKED, &pbytes));
+    pm = dev_alloc(pbytes);
+    CHECK_OK(ei_plan_init(P.g, &P.gp, n, P.nkv, P.D, EI_PLAN_CHUNKED, pm, pbytes));
+    CHECK_OK(ei_plan_alloc(P.cpu, &P.cp, n, P.nkv, P.D, EI_PLAN_CHUNKED));
+    CHECK_OK(ei_profile_workspace_size(P.g, n, P.nh, P.nkv, P.D, &P.gwsb));
+    CHECK_OK(ei_profile_workspace_size(P.cpu, n, P.nh, P.nkv, P.D, &P.cwsb));
+    P.gws = dev_alloc(P.gwsb);
+    P.cws = malloc(P.cwsb);
+    chunk_both(&P, 0, 0, 8, n, 0, 1, 0, EI_ERR_STATE, "final call with nothing planned");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "chunk [0, 600)");
+    chunk_both(&P, 0, 0, 8, n, 500, 1, 0, EI_ERR_STATE, "no queries, not at the plan's end");
+    chunk_both(&P, 0, 0, 8, n, 600, 0, 0, EI_ERR_STATE, "no queries, not final");
+    chunk_both(&P, 600, 300, 8, n, -3, 0, 0, EI_ERR_SIZE, "q_pos -3");
+    chunk_both(&P, 600, 300, 8, 800, 600, 0, 0, EI_ERR_SHAPE, "queries past k's keys");
+    chunk_both(&P, 600, 600, 8, n, 1000, 0, 0, EI_ERR_SIZE, "past the plan's capacity");
+    chunk_both(&P, 600, 300, 8, n, 600, 0, 64, EI_ERR_WORKSPACE, "workspace of 64 bytes");
+    chunk_both(&P, 600, 300, 4, n, 600, 0, 0, EI_ERR_SHAPE, "another query group (4 heads)");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "roll back to 0");
+    chunk_both(&P, 1400, 100, 8, n, 1400, 0, 0, EI_ERR_NONFINITE, "NaN in the chunk's q");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "roll back to 0 after it");
+    chunk_both(&P, 600, 900, 8, n, 600, 1, 0, EI_OK, "the rest, final");
     {
-        float *qn = (float *)malloc((size_t)300 * nh * D * 4);
-        void *dqn;
-        ei_tensor tqn;
-        memcpy(qn, q + (size_t)600 * nh * D, (size_t)300 * nh * D * 4);
-        qn[(size_t)17 * nh * D + 3] = NAN;
-        dqn = dev_upload(qn, (size_t)300 * nh * D, EI_BF16);
-        tqn = ei_tensor_make(dqn, EI_BF16, 300, nh, D);
-        CHECK_ERR(ei_profile_chunk(g, &tqn, &tk, &gp, 600, 0, ws, wsb), EI_ERR_NONFINITE);
-        dev_free(dqn);
-        free(qn);
+        ei_tensor gq = ei_tensor_make(P.dq, EI_BF16, 600, P.nh, P.D), gk = ei_tensor_make(P.dk, EI_BF16, n, P.nkv, P.D);
+        CHECK_ERR(ei_profile_chunk_heads(P.g, &gq, &gk, &P.gp, 0, 0, 0, 1, P.gws, P.gwsb), EI_ERR_UNSUPPORTED);
+        CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "head-range message: %s", ei_last_error());
+        printf("  head range on the GPU: %s\n", ei_last_error());
+        CHECK_OK(ei_plan_alloc(P.g, &whole, n, P.nkv, P.D, 0)); /* a plan without the chunked state */
+        CHECK_ERR(ei_profile_chunk(P.g, &gq, &gk, &whole, 0, 0, P.gws, P.gwsb), EI_ERR_STATE);
+        ei_plan_free(P.g, &whole);
     }
-    /* a plan without the chunked state */
-    CHECK_OK(ei_plan_alloc(g, &whole, n, nkv, D, 0));
-    CHECK_ERR(ei_profile_chunk(g, &tq, &tk, &whole, 0, 0, ws, wsb), EI_ERR_STATE);
-    ei_plan_free(g, &whole);
     {   /* the sampled ranking plans chunks on the CPU only: refused when the plan is laid out */
         ei_config cs = c;
         ei_context *gs;
         ei_plan sp;
         cs.ranking = EI_RANK_SAMPLED;
         gs = make_ctx(&cs, EI_BACKEND_CUDA);
-        CHECK_ERR(ei_plan_alloc(gs, &sp, n, nkv, D, EI_PLAN_CHUNKED), EI_ERR_UNSUPPORTED);
+        CHECK_ERR(ei_plan_alloc(gs, &sp, n, P.nkv, P.D, EI_PLAN_CHUNKED), EI_ERR_UNSUPPORTED);
         printf("  sampled ranking: %s\n", ei_last_error());
         ei_context_destroy(gs);
     }
-    dev_free(ws); dev_free(pmem); dev_free(dq); dev_free(dk);
-    ei_context_destroy(g); ei_context_destroy(cpu);
+    dev_free(P.gws); dev_free(pm); dev_free((void *)P.dq); dev_free((void *)P.dk);
+    free(P.cws);
+    ei_plan_free(P.cpu, &P.cp);
+    ei_context_destroy(P.g); ei_context_destroy(P.cpu);
     free(q); free(k);
 }
 
