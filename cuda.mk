@@ -1,8 +1,10 @@
 # cuda.mk - the CUDA backend (included by the top-level Makefile).
 #   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
-#   make test-cuda            GPU tests: golden cases, GPU vs CPU, attention, the backend
-#                             equivalence scenarios (test_backends --require-gpu), a layer captured
-#                             in a CUDA graph (test_cuda_graph: cuda_deferred_errors), compute-sanitizer
+#   make test-cuda            GPU tests: golden cases, GPU vs CPU (whole-prompt and chunked plans:
+#                             ei_profile_chunk schedules), attention, the backend
+#                             equivalence scenarios (test_backends --require-gpu), a layer and a
+#                             chunk captured in CUDA graphs (test_cuda_graph: cuda_deferred_errors),
+#                             compute-sanitizer
 #   (make test-backends, in tests/tests.mk, runs test_backends without --require-gpu: the CPU
 #   half, and the GPU half when the plugin loads and finds a GPU, else "GPU half skipped")
 #   make test-gpu-fuzz        tests/fuzz_backends.c: random configs, shapes, dtypes, layouts and

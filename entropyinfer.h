@@ -145,6 +145,18 @@
    segment 0, so plans equal whole-prompt ones for every head except one that
    turns dynamic late (its earlier segments used the base budget). Segment
    0's entropy and the last segment's cap are set by a final call.
+   On the CUDA backend ei_profile_chunk runs the same protocol with q, k and
+   the plan in device memory, every kv head in one call (the head states stay
+   in the plan's device memory; kv-head ranges, ei_profile_chunk_heads, are
+   CPU-only): plans equal the CPU's chunked ones (counts, classes and the
+   default ranking exactly; entropies and scores within float32 summation
+   order; tests/test_cuda.c). Like ei_profile it queues its kernels on
+   cfg.cuda_stream and waits only to read its data-error flag back (none
+   with cuda_deferred_errors: a chunk can be captured in a CUDA graph). Two
+   differences: a q whose query heads per kv head differ from the open
+   segment's is found on the device (EI_ERR_SHAPE after the plan changed,
+   as with NaN: roll back with q_pos 0), and EI_RANK_SAMPLED chunked plans
+   are CPU-only (EI_ERR_UNSUPPORTED when the plan is laid out).
    Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
    `window`), then each generated token's. When ei_decode_due says so (after
    decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
@@ -589,7 +601,12 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
    into a segment, or skipped positions, that segment is planned from the
    queries given after the cut only, and after a skip the recurrence starts
    again as at segment 1. Workspace: ei_profile_workspace_size with the
-   plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head. */
+   plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head.
+   CUDA backend: ei_profile_chunk only (every kv head: ei_profile_chunk_heads
+   refuses other ranges with EI_ERR_UNSUPPORTED), the reference ranking
+   (EI_RANK_SAMPLED: EI_ERR_UNSUPPORTED), PROTOCOLS says the rest. A
+   chunked plan's state does not travel with ei_plan_copy: continue a copied
+   plan with a roll-back to 0. */
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes);
 EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
@@ -602,7 +619,8 @@ EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q
    fewer kv heads than threads (one, in Gemma 3 270M) each segment's block
    scores are split over the threads by block range instead (the key and
    query min/max, the softmax, the budget and the ranking of a segment stay
-   on the calling thread). The same plan as ei_profile_chunk, bit for bit. */
+   on the calling thread). The same plan as ei_profile_chunk, bit for bit.
+   On the CUDA backend it is ei_profile_chunk (n_threads unused). */
 EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                     int64_t q_pos, int is_final, int n_threads, void *workspace,
                                     size_t workspace_bytes);
@@ -797,7 +815,9 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    f32 either way (plans equal the CPU's); the sampled ranking (EI_RANK_SAMPLED)
    rounds an f32 q to k's type on the tensor cores as attention does (an f32 q
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
-   in f32 for f32 k or head_dim other than 64/128/256. */
+   in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
+   (ei_profile_chunk) runs on the GPU with the reference ranking, every kv
+   head in one call (PROTOCOLS). */
 enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
 EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
 EIDEF void ei_device_free(const ei_context *ctx, void *ptr);
@@ -810,9 +830,10 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 /* CUDA graphs (cfg.cuda_deferred_errors = 1). By default a GPU call that must
    look at device data to return its code (NaN/Inf in q or k, score overflow,
    a bad keep index) waits for cfg.cuda_stream and reads a flag back. With
-   cuda_deferred_errors the per-layer calls ei_profile, the attention calls
+   cuda_deferred_errors the per-layer calls ei_profile, ei_profile_chunk, the attention calls
    (prefill and decode), ei_decode_observe and ei_kv_compact never wait, read back or
-   allocate: they only queue kernels and async memsets on cfg.cuda_stream, so
+   allocate: they only queue kernels and async memsets (and, for a chunk, a
+   device-to-device copy) on cfg.cuda_stream, so
    an engine can capture a layer's calls in a CUDA graph (cudaStreamBeginCapture
    .. EndCapture) and replay it. Host-side checks (views, shapes, plan layout,
    protocol, workspace size) still fail at call time; a data error is recorded
@@ -836,7 +857,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 6
+#define EI_CUDA_ABI_VERSION 7
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -851,9 +872,9 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
    and workspace pointers are device pointers; the structs holding them live
    on the host. Work is queued on cfg->cuda_stream (NULL: the default stream)
    and is asynchronous, except where an entry must read a device flag back
-   (profile, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
+   (profile, profile_chunk, attention (NaN/Inf in the Q and K rows it reads), decode_observe,
    kv_compact, the decode entries that read a row map or check scores) and
-   the explicit copies. With cfg->cuda_deferred_errors (ABI 6) profile,
+   the explicit copies. With cfg->cuda_deferred_errors (ABI 6) profile, profile_chunk,
    attention, decode_observe and kv_compact read nothing back: each queues a
    one-thread kernel that records its report on the device (the first since
    deferred_status cleared it), and returns EI_OK unless a host-side check
@@ -927,6 +948,21 @@ typedef struct ei_cuda_api {
        the last call, as the code and message of the synchronous call (EI_OK:
        none), then cleared; waits for the stream */
     ei_result (*deferred_status)(void *stream, char *msg);
+
+    /* ABI 7: chunked planning (ei_profile_chunk) of every kv head of a plan
+       made with EI_PLAN_CHUNKED, through the profile stages. The header
+       checked the protocol from the plan's host fields: every head's chunk
+       ends at plan->n_tokens (whole-range calls only), plan->final says
+       whether the last call was final. The per-head state (ei__head_state,
+       the recurrence rows, the open segment's query min/max, the key-block
+       min/max store) lives in the plan's state region on the device; the
+       open-mass row holds the open segment's raw block scores (the
+       reference ranking; EI_RANK_SAMPLED is refused by the header). q NULL:
+       the final call without queries. Asynchronous like profile: one flag
+       read back, or recorded with cuda_deferred_errors; a query-group change
+       is found there (EI_ERR_SHAPE). */
+    ei_result (*profile_chunk)(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                               int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes, char *msg);
 } ei_cuda_api;
 
 /* The plugin's only export: returns its table whatever version is asked
@@ -1080,6 +1116,29 @@ EI__HD int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t
     if (s == 0) return 0;
     if (k > (double)cap) k = (double)cap;
     return k < 0 ? 0 : (int32_t)k;
+}
+/* Chunked planning, one segment's step of the recurrence (both backends):
+   cur (segment s) from prev (segment s-1, NULL for s = 0) and the segment's
+   entropy h. A head stays rigid while every entropy so far is below e_t; the
+   dynamic budget is tracked from segment 0 whatever the class; the first
+   segment after skipped or forgotten ones starts as segment 1 does. */
+EI__HD void ei__chunk_recurrence(const ei_config *c, int32_t s, const ei__seg_state *prev, float h, ei__seg_state *cur) {
+    if (s == 0) {
+        cur->budget_dyn = (double)c->base_budget;
+        cur->rigid_so_far = 1;
+    } else if (prev->known) {
+        cur->budget_dyn = ei__budget_next(c, s, prev->budget_dyn, h, prev->entropy);
+        cur->rigid_so_far = prev->rigid_so_far && ei__entropy_rigid(c, h);
+    } else {
+        cur->budget_dyn = ei__budget_next(c, 1, (double)c->base_budget, h, 0.0f);
+        cur->rigid_so_far = ei__entropy_rigid(c, h);
+    }
+    cur->entropy = h;
+    cur->known = 1;
+}
+/* The budget a chunked segment applies: base while rigid, else the recurrence's. */
+EI__HD double ei__chunk_budget(const ei_config *c, const ei__seg_state *cur) {
+    return cur->rigid_so_far ? (double)c->base_budget : cur->budget_dyn;
 }
 /* EI_RANK_SAMPLED: the token of sampled row i of segment s (CONCEPTS:
    ranking); its query head is kvh * G + i % G. */
@@ -2287,8 +2346,10 @@ static ei_result ei__check_plan_geometry(const ei_context *ctx, int64_t max_toke
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
     if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES))
         return ei__fail(ctx, EI_ERR_CONFIG, "unknown plan flags 0x%x", (unsigned)flags);
-    if (ei__on_gpu(ctx) && (flags & EI_PLAN_CHUNKED))
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning (EI_PLAN_CHUNKED) runs on the CPU backend");
+    if (ei__on_gpu(ctx) && (flags & EI_PLAN_CHUNKED) && ctx->cfg.ranking == EI_RANK_SAMPLED)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "chunked planning with EI_RANK_SAMPLED runs on the CPU backend (the CUDA backend plans chunks "
+                        "with EI_RANK_REFERENCE)");
     if (!ei__plan_geometry(&ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, g))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "plan of %lld tokens x %d kv heads does not fit in size_t",
                         (long long)max_tokens, (int)n_kv_heads);
@@ -2435,6 +2496,9 @@ EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_t
     /* device: zero counts and entropies, -1 block lists, zero scores */
     if ((r = EI__CUDA(ctx, mem_set, base, 0, g.offset[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK ||
         (r = EI__CUDA(ctx, mem_set, plan->block_index, 0xff, g.size[EI__PA_BLOCK_INDEX], ctx->cfg.cuda_stream)) != EI_OK)
+        return r;
+    if (plan->state && /* chunked: no head state, no known recurrence row (ei_plan_reset's) */
+        (r = EI__CUDA(ctx, mem_set, plan->state, 0, ei__plan_chunk_geom(plan).open_reps, ctx->cfg.cuda_stream)) != EI_OK)
         return r;
     if (plan->scores) return EI__CUDA(ctx, mem_set, plan->scores, 0, g.size[EI__PA_SCORES], ctx->cfg.cuda_stream);
     return EI_OK;
@@ -3352,19 +3416,10 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
         if (prob) memset(prob + nvis, 0, (ei__plan_score_row(plan) - (size_t)nvis) * sizeof(float));
     } else if (prob)
         memset(prob, 0, ei__plan_score_row(plan) * sizeof(float));
-    if (s == 0) { cur->budget_dyn = (double)c->base_budget; cur->rigid_so_far = 1; }
-    else if (prev->known) {
-        cur->budget_dyn = ei__budget_next(c, s, prev->budget_dyn, h, prev->entropy);
-        cur->rigid_so_far = prev->rigid_so_far && ei__entropy_rigid(c, h);
-    } else { /* the first segment after skipped positions starts the recurrence as segment 1 does */
-        cur->budget_dyn = ei__budget_next(c, 1, (double)c->base_budget, h, 0.0f);
-        cur->rigid_so_far = ei__entropy_rigid(c, h);
-    }
-    cur->entropy = h;
-    cur->known = 1;
+    ei__chunk_recurrence(c, s, prev, h, cur);
     plan->entropy[row] = h;
     plan->head_class[kvh] = (uint8_t)(cur->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
-    budget = cur->rigid_so_far ? (double)c->base_budget : cur->budget_dyn;
+    budget = ei__chunk_budget(c, cur);
     plan->budget[row] = (float)budget;
     ei__plan_rank_row(c, plan, kvh, s, mass ? mass : w->rows, mass, nvis, s == 0 ? 0 : cap, budget, w->pairs);
     return EI_OK;
@@ -3403,6 +3458,15 @@ static ei_result ei__check_chunk(const ei_context *ctx, const ei_tensor *q, cons
     if (q && q->n_heads / k->n_heads > EI_MAX_CHUNK_GROUP)
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning keeps up to %d query heads per kv head, q has %d",
                         EI_MAX_CHUNK_GROUP, (int)(q->n_heads / k->n_heads));
+    if (plan->on_device) { /* the head states are device memory: every head ends at the plan's end (whole-range
+                              calls); a query-group change is found on the device */
+        if (!q && (!is_final || plan->n_tokens != q_pos || q_pos == 0))
+            return ei__fail(ctx, EI_ERR_STATE,
+                            "a call without queries finalises the plan where it ends: is_final = 1 and q_pos = %lld "
+                            "(got q_pos %lld, is_final %d)",
+                            (long long)plan->n_tokens, (long long)q_pos, is_final);
+        return EI_OK;
+    }
     for (kvh = kv0; kvh < kv1; ++kvh) {
         const ei__head_state *st = &ei__plan_states(plan)[kvh];
         if (q && st->group && st->open_valid && st->group != q->n_heads / k->n_heads)
@@ -3500,17 +3564,47 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
     return EI_OK;
 }
 
+/* The CUDA backend: every kv head in one pass of the profile stages (the
+   plugin's profile_chunk), the protocol checked here from the plan's host
+   fields; the plan then covers the chunk as on the CPU. */
+static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                       int64_t q_pos, int is_final, void *workspace, size_t ws_bytes) {
+    size_t need;
+    ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads);
+    if (r != EI_OK) return r;
+    if (ctx->cfg.ranking == EI_RANK_SAMPLED)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "chunked planning with EI_RANK_SAMPLED runs on the CPU backend (the CUDA backend plans chunks "
+                        "with EI_RANK_REFERENCE)");
+    /* sized for the plan's capacity, as on the CPU (a final call without queries needs no query features) */
+    if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
+                                       &need)) != EI_OK ||
+        (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
+        return r;
+    r = EI__CUDA(ctx, profile_chunk, &ctx->cfg, q, k, plan, q_pos, is_final, workspace, ws_bytes);
+    if (r == EI_OK) ei__plan_covers(&ctx->cfg, plan, q_pos + (q ? q->n_tokens : 0), is_final);
+    return r;
+}
 EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                        int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
                                        size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
-    if (ei__on_gpu(ctx)) return ei__fail(ctx, EI_ERR_UNSUPPORTED, "chunked planning runs on the CPU backend");
+    if (ei__on_gpu(ctx)) {
+        if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+        if (kv_begin != 0 || kv_end != k->n_heads)
+            return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                            "kv-head ranges of chunked planning are a CPU feature: call ei_profile_chunk (every kv head "
+                            "in one call) on the CUDA backend");
+        return ei__profile_chunk_gpu(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
+    }
     return ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, kv_begin, kv_end, workspace, workspace_bytes, 1);
 }
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes) {
     ei_result r;
     if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    if (ctx && ei__on_gpu(ctx)) /* the plugin applies per_segment_budget itself */
+        return ei__profile_chunk_gpu(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
     r = ei_profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads, workspace, workspace_bytes);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }

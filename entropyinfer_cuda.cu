@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, ABI version 4).
+   entropyinfer.h (struct ei_cuda_api, ABI version 7).
 
    The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
    every argument of a public call (views, shapes, GQA, plan layout and
@@ -30,6 +30,12 @@
              >>cuda-rank      the same beyond the paper: always-kept blocks
                               first, sampled mass or reference score, top_p
                               counts (ei__keep_count)
+             >>cuda-chunked   chunked planning (ei_profile_chunk): the stages
+                              above on the segments a chunk touches, the
+                              per-head state in the plan's device memory (the
+                              open segment's query min/max merged, its raw
+                              scores kept, the key-block store, the budget
+                              recurrence of ei__chunk_recurrence)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
                               cores (wgmma on Hopper, mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
@@ -310,14 +316,18 @@ __device__ uint64_t block_select_kth(const float *row, int64_t len, int64_t k, i
 /* ============================================================ >>cuda-minmax */
 /* Profiling flags (one int in the workspace, read back at the end). */
 enum { PF_NAN_Q = 1, PF_OVERFLOW = 2, PF_NAN_K = 4, PF_KEEP = 8, PF_SAMPLED = 16,
-       PF_Q_RANGE = 32 /* an f32 query beyond the 16-bit type the sampled rows round it to */ };
+       PF_Q_RANGE = 32, /* an f32 query beyond the 16-bit type the sampled rows round it to */
+       PF_GROUP = 64 /* chunked: q has another query-head group than the stored open segment */ };
 
-/* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the segment's queries */
+/* qfeat[(h*nseg + s)*2 + {0 max, 1 min}][D]: over the queries of segment
+   s_first + s given so far (positions [q_pos, n): q row t - q_pos holds
+   position t; the whole prompt has q_pos = s_first = 0). */
 __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, int64_t ts, int64_t hs, int64_t n,
-                                                    int D, int seg, int nseg, float *qfeat, int *flag) {
+                                                    int D, int seg, int nseg, float *qfeat, int *flag, int64_t q_pos,
+                                                    int s_first) {
     __shared__ float smax[4][64], smin[4][64];
     int s = blockIdx.x, h = blockIdx.y;
-    int64_t t0 = (int64_t)s * seg, t1 = min(n, t0 + seg);
+    int64_t t0 = max((int64_t)(s_first + s) * seg, q_pos) - q_pos, t1 = min(n, (int64_t)(s_first + s + 1) * seg) - q_pos;
     int lane = threadIdx.x & 63, r = threadIdx.x >> 6;
     bool bad = false;
     for (int d0 = 0; d0 < D; d0 += 64) {
@@ -347,14 +357,16 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
     if (bad) atomicOr(flag, PF_NAN_Q);
 }
 
-/* kfeat[(kvh*nblk + b)*2 + {max,min}][D] for b < nblk; every key is scanned for
-   non-finite values (the keys of the last segment too). */
+/* kfeat[(kvh*stride + b)*2 + {max,min}][D] for b_first <= b < nblk; the keys
+   of blocks [b_first, nb_all) are scanned for non-finite values (the whole
+   prompt: every key, the last segment's too; chunks: the blocks they add). */
 __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
-                                                    int D, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag) {
+                                                    int D, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag,
+                                                    int64_t b_first, int64_t stride) {
     int kvh = blockIdx.y;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= nb_all * D) return;
-    int64_t b = idx / D;
+    if (idx >= (nb_all - b_first) * D) return;
+    int64_t b = b_first + idx / D;
     int d = (int)(idx % D);
     int64_t t0 = b * bs, t1 = min(n, t0 + bs);
     float mx = -INFINITY, mn = INFINITY;
@@ -366,7 +378,7 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
         mn = fminf(mn, x);
     }
     if (b < nblk) {
-        float *o = kfeat + ((int64_t)kvh * nblk + b) * 2 * D;
+        float *o = kfeat + ((int64_t)kvh * stride + b) * 2 * D;
         o[d] = mx;
         o[D + d] = mn;
     }
@@ -388,7 +400,9 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
    Per accumulator the FMAs run in dimension order, as on the CPU, so the
    scores are bit-identical to the CPU's. 119 registers (2 CTAs per SM;
    unrolling the dimension loop twice would spill). Grid: x = block tiles x kv heads
-   (kv head major), y = segment tiles. */
+   (kv head major), y = segment tiles. Row s of qfeat and raw is segment
+   s_first + s (chunks score the segments they touch; kfeat rows nblk apart,
+   raw rows raw_stride apart). */
 #define SC_ST 32
 #define SC_BT 64
 #define SC_DC 32
@@ -418,11 +432,12 @@ __device__ __forceinline__ void score_stage(const float *qfeat, const float *kfe
     }
 }
 __global__ void __launch_bounds__(256, 2) score_kernel(const float *qfeat, const float *kfeat, float *raw, int nseg,
-                                                    int nblk, int D, int G, int bps, int blk_tiles) {
+                                                    int nblk, int D, int G, int bps, int blk_tiles, int s_first,
+                                                    int64_t raw_stride) {
     __shared__ __align__(16) float qs[2][SC_ST][SC_PITCH];
     __shared__ __align__(16) float ks[2][SC_BT][SC_PITCH];
     int kvh = blockIdx.x / blk_tiles, s0 = blockIdx.y * SC_ST, b0 = (blockIdx.x % blk_tiles) * SC_BT;
-    int smax = min(s0 + SC_ST, nseg) - 1;
+    int smax = s_first + min(s0 + SC_ST, nseg) - 1;
     if ((int64_t)b0 >= (int64_t)smax * bps) return; /* all masked */
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     int nchunk = (D + SC_DC - 1) / SC_DC, steps = G * nchunk;
@@ -490,8 +505,8 @@ __global__ void __launch_bounds__(256, 2) score_kernel(const float *qfeat, const
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             int s = s0 + ty * 2 + a, b = b0 + tx + 16 * c;
-            if (s < nseg && b < nblk && (int64_t)b < (int64_t)s * bps)
-                raw[((int64_t)kvh * nseg + s) * nblk + b] = res[a][c] / (float)G;
+            if (s < nseg && b < nblk && (int64_t)b < (int64_t)(s_first + s) * bps)
+                raw[((int64_t)kvh * nseg + s) * raw_stride + b] = res[a][c] / (float)G;
         }
 }
 
@@ -501,27 +516,22 @@ __global__ void __launch_bounds__(256, 2) score_kernel(const float *qfeat, const
    f32 exponentials and probabilities, sums in double; segment 0 (no visible
    block) is the uniform row. A non-finite raw score (float32 overflow of the
    block scores) sets PF_OVERFLOW, as the CPU refuses it. */
-__global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, int nseg, int nblk, int bps,
-                                                              float *entropy, int seg_cap, float *scores,
-                                                              int blk_cap, int *flag) {
+/* The uniform row over nb blocks (ei__uniform_entropy): srow[0..nb) = 1/nb. */
+__device__ void uniform_row(int64_t nb, float *srow, float *entropy) {
+    if (nb <= 0) {
+        if (threadIdx.x == 0) *entropy = 0.f;
+        return;
+    }
+    float p = 1.0f / (float)nb;
+    if (srow)
+        for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) srow[b] = p;
+    if (threadIdx.x == 0) *entropy = (float)(-(double)nb * (double)p * (double)logf(p + 1e-9f));
+}
+/* Softmax of row[0..valid) (valid >= 1) and its entropy; srow[0..nout)
+   gets the probabilities, 0 past valid. */
+__device__ void softmax_entropy_row(const float *row, int valid, int64_t nout, float *entropy, float *srow, int *flag) {
     __shared__ float red[32];
     __shared__ double redd[32];
-    int s = blockIdx.x, kvh = blockIdx.y;
-    const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
-    float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
-    if (nblk == 0) { /* one segment: nothing scored (the CPU writes no scores row either) */
-        if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = 0.f;
-        return;
-    }
-    int valid = (int)min((int64_t)s * bps, (int64_t)nblk);
-    if (valid == 0) { /* segment 0 */
-        float p = 1.0f / (float)nblk;
-        if (srow)
-            for (int b = threadIdx.x; b < nblk; b += blockDim.x) srow[b] = p;
-        if (threadIdx.x == 0)
-            entropy[(int64_t)kvh * seg_cap + s] = (float)(-(double)nblk * (double)p * (double)logf(p + 1e-9f));
-        return;
-    }
     float m = -FLT_MAX;
     int bad = 0;
     for (int b = threadIdx.x; b < valid; b += blockDim.x) {
@@ -538,13 +548,50 @@ __global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, 
     for (int b = threadIdx.x; b < valid; b += blockDim.x) z += (double)expf(row[b] - m);
     float zf = (float)block_sum_d(z, redd);
     double h = 0.0;
-    for (int b = threadIdx.x; b < nblk; b += blockDim.x) {
+    for (int64_t b = threadIdx.x; b < nout; b += blockDim.x) {
         float p = b < valid ? expf(row[b] - m) / zf : 0.f;
         if (b < valid) h += (double)p * (double)logf(p + 1e-9f);
         if (srow) srow[b] = p;
     }
     h = block_sum_d(h, redd);
-    if (threadIdx.x == 0) entropy[(int64_t)kvh * seg_cap + s] = (float)(-h);
+    if (threadIdx.x == 0) *entropy = (float)(-h);
+}
+__global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, int nseg, int nblk, int bps,
+                                                              float *entropy, int seg_cap, float *scores,
+                                                              int blk_cap, int *flag) {
+    int s = blockIdx.x, kvh = blockIdx.y;
+    const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
+    float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
+    float *ent = entropy + (int64_t)kvh * seg_cap + s;
+    int valid = (int)min((int64_t)s * bps, (int64_t)nblk);
+    if (valid == 0) /* segment 0, or one segment (nblk 0: no scores row, as on the CPU) */
+        uniform_row(nblk, srow, ent);
+    else
+        softmax_entropy_row(row, valid, nblk, ent, srow, flag);
+}
+/* Chunked planning (the CPU's ei__chunk_plan_segment): segment s_first + i
+   from raw row i (raw_stride apart, nrows per kv head) over its s * bps
+   visible blocks, the scores row cleared past them; segment 0 sees none:
+   entropy 0 and a zero row until a final call sets its uniform row
+   (chunk_final_kernel). */
+__global__ void __launch_bounds__(256) chunk_softmax_kernel(const float *raw, int nrows, int64_t raw_stride, int s_first,
+                                                            int bps, float *entropy, int seg_cap, float *scores,
+                                                            int blk_cap, int *flag) {
+    int s = s_first + (int)blockIdx.x, kvh = blockIdx.y;
+    float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
+    float *ent = entropy + (int64_t)kvh * seg_cap + s;
+    if (s == 0) {
+        if (srow)
+            for (int b = threadIdx.x; b < blk_cap; b += blockDim.x) srow[b] = 0.f;
+        if (threadIdx.x == 0) *ent = 0.f;
+        return;
+    }
+    softmax_entropy_row(raw + ((int64_t)kvh * nrows + blockIdx.x) * raw_stride, s * bps, blk_cap, ent, srow, flag);
+}
+/* A final chunk: segment 0's uniform row over the nb blocks scored. */
+__global__ void chunk_final_kernel(int64_t nb, float *entropy, int seg_cap, float *scores, int blk_cap) {
+    int kvh = blockIdx.x;
+    uniform_row(nb, scores ? scores + (int64_t)kvh * seg_cap * blk_cap : NULL, entropy + (int64_t)kvh * seg_cap);
 }
 
 /* ============================================================ >>cuda-budgets */
@@ -555,6 +602,18 @@ __global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, 
    the max over heads (the CPU's ei_plan_finalize). With top_p the counts
    follow the ranking: rank_kernel writes them (and seg_max_kernel takes the
    max), this kernel only the budgets. */
+/* keep_count of segments [s0, s1) from keep_blocks: each head's own, or with
+   per_segment_budget the max over heads (the CPU's ei_plan_finalize). */
+__device__ void segment_counts(const ei_config *c, int nkv, int s0, int s1, int seg_cap, const int *keep_blocks,
+                               int *keep_count) {
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+        int mx = 0;
+        if (c->per_segment_budget)
+            for (int h = 0; h < nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * seg_cap + s]);
+        for (int h = 0; h < nkv; h++)
+            keep_count[(int64_t)h * seg_cap + s] = c->per_segment_budget ? mx : keep_blocks[(int64_t)h * seg_cap + s];
+    }
+}
 __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_cap, int64_t n, int64_t nblk,
                               int max_keep, const float *entropy, uint8_t *head_class, float *budget,
                               int *keep_blocks, int *keep_count) {
@@ -576,13 +635,53 @@ __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_ca
     }
     if (!counts) return;
     __syncthreads();
-    for (int s = threadIdx.x; s < nseg; s += blockDim.x) {
-        int mx = 0;
-        if (c->per_segment_budget)
-            for (int h = 0; h < nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * seg_cap + s]);
-        for (int h = 0; h < nkv; h++)
-            keep_count[(int64_t)h * seg_cap + s] = c->per_segment_budget ? mx : keep_blocks[(int64_t)h * seg_cap + s];
-    }
+    segment_counts(c, nkv, 0, nseg, seg_cap, keep_blocks, keep_count);
+}
+
+/* The segments a ranking launch covers (grid x: one per row) and where their
+   raw block scores are: segment s_first + i reads raw row i of kv head h at
+   raw + (h * nrows + i) * stride and sees min(s * bps, nblk) blocks; its cap
+   (ei__cap_blocks) is the visible blocks, except segment s_tail (the last one
+   of a finished prompt, -1 none), capped by ei__cap_blocks(c, s, n, nblk).
+   (The whole prompt: every segment, s_tail its last one; ei__cap_blocks of
+   an earlier segment is its visible blocks.) */
+struct SegRows {
+    const float *raw;
+    int64_t stride, nblk, n;
+    int nrows, s_first, s_tail;
+};
+__device__ __forceinline__ int64_t seg_visible(const SegRows &r, int s, int bps) {
+    return min((int64_t)s * bps, r.nblk);
+}
+__device__ __forceinline__ int64_t seg_cap_blocks(const ei_config *c, const SegRows &r, int s) {
+    return s == r.s_tail ? ei__cap_blocks(c, s, r.n, r.nblk) : seg_visible(r, s, c->segment_size / c->block_size);
+}
+
+/* Chunked planning's budgets (the CPU's ei__chunk_plan_segment), a thread
+   per kv head over the launch's segments in order: the recurrence row of
+   each (ei__chunk_recurrence, from the row before it), the head's class
+   while it is rigid so far, the budget and, without top_p, the keep counts
+   (ei__keep_count within the cap and the always-kept blocks). */
+__global__ void chunk_budget_kernel(const ei_config cfg, int nkv, const SegRows r, int seg_cap, int max_keep,
+                                    const float *entropy, ei__seg_state *seg_state, uint8_t *head_class, float *budget,
+                                    int *keep_blocks, int *keep_count) {
+    const ei_config *c = &cfg;
+    const int bps = c->segment_size / c->block_size;
+    const bool counts = !(c->top_p > 0.0);
+    for (int h = threadIdx.x; h < nkv; h += blockDim.x)
+        for (int s = r.s_first; s < r.s_first + r.nrows; s++) {
+            int64_t row = (int64_t)h * seg_cap + s, n_sink, local0;
+            ei__seg_state *cur = seg_state + row;
+            ei__chunk_recurrence(c, s, s > 0 ? cur - 1 : NULL, s > 0 ? entropy[row] : 0.f, cur);
+            double B = ei__chunk_budget(c, cur);
+            head_class[h] = (uint8_t)(cur->rigid_so_far ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
+            budget[row] = (float)B;
+            int64_t nf = ei__forced_blocks(c, seg_visible(r, s, bps), &n_sink, &local0);
+            if (counts) keep_blocks[row] = ei__keep_count(c, s, B, -1, nf, s == 0 ? 0 : seg_cap_blocks(c, r, s), max_keep);
+        }
+    if (!counts) return;
+    __syncthreads();
+    segment_counts(c, nkv, r.s_first, r.s_first + r.nrows, seg_cap, keep_blocks, keep_count);
 }
 
 /* ============================================================ >>cuda-topk */
@@ -592,15 +691,14 @@ __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_ca
    budgets never keep more blocks than a row holds or than are visible (the
    header checked the plan's rows against this configuration's budgets);
    PF_KEEP reports the impossible. */
-__global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, int nblk, int bps,
-                                                   const int *keep_count, int seg_cap, int *block_index,
-                                                   int max_keep, int *flag) {
+__global__ void __launch_bounds__(256) topk_kernel(const SegRows r, int bps, const int *keep_count, int seg_cap,
+                                                   int *block_index, int max_keep, int *flag) {
     extern __shared__ uint64_t keys[];
     __shared__ int hist[256];
     __shared__ int count;
-    int s = blockIdx.x, kvh = blockIdx.y;
+    int s = r.s_first + (int)blockIdx.x, kvh = blockIdx.y;
     int *out = block_index + ((int64_t)kvh * seg_cap + s) * max_keep;
-    int len = (int)min((int64_t)s * bps, (int64_t)nblk);
+    int len = (int)seg_visible(r, s, bps);
     int k = keep_count[(int64_t)kvh * seg_cap + s];
     if (k > len || k > max_keep || k < 0) {
         if (threadIdx.x == 0) atomicOr(flag, PF_KEEP);
@@ -610,7 +708,7 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
         for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
         return;
     }
-    const float *row = raw + ((int64_t)kvh * nseg + s) * nblk;
+    const float *row = r.raw + ((int64_t)kvh * r.nrows + blockIdx.x) * r.stride;
     uint64_t thr = block_select_kth(row, len, k, hist);
     int n2 = 1;
     while (n2 < k) n2 <<= 1;
@@ -646,9 +744,9 @@ __global__ void __launch_bounds__(256) topk_kernel(const float *raw, int nseg, i
 __device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
-__global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const float *raw, const float *mass, int nseg,
-                                                   int nblk, int64_t n, int *keep_blocks, int *keep_count,
-                                                   int seg_cap, int *block_index, int max_keep, int *flag) {
+__global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const SegRows r, const float *mass,
+                                                   int *keep_blocks, int *keep_count, int seg_cap, int *block_index,
+                                                   int max_keep, int *flag) {
     extern __shared__ uint64_t keys[];
     __shared__ int hist[256];
     __shared__ int count, s_kout;
@@ -656,10 +754,10 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
     __shared__ double redd[32];
     const ei_config *c = &cfg;
     const bool topp = c->top_p > 0.0;
-    int s = blockIdx.x, kvh = blockIdx.y;
+    int s = r.s_first + (int)blockIdx.x, kvh = blockIdx.y;
     int64_t row = (int64_t)kvh * seg_cap + s;
     int *out = block_index + row * max_keep;
-    int nvis = (int)min((int64_t)s * (c->segment_size / c->block_size), (int64_t)nblk);
+    int nvis = (int)seg_visible(r, s, c->segment_size / c->block_size);
     if (s == 0 || nvis == 0) { /* nothing visible: keeps none */
         if (topp && threadIdx.x == 0) {
             keep_blocks[row] = 0;
@@ -669,8 +767,8 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
         return;
     }
     /* a last segment too short for any sampled row keeps the reference ranking (as on the CPU) */
-    const bool sampled = rank_sampled(c, s) && ei__sample_token(c, s, 0) < n;
-    const float *sc = (sampled ? mass : raw) + ((int64_t)kvh * nseg + s) * nblk;
+    const bool sampled = mass && rank_sampled(c, s) && ei__sample_token(c, s, 0) < r.n;
+    const float *sc = (sampled ? mass : r.raw) + ((int64_t)kvh * r.nrows + blockIdx.x) * r.stride;
     int64_t ns64, l064;
     const int nf = (int)ei__forced_blocks(c, nvis, &ns64, &l064), ns = (int)ns64, l0 = (int)l064;
     const int np = nvis - nf; /* candidates: blocks [ns, l0) */
@@ -713,7 +811,7 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
         total = block_sum_d(total, redd); /* (synchronises: wts is complete) */
         if (threadIdx.x == 0) {
             double target = c->top_p * total, cum = 0.0;
-            int64_t k_p = nf, cap = ei__cap_blocks(c, s, n, nblk);
+            int64_t k_p = nf, cap = seg_cap_blocks(c, r, s);
             for (int b = 0; b < ns; b++) cum += EI__W(b);
             for (int b = l0; b < nvis; b++) cum += EI__W(b);
             for (int i = 0; cum < target && i < ranked; ++i, ++k_p) cum += wts[i]; /* the CPU's order */
@@ -737,9 +835,9 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const fl
 /* per_segment_budget with top_p: every head of segment s keeps the max of
    their counts (the CPU's ei_plan_finalize); rows padded with -1 past it. */
 __global__ void seg_max_kernel(int nkv, int seg_cap, const int *keep_blocks, int *keep_count, int *block_index,
-                               int max_keep) {
+                               int max_keep, int s_first) {
     __shared__ int kmax;
-    int s = blockIdx.x;
+    int s = s_first + (int)blockIdx.x;
     if (threadIdx.x == 0) {
         int mx = 0;
         for (int h = 0; h < nkv; h++) mx = max(mx, keep_blocks[(int64_t)h * seg_cap + s]);
@@ -750,6 +848,57 @@ __global__ void seg_max_kernel(int nkv, int seg_cap, const int *keep_blocks, int
     for (int64_t x = threadIdx.x; x < (int64_t)nkv * max_keep; x += blockDim.x) {
         int h = (int)(x / max_keep), i = (int)(x % max_keep);
         if (i >= kmax) block_index[((int64_t)h * seg_cap + s) * max_keep + i] = -1;
+    }
+}
+
+/* ============================================================ >>cuda-chunked */
+/* Chunked planning (ei_profile_chunk) runs the profile stages above on the
+   segments a chunk touches; what the CPU keeps per kv head in the plan's
+   state region stays there, in device memory, in the CPU's layout
+   (ei__chunk_geometry): the head states (the GPU uses group), the
+   recurrence rows, the open segment's query min/max ([64][2][d] per head),
+   the key-block min/max store (here in kfeat's layout, rows of the padded
+   block count) and, in the open-mass row, the open segment's raw block
+   scores (planned again from them when a final call or the next turn
+   changes its cap). The protocol's decisions (roll-back, continuation, the
+   segments to plan) follow from the plan's host fields: api_profile_chunk. */
+
+/* A roll-back forgets segments [s0, s1) of every kv head (ei__chunk_clear_rows):
+   plan rows cleared, block lists -1, recurrence rows unknown; the recurrence
+   rows of segments [s1, s0 + gridDim.x) (the capacity) too, which only a call
+   that failed on the device (its rows past the plan's end) may have set. */
+__global__ void chunk_clear_kernel(const ei_plan p, ei__seg_state *seg_state, int s0, int s1) {
+    int s = s0 + (int)blockIdx.x, kvh = blockIdx.y;
+    int64_t row = (int64_t)kvh * p.seg_capacity + s, blk_cap = p.blk_capacity > 0 ? p.blk_capacity : 1;
+    if (threadIdx.x == 0) memset(&seg_state[row], 0, sizeof(ei__seg_state));
+    if (s >= s1) return;
+    if (threadIdx.x == 0) {
+        p.entropy[row] = p.budget[row] = 0.f;
+        p.keep_blocks[row] = p.keep_count[row] = 0;
+    }
+    for (int i = threadIdx.x; i < p.max_keep; i += blockDim.x) p.block_index[row * p.max_keep + i] = -1;
+    if (p.scores)
+        for (int64_t b = threadIdx.x; b < blk_cap; b += blockDim.x) p.scores[row * blk_cap + b] = 0.f;
+}
+/* The open segment's query min/max, per kv head (a CTA each): a chunk that
+   continues it merges the stored min/max into its first row of qfeat (min/max
+   are exact: the whole-prompt representation once all its queries are in);
+   the chunk's last row becomes the stored one. A group other than the stored
+   one (while a segment is open) is PF_GROUP, as the CPU's check. */
+__global__ void chunk_open_kernel(float *qfeat, int nrows, int G, int D, float *open_reps, ei__head_state *heads,
+                                  int continues, int check_group, int *flag) {
+    int kvh = blockIdx.x;
+    if (threadIdx.x == 0) {
+        ei__head_state *st = &heads[kvh];
+        if (check_group && st->group && st->group != G) atomicOr(flag, PF_GROUP);
+        else st->group = G;
+    }
+    for (int x = threadIdx.x; x < G * 2 * D; x += blockDim.x) {
+        int g = x / (2 * D), i = x % (2 * D);
+        float *first = qfeat + (int64_t)(kvh * G + g) * nrows * 2 * D + i;
+        float *open = open_reps + ((int64_t)kvh * EI_MAX_CHUNK_GROUP + g) * 2 * D + i;
+        if (continues) *first = i < D ? fmaxf(*first, *open) : fminf(*first, *open);
+        *open = first[(int64_t)(nrows - 1) * 2 * D];
     }
 }
 
@@ -849,10 +998,72 @@ static ei_result profile_flag_fail(int flag, int max_keep, char *msg) {
                     "row (the GPU's tensor-core sampled ranking rounds q to k's dtype)");
     if (flag & PF_OVERFLOW) return fail(msg, EI_ERR_NONFINITE, "block scores overflow float32");
     if (flag & PF_SAMPLED) return fail(msg, EI_ERR_NONFINITE, "sampled scores overflow float32");
+    if (flag & PF_GROUP)
+        return fail(msg, EI_ERR_SHAPE, "q's query heads per kv head differ from those the plan's open segment was "
+                    "planned with (chunked planning; the plan is then unspecified: roll it back with q_pos 0)");
     if (flag & PF_KEEP)
         return fail(msg, EI_ERR_BACKEND, "internal error: a keep count exceeds its row (%d blocks) or the visible blocks",
                     max_keep);
     return EI_OK;
+}
+
+/* Shared memory of the top-k sort: sort_n (a power of two >= max_keep)
+   64-bit keys; the ranking beyond the paper with top_p keeps as many doubles. */
+static ei_result ranking_smem(const ei_config *cfg, const ei_plan *plan, size_t *sort_bytes, size_t *rank_bytes,
+                              char *msg) {
+    int sort_n = 1, smem_max = 0;
+    ei_result r = smem_limit(&smem_max, msg);
+    if (r) return r;
+    while (sort_n < plan->max_keep) sort_n <<= 1;
+    *sort_bytes = (size_t)sort_n * 8;
+    *rank_bytes = cfg->top_p > 0.0 ? 2 * *sort_bytes : *sort_bytes;
+    if (plan->max_keep > 0 && *sort_bytes + 2048 > (size_t)smem_max)
+        return fail(msg, EI_ERR_UNSUPPORTED,
+                    "plan rows of %d blocks need %zu bytes of shared memory for the GPU top-k, the device has %d",
+                    (int)plan->max_keep, *sort_bytes, smem_max);
+    if (profile_extended(cfg) && *rank_bytes + 2048 > (size_t)smem_max)
+        return fail(msg, EI_ERR_UNSUPPORTED,
+                    "plan rows of %d blocks need %zu bytes of shared memory for the GPU ranking, the device has %d",
+                    (int)plan->max_keep, *rank_bytes, smem_max);
+    return EI_OK;
+}
+/* The ranked rows of the segments r covers, after their keep counts (the
+   budget stage): the reference top-k, or the ranking beyond the paper
+   (rank_kernel, then per_segment_budget's max with top_p). */
+static ei_result launch_ranking(const ei_config *cfg, ei_plan *plan, const SegRows &r, const float *mass, int *flag,
+                                cudaStream_t st, char *msg) {
+    size_t sort_bytes = 0, rank_bytes = 0;
+    int nkv = plan->n_kv_heads, bps = cfg->segment_size / cfg->block_size;
+    ei_result e = ranking_smem(cfg, plan, &sort_bytes, &rank_bytes, msg);
+    if (e) return e;
+    if (profile_extended(cfg)) {
+        /* rows of 0 blocks still get their counts (and -1 padding, of nothing) */
+        CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rank_bytes));
+        rank_kernel<<<dim3(r.nrows, nkv), 256, rank_bytes, st>>>(*cfg, r, mass, plan->keep_blocks, plan->keep_count,
+                                                                 plan->seg_capacity, plan->block_index, plan->max_keep,
+                                                                 flag);
+        LAUNCH_CHECK("rank_kernel");
+        if (cfg->top_p > 0.0 && cfg->per_segment_budget) {
+            seg_max_kernel<<<r.nrows, 256, 0, st>>>(nkv, plan->seg_capacity, plan->keep_blocks, plan->keep_count,
+                                                    plan->block_index, plan->max_keep, r.s_first);
+            LAUNCH_CHECK("seg_max_kernel");
+        }
+    } else if (plan->max_keep > 0) {
+        CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
+        topk_kernel<<<dim3(r.nrows, nkv), 256, sort_bytes, st>>>(r, bps, plan->keep_count, plan->seg_capacity,
+                                                                 plan->block_index, plan->max_keep, flag);
+        LAUNCH_CHECK("topk_kernel");
+    }
+    return EI_OK;
+}
+/* The end of a profiling call: its flag to the deferred status, or read back
+   as the call's code. */
+static ei_result profile_report(const ei_config *cfg, const ei_plan *plan, const int *flag, cudaStream_t st, char *msg) {
+    if (deferred(cfg)) return deferred_record(flag, DE_PROFILE, (int)plan->max_keep, st, msg);
+    int host_flag = 0;
+    CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    return profile_flag_fail(host_flag, (int)plan->max_keep, msg);
 }
 
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
@@ -867,37 +1078,31 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     char *base = ws_base(ws);
     float *qfeat = (float *)(base + w.qfeat), *kfeat = (float *)(base + w.kfeat), *raw = (float *)(base + w.raw);
     float *mass = cfg->ranking == EI_RANK_SAMPLED ? (float *)(base + w.mass) : NULL;
-    const bool ext = profile_extended(cfg);
     int *flag = (int *)(base + w.flag);
     int seg = cfg->segment_size, bs = cfg->block_size, bps = seg / bs;
     int nseg = (int)((n + seg - 1) / seg);
     int nblk = (nseg - 1) * bps;
     int64_t nb_all = (n + bs - 1) / bs, kblocks = (nb_all * D + 255) / 256;
     int blk_tiles = (nblk + SC_BT - 1) / SC_BT, seg_tiles = (nseg + SC_ST - 1) / SC_ST;
-    int sort_n = 1, smem_max = 0;
-    while (sort_n < plan->max_keep) sort_n <<= 1;
-    size_t sort_bytes = (size_t)sort_n * 8;
+    size_t sort_bytes = 0, rank_bytes = 0;
     if ((r = grid_fits("profile (query segments)", nseg, nh, 1, msg)) ||
         (r = grid_fits("profile (key blocks)", kblocks, nkv, 1, msg)) ||
         (r = grid_fits("profile (block scores)", (int64_t)blk_tiles * nkv, seg_tiles, 1, msg)) ||
-        (r = grid_fits("profile (segments)", nseg, nkv, 1, msg)) || (r = smem_limit(&smem_max, msg)))
+        (r = grid_fits("profile (segments)", nseg, nkv, 1, msg)) ||
+        (r = ranking_smem(cfg, plan, &sort_bytes, &rank_bytes, msg)))
         return r;
-    if (plan->max_keep > 0 && sort_bytes + 2048 > (size_t)smem_max)
-        return fail(msg, EI_ERR_UNSUPPORTED,
-                    "plan rows of %d blocks need %zu bytes of shared memory for the GPU top-k, the device has %d",
-                    (int)plan->max_keep, sort_bytes, smem_max);
     cudaStream_t st = stream_of(cfg);
 
     CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
     qfeat_kernel<<<dim3(nseg, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D, seg, nseg,
-                                                 qfeat, flag);
+                                                 qfeat, flag, 0, 0);
     LAUNCH_CHECK("qfeat_kernel");
     kfeat_kernel<<<dim3((unsigned)kblocks, nkv), 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n,
-                                                                D, bs, nblk, nb_all, kfeat, flag);
+                                                                D, bs, nblk, nb_all, kfeat, flag, 0, nblk);
     LAUNCH_CHECK("kfeat_kernel");
     if (nblk > 0) {
         score_kernel<<<dim3((unsigned)blk_tiles * nkv, seg_tiles), 256, 0, st>>>(qfeat, kfeat, raw, nseg, nblk, D, G,
-                                                                                  bps, blk_tiles);
+                                                                                  bps, blk_tiles, 0, nblk);
         LAUNCH_CHECK("score_kernel");
     }
     softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
@@ -910,43 +1115,124 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
                                      plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
     LAUNCH_CHECK("budget_kernel");
-    if (ext) {
-        /* rows of 0 blocks still get their counts (and -1 padding, of nothing) */
-        size_t rank_bytes = cfg->top_p > 0.0 ? 2 * sort_bytes : sort_bytes;
-        if (rank_bytes + 2048 > (size_t)smem_max)
-            return fail(msg, EI_ERR_UNSUPPORTED,
-                        "plan rows of %d blocks need %zu bytes of shared memory for the GPU ranking, the device has %d",
-                        (int)plan->max_keep, rank_bytes, smem_max);
-        CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rank_bytes));
-        rank_kernel<<<dim3(nseg, nkv), 256, rank_bytes, st>>>(*cfg, raw, mass, nseg, nblk, n, plan->keep_blocks,
-                                                              plan->keep_count, plan->seg_capacity, plan->block_index,
-                                                              plan->max_keep, flag);
-        LAUNCH_CHECK("rank_kernel");
-        if (cfg->top_p > 0.0 && cfg->per_segment_budget) {
-            seg_max_kernel<<<nseg, 256, 0, st>>>(nkv, plan->seg_capacity, plan->keep_blocks, plan->keep_count,
-                                                 plan->block_index, plan->max_keep);
-            LAUNCH_CHECK("seg_max_kernel");
-        }
-    } else if (plan->max_keep > 0) {
-        CUDA_TRY(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_bytes));
-        topk_kernel<<<dim3(nseg, nkv), 256, sort_bytes, st>>>(raw, nseg, nblk, bps, plan->keep_count,
-                                                              plan->seg_capacity, plan->block_index, plan->max_keep,
-                                                              flag);
-        LAUNCH_CHECK("topk_kernel");
-    }
-    if (deferred(cfg)) { /* the flag goes to the deferred status, nothing is read back */
-        if ((r = deferred_record(flag, DE_PROFILE, (int)plan->max_keep, st, msg))) return r;
-    } else {
-        int host_flag = 0;
-        CUDA_TRY(cudaMemcpyAsync(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
-        CUDA_TRY(cudaStreamSynchronize(st));
-        if ((r = profile_flag_fail(host_flag, (int)plan->max_keep, msg))) return r;
-    }
+    SegRows rows = {raw, nblk, nblk, n, nseg, 0, nseg - 1};
+    if ((r = launch_ranking(cfg, plan, rows, mass, flag, st, msg)) || (r = profile_report(cfg, plan, flag, st, msg)))
+        return r;
     plan->n_tokens = n;
     plan->n_segments = nseg;
     plan->n_blocks = nblk;
     plan->final = 1;
     return EI_OK;
+}
+
+/* Chunked planning (ABI 7): the queries of positions [q_pos, n) (q NULL: a
+   final call without queries), every kv head. Where the CPU decides per kv
+   head from its state, the plan's host fields decide here (the header checked
+   the protocol): T = plan->n_tokens is where every head's chunk ended. */
+static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+                                   int64_t q_pos, int is_final, void *ws, size_t ws_bytes, char *msg) {
+    const int nkv = k->n_heads, D = k->head_dim, nh = q ? q->n_heads : nkv, G = nh / nkv;
+    const int seg = cfg->segment_size, bs = cfg->block_size, bps = seg / bs;
+    const int64_t T = plan->n_tokens, n = q_pos + (q ? q->n_tokens : 0), s_end = (n + seg - 1) / seg;
+    const int64_t sq = q_pos / seg, nrows = q ? s_end - sq : 0;
+    const int64_t nblk = (s_end - 1) * bps; /* blocks the chunk's last segment sees (the tail cap's count) */
+    const int64_t open_seg = T > 0 ? (T - 1) / seg : -1;
+    /* ei__chunk_seek: a chunk below the end rolls back (the stored segment is forgotten) */
+    const bool rollback = q && q_pos < T, open_valid = T > 0 && !rollback;
+    const bool continues = q && open_valid && open_seg == sq;
+    /* the open segment, last of a final call, planned again: as an inner one before the next turn's segments,
+       or with the final cap by a final call without queries */
+    const bool replan = q ? (plan->final && open_valid && open_seg < sq) : true;
+    const int64_t blk_cap = plan->blk_capacity > 0 ? plan->blk_capacity : 1, pad = (blk_cap + 15) / 16 * 16;
+    /* key blocks stored for sure: the last call built those its last segment sees; a roll-back keeps the
+       blocks wholly before q_pos. The chunk builds [kb0, nblk) and scans its keys (a final one: to n) */
+    const int64_t stored = T > 0 ? ((T + seg - 1) / seg - 1) * bps : 0;
+    const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
+    const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
+    const int64_t raw_stride = nblk > 0 ? nblk : 1;
+    const int blk_tiles = (int)((nblk + SC_BT - 1) / SC_BT), seg_tiles = (int)((nrows + SC_ST - 1) / SC_ST);
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
+    ei__chunk_geom cg;
+    ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, &w, msg);
+    if (r) return r;
+    if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
+    if (ws_bytes < w.total)
+        return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed (size it with the plan's max_tokens)",
+                    ws_bytes, w.total);
+    if (q && G > EI_MAX_CHUNK_GROUP)
+        return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning keeps up to %d query heads per kv head", EI_MAX_CHUNK_GROUP);
+    if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
+        (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||
+        (r = grid_fits("chunk (block scores)", (int64_t)blk_tiles * nkv, seg_tiles, 1, msg)) ||
+        (r = grid_fits("chunk (segments)", std::max(nrows, (int64_t)plan->seg_capacity), nkv, 1, msg)))
+        return r;
+    ei__chunk_geometry(plan->seg_capacity, pad, nkv, D, &cg);
+    char *base = ws_base(ws), *state = (char *)plan->state;
+    float *qfeat = (float *)(base + w.qfeat), *raw = (float *)(base + w.raw);
+    int *flag = (int *)(base + w.flag);
+    ei__head_state *heads = (ei__head_state *)state;
+    ei__seg_state *rec = (ei__seg_state *)(state + cg.seg_rows);
+    float *open_reps = (float *)(state + cg.open_reps), *open_raw = (float *)(state + cg.open_mass);
+    float *keys = (float *)(state + cg.key_reps);
+    const int seg_cap = plan->seg_capacity;
+    cudaStream_t st = stream_of(cfg);
+
+    CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
+    if (rollback) {
+        int64_t c0 = q_pos % seg ? sq + 1 : sq, c1 = std::min((T + seg - 1) / seg, (int64_t)seg_cap);
+        if (seg_cap > c0) {
+            chunk_clear_kernel<<<dim3((unsigned)(seg_cap - c0), nkv), 256, 0, st>>>(*plan, rec, (int)c0, (int)c1);
+            LAUNCH_CHECK("chunk_clear_kernel");
+        }
+    }
+    if (scan_end > kb0) {
+        kfeat_kernel<<<dim3((unsigned)kblocks, nkv), 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride,
+                                                                    n, D, bs, (int)nblk, scan_end, keys, flag, kb0, pad);
+        LAUNCH_CHECK("kfeat_kernel");
+    }
+    if (q) { /* the segments the chunk touches: features (the open one merged), scores, entropies */
+        qfeat_kernel<<<dim3((unsigned)nrows, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n,
+                                                               D, seg, (int)nrows, qfeat, flag, q_pos, (int)sq);
+        LAUNCH_CHECK("qfeat_kernel");
+        chunk_open_kernel<<<nkv, 256, 0, st>>>(qfeat, (int)nrows, G, D, open_reps, heads, continues, T > 0, flag);
+        LAUNCH_CHECK("chunk_open_kernel");
+        if (nblk > 0) {
+            score_kernel<<<dim3((unsigned)blk_tiles * nkv, seg_tiles), 256, 0, st>>>(qfeat, keys, raw, (int)nrows,
+                                                                                      (int)pad, D, G, bps, blk_tiles,
+                                                                                      (int)sq, raw_stride);
+            LAUNCH_CHECK("score_kernel");
+        }
+        chunk_softmax_kernel<<<dim3((unsigned)nrows, nkv), 256, 0, st>>>(raw, (int)nrows, raw_stride, (int)sq, bps,
+                                                                         plan->entropy, seg_cap, plan->scores,
+                                                                         (int)blk_cap, flag);
+        LAUNCH_CHECK("chunk_softmax_kernel");
+    }
+    if (replan) { /* from its stored raw row: the same scores, entropy and recurrence, another cap */
+        SegRows o = {open_raw, pad, nblk, n, 1, (int)open_seg, q ? -1 : (int)open_seg};
+        chunk_softmax_kernel<<<dim3(1, nkv), 256, 0, st>>>(open_raw, 1, pad, (int)open_seg, bps, plan->entropy, seg_cap,
+                                                           plan->scores, (int)blk_cap, flag);
+        LAUNCH_CHECK("chunk_softmax_kernel");
+        chunk_budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, o, seg_cap, plan->max_keep, plan->entropy, rec,
+                                               plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
+        LAUNCH_CHECK("chunk_budget_kernel");
+        if ((r = launch_ranking(cfg, plan, o, NULL, flag, st, msg))) return r;
+    }
+    if (q) { /* budgets and ranked rows in segment order; the last row is the new open segment's */
+        SegRows c = {raw, raw_stride, nblk, n, (int)nrows, (int)sq, is_final ? (int)(s_end - 1) : -1};
+        chunk_budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, c, seg_cap, plan->max_keep, plan->entropy, rec,
+                                               plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
+        LAUNCH_CHECK("chunk_budget_kernel");
+        if ((r = launch_ranking(cfg, plan, c, NULL, flag, st, msg))) return r;
+        if (nblk > 0)
+            CUDA_TRY(cudaMemcpy2DAsync(open_raw, (size_t)pad * 4, raw + (nrows - 1) * raw_stride,
+                                       (size_t)(nrows * raw_stride) * 4, (size_t)nblk * 4, nkv,
+                                       cudaMemcpyDeviceToDevice, st));
+    }
+    if (is_final) { /* segment 0: the uniform row over the blocks scored */
+        chunk_final_kernel<<<nkv, 256, 0, st>>>(nblk, plan->entropy, seg_cap, plan->scores, (int)blk_cap);
+        LAUNCH_CHECK("chunk_final_kernel");
+    }
+    return profile_report(cfg, plan, flag, st, msg);
 }
 
 /* ============================================================ >>cuda-attention */
@@ -3544,6 +3830,7 @@ static const ei_cuda_api ei__cuda_table = {
     api_decode_shared_add,
     api_decode_select_shared,
     api_deferred_status,
+    api_profile_chunk,
 };
 
 /* The table whatever version is asked for: the header compares abi_version

@@ -20,7 +20,7 @@
 /* calls per entry, read by the test through dlsym */
 EXPORT int fake_calls[32];
 enum { C_ALLOC, C_FREE, C_COPY, C_SET, C_SYNC, C_PLAN_COPY, C_PWS, C_PROFILE, C_AWS, C_ATTN, C_OBSERVE, C_DWS, C_KEEP,
-       C_COMPACT, C_SCORE, C_SELECT, C_SHARED_ADD, C_SELECT_SHARED };
+       C_COMPACT, C_SCORE, C_SELECT, C_SHARED_ADD, C_SELECT_SHARED, C_PROFILE_CHUNK };
 
 static const char *info(void) { return "fake entropyinfer CUDA plugin (host memory)"; }
 static ei_result device_check(char *msg) {
@@ -105,10 +105,17 @@ static ei_result select_shared(const ei_config *c, const ei_decoder *d, const fl
 }
 
 static ei_result deferred_status(void *st, char *msg) { (void)st; (void)msg; return EI_OK; }
+static ei_result profile_chunk(const ei_config *c, const ei_tensor *q, const ei_tensor *k, ei_plan *p, int64_t q_pos,
+                               int is_final, void *w, size_t wb, char *msg) {
+    (void)c; (void)q; (void)k; (void)p; (void)q_pos; (void)is_final; (void)w; (void)wb; (void)msg;
+    fake_calls[C_PROFILE_CHUNK]++;
+    return EI_OK;
+}
 
 static const ei_cuda_api table = {FAKE_ABI_VERSION, (int32_t)sizeof(ei_cuda_api), info, device_check, mem_alloc,
                                   mem_free, mem_copy, mem_set, sync_, plan_copy, pws, profile, aws, attn, observe, dws,
-                                  keep, compact, score, select_, shared_add, select_shared, deferred_status};
+                                  keep, compact, score, select_, shared_add, select_shared, deferred_status,
+                                  profile_chunk};
 EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
     (void)abi_version; /* the table whatever is asked: the header compares */
     return &table;

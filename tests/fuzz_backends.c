@@ -86,10 +86,11 @@ static float fz_normal(fz_rng *r) {
 static int g_verbose = 0;
 static int g_twin = 0;
 static int64_t g_max_n = 1 << 30; /* --max-n: tokens / cache rows at most (sanitizer runs) */     /* --cpu-twin: the second backend is the CPU on another SIMD path (no GPU needed) */
-static long g_counts[8];   /* scenarios run, by kind */
-enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN };
-static const char *const g_count_names[8] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
-                                             "non-finite cases", "misuse cases", "knife-edges", "attention calls"};
+static long g_counts[9];   /* scenarios run, by kind */
+enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK };
+static const char *const g_count_names[9] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
+                                             "non-finite cases", "misuse cases", "knife-edges", "attention calls",
+                                             "chunked plans"};
 static char g_desc[512];   /* the iteration's draw, printed when it fails */
 #define DESC(...) do { size_t l_ = strlen(g_desc); snprintf(g_desc + l_, sizeof g_desc - l_, __VA_ARGS__); } while (0)
 
@@ -268,6 +269,7 @@ typedef struct fz_prefill {
     ei_plan plan[2];  /* host plans: the CPU's, the GPU's copied down */
     ei_plan dplan;    /* the GPU's device plan (--cpu-twin: plan[1] itself) */
     ei_context *host; /* lays out host plans */
+    int chunked;      /* planned by a schedule of ei_profile_chunk calls (EI_PLAN_CHUNKED plans) */
 } fz_prefill;
 
 static ei_config draw_prefill_config(fz_rng *r) {
@@ -349,7 +351,9 @@ static double q_round_bound(const fz_prefill *F) {
     return 2 * u * scale * qmax * kmax;
 }
 
-/* The GPU's plan b against the CPU's a. */
+/* The GPU's plan b against the CPU's a. Chunked plans: budgets follow the
+   chunked recurrence (rigid so far) and rows a schedule skipped hold none,
+   so each side's budgets are compared with the other's, not re-derived. */
 static void plans_check(fz_prefill *F) {
     const ei_config *c = &F->c;
     const ei_plan *a = &F->plan[0], *b = &F->plan[1];
@@ -379,6 +383,13 @@ static void plans_check(fz_prefill *F) {
                 const ei_plan *p = side_i ? b : a;
                 size_t row = EI_PLAN_ROW(p, kvh, s);
                 double B = ref_budget(c, p->entropy + EI_PLAN_ROW(p, kvh, 0), s, p->head_class[kvh] == EI_HEAD_RIGID);
+                if (F->chunked) {
+                    const ei_plan *o = side_i ? a : b;
+                    if (!close_to(p->budget[row], o->budget[EI_PLAN_ROW(o, kvh, s)], 1e-2, 1e-5) && bud++ < 3)
+                        printf("  kv %d seg %d: chunked budget cpu %.6g gpu %.6g\n", kvh, s,
+                               (double)a->budget[EI_PLAN_ROW(a, kvh, s)], (double)b->budget[EI_PLAN_ROW(b, kvh, s)]);
+                    continue;
+                }
                 int64_t nvis = EI__MIN((int64_t)s * bps, (int64_t)p->n_blocks), ns, l0;
                 int64_t nf = ei__forced_blocks(c, nvis, &ns, &l0), cap = ei__cap_blocks(c, s, p->n_tokens, p->n_blocks);
                 if (!close_to(p->budget[row], B, 1e-2, 1e-5) && bud++ < 3)
@@ -585,6 +596,62 @@ static void attention_misuse(fz_rng *r, fz_prefill *F) {
     view_free(&o, &F->P);
 }
 
+/* Chunked planning on both sides: random chunks (any start and count),
+   some final, roll-backs and skipped positions now and then, ending final
+   at n (a final call without queries when the last chunk was not): the codes
+   of every call equal; the first data error (NaN) ends the schedule (the
+   plans are then unspecified). Returns the last code. */
+static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, int poison) {
+    int64_t pos = 0, seg = F->c.segment_size;
+    int calls = 0, side_i;
+    ei_result res[2] = {EI_OK, EI_OK};
+    g_counts[K_CHUNK]++;
+    DESC(" | chunked:");
+    while (calls < 40) {
+        int64_t q_pos = pos, m;
+        int is_final;
+        if (pos > 0 && fz_chance(r, 0.12)) q_pos = fz_int(r, 0, (int)pos);                        /* roll back */
+        else if (!poison && pos < F->n - 1 && fz_chance(r, 0.1)) /* skip (with NaN input every query is given) */
+            q_pos = pos + fz_int(r, 1, (int)EI__MIN(F->n - 1 - pos, 2 * seg));
+        if (q_pos >= F->n) break;
+        m = fz_chance(r, 0.3) ? EI__MIN(seg - q_pos % seg, F->n - q_pos) : fz_int(r, 1, (int)EI__MIN(F->n - q_pos, 3 * seg));
+        is_final = q_pos + m == F->n ? fz_chance(r, 0.85) : fz_chance(r, 0.08);
+        DESC(" %lld+%lld%s", (long long)q_pos, (long long)m, is_final ? "f" : "");
+        for (side_i = 0; side_i < 2; ++side_i) {
+            ei_tensor tq = view_tensor(&F->q, side_i, q_pos, m), tk = view_tensor(&F->k, side_i, 0, F->n);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0], q_pos,
+                                           is_final, ws->p[side_i], ws->n[side_i]);
+        }
+        calls++;
+        CHECK(res[0] == res[1], "profile_chunk at %lld (+%lld, final %d): cpu %s, gpu %s (%s)", (long long)q_pos,
+              (long long)m, is_final, ei_result_name(res[0]), ei_result_name(res[1]), ei_last_error());
+        if (res[0] != EI_OK || res[1] != EI_OK) {
+            if (!poison) CHECK(0, "profile_chunk: %s (%s)", ei_result_name(res[0]), ei_last_error());
+            return res[0] != EI_OK ? res[0] : res[1];
+        }
+        pos = q_pos + m;
+        if (pos == F->n && (is_final || fz_chance(r, 0.5))) break;
+    }
+    if (!F->plan[0].final || F->plan[0].n_tokens != F->n) { /* end the prompt at n: the rest, or no queries */
+        int with_q = pos != F->n || fz_chance(r, 0.5);
+        int64_t q_pos = with_q && pos != F->n ? pos : with_q ? F->n - 1 : F->n;
+        DESC(" end %lld%s", (long long)q_pos, with_q ? "+f" : ":final");
+        for (side_i = 0; side_i < 2; ++side_i) {
+            ei_tensor tq = view_tensor(&F->q, side_i, q_pos, F->n - q_pos), tk = view_tensor(&F->k, side_i, 0, F->n);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, with_q ? &tq : NULL, &tk,
+                                           side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1, ws->p[side_i], ws->n[side_i]);
+        }
+        CHECK(res[0] == res[1], "final profile_chunk: cpu %s, gpu %s (%s)", ei_result_name(res[0]),
+              ei_result_name(res[1]), ei_last_error());
+        if (!poison) CHECK(res[0] == EI_OK, "final profile_chunk: %s (%s)", ei_result_name(res[0]), ei_last_error());
+        if (res[0] != EI_OK) return res[0];
+        if (res[1] != EI_OK) return res[1];
+    }
+    if (poison) /* the schedule read every query and key by its end */
+        CHECK(0, "chunked planning of NaN input returned EI_OK");
+    return EI_OK;
+}
+
 static void prefill_run(fz_rng *r) {
     fz_prefill F;
     static const int dims_gpu[] = {64, 64, 128, 128, 128, 256};
@@ -634,13 +701,24 @@ static void prefill_run(fz_rng *r) {
     view_upload(&F.k, &F.P);
     view_upload(&F.v, &F.P);
     F.host = ctx_make(0, F.c);
-    CHECK_ERR(ei_plan_alloc(F.host, &F.plan[0], F.n, F.KV, F.d, EI_PLAN_SCORES), EI_OK);
-    CHECK_ERR(ei_plan_alloc(F.host, &F.plan[1], F.n, F.KV, F.d, EI_PLAN_SCORES), EI_OK);
-    if (!g_twin) CHECK_ERR(ei_plan_alloc(F.P.s[1].ctx, &F.dplan, F.n, F.KV, F.d, EI_PLAN_SCORES), EI_OK);
+    /* the protocol axis: a schedule of chunks (the GPU plans chunks with the reference ranking) */
+    F.chunked = fz_chance(r, 0.3) && (g_twin || F.c.ranking == EI_RANK_REFERENCE) && F.H / F.KV <= EI_MAX_CHUNK_GROUP;
+    {
+        uint32_t fl = EI_PLAN_SCORES | (F.chunked ? EI_PLAN_CHUNKED : 0u);
+        CHECK_ERR(ei_plan_alloc(F.host, &F.plan[0], F.n, F.KV, F.d, fl), EI_OK);
+        CHECK_ERR(ei_plan_alloc(F.host, &F.plan[1], F.n, F.KV, F.d, fl), EI_OK);
+        if (!g_twin) CHECK_ERR(ei_plan_alloc(F.P.s[1].ctx, &F.dplan, F.n, F.KV, F.d, fl), EI_OK);
+    }
     for (side_i = 0; side_i < 2; ++side_i)
         CHECK_ERR(ei_profile_workspace_size(F.P.s[side_i].ctx, F.n, F.H, F.KV, F.d, &wsb[side_i]), EI_OK);
     buf_new(&ws, &F.P, wsb[0], wsb[1]);
-    {
+    if (F.chunked) {
+        res[0] = res[1] = chunk_schedule_run(r, &F, &ws, poison);
+        if (poison) {
+            CHECK(res[0] == EI_ERR_NONFINITE, "chunked planning of NaN input: %s", ei_result_name(res[0]));
+            g_counts[K_NONFINITE]++;
+        }
+    } else {
         int short_ws = !poison && fz_chance(r, 0.05);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F.q, side_i, 0, F.n), tk = view_tensor(&F.k, side_i, 0, F.n);
@@ -1094,7 +1172,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     printf("counts:");
-    for (i = 0; i < 8; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < 7 ? "," : "\n");
+    for (i = 0; i < 9; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < 8 ? "," : "\n");
     printf("fuzz_backends: %ld iterations, %d checks, %d failed, seed %llu (%.1f s)\n", done, checks, failures, seed,
            now_s() - t0);
     return failures ? 1 : 0;

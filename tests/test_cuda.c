@@ -1106,6 +1106,242 @@ static void f32q_tests(int quick) {
     f32q_errors();
 }
 
+/* ------------------------------------------------------------ chunked planning */
+/* One call of a chunked schedule: the queries of [q_pos, q_pos + m) (m 0: a
+   final call without queries). */
+typedef struct chunk_call { int64_t q_pos, m; int is_final; } chunk_call;
+/* The GPU's chunked plan against the CPU's after every call of a schedule:
+   counts and classes exact, entropies and scores within FORMAT.md's
+   tolerances, rankings identical or valid top-k sets of the CPU's scores.
+   q is qdt on the GPU (f32 on the CPU: the values it rounds to), k bf16; the
+   K views hold cap cells (the cells past a chunk's end are the engine's
+   padding, filled). */
+static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, int nh, int nkv, int D, ei_dtype qdt,
+                         float peak, const chunk_call *calls, int ncalls) {
+    size_t nq = (size_t)cap * nh * D, nk = (size_t)cap * nkv * D, es = qdt == EI_F32 ? 4 : 2, pbytes, cwsb, gwsb;
+    float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4);
+    ei_context *g = make_ctx(cfg, EI_BACKEND_CUDA), *cpu = make_ctx(cfg, EI_BACKEND_CPU);
+    const uint32_t flags = EI_PLAN_CHUNKED | EI_PLAN_SCORES;
+    ei_plan cp, gp, hp;
+    void *dq, *dk, *pmem, *gws, *cws;
+    ei_tensor tk, hk;
+    int ci, diff = 0, bad_ent = 0, bad_sc = 0, exact = 0, total = 0, rows = 0;
+    gen_qk(q, k, cap, nh, nkv, D, peak);
+    round_to(q, nq, qdt);
+    round_to(k, nk, EI_BF16);
+    dq = dev_upload(q, nq, qdt);
+    dk = dev_upload(k, nk, EI_BF16);
+    tk = ei_tensor_make(dk, EI_BF16, cap, nkv, D);
+    hk = ei_tensor_make(k, EI_F32, cap, nkv, D);
+    CHECK_OK(ei_plan_alloc(cpu, &cp, cap, nkv, D, flags));
+    CHECK_OK(ei_plan_alloc(cpu, &hp, cap, nkv, D, flags));
+    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags, &pbytes));
+    pmem = dev_alloc(pbytes);
+    CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags, pmem, pbytes));
+    CHECK_OK(ei_profile_workspace_size(cpu, cap, nh, nkv, D, &cwsb));
+    CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
+    cws = malloc(cwsb);
+    gws = dev_alloc(gwsb);
+    for (ci = 0; ci < ncalls; ci++) {
+        const chunk_call *cc = &calls[ci];
+        ei_tensor gq = ei_tensor_make((const char *)dq + (size_t)cc->q_pos * nh * D * es, qdt, cc->m, nh, D);
+        ei_tensor cq = ei_tensor_make(q + (size_t)cc->q_pos * nh * D, EI_F32, cc->m, nh, D);
+        ei_result rc = ei_profile_chunk(cpu, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final, cws, cwsb);
+        ei_result rg = ei_profile_chunk(g, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final, gws, gwsb);
+        int e, t, d, h, sgi;
+        CHECK(rc == EI_OK && rg == EI_OK, "%s call %d (q_pos %lld, m %lld, final %d): cpu %s, gpu %s (%s)", name, ci,
+              (long long)cc->q_pos, (long long)cc->m, cc->is_final, ei_result_name(rc), ei_result_name(rg), ei_last_error());
+        if (rc != EI_OK || rg != EI_OK) break;
+        CHECK_OK(ei_plan_copy(g, &hp, &gp, EI_COPY_DEVICE_TO_HOST));
+        CHECK(hp.n_tokens == cp.n_tokens && hp.n_segments == cp.n_segments && hp.n_blocks == cp.n_blocks &&
+                  hp.final == cp.final,
+              "%s call %d: gpu plan covers %lld tokens / %d segments / final %d, cpu %lld / %d / %d", name, ci,
+              (long long)hp.n_tokens, hp.n_segments, hp.final, (long long)cp.n_tokens, cp.n_segments, cp.final);
+        d = plan_diff(cfg, &hp, &cp, &e, &t, &h);
+        diff += d; bad_ent += h; exact += e; total += t;
+        rows += cp.n_kv_heads * cp.n_segments;
+        if (d || h) printf("    %s call %d: %d rows differ, %d entropies off\n", name, ci, d, h);
+        for (h = 0; h < nkv; h++) /* the softmaxed block scores, each segment's visible blocks */
+            for (sgi = 1; sgi < cp.n_segments; sgi++) {
+                size_t row = EI_PLAN_ROW(&cp, h, sgi) * (size_t)cp.blk_capacity;
+                int b, nvis = sgi * (cfg->segment_size / cfg->block_size);
+                for (b = 0; b < nvis; b++)
+                    if (!close_enough(hp.scores[row + b], cp.scores[row + b], 1e-6, 1e-3)) bad_sc++;
+            }
+    }
+    CHECK(diff == 0 && bad_ent == 0 && bad_sc == 0, "chunked %s: %d plan rows differ, %d entropies, %d scores off", name,
+          diff, bad_ent, bad_sc);
+    printf("  chunked %-28s %lld cap %d/%d heads d=%d q %s: %d calls, %d rows: gpu vs cpu %s (%d/%d rankings identical)\n",
+           name, (long long)cap, nh, nkv, D, qdt == EI_F32 ? "f32" : qdt == EI_F16 ? "f16" : "bf16", ncalls, rows,
+           diff + bad_ent + bad_sc ? "FAILED" : "ok", exact, total);
+    free(cws);
+    dev_free(gws); dev_free(pmem); dev_free(dq); dev_free(dk);
+    ei_plan_free(cpu, &cp); ei_plan_free(cpu, &hp);
+    ei_context_destroy(g); ei_context_destroy(cpu);
+    free(q); free(k);
+}
+/* Schedules of chunk size m over [0, n), the last call final. */
+static int chunk_schedule(chunk_call *calls, int64_t q0, int64_t n, int64_t m, int final) {
+    int nc = 0;
+    int64_t p;
+    for (p = q0; p < n; p += m) {
+        calls[nc].q_pos = p;
+        calls[nc].m = p + m < n ? m : n - p;
+        calls[nc].is_final = final && p + m >= n;
+        nc++;
+    }
+    return nc;
+}
+static void chunked_plans(int quick) {
+    chunk_call calls[64];
+    ei_config c = base_config();
+    int nc;
+    c.base_budget = 256;
+    /* chunks that align with the 512-token segment, a final partial one; one kv head of 8 query heads, f32 q */
+    nc = chunk_schedule(calls, 0, 3000, 512, 1);
+    chunked_case("aligned 512, G 8, 1 kv head", &c, 3000, 8, 1, 64, EI_F32, 2.f, calls, nc);
+    /* chunks that cut segments (300), GQA 4, f16 q, capacity past the prompt (padded K) */
+    nc = chunk_schedule(calls, 0, 2100, 300, 1);
+    chunked_case("cut 300, G 4", &c, 2600, 8, 2, 128, EI_F16, 2.f, calls, nc);
+    /* GQA 1, bf16 q, segment 256: chunks of 200 none final, then a final call without queries */
+    {
+        ei_config c2 = c;
+        c2.segment_size = 256; c2.base_budget = 128;
+        nc = chunk_schedule(calls, 0, 1777, 200, 0);
+        calls[nc].q_pos = 1777; calls[nc].m = 0; calls[nc].is_final = 1; nc++;
+        chunked_case("cut 200, G 1, final no q", &c2, 1777, 4, 4, 64, EI_BF16, 3.f, calls, nc);
+    }
+    /* the next turn after a final call, a roll-back into a segment, skipped positions */
+    nc = chunk_schedule(calls, 0, 1024, 400, 1);
+    nc += chunk_schedule(calls + nc, 1024, 1200, 400, 1); /* the next turn: segment 1 planned again, inner */
+    nc += chunk_schedule(calls + nc, 1200, 1700, 250, 1); /* a turn that continues the final call's segment */
+    calls[nc].q_pos = 700; calls[nc].m = 500; calls[nc].is_final = 0; nc++; /* roll back into segment 1 */
+    calls[nc].q_pos = 1500; calls[nc].m = 400; calls[nc].is_final = 0; nc++; /* skip 1200..1500, same segment */
+    calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4: the recurrence restarts */
+    chunked_case("turns, roll-back, skip, G 4", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    if (quick) return;
+    /* GQA 8 with several kv heads, one call per 128 tokens, per_segment_budget */
+    {
+        ei_config c3 = c;
+        c3.per_segment_budget = 1;
+        nc = chunk_schedule(calls, 0, 4100, 128, 1);
+        chunked_case("128s, G 8, per-segment budget", &c3, 4100, 32, 4, 64, EI_BF16, 2.f, calls, nc);
+    }
+    /* the ranking beyond the paper (top_p, sink and local blocks), chunks of 700 */
+    {
+        ei_config c4 = c;
+        c4.top_p = 0.9; c4.sink_blocks = 2; c4.local_blocks = 4;
+        nc = chunk_schedule(calls, 0, 3300, 700, 1);
+        chunked_case("top_p, sink/local, G 2", &c4, 3300, 4, 2, 64, EI_F32, 2.f, calls, nc);
+        c4.per_segment_budget = 1;
+        chunked_case("top_p, per-segment budget", &c4, 3300, 4, 2, 64, EI_F32, 0.f, calls, nc);
+    }
+    /* one whole-prompt chunk: the same plan as ei_profile's (entropies, counts, rankings) */
+    nc = chunk_schedule(calls, 0, 2500, 2500, 1);
+    chunked_case("one chunk", &c, 2500, 8, 2, 64, EI_BF16, 2.f, calls, nc);
+}
+/* Bad chunked calls: the same call on a CPU plan and a GPU plan (the same
+   history) gets the same code, with no crash; a group change is found on the
+   device. Head ranges and the sampled ranking say what to use instead. */
+typedef struct chunk_pair {
+    ei_context *cpu, *g;
+    ei_plan cp, gp;
+    const float *hq, *hk;     /* host f32 q [n][nh][D], k [n][nkv][D] */
+    const void *dq, *dk;      /* the same on the device, bf16 */
+    void *cws, *gws;
+    size_t cwsb, gwsb;
+    int nh, nkv, D;
+} chunk_pair;
+/* queries of rows [src, src + m) as `heads` query heads (m 0: none) at q_pos,
+   k holding k_tokens keys; workspaces cut to ws_cut bytes when not 0 */
+static void chunk_both(chunk_pair *P, int64_t src, int64_t m, int heads, int64_t k_tokens, int64_t q_pos, int is_final,
+                       size_t ws_cut, ei_result want, const char *what) {
+    const int64_t ts = (int64_t)P->nh * P->D;
+    ei_tensor cq = ei_tensor_make(P->hq + src * ts, EI_F32, m, heads, P->D);
+    ei_tensor gq = ei_tensor_make((const uint16_t *)P->dq + src * ts, EI_BF16, m, heads, P->D);
+    ei_tensor ck = ei_tensor_make(P->hk, EI_F32, k_tokens, P->nkv, P->D);
+    ei_tensor gk = ei_tensor_make(P->dk, EI_BF16, k_tokens, P->nkv, P->D);
+    ei_result rc, rg;
+    char cmsg[512];
+    cq.token_stride = gq.token_stride = ts;
+    rc = ei_profile_chunk(P->cpu, m ? &cq : NULL, &ck, &P->cp, q_pos, is_final, P->cws, ws_cut ? ws_cut : P->cwsb);
+    snprintf(cmsg, sizeof cmsg, "%s", ei_last_error());
+    rg = ei_profile_chunk(P->g, m ? &gq : NULL, &gk, &P->gp, q_pos, is_final, P->gws, ws_cut ? ws_cut : P->gwsb);
+    CHECK(rc == want && rg == want, "%s: cpu %s (%s), gpu %s (%s), expected %s", what, ei_result_name(rc), cmsg,
+          ei_result_name(rg), ei_last_error(), ei_result_name(want));
+    if (rg != EI_OK) printf("  %-34s cpu %s, gpu %s: %s\n", what, ei_result_name(rc), ei_result_name(rg), ei_last_error());
+    CHECK(rg != EI_OK || P->gp.n_tokens == P->cp.n_tokens, "%s: the plans cover %lld (gpu) and %lld (cpu) tokens", what,
+          (long long)P->gp.n_tokens, (long long)P->cp.n_tokens);
+}
+static void chunked_errors(void) {
+    ei_config c = base_config();
+    int64_t n = 1500;
+    chunk_pair P;
+    size_t pbytes;
+    float *q, *k;
+    void *pm;
+    ei_plan whole;
+    memset(&P, 0, sizeof P);
+    P.nh = 8; P.nkv = 2; P.D = 64;
+    q = (float *)malloc((size_t)n * P.nh * P.D * 4);
+    k = (float *)malloc((size_t)n * P.nkv * P.D * 4);
+    c.base_budget = 256;
+    P.g = make_ctx(&c, EI_BACKEND_CUDA);
+    P.cpu = make_ctx(&c, EI_BACKEND_CPU);
+    gen_qk(q, k, n, P.nh, P.nkv, P.D, 0.f);
+    q[(size_t)1417 * P.nh * P.D + 3] = NAN; /* a chunk from 1400 meets it */
+    round_to(q, (size_t)n * P.nh * P.D, EI_BF16);
+    round_to(k, (size_t)n * P.nkv * P.D, EI_BF16);
+    P.hq = q; P.hk = k;
+    P.dq = dev_upload(q, (size_t)n * P.nh * P.D, EI_BF16);
+    P.dk = dev_upload(k, (size_t)n * P.nkv * P.D, EI_BF16);
+    CHECK_OK(ei_plan_size(P.g, n, P.nkv, P.D, EI_PLAN_CHUNKED, &pbytes));
+    pm = dev_alloc(pbytes);
+    CHECK_OK(ei_plan_init(P.g, &P.gp, n, P.nkv, P.D, EI_PLAN_CHUNKED, pm, pbytes));
+    CHECK_OK(ei_plan_alloc(P.cpu, &P.cp, n, P.nkv, P.D, EI_PLAN_CHUNKED));
+    CHECK_OK(ei_profile_workspace_size(P.g, n, P.nh, P.nkv, P.D, &P.gwsb));
+    CHECK_OK(ei_profile_workspace_size(P.cpu, n, P.nh, P.nkv, P.D, &P.cwsb));
+    P.gws = dev_alloc(P.gwsb);
+    P.cws = malloc(P.cwsb);
+    chunk_both(&P, 0, 0, 8, n, 0, 1, 0, EI_ERR_STATE, "final call with nothing planned");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "chunk [0, 600)");
+    chunk_both(&P, 0, 0, 8, n, 500, 1, 0, EI_ERR_STATE, "no queries, not at the plan's end");
+    chunk_both(&P, 0, 0, 8, n, 600, 0, 0, EI_ERR_STATE, "no queries, not final");
+    chunk_both(&P, 600, 300, 8, n, -3, 0, 0, EI_ERR_SIZE, "q_pos -3");
+    chunk_both(&P, 600, 300, 8, 800, 600, 0, 0, EI_ERR_SHAPE, "queries past k's keys");
+    chunk_both(&P, 600, 600, 8, n, 1000, 0, 0, EI_ERR_SIZE, "past the plan's capacity");
+    chunk_both(&P, 600, 300, 8, n, 600, 0, 64, EI_ERR_WORKSPACE, "workspace of 64 bytes");
+    chunk_both(&P, 600, 300, 4, n, 600, 0, 0, EI_ERR_SHAPE, "another query group (4 heads)");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "roll back to 0");
+    chunk_both(&P, 1400, 100, 8, n, 1400, 0, 0, EI_ERR_NONFINITE, "NaN in the chunk's q");
+    chunk_both(&P, 0, 600, 8, n, 0, 0, 0, EI_OK, "roll back to 0 after it");
+    chunk_both(&P, 600, 800, 8, n, 600, 1, 0, EI_OK, "[600, 1400), final (before the NaN)");
+    {
+        ei_tensor gq = ei_tensor_make(P.dq, EI_BF16, 600, P.nh, P.D), gk = ei_tensor_make(P.dk, EI_BF16, n, P.nkv, P.D);
+        CHECK_ERR(ei_profile_chunk_heads(P.g, &gq, &gk, &P.gp, 0, 0, 0, 1, P.gws, P.gwsb), EI_ERR_UNSUPPORTED);
+        CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "head-range message: %s", ei_last_error());
+        printf("  head range on the GPU: %s\n", ei_last_error());
+        CHECK_OK(ei_plan_alloc(P.g, &whole, n, P.nkv, P.D, 0)); /* a plan without the chunked state */
+        CHECK_ERR(ei_profile_chunk(P.g, &gq, &gk, &whole, 0, 0, P.gws, P.gwsb), EI_ERR_STATE);
+        ei_plan_free(P.g, &whole);
+    }
+    {   /* the sampled ranking plans chunks on the CPU only: refused when the plan is laid out */
+        ei_config cs = c;
+        ei_context *gs;
+        ei_plan sp;
+        cs.ranking = EI_RANK_SAMPLED;
+        gs = make_ctx(&cs, EI_BACKEND_CUDA);
+        CHECK_ERR(ei_plan_alloc(gs, &sp, n, P.nkv, P.D, EI_PLAN_CHUNKED), EI_ERR_UNSUPPORTED);
+        printf("  sampled ranking: %s\n", ei_last_error());
+        ei_context_destroy(gs);
+    }
+    dev_free(P.gws); dev_free(pm); dev_free((void *)P.dq); dev_free((void *)P.dk);
+    free(P.cws);
+    ei_plan_free(P.cpu, &P.cp);
+    ei_context_destroy(P.g); ei_context_destroy(P.cpu);
+    free(q); free(k);
+}
+
 /* ------------------------------------------------------------ errors */
 static void error_tests(void) {
     ei_config c = base_config();
@@ -1237,8 +1473,11 @@ int main(int argc, char **argv) {
     attention_tests(quick);
     printf("f32 queries over bf16/f16 k, v (GPU vs CPU):\n");
     f32q_tests(quick);
+    printf("chunked planning, GPU vs CPU (the same schedule of ei_profile_chunk calls):\n");
+    chunked_plans(quick);
     printf("errors:\n");
     error_tests();
+    chunked_errors();
     ei_context_destroy(g_gpu);
     ei_context_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", failures ? "FAILED" : "PASSED", checks, failures);

@@ -16,7 +16,9 @@
      a message naming q), once: the next call finds it cleared, and the next
      good replay again equals the eager run;
    - deferred decode_observe (NaN) and kv_compact (a bad keep index, the cache
-     left as it was) report through ei_cuda_status, captured in a graph too. */
+     left as it was) report through ei_cuda_status, captured in a graph too;
+   - a chunk of chunked planning (ei_profile_chunk) and a final call without
+     queries, captured and replayed, equal the same calls without the mode. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
@@ -387,6 +389,105 @@ static void decode_graph(void) {
     free(index_h); free(q); free(kc); free(kc2);
 }
 
+/* Chunked planning (ei_profile_chunk) in the mode: a chunk captured in a
+   graph (it may not synchronise, read back or allocate) and replayed gives
+   the plan of the same call on a context without the mode; a final call
+   without queries too. The replayed call continues the plan where the
+   capture left its host fields (an engine captures each micro-batch's
+   position: replaying one chunk of a sequence once, as here). */
+typedef struct chunk_arg {
+    ei_context *ctx;
+    const ei_tensor *q, *k;
+    ei_plan *plan;
+    int64_t q_pos;
+    int is_final;
+    void *ws;
+    size_t wsb;
+} chunk_arg;
+static ei_result chunk_call_run(void *arg) {
+    chunk_arg *a = (chunk_arg *)arg;
+    return ei_profile_chunk(a->ctx, a->q, a->k, a->plan, a->q_pos, a->is_final, a->ws, a->wsb);
+}
+/* the plan arrays (not the state region: its unused parts are not cleared) and fields, bit for bit */
+static int chunk_plans_same(const ei_plan *a, const ei_plan *b) {
+    size_t bytes = (size_t)((const char *)a->state - (const char *)a->entropy);
+    unsigned char *pa = (unsigned char *)malloc(bytes), *pb = (unsigned char *)malloc(bytes);
+    int same;
+    CU(cudaMemcpy(pa, a->entropy, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(pb, b->entropy, bytes, cudaMemcpyDeviceToHost));
+    same = !memcmp(pa, pb, bytes) && a->n_tokens == b->n_tokens && a->n_segments == b->n_segments &&
+           a->final == b->final;
+    free(pa); free(pb);
+    return same;
+}
+static void chunk_graph(void) {
+    const int64_t n = 2000;
+    const int nh = 8, nkv = 2, D = 64;
+    ei_config c = ei_config_default();
+    ei_context *eager = NULL, *capt = NULL;
+    cudaStream_t st;
+    size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, pbytes, wsb;
+    uint16_t *q = (uint16_t *)malloc(nq * 2), *k = (uint16_t *)malloc(nk * 2);
+    void *dq, *dk, *pm_e, *pm_g, *ws_e, *ws_g;
+    ei_plan pe, pg;
+    ei_tensor tk, q0, q1;
+    int step;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    c.backend = EI_BACKEND_CUDA;
+    c.cuda_stream = st;
+    c.base_budget = 256;
+    CHECK_OK(ei_context_create(&c, &eager));
+    c.cuda_deferred_errors = 1;
+    CHECK_OK(ei_context_create(&c, &capt));
+    fill_bf16(q, nq, 1.f); fill_bf16(k, nk, 1.f);
+    CU(cudaMalloc(&dq, nq * 2)); CU(cudaMalloc(&dk, nk * 2));
+    CU(cudaMemcpy(dq, q, nq * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dk, k, nk * 2, cudaMemcpyHostToDevice));
+    tk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
+    q0 = ei_tensor_make(dq, EI_BF16, 700, nh, D);
+    q1 = ei_tensor_make((const uint16_t *)dq + (size_t)700 * nh * D, EI_BF16, 600, nh, D);
+    CHECK_OK(ei_plan_size(eager, n, nkv, D, EI_PLAN_CHUNKED, &pbytes));
+    CHECK_OK(ei_profile_workspace_size(eager, n, nh, nkv, D, &wsb));
+    CU(cudaMalloc(&pm_e, pbytes)); CU(cudaMalloc(&pm_g, pbytes));
+    CU(cudaMalloc(&ws_e, wsb)); CU(cudaMalloc(&ws_g, wsb));
+    CHECK_OK(ei_plan_init(eager, &pe, n, nkv, D, EI_PLAN_CHUNKED, pm_e, pbytes));
+    CHECK_OK(ei_plan_init(capt, &pg, n, nkv, D, EI_PLAN_CHUNKED, pm_g, pbytes));
+    /* the first chunk eagerly on both (the mode outside a graph) */
+    CHECK_OK(ei_profile_chunk(eager, &q0, &tk, &pe, 0, 0, ws_e, wsb));
+    CHECK_OK(ei_profile_chunk(capt, &q0, &tk, &pg, 0, 0, ws_g, wsb));
+    CU(cudaStreamSynchronize(st));
+    CHECK_OK(ei_cuda_status(capt));
+    for (step = 0; step < 2; step++) { /* the next chunk, then a final call without queries, captured */
+        chunk_arg a;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        size_t n_nodes = 0;
+        ei_result r;
+        int same;
+        a.ctx = capt; a.q = step ? NULL : &q1; a.k = &tk; a.plan = &pg; a.q_pos = step ? 1300 : 700;
+        a.is_final = step; a.ws = ws_g; a.wsb = wsb;
+        capture(st, chunk_call_run, &a, step ? "final chunk call without queries" : "chunk [700, 1300)", &graph);
+        CU(cudaGraphGetNodes(graph, NULL, &n_nodes));
+        CU(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+        CU(cudaGraphLaunch(exec, st));
+        CU(cudaStreamSynchronize(st));
+        r = ei_cuda_status(capt);
+        CHECK(r == EI_OK, "chunk replay %d: status %s (%s)", step, ei_result_name(r), ei_last_error());
+        CHECK_OK(ei_profile_chunk(eager, step ? NULL : &q1, &tk, &pe, a.q_pos, step, ws_e, wsb));
+        same = chunk_plans_same(&pg, &pe);
+        CHECK(same, "chunk replay %d: the plan differs from the eager call's", step);
+        printf("  captured %s (%d nodes), replayed: plan %s the eager call's\n",
+               step ? "a final call without queries" : "a chunk of 600 queries", (int)n_nodes,
+               same ? "equals bit for bit" : "DIFFERS from");
+        CU(cudaGraphExecDestroy(exec));
+        CU(cudaGraphDestroy(graph));
+    }
+    cudaFree(dq); cudaFree(dk); cudaFree(pm_e); cudaFree(pm_g); cudaFree(ws_e); cudaFree(ws_g);
+    ei_context_destroy(eager); ei_context_destroy(capt);
+    CU(cudaStreamDestroy(st));
+    free(q); free(k);
+}
+
 int main(void) {
     ei_config c = ei_config_default();
     ei_context *cpu = NULL, *bad = NULL;
@@ -400,6 +501,8 @@ int main(void) {
     prefill_graph();
     printf("decode observe + compaction in CUDA graphs:\n");
     decode_graph();
+    printf("chunked planning in CUDA graphs:\n");
+    chunk_graph();
     printf("%s: %d checks, %d failed\n", failures ? "FAILED" : "PASSED", checks, failures);
     return failures ? 1 : 0;
 }

@@ -220,7 +220,22 @@ static void test_validate_once(const char *dir) {
             CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "%s", ei_last_error());
             ei_plan_free(x, &plan);
             CHECK(g_calls[1] == frees + 1 && plan.owned_memory == NULL, "ei_plan_free(ctx, device plan) frees it once");
-            CHECK_ERR(ei_plan_init(x, &plan_small, 64, 2, 8, EI_PLAN_CHUNKED, ws, 1 << 20), EI_ERR_UNSUPPORTED);
+            { /* chunked planning: every kv head in one call reaches the plugin (profile_chunk, ABI 7); kv-head
+                 ranges stay on the CPU and say what to call instead */
+                ei_plan chunked;
+                void *pm = malloc(1 << 20);
+                int before = g_calls[18];
+                CHECK_ERR(ei_plan_init(x, &chunked, 64, 2, 8, EI_PLAN_CHUNKED, pm, 1 << 20), EI_OK);
+                CHECK_ERR(ei_profile_chunk_heads(x, &L.tq, &L.tk, &chunked, 0, 1, 0, 1, ws, wsb), EI_ERR_UNSUPPORTED);
+                CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "%s", ei_last_error());
+                CHECK_ERR(ei_profile_chunk(x, &L.tq, &L.tk, &chunked, 0, 1, ws, wsb), EI_OK);
+                CHECK(g_calls[18] == before + 1 && chunked.n_tokens == 64 && chunked.final == 1,
+                      "profile_chunk calls %d (1 expected), plan covers %lld tokens, final %d", g_calls[18] - before,
+                      (long long)chunked.n_tokens, (int)chunked.final);
+                CHECK_ERR(ei_profile_chunk(x, NULL, &L.tk, &chunked, 32, 1, ws, wsb), EI_ERR_STATE);
+                CHECK(g_calls[18] == before + 1, "a refused call reached the plugin");
+                free(pm);
+            }
         } else {
             ei_plan_free(x, &plan);
         }
