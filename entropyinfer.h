@@ -267,13 +267,18 @@
    at once (your threads, or the workers of the *_mt helpers): make it
    thread-safe. A failure inside an *_mt worker is returned, with its
    message, to the calling thread.
-   The *_mt helpers are a convenience: each call creates n_threads - 1
-   threads (the caller runs the first share) and joins them, which cost
-   about 16 us per extra thread on a 2-core x86-64 VM (ei_attention_decode_mt
-   over 64 keys: 8 us with 1 thread, 25 us with 2, best of 2000 calls; a
-   32k-key decode step takes about 25 ms). An engine stepping many layers
-   per token should run the ith/nth calls on its own thread pool, as
-   examples/gemma does.
+   The *_mt helpers run the first share on the calling thread and the others
+   on workers the context keeps from call to call (started by the first call
+   that needs them, ended by ei_context_destroy; they spin for some tens of
+   microseconds after a call, then sleep). One call at a time has them: a
+   call made while another thread's call holds them starts and joins
+   threads of its own, as every call did before, which costs 51 us per
+   extra thread on a 2-core Zen 5 VM (16 us on a Sapphire Rapids one).
+   Measured on the Zen 5 VM, ei_attention_decode_mt over 64 keys (32/8
+   heads, bf16, best of 2000 calls): 30-33 us on 1 thread, 34-36 us on 2
+   with the kept workers, 57-62 us starting threads per call. An engine
+   with its own thread pool can still run the ith/nth calls on it, as
+   examples/gemma does for attention.
 */
 #ifndef ENTROPYINFER_H
 #define ENTROPYINFER_H
@@ -1383,6 +1388,7 @@ struct ei_context {
     const ei__kernels *kern;    /* the CPU kernels */
     ei_allocator alloc;
     ei__cuda_state *cuda;       /* the loaded plugin (>>backend), NULL on the CPU */
+    struct ei__pool *pool;      /* the *_mt helpers' workers (>>memory, ei__fork_join); NULL: none */
 };
 
 static EI__TLS char ei__tls_message[512];
@@ -1472,13 +1478,16 @@ static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
 }
 
 /* Fork-join for the built-in *_mt helpers: task(arg, ith, nth, ws + ith*per,
-   per) for ith = 0..nth-1, the calling thread taking ith 0; a thread that
-   cannot be created has its share run by the caller. The first failure wins.
-   Under EI_NO_PTHREADS every share runs on the calling thread in turn. */
+   per) for ith = 0..nth-1, the calling thread taking ith 0, the others on
+   the context's workers (ei__pool), or, while another call uses those, on
+   threads started and joined for this call; a share that no thread can take
+   runs on the caller. The first failure wins. Under EI_NO_PTHREADS every
+   share runs on the calling thread in turn. */
 #define EI__MAX_THREADS 256
 typedef ei_result (*ei__task_fn)(void *arg, int ith, int nth, void *ws, size_t ws_bytes);
 #ifndef EI_NO_PTHREADS
 #include <pthread.h>
+#include <unistd.h> /* getpid */
 /* The caller's stack holds one small slot per thread (24-32 bytes, 8 KB at
    EI__MAX_THREADS) and one message: the first failing share's (lowest ith),
    copied under a lock from the worker's thread-local message. */
@@ -1512,8 +1521,144 @@ static void *ei__share_run(void *p) {
     }
     return NULL;
 }
+
+/* A context's workers, kept from one *_mt call to the next: starting and
+   joining a thread costs 51 us on a 2-core Zen 5 VM (16 us on a Sapphire
+   Rapids one), waking a waiting worker a fraction of that, and a chunked
+   prefill forks per segment. Started by the first call that needs them
+   (never more than its nth - 1), ended by ei_context_destroy. One call at a
+   time has them (owner, taken with trylock: the context is shared by the
+   engine's threads); a call that finds them taken starts threads of its
+   own. A forked child process has none of them (pid). */
+typedef struct ei__pool ei__pool;
+typedef struct ei__pool_arg {
+    ei__pool *pool;
+    int i;              /* worker i runs share i + 1 */
+    unsigned long gen0; /* the dispatch count when it was started */
+} ei__pool_arg;
+struct ei__pool {
+    pthread_mutex_t owner, m; /* m guards what follows */
+    pthread_cond_t go, done;
+    ei__share *shares;        /* the running call's slots */
+    unsigned long gen;        /* calls dispatched */
+    int n, active, pending, quit;
+    pid_t pid;
+    pthread_t tid[EI__MAX_THREADS - 1];
+    ei__pool_arg arg[EI__MAX_THREADS - 1];
+};
+/* Waiting: a short spin first (EI__POOL_SPIN pauses, some tens of us), so
+   calls that follow each other closely skip the sleep and the wake-up (on
+   the 2-core Zen 5 VM a condition-variable round trip took about 25 us each
+   way: 64-key ei_attention_decode_mt on 2 threads 72-77 us with sleeping
+   workers, 55-59 us starting threads per call); then the condition
+   variable. gen, quit and pending are written under m and read atomically
+   outside it. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EI__POOL_LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define EI__POOL_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#define EI__POOL_SPIN 2000
+#else
+#define EI__POOL_LOAD(x) (x)
+#define EI__POOL_STORE(x, v) ((x) = (v))
+#define EI__POOL_SPIN 0
 #endif
-static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, size_t per) {
+static void ei__cpu_relax(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && (defined(__aarch64__) || defined(__arm__))
+    __asm__ __volatile__("yield");
+#endif
+}
+static void *ei__pool_worker(void *a) {
+    ei__pool_arg *wa = (ei__pool_arg *)a;
+    ei__pool *p = wa->pool;
+    unsigned long seen = wa->gen0;
+    int k;
+    for (;;) {
+        for (k = 0; k < EI__POOL_SPIN && EI__POOL_LOAD(p->gen) == seen && !EI__POOL_LOAD(p->quit); ++k) ei__cpu_relax();
+        pthread_mutex_lock(&p->m);
+        while (EI__POOL_LOAD(p->gen) == seen && !EI__POOL_LOAD(p->quit)) pthread_cond_wait(&p->go, &p->m);
+        if (EI__POOL_LOAD(p->quit)) break;
+        seen = EI__POOL_LOAD(p->gen);
+        if (wa->i < p->active) {
+            ei__share *sh = &p->shares[wa->i + 1];
+            pthread_mutex_unlock(&p->m);
+            ei__share_run(sh);
+            pthread_mutex_lock(&p->m);
+            EI__POOL_STORE(p->pending, EI__POOL_LOAD(p->pending) - 1);
+            if (EI__POOL_LOAD(p->pending) == 0) pthread_cond_signal(&p->done);
+        }
+        pthread_mutex_unlock(&p->m);
+    }
+    pthread_mutex_unlock(&p->m);
+    return NULL;
+}
+static ei__pool *ei__pool_open(const ei_allocator *al) {
+    ei__pool *p = (ei__pool *)ei__alloc(al, sizeof *p);
+    if (!p) return NULL;
+    memset(p, 0, sizeof *p);
+    if (pthread_mutex_init(&p->owner, NULL) != 0) goto no_owner;
+    if (pthread_mutex_init(&p->m, NULL) != 0) goto no_m;
+    if (pthread_cond_init(&p->go, NULL) != 0) goto no_go;
+    if (pthread_cond_init(&p->done, NULL) != 0) goto no_done;
+    p->pid = getpid();
+    return p;
+no_done:
+    pthread_cond_destroy(&p->go);
+no_go:
+    pthread_mutex_destroy(&p->m);
+no_m:
+    pthread_mutex_destroy(&p->owner);
+no_owner:
+    ei__free(al, p);
+    return NULL;
+}
+static void ei__pool_close(ei__pool *p, const ei_allocator *al) {
+    int k;
+    if (!p) return;
+    if (p->pid == getpid()) {
+        pthread_mutex_lock(&p->m);
+        EI__POOL_STORE(p->quit, 1);
+        pthread_cond_broadcast(&p->go);
+        pthread_mutex_unlock(&p->m);
+        for (k = 0; k < p->n; ++k) pthread_join(p->tid[k], NULL);
+    }
+    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->go);
+    pthread_mutex_destroy(&p->m);
+    pthread_mutex_destroy(&p->owner);
+    ei__free(al, p);
+}
+/* Shares sh[0..nth) on the caller and the workers; 0 (nothing run) when the
+   workers are another call's or this is a forked child. */
+static int ei__pool_run(ei__pool *p, ei__share *sh, int nth) {
+    int t;
+    if (!p || p->pid != getpid() || pthread_mutex_trylock(&p->owner) != 0) return 0;
+    pthread_mutex_lock(&p->m);
+    for (; p->n < nth - 1; ++p->n) { /* start the workers this call lacks */
+        p->arg[p->n].pool = p;
+        p->arg[p->n].i = p->n;
+        p->arg[p->n].gen0 = p->gen;
+        if (pthread_create(&p->tid[p->n], NULL, ei__pool_worker, &p->arg[p->n]) != 0) break;
+    }
+    p->active = EI__MIN(p->n, nth - 1);
+    p->shares = sh;
+    EI__POOL_STORE(p->pending, p->active);
+    EI__POOL_STORE(p->gen, p->gen + 1);
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->m);
+    ei__share_run(&sh[0]);
+    for (t = p->active + 1; t < nth; ++t) ei__share_run(&sh[t]); /* no worker could be started for them */
+    for (t = 0; t < EI__POOL_SPIN && EI__POOL_LOAD(p->pending) > 0; ++t) ei__cpu_relax();
+    pthread_mutex_lock(&p->m);
+    while (EI__POOL_LOAD(p->pending) > 0) pthread_cond_wait(&p->done, &p->m);
+    p->shares = NULL;
+    pthread_mutex_unlock(&p->m);
+    pthread_mutex_unlock(&p->owner);
+    return 1;
+}
+#endif
+static ei_result ei__fork_join(const ei_context *ctx, ei__task_fn task, void *arg, int nth, void *ws, size_t per) {
     int t;
 #ifndef EI_NO_PTHREADS
     ei__fork f;
@@ -1526,11 +1671,14 @@ static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, s
         return EI_OK;
     }
     for (t = 0; t < nth; ++t) { sh[t].fork = &f; sh[t].ith = t; sh[t].started = 0; sh[t].result = EI_OK; }
-    for (t = 1; t < nth; ++t) sh[t].started = pthread_create(&sh[t].tid, NULL, ei__share_run, &sh[t]) == 0;
-    ei__share_run(&sh[0]);
-    for (t = 1; t < nth; ++t) {
-        if (sh[t].started) pthread_join(sh[t].tid, NULL);
-        else ei__share_run(&sh[t]);
+    if (nth == 1) ei__share_run(&sh[0]);
+    else if (!ei__pool_run(ctx ? ctx->pool : NULL, sh, nth)) { /* threads of this call's own */
+        for (t = 1; t < nth; ++t) sh[t].started = pthread_create(&sh[t].tid, NULL, ei__share_run, &sh[t]) == 0;
+        ei__share_run(&sh[0]);
+        for (t = 1; t < nth; ++t) {
+            if (sh[t].started) pthread_join(sh[t].tid, NULL);
+            else ei__share_run(&sh[t]);
+        }
     }
     pthread_mutex_destroy(&f.lock);
     if (f.failed_ith >= 0) {
@@ -1539,6 +1687,7 @@ static ei_result ei__fork_join(ei__task_fn task, void *arg, int nth, void *ws, s
     }
     return r;
 #else
+    (void)ctx;
     for (t = 0; t < nth; ++t) {
         ei_result r = task(arg, t, nth, ws ? (unsigned char *)ws + per * (size_t)t : NULL, per);
         if (r != EI_OK) return r;
@@ -2286,6 +2435,9 @@ EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
             c.log(c.log_user_data, EI_OK, why);
         }
     }
+#ifndef EI_NO_PTHREADS
+    if (ctx->backend == EI_BACKEND_CPU) ctx->pool = ei__pool_open(&ctx->alloc); /* NULL: every call starts its threads */
+#endif
     *out = ctx;
     return EI_OK;
 }
@@ -2294,6 +2446,9 @@ EIDEF void ei_context_destroy(ei_context *ctx) {
     if (!ctx) return;
     ei__cuda_close(ctx);
     a = ctx->alloc;
+#ifndef EI_NO_PTHREADS
+    ei__pool_close(ctx->pool, &a);
+#endif
     ei__free(&a, ctx);
 }
 EIDEF const ei_config *ei_context_config(const ei_context *ctx) { return ctx ? &ctx->cfg : NULL; }
@@ -2950,13 +3105,14 @@ static ei_result ei__qrep_share(void *arg, int ith, int nth, void *ws, size_t ws
     return EI_OK;
 }
 #define EI__QREP_SPLIT_MIN ((int64_t)1 << 18)
-static int ei__build_query_reps_mt(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+static int ei__build_query_reps_mt(const ei_context *ctx, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
                                    int32_t G, float *qrep, int nth) {
+    const ei__kernels *K = ctx->kern;
     ei__qrep_split j;
     if (nrows * G * q->head_dim < EI__QREP_SPLIT_MIN || EI__MIN(nth, G) <= 1)
         return ei__build_query_reps(K, q, row0, nrows, kvh, G, qrep);
     j.K = K; j.q = q; j.row0 = row0; j.nrows = nrows; j.kvh = kvh; j.G = G; j.qrep = qrep;
-    return ei__fork_join(ei__qrep_share, &j, EI__MIN(nth, G), NULL, 0) == EI_OK;
+    return ei__fork_join(ctx, ei__qrep_share, &j, EI__MIN(nth, G), NULL, 0) == EI_OK;
 }
 
 /* The checks every profiling call shares; n_keys: the valid keys of k (the
@@ -3302,12 +3458,12 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
     if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, per * (size_t)nt)) != EI_OK) return r;
     job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.step = 0;
     if (nt <= k->n_heads) {
-        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+        if ((r = ei__fork_join(ctx, ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
     } else { /* fewer kv heads than threads: segments split, a join between the steps */
         job.step = 1;
-        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+        if ((r = ei__fork_join(ctx, ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
         job.step = 2;
-        if ((r = ei__fork_join(ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
+        if ((r = ei__fork_join(ctx, ei__profile_share, &job, nt, workspace, per)) != EI_OK) return r;
         ei__plan_covers(&ctx->cfg, plan, q->n_tokens, 1);
     }
     return ei_plan_finalize(ctx, plan);
@@ -3376,13 +3532,14 @@ static ei_result ei__score_share(void *arg, int ith, int nth, void *ws, size_t w
 }
 /* Below this many blocks a thread's share would not pay for its start. */
 #define EI__SCORE_SPLIT_MIN_BLOCKS 512
-static void ei__score_row_split(const ei__kernels *kern, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
+static void ei__score_row_split(const ei_context *ctx, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
                                 const float *kminT, int64_t ld, int64_t nb, float *raw, int nth) {
+    const ei__kernels *kern = ctx->kern;
     ei__score_split j;
     nth = (int)EI__MIN((int64_t)nth, nb / EI__SCORE_SPLIT_MIN_BLOCKS);
     if (nth <= 1) { kern->score_row(qrep, G, d, kmaxT, kminT, ld, nb, raw); return; }
     j.kern = kern; j.qrep = qrep; j.kmaxT = kmaxT; j.kminT = kminT; j.G = G; j.d = d; j.ld = ld; j.nb = nb; j.raw = raw;
-    (void)ei__fork_join(ei__score_share, &j, nth, NULL, 0); /* the shares cannot fail */
+    (void)ei__fork_join(ctx, ei__score_share, &j, nth, NULL, 0); /* the shares cannot fail */
 }
 
 /* Plan segment s of head kvh for a sequence whose chunk ends at n, from the
@@ -3410,7 +3567,7 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
         st->blocks_done = nvis;
     }
     if (s > 0) {
-        ei__score_row_split(ctx->kern, qrep, G, d, kmaxT, kminT, ld, nvis, w->rows, w->score_threads);
+        ei__score_row_split(ctx, qrep, G, d, kmaxT, kminT, ld, nvis, w->rows, w->score_threads);
         if (!ei__softmax_entropy(w->rows, nvis, nvis, w->tmp, prob, &h))
             return ei__fail(ctx, EI_ERR_NONFINITE, "block scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
         if (prob) memset(prob + nvis, 0, (ei__plan_score_row(plan) - (size_t)nvis) * sizeof(float));
@@ -3426,10 +3583,10 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
 }
 
 /* Merge rows [r0, r0+nr) of q into the representation qrep ([G][2][d]). */
-static int ei__merge_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t r0, int64_t nr, int32_t kvh, int32_t G,
+static int ei__merge_query_reps(const ei_context *ctx, const ei_tensor *q, int64_t r0, int64_t nr, int32_t kvh, int32_t G,
                                 float *qrep, float *tmp, int nth) {
     int32_t g, i, d = q->head_dim;
-    if (!ei__build_query_reps_mt(K, q, r0, nr, kvh, G, tmp, nth)) return 0;
+    if (!ei__build_query_reps_mt(ctx, q, r0, nr, kvh, G, tmp, nth)) return 0;
     for (g = 0; g < G; ++g) {
         float *mx = qrep + (size_t)g * 2u * (size_t)d, *mn = mx + d;
         const float *tx = tmp + (size_t)g * 2u * (size_t)d, *tn = tx + d;
@@ -3524,9 +3681,9 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 size_t mass_bytes = (size_t)s * (size_t)(seg / c->block_size) * sizeof(float);
                 if (continues) { /* continue the stored segment */
                     memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
-                    if (!ei__merge_query_reps(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp, score_threads))
+                    if (!ei__merge_query_reps(ctx, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, w.qtmp, score_threads))
                         return ei__nonfinite(ctx, "q", kvh * G, t0);
-                } else if (!ei__build_query_reps_mt(ctx->kern, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, score_threads))
+                } else if (!ei__build_query_reps_mt(ctx, q, t0 - q_pos, t1 - t0, kvh, G, w.qrep, score_threads))
                     return ei__nonfinite(ctx, "q", kvh * G, t0);
                 if (mass) {
                     if (continues) memcpy(mass, open_mass, mass_bytes);
@@ -3647,7 +3804,7 @@ EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, c
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
     if (nt > 1) {
         job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.q_pos = q_pos; job.is_final = is_final;
-        r = ei__fork_join(ei__chunk_share, &job, nt, workspace, per);
+        r = ei__fork_join(ctx, ei__chunk_share, &job, nt, workspace, per);
     } else /* one kv head (or one thread): its segments' block scores split */
         r = ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, 0, kv, workspace, per, n_threads);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
@@ -4371,7 +4528,7 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     if ((r = ei__decode_ws_take(ctx, k->n_tokens, dec->n_heads, workspace, per, &w)) != EI_OK) return r;
     job.ctx = ctx; job.dec = dec; job.k = k; job.keep = keep; job.scores = w.scores;
     if (nt == 1) r = ei__decode_share(&job, 0, 1, workspace, per);
-    else r = ei__fork_join(ei__decode_share, &job, nt, workspace, per);
+    else r = ei__fork_join(ctx, ei__decode_share, &job, nt, workspace, per);
     if (r != EI_OK) return r;
     return ei__decode_select_run(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
 }
@@ -5315,7 +5472,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
     if (workspace_bytes / (size_t)n_threads < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
-    return ei__fork_join(ei__attn_share, &J, n_threads, workspace, per);
+    return ei__fork_join(ctx, ei__attn_share, &J, n_threads, workspace, per);
 }
 
 /* ---- decode attention: few query tokens, split along the keys --------- */
@@ -5779,7 +5936,7 @@ EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tens
     ei__attn_setup(ctx, q, k, v, NULL, out, q_offset, &J);
     J.keep = keep;
     a.J = &J;
-    if ((r = ei__fork_join(ei__attn_decode_share, &a, n_threads, ws, per)) != EI_OK) return r;
+    if ((r = ei__fork_join(ctx, ei__attn_decode_share, &a, n_threads, ws, per)) != EI_OK) return r;
     ei__attn_decode_merge_rows(out, a.partials, n_threads, 0, 1);
     return EI_OK;
 }

@@ -27,7 +27,10 @@
    ei_profile_chunk_mt /
    ei_attention_prefill_mt against the same references, and a failure
    inside one of their workers (NaN in the last kv head's keys, in the last
-   query) returned with its message to the caller.
+   query) returned with its message to the caller (the helpers run on the
+   context's kept workers, call after call); and three threads calling
+   ei_profile_mt on the shared context at once (one has the workers, the
+   others start threads of their own).
 
    Two forms of the phase boundaries (EI_TEST_SYNC=barrier|join|both,
    default both):
@@ -596,6 +599,49 @@ static void helpers_round(const ei_context *ctx, const results *ref, int nth, co
     guarded_free(out);
 }
 
+/* The *_mt helpers called from several threads at once on one context: one
+   call at a time has the context's workers (ei__pool), the others start
+   threads of their own; every plan must still equal the reference. */
+typedef struct concurrent_arg {
+    const ei_context *ctx;
+    const results *ref;
+    int nth, ok;
+} concurrent_arg;
+static void *concurrent_helper(void *a) {
+    concurrent_arg *c = (concurrent_arg *)a;
+    ei_plan p;
+    size_t pw;
+    void *ws;
+    int i;
+    c->ok = 1;
+    ei_profile_workspace_size(c->ctx, N, HEADS, KV, DIM, &pw);
+    ws = guarded_alloc(pw * (size_t)c->nth);
+    if (ei_plan_alloc(c->ctx, &p, N, KV, DIM, 0) != EI_OK) { c->ok = 0; guarded_free(ws); return NULL; }
+    for (i = 0; i < 3; ++i) {
+        if (ei_plan_reset(&p) != EI_OK ||
+            ei_profile_mt(c->ctx, &layers[0].tq, &layers[0].tk, &p, c->nth, ws, pw * (size_t)c->nth) != EI_OK ||
+            !plans_equal(&p, &c->ref[0].plan))
+            c->ok = 0;
+    }
+    ei_plan_free(c->ctx, &p);
+    guarded_free(ws);
+    return NULL;
+}
+static void concurrent_helpers(const ei_context *ctx, const results *ref, int nth, const char *what) {
+    enum { CALLERS = 3 };
+    pthread_t t[CALLERS];
+    concurrent_arg a[CALLERS];
+    int i, started[CALLERS];
+    for (i = 0; i < CALLERS; ++i) {
+        a[i].ctx = ctx; a[i].ref = ref; a[i].nth = nth; a[i].ok = 0;
+        started[i] = pthread_create(&t[i], NULL, concurrent_helper, &a[i]) == 0;
+    }
+    for (i = 0; i < CALLERS; ++i) {
+        if (started[i]) pthread_join(t[i], NULL);
+        CHECK(started[i] && a[i].ok, "%s: ei_profile_mt(%d) from caller %d of %d at once", what, nth, i, CALLERS);
+    }
+}
+
 /* ------------------------------------------------------------ stack use */
 #ifndef STACK_BOUND
 #define STACK_BOUND (24 * 1024) /* bytes a call may touch below its caller (manual: LIMITS) */
@@ -1089,6 +1135,7 @@ int main(void) {
                 }
                 snprintf(what, sizeof what, "%s/%s", ei_simd_name((ei_simd)p), per ? "per-segment" : "ragged");
                 helpers_round(ctx, ref, nth, what);
+                concurrent_helpers(ctx, ref, nth, what);
             }
             free_results(ctx, ref);
             ei_context_destroy(ctx);
