@@ -13,6 +13,8 @@
                     [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]
                     [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B]
                     [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
+                    [--chunk C]   (plan in chunks of C queries, ei_profile_chunk_mt, as
+                                   an engine's micro-batched prefill does; 0: whole prompt)
 
    Columns / JSON keys: n, threads, dtype, profile_ms, dense_ms, sparse_ms,
    dense_gflops = 4*N*N*dim*heads/2 / dense time, density = sparse FLOPs /
@@ -53,6 +55,27 @@ static double cpu_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Profile the whole prompt (chunk 0: ei_profile_mt) or in chunks of
+   `chunk` queries from position 0 (ei_profile_chunk_mt, a chunked plan). */
+static ei_result profile_run(const ei_context *ctx, const ei_tensor *tq, const ei_tensor *tk, ei_plan *plan, int threads,
+                             void *ws, size_t wp, int64_t chunk) {
+    int64_t t0;
+    ei_result er;
+    if (chunk <= 0) return ei_profile_mt(ctx, tq, tk, plan, threads, ws, wp * (size_t)threads);
+    if ((er = ei_plan_reset(plan)) != EI_OK) return er;
+    for (t0 = 0; t0 < tq->n_tokens; t0 += chunk) {
+        ei_tensor qc = *tq, kc = *tk;
+        size_t es = tq->dtype == EI_F32 ? 4 : 2;
+        qc.n_tokens = t0 + chunk < tq->n_tokens ? chunk : tq->n_tokens - t0;
+        qc.data = (const unsigned char *)tq->data + (size_t)t0 * (size_t)tq->token_stride * es;
+        kc.n_tokens = t0 + qc.n_tokens;
+        if ((er = ei_profile_chunk_mt(ctx, &qc, &kc, plan, t0, t0 + qc.n_tokens == tq->n_tokens, threads, ws,
+                                      wp * (size_t)threads)) != EI_OK)
+            return er;
+    }
+    return EI_OK;
 }
 
 /* ---- peak FLOP rate -------------------------------------------------- */
@@ -245,12 +268,14 @@ static void usage(void) {
          "                [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512] [--segment 512] [--block 8]\n"
          "                [--threshold 4096] [--budget 2048] [--e-t 1e-5] [--delta 0.4] [--alpha 0.5]\n"
          "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]\n"
-         "                [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]");
+         "                [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]\n"
+         "                [--chunk C]");
 }
 
 int main(int argc, char **argv) {
     int64_t ns[16] = {8192, 16384, 32768};
     int n_ns = 3, json = 0, threads = 2, reps = 1, a, ni;
+    int64_t chunk = 0; /* --chunk: queries per planning call, 0 = whole prompt */
     int32_t H = 8, HK = 2, d = 128;
     ei_dtype dt = EI_F32;
     ei_config cfg = ei_config_default();
@@ -311,10 +336,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--top-p")) cfg.top_p = atof(TAKE);
         else if (!strcmp(o, "--sink")) cfg.sink_blocks = atoi(TAKE);
         else if (!strcmp(o, "--local")) cfg.local_blocks = atoi(TAKE);
+        else if (!strcmp(o, "--chunk")) chunk = atoll(TAKE);
         else { usage(); return 2; }
 #undef TAKE
     }
-    if (threads < 1 || H <= 0 || HK <= 0 || H % HK || d <= 0 || reps < 1) { usage(); return 2; }
+    if (threads < 1 || H <= 0 || HK <= 0 || H % HK || d <= 0 || reps < 1 || chunk < 0) { usage(); return 2; }
     if (!json) {
         ei_context *c0;
         if (ei_context_create(&cfg, &c0) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
@@ -357,7 +383,7 @@ int main(int argc, char **argv) {
         tv = ei_tensor_make(vd, dt, n, HK, d);
         to_d = ei_out_tensor_make(od, EI_F32, n, H, d);
         to_s = ei_out_tensor_make(os, EI_F32, n, H, d);
-        if (ei_plan_alloc(ctx, &plan, n, HK, d, 0) != EI_OK ||
+        if (ei_plan_alloc(ctx, &plan, n, HK, d, chunk > 0 ? EI_PLAN_CHUNKED : 0) != EI_OK ||
             ei_profile_workspace_size(ctx, n, H, HK, d, &wp) != EI_OK ||
             ei_attention_workspace_size(ctx, H, HK, d, &wa) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
         wsp = malloc(wp * (size_t)threads);
@@ -365,7 +391,7 @@ int main(int argc, char **argv) {
         for (r = 0; r < reps; ++r) {
             c = cpu_ms();
             t = now_ms();
-            er = ei_profile_mt(ctx, &tq, &tk, &plan, threads, wsp, wp * (size_t)threads);
+            er = profile_run(ctx, &tq, &tk, &plan, threads, wsp, wp, chunk);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "profile: %s\n", ei_last_error()); return 1; }
@@ -377,14 +403,14 @@ int main(int argc, char **argv) {
             ei_context *rctx;
             ei_plan rplan;
             rc.ranking = EI_RANK_REFERENCE; rc.top_p = 0.0; rc.sink_blocks = rc.local_blocks = 0;
-            if (ei_context_create(&rc, &rctx) != EI_OK || ei_plan_alloc(rctx, &rplan, n, HK, d, 0) != EI_OK) {
+            if (ei_context_create(&rc, &rctx) != EI_OK || ei_plan_alloc(rctx, &rplan, n, HK, d, chunk > 0 ? EI_PLAN_CHUNKED : 0) != EI_OK) {
                 fprintf(stderr, "%s\n", ei_last_error());
                 return 1;
             }
             for (r = 0; r < reps; ++r) {
                 c = cpu_ms();
                 t = now_ms();
-                er = ei_profile_mt(rctx, &tq, &tk, &rplan, threads, wsp, wp * (size_t)threads);
+                er = profile_run(rctx, &tq, &tk, &rplan, threads, wsp, wp, chunk);
                 t = now_ms() - t;
                 c = (cpu_ms() - c) / threads;
                 if (er != EI_OK) { fprintf(stderr, "reference profile: %s\n", ei_last_error()); return 1; }
