@@ -3086,7 +3086,8 @@ static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_
 
 /* The same over nth threads, each the reps of a range of the group's heads
    (ei_profile_chunk_mt with fewer kv heads than threads); one thread below
-   EI__QREP_SPLIT_MIN elements (a thread's start costs about 16 us). */
+   EI__QREP_SPLIT_MIN elements (handing a share to a worker and joining it
+   costs some microseconds, ei__pool). */
 typedef struct ei__qrep_split {
     const ei__kernels *K;
     const ei_tensor *q;
@@ -3530,7 +3531,7 @@ static ei_result ei__score_share(void *arg, int ith, int nth, void *ws, size_t w
     if (b0 < b1) j->kern->score_row(j->qrep, j->G, j->d, j->kmaxT + b0, j->kminT + b0, j->ld, b1 - b0, j->raw + b0);
     return EI_OK;
 }
-/* Below this many blocks a thread's share would not pay for its start. */
+/* Below this many blocks a thread's share would not pay for its hand-off. */
 #define EI__SCORE_SPLIT_MIN_BLOCKS 512
 static void ei__score_row_split(const ei_context *ctx, const float *qrep, int32_t G, int32_t d, const float *kmaxT,
                                 const float *kminT, int64_t ld, int64_t nb, float *raw, int nth) {
