@@ -1516,7 +1516,46 @@ struct KeyList {
    one CTA per SM by 18%; a software-pipelined variant (the P V product of one
    tile in flight during the next tile's softmax, V loaded a tile behind K) ran
    40% slower at both widths (at 64 keys ptxas serialises the wgmmas for lack
-   of registers) and was dropped. */
+   of registers) and was dropped.
+   FlashAttention-3's scheme was tried as well (2026-12-02, issue 17; the code
+   is on branch issue17fa3-ws, EI_CUDA_ATTN_CFG=ws...; the versions measured
+   below passed test_cuda) and lost: one CTA per SM of 3 warpgroups, a producer warpgroup loading K and V
+   with cp.async (zero fill, gathers for the sparse path) into separate K / V
+   rings of 128-key stages with full/empty mbarriers (cp.async.mbarrier.arrive
+   .noinc), setmaxnreg (producer 24 or 56 registers, consumers 240 or 224),
+   two consumer warpgroups of 64 rows each that issue S_j = Q K_j^T together
+   with O += P_{j-1} V_{j-1} and run the softmax of S_j while P V is in the
+   tensor cores (ptxas keeps both asynchronous only when the first S and the
+   last P V are peeled out of the loop: any branch around a wgmma serialises
+   them, warning C7514), and pingpong between the two consumers (named
+   barriers). Dense / sparse ms on an H200 (`EI_BENCH_SHAPES=wg64,ws...
+   ./build/ei_bench_cuda 32768 [65536] 131072`, CUDA 13.0, driver
+   580.159.04; each table one run; SDPA 12.89 / 57.76 / 244.68 ms):
+     wg64 (this kernel)                      21.1 / 85.2 / 340.7   sparse 4.72 / 9.42 / 19.0
+     ws, no pingpong, producer 56 regs       21.3 / 84.0 / 341.8   sparse 6.18 / 12.8 / 25.8
+     ws + pingpong                           21.7 / 88.8 / 349.9   sparse 6.21 / 12.8 / 25.9
+     ws + pingpong, 64 keys per step         21.1 / 84.1 / 335.6   sparse 5.76 / 11.8 / 24.0
+   (the two 128-key builds spilled 56 bytes: ncu counted 84.6 M local-memory
+   requests); without spills, dense at 32k / 128k (wg64 21.0 / 339.1, sparse
+   at 32k 4.74), pingpong on:
+     producer 24 regs, 2 or 3 stages         26.2 / 406.3, 26.2 / 410.3  sparse 8.9
+     producer 56 regs, 2 or 3 stages         22.0 / 355.0, 22.1 / 350.0  sparse 8.1
+   A third stage changes nothing while the producer's registers matter: that
+   points at the loading warpgroup (per-row address arithmetic and zero-fill
+   branches, 32 cp.async per thread and tile) rather than load latency; the
+   gathered sparse tiles suffer most (1.7x slower). The branch also has a
+   branch-free producer path for contiguous tiles and ablations (noload,
+   nosm: the loads or the softmax left out) to confirm it, built but not yet
+   run for lack of device time. The next step there is TMA for the dense
+   tiles (a 128 x 64 box per slab matches this 128-byte swizzle) with the
+   cp.async gather kept for kept blocks and the masked last tile.
+   ncu (32k, `--clock-control none`, SM at 1.80 GHz) on this kernel: tensor
+   pipe 43.7% of its peak, issue slots 58% busy, L2 32%, L1/shared 41%, DRAM
+   4.6% (L2 hit rate 88.5%), 16 warps per SM (registers and shared memory
+   allow 2 CTAs), 6.9 cycles between a warp's instructions: ncu calls it
+   latency-bound (no stall breakdown there: no PC sampling on that machine).
+   Within a warpgroup S, softmax and P V run in series, and the other three
+   warpgroups on the SM fill the tensor pipe's gaps only partly. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_kernel(const AttnParams p) {
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
