@@ -618,13 +618,14 @@ EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q
                                        int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end,
                                        void *workspace, size_t workspace_bytes);
 /* Built-in pthread helper for a chunk, as ei_profile_mt is for a whole
-   prompt: n_threads workers (created and joined by the call), workspace =
+   prompt: n_threads workers (the context's, THREADS), workspace =
    min(n_threads, kv heads) x the ei_profile_chunk size (ei_profile_workspace_size
    with the plan's max_tokens). Threads split the kv heads; with
-   fewer kv heads than threads (one, in Gemma 3 270M) each segment's block
-   scores are split over the threads by block range instead (the key and
-   query min/max, the softmax, the budget and the ranking of a segment stay
-   on the calling thread). The same plan as ei_profile_chunk, bit for bit.
+   fewer kv heads than threads (one, in Gemma 3 270M) each segment's query
+   min/max is split over the threads by query head and its block scores by
+   block range instead (the key min/max, the softmax, the budget and the
+   ranking of a segment stay on the calling thread). The same plan as
+   ei_profile_chunk, bit for bit.
    On the CUDA backend it is ei_profile_chunk (n_threads unused). */
 EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                     int64_t q_pos, int is_final, int n_threads, void *workspace,
@@ -1524,8 +1525,8 @@ static void *ei__share_run(void *p) {
 
 /* A context's workers, kept from one *_mt call to the next: starting and
    joining a thread costs 51 us on a 2-core Zen 5 VM (16 us on a Sapphire
-   Rapids one), waking a waiting worker a fraction of that, and a chunked
-   prefill forks per segment. Started by the first call that needs them
+   Rapids one), handing a share to a spinning worker much less (below), and
+   a chunked prefill forks per segment. Started by the first call that needs them
    (never more than its nth - 1), ended by ei_context_destroy. One call at a
    time has them (owner, taken with trylock: the context is shared by the
    engine's threads); a call that finds them taken starts threads of its
@@ -2982,7 +2983,7 @@ typedef struct ei__profile_ws {
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
-    int score_threads;    /* threads a chunk's segment splits its block scores over (ei_profile_chunk_mt) */
+    int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
 } ei__profile_ws;
 
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
@@ -3074,14 +3075,18 @@ static int ei__build_key_reps(const ei__kernels *K, const ei_tensor *k, int32_t 
     return 1;
 }
 /* Query representations of segment s for the G query heads of kv head kvh. */
-static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
-                                int32_t G, float *qrep) {
+static int ei__build_query_reps_heads(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+                                      int32_t G, int32_t g0, int32_t g1, float *qrep) {
     int32_t g, d = q->head_dim;
-    for (g = 0; g < G; ++g) {
+    for (g = g0; g < g1; ++g) {
         float *qx = qrep + (size_t)g * 2u * (size_t)d;
         if (!K->minmax(q, row0, nrows, kvh * G + g, qx, qx + d)) return 0;
     }
     return 1;
+}
+static int ei__build_query_reps(const ei__kernels *K, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
+                                int32_t G, float *qrep) {
+    return ei__build_query_reps_heads(K, q, row0, nrows, kvh, G, 0, G, qrep);
 }
 
 /* The same over nth threads, each the reps of a range of the group's heads
@@ -3097,13 +3102,11 @@ typedef struct ei__qrep_split {
 } ei__qrep_split;
 static ei_result ei__qrep_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
     const ei__qrep_split *j = (const ei__qrep_split *)arg;
-    int32_t g, d = j->q->head_dim;
     (void)ws; (void)ws_bytes;
-    for (g = (int32_t)((int64_t)j->G * ith / nth); g < (int32_t)((int64_t)j->G * (ith + 1) / nth); ++g) {
-        float *qx = j->qrep + (size_t)g * 2u * (size_t)d;
-        if (!j->K->minmax(j->q, j->row0, j->nrows, j->kvh * j->G + g, qx, qx + d)) return EI_ERR_NONFINITE;
-    }
-    return EI_OK;
+    return ei__build_query_reps_heads(j->K, j->q, j->row0, j->nrows, j->kvh, j->G, (int32_t)((int64_t)j->G * ith / nth),
+                                      (int32_t)((int64_t)j->G * (ith + 1) / nth), j->qrep)
+               ? EI_OK
+               : EI_ERR_NONFINITE;
 }
 #define EI__QREP_SPLIT_MIN ((int64_t)1 << 18)
 static int ei__build_query_reps_mt(const ei_context *ctx, const ei_tensor *q, int64_t row0, int64_t nrows, int32_t kvh,
@@ -3768,8 +3771,8 @@ EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, cons
 }
 
 /* ei_profile_chunk_mt: kv-head ranges over the threads, or, with fewer kv
-   heads than threads, every head on this thread with its block scores split
-   (ei__score_row_split). The whole chunk is checked before any share runs,
+   heads than threads, every head on this thread with its query min/max and
+   block scores split (ei__build_query_reps_mt, ei__score_row_split). The whole chunk is checked before any share runs,
    so a bad call leaves every head's state as it was. */
 typedef struct ei__chunk_job {
     const ei_context *ctx;
@@ -3806,7 +3809,7 @@ EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, c
     if (nt > 1) {
         job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.q_pos = q_pos; job.is_final = is_final;
         r = ei__fork_join(ctx, ei__chunk_share, &job, nt, workspace, per);
-    } else /* one kv head (or one thread): its segments' block scores split */
+    } else /* one kv head (or one thread): its segments' query min/max and block scores split */
         r = ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, 0, kv, workspace, per, n_threads);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
