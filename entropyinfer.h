@@ -1106,15 +1106,25 @@ EI__HD int ei__head_rigid(const ei_config *c, const float *entropy_row, int32_t 
    B[0] = base; r = delta_t at s = 1, else the entropy's relative change,
    clamped to [0, 1 + delta_t]; B[s] = clamp(B[s-1] + alpha base (r - delta_t),
    min factor x base, max factor x base). */
-EI__HD double ei__budget_next(const ei_config *c, int32_t s, double prev, float h, float h_prev) {
-    double base = (double)c->base_budget, r, b, lo = c->budget_min_factor * base, hi = c->budget_max_factor * base;
-    if (s == 0) return base;
+/* Its two halves, so that a GPU can compute every segment's step at once and
+   run only the additions in series: the step alpha base (r - delta_t) of
+   segment s >= 1, and prev plus a step, clamped. */
+EI__HD double ei__budget_step(const ei_config *c, int32_t s, float h, float h_prev) {
+    double base = (double)c->base_budget, r;
     r = s == 1 ? c->delta_t : ((double)h - (double)h_prev) / ((double)h_prev + 1e-9);
     r = r > 0.0 ? r : 0.0;
     r = r < 1.0 + c->delta_t ? r : 1.0 + c->delta_t;
-    b = prev + c->alpha * base * (r - c->delta_t);
+    return c->alpha * base * (r - c->delta_t);
+}
+EI__HD double ei__budget_add(const ei_config *c, double prev, double step) {
+    double base = (double)c->base_budget, lo = c->budget_min_factor * base, hi = c->budget_max_factor * base;
+    double b = prev + step;
     b = b > lo ? b : lo;
     return b < hi ? b : hi;
+}
+EI__HD double ei__budget_next(const ei_config *c, int32_t s, double prev, float h, float h_prev) {
+    if (s == 0) return (double)c->base_budget;
+    return ei__budget_add(c, prev, ei__budget_step(c, s, h, h_prev));
 }
 /* Budget in tokens -> blocks kept: floor to blocks, then cap; segment 0 keeps none. */
 EI__HD int32_t ei__keep_of(const ei_config *c, int32_t s, double budget, int64_t cap) {

@@ -202,6 +202,17 @@ static ei_result deferred_record(const void *report, int source, int detail, cud
 }
 
 /* ------------------------------------------------------------ device helpers */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+/* 16 bytes, or zeros where !valid (src is then not read) */
+__device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 __device__ __forceinline__ float load_f32(const void *p, int dtype, int64_t i) {
     if (dtype == EI_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     if (dtype == EI_F16) return __half2float(((const __half *)p)[i]);
@@ -257,34 +268,80 @@ __device__ __forceinline__ uint64_t rank_key(float f, int64_t j) {
    candidates): elements [ns, l0) are candidates, the others (the always-kept
    blocks of a ranked row) take key 0, below every real key. An 8-bit radix
    select over the 64-bit rank keys; all threads return it; exactly k
-   candidates have a key >= the result. hist: 256 ints of shared. */
+   candidates have a key >= the result. hist: 256 ints of shared.
+   The high bytes of similar scores (sign and exponent) fall in one or two
+   bins, and 256 threads adding to one shared word one at a time made most of
+   the top-k kernel's time: a warp whose counted keys share a bin adds them in
+   one atomic (__match_any_sync for every add was slower still). The bin of
+   the k-th key is found by a warp (a suffix scan over 8 bins per lane),
+   not by one thread walking 256 bins. Once the four float bytes are decided, the
+   index bytes are needed only when the k-th score ties with a score that is
+   not kept: when every candidate of that score is kept (the usual case), the
+   threshold is the one of them with the highest index, found in one pass. */
 __device__ uint64_t block_select_kth_range(const float *row, int64_t len, int64_t k, int64_t ns, int64_t l0, int *hist) {
     __shared__ uint64_t s_prefix;
     __shared__ int64_t s_k;
+    __shared__ int s_take_all;
+    __shared__ unsigned s_last;
+    const int lane = (int)threadIdx.x & 31;
     uint64_t prefix = 0, mask = 0;
     if (threadIdx.x == 0) s_k = k;
     for (int pass = 0; pass < 8; pass++) {
         int shift = 56 - 8 * pass;
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-            uint64_t key = (j >= ns && j < l0) ? rank_key(row[j], j) : 0;
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        for (int64_t j0 = 0; j0 < len; j0 += blockDim.x) { /* whole warps in step, for the match */
+            const int64_t j = j0 + threadIdx.x;
+            const uint64_t key = (j < len && j >= ns && j < l0) ? rank_key(row[j], j) : 0;
+            const bool in = j < len && (key & mask) == prefix;
+            const unsigned bin = (unsigned)(key >> shift) & 255u, inmask = __ballot_sync(0xffffffffu, in);
+            if (!inmask) continue;
+            const unsigned lead = __shfl_sync(0xffffffffu, bin, __ffs(inmask) - 1);
+            if (__all_sync(0xffffffffu, !in || bin == lead)) {
+                if (lane == 0) atomicAdd(&hist[lead], __popc(inmask));
+            } else if (in) {
+                atomicAdd(&hist[bin], 1);
+            }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int64_t need = s_k, cum = 0;
-            int bin = 255;
-            for (; bin > 0; bin--) {
-                if (cum + hist[bin] >= need) break;
-                cum += hist[bin];
+        if (threadIdx.x < 32) { /* lane l holds bins 255 - 8l down to 248 - 8l */
+            int own = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) own += hist[255 - 8 * lane - i];
+            int incl = own; /* keys in bins above and in this lane's */
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
             }
-            s_k = need - cum;
-            s_prefix = prefix | ((uint64_t)bin << shift);
+            const int64_t need = s_k;
+            const unsigned hit = __ballot_sync(0xffffffffu, incl >= need);
+            const int l = hit ? __ffs(hit) - 1 : 31; /* the lane whose bins reach the k-th key */
+            if (lane == l) {
+                int64_t cum = incl - own;
+                int bin = 255 - 8 * l;
+                for (int i = 0; i < 7; i++, bin--) {
+                    if (cum + hist[bin] >= need) break;
+                    cum += hist[bin];
+                }
+                s_k = need - cum;
+                s_prefix = prefix | ((uint64_t)bin << shift);
+                s_take_all = pass == 3 && s_k == hist[bin];
+                s_last = 0u;
+            }
         }
         __syncthreads();
         prefix = s_prefix;
         mask |= (uint64_t)255 << shift;
+        if (s_take_all) { /* the score is decided and all its candidates are kept: the lowest key among them */
+            const uint32_t fk = (uint32_t)(prefix >> 32);
+            unsigned low = 0u; /* the largest ~index: the smallest key */
+            for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
+                if (j >= ns && j < l0 && float_key(row[j]) == fk) low = max(low, (unsigned)j + 1u);
+            if (low) atomicMax(&s_last, low);
+            __syncthreads();
+            return ((uint64_t)fk << 32) | (uint64_t)(0xFFFFFFFFu - (s_last - 1u));
+        }
         __syncthreads();
     }
     return prefix;
@@ -334,6 +391,7 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
         int d = d0 + lane;
         float mx = -INFINITY, mn = INFINITY;
         if (d < D)
+#pragma unroll 8 /* eight loads in flight per thread: one at a time left the kernel latency-bound */
             for (int64_t t = t0 + r; t < t1; t += 4) {
                 float x = load_f32(q, dtype, t * ts + (int64_t)h * hs + d);
                 bad |= !isfinite(x);
@@ -359,7 +417,11 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
 
 /* kfeat[(kvh*stride + b)*2 + {max,min}][D] for b_first <= b < nblk; the keys
    of blocks [b_first, nb_all) are scanned for non-finite values (the whole
-   prompt: every key, the last segment's too; chunks: the blocks they add). */
+   prompt: every key, the last segment's too; chunks: the blocks they add).
+   The block's loads are unrolled so that they are in flight together: one
+   at a time, the kernel was latency-bound (0.18 against 0.16 ms at 128k
+   tokens, 8 kv heads; 16-byte loads of 8 dimensions per thread, with an
+   eighth of the threads, took 0.27 ms). */
 __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
                                                     int D, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag,
                                                     int64_t b_first, int64_t stride) {
@@ -371,6 +433,7 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
     int64_t t0 = b * bs, t1 = min(n, t0 + bs);
     float mx = -INFINITY, mn = INFINITY;
     bool bad = false;
+#pragma unroll 8
     for (int64_t t = t0; t < t1; t++) {
         float x = load_f32(k, dtype, t * ts + (int64_t)kvh * hs + d);
         bad |= !isfinite(x);
@@ -383,6 +446,16 @@ __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, in
         o[D + d] = mn;
     }
     if (bad) atomicOr(flag, PF_NAN_K);
+}
+/* kfeat_kernel over blocks [b_first, nb_all) of every kv head of k. */
+static ei_result kfeat_run(const ei_tensor *k, int64_t n, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag,
+                           int64_t b_first, int64_t stride, cudaStream_t st, char *msg) {
+    const int D = k->head_dim;
+    const dim3 grid((unsigned)(((nb_all - b_first) * D + 255) / 256), (unsigned)k->n_heads);
+    kfeat_kernel<<<grid, 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n, D, bs, nblk, nb_all, kfeat,
+                                       flag, b_first, stride);
+    LAUNCH_CHECK("kfeat_kernel");
+    return EI_OK;
 }
 
 /* ============================================================ >>cuda-scores */
@@ -510,6 +583,193 @@ __global__ void __launch_bounds__(256, 2) score_kernel(const float *qfeat, const
         }
 }
 
+/* The same scores on a larger register tile (the default where head_dim is a
+   multiple of 4 and the features 16-byte aligned; EI_CUDA_SCORE_KERNEL=pairs
+   selects score_kernel above, which tests compare with it). A thread holds 8
+   rows (HP query heads of the group x SP = 4 / HP segments x {max, min} of
+   q) against 8 columns (4 blocks x {max, min} of k): 64 accumulators, every
+   product of a kv group's heads formed in one pass over the dimensions, so k
+   is staged once per group of HP heads instead of once per head. In a warp
+   the 4 row lanes share each k float4 and the 8 column lanes each q float4:
+   12 shared-memory wavefronts per 64 FMA cycles (score_kernel: 17 per 32).
+   Stages of 32 dimensions, k [2][128 blocks] and q [HP][2][8 SP segments]
+   rows padded to 36 floats, are double-buffered with cp.async (zero fill
+   past the rows and dimensions; the copies' addresses are affine in the
+   copy, which took the kernel from 248 to 155 registers). One CTA of 8 warps
+   per SM, the dimension loop unrolled 4 times. Measured on an H200 at 128k
+   tokens, 32/8 heads, d 128 (ncu, clocks not locked): 2.04-2.07 ms against
+   score_kernel's 2.6, 2.5 instructions per cycle, issue slots 62% busy;
+   two CTAs per SM (128 registers, q rows in two halves) and 64-dimension
+   stages were not faster (ei_profile 3.03-3.10 ms against 2.93).
+   HP = 4 when 4 divides G, else 2 when 2 does, else 1; G / HP passes, the
+   group mean summed in head order. Each accumulator's FMAs run in dimension
+   order from 0, as on the CPU: the scores are bit-identical to the CPU's and
+   to score_kernel's. Grid: x = block tiles x kv heads (kv head major),
+   y = segment tiles; row s of qfeat and raw is segment s_first + s. */
+#define SG_BT 128 /* blocks per CTA */
+#define SG_DC 32  /* dimensions per stage */
+/* floats of a stage of DC dimensions: k [2][SG_BT], q [HP][2][8 SP] rows (HP * SP = 4), padded by 4 */
+template <int DC> struct ScoreStage {
+    static constexpr int pitch = DC + 4, kfloats = 2 * SG_BT * pitch, qfloats = 8 * 8 * pitch,
+                         bytes = 2 * (kfloats + qfloats) * (int)sizeof(float);
+};
+/* Step it = (pass, dims dc) into stage buffers kbuf / qbuf. */
+template <int HP, int DC>
+__device__ __forceinline__ void score_group_stage(const float *qfeat, const float *kfeat, int nseg, int nblk, int D,
+                                                  int G, int kvh, int s0, int b0, int nchunk, int it, float *kbuf,
+                                                  float *qbuf) {
+    constexpr int SP = 4 / HP, ST = 8 * SP, F4 = DC / 4, PITCH = ScoreStage<DC>::pitch;
+    const int pass = it / nchunk, dc = (it % nchunk) * DC, tid = (int)threadIdx.x;
+    { /* k: rows (block, m); thread tid copies float4 f4 of blocks blk0 + BI * i (affine in i, so that
+         nothing per copy stays in a register) */
+        constexpr int BI = 256 / F4 / 2;
+        const int f4 = tid % F4, m = (tid / F4) & 1, blk0 = tid / F4 / 2;
+        const bool dok = dc + 4 * f4 < D;
+        const float *src = kfeat + ((int64_t)(kvh * (int64_t)nblk + b0 + blk0) * 2 + m) * D + dc + 4 * f4;
+        float *dst = kbuf + (m * SG_BT + blk0) * PITCH + 4 * f4;
+#pragma unroll
+        for (int i = 0; i < 2 * SG_BT * F4 / 256; i++) {
+            const bool ok = dok && b0 + blk0 + BI * i < nblk;
+            cp_async16_zfill(dst + BI * i * PITCH, ok ? src + (int64_t)BI * i * 2 * D : kfeat, ok);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HP * 2 * ST * F4 / 256; i++) { /* q: rows (head, segment, m) */
+        const int idx = tid + 256 * i, f4 = idx % F4, row = idx / F4, m = row & 1, sl = (row >> 1) % ST,
+                  gl = (row >> 1) / ST;
+        const bool ok = s0 + sl < nseg && dc + 4 * f4 < D;
+        const float *src =
+            ok ? qfeat + (((int64_t)(kvh * G + pass * HP + gl) * nseg + s0 + sl) * 2 + m) * D + dc + 4 * f4 : qfeat;
+        cp_async16_zfill(qbuf + ((gl * 2 + m) * ST + sl) * PITCH + 4 * f4, src, ok);
+    }
+}
+template <int HP>
+__global__ void __launch_bounds__(256, 1) score_group_kernel(const float *qfeat, const float *kfeat, float *raw,
+                                                             int nseg, int nblk, int D, int G, int bps, int blk_tiles,
+                                                             int s_first, int64_t raw_stride) {
+    constexpr int DC = SG_DC, SP = 4 / HP, ST = 8 * SP, PITCH = ScoreStage<DC>::pitch, KF = ScoreStage<DC>::kfloats,
+                  QF = ScoreStage<DC>::qfloats;
+    extern __shared__ __align__(16) float sg_smem[];
+    const int kvh = blockIdx.x / blk_tiles, s0 = blockIdx.y * ST, b0 = (blockIdx.x % blk_tiles) * SG_BT;
+    const int smax = s_first + min(s0 + ST, nseg) - 1;
+    if ((int64_t)b0 >= (int64_t)smax * bps) return; /* all masked */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rg = (warp >> 2) * 4 + (lane >> 3); /* row group: segments s0 + sp * 8 + rg */
+    const int cg = (warp & 3) * 8 + (lane & 7);   /* column group: blocks b0 + cg + 32 j */
+    const int nchunk = (D + DC - 1) / DC, steps = (G / HP) * nchunk;
+    float acc[8][8], res[SP][4];
+#pragma unroll
+    for (int a = 0; a < SP; a++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) res[a][j] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+#pragma unroll
+        for (int c = 0; c < 8; c++) acc[r][c] = 0.f;
+    score_group_stage<HP, DC>(qfeat, kfeat, nseg, nblk, D, G, kvh, s0, b0, nchunk, 0, sg_smem, sg_smem + KF);
+    cp_async_commit();
+    for (int it = 0; it < steps; it++) {
+        float *kb = sg_smem + (it & 1) * (KF + QF), *qb = kb + KF;
+        if (it + 1 < steps) {
+            float *nk = sg_smem + ((it + 1) & 1) * (KF + QF);
+            score_group_stage<HP, DC>(qfeat, kfeat, nseg, nblk, D, G, kvh, s0, b0, nchunk, it + 1, nk, nk + KF);
+            cp_async_commit();
+            cp_async_wait_one();
+        } else {
+            cp_async_wait_all();
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int dd = 0; dd < DC; dd += 4) {
+            float4 qv[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) { /* row r: pair r / 2 = (segment sp, head gl), m = r % 2 */
+                const int sp = (r >> 1) / HP, gl = (r >> 1) % HP, m = r & 1;
+                qv[r] = *(const float4 *)&qb[((gl * 2 + m) * ST + sp * 8 + rg) * PITCH + dd];
+            }
+#pragma unroll
+            for (int c = 0; c < 8; c++) { /* column c: block cg + 32 (c / 2), m = c % 2 */
+                const float4 kv = *(const float4 *)&kb[((c & 1) * SG_BT + cg + 32 * (c >> 1)) * PITCH + dd];
+#pragma unroll
+                for (int r = 0; r < 8; r++) acc[r][c] = fmaf(qv[r].x, kv.x, acc[r][c]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) acc[r][c] = fmaf(qv[r].y, kv.y, acc[r][c]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) acc[r][c] = fmaf(qv[r].z, kv.z, acc[r][c]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) acc[r][c] = fmaf(qv[r].w, kv.w, acc[r][c]);
+            }
+        }
+        if (it % nchunk == nchunk - 1) { /* a pass's last stage: its heads' scores into the group mean, in order */
+#pragma unroll
+            for (int sp = 0; sp < SP; sp++)
+#pragma unroll
+                for (int gl = 0; gl < HP; gl++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int r = (sp * HP + gl) * 2;
+                        res[sp][j] += fmaxf((acc[r][2 * j] + acc[r + 1][2 * j]) * 0.5f,
+                                            (acc[r][2 * j + 1] + acc[r + 1][2 * j + 1]) * 0.5f);
+                    }
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+#pragma unroll
+                for (int c = 0; c < 8; c++) acc[r][c] = 0.f;
+        }
+        __syncthreads(); /* the next step's stage overwrites this buffer */
+    }
+#pragma unroll
+    for (int sp = 0; sp < SP; sp++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int s = s0 + sp * 8 + rg, b = b0 + cg + 32 * j;
+            if (s < nseg && b < nblk && (int64_t)b < (int64_t)(s_first + s) * bps)
+                raw[((int64_t)kvh * nseg + s) * raw_stride + b] = res[sp][j] / (float)G;
+        }
+}
+/* Which score kernel a call runs and its grid: score_group_kernel where it
+   applies (head_dim a multiple of 4, features 16-byte aligned, the shared
+   memory of two stages), else score_kernel; EI_CUDA_SCORE_KERNEL=pairs
+   forces score_kernel (tests run both). nrows segments x nblk blocks (the
+   kfeat row stride), every kv head. */
+struct ScoreLaunch {
+    int hp; /* score_group_kernel's heads per pass, 0: score_kernel */
+    int64_t blk_tiles, seg_tiles;
+};
+static ei_result score_grid(const float *qfeat, const float *kfeat, int64_t nrows, int64_t nblk, int nkv, int D, int G,
+                            ScoreLaunch *sl, char *msg) {
+    const char *e = getenv("EI_CUDA_SCORE_KERNEL");
+    int smem_max = 0;
+    ei_result r = smem_limit(&smem_max, msg);
+    if (r) return r;
+    bool group = !(e && strcmp(e, "pairs") == 0) && D % 4 == 0 && (uintptr_t)qfeat % 16 == 0 &&
+                 (uintptr_t)kfeat % 16 == 0 && smem_max >= ScoreStage<SG_DC>::bytes;
+    sl->hp = group ? (G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) : 0;
+    const int64_t bt = group ? SG_BT : SC_BT, st = group ? 8 * (4 / sl->hp) : SC_ST;
+    sl->blk_tiles = (nblk + bt - 1) / bt;
+    sl->seg_tiles = (nrows + st - 1) / st;
+    return grid_fits("profile (block scores)", sl->blk_tiles * nkv, sl->seg_tiles, 1, msg);
+}
+static ei_result score_run(const ScoreLaunch &sl, const float *qfeat, const float *kfeat, float *raw, int nrows, int nblk,
+                           int nkv, int D, int G, int bps, int s_first, int64_t raw_stride, cudaStream_t st, char *msg) {
+    const dim3 grid((unsigned)(sl.blk_tiles * nkv), (unsigned)sl.seg_tiles);
+    const int bt = (int)sl.blk_tiles;
+#define EI__SG(HP)                                                                                                  \
+    do {                                                                                                            \
+        CUDA_TRY(cudaFuncSetAttribute(score_group_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
+                                      ScoreStage<SG_DC>::bytes));                                                   \
+        score_group_kernel<HP><<<grid, 256, ScoreStage<SG_DC>::bytes, st>>>(qfeat, kfeat, raw, nrows, nblk, D, G,   \
+                                                                            bps, bt, s_first, raw_stride);          \
+    } while (0)
+    if (sl.hp == 4) EI__SG(4);
+    else if (sl.hp == 2) EI__SG(2);
+    else if (sl.hp == 1) EI__SG(1);
+    else score_kernel<<<grid, 256, 0, st>>>(qfeat, kfeat, raw, nrows, nblk, D, G, bps, bt, s_first, raw_stride);
+#undef EI__SG
+    LAUNCH_CHECK("score_kernel");
+    return EI_OK;
+}
+
 /* ============================================================ >>cuda-softmax */
 /* entropy[kvh*seg_cap + s] and the optional softmaxed scores rows (blk_cap
    apart), computed as the CPU's ei__softmax_entropy / ei__uniform_entropy:
@@ -614,23 +874,57 @@ __device__ void segment_counts(const ei_config *c, int nkv, int s0, int s1, int 
             keep_count[(int64_t)h * seg_cap + s] = c->per_segment_budget ? mx : keep_blocks[(int64_t)h * seg_cap + s];
     }
 }
+/* Only the additions of the recurrence run in series. The class test
+   (ei__head_rigid), every segment's step (ei__budget_step: the entropy's
+   relative change, a double division) and the keep counts run on all
+   threads over (head, segment) pairs of a tile of segments staged in shared
+   memory; a thread per head then adds the steps (ei__budget_add). The whole
+   recurrence on one thread per head took 0.09-0.14 ms at 128k tokens. */
+#define BUDGET_TILE 1024
 __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_cap, int64_t n, int64_t nblk,
                               int max_keep, const float *entropy, uint8_t *head_class, float *budget,
                               int *keep_blocks, int *keep_count) {
+    __shared__ float Hs[BUDGET_TILE];
+    __shared__ double Bs[BUDGET_TILE]; /* a tile's steps, then its budgets */
     const ei_config *c = &cfg;
     const int64_t bps = c->segment_size / c->block_size;
     const bool counts = !(c->top_p > 0.0);
-    for (int h = threadIdx.x; h < nkv; h += blockDim.x) {
-        const float *H = entropy + (int64_t)h * seg_cap;
-        int rigid = ei__head_rigid(c, H, nseg);
+    for (int h = threadIdx.x; h < nkv; h += blockDim.x) head_class[h] = (uint8_t)EI_HEAD_RIGID;
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < (int64_t)nkv * nseg; e += blockDim.x) { /* ei__head_rigid, every pair */
+        const int h = (int)(e / nseg), s = (int)(e % nseg);
+        if (s > 0 && !ei__entropy_rigid(c, entropy[(int64_t)h * seg_cap + s])) head_class[h] = (uint8_t)EI_HEAD_DYNAMIC;
+    }
+    __syncthreads();
+    for (int hb = 0; hb < nkv; hb += blockDim.x) {
+        const int hn = min(nkv - hb, (int)blockDim.x), h = hb + (int)threadIdx.x, ts = max(1, BUDGET_TILE / hn);
+        const bool rigid = h < nkv && head_class[h] == EI_HEAD_RIGID;
         double B = 0.0;
-        head_class[h] = (uint8_t)(rigid ? EI_HEAD_RIGID : EI_HEAD_DYNAMIC);
-        for (int s = 0; s < nseg; s++) {
-            int64_t cap = ei__cap_blocks(c, s, n, nblk), n_sink, local0;
-            int64_t nf = ei__forced_blocks(c, min((int64_t)s * bps, nblk), &n_sink, &local0);
-            B = rigid ? (double)c->base_budget : ei__budget_next(c, s, B, H[s], s > 0 ? H[s - 1] : 0.0f);
-            budget[(int64_t)h * seg_cap + s] = (float)B;
-            if (counts) keep_blocks[(int64_t)h * seg_cap + s] = ei__keep_count(c, s, B, -1, nf, cap, max_keep);
+        for (int s0 = 0; s0 < nseg; s0 += ts) {
+            const int w = min(nseg - s0, ts);
+            __syncthreads(); /* the last tile's reads are done */
+            for (int e = threadIdx.x; e < hn * w; e += blockDim.x) Hs[e] = entropy[(int64_t)(hb + e / w) * seg_cap + s0 + e % w];
+            __syncthreads();
+            for (int e = threadIdx.x; e < hn * w; e += blockDim.x) { /* the steps */
+                const int s = s0 + e % w;
+                const float H = Hs[e], H_prev = s == 0 ? 0.0f : e % w ? Hs[e - 1] : entropy[(int64_t)(hb + e / w) * seg_cap + s - 1];
+                Bs[e] = s == 0 ? 0.0 : ei__budget_step(c, s, H, H_prev);
+            }
+            __syncthreads();
+            if (h < nkv) /* the additions, as ei__budget_next */
+                for (int i = 0; i < w; i++) {
+                    const int s = s0 + i;
+                    B = rigid || s == 0 ? (double)c->base_budget : ei__budget_add(c, B, Bs[(h - hb) * w + i]);
+                    Bs[(h - hb) * w + i] = B;
+                }
+            __syncthreads();
+            for (int e = threadIdx.x; e < hn * w; e += blockDim.x) { /* budgets and counts */
+                const int hh = hb + e / w, s = s0 + e % w;
+                int64_t cap = ei__cap_blocks(c, s, n, nblk), n_sink, local0;
+                int64_t nf = ei__forced_blocks(c, min((int64_t)s * bps, nblk), &n_sink, &local0);
+                budget[(int64_t)hh * seg_cap + s] = (float)Bs[e];
+                if (counts) keep_blocks[(int64_t)hh * seg_cap + s] = ei__keep_count(c, s, Bs[e], -1, nf, cap, max_keep);
+            }
         }
     }
     if (!counts) return;
@@ -1083,11 +1377,11 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     int nseg = (int)((n + seg - 1) / seg);
     int nblk = (nseg - 1) * bps;
     int64_t nb_all = (n + bs - 1) / bs, kblocks = (nb_all * D + 255) / 256;
-    int blk_tiles = (nblk + SC_BT - 1) / SC_BT, seg_tiles = (nseg + SC_ST - 1) / SC_ST;
+    ScoreLaunch sl;
     size_t sort_bytes = 0, rank_bytes = 0;
     if ((r = grid_fits("profile (query segments)", nseg, nh, 1, msg)) ||
         (r = grid_fits("profile (key blocks)", kblocks, nkv, 1, msg)) ||
-        (r = grid_fits("profile (block scores)", (int64_t)blk_tiles * nkv, seg_tiles, 1, msg)) ||
+        (r = score_grid(qfeat, kfeat, nseg, nblk, nkv, D, G, &sl, msg)) ||
         (r = grid_fits("profile (segments)", nseg, nkv, 1, msg)) ||
         (r = ranking_smem(cfg, plan, &sort_bytes, &rank_bytes, msg)))
         return r;
@@ -1097,14 +1391,8 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     qfeat_kernel<<<dim3(nseg, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D, seg, nseg,
                                                  qfeat, flag, 0, 0);
     LAUNCH_CHECK("qfeat_kernel");
-    kfeat_kernel<<<dim3((unsigned)kblocks, nkv), 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n,
-                                                                D, bs, nblk, nb_all, kfeat, flag, 0, nblk);
-    LAUNCH_CHECK("kfeat_kernel");
-    if (nblk > 0) {
-        score_kernel<<<dim3((unsigned)blk_tiles * nkv, seg_tiles), 256, 0, st>>>(qfeat, kfeat, raw, nseg, nblk, D, G,
-                                                                                  bps, blk_tiles, 0, nblk);
-        LAUNCH_CHECK("score_kernel");
-    }
+    if ((r = kfeat_run(k, n, bs, nblk, nb_all, kfeat, flag, 0, nblk, st, msg))) return r;
+    if (nblk > 0 && (r = score_run(sl, qfeat, kfeat, raw, nseg, nblk, nkv, D, G, bps, 0, nblk, st, msg))) return r;
     softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
                                                             plan->scores, plan->blk_capacity > 0 ? plan->blk_capacity : 1,
                                                             flag);
@@ -1150,7 +1438,6 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
-    const int blk_tiles = (int)((nblk + SC_BT - 1) / SC_BT), seg_tiles = (int)((nrows + SC_ST - 1) / SC_ST);
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
     ei__chunk_geom cg;
     ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, &w, msg);
@@ -1161,11 +1448,6 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
                     ws_bytes, w.total);
     if (q && G > EI_MAX_CHUNK_GROUP)
         return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning keeps up to %d query heads per kv head", EI_MAX_CHUNK_GROUP);
-    if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
-        (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||
-        (r = grid_fits("chunk (block scores)", (int64_t)blk_tiles * nkv, seg_tiles, 1, msg)) ||
-        (r = grid_fits("chunk (segments)", std::max(nrows, (int64_t)plan->seg_capacity), nkv, 1, msg)))
-        return r;
     ei__chunk_geometry(plan->seg_capacity, pad, nkv, D, &cg);
     char *base = ws_base(ws), *state = (char *)plan->state;
     float *qfeat = (float *)(base + w.qfeat), *raw = (float *)(base + w.raw);
@@ -1174,6 +1456,12 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     ei__seg_state *rec = (ei__seg_state *)(state + cg.seg_rows);
     float *open_reps = (float *)(state + cg.open_reps), *open_raw = (float *)(state + cg.open_mass);
     float *keys = (float *)(state + cg.key_reps);
+    ScoreLaunch sl;
+    if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
+        (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||
+        (r = score_grid(qfeat, keys, nrows, pad, nkv, D, G, &sl, msg)) ||
+        (r = grid_fits("chunk (segments)", std::max(nrows, (int64_t)plan->seg_capacity), nkv, 1, msg)))
+        return r;
     const int seg_cap = plan->seg_capacity;
     cudaStream_t st = stream_of(cfg);
 
@@ -1185,23 +1473,16 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
             LAUNCH_CHECK("chunk_clear_kernel");
         }
     }
-    if (scan_end > kb0) {
-        kfeat_kernel<<<dim3((unsigned)kblocks, nkv), 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride,
-                                                                    n, D, bs, (int)nblk, scan_end, keys, flag, kb0, pad);
-        LAUNCH_CHECK("kfeat_kernel");
-    }
+    if (scan_end > kb0 && (r = kfeat_run(k, n, bs, (int)nblk, scan_end, keys, flag, kb0, pad, st, msg))) return r;
     if (q) { /* the segments the chunk touches: features (the open one merged), scores, entropies */
         qfeat_kernel<<<dim3((unsigned)nrows, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n,
                                                                D, seg, (int)nrows, qfeat, flag, q_pos, (int)sq);
         LAUNCH_CHECK("qfeat_kernel");
         chunk_open_kernel<<<nkv, 256, 0, st>>>(qfeat, (int)nrows, G, D, open_reps, heads, continues, T > 0, flag);
         LAUNCH_CHECK("chunk_open_kernel");
-        if (nblk > 0) {
-            score_kernel<<<dim3((unsigned)blk_tiles * nkv, seg_tiles), 256, 0, st>>>(qfeat, keys, raw, (int)nrows,
-                                                                                      (int)pad, D, G, bps, blk_tiles,
-                                                                                      (int)sq, raw_stride);
-            LAUNCH_CHECK("score_kernel");
-        }
+        if (nblk > 0 && (r = score_run(sl, qfeat, keys, raw, (int)nrows, (int)pad, nkv, D, G, bps, (int)sq, raw_stride,
+                                       st, msg)))
+            return r;
         chunk_softmax_kernel<<<dim3((unsigned)nrows, nkv), 256, 0, st>>>(raw, (int)nrows, raw_stride, (int)sq, bps,
                                                                          plan->entropy, seg_cap, plan->scores,
                                                                          (int)blk_cap, flag);
@@ -1262,12 +1543,6 @@ __device__ __forceinline__ unsigned long long attn_bad_key(int is_k, int64_t tok
 
 #define POS_INVALID 0x7fffffff
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
