@@ -96,6 +96,7 @@ test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 
 test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_cuda_graph
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(GOLDEN_CUDA)
+	EI_CUDA_SCORE_KERNEL=pairs EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda --quick $(GOLDEN_CUDA)
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_backends --require-gpu
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda_graph
 	@if command -v compute-sanitizer >/dev/null; then \
