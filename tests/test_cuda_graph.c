@@ -600,7 +600,8 @@ static void expect_status(ei_context *capt, ei_result want, const char *want_msg
     int same;
     snprintf(msg, sizeof msg, "%s", r == EI_OK ? "" : ei_last_error());
     dt = strstr(msg, "(deferred): ");
-    et = strchr(want_msg, ':');
+    et = strstr(want_msg, entry); /* "EI_ERR_...: CUDA <entry>: <what>" */
+    et = et ? strchr(et, ':') : NULL;
     same = dt && et && !strcmp(dt + 12, et + 2);
     CHECK(r == want && same && strstr(msg, entry), "%s: ei_cuda_status %s (%s); the waiting call %s (%s)", what,
           ei_result_name(r), msg, ei_result_name(want), want_msg);
