@@ -18,7 +18,23 @@
    - deferred decode_observe (NaN) and kv_compact (a bad keep index, the cache
      left as it was) report through ei_cuda_status, captured in a graph too;
    - a chunk of chunked planning (ei_profile_chunk) and a final call without
-     queries, captured and replayed, equal the same calls without the mode. */
+     queries, captured and replayed, equal the same calls without the mode;
+   - decode keep sets: ei_decode_observe + ei_decode_keep (no row map, a row
+     map per kv head, one map for every head: rows out of position order and
+     empty rows), ei_decode_score + ei_decode_select (with and without maps),
+     a shared set (score + shared_add of two layers, select_shared) and
+     select_shared alone, captured (kernel and memset nodes only) and
+     replayed with new k and q: keep sets (index, positions, mask, pooled,
+     n_kept, compressed, n_tokens), scores and shared scores equal the
+     waiting calls' bit for bit;
+   - their deferred faults (a row_pos value < -1, two rows of one position,
+     fewer positions than the window, a window not consecutive, maps of
+     different counts, NaN/Inf in k, a non-finite shared score): the replay
+     records, ei_cuda_status returns the waiting call's code and message
+     (after "(deferred): ") naming the entry, once, and the next clean replay
+     equals the waiting call again; a row map of fewer positions than
+     decode_budget (the waiting call keeps them all) is EI_ERR_UNSUPPORTED
+     there, and fewer rows than decode_budget is refused at call time. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
