@@ -3486,7 +3486,8 @@ static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t 
     w->mz = align256(a);
     w->score = w->mz + align256(b);
     w->pooled = w->score + align256(c);
-    w->flags = w->pooled + align256(c); /* bad key, bad logits, bad shared score, (double) shared sum */
+    w->flags = w->pooled + align256(c); /* bad key, bad logits, bad shared score, (double) shared sum, then
+                                           the deferred-error report [4] of decode_check_kernel */
     w->keys_in = w->flags + 256;
     w->keys_out = w->keys_in + align256(mk);
     w->vals_in = w->keys_out + align256(mk);
