@@ -835,12 +835,15 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
 
 /* CUDA graphs (cfg.cuda_deferred_errors = 1). By default a GPU call that must
    look at device data to return its code (NaN/Inf in q or k, score overflow,
-   a bad keep index) waits for cfg.cuda_stream and reads a flag back. With
-   cuda_deferred_errors the per-layer calls ei_profile, ei_profile_chunk, the attention calls
-   (prefill and decode), ei_decode_observe and ei_kv_compact never wait, read back or
-   allocate: they only queue kernels and async memsets (and, for a chunk, a
-   device-to-device copy) on cfg.cuda_stream, so
-   an engine can capture a layer's calls in a CUDA graph (cudaStreamBeginCapture
+   a bad keep index, a bad row map) waits for cfg.cuda_stream and reads a flag
+   back. With cuda_deferred_errors the per-layer calls ei_profile,
+   ei_profile_chunk, the attention calls (prefill and decode),
+   ei_decode_observe, ei_decode_keep (and _mt), ei_decode_score,
+   ei_decode_select, ei_decode_shared_add, ei_decode_select_shared and
+   ei_kv_compact never wait, read back or allocate: they only queue kernels
+   (row maps are sorted by CUB in the decode workspace) and async memsets
+   (and, for a chunk, a device-to-device copy) on cfg.cuda_stream, so an
+   engine can capture a layer's calls in a CUDA graph (cudaStreamBeginCapture
    .. EndCapture) and replay it. Host-side checks (views, shapes, plan layout,
    protocol, workspace size) still fail at call time; a data error is recorded
    on the device instead, and the call's outputs are then unspecified
@@ -851,7 +854,23 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    error recorded since the last call, with the code and message the waiting
    call would have returned (ei_last_error), then cleared; EI_OK if none. The
    record is one per process and device: contexts in the mode on one device
-   share it. The other decode calls (keep, score, select) still wait. On the
+   share it. Keep sets: the host fields n_kept, compressed and n_tokens are
+   set at call time. Without a row map (keep->row_pos NULL) the cache holds
+   n_tokens positions and they are exact. With a row map the positions it
+   holds (np) are known only on the device, so the call assumes
+   np >= decode_budget: n_kept = decode_budget and compressed = 1 (the counts
+   of every call that compresses), and the device checks it: a cache holding
+   fewer positions is reported by ei_cuda_status (EI_ERR_UNSUPPORTED, naming
+   the count; the waiting call would have kept every position); with
+   n_tokens < decode_budget and a row map keep, select and select_shared
+   refuse at call time (EI_ERR_UNSUPPORTED). Call without the mode for such
+   caches (a graph of the first keep of a short sequence is rarely worth it).
+   Row-map faults (a value < -1, two rows of one position, fewer positions
+   than the window, a window not consecutive), NaN/Inf in k, overflowing
+   scores, non-finite shared scores and capacities that depend on np are
+   reported with the waiting call's code and message; after one, the keep
+   set, scores and shared array are left unwritten by the kernels after the
+   check (their contents are unspecified, as the host fields). On the
    CPU, or without the mode, ei_cuda_status returns EI_OK. */
 EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 
@@ -863,7 +882,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 7
+#define EI_CUDA_ABI_VERSION 8
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 #define EI_CUDA_MSG_SIZE 256
 
@@ -884,7 +903,11 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
    attention, decode_observe and kv_compact read nothing back: each queues a
    one-thread kernel that records its report on the device (the first since
    deferred_status cleared it), and returns EI_OK unless a host-side check
-   fails. */
+   fails. ABI 8: so do decode_keep, decode_score, decode_select,
+   decode_shared_add and decode_select_shared; with a row map the keep-set
+   entries set n_kept = decode_budget, compressed = 1 and check
+   np >= decode_budget on the device (n_tokens < decode_budget:
+   EI_ERR_UNSUPPORTED at call time). */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */

@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, ABI version 7).
+   entropyinfer.h (struct ei_cuda_api, ABI version 8).
 
    The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
    every argument of a public call (views, shapes, GQA, plan layout and
@@ -182,10 +182,13 @@ static ei_result slot_read(cudaStream_t st, const unsigned long long *slot, unsi
    queued after a call's checks moves its report (a profile flag, a first-bad
    slot) into g_deferred: word 0 = DE_* source | detail bits << 8, word 1 =
    the report, the first report since api_deferred_status cleared them (one
-   pair per process and device: the contexts of the mode share it). */
-enum { DE_PROFILE = 1, DE_ATTENTION = 2, DE_OBSERVE = 3, DE_COMPACT = 4 };
+   record per process and device: the contexts of the mode share it). The
+   decode entries (DE_DECODE) check on the device what the waiting calls
+   read back (decode_check_kernel): detail = the entry (DEC_E_*) | the fault
+   (DK_*) << 4, words 1..3 the values its message names. */
+enum { DE_PROFILE = 1, DE_ATTENTION = 2, DE_OBSERVE = 3, DE_COMPACT = 4, DE_DECODE = 5 };
 enum { DE_Q_F32 = 1, DE_BF16 = 2 }; /* detail bits of DE_ATTENTION */
-__device__ unsigned long long g_deferred[2];
+__device__ unsigned long long g_deferred[4];
 static inline bool deferred(const ei_config *cfg) { return cfg->cuda_deferred_errors != 0; }
 /* report: an int flag (DE_PROFILE, 0 = none) or a first-bad key (~0 = none) */
 __global__ void deferred_record_kernel(const void *report, int source, int detail) {
@@ -3262,6 +3265,7 @@ struct DecodeParams {
     MapRef map;      /* the rows of kv head kvh in position order: map kvh (maps > 1) or 0 */
     unsigned long long *bad_k;   /* first non-finite key: kv head << 32 | row */
     unsigned long long *bad_row; /* first query head whose logits overflow */
+    const unsigned long long *gate; /* deferred errors: the call's report (pass 2 writes nothing unless 0) */
 };
 #define DEC_KC 64
 #define DEC_RC 32
@@ -3280,6 +3284,7 @@ struct DecodeParams {
 template <int FINAL>
 __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     extern __shared__ float dsm[];
+    if (FINAL && p.gate && *p.gate != 0ull) return; /* a recorded fault: no scores */
     float *kt = dsm, *lg = dsm + DEC_KC * (p.D + 1);
     int c = blockIdx.x, kvh = p.kv0 + (int)blockIdx.y, tid = threadIdx.x;
     int m = p.map.maps > 1 ? kvh : 0;
@@ -3400,9 +3405,12 @@ __global__ void reduce_heads_kernel(const float *scores, int64_t n, int heads, i
 /* pooled[h][j], j < L of head h's map (rows of n), as the CPU's
    ei__pool_scores: avg (candidates outside 0..L-1 count as zero, divided by
    the kernel width), max (over those inside), none. Heads that compress
-   (np >= budget) also write pooled_out. */
+   (np >= budget) also write pooled_out (gate: deferred errors, the call's
+   report: nothing written unless 0). */
 __global__ void pool_kernel(const float *score, float *pooled, float *pooled_out, int64_t pooled_cap, int64_t n, int heads,
-                            MapRef mr, int div, int64_t W, int64_t budget, int pool, int kernel) {
+                            MapRef mr, int div, int64_t W, int64_t budget, int pool, int kernel,
+                            const unsigned long long *gate) {
+    if (gate && *gate != 0ull) return;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)heads * n;
          idx += (int64_t)gridDim.x * blockDim.x) {
         int h = (int)(idx / n);
@@ -3441,6 +3449,7 @@ struct KeepParams {
     int *positions;
     uint8_t *mask;
     int64_t mask_cap;
+    const unsigned long long *gate; /* deferred errors: the call's report (nothing written unless 0) */
 };
 /* One CTA per head: every row holding a position when fewer than budget do;
    else the kk = budget - W best candidates (ties to the older position) and
@@ -3449,6 +3458,7 @@ struct KeepParams {
 __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
     __shared__ int hist[256];
     __shared__ int warp_tot[8];
+    if (p.gate && *p.gate != 0ull) return; /* a recorded fault: the keep set is not touched */
     int h = blockIdx.x;
     int m = p.map.maps > 1 ? h / p.div : 0;
     int64_t np = map_np(p.map, m), L = np - p.W;
@@ -3513,13 +3523,183 @@ __global__ void shared_sum_kernel(const float *pooled, MapRef mr, int64_t W, dou
     if (threadIdx.x == 0) *sum = acc;
 }
 __global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, int use_max,
-                                  float *shared) {
+                                  float *shared, const unsigned long long *gate) {
+    if (gate && *gate != 0ull) return; /* a recorded fault: the layer adds nothing */
     double s = *sum;
     int64_t np = map_np(mr, 0), L = np - W;
     if (!(s > 0.0)) return;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x) {
         float v = (float)((double)pooled[j] / s), *x = shared + map_row(mr, 0, np, j);
         *x = use_max ? fmaxf(*x, v) : *x + v; /* gqa_reduce max: the layers' maximum */
+    }
+}
+
+/* select_shared with deferred errors: the candidates' shared scores into
+   keep->pooled when the set compresses (np >= budget; np known only here) */
+__global__ void pooled_copy_kernel(const float *pooled, float *out, MapRef mr, int64_t W, int64_t budget,
+                                   const unsigned long long *gate) {
+    if (gate && *gate != 0ull) return;
+    int64_t np = map_np(mr, 0), L = np - W;
+    if (np < budget) return;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x)
+        out[j] = pooled[j];
+}
+
+/* ------------------------------------------------------------ decode faults
+   What the waiting decode entries find in device data (the row maps' info,
+   the scoring flags, the shared scores, the counts that follow from them),
+   one code and message each (decode_fault_fail), so that the waiting call
+   and ei_cuda_status (deferred errors) say the same. Values a, b, c: */
+enum {
+    DK_ROW_POS = 1,     /* row_pos[a] = (int)b < -1 */
+    DK_DUPLICATE,       /* rows a and b both hold position c */
+    DK_TOO_FEW,         /* a positions, fewer than the b observed queries */
+    DK_NOT_CONSECUTIVE, /* the newest a positions (b..c) are not consecutive */
+    DK_BAD_K,           /* NaN/Inf in k: a = kv head << 32 | row */
+    DK_OVERFLOW,        /* the logits of query head a overflow */
+    DK_MAPS_DIFFER,     /* two kv heads' maps hold a and b positions */
+    DK_CAPACITY,        /* keep capacity a < b positions */
+    DK_POOLED,          /* pooled capacity a < b candidates */
+    DK_SHARED,          /* the shared score of row a is not finite */
+    DK_BUDGET           /* deferred errors with a row map: b positions, fewer than decode_budget a */
+};
+/* the entry of a DE_DECODE report */
+enum { DEC_E_KEEP = 1, DEC_E_SCORE, DEC_E_SELECT, DEC_E_SHARED_ADD, DEC_E_SELECT_SHARED };
+static const char *decode_entry_name(int e) {
+    return e == DEC_E_KEEP ? "decode_keep" : e == DEC_E_SCORE ? "decode_score" : e == DEC_E_SELECT ? "decode_select"
+         : e == DEC_E_SHARED_ADD ? "decode_shared_add" : e == DEC_E_SELECT_SHARED ? "decode_select_shared" : "decode";
+}
+static ei_result decode_fault_fail(int kind, unsigned long long a, unsigned long long b, unsigned long long c, char *msg) {
+    switch (kind) {
+    case DK_ROW_POS:
+        return fail(msg, EI_ERR_SHAPE, "row_pos[%lld] = %d (a position >= 0, or -1 for a row without one)", (long long)a,
+                    (int)(unsigned)b);
+    case DK_DUPLICATE:
+        return fail(msg, EI_ERR_SHAPE, "rows %d and %d both hold position %d", (int)(unsigned)a, (int)(unsigned)b,
+                    (int)(unsigned)c);
+    case DK_TOO_FEW:
+        return fail(msg, EI_ERR_SHAPE, "the cache holds %lld positions, fewer than the %lld observed queries",
+                    (long long)a, (long long)b);
+    case DK_NOT_CONSECUTIVE:
+        return fail(msg, EI_ERR_SHAPE,
+                    "the newest %lld positions (%d..%d) are not consecutive: the window's keys must all be in the cache",
+                    (long long)a, (int)(unsigned)b, (int)(unsigned)c);
+    case DK_BAD_K:
+        return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k (head %d, row %lld)", (int)(a >> 32),
+                    (long long)(a & 0xFFFFFFFFu));
+    case DK_OVERFLOW: return fail(msg, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)a);
+    case DK_MAPS_DIFFER:
+        return fail(msg, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions (one count per keep set)",
+                    (long long)a, (long long)b);
+    case DK_CAPACITY:
+        return fail(msg, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)a, (long long)b);
+    case DK_POOLED: return fail(msg, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)a, (long long)b);
+    case DK_SHARED: return fail(msg, EI_ERR_NONFINITE, "shared score of row %d is not finite", (int)a);
+    case DK_BUDGET:
+        return fail(msg, EI_ERR_UNSUPPORTED,
+                    "with cuda_deferred_errors and a row map the cache must hold at least decode_budget (%lld) "
+                    "positions (it holds %lld): call without deferred errors", (long long)a, (long long)b);
+    default: return fail(msg, EI_ERR_BACKEND, "unknown decode fault %d", kind);
+    }
+}
+
+/* The checks of a decode entry with deferred errors, in the waiting call's
+   order: maps [a0, a1) (map_check), the scoring flags, select_shared's
+   pooled capacity and shared scores (when the set compresses), then per
+   keep-set head its map, the maps' counts, the capacities and, with a row
+   map, np >= budget (keep_counts). info NULL: no row map (np = n, checked on
+   the host). */
+struct DecodeCheck {
+    int entry;
+    const unsigned long long *info; /* [maps][4] (maps_build), NULL: no row map */
+    int maps, a0, a1;
+    const int *row_pos;
+    int64_t stride, n, W, budget;
+    const unsigned *keys; /* the sorted maps (position + 1) */
+    const int *vals;      /* their rows */
+    const unsigned long long *score_flags; /* bad_k, bad_row of decode_score_run, or NULL */
+    const unsigned long long *shared_bad;  /* select_shared's gather flag, or NULL */
+    int heads, div;                        /* keep-set heads (0: none), head h on map h / div */
+    int64_t capacity, pooled_cap;
+    int pooled, need_budget;
+    unsigned long long *report;            /* [4] in the workspace: word 0 = 0 (none) or the DE word */
+};
+__device__ int map_fault(const DecodeCheck &c, int m, unsigned long long *v) {
+    const unsigned long long *in = c.info + 4 * m;
+    int64_t at = (int64_t)m * c.n, W = c.W;
+    if (in[1] != ~0ull) {
+        v[0] = in[1];
+        v[1] = (unsigned)c.row_pos[(int64_t)m * c.stride + (int64_t)in[1]];
+        return DK_ROW_POS;
+    }
+    if (in[2] != ~0ull) {
+        int64_t i = (int64_t)in[2];
+        v[0] = (unsigned)c.vals[at + i - 1];
+        v[1] = (unsigned)c.vals[at + i];
+        v[2] = (unsigned)(c.keys[at + i] - 1u);
+        return DK_DUPLICATE;
+    }
+    if ((int64_t)in[0] < W) {
+        v[0] = in[0];
+        v[1] = (unsigned long long)W;
+        return DK_TOO_FEW;
+    }
+    if (W > 0 && in[3] != (unsigned long long)(W - 1)) {
+        v[0] = (unsigned long long)W;
+        v[1] = (unsigned)(c.keys[at + c.n - W] - 1u);
+        v[2] = (unsigned)(c.keys[at + c.n - 1] - 1u);
+        return DK_NOT_CONSECUTIVE;
+    }
+    return 0;
+}
+__device__ int decode_faults(const DecodeCheck &c, unsigned long long *v) {
+    int kind = 0;
+    for (int m = c.a0; c.info && m < c.a1; m++)
+        if ((kind = map_fault(c, m, v))) return kind;
+    if (c.score_flags) {
+        if (c.score_flags[0] != ~0ull) { v[0] = c.score_flags[0]; return DK_BAD_K; }
+        if (c.score_flags[1] != ~0ull) { v[0] = c.score_flags[1]; return DK_OVERFLOW; }
+    }
+    if (c.shared_bad) {
+        int64_t np = c.info ? (int64_t)c.info[0] : c.n, L = np - c.W;
+        if (np >= c.budget) {
+            if (c.pooled && c.pooled_cap < L) { v[0] = (unsigned long long)c.pooled_cap; v[1] = (unsigned long long)L; return DK_POOLED; }
+            if (*c.shared_bad != ~0ull) { v[0] = *c.shared_bad & 0xFFFFFFFFu; return DK_SHARED; }
+        }
+    }
+    int64_t np0 = -1;
+    int last_m = -1;
+    for (int h = 0; h < c.heads; h++) {
+        int m = c.maps > 1 ? h / c.div : 0;
+        if (c.info && m != last_m && (kind = map_fault(c, m, v))) return kind;
+        last_m = m;
+        int64_t np = c.info ? (int64_t)c.info[4 * m] : c.n;
+        if (np0 >= 0 && np != np0) { v[0] = (unsigned long long)np0; v[1] = (unsigned long long)np; return DK_MAPS_DIFFER; }
+        np0 = np;
+        if (np > c.capacity && np < c.budget) { v[0] = (unsigned long long)c.capacity; v[1] = (unsigned long long)np; return DK_CAPACITY; }
+        if (np < c.budget) {
+            if (c.need_budget) { v[0] = (unsigned long long)c.budget; v[1] = (unsigned long long)np; return DK_BUDGET; }
+            continue;
+        }
+        int64_t L = np - c.W;
+        if (c.pooled && c.pooled_cap < L) { v[0] = (unsigned long long)c.pooled_cap; v[1] = (unsigned long long)L; return DK_POOLED; }
+    }
+    return 0;
+}
+/* one thread: the call's first fault into its report (the gate of the
+   kernels after it) and, the first since the last deferred_status, g_deferred */
+__global__ void decode_check_kernel(DecodeCheck c) {
+    unsigned long long v[3] = {0, 0, 0};
+    int kind = decode_faults(c, v);
+    unsigned long long w0 = kind ? (unsigned long long)DE_DECODE | ((unsigned long long)(c.entry | kind << 4) << 8) : 0ull;
+    c.report[1] = v[0];
+    c.report[2] = v[1];
+    c.report[3] = v[2];
+    c.report[0] = w0;
+    if (kind && atomicCAS(&g_deferred[0], 0ull, w0) == 0ull) {
+        atomicExch(&g_deferred[1], v[0]);
+        atomicExch(&g_deferred[2], v[1]);
+        atomicExch(&g_deferred[3], v[2]);
     }
 }
 
@@ -3581,7 +3761,8 @@ static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t 
     w->mz = align256(a);
     w->score = w->mz + align256(b);
     w->pooled = w->score + align256(c);
-    w->flags = w->pooled + align256(c); /* bad key, bad logits, bad shared score, (double) shared sum */
+    w->flags = w->pooled + align256(c); /* bad key, bad logits, bad shared score, (double) shared sum, then
+                                           the deferred-error report [4] of decode_check_kernel */
     w->keys_in = w->flags + 256;
     w->keys_out = w->keys_in + align256(mk);
     w->vals_in = w->keys_out + align256(mk);
@@ -3613,20 +3794,24 @@ static ei_result decode_ws_take(const ei_config *cfg, int64_t n, const ei_decode
     return EI_OK;
 }
 
-/* The row maps of a call, sorted on the device; info read back. */
+/* The row maps of a call, sorted on the device; their info read back (the
+   waiting calls), or left on the device with deferred errors (on_device:
+   decode_check_kernel reads it, the host never learns np). */
 struct Maps {
     MapRef ref;
-    std::vector<unsigned long long> info; /* host copy [maps][4] (identity: one map) */
+    std::vector<unsigned long long> info; /* host copy [maps][4] (identity: one map); empty when on_device */
     const int32_t *row_pos;
     int64_t stride, n, W;
     const unsigned *keys; /* sorted keys (position + 1) [maps][n] */
     const int *vals;      /* sorted rows [maps][n] */
+    bool on_device;       /* row maps under deferred errors: info only on the device */
     int64_t np(int m) const { return (int64_t)info[ref.maps ? 4 * m : 0]; }
 };
 /* Maps m0..m1-1 of row_pos (map m at row_pos + m * stride); maps 0: row j
-   holds position j. Synchronises the stream (the host reads the counts). */
+   holds position j. readback: synchronises the stream (the host reads the
+   counts); else (deferred errors) only queues the kernels and the sorts. */
 static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, int m0, int m1, int64_t n, int64_t W,
-                            char *base, const DecodeWs &w, cudaStream_t st, Maps *mp, char *msg) {
+                            bool readback, char *base, const DecodeWs &w, cudaStream_t st, Maps *mp, char *msg) {
     mp->row_pos = row_pos;
     mp->stride = stride;
     mp->n = n;
@@ -3637,6 +3822,7 @@ static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, in
     mp->ref.maps = maps;
     mp->keys = (const unsigned *)(base + w.keys_out);
     mp->vals = (const int *)(base + w.vals_out);
+    mp->on_device = false;
     if (!maps) {
         mp->info.assign(4, 0);
         mp->info[0] = (unsigned long long)n;
@@ -3652,7 +3838,7 @@ static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, in
     LAUNCH_CHECK("map_init_kernel");
     map_prep_kernel<<<stride_blocks(total), 256, 0, st>>>(row_pos, stride, m0, m1, n, kin, vin, dinfo);
     LAUNCH_CHECK("map_prep_kernel");
-    for (int m = m0; m < m1; m++) {
+    for (int m = m0; m < m1; m++) { /* CUB with the workspace's temporary storage: kernels only */
         size_t tb = w.sort_bytes;
         int64_t at = (int64_t)m * n;
         CUDA_TRY(cub::DeviceRadixSort::SortPairs((void *)(base + w.sort), tb, kin + at, kout + at, vin + at, vout + at,
@@ -3660,15 +3846,21 @@ static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, in
     }
     map_post_kernel<<<stride_blocks(total), 256, 0, st>>>(kout, m0, m1, n, W, dinfo);
     LAUNCH_CHECK("map_post_kernel");
+    mp->ref.order = vout;
+    mp->ref.info = dinfo;
+    if (!readback) {
+        mp->info.clear();
+        mp->on_device = true;
+        return EI_OK;
+    }
     mp->info.assign((size_t)maps * 4, 0);
     CUDA_TRY(cudaMemcpyAsync(mp->info.data() + 4 * m0, dinfo + 4 * m0, sizeof(unsigned long long) * 4 * (m1 - m0),
                              cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaStreamSynchronize(st));
-    mp->ref.order = vout;
-    mp->ref.info = dinfo;
     return EI_OK;
 }
-/* Map m as the CPU's ei__decode_order checks it, in its order. */
+/* Map m as the CPU's ei__decode_order checks it, in its order (host info:
+   a waiting call, or no row map). */
 static ei_result map_check(const Maps &mp, int m, char *msg) {
     const unsigned long long *in = &mp.info[mp.ref.maps ? 4 * m : 0];
     int64_t n = mp.n, W = mp.W, at = (int64_t)m * n;
@@ -3676,7 +3868,7 @@ static ei_result map_check(const Maps &mp, int m, char *msg) {
         int v = 0;
         int64_t j = (int64_t)in[1];
         CUDA_TRY(cudaMemcpy(&v, mp.row_pos + (int64_t)m * mp.stride + j, sizeof v, cudaMemcpyDeviceToHost));
-        return fail(msg, EI_ERR_SHAPE, "row_pos[%lld] = %d (a position >= 0, or -1 for a row without one)", (long long)j, v);
+        return decode_fault_fail(DK_ROW_POS, (unsigned long long)j, (unsigned)v, 0, msg);
     }
     if (in[2] != ~0ull) {
         int64_t i = (int64_t)in[2];
@@ -3684,27 +3876,69 @@ static ei_result map_check(const Maps &mp, int m, char *msg) {
         unsigned key = 0;
         CUDA_TRY(cudaMemcpy(rows, mp.vals + at + i - 1, sizeof rows, cudaMemcpyDeviceToHost));
         CUDA_TRY(cudaMemcpy(&key, mp.keys + at + i, sizeof key, cudaMemcpyDeviceToHost));
-        return fail(msg, EI_ERR_SHAPE, "rows %d and %d both hold position %d", rows[0], rows[1], (int)(key - 1u));
+        return decode_fault_fail(DK_DUPLICATE, (unsigned)rows[0], (unsigned)rows[1], key - 1u, msg);
     }
-    if ((int64_t)in[0] < W)
-        return fail(msg, EI_ERR_SHAPE, "the cache holds %lld positions, fewer than the %lld observed queries",
-                    (long long)in[0], (long long)W);
+    if ((int64_t)in[0] < W) return decode_fault_fail(DK_TOO_FEW, in[0], (unsigned long long)W, 0, msg);
     if (W > 0 && in[3] != (unsigned long long)(W - 1)) {
         unsigned keys[2] = {0, 0};
         CUDA_TRY(cudaMemcpy(&keys[0], mp.keys + at + n - W, sizeof keys[0], cudaMemcpyDeviceToHost));
         CUDA_TRY(cudaMemcpy(&keys[1], mp.keys + at + n - 1, sizeof keys[1], cudaMemcpyDeviceToHost));
-        return fail(msg, EI_ERR_SHAPE,
-                    "the newest %lld positions (%d..%d) are not consecutive: the window's keys must all be in the cache",
-                    (long long)W, (int)(keys[0] - 1u), (int)(keys[1] - 1u));
+        return decode_fault_fail(DK_NOT_CONSECUTIVE, (unsigned long long)W, keys[0] - 1u, keys[1] - 1u, msg);
     }
     return EI_OK;
 }
 
+/* Deferred errors: a decode entry's DecodeCheck over the maps of mp (row
+   maps on the device; none: np = n, checked on the host), its report in the
+   workspace's flag block. */
+static void check_init(DecodeCheck *c, int entry, const Maps &mp, int64_t budget, char *base, const DecodeWs &w) {
+    memset(c, 0, sizeof *c);
+    c->entry = entry;
+    if (mp.on_device) {
+        c->info = mp.ref.info;
+        c->maps = mp.ref.maps;
+        c->row_pos = mp.row_pos;
+        c->stride = mp.stride;
+        c->keys = mp.keys;
+        c->vals = mp.vals;
+    }
+    c->n = mp.n;
+    c->W = mp.W;
+    c->budget = budget;
+    c->report = (unsigned long long *)(base + w.flags) + 4;
+}
+/* the keep-set checks of keep_counts, on the device (need_budget: np >=
+   decode_budget, the counts the host assumed) */
+static void check_keep(DecodeCheck *c, const ei_keep_set *keep, int heads, int div, bool need_budget) {
+    c->heads = heads;
+    c->div = div;
+    c->capacity = keep->capacity;
+    c->pooled = keep->pooled != NULL;
+    c->pooled_cap = keep->pooled_capacity;
+    c->need_budget = need_budget;
+}
+static ei_result check_launch(const DecodeCheck &c, cudaStream_t st, char *msg) {
+    decode_check_kernel<<<1, 1, 0, st>>>(c);
+    LAUNCH_CHECK("decode_check_kernel");
+    return EI_OK;
+}
+/* Deferred errors with a row map: the keep set's counts are set on the host
+   for a cache of >= decode_budget positions (checked on the device), which a
+   cache of fewer rows cannot hold. */
+static ei_result deferred_rows_refuse(const ei_config *cfg, int64_t n, char *msg) {
+    return fail(msg, EI_ERR_UNSUPPORTED,
+                "with cuda_deferred_errors and a row map the cache must hold at least decode_budget (%d) positions, "
+                "and %lld rows cannot: call without deferred errors", (int)cfg->decode_budget, (long long)n);
+}
+
 /* The window scores of query heads [h0, h1) against k in each kv head's
-   position order: into score (decode_keep's candidates) or raw (per row). */
+   position order: into score (decode_keep's candidates) or raw (per row).
+   chk NULL: the flags are read back (NaN/Inf in k, overflow) before the
+   scores are written; else (deferred errors) chk is launched after the first
+   pass with the flags and gates the second. */
 static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k, const MapRef &mr,
                                   int64_t W, int h0, int h1, float *score, float *raw, char *base, const DecodeWs &w,
-                                  cudaStream_t st, char *msg) {
+                                  DecodeCheck *chk, cudaStream_t st, char *msg) {
     ei_result r;
     int nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim, G = nh / nkv;
     int64_t n = k->n_tokens;
@@ -3737,15 +3971,16 @@ static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, c
     CUDA_TRY(cudaMemsetAsync(p.bad_k, 0xFF, 2 * sizeof(unsigned long long), st));
     decode_score_kernel<0><<<dim3(p.nchunks, kv_count), DEC_KC, smem, st>>>(p);
     LAUNCH_CHECK("decode_score_kernel<0>");
-    {   /* K and the logits are checked before anything of the results is written */
+    if (chk) { /* deferred errors: the maps, the flags (and a keep set's counts) checked on the device */
+        chk->score_flags = p.bad_k;
+        if ((r = check_launch(*chk, st, msg))) return r;
+        p.gate = chk->report;
+    } else { /* K and the logits are checked before anything of the results is written */
         unsigned long long bad[2] = {0, 0};
         CUDA_TRY(cudaMemcpyAsync(bad, p.bad_k, sizeof bad, cudaMemcpyDeviceToHost, st));
         CUDA_TRY(cudaStreamSynchronize(st));
-        if (bad[0] != ~0ull)
-            return fail(msg, EI_ERR_NONFINITE, "NaN or Inf in k (head %d, row %lld)", (int)(bad[0] >> 32),
-                        (long long)(bad[0] & 0xFFFFFFFFu));
-        if (bad[1] != ~0ull)
-            return fail(msg, EI_ERR_NONFINITE, "decode scores of head %d overflow float32", (int)bad[1]);
+        if (bad[0] != ~0ull) return decode_fault_fail(DK_BAD_K, bad[0], 0, 0, msg);
+        if (bad[1] != ~0ull) return decode_fault_fail(DK_OVERFLOW, bad[1], 0, 0, msg);
     }
     decode_combine_kernel<<<(unsigned)(((int64_t)(h1 - h0) * W + 127) / 128), 128, 0, st>>>(p);
     LAUNCH_CHECK("decode_combine_kernel");
@@ -3754,42 +3989,67 @@ static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, c
     return EI_OK;
 }
 
-/* A keep set of `heads` heads (head h on map h / div) from the reduced
-   candidate scores red [heads][n] (pooled here when pool_it, else red is
-   already pooled and keep->pooled written by the caller). The host checks
-   come first, per head in the CPU's order (its map, then capacities). */
-static ei_result keep_finish_run(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
-                                 int div, float *red, bool pool_it, char *base, const DecodeWs &w, cudaStream_t st,
-                                 char *msg) {
+/* The counts of a keep set of `heads` heads (head h on map h / div) and the
+   host checks, per head in the CPU's order (its map, the maps' counts, the
+   capacities). Row maps on the device (deferred errors): the cache is taken
+   to hold >= decode_budget positions, so every head keeps decode_budget rows
+   (decode_budget >= window >= W) and compresses; decode_check_kernel checks
+   it (DK_BUDGET) with the rest. */
+struct KeepCounts {
+    int32_t n_kept;
+    int compressed;
+};
+static ei_result keep_counts(const ei_config *cfg, const ei_keep_set *keep, const Maps &mp, int heads, int div,
+                             KeepCounts *kc, char *msg) {
     ei_result r;
-    int64_t budget = cfg->decode_budget, n = mp.n, W = mp.W, np = 0;
-    int32_t n_kept = 0;
+    int64_t budget = cfg->decode_budget, W = mp.W, np = 0, np0 = -1;
     int last_m = -1;
+    kc->n_kept = 0;
+    kc->compressed = 0;
+    if (mp.on_device) {
+        kc->n_kept = (int32_t)budget;
+        kc->compressed = 1;
+        return EI_OK;
+    }
     for (int h = 0; h < heads; h++) {
         int m = mp.ref.maps > 1 ? h / div : 0;
         if (m != last_m && (r = map_check(mp, m, msg))) return r;
         last_m = m;
         np = mp.np(m);
+        if (np0 >= 0 && np != np0) return decode_fault_fail(DK_MAPS_DIFFER, (unsigned long long)np0, (unsigned long long)np, 0, msg);
+        np0 = np;
         if (np > (int64_t)keep->capacity && np < budget)
-            return fail(msg, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
+            return decode_fault_fail(DK_CAPACITY, (unsigned long long)keep->capacity, (unsigned long long)np, 0, msg);
         if (np < budget) {
-            n_kept = (int32_t)np;
+            kc->n_kept = (int32_t)np;
             continue;
         }
         int64_t L = np - W, kk = budget - W;
         if (kk > L) kk = L;
         if (kk < 0) kk = 0;
         if (keep->pooled && keep->pooled_capacity < L)
-            return fail(msg, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
-        n_kept = (int32_t)(kk + W);
+            return decode_fault_fail(DK_POOLED, (unsigned long long)keep->pooled_capacity, (unsigned long long)L, 0, msg);
+        kc->n_kept = (int32_t)(kk + W);
     }
+    kc->compressed = np >= budget; /* the last head's, as the CPU */
+    return EI_OK;
+}
+/* The keep set from the reduced candidate scores red [heads][n] (pooled here
+   when pool_it, else red is already pooled and keep->pooled written by the
+   caller), with the counts of keep_counts. gate: deferred errors, the call's
+   report (nothing of the keep set written unless 0). */
+static ei_result keep_launch(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
+                             int div, float *red, bool pool_it, char *base, const DecodeWs &w, const KeepCounts &kc,
+                             const unsigned long long *gate, cudaStream_t st, char *msg) {
+    ei_result r;
+    int64_t budget = cfg->decode_budget, n = mp.n, W = mp.W;
     if ((r = grid_fits("decode keep", heads, 1, 1, msg))) return r;
     float *pooled = red;
     if (pool_it) {
         pooled = (float *)(base + w.pooled);
         pool_kernel<<<stride_blocks((int64_t)heads * n), 256, 0, st>>>(red, pooled, keep->pooled, keep->pooled_capacity, n,
                                                                       heads, mp.ref, div, W, budget, cfg->pool,
-                                                                      cfg->pool_kernel);
+                                                                      cfg->pool_kernel, gate);
         LAUNCH_CHECK("pool_kernel");
     }
     KeepParams kp;
@@ -3803,38 +4063,62 @@ static ei_result keep_finish_run(const ei_config *cfg, ei_decoder *dec, ei_keep_
     kp.flag = (uint8_t *)(base + w.rowflag);
     kp.index = keep->index; kp.capacity = keep->capacity; kp.positions = keep->positions;
     kp.mask = keep->mask; kp.mask_cap = keep->mask_capacity;
+    kp.gate = gate;
     keep_finish_kernel<<<heads, 256, 0, st>>>(kp);
     LAUNCH_CHECK("keep_finish_kernel");
     keep->n_tokens = n;
-    keep->n_kept = n_kept;
-    keep->compressed = np >= budget; /* the last head's, as the CPU */
+    keep->n_kept = kc.n_kept;
+    keep->compressed = kc.compressed;
     if (dec) dec->last_compress = dec->n_generated;
     return EI_OK;
+}
+/* keep_counts, then keep_launch: a waiting call */
+static ei_result keep_finish_run(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
+                                 int div, float *red, bool pool_it, char *base, const DecodeWs &w, cudaStream_t st,
+                                 char *msg) {
+    KeepCounts kc;
+    ei_result r = keep_counts(cfg, keep, mp, heads, div, &kc, msg);
+    if (r) return r;
+    return keep_launch(cfg, dec, keep, mp, heads, div, red, pool_it, base, w, kc, NULL, st, msg);
 }
 
 /* The header checked k against the decoder, the keep set's heads and
    capacities and the protocol (and, without a row map, the cache against
    the window). W = ei__decode_window(cfg, dec) queries are scored (every
    query observed while fewer than the window), as the CPU: score, then
-   select; with keep->row_pos the maps are checked and sorted first. */
+   select; with keep->row_pos the maps are checked and sorted first.
+   Deferred errors: the host checks (no row map) first, then only kernels. */
 static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
                                  void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
     int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
     int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
-    int heads_out = cfg->per_kv_head ? nkv : nh;
+    int heads_out = cfg->per_kv_head ? nkv : nh, div = cfg->per_kv_head ? 1 : G;
+    bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
     Maps mp;
+    KeepCounts kc;
+    DecodeCheck chk;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
-    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
-    for (int m = 0; m < (maps ? maps : 1); m++)
-        if ((r = map_check(mp, m, msg))) return r;
+    if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (!mp.on_device)
+        for (int m = 0; m < (maps ? maps : 1); m++)
+            if ((r = map_check(mp, m, msg))) return r;
     float *score = (float *)(base + w.score);
-    if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, st, msg))) return r;
-    return keep_finish_run(cfg, dec, keep, mp, heads_out, cfg->per_kv_head ? 1 : G, score, true, base, w, st, msg);
+    if (!dfr) {
+        if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, NULL, st, msg))) return r;
+        return keep_finish_run(cfg, dec, keep, mp, heads_out, div, score, true, base, w, st, msg);
+    }
+    if ((r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
+    check_init(&chk, DEC_E_KEEP, mp, cfg->decode_budget, base, w);
+    chk.a1 = mp.on_device ? maps : 0;
+    check_keep(&chk, keep, heads_out, div, mp.on_device);
+    if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, &chk, st, msg))) return r;
+    return keep_launch(cfg, dec, keep, mp, heads_out, div, score, true, base, w, kc, chk.report, st, msg);
 }
 
 /* ei_decode_score: query heads [h0, h1) (the header's split of ith/nth),
@@ -3845,19 +4129,26 @@ static ei_result api_decode_score(const ei_config *cfg, const ei_decoder *dec, c
     ei_result r;
     int nkv = dec->n_kv_heads, G = dec->n_heads / nkv;
     int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
+    bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
     Maps mp;
+    DecodeCheck chk;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     if (h0 >= h1) return EI_OK; /* more threads than heads */
     int maps = row_pos ? (row_pos_stride ? nkv : 1) : 0;
     int m0 = maps > 1 ? h0 / G : 0, m1 = maps > 1 ? (h1 - 1) / G + 1 : maps;
-    if ((r = maps_build(row_pos, row_pos_stride, maps, m0, m1, n, W, base, w, st, &mp, msg))) return r;
-    for (int m = m0; m < (m1 > m0 ? m1 : m0 + 1); m++)
-        if ((r = map_check(mp, m, msg))) return r;
+    if ((r = maps_build(row_pos, row_pos_stride, maps, m0, m1, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (!mp.on_device)
+        for (int m = m0; m < (m1 > m0 ? m1 : m0 + 1); m++)
+            if ((r = map_check(mp, m, msg))) return r;
     CUDA_TRY(cudaMemsetAsync(scores + (int64_t)h0 * n, 0, sizeof(float) * (size_t)(h1 - h0) * (size_t)n, st));
-    return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, st, msg);
+    if (!dfr) return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, NULL, st, msg);
+    check_init(&chk, DEC_E_SCORE, mp, cfg->decode_budget, base, w);
+    chk.a0 = m0;
+    chk.a1 = mp.on_device ? m1 : m0;
+    return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, &chk, st, msg);
 }
 
 /* ei_decode_select: scores [nh][n_rows] by row (ei_decode_score's) reduced
@@ -3868,18 +4159,31 @@ static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const 
     int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
     int64_t W = ei__decode_window(cfg, dec), n = n_rows;
     int heads_out = cfg->per_kv_head ? nkv : nh, per = cfg->per_kv_head ? G : 1, div = cfg->per_kv_head ? 1 : G;
+    bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
     Maps mp;
+    KeepCounts kc;
+    DecodeCheck chk;
+    const unsigned long long *gate = NULL;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
-    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
+    if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (dfr && (r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
     float *red = (float *)(base + w.score);
     reduce_heads_kernel<<<stride_blocks((int64_t)heads_out * n), 256, 0, st>>>(
         scores, n, heads_out, per, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref, div, W, red);
     LAUNCH_CHECK("reduce_heads_kernel");
-    return keep_finish_run(cfg, dec, keep, mp, heads_out, div, red, true, base, w, st, msg);
+    if (!dfr) return keep_finish_run(cfg, dec, keep, mp, heads_out, div, red, true, base, w, st, msg);
+    if (mp.on_device) { /* the maps and the counts on the device */
+        check_init(&chk, DEC_E_SELECT, mp, cfg->decode_budget, base, w);
+        check_keep(&chk, keep, heads_out, div, true);
+        if ((r = check_launch(chk, st, msg))) return r;
+        gate = chk.report;
+    }
+    return keep_launch(cfg, dec, keep, mp, heads_out, div, red, true, base, w, kc, gate, st, msg);
 }
 
 /* ei_decode_shared_add: every query head of the layer reduced, pooled over
@@ -3890,24 +4194,34 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
     ei_result r;
     int nh = dec->n_heads;
     int64_t W = ei__decode_window(cfg, dec), n = n_rows;
+    bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
     Maps mp;
+    DecodeCheck chk;
+    const unsigned long long *gate = NULL;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
-    if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, W, base, w, st, &mp, msg))) return r;
-    if ((r = map_check(mp, 0, msg))) return r;
+    if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
+    if (mp.on_device) { /* deferred errors: the map checked on the device, the layer added only if good */
+        check_init(&chk, DEC_E_SHARED_ADD, mp, cfg->decode_budget, base, w);
+        chk.a1 = 1;
+        if ((r = check_launch(chk, st, msg))) return r;
+        gate = chk.report;
+    }
     float *red = (float *)(base + w.score), *pooled = (float *)(base + w.pooled);
     double *sum = (double *)(base + w.flags + 3 * sizeof(unsigned long long));
     reduce_heads_kernel<<<stride_blocks(n), 256, 0, st>>>(scores, n, 1, nh, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref,
                                                           1, W, red);
     LAUNCH_CHECK("reduce_heads_kernel");
     pool_kernel<<<stride_blocks(n), 256, 0, st>>>(red, pooled, NULL, 0, n, 1, mp.ref, 1, W, cfg->decode_budget,
-                                                  cfg->pool, cfg->pool_kernel);
+                                                  cfg->pool, cfg->pool_kernel, NULL);
     LAUNCH_CHECK("pool_kernel");
     shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, W, sum);
     LAUNCH_CHECK("shared_sum_kernel");
-    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared);
+    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared,
+                                                        gate);
     LAUNCH_CHECK("shared_add_kernel");
     dec->last_compress = dec->n_generated;
     return EI_OK;
@@ -3919,27 +4233,47 @@ static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder
                                           int64_t n_rows, ei_keep_set *keep, void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
     int64_t W = ei__decode_window(cfg, dec), n = n_rows, budget = cfg->decode_budget;
+    bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
     Maps mp;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? 1 : 0;
-    if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, W, base, w, st, &mp, msg))) return r;
-    if ((r = map_check(mp, 0, msg))) return r;
+    if (dfr && maps && n < budget) return deferred_rows_refuse(cfg, n, msg);
+    if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
     float *pooled = (float *)(base + w.pooled);
+    unsigned long long *bad = (unsigned long long *)(base + w.flags) + 2;
+    if (dfr) { /* the host checks (no row map), then kernels only: the candidates whatever np, checked on the device */
+        KeepCounts kc;
+        DecodeCheck chk;
+        if ((r = keep_counts(cfg, keep, mp, 1, 1, &kc, msg))) return r;
+        CUDA_TRY(cudaMemsetAsync(bad, 0xFF, sizeof *bad, st));
+        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, W, pooled, bad);
+        LAUNCH_CHECK("shared_gather_kernel");
+        check_init(&chk, DEC_E_SELECT_SHARED, mp, budget, base, w);
+        chk.a1 = mp.on_device ? 1 : 0;
+        chk.shared_bad = bad;
+        check_keep(&chk, keep, 1, 1, mp.on_device);
+        if ((r = check_launch(chk, st, msg))) return r;
+        if (keep->pooled) {
+            pooled_copy_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, keep->pooled, mp.ref, W, budget, chk.report);
+            LAUNCH_CHECK("pooled_copy_kernel");
+        }
+        return keep_launch(cfg, NULL, keep, mp, 1, 1, pooled, false, base, w, kc, chk.report, st, msg);
+    }
     int64_t np = mp.np(0), L = np - W;
     if (np >= budget) {
-        unsigned long long *bad = (unsigned long long *)(base + w.flags) + 2, b = 0;
+        unsigned long long b = 0;
         if (keep->pooled && keep->pooled_capacity < L)
-            return fail(msg, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
+            return decode_fault_fail(DK_POOLED, (unsigned long long)keep->pooled_capacity, (unsigned long long)L, 0, msg);
         CUDA_TRY(cudaMemsetAsync(bad, 0xFF, sizeof *bad, st));
         shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, W, pooled, bad);
         LAUNCH_CHECK("shared_gather_kernel");
         CUDA_TRY(cudaMemcpyAsync(&b, bad, sizeof b, cudaMemcpyDeviceToHost, st));
         CUDA_TRY(cudaStreamSynchronize(st));
-        if (b != ~0ull)
-            return fail(msg, EI_ERR_NONFINITE, "shared score of row %d is not finite", (int)(b & 0xFFFFFFFFu));
+        if (b != ~0ull) return decode_fault_fail(DK_SHARED, b & 0xFFFFFFFFu, 0, 0, msg);
         if (keep->pooled && L > 0)
             CUDA_TRY(cudaMemcpyAsync(keep->pooled, pooled, sizeof(float) * (size_t)L, cudaMemcpyDeviceToDevice, st));
     }
@@ -4097,8 +4431,8 @@ static ei_result api_synchronize(void *stream, char *msg) {
    synchronous call would have returned, then cleared; waits for the stream. */
 static ei_result api_deferred_status(void *stream, char *msg) {
     cudaStream_t st = (cudaStream_t)stream;
-    unsigned long long word[2] = {0, 0};
-    static const unsigned long long zero[2] = {0, 0};
+    unsigned long long word[4] = {0, 0, 0, 0};
+    static const unsigned long long zero[4] = {0, 0, 0, 0};
     CUDA_TRY(cudaMemcpyFromSymbolAsync(word, g_deferred, sizeof word, 0, cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaStreamSynchronize(st));
     if (!word[0]) return EI_OK;
@@ -4107,7 +4441,8 @@ static ei_result api_deferred_status(void *stream, char *msg) {
     int source = (int)(word[0] & 255u), detail = (int)(word[0] >> 8);
     ei_result r = EI_ERR_BACKEND;
     const char *entry = source == DE_PROFILE ? "profile" : source == DE_ATTENTION ? "attention"
-                      : source == DE_OBSERVE ? "decode_observe" : "kv_compact";
+                      : source == DE_OBSERVE ? "decode_observe" : source == DE_COMPACT ? "kv_compact"
+                      : source == DE_DECODE ? decode_entry_name(detail & 15) : "?";
     char what[EI_CUDA_MSG_SIZE];
     what[0] = 0;
     if (source == DE_PROFILE) r = profile_flag_fail((int)word[1], detail, what);
@@ -4116,6 +4451,7 @@ static ei_result api_deferred_status(void *stream, char *msg) {
     else if (source == DE_COMPACT)
         r = fail(what, EI_ERR_SHAPE, "keep index [%d][%d] is not ascending inside the cache", (int)(word[1] >> 32),
                  (int)(word[1] & 0xFFFFFFFFu));
+    else if (source == DE_DECODE) r = decode_fault_fail(detail >> 4, word[1], word[2], word[3], what);
     else snprintf(what, sizeof what, "unknown report %llu", word[0]);
     return fail(msg, r, "%s (deferred): %s", entry, what);
 }
