@@ -1022,8 +1022,8 @@ static bool profile_extended(const ei_config *cfg) {
     return cfg->ranking == EI_RANK_SAMPLED || cfg->top_p > 0.0 || cfg->sink_blocks > 0 || cfg->local_blocks > 0;
 }
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
-                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, float *mass, float2 *stats,
-                                    size_t stats_bytes, int *flag, cudaStream_t st, char *msg);
+                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
+                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
                             char *msg) {
@@ -1174,7 +1174,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
                                                             flag);
     LAUNCH_CHECK("softmax_entropy_kernel");
     if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
-        (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, mass, (float2 *)(base + w.stats),
+        (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, 16, mass, (float2 *)(base + w.stats),
                                 w.rows - w.stats, flag, st, msg)) != EI_OK)
         return r;
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
@@ -1276,9 +1276,11 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
                                                                          (int)blk_cap, flag, NULL);
         LAUNCH_CHECK("chunk_softmax_kernel");
         if (sampled) { /* the sampled rows of the chunk's tokens, then the stored ones of a continued segment */
+            const char *e = getenv("EI_CUDA_SAMPLED_CHUNK_PARTS"); /* tuning knob: key parts at most (default 64) */
+            const int parts_max = e && atoi(e) > 0 ? atoi(e) : 64;
             if (nblk > 0 &&
                 (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
-                                        mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, st, msg)))
+                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, st, msg)))
                 return r;
             chunk_rows_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)nrows, (int)sq, q_pos, n, continues, heads, seg_rows,
                                                    nblk > 0 ? mass : NULL, raw_stride, open_raw, pad);
@@ -2366,13 +2368,16 @@ struct MassParams {
 /* How the tensor-core path splits the work: the first sampled segment,
    segments per CTA (spc), rows per segment slot (rpad), row chunks, CTA
    groups of segments, and key parts per group (ns: about 2048 CTAs in all,
-   at most 16 / chunks; a function of the shapes alone, so plans do not
-   depend on the device; the part statistics combine in another order for
-   another ns, a float32 rounding difference). The segments are [s_lo, nseg)
-   (a chunk's; 0 for the whole prompt). Returns 0 when no segment is
-   sampled. */
-static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int *s_first, int *spc, int *rpad,
-                         int *rchunks, int *ngroups, int *ns) {
+   at most parts_max / chunks; a function of the shapes alone, so plans do
+   not depend on the device; the part statistics combine in another order
+   for another ns, a float32 rounding difference). The segments are [s_lo,
+   nseg) (a chunk's; 0 for the whole prompt). parts_max: 16 for the whole
+   prompt; a chunk's few segments (one group of CTAs per kv head when a
+   micro-batch lies in one segment) take up to 64 parts (launch_sample_mass,
+   EI_CUDA_SAMPLED_CHUNK_PARTS), each a shorter range of keys, so that more
+   CTAs share a long prefix. Returns 0 when no segment is sampled. */
+static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int parts_max, int *s_first,
+                         int *spc, int *rpad, int *rchunks, int *ngroups, int *ns) {
     int64_t seg = cfg->segment_size, sf = (cfg->threshold_len + seg - 1) / seg, per;
     int R = cfg->rank_samples, rp = (R + 15) / 16 * 16;
     if (sf < 1) sf = 1;
@@ -2388,15 +2393,15 @@ static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32
         int64_t target = e && atoi(e) > 0 ? atoi(e) : 2048;
         *ns = (int)((target + per - 1) / per);
     }
-    if (*ns > 16 / *rchunks) *ns = 16 / *rchunks;
+    if (*ns > parts_max / *rchunks) *ns = parts_max / *rchunks;
     if (*ns < 1) *ns = 1;
     return 1;
 }
 /* Bytes of the part statistics (0 when no segment is sampled). */
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv) {
     int sf, spc, rpad, rchunks, ngroups, ns;
-    if (!mass_geometry(cfg, 0, (n + cfg->segment_size - 1) / cfg->segment_size, nkv, &sf, &spc, &rpad, &rchunks, &ngroups,
-                       &ns))
+    if (!mass_geometry(cfg, 0, (n + cfg->segment_size - 1) / cfg->segment_size, nkv, 16, &sf, &spc, &rpad, &rchunks,
+                       &ngroups, &ns))
         return 0;
     return (size_t)nkv * (size_t)ngroups * (size_t)rchunks * (size_t)ns * MS_ROWS * sizeof(float2);
 }
@@ -2905,17 +2910,19 @@ __global__ void mass_zero_kernel(const MassParams p) {
 }
 /* Zeroes the mass rows of the sampled segments and launches the kernels
    (stats: the part statistics, MS_ROWS float2 per row chunk and part, at
-   most stats_bytes of them). The rows are those of tokens q_lo..n-1 (q
+   most stats_bytes of them; key parts at most parts_max, see
+   mass_geometry). The rows are those of tokens q_lo..n-1 (q
    holds them from q_lo) of segments [s_lo, nseg); the mass of segment s of
    kv head h at mass + (h * mrows + s - mseg0) * nblk. The whole prompt: q_lo
    0, s_lo 0, mseg0 0, mrows nseg. */
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
-                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, float *mass, float2 *stats,
-                                    size_t stats_bytes, int *flag, cudaStream_t st, char *msg) {
+                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
+                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg) {
     MassParams p;
     memset(&p, 0, sizeof p);
     int D = q->head_dim;
-    if (!mass_geometry(cfg, s_lo, nseg, k->n_heads, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups, &p.ns))
+    if (!mass_geometry(cfg, s_lo, nseg, k->n_heads, parts_max, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups,
+                       &p.ns))
         return EI_OK; /* no segment is ranked by sampled mass */
     {   /* a chunk's segments in the whole prompt's statistics (sized for the plan's capacity): fewer parts if need be
            (the capacity's geometry has at least as many groups, so one part fits) */
