@@ -183,7 +183,10 @@
    (not bit-identical); every path passes the golden tolerances of
    tests/golden/FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
    bit-identical, and so are the sampled ranking's block masses (rows are
-   added in row order however chunks cut a segment). The sampled ranking's
+   added in row order however chunks cut a segment; on the CUDA backend the
+   entropies are, the masses are not: a chunk's rows are summed apart from
+   the rows stored before, and keys split by the chunk's shape, so near-ties
+   may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
    rank in another order. Decode scores run through the same kernels (rows in

@@ -19,7 +19,8 @@
                in double (FORMAT.md "Sparse prefill attention", the header's
                >>attention); ref_vmax; ref_budget, ref_keep_blocks,
                ref_budget_on_edge: the budget walk on the header's own rules
-               (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass,
+               (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass
+               (and _given: the rows a chunked plan holds),
                ref_check_ranked_row (the ranking options); ref_decode_scores
                (decode scoring with row maps)
    backends    side (a CPU or CUDA context), mem_new / mem_up / mem_down /
