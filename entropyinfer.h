@@ -156,8 +156,8 @@
    the masses agree with the CPU's within that rounding and float32
    summation order (the GPU adds a chunk's rows to the stored ones as one
    sum, and splits keys by the chunk's shape), so near-ties may rank in
-   another order, as for whole-prompt plans; entropies, counts (top_p: up
-   to a knife-edge) and classes are the CPU's. Like ei_profile it queues its kernels on
+   another order, as for whole-prompt plans; counts (top_p: but at a
+   knife-edge of the mass) and classes are the CPU's, entropies as above. Like ei_profile it queues its kernels on
    cfg.cuda_stream and waits only to read its data-error flag back (none
    with cuda_deferred_errors: a chunk can be captured in a CUDA graph). One
    difference: a q whose query heads per kv head differ from the open
@@ -184,9 +184,9 @@
    tests/golden/FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
    bit-identical, and so are the sampled ranking's block masses (rows are
    added in row order however chunks cut a segment; on the CUDA backend the
-   entropies are, the masses are not: a chunk's rows are summed apart from
-   the rows stored before, and keys split by the chunk's shape, so near-ties
-   may rank in another order, tests/test_cuda.c). The sampled ranking's
+   entropies are bit-identical too, the masses are not: a chunk's rows are
+   summed apart from the rows stored before, and keys split by the chunk's
+   shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
    rank in another order. Decode scores run through the same kernels (rows in
