@@ -1197,7 +1197,9 @@ static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, 
    whole-prompt plan of the same tokens, as tests/test_core.c's chunk_compare
    does on the CPU: entropies of segments >= 1 bit-identical, classes equal,
    and for heads that do not turn dynamic late, rows equal up to near-ties
-   of the mass (the two sum a segment's rows in another order). */
+   of the mass (the two sum a segment's rows in another order). They also run
+   on a context with cfg.cuda_deferred_errors (nothing read back): the same
+   plan bit for bit, and ei_cuda_status EI_OK. */
 static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, int nh, int nkv, int D, ei_dtype qdt,
                          float peak, const chunk_call *calls, int ncalls) {
     size_t nq = (size_t)cap * nh * D, nk = (size_t)cap * nkv * D, es = qdt == EI_F32 ? 4 : 2, pbytes, cwsb, gwsb;
@@ -1214,6 +1216,9 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     const int mma = (qdt == EI_BF16 || qdt == EI_F32) && (D == 64 || D == 128 || D == 256) && !(gen && gen[0] == '1');
     unsigned char *given = (unsigned char *)calloc((size_t)cap, 1);
     double qround;
+    ei_context *gd = NULL; /* EI_RANK_SAMPLED: a context with deferred errors, its plan */
+    ei_plan dp;
+    void *dpmem = NULL, *dws = NULL;
     gen_qk(q, k, cap, nh, nkv, D, peak);
     round_to(q, nq, qdt);
     round_to(k, nk, EI_BF16);
@@ -1231,6 +1236,14 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
     cws = malloc(cwsb);
     gws = dev_alloc(gwsb);
+    if (sampled) {
+        ei_config dc = *cfg;
+        dc.cuda_deferred_errors = 1;
+        gd = make_ctx(&dc, EI_BACKEND_CUDA);
+        dpmem = dev_alloc(pbytes);
+        dws = dev_alloc(gwsb);
+        CHECK_OK(ei_plan_init(gd, &dp, cap, nkv, D, flags, dpmem, pbytes));
+    }
     for (ci = 0; ci < ncalls; ci++) {
         const chunk_call *cc = &calls[ci];
         ei_tensor gq = ei_tensor_make((const char *)dq + (size_t)cc->q_pos * nh * D * es, qdt, cc->m, nh, D);
@@ -1241,6 +1254,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
         chunk_given(given, cap, cfg->segment_size, cp.n_tokens, cc);
         rc = ei_profile_chunk(cpu, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final, cws, cwsb);
         rg = ei_profile_chunk(g, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final, gws, gwsb);
+        if (gd) CHECK_OK(ei_profile_chunk(gd, cc->m ? &gq : NULL, &tk, &dp, cc->q_pos, cc->is_final, dws, gwsb));
         CHECK(rc == EI_OK && rg == EI_OK, "%s call %d (q_pos %lld, m %lld, final %d): cpu %s, gpu %s (%s)", name, ci,
               (long long)cc->q_pos, (long long)cc->m, cc->is_final, ei_result_name(rc), ei_result_name(rg), ei_last_error());
         if (rc != EI_OK || rg != EI_OK) break;
@@ -1272,6 +1286,30 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
            diff + bad_ent + bad_sc ? "FAILED" : "ok", exact, total);
     if (sampled) printf(", %d top_p knife-edges, near-tie margin %.2g", knife, 2e-3 + qround);
     printf(")\n");
+    if (gd) { /* deferred errors: nothing read back, the same plan */
+        ei_plan dh;
+        int h, sgi, differ = 0;
+        ei_result st = ei_cuda_status(gd);
+        CHECK(st == EI_OK, "chunked %s, deferred errors: ei_cuda_status %s (%s)", name, ei_result_name(st), ei_last_error());
+        CHECK_OK(ei_plan_alloc(cpu, &dh, cap, nkv, D, flags));
+        CHECK_OK(ei_plan_copy(gd, &dh, &dp, EI_COPY_DEVICE_TO_HOST));
+        differ += dh.n_tokens != hp.n_tokens || dh.n_segments != hp.n_segments || dh.final != hp.final;
+        for (h = 0; h < nkv && !differ; h++) {
+            differ += dh.head_class[h] != hp.head_class[h];
+            for (sgi = 0; sgi < hp.n_segments; sgi++) {
+                size_t r0 = EI_PLAN_ROW(&hp, h, sgi);
+                differ += memcmp(&dh.entropy[r0], &hp.entropy[r0], 4) || memcmp(&dh.budget[r0], &hp.budget[r0], 4) ||
+                          dh.keep_count[r0] != hp.keep_count[r0] || dh.keep_blocks[r0] != hp.keep_blocks[r0] ||
+                          memcmp(EI_PLAN_BLOCKS(&dh, h, sgi), EI_PLAN_BLOCKS(&hp, h, sgi), sizeof(int32_t) * (size_t)hp.max_keep);
+            }
+        }
+        CHECK(differ == 0, "chunked %s, deferred errors: %d plan rows differ from the waiting calls' plan", name, differ);
+        printf("  chunked %-28s with cuda_deferred_errors: ei_cuda_status %s, plan %s\n", name, ei_result_name(st),
+               differ ? "DIFFERS" : "bit-identical");
+        ei_plan_free(cpu, &dh);
+        dev_free(dpmem); dev_free(dws);
+        ei_context_destroy(gd);
+    }
     if (sampled && plain && hp.final) { /* the GPU's whole-prompt plan of the same tokens */
         const int64_t n = hp.n_tokens;
         ei_tensor wq = ei_tensor_make(dq, qdt, n, nh, D), wk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
