@@ -150,13 +150,19 @@
    in the plan's device memory; kv-head ranges, ei_profile_chunk_heads, are
    CPU-only): plans equal the CPU's chunked ones (counts, classes and the
    default ranking exactly; entropies and scores within float32 summation
-   order; tests/test_cuda.c). Like ei_profile it queues its kernels on
+   order; tests/test_cuda.c). With EI_RANK_SAMPLED the open segment's
+   sampled rows are summed over chunks as on the CPU, by the whole-prompt
+   sampled kernels (GPU MEMORY: tensor cores round an f32 q to k's type);
+   the masses agree with the CPU's within that rounding and float32
+   summation order (the GPU adds a chunk's rows to the stored ones as one
+   sum, and splits keys by the chunk's shape), so near-ties may rank in
+   another order, as for whole-prompt plans; counts (top_p: but at a
+   knife-edge of the mass) and classes are the CPU's, entropies as above. Like ei_profile it queues its kernels on
    cfg.cuda_stream and waits only to read its data-error flag back (none
-   with cuda_deferred_errors: a chunk can be captured in a CUDA graph). Two
-   differences: a q whose query heads per kv head differ from the open
+   with cuda_deferred_errors: a chunk can be captured in a CUDA graph). One
+   difference: a q whose query heads per kv head differ from the open
    segment's is found on the device (EI_ERR_SHAPE after the plan changed,
-   as with NaN: roll back with q_pos 0), and EI_RANK_SAMPLED chunked plans
-   are CPU-only (EI_ERR_UNSUPPORTED when the plan is laid out).
+   as with NaN: roll back with q_pos 0).
    Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
    `window`), then each generated token's. When ei_decode_due says so (after
    decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
@@ -177,7 +183,10 @@
    (not bit-identical); every path passes the golden tolerances of
    tests/golden/FORMAT.md. Entropies of chunked and whole-prompt planning on one path are
    bit-identical, and so are the sampled ranking's block masses (rows are
-   added in row order however chunks cut a segment). The sampled ranking's
+   added in row order however chunks cut a segment; on the CUDA backend the
+   entropies are bit-identical too, the masses are not: a chunk's rows are
+   summed apart from the rows stored before, and keys split by the chunk's
+   shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
    rank in another order. Decode scores run through the same kernels (rows in
@@ -608,8 +617,8 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
    again as at segment 1. Workspace: ei_profile_workspace_size with the
    plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head.
    CUDA backend: ei_profile_chunk only (every kv head: ei_profile_chunk_heads
-   refuses other ranges with EI_ERR_UNSUPPORTED), the reference ranking
-   (EI_RANK_SAMPLED: EI_ERR_UNSUPPORTED), PROTOCOLS says the rest. A
+   refuses other ranges with EI_ERR_UNSUPPORTED), either ranking,
+   PROTOCOLS says the rest. A
    chunked plan's state does not travel with ei_plan_copy: continue a copied
    plan with a roll-back to 0. */
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
@@ -822,8 +831,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    rounds an f32 q to k's type on the tensor cores as attention does (an f32 q
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
    in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
-   (ei_profile_chunk) runs on the GPU with the reference ranking, every kv
-   head in one call (PROTOCOLS). */
+   (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
+   one call (PROTOCOLS). */
 enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
 EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
 EIDEF void ei_device_free(const ei_context *ctx, void *ptr);
@@ -985,11 +994,13 @@ typedef struct ei_cuda_api {
        whether the last call was final. The per-head state (ei__head_state,
        the recurrence rows, the open segment's query min/max, the key-block
        min/max store) lives in the plan's state region on the device; the
-       open-mass row holds the open segment's raw block scores (the
-       reference ranking; EI_RANK_SAMPLED is refused by the header). q NULL:
-       the final call without queries. Asynchronous like profile: one flag
-       read back, or recorded with cuda_deferred_errors; a query-group change
-       is found there (EI_ERR_SHAPE). */
+       open-mass row holds the open segment's raw block scores, or (ABI 8,
+       EI_RANK_SAMPLED) its sampled block mass once a sampled row of it is
+       in (open_rows counts them; a continued segment adds the chunk's rows
+       to it, as the CPU does). q NULL: the final call without queries.
+       Asynchronous like profile: one flag read back, or recorded with
+       cuda_deferred_errors; a query-group change is found there
+       (EI_ERR_SHAPE). */
     ei_result (*profile_chunk)(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes, char *msg);
 } ei_cuda_api;
@@ -1022,7 +1033,7 @@ typedef struct ei__head_state {
     int32_t group;         /* query heads per kv head of the stored query representation (0: none) */
     int32_t open_valid;    /* the open segment's query representation is stored */
     int32_t last_final;    /* the open segment's row was planned with the final call's cap */
-    int32_t open_rows;     /* EI_RANK_SAMPLED: sampled rows summed into the open segment's mass */
+    int32_t open_rows;     /* EI_RANK_SAMPLED: sampled rows summed into the open segment's mass (both backends) */
 } ei__head_state;
 /* The budget recurrence after segment s of one kv head: planning segment s+1
    is a function of this row alone, so any segment can be planned again
@@ -1036,8 +1047,10 @@ typedef struct ei__seg_state {
 } ei__seg_state;
 /* The chunked state region: head states, [kv][segment] recurrence rows,
    each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d],
-   its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED) and its
-   key-block min/max store [2][d][blks_pad] (max first). */
+   its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED; the
+   CUDA backend keeps the open segment's raw block scores there until a
+   sampled row of it is in) and its key-block min/max store [2][d][blks_pad]
+   (max first; the CUDA backend's own layout). */
 typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, key_reps, bytes; } ei__chunk_geom;
 EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, ei__chunk_geom *g) {
     size_t kv = (size_t)n_kv_heads;
@@ -2535,10 +2548,6 @@ static ei_result ei__check_plan_geometry(const ei_context *ctx, int64_t max_toke
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
     if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES))
         return ei__fail(ctx, EI_ERR_CONFIG, "unknown plan flags 0x%x", (unsigned)flags);
-    if (ei__on_gpu(ctx) && (flags & EI_PLAN_CHUNKED) && ctx->cfg.ranking == EI_RANK_SAMPLED)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
-                        "chunked planning with EI_RANK_SAMPLED runs on the CPU backend (the CUDA backend plans chunks "
-                        "with EI_RANK_REFERENCE)");
     if (!ei__plan_geometry(&ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, g))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "plan of %lld tokens x %d kv heads does not fit in size_t",
                         (long long)max_tokens, (int)n_kv_heads);
@@ -3766,10 +3775,6 @@ static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q
     size_t need;
     ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads);
     if (r != EI_OK) return r;
-    if (ctx->cfg.ranking == EI_RANK_SAMPLED)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
-                        "chunked planning with EI_RANK_SAMPLED runs on the CPU backend (the CUDA backend plans chunks "
-                        "with EI_RANK_REFERENCE)");
     /* sized for the plan's capacity, as on the CPU (a final call without queries needs no query features) */
     if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
                                        &need)) != EI_OK ||

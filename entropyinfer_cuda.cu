@@ -34,7 +34,10 @@
                               above on the segments a chunk touches, the
                               per-head state in the plan's device memory (the
                               open segment's query min/max merged, its raw
-                              scores kept, the key-block store, the budget
+                              scores kept, or with EI_RANK_SAMPLED its mass
+                              once it holds sampled rows (summed over chunks,
+                              by the kernels of >>cuda-sampled on the chunk's
+                              rows), the key-block store, the budget
                               recurrence of ei__chunk_recurrence)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
                               cores (wgmma on Hopper, mma.sync elsewhere)
@@ -836,11 +839,15 @@ __global__ void __launch_bounds__(256) softmax_entropy_kernel(const float *raw, 
    from raw row i (raw_stride apart, nrows per kv head) over its s * bps
    visible blocks, the scores row cleared past them; segment 0 sees none:
    entropy 0 and a zero row until a final call sets its uniform row
-   (chunk_final_kernel). */
+   (chunk_final_kernel). mass_held (EI_RANK_SAMPLED, the open segment planned
+   again from its stored row, NULL else): a kv head whose open segment holds
+   sampled rows stored their mass, not the raw scores; its entropy and
+   scores row stay as planned (the same values). */
 __global__ void __launch_bounds__(256) chunk_softmax_kernel(const float *raw, int nrows, int64_t raw_stride, int s_first,
                                                             int bps, float *entropy, int seg_cap, float *scores,
-                                                            int blk_cap, int *flag) {
+                                                            int blk_cap, int *flag, const ei__head_state *mass_held) {
     int s = s_first + (int)blockIdx.x, kvh = blockIdx.y;
+    if (mass_held && mass_held[kvh].open_rows > 0) return;
     float *srow = scores ? scores + ((int64_t)kvh * seg_cap + s) * blk_cap : NULL;
     float *ent = entropy + (int64_t)kvh * seg_cap + s;
     if (s == 0) {
@@ -941,11 +948,16 @@ __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_ca
    (ei__cap_blocks) is the visible blocks, except segment s_tail (the last one
    of a finished prompt, -1 none), capped by ei__cap_blocks(c, s, n, nblk).
    (The whole prompt: every segment, s_tail its last one; ei__cap_blocks of
-   an earlier segment is its visible blocks.) */
+   an earlier segment is its visible blocks.) EI_RANK_SAMPLED: a sampled
+   segment is ranked by its mass when it holds a sampled row: with rows
+   (chunked planning), row i of kv head h holds rows[h * rows_stride + i] of
+   them; without, the rows of tokens below n (the whole prompt). */
 struct SegRows {
     const float *raw;
     int64_t stride, nblk, n;
     int nrows, s_first, s_tail;
+    const int *rows;
+    int64_t rows_stride;
 };
 __device__ __forceinline__ int64_t seg_visible(const SegRows &r, int s, int bps) {
     return min((int64_t)s * bps, r.nblk);
@@ -1038,9 +1050,10 @@ __global__ void __launch_bounds__(256) topk_kernel(const SegRows r, int bps, con
    seg_max_kernel applies the max over heads. Dynamic shared memory: sort_n
    (power of two >= max_keep) 64-bit keys, with top_p as many doubles after
    the ranked ones (their weights). */
-__device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
+__host__ __device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
+static bool rank_sampled_host(const ei_config *c, int s) { return rank_sampled(c, s); }
 __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const SegRows r, const float *mass,
                                                    int *keep_blocks, int *keep_count, int seg_cap, int *block_index,
                                                    int max_keep, int *flag) {
@@ -1063,8 +1076,10 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const Se
         for (int i = threadIdx.x; i < max_keep; i += blockDim.x) out[i] = -1;
         return;
     }
-    /* a last segment too short for any sampled row keeps the reference ranking (as on the CPU) */
-    const bool sampled = mass && rank_sampled(c, s) && ei__sample_token(c, s, 0) < r.n;
+    /* a segment without any sampled row (the last one too short, a chunk's open one before its rows) keeps the
+       reference ranking (as on the CPU) */
+    const bool sampled = mass && rank_sampled(c, s) &&
+                         (r.rows ? r.rows[(int64_t)kvh * r.rows_stride + blockIdx.x] > 0 : ei__sample_token(c, s, 0) < r.n);
     const float *sc = (sampled ? mass : r.raw) + ((int64_t)kvh * r.nrows + blockIdx.x) * r.stride;
     int64_t ns64, l064;
     const int nf = (int)ei__forced_blocks(c, nvis, &ns64, &l064), ns = (int)ns64, l0 = (int)l064;
@@ -1157,8 +1172,14 @@ __global__ void seg_max_kernel(int nkv, int seg_cap, const int *keep_blocks, int
    the key-block min/max store (here in kfeat's layout, rows of the padded
    block count) and, in the open-mass row, the open segment's raw block
    scores (planned again from them when a final call or the next turn
-   changes its cap). The protocol's decisions (roll-back, continuation, the
-   segments to plan) follow from the plan's host fields: api_profile_chunk. */
+   changes its cap), or with EI_RANK_SAMPLED, once the open segment holds
+   sampled rows (the head state's open_rows, as on the CPU), their block
+   mass: a chunk's sampled rows (those of its tokens) go through
+   launch_sample_mass, a continued segment adds the stored mass
+   (chunk_rows_kernel), and the last segment's row is kept
+   (chunk_keep_kernel). The protocol's decisions (roll-back, continuation,
+   the segments to plan) follow from the plan's host fields:
+   api_profile_chunk. */
 
 /* A roll-back forgets segments [s0, s1) of every kv head (ei__chunk_clear_rows):
    plan rows cleared, block lists -1, recurrence rows unknown; the recurrence
@@ -1197,6 +1218,46 @@ __global__ void chunk_open_kernel(float *qfeat, int nrows, int G, int D, float *
         if (continues) *first = i < D ? fmaxf(*first, *open) : fminf(*first, *open);
         *open = first[(int64_t)(nrows - 1) * 2 * D];
     }
+}
+
+/* EI_RANK_SAMPLED (the CPU's open_rows and open-segment mass): the sampled
+   rows of each segment the chunk plans (segment sq + i, row i), those of
+   its tokens in [q_pos, n) and, for a chunk that continues the open
+   segment, the rows stored before; a continued segment's mass (mass_zero
+   and the mass kernels wrote the chunk's rows) gets the stored mass added,
+   when the open segment held rows. One CTA per kv head. */
+__global__ void chunk_rows_kernel(const ei_config cfg, int nrows, int sq, int64_t q_pos, int64_t n, int continues,
+                                  const ei__head_state *heads, int *seg_rows, float *mass, int64_t mass_stride,
+                                  const float *open_mass, int64_t pad) {
+    const ei_config *c = &cfg;
+    const int kvh = blockIdx.x, stored = continues ? heads[kvh].open_rows : 0;
+    for (int i = threadIdx.x; i < nrows; i += blockDim.x) {
+        int s = sq + i, rows = i == 0 ? stored : 0;
+        if (rank_sampled(c, s))
+            for (int r = 0; r < c->rank_samples; r++) {
+                int64_t t = ei__sample_token(c, s, r);
+                rows += t >= q_pos && t < n;
+            }
+        seg_rows[(int64_t)kvh * nrows + i] = rows;
+    }
+    if (mass && stored > 0 && rank_sampled(c, sq)) {
+        float *row = mass + (int64_t)kvh * nrows * mass_stride;
+        const float *held = open_mass + (int64_t)kvh * pad;
+        for (int64_t b = threadIdx.x, nvis = (int64_t)sq * (c->segment_size / c->block_size); b < nvis; b += blockDim.x)
+            row[b] += held[b];
+    }
+}
+/* EI_RANK_SAMPLED: the chunk's last segment becomes the open one: its
+   stored row (nblk floats per kv head, pad apart) holds its mass when it is
+   sampled and holds a row, else its raw scores (as the reference ranking's
+   chunks keep them); the head state counts its rows. */
+__global__ void chunk_keep_kernel(const ei_config cfg, int s_last, const float *raw, const float *mass, int nrows,
+                                  int64_t stride, int64_t nblk, const int *seg_rows, float *open_row, int64_t pad,
+                                  ei__head_state *heads) {
+    const int kvh = blockIdx.x, rows = seg_rows[(int64_t)kvh * nrows + nrows - 1];
+    const float *src = (rank_sampled(&cfg, s_last) && rows > 0 ? mass : raw) + ((int64_t)kvh * nrows + nrows - 1) * stride;
+    for (int64_t b = threadIdx.x; b < nblk; b += blockDim.x) open_row[(int64_t)kvh * pad + b] = src[b];
+    if (threadIdx.x == 0) heads[kvh].open_rows = rows;
 }
 
 /* ============================================================ plans (host) */
@@ -1249,7 +1310,7 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
 
 /* ============================================================ profile (host) */
 struct ProfileWs {
-    size_t qfeat, kfeat, raw, mass, stats, flag, total;
+    size_t qfeat, kfeat, raw, mass, stats, rows, flag, total;
 };
 /* The plan's rows need the ranking stage beyond the paper (rank_kernel):
    sampled mass, top_p counts or always-kept blocks; else topk_kernel as in
@@ -1257,8 +1318,9 @@ struct ProfileWs {
 static bool profile_extended(const ei_config *cfg) {
     return cfg->ranking == EI_RANK_SAMPLED || cfg->top_p > 0.0 || cfg->sink_blocks > 0 || cfg->local_blocks > 0;
 }
-static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int nseg, int nblk,
-                                    float *mass, float2 *stats, int *flag, cudaStream_t st, char *msg);
+static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
+                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
+                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
                             char *msg) {
@@ -1273,13 +1335,15 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->raw = w->kfeat + align256(b);
     w->mass = w->raw + align256(c); /* EI_RANK_SAMPLED: block mass, laid out as raw, and part statistics */
     w->stats = w->mass + (cfg->ranking == EI_RANK_SAMPLED ? align256(c) : 0);
-    w->flag = w->stats + align256(mass_stats_bytes(cfg, n, nkv));
+    /* chunked planning with EI_RANK_SAMPLED: the sampled rows of each segment a chunk plans, [kv][segment] */
+    w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv));
+    w->flag = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
     if (r) return r;
     *bytes = w.total;
@@ -1365,7 +1429,7 @@ static ei_result profile_report(const ei_config *cfg, const ei_plan *plan, const
 
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                              void *ws, size_t ws_bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
     ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
@@ -1401,12 +1465,13 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
                                                             flag);
     LAUNCH_CHECK("softmax_entropy_kernel");
     if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
-        (r = launch_sample_mass(cfg, q, k, nseg, nblk, mass, (float2 *)(base + w.stats), flag, st, msg)) != EI_OK)
+        (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, 16, mass, (float2 *)(base + w.stats),
+                                w.rows - w.stats, flag, st, msg)) != EI_OK)
         return r;
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
                                      plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
     LAUNCH_CHECK("budget_kernel");
-    SegRows rows = {raw, nblk, nblk, n, nseg, 0, nseg - 1};
+    SegRows rows = {raw, nblk, nblk, n, nseg, 0, nseg - 1, NULL, 0};
     if ((r = launch_ranking(cfg, plan, rows, mass, flag, st, msg)) || (r = profile_report(cfg, plan, flag, st, msg)))
         return r;
     plan->n_tokens = n;
@@ -1416,7 +1481,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     return EI_OK;
 }
 
-/* Chunked planning (ABI 7): the queries of positions [q_pos, n) (q NULL: a
+/* Chunked planning (ABI 7; EI_RANK_SAMPLED since ABI 8): the queries of positions [q_pos, n) (q NULL: a
    final call without queries), every kv head. Where the CPU decides per kv
    head from its state, the plan's host fields decide here (the header checked
    the protocol): T = plan->n_tokens is where every head's chunk ended. */
@@ -1441,7 +1506,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
     ei__chunk_geom cg;
     ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, &w, msg);
     if (r) return r;
@@ -1455,6 +1520,10 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     char *base = ws_base(ws), *state = (char *)plan->state;
     float *qfeat = (float *)(base + w.qfeat), *raw = (float *)(base + w.raw);
     int *flag = (int *)(base + w.flag);
+    /* EI_RANK_SAMPLED: the chunk's mass rows (laid out as raw) and sampled-row counts */
+    const bool sampled = cfg->ranking == EI_RANK_SAMPLED;
+    float *mass = sampled ? (float *)(base + w.mass) : NULL;
+    int *seg_rows = sampled ? (int *)(base + w.rows) : NULL;
     ei__head_state *heads = (ei__head_state *)state;
     ei__seg_state *rec = (ei__seg_state *)(state + cg.seg_rows);
     float *open_reps = (float *)(state + cg.open_reps), *open_raw = (float *)(state + cg.open_mass);
@@ -1488,26 +1557,44 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
             return r;
         chunk_softmax_kernel<<<dim3((unsigned)nrows, nkv), 256, 0, st>>>(raw, (int)nrows, raw_stride, (int)sq, bps,
                                                                          plan->entropy, seg_cap, plan->scores,
-                                                                         (int)blk_cap, flag);
+                                                                         (int)blk_cap, flag, NULL);
         LAUNCH_CHECK("chunk_softmax_kernel");
+        if (sampled) { /* the sampled rows of the chunk's tokens, then the stored ones of a continued segment */
+            const char *e = getenv("EI_CUDA_SAMPLED_CHUNK_PARTS"); /* tuning knob: key parts at most (mass_geometry) */
+            const int parts_max = e && atoi(e) > 0 ? atoi(e) : 16;
+            if (nblk > 0 &&
+                (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
+                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, st, msg)))
+                return r;
+            chunk_rows_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)nrows, (int)sq, q_pos, n, continues, heads, seg_rows,
+                                                   nblk > 0 ? mass : NULL, raw_stride, open_raw, pad);
+            LAUNCH_CHECK("chunk_rows_kernel");
+        }
     }
-    if (replan) { /* from its stored raw row: the same scores, entropy and recurrence, another cap */
-        SegRows o = {open_raw, pad, nblk, n, 1, (int)open_seg, q ? -1 : (int)open_seg};
+    if (replan) { /* from its stored row: the same scores, entropy and recurrence, another cap. EI_RANK_SAMPLED:
+                     the row holds the segment's mass once a sampled row of it is in (the head state counts them) */
+        const bool held = sampled && rank_sampled_host(cfg, (int)open_seg);
+        SegRows o = {open_raw, pad, nblk, n, 1, (int)open_seg, q ? -1 : (int)open_seg,
+                     sampled ? &heads->open_rows : NULL, (int64_t)(sizeof(ei__head_state) / sizeof(int32_t))};
         chunk_softmax_kernel<<<dim3(1, nkv), 256, 0, st>>>(open_raw, 1, pad, (int)open_seg, bps, plan->entropy, seg_cap,
-                                                           plan->scores, (int)blk_cap, flag);
+                                                           plan->scores, (int)blk_cap, flag, held ? heads : NULL);
         LAUNCH_CHECK("chunk_softmax_kernel");
         chunk_budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, o, seg_cap, plan->max_keep, plan->entropy, rec,
                                                plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
         LAUNCH_CHECK("chunk_budget_kernel");
-        if ((r = launch_ranking(cfg, plan, o, NULL, flag, st, msg))) return r;
+        if ((r = launch_ranking(cfg, plan, o, held ? open_raw : NULL, flag, st, msg))) return r;
     }
     if (q) { /* budgets and ranked rows in segment order; the last row is the new open segment's */
-        SegRows c = {raw, raw_stride, nblk, n, (int)nrows, (int)sq, is_final ? (int)(s_end - 1) : -1};
+        SegRows c = {raw, raw_stride, nblk, n, (int)nrows, (int)sq, is_final ? (int)(s_end - 1) : -1, seg_rows, nrows};
         chunk_budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, c, seg_cap, plan->max_keep, plan->entropy, rec,
                                                plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
         LAUNCH_CHECK("chunk_budget_kernel");
-        if ((r = launch_ranking(cfg, plan, c, NULL, flag, st, msg))) return r;
-        if (nblk > 0)
+        if ((r = launch_ranking(cfg, plan, c, mass, flag, st, msg))) return r;
+        if (sampled) {
+            chunk_keep_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)(s_end - 1), raw, mass, (int)nrows, raw_stride, nblk,
+                                                   seg_rows, open_raw, pad, heads);
+            LAUNCH_CHECK("chunk_keep_kernel");
+        } else if (nblk > 0)
             CUDA_TRY(cudaMemcpy2DAsync(open_raw, (size_t)pad * 4, raw + (nrows - 1) * raw_stride,
                                        (size_t)(nrows * raw_stride) * 4, (size_t)nblk * 4, nkv,
                                        cudaMemcpyDeviceToDevice, st));
@@ -2545,6 +2632,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
 struct MassParams {
     const void *q, *k;
     int64_t q_ts, q_hs, k_ts, k_hs, n;
+    int64_t q_lo;   /* q holds the queries of tokens q_lo..n-1 (a chunk); rows of earlier tokens are not used */
+    int mrows, mseg0; /* the mass rows: segment s of kv head h at mass + ((h * mrows + s - mseg0) * nblk) */
     int q_dtype, k_dtype, D;
     int nseg, nblk, nkv, G, R, seg, bs;
     int s_first, spc, rpad, rchunks, ngroups, ns, align, vec;
@@ -2557,15 +2646,23 @@ struct MassParams {
 /* How the tensor-core path splits the work: the first sampled segment,
    segments per CTA (spc), rows per segment slot (rpad), row chunks, CTA
    groups of segments, and key parts per group (ns: about 2048 CTAs in all,
-   at most 16 / chunks; a function of the shapes alone, so plans do not
-   depend on the device; the part statistics combine in another order for
-   another ns, a float32 rounding difference). Returns 0 when no segment is
-   sampled. */
-static int mass_geometry(const ei_config *cfg, int64_t n, int32_t nkv, int *s_first, int *spc, int *rpad, int *rchunks,
-                         int *ngroups, int *ns) {
-    int64_t seg = cfg->segment_size, nseg = (n + seg - 1) / seg, sf = (cfg->threshold_len + seg - 1) / seg, per;
+   at most parts_max / chunks; a function of the shapes alone, so plans do
+   not depend on the device; the part statistics combine in another order
+   for another ns, a float32 rounding difference). The segments are [s_lo,
+   nseg) (a chunk's; 0 for the whole prompt). parts_max: 16; a chunk's
+   (api_profile_chunk) is the tuning knob EI_CUDA_SAMPLED_CHUNK_PARTS: a
+   micro-batch in one segment is one group of CTAs per kv head, and more
+   parts spread its long key prefix over more CTAs, but 64 parts measured
+   (H200, 32/8 heads, d 128, quality configuration, 2026-12-02) 186.7 ms for
+   131072 tokens in chunks of 512 against 200.2 with 16, and 27.0 against
+   24.6 ms in chunks of 8192, 21.6 against 21.0 ms for 32768 in chunks of
+   512: the default stays 16. Returns 0 when no segment is sampled. */
+static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int parts_max, int *s_first,
+                         int *spc, int *rpad, int *rchunks, int *ngroups, int *ns) {
+    int64_t seg = cfg->segment_size, sf = (cfg->threshold_len + seg - 1) / seg, per;
     int R = cfg->rank_samples, rp = (R + 15) / 16 * 16;
     if (sf < 1) sf = 1;
+    if (sf < s_lo) sf = s_lo;
     if (cfg->ranking != EI_RANK_SAMPLED || sf >= nseg) return 0;
     *s_first = (int)sf;
     if (rp <= MS_ROWS) { *rpad = rp; *spc = MS_ROWS / rp; *rchunks = 1; }
@@ -2577,14 +2674,16 @@ static int mass_geometry(const ei_config *cfg, int64_t n, int32_t nkv, int *s_fi
         int64_t target = e && atoi(e) > 0 ? atoi(e) : 2048;
         *ns = (int)((target + per - 1) / per);
     }
-    if (*ns > 16 / *rchunks) *ns = 16 / *rchunks;
+    if (*ns > parts_max / *rchunks) *ns = parts_max / *rchunks;
     if (*ns < 1) *ns = 1;
     return 1;
 }
 /* Bytes of the part statistics (0 when no segment is sampled). */
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv) {
     int sf, spc, rpad, rchunks, ngroups, ns;
-    if (!mass_geometry(cfg, n, nkv, &sf, &spc, &rpad, &rchunks, &ngroups, &ns)) return 0;
+    if (!mass_geometry(cfg, 0, (n + cfg->segment_size - 1) / cfg->segment_size, nkv, 16, &sf, &spc, &rpad, &rchunks,
+                       &ngroups, &ns))
+        return 0;
     return (size_t)nkv * (size_t)ngroups * (size_t)rchunks * (size_t)ns * MS_ROWS * sizeof(float2);
 }
 /* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
@@ -2595,7 +2694,7 @@ __device__ __forceinline__ int mass_row(const MassParams &p, int s_lo, int chunk
     *head = 0;
     if (a >= p.spc || s >= p.nseg || i >= p.R) return -1;
     int64_t t = ei__sample_token(&p.cfg, s, i);
-    if (t >= p.n) return -1;
+    if (t >= p.n || t < p.q_lo) return -1;
     *head = kvh * p.G + i % p.G;
     return (int)t;
 }
@@ -2730,7 +2829,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
             int L = r >> 4, pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
             if (t >= 0) {
-                int64_t src = (int64_t)t * p.q_ts + (int64_t)head * p.q_hs;
+                int64_t src = (int64_t)(t - p.q_lo) * p.q_ts + (int64_t)head * p.q_hs;
                 atomicMax(&kend1_s, t + 1);
                 atomicMax(&kend2_s, s * p.seg);
                 if (p.q_dtype == EI_F32) { /* rounded to T, as attention does; beyond T's range: refused */
@@ -2955,7 +3054,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                         if (ts >= lim) continue;
                         for (int o = 1; o < p.bs; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
                         if (!(key & (p.bs - 1)) && ts + key < lim) {
-                            float *dst = p.mass + ((int64_t)kvh * p.nseg + s) * p.nblk + (ts + key) / p.bs;
+                            float *dst = p.mass + ((int64_t)kvh * p.mrows + s - p.mseg0) * p.nblk + (ts + key) / p.bs;
                             if (p.rchunks > 1) *dst += v;
                             else *dst = v;
                         }
@@ -2978,7 +3077,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                                 if (mt_lim[mt] > ts) csum += colsum[mt][key - ts];
                             acc += csum;
                         }
-                        p.mass[((int64_t)kvh * p.nseg + s) * p.nblk + b] += acc;
+                        p.mass[((int64_t)kvh * p.mrows + s - p.mseg0) * p.nblk + b] += acc;
                     }
                 }
                 cp_async_wait_all();
@@ -3006,7 +3105,7 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             for (int x = tid; x < MG_RT * MG_DC; x += 256) {
                 int r = x / MG_DC, dd = x % MG_DC, d = d0 + dd;
                 qs[r][dd] = (r_tok[r] >= 0 && d < p.D)
-                                ? load_f32(p.q, p.q_dtype, (int64_t)r_tok[r] * p.q_ts + (int64_t)r_head[r] * p.q_hs + d)
+                                ? load_f32(p.q, p.q_dtype, (int64_t)(r_tok[r] - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs + d)
                                 : 0.f;
                 int64_t key = (int64_t)j0 + r;
                 ks[r][dd] = (key < p.n && d < p.D) ? load_f32(p.k, p.k_dtype, key * p.k_ts + (int64_t)kvh * p.k_hs + d) : 0.f;
@@ -3026,7 +3125,7 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             int i = i0 + tid, t = -1;
             if (i < p.R) {
                 int64_t tt = ei__sample_token(&p.cfg, s, i);
-                t = tt < p.n ? (int)tt : -1;
+                t = tt < p.n && tt >= p.q_lo ? (int)tt : -1;
             }
             r_tok[tid] = t;
             r_head[tid] = kvh * p.G + i % p.G;
@@ -3078,30 +3177,42 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
                 int k0 = max(b * p.bs, j0), k1 = min((b + 1) * p.bs, kend);
                 float a = 0.f;
                 for (int key = k0; key < k1; key++) a += colsum[key - j0];
-                p.mass[((int64_t)kvh * p.nseg + s) * p.nblk + b] += a;
+                p.mass[((int64_t)kvh * p.mrows + s - p.mseg0) * p.nblk + b] += a;
             }
         }
     }
 }
 
-/* mass rows of segments s_first.. of every kv head = 0 */
-__global__ void mass_zero_kernel(float *mass, int nkv, int nseg, int nblk, int s_first) {
-    int64_t per = (int64_t)(nseg - s_first) * nblk, all = per * nkv;
+/* mass rows of segments s_first..nseg-1 of every kv head = 0 (p's layout) */
+__global__ void mass_zero_kernel(const MassParams p) {
+    int64_t per = (int64_t)(p.nseg - p.s_first) * p.nblk, all = per * p.nkv;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < all; e += (int64_t)gridDim.x * blockDim.x)
-        mass[(e / per) * ((int64_t)nseg * nblk) + (int64_t)s_first * nblk + e % per] = 0.f;
+        p.mass[((e / per) * p.mrows + p.s_first - p.mseg0) * p.nblk + e % per] = 0.f;
 }
 /* Zeroes the mass rows of the sampled segments and launches the kernels
-   (stats: the part statistics, MS_ROWS float2 per row chunk and part). */
-static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int nseg, int nblk,
-                                    float *mass, float2 *stats, int *flag, cudaStream_t st, char *msg) {
+   (stats: the part statistics, MS_ROWS float2 per row chunk and part, at
+   most stats_bytes of them; key parts at most parts_max, see
+   mass_geometry). The rows are those of tokens q_lo..n-1 (q
+   holds them from q_lo) of segments [s_lo, nseg); the mass of segment s of
+   kv head h at mass + (h * mrows + s - mseg0) * nblk. The whole prompt: q_lo
+   0, s_lo 0, mseg0 0, mrows nseg. */
+static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
+                                    int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
+                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg) {
     MassParams p;
     memset(&p, 0, sizeof p);
     int D = q->head_dim;
-    if (!mass_geometry(cfg, q->n_tokens, k->n_heads, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups, &p.ns))
+    if (!mass_geometry(cfg, s_lo, nseg, k->n_heads, parts_max, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups,
+                       &p.ns))
         return EI_OK; /* no segment is ranked by sampled mass */
+    {   /* a chunk's segments in the whole prompt's statistics (sized for the plan's capacity): fewer parts if need be
+           (the capacity's geometry has at least as many groups, so one part fits) */
+        size_t per_part = (size_t)k->n_heads * (size_t)p.ngroups * (size_t)p.rchunks * MS_ROWS * sizeof(float2);
+        if ((size_t)p.ns * per_part > stats_bytes) p.ns = (int)std::max((size_t)1, stats_bytes / per_part);
+    }
     p.q = q->data; p.k = k->data;
     p.q_ts = q->token_stride; p.q_hs = q->head_stride; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
-    p.n = q->n_tokens;
+    p.n = n; p.q_lo = q_lo; p.mrows = mrows; p.mseg0 = mseg0;
     p.q_dtype = q->dtype; p.k_dtype = k->dtype; p.D = D;
     p.nseg = nseg; p.nblk = nblk; p.nkv = k->n_heads; p.G = q->n_heads / k->n_heads; p.R = cfg->rank_samples;
     p.seg = cfg->segment_size; p.bs = cfg->block_size;
@@ -3111,7 +3222,7 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
     p.mass = mass; p.stats = stats; p.flag = flag; p.cfg = *cfg;
     {
         int64_t per = (int64_t)(nseg - p.s_first) * nblk;
-        mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(mass, p.nkv, nseg, nblk, p.s_first);
+        mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(p);
         LAUNCH_CHECK("mass_zero_kernel");
     }
     const char *e = getenv("EI_CUDA_SAMPLED_GENERIC");

@@ -18,7 +18,9 @@
      dense_ms    our kernel in dense causal mode (plan NULL)
      sparse_ms   our kernel executing the plan
    (EI_BENCH_PROFILE_ONLY=1: only profile_ms and prof_q_ms, e.g. to run
-   under ncu) and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
+   under ncu, and the quality configuration's chunked planning of the same
+   prompt: ei_profile_chunk over chunks of 512 and of 8192 queries, the last
+   final, each call waited for, summed over the prompt) and reads PyTorch SDPA's time for the same shapes from $EI_SDPA_TIMES
    (bench/sdpa_ref.py). Dense TFLOP/s count 4*d*heads*n(n+1)/2; sparse useful
    TFLOP/s count 4*d per (query, key) pair the plan attends; density = useful
    pairs / dense causal pairs; efficiency = sparse useful TFLOP/s over dense
@@ -350,8 +352,31 @@ int main(int argc, char **argv) {
             v[rep] = now_ms() - t0;
         }
         profq = median_ms(v, reps);
-        if (profile_only) { /* EI_BENCH_PROFILE_ONLY=1: the two profiles, nothing else (e.g. under ncu) */
-            printf("%7lld %10.3f %9.3f   (EI_BENCH_PROFILE_ONLY: profiles only)\n", (long long)n, prof, profq);
+        if (profile_only) { /* EI_BENCH_PROFILE_ONLY=1: the two profiles and chunked planning, nothing else */
+            static const int64_t chunk_sizes[2] = {512, 8192};
+            double chq[2];
+            void *cmem;
+            ei_plan cpl;
+            size_t cpb;
+            int cs;
+            OK(ei_plan_size(gq, n, NKV, HD, EI_PLAN_CHUNKED, &cpb));
+            OK(ei_device_alloc(gq, &cmem, cpb));
+            OK(ei_plan_init(gq, &cpl, n, NKV, HD, EI_PLAN_CHUNKED, cmem, cpb));
+            for (cs = 0; cs < 2; cs++)
+                for (rep = -1; rep < reps; rep++) { /* a warm-up, then reps schedules (each from q_pos 0: a roll-back) */
+                    double t0 = now_ms();
+                    for (t = 0; t < n; t += chunk_sizes[cs]) {
+                        int64_t m = n - t < chunk_sizes[cs] ? n - t : chunk_sizes[cs];
+                        ei_tensor cqv = ei_tensor_make((const uint16_t *)dq + (size_t)t * NH * HD, EI_BF16, m, NH, HD);
+                        OK(ei_profile_chunk(gq, &cqv, &tk, &cpl, t, t + m == n, ws, wsb));
+                    }
+                    if (rep >= 0) v[rep] = now_ms() - t0;
+                    if (rep == reps - 1) chq[cs] = median_ms(v, reps);
+                }
+            ei_device_free(gq, cmem);
+            printf("%7lld %10.3f %9.3f   (EI_BENCH_PROFILE_ONLY: profiles only; quality config chunked: %.3f ms in "
+                   "chunks of 512, %.3f ms in chunks of 8192)\n",
+                   (long long)n, prof, profq, chq[0], chq[1]);
             continue;
         }
         OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));

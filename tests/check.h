@@ -19,7 +19,8 @@
                in double (FORMAT.md "Sparse prefill attention", the header's
                >>attention); ref_vmax; ref_budget, ref_keep_blocks,
                ref_budget_on_edge: the budget walk on the header's own rules
-               (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass,
+               (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass
+               (and _given: the rows a chunked plan holds),
                ref_check_ranked_row (the ranking options); ref_decode_scores
                (decode scoring with row maps)
    backends    side (a CPU or CUDA context), mem_new / mem_up / mem_down /
@@ -555,22 +556,26 @@ CHECK_FN int ref_budget_on_edge(const ei_config *c, double budget, double tol) {
 }
 /* ------------------------------------------------------------ reference ranking (beyond the paper) */
 /* EI_RANK_SAMPLED in double: the block mass of segment s of kv head kvh over
-   the first n tokens (entropyinfer.h CONCEPTS: ranking), into mass[0..nvis). */
-CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,
-                               double *mass) {
+   the first n tokens (entropyinfer.h CONCEPTS: ranking), into mass[0..nvis);
+   with given (chunked planning: given[t] = 1 where the plan holds the query
+   of token t) only the rows of given tokens. Returns the rows summed. */
+CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
+                                    int64_t n, const unsigned char *given, double *mass) {
     const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
     const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt((double)d);
     double *lg = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     int64_t b, j;
     int32_t i, e;
+    int rows = 0;
     if (!lg) { printf("out of memory\n"); exit(2); }
     for (b = 0; b < nvis; ++b) mass[b] = 0.0;
     for (i = 0; i < c->rank_samples; ++i) {
         int64_t t = ei__sample_token(c, s, i);
         int32_t h = kvh * G + i % G;
         double m = -HUGE_VAL, z = 0.0;
-        if (t >= n) continue;
+        if (t >= n || (given && !given[t])) continue;
+        rows++;
         for (j = 0; j <= t; ++j) {
             double acc = 0.0;
             for (e = 0; e < d; ++e) acc += ref_at(q, t, h, e) * ref_at(k, j, kvh, e);
@@ -581,6 +586,11 @@ CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_
         for (j = 0; j < nvis * bs; ++j) mass[j / bs] += lg[j] / z;
     }
     free(lg);
+    return rows;
+}
+CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,
+                               double *mass) {
+    (void)ref_sampled_mass_given(c, q, k, kvh, s, n, NULL, mass);
 }
 
 /* Decode scores in double (ei_decode_score): out[h][row] = the mean over

@@ -270,6 +270,7 @@ typedef struct fz_prefill {
     ei_plan dplan;    /* the GPU's device plan (--cpu-twin: plan[1] itself) */
     ei_context *host; /* lays out host plans */
     int chunked;      /* planned by a schedule of ei_profile_chunk calls (EI_PLAN_CHUNKED plans) */
+    unsigned char *given; /* chunked: given[t] = 1 where the plans hold token t's query (the sampled rows they sum) */
 } fz_prefill;
 
 static ei_config draw_prefill_config(fz_rng *r) {
@@ -300,8 +301,9 @@ static ei_config draw_prefill_config(fz_rng *r) {
 }
 
 /* The ranking scores of the visible blocks of row (kvh, s) of the CPU plan
-   a: the sampled mass in double (returns 1), or the softmaxed reference
-   scores (0). */
+   a: the sampled mass in double (returns 1; a chunked plan's: the rows of
+   the queries it holds), or, where the segment is not sampled or holds no
+   sampled row, the softmaxed reference scores (0). */
 static int row_scores(const fz_prefill *F, const ei_plan *a, int kvh, int s, double *sc) {
     const ei_config *c = &F->c;
     int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), b;
@@ -309,8 +311,7 @@ static int row_scores(const fz_prefill *F, const ei_plan *a, int kvh, int s, dou
     if (c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len &&
         ei__sample_token(c, s, 0) < F->n) {
         ei_tensor tq = view_host(&F->q), tk = view_host(&F->k);
-        ref_sampled_mass(c, &tq, &tk, kvh, s, F->n, sc);
-        return 1;
+        if (ref_sampled_mass_given(c, &tq, &tk, kvh, s, F->n, F->chunked ? F->given : NULL, sc) > 0) return 1;
     }
     for (b = 0; b < nvis; ++b) sc[b] = a->scores[EI_PLAN_ROW(a, kvh, s) * (size_t)a->blk_capacity + (size_t)b];
     return 0;
@@ -600,7 +601,15 @@ static void attention_misuse(fz_rng *r, fz_prefill *F) {
    some final, roll-backs and skipped positions now and then, ending final
    at n (a final call without queries when the last chunk was not): the codes
    of every call equal; the first data error (NaN) ends the schedule (the
-   plans are then unspecified). Returns the last code. */
+   plans are then unspecified). F->given follows the queries the plans hold
+   (a roll-back drops the segment it cuts from its start on and every later
+   one; skipped positions hold none). Returns the last code. */
+static void chunk_given(fz_prefill *F, int64_t q_pos, int64_t m) {
+    int64_t t, seg = F->c.segment_size;
+    if (q_pos < F->plan[0].n_tokens)
+        for (t = q_pos / seg * seg; t < F->n; ++t) F->given[t] = 0;
+    for (t = q_pos; t < q_pos + m; ++t) F->given[t] = 1;
+}
 static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, int poison) {
     int64_t pos = 0, seg = F->c.segment_size;
     int calls = 0, side_i;
@@ -617,6 +626,7 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         m = fz_chance(r, 0.3) ? EI__MIN(seg - q_pos % seg, F->n - q_pos) : fz_int(r, 1, (int)EI__MIN(F->n - q_pos, 3 * seg));
         is_final = q_pos + m == F->n ? fz_chance(r, 0.85) : fz_chance(r, 0.08);
         DESC(" %lld+%lld%s", (long long)q_pos, (long long)m, is_final ? "f" : "");
+        chunk_given(F, q_pos, m);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, m), tk = view_tensor(&F->k, side_i, 0, F->n);
             res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0], q_pos,
@@ -636,6 +646,7 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         int with_q = pos != F->n || fz_chance(r, 0.5);
         int64_t q_pos = with_q && pos != F->n ? pos : with_q ? F->n - 1 : F->n;
         DESC(" end %lld%s", (long long)q_pos, with_q ? "+f" : ":final");
+        if (with_q) chunk_given(F, q_pos, F->n - q_pos);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, F->n - q_pos), tk = view_tensor(&F->k, side_i, 0, F->n);
             res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, with_q ? &tq : NULL, &tk,
@@ -701,8 +712,9 @@ static void prefill_run(fz_rng *r) {
     view_upload(&F.k, &F.P);
     view_upload(&F.v, &F.P);
     F.host = ctx_make(0, F.c);
-    /* the protocol axis: a schedule of chunks (the GPU plans chunks with the reference ranking) */
-    F.chunked = fz_chance(r, 0.3) && (g_twin || F.c.ranking == EI_RANK_REFERENCE) && F.H / F.KV <= EI_MAX_CHUNK_GROUP;
+    /* the protocol axis: a schedule of chunks (either ranking, on both backends) */
+    F.chunked = fz_chance(r, 0.3) && F.H / F.KV <= EI_MAX_CHUNK_GROUP;
+    if (F.chunked && !(F.given = (unsigned char *)calloc((size_t)F.n, 1))) { printf("out of memory\n"); exit(2); }
     {
         uint32_t fl = EI_PLAN_SCORES | (F.chunked ? EI_PLAN_CHUNKED : 0u);
         CHECK_ERR(ei_plan_alloc(F.host, &F.plan[0], F.n, F.KV, F.d, fl), EI_OK);
@@ -741,6 +753,7 @@ static void prefill_run(fz_rng *r) {
         if (fz_chance(r, 0.2)) attention_misuse(r, &F);
     }
     buf_free(&ws, &F.P);
+    free(F.given);
     ei_plan_free(F.host, &F.plan[0]);
     ei_plan_free(F.host, &F.plan[1]);
     if (!g_twin) ei_plan_free(F.P.s[1].ctx, &F.dplan);

@@ -1110,12 +1110,96 @@ static void f32q_tests(int quick) {
 /* One call of a chunked schedule: the queries of [q_pos, q_pos + m) (m 0: a
    final call without queries). */
 typedef struct chunk_call { int64_t q_pos, m; int is_final; } chunk_call;
+/* EI_RANK_SAMPLED: the query rows a chunked plan holds after call cc
+   (given[t] = 1), as the protocol keeps them: a roll-back (q_pos below the
+   plan's end) drops the segment it cuts from its start on and every later
+   one; skipped positions hold none. */
+static void chunk_given(unsigned char *given, int64_t cap, int64_t seg, int64_t end, const chunk_call *cc) {
+    int64_t t;
+    if (!cc->m) return;
+    if (cc->q_pos < end)
+        for (t = cc->q_pos / seg * seg; t < cap; t++) given[t] = 0;
+    for (t = cc->q_pos; t < cc->q_pos + cc->m; t++) given[t] = 1;
+}
+/* What rounding an f32 q to k's bf16 on the tensor cores can move a sampled
+   mass by, relative (tests/fuzz_backends.c's q_round_bound: twice the logit
+   bound 2^-8 * scale * max|q| * max|k|); 0 when q is not rounded. */
+static double q_round_bound(const ei_config *c, const float *q, const float *k, int64_t n, int nh, int nkv, int D,
+                            int rounded) {
+    double qmax = 0, kmax = 0, x2;
+    int64_t t;
+    int h, i;
+    if (!rounded) return 0;
+    for (t = 0; t < n; t++)
+        for (h = 0; h < nh; h++) {
+            for (x2 = 0, i = 0; i < D; i++) x2 += (double)q[((size_t)t * nh + h) * D + i] * q[((size_t)t * nh + h) * D + i];
+            qmax = fmax(qmax, sqrt(x2));
+        }
+    for (t = 0; t < n; t++)
+        for (h = 0; h < nkv; h++) {
+            for (x2 = 0, i = 0; i < D; i++) x2 += (double)k[((size_t)t * nkv + h) * D + i] * k[((size_t)t * nkv + h) * D + i];
+            kmax = fmax(kmax, sqrt(x2));
+        }
+    return 2.0 / 256 * (c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)D)) * qmax * kmax;
+}
+/* EI_RANK_SAMPLED plans: b's rows against a's (classes equal, entropies
+   within 1e-3, and every row of segments >= 1 identical or equal up to
+   near-ties through check.h's plan_row_compare: counts equal but at a top_p
+   knife-edge, kept sets equal up to near-ties of the ranking scores). The
+   scores: the sampled mass in double of the rows the plan holds (given,
+   NULL: all rows below the plan's end; tie 2e-3 + qround, the tolerance of
+   tests/fuzz_backends.c), or where a segment holds no sampled row or is not
+   sampled, a's softmaxed reference scores (tie 1e-3). Returns the rows that
+   differ beyond that; *exact / *total rankings identical, *bad_ent. */
+static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, const ei_plan *b, const float *q,
+                        const float *k, int nh, int D, const unsigned char *given, double qround, int *exact, int *total,
+                        int *bad_ent, int *knife) {
+    int h, s, diff = 0, shown = 0;
+    const int64_t n = a->n_tokens;
+    ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, a->n_kv_heads, D);
+    double *sc = (double *)malloc(sizeof(double) * (size_t)(a->n_blocks + 1));
+    *exact = *total = *bad_ent = 0;
+    for (h = 0; h < a->n_kv_heads; h++) {
+        if (a->head_class[h] != b->head_class[h]) diff++;
+        for (s = 0; s < a->n_segments; s++) {
+            size_t row = EI_PLAN_ROW(a, h, s);
+            int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), j;
+            double tie = 1e-3;
+            if (!close_enough(b->entropy[EI_PLAN_ROW(b, h, s)], a->entropy[row], 1e-6, 1e-3)) (*bad_ent)++;
+            if (s == 0) continue;
+            (*total)++;
+            if (a->keep_count[row] == b->keep_count[EI_PLAN_ROW(b, h, s)] &&
+                a->keep_blocks[row] == b->keep_blocks[EI_PLAN_ROW(b, h, s)] &&
+                !memcmp(EI_PLAN_BLOCKS(a, h, s), EI_PLAN_BLOCKS(b, h, s), sizeof(int32_t) * (size_t)a->max_keep)) {
+                (*exact)++;
+                continue;
+            }
+            if (nvis > a->n_blocks) nvis = a->n_blocks;
+            if (!(c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len &&
+                  ref_sampled_mass_given(c, &hq, &hk, h, s, n, given, sc) > 0)) {
+                for (j = 0; j < nvis; j++) sc[j] = a->scores[row * (size_t)a->blk_capacity + (size_t)j];
+            } else
+                tie = 2e-3 + qround;
+            diff += plan_row_compare(what, c, a, b, h, s, sc, tie, knife, &shown);
+        }
+    }
+    free(sc);
+    return diff;
+}
 /* The GPU's chunked plan against the CPU's after every call of a schedule:
    counts and classes exact, entropies and scores within FORMAT.md's
-   tolerances, rankings identical or valid top-k sets of the CPU's scores.
-   q is qdt on the GPU (f32 on the CPU: the values it rounds to), k bf16; the
-   K views hold cap cells (the cells past a chunk's end are the engine's
-   padding, filled). */
+   tolerances, rankings identical or valid top-k sets of the CPU's scores
+   (EI_RANK_SAMPLED: sampled_diff, up to near-ties of the mass of the rows
+   the plan holds). q is qdt on the GPU (f32 on the CPU: the values it rounds
+   to), k bf16; the K views hold cap cells (the cells past a chunk's end are
+   the engine's padding, filled). EI_RANK_SAMPLED schedules that neither roll
+   back nor skip end with the GPU's chunked plan against the GPU's
+   whole-prompt plan of the same tokens, as tests/test_core.c's chunk_compare
+   does on the CPU: entropies of segments >= 1 bit-identical, classes equal,
+   and for heads that do not turn dynamic late, rows equal up to near-ties
+   of the mass (the two sum a segment's rows in another order). They also run
+   on a context with cfg.cuda_deferred_errors (nothing read back): the same
+   plan bit for bit, and ei_cuda_status EI_OK. */
 static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, int nh, int nkv, int D, ei_dtype qdt,
                          float peak, const chunk_call *calls, int ncalls) {
     size_t nq = (size_t)cap * nh * D, nk = (size_t)cap * nkv * D, es = qdt == EI_F32 ? 4 : 2, pbytes, cwsb, gwsb;
@@ -1125,10 +1209,20 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     ei_plan cp, gp, hp;
     void *dq, *dk, *pmem, *gws, *cws;
     ei_tensor tk, hk;
-    int ci, diff = 0, bad_ent = 0, bad_sc = 0, exact = 0, total = 0, rows = 0;
+    int ci, diff = 0, bad_ent = 0, bad_sc = 0, exact = 0, total = 0, rows = 0, knife = 0, plain = 1;
+    const int sampled = cfg->ranking == EI_RANK_SAMPLED;
+    const char *gen = getenv("EI_CUDA_SAMPLED_GENERIC");
+    /* the sampled rows on tensor cores (q rounded to k's bf16 when f32) or CUDA cores (f32) */
+    const int mma = (qdt == EI_BF16 || qdt == EI_F32) && (D == 64 || D == 128 || D == 256) && !(gen && gen[0] == '1');
+    unsigned char *given = (unsigned char *)calloc((size_t)cap, 1);
+    double qround;
+    ei_context *gd = NULL; /* EI_RANK_SAMPLED: a context with deferred errors, its plan */
+    ei_plan dp;
+    void *dpmem = NULL, *dws = NULL;
     gen_qk(q, k, cap, nh, nkv, D, peak);
     round_to(q, nq, qdt);
     round_to(k, nk, EI_BF16);
+    qround = sampled ? q_round_bound(cfg, q, k, cap, nh, nkv, D, mma && qdt == EI_F32) : 0;
     dq = dev_upload(q, nq, qdt);
     dk = dev_upload(k, nk, EI_BF16);
     tk = ei_tensor_make(dk, EI_BF16, cap, nkv, D);
@@ -1142,13 +1236,25 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
     cws = malloc(cwsb);
     gws = dev_alloc(gwsb);
+    if (sampled) {
+        ei_config dc = *cfg;
+        dc.cuda_deferred_errors = 1;
+        gd = make_ctx(&dc, EI_BACKEND_CUDA);
+        dpmem = dev_alloc(pbytes);
+        dws = dev_alloc(gwsb);
+        CHECK_OK(ei_plan_init(gd, &dp, cap, nkv, D, flags, dpmem, pbytes));
+    }
     for (ci = 0; ci < ncalls; ci++) {
         const chunk_call *cc = &calls[ci];
         ei_tensor gq = ei_tensor_make((const char *)dq + (size_t)cc->q_pos * nh * D * es, qdt, cc->m, nh, D);
         ei_tensor cq = ei_tensor_make(q + (size_t)cc->q_pos * nh * D, EI_F32, cc->m, nh, D);
-        ei_result rc = ei_profile_chunk(cpu, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final, cws, cwsb);
-        ei_result rg = ei_profile_chunk(g, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final, gws, gwsb);
+        ei_result rc, rg;
         int e, t, d, h, sgi;
+        if (cc->m && cc->q_pos != cp.n_tokens) plain = 0; /* a roll-back or a skip */
+        chunk_given(given, cap, cfg->segment_size, cp.n_tokens, cc);
+        rc = ei_profile_chunk(cpu, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final, cws, cwsb);
+        rg = ei_profile_chunk(g, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final, gws, gwsb);
+        if (gd) CHECK_OK(ei_profile_chunk(gd, cc->m ? &gq : NULL, &tk, &dp, cc->q_pos, cc->is_final, dws, gwsb));
         CHECK(rc == EI_OK && rg == EI_OK, "%s call %d (q_pos %lld, m %lld, final %d): cpu %s, gpu %s (%s)", name, ci,
               (long long)cc->q_pos, (long long)cc->m, cc->is_final, ei_result_name(rc), ei_result_name(rg), ei_last_error());
         if (rc != EI_OK || rg != EI_OK) break;
@@ -1157,7 +1263,10 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
                   hp.final == cp.final,
               "%s call %d: gpu plan covers %lld tokens / %d segments / final %d, cpu %lld / %d / %d", name, ci,
               (long long)hp.n_tokens, hp.n_segments, hp.final, (long long)cp.n_tokens, cp.n_segments, cp.final);
-        d = plan_diff(cfg, &hp, &cp, &e, &t, &h);
+        if (sampled)
+            d = sampled_diff(name, cfg, &cp, &hp, q, k, nh, D, given, qround, &e, &t, &h, &knife);
+        else
+            d = plan_diff(cfg, &hp, &cp, &e, &t, &h);
         diff += d; bad_ent += h; exact += e; total += t;
         rows += cp.n_kv_heads * cp.n_segments;
         if (d || h) printf("    %s call %d: %d rows differ, %d entropies off\n", name, ci, d, h);
@@ -1171,10 +1280,81 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     }
     CHECK(diff == 0 && bad_ent == 0 && bad_sc == 0, "chunked %s: %d plan rows differ, %d entropies, %d scores off", name,
           diff, bad_ent, bad_sc);
-    printf("  chunked %-28s %lld cap %d/%d heads d=%d q %s: %d calls, %d rows: gpu vs cpu %s (%d/%d rankings identical)\n",
-           name, (long long)cap, nh, nkv, D, qdt == EI_F32 ? "f32" : qdt == EI_F16 ? "f16" : "bf16", ncalls, rows,
+    printf("  chunked %-28s %lld cap %d/%d heads d=%d q %s%s: %d calls, %d rows: gpu vs cpu %s (%d/%d rankings identical",
+           name, (long long)cap, nh, nkv, D, qdt == EI_F32 ? "f32" : qdt == EI_F16 ? "f16" : "bf16",
+           sampled ? (mma ? " (sampled: tensor cores)" : " (sampled: CUDA cores)") : "", ncalls, rows,
            diff + bad_ent + bad_sc ? "FAILED" : "ok", exact, total);
+    if (sampled) printf(", %d top_p knife-edges, near-tie margin %.2g", knife, 2e-3 + qround);
+    printf(")\n");
+    if (gd) { /* deferred errors: nothing read back, the same plan */
+        ei_plan dh;
+        int h, sgi, differ = 0;
+        ei_result st = ei_cuda_status(gd);
+        CHECK(st == EI_OK, "chunked %s, deferred errors: ei_cuda_status %s (%s)", name, ei_result_name(st), ei_last_error());
+        CHECK_OK(ei_plan_alloc(cpu, &dh, cap, nkv, D, flags));
+        CHECK_OK(ei_plan_copy(gd, &dh, &dp, EI_COPY_DEVICE_TO_HOST));
+        differ += dh.n_tokens != hp.n_tokens || dh.n_segments != hp.n_segments || dh.final != hp.final;
+        for (h = 0; h < nkv && !differ; h++) {
+            differ += dh.head_class[h] != hp.head_class[h];
+            for (sgi = 0; sgi < hp.n_segments; sgi++) {
+                size_t r0 = EI_PLAN_ROW(&hp, h, sgi);
+                differ += memcmp(&dh.entropy[r0], &hp.entropy[r0], 4) || memcmp(&dh.budget[r0], &hp.budget[r0], 4) ||
+                          dh.keep_count[r0] != hp.keep_count[r0] || dh.keep_blocks[r0] != hp.keep_blocks[r0] ||
+                          memcmp(EI_PLAN_BLOCKS(&dh, h, sgi), EI_PLAN_BLOCKS(&hp, h, sgi), sizeof(int32_t) * (size_t)hp.max_keep);
+            }
+        }
+        CHECK(differ == 0, "chunked %s, deferred errors: %d plan rows differ from the waiting calls' plan", name, differ);
+        printf("  chunked %-28s with cuda_deferred_errors: ei_cuda_status %s, plan %s\n", name, ei_result_name(st),
+               differ ? "DIFFERS" : "bit-identical");
+        ei_plan_free(cpu, &dh);
+        dev_free(dpmem); dev_free(dws);
+        ei_context_destroy(gd);
+    }
+    if (sampled && plain && hp.final) { /* the GPU's whole-prompt plan of the same tokens */
+        const int64_t n = hp.n_tokens;
+        ei_tensor wq = ei_tensor_make(dq, qdt, n, nh, D), wk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
+        gpu_plan wp;
+        int h, sgi, ent_bits = 0, cls = 0, rowbad = 0, same = 0, all = 0, shown = 0, wknife = 0;
+        ei_tensor rq = ei_tensor_make(q, EI_F32, n, nh, D), rk = ei_tensor_make(k, EI_F32, n, nkv, D);
+        double *sc = (double *)malloc(sizeof(double) * (size_t)(hp.n_blocks + 1));
+        gpu_profile(g, cpu, &wq, &wk, EI_PLAN_SCORES, &wp, EI_OK);
+        for (h = 0; h < nkv; h++) {
+            size_t row0 = EI_PLAN_ROW(&wp.host, h, 0);
+            int late = wp.host.head_class[h] == EI_HEAD_DYNAMIC && wp.host.n_segments > 1 &&
+                       !(wp.host.entropy[row0 + 1] >= cfg->rigid_entropy);
+            if (!late && wp.host.head_class[h] != hp.head_class[h]) cls++;
+            for (sgi = 1; sgi < hp.n_segments; sgi++) {
+                size_t rw = EI_PLAN_ROW(&wp.host, h, sgi), rc = EI_PLAN_ROW(&hp, h, sgi);
+                int64_t nvis = (int64_t)sgi * (cfg->segment_size / cfg->block_size), j;
+                double tie = 1e-3;
+                if (memcmp(&wp.host.entropy[rw], &hp.entropy[rc], sizeof(float))) ent_bits++;
+                if (late) continue;
+                all++;
+                if (wp.host.keep_count[rw] == hp.keep_count[rc] &&
+                    !memcmp(EI_PLAN_BLOCKS(&wp.host, h, sgi), EI_PLAN_BLOCKS(&hp, h, sgi), sizeof(int32_t) * (size_t)hp.max_keep)) {
+                    same++;
+                    continue;
+                }
+                if (nvis > hp.n_blocks) nvis = hp.n_blocks;
+                if (!((int64_t)sgi * cfg->segment_size >= cfg->threshold_len &&
+                      ref_sampled_mass_given(cfg, &rq, &rk, h, sgi, n, NULL, sc) > 0)) {
+                    for (j = 0; j < nvis; j++) sc[j] = wp.host.scores[rw * (size_t)wp.host.blk_capacity + (size_t)j];
+                } else
+                    tie = 2e-3 + qround;
+                rowbad += plan_row_compare("gpu chunked vs gpu whole", cfg, &wp.host, &hp, h, sgi, sc, tie, &wknife, &shown);
+            }
+        }
+        CHECK(ent_bits == 0 && cls == 0 && rowbad == 0,
+              "chunked %s: vs the GPU's whole-prompt plan: %d entropies not bit-identical, %d classes, %d rows differ", name,
+              ent_bits, cls, rowbad);
+        printf("  chunked %-28s = gpu whole-prompt: entropies bit-identical %s, classes %s, rows %s (%d/%d identical, "
+               "%d knife-edges)\n", name, ent_bits ? "NO" : "yes", cls ? "NO" : "yes", rowbad ? "FAILED" : "ok", same, all,
+               wknife);
+        free(sc);
+        gpu_plan_free(&wp);
+    }
     free(cws);
+    free(given);
     dev_free(gws); dev_free(pmem); dev_free(dq); dev_free(dk);
     ei_plan_free(cpu, &cp); ei_plan_free(cpu, &hp);
     ei_context_destroy(g); ei_context_destroy(cpu);
@@ -1219,7 +1399,53 @@ static void chunked_plans(int quick) {
     calls[nc].q_pos = 1500; calls[nc].m = 400; calls[nc].is_final = 0; nc++; /* skip 1200..1500, same segment */
     calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4: the recurrence restarts */
     chunked_case("turns, roll-back, skip, G 4", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    {   /* EI_RANK_SAMPLED: the open segment's sampled rows summed over chunks (segments from threshold_len on) */
+        ei_config cs = c;
+        cs.ranking = EI_RANK_SAMPLED;
+        cs.rank_samples = 16;
+        cs.threshold_len = 512;
+        /* chunks that cut segments (300), bf16 q on the tensor cores (d 128), K padded past the prompt;
+           then the GPU's chunked plan against its whole-prompt plan */
+        nc = chunk_schedule(calls, 0, 2100, 300, 1);
+        chunked_case("sampled cut 300, G 4", &cs, 2600, 8, 2, 128, EI_BF16, 2.f, calls, nc);
+        /* chunks smaller than a segment (200 of 512), f32 q on CUDA cores (d 96), none final, then a final
+           call without queries */
+        nc = chunk_schedule(calls, 0, 2300, 200, 0);
+        calls[nc].q_pos = 2300; calls[nc].m = 0; calls[nc].is_final = 1; nc++;
+        chunked_case("sampled 200s, d 96, final no q", &cs, 2300, 8, 2, 96, EI_F32, 2.f, calls, nc);
+        /* the next turn after a final call (its last segment planned again, inner, then continued), a
+           roll-back into a segment, skipped positions; top_p, sink and local blocks; f32 q on the tensor
+           cores (rounded to bf16) */
+        cs.top_p = 0.9; cs.sink_blocks = 1; cs.local_blocks = 2;
+        nc = chunk_schedule(calls, 0, 1024, 400, 1);
+        nc += chunk_schedule(calls + nc, 1024, 1300, 400, 1); /* segment 1 planned again, inner */
+        nc += chunk_schedule(calls + nc, 1300, 1800, 250, 1); /* continues the final call's segment 2 */
+        calls[nc].q_pos = 700; calls[nc].m = 500; calls[nc].is_final = 0; nc++; /* roll back into segment 1 */
+        calls[nc].q_pos = 1400; calls[nc].m = 300; calls[nc].is_final = 0; nc++; /* skip 1200..1400, same segment */
+        calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4 */
+        chunked_case("sampled turns, roll-back, skip", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
+    }
     if (quick) return;
+    {   /* EI_RANK_SAMPLED, more: f32 q on CUDA cores at d 128 (EI_CUDA_SAMPLED_GENERIC), G 8 of one kv head,
+           chunks of 384; 300 rows per segment (two row chunks on the tensor cores) with top_p, chunks of 700;
+           a segment threshold past segment 1; one whole-prompt chunk */
+        ei_config cs = c;
+        cs.ranking = EI_RANK_SAMPLED;
+        cs.rank_samples = 16;
+        cs.threshold_len = 1024;
+        nc = chunk_schedule(calls, 0, 3000, 384, 1);
+        setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+        chunked_case("sampled 384s, CUDA cores, G 8", &cs, 3000, 8, 1, 128, EI_F32, 2.f, calls, nc);
+        unsetenv("EI_CUDA_SAMPLED_GENERIC");
+        chunked_case("sampled 384s, tensor cores, G 8", &cs, 3000, 8, 1, 128, EI_F32, 2.f, calls, nc);
+        cs.rank_samples = 300;
+        cs.top_p = 0.95;
+        nc = chunk_schedule(calls, 0, 3300, 700, 1);
+        chunked_case("sampled 300 rows, top_p, 700s", &cs, 3300, 4, 2, 64, EI_BF16, 0.f, calls, nc);
+        cs.rank_samples = 64; cs.top_p = 0.0; cs.threshold_len = 0;
+        nc = chunk_schedule(calls, 0, 2500, 2500, 1);
+        chunked_case("sampled one chunk", &cs, 2500, 8, 2, 64, EI_BF16, 2.f, calls, nc);
+    }
     /* GQA 8 with several kv heads, one call per 128 tokens, per_segment_budget */
     {
         ei_config c3 = c;
@@ -1242,7 +1468,8 @@ static void chunked_plans(int quick) {
 }
 /* Bad chunked calls: the same call on a CPU plan and a GPU plan (the same
    history) gets the same code, with no crash; a group change is found on the
-   device. Head ranges and the sampled ranking say what to use instead. */
+   device. Head ranges say what to use instead. With the sampled ranking
+   (segments from 512 on sampled, 16 rows) the same schedule of calls. */
 typedef struct chunk_pair {
     ei_context *cpu, *g;
     ei_plan cp, gp;
@@ -1273,7 +1500,7 @@ static void chunk_both(chunk_pair *P, int64_t src, int64_t m, int heads, int64_t
     CHECK(rg != EI_OK || P->gp.n_tokens == P->cp.n_tokens, "%s: the plans cover %lld (gpu) and %lld (cpu) tokens", what,
           (long long)P->gp.n_tokens, (long long)P->cp.n_tokens);
 }
-static void chunked_errors(void) {
+static void chunked_errors(int sampled) {
     ei_config c = base_config();
     int64_t n = 1500;
     chunk_pair P;
@@ -1286,6 +1513,12 @@ static void chunked_errors(void) {
     q = (float *)malloc((size_t)n * P.nh * P.D * 4);
     k = (float *)malloc((size_t)n * P.nkv * P.D * 4);
     c.base_budget = 256;
+    if (sampled) {
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = 16;
+        c.threshold_len = 512;
+        printf("  (the same with EI_RANK_SAMPLED)\n");
+    }
     P.g = make_ctx(&c, EI_BACKEND_CUDA);
     P.cpu = make_ctx(&c, EI_BACKEND_CPU);
     gen_qk(q, k, n, P.nh, P.nkv, P.D, 0.f);
@@ -1324,16 +1557,6 @@ static void chunked_errors(void) {
         CHECK_OK(ei_plan_alloc(P.g, &whole, n, P.nkv, P.D, 0)); /* a plan without the chunked state */
         CHECK_ERR(ei_profile_chunk(P.g, &gq, &gk, &whole, 0, 0, P.gws, P.gwsb), EI_ERR_STATE);
         ei_plan_free(P.g, &whole);
-    }
-    {   /* the sampled ranking plans chunks on the CPU only: refused when the plan is laid out */
-        ei_config cs = c;
-        ei_context *gs;
-        ei_plan sp;
-        cs.ranking = EI_RANK_SAMPLED;
-        gs = make_ctx(&cs, EI_BACKEND_CUDA);
-        CHECK_ERR(ei_plan_alloc(gs, &sp, n, P.nkv, P.D, EI_PLAN_CHUNKED), EI_ERR_UNSUPPORTED);
-        printf("  sampled ranking: %s\n", ei_last_error());
-        ei_context_destroy(gs);
     }
     dev_free(P.gws); dev_free(pm); dev_free((void *)P.dq); dev_free((void *)P.dk);
     free(P.cws);
@@ -1477,7 +1700,8 @@ int main(int argc, char **argv) {
     chunked_plans(quick);
     printf("errors:\n");
     error_tests();
-    chunked_errors();
+    chunked_errors(0);
+    chunked_errors(1);
     ei_context_destroy(g_gpu);
     ei_context_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", failures ? "FAILED" : "PASSED", checks, failures);
