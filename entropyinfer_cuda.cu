@@ -224,6 +224,9 @@ __device__ __forceinline__ float load_f32(const void *p, int dtype, int64_t i) {
     if (dtype == EI_F16) return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
 }
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
@@ -296,7 +299,8 @@ __device__ uint64_t block_select_kth_range(const float *row, int64_t len, int64_
         int shift = 56 - 8 * pass;
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int64_t j0 = 0; j0 < len; j0 += blockDim.x) { /* whole warps in step, for the match */
+#pragma unroll 4 /* loads of the row in flight together (the row is read once per pass) */
+        for (int64_t j0 = 0; j0 < len; j0 += blockDim.x) { /* whole warps in step, for the warp votes */
             const int64_t j = j0 + threadIdx.x;
             const uint64_t key = (j < len && j >= ns && j < l0) ? rank_key(row[j], j) : 0;
             const bool in = j < len && (key & mask) == prefix;
@@ -342,6 +346,7 @@ __device__ uint64_t block_select_kth_range(const float *row, int64_t len, int64_
         if (s_take_all) { /* the score is decided and all its candidates are kept: the lowest key among them */
             const uint32_t fk = (uint32_t)(prefix >> 32);
             unsigned low = 0u; /* the largest ~index: the smallest key */
+#pragma unroll 4
             for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
                 if (j >= ns && j < l0 && float_key(row[j]) == fk) low = max(low, (unsigned)j + 1u);
             if (low) atomicMax(&s_last, low);
@@ -419,6 +424,83 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
         __syncthreads();
     }
     if (bad) atomicOr(flag, PF_NAN_Q);
+}
+
+/* qfeat_kernel's result from whole token rows: a CTA takes segment s and HB
+   heads whose rows of D elements are 64 16-byte chunks per token (HB = 64 /
+   (D / V), V elements of 16 bytes), 4 tokens at a time, and the phases meet
+   in shared memory. A warp reads 512 contiguous bytes per load (qfeat_kernel:
+   64 bytes, 2 bytes a lane), for views whose data is 16-byte aligned with
+   strides multiples of V. The same maxima and minima. */
+template <typename T>
+__global__ void __launch_bounds__(256) qfeat_rows_kernel(const T *q, int64_t ts, int64_t hs, int64_t n, int D, int seg,
+                                                         int nseg, int HB, float *qfeat, int *flag, int64_t q_pos,
+                                                         int s_first) {
+    constexpr int V = 16 / (int)sizeof(T), P = 4;
+    __shared__ float smax[256 * 8], smin[256 * 8];
+    const int s = blockIdx.x, cph = D / V, c = threadIdx.x % 64, ph = threadIdx.x / 64;
+    const int h = blockIdx.y * HB + c / cph, d = (c % cph) * V;
+    const int64_t t0 = max((int64_t)(s_first + s) * seg, q_pos) - q_pos,
+                  t1 = min(n, (int64_t)(s_first + s + 1) * seg) - q_pos;
+    float mx[V], mn[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) mx[i] = -INFINITY, mn[i] = INFINITY;
+    bool bad = false;
+    const T *row = q + (int64_t)h * hs + d;
+#pragma unroll 4
+    for (int64_t t = t0 + ph; t < t1; t += P) {
+        union { uint4 v; T e[V]; } u;
+        u.v = *(const uint4 *)(row + t * ts);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const float x = to_f32(u.e[i]);
+            bad |= !isfinite(x);
+            mx[i] = fmaxf(mx[i], x);
+            mn[i] = fminf(mn[i], x);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; i++) smax[threadIdx.x * V + i] = mx[i], smin[threadIdx.x * V + i] = mn[i];
+    __syncthreads();
+    if (ph == 0) {
+        for (int p = 1; p < P; p++)
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                mx[i] = fmaxf(mx[i], smax[(p * 64 + c) * V + i]);
+                mn[i] = fminf(mn[i], smin[(p * 64 + c) * V + i]);
+            }
+        float *o = qfeat + ((int64_t)h * nseg + s) * 2 * D + d;
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = mx[i], o[D + i] = mn[i];
+    }
+    if (bad) atomicOr(flag, PF_NAN_Q);
+}
+/* The query min/max of nrows segments from s_first (queries from position
+   q_pos): qfeat_rows_kernel where the view allows it, else qfeat_kernel. */
+static ei_result qfeat_run(const ei_tensor *q, int64_t n, int seg, int nrows, float *qfeat, int *flag, int64_t q_pos,
+                           int s_first, cudaStream_t st, char *msg) {
+    const int D = q->head_dim, nh = q->n_heads, V = q->dtype == EI_F32 ? 4 : 8, cph = D / V;
+    const bool rows = D % V == 0 && cph <= 64 && 64 % cph == 0 && nh % (64 / cph) == 0 &&
+                      (uintptr_t)q->data % 16 == 0 && q->token_stride % V == 0 && q->head_stride % V == 0;
+    if (!rows) {
+        qfeat_kernel<<<dim3((unsigned)nrows, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D,
+                                                               seg, nrows, qfeat, flag, q_pos, s_first);
+        LAUNCH_CHECK("qfeat_kernel");
+        return EI_OK;
+    }
+    const int HB = 64 / cph;
+    const dim3 grid((unsigned)nrows, (unsigned)(nh / HB));
+    if (q->dtype == EI_BF16)
+        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const __nv_bfloat16 *)q->data, q->token_stride, q->head_stride, n, D,
+                                                seg, nrows, HB, qfeat, flag, q_pos, s_first);
+    else if (q->dtype == EI_F16)
+        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const __half *)q->data, q->token_stride, q->head_stride, n, D, seg,
+                                                nrows, HB, qfeat, flag, q_pos, s_first);
+    else
+        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const float *)q->data, q->token_stride, q->head_stride, n, D, seg,
+                                                nrows, HB, qfeat, flag, q_pos, s_first);
+    LAUNCH_CHECK("qfeat_rows_kernel");
+    return EI_OK;
 }
 
 /* kfeat[(kvh*stride + b)*2 + {max,min}][D] for b_first <= b < nblk; the keys
@@ -800,6 +882,7 @@ __device__ void softmax_entropy_row(const float *row, int valid, int64_t nout, f
     __shared__ double redd[32];
     float m = -FLT_MAX;
     int bad = 0;
+#pragma unroll 4 /* the row's loads in flight together */
     for (int b = threadIdx.x; b < valid; b += blockDim.x) {
         float x = row[b];
         bad |= !isfinite(x);
@@ -811,9 +894,11 @@ __device__ void softmax_entropy_row(const float *row, int valid, int64_t nout, f
     }
     m = block_max(m, red);
     double z = 0.0;
+#pragma unroll 4
     for (int b = threadIdx.x; b < valid; b += blockDim.x) z += (double)expf(row[b] - m);
     float zf = (float)block_sum_d(z, redd);
     double h = 0.0;
+#pragma unroll 4
     for (int64_t b = threadIdx.x; b < nout; b += blockDim.x) {
         float p = b < valid ? expf(row[b] - m) / zf : 0.f;
         if (b < valid) h += (double)p * (double)logf(p + 1e-9f);
@@ -1455,9 +1540,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     cudaStream_t st = stream_of(cfg);
 
     CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
-    qfeat_kernel<<<dim3(nseg, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n, D, seg, nseg,
-                                                 qfeat, flag, 0, 0);
-    LAUNCH_CHECK("qfeat_kernel");
+    if ((r = qfeat_run(q, n, seg, nseg, qfeat, flag, 0, 0, st, msg))) return r;
     if ((r = kfeat_run(k, n, bs, nblk, nb_all, kfeat, flag, 0, nblk, st, msg))) return r;
     if (nblk > 0 && (r = score_run(sl, qfeat, kfeat, raw, nseg, nblk, nkv, D, G, bps, 0, nblk, st, msg))) return r;
     softmax_entropy_kernel<<<dim3(nseg, nkv), 256, 0, st>>>(raw, nseg, nblk, bps, plan->entropy, plan->seg_capacity,
@@ -1547,9 +1630,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     }
     if (scan_end > kb0 && (r = kfeat_run(k, n, bs, (int)nblk, scan_end, keys, flag, kb0, pad, st, msg))) return r;
     if (q) { /* the segments the chunk touches: features (the open one merged), scores, entropies */
-        qfeat_kernel<<<dim3((unsigned)nrows, nh), 256, 0, st>>>(q->data, q->dtype, q->token_stride, q->head_stride, n,
-                                                               D, seg, (int)nrows, qfeat, flag, q_pos, (int)sq);
-        LAUNCH_CHECK("qfeat_kernel");
+        if ((r = qfeat_run(q, n, seg, (int)nrows, qfeat, flag, q_pos, (int)sq, st, msg))) return r;
         chunk_open_kernel<<<nkv, 256, 0, st>>>(qfeat, (int)nrows, G, D, open_reps, heads, continues, T > 0, flag);
         LAUNCH_CHECK("chunk_open_kernel");
         if (nblk > 0 && (r = score_run(sl, qfeat, keys, raw, (int)nrows, (int)pad, nkv, D, G, bps, (int)sq, raw_stride,
