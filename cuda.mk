@@ -1,7 +1,8 @@
 # cuda.mk - the CUDA backend (included by the top-level Makefile).
 #   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
 #   make test-cuda            GPU tests: golden cases, GPU vs CPU (whole-prompt and chunked plans:
-#                             ei_profile_chunk schedules), attention, the backend
+#                             ei_profile_chunk schedules, both rankings; a --quick pass with the
+#                             block scores on score_kernel), attention, the backend
 #                             equivalence scenarios (test_backends --require-gpu), a layer and a
 #                             chunk captured in CUDA graphs (test_cuda_graph: cuda_deferred_errors),
 #                             compute-sanitizer
