@@ -16,15 +16,19 @@
    ("the method's rules, once"): nothing here re-derives them.
 
    Stages (each one pass over the layer, no host loop over segments):
-   profile   >>cuda-minmax    min/max features of query segments and key blocks
-             >>cuda-scores    segment x block scores (f32, two dot products each)
+   profile   >>cuda-minmax    min/max features of query segments (whole token
+                              rows, 16-byte loads) and key blocks
+             >>cuda-scores    segment x block scores (f32, four dot products
+                              each, in the CPU's order: bit-identical), a
+                              register tile over a kv group's query heads
              >>cuda-softmax   masked softmax + entropy per (kv head, segment)
              >>cuda-sampled   EI_RANK_SAMPLED: block mass of the sampled query
                               rows (exact softmax; tensor cores for bf16/f16 k
                               with q of k's type or f32, rounded to it on load:
                               wgmma on Hopper, else mma.sync; CUDA cores else)
              >>cuda-budgets   ei__head_rigid / ei__budget_next / ei__keep_count /
-                              ei__cap_blocks, one thread per kv head
+                              ei__cap_blocks; only the recurrence's additions
+                              run in series (a thread per kv head)
              >>cuda-topk      per (kv head, segment) top-k: radix select on
                               (score, index) keys, then a bitonic sort
              >>cuda-rank      the same beyond the paper: always-kept blocks
