@@ -1125,6 +1125,12 @@ EI__HD int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, i
 }
 /* Segment s attends sparsely: it starts at or past threshold_len and is not
    the last segment of a finished plan when last_segment_dense. */
+/* Segment s is ranked by sampled mass: EI_RANK_SAMPLED, and it may attend
+   sparsely (segments that start before threshold_len attend densely: their
+   rows, never read, keep the reference ranking and cost nothing). */
+EI__HD int ei__rank_sampled(const ei_config *c, int32_t s) {
+    return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
+}
 EI__HD int ei__segment_sparse(const ei_config *c, int32_t s, int32_t n_segments, int32_t final) {
     if ((int64_t)s * c->segment_size < c->threshold_len) return 0;
     return !(c->last_segment_dense && final && s == n_segments - 1);
@@ -3235,12 +3241,6 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
     for (b = 0; i < k && b < ranked; ++b) idx[i++] = pairs[b].index;
 }
 
-/* Segment s is ranked by sampled mass: EI_RANK_SAMPLED, and it may attend
-   sparsely (segments that start before threshold_len attend densely: their
-   rows, never read, keep the reference ranking and cost nothing). */
-static int ei__rank_sampled(const ei_config *c, int32_t s) {
-    return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
-}
 
 /* EI_RANK_SAMPLED: add to mass[0..nvis) the block mass of the sampled rows
    of segment s whose tokens lie in [t_lo, t_hi) (CONCEPTS: ranking). q holds

@@ -1139,10 +1139,6 @@ __global__ void __launch_bounds__(256) topk_kernel(const SegRows r, int bps, con
    seg_max_kernel applies the max over heads. Dynamic shared memory: sort_n
    (power of two >= max_keep) 64-bit keys, with top_p as many doubles after
    the ranked ones (their weights). */
-__host__ __device__ __forceinline__ bool rank_sampled(const ei_config *c, int s) {
-    return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
-}
-static bool rank_sampled_host(const ei_config *c, int s) { return rank_sampled(c, s); }
 __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const SegRows r, const float *mass,
                                                    int *keep_blocks, int *keep_count, int seg_cap, int *block_index,
                                                    int max_keep, int *flag) {
@@ -1167,7 +1163,7 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const Se
     }
     /* a segment without any sampled row (the last one too short, a chunk's open one before its rows) keeps the
        reference ranking (as on the CPU) */
-    const bool sampled = mass && rank_sampled(c, s) &&
+    const bool sampled = mass && ei__rank_sampled(c, s) &&
                          (r.rows ? r.rows[(int64_t)kvh * r.rows_stride + blockIdx.x] > 0 : ei__sample_token(c, s, 0) < r.n);
     const float *sc = (sampled ? mass : r.raw) + ((int64_t)kvh * r.nrows + blockIdx.x) * r.stride;
     int64_t ns64, l064;
@@ -1322,14 +1318,14 @@ __global__ void chunk_rows_kernel(const ei_config cfg, int nrows, int sq, int64_
     const int kvh = blockIdx.x, stored = continues ? heads[kvh].open_rows : 0;
     for (int i = threadIdx.x; i < nrows; i += blockDim.x) {
         int s = sq + i, rows = i == 0 ? stored : 0;
-        if (rank_sampled(c, s))
+        if (ei__rank_sampled(c, s))
             for (int r = 0; r < c->rank_samples; r++) {
                 int64_t t = ei__sample_token(c, s, r);
                 rows += t >= q_pos && t < n;
             }
         seg_rows[(int64_t)kvh * nrows + i] = rows;
     }
-    if (mass && stored > 0 && rank_sampled(c, sq)) {
+    if (mass && stored > 0 && ei__rank_sampled(c, sq)) {
         float *row = mass + (int64_t)kvh * nrows * mass_stride;
         const float *held = open_mass + (int64_t)kvh * pad;
         for (int64_t b = threadIdx.x, nvis = (int64_t)sq * (c->segment_size / c->block_size); b < nvis; b += blockDim.x)
@@ -1344,7 +1340,7 @@ __global__ void chunk_keep_kernel(const ei_config cfg, int s_last, const float *
                                   int64_t stride, int64_t nblk, const int *seg_rows, float *open_row, int64_t pad,
                                   ei__head_state *heads) {
     const int kvh = blockIdx.x, rows = seg_rows[(int64_t)kvh * nrows + nrows - 1];
-    const float *src = (rank_sampled(&cfg, s_last) && rows > 0 ? mass : raw) + ((int64_t)kvh * nrows + nrows - 1) * stride;
+    const float *src = (ei__rank_sampled(&cfg, s_last) && rows > 0 ? mass : raw) + ((int64_t)kvh * nrows + nrows - 1) * stride;
     for (int64_t b = threadIdx.x; b < nblk; b += blockDim.x) open_row[(int64_t)kvh * pad + b] = src[b];
     if (threadIdx.x == 0) heads[kvh].open_rows = rows;
 }
@@ -1658,7 +1654,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     }
     if (replan) { /* from its stored row: the same scores, entropy and recurrence, another cap. EI_RANK_SAMPLED:
                      the row holds the segment's mass once a sampled row of it is in (the head state counts them) */
-        const bool held = sampled && rank_sampled_host(cfg, (int)open_seg);
+        const bool held = sampled && ei__rank_sampled(cfg, (int)open_seg);
         SegRows o = {open_raw, pad, nblk, n, 1, (int)open_seg, q ? -1 : (int)open_seg,
                      sampled ? &heads->open_rows : NULL, (int64_t)(sizeof(ei__head_state) / sizeof(int32_t))};
         chunk_softmax_kernel<<<dim3(1, nkv), 256, 0, st>>>(open_raw, 1, pad, (int)open_seg, bps, plan->entropy, seg_cap,
