@@ -2136,6 +2136,7 @@ static uint64_t ei__plan_seal(const ei_plan *p) {
     EI__FNV_FIELD(h, p->budget); EI__FNV_FIELD(h, p->keep_blocks); EI__FNV_FIELD(h, p->keep_count);
     EI__FNV_FIELD(h, p->block_index); EI__FNV_FIELD(h, p->scores); EI__FNV_FIELD(h, p->state);
     EI__FNV_FIELD(h, p->on_device); EI__FNV_FIELD(h, p->seg_capacity); EI__FNV_FIELD(h, p->blk_capacity);
+    EI__FNV_FIELD(h, p->owned_memory); /* what ei_plan_free hands back to the allocator */
     return h | 1u; /* never 0: a zeroed plan is not sealed */
 }
 static uint64_t ei__decoder_seal(const ei_decoder *d) {
@@ -2588,12 +2589,32 @@ static ei_result ei__check_plan_side(const ei_context *ctx, const ei_plan *plan)
    refused before any of its arrays is read. The counts are not read by
    profiling calls on kv-head ranges that exclude kv head 0: the call with kv
    head 0 writes them while the others run (ei__check_plan_seal only). */
+/* Bytes of a sealed plan's arrays, from its first to the end of its last. */
+static size_t ei__plan_extent(const ei_plan *p) {
+    size_t rows = ei__plan_rows(p);
+    const unsigned char *end;
+    if (p->state) end = (const unsigned char *)p->state + ei__plan_chunk_geom(p).bytes;
+    else if (p->scores) end = (const unsigned char *)(p->scores + rows * ei__plan_score_row(p));
+    else end = (const unsigned char *)(p->block_index + rows * (size_t)p->max_keep);
+    return (size_t)(end - (const unsigned char *)p->entropy);
+}
+/* Whether a struct of `bytes` at p lies inside [base, base + extent). */
+static int ei__struct_inside(const void *p, size_t bytes, const void *base, size_t extent) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
+    return a < b + extent && b < a + bytes;
+}
 static ei_result ei__check_plan_seal(const ei_context *ctx, const ei_plan *plan) {
     if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
     if (plan->seal != ei__plan_seal(plan))
         return ei__fail(ctx, EI_ERR_STATE,
                         "plan layout fields (sizes, capacities, flags, array pointers) were changed after ei_plan_init, "
                         "or the plan was not made by it");
+    /* ei_plan_init keeps the struct out of its memory; a sealed struct copied
+       into its own arrays would be overwritten by the call that fills them
+       (ei_plan_reset, ei_plan_finalize, profiling) while it is being read */
+    if (ei__struct_inside(plan, sizeof *plan, plan->entropy, ei__plan_extent(plan)))
+        return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_plan struct [%p, +%zu bytes) lies inside the plan's arrays [%p, +%zu bytes)",
+                        (const void *)plan, sizeof *plan, (const void *)plan->entropy, ei__plan_extent(plan));
     return EI_OK;
 }
 static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *plan) {
@@ -2616,15 +2637,6 @@ static ei_result ei__check_plan_layout(const ei_context *ctx, const ei_plan *pla
 static ei_result ei__check_plan(const ei_context *ctx, const ei_plan *plan) {
     ei_result r = ei__check_plan_layout(ctx, plan);
     return r != EI_OK ? r : ei__check_plan_side(ctx, plan);
-}
-/* Bytes of a checked plan's arrays, from its first to the end of its last. */
-static size_t ei__plan_extent(const ei_plan *p) {
-    size_t rows = ei__plan_rows(p);
-    const unsigned char *end;
-    if (p->state) end = (const unsigned char *)p->state + ei__plan_chunk_geom(p).bytes;
-    else if (p->scores) end = (const unsigned char *)(p->scores + rows * ei__plan_score_row(p));
-    else end = (const unsigned char *)(p->block_index + rows * (size_t)p->max_keep);
-    return (size_t)(end - (const unsigned char *)p->entropy);
 }
 /* A plan's arrays and the struct that points at them. */
 static void ei__reg_plan(ei__regions *g, const ei_plan *plan, int written) {
@@ -2723,16 +2735,31 @@ EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_
     if (r != EI_OK) {
         if (ei__on_gpu(ctx)) ei__cuda_api_of(ctx)->mem_free(mem);
         else ei__free(&ctx->alloc, mem);
+        /* init refused before writing the plan, or laid it out over the memory
+           just freed: either way no sealed plan may point there */
+        if (plan->seal == ei__plan_seal(plan) && plan->entropy) memset(plan, 0, sizeof *plan);
         return r;
     }
     plan->owned_memory = mem;
+    plan->seal = ei__plan_seal(plan);
     return EI_OK;
 }
 /* A plan's own memory goes back to where it came from: a device plan to the
    CUDA context that allocated it (free() on device memory is undefined;
    without that context the plan is left as it is and the error recorded). */
+static int ei__all_zero(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (b[i]) return 0;
+    return 1;
+}
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
-    if (!plan) return;
+    if (!plan || ei__all_zero(plan, sizeof *plan)) return; /* freed already, or zeroed and never made */
+    /* a struct ei_plan_init / ei_plan_alloc did not make (an engine's cleanup
+       after a failed alloc, garbage, an edited owned_memory) holds nothing of
+       ours: left as it is, the error recorded, nothing freed */
+    if (ei__check_plan_seal(ctx, plan) != EI_OK) return;
     if (plan->owned_memory && plan->on_device) {
         if (!ei__on_gpu(ctx)) {
             ei__fail(ctx, EI_ERR_STATE, "a GPU plan is freed with the CUDA context that allocated it (plan left as is)");
@@ -2745,7 +2772,8 @@ EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
 }
 
 EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment) {
-    if (!ctx || !plan || segment < 0 || segment >= plan->n_segments) return 0;
+    if (!ctx || ei__check_plan_layout(ctx, plan) != EI_OK) return 0; /* refused: 0, the error recorded */
+    if (segment < 0 || segment >= plan->n_segments) return 0;
     return ei__segment_sparse(&ctx->cfg, segment, plan->n_segments, plan->final);
 }
 
@@ -3647,12 +3675,14 @@ static int ei__merge_query_reps(const ei_context *ctx, const ei_tensor *q, int64
 /* The chunk's checks, before any head's state changes. */
 static ei_result ei__check_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_plan *plan,
                                  int64_t q_pos, int is_final, int32_t kv0, int32_t kv1) {
-    int64_t m = q ? q->n_tokens : 0, n;
+    int64_t n;
     int32_t kvh;
     ei_result r;
     if (q_pos < 0 || q_pos > EI_MAX_TOKENS)
         return ei__fail(ctx, EI_ERR_SIZE, "q_pos %lld not in 0..%lld", (long long)q_pos, (long long)EI_MAX_TOKENS);
-    n = q_pos + m;
+    /* q's count is a caller value too: in range before the sum is formed */
+    if (q && (r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
+    n = q_pos + (q ? q->n_tokens : 0);
     if ((r = ei__check_profile_args(ctx, q, k, plan, n, kv0, kv1)) != EI_OK) return r;
     if (!plan->state) return ei__fail(ctx, EI_ERR_STATE, "chunked planning needs a plan made with EI_PLAN_CHUNKED");
     if (k->n_tokens < n)
@@ -3690,10 +3720,11 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
     const ei_config *c = &ctx->cfg;
     ei__profile_ws w;
     size_t need;
-    int64_t m = q ? q->n_tokens : 0, n = q_pos + m, seg = c->segment_size, s_end;
+    int64_t n, seg = c->segment_size, s_end;
     int32_t d, kvh, s;
     ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, kv0, kv1);
     if (r != EI_OK) return r;
+    n = q_pos + (q ? q->n_tokens : 0); /* (both checked) */
     d = k->head_dim;
     /* the workspace is sized for the plan's capacity (and the largest group) */
     if (!ei__profile_ws_layout(c, plan->max_tokens, q ? q->n_heads / k->n_heads : ei__plan_states(plan)[kv0].group, d, &w,
@@ -3844,6 +3875,10 @@ EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, c
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
+    /* every share's workspace against q, k and the plan before any share runs:
+       a share refused after another planned its heads would leave the plan
+       moved by a refused call */
+    if ((r = ei__check_profile_regions(ctx, q, k, plan, workspace, per * (size_t)nt)) != EI_OK) return r;
     if (nt > 1) {
         job.ctx = ctx; job.q = q; job.k = k; job.plan = plan; job.q_pos = q_pos; job.is_final = is_final;
         r = ei__fork_join(ctx, ei__chunk_share, &job, nt, workspace, per);
@@ -3882,11 +3917,25 @@ EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t 
 /* A decoder as ei_decoder_init laid it out (sealed fields; the window of
    ctx when given) with its counters in range: an edited decoder is refused
    before its ring is read or written. */
-static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decoder *dec) {
+/* Bytes of a sealed decoder's query ring. */
+static size_t ei__decoder_ring_bytes(const ei_decoder *dec) {
+    return (size_t)dec->window * (size_t)dec->n_heads * (size_t)dec->head_dim * 4u;
+}
+/* A decoder as ei_decoder_init made it: sealed fields, the struct outside
+   its ring (as init placed it: observe writes the ring and the counters). */
+static ei_result ei__check_decoder_seal(const ei_context *ctx, const ei_decoder *dec) {
     if (!dec || !dec->queries) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL or not initialised");
     if (dec->seal != ei__decoder_seal(dec))
         return ei__fail(ctx, EI_ERR_STATE, "decoder fields (heads, head_dim, window, ring pointer) were changed after "
                                            "ei_decoder_init, or the decoder was not made by it");
+    if (ei__struct_inside(dec, sizeof *dec, dec->queries, ei__decoder_ring_bytes(dec)))
+        return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_decoder struct [%p, +%zu bytes) lies inside its query ring [%p, +%zu bytes)",
+                        (const void *)dec, sizeof *dec, (const void *)dec->queries, ei__decoder_ring_bytes(dec));
+    return EI_OK;
+}
+static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decoder *dec) {
+    ei_result r = ei__check_decoder_seal(ctx, dec);
+    if (r != EI_OK) return r;
     if (ctx && dec->window != ctx->cfg.window)
         return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window,
                         (int)ctx->cfg.window);
@@ -3900,14 +3949,13 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
    (read, or written when the call updates its counters) as regions. */
 static void ei__reg_decoder(ei__regions *g, const ei_decoder *dec, int ring, int struct_written) {
     if (ring)
-        ei__reg_mem(g, dec->queries, (size_t)dec->window * (size_t)dec->n_heads * (size_t)dec->head_dim * 4u,
-                    "the decoder's query ring", ring == 2);
+        ei__reg_mem(g, dec->queries, ei__decoder_ring_bytes(dec), "the decoder's query ring", ring == 2);
     ei__reg_mem(g, dec, sizeof *dec, "the ei_decoder struct", struct_written);
 }
 
 EIDEF ei_result ei_decoder_reset(ei_decoder *dec) {
-    if (!dec || !dec->queries) return ei__fail(NULL, EI_ERR_NULL, "decoder is NULL or not initialised");
-    if (dec->seal != ei__decoder_seal(dec)) return ei__check_decoder_layout(NULL, dec); /* its message */
+    ei_result r = ei__check_decoder_seal(NULL, dec); /* (any counters: it resets them) */
+    if (r != EI_OK) return r;
     dec->n_observed = 0;
     dec->n_generated = 0;
     dec->last_compress = -1;
@@ -3989,7 +4037,14 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
 }
 
 EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec) {
-    if (!ctx || !dec) return 0;
+    /* refused (NULL, a decoder not made by ei_decoder_init, edited, counters
+       out of range): 0, the error recorded; the counters are in range before
+       they are subtracted */
+    if (!ctx) {
+        (void)ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+        return 0;
+    }
+    if (ei__check_decoder_layout(ctx, dec) != EI_OK) return 0;
     if (dec->last_compress < 0) return dec->n_generated >= ctx->cfg.decode_gap && dec->n_observed > 0;
     return ctx->cfg.recompress_every > 0 && dec->n_generated - dec->last_compress >= ctx->cfg.recompress_every;
 }
@@ -5352,11 +5407,32 @@ static ei_result ei__attn_check_split(const ei_context *ctx, int ith, int nth) {
     return EI_OK;
 }
 
+/* A keep set a decode step can attend through: filled, one row per kv head,
+   per query head or shared, made before the step's first query (its kept
+   rows lie before that query, so every token of the step sees them; rows
+   appended since are attended causally). Its rows are checked ascending
+   inside the cache (ei__check_keep_index) once the call's regions are known
+   apart: the step writes its workspace, partials and out, and a keep set
+   lying in one of them would be read after the kernel overwrote it. */
+static ei_result ei__check_decode_keep(const ei_context *ctx, const ei_keep_set *keep, const ei_tensor *q,
+                                       const ei_tensor *k, int64_t q_offset) {
+    ei_result r;
+    if ((r = ei__check_keep_filled(ctx, keep)) != EI_OK) return r;
+    if (keep->heads_out != 1 && keep->heads_out != k->n_heads && keep->heads_out != q->n_heads)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d rows: 1, %d (kv heads) or %d (query heads) expected",
+                        (int)keep->heads_out, (int)k->n_heads, (int)q->n_heads);
+    if (keep->n_tokens > q_offset + 1)
+        return ei__fail(ctx, EI_ERR_SHAPE, "keep set scored %lld rows, the step's first query is row %lld: its kept rows "
+                        "must lie at or before it", (long long)keep->n_tokens, (long long)q_offset);
+    return EI_OK;
+}
+
 /* Every check of an attention call, for both backends (partials: a decode
-   call's, NULL for prefill). */
+   call's, NULL for prefill; keep: a decode call's keep set, or NULL). Every
+   region of the call is listed once, so each pair is compared. */
 static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                const ei_plan *plan, const ei_out_tensor *out, int64_t q_offset, const void *workspace,
-                                int n_ws, const void *partials, size_t partials_bytes) {
+                                const ei_plan *plan, const ei_keep_set *keep, const ei_out_tensor *out, int64_t q_offset,
+                                const void *workspace, int n_ws, const void *partials, size_t partials_bytes) {
     ei__regions g;
     size_t per;
     ei_result r;
@@ -5379,6 +5455,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
         return ei__fail(ctx, EI_ERR_SHAPE, "queries reach token %lld but k holds %lld and v %lld keys", (long long)need - 1,
                         (long long)k->n_tokens, (long long)v->n_tokens);
     if (plan && (r = ei__check_plan(ctx, plan)) != EI_OK) return r;
+    if (keep && (r = ei__check_decode_keep(ctx, keep, q, k, q_offset)) != EI_OK) return r;
     if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     g.n = 0; /* attention is not in place: out meets nothing it reads */
     ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
@@ -5388,7 +5465,12 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
     if (plan) ei__reg_plan(&g, plan, 0);
     ei__reg_mem(&g, workspace, per * (size_t)n_ws, "the workspace", 1);
     if (partials) ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
+    if (keep) {
+        ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
+        ei__reg_mem(&g, keep->index, (size_t)keep->heads_out * (size_t)keep->capacity * 4u, "keep->index", 0);
+    }
     if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    if (keep && (r = ei__check_keep_index(ctx, keep)) != EI_OK) return r;
     if (plan) {
         int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last;
         if (plan->n_kv_heads != k->n_heads)
@@ -5408,7 +5490,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
                 int64_t first_blocked = (int64_t)s * (ctx->cfg.segment_size / ctx->cfg.block_size);
                 int32_t cnt, i;
                 const int32_t *idx;
-                if (!ei_plan_segment_is_sparse(ctx, plan, s)) continue;
+                if (!ei__segment_sparse(&ctx->cfg, s, plan->n_segments, plan->final)) continue; /* (plan checked) */
                 cnt = plan->keep_count[row];
                 if (cnt < 0 || cnt > plan->max_keep)
                     return ei__fail(ctx, EI_ERR_SHAPE, "plan keep_count %d of kv head %d segment %d not in 0..%d", (int)cnt,
@@ -5481,7 +5563,7 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, 
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, 1, NULL, 0)) != EI_OK) return r;
+    if ((r = ei__attn_check(ctx, q, k, v, plan, NULL, out, q_offset, workspace, 1, NULL, 0)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) /* one launch does the whole layer: the call with ith 0 makes it */
         return ith == 0 ? EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes)
                         : EI_OK;
@@ -5505,7 +5587,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
-    if ((r = ei__attn_check(ctx, q, k, v, plan, out, q_offset, workspace, ei__on_gpu(ctx) ? 1 : n_threads, NULL, 0)) != EI_OK)
+    if ((r = ei__attn_check(ctx, q, k, v, plan, NULL, out, q_offset, workspace, ei__on_gpu(ctx) ? 1 : n_threads, NULL, 0)) != EI_OK)
         return r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
     ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
@@ -5837,32 +5919,6 @@ static ei_result ei__check_partials(const ei_context *ctx, const float *partials
     return ei__check_align4(ctx, partials, "partials");
 }
 
-/* A keep set a decode step can attend through: filled, one row per kv head,
-   per query head or shared, made before the step's first query (its kept
-   rows lie before that query, so every token of the step sees them; rows
-   appended since are attended causally), rows ascending inside the cache,
-   and not written by the call. */
-static ei_result ei__check_decode_keep(const ei_context *ctx, const ei_keep_set *keep, const ei_tensor *q,
-                                       const ei_tensor *k, const ei_out_tensor *out, int64_t q_offset,
-                                       const float *partials, size_t partials_bytes) {
-    ei__regions g;
-    ei_result r;
-    if ((r = ei__check_keep_filled(ctx, keep)) != EI_OK) return r;
-    if (keep->heads_out != 1 && keep->heads_out != k->n_heads && keep->heads_out != q->n_heads)
-        return ei__fail(ctx, EI_ERR_SHAPE, "keep set has %d rows: 1, %d (kv heads) or %d (query heads) expected",
-                        (int)keep->heads_out, (int)k->n_heads, (int)q->n_heads);
-    if (keep->n_tokens > q_offset + 1)
-        return ei__fail(ctx, EI_ERR_SHAPE, "keep set scored %lld rows, the step's first query is row %lld: its kept rows "
-                        "must lie at or before it", (long long)keep->n_tokens, (long long)q_offset);
-    g.n = 0;
-    ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
-    ei__reg_mem(&g, keep->index, (size_t)keep->heads_out * (size_t)keep->capacity * 4u, "keep->index", 0);
-    ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
-    ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
-    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
-    return ei__check_keep_index(ctx, keep);
-}
-
 /* Checks of a decode call: the attention checks, its token count, the
    partials' size and alignment, the keep set if any. */
 static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
@@ -5878,9 +5934,7 @@ static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q
     } else if (keep)
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "decode attention through a keep set runs on the CPU backend "
                         "(compact the cache with ei_kv_compact and attend densely)");
-    if ((r = ei__attn_check(ctx, q, k, v, NULL, out, q_offset, workspace, n_ws, partials, partials ? need : 0)) != EI_OK)
-        return r;
-    return keep ? ei__check_decode_keep(ctx, keep, q, k, out, q_offset, partials, need) : EI_OK;
+    return ei__attn_check(ctx, q, k, v, NULL, keep, out, q_offset, workspace, n_ws, partials, partials ? need : 0);
 }
 
 EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
