@@ -2111,6 +2111,13 @@ static ei_result ei__check_regions(const ei_context *ctx, const ei__regions *g) 
             return ei__fail(ctx, EI_ERR_OVERLAP, "%s [%p, +%zu bytes) overlaps %s [%p, +%zu bytes) and the call writes %s",
                             a->name, a->p, a->bytes, b->name, b->p, b->bytes, a->written ? a->name : b->name);
         }
+    /* the context is read by every call (its configuration, kernels, workers) */
+    for (i = 0; ctx && i < g->n; ++i) {
+        uintptr_t a0 = (uintptr_t)g->r[i].p, c0 = (uintptr_t)ctx;
+        if (g->r[i].written && a0 < c0 + sizeof *ctx && c0 < a0 + g->r[i].bytes)
+            return ei__fail(ctx, EI_ERR_OVERLAP, "%s [%p, +%zu bytes) overlaps the ei_context [%p, +%zu bytes) and the call writes %s",
+                            g->r[i].name, g->r[i].p, g->r[i].bytes, (const void *)ctx, sizeof *ctx, g->r[i].name);
+    }
     return EI_OK;
 }
 /* A caller's int32 / float array: 4-byte aligned. */
@@ -4406,8 +4413,8 @@ static void ei__keep_all(ei_keep_set *keep, int64_t np, int64_t n, int32_t h, co
 
 /* The keep set of each head from checked arguments (ei_decode_keep_mt
    passes scores inside its workspace). */
-static ei_result ei__decode_select_run(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
-                                       ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+static ei_result ei__decode_select_rows(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                        ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     const ei_config *c = &ctx->cfg;
     ei__decode_ws w;
     int64_t W, np = 0, np0 = -1, L, kk;
@@ -4445,6 +4452,17 @@ static ei_result ei__decode_select_run(const ei_context *ctx, ei_decoder *dec, c
     keep->compressed = np >= c->decode_budget;
     dec->last_compress = dec->n_generated;
     return EI_OK;
+}
+/* A row map found faulty at a later kv head (a data error) refuses the call
+   after earlier heads' rows were written: the arrays are outputs and hold
+   partial rows, but the struct's count is put back, so a refused call leaves
+   the ei_keep_set struct (and the decoder) as they were. */
+static ei_result ei__decode_select_run(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+                                       ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
+    int32_t n_kept = keep->n_kept;
+    ei_result r = ei__decode_select_rows(ctx, dec, scores, n_rows, keep, workspace, workspace_bytes);
+    if (r != EI_OK) keep->n_kept = n_kept;
+    return r;
 }
 EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
                                  ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
@@ -4539,12 +4557,12 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
     W = ei__decode_window(c, dec);
     if ((r = ei__decode_order(ctx, keep->row_pos, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
-    keep->n_tokens = n_rows;
-    keep->compressed = np >= c->decode_budget;
-    if (!keep->compressed) {
+    if (np < c->decode_budget) { /* the struct's fields change once nothing can refuse the call */
         if (np > (int64_t)keep->capacity)
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
         ei__keep_all(keep, np, n_rows, 0, keep->row_pos);
+        keep->n_tokens = n_rows;
+        keep->compressed = 0;
         return EI_OK;
     }
     L = np - W;
@@ -4557,6 +4575,8 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     }
     if (keep->pooled) memcpy(keep->pooled, w.pooled, (size_t)L * sizeof(float));
     ei__keep_rows(keep, 0, keep->row_pos, w.pooled, w.order, L, W, (int64_t)c->decode_budget - W, n_rows, w.pairs);
+    keep->n_tokens = n_rows;
+    keep->compressed = 1;
     return EI_OK;
 }
 
