@@ -1000,6 +1000,527 @@ static void test_edited_plan_decoder(void) {
     mu_free(&m);
 }
 
+/* ------------------------------------------------------------ placements (issue 36) */
+/* MEMORY RULES, call by call: the header's table of each entry's memory
+   arguments (MEMORY ARGUMENTS), as regions. For every entry and every pair
+   of its regions of which one is written, one is placed inside the other
+   (at the start, the middle, the end, straddling the end) and the call must
+   refuse it (EI_ERR_OVERLAP) with nothing written; placed just past the
+   other it must give the reference's result, bit for bit. Structs are moved
+   as copies (a sealed plan or decoder is valid anywhere but inside its own
+   arrays); the plan's arrays and the decoder's ring stay where init laid
+   them out (hosts only). Then every plan and decoder argument is replaced by
+   random bytes, zeros, an edited layout and out-of-range counters: refused,
+   nothing written. */
+enum { R_Q, R_QD, R_K, R_KD, R_V, R_VD, R_OUT, R_OUTD, R_PLAN, R_PLANA, R_PMEM, R_DEC, R_RING, R_DMEM, R_KEEP, R_INDEX,
+       R_POS, R_MASK, R_POOLED, R_ROWPOS, R_WS, R_PART, R_SCORES, R_SHARED, R_COUNT };
+static const char *const pl_name[R_COUNT] = {
+    "q struct", "q data", "k struct", "k data", "v struct", "v data", "out struct", "out data", "plan struct",
+    "plan arrays", "plan memory", "decoder struct", "decoder ring", "decoder memory", "keep struct", "keep->index",
+    "keep->positions", "keep->mask", "keep->pooled", "row_pos", "workspace", "partials", "scores", "shared"};
+#define PL_BIT(r) (1u << (r))
+#define PL_FIXED (PL_BIT(R_PLANA) | PL_BIT(R_RING)) /* laid out by init: never moved */
+#define PL_STRUCTS (PL_BIT(R_Q) | PL_BIT(R_K) | PL_BIT(R_V) | PL_BIT(R_OUT) | PL_BIT(R_PLAN) | PL_BIT(R_DEC) | PL_BIT(R_KEEP))
+
+typedef struct pl_fix {
+    synth_layer L;
+    ei_config c;
+    ei_context *ctx;
+    ei_plan plan;
+    ei_decoder dec;                /* after the prompt */
+    unsigned char *pm, *pm_snap, *dm, *dm_snap;
+    size_t pb, db, wb, ab, kb, partb, dmtb;
+    ei_tensor tq, tq1, tqc, tk, tv;
+    ei_out_tensor to, to1, tko, tvo;
+    ei_keep_set keep_empty, keep_shared, keep_filled;
+    int32_t *rowpos, *filled_index;
+    float *scores, *shared, *partials, *zeros;
+    /* the call under test: where each region is, its size, what it holds before the call */
+    void *p[R_COUNT], *home[R_COUNT];
+    size_t bytes[R_COUNT];
+    const void *master[R_COUNT];
+    const ei_plan *plan_master;
+    const ei_decoder *dec_master;
+} pl_fix;
+
+typedef struct pl_call {
+    const char *name;
+    ei_result (*run)(pl_fix *x);
+    void (*setup)(pl_fix *x);
+    uint32_t regs, written, result; /* its regions, those it writes, those compared with the reference */
+} pl_call;
+
+#define PX(T, r) ((T *)x->p[r])
+static void pl_view(pl_fix *x, int rs, int rd, const ei_tensor *t) {
+    x->bytes[rs] = sizeof *t; x->master[rs] = t;
+    x->bytes[rd] = ei__view_bytes(t); x->master[rd] = t->data;
+}
+static void pl_out(pl_fix *x, int rs, int rd, const ei_out_tensor *t, int keep_data) {
+    ei_tensor v = ei__as_view(t);
+    x->bytes[rs] = sizeof *t; x->master[rs] = t;
+    x->bytes[rd] = ei__view_bytes(&v); x->master[rd] = keep_data ? t->data : NULL;
+}
+static void pl_keep(pl_fix *x, const ei_keep_set *m) {
+    size_t h = (size_t)m->heads_out;
+    x->bytes[R_KEEP] = sizeof *m; x->master[R_KEEP] = m;
+    x->bytes[R_INDEX] = h * (size_t)m->capacity * 4u; x->master[R_INDEX] = m->index;
+    x->bytes[R_POS] = h * (size_t)m->capacity * 4u; x->master[R_POS] = m->positions;
+    x->bytes[R_MASK] = h * (size_t)m->mask_capacity; x->master[R_MASK] = m->mask;
+    x->bytes[R_POOLED] = h * (size_t)m->pooled_capacity * 4u; x->master[R_POOLED] = m->pooled;
+    x->bytes[R_ROWPOS] = (size_t)x->L.n * 4u; x->master[R_ROWPOS] = m->row_pos;
+}
+static void pl_plan(pl_fix *x) { x->bytes[R_PLAN] = sizeof(ei_plan); x->master[R_PLAN] = x->plan_master; }
+static void pl_dec(pl_fix *x) { x->bytes[R_DEC] = sizeof(ei_decoder); x->master[R_DEC] = x->dec_master; }
+
+/* the setups: each call's regions, sizes and contents */
+static void su_profile(pl_fix *x) { pl_view(x, R_Q, R_QD, &x->tq); pl_view(x, R_K, R_KD, &x->tk); pl_plan(x); x->bytes[R_WS] = x->wb; }
+static void su_profile2(pl_fix *x) { su_profile(x); x->bytes[R_WS] = 2 * x->wb; }
+static void su_chunk(pl_fix *x) { su_profile(x); pl_view(x, R_Q, R_QD, &x->tqc); }
+static void su_chunk2(pl_fix *x) { su_chunk(x); x->bytes[R_WS] = 2 * x->wb; }
+static void su_plan(pl_fix *x) { pl_plan(x); }
+static void su_prefill(pl_fix *x) {
+    pl_view(x, R_Q, R_QD, &x->tq); pl_view(x, R_K, R_KD, &x->tk); pl_view(x, R_V, R_VD, &x->tv);
+    pl_out(x, R_OUT, R_OUTD, &x->to, 0); pl_plan(x); x->bytes[R_WS] = x->ab;
+}
+static void su_prefill2(pl_fix *x) { su_prefill(x); x->bytes[R_WS] = 2 * x->ab; }
+static void su_step(pl_fix *x) {
+    pl_view(x, R_Q, R_QD, &x->tq1); pl_view(x, R_K, R_KD, &x->tk); pl_view(x, R_V, R_VD, &x->tv);
+    pl_out(x, R_OUT, R_OUTD, &x->to1, 0); pl_keep(x, &x->keep_filled);
+    x->bytes[R_WS] = x->ab; x->bytes[R_PART] = x->partb;
+}
+static void su_step2(pl_fix *x) { su_step(x); x->bytes[R_WS] = x->dmtb; }
+static void su_merge(pl_fix *x) { pl_out(x, R_OUT, R_OUTD, &x->to1, 0); x->bytes[R_PART] = x->partb; x->master[R_PART] = x->partials; }
+static void su_observe(pl_fix *x) { pl_view(x, R_Q, R_QD, &x->tq1); pl_dec(x); }
+/* a keep set's outputs: their contents are not read */
+static void pl_keep_out(pl_fix *x, const ei_keep_set *m) {
+    pl_keep(x, m);
+    x->master[R_INDEX] = x->master[R_POS] = x->master[R_MASK] = x->master[R_POOLED] = NULL;
+}
+static void su_keep(pl_fix *x) { pl_view(x, R_K, R_KD, &x->tk); pl_dec(x); pl_keep_out(x, &x->keep_empty); x->bytes[R_WS] = x->kb; }
+static void su_keep2(pl_fix *x) { su_keep(x); x->bytes[R_WS] = 2 * x->kb; }
+static void su_score(pl_fix *x) {
+    pl_view(x, R_K, R_KD, &x->tk); pl_dec(x); x->bytes[R_WS] = x->kb;
+    x->bytes[R_ROWPOS] = (size_t)x->L.n * 4u; x->master[R_ROWPOS] = x->rowpos;
+    x->bytes[R_SCORES] = (size_t)x->L.heads * (size_t)x->L.n * 4u;
+}
+static void su_select(pl_fix *x) { su_score(x); x->master[R_SCORES] = x->scores; pl_keep_out(x, &x->keep_empty); }
+static void su_shared_add(pl_fix *x) { su_select(x); x->bytes[R_SHARED] = (size_t)x->L.n * 4u; x->master[R_SHARED] = x->zeros; }
+static void su_select_shared(pl_fix *x) {
+    pl_dec(x); x->bytes[R_WS] = x->kb; pl_keep_out(x, &x->keep_shared);
+    x->bytes[R_SHARED] = (size_t)x->L.n * 4u; x->master[R_SHARED] = x->shared;
+}
+static void su_compact(pl_fix *x) { pl_keep(x, &x->keep_filled); pl_out(x, R_K, R_KD, &x->tko, 1); pl_out(x, R_V, R_VD, &x->tvo, 1); }
+static void su_plan_init(pl_fix *x) { x->bytes[R_PLAN] = sizeof(ei_plan); x->bytes[R_PMEM] = x->pb; }
+static void su_decoder_init(pl_fix *x) { x->bytes[R_DEC] = sizeof(ei_decoder); x->bytes[R_DMEM] = x->db; }
+
+/* the calls, on the regions where they are now */
+#define PL_Q PX(const ei_tensor, R_Q)
+#define PL_K PX(const ei_tensor, R_K)
+#define PL_V PX(const ei_tensor, R_V)
+#define PL_KEEP PX(ei_keep_set, R_KEEP)
+static ei_result ru_profile(pl_fix *x) { return ei_profile(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_profile_heads(pl_fix *x) { return ei_profile_heads(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), 0, 1, x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_profile_mt(pl_fix *x) { return ei_profile_mt(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), 2, x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_chunk(pl_fix *x) { return ei_profile_chunk(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), 0, 0, x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_chunk_heads(pl_fix *x) {
+    return ei_profile_chunk_heads(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), 0, 0, 1, 2, x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_chunk_mt(pl_fix *x) { return ei_profile_chunk_mt(x->ctx, PL_Q, PL_K, PX(ei_plan, R_PLAN), 0, 0, 2, x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_plan_reset(pl_fix *x) { return ei_plan_reset(PX(ei_plan, R_PLAN)); }
+static ei_result ru_plan_finalize(pl_fix *x) { return ei_plan_finalize(x->ctx, PX(ei_plan, R_PLAN)); }
+static ei_result ru_prefill(pl_fix *x) {
+    return ei_attention_prefill(x->ctx, PL_Q, PL_K, PL_V, PX(const ei_plan, R_PLAN), PX(ei_out_tensor, R_OUT), 0, 0, 1,
+                                x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_prefill_mt(pl_fix *x) {
+    return ei_attention_prefill_mt(x->ctx, PL_Q, PL_K, PL_V, PX(const ei_plan, R_PLAN), PX(ei_out_tensor, R_OUT), 0, 2,
+                                   x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_step_keep(pl_fix *x) {
+    return ei_attention_decode_keep(x->ctx, PL_Q, PL_K, PL_V, PL_KEEP, PX(ei_out_tensor, R_OUT), x->L.n - 1, 0, 1,
+                                    PX(float, R_PART), x->bytes[R_PART], x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_step_keep_mt(pl_fix *x) {
+    return ei_attention_decode_keep_mt(x->ctx, PL_Q, PL_K, PL_V, PL_KEEP, PX(ei_out_tensor, R_OUT), x->L.n - 1, 2,
+                                       x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_merge(pl_fix *x) {
+    return ei_attention_decode_merge(x->ctx, PX(ei_out_tensor, R_OUT), PX(const float, R_PART), x->bytes[R_PART], 0, 1);
+}
+static ei_result ru_observe(pl_fix *x) { return ei_decode_observe(x->ctx, PX(ei_decoder, R_DEC), PL_Q, 1); }
+static ei_result ru_decoder_reset(pl_fix *x) { return ei_decoder_reset(PX(ei_decoder, R_DEC)); }
+static ei_result ru_keep(pl_fix *x) { return ei_decode_keep(x->ctx, PX(ei_decoder, R_DEC), PL_K, PL_KEEP, x->p[R_WS], x->bytes[R_WS]); }
+static ei_result ru_keep_mt(pl_fix *x) {
+    return ei_decode_keep_mt(x->ctx, PX(ei_decoder, R_DEC), PL_K, PL_KEEP, 2, x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_score(pl_fix *x) {
+    return ei_decode_score(x->ctx, PX(const ei_decoder, R_DEC), PL_K, PX(const int32_t, R_ROWPOS), 0, PX(float, R_SCORES),
+                           0, 1, x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_select(pl_fix *x) {
+    return ei_decode_select(x->ctx, PX(ei_decoder, R_DEC), PX(const float, R_SCORES), x->L.n, PL_KEEP, x->p[R_WS],
+                            x->bytes[R_WS]);
+}
+static ei_result ru_shared_add(pl_fix *x) {
+    return ei_decode_shared_add(x->ctx, PX(ei_decoder, R_DEC), PX(const float, R_SCORES), x->L.n,
+                                PX(const int32_t, R_ROWPOS), PX(float, R_SHARED), x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_select_shared(pl_fix *x) {
+    return ei_decode_select_shared(x->ctx, PX(const ei_decoder, R_DEC), PX(const float, R_SHARED), x->L.n, PL_KEEP,
+                                   x->p[R_WS], x->bytes[R_WS]);
+}
+static ei_result ru_compact(pl_fix *x) {
+    return ei_kv_compact(x->ctx, PL_KEEP, PX(ei_out_tensor, R_K), PX(ei_out_tensor, R_V));
+}
+static ei_result ru_plan_init(pl_fix *x) {
+    return ei_plan_init(x->ctx, PX(ei_plan, R_PLAN), x->L.n, x->L.kv, x->L.dim, EI_PLAN_CHUNKED, x->p[R_PMEM], x->bytes[R_PMEM]);
+}
+static ei_result ru_decoder_init(pl_fix *x) {
+    return ei_decoder_init(x->ctx, PX(ei_decoder, R_DEC), x->L.heads, x->L.kv, x->L.dim, x->p[R_DMEM], x->bytes[R_DMEM]);
+}
+
+#define B2(a, b) (PL_BIT(a) | PL_BIT(b))
+#define PL_PROFILE (B2(R_Q, R_QD) | B2(R_K, R_KD) | B2(R_PLAN, R_PLANA) | PL_BIT(R_WS))
+#define PL_PREFILL (B2(R_Q, R_QD) | B2(R_K, R_KD) | B2(R_V, R_VD) | B2(R_OUT, R_OUTD) | B2(R_PLAN, R_PLANA) | PL_BIT(R_WS))
+#define PL_STEP (B2(R_Q, R_QD) | B2(R_K, R_KD) | B2(R_V, R_VD) | B2(R_OUT, R_OUTD) | B2(R_KEEP, R_INDEX) | PL_BIT(R_WS))
+#define PL_KEEPSET (B2(R_KEEP, R_INDEX) | B2(R_POS, R_MASK) | B2(R_POOLED, R_ROWPOS))
+#define PL_KEEPOUT (B2(R_KEEP, R_INDEX) | B2(R_POS, R_MASK) | PL_BIT(R_POOLED))
+static const pl_call pl_calls[] = {
+    {"ei_profile", ru_profile, su_profile, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_profile_heads", ru_profile_heads, su_profile, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_profile_mt", ru_profile_mt, su_profile2, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_profile_chunk", ru_chunk, su_chunk, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_profile_chunk_heads", ru_chunk_heads, su_chunk, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_profile_chunk_mt", ru_chunk_mt, su_chunk2, PL_PROFILE, B2(R_PLAN, R_PLANA) | PL_BIT(R_WS), B2(R_PLAN, R_PLANA)},
+    {"ei_plan_reset", ru_plan_reset, su_plan, B2(R_PLAN, R_PLANA), B2(R_PLAN, R_PLANA), B2(R_PLAN, R_PLANA)},
+    {"ei_plan_finalize", ru_plan_finalize, su_plan, B2(R_PLAN, R_PLANA), PL_BIT(R_PLANA), B2(R_PLAN, R_PLANA)},
+    {"ei_plan_init", ru_plan_init, su_plan_init, B2(R_PLAN, R_PMEM), B2(R_PLAN, R_PMEM), 0},
+    {"ei_attention_prefill", ru_prefill, su_prefill, PL_PREFILL, B2(R_OUTD, R_WS), PL_BIT(R_OUTD)},
+    {"ei_attention_prefill_mt", ru_prefill_mt, su_prefill2, PL_PREFILL, B2(R_OUTD, R_WS), PL_BIT(R_OUTD)},
+    {"ei_attention_decode_keep", ru_step_keep, su_step, PL_STEP | PL_BIT(R_PART), B2(R_PART, R_WS), PL_BIT(R_PART)},
+    {"ei_attention_decode_keep_mt", ru_step_keep_mt, su_step2, PL_STEP, B2(R_OUTD, R_WS), PL_BIT(R_OUTD)},
+    {"ei_attention_decode_merge", ru_merge, su_merge, B2(R_OUT, R_OUTD) | PL_BIT(R_PART), PL_BIT(R_OUTD), PL_BIT(R_OUTD)},
+    {"ei_decoder_init", ru_decoder_init, su_decoder_init, B2(R_DEC, R_DMEM), B2(R_DEC, R_DMEM), 0},
+    {"ei_decoder_reset", ru_decoder_reset, su_observe, B2(R_DEC, R_RING), PL_BIT(R_DEC), PL_BIT(R_DEC)},
+    {"ei_decode_observe", ru_observe, su_observe, B2(R_Q, R_QD) | B2(R_DEC, R_RING), B2(R_DEC, R_RING), B2(R_DEC, R_RING)},
+    {"ei_decode_keep", ru_keep, su_keep, B2(R_K, R_KD) | B2(R_DEC, R_RING) | PL_KEEPSET | PL_BIT(R_WS),
+     PL_BIT(R_DEC) | PL_KEEPOUT | PL_BIT(R_WS), PL_BIT(R_DEC) | PL_KEEPOUT},
+    {"ei_decode_keep_mt", ru_keep_mt, su_keep2, B2(R_K, R_KD) | B2(R_DEC, R_RING) | PL_KEEPSET | PL_BIT(R_WS),
+     PL_BIT(R_DEC) | PL_KEEPOUT | PL_BIT(R_WS), PL_BIT(R_DEC) | PL_KEEPOUT},
+    {"ei_decode_score", ru_score, su_score, B2(R_K, R_KD) | B2(R_DEC, R_RING) | B2(R_ROWPOS, R_SCORES) | PL_BIT(R_WS),
+     B2(R_SCORES, R_WS), PL_BIT(R_SCORES)},
+    {"ei_decode_select", ru_select, su_select, PL_BIT(R_DEC) | PL_BIT(R_SCORES) | PL_KEEPSET | PL_BIT(R_WS),
+     PL_BIT(R_DEC) | PL_KEEPOUT | PL_BIT(R_WS), PL_BIT(R_DEC) | PL_KEEPOUT},
+    {"ei_decode_shared_add", ru_shared_add, su_shared_add, PL_BIT(R_DEC) | B2(R_SCORES, R_ROWPOS) | B2(R_SHARED, R_WS),
+     PL_BIT(R_DEC) | B2(R_SHARED, R_WS), B2(R_DEC, R_SHARED)},
+    {"ei_decode_select_shared", ru_select_shared, su_select_shared, PL_BIT(R_DEC) | PL_BIT(R_SHARED) | PL_KEEPSET | PL_BIT(R_WS),
+     PL_KEEPOUT | PL_BIT(R_WS), PL_KEEPOUT},
+    {"ei_kv_compact", ru_compact, su_compact, B2(R_KEEP, R_INDEX) | B2(R_K, R_KD) | B2(R_V, R_VD), B2(R_KD, R_VD), B2(R_KD, R_VD)},
+};
+
+/* Every region of the call back home, holding what it holds before the call. */
+static void pl_reset(pl_fix *x, const pl_call *c) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) {
+        if (!(c->regs & PL_BIT(r)) || (PL_FIXED & PL_BIT(r))) continue;
+        x->p[r] = x->home[r];
+        if (x->master[r]) memcpy(x->p[r], x->master[r], x->bytes[r]);
+        else memset(x->p[r], 0, x->bytes[r]);
+    }
+    memcpy(x->pm, x->pm_snap, x->pb);
+    memcpy(x->dm, x->dm_snap, x->db);
+}
+/* The structs point at their data wherever both are now. */
+static void pl_fixup(pl_fix *x, const pl_call *c) {
+    static const int views[4][2] = {{R_Q, R_QD}, {R_K, R_KD}, {R_V, R_VD}, {R_OUT, R_OUTD}};
+    int i;
+    for (i = 0; i < 4; ++i) /* .data leads both ei_tensor and ei_out_tensor */
+        if (c->regs & PL_BIT(views[i][0])) memcpy(x->p[views[i][0]], &x->p[views[i][1]], sizeof(void *));
+    if (c->regs & PL_BIT(R_KEEP)) {
+        ei_keep_set ks;
+        memcpy(&ks, x->p[R_KEEP], sizeof ks);
+        ks.index = (int32_t *)x->p[R_INDEX];
+        ks.positions = c->regs & PL_BIT(R_POS) ? (int32_t *)x->p[R_POS] : NULL;
+        ks.mask = c->regs & PL_BIT(R_MASK) ? (uint8_t *)x->p[R_MASK] : NULL;
+        ks.pooled = c->regs & PL_BIT(R_POOLED) ? (float *)x->p[R_POOLED] : NULL;
+        ks.row_pos = c->regs & PL_BIT(R_ROWPOS) ? (const int32_t *)x->p[R_ROWPOS] : NULL;
+        memcpy(x->p[R_KEEP], &ks, sizeof ks);
+    }
+}
+/* Copies of the call's regions (what it may not change when it refuses, or
+   what it must give as the reference did). */
+static void pl_snap(const pl_fix *x, const pl_call *c, unsigned char **snap) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) {
+        snap[r] = NULL;
+        if (!(c->regs & PL_BIT(r))) continue;
+        snap[r] = (unsigned char *)malloc(x->bytes[r]);
+        memcpy(snap[r], x->p[r], x->bytes[r]);
+    }
+}
+static void pl_snap_free(unsigned char **snap) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) free(snap[r]);
+}
+/* The regions of mask whose bytes differ from snap: -1 if none. A keep
+   struct is compared by its counts (its pointers follow the placement). */
+static int pl_changed(const pl_fix *x, uint32_t mask, unsigned char *const *snap) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) {
+        if (!(mask & PL_BIT(r)) || !snap[r]) continue;
+        if (r == R_KEEP) {
+            ei_keep_set a, b;
+            memcpy(&a, snap[r], sizeof a); memcpy(&b, x->p[r], sizeof b);
+            if (a.n_kept != b.n_kept || a.compressed != b.compressed || a.n_tokens != b.n_tokens) return r;
+        } else if (memcmp(snap[r], x->p[r], x->bytes[r]))
+            return r;
+    }
+    return -1;
+}
+
+static size_t pl_down8(size_t v) { return v & ~(size_t)7; }
+/* Region a placed at byte off of region b (b moved to an arena of its own
+   unless init laid it out); 0 if it does not fit a fixed host. */
+static int pl_place(pl_fix *x, int a, int b, size_t off, void **arena) {
+    unsigned char *host;
+    *arena = NULL;
+    if (PL_FIXED & PL_BIT(b)) {
+        if (off + x->bytes[a] > x->bytes[b]) return 0;
+        host = (unsigned char *)x->p[b];
+    } else {
+        size_t n = EI__MAX(x->bytes[b], off + x->bytes[a]);
+        host = (unsigned char *)guarded_alloc_at(n, 0);
+        memcpy(host, x->p[b], x->bytes[b]);
+        x->p[b] = *arena = host;
+    }
+    if (x->master[a]) memcpy(host + off, x->master[a], x->bytes[a]);
+    else if (off + x->bytes[a] > x->bytes[b]) { /* scratch leaves the host's bytes, and is zero past them as at home */
+        size_t from = EI__MAX(off, x->bytes[b]);
+        memset(host + from, 0, off + x->bytes[a] - from);
+    }
+    x->p[a] = host + off;
+    return 1;
+}
+
+/* The call's regions: sizes, contents, a home each. */
+static void pl_begin(pl_fix *x, const pl_call *c) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r) { x->bytes[r] = 0; x->master[r] = NULL; x->home[r] = NULL; }
+    c->setup(x);
+    x->bytes[R_PLANA] = ei__plan_extent(&x->plan); x->p[R_PLANA] = x->plan.entropy;
+    x->bytes[R_RING] = ei__decoder_ring_bytes(&x->dec); x->p[R_RING] = x->dec.queries;
+    for (r = 0; r < R_COUNT; ++r)
+        if ((c->regs & PL_BIT(r)) && !(PL_FIXED & PL_BIT(r))) x->home[r] = guarded_alloc_at(x->bytes[r], 0);
+}
+static void pl_end(pl_fix *x, const pl_call *c) {
+    int r;
+    for (r = 0; r < R_COUNT; ++r)
+        if (x->home[r]) {
+            CHECK(guard_intact(x->home[r], x->bytes[r]), "%s: %s guards", c->name, pl_name[r]);
+            guarded_free(x->home[r]);
+            x->home[r] = NULL;
+        }
+}
+
+static int pl_refused, pl_overlap, pl_accepted, pl_unused;
+static void pl_placements(pl_fix *x, const pl_call *c) {
+    unsigned char *ref[R_COUNT], *before[R_COUNT];
+    int a, b, k;
+    ei_result res;
+    pl_begin(x, c);
+    /* the reference: every region apart */
+    pl_reset(x, c); pl_fixup(x, c);
+    res = c->run(x);
+    CHECK(res == EI_OK, "%s with every region apart: %s (%s)", c->name, ei_result_name(res), ei_last_error());
+    pl_snap(x, c, ref);
+    for (a = 0; a < R_COUNT; ++a)
+        for (b = 0; b < R_COUNT; ++b) {
+            size_t offs[5], A, B;
+            if (a == b || !(c->regs & PL_BIT(a)) || !(c->regs & PL_BIT(b)) || (PL_FIXED & PL_BIT(a))) continue;
+            if (!(c->written & (PL_BIT(a) | PL_BIT(b)))) continue; /* read-only regions may share memory */
+            A = x->bytes[a]; B = x->bytes[b];
+            offs[0] = 0;                                 /* at the start */
+            offs[1] = pl_down8(B / 2);                   /* in the middle */
+            offs[2] = B >= A ? pl_down8(B - A) : 0;      /* at the end (inside when it fits) */
+            offs[3] = B > 8 ? pl_down8(B - 1) : 0;       /* straddling the end */
+            offs[4] = (B + 63) & ~(size_t)63;           /* just past: apart */
+            for (k = 0; k < 5; ++k) {
+                void *arena;
+                int changed;
+                if (k == 4 && (PL_FIXED & PL_BIT(b))) continue;
+                pl_reset(x, c);
+                if (!pl_place(x, a, b, offs[k], &arena)) continue;
+                pl_fixup(x, c);
+                pl_snap(x, c, before);
+                res = c->run(x);
+                if (res != EI_OK) { /* refused: nothing written; as overlapping, unless the placement overwrote
+                                       what the call checks first (a struct, a plan's state, a keep index) */
+                    changed = pl_changed(x, c->regs, before);
+                    CHECK((res == EI_ERR_OVERLAP || (x->master[a] && (x->master[b] || (PL_FIXED & PL_BIT(b))))) && changed < 0,
+                          "%s: %s (%zu bytes) at byte %zu of %s (%zu bytes): %s (%s), %s changed", c->name, pl_name[a], A,
+                          offs[k], pl_name[b], B, ei_result_name(res), ei_last_error(), changed < 0 ? "nothing" : pl_name[changed]);
+                    if (res == EI_ERR_OVERLAP) CHECK_ERR_REACHED(EI_ERR_OVERLAP);
+                    pl_refused++;
+                    if (res == EI_ERR_OVERLAP) pl_overlap++;
+                    CHECK(k < 4, "%s: %s just past %s refused: %s (%s)", c->name, pl_name[a], pl_name[b],
+                          ei_result_name(res), ei_last_error());
+                } else { /* accepted (apart, or over bytes the call does not use): the reference's result */
+                    changed = pl_changed(x, c->result, ref);
+                    CHECK(changed < 0, "%s: %s at byte %zu of %s accepted, %s differs from the reference", c->name,
+                          pl_name[a], offs[k], pl_name[b], changed < 0 ? "nothing" : pl_name[changed]);
+                    pl_accepted++;
+                    if (k < 4) { pl_unused++; if (getenv("EI_TEST_VERBOSE")) printf("    accepted: %s: %s at byte %zu of %s\n", c->name, pl_name[a], offs[k], pl_name[b]); }
+                }
+                pl_snap_free(before);
+                if (arena) {
+                    CHECK(guard_intact(arena, guard_head_of(arena).n), "%s: arena guards", c->name);
+                    guarded_free(arena);
+                }
+            }
+        }
+    pl_snap_free(ref);
+    pl_end(x, c);
+}
+
+/* A plan or decoder argument never initialised (random bytes, zeros), with
+   an edited layout field, or with counters out of range: refused before its
+   memory is touched (EI_ERR_NULL / EI_ERR_STATE), nothing written. */
+static void pl_bad_structs(pl_fix *x, const pl_call *c) {
+    static const char *const kinds[4] = {"random bytes", "zeros", "an edited layout", "counters at the int64 edges"};
+    int kind, i;
+    if (!(c->regs & (PL_BIT(R_PLAN) | PL_BIT(R_DEC))) || c->run == ru_plan_init || c->run == ru_decoder_init) return;
+    for (kind = 0; kind < 4; ++kind) {
+        ei_plan bp = x->plan;
+        ei_decoder bd = x->dec;
+        unsigned char *before[R_COUNT];
+        ei_result res;
+        int changed;
+        uint64_t h = 0x9e3779b97f4a7c15ull * (uint64_t)(kind + 1) + (uint64_t)(uintptr_t)c;
+        if (kind == 3 && (c->run == ru_decoder_reset || c->run == ru_chunk_heads)) continue; /* counters not read: reset
+            sets them; a kv range without head 0 leaves them to the call that has it (ei_profile_heads) */
+        switch (kind) {
+            case 0:
+                for (i = 0; i < (int)sizeof bp; ++i) { h = h * 6364136223846793005ull + 1442695040888963407ull; ((unsigned char *)&bp)[i] = (unsigned char)(h >> 56); }
+                for (i = 0; i < (int)sizeof bd; ++i) { h = h * 6364136223846793005ull + 1442695040888963407ull; ((unsigned char *)&bd)[i] = (unsigned char)(h >> 56); }
+                break;
+            case 1: memset(&bp, 0, sizeof bp); memset(&bd, 0, sizeof bd); break;
+            case 2: bp.max_keep += 1; bd.head_dim += 1; break;
+            default: bp.n_tokens = INT64_MAX; bd.n_observed = INT64_MAX; bd.n_generated = INT64_MAX; bd.last_compress = INT64_MIN; break;
+        }
+        x->plan_master = &bp; x->dec_master = &bd;
+        pl_begin(x, c);
+        pl_reset(x, c); pl_fixup(x, c);
+        pl_snap(x, c, before);
+        res = c->run(x);
+        changed = pl_changed(x, c->regs, before);
+        CHECK((res == EI_ERR_NULL || res == EI_ERR_STATE) && changed < 0, "%s with a %s of %s: %s (%s), %s changed", c->name,
+              c->regs & PL_BIT(R_PLAN) ? "plan" : "decoder", kinds[kind], ei_result_name(res), ei_last_error(),
+              changed < 0 ? "nothing" : pl_name[changed]);
+        pl_snap_free(before);
+        pl_end(x, c);
+        x->plan_master = &x->plan; x->dec_master = &x->dec;
+    }
+}
+
+static void pl_make(pl_fix *x) {
+    synth_layer *L;
+    size_t nq1, aws;
+    void *ws, *dws, *as;
+    ei_decoder d;
+    ei_out_tensor o1;
+    float *out1;
+    int64_t j;
+    memset(x, 0, sizeof *x);
+    x->L = make_layer(200, 4, 2, 16, 36);
+    L = &x->L;
+    x->c = small_config(EI_SIMD_AUTO);
+    x->c.per_segment_budget = 1; /* so that ei_plan_finalize writes the plan */
+    CHECK_OK(ei_context_create(&x->c, &x->ctx));
+    CHECK_OK(ei_plan_size(x->ctx, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, &x->pb));
+    CHECK_OK(ei_profile_workspace_size(x->ctx, L->n, L->heads, L->kv, L->dim, &x->wb));
+    CHECK_OK(ei_attention_workspace_size(x->ctx, L->heads, L->kv, L->dim, &x->ab));
+    CHECK_OK(ei_attention_decode_partials_size(x->ctx, 1, L->heads, L->dim, 1, &x->partb));
+    CHECK_OK(ei_attention_decode_workspace_size(x->ctx, 1, L->heads, L->kv, L->dim, 2, &x->dmtb));
+    CHECK_OK(ei_decode_workspace_size(x->ctx, L->n, L->heads, L->kv, &x->kb));
+    CHECK_OK(ei_decoder_size(x->ctx, L->heads, L->dim, &x->db));
+    x->pm = (unsigned char *)guarded_alloc(x->pb);
+    x->dm = (unsigned char *)guarded_alloc(x->db);
+    ws = guarded_alloc(x->wb); dws = guarded_alloc(x->kb); as = guarded_alloc(x->ab);
+    CHECK_OK(ei_plan_init(x->ctx, &x->plan, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, x->pm, x->pb));
+    CHECK_OK(ei_profile(x->ctx, &L->tq, &L->tk, &x->plan, ws, x->wb));
+    CHECK_OK(ei_decoder_init(x->ctx, &x->dec, L->heads, L->kv, L->dim, x->dm, x->db));
+    CHECK_OK(ei_decode_observe(x->ctx, &x->dec, &L->tq, 0));
+    x->pm_snap = (unsigned char *)malloc(x->pb); memcpy(x->pm_snap, x->pm, x->pb);
+    x->dm_snap = (unsigned char *)malloc(x->db); memcpy(x->dm_snap, x->dm, x->db);
+    x->plan_master = &x->plan; x->dec_master = &x->dec;
+    nq1 = (size_t)L->heads * (size_t)L->dim;
+    x->tq = L->tq; x->tk = L->tk; x->tv = L->tv;
+    x->tq1 = L->tq; x->tq1.data = L->q + (size_t)(L->n - 1) * nq1; x->tq1.n_tokens = 1;
+    x->tqc = L->tq; x->tqc.n_tokens = 100;
+    x->to = ei_out_tensor_make(L->q, EI_F32, L->n, L->heads, L->dim);
+    x->to1 = ei_out_tensor_make(L->q, EI_F32, 1, L->heads, L->dim);
+    x->tko = ei_out_tensor_make(L->k, EI_F32, L->n, L->kv, L->dim);
+    x->tvo = ei_out_tensor_make(L->v, EI_F32, L->n, L->kv, L->dim);
+    x->rowpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)L->n);
+    for (j = 0; j < L->n; ++j) x->rowpos[j] = (int32_t)j;
+    memset(&x->keep_empty, 0, sizeof x->keep_empty);
+    x->keep_empty.heads_out = L->kv;
+    x->keep_empty.capacity = x->c.decode_budget;
+    x->keep_empty.index = (int32_t *)calloc((size_t)L->kv * (size_t)x->c.decode_budget, 4);
+    x->keep_empty.positions = (int32_t *)calloc((size_t)L->kv * (size_t)x->c.decode_budget, 4);
+    x->keep_empty.mask = (uint8_t *)calloc((size_t)L->kv * (size_t)L->n, 1);
+    x->keep_empty.mask_capacity = L->n;
+    x->keep_empty.pooled = (float *)calloc((size_t)L->kv * (size_t)L->n, 4);
+    x->keep_empty.pooled_capacity = L->n;
+    x->keep_empty.row_pos = x->rowpos;
+    x->keep_shared = x->keep_empty;
+    x->keep_shared.heads_out = 1;
+    memset(&x->keep_filled, 0, sizeof x->keep_filled);
+    x->keep_filled.heads_out = L->kv;
+    x->keep_filled.capacity = x->c.decode_budget;
+    x->filled_index = (int32_t *)calloc((size_t)L->kv * (size_t)x->c.decode_budget, 4);
+    x->keep_filled.index = x->filled_index;
+    d = x->dec; /* (the fixture's decoder stays as observed) */
+    CHECK_OK(ei_decode_keep(x->ctx, &d, &L->tk, &x->keep_filled, dws, x->kb));
+    x->scores = (float *)malloc(sizeof(float) * (size_t)L->heads * (size_t)L->n);
+    x->shared = (float *)calloc((size_t)L->n, 4);
+    x->zeros = (float *)calloc((size_t)L->n, 4);
+    CHECK_OK(ei_decode_score(x->ctx, &x->dec, &L->tk, x->rowpos, 0, x->scores, 0, 1, dws, x->kb));
+    d = x->dec;
+    CHECK_OK(ei_decode_shared_add(x->ctx, &d, x->scores, L->n, x->rowpos, x->shared, dws, x->kb));
+    x->partials = (float *)malloc(x->partb);
+    out1 = (float *)malloc(nq1 * 4);
+    o1 = ei_out_tensor_make(out1, EI_F32, 1, L->heads, L->dim);
+    aws = x->ab;
+    CHECK_OK(ei_attention_decode_keep(x->ctx, &x->tq1, &L->tk, &L->tv, &x->keep_filled, &o1, L->n - 1, 0, 1, x->partials,
+                                      x->partb, as, aws));
+    free(out1);
+    guarded_free(ws); guarded_free(dws); guarded_free(as);
+}
+static void pl_free(pl_fix *x) {
+    CHECK(guard_intact(x->pm, x->pb) && guard_intact(x->dm, x->db), "plan / decoder memory guards");
+    guarded_free(x->pm); guarded_free(x->dm);
+    free(x->pm_snap); free(x->dm_snap); free(x->rowpos); free(x->filled_index);
+    free(x->keep_empty.index); free(x->keep_empty.positions); free(x->keep_empty.mask); free(x->keep_empty.pooled);
+    free(x->scores); free(x->shared); free(x->partials); free(x->zeros);
+    ei_context_destroy(x->ctx);
+    synth_layer_free(&x->L);
+}
+
+static void test_placements(void) {
+    pl_fix x;
+    size_t i;
+    pl_make(&x);
+    for (i = 0; i < sizeof pl_calls / sizeof pl_calls[0]; ++i) {
+        pl_placements(&x, &pl_calls[i]);
+        pl_bad_structs(&x, &pl_calls[i]);
+    }
+    printf("  placements over %d entry points: %d refused (%d as overlapping), %d accepted equal to the reference "
+           "(%d of them over bytes the call does not use)\n", (int)(sizeof pl_calls / sizeof pl_calls[0]), pl_refused,
+           pl_overlap, pl_accepted, pl_unused);
+    pl_free(&x);
+}
+
 /* ------------------------------------------------------------ threaded helpers */
 /* tests/fuzz_regressions/profile_mt_worker_error_message.bin: when a worker
    thread of ei_profile_mt fails (here: NaN in a kv head that thread 1 plans),
@@ -1117,6 +1638,7 @@ int main(void) {
     test_alignment_rules();
     test_attention_nonfinite();
     test_edited_plan_decoder();
+    test_placements();
     test_every_code();
     test_mt_error_message();
     run_isolated(test_any_alignment, "test_any_alignment (fuzz_regressions/profile_workspace_unaligned_d33.bin)");
