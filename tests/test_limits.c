@@ -1521,6 +1521,219 @@ static void test_placements(void) {
     pl_free(&x);
 }
 
+
+/* ------------------------------------------------------------ the five classes (issue 36) */
+/* Each class by the example the outside misuse programs found, then its
+   class: structs not made by init refused by every entry that takes one
+   (void and int entries included), sums of caller values at the int64
+   edges refused before they are formed (no UBSan report under test-asan),
+   and an _mt helper that refuses a later share before any share ran. */
+static int c36_allocs_left, c36_frees;
+static void *c36_alloc(size_t n, void *u) { (void)u; return c36_allocs_left-- > 0 ? malloc(n) : NULL; }
+static void c36_free(void *p, void *u) { (void)u; c36_frees++; free(p); }
+static void c36_garbage(void *p, size_t n, unsigned seed) {
+    size_t i;
+    for (i = 0; i < n; ++i) ((unsigned char *)p)[i] = (unsigned char)(0xA7u + 31u * (unsigned)i + seed);
+}
+
+static void test_issue36_seals(void) {
+    synth_layer L = make_layer(200, 4, 2, 16, 37);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan g, copy, p, e;
+    ei_decoder dg, d;
+    void *dm, *ws;
+    size_t db, wb;
+    ei_tensor q1 = L.tq;
+    c.allocator.alloc = c36_alloc; c.allocator.free = c36_free;
+    c36_allocs_left = 1000;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    /* ei_plan_free: garbage, zeros, an edited owned_memory: nothing freed, the struct as it was */
+    c36_garbage(&g, sizeof g, 1);
+    copy = g; c36_frees = 0;
+    ei_plan_free(ctx, &g);
+    CHECK(c36_frees == 0 && !memcmp(&g, &copy, sizeof g) && strstr(ei_last_error(), "EI_ERR_STATE"),
+          "ei_plan_free of garbage: %d frees, struct %s, '%s'", c36_frees, memcmp(&g, &copy, sizeof g) ? "changed" : "kept",
+          ei_last_error());
+    memset(&g, 0, sizeof g);
+    ei_plan_free(ctx, &g);
+    CHECK(c36_frees == 0, "ei_plan_free of a zeroed plan freed something");
+    CHECK_ERR(ei_plan_alloc(ctx, &p, L.n, L.kv, L.dim, 0), EI_OK);
+    e = p; e.owned_memory = (unsigned char *)p.owned_memory + 16;
+    ei_plan_free(ctx, &e);
+    CHECK(c36_frees == 0 && e.owned_memory == (unsigned char *)p.owned_memory + 16, "ei_plan_free of an edited owned_memory");
+    ei_plan_free(ctx, &p);
+    CHECK(c36_frees == 1 && p.entropy == NULL && p.owned_memory == NULL, "ei_plan_free of an allocated plan: %d frees", c36_frees);
+    ei_plan_free(ctx, &p); /* twice: a zeroed plan */
+    CHECK(c36_frees == 1, "ei_plan_free twice freed twice");
+    /* an engine's cleanup after a failed alloc: the plan was never made */
+    c36_garbage(&g, sizeof g, 2);
+    copy = g; c36_allocs_left = 0;
+    CHECK_ERR(ei_plan_alloc(ctx, &g, L.n, L.kv, L.dim, 0), EI_ERR_NOMEM);
+    CHECK(!memcmp(&g, &copy, sizeof g), "a refused ei_plan_alloc wrote the plan struct");
+    ei_plan_free(ctx, &g);
+    CHECK(c36_frees == 1 && !memcmp(&g, &copy, sizeof g), "ei_plan_free after a failed ei_plan_alloc: %d frees", c36_frees);
+    c36_allocs_left = 1000;
+    /* int entries: 0 for a struct they refuse */
+    c36_garbage(&g, sizeof g, 3);
+    CHECK(ei_plan_segment_is_sparse(ctx, &g, 0) == 0 && strstr(ei_last_error(), "EI_ERR_STATE"),
+          "ei_plan_segment_is_sparse of garbage: '%s'", ei_last_error());
+    ei_decoder_size(ctx, L.heads, L.dim, &db);
+    dm = guarded_alloc(db);
+    CHECK_ERR(ei_decoder_init(ctx, &d, L.heads, L.kv, L.dim, dm, db), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &d, &L.tq, 0), EI_OK);
+    q1.n_tokens = 4; /* decode_gap generated tokens */
+    CHECK_ERR(ei_decode_observe(ctx, &d, &q1, 1), EI_OK);
+    CHECK(ei_decode_due(ctx, &d) == 1, "ei_decode_due after decode_gap tokens");
+    c36_garbage(&dg, sizeof dg, 4);
+    CHECK(ei_decode_due(ctx, &dg) == 0 && strstr(ei_last_error(), "EI_ERR_STATE"), "ei_decode_due of garbage: '%s'", ei_last_error());
+    memset(&dg, 0, sizeof dg);
+    CHECK(ei_decode_due(ctx, &dg) == 0 && strstr(ei_last_error(), "EI_ERR_NULL"), "ei_decode_due of zeros: '%s'", ei_last_error());
+    CHECK(ei_decode_due(NULL, &d) == 0 && ei_decode_due(ctx, NULL) == 0, "ei_decode_due of NULL");
+    dg = d; dg.last_compress = INT64_MIN; /* rolled back: n_generated - last_compress would overflow */
+    CHECK(ei_decode_due(ctx, &dg) == 0 && strstr(ei_last_error(), "EI_ERR_STATE"), "ei_decode_due, last_compress INT64_MIN");
+    dg = d; dg.n_generated = INT64_MAX; dg.n_observed = INT64_MAX;
+    CHECK(ei_decode_due(ctx, &dg) == 0, "ei_decode_due, counters INT64_MAX");
+    /* a struct inside its own arrays: ei_plan_reset / ei_plan_finalize write through what they read (the examples) */
+    {
+        size_t pb;
+        unsigned char *pm, *snap;
+        ei_plan *inside;
+        ei_config cs = c;
+        ei_context *cx;
+        cs.per_segment_budget = 1;
+        CHECK_ERR(ei_context_create(&cs, &cx), EI_OK);
+        ei_plan_size(cx, L.n, L.kv, L.dim, 0, &pb);
+        ei_profile_workspace_size(cx, L.n, L.heads, L.kv, L.dim, &wb);
+        pm = (unsigned char *)guarded_alloc(pb); ws = guarded_alloc(wb); snap = (unsigned char *)malloc(pb);
+        CHECK_ERR(ei_plan_init(cx, &p, L.n, L.kv, L.dim, 0, pm, pb), EI_OK);
+        CHECK_ERR(ei_profile(cx, &L.tq, &L.tk, &p, ws, wb), EI_OK);
+        inside = (ei_plan *)(void *)p.keep_count; /* the struct over the counts finalize fills */
+        memcpy(inside, &p, sizeof p);
+        memcpy(snap, pm, pb);
+        CHECK_ERR(ei_plan_finalize(cx, inside), EI_ERR_OVERLAP);
+        CHECK_ERR(ei_plan_reset(inside), EI_ERR_OVERLAP);
+        CHECK(!memcmp(snap, pm, pb), "a refused reset/finalize of a plan inside its arrays wrote them");
+        inside = (ei_plan *)(void *)p.block_index; /* over the block lists (the SEGV through block_index) */
+        memcpy(inside, &p, sizeof p);
+        CHECK_ERR(ei_plan_finalize(cx, inside), EI_ERR_OVERLAP);
+        guarded_free(pm); guarded_free(ws); free(snap);
+        ei_context_destroy(cx);
+    }
+    guarded_free(dm);
+    ei_context_destroy(ctx);
+    synth_layer_free(&L);
+}
+
+/* Sums and products of caller values at the int64 edges: refused (the code
+   of the value out of range) before the arithmetic is formed. */
+static void test_issue36_int64_edges(void) {
+    static const int64_t edges[] = {INT64_MIN, INT64_MIN + 1, -1, EI_MAX_TOKENS + 1, INT64_MAX - 1, INT64_MAX};
+    mu_setup m = mu_make(EI_SIMD_AUTO);
+    synth_layer *L = &m.L;
+    ei_plan cp;
+    size_t cb, b, i;
+    void *cm, *ws = guarded_alloc(2 * m.wb), *as = guarded_alloc(m.ab), *dws = guarded_alloc(m.kb);
+    float *out = (float *)guarded_alloc(m.ob), *part, *scores = (float *)guarded_alloc(m.kb);
+    int32_t *index = (int32_t *)guarded_alloc(sizeof(int32_t) * (size_t)L->kv * (size_t)m.c.decode_budget);
+    ei_out_tensor o = ei_out_tensor_make(out, EI_F32, L->n, L->heads, L->dim), o1 = o;
+    ei_keep_set ks = mu_keep(&m, index), kx;
+    ei_tensor q, q1 = L->tq;
+    size_t pb;
+    ei_plan_size(m.ctx, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, &cb);
+    cm = guarded_alloc(cb);
+    CHECK_ERR(ei_plan_init(m.ctx, &cp, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, cm, cb), EI_OK);
+    ei_attention_decode_partials_size(m.ctx, 1, L->heads, L->dim, 1, &pb);
+    part = (float *)guarded_alloc(pb);
+    q1.n_tokens = 1; o1.n_tokens = 1;
+    CHECK_ERR(ei_decode_keep(m.ctx, &m.dec, &L->tk, &ks, dws, m.kb), EI_OK);
+    for (i = 0; i < sizeof edges / sizeof edges[0]; ++i) {
+        int64_t v = edges[i];
+        ei_plan pe = m.plan;
+        ei_result r;
+        /* chunked planning: q_pos, and q's count at the largest q_pos */
+        q = L->tq; q.n_tokens = v;
+        CHECK_ERR(ei_profile_chunk(m.ctx, &q, &L->tk, &cp, EI_MAX_TOKENS, 0, ws, m.wb), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_chunk_mt(m.ctx, &q, &L->tk, &cp, EI_MAX_TOKENS, 0, 2, ws, 2 * m.wb), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_chunk_heads(m.ctx, &q, &L->tk, &cp, EI_MAX_TOKENS, 0, 1, 2, ws, m.wb), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_chunk(m.ctx, &L->tq, &L->tk, &cp, v, 0, ws, m.wb), EI_ERR_SIZE);
+        CHECK(cp.n_tokens == 0, "a refused chunk moved the plan to %lld tokens", (long long)cp.n_tokens);
+        /* attention: q_offset */
+        CHECK_ERR(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, NULL, &o, v, 0, 1, as, m.ab), EI_ERR_SIZE);
+        r = ei_attention_decode(m.ctx, &q1, &L->tk, &L->tv, &o1, v, 0, 1, part, pb, as, m.ab);
+        CHECK(r == EI_ERR_SIZE, "decode attention at q_offset %lld: %s", (long long)v, ei_result_name(r));
+        /* keep sets: counts, capacities and strides */
+        kx = ks; kx.n_tokens = v;
+        r = ei_attention_decode_keep(m.ctx, &q1, &L->tk, &L->tv, &kx, &o1, L->n - 1, 0, 1, part, pb, as, m.ab);
+        CHECK(r == EI_ERR_SHAPE, "decode attention through a keep set of %lld rows: %s", (long long)v, ei_result_name(r));
+        r = ei_kv_compact(m.ctx, &kx, NULL, &o);
+        CHECK(r == EI_ERR_SHAPE, "compaction by a keep set of %lld rows: %s", (long long)v, ei_result_name(r));
+        kx = ks; kx.row_pos = m.c.decode_budget > 0 ? index : NULL; kx.row_pos_stride = v;
+        r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
+        /* (a stride up to 2^40 is valid: its maps then reach over the call's other buffers) */
+        CHECK(r == EI_ERR_STRIDE || (v > 0 && r == EI_ERR_OVERLAP), "row_pos_stride %lld: %s", (long long)v, ei_result_name(r));
+        kx = ks; kx.pooled = scores; kx.pooled_capacity = v;
+        r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
+        CHECK(r == EI_ERR_SIZE, "pooled_capacity %lld: %s", (long long)v, ei_result_name(r));
+        kx = ks; kx.mask = (uint8_t *)(void *)scores; kx.mask_capacity = v;
+        r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
+        CHECK(r == EI_ERR_SIZE || r == EI_ERR_WORKSPACE, "mask_capacity %lld: %s", (long long)v, ei_result_name(r));
+        r = ei_decode_score(m.ctx, &m.dec, &L->tk, index, v, scores, 0, 1, dws, m.kb);
+        CHECK(r == EI_ERR_STRIDE || (v > 0 && r == EI_ERR_OVERLAP), "decode_score row_pos_stride %lld: %s", (long long)v,
+              ei_result_name(r));
+        CHECK_ERR(ei_decode_select(m.ctx, &m.dec, scores, v, &ks, dws, m.kb), EI_ERR_SIZE);
+        /* sizes */
+        CHECK_ERR(ei_plan_size(m.ctx, v, L->kv, L->dim, 0, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_profile_workspace_size(m.ctx, v, L->heads, L->kv, L->dim, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_decode_workspace_size(m.ctx, v, L->heads, L->kv, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_attention_decode_partials_size(m.ctx, v, L->heads, L->dim, 1, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_attention_decode_workspace_size(m.ctx, v, L->heads, L->kv, L->dim, 1, &b), EI_ERR_SIZE);
+        CHECK_ERR(ei_check_key_positions(m.ctx, index, v), EI_ERR_SIZE);
+        /* a plan's and a decoder's counters */
+        pe.n_tokens = v;
+        CHECK_ERR(ei_attention_prefill(m.ctx, &L->tq, &L->tk, &L->tv, &pe, &o, 0, 0, 1, as, m.ab), EI_ERR_STATE);
+        {
+            ei_decoder de = m.dec;
+            de.n_observed = v;
+            CHECK_ERR(ei_decode_observe(m.ctx, &de, &q1, 1), EI_ERR_STATE);
+            de = m.dec; de.last_compress = v == -1 ? -2 : v; /* (-1: no compression yet) */
+            CHECK_ERR(ei_decode_keep(m.ctx, &de, &L->tk, &ks, dws, m.kb), EI_ERR_STATE);
+        }
+    }
+    CHECK(guard_intact(ws, 2 * m.wb) && guard_intact(out, m.ob) && guard_intact(cm, cb) && guard_intact(part, pb), "guards");
+    guarded_free(ws); guarded_free(as); guarded_free(dws); guarded_free(out); guarded_free(part); guarded_free(scores);
+    guarded_free(index); guarded_free(cm);
+    mu_free(&m);
+}
+
+/* ei_profile_chunk_mt with the second share's workspace over q: refused
+   before the first share advanced the plan (the example: n_tokens 0 to 100). */
+static void test_issue36_chunk_mt_shares(void) {
+    mu_setup m = mu_make(EI_SIMD_AUTO);
+    synth_layer *L = &m.L;
+    ei_plan cp;
+    size_t cb, qb = sizeof(float) * 100u * (size_t)L->heads * (size_t)L->dim;
+    unsigned char *cm, *snap, *ws = (unsigned char *)guarded_alloc(2 * m.wb + qb); /* q may run past the workspace */
+    ei_tensor q = L->tq;
+    ei_plan_size(m.ctx, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, &cb);
+    cm = (unsigned char *)guarded_alloc(cb);
+    snap = (unsigned char *)malloc(cb);
+    CHECK_ERR(ei_plan_init(m.ctx, &cp, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, cm, cb), EI_OK);
+    q.n_tokens = 100;
+    q.data = ws + m.wb + 64; /* starting inside thread 1's share */
+    memcpy(ws + m.wb + 64, L->q, qb);
+    memcpy(snap, cm, cb);
+    mu_expect_overlap(ei_profile_chunk_mt(m.ctx, &q, &L->tk, &cp, 0, 0, 2, ws, 2 * m.wb), "q", "workspace",
+                      "a chunk whose second share's workspace lies over q");
+    CHECK(cp.n_tokens == 0 && !memcmp(snap, cm, cb), "the refused chunk moved the plan (n_tokens %lld)", (long long)cp.n_tokens);
+    q.data = L->q;
+    CHECK_ERR(ei_profile_chunk_mt(m.ctx, &q, &L->tk, &cp, 0, 0, 2, ws, 2 * m.wb), EI_OK);
+    CHECK(cp.n_tokens == 100, "chunk of 100 tokens: n_tokens %lld", (long long)cp.n_tokens);
+    CHECK(guard_intact(ws, 2 * m.wb + qb) && guard_intact(cm, cb), "guards");
+    guarded_free(ws); guarded_free(cm); free(snap);
+    mu_free(&m);
+}
+
 /* ------------------------------------------------------------ threaded helpers */
 /* tests/fuzz_regressions/profile_mt_worker_error_message.bin: when a worker
    thread of ei_profile_mt fails (here: NaN in a kv head that thread 1 plans),
@@ -1639,6 +1852,9 @@ int main(void) {
     test_attention_nonfinite();
     test_edited_plan_decoder();
     test_placements();
+    test_issue36_seals();
+    test_issue36_int64_edges();
+    test_issue36_chunk_mt_shares();
     test_every_code();
     test_mt_error_message();
     run_isolated(test_any_alignment, "test_any_alignment (fuzz_regressions/profile_workspace_unaligned_d33.bin)");
