@@ -252,6 +252,60 @@
    are sealed at init (a checksum in .seal), so one edited afterwards, or a
    struct never initialised, is refused (EI_ERR_STATE) before any of its
    memory is touched; so are counts outside what the memory was laid out for.
+   MEMORY ARGUMENTS, the regions of each call (views: their data and their
+   ei_tensor / ei_out_tensor struct, read; plan: the ei_plan struct, plan
+   arrays: what ei_plan_init laid out; decoder: the ei_decoder struct, ring:
+   its query ring; keep: the ei_keep_set struct and its index, positions,
+   mask, pooled arrays; ws: the workspace bytes the call uses, every
+   thread's share for *_mt; the context is read by every call):
+   | entry                               | reads             | writes          |
+   | ei_plan_init                        |                   | plan, memory    |
+   | ei_plan_reset                       |                   | plan, arrays    |
+   | ei_plan_finalize                    | plan              | plan arrays     |
+   | ei_profile ei_profile_heads         | q, k              | plan, plan      |
+   |   ei_profile_mt ei_profile_chunk    |                   | arrays, ws      |
+   |   ei_profile_chunk_heads            |                   |                 |
+   |   ei_profile_chunk_mt               |                   |                 |
+   | ei_attention_prefill                | q, k, v, plan,    | out, ws         |
+   |   ei_attention_prefill_mt           | plan arrays       |                 |
+   | ei_attention_decode                 | q, k, v, keep,    | partials (out   |
+   |   ei_attention_decode_keep          | keep->index       | for _mt), ws    |
+   |   ei_attention_decode_mt            |                   |                 |
+   |   ei_attention_decode_keep_mt       |                   |                 |
+   | ei_attention_decode_merge           | partials          | out             |
+   | ei_decoder_init                     |                   | decoder, memory |
+   | ei_decoder_reset                    | ring (apart)      | decoder         |
+   | ei_decode_observe                   | q                 | decoder, ring   |
+   | ei_decode_keep ei_decode_keep_mt    | k, ring, row_pos  | decoder, keep   |
+   |                                     |                   | and arrays, ws  |
+   | ei_decode_score                     | k, decoder, ring, | scores, ws      |
+   |                                     | row_pos           |                 |
+   | ei_decode_select                    | scores, row_pos   | decoder, keep   |
+   |                                     |                   | and arrays, ws  |
+   | ei_decode_shared_add                | scores, row_pos   | decoder,        |
+   |                                     |                   | shared, ws      |
+   | ei_decode_select_shared             | shared, decoder,  | keep and        |
+   |                                     | row_pos           | arrays, ws      |
+   | ei_kv_compact                       | keep, keep->index | k, v            |
+   | ei_plan_copy (CUDA)                 | src plan, arrays  | dst plan, arrays|
+   | ei_device_copy (device to device)   | src               | dst             |
+   Every pair of a call's regions of which one is written is compared once,
+   before anything is written (tests/test_limits.c places each region of
+   every row inside each other one: at its start, middle and end, straddling
+   its end, and just past it). A plan or decoder struct lying inside its own
+   arrays is refused by every call that takes it (EI_ERR_OVERLAP). Structs
+   come first: every entry that takes a plan or decoder checks its seal and
+   counters before it reads anything else of it, whatever it returns:
+   ei_plan_free leaves a plan it refuses as it is (nothing freed, the reason
+   in ei_last_error; a zeroed plan is freed already, and a refused
+   ei_plan_alloc leaves the struct as it was), ei_plan_segment_is_sparse and
+   ei_decode_due return 0 for a refused struct (the reason in
+   ei_last_error). Caller values (positions, counts, strides, capacities)
+   are range-checked before any sum or product is formed with them, up to
+   the int64 edges. A refused call leaves every struct, plan and decoder as
+   it was: the *_mt helpers check every share before any thread runs (data
+   errors found while computing, NaN/Inf or a row map's faults, may leave
+   outputs written in part, as each call documents).
 
    ERRORS
    ======
@@ -558,6 +612,9 @@ EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_t
 /* Or let the context's allocator own it (setup time, not per layer). */
 EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
                               int32_t n_kv_heads, int32_t head_dim, uint32_t flags);
+/* Frees what ei_plan_alloc allocated and zeroes the plan; a zeroed plan is a
+   no-op; a plan ei_plan_init / ei_plan_alloc did not make (or edited) is
+   left as it is, nothing freed, the reason in ei_last_error. */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan);
 /* Start a new sequence in an existing plan (chunked planning). */
 EIDEF ei_result ei_plan_reset(ei_plan *plan);
@@ -646,7 +703,8 @@ EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, c
 EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cell_pos, int64_t n_keys);
 
 /* 1 if query segment `segment` of the plan attends sparsely (starts at or
-   after threshold_len, and is not the last segment when last_segment_dense). */
+   after threshold_len, and is not the last segment when last_segment_dense);
+   0 for a plan it refuses (MEMORY RULES; the reason in ei_last_error). */
 EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, int32_t segment);
 
 /* ---------------------------------------------------------------- attention */
@@ -736,7 +794,8 @@ EIDEF ei_result ei_decoder_reset(ei_decoder *dec);
    generated token's (generated = 1). The decoder keeps the last `window`. */
 EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated);
 /* 1 when the engine should ask for a keep-set now (decode_gap generated
-   tokens observed since the prompt, or recompress_every since the last). */
+   tokens observed since the prompt, or recompress_every since the last); 0
+   for a decoder it refuses (MEMORY RULES; the reason in ei_last_error). */
 EIDEF int ei_decode_due(const ei_context *ctx, const ei_decoder *dec);
 
 /* The rows each head keeps. A cache is n_tokens ROWS; each row holds one

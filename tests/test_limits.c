@@ -8,6 +8,7 @@
 
    EI_TEST_SIMD=scalar|avx2|avx512|neon|auto restricts the SIMD paths tested
    (valgrind has no AVX-512: make test-valgrind runs scalar and avx2). */
+#include <ctype.h>
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 
@@ -1507,9 +1508,47 @@ static void pl_free(pl_fix *x) {
     synth_layer_free(&x->L);
 }
 
+/* The header's MEMORY ARGUMENTS table and pl_calls name the same entries
+   (the CUDA-only copies aside): an entry added to one is added to the other. */
+static void pl_check_header_table(void) {
+    FILE *f = fopen("entropyinfer.h", "r");
+    char line[256], names[64][48];
+    int n = 0, in = 0, i, j;
+    size_t k;
+    if (!f) f = fopen("../entropyinfer.h", "r");
+    if (!f) { printf("  (entropyinfer.h not found from here: its MEMORY ARGUMENTS table not compared)\n"); return; }
+    while (fgets(line, sizeof line, f) && n < 64) {
+        char *p = line, *end;
+        if (strstr(line, "MEMORY ARGUMENTS")) in = 1;
+        if (in && strstr(line, "Every pair of a call's regions")) break;
+        if (!in || !strstr(line, "|")) continue;
+        end = strchr(strchr(line, '|') + 1, '|'); /* the entry column */
+        if (!end) continue;
+        while ((p = strstr(p, "ei_")) && p < end && n < 64) {
+            for (k = 0; k < sizeof names[0] - 1 && (isalnum((unsigned char)p[k]) || p[k] == '_'); ++k) names[n][k] = p[k];
+            names[n++][k] = 0;
+            p += k;
+        }
+    }
+    fclose(f);
+    CHECK(n > 20, "the MEMORY ARGUMENTS table of entropyinfer.h names %d entries", n);
+    for (i = 0; i < n; ++i) {
+        int found = !strcmp(names[i], "ei_plan_copy") || !strcmp(names[i], "ei_device_copy"); /* CUDA only */
+        for (j = 0; j < (int)(sizeof pl_calls / sizeof pl_calls[0]); ++j) found |= !strcmp(names[i], pl_calls[j].name);
+        found |= !strcmp(names[i], "ei_attention_decode") || !strcmp(names[i], "ei_attention_decode_mt"); /* the _keep ones with keep NULL */
+        CHECK(found, "%s is in the header's MEMORY ARGUMENTS table but not placed by test_placements", names[i]);
+    }
+    for (j = 0; j < (int)(sizeof pl_calls / sizeof pl_calls[0]); ++j) {
+        int found = 0;
+        for (i = 0; i < n; ++i) found |= !strcmp(names[i], pl_calls[j].name);
+        CHECK(found, "%s is placed by test_placements but missing from the header's MEMORY ARGUMENTS table", pl_calls[j].name);
+    }
+}
+
 static void test_placements(void) {
     pl_fix x;
     size_t i;
+    pl_check_header_table();
     pl_make(&x);
     for (i = 0; i < sizeof pl_calls / sizeof pl_calls[0]; ++i) {
         pl_placements(&x, &pl_calls[i]);
