@@ -1714,24 +1714,29 @@ static void op_plan_edit(state *s, fz *f) {
    poisoned (ASan). The same call with every buffer apart and 64-byte aligned
    (views keep their address mod 64) is the reference. */
 enum { R_Q, R_K, R_V, R_OUT, R_PLAN, R_PSTRUCT, R_WS, R_DEC, R_DSTRUCT, R_KSTRUCT, R_INDEX, R_POS, R_MASK, R_POOLED,
-       R_ROWPOS, R_SCORES, R_SHARED, R_COUNT };
+       R_ROWPOS, R_SCORES, R_SHARED, R_PART, R_COUNT };
 static const char *const role_names[R_COUNT] = {"q", "k", "v", "out", "plan memory", "ei_plan", "workspace",
                                                 "decoder memory", "ei_decoder", "ei_keep_set", "keep->index",
                                                 "keep->positions", "keep->mask", "keep->pooled", "row_pos", "scores",
-                                                "shared"};
+                                                "shared", "partials"};
 enum { PK_VIEW, PK_ARR, PK_BYTES, PK_MEM, PK_STRUCT };
 static const unsigned char role_kind[R_COUNT] = {PK_VIEW, PK_VIEW, PK_VIEW, PK_VIEW, PK_MEM, PK_STRUCT, PK_MEM, PK_MEM,
                                                  PK_STRUCT, PK_STRUCT, PK_ARR, PK_ARR, PK_BYTES, PK_ARR, PK_ARR, PK_ARR,
-                                                 PK_ARR};
+                                                 PK_ARR, PK_ARR};
 /* Roles whose contents the harness prepares with library calls (or builds):
    an overlap that involves one leaves no reference to compare with. */
 static int role_prepared(int r) { return r == R_PLAN || r == R_PSTRUCT || r == R_DEC || r == R_DSTRUCT || r == R_KSTRUCT; }
 
+/* (issue 36) PL_STEP: a decode step through a keep set (ei_attention_decode_keep
+   and its merge, or _mt); PL_PLAN_RESET, PL_DEC_RESET: a plan (reset or
+   finalize) or decoder (reset) made apart by init, its struct then copied
+   where the fuzzer put it, its own arrays included. */
 enum { PL_PROFILE, PL_CHUNK, PL_ATTN, PL_DEC_INIT, PL_OBSERVE, PL_KEEP, PL_SCORE, PL_SELECT, PL_SHARED_ADD,
-       PL_SELECT_SHARED, PL_COMPACT, PL_PLAN_INIT, PL_COUNT };
+       PL_SELECT_SHARED, PL_COMPACT, PL_PLAN_INIT, PL_STEP, PL_PLAN_RESET, PL_DEC_RESET, PL_COUNT };
 static const char *const kind_names[PL_COUNT] = {"profile", "profile_chunk", "attention", "decoder_init", "observe",
                                                  "decode_keep", "decode_score", "decode_select", "shared_add",
-                                                 "select_shared", "kv_compact", "plan_init"};
+                                                 "select_shared", "kv_compact", "plan_init", "decode_step",
+                                                 "plan_reset", "decoder_reset"};
 
 typedef struct pcall {
     ei_context *ctx;
@@ -1749,6 +1754,8 @@ typedef struct pcall {
     int64_t c1;                /* chunk: positions planned before the call */
     int32_t heads_out, capacity, n_kept;
     int64_t mask_cap, pooled_cap;
+    int64_t keep_n;            /* decode step: the rows its keep set scored */
+    size_t partb, per;         /* decode step: partials, and the attention workspace per thread */
     size_t bytes[R_COUNT];     /* 0: not used by the call */
     int inter;                 /* interleaved views: host and guest forced (1) */
     unsigned var2;
@@ -1916,6 +1923,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
             pc->q_off = pc->c1;
             pc->is_final = pc->c1 + pc->cnt == pc->n ? !(pc->var & 8) : 0;
             pc->kn = pc->c1 + pc->cnt + ((pc->var & 64) ? (int64_t)(fz_u8(f) % 4) : 0);
+            if (pc->var & 32) pc->nt = fz_threads1(fz_u8(f), 3); /* ei_profile_chunk_mt: every share checked first */
             pc->inter = 0;
             break;
         case PL_ATTN:
@@ -1952,7 +1960,17 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
             pc->n_kept = (int32_t)(fz_u8(f) % (unsigned)(pc->n + 1));
             if (pc->inter) { pc->vdt = pc->dt; pc->lay[2] = pc->lay[1] = 3 + (pc->lay[1] & 1); } /* v between k's rows */
             break;
-        case PL_PLAN_INIT: pc->flags = pc->var & 3u; pc->inter = 0; break;
+        case PL_PLAN_INIT: case PL_PLAN_RESET: pc->flags = pc->var & 3u; pc->inter = 0; break;
+        case PL_STEP: /* the set made at or before the step's first query (keep->n_tokens <= q_offset + 1) */
+            pc->cnt = 1 + (int64_t)(fz_u8(f) % (unsigned)EI__MIN(pc->n, (int64_t)4));
+            pc->q_off = pc->n - pc->cnt;
+            pc->keep_n = 1 + (int64_t)(fz_u8(f) % (unsigned)(pc->q_off + 1));
+            pc->heads_out = (pc->var & 8) ? pc->H : (pc->var & 16) ? 1 : pc->KV;
+            pc->capacity = (int32_t)pc->keep_n;
+            pc->n_kept = (int32_t)(fz_u8(f) % (unsigned)(pc->keep_n + 1));
+            if (pc->var & 4) pc->nt = fz_threads1(fz_u8(f), 3);
+            pc->inter = 0;
+            break;
         default: pc->inter = 0; break;
     }
     /* the buffers each call uses, and their sizes */
@@ -1978,11 +1996,29 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
                     USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
                 }
                 break;
-            case PL_PLAN_INIT:
+            case PL_PLAN_INIT: case PL_PLAN_RESET:
                 if (ei_plan_size(pc->ctx, n, pc->KV, pc->d, pc->flags, &b) != EI_OK) return 0;
                 USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
                 break;
-            case PL_DEC_INIT: dec = 1; break;
+            case PL_DEC_INIT: case PL_DEC_RESET: dec = 1; break;
+            case PL_STEP:
+                t = pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, NULL); USE(R_Q, tensor_bytes(&t));
+                t = pview(pc->lay[1], pc->dt, pc->kn, pc->KV, pc->d, NULL); USE(R_K, tensor_bytes(&t));
+                t = pview(pc->lay[2], pc->vdt, pc->kn, pc->KV, pc->d, NULL); USE(R_V, tensor_bytes(&t));
+                t = pview(pc->lay[3], pc->odt, pc->cnt, pc->H, pc->d, NULL); USE(R_OUT, tensor_bytes(&t));
+                USE(R_KSTRUCT, sizeof(ei_keep_set));
+                USE(R_INDEX, 4u * (size_t)pc->heads_out * (size_t)EI__MAX(pc->capacity, 1));
+                if (ei_attention_decode_partials_size(pc->ctx, pc->cnt, pc->H, pc->d, pc->nt > 0 ? pc->nt : 1, &pc->partb) != EI_OK ||
+                    ei_attention_workspace_size(pc->ctx, pc->H, pc->KV, pc->d, &pc->per) != EI_OK)
+                    return 0;
+                if (pc->nt > 0) {
+                    if (ei_attention_decode_workspace_size(pc->ctx, pc->cnt, pc->H, pc->KV, pc->d, pc->nt, &b) != EI_OK) return 0;
+                    USE(R_WS, b);
+                } else {
+                    USE(R_WS, pc->per);
+                    USE(R_PART, pc->partb);
+                }
+                break;
             case PL_OBSERVE:
                 dec = 1;
                 t = pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, NULL); USE(R_Q, tensor_bytes(&t));
@@ -2010,7 +2046,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
         if (dec) {
             if (ei_decoder_size(pc->ctx, pc->H, pc->d, &b) != EI_OK || b > ((size_t)1 << 20)) return 0;
             USE(R_DEC, b); USE(R_DSTRUCT, sizeof(ei_decoder));
-            if (pc->kind != PL_DEC_INIT && pc->kind != PL_OBSERVE) {
+            if (pc->kind != PL_DEC_INIT && pc->kind != PL_OBSERVE && pc->kind != PL_DEC_RESET) {
                 if (ei_decode_workspace_size(pc->ctx, n, pc->H, pc->KV, &per) != EI_OK) return 0;
                 USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : 1));
             }
@@ -2045,11 +2081,12 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
         pc->shared = (float *)xalloc(4u * (size_t)pc->n);
         for (t = 0; t < pc->n; ++t) pc->shared[t] = pc->kind == PL_SHARED_ADD && !(pc->var & 64) ? 0.0f : (float)(rng_next() % 1000u) / 500.0f;
         pc->index = (int32_t *)xalloc(4u * (size_t)pc->heads_out * (size_t)EI__MAX(pc->capacity, 1));
-        if (pc->kind == PL_COMPACT) { /* ascending rows of each head: n_kept of n */
+        if (pc->kind == PL_COMPACT || pc->kind == PL_STEP) { /* ascending rows of each head: n_kept of the rows scored */
             int32_t h;
+            int64_t rows = pc->kind == PL_STEP ? pc->keep_n : pc->n;
             for (h = 0; h < pc->heads_out; ++h) {
-                int64_t need = pc->n_kept, left = pc->n, j = 0;
-                for (t = 0; t < pc->n && need > 0; ++t, --left)
+                int64_t need = pc->n_kept, left = rows, j = 0;
+                for (t = 0; t < rows && need > 0; ++t, --left)
                     if ((int64_t)(rng_next() % (uint32_t)left) < need) { pc->index[(size_t)h * (size_t)pc->capacity + (size_t)j++] = (int32_t)t; need--; }
             }
         }
@@ -2143,6 +2180,7 @@ static ei_keep_set pc_keep(const pcall *pc, const placement *pl) {
     if (pl->p[R_POOLED]) { k.pooled = (float *)(void *)pl->p[R_POOLED]; k.pooled_capacity = pc->pooled_cap; }
     k.row_pos = (const int32_t *)(void *)pl->p[R_ROWPOS];
     if (pc->kind == PL_COMPACT) { k.n_kept = pc->n_kept; k.n_tokens = pc->n; }
+    if (pc->kind == PL_STEP) { k.n_kept = pc->n_kept; k.n_tokens = pc->keep_n; }
     return k;
 }
 
@@ -2172,6 +2210,23 @@ static int pc_init_judged(pcall *pc, placement *pl, int mem, int st, size_t byte
 }
 static int pc_prepare(pcall *pc, placement *pl, int reference) {
     ei_result r;
+    if (pc->kind == PL_PLAN_RESET) { /* made apart; pc_fill_structs copies it where the fuzzer put it */
+        ei_plan apart;
+        if (ei_plan_init(pc->ctx, &apart, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]) != EI_OK) return 0;
+        memcpy(&pc->plan, &apart, sizeof pc->plan);
+        return 1;
+    }
+    if (pc->kind == PL_DEC_RESET) {
+        ei_decoder apart;
+        int64_t w = EI__MIN((int64_t)EI__MAX(pc->c->window, 1), pc->n);
+        ei_tensor q0 = pc->qs.t;
+        q0.n_tokens = w;
+        if (ei_decoder_init(pc->ctx, &apart, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]) != EI_OK ||
+            ei_decode_observe(pc->ctx, &apart, &q0, 0) != EI_OK)
+            return 0;
+        memcpy(&pc->dec, &apart, sizeof pc->dec);
+        return 1;
+    }
     if (pc->bytes[R_PLAN]) {
         ei_plan *p = (ei_plan *)(void *)pl->p[R_PSTRUCT];
         r = checked(ei_plan_init(pc->ctx, p, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
@@ -2222,7 +2277,7 @@ static int role_is_input(const pcall *pc, int r) {
         case R_K: return 1;
         case R_SCORES: return pc->kind != PL_SCORE;
         case R_SHARED: return 1;
-        case R_INDEX: return pc->kind == PL_COMPACT;
+        case R_INDEX: return pc->kind == PL_COMPACT || pc->kind == PL_STEP;
         default: return 0;
     }
 }
@@ -2255,8 +2310,8 @@ static FZ_FAST void pc_fill_role(const pcall *pc, const placement *pl, int r) {
         case R_ROWPOS: memcpy(pl->p[r], pc->rowpos, pc->bytes[r]); break;
         case R_SCORES: if (pc->kind != PL_SCORE) memcpy(pl->p[r], pc->scores, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
         case R_SHARED: memcpy(pl->p[r], pc->shared, pc->bytes[r]); break;
-        case R_INDEX: if (pc->kind == PL_COMPACT) memcpy(pl->p[r], pc->index, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
-        case R_POS: case R_MASK: case R_POOLED: memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_INDEX: if (pc->kind == PL_COMPACT || pc->kind == PL_STEP) memcpy(pl->p[r], pc->index, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_POS: case R_MASK: case R_POOLED: case R_PART: memset(pl->p[r], 0xff, pc->bytes[r]); break;
         case R_WS: fill_ff(pl->p[r], pc->bytes[r]); break;
         default: break;
     }
@@ -2287,7 +2342,9 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
             if ((pc->var & 3) == 1) return checked(ei_profile_heads(ctx, &q, &k, plan, 0, pc->KV, ws, wb));
             if (pc->nt > 0) return checked(ei_profile_mt(ctx, &q, &k, plan, pc->nt, ws, wb));
             return checked(ei_profile(ctx, &q, &k, plan, ws, wb));
-        case PL_CHUNK: return checked(ei_profile_chunk(ctx, &q, &k, plan, pc->q_off, pc->is_final, ws, wb));
+        case PL_CHUNK:
+            if (pc->nt > 0) return checked(ei_profile_chunk_mt(ctx, &q, &k, plan, pc->q_off, pc->is_final, pc->nt, ws, wb));
+            return checked(ei_profile_chunk(ctx, &q, &k, plan, pc->q_off, pc->is_final, ws, wb));
         case PL_ATTN:
             if (pc->nt > 0) return checked(ei_attention_prefill_mt(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, pc->nt, ws, wb));
             return checked(ei_attention_prefill(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, 0, 1, ws, wb));
@@ -2302,6 +2359,15 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
         case PL_SELECT_SHARED: return checked(ei_decode_select_shared(ctx, dec, shared, pc->n, keep, ws, wb));
         case PL_COMPACT: return checked(ei_kv_compact(ctx, keep, &ko, &vo));
         case PL_PLAN_INIT: return checked(ei_plan_init(ctx, plan, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
+        case PL_PLAN_RESET: return checked((pc->var & 4) ? ei_plan_finalize(ctx, plan) : ei_plan_reset(plan));
+        case PL_DEC_RESET: return checked(ei_decoder_reset(dec));
+        case PL_STEP: {
+            float *part = (float *)(void *)pl->p[R_PART];
+            ei_result r;
+            if (pc->nt > 0) return checked(ei_attention_decode_keep_mt(ctx, &q, &k, &v, keep, &out, pc->q_off, pc->nt, ws, wb));
+            r = checked(ei_attention_decode_keep(ctx, &q, &k, &v, keep, &out, pc->q_off, 0, 1, part, pc->partb, ws, wb));
+            return r == EI_OK ? checked(ei_attention_decode_merge(ctx, &out, part, pc->partb, 0, 1)) : r;
+        }
         default: return EI_ERR_STATE;
     }
 }
@@ -2314,6 +2380,7 @@ static size_t pc_ws_need(const pcall *pc) {
     if (pc->kind == PL_PROFILE && pc->nt > 0)
         used = (int)EI__MIN((int64_t)pc->nt, EI__MAX((int64_t)pc->KV, (pc->n + pc->c->segment_size - 1) / pc->c->segment_size));
     if (pc->kind == PL_KEEP && pc->nt > 0) used = EI__MIN(pc->nt, pc->H);
+    if (pc->kind == PL_CHUNK && pc->nt > 0) used = EI__MIN(pc->nt, pc->KV);
     return per * (size_t)used;
 }
 /* The regions the call uses, from the rules (not from the library). */
@@ -2342,6 +2409,30 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
             preg_add(g, R_PSTRUCT, plan, sizeof *plan, 1);
             break;
+        case PL_PLAN_RESET: /* the arrays init laid out, and the struct (read by finalize, written by reset) */
+            preg_add(g, R_PLAN, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags), 1);
+            preg_add(g, R_PSTRUCT, plan, sizeof *plan, !(pc->var & 4));
+            break;
+        case PL_DEC_RESET: /* the struct apart from the ring it describes */
+            preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
+            preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
+            break;
+        case PL_STEP: { /* the _mt workspace: the partials from its first 64-byte boundary, then the threads' shares */
+            unsigned char *w = pl->p[R_WS];
+            t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
+            t = pc_k(pc, pl); preg_view(g, R_K, &t, 0);
+            t = pc_v(pc, pl); preg_view(g, R_V, &t, 0);
+            o = pc_out(pc, pl); t = as_view(&o); preg_view(g, R_OUT, &t, 1);
+            preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 0);
+            preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 0);
+            if (pc->nt > 0)
+                preg_add(g, R_WS, w + (64 - (uintptr_t)w % 64) % 64, pc->partb + pc->per * (size_t)pc->nt, 1);
+            else {
+                preg_add(g, R_WS, w, pc->per, 1);
+                preg_add(g, R_PART, pl->p[R_PART], pc->partb, 1);
+            }
+            break;
+        }
         case PL_DEC_INIT:
             preg_add(g, R_DEC, pl->p[R_DEC], pc->bytes[R_DEC], 1);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
@@ -2418,14 +2509,14 @@ static void pc_snapshot(const pcall *pc, const placement *pl, snap *s) {
     ei_out_tensor o;
     s->n = 0;
     switch (pc->kind) {
-        case PL_PROFILE: case PL_CHUNK: case PL_PLAN_INIT: {
+        case PL_PROFILE: case PL_CHUNK: case PL_PLAN_INIT: case PL_PLAN_RESET: {
             int64_t cnt[4];
             cnt[0] = plan->n_tokens; cnt[1] = plan->n_segments; cnt[2] = plan->n_blocks; cnt[3] = plan->final;
             snap_put(s, cnt, sizeof cnt);
             snap_put(s, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags));
             break;
         }
-        case PL_ATTN: o = pc_out(pc, pl); snap_view(s, &o); break;
+        case PL_ATTN: case PL_STEP: o = pc_out(pc, pl); snap_view(s, &o); break;
         case PL_COMPACT: o = pc_kout(pc, pl); snap_view(s, &o); o = pc_vout(pc, pl); snap_view(s, &o); break;
         case PL_SCORE: snap_put(s, pl->p[R_SCORES], pc->bytes[R_SCORES]); break;
         default: {

@@ -59,9 +59,9 @@ SWAP = [OP['SWAP']]
 
 # ---------------------------------------------------------------- placement (op_place)
 R = dict(Q=0, K=1, V=2, OUT=3, PLAN=4, PSTRUCT=5, WS=6, DEC=7, DSTRUCT=8, KSTRUCT=9, INDEX=10, POS=11, MASK=12,
-         POOLED=13, ROWPOS=14, SCORES=15, SHARED=16)
+         POOLED=13, ROWPOS=14, SCORES=15, SHARED=16, PART=17)
 KINDS = ['profile', 'chunk', 'attention', 'decoder_init', 'observe', 'keep', 'score', 'select', 'shared_add',
-         'select_shared', 'compact', 'plan_init']
+         'select_shared', 'compact', 'plan_init', 'step', 'plan_reset', 'decoder_reset']
 
 def used_roles(kind, var):
     """The buffers the call uses (pcall_setup), in role order: one alignment byte each."""
@@ -75,10 +75,14 @@ def used_roles(kind, var):
             u |= {R['V'], R['OUT']}
         if k != 'attention' or var & 1:
             u |= {R['PLAN'], R['PSTRUCT']}
-    elif k == 'plan_init':
+    elif k in ('plan_init', 'plan_reset'):
         u |= {R['PLAN'], R['PSTRUCT']}
-    elif k == 'decoder_init':
+    elif k in ('decoder_init', 'decoder_reset'):
         u |= {R['DEC'], R['DSTRUCT']}
+    elif k == 'step':
+        u |= {R['Q'], R['K'], R['V'], R['OUT'], R['KSTRUCT'], R['INDEX'], R['WS']}
+        if not var & 4:
+            u.add(R['PART'])
     elif k == 'observe':
         u |= {R['Q'], R['DEC'], R['DSTRUCT']}
     elif k in ('keep', 'score'):
@@ -104,8 +108,9 @@ def used_roles(kind, var):
     return sorted(u)
 
 def PLACE(kind, var=0, lays=(0, 0, 0, 0), odt=0, inter=False, extra=(), align=None, overlap=None, inter_x=1):
-    """kind: index in KINDS; var: its variant bits; extra: the kind's own bytes (chunk: c1, cnt, pad; attention:
-    q_offset, count, threads; observe: count; keep: threads; compact: rows kept); align: {role: byte} (bits 6-7 = 3
+    """kind: index in KINDS; var: its variant bits; extra: the kind's own bytes (chunk: c1, cnt, pad, threads;
+    attention: q_offset, count, threads; observe: count; keep: threads; compact: rows kept; step: count, rows of
+    the keep set, rows kept, threads); align: {role: byte} (bits 6-7 = 3
     and an address that is not a multiple of the element size: misaligned); overlap: (x, host_index, guest_index,
     offset u16) over the used roles (x & 7: 0 guest's first byte on host's last, 1 guest's last on host's first,
     2/3 just after/before (no overlap), 4-7 the u16 offset; x & 8: the guest's address as it falls)."""
@@ -187,11 +192,11 @@ seeds = {
                    DEC_INIT + OBSERVE_PROMPT(20) + SMALL_STACK(DECODE_KEEP) + SMALL_STACK(ATTN_MT),
 }
 # placement: every call kind apart and aligned, then at odd addresses; one buffer over another; misaligned ones
-ODD = {r: 1 + 2 * r for r in range(17)}   # odd addresses (library memory may have any; views and arrays refuse)
+ODD = {r: 1 + 2 * r for r in range(18)}   # odd addresses (library memory may have any; views and arrays refuse)
 for kind, name in enumerate(KINDS):
     var = {'attention': 1, 'keep': 1 | 2 | 4 | 8, 'select': 1 | 2 | 4, 'select_shared': 1 | 8, 'score': 8,
            'chunk': 4}.get(name, 0)
-    extra = {'chunk': [10, 20], 'observe': [3], 'compact': [5]}.get(name, [])
+    extra = {'chunk': [10, 20], 'observe': [3], 'compact': [5], 'step': [1, 20, 9]}.get(name, [])
     prefix = L + (DEC_INIT + OBSERVE_PROMPT(20) if name in ('observe', 'keep', 'score', 'select', 'shared_add', 'select_shared') else [])
     roles = used_roles(kind, var)
     mem = {r: 1 + 6 * r for r in roles if r in (R['PLAN'], R['WS'], R['DEC'])}   # memory at odd addresses: accepted
@@ -205,6 +210,10 @@ for kind, name in enumerate(KINDS):
 seeds['place_attention_interleaved'] = L + PLACE(2, 0, lays=(3, 0, 0, 3), inter=True) + PLACE(2, 0, lays=(4, 0, 0, 4), inter=True, inter_x=0)
 seeds['place_compact_interleaved'] = L + PLACE(10, 0, lays=(0, 3, 3, 0), inter=True, extra=[7]) + \
                                      PLACE(10, 0, lays=(0, 4, 4, 0), inter=True, extra=[7], inter_x=3)
+# issue 36: a chunk and a decode step split over threads (every share checked before any runs), finalize
+seeds['place_chunk_mt'] = L + PLACE(1, 4 | 32, extra=[10, 20, THREADS], overlap=(0, 2, 0, 0))
+seeds['place_step_mt'] = L + PLACE(12, 4 | 8, extra=[2, 20, 9, THREADS]) + PLACE(12, 4, extra=[1, 20, 9, THREADS], overlap=(0, 6, 5, 0))
+seeds['place_plan_finalize'] = L + PLACE(13, 4) + PLACE(13, 4, overlap=(4, 0, 1, 200))
 seeds['place_profile_qk_shared'] = SMALL + SMALL + layer(kv=2, group=1, n=19) + PLACE(0, 0, lays=(3, 3, 0, 0), inter=True)
 
 for name in list(seeds):
