@@ -67,7 +67,9 @@
    7 corrupt, 8 attention, 10 attention_mt, 11 decoder init, 12-13 observe,
    9 and 14 decode (row maps, or keep), 15 compact, 16 decoder reset,
    17 sizes, 18 new layer, 19 swap contexts, 20 placement, 21 plan/decoder
-   edit, 22 small stack, 23 cell_pos. tests/fuzz_seeds.py writes inputs in
+   edit, 22 small stack, 23 cell_pos, 25 int64 edges (issue 36: positions,
+   counts, strides, capacities and a plan's / decoder's counters at the
+   int64 and int32 edges and the documented limits). tests/fuzz_seeds.py writes inputs in
    this format.
 
    Op families can be switched off (compile -DEI_FUZZ_FAMILIES=mask or
@@ -1497,6 +1499,141 @@ static void op_sizes(state *s, fz *f) {
 }
 
 
+/* ------------------------------------------------------------ int64 edges (issue 36) */
+/* Every caller value a call adds to or multiplies (positions, counts,
+   strides, capacities; a plan's and a decoder's counters) at the int64 and
+   int32 edges, at the documented limits and around them: a call refuses it
+   with a code its message names, or (in range) accepts it; under UBSan no
+   sum or product overflows before the value is checked. */
+static const int64_t edge_vals[] = {INT64_MIN, INT64_MIN + 1, (int64_t)INT32_MIN - 1, INT32_MIN, -2, -1, 0, 1,
+                                    INT32_MAX, (int64_t)INT32_MAX + 1, EI_MAX_TOKENS - 1, EI_MAX_TOKENS,
+                                    EI_MAX_TOKENS + 1, ((int64_t)1 << 40) + 1, INT64_MAX - 1, INT64_MAX};
+static void op_edges(state *s, fz *f) {
+    ei_context *ctx = s->ctx;
+    unsigned which = fz_u8(f);
+    int64_t e = FZ_PICK(f, edge_vals);
+    int past = e < 0 || e > EI_MAX_TOKENS; /* a position or count no call accepts */
+    size_t wb = 0, pb = 0;
+    void *ws = NULL;
+    float *part = NULL;
+    ei_result r = EI_OK;
+    if (verbose > 0) fprintf(stderr, "  edges: case %u, value %lld\n", which % 9, (long long)e);
+    if (!layer_usable(s) || ei_context_backend(ctx) != EI_BACKEND_CPU) return;
+    switch (which % 9) {
+        case 0: case 1: { /* chunked planning: q_pos, or q's count at the largest q_pos */
+            ei_tensor q = s->q.t;
+            int64_t q_pos = e;
+            if (which % 9 == 1) { q.n_tokens = e; q_pos = (fz_u8(f) & 1) ? EI_MAX_TOKENS : s->plan_ok ? s->plan.n_tokens : 0; }
+            if (checked(ei_profile_workspace_size(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, &wb)) != EI_OK ||
+                wb > ((size_t)8 << 20))
+                return;
+            ws = walloc_mem(2 * wb);
+            if (!s->plan_ok || !s->plan.state) { r = checked(ei_profile_chunk(ctx, &q, &s->k.t, NULL, q_pos, 0, ws, wb)); break; }
+            if (fz_u8(f) & 1) r = checked(ei_profile_chunk_mt(ctx, &q, &s->k.t, &s->plan, q_pos, 0, 2, ws, 2 * wb));
+            else r = checked(ei_profile_chunk(ctx, &q, &s->k.t, &s->plan, q_pos, 0, ws, wb));
+            if (q_pos > s->n || (which % 9 == 1 && (past || e == 0))) ORACLE(r != EI_OK, "a chunk past its keys was accepted", e, q_pos);
+            s->plan_trusted = 0;
+            break;
+        }
+        case 2: case 3: { /* attention: q_offset (prefill, a decode step) */
+            int64_t cnt = (which % 9 == 3) ? 1 : EI__MIN(s->n, (int64_t)4);
+            ei_tensor q = s->q.t;
+            float *out = (float *)walloc_arr(sizeof(float) * (size_t)cnt * (size_t)s->H * (size_t)s->d);
+            ei_out_tensor o = ei_out_tensor_make(out, EI_F32, cnt, s->H, s->d);
+            q.n_tokens = cnt;
+            if (checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb)) == EI_OK) {
+                ws = walloc_mem(wb);
+                if (which % 9 == 2) r = checked(ei_attention_prefill(ctx, &q, &s->k.t, &s->v.t, NULL, &o, e, 0, 1, ws, wb));
+                else if (checked(ei_attention_decode_partials_size(ctx, 1, s->H, s->d, 1, &pb)) == EI_OK) {
+                    part = (float *)walloc_arr(pb);
+                    r = checked(ei_attention_decode(ctx, &q, &s->k.t, &s->v.t, &o, e, 0, 1, part, pb, ws, wb));
+                }
+                if (past || e + cnt > s->n) ORACLE(r != EI_OK, "attention past its keys was accepted", e, cnt);
+            }
+            wfree(out);
+            break;
+        }
+        case 4: { /* a keep set's counts and capacities, read by a decode step and by compaction */
+            ei_keep_set k = s->keep;
+            ei_tensor q = s->q.t;
+            float *out = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)s->d);
+            ei_out_tensor o = ei_out_tensor_make(out, EI_F32, 1, s->H, s->d);
+            unsigned field = fz_u8(f) % 3;
+            if (!s->keep_ok) { wfree(out); return; }
+            if (field == 0) k.n_tokens = e;
+            else if (field == 1) k.n_kept = (int32_t)e;
+            else k.capacity = (int32_t)e;
+            q.n_tokens = 1;
+            if (checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb)) == EI_OK &&
+                checked(ei_attention_decode_partials_size(ctx, 1, s->H, s->d, 1, &pb)) == EI_OK) {
+                ws = walloc_mem(wb);
+                part = (float *)walloc_arr(pb);
+                r = checked(ei_attention_decode_keep(ctx, &q, &s->k.t, &s->v.t, &k, &o, s->n - 1, 0, 1, part, pb, ws, wb));
+                if (field == 0 && past) ORACLE(r != EI_OK, "a keep set of a count past the limits was accepted", e, 0);
+            }
+            wfree(out);
+            break;
+        }
+        case 5: case 6: { /* row map strides (scoring), a keep set's capacities (keep) */
+            int32_t *map = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)s->n);
+            float *scores = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)s->n);
+            int64_t j;
+            for (j = 0; j < s->n; ++j) map[j] = (int32_t)j;
+            if (checked(ei_decode_workspace_size(ctx, s->n, s->H, s->KV, &wb)) == EI_OK && wb <= ((size_t)8 << 20)) {
+                ws = walloc_mem(wb);
+                if (which % 9 == 5) {
+                    r = checked(ei_decode_score(ctx, s->dec_ok ? &s->dec : NULL, &s->k.t, map, e, scores, 0, 1, ws, wb));
+                    if (e < 0 || e > ((int64_t)1 << 40)) ORACLE(r != EI_OK, "a row map stride past its limits was accepted", e, 0);
+                } else {
+                    ei_keep_set k;
+                    int32_t heads_out = ei_context_config(ctx)->per_kv_head ? s->KV : s->H;
+                    unsigned field = fz_u8(f) % 3;
+                    memset(&k, 0, sizeof k);
+                    k.heads_out = heads_out;
+                    k.capacity = (int32_t)s->n;
+                    k.index = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)heads_out * (size_t)s->n);
+                    if (field == 0) { k.row_pos = map; k.row_pos_stride = e; }
+                    else if (field == 1) { k.mask = (uint8_t *)(void *)scores; k.mask_capacity = e; }
+                    else { k.pooled = scores; k.pooled_capacity = e; }
+                    r = checked(ei_decode_keep(ctx, s->dec_ok ? &s->dec : NULL, &s->k.t, &k, ws, wb));
+                    if (past && field > 0) ORACLE(r != EI_OK, "a keep capacity past the limits was accepted", e, field);
+                    wfree(k.index);
+                }
+            }
+            wfree(map); wfree(scores);
+            break;
+        }
+        case 7: { /* a decoder's counters: due, observe */
+            ei_decoder d = s->dec;
+            unsigned field = fz_u8(f) % 3;
+            ei_tensor q = s->q.t;
+            if (!s->dec_ok) return;
+            if (field == 0) d.n_observed = e;
+            else if (field == 1) d.n_generated = e;
+            else d.last_compress = e;
+            (void)ei_decode_due(ctx, &d);
+            q.n_tokens = 1;
+            r = checked(ei_decode_observe(ctx, &d, &q, 1));
+            if (past) ORACLE(r != EI_OK, "a decoder with counters past the limits was accepted", e, field);
+            break;
+        }
+        default: { /* a plan's count: attention, finalize, reset, is_sparse, free */
+            ei_plan p = s->plan;
+            if (!s->plan_ok) return;
+            p.n_tokens = e;
+            (void)ei_plan_segment_is_sparse(ctx, &p, (int32_t)(fz_u8(f) % 4));
+            r = checked(ei_plan_finalize(ctx, &p));
+            if (past) ORACLE(r != EI_OK, "a plan with n_tokens past the limits was accepted", e, 0);
+            r = checked(ei_plan_reset(&p));
+            if (past) ORACLE(r != EI_OK, "ei_plan_reset of a plan with n_tokens past the limits", e, 0);
+            break;
+        }
+    }
+    wfree(ws);
+    wfree(part);
+}
+
+
 /* ------------------------------------------------------------ cache order check */
 /* ei_check_key_positions over an orderly map, one with a broken cell, and a
    map at a misaligned address (EI_ERR_ALIGN). */
@@ -2697,7 +2834,7 @@ enum {
     OP_PLAN_INIT, OP_PROFILE, OP_PROFILE2, OP_PROFILE_HEADS, OP_PROFILE_MT, OP_CHUNK, OP_RESET_FINALIZE, OP_CORRUPT,
     OP_ATTENTION, OP_DECODE2, OP_ATTENTION_MT, OP_DECODER_INIT, OP_OBSERVE, OP_OBSERVE2, OP_DECODE, OP_COMPACT,
     OP_DECODER_RESET, OP_SIZES, OP_LAYER, OP_SWAP, OP_PLACE, OP_PLAN_EDIT, OP_SMALL_STACK, OP_CELL_POS, OP_CHUNK2,
-    OP_COUNT
+    OP_EDGES, OP_COUNT
 };
 static void run_op(state *s, fz *f, unsigned op);
 
@@ -2788,6 +2925,7 @@ static void run_op(state *s, fz *f, unsigned op) {
         case OP_PLAN_EDIT: if (FAMILY(FAM_PLANEDIT)) op_plan_edit(s, f); break;
         case OP_SMALL_STACK: if (FAMILY(FAM_STACK)) op_small_stack(s, f); break;
         case OP_CELL_POS: op_cell_pos(s, f); break;
+        case OP_EDGES: op_edges(s, f); break;
         default: break;
     }
 }

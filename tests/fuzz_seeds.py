@@ -23,7 +23,7 @@ def layer(kv=1, group=2, dtype=0, n=27, dim_idx=0, seed=7, vdtype=0, fill=0, mod
 # ---------------------------------------------------------------- ops (op byte = index in run_op)
 OP = dict(PLAN_INIT=0, PROFILE=1, PROFILE_HEADS=3, PROFILE_MT=4, CHUNK=5, RESET_FINALIZE=6, CORRUPT=7, ATTENTION=8,
           ATTENTION_MT=10, DECODER_INIT=11, OBSERVE=12, DECODE=14, COMPACT=15, DECODER_RESET=16, SIZES=17, LAYER=18,
-          SWAP=19, PLACE=20, PLAN_EDIT=21, SMALL_STACK=22, CELL_POS=23)
+          SWAP=19, PLACE=20, PLAN_EDIT=21, SMALL_STACK=22, CELL_POS=23, EDGES=25)
 THREADS = 31                      # fz_threads: a byte % 32 == 31 asks for worker threads (once per input)
 
 def PLAN_INIT(flags=0, alt=0, alloc=False):
@@ -214,6 +214,14 @@ seeds['place_compact_interleaved'] = L + PLACE(10, 0, lays=(0, 3, 3, 0), inter=T
 seeds['place_chunk_mt'] = L + PLACE(1, 4 | 32, extra=[10, 20, THREADS], overlap=(0, 2, 0, 0))
 seeds['place_step_mt'] = L + PLACE(12, 4 | 8, extra=[2, 20, 9, THREADS]) + PLACE(12, 4, extra=[1, 20, 9, THREADS], overlap=(0, 6, 5, 0))
 seeds['place_plan_finalize'] = L + PLACE(13, 4) + PLACE(13, 4, overlap=(4, 0, 1, 200))
+# issue 36: every case of the int64-edges op, each at a few edges (after a chunked plan, a decoder and a keep set)
+def EDGES(case, value_index, *extra):
+    return [OP['EDGES'], case, value_index] + list(extra)
+seeds['edges_plan'] = L + PLAN_INIT(1) + CHUNK(1) + [0] + EDGES(0, 0, 0) + EDGES(0, 15, 1) + EDGES(1, 15, 0, 1) + \
+    EDGES(1, 13, 1, 0) + EDGES(8, 15, 0) + EDGES(8, 0, 1)
+seeds['edges_attention'] = L + EDGES(2, 0) + EDGES(2, 15) + EDGES(3, 15) + EDGES(3, 0)
+seeds['edges_decode'] = L + DEC_INIT + OBSERVE_PROMPT(20) + DECODE_KEEP + EDGES(4, 1, 0) + EDGES(4, 8, 1) + \
+    EDGES(5, 0) + EDGES(6, 15, 0) + EDGES(6, 0, 1) + EDGES(6, 1, 2) + EDGES(7, 0, 2) + EDGES(7, 15, 0)
 seeds['place_profile_qk_shared'] = SMALL + SMALL + layer(kv=2, group=1, n=19) + PLACE(0, 0, lays=(3, 3, 0, 0), inter=True)
 
 for name in list(seeds):
