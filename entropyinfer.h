@@ -2649,12 +2649,6 @@ static ei_result ei__check_plan_side(const ei_context *ctx, const ei_plan *plan)
                     ei__on_gpu(ctx) ? "GPU" : "CPU");
 }
 
-/* A plan as ei_plan_init laid it out (sealed layout fields), with the counts
-   calls change within the capacity its memory was laid out for. Every call
-   that takes a plan starts here, so an edited or never-initialised plan is
-   refused before any of its arrays is read. The counts are not read by
-   profiling calls on kv-head ranges that exclude kv head 0: the call with kv
-   head 0 writes them while the others run (ei__check_plan_seal only). */
 /* Bytes of a sealed plan's arrays, from its first to the end of its last. */
 static size_t ei__plan_extent(const ei_plan *p) {
     size_t rows = ei__plan_rows(p);
@@ -2664,11 +2658,17 @@ static size_t ei__plan_extent(const ei_plan *p) {
     else end = (const unsigned char *)(p->block_index + rows * (size_t)p->max_keep);
     return (size_t)(end - (const unsigned char *)p->entropy);
 }
-/* Whether a struct of `bytes` at p lies inside [base, base + extent). */
-static int ei__struct_inside(const void *p, size_t bytes, const void *base, size_t extent) {
+/* Whether [p, p + bytes) and [base, base + extent) share a byte. */
+static int ei__ranges_meet(const void *p, size_t bytes, const void *base, size_t extent) {
     uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
     return a < b + extent && b < a + bytes;
 }
+/* A plan as ei_plan_init laid it out (sealed layout fields), with the counts
+   calls change within the capacity its memory was laid out for. Every call
+   that takes a plan starts here, so an edited or never-initialised plan is
+   refused before any of its arrays is read. The counts are not read by
+   profiling calls on kv-head ranges that exclude kv head 0: the call with kv
+   head 0 writes them while the others run (ei__check_plan_seal only). */
 static ei_result ei__check_plan_seal(const ei_context *ctx, const ei_plan *plan) {
     if (!plan || !plan->entropy) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL or not initialised");
     if (plan->seal != ei__plan_seal(plan))
@@ -2678,7 +2678,7 @@ static ei_result ei__check_plan_seal(const ei_context *ctx, const ei_plan *plan)
     /* ei_plan_init keeps the struct out of its memory; a sealed struct copied
        into its own arrays would be overwritten by the call that fills them
        (ei_plan_reset, ei_plan_finalize, profiling) while it is being read */
-    if (ei__struct_inside(plan, sizeof *plan, plan->entropy, ei__plan_extent(plan)))
+    if (ei__ranges_meet(plan, sizeof *plan, plan->entropy, ei__plan_extent(plan)))
         return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_plan struct [%p, +%zu bytes) lies inside the plan's arrays [%p, +%zu bytes)",
                         (const void *)plan, sizeof *plan, (const void *)plan->entropy, ei__plan_extent(plan));
     return EI_OK;
@@ -2810,9 +2810,6 @@ EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_
     plan->seal = ei__plan_seal(plan);
     return EI_OK;
 }
-/* A plan's own memory goes back to where it came from: a device plan to the
-   CUDA context that allocated it (free() on device memory is undefined;
-   without that context the plan is left as it is and the error recorded). */
 static int ei__all_zero(const void *p, size_t n) {
     const unsigned char *b = (const unsigned char *)p;
     size_t i;
@@ -2820,6 +2817,9 @@ static int ei__all_zero(const void *p, size_t n) {
         if (b[i]) return 0;
     return 1;
 }
+/* A plan's own memory goes back to where it came from: a device plan to the
+   CUDA context that allocated it (free() on device memory is undefined;
+   without that context the plan is left as it is and the error recorded). */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     if (!plan || ei__all_zero(plan, sizeof *plan)) return; /* freed already, or zeroed and never made */
     /* a struct ei_plan_init / ei_plan_alloc did not make (an engine's cleanup
@@ -3980,9 +3980,6 @@ EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t 
     *bytes = total;
     return EI_OK;
 }
-/* A decoder as ei_decoder_init laid it out (sealed fields; the window of
-   ctx when given) with its counters in range: an edited decoder is refused
-   before its ring is read or written. */
 /* Bytes of a sealed decoder's query ring. */
 static size_t ei__decoder_ring_bytes(const ei_decoder *dec) {
     return (size_t)dec->window * (size_t)dec->n_heads * (size_t)dec->head_dim * 4u;
@@ -3994,11 +3991,14 @@ static ei_result ei__check_decoder_seal(const ei_context *ctx, const ei_decoder 
     if (dec->seal != ei__decoder_seal(dec))
         return ei__fail(ctx, EI_ERR_STATE, "decoder fields (heads, head_dim, window, ring pointer) were changed after "
                                            "ei_decoder_init, or the decoder was not made by it");
-    if (ei__struct_inside(dec, sizeof *dec, dec->queries, ei__decoder_ring_bytes(dec)))
+    if (ei__ranges_meet(dec, sizeof *dec, dec->queries, ei__decoder_ring_bytes(dec)))
         return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_decoder struct [%p, +%zu bytes) lies inside its query ring [%p, +%zu bytes)",
                         (const void *)dec, sizeof *dec, (const void *)dec->queries, ei__decoder_ring_bytes(dec));
     return EI_OK;
 }
+/* A decoder as ei_decoder_init laid it out (sealed fields; the window of
+   ctx when given) with its counters in range: an edited decoder is refused
+   before its ring is read or written. */
 static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decoder *dec) {
     ei_result r = ei__check_decoder_seal(ctx, dec);
     if (r != EI_OK) return r;
