@@ -1621,7 +1621,8 @@ static void op_edges(state *s, fz *f) {
             (void)ei_decode_due(ctx, &d);
             q.n_tokens = 1;
             r = checked(ei_decode_observe(ctx, &d, &q, 1));
-            if (past) ORACLE(r != EI_OK, "a decoder with counters past the limits was accepted", e, field);
+            if (field == 2 ? e < -1 || e > EI_MAX_TOKENS : past) /* (last_compress -1: none yet) */
+                ORACLE(r != EI_OK, "a decoder with counters past the limits was accepted", e, field);
             break;
         }
         default: { /* a plan's count: attention, finalize, reset, is_sparse, free */
