@@ -1707,19 +1707,21 @@ static void test_issue36_int64_edges(void) {
         CHECK(r == EI_ERR_SHAPE, "decode attention through a keep set of %lld rows: %s", (long long)v, ei_result_name(r));
         r = ei_kv_compact(m.ctx, &kx, NULL, &o);
         CHECK(r == EI_ERR_SHAPE, "compaction by a keep set of %lld rows: %s", (long long)v, ei_result_name(r));
-        kx = ks; kx.row_pos = m.c.decode_budget > 0 ? index : NULL; kx.row_pos_stride = v;
-        r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
-        /* (a stride up to 2^40 is valid: its maps then reach over the call's other buffers) */
-        CHECK(r == EI_ERR_STRIDE || (v > 0 && r == EI_ERR_OVERLAP), "row_pos_stride %lld: %s", (long long)v, ei_result_name(r));
+        /* row map strides: refused when negative or past 2^40 (a valid one says the second kv head's map lies
+           that far on: the test's one map does not, so those are not called) */
+        if (v < 0 || v > ((int64_t)1 << 40)) {
+            kx = ks; kx.row_pos = index; kx.row_pos_stride = v;
+            r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
+            CHECK(r == EI_ERR_STRIDE, "row_pos_stride %lld: %s", (long long)v, ei_result_name(r));
+            r = ei_decode_score(m.ctx, &m.dec, &L->tk, index, v, scores, 0, 1, dws, m.kb);
+            CHECK(r == EI_ERR_STRIDE, "decode_score row_pos_stride %lld: %s", (long long)v, ei_result_name(r));
+        }
         kx = ks; kx.pooled = scores; kx.pooled_capacity = v;
         r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
         CHECK(r == EI_ERR_SIZE, "pooled_capacity %lld: %s", (long long)v, ei_result_name(r));
         kx = ks; kx.mask = (uint8_t *)(void *)scores; kx.mask_capacity = v;
         r = ei_decode_keep(m.ctx, &m.dec, &L->tk, &kx, dws, m.kb);
         CHECK(r == EI_ERR_SIZE || r == EI_ERR_WORKSPACE, "mask_capacity %lld: %s", (long long)v, ei_result_name(r));
-        r = ei_decode_score(m.ctx, &m.dec, &L->tk, index, v, scores, 0, 1, dws, m.kb);
-        CHECK(r == EI_ERR_STRIDE || (v > 0 && r == EI_ERR_OVERLAP), "decode_score row_pos_stride %lld: %s", (long long)v,
-              ei_result_name(r));
         CHECK_ERR(ei_decode_select(m.ctx, &m.dec, scores, v, &ks, dws, m.kb), EI_ERR_SIZE);
         /* sizes */
         CHECK_ERR(ei_plan_size(m.ctx, v, L->kv, L->dim, 0, &b), EI_ERR_SIZE);
