@@ -1583,6 +1583,9 @@ static void op_edges(state *s, fz *f) {
             float *scores;
             int64_t j;
             if (field == 0 && !stride_refused && s->KV > 1) return;
+            /* the same for a capacity the library accepts: head h's mask or pooled row lies at h x capacity, the
+               harness's arrays hold one row, so such a capacity is given only to a keep set of one head */
+            if (field > 0 && !past && e >= s->n && (ei_context_config(ctx)->per_kv_head ? s->KV : s->H) > 1) return;
             map = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)s->n);
             scores = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)s->n);
             for (j = 0; j < s->n; ++j) map[j] = (int32_t)j;
