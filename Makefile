@@ -58,3 +58,4 @@ include tests/tests.mk
 -include tests/hardening.mk
 -include examples/llama.cpp/llama-cpp.mk
 -include bench/tp.mk
+-include install/install.mk
