@@ -7,6 +7,7 @@
 #                  the harness's self-test; -Wall -Wextra -Werror throughout
 #   make golden GOLDEN=<folder>   conformance runner on any folder of golden cases
 #   make test-asan test-tsan test-valgrind fuzz   sanitizers, memcheck, libFuzzer (tests/hardening.mk)
+#   make install [PREFIX=/usr/local]  header, CUDA plugin if built, pkg-config and CMake files (install/install.mk)
 #   make test-arm64               the NEON path under qemu (tests/tests.mk)
 #   make cuda test-cuda           the CUDA backend and its GPU tests (cuda.mk)
 #   make llama-cpp llama-cpp-models llama-cpp-smoke llama-cpp-eval

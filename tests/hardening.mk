@@ -2,13 +2,13 @@
 # test builds and runs (test_limits, test_threads, ...) are in tests/tests.mk.
 # The top-level Makefile includes both.
 #
-#   make fuzz [FUZZ_SECONDS=60]  libFuzzer (clang, ASan+UBSan) over every public entry
-#        [FUZZ_FLAGS=...]        point, seeded from tests/fuzz_corpus; the growing corpus
+#   make fuzz [H_FUZZ_SECONDS=60] libFuzzer (clang, ASan+UBSan) over every public entry
+#        [H_FUZZ_FLAGS=...]        point, seeded from tests/fuzz_corpus; the growing corpus
 #                                lives in build/hardening/fuzz_work. A crash leaves
 #                                build/hardening/crash-*: copy it to tests/fuzz_regressions/
-#                                (replayed by test-asan) and report it. FUZZ_FLAGS adds
+#                                (replayed by test-asan) and report it. H_FUZZ_FLAGS adds
 #                                libFuzzer flags, e.g. the long run (two cores, 1e7 runs):
-#                                make fuzz FUZZ_SECONDS=0 FUZZ_FLAGS='-jobs=2 -workers=2 -runs=5000000'
+#                                make fuzz H_FUZZ_SECONDS=0 H_FUZZ_FLAGS='-jobs=2 -workers=2 -runs=5000000'
 #   make fuzz-merge              tests/fuzz_corpus := the seeds (tests/fuzz_seeds.py) + the
 #                                fewest inputs of tests/fuzz_corpus and fuzz_work that cover
 #                                the same edges (libFuzzer -merge=1 -use_counters=0)
@@ -22,15 +22,16 @@
 #   make test-hardening          test-asan + test-tsan + test-limits (tests/tests.mk)
 # clang with its runtime: tests/install_clang_rt.sh (--valgrind also installs valgrind).
 
-BUILD        ?= build
-H_BUILD      := $(BUILD)/hardening
-CC           ?= cc
-CLANG        ?= $(shell command -v clang 2>/dev/null)
+# This fragment's variables start with H_; it reads the top-level Makefile's
+# shared ones (BUILD, CC, CLANG, GOLDEN) and has its own defaults when used alone.
+H_OUT        := $(or $(BUILD),build)
+H_BUILD      := $(H_OUT)/hardening
+H_CLANG      := $(or $(CLANG),$(shell command -v clang 2>/dev/null))
 # Sanitizer builds prefer clang; gcc also has ASan, UBSan and TSan.
-SAN_CC       ?= $(if $(CLANG),$(CLANG),$(CC))
-GOLDEN       ?= $(firstword $(wildcard ../shared/golden) tests/golden)
-FUZZ_SECONDS ?= 60
-VALGRIND     ?= valgrind
+H_SAN_CC     ?= $(if $(H_CLANG),$(H_CLANG),$(CC))
+H_GOLDEN     := $(or $(GOLDEN),$(firstword $(wildcard ../shared/golden) tests/golden))
+H_FUZZ_SECONDS ?= 60
+H_VALGRIND   ?= valgrind
 H_LDLIBS     := -lm -lpthread -ldl
 H_HDR        := entropyinfer.h tests/check.h examples/synth_qk.h
 H_STD        := -std=c99 -D_DEFAULT_SOURCE
@@ -53,20 +54,20 @@ $(H_BUILD):
 
 # ---------------------------------------------------------------- fuzzing
 $(H_BUILD)/fuzz_api: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
-	@$(CLANG) --version >/dev/null 2>&1 || { echo "make fuzz needs clang (tests/install_clang_rt.sh)"; exit 1; }
-	$(CLANG) $(H_STD) $(H_WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(H_LDLIBS) || \
+	@$(H_CLANG) --version >/dev/null 2>&1 || { echo "make fuzz needs clang (tests/install_clang_rt.sh)"; exit 1; }
+	$(H_CLANG) $(H_STD) $(H_WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(H_LDLIBS) || \
 	  { echo "clang cannot link libFuzzer: run tests/install_clang_rt.sh"; exit 1; }
 
-FUZZ_FLAGS   ?=
+H_FUZZ_FLAGS   ?=
 # With -jobs=N libFuzzer writes fuzz-<job>.log files into the current directory:
 # they go to $(H_BUILD)/fuzz_jobs (each job's last line gives its exec/s).
 fuzz: $(H_BUILD)/fuzz_api
 	mkdir -p $(H_BUILD)/fuzz_work $(H_BUILD)/fuzz_jobs
 	rm -f $(H_BUILD)/fuzz_jobs/fuzz-*.log
 	cp tests/fuzz_corpus/*.bin $(H_BUILD)/fuzz_work/
-	@echo "fuzzing for $(FUZZ_SECONDS) s $(FUZZ_FLAGS) (log: $(H_BUILD)/fuzz.log)"
-	@cd $(H_BUILD)/fuzz_jobs && $(abspath $(H_BUILD))/fuzz_api -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
-	  -max_len=2048 -artifact_prefix=$(abspath $(H_BUILD))/ -print_final_stats=1 $(FUZZ_FLAGS) $(abspath $(H_BUILD))/fuzz_work \
+	@echo "fuzzing for $(H_FUZZ_SECONDS) s $(H_FUZZ_FLAGS) (log: $(H_BUILD)/fuzz.log)"
+	@cd $(H_BUILD)/fuzz_jobs && $(abspath $(H_BUILD))/fuzz_api -max_total_time=$(H_FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  -max_len=2048 -artifact_prefix=$(abspath $(H_BUILD))/ -print_final_stats=1 $(H_FUZZ_FLAGS) $(abspath $(H_BUILD))/fuzz_work \
 	  > $(abspath $(H_BUILD))/fuzz.log 2>&1; \
 	  status=$$?; cd $(CURDIR); grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\)' $(H_BUILD)/fuzz.log | tail -60; \
 	  grep '^#[0-9]' $(H_BUILD)/fuzz.log | tail -1; \
@@ -84,7 +85,7 @@ fuzz-merge: $(H_BUILD)/fuzz_api
 	@echo "tests/fuzz_corpus: $$(ls tests/fuzz_corpus | wc -l) files, $$(cat tests/fuzz_corpus/*.bin | wc -c) bytes"
 
 $(H_BUILD)/fuzz_replay_asan: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
+	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
 
 fuzz-replay: $(H_BUILD)/fuzz_replay_asan
 	$(H_SAN_ENV) $(H_BUILD)/fuzz_replay_asan tests/fuzz_corpus
@@ -96,7 +97,7 @@ fuzz-replay: $(H_BUILD)/fuzz_replay_asan
 
 # ---------------------------------------------------------------- ASan + UBSan
 $(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
+	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
              $(H_BUILD)/test_attention_asan $(H_BUILD)/test_plugin_asan
@@ -106,17 +107,17 @@ test-asan: $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan $(T_FAKES)
 	@fail=""; \
 	run() { echo "== asan: $$*"; env $(H_SAN_ENV) "$$@" > $(H_BUILD)/last.log 2>&1 || { grep -v '^    #[0-9]' $(H_BUILD)/last.log | grep -m30 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error'; fail="$$fail $$1"; }; tail -1 $(H_BUILD)/last.log; }; \
 	run $(H_BUILD)/test_core_asan; \
-	run $(H_BUILD)/golden_runner_asan $(GOLDEN); \
+	run $(H_BUILD)/golden_runner_asan $(H_GOLDEN); \
 	run $(H_BUILD)/test_limits_asan; \
 	run $(H_BUILD)/test_threads_asan; \
 	run $(H_BUILD)/test_attention_asan; \
-	run $(H_BUILD)/test_plugin_asan $(BUILD); \
+	run $(H_BUILD)/test_plugin_asan $(H_OUT); \
 	run $(H_SUBMAKE) fuzz-replay; \
 	if [ -n "$$fail" ]; then echo "test-asan: FAILED:$$fail"; exit 1; fi; echo "test-asan: all passed"
 
 # ---------------------------------------------------------------- ThreadSanitizer
 $(H_BUILD)/%_tsan: tests/%.c $(H_HDR) | $(H_BUILD)
-	$(SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
+	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
 	$(H_TSAN_ENV) EI_TEST_SYNC=barrier $(H_BUILD)/test_threads_tsan
@@ -129,7 +130,7 @@ test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
 $(H_BUILD)/%_plain: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -O1 -g $< -o $@ $(H_LDLIBS)
 
-H_VG := $(VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
+H_VG := $(H_VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
 H_VG_BINS := $(H_BUILD)/test_core_plain $(H_BUILD)/test_limits_plain $(H_BUILD)/test_threads_plain $(H_BUILD)/fuzz_replay_plain \
            $(H_BUILD)/test_attention_plain
 
@@ -140,7 +141,7 @@ $(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 # our tests take EI_TEST_SIMD. The fuzz replay leaves library-written memory
 # uninitialised (EI_FUZZ_POISON=none) so memcheck sees any read of it.
 test-valgrind: $(H_VG_BINS)
-	@command -v $(VALGRIND) >/dev/null || { echo "test-valgrind needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
+	@command -v $(H_VALGRIND) >/dev/null || { echo "test-valgrind needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
 	@fail=""; \
 	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(H_BUILD)/last.log 2>&1 || \
 	  { grep -v '^==[0-9]*== \( \|$$\)' $(H_BUILD)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(H_BUILD)/last.log; }; \
