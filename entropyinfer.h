@@ -40,7 +40,7 @@
        ei_context_destroy(ctx); free(plan_mem); free(ws); free(ws2);
 
    Engines that prefill in micro-batches use ei_profile_chunk (PROTOCOLS);
-   README.md shows decode compression and the thread helpers.
+   docs/integration.md shows decode compression and the thread helpers.
 
    BUILD OPTIONS (define before the implementation include)
    =============
@@ -482,7 +482,7 @@ typedef struct ei_config {
 
 EIDEF ei_config ei_config_default(void);
 /* The paper's configuration with the ranking and budgets that measured best
-   on real models (README, "Block ranking beyond the paper"). */
+   on real models (docs/quality.md, "Block ranking beyond the paper"). */
 EIDEF ei_config ei_config_quality(void);
 
 /* ---------------------------------------------------------------- context */
@@ -2223,7 +2223,7 @@ EIDEF ei_config ei_config_default(void) {
     return c;
 }
 
-/* The values measured best on real models (README, "Block ranking beyond
+/* The values measured best on real models (docs/quality.md, "Block ranking beyond
    the paper"): the paper's segments, blocks, threshold and base budget, the
    sampled ranking with top-p counts (cap 4x base) and sink/local blocks. */
 EIDEF ei_config ei_config_quality(void) {
@@ -4755,8 +4755,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    allocation, no globals.
 
    Measured figures (GFLOP/s against the machine's FMA peak, sparse against
-   dense, ggml's flash attention on the same cores) live in README.md's
-   Performance section, not here; `make bench-run` reproduces them. */
+   dense, ggml's flash attention on the same cores) live in
+   docs/performance.md, not here; `make bench-run` reproduces them. */
 
 #define EI__ATTN_NK 64       /* keys per key tile (multiple of 8) */
 #define EI__ATTN_MAX_GT 8    /* query heads per tile */

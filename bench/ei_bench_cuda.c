@@ -52,8 +52,8 @@
    Measured 2026-12-02 (one H200, CUDA 13.0, driver 580.159.04, torch 2.11):
    profile + sparse vs SDPA dense at 30% density 1.44x / 1.65x / 1.80x at
    32k / 64k / 128k, at 50% 0.89x / 1.00x / 1.08x; dense with f32 q 21.17 /
-   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (README.md,
-   GPU tables). */
+   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (docs/performance.md,
+   GPU). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
