@@ -14,11 +14,15 @@
 #                                the same edges (libFuzzer -merge=1 -use_counters=0)
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
-#                                test_threads, test_attention, test_plugin, fuzz replay
+#                                test_threads, test_attention --quick, test_plugin, fuzz replay
+#   make test-asan-full          the same with the whole test_attention
 #   make test-tsan               ThreadSanitizer: test_threads (phases split by barriers,
 #                                then by thread create/join: EI_TEST_SYNC), test_core
 #   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full, on the
-#                                scalar and AVX2 paths (valgrind has no AVX-512)
+#                                scalar and AVX2 paths (valgrind has no AVX-512): test_core,
+#                                test_limits, fuzz corpus, test_attention --quick
+#   make test-valgrind-full      the same and test_threads on both paths
+# Builds and runs go H_JOBS at a time (default: the CPU count).
 #   make test-hardening          test-asan + test-tsan + test-limits (tests/tests.mk)
 # clang with its runtime: tests/install_clang_rt.sh (--valgrind also installs valgrind).
 
@@ -47,7 +51,7 @@ H_SAN_ENV    := ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 H_TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: fuzz fuzz-merge fuzz-replay test-asan test-tsan test-valgrind test-hardening
+.PHONY: fuzz fuzz-merge fuzz-replay test-asan test-asan-full h-asan-bins test-tsan test-valgrind test-valgrind-full test-hardening
 
 $(H_BUILD):
 	mkdir -p $(H_BUILD)
@@ -102,29 +106,53 @@ $(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
 H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
              $(H_BUILD)/test_attention_asan $(H_BUILD)/test_plugin_asan
 
-# Every step runs; the target fails at the end if any failed.
-test-asan: $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan $(T_FAKES)
-	@fail=""; \
-	run() { echo "== asan: $$*"; env $(H_SAN_ENV) "$$@" > $(H_BUILD)/last.log 2>&1 || { grep -v '^    #[0-9]' $(H_BUILD)/last.log | grep -m30 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error'; fail="$$fail $$1"; }; tail -1 $(H_BUILD)/last.log; }; \
-	run $(H_BUILD)/test_core_asan; \
-	run $(H_BUILD)/golden_runner_asan $(H_GOLDEN); \
-	run $(H_BUILD)/test_limits_asan; \
-	run $(H_BUILD)/test_threads_asan; \
-	run $(H_BUILD)/test_attention_asan; \
-	run $(H_BUILD)/test_plugin_asan $(H_OUT); \
-	run $(H_SUBMAKE) fuzz-replay; \
-	if [ -n "$$fail" ]; then echo "test-asan: FAILED:$$fail"; exit 1; fi; echo "test-asan: all passed"
+# The sanitizer and memcheck builds are made H_JOBS at a time (unless the
+# caller's make already runs jobs: then its jobserver decides), and each run
+# is a target of its own (h-run-<label>), so `make -jN` runs them side by side;
+# each writes $(H_BUILD)/<kind>-<label>.log, prints its last line, or its
+# findings and fails.
+H_JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+H_J           = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(H_JOBS))
+# h_run KIND LABEL CMD: one run, its log, its verdict
+h_run = echo "== $(1): $(2)"; $(3) > $(H_BUILD)/$(1)-$(subst /,.,$(2)).log 2>&1 || \
+	{ grep -v '^    \#[0-9]\|^==[0-9]*== \( \|$$\)' $(H_BUILD)/$(1)-$(subst /,.,$(2)).log | \
+	  grep -m40 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error\|==[0-9]*=='; echo "$(1): $(2) FAILED"; exit 1; }; \
+	tail -1 $(H_BUILD)/$(1)-$(subst /,.,$(2)).log
+
+# ASan + UBSan runs: test-asan the fast set (test_attention on --quick: `make
+# test` already runs the whole test_attention under ASan+UBSan, t_asan_gcc),
+# test-asan-full everything at full size.
+h_asan_test_core      = $(H_BUILD)/test_core_asan
+h_asan_golden         = $(H_BUILD)/golden_runner_asan $(H_GOLDEN)
+h_asan_test_limits    = $(H_BUILD)/test_limits_asan
+h_asan_test_threads   = $(H_BUILD)/test_threads_asan
+h_asan_test_attention = $(H_BUILD)/test_attention_asan --quick
+h_asan_test_attention_full = $(H_BUILD)/test_attention_asan
+h_asan_test_plugin    = $(H_BUILD)/test_plugin_asan $(H_OUT)
+h_asan_fuzz_replay    = $(H_SUBMAKE) fuzz-replay
+H_ASAN_RUNS      := test_core golden test_limits test_threads test_attention test_plugin fuzz_replay
+H_ASAN_RUNS_FULL := $(subst test_attention,test_attention_full,$(H_ASAN_RUNS))
+h-run-asan-%:
+	@$(call h_run,asan,$*,env $(H_SAN_ENV) $(h_asan_$*))
+h-asan-bins:
+	@$(H_SUBMAKE) $(H_J) $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan $(T_FAKES)
+test-asan test-asan-full: h-asan-bins
+	@$(H_SUBMAKE) -k $(H_J) $(addprefix h-run-asan-,$(if $(filter %-full,$@),$(H_ASAN_RUNS_FULL),$(H_ASAN_RUNS))) \
+	  || { echo "$@: FAILED"; exit 1; }; echo "$@: all passed"
 
 # ---------------------------------------------------------------- ThreadSanitizer
 $(H_BUILD)/%_tsan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_TSAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
-test-tsan: $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
-	$(H_TSAN_ENV) EI_TEST_SYNC=barrier $(H_BUILD)/test_threads_tsan
-	$(H_TSAN_ENV) EI_TEST_SYNC=join $(H_BUILD)/test_threads_tsan
-	$(H_TSAN_ENV) $(H_BUILD)/test_core_tsan > $(H_BUILD)/test_core_tsan.log 2>&1 || { tail -40 $(H_BUILD)/test_core_tsan.log; exit 1; }
-	@tail -1 $(H_BUILD)/test_core_tsan.log
-	@echo "test-tsan: no data race"
+h_tsan_threads_barrier = env $(H_TSAN_ENV) EI_TEST_SYNC=barrier $(H_BUILD)/test_threads_tsan
+h_tsan_threads_join    = env $(H_TSAN_ENV) EI_TEST_SYNC=join $(H_BUILD)/test_threads_tsan
+h_tsan_test_core       = env $(H_TSAN_ENV) $(H_BUILD)/test_core_tsan
+h-run-tsan-%:
+	@$(call h_run,tsan,$*,$(h_tsan_$*))
+test-tsan:
+	@$(H_SUBMAKE) $(H_J) $(H_BUILD)/test_threads_tsan $(H_BUILD)/test_core_tsan
+	@$(H_SUBMAKE) -k $(H_J) h-run-tsan-threads_barrier h-run-tsan-threads_join h-run-tsan-test_core \
+	  || { echo "test-tsan: FAILED"; exit 1; }; echo "test-tsan: no data race"
 
 # ---------------------------------------------------------------- valgrind memcheck
 $(H_BUILD)/%_plain: tests/%.c $(H_HDR) | $(H_BUILD)
@@ -140,19 +168,25 @@ $(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 # test_core loops over the paths cpuid reports (under valgrind: no AVX-512);
 # our tests take EI_TEST_SIMD. The fuzz replay leaves library-written memory
 # uninitialised (EI_FUZZ_POISON=none) so memcheck sees any read of it.
-test-valgrind: $(H_VG_BINS)
-	@command -v $(H_VALGRIND) >/dev/null || { echo "test-valgrind needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
-	@fail=""; \
-	run() { label=$$1; shift; echo "== valgrind: $$label"; "$$@" > $(H_BUILD)/last.log 2>&1 || \
-	  { grep -v '^==[0-9]*== \( \|$$\)' $(H_BUILD)/last.log | grep -m40 'FAIL\|==[0-9]*==\|oracle'; fail="$$fail $$label"; }; tail -1 $(H_BUILD)/last.log; }; \
-	run test_core $(H_VG) $(H_BUILD)/test_core_plain; \
-	for simd in scalar avx2; do \
-	  run test_limits/$$simd env EI_TEST_SIMD=$$simd $(H_VG) $(H_BUILD)/test_limits_plain; \
-	  run test_threads/$$simd env EI_TEST_SIMD=$$simd EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain; \
-	done; \
-	run fuzz_corpus env EI_FUZZ_POISON=none $(H_VG) $(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus; \
-	run test_attention $(H_VG) $(H_BUILD)/test_attention_plain --quick; \
-	if [ -n "$$fail" ]; then echo "test-valgrind: FAILED:$$fail"; exit 1; fi; echo "test-valgrind: memcheck clean"
+# test-valgrind: every program but test_threads (about 50x slower under
+# memcheck, which runs a process's threads one at a time; ASan and TSan run it
+# in test-asan and test-tsan); test-valgrind-full adds test_threads on both paths.
+h_vg_test_core          = $(H_VG) $(H_BUILD)/test_core_plain
+h_vg_test_limits/scalar = env EI_TEST_SIMD=scalar $(H_VG) $(H_BUILD)/test_limits_plain
+h_vg_test_limits/avx2   = env EI_TEST_SIMD=avx2 $(H_VG) $(H_BUILD)/test_limits_plain
+h_vg_test_threads/scalar = env EI_TEST_SIMD=scalar EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
+h_vg_test_threads/avx2  = env EI_TEST_SIMD=avx2 EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
+h_vg_fuzz_corpus        = env EI_FUZZ_POISON=none $(H_VG) $(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus
+h_vg_test_attention     = $(H_VG) $(H_BUILD)/test_attention_plain --quick
+H_VG_RUNS      := test_core test_limits/scalar test_limits/avx2 fuzz_corpus test_attention
+H_VG_RUNS_FULL := $(H_VG_RUNS) test_threads/scalar test_threads/avx2
+h-run-vg-%:
+	@$(call h_run,valgrind,$*,$(h_vg_$*))
+test-valgrind test-valgrind-full:
+	@command -v $(H_VALGRIND) >/dev/null || { echo "$@ needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
+	@$(H_SUBMAKE) $(H_J) $(H_VG_BINS)
+	@$(H_SUBMAKE) -k $(H_J) $(addprefix h-run-vg-,$(if $(filter %-full,$@),$(H_VG_RUNS_FULL),$(H_VG_RUNS))) \
+	  || { echo "$@: FAILED"; exit 1; }; echo "$@: memcheck clean"
 
 # ---------------------------------------------------------------- all three
 test-hardening:
