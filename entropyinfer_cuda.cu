@@ -1873,6 +1873,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, unsigned tx
     (void)bar; (void)tx;
 #endif
 }
+/* this thread's arrival */
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#else
+    (void)bar;
+#endif
+}
 /* waits until the phase of the given parity has completed */
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #ifdef EI_WGMMA
@@ -2054,9 +2062,10 @@ struct KeyList {
    latency-bound (no stall breakdown there: no PC sampling on that machine).
    Within a warpgroup S, softmax and P V run in series, and the other three
    warpgroups on the SM fill the tensor pipe's gaps only partly. */
-template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, bool TMA = false>
+template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
-    attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<TMA, AttnMaps, AttnNoMaps>::type tm) {
+    attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
+    constexpr bool TMA = TM > 0; /* TM 1: TMA tiles, one CTA barrier per tile; 2: TMA tiles handed over by mbarriers only */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
@@ -2078,6 +2087,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
     __shared__ int kpos[2][BC];
     __shared__ uint64_t tbar[2]; /* TMA: buffer b's copies complete on tbar[b] */
+    __shared__ uint64_t ebar[2]; /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
 
     if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
     /* ---- work item: segments from the last (heaviest) down */
@@ -2146,35 +2156,48 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         if (tid == 0) {
             mbar_init(&tbar[0], 1);
             mbar_init(&tbar[1], 1);
+            mbar_init(&ebar[0], NW);
+            mbar_init(&ebar[1], NW);
         }
         __syncthreads();
     }
+    /* Whether tile j can come by TMA (warp-uniform, the same in every warp;
+       j past the last tile: true): each lane looks at one 8-key group g of the
+       tile; its keys are consecutive and valid when it lies in one kept block
+       (block size a multiple of 8) or in the own keys; pos: the group's first key. */
+    auto tma_ok = [&](int j, int &pos) -> bool {
+        constexpr int NG = BC / 8;
+        int g = lane % NG, i = j * BC + 8 * g;
+        bool ok;
+        pos = 0;
+        if (j >= ntiles) return true;
+        if (i + 8 <= kl.kept_len) {
+            int b = kl.brow[i / kl.bs];
+            pos = b * kl.bs + i % kl.bs;
+            ok = (kl.bs & 7) == 0 && b >= 0 && b < kl.seg_first_block;
+        } else {
+            pos = kl.base_pos + (i - kl.kept_len);
+            ok = i >= kl.kept_len && i - kl.kept_len + 8 <= kl.own_len;
+        }
+        return __all_sync(0xffffffffu, ok);
+    };
     auto issue = [&](int j, int buf) -> int {
         uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
         bool tma_done = false;
         if constexpr (TMA) {
-            /* Each lane looks at one 8-key group g of the tile (the same in every
-               warp): its keys are consecutive and valid when it lies in one kept
-               block (block size a multiple of 8) or in the own keys. When every
-               group is, warp 0 copies the tile with TMA: one box of BC keys per
-               64 columns of K and of V when the groups follow on (dense tiles),
-               else one 8-key box per group (gathered blocks); any other tile
-               (padding, the causal end, other block sizes) takes the cp.async path. */
+            /* When every 8-key group of the tile allows it (tma_ok), warp 0 copies
+               the tile with TMA: one box of BC keys per 64 columns of K and of V
+               when the groups follow on (dense tiles), else one 8-key box per
+               group (gathered blocks); any other tile (padding, the causal end,
+               other block sizes) takes the cp.async path. */
             constexpr int NG = BC / 8, NS = D / 64;
-            int g = lane % NG, i = j * BC + 8 * g, pos;
-            bool ok;
-            if (i + 8 <= kl.kept_len) {
-                int b = kl.brow[i / kl.bs];
-                pos = b * kl.bs + i % kl.bs;
-                ok = (kl.bs & 7) == 0 && b >= 0 && b < kl.seg_first_block;
-            } else {
-                pos = kl.base_pos + (i - kl.kept_len);
-                ok = i >= kl.kept_len && i - kl.kept_len + 8 <= kl.own_len;
-            }
-            if (__all_sync(0xffffffffu, ok)) {
+            int g = lane % NG, pos;
+            if (tma_ok(j, pos)) {
                 int pos0 = __shfl_sync(0xffffffffu, pos, 0);
                 bool contig = __all_sync(0xffffffffu, pos == pos0 + 8 * g);
                 if (warp == 0) {
+                    /* TM 2: the buffer's last tile (j - 2) read by every warp */
+                    if (TM == 2 && j >= 2) mbar_wait(&ebar[buf], ((j >> 1) - 1) & 1);
                     if (lane == 0) mbar_arrive_expect_tx(&tbar[buf], 2u * BC * D * (unsigned)sizeof(T));
                     __syncwarp();
                     if (contig) {
@@ -2196,6 +2219,13 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
                 }
                 tma_pend |= 1u << buf;
                 tma_done = true;
+                if (TM == 2) {
+                    /* no kpos (warps may still read the buffer's last tile): the mask
+                       of a TMA tile follows from the key index (tma_masked); it needs one
+                       when its last key is an own key past the first row's token */
+                    int last = j * BC + BC - 1 - kl.kept_len;
+                    return last >= 0 && kl.base_pos + last > t0;
+                }
             }
         }
         for (int c = tma_done ? BC * CH : tid; c < BC * CH; c += NT) {
@@ -2253,6 +2283,19 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
             for (int e = 0; e < 4; e++) {
                 int key = nt * 8 + (lane & 3) * 2 + (e & 1);
                 if (kpos[buf][key] > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
+            }
+    };
+    /* TM 2, a TMA tile (every key valid; kept keys lie before every row's
+       token): own key i of tile j sits at base_pos + j*BC + key - kept_len */
+    auto tma_masked = [&](float (&s)[NB][4], int mt, int j) {
+        int tk0 = row_token(mt, 0), tk1 = row_token(mt, 1);
+        int first = j * BC - kl.kept_len; /* own-key index of the tile's key 0 */
+#pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = first + nt * 8 + (lane & 3) * 2 + (e & 1);
+                if (i >= 0 && kl.base_pos + i > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
             }
     };
     /* online softmax, in place: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2),
@@ -2334,10 +2377,12 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
         cp_async_commit();
         const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
+        bool cur_tma = false;
         if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
             mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
             tma_par ^= 1u << buf;
             tma_pend &= ~(1u << buf);
+            cur_tma = true;
         }
 
         /* one key tile; masked = true only on tiles that reach past the first row's
@@ -2383,7 +2428,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 float al0, al1;
-                if constexpr (decltype(masked)::value) mask_scores(sc[mt], mt, buf);
+                if constexpr (decltype(masked)::value) {
+                    if (TM == 2 && cur_tma) tma_masked(sc[mt], mt, j);
+                    else mask_scores(sc[mt], mt, buf);
+                }
                 if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
             }
             /* O += P V */
@@ -2397,6 +2445,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
                 wg_pv(pa, bV);
                 wgmma_commit();
                 wgmma_wait_all();
+                if (TM == 2) { /* this warp is done with the buffer */
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&ebar[buf]);
+                }
 #pragma unroll
                 for (int t = 0; t < NB / 2; t++)
 #pragma unroll
@@ -2423,9 +2475,16 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         };
         if (need_cur) tile(std::true_type{});
         else tile(std::false_type{});
-        cp_async_wait_all();
-        if (WG) fence_proxy_async();
-        need_cur = __syncthreads_or(need_next);
+        /* TM 2: no CTA barrier while the next two tiles come by TMA (the
+           buffers change hands through tbar / ebar, masks need no kpos) */
+        int pos_unused;
+        if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
+            need_cur = need_next;
+        } else {
+            cp_async_wait_all();
+            if (WG) fence_proxy_async();
+            need_cur = __syncthreads_or(need_next);
+        }
     }
     /* ---- normalise and write */
 #pragma unroll
@@ -2465,19 +2524,19 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         }
 }
 
-template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, bool TMA = false>
+template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = WG ? (size_t)(16 * NW * MT + 4 * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
-    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TMA>,
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    typename std::conditional<TMA, AttnMaps, AttnNoMaps>::type tm;
-    if constexpr (TMA) tm = *maps;
+    typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm;
+    if constexpr (TM > 0) tm = *maps;
     else {
         (void)maps;
         tm.unused = 0;
     }
-    attention_kernel<D, NW, MT, BC, T, WG, VEC, TMA><<<grid, NW * 32, smem, st>>>(p, tm);
+    attention_kernel<D, NW, MT, BC, T, WG, VEC, TM><<<grid, NW * 32, smem, st>>>(p, tm);
     LAUNCH_CHECK("attention_kernel");
     return EI_OK;
 }
@@ -2538,7 +2597,7 @@ static bool wgmma_available(void) {
     cudaDeviceProp prop;
     cudaFuncAttributes fa;
     bool ok = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major == 9 && prop.minor == 0 &&
-              cudaFuncGetAttributes(&fa, attention_kernel<128, 8, 1, 128, __nv_bfloat16, true, true, false>) == cudaSuccess &&
+              cudaFuncGetAttributes(&fa, attention_kernel<128, 8, 1, 128, __nv_bfloat16, true, true, 0>) == cudaSuccess &&
               fa.binaryVersion == 90;
     if (dev < 64) known[dev] = ok ? 2 : 1;
     return ok;
@@ -2551,8 +2610,10 @@ static bool wgmma_available(void) {
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
    Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step),
    "wgt64" / "wgt128" (the same with K/V tiles copied by TMA where the keys
-   allow it: *wg = 2), or "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in
-   {64,32} (B = 32 with M = 2 and head_dim 128 only). */
+   allow it: *wg = 2), "wgp64" / "wgp128" (TMA, and no CTA barrier between
+   TMA tiles: the two warpgroups drift apart up to a tile; *wg = 3), or
+   "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
+   M = 2 and head_dim 128 only). */
 static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     const char *e = getenv("EI_CUDA_ATTN_CFG");
     *nw = 8;
@@ -2561,9 +2622,9 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     *wg = 0;
     if (D == 256) { *nw = 4; *mt = 1; return; }
     if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
-        *wg = (e && !strncmp(e, "wgt", 3)) ? 2 : 1;
+        *wg = (e && !strncmp(e, "wgt", 3)) ? 2 : (e && !strncmp(e, "wgp", 3)) ? 3 : 1;
         *mt = 1;
-        *bc = (e && (!strcmp(e, "wg128") || !strcmp(e, "wgt128"))) ? 128 : 64;
+        *bc = (e && (!strcmp(e, "wg128") || !strcmp(e, "wgt128") || !strcmp(e, "wgp128"))) ? 128 : 64;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2734,14 +2795,20 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
 #define EI__ATT_WG(DD, BB, WW)                                                                    \
     return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, WW>(p, maps, grid, st, msg)         \
               : launch_attention<DD, 8, 1, BB, __half, WW>(p, maps, grid, st, msg)
-#define EI__ATT_TMA(DD, BB)                                                                       \
-    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, true, true, true>(p, maps, grid, st, msg) \
-              : launch_attention<DD, 8, 1, BB, __half, true, true, true>(p, maps, grid, st, msg)
+#define EI__ATT_TMA(DD, BB, TT)                                                                   \
+    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, true, true, TT>(p, maps, grid, st, msg) \
+              : launch_attention<DD, 8, 1, BB, __half, true, true, TT>(p, maps, grid, st, msg)
     if (WGK == 2 && maps) {
-        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64);
-        if (D == 64) EI__ATT_TMA(64, 128);
-        if (BCK == 64) EI__ATT_TMA(128, 64);
-        EI__ATT_TMA(128, 128);
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 1);
+        if (D == 64) EI__ATT_TMA(64, 128, 1);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 1);
+        EI__ATT_TMA(128, 128, 1);
+    }
+    if (WGK == 3 && maps) {
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 2);
+        if (D == 64) EI__ATT_TMA(64, 128, 2);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 2);
+        EI__ATT_TMA(128, 128, 2);
     }
 #undef EI__ATT_TMA
     if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64, true);
@@ -2850,7 +2917,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     sp.suspect = suspect;
     p.bad = slot;
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)) ||
-        (r = attention_launch(p, WGK == 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec,
+        (r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec,
                               (unsigned)grid, st, msg)))
         return r;
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
