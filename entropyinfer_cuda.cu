@@ -2065,7 +2065,9 @@ struct KeyList {
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
-    constexpr bool TMA = TM > 0; /* TM 1: TMA tiles, one CTA barrier per tile; 2: TMA tiles handed over by mbarriers only */
+    /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
+       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only */
+    constexpr bool TMA = TM > 0;
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
@@ -2219,10 +2221,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
                 }
                 tma_pend |= 1u << buf;
                 tma_done = true;
-                if (TM == 2) {
-                    /* no kpos (warps may still read the buffer's last tile): the mask
-                       of a TMA tile follows from the key index (tma_masked); it needs one
-                       when its last key is an own key past the first row's token */
+                if (TM >= 2) {
+                    /* no kpos (TM 2: warps may still read the buffer's last tile): the
+                       mask of a TMA tile follows from the key index (tma_masked); it needs
+                       one when its last key is an own key past the first row's token */
                     int last = j * BC + BC - 1 - kl.kept_len;
                     return last >= 0 && kl.base_pos + last > t0;
                 }
@@ -2285,7 +2287,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
                 if (kpos[buf][key] > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
             }
     };
-    /* TM 2, a TMA tile (every key valid; kept keys lie before every row's
+    /* TM 2 / 3, a TMA tile (every key valid; kept keys lie before every row's
        token): own key i of tile j sits at base_pos + j*BC + key - kept_len */
     auto tma_masked = [&](float (&s)[NB][4], int mt, int j) {
         int tk0 = row_token(mt, 0), tk1 = row_token(mt, 1);
@@ -2429,7 +2431,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
             for (int mt = 0; mt < MT; mt++) {
                 float al0, al1;
                 if constexpr (decltype(masked)::value) {
-                    if (TM == 2 && cur_tma) tma_masked(sc[mt], mt, j);
+                    if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
                     else mask_scores(sc[mt], mt, buf);
                 }
                 if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
@@ -2610,8 +2612,10 @@ static bool wgmma_available(void) {
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
    Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step),
    "wgt64" / "wgt128" (the same with K/V tiles copied by TMA where the keys
-   allow it: *wg = 2), "wgp64" / "wgp128" (TMA, and no CTA barrier between
-   TMA tiles: the two warpgroups drift apart up to a tile; *wg = 3), or
+   allow it: *wg = 2), "wgk64" / "wgk128" (as wgt, the TMA tiles' masks from
+   key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
+   CTA barrier between TMA tiles: the two warpgroups drift apart up to a
+   tile; *wg = 3), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
@@ -2622,9 +2626,12 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     *wg = 0;
     if (D == 256) { *nw = 4; *mt = 1; return; }
     if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
-        *wg = (e && !strncmp(e, "wgt", 3)) ? 2 : (e && !strncmp(e, "wgp", 3)) ? 3 : 1;
+        /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
+        size_t n = e ? strlen(e) : 0;
+        bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : 1;
         *mt = 1;
-        *bc = (e && (!strcmp(e, "wg128") || !strcmp(e, "wgt128") || !strcmp(e, "wgp128"))) ? 128 : 64;
+        *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2809,6 +2816,12 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (D == 64) EI__ATT_TMA(64, 128, 2);
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
+    }
+    if (WGK == 4 && maps) {
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
+        if (D == 64) EI__ATT_TMA(64, 128, 3);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 3);
+        EI__ATT_TMA(128, 128, 3);
     }
 #undef EI__ATT_TMA
     if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64, true);
