@@ -44,7 +44,8 @@
                               rows), the key-block store, the budget
                               recurrence of ei__chunk_recurrence)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
-                              cores (wgmma on Hopper, mma.sync elsewhere)
+                              cores (wgmma on Hopper, its K/V tiles copied by
+                              TMA where the keys allow; mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
                               query heads of a kv group packed in one CTA so a
                               gathered K/V tile is read once for the group;
@@ -2061,7 +2062,38 @@ struct KeyList {
    allow 2 CTAs), 6.9 cycles between a warp's instructions: ncu calls it
    latency-bound (no stall breakdown there: no PC sampling on that machine).
    Within a warpgroup S, softmax and P V run in series, and the other three
-   warpgroups on the SM fill the tensor pipe's gaps only partly. */
+   warpgroups on the SM fill the tensor pipe's gaps only partly.
+   TMA (issue 32; TM > 0, EI_CUDA_ATTN_CFG=wgk64 the default on Hopper, wg64
+   the cp.async kernel above): when every 8-key group of a tile is 8
+   consecutive valid keys (a kept block of a block size divisible by 8, or
+   own keys below the segment's end), lane 0 of warp 0 announces the tile's
+   bytes on the buffer's mbarrier and warp 0 copies it with the bulk tensor
+   copy engine: one BC x 64 box per 64 columns of K and of V for a run of
+   consecutive keys (dense tiles), else one 8 x 64 box (one 1024-byte swizzle
+   unit) per group; the boxes land 128-byte swizzled where the cp.async
+   tiles would. Tiles with padding or a partial group (the causal end, other
+   block sizes) stay on cp.async. The tensor maps (rank 3: head_dim, kv
+   heads, tokens) are encoded per call with cuTensorMapEncodeTiled from the
+   runtime's driver entry point (no libcuda link); views they cannot describe
+   run wg64. TM 3 (wgk) also takes the mask and its flag of a TMA tile from
+   the key indices (no kpos writes); TM 2 (wgp) moreover drops the CTA
+   barrier between TMA tiles (empty mbarriers per buffer, one arrival per
+   warp and tile; the warpgroups drift up to a tile apart). Dense / sparse ms
+   on an H200 (`EI_BENCH_SHAPES=wgk64,wgt64,wg64,wgk128 ./build/ei_bench_cuda
+   32768 65536 131072`, CUDA 13.0, driver 580.159.04, 2026-12-03; SDPA 13.96
+   / 58.71 / 250.60 ms; a first run with wgt64/wgp64/wgt128/wgp128 in brackets):
+     wg64  (cp.async)     21.70 / 85.32 / 343.89   sparse 4.78 / 9.55 / 19.05   [21.33 / 86.21 / 347.37]
+     wgt64 (TM 1)         18.59 / 74.88 / 298.52   sparse 4.63 / 9.22 / 18.01   [18.34 / 75.62 / 299.94]
+     wgk64 (TM 3)         17.80 / 70.83 / 298.52   sparse 4.38 / 8.97 / 16.88
+     wgk128 (TM 3)        18.71 / 76.99 / 298.81   sparse 5.29 / 10.82 / 21.28  [wgt128 18.94 / 77.06 / 304.03]
+     wgp64 / wgp128 (TM 2) [21.81 / 90.85 / 379.12, 19.10 / 77.58 / 315.27]
+   so wgk64 runs at 0.78 / 0.83 / 0.84 of SDPA's speed (was 0.64 / 0.69 /
+   0.73), sparse efficiency (bench: useful TFLOP/s over dense) 0.68 / 0.67 /
+   0.76 (dense gained more than sparse). wgp64 spills 84 bytes at its 128
+   registers (wgt64 / wgk64 36, wg64 28; ptxas injects a warpgroup.arrive in
+   wgt64 / wgk64, C7519); wgp128 spills nothing and is still no faster than
+   with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
+   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
@@ -2608,7 +2640,8 @@ static bool wgmma_available(void) {
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
    Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
-   rows) x 64 keys, 2 CTAs per SM. Elsewhere mma.sync, 8x2x64 for head_dim <=
+   rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
+   where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
    Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step),
    "wgt64" / "wgt128" (the same with K/V tiles copied by TMA where the keys
