@@ -24,7 +24,7 @@
 CUDA_NVCC ?= nvcc
 CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
                -gencode arch=compute_90,code=compute_90
-CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo
+CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo --threads 0
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 CUDA_GOLDEN ?= $(GOLDEN)
 
