@@ -67,6 +67,13 @@ T_TOP    := $(firstword $(MAKEFILE_LIST))
 T_BUILDJ  = $(MAKE) --no-print-directory -f $(T_TOP) $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(T_JOBS))
 # run NAME CMD...: one line per program (its last line), its whole output on
 # failure; every program runs, the recipe fails at the end (if [ -n "$$fail" ]).
+# t-run-LABEL runs t_cmd_LABEL as a target of its own, so that t_runj runs a
+# list of them T_JOBS at a time (programs under qemu or memcheck run on one
+# core each): one line per program, its whole output on failure.
+t-run-%:
+	@mkdir -p $(T_LOGS); if $(t_cmd_$*) > $(T_LOGS)/$*.log 2>&1; then printf '  %-34s %s\n' "$*" "$$(tail -1 $(T_LOGS)/$*.log)"; \
+	else cat $(T_LOGS)/$*.log; echo "FAIL $*: $(t_cmd_$*)"; exit 1; fi
+t_runj   = $(T_BUILDJ) -k $(addprefix t-run-,$(1))
 T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
              if "$$@" > $(T_LOGS)/$$name.log 2>&1; then printf '  %-34s %s\n' "$$name" "$$(tail -1 $(T_LOGS)/$$name.log)"; \
              else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
@@ -225,19 +232,24 @@ test-harness-selftest: $(T_BUILD)/golden_runner
 # internal compiler error (vect_transform_reduction) vectorising a loop of
 # the test's own test_chunked_planning; the library's code is not affected.
 T_ARM64_CC ?= aarch64-linux-gnu-gcc
-T_ARM64_RUN = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max
+T_ARM64_RUN = env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max
+$(T_BUILD)/arm64/%: tests/%.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(T_ARM64_CC) $(T_C) -O2 $(T_ARM64_FLAGS) $(T_WARN) -I. $< -o $@ -lm -lpthread
+$(T_BUILD)/arm64/test_attention: T_ARM64_FLAGS := -fno-tree-loop-vectorize
+$(T_BUILD)/arm64/test_core_noneon: tests/test_core.c $(T_DEPS)
+	@mkdir -p $(@D)
+	$(T_ARM64_CC) $(T_C) -O2 -DEI_NO_NEON $(T_WARN) -I. $< -o $@ -lm -lpthread
+T_ARM64_PROGS := test_core test_core_noneon golden_runner test_limits test_attention
+t_cmd_arm64_test_core        = $(T_ARM64_RUN) $(T_BUILD)/arm64/test_core
+t_cmd_arm64_test_core_noneon = $(T_ARM64_RUN) $(T_BUILD)/arm64/test_core_noneon
+t_cmd_arm64_golden           = $(T_ARM64_RUN) $(T_BUILD)/arm64/golden_runner $(T_GOLDEN)
+t_cmd_arm64_test_limits      = $(T_ARM64_RUN) $(T_BUILD)/arm64/test_limits
+t_cmd_arm64_test_attention   = $(T_ARM64_RUN) $(T_BUILD)/arm64/test_attention --quick
 test-arm64:
-	@mkdir -p $(T_BUILD)
-	$(T_ARM64_CC) $(T_C) -O2 $(T_WARN) tests/test_core.c -o $(T_BUILD)/test_core_arm64 -lm -lpthread
-	$(T_ARM64_CC) $(T_C) -O2 $(T_WARN) -DEI_NO_NEON tests/test_core.c -o $(T_BUILD)/test_core_arm64_noneon -lm -lpthread
-	$(T_ARM64_CC) $(T_C) -O2 $(T_WARN) tests/golden_runner.c -o $(T_BUILD)/golden_runner_arm64 -lm -lpthread
-	$(T_ARM64_CC) $(T_C) -O2 $(T_WARN) tests/test_limits.c -o $(T_BUILD)/test_limits_arm64 -lm -lpthread
-	$(T_ARM64_CC) $(T_C) -O2 -fno-tree-loop-vectorize $(T_WARN) tests/test_attention.c -o $(T_BUILD)/test_attention_arm64 -lm -lpthread
-	$(T_ARM64_RUN) $(T_BUILD)/test_core_arm64
-	$(T_ARM64_RUN) $(T_BUILD)/test_core_arm64_noneon
-	$(T_ARM64_RUN) $(T_BUILD)/golden_runner_arm64 $(T_GOLDEN)
-	$(T_ARM64_RUN) $(T_BUILD)/test_limits_arm64
-	$(T_ARM64_RUN) $(T_BUILD)/test_attention_arm64 --quick
+	@$(T_BUILDJ) $(addprefix $(T_BUILD)/arm64/,$(T_ARM64_PROGS))
+	@$(call t_runj,arm64_test_core arm64_test_core_noneon arm64_golden arm64_test_limits arm64_test_attention) \
+	  || { echo "test-arm64: FAILED"; exit 1; }; echo "test-arm64: 5 programs passed"
 # One tile (tests/insn_tile.c) per kernel and dtype; the counting: tests/insn_count.sh.
 insn-count-arm64:
 	@mkdir -p $(T_BUILD)
@@ -248,7 +260,7 @@ insn-count-arm64:
 # Debian: gcc-i686-linux-gnu libc6-dev-i386-cross (runs natively on an x86-64
 # kernel with libc6-i386; T_I386_RUN=qemu-i386 where it does not), and
 # gcc-arm-linux-gnueabihf libc6-dev-armhf-cross qemu-user (.ci/run installs them).
-# The four programs of each are built in parallel (T_BUILDJ), then run in turn.
+# The programs of each are built in parallel (T_BUILDJ), then run T_JOBS at a time.
 # _FILE_OFFSET_BITS=64: the golden runner's readdir fails (EOVERFLOW) on file
 # systems with 64-bit inode numbers otherwise (seen under qemu-arm); the
 # library itself does no file I/O.
@@ -264,13 +276,16 @@ $(T_BUILD)/i386/%: tests/%.c $(T_DEPS)
 $(T_BUILD)/armhf/%: tests/%.c $(T_DEPS)
 	@mkdir -p $(@D)
 	$(T_ARMHF_CC) $(T_X32_C) -O2 -march=armv7-a -mfpu=neon -mfloat-abi=hard $(T_WARN) -I. $< -o $@ $(T_LDLIBS)
-# t_x32_run ARCH RUNNER: the four programs, test_attention on --quick (CI's time budget)
-t_x32_run = $(T_RUN); run $(1)_test_core $(2) $(T_BUILD)/$(1)/test_core; run $(1)_test_limits $(2) $(T_BUILD)/$(1)/test_limits; \
-	run $(1)_golden $(2) $(T_BUILD)/$(1)/golden_runner $(T_GOLDEN); run $(1)_test_attention $(2) $(T_BUILD)/$(1)/test_attention --quick; \
-	if [ -n "$$fail" ]; then echo "test-$(1): FAILED:$$fail"; exit 1; fi; echo "test-$(1): 4 programs passed"
+# The four programs of each, test_attention on --quick (CI's time budget).
+$(foreach a,i386 armhf,$(eval t_cmd_$(a)_test_core = $$(T_$(shell echo $(a) | tr a-z A-Z)_RUN) $$(T_BUILD)/$(a)/test_core) \
+  $(eval t_cmd_$(a)_test_limits = $$(T_$(shell echo $(a) | tr a-z A-Z)_RUN) $$(T_BUILD)/$(a)/test_limits) \
+  $(eval t_cmd_$(a)_golden = $$(T_$(shell echo $(a) | tr a-z A-Z)_RUN) $$(T_BUILD)/$(a)/golden_runner $$(T_GOLDEN)) \
+  $(eval t_cmd_$(a)_test_attention = $$(T_$(shell echo $(a) | tr a-z A-Z)_RUN) $$(T_BUILD)/$(a)/test_attention --quick))
+t_x32_run = $(call t_runj,$(1)_test_core $(1)_test_limits $(1)_golden $(1)_test_attention) \
+	|| { echo "test-$(1): FAILED"; exit 1; }; echo "test-$(1): 4 programs passed"
 test-i386:
 	@$(T_BUILDJ) $(addprefix $(T_BUILD)/i386/,$(T_X32_PROGS))
-	@$(call t_x32_run,i386,$(T_I386_RUN))
+	@$(call t_x32_run,i386)
 test-armhf:
 	@$(T_BUILDJ) $(addprefix $(T_BUILD)/armhf/,$(T_X32_PROGS))
-	@$(call t_x32_run,armhf,$(T_ARMHF_RUN))
+	@$(call t_x32_run,armhf)
