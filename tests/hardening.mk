@@ -14,8 +14,9 @@
 #                                the same edges (libFuzzer -merge=1 -use_counters=0)
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
-#                                test_threads, test_attention --quick, test_plugin, fuzz replay
-#   make test-asan-full          the same with the whole test_attention
+#                                test_threads, test_plugin, fuzz replay
+#   make test-asan-full          the same and test_attention (make test runs it under
+#                                ASan+UBSan already: gcc whole, clang and clang++ --quick)
 #   make test-tsan               ThreadSanitizer: test_threads (phases split by barriers,
 #                                then by thread create/join: EI_TEST_SYNC), test_core
 #   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full, on the
@@ -51,7 +52,7 @@ H_SAN_ENV    := ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 H_TSAN_ENV   := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: fuzz fuzz-merge fuzz-replay test-asan test-asan-full h-asan-bins test-tsan test-valgrind test-valgrind-full test-hardening
+.PHONY: fuzz fuzz-merge fuzz-replay test-asan test-asan-full test-tsan test-valgrind test-valgrind-full test-hardening
 
 $(H_BUILD):
 	mkdir -p $(H_BUILD)
@@ -104,7 +105,8 @@ $(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
-             $(H_BUILD)/test_attention_asan $(H_BUILD)/test_plugin_asan
+             $(H_BUILD)/test_plugin_asan $(H_BUILD)/fuzz_replay_asan
+H_ASAN_BINS_FULL := $(H_ASAN_BINS) $(H_BUILD)/test_attention_asan
 
 # The sanitizer and memcheck builds are made H_JOBS at a time (unless the
 # caller's make already runs jobs: then its jobserver decides), and each run
@@ -119,24 +121,22 @@ h_run = echo "== $(1): $(2)"; $(3) > $(H_BUILD)/$(1)-$(subst /,.,$(2)).log 2>&1 
 	  grep -m40 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error\|==[0-9]*=='; echo "$(1): $(2) FAILED"; exit 1; }; \
 	tail -1 $(H_BUILD)/$(1)-$(subst /,.,$(2)).log
 
-# ASan + UBSan runs: test-asan the fast set (test_attention on --quick: `make
-# test` already runs the whole test_attention under ASan+UBSan, t_asan_gcc),
-# test-asan-full everything at full size.
+# ASan + UBSan runs: test-asan the fast set, without test_attention (`make
+# test` runs it under ASan+UBSan in three builds: gcc whole, clang and clang++
+# --quick), test-asan-full everything at full size.
 h_asan_test_core      = $(H_BUILD)/test_core_asan
 h_asan_golden         = $(H_BUILD)/golden_runner_asan $(H_GOLDEN)
 h_asan_test_limits    = $(H_BUILD)/test_limits_asan
 h_asan_test_threads   = $(H_BUILD)/test_threads_asan
-h_asan_test_attention = $(H_BUILD)/test_attention_asan --quick
-h_asan_test_attention_full = $(H_BUILD)/test_attention_asan
+h_asan_test_attention = $(H_BUILD)/test_attention_asan
 h_asan_test_plugin    = $(H_BUILD)/test_plugin_asan $(H_OUT)
 h_asan_fuzz_replay    = $(H_SUBMAKE) fuzz-replay
-H_ASAN_RUNS      := test_core golden test_limits test_threads test_attention test_plugin fuzz_replay
-H_ASAN_RUNS_FULL := $(subst test_attention,test_attention_full,$(H_ASAN_RUNS))
+H_ASAN_RUNS      := test_core golden test_limits test_threads test_plugin fuzz_replay
+H_ASAN_RUNS_FULL := $(H_ASAN_RUNS) test_attention
 h-run-asan-%:
 	@$(call h_run,asan,$*,env $(H_SAN_ENV) $(h_asan_$*))
-h-asan-bins:
-	@$(H_SUBMAKE) $(H_J) $(H_ASAN_BINS) $(H_BUILD)/fuzz_replay_asan $(T_FAKES)
-test-asan test-asan-full: h-asan-bins
+test-asan test-asan-full:
+	@$(H_SUBMAKE) $(H_J) $(if $(filter %-full,$@),$(H_ASAN_BINS_FULL),$(H_ASAN_BINS)) $(T_FAKES)
 	@$(H_SUBMAKE) -k $(H_J) $(addprefix h-run-asan-,$(if $(filter %-full,$@),$(H_ASAN_RUNS_FULL),$(H_ASAN_RUNS))) \
 	  || { echo "$@: FAILED"; exit 1; }; echo "$@: all passed"
 

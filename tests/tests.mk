@@ -9,9 +9,11 @@
 #                              switch is set that no test reads, or that cannot act; each
 #                              make fragment sets only variables of its own prefix, none
 #                              is set twice, documented defaults hold (tests/check_make_vars.py)
-#   make test-compilers        the build matrix: gcc, g++, clang, clang++ x {default,
-#                              EI_STATIC, every EI_NO_* option of the header's BUILD
-#                              OPTIONS table}, each running test_core; quickstart per compiler
+#   make test-compilers        the build matrix: every option (default, EI_STATIC, every
+#                              EI_NO_* option of the header's BUILD OPTIONS table) with gcc
+#                              (C) and clang++ (C++), default and EI_STATIC with g++ and clang,
+#                              each running test_core; quickstart per compiler
+#   make test-compilers-full   every compiler x every option (make test-full)
 #   make test-core             build/test_core: conversions, views, config, profiling on
 #                              every SIMD path, chunked planning, decode, compaction
 #   make golden [GOLDEN=dir]   build/golden_runner on a folder of golden cases
@@ -65,20 +67,16 @@ T_LOGS   := $(T_BUILD)/logs
 # (unless the caller's make already runs jobs: then its jobserver decides).
 T_TOP    := $(firstword $(MAKEFILE_LIST))
 T_BUILDJ  = $(MAKE) --no-print-directory -f $(T_TOP) $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(T_JOBS))
-# run NAME CMD...: one line per program (its last line), its whole output on
-# failure; every program runs, the recipe fails at the end (if [ -n "$$fail" ]).
+
 # t-run-LABEL runs t_cmd_LABEL as a target of its own, so that t_runj runs a
-# list of them T_JOBS at a time (programs under qemu or memcheck run on one
-# core each): one line per program, its whole output on failure.
+# list of them T_JOBS at a time (test programs, and those under qemu, run on
+# one core each): one line per program (its last line), its whole output on
+# failure; with -k every program runs and the list fails at the end.
 t-run-%:
 	@mkdir -p $(T_LOGS); if $(t_cmd_$*) > $(T_LOGS)/$*.log 2>&1; then printf '  %-34s %s\n' "$*" "$$(tail -1 $(T_LOGS)/$*.log)"; \
 	else cat $(T_LOGS)/$*.log; echo "FAIL $*: $(t_cmd_$*)"; exit 1; fi
 t_runj   = $(T_BUILDJ) -k $(addprefix t-run-,$(1))
-T_RUN    = mkdir -p $(T_LOGS); fail=""; run() { name=$$1; shift; \
-             if "$$@" > $(T_LOGS)/$$name.log 2>&1; then printf '  %-34s %s\n' "$$name" "$$(tail -1 $(T_LOGS)/$$name.log)"; \
-             else cat $(T_LOGS)/$$name.log; echo "FAIL $$name: $$*"; fail="$$fail $$name"; fi; }
-
-.PHONY: test test-harness-selftest test-compilers test-core golden test-attention test-attention-all test-limits \
+.PHONY: test test-harness-selftest test-compilers test-compilers-full test-core golden test-attention test-attention-all test-limits \
         test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
@@ -154,8 +152,12 @@ test-backends: $(if $(wildcard tests/test_backends.c),$(T_BUILD)/test_backends)
 # EI_NO_PTHREADS links without -lpthread, EI_NO_CUDA_LOADER without -ldl.
 T_COMPILERS := gcc g++ $(if $(T_CLANG),clang) $(if $(T_CLANGXX),clang++)
 T_OPTIONS   := default EI_STATIC $(sort $(shell sed -n '/BUILD OPTIONS/,/CONCEPTS/p' entropyinfer.h | grep -o 'EI_NO_[A-Z0-9_]*'))
-T_MATRIX    := $(foreach c,$(T_COMPILERS),$(foreach o,$(T_OPTIONS),$(T_BUILD)/matrix/test_core.$(c).$(o))) \
+T_MATRIX_FULL := $(foreach c,$(T_COMPILERS),$(foreach o,$(T_OPTIONS),$(T_BUILD)/matrix/test_core.$(c).$(o))) \
                $(foreach c,$(T_COMPILERS),$(T_BUILD)/matrix/quickstart.$(c).default)
+# make test's set: each option in each language and each compiler family once
+# (gcc for C, clang++ for C++, or g++ where there is no clang++).
+T_MATRIX_CXX := $(if $(T_CLANGXX),clang++,g++)
+T_MATRIX    := $(filter $(foreach o,$(T_OPTIONS),%.gcc.$(o) %.$(T_MATRIX_CXX).$(o)) %.default %.EI_STATIC,$(T_MATRIX_FULL))
 t_cc   = $(word 1,$(subst ., ,$*))
 t_opt  = $(filter-out default,$(word 2,$(subst ., ,$*)))
 t_lang = $(if $(filter %++,$(t_cc)),$(T_CXX),$(T_C))
@@ -167,11 +169,11 @@ $(T_BUILD)/matrix/quickstart.%: examples/quickstart.c entropyinfer.h
 	@mkdir -p $(@D)
 	@$(t_cc) $(t_lang) -O1 $(T_WARN) $< -o $@ $(t_libs)
 
-test-compilers:
-	@$(T_BUILDJ) $(T_MATRIX)
-	@$(T_RUN); for t in $(T_MATRIX); do run $${t#$(T_BUILD)/matrix/} $$t; done; \
-	if [ -n "$$fail" ]; then echo "test-compilers: FAILED:$$fail"; exit 1; fi; \
-	echo "compilers: $(words $(T_MATRIX)) builds ($(T_COMPILERS) x $(T_OPTIONS)) built and passed"
+$(foreach t,$(T_MATRIX_FULL),$(eval t_cmd_$(notdir $(t)) = $(t)))
+test-compilers test-compilers-full:
+	@$(T_BUILDJ) $(if $(filter %-full,$@),$(T_MATRIX_FULL),$(T_MATRIX))
+	@$(call t_runj,$(notdir $(if $(filter %-full,$@),$(T_MATRIX_FULL),$(T_MATRIX)))) || { echo "$@: FAILED"; exit 1; }; \
+	echo "$@: $(words $(if $(filter %-full,$@),$(T_MATRIX_FULL),$(T_MATRIX))) builds of test_core and quickstart built and passed"
 
 # ---------------------------------------------------------------- attention kernels
 # build/test_attention (full), then each build below with --quick (t_asan_gcc: full).
@@ -196,11 +198,11 @@ $(T_ATTN_BINS): $(T_BUILD)/attn/%: tests/test_attention.c $(T_DEPS)
 	@mkdir -p $(@D)
 	$(T_A) -g $(T_WARN) $< -o $@ $(or $(T_A_LIBS),$(T_LDLIBS))
 
+t_cmd_attn_test_attention = $(T_BUILD)/test_attention
+$(foreach b,$(T_ATTN_BINS),$(eval t_cmd_attn_$(notdir $(b)) = $(b)$(if $(filter t_asan_gcc,$(notdir $(b))),, --quick)))
 test-attention-all:
 	@$(T_BUILDJ) $(T_BUILD)/test_attention $(T_ATTN_BINS)
-	@$(T_RUN); run test_attention $(T_BUILD)/test_attention; \
-	$(foreach b,$(T_ATTN_BINS),run $(notdir $(b)) $(b) $(if $(filter t_asan_gcc,$(notdir $(b))),,--quick);) \
-	if [ -n "$$fail" ]; then echo "test-attention-all: FAILED:$$fail"; exit 1; fi; \
+	@$(call t_runj,attn_test_attention $(addprefix attn_,$(notdir $(T_ATTN_BINS)))) || { echo "test-attention-all: FAILED"; exit 1; }; \
 	echo "attention: $(words $(T_BUILD)/test_attention $(T_ATTN_BINS)) builds passed"
 
 # ---------------------------------------------------------------- the harness itself
