@@ -19,10 +19,11 @@
 #                                ASan+UBSan already: gcc whole, clang and clang++ --quick)
 #   make test-tsan               ThreadSanitizer: test_threads (phases split by barriers,
 #                                then by thread create/join: EI_TEST_SYNC), test_core
-#   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full, on the
-#                                scalar and AVX2 paths (valgrind has no AVX-512): test_core,
-#                                test_limits, fuzz corpus, test_attention --quick
-#   make test-valgrind-full      the same and test_threads on both paths
+#   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full: test_limits
+#                                on the scalar and AVX2 paths (valgrind has no AVX-512) and
+#                                the fuzz corpus
+#   make test-valgrind-full      the same, test_core, test_attention --quick and
+#                                test_threads on both paths
 # Builds and runs go H_JOBS at a time (default: the CPU count).
 #   make test-hardening          test-asan + test-tsan + test-limits (tests/tests.mk)
 # clang with its runtime: tests/install_clang_rt.sh (--valgrind also installs valgrind).
@@ -116,10 +117,10 @@ H_ASAN_BINS_FULL := $(H_ASAN_BINS) $(H_BUILD)/test_attention_asan
 H_JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 H_J           = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(H_JOBS))
 # h_run KIND LABEL CMD: one run, its log, its verdict
-h_run = echo "== $(1): $(2)"; $(3) > $(H_BUILD)/$(1)-$(subst /,.,$(2)).log 2>&1 || \
-	{ grep -v '^    \#[0-9]\|^==[0-9]*== \( \|$$\)' $(H_BUILD)/$(1)-$(subst /,.,$(2)).log | \
+h_run = echo "== $(1): $(2)"; $(3) > $(H_BUILD)/$(1)-$(2).log 2>&1 || \
+	{ grep -v '^    \#[0-9]\|^==[0-9]*== \( \|$$\)' $(H_BUILD)/$(1)-$(2).log | \
 	  grep -m40 'FAIL\|ERROR\|SUMMARY\|oracle\|runtime error\|==[0-9]*=='; echo "$(1): $(2) FAILED"; exit 1; }; \
-	tail -1 $(H_BUILD)/$(1)-$(subst /,.,$(2)).log
+	tail -1 $(H_BUILD)/$(1)-$(2).log
 
 # ASan + UBSan runs: test-asan the fast set, without test_attention (`make
 # test` runs it under ASan+UBSan in three builds: gcc whole, clang and clang++
@@ -168,23 +169,25 @@ $(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 # test_core loops over the paths cpuid reports (under valgrind: no AVX-512);
 # our tests take EI_TEST_SIMD. The fuzz replay leaves library-written memory
 # uninitialised (EI_FUZZ_POISON=none) so memcheck sees any read of it.
-# test-valgrind: every program but test_threads (about 50x slower under
-# memcheck, which runs a process's threads one at a time; ASan and TSan run it
-# in test-asan and test-tsan); test-valgrind-full adds test_threads on both paths.
+# test-valgrind: the bad-input programs, test_limits on both paths and the
+# fuzz corpus (a few minutes); test-valgrind-full adds test_core, test_attention
+# --quick and test_threads on both paths (6-8 minutes each under memcheck, which
+# runs a process's threads one at a time; CI runs them under ASan+UBSan, and
+# test_threads under TSan).
 h_vg_test_core          = $(H_VG) $(H_BUILD)/test_core_plain
-h_vg_test_limits/scalar = env EI_TEST_SIMD=scalar $(H_VG) $(H_BUILD)/test_limits_plain
-h_vg_test_limits/avx2   = env EI_TEST_SIMD=avx2 $(H_VG) $(H_BUILD)/test_limits_plain
-h_vg_test_threads/scalar = env EI_TEST_SIMD=scalar EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
-h_vg_test_threads/avx2  = env EI_TEST_SIMD=avx2 EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
+h_vg_test_limits.scalar = env EI_TEST_SIMD=scalar $(H_VG) $(H_BUILD)/test_limits_plain
+h_vg_test_limits.avx2   = env EI_TEST_SIMD=avx2 $(H_VG) $(H_BUILD)/test_limits_plain
+h_vg_test_threads.scalar = env EI_TEST_SIMD=scalar EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
+h_vg_test_threads.avx2  = env EI_TEST_SIMD=avx2 EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
 h_vg_fuzz_corpus        = env EI_FUZZ_POISON=none $(H_VG) $(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus
 h_vg_test_attention     = $(H_VG) $(H_BUILD)/test_attention_plain --quick
-H_VG_RUNS      := test_core test_limits/scalar test_limits/avx2 fuzz_corpus test_attention
-H_VG_RUNS_FULL := $(H_VG_RUNS) test_threads/scalar test_threads/avx2
+H_VG_RUNS      := test_limits.scalar test_limits.avx2 fuzz_corpus
+H_VG_RUNS_FULL := $(H_VG_RUNS) test_core test_attention test_threads.scalar test_threads.avx2
 h-run-vg-%:
 	@$(call h_run,valgrind,$*,$(h_vg_$*))
 test-valgrind test-valgrind-full:
 	@command -v $(H_VALGRIND) >/dev/null || { echo "$@ needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
-	@$(H_SUBMAKE) $(H_J) $(H_VG_BINS)
+	@$(H_SUBMAKE) $(H_J) $(if $(filter %-full,$@),$(H_VG_BINS),$(H_BUILD)/test_limits_plain $(H_BUILD)/fuzz_replay_plain)
 	@$(H_SUBMAKE) -k $(H_J) $(addprefix h-run-vg-,$(if $(filter %-full,$@),$(H_VG_RUNS_FULL),$(H_VG_RUNS))) \
 	  || { echo "$@: FAILED"; exit 1; }; echo "$@: memcheck clean"
 
