@@ -5,8 +5,11 @@
 #                  unit tests, golden runner, attention kernels (compilers, languages, sanitizers),
 #                  limits, threads, the CUDA plugin boundary, backends on the CPU, quickstart and
 #                  the harness's self-test; -Wall -Wextra -Werror throughout
+#   make test-full the CI steps (.ci/run) with their longest sets: bash .ci/run --full
+#                  (docs/testing.md); run it before an issue is called resolved
 #   make golden GOLDEN=<folder>   conformance runner on any folder of golden cases
 #   make test-asan test-tsan test-valgrind fuzz   sanitizers, memcheck, libFuzzer (tests/hardening.mk)
+#   make install [PREFIX=/usr/local]  header, CUDA plugin if built, pkg-config and CMake files (install/install.mk)
 #   make test-arm64               the NEON path under qemu (tests/tests.mk)
 #   make cuda test-cuda           the CUDA backend and its GPU tests (cuda.mk)
 #   make llama-cpp llama-cpp-models llama-cpp-smoke llama-cpp-eval
@@ -24,7 +27,7 @@ HDR     := entropyinfer.h
 CLANG   := $(shell command -v clang 2>/dev/null)
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
 
-.PHONY: all demo-synthetic bench bench-profile clean
+.PHONY: all demo-synthetic bench bench-profile clean test-full
 
 all: $(BUILD)/golden_runner $(BUILD)/test_core $(BUILD)/quickstart $(BUILD)/demo_synthetic
 
@@ -49,6 +52,10 @@ bench-profile: $(BUILD)/bench_profile
 clean:
 	rm -rf $(BUILD)
 
+# Everything CI runs, with the longest sets (installs what it needs, like CI).
+test-full:
+	bash .ci/run --full
+
 # Fragments: every test (tests/tests.mk), attention benchmark, CUDA backend,
 # Gemma engine, hardening (fuzz, sanitizers, memcheck), llama.cpp with entropyinfer.
 include tests/tests.mk
@@ -58,3 +65,4 @@ include tests/tests.mk
 -include tests/hardening.mk
 -include examples/llama.cpp/llama-cpp.mk
 -include bench/tp.mk
+-include install/install.mk

@@ -1,4 +1,5 @@
-# cuda.mk - the CUDA backend (included by the top-level Makefile).
+# cuda.mk - the CUDA backend (included by the top-level Makefile). Its variables start with
+# CUDA_; it reads the shared BUILD, CC, CFLAGS, WARN, LDLIBS, HDR, GOLDEN and T_PROGS.
 #   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
 #   make test-cuda            GPU tests: golden cases, GPU vs CPU (whole-prompt and chunked plans:
 #                             ei_profile_chunk schedules, both rankings; a --quick pass with the
@@ -9,23 +10,23 @@
 #   (make test-backends, in tests/tests.mk, runs test_backends without --require-gpu: the CPU
 #   half, and the GPU half when the plugin loads and finds a GPU, else "GPU half skipped")
 #   make test-gpu-fuzz        tests/fuzz_backends.c: random configs, shapes, dtypes, layouts and
-#                             protocols on the CPU and the GPU, compared (FUZZ_SEED, FUZZ_ITERS,
-#                             FUZZ_SECONDS: a time limit, 0 none; FUZZ_JOBS processes, seeds
-#                             FUZZ_SEED.. ; replay one iteration: fuzz_backends --seed S --first I --iters 1)
-#   make test-gpu-fuzz-sanitize  the same under compute-sanitizer: memcheck (FUZZ_MEMCHECK_ITERS)
-#                             and racecheck (FUZZ_RACECHECK_ITERS: slow, few)
+#                             protocols on the CPU and the GPU, compared (CUDA_FUZZ_SEED, CUDA_FUZZ_ITERS,
+#                             CUDA_FUZZ_SECONDS: a time limit, 0 none; CUDA_FUZZ_JOBS processes, seeds
+#                             CUDA_FUZZ_SEED.. ; replay one iteration: fuzz_backends --seed S --first I --iters 1)
+#   make test-gpu-fuzz-sanitize  the same under compute-sanitizer: memcheck (CUDA_FUZZ_MEMCHECK_ITERS)
+#                             and racecheck (CUDA_FUZZ_RACECHECK_ITERS: slow, few)
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working;
 #                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 #                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
 #                             and f32 queries (dense attention, profiling) against bf16 q
-NVCC        ?= nvcc
+CUDA_NVCC ?= nvcc
 CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
                -gencode arch=compute_90,code=compute_90
-NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo
+CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo --threads 0
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
-GOLDEN_CUDA ?= $(GOLDEN)
+CUDA_GOLDEN ?= $(GOLDEN)
 
 .PHONY: cuda test-cuda test-cuda-fallback bench-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
 
@@ -33,7 +34,7 @@ cuda: $(CUDA_LIB)
 
 $(CUDA_LIB): entropyinfer_cuda.cu entropyinfer.h
 	@mkdir -p $(BUILD)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCHS) -I. -shared -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+	$(CUDA_NVCC) $(CUDA_NVCCFLAGS) $(CUDA_ARCHS) -I. -shared -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
 	  -o $@ $<
 
 $(BUILD)/test_cuda: tests/test_cuda.c $(HDR)
@@ -45,7 +46,7 @@ $(BUILD)/test_cuda: tests/test_cuda.c $(HDR)
 # runtime (only here: test-cuda-fallback builds nothing that needs CUDA).
 $(BUILD)/test_cuda_graph: tests/test_cuda_graph.c tests/check.h $(HDR)
 	@mkdir -p $(BUILD)
-	$(NVCC) -O2 -I. -Xcompiler -Wall,-Wextra,-Werror $< -o $@ -ldl -lpthread -lm
+	$(CUDA_NVCC) -O2 -I. -Xcompiler -Wall,-Wextra,-Werror $< -o $@ -ldl -lpthread -lm
 
 # The same scenarios on a CPU and a CUDA context (no CUDA header or library at
 # build time); tests/tests.mk builds it with the other test programs when it
@@ -61,29 +62,29 @@ $(BUILD)/fuzz_backends: tests/fuzz_backends.c tests/check.h examples/synth_qk.h 
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
 
-FUZZ_SEED            ?= 1
-FUZZ_ITERS           ?= 300
-FUZZ_SECONDS         ?= 0
-FUZZ_JOBS            ?= 1
-FUZZ_MEMCHECK_ITERS  ?= 25
-FUZZ_RACECHECK_ITERS ?= 4
-FUZZ_RUN = EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/fuzz_backends --require-gpu
-# FUZZ_JOBS processes on one GPU (the CPU side is single-threaded), seeds
-# FUZZ_SEED, FUZZ_SEED+1, ...; each writes build/fuzz.<seed>.log, the
+CUDA_FUZZ_SEED            ?= 1
+CUDA_FUZZ_ITERS           ?= 300
+CUDA_FUZZ_SECONDS         ?= 0
+CUDA_FUZZ_JOBS            ?= 1
+CUDA_FUZZ_MEMCHECK_ITERS  ?= 25
+CUDA_FUZZ_RACECHECK_ITERS ?= 4
+CUDA_FUZZ_RUN = EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/fuzz_backends --require-gpu
+# CUDA_FUZZ_JOBS processes on one GPU (the CPU side is single-threaded), seeds
+# CUDA_FUZZ_SEED, CUDA_FUZZ_SEED+1, ...; each writes build/fuzz.<seed>.log, the
 # failures and summaries are printed, and any failure fails the target.
 test-gpu-fuzz: $(CUDA_LIB) $(BUILD)/fuzz_backends
-	@fail=0; pids=""; for j in $$(seq 0 $$(($(FUZZ_JOBS) - 1))); do s=$$(($(FUZZ_SEED) + j)); \
-	  $(FUZZ_RUN) --seed $$s --iters $(FUZZ_ITERS) --seconds $(FUZZ_SECONDS) > $(BUILD)/fuzz.$$s.log 2>&1 & pids="$$pids $$!"; done; \
+	@fail=0; pids=""; for j in $$(seq 0 $$(($(CUDA_FUZZ_JOBS) - 1))); do s=$$(($(CUDA_FUZZ_SEED) + j)); \
+	  $(CUDA_FUZZ_RUN) --seed $$s --iters $(CUDA_FUZZ_ITERS) --seconds $(CUDA_FUZZ_SECONDS) > $(BUILD)/fuzz.$$s.log 2>&1 & pids="$$pids $$!"; done; \
 	for p in $$pids; do wait $$p || fail=1; done; \
-	for j in $$(seq 0 $$(($(FUZZ_JOBS) - 1))); do s=$$(($(FUZZ_SEED) + j)); \
+	for j in $$(seq 0 $$(($(CUDA_FUZZ_JOBS) - 1))); do s=$$(($(CUDA_FUZZ_SEED) + j)); \
 	  grep -E '^(FAIL|counts|fuzz_backends: [0-9])' $(BUILD)/fuzz.$$s.log | tail -30; done; \
 	test $$fail = 0 || { echo "test-gpu-fuzz: FAILED (logs: $(BUILD)/fuzz.*.log)"; exit 1; }
 # compute-sanitizer on the same draws (kernels run 10-100x slower under it).
 test-gpu-fuzz-sanitize: $(CUDA_LIB) $(BUILD)/fuzz_backends
 	@for tool in memcheck racecheck; do \
-	  n=$$(test $$tool = memcheck && echo $(FUZZ_MEMCHECK_ITERS) || echo $(FUZZ_RACECHECK_ITERS)); \
+	  n=$$(test $$tool = memcheck && echo $(CUDA_FUZZ_MEMCHECK_ITERS) || echo $(CUDA_FUZZ_RACECHECK_ITERS)); \
 	  EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool $$tool --error-exitcode 9 \
-	    ./$(BUILD)/fuzz_backends --require-gpu --seed $(FUZZ_SEED) --iters $$n --max-n 600 > $(BUILD)/fuzz.$$tool.log 2>&1; rc=$$?; \
+	    ./$(BUILD)/fuzz_backends --require-gpu --seed $(CUDA_FUZZ_SEED) --iters $$n --max-n 600 > $(BUILD)/fuzz.$$tool.log 2>&1; rc=$$?; \
 	  grep -E '^(FAIL|fuzz_backends: [0-9])|ERROR SUMMARY|RACECHECK SUMMARY|Error' $(BUILD)/fuzz.$$tool.log | head -20; \
 	  test $$rc = 0 || { echo "compute-sanitizer $$tool: FAILED (rc $$rc, $(BUILD)/fuzz.$$tool.log)"; exit 1; }; \
 	  echo "compute-sanitizer $$tool: clean ($$n iterations)"; done
@@ -93,16 +94,16 @@ test-gpu-fuzz-sanitize: $(CUDA_LIB) $(BUILD)/fuzz_backends
 test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 	EI_CUDA_LIBRARY= ./$(BUILD)/test_cuda --fallback
 	EI_CUDA_LIBRARY= ./$(BUILD)/fuzz_backends
-	./$(BUILD)/fuzz_backends --cpu-twin --seed $(FUZZ_SEED) --iters 4
+	./$(BUILD)/fuzz_backends --cpu-twin --seed $(CUDA_FUZZ_SEED) --iters 4
 
 test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_cuda_graph
-	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(GOLDEN_CUDA)
-	EI_CUDA_SCORE_KERNEL=pairs EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda --quick $(GOLDEN_CUDA)
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(CUDA_GOLDEN)
+	EI_CUDA_SCORE_KERNEL=pairs EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda --quick $(CUDA_GOLDEN)
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_backends --require-gpu
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda_graph
 	@if command -v compute-sanitizer >/dev/null; then \
 	  EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool memcheck --error-exitcode 9 \
-	    ./$(BUILD)/test_cuda --quick $(GOLDEN_CUDA) > $(BUILD)/sanitizer.log 2>&1 \
+	    ./$(BUILD)/test_cuda --quick $(CUDA_GOLDEN) > $(BUILD)/sanitizer.log 2>&1 \
 	    && EI_CUDA_LIBRARY=./$(CUDA_LIB) compute-sanitizer --tool memcheck --error-exitcode 9 \
 	    ./$(BUILD)/test_cuda_graph >> $(BUILD)/sanitizer.log 2>&1 \
 	    && echo "compute-sanitizer memcheck: clean (test_cuda --quick, test_cuda_graph)" \
@@ -113,7 +114,7 @@ $(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 
-BENCH_CUDA_SIZES ?= 32768 65536 131072
+CUDA_BENCH_SIZES ?= 32768 65536 131072
 bench-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_cuda
-	-python3 bench/sdpa_ref.py $(BENCH_CUDA_SIZES) > $(BUILD)/sdpa_times.txt
-	EI_CUDA_LIBRARY=./$(CUDA_LIB) EI_SDPA_TIMES=$(BUILD)/sdpa_times.txt ./$(BUILD)/ei_bench_cuda $(BENCH_CUDA_SIZES)
+	-python3 bench/sdpa_ref.py $(CUDA_BENCH_SIZES) > $(BUILD)/sdpa_times.txt
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) EI_SDPA_TIMES=$(BUILD)/sdpa_times.txt ./$(BUILD)/ei_bench_cuda $(CUDA_BENCH_SIZES)

@@ -40,7 +40,7 @@
        ei_context_destroy(ctx); free(plan_mem); free(ws); free(ws2);
 
    Engines that prefill in micro-batches use ei_profile_chunk (PROTOCOLS);
-   README.md shows decode compression and the thread helpers.
+   docs/integration.md shows decode compression and the thread helpers.
 
    BUILD OPTIONS (define before the implementation include)
    =============
@@ -58,6 +58,8 @@
    | EI_NO_NEON              | leave out the NEON path                               |
    | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
    | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
+   | EI_CUDA_LIBRARY_NAME    | the plugin's file name (default                      |
+   |                         | "libentropyinfer_cuda.so"; GPU MEMORY: finding it)   |
 
    CONCEPTS
    ========
@@ -522,7 +524,8 @@ typedef struct ei_config {
     /* execution */
     ei_simd simd;                /* EI_SIMD_AUTO */
     ei_backend backend;          /* EI_BACKEND_CPU */
-    const char *cuda_library;    /* NULL: $EI_CUDA_LIBRARY, then the usual names */
+    const char *cuda_library;    /* NULL: $EI_CUDA_LIBRARY, then EI_CUDA_LIBRARY_NAME through the
+                                    loader's search path, then beside the program (GPU MEMORY) */
     void *cuda_stream;           /* cudaStream_t for the CUDA backend (NULL: default) */
     int32_t cuda_deferred_errors; /* 0: GPU calls wait to return data errors; 1: per-layer GPU calls never
                                      wait (CUDA graph capture), data errors go to ei_cuda_status() */
@@ -533,7 +536,7 @@ typedef struct ei_config {
 
 EIDEF ei_config ei_config_default(void);
 /* The paper's configuration with the ranking and budgets that measured best
-   on real models (README, "Block ranking beyond the paper"). */
+   on real models (docs/quality.md, "Block ranking beyond the paper"). */
 EIDEF ei_config ei_config_quality(void);
 
 /* ---------------------------------------------------------------- context */
@@ -891,7 +894,13 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
    in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
    (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
-   one call (PROTOCOLS). */
+   one call (PROTOCOLS).
+   Finding the plugin (EI_BACKEND_CUDA*): cfg.cuda_library, else the path in
+   $EI_CUDA_LIBRARY, else libentropyinfer_cuda.so through the dynamic loader's
+   search path (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache, system
+   folders: `make install PREFIX=...` puts it in PREFIX/lib), then (glibc)
+   beside the program or shared library that compiled the implementation, and
+   in that folder's ../lib. Never the working directory. */
 enum { EI_COPY_DEVICE_TO_HOST = 0, EI_COPY_HOST_TO_DEVICE = 1, EI_COPY_DEVICE_TO_DEVICE = 2 };
 EIDEF ei_result ei_device_alloc(const ei_context *ctx, void **ptr, size_t bytes);
 EIDEF void ei_device_free(const ei_context *ctx, void *ptr);
@@ -952,6 +961,11 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
 #define EI_CUDA_ABI_VERSION 8
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
+/* The plugin's file name, looked up when neither cfg.cuda_library nor
+   $EI_CUDA_LIBRARY names a path (a build may define another name). */
+#ifndef EI_CUDA_LIBRARY_NAME
+#define EI_CUDA_LIBRARY_NAME "libentropyinfer_cuda.so"
+#endif
 #define EI_CUDA_MSG_SIZE 256
 
 /* The header validates every argument of a public call (views, shapes, GQA,
@@ -2276,7 +2290,7 @@ EIDEF ei_config ei_config_default(void) {
     return c;
 }
 
-/* The values measured best on real models (README, "Block ranking beyond
+/* The values measured best on real models (docs/quality.md, "Block ranking beyond
    the paper"): the paper's segments, blocks, threshold and base budget, the
    sampled ranking with top-p counts (cap 4x base) and sink/local blocks. */
 EIDEF ei_config ei_config_quality(void) {
@@ -2357,9 +2371,6 @@ static ei_result ei__cuda_result(const ei_context *ctx, const char *entry, ei_re
 
 #ifndef EI_NO_CUDA_LOADER
 #include <dlfcn.h>
-#if defined(__linux__)
-#include <unistd.h> /* readlink, where the feature macros declare it */
-#endif
 
 /* Try one candidate; on failure append dlerror() to why (bounded). */
 static void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
@@ -2372,16 +2383,23 @@ static void *ei__cuda_try_open(const char *path, char *why, size_t why_size) {
     return h;
 }
 
-/* The library named by cfg.cuda_library or $EI_CUDA_LIBRARY, else the usual
-   names, then next to the executable and in its ../build folder. */
+/* The library named by cfg.cuda_library or $EI_CUDA_LIBRARY; else the default
+   name through the dynamic loader's search path (LD_LIBRARY_PATH, the
+   program's RUNPATH, ld.so.cache and the system folders: where `make install`
+   puts it); then, with glibc, beside the object that holds this code (the
+   program, or the engine's shared library: $ORIGIN, which glibc's dlopen
+   expands) and in its ../lib (an installed prefix's bin/ and lib/). Never a
+   path relative to the working directory: the folder a program is started in
+   must not choose its code. */
 static void *ei__cuda_find(const ei_config *c, char *opened, size_t opened_size, char *why, size_t why_size) {
-    static const char *const names[] = {"libentropyinfer_cuda.so", "./libentropyinfer_cuda.so",
-                                        "./build/libentropyinfer_cuda.so"};
+    static const char *const names[] = {EI_CUDA_LIBRARY_NAME
+#if defined(__GLIBC__)
+                                        , "$ORIGIN/" EI_CUDA_LIBRARY_NAME, "$ORIGIN/../lib/" EI_CUDA_LIBRARY_NAME
+#endif
+    };
     const char *path = c->cuda_library && c->cuda_library[0] ? c->cuda_library : getenv("EI_CUDA_LIBRARY");
-    char self[512] = {0};
     void *lib = NULL;
     size_t i;
-    long n = -1;
     if (path && path[0]) {
         snprintf(opened, opened_size, "%s", path);
         return ei__cuda_try_open(path, why, why_size);
@@ -2389,17 +2407,6 @@ static void *ei__cuda_find(const ei_config *c, char *opened, size_t opened_size,
     for (i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
         snprintf(opened, opened_size, "%s", names[i]);
         lib = ei__cuda_try_open(names[i], why, why_size);
-    }
-#if defined(__linux__) && defined(__USE_XOPEN2K)
-    if (!lib) n = (long)readlink("/proc/self/exe", self, sizeof self - 1);
-#endif
-    if (n > 0 && strrchr(self, '/')) {
-        strrchr(self, '/')[1] = 0;
-        snprintf(opened, opened_size, "%slibentropyinfer_cuda.so", self);
-        if (!(lib = ei__cuda_try_open(opened, why, why_size))) {
-            snprintf(opened, opened_size, "%s../build/libentropyinfer_cuda.so", self);
-            lib = ei__cuda_try_open(opened, why, why_size);
-        }
     }
     return lib;
 }
@@ -2412,8 +2419,8 @@ static ei_result ei__cuda_open(ei_context *ctx) {
     ei__cuda_state *st;
     if (!lib)
         return ei__fail(ctx, EI_ERR_BACKEND,
-                        "CUDA backend: libentropyinfer_cuda.so not found (set ei_config.cuda_library or "
-                        "EI_CUDA_LIBRARY; build it with 'make cuda'): %s", why);
+                        "CUDA backend: " EI_CUDA_LIBRARY_NAME " not found (set ei_config.cuda_library or "
+                        "EI_CUDA_LIBRARY, or install it with 'make cuda install'): %s", why);
     *(void **)(&get_api) = dlsym(lib, EI_CUDA_ENTRY_POINT);
     api = get_api ? get_api(EI_CUDA_ABI_VERSION) : NULL;
     if (!api) {
@@ -4882,8 +4889,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    allocation, no globals.
 
    Measured figures (GFLOP/s against the machine's FMA peak, sparse against
-   dense, ggml's flash attention on the same cores) live in README.md's
-   Performance section, not here; `make bench-run` reproduces them. */
+   dense, ggml's flash attention on the same cores) live in
+   docs/performance.md, not here; `make bench-run` reproduces them. */
 
 #define EI__ATTN_NK 64       /* keys per key tile (multiple of 8) */
 #define EI__ATTN_MAX_GT 8    /* query heads per tile */

@@ -44,7 +44,8 @@
                               rows), the key-block store, the budget
                               recurrence of ei__chunk_recurrence)
    attention >>cuda-attention block-sparse / dense causal prefill, tensor
-                              cores (wgmma on Hopper, mma.sync elsewhere)
+                              cores (wgmma on Hopper, its K/V tiles copied by
+                              TMA where the keys allow; mma.sync elsewhere)
                               bf16/f16, f32 accumulation, online softmax, the
                               query heads of a kv group packed in one CTA so a
                               gathered K/V tile is read once for the group;
@@ -78,6 +79,7 @@
    [kv][segment] arrays are seg_capacity apart, block_index rows max_keep
    apart, score rows blk_capacity apart. */
 
+#include <cuda.h> /* CUtensorMap and its encoder's type only: the encoder comes from the runtime (cudaGetDriverEntryPointByVersion) */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -1851,6 +1853,65 @@ __device__ __forceinline__ void fence_proxy_async() {
 /* keeps registers that an in-flight wgmma reads alive until it has finished */
 __device__ __forceinline__ void reg_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 
+/* ---- the bulk tensor copy engine (TMA) and its mbarriers (sm_90; only the
+   sm_90a kernels that run wgmma use them, the other targets never launch
+   them). A copy writes a box of a tensor map into shared memory through the
+   async proxy, 128-byte swizzled as wgmma reads it, and completes on an
+   mbarrier as a transaction count of bytes (expect_tx). */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+#ifdef EI_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+    (void)bar; (void)count;
+#endif
+}
+/* this thread's arrival, announcing tx bytes that copies will bring */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, unsigned tx) {
+#ifdef EI_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(tx) : "memory");
+#else
+    (void)bar; (void)tx;
+#endif
+}
+/* this thread's arrival */
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#else
+    (void)bar;
+#endif
+}
+/* waits until the phase of the given parity has completed */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#ifdef EI_WGMMA
+    asm volatile("{\n.reg .pred done;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#else
+    (void)bar; (void)parity;
+#endif
+}
+/* box at coordinates (c0: column, c1: head, c2: token) of a rank-3 tensor map into shared memory */
+__device__ __forceinline__ void tma_load3(void *dst, const void *map, int c0, int c1, int c2, uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)map; (void)c0; (void)c1; (void)c2; (void)bar;
+    __trap();
+#endif
+}
+/* The tensor maps of a call's K and V (dims: head_dim, kv heads, tokens):
+   boxes of BC keys (contiguous tiles) and of 8 keys (gathered blocks: one
+   1024-byte swizzle unit per 64 columns). */
+struct AttnMaps {
+    CUtensorMap k_tile, v_tile, k_8, v_8;
+};
+struct AttnNoMaps {
+    int unused;
+};
+
 /* D[64 x N] (+)= A[64 x 16] (shared, K-major) * B[16 x N] (shared, K-major) */
 template <int N, typename T> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
 /* D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared, N-major) */
@@ -2001,12 +2062,48 @@ struct KeyList {
    allow 2 CTAs), 6.9 cycles between a warp's instructions: ncu calls it
    latency-bound (no stall breakdown there: no PC sampling on that machine).
    Within a warpgroup S, softmax and P V run in series, and the other three
-   warpgroups on the SM fill the tensor pipe's gaps only partly. */
-template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_kernel(const AttnParams p) {
+   warpgroups on the SM fill the tensor pipe's gaps only partly.
+   TMA (issue 32; TM > 0, EI_CUDA_ATTN_CFG=wgk64 the default on Hopper, wg64
+   the cp.async kernel above): when every 8-key group of a tile is 8
+   consecutive valid keys (a kept block of a block size divisible by 8, or
+   own keys below the segment's end), lane 0 of warp 0 announces the tile's
+   bytes on the buffer's mbarrier and warp 0 copies it with the bulk tensor
+   copy engine: one BC x 64 box per 64 columns of K and of V for a run of
+   consecutive keys (dense tiles), else one 8 x 64 box (one 1024-byte swizzle
+   unit) per group; the boxes land 128-byte swizzled where the cp.async
+   tiles would. Tiles with padding or a partial group (the causal end, other
+   block sizes) stay on cp.async. The tensor maps (rank 3: head_dim, kv
+   heads, tokens) are encoded per call with cuTensorMapEncodeTiled from the
+   runtime's driver entry point (no libcuda link); views they cannot describe
+   run wg64. TM 3 (wgk) also takes the mask and its flag of a TMA tile from
+   the key indices (no kpos writes); TM 2 (wgp) moreover drops the CTA
+   barrier between TMA tiles (empty mbarriers per buffer, one arrival per
+   warp and tile; the warpgroups drift up to a tile apart). Dense / sparse ms
+   on an H200 (`EI_BENCH_SHAPES=wgk64,wgt64,wg64,wgk128 ./build/ei_bench_cuda
+   32768 65536 131072`, CUDA 13.0, driver 580.159.04, 2026-12-03; SDPA 13.96
+   / 58.71 / 250.60 ms; a first run with wgt64/wgp64/wgt128/wgp128 in brackets):
+     wg64  (cp.async)     21.70 / 85.32 / 343.89   sparse 4.78 / 9.55 / 19.05   [21.33 / 86.21 / 347.37]
+     wgt64 (TM 1)         18.59 / 74.88 / 298.52   sparse 4.63 / 9.22 / 18.01   [18.34 / 75.62 / 299.94]
+     wgk64 (TM 3)         17.80 / 70.83 / 298.52   sparse 4.38 / 8.97 / 16.88
+     wgk128 (TM 3)        18.71 / 76.99 / 298.81   sparse 5.29 / 10.82 / 21.28  [wgt128 18.94 / 77.06 / 304.03]
+     wgp64 / wgp128 (TM 2) [21.81 / 90.85 / 379.12, 19.10 / 77.58 / 315.27]
+   so wgk64 runs at 0.78 / 0.83 / 0.84 of SDPA's speed (was 0.64 / 0.69 /
+   0.73), sparse efficiency (bench: useful TFLOP/s over dense) 0.68 / 0.67 /
+   0.76 (dense gained more than sparse). wgp64 spills 84 bytes at its 128
+   registers (wgt64 / wgk64 36, wg64 28; ptxas injects a warpgroup.arrive in
+   wgt64 / wgk64, C7519); wgp128 spills nothing and is still no faster than
+   with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
+   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
+template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
+    attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
+    /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
+       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only */
+    constexpr bool TMA = TM > 0;
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
+    static_assert(!TMA || (WG && VEC), "TMA tiles: the wgmma kernel's swizzled layout, 16-byte-aligned views");
     /* shared layout of a [rows][D] tile in 16-byte chunks: rows padded by one
        chunk (constant offsets for ldmatrix, conflict-free) for D <= 128; for
        D = 256 (shared memory is tight) XOR-swizzled instead; for WG, 64-column
@@ -2023,6 +2120,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
     uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
     uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
     __shared__ int kpos[2][BC];
+    __shared__ uint64_t tbar[2]; /* TMA: buffer b's copies complete on tbar[b] */
+    __shared__ uint64_t ebar[2]; /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
 
     if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
     /* ---- work item: segments from the last (heaviest) down */
@@ -2085,9 +2184,85 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
     /* gathers key tile j (keys j*BC ..) into buffer buf: K and V rows, and the
        tile's key positions (for the mask); returns whether the tile needs the
        causal/padding mask (a key beyond the first row's token, or padding) */
+    /* TMA: per buffer, whether copies are in flight, and the parity of the phase they complete */
+    uint32_t tma_pend = 0, tma_par = 0;
+    if (TMA) {
+        if (tid == 0) {
+            mbar_init(&tbar[0], 1);
+            mbar_init(&tbar[1], 1);
+            mbar_init(&ebar[0], NW);
+            mbar_init(&ebar[1], NW);
+        }
+        __syncthreads();
+    }
+    /* Whether tile j can come by TMA (warp-uniform, the same in every warp;
+       j past the last tile: true): each lane looks at one 8-key group g of the
+       tile; its keys are consecutive and valid when it lies in one kept block
+       (block size a multiple of 8) or in the own keys; pos: the group's first key. */
+    auto tma_ok = [&](int j, int &pos) -> bool {
+        constexpr int NG = BC / 8;
+        int g = lane % NG, i = j * BC + 8 * g;
+        bool ok;
+        pos = 0;
+        if (j >= ntiles) return true;
+        if (i + 8 <= kl.kept_len) {
+            int b = kl.brow[i / kl.bs];
+            pos = b * kl.bs + i % kl.bs;
+            ok = (kl.bs & 7) == 0 && b >= 0 && b < kl.seg_first_block;
+        } else {
+            pos = kl.base_pos + (i - kl.kept_len);
+            ok = i >= kl.kept_len && i - kl.kept_len + 8 <= kl.own_len;
+        }
+        return __all_sync(0xffffffffu, ok);
+    };
     auto issue = [&](int j, int buf) -> int {
         uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
-        for (int c = tid; c < BC * CH; c += NT) {
+        bool tma_done = false;
+        if constexpr (TMA) {
+            /* When every 8-key group of the tile allows it (tma_ok), warp 0 copies
+               the tile with TMA: one box of BC keys per 64 columns of K and of V
+               when the groups follow on (dense tiles), else one 8-key box per
+               group (gathered blocks); any other tile (padding, the causal end,
+               other block sizes) takes the cp.async path. */
+            constexpr int NG = BC / 8, NS = D / 64;
+            int g = lane % NG, pos;
+            if (tma_ok(j, pos)) {
+                int pos0 = __shfl_sync(0xffffffffu, pos, 0);
+                bool contig = __all_sync(0xffffffffu, pos == pos0 + 8 * g);
+                if (warp == 0) {
+                    /* TM 2: the buffer's last tile (j - 2) read by every warp */
+                    if (TM == 2 && j >= 2) mbar_wait(&ebar[buf], ((j >> 1) - 1) & 1);
+                    if (lane == 0) mbar_arrive_expect_tx(&tbar[buf], 2u * BC * D * (unsigned)sizeof(T));
+                    __syncwarp();
+                    if (contig) {
+                        if (lane < 2 * NS) {
+                            int sl = lane % NS;
+                            bool isv = lane >= NS;
+                            tma_load3((isv ? bV : bK) + sl * BC * 8, isv ? (const void *)&tm.v_tile : (const void *)&tm.k_tile,
+                                      sl * 64, kvh, pos0, &tbar[buf]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int op = lane; op < 2 * NS * NG; op += 32) {
+                            int r = op / NG, sl = r % NS; /* op % NG == g: NG divides 32 */
+                            bool isv = r >= NS;
+                            tma_load3((isv ? bV : bK) + sl * BC * 8 + g * 64, isv ? (const void *)&tm.v_8 : (const void *)&tm.k_8,
+                                      sl * 64, kvh, pos, &tbar[buf]);
+                        }
+                    }
+                }
+                tma_pend |= 1u << buf;
+                tma_done = true;
+                if (TM >= 2) {
+                    /* no kpos (TM 2: warps may still read the buffer's last tile): the
+                       mask of a TMA tile follows from the key index (tma_masked); it needs
+                       one when its last key is an own key past the first row's token */
+                    int last = j * BC + BC - 1 - kl.kept_len;
+                    return last >= 0 && kl.base_pos + last > t0;
+                }
+            }
+        }
+        for (int c = tma_done ? BC * CH : tid; c < BC * CH; c += NT) {
             int row = c / CH, ch = c % CH;
             int pos = kl.pos(j * BC + row);
             int sw = at(row, ch, BC);
@@ -2142,6 +2317,19 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
             for (int e = 0; e < 4; e++) {
                 int key = nt * 8 + (lane & 3) * 2 + (e & 1);
                 if (kpos[buf][key] > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
+            }
+    };
+    /* TM 2 / 3, a TMA tile (every key valid; kept keys lie before every row's
+       token): own key i of tile j sits at base_pos + j*BC + key - kept_len */
+    auto tma_masked = [&](float (&s)[NB][4], int mt, int j) {
+        int tk0 = row_token(mt, 0), tk1 = row_token(mt, 1);
+        int first = j * BC - kl.kept_len; /* own-key index of the tile's key 0 */
+#pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = first + nt * 8 + (lane & 3) * 2 + (e & 1);
+                if (i >= 0 && kl.base_pos + i > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
             }
     };
     /* online softmax, in place: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2),
@@ -2223,6 +2411,13 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
         cp_async_commit();
         const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
+        bool cur_tma = false;
+        if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
+            mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
+            tma_par ^= 1u << buf;
+            tma_pend &= ~(1u << buf);
+            cur_tma = true;
+        }
 
         /* one key tile; masked = true only on tiles that reach past the first row's
            token (the diagonal) or hold padding: the rest runs branch-free */
@@ -2267,7 +2462,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 float al0, al1;
-                if constexpr (decltype(masked)::value) mask_scores(sc[mt], mt, buf);
+                if constexpr (decltype(masked)::value) {
+                    if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
+                    else mask_scores(sc[mt], mt, buf);
+                }
                 if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
             }
             /* O += P V */
@@ -2281,6 +2479,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
                 wg_pv(pa, bV);
                 wgmma_commit();
                 wgmma_wait_all();
+                if (TM == 2) { /* this warp is done with the buffer */
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&ebar[buf]);
+                }
 #pragma unroll
                 for (int t = 0; t < NB / 2; t++)
 #pragma unroll
@@ -2307,9 +2509,16 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         };
         if (need_cur) tile(std::true_type{});
         else tile(std::false_type{});
-        cp_async_wait_all();
-        if (WG) fence_proxy_async();
-        need_cur = __syncthreads_or(need_next);
+        /* TM 2: no CTA barrier while the next two tiles come by TMA (the
+           buffers change hands through tbar / ebar, masks need no kpos) */
+        int pos_unused;
+        if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
+            need_cur = need_next;
+        } else {
+            cp_async_wait_all();
+            if (WG) fence_proxy_async();
+            need_cur = __syncthreads_or(need_next);
+        }
     }
     /* ---- normalise and write */
 #pragma unroll
@@ -2349,15 +2558,65 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1) attention_k
         }
 }
 
-template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true>
-static ei_result launch_attention(const AttnParams &p, unsigned grid, cudaStream_t st, char *msg) {
+template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
+static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = WG ? (size_t)(16 * NW * MT + 4 * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
-    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC>,
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_kernel<D, NW, MT, BC, T, WG, VEC><<<grid, NW * 32, smem, st>>>(p);
+    typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm;
+    if constexpr (TM > 0) tm = *maps;
+    else {
+        (void)maps;
+        tm.unused = 0;
+    }
+    attention_kernel<D, NW, MT, BC, T, WG, VEC, TM><<<grid, NW * 32, smem, st>>>(p, tm);
     LAUNCH_CHECK("attention_kernel");
     return EI_OK;
+}
+
+/* The TMA kernels' tensor maps of K and V (attention_kernel, TMA): rank 3
+   (head_dim, kv heads, tokens), 64-column boxes of bc and of 8 keys, 128-byte
+   swizzle. The encoder comes from the driver through the runtime (no link
+   against libcuda). False when the views do not allow it (alignment,
+   strides) or the encoder is missing: the call then runs the cp.async kernel. */
+typedef CUresult (*ei_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                       const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static ei_encode_tiled_fn encode_tiled(void) {
+    static std::atomic<int> state{0}; /* 0 unknown, 1 missing, 2 found */
+    static std::atomic<ei_encode_tiled_fn> fn{nullptr};
+    int s = state.load();
+    if (s == 0) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        (void)cudaGetLastError();
+        fn.store((ei_encode_tiled_fn)f);
+        state.store(f ? 2 : 1);
+        s = f ? 2 : 1;
+    }
+    return s == 2 ? fn.load() : nullptr;
+}
+static bool attn_map_one(ei_encode_tiled_fn enc, CUtensorMap *m, const ei_tensor *t, int D, bool bf, int rows) {
+    int64_t ts = t->token_stride * 2, hs = t->head_stride * 2;
+    if (t->n_heads == 1) hs = ts; /* a dimension of 1: never stepped */
+    if (((uintptr_t)t->data & 15) || ts <= 0 || (ts & 15) || hs <= 0 || (hs & 15) || ts >= (1ll << 40) ||
+        hs >= (1ll << 40) || t->n_tokens <= 0 || t->n_tokens >= (1ll << 31))
+        return false;
+    cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)t->n_heads, (cuuint64_t)t->n_tokens};
+    cuuint64_t strides[2] = {(cuuint64_t)hs, (cuuint64_t)ts};
+    cuuint32_t box[3] = {64, 1, (cuuint32_t)rows}, estr[3] = {1, 1, 1};
+    return enc(m, bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)t->data, dims,
+               strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+static bool attn_maps(const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m) {
+    ei_encode_tiled_fn enc = encode_tiled();
+    return enc && attn_map_one(enc, &m->k_tile, k, D, bf, bc) && attn_map_one(enc, &m->v_tile, v, D, bf, bc) &&
+           attn_map_one(enc, &m->k_8, k, D, bf, 8) && attn_map_one(enc, &m->v_8, v, D, bf, 8);
 }
 
 /* Whether the wgmma kernels can run on the current device: a Hopper GPU
@@ -2372,7 +2631,7 @@ static bool wgmma_available(void) {
     cudaDeviceProp prop;
     cudaFuncAttributes fa;
     bool ok = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major == 9 && prop.minor == 0 &&
-              cudaFuncGetAttributes(&fa, attention_kernel<128, 8, 1, 128, __nv_bfloat16, true, true>) == cudaSuccess &&
+              cudaFuncGetAttributes(&fa, attention_kernel<128, 8, 1, 128, __nv_bfloat16, true, true, 0>) == cudaSuccess &&
               fa.binaryVersion == 90;
     if (dev < 64) known[dev] = ok ? 2 : 1;
     return ok;
@@ -2381,9 +2640,15 @@ static bool wgmma_available(void) {
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
    Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
-   rows) x 64 keys, 2 CTAs per SM. Elsewhere mma.sync, 8x2x64 for head_dim <=
+   rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
+   where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
-   Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step), or
+   Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step),
+   "wgt64" / "wgt128" (the same with K/V tiles copied by TMA where the keys
+   allow it: *wg = 2), "wgk64" / "wgk128" (as wgt, the TMA tiles' masks from
+   key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
+   CTA barrier between TMA tiles: the two warpgroups drift apart up to a
+   tile; *wg = 3), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
@@ -2394,9 +2659,12 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
     *wg = 0;
     if (D == 256) { *nw = 4; *mt = 1; return; }
     if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
-        *wg = 1;
+        /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
+        size_t n = e ? strlen(e) : 0;
+        bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : 1;
         *mt = 1;
-        *bc = (e && !strcmp(e, "wg128")) ? 128 : 64;
+        *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2541,13 +2809,13 @@ static void attention_pick(int D, bool vec, int *nw, int *mt, int *bc, int *wg) 
     *nw = 4; *mt = 1; *bc = 64; *wg = 0;
 }
 /* The kernel of the shape attention_pick picks, for p's dtype. */
-static ei_result attention_launch(const AttnParams &p, int D, bool bf, bool vec, unsigned grid, cudaStream_t st,
-                                  char *msg) {
+static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int D, bool bf, bool vec, unsigned grid,
+                                  cudaStream_t st, char *msg) {
     int NW, MT, BCK, WGK;
     attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
 #define EI__ATT_ELEM(DD)                                                                          \
-    return bf ? launch_attention<DD, 4, 1, 64, __nv_bfloat16, false, false>(p, grid, st, msg)     \
-              : launch_attention<DD, 4, 1, 64, __half, false, false>(p, grid, st, msg)
+    return bf ? launch_attention<DD, 4, 1, 64, __nv_bfloat16, false, false>(p, maps, grid, st, msg) \
+              : launch_attention<DD, 4, 1, 64, __half, false, false>(p, maps, grid, st, msg)
     if (!vec) {
         if (D == 64) EI__ATT_ELEM(64);
         if (D == 128) EI__ATT_ELEM(128);
@@ -2555,8 +2823,8 @@ static ei_result attention_launch(const AttnParams &p, int D, bool bf, bool vec,
     }
 #undef EI__ATT_ELEM
 #define EI__ATT(DD, NN, MM, BB)                                                                   \
-    return bf ? launch_attention<DD, NN, MM, BB, __nv_bfloat16>(p, grid, st, msg)                 \
-              : launch_attention<DD, NN, MM, BB, __half>(p, grid, st, msg)
+    return bf ? launch_attention<DD, NN, MM, BB, __nv_bfloat16>(p, maps, grid, st, msg)           \
+              : launch_attention<DD, NN, MM, BB, __half>(p, maps, grid, st, msg)
 #define EI__ATT_D(DD)                                                                             \
     do {                                                                                          \
         if (NW == 8 && MT == 2) EI__ATT(DD, 8, 2, 64);                                            \
@@ -2565,8 +2833,30 @@ static ei_result attention_launch(const AttnParams &p, int D, bool bf, bool vec,
         EI__ATT(DD, 4, 1, 64);                                                                    \
     } while (0)
 #define EI__ATT_WG(DD, BB, WW)                                                                    \
-    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, WW>(p, grid, st, msg)               \
-              : launch_attention<DD, 8, 1, BB, __half, WW>(p, grid, st, msg)
+    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, WW>(p, maps, grid, st, msg)         \
+              : launch_attention<DD, 8, 1, BB, __half, WW>(p, maps, grid, st, msg)
+#define EI__ATT_TMA(DD, BB, TT)                                                                   \
+    return bf ? launch_attention<DD, 8, 1, BB, __nv_bfloat16, true, true, TT>(p, maps, grid, st, msg) \
+              : launch_attention<DD, 8, 1, BB, __half, true, true, TT>(p, maps, grid, st, msg)
+    if (WGK == 2 && maps) {
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 1);
+        if (D == 64) EI__ATT_TMA(64, 128, 1);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 1);
+        EI__ATT_TMA(128, 128, 1);
+    }
+    if (WGK == 3 && maps) {
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 2);
+        if (D == 64) EI__ATT_TMA(64, 128, 2);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 2);
+        EI__ATT_TMA(128, 128, 2);
+    }
+    if (WGK == 4 && maps) {
+        if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
+        if (D == 64) EI__ATT_TMA(64, 128, 3);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 3);
+        EI__ATT_TMA(128, 128, 3);
+    }
+#undef EI__ATT_TMA
     if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64, true);
     if (WGK && D == 64) EI__ATT_WG(64, 128, true);
     if (WGK && BCK == 64) EI__ATT_WG(128, 64, true);
@@ -2618,6 +2908,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     int NW, MT, BCK, WGK;
     attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
+    AttnMaps maps;
     AttnParams p;
     memset(&p, 0, sizeof p);
     p.q = q->data; p.k = k->data; p.v = v->data; p.out = out->data;
@@ -2672,7 +2963,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     sp.suspect = suspect;
     p.bad = slot;
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)) ||
-        (r = attention_launch(p, D, bf, vec, (unsigned)grid, st, msg)))
+        (r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec,
+                              (unsigned)grid, st, msg)))
         return r;
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;

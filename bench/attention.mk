@@ -7,14 +7,13 @@
 #   bench                  build/ei_bench (dense vs sparse attention, profiling cost) and
 #                          build/bench_decode (the decode keep-set next to one dense decode step)
 #   bench-run              the reference runs: N = 8k,16k,32k, 2 threads, f32 and bf16, JSON
-#   ggml-peer              build/ggml_peer against a ggml checkout (GGML_DIR=/path/to/ggml)
+#   ggml-peer              build/ggml_peer against a ggml checkout (ATTN_GGML_DIR=/path/to/ggml)
 #
-# Variables the includer may set: CC, CFLAGS (added to ours).
+# Its variables start with ATTN_; it reads CC and CFLAGS (added to ours).
 # No -march: the header compiles its AVX2/AVX-512 kernels with per-function
 # target attributes and picks one at run time.
 
 ATTN_BUILD   ?= build
-CC           ?= cc
 ATTN_CFLAGS   = -O2 -Wall -Wextra -Werror $(CFLAGS)
 ATTN_LIBS     = -lm -lpthread -ldl
 ATTN_DEPS     = entropyinfer.h
@@ -37,7 +36,7 @@ bench-run: $(ATTN_BUILD)/ei_bench
 	$(ATTN_BUILD)/ei_bench --n 8192,16384,32768 --threads 2 --dtype bf16 --json
 
 # ggml's CPU flash attention on the same shapes (see bench/run_ggml_peer.sh).
-GGML_DIR ?=
+ATTN_GGML_DIR ?=
 ggml-peer:
-	@test -n "$(GGML_DIR)" || { echo "set GGML_DIR to a ggml checkout (bench/run_ggml_peer.sh)"; exit 2; }
-	bench/run_ggml_peer.sh "$(GGML_DIR)"
+	@test -n "$(ATTN_GGML_DIR)" || { echo "set ATTN_GGML_DIR to a ggml checkout (bench/run_ggml_peer.sh)"; exit 2; }
+	bench/run_ggml_peer.sh "$(ATTN_GGML_DIR)"

@@ -26,9 +26,12 @@
    pairs / dense causal pairs; efficiency = sparse useful TFLOP/s over dense
    TFLOP/s (1.0 = time exactly proportional to the work kept). Each attention
    variant runs with several CTA shapes (EI_CUDA_ATTN_CFG: wg64 / wg128 = the
-   wgmma kernel with 64 / 128 keys per step, Hopper only; WxMxB = the mma.sync
+   wgmma kernel with 64 / 128 keys per step, Hopper only, K/V tiles by
+   cp.async; wgk64 / wgt64 / wgp64 (and 128) the same with TMA copies of the
+   K/V tiles (wgk64 the library's default on Hopper); WxMxB = the mma.sync
    kernel, warps x m-tiles per warp x keys per step; EI_BENCH_SHAPES=wg64,8x2x64
-   picks them); the table shows the best, the line below it each shape.
+   picks them; default wgk64,wg64,wg128,8x2x64); the table shows the best, the
+   line below it each shape.
 
    Measured (2026-11-29, one H200, CUDA 13.0, driver 580.159.04; SDPA = torch
    2.11 scaled_dot_product_attention, is_causal, enable_gqa), best = wg64:
@@ -52,8 +55,8 @@
    Measured 2026-12-02 (one H200, CUDA 13.0, driver 580.159.04, torch 2.11):
    profile + sparse vs SDPA dense at 30% density 1.44x / 1.65x / 1.80x at
    32k / 64k / 128k, at 50% 0.89x / 1.00x / 1.08x; dense with f32 q 21.17 /
-   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (README.md,
-   GPU tables). */
+   86.73 / 338.06 ms against 21.07 / 83.70 / 336.73 with bf16 q (docs/performance.md,
+   GPU). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 
@@ -118,8 +121,8 @@ static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
 }
 
 #define MAXCFG 8
-static const char *cta_shapes[MAXCFG] = {"wg64", "wg128", "8x2x64"};
-static int NCFG = 3;
+static const char *cta_shapes[MAXCFG] = {"wgk64", "wg64", "wg128", "8x2x64"};
+static int NCFG = 4;
 
 static double median_ms(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);

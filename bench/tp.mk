@@ -13,7 +13,6 @@
 #   TP_N=32768 (or a comma list) for quick runs; TP_SHARDS=2,4,8; TP_REPS=5; TP_NPROC (GPUs).
 #   NVLink multicast stays off in every process (NCCL_NVLS_ENABLE=0,
 #   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
-CUDA_LIB   ?= $(BUILD)/libentropyinfer_cuda.so
 TP_SHIM    := $(BUILD)/libei_tp_shim.so
 TP_PYTHON  ?= python3
 TP_N       ?= 131072

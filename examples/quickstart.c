@@ -1,7 +1,7 @@
 /* quickstart: the two hooks an engine adds to its attention, on random data.
    Prefill: profile Q/K into a plan, run block-sparse attention on it.
    Decode: observe queries, compress the KV cache once decode_gap tokens are out.
-   This is the code sample of README.md ("Hooking into an engine"). */
+   This is the code sample of docs/integration.md ("Hooking into an engine's attention"). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 

@@ -806,9 +806,12 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     tq_part.data = (const char *)dq + (size_t)q_offset * nh * D * (dt == EI_F32 ? 4 : 2);
     tq_part.n_tokens = nq_tok;
     to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
-    for (shape = 0; shape < (D == 256 ? 1 : 8); shape++) {
-        /* wg*: the wgmma kernels (Hopper; elsewhere the default mma.sync shape); WxMxB: mma.sync */
-        static const char *const shapes[8] = {"wg64", "wg128", "8x2x64", "4x1x64", "4x2x64", "8x1x64", "8x2x32", "4x2x32"};
+    for (shape = 0; shape < (D == 256 ? 1 : 14); shape++) {
+        /* wg*: the wgmma kernels (Hopper; elsewhere the default mma.sync shape), wgt* / wgk* / wgp*: the
+           same with TMA copies of the K/V tiles (wgk: masks from key indices, wgp: also without CTA
+           barriers between them); WxMxB: mma.sync */
+        static const char *const shapes[14] = {"wg64", "wg128", "wgt64", "wgt128", "wgk64", "wgk128", "wgp64", "wgp128",
+                                               "8x2x64", "4x1x64", "4x2x64", "8x1x64", "8x2x32", "4x2x32"};
         setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
