@@ -2243,6 +2243,7 @@ static ei_result ei__check_qk(const ei_context *ctx, const ei_tensor *q, const e
 EIDEF ei_tensor ei_tensor_make(const void *data, ei_dtype dtype, int64_t n_tokens, int32_t n_heads,
                                int32_t head_dim) {
     ei_tensor t;
+    memset(&t, 0, sizeof t); /* padding too: a caller may copy, hash or compare views bytewise */
     t.data = data; t.dtype = dtype; t.n_heads = n_heads; t.head_dim = head_dim; t.n_tokens = n_tokens;
     t.head_stride = head_dim; t.token_stride = (int64_t)n_heads * head_dim;
     return t;
@@ -2250,6 +2251,7 @@ EIDEF ei_tensor ei_tensor_make(const void *data, ei_dtype dtype, int64_t n_token
 EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tokens, int32_t n_heads,
                                        int32_t head_dim) {
     ei_out_tensor t;
+    memset(&t, 0, sizeof t); /* padding too: a caller may copy, hash or compare views bytewise */
     t.data = data; t.dtype = dtype; t.n_heads = n_heads; t.head_dim = head_dim; t.n_tokens = n_tokens;
     t.head_stride = head_dim; t.token_stride = (int64_t)n_heads * head_dim;
     return t;
