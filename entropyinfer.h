@@ -217,6 +217,16 @@
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head; its workspace adds 32 x n_tokens floats of scores.
+   Plan memory per layer (ei_plan_size; per kv head and segment: 24 bytes of
+   counts plus a row of max_keep block indices, max_keep = the budget cap,
+   not the context; chunked plans add the recurrence rows, one open
+   segment's query min/max and block row per kv head): 32 query / 8 kv
+   heads, head_dim 128, segment 512, EI_PLAN_CHUNKED: 2.14 MiB at 32k tokens
+   (69 bytes per token), 7.08 MiB at 128k (57); ei_config_quality(): 2.64
+   and 9.08 MiB. EI_PLAN_SCORES adds a float per kv head, segment and block
+   (quadratic in tokens: for analysis). Chunked planning builds the key
+   blocks' min/max of the cache again on every call, in its workspace (one
+   read of K per chunk), instead of keeping them per layer.
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
@@ -959,7 +969,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 8
+#define EI_CUDA_ABI_VERSION 9
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1065,8 +1075,9 @@ typedef struct ei_cuda_api {
        checked the protocol from the plan's host fields: every head's chunk
        ends at plan->n_tokens (whole-range calls only), plan->final says
        whether the last call was final. The per-head state (ei__head_state,
-       the recurrence rows, the open segment's query min/max, the key-block
-       min/max store) lives in the plan's state region on the device; the
+       the recurrence rows, the open segment's query min/max) lives in the
+       plan's state region on the device (ABI 9: the key-block min/max are
+       built again by every chunk, in the workspace, not stored); the
        open-mass row holds the open segment's raw block scores, or (ABI 8,
        EI_RANK_SAMPLED) its sampled block mass once a sampled row of it is
        in (open_rows counts them; a continued segment adds the chunk's rows
@@ -1102,7 +1113,6 @@ EI__HD size_t ei__align_size(size_t x) { return (x + EI__PLAN_ALIGN - 1) & ~(siz
 /* Per-kv-head state of chunked planning (CPU plans with EI_PLAN_CHUNKED). */
 typedef struct ei__head_state {
     int64_t tokens_done;   /* the chunk end so far: positions [0, tokens_done) are planned or skipped */
-    int64_t blocks_done;   /* key blocks whose min/max representation is stored */
     int32_t group;         /* query heads per kv head of the stored query representation (0: none) */
     int32_t open_valid;    /* the open segment's query representation is stored */
     int32_t last_final;    /* the open segment's row was planned with the final call's cap */
@@ -1119,19 +1129,21 @@ typedef struct ei__seg_state {
     int32_t pad_;
 } ei__seg_state;
 /* The chunked state region: head states, [kv][segment] recurrence rows,
-   each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d],
-   its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED; the
+   each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d]
+   and its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED; the
    CUDA backend keeps the open segment's raw block scores there until a
-   sampled row of it is in) and its key-block min/max store [2][d][blks_pad]
-   (max first; the CUDA backend's own layout). */
-typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, key_reps, bytes; } ei__chunk_geom;
+   sampled row of it is in). The key blocks' min/max are not stored: each
+   chunk builds them again from the cache, in its workspace (issue 31: they
+   were 32 of a 32k plan's 33.6 MiB, kept per layer for keys the cache holds;
+   building them reads K once per chunk, small beside the chunk's attention,
+   and min/max of the same keys are the same floats, so plans do not change). */
+typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, bytes; } ei__chunk_geom;
 EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, ei__chunk_geom *g) {
     size_t kv = (size_t)n_kv_heads;
     g->seg_rows = ei__align_size(kv * sizeof(ei__head_state));
     g->open_reps = g->seg_rows + ei__align_size(kv * (size_t)segs * sizeof(ei__seg_state));
     g->open_mass = g->open_reps + ei__align_size(kv * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)head_dim * 4u);
-    g->key_reps = g->open_mass + ei__align_size(kv * (size_t)blks_pad * 4u);
-    g->bytes = g->key_reps + kv * 2u * (size_t)head_dim * (size_t)blks_pad * 4u;
+    g->bytes = g->open_mass + kv * (size_t)blks_pad * 4u;
 }
 
 /* Row capacity of block_index: the most blocks a budget of this
@@ -2588,8 +2600,7 @@ EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->b
 /* Plans are laid out by ei__plan_geometry (under the ABI), the same on both
    backends; here they are checked, placed in memory and cleared. */
 
-/* Per-head chunked state and its key-block min/max store (transposed:
-   [2][head_dim][blks_pad], max first). */
+/* Per-head chunked state. */
 static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
 static ei__chunk_geom ei__plan_chunk_geom(const ei_plan *p) {
     ei__chunk_geom g;
@@ -2611,11 +2622,6 @@ static float *ei__plan_open_reps(const ei_plan *p, int32_t kvh) {
 static float *ei__plan_open_mass(const ei_plan *p, int32_t kvh) {
     int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
     return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).open_mass) + (size_t)kvh * (size_t)pad;
-}
-static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
-    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
-    return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).key_reps) +
-           (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
 }
 
 /* The arguments of a plan's layout, checked once for both backends. */
@@ -3135,6 +3141,8 @@ typedef struct ei__profile_ws {
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
     int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
+    int32_t krep_head;    /* chunked planning: the kv head whose key blocks [0, krep_blocks) kmaxT/kminT hold (-1: none) */
+    int64_t krep_blocks;
 } ei__profile_ws;
 
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
@@ -3168,6 +3176,8 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mass = w->sq = w->keys = w->logits = NULL;
     w->score_threads = 1;
+    w->krep_head = -1;
+    w->krep_blocks = 0;
     if (c->ranking == EI_RANK_SAMPLED) {
         w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
@@ -3656,7 +3666,6 @@ static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64
                              ei__ceil_div(st->tokens_done, c->segment_size));
         st->open_valid = 0;
         st->last_final = 0;
-        st->blocks_done = EI__MIN(st->blocks_done, q_pos / c->block_size);
     }
     st->tokens_done = q_pos;
 }
@@ -3699,21 +3708,21 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
                                         int32_t s, int64_t n, int last_final, const float *qrep, const float *mass,
                                         int32_t G, ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
-    ei__head_state *st = &ei__plan_states(plan)[kvh];
     ei__seg_state *cur = ei__plan_seg_state(plan, kvh, s), *prev = s > 0 ? cur - 1 : NULL;
     int64_t bps = c->segment_size / c->block_size, nvis = (int64_t)s * bps;
-    int64_t ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16);
+    int64_t ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16); /* the workspace's, at max_tokens */
     int64_t cap = last_final ? ei__cap_blocks(c, s, n, (ei__ceil_div(n, c->segment_size) - 1) * bps) : nvis;
     int32_t d = plan->head_dim;
-    float *kmaxT = ei__plan_krep(plan, kvh), *kminT = kmaxT + (size_t)d * (size_t)ld;
+    float *kmaxT = w->kmaxT, *kminT = w->kminT;
     size_t row = EI_PLAN_ROW(plan, kvh, s);
     float *prob = plan->scores ? plan->scores + row * ei__plan_score_row(plan) : NULL;
     float h = 0.0f;
     double budget;
-    if (nvis > st->blocks_done) {
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, st->blocks_done, nvis, kmaxT, kminT, ld, w->mx, w->mn))
-            return ei__nonfinite(ctx, "k", kvh, st->blocks_done * c->block_size);
-        st->blocks_done = nvis;
+    if (w->krep_head != kvh) w->krep_head = kvh, w->krep_blocks = 0; /* this call builds each head's blocks once */
+    if (nvis > w->krep_blocks) {
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, w->krep_blocks, nvis, kmaxT, kminT, ld, w->mx, w->mn))
+            return ei__nonfinite(ctx, "k", kvh, w->krep_blocks * c->block_size);
+        w->krep_blocks = nvis;
     }
     if (s > 0) {
         ei__score_row_split(ctx, qrep, G, d, kmaxT, kminT, ld, nvis, w->rows, w->score_threads);

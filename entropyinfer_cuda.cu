@@ -1413,8 +1413,9 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
                             char *msg) {
     size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
     size_t nblk = (nseg - 1) * (size_t)(cfg->segment_size / cfg->block_size);
+    size_t blks_pad = (std::max(nblk, (size_t)1) + 15) / 16 * 16; /* chunked planning's key min/max [kv][2][D][blks_pad] */
     size_t a, b, c;
-    if (!mul_ok((size_t)nh * nseg, (size_t)D * 8, &a) || !mul_ok((size_t)nkv * nblk, (size_t)D * 8, &b) ||
+    if (!mul_ok((size_t)nh * nseg, (size_t)D * 8, &a) || !mul_ok((size_t)nkv * blks_pad, (size_t)D * 8, &b) ||
         !mul_ok((size_t)nkv * nseg, nblk * 4, &c) || a > SIZE_MAX / 4 || b > SIZE_MAX / 4 || c > SIZE_MAX / 4)
         return fail(msg, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n);
     w->qfeat = 0;
@@ -1585,10 +1586,9 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
        or with the final cap by a final call without queries */
     const bool replan = q ? (plan->final && open_valid && open_seg < sq) : true;
     const int64_t blk_cap = plan->blk_capacity > 0 ? plan->blk_capacity : 1, pad = (blk_cap + 15) / 16 * 16;
-    /* key blocks stored for sure: the last call built those its last segment sees; a roll-back keeps the
-       blocks wholly before q_pos. The chunk builds [kb0, nblk) and scans its keys (a final one: to n) */
-    const int64_t stored = T > 0 ? ((T + seg - 1) / seg - 1) * bps : 0;
-    const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
+    /* the key blocks' min/max are not stored in the plan (issue 31: they were most of its bytes): the chunk
+       builds [0, nblk) in the workspace and scans its keys (a final one: to n) */
+    const int64_t kb0 = 0;
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1612,7 +1612,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     ei__head_state *heads = (ei__head_state *)state;
     ei__seg_state *rec = (ei__seg_state *)(state + cg.seg_rows);
     float *open_reps = (float *)(state + cg.open_reps), *open_raw = (float *)(state + cg.open_mass);
-    float *keys = (float *)(state + cg.key_reps);
+    float *keys = (float *)(base + w.kfeat); /* [kv][2][D][pad], sized for the plan's max_tokens */
     ScoreLaunch sl;
     if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
         (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||

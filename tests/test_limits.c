@@ -47,8 +47,9 @@ static wide plan_lower_bound(const ei_config *c, int64_t T, int32_t kv, int32_t 
     if (keep > blks) keep = blks;
     total = rows * 16u + (wide)kv + rows * keep * 4u;
     if (flags & EI_PLAN_SCORES) total += rows * (blks > 0 ? blks : 1) * 4u;
-    if (flags & EI_PLAN_CHUNKED) /* key representations, the open segments' queries, the recurrence rows */
-        total += (wide)kv * 2u * (wide)d * blks * 4u + (wide)kv * EI_MAX_CHUNK_GROUP * 2u * (wide)d * 4u + rows * 16u;
+    if (flags & EI_PLAN_CHUNKED) /* the open segments' queries and block mass, the recurrence rows (the key
+                                    blocks' min/max are built per chunk in the workspace, not kept) */
+        total += (wide)kv * EI_MAX_CHUNK_GROUP * 2u * (wide)d * 4u + (wide)kv * blks * 4u + rows * 16u;
     return total;
 }
 
@@ -74,6 +75,27 @@ static void check_plan_size(const ei_context *ctx, int64_t T, int32_t kv, int32_
         } else
             CHECK(r == EI_ERR_OVERFLOW, "plan_size(%lld, %d, %d, %u): %s for a size of %.0Lf bytes", (long long)T, kv, d, flags,
                   ei_result_name(r), (long double)lb);
+    }
+}
+
+/* Plans sized to what they hold (issue 31): one layer of 32 query / 8 kv
+   heads, head_dim 128, planned in chunks, at most 4 MiB at 32k tokens and
+   16 MiB at 128k with the default and the quality configuration (before:
+   33.6 and 134.6 MiB, most of it the key blocks' min/max that every chunk
+   now builds again from the cache). Sizes, so exact on every machine. */
+static void test_plan_bytes(void) {
+    int q;
+    for (q = 0; q < 2; ++q) {
+        ei_config c = q ? ei_config_quality() : ei_config_default();
+        ei_context *ctx;
+        size_t b32 = 0, b128 = 0;
+        CHECK_OK(ei_context_create(&c, &ctx));
+        CHECK_OK(ei_plan_size(ctx, 32768, 8, 128, EI_PLAN_CHUNKED, &b32));
+        CHECK_OK(ei_plan_size(ctx, 131072, 8, 128, EI_PLAN_CHUNKED, &b128));
+        CHECK(b32 <= (size_t)4 << 20 && b128 <= (size_t)16 << 20,
+              "%s: a chunked plan of 8 kv heads x 128 dims is %.2f MiB at 32k, %.2f MiB at 128k (at most 4 and 16)",
+              q ? "quality" : "default", b32 / 1048576.0, b128 / 1048576.0);
+        ei_context_destroy(ctx);
     }
 }
 
@@ -1884,6 +1906,7 @@ int main(void) {
     const char *e = getenv("EI_TEST_SIMD");
     printf("entropyinfer %s limits tests (SIMD: %s)\n", EI_VERSION_STRING, e && *e ? e : "all supported");
     test_size_arithmetic();
+    test_plan_bytes();
     test_view_extent();
     test_nonfinite();
     test_decode_nonfinite();
