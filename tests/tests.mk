@@ -31,6 +31,10 @@
 #   make quickstart            examples/quickstart.c
 #   make test-quickstart-header the code block of entropyinfer.h's QUICK START, extracted
 #                              as it stands, compiled as C and C++ and run
+#   make plan-digest [T_DIGEST_REF=main]  tests/plan_digest.c built against entropyinfer.h
+#                              here and at git revision T_DIGEST_REF: the plans of 250+ cases
+#                              per SIMD path, equal digests (bit-identical plans) or the diff
+#                              (for changes inside planning; not part of make test)
 #   make test-arm64            the NEON path (test_core, golden, test_limits, every ARM
 #                              attention kernel in test_attention --quick) and an
 #                              EI_NO_NEON test_core, cross-compiled for aarch64, under
@@ -76,7 +80,7 @@ t-run-%:
 	@mkdir -p $(T_LOGS); if $(t_cmd_$*) > $(T_LOGS)/$*.log 2>&1; then printf '  %-34s %s\n' "$*" "$$(tail -1 $(T_LOGS)/$*.log)"; \
 	else cat $(T_LOGS)/$*.log; echo "FAIL $*: $(t_cmd_$*)"; exit 1; fi
 t_runj   = $(T_BUILDJ) -k $(addprefix t-run-,$(1))
-.PHONY: test test-harness-selftest test-compilers test-compilers-full test-core golden test-attention test-attention-all test-limits \
+.PHONY: test test-harness-selftest test-compilers test-compilers-full test-core plan-digest golden test-attention test-attention-all test-limits \
         test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
@@ -96,6 +100,17 @@ $(T_BUILD)/quickstart: examples/quickstart.c entropyinfer.h
 
 test-core: $(T_BUILD)/test_core
 	$(T_BUILD)/test_core
+
+T_DIGEST_REF ?= main
+plan-digest:
+	@mkdir -p $(T_BUILD)/digest
+	git show $(T_DIGEST_REF):entropyinfer.h > $(T_BUILD)/digest/entropyinfer.h
+	$(CC) $(T_C) $(T_CFLAGS) $(T_WARN) -I. tests/plan_digest.c -o $(T_BUILD)/plan_digest $(T_LDLIBS)
+	$(CC) $(T_C) $(T_CFLAGS) $(T_WARN) -I$(T_BUILD)/digest tests/plan_digest.c -o $(T_BUILD)/digest/plan_digest $(T_LDLIBS)
+	$(T_BUILD)/plan_digest > $(T_BUILD)/digest/here.txt
+	$(T_BUILD)/digest/plan_digest > $(T_BUILD)/digest/ref.txt
+	@diff $(T_BUILD)/digest/ref.txt $(T_BUILD)/digest/here.txt && \
+	  echo "plan-digest: $$(wc -l < $(T_BUILD)/digest/here.txt) plans bit-identical to $(T_DIGEST_REF)'s"
 
 golden: $(T_BUILD)/golden_runner
 	$(T_BUILD)/golden_runner $(T_GOLDEN)
