@@ -174,6 +174,9 @@ static void dev_put(void *dst, const void *src, size_t bytes) {
 static void dev_get(void *dst, const void *src, size_t bytes) {
     CHECK_OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_HOST));
 }
+static void dev_copy_d2d(void *dst, const void *src, size_t bytes) {
+    CHECK_OK(ei_device_copy(g_gpu, dst, src, bytes, EI_COPY_DEVICE_TO_DEVICE));
+}
 /* upload f32 values as dtype; returns the device pointer */
 static void *dev_upload(const float *x, size_t count, ei_dtype dt) {
     size_t es = dt == EI_F32 ? 4 : 2, i;
@@ -1598,6 +1601,162 @@ static void error_tests(void) {
     ei_context_destroy(g); ei_context_destroy(cpu);
 }
 
+/* ------------------------------------------------------------ device placements */
+/* Issue 36 on the device: the header's MEMORY ARGUMENTS checks compare
+   address ranges, so they hold for device pointers too. Each call's device
+   regions live in one arena; every region that meets a written one is
+   placed inside it (at its start, middle, end, straddling its end, at
+   256-byte offsets so that no alignment rule answers first) and the call
+   must refuse with EI_ERR_OVERLAP, leaving every byte of the arena and the
+   host structs as they were. The regions at home give EI_OK. */
+enum { DP_Q, DP_K, DP_V, DP_OUT, DP_PLAN, DP_WS, DP_DEC, DP_COUNT };
+static const char *const dp_name[DP_COUNT] = {"q", "k", "v", "out", "plan memory", "workspace", "decoder memory"};
+typedef struct dp_fix {
+    int64_t n;
+    int nh, nkv, D;
+    size_t bytes[DP_COUNT], home[DP_COUNT], at[DP_COUNT], arena_bytes, pb, pcb, db;
+    unsigned char *arena;              /* device */
+    void *q_host, *k_host, *v_host;    /* bf16 contents */
+    ei_plan plan, ref_plan;            /* ref_plan: profiled, its own memory */
+    void *ref_mem, *ref_ws;
+    ei_decoder dec;
+} dp_fix;
+typedef struct dp_call {
+    const char *name;
+    unsigned regs, written;
+    int chunked;
+    ei_result (*run)(dp_fix *x);
+} dp_call;
+#define DPB(r) (1u << (r))
+static void *dp_at(const dp_fix *x, int r) { return x->arena + x->at[r]; }
+static ei_tensor dp_view(const dp_fix *x, int r, int heads) { return ei_tensor_make(dp_at(x, r), EI_BF16, x->n, heads, x->D); }
+static ei_result dp_profile(dp_fix *x) {
+    ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
+    return ei_profile(g_gpu, &q, &k, &x->plan, dp_at(x, DP_WS), x->bytes[DP_WS]);
+}
+static ei_result dp_chunk(dp_fix *x) {
+    ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
+    return ei_profile_chunk(g_gpu, &q, &k, &x->plan, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+}
+static ei_result dp_prefill(dp_fix *x) {
+    ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
+    ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, x->n, x->nh, x->D);
+    return ei_attention_prefill(g_gpu, &q, &k, &v, &x->plan, &o, 0, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+}
+static ei_result dp_observe(dp_fix *x) {
+    ei_tensor q = dp_view(x, DP_Q, x->nh);
+    return ei_decode_observe(g_gpu, &x->dec, &q, 0);
+}
+static ei_result dp_copy(dp_fix *x) {
+    return ei_device_copy(g_gpu, dp_at(x, DP_OUT), dp_at(x, DP_Q), x->bytes[DP_Q], EI_COPY_DEVICE_TO_DEVICE);
+}
+static const dp_call dp_calls[] = {
+    {"ei_profile", DPB(DP_Q) | DPB(DP_K) | DPB(DP_PLAN) | DPB(DP_WS), DPB(DP_PLAN) | DPB(DP_WS), 0, dp_profile},
+    {"ei_profile_chunk", DPB(DP_Q) | DPB(DP_K) | DPB(DP_PLAN) | DPB(DP_WS), DPB(DP_PLAN) | DPB(DP_WS), 1, dp_chunk},
+    {"ei_attention_prefill", DPB(DP_Q) | DPB(DP_K) | DPB(DP_V) | DPB(DP_OUT) | DPB(DP_PLAN) | DPB(DP_WS),
+     DPB(DP_OUT) | DPB(DP_WS), 0, dp_prefill},
+    {"ei_decode_observe", DPB(DP_Q) | DPB(DP_DEC), DPB(DP_DEC), 0, dp_observe},
+    {"ei_device_copy", DPB(DP_Q) | DPB(DP_OUT), DPB(DP_OUT), 0, dp_copy},
+};
+/* The call's structs laid out over the regions where they are now, and the
+   views' contents uploaded: what the call finds before it runs. */
+static void dp_setup(dp_fix *x, const dp_call *c) {
+    size_t qb = x->bytes[DP_Q], kb = x->bytes[DP_K];
+    if (c->regs & DPB(DP_PLAN)) {
+        CHECK_OK(ei_plan_init(g_gpu, &x->plan, x->n, x->nkv, x->D, c->chunked ? EI_PLAN_CHUNKED : 0u, dp_at(x, DP_PLAN),
+                              c->chunked ? x->pcb : x->pb));
+        if (c->run == dp_prefill) { /* the profiled plan's arrays (same layout: 256-byte aligned bases) and counts */
+            dev_copy_d2d(dp_at(x, DP_PLAN), x->ref_mem, x->pb);
+            x->plan.n_tokens = x->ref_plan.n_tokens; x->plan.n_segments = x->ref_plan.n_segments;
+            x->plan.n_blocks = x->ref_plan.n_blocks; x->plan.final = x->ref_plan.final;
+        }
+    }
+    if (c->regs & DPB(DP_DEC)) CHECK_OK(ei_decoder_init(g_gpu, &x->dec, x->nh, x->nkv, x->D, dp_at(x, DP_DEC), x->db));
+    if (c->regs & DPB(DP_Q)) dev_put(dp_at(x, DP_Q), x->q_host, qb);
+    if (c->regs & DPB(DP_K)) dev_put(dp_at(x, DP_K), x->k_host, kb);
+    if (c->regs & DPB(DP_V)) dev_put(dp_at(x, DP_V), x->v_host, kb);
+}
+static void device_placements(void) {
+    dp_fix x;
+    int ci, a, b, k, refused = 0;
+    size_t o = 0, awsb, pwsb, i;
+    unsigned char *before, *after;
+    float *qf, *kf;
+    ei_config cfg = base_config();
+    memset(&x, 0, sizeof x);
+    x.n = 300; x.nh = 4; x.nkv = 2; x.D = 64;
+    qf = (float *)malloc((size_t)x.n * x.nh * x.D * 4); kf = (float *)malloc((size_t)x.n * x.nkv * x.D * 4);
+    gen_qk(qf, kf, x.n, x.nh, x.nkv, x.D, 2.f);
+    x.q_host = host_as(qf, (size_t)x.n * x.nh * x.D, EI_BF16);
+    x.k_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
+    x.v_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
+    (void)cfg;
+    CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, 0, &x.pb));
+    CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, EI_PLAN_CHUNKED, &x.pcb));
+    CHECK_OK(ei_profile_workspace_size(g_gpu, x.n, x.nh, x.nkv, x.D, &pwsb));
+    CHECK_OK(ei_attention_workspace_size(g_gpu, x.nh, x.nkv, x.D, &awsb));
+    CHECK_OK(ei_decoder_size(g_gpu, x.nh, x.D, &x.db));
+    x.bytes[DP_Q] = x.bytes[DP_OUT] = (size_t)x.n * x.nh * x.D * 2;
+    x.bytes[DP_K] = x.bytes[DP_V] = (size_t)x.n * x.nkv * x.D * 2;
+    x.bytes[DP_PLAN] = x.pcb > x.pb ? x.pcb : x.pb;
+    x.bytes[DP_WS] = pwsb > awsb ? pwsb : awsb;
+    x.bytes[DP_DEC] = x.db;
+    for (a = 0; a < DP_COUNT; ++a) { x.home[a] = o; o += (x.bytes[a] + 255) & ~(size_t)255; }
+    x.arena_bytes = o + 256;
+    x.arena = (unsigned char *)dev_alloc(x.arena_bytes);
+    before = (unsigned char *)malloc(x.arena_bytes); after = (unsigned char *)malloc(x.arena_bytes);
+    { /* the plan prefill reads, profiled apart */
+        ei_tensor q = ei_tensor_make(x.arena + x.home[DP_Q], EI_BF16, x.n, x.nh, x.D);
+        ei_tensor kk = ei_tensor_make(x.arena + x.home[DP_K], EI_BF16, x.n, x.nkv, x.D);
+        x.ref_mem = dev_alloc(x.pb); x.ref_ws = dev_alloc(pwsb);
+        dev_put(x.arena + x.home[DP_Q], x.q_host, x.bytes[DP_Q]);
+        dev_put(x.arena + x.home[DP_K], x.k_host, x.bytes[DP_K]);
+        CHECK_OK(ei_plan_init(g_gpu, &x.ref_plan, x.n, x.nkv, x.D, 0, x.ref_mem, x.pb));
+        CHECK_OK(ei_profile(g_gpu, &q, &kk, &x.ref_plan, x.ref_ws, pwsb));
+    }
+    for (ci = 0; ci < (int)(sizeof dp_calls / sizeof dp_calls[0]); ++ci) {
+        const dp_call *c = &dp_calls[ci];
+        ei_result r;
+        memcpy(x.at, x.home, sizeof x.at);
+        dp_setup(&x, c);
+        r = c->run(&x);
+        CHECK(r == EI_OK, "%s with every region apart: %s (%s)", c->name, ei_result_name(r), ei_last_error());
+        for (a = 0; a < DP_COUNT; ++a)
+            for (b = 0; b < DP_COUNT; ++b) {
+                size_t A = x.bytes[a], B = x.bytes[b], offs[4];
+                if (a == b || !(c->regs & DPB(a)) || !(c->regs & DPB(b)) || !(c->written & (DPB(a) | DPB(b)))) continue;
+                offs[0] = 0;
+                offs[1] = (B / 2) & ~(size_t)255;
+                offs[2] = B >= A ? (B - A) & ~(size_t)255 : 0;
+                offs[3] = B > 256 ? (B - 1) & ~(size_t)255 : 0;
+                for (k = 0; k < 4; ++k) {
+                    ei_plan plan_before;
+                    ei_decoder dec_before;
+                    memcpy(x.at, x.home, sizeof x.at);
+                    x.at[a] = x.home[b] + offs[k];
+                    if (x.at[a] + A > x.arena_bytes) continue; /* (the last region's tail: nothing to place into) */
+                    dp_setup(&x, c);
+                    memcpy(&plan_before, &x.plan, sizeof x.plan); memcpy(&dec_before, &x.dec, sizeof x.dec);
+                    dev_get(before, x.arena, x.arena_bytes);
+                    r = c->run(&x);
+                    dev_get(after, x.arena, x.arena_bytes);
+                    for (i = 0; i < x.arena_bytes && before[i] == after[i]; ++i) {}
+                    CHECK(r == EI_ERR_OVERLAP && i == x.arena_bytes && !memcmp(&plan_before, &x.plan, sizeof x.plan) &&
+                              !memcmp(&dec_before, &x.dec, sizeof x.dec),
+                          "%s: %s (%zu bytes) at byte %zu of %s (%zu bytes): %s (%s)%s", c->name, dp_name[a], A, offs[k],
+                          dp_name[b], B, ei_result_name(r), ei_last_error(),
+                          i < x.arena_bytes ? ", device bytes written" : "");
+                    refused++;
+                }
+            }
+    }
+    printf("  device placements over %d entry points: %d refused as overlapping, nothing written\n",
+           (int)(sizeof dp_calls / sizeof dp_calls[0]), refused);
+    CHECK(refused > 50, "only %d device placements tried", refused);
+    dev_free(x.arena); dev_free(x.ref_mem); dev_free(x.ref_ws);
+    free(before); free(after); free(x.q_host); free(x.k_host); free(x.v_host); free(qf); free(kf);
+}
+
 /* ------------------------------------------------------------ no GPU */
 static int fallback_test(void) {
     ei_config c = base_config();
@@ -1705,6 +1864,8 @@ int main(int argc, char **argv) {
     error_tests();
     chunked_errors(0);
     chunked_errors(1);
+    printf("device placements (MEMORY ARGUMENTS on device pointers):\n");
+    device_placements();
     ei_context_destroy(g_gpu);
     ei_context_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", failures ? "FAILED" : "PASSED", checks, failures);
