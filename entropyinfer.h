@@ -462,6 +462,14 @@ EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tok
 /* ---------------------------------------------------------------- config */
 typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
 typedef enum ei_reduce { EI_REDUCE_MEAN = 0, EI_REDUCE_MAX = 1 } ei_reduce;
+/* What decode compression keeps (CONCEPTS: decode policy). */
+typedef enum ei_decode_policy {
+    EI_DECODE_ENTROPYINFER = 0, /* the paper's: the window of generated queries scores the cache (golden-tested) */
+    EI_DECODE_STREAMING = 1,    /* StreamingLLM: decode_sink first positions + the newest ones, no scoring */
+    EI_DECODE_SNAPKV = 2,       /* SnapKV: the last prompt queries score the cache, generated ones never do */
+    EI_DECODE_H2O = 3           /* H2O: attention summed over the queries observed so far: heavy hitters
+                                   + the newest half of the budget */
+} ei_decode_policy;
 /* How profiling ranks a segment's key blocks (CONCEPTS: ranking). */
 typedef enum ei_ranking {
     EI_RANK_REFERENCE = 0, /* the paper's midpoint-query block score (golden-tested) */
@@ -531,6 +539,14 @@ typedef struct ei_config {
     ei_reduce gqa_reduce;        /* EI_REDUCE_MEAN over a group's query heads */
     int32_t recompress_every;    /* 0: compress once; k: again every k generated tokens */
     float decode_scale;          /* 0: 1/sqrt(head_dim) */
+    ei_decode_policy decode_policy; /* EI_DECODE_ENTROPYINFER (CONCEPTS: decode policy) */
+    int32_t decode_sink;         /* 4: positions from 0 that EI_DECODE_STREAMING always keeps */
+    double decode_budget_ratio;  /* 0: keep sets hold decode_budget positions; in (0, 1]: ceil(ratio x
+                                    the sequence's length in positions), between decode_budget_min
+                                    and decode_budget (CONCEPTS: decode budget) */
+    int32_t decode_budget_min;   /* 128: the floor of a ratio budget (window..decode_budget) */
+    int64_t decode_positions;    /* 0: the positions 0..decode_positions-1 whose summed attention an
+                                    EI_DECODE_H2O decoder holds (its memory: n_heads x 4 bytes each) */
     /* execution */
     ei_simd simd;                /* EI_SIMD_AUTO */
     ei_backend backend;          /* EI_BACKEND_CPU */
@@ -795,6 +811,11 @@ typedef struct ei_decoder {
     int64_t n_generated;    /* of which generated */
     int64_t last_compress;  /* n_generated at the last compression (-1: none) */
     float *queries;         /* ring of the last `window` queries, f32 [window][n_heads][head_dim] */
+    float *accumulated;     /* EI_DECODE_H2O: f32 [n_heads][n_positions], the attention each position
+                               received from the queries summed so far (else NULL) */
+    int64_t n_positions;    /* its row length (cfg.decode_positions; 0 without it) */
+    int64_t n_accumulated;  /* queries summed into it (the newest ones after them are not yet) */
+    int64_t accumulated_end; /* positions below it hold sums; newer ones count from 0 */
     uint64_t seal;          /* library-private: checksum of the layout fields, set by
                                ei_decoder_init; an edited decoder is refused */
 } ei_decoder;
@@ -969,7 +990,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 9
+#define EI_CUDA_ABI_VERSION 10
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1321,6 +1342,43 @@ EI__HD int32_t ei__keep_count(const ei_config *c, int32_t s, double budget, int6
 /* Queries a keep-set scores: the window, or every query observed when fewer. */
 EI__HD int64_t ei__decode_window(const ei_config *c, const ei_decoder *dec) {
     return dec->n_observed < (int64_t)c->window ? dec->n_observed : (int64_t)c->window;
+}
+/* The newest positions every keep set keeps (the tail): the keys of the
+   window's queries; EI_DECODE_SNAPKV: of the prompt queries it holds, and
+   every generated position after them (its ring holds prompt queries only). */
+EI__HD int64_t ei__decode_tail(const ei_config *c, const ei_decoder *dec) {
+    int64_t prompt;
+    if (c->decode_policy != EI_DECODE_SNAPKV) return ei__decode_window(c, dec);
+    prompt = dec->n_observed - dec->n_generated;
+    return (prompt < (int64_t)c->window ? prompt : (int64_t)c->window) + dec->n_generated;
+}
+/* The queries that score the cache: numbers q0 .. q0+m-1 of those observed
+   (ring slot number % window); query number t lines up with the position
+   n_observed - t before the newest + 1. The window (ENTROPYINFER,
+   STREAMING), the prompt's last window queries (SNAPKV), the window's queries
+   not yet summed into the decoder (H2O: m can be 0). */
+EI__HD int64_t ei__decode_scored(const ei_config *c, const ei_decoder *dec, int64_t *q0) {
+    int64_t W = ei__decode_window(c, dec), m = W, end = dec->n_observed;
+    if (c->decode_policy == EI_DECODE_SNAPKV) {
+        end = dec->n_observed - dec->n_generated;
+        m = end < (int64_t)c->window ? end : (int64_t)c->window;
+    } else if (c->decode_policy == EI_DECODE_H2O) {
+        int64_t fresh = dec->n_observed - dec->n_accumulated;
+        m = fresh < W ? fresh : W;
+    }
+    *q0 = end - m;
+    return m;
+}
+/* The positions a keep set holds when it compresses a sequence of P
+   positions (the newest held + 1): decode_budget, or with a ratio
+   ceil(ratio x P) between decode_budget_min and decode_budget. */
+EI__HD int64_t ei__decode_budget(const ei_config *c, int64_t P) {
+    double b;
+    if (!(c->decode_budget_ratio > 0.0)) return c->decode_budget;
+    b = ceil(c->decode_budget_ratio * (double)P);
+    if (b < (double)c->decode_budget_min) b = (double)c->decode_budget_min;
+    if (b > (double)c->decode_budget) b = (double)c->decode_budget;
+    return (int64_t)b;
 }
 
 #endif /* EI__CUDA_ABI_INCLUDED */
@@ -2234,7 +2292,8 @@ static uint64_t ei__plan_seal(const ei_plan *p) {
 static uint64_t ei__decoder_seal(const ei_decoder *d) {
     uint64_t h = 14695981039346656037ull;
     EI__FNV_FIELD(h, d->n_heads); EI__FNV_FIELD(h, d->n_kv_heads); EI__FNV_FIELD(h, d->head_dim);
-    EI__FNV_FIELD(h, d->window); EI__FNV_FIELD(h, d->queries);
+    EI__FNV_FIELD(h, d->window); EI__FNV_FIELD(h, d->queries); EI__FNV_FIELD(h, d->accumulated);
+    EI__FNV_FIELD(h, d->n_positions);
     return h | 1u;
 }
 
@@ -2299,6 +2358,11 @@ EIDEF ei_config ei_config_default(void) {
     c.gqa_reduce = EI_REDUCE_MEAN;
     c.recompress_every = 0;
     c.decode_scale = 0.0f;
+    c.decode_policy = EI_DECODE_ENTROPYINFER;
+    c.decode_sink = 4;        /* StreamingLLM's four attention sinks */
+    c.decode_budget_ratio = 0.0;
+    c.decode_budget_min = 128; /* see CONCEPTS: decode budget */
+    c.decode_positions = 0;
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
     return c;
@@ -2361,6 +2425,20 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->per_kv_head != 0 && c->per_kv_head != 1) EI__BAD("per_kv_head must be 0 or 1");
     if (c->gqa_reduce != EI_REDUCE_MEAN && c->gqa_reduce != EI_REDUCE_MAX) EI__BAD("unknown gqa_reduce %d", (int)c->gqa_reduce);
     if (c->recompress_every < 0) EI__BAD("recompress_every %d is negative", (int)c->recompress_every);
+    if (c->decode_policy != EI_DECODE_ENTROPYINFER && c->decode_policy != EI_DECODE_STREAMING &&
+        c->decode_policy != EI_DECODE_SNAPKV && c->decode_policy != EI_DECODE_H2O)
+        EI__BAD("unknown decode_policy %d", (int)c->decode_policy);
+    if (c->decode_sink < 0 || c->decode_sink > c->decode_budget)
+        EI__BAD("decode_sink %d not in 0..decode_budget (%d)", (int)c->decode_sink, (int)c->decode_budget);
+    if (!ei__finite(c->decode_budget_ratio) || c->decode_budget_ratio < 0 || c->decode_budget_ratio > 1)
+        EI__BAD("decode_budget_ratio must be in 0..1 (0: decode_budget)");
+    if (c->decode_budget_ratio > 0 && (c->decode_budget_min < c->window || c->decode_budget_min > c->decode_budget))
+        EI__BAD("decode_budget_min %d not in window (%d)..decode_budget (%d)", (int)c->decode_budget_min, (int)c->window,
+                (int)c->decode_budget);
+    if (c->decode_positions < 0 || c->decode_positions > EI_MAX_TOKENS)
+        EI__BAD("decode_positions %lld not in 0..%lld", (long long)c->decode_positions, (long long)EI_MAX_TOKENS);
+    if (c->decode_policy == EI_DECODE_H2O && c->decode_positions == 0)
+        EI__BAD("EI_DECODE_H2O needs decode_positions > 0 (the positions its decoder sums attention for)");
     if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BFMMLA) EI__BAD("unknown simd path %d", (int)c->simd);
     if (c->backend != EI_BACKEND_CPU && c->backend != EI_BACKEND_CUDA && c->backend != EI_BACKEND_CUDA_OR_CPU)
         EI__BAD("unknown backend %d", (int)c->backend);
@@ -3993,14 +4071,19 @@ EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t 
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS) return ei__fail(ctx, EI_ERR_SIZE, "n_heads %d out of range", (int)n_heads);
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM) return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d out of range", (int)head_dim);
     if (!ei__reserve(&total, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u) ||
+        (ctx->cfg.decode_policy == EI_DECODE_H2O && /* H2O: the summed attention of every position */
+         !ei__reserve(&total, (size_t)n_heads, (size_t)ctx->cfg.decode_positions * 4u)) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decoder size overflows");
     *bytes = total;
     return EI_OK;
 }
-/* Bytes of a sealed decoder's query ring. */
+/* Bytes of a sealed decoder's query ring, and of its summed attention (H2O). */
 static size_t ei__decoder_ring_bytes(const ei_decoder *dec) {
     return (size_t)dec->window * (size_t)dec->n_heads * (size_t)dec->head_dim * 4u;
+}
+static size_t ei__decoder_acc_bytes(const ei_decoder *dec) {
+    return dec->accumulated ? (size_t)dec->n_heads * (size_t)dec->n_positions * 4u : 0u;
 }
 /* A decoder as ei_decoder_init made it: sealed fields, the struct outside
    its ring (as init placed it: observe writes the ring and the counters). */
@@ -4012,6 +4095,9 @@ static ei_result ei__check_decoder_seal(const ei_context *ctx, const ei_decoder 
     if (ei__ranges_meet(dec, sizeof *dec, dec->queries, ei__decoder_ring_bytes(dec)))
         return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_decoder struct [%p, +%zu bytes) lies inside its query ring [%p, +%zu bytes)",
                         (const void *)dec, sizeof *dec, (const void *)dec->queries, ei__decoder_ring_bytes(dec));
+    if (dec->accumulated && ei__ranges_meet(dec, sizeof *dec, dec->accumulated, ei__decoder_acc_bytes(dec)))
+        return ei__fail(ctx, EI_ERR_OVERLAP, "the ei_decoder struct [%p, +%zu bytes) lies inside its summed attention [%p, +%zu bytes)",
+                        (const void *)dec, sizeof *dec, (const void *)dec->accumulated, ei__decoder_acc_bytes(dec));
     return EI_OK;
 }
 /* A decoder as ei_decoder_init laid it out (sealed fields; the window of
@@ -4023,10 +4109,20 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
     if (ctx && dec->window != ctx->cfg.window)
         return ei__fail(ctx, EI_ERR_SHAPE, "decoder was made for window %d, context has %d", (int)dec->window,
                         (int)ctx->cfg.window);
+    if (ctx && ctx->cfg.decode_policy == EI_DECODE_H2O && (!dec->accumulated || dec->n_positions != ctx->cfg.decode_positions))
+        return ei__fail(ctx, EI_ERR_SHAPE, "decoder holds summed attention of %lld positions, the context's EI_DECODE_H2O needs %lld "
+                        "(ei_decoder_init under this context)", (long long)(dec->accumulated ? dec->n_positions : 0),
+                        (long long)ctx->cfg.decode_positions);
     if (dec->n_observed < 0 || dec->n_observed > EI_MAX_TOKENS || dec->n_generated < 0 ||
-        dec->n_generated > dec->n_observed || dec->last_compress < -1 || dec->last_compress > dec->n_generated)
-        return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld)",
-                        (long long)dec->n_observed, (long long)dec->n_generated, (long long)dec->last_compress);
+        dec->n_generated > dec->n_observed || dec->last_compress < -1 || dec->last_compress > dec->n_generated ||
+        dec->n_accumulated < 0 || dec->n_accumulated > dec->n_observed || dec->accumulated_end < 0 ||
+        dec->accumulated_end > dec->n_positions)
+        return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld, "
+                        "summed %lld, positions summed %lld)", (long long)dec->n_observed, (long long)dec->n_generated,
+                        (long long)dec->last_compress, (long long)dec->n_accumulated, (long long)dec->accumulated_end);
+    if (ctx && ei__on_gpu(ctx) && (ctx->cfg.decode_policy != EI_DECODE_ENTROPYINFER || ctx->cfg.decode_budget_ratio > 0))
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "decode_policy %d and decode_budget_ratio run on the CPU backend only "
+                        "(the CUDA plugin has EI_DECODE_ENTROPYINFER with decode_budget)", (int)ctx->cfg.decode_policy);
     return EI_OK;
 }
 /* The decoder's ring (ring: 0 unused, 1 read, 2 written) and its struct
@@ -4034,6 +4130,8 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
 static void ei__reg_decoder(ei__regions *g, const ei_decoder *dec, int ring, int struct_written) {
     if (ring)
         ei__reg_mem(g, dec->queries, ei__decoder_ring_bytes(dec), "the decoder's query ring", ring == 2);
+    if (dec->accumulated && struct_written) /* (H2O: the calls that write the struct may sum into it) */
+        ei__reg_mem(g, dec->accumulated, ei__decoder_acc_bytes(dec), "the decoder's summed attention", 1);
     ei__reg_mem(g, dec, sizeof *dec, "the ei_decoder struct", struct_written);
 }
 
@@ -4043,6 +4141,8 @@ EIDEF ei_result ei_decoder_reset(ei_decoder *dec) {
     dec->n_observed = 0;
     dec->n_generated = 0;
     dec->last_compress = -1;
+    dec->n_accumulated = 0;
+    dec->accumulated_end = 0; /* (the sums are overwritten from 0 as positions come: nothing to clear) */
     return EI_OK;
 }
 EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads, int32_t n_kv_heads,
@@ -4065,6 +4165,10 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     memset(dec, 0, sizeof *dec);
     ei__arena_init(&a, memory, bytes);
     dec->queries = (float *)ei__arena_take(&a, (size_t)ctx->cfg.window * (size_t)n_heads, (size_t)head_dim * 4u);
+    if (ctx->cfg.decode_policy == EI_DECODE_H2O) {
+        dec->n_positions = ctx->cfg.decode_positions;
+        dec->accumulated = (float *)ei__arena_take(&a, (size_t)n_heads, (size_t)dec->n_positions * 4u);
+    }
     dec->n_heads = n_heads;
     dec->n_kv_heads = n_kv_heads;
     dec->head_dim = head_dim;
@@ -4098,6 +4202,11 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     if (q->n_tokens > EI_MAX_TOKENS - dec->n_observed) /* a sequence holds at most EI_MAX_TOKENS positions */
         return ei__fail(ctx, EI_ERR_SIZE, "%lld queries observed, %lld more exceed %lld: ei_decoder_reset starts a new sequence",
                         (long long)dec->n_observed, (long long)q->n_tokens, (long long)EI_MAX_TOKENS);
+    if (generated && ctx->cfg.decode_policy == EI_DECODE_SNAPKV) { /* counted, never stored: its ring holds the prompt's */
+        dec->n_observed += q->n_tokens;
+        dec->n_generated += q->n_tokens;
+        return EI_OK;
+    }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated);
     first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
     for (t = first; t < q->n_tokens; ++t) /* check before changing any state */
@@ -4259,34 +4368,36 @@ static ei_result ei__decode_order(const ei_context *ctx, const int32_t *row_pos,
     return EI_OK;
 }
 
-/* The decode scores of query head h: scale * q.k of each window query
-   against the keys of its kv head (rows in position order, order[0..np)),
-   softmax over the keys up to its own (window query i lines up with the
-   key at np - W + i), mean over the W queries; out[row], 0 for rows that
-   hold no position. Batches of EI__SAMPLE_ROWS queries through the sampled
-   ranking's kernel with one-key blocks. */
+/* The decode scores of query head h: scale * q.k of each scored query
+   (ei__decode_scored: the window, or the policy's queries) against the keys
+   of its kv head (rows in position order, order[0..np)), softmax over the
+   keys up to its own (query number t lines up with the key at
+   np - (n_observed - t)), mean over the m queries; out[row], 0 for rows that
+   hold no position (and every row when m is 0). Batches of EI__SAMPLE_ROWS
+   queries through the sampled ranking's kernel with one-key blocks. */
 static ei_result ei__decode_score_head(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, int32_t h,
-                                       const int32_t *order, int64_t np, int64_t W, float *out, ei__decode_ws *w) {
+                                       const int32_t *order, int64_t np, float *out, ei__decode_ws *w) {
     const int32_t d = dec->head_dim, H = dec->n_heads, kvh = h / (H / dec->n_kv_heads);
     const float scale = ctx->cfg.decode_scale > 0 ? ctx->cfg.decode_scale : 1.0f / sqrtf((float)d);
-    int64_t tok[EI__SAMPLE_ROWS], i0, j;
+    int64_t tok[EI__SAMPLE_ROWS], i0, j, q0, m = ei__decode_scored(&ctx->cfg, dec, &q0);
     int32_t r, e, nr;
     memset(w->mass, 0, (size_t)np * sizeof(float));
-    for (i0 = 0; i0 < W; i0 += EI__SAMPLE_ROWS) {
-        nr = (int32_t)EI__MIN((int64_t)EI__SAMPLE_ROWS, W - i0);
+    for (i0 = 0; i0 < m; i0 += EI__SAMPLE_ROWS) {
+        nr = (int32_t)EI__MIN((int64_t)EI__SAMPLE_ROWS, m - i0);
         memset(w->qt, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
         for (r = 0; r < nr; ++r) {
-            int64_t slot = (dec->n_observed - W + i0 + r) % dec->window;
+            int64_t t = q0 + i0 + r, slot = t % dec->window;
             const float *qv = dec->queries + ((size_t)slot * (size_t)H + (size_t)h) * (size_t)d;
             for (e = 0; e < d; ++e) w->qt[(size_t)e * EI__SAMPLE_ROWS + (size_t)r] = qv[e];
-            tok[r] = np - W + i0 + r;
+            tok[r] = np - (dec->n_observed - t);
         }
         if (!ctx->kern->sample_mass(w->qt, tok, nr, k, kvh, scale, 1, tok[nr - 1] + 1, w->lg, w->kbuf, w->mass, order))
             return ei__fail(ctx, EI_ERR_NONFINITE, "decode scores of query head %d are not finite (NaN/Inf in k, or "
                             "float32 overflow)", (int)h);
     }
     memset(out, 0, (size_t)k->n_tokens * sizeof(float));
-    for (j = 0; j < np; ++j) out[order[j]] = w->mass[j] / (float)W;
+    if (m > 0)
+        for (j = 0; j < np; ++j) out[order[j]] = w->mass[j] / (float)m;
     return EI_OK;
 }
 
@@ -4357,7 +4468,7 @@ static ei_result ei__decode_score_run(const ei_context *ctx, const ei_decoder *d
                         (int32_t)((int64_t)dec->n_heads * ith / nth), (int32_t)((int64_t)dec->n_heads * (ith + 1) / nth),
                         workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, k->n_tokens, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
-    W = ei__decode_window(&ctx->cfg, dec);
+    W = ei__decode_tail(&ctx->cfg, dec);
     G = dec->n_heads / dec->n_kv_heads;
     h0 = (int32_t)((int64_t)dec->n_heads * ith / nth);
     h1 = (int32_t)((int64_t)dec->n_heads * (ith + 1) / nth);
@@ -4368,7 +4479,7 @@ static ei_result ei__decode_score_run(const ei_context *ctx, const ei_decoder *d
                                  w.order, w.keys, &np);
             if (r != EI_OK) return r;
         }
-        if ((r = ei__decode_score_head(ctx, dec, k, h, w.order, np, W, scores + (size_t)h * (size_t)k->n_tokens, &w)) != EI_OK)
+        if ((r = ei__decode_score_head(ctx, dec, k, h, w.order, np, scores + (size_t)h * (size_t)k->n_tokens, &w)) != EI_OK)
             return r;
     }
     return EI_OK;
@@ -4488,45 +4599,166 @@ static void ei__keep_all(ei_keep_set *keep, int64_t np, int64_t n, int32_t h, co
     keep->n_kept = (int32_t)np;
 }
 
+/* The sequence's length in positions: the newest held + 1 (a cache
+   without a map holds positions 0..np-1). What a ratio budget follows. */
+static int64_t ei__decode_length(const int32_t *map, const int32_t *order, int64_t np) {
+    return map ? (int64_t)map[order[np - 1]] + 1 : np;
+}
+
+/* H2O: the summed attention of query heads h0..h0+nh on the candidates
+   order[0..L) (by the position each holds; positions from accumulated_end
+   on have none yet: 0), reduced by gqa_reduce into red[0..L). */
+static void ei__reduce_acc(const ei_config *c, const ei_decoder *dec, int32_t h0, int32_t nh, const int32_t *map,
+                           const int32_t *order, int64_t L, float *red) {
+    int64_t j;
+    int32_t i;
+    for (j = 0; j < L; ++j) {
+        int64_t p = map ? map[order[j]] : order[j];
+        float v = 0.0f;
+        for (i = 0; i < nh; ++i) {
+            float x = p < dec->accumulated_end ? dec->accumulated[(size_t)(h0 + i) * (size_t)dec->n_positions + (size_t)p] : 0.0f;
+            v = i == 0 ? x : c->gqa_reduce == EI_REDUCE_MAX ? (x > v ? x : v) : v + x;
+        }
+        red[j] = c->gqa_reduce == EI_REDUCE_MAX ? v : v / (float)nh;
+    }
+}
+
+/* H2O: adds the attention of the m queries not yet summed (scores: their
+   mean per query head, by row; ei__decode_scored) to the sum of each
+   position held, times m (a sum over queries, as H2O accumulates). Every kv
+   head's map is checked first (positions inside the decoder's
+   n_positions, one count and one length for every head, the keep set's
+   capacities), so that a refused call leaves the decoder as it was. */
+static ei_result ei__decode_accumulate(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n,
+                                       const int32_t *row_pos, int64_t stride, const ei_keep_set *keep, ei__decode_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t G = dec->n_heads / dec->n_kv_heads;
+    int64_t T = ei__decode_tail(c, dec), q0, m = ei__decode_scored(c, dec, &q0), np = 0, np0 = -1, P = 0, P0 = -1, b, j;
+    int32_t kvh, h, pass;
+    ei_result r;
+    for (pass = 0; pass < 2; ++pass)
+        for (kvh = 0; kvh < dec->n_kv_heads; ++kvh) {
+            const int32_t *map = row_pos ? row_pos + (size_t)kvh * (size_t)stride : NULL;
+            if (pass == 1 && m == 0) break;
+            if ((r = ei__decode_order(ctx, map, n, T, w->order, w->keys, &np)) != EI_OK) return r;
+            P = ei__decode_length(map, w->order, np);
+            if (pass == 0) {
+                if (P > dec->n_positions)
+                    return ei__fail(ctx, EI_ERR_SIZE, "the cache holds position %lld, past the %lld positions whose attention "
+                                    "the decoder sums (decode_positions)", (long long)(P - 1), (long long)dec->n_positions);
+                if (np0 >= 0 && (np != np0 || P != P0))
+                    return ei__fail(ctx, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions, of sequences of "
+                                    "%lld and %lld (one count per keep set)", (long long)np0, (long long)np, (long long)P0,
+                                    (long long)P);
+                np0 = np; P0 = P;
+                b = ei__decode_budget(c, P);
+                if (keep && np < b && np > (int64_t)keep->capacity)
+                    return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
+                if (keep && np >= b && keep->pooled && keep->pooled_capacity < np - T)
+                    return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity,
+                                    (long long)(np - T));
+                continue;
+            }
+            for (h = kvh * G; h < (kvh + 1) * G; ++h) {
+                float *acc = dec->accumulated + (size_t)h * (size_t)dec->n_positions;
+                const float *sc = scores + (size_t)h * (size_t)n;
+                for (j = 0; j < np; ++j) {
+                    int64_t p = map ? map[w->order[j]] : w->order[j];
+                    acc[p] = (p < dec->accumulated_end ? acc[p] : 0.0f) + (float)m * sc[w->order[j]];
+                }
+            }
+        }
+    if (m > 0) {
+        dec->accumulated_end = P0; /* every position held below it was written */
+        dec->n_accumulated = dec->n_observed;
+    }
+    return EI_OK;
+}
+
+/* Keep row h by the decode policy from score[0..L), the candidates'
+   (order[0..L), oldest first; order[L..L+T) the tail, always kept), b
+   positions in all (T <= b <= L + T):
+   ENTROPYINFER, SNAPKV: the top b - T of score;
+   STREAMING: the first min(decode_sink, b - T) candidates (the sinks) and the
+     newest others; score becomes 1 for a kept candidate, 0 else (what the
+     pooled output shows);
+   H2O: the newest R = max(b / 2, T) positions (the tail, then the newest
+     candidates: H2O's recent window, half the budget as in its paper) and
+     the top b - R of score among the older candidates (its heavy hitters). */
+static void ei__keep_policy(const ei_config *c, ei_keep_set *keep, int32_t h, const int32_t *map, float *score,
+                            const int32_t *order, int64_t L, int64_t T, int64_t b, int64_t n, ei__ranked *pairs) {
+    int64_t kk = b - T, Lr = L, j;
+    if (c->decode_policy == EI_DECODE_STREAMING) {
+        int64_t sink = EI__MIN((int64_t)c->decode_sink, kk);
+        Lr = L - (kk - sink);
+        for (j = 0; j < L; ++j) score[j] = j < sink || j >= Lr ? 1.0f : 0.0f;
+        kk = sink;
+    } else if (c->decode_policy == EI_DECODE_H2O) {
+        int64_t R = EI__MAX(b / 2, T);
+        Lr = L - (R - T);
+        kk = b - R;
+    }
+    ei__keep_rows(keep, h, map, score, order, Lr, L - Lr + T, kk, n, pairs);
+}
+
+/* A keep set's tail (the newest T positions) larger than its budget b:
+   only SnapKV's can be (its prompt window and every generated position). */
+static ei_result ei__decode_tail_fits(const ei_context *ctx, int64_t T, int64_t b) {
+    if (T <= b) return EI_OK;
+    return ei__fail(ctx, EI_ERR_STATE, "EI_DECODE_SNAPKV keeps its %lld newest positions (the prompt's window and every "
+                    "generated one), more than the budget of %lld: compress sooner (decode_gap) or keep more",
+                    (long long)T, (long long)b);
+}
+
 /* The keep set of each head from checked arguments (ei_decode_keep_mt
    passes scores inside its workspace). */
 static ei_result ei__decode_select_rows(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
                                         ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     const ei_config *c = &ctx->cfg;
     ei__decode_ws w;
-    int64_t W, np = 0, np0 = -1, L, kk;
+    int64_t T, np = 0, np0 = -1, P, P0 = -1, b = 0, L;
     int32_t h, heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads, G, kvh_done = -1;
     ei_result r;
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select, c, dec, scores, n_rows, keep, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
-    W = ei__decode_window(c, dec);
+    T = ei__decode_tail(c, dec);
     G = dec->n_heads / dec->n_kv_heads;
+    if (c->decode_policy == EI_DECODE_H2O &&
+        (r = ei__decode_accumulate(ctx, dec, scores, n_rows, keep->row_pos, keep->row_pos ? keep->row_pos_stride : 0, keep,
+                                   &w)) != EI_OK)
+        return r;
     for (h = 0; h < heads_out; ++h) {
         int32_t kvh = c->per_kv_head ? h : h / G;
         const int32_t *map = ei__row_map(keep, kvh);
-        if (kvh != kvh_done && (r = ei__decode_order(ctx, map, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
+        if (kvh != kvh_done && (r = ei__decode_order(ctx, map, n_rows, T, w.order, w.keys, &np)) != EI_OK) return r;
         kvh_done = kvh;
-        if (np0 >= 0 && np != np0) /* (on failure the keep set's arrays hold partial rows) */
-            return ei__fail(ctx, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions (one count per keep set)",
-                            (long long)np0, (long long)np);
-        np0 = np;
-        if (np > (int64_t)keep->capacity && np < c->decode_budget) /* (capacity >= min(n_rows, budget) >= np else) */
+        P = ei__decode_length(map, w.order, np);
+        if (np0 >= 0 && (np != np0 || P != P0)) /* (on failure the keep set's arrays hold partial rows) */
+            return ei__fail(ctx, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions, of sequences of %lld "
+                            "and %lld (one count per keep set)", (long long)np0, (long long)np, (long long)P0, (long long)P);
+        np0 = np; P0 = P;
+        b = ei__decode_budget(c, P);
+        if (np > (int64_t)keep->capacity && np < b) /* (capacity >= min(n_rows, budget) >= np else) */
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
-        if (np < c->decode_budget) { ei__keep_all(keep, np, n_rows, h, map); continue; }
-        L = np - W;
-        kk = (int64_t)c->decode_budget - W;
+        if (np < b) { ei__keep_all(keep, np, n_rows, h, map); continue; }
+        if ((r = ei__decode_tail_fits(ctx, T, b)) != EI_OK) return r; /* (the first head: nothing written) */
+        L = np - T;
         if (keep->pooled && keep->pooled_capacity < L)
             return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
-        if (c->per_kv_head) ei__reduce_heads(c, scores, n_rows, h * G, G, w.order, L, w.red);
-        else ei__reduce_heads(c, scores, n_rows, h, 1, w.order, L, w.red);
         {
             float *pooled = keep->pooled ? keep->pooled + (size_t)h * (size_t)keep->pooled_capacity : w.pooled;
-            ei__pool_scores(c->pool, c->pool_kernel, w.red, L, pooled);
-            ei__keep_rows(keep, h, map, pooled, w.order, L, W, kk, n_rows, w.pairs);
+            int32_t hq = c->per_kv_head ? h * G : h, nq = c->per_kv_head ? G : 1;
+            if (c->decode_policy == EI_DECODE_H2O) /* summed attention, not pooled (as H2O ranks it) */
+                ei__reduce_acc(c, dec, hq, nq, map, w.order, L, pooled);
+            else if (c->decode_policy != EI_DECODE_STREAMING) {
+                ei__reduce_heads(c, scores, n_rows, hq, nq, w.order, L, w.red);
+                ei__pool_scores(c->pool, c->pool_kernel, w.red, L, pooled);
+            }
+            ei__keep_policy(c, keep, h, map, pooled, w.order, L, T, b, n_rows, w.pairs);
         }
     }
     keep->n_tokens = n_rows;
-    keep->compressed = np >= c->decode_budget;
+    keep->compressed = np >= b;
     dec->last_compress = dec->n_generated;
     return EI_OK;
 }
@@ -4589,15 +4821,26 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
     }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_shared_add, c, dec, scores, n_rows, row_pos, shared, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
-    W = ei__decode_window(c, dec);
+    W = ei__decode_tail(c, dec);
+    if (c->decode_policy == EI_DECODE_H2O && /* (checks the map before the decoder's sums change) */
+        (r = ei__decode_accumulate(ctx, dec, scores, n_rows, row_pos, 0, NULL, &w)) != EI_OK)
+        return r;
     if ((r = ei__decode_order(ctx, row_pos, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
     L = np - W;
-    /* every head of the layer, reduced; pooled over positions; a layer's
-       candidates then weigh 1 in total, so that every layer has one vote
-       (the mass a layer leaves on its window or its sinks differs); layers
-       are added (gqa_reduce mean) or their maximum kept (max) */
-    ei__reduce_heads(c, scores, n_rows, 0, dec->n_heads, w.order, L, w.red);
-    ei__pool_scores(c->pool, c->pool_kernel, w.red, L, w.pooled);
+    if (c->decode_policy == EI_DECODE_STREAMING) { /* nothing to add: it keeps by position alone */
+        dec->last_compress = dec->n_generated;
+        return EI_OK;
+    }
+    /* every head of the layer, reduced; pooled over positions (H2O: its
+       summed attention, not pooled); a layer's candidates then weigh 1 in
+       total, so that every layer has one vote (the mass a layer leaves on
+       its window or its sinks differs); layers are added (gqa_reduce mean)
+       or their maximum kept (max) */
+    if (c->decode_policy == EI_DECODE_H2O) ei__reduce_acc(c, dec, 0, dec->n_heads, row_pos, w.order, L, w.pooled);
+    else {
+        ei__reduce_heads(c, scores, n_rows, 0, dec->n_heads, w.order, L, w.red);
+        ei__pool_scores(c->pool, c->pool_kernel, w.red, L, w.pooled);
+    }
     for (j = 0; j < L; ++j) sum += w.pooled[j];
     if (sum > 0.0)
         for (j = 0; j < L; ++j) {
@@ -4612,7 +4855,7 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
                                         ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     const ei_config *c;
     ei__decode_ws w;
-    int64_t W, np = 0, L, j;
+    int64_t W, np = 0, L, j, b;
     ei_result r;
     if ((r = ei__check_decoder(ctx, dec)) != EI_OK) return r;
     c = &ctx->cfg;
@@ -4632,9 +4875,10 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     }
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_select_shared, c, dec, shared, n_rows, keep, workspace, workspace_bytes);
     if ((r = ei__decode_ws_take(ctx, n_rows, dec->n_heads, workspace, workspace_bytes, &w)) != EI_OK) return r;
-    W = ei__decode_window(c, dec);
+    W = ei__decode_tail(c, dec);
     if ((r = ei__decode_order(ctx, keep->row_pos, n_rows, W, w.order, w.keys, &np)) != EI_OK) return r;
-    if (np < c->decode_budget) { /* the struct's fields change once nothing can refuse the call */
+    b = ei__decode_budget(c, ei__decode_length(keep->row_pos, w.order, np));
+    if (np < b) { /* the struct's fields change once nothing can refuse the call */
         if (np > (int64_t)keep->capacity)
             return ei__fail(ctx, EI_ERR_WORKSPACE, "keep capacity %d < %lld positions", (int)keep->capacity, (long long)np);
         ei__keep_all(keep, np, n_rows, 0, keep->row_pos);
@@ -4642,6 +4886,7 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
         keep->compressed = 0;
         return EI_OK;
     }
+    if ((r = ei__decode_tail_fits(ctx, W, b)) != EI_OK) return r;
     L = np - W;
     if (keep->pooled && keep->pooled_capacity < L)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)L);
@@ -4650,8 +4895,8 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
         if (!(v - v == 0.0f)) return ei__fail(ctx, EI_ERR_NONFINITE, "shared score of row %d is not finite", (int)w.order[j]);
         w.pooled[j] = v;
     }
-    if (keep->pooled) memcpy(keep->pooled, w.pooled, (size_t)L * sizeof(float));
-    ei__keep_rows(keep, 0, keep->row_pos, w.pooled, w.order, L, W, (int64_t)c->decode_budget - W, n_rows, w.pairs);
+    ei__keep_policy(c, keep, 0, keep->row_pos, w.pooled, w.order, L, W, b, n_rows, w.pairs);
+    if (keep->pooled) memcpy(keep->pooled, w.pooled, (size_t)L * sizeof(float)); /* (STREAMING: what it kept) */
     keep->n_tokens = n_rows;
     keep->compressed = 1;
     return EI_OK;
@@ -4721,7 +4966,8 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
     if ((r = ei__decode_ws_take(ctx, k->n_tokens, dec->n_heads, workspace, per, &w)) != EI_OK) return r;
     job.ctx = ctx; job.dec = dec; job.k = k; job.keep = keep; job.scores = w.scores;
-    if (nt == 1) r = ei__decode_share(&job, 0, 1, workspace, per);
+    if (c->decode_policy == EI_DECODE_STREAMING) r = EI_OK; /* keeps by position: k is not read */
+    else if (nt == 1) r = ei__decode_share(&job, 0, 1, workspace, per);
     else r = ei__fork_join(ctx, ei__decode_share, &job, nt, workspace, per);
     if (r != EI_OK) return r;
     return ei__decode_select_run(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
