@@ -1263,6 +1263,257 @@ static void test_decode_rows(void) {
     ei_context_destroy(ctx);
 }
 
+/* ------------------------------------------------------------ decode policies */
+/* A plain reference of each decode policy (CONCEPTS: decode policy, decode
+   budget), in double, over a cache that holds positions 0..N-1 (row j holds
+   position j, or row_pos[j]): the scores by position, the candidates'
+   ranked part and what is kept by position alone. */
+typedef struct ref_policy_case {
+    int32_t H, KV, d;
+    int64_t N;            /* positions held: 0..N-1 */
+    int64_t T;            /* the tail: the newest T positions, always kept */
+    int64_t b;            /* positions kept (the budget) */
+    int64_t Lr, kk;       /* candidates 0..Lr-1 ranked, the top kk of them kept; Lr..N-1 kept */
+} ref_policy_case;
+
+/* Softmax weights in double of query vector qv (at position pq, query head
+   h) over the positions <= pq of k (map: the position of each row), times
+   wgt, added to out[position]. */
+static void ref_policy_attend(const ei_config *c, const float *qv, int64_t pq, const ei_tensor *k, int32_t kvh,
+                              const int32_t *map, double wgt, double *out) {
+    const int64_t n = k->n_tokens;
+    const int32_t d = k->head_dim;
+    const double scale = c->decode_scale > 0.0f ? (double)c->decode_scale : 1.0 / sqrt((double)d);
+    double *lg = (double *)malloc(sizeof(double) * (size_t)n), m = -HUGE_VAL, z = 0.0;
+    int64_t j;
+    int32_t e;
+    if (!lg) { printf("out of memory\n"); exit(2); }
+    for (j = 0; j < n; ++j) {
+        int64_t p = map ? map[j] : j;
+        double acc = 0.0;
+        lg[j] = -HUGE_VAL;
+        if (p < 0 || p > pq) continue;
+        for (e = 0; e < d; ++e) acc += (double)qv[e] * ref_at(k, j, kvh, e);
+        lg[j] = scale * acc;
+        if (lg[j] > m) m = lg[j];
+    }
+    for (j = 0; j < n; ++j) z += (lg[j] = lg[j] == -HUGE_VAL ? 0.0 : exp(lg[j] - m));
+    for (j = 0; j < n; ++j)
+        if (lg[j] > 0.0) out[map ? map[j] : j] += wgt * lg[j] / z;
+    free(lg);
+}
+
+/* The keep sets of one ei_decode_keep call against the reference:
+   by_pos[h][p] the policy's per-position value of each query head (the
+   scored queries' mean weight, or H2O's sums), reduced per output head,
+   pooled over the candidates (not for H2O), then ranked. Checks the count,
+   every tail / recent / sink position kept, the ranked part up to ties
+   within tol (relative; float32 paths against double), and the pooled
+   output. */
+static void ref_policy_check(const ei_config *c, const ref_policy_case *R, const double *by_pos, const ei_keep_set *ks,
+                             const char *what) {
+    const int32_t heads_out = c->per_kv_head ? R->KV : R->H, G = R->H / R->KV;
+    const int64_t L = R->N - R->T;
+    const double tol = 2e-3;
+    double *red = (double *)malloc(sizeof(double) * (size_t)(R->N + 1)), *pooled = (double *)malloc(sizeof(double) * (size_t)(R->N + 1));
+    unsigned char *kept = (unsigned char *)malloc((size_t)R->N + 1);
+    int32_t ho, i;
+    int64_t j, t;
+    if (!red || !pooled || !kept) { printf("out of memory\n"); exit(2); }
+    CHECK(ks->n_kept == R->b && ks->compressed == 1, "%s: kept %d, %lld expected", what, ks->n_kept, (long long)R->b);
+    for (ho = 0; ho < heads_out && ks->n_kept == R->b; ++ho) {
+        int32_t h0 = c->per_kv_head ? ho * G : ho, nh = c->per_kv_head ? G : 1, n_ranked = 0;
+        double wmin = HUGE_VAL;
+        int bad = 0;
+        for (j = 0; j < L; ++j) { /* reduced per output head */
+            double v = by_pos[(size_t)h0 * (size_t)R->N + (size_t)j];
+            for (i = 1; i < nh; ++i) {
+                double x = by_pos[(size_t)(h0 + i) * (size_t)R->N + (size_t)j];
+                v = c->gqa_reduce == EI_REDUCE_MAX ? (x > v ? x : v) : v + x;
+            }
+            red[j] = c->gqa_reduce == EI_REDUCE_MAX ? v : v / nh;
+        }
+        for (j = 0; j < L; ++j) { /* pooled over the candidates (zero padding, / kernel); H2O ranks its sums as they are */
+            double acc = c->pool == EI_POOL_MAX ? -HUGE_VAL : 0.0;
+            int64_t r = c->pool_kernel / 2;
+            if (c->decode_policy == EI_DECODE_H2O || c->pool == EI_POOL_NONE) { pooled[j] = red[j]; continue; }
+            for (t = j - r; t <= j + r; ++t) {
+                if (t < 0 || t >= L) continue;
+                acc = c->pool == EI_POOL_MAX ? (red[t] > acc ? red[t] : acc) : acc + red[t];
+            }
+            pooled[j] = c->pool == EI_POOL_MAX ? acc : acc / c->pool_kernel;
+        }
+        memset(kept, 0, (size_t)R->N);
+        for (i = 0; i < ks->n_kept; ++i) {
+            int32_t p = ks->positions[(size_t)ho * (size_t)ks->capacity + (size_t)i];
+            if (p < 0 || p >= R->N || kept[p]) { bad = 1; break; }
+            kept[p] = 1;
+        }
+        CHECK(!bad, "%s: head %d keeps a position twice or outside the cache", what, (int)ho);
+        if (bad) continue;
+        for (j = R->Lr; j < R->N; ++j) CHECK(kept[j], "%s: head %d drops position %lld (tail, recent window)", what, (int)ho, (long long)j);
+        for (j = 0; j < R->Lr; ++j)
+            if (kept[j]) { n_ranked++; if (pooled[j] < wmin) wmin = pooled[j]; }
+        CHECK(n_ranked == R->kk, "%s: head %d keeps %d ranked candidates, %lld expected", what, (int)ho, n_ranked, (long long)R->kk);
+        if (c->decode_policy == EI_DECODE_STREAMING) {
+            for (j = 0; j < R->Lr; ++j) CHECK(kept[j] == (j < R->kk), "%s: head %d, sink position %lld", what, (int)ho, (long long)j);
+            for (j = 0; j < L; ++j)
+                CHECK(ks->pooled[(size_t)ho * (size_t)ks->pooled_capacity + (size_t)j] == (float)kept[j],
+                      "%s: head %d, pooled[%lld] is not what was kept", what, (int)ho, (long long)j);
+            continue;
+        }
+        for (j = 0; j < R->Lr; ++j)
+            if (!kept[j] && pooled[j] > wmin * (1.0 + tol) + 1e-12) {
+                CHECK(0, "%s: head %d drops position %lld (score %.6g) for one of %.6g", what, (int)ho, (long long)j, pooled[j], wmin);
+                break;
+            }
+        for (j = 0; j < L; ++j) {
+            double got = ks->pooled[(size_t)ho * (size_t)ks->pooled_capacity + (size_t)j];
+            if (!close_to(got, pooled[j], 1e-9, tol)) {
+                CHECK(0, "%s: head %d, pooled[%lld] = %.8g, reference %.8g", what, (int)ho, (long long)j, got, pooled[j]);
+                break;
+            }
+        }
+    }
+    free(red); free(pooled); free(kept);
+}
+
+/* Every policy, on every SIMD path, with and without a row map (the
+   positions scattered over more rows, the empty ones NaN), one keep set per
+   kv head (mean and max) or per query head, the absolute budget and two
+   ratios (one below its floor): a first compression after GAP generated
+   tokens, then another after MORE (the cache not compacted, so that one
+   reference covers both; H2O sums the fresh queries), against the plain
+   reference above. */
+static void test_decode_policies(void) {
+    enum { HEADS = 8, KV = 2, DIM = 32, GAP = 4, WIN = 16, BUDGET = 96, NPOS = 300, MORE = 8, EXTRA = 40, SINK = 3 };
+    const long rows = NPOS + MORE + EXTRA;
+    const double ratios[3] = { 0.0, 0.3, 0.05 };
+    float *q = (float *)malloc(sizeof(float) * (NPOS + MORE) * HEADS * DIM);
+    float *k = (float *)malloc(sizeof(float) * (NPOS + MORE) * KV * DIM);
+    float *kS = (float *)malloc(sizeof(float) * (size_t)rows * KV * DIM);
+    int32_t *row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows), *perm = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
+    double *by_pos = (double *)malloc(sizeof(double) * HEADS * (NPOS + MORE));
+    double *acc = (double *)malloc(sizeof(double) * HEADS * (NPOS + MORE));
+    int p, pol, var, mapped, ri, round, cases = 0;
+    long j, t;
+    if (!q || !k || !kS || !row_pos || !perm || !by_pos || !acc) { printf("out of memory\n"); exit(2); }
+    synth_qk(q, k, NPOS + MORE, HEADS, KV, DIM, 64, 2, 31);
+    for (j = 0; j < rows; ++j) perm[j] = (int32_t)j;
+    {
+        uint32_t s = 777u;
+        for (j = rows - 1; j > 0; --j) {
+            long x;
+            int32_t tmp;
+            s = s * 1664525u + 1013904223u;
+            x = (long)(s >> 8) % (j + 1);
+            tmp = perm[j]; perm[j] = perm[x]; perm[x] = tmp;
+        }
+    }
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+        if (!test_simd_selected((ei_simd)p)) continue;
+        for (pol = EI_DECODE_ENTROPYINFER; pol <= EI_DECODE_H2O; ++pol)
+            for (var = 0; var < 3; ++var)
+                for (mapped = 0; mapped < 2; ++mapped)
+                    for (ri = 0; ri < 3; ++ri) {
+                        ei_config c = ei_config_default();
+                        ei_context *ctx;
+                        ei_decoder dec;
+                        ei_keep_set ks;
+                        size_t db, wb;
+                        void *dm, *ws;
+                        char what[160];
+                        int32_t heads_out;
+                        c.simd = (ei_simd)p;
+                        c.decode_budget = BUDGET; c.window = WIN; c.decode_gap = GAP; c.recompress_every = MORE;
+                        c.decode_policy = (ei_decode_policy)pol;
+                        c.decode_sink = SINK;
+                        c.decode_budget_ratio = ratios[ri];
+                        c.decode_budget_min = 40;
+                        c.decode_positions = NPOS + MORE;
+                        c.per_kv_head = var < 2;
+                        c.gqa_reduce = var == 1 ? EI_REDUCE_MAX : EI_REDUCE_MEAN;
+                        heads_out = c.per_kv_head ? KV : HEADS;
+                        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                        ei_decoder_size(ctx, HEADS, DIM, &db);
+                        ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+                        dm = guarded_alloc(db);
+                        ws = guarded_alloc(wb);
+                        CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
+                        CHECK(pol == EI_DECODE_H2O ? dec.accumulated && dec.n_positions == NPOS + MORE : !dec.accumulated,
+                              "the decoder holds sums only for H2O");
+                        decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
+                        for (j = 0; j < rows * KV * DIM; ++j) kS[j] = NAN;
+                        for (j = 0; j < rows; ++j) row_pos[j] = -1;
+                        for (j = 0; j < (long)HEADS * (NPOS + MORE); ++j) acc[j] = 0.0;
+                        for (round = 0; round < 2; ++round) {
+                            const long N = round ? NPOS + MORE : NPOS, P = NPOS - GAP, g = N - P;
+                            ref_policy_case R;
+                            ei_tensor kt;
+                            int32_t h;
+                            if (round) { /* MORE generated tokens, their keys in the cache */
+                                for (t = NPOS; t < N; ++t) {
+                                    ei_tensor one = ei_tensor_make(q + (size_t)t * HEADS * DIM, EI_F32, 1, HEADS, DIM);
+                                    CHECK(!ei_decode_due(ctx, &dec), "not due before recompress_every tokens");
+                                    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+                                }
+                                CHECK(ei_decode_due(ctx, &dec), "due after recompress_every tokens");
+                            }
+                            for (t = 0; t < N; ++t) {
+                                row_pos[perm[t]] = (int32_t)t;
+                                memcpy(kS + (size_t)perm[t] * KV * DIM, k + (size_t)t * KV * DIM, sizeof(float) * KV * DIM);
+                            }
+                            kt = mapped ? ei_tensor_make(kS, EI_F32, rows, KV, DIM) : ei_tensor_make(k, EI_F32, N, KV, DIM);
+                            ks = decode_keep_set(heads_out, BUDGET, kt.n_tokens, N);
+                            ks.row_pos = mapped ? row_pos : NULL;
+                            snprintf(what, sizeof what, "%s, policy %d, %s%s, %s, ratio %g, round %d", ei_simd_name((ei_simd)p), pol,
+                                     c.per_kv_head ? "per kv head " : "per query head", c.per_kv_head ? (var ? "max" : "mean") : "",
+                                     mapped ? "row map" : "rows in order", ratios[ri], round);
+                            CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
+                            /* the reference */
+                            R.H = HEADS; R.KV = KV; R.d = DIM; R.N = N;
+                            R.T = pol == EI_DECODE_SNAPKV ? (long)WIN + g : (long)WIN;
+                            R.b = ratios[ri] > 0 ? (long)ceil(ratios[ri] * (double)N) : (long)BUDGET;
+                            if (R.b < c.decode_budget_min && ratios[ri] > 0) R.b = c.decode_budget_min;
+                            if (R.b > BUDGET) R.b = BUDGET;
+                            R.Lr = N - R.T; R.kk = R.b - R.T;
+                            if (pol == EI_DECODE_STREAMING) {
+                                long sink = (long)SINK < R.kk ? (long)SINK : R.kk;
+                                R.Lr = N - R.T - (R.kk - sink); R.kk = sink;
+                            } else if (pol == EI_DECODE_H2O) {
+                                long keepr = R.b / 2 > R.T ? R.b / 2 : R.T;
+                                R.Lr = N - keepr; R.kk = R.b - keepr;
+                            }
+                            for (j = 0; j < (long)HEADS * N; ++j) by_pos[j] = 0.0;
+                            for (h = 0; h < HEADS; ++h) {
+                                const int32_t kvh = h / (HEADS / KV);
+                                /* the scored queries: the window, the prompt's last window (SnapKV), the fresh ones (H2O) */
+                                long q0 = pol == EI_DECODE_SNAPKV ? P - (long)WIN : pol == EI_DECODE_H2O && round ? (long)NPOS : N - (long)WIN;
+                                long q1 = pol == EI_DECODE_SNAPKV ? P : N;
+                                for (t = q0; t < q1; ++t) {
+                                    const float *qv = q + ((size_t)t * HEADS + (size_t)h) * DIM;
+                                    if (pol == EI_DECODE_H2O)
+                                        ref_policy_attend(&c, qv, t, &kt, kvh, ks.row_pos, 1.0, acc + (size_t)h * (NPOS + MORE));
+                                    else
+                                        ref_policy_attend(&c, qv, t, &kt, kvh, ks.row_pos, 1.0 / (double)(q1 - q0), by_pos + (size_t)h * N);
+                                }
+                                if (pol == EI_DECODE_H2O)
+                                    for (j = 0; j < N; ++j) by_pos[(size_t)h * N + (size_t)j] = acc[(size_t)h * (NPOS + MORE) + (size_t)j];
+                            }
+                            ref_policy_check(&c, &R, by_pos, &ks, what);
+                            cases++;
+                            decode_keep_set_free(&ks);
+                        }
+                        CHECK(guard_intact(dm, db) && guard_intact(ws, wb), "guard bytes overwritten");
+                        guarded_free(dm); guarded_free(ws);
+                        ei_context_destroy(ctx);
+                    }
+    }
+    CHECK(cases > 0, "no decode policy case ran");
+    printf("decode policies: %d keep sets against the reference\n", cases);
+    free(q); free(k); free(kS); free(row_pos); free(perm); free(by_pos); free(acc);
+}
+
 static void test_allocator_logger(void) {
     ei_config c = ei_config_default();
     ei_context *ctx;
@@ -1306,6 +1557,7 @@ int main(void) {
     test_ranking_options();
     test_decode();
     test_decode_rows();
+    test_decode_policies();
     test_allocator_logger();
     return check_summary();
 }
