@@ -113,6 +113,66 @@
                decode_budget positions per kv head (window included), or one
                set for every head and layer of a sequence (shared keep set:
                each layer's scores weigh 1, ei_decode_shared_add).
+   decode policy (cfg.decode_policy) what a keep set keeps besides the tail:
+               the newest positions, which it always keeps (the keys of the
+               queries the decoder holds: W = min(window, observed)). Of the
+               other positions (candidates, oldest first) it keeps b - tail,
+               b the decode budget below. One code path serves the four, so
+               that they compare at equal budgets (issue 37):
+     EI_DECODE_ENTROPYINFER  the paper's (arXiv 2606.09508; golden-tested):
+               the mean over the window's W queries of their softmax weight
+               (scale decode_scale) on each position, reduced per kv head by
+               gqa_reduce (per_kv_head), pooled over the candidates (pool,
+               pool_kernel), the top b - W kept. The window holds the last
+               window - decode_gap prompt queries and the first generated
+               ones, so generated queries take part in the scoring.
+     EI_DECODE_STREAMING  StreamingLLM (Xiao et al., arXiv 2309.17453):
+               no scoring and no read of K; the first min(decode_sink,
+               b - W) positions held (its attention sinks; decode_sink 4 as
+               in the paper) and the newest others, b in all. keep->pooled
+               shows 1 for a kept candidate, 0 else.
+     EI_DECODE_SNAPKV  SnapKV (Li et al., arXiv 2404.14469): the decoder
+               holds the last `window` PROMPT queries (generated ones are
+               counted, never stored); they score the positions they see
+               (each its own and earlier) as the default does: mean weight,
+               gqa_reduce, pooled (SnapKV's avgpool of width 5 and window 32
+               are our defaults), the top kept. The tail is those W prompt
+               positions and every generated position after them (SnapKV
+               compresses the prompt only): a keep set whose tail exceeds b
+               is refused (EI_ERR_STATE). decode_gap 0 compresses right
+               after the prompt, as the paper; recompress_every scores again
+               with the same prompt queries.
+     EI_DECODE_H2O  H2O (Zhang et al., arXiv 2306.14048): the decoder sums,
+               per query head and position, the softmax weights of every
+               query it has scored (decode_positions positions, in its
+               memory); each keep set adds the queries observed since the
+               last one (at most the window's W: recompress_every <= window
+               counts every generated query once; the first adds the W of
+               the window, prompt queries among them), reduces the sums per
+               kv head by gqa_reduce (no pooling, as H2O) and keeps the
+               newest R = max(b / 2, W) positions (its recent window: half
+               the budget, as the paper) and the top b - R older ones (its
+               heavy hitters). A decoder sums for one sequence
+               (ei_decoder_reset starts again; positions are its keys).
+               Summing happens in the calls that write the decoder:
+               ei_decode_keep, ei_decode_select, ei_decode_shared_add.
+               Shared keep sets: each policy's per-layer value (the pooled
+               mean weight, H2O's reduced sums over all heads) weighs 1 per
+               layer as above; ei_decode_select_shared keeps by the policy
+               (STREAMING: by position alone, shared_add adds nothing).
+   decode budget b  decode_budget positions per keep set (window included),
+               or with decode_budget_ratio r > 0: ceil(r x P), P the
+               sequence's length (its newest position held + 1, not the
+               rows held: after a compaction the ratio still follows the
+               context, so recompress_every keeps the cache near r x P as
+               generation goes on), at least decode_budget_min and at most
+               decode_budget. The cap is decode_budget so that the keep
+               set's arrays and the engine's compacted cache are sized once
+               from one number whatever the context; the floor (128 by
+               default, >= window) keeps a short context's set from holding
+               little more than its window, where no policy has candidates
+               left to choose among (a choice, not a measurement). A cache
+               holding fewer than b positions keeps every one.
 
    DATA FORMATS
    ============
@@ -177,7 +237,12 @@
    shared by every head and layer (llama.cpp) take one keep set per
    sequence: ei_decode_score each layer (threads split the query heads),
    ei_decode_shared_add its scores, ei_decode_select_shared, then evict the
-   positions not kept.
+   positions not kept. The other decode policies (CONCEPTS: decode policy)
+   run through the same calls; EI_DECODE_SNAPKV and EI_DECODE_H2O change
+   what ei_decode_score scores (the prompt's window; the queries not yet
+   summed), and an EI_DECODE_H2O decoder needs decode_positions > 0 and
+   positions below it. On the CUDA backend only EI_DECODE_ENTROPYINFER with
+   decode_budget_ratio 0 runs (else EI_ERR_UNSUPPORTED).
 
    ACCURACY ACROSS PATHS
    =====================
@@ -231,7 +296,10 @@
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
    A decoder observes at most EI_MAX_TOKENS queries (EI_ERR_SIZE past it;
-   ei_decoder_reset starts again). Decode attention (ei_attention_decode)
+   ei_decoder_reset starts again). An EI_DECODE_H2O decoder adds
+   n_heads x decode_positions x 4 bytes (32 query heads, 32k positions:
+   4 MiB per layer) and refuses a cache holding a position past it
+   (EI_ERR_SIZE). Decode attention (ei_attention_decode)
    takes up to EI_DECODE_MAX_TOKENS (16) query tokens a call; its partials
    are threads x tokens x heads x (head_dim + 2) floats.
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full;
@@ -266,7 +334,8 @@
    memory is touched; so are counts outside what the memory was laid out for.
    MEMORY ARGUMENTS, the regions of each call (views: their data and their
    ei_tensor / ei_out_tensor struct, read; plan: the ei_plan struct, plan
-   arrays: what ei_plan_init laid out; decoder: the ei_decoder struct, ring:
+   arrays: what ei_plan_init laid out; decoder: the ei_decoder struct and,
+   where the struct is written, its summed attention (EI_DECODE_H2O), ring:
    its query ring; keep: the ei_keep_set struct and its index, positions,
    mask, pooled arrays; ws: the workspace bytes the call uses, every
    thread's share for *_mt; the context is read by every call):
@@ -841,7 +910,7 @@ struct ei_keep_set {
     int32_t heads_out;      /* in: n_kv_heads (per_kv_head), n_heads, or 1 (a shared set) */
     int32_t capacity;       /* in: row length of index/positions (>= min(rows holding positions, decode_budget)) */
     int32_t n_kept;         /* out: rows kept per head */
-    int32_t compressed;     /* out: 0 when fewer than decode_budget rows hold positions (every one kept) */
+    int32_t compressed;     /* out: 0 when fewer than the budget's rows hold positions (every one kept) */
     int64_t n_tokens;       /* out: rows of the cache scored */
     int32_t *index;         /* out [heads_out][capacity]: the kept ROWS, ascending, window included */
     uint8_t *mask;          /* optional out [heads_out][mask_capacity]: mask[h][row] = 1 if kept */
@@ -878,7 +947,8 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
      workspace of ei_decode_workspace_size bytes per thread.
    ei_decode_select: from one layer's scores, the keep set of each head
      (query heads reduced per kv head by gqa_reduce when per_kv_head; pooled
-     over candidates in position order; the top decode_budget - W kept).
+     over candidates in position order; the top b - W kept, b the decode
+     budget; other policies: CONCEPTS, decode policy).
    Shared keep set (one set of rows for every head and every layer of a
      sequence, as llama.cpp's KV cells are shared): zero shared [n_tokens],
      ei_decode_shared_add each layer's scores (all its query heads reduced by
@@ -2428,8 +2498,8 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->decode_policy != EI_DECODE_ENTROPYINFER && c->decode_policy != EI_DECODE_STREAMING &&
         c->decode_policy != EI_DECODE_SNAPKV && c->decode_policy != EI_DECODE_H2O)
         EI__BAD("unknown decode_policy %d", (int)c->decode_policy);
-    if (c->decode_sink < 0 || c->decode_sink > c->decode_budget)
-        EI__BAD("decode_sink %d not in 0..decode_budget (%d)", (int)c->decode_sink, (int)c->decode_budget);
+    if (c->decode_sink < 0 || c->decode_sink > EI_MAX_BUDGET) /* (a keep set holds at most b - W of them) */
+        EI__BAD("decode_sink %d not in 0..%d", (int)c->decode_sink, EI_MAX_BUDGET);
     if (!ei__finite(c->decode_budget_ratio) || c->decode_budget_ratio < 0 || c->decode_budget_ratio > 1)
         EI__BAD("decode_budget_ratio must be in 0..1 (0: decode_budget)");
     if (c->decode_budget_ratio > 0 && (c->decode_budget_min < c->window || c->decode_budget_min > c->decode_budget))

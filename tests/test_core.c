@@ -69,6 +69,26 @@ static void test_views_and_config(void) {
     BAD_CONFIG(per_kv_head, 2);
     BAD_CONFIG(simd, (ei_simd)(EI_SIMD_NEON_BFMMLA + 1)); /* one past the last path */
     BAD_CONFIG(attn_scale, -1.0f);
+    BAD_CONFIG(decode_policy, (ei_decode_policy)4);
+    BAD_CONFIG(decode_policy, EI_DECODE_H2O); /* without decode_positions */
+    BAD_CONFIG(decode_sink, -1);
+    BAD_CONFIG(decode_budget_ratio, -0.1);
+    BAD_CONFIG(decode_budget_ratio, 1.5);
+    BAD_CONFIG(decode_budget_ratio, NAN);
+    BAD_CONFIG(decode_positions, -1);
+    BAD_CONFIG(decode_positions, EI_MAX_TOKENS + 1);
+    c = ei_config_default(); /* a ratio's floor: window..decode_budget */
+    c.decode_budget_ratio = 0.25; c.decode_budget_min = 31;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+    c.decode_budget_min = 1025;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+    c.decode_budget_min = 32;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_context_destroy(ctx);
+    c = ei_config_default(); /* the floor is not checked while no ratio uses it */
+    c.decode_budget_min = 0;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_context_destroy(ctx);
     c = ei_config_default();
     c.threshold_len = 0; c.delta_t = 0; c.alpha = 0; c.rigid_entropy = 0; /* zero is meaningful */
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
@@ -1510,6 +1530,55 @@ static void test_decode_policies(void) {
                     }
     }
     CHECK(cases > 0, "no decode policy case ran");
+    {   /* protocol and data errors of the policies */
+        ei_config c = ei_config_default();
+        ei_context *ctx, *ctx2;
+        ei_decoder dec, dec2;
+        ei_keep_set ks;
+        ei_tensor kt = ei_tensor_make(k, EI_F32, NPOS, KV, DIM);
+        size_t db, db2, wb;
+        void *dm, *dm2, *ws;
+        float *acc0;
+        c.decode_budget = BUDGET; c.window = WIN; c.decode_gap = GAP;
+        c.decode_policy = EI_DECODE_H2O;
+        c.decode_positions = NPOS - 1; /* one short of the cache */
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        c.decode_policy = EI_DECODE_SNAPKV;
+        c.decode_budget = WIN + 2; /* fewer than the window and the generated positions after it */
+        CHECK_ERR(ei_context_create(&c, &ctx2), EI_OK);
+        ei_decoder_size(ctx, HEADS, DIM, &db);
+        ei_decoder_size(ctx2, HEADS, DIM, &db2);
+        CHECK(db >= db2 + (size_t)HEADS * (NPOS - 1) * 4, "an H2O decoder holds its sums (%zu, %zu bytes)", db, db2);
+        ei_decode_workspace_size(ctx, NPOS, HEADS, KV, &wb);
+        dm = guarded_alloc(db); dm2 = guarded_alloc(db2); ws = guarded_alloc(wb);
+        CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
+        CHECK_ERR(ei_decoder_init(ctx2, &dec2, HEADS, KV, DIM, dm2, db2), EI_OK);
+        decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
+        decode_observe_all(ctx2, &dec2, q, NPOS, HEADS, DIM, GAP);
+        CHECK(dec2.n_observed == NPOS && dec2.n_generated == GAP, "SnapKV counts the generated queries");
+        ks = decode_keep_set(KV, BUDGET, NPOS, NPOS);
+        acc0 = (float *)malloc(sizeof(float) * HEADS * (NPOS - 1));
+        memcpy(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1));
+        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_SIZE); /* position NPOS - 1 past decode_positions */
+        CHECK(dec.n_accumulated == 0 && dec.accumulated_end == 0 && dec.last_compress == -1 &&
+              !memcmp(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1)), "a refused H2O call left the decoder");
+        /* an H2O decoder under a SnapKV context is taken (its sums unused; here its tail is too long), a SnapKV one
+           has no sums for H2O */
+        CHECK_ERR(ei_decode_keep(ctx2, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_keep(ctx, &dec2, &kt, &ks, ws, wb), EI_ERR_SHAPE);
+        CHECK_ERR(ei_decode_keep(ctx2, &dec2, &kt, &ks, ws, wb), EI_ERR_STATE); /* tail WIN + GAP > budget */
+        CHECK(ks.n_kept == 0 && dec2.last_compress == -1, "a refused SnapKV call left the keep set and decoder");
+        dec.n_accumulated = dec.n_observed + 1; /* counters out of range */
+        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
+        dec.n_accumulated = 0;
+        dec.n_positions++; /* sealed */
+        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
+        dec.n_positions--;
+        CHECK(guard_intact(dm, db) && guard_intact(dm2, db2) && guard_intact(ws, wb), "guard bytes overwritten");
+        decode_keep_set_free(&ks);
+        guarded_free(dm); guarded_free(dm2); guarded_free(ws); free(acc0);
+        ei_context_destroy(ctx); ei_context_destroy(ctx2);
+    }
     printf("decode policies: %d keep sets against the reference\n", cases);
     free(q); free(k); free(kS); free(row_pos); free(perm); free(by_pos); free(acc);
 }
