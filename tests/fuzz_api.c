@@ -598,6 +598,12 @@ static ei_config fz_config(fz *f) {
     static const int32_t smp[] = {8, 1, 3, 64, 0, -1, EI_MAX_RANK_SAMPLES, EI_MAX_RANK_SAMPLES + 1, 33};
     static const double tp[] = {0.9, 0.0, 1.0, 0.5, 1e-9, -0.1, 1.5, NAN, INFINITY};
     static const int32_t sk[] = {1, 0, 2, 8, 1000, -1, EI_MAX_BUDGET + 1};
+    static const int32_t dpol[] = {EI_DECODE_STREAMING, EI_DECODE_SNAPKV, EI_DECODE_H2O, EI_DECODE_ENTROPYINFER, 4, -1};
+    static const int32_t dsink[] = {4, 0, 1, 100, -1, EI_MAX_BUDGET + 1};
+    static const double drat[] = {0.25, 0.0, 1.0, 1e-9, 0.5, -0.1, 1.5, NAN};
+    static const int32_t dmin[] = {4, 12, 8, 0, 13, 3, INT32_MAX};
+    /* (H2O decoders hold n_heads x decode_positions floats: small values, and one past the limit) */
+    static const int64_t dpos[] = {64, 0, 1, 200, 16, -1, EI_MAX_TOKENS + 1};
     ei_config c = fz_small_config();
     unsigned sel = fz_u8(f); /* bit i: knob group i is fuzzed (0: the small valid configuration) */
     if (sel & 1) { c.segment_size = FZ_PICK(f, seg); c.block_size = FZ_PICK(f, blk); }
@@ -626,6 +632,11 @@ static ei_config fz_config(fz *f) {
         if (x & 64) { /* the ranking beyond the paper */
             c.ranking = (ei_ranking)FZ_PICK(f, rk); c.rank_samples = FZ_PICK(f, smp); c.top_p = FZ_PICK(f, tp);
             c.sink_blocks = FZ_PICK(f, sk); c.local_blocks = FZ_PICK(f, sk);
+        }
+        if (x & 128) { /* decode policies and budgets that follow the context (issue 37) */
+            c.decode_policy = (ei_decode_policy)FZ_PICK(f, dpol); c.decode_sink = FZ_PICK(f, dsink);
+            c.decode_budget_ratio = FZ_PICK(f, drat); c.decode_budget_min = FZ_PICK(f, dmin);
+            c.decode_positions = FZ_PICK(f, dpos);
         }
     }
     return c;
@@ -1361,7 +1372,7 @@ static void op_decode_keep(state *s, fz *f) {
     if (r == EI_OK) {
         int32_t h, i;
         ORACLE(ks->n_kept >= 0 && ks->n_kept <= ks->capacity, "n_kept outside capacity", ks->n_kept, ks->capacity);
-        ORACLE(ks->n_kept == (int32_t)EI__MIN(n, (int64_t)c->decode_budget), "n_kept is not min(n, budget)", ks->n_kept, n);
+        ORACLE(ks->n_kept == (int32_t)EI__MIN(n, ei__decode_budget(c, n)), "n_kept is not min(n, budget)", ks->n_kept, n);
         for (h = 0; h < ks->heads_out; ++h) {
             const int32_t *idx = ks->index + (size_t)h * (size_t)ks->capacity;
             for (i = 0; i < ks->n_kept; ++i) {
@@ -1369,8 +1380,8 @@ static void op_decode_keep(state *s, fz *f) {
                 if (ks->mask) ORACLE(ks->mask[(size_t)h * (size_t)ks->mask_capacity + (size_t)idx[i]] == 1, "mask disagrees", h, i);
             }
         }
-        if (ks->compressed) { /* the observation window's positions are always kept, last */
-            int64_t W = EI__MIN((int64_t)c->window, s->dec.n_observed);
+        if (ks->compressed) { /* the tail (the observation window's positions) is always kept, last */
+            int64_t W = ei__decode_tail(c, &s->dec);
             for (h = 0; h < ks->heads_out; ++h)
                 for (i = 0; i < W; ++i)
                     ORACLE(ks->index[(size_t)h * (size_t)ks->capacity + (size_t)(ks->n_kept - W + i)] == n - W + i,
