@@ -241,8 +241,12 @@
    run through the same calls; EI_DECODE_SNAPKV and EI_DECODE_H2O change
    what ei_decode_score scores (the prompt's window; the queries not yet
    summed), and an EI_DECODE_H2O decoder needs decode_positions > 0 and
-   positions below it. On the CUDA backend only EI_DECODE_ENTROPYINFER with
-   decode_budget_ratio 0 runs (else EI_ERR_UNSUPPORTED).
+   positions below it. The CUDA backend runs every policy and ratio as the
+   CPU does (the same keep sets up to float32 near-ties, tests/test_cuda.c),
+   except that with cuda_deferred_errors and a row map the host never learns
+   the sequence's length: decode_budget_ratio > 0 and EI_DECODE_H2O are
+   refused there (EI_ERR_UNSUPPORTED; EI_DECODE_H2O's ei_decode_score is
+   not, it writes no sums).
 
    ACCURACY ACROSS PATHS
    =====================
@@ -1129,8 +1133,9 @@ typedef struct ei_cuda_api {
                                 int generated, char *msg);
     ei_result (*decode_workspace_size)(const ei_config *cfg, int64_t n_tokens, int32_t n_heads,
                                        int32_t n_kv_heads, size_t *bytes, char *msg);
-    /* scores the last ei__decode_window(cfg, dec) observed queries (all of
-       them when fewer than cfg->window were observed) */
+    /* scores the queries of ei__decode_scored(cfg, dec) (the last
+       ei__decode_window(cfg, dec) observed by default; ABI 10: the decode
+       policy's, keeping ei__decode_tail positions and ei__decode_budget) */
     ei_result (*decode_keep)(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k,
                              ei_keep_set *keep, void *workspace, size_t workspace_bytes, char *msg);
     /* checks the keep-set's indices (ascending, inside the cache) on the
@@ -4190,9 +4195,6 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
         return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld, "
                         "summed %lld, positions summed %lld)", (long long)dec->n_observed, (long long)dec->n_generated,
                         (long long)dec->last_compress, (long long)dec->n_accumulated, (long long)dec->accumulated_end);
-    if (ctx && ei__on_gpu(ctx) && (ctx->cfg.decode_policy != EI_DECODE_ENTROPYINFER || ctx->cfg.decode_budget_ratio > 0))
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "decode_policy %d and decode_budget_ratio run on the CPU backend only "
-                        "(the CUDA plugin has EI_DECODE_ENTROPYINFER with decode_budget)", (int)ctx->cfg.decode_policy);
     return EI_OK;
 }
 /* The decoder's ring (ring: 0 unused, 1 read, 2 written) and its struct
@@ -5019,13 +5021,15 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
             return r;
     }
     if (ei__on_gpu(ctx)) { /* the cache in position order, scored whole on the device */
-        int64_t W = ei__decode_window(c, dec), n = k->n_tokens;
+        int64_t W = ei__decode_tail(c, dec), n = k->n_tokens;
         if (keep->row_pos) /* a device map: the plugin checks it and counts its positions */
             return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
         if (n < W)
             return ei__fail(ctx, EI_ERR_SHAPE, "the cache holds %lld keys, fewer than the %lld observed queries",
                             (long long)n, (long long)W);
-        if (n >= c->decode_budget && keep->pooled && keep->pooled_capacity < n - W)
+        if (n >= ei__decode_budget(c, n) && W > ei__decode_budget(c, n))
+            return ei__decode_tail_fits(ctx, W, ei__decode_budget(c, n));
+        if (n >= ei__decode_budget(c, n) && keep->pooled && keep->pooled_capacity < n - W)
             return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
         return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
     }

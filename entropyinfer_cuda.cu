@@ -3685,7 +3685,9 @@ __global__ void observe_kernel(const void *q, int dtype, int64_t ts, int64_t hs,
    the positions the map holds (np), the first row whose value is < -1, the
    first sorted index whose position repeats the one before it (~0: none),
    and the span between the newest and the W-th newest position (W - 1 when
-   consecutive); the host reads it back and reports the CPU's errors. */
+   consecutive); the host reads it back and reports the CPU's errors. After
+   the maps' info, lens[m]: the newest position + 1 (what a ratio budget
+   follows, H2O's sums end at). W here is the call's tail (ei__decode_tail). */
 struct MapRef {
     const int *order;               /* [maps][n] sorted rows; NULL: row j holds position j (np = n) */
     const unsigned long long *info; /* [maps][4] */
@@ -3717,7 +3719,8 @@ __global__ void map_prep_kernel(const int *row_pos, int64_t stride, int m0, int 
         vals[at] = (int)j;
     }
 }
-__global__ void map_post_kernel(const unsigned *keys, int m0, int m1, int64_t n, int64_t W, unsigned long long *info) {
+__global__ void map_post_kernel(const unsigned *keys, int m0, int m1, int64_t n, int64_t W, unsigned long long *info,
+                                unsigned long long *lens) {
     int64_t total = (int64_t)(m1 - m0) * n;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         int m = m0 + (int)(e / n);
@@ -3726,6 +3729,7 @@ __global__ void map_post_kernel(const unsigned *keys, int m0, int m1, int64_t n,
         if (k != 0u && prev == 0u) info[4 * m] = (unsigned long long)(n - i);
         if (k != 0u && prev == k) atomicMin(&info[4 * m + 2], (unsigned long long)i);
         if (i == n - 1 && W > 0 && n >= W) info[4 * m + 3] = (unsigned long long)(k - keys[at - (W - 1)]);
+        if (i == n - 1) lens[m] = k; /* the newest position + 1: the sequence's length (a ratio budget's) */
     }
 }
 
@@ -3734,9 +3738,11 @@ struct DecodeParams {
     int dtype;
     int64_t k_ts, k_hs;
     const float *ring;
-    int64_t first_slot; /* ring slot of the first scored query: (n_observed - W) % window */
+    int64_t first_slot; /* ring slot of the first scored query: q0 % window (ei__decode_scored) */
     int window;         /* ring length (dec->window) */
-    int W, nh, nkv, G, D; /* W: queries scored, ei__decode_window(cfg, dec) <= window */
+    int W, nh, nkv, G, D; /* W: queries scored (ei__decode_scored: m <= window) */
+    int64_t T;          /* the tail (ei__decode_tail): candidates are keys j < np - T */
+    int64_t lag;        /* positions after the last scored query's key (SnapKV: the generated ones) */
     int64_t n;          /* cache rows */
     int nchunks;
     float scale;
@@ -3755,10 +3761,11 @@ struct DecodeParams {
 #define DEC_RC 32
 
 /* Keys are taken in position order: key j (0 <= j < np, np the positions
-   kv head kvh's map holds, L = np - W) is the row map_row(j). Query i
-   (0 <= i < W) of the scored window is query number n_observed - W + i, in
-   ring slot (first_slot + i) % window; it lines up with key L + i and sees
-   keys 0 .. L + i (causal inside the window, by position).
+   kv head kvh's map holds, L = np - T the candidates) is the row
+   map_row(j). Query i (0 <= i < W) of the scored queries is query number
+   q0 + i (ei__decode_scored), in ring slot (first_slot + i) % window; it
+   lines up with key np - lag - W + i and sees keys 0 .. that one (causal
+   inside the window, by position; the default: lag 0, T = W).
    Pass 1 (FINAL = 0): per chunk of DEC_KC keys and window query, the max and
    sum of exp of the logits; non-finite keys and overflowing logits are
    recorded. Pass 2 (FINAL = 1): the softmax weights, mean over the window,
@@ -3772,7 +3779,7 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
     float *kt = dsm, *lg = dsm + DEC_KC * (p.D + 1);
     int c = blockIdx.x, kvh = p.kv0 + (int)blockIdx.y, tid = threadIdx.x;
     int m = p.map.maps > 1 ? kvh : 0;
-    int64_t np = map_np(p.map, m), L = np - p.W;
+    int64_t np = map_np(p.map, m), L = np - p.T, qbase = np - p.lag - p.W;
     int64_t j0 = (int64_t)c * DEC_KC, j = j0 + tid;
     int g_lo = max(p.h0 - kvh * p.G, 0), g_hi = min(p.h1 - kvh * p.G, p.G);
     for (int i = tid; i < DEC_KC * p.D; i += DEC_KC) {
@@ -3798,7 +3805,7 @@ __global__ void __launch_bounds__(DEC_KC) decode_score_kernel(DecodeParams p) {
             float acc = 0.f;
             for (int d = 0; d < p.D; d++) acc = fmaf(qv[d], kr[d], acc);
             float x = acc * p.scale;
-            bool visible = j < np && j <= L + i;
+            bool visible = j < np && j <= qbase + i;
             if (!FINAL) {
                 if (visible && !(x < INFINITY)) atomicMin(p.bad_row, (unsigned long long)h); /* +inf or NaN */
                 lg[rr * (DEC_KC + 1) + tid] = visible ? x : -INFINITY;
@@ -3924,7 +3931,10 @@ struct KeepParams {
     const float *pooled; /* [heads][n]: pooled scores of the candidates, position order */
     MapRef map;
     int div;             /* head h uses map h / div (maps > 1) */
-    int64_t n, W, budget;
+    int64_t n, W, budget; /* W: the tail (ei__decode_tail); budget: b (ei__decode_budget) */
+    int policy, sink;    /* cfg->decode_policy, cfg->decode_sink */
+    float *pooled_out;   /* STREAMING: keep->pooled, 1 for a kept candidate, 0 else (NULL: none) */
+    int64_t pooled_cap;
     const int *row_pos;  /* the maps (positions out); NULL: row j holds position j */
     int64_t rp_stride;
     uint8_t *flag;       /* [heads][n] scratch */
@@ -3936,8 +3946,11 @@ struct KeepParams {
     const unsigned long long *gate; /* deferred errors: the call's report (nothing written unless 0) */
 };
 /* One CTA per head: every row holding a position when fewer than budget do;
-   else the kk = budget - W best candidates (ties to the older position) and
-   the W window rows. Then the kept rows ascending, their positions, the
+   else the tail's W rows and, by the policy (the CPU's ei__keep_policy),
+   the kk = budget - W best candidates (ties to the older position);
+   STREAMING: the first min(sink, kk) candidates and the newest others; H2O:
+   the newest R = max(budget / 2, W) positions and the best budget - R of
+   the older candidates. Then the kept rows ascending, their positions, the
    byte mask over 0..n-1. */
 __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
     __shared__ int hist[256];
@@ -3947,17 +3960,28 @@ __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
     int m = p.map.maps > 1 ? h / p.div : 0;
     int64_t np = map_np(p.map, m), L = np - p.W;
     bool all = np < p.budget;
-    int64_t kk = all ? 0 : p.budget - p.W;
+    int64_t kk = all ? 0 : p.budget - p.W, Lr = L; /* candidates 0..Lr-1 ranked (the rest kept) */
     if (kk > L) kk = L;
     if (kk < 0) kk = 0;
+    bool by_position = p.policy == EI_DECODE_STREAMING;
+    if (!all && by_position) {
+        int64_t sink = p.sink < kk ? (int64_t)p.sink : kk;
+        Lr = L - (kk - sink);
+        kk = sink;
+    } else if (!all && p.policy == EI_DECODE_H2O) {
+        int64_t R = p.budget / 2 > p.W ? p.budget / 2 : p.W;
+        Lr = L - (R - p.W);
+        kk = p.budget - R;
+    }
     const float *row = p.pooled + (int64_t)h * p.n;
-    uint64_t thr = kk > 0 ? block_select_kth(row, L, kk, hist) : ~(uint64_t)0;
+    uint64_t thr = kk > 0 && !by_position ? block_select_kth(row, Lr, kk, hist) : ~(uint64_t)0;
     uint8_t *f = p.flag + (int64_t)h * p.n;
     for (int64_t j = threadIdx.x; j < p.n; j += blockDim.x) f[j] = 0;
     __syncthreads();
     for (int64_t j = threadIdx.x; j < np; j += blockDim.x) {
-        bool kept = all || j >= L || (kk > 0 && rank_key(row[j], j) >= thr);
+        bool kept = all || j >= Lr || (by_position ? j < kk : kk > 0 && rank_key(row[j], j) >= thr);
         if (kept) f[map_row(p.map, m, np, j)] = 1;
+        if (by_position && !all && p.pooled_out && j < L) p.pooled_out[(int64_t)h * p.pooled_cap + j] = kept ? 1.f : 0.f;
     }
     __syncthreads();
     const int *map = p.row_pos ? p.row_pos + (int64_t)m * p.rp_stride : NULL;
@@ -4226,16 +4250,18 @@ static ei_result api_decode_observe(const ei_config *cfg, ei_decoder *dec, const
    n rows, one row map per kv head and the row sort's temporary storage: any
    W <= window, any map fits. */
 struct DecodeWs {
-    size_t stats, mz, score, pooled, flags, keys_in, keys_out, vals_in, vals_out, info, sort, rowflag, total;
+    size_t stats, mz, score, pooled, flags, keys_in, keys_out, vals_in, vals_out, info, sort, rowflag, raw, total;
     size_t sort_bytes;
 };
 static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, DecodeWs *w, char *msg) {
     size_t W = (size_t)cfg->window, nch = (size_t)((n + DEC_KC - 1) / DEC_KC);
-    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh, a, b, c, mk, rf, inf, sort_bytes = 0;
+    size_t heads_out = cfg->per_kv_head ? (size_t)nkv : (size_t)nh, a, b, c, mk, rf, inf, raw = 0, sort_bytes = 0;
     if (n <= 0 || n > INT_MAX || !mul_ok((size_t)nh * W, nch * 8, &a) || !mul_ok((size_t)nh * W, 8, &b) ||
         !mul_ok(heads_out, (size_t)n * 4, &c) || !mul_ok((size_t)nkv, (size_t)n * 4, &mk) ||
-        !mul_ok(heads_out, (size_t)n, &rf) || !mul_ok((size_t)nkv, 32, &inf) || a > SIZE_MAX / 16 ||
-        c > SIZE_MAX / 16 || mk > SIZE_MAX / 16)
+        !mul_ok(heads_out, (size_t)n, &rf) || !mul_ok((size_t)nkv, 40, &inf) || a > SIZE_MAX / 16 ||
+        c > SIZE_MAX / 16 || mk > SIZE_MAX / 16 ||
+        (cfg->decode_policy == EI_DECODE_H2O && /* decode_keep's per-query-head scores by row, summed into the decoder */
+         (!mul_ok((size_t)nh, (size_t)n * 4, &raw) || raw > SIZE_MAX / 16)))
         return fail(msg, EI_ERR_OVERFLOW, "decode workspace for %lld tokens overflows size_t", (long long)n);
     cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const unsigned *)NULL, (unsigned *)NULL,
                                                     (const int *)NULL, (int *)NULL, (int)n, 0, 32);
@@ -4254,7 +4280,8 @@ static ei_result decode_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t 
     w->info = w->vals_out + align256(mk);
     w->sort = w->info + align256(inf);
     w->rowflag = w->sort + align256(sort_bytes);
-    w->total = w->rowflag + align256(rf) + 256; /* and slack to align the base */
+    w->raw = w->rowflag + align256(rf);
+    w->total = w->raw + align256(raw) + 256; /* and slack to align the base */
     return EI_OK;
 }
 static ei_result api_decode_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, size_t *bytes,
@@ -4289,7 +4316,10 @@ struct Maps {
     const unsigned *keys; /* sorted keys (position + 1) [maps][n] */
     const int *vals;      /* sorted rows [maps][n] */
     bool on_device;       /* row maps under deferred errors: info only on the device */
+    std::vector<unsigned long long> lens; /* host copy [maps]: the newest position + 1 (identity: n) */
+    const unsigned long long *dlens;      /* the same on the device (NULL: identity) */
     int64_t np(int m) const { return (int64_t)info[ref.maps ? 4 * m : 0]; }
+    int64_t len(int m) const { return (int64_t)lens[ref.maps ? m : 0]; }
 };
 /* Maps m0..m1-1 of row_pos (map m at row_pos + m * stride); maps 0: row j
    holds position j. readback: synchronises the stream (the host reads the
@@ -4307,7 +4337,9 @@ static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, in
     mp->keys = (const unsigned *)(base + w.keys_out);
     mp->vals = (const int *)(base + w.vals_out);
     mp->on_device = false;
+    mp->dlens = NULL;
     if (!maps) {
+        mp->lens.assign(1, (unsigned long long)n);
         mp->info.assign(4, 0);
         mp->info[0] = (unsigned long long)n;
         mp->info[1] = mp->info[2] = ~0ull;
@@ -4328,17 +4360,23 @@ static ei_result maps_build(const int32_t *row_pos, int64_t stride, int maps, in
         CUDA_TRY(cub::DeviceRadixSort::SortPairs((void *)(base + w.sort), tb, kin + at, kout + at, vin + at, vout + at,
                                                  (int)n, 0, 32, st));
     }
-    map_post_kernel<<<stride_blocks(total), 256, 0, st>>>(kout, m0, m1, n, W, dinfo);
+    unsigned long long *dlens = dinfo + 4 * (int64_t)maps;
+    map_post_kernel<<<stride_blocks(total), 256, 0, st>>>(kout, m0, m1, n, W, dinfo, dlens);
     LAUNCH_CHECK("map_post_kernel");
     mp->ref.order = vout;
     mp->ref.info = dinfo;
+    mp->dlens = dlens;
     if (!readback) {
         mp->info.clear();
+        mp->lens.clear();
         mp->on_device = true;
         return EI_OK;
     }
     mp->info.assign((size_t)maps * 4, 0);
+    mp->lens.assign((size_t)maps, 0);
     CUDA_TRY(cudaMemcpyAsync(mp->info.data() + 4 * m0, dinfo + 4 * m0, sizeof(unsigned long long) * 4 * (m1 - m0),
+                             cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaMemcpyAsync(mp->lens.data() + m0, dlens + m0, sizeof(unsigned long long) * (m1 - m0),
                              cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaStreamSynchronize(st));
     return EI_OK;
@@ -4421,11 +4459,15 @@ static ei_result deferred_rows_refuse(const ei_config *cfg, int64_t n, char *msg
    scores are written; else (deferred errors) chk is launched after the first
    pass with the flags and gates the second. */
 static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k, const MapRef &mr,
-                                  int64_t W, int h0, int h1, float *score, float *raw, char *base, const DecodeWs &w,
+                                  int h0, int h1, float *score, float *raw, char *base, const DecodeWs &w,
                                   DecodeCheck *chk, cudaStream_t st, char *msg) {
     ei_result r;
     int nh = dec->n_heads, nkv = dec->n_kv_heads, D = dec->head_dim, G = nh / nkv;
-    int64_t n = k->n_tokens;
+    int64_t n = k->n_tokens, q0 = 0, W = ei__decode_scored(cfg, dec, &q0);
+    if (W == 0) { /* H2O with every query summed already: no scores (the CPU's zeros; raw was cleared) */
+        if (chk && (r = check_launch(*chk, st, msg))) return r;
+        return EI_OK;
+    }
     int smem_max = 0;
     size_t smem = ((size_t)DEC_KC * (D + 1) + (size_t)DEC_RC * (DEC_KC + 1)) * 4;
     if ((r = smem_limit(&smem_max, msg))) return r;
@@ -4437,7 +4479,9 @@ static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, c
     p.k = k->data; p.dtype = k->dtype; p.k_ts = k->token_stride; p.k_hs = k->head_stride;
     p.ring = dec->queries;
     p.window = dec->window;
-    p.first_slot = (dec->n_observed - W) % dec->window;
+    p.first_slot = q0 % dec->window;
+    p.T = ei__decode_tail(cfg, dec);
+    p.lag = dec->n_observed - (q0 + W);
     p.W = (int)W; p.nh = nh; p.nkv = nkv; p.G = G; p.D = D; p.n = n;
     p.nchunks = (int)((n + DEC_KC - 1) / DEC_KC);
     p.scale = cfg->decode_scale > 0.f ? cfg->decode_scale : 1.f / sqrtf((float)D);
@@ -4474,65 +4518,86 @@ static ei_result decode_score_run(const ei_config *cfg, const ei_decoder *dec, c
 }
 
 /* The counts of a keep set of `heads` heads (head h on map h / div) and the
-   host checks, per head in the CPU's order (its map, the maps' counts, the
-   capacities). Row maps on the device (deferred errors): the cache is taken
-   to hold >= decode_budget positions, so every head keeps decode_budget rows
-   (decode_budget >= window >= W) and compresses; decode_check_kernel checks
-   it (DK_BUDGET) with the rest. */
+   host checks, per head in the CPU's order (its map, the maps' counts and
+   lengths, the capacities, the tail against the budget). The budget b
+   follows the sequence's length with decode_budget_ratio (ei__decode_budget);
+   the tail T is mp.W (ei__decode_tail). Row maps on the device (deferred
+   errors; no ratio there): the cache is taken to hold >= decode_budget
+   positions, so every head keeps decode_budget rows (decode_budget >=
+   window >= W) and compresses; decode_check_kernel checks it (DK_BUDGET)
+   with the rest. */
 struct KeepCounts {
     int32_t n_kept;
     int compressed;
+    int64_t b; /* the budget of the call */
 };
+/* The CPU's ei__decode_tail_fits: only SnapKV's tail can exceed b. */
+static ei_result tail_fits(int64_t T, int64_t b, char *msg) {
+    if (T <= b) return EI_OK;
+    return fail(msg, EI_ERR_STATE, "EI_DECODE_SNAPKV keeps its %lld newest positions (the prompt's window and every "
+                "generated one), more than the budget of %lld: compress sooner (decode_gap) or keep more",
+                (long long)T, (long long)b);
+}
 static ei_result keep_counts(const ei_config *cfg, const ei_keep_set *keep, const Maps &mp, int heads, int div,
                              KeepCounts *kc, char *msg) {
     ei_result r;
-    int64_t budget = cfg->decode_budget, W = mp.W, np = 0, np0 = -1;
+    int64_t b = cfg->decode_budget, W = mp.W, np = 0, np0 = -1, P = 0, P0 = -1;
     int last_m = -1;
     kc->n_kept = 0;
     kc->compressed = 0;
+    kc->b = b;
     if (mp.on_device) {
-        kc->n_kept = (int32_t)budget;
+        kc->n_kept = (int32_t)b;
         kc->compressed = 1;
-        return EI_OK;
+        return tail_fits(W, b, msg);
     }
     for (int h = 0; h < heads; h++) {
         int m = mp.ref.maps > 1 ? h / div : 0;
         if (m != last_m && (r = map_check(mp, m, msg))) return r;
         last_m = m;
         np = mp.np(m);
-        if (np0 >= 0 && np != np0) return decode_fault_fail(DK_MAPS_DIFFER, (unsigned long long)np0, (unsigned long long)np, 0, msg);
+        P = mp.len(m);
+        if (np0 >= 0 && (np != np0 || P != P0))
+            return np != np0 ? decode_fault_fail(DK_MAPS_DIFFER, (unsigned long long)np0, (unsigned long long)np, 0, msg)
+                             : fail(msg, EI_ERR_SHAPE, "the row maps of kv heads hold %lld and %lld positions, of sequences "
+                                    "of %lld and %lld (one count per keep set)", (long long)np0, (long long)np,
+                                    (long long)P0, (long long)P);
         np0 = np;
-        if (np > (int64_t)keep->capacity && np < budget)
+        P0 = P;
+        b = ei__decode_budget(cfg, P);
+        kc->b = b;
+        if (np > (int64_t)keep->capacity && np < b)
             return decode_fault_fail(DK_CAPACITY, (unsigned long long)keep->capacity, (unsigned long long)np, 0, msg);
-        if (np < budget) {
+        if (np < b) {
             kc->n_kept = (int32_t)np;
             continue;
         }
-        int64_t L = np - W, kk = budget - W;
+        if ((r = tail_fits(W, b, msg))) return r;
+        int64_t L = np - W, kk = b - W;
         if (kk > L) kk = L;
         if (kk < 0) kk = 0;
         if (keep->pooled && keep->pooled_capacity < L)
             return decode_fault_fail(DK_POOLED, (unsigned long long)keep->pooled_capacity, (unsigned long long)L, 0, msg);
         kc->n_kept = (int32_t)(kk + W);
     }
-    kc->compressed = np >= budget; /* the last head's, as the CPU */
+    kc->compressed = np >= b; /* the last head's, as the CPU */
     return EI_OK;
 }
 /* The keep set from the reduced candidate scores red [heads][n] (pooled here
-   when pool_it, else red is already pooled and keep->pooled written by the
-   caller), with the counts of keep_counts. gate: deferred errors, the call's
-   report (nothing of the keep set written unless 0). */
+   with `pool` when pool_it, else red is already pooled and keep->pooled
+   written by the caller), with the counts of keep_counts. gate: deferred
+   errors, the call's report (nothing of the keep set written unless 0). */
 static ei_result keep_launch(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
-                             int div, float *red, bool pool_it, char *base, const DecodeWs &w, const KeepCounts &kc,
-                             const unsigned long long *gate, cudaStream_t st, char *msg) {
+                             int div, float *red, bool pool_it, int pool, char *base, const DecodeWs &w,
+                             const KeepCounts &kc, const unsigned long long *gate, cudaStream_t st, char *msg) {
     ei_result r;
-    int64_t budget = cfg->decode_budget, n = mp.n, W = mp.W;
+    int64_t budget = kc.b, n = mp.n, W = mp.W;
     if ((r = grid_fits("decode keep", heads, 1, 1, msg))) return r;
     float *pooled = red;
-    if (pool_it) {
+    if (pool_it && cfg->decode_policy != EI_DECODE_STREAMING) { /* (STREAMING keeps by position: nothing ranked) */
         pooled = (float *)(base + w.pooled);
         pool_kernel<<<stride_blocks((int64_t)heads * n), 256, 0, st>>>(red, pooled, keep->pooled, keep->pooled_capacity, n,
-                                                                      heads, mp.ref, div, W, budget, cfg->pool,
+                                                                      heads, mp.ref, div, W, budget, pool,
                                                                       cfg->pool_kernel, gate);
         LAUNCH_CHECK("pool_kernel");
     }
@@ -4542,6 +4607,10 @@ static ei_result keep_launch(const ei_config *cfg, ei_decoder *dec, ei_keep_set 
     kp.map = mp.ref;
     kp.div = div;
     kp.n = n; kp.W = W; kp.budget = budget;
+    kp.policy = (int)cfg->decode_policy;
+    kp.sink = cfg->decode_sink;
+    kp.pooled_out = keep->pooled;
+    kp.pooled_cap = keep->pooled_capacity;
     kp.row_pos = mp.ref.maps ? mp.row_pos : NULL;
     kp.rp_stride = mp.stride;
     kp.flag = (uint8_t *)(base + w.rowflag);
@@ -4558,27 +4627,112 @@ static ei_result keep_launch(const ei_config *cfg, ei_decoder *dec, ei_keep_set 
 }
 /* keep_counts, then keep_launch: a waiting call */
 static ei_result keep_finish_run(const ei_config *cfg, ei_decoder *dec, ei_keep_set *keep, const Maps &mp, int heads,
-                                 int div, float *red, bool pool_it, char *base, const DecodeWs &w, cudaStream_t st,
-                                 char *msg) {
+                                 int div, float *red, bool pool_it, int pool, char *base, const DecodeWs &w,
+                                 cudaStream_t st, char *msg) {
     KeepCounts kc;
     ei_result r = keep_counts(cfg, keep, mp, heads, div, &kc, msg);
     if (r) return r;
-    return keep_launch(cfg, dec, keep, mp, heads, div, red, pool_it, base, w, kc, NULL, st, msg);
+    return keep_launch(cfg, dec, keep, mp, heads, div, red, pool_it, pool, base, w, kc, NULL, st, msg);
+}
+
+/* ------------------------------------------------------------ decode policies
+   H2O (the CPU's ei__decode_accumulate, ei__reduce_acc): the decoder's sums
+   acc [nh][npos] by position. acc_update adds m x the fresh queries' mean
+   weight of every row holding a position (raw [nh][n] by row, query head h
+   on map h / G) to its position's sum (positions from end on start at 0);
+   separate multiply and add, as the CPU (no contraction into an fma).
+   reduce_acc: red[h][j], candidate j < np - T of head h's map (position
+   order), the sums of query heads h * per .. + per at its position (0 from
+   end on), reduced as ei__reduce_acc (in head order; mean: then / per). */
+__device__ __forceinline__ int64_t map_pos(const MapRef &mr, const int *row_pos, int64_t rp_stride, int m, int64_t row) {
+    return mr.maps ? (int64_t)row_pos[(int64_t)m * rp_stride + row] : row;
+}
+__global__ void acc_update_kernel(const float *raw, int64_t n, int nh, int G, MapRef mr, const int *row_pos,
+                                  int64_t rp_stride, float *acc, int64_t npos, int64_t end, float m,
+                                  const unsigned long long *gate) {
+    if (gate && *gate != 0ull) return; /* a recorded fault: the sums stay */
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)nh * n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int h = (int)(idx / n);
+        int64_t j = idx % n;
+        int mi = mr.maps > 1 ? h / G : 0;
+        int64_t np = map_np(mr, mi);
+        if (j >= np) continue;
+        int64_t row = map_row(mr, mi, np, j), p = map_pos(mr, row_pos, rp_stride, mi, row);
+        float *a = acc + (int64_t)h * npos + p;
+        *a = __fadd_rn(p < end ? *a : 0.f, __fmul_rn(m, raw[(int64_t)h * n + row]));
+    }
+}
+__global__ void reduce_acc_kernel(const float *acc, int64_t npos, int64_t end, int64_t n, int heads, int per,
+                                  int reduce_max, MapRef mr, const int *row_pos, int64_t rp_stride, int div, int64_t T,
+                                  float *red) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)heads * n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int h = (int)(idx / n);
+        int64_t j = idx % n;
+        int mi = mr.maps > 1 ? h / div : 0;
+        int64_t np = map_np(mr, mi), L = np - T;
+        if (j >= L) continue;
+        int64_t p = map_pos(mr, row_pos, rp_stride, mi, map_row(mr, mi, np, j));
+        float v = 0.f;
+        for (int i = 0; i < per; i++) {
+            float x = p < end ? acc[(int64_t)(h * per + i) * npos + p] : 0.f;
+            v = i == 0 ? x : reduce_max ? (x > v ? x : v) : __fadd_rn(v, x);
+        }
+        red[(int64_t)h * n + j] = reduce_max ? v : __fdiv_rn(v, (float)per);
+    }
+}
+/* H2O, host side: every map's sequence inside the decoder's positions (the
+   CPU's EI_ERR_SIZE; host info: a waiting call, or no row map). */
+static ei_result h2o_check(const ei_decoder *dec, const Maps &mp, char *msg) {
+    for (int m = 0; m < (mp.ref.maps ? mp.ref.maps : 1); m++)
+        if (mp.len(m) > dec->n_positions)
+            return fail(msg, EI_ERR_SIZE, "the cache holds position %lld, past the %lld positions whose attention the decoder "
+                        "sums (decode_positions)", (long long)(mp.len(m) - 1), (long long)dec->n_positions);
+    return EI_OK;
+}
+/* H2O: the fresh queries' scores raw [nh][n] by row summed into the decoder
+   (none when every query is summed already), then its sums reduced into
+   red for `heads` heads of `per` query heads each (head h on map h / div). */
+static void h2o_sum(const ei_config *cfg, ei_decoder *dec, const float *raw, const Maps &mp, int heads, int per, int div,
+                    float *red, const unsigned long long *gate, cudaStream_t st) {
+    int64_t q0 = 0, m = ei__decode_scored(cfg, dec, &q0), n = mp.n;
+    int nh = dec->n_heads, G = nh / dec->n_kv_heads;
+    if (m > 0) {
+        acc_update_kernel<<<stride_blocks((int64_t)nh * n), 256, 0, st>>>(raw, n, nh, G, mp.ref, mp.row_pos, mp.stride,
+                                                                          dec->accumulated, dec->n_positions,
+                                                                          dec->accumulated_end, (float)m, gate);
+        dec->accumulated_end = mp.len(0); /* (every map's length, checked) */
+        dec->n_accumulated = dec->n_observed;
+    }
+    reduce_acc_kernel<<<stride_blocks((int64_t)heads * n), 256, 0, st>>>(dec->accumulated, dec->n_positions,
+                                                                         dec->accumulated_end, n, heads, per,
+                                                                         cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref,
+                                                                         mp.row_pos, mp.stride, div, mp.W, red);
+}
+/* Deferred errors with row maps: the host never learns the sequence's
+   length, which a ratio budget follows and H2O's sums end at. */
+static ei_result deferred_maps_policy(const ei_config *cfg, bool sums, char *msg) {
+    if (cfg->decode_budget_ratio > 0 || (sums && cfg->decode_policy == EI_DECODE_H2O))
+        return fail(msg, EI_ERR_UNSUPPORTED, "with cuda_deferred_errors and a row map, decode_budget_ratio and "
+                    "EI_DECODE_H2O need the sequence's length on the host: call without deferred errors");
+    return EI_OK;
 }
 
 /* The header checked k against the decoder, the keep set's heads and
    capacities and the protocol (and, without a row map, the cache against
-   the window). W = ei__decode_window(cfg, dec) queries are scored (every
-   query observed while fewer than the window), as the CPU: score, then
-   select; with keep->row_pos the maps are checked and sorted first.
-   Deferred errors: the host checks (no row map) first, then only kernels. */
+   the tail). The policy's queries are scored (ei__decode_scored; none for
+   STREAMING), as the CPU: score, then select; with keep->row_pos the maps
+   are checked and sorted first. Deferred errors: the host checks (no row
+   map) first, then only kernels. */
 static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
                                  void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
     int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
-    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
-    int heads_out = cfg->per_kv_head ? nkv : nh, div = cfg->per_kv_head ? 1 : G;
-    bool dfr = deferred(cfg);
+    int64_t T = ei__decode_tail(cfg, dec), n = k->n_tokens;
+    int heads_out = cfg->per_kv_head ? nkv : nh, div = cfg->per_kv_head ? 1 : G, per = cfg->per_kv_head ? G : 1;
+    bool dfr = deferred(cfg), h2o = cfg->decode_policy == EI_DECODE_H2O, scored = cfg->decode_policy != EI_DECODE_STREAMING;
+    int pool = h2o ? (int)EI_POOL_NONE : (int)cfg->pool; /* H2O ranks its sums unpooled */
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
@@ -4588,31 +4742,46 @@ static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
     if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
-    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device)
         for (int m = 0; m < (maps ? maps : 1); m++)
             if ((r = map_check(mp, m, msg))) return r;
-    float *score = (float *)(base + w.score);
+    float *score = (float *)(base + w.score), *raw = h2o ? (float *)(base + w.raw) : NULL;
     if (!dfr) {
-        if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, NULL, st, msg))) return r;
-        return keep_finish_run(cfg, dec, keep, mp, heads_out, div, score, true, base, w, st, msg);
+        if (scored && (r = decode_score_run(cfg, dec, k, mp.ref, 0, nh, h2o ? NULL : score, raw, base, w, NULL, st, msg)))
+            return r;
+        if (!h2o) return keep_finish_run(cfg, dec, keep, mp, heads_out, div, score, true, pool, base, w, st, msg);
+        if ((r = h2o_check(dec, mp, msg)) || (r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
+        h2o_sum(cfg, dec, raw, mp, heads_out, per, div, score, NULL, st);
+        LAUNCH_CHECK("h2o_sum");
+        return keep_launch(cfg, dec, keep, mp, heads_out, div, score, true, pool, base, w, kc, NULL, st, msg);
     }
     if ((r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
-    check_init(&chk, DEC_E_KEEP, mp, cfg->decode_budget, base, w);
+    if (h2o && (r = h2o_check(dec, mp, msg))) return r; /* (no row map here: the cache's rows) */
+    check_init(&chk, DEC_E_KEEP, mp, kc.b, base, w);
     chk.a1 = mp.on_device ? maps : 0;
     check_keep(&chk, keep, heads_out, div, mp.on_device);
-    if ((r = decode_score_run(cfg, dec, k, mp.ref, W, 0, nh, score, NULL, base, w, &chk, st, msg))) return r;
-    return keep_launch(cfg, dec, keep, mp, heads_out, div, score, true, base, w, kc, chk.report, st, msg);
+    if (!scored) {
+        if ((r = check_launch(chk, st, msg))) return r;
+    } else if ((r = decode_score_run(cfg, dec, k, mp.ref, 0, nh, h2o ? NULL : score, raw, base, w, &chk, st, msg)))
+        return r;
+    if (h2o) {
+        h2o_sum(cfg, dec, raw, mp, heads_out, per, div, score, chk.report, st);
+        LAUNCH_CHECK("h2o_sum");
+    }
+    return keep_launch(cfg, dec, keep, mp, heads_out, div, score, true, pool, base, w, kc, chk.report, st, msg);
 }
 
 /* ei_decode_score: query heads [h0, h1) (the header's split of ith/nth),
-   scores [nh][n] by row, 0 for rows holding no position. */
+   scores [nh][n] by row, 0 for rows holding no position (every row when the
+   policy has no query to score: H2O with every one summed). */
 static ei_result api_decode_score(const ei_config *cfg, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
                                   int64_t row_pos_stride, float *scores, int32_t h0, int32_t h1, void *ws,
                                   size_t ws_bytes, char *msg) {
     ei_result r;
     int nkv = dec->n_kv_heads, G = dec->n_heads / nkv;
-    int64_t W = ei__decode_window(cfg, dec), n = k->n_tokens;
+    int64_t T = ei__decode_tail(cfg, dec), n = k->n_tokens;
     bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
@@ -4623,27 +4792,30 @@ static ei_result api_decode_score(const ei_config *cfg, const ei_decoder *dec, c
     if (h0 >= h1) return EI_OK; /* more threads than heads */
     int maps = row_pos ? (row_pos_stride ? nkv : 1) : 0;
     int m0 = maps > 1 ? h0 / G : 0, m1 = maps > 1 ? (h1 - 1) / G + 1 : maps;
-    if ((r = maps_build(row_pos, row_pos_stride, maps, m0, m1, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if ((r = maps_build(row_pos, row_pos_stride, maps, m0, m1, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device)
         for (int m = m0; m < (m1 > m0 ? m1 : m0 + 1); m++)
             if ((r = map_check(mp, m, msg))) return r;
     CUDA_TRY(cudaMemsetAsync(scores + (int64_t)h0 * n, 0, sizeof(float) * (size_t)(h1 - h0) * (size_t)n, st));
-    if (!dfr) return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, NULL, st, msg);
+    if (!dfr) return decode_score_run(cfg, dec, k, mp.ref, h0, h1, NULL, scores, base, w, NULL, st, msg);
     check_init(&chk, DEC_E_SCORE, mp, cfg->decode_budget, base, w);
     chk.a0 = m0;
     chk.a1 = mp.on_device ? m1 : m0;
-    return decode_score_run(cfg, dec, k, mp.ref, W, h0, h1, NULL, scores, base, w, &chk, st, msg);
+    return decode_score_run(cfg, dec, k, mp.ref, h0, h1, NULL, scores, base, w, &chk, st, msg);
 }
 
 /* ei_decode_select: scores [nh][n_rows] by row (ei_decode_score's) reduced
-   per head of the keep set over its map's candidates, then pooled and kept. */
+   per head of the keep set over its map's candidates, then pooled and kept
+   (H2O: summed into the decoder first, its sums reduced, not pooled;
+   STREAMING: kept by position). */
 static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
                                    ei_keep_set *keep, void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
     int nh = dec->n_heads, nkv = dec->n_kv_heads, G = nh / nkv;
-    int64_t W = ei__decode_window(cfg, dec), n = n_rows;
+    int64_t T = ei__decode_tail(cfg, dec), n = n_rows;
     int heads_out = cfg->per_kv_head ? nkv : nh, per = cfg->per_kv_head ? G : 1, div = cfg->per_kv_head ? 1 : G;
-    bool dfr = deferred(cfg);
+    bool dfr = deferred(cfg), h2o = cfg->decode_policy == EI_DECODE_H2O;
+    int pool = h2o ? (int)EI_POOL_NONE : (int)cfg->pool;
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
@@ -4654,31 +4826,46 @@ static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const 
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
     if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
-    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
-    if (dfr && (r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     float *red = (float *)(base + w.score);
+    if (h2o) { /* the host checks before the decoder's sums change */
+        if ((r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg)) || (!mp.on_device && (r = h2o_check(dec, mp, msg))))
+            return r;
+        if (dfr) { /* (no row map: checked on the host) */
+            check_init(&chk, DEC_E_SELECT, mp, kc.b, base, w);
+            check_keep(&chk, keep, heads_out, div, false);
+            if ((r = check_launch(chk, st, msg))) return r;
+            gate = chk.report;
+        }
+        h2o_sum(cfg, dec, scores, mp, heads_out, per, div, red, gate, st);
+        LAUNCH_CHECK("h2o_sum");
+        return keep_launch(cfg, dec, keep, mp, heads_out, div, red, true, pool, base, w, kc, gate, st, msg);
+    }
+    if (dfr && (r = keep_counts(cfg, keep, mp, heads_out, div, &kc, msg))) return r;
     reduce_heads_kernel<<<stride_blocks((int64_t)heads_out * n), 256, 0, st>>>(
-        scores, n, heads_out, per, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref, div, W, red);
+        scores, n, heads_out, per, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref, div, T, red);
     LAUNCH_CHECK("reduce_heads_kernel");
-    if (!dfr) return keep_finish_run(cfg, dec, keep, mp, heads_out, div, red, true, base, w, st, msg);
+    if (!dfr) return keep_finish_run(cfg, dec, keep, mp, heads_out, div, red, true, pool, base, w, st, msg);
     if (mp.on_device) { /* the maps and the counts on the device */
-        check_init(&chk, DEC_E_SELECT, mp, cfg->decode_budget, base, w);
+        check_init(&chk, DEC_E_SELECT, mp, kc.b, base, w);
         check_keep(&chk, keep, heads_out, div, true);
         if ((r = check_launch(chk, st, msg))) return r;
         gate = chk.report;
     }
-    return keep_launch(cfg, dec, keep, mp, heads_out, div, red, true, base, w, kc, gate, st, msg);
+    return keep_launch(cfg, dec, keep, mp, heads_out, div, red, true, pool, base, w, kc, gate, st, msg);
 }
 
 /* ei_decode_shared_add: every query head of the layer reduced, pooled over
-   the candidates in position order, divided by their sum, added into
-   shared[row] (gqa_reduce max: the maximum kept). */
+   the candidates in position order (H2O: the decoder's sums after the
+   layer's fresh queries, not pooled), divided by their sum, added into
+   shared[row] (gqa_reduce max: the maximum kept); STREAMING adds nothing. */
 static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, const float *scores, int64_t n_rows,
                                        const int32_t *row_pos, float *shared, void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
     int nh = dec->n_heads;
-    int64_t W = ei__decode_window(cfg, dec), n = n_rows;
-    bool dfr = deferred(cfg);
+    int64_t T = ei__decode_tail(cfg, dec), n = n_rows;
+    bool dfr = deferred(cfg), h2o = cfg->decode_policy == EI_DECODE_H2O;
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
     char *base = NULL;
@@ -4686,25 +4873,36 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
     DecodeCheck chk;
     const unsigned long long *gate = NULL;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
-    if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (dfr && row_pos && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
-    if (mp.on_device) { /* deferred errors: the map checked on the device, the layer added only if good */
+    if (h2o && !mp.on_device && (r = h2o_check(dec, mp, msg))) return r;
+    if (mp.on_device || (dfr && h2o)) { /* deferred errors: the map checked on the device, the layer added only if good */
         check_init(&chk, DEC_E_SHARED_ADD, mp, cfg->decode_budget, base, w);
-        chk.a1 = 1;
+        chk.a1 = mp.on_device ? 1 : 0;
         if ((r = check_launch(chk, st, msg))) return r;
         gate = chk.report;
     }
+    if (cfg->decode_policy == EI_DECODE_STREAMING) { /* keeps by position: nothing to add */
+        dec->last_compress = dec->n_generated;
+        return EI_OK;
+    }
     float *red = (float *)(base + w.score), *pooled = (float *)(base + w.pooled);
     double *sum = (double *)(base + w.flags + 3 * sizeof(unsigned long long));
-    reduce_heads_kernel<<<stride_blocks(n), 256, 0, st>>>(scores, n, 1, nh, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref,
-                                                          1, W, red);
-    LAUNCH_CHECK("reduce_heads_kernel");
-    pool_kernel<<<stride_blocks(n), 256, 0, st>>>(red, pooled, NULL, 0, n, 1, mp.ref, 1, W, cfg->decode_budget,
-                                                  cfg->pool, cfg->pool_kernel, NULL);
-    LAUNCH_CHECK("pool_kernel");
-    shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, W, sum);
+    if (h2o) {
+        h2o_sum(cfg, dec, scores, mp, 1, nh, 1, pooled, gate, st);
+        LAUNCH_CHECK("h2o_sum");
+    } else {
+        reduce_heads_kernel<<<stride_blocks(n), 256, 0, st>>>(scores, n, 1, nh, cfg->gqa_reduce == EI_REDUCE_MAX, mp.ref,
+                                                              1, T, red);
+        LAUNCH_CHECK("reduce_heads_kernel");
+        pool_kernel<<<stride_blocks(n), 256, 0, st>>>(red, pooled, NULL, 0, n, 1, mp.ref, 1, T, cfg->decode_budget,
+                                                      cfg->pool, cfg->pool_kernel, NULL);
+        LAUNCH_CHECK("pool_kernel");
+    }
+    shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, T, sum);
     LAUNCH_CHECK("shared_sum_kernel");
-    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, W, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared,
+    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, T, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared,
                                                         gate);
     LAUNCH_CHECK("shared_add_kernel");
     dec->last_compress = dec->n_generated;
@@ -4712,11 +4910,12 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
 }
 
 /* ei_decode_select_shared: one keep set (heads_out 1) from the summed
-   shared scores; non-finite ones refused before anything is written. */
+   shared scores, kept by the policy; non-finite ones refused before
+   anything is written. */
 static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder *dec, const float *shared,
                                           int64_t n_rows, ei_keep_set *keep, void *ws, size_t ws_bytes, char *msg) {
     ei_result r;
-    int64_t W = ei__decode_window(cfg, dec), n = n_rows, budget = cfg->decode_budget;
+    int64_t T = ei__decode_tail(cfg, dec), n = n_rows, budget = cfg->decode_budget;
     bool dfr = deferred(cfg);
     cudaStream_t st = stream_of(cfg);
     DecodeWs w;
@@ -4725,7 +4924,8 @@ static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? 1 : 0;
     if (dfr && maps && n < budget) return deferred_rows_refuse(cfg, n, msg);
-    if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, W, !dfr, base, w, st, &mp, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, false, msg))) return r;
+    if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
     float *pooled = (float *)(base + w.pooled);
     unsigned long long *bad = (unsigned long long *)(base + w.flags) + 2;
@@ -4734,34 +4934,36 @@ static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder
         DecodeCheck chk;
         if ((r = keep_counts(cfg, keep, mp, 1, 1, &kc, msg))) return r;
         CUDA_TRY(cudaMemsetAsync(bad, 0xFF, sizeof *bad, st));
-        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, W, pooled, bad);
+        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, T, pooled, bad);
         LAUNCH_CHECK("shared_gather_kernel");
-        check_init(&chk, DEC_E_SELECT_SHARED, mp, budget, base, w);
+        check_init(&chk, DEC_E_SELECT_SHARED, mp, kc.b, base, w);
         chk.a1 = mp.on_device ? 1 : 0;
         chk.shared_bad = bad;
         check_keep(&chk, keep, 1, 1, mp.on_device);
         if ((r = check_launch(chk, st, msg))) return r;
         if (keep->pooled) {
-            pooled_copy_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, keep->pooled, mp.ref, W, budget, chk.report);
+            pooled_copy_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, keep->pooled, mp.ref, T, kc.b, chk.report);
             LAUNCH_CHECK("pooled_copy_kernel");
         }
-        return keep_launch(cfg, NULL, keep, mp, 1, 1, pooled, false, base, w, kc, chk.report, st, msg);
+        return keep_launch(cfg, NULL, keep, mp, 1, 1, pooled, false, (int)cfg->pool, base, w, kc, chk.report, st, msg);
     }
-    int64_t np = mp.np(0), L = np - W;
+    int64_t np = mp.np(0), L = np - T;
+    budget = ei__decode_budget(cfg, mp.len(0));
     if (np >= budget) {
         unsigned long long b = 0;
+        if ((r = tail_fits(T, budget, msg))) return r;
         if (keep->pooled && keep->pooled_capacity < L)
             return decode_fault_fail(DK_POOLED, (unsigned long long)keep->pooled_capacity, (unsigned long long)L, 0, msg);
         CUDA_TRY(cudaMemsetAsync(bad, 0xFF, sizeof *bad, st));
-        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, W, pooled, bad);
+        shared_gather_kernel<<<stride_blocks(n), 256, 0, st>>>(shared, mp.ref, T, pooled, bad);
         LAUNCH_CHECK("shared_gather_kernel");
         CUDA_TRY(cudaMemcpyAsync(&b, bad, sizeof b, cudaMemcpyDeviceToHost, st));
         CUDA_TRY(cudaStreamSynchronize(st));
         if (b != ~0ull) return decode_fault_fail(DK_SHARED, b & 0xFFFFFFFFu, 0, 0, msg);
-        if (keep->pooled && L > 0)
+        if (keep->pooled && L > 0) /* (STREAMING: then what it kept, by keep_finish_kernel) */
             CUDA_TRY(cudaMemcpyAsync(keep->pooled, pooled, sizeof(float) * (size_t)L, cudaMemcpyDeviceToDevice, st));
     }
-    return keep_finish_run(cfg, NULL, keep, mp, 1, 1, pooled, false, base, w, st, msg);
+    return keep_finish_run(cfg, NULL, keep, mp, 1, 1, pooled, false, (int)cfg->pool, base, w, st, msg);
 }
 
 /* ============================================================ >>cuda-compact */
