@@ -753,6 +753,223 @@ static void random_decode(int quick) {
     }
 }
 
+/* ------------------------------------------------------------ decode policies */
+/* Every decode policy (CONCEPTS: decode policy) and a ratio budget on the
+   GPU against the CPU, which tests/test_core.c checks against a plain
+   reference: the same calls on both (observe the prompt, then generated
+   tokens one by one; a keep set; more generated tokens; another keep set;
+   the cache not compacted so that positions stay rows), with the rows in
+   position order or scattered over more rows (a row map), a keep set per kv
+   head or per query head, and the parts (ei_decode_score, ei_decode_select;
+   ei_decode_shared_add, ei_decode_select_shared) after them. Keep sets are
+   compared by position: the count, the tail and the positions kept by
+   position alone exactly, the ranked part up to near-ties of the CPU's
+   pooled scores (float32 summation order differs), the pooled outputs
+   within 1e-3. */
+typedef struct pol_keep { ei_keep_set ks; void *idx, *pos, *pooled; } pol_keep;
+static void pol_keep_make(pol_keep *pk, int gpu, int heads_out, int cap, int64_t pooled_cap, const int32_t *row_pos) {
+    memset(pk, 0, sizeof *pk);
+    pk->ks.heads_out = heads_out;
+    pk->ks.capacity = cap;
+    pk->idx = gpu ? dev_alloc((size_t)heads_out * cap * 4) : malloc((size_t)heads_out * cap * 4);
+    pk->pos = gpu ? dev_alloc((size_t)heads_out * cap * 4) : malloc((size_t)heads_out * cap * 4);
+    pk->pooled = gpu ? dev_alloc((size_t)heads_out * pooled_cap * 4) : malloc((size_t)heads_out * pooled_cap * 4);
+    pk->ks.index = (int32_t *)pk->idx;
+    pk->ks.positions = (int32_t *)pk->pos;
+    pk->ks.pooled = (float *)pk->pooled;
+    pk->ks.pooled_capacity = pooled_cap;
+    pk->ks.row_pos = row_pos;
+}
+static void pol_keep_free(pol_keep *pk, int gpu) {
+    if (gpu) { dev_free(pk->idx); dev_free(pk->pos); dev_free(pk->pooled); }
+    else { free(pk->idx); free(pk->pos); free(pk->pooled); }
+}
+/* GPU keep set (device arrays) against the CPU's (host arrays), N positions
+   held (0..N-1), tail T. Returns the number of heads that differ. */
+static int pol_compare(const ei_config *c, const pol_keep *gk, const pol_keep *ck, int64_t N, int64_t T, const char *what) {
+    int heads_out = ck->ks.heads_out, cap = ck->ks.capacity, h, bad = 0, i;
+    int64_t L = N - T, b = ck->ks.n_kept, Lr = L, kk = b - T, j;
+    int32_t *gpos = (int32_t *)malloc((size_t)heads_out * cap * 4), *ranked = (int32_t *)malloc((size_t)cap * 4);
+    int64_t pcap = gk->ks.pooled_capacity;
+    float *gpool = (float *)malloc((size_t)heads_out * (size_t)pcap * 4);
+    unsigned char *kept = (unsigned char *)malloc((size_t)N);
+    char why[256];
+    CHECK(gk->ks.n_kept == ck->ks.n_kept && gk->ks.compressed == ck->ks.compressed && gk->ks.n_tokens == ck->ks.n_tokens,
+          "%s: GPU kept %d (compressed %d), CPU %d (%d)", what, gk->ks.n_kept, gk->ks.compressed, ck->ks.n_kept,
+          ck->ks.compressed);
+    if (gk->ks.n_kept != ck->ks.n_kept || !ck->ks.compressed) goto done;
+    if (c->decode_policy == EI_DECODE_STREAMING) {
+        int64_t sink = c->decode_sink < kk ? c->decode_sink : kk;
+        Lr = L - (kk - sink); kk = sink;
+    } else if (c->decode_policy == EI_DECODE_H2O) {
+        int64_t R = b / 2 > T ? b / 2 : T;
+        Lr = L - (R - T); kk = b - R;
+    }
+    dev_get(gpos, gk->pos, (size_t)heads_out * cap * 4);
+    dev_get(gpool, gk->pooled, (size_t)heads_out * (size_t)pcap * 4);
+    for (h = 0; h < heads_out; h++) {
+        const int32_t *gp = gpos + (size_t)h * cap, *cp = (const int32_t *)ck->pos + (size_t)h * cap;
+        const float *cpool = (const float *)ck->pooled + (size_t)h * ck->ks.pooled_capacity;
+        int nr = 0, ok = 1;
+        memset(kept, 0, (size_t)N);
+        for (i = 0; i < b && ok; i++) {
+            if (gp[i] < 0 || gp[i] >= N || kept[gp[i]]) ok = 0; /* (rows ascend; with a row map positions do not) */
+            else kept[gp[i]] = 1;
+        }
+        if (!ok) { if (bad++ < 3) printf("  %s h%d: positions malformed\n", what, h); continue; }
+        for (j = Lr; j < N; j++) if (!kept[j]) ok = 0;
+        for (j = 0; j < Lr; j++) if (kept[j]) ranked[nr++] = (int32_t)j;
+        if (!ok || nr != kk) { if (bad++ < 3) printf("  %s h%d: tail or recent positions missing (%d ranked, %lld)\n", what, h, nr, (long long)kk); continue; }
+        if (c->decode_policy == EI_DECODE_STREAMING || !memcmp(gp, cp, (size_t)b * 4)) {
+            if (memcmp(gp, cp, (size_t)b * 4)) { if (bad++ < 3) printf("  %s h%d: positions differ\n", what, h); continue; }
+        } else if (!check_set(ranked, nr, cpool, (int)Lr, 1e-5, 1e-3, why, sizeof why)) {
+            if (bad++ < 3) printf("  %s h%d: %s\n", what, h, why);
+            continue;
+        }
+        for (j = 0; j < L; j++)
+            if (!close_enough(gpool[(size_t)h * pcap + j], cpool[j], 1e-8, 1e-3)) {
+                if (bad++ < 3) printf("  %s h%d: pooled[%lld] %g, CPU %g\n", what, h, (long long)j, gpool[(size_t)h * pcap + j], cpool[j]);
+                break;
+            }
+    }
+done:
+    free(gpos); free(ranked); free(gpool); free(kept);
+    return bad;
+}
+
+static void decode_policies_gpu(int quick) {
+    enum { NH = 8, NKV = 2, D = 64, W = 32, GAP = 8, B = 256, NPOS = 1500, MORE = 16, EXTRA = 100, SINK = 4 };
+    const int64_t rows = NPOS + MORE + EXTRA;
+    const double ratios[2] = {0.0, 0.3};
+    float *q = (float *)malloc(sizeof(float) * (NPOS + MORE) * NH * D), *k = (float *)malloc(sizeof(float) * (NPOS + MORE) * NKV * D);
+    float *ks_host = (float *)calloc((size_t)rows * NKV * D, sizeof(float));
+    int32_t *perm = (int32_t *)malloc(sizeof(int32_t) * rows), *row_pos = (int32_t *)malloc(sizeof(int32_t) * rows);
+    void *dq = NULL, *dk_rows = NULL, *dk_map = NULL, *dmap = NULL;
+    int pol, var, mapped, ri, round, cases = 0, total_bad = 0;
+    int64_t j;
+    gen_qk(q, k, NPOS + MORE, NH, NKV, D, 0.f);
+    round_to(k, (size_t)(NPOS + MORE) * NKV * D, EI_BF16);
+    for (j = 0; j < rows; j++) perm[j] = (int32_t)j;
+    {
+        uint32_t s = 4242u;
+        for (j = rows - 1; j > 0; j--) {
+            int64_t x;
+            int32_t t;
+            s = s * 1664525u + 1013904223u;
+            x = (int64_t)(s >> 8) % (j + 1);
+            t = perm[j]; perm[j] = perm[x]; perm[x] = t;
+        }
+    }
+    for (j = 0; j < NPOS + MORE; j++) memcpy(ks_host + (size_t)perm[j] * NKV * D, k + (size_t)j * NKV * D, sizeof(float) * NKV * D);
+    dq = dev_upload(q, (size_t)(NPOS + MORE) * NH * D, EI_F32);
+    dk_rows = dev_upload(k, (size_t)(NPOS + MORE) * NKV * D, EI_BF16);
+    dk_map = dev_upload(ks_host, (size_t)rows * NKV * D, EI_BF16);
+    dmap = dev_alloc(sizeof(int32_t) * rows);
+    for (pol = EI_DECODE_ENTROPYINFER; pol <= EI_DECODE_H2O; pol++)
+        for (var = 0; var < 2; var++)
+            for (mapped = 0; mapped < 2; mapped++)
+                for (ri = 0; ri < 2; ri++) {
+                    ei_config c = base_config();
+                    ei_context *g, *cpu;
+                    ei_decoder gd, cd;
+                    void *gring, *cring, *gws, *cws;
+                    size_t db, wb;
+                    int heads_out, bad = 0;
+                    char what[160];
+                    if (quick && (var || ri) && pol != EI_DECODE_H2O) continue;
+                    c.decode_budget = B; c.window = W; c.decode_gap = GAP; c.recompress_every = MORE;
+                    c.decode_policy = (ei_decode_policy)pol; c.decode_sink = SINK;
+                    c.decode_budget_ratio = ratios[ri]; c.decode_budget_min = 64;
+                    c.decode_positions = NPOS + MORE;
+                    c.per_kv_head = var == 0;
+                    heads_out = c.per_kv_head ? NKV : NH;
+                    g = make_ctx(&c, EI_BACKEND_CUDA);
+                    cpu = make_ctx(&c, EI_BACKEND_CPU);
+                    CHECK_OK(ei_decoder_size(g, NH, D, &db));
+                    gring = dev_alloc(db);
+                    cring = malloc(db);
+                    CHECK_OK(ei_decoder_init(g, &gd, NH, NKV, D, gring, db));
+                    CHECK_OK(ei_decoder_init(cpu, &cd, NH, NKV, D, cring, db));
+                    CHECK_OK(ei_decode_workspace_size(g, rows, NH, NKV, &wb));
+                    gws = dev_alloc(wb);
+                    CHECK_OK(ei_decode_workspace_size(cpu, rows, NH, NKV, &wb));
+                    cws = malloc(wb);
+                    for (j = 0; j < rows; j++) row_pos[j] = -1;
+                    for (round = 0; round < 2; round++) {
+                        const int64_t N = round ? NPOS + MORE : NPOS, from = round ? NPOS : 0;
+                        int64_t t;
+                        pol_keep gk, ck;
+                        ei_tensor gkt, ckt;
+                        for (t = from; t < N; t++) { /* the prompt (all but GAP) at once, then one token a call */
+                            int64_t cnt = !round && t == 0 ? NPOS - GAP : 1;
+                            ei_tensor gq = ei_tensor_make((const float *)dq + (size_t)t * NH * D, EI_F32, cnt, NH, D);
+                            ei_tensor cq = ei_tensor_make(q + (size_t)t * NH * D, EI_F32, cnt, NH, D);
+                            int gen = round || t >= NPOS - GAP;
+                            CHECK_OK(ei_decode_observe(g, &gd, &gq, gen));
+                            CHECK_OK(ei_decode_observe(cpu, &cd, &cq, gen));
+                            t += cnt - 1;
+                        }
+                        for (t = 0; t < N; t++) row_pos[perm[t]] = (int32_t)t;
+                        dev_put(dmap, row_pos, sizeof(int32_t) * rows);
+                        gkt = mapped ? ei_tensor_make(dk_map, EI_BF16, rows, NKV, D) : ei_tensor_make(dk_rows, EI_BF16, N, NKV, D);
+                        ckt = mapped ? ei_tensor_make(ks_host, EI_F32, rows, NKV, D) : ei_tensor_make(k, EI_F32, N, NKV, D);
+                        pol_keep_make(&gk, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
+                        pol_keep_make(&ck, 0, heads_out, B, N, mapped ? row_pos : NULL);
+                        snprintf(what, sizeof what, "policy %d %s %s ratio %g round %d", pol, var ? "per query head" : "per kv head",
+                                 mapped ? "row map" : "rows in order", ratios[ri], round);
+                        CHECK_OK(ei_decode_keep(g, &gd, &gkt, &gk.ks, gws, wb));
+                        CHECK_OK(ei_decode_keep(cpu, &cd, &ckt, &ck.ks, cws, wb));
+                        bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
+                        CHECK(gd.n_accumulated == cd.n_accumulated && gd.accumulated_end == cd.accumulated_end &&
+                              gd.last_compress == cd.last_compress, "%s: decoder counters differ", what);
+                        pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
+                        cases++;
+                    }
+                    if (pol != EI_DECODE_H2O) { /* the parts, on the second round's cache (H2O's would sum again) */
+                        const int64_t N = NPOS + MORE, n = mapped ? rows : N;
+                        float *gsc = (float *)dev_alloc(sizeof(float) * NH * n), *csc = (float *)malloc(sizeof(float) * NH * n);
+                        float *gsh = (float *)dev_alloc(sizeof(float) * n), *csh = (float *)calloc((size_t)n, sizeof(float));
+                        float *back = (float *)malloc(sizeof(float) * NH * n);
+                        ei_tensor gkt = mapped ? ei_tensor_make(dk_map, EI_BF16, rows, NKV, D) : ei_tensor_make(dk_rows, EI_BF16, N, NKV, D);
+                        ei_tensor ckt = mapped ? ei_tensor_make(ks_host, EI_F32, rows, NKV, D) : ei_tensor_make(k, EI_F32, N, NKV, D);
+                        pol_keep gk, ck;
+                        int bs = 0;
+                        CHECK_OK(ei_decode_score(g, &gd, &gkt, mapped ? (const int32_t *)dmap : NULL, 0, gsc, 0, 1, gws, wb));
+                        CHECK_OK(ei_decode_score(cpu, &cd, &ckt, mapped ? row_pos : NULL, 0, csc, 0, 1, cws, wb));
+                        dev_get(back, gsc, sizeof(float) * NH * n);
+                        for (j = 0; j < NH * n; j++)
+                            if (!close_enough(back[j], csc[j], 1e-8, 1e-3)) bs++;
+                        CHECK(bs == 0, "policy %d: %d decode scores differ", pol, bs);
+                        pol_keep_make(&gk, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
+                        pol_keep_make(&ck, 0, heads_out, B, N, mapped ? row_pos : NULL);
+                        CHECK_OK(ei_decode_select(g, &gd, gsc, n, &gk.ks, gws, wb));
+                        CHECK_OK(ei_decode_select(cpu, &cd, csc, n, &ck.ks, cws, wb));
+                        snprintf(what, sizeof what, "policy %d select%s", pol, mapped ? " row map" : "");
+                        bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
+                        pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
+                        CHECK_OK(ei_device_copy(g, gsh, csh, sizeof(float) * n, EI_COPY_HOST_TO_DEVICE)); /* zeros */
+                        CHECK_OK(ei_decode_shared_add(g, &gd, gsc, n, mapped ? (const int32_t *)dmap : NULL, gsh, gws, wb));
+                        CHECK_OK(ei_decode_shared_add(cpu, &cd, csc, n, mapped ? row_pos : NULL, csh, cws, wb));
+                        pol_keep_make(&gk, 1, 1, B, N, mapped ? (const int32_t *)dmap : NULL);
+                        pol_keep_make(&ck, 0, 1, B, N, mapped ? row_pos : NULL);
+                        CHECK_OK(ei_decode_select_shared(g, &gd, gsh, n, &gk.ks, gws, wb));
+                        CHECK_OK(ei_decode_select_shared(cpu, &cd, csh, n, &ck.ks, cws, wb));
+                        snprintf(what, sizeof what, "policy %d shared%s", pol, mapped ? " row map" : "");
+                        bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
+                        pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
+                        dev_free(gsc); dev_free(gsh); free(csc); free(csh); free(back);
+                    }
+                    CHECK(bad == 0, "decode policy %d (%s, %s, ratio %g): %d keep sets differ from the CPU", pol,
+                          var ? "per query head" : "per kv head", mapped ? "row map" : "rows in order", ratios[ri], bad);
+                    total_bad += bad;
+                    dev_free(gring); dev_free(gws); free(cring); free(cws);
+                    ei_context_destroy(g); ei_context_destroy(cpu);
+                }
+    printf("  decode policies: %d keep sets (and the parts), GPU vs CPU %s\n", cases, total_bad ? "FAILED" : "ok");
+    dev_free(dq); dev_free(dk_rows); dev_free(dk_map); dev_free(dmap);
+    free(q); free(k); free(ks_host); free(perm); free(row_pos);
+}
+
 /* ------------------------------------------------------------ attention */
 /* The reference (check.h's ref_attention_token, in double) for every
    stride_t-th query token of q (host f32, tokens from q_offset): out[(t *
@@ -1854,6 +2071,8 @@ int main(int argc, char **argv) {
     random_plans(quick);
     printf("random decode + compaction, GPU vs CPU:\n");
     random_decode(quick);
+    printf("decode policies and ratio budgets, GPU vs CPU:\n");
+    decode_policies_gpu(quick);
     printf("attention vs f64-accumulated reference (bf16/f16 inputs):\n");
     attention_tests(quick);
     printf("f32 queries over bf16/f16 k, v (GPU vs CPU):\n");
