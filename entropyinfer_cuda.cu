@@ -64,12 +64,14 @@
                               f16 Inf from |x| >= 65520 is refused too)
    decode    >>cuda-decode    observation ring (NaN/Inf scan first); row maps
                               (row_pos: checked, each sorted by position with
-                              CUB's radix sort); window scoring of the last
-                              ei__decode_window queries over the rows in
-                              position order (ei_decode_score: raw per row);
-                              reduction over a group, pooling, top-k keep sets
-                              (rows ascending, window included, positions);
-                              shared keep sets (shared_add, select_shared)
+                              CUB's radix sort); scoring of the decode
+                              policy's queries (ei__decode_scored) over the
+                              rows in position order (ei_decode_score: raw
+                              per row); reduction over a group, pooling, keep
+                              sets by the policy (rows ascending, tail
+                              included, positions; budget ei__decode_budget);
+                              H2O's sums in the decoder; shared keep sets
+                              (shared_add, select_shared)
              >>cuda-compact   keep-set index check, then in-place KV compaction
                               (per head, or one shared set for every head)
 
