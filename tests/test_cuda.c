@@ -870,11 +870,11 @@ static void decode_policies_gpu(int quick) {
             for (mapped = 0; mapped < 2; mapped++)
                 for (ri = 0; ri < 2; ri++) {
                     ei_config c = base_config();
-                    ei_context *g, *cpu;
-                    ei_decoder gd, cd;
-                    void *gring, *cring, *gws, *cws;
+                    ei_context *g, *cpu, *gdf; /* gdf: cuda_deferred_errors, the same kernels: the same keep sets */
+                    ei_decoder gd, cd, dd;
+                    void *gring, *cring, *dring, *gws, *cws, *dws;
                     size_t db, wb;
-                    int heads_out, bad = 0;
+                    int heads_out, bad = 0, df_ok = 1;
                     char what[160];
                     if (quick && (var || ri) && pol != EI_DECODE_H2O) continue;
                     c.decode_budget = B; c.window = W; c.decode_gap = GAP; c.recompress_every = MORE;
@@ -885,13 +885,19 @@ static void decode_policies_gpu(int quick) {
                     heads_out = c.per_kv_head ? NKV : NH;
                     g = make_ctx(&c, EI_BACKEND_CUDA);
                     cpu = make_ctx(&c, EI_BACKEND_CPU);
+                    c.cuda_deferred_errors = 1;
+                    gdf = make_ctx(&c, EI_BACKEND_CUDA);
+                    c.cuda_deferred_errors = 0;
                     CHECK_OK(ei_decoder_size(g, NH, D, &db));
                     gring = dev_alloc(db);
+                    dring = dev_alloc(db);
                     cring = malloc(db);
                     CHECK_OK(ei_decoder_init(g, &gd, NH, NKV, D, gring, db));
+                    CHECK_OK(ei_decoder_init(gdf, &dd, NH, NKV, D, dring, db));
                     CHECK_OK(ei_decoder_init(cpu, &cd, NH, NKV, D, cring, db));
                     CHECK_OK(ei_decode_workspace_size(g, rows, NH, NKV, &wb));
                     gws = dev_alloc(wb);
+                    dws = dev_alloc(wb);
                     CHECK_OK(ei_decode_workspace_size(cpu, rows, NH, NKV, &wb));
                     cws = malloc(wb);
                     for (j = 0; j < rows; j++) row_pos[j] = -1;
@@ -906,6 +912,7 @@ static void decode_policies_gpu(int quick) {
                             ei_tensor cq = ei_tensor_make(q + (size_t)t * NH * D, EI_F32, cnt, NH, D);
                             int gen = round || t >= NPOS - GAP;
                             CHECK_OK(ei_decode_observe(g, &gd, &gq, gen));
+                            CHECK_OK(ei_decode_observe(gdf, &dd, &gq, gen));
                             CHECK_OK(ei_decode_observe(cpu, &cd, &cq, gen));
                             t += cnt - 1;
                         }
@@ -922,6 +929,27 @@ static void decode_policies_gpu(int quick) {
                         bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
                         CHECK(gd.n_accumulated == cd.n_accumulated && gd.accumulated_end == cd.accumulated_end &&
                               gd.last_compress == cd.last_compress, "%s: decoder counters differ", what);
+                        if (df_ok) { /* deferred errors: identical, or refused where the host cannot know the length */
+                            pol_keep dk2;
+                            ei_result rd;
+                            pol_keep_make(&dk2, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
+                            rd = ei_decode_keep(gdf, &dd, &gkt, &dk2.ks, dws, wb);
+                            if (mapped && (ratios[ri] > 0 || pol == EI_DECODE_H2O)) {
+                                CHECK(rd == EI_ERR_UNSUPPORTED, "%s, deferred: %s, EI_ERR_UNSUPPORTED expected", what, ei_result_name(rd));
+                                df_ok = 0;
+                            } else {
+                                int32_t *p1 = (int32_t *)malloc((size_t)heads_out * B * 4), *p2 = (int32_t *)malloc((size_t)heads_out * B * 4);
+                                CHECK(rd == EI_OK, "%s, deferred: %s (%s)", what, ei_result_name(rd), ei_last_error());
+                                CHECK(ei_cuda_status(gdf) == EI_OK, "%s, deferred: a fault recorded (%s)", what, ei_last_error());
+                                dev_get(p1, gk.pos, (size_t)heads_out * B * 4);
+                                dev_get(p2, dk2.pos, (size_t)heads_out * B * 4);
+                                CHECK(dk2.ks.n_kept == gk.ks.n_kept && dk2.ks.compressed == gk.ks.compressed &&
+                                      !memcmp(p1, p2, (size_t)heads_out * (size_t)gk.ks.n_kept * 4),
+                                      "%s, deferred: a keep set other than the waiting call's", what);
+                                free(p1); free(p2);
+                            }
+                            pol_keep_free(&dk2, 1);
+                        }
                         pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
                         cases++;
                     }
@@ -962,8 +990,8 @@ static void decode_policies_gpu(int quick) {
                     CHECK(bad == 0, "decode policy %d (%s, %s, ratio %g): %d keep sets differ from the CPU", pol,
                           var ? "per query head" : "per kv head", mapped ? "row map" : "rows in order", ratios[ri], bad);
                     total_bad += bad;
-                    dev_free(gring); dev_free(gws); free(cring); free(cws);
-                    ei_context_destroy(g); ei_context_destroy(cpu);
+                    dev_free(gring); dev_free(gws); dev_free(dring); dev_free(dws); free(cring); free(cws);
+                    ei_context_destroy(g); ei_context_destroy(cpu); ei_context_destroy(gdf);
                 }
     printf("  decode policies: %d keep sets (and the parts), GPU vs CPU %s\n", cases, total_bad ? "FAILED" : "ok");
     dev_free(dq); dev_free(dk_rows); dev_free(dk_map); dev_free(dmap);
