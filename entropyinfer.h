@@ -1047,10 +1047,10 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    n_tokens < decode_budget and a row map keep, select and select_shared
    refuse at call time (EI_ERR_UNSUPPORTED). Call without the mode for such
    caches (a graph of the first keep of a short sequence is rarely worth it).
-   For the same reason (the sequence's length is on the device only) keep,
-   select, shared_add and select_shared with a row map refuse
-   decode_budget_ratio > 0, and all but select_shared EI_DECODE_H2O (its
-   sums end at that length), at call time (EI_ERR_UNSUPPORTED).
+   For the same reason (the sequence's length is on the device only), with
+   a row map keep, select and select_shared refuse decode_budget_ratio > 0
+   (the budget follows that length) and keep, select and shared_add refuse
+   EI_DECODE_H2O (its sums end at it), at call time (EI_ERR_UNSUPPORTED).
    Row-map faults (a value < -1, two rows of one position, fewer positions
    than the window, a window not consecutive), NaN/Inf in k, overflowing
    scores, non-finite shared scores and capacities that depend on np are

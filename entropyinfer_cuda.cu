@@ -4714,8 +4714,8 @@ static void h2o_sum(const ei_config *cfg, ei_decoder *dec, const float *raw, con
 }
 /* Deferred errors with row maps: the host never learns the sequence's
    length, which a ratio budget follows and H2O's sums end at. */
-static ei_result deferred_maps_policy(const ei_config *cfg, bool sums, char *msg) {
-    if (cfg->decode_budget_ratio > 0 || (sums && cfg->decode_policy == EI_DECODE_H2O))
+static ei_result deferred_maps_policy(const ei_config *cfg, bool budget, bool sums, char *msg) {
+    if ((budget && cfg->decode_budget_ratio > 0) || (sums && cfg->decode_policy == EI_DECODE_H2O))
         return fail(msg, EI_ERR_UNSUPPORTED, "with cuda_deferred_errors and a row map, decode_budget_ratio and "
                     "EI_DECODE_H2O need the sequence's length on the host: call without deferred errors");
     return EI_OK;
@@ -4744,7 +4744,7 @@ static ei_result api_decode_keep(const ei_config *cfg, ei_decoder *dec, const ei
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
     if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
-    if (dfr && maps && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, true, true, msg))) return r;
     if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device)
         for (int m = 0; m < (maps ? maps : 1); m++)
@@ -4828,7 +4828,7 @@ static ei_result api_decode_select(const ei_config *cfg, ei_decoder *dec, const 
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? (keep->row_pos_stride ? nkv : 1) : 0;
     if (dfr && maps && n < cfg->decode_budget) return deferred_rows_refuse(cfg, n, msg);
-    if (dfr && maps && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, true, true, msg))) return r;
     if ((r = maps_build(keep->row_pos, keep->row_pos_stride, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     float *red = (float *)(base + w.score);
     if (h2o) { /* the host checks before the decoder's sums change */
@@ -4875,7 +4875,7 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
     DecodeCheck chk;
     const unsigned long long *gate = NULL;
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
-    if (dfr && row_pos && (r = deferred_maps_policy(cfg, true, msg))) return r;
+    if (dfr && row_pos && (r = deferred_maps_policy(cfg, false, true, msg))) return r;
     if ((r = maps_build(row_pos, 0, row_pos ? 1 : 0, 0, row_pos ? 1 : 0, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
     if (h2o && !mp.on_device && (r = h2o_check(dec, mp, msg))) return r;
@@ -4926,7 +4926,7 @@ static ei_result api_decode_select_shared(const ei_config *cfg, const ei_decoder
     if ((r = decode_ws_take(cfg, n, dec, ws, ws_bytes, &w, &base, msg))) return r;
     int maps = keep->row_pos ? 1 : 0;
     if (dfr && maps && n < budget) return deferred_rows_refuse(cfg, n, msg);
-    if (dfr && maps && (r = deferred_maps_policy(cfg, false, msg))) return r;
+    if (dfr && maps && (r = deferred_maps_policy(cfg, true, false, msg))) return r;
     if ((r = maps_build(keep->row_pos, 0, maps, 0, maps, n, T, !dfr, base, w, st, &mp, msg))) return r;
     if (!mp.on_device && (r = map_check(mp, 0, msg))) return r;
     float *pooled = (float *)(base + w.pooled);
