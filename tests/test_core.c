@@ -1568,6 +1568,15 @@ static void test_decode_policies(void) {
         CHECK_ERR(ei_decode_keep(ctx, &dec2, &kt, &ks, ws, wb), EI_ERR_SHAPE);
         CHECK_ERR(ei_decode_keep(ctx2, &dec2, &kt, &ks, ws, wb), EI_ERR_STATE); /* tail WIN + GAP > budget */
         CHECK(ks.n_kept == 0 && dec2.last_compress == -1, "a refused SnapKV call left the keep set and decoder");
+        {   /* the decoder's sums are its memory: an output or input placed inside them is refused, nothing written */
+            ei_keep_set ks2 = ks;
+            ei_tensor q2 = ei_tensor_make(dec.accumulated + 8, EI_F32, 1, HEADS, DIM);
+            ks2.index = (int32_t *)(void *)(dec.accumulated + 100);
+            CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks2, ws, wb), EI_ERR_OVERLAP);
+            CHECK_ERR(ei_decode_observe(ctx, &dec, &q2, 1), EI_ERR_OVERLAP);
+            CHECK(dec.n_observed == NPOS && !memcmp(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1)),
+                  "a refused overlap changed the decoder");
+        }
         dec.n_accumulated = dec.n_observed + 1; /* counters out of range */
         CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
         dec.n_accumulated = 0;

@@ -1428,7 +1428,10 @@ static void pl_bad_structs(pl_fix *x, const pl_call *c) {
                 break;
             case 1: memset(&bp, 0, sizeof bp); memset(&bd, 0, sizeof bd); break;
             case 2: bp.max_keep += 1; bd.head_dim += 1; break;
-            default: bp.n_tokens = INT64_MAX; bd.n_observed = INT64_MAX; bd.n_generated = INT64_MAX; bd.last_compress = INT64_MIN; break;
+            default:
+                bp.n_tokens = INT64_MAX; bd.n_observed = INT64_MAX; bd.n_generated = INT64_MAX; bd.last_compress = INT64_MIN;
+                bd.n_accumulated = INT64_MAX; bd.accumulated_end = INT64_MIN;
+                break;
         }
         x->plan_master = &bp; x->dec_master = &bd;
         pl_begin(x, c);
@@ -1445,7 +1448,7 @@ static void pl_bad_structs(pl_fix *x, const pl_call *c) {
     }
 }
 
-static void pl_make(pl_fix *x) {
+static void pl_make(pl_fix *x, ei_decode_policy policy) {
     synth_layer *L;
     size_t nq1, aws;
     void *ws, *dws, *as;
@@ -1458,6 +1461,8 @@ static void pl_make(pl_fix *x) {
     L = &x->L;
     x->c = small_config(EI_SIMD_AUTO);
     x->c.per_segment_budget = 1; /* so that ei_plan_finalize writes the plan */
+    x->c.decode_policy = policy;  /* H2O: the decoder's memory holds its sums too, which keep, select and shared_add write */
+    x->c.decode_positions = policy == EI_DECODE_H2O ? L->n : 0;
     CHECK_OK(ei_context_create(&x->c, &x->ctx));
     CHECK_OK(ei_plan_size(x->ctx, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, &x->pb));
     CHECK_OK(ei_profile_workspace_size(x->ctx, L->n, L->heads, L->kv, L->dim, &x->wb));
@@ -1570,16 +1575,20 @@ static void pl_check_header_table(void) {
 static void test_placements(void) {
     pl_fix x;
     size_t i;
+    int pass;
     pl_check_header_table();
-    pl_make(&x);
-    for (i = 0; i < sizeof pl_calls / sizeof pl_calls[0]; ++i) {
-        pl_placements(&x, &pl_calls[i]);
-        pl_bad_structs(&x, &pl_calls[i]);
+    for (pass = 0; pass < 2; ++pass) { /* the default policy, then H2O (a decoder with its sums) */
+        pl_refused = pl_overlap = pl_accepted = pl_unused = 0;
+        pl_make(&x, pass ? EI_DECODE_H2O : EI_DECODE_ENTROPYINFER);
+        for (i = 0; i < sizeof pl_calls / sizeof pl_calls[0]; ++i) {
+            pl_placements(&x, &pl_calls[i]);
+            pl_bad_structs(&x, &pl_calls[i]);
+        }
+        printf("  %s: placements over %d entry points: %d refused (%d as overlapping), %d accepted equal to the reference "
+               "(%d of them over bytes the call does not use)\n", pass ? "EI_DECODE_H2O" : "default",
+               (int)(sizeof pl_calls / sizeof pl_calls[0]), pl_refused, pl_overlap, pl_accepted, pl_unused);
+        pl_free(&x);
     }
-    printf("  placements over %d entry points: %d refused (%d as overlapping), %d accepted equal to the reference "
-           "(%d of them over bytes the call does not use)\n", (int)(sizeof pl_calls / sizeof pl_calls[0]), pl_refused,
-           pl_overlap, pl_accepted, pl_unused);
-    pl_free(&x);
 }
 
 
