@@ -158,7 +158,9 @@
                ei_decode_keep, ei_decode_select, ei_decode_shared_add.
                Shared keep sets: each policy's per-layer value (the pooled
                mean weight, H2O's reduced sums over all heads) weighs 1 per
-               layer as above; ei_decode_select_shared keeps by the policy
+               layer as above (decode_shared_weight EI_SHARED_ENTROPY: exp(H)
+               instead, H the entropy of the layer's normalised values, the
+               number of cells it spreads over; off by default, unmeasured); ei_decode_select_shared keeps by the policy
                (STREAMING: by position alone, shared_add adds nothing).
    decode budget b  decode_budget positions per keep set (window included),
                or with decode_budget_ratio r > 0: ceil(r x P), P the
@@ -543,6 +545,12 @@ typedef enum ei_decode_policy {
     EI_DECODE_H2O = 3           /* H2O: attention summed over the queries observed so far: heavy hitters
                                    + the newest half of the budget */
 } ei_decode_policy;
+/* How ei_decode_shared_add weighs a layer in a shared keep set. */
+typedef enum ei_shared_weight {
+    EI_SHARED_EQUAL = 0,   /* each layer's candidates weigh 1 in total */
+    EI_SHARED_ENTROPY = 1  /* a layer weighs exp(H), H the entropy of its normalised scores: the
+                              number of cells it spreads over (a flat layer gets more cells) */
+} ei_shared_weight;
 /* How profiling ranks a segment's key blocks (CONCEPTS: ranking). */
 typedef enum ei_ranking {
     EI_RANK_REFERENCE = 0, /* the paper's midpoint-query block score (golden-tested) */
@@ -620,6 +628,7 @@ typedef struct ei_config {
     int32_t decode_budget_min;   /* 128: the floor of a ratio budget (window..decode_budget) */
     int64_t decode_positions;    /* 0: the positions 0..decode_positions-1 whose summed attention an
                                     EI_DECODE_H2O decoder holds (its memory: n_heads x 4 bytes each) */
+    ei_shared_weight decode_shared_weight; /* EI_SHARED_EQUAL: a layer's weight in a shared keep set */
     /* execution */
     ei_simd simd;                /* EI_SIMD_AUTO */
     ei_backend backend;          /* EI_BACKEND_CPU */
@@ -2442,6 +2451,7 @@ EIDEF ei_config ei_config_default(void) {
     c.decode_budget_ratio = 0.0;
     c.decode_budget_min = 128; /* see CONCEPTS: decode budget */
     c.decode_positions = 0;
+    c.decode_shared_weight = EI_SHARED_EQUAL;
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
     return c;
@@ -2516,6 +2526,8 @@ static ei_result ei__check_config(const ei_config *c) {
                 (int)c->decode_budget);
     if (c->decode_positions < 0 || c->decode_positions > EI_MAX_TOKENS)
         EI__BAD("decode_positions %lld not in 0..%lld", (long long)c->decode_positions, (long long)EI_MAX_TOKENS);
+    if (c->decode_shared_weight != EI_SHARED_EQUAL && c->decode_shared_weight != EI_SHARED_ENTROPY)
+        EI__BAD("unknown decode_shared_weight %d", (int)c->decode_shared_weight);
     if (c->decode_policy == EI_DECODE_H2O && c->decode_positions == 0)
         EI__BAD("EI_DECODE_H2O needs decode_positions > 0 (the positions its decoder sums attention for)");
     if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BFMMLA) EI__BAD("unknown simd path %d", (int)c->simd);
@@ -4918,11 +4930,21 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
         ei__pool_scores(c->pool, c->pool_kernel, w.red, L, w.pooled);
     }
     for (j = 0; j < L; ++j) sum += w.pooled[j];
-    if (sum > 0.0)
+    if (sum > 0.0) {
+        /* EI_SHARED_ENTROPY: times exp(H), H = -sum p ln p of p = pooled / sum
+           = ln sum - (sum x ln x) / sum: the cells the layer spreads over, so
+           that a flat layer claims more of the set than a peaked one */
+        double weight = 1.0, xlx = 0.0;
+        if (c->decode_shared_weight == EI_SHARED_ENTROPY) {
+            for (j = 0; j < L; ++j)
+                if (w.pooled[j] > 0.0f) xlx += (double)w.pooled[j] * log((double)w.pooled[j]);
+            weight = exp(log(sum) - xlx / sum);
+        }
         for (j = 0; j < L; ++j) {
-            float v = (float)(w.pooled[j] / sum), *x = shared + w.order[j];
+            float v = (float)(w.pooled[j] / sum * weight), *x = shared + w.order[j];
             *x = c->gqa_reduce == EI_REDUCE_MAX ? (v > *x ? v : *x) : *x + v;
         }
+    }
     dec->last_compress = dec->n_generated;
     return EI_OK;
 }

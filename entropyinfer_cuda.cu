@@ -4024,22 +4024,35 @@ __global__ void shared_gather_kernel(const float *shared, MapRef mr, int64_t W, 
         pooled[j] = v;
     }
 }
-__global__ void shared_sum_kernel(const float *pooled, MapRef mr, int64_t W, double *sum) {
+/* the sum of the candidates' scores and (xlx not NULL: EI_SHARED_ENTROPY)
+   the sum of x ln x over those > 0 */
+__global__ void shared_sum_kernel(const float *pooled, MapRef mr, int64_t W, double *sum, double *xlx) {
     __shared__ double red[32];
     int64_t L = map_np(mr, 0) - W;
-    double acc = 0.0;
-    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) acc += (double)pooled[j];
+    double acc = 0.0, acc2 = 0.0;
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+        acc += (double)pooled[j];
+        if (xlx && pooled[j] > 0.f) acc2 += (double)pooled[j] * log((double)pooled[j]);
+    }
     acc = block_sum_d(acc, red);
     if (threadIdx.x == 0) *sum = acc;
+    if (xlx) {
+        __syncthreads(); /* (red reused) */
+        acc2 = block_sum_d(acc2, red);
+        if (threadIdx.x == 0) *xlx = acc2;
+    }
 }
-__global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, int use_max,
-                                  float *shared, const unsigned long long *gate) {
+/* a layer's share: pooled / sum, times exp(H) = exp(ln sum - xlx / sum)
+   with EI_SHARED_ENTROPY (xlx not NULL), as the CPU's ei_decode_shared_add */
+__global__ void shared_add_kernel(const float *pooled, MapRef mr, int64_t W, const double *sum, const double *xlx,
+                                  int use_max, float *shared, const unsigned long long *gate) {
     if (gate && *gate != 0ull) return; /* a recorded fault: the layer adds nothing */
     double s = *sum;
     int64_t np = map_np(mr, 0), L = np - W;
     if (!(s > 0.0)) return;
+    double weight = xlx ? exp(log(s) - *xlx / s) : 1.0;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += (int64_t)gridDim.x * blockDim.x) {
-        float v = (float)((double)pooled[j] / s), *x = shared + map_row(mr, 0, np, j);
+        float v = (float)((double)pooled[j] / s * weight), *x = shared + map_row(mr, 0, np, j);
         *x = use_max ? fmaxf(*x, v) : *x + v; /* gqa_reduce max: the layers' maximum */
     }
 }
@@ -4891,6 +4904,8 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
     }
     float *red = (float *)(base + w.score), *pooled = (float *)(base + w.pooled);
     double *sum = (double *)(base + w.flags + 3 * sizeof(unsigned long long));
+    double *xlx = cfg->decode_shared_weight == EI_SHARED_ENTROPY ? /* (after the report's 4 words) */
+                      (double *)(base + w.flags + 8 * sizeof(unsigned long long)) : NULL;
     if (h2o) {
         h2o_sum(cfg, dec, scores, mp, 1, nh, 1, pooled, gate, st);
         LAUNCH_CHECK("h2o_sum");
@@ -4902,10 +4917,10 @@ static ei_result api_decode_shared_add(const ei_config *cfg, ei_decoder *dec, co
                                                       cfg->pool, cfg->pool_kernel, NULL);
         LAUNCH_CHECK("pool_kernel");
     }
-    shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, T, sum);
+    shared_sum_kernel<<<1, 256, 0, st>>>(pooled, mp.ref, T, sum, xlx);
     LAUNCH_CHECK("shared_sum_kernel");
-    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, T, sum, cfg->gqa_reduce == EI_REDUCE_MAX, shared,
-                                                        gate);
+    shared_add_kernel<<<stride_blocks(n), 256, 0, st>>>(pooled, mp.ref, T, sum, xlx, cfg->gqa_reduce == EI_REDUCE_MAX,
+                                                        shared, gate);
     LAUNCH_CHECK("shared_add_kernel");
     dec->last_compress = dec->n_generated;
     return EI_OK;

@@ -604,6 +604,7 @@ static ei_config fz_config(fz *f) {
     static const int32_t dmin[] = {4, 12, 8, 0, 13, 3, INT32_MAX};
     /* (H2O decoders hold n_heads x decode_positions floats: small values, and one past the limit) */
     static const int64_t dpos[] = {64, 0, 1, 200, 16, -1, EI_MAX_TOKENS + 1};
+    static const int32_t dshw[] = {EI_SHARED_EQUAL, EI_SHARED_ENTROPY, 2, -1};
     ei_config c = fz_small_config();
     unsigned sel = fz_u8(f); /* bit i: knob group i is fuzzed (0: the small valid configuration) */
     if (sel & 1) { c.segment_size = FZ_PICK(f, seg); c.block_size = FZ_PICK(f, blk); }
@@ -637,6 +638,7 @@ static ei_config fz_config(fz *f) {
             c.decode_policy = (ei_decode_policy)FZ_PICK(f, dpol); c.decode_sink = FZ_PICK(f, dsink);
             c.decode_budget_ratio = FZ_PICK(f, drat); c.decode_budget_min = FZ_PICK(f, dmin);
             c.decode_positions = FZ_PICK(f, dpos);
+            c.decode_shared_weight = (ei_shared_weight)FZ_PICK(f, dshw);
         }
     }
     return c;

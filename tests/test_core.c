@@ -77,6 +77,7 @@ static void test_views_and_config(void) {
     BAD_CONFIG(decode_budget_ratio, NAN);
     BAD_CONFIG(decode_positions, -1);
     BAD_CONFIG(decode_positions, EI_MAX_TOKENS + 1);
+    BAD_CONFIG(decode_shared_weight, (ei_shared_weight)2);
     c = ei_config_default(); /* a ratio's floor: window..decode_budget */
     c.decode_budget_ratio = 0.25; c.decode_budget_min = 31;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
@@ -1245,6 +1246,50 @@ static void test_decode_rows(void) {
         CHECK(worst < 2e-3 && ksM.n_kept == BUDGET, "shared (max) scores vs double reference: relative error %g", worst);
         decode_keep_set_free(&ksM);
         ei_context_destroy(ctxm);
+    }
+    { /* decode_shared_weight EI_SHARED_ENTROPY: each layer's normalised scores times exp(their entropy) */
+        ei_config ce = c;
+        ei_context *ctxe;
+        ei_keep_set ksE = decode_keep_set(1, BUDGET, rows, L);
+        double worst = 0.0, refE[NPOS], last = HUGE_VAL, wgt[2];
+        unsigned char kept[NPOS];
+        long p;
+        ce.decode_shared_weight = EI_SHARED_ENTROPY;
+        CHECK_ERR(ei_context_create(&ce, &ctxe), EI_OK);
+        memset(shared, 0, sizeof(float) * (size_t)rows);
+        CHECK_ERR(ei_decode_shared_add(ctxe, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxe, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+        ksE.row_pos = row_pos;
+        CHECK_ERR(ei_decode_select_shared(ctxe, &dec, shared, rows, &ksE, ws, wb), EI_OK);
+        for (p = 0; p < L; ++p) refE[p] = 0.0;
+        for (i = 0; i < 2; ++i) {
+            const double *ref = i ? ref2 : ref1;
+            double red[NPOS], pooled[NPOS], sum = 0.0, H = 0.0;
+            for (p = 0; p < L; ++p) {
+                red[p] = 0.0;
+                for (h = 0; h < HEADS; ++h) red[p] += ref[(size_t)h * rows + (size_t)perm[p]] / HEADS;
+            }
+            for (p = 0; p < L; ++p) {
+                pooled[p] = 0.0;
+                for (t = p - 2; t <= p + 2; ++t) if (t >= 0 && t < L) pooled[p] += red[t] / 5.0;
+                sum += pooled[p];
+            }
+            for (p = 0; p < L; ++p) if (pooled[p] > 0.0) H -= pooled[p] / sum * log(pooled[p] / sum);
+            wgt[i] = exp(H);
+            for (p = 0; p < L; ++p) refE[p] += pooled[p] / sum * wgt[i];
+        }
+        CHECK(wgt[0] > 1.0 && wgt[0] < (double)L && wgt[1] > 1.0 && wgt[1] < (double)L, "entropy weights %g, %g", wgt[0], wgt[1]);
+        memset(kept, 0, sizeof kept);
+        for (i = 0; i < ksE.n_kept; ++i)
+            if (ksE.positions[i] < L) { kept[ksE.positions[i]] = 1; if (refE[ksE.positions[i]] < last) last = refE[ksE.positions[i]]; }
+        for (p = 0; p < L; ++p) {
+            double e = fabs(ksE.pooled[p] - refE[p]) / (1e-9 + refE[p]);
+            if (e > worst) worst = e;
+            CHECK(kept[p] || refE[p] <= last * (1.0 + 5e-3), "shared (entropy): position %ld (%g) dropped, %g kept", p, refE[p], last);
+        }
+        CHECK(worst < 5e-3 && ksE.n_kept == BUDGET, "shared (entropy) scores vs double reference: relative error %g", worst);
+        decode_keep_set_free(&ksE);
+        ei_context_destroy(ctxe);
     }
     /* a shared set compacts every head of a cache */
     ko = ei_out_tensor_make(bufB, EI_F32, rows, KV, DIM);

@@ -761,7 +761,8 @@ static void random_decode(int quick) {
    the cache not compacted so that positions stay rows), with the rows in
    position order or scattered over more rows (a row map), a keep set per kv
    head or per query head, and the parts (ei_decode_score, ei_decode_select;
-   ei_decode_shared_add, ei_decode_select_shared) after them. Keep sets are
+   ei_decode_shared_add, ei_decode_select_shared, layers weighed equally or
+   by their entropy) after them. Keep sets are
    compared by position: the count, the tail and the positions kept by
    position alone exactly, the ranked part up to near-ties of the CPU's
    pooled scores (float32 summation order differs), the pooled outputs
@@ -882,6 +883,7 @@ static void decode_policies_gpu(int quick) {
                     c.decode_budget_ratio = ratios[ri]; c.decode_budget_min = 64;
                     c.decode_positions = NPOS + MORE;
                     c.per_kv_head = var == 0;
+                    c.decode_shared_weight = var ? EI_SHARED_ENTROPY : EI_SHARED_EQUAL; /* (only shared sets read it) */
                     heads_out = c.per_kv_head ? NKV : NH;
                     g = make_ctx(&c, EI_BACKEND_CUDA);
                     cpu = make_ctx(&c, EI_BACKEND_CPU);
