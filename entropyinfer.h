@@ -930,7 +930,8 @@ struct ei_keep_set {
     int64_t mask_capacity;
     float *pooled;          /* optional out [heads_out][pooled_capacity]: the pooled score of every
                                candidate, oldest position first (row_pos NULL: of positions
-                               0..n_tokens-window-1), the value that was ranked */
+                               0..n_tokens-W-1, W the tail), the value that was ranked (CONCEPTS:
+                               decode policy, for each policy's) */
     int64_t pooled_capacity;
     const int32_t *row_pos; /* optional in [n_tokens] (per kv head: + kvh * row_pos_stride): the
                                position row j holds, -1 = none. NULL: row j holds position j */
