@@ -4540,6 +4540,9 @@ static ei_result ei__check_decoder(const ei_context *ctx, const ei_decoder *dec)
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if ((r = ei__check_decoder_layout(ctx, dec)) != EI_OK) return r;
     if (dec->n_observed <= 0) return ei__fail(ctx, EI_ERR_STATE, "no query observed yet (ei_decode_observe first)");
+    if (ctx->cfg.decode_policy == EI_DECODE_SNAPKV && dec->n_observed == dec->n_generated)
+        return ei__fail(ctx, EI_ERR_STATE, "EI_DECODE_SNAPKV scores with the prompt's queries and none was observed "
+                        "(ei_decode_observe them with generated = 0)");
     return EI_OK;
 }
 

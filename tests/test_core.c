@@ -1601,6 +1601,17 @@ static void test_decode_policies(void) {
         decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
         decode_observe_all(ctx2, &dec2, q, NPOS, HEADS, DIM, GAP);
         CHECK(dec2.n_observed == NPOS && dec2.n_generated == GAP, "SnapKV counts the generated queries");
+        {   /* SnapKV without prompt queries has nothing to score with */
+            ei_decoder d3;
+            void *dm3 = guarded_alloc(db2);
+            ei_tensor one = ei_tensor_make(q, EI_F32, 1, HEADS, DIM);
+            ei_keep_set ks3 = decode_keep_set(KV, BUDGET, NPOS, NPOS);
+            CHECK_ERR(ei_decoder_init(ctx2, &d3, HEADS, KV, DIM, dm3, db2), EI_OK);
+            CHECK_ERR(ei_decode_observe(ctx2, &d3, &one, 1), EI_OK);
+            CHECK_ERR(ei_decode_keep(ctx2, &d3, &kt, &ks3, ws, wb), EI_ERR_STATE);
+            decode_keep_set_free(&ks3);
+            guarded_free(dm3);
+        }
         ks = decode_keep_set(KV, BUDGET, NPOS, NPOS);
         acc0 = (float *)malloc(sizeof(float) * HEADS * (NPOS - 1));
         memcpy(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1));
