@@ -1108,7 +1108,11 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
    decode_shared_add and decode_select_shared; with a row map the keep-set
    entries set n_kept = decode_budget, compressed = 1 and check
    np >= decode_budget on the device (n_tokens < decode_budget:
-   EI_ERR_UNSUPPORTED at call time). */
+   EI_ERR_UNSUPPORTED at call time). ABI 10: ei_config has the decode
+   policy fields (decode_policy .. decode_shared_weight) and ei_decoder the
+   H2O sums (accumulated .. accumulated_end): the decode entries follow
+   ei__decode_scored, ei__decode_tail and ei__decode_budget; a decoder's
+   memory is laid out by the header (ring, then the sums). */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
