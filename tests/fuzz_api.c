@@ -1979,6 +1979,10 @@ static size_t plan_extent(const ei_config *c, int64_t max_tokens, int32_t kv, in
     return g.offset[last] + g.size[last];
 }
 static size_t ring_bytes(const pcall *pc) { return (size_t)pc->c->window * (size_t)pc->H * (size_t)pc->d * 4u; }
+/* EI_DECODE_H2O: the decoder's sums after its ring, written by the calls that write the decoder struct */
+static size_t acc_bytes(const ei_decoder *dec) {
+    return dec->accumulated ? (size_t)dec->n_heads * (size_t)dec->n_positions * 4u : 0u;
+}
 
 /* ---- the regions of a call (the rules of issue 15) and the harness's own test */
 typedef struct preg {
@@ -2603,6 +2607,7 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
         case PL_OBSERVE:
             t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
             preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 1);
+            if (dec->accumulated) preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 1);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
             break;
         case PL_COMPACT:
@@ -2617,6 +2622,8 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
                 preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
             }
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED);
+            if (dec->accumulated && pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED)
+                preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 1);
             if (kw) {
                 preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 1);
                 preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 1);
