@@ -2580,8 +2580,9 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_PLAN, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags), 1);
             preg_add(g, R_PSTRUCT, plan, sizeof *plan, !(pc->var & 4));
             break;
-        case PL_DEC_RESET: /* the struct apart from the ring it describes */
+        case PL_DEC_RESET: /* the struct apart from the ring (and H2O's sums) it describes */
             preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
+            if (dec->accumulated) preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 0);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
             break;
         case PL_STEP: { /* the _mt workspace: the partials from its first 64-byte boundary, then the threads' shares */
