@@ -1979,9 +1979,15 @@ static size_t plan_extent(const ei_config *c, int64_t max_tokens, int32_t kv, in
     return g.offset[last] + g.size[last];
 }
 static size_t ring_bytes(const pcall *pc) { return (size_t)pc->c->window * (size_t)pc->H * (size_t)pc->d * 4u; }
-/* EI_DECODE_H2O: the decoder's sums after its ring, written by the calls that write the decoder struct */
-static size_t acc_bytes(const ei_decoder *dec) {
-    return dec->accumulated ? (size_t)dec->n_heads * (size_t)dec->n_positions * 4u : 0u;
+/* EI_DECODE_H2O: the decoder's sums, laid out by ei_decoder_init after its
+   ring (at the next 64-byte boundary), written by the calls that write the
+   decoder struct. Sizes from the call's configuration, as ring_bytes (a
+   struct's fields may be garbage). */
+static size_t acc_bytes(const pcall *pc) {
+    return pc->c->decode_policy == EI_DECODE_H2O ? (size_t)pc->H * (size_t)pc->c->decode_positions * 4u : 0u;
+}
+static const void *acc_ptr(const pcall *pc, const ei_decoder *dec) {
+    return acc_bytes(pc) ? (const void *)((const unsigned char *)dec->queries + ((ring_bytes(pc) + 63u) & ~(size_t)63u)) : NULL;
 }
 
 /* ---- the regions of a call (the rules of issue 15) and the harness's own test */
@@ -2582,7 +2588,7 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             break;
         case PL_DEC_RESET: /* the struct apart from the ring (and H2O's sums) it describes */
             preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
-            if (dec->accumulated) preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 0);
+            preg_add(g, R_DEC, acc_ptr(pc, dec), acc_bytes(pc), 0);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
             break;
         case PL_STEP: { /* the _mt workspace: the partials from its first 64-byte boundary, then the threads' shares */
@@ -2608,7 +2614,7 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
         case PL_OBSERVE:
             t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
             preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 1);
-            if (dec->accumulated) preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 1);
+            preg_add(g, R_DEC, acc_ptr(pc, dec), acc_bytes(pc), 1);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
             break;
         case PL_COMPACT:
@@ -2623,8 +2629,7 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
                 preg_add(g, R_DEC, dec->queries, ring_bytes(pc), 0);
             }
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED);
-            if (dec->accumulated && pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED)
-                preg_add(g, R_DEC, dec->accumulated, acc_bytes(dec), 1);
+            if (pc->kind != PL_SCORE && pc->kind != PL_SELECT_SHARED) preg_add(g, R_DEC, acc_ptr(pc, dec), acc_bytes(pc), 1);
             if (kw) {
                 preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 1);
                 preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 1);
