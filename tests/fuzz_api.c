@@ -1987,7 +1987,8 @@ static size_t acc_bytes(const pcall *pc) {
     return pc->c->decode_policy == EI_DECODE_H2O ? (size_t)pc->H * (size_t)pc->c->decode_positions * 4u : 0u;
 }
 static const void *acc_ptr(const pcall *pc, const ei_decoder *dec) {
-    return acc_bytes(pc) ? (const void *)((const unsigned char *)dec->queries + ((ring_bytes(pc) + 63u) & ~(size_t)63u)) : NULL;
+    if (!acc_bytes(pc) || !dec->queries) return NULL; /* (a zeroed struct: refused for its NULL ring) */
+    return (const void *)((const unsigned char *)dec->queries + ((ring_bytes(pc) + 63u) & ~(size_t)63u));
 }
 
 /* ---- the regions of a call (the rules of issue 15) and the harness's own test */
