@@ -1206,6 +1206,8 @@ static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, 
    of the mass (the two sum a segment's rows in another order). They also run
    on a context with cfg.cuda_deferred_errors (nothing read back): the same
    plan bit for bit, and ei_cuda_status EI_OK. */
+/* 1: the GPU plan keeps the key blocks' min/max (EI_PLAN_KEEP_KEYS), the CPU's builds them per call */
+static int g_keep_keys;
 static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, int nh, int nkv, int D, ei_dtype qdt,
                          float peak, const chunk_call *calls, int ncalls) {
     size_t nq = (size_t)cap * nh * D, nk = (size_t)cap * nkv * D, es = qdt == EI_F32 ? 4 : 2, pbytes, cwsb, gwsb;
@@ -1235,9 +1237,9 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     hk = ei_tensor_make(k, EI_F32, cap, nkv, D);
     CHECK_OK(ei_plan_alloc(cpu, &cp, cap, nkv, D, flags));
     CHECK_OK(ei_plan_alloc(cpu, &hp, cap, nkv, D, flags));
-    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags, &pbytes));
+    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), &pbytes));
     pmem = dev_alloc(pbytes);
-    CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags, pmem, pbytes));
+    CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), pmem, pbytes));
     CHECK_OK(ei_profile_workspace_size(cpu, cap, nh, nkv, D, &cwsb));
     CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
     cws = malloc(cwsb);
@@ -1405,6 +1407,9 @@ static void chunked_plans(int quick) {
     calls[nc].q_pos = 1500; calls[nc].m = 400; calls[nc].is_final = 0; nc++; /* skip 1200..1500, same segment */
     calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4: the recurrence restarts */
     chunked_case("turns, roll-back, skip, G 4", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    g_keep_keys = 1;
+    chunked_case("the same, GPU plan with EI_PLAN_KEEP_KEYS", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    g_keep_keys = 0;
     {   /* EI_RANK_SAMPLED: the open segment's sampled rows summed over chunks (segments from threshold_len on) */
         ei_config cs = c;
         cs.ranking = EI_RANK_SAMPLED;
@@ -1430,6 +1435,9 @@ static void chunked_plans(int quick) {
         calls[nc].q_pos = 1400; calls[nc].m = 300; calls[nc].is_final = 0; nc++; /* skip 1200..1400, same segment */
         calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4 */
         chunked_case("sampled turns, roll-back, skip", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
+        g_keep_keys = 1;
+        chunked_case("the same, GPU plan with EI_PLAN_KEEP_KEYS", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
+        g_keep_keys = 0;
     }
     if (quick) return;
     {   /* EI_RANK_SAMPLED, more: f32 q on CUDA cores at d 128 (EI_CUDA_SAMPLED_GENERIC), G 8 of one kv head,
