@@ -231,8 +231,8 @@
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
    reads only the new keys. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
-   AVX2, 2-core AMD EPYC VM): 1267 ms without the store, 317 ms with it,
-   289 ms as one ei_profile call; the plans are the same.
+   AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
+   317 ms with it, 289 ms as one ei_profile call; the plans are the same.
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
@@ -3150,6 +3150,7 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
 }
 
 /* Workspace of one profiling thread. */
+#define EI__KREP_GROUP 16 /* key blocks built at a time (ei__build_key_reps) */
 typedef struct ei__profile_ws {
     float *kmaxT, *kminT; /* whole-prompt key representations [d][ld] */
     float *qrep, *qtmp;   /* [G][2][d] each */
@@ -3157,6 +3158,7 @@ typedef struct ei__profile_ws {
     float *tmp;           /* [ld] */
     ei__ranked *pairs;    /* [ld] */
     float *mx, *mn;       /* [d] */
+    float *kstage;        /* key blocks on their way into kmaxT/kminT [EI__KREP_GROUP][2][d] */
     /* EI_RANK_SAMPLED only (NULL otherwise) */
     float *mass;          /* a segment's block mass [ld] */
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
@@ -3177,7 +3179,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
-        !ei__reserve(&total, (size_t)d, 4u) ||
+        !ei__reserve(&total, (size_t)d, 4u) || !ei__reserve(&total, 2u * EI__KREP_GROUP, (size_t)d * 4u) ||
         (c->ranking == EI_RANK_SAMPLED &&
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u) ||
@@ -3196,6 +3198,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)ld, sizeof(ei__ranked));
     w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    w->kstage = (float *)ei__arena_take(&a, 2u * EI__KREP_GROUP, (size_t)d * 4u);
     w->mass = w->sq = w->keys = w->logits = NULL;
     w->score_threads = 1;
     w->krep_head = -1;
@@ -3238,16 +3241,28 @@ EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_token
 }
 
 /* Min/max representation of key blocks [b0, b1) of kv head kvh, stored
-   transposed ([d][ld]) so block scores vectorise across blocks. */
+   transposed ([d][ld]) so block scores vectorise across blocks. Blocks go
+   EI__KREP_GROUP at a time through stage ([group][2][d]) and leave it a run
+   of columns per dimension: written one block at a time, each block's 2d
+   floats would land in 2d cache lines ld floats apart, and with ld a
+   multiple of 1024 (4 KiB) those lines share one L1 set (a 32k-token plan
+   built its keys 3-4 times slower that way). */
 static int ei__build_key_reps(const ei__kernels *K, const ei_tensor *k, int32_t kvh, int32_t bs, int64_t b0, int64_t b1,
-                              float *kmaxT, float *kminT, int64_t ld, float *mx, float *mn) {
-    int64_t b;
+                              float *kmaxT, float *kminT, int64_t ld, float *stage) {
+    int64_t b, j, cnt;
     int32_t i, d = k->head_dim;
-    for (b = b0; b < b1; ++b) {
-        if (!K->minmax(k, b * bs, bs, kvh, mx, mn)) return 0;
+    for (b = b0; b < b1; b += cnt) {
+        cnt = EI__MIN(b1 - b, (int64_t)EI__KREP_GROUP);
+        for (j = 0; j < cnt; ++j) {
+            float *mx = stage + (size_t)j * 2u * (size_t)d;
+            if (!K->minmax(k, (b + j) * bs, bs, kvh, mx, mx + d)) return 0;
+        }
         for (i = 0; i < d; ++i) {
-            kmaxT[(size_t)i * (size_t)ld + (size_t)b] = mx[i];
-            kminT[(size_t)i * (size_t)ld + (size_t)b] = mn[i];
+            float *xo = kmaxT + (size_t)i * (size_t)ld + (size_t)b, *no = kminT + (size_t)i * (size_t)ld + (size_t)b;
+            for (j = 0; j < cnt; ++j) {
+                xo[j] = stage[(size_t)j * 2u * (size_t)d + (size_t)i];
+                no[j] = stage[(size_t)j * 2u * (size_t)d + (size_t)d + (size_t)i];
+            }
         }
     }
     /* zero the padding columns (read, never used, by full-width loads) */
@@ -3464,7 +3479,7 @@ static ei_result ei__profile_part(const ei_context *ctx, const ei_tensor *q, con
     const size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
     int32_t s;
     if (step == 1) {
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w->kmaxT, w->kminT, ld, w->mx, w->mn) ||
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w->kmaxT, w->kminT, ld, w->kstage) ||
             (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w->mx, w->mn)))
             return ei__nonfinite(ctx, "k", kvh, 0);
         for (s = s0; s < s1; ++s) {
@@ -3747,7 +3762,7 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
     /* the blocks the plan or (a head at a time) this call's workspace holds, then the rest up to the segment */
     if (!store && w->krep_head != kvh) w->krep_head = kvh, w->krep_blocks = 0;
     if (nvis > *built) {
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, *built, nvis, kmaxT, kminT, ld, w->mx, w->mn))
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, *built, nvis, kmaxT, kminT, ld, w->kstage))
             return ei__nonfinite(ctx, "k", kvh, *built * c->block_size);
         *built = nvis;
     }
