@@ -297,7 +297,13 @@
    and 9.08 MiB. EI_PLAN_SCORES adds a float per kv head, segment and block
    (quadratic in tokens: for analysis). Chunked planning builds the key
    blocks' min/max of the cache again on every call, in its workspace (one
-   read of K per chunk), instead of keeping them per layer.
+   read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
+   them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
+   (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
+   reads only the new keys. Planning a 32k prompt of that shape in chunks
+   of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
+   AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
+   317 ms with it, 289 ms as one ei_profile call; the plans are the same.
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
    thread (ei_decode_workspace_size); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
@@ -667,6 +673,9 @@ EIDEF double ei_cpu_dpbf16_ratio(void);
 enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
 #define EI_PLAN_CHUNKED 1u   /* plan also holds the state of chunked planning */
 #define EI_PLAN_SCORES  2u   /* plan also stores the observation scores */
+#define EI_PLAN_KEEP_KEYS 4u /* with EI_PLAN_CHUNKED: the plan keeps the key blocks' min/max, so
+                                each ei_profile_chunk reads only the keys that are new; without it
+                                (smaller plans) every call reads all keys so far (LIMITS) */
 
 /* A per-layer, per-sequence sparsity plan. Arrays are caller-visible and
    laid out as below, the same on CPU and GPU (ei__plan_geometry):
@@ -1190,8 +1199,9 @@ typedef struct ei_cuda_api {
        ends at plan->n_tokens (whole-range calls only), plan->final says
        whether the last call was final. The per-head state (ei__head_state,
        the recurrence rows, the open segment's query min/max) lives in the
-       plan's state region on the device (ABI 9: the key-block min/max are
-       built again by every chunk, in the workspace, not stored); the
+       plan's state region on the device, with the key-block min/max store
+       only for EI_PLAN_KEEP_KEYS (ABI 9; otherwise every chunk builds them
+       again in the workspace); the
        open-mass row holds the open segment's raw block scores, or (ABI 8,
        EI_RANK_SAMPLED) its sampled block mass once a sampled row of it is
        in (open_rows counts them; a continued segment adds the chunk's rows
@@ -1227,6 +1237,7 @@ EI__HD size_t ei__align_size(size_t x) { return (x + EI__PLAN_ALIGN - 1) & ~(siz
 /* Per-kv-head state of chunked planning (CPU plans with EI_PLAN_CHUNKED). */
 typedef struct ei__head_state {
     int64_t tokens_done;   /* the chunk end so far: positions [0, tokens_done) are planned or skipped */
+    int64_t blocks_done;   /* EI_PLAN_KEEP_KEYS: key blocks whose min/max the plan holds */
     int32_t group;         /* query heads per kv head of the stored query representation (0: none) */
     int32_t open_valid;    /* the open segment's query representation is stored */
     int32_t last_final;    /* the open segment's row was planned with the final call's cap */
@@ -1246,18 +1257,21 @@ typedef struct ei__seg_state {
    each head's open-segment query representation [EI_MAX_CHUNK_GROUP][2][d]
    and its open segment's sampled block mass [blks_pad] (EI_RANK_SAMPLED; the
    CUDA backend keeps the open segment's raw block scores there until a
-   sampled row of it is in). The key blocks' min/max are not stored: each
-   chunk builds them again from the cache, in its workspace (issue 31: they
-   were 32 of a 32k plan's 33.6 MiB, kept per layer for keys the cache holds;
-   building them reads K once per chunk, small beside the chunk's attention,
-   and min/max of the same keys are the same floats, so plans do not change). */
-typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, bytes; } ei__chunk_geom;
-EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, ei__chunk_geom *g) {
+   sampled row of it is in) and, with EI_PLAN_KEEP_KEYS only, its key-block
+   min/max store [2][d][blks_pad] (max first; the CUDA backend's own
+   layout). Without it each chunk builds the key blocks' min/max again from
+   the cache, in its workspace (issue 31: the store was 32 of a 32k plan's
+   33.6 MiB, kept per layer for keys the cache holds; min/max of the same
+   keys are the same floats, so the plans are the same either way). */
+typedef struct ei__chunk_geom { size_t seg_rows, open_reps, open_mass, key_reps, bytes; } ei__chunk_geom;
+EI__HD void ei__chunk_geometry(int64_t segs, int64_t blks_pad, int32_t n_kv_heads, int32_t head_dim, int keep_keys,
+                               ei__chunk_geom *g) {
     size_t kv = (size_t)n_kv_heads;
     g->seg_rows = ei__align_size(kv * sizeof(ei__head_state));
     g->open_reps = g->seg_rows + ei__align_size(kv * (size_t)segs * sizeof(ei__seg_state));
     g->open_mass = g->open_reps + ei__align_size(kv * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)head_dim * 4u);
-    g->bytes = g->open_mass + kv * (size_t)blks_pad * 4u;
+    g->key_reps = g->open_mass + ei__align_size(kv * (size_t)blks_pad * 4u);
+    g->bytes = keep_keys ? g->key_reps + kv * 2u * (size_t)head_dim * (size_t)blks_pad * 4u : g->open_mass + kv * (size_t)blks_pad * 4u;
 }
 
 /* Row capacity of block_index: the most blocks a budget of this
@@ -1301,7 +1315,7 @@ EI__HD int ei__plan_geometry(const ei_config *c, int64_t max_tokens, int32_t n_k
     if (flags & EI_PLAN_CHUNKED) {
         ei__chunk_geom cg;
         if (rows > lim / sizeof(ei__seg_state) || kv * (size_t)head_dim > lim / (2u * EI_MAX_CHUNK_GROUP)) return 0;
-        ei__chunk_geometry(g->segs, g->blks_pad, n_kv_heads, head_dim, &cg);
+        ei__chunk_geometry(g->segs, g->blks_pad, n_kv_heads, head_dim, (flags & EI_PLAN_KEEP_KEYS) != 0, &cg);
         g->size[EI__PA_STATE] = cg.bytes;
     }
     for (i = 0; i < EI__PA_COUNT; ++i) {
@@ -2774,12 +2788,13 @@ EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->b
 /* Plans are laid out by ei__plan_geometry (under the ABI), the same on both
    backends; here they are checked, placed in memory and cleared. */
 
-/* Per-head chunked state. */
+/* Per-head chunked state and (EI_PLAN_KEEP_KEYS) its key-block min/max
+   store (transposed: [2][head_dim][blks_pad], max first). */
 static ei__head_state *ei__plan_states(const ei_plan *p) { return (ei__head_state *)p->state; }
 static ei__chunk_geom ei__plan_chunk_geom(const ei_plan *p) {
     ei__chunk_geom g;
     ei__chunk_geometry(p->seg_capacity, ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16), p->n_kv_heads,
-                       p->head_dim, &g);
+                       p->head_dim, (p->flags & EI_PLAN_KEEP_KEYS) != 0, &g);
     return g;
 }
 /* The recurrence row of (kv head, segment). */
@@ -2793,6 +2808,11 @@ static float *ei__plan_open_reps(const ei_plan *p, int32_t kvh) {
            (size_t)kvh * (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)p->head_dim;
 }
 /* Head kvh's sampled block mass of its open segment ([blks_pad]). */
+static float *ei__plan_krep(const ei_plan *p, int32_t kvh) {
+    int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
+    return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).key_reps) +
+           (size_t)kvh * 2u * (size_t)p->head_dim * (size_t)pad;
+}
 static float *ei__plan_open_mass(const ei_plan *p, int32_t kvh) {
     int64_t pad = ei__round_up(p->blk_capacity > 0 ? p->blk_capacity : 1, 16);
     return (float *)((unsigned char *)p->state + ei__plan_chunk_geom(p).open_mass) + (size_t)kvh * (size_t)pad;
@@ -2808,8 +2828,10 @@ static ei_result ei__check_plan_geometry(const ei_context *ctx, int64_t max_toke
         return ei__fail(ctx, EI_ERR_SIZE, "n_kv_heads %d not in 1..%d", (int)n_kv_heads, EI_MAX_HEADS);
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
         return ei__fail(ctx, EI_ERR_SIZE, "head_dim %d not in 1..%d", (int)head_dim, EI_MAX_HEAD_DIM);
-    if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES))
+    if (flags & ~(EI_PLAN_CHUNKED | EI_PLAN_SCORES | EI_PLAN_KEEP_KEYS))
         return ei__fail(ctx, EI_ERR_CONFIG, "unknown plan flags 0x%x", (unsigned)flags);
+    if ((flags & EI_PLAN_KEEP_KEYS) && !(flags & EI_PLAN_CHUNKED))
+        return ei__fail(ctx, EI_ERR_CONFIG, "EI_PLAN_KEEP_KEYS is for chunked plans (flags 0x%x)", (unsigned)flags);
     if (!ei__plan_geometry(&ctx->cfg, max_tokens, n_kv_heads, head_dim, flags, g))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "plan of %lld tokens x %d kv heads does not fit in size_t",
                         (long long)max_tokens, (int)n_kv_heads);
@@ -3302,6 +3324,7 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
 }
 
 /* Workspace of one profiling thread. */
+#define EI__KREP_GROUP 16 /* key blocks built at a time (ei__build_key_reps) */
 typedef struct ei__profile_ws {
     float *kmaxT, *kminT; /* whole-prompt key representations [d][ld] */
     float *qrep, *qtmp;   /* [G][2][d] each */
@@ -3309,6 +3332,7 @@ typedef struct ei__profile_ws {
     float *tmp;           /* [ld] */
     ei__ranked *pairs;    /* [ld] */
     float *mx, *mn;       /* [d] */
+    float *kstage;        /* key blocks on their way into kmaxT/kminT [EI__KREP_GROUP][2][d] */
     /* EI_RANK_SAMPLED only (NULL otherwise) */
     float *mass;          /* a segment's block mass [ld] */
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
@@ -3329,7 +3353,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
-        !ei__reserve(&total, (size_t)d, 4u) ||
+        !ei__reserve(&total, (size_t)d, 4u) || !ei__reserve(&total, 2u * EI__KREP_GROUP, (size_t)d * 4u) ||
         (c->ranking == EI_RANK_SAMPLED &&
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u) ||
@@ -3348,6 +3372,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->pairs = (ei__ranked *)ei__arena_take(&a, (size_t)ld, sizeof(ei__ranked));
     w->mx = (float *)ei__arena_take(&a, (size_t)d, 4u);
     w->mn = (float *)ei__arena_take(&a, (size_t)d, 4u);
+    w->kstage = (float *)ei__arena_take(&a, 2u * EI__KREP_GROUP, (size_t)d * 4u);
     w->mass = w->sq = w->keys = w->logits = NULL;
     w->score_threads = 1;
     w->krep_head = -1;
@@ -3390,16 +3415,28 @@ EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_token
 }
 
 /* Min/max representation of key blocks [b0, b1) of kv head kvh, stored
-   transposed ([d][ld]) so block scores vectorise across blocks. */
+   transposed ([d][ld]) so block scores vectorise across blocks. Blocks go
+   EI__KREP_GROUP at a time through stage ([group][2][d]) and leave it a run
+   of columns per dimension: written one block at a time, each block's 2d
+   floats would land in 2d cache lines ld floats apart, and with ld a
+   multiple of 1024 (4 KiB) those lines share one L1 set (a 32k-token plan
+   built its keys 3-4 times slower that way). */
 static int ei__build_key_reps(const ei__kernels *K, const ei_tensor *k, int32_t kvh, int32_t bs, int64_t b0, int64_t b1,
-                              float *kmaxT, float *kminT, int64_t ld, float *mx, float *mn) {
-    int64_t b;
+                              float *kmaxT, float *kminT, int64_t ld, float *stage) {
+    int64_t b, j, cnt;
     int32_t i, d = k->head_dim;
-    for (b = b0; b < b1; ++b) {
-        if (!K->minmax(k, b * bs, bs, kvh, mx, mn)) return 0;
+    for (b = b0; b < b1; b += cnt) {
+        cnt = EI__MIN(b1 - b, (int64_t)EI__KREP_GROUP);
+        for (j = 0; j < cnt; ++j) {
+            float *mx = stage + (size_t)j * 2u * (size_t)d;
+            if (!K->minmax(k, (b + j) * bs, bs, kvh, mx, mx + d)) return 0;
+        }
         for (i = 0; i < d; ++i) {
-            kmaxT[(size_t)i * (size_t)ld + (size_t)b] = mx[i];
-            kminT[(size_t)i * (size_t)ld + (size_t)b] = mn[i];
+            float *xo = kmaxT + (size_t)i * (size_t)ld + (size_t)b, *no = kminT + (size_t)i * (size_t)ld + (size_t)b;
+            for (j = 0; j < cnt; ++j) {
+                xo[j] = stage[(size_t)j * 2u * (size_t)d + (size_t)i];
+                no[j] = stage[(size_t)j * 2u * (size_t)d + (size_t)d + (size_t)i];
+            }
         }
     }
     /* zero the padding columns (read, never used, by full-width loads) */
@@ -3616,7 +3653,7 @@ static ei_result ei__profile_part(const ei_context *ctx, const ei_tensor *q, con
     const size_t row0 = (size_t)kvh * (size_t)plan->seg_capacity;
     int32_t s;
     if (step == 1) {
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w->kmaxT, w->kminT, ld, w->mx, w->mn) ||
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, 0, nb, w->kmaxT, w->kminT, ld, w->kstage) ||
             (n > nb * c->block_size && !ctx->kern->minmax(k, nb * c->block_size, n - nb * c->block_size, kvh, w->mx, w->mn)))
             return ei__nonfinite(ctx, "k", kvh, 0);
         for (s = s0; s < s1; ++s) {
@@ -3840,6 +3877,7 @@ static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64
                              ei__ceil_div(st->tokens_done, c->segment_size));
         st->open_valid = 0;
         st->last_final = 0;
+        st->blocks_done = EI__MIN(st->blocks_done, q_pos / c->block_size);
     }
     st->tokens_done = q_pos;
 }
@@ -3882,21 +3920,25 @@ static ei_result ei__chunk_plan_segment(const ei_context *ctx, const ei_tensor *
                                         int32_t s, int64_t n, int last_final, const float *qrep, const float *mass,
                                         int32_t G, ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
+    ei__head_state *st = &ei__plan_states(plan)[kvh];
     ei__seg_state *cur = ei__plan_seg_state(plan, kvh, s), *prev = s > 0 ? cur - 1 : NULL;
     int64_t bps = c->segment_size / c->block_size, nvis = (int64_t)s * bps;
-    int64_t ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16); /* the workspace's, at max_tokens */
+    int64_t ld = ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16); /* the store's and the workspace's */
     int64_t cap = last_final ? ei__cap_blocks(c, s, n, (ei__ceil_div(n, c->segment_size) - 1) * bps) : nvis;
     int32_t d = plan->head_dim;
-    float *kmaxT = w->kmaxT, *kminT = w->kminT;
+    const int store = (plan->flags & EI_PLAN_KEEP_KEYS) != 0;
+    float *kmaxT = store ? ei__plan_krep(plan, kvh) : w->kmaxT, *kminT = kmaxT + (size_t)d * (size_t)ld;
+    int64_t *built = store ? &st->blocks_done : &w->krep_blocks;
     size_t row = EI_PLAN_ROW(plan, kvh, s);
     float *prob = plan->scores ? plan->scores + row * ei__plan_score_row(plan) : NULL;
     float h = 0.0f;
     double budget;
-    if (w->krep_head != kvh) w->krep_head = kvh, w->krep_blocks = 0; /* this call builds each head's blocks once */
-    if (nvis > w->krep_blocks) {
-        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, w->krep_blocks, nvis, kmaxT, kminT, ld, w->mx, w->mn))
-            return ei__nonfinite(ctx, "k", kvh, w->krep_blocks * c->block_size);
-        w->krep_blocks = nvis;
+    /* the blocks the plan or (a head at a time) this call's workspace holds, then the rest up to the segment */
+    if (!store && w->krep_head != kvh) w->krep_head = kvh, w->krep_blocks = 0;
+    if (nvis > *built) {
+        if (!ei__build_key_reps(ctx->kern, k, kvh, c->block_size, *built, nvis, kmaxT, kminT, ld, w->kstage))
+            return ei__nonfinite(ctx, "k", kvh, *built * c->block_size);
+        *built = nvis;
     }
     if (s > 0) {
         ei__score_row_split(ctx, qrep, G, d, kmaxT, kminT, ld, nvis, w->rows, w->score_threads);

@@ -1588,9 +1588,13 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
        or with the final cap by a final call without queries */
     const bool replan = q ? (plan->final && open_valid && open_seg < sq) : true;
     const int64_t blk_cap = plan->blk_capacity > 0 ? plan->blk_capacity : 1, pad = (blk_cap + 15) / 16 * 16;
-    /* the key blocks' min/max are not stored in the plan (issue 31: they were most of its bytes): the chunk
-       builds [0, nblk) in the workspace and scans its keys (a final one: to n) */
-    const int64_t kb0 = 0;
+    /* EI_PLAN_KEEP_KEYS: the plan stores the key blocks' min/max; those stored for sure are the blocks the
+       last call's last segment sees, and a roll-back keeps the blocks wholly before q_pos; the chunk builds
+       [kb0, nblk). Without the store (smaller plans) it builds [0, nblk) in the workspace. Either way it
+       scans its keys (a final one: to n) */
+    const bool store = (plan->flags & EI_PLAN_KEEP_KEYS) != 0;
+    const int64_t stored = store && T > 0 ? ((T + seg - 1) / seg - 1) * bps : 0;
+    const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1603,7 +1607,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
                     ws_bytes, w.total);
     if (q && G > EI_MAX_CHUNK_GROUP)
         return fail(msg, EI_ERR_UNSUPPORTED, "chunked planning keeps up to %d query heads per kv head", EI_MAX_CHUNK_GROUP);
-    ei__chunk_geometry(plan->seg_capacity, pad, nkv, D, &cg);
+    ei__chunk_geometry(plan->seg_capacity, pad, nkv, D, store, &cg);
     char *base = ws_base(ws), *state = (char *)plan->state;
     float *qfeat = (float *)(base + w.qfeat), *raw = (float *)(base + w.raw);
     int *flag = (int *)(base + w.flag);
@@ -1614,7 +1618,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     ei__head_state *heads = (ei__head_state *)state;
     ei__seg_state *rec = (ei__seg_state *)(state + cg.seg_rows);
     float *open_reps = (float *)(state + cg.open_reps), *open_raw = (float *)(state + cg.open_mass);
-    float *keys = (float *)(base + w.kfeat); /* [kv][2][D][pad], sized for the plan's max_tokens */
+    float *keys = store ? (float *)(state + cg.key_reps) : (float *)(base + w.kfeat); /* [kv][2][D][pad] */
     ScoreLaunch sl;
     if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
         (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||

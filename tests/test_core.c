@@ -474,6 +474,72 @@ static void test_profile_errors(void) {
 }
 
 /* Chunked planning: protocol errors and equality with whole-prompt planning. */
+/* EI_PLAN_KEEP_KEYS: a plan that keeps the key blocks' min/max plans what
+   one that builds them again every call plans, bit for bit, after every call
+   of protocols with cuts inside segments, roll-backs, skipped positions, a
+   final call without queries and a second turn; on every SIMD path, with
+   ei_profile_chunk and ei_profile_chunk_mt (2 threads). The flag alone
+   (without EI_PLAN_CHUNKED) is refused. */
+static int plans_equal(const ei_plan *a, const ei_plan *b) {
+    size_t rows = (size_t)a->n_kv_heads * (size_t)a->seg_capacity;
+    return a->n_tokens == b->n_tokens && a->n_segments == b->n_segments && a->n_blocks == b->n_blocks &&
+           a->final == b->final && !memcmp(a->entropy, b->entropy, rows * 4) &&
+           !memcmp(a->head_class, b->head_class, (size_t)a->n_kv_heads) && !memcmp(a->budget, b->budget, rows * 4) &&
+           !memcmp(a->keep_blocks, b->keep_blocks, rows * 4) && !memcmp(a->keep_count, b->keep_count, rows * 4) &&
+           !memcmp(a->block_index, b->block_index, rows * (size_t)a->max_keep * 4);
+}
+static void test_chunked_key_store(void) {
+    static const long calls[][4][3] = { /* (first position, end (-1: no queries), final) */
+        {{0, 333, 0}, {333, 700, 0}, {700, 1290, 0}, {1290, 1500, 1}},
+        {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+        {{0, 500, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
+        {{0, 800, 1}, {800, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+    };
+    synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 21);
+    int sm, p, i, mt, n_cmp = 0;
+    for (sm = EI_SIMD_SCALAR; sm <= EI_SIMD_NEON_BF16; ++sm) {
+        ei_config c = small_config((ei_simd)sm);
+        ei_context *ctx;
+        ei_plan ref, got;
+        size_t wb, b0, b1;
+        void *ws;
+        if (!ei_cpu_supports((ei_simd)sm)) continue;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_KEEP_KEYS, &b0), EI_ERR_CONFIG);
+        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, &b0), EI_OK);
+        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, &b1), EI_OK);
+        CHECK(b1 >= b0 + (size_t)L.kv * 2u * (size_t)L.dim * 4u * (size_t)(L.n / 8 - 8), "the key store: %zu vs %zu bytes", b1, b0);
+        ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+        ws = malloc(wb * 2);
+        CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+        CHECK_ERR(ei_plan_alloc(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS), EI_OK);
+        for (mt = 0; mt < 2; ++mt)
+            for (p = 0; p < (int)(sizeof calls / sizeof calls[0]); ++p)
+                for (i = 0; i < 4 && calls[p][i][2] >= 0; ++i) {
+                    long t = calls[p][i][0], e = calls[p][i][1];
+                    int fin = (int)calls[p][i][2];
+                    ei_tensor qc = L.tq, kc = L.tk;
+                    ei_result r0, r1;
+                    qc.data = L.q + (size_t)t * L.heads * L.dim;
+                    qc.n_tokens = e - t;
+                    r0 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &ref, t, fin, ws, wb);
+                    r1 = mt ? ei_profile_chunk_mt(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, 2, ws, wb * 2)
+                            : ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, ws, wb);
+                    CHECK(r0 == EI_OK && r1 == EI_OK, "%s: protocol %d call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), p,
+                          i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
+                    CHECK(plans_equal(&ref, &got), "%s%s: protocol %d call %d: the plan with the key store differs",
+                          ei_simd_name((ei_simd)sm), mt ? " (2 threads)" : "", p, i);
+                    n_cmp++;
+                }
+        free(ws);
+        ei_plan_free(ctx, &ref);
+        ei_plan_free(ctx, &got);
+        ei_context_destroy(ctx);
+    }
+    printf("  EI_PLAN_KEEP_KEYS: %d chunk calls, plans equal to rebuilt keys' after each\n", n_cmp);
+    synth_layer_free(&L);
+}
+
 static void test_chunked(void) {
     synth_layer L = synth_layer_make(640, 4, 2, 32, 64, 9);
     ei_config c = small_config(EI_SIMD_AUTO);
@@ -1684,6 +1750,7 @@ int main(void) {
     test_profile_chunk_mt();
     test_profile_errors();
     test_chunked();
+    test_chunked_key_store();
     test_chunked_any_position(0, 0);
     test_chunked_any_position(1, 0);
     test_chunked_any_position(0, 1);

@@ -1453,6 +1453,8 @@ static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, 
    of the mass (the two sum a segment's rows in another order). They also run
    on a context with cfg.cuda_deferred_errors (nothing read back): the same
    plan bit for bit, and ei_cuda_status EI_OK. */
+/* 1: the GPU plan keeps the key blocks' min/max (EI_PLAN_KEEP_KEYS), the CPU's builds them per call */
+static int g_keep_keys;
 static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, int nh, int nkv, int D, ei_dtype qdt,
                          float peak, const chunk_call *calls, int ncalls) {
     size_t nq = (size_t)cap * nh * D, nk = (size_t)cap * nkv * D, es = qdt == EI_F32 ? 4 : 2, pbytes, cwsb, gwsb;
@@ -1482,9 +1484,9 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     hk = ei_tensor_make(k, EI_F32, cap, nkv, D);
     CHECK_OK(ei_plan_alloc(cpu, &cp, cap, nkv, D, flags));
     CHECK_OK(ei_plan_alloc(cpu, &hp, cap, nkv, D, flags));
-    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags, &pbytes));
+    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), &pbytes));
     pmem = dev_alloc(pbytes);
-    CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags, pmem, pbytes));
+    CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), pmem, pbytes));
     CHECK_OK(ei_profile_workspace_size(cpu, cap, nh, nkv, D, &cwsb));
     CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
     cws = malloc(cwsb);
@@ -1652,6 +1654,9 @@ static void chunked_plans(int quick) {
     calls[nc].q_pos = 1500; calls[nc].m = 400; calls[nc].is_final = 0; nc++; /* skip 1200..1500, same segment */
     calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4: the recurrence restarts */
     chunked_case("turns, roll-back, skip, G 4", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    g_keep_keys = 1;
+    chunked_case("the same, GPU plan with EI_PLAN_KEEP_KEYS", &c, 3200, 16, 4, 64, EI_BF16, 2.f, calls, nc);
+    g_keep_keys = 0;
     {   /* EI_RANK_SAMPLED: the open segment's sampled rows summed over chunks (segments from threshold_len on) */
         ei_config cs = c;
         cs.ranking = EI_RANK_SAMPLED;
@@ -1677,6 +1682,9 @@ static void chunked_plans(int quick) {
         calls[nc].q_pos = 1400; calls[nc].m = 300; calls[nc].is_final = 0; nc++; /* skip 1200..1400, same segment */
         calls[nc].q_pos = 2600; calls[nc].m = 600; calls[nc].is_final = 1; nc++; /* skip segment 4 */
         chunked_case("sampled turns, roll-back, skip", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
+        g_keep_keys = 1;
+        chunked_case("the same, GPU plan with EI_PLAN_KEEP_KEYS", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
+        g_keep_keys = 0;
     }
     if (quick) return;
     {   /* EI_RANK_SAMPLED, more: f32 q on CUDA cores at d 128 (EI_CUDA_SAMPLED_GENERIC), G 8 of one kv head,
@@ -1923,13 +1931,38 @@ static void dp_setup(dp_fix *x, const dp_call *c) {
     if (c->regs & DPB(DP_K)) dev_put(dp_at(x, DP_K), x->k_host, kb);
     if (c->regs & DPB(DP_V)) dev_put(dp_at(x, DP_V), x->v_host, kb);
 }
+/* What the call gave: the plan's arrays, out, or the decoder's ring and
+   counts, read back to the host (bytes: the buffer's size; returns the
+   bytes written). */
+static size_t dp_result(dp_fix *x, const dp_call *c, unsigned char *buf, size_t cap) {
+    size_t n = 0;
+    if (c->run == dp_profile || c->run == dp_chunk) {
+        size_t rows = (size_t)x->plan.n_kv_heads * (size_t)x->plan.seg_capacity;
+        const void *arr[6] = {x->plan.entropy, x->plan.head_class, x->plan.budget, x->plan.keep_blocks, x->plan.keep_count,
+                              x->plan.block_index};
+        size_t len[6] = {rows * 4, (size_t)x->plan.n_kv_heads, rows * 4, rows * 4, rows * 4, rows * (size_t)x->plan.max_keep * 4};
+        int j;
+        for (j = 0; j < 6; ++j) { if (n + len[j] <= cap) dev_get(buf + n, arr[j], len[j]); n += len[j]; }
+        if (n + sizeof x->plan.n_tokens <= cap) memcpy(buf + n, &x->plan.n_tokens, sizeof x->plan.n_tokens);
+        n += sizeof x->plan.n_tokens;
+    } else if (c->run == dp_observe) {
+        size_t ring = (size_t)x->dec.window * (size_t)x->nh * (size_t)x->D * 4;
+        if (ring <= cap) dev_get(buf, x->dec.queries, ring);
+        n = ring;
+        if (n + sizeof x->dec.n_observed <= cap) memcpy(buf + n, &x->dec.n_observed, sizeof x->dec.n_observed);
+        n += sizeof x->dec.n_observed;
+    } else {
+        n = c->run == dp_copy ? x->bytes[DP_Q] : x->bytes[DP_OUT];
+        if (n <= cap) dev_get(buf, dp_at(x, DP_OUT), n);
+    }
+    return n;
+}
 static void device_placements(void) {
     dp_fix x;
-    int ci, a, b, k, refused = 0;
-    size_t o = 0, awsb, pwsb, i;
-    unsigned char *before, *after;
+    int ci, a, b, k, refused = 0, accepted = 0;
+    size_t o = 0, awsb, pwsb, i, cap, ref_n, got_n;
+    unsigned char *before, *after, *ref, *got;
     float *qf, *kf;
-    ei_config cfg = base_config();
     memset(&x, 0, sizeof x);
     x.n = 300; x.nh = 4; x.nkv = 2; x.D = 64;
     qf = (float *)malloc((size_t)x.n * x.nh * x.D * 4); kf = (float *)malloc((size_t)x.n * x.nkv * x.D * 4);
@@ -1937,12 +1970,12 @@ static void device_placements(void) {
     x.q_host = host_as(qf, (size_t)x.n * x.nh * x.D, EI_BF16);
     x.k_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
     x.v_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
-    (void)cfg;
     CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, 0, &x.pb));
     CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, EI_PLAN_CHUNKED, &x.pcb));
     CHECK_OK(ei_profile_workspace_size(g_gpu, x.n, x.nh, x.nkv, x.D, &pwsb));
     CHECK_OK(ei_attention_workspace_size(g_gpu, x.nh, x.nkv, x.D, &awsb));
     CHECK_OK(ei_decoder_size(g_gpu, x.nh, x.D, &x.db));
+    /* home: every region apart, each as large as any call's */
     x.bytes[DP_Q] = x.bytes[DP_OUT] = (size_t)x.n * x.nh * x.D * 2;
     x.bytes[DP_K] = x.bytes[DP_V] = (size_t)x.n * x.nkv * x.D * 2;
     x.bytes[DP_PLAN] = x.pcb > x.pb ? x.pcb : x.pb;
@@ -1951,7 +1984,9 @@ static void device_placements(void) {
     for (a = 0; a < DP_COUNT; ++a) { x.home[a] = o; o += (x.bytes[a] + 255) & ~(size_t)255; }
     x.arena_bytes = o + 256;
     x.arena = (unsigned char *)dev_alloc(x.arena_bytes);
-    before = (unsigned char *)malloc(x.arena_bytes); after = (unsigned char *)malloc(x.arena_bytes);
+    cap = x.arena_bytes;
+    before = (unsigned char *)malloc(cap); after = (unsigned char *)malloc(cap);
+    ref = (unsigned char *)malloc(cap); got = (unsigned char *)malloc(cap);
     { /* the plan prefill reads, profiled apart */
         ei_tensor q = ei_tensor_make(x.arena + x.home[DP_Q], EI_BF16, x.n, x.nh, x.D);
         ei_tensor kk = ei_tensor_make(x.arena + x.home[DP_K], EI_BF16, x.n, x.nkv, x.D);
@@ -1964,14 +1999,19 @@ static void device_placements(void) {
     for (ci = 0; ci < (int)(sizeof dp_calls / sizeof dp_calls[0]); ++ci) {
         const dp_call *c = &dp_calls[ci];
         ei_result r;
+        /* the bytes this call uses of the plan memory and the workspace (the GPU's attention may take none) */
+        x.bytes[DP_PLAN] = c->chunked ? x.pcb : x.pb;
+        x.bytes[DP_WS] = c->run == dp_prefill ? awsb : pwsb;
         memcpy(x.at, x.home, sizeof x.at);
         dp_setup(&x, c);
         r = c->run(&x);
         CHECK(r == EI_OK, "%s with every region apart: %s (%s)", c->name, ei_result_name(r), ei_last_error());
+        ref_n = dp_result(&x, c, ref, cap);
         for (a = 0; a < DP_COUNT; ++a)
             for (b = 0; b < DP_COUNT; ++b) {
                 size_t A = x.bytes[a], B = x.bytes[b], offs[4];
-                if (a == b || !(c->regs & DPB(a)) || !(c->regs & DPB(b)) || !(c->written & (DPB(a) | DPB(b)))) continue;
+                if (a == b || !(c->regs & DPB(a)) || !(c->regs & DPB(b)) || !(c->written & (DPB(a) | DPB(b))) || !A || !B)
+                    continue;
                 offs[0] = 0;
                 offs[1] = (B / 2) & ~(size_t)255;
                 offs[2] = B >= A ? (B - A) & ~(size_t)255 : 0;
@@ -1986,6 +2026,14 @@ static void device_placements(void) {
                     memcpy(&plan_before, &x.plan, sizeof x.plan); memcpy(&dec_before, &x.dec, sizeof x.dec);
                     dev_get(before, x.arena, x.arena_bytes);
                     r = c->run(&x);
+                    if (r == EI_OK) { /* the placed region lies over bytes the call does not use: the reference's result */
+                        got_n = dp_result(&x, c, got, cap);
+                        CHECK(got_n == ref_n && ref_n <= cap && !memcmp(got, ref, ref_n),
+                              "%s: %s (%zu bytes) at byte %zu of %s (%zu bytes) accepted, and the result differs", c->name,
+                              dp_name[a], A, offs[k], dp_name[b], B);
+                        accepted++;
+                        continue;
+                    }
                     dev_get(after, x.arena, x.arena_bytes);
                     for (i = 0; i < x.arena_bytes && before[i] == after[i]; ++i) {}
                     CHECK(r == EI_ERR_OVERLAP && i == x.arena_bytes && !memcmp(&plan_before, &x.plan, sizeof x.plan) &&
@@ -1997,11 +2045,12 @@ static void device_placements(void) {
                 }
             }
     }
-    printf("  device placements over %d entry points: %d refused as overlapping, nothing written\n",
-           (int)(sizeof dp_calls / sizeof dp_calls[0]), refused);
-    CHECK(refused > 50, "only %d device placements tried", refused);
+    printf("  device placements over %d entry points (workspace: %zu bytes for profiling, %zu for attention): "
+           "%d refused as overlapping with nothing written, %d accepted with the reference's result\n",
+           (int)(sizeof dp_calls / sizeof dp_calls[0]), pwsb, awsb, refused, accepted);
+    CHECK(refused > 50, "only %d device placements refused", refused);
     dev_free(x.arena); dev_free(x.ref_mem); dev_free(x.ref_ws);
-    free(before); free(after); free(x.q_host); free(x.k_host); free(x.v_host); free(qf); free(kf);
+    free(before); free(after); free(ref); free(got); free(x.q_host); free(x.k_host); free(x.v_host); free(qf); free(kf);
 }
 
 /* ------------------------------------------------------------ no GPU */

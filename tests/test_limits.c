@@ -49,7 +49,8 @@ static wide plan_lower_bound(const ei_config *c, int64_t T, int32_t kv, int32_t 
     if (flags & EI_PLAN_SCORES) total += rows * (blks > 0 ? blks : 1) * 4u;
     if (flags & EI_PLAN_CHUNKED) /* the open segments' queries and block mass, the recurrence rows (the key
                                     blocks' min/max are built per chunk in the workspace, not kept) */
-        total += (wide)kv * EI_MAX_CHUNK_GROUP * 2u * (wide)d * 4u + (wide)kv * blks * 4u + rows * 16u;
+        total += (wide)kv * EI_MAX_CHUNK_GROUP * 2u * (wide)d * 4u + (wide)kv * blks * 4u + rows * 16u +
+                 ((flags & EI_PLAN_KEEP_KEYS) ? (wide)kv * 2u * (wide)d * blks * 4u : 0u); /* the key store */
     return total;
 }
 
@@ -123,7 +124,8 @@ static void test_size_arithmetic(void) {
         for (ti = 0; ti < sizeof toks / sizeof toks[0]; ++ti)
             for (ki = 0; ki < sizeof kvs / sizeof kvs[0]; ++ki)
                 for (di = 0; di < sizeof dims / sizeof dims[0]; ++di)
-                    for (flags = 0; flags < 4; ++flags) check_plan_size(ctx, toks[ti], kvs[ki], dims[di], flags);
+                    for (flags = 0; flags < 8; ++flags) /* (EI_PLAN_KEEP_KEYS only with EI_PLAN_CHUNKED) */
+                        if (flags != 4 && flags != 6) check_plan_size(ctx, toks[ti], kvs[ki], dims[di], flags);
         /* profiling workspace: monotone in every argument, holds the key
            representations [2][d][blocks], EI_ERR_SIZE past the limits */
         for (di = 0; di < 3; ++di) {
