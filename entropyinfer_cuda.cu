@@ -1843,6 +1843,23 @@ __device__ __forceinline__ void wgmma_wait_all() {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
+/* waits until at most N committed groups of this warpgroup are still in
+   flight: with S(j) committed before P(j-1) V(j-1), N = 1 waits for S alone */
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+#ifdef EI_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* An empty asm that reads and writes each accumulator register: the compiler
+   may not move its own reads or writes of them across it (CUTLASS's
+   warpgroup_fence_operand). Placed after a wgmma_wait, it keeps the softmax
+   from reading S (or the rescale from touching O) before the wait. */
+template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
 /* cp.async and plain stores write shared memory through the generic proxy;
    wgmma reads it through the async proxy */
 __device__ __forceinline__ void fence_proxy_async() {
@@ -2095,11 +2112,13 @@ struct KeyList {
    with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
    issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
-       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only */
+       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
+       4: as 3, three K/V stages and S(j) = Q K_j^T issued before O += P(j-1) V(j-1) (overlap, below) */
     constexpr bool TMA = TM > 0;
+    constexpr int NSTG = TM == 4 ? 3 : 2; /* K/V stages */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
@@ -2118,10 +2137,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     /* wgmma's swizzle pattern repeats every 1024 bytes: align the tiles to it
        (the launch adds 1024 bytes of slack) */
     uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
-    uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
-    __shared__ int kpos[2][BC];
-    __shared__ uint64_t tbar[2]; /* TMA: buffer b's copies complete on tbar[b] */
-    __shared__ uint64_t ebar[2]; /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
+    uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + NSTG * BC * RS;
+    __shared__ int kpos[NSTG][BC];
+    __shared__ uint64_t tbar[NSTG]; /* TMA: buffer b's copies complete on tbar[b] */
+    __shared__ uint64_t ebar[2];    /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
 
     if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
     /* ---- work item: segments from the last (heaviest) down */
@@ -2188,8 +2207,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     uint32_t tma_pend = 0, tma_par = 0;
     if (TMA) {
         if (tid == 0) {
-            mbar_init(&tbar[0], 1);
-            mbar_init(&tbar[1], 1);
+#pragma unroll
+            for (int b = 0; b < NSTG; b++) mbar_init(&tbar[b], 1);
             mbar_init(&ebar[0], NW);
             mbar_init(&ebar[1], NW);
         }
@@ -2405,119 +2424,207 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         }
     };
 
-    for (int j = 0; j < ntiles; j++) {
-        int buf = j & 1;
-        int need_next = 0;
-        if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
-        cp_async_commit();
-        const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
-        bool cur_tma = false;
-        if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
+    /* TM 4: the key loop pipelined inside each warpgroup (FlashAttention-3's
+       two-stage pipelining). Step j issues S(j) = Q K_j^T and then
+       O += P(j-1) V(j-1) as two asynchronous wgmma groups, waits for S(j)
+       alone (wgmma_wait<1>) and runs the mask and softmax of S(j) while the
+       tensor cores still compute P(j-1) V(j-1); then it waits for that
+       product, rescales O (the new row maxima) and packs P(j). The first
+       S and the last P V are peeled out of the loop, so that no branch
+       surrounds a wgmma (ptxas serialises them otherwise, C7514). Tile j+1
+       loads while step j runs, into the stage of tile j-2 (three stages: K_j
+       and V_(j-1) are both read during step j); the CTA barrier at the end of
+       a step hands the stages over (cp.async tiles, and the buffer of tile
+       j-2 whose P V every warp has waited for). */
+    if constexpr (TM == 4) {
+        float sc[NB][4];
+        uint32_t pa[NB / 2][4];
+        /* waits for the TMA copies of buffer buf, if any; true when the tile came by TMA */
+        auto tma_wait = [&](int buf) -> bool {
+            if (!((tma_pend >> buf) & 1)) return false;
             mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
             tma_par ^= 1u << buf;
             tma_pend &= ~(1u << buf);
-            cur_tma = true;
-        }
-
-        /* one key tile; masked = true only on tiles that reach past the first row's
-           token (the diagonal) or hold padding: the rest runs branch-free */
-        auto tile = [&](auto masked) {
-            float sc[MT][NB][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
-            if constexpr (WG) {
-                wgmma_fence();
-                wg_qk(sc[0], bK);
-                wgmma_commit();
-                wgmma_wait_all();
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    uint32_t a[MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        if (QREG) {
-#pragma unroll
-                            for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
-                        } else {
-                            int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                            ldmatrix_x4(a[mt], &sQ[at(row, ch, ROWS)]);
-                        }
-                    }
-#pragma unroll
-                    for (int np = 0; np < NB / 2; np++) {
-                        uint32_t b[4];
-                        int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
-                        ldmatrix_x4(b, &bK[at(key, ch, BC)]);
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
-                            mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float al0, al1;
-                if constexpr (decltype(masked)::value) {
-                    if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
-                    else mask_scores(sc[mt], mt, buf);
-                }
-                if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
-            }
-            /* O += P V */
-            if constexpr (WG) {
-                /* P (bf16/f16) in the A-fragment layout, one 16-key k-step per 4 registers;
-                   the registers stay live until the asynchronous MMAs are done */
-                uint32_t pa[NB / 2][4];
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++) pack_p(sc[0], t, pa[t]);
-                wgmma_fence();
-                wg_pv(pa, bV);
-                wgmma_commit();
-                wgmma_wait_all();
-                if (TM == 2) { /* this warp is done with the buffer */
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&ebar[buf]);
-                }
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
-            } else {
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++) {
-                    uint32_t a[MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) pack_p(sc[mt], t, a[mt]);
-#pragma unroll
-                    for (int np = 0; np < D / 16; np++) {
-                        uint32_t b[4];
-                        int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
-                        ldmatrix_x4_trans(b, &bV[at(key, ch, BC)]);
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
-                            mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
-                    }
-                }
-            }
+            return true;
         };
-        if (need_cur) tile(std::true_type{});
-        else tile(std::false_type{});
-        /* TM 2: no CTA barrier while the next two tiles come by TMA (the
-           buffers change hands through tbar / ebar, masks need no kpos) */
-        int pos_unused;
-        if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
-            need_cur = need_next;
-        } else {
+        auto mask_and_softmax = [&](int j, int buf, bool is_tma, bool need, float &al0, float &al1) -> bool {
+            if (need) {
+                if (is_tma) tma_masked(sc, 0, j);
+                else mask_scores(sc, 0, buf);
+            }
+            return softmax_tile(sc, 0, al0, al1);
+        };
+        int need_next = ntiles > 1 ? issue(1, 1) : 0;
+        cp_async_commit();
+        {   /* tile 0: S, softmax (O is still zero: nothing to rescale), P */
+            bool is_tma = tma_wait(0);
+            wgmma_fence();
+            wg_qk(sc, sK);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(sc);
+            float al0, al1;
+            mask_and_softmax(0, 0, is_tma, need_cur, al0, al1);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) pack_p(sc, t, pa[t]);
+        }
+        cp_async_wait_all();
+        fence_proxy_async();
+        need_cur = __syncthreads_or(need_next);
+        for (int j = 1; j < ntiles; j++) {
+            int buf = j % NSTG, pbuf = (j - 1) % NSTG;
+            need_next = j + 1 < ntiles ? issue(j + 1, (j + 1) % NSTG) : 0;
+            cp_async_commit();
+            bool is_tma = tma_wait(buf);
+            acc_fence(o[0]);
+            wgmma_fence();
+            wg_qk(sc, sK + buf * BC * RS);
+            wgmma_commit();
+            wg_pv(pa, sV + pbuf * BC * RS);
+            wgmma_commit();
+            wgmma_wait<1>(); /* S(j) done; P(j-1) V(j-1) may still run */
+            acc_fence(sc);
+            float al0, al1;
+            bool moved = mask_and_softmax(j, buf, is_tma, need_cur, al0, al1);
+            wgmma_wait<0>();
+            acc_fence(o[0]);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) reg_keep(pa[t][e]); /* read by the P V just waited for */
+            if (moved) rescale_o(0, al0, al1);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) pack_p(sc, t, pa[t]);
             cp_async_wait_all();
-            if (WG) fence_proxy_async();
+            fence_proxy_async();
             need_cur = __syncthreads_or(need_next);
+        }
+        /* the last tile's P V */
+        acc_fence(o[0]);
+        wgmma_fence();
+        wg_pv(pa, sV + ((ntiles - 1) % NSTG) * BC * RS);
+        wgmma_commit();
+        wgmma_wait<0>();
+        acc_fence(o[0]);
+#pragma unroll
+        for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+    } else {
+        for (int j = 0; j < ntiles; j++) {
+            int buf = j & 1;
+            int need_next = 0;
+            if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
+            cp_async_commit();
+            const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
+            bool cur_tma = false;
+            if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
+                mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
+                tma_par ^= 1u << buf;
+                tma_pend &= ~(1u << buf);
+                cur_tma = true;
+            }
+
+            /* one key tile; masked = true only on tiles that reach past the first row's
+               token (the diagonal) or hold padding: the rest runs branch-free */
+            auto tile = [&](auto masked) {
+                float sc[MT][NB][4];
+    #pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+    #pragma unroll
+                    for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
+                if constexpr (WG) {
+                    wgmma_fence();
+                    wg_qk(sc[0], bK);
+                    wgmma_commit();
+                    wgmma_wait_all();
+                } else {
+    #pragma unroll
+                    for (int kk = 0; kk < D / 16; kk++) {
+                        uint32_t a[MT][4];
+    #pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            if (QREG) {
+    #pragma unroll
+                                for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
+                            } else {
+                                int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                                ldmatrix_x4(a[mt], &sQ[at(row, ch, ROWS)]);
+                            }
+                        }
+    #pragma unroll
+                        for (int np = 0; np < NB / 2; np++) {
+                            uint32_t b[4];
+                            int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                            ldmatrix_x4(b, &bK[at(key, ch, BC)]);
+    #pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
+                                mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            }
+                        }
+                    }
+                }
+    #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float al0, al1;
+                    if constexpr (decltype(masked)::value) {
+                        if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
+                        else mask_scores(sc[mt], mt, buf);
+                    }
+                    if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
+                }
+                /* O += P V */
+                if constexpr (WG) {
+                    /* P (bf16/f16) in the A-fragment layout, one 16-key k-step per 4 registers;
+                       the registers stay live until the asynchronous MMAs are done */
+                    uint32_t pa[NB / 2][4];
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++) pack_p(sc[0], t, pa[t]);
+                    wgmma_fence();
+                    wg_pv(pa, bV);
+                    wgmma_commit();
+                    wgmma_wait_all();
+                    if (TM == 2) { /* this warp is done with the buffer */
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(&ebar[buf]);
+                    }
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++)
+    #pragma unroll
+                        for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+                } else {
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++) {
+                        uint32_t a[MT][4];
+    #pragma unroll
+                        for (int mt = 0; mt < MT; mt++) pack_p(sc[mt], t, a[mt]);
+    #pragma unroll
+                        for (int np = 0; np < D / 16; np++) {
+                            uint32_t b[4];
+                            int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
+                            ldmatrix_x4_trans(b, &bV[at(key, ch, BC)]);
+    #pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
+                                mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            }
+                        }
+                    }
+                }
+            };
+            if (need_cur) tile(std::true_type{});
+            else tile(std::false_type{});
+            /* TM 2: no CTA barrier while the next two tiles come by TMA (the
+               buffers change hands through tbar / ebar, masks need no kpos) */
+            int pos_unused;
+            if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
+                need_cur = need_next;
+            } else {
+                cp_async_wait_all();
+                if (WG) fence_proxy_async();
+                need_cur = __syncthreads_or(need_next);
+            }
         }
     }
     /* ---- normalise and write */
@@ -2560,7 +2667,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
 
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = WG ? (size_t)(16 * NW * MT + 4 * BC) * D * 2 + 1024
+    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM == 4 ? 3 : 2) * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -2648,7 +2755,8 @@ static bool wgmma_available(void) {
    allow it: *wg = 2), "wgk64" / "wgk128" (as wgt, the TMA tiles' masks from
    key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
    CTA barrier between TMA tiles: the two warpgroups drift apart up to a
-   tile; *wg = 3), or
+   tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
+   per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
@@ -2662,9 +2770,10 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : 1;
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : 1;
         *mt = 1;
         *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
+        if (*wg == 5 && D == 64) *bc = 128; /* wgo: built with 128 keys per step for head_dim 64 */
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2849,6 +2958,11 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (D == 64) EI__ATT_TMA(64, 128, 2);
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
+    }
+    if (WGK == 5 && maps) { /* overlap: 128 keys per step (D 64 always) */
+        if (D == 64) EI__ATT_TMA(64, 128, 4);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 4);
+        EI__ATT_TMA(128, 128, 4);
     }
     if (WGK == 4 && maps) {
         if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
