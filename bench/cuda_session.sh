@@ -14,7 +14,7 @@
 # Steps: build (make cuda + test programs + bench, ptxas -v of the attention
 # kernels: registers and spills), test (make test-cuda's programs), fuzz
 # (make test-gpu-fuzz), memcheck (compute-sanitizer on test_cuda_graph and 8
-# fuzz draws), sdpa (bench/sdpa_ref.py: times and the kernel that ran), bench
+# fuzz draws), racecheck (2 fuzz draws: the hazards and where), sdpa (bench/sdpa_ref.py: times and the kernel that ran), bench
 # (build/ei_bench_cuda), ncu (the dense attention kernel at 32k, SpeedOfLight
 # and the pipes).
 set -u
@@ -57,6 +57,14 @@ for step in $STEPS; do
         rc2=$?
         grep -E "ERROR SUMMARY" "$LOG/memcheck.log"
         say "memcheck rc $rc1 / $rc2" ;;
+    racecheck)
+        timeout ${RACE_S:-150} compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+            ./$B/fuzz_backends --require-gpu --seed 3 --iters ${RACE_ITERS:-2} --max-n 600 > "$LOG/racecheck.log" 2>&1
+        rc=$?
+        grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$LOG/racecheck.log"
+        grep -E "hazard|Race reported" "$LOG/racecheck.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
+        grep -A6 -m2 "hazard" "$LOG/racecheck.log" | cut -c1-200
+        say "racecheck rc $rc" ;;
     sdpa)
         PYTHONUNBUFFERED=1 python3 bench/sdpa_ref.py $SIZES > "$B/sdpa_times.txt" 2> "$LOG/sdpa.err"
         cp "$B/sdpa_times.txt" "$LOG/sdpa.txt"
