@@ -1702,6 +1702,9 @@ struct AttnParams {
        plan_final) for s < plan_nseg; plan_nseg 0 (no plan): dense causal */
     ei_config cfg;
     int plan_nseg, plan_final;
+    /* 0: every segment; 1: the dense ones only; 2: the sparse ones only (a
+       call with two kernels, one per kind of segment: attention_shape) */
+    int seg_mode;
     const int *keep_count, *block_index;
     int seg_stride, max_keep;
     int s_last, tiles_per_seg;
@@ -2158,6 +2161,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
     int h0 = kvh * p.G + chunk * p.HC, hc = min(p.HC, p.G - chunk * p.HC);
 
     bool sparse = s < p.plan_nseg && ei__segment_sparse(&p.cfg, s, p.plan_nseg, p.plan_final);
+    if (p.seg_mode && (p.seg_mode == 2) != sparse) return; /* the other kernel's segment */
     KeyList kl;
     kl.bs = p.bs;
     kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
@@ -2759,8 +2763,7 @@ static bool wgmma_available(void) {
    per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
-static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
-    const char *e = getenv("EI_CUDA_ATTN_CFG");
+static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
     *nw = 8;
     *mt = 2;
     *bc = 64;
@@ -2910,18 +2913,18 @@ static int attn_vec_out(const ei_out_tensor *o) {
    (mma.sync, 4 warps x 1 m-tile x 64 keys): a slower path kept out of the
    tuned kernels, whose registers it would crowd. The launch's rows per CTA
    (p.T, p.HC) follow from it. */
-static void attention_pick(int D, bool vec, int *nw, int *mt, int *bc, int *wg) {
+static void attention_pick(int D, bool vec, const char *e, int *nw, int *mt, int *bc, int *wg) {
     if (vec) {
-        attention_shape(D, nw, mt, bc, wg);
+        attention_shape(D, e, nw, mt, bc, wg);
         return;
     }
     *nw = 4; *mt = 1; *bc = 64; *wg = 0;
 }
 /* The kernel of the shape attention_pick picks, for p's dtype. */
-static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int D, bool bf, bool vec, unsigned grid,
-                                  cudaStream_t st, char *msg) {
+static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int D, bool bf, bool vec, const char *e,
+                                  unsigned grid, cudaStream_t st, char *msg) {
     int NW, MT, BCK, WGK;
-    attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
+    attention_pick(D, vec, e, &NW, &MT, &BCK, &WGK);
 #define EI__ATT_ELEM(DD)                                                                          \
     return bf ? launch_attention<DD, 4, 1, 64, __nv_bfloat16, false, false>(p, maps, grid, st, msg) \
               : launch_attention<DD, 4, 1, 64, __half, false, false>(p, maps, grid, st, msg)
@@ -3019,8 +3022,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     bool vec = attn_vec_rows(q->data, q->token_stride, q->head_stride) &&
                attn_vec_rows(k->data, k->token_stride, k->head_stride) &&
                attn_vec_rows(v->data, v->token_stride, v->head_stride) && attn_vec_out(out);
-    int NW, MT, BCK, WGK;
-    attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
+    /* the kernels: EI_CUDA_ATTN_CFG's (every segment), and EI_CUDA_ATTN_SPARSE_CFG's
+       for the sparse segments of a plan, when it names another shape of as many rows */
+    const char *e_all = getenv("EI_CUDA_ATTN_CFG"), *e_sp = getenv("EI_CUDA_ATTN_SPARSE_CFG");
+    int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
+    attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
+    attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
+    bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnMaps maps;
     AttnParams p;
@@ -3076,10 +3084,19 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     sp.bad = slot;
     sp.suspect = suspect;
     p.bad = slot;
-    if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)) ||
-        (r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec,
+    if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)))
+        return r;
+    p.seg_mode = split ? 1 : 0;
+    if ((r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec, e_all,
                               (unsigned)grid, st, msg)))
         return r;
+    if (split) { /* the sparse segments: the second kernel (its own tensor maps: boxes of its keys per step) */
+        AttnMaps maps2;
+        p.seg_mode = 2;
+        if ((r = attention_launch(p, WGK2 >= 2 && attn_maps(k, v, D, BCK2, bf, &maps2) ? &maps2 : NULL, D, bf, vec,
+                                  e_sp, (unsigned)grid, st, msg)))
+            return r;
+    }
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;
     return attention_bad_fail(bad, q_f32, bf, msg);

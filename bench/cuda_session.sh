@@ -8,6 +8,7 @@
 #
 #   B=dir          build folder (default /tmp/eib: it outlives a carried tree on a warm machine)
 #   CFG=wgo128     EI_CUDA_ATTN_CFG for test / fuzz / memcheck / ncu (default: the library's)
+#   SPCFG=wgk64    EI_CUDA_ATTN_SPARSE_CFG (the sparse segments' kernel) likewise
 #   SHAPES=...     EI_BENCH_SHAPES for bench (first = the real-density rows' kernel)
 #   SIZES="..."    bench and sdpa sizes (default 32768 65536 131072)
 #   FUZZ_S=60      seconds per fuzz job (2 jobs)
@@ -25,6 +26,7 @@ STEPS=${STEPS:-build test fuzz memcheck sdpa bench ncu}
 FUZZ_S=${FUZZ_S:-60}
 mkdir -p "$B" "$LOG"
 [ -n "${CFG:-}" ] && export EI_CUDA_ATTN_CFG=$CFG
+[ -n "${SPCFG:-}" ] && export EI_CUDA_ATTN_SPARSE_CFG=$SPCFG
 export EI_CUDA_LIBRARY=$B/libentropyinfer_cuda.so
 t0=$(date +%s)
 say() { echo "[$(($(date +%s) - t0)) s] $*"; }
