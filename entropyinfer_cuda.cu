@@ -1853,6 +1853,10 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+/* Named barrier id among n threads (multiples of 32): arrive-only (does not
+   wait) and sync (waits for the arrivals); id 0 is __syncthreads'. */
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 /* An empty asm that reads and writes each accumulator register: the compiler
    may not move its own reads or writes of them across it (CUTLASS's
    warpgroup_fence_operand). Placed after a wgmma_wait, it keeps the softmax
@@ -2115,13 +2119,14 @@ struct KeyList {
    with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
    issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
        TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
-       4: as 3, three K/V stages and S(j) = Q K_j^T issued before O += P(j-1) V(j-1) (overlap, below) */
-    constexpr bool TMA = TM > 0;
-    constexpr int NSTG = TM == 4 ? 3 : 2; /* K/V stages */
+       4: as 3, three K/V stages and S(j) = Q K_j^T issued before O += P(j-1) V(j-1) (overlap, below);
+       5: as 4, and warpgroup 0 issues its products of a step before warpgroup 1 (named barrier 1) */
+    constexpr bool TMA = TM > 0, OVL = TM >= 4;
+    constexpr int NSTG = OVL ? 3 : 2; /* K/V stages */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
@@ -2428,7 +2433,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
         }
     };
 
-    /* TM 4: the key loop pipelined inside each warpgroup (FlashAttention-3's
+    /* TM 4 / 5: the key loop pipelined inside each warpgroup (FlashAttention-3's
        two-stage pipelining). Step j issues S(j) = Q K_j^T and then
        O += P(j-1) V(j-1) as two asynchronous wgmma groups, waits for S(j)
        alone (wgmma_wait<1>) and runs the mask and softmax of S(j) while the
@@ -2440,7 +2445,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
        and V_(j-1) are both read during step j); the CTA barrier at the end of
        a step hands the stages over (cp.async tiles, and the buffer of tile
        j-2 whose P V every warp has waited for). */
-    if constexpr (TM == 4) {
+    if constexpr (OVL) {
         float sc[NB][4];
         uint32_t pa[NB / 2][4];
         /* waits for the TMA copies of buffer buf, if any; true when the tile came by TMA */
@@ -2481,11 +2486,13 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
             cp_async_commit();
             bool is_tma = tma_wait(buf);
             acc_fence(o[0]);
+            if (TM == 5 && warp >= 4) named_sync(1, NT); /* TM 5: after warpgroup 0's products */
             wgmma_fence();
             wg_qk(sc, sK + buf * BC * RS);
             wgmma_commit();
             wg_pv(pa, sV + pbuf * BC * RS);
             wgmma_commit();
+            if (TM == 5 && warp < 4) named_arrive(1, NT);
             wgmma_wait<1>(); /* S(j) done; P(j-1) V(j-1) may still run */
             acc_fence(sc);
             float al0, al1;
@@ -2671,7 +2678,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM != 4) ? 2 : 1)
 
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM == 4 ? 3 : 2) * BC) * D * 2 + 1024
+    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM >= 4 ? 3 : 2) * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -2760,7 +2767,9 @@ static bool wgmma_available(void) {
    key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
    CTA barrier between TMA tiles: the two warpgroups drift apart up to a
    tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
-   per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5), or
+   per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5),
+   "wgq128" (as wgo128, warpgroup 0 issuing its products of each step before
+   warpgroup 1: *wg = 6), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
@@ -2773,10 +2782,11 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : 1;
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6 : 1;
         *mt = 1;
         *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
-        if (*wg == 5 && D == 64) *bc = 128; /* wgo: built with 128 keys per step for head_dim 64 */
+        if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
+        if (*wg == 6) *bc = 128;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2961,6 +2971,10 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (D == 64) EI__ATT_TMA(64, 128, 2);
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
+    }
+    if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
+        if (D == 64) EI__ATT_TMA(64, 128, 5);
+        EI__ATT_TMA(128, 128, 5);
     }
     if (WGK == 5 && maps) { /* overlap: 128 keys per step (D 64 always) */
         if (D == 64) EI__ATT_TMA(64, 128, 4);
