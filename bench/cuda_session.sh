@@ -39,6 +39,10 @@ for step in $STEPS; do
             >> "$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; say "test build FAILED"; exit 1; }
         grep -A2 "Compiling entry.*attention_kernel.*sm_90a" "$LOG/build.log" | grep -o "[0-9]* bytes spill stores.*\|Used [0-9]* registers" |
             paste - - | sort | uniq -c | sed 's/^/  ptxas attention_kernel sm_90a: /'
+        # the overlapped kernel's SASS (bf16, head_dim 128, 128 keys): HGMMA and the waits between them
+        cuobjdump -sass -fun '_Z16attention_kernelILi128ELi8ELi1ELi128E13__nv_bfloat16Lb1ELb1ELi4EEv10AttnParamsNSt11conditionalIXgtT6_Li0EE8AttnMaps10AttnNoMapsE4typeE' \
+            "$B/libentropyinfer_cuda.so" > "$LOG/wgo128.sass" 2>&1
+        echo "  wgo128 SASS: $(grep -c HGMMA "$LOG/wgo128.sass") HGMMA, $(grep -c 'WARPGROUP.DEPBAR' "$LOG/wgo128.sass") WARPGROUP.DEPBAR, $(grep -c 'WARPGROUP.ARRIVE' "$LOG/wgo128.sass") WARPGROUP.ARRIVE"
         say "build ok" ;;
     test)
         ( ./$B/test_cuda ${GOLDEN:-tests/golden} && ./$B/test_backends --require-gpu && ./$B/test_cuda_graph ) > "$LOG/test.log" 2>&1
