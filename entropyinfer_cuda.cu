@@ -2772,6 +2772,8 @@ static bool wgmma_available(void) {
    warpgroup 1: *wg = 6), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
+/* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
+#define ATTN_SPARSE_DEFAULT NULL
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
     *nw = 8;
     *mt = 2;
@@ -3037,8 +3039,10 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
                attn_vec_rows(k->data, k->token_stride, k->head_stride) &&
                attn_vec_rows(v->data, v->token_stride, v->head_stride) && attn_vec_out(out);
     /* the kernels: EI_CUDA_ATTN_CFG's (every segment), and EI_CUDA_ATTN_SPARSE_CFG's
-       for the sparse segments of a plan, when it names another shape of as many rows */
+       for the sparse segments of a plan, when it names another shape of as many rows
+       (neither set: attention_shape's defaults, ATTN_SPARSE_DEFAULT for the sparse ones) */
     const char *e_all = getenv("EI_CUDA_ATTN_CFG"), *e_sp = getenv("EI_CUDA_ATTN_SPARSE_CFG");
+    if (!(e_sp && e_sp[0]) && !(e_all && e_all[0])) e_sp = ATTN_SPARSE_DEFAULT;
     int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
     attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
     attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
