@@ -45,7 +45,7 @@ for step in $STEPS; do
         echo "  wgo128 SASS: $(grep -c HGMMA "$LOG/wgo128.sass") HGMMA, $(grep -c 'WARPGROUP.DEPBAR' "$LOG/wgo128.sass") WARPGROUP.DEPBAR, $(grep -c 'WARPGROUP.ARRIVE' "$LOG/wgo128.sass") WARPGROUP.ARRIVE"
         say "build ok" ;;
     test)
-        ( ./$B/test_cuda ${GOLDEN:-tests/golden} && ./$B/test_backends --require-gpu && ./$B/test_cuda_graph ) > "$LOG/test.log" 2>&1
+        ( ./$B/test_backends --require-gpu && ./$B/test_cuda_graph && ./$B/test_cuda ${GOLDEN:-tests/golden} ) > "$LOG/test.log" 2>&1
         rc=$?
         grep -E "FAIL|passed|failed" "$LOG/test.log" | tail -8
         say "test rc $rc" ;;
