@@ -2117,7 +2117,29 @@ struct KeyList {
    registers (wgt64 / wgk64 36, wg64 28; ptxas injects a warpgroup.arrive in
    wgt64 / wgk64, C7519); wgp128 spills nothing and is still no faster than
    with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
-   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
+   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%.
+   Overlap (issue 32, second session; TM 4, EI_CUDA_ATTN_CFG=wgo128; TM 5,
+   wgq128): inside each warpgroup S(j) = Q K_j^T is issued before
+   O += P(j-1) V(j-1) and the softmax of S(j) runs while that P V is in the
+   tensor cores (the loop below); three K/V stages, so one CTA per SM at 128
+   keys per step (225 KB of shared memory), 214 registers, no spills. Dense /
+   sparse ms on an H200 (`SHAPES=wgo128,wgq128,wgk64,wgk128,wgo64 STEPS=bench
+   bench/cuda_session.sh`, 32768 / 65536 / 131072 tokens, CUDA 13.0,
+   2026-12-03; SDPA (cuDNN) 13.98 / 59.59 / 253.67 ms):
+     wgo128 (overlap)            17.02 / 71.60 / 287.86   sparse 5.23 / 10.61 / 20.90
+     wgk128 (the same tiles, no overlap)  19.19 / 76.75 / 298.84   sparse 5.33 / 10.86 / 21.32
+     wgq128 (wgo128, warpgroup 0's products first)  19.47 / 79.25 / 310.82   sparse 5.57 / 11.23 / 22.58
+     wgo64                       23.23 / 90.74 / 362.70   sparse 6.21 / 12.57 / 25.67
+     wgk64 (the default)         17.80 / 69.82 / 277.41   sparse 4.37 / 8.67 / 17.04
+   The overlap saves 11 / 7 / 4% against the same tiles without it, but one
+   CTA of two warpgroups per SM does no better than wgk64's two CTAs (four
+   warpgroups interleaving), and worse on sparse segments (short key lists:
+   each CTA's first tile and epilogue are exposed); ordering the warpgroups'
+   products within a step that ends at a CTA barrier costs 8-14%. ncu on
+   wgo128 (32k): tensor pipe 54.0%, issue slots 33.7%, 8 warps per SM, 5.9
+   cycles between a warp's instructions. The default stays wgk64; the next
+   step is a producer warp (TMA, empty/full mbarriers, no CTA barrier per
+   step) so that two consumer warpgroups can really ping-pong. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {

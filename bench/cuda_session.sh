@@ -19,7 +19,7 @@
 # (build/ei_bench_cuda), ncu (the dense attention kernel at 32k, SpeedOfLight
 # and the pipes).
 set -u
-B=${B:-/tmp/eib}
+B=${B:-/tmp/eib}; case $B in /*) ;; *) B=$PWD/$B ;; esac
 LOG=${LOG:-${OUT:-build}}
 SIZES=${SIZES:-32768 65536 131072}
 STEPS=${STEPS:-build test fuzz memcheck sdpa bench ncu}
@@ -45,27 +45,27 @@ for step in $STEPS; do
         echo "  wgo128 SASS: $(grep -c HGMMA "$LOG/wgo128.sass") HGMMA, $(grep -c 'WARPGROUP.DEPBAR' "$LOG/wgo128.sass") WARPGROUP.DEPBAR, $(grep -c 'WARPGROUP.ARRIVE' "$LOG/wgo128.sass") WARPGROUP.ARRIVE"
         say "build ok" ;;
     test)
-        ( ./$B/test_backends --require-gpu && ./$B/test_cuda_graph && ./$B/test_cuda ${GOLDEN:-tests/golden} ) > "$LOG/test.log" 2>&1
+        ( $B/test_backends --require-gpu && $B/test_cuda_graph && $B/test_cuda ${GOLDEN:-tests/golden} ) > "$LOG/test.log" 2>&1
         rc=$?
         grep -E "FAIL|passed|failed" "$LOG/test.log" | tail -8
         say "test rc $rc" ;;
     fuzz)
         make -s BUILD="$B" test-gpu-fuzz CUDA_FUZZ_JOBS=2 CUDA_FUZZ_SECONDS=$FUZZ_S CUDA_FUZZ_ITERS=100000 \
-            CUDA_FUZZ_RUN="./$B/fuzz_backends --require-gpu" > "$LOG/fuzz.log" 2>&1
+            CUDA_FUZZ_RUN="$B/fuzz_backends --require-gpu" > "$LOG/fuzz.log" 2>&1
         rc=$?
         tail -6 "$LOG/fuzz.log"
         say "fuzz rc $rc" ;;
     memcheck)
-        compute-sanitizer --tool memcheck --error-exitcode 9 ./$B/test_cuda_graph > "$LOG/memcheck.log" 2>&1
+        compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_cuda_graph > "$LOG/memcheck.log" 2>&1
         rc1=$?
-        compute-sanitizer --tool memcheck --error-exitcode 9 ./$B/fuzz_backends --require-gpu --seed 7 --iters 8 --max-n 600 \
+        compute-sanitizer --tool memcheck --error-exitcode 9 $B/fuzz_backends --require-gpu --seed 7 --iters 8 --max-n 600 \
             >> "$LOG/memcheck.log" 2>&1
         rc2=$?
         grep -E "ERROR SUMMARY" "$LOG/memcheck.log"
         say "memcheck rc $rc1 / $rc2" ;;
     racecheck)
         timeout ${RACE_S:-150} compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
-            ./$B/fuzz_backends --require-gpu --seed 3 --iters ${RACE_ITERS:-2} --max-n 600 > "$LOG/racecheck.log" 2>&1
+            $B/fuzz_backends --require-gpu --seed 3 --iters ${RACE_ITERS:-2} --max-n 600 > "$LOG/racecheck.log" 2>&1
         rc=$?
         grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$LOG/racecheck.log"
         grep -E "hazard|Race reported" "$LOG/racecheck.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
@@ -77,7 +77,7 @@ for step in $STEPS; do
         cat "$B/sdpa_times.txt"
         say "sdpa done" ;;
     bench)
-        EI_SDPA_TIMES=$B/sdpa_times.txt EI_BENCH_SHAPES=${SHAPES:-} ./$B/ei_bench_cuda $SIZES > "$LOG/bench.log" 2>&1
+        EI_SDPA_TIMES=$B/sdpa_times.txt EI_BENCH_SHAPES=${SHAPES:-} $B/ei_bench_cuda $SIZES > "$LOG/bench.log" 2>&1
         rc=$?
         grep -E "^ +[0-9]+ |by CTA shape|real density" "$LOG/bench.log"
         say "bench rc $rc" ;;
@@ -85,7 +85,7 @@ for step in $STEPS; do
         EI_BENCH_SHAPES=${CFG:-wgk64} ncu --clock-control none -k regex:attention_kernel --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
             --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
-            ./$B/ei_bench_cuda 32768 > "$LOG/ncu.log" 2>&1
+            $B/ei_bench_cuda 32768 > "$LOG/ncu.log" 2>&1
         grep -E "attention_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc|Issue Slots|Tensor|Achieved Occupancy|Registers Per|L1/TEX Cache|L2 Cache Throughput|DRAM Throughput|sm__pipe_tensor|Stall|Warp Cycles Per Issued" \
             "$LOG/ncu.log" | cut -c1-160 | head -30
         say "ncu done" ;;
