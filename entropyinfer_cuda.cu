@@ -1708,6 +1708,9 @@ struct AttnParams {
        plan_final) for s < plan_nseg; plan_nseg 0 (no plan): dense causal */
     ei_config cfg;
     int plan_nseg, plan_final;
+    /* 0: every segment; 1: the dense ones only; 2: the sparse ones only (a
+       call with two kernels, one per kind of segment: attention_shape) */
+    int seg_mode;
     const int *keep_count, *block_index;
     int seg_stride, max_keep;
     int s_last, tiles_per_seg;
@@ -1848,6 +1851,27 @@ __device__ __forceinline__ void wgmma_wait_all() {
 #ifdef EI_WGMMA
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
+}
+/* waits until at most N committed groups of this warpgroup are still in
+   flight: with S(j) committed before P(j-1) V(j-1), N = 1 waits for S alone */
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+#ifdef EI_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* Named barrier id among n threads (multiples of 32): arrive-only (does not
+   wait) and sync (waits for the arrivals); id 0 is __syncthreads'. */
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* An empty asm that reads and writes each accumulator register: the compiler
+   may not move its own reads or writes of them across it (CUTLASS's
+   warpgroup_fence_operand). Placed after a wgmma_wait, it keeps the softmax
+   from reading S (or the rescale from touching O) before the wait. */
+template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 /* cp.async and plain stores write shared memory through the generic proxy;
    wgmma reads it through the async proxy */
@@ -2099,13 +2123,38 @@ struct KeyList {
    registers (wgt64 / wgk64 36, wg64 28; ptxas injects a warpgroup.arrive in
    wgt64 / wgk64, C7519); wgp128 spills nothing and is still no faster than
    with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
-   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%. */
+   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%.
+   Overlap (issue 32, second session; TM 4, EI_CUDA_ATTN_CFG=wgo128; TM 5,
+   wgq128): inside each warpgroup S(j) = Q K_j^T is issued before
+   O += P(j-1) V(j-1) and the softmax of S(j) runs while that P V is in the
+   tensor cores (the loop below); three K/V stages, so one CTA per SM at 128
+   keys per step (225 KB of shared memory), 214 registers, no spills. Dense /
+   sparse ms on an H200 (`SHAPES=wgo128,wgq128,wgk64,wgk128,wgo64 STEPS=bench
+   bench/cuda_session.sh`, 32768 / 65536 / 131072 tokens, CUDA 13.0,
+   2026-12-03; SDPA (cuDNN) 13.98 / 59.59 / 253.67 ms):
+     wgo128 (overlap)            17.02 / 71.60 / 287.86   sparse 5.23 / 10.61 / 20.90
+     wgk128 (the same tiles, no overlap)  19.19 / 76.75 / 298.84   sparse 5.33 / 10.86 / 21.32
+     wgq128 (wgo128, warpgroup 0's products first)  19.47 / 79.25 / 310.82   sparse 5.57 / 11.23 / 22.58
+     wgo64                       23.23 / 90.74 / 362.70   sparse 6.21 / 12.57 / 25.67
+     wgk64 (the default)         17.80 / 69.82 / 277.41   sparse 4.37 / 8.67 / 17.04
+   The overlap saves 11 / 7 / 4% against the same tiles without it, but one
+   CTA of two warpgroups per SM does no better than wgk64's two CTAs (four
+   warpgroups interleaving), and worse on sparse segments (short key lists:
+   each CTA's first tile and epilogue are exposed); ordering the warpgroups'
+   products within a step that ends at a CTA barrier costs 8-14%. ncu on
+   wgo128 (32k): tensor pipe 54.0%, issue slots 33.7%, 8 warps per SM, 5.9
+   cycles between a warp's instructions. The default stays wgk64; the next
+   step is a producer warp (TMA, empty/full mbarriers, no CTA barrier per
+   step) so that two consumer warpgroups can really ping-pong. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
-       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only */
-    constexpr bool TMA = TM > 0;
+       TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
+       4: as 3, three K/V stages and S(j) = Q K_j^T issued before O += P(j-1) V(j-1) (overlap, below);
+       5: as 4, and warpgroup 0 issues its products of a step before warpgroup 1 (named barrier 1) */
+    constexpr bool TMA = TM > 0, OVL = TM >= 4;
+    constexpr int NSTG = OVL ? 3 : 2; /* K/V stages */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
@@ -2124,10 +2173,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     /* wgmma's swizzle pattern repeats every 1024 bytes: align the tiles to it
        (the launch adds 1024 bytes of slack) */
     uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
-    uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + 2 * BC * RS;
-    __shared__ int kpos[2][BC];
-    __shared__ uint64_t tbar[2]; /* TMA: buffer b's copies complete on tbar[b] */
-    __shared__ uint64_t ebar[2]; /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
+    uint4 *sQ = smem, *sK = smem + ROWS * RS, *sV = sK + NSTG * BC * RS;
+    __shared__ int kpos[NSTG][BC];
+    __shared__ uint64_t tbar[NSTG]; /* TMA: buffer b's copies complete on tbar[b] */
+    __shared__ uint64_t ebar[2];    /* TM 2: every warp has read buffer b (one arrival per warp and tile) */
 
     if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
     /* ---- work item: segments from the last (heaviest) down */
@@ -2145,6 +2194,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     int h0 = kvh * p.G + chunk * p.HC, hc = min(p.HC, p.G - chunk * p.HC);
 
     bool sparse = s < p.plan_nseg && ei__segment_sparse(&p.cfg, s, p.plan_nseg, p.plan_final);
+    if (p.seg_mode && (p.seg_mode == 2) != sparse) return; /* the other kernel's segment */
     KeyList kl;
     kl.bs = p.bs;
     kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
@@ -2194,8 +2244,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
     uint32_t tma_pend = 0, tma_par = 0;
     if (TMA) {
         if (tid == 0) {
-            mbar_init(&tbar[0], 1);
-            mbar_init(&tbar[1], 1);
+#pragma unroll
+            for (int b = 0; b < NSTG; b++) mbar_init(&tbar[b], 1);
             mbar_init(&ebar[0], NW);
             mbar_init(&ebar[1], NW);
         }
@@ -2411,119 +2461,209 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
         }
     };
 
-    for (int j = 0; j < ntiles; j++) {
-        int buf = j & 1;
-        int need_next = 0;
-        if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
-        cp_async_commit();
-        const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
-        bool cur_tma = false;
-        if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
+    /* TM 4 / 5: the key loop pipelined inside each warpgroup (FlashAttention-3's
+       two-stage pipelining). Step j issues S(j) = Q K_j^T and then
+       O += P(j-1) V(j-1) as two asynchronous wgmma groups, waits for S(j)
+       alone (wgmma_wait<1>) and runs the mask and softmax of S(j) while the
+       tensor cores still compute P(j-1) V(j-1); then it waits for that
+       product, rescales O (the new row maxima) and packs P(j). The first
+       S and the last P V are peeled out of the loop, so that no branch
+       surrounds a wgmma (ptxas serialises them otherwise, C7514). Tile j+1
+       loads while step j runs, into the stage of tile j-2 (three stages: K_j
+       and V_(j-1) are both read during step j); the CTA barrier at the end of
+       a step hands the stages over (cp.async tiles, and the buffer of tile
+       j-2 whose P V every warp has waited for). */
+    if constexpr (OVL) {
+        float sc[NB][4];
+        uint32_t pa[NB / 2][4];
+        /* waits for the TMA copies of buffer buf, if any; true when the tile came by TMA */
+        auto tma_wait = [&](int buf) -> bool {
+            if (!((tma_pend >> buf) & 1)) return false;
             mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
             tma_par ^= 1u << buf;
             tma_pend &= ~(1u << buf);
-            cur_tma = true;
-        }
-
-        /* one key tile; masked = true only on tiles that reach past the first row's
-           token (the diagonal) or hold padding: the rest runs branch-free */
-        auto tile = [&](auto masked) {
-            float sc[MT][NB][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
-            if constexpr (WG) {
-                wgmma_fence();
-                wg_qk(sc[0], bK);
-                wgmma_commit();
-                wgmma_wait_all();
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    uint32_t a[MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        if (QREG) {
-#pragma unroll
-                            for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
-                        } else {
-                            int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                            ldmatrix_x4(a[mt], &sQ[at(row, ch, ROWS)]);
-                        }
-                    }
-#pragma unroll
-                    for (int np = 0; np < NB / 2; np++) {
-                        uint32_t b[4];
-                        int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
-                        ldmatrix_x4(b, &bK[at(key, ch, BC)]);
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
-                            mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float al0, al1;
-                if constexpr (decltype(masked)::value) {
-                    if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
-                    else mask_scores(sc[mt], mt, buf);
-                }
-                if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
-            }
-            /* O += P V */
-            if constexpr (WG) {
-                /* P (bf16/f16) in the A-fragment layout, one 16-key k-step per 4 registers;
-                   the registers stay live until the asynchronous MMAs are done */
-                uint32_t pa[NB / 2][4];
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++) pack_p(sc[0], t, pa[t]);
-                wgmma_fence();
-                wg_pv(pa, bV);
-                wgmma_commit();
-                wgmma_wait_all();
-                if (TM == 2) { /* this warp is done with the buffer */
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&ebar[buf]);
-                }
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
-            } else {
-#pragma unroll
-                for (int t = 0; t < NB / 2; t++) {
-                    uint32_t a[MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) pack_p(sc[mt], t, a[mt]);
-#pragma unroll
-                    for (int np = 0; np < D / 16; np++) {
-                        uint32_t b[4];
-                        int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
-                        ldmatrix_x4_trans(b, &bV[at(key, ch, BC)]);
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
-                            mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
-                    }
-                }
-            }
+            return true;
         };
-        if (need_cur) tile(std::true_type{});
-        else tile(std::false_type{});
-        /* TM 2: no CTA barrier while the next two tiles come by TMA (the
-           buffers change hands through tbar / ebar, masks need no kpos) */
-        int pos_unused;
-        if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
-            need_cur = need_next;
-        } else {
+        auto mask_and_softmax = [&](int j, int buf, bool is_tma, bool need, float &al0, float &al1) -> bool {
+            if (need) {
+                if (is_tma) tma_masked(sc, 0, j);
+                else mask_scores(sc, 0, buf);
+            }
+            return softmax_tile(sc, 0, al0, al1);
+        };
+        int need_next = ntiles > 1 ? issue(1, 1) : 0;
+        cp_async_commit();
+        {   /* tile 0: S, softmax (O is still zero: nothing to rescale), P */
+            bool is_tma = tma_wait(0);
+            wgmma_fence();
+            wg_qk(sc, sK);
+            wgmma_commit();
+            wgmma_wait<0>();
+            acc_fence(sc);
+            float al0, al1;
+            mask_and_softmax(0, 0, is_tma, need_cur, al0, al1);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) pack_p(sc, t, pa[t]);
+        }
+        cp_async_wait_all();
+        fence_proxy_async();
+        need_cur = __syncthreads_or(need_next);
+        for (int j = 1; j < ntiles; j++) {
+            int buf = j % NSTG, pbuf = (j - 1) % NSTG;
+            need_next = j + 1 < ntiles ? issue(j + 1, (j + 1) % NSTG) : 0;
+            cp_async_commit();
+            bool is_tma = tma_wait(buf);
+            acc_fence(o[0]);
+            if (TM == 5 && warp >= 4) named_sync(1, NT); /* TM 5: after warpgroup 0's products */
+            wgmma_fence();
+            wg_qk(sc, sK + buf * BC * RS);
+            wgmma_commit();
+            wg_pv(pa, sV + pbuf * BC * RS);
+            wgmma_commit();
+            if (TM == 5 && warp < 4) named_arrive(1, NT);
+            wgmma_wait<1>(); /* S(j) done; P(j-1) V(j-1) may still run */
+            acc_fence(sc);
+            float al0, al1;
+            bool moved = mask_and_softmax(j, buf, is_tma, need_cur, al0, al1);
+            wgmma_wait<0>();
+            acc_fence(o[0]);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) reg_keep(pa[t][e]); /* read by the P V just waited for */
+            if (moved) rescale_o(0, al0, al1);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) pack_p(sc, t, pa[t]);
             cp_async_wait_all();
-            if (WG) fence_proxy_async();
+            fence_proxy_async();
             need_cur = __syncthreads_or(need_next);
+        }
+        /* the last tile's P V */
+        acc_fence(o[0]);
+        wgmma_fence();
+        wg_pv(pa, sV + ((ntiles - 1) % NSTG) * BC * RS);
+        wgmma_commit();
+        wgmma_wait<0>();
+        acc_fence(o[0]);
+#pragma unroll
+        for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+    } else {
+        for (int j = 0; j < ntiles; j++) {
+            int buf = j & 1;
+            int need_next = 0;
+            if (j + 1 < ntiles) need_next = issue(j + 1, buf ^ 1);
+            cp_async_commit();
+            const uint4 *bK = sK + buf * BC * RS, *bV = sV + buf * BC * RS;
+            bool cur_tma = false;
+            if (TMA && ((tma_pend >> buf) & 1)) { /* this tile came by TMA: wait for its bytes */
+                mbar_wait(&tbar[buf], (tma_par >> buf) & 1);
+                tma_par ^= 1u << buf;
+                tma_pend &= ~(1u << buf);
+                cur_tma = true;
+            }
+
+            /* one key tile; masked = true only on tiles that reach past the first row's
+               token (the diagonal) or hold padding: the rest runs branch-free */
+            auto tile = [&](auto masked) {
+                float sc[MT][NB][4];
+    #pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+    #pragma unroll
+                    for (int i = 0; i < NB; i++) sc[mt][i][0] = sc[mt][i][1] = sc[mt][i][2] = sc[mt][i][3] = 0.f;
+                if constexpr (WG) {
+                    wgmma_fence();
+                    wg_qk(sc[0], bK);
+                    wgmma_commit();
+                    wgmma_wait_all();
+                } else {
+    #pragma unroll
+                    for (int kk = 0; kk < D / 16; kk++) {
+                        uint32_t a[MT][4];
+    #pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            if (QREG) {
+    #pragma unroll
+                                for (int e = 0; e < 4; e++) a[mt][e] = qa[QREG ? kk : 0][e];
+                            } else {
+                                int row = (warp * MT + mt) * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+                                ldmatrix_x4(a[mt], &sQ[at(row, ch, ROWS)]);
+                            }
+                        }
+    #pragma unroll
+                        for (int np = 0; np < NB / 2; np++) {
+                            uint32_t b[4];
+                            int key = np * 16 + (lane & 7) + ((lane >> 4) << 3), ch = kk * 2 + ((lane >> 3) & 1);
+                            ldmatrix_x4(b, &bK[at(key, ch, BC)]);
+    #pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                mma16816<T>(sc[mt][2 * np], a[mt], b[0], b[1]);
+                                mma16816<T>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            }
+                        }
+                    }
+                }
+    #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float al0, al1;
+                    if constexpr (decltype(masked)::value) {
+                        if (TM >= 2 && cur_tma) tma_masked(sc[mt], mt, j);
+                        else mask_scores(sc[mt], mt, buf);
+                    }
+                    if (softmax_tile(sc[mt], mt, al0, al1)) rescale_o(mt, al0, al1);
+                }
+                /* O += P V */
+                if constexpr (WG) {
+                    /* P (bf16/f16) in the A-fragment layout, one 16-key k-step per 4 registers;
+                       the registers stay live until the asynchronous MMAs are done */
+                    uint32_t pa[NB / 2][4];
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++) pack_p(sc[0], t, pa[t]);
+                    wgmma_fence();
+                    wg_pv(pa, bV);
+                    wgmma_commit();
+                    wgmma_wait_all();
+                    if (TM == 2) { /* this warp is done with the buffer */
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(&ebar[buf]);
+                    }
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++)
+    #pragma unroll
+                        for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+                } else {
+    #pragma unroll
+                    for (int t = 0; t < NB / 2; t++) {
+                        uint32_t a[MT][4];
+    #pragma unroll
+                        for (int mt = 0; mt < MT; mt++) pack_p(sc[mt], t, a[mt]);
+    #pragma unroll
+                        for (int np = 0; np < D / 16; np++) {
+                            uint32_t b[4];
+                            int key = t * 16 + (lane & 15), ch = np * 2 + (lane >> 4);
+                            ldmatrix_x4_trans(b, &bV[at(key, ch, BC)]);
+    #pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                mma16816<T>(o[mt][2 * np], a[mt], b[0], b[1]);
+                                mma16816<T>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            }
+                        }
+                    }
+                }
+            };
+            if (need_cur) tile(std::true_type{});
+            else tile(std::false_type{});
+            /* TM 2: no CTA barrier while the next two tiles come by TMA (the
+               buffers change hands through tbar / ebar, masks need no kpos) */
+            int pos_unused;
+            if (TM == 2 && (j + 1 >= ntiles || ((tma_pend >> (buf ^ 1)) & 1)) && tma_ok(j + 2, pos_unused)) {
+                need_cur = need_next;
+            } else {
+                cp_async_wait_all();
+                if (WG) fence_proxy_async();
+                need_cur = __syncthreads_or(need_next);
+            }
         }
     }
     /* ---- normalise and write */
@@ -2566,7 +2706,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64) ? 2 : 1)
 
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = WG ? (size_t)(16 * NW * MT + 4 * BC) * D * 2 + 1024
+    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM >= 4 ? 3 : 2) * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -2654,11 +2794,15 @@ static bool wgmma_available(void) {
    allow it: *wg = 2), "wgk64" / "wgk128" (as wgt, the TMA tiles' masks from
    key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
    CTA barrier between TMA tiles: the two warpgroups drift apart up to a
-   tile; *wg = 3), or
+   tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
+   per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5),
+   "wgq128" (as wgo128, warpgroup 0 issuing its products of each step before
+   warpgroup 1: *wg = 6), or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
-static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
-    const char *e = getenv("EI_CUDA_ATTN_CFG");
+/* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
+#define ATTN_SPARSE_DEFAULT NULL
+static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
     *nw = 8;
     *mt = 2;
     *bc = 64;
@@ -2668,9 +2812,11 @@ static void attention_shape(int D, int *nw, int *mt, int *bc, int *wg) {
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : 1;
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6 : 1;
         *mt = 1;
         *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
+        if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
+        if (*wg == 6) *bc = 128;
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -2807,18 +2953,18 @@ static int attn_vec_out(const ei_out_tensor *o) {
    (mma.sync, 4 warps x 1 m-tile x 64 keys): a slower path kept out of the
    tuned kernels, whose registers it would crowd. The launch's rows per CTA
    (p.T, p.HC) follow from it. */
-static void attention_pick(int D, bool vec, int *nw, int *mt, int *bc, int *wg) {
+static void attention_pick(int D, bool vec, const char *e, int *nw, int *mt, int *bc, int *wg) {
     if (vec) {
-        attention_shape(D, nw, mt, bc, wg);
+        attention_shape(D, e, nw, mt, bc, wg);
         return;
     }
     *nw = 4; *mt = 1; *bc = 64; *wg = 0;
 }
 /* The kernel of the shape attention_pick picks, for p's dtype. */
-static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int D, bool bf, bool vec, unsigned grid,
-                                  cudaStream_t st, char *msg) {
+static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int D, bool bf, bool vec, const char *e,
+                                  unsigned grid, cudaStream_t st, char *msg) {
     int NW, MT, BCK, WGK;
-    attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
+    attention_pick(D, vec, e, &NW, &MT, &BCK, &WGK);
 #define EI__ATT_ELEM(DD)                                                                          \
     return bf ? launch_attention<DD, 4, 1, 64, __nv_bfloat16, false, false>(p, maps, grid, st, msg) \
               : launch_attention<DD, 4, 1, 64, __half, false, false>(p, maps, grid, st, msg)
@@ -2855,6 +3001,15 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (D == 64) EI__ATT_TMA(64, 128, 2);
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
+    }
+    if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
+        if (D == 64) EI__ATT_TMA(64, 128, 5);
+        EI__ATT_TMA(128, 128, 5);
+    }
+    if (WGK == 5 && maps) { /* overlap: 128 keys per step (D 64 always) */
+        if (D == 64) EI__ATT_TMA(64, 128, 4);
+        if (BCK == 64) EI__ATT_TMA(128, 64, 4);
+        EI__ATT_TMA(128, 128, 4);
     }
     if (WGK == 4 && maps) {
         if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
@@ -2911,8 +3066,15 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     bool vec = attn_vec_rows(q->data, q->token_stride, q->head_stride) &&
                attn_vec_rows(k->data, k->token_stride, k->head_stride) &&
                attn_vec_rows(v->data, v->token_stride, v->head_stride) && attn_vec_out(out);
-    int NW, MT, BCK, WGK;
-    attention_pick(D, vec, &NW, &MT, &BCK, &WGK);
+    /* the kernels: EI_CUDA_ATTN_CFG's (every segment), and EI_CUDA_ATTN_SPARSE_CFG's
+       for the sparse segments of a plan, when it names another shape of as many rows
+       (neither set: attention_shape's defaults, ATTN_SPARSE_DEFAULT for the sparse ones) */
+    const char *e_all = getenv("EI_CUDA_ATTN_CFG"), *e_sp = getenv("EI_CUDA_ATTN_SPARSE_CFG");
+    if (!(e_sp && e_sp[0]) && !(e_all && e_all[0])) e_sp = ATTN_SPARSE_DEFAULT;
+    int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
+    attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
+    attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
+    bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnMaps maps;
     AttnParams p;
@@ -2968,10 +3130,19 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     sp.bad = slot;
     sp.suspect = suspect;
     p.bad = slot;
-    if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)) ||
-        (r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec,
+    if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)))
+        return r;
+    p.seg_mode = split ? 1 : 0;
+    if ((r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec, e_all,
                               (unsigned)grid, st, msg)))
         return r;
+    if (split) { /* the sparse segments: the second kernel (its own tensor maps: boxes of its keys per step) */
+        AttnMaps maps2;
+        p.seg_mode = 2;
+        if ((r = attention_launch(p, WGK2 >= 2 && attn_maps(k, v, D, BCK2, bf, &maps2) ? &maps2 : NULL, D, bf, vec,
+                                  e_sp, (unsigned)grid, st, msg)))
+            return r;
+    }
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;
     return attention_bad_fail(bad, q_f32, bf, msg);

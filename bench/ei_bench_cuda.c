@@ -30,7 +30,7 @@
    cp.async; wgk64 / wgt64 / wgp64 (and 128) the same with TMA copies of the
    K/V tiles (wgk64 the library's default on Hopper); WxMxB = the mma.sync
    kernel, warps x m-tiles per warp x keys per step; EI_BENCH_SHAPES=wg64,8x2x64
-   picks them; default wgk64,wg64,wg128,8x2x64); the table shows the best, the
+   picks them, "default" the library's own choice; default wgk64,wg64,wg128,8x2x64); the table shows the best, the
    line below it each shape.
 
    Measured (2026-11-29, one H200, CUDA 13.0, driver 580.159.04; SDPA = torch
@@ -131,6 +131,12 @@ static double median_ms(double *v, int n) {
 
 /* One untimed call of the layer's attention (warm-up), then the median of
    reps timed calls, each waited for on the stream; v holds reps doubles. */
+/* EI_CUDA_ATTN_CFG for a CTA shape of EI_BENCH_SHAPES; "default": unset (the
+   library's choice, with its kernel for sparse segments, if another) */
+static void set_shape(const char *shape) {
+    if (!strcmp(shape, "default")) unsetenv("EI_CUDA_ATTN_CFG");
+    else setenv("EI_CUDA_ATTN_CFG", shape, 1);
+}
 static double time_prefill(const ei_context *ctx, const ei_cuda_api *api, void *stream, const ei_tensor *q,
                            const ei_tensor *k, const ei_tensor *vt, const ei_plan *plan, ei_out_tensor *o, double *v,
                            int reps) {
@@ -384,12 +390,12 @@ int main(int argc, char **argv) {
         }
         OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         for (w = 0; w < NCFG; w++) {
-            setenv("EI_CUDA_ATTN_CFG", cta_shapes[w], 1);
+            set_shape(cta_shapes[w]);
             dn[w] = time_prefill(g, api, cfg.cuda_stream, &tq, &tk, &tv, NULL, &to, v, reps);
             sp[w] = time_prefill(g, api, cfg.cuda_stream, &tq, &tk, &tv, &plan, &to, v, reps);
         }
         /* the quality plan: density and sparse time (first CTA shape) */
-        setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+        set_shape(cta_shapes[0]);
         spq = time_prefill(gq, api, cfg.cuda_stream, &tq, &tk, &tv, &qplan, &to, v, reps);
         OK(ei_plan_alloc(cpuq, &hplan, n, NKV, HD, 0));
         OK(ei_plan_copy(gq, &hplan, &qplan, EI_COPY_DEVICE_TO_HOST));
@@ -451,7 +457,7 @@ int main(int argc, char **argv) {
         profq_bf16[si] = profq;
         {   /* f32 queries (bf16 k/v): dense attention, first CTA shape; profile, both rankings */
             ei_tensor tq32 = ei_tensor_make(dq32, EI_F32, n, NH, HD);
-            setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+            set_shape(cta_shapes[0]);
             for (w = 0; w < 2; w++) {
                 const ei_tensor *qq = w ? &tq32 : &tq;
                 if (w) dense_f32q[si] = time_prefill(g, api, cfg.cuda_stream, qq, &tk, &tv, NULL, &to, v, reps);
@@ -510,7 +516,7 @@ int main(int argc, char **argv) {
                     v[rep] = now_ms() - t0;
                 }
                 pms = median_ms(v, reps);
-                setenv("EI_CUDA_ATTN_CFG", cta_shapes[0], 1);
+                set_shape(cta_shapes[0]);
                 sms = time_prefill(gc, api, cfg.cuda_stream, &tq, &tk, &tv, &pl, &to, v, reps);
                 printf("        real density %.0f%%: base_budget %d -> density %.4f: profile %.2f ms, sparse %.2f ms (%s), "
                        "profile+sparse %.2f ms vs SDPA dense %.2f ms: %.2fx (vs our dense %.2f ms: %.2fx)\n",
