@@ -1573,8 +1573,9 @@ static void op_edges(state *s, fz *f) {
             ei_out_tensor o = ei_out_tensor_make(out, EI_F32, 1, s->H, s->d);
             unsigned field = fz_u8(f) % 3;
             if (!s->keep_ok) { wfree(out); return; }
-            /* a larger capacity the library accepts puts head h's row at h x capacity, past the harness's index */
-            if (field == 2 && e > k.capacity && k.heads_out > 1) { wfree(out); return; }
+            /* a larger capacity the library accepts puts head h's row at h x capacity, past the harness's index:
+               compared as the int32 the field will hold (an edge below INT32_MIN wraps to a large capacity) */
+            if (field == 2 && (int32_t)e > k.capacity && k.heads_out > 1) { wfree(out); return; }
             if (field == 0) k.n_tokens = e;
             else if (field == 1) k.n_kept = (int32_t)e;
             else k.capacity = (int32_t)e;
