@@ -228,7 +228,8 @@
    segment's is found on the device (EI_ERR_SHAPE after the plan changed,
    as with NaN: roll back with q_pos 0).
    Decode: ei_decode_observe the prompt's queries (the decoder keeps the last
-   `window`), then each generated token's. When ei_decode_due says so (after
+   `window`), then each generated token's, each call with its first
+   position (q_pos; calls follow each other). When ei_decode_due says so (after
    decode_gap generated tokens whose K/V are in the cache), ei_decode_keep
    scores the cache against the window (query i lines up with key
    n - window + i; the reference fires one token later, with its window one
@@ -239,7 +240,14 @@
    shared by every head and layer (llama.cpp) take one keep set per
    sequence: ei_decode_score each layer (threads split the query heads),
    ei_decode_shared_add its scores, ei_decode_select_shared, then evict the
-   positions not kept. The other decode policies (CONCEPTS: decode policy)
+   positions not kept. A padded cache (an engine's view longer than the
+   sequence: llama.cpp pads its K view to 256 cells): without a row map row j
+   holds position j and every row must hold one, so a view with more rows
+   than the decoder's position_end (the newest observed query's position + 1)
+   is refused (EI_ERR_SHAPE) by every decode call that scores or selects,
+   never scored as positions; pass a view cut at position_end, or a row map
+   with -1 for the padding (its rows are then never scored or kept). The
+   other decode policies (CONCEPTS: decode policy)
    run through the same calls; EI_DECODE_SNAPKV and EI_DECODE_H2O change
    what ei_decode_score scores (the prompt's window; the queries not yet
    summed), and an EI_DECODE_H2O decoder needs decode_positions > 0 and
@@ -899,6 +907,8 @@ EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tens
 typedef struct ei_decoder {
     int32_t n_heads, n_kv_heads, head_dim, window;
     int64_t n_observed;     /* queries observed in total */
+    int64_t position_end;   /* the newest observed query's position + 1 (ei_decode_observe's q_pos + rows):
+                               without a row map a scored cache holds at most this many rows */
     int64_t n_generated;    /* of which generated */
     int64_t last_compress;  /* n_generated at the last compression (-1: none) */
     float *queries;         /* ring of the last `window` queries, f32 [window][n_heads][head_dim] */
@@ -916,8 +926,15 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
                                 int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes);
 EIDEF ei_result ei_decoder_reset(ei_decoder *dec);
 /* Feed queries: the prompt's (all or its last ones; generated = 0), then each
-   generated token's (generated = 1). The decoder keeps the last `window`. */
-EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated);
+   generated token's (generated = 1). The decoder keeps the last `window`.
+   q_pos: the position of q's first row. Calls follow each other (the next
+   q_pos is the last one's end, EI_ERR_STATE otherwise; ei_decoder_reset
+   starts over, e.g. after a rewind); the first may start anywhere (the
+   prompt's last queries). The newest query's position + 1 is
+   dec->position_end: a cache scored without a row map holds at most that
+   many rows (PROTOCOLS: decode over a padded cache). */
+EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int64_t q_pos,
+                                  int generated);
 /* 1 when the engine should ask for a keep-set now (decode_gap generated
    tokens observed since the prompt, or recompress_every since the last); 0
    for a decoder it refuses (MEMORY RULES; the reason in ei_last_error). */
@@ -1087,7 +1104,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 10
+#define EI_CUDA_ABI_VERSION 11
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -4254,10 +4271,11 @@ static ei_result ei__check_decoder_layout(const ei_context *ctx, const ei_decode
     if (dec->n_observed < 0 || dec->n_observed > EI_MAX_TOKENS || dec->n_generated < 0 ||
         dec->n_generated > dec->n_observed || dec->last_compress < -1 || dec->last_compress > dec->n_generated ||
         dec->n_accumulated < 0 || dec->n_accumulated > dec->n_observed || dec->accumulated_end < 0 ||
-        dec->accumulated_end > dec->n_positions)
-        return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, generated %lld, last compression %lld, "
-                        "summed %lld, positions summed %lld)", (long long)dec->n_observed, (long long)dec->n_generated,
-                        (long long)dec->last_compress, (long long)dec->n_accumulated, (long long)dec->accumulated_end);
+        dec->accumulated_end > dec->n_positions || dec->position_end < dec->n_observed || dec->position_end > EI_MAX_TOKENS)
+        return ei__fail(ctx, EI_ERR_STATE, "decoder counters out of range (observed %lld, position end %lld, generated %lld, "
+                        "last compression %lld, summed %lld, positions summed %lld)", (long long)dec->n_observed,
+                        (long long)dec->position_end, (long long)dec->n_generated, (long long)dec->last_compress,
+                        (long long)dec->n_accumulated, (long long)dec->accumulated_end);
     return EI_OK;
 }
 /* The decoder's ring (ring: 0 unused, 1 read, 2 written) and its struct
@@ -4274,6 +4292,7 @@ EIDEF ei_result ei_decoder_reset(ei_decoder *dec) {
     ei_result r = ei__check_decoder_seal(NULL, dec); /* (any counters: it resets them) */
     if (r != EI_OK) return r;
     dec->n_observed = 0;
+    dec->position_end = 0;
     dec->n_generated = 0;
     dec->last_compress = -1;
     dec->n_accumulated = 0;
@@ -4315,7 +4334,8 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
     return ei_decoder_reset(dec);
 }
 
-EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int generated) {
+EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int64_t q_pos,
+                                  int generated) {
     int64_t t, first;
     int32_t h;
     ei_result r;
@@ -4337,12 +4357,25 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     if (q->n_tokens > EI_MAX_TOKENS - dec->n_observed) /* a sequence holds at most EI_MAX_TOKENS positions */
         return ei__fail(ctx, EI_ERR_SIZE, "%lld queries observed, %lld more exceed %lld: ei_decoder_reset starts a new sequence",
                         (long long)dec->n_observed, (long long)q->n_tokens, (long long)EI_MAX_TOKENS);
+    /* (n_tokens <= EI_MAX_TOKENS, ei__check_tensor: the sum below is formed inside int64) */
+    if (q_pos < 0 || q_pos > EI_MAX_TOKENS - q->n_tokens)
+        return ei__fail(ctx, EI_ERR_SIZE, "q_pos %lld: the queries' positions must lie in 0..%lld", (long long)q_pos,
+                        (long long)EI_MAX_TOKENS - 1);
+    /* the ring lines its queries up with the newest positions of the cache: they must follow each other */
+    if (dec->n_observed > 0 && q_pos != dec->position_end)
+        return ei__fail(ctx, EI_ERR_STATE, "queries at position %lld, the decoder's next is %lld: observed queries follow each "
+                        "other (ei_decoder_reset starts over, e.g. after a rewind)", (long long)q_pos,
+                        (long long)dec->position_end);
     if (generated && ctx->cfg.decode_policy == EI_DECODE_SNAPKV) { /* counted, never stored: its ring holds the prompt's */
         dec->n_observed += q->n_tokens;
         dec->n_generated += q->n_tokens;
+        dec->position_end = q_pos + q->n_tokens;
         return EI_OK;
     }
-    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated);
+    if (ei__on_gpu(ctx)) {
+        if ((r = EI__CUDA(ctx, decode_observe, &ctx->cfg, dec, q, generated)) == EI_OK) dec->position_end = q_pos + q->n_tokens;
+        return r;
+    }
     first = EI__MAX((int64_t)0, q->n_tokens - dec->window);
     for (t = first; t < q->n_tokens; ++t) /* check before changing any state */
         for (h = 0; h < q->n_heads; ++h) {
@@ -4360,6 +4393,7 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
                            dec->queries + ((size_t)slot * (size_t)dec->n_heads + (size_t)h) * (size_t)dec->head_dim);
     }
     dec->n_observed += q->n_tokens;
+    dec->position_end = q_pos + q->n_tokens;
     if (generated) dec->n_generated += q->n_tokens;
     return EI_OK;
 }
@@ -4592,6 +4626,19 @@ static ei_result ei__check_decoder(const ei_context *ctx, const ei_decoder *dec)
     return EI_OK;
 }
 
+/* A cache of n_rows rows without a row map holds position j in row j: every
+   row must hold a position, so rows past the newest observed query's
+   (an engine's padded view: llama.cpp pads its K view to 256 cells) are
+   refused, not scored as positions (the window would line up with padding
+   and the padding be kept). A map marks such rows -1; a view can end there. */
+static ei_result ei__check_decode_rows(const ei_context *ctx, const ei_decoder *dec, const int32_t *row_pos, int64_t n_rows) {
+    if (!row_pos && n_rows > dec->position_end)
+        return ei__fail(ctx, EI_ERR_SHAPE, "the cache has %lld rows and no row map, but the newest observed query is position "
+                        "%lld: rows past it hold no position (padding?): pass a view of %lld rows, or a row map with -1 for "
+                        "the rows past it", (long long)n_rows, (long long)dec->position_end - 1, (long long)dec->position_end);
+    return EI_OK;
+}
+
 /* ei_decode_score once its arguments are checked (ei_decode_keep_mt's
    workers run it on scores inside the caller's workspace). */
 static ei_result ei__decode_score_run(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k,
@@ -4638,6 +4685,7 @@ EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, co
                         (long long)row_pos_stride, (long long)k->n_tokens);
     if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK || (r = ei__check_align4(ctx, row_pos, "row_pos")) != EI_OK)
         return r;
+    if ((r = ei__check_decode_rows(ctx, dec, row_pos, k->n_tokens)) != EI_OK) return r;
     g.n = 0; /* threads share the decoder, k, the maps and scores (their own rows of it) */
     ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
     ei__reg_decoder(&g, dec, 1, 0);
@@ -4921,6 +4969,7 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
     if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
     if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK) return r;
     heads_out = ctx->cfg.per_kv_head ? dec->n_kv_heads : dec->n_heads;
+    if (keep && (r = ei__check_decode_rows(ctx, dec, keep->row_pos, n_rows)) != EI_OK) return r; /* (before the capacities) */
     if ((r = ei__check_keep(ctx, keep, heads_out, n_rows, ctx->cfg.per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
         return r;
     g.n = 0;
@@ -4946,6 +4995,7 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
     if ((r = ei__check_align4(ctx, scores, "scores")) != EI_OK || (r = ei__check_align4(ctx, shared, "shared")) != EI_OK ||
         (r = ei__check_align4(ctx, row_pos, "row_pos")) != EI_OK)
         return r;
+    if ((r = ei__check_decode_rows(ctx, dec, row_pos, n_rows)) != EI_OK) return r;
     {
         ei__regions g;
         g.n = 0;
@@ -5009,6 +5059,7 @@ EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder 
     c = &ctx->cfg;
     if (!shared) return ei__fail(ctx, EI_ERR_NULL, "shared is NULL");
     if ((r = ei__check_rows(ctx, n_rows)) != EI_OK) return r;
+    if (keep && (r = ei__check_decode_rows(ctx, dec, keep->row_pos, n_rows)) != EI_OK) return r; /* (before the capacities) */
     if ((r = ei__check_keep(ctx, keep, 1, n_rows, "a shared keep set has one")) != EI_OK) return r;
     if ((r = ei__check_align4(ctx, shared, "shared")) != EI_OK) return r;
     {
@@ -5081,6 +5132,7 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
     if ((r = ei__check_decoder_k(ctx, dec, k)) != EI_OK) return r;
     heads_out = c->per_kv_head ? dec->n_kv_heads : dec->n_heads;
+    if ((r = ei__check_decode_rows(ctx, dec, keep->row_pos, k->n_tokens)) != EI_OK) return r; /* (before the capacities) */
     if ((r = ei__check_keep(ctx, keep, heads_out, k->n_tokens, c->per_kv_head ? "one per kv head" : "one per query head")) != EI_OK)
         return r;
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)

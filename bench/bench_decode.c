@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
         ei_tensor qt = ei_tensor_make(q, EI_F32, W, H, d);
         dmem[path] = malloc(db);
         if (ei_decoder_init(ctx[path], &dec[path], H, KV, d, dmem[path], db) != EI_OK) die("ei_decoder_init");
-        if (ei_decode_observe(ctx[path], &dec[path], &qt, 1) != EI_OK) die("ei_decode_observe");
+        if (ei_decode_observe(ctx[path], &dec[path], &qt, n - W, 1) != EI_OK) die("ei_decode_observe"); /* the newest W positions */
     }
     if (ei_decode_workspace_size(ctx[1], n, H, KV, &wb) != EI_OK) die("ei_decode_workspace_size");
     if (ei_attention_workspace_size(ctx[1], H, KV, d, &ab) != EI_OK) die("ei_attention_workspace_size");

@@ -59,7 +59,7 @@ int main(void) {
         ei_out_tensor ot = ei_out_tensor_make(out, EI_F32, N_PROMPT, HEADS, DIM);
         if (ei_profile(ctx, &qt, &kt, &plan, ws, prof_ws) != EI_OK ||
             ei_attention_prefill(ctx, &qt, &kt, &vt, &plan, &ot, 0, 0, 1, ws, attn_ws) != EI_OK ||
-            ei_decode_observe(ctx, &dec, &qt, 0) != EI_OK) { /* the prompt's queries open the window */
+            ei_decode_observe(ctx, &dec, &qt, 0, 0) != EI_OK) { /* the prompt's queries (from position 0) open the window */
             fprintf(stderr, "prefill: %s\n", ei_last_error());
             return 1;
         }
@@ -70,7 +70,7 @@ int main(void) {
     /* ---- decode hook: per generated token, after its K/V are appended */
     for (n = N_PROMPT; n < cap; ++n) {
         ei_tensor q1 = ei_tensor_make(q + n * HEADS * DIM, EI_F32, 1, HEADS, DIM);
-        ei_decode_observe(ctx, &dec, &q1, 1);
+        ei_decode_observe(ctx, &dec, &q1, n, 1); /* the query of position n */
         if (ei_decode_due(ctx, &dec)) {
             ei_tensor kc = ei_tensor_make(k, EI_F32, n + 1, KV_HEADS, DIM);
             ei_out_tensor ko = ei_out_tensor_make(k, EI_F32, n + 1, KV_HEADS, DIM);

@@ -60,7 +60,8 @@
    and unmaps large allocations); the harness itself is compiled without
    coverage instrumentation (only the library gives libFuzzer features).
    EI_FUZZ_TIMING=1 prints the time of each op and the placement outcomes
-   per call kind at exit.
+   per call kind at exit. EI_FUZZ_PLACE_BIAS=k (1..8) turns k/8 of the op
+   bytes into the placement op (a campaign that counts placement calls).
 
    Ops (the op byte modulo OP_COUNT): 0 plan init/alloc, 1-2 profile,
    3 profile_heads, 4 profile_mt, 5 and 24 chunk, 6 reset/finalize,
@@ -1258,17 +1259,22 @@ static void op_decoder_init(state *s, fz *f) {
 
 static void op_observe(state *s, fz *f) {
     unsigned m = fz_u8(f);
-    int64_t t0, cnt;
+    int64_t t0, cnt, q_pos;
     view qc;
     if (!s->q.valid || s->n <= 0) {
-        checked(ei_decode_observe(s->ctx, s->dec_ok ? &s->dec : NULL, &s->q.t, (int)(m & 1)));
+        checked(ei_decode_observe(s->ctx, s->dec_ok ? &s->dec : NULL, &s->q.t, s->dec_ok ? s->dec.position_end : 0,
+                                  (int)(m & 1)));
         return;
     }
     t0 = (int64_t)(fz_u8(f) % (unsigned)s->n);
     cnt = (m & 2) ? 1 : (int64_t)(fz_u8(f) % (unsigned)(s->n - t0)) + 1;
     if (t0 + cnt > s->n) cnt = s->n - t0;
     view_rows(&qc, &s->q, t0, cnt, f);
-    checked(ei_decode_observe(s->ctx, (m & 4) && !s->dec_ok ? NULL : &s->dec, &qc.t, (int)(m & 1)));
+    /* positions: mostly the protocol's (a fresh decoder's queries as the cache's newest rows, then the next
+       position), sometimes the rows' own start (a jump: refused unless it is the next one) */
+    if (m & 16) q_pos = t0;
+    else q_pos = s->dec_ok && s->dec.n_observed > 0 ? s->dec.position_end : s->n - cnt;
+    checked(ei_decode_observe(s->ctx, (m & 4) && !s->dec_ok ? NULL : &s->dec, &qc.t, q_pos, (int)(m & 1)));
     (void)ei_decode_due(s->ctx, &s->dec);
     view_free(&qc);
 }
@@ -1639,7 +1645,7 @@ static void op_edges(state *s, fz *f) {
             else d.last_compress = e;
             (void)ei_decode_due(ctx, &d);
             q.n_tokens = 1;
-            r = checked(ei_decode_observe(ctx, &d, &q, 1));
+            r = checked(ei_decode_observe(ctx, &d, &q, d.position_end, 1));
             if (field == 2 ? e < -1 || e > EI_MAX_TOKENS : past) /* (last_compress -1: none yet) */
                 ORACLE(r != EI_OK, "a decoder with counters past the limits was accepted", e, field);
             break;
@@ -1822,12 +1828,16 @@ static void op_plan_edit(state *s, fz *f) {
                 d->queries = (float *)(void *)((vm & 1) ? 0 : (uintptr_t)d->queries + (uintptr_t)(delta * 4));
                 layout_changed = d->queries != saved.queries;
                 break;
-            case 25: d->n_observed = (vm & 1) ? FZ_PICK(f, vals) : d->n_observed + delta; break;
+            case 25:
+                if (vm & 2) d->position_end = (vm & 1) ? FZ_PICK(f, vals) : d->position_end + delta;
+                else d->n_observed = (vm & 1) ? FZ_PICK(f, vals) : d->n_observed + delta;
+                break;
             case 26: d->n_generated = (vm & 1) ? FZ_PICK(f, vals) : d->n_generated + delta; break;
             default: d->last_compress = (vm & 1) ? FZ_PICK(f, vals) : d->last_compress + delta; break;
         }
         {
             int counts_fit = d->n_observed >= 0 && d->n_observed <= EI_MAX_TOKENS && d->n_generated >= 0 &&
+                             d->position_end >= d->n_observed && d->position_end <= EI_MAX_TOKENS &&
                              d->n_generated <= d->n_observed && d->last_compress >= -1 &&
                              d->last_compress <= d->n_generated;
             if (verbose > 0) fprintf(stderr, "  decoder field %u edited (layout changed %d, counts fit %d)\n", which, layout_changed, counts_fit);
@@ -1835,9 +1845,9 @@ static void op_plan_edit(state *s, fz *f) {
                 case 0: r = checked(ei_decoder_reset(d)); counts_fit = 1; break; /* reset sets the counters */
                 case 1: {
                     view qc;
-                    if (!s->q.valid || s->n <= 0) { r = checked(ei_decode_observe(s->ctx, d, &s->q.t, 1)); break; }
+                    if (!s->q.valid || s->n <= 0) { r = checked(ei_decode_observe(s->ctx, d, &s->q.t, d->position_end, 1)); break; }
                     view_rows(&qc, &s->q, s->n - 1, 1, f);
-                    r = checked(ei_decode_observe(s->ctx, d, &qc.t, 1));
+                    r = checked(ei_decode_observe(s->ctx, d, &qc.t, d->position_end, 1));
                     view_free(&qc);
                     break;
                 }
@@ -2397,7 +2407,7 @@ static int pc_prepare(pcall *pc, placement *pl, int reference) {
         ei_tensor q0 = pc->qs.t;
         q0.n_tokens = w;
         if (ei_decoder_init(pc->ctx, &apart, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]) != EI_OK ||
-            ei_decode_observe(pc->ctx, &apart, &q0, 0) != EI_OK)
+            ei_decode_observe(pc->ctx, &apart, &q0, pc->n - w, 0) != EI_OK)
             return 0;
         memcpy(&pc->dec, &apart, sizeof pc->dec);
         return 1;
@@ -2432,10 +2442,10 @@ static int pc_prepare(pcall *pc, placement *pl, int reference) {
             ei_tensor q0 = pc->qs.t;
             q0.data = (const unsigned char *)pc->qs.buf + (size_t)(pc->n - w) * (size_t)pc->H * (size_t)pc->d * dtype_size(pc->dt);
             q0.n_tokens = w;
-            r = checked(ei_decode_observe(pc->ctx, d, &q0, 0));
+            r = checked(ei_decode_observe(pc->ctx, d, &q0, pc->n - w, 0)); /* the cache's newest positions */
             if (r == EI_OK && (pc->var & 64)) {
                 q0.n_tokens = 1;
-                r = checked(ei_decode_observe(pc->ctx, d, &q0, 1));
+                r = checked(ei_decode_observe(pc->ctx, d, &q0, d->position_end, 1));
             }
             if (r != EI_OK && reference) return 0;
         }
@@ -2524,7 +2534,7 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
             if (pc->nt > 0) return checked(ei_attention_prefill_mt(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, pc->nt, ws, wb));
             return checked(ei_attention_prefill(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, 0, 1, ws, wb));
         case PL_DEC_INIT: return checked(ei_decoder_init(ctx, dec, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
-        case PL_OBSERVE: return checked(ei_decode_observe(ctx, dec, &q, (int)(pc->var & 1)));
+        case PL_OBSERVE: return checked(ei_decode_observe(ctx, dec, &q, dec ? dec->position_end : 0, (int)(pc->var & 1)));
         case PL_KEEP:
             if (pc->nt > 0) return checked(ei_decode_keep_mt(ctx, dec, &k, keep, pc->nt, ws, wb));
             return checked(ei_decode_keep(ctx, dec, &k, keep, ws, wb));
@@ -2987,6 +2997,7 @@ static void op_timing_print(void) {
             fprintf(stderr, "  op %2d: %7ld calls, %8.1f us each, %7.3f s\n", op, op_calls[op],
                     1e6 * op_seconds[op] / (double)op_calls[op], op_seconds[op]);
 }
+static int place_bias = -1;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz f;
@@ -3015,7 +3026,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fail_after = -1;
     layer_new(&s, &f);
     while (fz_left(&f) && ops++ < FZ_MAX_OPS && work_left > 0) {
-        unsigned op = fz_u8(&f) % OP_COUNT;
+        unsigned byte = fz_u8(&f), op = byte % OP_COUNT;
+        /* EI_FUZZ_PLACE_BIAS=k (1..8): an op byte whose top 3 bits are below k runs the placement op (a
+           campaign that must run it many times; the other ops still build the state it places) */
+        if (place_bias < 0) { const char *e = getenv("EI_FUZZ_PLACE_BIAS"); place_bias = e ? atoi(e) : 0; }
+        if ((int)(byte >> 5) < place_bias) op = OP_PLACE;
         if (verbose) fprintf(stderr, "op %u at byte %zu (work left %.0f)\n", op, f.i - 1, work_left);
         if (op_timing) {
             struct timespec t0, t1;

@@ -851,7 +851,7 @@ static void decode_observe_all(fz_rng *r, fz_decode *D, int L, int64_t prompt) {
             if (gen && take > D->npos - t) take = D->npos - t;
             if (!gen && take > prompt - t) take = prompt - t;
             tq = view_tensor(&D->q[L], side_i, t, take);
-            CHECK_ERR(ei_decode_observe(s->ctx, dec, &tq, gen), EI_OK);
+            CHECK_ERR(ei_decode_observe(s->ctx, dec, &tq, t, gen), EI_OK);
             t += take;
         }
     }

@@ -289,7 +289,8 @@ static int run_decode(const golden_meta *m, char *summary) {
             ks.pooled_capacity = m->n_tokens;
             ks.pooled = (float *)malloc(sizeof(float) * ks.heads_out * m->n_tokens);
             if (ei_decoder_init(ctx, &dec, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, dmem, dbytes) != EI_OK ||
-                ei_decode_observe(ctx, &dec, &qt, 0) != EI_OK || ei_decode_keep(ctx, &dec, &kt, &ks, ws, wbytes) != EI_OK) {
+                ei_decode_observe(ctx, &dec, &qt, kt.n_tokens - qt.n_tokens, 0) != EI_OK || /* the last window positions */
+                ei_decode_keep(ctx, &dec, &kt, &ks, ws, wbytes) != EI_OK) {
                 snprintf(failure, sizeof failure, "%s: %s", what, ei_last_error());
                 ok = 0;
             } else {

@@ -144,7 +144,8 @@ static void s1_run(int gpu, const uint16_t *q, const uint16_t *k, s1_out *o) {
         while (q_done < observe_to) {
             int64_t take = stage == 0 ? observe_to - q_done : 5;
             ei_tensor tq = ei_tensor_make((const char *)dq + (size_t)q_done * S1_H * S1_D * 2, EI_BF16, take, S1_H, S1_D);
-            CHECK_ERR(ei_decode_observe(s.ctx, &dec, &tq, stage), EI_OK);
+            /* the queries of the cache's newest positions: 180 + q_done (200 rows, then 225) */
+            CHECK_ERR(ei_decode_observe(s.ctx, &dec, &tq, 200 - 20 + q_done, stage), EI_OK);
             q_done += take;
         }
         memset(&ks, 0, sizeof ks);
@@ -155,6 +156,12 @@ static void s1_run(int gpu, const uint16_t *q, const uint16_t *k, s1_out *o) {
         ks.mask_capacity = n;
         ks.pooled = (float *)mem_new(&s, (size_t)heads * n * 4);
         ks.pooled_capacity = n;
+        if (stage == 0) { /* the view padded past the newest position, no row map: refused on both backends */
+            ei_tensor padded = tk;
+            padded.n_tokens = n + 8;
+            CHECK_ERR(ei_decode_keep(s.ctx, &dec, &padded, &ks, ws, ws_bytes), EI_ERR_SHAPE);
+            CHECK(ks.n_kept == 0, "1 (%s): a refused padded keep set its counts", side_name(&s));
+        }
         ko->r = ei_decode_keep(s.ctx, &dec, &tk, &ks, ws, ws_bytes);
         CHECK(ko->r == EI_OK, "1 (%s): decode_keep with %lld observed: %s", side_name(&s), (long long)dec.n_observed,
               ei_last_error());
@@ -262,7 +269,7 @@ static void s2_run(int gpu, s2_out *o) {
     d10 = mem_up(&s, q10, (size_t)10 * S2_H * S2_D * 2);
     {
         ei_tensor t = ei_tensor_make(d10, EI_BF16, 10, S2_H, S2_D);
-        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_OK);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0, 0), EI_OK);
     }
     /* NaN in token 30 (kept: the last 32 of 40 are tokens 8..39), head 1 */
     q40[((size_t)30 * S2_H + 1) * S2_D + 5] = 0x7FC0;
@@ -271,7 +278,7 @@ static void s2_run(int gpu, s2_out *o) {
     before = (float *)mem_down(&s, dec.queries, (size_t)32 * S2_H * S2_D * 4);
     {
         ei_tensor t = ei_tensor_make(d40, EI_BF16, 40, S2_H, S2_D);
-        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, dec.position_end, 0), EI_ERR_NONFINITE);
         CHECK(strstr(ei_last_error(), "NaN or Inf in observed q (head 1, tokens from 30)") != NULL,
               "2 (%s): message '%s'", side_name(&s), ei_last_error());
     }
@@ -285,7 +292,7 @@ static void s2_run(int gpu, s2_out *o) {
     d1 = mem_up(&s, q1, (size_t)S2_H * S2_D * 2);
     {
         ei_tensor t = ei_tensor_make(d1, EI_BF16, 1, S2_H, S2_D);
-        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 1), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, dec.position_end, 1), EI_ERR_NONFINITE);
         CHECK(dec.n_observed == 10 && dec.n_generated == 0, "2 (%s): counts %lld/%lld after a refused generated token",
               side_name(&s), (long long)dec.n_observed, (long long)dec.n_generated);
     }
@@ -298,7 +305,7 @@ static void s2_run(int gpu, s2_out *o) {
     mem_put(&s, d40, q40, n40 * 2);
     {
         ei_tensor t = ei_tensor_make(d40, EI_BF16, 40, S2_H, S2_D);
-        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, 0), EI_OK);
+        CHECK_ERR(ei_decode_observe(s.ctx, &dec, &t, dec.position_end, 0), EI_OK);
         CHECK(dec.n_observed == 50, "2 (%s): %lld observed", side_name(&s), (long long)dec.n_observed);
     }
     o->ring_bytes = (size_t)32 * S2_H * S2_D * 4;
@@ -1076,12 +1083,12 @@ static void s8_observe(const side *s, ei_decoder *dec, void *dq, long from, long
     long t;
     if (!generated) {
         ei_tensor tq = ei_tensor_make((const char *)dq + (size_t)from * S8_H * S8_D * 4, EI_F32, to - from, S8_H, S8_D);
-        CHECK_ERR(ei_decode_observe(s->ctx, dec, &tq, 0), EI_OK);
+        CHECK_ERR(ei_decode_observe(s->ctx, dec, &tq, from, 0), EI_OK);
         return;
     }
     for (t = from; t < to; ++t) {
         ei_tensor one = ei_tensor_make((const char *)dq + (size_t)t * S8_H * S8_D * 4, EI_F32, 1, S8_H, S8_D);
-        CHECK_ERR(ei_decode_observe(s->ctx, dec, &one, 1), EI_OK);
+        CHECK_ERR(ei_decode_observe(s->ctx, dec, &one, t, 1), EI_OK);
     }
 }
 static void s8_observe_all(const side *s, ei_decoder *dec, void *dq) {

@@ -967,14 +967,14 @@ static void test_decode(void) {
     CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE); /* nothing observed */
     /* prompt queries (all at once; the decoder keeps the last window) */
     qt = ei_tensor_make(q, EI_F32, prompt, heads, dim);
-    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
     CHECK(!ei_decode_due(ctx, &dec), "due before generation");
     for (t = prompt; t < n; ++t) {
         ei_tensor one = ei_tensor_make(q + (size_t)t * heads * dim, EI_F32, 1, heads, dim);
-        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, t, 1), EI_OK);
     }
     CHECK(ei_decode_due(ctx, &dec), "due after decode_gap generated tokens");
-    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_ERR_STATE); /* prompt after generation */
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_ERR_STATE); /* prompt after generation */
     ks.heads_out = heads;
     CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_SHAPE);
     ks.heads_out = kv;
@@ -1015,13 +1015,13 @@ static void test_decode(void) {
         ei_tensor ks_short = ei_tensor_make(k0, EI_F32, 50, kv, dim);
         CHECK_ERR(ei_decoder_reset(&dec), EI_OK);
         qt.n_tokens = 50;
-        CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
         CHECK_ERR(ei_decode_keep(ctx, &dec, &ks_short, &ks, ws, wb), EI_OK);
         CHECK(ks.compressed == 0 && ks.n_kept == 50 && ks.index[49] == 49, "short cache keeps all");
     }
     /* NaN in observed queries is refused without changing the window */
     q[(size_t)49 * heads * dim + 5] = NAN; /* the decoder reads the last window rows */
-    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 1), EI_ERR_NONFINITE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 50, 1), EI_ERR_NONFINITE);
     guarded_free(ks.index); guarded_free(ks.mask); guarded_free(dm); guarded_free(ws);
     free(q); free(k); free(v); free(k0);
     ei_context_destroy(ctx);
@@ -1063,16 +1063,114 @@ static void decode_observe_all(const ei_context *ctx, ei_decoder *dec, const flo
     ei_tensor qt = ei_tensor_make(q, EI_F32, n - gap, heads, dim);
     long t;
     CHECK_ERR(ei_decoder_reset(dec), EI_OK);
-    CHECK_ERR(ei_decode_observe(ctx, dec, &qt, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, dec, &qt, 0, 0), EI_OK);
     for (t = n - gap; t < n; ++t) {
         ei_tensor one = ei_tensor_make(q + (size_t)t * heads * dim, EI_F32, 1, heads, dim);
-        CHECK_ERR(ei_decode_observe(ctx, dec, &one, 1), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, dec, &one, t, 1), EI_OK);
     }
 }
 
 /* Decode keep sets on caches whose rows are not in position order (with
    empty rows), after repeated compressions, over threads, and the shared
    keep set of several layers, against double references. */
+/* A padded cache (issue 34): an engine's K view longer than the sequence
+   (llama.cpp pads it to 256 cells). Without a row map every decode call
+   that scores or selects refuses rows past the decoder's position_end and
+   writes nothing; a map with -1 for the padding gives the keep set of the
+   view cut at position_end; observed queries follow each other. */
+static void test_decode_padded(void) {
+    enum { HEADS = 4, KV = 2, DIM = 32, GAP = 4, WIN = 16, BUDGET = 64, NPOS = 200, PAD = 56 };
+    const long rows = NPOS + PAD;
+    ei_config c = ei_config_default();
+    ei_context *ctx;
+    ei_decoder dec, saved;
+    ei_keep_set ksP, ksM, ksC;
+    ei_tensor kP, kC, one;
+    size_t db, wb;
+    void *dm, *ws;
+    float *q, *k, *scores, *shared;
+    int32_t *row_pos;
+    long j;
+    int same = 1;
+    c.decode_budget = BUDGET; c.window = WIN; c.decode_gap = GAP;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    q = (float *)malloc(sizeof(float) * (size_t)rows * HEADS * DIM);
+    k = (float *)malloc(sizeof(float) * (size_t)rows * KV * DIM);
+    scores = (float *)malloc(sizeof(float) * (size_t)rows * HEADS);
+    shared = (float *)calloc((size_t)rows, sizeof(float));
+    row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
+    synth_qk(q, k, rows, HEADS, KV, DIM, 64, 2, 31); /* the padding rows hold finite stale keys */
+    ei_decoder_size(ctx, HEADS, DIM, &db);
+    ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+    dm = guarded_alloc(db);
+    ws = guarded_alloc(wb);
+    CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
+    decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
+    CHECK(dec.position_end == NPOS, "position_end %lld after positions 0..%d", (long long)dec.position_end, NPOS - 1);
+
+    /* observed queries follow each other: a gap, a repeat, a rewind and a position past the limits are
+       refused with the decoder unchanged; ei_decoder_reset starts anywhere */
+    one = ei_tensor_make(q + (size_t)NPOS * HEADS * DIM, EI_F32, 1, HEADS, DIM);
+    saved = dec;
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, NPOS + 1, 1), EI_ERR_STATE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, NPOS - 1, 1), EI_ERR_STATE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 0, 1), EI_ERR_STATE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, -1, 1), EI_ERR_SIZE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, EI_MAX_TOKENS, 1), EI_ERR_SIZE);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, INT64_MAX, 1), EI_ERR_SIZE);
+    CHECK(!memcmp(&saved, &dec, sizeof dec), "a refused observe changed the decoder");
+    {   /* counters edited so that position_end lies below the queries observed: refused */
+        ei_decoder e = dec;
+        e.position_end = e.n_observed - 1;
+        CHECK_ERR(ei_decode_observe(ctx, &e, &one, e.position_end, 1), EI_ERR_STATE);
+        e.position_end = EI_MAX_TOKENS + 1;
+        CHECK(ei_decode_due(ctx, &e) == 0, "due of a decoder whose position_end is past the limits");
+    }
+
+    /* P: the padded view, no map: every call refuses, nothing written */
+    kP = ei_tensor_make(k, EI_F32, rows, KV, DIM);
+    kC = ei_tensor_make(k, EI_F32, NPOS, KV, DIM);
+    ksP = decode_keep_set(KV, BUDGET, rows, rows);
+    ksM = decode_keep_set(KV, BUDGET, rows, rows);
+    ksC = decode_keep_set(KV, BUDGET, rows, rows);
+    memset(ksP.index, 0x5a, sizeof(int32_t) * KV * BUDGET);
+    for (j = 0; j < rows * HEADS; ++j) scores[j] = 1.0f;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kP, &ksP, ws, wb), EI_ERR_SHAPE);
+    CHECK(strstr(ei_last_error(), "padding") != NULL, "the refusal names the padding: '%s'", ei_last_error());
+    CHECK(ksP.n_kept == 0 && ksP.index[0] == 0x5a5a5a5a && ksP.index[KV * BUDGET - 1] == 0x5a5a5a5a,
+          "a refused padded keep wrote its keep set");
+    CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kP, &ksP, 1, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_score(ctx, &dec, &kP, NULL, 0, scores, 0, 1, ws, wb), EI_ERR_SHAPE);
+    CHECK(scores[0] == 1.0f && scores[rows * HEADS - 1] == 1.0f, "a refused padded score wrote scores");
+    CHECK_ERR(ei_decode_select(ctx, &dec, scores, rows, &ksP, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_shared_add(ctx, &dec, scores, rows, NULL, shared, ws, wb), EI_ERR_SHAPE);
+    CHECK(shared[0] == 0.0f && shared[rows - 1] == 0.0f, "a refused padded shared_add wrote shared");
+    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksP, ws, wb), EI_ERR_SHAPE);
+    CHECK(!memcmp(&saved, &dec, sizeof dec), "a refused padded call changed the decoder");
+
+    /* M: the padded view with a map marking the padding -1 == C: the view cut at position_end */
+    for (j = 0; j < rows; ++j) row_pos[j] = j < NPOS ? (int32_t)j : -1;
+    ksM.row_pos = row_pos;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kP, &ksM, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
+    CHECK(ksM.n_kept == BUDGET && ksC.n_kept == BUDGET && ksM.compressed && ksC.compressed,
+          "kept %d / %d of %d", ksM.n_kept, ksC.n_kept, BUDGET);
+    for (j = 0; j < KV * BUDGET; ++j) same &= ksM.index[j] == ksC.index[j] && ksM.positions[j] == ksC.positions[j];
+    for (j = 0; j < KV; ++j) { /* the padding never kept */
+        long r;
+        for (r = NPOS; r < rows; ++r) same &= ksM.mask[j * rows + r] == 0;
+    }
+    CHECK(same, "a map with -1 padding keeps what the cut view keeps, never a padding row");
+    /* the view cut one row short (a token's K not yet appended) is still accepted */
+    kC.n_tokens = NPOS - 1;
+    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
+
+    decode_keep_set_free(&ksP); decode_keep_set_free(&ksM); decode_keep_set_free(&ksC);
+    guarded_free(dm); guarded_free(ws);
+    free(q); free(k); free(scores); free(shared); free(row_pos);
+    ei_context_destroy(ctx);
+}
+
 static void test_decode_rows(void) {
     enum { HEADS = 8, KV = 2, DIM = 32, GAP = 4, WIN = 16, BUDGET = 96, NPOS = 300, EXTRA = 37, MORE = 8 };
     const long rows = NPOS + EXTRA, L = NPOS - WIN;
@@ -1199,7 +1297,7 @@ static void test_decode_rows(void) {
     for (t = NPOS; t < NPOS + MORE; ++t) {
         ei_tensor one = ei_tensor_make(q + (size_t)t * HEADS * DIM, EI_F32, 1, HEADS, DIM);
         CHECK(!ei_decode_due(ctx, &dec), "not due before recompress_every tokens");
-        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, &dec, &one, t, 1), EI_OK);
     }
     CHECK(ei_decode_due(ctx, &dec), "due after recompress_every tokens");
     kC = ei_tensor_make(bufB, EI_F32, BUDGET + MORE, KV, DIM);
@@ -1586,7 +1684,7 @@ static void test_decode_policies(void) {
                                 for (t = NPOS; t < N; ++t) {
                                     ei_tensor one = ei_tensor_make(q + (size_t)t * HEADS * DIM, EI_F32, 1, HEADS, DIM);
                                     CHECK(!ei_decode_due(ctx, &dec), "not due before recompress_every tokens");
-                                    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, 1), EI_OK);
+                                    CHECK_ERR(ei_decode_observe(ctx, &dec, &one, t, 1), EI_OK);
                                 }
                                 CHECK(ei_decode_due(ctx, &dec), "due after recompress_every tokens");
                             }
@@ -1673,7 +1771,7 @@ static void test_decode_policies(void) {
             ei_tensor one = ei_tensor_make(q, EI_F32, 1, HEADS, DIM);
             ei_keep_set ks3 = decode_keep_set(KV, BUDGET, NPOS, NPOS);
             CHECK_ERR(ei_decoder_init(ctx2, &d3, HEADS, KV, DIM, dm3, db2), EI_OK);
-            CHECK_ERR(ei_decode_observe(ctx2, &d3, &one, 1), EI_OK);
+            CHECK_ERR(ei_decode_observe(ctx2, &d3, &one, NPOS-1, 1), EI_OK);
             CHECK_ERR(ei_decode_keep(ctx2, &d3, &kt, &ks3, ws, wb), EI_ERR_STATE);
             decode_keep_set_free(&ks3);
             guarded_free(dm3);
@@ -1695,7 +1793,7 @@ static void test_decode_policies(void) {
             ei_tensor q2 = ei_tensor_make(dec.accumulated + 8, EI_F32, 1, HEADS, DIM);
             ks2.index = (int32_t *)(void *)(dec.accumulated + 100);
             CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks2, ws, wb), EI_ERR_OVERLAP);
-            CHECK_ERR(ei_decode_observe(ctx, &dec, &q2, 1), EI_ERR_OVERLAP);
+            CHECK_ERR(ei_decode_observe(ctx, &dec, &q2, dec.position_end, 1), EI_ERR_OVERLAP);
             CHECK(dec.n_observed == NPOS && !memcmp(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1)),
                   "a refused overlap changed the decoder");
         }
@@ -1758,6 +1856,7 @@ int main(void) {
     test_ranking_options();
     test_decode();
     test_decode_rows();
+    test_decode_padded();
     test_decode_policies();
     test_allocator_logger();
     return check_summary();

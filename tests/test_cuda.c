@@ -438,7 +438,7 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     dk->ring = dev_alloc(bytes);
     CHECK_OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
     tq = ei_tensor_make(dq, dt, W, nh, D);
-    CHECK_OK(ei_decode_observe(g, &dk->dec, &tq, 0));
+    CHECK_OK(ei_decode_observe(g, &dk->dec, &tq, n - W, 0));
     memset(&dk->ks, 0, sizeof dk->ks);
     dk->ks.heads_out = heads_out;
     dk->ks.capacity = c->decode_budget;
@@ -682,7 +682,7 @@ static void random_decode(int quick) {
             ks.index = (int32_t *)malloc((size_t)heads_out * B * 4);
             ks.pooled = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
             ks.pooled_capacity = L > 0 ? L : 1;
-            CHECK_OK(ei_decode_observe(cpu, &dec, &tq, 0));
+            CHECK_OK(ei_decode_observe(cpu, &dec, &tq, n - W, 0));
             CHECK_OK(ei_decode_workspace_size(cpu, n, nh, nkv, &wsb));
             ws = malloc(wsb);
             CHECK_OK(ei_decode_keep(cpu, &dec, &tk, &ks, ws, wsb));
@@ -913,9 +913,9 @@ static void decode_policies_gpu(int quick) {
                             ei_tensor gq = ei_tensor_make((const float *)dq + (size_t)t * NH * D, EI_F32, cnt, NH, D);
                             ei_tensor cq = ei_tensor_make(q + (size_t)t * NH * D, EI_F32, cnt, NH, D);
                             int gen = round || t >= NPOS - GAP;
-                            CHECK_OK(ei_decode_observe(g, &gd, &gq, gen));
-                            CHECK_OK(ei_decode_observe(gdf, &dd, &gq, gen));
-                            CHECK_OK(ei_decode_observe(cpu, &cd, &cq, gen));
+                            CHECK_OK(ei_decode_observe(g, &gd, &gq, t, gen));
+                            CHECK_OK(ei_decode_observe(gdf, &dd, &gq, t, gen));
+                            CHECK_OK(ei_decode_observe(cpu, &cd, &cq, t, gen));
                             t += cnt - 1;
                         }
                         for (t = 0; t < N; t++) row_pos[perm[t]] = (int32_t)t;
@@ -1900,7 +1900,7 @@ static ei_result dp_prefill(dp_fix *x) {
 }
 static ei_result dp_observe(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh);
-    return ei_decode_observe(g_gpu, &x->dec, &q, 0);
+    return ei_decode_observe(g_gpu, &x->dec, &q, x->dec.position_end, 0);
 }
 static ei_result dp_copy(dp_fix *x) {
     return ei_device_copy(g_gpu, dp_at(x, DP_OUT), dp_at(x, DP_Q), x->bytes[DP_Q], EI_COPY_DEVICE_TO_DEVICE);

@@ -291,7 +291,7 @@ static void prefill_graph(void) {
 typedef struct observe_call { ei_context *ctx; ei_decoder *dec; const ei_tensor *q; } observe_call;
 static ei_result observe_call_run(void *arg) {
     observe_call *a = (observe_call *)arg;
-    return ei_decode_observe(a->ctx, a->dec, a->q, 1);
+    return ei_decode_observe(a->ctx, a->dec, a->q, a->dec->position_end, 1);
 }
 typedef struct compact_call { ei_context *ctx; const ei_keep_set *keep; ei_out_tensor *k; } compact_call;
 static ei_result compact_call_run(void *arg) {
@@ -660,6 +660,7 @@ static void dec_sync(ei_decoder *eager, const ei_decoder *graph, const void *rin
     size_t ring_bytes = (size_t)DG_W * DG_NH * DG_D * 4;
     d2d(eager->queries, ring, ring_bytes, st);
     eager->n_observed = observed;
+    eager->position_end = DG_N - DG_P - 1 + observed; /* the prompt observed from position DG_N - DG_P - 1 */
     eager->n_generated = 0;
     eager->last_compress = -1;
     (void)graph;
@@ -676,7 +677,7 @@ typedef struct keep_call {
 } keep_call;
 static ei_result keep_call_run(void *arg) {
     keep_call *a = (keep_call *)arg;
-    ei_result r = ei_decode_observe(a->ctx, a->dec, a->q, 1);
+    ei_result r = ei_decode_observe(a->ctx, a->dec, a->q, a->dec->position_end, 1);
     if (r != EI_OK) return r;
     return ei_decode_keep(a->ctx, a->dec, a->k, a->keep, a->ws, a->wsb);
 }
@@ -721,7 +722,7 @@ static void keep_graph(int maps) {
     /* the prompt, observed eagerly in the mode; its ring kept for every replay */
     fill_bf16(qp, nqp, 1.f);
     h2d(dqp, qp, nqp * 2, s.st);
-    CHECK_OK(ei_decode_observe(s.capt, &dG, &tqp, 0));
+    CHECK_OK(ei_decode_observe(s.capt, &dG, &tqp, DG_N - DG_P - 1, 0));
     d2d(ring, dG.queries, (size_t)DG_W * DG_NH * DG_D * 4, s.st);
     fill_bf16(k, nk, 1.f); fill_bf16(qg, nqg, 1.f);
     h2d(dk, k, nk * 2, s.st); h2d(dqg, qg, nqg * 2, s.st);
@@ -782,7 +783,7 @@ static void keep_graph(int maps) {
         /* the waiting calls on the same inputs */
         dec_sync(&dE, &dG, ring, n0, s.st);
         dkeep_clear(&kE, s.st);
-        re = ei_decode_observe(s.eager, &dE, &tqg, 1);
+        re = ei_decode_observe(s.eager, &dE, &tqg, dE.position_end, 1);
         if (re == EI_OK) re = ei_decode_keep(s.eager, &dE, &tk, &kE.ks, wsE, s.ws_bytes);
         snprintf(emsg, sizeof emsg, "%s", re == EI_OK ? "" : ei_last_error());
         if (!fault) {
@@ -885,8 +886,8 @@ static void score_select_graph(int maps) {
     dkeep_make(&kG, DG_NKV, DG_BUDGET, rp_d, maps ? DG_N : 0);
     fill_bf16(qp, nqp, 1.f);
     h2d(dqp, qp, nqp * 2, s.st);
-    CHECK_OK(ei_decode_observe(s.eager, &dE, &tqp, 0));
-    CHECK_OK(ei_decode_observe(s.capt, &dG, &tqp, 0));
+    CHECK_OK(ei_decode_observe(s.eager, &dE, &tqp, DG_N - DG_P, 0));
+    CHECK_OK(ei_decode_observe(s.capt, &dG, &tqp, DG_N - DG_P, 0));
     fill_bf16(k, nk, 1.f);
     h2d(dk, k, nk * 2, s.st);
 
@@ -1035,8 +1036,8 @@ static void shared_graph(void) {
         tk[layer] = ei_tensor_make(dk[layer], EI_BF16, DG_N, DG_NKV, DG_D);
         fill_bf16(qp, nqp, 1.f);
         h2d(dqp, qp, nqp * 2, s.st);
-        CHECK_OK(ei_decode_observe(s.eager, &dE[layer], &tqp, 0));
-        CHECK_OK(ei_decode_observe(s.capt, &dG[layer], &tqp, 0));
+        CHECK_OK(ei_decode_observe(s.eager, &dE[layer], &tqp, DG_N - DG_P, 0));
+        CHECK_OK(ei_decode_observe(s.capt, &dG[layer], &tqp, DG_N - DG_P, 0));
         fill_bf16(k, nk, 1.f);
         h2d(dk[layer], k, nk * 2, s.st);
     }

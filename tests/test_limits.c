@@ -376,7 +376,7 @@ static void test_decode_nonfinite(void) {
     ks.index = (int32_t *)guarded_alloc(idx_bytes);
     qt = ei_tensor_make(q, EI_F32, n, heads, dim);
     kt = ei_tensor_make(k, EI_F32, n, kv, dim);
-    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
     k[(size_t)17 * kv * dim + 2] = INFINITY;
     CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_NONFINITE);
     k[(size_t)17 * kv * dim + 2] = NAN;
@@ -388,7 +388,7 @@ static void test_decode_nonfinite(void) {
     for (t = n - c.window; t < n; ++t) { q[(size_t)t * heads * dim + 0] = 3e38f; q[(size_t)t * heads * dim + 1] = 3e38f; }
     k[(size_t)40 * kv * dim + 0] = 3e38f;
     k[(size_t)40 * kv * dim + 1] = -3e38f;
-    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
     {
         ei_result r = ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb);
         CHECK(r == EI_ERR_NONFINITE, "decode scores that overflow to NaN (q 3e38 x k +-3e38) gave %s, not EI_ERR_NONFINITE: "
@@ -612,7 +612,7 @@ static void test_any_alignment(void) {
             if (r1 == EI_OK) r1 = ei_profile_chunk(ctx, &q, &k, &plan, plan.n_tokens, 1, ws, wb);
             r2 = r1 == EI_OK ? ei_attention_prefill(ctx, &q, &k, &v, &plan, &o, 0, 0, 1, as, ab) : r1;
             r3 = ei_decoder_init(ctx, &dec, L.heads, L.kv, L.dim, dm, db);
-            if (r3 == EI_OK) r3 = ei_decode_observe(ctx, &dec, &q, 0);
+            if (r3 == EI_OK) r3 = ei_decode_observe(ctx, &dec, &q, 0, 0);
             memset(&ks, 0, sizeof ks);
             ks.heads_out = L.kv;
             ks.capacity = c.decode_budget;
@@ -670,7 +670,7 @@ static mu_setup mu_make(ei_simd simd) {
         guarded_free(ws);
     }
     CHECK_ERR(ei_decoder_init(m.ctx, &m.dec, m.L.heads, m.L.kv, m.L.dim, m.dm, m.db), EI_OK);
-    CHECK_ERR(ei_decode_observe(m.ctx, &m.dec, &m.L.tq, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(m.ctx, &m.dec, &m.L.tq, 0, 0), EI_OK);
     return m;
 }
 static void mu_free(mu_setup *m) {
@@ -765,7 +765,7 @@ static void test_overlaps(void) {
     mu_expect_overlap(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, (float *)dws + 64, 0, 1, dws, m.kb), "scores",
                       "workspace", "decode scores inside the workspace");
     x = L->tq; x.data = m.dec.queries; x.n_tokens = 1;
-    mu_expect_overlap(ei_decode_observe(m.ctx, &m.dec, &x, 0), "q", "ring", "observed q inside the decoder's ring");
+    mu_expect_overlap(ei_decode_observe(m.ctx, &m.dec, &x, m.dec.position_end, 0), "q", "ring", "observed q inside the decoder's ring");
     CHECK_ERR(ei_decode_score(m.ctx, &m.dec, &L->tk, NULL, 0, scores, 0, 1, dws, m.kb), EI_OK);
     shared = (float *)guarded_alloc(sizeof(float) * (size_t)L->n);
     memset(shared, 0, sizeof(float) * (size_t)L->n);
@@ -848,9 +848,9 @@ static void test_alignment_rules(void) {
             mu_expect_align(ei_profile(m.ctx, &x, &L->tk, &m.plan, ws, m.wb), "profile, f32 q at +2");
             mu_expect_align(ei_attention_prefill(m.ctx, &x, &L->tk, &L->tv, &m.plan, &o, 0, 0, 1, as, m.ab),
                             "attention, f32 q at +2");
-            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, 0), "observe, f32 q at +2");
+            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, m.dec.position_end, 0), "observe, f32 q at +2");
             x.data = raw + 1; x.dtype = EI_F16;
-            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, 0), "observe, f16 q at +1");
+            mu_expect_align(ei_decode_observe(m.ctx, &m.dec, &x, m.dec.position_end, 0), "observe, f16 q at +1");
             x = L->tk; x.data = raw + 1;
             mu_expect_align(ei_decode_keep(m.ctx, &m.dec, &x, &ks, dws, m.kb), "decode, f32 k at +1");
             o.data = (unsigned char *)out + 2;
@@ -1014,7 +1014,7 @@ static void test_edited_plan_decoder(void) {
             case 6: e.n_generated = e.n_observed + 5; break;
             default: e.last_compress = e.n_generated + 9; break;
         }
-        r1 = ei_decode_observe(m.ctx, &e, &L->tq, 0);
+        r1 = ei_decode_observe(m.ctx, &e, &L->tq, e.position_end, 0);
         r2 = ei_decode_keep(m.ctx, &e, &L->tk, &ks, dws, m.kb);
         CHECK((r1 == EI_ERR_STATE || (f == 3 && r1 == EI_ERR_SHAPE)) && (r2 == EI_ERR_STATE || (f == 3 && r2 == EI_ERR_SHAPE)),
               "decoder field edit %d: observe %s, keep %s", f, ei_result_name(r1), ei_result_name(r2));
@@ -1172,7 +1172,7 @@ static ei_result ru_step_keep_mt(pl_fix *x) {
 static ei_result ru_merge(pl_fix *x) {
     return ei_attention_decode_merge(x->ctx, PX(ei_out_tensor, R_OUT), PX(const float, R_PART), x->bytes[R_PART], 0, 1);
 }
-static ei_result ru_observe(pl_fix *x) { return ei_decode_observe(x->ctx, PX(ei_decoder, R_DEC), PL_Q, 1); }
+static ei_result ru_observe(pl_fix *x) { return ei_decode_observe(x->ctx, PX(ei_decoder, R_DEC), PL_Q, PX(ei_decoder, R_DEC)->position_end, 1); }
 static ei_result ru_decoder_reset(pl_fix *x) { return ei_decoder_reset(PX(ei_decoder, R_DEC)); }
 static ei_result ru_keep(pl_fix *x) { return ei_decode_keep(x->ctx, PX(ei_decoder, R_DEC), PL_K, PL_KEEP, x->p[R_WS], x->bytes[R_WS]); }
 static ei_result ru_keep_mt(pl_fix *x) {
@@ -1479,7 +1479,7 @@ static void pl_make(pl_fix *x, ei_decode_policy policy) {
     CHECK_OK(ei_plan_init(x->ctx, &x->plan, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, x->pm, x->pb));
     CHECK_OK(ei_profile(x->ctx, &L->tq, &L->tk, &x->plan, ws, x->wb));
     CHECK_OK(ei_decoder_init(x->ctx, &x->dec, L->heads, L->kv, L->dim, x->dm, x->db));
-    CHECK_OK(ei_decode_observe(x->ctx, &x->dec, &L->tq, 0));
+    CHECK_OK(ei_decode_observe(x->ctx, &x->dec, &L->tq, 0, 0));
     x->pm_snap = (unsigned char *)malloc(x->pb); memcpy(x->pm_snap, x->pm, x->pb);
     x->dm_snap = (unsigned char *)malloc(x->db); memcpy(x->dm_snap, x->dm, x->db);
     x->plan_master = &x->plan; x->dec_master = &x->dec;
@@ -1653,9 +1653,9 @@ static void test_issue36_seals(void) {
     ei_decoder_size(ctx, L.heads, L.dim, &db);
     dm = guarded_alloc(db);
     CHECK_ERR(ei_decoder_init(ctx, &d, L.heads, L.kv, L.dim, dm, db), EI_OK);
-    CHECK_ERR(ei_decode_observe(ctx, &d, &L.tq, 0), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &d, &L.tq, 0, 0), EI_OK);
     q1.n_tokens = 4; /* decode_gap generated tokens */
-    CHECK_ERR(ei_decode_observe(ctx, &d, &q1, 1), EI_OK);
+    CHECK_ERR(ei_decode_observe(ctx, &d, &q1, d.position_end, 1), EI_OK);
     CHECK(ei_decode_due(ctx, &d) == 1, "ei_decode_due after decode_gap tokens");
     c36_garbage(&dg, sizeof dg, 4);
     CHECK(ei_decode_due(ctx, &dg) == 0 && strstr(ei_last_error(), "EI_ERR_STATE"), "ei_decode_due of garbage: '%s'", ei_last_error());
@@ -1769,7 +1769,7 @@ static void test_issue36_int64_edges(void) {
         {
             ei_decoder de = m.dec;
             de.n_observed = v;
-            CHECK_ERR(ei_decode_observe(m.ctx, &de, &q1, 1), EI_ERR_STATE);
+            CHECK_ERR(ei_decode_observe(m.ctx, &de, &q1, de.position_end, 1), EI_ERR_STATE);
             de = m.dec; de.last_compress = v == -1 ? -2 : v; /* (-1: no compression yet) */
             CHECK_ERR(ei_decode_keep(m.ctx, &de, &L->tk, &ks, dws, m.kb), EI_ERR_STATE);
         }

@@ -204,7 +204,7 @@ static void test_validate_once(const char *dir) {
         {   /* fewer observed queries than the window: accepted */
             ei_tensor q5 = L.tq;
             q5.n_tokens = 5;
-            CHECK_ERR(ei_decode_observe(x, &dec, &q5, 0), EI_OK);
+            CHECK_ERR(ei_decode_observe(x, &dec, &q5, 0, 0), EI_OK);
         }
         if (b) CHECK(g_calls[7] == 1 && g_calls[9] == 1 && g_calls[10] == 1,
                      "plugin calls: profile %d, attention %d, observe %d (1 each expected)", g_calls[7], g_calls[9],

@@ -190,10 +190,10 @@ static ei_result observe_layer(const ei_context *ctx, int l, ei_decoder *dec) {
     long t;
     ei_result r;
     prompt.n_tokens = N - c->decode_gap;
-    r = ei_decode_observe(ctx, dec, &prompt, 0);
+    r = ei_decode_observe(ctx, dec, &prompt, 0, 0);
     for (t = N - c->decode_gap; t < N && r == EI_OK; ++t) {
         ei_tensor one = query_row(L, t);
-        r = ei_decode_observe(ctx, dec, &one, 1);
+        r = ei_decode_observe(ctx, dec, &one, t, 1);
     }
     return r;
 }
@@ -819,10 +819,10 @@ static ei_result sc_observe(stack_env *E, long arg) {
     long t;
     (void)arg;
     prompt.n_tokens = ST_DN - c->decode_gap;
-    r = ei_decode_observe(E->ctx, &E->dec, &prompt, 0);
+    r = ei_decode_observe(E->ctx, &E->dec, &prompt, 0, 0);
     for (t = ST_DN - c->decode_gap; t < ST_DN && r == EI_OK; ++t) {
         ei_tensor one = ei_tensor_make(E->D.q + (size_t)t * ST_HEADS * ST_DIM, EI_F32, 1, ST_HEADS, ST_DIM);
-        r = ei_decode_observe(E->ctx, &E->dec, &one, 1);
+        r = ei_decode_observe(E->ctx, &E->dec, &one, t, 1);
     }
     return r;
 }

@@ -812,7 +812,10 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
         /* the decoder keeps the last `window` queries: feed only those of a prompt chunk */
         int64_t keep = decode ? n : (n < s->ei_cfg.window ? n : s->ei_cfg.window);
         ei_tensor qv = ei_tensor_make(s->q + (size_t)(n - keep) * H * D, EI_F32, keep, H, D);
-        if (ei_check(s, ei_decode_observe(s->ei, &s->decs[l], &qv, decode), "ei_decode_observe", err, errlen)) return -1;
+        /* (s->n_past: the position of this call's first query) */
+        if (ei_check(s, ei_decode_observe(s->ei, &s->decs[l], &qv, s->n_past + (n - keep), decode), "ei_decode_observe", err,
+                     errlen))
+            return -1;
     }
     return 0;
 }

@@ -1202,7 +1202,8 @@ static void ei_op_observe(ggml_tensor * dst, int ith, int nth, void * ud) {
     const int64_t keep = std::min<int64_t>(q.n_tokens, L->dec.window);
     q.data     = (const float *) q.data + (size_t) (q.n_tokens - keep) * (size_t) q.token_stride;
     q.n_tokens = keep;
-    if (ei_decode_observe(L->ctx, &L->dec, &q, st->obs_generated) != EI_OK) {
+    // the kept rows are the ubatch's last ones: their positions end at next_pos (ei_observe_decide)
+    if (ei_decode_observe(L->ctx, &L->dec, &q, st->next_pos - keep, st->obs_generated) != EI_OK) {
         ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_observe: " + ei_last_error());
     }
 }
