@@ -10,37 +10,92 @@
        #include "entropyinfer.h"
 
    Everywhere else include it plainly. Link with -lm (and -lpthread for the
-   optional thread helpers, -ldl for the optional CUDA backend). One layer's
-   prefill, with q_ptr, k_ptr, v_ptr (bf16) and out_ptr (f32) the engine's
-   buffers of n tokens (`make test-quickstart-header` compiles and runs this
-   block as it stands here):
+   optional thread helpers, -ldl for the optional CUDA backend). One layer
+   of an engine, from the prompt to compressed decode: q_ptr, k_ptr, v_ptr
+   (bf16) are the Q/K/V the model produces for n tokens after RoPE and
+   out_ptr (f32) their attention output. The prompt (all but the last 32
+   tokens) is prefilled in micro-batches of 512 over a KV cache padded to
+   256 rows, then the last 32 are decoded one at a time, the cache
+   compressed to cfg.decode_budget rows after cfg.decode_gap of them
+   (`make test-quickstart-header` compiles and runs this block as it
+   stands here, as C and as C++):
 
        ei_config cfg = ei_config_default();      // the paper's configuration
        ei_context *ctx;
        if (ei_context_create(&cfg, &ctx) != EI_OK) { puts(ei_last_error()); return 1; }
+       const int64_t cap = (n + 255) / 256 * 256;  // cache rows, padded as many engines pad them
+       const int64_t n_prompt = n - 32, ubatch = 512;
+       const size_t row = 8 * 128;                // elements of a cache row: 8 kv heads x head_dim 128
 
-       // once, at setup: plan memory and per-thread workspaces for up to n tokens
-       size_t plan_bytes, ws_bytes, ws2_bytes;
-       ei_plan_size(ctx, n, 8, 128, 0, &plan_bytes);               // 8 kv heads, head_dim 128
-       ei_profile_workspace_size(ctx, n, 32, 8, 128, &ws_bytes);   // 32 query heads
-       ei_attention_workspace_size(ctx, 32, 8, 128, &ws2_bytes);
-       void *plan_mem = malloc(plan_bytes), *ws = malloc(ws_bytes), *ws2 = malloc(ws2_bytes);
+       // once, at setup: plan, decoder, keep set, cache and workspaces, for up to cap tokens
+       size_t plan_bytes, dec_bytes, ws_bytes, ws2_bytes, ws3_bytes;
+       ei_plan_size(ctx, cap, 8, 128, EI_PLAN_CHUNKED, &plan_bytes);
+       ei_decoder_size(ctx, 32, 128, &dec_bytes);                      // 32 query heads
+       ei_profile_workspace_size(ctx, cap, 32, 8, 128, &ws_bytes);      // planning
+       ei_attention_workspace_size(ctx, 32, 8, 128, &ws2_bytes);        // attention
+       ei_decode_workspace_size(ctx, cap, 32, 8, &ws3_bytes);           // decode keep sets
+       void *plan_mem = malloc(plan_bytes), *dec_mem = malloc(dec_bytes);
+       void *ws = malloc(ws_bytes), *ws2 = malloc(ws2_bytes), *ws3 = malloc(ws3_bytes);
+       uint16_t *k_cache = (uint16_t *)calloc((size_t)cap * row, 2);
+       uint16_t *v_cache = (uint16_t *)calloc((size_t)cap * row, 2);
        ei_plan plan;
-       ei_plan_init(ctx, &plan, n, 8, 128, 0, plan_mem, plan_bytes);
+       ei_decoder dec;
+       ei_keep_set keep;
+       memset(&keep, 0, sizeof keep);
+       keep.heads_out = 8;                         // a set per kv head (cfg.per_kv_head)
+       keep.capacity = cfg.decode_budget;
+       keep.index = (int32_t *)malloc(sizeof(int32_t) * 8 * (size_t)cfg.decode_budget);
+       ei_result r = ei_plan_init(ctx, &plan, cap, 8, 128, EI_PLAN_CHUNKED, plan_mem, plan_bytes);
+       if (r == EI_OK) r = ei_decoder_init(ctx, &dec, 32, 8, 128, dec_mem, dec_bytes);
 
-       // per layer, after RoPE: Q [n][32][128], K and V [n][8][128], out [n][32][128]
-       ei_tensor q = ei_tensor_make(q_ptr, EI_BF16, n, 32, 128);
-       ei_tensor k = ei_tensor_make(k_ptr, EI_BF16, n, 8, 128);
-       ei_tensor v = ei_tensor_make(v_ptr, EI_BF16, n, 8, 128);
-       ei_out_tensor out = ei_out_tensor_make(out_ptr, EI_F32, n, 32, 128);
-       ei_result r = ei_profile(ctx, &q, &k, &plan, ws, ws_bytes);   // the sparsity plan
-       if (r == EI_OK)                          // q_offset 0, thread 0 of 1
-           r = ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, 0, 0, 1, ws2, ws2_bytes);
+       // prefill, per micro-batch of positions [p, p + m): its K/V appended to the cache,
+       // planned against the padded cache (rows past p + m are ignored), attended, observed
+       int64_t rows = 0;                          // cache rows in use
+       for (int64_t p = 0; r == EI_OK && p < n_prompt; p += ubatch) {
+           int64_t m = n_prompt - p < ubatch ? n_prompt - p : ubatch;
+           memcpy(k_cache + (size_t)rows * row, (const uint16_t *)k_ptr + (size_t)p * row, (size_t)m * row * 2);
+           memcpy(v_cache + (size_t)rows * row, (const uint16_t *)v_ptr + (size_t)p * row, (size_t)m * row * 2);
+           rows += m;
+           ei_tensor q = ei_tensor_make((const uint16_t *)q_ptr + (size_t)p * 32 * 128, EI_BF16, m, 32, 128);
+           ei_tensor k = ei_tensor_make(k_cache, EI_BF16, cap, 8, 128);
+           ei_tensor v = ei_tensor_make(v_cache, EI_BF16, cap, 8, 128);
+           ei_out_tensor out = ei_out_tensor_make((float *)out_ptr + (size_t)p * 32 * 128, EI_F32, m, 32, 128);
+           r = ei_profile_chunk(ctx, &q, &k, &plan, p, p + m == n_prompt, ws, ws_bytes); // the plan
+           if (r == EI_OK)                      // thread 0 of 1 (ith, nth: your pool's)
+               r = ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, p, 0, 1, ws2, ws2_bytes);
+           if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q, p, 0); // keeps the last cfg.window
+       }
+
+       // decode, per generated token of position t: its K/V appended at row `rows`,
+       // attended, observed; when due, the cache keeps the rows that matter, in place
+       for (int64_t t = n_prompt; r == EI_OK && t < n; ++t) {
+           memcpy(k_cache + (size_t)rows * row, (const uint16_t *)k_ptr + (size_t)t * row, row * 2);
+           memcpy(v_cache + (size_t)rows * row, (const uint16_t *)v_ptr + (size_t)t * row, row * 2);
+           rows += 1;
+           ei_tensor q1 = ei_tensor_make((const uint16_t *)q_ptr + (size_t)t * 32 * 128, EI_BF16, 1, 32, 128);
+           ei_tensor k = ei_tensor_make(k_cache, EI_BF16, rows, 8, 128); // the rows in use (a
+           ei_tensor v = ei_tensor_make(v_cache, EI_BF16, rows, 8, 128); // padded view: a row map)
+           ei_out_tensor o1 = ei_out_tensor_make((float *)out_ptr + (size_t)t * 32 * 128, EI_F32, 1, 32, 128);
+           // q_offset: the query's ROW (after a compaction rows are fewer than positions);
+           // ei_attention_decode splits the keys over threads instead
+           r = ei_attention_prefill(ctx, &q1, &k, &v, NULL, &o1, rows - 1, 0, 1, ws2, ws2_bytes);
+           if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q1, t, 1);
+           if (r == EI_OK && ei_decode_due(ctx, &dec)) {     // after cfg.decode_gap tokens
+               ei_out_tensor ko = ei_out_tensor_make(k_cache, EI_BF16, rows, 8, 128);
+               ei_out_tensor vo = ei_out_tensor_make(v_cache, EI_BF16, rows, 8, 128);
+               r = ei_decode_keep(ctx, &dec, &k, &keep, ws3, ws3_bytes);
+               if (r == EI_OK) r = ei_kv_compact(ctx, &keep, &ko, &vo);
+               if (r == EI_OK) rows = keep.n_kept;  // RoPE positions go on from t + 1
+           }
+       }
        if (r != EI_OK) puts(ei_last_error());
-       ei_context_destroy(ctx); free(plan_mem); free(ws); free(ws2);
+       ei_context_destroy(ctx);
+       free(plan_mem); free(dec_mem); free(ws); free(ws2); free(ws3);
+       free(k_cache); free(v_cache); free(keep.index);
 
-   Engines that prefill in micro-batches use ei_profile_chunk (PROTOCOLS);
-   docs/integration.md shows decode compression and the thread helpers.
+   PROTOCOLS says what chunked plans equal and how decode lines up its
+   window; docs/integration.md shows the thread helpers, split-key decode
+   and caches shared by every layer (llama.cpp's).
 
    BUILD OPTIONS (define before the implementation include)
    =============
