@@ -1863,18 +1863,30 @@ static void error_tests(void) {
    placed inside it (at its start, middle, end, straddling its end, at
    256-byte offsets so that no alignment rule answers first) and the call
    must refuse with EI_ERR_OVERLAP, leaving every byte of the arena and the
-   host structs as they were. The regions at home give EI_OK. */
-enum { DP_Q, DP_K, DP_V, DP_OUT, DP_PLAN, DP_WS, DP_DEC, DP_COUNT };
-static const char *const dp_name[DP_COUNT] = {"q", "k", "v", "out", "plan memory", "workspace", "decoder memory"};
+   host structs as they were. The regions at home give EI_OK. The decode
+   entries (keep sets, scores, shared sums, compaction, decode attention)
+   run under a context of decode_budget 64 and window 16, so that the
+   300-row cache is compressed. */
+enum { DP_Q, DP_K, DP_V, DP_OUT, DP_PLAN, DP_WS, DP_DEC, DP_DWS, DP_IDX, DP_POS, DP_SCORES, DP_SHARED, DP_ROWPOS,
+       DP_COUNT };
+static const char *const dp_name[DP_COUNT] = {"q", "k", "v", "out", "plan memory", "workspace", "decoder memory",
+                                              "decode workspace", "keep->index", "keep->positions", "scores", "shared",
+                                              "row_pos"};
 typedef struct dp_fix {
     int64_t n;
-    int nh, nkv, D;
-    size_t bytes[DP_COUNT], home[DP_COUNT], at[DP_COUNT], arena_bytes, pb, pcb, db;
+    int nh, nkv, D, W, C;              /* C: decode_budget (keep capacity) */
+    size_t bytes[DP_COUNT], home[DP_COUNT], at[DP_COUNT], arena_bytes, pb, pcb, db, dwsb;
     unsigned char *arena;              /* device */
     void *q_host, *k_host, *v_host;    /* bf16 contents */
+    ei_context *ctx;                   /* the decode configuration above */
     ei_plan plan, ref_plan;            /* ref_plan: profiled, its own memory */
     void *ref_mem, *ref_ws;
     ei_decoder dec;
+    ei_keep_set keep;                  /* its arrays in the arena */
+    void *q_obs, *dec_apart;           /* the observed queries; a decoder's memory (device, apart) */
+    float *ref_scores, *ref_shared;    /* host: the inputs of select, shared_add and select_shared */
+    int32_t *ref_index, *row_pos;      /* host: a filled per-kv-head keep set's rows (compaction); the identity map */
+    int32_t ref_kept;
 } dp_fix;
 typedef struct dp_call {
     const char *name;
@@ -1887,23 +1899,57 @@ static void *dp_at(const dp_fix *x, int r) { return x->arena + x->at[r]; }
 static ei_tensor dp_view(const dp_fix *x, int r, int heads) { return ei_tensor_make(dp_at(x, r), EI_BF16, x->n, heads, x->D); }
 static ei_result dp_profile(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    return ei_profile(g_gpu, &q, &k, &x->plan, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_profile(x->ctx, &q, &k, &x->plan, dp_at(x, DP_WS), x->bytes[DP_WS]);
 }
 static ei_result dp_chunk(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    return ei_profile_chunk(g_gpu, &q, &k, &x->plan, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_profile_chunk(x->ctx, &q, &k, &x->plan, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
 }
 static ei_result dp_prefill(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
     ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, x->n, x->nh, x->D);
-    return ei_attention_prefill(g_gpu, &q, &k, &v, &x->plan, &o, 0, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_attention_prefill(x->ctx, &q, &k, &v, &x->plan, &o, 0, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
 }
 static ei_result dp_observe(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh);
-    return ei_decode_observe(g_gpu, &x->dec, &q, x->dec.position_end, 0);
+    return ei_decode_observe(x->ctx, &x->dec, &q, x->dec.position_end, 0);
 }
 static ei_result dp_copy(dp_fix *x) {
-    return ei_device_copy(g_gpu, dp_at(x, DP_OUT), dp_at(x, DP_Q), x->bytes[DP_Q], EI_COPY_DEVICE_TO_DEVICE);
+    return ei_device_copy(x->ctx, dp_at(x, DP_OUT), dp_at(x, DP_Q), x->bytes[DP_Q], EI_COPY_DEVICE_TO_DEVICE);
+}
+/* the decode entries: the decoder observed the last W rows and the keep set laid over its regions (setup) */
+static ei_result dp_keep(dp_fix *x) {
+    ei_tensor k = dp_view(x, DP_K, x->nkv);
+    return ei_decode_keep(x->ctx, &x->dec, &k, &x->keep, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+}
+static ei_result dp_score(dp_fix *x) {
+    ei_tensor k = dp_view(x, DP_K, x->nkv);
+    return ei_decode_score(x->ctx, &x->dec, &k, (const int32_t *)dp_at(x, DP_ROWPOS), 0, (float *)dp_at(x, DP_SCORES), 0, 1,
+                           dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+}
+static ei_result dp_select(dp_fix *x) {
+    return ei_decode_select(x->ctx, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, &x->keep, dp_at(x, DP_DWS),
+                            x->bytes[DP_DWS]);
+}
+static ei_result dp_shared_add(dp_fix *x) {
+    return ei_decode_shared_add(x->ctx, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, (const int32_t *)dp_at(x, DP_ROWPOS),
+                                (float *)dp_at(x, DP_SHARED), dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+}
+static ei_result dp_select_shared(dp_fix *x) {
+    return ei_decode_select_shared(x->ctx, &x->dec, (const float *)dp_at(x, DP_SHARED), x->n, &x->keep, dp_at(x, DP_DWS),
+                                   x->bytes[DP_DWS]);
+}
+static ei_result dp_compact(dp_fix *x) {
+    ei_out_tensor k = ei_out_tensor_make(dp_at(x, DP_K), EI_BF16, x->n, x->nkv, x->D);
+    ei_out_tensor v = ei_out_tensor_make(dp_at(x, DP_V), EI_BF16, x->n, x->nkv, x->D);
+    return ei_kv_compact(x->ctx, &x->keep, &k, &v);
+}
+static ei_result dp_decode_attn(dp_fix *x) { /* the newest query against every key */
+    ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
+    ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, 1, x->nh, x->D);
+    q.data = (const unsigned char *)q.data + (size_t)(x->n - 1) * x->nh * x->D * 2;
+    q.n_tokens = 1;
+    return ei_attention_decode(x->ctx, &q, &k, &v, &o, x->n - 1, 0, 1, NULL, 0, dp_at(x, DP_WS), x->bytes[DP_WS]);
 }
 static const dp_call dp_calls[] = {
     {"ei_profile", DPB(DP_Q) | DPB(DP_K) | DPB(DP_PLAN) | DPB(DP_WS), DPB(DP_PLAN) | DPB(DP_WS), 0, dp_profile},
@@ -1912,6 +1958,18 @@ static const dp_call dp_calls[] = {
      DPB(DP_OUT) | DPB(DP_WS), 0, dp_prefill},
     {"ei_decode_observe", DPB(DP_Q) | DPB(DP_DEC), DPB(DP_DEC), 0, dp_observe},
     {"ei_device_copy", DPB(DP_Q) | DPB(DP_OUT), DPB(DP_OUT), 0, dp_copy},
+    {"ei_decode_keep", DPB(DP_K) | DPB(DP_DEC) | DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS),
+     DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS), 0, dp_keep},
+    {"ei_decode_score", DPB(DP_K) | DPB(DP_DEC) | DPB(DP_DWS) | DPB(DP_ROWPOS) | DPB(DP_SCORES),
+     DPB(DP_DWS) | DPB(DP_SCORES), 0, dp_score},
+    {"ei_decode_select", DPB(DP_SCORES) | DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS), DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS), 0,
+     dp_select},
+    {"ei_decode_shared_add", DPB(DP_SCORES) | DPB(DP_ROWPOS) | DPB(DP_SHARED) | DPB(DP_DWS), DPB(DP_SHARED) | DPB(DP_DWS), 0,
+     dp_shared_add},
+    {"ei_decode_select_shared", DPB(DP_SHARED) | DPB(DP_ROWPOS) | DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS),
+     DPB(DP_DWS) | DPB(DP_IDX) | DPB(DP_POS), 0, dp_select_shared},
+    {"ei_kv_compact", DPB(DP_IDX) | DPB(DP_K) | DPB(DP_V), DPB(DP_K) | DPB(DP_V), 0, dp_compact},
+    {"ei_attention_decode", DPB(DP_Q) | DPB(DP_K) | DPB(DP_V) | DPB(DP_OUT), DPB(DP_OUT), 0, dp_decode_attn},
 };
 /* The call's structs laid out over the regions where they are now, and the
    views' contents uploaded: what the call finds before it runs. */
@@ -1926,7 +1984,31 @@ static void dp_setup(dp_fix *x, const dp_call *c) {
             x->plan.n_blocks = x->ref_plan.n_blocks; x->plan.final = x->ref_plan.final;
         }
     }
-    if (c->regs & DPB(DP_DEC)) CHECK_OK(ei_decoder_init(g_gpu, &x->dec, x->nh, x->nkv, x->D, dp_at(x, DP_DEC), x->db));
+    if ((c->regs & DPB(DP_DEC)) || c->run == dp_select || c->run == dp_shared_add || c->run == dp_select_shared) {
+        /* (select, shared_add, select_shared read only the decoder's struct: its memory apart from the arena's) */
+        void *mem = c->regs & DPB(DP_DEC) ? dp_at(x, DP_DEC) : x->dec_apart;
+        CHECK_OK(ei_decoder_init(x->ctx, &x->dec, x->nh, x->nkv, x->D, mem, x->db));
+        if (c->run != dp_observe) { /* the last W rows' queries, from their own buffer */
+            ei_tensor qo = ei_tensor_make(x->q_obs, EI_BF16, x->W, x->nh, x->D);
+            CHECK_OK(ei_decode_observe(x->ctx, &x->dec, &qo, x->n - x->W, 0));
+        }
+    }
+    if (c->regs & DPB(DP_SCORES) && c->run != dp_score) dev_put(dp_at(x, DP_SCORES), x->ref_scores, x->bytes[DP_SCORES]);
+    if (c->regs & DPB(DP_SHARED))
+        dev_put(dp_at(x, DP_SHARED), c->run == dp_shared_add ? x->ref_scores + (size_t)x->nh * x->n : x->ref_shared,
+                x->bytes[DP_SHARED]); /* (shared_add adds into zeros: the scores array's zero tail) */
+    if (c->regs & DPB(DP_ROWPOS)) dev_put(dp_at(x, DP_ROWPOS), x->row_pos, x->bytes[DP_ROWPOS]);
+    /* the keep set over its regions: per kv head (select_shared: one, with the map), filled for compaction */
+    memset(&x->keep, 0, sizeof x->keep);
+    x->keep.heads_out = c->run == dp_select_shared ? 1 : x->nkv;
+    x->keep.capacity = x->C;
+    x->keep.index = (int32_t *)dp_at(x, DP_IDX);
+    x->keep.positions = (int32_t *)dp_at(x, DP_POS);
+    if (c->run == dp_select_shared) x->keep.row_pos = (const int32_t *)dp_at(x, DP_ROWPOS);
+    if (c->run == dp_compact) {
+        dev_put(dp_at(x, DP_IDX), x->ref_index, x->bytes[DP_IDX]);
+        x->keep.n_kept = x->ref_kept; x->keep.compressed = 1; x->keep.n_tokens = x->n;
+    }
     if (c->regs & DPB(DP_Q)) dev_put(dp_at(x, DP_Q), x->q_host, qb);
     if (c->regs & DPB(DP_K)) dev_put(dp_at(x, DP_K), x->k_host, kb);
     if (c->regs & DPB(DP_V)) dev_put(dp_at(x, DP_V), x->v_host, kb);
@@ -1945,6 +2027,21 @@ static size_t dp_result(dp_fix *x, const dp_call *c, unsigned char *buf, size_t 
         for (j = 0; j < 6; ++j) { if (n + len[j] <= cap) dev_get(buf + n, arr[j], len[j]); n += len[j]; }
         if (n + sizeof x->plan.n_tokens <= cap) memcpy(buf + n, &x->plan.n_tokens, sizeof x->plan.n_tokens);
         n += sizeof x->plan.n_tokens;
+    } else if (c->run == dp_keep || c->run == dp_select || c->run == dp_select_shared) {
+        n = x->bytes[DP_IDX] + x->bytes[DP_POS];
+        if (n + sizeof x->keep.n_kept <= cap) {
+            dev_get(buf, dp_at(x, DP_IDX), x->bytes[DP_IDX]);
+            dev_get(buf + x->bytes[DP_IDX], dp_at(x, DP_POS), x->bytes[DP_POS]);
+            memcpy(buf + n, &x->keep.n_kept, sizeof x->keep.n_kept);
+        }
+        n += sizeof x->keep.n_kept;
+    } else if (c->run == dp_score || c->run == dp_shared_add) {
+        int r = c->run == dp_score ? DP_SCORES : DP_SHARED;
+        n = x->bytes[r];
+        if (n <= cap) dev_get(buf, dp_at(x, r), n);
+    } else if (c->run == dp_compact) {
+        n = x->bytes[DP_K] + x->bytes[DP_V];
+        if (n <= cap) { dev_get(buf, dp_at(x, DP_K), x->bytes[DP_K]); dev_get(buf + x->bytes[DP_K], dp_at(x, DP_V), x->bytes[DP_V]); }
     } else if (c->run == dp_observe) {
         size_t ring = (size_t)x->dec.window * (size_t)x->nh * (size_t)x->D * 4;
         if (ring <= cap) dev_get(buf, x->dec.queries, ring);
@@ -1964,17 +2061,27 @@ static void device_placements(void) {
     unsigned char *before, *after, *ref, *got;
     float *qf, *kf;
     memset(&x, 0, sizeof x);
-    x.n = 300; x.nh = 4; x.nkv = 2; x.D = 64;
+    x.n = 300; x.nh = 4; x.nkv = 2; x.D = 64; x.W = 16; x.C = 64;
+    {
+        ei_config dc = base_config();
+        dc.decode_budget = x.C; dc.window = x.W; dc.decode_gap = 4;
+        x.ctx = make_ctx(&dc, EI_BACKEND_CUDA);
+    }
     qf = (float *)malloc((size_t)x.n * x.nh * x.D * 4); kf = (float *)malloc((size_t)x.n * x.nkv * x.D * 4);
     gen_qk(qf, kf, x.n, x.nh, x.nkv, x.D, 2.f);
     x.q_host = host_as(qf, (size_t)x.n * x.nh * x.D, EI_BF16);
     x.k_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
     x.v_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
-    CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, 0, &x.pb));
-    CHECK_OK(ei_plan_size(g_gpu, x.n, x.nkv, x.D, EI_PLAN_CHUNKED, &x.pcb));
-    CHECK_OK(ei_profile_workspace_size(g_gpu, x.n, x.nh, x.nkv, x.D, &pwsb));
-    CHECK_OK(ei_attention_workspace_size(g_gpu, x.nh, x.nkv, x.D, &awsb));
-    CHECK_OK(ei_decoder_size(g_gpu, x.nh, x.D, &x.db));
+    CHECK_OK(ei_plan_size(x.ctx, x.n, x.nkv, x.D, 0, &x.pb));
+    CHECK_OK(ei_plan_size(x.ctx, x.n, x.nkv, x.D, EI_PLAN_CHUNKED, &x.pcb));
+    CHECK_OK(ei_profile_workspace_size(x.ctx, x.n, x.nh, x.nkv, x.D, &pwsb));
+    CHECK_OK(ei_attention_workspace_size(x.ctx, x.nh, x.nkv, x.D, &awsb));
+    CHECK_OK(ei_decoder_size(x.ctx, x.nh, x.D, &x.db));
+    CHECK_OK(ei_decode_workspace_size(x.ctx, x.n, x.nh, x.nkv, &x.dwsb));
+    x.bytes[DP_DWS] = x.dwsb;
+    x.bytes[DP_IDX] = x.bytes[DP_POS] = (size_t)x.nkv * x.C * 4;
+    x.bytes[DP_SCORES] = (size_t)x.nh * x.n * 4;
+    x.bytes[DP_SHARED] = x.bytes[DP_ROWPOS] = (size_t)x.n * 4;
     /* home: every region apart, each as large as any call's */
     x.bytes[DP_Q] = x.bytes[DP_OUT] = (size_t)x.n * x.nh * x.D * 2;
     x.bytes[DP_K] = x.bytes[DP_V] = (size_t)x.n * x.nkv * x.D * 2;
@@ -1993,15 +2100,52 @@ static void device_placements(void) {
         x.ref_mem = dev_alloc(x.pb); x.ref_ws = dev_alloc(pwsb);
         dev_put(x.arena + x.home[DP_Q], x.q_host, x.bytes[DP_Q]);
         dev_put(x.arena + x.home[DP_K], x.k_host, x.bytes[DP_K]);
-        CHECK_OK(ei_plan_init(g_gpu, &x.ref_plan, x.n, x.nkv, x.D, 0, x.ref_mem, x.pb));
-        CHECK_OK(ei_profile(g_gpu, &q, &kk, &x.ref_plan, x.ref_ws, pwsb));
+        CHECK_OK(ei_plan_init(x.ctx, &x.ref_plan, x.n, x.nkv, x.D, 0, x.ref_mem, x.pb));
+        CHECK_OK(ei_profile(x.ctx, &q, &kk, &x.ref_plan, x.ref_ws, pwsb));
+    }
+    { /* the decode entries' inputs, made apart: scores, shared sums, a per-kv-head keep set; the identity map */
+        int64_t j;
+        ei_tensor kk = ei_tensor_make(x.arena + x.home[DP_K], EI_BF16, x.n, x.nkv, x.D);
+        ei_tensor qo;
+        ei_keep_set ks;
+        void *dws = dev_alloc(x.dwsb), *dsc = dev_alloc(x.bytes[DP_SCORES]), *dsh = dev_alloc(x.bytes[DP_SHARED]);
+        void *didx = dev_alloc(x.bytes[DP_IDX]), *dpos = dev_alloc(x.bytes[DP_POS]), *dmap = dev_alloc(x.bytes[DP_ROWPOS]);
+        x.q_obs = dev_alloc((size_t)x.W * x.nh * x.D * 2);
+        x.dec_apart = dev_alloc(x.db);
+        dev_put(x.q_obs, (const unsigned char *)x.q_host + (size_t)(x.n - x.W) * x.nh * x.D * 2, (size_t)x.W * x.nh * x.D * 2);
+        x.row_pos = (int32_t *)malloc(x.bytes[DP_ROWPOS]);
+        for (j = 0; j < x.n; ++j) x.row_pos[j] = (int32_t)j;
+        dev_put(dmap, x.row_pos, x.bytes[DP_ROWPOS]);
+        x.ref_scores = (float *)calloc((size_t)x.nh * x.n + (size_t)x.n, 4); /* (a zero tail: shared_add's start) */
+        x.ref_shared = (float *)calloc((size_t)x.n, 4);
+        x.ref_index = (int32_t *)malloc(x.bytes[DP_IDX]);
+        dev_put(dsh, x.ref_shared, x.bytes[DP_SHARED]);
+        qo = ei_tensor_make(x.q_obs, EI_BF16, x.W, x.nh, x.D);
+        CHECK_OK(ei_decoder_init(x.ctx, &x.dec, x.nh, x.nkv, x.D, x.dec_apart, x.db));
+        CHECK_OK(ei_decode_observe(x.ctx, &x.dec, &qo, x.n - x.W, 0));
+        CHECK_OK(ei_decode_score(x.ctx, &x.dec, &kk, (const int32_t *)dmap, 0, (float *)dsc, 0, 1, dws, x.dwsb));
+        CHECK_OK(ei_decode_shared_add(x.ctx, &x.dec, (const float *)dsc, x.n, (const int32_t *)dmap, (float *)dsh, dws, x.dwsb));
+        dev_get(x.ref_scores, dsc, x.bytes[DP_SCORES]);
+        dev_get(x.ref_shared, dsh, x.bytes[DP_SHARED]);
+        memset(&ks, 0, sizeof ks);
+        ks.heads_out = x.nkv; ks.capacity = x.C; ks.index = (int32_t *)didx; ks.positions = (int32_t *)dpos;
+        CHECK_OK(ei_decoder_reset(&x.dec));
+        CHECK_OK(ei_decode_observe(x.ctx, &x.dec, &qo, x.n - x.W, 0));
+        CHECK_OK(ei_decode_keep(x.ctx, &x.dec, &kk, &ks, dws, x.dwsb));
+        CHECK(ks.n_kept == x.C && ks.compressed == 1, "decode placements: the keep set apart kept %d of %d rows",
+              (int)ks.n_kept, x.C);
+        x.ref_kept = ks.n_kept;
+        dev_get(x.ref_index, didx, x.bytes[DP_IDX]);
+        dev_free(dws); dev_free(dsc); dev_free(dsh); dev_free(didx); dev_free(dpos); dev_free(dmap);
     }
     for (ci = 0; ci < (int)(sizeof dp_calls / sizeof dp_calls[0]); ++ci) {
         const dp_call *c = &dp_calls[ci];
         ei_result r;
         /* the bytes this call uses of the plan memory and the workspace (the GPU's attention may take none) */
         x.bytes[DP_PLAN] = c->chunked ? x.pcb : x.pb;
-        x.bytes[DP_WS] = c->run == dp_prefill ? awsb : pwsb;
+        x.bytes[DP_WS] = c->run == dp_prefill || c->run == dp_decode_attn ? awsb : pwsb;
+        x.bytes[DP_IDX] = x.bytes[DP_POS] = (size_t)(c->run == dp_select_shared ? 1 : x.nkv) * x.C * 4;
+        x.bytes[DP_OUT] = (size_t)(c->run == dp_decode_attn ? 1 : x.n) * x.nh * x.D * 2;
         memcpy(x.at, x.home, sizeof x.at);
         dp_setup(&x, c);
         r = c->run(&x);
@@ -2019,11 +2163,13 @@ static void device_placements(void) {
                 for (k = 0; k < 4; ++k) {
                     ei_plan plan_before;
                     ei_decoder dec_before;
+                    ei_keep_set keep_before;
                     memcpy(x.at, x.home, sizeof x.at);
                     x.at[a] = x.home[b] + offs[k];
                     if (x.at[a] + A > x.arena_bytes) continue; /* (the last region's tail: nothing to place into) */
                     dp_setup(&x, c);
                     memcpy(&plan_before, &x.plan, sizeof x.plan); memcpy(&dec_before, &x.dec, sizeof x.dec);
+                    memcpy(&keep_before, &x.keep, sizeof x.keep);
                     dev_get(before, x.arena, x.arena_bytes);
                     r = c->run(&x);
                     if (r == EI_OK) { /* the placed region lies over bytes the call does not use: the reference's result */
@@ -2037,7 +2183,8 @@ static void device_placements(void) {
                     dev_get(after, x.arena, x.arena_bytes);
                     for (i = 0; i < x.arena_bytes && before[i] == after[i]; ++i) {}
                     CHECK(r == EI_ERR_OVERLAP && i == x.arena_bytes && !memcmp(&plan_before, &x.plan, sizeof x.plan) &&
-                              !memcmp(&dec_before, &x.dec, sizeof x.dec),
+                              !memcmp(&dec_before, &x.dec, sizeof x.dec) &&
+                              (x.keep.n_kept == keep_before.n_kept && x.keep.compressed == keep_before.compressed),
                           "%s: %s (%zu bytes) at byte %zu of %s (%zu bytes): %s (%s)%s", c->name, dp_name[a], A, offs[k],
                           dp_name[b], B, ei_result_name(r), ei_last_error(),
                           i < x.arena_bytes ? ", device bytes written" : "");
@@ -2045,12 +2192,14 @@ static void device_placements(void) {
                 }
             }
     }
-    printf("  device placements over %d entry points (workspace: %zu bytes for profiling, %zu for attention): "
-           "%d refused as overlapping with nothing written, %d accepted with the reference's result\n",
-           (int)(sizeof dp_calls / sizeof dp_calls[0]), pwsb, awsb, refused, accepted);
+    printf("  device placements over %d entry points (workspace: %zu bytes for profiling, %zu for attention, %zu for "
+           "decode keep sets): %d refused as overlapping with nothing written, %d accepted with the reference's result\n",
+           (int)(sizeof dp_calls / sizeof dp_calls[0]), pwsb, awsb, x.dwsb, refused, accepted);
     CHECK(refused > 50, "only %d device placements refused", refused);
-    dev_free(x.arena); dev_free(x.ref_mem); dev_free(x.ref_ws);
+    dev_free(x.arena); dev_free(x.ref_mem); dev_free(x.ref_ws); dev_free(x.q_obs); dev_free(x.dec_apart);
     free(before); free(after); free(ref); free(got); free(x.q_host); free(x.k_host); free(x.v_host); free(qf); free(kf);
+    free(x.ref_scores); free(x.ref_shared); free(x.ref_index); free(x.row_pos);
+    ei_context_destroy(x.ctx);
 }
 
 /* ------------------------------------------------------------ no GPU */
