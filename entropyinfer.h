@@ -909,8 +909,11 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                                         void *workspace, size_t workspace_bytes);
 
 /* Decode attention: a step of 1..EI_DECODE_MAX_TOKENS query tokens (the
-   tokens of q are positions q_offset ..; k and v hold keys 0 .. q_offset +
-   n_tokens - 1), dense causal, the same result as ei_attention_prefill with
+   tokens of q line up with the cache ROWS q_offset ..; k and v hold rows
+   0 .. q_offset + n_tokens - 1: q_offset is the row of the step's first
+   key, which is its position until a compaction (ei_kv_compact) leaves
+   fewer rows than positions; RoPE uses positions, attention rows), dense
+   causal, the same result as ei_attention_prefill with
    plan NULL (within float32 summation order), split along the keys so that
    every thread works however few kv heads the layer has. Two phases:
      ei_attention_decode(..., ith, nth, partials, ...)  thread ith of nth
