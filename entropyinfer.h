@@ -363,7 +363,8 @@
    read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
    them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
-   reads only the new keys. Planning a 32k prompt of that shape in chunks
+   reads only the new keys. A plan of ei_plan_alloc grows with the prompt
+   (ei_plan_grow): allocate it for a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
    AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
    317 ms with it, 289 ms as one ei_profile call; the plans are the same.
@@ -418,6 +419,8 @@
    | ei_plan_init                        |                   | plan, memory    |
    | ei_plan_reset                       |                   | plan, arrays    |
    | ei_plan_finalize                    | plan              | plan arrays     |
+   | ei_plan_grow                        | plan, plan arrays | plan (arrays:   |
+   |                                     |                   | new, library's) |
    | ei_profile ei_profile_heads         | q, k              | plan, plan      |
    |   ei_profile_mt ei_profile_chunk    |                   | arrays, ws      |
    |   ei_profile_chunk_heads            |                   |                 |
@@ -799,6 +802,18 @@ EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_
    no-op; a plan ei_plan_init / ei_plan_alloc did not make (or edited) is
    left as it is, nothing freed, the reason in ei_last_error. */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan);
+/* A plan that grows with the prompt: a plan of ei_plan_alloc (the library's
+   memory; CPU backend) moves into memory laid out for max_tokens, its rows,
+   counts and chunked state kept, so that an engine allocates plans for the
+   prompt so far (a micro-batch or two) instead of the whole context, and
+   grows them before the chunk that passes plan.max_tokens (plans equal
+   those of a plan allocated for the whole prompt, bit for bit: test_core).
+   Never shrinks (max_tokens <= plan.max_tokens: EI_OK, nothing done). Grow
+   the profiling workspace too (ei_profile_workspace_size at the new
+   max_tokens). Not between the ranges of one ei_profile_chunk_heads call.
+   On a refusal (no memory, a plan of caller memory, a GPU plan) the plan is
+   as it was. */
+EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_tokens);
 /* Start a new sequence in an existing plan (chunked planning). */
 EIDEF ei_result ei_plan_reset(ei_plan *plan);
 /* After ei_profile_heads / ei_profile_chunk_heads ranges of one call have
@@ -2996,6 +3011,74 @@ static void ei__reg_plan(ei__regions *g, const ei_plan *plan, int written) {
     ei__reg_mem(g, plan, sizeof *plan, "the ei_plan struct", written);
 }
 
+
+/* ei_plan_grow: copy rows of `len` elements of `es` bytes from a layout of
+   row stride so (elements) to one of stride sn, for n_rows rows. */
+static void ei__copy_rows(void *dst, size_t sn, const void *src, size_t so, size_t len, size_t n_rows, size_t es) {
+    size_t i;
+    for (i = 0; i < n_rows; ++i)
+        memcpy((unsigned char *)dst + i * sn * es, (const unsigned char *)src + i * so * es, len * es);
+}
+EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_tokens) {
+    ei_plan g;
+    size_t kv, so, sn, i;
+    ei_result r;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
+    if (!plan->owned_memory)
+        return ei__fail(ctx, EI_ERR_STATE, "only a plan of ei_plan_alloc grows (a plan in caller memory: lay it out "
+                                           "again with ei_plan_init, or allocate it for the whole context)");
+    if (plan->on_device)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED, "a GPU plan does not grow: allocate it for the context");
+    if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan was laid out for segment %d / block %d, context has %d / %d",
+                        (int)plan->segment_size, (int)plan->block_size, (int)ctx->cfg.segment_size, (int)ctx->cfg.block_size);
+    if (max_tokens <= plan->max_tokens) return EI_OK;
+    if ((r = ei_plan_alloc(ctx, &g, max_tokens, plan->n_kv_heads, plan->head_dim, plan->flags)) != EI_OK) return r;
+    if (g.max_keep < plan->max_keep) { /* a context of a smaller budget cap than the plan's */
+        ei_plan_free(ctx, &g);
+        return ei__fail(ctx, EI_ERR_SHAPE, "plan keeps up to %d blocks a row, this context's layout %d: grow it under "
+                        "the context that made it", (int)plan->max_keep, (int)g.max_keep);
+    }
+    kv = (size_t)plan->n_kv_heads;
+    so = (size_t)plan->seg_capacity;
+    sn = (size_t)g.seg_capacity;
+    /* [kv][segment] rows (the new ones as ei_plan_reset left them), block lists padded with -1 */
+    ei__copy_rows(g.entropy, sn, plan->entropy, so, so, kv, 4);
+    ei__copy_rows(g.budget, sn, plan->budget, so, so, kv, 4);
+    ei__copy_rows(g.keep_blocks, sn, plan->keep_blocks, so, so, kv, 4);
+    ei__copy_rows(g.keep_count, sn, plan->keep_count, so, so, kv, 4);
+    memcpy(g.head_class, plan->head_class, kv);
+    for (i = 0; i < kv; ++i)
+        ei__copy_rows(g.block_index + i * sn * (size_t)g.max_keep, (size_t)g.max_keep,
+                      plan->block_index + i * so * (size_t)plan->max_keep, (size_t)plan->max_keep, (size_t)plan->max_keep, so, 4);
+    if (plan->scores)
+        for (i = 0; i < kv; ++i)
+            ei__copy_rows(g.scores + i * sn * ei__plan_score_row(&g), ei__plan_score_row(&g),
+                          plan->scores + i * so * ei__plan_score_row(plan), ei__plan_score_row(plan),
+                          ei__plan_score_row(plan), so, 4);
+    if (plan->state) { /* head states, recurrence rows, open segments' queries, sampled mass and key store */
+        size_t po = (size_t)ei__round_up(plan->blk_capacity > 0 ? plan->blk_capacity : 1, 16);
+        size_t pn = (size_t)ei__round_up(g.blk_capacity > 0 ? g.blk_capacity : 1, 16);
+        memcpy(ei__plan_states(&g), ei__plan_states(plan), kv * sizeof(ei__head_state));
+        for (i = 0; i < kv; ++i) {
+            memcpy(ei__plan_seg_state(&g, (int32_t)i, 0), ei__plan_seg_state(plan, (int32_t)i, 0), so * sizeof(ei__seg_state));
+            memcpy(ei__plan_open_reps(&g, (int32_t)i), ei__plan_open_reps(plan, (int32_t)i),
+                   (size_t)EI_MAX_CHUNK_GROUP * 2u * (size_t)plan->head_dim * 4u);
+            memcpy(ei__plan_open_mass(&g, (int32_t)i), ei__plan_open_mass(plan, (int32_t)i), po * 4u);
+            if (plan->flags & EI_PLAN_KEEP_KEYS) /* [2][head_dim][blks_pad] */
+                ei__copy_rows(ei__plan_krep(&g, (int32_t)i), pn, ei__plan_krep(plan, (int32_t)i), po, po,
+                              2u * (size_t)plan->head_dim, 4);
+        }
+    }
+    g.n_tokens = plan->n_tokens;
+    g.n_segments = plan->n_segments;
+    g.n_blocks = plan->n_blocks;
+    g.final = plan->final;
+    ei_plan_free(ctx, plan);
+    *plan = g; /* (the seal covers layout fields only: the copy stays sealed) */
+    return EI_OK;
+}
 
 EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     size_t rows;

@@ -540,6 +540,114 @@ static void test_chunked_key_store(void) {
     synth_layer_free(&L);
 }
 
+/* ei_plan_grow (issue 31: plans that grow with the prompt): a plan
+   allocated for 200 tokens and grown (doubling) before each chunk that
+   passes its max_tokens plans what a plan allocated for the whole prompt
+   plans, row for row, after every call of the key-store protocols; with the
+   reference and the sampled ranking, the key store and the scores; grown
+   plans are refused where they cannot be (caller memory, another context's
+   budget cap) and left as they were. */
+static int plan_rows_equal(const ei_plan *a, const ei_plan *b) {
+    int32_t h, s, j;
+    if (a->n_tokens != b->n_tokens || a->n_segments != b->n_segments || a->n_blocks != b->n_blocks || a->final != b->final ||
+        memcmp(a->head_class, b->head_class, (size_t)a->n_kv_heads))
+        return 0;
+    for (h = 0; h < a->n_kv_heads; ++h)
+        for (s = 0; s < a->n_segments; ++s) {
+            size_t ra = EI_PLAN_ROW(a, h, s), rb = EI_PLAN_ROW(b, h, s);
+            const int32_t *ia = EI_PLAN_BLOCKS(a, h, s), *ib = EI_PLAN_BLOCKS(b, h, s);
+            if (memcmp(&a->entropy[ra], &b->entropy[rb], 4) || memcmp(&a->budget[ra], &b->budget[rb], 4) ||
+                a->keep_blocks[ra] != b->keep_blocks[rb] || a->keep_count[ra] != b->keep_count[rb])
+                return 0;
+            for (j = 0; j < a->keep_count[ra]; ++j)
+                if (ia[j] != ib[j]) return 0;
+            if (a->scores && memcmp(a->scores + ra * (size_t)EI__MAX(a->blk_capacity, 1),
+                                    b->scores + rb * (size_t)EI__MAX(b->blk_capacity, 1), (size_t)a->n_blocks * 4))
+                return 0;
+        }
+    return 1;
+}
+static void test_plan_grow(void) {
+    static const long calls[][4][3] = { /* (first position, end (-1: no queries), final), as test_chunked_key_store */
+        {{0, 333, 0}, {333, 700, 0}, {700, 1290, 0}, {1290, 1500, 1}},
+        {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+        {{0, 150, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
+        {{0, 180, 1}, {180, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+    };
+    static const uint32_t flag_sets[3] = {EI_PLAN_CHUNKED, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, EI_PLAN_CHUNKED | EI_PLAN_SCORES};
+    synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 27);
+    int rk, fs, p, i, n_cmp = 0, n_grow = 0;
+    for (rk = 0; rk < 2; ++rk)
+        for (fs = 0; fs < 3; ++fs) {
+            ei_config c = small_config(EI_SIMD_AUTO);
+            ei_context *ctx;
+            ei_plan ref, got;
+            size_t wb;
+            void *ws;
+            if (rk) { c.ranking = EI_RANK_SAMPLED; c.rank_samples = 16; }
+            CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+            ei_profile_workspace_size(ctx, 2 * L.n, L.heads, L.kv, L.dim, &wb); /* (for the largest grown plan) */
+            ws = malloc(wb);
+            CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, flag_sets[fs]), EI_OK);
+            CHECK_ERR(ei_plan_alloc(ctx, &got, 200, L.kv, L.dim, flag_sets[fs]), EI_OK);
+            for (p = 0; p < (int)(sizeof calls / sizeof calls[0]); ++p)
+                for (i = 0; i < 4 && calls[p][i][2] >= 0; ++i) {
+                    long t = calls[p][i][0], e = calls[p][i][1];
+                    int fin = (int)calls[p][i][2];
+                    ei_tensor qc = L.tq, kc = L.tk;
+                    ei_result r0, r1;
+                    qc.data = L.q + (size_t)t * L.heads * L.dim;
+                    qc.n_tokens = e - t;
+                    if ((e < 0 ? t : e) > got.max_tokens) { /* grow before the chunk that passes the plan */
+                        int64_t m = got.max_tokens;
+                        while (m < (e < 0 ? t : e)) m *= 2;
+                        CHECK_ERR(ei_plan_grow(ctx, &got, m), EI_OK);
+                        CHECK(got.max_tokens == m, "grown to %lld tokens, %lld asked", (long long)got.max_tokens, (long long)m);
+                        n_grow++;
+                    }
+                    r0 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &ref, t, fin, ws, wb);
+                    r1 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, ws, wb);
+                    CHECK(r0 == EI_OK && r1 == EI_OK, "grow: ranking %d flags %u protocol %d call %d: %s / %s (%s)", rk,
+                          flag_sets[fs], p, i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
+                    CHECK(plan_rows_equal(&ref, &got), "grow: ranking %d flags %u protocol %d call %d: the grown plan differs",
+                          rk, flag_sets[fs], p, i);
+                    n_cmp++;
+                }
+            CHECK_ERR(ei_plan_grow(ctx, &got, 100), EI_OK); /* never shrinks */
+            CHECK(got.max_tokens >= L.n, "a grow to fewer tokens shrank the plan to %lld", (long long)got.max_tokens);
+            if (fs == 0) { /* refusals leave the plan as it was */
+                ei_plan mine, before;
+                size_t pb;
+                void *mem;
+                ei_config c2 = c;
+                ei_context *ctx2;
+                ei_plan_size(ctx, 300, L.kv, L.dim, EI_PLAN_CHUNKED, &pb);
+                mem = malloc(pb);
+                CHECK_ERR(ei_plan_init(ctx, &mine, 300, L.kv, L.dim, EI_PLAN_CHUNKED, mem, pb), EI_OK);
+                before = mine;
+                CHECK_ERR(ei_plan_grow(ctx, &mine, 600), EI_ERR_STATE); /* caller memory */
+                CHECK(!memcmp(&before, &mine, sizeof mine), "a refused grow changed the plan");
+                c2.budget_max_factor = 1.0f; /* a smaller row capacity */
+                CHECK_ERR(ei_context_create(&c2, &ctx2), EI_OK);
+                before = got;
+                CHECK_ERR(ei_plan_grow(ctx2, &got, 4 * got.max_tokens), EI_ERR_SHAPE);
+                CHECK(!memcmp(&before, &got, sizeof got), "a refused grow changed the plan");
+                CHECK_ERR(ei_plan_grow(NULL, &got, 4000), EI_ERR_NULL);
+                CHECK_ERR(ei_plan_grow(ctx, NULL, 4000), EI_ERR_NULL);
+                CHECK_ERR(ei_plan_grow(ctx, &got, EI_MAX_TOKENS + 1), EI_ERR_SIZE);
+                CHECK(!memcmp(&before, &got, sizeof got), "a refused grow changed the plan");
+                ei_context_destroy(ctx2);
+                free(mem);
+            }
+            free(ws);
+            ei_plan_free(ctx, &ref);
+            ei_plan_free(ctx, &got);
+            ei_context_destroy(ctx);
+        }
+    printf("  ei_plan_grow: %d chunk calls after %d grows from 200 tokens, plans equal to whole-size ones\n", n_cmp, n_grow);
+    synth_layer_free(&L);
+}
+
 static void test_chunked(void) {
     synth_layer L = synth_layer_make(640, 4, 2, 32, 64, 9);
     ei_config c = small_config(EI_SIMD_AUTO);
@@ -1849,6 +1957,7 @@ int main(void) {
     test_profile_errors();
     test_chunked();
     test_chunked_key_store();
+    test_plan_grow();
     test_chunked_any_position(0, 0);
     test_chunked_any_position(1, 0);
     test_chunked_any_position(0, 1);

@@ -1563,6 +1563,7 @@ static void pl_check_header_table(void) {
     CHECK(n > 20, "the MEMORY ARGUMENTS table of entropyinfer.h names %d entries", n);
     for (i = 0; i < n; ++i) {
         int found = !strcmp(names[i], "ei_plan_copy") || !strcmp(names[i], "ei_device_copy"); /* CUDA only */
+        found |= !strcmp(names[i], "ei_plan_grow"); /* its one caller region, the struct, inside its arrays: test_issue36_seals */
         for (j = 0; j < (int)(sizeof pl_calls / sizeof pl_calls[0]); ++j) found |= !strcmp(names[i], pl_calls[j].name);
         found |= !strcmp(names[i], "ei_attention_decode") || !strcmp(names[i], "ei_attention_decode_mt"); /* the _keep ones with keep NULL */
         CHECK(found, "%s is in the header's MEMORY ARGUMENTS table but not placed by test_placements", names[i]);
@@ -1646,6 +1647,23 @@ static void test_issue36_seals(void) {
     ei_plan_free(ctx, &g);
     CHECK(c36_frees == 1 && !memcmp(&g, &copy, sizeof g), "ei_plan_free after a failed ei_plan_alloc: %d frees", c36_frees);
     c36_allocs_left = 1000;
+    /* ei_plan_grow: garbage and an edited owned_memory refused, nothing allocated or freed; a failed allocation
+       leaves the plan as it was; a grown plan frees its old memory once */
+    c36_garbage(&g, sizeof g, 5);
+    copy = g; c36_frees = 0;
+    CHECK_ERR(ei_plan_grow(ctx, &g, 2 * L.n), EI_ERR_STATE);
+    CHECK(c36_frees == 0 && !memcmp(&g, &copy, sizeof g), "ei_plan_grow of garbage changed it or freed");
+    CHECK_ERR(ei_plan_alloc(ctx, &p, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+    e = p; e.owned_memory = (unsigned char *)p.owned_memory + 16;
+    CHECK_ERR(ei_plan_grow(ctx, &e, 2 * L.n), EI_ERR_STATE);
+    copy = p; c36_allocs_left = 0;
+    CHECK_ERR(ei_plan_grow(ctx, &p, 2 * L.n), EI_ERR_NOMEM);
+    CHECK(c36_frees == 0 && !memcmp(&p, &copy, sizeof p), "a refused ei_plan_grow changed the plan or freed");
+    c36_allocs_left = 1000;
+    CHECK_ERR(ei_plan_grow(ctx, &p, 2 * L.n), EI_OK);
+    CHECK(c36_frees == 1 && p.max_tokens == 2 * L.n && p.owned_memory != copy.owned_memory, "ei_plan_grow: %d frees", c36_frees);
+    ei_plan_free(ctx, &p);
+    c36_frees = 1;
     /* int entries: 0 for a struct they refuse */
     c36_garbage(&g, sizeof g, 3);
     CHECK(ei_plan_segment_is_sparse(ctx, &g, 0) == 0 && strstr(ei_last_error(), "EI_ERR_STATE"),
@@ -1690,6 +1708,20 @@ static void test_issue36_seals(void) {
         memcpy(inside, &p, sizeof p);
         CHECK_ERR(ei_plan_finalize(cx, inside), EI_ERR_OVERLAP);
         guarded_free(pm); guarded_free(ws); free(snap);
+        { /* ei_plan_grow's one caller region is the struct (the arrays are the library's): inside them, refused */
+            ei_plan own;
+            size_t ob;
+            CHECK_ERR(ei_plan_alloc(cx, &own, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+            ei_plan_size(cx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, &ob);
+            inside = (ei_plan *)(void *)own.keep_count;
+            memcpy(inside, &own, sizeof own);
+            snap = (unsigned char *)malloc(ob);
+            memcpy(snap, own.entropy, ob - 64);
+            CHECK_ERR(ei_plan_grow(cx, inside, 2 * L.n), EI_ERR_OVERLAP);
+            CHECK(!memcmp(snap, own.entropy, ob - 64), "a refused grow of a plan inside its arrays wrote them");
+            free(snap);
+            ei_plan_free(cx, &own);
+        }
         ei_context_destroy(cx);
     }
     guarded_free(dm);
