@@ -1714,6 +1714,7 @@ struct AttnParams {
     const int *keep_count, *block_index;
     int seg_stride, max_keep;
     int s_last, tiles_per_seg;
+    int nwork; /* work items of the launch (attention_ws_kernel: a persistent grid strides over them) */
     float scale_log2;
     const unsigned long long *bad; /* the scan's report: the kernel does nothing unless it is ~0 */
     int q_f32; /* q is f32: each element rounded to T (k's dtype) as the Q tile is loaded */
@@ -2704,6 +2705,369 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
         }
 }
 
+/* ---- The warp-specialised Hopper kernel (issue 32, third session;
+   EI_CUDA_ATTN_CFG=wgw128: ping-pong on, wgv128: off). FlashAttention-3's
+   layout on our tiles: a persistent grid (one CTA per SM, the work items of
+   attention_kernel's order dealt out round by round, every other round in
+   reverse so that the heavy items spread evenly), three warpgroups per CTA.
+   Warpgroup 0 is the producer: setmaxnreg down to 40 registers, one warp
+   issues every K and V tile by TMA (a 128-key box per 64 columns when the
+   tile's keys follow on, else one 8-key box per 8-key group: the dense and
+   gathered tiles land in the same 128-byte-swizzled layout), two stages
+   each for K and V with full (expect_tx) and empty (8 consumer warps)
+   mbarriers, running ahead into the next work item. Warpgroups 1 and 2 are
+   consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async, then
+   inside each one S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the
+   softmax of S(j) runs while P V is in the tensor cores (first S and last
+   P V peeled, as in attention_kernel's TM 4); with PP the two consumers
+   take turns issuing their products (named barriers 1 and 2), so that one's
+   softmax overlaps the other's matrix products. Every tile comes by TMA:
+   the causal end and keys past it are masked by key index (boxes past the
+   tensor's end are zero-filled), kept blocks that are not before their
+   segment (a corrupt device plan) are loaded from key 0 and masked (kmask).
+   Needs block_size % 8 == 0 and head_dim 128; other calls run wgk64. */
+#ifdef EI_WGMMA
+__device__ __forceinline__ void setmaxnreg_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory"); }
+__device__ __forceinline__ void setmaxnreg_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void setmaxnreg_producer() {}
+__device__ __forceinline__ void setmaxnreg_consumer() {}
+#endif
+/* One work item of an attention launch: rows (query heads h0 .. h0+hc-1 x
+   tokens t0 .. t1-1) of kv head kvh, their key list and its tiles. */
+struct AttnItem {
+    KeyList kl;
+    int t0, t1, h0, hc, kvh, ntiles;
+};
+/* Work item w in attention_kernel's order (segments from the last down);
+   false when it holds no rows or belongs to the other kernel (seg_mode). */
+__device__ __forceinline__ bool attn_item(const AttnParams &p, int w, int BC, AttnItem &it) {
+    int tile = p.tiles_per_seg - 1 - w % p.tiles_per_seg;
+    w /= p.tiles_per_seg;
+    int chunk = w % p.chunks;
+    w /= p.chunks;
+    it.kvh = w % p.n_kv;
+    int s = p.s_last - w / p.n_kv;
+    int64_t seg_lo = max((int64_t)s * p.seg, p.q_offset), seg_hi = min((int64_t)(s + 1) * p.seg, p.q_offset + p.nq);
+    it.t0 = (int)(seg_lo + (int64_t)tile * p.T);
+    if (it.t0 >= seg_hi) return false;
+    it.t1 = (int)min((int64_t)it.t0 + p.T, seg_hi);
+    it.h0 = it.kvh * p.G + chunk * p.HC;
+    it.hc = min(p.HC, p.G - chunk * p.HC);
+    bool sparse = s < p.plan_nseg && ei__segment_sparse(&p.cfg, s, p.plan_nseg, p.plan_final);
+    if (p.seg_mode && (p.seg_mode == 2) != sparse) return false;
+    it.kl.bs = p.bs;
+    it.kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
+    if (sparse) {
+        int kc = p.keep_count[(int64_t)it.kvh * p.seg_stride + s];
+        kc = max(0, min(kc, p.max_keep));
+        it.kl.brow = p.block_index + ((int64_t)it.kvh * p.seg_stride + s) * p.max_keep;
+        it.kl.kept_len = kc * p.bs;
+        it.kl.base_pos = s * p.seg;
+    } else {
+        it.kl.brow = p.block_index;
+        it.kl.kept_len = 0;
+        it.kl.base_pos = 0;
+    }
+    it.kl.own_len = it.t1 - it.kl.base_pos;
+    it.ntiles = (it.kl.kept_len + it.kl.own_len + BC - 1) / BC;
+    return true;
+}
+/* this warp's arrival on an mbarrier (lane 0, after the whole warp got here) */
+__device__ __forceinline__ void warp_arrive(uint64_t *bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+template <int D, typename T, bool PP>
+__global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
+    constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
+    static_assert(D == 64 || D == 128, "head_dim 64 / 128");
+    extern __shared__ uint4 smem_raw[];
+    uint4 *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16;
+    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + 2 * BC * CH; /* [stage][slab][BC rows][8 chunks] */
+    __shared__ uint64_t kfull[2], vfull[2], kempty[2], vempty[2];
+    __shared__ uint32_t kmask[2]; /* per K stage: the 8-key groups to mask (kept blocks not before the segment) */
+    if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            mbar_init(&kfull[b], 1);
+            mbar_init(&vfull[b], 1);
+            mbar_init(&kempty[b], 8);
+            mbar_init(&vempty[b], 8);
+        }
+    }
+    __syncthreads();
+    /* this CTA's r-th work item: round r, reversed on odd rounds */
+    auto work = [&](int r) -> int {
+        int g = (int)gridDim.x, b = (int)blockIdx.x;
+        return r * g + ((r & 1) ? g - 1 - b : b);
+    };
+    if (warp < 4) {
+        /* ---- producer: warp 0 copies every tile, the other three warps leave */
+        setmaxnreg_producer();
+        if (warp != 0) return;
+        uint32_t it = 0;
+        for (int r = 0; work(r) < p.nwork; r++) {
+            AttnItem w;
+            if (!attn_item(p, work(r), BC, w)) continue;
+            for (int j = 0; j < w.ntiles; j++, it++) {
+                /* lane: 8-key group g of the tile (lanes 16..31 repeat 0..15) */
+                int g = lane & 15, i = j * BC + 8 * g, pos;
+                bool ok = true;
+                if (i < w.kl.kept_len) {
+                    int b = w.kl.brow[i / w.kl.bs];
+                    ok = b >= 0 && b < w.kl.seg_first_block;
+                    pos = ok ? b * w.kl.bs + i % w.kl.bs : 0;
+                } else
+                    pos = w.kl.base_pos + (i - w.kl.kept_len);
+                int pos0 = __shfl_sync(0xffffffffu, pos, 0);
+                bool contig = __all_sync(0xffffffffu, pos == pos0 + 8 * g);
+                uint32_t bad = __ballot_sync(0xffffffffu, !ok) & 0xffffu;
+                int st = it & 1;
+                uint32_t ph = (it >> 1) & 1;
+                auto load = [&](uint4 *dst, const CUtensorMap *mt, const CUtensorMap *m8, uint64_t *full, uint64_t *empty,
+                                bool isk) {
+                    mbar_wait(empty, ph ^ 1);
+                    if (lane == 0) {
+                        if (isk) kmask[st] = bad;
+                        mbar_arrive_expect_tx(full, (unsigned)(BC * D * sizeof(T)));
+                    }
+                    __syncwarp();
+                    if (contig) {
+                        if (lane < NS) tma_load3(dst + lane * BC * 8, mt, lane * 64, w.kvh, pos0, full);
+                    } else if (lane < NS * 16) {
+                        tma_load3(dst + (lane >> 4) * BC * 8 + g * 64, m8, (lane >> 4) * 64, w.kvh, pos, full);
+                    }
+                };
+                load(sK + st * BC * CH, &tm.k_tile, &tm.k_8, &kfull[st], &kempty[st], true);
+                load(sV + st * BC * CH, &tm.v_tile, &tm.v_8, &vfull[st], &vempty[st], false);
+            }
+        }
+        return;
+    }
+    /* ---- consumers: warpgroup cw owns rows cw*64 .. cw*64+63 */
+    setmaxnreg_consumer();
+    const int cw = (warp >> 2) - 1, ltid = tid & 127;
+    if (PP && cw == 1) named_arrive(1, 256); /* warpgroup 0 issues first */
+    float o[D / 8][4], sc[NB][4];
+    uint32_t pa[NB / 2][4];
+    const float sl = p.scale_log2;
+    uint32_t it = 0;
+    for (int r = 0; work(r) < p.nwork; r++) {
+        AttnItem w;
+        if (!attn_item(p, work(r), BC, w)) continue;
+        /* Q rows of this warpgroup (padding rows zero) */
+        for (int c = ltid; c < 64 * CH; c += 128) {
+            int row = cw * 64 + c / CH, ch = c % CH;
+            int hr = row / p.T, tok = w.t0 + row % p.T;
+            uint4 *dst = &sQ[(ch >> 3) * ROWS * 8 + row * 8 + ((ch & 7) ^ (row & 7))];
+            if (hr < w.hc && tok < w.t1)
+                load16_q<T>(dst, p.q, (tok - p.q_offset) * p.q_ts + (int64_t)(w.h0 + hr) * p.q_hs + ch * 8, p.q_f32, 1);
+            else
+                *dst = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        fence_proxy_async();
+        named_sync(3 + cw, 128);
+        int tk[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int rr = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+            tk[hf] = (rr / p.T < w.hc && w.t0 + rr % p.T < w.t1) ? w.t0 + rr % p.T : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+        /* the products: S = Q K^T (D/16 k-steps), O += P V (BC/16 k-steps) */
+        auto qk = [&](int st) {
+            const char *q0 = (const char *)sQ + cw * 64 * 128, *k0 = (const char *)(sK + st * BC * CH);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+        };
+        auto pv = [&](int st) {
+            const char *v0 = (const char *)(sV + st * BC * CH);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) wgmma_rs<D, T>(o, pa[t], wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
+        };
+        /* mask: own keys past a row's token, and the groups kmask names */
+        auto mask = [&](int j, uint32_t km) {
+            int last = j * BC + BC - 1 - w.kl.kept_len;
+            if (!km && !(last >= 0 && w.kl.base_pos + last > w.t0)) return;
+            int first = j * BC - w.kl.kept_len;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = first + nt * 8 + (lane & 3) * 2 + (e & 1);
+                    if (((km >> nt) & 1) || (i >= 0 && w.kl.base_pos + i > tk[e >> 1])) sc[nt][e] = -INFINITY;
+                }
+        };
+        /* online softmax of sc in place (see attention_kernel's softmax_tile) */
+        auto softmax = [&](float &al0, float &al1) -> bool {
+            float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt += 2) {
+                ma0 = fmaxf(ma0, fmaxf(sc[nt][0], sc[nt][1]));
+                ma1 = fmaxf(ma1, fmaxf(sc[nt][2], sc[nt][3]));
+                mb0 = fmaxf(mb0, fmaxf(sc[nt + 1][0], sc[nt + 1][1]));
+                mb1 = fmaxf(mb1, fmaxf(sc[nt + 1][2], sc[nt + 1][3]));
+            }
+            float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
+            bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+            if (moved) {
+                al0 = fast_exp2(m0 * sl - mu0);
+                al1 = fast_exp2(m1 * sl - mu1);
+                l0 *= al0;
+                l1 *= al1;
+            }
+            m0 = mx0;
+            m1 = mx1;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt++) {
+                sc[nt][0] = fast_exp2(fmaf(sc[nt][0], sl, -mu0));
+                sc[nt][1] = fast_exp2(fmaf(sc[nt][1], sl, -mu0));
+                sc[nt][2] = fast_exp2(fmaf(sc[nt][2], sl, -mu1));
+                sc[nt][3] = fast_exp2(fmaf(sc[nt][3], sl, -mu1));
+                l0 += sc[nt][0] + sc[nt][1];
+                l1 += sc[nt][2] + sc[nt][3];
+            }
+            return moved;
+        };
+        auto pack = [&]() {
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) {
+                pa[t][0] = pack2<T>(sc[2 * t][0], sc[2 * t][1]);
+                pa[t][1] = pack2<T>(sc[2 * t][2], sc[2 * t][3]);
+                pa[t][2] = pack2<T>(sc[2 * t + 1][0], sc[2 * t + 1][1]);
+                pa[t][3] = pack2<T>(sc[2 * t + 1][2], sc[2 * t + 1][3]);
+            }
+        };
+        auto keep_pa = [&]() {
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+        };
+        /* tile 0: S, mask, softmax (O is zero: nothing to rescale), P */
+        int st = it & 1;
+        uint32_t ph = (it >> 1) & 1;
+        {
+            mbar_wait(&kfull[st], ph);
+            uint32_t km = kmask[st];
+            if (PP) named_sync(1 + cw, 256);
+            wgmma_fence();
+            qk(st);
+            wgmma_commit();
+            if (PP) named_arrive(2 - cw, 256);
+            wgmma_wait<0>();
+            acc_fence(sc);
+            warp_arrive(&kempty[st]);
+            mask(0, km);
+            float al0, al1;
+            softmax(al0, al1);
+            pack();
+        }
+        for (int j = 1; j < w.ntiles; j++) {
+            int ps = st;
+            uint32_t pph = ph;
+            st = (it + j) & 1;
+            ph = ((it + j) >> 1) & 1;
+            mbar_wait(&kfull[st], ph);
+            uint32_t km = kmask[st];
+            mbar_wait(&vfull[ps], pph);
+            acc_fence(o);
+            if (PP) named_sync(1 + cw, 256);
+            wgmma_fence();
+            qk(st);
+            wgmma_commit();
+            pv(ps);
+            wgmma_commit();
+            if (PP) named_arrive(2 - cw, 256);
+            wgmma_wait<1>(); /* S(j) done; P(j-1) V(j-1) may still run */
+            acc_fence(sc);
+            warp_arrive(&kempty[st]);
+            mask(j, km);
+            float al0 = 1.f, al1 = 1.f;
+            bool moved = softmax(al0, al1);
+            wgmma_wait<0>();
+            acc_fence(o);
+            keep_pa();
+            warp_arrive(&vempty[ps]);
+            if (moved) {
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[i][0] *= al0; o[i][1] *= al0;
+                    o[i][2] *= al1; o[i][3] *= al1;
+                }
+            }
+            pack();
+        }
+        /* the last tile's P V */
+        mbar_wait(&vfull[st], ph);
+        acc_fence(o);
+        if (PP) named_sync(1 + cw, 256);
+        wgmma_fence();
+        pv(st);
+        wgmma_commit();
+        if (PP) named_arrive(2 - cw, 256);
+        wgmma_wait<0>();
+        acc_fence(o);
+        keep_pa();
+        warp_arrive(&vempty[st]);
+        it += w.ntiles;
+        /* ---- normalise and write */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = hf ? l1 : l0;
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            int rr = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+            if (tk[hf] < 0) continue;
+            float inv = l > 0.f ? 1.f / l : 0.f;
+            int64_t base = (int64_t)(tk[hf] - p.q_offset) * p.o_ts + (int64_t)(w.h0 + rr / p.T) * p.o_hs;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                int d = nt * 8 + (lane & 3) * 2;
+                float x = o[nt][2 * hf] * inv, y = o[nt][2 * hf + 1] * inv;
+                if (p.out_dtype == EI_F32) *(float2 *)((float *)p.out + base + d) = make_float2(x, y);
+                else if (p.out_dtype == EI_BF16)
+                    *(__nv_bfloat162 *)((__nv_bfloat16 *)p.out + base + d) = __floats2bfloat162_rn(x, y);
+                else
+                    *(__half2 *)((__half *)p.out + base + d) = __floats2half2_rn(x, y);
+            }
+        }
+    }
+    if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last turn handed over */
+}
+static int sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        n <= 0)
+        n = 132;
+    return n;
+}
+template <int D, typename T, bool PP>
+static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
+    size_t smem = (size_t)(128 + 4 * 128) * D * 2 + 1024;
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    AttnParams q = p;
+    q.nwork = (int)grid;
+    unsigned ctas = std::min(grid, (unsigned)sm_count());
+    attention_ws_kernel<D, T, PP><<<ctas, 384, smem, st>>>(q, *maps);
+    LAUNCH_CHECK("attention_ws_kernel");
+    return EI_OK;
+}
+
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM >= 4 ? 3 : 2) * BC) * D * 2 + 1024
@@ -2812,11 +3176,12 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6 : 1;
+        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
+            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : 1;
         *mt = 1;
         *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
-        if (*wg == 6) *bc = 128;
+        if (*wg >= 6) *bc = 128; /* wgq / wgw / wgv: 128 keys per step */
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -3002,6 +3367,12 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
     }
+    if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
+        if (WGK == 7) return bf ? launch_attention_ws<128, __nv_bfloat16, true>(p, maps, grid, st, msg)
+                                : launch_attention_ws<128, __half, true>(p, maps, grid, st, msg);
+        return bf ? launch_attention_ws<128, __nv_bfloat16, false>(p, maps, grid, st, msg)
+                  : launch_attention_ws<128, __half, false>(p, maps, grid, st, msg);
+    }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
         if (D == 64) EI__ATT_TMA(64, 128, 5);
         EI__ATT_TMA(128, 128, 5);
@@ -3074,6 +3445,10 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
     attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
     attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
+    /* the warp-specialised kernel copies every tile by TMA in 8-key groups: other calls run wgk64 */
+    const bool ws_ok = D == 128 && cfg->block_size % 8 == 0;
+    if (WGK >= 7 && !ws_ok) { WGK = 4; BCK = 64; e_all = "wgk64"; }
+    if (WGK2 >= 7 && !ws_ok) { WGK2 = 4; BCK2 = 64; e_sp = "wgk64"; }
     bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnMaps maps;
