@@ -2778,20 +2778,20 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
-template <int D, typename T, bool PP>
+template <int D, typename T, bool PP, int NST, bool GALL>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
     constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
     static_assert(D == 64 || D == 128, "head_dim 64 / 128");
     extern __shared__ uint4 smem_raw[];
     uint4 *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16;
-    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + 2 * BC * CH; /* [stage][slab][BC rows][8 chunks] */
-    __shared__ uint64_t kfull[2], vfull[2], kempty[2], vempty[2];
-    __shared__ uint32_t kmask[2]; /* per K stage: the 8-key groups to mask (kept blocks not before the segment) */
+    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + NST * BC * CH; /* [stage][slab][BC rows][8 chunks] */
+    __shared__ uint64_t kfull[NST], vfull[NST], kempty[NST], vempty[NST];
+    __shared__ uint32_t kmask[NST]; /* per K stage: the 8-key groups to mask (kept blocks not before the segment) */
     if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < 2; b++) {
+        for (int b = 0; b < NST; b++) {
             mbar_init(&kfull[b], 1);
             mbar_init(&vfull[b], 1);
             mbar_init(&kempty[b], 8);
@@ -2809,24 +2809,30 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
         setmaxnreg_producer();
         if (warp != 0) return;
         uint32_t it = 0;
+        const int g = lane & 15; /* this lane's 8-key group of a tile (lanes 16..31 repeat 0..15) */
         for (int r = 0; work(r) < p.nwork; r++) {
             AttnItem w;
             if (!attn_item(p, work(r), BC, w)) continue;
+            /* the block number of group g of tile j (read a tile ahead: its latency
+               overlaps the wait for a free V stage), then the tile's boxes */
+            auto block_of = [&](int j) -> int {
+                int i = j * BC + 8 * g;
+                return i < w.kl.kept_len ? w.kl.brow[i / w.kl.bs] : 0;
+            };
+            int blk = block_of(0);
             for (int j = 0; j < w.ntiles; j++, it++) {
-                /* lane: 8-key group g of the tile (lanes 16..31 repeat 0..15) */
-                int g = lane & 15, i = j * BC + 8 * g, pos;
+                int i = j * BC + 8 * g, pos;
                 bool ok = true;
                 if (i < w.kl.kept_len) {
-                    int b = w.kl.brow[i / w.kl.bs];
-                    ok = b >= 0 && b < w.kl.seg_first_block;
-                    pos = ok ? b * w.kl.bs + i % w.kl.bs : 0;
+                    ok = blk >= 0 && blk < w.kl.seg_first_block;
+                    pos = ok ? blk * w.kl.bs + i % w.kl.bs : 0;
                 } else
                     pos = w.kl.base_pos + (i - w.kl.kept_len);
                 int pos0 = __shfl_sync(0xffffffffu, pos, 0);
-                bool contig = __all_sync(0xffffffffu, pos == pos0 + 8 * g);
+                bool contig = !GALL && __all_sync(0xffffffffu, pos == pos0 + 8 * g);
                 uint32_t bad = __ballot_sync(0xffffffffu, !ok) & 0xffffu;
-                int st = it & 1;
-                uint32_t ph = (it >> 1) & 1;
+                int st = it % NST;
+                uint32_t ph = (it / NST) & 1;
                 auto load = [&](uint4 *dst, const CUtensorMap *mt, const CUtensorMap *m8, uint64_t *full, uint64_t *empty,
                                 bool isk) {
                     mbar_wait(empty, ph ^ 1);
@@ -2842,6 +2848,7 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     }
                 };
                 load(sK + st * BC * CH, &tm.k_tile, &tm.k_8, &kfull[st], &kempty[st], true);
+                if (j + 1 < w.ntiles) blk = block_of(j + 1);
                 load(sV + st * BC * CH, &tm.v_tile, &tm.v_8, &vfull[st], &vempty[st], false);
             }
         }
@@ -2959,8 +2966,8 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                 for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
         };
         /* tile 0: S, mask, softmax (O is zero: nothing to rescale), P */
-        int st = it & 1;
-        uint32_t ph = (it >> 1) & 1;
+        int st = it % NST;
+        uint32_t ph = (it / NST) & 1;
         {
             mbar_wait(&kfull[st], ph);
             uint32_t km = kmask[st];
@@ -2980,8 +2987,8 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
         for (int j = 1; j < w.ntiles; j++) {
             int ps = st;
             uint32_t pph = ph;
-            st = (it + j) & 1;
-            ph = ((it + j) >> 1) & 1;
+            st = (it + j) % NST;
+            ph = ((it + j) / NST) & 1;
             mbar_wait(&kfull[st], ph);
             uint32_t km = kmask[st];
             mbar_wait(&vfull[ps], pph);
@@ -3056,14 +3063,15 @@ static int sm_count(void) {
         n = 132;
     return n;
 }
-template <int D, typename T, bool PP>
+template <int D, typename T, bool PP, int NST, bool GALL>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = (size_t)(128 + 4 * 128) * D * 2 + 1024;
-    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem));
     AttnParams q = p;
     q.nwork = (int)grid;
     unsigned ctas = std::min(grid, (unsigned)sm_count());
-    attention_ws_kernel<D, T, PP><<<ctas, 384, smem, st>>>(q, *maps);
+    attention_ws_kernel<D, T, PP, NST, GALL><<<ctas, 384, smem, st>>>(q, *maps);
     LAUNCH_CHECK("attention_ws_kernel");
     return EI_OK;
 }
@@ -3177,7 +3185,7 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
         *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
-            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : 1;
+            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11 : 1;
         *mt = 1;
         *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
@@ -3368,10 +3376,15 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 2);
     }
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
-        if (WGK == 7) return bf ? launch_attention_ws<128, __nv_bfloat16, true>(p, maps, grid, st, msg)
-                                : launch_attention_ws<128, __half, true>(p, maps, grid, st, msg);
-        return bf ? launch_attention_ws<128, __nv_bfloat16, false>(p, maps, grid, st, msg)
-                  : launch_attention_ws<128, __half, false>(p, maps, grid, st, msg);
+#define EI__ATT_WS(PP, NST, GALL)                                                                               \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL>(p, maps, grid, st, msg)                  \
+              : launch_attention_ws<128, __half, PP, NST, GALL>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false);
+        EI__ATT_WS(true, 3, true);
+#undef EI__ATT_WS
     }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
         if (D == 64) EI__ATT_TMA(64, 128, 5);
