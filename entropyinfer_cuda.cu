@@ -1933,11 +1933,35 @@ __device__ __forceinline__ void tma_load3(void *dst, const void *map, int c0, in
     __trap();
 #endif
 }
+/* rank 4 / 5 boxes (attention_ws_kernel's group-interleaved tiles: attn_maps_gl) */
+__device__ __forceinline__ void tma_load4(void *dst, const void *map, int c0, int c1, int c2, int c3, uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)map; (void)c0; (void)c1; (void)c2; (void)c3; (void)bar;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void tma_load5(void *dst, const void *map, int c0, int c1, int c2, int c3, int c4, uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)map; (void)c0; (void)c1; (void)c2; (void)c3; (void)c4; (void)bar;
+    __trap();
+#endif
+}
 /* The tensor maps of a call's K and V (dims: head_dim, kv heads, tokens):
    boxes of BC keys (contiguous tiles) and of 8 keys (gathered blocks: one
    1024-byte swizzle unit per 64 columns). */
 struct AttnMaps {
     CUtensorMap k_tile, v_tile, k_8, v_8;
+    /* attention_ws_kernel's group-interleaved tiles (attn_maps_gl): one 8-key group, every
+       64-column slab (rank 4), and 16 groups of 8 keys (rank 5) over the run_groups whole
+       groups of the tensor */
+    CUtensorMap k_g, v_g, k_run, v_run;
+    int run_groups;
 };
 struct AttnNoMaps {
     int unused;
@@ -2778,7 +2802,7 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
-template <int D, typename T, bool PP, int NST, bool GALL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
     constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
     static_assert(D == 64 || D == 128, "head_dim 64 / 128");
@@ -2841,15 +2865,21 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                         mbar_arrive_expect_tx(full, (unsigned)(BC * D * sizeof(T)));
                     }
                     __syncwarp();
-                    if (contig) {
+                    if (GL) { /* [group][slab][8 keys]: a run of 16 whole groups, else a box per group */
+                        if (contig && !(pos0 & 7) && pos0 / 8 + 16 <= tm.run_groups) {
+                            if (lane == 0) tma_load5(dst, mt, 0, 0, 0, pos0 / 8, w.kvh, full);
+                        } else if (lane < 16) {
+                            tma_load4(dst + g * NS * 64, m8, 0, pos, 0, w.kvh, full);
+                        }
+                    } else if (contig) { /* [slab][BC keys] */
                         if (lane < NS) tma_load3(dst + lane * BC * 8, mt, lane * 64, w.kvh, pos0, full);
                     } else if (lane < NS * 16) {
                         tma_load3(dst + (lane >> 4) * BC * 8 + g * 64, m8, (lane >> 4) * 64, w.kvh, pos, full);
                     }
                 };
-                load(sK + st * BC * CH, &tm.k_tile, &tm.k_8, &kfull[st], &kempty[st], true);
+                load(sK + st * BC * CH, GL ? &tm.k_run : &tm.k_tile, GL ? &tm.k_g : &tm.k_8, &kfull[st], &kempty[st], true);
                 if (j + 1 < w.ntiles) blk = block_of(j + 1);
-                load(sV + st * BC * CH, &tm.v_tile, &tm.v_8, &vfull[st], &vempty[st], false);
+                load(sV + st * BC * CH, GL ? &tm.v_run : &tm.v_tile, GL ? &tm.v_g : &tm.v_8, &vfull[st], &vempty[st], false);
             }
         }
         return;
@@ -2894,12 +2924,15 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+                                GL ? wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, NS * 1024)
+                                   : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
         };
         auto pv = [&](int st) {
             const char *v0 = (const char *)(sV + st * BC * CH);
 #pragma unroll
-            for (int t = 0; t < NB / 2; t++) wgmma_rs<D, T>(o, pa[t], wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
+            for (int t = 0; t < NB / 2; t++)
+                wgmma_rs<D, T>(o, pa[t], GL ? wgmma_desc(v0 + t * 2 * NS * 1024, 1024, NS * 1024)
+                                            : wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
         };
         /* mask: own keys past a row's token, and the groups kmask names */
         auto mask = [&](int j, uint32_t km) {
@@ -3063,15 +3096,15 @@ static int sm_count(void) {
         n = 132;
     return n;
 }
-template <int D, typename T, bool PP, int NST, bool GALL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
-    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     AttnParams q = p;
     q.nwork = (int)grid;
     unsigned ctas = std::min(grid, (unsigned)sm_count());
-    attention_ws_kernel<D, T, PP, NST, GALL><<<ctas, 384, smem, st>>>(q, *maps);
+    attention_ws_kernel<D, T, PP, NST, GALL, GL><<<ctas, 384, smem, st>>>(q, *maps);
     LAUNCH_CHECK("attention_ws_kernel");
     return EI_OK;
 }
@@ -3131,10 +3164,58 @@ static bool attn_map_one(ei_encode_tiled_fn enc, CUtensorMap *m, const ei_tensor
                strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+/* The group-interleaved tiles of attention_ws_kernel (GL): a tile is [16 groups][D/64 slabs][8 keys][128
+   bytes], so that one box brings an 8-key group with every slab: rank 4 (64 columns, tokens, slabs 128
+   bytes apart, heads), box (64, 8, D/64, 1); and a run of 16 whole groups: rank 5 (64 columns, 8 keys,
+   slabs, groups of 8 keys, heads), box (64, 8, D/64, 16, 1), over the tensor's whole groups only (a
+   partial last group would read past its end: those tiles take the rank-4 boxes). */
+static bool attn_map_gl(ei_encode_tiled_fn enc, CUtensorMap *g, CUtensorMap *run, const ei_tensor *t, int D, bool bf,
+                        int *run_groups) {
+    int64_t ts = t->token_stride * 2, hs = t->head_stride * 2, ns = D / 64;
+    if (t->n_heads == 1) hs = ts;
+    if (((uintptr_t)t->data & 15) || ts <= 0 || (ts & 15) || hs <= 0 || (hs & 15) || ts * 8 >= (1ll << 40) ||
+        hs >= (1ll << 40) || t->n_tokens <= 0 || t->n_tokens >= (1ll << 31))
+        return false;
+    CUtensorMapDataType dt = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    cuuint64_t d4[4] = {64, (cuuint64_t)t->n_tokens, (cuuint64_t)ns, (cuuint64_t)t->n_heads};
+    cuuint64_t s4[3] = {(cuuint64_t)ts, 128, (cuuint64_t)hs};
+    cuuint32_t b4[4] = {64, 8, (cuuint32_t)ns, 1}, e4[4] = {1, 1, 1, 1};
+    if (enc(g, dt, 4, (void *)t->data, d4, s4, b4, e4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    int64_t groups = t->n_tokens / 8;
+    *run_groups = (int)groups;
+    if (groups < 1) return true; /* no whole group: every tile by rank-4 boxes */
+    cuuint64_t d5[5] = {64, 8, (cuuint64_t)ns, (cuuint64_t)groups, (cuuint64_t)t->n_heads};
+    cuuint64_t s5[4] = {(cuuint64_t)ts, 128, (cuuint64_t)ts * 8, (cuuint64_t)hs};
+    cuuint32_t b5[5] = {64, 8, (cuuint32_t)ns, 16, 1}, e5[5] = {1, 1, 1, 1, 1};
+    if (enc(run, dt, 5, (void *)t->data, d5, s5, b5, e5, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        *run_groups = 0; /* rank-4 boxes only */
+    return true;
+}
+static bool attn_maps_gl(const ei_tensor *k, const ei_tensor *v, int D, bool bf, AttnMaps *m) {
+    ei_encode_tiled_fn enc = encode_tiled();
+    int rk = 0, rv = 0;
+    if (!enc || !attn_map_gl(enc, &m->k_g, &m->k_run, k, D, bf, &rk) || !attn_map_gl(enc, &m->v_g, &m->v_run, v, D, bf, &rv))
+        return false;
+    m->run_groups = std::min(rk, rv);
+    return true;
+}
 static bool attn_maps(const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m) {
     ei_encode_tiled_fn enc = encode_tiled();
     return enc && attn_map_one(enc, &m->k_tile, k, D, bf, bc) && attn_map_one(enc, &m->v_tile, v, D, bf, bc) &&
            attn_map_one(enc, &m->k_8, k, D, bf, 8) && attn_map_one(enc, &m->v_8, v, D, bf, 8);
+}
+
+/* The tensor maps of the kernel of shape code wgk (attention_shape's *wg; keys per step bc), or NULL for
+   the cp.async kernels or views the maps cannot describe. The group-interleaved kernels (wgk 12..14)
+   need attn_maps_gl's too: without them the call runs the same kernel on slab tiles (*e = "wgx128"). */
+static const AttnMaps *attn_maps_for(int wgk, const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m,
+                                     const char **e) {
+    if (wgk < 2 || !attn_maps(k, v, D, bc, bf, m)) return NULL;
+    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, m)) *e = "wgx128";
+    return m;
 }
 
 /* Whether the wgmma kernels can run on the current device: a Hopper GPU
@@ -3184,10 +3265,11 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
-            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11 : 1;
+        *wg = !w ? (D == 128 ? 12 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
+            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11
+            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : 1;
         *mt = 1;
-        *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
+        *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 12 ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
         if (*wg >= 6) *bc = 128; /* wgq / wgw / wgv: 128 keys per step */
         return;
@@ -3376,14 +3458,17 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 2);
     }
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
-#define EI__ATT_WS(PP, NST, GALL)                                                                               \
-    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL>(p, maps, grid, st, msg)                  \
-              : launch_attention_ws<128, __half, PP, NST, GALL>(p, maps, grid, st, msg)
-        if (WGK == 7) EI__ATT_WS(true, 2, false);
-        if (WGK == 8) EI__ATT_WS(false, 2, false);
-        if (WGK == 9) EI__ATT_WS(true, 3, false);
-        if (WGK == 10) EI__ATT_WS(false, 3, false);
-        EI__ATT_WS(true, 3, true);
+#define EI__ATT_WS(PP, NST, GALL, GL)                                                                           \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL>(p, maps, grid, st, msg)              \
+              : launch_attention_ws<128, __half, PP, NST, GALL, GL>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false, false);
+        if (WGK == 11) EI__ATT_WS(true, 3, true, false);
+        if (WGK == 12) EI__ATT_WS(true, 3, false, true);
+        if (WGK == 13) EI__ATT_WS(true, 3, true, true);
+        EI__ATT_WS(false, 3, false, true);
 #undef EI__ATT_WS
     }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
@@ -3521,15 +3606,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)))
         return r;
     p.seg_mode = split ? 1 : 0;
-    if ((r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec, e_all,
-                              (unsigned)grid, st, msg)))
-        return r;
+    const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);
+    if ((r = attention_launch(p, mp, D, bf, vec, e_all, (unsigned)grid, st, msg))) return r;
     if (split) { /* the sparse segments: the second kernel (its own tensor maps: boxes of its keys per step) */
         AttnMaps maps2;
         p.seg_mode = 2;
-        if ((r = attention_launch(p, WGK2 >= 2 && attn_maps(k, v, D, BCK2, bf, &maps2) ? &maps2 : NULL, D, bf, vec,
-                                  e_sp, (unsigned)grid, st, msg)))
-            return r;
+        mp = attn_maps_for(WGK2, k, v, D, BCK2, bf, &maps2, &e_sp);
+        if ((r = attention_launch(p, mp, D, bf, vec, e_sp, (unsigned)grid, st, msg))) return r;
     }
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;
