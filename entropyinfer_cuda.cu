@@ -2802,7 +2802,7 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool QP = false>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
     constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
     static_assert(D == 64 || D == 128, "head_dim 64 / 128");
@@ -2892,10 +2892,8 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
     uint32_t pa[NB / 2][4];
     const float sl = p.scale_log2;
     uint32_t it = 0;
-    for (int r = 0; work(r) < p.nwork; r++) {
-        AttnItem w;
-        if (!attn_item(p, work(r), BC, w)) continue;
-        /* Q rows of this warpgroup (padding rows zero) */
+    /* Q rows of this warpgroup for item w (padding rows zero), by cp.async */
+    auto load_q = [&](const AttnItem &w) {
         for (int c = ltid; c < 64 * CH; c += 128) {
             int row = cw * 64 + c / CH, ch = c % CH;
             int hr = row / p.T, tok = w.t0 + row % p.T;
@@ -2906,9 +2904,28 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                 *dst = make_uint4(0, 0, 0, 0);
         }
         cp_async_commit();
+    };
+    /* this CTA's first item from round r on that has rows (r moves to it) */
+    auto next_item = [&](int &r, AttnItem &w) -> bool {
+        for (; work(r) < p.nwork; r++)
+            if (attn_item(p, work(r), BC, w)) return true;
+        return false;
+    };
+    int r = 0;
+    AttnItem w;
+    bool have = next_item(r, w);
+    if (QP && have) load_q(w);
+    while (have) {
+        /* QP: the next item is found at the start of this one, and its Q rows are loaded
+           once this warpgroup's last S = Q K^T is done, during the last P V and the epilogue */
+        if (!QP) load_q(w);
         cp_async_wait_all();
         fence_proxy_async();
         named_sync(3 + cw, 128);
+        int nr = r + 1;
+        AttnItem nw;
+        bool nhave = false;
+        if (QP) nhave = next_item(nr, nw);
         int tk[2];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -3052,6 +3069,10 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
             }
             pack();
         }
+        if (QP && nhave) { /* every warp of the warpgroup is past its last S */
+            named_sync(3 + cw, 128);
+            load_q(nw);
+        }
         /* the last tile's P V */
         mbar_wait(&vfull[st], ph);
         acc_fence(o);
@@ -3086,6 +3107,10 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     *(__half2 *)((__half *)p.out + base + d) = __floats2half2_rn(x, y);
             }
         }
+        if (!QP) nhave = next_item(nr, nw);
+        w = nw;
+        r = nr;
+        have = nhave;
     }
     if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last turn handed over */
 }
@@ -3096,15 +3121,15 @@ static int sm_count(void) {
         n = 132;
     return n;
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool QP = false>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
-    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL, QP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     AttnParams q = p;
     q.nwork = (int)grid;
     unsigned ctas = std::min(grid, (unsigned)sm_count());
-    attention_ws_kernel<D, T, PP, NST, GALL, GL><<<ctas, 384, smem, st>>>(q, *maps);
+    attention_ws_kernel<D, T, PP, NST, GALL, GL, QP><<<ctas, 384, smem, st>>>(q, *maps);
     LAUNCH_CHECK("attention_ws_kernel");
     return EI_OK;
 }
@@ -3267,7 +3292,7 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
         *wg = !w ? (D == 128 ? 12 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
             : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11
-            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : 1;
+            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : e[2] == 'r' ? 15 : 1;
         *mt = 1;
         *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 12 ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
@@ -3458,17 +3483,18 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 2);
     }
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
-#define EI__ATT_WS(PP, NST, GALL, GL)                                                                           \
-    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL>(p, maps, grid, st, msg)              \
-              : launch_attention_ws<128, __half, PP, NST, GALL, GL>(p, maps, grid, st, msg)
-        if (WGK == 7) EI__ATT_WS(true, 2, false, false);
-        if (WGK == 8) EI__ATT_WS(false, 2, false, false);
-        if (WGK == 9) EI__ATT_WS(true, 3, false, false);
-        if (WGK == 10) EI__ATT_WS(false, 3, false, false);
-        if (WGK == 11) EI__ATT_WS(true, 3, true, false);
-        if (WGK == 12) EI__ATT_WS(true, 3, false, true);
-        if (WGK == 13) EI__ATT_WS(true, 3, true, true);
-        EI__ATT_WS(false, 3, false, true);
+#define EI__ATT_WS(PP, NST, GALL, GL, QP)                                                                       \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL, QP>(p, maps, grid, st, msg)          \
+              : launch_attention_ws<128, __half, PP, NST, GALL, GL, QP>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false, false, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false, false, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false, false, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false, false, false);
+        if (WGK == 11) EI__ATT_WS(true, 3, true, false, false);
+        if (WGK == 12) EI__ATT_WS(true, 3, false, true, false);
+        if (WGK == 13) EI__ATT_WS(true, 3, true, true, false);
+        if (WGK == 15) EI__ATT_WS(true, 3, false, true, true);
+        EI__ATT_WS(false, 3, false, true, false);
 #undef EI__ATT_WS
     }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
