@@ -2168,9 +2168,13 @@ struct KeyList {
    each CTA's first tile and epilogue are exposed); ordering the warpgroups'
    products within a step that ends at a CTA barrier costs 8-14%. ncu on
    wgo128 (32k): tensor pipe 54.0%, issue slots 33.7%, 8 warps per SM, 5.9
-   cycles between a warp's instructions. The default stays wgk64; the next
-   step is a producer warp (TMA, empty/full mbarriers, no CTA barrier per
-   step) so that two consumer warpgroups can really ping-pong. */
+   cycles between a warp's instructions. The default stayed wgk64; the next
+   step was a producer warp (TMA, empty/full mbarriers, no CTA barrier per
+   step) so that two consumer warpgroups can really ping-pong.
+   That is attention_ws_kernel below (issue 32, third session), since then
+   the default for head_dim 128 (wgy128); this kernel stays the default for
+   head_dim 64, block sizes that are not a multiple of 8, and (TM 0 / mma.sync)
+   views TMA cannot describe, other GPUs and head_dim 256. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
@@ -2729,27 +2733,40 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
         }
 }
 
-/* ---- The warp-specialised Hopper kernel (issue 32, third session;
-   EI_CUDA_ATTN_CFG=wgw128: ping-pong on, wgv128: off). FlashAttention-3's
-   layout on our tiles: a persistent grid (one CTA per SM, the work items of
-   attention_kernel's order dealt out round by round, every other round in
-   reverse so that the heavy items spread evenly), three warpgroups per CTA.
-   Warpgroup 0 is the producer: setmaxnreg down to 40 registers, one warp
-   issues every K and V tile by TMA (a 128-key box per 64 columns when the
-   tile's keys follow on, else one 8-key box per 8-key group: the dense and
-   gathered tiles land in the same 128-byte-swizzled layout), two stages
-   each for K and V with full (expect_tx) and empty (8 consumer warps)
-   mbarriers, running ahead into the next work item. Warpgroups 1 and 2 are
-   consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async, then
-   inside each one S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the
-   softmax of S(j) runs while P V is in the tensor cores (first S and last
-   P V peeled, as in attention_kernel's TM 4); with PP the two consumers
-   take turns issuing their products (named barriers 1 and 2), so that one's
-   softmax overlaps the other's matrix products. Every tile comes by TMA:
-   the causal end and keys past it are masked by key index (boxes past the
-   tensor's end are zero-filled), kept blocks that are not before their
-   segment (a corrupt device plan) are loaded from key 0 and masked (kmask).
-   Needs block_size % 8 == 0 and head_dim 128; other calls run wgk64. */
+/* ---- The warp-specialised Hopper kernel (issue 32, third session; the
+   default for head_dim 128, EI_CUDA_ATTN_CFG=wgy128; the variants are listed
+   at attention_shape). FlashAttention-3's layout on our tiles: a persistent
+   grid (one CTA per SM, the work items of attention_kernel's order dealt
+   out round by round, every other round in reverse so that the heavy items
+   spread evenly), three warpgroups per CTA, 128 query rows x 128 keys per
+   step. Warpgroup 0 is the producer: setmaxnreg down to 40 registers, one
+   warp issues every K and V tile by TMA, NST stages each for K and V with
+   full (expect_tx) and empty (one arrival per consumer warp) mbarriers,
+   running ahead into the next work item; it reads a tile's block numbers
+   while it waits for the previous tile's V stage. Tiles (GL, the default):
+   [16 groups][D/64 slabs][8 keys][128 bytes], so that one rank-4 box brings
+   an 8-key group with both slabs (a gathered tile: 16 boxes for K, 16 for
+   V) and one rank-5 box a run of 16 whole groups (a dense tile); without GL
+   the tiles are [slab][128 keys] (one box per slab for a run, one per group
+   and slab for a gathered tile: 64 boxes per K and V tile). Warpgroups 1 and
+   2 are consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async
+   (QP: the next item's, during the last P V), then inside each one
+   S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the softmax of S(j)
+   runs while P V is in the tensor cores (first S and last P V peeled, as in
+   attention_kernel's TM 4); with PP the two consumers take turns issuing
+   their products (named barriers 1 and 2), so that one's softmax overlaps
+   the other's matrix products. Every tile comes by TMA: the causal end and
+   keys past it are masked by key index (boxes past the tensor's end are
+   zero-filled), kept blocks that are not before their segment (a corrupt
+   device plan) are loaded from key 0 and masked (kmask). Needs
+   block_size % 8 == 0 and head_dim 128; other calls run wgk64.
+   Measured on an H200 (docs/performance.md, GPU; SDPA in the same call,
+   32 query / 8 kv heads, bf16, 32k / 64k / 128k): wgy128 dense at 1.08 /
+   0.98 / 1.04 of cuDNN SDPA's speed (wgk64 0.82 / 0.81 / 0.90), sparse
+   efficiency 0.68 / 0.77 / 0.79 on the default plan, 0.83-0.97 at 30% and
+   50% density. Every tile as 8-key slab boxes (wgg128) ran dense 1.4x
+   slower than slab runs: small boxes cost, hence the group layout, which
+   made the sparse segments 16-26% faster (wgy128 against wgx128). */
 #ifdef EI_WGMMA
 __device__ __forceinline__ void setmaxnreg_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory"); }
 __device__ __forceinline__ void setmaxnreg_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory"); }
@@ -3263,7 +3280,12 @@ static bool wgmma_available(void) {
 
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
-   Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
+   Default on Hopper for head_dim 128: attention_ws_kernel (wgy128: a TMA
+   producer warp, two consumer warpgroups of 64 rows with ping-pong, 128
+   keys per step, three K/V stages, group-interleaved tiles, a persistent
+   grid; *wg = 12); api_attention runs wgk64 instead when the block size is
+   not a multiple of 8, and wgx128 when the group maps cannot be encoded.
+   For head_dim 64: wgmma, 8 warps (2 warpgroups of 64
    rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
    where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
@@ -3275,7 +3297,14 @@ static bool wgmma_available(void) {
    tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
    per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5),
    "wgq128" (as wgo128, warpgroup 0 issuing its products of each step before
-   warpgroup 1: *wg = 6), or
+   warpgroup 1: *wg = 6); attention_ws_kernel (head_dim 128, 128 keys per
+   step): "wgw128" (ping-pong, 2 K/V stages, slab tiles: *wg = 7), "wgv128"
+   (wgw without ping-pong: 8), "wgx128" / "wgu128" (3 stages, with / without
+   ping-pong: 9 / 10), "wgg128" (wgx with every tile as 8-key boxes, an
+   ablation: 11), "wgy128" (wgx on group-interleaved tiles: 12, the default),
+   "wgh128" (wgy with every tile as group boxes, an ablation: 13), "wgz128"
+   (wgy without ping-pong: 14), "wgr128" (wgy loading the next item's Q
+   rows during the last P V: 15); or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
