@@ -2749,8 +2749,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
    V) and one rank-5 box a run of 16 whole groups (a dense tile); without GL
    the tiles are [slab][128 keys] (one box per slab for a run, one per group
    and slab for a gathered tile: 64 boxes per K and V tile). Warpgroups 1 and
-   2 are consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async
-   (QP: the next item's, during the last P V), then inside each one
+   2 are consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async,
+   then inside each one
    S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the softmax of S(j)
    runs while P V is in the tensor cores (first S and last P V peeled, as in
    attention_kernel's TM 4); with PP the two consumers take turns issuing
@@ -2819,7 +2819,7 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool QP = false>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
     constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
     static_assert(D == 64 || D == 128, "head_dim 64 / 128");
@@ -2909,8 +2909,10 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
     uint32_t pa[NB / 2][4];
     const float sl = p.scale_log2;
     uint32_t it = 0;
-    /* Q rows of this warpgroup for item w (padding rows zero), by cp.async */
-    auto load_q = [&](const AttnItem &w) {
+    for (int r = 0; work(r) < p.nwork; r++) {
+        AttnItem w;
+        if (!attn_item(p, work(r), BC, w)) continue;
+        /* Q rows of this warpgroup (padding rows zero) */
         for (int c = ltid; c < 64 * CH; c += 128) {
             int row = cw * 64 + c / CH, ch = c % CH;
             int hr = row / p.T, tok = w.t0 + row % p.T;
@@ -2921,28 +2923,9 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                 *dst = make_uint4(0, 0, 0, 0);
         }
         cp_async_commit();
-    };
-    /* this CTA's first item from round r on that has rows (r moves to it) */
-    auto next_item = [&](int &r, AttnItem &w) -> bool {
-        for (; work(r) < p.nwork; r++)
-            if (attn_item(p, work(r), BC, w)) return true;
-        return false;
-    };
-    int r = 0;
-    AttnItem w;
-    bool have = next_item(r, w);
-    if (QP && have) load_q(w);
-    while (have) {
-        /* QP: the next item is found at the start of this one, and its Q rows are loaded
-           once this warpgroup's last S = Q K^T is done, during the last P V and the epilogue */
-        if (!QP) load_q(w);
         cp_async_wait_all();
         fence_proxy_async();
         named_sync(3 + cw, 128);
-        int nr = r + 1;
-        AttnItem nw;
-        bool nhave = false;
-        if (QP) nhave = next_item(nr, nw);
         int tk[2];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -3086,10 +3069,6 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
             }
             pack();
         }
-        if (QP && nhave) { /* every warp of the warpgroup is past its last S */
-            named_sync(3 + cw, 128);
-            load_q(nw);
-        }
         /* the last tile's P V */
         mbar_wait(&vfull[st], ph);
         acc_fence(o);
@@ -3124,10 +3103,6 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     *(__half2 *)((__half *)p.out + base + d) = __floats2half2_rn(x, y);
             }
         }
-        if (!QP) nhave = next_item(nr, nw);
-        w = nw;
-        r = nr;
-        have = nhave;
     }
     if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last turn handed over */
 }
@@ -3138,15 +3113,15 @@ static int sm_count(void) {
         n = 132;
     return n;
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool QP = false>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
-    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL, QP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     AttnParams q = p;
     q.nwork = (int)grid;
     unsigned ctas = std::min(grid, (unsigned)sm_count());
-    attention_ws_kernel<D, T, PP, NST, GALL, GL, QP><<<ctas, 384, smem, st>>>(q, *maps);
+    attention_ws_kernel<D, T, PP, NST, GALL, GL><<<ctas, 384, smem, st>>>(q, *maps);
     LAUNCH_CHECK("attention_ws_kernel");
     return EI_OK;
 }
@@ -3303,8 +3278,7 @@ static bool wgmma_available(void) {
    ping-pong: 9 / 10), "wgg128" (wgx with every tile as 8-key boxes, an
    ablation: 11), "wgy128" (wgx on group-interleaved tiles: 12, the default),
    "wgh128" (wgy with every tile as group boxes, an ablation: 13), "wgz128"
-   (wgy without ping-pong: 14), "wgr128" (wgy loading the next item's Q
-   rows during the last P V: 15); or
+   (wgy without ping-pong: 14); or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
@@ -3321,7 +3295,7 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
         *wg = !w ? (D == 128 ? 12 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
             : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11
-            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : e[2] == 'r' ? 15 : 1;
+            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : 1;
         *mt = 1;
         *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 12 ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
@@ -3512,18 +3486,17 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 2);
     }
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
-#define EI__ATT_WS(PP, NST, GALL, GL, QP)                                                                       \
-    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL, QP>(p, maps, grid, st, msg)          \
-              : launch_attention_ws<128, __half, PP, NST, GALL, GL, QP>(p, maps, grid, st, msg)
-        if (WGK == 7) EI__ATT_WS(true, 2, false, false, false);
-        if (WGK == 8) EI__ATT_WS(false, 2, false, false, false);
-        if (WGK == 9) EI__ATT_WS(true, 3, false, false, false);
-        if (WGK == 10) EI__ATT_WS(false, 3, false, false, false);
-        if (WGK == 11) EI__ATT_WS(true, 3, true, false, false);
-        if (WGK == 12) EI__ATT_WS(true, 3, false, true, false);
-        if (WGK == 13) EI__ATT_WS(true, 3, true, true, false);
-        if (WGK == 15) EI__ATT_WS(true, 3, false, true, true);
-        EI__ATT_WS(false, 3, false, true, false);
+#define EI__ATT_WS(PP, NST, GALL, GL)                                                                           \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL>(p, maps, grid, st, msg)              \
+              : launch_attention_ws<128, __half, PP, NST, GALL, GL>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false, false);
+        if (WGK == 11) EI__ATT_WS(true, 3, true, false);
+        if (WGK == 12) EI__ATT_WS(true, 3, false, true);
+        if (WGK == 13) EI__ATT_WS(true, 3, true, true);
+        EI__ATT_WS(false, 3, false, true);
 #undef EI__ATT_WS
     }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
