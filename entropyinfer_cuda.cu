@@ -1714,6 +1714,7 @@ struct AttnParams {
     const int *keep_count, *block_index;
     int seg_stride, max_keep;
     int s_last, tiles_per_seg;
+    int nwork; /* work items of the launch (attention_ws_kernel: a persistent grid strides over them) */
     float scale_log2;
     const unsigned long long *bad; /* the scan's report: the kernel does nothing unless it is ~0 */
     int q_f32; /* q is f32: each element rounded to T (k's dtype) as the Q tile is loaded */
@@ -1932,11 +1933,35 @@ __device__ __forceinline__ void tma_load3(void *dst, const void *map, int c0, in
     __trap();
 #endif
 }
+/* rank 4 / 5 boxes (attention_ws_kernel's group-interleaved tiles: attn_maps_gl) */
+__device__ __forceinline__ void tma_load4(void *dst, const void *map, int c0, int c1, int c2, int c3, uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)map; (void)c0; (void)c1; (void)c2; (void)c3; (void)bar;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void tma_load5(void *dst, const void *map, int c0, int c1, int c2, int c3, int c4, uint64_t *bar) {
+#ifdef EI_WGMMA
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(bar)) : "memory");
+#else
+    (void)dst; (void)map; (void)c0; (void)c1; (void)c2; (void)c3; (void)c4; (void)bar;
+    __trap();
+#endif
+}
 /* The tensor maps of a call's K and V (dims: head_dim, kv heads, tokens):
    boxes of BC keys (contiguous tiles) and of 8 keys (gathered blocks: one
    1024-byte swizzle unit per 64 columns). */
 struct AttnMaps {
     CUtensorMap k_tile, v_tile, k_8, v_8;
+    /* attention_ws_kernel's group-interleaved tiles (attn_maps_gl): one 8-key group, every
+       64-column slab (rank 4), and 16 groups of 8 keys (rank 5) over the run_groups whole
+       groups of the tensor */
+    CUtensorMap k_g, v_g, k_run, v_run;
+    int run_groups;
 };
 struct AttnNoMaps {
     int unused;
@@ -2143,9 +2168,13 @@ struct KeyList {
    each CTA's first tile and epilogue are exposed); ordering the warpgroups'
    products within a step that ends at a CTA barrier costs 8-14%. ncu on
    wgo128 (32k): tensor pipe 54.0%, issue slots 33.7%, 8 warps per SM, 5.9
-   cycles between a warp's instructions. The default stays wgk64; the next
-   step is a producer warp (TMA, empty/full mbarriers, no CTA barrier per
-   step) so that two consumer warpgroups can really ping-pong. */
+   cycles between a warp's instructions. The default stayed wgk64; the next
+   step was a producer warp (TMA, empty/full mbarriers, no CTA barrier per
+   step) so that two consumer warpgroups can really ping-pong.
+   That is attention_ws_kernel below (issue 32, third session), since then
+   the default for head_dim 128 (wgy128); this kernel stays the default for
+   head_dim 64, block sizes that are not a multiple of 8, and (TM 0 / mma.sync)
+   views TMA cannot describe, other GPUs and head_dim 256. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
@@ -2704,6 +2733,399 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
         }
 }
 
+/* ---- The warp-specialised Hopper kernel (issue 32, third session; the
+   default for head_dim 128, EI_CUDA_ATTN_CFG=wgy128; the variants are listed
+   at attention_shape). FlashAttention-3's layout on our tiles: a persistent
+   grid (one CTA per SM, the work items of attention_kernel's order dealt
+   out round by round, every other round in reverse so that the heavy items
+   spread evenly), three warpgroups per CTA, 128 query rows x 128 keys per
+   step. Warpgroup 0 is the producer: setmaxnreg down to 40 registers, one
+   warp issues every K and V tile by TMA, NST stages each for K and V with
+   full (expect_tx) and empty (one arrival per consumer warp) mbarriers,
+   running ahead into the next work item; it reads a tile's block numbers
+   while it waits for the previous tile's V stage. Tiles (GL, the default):
+   [16 groups][D/64 slabs][8 keys][128 bytes], so that one rank-4 box brings
+   an 8-key group with both slabs (a gathered tile: 16 boxes for K, 16 for
+   V) and one rank-5 box a run of 16 whole groups (a dense tile); without GL
+   the tiles are [slab][128 keys] (one box per slab for a run, one per group
+   and slab for a gathered tile: 64 boxes per K and V tile). Warpgroups 1 and
+   2 are consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async,
+   then inside each one
+   S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the softmax of S(j)
+   runs while P V is in the tensor cores (first S and last P V peeled, as in
+   attention_kernel's TM 4); with PP the two consumers take turns issuing
+   their products (named barriers 1 and 2), so that one's softmax overlaps
+   the other's matrix products. Every tile comes by TMA: the causal end and
+   keys past it are masked by key index (boxes past the tensor's end are
+   zero-filled), kept blocks that are not before their segment (a corrupt
+   device plan) are loaded from key 0 and masked (kmask). Needs
+   block_size % 8 == 0 and head_dim 128; other calls run wgk64.
+   Measured on an H200 (docs/performance.md, GPU; SDPA in the same call,
+   32 query / 8 kv heads, bf16, 32k / 64k / 128k): wgy128 dense at 1.08 /
+   0.98 / 1.04 of cuDNN SDPA's speed (wgk64 0.82 / 0.81 / 0.90), sparse
+   efficiency 0.68 / 0.77 / 0.79 on the default plan, 0.83-0.97 at 30% and
+   50% density. Every tile as 8-key slab boxes (wgg128) ran dense 1.4x
+   slower than slab runs: small boxes cost, hence the group layout, which
+   made the sparse segments 16-26% faster (wgy128 against wgx128). */
+#ifdef EI_WGMMA
+__device__ __forceinline__ void setmaxnreg_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory"); }
+__device__ __forceinline__ void setmaxnreg_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void setmaxnreg_producer() {}
+__device__ __forceinline__ void setmaxnreg_consumer() {}
+#endif
+/* One work item of an attention launch: rows (query heads h0 .. h0+hc-1 x
+   tokens t0 .. t1-1) of kv head kvh, their key list and its tiles. */
+struct AttnItem {
+    KeyList kl;
+    int t0, t1, h0, hc, kvh, ntiles;
+};
+/* Work item w in attention_kernel's order (segments from the last down);
+   false when it holds no rows or belongs to the other kernel (seg_mode). */
+__device__ __forceinline__ bool attn_item(const AttnParams &p, int w, int BC, AttnItem &it) {
+    int tile = p.tiles_per_seg - 1 - w % p.tiles_per_seg;
+    w /= p.tiles_per_seg;
+    int chunk = w % p.chunks;
+    w /= p.chunks;
+    it.kvh = w % p.n_kv;
+    int s = p.s_last - w / p.n_kv;
+    int64_t seg_lo = max((int64_t)s * p.seg, p.q_offset), seg_hi = min((int64_t)(s + 1) * p.seg, p.q_offset + p.nq);
+    it.t0 = (int)(seg_lo + (int64_t)tile * p.T);
+    if (it.t0 >= seg_hi) return false;
+    it.t1 = (int)min((int64_t)it.t0 + p.T, seg_hi);
+    it.h0 = it.kvh * p.G + chunk * p.HC;
+    it.hc = min(p.HC, p.G - chunk * p.HC);
+    bool sparse = s < p.plan_nseg && ei__segment_sparse(&p.cfg, s, p.plan_nseg, p.plan_final);
+    if (p.seg_mode && (p.seg_mode == 2) != sparse) return false;
+    it.kl.bs = p.bs;
+    it.kl.seg_first_block = (int)(((int64_t)s * p.seg) / p.bs);
+    if (sparse) {
+        int kc = p.keep_count[(int64_t)it.kvh * p.seg_stride + s];
+        kc = max(0, min(kc, p.max_keep));
+        it.kl.brow = p.block_index + ((int64_t)it.kvh * p.seg_stride + s) * p.max_keep;
+        it.kl.kept_len = kc * p.bs;
+        it.kl.base_pos = s * p.seg;
+    } else {
+        it.kl.brow = p.block_index;
+        it.kl.kept_len = 0;
+        it.kl.base_pos = 0;
+    }
+    it.kl.own_len = it.t1 - it.kl.base_pos;
+    it.ntiles = (it.kl.kept_len + it.kl.own_len + BC - 1) / BC;
+    return true;
+}
+/* this warp's arrival on an mbarrier (lane 0, after the whole warp got here) */
+__device__ __forceinline__ void warp_arrive(uint64_t *bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+__global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
+    constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
+    static_assert(D == 64 || D == 128, "head_dim 64 / 128");
+    extern __shared__ uint4 smem_raw[];
+    uint4 *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16;
+    uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + NST * BC * CH; /* [stage][slab][BC rows][8 chunks] */
+    __shared__ uint64_t kfull[NST], vfull[NST], kempty[NST], vempty[NST];
+    __shared__ uint32_t kmask[NST]; /* per K stage: the 8-key groups to mask (kept blocks not before the segment) */
+    if (*p.bad != ~0ull) return; /* NaN/Inf in q or k: EI_ERR_NONFINITE, nothing written */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+#pragma unroll
+        for (int b = 0; b < NST; b++) {
+            mbar_init(&kfull[b], 1);
+            mbar_init(&vfull[b], 1);
+            mbar_init(&kempty[b], 8);
+            mbar_init(&vempty[b], 8);
+        }
+    }
+    __syncthreads();
+    /* this CTA's r-th work item: round r, reversed on odd rounds */
+    auto work = [&](int r) -> int {
+        int g = (int)gridDim.x, b = (int)blockIdx.x;
+        return r * g + ((r & 1) ? g - 1 - b : b);
+    };
+    if (warp < 4) {
+        /* ---- producer: warp 0 copies every tile, the other three warps leave */
+        setmaxnreg_producer();
+        if (warp != 0) return;
+        uint32_t it = 0;
+        const int g = lane & 15; /* this lane's 8-key group of a tile (lanes 16..31 repeat 0..15) */
+        for (int r = 0; work(r) < p.nwork; r++) {
+            AttnItem w;
+            if (!attn_item(p, work(r), BC, w)) continue;
+            /* the block number of group g of tile j (read a tile ahead: its latency
+               overlaps the wait for a free V stage), then the tile's boxes */
+            auto block_of = [&](int j) -> int {
+                int i = j * BC + 8 * g;
+                return i < w.kl.kept_len ? w.kl.brow[i / w.kl.bs] : 0;
+            };
+            int blk = block_of(0);
+            for (int j = 0; j < w.ntiles; j++, it++) {
+                int i = j * BC + 8 * g, pos;
+                bool ok = true;
+                if (i < w.kl.kept_len) {
+                    ok = blk >= 0 && blk < w.kl.seg_first_block;
+                    pos = ok ? blk * w.kl.bs + i % w.kl.bs : 0;
+                } else
+                    pos = w.kl.base_pos + (i - w.kl.kept_len);
+                int pos0 = __shfl_sync(0xffffffffu, pos, 0);
+                bool contig = !GALL && __all_sync(0xffffffffu, pos == pos0 + 8 * g);
+                uint32_t bad = __ballot_sync(0xffffffffu, !ok) & 0xffffu;
+                int st = it % NST;
+                uint32_t ph = (it / NST) & 1;
+                auto load = [&](uint4 *dst, const CUtensorMap *mt, const CUtensorMap *m8, uint64_t *full, uint64_t *empty,
+                                bool isk) {
+                    mbar_wait(empty, ph ^ 1);
+                    if (lane == 0) {
+                        if (isk) kmask[st] = bad;
+                        mbar_arrive_expect_tx(full, (unsigned)(BC * D * sizeof(T)));
+                    }
+                    __syncwarp();
+                    if (GL) { /* [group][slab][8 keys]: a run of 16 whole groups, else a box per group */
+                        if (contig && !(pos0 & 7) && pos0 / 8 + 16 <= tm.run_groups) {
+                            if (lane == 0) tma_load5(dst, mt, 0, 0, 0, pos0 / 8, w.kvh, full);
+                        } else if (lane < 16) {
+                            tma_load4(dst + g * NS * 64, m8, 0, pos, 0, w.kvh, full);
+                        }
+                    } else if (contig) { /* [slab][BC keys] */
+                        if (lane < NS) tma_load3(dst + lane * BC * 8, mt, lane * 64, w.kvh, pos0, full);
+                    } else if (lane < NS * 16) {
+                        tma_load3(dst + (lane >> 4) * BC * 8 + g * 64, m8, (lane >> 4) * 64, w.kvh, pos, full);
+                    }
+                };
+                load(sK + st * BC * CH, GL ? &tm.k_run : &tm.k_tile, GL ? &tm.k_g : &tm.k_8, &kfull[st], &kempty[st], true);
+                if (j + 1 < w.ntiles) blk = block_of(j + 1);
+                load(sV + st * BC * CH, GL ? &tm.v_run : &tm.v_tile, GL ? &tm.v_g : &tm.v_8, &vfull[st], &vempty[st], false);
+            }
+        }
+        return;
+    }
+    /* ---- consumers: warpgroup cw owns rows cw*64 .. cw*64+63 */
+    setmaxnreg_consumer();
+    const int cw = (warp >> 2) - 1, ltid = tid & 127;
+    if (PP && cw == 1) named_arrive(1, 256); /* warpgroup 0 issues first */
+    float o[D / 8][4], sc[NB][4];
+    uint32_t pa[NB / 2][4];
+    const float sl = p.scale_log2;
+    uint32_t it = 0;
+    for (int r = 0; work(r) < p.nwork; r++) {
+        AttnItem w;
+        if (!attn_item(p, work(r), BC, w)) continue;
+        /* Q rows of this warpgroup (padding rows zero) */
+        for (int c = ltid; c < 64 * CH; c += 128) {
+            int row = cw * 64 + c / CH, ch = c % CH;
+            int hr = row / p.T, tok = w.t0 + row % p.T;
+            uint4 *dst = &sQ[(ch >> 3) * ROWS * 8 + row * 8 + ((ch & 7) ^ (row & 7))];
+            if (hr < w.hc && tok < w.t1)
+                load16_q<T>(dst, p.q, (tok - p.q_offset) * p.q_ts + (int64_t)(w.h0 + hr) * p.q_hs + ch * 8, p.q_f32, 1);
+            else
+                *dst = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        fence_proxy_async();
+        named_sync(3 + cw, 128);
+        int tk[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int rr = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+            tk[hf] = (rr / p.T < w.hc && w.t0 + rr % p.T < w.t1) ? w.t0 + rr % p.T : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+        /* the products: S = Q K^T (D/16 k-steps), O += P V (BC/16 k-steps) */
+        auto qk = [&](int st) {
+            const char *q0 = (const char *)sQ + cw * 64 * 128, *k0 = (const char *)(sK + st * BC * CH);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                GL ? wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, NS * 1024)
+                                   : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+        };
+        auto pv = [&](int st) {
+            const char *v0 = (const char *)(sV + st * BC * CH);
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+                wgmma_rs<D, T>(o, pa[t], GL ? wgmma_desc(v0 + t * 2 * NS * 1024, 1024, NS * 1024)
+                                            : wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
+        };
+        /* mask: own keys past a row's token, and the groups kmask names */
+        auto mask = [&](int j, uint32_t km) {
+            int last = j * BC + BC - 1 - w.kl.kept_len;
+            if (!km && !(last >= 0 && w.kl.base_pos + last > w.t0)) return;
+            int first = j * BC - w.kl.kept_len;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = first + nt * 8 + (lane & 3) * 2 + (e & 1);
+                    if (((km >> nt) & 1) || (i >= 0 && w.kl.base_pos + i > tk[e >> 1])) sc[nt][e] = -INFINITY;
+                }
+        };
+        /* online softmax of sc in place (see attention_kernel's softmax_tile) */
+        auto softmax = [&](float &al0, float &al1) -> bool {
+            float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt += 2) {
+                ma0 = fmaxf(ma0, fmaxf(sc[nt][0], sc[nt][1]));
+                ma1 = fmaxf(ma1, fmaxf(sc[nt][2], sc[nt][3]));
+                mb0 = fmaxf(mb0, fmaxf(sc[nt + 1][0], sc[nt + 1][1]));
+                mb1 = fmaxf(mb1, fmaxf(sc[nt + 1][2], sc[nt + 1][3]));
+            }
+            float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
+            bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+            if (moved) {
+                al0 = fast_exp2(m0 * sl - mu0);
+                al1 = fast_exp2(m1 * sl - mu1);
+                l0 *= al0;
+                l1 *= al1;
+            }
+            m0 = mx0;
+            m1 = mx1;
+#pragma unroll
+            for (int nt = 0; nt < NB; nt++) {
+                sc[nt][0] = fast_exp2(fmaf(sc[nt][0], sl, -mu0));
+                sc[nt][1] = fast_exp2(fmaf(sc[nt][1], sl, -mu0));
+                sc[nt][2] = fast_exp2(fmaf(sc[nt][2], sl, -mu1));
+                sc[nt][3] = fast_exp2(fmaf(sc[nt][3], sl, -mu1));
+                l0 += sc[nt][0] + sc[nt][1];
+                l1 += sc[nt][2] + sc[nt][3];
+            }
+            return moved;
+        };
+        auto pack = [&]() {
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++) {
+                pa[t][0] = pack2<T>(sc[2 * t][0], sc[2 * t][1]);
+                pa[t][1] = pack2<T>(sc[2 * t][2], sc[2 * t][3]);
+                pa[t][2] = pack2<T>(sc[2 * t + 1][0], sc[2 * t + 1][1]);
+                pa[t][3] = pack2<T>(sc[2 * t + 1][2], sc[2 * t + 1][3]);
+            }
+        };
+        auto keep_pa = [&]() {
+#pragma unroll
+            for (int t = 0; t < NB / 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) reg_keep(pa[t][e]);
+        };
+        /* tile 0: S, mask, softmax (O is zero: nothing to rescale), P */
+        int st = it % NST;
+        uint32_t ph = (it / NST) & 1;
+        {
+            mbar_wait(&kfull[st], ph);
+            uint32_t km = kmask[st];
+            if (PP) named_sync(1 + cw, 256);
+            wgmma_fence();
+            qk(st);
+            wgmma_commit();
+            if (PP) named_arrive(2 - cw, 256);
+            wgmma_wait<0>();
+            acc_fence(sc);
+            warp_arrive(&kempty[st]);
+            mask(0, km);
+            float al0, al1;
+            softmax(al0, al1);
+            pack();
+        }
+        for (int j = 1; j < w.ntiles; j++) {
+            int ps = st;
+            uint32_t pph = ph;
+            st = (it + j) % NST;
+            ph = ((it + j) / NST) & 1;
+            mbar_wait(&kfull[st], ph);
+            uint32_t km = kmask[st];
+            mbar_wait(&vfull[ps], pph);
+            acc_fence(o);
+            if (PP) named_sync(1 + cw, 256);
+            wgmma_fence();
+            qk(st);
+            wgmma_commit();
+            pv(ps);
+            wgmma_commit();
+            if (PP) named_arrive(2 - cw, 256);
+            wgmma_wait<1>(); /* S(j) done; P(j-1) V(j-1) may still run */
+            acc_fence(sc);
+            warp_arrive(&kempty[st]);
+            mask(j, km);
+            float al0 = 1.f, al1 = 1.f;
+            bool moved = softmax(al0, al1);
+            wgmma_wait<0>();
+            acc_fence(o);
+            keep_pa();
+            warp_arrive(&vempty[ps]);
+            if (moved) {
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[i][0] *= al0; o[i][1] *= al0;
+                    o[i][2] *= al1; o[i][3] *= al1;
+                }
+            }
+            pack();
+        }
+        /* the last tile's P V */
+        mbar_wait(&vfull[st], ph);
+        acc_fence(o);
+        if (PP) named_sync(1 + cw, 256);
+        wgmma_fence();
+        pv(st);
+        wgmma_commit();
+        if (PP) named_arrive(2 - cw, 256);
+        wgmma_wait<0>();
+        acc_fence(o);
+        keep_pa();
+        warp_arrive(&vempty[st]);
+        it += w.ntiles;
+        /* ---- normalise and write */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = hf ? l1 : l0;
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            int rr = cw * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+            if (tk[hf] < 0) continue;
+            float inv = l > 0.f ? 1.f / l : 0.f;
+            int64_t base = (int64_t)(tk[hf] - p.q_offset) * p.o_ts + (int64_t)(w.h0 + rr / p.T) * p.o_hs;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                int d = nt * 8 + (lane & 3) * 2;
+                float x = o[nt][2 * hf] * inv, y = o[nt][2 * hf + 1] * inv;
+                if (p.out_dtype == EI_F32) *(float2 *)((float *)p.out + base + d) = make_float2(x, y);
+                else if (p.out_dtype == EI_BF16)
+                    *(__nv_bfloat162 *)((__nv_bfloat16 *)p.out + base + d) = __floats2bfloat162_rn(x, y);
+                else
+                    *(__half2 *)((__half *)p.out + base + d) = __floats2half2_rn(x, y);
+            }
+        }
+    }
+    if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last turn handed over */
+}
+static int sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        n <= 0)
+        n = 132;
+    return n;
+}
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
+    size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem));
+    AttnParams q = p;
+    q.nwork = (int)grid;
+    unsigned ctas = std::min(grid, (unsigned)sm_count());
+    attention_ws_kernel<D, T, PP, NST, GALL, GL><<<ctas, 384, smem, st>>>(q, *maps);
+    LAUNCH_CHECK("attention_ws_kernel");
+    return EI_OK;
+}
+
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM >= 4 ? 3 : 2) * BC) * D * 2 + 1024
@@ -2759,10 +3181,58 @@ static bool attn_map_one(ei_encode_tiled_fn enc, CUtensorMap *m, const ei_tensor
                strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+/* The group-interleaved tiles of attention_ws_kernel (GL): a tile is [16 groups][D/64 slabs][8 keys][128
+   bytes], so that one box brings an 8-key group with every slab: rank 4 (64 columns, tokens, slabs 128
+   bytes apart, heads), box (64, 8, D/64, 1); and a run of 16 whole groups: rank 5 (64 columns, 8 keys,
+   slabs, groups of 8 keys, heads), box (64, 8, D/64, 16, 1), over the tensor's whole groups only (a
+   partial last group would read past its end: those tiles take the rank-4 boxes). */
+static bool attn_map_gl(ei_encode_tiled_fn enc, CUtensorMap *g, CUtensorMap *run, const ei_tensor *t, int D, bool bf,
+                        int *run_groups) {
+    int64_t ts = t->token_stride * 2, hs = t->head_stride * 2, ns = D / 64;
+    if (t->n_heads == 1) hs = ts;
+    if (((uintptr_t)t->data & 15) || ts <= 0 || (ts & 15) || hs <= 0 || (hs & 15) || ts * 8 >= (1ll << 40) ||
+        hs >= (1ll << 40) || t->n_tokens <= 0 || t->n_tokens >= (1ll << 31))
+        return false;
+    CUtensorMapDataType dt = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    cuuint64_t d4[4] = {64, (cuuint64_t)t->n_tokens, (cuuint64_t)ns, (cuuint64_t)t->n_heads};
+    cuuint64_t s4[3] = {(cuuint64_t)ts, 128, (cuuint64_t)hs};
+    cuuint32_t b4[4] = {64, 8, (cuuint32_t)ns, 1}, e4[4] = {1, 1, 1, 1};
+    if (enc(g, dt, 4, (void *)t->data, d4, s4, b4, e4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    int64_t groups = t->n_tokens / 8;
+    *run_groups = (int)groups;
+    if (groups < 1) return true; /* no whole group: every tile by rank-4 boxes */
+    cuuint64_t d5[5] = {64, 8, (cuuint64_t)ns, (cuuint64_t)groups, (cuuint64_t)t->n_heads};
+    cuuint64_t s5[4] = {(cuuint64_t)ts, 128, (cuuint64_t)ts * 8, (cuuint64_t)hs};
+    cuuint32_t b5[5] = {64, 8, (cuuint32_t)ns, 16, 1}, e5[5] = {1, 1, 1, 1, 1};
+    if (enc(run, dt, 5, (void *)t->data, d5, s5, b5, e5, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        *run_groups = 0; /* rank-4 boxes only */
+    return true;
+}
+static bool attn_maps_gl(const ei_tensor *k, const ei_tensor *v, int D, bool bf, AttnMaps *m) {
+    ei_encode_tiled_fn enc = encode_tiled();
+    int rk = 0, rv = 0;
+    if (!enc || !attn_map_gl(enc, &m->k_g, &m->k_run, k, D, bf, &rk) || !attn_map_gl(enc, &m->v_g, &m->v_run, v, D, bf, &rv))
+        return false;
+    m->run_groups = std::min(rk, rv);
+    return true;
+}
 static bool attn_maps(const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m) {
     ei_encode_tiled_fn enc = encode_tiled();
     return enc && attn_map_one(enc, &m->k_tile, k, D, bf, bc) && attn_map_one(enc, &m->v_tile, v, D, bf, bc) &&
            attn_map_one(enc, &m->k_8, k, D, bf, 8) && attn_map_one(enc, &m->v_8, v, D, bf, 8);
+}
+
+/* The tensor maps of the kernel of shape code wgk (attention_shape's *wg; keys per step bc), or NULL for
+   the cp.async kernels or views the maps cannot describe. The group-interleaved kernels (wgk 12..14)
+   need attn_maps_gl's too: without them the call runs the same kernel on slab tiles (*e = "wgx128"). */
+static const AttnMaps *attn_maps_for(int wgk, const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m,
+                                     const char **e) {
+    if (wgk < 2 || !attn_maps(k, v, D, bc, bf, m)) return NULL;
+    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, m)) *e = "wgx128";
+    return m;
 }
 
 /* Whether the wgmma kernels can run on the current device: a Hopper GPU
@@ -2785,7 +3255,12 @@ static bool wgmma_available(void) {
 
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
-   Default on Hopper for head_dim 64/128: wgmma, 8 warps (2 warpgroups of 64
+   Default on Hopper for head_dim 128: attention_ws_kernel (wgy128: a TMA
+   producer warp, two consumer warpgroups of 64 rows with ping-pong, 128
+   keys per step, three K/V stages, group-interleaved tiles, a persistent
+   grid; *wg = 12); api_attention runs wgk64 instead when the block size is
+   not a multiple of 8, and wgx128 when the group maps cannot be encoded.
+   For head_dim 64: wgmma, 8 warps (2 warpgroups of 64
    rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
    where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
@@ -2797,7 +3272,13 @@ static bool wgmma_available(void) {
    tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
    per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5),
    "wgq128" (as wgo128, warpgroup 0 issuing its products of each step before
-   warpgroup 1: *wg = 6), or
+   warpgroup 1: *wg = 6); attention_ws_kernel (head_dim 128, 128 keys per
+   step): "wgw128" (ping-pong, 2 K/V stages, slab tiles: *wg = 7), "wgv128"
+   (wgw without ping-pong: 8), "wgx128" / "wgu128" (3 stages, with / without
+   ping-pong: 9 / 10), "wgg128" (wgx with every tile as 8-key boxes, an
+   ablation: 11), "wgy128" (wgx on group-interleaved tiles: 12, the default),
+   "wgh128" (wgy with every tile as group boxes, an ablation: 13), "wgz128"
+   (wgy without ping-pong: 14); or
    "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
    M = 2 and head_dim 128 only). */
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
@@ -2812,11 +3293,13 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? 4 : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6 : 1;
+        *wg = !w ? (D == 128 ? 12 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
+            : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11
+            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : 1;
         *mt = 1;
-        *bc = w && n >= 3 && !strcmp(e + n - 3, "128") ? 128 : 64;
+        *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 12 ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
-        if (*wg == 6) *bc = 128;
+        if (*wg >= 6) *bc = 128; /* wgq / wgw / wgv: 128 keys per step */
         return;
     }
     if (e && e[0] && e[1] == 'x') {
@@ -3002,6 +3485,20 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
     }
+    if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
+#define EI__ATT_WS(PP, NST, GALL, GL)                                                                           \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL>(p, maps, grid, st, msg)              \
+              : launch_attention_ws<128, __half, PP, NST, GALL, GL>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false, false);
+        if (WGK == 11) EI__ATT_WS(true, 3, true, false);
+        if (WGK == 12) EI__ATT_WS(true, 3, false, true);
+        if (WGK == 13) EI__ATT_WS(true, 3, true, true);
+        EI__ATT_WS(false, 3, false, true);
+#undef EI__ATT_WS
+    }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
         if (D == 64) EI__ATT_TMA(64, 128, 5);
         EI__ATT_TMA(128, 128, 5);
@@ -3074,6 +3571,10 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
     attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
     attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
+    /* the warp-specialised kernel copies every tile by TMA in 8-key groups: other calls run wgk64 */
+    const bool ws_ok = D == 128 && cfg->block_size % 8 == 0;
+    if (WGK >= 7 && !ws_ok) { WGK = 4; BCK = 64; e_all = "wgk64"; }
+    if (WGK2 >= 7 && !ws_ok) { WGK2 = 4; BCK2 = 64; e_sp = "wgk64"; }
     bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnMaps maps;
@@ -3133,15 +3634,13 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)))
         return r;
     p.seg_mode = split ? 1 : 0;
-    if ((r = attention_launch(p, WGK >= 2 && attn_maps(k, v, D, BCK, bf, &maps) ? &maps : NULL, D, bf, vec, e_all,
-                              (unsigned)grid, st, msg)))
-        return r;
+    const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);
+    if ((r = attention_launch(p, mp, D, bf, vec, e_all, (unsigned)grid, st, msg))) return r;
     if (split) { /* the sparse segments: the second kernel (its own tensor maps: boxes of its keys per step) */
         AttnMaps maps2;
         p.seg_mode = 2;
-        if ((r = attention_launch(p, WGK2 >= 2 && attn_maps(k, v, D, BCK2, bf, &maps2) ? &maps2 : NULL, D, bf, vec,
-                                  e_sp, (unsigned)grid, st, msg)))
-            return r;
+        mp = attn_maps_for(WGK2, k, v, D, BCK2, bf, &maps2, &e_sp);
+        if ((r = attention_launch(p, mp, D, bf, vec, e_sp, (unsigned)grid, st, msg))) return r;
     }
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;

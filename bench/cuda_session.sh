@@ -43,6 +43,8 @@ for step in $STEPS; do
             >> "$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; say "test build FAILED"; exit 1; }
         grep -A2 "Compiling entry.*attention_kernel.*sm_90a" "$LOG/build.log" | grep -o "[0-9]* bytes spill stores.*\|Used [0-9]* registers" |
             paste - - | sort | uniq -c | sed 's/^/  ptxas attention_kernel sm_90a: /'
+        grep -A2 "Compiling entry.*attention_ws_kernel.*sm_90a" "$LOG/build.log" | grep -o "[0-9]* bytes spill stores.*\|Used [0-9]* registers" |
+            paste - - | sort | uniq -c | sed 's/^/  ptxas attention_ws_kernel sm_90a: /'
         # the overlapped kernel's SASS (bf16, head_dim 128, 128 keys): HGMMA and the waits between them
         cuobjdump -sass -fun '_Z16attention_kernelILi128ELi8ELi1ELi128E13__nv_bfloat16Lb1ELb1ELi4EEv10AttnParamsNSt11conditionalIXgtT6_Li0EE8AttnMaps10AttnNoMapsE4typeE' \
             "$B/libentropyinfer_cuda.so" > "$LOG/wgo128.sass" 2>&1
@@ -86,11 +88,11 @@ for step in $STEPS; do
         grep -E "^ +[0-9]+ |by CTA shape|real density" "$LOG/bench.log"
         say "bench rc $rc" ;;
     ncu)
-        EI_BENCH_SHAPES=${CFG:-wgk64} ncu --clock-control none -k regex:attention_kernel --launch-count 1 \
+        EI_BENCH_SHAPES=${CFG:-wgy128} ncu --clock-control none -k regex:'attention_(ws_)?kernel' --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
             --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
             $B/ei_bench_cuda 32768 > "$LOG/ncu.log" 2>&1
-        grep -E "attention_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc|Issue Slots|Tensor|Achieved Occupancy|Registers Per|L1/TEX Cache|L2 Cache Throughput|DRAM Throughput|sm__pipe_tensor|Stall|Warp Cycles Per Issued" \
+        grep -E "attention_(ws_)?kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc|Issue Slots|Tensor|Achieved Occupancy|Registers Per|L1/TEX Cache|L2 Cache Throughput|DRAM Throughput|sm__pipe_tensor|Stall|Warp Cycles Per Issued" \
             "$LOG/ncu.log" | cut -c1-160 | head -30
         say "ncu done" ;;
     esac
