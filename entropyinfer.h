@@ -1001,9 +1001,11 @@ EIDEF ei_result ei_decoder_reset(ei_decoder *dec);
 /* Feed queries: the prompt's (all or its last ones; generated = 0), then each
    generated token's (generated = 1). The decoder keeps the last `window`.
    q_pos: the position of q's first row. Calls follow each other (the next
-   q_pos is the last one's end, EI_ERR_STATE otherwise; ei_decoder_reset
-   starts over, e.g. after a rewind); the first may start anywhere (the
-   prompt's last queries). The newest query's position + 1 is
+   q_pos is the last one's end; ei_decoder_reset starts over, e.g. after a
+   rewind), except that the first may start anywhere (the prompt's last
+   queries) and a prompt call (generated = 0) of at least `window` queries
+   may skip ahead (its queries replace the whole ring: an engine may feed
+   only each micro-batch's last window); anything else is EI_ERR_STATE. The newest query's position + 1 is
    dec->position_end: a cache scored without a row map holds at most that
    many rows (PROTOCOLS: decode over a padded cache). */
 EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const ei_tensor *q, int64_t q_pos,
@@ -4502,11 +4504,14 @@ EIDEF ei_result ei_decode_observe(const ei_context *ctx, ei_decoder *dec, const 
     if (q_pos < 0 || q_pos > EI_MAX_TOKENS - q->n_tokens)
         return ei__fail(ctx, EI_ERR_SIZE, "q_pos %lld: the queries' positions must lie in 0..%lld", (long long)q_pos,
                         (long long)EI_MAX_TOKENS - 1);
-    /* the ring lines its queries up with the newest positions of the cache: they must follow each other */
-    if (dec->n_observed > 0 && q_pos != dec->position_end)
+    /* the ring lines its queries up with the newest positions of the cache: they follow each other, or a prompt
+       call skips ahead with a whole window of queries (they replace the ring: an engine that feeds only each
+       micro-batch's last window) */
+    if (dec->n_observed > 0 && q_pos != dec->position_end &&
+        !(q_pos > dec->position_end && !generated && q->n_tokens >= dec->window))
         return ei__fail(ctx, EI_ERR_STATE, "queries at position %lld, the decoder's next is %lld: observed queries follow each "
-                        "other (ei_decoder_reset starts over, e.g. after a rewind)", (long long)q_pos,
-                        (long long)dec->position_end);
+                        "other, or a prompt call skips ahead with at least a window (%d) of them (ei_decoder_reset starts "
+                        "over, e.g. after a rewind)", (long long)q_pos, (long long)dec->position_end, (int)dec->window);
     if (generated && ctx->cfg.decode_policy == EI_DECODE_SNAPKV) { /* counted, never stored: its ring holds the prompt's */
         dec->n_observed += q->n_tokens;
         dec->n_generated += q->n_tokens;

@@ -1195,7 +1195,7 @@ static void test_decode_padded(void) {
     ei_keep_set ksP, ksM, ksC;
     ei_tensor kP, kC, one;
     size_t db, wb;
-    void *dm, *ws;
+    void *dm, *dm2, *ws;
     float *q, *k, *scores, *shared;
     int32_t *row_pos;
     long j;
@@ -1211,6 +1211,7 @@ static void test_decode_padded(void) {
     ei_decoder_size(ctx, HEADS, DIM, &db);
     ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
     dm = guarded_alloc(db);
+    dm2 = guarded_alloc(db);
     ws = guarded_alloc(wb);
     CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
     decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
@@ -1227,6 +1228,18 @@ static void test_decode_padded(void) {
     CHECK_ERR(ei_decode_observe(ctx, &dec, &one, EI_MAX_TOKENS, 1), EI_ERR_SIZE);
     CHECK_ERR(ei_decode_observe(ctx, &dec, &one, INT64_MAX, 1), EI_ERR_SIZE);
     CHECK(!memcmp(&saved, &dec, sizeof dec), "a refused observe changed the decoder");
+    {   /* a prompt call may skip ahead with a whole window (it replaces the ring), not with less, not generated */
+        ei_decoder d2;
+        ei_tensor win = ei_tensor_make(q + (size_t)(NPOS - WIN) * HEADS * DIM, EI_F32, WIN, HEADS, DIM);
+        ei_tensor part = win;
+        part.n_tokens = WIN - 1;
+        CHECK_ERR(ei_decoder_init(ctx, &d2, HEADS, KV, DIM, dm2, db), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, &d2, &part, 0, 0), EI_OK);
+        CHECK_ERR(ei_decode_observe(ctx, &d2, &part, 100, 0), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_observe(ctx, &d2, &win, 100, 1), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_observe(ctx, &d2, &win, 100, 0), EI_OK);
+        CHECK(d2.position_end == 100 + WIN, "position_end %lld after a skip to 100", (long long)d2.position_end);
+    }
     {   /* counters edited so that position_end lies below the queries observed: refused */
         ei_decoder e = dec;
         e.position_end = e.n_observed - 1;
@@ -1274,7 +1287,7 @@ static void test_decode_padded(void) {
     CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
 
     decode_keep_set_free(&ksP); decode_keep_set_free(&ksM); decode_keep_set_free(&ksC);
-    guarded_free(dm); guarded_free(ws);
+    guarded_free(dm); guarded_free(dm2); guarded_free(ws);
     free(q); free(k); free(scores); free(shared); free(row_pos);
     ei_context_destroy(ctx);
 }
