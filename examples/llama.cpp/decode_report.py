@@ -44,6 +44,16 @@ def ppl(nll, start):
     return math.exp(sum(xs) / len(xs)) if xs else float("nan")
 
 
+def paired(a, b, start):
+    """mean and standard error of the per-token NLL difference a - b over steps start.. (the same tokens):
+    exp(mean) is the perplexity ratio; 2 standard errors say how far 240 tokens pin it down"""
+    d = [x - y for x, y in zip(a[start:], b[start:])]
+    n = len(d)
+    m = sum(d) / n
+    var = sum((x - m) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    return m, math.sqrt(var / n)
+
+
 def frac_label(r):
     return "1/%d" % round(1 / r) if r < 1 else "1"
 
@@ -73,7 +83,7 @@ def collect(logs):
                          "ppl_dense": ppl(d_nll, 16), "ppl": ppl(d_nll, 16), "vs_dense_pct": 0.0, "agreement_pct": 100.0,
                          "step_ms_median": float(dn.get("step_ms_median_after", "nan")),
                          "prompt_tokens": int(dn["prompt_tokens"]), "passkey": pk.get("dense", {}),
-                         "options": "dense", "wall_s": float(dn.get("wall_s", "nan"))})
+                         "options": "dense", "wall_s": float(dn.get("wall_s", "nan")), "nll": d_nll})
             for fn in sorted(os.listdir(cont)):
                 if not fn.endswith(".out") or fn == "dense.out":
                     continue
@@ -87,8 +97,11 @@ def collect(logs):
                 arg = r["argmax"].split()
                 p, pd = ppl(nll, start), ppl(d_nll, start)
                 agree = [a == b for a, b in zip(arg[start:], d_arg[start:])]
+                m, se = paired(nll, d_nll, start)
                 recs.append({"text": text, "model_context": mc, "run": name, "policy": policy, "fraction": float(frac),
                              "after_from": start, "ppl": p, "ppl_dense": pd, "vs_dense_pct": 100 * (p / pd - 1),
+                             "vs_dense_2se_pct": [100 * (math.exp(m - 2 * se) - 1), 100 * (math.exp(m + 2 * se) - 1)],
+                             "nll": nll,
                              "agreement_pct": 100 * sum(agree) / len(agree),
                              "compressions": int(r["compressions"]), "cells_before": int(r["cells_before"]),
                              "cells_after": int(r["cells_after"]), "kv_bytes_before": int(r["kv_bytes_before"]),
@@ -101,7 +114,7 @@ def collect(logs):
 
 
 def markdown(recs):
-    out = ["| text | model, context | policy | kept | KV cells before -> after | continuation ppl (dense) | vs dense | "
+    out = ["| text | model, context | policy | kept | KV cells before -> after | continuation ppl (dense) | vs dense (2 s.e.) | "
            "top-1 agreement | passkey 10/50/90 % | decode ms/token median (tok/s) | compress s (all) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {p: i for i, p in enumerate(["dense"] + POLICIES)}
@@ -114,10 +127,35 @@ def markdown(recs):
             out.append("| %s | %s | dense | 1 | %d + 256 | %.4f | (reference) | - | %s | %s | - |" % (
                 r["text"], r["model_context"], r["prompt_tokens"], r["ppl"], pk, tps))
         else:
-            out.append("| %s | %s | %s | %s | %d -> %d | %.4f (%.4f) | %+.2f %% | %.1f %% | %s | %s | %.2f (%d) |" % (
+            out.append("| %s | %s | %s | %s | %d -> %d | %.4f (%.4f) | %+.2f %% (%+.1f..%+.1f) | %.1f %% | %s | %s | %.2f (%d) |" % (
                 r["text"], r["model_context"], r["policy"], frac_label(r["fraction"]), r["cells_before"], r["cells_after"],
-                r["ppl"], r["ppl_dense"], r["vs_dense_pct"], r["agreement_pct"], pk, tps, r["compress_s"],
+                r["ppl"], r["ppl_dense"], r["vs_dense_pct"], r["vs_dense_2se_pct"][0], r["vs_dense_2se_pct"][1],
+                r["agreement_pct"], pk, tps, r["compress_s"],
                 r["compressions"]))
+    return "\n".join(out) + "\n"
+
+
+def versus(recs):
+    """the paper's claim, run by run: the default's continuation perplexity against each baseline's at
+    the same fraction, on the same tokens (both from the later of the two first compressions)"""
+    out = ["| text | model, context | kept | default vs SnapKV | default vs StreamingLLM | default vs H2O | "
+           "entropy-weighted layers vs default |",
+           "|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["text"], r["model_context"], r["fraction"]) for r in recs if r["policy"] == "entropyinfer"})
+    for text, mc, f in keys:
+        by = {r["policy"]: r for r in recs if r["text"] == text and r["model_context"] == mc and r["fraction"] == f}
+        cells = []
+        for a, b in (("entropyinfer", "snapkv"), ("entropyinfer", "streaming"), ("entropyinfer", "h2o"),
+                     ("entropyinfer_entropyw", "entropyinfer")):
+            if a in by and b in by:
+                start = max(by[a]["after_from"], by[b]["after_from"])
+                m, se = paired(by[a]["nll"], by[b]["nll"], start)
+                cells.append("%+.2f %% (%+.1f..%+.1f)" % (100 * (math.exp(m) - 1), 100 * (math.exp(m - 2 * se) - 1),
+                                                          100 * (math.exp(m + 2 * se) - 1)))
+            else:
+                cells.append("-")
+        if any(c != "-" for c in cells):
+            out.append("| %s | %s | %s | %s |" % (text, mc, frac_label(f), " | ".join(cells)))
     return "\n".join(out) + "\n"
 
 
@@ -192,7 +230,8 @@ def main():
     recs = collect(logs)
     with open(prefix + ".json", "w") as f:
         json.dump(recs, f, indent=1)
-    md = markdown(recs)
+    md = markdown(recs) + "\nThe default against each baseline at equal budget (continuation perplexity ratio - 1, " \
+        "negative: the default is better; 2 standard errors of the per-token difference):\n\n" + versus(recs)
     with open(prefix + ".md", "w") as f:
         f.write("# Decode compression in llama.cpp: policies at equal budgets (eval_decode.sh)\n\n" + md +
                 "\n![continuation perplexity vs fraction kept](%s.svg)\n" % os.path.basename(prefix))
