@@ -166,8 +166,8 @@ def svg(recs):
     W, H, ml, mr, mt, mb = 360, 280, 58, 12, 30, 44
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
-    legend_h = 24 * ((len(POLICIES) + 2) // 3) + 10
-    tw, th = cols * W, rows * H + legend_h
+    legend_h = 24 * ((len(POLICIES) + 2) // 2) + 10
+    tw, th = max(cols * W, 720), rows * H + legend_h
     s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (tw, th),
          '<rect width="100%" height="100%" fill="white"/>']
     xs_all = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
@@ -175,9 +175,8 @@ def svg(recs):
         ox, oy = (i % cols) * W, (i // cols) * H
         pr = [r for r in recs if r["text"] == text and r["model_context"] == mc]
         ys = [r["vs_dense_pct"] for r in pr]
-        ymax = max(ys + [1.0])
-        ymax = 10 ** math.ceil(math.log10(ymax)) if ymax > 0 else 1
-        ymax = ymax / 2 if max(ys) < ymax / 2 else ymax
+        top = max(ys + [1.0])
+        ymax = next(v for v in (2, 5, 10, 20, 30, 50, 100, 200, 500, 1000, float(math.ceil(top))) if v >= top)
         ymin = min(0.0, min(ys))
         pw, ph = W - ml - mr, H - mt - mb
 
@@ -213,7 +212,7 @@ def svg(recs):
                 s.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>%s %s: %+.2f %%</title></circle>' % (
                     X(f), Y(v), COLORS[p], LABELS[p], frac_label(f), v))
     for j, p in enumerate(POLICIES + ["dense"]):
-        lx, ly = 20 + (j % 3) * (tw - 40) / 3, rows * H + 16 + 24 * (j // 3)
+        lx, ly = 20 + (j % 2) * (tw - 40) / 2, rows * H + 16 + 24 * (j // 2)
         if p == "dense":
             s.append('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black" stroke-dasharray="4,3"/>' % (lx, lx + 24, ly, ly))
             s.append('<text x="%.1f" y="%.1f">dense (same tokens)</text>' % (lx + 30, ly + 4))
