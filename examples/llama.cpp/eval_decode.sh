@@ -93,7 +93,7 @@ for text in $(echo "$TEXTS" | tr ',' ' '); do
                 mkdir -p "$dir"
                 set -- -m "$M" -f "$T" -c "$ctx" -t "$THREADS" -td "$DTHREADS" --out-dir "$dir"
                 case $job in
-                    passkey-*) set -- "$@" --passkey "${job#*,}" ;;
+                    passkey-*) set -- "$@" --passkey "${name#passkey-},${job#*,}" ;;
                     *) set -- "$@" --cont $CONT ;;
                 esac
                 missing=0
