@@ -30,6 +30,13 @@ COLORS = {"entropyinfer": "#d62728", "entropyinfer_entropyw": "#ff9896", "snapkv
           "streaming": "#2ca02c", "h2o": "#9467bd"}
 
 
+def panel_key(text, mc):
+    """handbook before perlfaq; SmolLM2 before Gemma; shorter contexts first"""
+    model, _, ctx = mc.rpartition("-")
+    return ({"handbook": 0}.get(text, 1), text, {"smollm2": 0, "gemma": 1}.get(model, 2), model,
+            int(ctx) if ctx.isdigit() else 0)
+
+
 def parse(path):
     d = {}
     with open(path) as f:
@@ -118,7 +125,7 @@ def markdown(recs):
            "top-1 agreement | passkey 10/50/90 % | decode ms/token median (tok/s) | compress s (all) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {p: i for i, p in enumerate(["dense"] + POLICIES)}
-    for r in sorted(recs, key=lambda r: (r["text"], r["model_context"], -r["fraction"] if r["policy"] == "dense" else 0,
+    for r in sorted(recs, key=lambda r: (panel_key(r["text"], r["model_context"]), -r["fraction"] if r["policy"] == "dense" else 0,
                                          r["fraction"], order.get(r["policy"], 99))):
         pk = "/".join(str(r["passkey"].get(d, "-")) for d in ("0.1", "0.5", "0.9")) if r["passkey"] else "-"
         ms = r["step_ms_median"]
@@ -141,7 +148,8 @@ def versus(recs):
     out = ["| text | model, context | kept | default vs SnapKV | default vs StreamingLLM | default vs H2O | "
            "entropy-weighted layers vs default |",
            "|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["text"], r["model_context"], r["fraction"]) for r in recs if r["policy"] == "entropyinfer"})
+    keys = sorted({(r["text"], r["model_context"], r["fraction"]) for r in recs if r["policy"] == "entropyinfer"},
+                  key=lambda k: (panel_key(k[0], k[1]), k[2]))
     for text, mc, f in keys:
         by = {r["policy"]: r for r in recs if r["text"] == text and r["model_context"] == mc and r["fraction"] == f}
         cells = []
@@ -160,7 +168,7 @@ def versus(recs):
 
 
 def svg(recs):
-    panels = sorted({(r["text"], r["model_context"]) for r in recs})
+    panels = sorted({(r["text"], r["model_context"]) for r in recs}, key=lambda k: panel_key(*k))
     if not panels:
         return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>\n'
     W, H, ml, mr, mt, mb = 360, 280, 58, 12, 30, 44
