@@ -185,7 +185,8 @@ def svg(recs):
         ys = [r["vs_dense_pct"] for r in pr]
         top = max(ys + [1.0])
         ymax = next(v for v in (2, 5, 10, 20, 30, 50, 100, 200, 500, 1000, float(math.ceil(top))) if v >= top)
-        ymin = min(0.0, min(ys))
+        step = ymax / 5.0
+        ymin = -step * math.ceil(-min(ys) / step) if min(ys) < 0 else 0.0
         pw, ph = W - ml - mr, H - mt - mb
 
         def X(f):
@@ -196,8 +197,8 @@ def svg(recs):
         s.append('<text x="%.1f" y="%.1f" text-anchor="middle" font-weight="bold">%s, %s</text>' % (
             ox + ml + pw / 2, oy + 18, {"handbook": "Debian handbook", "perlfaq": "Perl FAQ"}.get(text, text), mc))
         s.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#888"/>' % (ox + ml, oy + mt, pw, ph))
-        for k in range(6):
-            v = ymin + (ymax - ymin) * k / 5
+        for k in range(int(round((ymax - ymin) / step)) + 1):
+            v = ymin + step * k
             s.append('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#eee"/>' % (ox + ml, ox + ml + pw, Y(v), Y(v)))
             s.append('<text x="%.1f" y="%.1f" text-anchor="end">%+.0f %%</text>' % (ox + ml - 4, Y(v) + 4, v) if ymax - ymin >= 5
                      else '<text x="%.1f" y="%.1f" text-anchor="end">%+.1f %%</text>' % (ox + ml - 4, Y(v) + 4, v))

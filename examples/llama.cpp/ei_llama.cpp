@@ -653,7 +653,7 @@ const char * llama_entropyinfer_help(void) {
             "pool_kernel (%d), gqa_reduce (mean|max), compress (1; 0: off), decode_policy "
             "(entropyinfer|streaming|snapkv|h2o), decode_sink (%d), decode_budget_ratio (%g; > 0: the budget is that "
             "fraction of the sequence's positions, at least decode_budget_min (%d), at most decode_budget, which is then the "
-            "context's cells unless given), decode_positions (h2o: the context's cells), decode_shared_weight "
+            "context's cells unless given), decode_positions (h2o: 4x the context's cells), decode_shared_weight "
             "(equal|entropy); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
@@ -679,15 +679,17 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     st->n_layer = (int) model.hparams.n_layer();
     {
         // sizes the library needs that only the context knows: a ratio budget's cap (decode_budget,
-        // unless given: the cells, so that the ratio decides) and H2O's positions (the cells: the
-        // glue refuses position jumps, so a sequence never holds a position past n_ctx)
+        // unless given: the cells, so that the ratio decides) and H2O's positions, unless given: 4x
+        // the cells (a compressed cache frees cells, so generation can run past n_ctx positions; past
+        // decode_positions the library refuses the keep set (EI_ERR_SIZE), reported once, and
+        // generation goes on uncompressed; memory: n_heads x 4 bytes per position and layer)
         ei_config &   c     = st->opts.cfg;
         const int64_t cells = std::max<int64_t>((int64_t) cparams.n_ctx, 1);
         if (c.decode_budget_ratio > 0 && !o.budget_set) {
             c.decode_budget = (int32_t) std::min<int64_t>(std::max<int64_t>(cells, c.decode_budget), EI_MAX_BUDGET);
         }
         if (c.decode_policy == EI_DECODE_H2O && c.decode_positions == 0) {
-            c.decode_positions = cells;
+            c.decode_positions = std::min<int64_t>(4 * cells, EI_MAX_TOKENS);
         }
     }
     for (int il = 0; il < st->n_layer; ++il) {
