@@ -171,7 +171,7 @@ def svg(recs):
     panels = sorted({(r["text"], r["model_context"]) for r in recs}, key=lambda k: panel_key(*k))
     if not panels:
         return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>\n'
-    W, H, ml, mr, mt, mb = 360, 280, 58, 12, 30, 44
+    W, H, ml, mr, mt, mb = 360, 280, 66, 12, 30, 44
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     legend_h = 24 * ((len(POLICIES) + 2) // 2) + 10
@@ -237,7 +237,7 @@ def main():
     prefix = sys.argv[2] if len(sys.argv) > 2 else "build/decode_eval"
     recs = collect(logs)
     with open(prefix + ".json", "w") as f:
-        json.dump(recs, f, indent=1)
+        f.write("[\n" + ",\n".join(json.dumps(r) for r in recs) + "\n]\n")  # one run a line
     md = markdown(recs) + "\nThe default against each baseline at equal budget (continuation perplexity ratio - 1, " \
         "negative: the default is better; 2 standard errors of the per-token difference):\n\n" + versus(recs)
     with open(prefix + ".md", "w") as f:
