@@ -107,6 +107,10 @@ struct ei_options {
     int       min_tokens = 32;
     ei_mode   mode       = EI_MODE_SPARSE;
     bool      compress   = true; // decode compression (observe, keep-set, evict)
+    // decode_budget given by the user: with decode_budget_ratio > 0 the glue otherwise raises the
+    // budget's cap to the context's cells, so that the ratio alone decides (the library caps a
+    // ratio budget at decode_budget, 1024 by default: 1/4 of 8k would silently become 1/8)
+    bool      budget_set = false;
 };
 
 static ei_options & ei_opts() {
@@ -115,7 +119,7 @@ static ei_options & ei_opts() {
 }
 
 enum ei_field_kind { EI_FIELD_I32, EI_FIELD_I64, EI_FIELD_F64, EI_FIELD_F32, EI_FIELD_SIMD, EI_FIELD_POOL, EI_FIELD_REDUCE,
-                     EI_FIELD_RANKING };
+                     EI_FIELD_RANKING, EI_FIELD_POLICY, EI_FIELD_SHARED };
 
 struct ei_field {
     const char *  name;
@@ -151,6 +155,16 @@ static const ei_field k_fields[] = {
     EI_FIELD(pool_kernel,        EI_FIELD_I32),
     EI_FIELD(gqa_reduce,         EI_FIELD_REDUCE),
     EI_FIELD(recompress_every,   EI_FIELD_I32),
+    // decode policies (issue 37): every policy runs through the same observe / score / shared_add /
+    // select_shared / evict path below, so they compare at equal budgets. snapkv scores with the
+    // last `window` prompt queries (observed by every prompt ubatch), h2o sums the attention of the
+    // queries observed (decode_positions: the context's cells unless given)
+    EI_FIELD(decode_policy,        EI_FIELD_POLICY),
+    EI_FIELD(decode_sink,          EI_FIELD_I32),
+    EI_FIELD(decode_budget_ratio,  EI_FIELD_F64),
+    EI_FIELD(decode_budget_min,    EI_FIELD_I32),
+    EI_FIELD(decode_positions,     EI_FIELD_I64),
+    EI_FIELD(decode_shared_weight, EI_FIELD_SHARED),
 };
 #undef EI_FIELD
 
@@ -211,6 +225,9 @@ static const char * const k_simd_names[]   = { "auto", "scalar", "avx2", "avx512
 static const char * const k_pool_names[]   = { "avg", "max", "none" };
 static const char * const k_reduce_names[] = { "mean", "max" };
 static const char * const k_ranking_names[] = { "reference", "sampled" };
+// in the order of the enums ei_decode_policy and ei_shared_weight
+static const char * const k_policy_names[] = { "entropyinfer", "streaming", "snapkv", "h2o" };
+static const char * const k_shared_names[] = { "equal", "entropy" };
 
 static bool ei_set_one(const std::string & item, std::string & err) {
     ei_options & o = ei_opts();
@@ -303,6 +320,17 @@ static bool ei_set_one(const std::string & item, std::string & err) {
                 ok = ei_parse_enum(value, k_ranking_names, 2, ev);
                 if (ok) { o.cfg.ranking = (ei_ranking) ev; }
                 break;
+            case EI_FIELD_POLICY:
+                ok = ei_parse_enum(value, k_policy_names, 4, ev);
+                if (ok) { o.cfg.decode_policy = (ei_decode_policy) ev; }
+                break;
+            case EI_FIELD_SHARED:
+                ok = ei_parse_enum(value, k_shared_names, 2, ev);
+                if (ok) { o.cfg.decode_shared_weight = (ei_shared_weight) ev; }
+                break;
+        }
+        if (ok && name == "decode_budget") {
+            o.budget_set = true;
         }
         if (!ok) {
             const char * what =
@@ -310,7 +338,9 @@ static bool ei_set_one(const std::string & item, std::string & err) {
                 f.kind == EI_FIELD_F64 || f.kind == EI_FIELD_F32 ? "a finite number" :
                 f.kind == EI_FIELD_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
                 f.kind == EI_FIELD_POOL ? "avg|max|none or 0..2" :
-                f.kind == EI_FIELD_RANKING ? "reference|sampled or 0..1" : "mean|max or 0..1";
+                f.kind == EI_FIELD_RANKING ? "reference|sampled or 0..1" :
+                f.kind == EI_FIELD_POLICY ? "entropyinfer|streaming|snapkv|h2o or 0..3" :
+                f.kind == EI_FIELD_SHARED ? "equal|entropy or 0..1" : "mean|max or 0..1";
             err = std::string(f.name) + ": expected " + what + ", got '" + value + "'";
             return false;
         }
@@ -578,6 +608,10 @@ void llama_entropyinfer_enable(void) {
     ei_opts().enabled = true;
 }
 
+void llama_entropyinfer_reset(void) {
+    ei_opts() = ei_options(); // enabled = false, the paper's configuration
+}
+
 int llama_entropyinfer_option(const char * name_values, char * err, size_t err_size) {
     std::string s = name_values ? name_values : "", msg;
     size_t start = 0;
@@ -603,7 +637,7 @@ const char * llama_entropyinfer_help(void) {
     static std::string help;
     if (help.empty()) {
         const ei_config d = ei_config_default();
-        char buf[2560];
+        char buf[4096];
         snprintf(buf, sizeof buf,
             "entropyinfer option (repeatable, or comma-separated; implies --entropyinfer): "
             "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
@@ -616,14 +650,18 @@ const char * llama_entropyinfer_help(void) {
             "decode compression (generated tokens' queries observed; after decode_gap of them one keep-set of "
             "decode_budget positions per sequence, the other KV cells evicted and the rest moved to the front): "
             "decode_budget (%d), window (%d), decode_gap (%d), recompress_every (%d), pool (avg|max|none), "
-            "pool_kernel (%d), gqa_reduce (mean|max), compress (1; 0: off); "
+            "pool_kernel (%d), gqa_reduce (mean|max), compress (1; 0: off), decode_policy "
+            "(entropyinfer|streaming|snapkv|h2o), decode_sink (%d), decode_budget_ratio (%g; > 0: the budget is that "
+            "fraction of the sequence's positions, at least decode_budget_min (%d), at most decode_budget, which is then the "
+            "context's cells unless given), decode_positions (h2o: 4x the context's cells), decode_shared_weight "
+            "(equal|entropy); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
             (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
             d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
             (int) d.last_segment_dense, (int) d.per_segment_budget, (int) d.rank_samples, d.top_p, (int) d.sink_blocks,
             (int) d.local_blocks, (int) d.decode_budget, (int) d.window, (int) d.decode_gap, (int) d.recompress_every,
-            (int) d.pool_kernel);
+            (int) d.pool_kernel, (int) d.decode_sink, d.decode_budget_ratio, (int) d.decode_budget_min);
         help = buf;
     }
     return help.c_str();
@@ -639,6 +677,21 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     auto st = std::make_unique<llama_ei_state>();
     st->opts    = o;
     st->n_layer = (int) model.hparams.n_layer();
+    {
+        // sizes the library needs that only the context knows: a ratio budget's cap (decode_budget,
+        // unless given: the cells, so that the ratio decides) and H2O's positions, unless given: 4x
+        // the cells (a compressed cache frees cells, so generation can run past n_ctx positions; past
+        // decode_positions the library refuses the keep set (EI_ERR_SIZE), reported once, and
+        // generation goes on uncompressed; memory: n_heads x 4 bytes per position and layer)
+        ei_config &   c     = st->opts.cfg;
+        const int64_t cells = std::max<int64_t>((int64_t) cparams.n_ctx, 1);
+        if (c.decode_budget_ratio > 0 && !o.budget_set) {
+            c.decode_budget = (int32_t) std::min<int64_t>(std::max<int64_t>(cells, c.decode_budget), EI_MAX_BUDGET);
+        }
+        if (c.decode_policy == EI_DECODE_H2O && c.decode_positions == 0) {
+            c.decode_positions = std::min<int64_t>(4 * cells, EI_MAX_TOKENS);
+        }
+    }
     for (int il = 0; il < st->n_layer; ++il) {
         st->layers.emplace_back(new ei_layer);
         st->layers.back()->st = st.get();
@@ -845,7 +898,11 @@ static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub) {
             return;
         }
     }
-    if (p0 == 0) { // a new sequence (llama-perplexity clears the memory for each chunk)
+    if (p0 == 0 || st->dec_seq < 0) {
+        // a new sequence (llama-perplexity clears the memory for each chunk), or the first ubatch of a
+        // context whose cache was restored (llama_state_seq_set_data: a saved prefill): observation
+        // starts here, so the decoders need the last `window` prompt tokens fed again after the
+        // restore (the window's queries are not part of the saved state)
         if (st->dec_seq >= 0 && seq != st->dec_seq) {
             ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
             return;

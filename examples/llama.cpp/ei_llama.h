@@ -35,6 +35,11 @@ LLAMA_API void llama_entropyinfer_enable(void);
 // Returns 0, or -1 with a message in err.
 LLAMA_API int llama_entropyinfer_option(const char * name_values, char * err, size_t err_size);
 
+// Back to entropyinfer off and the paper's configuration (the options as at start-up). A context
+// keeps the options it was created with, so a program can create contexts with other options in
+// turn (llama-ei-decode --run: one saved prefill, each decode policy in its own context).
+LLAMA_API void llama_entropyinfer_reset(void);
+
 // Help text of the options.
 LLAMA_API const char * llama_entropyinfer_help(void);
 

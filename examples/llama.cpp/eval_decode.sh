@@ -1,147 +1,119 @@
 #!/bin/sh
-# examples/llama.cpp/eval_decode.sh - decode KV-cache compression inside llama.cpp,
-# dense vs entropyinfer, with build/llama.cpp/bin/llama-ei-decode (ei_decode_eval.cpp).
-# Part of `make llama-cpp-eval` (not in CI). Writes build/llama_cpp_decode_eval.md; every
-# run's output and exact command are kept in build/llama_cpp_decode_eval/ (a run whose
-# output is complete is not redone: delete the folder, or a file, to redo).
+# examples/llama.cpp/eval_decode.sh - decode KV-cache compression inside llama.cpp (issue 37):
+# every decode policy of the library (entropyinfer, the default; snapkv; streaming; h2o) at equal
+# budgets, against dense, with build/llama.cpp/bin/llama-ei-decode (ei_decode_eval.cpp).
+# `make decode-eval` runs it, then decode_report.py (JSON, markdown, SVG). Not in CI.
 #
 #   sh examples/llama.cpp/eval_decode.sh
-#   DECODE_EVAL_RUNS=smollm2-8192 sh examples/llama.cpp/eval_decode.sh
+#   DECODE_EVAL_RUNS=smollm2-8192 DECODE_EVAL_TEXTS=handbook sh examples/llama.cpp/eval_decode.sh
 #
-# For each MODEL-CONTEXT of DECODE_EVAL_RUNS (default smollm2-8192,gemma-16384,gemma-32768;
-# the text: the Debian Administrator's Handbook, examples/gemma/fetch_corpus.sh):
-#   continuation  the first CONTEXT - 256 tokens as the prompt, then 256 tokens fed one
-#                 llama_decode call each (as generated tokens are): compression fires after
-#                 decode_gap (16) of them; perplexity and top-1 agreement with dense over the
-#                 tokens after it, KV cells/bytes before and after, ms per decode step after it
-#   passkey       a pass key at 10/50/90% depth of CONTEXT tokens of the text; the question's
-#                 last 16 tokens fed one by one (compression fires before the answer), then 8
-#                 tokens generated greedily
-# in two modes: dense (the patched tool, no flag: llama.cpp unchanged) and entropyinfer
-# (--entropyinfer: sparse prefill and decode compression, the paper's configuration:
-# decode_budget 1024, window 32, decode_gap 16, avgpool 5; DECODE_EVAL_OPTS=name=value,...
-# adds options).
-# Environment: DECODE_EVAL_THREADS (nproc), DECODE_EVAL_TEXT, SMOL_MODEL, GEMMA_MODEL,
-# DECODE_EVAL_OUT (build/llama_cpp_decode_eval.md), DECODE_EVAL_LOGS (build/llama_cpp_decode_eval).
+# For each text of DECODE_EVAL_TEXTS (handbook: the Debian Administrator's Handbook,
+# examples/gemma/fetch_corpus.sh; perlfaq: the Perl FAQ of perl-doc, fetch_corpus2.sh) and each
+# MODEL-CONTEXT of DECODE_EVAL_RUNS (smollm2-8192, gemma-16384, gemma-32768):
+#   cont         the first CONTEXT - 256 tokens as the prompt, then 256 tokens fed one llama_decode
+#                call each (as generated tokens are); compression fires after decode_gap (16) of
+#                them and again every recompress_every (32) with a ratio budget, so the cache stays
+#                near the kept fraction of the positions as generation goes on; perplexity and
+#                top-1 agreement with dense over the tokens after the first compression
+#   passkey-D    (handbook only) a pass key at depth D (0.1, 0.5, 0.9) of CONTEXT tokens; the
+#                question's last 16 tokens fed one by one (compression fires before the answer),
+#                8 tokens generated greedily; dense and every policy at 1/4
+# One llama-ei-decode process per (text, model-context, cont|passkey-D): ONE dense prefill, its KV
+# cache saved and restored into a fresh context for each run (--run; see ei_decode_eval.cpp), so
+# a 32k prefill is paid once, not 14 times. The prefill is dense for every policy: the runs then
+# differ only in what decode compression keeps (sparse prefill's own cost is eval.sh's table).
+# Runs whose output is complete are kept (delete a file to redo it); a process is started only
+# for the runs missing. Every process's command, stdout and stderr are kept beside its runs.
+# Environment: DECODE_EVAL_THREADS (nproc; the prefill), DECODE_EVAL_DECODE_THREADS (1; decode steps), SMOL_MODEL, GEMMA_MODEL, DECODE_EVAL_LOGS
+# (build/decode_eval), DECODE_EVAL_KINDS (cont,passkey), DECODE_EVAL_OPTS (more options for
+# every policy run, e.g. window=64).
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 BIN=${LLAMA_EI_DECODE:-build/llama.cpp/bin/llama-ei-decode}
-TEXT=${DECODE_EVAL_TEXT:-.cache/corpus/debian-handbook.txt}
 SMOL=${SMOL_MODEL:-.cache/model/SmolLM2-135M-Instruct.Q4_1.gguf}
 GEMMA=${GEMMA_MODEL:-.cache/model/gemma-3-270m-q4_k_m.gguf}
 RUNS=${DECODE_EVAL_RUNS:-smollm2-8192,gemma-16384,gemma-32768}
+TEXTS=${DECODE_EVAL_TEXTS:-handbook,perlfaq}
+KINDS=${DECODE_EVAL_KINDS:-cont,passkey}
 THREADS=${DECODE_EVAL_THREADS:-$(nproc 2>/dev/null || echo 2)}
-LOGS=${DECODE_EVAL_LOGS:-build/llama_cpp_decode_eval}
-OUT=${DECODE_EVAL_OUT:-build/llama_cpp_decode_eval.md}
+DTHREADS=${DECODE_EVAL_DECODE_THREADS:-1} # single-token steps: 1 on a shared machine (see ei_decode_eval.cpp)
+LOGS=${DECODE_EVAL_LOGS:-build/decode_eval}
 OPTS=${DECODE_EVAL_OPTS:-}
 CONT=256
 
 die() { echo "eval_decode: $*" >&2; exit 1; }
 [ -x "$BIN" ] || die "$BIN missing (make llama-cpp)"
-[ -s "$TEXT" ] || die "$TEXT missing (sh examples/gemma/fetch_corpus.sh)"
-mkdir -p "$LOGS"
 
-# one NAME ARGS...: llama-ei-decode ARGS into $LOGS/NAME.out (stdout), .err, .cmd; kept when complete
-one() {
-    name=$1
-    shift
-    if [ -s "$LOGS/$name.out" ] && grep -q '^compress_s ' "$LOGS/$name.out"; then
-        return 0
+# The policy runs: NAME:OPTIONS. Every policy at 1/8 and 1/4 of the positions; the default also at
+# 1/16 and 1/2, and with the entropy weighting of layers (decode_shared_weight=entropy) at 1/8, 1/4.
+# recompress_every 32 (= window): each window of generated queries scores once (H2O sums each
+# generated query once), and the cache returns to the fraction every 32 tokens.
+COMMON="recompress_every=32${OPTS:+,$OPTS}"
+policy_runs() { # KIND
+    echo "dense:dense"
+    if [ "$1" = cont ]; then
+        for r in 0.0625 0.125 0.25 0.5; do echo "entropyinfer-$r:decode_budget_ratio=$r,$COMMON"; done
+        for r in 0.125 0.25; do
+            echo "entropyinfer_entropyw-$r:decode_budget_ratio=$r,decode_shared_weight=entropy,$COMMON"
+            for p in snapkv streaming h2o; do echo "$p-$r:decode_policy=$p,decode_budget_ratio=$r,$COMMON"; done
+        done
+    else
+        r=0.25
+        for p in entropyinfer snapkv streaming h2o; do echo "$p-$r:decode_policy=$p,decode_budget_ratio=$r,$COMMON"; done
     fi
-    echo "$BIN $*" > "$LOGS/$name.cmd"
-    echo "eval_decode: $name: $BIN $*" >&2
-    t0=$(date +%s)
-    if ! "$BIN" "$@" > "$LOGS/$name.out" 2> "$LOGS/$name.err"; then
-        tail -5 "$LOGS/$name.err" >&2
-        die "$name failed (log $LOGS/$name.err)"
-    fi
-    echo "wall_s $(( $(date +%s) - t0 ))" >> "$LOGS/$name.out"
 }
 
-for run in $(echo "$RUNS" | tr ',' ' '); do
-    model=${run%-*}
-    ctx=${run##*-}
-    case $model in
-        smollm2) M=$SMOL ;;
-        gemma)   M=$GEMMA ;;
-        *) die "unknown model in $run (smollm2 or gemma)" ;;
+for text in $(echo "$TEXTS" | tr ',' ' '); do
+    case $text in
+        handbook) T=$(sh examples/gemma/fetch_corpus.sh) ;;
+        perlfaq)  T=$(sh examples/llama.cpp/fetch_corpus2.sh) ;;
+        *) die "unknown text $text (handbook or perlfaq)" ;;
     esac
-    [ -s "$M" ] || die "model $M missing (sh examples/llama.cpp/fetch_models.sh)"
-    for mode in dense entropyinfer; do
-        if [ $mode = dense ]; then set -- ; else set -- --entropyinfer; [ -n "$OPTS" ] && set -- "$@" --entropyinfer-opt "$OPTS"; fi
-        one "$run-$mode-cont" -m "$M" -f "$TEXT" -c "$ctx" -t "$THREADS" --cont $CONT "$@"
-        for dk in 0.1,52817 0.5,30491 0.9,77264; do
-            one "$run-$mode-passkey-${dk%,*}" -m "$M" -f "$TEXT" -c "$ctx" -t "$THREADS" --passkey "$dk" "$@"
+    for run in $(echo "$RUNS" | tr ',' ' '); do
+        model=${run%-*}
+        ctx=${run##*-}
+        case $model in
+            smollm2) M=$SMOL ;;
+            gemma)   M=$GEMMA ;;
+            *) die "unknown model in $run (smollm2 or gemma)" ;;
+        esac
+        [ -s "$M" ] || die "model $M missing (sh examples/llama.cpp/fetch_models.sh)"
+        for kind in $(echo "$KINDS" | tr ',' ' '); do
+            if [ "$kind" = cont ]; then
+                set -- cont
+            else
+                [ "$text" = handbook ] || continue
+                set -- passkey-0.1,52817 passkey-0.5,30491 passkey-0.9,77264
+            fi
+            for job in "$@"; do
+                name=${job%%,*}
+                dir=$LOGS/$text/$run/$name
+                mkdir -p "$dir"
+                set -- -m "$M" -f "$T" -c "$ctx" -t "$THREADS" -td "$DTHREADS" --out-dir "$dir"
+                case $job in
+                    passkey-*) set -- "$@" --passkey "${name#passkey-},${job#*,}" ;;
+                    *) set -- "$@" --cont $CONT ;;
+                esac
+                missing=0
+                for pr in $(policy_runs "${name%%-*}"); do
+                    [ -s "$dir/${pr%%:*}.out" ] && continue
+                    set -- "$@" --run "$pr"
+                    missing=$((missing + 1))
+                done
+                [ $missing -gt 0 ] || continue
+                stamp=$(date -u +%Y%m%dT%H%M%SZ)
+                echo "$BIN $*" > "$dir/$stamp.cmd"
+                echo "eval_decode: $text $run $name: $missing runs ($dir/$stamp.cmd)" >&2
+                t0=$(date +%s)
+                if ! "$BIN" "$@" > "$dir/$stamp.stdout" 2> "$dir/$stamp.stderr"; then
+                    tail -5 "$dir/$stamp.stderr" >&2
+                    die "$text $run $name failed (log $dir/$stamp.stderr)"
+                fi
+                echo "wall_s $(( $(date +%s) - t0 ))" >> "$dir/$stamp.stdout"
+            done
         done
     done
 done
-
-# ---- report
-val() { sed -n "s/^$2 //p" "$1" | head -1; }
-ppl_from() { # perplexity over steps FROM.. of a run's nll line
-    awk -v from="$2" '$1 == "nll" { for (i = 2; i <= NF; i++) if (i - 2 >= from) { n++; s += $i } }
-        END { if (n) printf "%.4f", exp(s / n); else printf "-" }' "$1"
-}
-agree() { # top-1 agreement of two argmax lines over steps FROM.. (the tokens after compression)
-    awk -v from="$3" 'NR == FNR { if ($1 == "argmax") for (i = 2; i <= NF; i++) a[i] = $i; next }
-        $1 == "argmax" { for (i = 2; i <= NF; i++) if (i - 2 >= from) { n++; s += ($i == a[i]) } }
-        END { if (n) printf "%.2f %%", 100 * s / n; else printf "-" }' "$1" "$2"
-}
-{
-    echo "# Decode KV-cache compression inside llama.cpp"
-    echo
-    echo "llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp), $THREADS threads, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //'),"
-    echo "text $(basename "$TEXT"); entropyinfer: --entropyinfer${OPTS:+ --entropyinfer-opt $OPTS} (sparse prefill, then one"
-    echo "keep-set per sequence after decode_gap fed tokens, the other KV cells evicted with llama_memory's seq_rm and the"
-    echo "rest moved to the front). Continuation: $CONT tokens fed one by one after a prompt of the context minus $CONT;"
-    echo "perplexity, agreement and ms per step over the tokens after the compression (dense: from step 16, where"
-    echo "compression fires with the default decode_gap). Commands and outputs: $LOGS/."
-    echo
-    echo "| model, context | mode | KV cells before -> after | KV bytes before -> after | compress s | decode ms/token (tok/s) | continuation perplexity | vs dense | top-1 agreement | passkey 10/50/90 % |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
-    for run in $(echo "$RUNS" | tr ',' ' '); do
-        d=$LOGS/$run-dense-cont.out
-        for mode in dense entropyinfer; do
-            f=$LOGS/$run-$mode-cont.out
-            [ -s "$f" ] || continue
-            from=$(val "$f" after_from)
-            [ "$from" -ge 0 ] 2>/dev/null || from=0
-            ms=$(val "$f" step_ms_after)
-            pk=""
-            for dep in 0.1 0.5 0.9; do
-                p=$LOGS/$run-$mode-passkey-$dep.out
-                if [ -s "$p" ]; then pk="$pk$(val "$p" passkey_ok)"; else pk="$pk-"; fi
-                [ $dep = 0.9 ] || pk="$pk/"
-            done
-            if [ $mode = dense ]; then
-                cells="$(val "$f" prompt_tokens) + $CONT (no eviction)"
-                bytes="-"
-                cs="-"
-                vs="(reference)"
-                ag="-"
-                pplo=$(ppl_from "$f" 16)
-            else
-                cells="$(val "$f" cells_before) -> $(val "$f" cells_after)"
-                bytes="$(awk '$1 == "kv_bytes_before" { b = $2 } $1 == "kv_bytes_after" { a = $2 } END { printf "%.1f -> %.1f MiB", b / 1048576, a / 1048576 }' "$f")"
-                cs=$(val "$f" compress_s)
-                pplo=$(ppl_from "$f" "$from")
-                ag=$(agree "$d" "$f" "$from")
-                vs=$(awk -v a="$pplo" -v b="$(ppl_from "$d" "$from")" 'BEGIN { if (b > 0) printf "%+.2f %% (dense %.4f)", 100 * (a / b - 1), b }')
-            fi
-            tps=$(awk -v m="$ms" 'BEGIN { if (m > 0) printf "%.1f (%.1f)", m, 1000 / m; else print "-" }')
-            echo "| $run | $mode | $cells | $bytes | $cs | $tps | $pplo | $vs | $ag | $pk |"
-        done
-    done
-    echo
-    echo "llama.cpp's KV caches as allocated (llama_kv_cache: size lines of each dense run; the cells and bytes above"
-    echo "are the compressed cache's: with iSWA models the base cache of the global layers, the sliding-window cache"
-    echo "keeping its own cells):"
-    echo
-    for run in $(echo "$RUNS" | tr ',' ' '); do
-        [ -s "$LOGS/$run-dense-cont.err" ] || continue
-        grep 'llama_kv_cache: size' "$LOGS/$run-dense-cont.err" | sed "s/^/    $run: /"
-    done
-} > "$OUT"
-cat "$OUT"
+echo "eval_decode: done; the report: python3 examples/llama.cpp/decode_report.py $LOGS" >&2

@@ -15,7 +15,12 @@
 #                      -> build/llama_cpp_eval.md (not in CI; tens of minutes on 2 cores); then
 #                      eval_decode.sh: decode compression, dense vs --entropyinfer, with llama-ei-decode
 #                      (KV cells/bytes, decode speed, continuation perplexity, passkey at 10/50/90 %)
-#                      -> build/llama_cpp_decode_eval.md (about an hour on 2 cores)
+#                      (see decode-eval)
+#   decode-eval        eval_decode.sh then decode_report.py (issue 37): every decode policy (entropyinfer,
+#                      snapkv, streaming, h2o) at equal kept fractions against dense, SmolLM2 at 8k and
+#                      Gemma at 16k/32k, two texts (the Debian handbook, the Perl FAQ of perl-doc): one dense
+#                      prefill per model/context/text, restored for each policy; -> build/decode_eval.{json,md,svg},
+#                      every run in build/decode_eval/ (kept: a rerun does only what is missing)
 #   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M and Gemma 3 270M, dense vs --entropyinfer
 #                      (about 3 minutes on 2 cores; compares with llama-cpp-vanilla when that is built)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
@@ -47,7 +52,7 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
                       -DCMAKE_C_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" \
                       $(LLAMA_CPP_CMAKE_FLAGS)
 
-.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean
+.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -91,6 +96,11 @@ llama-cpp-eval: llama-cpp llama-cpp-vanilla llama-cpp-models
 	sh examples/gemma/fetch_corpus.sh > /dev/null
 	sh $(LLAMA_CPP_DIR)/eval.sh
 	sh $(LLAMA_CPP_DIR)/eval_decode.sh
+	python3 $(LLAMA_CPP_DIR)/decode_report.py build/decode_eval build/decode_eval
+
+decode-eval: llama-cpp llama-cpp-models
+	sh $(LLAMA_CPP_DIR)/eval_decode.sh
+	python3 $(LLAMA_CPP_DIR)/decode_report.py build/decode_eval build/decode_eval
 
 llama-cpp-clean:
 	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp
