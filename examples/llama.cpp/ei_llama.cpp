@@ -47,6 +47,26 @@
 //   not served, recurrent/hybrid memory, several KV streams, cells shared
 //   between sequences.
 //
+// On the GPU (llama.cpp's CUDA backend, -ngl, built by `make llama-cpp-cuda`)
+//   A layer whose K/V cache lies in CUDA memory is served by the CUDA plugin
+//   (libentropyinfer_cuda.so, loaded by the header): the same ops, registered
+//   with ggml-cuda as CUDA twins of the custom ops (the patch adds
+//   ggml_backend_cuda_register_custom_op), run on ggml's CUDA stream over the
+//   device tensors: ei_profile_chunk (every kv head in one call, the plan in
+//   device memory), ei_attention_prefill, ei_decode_observe into a device
+//   decoder. No host copy of Q/K/V and no synchronisation inside a layer: the
+//   GPU contexts defer data errors (cfg.cuda_deferred_errors), read back with
+//   ei_cuda_status at the next ubatch, with the keep counts of the density
+//   line. ggml-cuda never captures a graph holding a custom op into a CUDA
+//   graph (the ops read the ubatch's position when they run). Decode
+//   compression scores, pools and selects on the device (one synchronising
+//   call at the end of llama_decode), then evicts and compacts as on the
+//   CPU. gpu_timing=1 times the GPU ops with a synchronisation around each
+//   (a measurement mode; the time-dense mode times llama.cpp's attention the
+//   same way). Served only on CUDA device 0 with an F16 or BF16 cache and
+//   head sizes 64/128/256 (the GPU kernels'); other GPU backends (Metal,
+//   Vulkan, ...) and layers run llama.cpp's attention, reported once.
+//
 // Modes (--entropyinfer-opt mode=...)
 //   sparse      (default) planning + block-sparse attention
 //   ei-dense    entropyinfer's attention kernel without a plan (dense causal)
@@ -77,6 +97,7 @@
 #include "llama-model.h"
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <atomic>
@@ -94,6 +115,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 // ---------------------------------------------------------------- options
@@ -111,6 +133,9 @@ struct ei_options {
     // budget's cap to the context's cells, so that the ratio alone decides (the library caps a
     // ratio budget at decode_budget, 1024 by default: 1/4 of 8k would silently become 1/8)
     bool      budget_set = false;
+    bool        gpu          = true;  // serve layers whose cache is in CUDA memory (the CUDA plugin)
+    bool        gpu_timing   = false; // time the GPU ops, synchronising around each
+    std::string cuda_library;         // the plugin's path (empty: $EI_CUDA_LIBRARY, then the header's search)
 };
 
 static ei_options & ei_opts() {
@@ -248,6 +273,18 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.min_tokens = (int) iv;
         return true;
     }
+    if (name == "gpu" || name == "gpu_timing") {
+        if (!ei_parse_int(value, 0, 1, iv)) {
+            err = name + ": expected 0 or 1, got '" + value + "'";
+            return false;
+        }
+        (name == "gpu" ? o.gpu : o.gpu_timing) = iv != 0;
+        return true;
+    }
+    if (name == "cuda_library") {
+        o.cuda_library = value;
+        return true;
+    }
     if (name == "compress") {
         if (!ei_parse_int(value, 0, 1, iv)) {
             err = "compress: expected 0 or 1, got '" + value + "'";
@@ -351,7 +388,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         err += f.name;
         err += ", ";
     }
-    err += "min_tokens, mode, preset, compress)";
+    err += "min_tokens, mode, preset, compress, gpu, gpu_timing, cuda_library)";
     return false;
 }
 
@@ -387,6 +424,7 @@ static void ei_report_once(const std::string & msg) {
 struct ei_stats {
     int     n_layer         = 0;
     int     layers_served   = 0;
+    int     layers_gpu      = 0; // of them, served on the GPU
     int64_t ubatches        = 0; // announced by llama_decode
     int64_t ubatches_served = 0; // with entropyinfer (time-dense: timed)
     double  kept            = 0; // keys attended by the queries of sparse segments (per kv head)
@@ -412,6 +450,7 @@ struct ei_stats {
         ns_compress     += o.ns_compress;
         n_layer          = std::max(n_layer, o.n_layer);
         layers_served    = std::max(layers_served, o.layers_served);
+        layers_gpu       = std::max(layers_gpu, o.layers_gpu);
         ubatches        += o.ubatches;
         ubatches_served += o.ubatches_served;
         kept            += o.kept;
@@ -483,6 +522,16 @@ struct ei_layer {
     std::vector<uint8_t> dec_mem;
     bool                 has_dec = false;
 
+    // on the GPU (the cache in CUDA memory): ctx/ctx_plan are CUDA contexts on the null stream (sizes,
+    // allocations); the ops take the stream's contexts (ei_gpu_context)
+    bool                 gpu = false;
+    float                scale = 0.0f, scale_plan = 0.0f;
+    void *               g_ws_attn = nullptr;  // attention's workspace (device)
+    size_t               g_ws_attn_bytes = 0;
+    void *               g_dec_mem = nullptr;  // the decoder's ring (device)
+    int64_t              stat_q_pos = -1, stat_n = 0; // this ubatch's density, read at the next settle
+    int64_t              plan_tokens = 0;              // the plan's max_tokens (a GPU plan laid out anew)
+
     void fail(const char * what) {
         int expected = 0;
         if (failed.compare_exchange_strong(expected, 1)) {
@@ -520,8 +569,20 @@ struct llama_ei_state {
     std::vector<float>                dec_scores, dec_shared;
     std::vector<int32_t>              dec_row_pos, dec_index, dec_positions;
 
+    // the GPU (ei_gpu_*): contexts by (attention scale, stream, deferred errors), device buffers
+    std::map<std::tuple<uint32_t, void *, int>, ei_context *> gctxs;
+    ei_context *                      gsetup   = nullptr; // CUDA, null stream: allocations and frees
+    void *                            g_stream = nullptr; // the stream of the last GPU op
+    bool                              g_pending = false;  // GPU ops queued since the last ei_gpu_settle
+    std::vector<std::pair<void *, size_t>> gbuf;          // device buffers by ei_gpu_buf slot
+    std::vector<int32_t>              g_counts;           // keep counts read back
+
     ei_stats          stats;
 };
+
+// device buffers of the state, by slot (grown, never shrunk)
+enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_SCRATCH, EI_G_ROW_POS, EI_G_SCORES, EI_G_SHARED, EI_G_INDEX, EI_G_POSITIONS,
+                   EI_G_DECODE_WS, EI_G_SLOTS };
 
 static void ei_free_ws(llama_ei_state * st) {
     for (void * p : st->ws) {
@@ -552,6 +613,104 @@ static bool ei_ensure_ws(llama_ei_state * st, size_t bytes, int n) {
     return true;
 }
 
+// ---------------------------------------------------------------- the GPU
+
+// The state's CUDA context for one attention scale on one stream (ggml's, or the null stream for
+// sizes and allocations: device memory belongs to the device, not to a stream), deferring data
+// errors (the ops of a layer) or waiting for them (decode compression, outside the graph).
+// Created on first use; NULL (reported) when the plugin does not load.
+static ei_context * ei_gpu_context(llama_ei_state * st, float scale, void * stream, int deferred) {
+    uint32_t bits;
+    memcpy(&bits, &scale, sizeof bits);
+    const auto key = std::make_tuple(bits, stream, deferred);
+    auto it = st->gctxs.find(key);
+    if (it != st->gctxs.end()) {
+        return it->second;
+    }
+    ei_config cfg = st->opts.cfg;
+    cfg.attn_scale           = scale;
+    cfg.decode_scale         = scale;
+    cfg.backend              = EI_BACKEND_CUDA;
+    cfg.cuda_stream          = stream;
+    cfg.cuda_deferred_errors = deferred;
+    cfg.cuda_library         = st->opts.cuda_library.empty() ? nullptr : st->opts.cuda_library.c_str();
+    ei_context * c = nullptr;
+    if (ei_context_create(&cfg, &c) != EI_OK) {
+        ei_report_once(std::string("the CUDA plugin: ") + ei_last_error());
+        return nullptr;
+    }
+    st->gctxs.emplace(key, c);
+    if (!st->gsetup) {
+        st->gsetup = c;
+    }
+    return c;
+}
+
+// A device buffer of the state of at least `bytes` (grown, never shrunk; NULL on failure).
+static void * ei_gpu_buf(llama_ei_state * st, ei_gpu_slot slot, size_t bytes) {
+    st->gbuf.resize(EI_G_SLOTS, { nullptr, 0 });
+    auto & b = st->gbuf[slot];
+    if (b.first && b.second >= bytes) {
+        return b.first;
+    }
+    ei_device_free(st->gsetup, b.first);
+    b = { nullptr, 0 };
+    void * p = nullptr;
+    if (!st->gsetup || ei_device_alloc(st->gsetup, &p, std::max<size_t>(bytes, 64)) != EI_OK) {
+        ei_report_once(std::string("device memory: ") + ei_last_error());
+        return nullptr;
+    }
+    b = { p, std::max<size_t>(bytes, 64) };
+    return p;
+}
+
+// Wait for the context's stream (a 4-byte read back), then the time.
+static int64_t ei_gpu_time(llama_ei_state * st, const ei_context * c) {
+    int32_t tmp = 0;
+    void * scratch = ei_gpu_buf(st, EI_G_SCRATCH, 64);
+    if (c && scratch) {
+        ei_device_copy(c, &tmp, scratch, sizeof tmp, EI_COPY_DEVICE_TO_HOST);
+    }
+    return ei_now_ns();
+}
+
+static void ei_count_density(llama_ei_state * st, const ei_layer * L, const int32_t * keep_count, int64_t q_pos, int64_t n);
+
+// After the GPU ops of a ubatch (at the next ubatch, a compression, the context's end): the data
+// errors they deferred (ei_cuda_status, one record per device) and their keep counts (density).
+static void ei_gpu_settle(llama_ei_state * st) {
+    if (!st->g_pending) {
+        return;
+    }
+    st->g_pending = false;
+    ei_context * c = nullptr;
+    for (auto & kv : st->gctxs) {
+        if (std::get<1>(kv.first) == st->g_stream && std::get<2>(kv.first) == 1) {
+            c = kv.second;
+            break;
+        }
+    }
+    if (!c) {
+        return;
+    }
+    if (ei_cuda_status(c) != EI_OK) {
+        ei_report_once(std::string("a data error on the GPU in a served layer: ") + ei_last_error() +
+                       ": that ubatch's attention outputs are unspecified");
+    }
+    for (auto & L : st->layers) {
+        if (!L->gpu || L->stat_n <= 0 || !L->has_plan) {
+            continue;
+        }
+        const ei_plan & p = L->plan;
+        st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
+        if (ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
+                           EI_COPY_DEVICE_TO_HOST) == EI_OK) {
+            ei_count_density(st, L.get(), st->g_counts.data(), L->stat_q_pos, L->stat_n);
+        }
+        L->stat_n = 0;
+    }
+}
+
 static void ei_print_summary() {
     ei_global & g = ei_glob();
     ei_stats s;
@@ -569,9 +728,10 @@ static void ei_print_summary() {
     if (contexts == 0) {
         return;
     }
-    char line[768];
+    char line[1024];
     int  n = snprintf(line, sizeof line, "entropyinfer: mode %s, layers %d/%d, ubatches %lld/%lld",
             k_mode_names[mode], s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
+    const bool timing = ei_opts().gpu_timing;
     if (mode == EI_MODE_SPARSE) {
         if (s.causal > 0) {
             n += snprintf(line + n, sizeof line - n, ", density %.4f", s.kept / s.causal);
@@ -584,6 +744,13 @@ static void ei_print_summary() {
         n += snprintf(line + n, sizeof line - n, ", attention %.3f s", s.ns_attn * 1e-9);
     } else {
         n += snprintf(line + n, sizeof line - n, ", dense-attention %.3f s", s.ns_dense * 1e-9);
+    }
+    if (s.layers_gpu > 0) { // GPU ops are timed only with gpu_timing=1 (a synchronisation around each)
+        n += snprintf(line + n, sizeof line - n, ", backend %s (%d layers on the GPU%s)",
+                      s.layers_gpu == s.layers_served ? "cuda" : "cuda+cpu", s.layers_gpu,
+                      timing ? ", timed with synchronisation" : "; times: gpu_timing=1");
+    } else if (s.layers_served > 0) {
+        n += snprintf(line + n, sizeof line - n, ", backend cpu");
     }
     if (s.compressions > 0) {
         n += snprintf(line + n, sizeof line - n, ", compressions %d, cells=%lld->%lld, kv-bytes=%lld->%lld, compress %.3f s",
@@ -656,7 +823,10 @@ const char * llama_entropyinfer_help(void) {
             "context's cells unless given), decode_positions (h2o: 4x the context's cells), decode_shared_weight "
             "(equal|entropy); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
-            "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve)",
+            "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve); "
+            "on the GPU (a KV cache in CUDA memory): gpu (1; 0: such layers run llama.cpp's attention), gpu_timing "
+            "(0; 1: time the GPU ops, synchronising around each), cuda_library (the plugin's path; default "
+            "$EI_CUDA_LIBRARY, then libentropyinfer_cuda.so beside the program or on the loader's path)",
             (int) d.segment_size, (int) d.block_size, (long long) d.threshold_len, (int) d.base_budget,
             d.rigid_entropy, d.delta_t, d.alpha, d.budget_min_factor, d.budget_max_factor,
             (int) d.last_segment_dense, (int) d.per_segment_budget, (int) d.rank_samples, d.top_p, (int) d.sink_blocks,
@@ -736,14 +906,26 @@ void llama_ei_context_free(llama_ei_state * st) {
         ei_glob().done.add(st->stats);
         ei_glob().live.erase(st);
     }
+    ei_gpu_settle(st);
     for (auto & L : st->layers) {
         if (L->has_plan) {
-            ei_plan_free(L->ctx, &L->plan);
+            ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plan);
         }
+        if (L->gpu) {
+            ei_device_free(st->gsetup, L->g_ws_attn);
+            ei_device_free(st->gsetup, L->g_dec_mem);
+        }
+    }
+    for (auto & b : st->gbuf) {
+        ei_device_free(st->gsetup, b.first);
     }
     for (auto & kv : st->ctxs) {
         ei_context_destroy(kv.second);
     }
+    for (auto & kv : st->gctxs) {
+        ei_context_destroy(kv.second);
+    }
+    // (st->gsetup is one of st->gctxs)
     ei_context_destroy(st->ctx0);
     ei_free_ws(st);
     delete st;
@@ -753,6 +935,7 @@ void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, boo
     if (!st) {
         return;
     }
+    ei_gpu_settle(st); // the last ubatch's GPU reports and keep counts
     st->ann_pos   = ubatch.pos;
     st->ann_n     = ubatch.n_tokens;
     st->ann_last  = last;
@@ -988,7 +1171,39 @@ static bool ei_cache_type(ggml_type t) {
 }
 
 // Why layer il cannot be served, or nullptr.
-static const char * ei_layer_reason(const llm_graph_context & g, const llama_kv_cache_context * mctx,
+static bool ei_gpu_register();
+
+// The tensor whose buffer holds t's data (a view's source).
+static const ggml_tensor * ei_storage(const ggml_tensor * t) {
+    return t->view_src ? t->view_src : t;
+}
+
+// Does t live in host memory (the CPU backend's, or a host buffer of a GPU backend)?
+static bool ei_on_host(const ggml_tensor * t) {
+    const ggml_backend_buffer_t b = ei_storage(t)->buffer;
+    return b == nullptr || ggml_backend_buffer_is_host(b);
+}
+
+// Why a layer whose K/V cache is in GPU memory cannot be served there, or nullptr.
+static const char * ei_gpu_reason(const llama_ei_state * st, const ggml_tensor * k, const ggml_tensor * v) {
+    if (ei_on_host(k) != ei_on_host(v))
+        return "a layer with K and V caches in different memories runs llama.cpp's attention";
+    if (!st->opts.gpu)
+        return "layers whose KV cache is in GPU memory run llama.cpp's attention (gpu=0)";
+    const char * name = ggml_backend_buft_name(ggml_backend_buffer_get_type(ei_storage(k)->buffer));
+    if (!name || strcmp(name, "CUDA0") != 0 || strcmp(name, ggml_backend_buft_name(ggml_backend_buffer_get_type(ei_storage(v)->buffer))) != 0)
+        return "a KV cache in the memory of a GPU backend other than CUDA device 0 (Metal, Vulkan, another CUDA device): "
+               "llama.cpp's attention";
+    if (!ei_gpu_register())
+        return "the CUDA backend has no custom-op hook (a ggml-cuda without entropyinfer.patch): llama.cpp's attention";
+    if (k->type != v->type || (k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_BF16))
+        return "a KV cache on the GPU that is not F16 or BF16 for both K and V (the GPU kernels'): llama.cpp's attention";
+    if (k->ne[0] != 64 && k->ne[0] != 128 && k->ne[0] != 256)
+        return "a head size other than 64/128/256 on the GPU (the GPU kernels'): llama.cpp's attention";
+    return nullptr;
+}
+
+static const char * ei_layer_reason(const llama_ei_state * st, const llm_graph_context & g, const llama_kv_cache_context * mctx,
                                     const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
                                     const ggml_tensor * kq_b, const ggml_tensor * sinks, const ggml_tensor * v_mla, int il) {
     const llama_hparams & hp = g.hparams;
@@ -1015,6 +1230,8 @@ static const char * ei_layer_reason(const llm_graph_context & g, const llama_kv_
         return "Q/K/V head shapes that do not match: llama.cpp's attention";
     if (q->ne[1] / k->ne[1] > EI_MAX_CHUNK_GROUP)
         return "more query heads per kv head than entropyinfer's chunked planning takes: llama.cpp's attention";
+    if (!ei_on_host(k) || !ei_on_host(v))
+        return ei_gpu_reason(st, k, v);
     return nullptr;
 }
 
@@ -1083,12 +1300,68 @@ static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
     return it->second;
 }
 
+// First build of a layer served on the GPU: CUDA contexts (null stream), then the plan, the
+// workspaces and the decoder in device memory, sized to the context's cells.
+static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv_cache_context * mctx,
+                               const ggml_tensor * q, const ggml_tensor * k, float kq_scale, float pre_scale) {
+    L->gpu        = true;
+    L->scale      = kq_scale;
+    L->scale_plan = kq_scale * pre_scale;
+    L->ctx        = ei_gpu_context(st, L->scale, nullptr, 1);
+    L->ctx_plan   = ei_gpu_context(st, L->scale_plan, nullptr, 1);
+    if (!L->ctx || !L->ctx_plan) {
+        ei_report_once("the CUDA plugin did not load (see above): llama.cpp's attention in the layers on the GPU");
+        return false;
+    }
+    L->n_head    = (int32_t) q->ne[1];
+    L->n_head_kv = (int32_t) k->ne[1];
+    L->head_dim  = (int32_t) k->ne[0];
+    const int64_t n_cells = mctx->get_kv()->get_size();
+    if (st->opts.mode == EI_MODE_SPARSE) {
+        size_t b_prof = 0;
+        if (ei_plan_alloc(L->ctx, &L->plan, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
+            ei_report_once(std::string("plan allocation on the GPU failed: ") + ei_last_error() + ": llama.cpp's attention");
+            return false;
+        }
+        L->has_plan    = true;
+        L->plan_tokens = n_cells;
+        if (ei_profile_workspace_size(L->ctx_plan, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK ||
+            !ei_gpu_buf(st, EI_G_PROFILE_WS, b_prof)) {
+            ei_report_once(std::string("planning workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
+            return false;
+        }
+    }
+    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &L->g_ws_attn_bytes) != EI_OK ||
+        ei_device_alloc(L->ctx, &L->g_ws_attn, std::max<size_t>(L->g_ws_attn_bytes, 64)) != EI_OK) {
+        ei_report_once(std::string("attention workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
+        return false;
+    }
+    if (st->opts.compress) {
+        size_t b_dec = 0;
+        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &b_dec) != EI_OK ||
+            ei_device_alloc(L->ctx, &L->g_dec_mem, b_dec) != EI_OK ||
+            ei_decoder_init(L->ctx, &L->dec, L->n_head, L->n_head_kv, L->head_dim, L->g_dec_mem, b_dec) != EI_OK) {
+            ei_report_once(std::string("decoder on the GPU: ") + ei_last_error() + ": no decode compression");
+            st->dec_off = true;
+        } else {
+            L->has_dec = true;
+        }
+    }
+    // the clears above ran on the null stream; ggml's streams do not wait for it
+    ei_gpu_time(st, L->ctx);
+    st->stats.layers_gpu++;
+    return true;
+}
+
 // First build of a servable layer: its contexts (per attention scale), plan and workspaces.
 static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_context & g,
                            const llama_kv_cache_context * mctx, ggml_tensor * q, const ggml_tensor * k,
                            float kq_scale) {
     float pre_scale = 1.0f;
     ei_raw_query(q, &pre_scale);
+    if (!ei_on_host(k)) {
+        return ei_gpu_layer_setup(st, L, mctx, q, k, kq_scale, pre_scale);
+    }
     L->ctx      = ei_context_for_scale(st, kq_scale);
     L->ctx_plan = ei_context_for_scale(st, kq_scale * pre_scale);
     if (!L->ctx || !L->ctx_plan) {
@@ -1158,6 +1431,52 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     }
 }
 
+// Density of the sparse segments a ubatch of n queries from q_pos holds: kept / causal keys over
+// their queries (keep_count: the plan's, in host memory).
+static void ei_count_density(llama_ei_state * st, const ei_layer * L, const int32_t * keep_count, int64_t q_pos, int64_t n) {
+    const ei_plan & p   = L->plan;
+    const int64_t   seg = p.segment_size;
+    const int64_t   a0 = q_pos, a1 = q_pos + n;
+    for (int64_t s = a0 / seg; s <= (a1 - 1) / seg; ++s) {
+        if (!ei_plan_segment_is_sparse(L->ctx, &p, (int32_t) s)) {
+            continue;
+        }
+        const int64_t S0 = s * seg, a = std::max(S0, a0), b = std::min(S0 + seg, a1), cnt = b - a;
+        // sum over queries p in [a, b) of (p - S0 + 1) (own segment) and of (p + 1) (causal)
+        const double diag   = 0.5 * (double) cnt * (double) ((a - S0 + 1) + (b - S0));
+        const double causal = 0.5 * (double) cnt * (double) ((a + 1) + b);
+        for (int32_t h = 0; h < p.n_kv_heads; ++h) {
+            st->stats.kept   += (double) cnt * keep_count[EI_PLAN_ROW(&p, h, s)] * p.block_size + diag;
+            st->stats.causal += causal;
+        }
+    }
+}
+
+// After planning a ubatch of n queries: use the plan, or on a failure run entropyinfer's dense
+// attention this time and start the plan again (a GPU plan: laid out anew; the next ubatch from
+// position 0 rolls it back in any case).
+static void ei_plan_done(ei_layer * L, int64_t n) {
+    llama_ei_state * st = L->st;
+    if (L->failed) {
+        ei_report_once("layer " + std::to_string(L->il) + ": " + L->error +
+                       "; this ubatch runs entropyinfer's dense attention (exact)");
+        if (L->gpu) {
+            ei_plan_free(st->gsetup, &L->plan);
+            L->has_plan = ei_plan_alloc(L->ctx, &L->plan, L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) == EI_OK;
+        } else {
+            ei_plan_reset(&L->plan);
+        }
+        L->use_plan = false;
+    } else if (L->gpu) {
+        L->use_plan   = true; // the counts are on the device: ei_gpu_settle reads them after the ubatch
+        L->stat_q_pos = st->q_pos;
+        L->stat_n     = n;
+    } else {
+        L->use_plan = true;
+        ei_count_density(st, L, L->plan.keep_count, st->q_pos, n);
+    }
+}
+
 static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
     (void) nth;
     if (ith != 0) {
@@ -1169,31 +1488,7 @@ static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
     if (!L->failed && ei_plan_finalize(L->ctx_plan, &L->plan) != EI_OK) {
         L->fail("ei_plan_finalize");
     }
-    if (L->failed) {
-        ei_report_once("layer " + std::to_string(L->il) + ": " + L->error +
-                       "; this ubatch runs entropyinfer's dense attention (exact)");
-        ei_plan_reset(&L->plan);
-        L->use_plan = false;
-    } else {
-        L->use_plan = true;
-        // density of the sparse segments this ubatch holds: kept / causal keys over their queries
-        const ei_plan & p   = L->plan;
-        const int64_t   seg = p.segment_size, n = dst->src[0]->src[0]->ne[2];
-        const int64_t   a0 = st->q_pos, a1 = st->q_pos + n;
-        for (int64_t s = a0 / seg; s <= (a1 - 1) / seg; ++s) {
-            if (!ei_plan_segment_is_sparse(L->ctx, &p, (int32_t) s)) {
-                continue;
-            }
-            const int64_t S0 = s * seg, a = std::max(S0, a0), b = std::min(S0 + seg, a1), cnt = b - a;
-            // sum over queries p in [a, b) of (p - S0 + 1) (own segment) and of (p + 1) (causal)
-            const double diag   = 0.5 * (double) cnt * (double) ((a - S0 + 1) + (b - S0));
-            const double causal = 0.5 * (double) cnt * (double) ((a + 1) + b);
-            for (int32_t h = 0; h < p.n_kv_heads; ++h) {
-                st->stats.kept   += (double) cnt * p.keep_count[EI_PLAN_ROW(&p, h, s)] * p.block_size + diag;
-                st->stats.causal += causal;
-            }
-        }
-    }
+    ei_plan_done(L, dst->src[0]->src[0]->ne[2]);
     st->stats.ns_plan += L->ns_plan + (ei_now_ns() - t0);
 }
 
@@ -1246,6 +1541,19 @@ static void ei_op_time_end(ggml_tensor * dst, int ith, int nth, void * ud) {
     }
 }
 
+// Observe the ubatch's queries (dst->src[0]) in the layer's decoder: its last `window` rows, whose
+// positions end at next_pos (ei_observe_decide). c: the layer's context (GPU: the stream's).
+static void ei_observe_layer(ei_layer * L, ei_context * c, ggml_tensor * dst) {
+    llama_ei_state * st = L->st;
+    ei_tensor q = ei_view(dst->src[0]);
+    const int64_t keep = std::min<int64_t>(q.n_tokens, L->dec.window);
+    q.data     = (const float *) q.data + (size_t) (q.n_tokens - keep) * (size_t) q.token_stride;
+    q.n_tokens = keep;
+    if (!c || ei_decode_observe(c, &L->dec, &q, st->next_pos - keep, st->obs_generated) != EI_OK) {
+        ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_observe: " + (c ? ei_last_error() : "no CUDA context"));
+    }
+}
+
 // Observe the queries of this ubatch in the layer's decoder (one thread; the
 // decoder keeps the last `window`).
 static void ei_op_observe(ggml_tensor * dst, int ith, int nth, void * ud) {
@@ -1255,14 +1563,128 @@ static void ei_op_observe(ggml_tensor * dst, int ith, int nth, void * ud) {
     if (ith != 0 || !st->obs_active || !L->has_dec) {
         return;
     }
-    ei_tensor q = ei_view(dst->src[0]);
-    const int64_t keep = std::min<int64_t>(q.n_tokens, L->dec.window);
-    q.data     = (const float *) q.data + (size_t) (q.n_tokens - keep) * (size_t) q.token_stride;
-    q.n_tokens = keep;
-    // the kept rows are the ubatch's last ones: their positions end at next_pos (ei_observe_decide)
-    if (ei_decode_observe(L->ctx, &L->dec, &q, st->next_pos - keep, st->obs_generated) != EI_OK) {
-        ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_observe: " + ei_last_error());
+    ei_observe_layer(L, L->gpu ? nullptr : L->ctx, dst);
+}
+
+// The GPU twins of the custom ops (ggml-cuda calls them with its stream; registered by
+// ei_gpu_register): the same library calls on the stream's CUDA contexts, over device tensors.
+
+// An op of a layer served on the GPU, on ggml's stream (false, reported: a layer of the host).
+static bool ei_gpu_op_begin(ei_layer * L, void * stream, const char * op) {
+    L->st->g_stream  = stream;
+    L->st->g_pending = true;
+    if (!L->gpu) {
+        ei_report_once("layer " + std::to_string(L->il) + ": " + op + " was scheduled on the GPU but its KV cache is in host "
+                       "memory: its output is unspecified");
+        return false;
     }
+    return true;
+}
+
+static void ei_cuda_profile(ggml_tensor * dst, void * stream, void * ud) {
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    if (!ei_gpu_op_begin(L, stream, "ei_profile")) {
+        L->fail("scheduled on the GPU");
+        return;
+    }
+    ei_context *    c  = ei_gpu_context(st, L->scale_plan, stream, 1);
+    const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
+    const ei_tensor q  = ei_view(dst->src[0]);
+    const ei_tensor k  = ei_view(dst->src[1]);
+    const auto &    ws = st->gbuf[EI_G_PROFILE_WS];
+    if (!c || !L->has_plan || ei_profile_chunk(c, &q, &k, &L->plan, st->q_pos, st->is_final, ws.first, ws.second) != EI_OK) {
+        L->fail("ei_profile_chunk (GPU)");
+    }
+    L->ns_plan = st->opts.gpu_timing ? ei_gpu_time(st, c) - t0 : 0;
+}
+
+static void ei_cuda_finalize(ggml_tensor * dst, void * stream, void * ud) {
+    ei_layer * L = (ei_layer *) ud;
+    ei_gpu_op_begin(L, stream, "ei_finalize");
+    ei_plan_done(L, dst->src[0]->src[0]->ne[2]); // ei_profile_chunk finalised the plan on the GPU
+    L->st->stats.ns_plan += L->ns_plan;
+}
+
+static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    if (!ei_gpu_op_begin(L, stream, "ei_attn")) {
+        return;
+    }
+    ei_context *    c  = ei_gpu_context(st, L->scale, stream, 1);
+    const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
+    const ei_tensor q  = ei_view(dst->src[0]);
+    const ei_tensor k  = ei_view(dst->src[1]);
+    const ei_tensor v  = ei_view(dst->src[2]);
+    ei_out_tensor   o  = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
+    const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
+    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes)
+                    : EI_ERR_UNSUPPORTED;
+    if (r != EI_OK && c && plan) {
+        ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
+                       "; retrying without the plan (dense)");
+        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes);
+    }
+    if (r != EI_OK) {
+        ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
+                       "; the attention output of this ubatch is NaN");
+        std::vector<float> nan((size_t) ggml_nelements(dst), NAN);
+        if (c) {
+            ei_device_copy(c, dst->data, nan.data(), nan.size() * sizeof(float), EI_COPY_HOST_TO_DEVICE);
+        }
+    }
+    if (st->opts.gpu_timing) {
+        st->stats.ns_attn += ei_gpu_time(st, c) - t0;
+    }
+}
+
+static void ei_cuda_time_begin(ggml_tensor * dst, void * stream, void * ud) {
+    (void) dst;
+    ei_layer * L = (ei_layer *) ud;
+    if (ei_gpu_op_begin(L, stream, "ei_time_begin")) {
+        L->t_dense0 = ei_gpu_time(L->st, ei_gpu_context(L->st, L->scale, stream, 1));
+    }
+}
+
+static void ei_cuda_time_end(ggml_tensor * dst, void * stream, void * ud) {
+    (void) dst;
+    ei_layer * L = (ei_layer *) ud;
+    if (ei_gpu_op_begin(L, stream, "ei_time_end")) {
+        L->st->stats.ns_dense += ei_gpu_time(L->st, ei_gpu_context(L->st, L->scale, stream, 1)) - L->t_dense0;
+    }
+}
+
+static void ei_cuda_observe(ggml_tensor * dst, void * stream, void * ud) {
+    ei_layer * L = (ei_layer *) ud;
+    if (!L->st->obs_active || !L->has_dec || !ei_gpu_op_begin(L, stream, "ei_observe")) {
+        return;
+    }
+    ei_observe_layer(L, ei_gpu_context(L->st, L->scale, stream, 1), dst);
+}
+
+// Register the twins with ggml-cuda (once per process; false without the hook: a ggml-cuda
+// without entropyinfer.patch, or no CUDA backend).
+static bool ei_gpu_register() {
+    typedef void (*cuda_op_t)(ggml_tensor *, void *, void *);
+    typedef void (*register_t)(ggml_custom_op_t, cuda_op_t);
+    static int registered = -1;
+    std::lock_guard<std::mutex> lock(ei_mutex());
+    if (registered < 0) {
+        registered = 0;
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
+        register_t fn = reg ? (register_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_register_custom_op") : nullptr;
+        if (fn) {
+            fn(ei_op_profile,    ei_cuda_profile);
+            fn(ei_op_finalize,   ei_cuda_finalize);
+            fn(ei_op_attention,  ei_cuda_attention);
+            fn(ei_op_time_begin, ei_cuda_time_begin);
+            fn(ei_op_time_end,   ei_cuda_time_end);
+            fn(ei_op_observe,    ei_cuda_observe);
+            registered = 1;
+        }
+    }
+    return registered == 1;
 }
 
 bool llama_ei_compress_due(const llama_ei_state * st) {
@@ -1290,10 +1712,163 @@ static llama_kv_cache * ei_compress_cache(llama_memory_i * mem) {
     return nullptr;
 }
 
+// The sequence's keep set from every layer's scores, on the CPU (the context's threads score).
+// keep's positions: st->dec_positions.
+static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
+                                 int64_t n, ei_keep_set & keep) {
+    char buf[256];
+    ei_layer *    L0 = layers[0];
+    const int32_t H = L0->n_head, KV = L0->n_head_kv;
+    size_t ws_bytes = 0;
+    if (ei_decode_workspace_size(L0->ctx, n, H, KV, &ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_workspace_size: ") + ei_last_error());
+        return false;
+    }
+    const int nt = std::max(1, std::min(st->n_threads, (int) H));
+    st->dec_ws.resize((size_t) nt);
+    for (auto & w : st->dec_ws) {
+        w.resize(ws_bytes);
+    }
+    st->dec_shared.assign((size_t) n, 0.0f);
+    for (ei_layer * L : layers) {
+        const ggml_tensor * k = kv->get_k_storage(L->il);
+        if (!ei_cache_type(k->type) || !k->data || !k->buffer || !ggml_backend_buffer_is_host(k->buffer) ||
+            L->n_head != H || L->n_head_kv != KV) {
+            snprintf(buf, sizeof buf, "layer %d: its K cache is not a host F16/BF16/F32 tensor of the first layer's shape", L->il);
+            ei_decode_refuse(st, buf);
+            return false;
+        }
+        ei_tensor kt;
+        kt.data         = k->data;
+        kt.dtype        = ei_dtype_of(k->type);
+        kt.n_heads      = L->n_head_kv;
+        kt.head_dim     = L->head_dim;
+        kt.n_tokens     = n;
+        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
+        kt.head_stride  = L->head_dim;
+        st->dec_scores.resize((size_t) H * (size_t) n);
+        std::vector<ei_result> rs((size_t) nt, EI_OK);
+        std::vector<std::string> msgs((size_t) nt);
+        auto score = [&](int ith) {
+            rs[ith] = ei_decode_score(L->ctx, &L->dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
+                                      st->dec_ws[ith].data(), ws_bytes);
+            if (rs[ith] != EI_OK) {
+                msgs[ith] = ei_last_error();
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int ith = 1; ith < nt; ++ith) {
+            pool.emplace_back(score, ith);
+        }
+        score(0);
+        for (auto & t : pool) {
+            t.join();
+        }
+        for (int ith = 0; ith < nt; ++ith) {
+            if (rs[ith] != EI_OK) {
+                ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score: " + msgs[ith]);
+                return false;
+            }
+        }
+        if (ei_decode_shared_add(L->ctx, &L->dec, st->dec_scores.data(), n, st->dec_row_pos.data(), st->dec_shared.data(),
+                                 st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
+            return false;
+        }
+    }
+    const int32_t cap = (int32_t) std::min<int64_t>(n, L0->ctx ? ei_context_config(L0->ctx)->decode_budget : n);
+    st->dec_index.assign((size_t) std::max(cap, 1), 0);
+    st->dec_positions.assign((size_t) std::max(cap, 1), 0);
+    keep.heads_out = 1;
+    keep.capacity  = std::max(cap, 1);
+    keep.index     = st->dec_index.data();
+    keep.positions = st->dec_positions.data();
+    keep.row_pos   = st->dec_row_pos.data();
+    if (ei_decode_select_shared(L0->ctx, &L0->dec, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_select_shared: ") + ei_last_error());
+        return false;
+    }
+    return true;
+}
+
+// The same on the GPU over the device K caches (the row map, scores, pooled sums and keep set in
+// device memory; one context that waits for data errors: outside the graph), then the kept
+// positions read back into st->dec_positions.
+static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
+                                 int64_t n, ei_keep_set & keep) {
+    char buf[256];
+    ei_layer *    L0 = layers[0];
+    const int32_t H = L0->n_head, KV = L0->n_head_kv;
+    ei_context *  c0 = ei_gpu_context(st, L0->scale, st->g_stream, 0);
+    size_t ws_bytes = 0;
+    if (!c0 || ei_decode_workspace_size(c0, n, H, KV, &ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_workspace_size (GPU): ") + ei_last_error());
+        return false;
+    }
+    const int32_t cap = (int32_t) std::max<int64_t>(std::min<int64_t>(n, ei_context_config(c0)->decode_budget), 1);
+    void * d_row = ei_gpu_buf(st, EI_G_ROW_POS, (size_t) n * sizeof(int32_t));
+    void * d_scr = ei_gpu_buf(st, EI_G_SCORES, (size_t) H * (size_t) n * sizeof(float));
+    void * d_shr = ei_gpu_buf(st, EI_G_SHARED, (size_t) n * sizeof(float));
+    void * d_idx = ei_gpu_buf(st, EI_G_INDEX, (size_t) cap * sizeof(int32_t));
+    void * d_pos = ei_gpu_buf(st, EI_G_POSITIONS, (size_t) cap * sizeof(int32_t));
+    void * d_ws  = ei_gpu_buf(st, EI_G_DECODE_WS, ws_bytes);
+    st->dec_shared.assign((size_t) n, 0.0f);
+    if (!d_row || !d_scr || !d_shr || !d_idx || !d_pos || !d_ws ||
+        ei_device_copy(c0, d_row, st->dec_row_pos.data(), (size_t) n * sizeof(int32_t), EI_COPY_HOST_TO_DEVICE) != EI_OK ||
+        ei_device_copy(c0, d_shr, st->dec_shared.data(), (size_t) n * sizeof(float), EI_COPY_HOST_TO_DEVICE) != EI_OK) {
+        ei_decode_refuse(st, std::string("device memory for decode compression: ") + ei_last_error());
+        return false;
+    }
+    for (ei_layer * L : layers) {
+        const ggml_tensor * k = kv->get_k_storage(L->il);
+        ei_context *        c = ei_gpu_context(st, L->scale, st->g_stream, 0);
+        if (!L->gpu || !c || ei_on_host(k) || L->n_head != H || L->n_head_kv != KV) {
+            snprintf(buf, sizeof buf, "layer %d: its K cache is not on the GPU in the first layer's shape", L->il);
+            ei_decode_refuse(st, buf);
+            return false;
+        }
+        ei_tensor kt;
+        kt.data         = k->data;
+        kt.dtype        = ei_dtype_of(k->type);
+        kt.n_heads      = L->n_head_kv;
+        kt.head_dim     = L->head_dim;
+        kt.n_tokens     = n;
+        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
+        kt.head_stride  = L->head_dim;
+        if (ei_decode_score(c, &L->dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
+            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
+            return false;
+        }
+        if (ei_decode_shared_add(c, &L->dec, (const float *) d_scr, n, (const int32_t *) d_row, (float *) d_shr, d_ws,
+                                 ws_bytes) != EI_OK) {
+            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add (GPU): " + ei_last_error());
+            return false;
+        }
+    }
+    keep.heads_out = 1;
+    keep.capacity  = cap;
+    keep.index     = (int32_t *) d_idx;
+    keep.positions = (int32_t *) d_pos;
+    keep.row_pos   = (const int32_t *) d_row;
+    if (ei_decode_select_shared(c0, &L0->dec, (const float *) d_shr, n, &keep, d_ws, ws_bytes) != EI_OK) {
+        ei_decode_refuse(st, std::string("ei_decode_select_shared (GPU): ") + ei_last_error());
+        return false;
+    }
+    st->dec_positions.assign((size_t) cap, 0);
+    if (keep.compressed && ei_device_copy(c0, st->dec_positions.data(), d_pos, (size_t) keep.n_kept * sizeof(int32_t),
+                                          EI_COPY_DEVICE_TO_HOST) != EI_OK) {
+        ei_decode_refuse(st, std::string("reading the kept positions back: ") + ei_last_error());
+        return false;
+    }
+    keep.positions = st->dec_positions.data();
+    return true;
+}
+
 void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
     if (!llama_ei_compress_due(st)) {
         return;
     }
+    ei_gpu_settle(st);
     const int64_t t0 = ei_now_ns();
     char buf[256];
     llama_kv_cache * kv = ei_compress_cache(mem);
@@ -1342,77 +1917,9 @@ void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
     }
 
     // one keep-set for the sequence: every layer's scores, each layer weighing 1
-    ei_layer *    L0 = layers[0];
-    const int32_t H = L0->n_head, KV = L0->n_head_kv;
-    size_t ws_bytes = 0;
-    if (ei_decode_workspace_size(L0->ctx, n, H, KV, &ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_workspace_size: ") + ei_last_error());
-        return;
-    }
-    const int nt = std::max(1, std::min(st->n_threads, (int) H));
-    st->dec_ws.resize((size_t) nt);
-    for (auto & w : st->dec_ws) {
-        w.resize(ws_bytes);
-    }
-    st->dec_shared.assign((size_t) n, 0.0f);
-    for (ei_layer * L : layers) {
-        const ggml_tensor * k = kv->get_k_storage(L->il);
-        if (!ei_cache_type(k->type) || !k->data || !k->buffer || !ggml_backend_buffer_is_host(k->buffer) ||
-            L->n_head != H || L->n_head_kv != KV) {
-            snprintf(buf, sizeof buf, "layer %d: its K cache is not a host F16/BF16/F32 tensor of the first layer's shape", L->il);
-            ei_decode_refuse(st, buf);
-            return;
-        }
-        ei_tensor kt;
-        kt.data         = k->data;
-        kt.dtype        = ei_dtype_of(k->type);
-        kt.n_heads      = L->n_head_kv;
-        kt.head_dim     = L->head_dim;
-        kt.n_tokens     = n;
-        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
-        kt.head_stride  = L->head_dim;
-        st->dec_scores.resize((size_t) H * (size_t) n);
-        std::vector<ei_result> rs((size_t) nt, EI_OK);
-        std::vector<std::string> msgs((size_t) nt);
-        auto score = [&](int ith) {
-            rs[ith] = ei_decode_score(L->ctx, &L->dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
-                                      st->dec_ws[ith].data(), ws_bytes);
-            if (rs[ith] != EI_OK) {
-                msgs[ith] = ei_last_error();
-            }
-        };
-        std::vector<std::thread> pool;
-        for (int ith = 1; ith < nt; ++ith) {
-            pool.emplace_back(score, ith);
-        }
-        score(0);
-        for (auto & t : pool) {
-            t.join();
-        }
-        for (int ith = 0; ith < nt; ++ith) {
-            if (rs[ith] != EI_OK) {
-                ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score: " + msgs[ith]);
-                return;
-            }
-        }
-        if (ei_decode_shared_add(L->ctx, &L->dec, st->dec_scores.data(), n, st->dec_row_pos.data(), st->dec_shared.data(),
-                                 st->dec_ws[0].data(), ws_bytes) != EI_OK) {
-            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
-            return;
-        }
-    }
-    const int32_t cap = (int32_t) std::min<int64_t>(n, L0->ctx ? ei_context_config(L0->ctx)->decode_budget : n);
-    st->dec_index.assign((size_t) std::max(cap, 1), 0);
-    st->dec_positions.assign((size_t) std::max(cap, 1), 0);
     ei_keep_set keep;
     memset(&keep, 0, sizeof keep);
-    keep.heads_out = 1;
-    keep.capacity  = std::max(cap, 1);
-    keep.index     = st->dec_index.data();
-    keep.positions = st->dec_positions.data();
-    keep.row_pos   = st->dec_row_pos.data();
-    if (ei_decode_select_shared(L0->ctx, &L0->dec, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_select_shared: ") + ei_last_error());
+    if (!(layers[0]->gpu ? ei_select_shared_gpu(st, kv, layers, n, keep) : ei_select_shared_cpu(st, kv, layers, n, keep))) {
         return;
     }
     if (keep.compressed) {
@@ -1489,7 +1996,7 @@ ggml_tensor * llama_ei_build_attn(
     }
     ei_layer * L = st->layers[il].get();
     if (L->status == 0) {
-        const char * why = ei_layer_reason(g, mctx, q, k, v, kq_b, sinks, v_mla, il);
+        const char * why = ei_layer_reason(st, g, mctx, q, k, v, kq_b, sinks, v_mla, il);
         if (why) {
             ei_report_once(why);
             L->status = -1;

