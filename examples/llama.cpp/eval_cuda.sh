@@ -15,7 +15,7 @@
 #    with entropyinfer (preset=quality), Gemma 3 270M at 16k..128k (beyond 32k: past its trained
 #    context, speed only).
 # Variables: EVAL_CUDA_ONLY (ppl,bench: the parts), EVAL_CUDA_PROMPTS (16384,32768,65536,131072),
-# EVAL_CUDA_UBATCH (512), LLAMA_CPP_CUDA_BIN (build/llama.cpp-cuda/bin).
+# EVAL_CUDA_UBATCH (512; a comma list: each), LLAMA_CPP_CUDA_BIN (build/llama.cpp-cuda/bin).
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -48,23 +48,25 @@ case ",$ONLY," in *,ppl,*)
 
 case ",$ONLY," in *,bench,*)
     [ -s "$GEMMA" ] || { say "no $GEMMA: no bench"; exit 0; }
+    for ub in $(echo "$UB" | tr ',' ' '); do
     for p in $(echo "$PROMPTS" | tr ',' ' '); do
-        for mode in dense quality time; do
+        # dense and quality: tokens/s; the others time the served layers' attention (a synchronisation
+        # around each op): ours with plans (quality), ours dense (ei-dense), llama.cpp's (time-dense)
+        for mode in dense quality time-quality time-ei-dense time-dense; do
             case $mode in
-                dense)   args="";;
-                quality) args="--entropyinfer --entropyinfer-opt preset=quality";;
-                time)    args="--entropyinfer --entropyinfer-opt preset=quality,gpu_timing=1";;
+                dense)         args="";;
+                quality)       args="--entropyinfer --entropyinfer-opt preset=quality";;
+                time-quality)  args="--entropyinfer --entropyinfer-opt preset=quality,gpu_timing=1";;
+                time-ei-dense) args="--entropyinfer --entropyinfer-opt mode=ei-dense,gpu_timing=1";;
+                time-dense)    args="--entropyinfer --entropyinfer-opt mode=time-dense,gpu_timing=1";;
             esac
-            log=$OUT/bench-gemma-$p-$mode.log
+            log=$OUT/bench-gemma-$p-ub$ub-$mode.log
             # shellcheck disable=SC2086
-            "$BIN/llama-bench" -m "$GEMMA" -p "$p" -n 0 -b "$p" -ub "$UB" -fa 1 -ngl 99 -r 2 $args > "$log" 2>&1 ||
-                say "llama-bench $p $mode failed (see $log)"
-            { echo "## gemma -p $p $mode"; grep -E '^\|' "$log" | tail -n 1; grep 'entropyinfer: mode' "$log" | tail -n 1; } >> "$OUT/bench.txt"
+            "$BIN/llama-bench" -m "$GEMMA" -p "$p" -n 0 -b "$p" -ub "$ub" -fa 1 -ngl 99 -r 2 $args > "$log" 2>&1 ||
+                say "llama-bench $p $ub $mode failed (see $log)"
+            { echo "## gemma -p $p -ub $ub $mode"; grep -E '^\|' "$log" | tail -n 1; grep 'entropyinfer: mode' "$log" | tail -n 1; } >> "$OUT/bench.txt"
         done
-        log=$OUT/bench-gemma-$p-fa-time.log # llama.cpp's attention in the same layers, timed the same way
-        "$BIN/llama-bench" -m "$GEMMA" -p "$p" -n 0 -b "$p" -ub "$UB" -fa 1 -ngl 99 -r 2 --entropyinfer \
-            --entropyinfer-opt mode=time-dense,gpu_timing=1 > "$log" 2>&1 || say "llama-bench $p time-dense failed"
-        { echo "## gemma -p $p time-dense"; grep -E '^\|' "$log" | tail -n 1; grep 'entropyinfer: mode' "$log" | tail -n 1; } >> "$OUT/bench.txt"
+    done
     done
     cat "$OUT/bench.txt" >&2
 ;; esac
