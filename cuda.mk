@@ -17,6 +17,8 @@
 #                             and racecheck (CUDA_FUZZ_RACECHECK_ITERS: slow, few)
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working;
 #                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
+#   make bench-chunk-cuda     an engine's micro-batch on the GPU (Gemma 3's and SmolLM2's head shapes, 512 and
+#                             4096 queries after 8k-128k keys): split-K against one CTA per work item
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 #                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
@@ -28,7 +30,7 @@ CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo --threads 0
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 CUDA_GOLDEN ?= $(GOLDEN)
 
-.PHONY: cuda test-cuda test-cuda-fallback bench-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
+.PHONY: cuda test-cuda test-cuda-fallback bench-cuda bench-chunk-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
 
 cuda: $(CUDA_LIB)
 
@@ -113,6 +115,14 @@ test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_c
 $(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
+$(BUILD)/ei_bench_chunk_cuda: bench/ei_bench_chunk_cuda.c $(HDR)
+	@mkdir -p $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
+# an engine's micro-batch (m queries after n keys, few heads): split-K against one CTA per work item
+bench-chunk-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_chunk_cuda
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/ei_bench_chunk_cuda
 
 CUDA_BENCH_SIZES ?= 32768 65536 131072
 bench-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_cuda

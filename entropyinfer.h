@@ -911,7 +911,16 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    whole prompt; chunked callers pass the chunk's first position); k and v hold
    keys 0 .. q_offset + q->n_tokens - 1. out has q's shape (f32, f16 or bf16).
    Work is split into nth parts; call with ith = 0..nth-1 from the engine's
-   threads (or ith=0, nth=1). Workspace per thread. */
+   threads (or ith=0, nth=1). Workspace per thread.
+   CUDA backend: one launch does the layer. For head_dim 64 and 256 a call
+   whose work fills less than half the GPU (an engine's micro-batch of few
+   heads: 512 queries x 4 heads is 32 CTAs) splits each work item's keys
+   over several CTAs and merges their rows (split-K, as FlashDecoding) in
+   the workspace: ei_attention_workspace_size reports room for it (about
+   17 MB on an H200; one workspace serves every layer of a stream, calls in
+   stream order). A smaller workspace (or none, without cuda_deferred_errors)
+   splits less or not at all; outputs agree within float32 summation order.
+   EI_CUDA_ATTN_SPLIT=N caps the splits (1: off). */
 EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
                                             int32_t head_dim, size_t *bytes);
 EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
@@ -1141,9 +1150,10 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    protocol, workspace size) still fail at call time; a data error is recorded
    on the device instead, and the call's outputs are then unspecified
    (attention and compaction write nothing, a decoder has counted the queries
-   it did not store). In this mode ei_attention_workspace_size is 512 bytes
-   per call (the call's scan reports, so that a graph replays its own): pass
-   it. After synchronising, the engine calls ei_cuda_status: the first data
+   it did not store). In this mode the attention workspace holds the call's
+   scan reports (512 bytes, so that a graph replays its own; plus split-K's
+   partial rows for head_dim 64/256, below): pass ei_attention_workspace_size
+   bytes. After synchronising, the engine calls ei_cuda_status: the first data
    error recorded since the last call, with the code and message the waiting
    call would have returned (ei_last_error), then cleared; EI_OK if none. The
    record is one per process and device: contexts in the mode on one device

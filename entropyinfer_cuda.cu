@@ -1718,6 +1718,12 @@ struct AttnParams {
     float scale_log2;
     const unsigned long long *bad; /* the scan's report: the kernel does nothing unless it is ~0 */
     int q_f32; /* q is f32: each element rounded to T (k's dtype) as the Q tile is loaded */
+    /* split-K (attention_kernel; small grids, head_dim 64/256): blockIdx.y of nsplit takes its share
+       of each work item's key tiles and writes its rows' unnormalised O and (max, sum) to part
+       ([split][token][head][D] floats, then [split][token][head] float2); attn_split_combine_kernel
+       merges them into out. nsplit 1: out directly. */
+    int nsplit, D;
+    float *part;
 };
 /* The order of the reports: q before k, then by token (key position) and head. */
 __device__ __forceinline__ unsigned long long attn_bad_key(int is_k, int64_t tok, int head) {
@@ -2244,6 +2250,36 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     kl.own_len = t1 - kl.base_pos;
     int total = kl.kept_len + kl.own_len;
     int ntiles = (total + BC - 1) / BC;
+    if (p.nsplit > 1) { /* split-K: tiles [a, b) of the list, as a list of their own */
+        const int a = (int)((int64_t)ntiles * blockIdx.y / p.nsplit), b = (int)((int64_t)ntiles * (blockIdx.y + 1) / p.nsplit);
+        const int lo = a * BC, hi = min(b * BC, total);
+        if (lo < kl.kept_len) { /* lo is a multiple of the block size (api_attention) */
+            kl.brow += lo / kl.bs;
+            kl.kept_len -= lo;
+        } else {
+            kl.base_pos += lo - kl.kept_len;
+            kl.own_len -= lo - kl.kept_len;
+            kl.kept_len = 0;
+        }
+        total = max(hi - lo, 0);
+        if (kl.kept_len >= total) {
+            kl.kept_len = total;
+            kl.own_len = 0;
+        } else {
+            kl.own_len = min(kl.own_len, total - kl.kept_len);
+        }
+        ntiles = b - a;
+        if (ntiles <= 0) { /* no keys: every row's (max, sum) is (-inf, 0), its O is never read */
+            const int nh = p.n_kv * p.G;
+            float2 *ml = (float2 *)(p.part + (size_t)p.nsplit * (size_t)p.nq * nh * p.D);
+            for (int r = threadIdx.x; r < ROWS; r += NT) {
+                int hr = r / p.T, tok = t0 + r % p.T;
+                if (hr < hc && tok < t1)
+                    ml[((size_t)blockIdx.y * p.nq + (tok - p.q_offset)) * nh + h0 + hr] = make_float2(-INFINITY, 0.f);
+            }
+            return;
+        }
+    }
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const T *K = (const T *)p.k + (int64_t)kvh * p.k_hs;
@@ -2705,6 +2741,17 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             int r = (warp * MT + mt) * 16 + (lane >> 2) + 8 * hf, tk = row_token(mt, hf);
             if (tk < 0) continue;
+            if (p.nsplit > 1) { /* this split's share: O unnormalised, and the row's (max, sum) */
+                const int nh = p.n_kv * p.G;
+                const size_t row = ((size_t)blockIdx.y * p.nq + (tk - p.q_offset)) * nh + h0 + r / p.T;
+                float *po = p.part + row * D;
+#pragma unroll
+                for (int nt = 0; nt < D / 8; nt++)
+                    *(float2 *)(po + nt * 8 + (lane & 3) * 2) = make_float2(o[mt][nt][2 * hf], o[mt][nt][2 * hf + 1]);
+                if ((lane & 3) == 0)
+                    ((float2 *)(p.part + (size_t)p.nsplit * (size_t)p.nq * nh * D))[row] = make_float2(m_[mt][hf], l);
+                continue;
+            }
             float inv = l > 0.f ? 1.f / l : 0.f;
             int64_t base = (int64_t)(tk - p.q_offset) * p.o_ts + (int64_t)(h0 + r / p.T) * p.o_hs;
 #pragma unroll
@@ -3106,6 +3153,39 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
     }
     if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last turn handed over */
 }
+/* Split-K's merge: one CTA per (token, head) row of the call. The splits' (max, sum) give each
+   split's weight 2^((m_s - M) * scale_log2) (M the largest max); O = sum of w_s O_s / sum of
+   w_s l_s, in split order (reproducible); a row no key reached is 0, as without the split. */
+__global__ void __launch_bounds__(128) attn_split_combine_kernel(const AttnParams p) {
+    if (*p.bad != ~0ull) return; /* the attention kernels did nothing: neither does the merge */
+    const int nh = p.n_kv * p.G, D = p.D;
+    const size_t rows = (size_t)p.nq * nh, row = blockIdx.x;
+    const float2 *ml = (const float2 *)(p.part + (size_t)p.nsplit * rows * D);
+    float M = -INFINITY;
+    for (int s = 0; s < p.nsplit; s++) {
+        float2 x = ml[s * rows + row];
+        if (x.y > 0.f) M = fmaxf(M, x.x);
+    }
+    float L = 0.f;
+    for (int s = 0; s < p.nsplit; s++) {
+        float2 x = ml[s * rows + row];
+        if (x.y > 0.f) L += exp2f((x.x - M) * p.scale_log2) * x.y;
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    const int64_t tok = (int64_t)(row / nh), h = (int64_t)(row % nh);
+    const int64_t base = tok * p.o_ts + h * p.o_hs;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < p.nsplit; s++) {
+            float2 x = ml[s * rows + row];
+            if (x.y > 0.f) acc += exp2f((x.x - M) * p.scale_log2) * p.part[(s * rows + row) * D + d];
+        }
+        const float y = acc * inv;
+        if (p.out_dtype == EI_F32) ((float *)p.out)[base + d] = y;
+        else if (p.out_dtype == EI_BF16) ((__nv_bfloat16 *)p.out)[base + d] = __float2bfloat16_rn(y);
+        else ((__half *)p.out)[base + d] = __float2half_rn(y);
+    }
+}
 static int sm_count(void) {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -3138,7 +3218,7 @@ static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, uns
         (void)maps;
         tm.unused = 0;
     }
-    attention_kernel<D, NW, MT, BC, T, WG, VEC, TM><<<grid, NW * 32, smem, st>>>(p, tm);
+    attention_kernel<D, NW, MT, BC, T, WG, VEC, TM><<<dim3(grid, (unsigned)std::max(p.nsplit, 1)), NW * 32, smem, st>>>(p, tm);
     LAUNCH_CHECK("attention_kernel");
     return EI_OK;
 }
@@ -3310,14 +3390,51 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
 }
 
 
-/* The kernel needs none; with deferred errors the call's two scan reports
-   live there (a graph replays its own, never another call's slot). */
+/* With deferred errors the call's two scan reports live in the workspace (a
+   graph replays its own, never another call's slot). For head_dim 64 and 256
+   the workspace also holds split-K's partial rows (attn_split_plan): a call
+   whose work items fill fewer than half the SMs splits each item's key tiles
+   over up to ATTN_SPLIT_MAX CTAs (llama.cpp's micro-batches of 512 queries
+   and 4 heads: 32 CTAs on 132 SMs), about 2 CTAs per SM, so the partials of
+   a call never exceed 2.5 x SMs x (rows per CTA) x (D + 2) floats. A
+   smaller workspace (0: none) is still accepted: the call then splits less,
+   or not at all (the same outputs up to float32 summation order). */
 #define ATTN_DEFERRED_WS 512
+#define ATTN_SPLIT_MAX 16
+static size_t attn_split_bound(int D) { /* rows per CTA: 64 for head_dim 256, at most 256 for 64 */
+    return (D == 64 || D == 256) ? (size_t)5 * sm_count() / 2 * (D == 256 ? 64 : 256) * (size_t)(D + 2) * sizeof(float) : 0;
+}
 static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, int32_t nkv, int32_t D,
                                               size_t *bytes, char *msg) {
-    (void)nh; (void)nkv; (void)D; (void)msg;
-    *bytes = deferred(cfg) ? ATTN_DEFERRED_WS : 0;
+    (void)nh; (void)nkv; (void)msg; (void)cfg;
+    const size_t split = attn_split_bound(D);
+    *bytes = split ? ATTN_DEFERRED_WS + split : deferred(cfg) ? ATTN_DEFERRED_WS : 0;
     return EI_OK;
+}
+/* Split-K for a launch of `grid` work items (attention_kernel only: not the persistent
+   warp-specialised kernel, and block sizes that divide the keys per step, so that a split starts
+   on a block): how many splits (1: none; EI_CUDA_ATTN_SPLIT=N caps it, 1 turns it off) and where
+   the partial rows go (the workspace past its first 256 aligned bytes). */
+static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws_kernel, unsigned grid, void *ws,
+                           size_t ws_bytes, float **part) {
+    *part = NULL;
+    if (!ws || ws_kernel || (D != 64 && D != 256) || bc % p.bs) return 1;
+    const int sms = sm_count();
+    if ((int64_t)grid * 2 > sms) return 1;
+    int n = (int)std::min<int64_t>((2 * (int64_t)sms + grid - 1) / grid, ATTN_SPLIT_MAX);
+    const int64_t keys = p.q_offset + p.nq; /* a work item's longest key list */
+    n = (int)std::min<int64_t>(n, keys / (4 * bc)); /* at least about 4 tiles a split */
+    const char *e = getenv("EI_CUDA_ATTN_SPLIT");
+    if (e && e[0]) n = std::min(n, atoi(e));
+    (void)rows;
+    char *base = ws_base(ws) + 256;
+    if ((size_t)(base - (char *)ws) >= ws_bytes) return 1;
+    const size_t avail = ws_bytes - (size_t)(base - (char *)ws);
+    const size_t per = (size_t)p.nq * (size_t)(p.n_kv * p.G) * (size_t)(D + 2) * sizeof(float);
+    n = (int)std::min<size_t>((size_t)std::max(n, 1), avail / per);
+    if (n < 2) return 1;
+    *part = (float *)base;
+    return n;
 }
 
 /* ---- NaN/Inf in the rows a call reads (the CPU's EI_ERR_NONFINITE), before
@@ -3634,6 +3751,10 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     if ((r = bf ? attn_scan<__nv_bfloat16>(sp, p.s_last, st, msg) : attn_scan<__half>(sp, p.s_last, st, msg)))
         return r;
     p.seg_mode = split ? 1 : 0;
+    p.D = D;
+    p.nsplit = attn_split_plan(p, D, rows, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
+                               (unsigned)grid, ws, ws_bytes, &p.part);
+    if (p.nsplit > 1 && (BCK % p.bs || (split && BCK2 % p.bs))) p.nsplit = 1;
     const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);
     if ((r = attention_launch(p, mp, D, bf, vec, e_all, (unsigned)grid, st, msg))) return r;
     if (split) { /* the sparse segments: the second kernel (its own tensor maps: boxes of its keys per step) */
@@ -3641,6 +3762,10 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         p.seg_mode = 2;
         mp = attn_maps_for(WGK2, k, v, D, BCK2, bf, &maps2, &e_sp);
         if ((r = attention_launch(p, mp, D, bf, vec, e_sp, (unsigned)grid, st, msg))) return r;
+    }
+    if (p.nsplit > 1) { /* split-K: merge the partial rows into out */
+        attn_split_combine_kernel<<<(unsigned)(q->n_tokens * nh), 128, 0, st>>>(p);
+        LAUNCH_CHECK("attn_split_combine_kernel");
     }
     if (deferred(cfg)) return deferred_record(slot, DE_ATTENTION, (q_f32 ? DE_Q_F32 : 0) | (bf ? DE_BF16 : 0), st, msg);
     if ((r = slot_read(st, slot, &bad, msg))) return r;

@@ -1031,8 +1031,9 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     gpu_plan gp;
     int64_t nq_tok = n - q_offset, t;
     double err2 = 0, ref2 = 0, maxerr = 0;
-    int h, d, unwritten = 0, shape;
-    size_t oes = out_dt == EI_F32 ? 4 : 2;
+    int h, d, unwritten = 0, shape, wsp;
+    size_t oes = out_dt == EI_F32 ? 4 : 2, wsb = 0;
+    void *dws = NULL;
     c.segment_size = seg; c.block_size = bs; c.base_budget = base; c.threshold_len = threshold;
     gen_qk(q, k, n, nh, nkv, D, peak);
     for (i = 0; i < nk; i++) v[i] = nrand();
@@ -1056,7 +1057,11 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     tq_part.data = (const char *)dq + (size_t)q_offset * nh * D * (dt == EI_F32 ? 4 : 2);
     tq_part.n_tokens = nq_tok;
     to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
-    for (shape = 0; shape < (D == 256 ? 1 : 14); shape++) {
+    /* the workspace of ei_attention_workspace_size: split-K where the grid is small (head_dim 64/256) */
+    CHECK_OK(ei_attention_workspace_size(g, nh, nkv, D, &wsb));
+    if (wsb) dws = dev_alloc(wsb);
+    for (shape = 0; shape < (D == 256 ? 1 : 14); shape++)
+    for (wsp = 0; wsp < (wsb ? 2 : 1); wsp++) {
         /* wg*: the wgmma kernels (Hopper; elsewhere the default mma.sync shape), wgt* / wgk* / wgp*: the
            same with TMA copies of the K/V tiles (wgk: masks from key indices, wgp: also without CTA
            barriers between them); WxMxB: mma.sync */
@@ -1065,7 +1070,8 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
-        CHECK_OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1, NULL, 0));
+        CHECK_OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1,
+                                      wsp ? dws : NULL, wsp ? wsb : 0));
         dev_get(hout, dout, nout * oes);
         for (i = 0; i < nout; i++)
             got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
@@ -1086,15 +1092,17 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
             double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
             const char *dn = dt == EI_BF16 ? "bf16" : "f16", *on = out_dt == EI_F32 ? "f32" : out_dt == EI_BF16 ? "bf16" : "f16";
             CHECK(unwritten == 0, "attention: %d outputs unwritten or non-finite", unwritten);
-            CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s cta %s: rel err %.3g max %.3g",
-                  (long long)n, nh, nkv, D, use_plan ? "sparse" : "dense", shapes[shape], rel, maxerr);
-            printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld cta %s: rel L2 err %.2e max abs %.2e %s\n",
-                   (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, shapes[shape], rel,
+            CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s cta %s%s: rel err %.3g max %.3g",
+                  (long long)n, nh, nkv, D, use_plan ? "sparse" : "dense", shapes[shape], wsp ? " +ws" : "", rel, maxerr);
+            printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld cta %s%s: rel L2 err %.2e max abs %.2e %s\n",
+                   (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, shapes[shape],
+                   wsp ? " +ws (split-K where the grid is small)" : "", rel,
                    maxerr, unwritten == 0 && rel < 1e-2 && maxerr < 5e-2 ? "ok" : "FAILED");
         }
     }
     unsetenv("EI_CUDA_ATTN_CFG");
     if (use_plan) gpu_plan_free(&gp);
+    if (dws) dev_free(dws);
     dev_free(dq); dev_free(dk); dev_free(dv); dev_free(dout);
     free(hout); free(got); free(ref); free(q); free(k); free(v);
     ei_context_destroy(g); ei_context_destroy(cpu);
@@ -1112,6 +1120,11 @@ static void attention_tests(int quick) {
     attention_case(3000, 32, 2, 64, 512, 8, 512, 512, EI_BF16, EI_F32, 1, 0, 11, 2.f);  /* G=16 */
     attention_case(3000, 8, 2, 128, 512, 8, 512, 1024, EI_BF16, EI_BF16, 1, 1024, 5, 2.f); /* chunk: q_offset */
     attention_case(777, 2, 1, 64, 64, 8, 64, 0, EI_BF16, EI_F32, 1, 0, 1, 0.f);          /* threshold 0 */
+    /* an engine's micro-batch: 512 queries at the end of 4096 keys, few heads (Gemma 3: 4/1, d=256; SmolLM2:
+       9/3, d=64): 32 and 39 CTAs, so split-K with the workspace */
+    attention_case(4096, 4, 1, 256, 512, 8, 512, 1024, EI_BF16, EI_F32, 1, 3584, 7, 2.f);
+    attention_case(4096, 4, 1, 256, 512, 8, 512, 1024, EI_F16, EI_F32, 0, 3584, 7, 2.f);
+    attention_case(4096, 9, 3, 64, 512, 8, 512, 1024, EI_BF16, EI_F32, 1, 3584, 7, 2.f);
 }
 
 /* ------------------------------------------------------------ f32 queries */

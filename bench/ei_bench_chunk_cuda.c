@@ -1,0 +1,174 @@
+/* bench/ei_bench_chunk_cuda.c - an engine's micro-batch on the GPU: the attention of m queries at
+   the end of n keys (llama.cpp's ubatch at the end of a long prompt), with few heads, timed with
+   split-K (the workspace of ei_attention_workspace_size) and without it (no workspace: one CTA per
+   work item). Dense (plan NULL) and sparse (a plan of ei_config_quality() profiled on the GPU over
+   the whole prompt, then the chunk's rows of it).
+
+     ei_bench_chunk_cuda [H KV D n m ...]      (default: 4 1 256 32768 512  4 1 256 32768 4096
+                                                 4 1 256 131072 512  4 1 256 131072 4096
+                                                 9 3 64 8192 512)
+
+   The defaults are Gemma 3 270M's global layers (4 query / 1 kv head, head_dim 256) and SmolLM2-135M
+   (9 / 3, head_dim 64). bf16 q/k/v of unit-variance noise with a sink block in even kv heads; f32
+   output as llama.cpp's. Each time is the median of 9 calls after a warm-up, host clock around the
+   call and a stream synchronisation. Prints ms per call and the split's speedup. */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "entropyinfer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void die(const char *what, ei_result r) {
+    fprintf(stderr, "%s: %s: %s\n", what, ei_result_name(r), ei_last_error());
+    exit(1);
+}
+#define OK(call) do { ei_result r_ = (call); if (r_ != EI_OK) die(#call, r_); } while (0)
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint32_t next32(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+static uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+/* [n][heads][d] bf16: noise, and in even kv heads a sink (the first 8 keys large, q aligned with them) */
+static uint16_t *make(int64_t n, int heads, int d, int group, int is_q) {
+    uint16_t *x = (uint16_t *)malloc((size_t)n * heads * d * 2);
+    int64_t t;
+    int h, i;
+    for (t = 0; t < n; t++)
+        for (h = 0; h < heads; h++)
+            for (i = 0; i < d; i++) {
+                float noise = ((float)(next32() & 0xFFFF) / 65535.f * 3.46f - 1.73f);
+                float u = (float)(((h / group) * 31 + i * 7) % 3) - 1.0f;
+                float sink = (h / group) % 2 ? 0.f : is_q ? u : (t < 8 ? 2.f * u : 0.f);
+                x[((size_t)t * heads + h) * d + i] = bf16_of(sink + 0.3f * noise);
+            }
+    return x;
+}
+static void *upload(const ei_context *g, const void *h, size_t bytes) {
+    void *d = NULL;
+    OK(ei_device_alloc(g, &d, bytes));
+    OK(ei_device_copy(g, d, h, bytes, EI_COPY_HOST_TO_DEVICE));
+    return d;
+}
+/* median ms of one call (synchronised by a 4-byte read back) */
+static double time_call(const ei_context *g, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v, const ei_plan *plan,
+                        ei_out_tensor *o, int64_t q_offset, void *ws, size_t ws_bytes, void *probe) {
+    double t[9];
+    int i;
+    uint32_t tmp;
+    OK(ei_attention_prefill(g, q, k, v, plan, o, q_offset, 0, 1, ws, ws_bytes));
+    OK(ei_device_copy(g, &tmp, probe, 4, EI_COPY_DEVICE_TO_HOST));
+    for (i = 0; i < 9; i++) {
+        double t0 = now_ms();
+        OK(ei_attention_prefill(g, q, k, v, plan, o, q_offset, 0, 1, ws, ws_bytes));
+        OK(ei_device_copy(g, &tmp, probe, 4, EI_COPY_DEVICE_TO_HOST));
+        t[i] = now_ms() - t0;
+    }
+    qsort(t, 9, sizeof t[0], cmp_double);
+    return t[4];
+}
+
+int main(int argc, char **argv) {
+    static const long long defaults[] = {4, 1, 256, 32768, 512,  4, 1, 256, 32768, 4096, 4, 1, 256, 131072, 512,
+                                         4, 1, 256, 131072, 4096, 9, 3, 64, 8192, 512};
+    long long args[64];
+    int na = 0, i;
+    ei_config cfg = ei_config_quality();
+    ei_context *g;
+    if (argc > 1) {
+        for (i = 1; i < argc && na < 60; i++) args[na++] = atoll(argv[i]);
+        na -= na % 5;
+    } else {
+        na = (int)(sizeof defaults / sizeof defaults[0]);
+        memcpy(args, defaults, sizeof defaults);
+    }
+    cfg.backend = EI_BACKEND_CUDA;
+    OK(ei_context_create(&cfg, &g));
+    printf("%5s %3s %4s %7s %5s | %-6s %8s %10s %8s | %-7s\n", "H", "KV", "D", "n", "m", "plan", "one_ms", "split_ms",
+           "speedup", "density");
+    for (i = 0; i < na; i += 5) {
+        const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
+        const int64_t n = args[i + 3], m = args[i + 4], off = n - m;
+        uint16_t *hq = make(n, H, D, H / KV, 1), *hk = make(n, KV, D, 1, 0), *hv = make(n, KV, D, 1, 0);
+        void *dq = upload(g, hq, (size_t)n * H * D * 2), *dk = upload(g, hk, (size_t)n * KV * D * 2),
+             *dv = upload(g, hv, (size_t)n * KV * D * 2), *dout = NULL, *ws = NULL, *pws = NULL;
+        size_t wsb = 0, pwsb = 0;
+        ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, H, D), tk = ei_tensor_make(dk, EI_BF16, n, KV, D);
+        ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, KV, D), tqc = tq;
+        ei_out_tensor to;
+        ei_plan plan;
+        int pass;
+        OK(ei_device_alloc(g, &dout, (size_t)m * H * D * 4));
+        to = ei_out_tensor_make(dout, EI_F32, m, H, D);
+        tqc.data = (const char *)dq + (size_t)off * H * D * 2;
+        tqc.n_tokens = m;
+        OK(ei_attention_workspace_size(g, H, KV, D, &wsb));
+        if (wsb) OK(ei_device_alloc(g, &ws, wsb));
+        memset(&plan, 0, sizeof plan);
+        OK(ei_plan_alloc(g, &plan, n, KV, D, 0));
+        OK(ei_profile_workspace_size(g, n, H, KV, D, &pwsb));
+        OK(ei_device_alloc(g, &pws, pwsb));
+        OK(ei_profile(g, &tq, &tk, &plan, pws, pwsb));
+        for (pass = 0; pass < 2; pass++) {
+            const ei_plan *pl = pass ? &plan : NULL;
+            double one = time_call(g, &tqc, &tk, &tv, pl, &to, off, NULL, 0, dout);
+            double split = wsb ? time_call(g, &tqc, &tk, &tv, pl, &to, off, ws, wsb, dout) : one;
+            double dens = 1.0;
+            if (pl) { /* kept keys of the chunk's (sparse) segments over the causal keys, from the host copy */
+                ei_context *cpu = NULL;
+                ei_config cc = cfg;
+                ei_plan hp;
+                size_t b = 0;
+                void *mem;
+                int32_t s, h;
+                double kept = 0, all = 0;
+                cc.backend = EI_BACKEND_CPU;
+                OK(ei_context_create(&cc, &cpu));
+                OK(ei_plan_size(cpu, n, KV, D, 0, &b));
+                mem = malloc(b);
+                OK(ei_plan_init(cpu, &hp, n, KV, D, 0, mem, b));
+                OK(ei_plan_copy(g, &hp, &plan, EI_COPY_DEVICE_TO_HOST));
+                for (s = (int32_t)(off / cfg.segment_size); s < hp.n_segments; s++)
+                    for (h = 0; h < KV; h++) {
+                        const int64_t S0 = (int64_t)s * cfg.segment_size, a = S0 > off ? S0 : off;
+                        const int64_t e = S0 + cfg.segment_size < n ? S0 + cfg.segment_size : n;
+                        const double cnt = (double)(e - a), causal = 0.5 * cnt * (double)((a + 1) + e);
+                        const double own = 0.5 * cnt * (double)((a - S0 + 1) + (e - S0));
+                        all += causal;
+                        kept += ei_plan_segment_is_sparse(cpu, &hp, s)
+                                    ? cnt * hp.keep_count[EI_PLAN_ROW(&hp, h, s)] * hp.block_size + own
+                                    : causal;
+                    }
+                dens = kept / all;
+                free(mem);
+                ei_context_destroy(cpu);
+            }
+            printf("%5d %3d %4d %7lld %5lld | %-6s %8.3f %10.3f %7.2fx | %.4f\n", H, KV, D, (long long)n, (long long)m,
+                   pl ? "sparse" : "dense", one, split, one / split, dens);
+        }
+        ei_plan_free(g, &plan);
+        ei_device_free(g, pws);
+        if (ws) ei_device_free(g, ws);
+        ei_device_free(g, dq); ei_device_free(g, dk); ei_device_free(g, dv); ei_device_free(g, dout);
+        free(hq); free(hk); free(hv);
+    }
+    ei_context_destroy(g);
+    return 0;
+}
