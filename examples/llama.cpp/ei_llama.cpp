@@ -1741,6 +1741,19 @@ static llama_kv_cache * ei_compress_cache(llama_memory_i * mem) {
     return nullptr;
 }
 
+// The first n cells of a layer's K cache storage [cells][kv heads][head_dim] as a tensor.
+static ei_tensor ei_k_cells(const ei_layer * L, const ggml_tensor * k, int64_t n) {
+    ei_tensor kt;
+    kt.data         = k->data;
+    kt.dtype        = ei_dtype_of(k->type);
+    kt.n_heads      = L->n_head_kv;
+    kt.head_dim     = L->head_dim;
+    kt.n_tokens     = n;
+    kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
+    kt.head_stride  = L->head_dim;
+    return kt;
+}
+
 // The sequence's keep set from every layer's scores, on the CPU (the context's threads score).
 // keep's positions: st->dec_positions.
 static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
@@ -1767,14 +1780,7 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        ei_tensor kt;
-        kt.data         = k->data;
-        kt.dtype        = ei_dtype_of(k->type);
-        kt.n_heads      = L->n_head_kv;
-        kt.head_dim     = L->head_dim;
-        kt.n_tokens     = n;
-        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
-        kt.head_stride  = L->head_dim;
+        const ei_tensor kt = ei_k_cells(L, k, n);
         st->dec_scores.resize((size_t) H * (size_t) n);
         std::vector<ei_result> rs((size_t) nt, EI_OK);
         std::vector<std::string> msgs((size_t) nt);
@@ -1856,14 +1862,7 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        ei_tensor kt;
-        kt.data         = k->data;
-        kt.dtype        = ei_dtype_of(k->type);
-        kt.n_heads      = L->n_head_kv;
-        kt.head_dim     = L->head_dim;
-        kt.n_tokens     = n;
-        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
-        kt.head_stride  = L->head_dim;
+        const ei_tensor kt = ei_k_cells(L, k, n);
         if (ei_decode_score(c, &L->dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
             ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
             return false;
