@@ -537,8 +537,6 @@ struct ei_layer {
     // allocations); the ops take the stream's contexts (ei_gpu_context)
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
-    void *               g_ws_attn = nullptr;  // attention's workspace (device)
-    size_t               g_ws_attn_bytes = 0;
     void *               g_dec_mem = nullptr;  // the decoder's ring (device)
     int64_t              stat_q_pos = -1, stat_n = 0; // this ubatch's density, read at the next settle
     int64_t              plan_tokens = 0;              // the plan's max_tokens (a GPU plan laid out anew)
@@ -593,7 +591,7 @@ struct llama_ei_state {
 };
 
 // device buffers of the state, by slot (grown, never shrunk)
-enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_SCRATCH, EI_G_ROW_POS, EI_G_SCORES, EI_G_SHARED, EI_G_INDEX, EI_G_POSITIONS,
+enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_ATTN_WS, EI_G_SCRATCH, EI_G_ROW_POS, EI_G_SCORES, EI_G_SHARED, EI_G_INDEX, EI_G_POSITIONS,
                    EI_G_DECODE_WS, EI_G_SLOTS };
 
 static void ei_free_ws(llama_ei_state * st) {
@@ -935,7 +933,6 @@ void llama_ei_context_free(llama_ei_state * st) {
             ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plan);
         }
         if (L->gpu) {
-            ei_device_free(st->gsetup, L->g_ws_attn);
             ei_device_free(st->gsetup, L->g_dec_mem);
         }
     }
@@ -1358,12 +1355,14 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
             return false;
         }
     }
-    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &L->g_ws_attn_bytes) != EI_OK ||
-        ei_device_alloc(L->ctx, &L->g_ws_attn, std::max<size_t>(L->g_ws_attn_bytes, 64)) != EI_OK) {
+    // one attention workspace for every layer (its calls follow each other on the stream): the
+    // deferred reports and the partial rows of split-K
+    size_t b_attn = 0;
+    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &b_attn) != EI_OK ||
+        !ei_gpu_buf(st, EI_G_ATTN_WS, b_attn)) {
         ei_report_once(std::string("attention workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
-    st->stats.gpu_ws_bytes += (int64_t) std::max<size_t>(L->g_ws_attn_bytes, 64);
     if (st->opts.compress) {
         size_t b_dec = 0;
         if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &b_dec) != EI_OK ||
@@ -1648,12 +1647,13 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
     const ei_tensor v  = ei_view(dst->src[2]);
     ei_out_tensor   o  = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
     const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
-    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes)
+    const auto & ws = st->gbuf[EI_G_ATTN_WS];
+    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, ws.first, ws.second)
                     : EI_ERR_UNSUPPORTED;
     if (r != EI_OK && c && plan) {
         ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
                        "; retrying without the plan (dense)");
-        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes);
+        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, ws.first, ws.second);
     }
     if (r != EI_OK) {
         ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
