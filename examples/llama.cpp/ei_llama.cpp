@@ -254,6 +254,34 @@ static const char * const k_ranking_names[] = { "reference", "sampled" };
 static const char * const k_policy_names[] = { "entropyinfer", "streaming", "snapkv", "h2o" };
 static const char * const k_shared_names[] = { "equal", "entropy" };
 
+// The enum fields of ei_config: their value names (in the enum's order), by field kind.
+struct ei_enum_names {
+    ei_field_kind       kind;
+    const char * const * names;
+    int                 n;
+};
+static const ei_enum_names k_enum_names[] = {
+    { EI_FIELD_SIMD,    k_simd_names,    6 },
+    { EI_FIELD_POOL,    k_pool_names,    3 },
+    { EI_FIELD_REDUCE,  k_reduce_names,  2 },
+    { EI_FIELD_RANKING, k_ranking_names, 2 },
+    { EI_FIELD_POLICY,  k_policy_names,  4 },
+    { EI_FIELD_SHARED,  k_shared_names,  2 },
+};
+// (the enum fields are stored as int: ei_set_one copies an int into them)
+static_assert(sizeof(ei_simd) == sizeof(int) && sizeof(ei_pool) == sizeof(int) && sizeof(ei_reduce) == sizeof(int) &&
+              sizeof(ei_ranking) == sizeof(int) && sizeof(ei_decode_policy) == sizeof(int) &&
+              sizeof(ei_shared_weight) == sizeof(int), "ei_config's enum fields are int-sized");
+
+static const ei_enum_names * ei_enum_of(ei_field_kind kind) {
+    for (const ei_enum_names & e : k_enum_names) {
+        if (e.kind == kind) {
+            return &e;
+        }
+    }
+    return nullptr;
+}
+
 static bool ei_set_one(const std::string & item, std::string & err) {
     ei_options & o = ei_opts();
     const size_t eq = item.find('=');
@@ -341,43 +369,22 @@ static bool ei_set_one(const std::string & item, std::string & err) {
                 ok = ei_parse_double(value, dv) && std::fabs(dv) <= 3.0e38;
                 if (ok) { float x = (float) dv; memcpy(p, &x, sizeof x); }
                 break;
-            case EI_FIELD_SIMD:
-                ok = ei_parse_enum(value, k_simd_names, 6, ev);
-                if (ok) { o.cfg.simd = (ei_simd) ev; }
+            default: { // an enum field: its names, or its index
+                const ei_enum_names * e = ei_enum_of(f.kind);
+                ok = e && ei_parse_enum(value, e->names, e->n, ev);
+                if (ok) { memcpy(p, &ev, sizeof ev); }
                 break;
-            case EI_FIELD_POOL:
-                ok = ei_parse_enum(value, k_pool_names, 3, ev);
-                if (ok) { o.cfg.pool = (ei_pool) ev; }
-                break;
-            case EI_FIELD_REDUCE:
-                ok = ei_parse_enum(value, k_reduce_names, 2, ev);
-                if (ok) { o.cfg.gqa_reduce = (ei_reduce) ev; }
-                break;
-            case EI_FIELD_RANKING:
-                ok = ei_parse_enum(value, k_ranking_names, 2, ev);
-                if (ok) { o.cfg.ranking = (ei_ranking) ev; }
-                break;
-            case EI_FIELD_POLICY:
-                ok = ei_parse_enum(value, k_policy_names, 4, ev);
-                if (ok) { o.cfg.decode_policy = (ei_decode_policy) ev; }
-                break;
-            case EI_FIELD_SHARED:
-                ok = ei_parse_enum(value, k_shared_names, 2, ev);
-                if (ok) { o.cfg.decode_shared_weight = (ei_shared_weight) ev; }
-                break;
+            }
         }
         if (ok && name == "decode_budget") {
             o.budget_set = true;
         }
         if (!ok) {
-            const char * what =
-                f.kind == EI_FIELD_I32 || f.kind == EI_FIELD_I64 ? "an integer" :
-                f.kind == EI_FIELD_F64 || f.kind == EI_FIELD_F32 ? "a finite number" :
-                f.kind == EI_FIELD_SIMD ? "auto|scalar|avx2|avx512|neon|avx512_bf16 or 0..5" :
-                f.kind == EI_FIELD_POOL ? "avg|max|none or 0..2" :
-                f.kind == EI_FIELD_RANKING ? "reference|sampled or 0..1" :
-                f.kind == EI_FIELD_POLICY ? "entropyinfer|streaming|snapkv|h2o or 0..3" :
-                f.kind == EI_FIELD_SHARED ? "equal|entropy or 0..1" : "mean|max or 0..1";
+            const ei_enum_names * e = ei_enum_of(f.kind);
+            const std::string what =
+                f.kind == EI_FIELD_I32 || f.kind == EI_FIELD_I64 ? std::string("an integer") :
+                f.kind == EI_FIELD_F64 || f.kind == EI_FIELD_F32 ? std::string("a finite number") :
+                e ? ei_names(e->names, e->n) + " or 0.." + std::to_string(e->n - 1) : std::string("a value");
             err = std::string(f.name) + ": expected " + what + ", got '" + value + "'";
             return false;
         }
@@ -425,6 +432,7 @@ struct ei_stats {
     int     n_layer         = 0;
     int     layers_served   = 0;
     int     layers_gpu      = 0; // of them, served on the GPU
+    int64_t gpu_plan_bytes  = 0, gpu_dec_bytes = 0, gpu_ws_bytes = 0; // device memory of a context
     int64_t ubatches        = 0; // announced by llama_decode
     int64_t ubatches_served = 0; // with entropyinfer (time-dense: timed)
     double  kept            = 0; // keys attended by the queries of sparse segments (per kv head)
@@ -451,6 +459,9 @@ struct ei_stats {
         n_layer          = std::max(n_layer, o.n_layer);
         layers_served    = std::max(layers_served, o.layers_served);
         layers_gpu       = std::max(layers_gpu, o.layers_gpu);
+        gpu_plan_bytes   = std::max(gpu_plan_bytes, o.gpu_plan_bytes);
+        gpu_dec_bytes    = std::max(gpu_dec_bytes, o.gpu_dec_bytes);
+        gpu_ws_bytes     = std::max(gpu_ws_bytes, o.gpu_ws_bytes);
         ubatches        += o.ubatches;
         ubatches_served += o.ubatches_served;
         kept            += o.kept;
@@ -526,8 +537,6 @@ struct ei_layer {
     // allocations); the ops take the stream's contexts (ei_gpu_context)
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
-    void *               g_ws_attn = nullptr;  // attention's workspace (device)
-    size_t               g_ws_attn_bytes = 0;
     void *               g_dec_mem = nullptr;  // the decoder's ring (device)
     int64_t              stat_q_pos = -1, stat_n = 0; // this ubatch's density, read at the next settle
     int64_t              plan_tokens = 0;              // the plan's max_tokens (a GPU plan laid out anew)
@@ -576,12 +585,13 @@ struct llama_ei_state {
     bool                              g_pending = false;  // GPU ops queued since the last ei_gpu_settle
     std::vector<std::pair<void *, size_t>> gbuf;          // device buffers by ei_gpu_buf slot
     std::vector<int32_t>              g_counts;           // keep counts read back
+    int64_t                           g_buf_bytes = 0;    // the most gbuf held at once
 
     ei_stats          stats;
 };
 
 // device buffers of the state, by slot (grown, never shrunk)
-enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_SCRATCH, EI_G_ROW_POS, EI_G_SCORES, EI_G_SHARED, EI_G_INDEX, EI_G_POSITIONS,
+enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_ATTN_WS, EI_G_SCRATCH, EI_G_ROW_POS, EI_G_SCORES, EI_G_SHARED, EI_G_INDEX, EI_G_POSITIONS,
                    EI_G_DECODE_WS, EI_G_SLOTS };
 
 static void ei_free_ws(llama_ei_state * st) {
@@ -661,6 +671,14 @@ static void * ei_gpu_buf(llama_ei_state * st, ei_gpu_slot slot, size_t bytes) {
         return nullptr;
     }
     b = { p, std::max<size_t>(bytes, 64) };
+    int64_t total = 0;
+    for (const auto & x : st->gbuf) {
+        total += (int64_t) x.second;
+    }
+    if (total > st->g_buf_bytes) { // planning and decode-compression buffers: workspaces
+        st->stats.gpu_ws_bytes += total - st->g_buf_bytes;
+        st->g_buf_bytes = total;
+    }
     return p;
 }
 
@@ -746,9 +764,12 @@ static void ei_print_summary() {
         n += snprintf(line + n, sizeof line - n, ", dense-attention %.3f s", s.ns_dense * 1e-9);
     }
     if (s.layers_gpu > 0) { // GPU ops are timed only with gpu_timing=1 (a synchronisation around each)
-        n += snprintf(line + n, sizeof line - n, ", backend %s (%d layers on the GPU%s)",
+        n += snprintf(line + n, sizeof line - n, ", backend %s (%d layers on the GPU%s), gpu-memory %.1f MiB "
+                      "(plans %.1f, decoders %.1f, workspaces %.1f)",
                       s.layers_gpu == s.layers_served ? "cuda" : "cuda+cpu", s.layers_gpu,
-                      timing ? ", timed with synchronisation" : "; times: gpu_timing=1");
+                      timing ? ", timed with synchronisation" : "; times: gpu_timing=1",
+                      (s.gpu_plan_bytes + s.gpu_dec_bytes + s.gpu_ws_bytes) / 1048576.0, s.gpu_plan_bytes / 1048576.0,
+                      s.gpu_dec_bytes / 1048576.0, s.gpu_ws_bytes / 1048576.0);
     } else if (s.layers_served > 0) {
         n += snprintf(line + n, sizeof line - n, ", backend cpu");
     }
@@ -912,7 +933,6 @@ void llama_ei_context_free(llama_ei_state * st) {
             ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plan);
         }
         if (L->gpu) {
-            ei_device_free(st->gsetup, L->g_ws_attn);
             ei_device_free(st->gsetup, L->g_dec_mem);
         }
     }
@@ -1325,14 +1345,21 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
         }
         L->has_plan    = true;
         L->plan_tokens = n_cells;
+        size_t b_plan  = 0;
+        if (ei_plan_size(L->ctx, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED, &b_plan) == EI_OK) {
+            st->stats.gpu_plan_bytes += (int64_t) b_plan;
+        }
         if (ei_profile_workspace_size(L->ctx_plan, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK ||
             !ei_gpu_buf(st, EI_G_PROFILE_WS, b_prof)) {
             ei_report_once(std::string("planning workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
             return false;
         }
     }
-    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &L->g_ws_attn_bytes) != EI_OK ||
-        ei_device_alloc(L->ctx, &L->g_ws_attn, std::max<size_t>(L->g_ws_attn_bytes, 64)) != EI_OK) {
+    // one attention workspace for every layer (its calls follow each other on the stream): the
+    // deferred reports and the partial rows of split-K
+    size_t b_attn = 0;
+    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &b_attn) != EI_OK ||
+        !ei_gpu_buf(st, EI_G_ATTN_WS, b_attn)) {
         ei_report_once(std::string("attention workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
@@ -1345,6 +1372,7 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
             st->dec_off = true;
         } else {
             L->has_dec = true;
+            st->stats.gpu_dec_bytes += (int64_t) b_dec;
         }
     }
     // the clears above ran on the null stream; ggml's streams do not wait for it
@@ -1619,12 +1647,13 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
     const ei_tensor v  = ei_view(dst->src[2]);
     ei_out_tensor   o  = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
     const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
-    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes)
+    const auto & ws = st->gbuf[EI_G_ATTN_WS];
+    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, ws.first, ws.second)
                     : EI_ERR_UNSUPPORTED;
     if (r != EI_OK && c && plan) {
         ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
                        "; retrying without the plan (dense)");
-        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, L->g_ws_attn, L->g_ws_attn_bytes);
+        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, ws.first, ws.second);
     }
     if (r != EI_OK) {
         ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
@@ -1712,6 +1741,19 @@ static llama_kv_cache * ei_compress_cache(llama_memory_i * mem) {
     return nullptr;
 }
 
+// The first n cells of a layer's K cache storage [cells][kv heads][head_dim] as a tensor.
+static ei_tensor ei_k_cells(const ei_layer * L, const ggml_tensor * k, int64_t n) {
+    ei_tensor kt;
+    kt.data         = k->data;
+    kt.dtype        = ei_dtype_of(k->type);
+    kt.n_heads      = L->n_head_kv;
+    kt.head_dim     = L->head_dim;
+    kt.n_tokens     = n;
+    kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
+    kt.head_stride  = L->head_dim;
+    return kt;
+}
+
 // The sequence's keep set from every layer's scores, on the CPU (the context's threads score).
 // keep's positions: st->dec_positions.
 static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
@@ -1738,14 +1780,7 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        ei_tensor kt;
-        kt.data         = k->data;
-        kt.dtype        = ei_dtype_of(k->type);
-        kt.n_heads      = L->n_head_kv;
-        kt.head_dim     = L->head_dim;
-        kt.n_tokens     = n;
-        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
-        kt.head_stride  = L->head_dim;
+        const ei_tensor kt = ei_k_cells(L, k, n);
         st->dec_scores.resize((size_t) H * (size_t) n);
         std::vector<ei_result> rs((size_t) nt, EI_OK);
         std::vector<std::string> msgs((size_t) nt);
@@ -1827,14 +1862,7 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        ei_tensor kt;
-        kt.data         = k->data;
-        kt.dtype        = ei_dtype_of(k->type);
-        kt.n_heads      = L->n_head_kv;
-        kt.head_dim     = L->head_dim;
-        kt.n_tokens     = n;
-        kt.token_stride = (int64_t) (k->nb[1] / ggml_type_size(k->type));
-        kt.head_stride  = L->head_dim;
+        const ei_tensor kt = ei_k_cells(L, k, n);
         if (ei_decode_score(c, &L->dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
             ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
             return false;

@@ -3,11 +3,11 @@
 #
 # Targets
 #   llama-cpp          build/llama.cpp/bin/{llama-perplexity,llama-completion,llama-bench,llama-simple,
-#                      llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp)}:
+#                      llama-server, llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp)}:
 #                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
-#   llama-cpp-cuda     build/llama.cpp-cuda/bin/{the tools above, llama-server}: the same patched tree
+#   llama-cpp-cuda     build/llama.cpp-cuda/bin/{the tools above}: the same patched tree
 #                      with ggml's CUDA backend (GPU machine; sm_90a by default: LLAMA_CPP_CUDA_ARCHS,
 #                      cmake's CMAKE_CUDA_ARCHITECTURES list) and the plugin (make cuda) copied beside the
 #                      tools, where the header finds it; served layers run on the GPU (ei_llama.cpp, "On the
@@ -47,25 +47,24 @@ LLAMA_CPP_BUILD     := build/llama.cpp
 LLAMA_CPP_VANILLA   := build/llama.cpp-vanilla
 LLAMA_CPP_CUDA      := build/llama.cpp-cuda
 LLAMA_CPP_CUDA_ARCHS ?= 90a
-LLAMA_CPP_CUDA_TARGETS ?= $(LLAMA_CPP_TARGETS) llama-server
+LLAMA_CPP_CUDA_TARGETS ?= $(LLAMA_CPP_TARGETS)
 LLAMA_CPP_PATCH     := $(LLAMA_CPP_DIR)/entropyinfer.patch
-LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple llama-ei-decode
+LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple llama-server llama-ei-decode
 LLAMA_CPP_JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 LLAMA_CPP_CMAKE_FLAGS ?=
 # AMX off: -march=native turns it on where the CPU advertises it, and some virtual machines
 # advertise AMX but fault on its instructions (SIGILL in ggml's AMX matmul).
 LLAMA_CPP_ARCH_FLAGS ?= $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 # CPU backend only (GGML_NATIVE: built for this machine's CPU, llama.cpp's default), static,
-# no server/tests/https; the build info names the vendored commit (the tree has no .git).
+# the server (its HTTP code vendored), no tests/https; the build info names the vendored commit (the tree has no .git).
 LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
-                      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+                      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
                       -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=$(LLAMA_CPP_COMMIT) -DLLAMA_BUILD_NUMBER=0 \
                       -DCMAKE_C_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_ARCH_FLAGS)" \
                       $(LLAMA_CPP_CMAKE_FLAGS)
 
-# The CUDA build: the server too (its HTTP code is vendored, no OpenSSL), CUDA graphs as upstream.
-LLAMA_CPP_CUDA_CMAKE = $(subst -DLLAMA_BUILD_SERVER=OFF,-DLLAMA_BUILD_SERVER=ON,$(LLAMA_CPP_CMAKE)) \
-                      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
+# The CUDA build: the same options with ggml's CUDA backend (CUDA graphs as upstream).
+LLAMA_CPP_CUDA_CMAKE = $(LLAMA_CPP_CMAKE) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
 
 .PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
