@@ -1,5 +1,6 @@
-/* bench/ei_bench_chunk_cuda.c - an engine's micro-batch on the GPU: the attention of m queries at
-   the end of n keys (llama.cpp's ubatch at the end of a long prompt), with few heads, timed with
+/* bench/ei_bench_chunk_cuda.c - an engine's micro-batch on the GPU: the attention of m queries near
+   the end of n keys (llama.cpp's ubatch of a long prompt; the chunk ends one segment before the
+   prompt's end, whose last segment the plan keeps dense), with few heads, timed with
    split-K (the workspace of ei_attention_workspace_size) and without it (no workspace: one CTA per
    work item). Dense (plan NULL) and sparse (a plan of ei_config_quality() profiled on the GPU over
    the whole prompt, then the chunk's rows of it).
@@ -105,7 +106,8 @@ int main(int argc, char **argv) {
            "speedup", "density");
     for (i = 0; i < na; i += 5) {
         const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
-        const int64_t n = args[i + 3], m = args[i + 4], off = n - m;
+        /* the chunk ends one segment before the prompt's end: the plan's last segment is dense */
+        const int64_t n = args[i + 3], m = args[i + 4], off = n - m - cfg.segment_size > 0 ? n - m - cfg.segment_size : 0;
         uint16_t *hq = make(n, H, D, H / KV, 1), *hk = make(n, KV, D, 1, 0), *hv = make(n, KV, D, 1, 0);
         void *dq = upload(g, hq, (size_t)n * H * D * 2), *dk = upload(g, hk, (size_t)n * KV * D * 2),
              *dv = upload(g, hv, (size_t)n * KV * D * 2), *dout = NULL, *ws = NULL, *pws = NULL;
@@ -145,10 +147,10 @@ int main(int argc, char **argv) {
                 mem = malloc(b);
                 OK(ei_plan_init(cpu, &hp, n, KV, D, 0, mem, b));
                 OK(ei_plan_copy(g, &hp, &plan, EI_COPY_DEVICE_TO_HOST));
-                for (s = (int32_t)(off / cfg.segment_size); s < hp.n_segments; s++)
+                for (s = (int32_t)(off / cfg.segment_size); (int64_t)s * cfg.segment_size < off + m; s++)
                     for (h = 0; h < KV; h++) {
                         const int64_t S0 = (int64_t)s * cfg.segment_size, a = S0 > off ? S0 : off;
-                        const int64_t e = S0 + cfg.segment_size < n ? S0 + cfg.segment_size : n;
+                        const int64_t e = S0 + cfg.segment_size < off + m ? S0 + cfg.segment_size : off + m;
                         const double cnt = (double)(e - a), causal = 0.5 * cnt * (double)((a + 1) + e);
                         const double own = 0.5 * cnt * (double)((a - S0 + 1) + (e - S0));
                         all += causal;
