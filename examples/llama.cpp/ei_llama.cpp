@@ -100,6 +100,7 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -516,8 +517,10 @@ struct ei_layer {
     int              status   = 0;       // 0: not seen yet, 1: served, -1: not served
     ei_context *     ctx      = nullptr; // owned by the state (one per attention scale)
     ei_context *     ctx_plan = nullptr; // planning's: attn_scale * the Q pre-scale it undoes (ei_raw_query)
-    ei_plan          plan     = {};
-    bool             has_plan = false;
+    // one plan per KV stream (a sequence of its own with --kv-unified off; stream 0 otherwise),
+    // made when a ubatch first serves that stream (ei_layer_plan)
+    std::vector<ei_plan> plans;
+    std::vector<uint8_t> has_plan;
     int32_t          n_head = 0, n_head_kv = 0, head_dim = 0;
 
     // this ubatch
@@ -538,8 +541,8 @@ struct ei_layer {
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
     void *               g_dec_mem = nullptr;  // the decoder's ring (device)
-    int64_t              stat_q_pos = -1, stat_n = 0; // this ubatch's density, read at the next settle
-    int64_t              plan_tokens = 0;              // the plan's max_tokens (a GPU plan laid out anew)
+    std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (stream, q_pos, n) of this ubatch, read at the next settle
+    int64_t              plan_tokens = 0;              // a plan's max_tokens: the cells of a stream
 
     void fail(const char * what) {
         int expected = 0;
@@ -563,7 +566,13 @@ struct llama_ei_state {
     const llama_pos * ann_pos  = nullptr;
     uint32_t          ann_n    = 0;
     bool              ann_last = false;
-    int64_t           q_pos    = 0;
+    // the served ubatch's sequences, one per KV stream of the K/V views (set_input): the first
+    // position of each, its stream, its tokens (q rows [i * n, (i + 1) * n) of the ubatch)
+    struct ei_slice {
+        int64_t q_pos;
+        int32_t stream, n;
+    };
+    std::vector<ei_slice> slices;
     int               is_final = 0;
     uint32_t          ann_n_all = 0;
 
@@ -692,7 +701,8 @@ static int64_t ei_gpu_time(llama_ei_state * st, const ei_context * c) {
     return ei_now_ns();
 }
 
-static void ei_count_density(llama_ei_state * st, const ei_layer * L, const int32_t * keep_count, int64_t q_pos, int64_t n);
+static void ei_count_density(llama_ei_state * st, const ei_layer * L, const ei_plan & p, const int32_t * keep_count,
+                             int64_t q_pos, int64_t n);
 
 // After the GPU ops of a ubatch (at the next ubatch, a compression, the context's end): the data
 // errors they deferred (ei_cuda_status, one record per device) and their keep counts (density).
@@ -716,16 +726,15 @@ static void ei_gpu_settle(llama_ei_state * st) {
                        ": that ubatch's attention outputs are unspecified");
     }
     for (auto & L : st->layers) {
-        if (!L->gpu || L->stat_n <= 0 || !L->has_plan) {
-            continue;
+        for (const auto & sp : L->stat_pending) { // (stream, q_pos, n)
+            const ei_plan & p = L->plans[(size_t) sp[0]];
+            st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
+            if (ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
+                               EI_COPY_DEVICE_TO_HOST) == EI_OK) {
+                ei_count_density(st, L.get(), p, st->g_counts.data(), sp[1], sp[2]);
+            }
         }
-        const ei_plan & p = L->plan;
-        st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
-        if (ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
-                           EI_COPY_DEVICE_TO_HOST) == EI_OK) {
-            ei_count_density(st, L.get(), st->g_counts.data(), L->stat_q_pos, L->stat_n);
-        }
-        L->stat_n = 0;
+        L->stat_pending.clear();
     }
 }
 
@@ -929,8 +938,10 @@ void llama_ei_context_free(llama_ei_state * st) {
     }
     ei_gpu_settle(st);
     for (auto & L : st->layers) {
-        if (L->has_plan) {
-            ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plan);
+        for (size_t i = 0; i < L->plans.size(); ++i) {
+            if (L->has_plan[i]) {
+                ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plans[i]);
+            }
         }
         if (L->gpu) {
             ei_device_free(st->gsetup, L->g_dec_mem);
@@ -1008,52 +1019,104 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
     if ((int64_t) ub.n_tokens < st->opts.min_tokens) {
         return EI_SILENT; // by choice (decode, warm-up): llama.cpp's attention, not reported
     }
-    if (ub.n_seqs_unq != 1 || !ub.seq_id_unq) {
-        why = "a ubatch holds several sequences: llama.cpp's attention";
-        return EI_FALLBACK;
-    }
     if (ub.n_pos != 1) {
         why = "several positions per token (M-RoPE): llama.cpp's attention";
         return EI_FALLBACK;
-    }
-    const int64_t p0 = ub.pos[0], n_end = p0 + ub.n_tokens;
-    for (uint32_t i = 1; i < ub.n_tokens; ++i) {
-        if (ub.pos[i] != p0 + (llama_pos) i) {
-            why = "positions of a ubatch are not consecutive: llama.cpp's attention";
-            return EI_FALLBACK;
-        }
     }
     if (!kvc || !kvc->get_kv()) {
         why = "no KV cache: llama.cpp's attention";
         return EI_FALLBACK;
     }
-    const llama_seq_id   seq   = ub.seq_id_unq[0];
-    const llama_kv_cells & cells = kvc->get_kv()->get_cells(seq);
-    const int64_t        n_kv  = std::min<int64_t>(kvc->get_n_kv(), cells.size());
-    if (p0 < 0 || n_end > n_kv) {
-        snprintf(buf, sizeof buf, "positions %lld..%lld lie past the %lld cache cells in view: llama.cpp's attention",
-                 (long long) p0, (long long) n_end - 1, (long long) n_kv);
-        why = buf;
+    const llama_kv_cache * kv = kvc->get_kv();
+    // several sequences: each in a KV stream of its own (--kv-unified off), in equal runs of the
+    // ubatch, their streams consecutive (build_attn_mha's layout): each planned and attended as its own
+    const uint32_t n_sets = ub.seq_id_unq ? std::max<uint32_t>(ub.n_seqs_unq, 1) : 1;
+    if (n_sets > 1 && (kv->get_n_stream() <= 1 || !ub.equal_seqs() || ub.n_seqs != n_sets || ub.n_tokens % n_sets)) {
+        why = kv->get_n_stream() <= 1
+            ? "a ubatch holds several sequences of one KV stream (a unified cache; --no-kv-unified gives each its own): "
+              "llama.cpp's attention"
+            : "a ubatch holds several sequences in unequal runs: llama.cpp's attention";
         return EI_FALLBACK;
     }
-    st->cell_pos.resize((size_t) n_end);
-    for (int64_t j = 0; j < n_end; ++j) {
-        st->cell_pos[j] = cells.is_empty((uint32_t) j) || !cells.seq_has((uint32_t) j, seq) ? -1 : cells.pos_get((uint32_t) j);
-    }
-    if (ei_check_key_positions(st->ctx0, st->cell_pos.data(), n_end) != EI_OK) {
-        why = std::string("KV cells are not in position order for the sequence (-1: empty or another sequence's; ") +
-              ei_last_error() + "): llama.cpp's attention";
-        return EI_FALLBACK;
-    }
-    for (int64_t j = n_end; j < n_kv; ++j) {
-        if (!cells.is_empty((uint32_t) j) && cells.seq_has((uint32_t) j, seq) && cells.pos_get((uint32_t) j) < n_end) {
-            snprintf(buf, sizeof buf, "cache cell %lld holds position %d, seen by this ubatch: llama.cpp's attention",
-                     (long long) j, (int) cells.pos_get((uint32_t) j));
+    const uint32_t per = ub.n_tokens / n_sets;
+    int32_t stream0 = -1;
+    for (uint32_t set = 0; set < n_sets; ++set) {
+        const uint32_t i0 = set * per;
+        if (!ub.seq_id || ub.n_seq_id[i0] != 1) {
+            why = "tokens that belong to several sequences: llama.cpp's attention";
+            return EI_FALLBACK;
+        }
+        const llama_seq_id seq = ub.seq_id[i0][0];
+        const int64_t p0 = ub.pos[i0], n_end = p0 + per;
+        for (uint32_t i = 1; i < per; ++i) {
+            if (ub.pos[i0 + i] != p0 + (llama_pos) i || ub.n_seq_id[i0 + i] != 1 || ub.seq_id[i0 + i][0] != seq) {
+                why = "positions of a ubatch are not consecutive: llama.cpp's attention";
+                return EI_FALLBACK;
+            }
+        }
+        const int32_t stream = (int32_t) kv->get_stream(seq);
+        if (set == 0) {
+            stream0 = stream;
+        } else if (stream != stream0 + (int32_t) set) {
+            why = "the sequences of a ubatch are not in consecutive KV streams: llama.cpp's attention";
+            return EI_FALLBACK;
+        }
+        const llama_kv_cells & cells = kv->get_cells(seq);
+        const int64_t        n_kv  = std::min<int64_t>(kvc->get_n_kv(), cells.size());
+        if (p0 < 0 || n_end > n_kv) {
+            snprintf(buf, sizeof buf, "positions %lld..%lld lie past the %lld cache cells in view: llama.cpp's attention",
+                     (long long) p0, (long long) n_end - 1, (long long) n_kv);
             why = buf;
             return EI_FALLBACK;
         }
+        st->cell_pos.resize((size_t) n_end);
+        for (int64_t j = 0; j < n_end; ++j) {
+            st->cell_pos[j] = cells.is_empty((uint32_t) j) || !cells.seq_has((uint32_t) j, seq) ? -1 : cells.pos_get((uint32_t) j);
+        }
+        if (ei_check_key_positions(st->ctx0, st->cell_pos.data(), n_end) != EI_OK) {
+            why = std::string("KV cells are not in position order for the sequence (-1: empty or another sequence's; ") +
+                  ei_last_error() + "): llama.cpp's attention";
+            return EI_FALLBACK;
+        }
+        for (int64_t j = n_end; j < n_kv; ++j) {
+            if (!cells.is_empty((uint32_t) j) && cells.seq_has((uint32_t) j, seq) && cells.pos_get((uint32_t) j) < n_end) {
+                snprintf(buf, sizeof buf, "cache cell %lld holds position %d, seen by this ubatch: llama.cpp's attention",
+                         (long long) j, (int) cells.pos_get((uint32_t) j));
+                why = buf;
+                return EI_FALLBACK;
+            }
+        }
     }
     return EI_SERVE;
+}
+
+static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream);
+
+// The sequences of a served ubatch (set_input): one slice per KV stream of the K/V views, and
+// the plans of their streams made (main thread, before the graph runs).
+static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv, ei_decision d) {
+    st->slices.clear();
+    const uint32_t n_sets = d == EI_SERVE && ub && ub->seq_id_unq ? std::max<uint32_t>(ub->n_seqs_unq, 1) : 1;
+    const uint32_t n_tok  = ub ? ub->n_tokens : 0, per = n_tok / n_sets;
+    for (uint32_t set = 0; set < n_sets; ++set) {
+        const uint32_t     i0  = set * per;
+        const llama_seq_id seq = ub && ub->seq_id && n_tok ? ub->seq_id[i0][0] : 0;
+        st->slices.push_back({ ub && ub->pos && n_tok ? (int64_t) ub->pos[i0] : 0,
+                               kv && seq >= 0 ? (int32_t) kv->get_stream(seq) : 0, (int32_t) per });
+    }
+    if (d != EI_SERVE) {
+        return;
+    }
+    for (auto & L : st->layers) {
+        if (L->status != 1 || L->plans.empty()) {
+            continue;
+        }
+        for (const auto & sl : st->slices) {
+            if (!ei_layer_plan(st, L.get(), sl.stream)) {
+                L->fail("a plan for the sequence's stream");
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------- decode compression
@@ -1138,13 +1201,13 @@ public:
     llm_graph_input_ei(llama_ei_state * st, ei_decision d) : st(st), decision(d) {}
 
     void set_input(const llama_ubatch * ub) override {
-        st->q_pos    = ub && ub->pos ? ub->pos[0] : 0;
         st->is_final = st->ann_last ? 1 : 0;
         for (auto & L : st->layers) {
             L->failed = 0;
             L->t_plan.reset();
             L->t_attn.reset();
         }
+        ei_set_slices(st, ub, kv, decision);
         if (decision == EI_SERVE && served_layers > 0) {
             st->stats.ubatches_served++;
         }
@@ -1162,10 +1225,11 @@ public:
         return ei_decide(st, params.ubatch, kvc, params.cparams, why) == decision;
     }
 
-    llama_ei_state * st;
-    ei_decision      decision;
-    int              served_layers = 0;
-    int64_t          n_kv          = -1; // cells of the K/V views the graph was built with
+    llama_ei_state *       st;
+    ei_decision            decision;
+    int                    served_layers = 0;
+    int64_t                n_kv          = -1;      // cells of the K/V views the graph was built with
+    const llama_kv_cache * kv            = nullptr; // the cache whose streams the sequences use
 };
 
 static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei_state * st,
@@ -1182,6 +1246,7 @@ static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei
     }
     auto * in = new llm_graph_input_ei(st, d);
     in->n_kv = kvc ? (int64_t) kvc->get_n_kv() : -1;
+    in->kv   = kvc ? kvc->get_kv() : nullptr;
     g.res->add_input(llm_graph_input_ptr(in));
     return in;
 }
@@ -1301,6 +1366,26 @@ static ei_tensor ei_view(const ggml_tensor * t) {
     return v;
 }
 
+// Slice i of n sequences of a served ubatch (one per KV stream, build_attn_mha's layout): the
+// queries [i * n_tokens/n, (i + 1) * n_tokens/n) of q [head_dim, heads, tokens]; stream i of a
+// K/V view [head_dim, kv heads, cells, streams].
+static ei_tensor ei_view_q(const ggml_tensor * q, int i, int n) {
+    ei_tensor v = ei_view(q);
+    v.n_tokens = q->ne[2] / n;
+    v.data     = (const char *) q->data + (size_t) i * (size_t) v.n_tokens * q->nb[2];
+    return v;
+}
+static ei_tensor ei_view_kv(const ggml_tensor * t, int i) {
+    ei_tensor v = ei_view(t);
+    v.data = (const char *) t->data + (size_t) i * t->nb[3];
+    return v;
+}
+// The rows of slice i of n in the attention output [head_dim * heads, tokens] (f32).
+static ei_out_tensor ei_view_out(ggml_tensor * dst, const ei_tensor & q, int i, int n) {
+    const int64_t m = dst->ne[1] / n;
+    return ei_out_tensor_make((char *) dst->data + (size_t) i * (size_t) m * dst->nb[1], EI_F32, m, q.n_heads, q.head_dim);
+}
+
 // The state's context for one attention scale (created on first use; NULL on failure).
 static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
     uint32_t bits;
@@ -1318,6 +1403,43 @@ static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
         it = st->ctxs.emplace(bits, c).first;
     }
     return it->second;
+}
+
+// The plan of one KV stream of a layer (made on first use, for a stream's cells; NULL: reported).
+static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream) {
+    if (stream < 0 || (size_t) stream >= L->plans.size()) {
+        return nullptr;
+    }
+    if (!L->has_plan[(size_t) stream]) {
+        if (ei_plan_alloc(L->ctx, &L->plans[(size_t) stream], L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
+            ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": entropyinfer's dense attention");
+            return nullptr;
+        }
+        L->has_plan[(size_t) stream] = 1;
+        size_t b_plan = 0;
+        if (L->gpu && ei_plan_size(L->ctx, L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED, &b_plan) == EI_OK) {
+            st->stats.gpu_plan_bytes += (int64_t) b_plan;
+        }
+        if (L->gpu) { // its clears ran on the null stream; ggml's streams do not wait for it
+            ei_gpu_time(st, L->ctx);
+        }
+    }
+    return &L->plans[(size_t) stream];
+}
+
+// The plan of a stream, if made (the ops: set_input made the ubatch's).
+static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t stream) {
+    return stream >= 0 && (size_t) stream < L->plans.size() && L->has_plan[(size_t) stream] ? &L->plans[(size_t) stream] : nullptr;
+}
+
+// A layer's plans, one per KV stream of the cache, each for a stream's cells; stream 0's now (the
+// others when a ubatch first serves them).
+static bool ei_layer_plans_init(llama_ei_state * st, ei_layer * L, const llama_kv_cache_context * mctx, int64_t n_cells) {
+    const uint32_t n_stream = std::max<uint32_t>(mctx->get_kv()->get_n_stream(), 1);
+    L->plans.assign(n_stream, ei_plan{});
+    L->has_plan.assign(n_stream, 0);
+    L->plan_tokens = n_cells;
+    return ei_layer_plan(st, L, 0) != nullptr;
 }
 
 // First build of a layer served on the GPU: CUDA contexts (null stream), then the plan, the
@@ -1339,15 +1461,8 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
     const int64_t n_cells = mctx->get_kv()->get_size();
     if (st->opts.mode == EI_MODE_SPARSE) {
         size_t b_prof = 0;
-        if (ei_plan_alloc(L->ctx, &L->plan, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
-            ei_report_once(std::string("plan allocation on the GPU failed: ") + ei_last_error() + ": llama.cpp's attention");
+        if (!ei_layer_plans_init(st, L, mctx, n_cells)) {
             return false;
-        }
-        L->has_plan    = true;
-        L->plan_tokens = n_cells;
-        size_t b_plan  = 0;
-        if (ei_plan_size(L->ctx, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED, &b_plan) == EI_OK) {
-            st->stats.gpu_plan_bytes += (int64_t) b_plan;
         }
         if (ei_profile_workspace_size(L->ctx_plan, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK ||
             !ei_gpu_buf(st, EI_G_PROFILE_WS, b_prof)) {
@@ -1399,12 +1514,8 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
     L->n_head_kv = (int32_t) k->ne[1];
     L->head_dim  = (int32_t) k->ne[0];
     const int64_t n_cells = mctx->get_kv()->get_size();
-    if (st->opts.mode == EI_MODE_SPARSE) {
-        if (ei_plan_alloc(L->ctx, &L->plan, n_cells, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
-            ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": llama.cpp's attention");
-            return false;
-        }
-        L->has_plan = true;
+    if (st->opts.mode == EI_MODE_SPARSE && !ei_layer_plans_init(st, L, mctx, n_cells)) {
+        return false;
     }
     size_t b_prof = 0, b_attn = 0;
     if ((st->opts.mode == EI_MODE_SPARSE &&
@@ -1443,26 +1554,28 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     llama_ei_state * st = L->st;
     L->t_plan.enter();
     const int nw = std::min(nth, (int) st->ws.size());
-    if (ith < nw) {
-        const ei_tensor q = ei_view(dst->src[0]);
-        const ei_tensor k = ei_view(dst->src[1]);
+    const int ns = (int) st->slices.size();
+    for (int i = 0; i < ns && ith < nw; ++i) { // each sequence's plan: every thread its kv heads
+        const ei_tensor q = ei_view_q(dst->src[0], i, ns);
+        const ei_tensor k = ei_view_kv(dst->src[1], i);
         const int32_t   H = L->n_head_kv;
         const int32_t   b = (int32_t) ((int64_t) ith * H / nw), e = (int32_t) ((int64_t) (ith + 1) * H / nw);
-        if (b < e && ei_profile_chunk_heads(L->ctx_plan, &q, &k, &L->plan, st->q_pos, st->is_final, b, e,
-                                            st->ws[ith], st->ws_bytes) != EI_OK) {
+        ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
+        if (b < e && (!P || ei_profile_chunk_heads(L->ctx_plan, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final,
+                                                   b, e, st->ws[ith], st->ws_bytes) != EI_OK)) {
             L->fail("ei_profile_chunk_heads");
         }
     }
-    const int64_t ns = L->t_plan.leave(nth);
-    if (ns >= 0) {
-        L->ns_plan = ns;
+    const int64_t t = L->t_plan.leave(nth);
+    if (t >= 0) {
+        L->ns_plan = t;
     }
 }
 
 // Density of the sparse segments a ubatch of n queries from q_pos holds: kept / causal keys over
 // their queries (keep_count: the plan's, in host memory).
-static void ei_count_density(llama_ei_state * st, const ei_layer * L, const int32_t * keep_count, int64_t q_pos, int64_t n) {
-    const ei_plan & p   = L->plan;
+static void ei_count_density(llama_ei_state * st, const ei_layer * L, const ei_plan & p, const int32_t * keep_count,
+                             int64_t q_pos, int64_t n) {
     const int64_t   seg = p.segment_size;
     const int64_t   a0 = q_pos, a1 = q_pos + n;
     for (int64_t s = a0 / seg; s <= (a1 - 1) / seg; ++s) {
@@ -1483,25 +1596,35 @@ static void ei_count_density(llama_ei_state * st, const ei_layer * L, const int3
 // After planning a ubatch of n queries: use the plan, or on a failure run entropyinfer's dense
 // attention this time and start the plan again (a GPU plan: laid out anew; the next ubatch from
 // position 0 rolls it back in any case).
-static void ei_plan_done(ei_layer * L, int64_t n) {
+static void ei_plan_done(ei_layer * L) {
     llama_ei_state * st = L->st;
     if (L->failed) {
         ei_report_once("layer " + std::to_string(L->il) + ": " + L->error +
                        "; this ubatch runs entropyinfer's dense attention (exact)");
-        if (L->gpu) {
-            ei_plan_free(st->gsetup, &L->plan);
-            L->has_plan = ei_plan_alloc(L->ctx, &L->plan, L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) == EI_OK;
-        } else {
-            ei_plan_reset(&L->plan);
+        for (const auto & sl : st->slices) {
+            ei_plan * P = ei_layer_plan_at(L, sl.stream);
+            if (!P) {
+                continue;
+            }
+            if (L->gpu) {
+                ei_plan_free(st->gsetup, P);
+                L->has_plan[(size_t) sl.stream] = 0;
+                ei_layer_plan(st, L, sl.stream);
+            } else {
+                ei_plan_reset(P);
+            }
         }
         L->use_plan = false;
-    } else if (L->gpu) {
-        L->use_plan   = true; // the counts are on the device: ei_gpu_settle reads them after the ubatch
-        L->stat_q_pos = st->q_pos;
-        L->stat_n     = n;
-    } else {
-        L->use_plan = true;
-        ei_count_density(st, L, L->plan.keep_count, st->q_pos, n);
+        return;
+    }
+    L->use_plan = true;
+    for (const auto & sl : st->slices) {
+        const ei_plan * P = ei_layer_plan_at(L, sl.stream);
+        if (L->gpu) { // the counts are on the device: ei_gpu_settle reads them after the ubatch
+            L->stat_pending.push_back({ (int64_t) sl.stream, sl.q_pos, (int64_t) sl.n });
+        } else if (P) {
+            ei_count_density(st, L, *P, P->keep_count, sl.q_pos, sl.n);
+        }
     }
 }
 
@@ -1513,10 +1636,14 @@ static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
     const int64_t    t0 = ei_now_ns();
-    if (!L->failed && ei_plan_finalize(L->ctx_plan, &L->plan) != EI_OK) {
-        L->fail("ei_plan_finalize");
+    (void) dst;
+    for (const auto & sl : st->slices) {
+        ei_plan * P = ei_layer_plan_at(L, sl.stream);
+        if (!L->failed && (!P || ei_plan_finalize(L->ctx_plan, P) != EI_OK)) {
+            L->fail("ei_plan_finalize");
+        }
     }
-    ei_plan_done(L, dst->src[0]->src[0]->ne[2]);
+    ei_plan_done(L);
     st->stats.ns_plan += L->ns_plan + (ei_now_ns() - t0);
 }
 
@@ -1525,32 +1652,33 @@ static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
     llama_ei_state * st = L->st;
     L->t_attn.enter();
     const int nw = std::min(nth, (int) st->ws.size());
-    if (ith < nw) {
-        const ei_tensor q = ei_view(dst->src[0]);
-        const ei_tensor k = ei_view(dst->src[1]);
-        const ei_tensor v = ei_view(dst->src[2]);
-        ei_out_tensor   o = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
-        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
-        ei_result r = ei_attention_prefill(L->ctx, &q, &k, &v, plan, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+    const int ns = (int) st->slices.size();
+    for (int i = 0; i < ns && ith < nw; ++i) { // each sequence over its own stream, with its plan
+        const auto &    sl = st->slices[(size_t) i];
+        const ei_tensor q  = ei_view_q(dst->src[0], i, ns);
+        const ei_tensor k  = ei_view_kv(dst->src[1], i);
+        const ei_tensor v  = ei_view_kv(dst->src[2], i);
+        ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
+        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
+        ei_result r = ei_attention_prefill(L->ctx, &q, &k, &v, plan, &o, sl.q_pos, ith, nw, st->ws[ith], st->ws_bytes);
         if (r != EI_OK && plan) {
             // argument checks fail alike in every thread: all of them retry without the plan
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
                            "; retrying without the plan (dense)");
-            r = ei_attention_prefill(L->ctx, &q, &k, &v, nullptr, &o, st->q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+            r = ei_attention_prefill(L->ctx, &q, &k, &v, nullptr, &o, sl.q_pos, ith, nw, st->ws[ith], st->ws_bytes);
         }
         if (r != EI_OK) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
                            "; the attention output of this ubatch is NaN");
-            const size_t n = (size_t) ggml_nelements(dst);
-            float * out = (float *) dst->data;
-            for (size_t i = 0; i < n; ++i) {
-                out[i] = NAN;
+            float * out = (float *) o.data;
+            for (size_t j = 0; j < (size_t) (o.n_tokens * o.n_heads * o.head_dim); ++j) {
+                out[j] = NAN;
             }
         }
     }
-    const int64_t ns = L->t_attn.leave(nth);
-    if (ns >= 0) {
-        st->stats.ns_attn += ns;
+    const int64_t t = L->t_attn.leave(nth);
+    if (t >= 0) {
+        st->stats.ns_attn += t;
     }
 }
 
@@ -1618,19 +1746,25 @@ static void ei_cuda_profile(ggml_tensor * dst, void * stream, void * ud) {
     }
     ei_context *    c  = ei_gpu_context(st, L->scale_plan, stream, 1);
     const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
-    const ei_tensor q  = ei_view(dst->src[0]);
-    const ei_tensor k  = ei_view(dst->src[1]);
     const auto &    ws = st->gbuf[EI_G_PROFILE_WS];
-    if (!c || !L->has_plan || ei_profile_chunk(c, &q, &k, &L->plan, st->q_pos, st->is_final, ws.first, ws.second) != EI_OK) {
-        L->fail("ei_profile_chunk (GPU)");
+    const int       ns = (int) st->slices.size();
+    for (int i = 0; i < ns; ++i) { // each sequence's plan (its stream)
+        const ei_tensor q = ei_view_q(dst->src[0], i, ns);
+        const ei_tensor k = ei_view_kv(dst->src[1], i);
+        ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
+        if (!c || !P || ei_profile_chunk(c, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final, ws.first, ws.second) != EI_OK) {
+            L->fail("ei_profile_chunk (GPU)");
+            break;
+        }
     }
     L->ns_plan = st->opts.gpu_timing ? ei_gpu_time(st, c) - t0 : 0;
 }
 
 static void ei_cuda_finalize(ggml_tensor * dst, void * stream, void * ud) {
     ei_layer * L = (ei_layer *) ud;
+    (void) dst;
     ei_gpu_op_begin(L, stream, "ei_finalize");
-    ei_plan_done(L, dst->src[0]->src[0]->ne[2]); // ei_profile_chunk finalised the plan on the GPU
+    ei_plan_done(L); // ei_profile_chunk finalised the plans on the GPU
     L->st->stats.ns_plan += L->ns_plan;
 }
 
@@ -1642,25 +1776,29 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
     }
     ei_context *    c  = ei_gpu_context(st, L->scale, stream, 1);
     const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
-    const ei_tensor q  = ei_view(dst->src[0]);
-    const ei_tensor k  = ei_view(dst->src[1]);
-    const ei_tensor v  = ei_view(dst->src[2]);
-    ei_out_tensor   o  = ei_out_tensor_make(dst->data, EI_F32, q.n_tokens, q.n_heads, q.head_dim);
-    const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? &L->plan : nullptr;
-    const auto & ws = st->gbuf[EI_G_ATTN_WS];
-    ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, st->q_pos, 0, 1, ws.first, ws.second)
-                    : EI_ERR_UNSUPPORTED;
-    if (r != EI_OK && c && plan) {
-        ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
-                       "; retrying without the plan (dense)");
-        r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, st->q_pos, 0, 1, ws.first, ws.second);
-    }
-    if (r != EI_OK) {
-        ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
-                       "; the attention output of this ubatch is NaN");
-        std::vector<float> nan((size_t) ggml_nelements(dst), NAN);
-        if (c) {
-            ei_device_copy(c, dst->data, nan.data(), nan.size() * sizeof(float), EI_COPY_HOST_TO_DEVICE);
+    const auto &    ws = st->gbuf[EI_G_ATTN_WS];
+    const int       ns = (int) st->slices.size();
+    for (int i = 0; i < ns; ++i) { // each sequence over its own stream, with its plan
+        const auto &    sl = st->slices[(size_t) i];
+        const ei_tensor q  = ei_view_q(dst->src[0], i, ns);
+        const ei_tensor k  = ei_view_kv(dst->src[1], i);
+        const ei_tensor v  = ei_view_kv(dst->src[2], i);
+        ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
+        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
+        ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, sl.q_pos, 0, 1, ws.first, ws.second)
+                        : EI_ERR_UNSUPPORTED;
+        if (r != EI_OK && c && plan) {
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
+                           "; retrying without the plan (dense)");
+            r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, sl.q_pos, 0, 1, ws.first, ws.second);
+        }
+        if (r != EI_OK) {
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
+                           "; the attention output of this ubatch is NaN");
+            std::vector<float> nan((size_t) (o.n_tokens * o.n_heads * o.head_dim), NAN);
+            if (c) {
+                ei_device_copy(c, o.data, nan.data(), nan.size() * sizeof(float), EI_COPY_HOST_TO_DEVICE);
+            }
         }
     }
     if (st->opts.gpu_timing) {
@@ -2047,8 +2185,9 @@ ggml_tensor * llama_ei_build_attn(
         ggml_format_name(obs, "ei_observe-%d", il);
         ggml_build_forward_expand(g.gf, obs);
     }
-    if (in->decision == EI_SERVE && k->ne[3] != 1) {
-        ei_report_once("a ubatch spans several KV streams: llama.cpp's attention");
+    const int64_t n_sets = g.ubatch.seq_id_unq ? std::max<int64_t>(g.ubatch.n_seqs_unq, 1) : 1;
+    if (in->decision == EI_SERVE && (k->ne[3] != n_sets || v->ne[3] != n_sets || q->ne[2] % n_sets)) {
+        ei_report_once("the K/V views' streams are not the ubatch's sequences: llama.cpp's attention");
         in->decision = EI_FALLBACK; // the whole graph: later layers see it too
     }
     if (in->decision != EI_SERVE) {
