@@ -49,6 +49,13 @@
               scores within 1e-3, keep sets equal up to near-ties
               (check.h's keep_compare), then ei_kv_compact of K and V caches
               (any dtype and layout) with the CPU's keep set: bit-identical.
+     table    a case of tests/ops_cases.h's table (the one test_ops runs on every
+              path), varied: tokens, layout, dtypes, thread split and data;
+              the reference run on the CPU's scalar path, the other on the GPU
+              (--cpu-twin: the CPU's default path), compared as test_ops
+              compares (ops_compare: check.h's tolerance table); a case the
+              GPU has no kernel for must be refused (EI_ERR_DTYPE /
+              EI_ERR_UNSUPPORTED).
      misuse   in both scenarios, at random: NaN/Inf in a Q or K row that the
               call reads (EI_ERR_NONFINITE) or does not read (EI_OK), a
               workspace one byte short, a row map with -2 or a repeated
@@ -58,6 +65,7 @@
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
+#include "ops_cases.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -86,11 +94,12 @@ static float fz_normal(fz_rng *r) {
 static int g_verbose = 0;
 static int g_twin = 0;
 static int64_t g_max_n = 1 << 30; /* --max-n: tokens / cache rows at most (sanitizer runs) */     /* --cpu-twin: the second backend is the CPU on another SIMD path (no GPU needed) */
-static long g_counts[9];   /* scenarios run, by kind */
-enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK };
-static const char *const g_count_names[9] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
-                                             "non-finite cases", "misuse cases", "knife-edges", "attention calls",
-                                             "chunked plans"};
+#define K_KINDS 10
+static long g_counts[K_KINDS];   /* scenarios run, by kind */
+enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE };
+static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
+                                                   "non-finite cases", "misuse cases", "knife-edges", "attention calls",
+                                                   "chunked plans", "table cases"};
 static char g_desc[512];   /* the iteration's draw, printed when it fails */
 #define DESC(...) do { size_t l_ = strlen(g_desc); snprintf(g_desc + l_, sizeof g_desc - l_, __VA_ARGS__); } while (0)
 
@@ -1127,6 +1136,51 @@ static void decode_run(fz_rng *r) {
     pair_free(&D.P);
 }
 
+/* ============================================================ table */
+/* A case of the operations' table (tests/ops_cases.h), varied, on the
+   CPU's scalar path (the reference) and the GPU (or, --cpu-twin, the CPU's
+   default path). */
+static void table_run(fz_rng *r) {
+    ops_case cs = ops_cases[fz_int(r, 0, OPS_CASES - 1)];
+    ops_data D;
+    ops_result res[2];
+    side s[2];
+    ei_config c;
+    char name[256];
+    int side_i;
+    double scale = 0.3 + fz_unit(r);
+    cs.n = (int32_t)EI__MAX(100.0, EI__MIN((double)g_max_n, cs.n * scale));
+    if (fz_chance(r, 0.5)) cs.layout = fz_int(r, 0, LAY_COUNT - 1);
+    if (fz_chance(r, 0.3)) cs.kv = draw_dtype(r);
+    if (fz_chance(r, 0.3)) cs.q = fz_chance(r, 0.5) ? EI_F32 : cs.kv;
+    if (fz_chance(r, 0.3)) cs.out = draw_dtype(r);
+    cs.nth = fz_int(r, 1, 4);
+    ops_case_name(&cs, name, sizeof name);
+    DESC("table %s", name);
+    g_counts[K_TABLE]++;
+    ops_data_make(&D, &cs, fz_next(r));
+    for (side_i = 0; side_i < 2; ++side_i) {
+        c = D.c;
+        c.simd = side_i ? EI_SIMD_AUTO : EI_SIMD_SCALAR;
+        s[side_i] = side_make(side_i && !g_twin, c);
+        ops_run(&D, &s[side_i], &res[side_i]);
+    }
+    CHECK(res[0].r == EI_OK, "table %s: the reference: %s (%s)", name, ei_result_name(res[0].r), ei_last_error());
+    if (g_twin || ops_gpu_runs(&cs))
+        g_counts[K_KNIFE] += ops_compare(g_twin ? "table, cpu twin" : "table, gpu", &D, &res[0], &res[1], !g_twin,
+                                         ei_context_simd(s[1].ctx));
+    else {
+        CHECK(res[1].r == EI_ERR_DTYPE || res[1].r == EI_ERR_UNSUPPORTED, "table %s: a case the GPU has no kernel for: %s",
+              name, ei_result_name(res[1].r));
+        g_counts[K_GPU_UNSUPPORTED]++;
+    }
+    for (side_i = 0; side_i < 2; ++side_i) {
+        ops_result_free(&res[side_i]);
+        side_free(&s[side_i]);
+    }
+    ops_data_free(&D);
+}
+
 /* ============================================================ main */
 static double now_s(void) {
     struct timespec ts;
@@ -1176,7 +1230,8 @@ int main(int argc, char **argv) {
         r.s = seed * 0x9E3779B97F4A7C15ull ^ ((unsigned long long)it * 0xD1B54A32D192ED03ull);
         (void)fz_next(&r);
         g_desc[0] = 0;
-        if (fz_chance(&r, 0.6)) prefill_run(&r);
+        if (fz_chance(&r, 0.2)) table_run(&r);
+        else if (fz_chance(&r, 0.6)) prefill_run(&r);
         else decode_run(&r);
         done++;
         if (g_verbose) printf("  iteration %ld: %s\n", it, g_desc);
@@ -1185,7 +1240,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     printf("counts:");
-    for (i = 0; i < 9; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < 8 ? "," : "\n");
+    for (i = 0; i < K_KINDS; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < K_KINDS - 1 ? "," : "\n");
     printf("fuzz_backends: %ld iterations, %d checks, %d failed, seed %llu (%.1f s)\n", done, checks, failures, seed,
            now_s() - t0);
     return failures ? 1 : 0;
