@@ -1070,7 +1070,7 @@ CHECK_FN int keep_compare(const char *what, const keep_host *a, const keep_host 
             if (x < a->n_kept && y < b->n_kept && sa[x] == sb[y]) { x++; y++; continue; }
             p = (y >= b->n_kept || (x < a->n_kept && sa[x] < sb[y])) ? sa[x++] : sb[y++];
             at = (int32_t *)bsearch(&p, held, (size_t)np, sizeof *held, keep_int32_cmp);
-            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= 1e-3 * thr + 1e-9)) {
+            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= test_tols[TOL_DECODE_SCORE].tie * thr + 1e-9)) {
                 if (bad_set++ < 3)
                     printf("  %s head %d: position %d kept by one backend only (cpu pooled %g, threshold %g)\n", what, h,
                            (int)p, at && at - held < L ? (double)pa[at - held] : -1.0, thr);
@@ -1078,7 +1078,7 @@ CHECK_FN int keep_compare(const char *what, const keep_host *a, const keep_host 
                 ties++;
         }
         for (j = 0; j < L && j < a->pcap; ++j)
-            if (!close_to(pb[j], pa[j], 1e-9, 1e-3) && bad_pool++ < 3)
+            if (!close_to(pb[j], pa[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) && bad_pool++ < 3)
                 printf("  %s head %d pooled[%lld]: cpu %g gpu %g\n", what, h, (long long)j, (double)pa[j], (double)pb[j]);
     }
     CHECK(bad_set == 0, "%s: %d kept positions differ beyond near-ties", what, bad_set);

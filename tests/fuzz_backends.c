@@ -387,7 +387,7 @@ static void plans_check(fz_prefill *F) {
         }
         for (s = 0; s < a->n_segments; ++s) {
             int side_i;
-            if (!close_to(Hb[s], Ha[s], 1e-5, 1e-3) && ent++ < 3)
+            if (!close_to(Hb[s], Ha[s], test_tols[TOL_ENTROPY].abs, test_tols[TOL_ENTROPY].rel) && ent++ < 3)
                 printf("  kv %d seg %d: entropy cpu %.9g gpu %.9g\n", kvh, s, (double)Ha[s], (double)Hb[s]);
             for (side_i = 0; side_i < 2; ++side_i) {
                 const ei_plan *p = side_i ? b : a;
@@ -395,14 +395,15 @@ static void plans_check(fz_prefill *F) {
                 double B = ref_budget(c, p->entropy + EI_PLAN_ROW(p, kvh, 0), s, p->head_class[kvh] == EI_HEAD_RIGID);
                 if (F->chunked) {
                     const ei_plan *o = side_i ? a : b;
-                    if (!close_to(p->budget[row], o->budget[EI_PLAN_ROW(o, kvh, s)], 1e-2, 1e-5) && bud++ < 3)
+                    if (!close_to(p->budget[row], o->budget[EI_PLAN_ROW(o, kvh, s)], test_tols[TOL_BUDGET].abs,
+                                  test_tols[TOL_BUDGET].rel) && bud++ < 3)
                         printf("  kv %d seg %d: chunked budget cpu %.6g gpu %.6g\n", kvh, s,
                                (double)a->budget[EI_PLAN_ROW(a, kvh, s)], (double)b->budget[EI_PLAN_ROW(b, kvh, s)]);
                     continue;
                 }
                 int64_t nvis = EI__MIN((int64_t)s * bps, (int64_t)p->n_blocks), ns, l0;
                 int64_t nf = ei__forced_blocks(c, nvis, &ns, &l0), cap = ei__cap_blocks(c, s, p->n_tokens, p->n_blocks);
-                if (!close_to(p->budget[row], B, 1e-2, 1e-5) && bud++ < 3)
+                if (!close_to(p->budget[row], B, test_tols[TOL_BUDGET].abs, test_tols[TOL_BUDGET].rel) && bud++ < 3)
                     printf("  %s kv %d seg %d: budget %.6g, its entropies give %.6g\n", side_i ? "gpu" : "cpu", kvh, s,
                            (double)p->budget[row], B);
                 if (c->top_p == 0.0 && s > 0 && p->keep_blocks[row] != ei__keep_count(c, s, B, -1, nf, cap, p->max_keep) &&
@@ -430,7 +431,7 @@ static void plans_check(fz_prefill *F) {
             if (seg_free[s] && (a->keep_count[ra] != b->keep_count[rb] || a->keep_blocks[ra] != b->keep_blocks[rb]))
                 continue; /* the budgets drifted apart (checked above): these counts may differ */
             /* the sampled mass agrees across paths within 1e-3 (ACCURACY ACROSS PATHS) */
-            tie = row_scores(F, a, kvh, s, sc) ? 2e-3 + qround : 1e-4;
+            tie = row_scores(F, a, kvh, s, sc) ? test_tols[TOL_RANK_SAMPLED].tie + qround : test_tols[TOL_RANK_REFERENCE].tie;
             bad += plan_row_compare("plan row", c, a, b, kvh, s, sc, tie, &knife, &shown);
         }
     CHECK(bad == 0, "%d plan rows differ beyond near-ties", bad);
@@ -547,27 +548,20 @@ static void attention_case(fz_rng *r, fz_prefill *F) {
             unsigned char *b0 = (unsigned char *)mem_down(&F->P.s[0], o.mem[0], view_bytes(&o));
             unsigned char *b1 = (unsigned char *)mem_down(&F->P.s[1], o.mem[1], view_bytes(&o));
             /* an f32 q over 16-bit k is rounded to k's type on the GPU: its logit error on top */
-            double e2 = 0, r2 = 0, mx = 0, vmax = 0, tol = (o.dt == EI_BF16 ? 2e-2 : 1e-2) + q_round_bound(F);
-            int64_t t, nan = 0;
+            double vmax = 0, tol = test_tols[o.dt == EI_BF16 ? TOL_ATTN_GPU_BF16OUT : TOL_ATTN_GPU].rel_l2 + q_round_bound(F);
+            l2_acc err = l2_zero();
+            int64_t t;
             int32_t h, e;
             for (t = 0; t < F->n; ++t)
                 for (h = 0; h < F->KV; ++h)
                     for (e = 0; e < F->d; ++e) vmax = fmax(vmax, fabs(view_get(&F->v, F->v.host, t, h, e)));
             for (t = 0; t < m; ++t)
                 for (h = 0; h < F->H; ++h)
-                    for (e = 0; e < F->d; ++e) {
-                        double x = view_get(&o, b0, t, h, e), y = view_get(&o, b1, t, h, e);
-                        if (!(x == x) || !(y == y)) { nan++; continue; }
-                        e2 += (x - y) * (x - y);
-                        r2 += x * x;
-                        mx = fmax(mx, fabs(x - y));
-                    }
-            CHECK(nan == 0 && sqrt(e2 / (r2 > 0 ? r2 : 1)) < tol && mx <= 5 * tol * (vmax > 0 ? vmax : 1),
-                  "attention gpu vs cpu: %lld NaN, rel L2 %.3g, max abs %.3g (max |v| %.3g)", (long long)nan,
-                  sqrt(e2 / (r2 > 0 ? r2 : 1)), mx, vmax);
+                    for (e = 0; e < F->d; ++e) l2_add(&err, view_get(&o, b1, t, h, e), view_get(&o, b0, t, h, e));
+            check_l2("attention gpu vs cpu", &err, tol, 5 * tol * (vmax > 0 ? vmax : 1));
             CHECK(view_padding_intact(&o, b0) && view_padding_intact(&o, b1), "attention wrote outside the output's elements "
                   "(cpu %d, gpu %d)", view_padding_intact(&o, b0), view_padding_intact(&o, b1));
-            if (g_verbose) printf("    attention: rel L2 %.2e max abs %.2e\n", sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
+            if (g_verbose) printf("    attention: rel L2 %.2e max abs %.2e\n", l2_rel(&err), err.mx);
             free(b0);
             free(b1);
         }
@@ -872,7 +866,8 @@ static void scores_check(const char *what, const float *a, const float *b, size_
     size_t j;
     int bad = 0;
     for (j = 0; j < count; ++j)
-        if (!close_to(b[j], a[j], 1e-9, 1e-3) || ((a[j] == 0.0f) != (b[j] == 0.0f) && fabs(a[j] - b[j]) > 1e-12))
+        if (!close_to(b[j], a[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) ||
+            ((a[j] == 0.0f) != (b[j] == 0.0f) && fabs(a[j] - b[j]) > 1e-12))
             if (bad++ < 3) printf("  %s[%zu]: cpu %g gpu %g\n", what, j, (double)a[j], (double)b[j]);
     CHECK(bad == 0, "%s: %d scores differ", what, bad);
 }

@@ -1030,7 +1030,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     ei_out_tensor to;
     gpu_plan gp;
     int64_t nq_tok = n - q_offset, t;
-    double err2 = 0, ref2 = 0, maxerr = 0;
+    l2_acc err;
     int h, d, unwritten = 0, shape;
     size_t oes = out_dt == EI_F32 ? 4 : 2;
     c.segment_size = seg; c.block_size = bs; c.base_budget = base; c.threshold_len = threshold;
@@ -1072,25 +1072,24 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         unwritten = 0;
         for (i = 0; i < nout; i++)
             if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) unwritten++;
-        err2 = 0; ref2 = 0; maxerr = 0;
+        err = l2_zero();
         for (t = q_offset; t < n; t += stride_t)
             for (h = 0; h < nh; h++)
                 for (d = 0; d < D; d++) {
                     size_t at = ((size_t)(t - q_offset) * nh + h) * D + d;
-                    double e = (double)got[at] - ref[at];
-                    err2 += e * e;
-                    ref2 += (double)ref[at] * ref[at];
-                    if (fabs(e) > maxerr) maxerr = fabs(e);
+                    l2_add(&err, got[at], ref[at]);
                 }
         {
-            double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
+            const test_tol *tl = &test_tols[TOL_ATTN_GPU];
             const char *dn = dt == EI_BF16 ? "bf16" : "f16", *on = out_dt == EI_F32 ? "f32" : out_dt == EI_BF16 ? "bf16" : "f16";
+            char who[160];
             CHECK(unwritten == 0, "attention: %d outputs unwritten or non-finite", unwritten);
-            CHECK(rel < 1e-2 && maxerr < 5e-2, "attention n=%lld %d/%d d=%d %s cta %s: rel err %.3g max %.3g",
-                  (long long)n, nh, nkv, D, use_plan ? "sparse" : "dense", shapes[shape], rel, maxerr);
+            snprintf(who, sizeof who, "attention n=%lld %d/%d d=%d %s cta %s", (long long)n, nh, nkv, D,
+                     use_plan ? "sparse" : "dense", shapes[shape]);
+            check_l2(who, &err, tl->rel_l2, tl->max_abs);
             printf("  attention n=%-5lld %2d/%d heads d=%-3d %-4s->%-4s %-6s off=%-4lld cta %s: rel L2 err %.2e max abs %.2e %s\n",
-                   (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, shapes[shape], rel,
-                   maxerr, unwritten == 0 && rel < 1e-2 && maxerr < 5e-2 ? "ok" : "FAILED");
+                   (long long)n, nh, nkv, D, dn, on, use_plan ? "sparse" : "dense", (long long)q_offset, shapes[shape],
+                   l2_rel(&err), err.mx, unwritten == 0 && l2_within(&err, tl->rel_l2, tl->max_abs) ? "ok" : "FAILED");
         }
     }
     unsetenv("EI_CUDA_ATTN_CFG");
@@ -1146,16 +1145,10 @@ static void *host_as(const float *x, size_t count, ei_dtype dt) {
     return h;
 }
 static void rel_err(const float *got, const float *ref, size_t count, double *rel, double *maxabs, int *bad) {
-    double e2 = 0, r2 = 0;
-    size_t i;
-    *maxabs = 0; *bad = 0;
-    for (i = 0; i < count; i++) {
-        double e = (double)got[i] - ref[i];
-        if (!(got[i] == got[i]) || fabsf(got[i]) > 1e30f) (*bad)++;
-        e2 += e * e; r2 += (double)ref[i] * ref[i];
-        if (fabs(e) > *maxabs) *maxabs = fabs(e);
-    }
-    *rel = sqrt(e2 / (r2 > 0 ? r2 : 1));
+    l2_acc err = l2_of_f32(got, ref, count);
+    *rel = l2_rel(&err);
+    *maxabs = err.mx;
+    *bad = (int)err.bad;
 }
 /* plan rows of a (GPU, host copy) against b (CPU): returns rows that differ
    (class, counts, or a ranking that is not a valid top-k of b's scores when
@@ -1169,7 +1162,7 @@ static int plan_diff(const ei_config *c, const ei_plan *a, const ei_plan *b, int
         for (s = 0; s < b->n_segments; s++) {
             size_t row = (size_t)h * b->seg_capacity + s;
             int kc = b->keep_count[row], lim = s * (c->segment_size / c->block_size);
-            if (!close_enough(a->entropy[row], b->entropy[row], 1e-6, 1e-3)) (*bad_ent)++;
+            if (!close_enough(a->entropy[row], b->entropy[row], test_tols[TOL_ENTROPY].abs, test_tols[TOL_ENTROPY].rel)) (*bad_ent)++;
             if (kc != a->keep_count[row] || a->keep_blocks[row] != b->keep_blocks[row]) { diff++; continue; }
             if (s == 0) continue;
             (*total)++;
@@ -1189,7 +1182,8 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
     float *got = (float *)malloc(nq * 4), *got16 = (float *)malloc(nq * 4), *ref = (float *)malloc(nq * 4);
     void *hk, *hv, *dq, *dq16, *dk, *dv, *dout, *cws;
     const char *kn = kdt == EI_BF16 ? "bf16" : "f16";
-    double tol_rel = kdt == EI_BF16 ? 1e-2 : 2.5e-3, tol_max = kdt == EI_BF16 ? 5e-2 : 1.25e-2, rel, mx;
+    double tol_rel = test_tols[kdt == EI_BF16 ? TOL_ATTN_GPU : TOL_ATTN_GPU_F16].rel_l2, rel, mx;
+    double tol_max = test_tols[kdt == EI_BF16 ? TOL_ATTN_GPU : TOL_ATTN_GPU_F16].max_abs;
     ei_config c = base_config();
     ei_context *g, *cpu;
     ei_tensor tq, tq16, tk, tv, hq, htk, htv;
