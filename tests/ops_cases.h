@@ -48,9 +48,9 @@ enum { LAY_CONTIG, LAY_STRIDED, LAY_HEAD_MAJOR, LAY_PADDED, LAY_COUNT };
 static const char *const ops_layout_names[LAY_COUNT] CHECK_UNUSED = {"contig", "strided", "head-major", "padded"};
 
 /* Configurations. */
-enum { CFG_SMALL, CFG_SAMPLED, CFG_PSEG, CFG_INTERLEAVED, CFG_DECODE, CFG_DECODE_MAX, CFG_DECODE_PERQ, CFG_COUNT };
-static const char *const ops_cfg_names[CFG_COUNT] CHECK_UNUSED = {"small", "sampled", "per-seg", "seg64", "decode",
-                                                                  "dec-max", "dec-perq"};
+enum { CFG_SMALL, CFG_SAMPLED, CFG_PSEG, CFG_INTERLEAVED, CFG_WIDE, CFG_DECODE, CFG_DECODE_MAX, CFG_DECODE_PERQ, CFG_COUNT };
+static const char *const ops_cfg_names[CFG_COUNT] CHECK_UNUSED = {"small", "sampled", "per-seg", "seg64", "seg512",
+                                                                  "decode", "dec-max", "dec-perq"};
 
 /* Protocols: calls in thousandths of the case's tokens, (start, end, final);
    end -1: a call without queries; start -1 ends the list. Chunked plans
@@ -86,6 +86,12 @@ static const ops_case ops_cases[] CHECK_UNUSED = {
     {OP_PROFILE,            900,  8,  1,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_SAMPLED,     1},
     {OP_PROFILE,            512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 1},
     {OP_PROFILE,            777,  12, 4,  33,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_PSEG,        1},
+    /* the shapes of test_cuda's former random_plans (bf16, contiguous; sizes where GPUs plan) */
+    {OP_PROFILE,            3000, 8,  2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
+    {OP_PROFILE,            5000, 4,  4,  128, BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
+    {OP_PROFILE,            1777, 6,  3,  32,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_SMALL,       1},
+    {OP_PROFILE,            9000, 8,  1,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
+    {OP_PROFILE,            700,  14, 2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_INTERLEAVED, 1},
     {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_SMALL,       1},
     {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  BF16, BF16, F32,  LAY_PADDED,     2, CFG_SMALL,       1},
     {OP_PROFILE_CHUNKED,    1000, 4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     3, CFG_SAMPLED,     2},
@@ -158,6 +164,11 @@ CHECK_FN ei_config ops_config(int cfg) {
         c.segment_size = 64;
         c.threshold_len = 128;
         c.base_budget = 64;
+    }
+    if (cfg == CFG_WIDE) { /* the paper's segment, a base budget of a segment */
+        c.segment_size = 512;
+        c.threshold_len = 1024;
+        c.base_budget = 512;
     }
     if (cfg >= CFG_DECODE) {
         c.window = 16;
