@@ -9,7 +9,7 @@
 
      test_ops                 every case, every path; CUDA when present ("CUDA: skipped" otherwise)
      test_ops --require-gpu   a missing GPU is a failure (make test-cuda)
-     test_ops --quick         every case at most 320 tokens (memcheck)
+     test_ops --quick         every case at most 256 tokens (sanitizers, memcheck)
      test_ops --perf          also each case's time per path (best of 3 runs), in ms
      test_ops --case I        case I of the table only (--list: the table)
 
@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
         int f0 = failures, reps = perf ? 3 : 1, rep;
         double best[3] = {0, 0, 0};
         if (only >= 0 && ci != only) continue;
-        if (quick && cs.n > 320) cs.n = 320;
+        if (quick && cs.n > 256) cs.n = 256;
         ops_case_name(&cs, name, sizeof name);
         ops_data_make(&D, &cs, 0);
         cases_run++;
