@@ -574,123 +574,10 @@ static void gen_qk(float *q, float *k, int64_t n, int nh, int nkv, int D, float 
             }
 }
 
-/* (The random plans of bf16 prompts of 700-9000 tokens, GPU against CPU,
-   are cases of tests/ops_cases.h's table: test_ops --require-gpu.) */
-
-static void random_decode(int quick) {
-    struct { int64_t n; int nh, nkv, D, budget, W, per_kv; ei_reduce red; ei_pool pool; int kern; } cases[] = {
-        {3000, 8, 2, 128, 512, 32, 1, EI_REDUCE_MEAN, EI_POOL_AVG, 5},
-        {2500, 8, 4, 64, 300, 16, 1, EI_REDUCE_MAX, EI_POOL_MAX, 7},
-        {1200, 4, 2, 64, 256, 32, 0, EI_REDUCE_MEAN, EI_POOL_NONE, 1},
-        {100, 4, 2, 64, 128, 32, 1, EI_REDUCE_MEAN, EI_POOL_AVG, 5},
-    };
-    int ci, ncase = quick ? 2 : (int)(sizeof cases / sizeof cases[0]);
-    for (ci = 0; ci < ncase; ci++) {
-        int64_t n = cases[ci].n, L, j;
-        int nh = cases[ci].nh, nkv = cases[ci].nkv, D = cases[ci].D, W = cases[ci].W, B = cases[ci].budget, h, bad = 0;
-        int heads_out = cases[ci].per_kv ? nkv : nh;
-        float *k = (float *)malloc((size_t)n * nkv * D * 4), *obs = (float *)malloc((size_t)W * nh * D * 4);
-        float *qall = (float *)malloc((size_t)n * nh * D * 4);
-        ei_config c = base_config();
-        ei_context *g, *cpu;
-        dev_keep dk;
-        void *dkey, *ring, *ws;
-        ei_decoder dec;
-        ei_keep_set ks;
-        size_t bytes, wsb;
-        int32_t *gi, *ci_idx;
-        float *gpool, *cpool;
-        char why[256];
-        c.decode_budget = B; c.window = W; c.decode_gap = W < 16 ? W : 16; c.per_kv_head = cases[ci].per_kv;
-        c.gqa_reduce = cases[ci].red; c.pool = cases[ci].pool; c.pool_kernel = cases[ci].kern;
-        gen_qk(qall, k, n, nh, nkv, D, 0.f);
-        memcpy(obs, qall + (size_t)(n - W) * nh * D, (size_t)W * nh * D * 4);
-        round_to(k, (size_t)n * nkv * D, EI_BF16); round_to(obs, (size_t)W * nh * D, EI_BF16);
-        g = make_ctx(&c, EI_BACKEND_CUDA);
-        cpu = make_ctx(&c, EI_BACKEND_CPU);
-        run_decode_gpu(g, &c, k, obs, n, nh, nkv, D, EI_BF16, &dk, &dkey);
-        /* CPU */
-        CHECK_OK(ei_decoder_size(cpu, nh, D, &bytes));
-        ring = malloc(bytes);
-        CHECK_OK(ei_decoder_init(cpu, &dec, nh, nkv, D, ring, bytes));
-        {
-            ei_tensor tq = ei_tensor_make(obs, EI_F32, W, nh, D), tk = ei_tensor_make(k, EI_F32, n, nkv, D);
-            L = n - W;
-            memset(&ks, 0, sizeof ks);
-            ks.heads_out = heads_out; ks.capacity = B;
-            ks.index = (int32_t *)malloc((size_t)heads_out * B * 4);
-            ks.pooled = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
-            ks.pooled_capacity = L > 0 ? L : 1;
-            CHECK_OK(ei_decode_observe(cpu, &dec, &tq, n - W, 0));
-            CHECK_OK(ei_decode_workspace_size(cpu, n, nh, nkv, &wsb));
-            ws = malloc(wsb);
-            CHECK_OK(ei_decode_keep(cpu, &dec, &tk, &ks, ws, wsb));
-        }
-        CHECK(ks.n_kept == dk.ks.n_kept && ks.compressed == dk.ks.compressed, "random decode %d: kept %d/%d", ci,
-              dk.ks.n_kept, ks.n_kept);
-        gi = (int32_t *)malloc((size_t)heads_out * B * 4);
-        gpool = (float *)malloc((size_t)heads_out * (L > 0 ? L : 1) * 4);
-        dev_get(gi, dk.idx, (size_t)heads_out * B * 4);
-        if (ks.compressed) dev_get(gpool, dk.pooled, (size_t)heads_out * L * 4);
-        ci_idx = ks.index;
-        cpool = ks.pooled;
-        for (h = 0; h < heads_out; h++) {
-            int kept = ks.n_kept;
-            if (!ks.compressed) {
-                if (memcmp(gi + (size_t)h * B, ci_idx + (size_t)h * B, (size_t)kept * 4)) bad++;
-                continue;
-            }
-            for (j = 0; j < L; j++)
-                if (!close_enough(gpool[h * L + j], cpool[h * L + j], 1e-8, 1e-3)) { bad++; break; }
-            if (memcmp(gi + (size_t)h * B, ci_idx + (size_t)h * B, (size_t)kept * 4) &&
-                !check_set(gi + (size_t)h * B, B - W, cpool + h * L, (int)L, 1e-5, 1e-3, why, sizeof why)) {
-                if (bad++ < 3) printf("  random decode %d h%d: %s\n", ci, h, why);
-            }
-        }
-        CHECK(bad == 0, "random decode %d: %d heads differ from the CPU", ci, bad);
-        printf("  random decode n=%lld %d/%d heads budget %d window %d: gpu vs cpu %s\n", (long long)n, nh, nkv, B, W,
-               bad ? "FAILED" : "ok");
-        /* compaction on a head-major cache [heads_out][n][D] bf16 */
-        if (ks.compressed) {
-            size_t cnt = (size_t)heads_out * n * D;
-            float *kv = (float *)malloc(cnt * 4);
-            uint16_t *back = (uint16_t *)malloc(cnt * 2), *orig = (uint16_t *)malloc(cnt * 2);
-            void *dkc, *dvc;
-            ei_out_tensor ok, ov;
-            int64_t i;
-            int d, badc = 0;
-            for (i = 0; i < (int64_t)cnt; i++) kv[i] = nrand();
-            dkc = dev_upload(kv, cnt, EI_BF16);
-            for (i = 0; i < (int64_t)cnt; i++) kv[i] = -kv[i];
-            dvc = dev_upload(kv, cnt, EI_BF16);
-            dev_get(orig, dkc, cnt * 2);
-            ok = ei_out_tensor_make(dkc, EI_BF16, n, heads_out, D);
-            ok.token_stride = D; ok.head_stride = (int64_t)n * D;
-            ov = ok; ov.data = dvc;
-            CHECK_OK(ei_kv_compact(g, &dk.ks, &ok, &ov));
-            dev_get(back, dkc, cnt * 2);
-            for (h = 0; h < heads_out; h++)
-                for (i = 0; i < dk.ks.n_kept; i++)
-                    for (d = 0; d < D; d++)
-                        if (back[((size_t)h * n + i) * D + d] != orig[((size_t)h * n + gi[(size_t)h * B + i]) * D + d]) badc++;
-            dev_get(back, dvc, cnt * 2);
-            for (h = 0; h < heads_out; h++)
-                for (i = 0; i < dk.ks.n_kept; i++)
-                    for (d = 0; d < D; d++)
-                        if (bf2f(back[((size_t)h * n + i) * D + d]) !=
-                            -bf2f(orig[((size_t)h * n + gi[(size_t)h * B + i]) * D + d])) badc++;
-            CHECK(badc == 0, "compaction: %d elements differ", badc);
-            printf("  kv compaction %d heads x %d kept: %s\n", heads_out, dk.ks.n_kept, badc ? "FAILED" : "exact");
-            dev_free(dkc); dev_free(dvc);
-            free(kv); free(back); free(orig);
-        }
-        dev_keep_free(&dk);
-        dev_free(dkey);
-        free(ks.index); free(ks.pooled); free(ws); free(ring); free(gi); free(gpool);
-        ei_context_destroy(g); ei_context_destroy(cpu);
-        free(k); free(obs); free(qall);
-    }
-}
+/* (The random plans of bf16 prompts of 700-9000 tokens and the random
+   decode keep sets over bf16 caches of 100-3000 rows, GPU against CPU, are
+   cases of tests/ops_cases.h's table: test_ops --require-gpu; compaction
+   there too.) */
 
 /* ------------------------------------------------------------ decode policies */
 /* Every decode policy (CONCEPTS: decode policy) and a ratio budget on the
@@ -2228,8 +2115,6 @@ int main(int argc, char **argv) {
         for (j = 0; j < nlist; j++) free(list[j]);
         free(list);
     }
-    printf("random decode + compaction, GPU vs CPU:\n");
-    random_decode(quick);
     printf("decode policies and ratio budgets, GPU vs CPU:\n");
     decode_policies_gpu(quick);
     printf("attention vs f64-accumulated reference (bf16/f16 inputs):\n");

@@ -11,6 +11,7 @@
      test_ops --require-gpu   a missing GPU is a failure (make test-cuda)
      test_ops --quick         every case at most 256 tokens (sanitizers, memcheck)
      test_ops --perf          also each case's time per path (best of 3 runs), in ms
+     test_ops --scale F       every case at F times its tokens (with --perf: timings at larger sizes)
      test_ops --case I        case I of the table only (--list: the table)
 
    EI_TEST_SIMD=<path> limits the paths compared (the scalar reference always
@@ -26,16 +27,20 @@
 
 int main(int argc, char **argv) {
     int quick = 0, perf = 0, require_gpu = 0, only = -1, have_gpu, i, p, ci, runs[TEST_SIMD_END + 1], knife = 0;
-    int gpu_runs = 0, gpu_refused = 0, cases_run = 0;
+    int gpu_runs = 0, gpu_refused = 0, cases_run = 0, op_checks[OP_COUNT], op_cases[OP_COUNT];
+    double scale = 1.0;
     double t_start = ops_now();
     ei_config probe_cfg = ei_config_default();
     ei_context *probe = NULL;
     memset(runs, 0, sizeof runs);
+    memset(op_checks, 0, sizeof op_checks);
+    memset(op_cases, 0, sizeof op_cases);
     for (i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--require-gpu")) require_gpu = 1;
         else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--scale") && i + 1 < argc) scale = atof(argv[++i]);
         else if (!strcmp(argv[i], "--list")) {
             char name[256];
             for (ci = 0; ci < OPS_CASES; ++ci) {
@@ -44,7 +49,7 @@ int main(int argc, char **argv) {
             }
             return 0;
         } else {
-            printf("usage: %s [--quick] [--perf] [--require-gpu] [--case I] [--list]\n", argv[0]);
+            printf("usage: %s [--quick] [--perf] [--scale F] [--require-gpu] [--case I] [--list]\n", argv[0]);
             return 2;
         }
     }
@@ -67,9 +72,10 @@ int main(int argc, char **argv) {
         ops_result ref;
         char name[256], who[320];
         side s;
-        int f0 = failures, reps = perf ? 3 : 1, rep;
+        int f0 = failures, c0 = checks, reps = perf ? 3 : 1, rep;
         double best[3] = {0, 0, 0};
         if (only >= 0 && ci != only) continue;
+        if (scale > 0 && scale != 1.0) cs.n = (int32_t)(cs.n * scale) > 100 ? (int32_t)(cs.n * scale) : 100;
         if (quick && cs.n > 256) cs.n = 256;
         ops_case_name(&cs, name, sizeof name);
         ops_data_make(&D, &cs, 0);
@@ -130,11 +136,16 @@ int main(int argc, char **argv) {
         if (perf)
             printf("%-70.70s %10.3f %10.3f %10.3f\n", name, 1e3 * best[0], 1e3 * best[1], have_gpu ? 1e3 * best[2] : 0.0);
         if (failures != f0) printf("FAILED case %d: %s (replay: --case %d)\n", ci, name, ci);
+        op_checks[cs.op] += checks - c0;
+        op_cases[cs.op]++;
         ops_result_free(&ref);
         ops_data_free(&D);
         fflush(stdout);
     }
-    printf("runs:");
+    printf("checks by operation:");
+    for (i = 0; i < OP_COUNT; ++i)
+        if (op_cases[i]) printf(" %s %d (%d cases)%s", ops_op_names[i], op_checks[i], op_cases[i], i < OP_COUNT - 1 ? "," : "");
+    printf("\nruns:");
     for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
         if (runs[p]) printf(" %s %d", ei_simd_name((ei_simd)p), runs[p]);
     if (have_gpu) printf(" cuda %d (and %d refused as documented)", gpu_runs, gpu_refused);
