@@ -6,6 +6,9 @@
        #include "check.h"
 
    checks      CHECK(cond, fmt, ...), CHECK_ERR(expr, code), check_summary()
+   tolerances  test_tols[TOL_*]: every comparison's limits, per operation, in one
+               table; tol_out_rounding; l2_acc / l2_add / check_l2 (relative L2
+               and max-abs error of an output: the one helper)
    guards      guarded_alloc(n) / guarded_alloc_at(n, offset), guard_intact,
                guarded_free; guarded_out_* (an output view with guards and
                padding between tokens)
