@@ -18,7 +18,7 @@
 #   make test-gpu-fuzz-sanitize  the same under compute-sanitizer: memcheck (CUDA_FUZZ_MEMCHECK_ITERS)
 #                             and racecheck (CUDA_FUZZ_RACECHECK_ITERS: slow, few)
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working;
-#                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
+#                             fuzz_backends builds, says "no GPU", and 5 draws run CPU vs CPU (--cpu-twin; the fifth a case of the table)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 #                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
@@ -96,7 +96,7 @@ test-gpu-fuzz-sanitize: $(CUDA_LIB) $(BUILD)/fuzz_backends
 test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 	EI_CUDA_LIBRARY= ./$(BUILD)/test_cuda --fallback
 	EI_CUDA_LIBRARY= ./$(BUILD)/fuzz_backends
-	./$(BUILD)/fuzz_backends --cpu-twin --seed $(CUDA_FUZZ_SEED) --iters 4
+	./$(BUILD)/fuzz_backends --cpu-twin --seed $(CUDA_FUZZ_SEED) --iters 5
 
 # The operations' table (tests/ops_cases.h) on the CPU paths and the GPU (tests/tests.mk builds test_ops).
 test-ops-cuda: $(CUDA_LIB) $(BUILD)/test_ops
