@@ -163,9 +163,10 @@ CHECK_FN ei_config ops_config(int cfg) {
         c.sink_blocks = 1;
         c.local_blocks = 2;
     }
-    if (cfg == CFG_PSEG) {
+    if (cfg == CFG_PSEG) { /* e_t 1: rigid heads beside dynamic ones on this data */
         c.per_segment_budget = 1;
         c.last_segment_dense = 0;
+        c.rigid_entropy = 1.0;
     }
     if (cfg == CFG_INTERLEAVED) { /* test_backends' scenario 4 */
         c.segment_size = 64;
