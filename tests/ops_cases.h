@@ -27,10 +27,10 @@ typedef enum ops_op {
     OP_PROFILE,          /* ei_profile (nth > 1: ei_profile_mt) */
     OP_PROFILE_CHUNKED,  /* ei_profile_chunk over a protocol's chunks (nth > 1: ei_profile_chunk_mt) */
     OP_PLAN_FINALIZE,    /* ei_profile_heads over nth kv-head ranges, then ei_plan_finalize (per-segment budgets) */
-    OP_PREFILL_DENSE,    /* ei_attention_prefill, plan NULL, split ith/nth */
-    OP_PREFILL_SPARSE,   /* ei_attention_prefill with the reference's plan */
-    OP_DECODE_ATTN,      /* ei_attention_decode (ith/nth) + ei_attention_decode_merge */
-    OP_DECODE_ATTN_KEEP, /* ei_attention_decode_keep through a keep set (CPU backend only) */
+    OP_PREFILL_DENSE,    /* ei_attention_prefill, plan NULL, split ith/nth (nth 3: ei_attention_prefill_mt) */
+    OP_PREFILL_SPARSE,   /* ei_attention_prefill with the reference's plan (nth 3: _mt) */
+    OP_DECODE_ATTN,      /* ei_attention_decode (ith/nth) + ei_attention_decode_merge (nth 3: ei_attention_decode_mt) */
+    OP_DECODE_ATTN_KEEP, /* ei_attention_decode_keep through a keep set, CPU backend only (nth 3: _mt) */
     OP_DECODE_OBSERVE,   /* ei_decode_observe in a protocol's batches: the window ring */
     OP_DECODE_KEEP,      /* ei_decode_keep (nth > 1: ei_decode_keep_mt on the CPU) */
     OP_DECODE_SCORE,     /* ei_decode_score split ith/nth */
@@ -113,14 +113,14 @@ static const ops_case ops_cases[] CHECK_UNUSED = {
     {OP_PREFILL_SPARSE,     512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 1},
     {OP_PREFILL_SPARSE,     900,  14, 2,  64,  F16,  F16,  F32,  LAY_CONTIG,     0, CFG_SAMPLED,     1},
     {OP_PREFILL_SPARSE,     800,  8,  2,  128, F32,  BF16, BF16, LAY_PADDED,     1, CFG_SMALL,       1},
-    {OP_PREFILL_SPARSE,     800,  8,  2,  64,  F32,  F16,  F16,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        2},
+    {OP_PREFILL_SPARSE,     800,  8,  2,  64,  F32,  F16,  F16,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        3},
     /* decode attention: plain, through a keep set */
     {OP_DECODE_ATTN,        700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
     {OP_DECODE_ATTN,        700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_DECODE,      3},
     {OP_DECODE_ATTN,        900,  4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     0, CFG_DECODE,      2},
     {OP_DECODE_ATTN,        500,  16, 2,  128, F32,  BF16, BF16, LAY_HEAD_MAJOR, 0, CFG_DECODE,      1},
     {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
-    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE,      2},
+    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE,      3},
     {OP_DECODE_ATTN_KEEP,   500,  6,  3,  32,  BF16, BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE_PERQ, 1},
     /* decode compression */
     {OP_DECODE_OBSERVE,     300,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      1},
@@ -561,8 +561,8 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
     const ops_case *cs = D->cs;
     void *dq = ops_up(s, &D->q), *dk = ops_up(s, &D->k), *dv = ops_up(s, &D->v), *dout, *ws, *parts = NULL, *didx = NULL;
     ops_view ov;
-    size_t wb, pb = 0;
-    int nth = cs->nth, i;
+    size_t wb, pb = 0, wmt = 0;
+    int nth = cs->nth, i, mt = !s->gpu && cs->nth == 3; /* nth 3: the _mt helpers */
     ei_plan dplan;
     const ei_plan *plan = NULL;
     ei_tensor tq = ops_tensor(&D->q, dq, D->q0, D->m), tk = ops_tensor(&D->k, dk, 0, D->q0 + D->m);
@@ -593,16 +593,26 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
         ks.index = (int32_t *)didx;
     }
     CHECK_OK(ei_attention_workspace_size(s->ctx, cs->H, cs->KV, cs->d, &wb));
-    ws = mem_new(s, wb * (size_t)nth);
+    if (mt && ops_is_decode(cs->op))
+        CHECK_OK(ei_attention_decode_workspace_size(s->ctx, D->m, cs->H, cs->KV, cs->d, nth, &wmt));
+    ws = mem_new(s, wb * (size_t)nth > wmt ? wb * (size_t)nth : wmt);
     if (ops_is_decode(cs->op)) {
         if (s->gpu) nth = 1; /* the ith = 0 call runs the step */
-        else {
+        else if (!mt) {
             CHECK_OK(ei_attention_decode_partials_size(s->ctx, D->m, cs->H, cs->d, nth, &pb));
             parts = mem_new(s, pb);
         }
     }
     t0 = ops_now();
     o->r = EI_OK;
+    if (mt) { /* the built-in threads */
+        size_t wall = wb * (size_t)nth > wmt ? wb * (size_t)nth : wmt;
+        if (cs->op == OP_DECODE_ATTN) o->r = ei_attention_decode_mt(s->ctx, &tq, &tk, &tv, &to, D->q0, nth, ws, wmt);
+        else if (cs->op == OP_DECODE_ATTN_KEEP)
+            o->r = ei_attention_decode_keep_mt(s->ctx, &tq, &tk, &tv, &ks, &to, D->q0, nth, ws, wmt);
+        else o->r = ei_attention_prefill_mt(s->ctx, &tq, &tk, &tv, plan, &to, D->q0, nth, ws, wall);
+        nth = 0; /* done */
+    }
     for (i = 0; i < nth; ++i) {
         void *w = (char *)ws + wb * (size_t)i;
         if (cs->op == OP_DECODE_ATTN)
@@ -612,7 +622,7 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
         else
             OPS_FIRST(o->r, ei_attention_prefill(s->ctx, &tq, &tk, &tv, plan, &to, D->q0, i, nth, w, wb));
     }
-    if (ops_is_decode(cs->op) && !s->gpu && o->r == EI_OK)
+    if (ops_is_decode(cs->op) && !s->gpu && !mt && o->r == EI_OK)
         for (i = 0; i < nth; ++i) OPS_FIRST(o->r, ei_attention_decode_merge(s->ctx, &to, (const float *)parts, pb, i, nth));
     o->seconds = ops_now() - t0;
     if (o->r == EI_OK) ops_take_out(s, &ov, dout, o);
@@ -620,7 +630,7 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
     if (s->gpu && plan) ei_plan_free(s->ctx, &dplan);
     if (parts) mem_del(s, parts, pb);
     if (didx) mem_del(s, didx, sizeof(int32_t) * (size_t)D->keep_heads * (size_t)D->keep_cap);
-    mem_del(s, ws, wb * (size_t)cs->nth);
+    mem_del(s, ws, wb * (size_t)cs->nth > wmt ? wb * (size_t)cs->nth : wmt);
     mem_del(s, dout, ops_view_bytes(&ov));
     mem_del(s, dq, ops_view_bytes(&D->q));
     mem_del(s, dk, ops_view_bytes(&D->k));
