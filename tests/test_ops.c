@@ -15,7 +15,15 @@
      test_ops --case I        case I of the table only (--list: the table)
 
    EI_TEST_SIMD=<path> limits the paths compared (the scalar reference always
-   runs). The last lines: cases, runs by path, near-ties, then check_summary. */
+   runs). The last lines: checks by operation, runs by path, near-ties, then
+   check_summary.
+
+   A new case is a row of ops_cases[] (tests/ops_cases.h); a new operation an
+   OP_* with its run (ops_run_*), what ops_compare compares of it, and its
+   tolerance in check.h's test_tols, which every comparing test reads; a new
+   protocol a row of ops_protocols, a new configuration a CFG_* in ops_config.
+   tests/fuzz_backends.c runs varied cases of the same table every fifth
+   iteration. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
