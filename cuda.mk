@@ -1,6 +1,8 @@
 # cuda.mk - the CUDA backend (included by the top-level Makefile). Its variables start with
 # CUDA_; it reads the shared BUILD, CC, CFLAGS, WARN, LDLIBS, HDR, GOLDEN and T_PROGS.
 #   make cuda                 build/libentropyinfer_cuda.so (nvcc; sm_80, sm_90a (wgmma) + PTX)
+#   make test-ops-cuda        tests/test_ops.c with --require-gpu: every case of the operations' table on
+#                             the CPU paths and the GPU, compared (also part of make test-cuda)
 #   make test-cuda            GPU tests: golden cases, GPU vs CPU (whole-prompt and chunked plans:
 #                             ei_profile_chunk schedules, both rankings; a --quick pass with the
 #                             block scores on score_kernel), attention, the backend
@@ -16,7 +18,7 @@
 #   make test-gpu-fuzz-sanitize  the same under compute-sanitizer: memcheck (CUDA_FUZZ_MEMCHECK_ITERS)
 #                             and racecheck (CUDA_FUZZ_RACECHECK_ITERS: slow, few)
 #   make test-cuda-fallback   no-GPU machine: EI_BACKEND_CUDA fails cleanly, the CPU keeps working;
-#                             fuzz_backends builds, says "no GPU", and 4 draws run CPU vs CPU (--cpu-twin)
+#                             fuzz_backends builds, says "no GPU", and 5 draws run CPU vs CPU (--cpu-twin; the fifth a case of the table)
 #   make bench-chunk-cuda     an engine's micro-batch on the GPU (Gemma 3's and SmolLM2's head shapes, 512 and
 #                             4096 queries after 8k-128k keys): split-K against one CTA per work item
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
@@ -30,7 +32,7 @@ CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo --threads 0
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 CUDA_GOLDEN ?= $(GOLDEN)
 
-.PHONY: cuda test-cuda test-cuda-fallback bench-cuda bench-chunk-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
+.PHONY: cuda test-cuda test-ops-cuda test-cuda-fallback bench-cuda bench-chunk-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
 
 cuda: $(CUDA_LIB)
 
@@ -60,7 +62,7 @@ $(BUILD)/test_backends: tests/test_backends.c tests/check.h examples/synth_qk.h 
 endif
 
 # The differential fuzzer (tests/fuzz_backends.c), against the plugin.
-$(BUILD)/fuzz_backends: tests/fuzz_backends.c tests/check.h examples/synth_qk.h $(HDR)
+$(BUILD)/fuzz_backends: tests/fuzz_backends.c tests/check.h tests/ops_cases.h examples/synth_qk.h $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE $(CFLAGS) $(WARN) -I. $< -o $@ $(LDLIBS)
 
@@ -96,10 +98,15 @@ test-gpu-fuzz-sanitize: $(CUDA_LIB) $(BUILD)/fuzz_backends
 test-cuda-fallback: $(BUILD)/test_cuda $(BUILD)/fuzz_backends
 	EI_CUDA_LIBRARY= ./$(BUILD)/test_cuda --fallback
 	EI_CUDA_LIBRARY= ./$(BUILD)/fuzz_backends
-	./$(BUILD)/fuzz_backends --cpu-twin --seed $(CUDA_FUZZ_SEED) --iters 4
+	./$(BUILD)/fuzz_backends --cpu-twin --seed $(CUDA_FUZZ_SEED) --iters 5
 
-test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_cuda_graph
+# The operations' table (tests/ops_cases.h) on the CPU paths and the GPU (tests/tests.mk builds test_ops).
+test-ops-cuda: $(CUDA_LIB) $(BUILD)/test_ops
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_ops --require-gpu
+
+test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_cuda_graph $(BUILD)/test_ops
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda $(CUDA_GOLDEN)
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_ops --require-gpu
 	EI_CUDA_SCORE_KERNEL=pairs EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda --quick $(CUDA_GOLDEN)
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_backends --require-gpu
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/test_cuda_graph

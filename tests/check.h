@@ -6,6 +6,9 @@
        #include "check.h"
 
    checks      CHECK(cond, fmt, ...), CHECK_ERR(expr, code), check_summary()
+   tolerances  test_tols[TOL_*]: every comparison's limits, per operation, in one
+               table; tol_out_rounding; l2_acc / l2_add / check_l2 (relative L2
+               and max-abs error of an output: the one helper)
    guards      guarded_alloc(n) / guarded_alloc_at(n, offset), guard_intact,
                guarded_free; guarded_out_* (an output view with guards and
                padding between tokens)
@@ -96,6 +99,87 @@ static int failures CHECK_UNUSED = 0, checks CHECK_UNUSED = 0;
 CHECK_FN int check_summary(void) {
     printf("%d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
+}
+
+/* ------------------------------------------------------------ tolerances: the one table */
+/* How far two runs of one operation may differ, per operation, for every
+   test that compares (test_ops, test_backends, test_cuda, fuzz_backends,
+   test_attention): a path or backend against the scalar reference or a
+   double-precision one. rel_l2: ||got - ref|| / ||ref|| over an output;
+   max_abs: the largest |got - ref| in units of max|v| (attention) or of 1;
+   rel / abs: per element, |got - ref| <= abs + rel |ref|; tie: the relative
+   margin within which two ranking scores are a near-tie (plans, keep sets).
+   0 everywhere: bit-identical. Why each value is what it is: `why`. */
+typedef enum test_tol_op {
+    TOL_ENTROPY,          /* plan entropies, a path or backend against another */
+    TOL_BUDGET,           /* plan budgets in tokens (the recurrence of entropies TOL_ENTROPY apart) */
+    TOL_RANK_REFERENCE,   /* near-ties of the reference ranking's softmaxed block scores */
+    TOL_RANK_SAMPLED,     /* near-ties of the sampled ranking's masses (ACCURACY ACROSS PATHS: 1e-3, twice) */
+    TOL_ATTN_CPU,         /* attention (prefill, decode, keep), one CPU path against another, f32 out */
+    TOL_ATTN_ROUNDS_P,    /* CPU kernels that round P to bf16 before P V (kernel_rounds_p) */
+    TOL_ATTN_REF,         /* attention, a CPU path against check.h's double reference, per element of max|v| */
+    TOL_ATTN_GPU,         /* attention, the GPU against the CPU or a reference: 16-bit k/v, f32 or f16 out */
+    TOL_ATTN_GPU_BF16OUT, /* the same, bf16 out (its rounding, 2^-9 relative, on top) */
+    TOL_ATTN_GPU_F16,     /* f32 q over f16 k/v on the GPU against the CPU (u 2^-11: a quarter of bf16's) */
+    TOL_DECODE_SCORE,     /* decode scores, shared scores, pooled scores: a path or backend against another */
+    TOL_DECODE_POOLED_GPU,/* test_backends scenario 1's pooled scores (data with wide gaps) */
+    TOL_EXACT,            /* decoder rings, compaction, keep sets without near-ties: bit-identical */
+    TOL_COUNT
+} test_tol_op;
+typedef struct test_tol { double rel_l2, max_abs, rel, abs, tie; const char *name, *why; } test_tol;
+static const test_tol test_tols[TOL_COUNT] CHECK_UNUSED = {
+    /* rel_l2  max_abs  rel    abs    tie */
+    {0,        0,       1e-3,  1e-5,  0,    "entropy",     "float32 block scores summed in another order"},
+    {0,        0,       1e-5,  1e-2,  0,    "budget",      "the recurrence of entropies TOL_ENTROPY apart"},
+    {0,        0,       0,     0,     1e-4, "rank-ref",    "softmaxed block scores: float32 summation order"},
+    {0,        0,       0,     0,     2e-3, "rank-sampled","polynomial 2^x (SIMD) vs expf (scalar): masses within 1e-3"},
+    {1e-4,     1e-4,    0,     0,     0,    "attn-cpu",    "float32 accumulation in another order"},
+    {4e-3,     4e-3,    0,     0,     0,    "attn-rounds-p","P rounded to bf16 before P V: ~2^-9 of max|v| per weight"},
+    {0,        1e-5,    0,     0,     0,    "attn-ref",    "float32 kernels against double (test_attention)"},
+    {1e-2,     5e-2,    0,     0,     0,    "attn-gpu",    "tensor cores: P in 16 bits, as flash attention"},
+    {2e-2,     5e-2,    0,     0,     0,    "attn-gpu-bf16out", "attn-gpu, and the bf16 output's rounding"},
+    {2.5e-3,   1.25e-2, 0,     0,     0,    "attn-gpu-f16","f16's unit roundoff is 8x bf16's: a quarter of attn-gpu (2x margin)"},
+    {0,        0,       1e-3,  1e-9,  1e-3, "decode-score","the sampled kernels' 2^x: 1e-3 relative (ACCURACY ACROSS PATHS)"},
+    {0,        0,       1e-4,  1e-9,  0,    "decode-pooled-gpu", "test_backends 1: pooled scores 1e-2 apart at the boundary"},
+    {0,        0,       0,     0,     0,    "exact",       "copies and integer work: bit-identical"},
+};
+/* An output's bound for a dtype: the attention tolerance plus the output's
+   own rounding (f16 2^-11, bf16 2^-8 relative) where the output is 16-bit. */
+CHECK_FN double tol_out_rounding(ei_dtype out) { return out == EI_F16 ? 1.0 / 2048 : out == EI_BF16 ? 1.0 / 256 : 0.0; }
+
+/* Relative L2 and max-abs error of an output against a reference, element
+   by element (l2_add), then one check (check_l2). Non-finite elements of
+   either side are counted apart (bad), never summed. */
+typedef struct l2_acc { double e2, r2, mx; long long bad, n; } l2_acc;
+CHECK_FN l2_acc l2_zero(void) { l2_acc a; memset(&a, 0, sizeof a); return a; }
+CHECK_FN void l2_add(l2_acc *a, double got, double ref) {
+    double e = got - ref;
+    a->n++;
+    if (!(got == got) || !(ref == ref) || fabs(got) > 1e30 || fabs(ref) > 1e30) { a->bad++; return; }
+    a->e2 += e * e;
+    a->r2 += ref * ref;
+    if (fabs(e) > a->mx) a->mx = fabs(e);
+}
+CHECK_FN double l2_rel(const l2_acc *a) { return sqrt(a->e2 / (a->r2 > 0 ? a->r2 : 1)); }
+/* Within rel_l2 and max_abs (both 0: identical)? */
+CHECK_FN int l2_within(const l2_acc *a, double rel_l2, double max_abs) {
+    return a->bad == 0 && (rel_l2 <= 0 ? a->e2 == 0 : l2_rel(a) < rel_l2) && a->mx <= max_abs;
+}
+
+/* One check: the errors a holds within rel_l2 and max_abs (the message
+   names `what`, the errors and the limits). Returns 1 if it held. */
+CHECK_FN int check_l2(const char *what, const l2_acc *a, double rel_l2, double max_abs) {
+    int ok = l2_within(a, rel_l2, max_abs);
+    CHECK(ok, "%s: %lld of %lld elements non-finite, rel L2 %.3g (limit %.3g), max abs %.3g (limit %.3g)", what, a->bad,
+          a->n, l2_rel(a), rel_l2, a->mx, max_abs);
+    return ok;
+}
+/* The same over two float arrays of n elements. */
+CHECK_FN l2_acc l2_of_f32(const float *got, const float *ref, size_t n) {
+    l2_acc a = l2_zero();
+    size_t i;
+    for (i = 0; i < n; ++i) l2_add(&a, got[i], ref[i]);
+    return a;
 }
 
 /* ------------------------------------------------------------ guarded buffers */
@@ -989,7 +1073,7 @@ CHECK_FN int keep_compare(const char *what, const keep_host *a, const keep_host 
             if (x < a->n_kept && y < b->n_kept && sa[x] == sb[y]) { x++; y++; continue; }
             p = (y >= b->n_kept || (x < a->n_kept && sa[x] < sb[y])) ? sa[x++] : sb[y++];
             at = (int32_t *)bsearch(&p, held, (size_t)np, sizeof *held, keep_int32_cmp);
-            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= 1e-3 * thr + 1e-9)) {
+            if (!at || at - held >= L || !(fabs(pa[at - held] - thr) <= test_tols[TOL_DECODE_SCORE].tie * thr + 1e-9)) {
                 if (bad_set++ < 3)
                     printf("  %s head %d: position %d kept by one backend only (cpu pooled %g, threshold %g)\n", what, h,
                            (int)p, at && at - held < L ? (double)pa[at - held] : -1.0, thr);
@@ -997,7 +1081,7 @@ CHECK_FN int keep_compare(const char *what, const keep_host *a, const keep_host 
                 ties++;
         }
         for (j = 0; j < L && j < a->pcap; ++j)
-            if (!close_to(pb[j], pa[j], 1e-9, 1e-3) && bad_pool++ < 3)
+            if (!close_to(pb[j], pa[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) && bad_pool++ < 3)
                 printf("  %s head %d pooled[%lld]: cpu %g gpu %g\n", what, h, (long long)j, (double)pa[j], (double)pb[j]);
     }
     CHECK(bad_set == 0, "%s: %d kept positions differ beyond near-ties", what, bad_set);

@@ -49,6 +49,13 @@
               scores within 1e-3, keep sets equal up to near-ties
               (check.h's keep_compare), then ei_kv_compact of K and V caches
               (any dtype and layout) with the CPU's keep set: bit-identical.
+     table    (every fifth iteration) a case of tests/ops_cases.h's table (the one test_ops runs on every
+              path), varied: tokens, layout, dtypes, thread split and data;
+              the reference run on the CPU's scalar path, the other on the GPU
+              (--cpu-twin: the CPU's default path), compared as test_ops
+              compares (ops_compare: check.h's tolerance table); a case the
+              GPU has no kernel for must be refused (EI_ERR_DTYPE /
+              EI_ERR_UNSUPPORTED).
      misuse   in both scenarios, at random: NaN/Inf in a Q or K row that the
               call reads (EI_ERR_NONFINITE) or does not read (EI_OK), a
               workspace one byte short, a row map with -2 or a repeated
@@ -58,6 +65,7 @@
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "check.h"
+#include "ops_cases.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -86,11 +94,12 @@ static float fz_normal(fz_rng *r) {
 static int g_verbose = 0;
 static int g_twin = 0;
 static int64_t g_max_n = 1 << 30; /* --max-n: tokens / cache rows at most (sanitizer runs) */     /* --cpu-twin: the second backend is the CPU on another SIMD path (no GPU needed) */
-static long g_counts[9];   /* scenarios run, by kind */
-enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK };
-static const char *const g_count_names[9] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
-                                             "non-finite cases", "misuse cases", "knife-edges", "attention calls",
-                                             "chunked plans"};
+#define K_KINDS 10
+static long g_counts[K_KINDS];   /* scenarios run, by kind */
+enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE };
+static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
+                                                   "non-finite cases", "misuse cases", "knife-edges", "attention calls",
+                                                   "chunked plans", "table cases"};
 static char g_desc[512];   /* the iteration's draw, printed when it fails */
 #define DESC(...) do { size_t l_ = strlen(g_desc); snprintf(g_desc + l_, sizeof g_desc - l_, __VA_ARGS__); } while (0)
 
@@ -378,7 +387,7 @@ static void plans_check(fz_prefill *F) {
         }
         for (s = 0; s < a->n_segments; ++s) {
             int side_i;
-            if (!close_to(Hb[s], Ha[s], 1e-5, 1e-3) && ent++ < 3)
+            if (!close_to(Hb[s], Ha[s], test_tols[TOL_ENTROPY].abs, test_tols[TOL_ENTROPY].rel) && ent++ < 3)
                 printf("  kv %d seg %d: entropy cpu %.9g gpu %.9g\n", kvh, s, (double)Ha[s], (double)Hb[s]);
             for (side_i = 0; side_i < 2; ++side_i) {
                 const ei_plan *p = side_i ? b : a;
@@ -386,14 +395,15 @@ static void plans_check(fz_prefill *F) {
                 double B = ref_budget(c, p->entropy + EI_PLAN_ROW(p, kvh, 0), s, p->head_class[kvh] == EI_HEAD_RIGID);
                 if (F->chunked) {
                     const ei_plan *o = side_i ? a : b;
-                    if (!close_to(p->budget[row], o->budget[EI_PLAN_ROW(o, kvh, s)], 1e-2, 1e-5) && bud++ < 3)
+                    if (!close_to(p->budget[row], o->budget[EI_PLAN_ROW(o, kvh, s)], test_tols[TOL_BUDGET].abs,
+                                  test_tols[TOL_BUDGET].rel) && bud++ < 3)
                         printf("  kv %d seg %d: chunked budget cpu %.6g gpu %.6g\n", kvh, s,
                                (double)a->budget[EI_PLAN_ROW(a, kvh, s)], (double)b->budget[EI_PLAN_ROW(b, kvh, s)]);
                     continue;
                 }
                 int64_t nvis = EI__MIN((int64_t)s * bps, (int64_t)p->n_blocks), ns, l0;
                 int64_t nf = ei__forced_blocks(c, nvis, &ns, &l0), cap = ei__cap_blocks(c, s, p->n_tokens, p->n_blocks);
-                if (!close_to(p->budget[row], B, 1e-2, 1e-5) && bud++ < 3)
+                if (!close_to(p->budget[row], B, test_tols[TOL_BUDGET].abs, test_tols[TOL_BUDGET].rel) && bud++ < 3)
                     printf("  %s kv %d seg %d: budget %.6g, its entropies give %.6g\n", side_i ? "gpu" : "cpu", kvh, s,
                            (double)p->budget[row], B);
                 if (c->top_p == 0.0 && s > 0 && p->keep_blocks[row] != ei__keep_count(c, s, B, -1, nf, cap, p->max_keep) &&
@@ -421,7 +431,7 @@ static void plans_check(fz_prefill *F) {
             if (seg_free[s] && (a->keep_count[ra] != b->keep_count[rb] || a->keep_blocks[ra] != b->keep_blocks[rb]))
                 continue; /* the budgets drifted apart (checked above): these counts may differ */
             /* the sampled mass agrees across paths within 1e-3 (ACCURACY ACROSS PATHS) */
-            tie = row_scores(F, a, kvh, s, sc) ? 2e-3 + qround : 1e-4;
+            tie = row_scores(F, a, kvh, s, sc) ? test_tols[TOL_RANK_SAMPLED].tie + qround : test_tols[TOL_RANK_REFERENCE].tie;
             bad += plan_row_compare("plan row", c, a, b, kvh, s, sc, tie, &knife, &shown);
         }
     CHECK(bad == 0, "%d plan rows differ beyond near-ties", bad);
@@ -538,27 +548,20 @@ static void attention_case(fz_rng *r, fz_prefill *F) {
             unsigned char *b0 = (unsigned char *)mem_down(&F->P.s[0], o.mem[0], view_bytes(&o));
             unsigned char *b1 = (unsigned char *)mem_down(&F->P.s[1], o.mem[1], view_bytes(&o));
             /* an f32 q over 16-bit k is rounded to k's type on the GPU: its logit error on top */
-            double e2 = 0, r2 = 0, mx = 0, vmax = 0, tol = (o.dt == EI_BF16 ? 2e-2 : 1e-2) + q_round_bound(F);
-            int64_t t, nan = 0;
+            double vmax = 0, tol = test_tols[o.dt == EI_BF16 ? TOL_ATTN_GPU_BF16OUT : TOL_ATTN_GPU].rel_l2 + q_round_bound(F);
+            l2_acc err = l2_zero();
+            int64_t t;
             int32_t h, e;
             for (t = 0; t < F->n; ++t)
                 for (h = 0; h < F->KV; ++h)
                     for (e = 0; e < F->d; ++e) vmax = fmax(vmax, fabs(view_get(&F->v, F->v.host, t, h, e)));
             for (t = 0; t < m; ++t)
                 for (h = 0; h < F->H; ++h)
-                    for (e = 0; e < F->d; ++e) {
-                        double x = view_get(&o, b0, t, h, e), y = view_get(&o, b1, t, h, e);
-                        if (!(x == x) || !(y == y)) { nan++; continue; }
-                        e2 += (x - y) * (x - y);
-                        r2 += x * x;
-                        mx = fmax(mx, fabs(x - y));
-                    }
-            CHECK(nan == 0 && sqrt(e2 / (r2 > 0 ? r2 : 1)) < tol && mx <= 5 * tol * (vmax > 0 ? vmax : 1),
-                  "attention gpu vs cpu: %lld NaN, rel L2 %.3g, max abs %.3g (max |v| %.3g)", (long long)nan,
-                  sqrt(e2 / (r2 > 0 ? r2 : 1)), mx, vmax);
+                    for (e = 0; e < F->d; ++e) l2_add(&err, view_get(&o, b1, t, h, e), view_get(&o, b0, t, h, e));
+            check_l2("attention gpu vs cpu", &err, tol, 5 * tol * (vmax > 0 ? vmax : 1));
             CHECK(view_padding_intact(&o, b0) && view_padding_intact(&o, b1), "attention wrote outside the output's elements "
                   "(cpu %d, gpu %d)", view_padding_intact(&o, b0), view_padding_intact(&o, b1));
-            if (g_verbose) printf("    attention: rel L2 %.2e max abs %.2e\n", sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
+            if (g_verbose) printf("    attention: rel L2 %.2e max abs %.2e\n", l2_rel(&err), err.mx);
             free(b0);
             free(b1);
         }
@@ -863,7 +866,8 @@ static void scores_check(const char *what, const float *a, const float *b, size_
     size_t j;
     int bad = 0;
     for (j = 0; j < count; ++j)
-        if (!close_to(b[j], a[j], 1e-9, 1e-3) || ((a[j] == 0.0f) != (b[j] == 0.0f) && fabs(a[j] - b[j]) > 1e-12))
+        if (!close_to(b[j], a[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) ||
+            ((a[j] == 0.0f) != (b[j] == 0.0f) && fabs(a[j] - b[j]) > 1e-12))
             if (bad++ < 3) printf("  %s[%zu]: cpu %g gpu %g\n", what, j, (double)a[j], (double)b[j]);
     CHECK(bad == 0, "%s: %d scores differ", what, bad);
 }
@@ -1127,6 +1131,51 @@ static void decode_run(fz_rng *r) {
     pair_free(&D.P);
 }
 
+/* ============================================================ table */
+/* A case of the operations' table (tests/ops_cases.h), varied, on the
+   CPU's scalar path (the reference) and the GPU (or, --cpu-twin, the CPU's
+   default path). */
+static void table_run(fz_rng *r) {
+    ops_case cs = ops_cases[fz_int(r, 0, OPS_CASES - 1)];
+    ops_data D;
+    ops_result res[2];
+    side s[2];
+    ei_config c;
+    char name[256];
+    int side_i;
+    double scale = 0.3 + fz_unit(r);
+    cs.n = (int32_t)EI__MAX(100.0, EI__MIN((double)g_max_n, cs.n * scale));
+    if (fz_chance(r, 0.5)) cs.layout = fz_int(r, 0, LAY_COUNT - 1);
+    if (fz_chance(r, 0.3)) cs.kv = draw_dtype(r);
+    if (fz_chance(r, 0.3)) cs.q = fz_chance(r, 0.5) ? EI_F32 : cs.kv;
+    if (fz_chance(r, 0.3)) cs.out = draw_dtype(r);
+    cs.nth = fz_int(r, 1, 4);
+    ops_case_name(&cs, name, sizeof name);
+    DESC("table %s", name);
+    g_counts[K_TABLE]++;
+    ops_data_make(&D, &cs, fz_next(r));
+    for (side_i = 0; side_i < 2; ++side_i) {
+        c = D.c;
+        c.simd = side_i ? EI_SIMD_AUTO : EI_SIMD_SCALAR;
+        s[side_i] = side_make(side_i && !g_twin, c);
+        ops_run(&D, &s[side_i], &res[side_i]);
+    }
+    CHECK(res[0].r == EI_OK, "table %s: the reference: %s (%s)", name, ei_result_name(res[0].r), ei_last_error());
+    if (g_twin || ops_gpu_runs(&cs))
+        g_counts[K_KNIFE] += ops_compare(g_twin ? "table, cpu twin" : "table, gpu", &D, &res[0], &res[1], !g_twin,
+                                         ei_context_simd(s[1].ctx));
+    else {
+        CHECK(res[1].r == EI_ERR_DTYPE || res[1].r == EI_ERR_UNSUPPORTED, "table %s: a case the GPU has no kernel for: %s",
+              name, ei_result_name(res[1].r));
+        g_counts[K_GPU_UNSUPPORTED]++;
+    }
+    for (side_i = 0; side_i < 2; ++side_i) {
+        ops_result_free(&res[side_i]);
+        side_free(&s[side_i]);
+    }
+    ops_data_free(&D);
+}
+
 /* ============================================================ main */
 static double now_s(void) {
     struct timespec ts;
@@ -1176,7 +1225,8 @@ int main(int argc, char **argv) {
         r.s = seed * 0x9E3779B97F4A7C15ull ^ ((unsigned long long)it * 0xD1B54A32D192ED03ull);
         (void)fz_next(&r);
         g_desc[0] = 0;
-        if (fz_chance(&r, 0.6)) prefill_run(&r);
+        if (it % 5 == 4) table_run(&r); /* every fifth iteration; the others draw as before */
+        else if (fz_chance(&r, 0.6)) prefill_run(&r);
         else decode_run(&r);
         done++;
         if (g_verbose) printf("  iteration %ld: %s\n", it, g_desc);
@@ -1185,7 +1235,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     printf("counts:");
-    for (i = 0; i < 9; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < 8 ? "," : "\n");
+    for (i = 0; i < K_KINDS; ++i) printf(" %s %ld%s", g_count_names[i], g_counts[i], i < K_KINDS - 1 ? "," : "\n");
     printf("fuzz_backends: %ld iterations, %d checks, %d failed, seed %llu (%.1f s)\n", done, checks, failures, seed,
            now_s() - t0);
     return failures ? 1 : 0;

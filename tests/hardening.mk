@@ -14,14 +14,15 @@
 #                                the same edges (libFuzzer -merge=1 -use_counters=0)
 #   make fuzz-replay             corpus + regressions once each, ASan+UBSan (no libFuzzer)
 #   make test-asan               ASan+UBSan: test_core, golden runner, test_limits,
-#                                test_threads, test_plugin, fuzz replay
+#                                test_threads, test_plugin, test_ops --quick, fuzz replay
 #   make test-asan-full          the same and test_attention (make test runs it under
 #                                ASan+UBSan already: gcc whole, clang and clang++ --quick)
 #   make test-tsan               ThreadSanitizer: test_threads (phases split by barriers,
 #                                then by thread create/join: EI_TEST_SYNC), test_core
 #   make test-valgrind           memcheck --error-exitcode=1 --leak-check=full: test_limits
-#                                on the scalar and AVX2 paths (valgrind has no AVX-512) and
-#                                the fuzz corpus
+#                                on the scalar and AVX2 paths (valgrind has no AVX-512),
+#                                test_ops --quick (the scalar reference and AVX2) and the
+#                                fuzz corpus
 #   make test-valgrind-full      the same, test_core, test_attention --quick and
 #                                test_threads on both paths
 # Builds and runs go H_JOBS at a time (default: the CPU count).
@@ -39,7 +40,7 @@ H_GOLDEN     := $(or $(GOLDEN),$(firstword $(wildcard ../shared/golden) tests/go
 H_FUZZ_SECONDS ?= 60
 H_VALGRIND   ?= valgrind
 H_LDLIBS     := -lm -lpthread -ldl
-H_HDR        := entropyinfer.h tests/check.h examples/synth_qk.h
+H_HDR        := entropyinfer.h tests/check.h tests/ops_cases.h examples/synth_qk.h
 H_STD        := -std=c99 -D_DEFAULT_SOURCE
 H_WARN       := -Wall -Wextra
 H_SAN_FLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -106,7 +107,7 @@ $(H_BUILD)/%_asan: tests/%.c $(H_HDR) | $(H_BUILD)
 	$(H_SAN_CC) $(H_STD) $(H_WARN) $(H_SAN_FLAGS) $< -o $@ $(H_LDLIBS)
 
 H_ASAN_BINS := $(H_BUILD)/test_core_asan $(H_BUILD)/golden_runner_asan $(H_BUILD)/test_limits_asan $(H_BUILD)/test_threads_asan \
-             $(H_BUILD)/test_plugin_asan $(H_BUILD)/fuzz_replay_asan
+             $(H_BUILD)/test_plugin_asan $(H_BUILD)/test_ops_asan $(H_BUILD)/fuzz_replay_asan
 H_ASAN_BINS_FULL := $(H_ASAN_BINS) $(H_BUILD)/test_attention_asan
 
 # The sanitizer and memcheck builds are made H_JOBS at a time (unless the
@@ -131,8 +132,9 @@ h_asan_test_limits    = $(H_BUILD)/test_limits_asan
 h_asan_test_threads   = $(H_BUILD)/test_threads_asan
 h_asan_test_attention = $(H_BUILD)/test_attention_asan
 h_asan_test_plugin    = $(H_BUILD)/test_plugin_asan $(H_OUT)
+h_asan_test_ops       = $(H_BUILD)/test_ops_asan --quick
 h_asan_fuzz_replay    = $(H_SUBMAKE) fuzz-replay
-H_ASAN_RUNS      := test_core golden test_limits test_threads test_plugin fuzz_replay
+H_ASAN_RUNS      := test_core golden test_limits test_threads test_plugin test_ops fuzz_replay
 H_ASAN_RUNS_FULL := $(H_ASAN_RUNS) test_attention
 h-run-asan-%:
 	@$(call h_run,asan,$*,env $(H_SAN_ENV) $(h_asan_$*))
@@ -161,7 +163,7 @@ $(H_BUILD)/%_plain: tests/%.c $(H_HDR) | $(H_BUILD)
 
 H_VG := $(H_VALGRIND) -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect
 H_VG_BINS := $(H_BUILD)/test_core_plain $(H_BUILD)/test_limits_plain $(H_BUILD)/test_threads_plain $(H_BUILD)/fuzz_replay_plain \
-           $(H_BUILD)/test_attention_plain
+           $(H_BUILD)/test_attention_plain $(H_BUILD)/test_ops_plain
 
 $(H_BUILD)/fuzz_replay_plain: tests/fuzz_api.c $(H_HDR) | $(H_BUILD)
 	$(CC) $(H_STD) $(H_WARN) -O1 -g -DEI_FUZZ_STANDALONE $< -o $@ $(H_LDLIBS)
@@ -181,13 +183,14 @@ h_vg_test_threads.scalar = env EI_TEST_SIMD=scalar EI_TEST_THREADS=2 EI_TEST_ROU
 h_vg_test_threads.avx2  = env EI_TEST_SIMD=avx2 EI_TEST_THREADS=2 EI_TEST_ROUNDS=1 $(H_VG) $(H_BUILD)/test_threads_plain
 h_vg_fuzz_corpus        = env EI_FUZZ_POISON=none $(H_VG) $(H_BUILD)/fuzz_replay_plain tests/fuzz_corpus
 h_vg_test_attention     = $(H_VG) $(H_BUILD)/test_attention_plain --quick
-H_VG_RUNS      := test_limits.scalar test_limits.avx2 fuzz_corpus
+h_vg_test_ops           = env EI_TEST_SIMD=avx2 $(H_VG) $(H_BUILD)/test_ops_plain --quick
+H_VG_RUNS      := test_limits.scalar test_limits.avx2 test_ops fuzz_corpus
 H_VG_RUNS_FULL := $(H_VG_RUNS) test_core test_attention test_threads.scalar test_threads.avx2
 h-run-vg-%:
 	@$(call h_run,valgrind,$*,$(h_vg_$*))
 test-valgrind test-valgrind-full:
 	@command -v $(H_VALGRIND) >/dev/null || { echo "$@ needs valgrind (tests/install_clang_rt.sh --valgrind)"; exit 1; }
-	@$(H_SUBMAKE) $(H_J) $(if $(filter %-full,$@),$(H_VG_BINS),$(H_BUILD)/test_limits_plain $(H_BUILD)/fuzz_replay_plain)
+	@$(H_SUBMAKE) $(H_J) $(if $(filter %-full,$@),$(H_VG_BINS),$(H_BUILD)/test_limits_plain $(H_BUILD)/test_ops_plain $(H_BUILD)/fuzz_replay_plain)
 	@$(H_SUBMAKE) -k $(H_J) $(addprefix h-run-vg-,$(if $(filter %-full,$@),$(H_VG_RUNS_FULL),$(H_VG_RUNS))) \
 	  || { echo "$@: FAILED"; exit 1; }; echo "$@: memcheck clean"
 

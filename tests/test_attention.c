@@ -8,7 +8,8 @@
    NEON-BF16 (BFDOT) and NEON-BFMMLA (BFMMLA) on all-bf16 calls, NEON-FHM
    (FMLAL) on all-f16 calls (f32 sums, so the f32 bound).
 
-   Error bound per output element: |out - ref| <= tol * max|v| of its kv head,
+   Error bound per output element (check.h's tolerance table: TOL_ATTN_REF,
+   TOL_ATTN_ROUNDS_P, tol_out_rounding): |out - ref| <= tol * max|v| of its kv head,
      f32 arithmetic (every kernel but avx512-bf16):  1e-5 (+ output rounding:
        f16 out 2^-11, bf16 out 2^-8 relative)
      avx512-bf16 (P rounded to bf16 before P V):      4e-3
@@ -246,9 +247,8 @@ static void run_case(const case_desc *cd) {
                 }
         }
         /* f32 logits carry ~eps*|q||k| error: the bound scales with amp^2 */
-        tol = (kernel_rounds_p(K->simd) ? 4e-3 : 1e-5) * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
-        if (cd->out_dt == EI_F16) tol += 1.0 / 2048;
-        if (cd->out_dt == EI_BF16) tol += 1.0 / 256;
+        tol = test_tols[kernel_rounds_p(K->simd) ? TOL_ATTN_ROUNDS_P : TOL_ATTN_REF].max_abs * (cd->amp > 1 ? cd->amp * cd->amp : 1.0);
+        tol += tol_out_rounding(cd->out_dt);
         for (t = 0; t < cd->n; ++t) {
             int32_t h, e;
             for (h = 0; h < cd->H; ++h)
@@ -632,7 +632,7 @@ static void test_decode_keep(void) {
                                         double a = guarded_out_get(&o, t, h, e), b = ref[((size_t)t * H + h) * D + e];
                                         if (!(fabs(a - b) <= worst)) worst = fabs(a - b);
                                     }
-                            tol = kernel_rounds_p(K->simd) ? 4e-3 : 1e-5;
+                            tol = test_tols[kernel_rounds_p(K->simd) ? TOL_ATTN_ROUNDS_P : TOL_ATTN_REF].max_abs;
                             CHECK(worst <= tol * 8, "%s %s heads_out %d nt %d made %lld nth %d: max err %.3g", K->name,
                                   dt == EI_F32 ? "f32" : "bf16", heads_out, nt, (long long)made, nth, worst);
                             CHECK(guarded_out_intact(&o) && guarded_out_intact(&o2), "guards");
@@ -795,7 +795,7 @@ static void test_chunked_planning(void) {
                 if (!(err <= worst)) worst = err;
             }
     }
-    CHECK(worst <= 1e-5, "chunked planning + attention: max err %.3g", worst);
+    CHECK(worst <= test_tols[TOL_ATTN_REF].max_abs, "chunked planning + attention: max err %.3g", worst);
     CHECK(guarded_out_intact(&o), "guards");
     free(ref); free(pws); free(aws); guarded_out_free(&o);
     ei_plan_free(ctx, &plan); ei_context_destroy(ctx);

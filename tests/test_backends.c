@@ -231,7 +231,8 @@ static void s1_compare(const s1_out *cpu, const s1_out *gpu) {
             idx_diff += memcmp(a->index + (size_t)h * a->cap, b->index + (size_t)h * b->cap, (size_t)a->n_kept * 4) != 0;
             mask_diff += memcmp(a->mask + (size_t)h * a->n, b->mask + (size_t)h * b->n, (size_t)a->n) != 0;
             for (j = 0; j < a->L; ++j)
-                if (!close_to(b->pooled[(size_t)h * b->n + j], a->pooled[(size_t)h * a->n + j], 1e-9, 1e-4)) {
+                if (!close_to(b->pooled[(size_t)h * b->n + j], a->pooled[(size_t)h * a->n + j], test_tols[TOL_DECODE_POOLED_GPU].abs,
+                              test_tols[TOL_DECODE_POOLED_GPU].rel)) {
                     if (pool_diff++ < 3)
                         printf("  1: stage %d head %d pooled[%lld]: cpu %g gpu %g\n", stage, h, (long long)j,
                                (double)a->pooled[(size_t)h * a->n + j], (double)b->pooled[(size_t)h * b->n + j]);
@@ -352,8 +353,8 @@ static void plans_compare(const char *what, const ei_plan *a, const ei_plan *b) 
         for (s = 0; s < a->n_segments; ++s) {
             size_t r = EI_PLAN_ROW(a, h, s), rb = EI_PLAN_ROW(b, h, s);
             const int32_t *la = EI_PLAN_BLOCKS(a, h, s), *lb = EI_PLAN_BLOCKS(b, h, s);
-            ent += !close_to(b->entropy[rb], a->entropy[r], 1e-6, 1e-4);
-            bud += !close_to(b->budget[rb], a->budget[r], 1e-3, 1e-6);
+            ent += !close_to(b->entropy[rb], a->entropy[r], test_tols[TOL_ENTROPY].abs, test_tols[TOL_ENTROPY].rel);
+            bud += !close_to(b->budget[rb], a->budget[r], test_tols[TOL_BUDGET].abs, test_tols[TOL_BUDGET].rel);
             if (a->keep_count[r] != b->keep_count[rb] || a->keep_blocks[r] != b->keep_blocks[rb]) {
                 if (rows++ < 3)
                     printf("  %s: kv %d seg %d: keep %d/%d (own %d/%d)\n", what, h, s, a->keep_count[r], b->keep_count[rb],
@@ -518,18 +519,11 @@ static void s4_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t
     side_free(&s);
 }
 static void s4_outputs_compare(const char *what, const float *a, const float *b) {
-    size_t i, n = (size_t)S4_N * S4_H * S4_D, bad = 0;
-    double e2 = 0, r2 = 0, mx = 0;
-    for (i = 0; i < n; ++i) {
-        double e = (double)b[i] - a[i];
-        if (!(b[i] == b[i])) bad++;
-        e2 += e * e;
-        r2 += (double)a[i] * a[i];
-        if (fabs(e) > mx) mx = fabs(e);
-    }
-    CHECK(bad == 0 && sqrt(e2 / (r2 > 0 ? r2 : 1)) < 1e-2 && mx < 5e-2,
-          "4: %s attention gpu vs cpu: %zu NaN, rel L2 %.3g, max abs %.3g", what, bad, sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
-    printf("  4: %s attention gpu vs cpu: rel L2 %.2e, max abs %.2e\n", what, sqrt(e2 / (r2 > 0 ? r2 : 1)), mx);
+    l2_acc err = l2_of_f32(b, a, (size_t)S4_N * S4_H * S4_D);
+    char who[64];
+    snprintf(who, sizeof who, "4: %s attention gpu vs cpu", what);
+    check_l2(who, &err, test_tols[TOL_ATTN_GPU].rel_l2, test_tols[TOL_ATTN_GPU].max_abs);
+    printf("  4: %s attention gpu vs cpu: rel L2 %.2e, max abs %.2e\n", what, l2_rel(&err), err.mx);
 }
 static void s4_compare(const s4_out *a, const s4_out *b) {
     CHECK(a->r_profile == b->r_profile && a->r_sparse == b->r_sparse && a->r_dense == b->r_dense,
@@ -569,12 +563,12 @@ static void s4_check_cpu(const s4_out *o, const uint16_t *q, const uint16_t *k, 
     for (i = 0; i < n; ++i) mx = fmax(mx, fabs(ref[i] - o->sparse[i]));
     {   /* EI_SIMD_AUTO runs all-bf16 attention with vdpbf16ps where this CPU's rate favours it
            (ei_cpu_dpbf16_ratio): P is rounded to bf16 there, ~2^-9 of max|v| per weight */
-        double vmax = 0, tol = 1e-4;
+        double vmax = 0, tol = test_tols[TOL_ATTN_CPU].max_abs;
         ei_context *auto_ctx;
         if (ei_context_create(&c, &auto_ctx) == EI_OK) {
             if (kernel_rounds_p(ei_context_simd(auto_ctx))) {
                 for (i = 0; i < n / 2; ++i) vmax = fmax(vmax, fabs(fv[i]));
-                tol = 4e-3 * (vmax > 1 ? vmax : 1.0);
+                tol = test_tols[TOL_ATTN_ROUNDS_P].max_abs * (vmax > 1 ? vmax : 1.0);
             }
             ei_context_destroy(auto_ctx);
         }
@@ -921,7 +915,7 @@ static void s7_compare(const char *what, const s7_case *cs, const s7_data *D, co
                 continue;
             }
             s7_scores(D, &c, a, kvh, s, sc);
-            bad += plan_row_compare(what, &c, a, b, kvh, s, sc, 1e-4, &knife, &shown);
+            bad += plan_row_compare(what, &c, a, b, kvh, s, sc, test_tols[TOL_RANK_REFERENCE].tie, &knife, &shown);
         }
     if (c.per_segment_budget) /* every head keeps the max of the heads' own counts */
         for (s = 0; s < S7_NSEG; ++s) {
@@ -959,7 +953,7 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
             kmax = a->keep_blocks[r] > kmax ? a->keep_blocks[r] : kmax;
             s7_scores(D, &c, a, kvh, s, sc);
             s7_ideal(&c, a, kvh, s, sc, &ideal);
-            bad += plan_row_compare("cpu vs ideal", &c, a, &ideal, kvh, s, sc, 1e-4, &knife, &shown);
+            bad += plan_row_compare("cpu vs ideal", &c, a, &ideal, kvh, s, sc, test_tols[TOL_RANK_REFERENCE].tie, &knife, &shown);
             if (k < nvis) selective++;
             if (c.ranking == EI_RANK_SAMPLED && (int64_t)s * S7_SEG >= c.threshold_len && k > nf) {
                 /* kept by mass, not among the reference's top k - nf candidates */
@@ -1346,16 +1340,16 @@ static void s8_compare(const s8_out *a, const s8_out *b, const s8_data *D) {
     s8_compare_keep("shared keep set of two layers, gpu vs cpu", &a->shared_set, &b->shared_set, D->row_pos, 0, 1);
     for (j = 0; j < (int64_t)S8_H * S8_ROWS; ++j) {
         if (a->scores[j] == 0.0f) zero += b->scores[j] != 0.0f;
-        if (!close_to(b->scores[j], a->scores[j], 1e-9, 1e-3) && bad++ < 3)
+        if (!close_to(b->scores[j], a->scores[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) && bad++ < 3)
             printf("  8: scores[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->scores[j], (double)b->scores[j]);
     }
     CHECK(bad == 0 && zero == 0, "8: decode_score: %d scores differ beyond 1e-3, %d empty rows not 0", bad, zero);
     for (bad = 0, j = 0; j < S8_ROWS; ++j)
-        if (!close_to(b->shared[j], a->shared[j], 1e-9, 1e-3) && bad++ < 3)
+        if (!close_to(b->shared[j], a->shared[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) && bad++ < 3)
             printf("  8: shared[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->shared[j], (double)b->shared[j]);
     CHECK(bad == 0, "8: shared scores differ");
     for (bad = 0, j = 0; j < S8_ROWS; ++j)
-        if (!close_to(b->shared_max[j], a->shared_max[j], 1e-9, 1e-3) && bad++ < 3)
+        if (!close_to(b->shared_max[j], a->shared_max[j], test_tols[TOL_DECODE_SCORE].abs, test_tols[TOL_DECODE_SCORE].rel) && bad++ < 3)
             printf("  8: shared (max)[%lld]: cpu %g gpu %g\n", (long long)j, (double)a->shared_max[j], (double)b->shared_max[j]);
     CHECK(bad == 0, "8: shared scores (gqa_reduce max) differ");
     for (i = 0; i < S8_MISUSE; ++i)

@@ -488,13 +488,34 @@ static int plans_equal(const ei_plan *a, const ei_plan *b) {
            !memcmp(a->keep_blocks, b->keep_blocks, rows * 4) && !memcmp(a->keep_count, b->keep_count, rows * 4) &&
            !memcmp(a->block_index, b->block_index, rows * (size_t)a->max_keep * 4);
 }
+/* The chunk protocols of a 1500-token prompt that test_chunked_key_store and
+   test_plan_grow run: each call (first position, end (-1: no queries),
+   final; final -1 ends the protocol). The key store runs the first four; the
+   grown plans the first two and the last two (their first chunks fit in the
+   200 tokens a grown plan starts with). */
+static const long chunk_protocols[][4][3] = {
+    {{0, 333, 0}, {333, 700, 0}, {700, 1290, 0}, {1290, 1500, 1}},
+    {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+    {{0, 500, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
+    {{0, 800, 1}, {800, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+    {{0, 150, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
+    {{0, 180, 1}, {180, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
+};
+#define CHUNK_PROTOCOLS ((int)(sizeof chunk_protocols / sizeof chunk_protocols[0]))
+#define CHUNK_KEY_STORE_MASK 0x0Fu /* protocols 0-3 */
+#define CHUNK_GROW_MASK 0x33u      /* protocols 0, 1, 4, 5 */
+/* One call of a protocol on a chunked plan: the call's queries of L (none
+   where end is -1) with all of L's keys; n_threads > 1: ei_profile_chunk_mt. */
+static ei_result chunk_step(const ei_context *ctx, const synth_layer *L, ei_plan *plan, const long call[3], int n_threads,
+                            void *ws, size_t wb) {
+    long t = call[0], e = call[1];
+    ei_tensor qc = L->tq, kc = L->tk;
+    qc.data = L->q + (size_t)t * L->heads * L->dim;
+    qc.n_tokens = e - t;
+    if (n_threads > 1) return ei_profile_chunk_mt(ctx, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2], n_threads, ws, wb);
+    return ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2], ws, wb);
+}
 static void test_chunked_key_store(void) {
-    static const long calls[][4][3] = { /* (first position, end (-1: no queries), final) */
-        {{0, 333, 0}, {333, 700, 0}, {700, 1290, 0}, {1290, 1500, 1}},
-        {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
-        {{0, 500, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
-        {{0, 800, 1}, {800, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
-    };
     synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 21);
     int sm, p, i, mt, n_cmp = 0;
     for (sm = EI_SIMD_SCALAR; sm <= EI_SIMD_NEON_BF16; ++sm) {
@@ -514,17 +535,10 @@ static void test_chunked_key_store(void) {
         CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
         CHECK_ERR(ei_plan_alloc(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS), EI_OK);
         for (mt = 0; mt < 2; ++mt)
-            for (p = 0; p < (int)(sizeof calls / sizeof calls[0]); ++p)
-                for (i = 0; i < 4 && calls[p][i][2] >= 0; ++i) {
-                    long t = calls[p][i][0], e = calls[p][i][1];
-                    int fin = (int)calls[p][i][2];
-                    ei_tensor qc = L.tq, kc = L.tk;
-                    ei_result r0, r1;
-                    qc.data = L.q + (size_t)t * L.heads * L.dim;
-                    qc.n_tokens = e - t;
-                    r0 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &ref, t, fin, ws, wb);
-                    r1 = mt ? ei_profile_chunk_mt(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, 2, ws, wb * 2)
-                            : ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, ws, wb);
+            for (p = 0; p < CHUNK_PROTOCOLS; ++p)
+                for (i = 0; i < 4 && (CHUNK_KEY_STORE_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i) {
+                    ei_result r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], 1, ws, wb);
+                    ei_result r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], mt ? 2 : 1, ws, mt ? wb * 2 : wb);
                     CHECK(r0 == EI_OK && r1 == EI_OK, "%s: protocol %d call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), p,
                           i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
                     CHECK(plans_equal(&ref, &got), "%s%s: protocol %d call %d: the plan with the key store differs",
@@ -568,12 +582,6 @@ static int plan_rows_equal(const ei_plan *a, const ei_plan *b) {
     return 1;
 }
 static void test_plan_grow(void) {
-    static const long calls[][4][3] = { /* (first position, end (-1: no queries), final), as test_chunked_key_store */
-        {{0, 333, 0}, {333, 700, 0}, {700, 1290, 0}, {1290, 1500, 1}},
-        {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
-        {{0, 150, 0}, {620, 1100, 0}, {1100, 1500, 0}, {1500, -1, 1}},
-        {{0, 180, 1}, {180, 1200, 0}, {1200, 1500, 1}, {0, 0, -1}},
-    };
     static const uint32_t flag_sets[3] = {EI_PLAN_CHUNKED, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, EI_PLAN_CHUNKED | EI_PLAN_SCORES};
     synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 27);
     int rk, fs, p, i, n_cmp = 0, n_grow = 0;
@@ -590,14 +598,10 @@ static void test_plan_grow(void) {
             ws = malloc(wb);
             CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, flag_sets[fs]), EI_OK);
             CHECK_ERR(ei_plan_alloc(ctx, &got, 200, L.kv, L.dim, flag_sets[fs]), EI_OK);
-            for (p = 0; p < (int)(sizeof calls / sizeof calls[0]); ++p)
-                for (i = 0; i < 4 && calls[p][i][2] >= 0; ++i) {
-                    long t = calls[p][i][0], e = calls[p][i][1];
-                    int fin = (int)calls[p][i][2];
-                    ei_tensor qc = L.tq, kc = L.tk;
+            for (p = 0; p < CHUNK_PROTOCOLS; ++p)
+                for (i = 0; i < 4 && (CHUNK_GROW_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i) {
+                    long t = chunk_protocols[p][i][0], e = chunk_protocols[p][i][1];
                     ei_result r0, r1;
-                    qc.data = L.q + (size_t)t * L.heads * L.dim;
-                    qc.n_tokens = e - t;
                     if ((e < 0 ? t : e) > got.max_tokens) { /* grow before the chunk that passes the plan */
                         int64_t m = got.max_tokens;
                         while (m < (e < 0 ? t : e)) m *= 2;
@@ -605,8 +609,8 @@ static void test_plan_grow(void) {
                         CHECK(got.max_tokens == m, "grown to %lld tokens, %lld asked", (long long)got.max_tokens, (long long)m);
                         n_grow++;
                     }
-                    r0 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &ref, t, fin, ws, wb);
-                    r1 = ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, &got, t, fin, ws, wb);
+                    r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], 1, ws, wb);
+                    r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], 1, ws, wb);
                     CHECK(r0 == EI_OK && r1 == EI_OK, "grow: ranking %d flags %u protocol %d call %d: %s / %s (%s)", rk,
                           flag_sets[fs], p, i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
                     CHECK(plan_rows_equal(&ref, &got), "grow: ranking %d flags %u protocol %d call %d: the grown plan differs",

@@ -28,6 +28,10 @@
 #                              call's stack high-water mark on a 64 KiB thread stack
 #   make test-plugin           the CUDA plugin boundary with a fake plugin (no GPU needed)
 #   make test-backends         build/test_backends on the CPU
+#   make test-ops              build/test_ops: every case of tests/ops_cases.h's table (each
+#                              operation x shapes, dtypes, layouts, protocols) on the scalar
+#                              reference, every SIMD path and CUDA when present (make test-cuda
+#                              runs it with --require-gpu); --perf: times per case and path
 #   make quickstart            examples/quickstart.c
 #   make test-quickstart-header the code block of entropyinfer.h's QUICK START, extracted
 #                              as it stands, compiled as C and C++ and run
@@ -81,18 +85,20 @@ t-run-%:
 	else cat $(T_LOGS)/$*.log; echo "FAIL $*: $(t_cmd_$*)"; exit 1; fi
 t_runj   = $(T_BUILDJ) -k $(addprefix t-run-,$(1))
 .PHONY: test test-harness-selftest test-compilers test-compilers-full test-core plan-digest golden test-attention test-attention-all test-limits \
-        test-threads test-plugin test-backends quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
+        test-threads test-plugin test-backends test-ops quickstart test-quickstart-header test-arm64 test-i386 test-armhf insn-count-arm64
 
 test: test-harness-selftest test-compilers test-core golden test-attention-all test-limits test-threads test-plugin \
-      test-backends quickstart test-quickstart-header
+      test-backends test-ops quickstart test-quickstart-header
 	@echo "make test: all passed"
 
 # ---------------------------------------------------------------- the test programs
-T_PROGS := test_core golden_runner test_attention test_limits test_threads test_plugin \
+T_PROGS := test_core golden_runner test_attention test_limits test_threads test_plugin test_ops \
            $(if $(wildcard tests/test_backends.c),test_backends)
 $(addprefix $(T_BUILD)/,$(T_PROGS)): $(T_BUILD)/%: tests/%.c $(T_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(T_C) $(T_CFLAGS) $(T_WARN) -I. $< -o $@ $(T_LDLIBS)
+# The case table test_ops and fuzz_backends share.
+$(T_BUILD)/test_ops: tests/ops_cases.h
 
 $(T_BUILD)/quickstart: examples/quickstart.c entropyinfer.h
 	@mkdir -p $(@D)
@@ -159,6 +165,10 @@ test-plugin: $(T_BUILD)/test_plugin $(T_FAKES)
 # Until the file exists the target says so and passes.
 test-backends: $(if $(wildcard tests/test_backends.c),$(T_BUILD)/test_backends)
 	$(if $(wildcard tests/test_backends.c),$(T_BUILD)/test_backends,@echo "test-backends: tests/test_backends.c does not exist yet: skipped")
+
+# tests/test_ops.c: the table's cases on every CPU path here (CUDA: cuda.mk's test-cuda).
+test-ops: $(T_BUILD)/test_ops
+	$(T_BUILD)/test_ops
 
 # ---------------------------------------------------------------- the build matrix
 # Every compiler and language x every build option the header documents
