@@ -626,7 +626,9 @@ typedef enum ei_shared_weight {
 /* How profiling ranks a segment's key blocks (CONCEPTS: ranking). */
 typedef enum ei_ranking {
     EI_RANK_REFERENCE = 0, /* the paper's midpoint-query block score (golden-tested) */
-    EI_RANK_SAMPLED = 1    /* attention mass of sampled real query rows, scored exactly */
+    EI_RANK_SAMPLED = 1,   /* attention mass of sampled real query rows, scored exactly */
+    EI_RANK_ANTIDIAGONAL = 2 /* attention mass on the antidiagonals of sampled (query block, key block)
+                                tiles, as XAttention (arXiv 2503.16428); CPU only */
 } ei_ranking;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
@@ -674,7 +676,8 @@ typedef struct ei_config {
     /* block ranking and budgets beyond the paper (CONCEPTS; the defaults are
        the reference's; ei_config_quality() gives the best measured values) */
     ei_ranking ranking;          /* EI_RANK_REFERENCE */
-    int32_t rank_samples;        /* 64: query rows scored per segment and kv head (EI_RANK_SAMPLED) */
+    int32_t rank_samples;        /* 64: query rows scored per segment and kv head (EI_RANK_SAMPLED);
+                                    query tiles of block_size rows (EI_RANK_ANTIDIAGONAL) */
     double top_p;                /* 0: keep counts from the budget recurrence; in (0, 1]:
                                     blocks kept until their share of the ranking's mass
                                     reaches top_p, between base and max factor x base */
@@ -1436,6 +1439,11 @@ EI__HD int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, i
 EI__HD int ei__rank_sampled(const ei_config *c, int32_t s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
+/* The same for any ranking by estimated attention mass (EI_RANK_SAMPLED,
+   EI_RANK_ANTIDIAGONAL; the CPU's planning). */
+EI__HD int ei__rank_by_mass(const ei_config *c, int32_t s) {
+    return c->ranking != EI_RANK_REFERENCE && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
+}
 EI__HD int ei__segment_sparse(const ei_config *c, int32_t s, int32_t n_segments, int32_t final) {
     if ((int64_t)s * c->segment_size < c->threshold_len) return 0;
     return !(c->last_segment_dense && final && s == n_segments - 1);
@@ -1507,6 +1515,13 @@ EI__HD double ei__chunk_budget(const ei_config *c, const ei__seg_state *cur) {
    ranking); its query head is kvh * G + i % G. */
 EI__HD int64_t ei__sample_token(const ei_config *c, int32_t s, int32_t i) {
     return (int64_t)s * c->segment_size + ((2 * (int64_t)i + 1) * c->segment_size) / (2 * (int64_t)c->rank_samples);
+}
+/* EI_RANK_ANTIDIAGONAL: the first token of query tile i of segment s, a
+   whole query block (CONCEPTS: ranking); its query head is kvh * G + i % G,
+   its row r (token + r) scores the keys of phase block_size - 1 - r. */
+EI__HD int64_t ei__antidiag_tile_token(const ei_config *c, int32_t s, int32_t i) {
+    int64_t nt = c->segment_size / c->block_size;
+    return (int64_t)s * c->segment_size + c->block_size * (((2 * (int64_t)i + 1) * nt) / (2 * (int64_t)c->rank_samples));
 }
 /* The always-kept blocks of a segment that sees nvis blocks: sink blocks
    [0, *n_sink) and local blocks [*local0, nvis). Returns their count. */
@@ -2605,7 +2620,8 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
     if (c->cuda_deferred_errors != 0 && c->cuda_deferred_errors != 1) EI__BAD("cuda_deferred_errors must be 0 or 1");
     if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
-    if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED) EI__BAD("unknown ranking %d", (int)c->ranking);
+    if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED && c->ranking != EI_RANK_ANTIDIAGONAL)
+        EI__BAD("unknown ranking %d (EI_RANK_REFERENCE, EI_RANK_SAMPLED or EI_RANK_ANTIDIAGONAL)", (int)c->ranking);
     if (c->rank_samples <= 0 || c->rank_samples > EI_MAX_RANK_SAMPLES)
         EI__BAD("rank_samples %d not in 1..%d", (int)c->rank_samples, EI_MAX_RANK_SAMPLES);
     if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
@@ -3482,6 +3498,17 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
     int64_t tk = ei__sample_tile_keys(bs), tiled = tk + n / bs + 2 * (n / tk + 1), rows = ei__round_up(n, 16);
     return (size_t)(rows > tiled ? rows : tiled) * EI__SAMPLE_ROWS;
 }
+/* The score buffer and key tile of a ranking by mass: EI_RANK_ANTIDIAGONAL
+   runs the same kernels over one key in bs (ceil(n / bs) keys, one-key
+   blocks), so it takes the larger of the two layouts. */
+static size_t ei__mass_lg_floats(const ei_config *c, int64_t n) {
+    size_t a = ei__sample_lg_floats(n, c->block_size), b = ei__sample_lg_floats(ei__ceil_div(n, c->block_size) + 1, 1);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && b > a ? b : a;
+}
+static int32_t ei__mass_tile_keys(const ei_config *c) {
+    int32_t a = ei__sample_tile_keys(c->block_size), b = ei__sample_tile_keys(1);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && b > a ? b : a;
+}
 
 /* Workspace of one profiling thread. */
 #define EI__KREP_GROUP 16 /* key blocks built at a time (ei__build_key_reps) */
@@ -3493,7 +3520,7 @@ typedef struct ei__profile_ws {
     ei__ranked *pairs;    /* [ld] */
     float *mx, *mn;       /* [d] */
     float *kstage;        /* key blocks on their way into kmaxT/kminT [EI__KREP_GROUP][2][d] */
-    /* EI_RANK_SAMPLED only (NULL otherwise) */
+    /* EI_RANK_SAMPLED and EI_RANK_ANTIDIAGONAL only (NULL otherwise) */
     float *mass;          /* a segment's block mass [ld] */
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
@@ -3514,10 +3541,10 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
         !ei__reserve(&total, (size_t)d, 4u) || !ei__reserve(&total, 2u * EI__KREP_GROUP, (size_t)d * 4u) ||
-        (c->ranking == EI_RANK_SAMPLED &&
+        (c->ranking != EI_RANK_REFERENCE &&
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
-          !ei__reserve(&total, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u) ||
-          !ei__reserve(&total, ei__sample_lg_floats(n, c->block_size), 4u))) ||
+          !ei__reserve(&total, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u) ||
+          !ei__reserve(&total, ei__mass_lg_floats(c, n), 4u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -3537,11 +3564,11 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->score_threads = 1;
     w->krep_head = -1;
     w->krep_blocks = 0;
-    if (c->ranking == EI_RANK_SAMPLED) {
+    if (c->ranking != EI_RANK_REFERENCE) {
         w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
-        w->keys = (float *)ei__arena_take(&a, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u);
-        w->logits = (float *)ei__arena_take(&a, ei__sample_lg_floats(n, c->block_size), 4u);
+        w->keys = (float *)ei__arena_take(&a, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u);
+        w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
     }
     return 1;
 }
@@ -3562,13 +3589,25 @@ static ei_result ei__check_sizes(const ei_context *ctx, int64_t n_tokens, int32_
     return EI_OK;
 }
 
+/* The CUDA plugin has no kernels for EI_RANK_ANTIDIAGONAL yet: its plans
+   would silently differ from the CPU's, so profiling there is refused. */
+static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
+    if (ctx->cfg.ranking == EI_RANK_ANTIDIAGONAL)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "EI_RANK_ANTIDIAGONAL is a CPU ranking: profile on the CPU backend, or rank with EI_RANK_SAMPLED "
+                        "on the CUDA backend");
+    return EI_OK;
+}
+
 EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
     ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
     if (r != EI_OK) return r;
-    if (ei__on_gpu(ctx))
+    if (ei__on_gpu(ctx)) {
+        if ((r = ei__check_gpu_ranking(ctx)) != EI_OK) return r;
         return EI__CUDA(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
+    }
     if (!ei__profile_ws_layout(&ctx->cfg, n_tokens, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n_tokens);
     return EI_OK;
@@ -3759,6 +3798,61 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     return 1;
 }
 
+/* EI_RANK_ANTIDIAGONAL: add to mass[0..nvis) the block mass on the
+   antidiagonals of the query tiles of segment s whose rows lie in
+   [t_lo, t_hi) (CONCEPTS: ranking). Row r of a tile (token u) scores only
+   the keys of phase p = bs - 1 - r (keys p, p + bs, ...: one key of every
+   block), so a tile's bs rows cover each (query block, key block) pair's
+   antidiagonal: every key of a block once, for the cost of one sampled row.
+   Each row is softmaxed over its keys up to u and its weight on block b's
+   key added to mass[b]. Rows of one phase share a strided view of k (every
+   bs-th key from p) and run through the sampled ranking's kernel with
+   one-key blocks; they are added phase by phase, tiles in order within a
+   phase, so a segment's mass is the same on every thread split, and a
+   segment split across chunks is summed in another order (float32 summation
+   order, ACCURACY ACROSS PATHS). */
+static int ei__antidiag_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                             int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows,
+                             ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim, bs = c->block_size;
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    const int64_t nvis = (int64_t)s * (c->segment_size / bs);
+    int64_t tok[EI__SAMPLE_ROWS];
+    int32_t p, i, nr, e;
+    for (p = 0; p < bs; ++p) {
+        ei_tensor kp = *k; /* key m of the view is key m * bs + p */
+        int32_t r = bs - 1 - p;
+        if (k->n_tokens <= p) break;
+        kp.data = ei__row(k, p, 0);
+        kp.token_stride = k->token_stride * bs;
+        kp.n_tokens = (k->n_tokens - p + bs - 1) / bs;
+        i = 0;
+        while (i < c->rank_samples) {
+            memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
+            for (nr = 0; i < c->rank_samples && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of phase-p rows, in columns */
+                int64_t u = ei__antidiag_tile_token(c, s, i) + r;
+                if (u < t_lo || u >= t_hi) continue;
+                tok[nr] = (u - p) / bs; /* the row's last key of the phase (u - p >= t0 - bs + 1 > 0) */
+                ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+                for (e = 0; e < d; ++e) w->sq[(size_t)e * EI__SAMPLE_ROWS + (size_t)nr] = w->qtmp[e];
+                ++nr;
+            }
+            if (!nr) break;
+            if (!ctx->kern->sample_mass(w->sq, tok, nr, &kp, kvh, scale, 1, nvis, w->logits, w->keys, mass, NULL)) return 0;
+            *rows += nr;
+        }
+    }
+    return 1;
+}
+/* The block mass of segment s's rows in [t_lo, t_hi) by the context's ranking. */
+static int ei__segment_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                            int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows, ei__profile_ws *w) {
+    if (ctx->cfg.ranking == EI_RANK_ANTIDIAGONAL)
+        return ei__antidiag_mass(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
+    return ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
+}
+
 /* Whole-prompt planning: the profiling checks and as many queries as keys. */
 /* What a profiling call reads (q, k) and writes (the plan, ws_bytes of the
    workspace) must not meet (ei__check_regions). */
@@ -3841,10 +3935,10 @@ static ei_result ei__profile_part(const ei_context *ctx, const ei_tensor *q, con
                            : ei__budget_next(c, s, budget, plan->entropy[row], s > 0 ? plan->entropy[row - 1] : 0.0f);
             if (s < s0) continue;
             plan->budget[row] = (float)budget;
-            if (ei__rank_sampled(c, s)) {
+            if (ei__rank_by_mass(c, s)) {
                 int32_t rows = 0;
                 memset(w->mass, 0, (size_t)s * (size_t)bps * sizeof(float));
-                if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w->mass, &rows, w))
+                if (!ei__segment_mass(ctx, q, 0, k, kvh, G, s, 0, n, w->mass, &rows, w))
                     return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 if (rows > 0) sc = wt = w->mass; /* a last segment too short for any row keeps the reference ranking */
             }
@@ -3916,7 +4010,8 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) {
         size_t need;
-        if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
+        if ((r = ei__check_gpu_ranking(ctx)) != EI_OK ||
+            (r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
             (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
             return r;
         if ((r = EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes)) == EI_OK)
@@ -4207,14 +4302,14 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             /* the open segment was the last of a final call and stays before this chunk: plan it as an inner one */
             if (st->last_final && st->open_valid && open_seg < q_pos / seg &&
                 (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open,
-                                            ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL, G,
+                                            ei__rank_by_mass(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL, G,
                                             &w)) != EI_OK)
                 return r;
             for (s = (int32_t)(q_pos / seg); s < s_end; ++s) {
                 int64_t t0 = EI__MAX((int64_t)s * seg, q_pos), t1 = EI__MIN((int64_t)(s + 1) * seg, n);
                 int continues = s == open_seg && st->open_valid;
                 int32_t rows = continues ? st->open_rows : 0;
-                float *mass = ei__rank_sampled(c, s) ? w.mass : NULL;
+                float *mass = ei__rank_by_mass(c, s) ? w.mass : NULL;
                 size_t mass_bytes = (size_t)s * (size_t)(seg / c->block_size) * sizeof(float);
                 if (continues) { /* continue the stored segment */
                     memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
@@ -4225,7 +4320,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 if (mass) {
                     if (continues) memcpy(mass, open_mass, mass_bytes);
                     else memset(mass, 0, mass_bytes);
-                    if (!ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
+                    if (!ei__segment_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
                         return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 }
                 /* no row of the segment given yet: the reference ranking, until its rows come */
@@ -4241,7 +4336,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 }
             }
         } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open,
-                                               ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL,
+                                               ei__rank_by_mass(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL,
                                                G, &w)) != EI_OK)
             return r;
         st->tokens_done = n;
@@ -4265,7 +4360,7 @@ static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q
                                        int64_t q_pos, int is_final, void *workspace, size_t ws_bytes) {
     size_t need;
     ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads);
-    if (r != EI_OK) return r;
+    if (r != EI_OK || (r = ei__check_gpu_ranking(ctx)) != EI_OK) return r;
     /* sized for the plan's capacity, as on the CPU (a final call without queries needs no query features) */
     if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
                                        &need)) != EI_OK ||

@@ -721,9 +721,10 @@ static void check_ranked_plan(const ei_config *c, const ei_plan *p, const synth_
             int64_t nvis = (int64_t)s * (c->segment_size / c->block_size);
             int rigid = p->head_class[h] == EI_HEAD_RIGID;
             double budget = ref_budget(c, p->entropy + EI_PLAN_ROW(p, h, 0), s, rigid);
-            if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len &&
-                ei__sample_token(c, s, 0) < L->n) /* a segment with no row given keeps the reference ranking */
-                ref_sampled_mass(c, &q, &k, h, s, L->n, w);
+            int64_t first_row = c->ranking == EI_RANK_ANTIDIAGONAL ? ei__antidiag_tile_token(c, s, 0) : ei__sample_token(c, s, 0);
+            if (c->ranking != EI_RANK_REFERENCE && (int64_t)s * c->segment_size >= c->threshold_len &&
+                first_row < L->n) /* a segment with no row given keeps the reference ranking */
+                (void)ref_ranking_mass_given(c, &q, &k, h, s, L->n, NULL, w);
             else { /* the softmaxed reference score the plan stores */
                 double m = -HUGE_VAL;
                 for (b = 0; b < nvis; ++b) m = p->scores[row * p->blk_capacity + b] > m ? p->scores[row * p->blk_capacity + b] : m;
@@ -741,7 +742,10 @@ static void test_ranking_options(void) {
     synth_layer L = synth_layer_make(1000, 8, 4, 64, 64, 7);
     static const struct { ei_ranking ranking; int32_t samples; double top_p; int32_t sink, local, per_segment; } cases[] = {
         {EI_RANK_SAMPLED, 8, 0.0, 0, 0, 0},   {EI_RANK_SAMPLED, 12, 0.9, 1, 2, 0}, {EI_RANK_SAMPLED, 100, 0.6, 0, 3, 0},
-        {EI_RANK_REFERENCE, 64, 0.9, 2, 1, 0}, {EI_RANK_SAMPLED, 16, 0.95, 1, 1, 1}, {EI_RANK_REFERENCE, 64, 0.0, 3, 4, 0}};
+        {EI_RANK_REFERENCE, 64, 0.9, 2, 1, 0}, {EI_RANK_SAMPLED, 16, 0.95, 1, 1, 1}, {EI_RANK_REFERENCE, 64, 0.0, 3, 4, 0},
+        /* EI_RANK_ANTIDIAGONAL: fewer tiles than query blocks, more (tiles share a block, heads differ), per-segment */
+        {EI_RANK_ANTIDIAGONAL, 3, 0.0, 0, 0, 0}, {EI_RANK_ANTIDIAGONAL, 5, 0.9, 1, 2, 0},
+        {EI_RANK_ANTIDIAGONAL, 20, 0.95, 1, 1, 0}, {EI_RANK_ANTIDIAGONAL, 8, 0.95, 1, 1, 1}};
     size_t ci;
     int p, d;
     for (ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci)
@@ -752,7 +756,7 @@ static void test_ranking_options(void) {
                 ei_plan plan;
                 void *mem;
                 char what[96];
-                if (!test_simd_selected((ei_simd)p) || (d != EI_F32 && p != EI_SIMD_AUTO && ci > 1)) continue;
+                if (!test_simd_selected((ei_simd)p) || (d != EI_F32 && p != EI_SIMD_AUTO && ci > 1 && ci != 7)) continue;
                 c.ranking = cases[ci].ranking;
                 c.rank_samples = cases[ci].samples;
                 c.top_p = cases[ci].top_p;
@@ -798,6 +802,9 @@ static void test_ranking_options(void) {
         ei_config c = ei_config_default();
         ei_context *ctx;
         c.ranking = (ei_ranking)7; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c.ranking = (ei_ranking)3; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "an unknown ranking names the known ones: %s", ei_last_error());
+        c = ei_config_default(); c.ranking = EI_RANK_ANTIDIAGONAL; c.rank_samples = 0; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.rank_samples = 0; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.rank_samples = EI_MAX_RANK_SAMPLES + 1; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.top_p = 1.5; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
@@ -880,6 +887,54 @@ static float *chunk_kbuf(const synth_layer *L) {
     memcpy(b, L->k, sizeof(float) * row * (size_t)L->n);
     for (i = row * (size_t)L->n; i < row * (size_t)(L->n + 64); ++i) b[i] = NAN;
     return b;
+}
+
+/* EI_RANK_ANTIDIAGONAL in chunks. Chunks cut at segment boundaries give the
+   whole-prompt plan bit for bit (a segment's rows in one call, phase by
+   phase); chunks cut anywhere add a segment's rows phase by phase per chunk,
+   another float32 summation order, so there each row is checked against the
+   plain reference (ref_antidiag_mass_given) up to near-ties instead. */
+static void test_antidiag_chunked(void) {
+    synth_layer L = synth_layer_make(640, 6, 2, 32, 64, 21);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    chunk_env E;
+    ei_plan whole, ch;
+    float *kL = chunk_kbuf(&L);
+    uint64_t rng = 4242;
+    int trial;
+    c.ranking = EI_RANK_ANTIDIAGONAL;
+    c.rank_samples = 5;
+    c.top_p = 0.9;
+    c.sink_blocks = 1;
+    c.local_blocks = 2;
+    CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
+    E.c = ei_context_config(E.ctx);
+    ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
+    E.ws = malloc(E.wb);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &whole, L.n, L.kv, L.dim, EI_PLAN_SCORES), EI_OK);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES), EI_OK);
+    CHECK_ERR(ei_profile(E.ctx, &L.tq, &L.tk, &whole, E.ws, E.wb), EI_OK);
+    check_ranked_plan(E.c, &whole, &L, EI_F32, "antidiagonal, whole prompt");
+    for (trial = 0; trial < 12; ++trial) {
+        long t = 0;
+        char what[64];
+        snprintf(what, sizeof what, "antidiagonal, %s chunks, trial %d", trial % 2 ? "random" : "segment", trial);
+        ei_plan_reset(&ch);
+        while (t < L.n) {
+            long cnt = trial % 2 ? 1 + (long)(rng_next(&rng) % 150) : 64 * (1 + (long)(rng_next(&rng) % 3));
+            if (t + cnt > L.n) cnt = L.n - t;
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, t, cnt, t + cnt == L.n, (long)(rng_next(&rng) % 64)), EI_OK);
+            t += cnt;
+        }
+        if (trial % 2) check_ranked_plan(E.c, &ch, &L, EI_F32, what);
+        else chunk_compare(&E, &ch, &whole, 0, whole.n_segments, what);
+    }
+    ei_plan_free(E.ctx, &whole);
+    ei_plan_free(E.ctx, &ch);
+    ei_context_destroy(E.ctx);
+    free(E.ws);
+    free(kL);
+    synth_layer_free(&L);
 }
 
 static void test_chunked_any_position(int per_segment, int sampled) {
@@ -1976,6 +2031,7 @@ int main(void) {
     test_chunked_any_position(0, 1);
     test_chunked_any_position(1, 1);
     test_ranking_options();
+    test_antidiag_chunked();
     test_decode();
     test_decode_rows();
     test_decode_padded();
