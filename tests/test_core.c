@@ -297,7 +297,8 @@ static void test_strided_and_threads(void) {
         }
         free(ws5);
     }
-    {   /* one kv head, the sampled ranking with top-p, sink and local blocks: 2 and 3 threads */
+    for (i = 0; i < 2; ++i) { /* one kv head, the sampled (i 0) and antidiagonal (i 1) rankings with top-p, sink and
+                                 local blocks: 2 and 3 threads; the antidiagonal one also over kv-head ranges */
         synth_layer L1 = synth_layer_make(900, 4, 1, 32, 64, 5);
         ei_config cq = c, qp = ei_config_quality();
         ei_context *cx;
@@ -305,8 +306,27 @@ static void test_strided_and_threads(void) {
         size_t wq;
         void *wsq;
         int nt;
-        cq.ranking = qp.ranking; cq.rank_samples = 16; cq.top_p = qp.top_p; cq.sink_blocks = 1; cq.local_blocks = 2;
+        cq.ranking = i ? EI_RANK_ANTIDIAGONAL : qp.ranking; cq.rank_samples = i ? 6 : 16; cq.top_p = qp.top_p;
+        cq.sink_blocks = 1; cq.local_blocks = 2;
         CHECK_ERR(ei_context_create(&cq, &cx), EI_OK);
+        if (i) { /* L's two kv heads: kv-head ranges (ei_profile_heads, ei_profile_mt over heads) give one plan */
+            ei_plan ph, pt;
+            size_t wl;
+            void *wsl;
+            ei_profile_workspace_size(cx, L.n, L.heads, L.kv, L.dim, &wl);
+            wsl = malloc(wl * 2);
+            CHECK_ERR(ei_plan_alloc(cx, &ph, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_plan_alloc(cx, &pt, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 1, 2, wsl, wl), EI_OK);
+            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 0, 1, wsl, wl), EI_OK);
+            CHECK_ERR(ei_profile_mt(cx, &q, &k, &pt, 2, wsl, wl * 2), EI_OK);
+            CHECK(memcmp(ph.keep_count, pt.keep_count, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity) == 0 &&
+                      memcmp(ph.block_index, pt.block_index, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity * ph.max_keep) == 0,
+                  "antidiagonal ranking over kv-head ranges differs from ei_profile_mt's");
+            ei_plan_free(cx, &ph);
+            ei_plan_free(cx, &pt);
+            free(wsl);
+        }
         ei_profile_workspace_size(cx, L1.n, L1.heads, L1.kv, L1.dim, &wq);
         wsq = malloc(wq * 3);
         CHECK_ERR(ei_plan_alloc(cx, &p1, L1.n, 1, L1.dim, 0), EI_OK);
@@ -319,7 +339,7 @@ static void test_strided_and_threads(void) {
                       memcmp(p1.keep_count, pm.keep_count, sizeof(int32_t) * p1.seg_capacity) == 0 &&
                       memcmp(p1.block_index, pm.block_index, sizeof(int32_t) * p1.seg_capacity * p1.max_keep) == 0 &&
                       p1.head_class[0] == pm.head_class[0],
-                  "sampled ranking split over segments (%d threads, 1 kv head) differs", nt);
+                  "%s ranking split over segments (%d threads, 1 kv head) differs", i ? "antidiagonal" : "sampled", nt);
         }
         free(wsq);
         ei_plan_free(cx, &p1);
