@@ -153,6 +153,24 @@
                is ranked by the reference score. Either way the
                reference score gives the entropy, the head class and the
                budget recurrence (a plan's budget field).
+               EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
+               XAttention (Xu et al., arXiv 2503.16428, which sums the
+               strided antidiagonals of each (query block, key block) tile
+               as the block's importance). R = rank_samples query tiles of
+               block_size (bs) rows: tile i starts at token t0 + bs *
+               (((2i + 1) (segment_size / bs)) / (2R)) (integer division),
+               query head kvh*G + i mod G; its row r (token u) scores only
+               the keys j <= u with j mod bs = bs - 1 - r, one key of every
+               block: over the tile's bs rows that is each (tile, block)
+               pair's antidiagonal, every key of a block once, for the
+               cost of one sampled row, so R tiles see bs x R queries for
+               the price of R rows. Unlike XAttention, which softmaxes the
+               antidiagonal sums, each row is softmaxed over its own keys
+               and its weight on a block added to the block's mass (a
+               mass, so that top_p counts mean the same as with sampled
+               rows). CPU only: the CUDA backend refuses it
+               (EI_ERR_UNSUPPORTED) rather than plan differently.
+               Measured on Gemma 3 270M: docs/quality.md.
    top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
                whose share of the ranking's mass over the blocks before the
                segment reaches top_p (reference ranking: the softmaxed block
@@ -325,7 +343,12 @@
    shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
-   rank in another order. Decode scores run through the same kernels (rows in
+   rank in another order. EI_RANK_ANTIDIAGONAL runs the same kernels,
+   so the same holds, and its masses are bit-identical over thread and
+   kv-head splits and for chunks that cut at segment boundaries; a segment
+   cut by a chunk adds its rows phase by phase per chunk (one key phase per
+   kernel batch), so its mass is the whole-prompt one within float32
+   summation order and near-ties may rank in another order. Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
    bit-identical scores on one path. expf/logf come from libm (no fast approximations) and no
@@ -350,7 +373,8 @@
    segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
-   segment and kv head; its workspace adds 32 x n_tokens floats of scores.
+   segment and kv head (the antidiagonal one that many tiles); its workspace
+   adds 32 x n_tokens floats of scores.
    Plan memory per layer (ei_plan_size; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
@@ -1113,7 +1137,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
    in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
    (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
-   one call (PROTOCOLS).
+   one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL has no GPU kernels yet: every
+   profiling call of a CUDA context refuses it (EI_ERR_UNSUPPORTED).
    Finding the plugin (EI_BACKEND_CUDA*): cfg.cuda_library, else the path in
    $EI_CUDA_LIBRARY, else libentropyinfer_cuda.so through the dynamic loader's
    search path (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache, system
