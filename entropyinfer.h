@@ -159,17 +159,20 @@
                as the block's importance). R = rank_samples query tiles of
                block_size (bs) rows: tile i starts at token t0 + bs *
                (((2i + 1) (segment_size / bs)) / (2R)) (integer division),
-               query head kvh*G + i mod G; its row r (token u) scores only
-               the keys j <= u with j mod bs = bs - 1 - r, one key of every
-               block: over the tile's bs rows that is each (tile, block)
-               pair's antidiagonal, every key of a block once, for the
-               cost of one sampled row, so R tiles see bs x R queries for
-               the price of R rows. Unlike XAttention, which softmaxes the
-               antidiagonal sums, each row is softmaxed over its own keys
-               and its weight on a block added to the block's mass (a
-               mass, so that top_p counts mean the same as with sampled
-               rows). CPU only: the CUDA backend refuses it
-               (EI_ERR_UNSUPPORTED) rather than plan differently.
+               query head kvh*G + i mod G; its row r (token u) scores every
+               key of the first sink_blocks blocks and, after them, only
+               the keys j <= u with j mod bs = bs - 1 - r: one key of every
+               block, so over the tile's bs rows each (tile, block) pair's
+               antidiagonal, every key of a block once, for about the cost
+               of one sampled row (R tiles see bs x R queries for the
+               price of R rows). Unlike XAttention, which softmaxes the
+               antidiagonal sums, each row is softmaxed over its own keys,
+               a strided key weighing bs (it stands for its block; the
+               sink blocks, whose mass a stride would miss, are exact), and
+               its weight on a block added to the block's mass (a mass, so
+               that top_p counts mean the same as with sampled rows).
+               CPU only: the CUDA backend refuses it (EI_ERR_UNSUPPORTED)
+               rather than plan differently.
                Measured on Gemma 3 270M: docs/quality.md.
    top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
                whose share of the ranking's mass over the blocks before the
@@ -343,15 +346,14 @@
    shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
-   rank in another order. EI_RANK_ANTIDIAGONAL runs the same kernels,
-   so the same holds, and its masses are bit-identical over thread and
-   kv-head splits and for chunks that cut at segment boundaries; a segment
-   cut by a chunk adds its rows phase by phase per chunk (one key phase per
-   kernel batch), so its mass is the whole-prompt one within float32
-   summation order and near-ties may rank in another order. Decode scores run through the same kernels (rows in
+   rank in another order. Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
-   bit-identical scores on one path. expf/logf come from libm (no fast approximations) and no
+   bit-identical scores on one path. EI_RANK_ANTIDIAGONAL
+   scores each row with the path's dot product and expf: its masses agree across paths
+   within float32 summation order, and are bit-identical on one path over
+   thread and kv-head splits and however chunks cut a segment (rows are
+   added in token order). expf/logf come from libm (no fast approximations) and no
    flush-to-zero is set.
 
    LIMITS
@@ -3823,49 +3825,81 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     return 1;
 }
 
-/* EI_RANK_ANTIDIAGONAL: add to mass[0..nvis) the block mass on the
-   antidiagonals of the query tiles of segment s whose rows lie in
-   [t_lo, t_hi) (CONCEPTS: ranking). Row r of a tile (token u) scores only
-   the keys of phase p = bs - 1 - r (keys p, p + bs, ...: one key of every
-   block), so a tile's bs rows cover each (query block, key block) pair's
-   antidiagonal: every key of a block once, for the cost of one sampled row.
-   Each row is softmaxed over its keys up to u and its weight on block b's
-   key added to mass[b]. Rows of one phase share a strided view of k (every
-   bs-th key from p) and run through the sampled ranking's kernel with
-   one-key blocks; they are added phase by phase, tiles in order within a
-   phase, so a segment's mass is the same on every thread split, and a
-   segment split across chunks is summed in another order (float32 summation
-   order, ACCURACY ACROSS PATHS). */
+/* EI_RANK_ANTIDIAGONAL: the tiles whose query block starts at token
+   t0 + bs * qb are [*i0, *i1) (tile i's block is ((2i + 1) nt) / (2R),
+   nondecreasing in i). */
+static void ei__antidiag_tiles_of_block(const ei_config *c, int64_t qb, int32_t *i0, int32_t *i1) {
+    int64_t nt = c->segment_size / c->block_size, R = c->rank_samples, lo = 0, hi = R;
+    while (lo < hi) { /* the first tile whose block is >= qb */
+        int64_t mid = (lo + hi) / 2;
+        if (((2 * mid + 1) * nt) / (2 * R) < qb) lo = mid + 1; else hi = mid;
+    }
+    *i0 = (int32_t)lo;
+    for (hi = lo; hi < R && ((2 * hi + 1) * nt) / (2 * R) == qb; ++hi) {}
+    *i1 = (int32_t)hi;
+}
+/* One row of EI_RANK_ANTIDIAGONAL (CONCEPTS: ranking): query qf (f32) at
+   token u scores the keys of the ns sink blocks (j < ns bs, j <= u) and the
+   keys j = m bs + p (p its phase) of the later blocks up to u; a phase key
+   stands for its block's bs keys (weight bs: the row's softmax is then an
+   estimate of its softmax over every key, with the sink blocks, whose mass a
+   stride would miss, exact). Its weight on each block b < nvis is added to
+   mass[b]. lg holds u + 1 floats, kf d floats. 0 if a score is not finite. */
+static int ei__antidiag_row(const ei_context *ctx, const float *qf, int64_t u, int32_t p, const ei_tensor *k, int32_t kvh,
+                            float scale, int64_t ns, int64_t nvis, float *lg, float *kf, float *mass) {
+    const int32_t d = k->head_dim, bs = ctx->cfg.block_size;
+    const int64_t n_sink = EI__MIN(ns * bs, u + 1);
+    int64_t j, m, n_lg = 0;
+    float mx = -FLT_MAX, wp = (float)bs;
+    double z = 0.0, inv;
+    for (j = 0; j < n_sink; ++j, ++n_lg) { /* the sink blocks, every key */
+        const float *kr = k->dtype == EI_F32 ? (const float *)ei__row(k, j, kvh) : kf;
+        if (k->dtype != EI_F32) ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kf);
+        lg[n_lg] = ctx->kern->dot(qf, kr, d) * scale;
+    }
+    for (j = ns * bs + p; j <= u; j += bs, ++n_lg) { /* one key of every later block */
+        const float *kr = k->dtype == EI_F32 ? (const float *)ei__row(k, j, kvh) : kf;
+        if (k->dtype != EI_F32) ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kf);
+        lg[n_lg] = ctx->kern->dot(qf, kr, d) * scale;
+    }
+    for (j = 0; j < n_lg; ++j) {
+        if (!(lg[j] - lg[j] == 0.0f)) return 0;
+        mx = lg[j] > mx ? lg[j] : mx;
+    }
+    for (j = 0; j < n_lg; ++j) {
+        lg[j] = expf(lg[j] - mx) * (j < n_sink ? 1.0f : wp);
+        z += (double)lg[j];
+    }
+    inv = 1.0 / z;
+    for (j = 0; j < n_sink && j < nvis * bs; ++j) mass[j / bs] += (float)((double)lg[j] * inv);
+    for (m = ns, j = n_sink; j < n_lg && m < nvis; ++j, ++m) mass[m] += (float)((double)lg[j] * inv);
+    return 1;
+}
+/* EI_RANK_ANTIDIAGONAL: add to mass[0..nvis) the block mass of the rows of
+   segment s's query tiles whose tokens lie in [t_lo, t_hi) (CONCEPTS:
+   ranking): row r of a tile (token u, phase p = bs - 1 - r) scores one key
+   of every block (ei__antidiag_row), so a tile's bs rows cover each
+   (query block, key block) pair's antidiagonal for the cost of one sampled
+   row. Rows are added in token order (tiles of one query block in tile
+   order), so a segment's mass is the same bit for bit however chunks cut it
+   and however threads split segments and kv heads. */
 static int ei__antidiag_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
                              int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows,
                              ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
     const int32_t d = k->head_dim, bs = c->block_size;
     const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
-    const int64_t nvis = (int64_t)s * (c->segment_size / bs);
-    int64_t tok[EI__SAMPLE_ROWS];
-    int32_t p, i, nr, e;
-    for (p = 0; p < bs; ++p) {
-        ei_tensor kp = *k; /* key m of the view is key m * bs + p */
-        int32_t r = bs - 1 - p;
-        if (k->n_tokens <= p) break;
-        kp.data = ei__row(k, p, 0);
-        kp.token_stride = k->token_stride * bs;
-        kp.n_tokens = (k->n_tokens - p + bs - 1) / bs;
-        i = 0;
-        while (i < c->rank_samples) {
-            memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
-            for (nr = 0; i < c->rank_samples && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of phase-p rows, in columns */
-                int64_t u = ei__antidiag_tile_token(c, s, i) + r;
-                if (u < t_lo || u >= t_hi) continue;
-                tok[nr] = (u - p) / bs; /* the row's last key of the phase (u - p >= t0 - bs + 1 > 0) */
-                ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
-                for (e = 0; e < d; ++e) w->sq[(size_t)e * EI__SAMPLE_ROWS + (size_t)nr] = w->qtmp[e];
-                ++nr;
-            }
-            if (!nr) break;
-            if (!ctx->kern->sample_mass(w->sq, tok, nr, &kp, kvh, scale, 1, nvis, w->logits, w->keys, mass, NULL)) return 0;
-            *rows += nr;
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
+    const int64_t ns = EI__MIN((int64_t)c->sink_blocks, nvis);
+    int64_t u;
+    int32_t i0 = 0, i1 = 0, i;
+    for (u = EI__MAX(t0, t_lo); u < EI__MIN(t0 + c->segment_size, t_hi); ++u) {
+        int32_t r = (int32_t)((u - t0) % bs);
+        if (u == EI__MAX(t0, t_lo) || r == 0) ei__antidiag_tiles_of_block(c, (u - t0) / bs, &i0, &i1);
+        for (i = i0; i < i1; ++i) {
+            ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+            if (!ei__antidiag_row(ctx, w->qtmp, u, bs - 1 - r, k, kvh, scale, ns, nvis, w->logits, w->keys, mass)) return 0;
+            ++*rows;
         }
     }
     return 1;
