@@ -1811,6 +1811,12 @@ typedef struct ei__kernels {
        scalar reference); 0 if a key row holds NaN/Inf */
     int (*decode)(const struct ei__attn_job *J, struct ei__attn_ws *w, int32_t kvh, const float *q, int32_t nr, float *st,
                   const int64_t *pos, int32_t nk, const int64_t *pf_pos, int32_t pf_nk);
+    /* EI_RANK_ANTIDIAGONAL: the weights of a group of up to antidiag_lanes
+       query tiles (>>profile, ei__antidiag_mass; >>attention's template
+       EI__DEFINE_ANTIDIAG_GROUP); NULL: the plain per-row reference */
+    int (*antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k, int32_t kvh, float scale, int32_t bs,
+                          int64_t ns, int64_t ld, float *lg, float *kbuf);
+    int32_t antidiag_lanes;
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -3537,6 +3543,23 @@ static int32_t ei__mass_tile_keys(const ei_config *c) {
     return c->ranking == EI_RANK_ANTIDIAGONAL && b > a ? b : a;
 }
 
+/* EI_RANK_ANTIDIAGONAL scores groups of query tiles with the rows of a
+   phase in the lanes of a vector (EI__DEFINE_ANTIDIAG_GROUP), up to 16
+   lanes (AVX-512), for blocks of up to 64 tokens and sink blocks of up to
+   512 keys in all; other shapes take the plain per-row path. */
+#define EI__ANTIDIAG_LANES 16
+static int ei__antidiag_grouped_shape(const ei_config *c, int64_t n) {
+    int64_t nb = (ei__ceil_div(n, c->segment_size) - 1) * (c->segment_size / c->block_size);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && c->block_size <= 64 &&
+           EI__MIN((int64_t)c->sink_blocks, EI__MAX(nb, (int64_t)0)) * c->block_size <= 512;
+}
+/* Keys a phase of a group scores, at most (its weight rows' stride). */
+static int64_t ei__antidiag_ld(const ei_config *c, int64_t n) {
+    int64_t nb = (ei__ceil_div(n, c->segment_size) - 1) * (c->segment_size / c->block_size);
+    int64_t ns = EI__MIN((int64_t)c->sink_blocks, EI__MAX(nb, (int64_t)0));
+    return ei__round_up(ns * c->block_size + n / c->block_size + 2, 8);
+}
+
 /* Workspace of one profiling thread. */
 #define EI__KREP_GROUP 16 /* key blocks built at a time (ei__build_key_reps) */
 typedef struct ei__profile_ws {
@@ -3552,6 +3575,11 @@ typedef struct ei__profile_ws {
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
+    /* EI_RANK_ANTIDIAGONAL's tile groups (ei__antidiag_grouped; NULL otherwise) */
+    float *ad_q;          /* a group's rows, per phase transposed [bs][d][EI__ANTIDIAG_LANES] */
+    float *ad_w;          /* their weights [bs][ad_ld][EI__ANTIDIAG_LANES] */
+    int64_t *ad_u;        /* their tokens [bs][EI__ANTIDIAG_LANES] */
+    int64_t ad_ld;
     int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
     int32_t krep_head;    /* chunked planning: the kv head whose key blocks [0, krep_blocks) kmaxT/kminT hold (-1: none) */
     int64_t krep_blocks;
@@ -3572,6 +3600,10 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u) ||
           !ei__reserve(&total, ei__mass_lg_floats(c, n), 4u))) ||
+        (ei__antidiag_grouped_shape(c, n) &&
+         (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -3596,6 +3628,15 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
         w->keys = (float *)ei__arena_take(&a, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u);
         w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
+    }
+    w->ad_q = w->ad_w = NULL;
+    w->ad_u = NULL;
+    w->ad_ld = 0;
+    if (ei__antidiag_grouped_shape(c, n)) {
+        w->ad_ld = ei__antidiag_ld(c, n);
+        w->ad_q = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u);
+        w->ad_w = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)w->ad_ld * 4u);
+        w->ad_u = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
     }
     return 1;
 }
@@ -3875,6 +3916,52 @@ static int ei__antidiag_row(const ei_context *ctx, const float *qf, int64_t u, i
     for (m = ns, j = n_sink; j < n_lg && m < nvis; ++j, ++m) mass[m] += (float)((double)lg[j] * inv);
     return 1;
 }
+/* EI_RANK_ANTIDIAGONAL through the path's group kernel: tiles [g0, g1) of
+   segment s (whole query blocks' tiles, at most the kernel's lanes), their
+   rows in [lo, hi) scored together, then added to mass in token order (the
+   tiles of one query block in tile order), as the per-row path does.
+   *any: whether a row was in range. */
+static int ei__antidiag_group_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k,
+                                   int32_t kvh, int32_t G, int32_t s, int32_t g0, int32_t g1, int64_t lo, int64_t hi,
+                                   float *mass, int32_t *rows, ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim, bs = c->block_size, V = ctx->kern->antidiag_lanes;
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs, ns = EI__MIN((int64_t)c->sink_blocks, nvis);
+    int64_t idx;
+    int32_t p, t, e, given = 0;
+    memset(w->ad_q, 0, (size_t)bs * (size_t)d * (size_t)V * sizeof(float));
+    for (p = 0; p < bs; ++p)
+        for (t = 0; t < V; ++t) {
+            int64_t u = g0 + t < g1 ? ei__antidiag_tile_token(c, s, g0 + t) + (bs - 1 - p) : -1;
+            float *qp = w->ad_q + (size_t)p * (size_t)d * (size_t)V;
+            w->ad_u[p * V + t] = u >= lo && u < hi ? u : -1;
+            if (w->ad_u[p * V + t] < 0) continue;
+            ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + (g0 + t) % G), q->dtype, d, w->qtmp);
+            for (e = 0; e < d; ++e) qp[(size_t)e * (size_t)V + (size_t)t] = w->qtmp[e];
+            ++given;
+        }
+    if (!given) return 1;
+    if (!ctx->kern->antidiag_group(w->ad_q, w->ad_u, k, kvh, scale, bs, ns, w->ad_ld, w->ad_w, w->keys)) return 0;
+    for (t = 0; t < g1 - g0;) { /* query blocks in order; a block's rows in token order, its tiles in tile order */
+        int32_t t1 = t, r;
+        int64_t qb = (ei__antidiag_tile_token(c, s, g0 + t) - t0) / bs;
+        while (g0 + t1 < g1 && (ei__antidiag_tile_token(c, s, g0 + t1) - t0) / bs == qb) ++t1;
+        for (r = 0; r < bs; ++r)
+            for (e = t; e < t1; ++e) {
+                int64_t u = w->ad_u[(bs - 1 - r) * V + e], m, last;
+                const float *wr = w->ad_w + (size_t)(bs - 1 - r) * (size_t)w->ad_ld * (size_t)V + (size_t)e;
+                if (u < 0) continue;
+                for (idx = 0; idx < ns * bs; ++idx) mass[idx / bs] += wr[(size_t)idx * (size_t)V];
+                last = EI__MIN(nvis, (u - (bs - 1 - r)) / bs + 1);
+                for (m = ns, idx = ns * bs; m < last; ++m, ++idx) mass[m] += wr[(size_t)idx * (size_t)V];
+                ++*rows;
+            }
+        t = t1;
+    }
+    return 1;
+}
+
 /* EI_RANK_ANTIDIAGONAL: add to mass[0..nvis) the block mass of the rows of
    segment s's query tiles whose tokens lie in [t_lo, t_hi) (CONCEPTS:
    ranking): row r of a tile (token u, phase p = bs - 1 - r) scores one key
@@ -3891,11 +3978,29 @@ static int ei__antidiag_mass(const ei_context *ctx, const ei_tensor *q, int64_t 
     const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
     const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
     const int64_t ns = EI__MIN((int64_t)c->sink_blocks, nvis);
+    const int64_t lo = EI__MAX(t0, t_lo), hi = EI__MIN(t0 + c->segment_size, t_hi), nt = c->segment_size / bs;
     int64_t u;
     int32_t i0 = 0, i1 = 0, i;
-    for (u = EI__MAX(t0, t_lo); u < EI__MIN(t0 + c->segment_size, t_hi); ++u) {
+    /* the path's group kernel when a query block's tiles fit in its lanes (groups never split them) */
+    if (ctx->kern->antidiag_group && w->ad_q && ei__ceil_div(c->rank_samples, nt) <= ctx->kern->antidiag_lanes) {
+        int32_t g0 = 0, V = ctx->kern->antidiag_lanes;
+        while (g0 < c->rank_samples) {
+            int32_t g1 = g0, b0, b1;
+            while (g1 < c->rank_samples) { /* whole query blocks' tiles, at most V */
+                ei__antidiag_tiles_of_block(c, (ei__antidiag_tile_token(c, s, g1) - t0) / bs, &b0, &b1);
+                if (b1 - g0 > V) break;
+                g1 = b1;
+            }
+            if (ei__antidiag_tile_token(c, s, g0) < hi && ei__antidiag_tile_token(c, s, g1 - 1) + bs > lo &&
+                !ei__antidiag_group_mass(ctx, q, q_pos, k, kvh, G, s, g0, g1, lo, hi, mass, rows, w))
+                return 0;
+            g0 = g1;
+        }
+        return 1;
+    }
+    for (u = lo; u < hi; ++u) {
         int32_t r = (int32_t)((u - t0) % bs);
-        if (u == EI__MAX(t0, t_lo) || r == 0) ei__antidiag_tiles_of_block(c, (u - t0) / bs, &i0, &i1);
+        if (u == lo || r == 0) ei__antidiag_tiles_of_block(c, (u - t0) / bs, &i0, &i1);
         for (i = i0; i < i1; ++i) {
             ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
             if (!ei__antidiag_row(ctx, w->qtmp, u, bs - 1 - r, k, kvh, scale, ns, nvis, w->logits, w->keys, mass)) return 0;
@@ -7000,6 +7105,90 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
         return 1;                                                                                              \
     }
 
+/* EI_RANK_ANTIDIAGONAL, written once: the weights of a group of query tiles
+   (>>profile, ei__antidiag_mass; the plain reference is ei__antidiag_row).
+   Defines ei__antidiag_group_<isa>. Lane t of every vector is tile t of the
+   group (up to EI__VN tiles). qt [bs][d][EI__VN]: phase p's rows (row bs-1-p
+   of each tile) transposed, zero in lanes without a row; u[p EI__VN + t]
+   that row's token (-1: none). Phase p's keys are idx = 0..ns bs - 1 (every
+   key of the sink blocks) and then idx = ns bs + m - ns for the keys m bs + p,
+   m >= ns, up to the phase's last token; lg[(p ld + idx) EI__VN + t] receives
+   the row's normalised weight on key idx (a strided key weighs bs; 0 past
+   the row's token). The 8 keys of a step are converted to f32 into kbuf (8 x
+   d rounded up to 16) once: keys of one phase, 8 blocks apart, so a group
+   reads each key once and each 8 x bs keys close together. Rows sit in
+   lanes: a key's score for all the group's rows of its phase is a
+   broadcast-FMA walk over d. Returns 0 if a score is not finite. */
+#define EI__DEFINE_ANTIDIAG_GROUP()                                                                            \
+    EI__VTARGET static int EI__VNAME(ei__antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k,   \
+                                                         int32_t kvh, float scale, int32_t bs, int64_t ns,     \
+                                                         int64_t ld, float *lg, float *kbuf) {                 \
+        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
+        const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
+        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
+        float zl[EI__VN];                                                                                      \
+        int64_t p, idx, nidx, umax, umin, j;                                                                   \
+        int32_t t, e, i;                                                                                       \
+        for (p = 0; p < bs; ++p) {                                                                             \
+            const float *qp = qt + (size_t)p * (size_t)d * EI__VN;                                             \
+            float *lp = lg + (size_t)p * (size_t)ld * EI__VN;                                                  \
+            EI__VEC mx = EI__VSET1(-FLT_MAX), z = EI__VZERO(), wv;                                             \
+            for (umax = -1, umin = INT64_MAX, t = 0; t < EI__VN; ++t)                                          \
+                if (u[p * EI__VN + t] >= 0) {                                                                  \
+                    umax = EI__MAX(umax, u[p * EI__VN + t]);                                                   \
+                    umin = EI__MIN(umin, u[p * EI__VN + t]);                                                   \
+                }                                                                                              \
+            if (umax < 0) continue;                                                                            \
+            nidx = ns * bs + (umax >= ns * bs + p ? (umax - p) / bs - ns + 1 : 0);                             \
+            for (idx = 0; idx < nidx; idx += 8) { /* 8 keys at a time, accumulators in registers */           \
+                const int32_t nk = (int32_t)EI__MIN((int64_t)8, nidx - idx);                                   \
+                EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();                \
+                EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO(), acc[8];        \
+                const float *k0 = kbuf, *k1 = kbuf + (size_t)dp, *k2 = kbuf + 2u * (size_t)dp,                 \
+                            *k3 = kbuf + 3u * (size_t)dp, *k4 = kbuf + 4u * (size_t)dp,                        \
+                            *k5 = kbuf + 5u * (size_t)dp, *k6 = kbuf + 6u * (size_t)dp,                        \
+                            *k7 = kbuf + 7u * (size_t)dp;                                                      \
+                for (e = 0; e < 8; ++e) { /* short steps repeat their last key */                             \
+                    int64_t ii = idx + EI__MIN(e, nk - 1);                                                     \
+                    j = ii < ns * bs ? ii : (ns + ii - ns * bs) * bs + p;                                      \
+                    EI__VNAME(ei__attn_row_f32)(ei__row(k, j, kvh), k->dtype, d, dp, kbuf + (size_t)e * (size_t)dp); \
+                }                                                                                              \
+                for (i = 0; i < d; ++i) {                                                                      \
+                    EI__VEC qa = EI__VLOAD(qp + (size_t)i * EI__VN);                                           \
+                    a0 = EI__VFMA(qa, EI__VSET1(k0[i]), a0); a1 = EI__VFMA(qa, EI__VSET1(k1[i]), a1);          \
+                    a2 = EI__VFMA(qa, EI__VSET1(k2[i]), a2); a3 = EI__VFMA(qa, EI__VSET1(k3[i]), a3);          \
+                    a4 = EI__VFMA(qa, EI__VSET1(k4[i]), a4); a5 = EI__VFMA(qa, EI__VSET1(k5[i]), a5);          \
+                    a6 = EI__VFMA(qa, EI__VSET1(k6[i]), a6); a7 = EI__VFMA(qa, EI__VSET1(k7[i]), a7);          \
+                }                                                                                              \
+                acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                            \
+                acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                            \
+                for (e = 0; e < nk; ++e) {                                                                     \
+                    EI__VEC x = EI__VMUL(acc[e], sc);                                                          \
+                    int64_t ii = idx + e;                                                                      \
+                    nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                        \
+                    EI__VSTORE(lp + (size_t)ii * EI__VN, x);                                                   \
+                    j = ii < ns * bs ? ii : (ns + ii - ns * bs) * bs + p;                                      \
+                    if (j > umin) /* causal: a lane sees keys up to its row's token */                        \
+                        for (t = 0; t < EI__VN; ++t)                                                           \
+                            if (u[p * EI__VN + t] < j) lp[(size_t)ii * EI__VN + (size_t)t] = -INFINITY;        \
+                    mx = EI__VMAX(mx, EI__VLOAD(lp + (size_t)ii * EI__VN));                                    \
+                }                                                                                              \
+            }                                                                                                  \
+            for (idx = 0; idx < nidx; ++idx) { /* weights: a strided key stands for its block's bs keys */    \
+                EI__VEC w = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(lp + (size_t)idx * EI__VN), mx));      \
+                if (idx >= ns * bs) w = EI__VMUL(w, EI__VSET1((float)bs));                                     \
+                EI__VSTORE(lp + (size_t)idx * EI__VN, w);                                                      \
+                z = EI__VADD(z, w);                                                                            \
+            }                                                                                                  \
+            EI__VSTOREU(zl, z);                                                                                \
+            for (t = 0; t < EI__VN; ++t) zl[t] = zl[t] > 0.0f ? (float)(1.0 / (double)zl[t]) : 0.0f;           \
+            wv = EI__VLOADU(zl);                                                                               \
+            for (idx = 0; idx < nidx; ++idx)                                                                   \
+                EI__VSTORE(lp + (size_t)idx * EI__VN, EI__VMUL(EI__VLOAD(lp + (size_t)idx * EI__VN), wv));     \
+        }                                                                                                      \
+        return !EI__VANY(nan);                                                                                 \
+    }
+
 // >>isa-scalar: the plain reference kernels ---------------------------------
 /* The reference every other path is checked against (tests/test_core.c,
    tests/test_attention.c): plain C, one element at a time. Its attention is
@@ -7101,7 +7290,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL};
+                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL, NULL, 0};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -7178,6 +7367,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -7326,7 +7516,8 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2};
+                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
+                                             ei__antidiag_group_avx2, 8};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -7384,6 +7575,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -7570,7 +7762,8 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512};
+                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
+                                               ei__antidiag_group_avx512, 16};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -7743,7 +7936,8 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
-                                                   &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512};
+                                                   &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
+                                                   ei__antidiag_group_avx512, 16};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -7937,7 +8131,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
-                                            ei__attn_decode_tile_avx512};
+                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, 16};
 #endif /* EI__HAVE_AMX */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -8018,6 +8212,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -8154,7 +8349,8 @@ static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__at
 static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon};
+                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
+                                             ei__antidiag_group_neon, 4};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -8228,7 +8424,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
-                                                  ei__attn_decode_tile_neon};
+                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, 4};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
    the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
@@ -8324,7 +8520,8 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
-                                                    &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon};
+                                                    &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
+                                                    ei__antidiag_group_neon, 4};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -8443,7 +8640,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
-                                                 ei__attn_decode_tile_neon};
+                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, 4};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 
