@@ -3544,10 +3544,10 @@ static int32_t ei__mass_tile_keys(const ei_config *c) {
 }
 
 /* EI_RANK_ANTIDIAGONAL scores groups of query tiles with the rows of a
-   phase in the lanes of a vector (EI__DEFINE_ANTIDIAG_GROUP), up to 16
-   lanes (AVX-512), for blocks of up to 64 tokens and sink blocks of up to
+   phase in the lanes of vectors (EI__DEFINE_ANTIDIAG_GROUP), 32 tiles a
+   group, for blocks of up to 64 tokens and sink blocks of up to
    512 keys in all; other shapes take the plain per-row path. */
-#define EI__ANTIDIAG_LANES 16
+#define EI__ANTIDIAG_LANES EI__SAMPLE_ROWS
 static int ei__antidiag_grouped_shape(const ei_config *c, int64_t n) {
     int64_t nb = (ei__ceil_div(n, c->segment_size) - 1) * (c->segment_size / c->block_size);
     return c->ranking == EI_RANK_ANTIDIAGONAL && c->block_size <= 64 &&
@@ -3579,6 +3579,8 @@ typedef struct ei__profile_ws {
     float *ad_q;          /* a group's rows, per phase transposed [bs][d][EI__ANTIDIAG_LANES] */
     float *ad_w;          /* their weights [bs][ad_ld][EI__ANTIDIAG_LANES] */
     int64_t *ad_u;        /* their tokens [bs][EI__ANTIDIAG_LANES] */
+    int64_t *ad_last;     /* the rows in token order: each one's blocks [0, last) */
+    int64_t *ad_row;      /* and its weights' column: (phase x ad_ld) x lanes + lane */
     int64_t ad_ld;
     int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
     int32_t krep_head;    /* chunked planning: the kv head whose key blocks [0, krep_blocks) kmaxT/kminT hold (-1: none) */
@@ -3603,6 +3605,8 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
@@ -3630,13 +3634,15 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
     }
     w->ad_q = w->ad_w = NULL;
-    w->ad_u = NULL;
+    w->ad_u = w->ad_last = w->ad_row = NULL;
     w->ad_ld = 0;
     if (ei__antidiag_grouped_shape(c, n)) {
         w->ad_ld = ei__antidiag_ld(c, n);
         w->ad_q = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u);
         w->ad_w = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)w->ad_ld * 4u);
         w->ad_u = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
+        w->ad_last = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
+        w->ad_row = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
     }
     return 1;
 }
@@ -3928,7 +3934,7 @@ static int ei__antidiag_group_mass(const ei_context *ctx, const ei_tensor *q, in
     const int32_t d = k->head_dim, bs = c->block_size, V = ctx->kern->antidiag_lanes;
     const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
     const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs, ns = EI__MIN((int64_t)c->sink_blocks, nvis);
-    int64_t idx;
+    int64_t idx, m;
     int32_t p, t, e, given = 0;
     memset(w->ad_q, 0, (size_t)bs * (size_t)d * (size_t)V * sizeof(float));
     for (p = 0; p < bs; ++p)
@@ -3943,22 +3949,44 @@ static int ei__antidiag_group_mass(const ei_context *ctx, const ei_tensor *q, in
         }
     if (!given) return 1;
     if (!ctx->kern->antidiag_group(w->ad_q, w->ad_u, k, kvh, scale, bs, ns, w->ad_ld, w->ad_w, w->keys)) return 0;
-    for (t = 0; t < g1 - g0;) { /* query blocks in order; a block's rows in token order, its tiles in tile order */
+    /* the rows in token order (a query block's tiles in tile order): their weight rows and last blocks */
+    for (t = 0, given = 0; t < g1 - g0;) {
         int32_t t1 = t, r;
         int64_t qb = (ei__antidiag_tile_token(c, s, g0 + t) - t0) / bs;
         while (g0 + t1 < g1 && (ei__antidiag_tile_token(c, s, g0 + t1) - t0) / bs == qb) ++t1;
         for (r = 0; r < bs; ++r)
             for (e = t; e < t1; ++e) {
-                int64_t u = w->ad_u[(bs - 1 - r) * V + e], m, last;
-                const float *wr = w->ad_w + (size_t)(bs - 1 - r) * (size_t)w->ad_ld * (size_t)V + (size_t)e;
+                int64_t u = w->ad_u[(bs - 1 - r) * V + e];
                 if (u < 0) continue;
-                for (idx = 0; idx < ns * bs; ++idx) mass[idx / bs] += wr[(size_t)idx * (size_t)V];
-                last = EI__MIN(nvis, (u - (bs - 1 - r)) / bs + 1);
-                for (m = ns, idx = ns * bs; m < last; ++m, ++idx) mass[m] += wr[(size_t)idx * (size_t)V];
-                ++*rows;
+                w->ad_row[given] = (int64_t)(bs - 1 - r) * w->ad_ld * V + e;
+                w->ad_last[given++] = EI__MIN(nvis, (u - (bs - 1 - r)) / bs + 1);
             }
         t = t1;
     }
+    /* block by block, each block's rows in token order: the additions of the row-by-row order, in
+       another loop order (one pass over the weights instead of one per row) */
+    for (m = 0; m < ns; ++m) {
+        float acc = mass[m];
+        for (e = 0; e < given; ++e)
+            for (idx = m * bs; idx < (m + 1) * bs; ++idx) acc += w->ad_w[w->ad_row[e] + idx * V];
+        mass[m] = acc;
+    }
+    for (m = ns; m < nvis; m += 8) { /* 8 blocks at a time: 8 independent chains of additions */
+        const int64_t at = (ns * bs + m - ns) * V, nm = EI__MIN((int64_t)8, nvis - m);
+        float acc[8];
+        int64_t x;
+        for (x = 0; x < nm; ++x) acc[x] = mass[m + x];
+        for (e = 0; e < given; ++e) {
+            const float *wr = w->ad_w + w->ad_row[e] + at;
+            if (w->ad_last[e] >= m + 8 && nm == 8) {
+                acc[0] += wr[0]; acc[1] += wr[V]; acc[2] += wr[2 * V]; acc[3] += wr[3 * V];
+                acc[4] += wr[4 * V]; acc[5] += wr[5 * V]; acc[6] += wr[6 * V]; acc[7] += wr[7 * V];
+            } else
+                for (x = 0; x < nm && m + x < w->ad_last[e]; ++x) acc[x] += wr[x * V];
+        }
+        for (x = 0; x < nm; ++x) mass[m + x] = acc[x];
+    }
+    *rows += given;
     return 1;
 }
 
@@ -7107,84 +7135,103 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
 
 /* EI_RANK_ANTIDIAGONAL, written once: the weights of a group of query tiles
    (>>profile, ei__antidiag_mass; the plain reference is ei__antidiag_row).
-   Defines ei__antidiag_group_<isa>. Lane t of every vector is tile t of the
-   group (up to EI__VN tiles). qt [bs][d][EI__VN]: phase p's rows (row bs-1-p
-   of each tile) transposed, zero in lanes without a row; u[p EI__VN + t]
-   that row's token (-1: none). Phase p's keys are idx = 0..ns bs - 1 (every
+   Defines ei__antidiag_group_<isa>. Lane t of the group's 32 lanes
+   (EI__SAMPLE_ROWS, EI__SAMPLE_ROWS / EI__VN vectors) is tile t of the
+   group. qt [bs][d][32]: phase p's rows (row bs-1-p of each tile)
+   transposed, zero in lanes without a row; u[p 32 + t] that row's token
+   (-1: none). Phase p's keys are idx = 0..ns bs - 1 (every
    key of the sink blocks) and then idx = ns bs + m - ns for the keys m bs + p,
-   m >= ns, up to the phase's last token; lg[(p ld + idx) EI__VN + t] receives
+   m >= ns, up to the phase's last token; lg[(p ld + idx) 32 + t] receives
    the row's normalised weight on key idx (a strided key weighs bs; 0 past
    the row's token). The 8 keys of a step are converted to f32 into kbuf (8 x
    d rounded up to 16) once: keys of one phase, 8 blocks apart, so a group
-   reads each key once and each 8 x bs keys close together. Rows sit in
-   lanes: a key's score for all the group's rows of its phase is a
-   broadcast-FMA walk over d. Returns 0 if a score is not finite. */
+   reads each key once (R = 64 tiles: two reads of K per segment, as 64
+   sampled rows) and each 8 x bs keys close together. Rows sit in lanes: a
+   key's score for all the group's rows of its phase is a broadcast-FMA walk
+   over d. Returns 0 if a score is not finite. */
 #define EI__DEFINE_ANTIDIAG_GROUP()                                                                            \
     EI__VTARGET static int EI__VNAME(ei__antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k,   \
                                                          int32_t kvh, float scale, int32_t bs, int64_t ns,     \
                                                          int64_t ld, float *lg, float *kbuf) {                 \
         const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
         const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
+        enum { L = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN };                                           \
         EI__VMASK nan = EI__VNAN_NONE();                                                                       \
-        float zl[EI__VN];                                                                                      \
-        int64_t p, idx, nidx, umax, umin, j;                                                                   \
-        int32_t t, e, i;                                                                                       \
-        for (p = 0; p < bs; ++p) {                                                                             \
-            const float *qp = qt + (size_t)p * (size_t)d * EI__VN;                                             \
-            float *lp = lg + (size_t)p * (size_t)ld * EI__VN;                                                  \
-            EI__VEC mx = EI__VSET1(-FLT_MAX), z = EI__VZERO(), wv;                                             \
-            for (umax = -1, umin = INT64_MAX, t = 0; t < EI__VN; ++t)                                          \
-                if (u[p * EI__VN + t] >= 0) {                                                                  \
-                    umax = EI__MAX(umax, u[p * EI__VN + t]);                                                   \
-                    umin = EI__MIN(umin, u[p * EI__VN + t]);                                                   \
+        EI__VEC mx[64][RV];                                                                                    \
+        float zl[L];                                                                                           \
+        int64_t umin[64], nidx[64], idx, most = 0, j;                                                          \
+        int32_t p, t, e, i, v;                                                                                 \
+        for (p = 0; p < bs; ++p) { /* each phase's keys: up to its last row's token */                        \
+            int64_t umax = -1;                                                                                 \
+            umin[p] = INT64_MAX;                                                                               \
+            for (t = 0; t < L; ++t)                                                                            \
+                if (u[p * L + t] >= 0) {                                                                       \
+                    umax = EI__MAX(umax, u[p * L + t]);                                                        \
+                    umin[p] = EI__MIN(umin[p], u[p * L + t]);                                                  \
                 }                                                                                              \
-            if (umax < 0) continue;                                                                            \
-            nidx = ns * bs + (umax >= ns * bs + p ? (umax - p) / bs - ns + 1 : 0);                             \
-            for (idx = 0; idx < nidx; idx += 8) { /* 8 keys at a time, accumulators in registers */           \
-                const int32_t nk = (int32_t)EI__MIN((int64_t)8, nidx - idx);                                   \
-                EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();                \
-                EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO(), acc[8];        \
+            nidx[p] = umax < 0 ? 0 : ns * bs + (umax >= ns * bs + p ? (umax - p) / bs - ns + 1 : 0);           \
+            most = EI__MAX(most, nidx[p]);                                                                     \
+            for (v = 0; v < RV; ++v) mx[p][v] = EI__VSET1(-FLT_MAX);                                           \
+        }                                                                                                      \
+        for (idx = 0; idx < most; idx += 8) /* 8 keys of each phase: past the sink, 8 x bs keys in a row */  \
+            for (p = 0; p < bs; ++p) {                                                                         \
+                float *lp = lg + (size_t)p * (size_t)ld * L;                                                   \
+                const int32_t nk = (int32_t)EI__MIN((int64_t)8, nidx[p] - idx);                                \
                 const float *k0 = kbuf, *k1 = kbuf + (size_t)dp, *k2 = kbuf + 2u * (size_t)dp,                 \
                             *k3 = kbuf + 3u * (size_t)dp, *k4 = kbuf + 4u * (size_t)dp,                        \
                             *k5 = kbuf + 5u * (size_t)dp, *k6 = kbuf + 6u * (size_t)dp,                        \
                             *k7 = kbuf + 7u * (size_t)dp;                                                      \
+                if (nk <= 0) continue;                                                                         \
                 for (e = 0; e < 8; ++e) { /* short steps repeat their last key */                             \
                     int64_t ii = idx + EI__MIN(e, nk - 1);                                                     \
                     j = ii < ns * bs ? ii : (ns + ii - ns * bs) * bs + p;                                      \
                     EI__VNAME(ei__attn_row_f32)(ei__row(k, j, kvh), k->dtype, d, dp, kbuf + (size_t)e * (size_t)dp); \
                 }                                                                                              \
-                for (i = 0; i < d; ++i) {                                                                      \
-                    EI__VEC qa = EI__VLOAD(qp + (size_t)i * EI__VN);                                           \
-                    a0 = EI__VFMA(qa, EI__VSET1(k0[i]), a0); a1 = EI__VFMA(qa, EI__VSET1(k1[i]), a1);          \
-                    a2 = EI__VFMA(qa, EI__VSET1(k2[i]), a2); a3 = EI__VFMA(qa, EI__VSET1(k3[i]), a3);          \
-                    a4 = EI__VFMA(qa, EI__VSET1(k4[i]), a4); a5 = EI__VFMA(qa, EI__VSET1(k5[i]), a5);          \
-                    a6 = EI__VFMA(qa, EI__VSET1(k6[i]), a6); a7 = EI__VFMA(qa, EI__VSET1(k7[i]), a7);          \
-                }                                                                                              \
-                acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                            \
-                acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                            \
-                for (e = 0; e < nk; ++e) {                                                                     \
-                    EI__VEC x = EI__VMUL(acc[e], sc);                                                          \
-                    int64_t ii = idx + e;                                                                      \
-                    nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                        \
-                    EI__VSTORE(lp + (size_t)ii * EI__VN, x);                                                   \
-                    j = ii < ns * bs ? ii : (ns + ii - ns * bs) * bs + p;                                      \
-                    if (j > umin) /* causal: a lane sees keys up to its row's token */                        \
-                        for (t = 0; t < EI__VN; ++t)                                                           \
-                            if (u[p * EI__VN + t] < j) lp[(size_t)ii * EI__VN + (size_t)t] = -INFINITY;        \
-                    mx = EI__VMAX(mx, EI__VLOAD(lp + (size_t)ii * EI__VN));                                    \
+                for (v = 0; v < RV; ++v) { /* the keys stay in L1 over the row vectors */                      \
+                    const float *qp = qt + (size_t)p * (size_t)d * L + (size_t)v * EI__VN;                     \
+                    EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();            \
+                    EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO(), acc[8];    \
+                    for (i = 0; i < d; ++i) {                                                                  \
+                        EI__VEC qa = EI__VLOAD(qp + (size_t)i * L);                                            \
+                        a0 = EI__VFMA(qa, EI__VSET1(k0[i]), a0); a1 = EI__VFMA(qa, EI__VSET1(k1[i]), a1);      \
+                        a2 = EI__VFMA(qa, EI__VSET1(k2[i]), a2); a3 = EI__VFMA(qa, EI__VSET1(k3[i]), a3);      \
+                        a4 = EI__VFMA(qa, EI__VSET1(k4[i]), a4); a5 = EI__VFMA(qa, EI__VSET1(k5[i]), a5);      \
+                        a6 = EI__VFMA(qa, EI__VSET1(k6[i]), a6); a7 = EI__VFMA(qa, EI__VSET1(k7[i]), a7);      \
+                    }                                                                                          \
+                    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                        \
+                    acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                        \
+                    for (e = 0; e < nk; ++e) {                                                                 \
+                        EI__VEC x = EI__VMUL(acc[e], sc);                                                      \
+                        float *o = lp + (size_t)(idx + e) * L + (size_t)v * EI__VN;                            \
+                        nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                    \
+                        EI__VSTORE(o, x);                                                                      \
+                        j = idx + e < ns * bs ? idx + e : (ns + idx + e - ns * bs) * bs + p;                   \
+                        if (j > umin[p]) /* causal: a lane sees keys up to its row's token */                 \
+                            for (t = 0; t < EI__VN; ++t)                                                       \
+                                if (u[p * L + v * EI__VN + t] < j) o[t] = -INFINITY;                           \
+                        mx[p][v] = EI__VMAX(mx[p][v], EI__VLOAD(o));                                           \
+                    }                                                                                          \
                 }                                                                                              \
             }                                                                                                  \
-            for (idx = 0; idx < nidx; ++idx) { /* weights: a strided key stands for its block's bs keys */    \
-                EI__VEC w = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(lp + (size_t)idx * EI__VN), mx));      \
-                if (idx >= ns * bs) w = EI__VMUL(w, EI__VSET1((float)bs));                                     \
-                EI__VSTORE(lp + (size_t)idx * EI__VN, w);                                                      \
-                z = EI__VADD(z, w);                                                                            \
+        for (p = 0; p < bs; ++p) { /* weights: a strided key stands for its block's bs keys */                \
+            float *lp = lg + (size_t)p * (size_t)ld * L;                                                       \
+            for (v = 0; v < RV; ++v) {                                                                         \
+                EI__VEC z = EI__VZERO();                                                                       \
+                for (idx = 0; idx < nidx[p]; ++idx) {                                                          \
+                    float *o = lp + (size_t)idx * L + (size_t)v * EI__VN;                                      \
+                    EI__VEC w = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(o), mx[p][v]));                    \
+                    if (idx >= ns * bs) w = EI__VMUL(w, EI__VSET1((float)bs));                                 \
+                    EI__VSTORE(o, w);                                                                          \
+                    z = EI__VADD(z, w);                                                                        \
+                }                                                                                              \
+                EI__VSTOREU(zl + v * EI__VN, z);                                                               \
             }                                                                                                  \
-            EI__VSTOREU(zl, z);                                                                                \
-            for (t = 0; t < EI__VN; ++t) zl[t] = zl[t] > 0.0f ? (float)(1.0 / (double)zl[t]) : 0.0f;           \
-            wv = EI__VLOADU(zl);                                                                               \
-            for (idx = 0; idx < nidx; ++idx)                                                                   \
-                EI__VSTORE(lp + (size_t)idx * EI__VN, EI__VMUL(EI__VLOAD(lp + (size_t)idx * EI__VN), wv));     \
+            for (t = 0; t < L; ++t) zl[t] = zl[t] > 0.0f ? (float)(1.0 / (double)zl[t]) : 0.0f;                \
+            for (idx = 0; idx < nidx[p]; ++idx)                                                                \
+                for (v = 0; v < RV; ++v) {                                                                     \
+                    float *o = lp + (size_t)idx * L + (size_t)v * EI__VN;                                      \
+                    EI__VSTORE(o, EI__VMUL(EI__VLOAD(o), EI__VLOADU(zl + v * EI__VN)));                        \
+                }                                                                                              \
         }                                                                                                      \
         return !EI__VANY(nan);                                                                                 \
     }
@@ -7517,7 +7564,7 @@ static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
                                              ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
-                                             ei__antidiag_group_avx2, 8};
+                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -7763,7 +7810,7 @@ static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_pr
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
                                                ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
-                                               ei__antidiag_group_avx512, 16};
+                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -7937,7 +7984,7 @@ static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minm
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
-                                                   ei__antidiag_group_avx512, 16};
+                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -8131,7 +8178,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
-                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, 16};
+                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AMX */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -8350,7 +8397,7 @@ static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
-                                             ei__antidiag_group_neon, 4};
+                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -8424,7 +8471,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
-                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, 4};
+                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
    the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
@@ -8521,7 +8568,7 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
-                                                    ei__antidiag_group_neon, 4};
+                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -8640,7 +8687,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
-                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, 4};
+                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 
