@@ -173,7 +173,9 @@
                that top_p counts mean the same as with sampled rows).
                CPU only: the CUDA backend refuses it (EI_ERR_UNSUPPORTED)
                rather than plan differently.
-               Measured on Gemma 3 270M: docs/quality.md.
+               Measured on Gemma 3 270M (docs/quality.md): as good as
+               EI_RANK_SAMPLED at about the same cost, not better, so
+               ei_config_quality() keeps the sampled ranking.
    top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
                whose share of the ranking's mass over the blocks before the
                segment reaches top_p (reference ranking: the softmaxed block
