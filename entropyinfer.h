@@ -153,6 +153,29 @@
                is ranked by the reference score. Either way the
                reference score gives the entropy, the head class and the
                budget recurrence (a plan's budget field).
+               EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
+               XAttention (Xu et al., arXiv 2503.16428, which sums the
+               strided antidiagonals of each (query block, key block) tile
+               as the block's importance). R = rank_samples query tiles of
+               block_size (bs) rows: tile i starts at token t0 + bs *
+               (((2i + 1) (segment_size / bs)) / (2R)) (integer division),
+               query head kvh*G + i mod G; its row r (token u) scores every
+               key of the first sink_blocks blocks and, after them, only
+               the keys j <= u with j mod bs = bs - 1 - r: one key of every
+               block, so over the tile's bs rows each (tile, block) pair's
+               antidiagonal, every key of a block once, for about the cost
+               of one sampled row (R tiles see bs x R queries for the
+               price of R rows). Unlike XAttention, which softmaxes the
+               antidiagonal sums, each row is softmaxed over its own keys,
+               a strided key weighing bs (it stands for its block; the
+               sink blocks, whose mass a stride would miss, are exact), and
+               its weight on a block added to the block's mass (a mass, so
+               that top_p counts mean the same as with sampled rows).
+               CPU only: the CUDA backend refuses it (EI_ERR_UNSUPPORTED)
+               rather than plan differently.
+               Measured on Gemma 3 270M (docs/quality.md): as good as
+               EI_RANK_SAMPLED at about the same cost, not better, so
+               ei_config_quality() keeps the sampled ranking.
    top_p       (0 = off) a head keeps, in ranking order, the fewest blocks
                whose share of the ranking's mass over the blocks before the
                segment reaches top_p (reference ranking: the softmaxed block
@@ -328,7 +351,11 @@
    rank in another order. Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
-   bit-identical scores on one path. expf/logf come from libm (no fast approximations) and no
+   bit-identical scores on one path. EI_RANK_ANTIDIAGONAL
+   scores each row with the path's dot product and expf: its masses agree across paths
+   within float32 summation order, and are bit-identical on one path over
+   thread and kv-head splits and however chunks cut a segment (rows are
+   added in token order). expf/logf come from libm (no fast approximations) and no
    flush-to-zero is set.
 
    LIMITS
@@ -350,7 +377,8 @@
    segment's query min/max for up to EI_MAX_CHUNK_GROUP (64) query heads per
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
-   segment and kv head; its workspace adds 32 x n_tokens floats of scores.
+   segment and kv head (the antidiagonal one that many tiles); its workspace
+   adds 32 x n_tokens floats of scores.
    Plan memory per layer (ei_plan_size; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
@@ -626,7 +654,9 @@ typedef enum ei_shared_weight {
 /* How profiling ranks a segment's key blocks (CONCEPTS: ranking). */
 typedef enum ei_ranking {
     EI_RANK_REFERENCE = 0, /* the paper's midpoint-query block score (golden-tested) */
-    EI_RANK_SAMPLED = 1    /* attention mass of sampled real query rows, scored exactly */
+    EI_RANK_SAMPLED = 1,   /* attention mass of sampled real query rows, scored exactly */
+    EI_RANK_ANTIDIAGONAL = 2 /* attention mass on the antidiagonals of sampled (query block, key block)
+                                tiles, as XAttention (arXiv 2503.16428); CPU only */
 } ei_ranking;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
@@ -674,7 +704,8 @@ typedef struct ei_config {
     /* block ranking and budgets beyond the paper (CONCEPTS; the defaults are
        the reference's; ei_config_quality() gives the best measured values) */
     ei_ranking ranking;          /* EI_RANK_REFERENCE */
-    int32_t rank_samples;        /* 64: query rows scored per segment and kv head (EI_RANK_SAMPLED) */
+    int32_t rank_samples;        /* 64: query rows scored per segment and kv head (EI_RANK_SAMPLED);
+                                    query tiles of block_size rows (EI_RANK_ANTIDIAGONAL) */
     double top_p;                /* 0: keep counts from the budget recurrence; in (0, 1]:
                                     blocks kept until their share of the ranking's mass
                                     reaches top_p, between base and max factor x base */
@@ -1119,7 +1150,8 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
    in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
    (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
-   one call (PROTOCOLS).
+   one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL has no GPU kernels yet: every
+   profiling call of a CUDA context refuses it (EI_ERR_UNSUPPORTED).
    Finding the plugin (EI_BACKEND_CUDA*): cfg.cuda_library, else the path in
    $EI_CUDA_LIBRARY, else libentropyinfer_cuda.so through the dynamic loader's
    search path (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache, system
@@ -1446,6 +1478,11 @@ EI__HD int64_t ei__cap_blocks(const ei_config *c, int32_t s, int64_t n_tokens, i
 EI__HD int ei__rank_sampled(const ei_config *c, int32_t s) {
     return c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
 }
+/* The same for any ranking by estimated attention mass (EI_RANK_SAMPLED,
+   EI_RANK_ANTIDIAGONAL; the CPU's planning). */
+EI__HD int ei__rank_by_mass(const ei_config *c, int32_t s) {
+    return c->ranking != EI_RANK_REFERENCE && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len;
+}
 EI__HD int ei__segment_sparse(const ei_config *c, int32_t s, int32_t n_segments, int32_t final) {
     if ((int64_t)s * c->segment_size < c->threshold_len) return 0;
     return !(c->last_segment_dense && final && s == n_segments - 1);
@@ -1517,6 +1554,13 @@ EI__HD double ei__chunk_budget(const ei_config *c, const ei__seg_state *cur) {
    ranking); its query head is kvh * G + i % G. */
 EI__HD int64_t ei__sample_token(const ei_config *c, int32_t s, int32_t i) {
     return (int64_t)s * c->segment_size + ((2 * (int64_t)i + 1) * c->segment_size) / (2 * (int64_t)c->rank_samples);
+}
+/* EI_RANK_ANTIDIAGONAL: the first token of query tile i of segment s, a
+   whole query block (CONCEPTS: ranking); its query head is kvh * G + i % G,
+   its row r (token + r) scores the keys of phase block_size - 1 - r. */
+EI__HD int64_t ei__antidiag_tile_token(const ei_config *c, int32_t s, int32_t i) {
+    int64_t nt = c->segment_size / c->block_size;
+    return (int64_t)s * c->segment_size + c->block_size * (((2 * (int64_t)i + 1) * nt) / (2 * (int64_t)c->rank_samples));
 }
 /* The always-kept blocks of a segment that sees nvis blocks: sink blocks
    [0, *n_sink) and local blocks [*local0, nvis). Returns their count. */
@@ -1779,6 +1823,12 @@ typedef struct ei__kernels {
        scalar reference); 0 if a key row holds NaN/Inf */
     int (*decode)(const struct ei__attn_job *J, struct ei__attn_ws *w, int32_t kvh, const float *q, int32_t nr, float *st,
                   const int64_t *pos, int32_t nk, const int64_t *pf_pos, int32_t pf_nk);
+    /* EI_RANK_ANTIDIAGONAL: the weights of a group of up to antidiag_lanes
+       query tiles (>>profile, ei__antidiag_mass; >>attention's template
+       EI__DEFINE_ANTIDIAG_GROUP); NULL: the plain per-row reference */
+    int (*antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k, int32_t kvh, float scale, int32_t bs,
+                          int64_t ns, int64_t ld, float *lg, float *kbuf);
+    int32_t antidiag_lanes;
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -2615,7 +2665,8 @@ static ei_result ei__check_config(const ei_config *c) {
     if (c->last_segment_dense != 0 && c->last_segment_dense != 1) EI__BAD("last_segment_dense must be 0 or 1");
     if (c->cuda_deferred_errors != 0 && c->cuda_deferred_errors != 1) EI__BAD("cuda_deferred_errors must be 0 or 1");
     if (c->per_segment_budget != 0 && c->per_segment_budget != 1) EI__BAD("per_segment_budget must be 0 or 1");
-    if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED) EI__BAD("unknown ranking %d", (int)c->ranking);
+    if (c->ranking != EI_RANK_REFERENCE && c->ranking != EI_RANK_SAMPLED && c->ranking != EI_RANK_ANTIDIAGONAL)
+        EI__BAD("unknown ranking %d (EI_RANK_REFERENCE, EI_RANK_SAMPLED or EI_RANK_ANTIDIAGONAL)", (int)c->ranking);
     if (c->rank_samples <= 0 || c->rank_samples > EI_MAX_RANK_SAMPLES)
         EI__BAD("rank_samples %d not in 1..%d", (int)c->rank_samples, EI_MAX_RANK_SAMPLES);
     if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
@@ -3492,6 +3543,34 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
     int64_t tk = ei__sample_tile_keys(bs), tiled = tk + n / bs + 2 * (n / tk + 1), rows = ei__round_up(n, 16);
     return (size_t)(rows > tiled ? rows : tiled) * EI__SAMPLE_ROWS;
 }
+/* The score buffer and key tile of a ranking by mass: EI_RANK_ANTIDIAGONAL
+   runs the same kernels over one key in bs (ceil(n / bs) keys, one-key
+   blocks), so it takes the larger of the two layouts. */
+static size_t ei__mass_lg_floats(const ei_config *c, int64_t n) {
+    size_t a = ei__sample_lg_floats(n, c->block_size), b = ei__sample_lg_floats(ei__ceil_div(n, c->block_size) + 1, 1);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && b > a ? b : a;
+}
+static int32_t ei__mass_tile_keys(const ei_config *c) {
+    int32_t a = ei__sample_tile_keys(c->block_size), b = ei__sample_tile_keys(1);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && b > a ? b : a;
+}
+
+/* EI_RANK_ANTIDIAGONAL scores groups of query tiles with the rows of a
+   phase in the lanes of vectors (EI__DEFINE_ANTIDIAG_GROUP), 32 tiles a
+   group, for blocks of up to 64 tokens and sink blocks of up to
+   512 keys in all; other shapes take the plain per-row path. */
+#define EI__ANTIDIAG_LANES EI__SAMPLE_ROWS
+static int ei__antidiag_grouped_shape(const ei_config *c, int64_t n) {
+    int64_t nb = (ei__ceil_div(n, c->segment_size) - 1) * (c->segment_size / c->block_size);
+    return c->ranking == EI_RANK_ANTIDIAGONAL && c->block_size <= 64 &&
+           EI__MIN((int64_t)c->sink_blocks, EI__MAX(nb, (int64_t)0)) * c->block_size <= 512;
+}
+/* Keys a phase of a group scores, at most (its weight rows' stride). */
+static int64_t ei__antidiag_ld(const ei_config *c, int64_t n) {
+    int64_t nb = (ei__ceil_div(n, c->segment_size) - 1) * (c->segment_size / c->block_size);
+    int64_t ns = EI__MIN((int64_t)c->sink_blocks, EI__MAX(nb, (int64_t)0));
+    return ei__round_up(ns * c->block_size + n / c->block_size + 2, 8);
+}
 
 /* Workspace of one profiling thread. */
 #define EI__KREP_GROUP 16 /* key blocks built at a time (ei__build_key_reps) */
@@ -3503,11 +3582,18 @@ typedef struct ei__profile_ws {
     ei__ranked *pairs;    /* [ld] */
     float *mx, *mn;       /* [d] */
     float *kstage;        /* key blocks on their way into kmaxT/kminT [EI__KREP_GROUP][2][d] */
-    /* EI_RANK_SAMPLED only (NULL otherwise) */
+    /* EI_RANK_SAMPLED and EI_RANK_ANTIDIAGONAL only (NULL otherwise) */
     float *mass;          /* a segment's block mass [ld] */
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
+    /* EI_RANK_ANTIDIAGONAL's tile groups (ei__antidiag_grouped; NULL otherwise) */
+    float *ad_q;          /* a group's rows, per phase transposed [bs][d][EI__ANTIDIAG_LANES] */
+    float *ad_w;          /* their weights [bs][ad_ld][EI__ANTIDIAG_LANES] */
+    int64_t *ad_u;        /* their tokens [bs][EI__ANTIDIAG_LANES] */
+    int64_t *ad_last;     /* the rows in token order: each one's blocks [0, last) */
+    int64_t *ad_row;      /* and its weights' column: (phase x ad_ld) x lanes + lane */
+    int64_t ad_ld;
     int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
     int32_t krep_head;    /* chunked planning: the kv head whose key blocks [0, krep_blocks) kmaxT/kminT hold (-1: none) */
     int64_t krep_blocks;
@@ -3524,10 +3610,16 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         !ei__reserve(&total, (size_t)S, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)ld, 4u) ||
         !ei__reserve(&total, (size_t)ld, sizeof(ei__ranked)) || !ei__reserve(&total, (size_t)d, 4u) ||
         !ei__reserve(&total, (size_t)d, 4u) || !ei__reserve(&total, 2u * EI__KREP_GROUP, (size_t)d * 4u) ||
-        (c->ranking == EI_RANK_SAMPLED &&
+        (c->ranking != EI_RANK_REFERENCE &&
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
-          !ei__reserve(&total, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u) ||
-          !ei__reserve(&total, ei__sample_lg_floats(n, c->block_size), 4u))) ||
+          !ei__reserve(&total, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u) ||
+          !ei__reserve(&total, ei__mass_lg_floats(c, n), 4u))) ||
+        (ei__antidiag_grouped_shape(c, n) &&
+         (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u) ||
+          !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u))) ||
         !ei__add_size(total, EI__ALIGN, &total))
         return 0;
     *need = total;
@@ -3547,11 +3639,22 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->score_threads = 1;
     w->krep_head = -1;
     w->krep_blocks = 0;
-    if (c->ranking == EI_RANK_SAMPLED) {
+    if (c->ranking != EI_RANK_REFERENCE) {
         w->mass = (float *)ei__arena_take(&a, (size_t)ld, 4u);
         w->sq = (float *)ei__arena_take(&a, EI__SAMPLE_ROWS, (size_t)d * 4u);
-        w->keys = (float *)ei__arena_take(&a, (size_t)ei__sample_tile_keys(c->block_size), (size_t)ei__round_up(d, 16) * 4u);
-        w->logits = (float *)ei__arena_take(&a, ei__sample_lg_floats(n, c->block_size), 4u);
+        w->keys = (float *)ei__arena_take(&a, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u);
+        w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
+    }
+    w->ad_q = w->ad_w = NULL;
+    w->ad_u = w->ad_last = w->ad_row = NULL;
+    w->ad_ld = 0;
+    if (ei__antidiag_grouped_shape(c, n)) {
+        w->ad_ld = ei__antidiag_ld(c, n);
+        w->ad_q = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u);
+        w->ad_w = (float *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)w->ad_ld * 4u);
+        w->ad_u = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
+        w->ad_last = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
+        w->ad_row = (int64_t *)ei__arena_take(&a, (size_t)c->block_size * EI__ANTIDIAG_LANES, 8u);
     }
     return 1;
 }
@@ -3572,13 +3675,25 @@ static ei_result ei__check_sizes(const ei_context *ctx, int64_t n_tokens, int32_
     return EI_OK;
 }
 
+/* The CUDA plugin has no kernels for EI_RANK_ANTIDIAGONAL yet: its plans
+   would silently differ from the CPU's, so profiling there is refused. */
+static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
+    if (ctx->cfg.ranking == EI_RANK_ANTIDIAGONAL)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "EI_RANK_ANTIDIAGONAL is a CPU ranking: profile on the CPU backend, or rank with EI_RANK_SAMPLED "
+                        "on the CUDA backend");
+    return EI_OK;
+}
+
 EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
     ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
     if (r != EI_OK) return r;
-    if (ei__on_gpu(ctx))
+    if (ei__on_gpu(ctx)) {
+        if ((r = ei__check_gpu_ranking(ctx)) != EI_OK) return r;
         return EI__CUDA(ctx, profile_workspace_size, &ctx->cfg, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
+    }
     if (!ei__profile_ws_layout(&ctx->cfg, n_tokens, n_heads / n_kv_heads, head_dim, &w, NULL, 0, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n_tokens);
     return EI_OK;
@@ -3769,6 +3884,179 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     return 1;
 }
 
+/* EI_RANK_ANTIDIAGONAL: the tiles whose query block starts at token
+   t0 + bs * qb are [*i0, *i1) (tile i's block is ((2i + 1) nt) / (2R),
+   nondecreasing in i). */
+static void ei__antidiag_tiles_of_block(const ei_config *c, int64_t qb, int32_t *i0, int32_t *i1) {
+    int64_t nt = c->segment_size / c->block_size, R = c->rank_samples, lo = 0, hi = R;
+    while (lo < hi) { /* the first tile whose block is >= qb */
+        int64_t mid = (lo + hi) / 2;
+        if (((2 * mid + 1) * nt) / (2 * R) < qb) lo = mid + 1; else hi = mid;
+    }
+    *i0 = (int32_t)lo;
+    for (hi = lo; hi < R && ((2 * hi + 1) * nt) / (2 * R) == qb; ++hi) {}
+    *i1 = (int32_t)hi;
+}
+/* One row of EI_RANK_ANTIDIAGONAL (CONCEPTS: ranking): query qf (f32) at
+   token u scores the keys of the ns sink blocks (j < ns bs, j <= u) and the
+   keys j = m bs + p (p its phase) of the later blocks up to u; a phase key
+   stands for its block's bs keys (weight bs: the row's softmax is then an
+   estimate of its softmax over every key, with the sink blocks, whose mass a
+   stride would miss, exact). Its weight on each block b < nvis is added to
+   mass[b]. lg holds u + 1 floats, kf d floats. 0 if a score is not finite. */
+static int ei__antidiag_row(const ei_context *ctx, const float *qf, int64_t u, int32_t p, const ei_tensor *k, int32_t kvh,
+                            float scale, int64_t ns, int64_t nvis, float *lg, float *kf, float *mass) {
+    const int32_t d = k->head_dim, bs = ctx->cfg.block_size;
+    const int64_t n_sink = EI__MIN(ns * bs, u + 1);
+    int64_t j, m, n_lg = 0;
+    float mx = -FLT_MAX, wp = (float)bs;
+    double z = 0.0, inv;
+    for (j = 0; j < n_sink; ++j, ++n_lg) { /* the sink blocks, every key */
+        const float *kr = k->dtype == EI_F32 ? (const float *)ei__row(k, j, kvh) : kf;
+        if (k->dtype != EI_F32) ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kf);
+        lg[n_lg] = ctx->kern->dot(qf, kr, d) * scale;
+    }
+    for (j = ns * bs + p; j <= u; j += bs, ++n_lg) { /* one key of every later block */
+        const float *kr = k->dtype == EI_F32 ? (const float *)ei__row(k, j, kvh) : kf;
+        if (k->dtype != EI_F32) ei__row_to_f32(ei__row(k, j, kvh), k->dtype, d, kf);
+        lg[n_lg] = ctx->kern->dot(qf, kr, d) * scale;
+    }
+    for (j = 0; j < n_lg; ++j) {
+        if (!(lg[j] - lg[j] == 0.0f)) return 0;
+        mx = lg[j] > mx ? lg[j] : mx;
+    }
+    for (j = 0; j < n_lg; ++j) {
+        lg[j] = expf(lg[j] - mx) * (j < n_sink ? 1.0f : wp);
+        z += (double)lg[j];
+    }
+    inv = 1.0 / z;
+    for (j = 0; j < n_sink && j < nvis * bs; ++j) mass[j / bs] += (float)((double)lg[j] * inv);
+    for (m = ns, j = n_sink; j < n_lg && m < nvis; ++j, ++m) mass[m] += (float)((double)lg[j] * inv);
+    return 1;
+}
+/* EI_RANK_ANTIDIAGONAL through the path's group kernel: tiles [g0, g1) of
+   segment s (whole query blocks' tiles, at most the kernel's lanes), their
+   rows in [lo, hi) scored together, then added to mass in token order (the
+   tiles of one query block in tile order), as the per-row path does.
+   *any: whether a row was in range. */
+static int ei__antidiag_group_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k,
+                                   int32_t kvh, int32_t G, int32_t s, int32_t g0, int32_t g1, int64_t lo, int64_t hi,
+                                   float *mass, int32_t *rows, ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim, bs = c->block_size, V = ctx->kern->antidiag_lanes;
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs, ns = EI__MIN((int64_t)c->sink_blocks, nvis);
+    int64_t idx, m;
+    int32_t p, t, e, given = 0;
+    memset(w->ad_q, 0, (size_t)bs * (size_t)d * (size_t)V * sizeof(float));
+    for (p = 0; p < bs; ++p)
+        for (t = 0; t < V; ++t) {
+            int64_t u = g0 + t < g1 ? ei__antidiag_tile_token(c, s, g0 + t) + (bs - 1 - p) : -1;
+            float *qp = w->ad_q + (size_t)p * (size_t)d * (size_t)V;
+            w->ad_u[p * V + t] = u >= lo && u < hi ? u : -1;
+            if (w->ad_u[p * V + t] < 0) continue;
+            ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + (g0 + t) % G), q->dtype, d, w->qtmp);
+            for (e = 0; e < d; ++e) qp[(size_t)e * (size_t)V + (size_t)t] = w->qtmp[e];
+            ++given;
+        }
+    if (!given) return 1;
+    if (!ctx->kern->antidiag_group(w->ad_q, w->ad_u, k, kvh, scale, bs, ns, w->ad_ld, w->ad_w, w->keys)) return 0;
+    /* the rows in token order (a query block's tiles in tile order): their weight rows and last blocks */
+    for (t = 0, given = 0; t < g1 - g0;) {
+        int32_t t1 = t, r;
+        int64_t qb = (ei__antidiag_tile_token(c, s, g0 + t) - t0) / bs;
+        while (g0 + t1 < g1 && (ei__antidiag_tile_token(c, s, g0 + t1) - t0) / bs == qb) ++t1;
+        for (r = 0; r < bs; ++r)
+            for (e = t; e < t1; ++e) {
+                int64_t u = w->ad_u[(bs - 1 - r) * V + e];
+                if (u < 0) continue;
+                w->ad_row[given] = (int64_t)(bs - 1 - r) * w->ad_ld * V + e;
+                w->ad_last[given++] = EI__MIN(nvis, (u - (bs - 1 - r)) / bs + 1);
+            }
+        t = t1;
+    }
+    /* block by block, each block's rows in token order: the additions of the row-by-row order, in
+       another loop order (one pass over the weights instead of one per row) */
+    for (m = 0; m < ns; ++m) {
+        float acc = mass[m];
+        for (e = 0; e < given; ++e)
+            for (idx = m * bs; idx < (m + 1) * bs; ++idx) acc += w->ad_w[w->ad_row[e] + idx * V];
+        mass[m] = acc;
+    }
+    for (m = ns; m < nvis; m += 8) { /* 8 blocks at a time: 8 independent chains of additions */
+        const int64_t at = (ns * bs + m - ns) * V, nm = EI__MIN((int64_t)8, nvis - m);
+        float acc[8];
+        int64_t x;
+        for (x = 0; x < nm; ++x) acc[x] = mass[m + x];
+        for (e = 0; e < given; ++e) {
+            const float *wr = w->ad_w + w->ad_row[e] + at;
+            if (w->ad_last[e] >= m + 8 && nm == 8) {
+                acc[0] += wr[0]; acc[1] += wr[V]; acc[2] += wr[2 * V]; acc[3] += wr[3 * V];
+                acc[4] += wr[4 * V]; acc[5] += wr[5 * V]; acc[6] += wr[6 * V]; acc[7] += wr[7 * V];
+            } else
+                for (x = 0; x < nm && m + x < w->ad_last[e]; ++x) acc[x] += wr[x * V];
+        }
+        for (x = 0; x < nm; ++x) mass[m + x] = acc[x];
+    }
+    *rows += given;
+    return 1;
+}
+
+/* EI_RANK_ANTIDIAGONAL: add to mass[0..nvis) the block mass of the rows of
+   segment s's query tiles whose tokens lie in [t_lo, t_hi) (CONCEPTS:
+   ranking): row r of a tile (token u, phase p = bs - 1 - r) scores one key
+   of every block (ei__antidiag_row), so a tile's bs rows cover each
+   (query block, key block) pair's antidiagonal for the cost of one sampled
+   row. Rows are added in token order (tiles of one query block in tile
+   order), so a segment's mass is the same bit for bit however chunks cut it
+   and however threads split segments and kv heads. */
+static int ei__antidiag_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                             int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows,
+                             ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim, bs = c->block_size;
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
+    const int64_t ns = EI__MIN((int64_t)c->sink_blocks, nvis);
+    const int64_t lo = EI__MAX(t0, t_lo), hi = EI__MIN(t0 + c->segment_size, t_hi), nt = c->segment_size / bs;
+    int64_t u;
+    int32_t i0 = 0, i1 = 0, i;
+    /* the path's group kernel when a query block's tiles fit in its lanes (groups never split them) */
+    if (ctx->kern->antidiag_group && w->ad_q && ei__ceil_div(c->rank_samples, nt) <= ctx->kern->antidiag_lanes) {
+        int32_t g0 = 0, V = ctx->kern->antidiag_lanes;
+        while (g0 < c->rank_samples) {
+            int32_t g1 = g0, b0, b1;
+            while (g1 < c->rank_samples) { /* whole query blocks' tiles, at most V */
+                ei__antidiag_tiles_of_block(c, (ei__antidiag_tile_token(c, s, g1) - t0) / bs, &b0, &b1);
+                if (b1 - g0 > V) break;
+                g1 = b1;
+            }
+            if (ei__antidiag_tile_token(c, s, g0) < hi && ei__antidiag_tile_token(c, s, g1 - 1) + bs > lo &&
+                !ei__antidiag_group_mass(ctx, q, q_pos, k, kvh, G, s, g0, g1, lo, hi, mass, rows, w))
+                return 0;
+            g0 = g1;
+        }
+        return 1;
+    }
+    for (u = lo; u < hi; ++u) {
+        int32_t r = (int32_t)((u - t0) % bs);
+        if (u == lo || r == 0) ei__antidiag_tiles_of_block(c, (u - t0) / bs, &i0, &i1);
+        for (i = i0; i < i1; ++i) {
+            ei__row_to_f32(ei__row(q, u - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+            if (!ei__antidiag_row(ctx, w->qtmp, u, bs - 1 - r, k, kvh, scale, ns, nvis, w->logits, w->keys, mass)) return 0;
+            ++*rows;
+        }
+    }
+    return 1;
+}
+/* The block mass of segment s's rows in [t_lo, t_hi) by the context's ranking. */
+static int ei__segment_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                            int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows, ei__profile_ws *w) {
+    if (ctx->cfg.ranking == EI_RANK_ANTIDIAGONAL)
+        return ei__antidiag_mass(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
+    return ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
+}
+
 /* Whole-prompt planning: the profiling checks and as many queries as keys. */
 /* What a profiling call reads (q, k) and writes (the plan, ws_bytes of the
    workspace) must not meet (ei__check_regions). */
@@ -3851,10 +4139,10 @@ static ei_result ei__profile_part(const ei_context *ctx, const ei_tensor *q, con
                            : ei__budget_next(c, s, budget, plan->entropy[row], s > 0 ? plan->entropy[row - 1] : 0.0f);
             if (s < s0) continue;
             plan->budget[row] = (float)budget;
-            if (ei__rank_sampled(c, s)) {
+            if (ei__rank_by_mass(c, s)) {
                 int32_t rows = 0;
                 memset(w->mass, 0, (size_t)s * (size_t)bps * sizeof(float));
-                if (!ei__sample_mass(ctx, q, 0, k, kvh, G, s, 0, n, w->mass, &rows, w))
+                if (!ei__segment_mass(ctx, q, 0, k, kvh, G, s, 0, n, w->mass, &rows, w))
                     return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 if (rows > 0) sc = wt = w->mass; /* a last segment too short for any row keeps the reference ranking */
             }
@@ -3926,7 +4214,8 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
     if (ei__on_gpu(ctx)) {
         size_t need;
-        if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
+        if ((r = ei__check_gpu_ranking(ctx)) != EI_OK ||
+            (r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
             (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
             return r;
         if ((r = EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes)) == EI_OK)
@@ -4217,14 +4506,14 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
             /* the open segment was the last of a final call and stays before this chunk: plan it as an inner one */
             if (st->last_final && st->open_valid && open_seg < q_pos / seg &&
                 (r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 0, open,
-                                            ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL, G,
+                                            ei__rank_by_mass(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL, G,
                                             &w)) != EI_OK)
                 return r;
             for (s = (int32_t)(q_pos / seg); s < s_end; ++s) {
                 int64_t t0 = EI__MAX((int64_t)s * seg, q_pos), t1 = EI__MIN((int64_t)(s + 1) * seg, n);
                 int continues = s == open_seg && st->open_valid;
                 int32_t rows = continues ? st->open_rows : 0;
-                float *mass = ei__rank_sampled(c, s) ? w.mass : NULL;
+                float *mass = ei__rank_by_mass(c, s) ? w.mass : NULL;
                 size_t mass_bytes = (size_t)s * (size_t)(seg / c->block_size) * sizeof(float);
                 if (continues) { /* continue the stored segment */
                     memcpy(w.qrep, open, (size_t)G * 2u * (size_t)d * sizeof(float));
@@ -4235,7 +4524,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 if (mass) {
                     if (continues) memcpy(mass, open_mass, mass_bytes);
                     else memset(mass, 0, mass_bytes);
-                    if (!ei__sample_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
+                    if (!ei__segment_mass(ctx, q, q_pos, k, kvh, G, s, t0, t1, mass, &rows, &w))
                         return ei__fail(ctx, EI_ERR_NONFINITE, "sampled scores of kv head %d segment %d overflow float32", (int)kvh, (int)s);
                 }
                 /* no row of the segment given yet: the reference ranking, until its rows come */
@@ -4251,7 +4540,7 @@ static ei_result ei__profile_chunk_range(const ei_context *ctx, const ei_tensor 
                 }
             }
         } else if ((r = ei__chunk_plan_segment(ctx, k, plan, kvh, (int32_t)open_seg, n, 1, open,
-                                               ei__rank_sampled(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL,
+                                               ei__rank_by_mass(c, (int32_t)open_seg) && st->open_rows > 0 ? open_mass : NULL,
                                                G, &w)) != EI_OK)
             return r;
         st->tokens_done = n;
@@ -4275,7 +4564,7 @@ static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q
                                        int64_t q_pos, int is_final, void *workspace, size_t ws_bytes) {
     size_t need;
     ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads);
-    if (r != EI_OK) return r;
+    if (r != EI_OK || (r = ei__check_gpu_ranking(ctx)) != EI_OK) return r;
     /* sized for the plan's capacity, as on the CPU (a final call without queries needs no query features) */
     if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
                                        &need)) != EI_OK ||
@@ -6856,6 +7145,109 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
         return 1;                                                                                              \
     }
 
+/* EI_RANK_ANTIDIAGONAL, written once: the weights of a group of query tiles
+   (>>profile, ei__antidiag_mass; the plain reference is ei__antidiag_row).
+   Defines ei__antidiag_group_<isa>. Lane t of the group's 32 lanes
+   (EI__SAMPLE_ROWS, EI__SAMPLE_ROWS / EI__VN vectors) is tile t of the
+   group. qt [bs][d][32]: phase p's rows (row bs-1-p of each tile)
+   transposed, zero in lanes without a row; u[p 32 + t] that row's token
+   (-1: none). Phase p's keys are idx = 0..ns bs - 1 (every
+   key of the sink blocks) and then idx = ns bs + m - ns for the keys m bs + p,
+   m >= ns, up to the phase's last token; lg[(p ld + idx) 32 + t] receives
+   the row's normalised weight on key idx (a strided key weighs bs; 0 past
+   the row's token). The 8 keys of a step are converted to f32 into kbuf (8 x
+   d rounded up to 16) once: keys of one phase, 8 blocks apart, so a group
+   reads each key once (R = 64 tiles: two reads of K per segment, as 64
+   sampled rows) and each 8 x bs keys close together. Rows sit in lanes: a
+   key's score for all the group's rows of its phase is a broadcast-FMA walk
+   over d. Returns 0 if a score is not finite. */
+#define EI__DEFINE_ANTIDIAG_GROUP()                                                                            \
+    EI__VTARGET static int EI__VNAME(ei__antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k,   \
+                                                         int32_t kvh, float scale, int32_t bs, int64_t ns,     \
+                                                         int64_t ld, float *lg, float *kbuf) {                 \
+        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
+        const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
+        enum { L = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN };                                           \
+        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
+        EI__VEC mx[64][RV];                                                                                    \
+        float zl[L];                                                                                           \
+        int64_t umin[64], nidx[64], idx, most = 0, j;                                                          \
+        int32_t p, t, e, i, v;                                                                                 \
+        for (p = 0; p < bs; ++p) { /* each phase's keys: up to its last row's token */                        \
+            int64_t umax = -1;                                                                                 \
+            umin[p] = INT64_MAX;                                                                               \
+            for (t = 0; t < L; ++t)                                                                            \
+                if (u[p * L + t] >= 0) {                                                                       \
+                    umax = EI__MAX(umax, u[p * L + t]);                                                        \
+                    umin[p] = EI__MIN(umin[p], u[p * L + t]);                                                  \
+                }                                                                                              \
+            nidx[p] = umax < 0 ? 0 : ns * bs + (umax >= ns * bs + p ? (umax - p) / bs - ns + 1 : 0);           \
+            most = EI__MAX(most, nidx[p]);                                                                     \
+            for (v = 0; v < RV; ++v) mx[p][v] = EI__VSET1(-FLT_MAX);                                           \
+        }                                                                                                      \
+        for (idx = 0; idx < most; idx += 8) /* 8 keys of each phase: past the sink, 8 x bs keys in a row */  \
+            for (p = 0; p < bs; ++p) {                                                                         \
+                float *lp = lg + (size_t)p * (size_t)ld * L;                                                   \
+                const int32_t nk = (int32_t)EI__MIN((int64_t)8, nidx[p] - idx);                                \
+                const float *k0 = kbuf, *k1 = kbuf + (size_t)dp, *k2 = kbuf + 2u * (size_t)dp,                 \
+                            *k3 = kbuf + 3u * (size_t)dp, *k4 = kbuf + 4u * (size_t)dp,                        \
+                            *k5 = kbuf + 5u * (size_t)dp, *k6 = kbuf + 6u * (size_t)dp,                        \
+                            *k7 = kbuf + 7u * (size_t)dp;                                                      \
+                if (nk <= 0) continue;                                                                         \
+                for (e = 0; e < 8; ++e) { /* short steps repeat their last key */                             \
+                    int64_t ii = idx + EI__MIN(e, nk - 1);                                                     \
+                    j = ii < ns * bs ? ii : (ns + ii - ns * bs) * bs + p;                                      \
+                    EI__VNAME(ei__attn_row_f32)(ei__row(k, j, kvh), k->dtype, d, dp, kbuf + (size_t)e * (size_t)dp); \
+                }                                                                                              \
+                for (v = 0; v < RV; ++v) { /* the keys stay in L1 over the row vectors */                      \
+                    const float *qp = qt + (size_t)p * (size_t)d * L + (size_t)v * EI__VN;                     \
+                    EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();            \
+                    EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO(), acc[8];    \
+                    for (i = 0; i < d; ++i) {                                                                  \
+                        EI__VEC qa = EI__VLOAD(qp + (size_t)i * L);                                            \
+                        a0 = EI__VFMA(qa, EI__VSET1(k0[i]), a0); a1 = EI__VFMA(qa, EI__VSET1(k1[i]), a1);      \
+                        a2 = EI__VFMA(qa, EI__VSET1(k2[i]), a2); a3 = EI__VFMA(qa, EI__VSET1(k3[i]), a3);      \
+                        a4 = EI__VFMA(qa, EI__VSET1(k4[i]), a4); a5 = EI__VFMA(qa, EI__VSET1(k5[i]), a5);      \
+                        a6 = EI__VFMA(qa, EI__VSET1(k6[i]), a6); a7 = EI__VFMA(qa, EI__VSET1(k7[i]), a7);      \
+                    }                                                                                          \
+                    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;                                        \
+                    acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7;                                        \
+                    for (e = 0; e < nk; ++e) {                                                                 \
+                        EI__VEC x = EI__VMUL(acc[e], sc);                                                      \
+                        float *o = lp + (size_t)(idx + e) * L + (size_t)v * EI__VN;                            \
+                        nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                    \
+                        EI__VSTORE(o, x);                                                                      \
+                        j = idx + e < ns * bs ? idx + e : (ns + idx + e - ns * bs) * bs + p;                   \
+                        if (j > umin[p]) /* causal: a lane sees keys up to its row's token */                 \
+                            for (t = 0; t < EI__VN; ++t)                                                       \
+                                if (u[p * L + v * EI__VN + t] < j) o[t] = -INFINITY;                           \
+                        mx[p][v] = EI__VMAX(mx[p][v], EI__VLOAD(o));                                           \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        for (p = 0; p < bs; ++p) { /* weights: a strided key stands for its block's bs keys */                \
+            float *lp = lg + (size_t)p * (size_t)ld * L;                                                       \
+            for (v = 0; v < RV; ++v) {                                                                         \
+                EI__VEC z = EI__VZERO();                                                                       \
+                for (idx = 0; idx < nidx[p]; ++idx) {                                                          \
+                    float *o = lp + (size_t)idx * L + (size_t)v * EI__VN;                                      \
+                    EI__VEC w = EI__VNAME(ei__attn_exp2)(EI__VSUB(EI__VLOAD(o), mx[p][v]));                    \
+                    if (idx >= ns * bs) w = EI__VMUL(w, EI__VSET1((float)bs));                                 \
+                    EI__VSTORE(o, w);                                                                          \
+                    z = EI__VADD(z, w);                                                                        \
+                }                                                                                              \
+                EI__VSTOREU(zl + v * EI__VN, z);                                                               \
+            }                                                                                                  \
+            for (t = 0; t < L; ++t) zl[t] = zl[t] > 0.0f ? (float)(1.0 / (double)zl[t]) : 0.0f;                \
+            for (idx = 0; idx < nidx[p]; ++idx)                                                                \
+                for (v = 0; v < RV; ++v) {                                                                     \
+                    float *o = lp + (size_t)idx * L + (size_t)v * EI__VN;                                      \
+                    EI__VSTORE(o, EI__VMUL(EI__VLOAD(o), EI__VLOADU(zl + v * EI__VN)));                        \
+                }                                                                                              \
+        }                                                                                                      \
+        return !EI__VANY(nan);                                                                                 \
+    }
+
 // >>isa-scalar: the plain reference kernels ---------------------------------
 /* The reference every other path is checked against (tests/test_core.c,
    tests/test_attention.c): plain C, one element at a time. Its attention is
@@ -6957,7 +7349,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL};
+                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL, NULL, 0};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -7034,6 +7426,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -7182,7 +7575,8 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2};
+                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
+                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -7240,6 +7634,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -7426,7 +7821,8 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512};
+                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
+                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -7599,7 +7995,8 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
-                                                   &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512};
+                                                   &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
+                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -7793,7 +8190,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
-                                            ei__attn_decode_tile_avx512};
+                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AMX */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -7874,6 +8271,7 @@ EI__DEFINE_MINMAX()
 EI__DEFINE_ROWS_FINITE()
 EI__ATTN_DEFINE_STAGES()
 EI__DEFINE_SAMPLE_MASS()
+EI__DEFINE_ANTIDIAG_GROUP()
 EI__DEFINE_DECODE_TILE()
 #undef EI__VTARGET
 #undef EI__VISA
@@ -8010,7 +8408,8 @@ static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__at
 static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon};
+                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
+                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -8084,7 +8483,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
-                                                  ei__attn_decode_tile_neon};
+                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
    the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
@@ -8180,7 +8579,8 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
-                                                    &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon};
+                                                    &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
+                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -8299,7 +8699,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
-                                                 ei__attn_decode_tile_neon};
+                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 

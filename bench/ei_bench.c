@@ -11,7 +11,7 @@
                     [--segment 512] [--block 8] [--threshold 4096] [--budget 2048]
                     [--e-t 1e-5] [--delta 0.4] [--alpha 0.5] [--per-segment]
                     [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]
-                    [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B]
+                    [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B]
                     [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
                     [--chunk C]   (plan in chunks of C queries, ei_profile_chunk_mt, as
                                    an engine's micro-batched prefill does; 0: whole prompt)
@@ -55,6 +55,10 @@ static double cpu_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static const char *ranking_name(ei_ranking r) {
+    return r == EI_RANK_SAMPLED ? "sampled" : r == EI_RANK_ANTIDIAGONAL ? "antidiagonal" : "reference";
 }
 
 /* Profile the whole prompt (chunk 0: ei_profile_mt) or in chunks of
@@ -268,7 +272,7 @@ static void usage(void) {
          "                [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512] [--segment 512] [--block 8]\n"
          "                [--threshold 4096] [--budget 2048] [--e-t 1e-5] [--delta 0.4] [--alpha 0.5]\n"
          "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]\n"
-         "                [--ranking reference|sampled] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]\n"
+         "                [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]\n"
          "                [--chunk C]");
 }
 
@@ -331,7 +335,7 @@ int main(int argc, char **argv) {
             cfg.sink_blocks = qc.sink_blocks; cfg.local_blocks = qc.local_blocks;
         } else if (!strcmp(o, "--ranking")) {
             const char *v = TAKE;
-            cfg.ranking = !strcmp(v, "sampled") ? EI_RANK_SAMPLED : EI_RANK_REFERENCE;
+            cfg.ranking = !strcmp(v, "sampled") ? EI_RANK_SAMPLED : !strcmp(v, "antidiagonal") ? EI_RANK_ANTIDIAGONAL : EI_RANK_REFERENCE;
         } else if (!strcmp(o, "--samples")) cfg.rank_samples = atoi(TAKE);
         else if (!strcmp(o, "--top-p")) cfg.top_p = atof(TAKE);
         else if (!strcmp(o, "--sink")) cfg.sink_blocks = atoi(TAKE);
@@ -350,7 +354,7 @@ int main(int argc, char **argv) {
                "  ranking %s samples %d top_p %g sink %d local %d\n",
                EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
                dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", cfg.segment_size, cfg.block_size,
-               (long long)cfg.threshold_len, cfg.base_budget, cfg.ranking == EI_RANK_SAMPLED ? "sampled" : "reference",
+               (long long)cfg.threshold_len, cfg.base_budget, ranking_name(cfg.ranking),
                cfg.rank_samples, cfg.top_p, cfg.sink_blocks, cfg.local_blocks);
         printf("%7s %4s %5s %10s %10s %10s %9s %8s %8s %7s %10s %6s %6s %9s %8s %9s %9s %9s\n", "N", "thr", "dtype", "profile_ms", "dense_ms",
                "sparse_ms", "dense_GF/s", "density", "speedup", "effic", "rel_err", "prof%", "rigid", "cpuGF/s", "cpu_spd",
@@ -479,7 +483,7 @@ int main(int argc, char **argv) {
                        (long long)n, threads, dts, H, HK, d, t_prof, t_dense, t_sparse, gflops, density, speedup,
                        speedup * density, rel, 100.0 * t_prof / t_dense, rigid, ei_simd_name(ei_context_simd(ctx)),
                        ei_context_simd(ctx) == EI_SIMD_AVX512_BF16 ? "+dpbf16" : "",
-                       c_dense, c_sparse, gflops * t_dense / c_dense, cfg.ranking == EI_RANK_SAMPLED ? "sampled" : "reference",
+                       c_dense, c_sparse, gflops * t_dense / c_dense, ranking_name(cfg.ranking),
                        t_ref_prof, 100.0 * t_ref_prof / t_dense, 100.0 * c_prof / c_dense, 100.0 * c_ref_prof / c_dense);
             else
                 printf("%7lld %4d %5s %10.1f %10.1f %10.1f %9.1f %8.4f %8.2f %7.3f %10.2e %6.2f %3d/%d %9.1f %8.1f %9.2f %9.2f %9.2f\n",

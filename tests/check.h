@@ -23,7 +23,8 @@
                >>attention); ref_vmax; ref_budget, ref_keep_blocks,
                ref_budget_on_edge: the budget walk on the header's own rules
                (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass
-               (and _given: the rows a chunked plan holds),
+               (and _given: the rows a chunked plan holds), ref_antidiag_mass_given
+               (EI_RANK_ANTIDIAGONAL), ref_ranking_mass_given (either),
                ref_check_ranked_row (the ranking options); ref_decode_scores
                (decode scoring with row maps)
    backends    side (a CPU or CUDA context), mem_new / mem_up / mem_down /
@@ -675,6 +676,54 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
 CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,
                                double *mass) {
     (void)ref_sampled_mass_given(c, q, k, kvh, s, n, NULL, mass);
+}
+/* EI_RANK_ANTIDIAGONAL in double, the same contract: query tile i of segment
+   s (ei__antidiag_tile_token, query head kvh * G + i % G), its row r (token
+   u, phase p = bs - 1 - r) scores every key of the first min(sink_blocks,
+   nvis) blocks and the keys j <= u with j % bs == p after them, each of
+   those weighing bs; softmaxed with those weights, the weight on each block
+   added to mass[b]. Returns the rows summed. */
+CHECK_FN int ref_antidiag_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
+                                     int64_t n, const unsigned char *given, double *mass) {
+    const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
+    const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs, ns = c->sink_blocks < nvis ? c->sink_blocks : nvis;
+    const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+    double *lg = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    unsigned char *use = (unsigned char *)malloc((size_t)(n > 0 ? n : 1));
+    int64_t b, j;
+    int32_t i, e, r;
+    int rows = 0;
+    if (!lg || !use) { printf("out of memory\n"); exit(2); }
+    for (b = 0; b < nvis; ++b) mass[b] = 0.0;
+    for (i = 0; i < c->rank_samples; ++i)
+        for (r = 0; r < bs; ++r) {
+            int64_t u = ei__antidiag_tile_token(c, s, i) + r, p = bs - 1 - r;
+            int32_t h = kvh * G + i % G;
+            double m = -HUGE_VAL, z = 0.0;
+            if (u >= n || (given && !given[u])) continue;
+            rows++;
+            for (j = 0; j <= u; ++j) {
+                double acc = 0.0;
+                use[j] = j < ns * bs || j % bs == p;
+                if (!use[j]) continue;
+                for (e = 0; e < d; ++e) acc += ref_at(q, u, h, e) * ref_at(k, j, kvh, e);
+                lg[j] = scale * acc;
+                if (lg[j] > m) m = lg[j];
+            }
+            for (j = 0; j <= u; ++j)
+                if (use[j]) z += (lg[j] = exp(lg[j] - m) * (j < ns * bs ? 1.0 : (double)bs));
+            for (j = 0; j < nvis * bs; ++j)
+                if (use[j]) mass[j / bs] += lg[j] / z;
+        }
+    free(lg);
+    free(use);
+    return rows;
+}
+/* The mass of the context's ranking by mass (EI_RANK_SAMPLED or EI_RANK_ANTIDIAGONAL). */
+CHECK_FN int ref_ranking_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
+                                    int64_t n, const unsigned char *given, double *mass) {
+    return c->ranking == EI_RANK_ANTIDIAGONAL ? ref_antidiag_mass_given(c, q, k, kvh, s, n, given, mass)
+                                              : ref_sampled_mass_given(c, q, k, kvh, s, n, given, mass);
 }
 
 /* Decode scores in double (ei_decode_score): out[h][row] = the mean over

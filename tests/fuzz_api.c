@@ -595,7 +595,7 @@ static ei_config fz_config(fz *f) {
     static const int32_t red[] = {EI_REDUCE_MEAN, EI_REDUCE_MAX, 2, -1};
     static const int32_t rec[] = {0, 1, 2, 5, -1, INT32_MAX};
     static const int32_t simd[] = {EI_SIMD_AUTO, EI_SIMD_SCALAR, EI_SIMD_AVX2, EI_SIMD_AVX512, EI_SIMD_NEON, 5, -1};
-    static const int32_t rk[] = {EI_RANK_SAMPLED, EI_RANK_REFERENCE, 2, -1};
+    static const int32_t rk[] = {EI_RANK_SAMPLED, EI_RANK_REFERENCE, 3, -1, EI_RANK_ANTIDIAGONAL};
     static const int32_t smp[] = {8, 1, 3, 64, 0, -1, EI_MAX_RANK_SAMPLES, EI_MAX_RANK_SAMPLES + 1, 33};
     static const double tp[] = {0.9, 0.0, 1.0, 0.5, 1e-9, -0.1, 1.5, NAN, INFINITY};
     static const int32_t sk[] = {1, 0, 2, 8, 1000, -1, EI_MAX_BUDGET + 1};
@@ -729,12 +729,13 @@ static void keep_release(state *s) {
 static const ei_dtype dtypes[] = {EI_F32, EI_F16, EI_BF16, EI_F32, (ei_dtype)3, (ei_dtype)-1};
 
 /* The sampled ranking scores rank_samples rows per segment and kv head
-   whatever the segment's length (4096 rows of an 8-token segment): its cost
-   over a layer, relative to the layer's attention. */
+   whatever the segment's length (4096 rows of an 8-token segment), the
+   antidiagonal one rank_samples tiles of as much work: its cost over a
+   layer, relative to the layer's attention. */
 static double rank_cost(const ei_context *ctx) {
     const ei_config *c = ei_context_config(ctx);
     double f;
-    if (!c || c->ranking != EI_RANK_SAMPLED || c->segment_size <= 0) return 1.0;
+    if (!c || c->ranking == EI_RANK_REFERENCE || c->segment_size <= 0) return 1.0;
     f = (double)c->rank_samples / (double)c->segment_size; /* rows scored per query of a segment (expf each) */
     return f > 1.0 ? f : 1.0;
 }

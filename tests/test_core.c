@@ -297,7 +297,8 @@ static void test_strided_and_threads(void) {
         }
         free(ws5);
     }
-    {   /* one kv head, the sampled ranking with top-p, sink and local blocks: 2 and 3 threads */
+    for (i = 0; i < 2; ++i) { /* one kv head, the sampled (i 0) and antidiagonal (i 1) rankings with top-p, sink and
+                                 local blocks: 2 and 3 threads; the antidiagonal one also over kv-head ranges */
         synth_layer L1 = synth_layer_make(900, 4, 1, 32, 64, 5);
         ei_config cq = c, qp = ei_config_quality();
         ei_context *cx;
@@ -305,8 +306,27 @@ static void test_strided_and_threads(void) {
         size_t wq;
         void *wsq;
         int nt;
-        cq.ranking = qp.ranking; cq.rank_samples = 16; cq.top_p = qp.top_p; cq.sink_blocks = 1; cq.local_blocks = 2;
+        cq.ranking = i ? EI_RANK_ANTIDIAGONAL : qp.ranking; cq.rank_samples = i ? 6 : 16; cq.top_p = qp.top_p;
+        cq.sink_blocks = 1; cq.local_blocks = 2;
         CHECK_ERR(ei_context_create(&cq, &cx), EI_OK);
+        if (i) { /* L's two kv heads: kv-head ranges (ei_profile_heads, ei_profile_mt over heads) give one plan */
+            ei_plan ph, pt;
+            size_t wl;
+            void *wsl;
+            ei_profile_workspace_size(cx, L.n, L.heads, L.kv, L.dim, &wl);
+            wsl = malloc(wl * 2);
+            CHECK_ERR(ei_plan_alloc(cx, &ph, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_plan_alloc(cx, &pt, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 1, 2, wsl, wl), EI_OK);
+            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 0, 1, wsl, wl), EI_OK);
+            CHECK_ERR(ei_profile_mt(cx, &q, &k, &pt, 2, wsl, wl * 2), EI_OK);
+            CHECK(memcmp(ph.keep_count, pt.keep_count, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity) == 0 &&
+                      memcmp(ph.block_index, pt.block_index, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity * ph.max_keep) == 0,
+                  "antidiagonal ranking over kv-head ranges differs from ei_profile_mt's");
+            ei_plan_free(cx, &ph);
+            ei_plan_free(cx, &pt);
+            free(wsl);
+        }
         ei_profile_workspace_size(cx, L1.n, L1.heads, L1.kv, L1.dim, &wq);
         wsq = malloc(wq * 3);
         CHECK_ERR(ei_plan_alloc(cx, &p1, L1.n, 1, L1.dim, 0), EI_OK);
@@ -319,7 +339,7 @@ static void test_strided_and_threads(void) {
                       memcmp(p1.keep_count, pm.keep_count, sizeof(int32_t) * p1.seg_capacity) == 0 &&
                       memcmp(p1.block_index, pm.block_index, sizeof(int32_t) * p1.seg_capacity * p1.max_keep) == 0 &&
                       p1.head_class[0] == pm.head_class[0],
-                  "sampled ranking split over segments (%d threads, 1 kv head) differs", nt);
+                  "%s ranking split over segments (%d threads, 1 kv head) differs", i ? "antidiagonal" : "sampled", nt);
         }
         free(wsq);
         ei_plan_free(cx, &p1);
@@ -725,9 +745,10 @@ static void check_ranked_plan(const ei_config *c, const ei_plan *p, const synth_
             int64_t nvis = (int64_t)s * (c->segment_size / c->block_size);
             int rigid = p->head_class[h] == EI_HEAD_RIGID;
             double budget = ref_budget(c, p->entropy + EI_PLAN_ROW(p, h, 0), s, rigid);
-            if (c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len &&
-                ei__sample_token(c, s, 0) < L->n) /* a segment with no row given keeps the reference ranking */
-                ref_sampled_mass(c, &q, &k, h, s, L->n, w);
+            int64_t first_row = c->ranking == EI_RANK_ANTIDIAGONAL ? ei__antidiag_tile_token(c, s, 0) : ei__sample_token(c, s, 0);
+            if (c->ranking != EI_RANK_REFERENCE && (int64_t)s * c->segment_size >= c->threshold_len &&
+                first_row < L->n) /* a segment with no row given keeps the reference ranking */
+                (void)ref_ranking_mass_given(c, &q, &k, h, s, L->n, NULL, w);
             else { /* the softmaxed reference score the plan stores */
                 double m = -HUGE_VAL;
                 for (b = 0; b < nvis; ++b) m = p->scores[row * p->blk_capacity + b] > m ? p->scores[row * p->blk_capacity + b] : m;
@@ -745,7 +766,10 @@ static void test_ranking_options(void) {
     synth_layer L = synth_layer_make(1000, 8, 4, 64, 64, 7);
     static const struct { ei_ranking ranking; int32_t samples; double top_p; int32_t sink, local, per_segment; } cases[] = {
         {EI_RANK_SAMPLED, 8, 0.0, 0, 0, 0},   {EI_RANK_SAMPLED, 12, 0.9, 1, 2, 0}, {EI_RANK_SAMPLED, 100, 0.6, 0, 3, 0},
-        {EI_RANK_REFERENCE, 64, 0.9, 2, 1, 0}, {EI_RANK_SAMPLED, 16, 0.95, 1, 1, 1}, {EI_RANK_REFERENCE, 64, 0.0, 3, 4, 0}};
+        {EI_RANK_REFERENCE, 64, 0.9, 2, 1, 0}, {EI_RANK_SAMPLED, 16, 0.95, 1, 1, 1}, {EI_RANK_REFERENCE, 64, 0.0, 3, 4, 0},
+        /* EI_RANK_ANTIDIAGONAL: fewer tiles than query blocks, more (tiles share a block, heads differ), per-segment */
+        {EI_RANK_ANTIDIAGONAL, 3, 0.0, 0, 0, 0}, {EI_RANK_ANTIDIAGONAL, 5, 0.9, 1, 2, 0},
+        {EI_RANK_ANTIDIAGONAL, 20, 0.95, 1, 1, 0}, {EI_RANK_ANTIDIAGONAL, 8, 0.95, 1, 1, 1}};
     size_t ci;
     int p, d;
     for (ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci)
@@ -756,7 +780,7 @@ static void test_ranking_options(void) {
                 ei_plan plan;
                 void *mem;
                 char what[96];
-                if (!test_simd_selected((ei_simd)p) || (d != EI_F32 && p != EI_SIMD_AUTO && ci > 1)) continue;
+                if (!test_simd_selected((ei_simd)p) || (d != EI_F32 && p != EI_SIMD_AUTO && ci > 1 && ci != 7)) continue;
                 c.ranking = cases[ci].ranking;
                 c.rank_samples = cases[ci].samples;
                 c.top_p = cases[ci].top_p;
@@ -802,6 +826,9 @@ static void test_ranking_options(void) {
         ei_config c = ei_config_default();
         ei_context *ctx;
         c.ranking = (ei_ranking)7; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c.ranking = (ei_ranking)3; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "an unknown ranking names the known ones: %s", ei_last_error());
+        c = ei_config_default(); c.ranking = EI_RANK_ANTIDIAGONAL; c.rank_samples = 0; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.rank_samples = 0; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.rank_samples = EI_MAX_RANK_SAMPLES + 1; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default(); c.top_p = 1.5; CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
@@ -884,6 +911,53 @@ static float *chunk_kbuf(const synth_layer *L) {
     memcpy(b, L->k, sizeof(float) * row * (size_t)L->n);
     for (i = row * (size_t)L->n; i < row * (size_t)(L->n + 64); ++i) b[i] = NAN;
     return b;
+}
+
+/* EI_RANK_ANTIDIAGONAL in chunks, cut at segment boundaries or anywhere:
+   rows are added in token order, so the plan is the whole-prompt one bit for
+   bit; each row is also checked against the plain reference
+   (ref_antidiag_mass_given, up to near-ties). */
+static void test_antidiag_chunked(void) {
+    synth_layer L = synth_layer_make(640, 6, 2, 32, 64, 21);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    chunk_env E;
+    ei_plan whole, ch;
+    float *kL = chunk_kbuf(&L);
+    uint64_t rng = 4242;
+    int trial;
+    c.ranking = EI_RANK_ANTIDIAGONAL;
+    c.rank_samples = 5;
+    c.top_p = 0.9;
+    c.sink_blocks = 1;
+    c.local_blocks = 2;
+    CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
+    E.c = ei_context_config(E.ctx);
+    ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
+    E.ws = malloc(E.wb);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &whole, L.n, L.kv, L.dim, EI_PLAN_SCORES), EI_OK);
+    CHECK_ERR(ei_plan_alloc(E.ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES), EI_OK);
+    CHECK_ERR(ei_profile(E.ctx, &L.tq, &L.tk, &whole, E.ws, E.wb), EI_OK);
+    check_ranked_plan(E.c, &whole, &L, EI_F32, "antidiagonal, whole prompt");
+    for (trial = 0; trial < 12; ++trial) {
+        long t = 0;
+        char what[64];
+        snprintf(what, sizeof what, "antidiagonal, %s chunks, trial %d", trial % 2 ? "random" : "segment", trial);
+        ei_plan_reset(&ch);
+        while (t < L.n) {
+            long cnt = trial % 2 ? 1 + (long)(rng_next(&rng) % 150) : 64 * (1 + (long)(rng_next(&rng) % 3));
+            if (t + cnt > L.n) cnt = L.n - t;
+            CHECK_ERR(chunk_call(&E, &L, kL, &ch, t, cnt, t + cnt == L.n, (long)(rng_next(&rng) % 64)), EI_OK);
+            t += cnt;
+        }
+        chunk_compare(&E, &ch, &whole, 0, whole.n_segments, what);
+        if (trial % 2) check_ranked_plan(E.c, &ch, &L, EI_F32, what);
+    }
+    ei_plan_free(E.ctx, &whole);
+    ei_plan_free(E.ctx, &ch);
+    ei_context_destroy(E.ctx);
+    free(E.ws);
+    free(kL);
+    synth_layer_free(&L);
 }
 
 static void test_chunked_any_position(int per_segment, int sampled) {
@@ -1980,6 +2054,7 @@ int main(void) {
     test_chunked_any_position(0, 1);
     test_chunked_any_position(1, 1);
     test_ranking_options();
+    test_antidiag_chunked();
     test_decode();
     test_decode_rows();
     test_decode_padded();

@@ -285,6 +285,85 @@ static synth_layer make_layer(long n, int heads, int kv, int dim, uint64_t seed)
     return synth_layer_make(n, heads, kv, dim, 64, seed);
 }
 
+/* EI_RANK_ANTIDIAGONAL at its edges, on every path: an unknown ranking and
+   rank_samples out of range refused with a message; the most tiles (more
+   than the segment's query blocks: tiles repeat with other heads), one-token
+   blocks (one phase: every key), one block per segment, chunked planning of
+   a padded K view whose padding is NaN (never read: the strided views stop
+   at each row's token), and finite scores that overflow float32. */
+static void test_antidiag_limits(void) {
+    synth_layer L = make_layer(300, 4, 2, 32, 5);
+    ei_config c;
+    ei_context *ctx;
+    int p;
+    c = ei_config_default(); c.ranking = (ei_ranking)3;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+    CHECK(strstr(ei_last_error(), "unknown ranking 3") != NULL, "%s", ei_last_error());
+    c = ei_config_default(); c.ranking = EI_RANK_ANTIDIAGONAL; c.rank_samples = EI_MAX_RANK_SAMPLES + 1;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+    CHECK(strstr(ei_last_error(), "rank_samples") != NULL, "%s", ei_last_error());
+    c.rank_samples = -1;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+    for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+        static const struct { int32_t seg, bs, samples; } shapes[] = {{64, 8, EI_MAX_RANK_SAMPLES}, {64, 1, 7}, {64, 64, 3}, {32, 8, 1}};
+        size_t si;
+        if (!test_simd_selected((ei_simd)p)) continue;
+        for (si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
+            ei_plan plan, ch;
+            size_t wb;
+            void *ws;
+            float *kpad = (float *)malloc(sizeof(float) * (size_t)(L.n + 40) * L.kv * L.dim);
+            ei_tensor kp;
+            size_t i;
+            c = small_config((ei_simd)p);
+            c.ranking = EI_RANK_ANTIDIAGONAL; c.top_p = 0.9; c.sink_blocks = 1; c.local_blocks = 1;
+            c.segment_size = shapes[si].seg; c.block_size = shapes[si].bs; c.rank_samples = shapes[si].samples;
+            CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+            ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+            ws = guarded_alloc(wb);
+            CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
+            CHECK_ERR(ei_plan_alloc(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+            CHECK_ERR(ei_profile(ctx, &L.tq, &L.tk, &plan, ws, wb), EI_OK);
+            memcpy(kpad, L.k, sizeof(float) * (size_t)L.n * L.kv * L.dim);
+            for (i = (size_t)L.n * L.kv * L.dim; i < (size_t)(L.n + 40) * L.kv * L.dim; ++i) kpad[i] = NAN;
+            kp = ei_tensor_make(kpad, EI_F32, L.n + 40, L.kv, L.dim);
+            CHECK_ERR(ei_profile_chunk(ctx, &L.tq, &kp, &ch, 0, 1, ws, wb), EI_OK);
+            CHECK(!memcmp(plan.block_index, ch.block_index, sizeof(int32_t) * plan.n_kv_heads * plan.seg_capacity * plan.max_keep),
+                  "antidiagonal (segment %d, block %d, %d tiles, %s): one chunk over a NaN-padded view differs from whole-prompt",
+                  (int)c.segment_size, (int)c.block_size, (int)c.rank_samples, ei_simd_name((ei_simd)p));
+            CHECK(guard_intact(ws, wb), "antidiagonal workspace guard");
+            guarded_free(ws);
+            free(kpad);
+            ei_plan_free(ctx, &plan);
+            ei_plan_free(ctx, &ch);
+            ei_context_destroy(ctx);
+        }
+        {   /* finite inputs whose antidiagonal scores overflow float32 */
+            synth_layer B = make_layer(300, 2, 1, 16, 5);
+            ei_plan plan;
+            size_t wb;
+            void *ws;
+            long i;
+            c = small_config((ei_simd)p);
+            c.ranking = EI_RANK_ANTIDIAGONAL;
+            c.attn_scale = 1e4f;
+            for (i = 0; i < 300 * 2 * 16; ++i) B.q[i] = 3e17f;
+            for (i = 0; i < 300 * 16; ++i) B.k[i] = 3e17f;
+            CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+            ei_profile_workspace_size(ctx, B.n, B.heads, B.kv, B.dim, &wb);
+            ws = malloc(wb);
+            CHECK_ERR(ei_plan_alloc(ctx, &plan, B.n, B.kv, B.dim, 0), EI_OK);
+            CHECK_ERR(ei_profile(ctx, &B.tq, &B.tk, &plan, ws, wb), EI_ERR_NONFINITE);
+            CHECK(strstr(ei_last_error(), "overflow") != NULL, "%s", ei_last_error());
+            free(ws);
+            ei_plan_free(ctx, &plan);
+            ei_context_destroy(ctx);
+            synth_layer_free(&B);
+        }
+    }
+    synth_layer_free(&L);
+}
+
 static void test_nonfinite(void) {
     static const float bad[] = {NAN, INFINITY, -INFINITY};
     synth_layer L = make_layer(300, 4, 2, 32, 5);
@@ -1955,6 +2034,7 @@ int main(void) {
     test_plan_bytes();
     test_view_extent();
     test_nonfinite();
+    test_antidiag_limits();
     test_decode_nonfinite();
     test_v_propagates();
     test_overlaps();

@@ -246,6 +246,48 @@ static void test_validate_once(const char *dir) {
     for (b = 0; b < 2; ++b) { ei_context_destroy(ctx[b]); ei_context_destroy(small[b]); }
 }
 
+/* EI_RANK_ANTIDIAGONAL has no CUDA kernels: on the plugin's backend every
+   profiling entry refuses it (EI_ERR_UNSUPPORTED, naming the ranking) before
+   the plugin is called, rather than plan with another ranking; the same
+   context still runs attention on the GPU. */
+static void test_antidiag_refused(const char *dir) {
+    char good[600];
+    ei_context *x = NULL;
+    ei_config c;
+    layer L;
+    ei_plan plan, chunked;
+    void *ws, *pm = malloc(1 << 20);
+    size_t wsb = 1 << 16;
+    int before;
+    snprintf(good, sizeof good, "%s/fake_cuda.so", dir);
+    c = cfg_with(good, EI_BACKEND_CUDA);
+    c.ranking = EI_RANK_ANTIDIAGONAL;
+    CHECK_ERR(ei_context_create(&c, &x), EI_OK);
+    if (!x) { free(pm); return; }
+    layer_make(&L, 64, 4, 2, 8);
+    ws = malloc(wsb);
+    CHECK_ERR(ei_plan_alloc(x, &plan, 64, 2, 8, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(x, &chunked, 64, 2, 8, EI_PLAN_CHUNKED, pm, 1 << 20), EI_OK);
+    memset(g_calls, 0, 32 * sizeof(int));
+    before = calls_total();
+    CHECK_ERR(ei_profile_workspace_size(x, 64, 4, 2, 8, &wsb), EI_ERR_UNSUPPORTED);
+    CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "%s", ei_last_error());
+    wsb = 1 << 16;
+    CHECK_ERR(ei_profile(x, &L.tq, &L.tk, &plan, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "%s", ei_last_error());
+    CHECK_ERR(ei_profile_mt(x, &L.tq, &L.tk, &plan, 2, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile_chunk(x, &L.tq, &L.tk, &chunked, 0, 1, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile_chunk_mt(x, &L.tq, &L.tk, &chunked, 0, 1, 2, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK(calls_total() == before && plan.n_tokens == 0 && chunked.n_tokens == 0,
+          "a refused EI_RANK_ANTIDIAGONAL call reached the plugin (%d calls) or moved a plan", calls_total() - before);
+    CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &L.to, 0, 0, 1, ws, wsb), EI_OK);
+    ei_plan_free(x, &plan);
+    free(pm);
+    free(ws);
+    layer_free(&L);
+    ei_context_destroy(x);
+}
+
 /* ei_kv_compact's errors reach the context's logger. */
 static void test_compact_logs(void) {
     ei_config c = cfg_with(NULL, EI_BACKEND_CPU);
@@ -278,6 +320,7 @@ int main(int argc, char **argv) {
     }
     test_loading(dir);
     test_validate_once(dir);
+    test_antidiag_refused(dir);
     dlclose(h);
     printf("test_plugin: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;

@@ -9,13 +9,13 @@
          base_budget=N     base key budget (tokens), paper 2048
          segment=N         query segment (tokens, a divisor of 512, the prefill micro-batch), paper 512
          block=N           key block (tokens), paper 8
-         ranking=reference|sampled
+         ranking=reference|sampled|antidiagonal
                            block ranking (entropyinfer.h CONCEPTS: ranking). reference
                            (default): the paper's configuration; sampled: the library's
                            preset ei_config_quality() (sampled attention mass, top-p
                            budgets, sink and local blocks). The options below override
                            either.
-         samples=N         rank_samples: query rows scored per segment and kv head (sampled)
+         samples=N         rank_samples: query rows (sampled) or query tiles (antidiagonal) per segment and kv head
          top_p=P           top-p keep counts, P in (0, 1]; 0: counts from the budget recurrence
          max_factor=F      budget_max_factor: budgets (and top-p counts) up to F x base (paper 3)
          sink=N            sink_blocks: key blocks from position 0 always kept
@@ -123,7 +123,7 @@ static int ovr_changes_config(void) {
 /* ranking=sampled starts from the library's preset (ei_config_quality), anything
    else from the paper's configuration; the options given override either */
 static ei_config mode_config(int mode) {
-    ei_config c = ovr.ranking == EI_RANK_SAMPLED ? ei_config_quality() : ei_config_default();
+    ei_config c = ovr.ranking >= EI_RANK_SAMPLED ? ei_config_quality() : ei_config_default();
     c.per_segment_budget = mode == M_PERSEG;
     if (ovr.ranking >= 0) c.ranking = (ei_ranking)ovr.ranking;
     if (ovr.base_budget > 0) c.base_budget = ovr.base_budget;
@@ -137,7 +137,9 @@ static ei_config mode_config(int mode) {
     return c;
 }
 
-static const char *ranking_id(ei_ranking r) { return r == EI_RANK_SAMPLED ? "sampled" : "reference"; }
+static const char *ranking_id(ei_ranking r) {
+    return r == EI_RANK_SAMPLED ? "sampled" : r == EI_RANK_ANTIDIAGONAL ? "antidiagonal" : "reference";
+}
 
 /* a whole non-negative integer (no trailing characters) */
 static int parse_count(const char *s, int32_t *out) {
@@ -169,6 +171,7 @@ static int parse_override(const char *arg) {
     if (!strncmp(arg, "ranking=", 8)) {
         if (!strcmp(arg + 8, "reference")) ovr.ranking = EI_RANK_REFERENCE;
         else if (!strcmp(arg + 8, "sampled")) ovr.ranking = EI_RANK_SAMPLED;
+        else if (!strcmp(arg + 8, "antidiagonal")) ovr.ranking = EI_RANK_ANTIDIAGONAL;
         else return -1;
         return 0;
     }
@@ -647,7 +650,7 @@ static int write_json(int complete, double total_s) {
     jnum(f, "budget_min_factor", c.budget_min_factor);
     jnum(f, "budget_max_factor", c.budget_max_factor);
     jkey(f, "preset");
-    json_str(f, ovr.ranking == EI_RANK_SAMPLED ? "ei_config_quality" : "ei_config_default");
+    json_str(f, ovr.ranking >= EI_RANK_SAMPLED ? "ei_config_quality" : "ei_config_default");
     jkey(f, "overrides");
     fputs(ovr_changes_config() ? "true" : "false", f);
     jkey(f, "dense_layers");
@@ -825,6 +828,11 @@ int main(int argc, char **argv) {
         if (d.ranking == EI_RANK_SAMPLED)
             snprintf(rank_desc, sizeof rank_desc, "sampled attention mass (%d real query rows per segment and kv head, scored exactly)",
                      (int)d.rank_samples);
+        else if (d.ranking == EI_RANK_ANTIDIAGONAL)
+            snprintf(rank_desc, sizeof rank_desc,
+                     "antidiagonal attention mass (%d query tiles of one block per segment and kv head, each row one key "
+                     "of every block, XAttention's antidiagonals)",
+                     (int)d.rank_samples);
         else snprintf(rank_desc, sizeof rank_desc, "the reference's block score (the paper's)");
         if (d.top_p > 0)
             snprintf(rank_desc + strlen(rank_desc), sizeof rank_desc - strlen(rank_desc),
@@ -847,7 +855,7 @@ int main(int argc, char **argv) {
                     "entropyinfer runs in the global layers %s; the %d sliding-window (%d) layers are dense in every mode. "
                     "%d threads on a shared 2-core machine: timings are indicative only. "
                     "%s\n\n",
-                ovr.ranking == EI_RANK_SAMPLED ? "the library's preset ei_config_quality()" : "the paper's defaults",
+                ovr.ranking >= EI_RANK_SAMPLED ? "the library's preset ei_config_quality()" : "the paper's defaults",
                 ovr_changes_config() ? " with overrides from the command line" : "",
                 d.segment_size, d.block_size, (long long)d.threshold_len, d.base_budget, (double)d.budget_min_factor,
                 (double)d.budget_max_factor, (double)d.rigid_entropy, (double)d.delta_t, (double)d.alpha, sparse_list, n_local,

@@ -15,6 +15,8 @@
 #                                      GEMMA_EVAL_ORACLE_BUDGETS
 #                        sampled-p<P>  ranking=sampled (the ei_config_quality preset) with top_p P for P
 #                                      in GEMMA_EVAL_TOP_P (no oracle row)
+#                        antidiag-p<P> ranking=antidiagonal (the preset with EI_RANK_ANTIDIAGONAL, 64 tiles)
+#                                      with top_p P for P in GEMMA_EVAL_ANTIDIAG_TOP_P (no oracle row)
 #                      The dense rows and dense passkey answers are computed once (dense_cache=build/eval/dense).
 #                      Passkey (GEMMA_EVAL_PASSKEY) only in sampled-p<GEMMA_EVAL_PK_TOP_P> (and ref-b<GEMMA_EVAL_PK_BUDGET> if set),
 #                      the bf16 K/V row (dense, for scale) only in ref-b<GEMMA_EVAL_PK_BUDGET>. A run is redone
@@ -45,6 +47,7 @@ GEMMA_EVAL_CONTEXTS    ?= 8192,16384,32768
 GEMMA_EVAL_PASSKEY     ?= 8192,16384,32768
 GEMMA_EVAL_BUDGETS     ?= 1024 2048 3072
 GEMMA_EVAL_TOP_P       ?= 0.9 0.95 0.98 0.99
+GEMMA_EVAL_ANTIDIAG_TOP_P ?= 0.95
 GEMMA_EVAL_PK_BUDGET   ?=
 GEMMA_EVAL_ORACLE_BUDGETS ?= 1024 2048
 GEMMA_EVAL_PK_TOP_P    ?= 0.95
@@ -105,12 +108,14 @@ eval-table: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP)
 	$(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_BUILD)/eval.md $(GEMMA_EVAL_CONTEXTS) $(GEMMA_EVAL_PASSKEY) $(GEMMA_EVAL_TEXT)
 
 # The sweep. Each run's options and passkey contexts:
-gemma_eval_runs := $(foreach b,$(GEMMA_EVAL_BUDGETS),ref-b$(b)) $(foreach p,$(GEMMA_EVAL_TOP_P),sampled-p$(p))
+gemma_eval_runs := $(foreach b,$(GEMMA_EVAL_BUDGETS),ref-b$(b)) $(foreach p,$(GEMMA_EVAL_TOP_P),sampled-p$(p)) \
+                   $(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),antidiag-p$(p))
 $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_opts_ref-b$(b) = ranking=reference base_budget=$(b)$(if \
     $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),, no_reference=1)$(if $(filter $(b),$(GEMMA_EVAL_ORACLE_BUDGETS)),, oracle=0) $$(GEMMA_EVAL_OPTIONS)))
 $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_pk_ref-b$(b) = $(if $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),$$(GEMMA_EVAL_PASSKEY))))
 $(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
 $(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_pk_sampled-p$(p) = $(if $(filter $(p),$(GEMMA_EVAL_PK_TOP_P)),$$(GEMMA_EVAL_PASSKEY))))
+$(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),$(eval gemma_eval_opts_antidiag-p$(p) = ranking=antidiagonal top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
 
 # One run: $(1) its name, $(2) the run before it (order-only: one run at a time, also
 # under -j, so timings compare). <name>.args holds the command line, rewritten only

@@ -10,7 +10,7 @@ against dense (%) and top-1 agreement with dense (%), both against density (%
 of the dense causal keys a sparse segment attends).
 
 Series: each run's ragged row is a point of its ranking's series ("reference
-ranking", "sampled ranking"), each oracle row a point of "oracle ranking (at
+ranking", "sampled ranking", "antidiagonal ranking"), each oracle row a point of "oracle ranking (at
 the <ranking>'s counts)"; points are grouped by (context, series) and joined
 in order of density. Where runs of one ranking differ in more than the swept
 knobs (base_budget, top_p), e.g. in sink/local blocks or rank_samples, each
@@ -74,7 +74,7 @@ def row_ident(run, row):
     top_p = cfg.get("top_p") or 0
     ident = {
         "counts": "top-p" if finite(top_p) and top_p > 0 else "budget",
-        "rank_samples": cfg.get("rank_samples") if cfg.get("ranking") == "sampled" else None,
+        "rank_samples": cfg.get("rank_samples") if cfg.get("ranking") in ("sampled", "antidiagonal") else None,
         "dense_layers": ",".join(str(x) for x in (run.get("config") or {}).get("dense_layers") or []) or None,
         "per_segment_budget": cfg.get("per_segment_budget"),
     }
@@ -138,7 +138,7 @@ def collect(runs):
         lab = label(group, ident)
         s = series.setdefault(lab, {"label": lab, "group": group, "points": {}})
         s["points"].setdefault(ctx, []).append((x, ppl, agree, "" if group[1] else note))
-    order = {"reference": 0, "sampled": 1}
+    order = {"reference": 0, "sampled": 1, "antidiagonal": 2}
     out = sorted(series.values(), key=lambda s: (s["group"][1], order.get(s["group"][0], 2), s["group"][0], s["label"]))
     n_plain = n_oracle = 0
     for s in out:
