@@ -15,38 +15,13 @@
    call and a stream synchronisation. Prints ms per call and the split's speedup. */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
+#include "ei_bench_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static void die(const char *what, ei_result r) {
-    fprintf(stderr, "%s: %s: %s\n", what, ei_result_name(r), ei_last_error());
-    exit(1);
-}
-#define OK(call) do { ei_result r_ = (call); if (r_ != EI_OK) die(#call, r_); } while (0)
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint32_t next32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 /* [n][heads][d] bf16: noise, and in even kv heads a sink (the first 8 keys large, q aligned with them) */
 static uint16_t *make(int64_t n, int heads, int d, int group, int is_q) {
     uint16_t *x = (uint16_t *)malloc((size_t)n * heads * d * 2);
@@ -82,8 +57,7 @@ static double time_call(const ei_context *g, const ei_tensor *q, const ei_tensor
         OK(ei_device_copy(g, &tmp, probe, 4, EI_COPY_DEVICE_TO_HOST));
         t[i] = now_ms() - t0;
     }
-    qsort(t, 9, sizeof t[0], cmp_double);
-    return t[4];
+    return median_ms(t, 9);
 }
 
 int main(int argc, char **argv) {

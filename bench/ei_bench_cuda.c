@@ -61,6 +61,7 @@
    GPU). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
+#include "ei_bench_common.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -72,33 +73,6 @@
 #define NKV 8
 #define HD 128
 
-static void die(const char *what, ei_result r) {
-    fprintf(stderr, "%s: %s: %s\n", what, ei_result_name(r), ei_last_error());
-    exit(1);
-}
-#define OK(call) do { ei_result r_ = (call); if (r_ != EI_OK) die(#call, r_); } while (0)
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static inline uint32_t next32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-static inline uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 /* uniform noise in [-1.73, 1.73] (unit variance) as bf16, from a table */
 static uint16_t noise_table[65536];
 static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
@@ -126,10 +100,6 @@ static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
 static const char *cta_shapes[MAXCFG] = {"wgy128", "wgk64", "wg64", "8x2x64"};
 static int NCFG = 4;
 
-static double median_ms(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 /* One untimed call of the layer's attention (warm-up), then the median of
    reps timed calls, each waited for on the stream; v holds reps doubles. */
