@@ -863,6 +863,25 @@ typedef struct chunk_env {
     size_t wb;
 } chunk_env;
 
+/* The context of c, its profiling workspace for L, a whole-prompt plan of L (plan flags `flags`) and an
+   empty chunked plan (flags | EI_PLAN_CHUNKED): what the chunk tests compare. */
+static void chunk_env_open(chunk_env *E, const ei_config *c, const synth_layer *L, ei_plan *whole, ei_plan *ch,
+                           uint32_t flags) {
+    CHECK_ERR(ei_context_create(c, &E->ctx), EI_OK);
+    E->c = ei_context_config(E->ctx);
+    ei_profile_workspace_size(E->ctx, L->n, L->heads, L->kv, L->dim, &E->wb);
+    E->ws = malloc(E->wb);
+    CHECK_ERR(ei_plan_alloc(E->ctx, whole, L->n, L->kv, L->dim, flags), EI_OK);
+    CHECK_ERR(ei_plan_alloc(E->ctx, ch, L->n, L->kv, L->dim, EI_PLAN_CHUNKED | flags), EI_OK);
+    CHECK_ERR(ei_profile(E->ctx, &L->tq, &L->tk, whole, E->ws, E->wb), EI_OK);
+}
+static void chunk_env_close(chunk_env *E, ei_plan *whole, ei_plan *ch) {
+    ei_plan_free(E->ctx, whole);
+    ei_plan_free(E->ctx, ch);
+    ei_context_destroy(E->ctx);
+    free(E->ws);
+}
+
 /* Plan rows [t0, t0+cnt) of L into ch; k holds L's keys and `pad` NaN cells after them
    (kbuf: L.n + 64 rows, NaN past L.n) or, when pad < 0, every later key of L. */
 static ei_result chunk_call(const chunk_env *E, const synth_layer *L, const float *kbuf, ei_plan *ch, long t0, long cnt,
@@ -930,13 +949,7 @@ static void test_antidiag_chunked(void) {
     c.top_p = 0.9;
     c.sink_blocks = 1;
     c.local_blocks = 2;
-    CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
-    E.c = ei_context_config(E.ctx);
-    ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
-    E.ws = malloc(E.wb);
-    CHECK_ERR(ei_plan_alloc(E.ctx, &whole, L.n, L.kv, L.dim, EI_PLAN_SCORES), EI_OK);
-    CHECK_ERR(ei_plan_alloc(E.ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_SCORES), EI_OK);
-    CHECK_ERR(ei_profile(E.ctx, &L.tq, &L.tk, &whole, E.ws, E.wb), EI_OK);
+    chunk_env_open(&E, &c, &L, &whole, &ch, EI_PLAN_SCORES);
     check_ranked_plan(E.c, &whole, &L, EI_F32, "antidiagonal, whole prompt");
     for (trial = 0; trial < 12; ++trial) {
         long t = 0;
@@ -952,10 +965,7 @@ static void test_antidiag_chunked(void) {
         chunk_compare(&E, &ch, &whole, 0, whole.n_segments, what);
         if (trial % 2) check_ranked_plan(E.c, &ch, &L, EI_F32, what);
     }
-    ei_plan_free(E.ctx, &whole);
-    ei_plan_free(E.ctx, &ch);
-    ei_context_destroy(E.ctx);
-    free(E.ws);
+    chunk_env_close(&E, &whole, &ch);
     free(kL);
     synth_layer_free(&L);
 }
@@ -976,13 +986,7 @@ static void test_chunked_any_position(int per_segment, int sampled) {
         c.sink_blocks = 1;
         c.local_blocks = 2;
     }
-    CHECK_ERR(ei_context_create(&c, &E.ctx), EI_OK);
-    E.c = ei_context_config(E.ctx);
-    ei_profile_workspace_size(E.ctx, L.n, L.heads, L.kv, L.dim, &E.wb);
-    E.ws = malloc(E.wb);
-    CHECK_ERR(ei_plan_alloc(E.ctx, &whole, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_plan_alloc(E.ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
-    CHECK_ERR(ei_profile(E.ctx, &L.tq, &L.tk, &whole, E.ws, E.wb), EI_OK);
+    chunk_env_open(&E, &c, &L, &whole, &ch, 0);
     for (trial = 0; trial < 24; ++trial) {
         /* chunks of 1..150 queries; trial % 3: 0 final on the last chunk, 1 final in the middle too
            (the next turn continues), 2 no final chunk, then a final call without queries */
@@ -1102,10 +1106,7 @@ static void test_chunked_any_position(int per_segment, int sampled) {
         CHECK_ERR(ei_check_key_positions(E.ctx, NULL, 2), EI_ERR_NULL);
         CHECK_ERR(ei_check_key_positions(E.ctx, cells, -1), EI_ERR_SIZE);
     }
-    ei_plan_free(E.ctx, &whole);
-    ei_plan_free(E.ctx, &ch);
-    ei_context_destroy(E.ctx);
-    free(E.ws);
+    chunk_env_close(&E, &whole, &ch);
     free(kL);
     synth_layer_free(&L);
     synth_layer_free(&M);
