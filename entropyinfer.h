@@ -963,6 +963,40 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
                                         int64_t q_offset, int n_threads,
                                         void *workspace, size_t workspace_bytes);
 
+/* The plan as an additive attention mask, for engines that keep their own
+   attention kernel and give it a mask (llama.cpp's ggml_flash_attn_ext, with
+   its sparse-mask hint ggml_flash_attn_ext_set_n_kv_max; PyTorch's SDPA
+   attn_mask): element [i][h][j] of out is base's (0 without a base) where
+   the query at position t = q_offset + i may see key j under the plan, and
+   -inf elsewhere, so that attention with this mask equals
+   ei_attention_prefill with the plan (within summation order). Query t of
+   segment s = t / segment_size sees keys j <= t: all of them where the
+   segment is dense (plan NULL, or ei_plan_segment_is_sparse 0), else the
+   segment's own keys (j >= s x segment_size) and the blocks the plan keeps
+   for it (j / block_size among its first keep_count block_index entries).
+   Key j is position j, as in ei_attention_prefill. Mask heads: out.n_heads
+   n_kv_heads (head h: kv head h), a multiple of it (head h: kv head
+   h / (n_heads / n_kv_heads), one mask per query head), or 1 (the union over
+   kv heads: exact with one kv head, more keys than the plan's otherwise).
+   base: NULL, or a mask of out's rows and keys with 1 or out.n_heads heads
+   (the engine's causal/padding mask: its -inf entries stay -inf); it may
+   not overlap out. Views count elements; keys are contiguous. The plan must
+   cover the rows (plan->n_tokens >= q_offset + n_rows). CUDA backend: base,
+   out and the plan in device memory, one launch on cfg.cuda_stream, nothing
+   read back (a device plan's counts are clamped and block numbers outside
+   0 .. s x segment_size / block_size - 1 skipped, as attention does). */
+typedef struct ei_mask {
+    void *data;          /* out: written; base: only read */
+    ei_dtype dtype;      /* EI_F32, EI_F16 or EI_BF16 */
+    int32_t n_heads;
+    int64_t n_rows;      /* query rows: positions q_offset .. q_offset + n_rows - 1 */
+    int64_t n_keys;      /* keys 0 .. n_keys - 1 (at most EI_MAX_TOKENS) */
+    int64_t row_stride;  /* elements between rows */
+    int64_t head_stride; /* elements between heads */
+} ei_mask;
+EIDEF ei_result ei_plan_mask(const ei_context *ctx, const ei_plan *plan, int64_t q_offset, const ei_mask *base,
+                             ei_mask *out);
+
 /* Decode attention: a step of 1..EI_DECODE_MAX_TOKENS query tokens (the
    tokens of q line up with the cache ROWS q_offset ..; k and v hold rows
    0 .. q_offset + n_tokens - 1: q_offset is the row of the step's first
@@ -1221,7 +1255,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 11
+#define EI_CUDA_ABI_VERSION 12
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1345,6 +1379,11 @@ typedef struct ei_cuda_api {
        (EI_ERR_SHAPE). */
     ei_result (*profile_chunk)(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes, char *msg);
+    /* ABI 12: ei_plan_mask (plan NULL: dense causal); the header checked the
+       views, the plan's layout and that it covers the rows; device plan rows
+       are clamped as attention clamps them. One launch, nothing read back. */
+    ei_result (*plan_mask)(const ei_config *cfg, const ei_plan *plan, int64_t q_offset, const ei_mask *base,
+                           ei_mask *out, char *msg);
 } ei_cuda_api;
 
 /* The plugin's only export: returns its table whatever version is asked
@@ -2336,22 +2375,30 @@ EIDEF const char *ei_simd_name(ei_simd path) {
 /* A view is valid when its sizes are within limits, its strides positive and
    non-aliasing: sorted by stride, each axis must step over the whole extent of
    the axes inside it. */
-static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtype dtype, int64_t n_tokens,
-                                int32_t n_heads, int32_t head_dim, int64_t ts, int64_t hs,
-                                const char *name) {
+/* The names of a view's three axes in messages, and the inner one's limit:
+   an ei_tensor's (tokens, heads, head_dim) or an ei_mask's (rows, heads, keys). */
+typedef struct ei__axes {
+    const char *outer, *inner, *outer_stride, *unit;
+    int64_t inner_max;
+} ei__axes;
+static const ei__axes ei__tensor_axes = {"n_tokens", "head_dim", "token", "dims", EI_MAX_HEAD_DIM};
+static ei_result ei__check_view_axes(const ei_context *ctx, const void *data, ei_dtype dtype, int64_t n_tokens,
+                                     int32_t n_heads, int64_t head_dim, int64_t ts, int64_t hs, const char *name,
+                                     const ei__axes *ax) {
     int64_t s_in, n_in, s_out, n_out, extent;
     if (!data) return ei__fail(ctx, EI_ERR_NULL, "%s: data is NULL", name);
     if (dtype != EI_F32 && dtype != EI_F16 && dtype != EI_BF16)
         return ei__fail(ctx, EI_ERR_DTYPE, "%s: dtype %d is not EI_F32, EI_F16 or EI_BF16", name, (int)dtype);
     if (n_tokens <= 0 || n_tokens > EI_MAX_TOKENS)
-        return ei__fail(ctx, EI_ERR_SIZE, "%s: n_tokens %lld not in 1..%lld", name, (long long)n_tokens,
+        return ei__fail(ctx, EI_ERR_SIZE, "%s: %s %lld not in 1..%lld", name, ax->outer, (long long)n_tokens,
                         (long long)EI_MAX_TOKENS);
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS)
         return ei__fail(ctx, EI_ERR_SIZE, "%s: n_heads %d not in 1..%d", name, (int)n_heads, EI_MAX_HEADS);
-    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM)
-        return ei__fail(ctx, EI_ERR_SIZE, "%s: head_dim %d not in 1..%d", name, (int)head_dim, EI_MAX_HEAD_DIM);
+    if (head_dim <= 0 || head_dim > ax->inner_max)
+        return ei__fail(ctx, EI_ERR_SIZE, "%s: %s %lld not in 1..%lld", name, ax->inner, (long long)head_dim,
+                        (long long)ax->inner_max);
     if (ts <= 0 || hs <= 0)
-        return ei__fail(ctx, EI_ERR_STRIDE, "%s: strides must be positive (token %lld, head %lld)", name,
+        return ei__fail(ctx, EI_ERR_STRIDE, "%s: strides must be positive (%s %lld, head %lld)", name, ax->outer_stride,
                         (long long)ts, (long long)hs);
     /* strides count elements, so an aligned first element aligns them all */
     if ((uintptr_t)data % ei__dtype_size(dtype) != 0)
@@ -2368,8 +2415,8 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
         if ((uint64_t)limit > byte_limit) limit = (int64_t)byte_limit;
         if ((span_t > 0 && ts > limit / span_t) || (span_h > 0 && hs > limit / span_h) ||
             span_t * ts > limit - span_h * hs - head_dim)
-            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (token %lld, head %lld) reach past %lld elements", name,
-                            (long long)ts, (long long)hs, (long long)limit);
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: strides (%s %lld, head %lld) reach past %lld elements", name,
+                            ax->outer_stride, (long long)ts, (long long)hs, (long long)limit);
         if ((uint64_t)(UINTPTR_MAX - (uintptr_t)data) <
             (uint64_t)(span_t * ts + span_h * hs + head_dim) * ei__dtype_size(dtype))
             return ei__fail(ctx, EI_ERR_OVERFLOW, "%s: %p plus the view's extent runs past the end of the address space",
@@ -2380,14 +2427,15 @@ static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtyp
     extent = s_in * (n_in - 1) + head_dim;
     if ((n_in > 1 && s_in < head_dim) || (n_out > 1 && s_out < extent))
         return ei__fail(ctx, EI_ERR_STRIDE,
-                        "%s: strides (token %lld, head %lld) make elements alias for %lld tokens x %d heads x %d dims",
-                        name, (long long)ts, (long long)hs, (long long)n_tokens, (int)n_heads, (int)head_dim);
+                        "%s: strides (%s %lld, head %lld) make elements alias for %lld %ss x %d heads x %lld %s",
+                        name, ax->outer_stride, (long long)ts, (long long)hs, (long long)n_tokens, ax->outer_stride,
+                        (int)n_heads, (long long)head_dim, ax->unit);
     return EI_OK;
 }
 static ei_result ei__check_tensor(const ei_context *ctx, const ei_tensor *t, const char *name) {
     if (!t) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
-    return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
-                          t->head_stride, name);
+    return ei__check_view_axes(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
+                               t->head_stride, name, &ei__tensor_axes);
 }
 /* A view of a buffer the library writes, to check it like any other. */
 static ei_tensor ei__as_view(const ei_out_tensor *t) {
@@ -6420,6 +6468,32 @@ static ei_result ei__check_decode_keep(const ei_context *ctx, const ei_keep_set 
 /* Every check of an attention call, for both backends (partials: a decode
    call's, NULL for prefill; keep: a decode call's keep set, or NULL). Every
    region of the call is listed once, so each pair is compared. */
+/* The plan rows that queries q_offset .. need - 1 read, for a checked plan
+   that covers them: counts within max_keep and kept blocks before their
+   segment. A device plan's rows are device memory the host cannot read:
+   the kernels clamp counts and skip block numbers outside the segment. */
+static ei_result ei__check_plan_rows(const ei_context *ctx, const ei_plan *plan, int64_t q_offset, int64_t need) {
+    int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last = (int32_t)((need - 1) / ctx->cfg.segment_size);
+    for (kvh = 0; kvh < plan->n_kv_heads && !plan->on_device; ++kvh)
+        for (s = s_first; s <= s_last; ++s) {
+            size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
+            int64_t first_blocked = (int64_t)s * (ctx->cfg.segment_size / ctx->cfg.block_size);
+            int32_t cnt, i;
+            const int32_t *idx;
+            if (!ei__segment_sparse(&ctx->cfg, s, plan->n_segments, plan->final)) continue; /* (plan checked) */
+            cnt = plan->keep_count[row];
+            if (cnt < 0 || cnt > plan->max_keep)
+                return ei__fail(ctx, EI_ERR_SHAPE, "plan keep_count %d of kv head %d segment %d not in 0..%d", (int)cnt,
+                                (int)kvh, (int)s, (int)plan->max_keep);
+            idx = plan->block_index + row * (size_t)plan->max_keep;
+            for (i = 0; i < cnt; ++i)
+                if (idx[i] < 0 || idx[i] >= first_blocked)
+                    return ei__fail(ctx, EI_ERR_SHAPE,
+                                    "plan block_index[%d][%d][%d] = %d is not a block before the segment (0..%lld)",
+                                    (int)kvh, (int)s, (int)i, (int)idx[i], (long long)first_blocked - 1);
+        }
+    return EI_OK;
+}
 static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                 const ei_plan *plan, const ei_keep_set *keep, const ei_out_tensor *out, int64_t q_offset,
                                 const void *workspace, int n_ws, const void *partials, size_t partials_bytes) {
@@ -6462,7 +6536,6 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
     if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
     if (keep && (r = ei__check_keep_index(ctx, keep)) != EI_OK) return r;
     if (plan) {
-        int32_t kvh, s, s_first = (int32_t)(q_offset / ctx->cfg.segment_size), s_last;
         if (plan->n_kv_heads != k->n_heads)
             return ei__fail(ctx, EI_ERR_SHAPE, "plan has %d kv heads, k has %d", (int)plan->n_kv_heads, (int)k->n_heads);
         if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
@@ -6471,27 +6544,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
         if (plan->n_tokens < need)
             return ei__fail(ctx, EI_ERR_STATE, "plan covers %lld tokens, queries reach %lld: profile them first",
                             (long long)plan->n_tokens, (long long)need);
-        s_last = (int32_t)((need - 1) / ctx->cfg.segment_size);
-        /* the rows a call reads (a device plan's rows are device memory: the
-           kernel clamps counts and skips block numbers outside the segment) */
-        for (kvh = 0; kvh < k->n_heads && !plan->on_device; ++kvh)
-            for (s = s_first; s <= s_last; ++s) {
-                size_t row = (size_t)kvh * (size_t)plan->seg_capacity + (size_t)s;
-                int64_t first_blocked = (int64_t)s * (ctx->cfg.segment_size / ctx->cfg.block_size);
-                int32_t cnt, i;
-                const int32_t *idx;
-                if (!ei__segment_sparse(&ctx->cfg, s, plan->n_segments, plan->final)) continue; /* (plan checked) */
-                cnt = plan->keep_count[row];
-                if (cnt < 0 || cnt > plan->max_keep)
-                    return ei__fail(ctx, EI_ERR_SHAPE, "plan keep_count %d of kv head %d segment %d not in 0..%d", (int)cnt,
-                                    (int)kvh, (int)s, (int)plan->max_keep);
-                idx = plan->block_index + row * (size_t)plan->max_keep;
-                for (i = 0; i < cnt; ++i)
-                    if (idx[i] < 0 || idx[i] >= first_blocked)
-                        return ei__fail(ctx, EI_ERR_SHAPE,
-                                        "plan block_index[%d][%d][%d] = %d is not a block before the segment (0..%lld)",
-                                        (int)kvh, (int)s, (int)i, (int)idx[i], (long long)first_blocked - 1);
-            }
+        return ei__check_plan_rows(ctx, plan, q_offset, need);
     }
     return EI_OK;
 }
@@ -7247,6 +7300,132 @@ EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q
         }                                                                                                      \
         return !EI__VANY(nan);                                                                                 \
     }
+
+// >>mask: the plan as an attention mask (ei_plan_mask) -----------------------
+/* An engine's own attention kernel runs the plan through this mask. The
+   rule is attention's (ei__attn_walk: kept blocks, then the segment's own
+   keys up to the query; dense segments see every earlier key), written
+   out per key; the CUDA plugin applies the same rule (mask_kernel). */
+static const ei__axes ei__mask_axes = {"n_rows", "n_keys", "row", "keys", EI_MAX_TOKENS};
+static ei_result ei__check_mask(const ei_context *ctx, const ei_mask *m, const char *name) {
+    if (!m) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
+    return ei__check_view_axes(ctx, m->data, m->dtype, m->n_rows, m->n_heads, m->n_keys, m->row_stride, m->head_stride,
+                               name, &ei__mask_axes);
+}
+/* A checked mask as a view (rows as tokens, keys as the contiguous axis),
+   for the overlap checks. */
+static ei_tensor ei__mask_view(const ei_mask *m) {
+    ei_tensor v;
+    v.data = m->data; v.dtype = m->dtype; v.n_heads = m->n_heads; v.head_dim = (int32_t)m->n_keys;
+    v.n_tokens = m->n_rows; v.token_stride = m->row_stride; v.head_stride = m->head_stride;
+    return v;
+}
+static void ei__reg_mask(ei__regions *g, const ei_mask *m, const char *name, const char *struct_name, int written) {
+    int i = g->n;
+    ei_tensor v = ei__mask_view(m);
+    ei__reg_mem(g, m->data, ei__view_bytes(&v), name, written);
+    if (g->n > i) { g->views[i] = v; g->r[i].view = &g->views[i]; }
+    ei__reg_mem(g, m, sizeof *m, struct_name, 0);
+}
+static ei_result ei__plan_mask_check(const ei_context *ctx, const ei_plan *plan, int64_t q_offset, const ei_mask *base,
+                                     const ei_mask *out) {
+    ei__regions g;
+    ei_result r;
+    int64_t need;
+    if ((r = ei__check_mask(ctx, out, "out")) != EI_OK) return r;
+    if (base && (r = ei__check_mask(ctx, base, "base")) != EI_OK) return r;
+    if (q_offset < 0 || q_offset > EI_MAX_TOKENS - out->n_rows)
+        return ei__fail(ctx, EI_ERR_SIZE, "q_offset %lld not in 0..%lld for %lld rows", (long long)q_offset,
+                        (long long)(EI_MAX_TOKENS - out->n_rows), (long long)out->n_rows);
+    need = q_offset + out->n_rows;
+    if (base && (base->n_rows != out->n_rows || base->n_keys != out->n_keys ||
+                 (base->n_heads != 1 && base->n_heads != out->n_heads)))
+        return ei__fail(ctx, EI_ERR_SHAPE, "base is %lld rows x %d heads x %lld keys, out %lld x %d x %lld (base: out's "
+                        "rows and keys, 1 head or out's)", (long long)base->n_rows, (int)base->n_heads,
+                        (long long)base->n_keys, (long long)out->n_rows, (int)out->n_heads, (long long)out->n_keys);
+    if (plan) {
+        if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
+        if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
+            return ei__fail(ctx, EI_ERR_SHAPE, "plan was laid out for segment %d / block %d, context has %d / %d",
+                            (int)plan->segment_size, (int)plan->block_size, (int)ctx->cfg.segment_size, (int)ctx->cfg.block_size);
+        if (out->n_heads != 1 && out->n_heads % plan->n_kv_heads != 0)
+            return ei__fail(ctx, EI_ERR_SHAPE, "out has %d mask heads: 1, the plan's %d kv heads or a multiple of them",
+                            (int)out->n_heads, (int)plan->n_kv_heads);
+        if (plan->n_tokens < need)
+            return ei__fail(ctx, EI_ERR_STATE, "plan covers %lld tokens, the rows reach %lld: profile them first",
+                            (long long)plan->n_tokens, (long long)need);
+    }
+    g.n = 0;
+    ei__reg_mask(&g, out, "out", "the ei_mask struct out", 1);
+    if (base) ei__reg_mask(&g, base, "base", "the ei_mask struct base", 0);
+    if (plan) ei__reg_plan(&g, plan, 0);
+    if ((r = ei__check_regions(ctx, &g)) != EI_OK) return r;
+    return plan ? ei__check_plan_rows(ctx, plan, q_offset, need) : EI_OK;
+}
+
+/* Keys [j0, j1) of row i of mask head h: -inf, or base's values (0 without
+   a base). Typed stores: the row loops are memset-like. */
+static void ei__mask_put(const ei_mask *out, const ei_mask *base, int32_t h, int64_t i, int64_t j0, int64_t j1,
+                         int visible) {
+    size_t es = ei__dtype_size(out->dtype), n = (size_t)(j1 - j0);
+    char *o = (char *)out->data + (size_t)(i * out->row_stride + (int64_t)h * out->head_stride + j0) * es;
+    size_t e;
+    if (j1 <= j0) return;
+    if (!visible) {
+        if (out->dtype == EI_F32) {
+            float *f = (float *)o;
+            for (e = 0; e < n; ++e) f[e] = -INFINITY;
+        } else {
+            uint16_t *u = (uint16_t *)o, ninf = out->dtype == EI_F16 ? (uint16_t)0xFC00u : (uint16_t)0xFF80u;
+            for (e = 0; e < n; ++e) u[e] = ninf;
+        }
+    } else if (!base) {
+        memset(o, 0, n * es); /* +0 in all three types */
+    } else {
+        const char *b = (const char *)base->data +
+                        (size_t)(i * base->row_stride + (int64_t)(base->n_heads == 1 ? 0 : h) * base->head_stride + j0) *
+                            ei__dtype_size(base->dtype);
+        if (base->dtype == out->dtype) memcpy(o, b, n * es);
+        else
+            for (e = 0; e < n; ++e) ei__store1(o, out->dtype, (int64_t)e, ei__load1(b, base->dtype, (int64_t)e));
+    }
+}
+
+EIDEF ei_result ei_plan_mask(const ei_context *ctx, const ei_plan *plan, int64_t q_offset, const ei_mask *base,
+                             ei_mask *out) {
+    ei_result r;
+    int64_t i, seg, bs;
+    int32_t h, G;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if ((r = ei__plan_mask_check(ctx, plan, q_offset, base, out)) != EI_OK) return r;
+    if (ei__on_gpu(ctx)) return EI__CUDA(ctx, plan_mask, &ctx->cfg, plan, q_offset, base, out);
+    seg = ctx->cfg.segment_size;
+    bs = ctx->cfg.block_size;
+    G = plan && out->n_heads > 1 ? out->n_heads / plan->n_kv_heads : 1;
+    for (h = 0; h < out->n_heads; ++h)
+        for (i = 0; i < out->n_rows; ++i) {
+            int64_t t = q_offset + i, S0 = t / seg * seg, end = EI__MIN(t + 1, out->n_keys);
+            int32_t s = (int32_t)(t / seg), kv0, kv1, kvh, c;
+            if (!plan || !ei__segment_sparse(&ctx->cfg, s, plan->n_segments, plan->final)) {
+                ei__mask_put(out, base, h, i, 0, end, 1);
+                ei__mask_put(out, base, h, i, end, out->n_keys, 0);
+                continue;
+            }
+            ei__mask_put(out, base, h, i, 0, out->n_keys, 0);
+            ei__mask_put(out, base, h, i, EI__MIN(S0, end), end, 1);
+            kv0 = out->n_heads == 1 ? 0 : h / G; /* one head: the union of the kv heads' blocks */
+            kv1 = out->n_heads == 1 ? plan->n_kv_heads : kv0 + 1;
+            for (kvh = kv0; kvh < kv1; ++kvh) {
+                const int32_t *blocks = EI_PLAN_BLOCKS(plan, kvh, s);
+                int32_t cnt = plan->keep_count[EI_PLAN_ROW(plan, kvh, s)]; /* checked: 0..max_keep, blocks before S0 */
+                for (c = 0; c < cnt; ++c) {
+                    int64_t j0 = (int64_t)blocks[c] * bs;
+                    ei__mask_put(out, base, h, i, EI__MIN(j0, end), EI__MIN(j0 + bs, end), 1);
+                }
+            }
+        }
+    return EI_OK;
+}
 
 // >>isa-scalar: the plain reference kernels ---------------------------------
 /* The reference every other path is checked against (tests/test_core.c,

@@ -2,7 +2,7 @@
    libentropyinfer_cuda.so (`make cuda`) and loaded by the header with dlopen
    only when a context asks for EI_BACKEND_CUDA. Its only export is
    ei_cuda_get_api(abi_version), which returns the function table declared in
-   entropyinfer.h (struct ei_cuda_api, ABI version 8).
+   entropyinfer.h (struct ei_cuda_api, EI_CUDA_ABI_VERSION).
 
    The contract (entropyinfer.h, "CUDA plugin ABI"): the header validates
    every argument of a public call (views, shapes, GQA, plan layout and
@@ -74,6 +74,8 @@
                               (shared_add, select_shared)
              >>cuda-compact   keep-set index check, then in-place KV compaction
                               (per head, or one shared set for every head)
+   mask      >>cuda-mask      ei_plan_mask: the plan as an additive attention
+                              mask for an engine's own kernel
 
    Every view is read as element (t, h, i) = data[t*token_stride +
    h*head_stride + i]; no kernel assumes another layout. Plans have the CPU
@@ -5879,6 +5881,85 @@ static ei_result api_kv_compact(const ei_config *cfg, const ei_keep_set *keep, e
     return EI_OK;
 }
 
+/* ============================================================ >>cuda-mask */
+/* ei_plan_mask: one CTA per (query row, mask head), the header's rule
+   (entropyinfer.h, >>mask): the row's keys -inf, or base's values (0) where
+   visible: every key up to the query in a dense segment; in a sparse one
+   the segment's own keys in the first pass, then the kept blocks (the
+   count clamped to max_keep, block numbers outside the blocks before the
+   segment skipped, as attention_kernel's key lists do), the two passes
+   ordered by the CTA barrier. */
+struct MaskView {
+    char *data;
+    int dtype, n_heads;
+    int64_t n_keys, rs, hs;
+};
+static MaskView mask_view(const ei_mask *m) {
+    MaskView v = {(char *)m->data, (int)m->dtype, (int)m->n_heads, m->n_keys, m->row_stride, m->head_stride};
+    return v;
+}
+__device__ __forceinline__ float mask_load(const MaskView &m, int64_t e) {
+    if (m.dtype == EI_F32) return ((const float *)m.data)[e];
+    if (m.dtype == EI_F16) return __half2float(((const __half *)m.data)[e]);
+    return __bfloat162float(((const __nv_bfloat16 *)m.data)[e]);
+}
+/* element j of row i, head h: -inf, or base's value (bits copied when the
+   dtypes match; 0 without a base) */
+__device__ __forceinline__ void mask_put(const MaskView &o, const MaskView &b, bool has_base, int h, int64_t i,
+                                         int64_t j, bool visible) {
+    int64_t oe = i * o.rs + (int64_t)h * o.hs + j, be = i * b.rs + (int64_t)(b.n_heads == 1 ? 0 : h) * b.hs + j;
+    if (o.dtype == EI_F32) {
+        ((float *)o.data)[oe] = !visible ? -INFINITY : !has_base ? 0.f : mask_load(b, be);
+    } else if (!visible || !has_base || b.dtype != o.dtype) {
+        float x = !visible ? -INFINITY : !has_base ? 0.f : mask_load(b, be);
+        if (o.dtype == EI_F16) ((__half *)o.data)[oe] = __float2half_rn(x);
+        else ((__nv_bfloat16 *)o.data)[oe] = __float2bfloat16_rn(x);
+    } else {
+        ((uint16_t *)o.data)[oe] = ((const uint16_t *)b.data)[be];
+    }
+}
+__global__ void __launch_bounds__(256) mask_kernel(const ei_config cfg, const ei_plan p, int has_plan, int64_t q_offset,
+                                                   MaskView base, int has_base, MaskView out, int G) {
+    const int64_t i = blockIdx.x, t = q_offset + i, seg = cfg.segment_size, bs = cfg.block_size;
+    const int h = blockIdx.y, s = (int)(t / seg);
+    const int64_t end = min(t + 1, out.n_keys), S0 = (int64_t)s * seg;
+    const bool sparse = has_plan && ei__segment_sparse(&cfg, s, p.n_segments, p.final);
+    const int64_t vis0 = sparse ? min(S0, end) : 0;
+    for (int64_t j = threadIdx.x; j < out.n_keys; j += blockDim.x)
+        mask_put(out, base, has_base, h, i, j, j >= vis0 && j < end);
+    if (!sparse) return; /* (the same for the whole CTA) */
+    __syncthreads();
+    const int kv0 = out.n_heads == 1 ? 0 : h / G, kv1 = out.n_heads == 1 ? p.n_kv_heads : kv0 + 1;
+    const int64_t first_blocked = (int64_t)s * (seg / bs);
+    for (int kvh = kv0; kvh < kv1; kvh++) {
+        const size_t row = (size_t)kvh * (size_t)p.seg_capacity + (size_t)s;
+        const int cnt = max(0, min(p.keep_count[row], p.max_keep));
+        const int *blocks = p.block_index + row * (size_t)p.max_keep;
+        for (int64_t e = threadIdx.x; e < (int64_t)cnt * bs; e += blockDim.x) {
+            const int b = blocks[e / bs];
+            const int64_t j = (int64_t)b * bs + e % bs;
+            if (b >= 0 && b < first_blocked && j < end) mask_put(out, base, has_base, h, i, j, true);
+        }
+    }
+}
+
+/* The header checked the views (element-aligned, inside their buffers, not
+   overlapping), out's heads against the plan's, and that the plan covers
+   the rows. */
+static ei_result api_plan_mask(const ei_config *cfg, const ei_plan *plan, int64_t q_offset, const ei_mask *base,
+                               ei_mask *out, char *msg) {
+    cudaStream_t st = stream_of(cfg);
+    ei_plan p;
+    memset(&p, 0, sizeof p);
+    if (plan) p = *plan;
+    MaskView o = mask_view(out), b = base ? mask_view(base) : o;
+    int G = plan && out->n_heads > 1 ? out->n_heads / plan->n_kv_heads : 1;
+    dim3 grid((unsigned)out->n_rows, (unsigned)out->n_heads); /* n_rows <= EI_MAX_TOKENS, heads <= EI_MAX_HEADS */
+    mask_kernel<<<grid, 256, 0, st>>>(*cfg, p, plan != NULL, q_offset, b, base != NULL, o, G);
+    LAUNCH_CHECK("mask_kernel");
+    return EI_OK;
+}
+
 /* ============================================================ table */
 static const char *api_build_info(void) {
 #define EI__STR2(x) #x
@@ -5983,6 +6064,7 @@ static const ei_cuda_api ei__cuda_table = {
     api_decode_select_shared,
     api_deferred_status,
     api_profile_chunk,
+    api_plan_mask,
 };
 
 /* The table whatever version is asked for: the header compares abi_version

@@ -20,7 +20,7 @@
 /* calls per entry, read by the test through dlsym */
 EXPORT int fake_calls[32];
 enum { C_ALLOC, C_FREE, C_COPY, C_SET, C_SYNC, C_PLAN_COPY, C_PWS, C_PROFILE, C_AWS, C_ATTN, C_OBSERVE, C_DWS, C_KEEP,
-       C_COMPACT, C_SCORE, C_SELECT, C_SHARED_ADD, C_SELECT_SHARED, C_PROFILE_CHUNK };
+       C_COMPACT, C_SCORE, C_SELECT, C_SHARED_ADD, C_SELECT_SHARED, C_PROFILE_CHUNK, C_PLAN_MASK };
 
 static const char *info(void) { return "fake entropyinfer CUDA plugin (host memory)"; }
 static ei_result device_check(char *msg) {
@@ -111,11 +111,17 @@ static ei_result profile_chunk(const ei_config *c, const ei_tensor *q, const ei_
     fake_calls[C_PROFILE_CHUNK]++;
     return EI_OK;
 }
+static ei_result plan_mask(const ei_config *c, const ei_plan *p, int64_t q_offset, const ei_mask *base, ei_mask *out,
+                           char *msg) {
+    (void)c; (void)p; (void)q_offset; (void)base; (void)out; (void)msg;
+    fake_calls[C_PLAN_MASK]++;
+    return EI_OK;
+}
 
 static const ei_cuda_api table = {FAKE_ABI_VERSION, (int32_t)sizeof(ei_cuda_api), info, device_check, mem_alloc,
                                   mem_free, mem_copy, mem_set, sync_, plan_copy, pws, profile, aws, attn, observe, dws,
                                   keep, compact, score, select_, shared_add, select_shared, deferred_status,
-                                  profile_chunk};
+                                  profile_chunk, plan_mask};
 EXPORT const ei_cuda_api *ei_cuda_get_api(int abi_version) {
     (void)abi_version; /* the table whatever is asked: the header compares */
     return &table;

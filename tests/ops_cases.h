@@ -37,11 +37,14 @@ typedef enum ops_op {
     OP_DECODE_SELECT,    /* ei_decode_score + ei_decode_select */
     OP_DECODE_SHARED,    /* ei_decode_shared_add of two layers + ei_decode_select_shared */
     OP_KV_COMPACT,       /* ei_kv_compact of a K and a V cache */
+    OP_PLAN_MASK,        /* ei_plan_mask of the reference's plan over the last call's queries: q the base mask's
+                            dtype (layout contig: no base), out the mask's; mask heads by nth: 1 the union,
+                            2 one per kv head, 3 and more one per query head */
     OP_COUNT
 } ops_op;
 static const char *const ops_op_names[OP_COUNT] CHECK_UNUSED = {
     "profile", "profile-chunked", "plan-finalize", "prefill-dense", "prefill-sparse", "decode-attn", "decode-attn-keep",
-    "decode-observe", "decode-keep", "decode-score", "decode-select", "decode-shared", "kv-compact"};
+    "decode-observe", "decode-keep", "decode-score", "decode-select", "decode-shared", "kv-compact", "plan-mask"};
 
 /* Layouts of every view of a case (q, k, v, out, caches). */
 enum { LAY_CONTIG, LAY_STRIDED, LAY_HEAD_MAJOR, LAY_PADDED, LAY_COUNT };
@@ -144,6 +147,12 @@ static const ops_case ops_cases[] CHECK_UNUSED = {
     {OP_KV_COMPACT,         300,  2,  2,  64,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE,      1},
     {OP_KV_COMPACT,         300,  4,  4,  80,  F32,  F32,  F32,  LAY_STRIDED,    0, CFG_DECODE,      1},
     {OP_KV_COMPACT,         250,  3,  3,  128, F32,  F16,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
+    /* the plan as a mask (base dtype in q's column) */
+    {OP_PLAN_MASK,          700,  8,  2,  64,  F32,  F32,  F16,  LAY_CONTIG,     0, CFG_SMALL,       3},
+    {OP_PLAN_MASK,          700,  8,  2,  64,  F16,  BF16, F16,  LAY_STRIDED,    1, CFG_SMALL,       1},
+    {OP_PLAN_MASK,          900,  14, 2,  64,  F32,  F16,  BF16, LAY_HEAD_MAJOR, 2, CFG_SAMPLED,     2},
+    {OP_PLAN_MASK,          800,  8,  2,  128, BF16, BF16, F32,  LAY_PADDED,     1, CFG_PSEG,        3},
+    {OP_PLAN_MASK,          512,  4,  1,  128, F16,  F16,  F16,  LAY_PADDED,     3, CFG_INTERLEAVED, 1},
 };
 #undef F32
 #undef F16
@@ -209,7 +218,7 @@ CHECK_FN ei_config ops_config(int cfg) {
     }
     return c;
 }
-CHECK_FN int ops_is_decode(ops_op op) { return op >= OP_DECODE_ATTN; }
+CHECK_FN int ops_is_decode(ops_op op) { return op >= OP_DECODE_ATTN && op <= OP_KV_COMPACT; }
 CHECK_FN int ops_is_plan(ops_op op) { return op <= OP_PLAN_FINALIZE; }
 CHECK_FN int ops_is_attention(ops_op op) { return op >= OP_PREFILL_DENSE && op <= OP_DECODE_ATTN_KEEP; }
 
@@ -219,6 +228,7 @@ CHECK_FN int ops_is_attention(ops_op op) { return op >= OP_PREFILL_DENSE && op <
    ranges of ei_profile_heads are a CPU feature (the GPU case runs ei_profile). */
 CHECK_FN int ops_gpu_runs(const ops_case *cs) {
     if (cs->op == OP_DECODE_ATTN_KEEP) return 0;
+    if (cs->op == OP_PLAN_MASK) return 1;
     if (cs->op == OP_PREFILL_DENSE || cs->op == OP_PREFILL_SPARSE || cs->op == OP_DECODE_ATTN)
         return cs->kv != EI_F32 && (cs->q == cs->kv || cs->q == EI_F32) && (cs->d == 64 || cs->d == 128 || cs->d == 256);
     return 1;
@@ -404,7 +414,7 @@ CHECK_FN void ops_data_make(ops_data *D, const ops_case *cs, uint64_t seed) {
     /* attention queries: the protocol's last call (prefill), a step of a few tokens (decode) */
     D->q0 = 0;
     D->m = D->n;
-    if (cs->op == OP_PREFILL_DENSE || cs->op == OP_PREFILL_SPARSE) {
+    if (cs->op == OP_PREFILL_DENSE || cs->op == OP_PREFILL_SPARSE || cs->op == OP_PLAN_MASK) {
         const ops_call *last = &D->calls[D->n_calls - 1];
         D->q0 = last->start;
         D->m = (last->end < 0 ? D->n : last->end) - D->q0;
@@ -426,7 +436,7 @@ CHECK_FN void ops_data_make(ops_data *D, const ops_case *cs, uint64_t seed) {
         ops_fill_qk(&r, &D->q, &D->k, D->n, D->c.segment_size, D->c.block_size, D->row_pos);
         ops_fill_v(&r, &D->v, D->n, D->row_pos);
     }
-    if (cs->op == OP_PREFILL_SPARSE) { /* the reference plan: the scalar path, whole prompt */
+    if (cs->op == OP_PREFILL_SPARSE || cs->op == OP_PLAN_MASK) { /* the reference plan: the scalar path, whole prompt */
         ei_config c = D->c;
         size_t wb;
         void *ws;
@@ -777,9 +787,68 @@ CHECK_FN void ops_run_compact(const ops_data *D, const side *s, ops_result *o) {
 }
 
 /* Runs the case on a side: o holds what came back. */
+/* The plan as a mask: the mask's views and the base's values. Keys: the
+   k view's rows (a padded cache: keys past the queries). The base is an
+   engine's mask: -inf past the query and on every 37th key (another
+   sequence's cells), else a small value of its own (ALiBi-like). */
+CHECK_FN int32_t ops_mask_heads(const ops_case *cs) { return cs->nth == 1 ? 1 : cs->nth == 2 ? cs->KV : cs->H; }
+CHECK_FN int64_t ops_mask_keys(const ops_data *D) { return D->cs->layout == LAY_PADDED ? D->rows : D->q0 + D->m; }
+CHECK_FN int ops_mask_has_base(const ops_case *cs) { return cs->layout != LAY_CONTIG; }
+CHECK_FN void ops_mask_base(const ops_data *D, ops_view *b) {
+    const ops_case *cs = D->cs;
+    int32_t hb = cs->nth % 2 ? 1 : ops_mask_heads(cs), h; /* one head broadcast, or one per mask head */
+    int64_t i, j, nk = ops_mask_keys(D);
+    ops_view_make(b, cs->q, D->m, hb, (int32_t)nk, cs->layout == LAY_PADDED ? LAY_STRIDED : cs->layout);
+    for (i = 0; i < D->m; ++i)
+        for (h = 0; h < hb; ++h)
+            for (j = 0; j < nk; ++j)
+                ops_set(b, i, h, (int32_t)j, j > D->q0 + i || j % 37 == 36 ? -INFINITY : (float)((j + 3 * h) % 7) * -0.25f);
+}
+CHECK_FN void ops_run_mask(const ops_data *D, const side *s, ops_result *o) {
+    const ops_case *cs = D->cs;
+    ops_view ov, bv;
+    void *dout, *dbase = NULL;
+    ei_plan dplan;
+    const ei_plan *plan = &D->plan;
+    ei_mask out, base;
+    double t0;
+    memset(&dplan, 0, sizeof dplan);
+    memset(&bv, 0, sizeof bv);
+    ops_view_make(&ov, cs->out, D->m, ops_mask_heads(cs), (int32_t)ops_mask_keys(D),
+                  cs->layout == LAY_PADDED ? LAY_CONTIG : cs->layout);
+    dout = ops_up(s, &ov);
+    out.data = (char *)dout + (size_t)ov.off * dtype_size(ov.dt);
+    out.dtype = ov.dt; out.n_heads = ov.H; out.n_rows = ov.rows; out.n_keys = ov.d;
+    out.row_stride = ov.ts; out.head_stride = ov.hs;
+    if (ops_mask_has_base(cs)) {
+        ops_mask_base(D, &bv);
+        dbase = ops_up(s, &bv);
+        base.data = (char *)dbase + (size_t)bv.off * dtype_size(bv.dt);
+        base.dtype = bv.dt; base.n_heads = bv.H; base.n_rows = bv.rows; base.n_keys = bv.d;
+        base.row_stride = bv.ts; base.head_stride = bv.hs;
+    }
+    if (s->gpu) {
+        CHECK_OK(ei_plan_alloc(s->ctx, &dplan, D->n, cs->KV, cs->d, 0));
+        CHECK_OK(ei_plan_copy(s->ctx, &dplan, &D->plan, EI_COPY_HOST_TO_DEVICE));
+        plan = &dplan;
+    }
+    t0 = ops_now();
+    o->r = ei_plan_mask(s->ctx, plan, D->q0, dbase ? &base : NULL, &out);
+    if (s->gpu && o->r == EI_OK) CHECK_OK(ei_cuda_status(s->ctx));
+    o->seconds = ops_now() - t0;
+    if (o->r == EI_OK) ops_take_out(s, &ov, dout, o);
+    else o->intact = 1;
+    if (s->gpu) ei_plan_free(s->ctx, &dplan);
+    if (dbase) mem_del(s, dbase, ops_view_bytes(&bv));
+    mem_del(s, dout, ops_view_bytes(&ov));
+    ops_view_free(&ov);
+    ops_view_free(&bv);
+}
+
 CHECK_FN void ops_run(const ops_data *D, const side *s, ops_result *o) {
     memset(o, 0, sizeof *o);
     if (ops_is_plan(D->cs->op)) ops_run_plan(D, s, o);
+    else if (D->cs->op == OP_PLAN_MASK) ops_run_mask(D, s, o);
     else if (D->cs->op == OP_KV_COMPACT) ops_run_compact(D, s, o);
     else if (ops_is_attention(D->cs->op)) ops_run_attention(D, s, o);
     else ops_run_decode(D, s, o);
@@ -937,6 +1006,9 @@ CHECK_FN int ops_compare(const char *who, const ops_data *D, const ops_result *r
     } else if (cs->op == OP_DECODE_OBSERVE || cs->op == OP_KV_COMPACT)
         CHECK(got->n_raw == ref->n_raw && !memcmp(got->raw, ref->raw, ref->n_raw), "%s: not bit-identical to the reference (%s)",
               who, test_tols[TOL_EXACT].why);
+    else if (cs->op == OP_PLAN_MASK)
+        CHECK(got->n_out == ref->n_out && !memcmp(got->out, ref->out, sizeof(float) * ref->n_out),
+              "%s: the mask is not bit-identical to the reference (%s)", who, test_tols[TOL_EXACT].why);
     else {
         int32_t div = cs->op == OP_DECODE_SHARED ? 1 : D->c.per_kv_head ? 1 : cs->H / cs->KV;
         if (got->out) { /* scores */
@@ -955,6 +1027,46 @@ CHECK_FN int ops_compare(const char *who, const ops_data *D, const ops_result *r
         }
     }
     return knife;
+}
+
+/* A mask against the keys check.h's reference attention reads
+   (ref_token_keys: the union over kv heads for a one-head mask), and the
+   base's values (0 without one) rounded to the mask's dtype on them. */
+CHECK_FN void ops_check_mask(const char *who, const ops_data *D, const ops_result *o) {
+    const ops_case *cs = D->cs;
+    int32_t mh = ops_mask_heads(cs), G = mh == 1 ? 1 : mh / cs->KV, h, kvh;
+    int64_t nk = ops_mask_keys(D), i, j, e, np, bad = 0;
+    unsigned char *vis = (unsigned char *)malloc((size_t)nk);
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(nk + (int64_t)D->plan.max_keep * D->c.block_size + 1));
+    ops_view bv;
+    memset(&bv, 0, sizeof bv);
+    if (!vis || !pos) { printf("out of memory\n"); exit(2); }
+    if (ops_mask_has_base(cs)) ops_mask_base(D, &bv);
+    for (i = 0; i < D->m; ++i)
+        for (h = 0; h < mh; ++h) {
+            int64_t t = D->q0 + i;
+            int sparse = ref_segment_sparse(&D->c, &D->plan, t / D->c.segment_size);
+            memset(vis, 0, (size_t)nk);
+            for (kvh = mh == 1 ? 0 : h / G; kvh < (mh == 1 ? cs->KV : h / G + 1); ++kvh) {
+                np = ref_token_keys(&D->c, &D->plan, sparse, t, kvh, pos);
+                for (e = 0; e < np; ++e) vis[pos[e]] = 1;
+            }
+            for (j = 0; j < nk; ++j) {
+                float want = -INFINITY, got = o->out[((size_t)i * (size_t)mh + (size_t)h) * (size_t)nk + (size_t)j];
+                if (vis[j]) {
+                    want = bv.host ? (float)ops_get(&bv, bv.host, i, bv.H == 1 ? 0 : h, (int32_t)j) : 0.0f;
+                    if (cs->out != EI_F32) want = cs->out == EI_F16 ? ei__f16_to_f32(ei__f32_to_f16(want))
+                                                                    : ei__bf16_to_f32(ei__f32_to_bf16(want));
+                }
+                if (memcmp(&want, &got, sizeof want) != 0 && bad++ < 3)
+                    printf("  %s: mask [%lld][%d][%lld] = %g, the reference's keys give %g\n", who, (long long)i, (int)h,
+                           (long long)j, (double)got, (double)want);
+            }
+        }
+    CHECK(bad == 0, "%s: %lld mask entries differ from the keys the reference attention reads", who, (long long)bad);
+    free(vis);
+    free(pos);
+    ops_view_free(&bv);
 }
 
 /* The reference run against check.h's double-precision references where
@@ -987,6 +1099,7 @@ CHECK_FN void ops_check_ref(const char *who, const ops_data *D, const ops_result
         int32_t div = cs->op == OP_DECODE_SHARED ? 1 : D->c.per_kv_head ? 1 : cs->H / cs->KV;
         keep_check_one(who, ops_op_names[cs->op], &o->keep, D->row_pos, 0, div, o->window);
     }
+    if (cs->op == OP_PLAN_MASK) ops_check_mask(who, D, o);
 }
 
 /* One line naming a case. */

@@ -2012,6 +2012,85 @@ static void test_decode_policies(void) {
     free(q); free(k); free(kS); free(row_pos); free(perm); free(by_pos); free(acc);
 }
 
+/* ei_plan_mask: refusals with their codes and nothing written, and a plan
+   that covers part of a buffer's rows: the mask of a micro-batch. The
+   mask's entries themselves are checked in tests/ops_cases.h (OP_PLAN_MASK)
+   against the keys the reference attention reads. */
+static void test_plan_mask(void) {
+    synth_layer L = synth_layer_make(300, 4, 2, 16, 64, 7);
+    ei_config c = small_config(EI_SIMD_AUTO);
+    ei_context *ctx;
+    ei_plan plan;
+    size_t wb, j, nb = (size_t)100 * 4 * 300;
+    void *ws;
+    uint16_t *mem = (uint16_t *)malloc(sizeof(uint16_t) * (nb + 64));
+    float *basef = (float *)malloc(sizeof(float) * (size_t)100 * 300);
+    ei_mask out, base, x;
+    int64_t i, finite = 0;
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    ws = malloc(wb);
+    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &L.tq, &L.tk, &plan, ws, wb), EI_OK);
+    for (j = 0; j < nb + 64; ++j) mem[j] = 0x7E00u; /* f16 NaN: what no call writes */
+    for (j = 0; j < (size_t)100 * 300; ++j) basef[j] = (j % 300) % 11 == 10 ? -INFINITY : -0.5f;
+    out.data = mem; out.dtype = EI_F16; out.n_heads = 4; out.n_rows = 100; out.n_keys = 300;
+    out.row_stride = 4 * 300; out.head_stride = 300;
+    base.data = basef; base.dtype = EI_F32; base.n_heads = 1; base.n_rows = 100; base.n_keys = 300;
+    base.row_stride = 300; base.head_stride = 300;
+    CHECK_ERR(ei_plan_mask(NULL, &plan, 200, &base, &out), EI_ERR_NULL);
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, NULL), EI_ERR_NULL);
+    x = out; x.data = NULL;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_NULL);
+    x = out; x.n_heads = 3;                   /* not 1 and not a multiple of the 2 kv heads */
+    x.row_stride = 3 * 300;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_SHAPE);
+    x = out; x.head_stride = 299;             /* heads overlap each other */
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_STRIDE);
+    x = out; x.dtype = (ei_dtype)7;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_DTYPE);
+    x = out; x.n_keys = EI_MAX_TOKENS + 1;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_SIZE);
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 201, &base, &out), EI_ERR_STATE);  /* rows past the plan's 300 tokens */
+    CHECK_ERR(ei_plan_mask(ctx, &plan, -1, &base, &out), EI_ERR_SIZE);
+    x = base; x.n_keys = 299;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &x, &out), EI_ERR_SHAPE);
+    x = base; x.n_heads = 2; x.head_stride = 300 * 100;
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &x, &out), EI_ERR_SHAPE);
+    x = base; x.data = mem; x.dtype = EI_F16; x.row_stride = 4 * 300; /* the base inside out */
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &x, &out), EI_ERR_OVERLAP);
+    x = out; x.data = (void *)plan.keep_count; /* out over the plan it reads */
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &x), EI_ERR_OVERLAP);
+    for (j = 0; j < nb + 64; ++j) CHECK(mem[j] == 0x7E00u, "ei_plan_mask wrote element %zu on a refused call", j);
+    /* rows 200..299 of the prompt, one mask per query head */
+    CHECK_ERR(ei_plan_mask(ctx, &plan, 200, &base, &out), EI_OK);
+    for (j = nb; j < nb + 64; ++j) CHECK(mem[j] == 0x7E00u, "ei_plan_mask wrote past its view (element %zu)", j);
+    for (i = 0; i < 100; ++i) { /* finite entries: never past the query, never where the base is -inf */
+        int64_t k;
+        for (k = 0; k < 300; ++k) {
+            uint16_t e = mem[i * 4 * 300 + k];
+            int fin = (e & 0x7C00u) != 0x7C00u;
+            finite += fin;
+            if (fin && (k > 200 + i || basef[i * 300 + k] == -INFINITY || e != 0xB800u /* -0.5 */))
+                CHECK(0, "mask row %lld key %lld: %04x", (long long)i, (long long)k, (unsigned)e);
+        }
+    }
+    CHECK(finite > 0 && finite < (int64_t)100 * 250, "a sparse plan's mask keeps some keys and drops others (%lld)",
+          (long long)finite);
+    /* no plan: dense causal */
+    out.n_heads = 1;
+    CHECK_ERR(ei_plan_mask(ctx, NULL, 200, NULL, &out), EI_OK);
+    for (i = 0; i < 99; i += 33)
+        CHECK(mem[i * 4 * 300 + 200 + i] == 0 && mem[i * 4 * 300 + 201 + i] == 0xFC00u, "dense causal mask row %lld",
+              (long long)i);
+    ei_plan_free(ctx, &plan);
+    ei_context_destroy(ctx);
+    free(ws);
+    free(mem);
+    free(basef);
+    synth_layer_free(&L);
+}
+
 static void test_allocator_logger(void) {
     ei_config c = ei_config_default();
     ei_context *ctx;
@@ -2060,6 +2139,7 @@ int main(void) {
     test_decode_rows();
     test_decode_padded();
     test_decode_policies();
+    test_plan_mask();
     test_allocator_logger();
     return check_summary();
 }
