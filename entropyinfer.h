@@ -474,6 +474,8 @@
    | ei_decode_select_shared             | shared, decoder,  | keep and        |
    |                                     | row_pos           | arrays, ws      |
    | ei_kv_compact                       | keep, keep->index | k, v            |
+   | ei_plan_mask                        | base, plan, plan  | out             |
+   |                                     | arrays            |                 |
    | ei_plan_copy (CUDA)                 | src plan, arrays  | dst plan, arrays|
    | ei_device_copy (device to device)   | src               | dst             |
    Every pair of a call's regions of which one is written is compared once,
@@ -2432,10 +2434,14 @@ static ei_result ei__check_view_axes(const ei_context *ctx, const void *data, ei
                         (int)n_heads, (long long)head_dim, ax->unit);
     return EI_OK;
 }
+static ei_result ei__check_view(const ei_context *ctx, const void *data, ei_dtype dtype, int64_t n_tokens,
+                                int32_t n_heads, int32_t head_dim, int64_t ts, int64_t hs, const char *name) {
+    return ei__check_view_axes(ctx, data, dtype, n_tokens, n_heads, head_dim, ts, hs, name, &ei__tensor_axes);
+}
 static ei_result ei__check_tensor(const ei_context *ctx, const ei_tensor *t, const char *name) {
     if (!t) return ei__fail(ctx, EI_ERR_NULL, "%s is NULL", name);
-    return ei__check_view_axes(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
-                               t->head_stride, name, &ei__tensor_axes);
+    return ei__check_view(ctx, t->data, t->dtype, t->n_tokens, t->n_heads, t->head_dim, t->token_stride,
+                          t->head_stride, name);
 }
 /* A view of a buffer the library writes, to check it like any other. */
 static ei_tensor ei__as_view(const ei_out_tensor *t) {

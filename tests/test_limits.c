@@ -1137,6 +1137,8 @@ typedef struct pl_fix {
     ei_tensor tq, tq1, tqc, tk, tv;
     ei_out_tensor to, to1, tko, tvo;
     ei_keep_set keep_empty, keep_shared, keep_filled;
+    ei_mask mbase, mout;           /* ei_plan_mask: a base of the prompt's rows and keys, f32; out f16, 2 heads */
+    float *mask_base;
     int32_t *rowpos, *filled_index;
     float *scores, *shared, *partials, *zeros;
     /* the call under test: where each region is, its size, what it holds before the call */
@@ -1172,6 +1174,11 @@ static void pl_keep(pl_fix *x, const ei_keep_set *m) {
     x->bytes[R_MASK] = h * (size_t)m->mask_capacity; x->master[R_MASK] = m->mask;
     x->bytes[R_POOLED] = h * (size_t)m->pooled_capacity * 4u; x->master[R_POOLED] = m->pooled;
     x->bytes[R_ROWPOS] = (size_t)x->L.n * 4u; x->master[R_ROWPOS] = m->row_pos;
+}
+static void pl_mask(pl_fix *x, int rs, int rd, const ei_mask *m, int keep_data) {
+    ei_tensor v = ei__mask_view(m);
+    x->bytes[rs] = sizeof *m; x->master[rs] = m;
+    x->bytes[rd] = ei__view_bytes(&v); x->master[rd] = keep_data ? m->data : NULL;
 }
 static void pl_plan(pl_fix *x) { x->bytes[R_PLAN] = sizeof(ei_plan); x->master[R_PLAN] = x->plan_master; }
 static void pl_dec(pl_fix *x) { x->bytes[R_DEC] = sizeof(ei_decoder); x->master[R_DEC] = x->dec_master; }
@@ -1214,6 +1221,8 @@ static void su_select_shared(pl_fix *x) {
     x->bytes[R_SHARED] = (size_t)x->L.n * 4u; x->master[R_SHARED] = x->shared;
 }
 static void su_compact(pl_fix *x) { pl_keep(x, &x->keep_filled); pl_out(x, R_K, R_KD, &x->tko, 1); pl_out(x, R_V, R_VD, &x->tvo, 1); }
+/* ei_plan_mask: the base in q's regions, the mask in out's (.data leads ei_mask too) */
+static void su_mask(pl_fix *x) { pl_mask(x, R_Q, R_QD, &x->mbase, 1); pl_mask(x, R_OUT, R_OUTD, &x->mout, 0); pl_plan(x); }
 static void su_plan_init(pl_fix *x) { x->bytes[R_PLAN] = sizeof(ei_plan); x->bytes[R_PMEM] = x->pb; }
 static void su_decoder_init(pl_fix *x) { x->bytes[R_DEC] = sizeof(ei_decoder); x->bytes[R_DMEM] = x->db; }
 
@@ -1276,6 +1285,9 @@ static ei_result ru_select_shared(pl_fix *x) {
 static ei_result ru_compact(pl_fix *x) {
     return ei_kv_compact(x->ctx, PL_KEEP, PX(ei_out_tensor, R_K), PX(ei_out_tensor, R_V));
 }
+static ei_result ru_mask(pl_fix *x) {
+    return ei_plan_mask(x->ctx, PX(const ei_plan, R_PLAN), 0, PX(const ei_mask, R_Q), PX(ei_mask, R_OUT));
+}
 static ei_result ru_plan_init(pl_fix *x) {
     return ei_plan_init(x->ctx, PX(ei_plan, R_PLAN), x->L.n, x->L.kv, x->L.dim, EI_PLAN_CHUNKED, x->p[R_PMEM], x->bytes[R_PMEM]);
 }
@@ -1320,6 +1332,7 @@ static const pl_call pl_calls[] = {
     {"ei_decode_select_shared", ru_select_shared, su_select_shared, PL_BIT(R_DEC) | PL_BIT(R_SHARED) | PL_KEEPSET | PL_BIT(R_WS),
      PL_KEEPOUT | PL_BIT(R_WS), PL_KEEPOUT},
     {"ei_kv_compact", ru_compact, su_compact, B2(R_KEEP, R_INDEX) | B2(R_K, R_KD) | B2(R_V, R_VD), B2(R_KD, R_VD), B2(R_KD, R_VD)},
+    {"ei_plan_mask", ru_mask, su_mask, B2(R_Q, R_QD) | B2(R_OUT, R_OUTD) | B2(R_PLAN, R_PLANA), PL_BIT(R_OUTD), PL_BIT(R_OUTD)},
 };
 
 /* Every region of the call back home, holding what it holds before the call. */
@@ -1570,6 +1583,12 @@ static void pl_make(pl_fix *x, ei_decode_policy policy) {
     x->to1 = ei_out_tensor_make(L->q, EI_F32, 1, L->heads, L->dim);
     x->tko = ei_out_tensor_make(L->k, EI_F32, L->n, L->kv, L->dim);
     x->tvo = ei_out_tensor_make(L->v, EI_F32, L->n, L->kv, L->dim);
+    x->mask_base = (float *)malloc(sizeof(float) * (size_t)L->n * (size_t)L->n);
+    for (j = 0; j < (int64_t)L->n * L->n; ++j) x->mask_base[j] = (float)(j % 5) * -0.5f;
+    x->mbase.data = x->mask_base; x->mbase.dtype = EI_F32; x->mbase.n_heads = 1; x->mbase.n_rows = L->n;
+    x->mbase.n_keys = L->n; x->mbase.row_stride = L->n; x->mbase.head_stride = L->n;
+    x->mout = x->mbase; x->mout.dtype = EI_F16; x->mout.n_heads = L->kv;
+    x->mout.row_stride = (int64_t)L->kv * L->n; x->mout.data = L->q; /* its region: placed by each test */
     x->rowpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)L->n);
     for (j = 0; j < L->n; ++j) x->rowpos[j] = (int32_t)j;
     memset(&x->keep_empty, 0, sizeof x->keep_empty);
@@ -1611,7 +1630,7 @@ static void pl_free(pl_fix *x) {
     guarded_free(x->pm); guarded_free(x->dm);
     free(x->pm_snap); free(x->dm_snap); free(x->rowpos); free(x->filled_index);
     free(x->keep_empty.index); free(x->keep_empty.positions); free(x->keep_empty.mask); free(x->keep_empty.pooled);
-    free(x->scores); free(x->shared); free(x->partials); free(x->zeros);
+    free(x->scores); free(x->shared); free(x->partials); free(x->zeros); free(x->mask_base);
     ei_context_destroy(x->ctx);
     synth_layer_free(&x->L);
 }

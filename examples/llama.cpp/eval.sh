@@ -23,6 +23,8 @@
 #                   serve; numerics dense)
 #     ei-dense      (not run by default) --entropyinfer-opt mode=ei-dense: entropyinfer's
 #                   attention kernel without a plan, dense
+#     quality-mask  (not run by default) preset=quality,executor=mask: the same plans run by
+#                   llama.cpp's own flash attention through ei_plan_mask's KQ mask
 #   Gemma 3 270M Q4_K_M at -c 16384 and -c 32768, 1 chunk, modes entropyinfer and
 #     time-dense (whose perplexity is the dense one: llama.cpp's own attention;
 #     GEMMA_MODES=vanilla,... adds the unpatched run).
@@ -96,7 +98,7 @@ OUT=${EVAL_OUT:-build/llama_cpp_eval.md}
 LOGS=${EVAL_LOGS:-build/llama_cpp_eval}
 
 MODELS="smollm2 gemma"
-ALL_MODES="vanilla dense entropyinfer quality per-segment ei-dense time-dense"
+ALL_MODES="vanilla dense entropyinfer quality quality-mask per-segment ei-dense time-dense"
 
 die() { echo "llama-cpp-eval: $*" >&2; exit 1; }
 say() { echo "llama-cpp-eval: $*" >&2; }
@@ -116,6 +118,7 @@ mode_args() {
         vanilla|dense) ;;
         entropyinfer)  echo "--entropyinfer";;
         quality)       echo "--entropyinfer --entropyinfer-opt preset=quality";;
+        quality-mask)  echo "--entropyinfer --entropyinfer-opt preset=quality,executor=mask";;
         per-segment)   echo "--entropyinfer --entropyinfer-opt per_segment_budget=1";;
         ei-dense)      echo "--entropyinfer --entropyinfer-opt mode=ei-dense";;
         time-dense)    echo "--entropyinfer --entropyinfer-opt mode=time-dense";;
@@ -128,6 +131,7 @@ mode_title() {
         dense)        echo "dense, patched (no flag)";;
         entropyinfer) echo "entropyinfer (ragged per-head plans)";;
         quality)      echo "entropyinfer preset=quality (sampled ranking, top-p, sink/local)";;
+        quality-mask) echo "entropyinfer preset=quality, executor mask (llama.cpp's attention through the plan's mask)";;
         per-segment)  echo "entropyinfer per_segment_budget=1";;
         ei-dense)     echo "ei-dense (entropyinfer's kernel, no plan)";;
         time-dense)   echo "time-dense (llama.cpp attention timed, dense numerics)";;
@@ -382,7 +386,7 @@ report_table() { # MODEL CTX
             ub=$(ei_ubatches "$line"); [ -z "$ub" ] || lay="${lay:--}, $ub"
         fi
         if [ "$mode" = time-dense ]; then fa=$fa_dense; att=""; fi
-        case $mode in entropyinfer|quality|per-segment|ei-dense) fa=$fa_dense;; esac
+        case $mode in entropyinfer|quality|quality-mask|per-segment|ei-dense) fa=$fa_dense;; esac
         if [ -z "$pe" ]; then
             pcol="no result (exit ${rc:-?})"; dcol="-"
         else
