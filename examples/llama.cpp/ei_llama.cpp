@@ -129,12 +129,19 @@
 
 enum ei_mode { EI_MODE_SPARSE = 0, EI_MODE_EI_DENSE = 1, EI_MODE_TIME_DENSE = 2 };
 static const char * const k_mode_names[] = { "sparse", "ei-dense", "time-dense" };
+// Who runs the sparse attention: the library's kernels in a custom op (the CPU's SIMD paths, the
+// CUDA plugin), or llama.cpp's own attention (ggml_flash_attn_ext, or soft_max without -fa) with the
+// plan turned into its KQ mask by ei_plan_mask (and the sparse-mask hint n_kv_max: the route that
+// reaches ggml's other backends, README "Two executors")
+enum ei_executor { EI_EXEC_OP = 0, EI_EXEC_MASK = 1 };
+static const char * const k_executor_names[] = { "op", "mask" };
 
 struct ei_options {
     bool      enabled    = false;
     ei_config cfg        = ei_config_default();
     int       min_tokens = 32;
     ei_mode   mode       = EI_MODE_SPARSE;
+    ei_executor executor = EI_EXEC_OP;
     bool      compress   = true; // decode compression (observe, keep-set, evict)
     // decode_budget given by the user: with decode_budget_ratio > 0 the glue otherwise raises the
     // budget's cap to the context's cells, so that the ratio alone decides (the library caps a
@@ -336,6 +343,14 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.mode = (ei_mode) ev;
         return true;
     }
+    if (name == "executor") {
+        if (!ei_parse_enum(value, k_executor_names, 2, ev)) {
+            err = "executor: expected " + ei_names(k_executor_names, 2) + ", got '" + value + "'";
+            return false;
+        }
+        o.executor = (ei_executor) ev;
+        return true;
+    }
     if (name == "preset") { // the library's measured-best ranking and budgets over the paper's configuration
         if (value != "quality" && value != "paper") {
             err = "preset: expected quality|paper, got '" + value + "'";
@@ -402,7 +417,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         err += f.name;
         err += ", ";
     }
-    err += "min_tokens, mode, preset, compress, gpu, gpu_timing, cuda_library)";
+    err += "min_tokens, mode, executor, preset, compress, gpu, gpu_timing, cuda_library)";
     return false;
 }
 
@@ -762,8 +777,9 @@ static void ei_print_summary() {
         return;
     }
     char line[1024];
-    int  n = snprintf(line, sizeof line, "entropyinfer: mode %s, layers %d/%d, ubatches %lld/%lld",
-            k_mode_names[mode], s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
+    int  n = snprintf(line, sizeof line, "entropyinfer: mode %s%s, layers %d/%d, ubatches %lld/%lld",
+            k_mode_names[mode], mode == EI_MODE_SPARSE && ei_opts().executor == EI_EXEC_MASK ? " (executor mask)" : "",
+            s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
     const bool timing = ei_opts().gpu_timing;
     if (mode == EI_MODE_SPARSE) {
         if (s.causal > 0) {
@@ -860,6 +876,8 @@ const char * llama_entropyinfer_help(void) {
             "(equal|entropy); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve); "
+            "executor: op (default: entropyinfer's attention kernels) or mask (llama.cpp's own attention, the plan "
+            "as its KQ mask); "
             "on the GPU (a KV cache in CUDA memory): gpu (1; 0: such layers run llama.cpp's attention), gpu_timing "
             "(0; 1: time the GPU ops, synchronising around each), cuda_library (the plugin's path; default "
             "$EI_CUDA_LIBRARY, then libentropyinfer_cuda.so beside the program or on the loader's path)",
@@ -913,10 +931,10 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     static std::once_flag once;
     std::call_once(once, [&] {
         const ei_config & c = st->opts.cfg;
-        fprintf(stderr, "entropyinfer: on, mode %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
+        fprintf(stderr, "entropyinfer: on, mode %s, executor %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
                 "last_segment_dense %d, per_segment_budget %d, ranking %s (rank_samples %d, top_p %g, sink_blocks %d, "
                 "local_blocks %d), min_tokens %d, simd %s; %s\n",
-                k_mode_names[st->opts.mode], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
+                k_mode_names[st->opts.mode], k_executor_names[st->opts.executor], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
                 (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget,
                 k_ranking_names[c.ranking == EI_RANK_SAMPLED ? 1 : 0], (int) c.rank_samples, c.top_p, (int) c.sink_blocks,
                 (int) c.local_blocks, st->opts.min_tokens,
@@ -1200,6 +1218,28 @@ static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub) {
     st->obs_generated = generated ? 1 : 0;
 }
 
+// Executor mask: the most keys a query row of this ubatch may see under any plan of the
+// configuration (ggml's sparse-mask hint n_kv_max): the budget cap's blocks (ei_plan.max_keep, the
+// manual's "max factor x base") and the segment's own keys; 0 (no hint) when a row may see every
+// earlier key (a segment that starts before threshold_len, the last segment of the prompt's final
+// ubatch with last_segment_dense) or when the bound reaches the cells in view.
+static int64_t ei_mask_bound(const llama_ei_state * st, const llama_ubatch & ub, int64_t n_kv) {
+    const ei_config & c = st->opts.cfg;
+    if (st->opts.executor != EI_EXEC_MASK || st->opts.mode != EI_MODE_SPARSE || !ub.pos || ub.n_tokens == 0) {
+        return 0;
+    }
+    llama_pos lo = ub.pos[0];
+    for (uint32_t i = 1; i < ub.n_tokens; ++i) {
+        lo = std::min(lo, ub.pos[i]);
+    }
+    if ((int64_t) lo / c.segment_size * c.segment_size < c.threshold_len || (c.last_segment_dense && st->ann_last)) {
+        return 0;
+    }
+    const int64_t cap   = (int64_t) std::floor(std::max(1.0, c.budget_max_factor) * c.base_budget / c.block_size);
+    const int64_t bound = cap * c.block_size + c.segment_size;
+    return bound < n_kv ? bound : 0;
+}
+
 // The graph input of ours: the compute-time ubatch data, and graph reuse only
 // while the decision stays the same.
 class llm_graph_input_ei : public llm_graph_input_i {
@@ -1228,6 +1268,9 @@ public:
         if (kvc && (int64_t) kvc->get_n_kv() != n_kv) {
             return false;
         }
+        if (ei_mask_bound(st, params.ubatch, n_kv) != n_kv_max) { // executor mask: the hint is in the graph
+            return false;
+        }
         return ei_decide(st, params.ubatch, kvc, params.cparams, why) == decision;
     }
 
@@ -1235,6 +1278,7 @@ public:
     ei_decision            decision;
     int                    served_layers = 0;
     int64_t                n_kv          = -1;      // cells of the K/V views the graph was built with
+    int64_t                n_kv_max      = 0;       // executor mask: the graph's sparse-mask hint (ei_mask_bound)
     const llama_kv_cache * kv            = nullptr; // the cache whose streams the sequences use
 };
 
@@ -1252,6 +1296,7 @@ static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei
     }
     auto * in = new llm_graph_input_ei(st, d);
     in->n_kv = kvc ? (int64_t) kvc->get_n_kv() : -1;
+    in->n_kv_max = ei_mask_bound(st, g.ubatch, in->n_kv);
     in->kv   = kvc ? kvc->get_kv() : nullptr;
     g.res->add_input(llm_graph_input_ptr(in));
     return in;
@@ -1695,11 +1740,62 @@ static void ei_op_time_begin(ggml_tensor * dst, int ith, int nth, void * ud) {
     }
 }
 
+// What the timing ops measure: llama.cpp's dense attention (mode time-dense), or the mask and
+// llama.cpp's attention through it (executor mask).
+static int64_t & ei_timed_ns(llama_ei_state * st) {
+    return st->opts.mode == EI_MODE_TIME_DENSE ? st->stats.ns_dense : st->stats.ns_attn;
+}
+
 static void ei_op_time_end(ggml_tensor * dst, int ith, int nth, void * ud) {
     (void) dst; (void) nth;
     if (ith == 0) {
         ei_layer * L = (ei_layer *) ud;
-        L->st->stats.ns_dense += ei_now_ns() - L->t_dense0;
+        ei_timed_ns(L->st) += ei_now_ns() - L->t_dense0;
+    }
+}
+
+// Executor mask: the plan as llama.cpp's KQ mask. Stream i of a mask tensor [n_kv, rows, heads,
+// streams] (f16 with flash attention, f32 without) as an ei_mask of rows [r0, r1).
+static ei_mask ei_mask_view(const ggml_tensor * t, int i, int64_t r0, int64_t r1) {
+    const size_t es = ggml_type_size(t->type);
+    ei_mask m;
+    m.data        = (char *) t->data + (size_t) i * t->nb[3] + (size_t) r0 * t->nb[1];
+    m.dtype       = t->type == GGML_TYPE_F16 ? EI_F16 : EI_F32;
+    m.n_heads     = (int32_t) t->ne[2];
+    m.n_rows      = r1 - r0;
+    m.n_keys      = t->ne[0];
+    m.row_stride  = (int64_t) (t->nb[1] / es);
+    m.head_stride = (int64_t) (t->nb[2] / es);
+    return m;
+}
+
+// Rows [r0, r1) of sequence slice i: llama.cpp's mask (src 0) where the plan lets a query see a key,
+// -inf elsewhere; without a usable plan the mask as it is (dense attention, exact).
+static bool ei_mask_rows(ei_layer * L, ei_context * c, ggml_tensor * dst, int i, int64_t r0, int64_t r1) {
+    llama_ei_state * st   = L->st;
+    const auto &     sl   = st->slices[(size_t) i];
+    const ei_mask    base = ei_mask_view(dst->src[0], i, r0, r1);
+    ei_mask          out  = ei_mask_view(dst, i, r0, r1);
+    const ei_plan *  plan = L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
+    ei_result r = c ? ei_plan_mask(c, plan, sl.q_pos + r0, &base, &out) : EI_ERR_UNSUPPORTED;
+    if (r != EI_OK && c && plan) {
+        ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask: " + ei_last_error() +
+                       "; this ubatch attends densely (the mask as llama.cpp made it)");
+        r = ei_plan_mask(c, nullptr, sl.q_pos + r0, &base, &out);
+    }
+    return r == EI_OK;
+}
+
+static void ei_op_mask(ggml_tensor * dst, int ith, int nth, void * ud) {
+    ei_layer *       L  = (ei_layer *) ud;
+    llama_ei_state * st = L->st;
+    const int        ns = (int) st->slices.size();
+    for (int i = 0; i < ns; ++i) { // each sequence's rows, split over the threads
+        const int64_t n = dst->ne[1], r0 = n * ith / nth, r1 = n * (ith + 1) / nth;
+        if (r0 < r1 && !ei_mask_rows(L, L->ctx, dst, i, r0, r1)) {
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask: " + ei_last_error() +
+                           "; the attention output of this ubatch is unspecified");
+        }
     }
 }
 
@@ -1824,7 +1920,22 @@ static void ei_cuda_time_end(ggml_tensor * dst, void * stream, void * ud) {
     (void) dst;
     ei_layer * L = (ei_layer *) ud;
     if (ei_gpu_op_begin(L, stream, "ei_time_end")) {
-        L->st->stats.ns_dense += ei_gpu_time(L->st, ei_gpu_context(L->st, L->scale, stream, 1)) - L->t_dense0;
+        ei_timed_ns(L->st) += ei_gpu_time(L->st, ei_gpu_context(L->st, L->scale, stream, 1)) - L->t_dense0;
+    }
+}
+
+static void ei_cuda_mask(ggml_tensor * dst, void * stream, void * ud) {
+    ei_layer * L = (ei_layer *) ud;
+    if (!ei_gpu_op_begin(L, stream, "ei_mask")) {
+        return;
+    }
+    ei_context * c  = ei_gpu_context(L->st, L->scale, stream, 1);
+    const int    ns = (int) L->st->slices.size();
+    for (int i = 0; i < ns; ++i) {
+        if (!ei_mask_rows(L, c, dst, i, 0, dst->ne[1])) {
+            ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask (GPU): " + ei_last_error() +
+                           "; the attention output of this ubatch is unspecified");
+        }
     }
 }
 
@@ -1854,6 +1965,7 @@ static bool ei_gpu_register() {
             fn(ei_op_time_begin, ei_cuda_time_begin);
             fn(ei_op_time_end,   ei_cuda_time_end);
             fn(ei_op_observe,    ei_cuda_observe);
+            fn(ei_op_mask,       ei_cuda_mask);
             registered = 1;
         }
     }
@@ -2156,6 +2268,41 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
 
 // ---------------------------------------------------------------- graph
 
+// Executor mask: llama.cpp's attention (build_attn_mha: flash attention with -fa, else soft_max)
+// through the plan's mask. One mask head where the layer has one kv head (the plan's keys exactly),
+// else one per query head, since ggml broadcasts mask heads as h % ne32, not by GQA group; the mask
+// is as large as llama.cpp's own per head: n_kv x tokens x 2 bytes. n_kv_max, ggml's sparse-mask
+// hint (finite entries per row at most), is the plan's bound: the budget cap's keys and the
+// segment's own (ei_mask_bound), or 0 (none) when a row may see every earlier key. Timed as
+// llama.cpp's attention is in mode time-dense (ns_attn here).
+static ggml_tensor * ei_build_attn_masked(const llm_graph_context & g, ei_layer * L, llm_graph_input_ei * in,
+                                          ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kq_b,
+                                          ggml_tensor * kq_mask, ggml_tensor * sinks, ggml_tensor * v_mla, float kq_scale,
+                                          int il, ggml_tensor * fin) {
+    ggml_context * ctx0  = g.ctx0;
+    const bool     timed = !L->gpu || L->st->opts.gpu_timing; // GPU times synchronise: only when asked
+    ggml_tensor *  t0    = nullptr;
+    if (timed) {
+        ggml_tensor * a0[4] = { q, k, v, fin };
+        t0 = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, 4, ei_op_time_begin, 1, L);
+        ggml_format_name(t0, "ei_time_begin-%d", il);
+        ggml_build_forward_expand(g.gf, t0);
+    }
+    const int64_t heads = L->n_head_kv == 1 ? 1 : L->n_head;
+    ggml_tensor * a1[3] = { kq_mask, fin, t0 };
+    ggml_tensor * mask  = ggml_custom_4d(ctx0, kq_mask->type, kq_mask->ne[0], kq_mask->ne[1], heads, kq_mask->ne[3], a1,
+                                         timed ? 3 : 2, ei_op_mask, GGML_N_TASKS_MAX, L);
+    ggml_format_name(mask, "ei_mask-%d", il);
+    ggml_tensor * cur = g.build_attn_mha(q, k, v, kq_b, mask, sinks, v_mla, in->n_kv_max, kq_scale, il);
+    if (timed) {
+        ggml_tensor * a2[2] = { cur, t0 };
+        ggml_tensor * t1    = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a2, 2, ei_op_time_end, 1, L);
+        ggml_format_name(t1, "ei_time_end-%d", il);
+        ggml_build_forward_expand(g.gf, t1);
+    }
+    return cur;
+}
+
 ggml_tensor * llama_ei_build_attn(
         const llm_graph_context      & g,
         const llama_kv_cache_context * mctx,
@@ -2223,6 +2370,9 @@ ggml_tensor * llama_ei_build_attn(
         ggml_tensor * a1[1] = { prof };
         fin = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a1, 1, ei_op_finalize, 1, L);
         ggml_format_name(fin, "ei_finalize-%d", il);
+    }
+    if (fin && kq_mask && st->opts.executor == EI_EXEC_MASK) {
+        return ei_build_attn_masked(g, L, in, q, k, v, kq_b, kq_mask, sinks, v_mla, kq_scale, il, fin);
     }
     // the KQ mask is not read; as a source it stays allocated, so llama.cpp's graph-reuse check
     // of the mask's size (n_kv) stays in force
