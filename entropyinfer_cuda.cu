@@ -74,6 +74,9 @@
                               (shared_add, select_shared)
              >>cuda-compact   keep-set index check, then in-place KV compaction
                               (per head, or one shared set for every head)
+   knobs     >>cuda-tuning    the environment variables that pick kernel
+                              variants for benchmarks and tests, read in one
+                              place (measurements: docs/performance.md)
 
    Every view is read as element (t, h, i) = data[t*token_stride +
    h*head_stride + i]; no kernel assumes another layout. Plans have the CPU
@@ -1900,6 +1903,51 @@ __device__ __forceinline__ float fast_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+/* Online softmax of one 16-row tile of scores in place (attention_kernel and
+   attention_ws_kernel): s in the mma.sync / wgmma accumulator layout (this
+   thread's s[nt][0..1] in row 0, s[nt][2..3] in row 1; a quad of lanes
+   shares a row), m0 / m1 and l0 / l1 the two rows' running maxima (raw
+   scores) and sums. p = 2^(x*sl - m*sl); the row maxima in two chains
+   (short dependency chains). Returns true (warp-uniform) when a row maximum
+   moved: O must then be scaled by al0 / al1 (the sums already are);
+   rescaling on every tile instead was slower (more spills). */
+template <int NB>
+__device__ __forceinline__ bool online_softmax(float (&s)[NB][4], float &m0, float &m1, float &l0, float &l1, float sl,
+                                               float &al0, float &al1) {
+    float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NB; nt += 2) {
+        ma0 = fmaxf(ma0, fmaxf(s[nt][0], s[nt][1]));
+        ma1 = fmaxf(ma1, fmaxf(s[nt][2], s[nt][3]));
+        mb0 = fmaxf(mb0, fmaxf(s[nt + 1][0], s[nt + 1][1]));
+        mb1 = fmaxf(mb1, fmaxf(s[nt + 1][2], s[nt + 1][3]));
+    }
+    float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
+    bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+    if (moved) {
+        al0 = fast_exp2(m0 * sl - mu0);
+        al1 = fast_exp2(m1 * sl - mu1);
+        l0 *= al0;
+        l1 *= al1;
+    }
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int nt = 0; nt < NB; nt++) {
+        s[nt][0] = fast_exp2(fmaf(s[nt][0], sl, -mu0));
+        s[nt][1] = fast_exp2(fmaf(s[nt][1], sl, -mu0));
+        s[nt][2] = fast_exp2(fmaf(s[nt][2], sl, -mu1));
+        s[nt][3] = fast_exp2(fmaf(s[nt][3], sl, -mu1));
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+    }
+    return moved;
+}
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -2468,45 +2516,9 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
                 if (i >= 0 && kl.base_pos + i > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
             }
     };
-    /* online softmax, in place: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2),
-       row sums updated; row reductions in two chains (short dependency chains).
-       Returns true (warp-uniform) when a row maximum moved: O must then be scaled
-       by al0/al1 (rescaling on every tile was slower: more spills; docs/performance.md, "kernel comments") */
+    /* online softmax of m-tile mt in place (online_softmax) */
     auto softmax_tile = [&](float (&s)[NB][4], int mt, float &al0, float &al1) -> bool {
-        const float sl = p.scale_log2;
-        float ma0 = m_[mt][0], ma1 = m_[mt][1], mb0 = -INFINITY, mb1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NB; nt += 2) {
-            ma0 = fmaxf(ma0, fmaxf(s[nt][0], s[nt][1]));
-            ma1 = fmaxf(ma1, fmaxf(s[nt][2], s[nt][3]));
-            mb0 = fmaxf(mb0, fmaxf(s[nt + 1][0], s[nt + 1][1]));
-            mb1 = fmaxf(mb1, fmaxf(s[nt + 1][2], s[nt + 1][3]));
-        }
-        float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
-        bool moved = __any_sync(0xffffffffu, mx0 != m_[mt][0] || mx1 != m_[mt][1]);
-        if (moved) {
-            al0 = fast_exp2(m_[mt][0] * sl - mu0);
-            al1 = fast_exp2(m_[mt][1] * sl - mu1);
-            l_[mt][0] *= al0;
-            l_[mt][1] *= al1;
-        }
-        m_[mt][0] = mx0;
-        m_[mt][1] = mx1;
-#pragma unroll
-        for (int nt = 0; nt < NB; nt++) {
-            s[nt][0] = fast_exp2(fmaf(s[nt][0], sl, -mu0));
-            s[nt][1] = fast_exp2(fmaf(s[nt][1], sl, -mu0));
-            s[nt][2] = fast_exp2(fmaf(s[nt][2], sl, -mu1));
-            s[nt][3] = fast_exp2(fmaf(s[nt][3], sl, -mu1));
-            l_[mt][0] += s[nt][0] + s[nt][1];
-            l_[mt][1] += s[nt][2] + s[nt][3];
-        }
-        return moved;
+        return online_softmax(s, m_[mt][0], m_[mt][1], l_[mt][0], l_[mt][1], p.scale_log2, al0, al1);
     };
     auto rescale_o = [&](int mt, float al0, float al1) {
 #pragma unroll
@@ -3024,42 +3036,8 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     if (((km >> nt) & 1) || (i >= 0 && w.kl.base_pos + i > tk[e >> 1])) sc[nt][e] = -INFINITY;
                 }
         };
-        /* online softmax of sc in place (see attention_kernel's softmax_tile) */
-        auto softmax = [&](float &al0, float &al1) -> bool {
-            float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NB; nt += 2) {
-                ma0 = fmaxf(ma0, fmaxf(sc[nt][0], sc[nt][1]));
-                ma1 = fmaxf(ma1, fmaxf(sc[nt][2], sc[nt][3]));
-                mb0 = fmaxf(mb0, fmaxf(sc[nt + 1][0], sc[nt + 1][1]));
-                mb1 = fmaxf(mb1, fmaxf(sc[nt + 1][2], sc[nt + 1][3]));
-            }
-            float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
-            bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
-            if (moved) {
-                al0 = fast_exp2(m0 * sl - mu0);
-                al1 = fast_exp2(m1 * sl - mu1);
-                l0 *= al0;
-                l1 *= al1;
-            }
-            m0 = mx0;
-            m1 = mx1;
-#pragma unroll
-            for (int nt = 0; nt < NB; nt++) {
-                sc[nt][0] = fast_exp2(fmaf(sc[nt][0], sl, -mu0));
-                sc[nt][1] = fast_exp2(fmaf(sc[nt][1], sl, -mu0));
-                sc[nt][2] = fast_exp2(fmaf(sc[nt][2], sl, -mu1));
-                sc[nt][3] = fast_exp2(fmaf(sc[nt][3], sl, -mu1));
-                l0 += sc[nt][0] + sc[nt][1];
-                l1 += sc[nt][2] + sc[nt][3];
-            }
-            return moved;
-        };
+        /* online softmax of sc in place (online_softmax) */
+        auto softmax = [&](float &al0, float &al1) -> bool { return online_softmax(sc, m0, m1, l0, l1, sl, al0, al1); };
         auto pack = [&]() {
 #pragma unroll
             for (int t = 0; t < NB / 2; t++) {
