@@ -76,6 +76,9 @@
                               (per head, or one shared set for every head)
    mask      >>cuda-mask      ei_plan_mask: the plan as an additive attention
                               mask for an engine's own kernel
+   knobs     >>cuda-tuning    the environment variables that pick kernel
+                              variants for benchmarks and tests, read in one
+                              place (measurements: docs/performance.md)
 
    Every view is read as element (t, h, i) = data[t*token_stride +
    h*head_stride + i]; no kernel assumes another layout. Plans have the CPU
@@ -105,6 +108,86 @@
 #include "entropyinfer.h"
 
 #define EI_EXPORT extern "C" __attribute__((visibility("default")))
+
+/* ============================================================ >>cuda-tuning */
+/* Tuning knobs: environment variables for benchmarks, ablations and tests,
+   never needed in production (every default below is what the library
+   runs). They are read here and nowhere else: each entry that uses one
+   takes a snapshot with tuning_read() once at its start and hands the
+   struct down, so one call sees one consistent setting, and the launch
+   code reads the struct, not the environment. A snapshot per call rather
+   than per process, because the tests and bench/ei_bench_cuda.c change
+   EI_CUDA_ATTN_CFG, EI_CUDA_SAMPLED_GENERIC and EI_CUDA_SAMPLED_MMA with
+   setenv between calls on one context to run every kernel; the plugin
+   keeps no state of its own, so the snapshot is thread-safe as getenv is
+   (no thread calling setenv meanwhile). Listed for users in README.md's
+   GPU section; what each variant measured: docs/performance.md.
+
+   EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
+     Default (unset or ""): on Hopper wgy128 for head_dim 128, wgk64 for
+     head_dim 64; other GPUs mma.sync 8x2x64; head_dim 256 mma.sync 4x1x64.
+     wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
+     tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
+     "wgk64" / "wgk128" (TMA, masks from key indices), "wgp64" / "wgp128"
+     (wgk without a CTA barrier per TMA tile), "wgo64" / "wgo128" (three
+     stages, S(j+1) issued before P V(j)), "wgq128" (wgo, warpgroup 0's
+     products first). attention_ws_kernel (head_dim 128 and block sizes
+     that are multiples of 8; other calls run wgk64): "wgw128" (ping-pong,
+     2 stages, slab tiles), "wgv128" (wgw without ping-pong), "wgx128" /
+     "wgu128" (3 stages, with / without ping-pong), "wgg128" (wgx, every
+     tile as 8-key boxes), "wgy128" (wgx on group-interleaved tiles),
+     "wgh128" (wgy, every tile as group boxes), "wgz128" (wgy without
+     ping-pong). mma.sync: "WxMxB", W in {4,8} warps, M in {1,2} m-tiles
+     per warp, B in {64,32} keys per step (32 with M = 2 and head_dim 128
+     only). Parsed by attention_shape. Used by test_cuda (every shape),
+     ei_bench_cuda (EI_BENCH_SHAPES) and bench/cuda_session.sh (CFG=).
+   EI_CUDA_ATTN_SPARSE_CFG (attn_sparse_cfg): a plan's sparse segments on
+     another kernel (EI_CUDA_ATTN_CFG's values) when it has as many rows
+     per CTA: two launches. Default ATTN_SPARSE_DEFAULT (NULL: the dense
+     segments' kernel). Used by bench/cuda_session.sh (SPCFG=).
+   EI_CUDA_ATTN_SPLIT (attn_split): N caps split-K's splits (head_dim 64
+     and 256; atoi, so 1, 0 or text: off). Default (unset or ""): no cap.
+     In entropyinfer.h's manual (ei_attention_prefill).
+   EI_CUDA_SCORE_KERNEL (score_pairs): "pairs" runs the block scores on
+     score_kernel where score_group_kernel would run. Used by make
+     test-cuda (both score kernels against the CPU).
+   EI_CUDA_SAMPLED_GENERIC (sampled_generic): first character '1': the
+     sampled ranking's rows on CUDA cores (mass_generic_kernel, q read as
+     f32) where the tensor cores would run. Used by test_cuda,
+     test_backends and ei_bench_cuda (the f32-query table).
+   EI_CUDA_SAMPLED_MMA (sampled_mma): first character '1': mma.sync where
+     wgmma would run (mass_mma_kernel). Used by test_backends.
+   EI_CUDA_SAMPLED_CTAS (sampled_ctas): N > 0 (atoi): the CTA count the
+     sampled rows aim at (their key parts, mass_geometry; it also sizes
+     ei_profile's workspace). Default 2048. Ablations.
+   EI_CUDA_SAMPLED_CHUNK_PARTS (sampled_chunk_parts): N > 0 (atoi): key
+     parts at most in a chunk's sampled rows (ei_profile_chunk). Default
+     16. Ablations. */
+struct CudaTuning {
+    const char *attn_cfg, *attn_sparse_cfg; /* as in the environment (NULL: unset) */
+    int attn_split;                         /* INT_MAX: unset or empty */
+    bool score_pairs, sampled_generic, sampled_mma;
+    int sampled_ctas, sampled_chunk_parts;
+};
+static CudaTuning tuning_read(void) {
+    CudaTuning t;
+    const char *e;
+    t.attn_cfg = getenv("EI_CUDA_ATTN_CFG");
+    t.attn_sparse_cfg = getenv("EI_CUDA_ATTN_SPARSE_CFG");
+    e = getenv("EI_CUDA_ATTN_SPLIT");
+    t.attn_split = e && e[0] ? atoi(e) : INT_MAX;
+    e = getenv("EI_CUDA_SCORE_KERNEL");
+    t.score_pairs = e && strcmp(e, "pairs") == 0;
+    e = getenv("EI_CUDA_SAMPLED_GENERIC");
+    t.sampled_generic = e && e[0] == '1';
+    e = getenv("EI_CUDA_SAMPLED_MMA");
+    t.sampled_mma = e && e[0] == '1';
+    e = getenv("EI_CUDA_SAMPLED_CTAS");
+    t.sampled_ctas = e && atoi(e) > 0 ? atoi(e) : 2048;
+    e = getenv("EI_CUDA_SAMPLED_CHUNK_PARTS");
+    t.sampled_chunk_parts = e && atoi(e) > 0 ? atoi(e) : 16;
+    return t;
+}
 
 /* ------------------------------------------------------------ host helpers */
 static ei_result fail(char *msg, ei_result code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -517,9 +600,9 @@ static ei_result qfeat_run(const ei_tensor *q, int64_t n, int seg, int nrows, fl
    of blocks [b_first, nb_all) are scanned for non-finite values (the whole
    prompt: every key, the last segment's too; chunks: the blocks they add).
    The block's loads are unrolled so that they are in flight together: one
-   at a time, the kernel was latency-bound (0.18 against 0.16 ms at 128k
-   tokens, 8 kv heads; 16-byte loads of 8 dimensions per thread, with an
-   eighth of the threads, took 0.27 ms). */
+   at a time, the kernel was latency-bound (16-byte loads of 8 dimensions
+   per thread, with an eighth of the threads, were slower still; times:
+   docs/performance.md, H200 dated log, "kernel comments"). */
 __global__ void __launch_bounds__(256) kfeat_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
                                                     int D, int bs, int nblk, int64_t nb_all, float *kfeat, int *flag,
                                                     int64_t b_first, int64_t stride) {
@@ -566,8 +649,9 @@ static ei_result kfeat_run(const ei_tensor *k, int64_t n, int bs, int nblk, int6
    The (head, chunk) steps are software-pipelined: a thread loads the next
    step's 24 floats of q and k features into registers before computing the
    current one, so their latency (L2) hides behind its 1024 FMAs instead of
-   stalling the CTA at every chunk (ncu, 128k tokens, 32/8 heads: the
-   unpipelined kernel kept the FMA pipe 64% busy and was 80% of ei_profile).
+   stalling the CTA at every chunk (unpipelined, ncu found the FMA pipe
+   waiting on those loads: docs/performance.md, H200 dated log, third
+   session).
    Per accumulator the FMAs run in dimension order, as on the CPU, so the
    scores are bit-identical to the CPU's. 119 registers (2 CTAs per SM;
    unrolling the dimension loop twice would spill). Grid: x = block tiles x kv heads
@@ -694,11 +778,9 @@ __global__ void __launch_bounds__(256, 2) score_kernel(const float *qfeat, const
    rows padded to 36 floats, are double-buffered with cp.async (zero fill
    past the rows and dimensions; the copies' addresses are affine in the
    copy: unrolled once, the kernel went from 248 to 155 registers). One CTA of 8 warps
-   per SM, the dimension loop unrolled 4 times. Measured on an H200 at 128k
-   tokens, 32/8 heads, d 128 (ncu, clocks not locked): 2.04-2.07 ms against
-   score_kernel's 2.6, 2.5 instructions per cycle, issue slots 62% busy;
-   two CTAs per SM (128 registers, q rows in two halves) and 64-dimension
-   stages were not faster (ei_profile 3.03-3.10 ms against 2.93).
+   per SM, the dimension loop unrolled 4 times: two CTAs per SM (128
+   registers, q rows in two halves) and 64-dimension stages were not faster
+   (times and ncu: docs/performance.md, H200 dated log, fifth session).
    HP = 4 when 4 divides G, else 2 when 2 does, else 1; G / HP passes, the
    group mean summed in head order. Each accumulator's FMAs run in dimension
    order from 0, as on the CPU: the scores are bit-identical to the CPU's and
@@ -827,20 +909,20 @@ __global__ void __launch_bounds__(256, 1) score_group_kernel(const float *qfeat,
 }
 /* Which score kernel a call runs and its grid: score_group_kernel where it
    applies (head_dim a multiple of 4, features 16-byte aligned, the shared
-   memory of two stages), else score_kernel; EI_CUDA_SCORE_KERNEL=pairs
-   forces score_kernel (tests run both). nrows segments x nblk blocks (the
+   memory of two stages), else score_kernel; pairs (the knob
+   EI_CUDA_SCORE_KERNEL=pairs, >>cuda-tuning) forces score_kernel (tests
+   run both). nrows segments x nblk blocks (the
    kfeat row stride), every kv head. */
 struct ScoreLaunch {
     int hp; /* score_group_kernel's heads per pass, 0: score_kernel */
     int64_t blk_tiles, seg_tiles;
 };
 static ei_result score_grid(const float *qfeat, const float *kfeat, int64_t nrows, int64_t nblk, int nkv, int D, int G,
-                            ScoreLaunch *sl, char *msg) {
-    const char *e = getenv("EI_CUDA_SCORE_KERNEL");
+                            bool pairs, ScoreLaunch *sl, char *msg) {
     int smem_max = 0;
     ei_result r = smem_limit(&smem_max, msg);
     if (r) return r;
-    bool group = !(e && strcmp(e, "pairs") == 0) && D % 4 == 0 && (uintptr_t)qfeat % 16 == 0 &&
+    bool group = !pairs && D % 4 == 0 && (uintptr_t)qfeat % 16 == 0 &&
                  (uintptr_t)kfeat % 16 == 0 && smem_max >= ScoreStage<SG_DC>::bytes;
     sl->hp = group ? (G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) : 0;
     const int64_t bt = group ? SG_BT : SC_BT, st = group ? 8 * (4 / sl->hp) : SC_ST;
@@ -983,8 +1065,9 @@ __device__ void segment_counts(const ei_config *c, int nkv, int s0, int s1, int 
    (ei__head_rigid), every segment's step (ei__budget_step: the entropy's
    relative change, a double division) and the keep counts run on all
    threads over (head, segment) pairs of a tile of segments staged in shared
-   memory; a thread per head then adds the steps (ei__budget_add). The whole
-   recurrence on one thread per head took 0.09-0.14 ms at 128k tokens. */
+   memory; a thread per head then adds the steps (ei__budget_add), which
+   is all that runs in series (the whole recurrence on one thread per head
+   was slower: docs/performance.md, H200 dated log, fifth session). */
 #define BUDGET_TILE 1024
 __global__ void budget_kernel(const ei_config cfg, int nkv, int nseg, int seg_cap, int64_t n, int64_t nblk,
                               int max_keep, const float *entropy, uint8_t *head_class, float *budget,
@@ -1411,10 +1494,11 @@ static bool profile_extended(const ei_config *cfg) {
 }
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg);
-static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv);
-static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, ProfileWs *w,
-                            char *msg) {
+                                    float2 *stats, size_t stats_bytes, int *flag, const CudaTuning &tn, cudaStream_t st,
+                                    char *msg);
+static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn);
+static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, const CudaTuning &tn,
+                            ProfileWs *w, char *msg) {
     size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
     size_t nblk = (nseg - 1) * (size_t)(cfg->segment_size / cfg->block_size);
     size_t blks_pad = (std::max(nblk, (size_t)1) + 15) / 16 * 16; /* chunked planning's key min/max [kv][2][D][blks_pad] */
@@ -1428,7 +1512,7 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->mass = w->raw + align256(c); /* EI_RANK_SAMPLED: block mass, laid out as raw, and part statistics */
     w->stats = w->mass + (cfg->ranking == EI_RANK_SAMPLED ? align256(c) : 0);
     /* chunked planning with EI_RANK_SAMPLED: the sampled rows of each segment a chunk plans, [kv][segment] */
-    w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv));
+    w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv, tn));
     w->flag = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
@@ -1436,7 +1520,8 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
-    ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
+    const CudaTuning tn = tuning_read();
+    ei_result r = profile_ws(cfg, n, nh, nkv, D, tn, &w, msg);
     if (r) return r;
     *bytes = w.total;
     return EI_OK;
@@ -1524,7 +1609,8 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
-    ei_result r = profile_ws(cfg, n, nh, nkv, D, &w, msg);
+    const CudaTuning tn = tuning_read();
+    ei_result r = profile_ws(cfg, n, nh, nkv, D, tn, &w, msg);
     if (r) return r;
     if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
     if (ws_bytes < w.total) return fail(msg, EI_ERR_WORKSPACE, "workspace of %zu bytes, %zu needed", ws_bytes, w.total);
@@ -1540,7 +1626,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     size_t sort_bytes = 0, rank_bytes = 0;
     if ((r = grid_fits("profile (query segments)", nseg, nh, 1, msg)) ||
         (r = grid_fits("profile (key blocks)", kblocks, nkv, 1, msg)) ||
-        (r = score_grid(qfeat, kfeat, nseg, nblk, nkv, D, G, &sl, msg)) ||
+        (r = score_grid(qfeat, kfeat, nseg, nblk, nkv, D, G, tn.score_pairs, &sl, msg)) ||
         (r = grid_fits("profile (segments)", nseg, nkv, 1, msg)) ||
         (r = ranking_smem(cfg, plan, &sort_bytes, &rank_bytes, msg)))
         return r;
@@ -1556,7 +1642,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     LAUNCH_CHECK("softmax_entropy_kernel");
     if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
         (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, 16, mass, (float2 *)(base + w.stats),
-                                w.rows - w.stats, flag, st, msg)) != EI_OK)
+                                w.rows - w.stats, flag, tn, st, msg)) != EI_OK)
         return r;
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
                                      plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
@@ -1601,7 +1687,8 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
     ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
     ei__chunk_geom cg;
-    ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, &w, msg);
+    const CudaTuning tn = tuning_read();
+    ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, tn, &w, msg);
     if (r) return r;
     if (!ws) return fail(msg, EI_ERR_NULL, "workspace is NULL (%zu bytes needed)", w.total);
     if (ws_bytes < w.total)
@@ -1624,7 +1711,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     ScoreLaunch sl;
     if ((r = grid_fits("chunk (query segments)", nrows, nh, 1, msg)) ||
         (r = grid_fits("chunk (key blocks)", kblocks, nkv, 1, msg)) ||
-        (r = score_grid(qfeat, keys, nrows, pad, nkv, D, G, &sl, msg)) ||
+        (r = score_grid(qfeat, keys, nrows, pad, nkv, D, G, tn.score_pairs, &sl, msg)) ||
         (r = grid_fits("chunk (segments)", std::max(nrows, (int64_t)plan->seg_capacity), nkv, 1, msg)))
         return r;
     const int seg_cap = plan->seg_capacity;
@@ -1651,11 +1738,11 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
                                                                          (int)blk_cap, flag, NULL);
         LAUNCH_CHECK("chunk_softmax_kernel");
         if (sampled) { /* the sampled rows of the chunk's tokens, then the stored ones of a continued segment */
-            const char *e = getenv("EI_CUDA_SAMPLED_CHUNK_PARTS"); /* tuning knob: key parts at most (mass_geometry) */
-            const int parts_max = e && atoi(e) > 0 ? atoi(e) : 16;
+            const int parts_max = tn.sampled_chunk_parts; /* key parts at most (mass_geometry) */
             if (nblk > 0 &&
                 (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
-                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, st, msg)))
+                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, tn, st,
+                                        msg)))
                 return r;
             chunk_rows_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)nrows, (int)sq, q_pos, n, continues, heads, seg_rows,
                                                    nblk > 0 ? mass : NULL, raw_stride, open_raw, pad);
@@ -1817,6 +1904,51 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+/* Online softmax of one 16-row tile of scores in place (attention_kernel and
+   attention_ws_kernel): s in the mma.sync / wgmma accumulator layout (this
+   thread's s[nt][0..1] in row 0, s[nt][2..3] in row 1; a quad of lanes
+   shares a row), m0 / m1 and l0 / l1 the two rows' running maxima (raw
+   scores) and sums. p = 2^(x*sl - m*sl); the row maxima in two chains
+   (short dependency chains). Returns true (warp-uniform) when a row maximum
+   moved: O must then be scaled by al0 / al1 (the sums already are);
+   rescaling on every tile instead was slower (more spills). */
+template <int NB>
+__device__ __forceinline__ bool online_softmax(float (&s)[NB][4], float &m0, float &m1, float &l0, float &l1, float sl,
+                                               float &al0, float &al1) {
+    float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NB; nt += 2) {
+        ma0 = fmaxf(ma0, fmaxf(s[nt][0], s[nt][1]));
+        ma1 = fmaxf(ma1, fmaxf(s[nt][2], s[nt][3]));
+        mb0 = fmaxf(mb0, fmaxf(s[nt + 1][0], s[nt + 1][1]));
+        mb1 = fmaxf(mb1, fmaxf(s[nt + 1][2], s[nt + 1][3]));
+    }
+    float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
+    bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+    if (moved) {
+        al0 = fast_exp2(m0 * sl - mu0);
+        al1 = fast_exp2(m1 * sl - mu1);
+        l0 *= al0;
+        l1 *= al1;
+    }
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int nt = 0; nt < NB; nt++) {
+        s[nt][0] = fast_exp2(fmaf(s[nt][0], sl, -mu0));
+        s[nt][1] = fast_exp2(fmaf(s[nt][1], sl, -mu0));
+        s[nt][2] = fast_exp2(fmaf(s[nt][2], sl, -mu1));
+        s[nt][3] = fast_exp2(fmaf(s[nt][3], sl, -mu1));
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+    }
+    return moved;
 }
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
@@ -2081,53 +2213,12 @@ struct KeyList {
    and K straight from shared memory, O += P V takes P from registers (the
    accumulator layout of S is the A-fragment layout) and V from shared memory;
    tiles use the 128-byte-swizzled layout wgmma reads (see wgmma_desc).
-   Measured on an H200 (bench/ei_bench_cuda.c): 64 keys per step with 2 CTAs
-   per SM (the two CTAs' softmax and products interleave) beats 128 keys with
-   one CTA per SM by 18%; a software-pipelined variant (the P V product of one
-   tile in flight during the next tile's softmax, V loaded a tile behind K) ran
-   40% slower at both widths (at 64 keys ptxas serialises the wgmmas for lack
-   of registers) and was dropped.
-   FlashAttention-3's scheme was tried as well (2026-12-02, issue 17; the code
-   is on branch issue17fa3-ws, EI_CUDA_ATTN_CFG=ws...; the versions measured
-   below passed test_cuda) and lost: one CTA per SM of 3 warpgroups, a producer warpgroup loading K and V
-   with cp.async (zero fill, gathers for the sparse path) into separate K / V
-   rings of 128-key stages with full/empty mbarriers (cp.async.mbarrier.arrive
-   .noinc), setmaxnreg (producer 24 or 56 registers, consumers 240 or 224),
-   two consumer warpgroups of 64 rows each that issue S_j = Q K_j^T together
-   with O += P_{j-1} V_{j-1} and run the softmax of S_j while P V is in the
-   tensor cores (ptxas keeps both asynchronous only when the first S and the
-   last P V are peeled out of the loop: any branch around a wgmma serialises
-   them, warning C7514), and pingpong between the two consumers (named
-   barriers). Dense / sparse ms on an H200 (`EI_BENCH_SHAPES=wg64,ws...
-   ./build/ei_bench_cuda 32768 [65536] 131072`, CUDA 13.0, driver
-   580.159.04; each table one run; SDPA 12.89 / 57.76 / 244.68 ms):
-     wg64 (this kernel)                      21.1 / 85.2 / 340.7   sparse 4.72 / 9.42 / 19.0
-     ws, no pingpong, producer 56 regs       21.3 / 84.0 / 341.8   sparse 6.18 / 12.8 / 25.8
-     ws + pingpong                           21.7 / 88.8 / 349.9   sparse 6.21 / 12.8 / 25.9
-     ws + pingpong, 64 keys per step         21.1 / 84.1 / 335.6   sparse 5.76 / 11.8 / 24.0
-   (the two 128-key builds spilled 56 bytes: ncu counted 84.6 M local-memory
-   requests); without spills, dense at 32k / 128k (wg64 21.0 / 339.1, sparse
-   at 32k 4.74), pingpong on:
-     producer 24 regs, 2 or 3 stages         26.2 / 406.3, 26.2 / 410.3  sparse 8.9
-     producer 56 regs, 2 or 3 stages         22.0 / 355.0, 22.1 / 350.0  sparse 8.1
-   A third stage changes nothing while the producer's registers matter: that
-   points at the loading warpgroup (per-row address arithmetic and zero-fill
-   branches, 32 cp.async per thread and tile) rather than load latency; the
-   gathered sparse tiles suffer most (1.7x slower). The branch also has a
-   branch-free producer path for contiguous tiles and ablations (noload,
-   nosm: the loads or the softmax left out) to confirm it, built but not yet
-   run for lack of device time. The next step there is TMA for the dense
-   tiles (a 128 x 64 box per slab matches this 128-byte swizzle) with the
-   cp.async gather kept for kept blocks and the masked last tile.
-   ncu (32k, `--clock-control none`, SM at 1.80 GHz) on this kernel: tensor
-   pipe 43.7% of its peak, issue slots 58% busy, L2 32%, L1/shared 41%, DRAM
-   4.6% (L2 hit rate 88.5%), 16 warps per SM (registers and shared memory
-   allow 2 CTAs), 6.9 cycles between a warp's instructions: ncu calls it
-   latency-bound (no stall breakdown there: no PC sampling on that machine).
-   Within a warpgroup S, softmax and P V run in series, and the other three
-   warpgroups on the SM fill the tensor pipe's gaps only partly.
-   TMA (issue 32; TM > 0, EI_CUDA_ATTN_CFG=wgk64 the default on Hopper, wg64
-   the cp.async kernel above): when every 8-key group of a tile is 8
+   Why 64 keys per step and 2 CTAs per SM: the two CTAs' softmax and
+   products interleave, which beat 128 keys with one CTA per SM and a
+   software-pipelined variant (ptxas serialised its wgmmas for lack of
+   registers).
+   TMA (TM > 0, wgk64 the default on Hopper for head_dim 64; wg64 the
+   cp.async kernel above): when every 8-key group of a tile is 8
    consecutive valid keys (a kept block of a block size divisible by 8, or
    own keys below the segment's end), lane 0 of warp 0 announces the tile's
    bytes on the buffer's mbarrier and warp 0 copies it with the bulk tensor
@@ -2141,48 +2232,20 @@ struct KeyList {
    run wg64. TM 3 (wgk) also takes the mask and its flag of a TMA tile from
    the key indices (no kpos writes); TM 2 (wgp) moreover drops the CTA
    barrier between TMA tiles (empty mbarriers per buffer, one arrival per
-   warp and tile; the warpgroups drift up to a tile apart). Dense / sparse ms
-   on an H200 (`EI_BENCH_SHAPES=wgk64,wgt64,wg64,wgk128 ./build/ei_bench_cuda
-   32768 65536 131072`, CUDA 13.0, driver 580.159.04, 2026-12-03; SDPA 13.96
-   / 58.71 / 250.60 ms; a first run with wgt64/wgp64/wgt128/wgp128 in brackets):
-     wg64  (cp.async)     21.70 / 85.32 / 343.89   sparse 4.78 / 9.55 / 19.05   [21.33 / 86.21 / 347.37]
-     wgt64 (TM 1)         18.59 / 74.88 / 298.52   sparse 4.63 / 9.22 / 18.01   [18.34 / 75.62 / 299.94]
-     wgk64 (TM 3)         17.80 / 70.83 / 298.52   sparse 4.38 / 8.97 / 16.88
-     wgk128 (TM 3)        18.71 / 76.99 / 298.81   sparse 5.29 / 10.82 / 21.28  [wgt128 18.94 / 77.06 / 304.03]
-     wgp64 / wgp128 (TM 2) [21.81 / 90.85 / 379.12, 19.10 / 77.58 / 315.27]
-   so wgk64 runs at 0.78 / 0.83 / 0.84 of SDPA's speed (was 0.64 / 0.69 /
-   0.73), sparse efficiency (bench: useful TFLOP/s over dense) 0.68 / 0.67 /
-   0.76 (dense gained more than sparse). wgp64 spills 84 bytes at its 128
-   registers (wgt64 / wgk64 36, wg64 28; ptxas injects a warpgroup.arrive in
-   wgt64 / wgk64, C7519); wgp128 spills nothing and is still no faster than
-   with the barrier. ncu on wgk64 (32k): tensor pipe 56.4% (wg64 43.7%),
-   issue slots 50.6% busy, L1/shared 55%, L2 41%, DRAM 5.8%.
-   Overlap (issue 32, second session; TM 4, EI_CUDA_ATTN_CFG=wgo128; TM 5,
-   wgq128): inside each warpgroup S(j) = Q K_j^T is issued before
-   O += P(j-1) V(j-1) and the softmax of S(j) runs while that P V is in the
-   tensor cores (the loop below); three K/V stages, so one CTA per SM at 128
-   keys per step (225 KB of shared memory), 214 registers, no spills. Dense /
-   sparse ms on an H200 (`SHAPES=wgo128,wgq128,wgk64,wgk128,wgo64 STEPS=bench
-   bench/cuda_session.sh`, 32768 / 65536 / 131072 tokens, CUDA 13.0,
-   2026-12-03; SDPA (cuDNN) 13.98 / 59.59 / 253.67 ms):
-     wgo128 (overlap)            17.02 / 71.60 / 287.86   sparse 5.23 / 10.61 / 20.90
-     wgk128 (the same tiles, no overlap)  19.19 / 76.75 / 298.84   sparse 5.33 / 10.86 / 21.32
-     wgq128 (wgo128, warpgroup 0's products first)  19.47 / 79.25 / 310.82   sparse 5.57 / 11.23 / 22.58
-     wgo64                       23.23 / 90.74 / 362.70   sparse 6.21 / 12.57 / 25.67
-     wgk64 (the default)         17.80 / 69.82 / 277.41   sparse 4.37 / 8.67 / 17.04
-   The overlap saves 11 / 7 / 4% against the same tiles without it, but one
-   CTA of two warpgroups per SM does no better than wgk64's two CTAs (four
-   warpgroups interleaving), and worse on sparse segments (short key lists:
-   each CTA's first tile and epilogue are exposed); ordering the warpgroups'
-   products within a step that ends at a CTA barrier costs 8-14%. ncu on
-   wgo128 (32k): tensor pipe 54.0%, issue slots 33.7%, 8 warps per SM, 5.9
-   cycles between a warp's instructions. The default stayed wgk64; the next
-   step was a producer warp (TMA, empty/full mbarriers, no CTA barrier per
-   step) so that two consumer warpgroups can really ping-pong.
-   That is attention_ws_kernel below (issue 32, third session), since then
-   the default for head_dim 128 (wgy128); this kernel stays the default for
-   head_dim 64, block sizes that are not a multiple of 8, and (TM 0 / mma.sync)
-   views TMA cannot describe, other GPUs and head_dim 256. */
+   warp and tile; the warpgroups drift up to a tile apart).
+   Overlap (TM 4, wgo; TM 5, wgq): inside each warpgroup S(j) = Q K_j^T is
+   issued before O += P(j-1) V(j-1) and the softmax of S(j) runs while that
+   P V is in the tensor cores (the loop below); three K/V stages, so one CTA
+   per SM at 128 keys per step; TM 5 also orders the two warpgroups'
+   products within a step. Both are ablations: with a CTA barrier per step
+   one CTA of two warpgroups does no better than two CTAs of wgk64, which
+   is why attention_ws_kernel below (a producer warp, mbarriers only) took
+   over head_dim 128. This kernel stays the default for head_dim 64, block
+   sizes that are not a multiple of 8, and (TM 0 / mma.sync) views TMA
+   cannot describe, other GPUs and head_dim 256.
+   Measurements of every variant (ms, ncu, spills), and FlashAttention-3's
+   scheme on cp.async loads that lost to it (issue 17): docs/performance.md,
+   "NVIDIA H200" and its dated log. The variants' names: >>cuda-tuning. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
 __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
@@ -2455,45 +2518,9 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
                 if (i >= 0 && kl.base_pos + i > (e < 2 ? tk0 : tk1)) s[nt][e] = -INFINITY;
             }
     };
-    /* online softmax, in place: maxima on raw scores, p = 2^(x*scale_log2 - m*scale_log2),
-       row sums updated; row reductions in two chains (short dependency chains).
-       Returns true (warp-uniform) when a row maximum moved: O must then be scaled
-       by al0/al1 (rescaling on every tile measured ~10% slower on an H200: more spills) */
+    /* online softmax of m-tile mt in place (online_softmax) */
     auto softmax_tile = [&](float (&s)[NB][4], int mt, float &al0, float &al1) -> bool {
-        const float sl = p.scale_log2;
-        float ma0 = m_[mt][0], ma1 = m_[mt][1], mb0 = -INFINITY, mb1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NB; nt += 2) {
-            ma0 = fmaxf(ma0, fmaxf(s[nt][0], s[nt][1]));
-            ma1 = fmaxf(ma1, fmaxf(s[nt][2], s[nt][3]));
-            mb0 = fmaxf(mb0, fmaxf(s[nt + 1][0], s[nt + 1][1]));
-            mb1 = fmaxf(mb1, fmaxf(s[nt + 1][2], s[nt + 1][3]));
-        }
-        float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
-        bool moved = __any_sync(0xffffffffu, mx0 != m_[mt][0] || mx1 != m_[mt][1]);
-        if (moved) {
-            al0 = fast_exp2(m_[mt][0] * sl - mu0);
-            al1 = fast_exp2(m_[mt][1] * sl - mu1);
-            l_[mt][0] *= al0;
-            l_[mt][1] *= al1;
-        }
-        m_[mt][0] = mx0;
-        m_[mt][1] = mx1;
-#pragma unroll
-        for (int nt = 0; nt < NB; nt++) {
-            s[nt][0] = fast_exp2(fmaf(s[nt][0], sl, -mu0));
-            s[nt][1] = fast_exp2(fmaf(s[nt][1], sl, -mu0));
-            s[nt][2] = fast_exp2(fmaf(s[nt][2], sl, -mu1));
-            s[nt][3] = fast_exp2(fmaf(s[nt][3], sl, -mu1));
-            l_[mt][0] += s[nt][0] + s[nt][1];
-            l_[mt][1] += s[nt][2] + s[nt][3];
-        }
-        return moved;
+        return online_softmax(s, m_[mt][0], m_[mt][1], l_[mt][0], l_[mt][1], p.scale_log2, al0, al1);
     };
     auto rescale_o = [&](int mt, float al0, float al1) {
 #pragma unroll
@@ -2782,40 +2809,38 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
         }
 }
 
-/* ---- The warp-specialised Hopper kernel (issue 32, third session; the
-   default for head_dim 128, EI_CUDA_ATTN_CFG=wgy128; the variants are listed
-   at attention_shape). FlashAttention-3's layout on our tiles: a persistent
-   grid (one CTA per SM, the work items of attention_kernel's order dealt
-   out round by round, every other round in reverse so that the heavy items
-   spread evenly), three warpgroups per CTA, 128 query rows x 128 keys per
-   step. Warpgroup 0 is the producer: setmaxnreg down to 40 registers, one
-   warp issues every K and V tile by TMA, NST stages each for K and V with
-   full (expect_tx) and empty (one arrival per consumer warp) mbarriers,
-   running ahead into the next work item; it reads a tile's block numbers
-   while it waits for the previous tile's V stage. Tiles (GL, the default):
-   [16 groups][D/64 slabs][8 keys][128 bytes], so that one rank-4 box brings
-   an 8-key group with both slabs (a gathered tile: 16 boxes for K, 16 for
-   V) and one rank-5 box a run of 16 whole groups (a dense tile); without GL
-   the tiles are [slab][128 keys] (one box per slab for a run, one per group
-   and slab for a gathered tile: 64 boxes per K and V tile). Warpgroups 1 and
-   2 are consumers of 64 rows each (setmaxnreg up to 232): Q by cp.async,
-   then inside each one
-   S(j) = Q K_j^T is issued with O += P(j-1) V(j-1) and the softmax of S(j)
-   runs while P V is in the tensor cores (first S and last P V peeled, as in
-   attention_kernel's TM 4); with PP the two consumers take turns issuing
-   their products (named barriers 1 and 2), so that one's softmax overlaps
-   the other's matrix products. Every tile comes by TMA: the causal end and
-   keys past it are masked by key index (boxes past the tensor's end are
-   zero-filled), kept blocks that are not before their segment (a corrupt
-   device plan) are loaded from key 0 and masked (kmask). Needs
-   block_size % 8 == 0 and head_dim 128; other calls run wgk64.
-   Measured on an H200 (docs/performance.md, GPU; SDPA in the same call,
-   32 query / 8 kv heads, bf16, 32k / 64k / 128k): wgy128 dense at 1.08 /
-   0.98 / 1.04 of cuDNN SDPA's speed (wgk64 0.82 / 0.81 / 0.90), sparse
-   efficiency 0.68 / 0.77 / 0.79 on the default plan, 0.83-0.97 at 30% and
-   50% density. Every tile as 8-key slab boxes (wgg128) ran dense 1.4x
-   slower than slab runs: small boxes cost, hence the group layout, which
-   made the sparse segments 16-26% faster (wgy128 against wgx128). */
+/* ---- The warp-specialised Hopper kernel (the default for head_dim 128,
+   wgy128; its variants: EI_CUDA_ATTN_CFG in >>cuda-tuning).
+   FlashAttention-3's layout on our tiles: a persistent grid (one CTA per SM,
+   the work items of attention_kernel's order dealt out round by round, every
+   other round in reverse so that the heavy items spread evenly), three
+   warpgroups per CTA, 128 query rows x 128 keys per step. Warpgroup 0 is the
+   producer: setmaxnreg down to 40 registers, one warp issues every K and V
+   tile by TMA, NST stages each for K and V with full (expect_tx) and empty
+   (one arrival per consumer warp) mbarriers, running ahead into the next work
+   item; it reads a tile's block numbers while it waits for the previous tile's
+   V stage. Tiles (GL, the default): [16 groups][D/64 slabs][8 keys][128
+   bytes], so that one rank-4 box brings an 8-key group with both slabs (a
+   gathered tile: 16 boxes for K, 16 for V) and one rank-5 box a run of 16
+   whole groups (a dense tile); without GL the tiles are [slab][128 keys] (one
+   box per slab for a run, one per group and slab for a gathered tile: 64 boxes
+   per K and V tile). Warpgroups 1 and 2 are consumers of 64 rows each
+   (setmaxnreg up to 232): Q by cp.async, then inside each one S(j) = Q K_j^T
+   is issued with O += P(j-1) V(j-1) and the softmax of S(j) runs while P V is
+   in the tensor cores (first S and last P V peeled, as in attention_kernel's
+   TM 4); with PP the two consumers take turns issuing their products (named
+   barriers 1 and 2), so that one's softmax overlaps the other's matrix
+   products. Every tile comes by TMA: the causal end and keys past it are
+   masked by key index (boxes past the tensor's end are zero-filled), kept
+   blocks that are not before their segment (a corrupt device plan) are loaded
+   from key 0 and masked (kmask). Needs block_size % 8 == 0 and head_dim 128;
+   other calls run wgk64.
+   Why this shape: a producer warp with full/empty mbarriers lets the two
+   consumers run without a CTA barrier per step, so their products can
+   ping-pong; TMA box count is what limits gathered tiles (many small boxes
+   cost), hence the group layout: one box per kept 8-token block and slab
+   pair. Measurements (dense and sparse against SDPA, the ablation of each
+   choice): docs/performance.md, "NVIDIA H200", the current table. */
 #ifdef EI_WGMMA
 __device__ __forceinline__ void setmaxnreg_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory"); }
 __device__ __forceinline__ void setmaxnreg_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory"); }
@@ -3013,42 +3038,8 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     if (((km >> nt) & 1) || (i >= 0 && w.kl.base_pos + i > tk[e >> 1])) sc[nt][e] = -INFINITY;
                 }
         };
-        /* online softmax of sc in place (see attention_kernel's softmax_tile) */
-        auto softmax = [&](float &al0, float &al1) -> bool {
-            float ma0 = m0, ma1 = m1, mb0 = -INFINITY, mb1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NB; nt += 2) {
-                ma0 = fmaxf(ma0, fmaxf(sc[nt][0], sc[nt][1]));
-                ma1 = fmaxf(ma1, fmaxf(sc[nt][2], sc[nt][3]));
-                mb0 = fmaxf(mb0, fmaxf(sc[nt + 1][0], sc[nt + 1][1]));
-                mb1 = fmaxf(mb1, fmaxf(sc[nt + 1][2], sc[nt + 1][3]));
-            }
-            float mx0 = fmaxf(ma0, mb0), mx1 = fmaxf(ma1, mb1);
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float mu0 = mx0 == -INFINITY ? 0.f : mx0 * sl, mu1 = mx1 == -INFINITY ? 0.f : mx1 * sl;
-            bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
-            if (moved) {
-                al0 = fast_exp2(m0 * sl - mu0);
-                al1 = fast_exp2(m1 * sl - mu1);
-                l0 *= al0;
-                l1 *= al1;
-            }
-            m0 = mx0;
-            m1 = mx1;
-#pragma unroll
-            for (int nt = 0; nt < NB; nt++) {
-                sc[nt][0] = fast_exp2(fmaf(sc[nt][0], sl, -mu0));
-                sc[nt][1] = fast_exp2(fmaf(sc[nt][1], sl, -mu0));
-                sc[nt][2] = fast_exp2(fmaf(sc[nt][2], sl, -mu1));
-                sc[nt][3] = fast_exp2(fmaf(sc[nt][3], sl, -mu1));
-                l0 += sc[nt][0] + sc[nt][1];
-                l1 += sc[nt][2] + sc[nt][3];
-            }
-            return moved;
-        };
+        /* online softmax of sc in place (online_softmax) */
+        auto softmax = [&](float &al0, float &al1) -> bool { return online_softmax(sc, m0, m1, l0, l1, sl, al0, al1); };
         auto pack = [&]() {
 #pragma unroll
             for (int t = 0; t < NB / 2; t++) {
@@ -3346,23 +3337,10 @@ static bool wgmma_available(void) {
    rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
    where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
    128 (fastest on an H200 before wgmma), 4x1x64 for 256.
-   Tuning knob EI_CUDA_ATTN_CFG: "wg64" / "wg128" (wgmma, keys per step),
-   "wgt64" / "wgt128" (the same with K/V tiles copied by TMA where the keys
-   allow it: *wg = 2), "wgk64" / "wgk128" (as wgt, the TMA tiles' masks from
-   key indices: *wg = 4; the default), "wgp64" / "wgp128" (as wgk, and no
-   CTA barrier between TMA tiles: the two warpgroups drift apart up to a
-   tile; *wg = 3), "wgo64" / "wgo128" (as wgk, three K/V stages, one CTA
-   per SM, S(j+1) = Q K^T issued before the P V of tile j: *wg = 5),
-   "wgq128" (as wgo128, warpgroup 0 issuing its products of each step before
-   warpgroup 1: *wg = 6); attention_ws_kernel (head_dim 128, 128 keys per
-   step): "wgw128" (ping-pong, 2 K/V stages, slab tiles: *wg = 7), "wgv128"
-   (wgw without ping-pong: 8), "wgx128" / "wgu128" (3 stages, with / without
-   ping-pong: 9 / 10), "wgg128" (wgx with every tile as 8-key boxes, an
-   ablation: 11), "wgy128" (wgx on group-interleaved tiles: 12, the default),
-   "wgh128" (wgy with every tile as group boxes, an ablation: 13), "wgz128"
-   (wgy without ping-pong: 14); or
-   "WxMxB" for mma.sync: W in {4,8}, M in {1,2}, B in {64,32} (B = 32 with
-   M = 2 and head_dim 128 only). */
+   e: the knob EI_CUDA_ATTN_CFG (its names and what each variant is:
+   >>cuda-tuning); *wg by name: wg 1, wgt 2, wgp 3, wgk 4, wgo 5, wgq 6
+   (attention_kernel with TM = *wg - 1), wgw 7, wgv 8, wgx 9, wgu 10, wgg 11, wgy 12,
+   wgh 13, wgz 14 (attention_ws_kernel); "WxMxB": mma.sync (*wg 0). */
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
 #define ATTN_SPARSE_DEFAULT NULL
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
@@ -3418,7 +3396,7 @@ static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, 
    on a block): how many splits (1: none; EI_CUDA_ATTN_SPLIT=N caps it, 1 turns it off) and where
    the partial rows go (the workspace past its first 256 aligned bytes). */
 static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws_kernel, unsigned grid, void *ws,
-                           size_t ws_bytes, float **part) {
+                           size_t ws_bytes, int split_cap, float **part) {
     *part = NULL;
     if (!ws || ws_kernel || (D != 64 && D != 256) || bc % p.bs) return 1;
     const int sms = sm_count();
@@ -3426,8 +3404,7 @@ static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws
     int n = (int)std::min<int64_t>((2 * (int64_t)sms + grid - 1) / grid, ATTN_SPLIT_MAX);
     const int64_t keys = p.q_offset + p.nq; /* a work item's longest key list */
     n = (int)std::min<int64_t>(n, keys / (4 * bc)); /* at least about 4 tiles a split */
-    const char *e = getenv("EI_CUDA_ATTN_SPLIT");
-    if (e && e[0]) n = std::min(n, atoi(e));
+    n = std::min(n, split_cap); /* EI_CUDA_ATTN_SPLIT (INT_MAX: unset) */
     (void)rows;
     char *base = ws_base(ws) + 256;
     if ((size_t)(base - (char *)ws) >= ws_bytes) return 1;
@@ -3448,10 +3425,9 @@ static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws
    up to its last query. The first pass reads every Q row and every K row up
    to the call's last query once; a bad K row past dense_hi only raises
    `suspect`, and only then does the second pass read the sparse segments'
-   rows (every segment reads the blocks it keeps again). Measured on an H200
-   (32k tokens, 32/8 heads, d=128, bf16, call + sync, medians): dense
-   21.26 -> 21.25 ms (noise), sparse (default plan) 5.16 -> 5.33 ms; with the
-   second pass always run, sparse took 5.19 -> 5.63 ms.
+   rows (every segment reads the blocks it keeps again), so that the scan
+   costs dense calls nothing measurable and sparse ones a few percent (the
+   times: docs/performance.md, H200 dated log, "kernel comments").
    Rows are read in 8-element chunks (16-byte loads where the view allows,
    vec). The first bad element goes to bad as attn_bad_key (q before k, then
    by token and head). */
@@ -3685,7 +3661,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     /* the kernels: EI_CUDA_ATTN_CFG's (every segment), and EI_CUDA_ATTN_SPARSE_CFG's
        for the sparse segments of a plan, when it names another shape of as many rows
        (neither set: attention_shape's defaults, ATTN_SPARSE_DEFAULT for the sparse ones) */
-    const char *e_all = getenv("EI_CUDA_ATTN_CFG"), *e_sp = getenv("EI_CUDA_ATTN_SPARSE_CFG");
+    const CudaTuning tn = tuning_read();
+    const char *e_all = tn.attn_cfg, *e_sp = tn.attn_sparse_cfg;
     if (!(e_sp && e_sp[0]) && !(e_all && e_all[0])) e_sp = ATTN_SPARSE_DEFAULT;
     int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
     attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
@@ -3755,7 +3732,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     p.seg_mode = split ? 1 : 0;
     p.D = D;
     p.nsplit = attn_split_plan(p, D, rows, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
-                               (unsigned)grid, ws, ws_bytes, &p.part);
+                               (unsigned)grid, ws, ws_bytes, tn.attn_split, &p.part);
     if (p.nsplit > 1 && (BCK % p.bs || (split && BCK2 % p.bs))) p.nsplit = 1;
     const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);
     if ((r = attention_launch(p, mp, D, bf, vec, e_all, (unsigned)grid, st, msg))) return r;
@@ -3826,15 +3803,15 @@ struct MassParams {
    not depend on the device; the part statistics combine in another order
    for another ns, a float32 rounding difference). The segments are [s_lo,
    nseg) (a chunk's; 0 for the whole prompt). parts_max: 16; a chunk's
-   (api_profile_chunk) is the tuning knob EI_CUDA_SAMPLED_CHUNK_PARTS: a
-   micro-batch in one segment is one group of CTAs per kv head, and more
-   parts spread its long key prefix over more CTAs, but 64 parts measured
-   (H200, 32/8 heads, d 128, quality configuration, 2026-12-02) 186.7 ms for
-   131072 tokens in chunks of 512 against 200.2 with 16, and 27.0 against
-   24.6 ms in chunks of 8192, 21.6 against 21.0 ms for 32768 in chunks of
-   512: the default stays 16. Returns 0 when no segment is sampled. */
-static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int parts_max, int *s_first,
-                         int *spc, int *rpad, int *rchunks, int *ngroups, int *ns) {
+   (api_profile_chunk) is the tuning knob EI_CUDA_SAMPLED_CHUNK_PARTS
+   (>>cuda-tuning): a micro-batch in one segment is one group of CTAs per kv
+   head, and more parts spread its long key prefix over more CTAs, but 64
+   parts won only on small chunks at 128k and lost elsewhere, so the default
+   stays 16 (docs/performance.md, H200 dated log, chunked planning). The
+   CTA count aimed at is the knob EI_CUDA_SAMPLED_CTAS (tn). Returns 0 when
+   no segment is sampled. */
+static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int parts_max, const CudaTuning &tn,
+                         int *s_first, int *spc, int *rpad, int *rchunks, int *ngroups, int *ns) {
     int64_t seg = cfg->segment_size, sf = (cfg->threshold_len + seg - 1) / seg, per;
     int R = cfg->rank_samples, rp = (R + 15) / 16 * 16;
     if (sf < 1) sf = 1;
@@ -3846,8 +3823,7 @@ static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32
     *ngroups = (int)((nseg - sf + *spc - 1) / *spc);
     per = (int64_t)*ngroups * nkv;
     {   /* tuning knob EI_CUDA_SAMPLED_CTAS: the CTA count aimed at (default 2048) */
-        const char *e = getenv("EI_CUDA_SAMPLED_CTAS");
-        int64_t target = e && atoi(e) > 0 ? atoi(e) : 2048;
+        int64_t target = tn.sampled_ctas;
         *ns = (int)((target + per - 1) / per);
     }
     if (*ns > parts_max / *rchunks) *ns = parts_max / *rchunks;
@@ -3855,9 +3831,9 @@ static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32
     return 1;
 }
 /* Bytes of the part statistics (0 when no segment is sampled). */
-static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv) {
+static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn) {
     int sf, spc, rpad, rchunks, ngroups, ns;
-    if (!mass_geometry(cfg, 0, (n + cfg->segment_size - 1) / cfg->segment_size, nkv, 16, &sf, &spc, &rpad, &rchunks,
+    if (!mass_geometry(cfg, 0, (n + cfg->segment_size - 1) / cfg->segment_size, nkv, 16, tn, &sf, &spc, &rpad, &rchunks,
                        &ngroups, &ns))
         return 0;
     return (size_t)nkv * (size_t)ngroups * (size_t)rchunks * (size_t)ns * MS_ROWS * sizeof(float2);
@@ -4371,14 +4347,16 @@ __global__ void mass_zero_kernel(const MassParams p) {
    mass_geometry). The rows are those of tokens q_lo..n-1 (q
    holds them from q_lo) of segments [s_lo, nseg); the mass of segment s of
    kv head h at mass + (h * mrows + s - mseg0) * nblk. The whole prompt: q_lo
-   0, s_lo 0, mseg0 0, mrows nseg. */
+   0, s_lo 0, mseg0 0, mrows nseg. tn: the call's tuning knobs (the kernel
+   choice, the CTA count). */
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *flag, cudaStream_t st, char *msg) {
+                                    float2 *stats, size_t stats_bytes, int *flag, const CudaTuning &tn, cudaStream_t st,
+                                    char *msg) {
     MassParams p;
     memset(&p, 0, sizeof p);
     int D = q->head_dim;
-    if (!mass_geometry(cfg, s_lo, nseg, k->n_heads, parts_max, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups,
+    if (!mass_geometry(cfg, s_lo, nseg, k->n_heads, parts_max, tn, &p.s_first, &p.spc, &p.rpad, &p.rchunks, &p.ngroups,
                        &p.ns))
         return EI_OK; /* no segment is ranked by sampled mass */
     {   /* a chunk's segments in the whole prompt's statistics (sized for the plan's capacity): fewer parts if need be
@@ -4401,10 +4379,10 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(p);
         LAUNCH_CHECK("mass_zero_kernel");
     }
-    const char *e = getenv("EI_CUDA_SAMPLED_GENERIC");
-    /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded) */
+    /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded),
+       unless EI_CUDA_SAMPLED_GENERIC */
     bool mma = k->dtype != EI_F32 && (q->dtype == k->dtype || q->dtype == EI_F32) && (D == 64 || D == 128 || D == 256) &&
-               !(e && e[0] == '1');
+               !tn.sampled_generic;
     ei_result r;
     if (!mma) { /* one CTA per (kv head, segment) */
         p.spc = 1; p.rpad = MG_RT; p.rchunks = 1; p.ns = 1;
@@ -4419,8 +4397,7 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
     if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv * p.ns, 1, 1, msg))) return r;
     unsigned grid = (unsigned)((int64_t)p.ngroups * p.nkv * p.ns);
     bool bf = k->dtype == EI_BF16;
-    const char *em = getenv("EI_CUDA_SAMPLED_MMA"); /* 1: mma.sync even where wgmma runs */
-    bool wg = wgmma_available() && !(em && em[0] == '1');
+    bool wg = wgmma_available() && !tn.sampled_mma; /* EI_CUDA_SAMPLED_MMA: mma.sync even where wgmma runs */
 #define EI__MASS_K(DD, TT, WW)                                                                            \
     do {                                                                                                  \
         size_t smem = WW ? (size_t)(MS_ROWS + 2 * MS_BC) * DD * 2 + 1024                                  \

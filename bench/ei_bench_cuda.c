@@ -29,7 +29,7 @@
    wgmma kernel with 64 / 128 keys per step, Hopper only, K/V tiles by
    cp.async; wgk64 / wgt64 / wgp64 (and 128) the same with TMA copies of the
    K/V tiles (wgk64 the library's default on Hopper for head_dim 64);
-   wgy128 (and wgw128, wgx128, ...: entropyinfer_cuda.cu, attention_shape)
+   wgy128 (and wgw128, wgx128, ...: entropyinfer_cuda.cu, >>cuda-tuning)
    the warp-specialised kernel, the default for head_dim 128; WxMxB = the mma.sync
    kernel, warps x m-tiles per warp x keys per step; EI_BENCH_SHAPES=wg64,8x2x64
    picks them, "default" the library's own choice; default wgy128,wgk64,wg64,8x2x64); the table shows the best, the
