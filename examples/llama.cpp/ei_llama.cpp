@@ -2269,9 +2269,12 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
 // ---------------------------------------------------------------- graph
 
 // Executor mask: llama.cpp's attention (build_attn_mha: flash attention with -fa, else soft_max)
-// through the plan's mask. One mask head where the layer has one kv head (the plan's keys exactly),
-// else one per query head, since ggml broadcasts mask heads as h % ne32, not by GQA group; the mask
-// is as large as llama.cpp's own per head: n_kv x tokens x 2 bytes. n_kv_max, ggml's sparse-mask
+// through the plan's mask. One mask head where the layer has one kv head (the plan's keys exactly);
+// with several, one per query head on the CPU (exact: ggml broadcasts mask heads as h % ne32, not by
+// GQA group), and on the GPU the union of the kv heads' keys in one head (more keys than the plan:
+// ggml-cuda's flash attention takes no mask with ne32 > 1 and would run the op on the CPU, 200x
+// slower on SmolLM2 8k). The mask is as large as llama.cpp's own per head: n_kv x tokens x 2 bytes.
+// n_kv_max, ggml's sparse-mask
 // hint (finite entries per row at most), is the plan's bound: the budget cap's keys and the
 // segment's own (ei_mask_bound), or 0 (none) when a row may see every earlier key. Timed as
 // llama.cpp's attention is in mode time-dense (ns_attn here).
@@ -2288,7 +2291,7 @@ static ggml_tensor * ei_build_attn_masked(const llm_graph_context & g, ei_layer 
         ggml_format_name(t0, "ei_time_begin-%d", il);
         ggml_build_forward_expand(g.gf, t0);
     }
-    const int64_t heads = L->n_head_kv == 1 ? 1 : L->n_head;
+    const int64_t heads = L->n_head_kv == 1 || L->gpu ? 1 : L->n_head;
     ggml_tensor * a1[3] = { kq_mask, fin, t0 };
     ggml_tensor * mask  = ggml_custom_4d(ctx0, kq_mask->type, kq_mask->ne[0], kq_mask->ne[1], heads, kq_mask->ne[3], a1,
                                          timed ? 3 : 2, ei_op_mask, GGML_N_TASKS_MAX, L);
