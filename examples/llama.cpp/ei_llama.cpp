@@ -335,20 +335,19 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.compress = iv != 0;
         return true;
     }
-    if (name == "mode") {
-        if (!ei_parse_enum(value, k_mode_names, 3, ev)) {
-            err = "mode: expected " + ei_names(k_mode_names, 3) + ", got '" + value + "'";
+    if (name == "mode" || name == "executor") { // the glue's own enum options
+        const bool          is_mode = name == "mode";
+        const char * const * names  = is_mode ? k_mode_names : k_executor_names;
+        const int           n       = is_mode ? 3 : 2;
+        if (!ei_parse_enum(value, names, n, ev)) {
+            err = name + ": expected " + ei_names(names, n) + ", got '" + value + "'";
             return false;
         }
-        o.mode = (ei_mode) ev;
-        return true;
-    }
-    if (name == "executor") {
-        if (!ei_parse_enum(value, k_executor_names, 2, ev)) {
-            err = "executor: expected " + ei_names(k_executor_names, 2) + ", got '" + value + "'";
-            return false;
+        if (is_mode) {
+            o.mode = (ei_mode) ev;
+        } else {
+            o.executor = (ei_executor) ev;
         }
-        o.executor = (ei_executor) ev;
         return true;
     }
     if (name == "preset") { // the library's measured-best ranking and budgets over the paper's configuration
