@@ -124,7 +124,7 @@
    GPU section; what each variant measured: docs/performance.md.
 
    EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
-     Default (unset or ""): on Hopper wgy128 for head_dim 128, wgk64 for
+     Default (unset or ""): on Hopper wgs128 for head_dim 128, wgk64 for
      head_dim 64; other GPUs mma.sync 8x2x64; head_dim 256 mma.sync 4x1x64.
      wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
      tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
@@ -137,7 +137,8 @@
      "wgu128" (3 stages, with / without ping-pong), "wgg128" (wgx, every
      tile as 8-key boxes), "wgy128" (wgx on group-interleaved tiles),
      "wgh128" (wgy, every tile as group boxes), "wgz128" (wgy without
-     ping-pong). mma.sync: "WxMxB", W in {4,8} warps, M in {1,2} m-tiles
+     ping-pong), "wgs128" (wgy with two producer warps, one for K and one
+     for V: the default). mma.sync: "WxMxB", W in {4,8} warps, M in {1,2} m-tiles
      per warp, B in {64,32} keys per step (32 with M = 2 and head_dim 128
      only). Parsed by attention_shape. Used by test_cuda (every shape),
      ei_bench_cuda (EI_BENCH_SHAPES) and bench/cuda_session.sh (CFG=).
@@ -2810,13 +2811,16 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
 }
 
 /* ---- The warp-specialised Hopper kernel (the default for head_dim 128,
-   wgy128; its variants: EI_CUDA_ATTN_CFG in >>cuda-tuning).
+   wgs128; its variants: EI_CUDA_ATTN_CFG in >>cuda-tuning).
    FlashAttention-3's layout on our tiles: a persistent grid (one CTA per SM,
    the work items of attention_kernel's order dealt out round by round, every
    other round in reverse so that the heavy items spread evenly), three
    warpgroups per CTA, 128 query rows x 128 keys per step. Warpgroup 0 is the
-   producer: setmaxnreg down to 40 registers, one warp issues every K and V
-   tile by TMA, NST stages each for K and V with full (expect_tx) and empty
+   producer: setmaxnreg down to 40 registers, one warp issues every K tile
+   and another every V tile by TMA (SPLIT; one warp both without it: a
+   gathered tile's 32 boxes are issued lane by lane, and two warps issue them
+   in half the time, which made the sparse segments 4-6% faster with dense
+   unchanged), NST stages each for K and V with full (expect_tx) and empty
    (one arrival per consumer warp) mbarriers, running ahead into the next work
    item; it reads a tile's block numbers while it waits for the previous tile's
    V stage. Tiles (GL, the default): [16 groups][D/64 slabs][8 keys][128
@@ -2893,7 +2897,7 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool SPLIT>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
     constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
     static_assert(D == 64 || D == 128, "head_dim 64 / 128");
@@ -2920,9 +2924,11 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
         return r * g + ((r & 1) ? g - 1 - b : b);
     };
     if (warp < 4) {
-        /* ---- producer: warp 0 copies every tile, the other three warps leave */
+        /* ---- producer: warp 0 copies every tile (SPLIT: warp 0 the K tiles, warp 1 the
+           V tiles), the other warps leave */
         setmaxnreg_producer();
-        if (warp != 0) return;
+        if (warp > (SPLIT ? 1 : 0)) return;
+        const bool do_k = !SPLIT || warp == 0, do_v = !SPLIT || warp == 1;
         uint32_t it = 0;
         const int g = lane & 15; /* this lane's 8-key group of a tile (lanes 16..31 repeat 0..15) */
         for (int r = 0; work(r) < p.nwork; r++) {
@@ -2968,9 +2974,11 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                         tma_load3(dst + (lane >> 4) * BC * 8 + g * 64, m8, (lane >> 4) * 64, w.kvh, pos, full);
                     }
                 };
-                load(sK + st * BC * CH, GL ? &tm.k_run : &tm.k_tile, GL ? &tm.k_g : &tm.k_8, &kfull[st], &kempty[st], true);
+                if (do_k)
+                    load(sK + st * BC * CH, GL ? &tm.k_run : &tm.k_tile, GL ? &tm.k_g : &tm.k_8, &kfull[st], &kempty[st], true);
                 if (j + 1 < w.ntiles) blk = block_of(j + 1);
-                load(sV + st * BC * CH, GL ? &tm.v_run : &tm.v_tile, GL ? &tm.v_g : &tm.v_8, &vfull[st], &vempty[st], false);
+                if (do_v)
+                    load(sV + st * BC * CH, GL ? &tm.v_run : &tm.v_tile, GL ? &tm.v_g : &tm.v_8, &vfull[st], &vempty[st], false);
             }
         }
         return;
@@ -3186,15 +3194,15 @@ static int sm_count(void) {
         n = 132;
     return n;
 }
-template <int D, typename T, bool PP, int NST, bool GALL, bool GL>
+template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool SPLIT>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
     size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
-    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     AttnParams q = p;
     q.nwork = (int)grid;
     unsigned ctas = std::min(grid, (unsigned)sm_count());
-    attention_ws_kernel<D, T, PP, NST, GALL, GL><<<ctas, 384, smem, st>>>(q, *maps);
+    attention_ws_kernel<D, T, PP, NST, GALL, GL, SPLIT><<<ctas, 384, smem, st>>>(q, *maps);
     LAUNCH_CHECK("attention_ws_kernel");
     return EI_OK;
 }
@@ -3328,10 +3336,10 @@ static bool wgmma_available(void) {
 
 /* CTA shape: warps x m-tiles per warp (rows = 16 x both) x keys per step,
    and whether the products run as wgmma (*wg).
-   Default on Hopper for head_dim 128: attention_ws_kernel (wgy128: a TMA
-   producer warp, two consumer warpgroups of 64 rows with ping-pong, 128
-   keys per step, three K/V stages, group-interleaved tiles, a persistent
-   grid; *wg = 12); api_attention runs wgk64 instead when the block size is
+   Default on Hopper for head_dim 128: attention_ws_kernel (wgs128: TMA
+   producer warps for K and for V, two consumer warpgroups of 64 rows with
+   ping-pong, 128 keys per step, three K/V stages, group-interleaved tiles, a
+   persistent grid; *wg = 15); api_attention runs wgk64 instead when the block size is
    not a multiple of 8, and wgx128 when the group maps cannot be encoded.
    For head_dim 64: wgmma, 8 warps (2 warpgroups of 64
    rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
@@ -3340,7 +3348,7 @@ static bool wgmma_available(void) {
    e: the knob EI_CUDA_ATTN_CFG (its names and what each variant is:
    >>cuda-tuning); *wg by name: wg 1, wgt 2, wgp 3, wgk 4, wgo 5, wgq 6
    (attention_kernel with TM = *wg - 1), wgw 7, wgv 8, wgx 9, wgu 10, wgg 11, wgy 12,
-   wgh 13, wgz 14 (attention_ws_kernel); "WxMxB": mma.sync (*wg 0). */
+   wgh 13, wgz 14, wgs 15 (attention_ws_kernel); "WxMxB": mma.sync (*wg 0). */
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
 #define ATTN_SPARSE_DEFAULT NULL
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
@@ -3353,11 +3361,11 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
-        *wg = !w ? (D == 128 ? 12 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
+        *wg = !w ? (D == 128 ? 15 : 4) : e[2] == 't' ? 2 : e[2] == 'p' ? 3 : e[2] == 'k' ? 4 : e[2] == 'o' ? 5 : e[2] == 'q' ? 6
             : e[2] == 'w' ? 7 : e[2] == 'v' ? 8 : e[2] == 'x' ? 9 : e[2] == 'u' ? 10 : e[2] == 'g' ? 11
-            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : 1;
+            : e[2] == 'y' ? 12 : e[2] == 'h' ? 13 : e[2] == 'z' ? 14 : e[2] == 's' ? 15 : 1;
         *mt = 1;
-        *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 12 ? 128 : 64;
+        *bc = (w && n >= 3 && !strcmp(e + n - 3, "128")) || *wg == 15 ? 128 : 64;
         if (*wg >= 5 && D == 64) *bc = 128; /* wgo / wgq: built with 128 keys per step for head_dim 64 */
         if (*wg >= 6) *bc = 128; /* wgq / wgw / wgv: 128 keys per step */
         return;
@@ -3435,6 +3443,7 @@ struct ScanParams {
     const void *q, *k;
     int64_t q_ts, q_hs, k_ts, k_hs, q_offset, nq, dense_hi;
     int nh, nkv, D, vec_q, vec_k;
+    int flat_q, flat_k; /* the rows are packed (token stride = heads x D, head stride = D): chunk u at u * 8 */
     int q_f32; /* q is f32: its chunks are rounded to T first (what the kernel reads) */
     ei_config cfg;
     int plan_nseg, plan_final, s_first;
@@ -3460,17 +3469,24 @@ template <typename T> __global__ void __launch_bounds__(256) attn_scan_rows_kern
     const int64_t nq_chunks = p.nq * p.nh * cpr, total = nq_chunks + (p.q_offset + p.nq) * p.nkv * cpr;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         int is_k = e >= nq_chunks;
-        int64_t u = is_k ? e - nq_chunks : e, row = u / cpr;
-        int c = (int)(u % cpr), nheads = is_k ? p.nkv : p.nh, h = (int)(row % nheads);
-        int64_t t = row / nheads;
+        int64_t u = is_k ? e - nq_chunks : e;
+        int nheads = is_k ? p.nkv : p.nh;
+        /* chunk u's element offset: u * 8 where the rows are packed (flat: no divisions, which
+           cost more than the load on the common layout), else from its token, head and chunk */
+        auto offset = [&](int64_t ts, int64_t hs) -> int64_t {
+            int64_t row = u / cpr;
+            return (row / nheads) * ts + (row % nheads) * hs + (u % cpr) * 8;
+        };
         uint32_t nonfinite;
         if (is_k)
-            nonfinite = scan_chunk<T>((const T *)p.k + t * p.k_ts + (int64_t)h * p.k_hs + c * 8, p.vec_k);
+            nonfinite = scan_chunk<T>((const T *)p.k + (p.flat_k ? u * 8 : offset(p.k_ts, p.k_hs)), p.vec_k);
         else if (p.q_f32) /* NaN/Inf in f32, or beyond T's range (f16: |x| >= 65520 rounds to Inf) */
-            nonfinite = nonfinite8<T>(round8_of_f32<T>((const float *)p.q + t * p.q_ts + (int64_t)h * p.q_hs + c * 8, p.vec_q));
+            nonfinite = nonfinite8<T>(round8_of_f32<T>((const float *)p.q + (p.flat_q ? u * 8 : offset(p.q_ts, p.q_hs)), p.vec_q));
         else
-            nonfinite = scan_chunk<T>((const T *)p.q + t * p.q_ts + (int64_t)h * p.q_hs + c * 8, p.vec_q);
-        if (nonfinite) {
+            nonfinite = scan_chunk<T>((const T *)p.q + (p.flat_q ? u * 8 : offset(p.q_ts, p.q_hs)), p.vec_q);
+        if (nonfinite) { /* rare: where it is */
+            int64_t row = u / cpr, t = row / nheads;
+            int h = (int)(row % nheads);
             if (is_k && t >= p.dense_hi) *p.suspect = 0; /* the second pass decides */
             else atomicMin(p.bad, attn_bad_key(is_k, is_k ? t : p.q_offset + t, h));
         }
@@ -3581,17 +3597,18 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 2);
     }
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
-#define EI__ATT_WS(PP, NST, GALL, GL)                                                                           \
-    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL>(p, maps, grid, st, msg)              \
-              : launch_attention_ws<128, __half, PP, NST, GALL, GL>(p, maps, grid, st, msg)
-        if (WGK == 7) EI__ATT_WS(true, 2, false, false);
-        if (WGK == 8) EI__ATT_WS(false, 2, false, false);
-        if (WGK == 9) EI__ATT_WS(true, 3, false, false);
-        if (WGK == 10) EI__ATT_WS(false, 3, false, false);
-        if (WGK == 11) EI__ATT_WS(true, 3, true, false);
-        if (WGK == 12) EI__ATT_WS(true, 3, false, true);
-        if (WGK == 13) EI__ATT_WS(true, 3, true, true);
-        EI__ATT_WS(false, 3, false, true);
+#define EI__ATT_WS(PP, NST, GALL, GL, SPLIT)                                                                    \
+    return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL, SPLIT>(p, maps, grid, st, msg)       \
+              : launch_attention_ws<128, __half, PP, NST, GALL, GL, SPLIT>(p, maps, grid, st, msg)
+        if (WGK == 7) EI__ATT_WS(true, 2, false, false, false);
+        if (WGK == 8) EI__ATT_WS(false, 2, false, false, false);
+        if (WGK == 9) EI__ATT_WS(true, 3, false, false, false);
+        if (WGK == 10) EI__ATT_WS(false, 3, false, false, false);
+        if (WGK == 11) EI__ATT_WS(true, 3, true, false, false);
+        if (WGK == 12) EI__ATT_WS(true, 3, false, true, false);
+        if (WGK == 13) EI__ATT_WS(true, 3, true, true, false);
+        if (WGK == 15) EI__ATT_WS(true, 3, false, true, true);
+        EI__ATT_WS(false, 3, false, true, false);
 #undef EI__ATT_WS
     }
     if (WGK == 6 && maps) { /* overlap, warpgroup 0 first: 128 keys per step */
@@ -3711,6 +3728,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     sp.nh = nh; sp.nkv = nkv; sp.D = D; sp.q_f32 = q_f32;
     sp.vec_q = attn_vec_rows(q->data, q->token_stride, q->head_stride);
     sp.vec_k = attn_vec_rows(k->data, k->token_stride, k->head_stride);
+    sp.flat_q = q->head_stride == D && q->token_stride == (int64_t)nh * D;
+    sp.flat_k = k->head_stride == D && k->token_stride == (int64_t)nkv * D;
     sp.cfg = *cfg;
     sp.plan_nseg = p.plan_nseg; sp.plan_final = p.plan_final; sp.s_first = s_first;
     sp.keep_count = p.keep_count; sp.block_index = p.block_index; sp.seg_stride = p.seg_stride; sp.max_keep = p.max_keep;

@@ -29,10 +29,10 @@
    wgmma kernel with 64 / 128 keys per step, Hopper only, K/V tiles by
    cp.async; wgk64 / wgt64 / wgp64 (and 128) the same with TMA copies of the
    K/V tiles (wgk64 the library's default on Hopper for head_dim 64);
-   wgy128 (and wgw128, wgx128, ...: entropyinfer_cuda.cu, >>cuda-tuning)
+   wgs128 (and wgy128, wgw128, wgx128, ...: entropyinfer_cuda.cu, >>cuda-tuning)
    the warp-specialised kernel, the default for head_dim 128; WxMxB = the mma.sync
    kernel, warps x m-tiles per warp x keys per step; EI_BENCH_SHAPES=wg64,8x2x64
-   picks them, "default" the library's own choice; default wgy128,wgk64,wg64,8x2x64); the table shows the best, the
+   picks them, "default" the library's own choice; default wgs128,wgy128,wgk64,wg64); the table shows the best, the
    line below it each shape.
 
    Measured (2026-11-29, one H200, CUDA 13.0, driver 580.159.04; SDPA = torch
@@ -97,7 +97,7 @@ static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
 }
 
 #define MAXCFG 8
-static const char *cta_shapes[MAXCFG] = {"wgy128", "wgk64", "wg64", "8x2x64"};
+static const char *cta_shapes[MAXCFG] = {"wgs128", "wgy128", "wgk64", "wg64"};
 static int NCFG = 4;
 
 
