@@ -2338,10 +2338,6 @@ bool llama_entropyinfer_seq_rewind(llama_context * ctx, llama_seq_id seq, llama_
     if (!ei_seq_valid(ctx, seq, __func__)) {
         return false;
     }
-    if (p0 < 0) {
-        fprintf(stderr, "%s: position %d: expected >= 0\n", __func__, (int) p0);
-        return false;
-    }
     const bool prev = llama_kv_cache::ei_set_rewind(true);
     const bool ok   = llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
     llama_kv_cache::ei_set_rewind(prev);

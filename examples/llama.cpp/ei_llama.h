@@ -7,7 +7,11 @@
 //   llama_context       create / free the per-context state (cparams.ei),
 //                       announce each ubatch of llama_decode (is it the last?),
 //                       decode compression at the end of llama_decode
-//   llama_kv_cache      ei_compact: move the cells in use to the front
+//   llama_kv_cache      ei_compact: move the cells in use to the front; ei_evict and
+//                       ei_first_missing: the record of evicted positions (seq_rm
+//                       refuses a truncation that would keep one)
+//   llama-server        reuse at most [0, F) of a compressed slot, the request
+//                       field "entropyinfer"; speculative rollbacks: seq_rewind
 //   build_attn          (KV-cache and iSWA variants) llama_ei_build_attn instead
 //                       of build_attn_mha: entropyinfer's planning and block-sparse
 //                       attention as ggml custom ops for the layers and ubatches
@@ -67,9 +71,10 @@ LLAMA_API int llama_entropyinfer_get_decode_info(const struct llama_context * ct
 // missing (or the memory is not a KV cache), -2 for a bad ctx/seq (reported on stderr).
 LLAMA_API llama_pos llama_entropyinfer_seq_first_missing(const struct llama_context * ctx, llama_seq_id seq);
 
-// Speculative decoding's rollback: remove positions [p0, end) of seq, tokens the caller added after
-// the compression, even when p0 > F (the generation continues over its compressed cache; decode
-// compression observes again from p0). true on success, false for bad arguments (reported).
+// Speculative decoding's rollback: remove positions [p0, end) of seq (p0 < 0: all, as seq_rm), the
+// tokens the caller just added, even when p0 > F (the generation continues over its compressed
+// cache; decode compression observes again from p0). true on success, false for a bad ctx/seq
+// (reported) or when the memory refuses (as llama_memory_seq_rm).
 LLAMA_API bool llama_entropyinfer_seq_rewind(struct llama_context * ctx, llama_seq_id seq, llama_pos p0);
 
 // Per request: entropyinfer (sparse prefill and decode compression) on or off for seq, or for
