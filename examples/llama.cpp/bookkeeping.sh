@@ -2,8 +2,9 @@
 # examples/llama.cpp/bookkeeping.sh - `make llama-cpp-bookkeeping`: positions after decode
 # compression (issue 34), llama-ei-bookkeeping (ei_bookkeeping_test.cpp) on SmolLM2-135M and
 # Gemma 3 270M (iSWA: the base cache compressed, the sliding-window cache not), a prompt of 1200
-# tokens of the licence texts of /usr/share/common-licenses. About a minute on 2 cores.
-# Fails when a check of either model fails. Logs: build/llama_cpp_bookkeeping/*.log.
+# tokens of the licence texts of /usr/share/common-licenses; then llama-server's prompt-cache reuse
+# after a compression and its "entropyinfer" request field (bookkeeping_server.py, SmolLM2).
+# About half a minute on 2 cores. Fails when a check fails. Logs: build/llama_cpp_bookkeeping/*.log.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -35,4 +36,16 @@ for m in smollm2:"$SMOL" gemma3:"$GEMMA"; do
     fi
     sed 's/^/  /' "$OUT/$name.log" >&2
 done
+# llama-server: prompt-cache reuse after a compression, the request field "entropyinfer"
+if [ -x "$BIN/llama-server" ]; then
+    echo "llama-cpp-bookkeeping: llama-server (SmolLM2)" >&2
+    if ! python3 examples/llama.cpp/bookkeeping_server.py "$BIN/llama-server" "$SMOL" "$TEXT" "$OUT/server.err" > "$OUT/server.log"; then
+        cat "$OUT/server.log" >&2
+        tail -20 "$OUT/server.err" >&2
+        die "llama-server (log $OUT/server.log, server log $OUT/server.err)"
+    fi
+    sed 's/^/  /' "$OUT/server.log" >&2
+else
+    die "$BIN/llama-server missing (make llama-cpp)"
+fi
 echo "llama-cpp-bookkeeping: ok" >&2

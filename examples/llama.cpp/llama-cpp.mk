@@ -35,7 +35,8 @@
 #   llama-cpp-bookkeeping  bookkeeping.sh: llama-ei-bookkeeping on SmolLM2-135M and Gemma 3 270M (issue 34):
 #                      after decode compression the first missing position F, seq_rm refusing a truncation
 #                      above F, rewind, state save/restore, shifts, and the suffix decoded again from F
-#                      against a context that never compressed (about a minute on 2 cores)
+#                      against a context that never compressed; llama-server's reuse after a compression and
+#                      its "entropyinfer" request field (bookkeeping_server.py); about half a minute on 2 cores
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
