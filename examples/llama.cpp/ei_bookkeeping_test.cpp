@@ -8,12 +8,14 @@
 // prompt: llama.cpp's attention, so that a context without entropyinfer holds the same K/V), then
 // tokens are generated greedily one llama_decode each until decode compression ran (decode_gap 4,
 // decode_budget_ratio 0.5). Then, printing each check:
+//   compress   a compression ran and cut the cells in use
 //   range      seq_pos_max still the last position, F = llama_entropyinfer_seq_first_missing in [0, max)
 //   refuse     seq_rm(F + 1, -1) and seq_rm(max, -1) return false and change nothing
 //   rewind     llama_entropyinfer_seq_rewind(max) succeeds, F stays, the token decodes again
 //   state      the sequence saved and restored into a second context: the same F, truncation refused
 //   shift      seq_add(+7) moves F and max by 7; a context shift's discard (seq_rm of 16 positions
-//              above F, then seq_add of the rest by -16) succeeds, F stays, a token decodes after it
+//              above F, then seq_add of the rest by -16) succeeds, F stays, a token decodes after it,
+//              a truncation above F is still refused; seq_div(2) makes F F/2
 //   seq_rm(F)  seq_rm(F, -1) succeeds, nothing missing after it
 //   reuse      the suffix tokens [F, F + N) decoded again (one call, every logit) against a context
 //              that never had entropyinfer (every position there), fed the prompt as A was, cut at F
@@ -279,10 +281,14 @@ int main(int argc, char ** argv) {
             const llama_token t = toks.back();
             const bool dec = decode(c, &t, 1, vd.max + 1, false);
             const bool trunc = llama_memory_seq_rm(mem_c, 0, Fs + 1, -1);
-            ok = ok && rm && vd.max == vs.max - n_discard && vd.first_missing == Fs && dec && !trunc;
+            // seq_div (self-extend) merges positions: F/2 counts as missing (conservative)
+            llama_memory_seq_div(mem_c, 0, 0, -1, 2);
+            const seq_view vv = view(c);
+            ok = ok && rm && vd.max == vs.max - n_discard && vd.first_missing == Fs && dec && !trunc &&
+                 vv.first_missing == Fs / 2;
             detail += fmt("; discard [F+1, F+%d) %s, shift -%d: pos_max %d, F %d; a token after it %s; "
-                          "seq_rm(F+1, -1) %s", 1 + n_discard, rm ? "ok" : "refused", n_discard, vd.max, vd.first_missing,
-                          dec ? "decoded" : "failed", trunc ? "succeeded" : "refused");
+                          "seq_rm(F+1, -1) %s; seq_div(2): F %d", 1 + n_discard, rm ? "ok" : "refused", n_discard, vd.max,
+                          vd.first_missing, dec ? "decoded" : "failed", trunc ? "succeeded" : "refused", vv.first_missing);
         }
         check(ok, "shift", detail);
         llama_free(c);
