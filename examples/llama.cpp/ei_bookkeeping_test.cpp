@@ -16,6 +16,9 @@
 //   shift      seq_add(+7) moves F and max by 7; a context shift's discard (seq_rm of 16 positions
 //              above F, then seq_add of the rest by -16) succeeds, F stays, a token decodes after it,
 //              a truncation above F is still refused; seq_div(2) makes F F/2
+//   pause      restored into a third context, a token decoded, then a context shift's discard above F:
+//              12 tokens after it (positions jump over the compressed prefix) compress nothing;
+//              seq_rm at F, 8 tokens fed from F and 12 generated: it compresses again
 //   seq_rm(F)  seq_rm(F, -1) succeeds, nothing missing after it
 //   reuse      the suffix tokens [F, F + N) decoded again (one call, every logit) against a context
 //              that never had entropyinfer (every position there), fed the prompt as A was, cut at F
@@ -291,7 +294,41 @@ int main(int argc, char ** argv) {
                           vd.first_missing, dec ? "decoded" : "failed", trunc ? "succeeded" : "refused", vv.first_missing);
         }
         check(ok, "shift", detail);
+
         llama_free(c);
+
+        // pause: in a third context restored from the same state, a context shift (positions jump over
+        // the compressed prefix) pauses compression; once the prefix is exact again (cut at F) it
+        // observes and compresses again
+        llama_context * d = new_context(model, n_ctx, threads);
+        llama_memory_t mem_d = llama_get_memory(d);
+        const bool restored_d = llama_state_seq_set_data(d, state.data(), state.size(), 0) == state.size();
+        llama_pos pos = v.max + 1;
+        auto generate = [&](int n) {
+            bool ok_all = true;
+            for (int i = 0; i < n; ++i) {
+                const llama_token t = argmax_last(d, n_vocab);
+                ok_all = decode(d, &t, 1, pos++, false) && ok_all;
+            }
+            return ok_all;
+        };
+        const bool g0 = restored_d && decode(d, &toks.back(), 1, pos++, false); // observation starts here
+        const bool rm_d = llama_memory_seq_rm(mem_d, 0, F + 1, F + 1 + n_discard);
+        llama_memory_seq_add(mem_d, 0, F + 1 + n_discard, -1, -n_discard);
+        pos -= n_discard;
+        const int  c0 = compressions(d);
+        const bool g1 = generate(12);
+        const int  c1 = compressions(d);
+        const bool cut = llama_memory_seq_rm(mem_d, 0, F, -1);
+        pos = F;
+        const bool fed = cut && decode(d, toks.data() + F, 8, F, false);
+        pos += 8;
+        const bool g2 = fed && generate(12);
+        const int  c2 = compressions(d);
+        check(g0 && rm_d && g1 && c1 == c0 && cut && g2 && c2 > c1, "pause",
+              fmt("after a context shift over the compressed prefix 12 tokens: compressions %d -> %d; cut at F %s, "
+                  "8 tokens fed from F and 12 generated: -> %d", c0, c1, cut ? "ok" : "refused", c2));
+        llama_free(d);
     }
 
     // reuse: keep exactly [0, F), decode the suffix again, compare with a context that never compressed
