@@ -48,10 +48,23 @@
 //   by the patch) so that attention reads fewer cells. iSWA models (Gemma 3):
 //   only the base cache of the global layers is compressed; the
 //   sliding-window cache keeps its cells. Refused with a message, compression
-//   then off for the context: several sequences, positions that jump (context
-//   shift, prompt-cache reuse, a rewind), a unified cache with a layer that is
-//   not served, recurrent/hybrid memory, several KV streams, cells shared
-//   between sequences.
+//   then off for the context: several sequences, a unified cache with a layer
+//   that is not served, recurrent/hybrid memory, several KV streams, cells
+//   shared between sequences.
+//
+// Positions after compression (issue 34)
+//   The cache records the positions it evicted (llama_kv_cache::ei_evict);
+//   llama_entropyinfer_seq_first_missing gives the first one, and seq_rm
+//   refuses a truncation that would keep it (llama.cpp's "partial removal not
+//   possible": the caller clears the sequence and processes its prompt again),
+//   so a reused prefix is always exact. Speculative decoding takes back its
+//   draft tokens with llama_entropyinfer_seq_rewind. When positions jump (a
+//   reuse, a rewind, a context shift), observation starts over at the new
+//   position if the prefix below it is exact (or after a rewind); over a
+//   compressed prefix compression pauses for the sequence until it is exact
+//   again. llama_entropyinfer_seq_set_enabled turns entropyinfer (prefill and
+//   decode compression) off or on per sequence (llama-server: a request's
+//   "entropyinfer": false).
 //
 // On the GPU (llama.cpp's CUDA backend, -ngl, built by `make llama-cpp-cuda`)
 //   A layer whose K/V cache lies in CUDA memory is served by the CUDA plugin
@@ -606,6 +619,11 @@ struct llama_ei_state {
     std::vector<std::vector<uint8_t>> dec_ws;                // per scoring thread
     std::vector<float>                dec_scores, dec_shared;
     std::vector<int32_t>              dec_row_pos, dec_index, dec_positions;
+    bool                              dec_paused    = false; // a jump over a compressed prefix (ei_observe_decide)
+    bool                              dec_rewound   = false; // llama_entropyinfer_seq_rewind since the last ubatch
+    // per-request on/off (llama_entropyinfer_seq_set_enabled): a sequence's own setting, else all_on
+    bool                              all_on        = true;
+    std::map<llama_seq_id, bool>      seq_on;
 
     // the GPU (ei_gpu_*): contexts by (attention scale, stream, deferred errors), device buffers
     std::map<std::tuple<uint32_t, void *, int>, ei_context *> gctxs;
@@ -1026,6 +1044,8 @@ static const llama_kv_cache_context * ei_attn_kv(const llama_memory_context_i * 
 }
 
 // Can this ubatch be served (in every servable layer)? why: the reason when not.
+static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq);
+
 static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
                              const llama_cparams & cp, std::string & why) {
     if (!ub.pos || ub.pos != st->ann_pos || ub.n_tokens != st->ann_n) {
@@ -1033,6 +1053,11 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
     }
     if (cp.training) {
         return EI_SILENT;
+    }
+    for (uint32_t i = 0; ub.seq_id_unq && i < ub.n_seqs_unq; ++i) {
+        if (!ei_seq_enabled(st, ub.seq_id_unq[i])) {
+            return EI_SILENT; // turned off for a sequence of the ubatch (llama_entropyinfer_seq_set_enabled)
+        }
     }
     if (!cp.causal_attn) {
         why = "non-causal attention (llama_set_causal_attn): llama.cpp's attention";
@@ -1155,7 +1180,13 @@ static void ei_decode_refuse(llama_ei_state * st, const std::string & why) {
 // sequence starts at position 0 (the decoders are reset), every later ubatch
 // continues where the last one ended. A ubatch of a llama_decode call with one
 // token is a generated token; once one was, later tokens count as generated.
-static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub) {
+static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq) {
+    const auto it = st->seq_on.find(seq);
+    return it == st->seq_on.end() ? st->all_on : it->second;
+}
+
+// kv: the cache of the served layers (null: none), whose record says whether the held prefix is exact
+static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv) {
     st->obs_active = false;
     if (!st->opts.compress || st->dec_off || !ub || !ub->pos || ub->pos != st->ann_pos || ub->n_tokens != st->ann_n) {
         return; // off, or not a ubatch of llama_decode (graph reservation)
@@ -1181,35 +1212,53 @@ static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub) {
     }
     const llama_seq_id seq = ub->seq_id_unq[0];
     const int64_t      p0  = ub->pos[0];
+    if (!ei_seq_enabled(st, seq)) {
+        return; // turned off for this sequence (a request's "entropyinfer": false)
+    }
     for (uint32_t i = 1; i < ub->n_tokens; ++i) {
         if (ub->pos[i] != p0 + (llama_pos) i) {
             ei_decode_refuse(st, "positions of a ubatch are not consecutive");
             return;
         }
     }
-    if (p0 == 0 || st->dec_seq < 0) {
-        // a new sequence (llama-perplexity clears the memory for each chunk), or the first ubatch of a
-        // context whose cache was restored (llama_state_seq_set_data: a saved prefill): observation
-        // starts here, so the decoders need the last `window` prompt tokens fed again after the
-        // restore (the window's queries are not part of the saved state)
-        if (st->dec_seq >= 0 && seq != st->dec_seq) {
-            ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
+    // a new sequence (llama-perplexity clears the memory for each chunk), or the first ubatch of a
+    // context whose cache was restored (llama_state_seq_set_data: a saved prefill): observation
+    // starts here, so the decoders need the last `window` prompt tokens fed again after the
+    // restore (the window's queries are not part of the saved state)
+    bool restart = p0 == 0 || st->dec_seq < 0;
+    if (st->dec_seq >= 0 && seq != st->dec_seq) {
+        ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
+        return;
+    }
+    if (!restart && (p0 != st->next_pos || st->dec_paused)) {
+        // positions jump (prompt-cache reuse, a rewind, a context shift), or a pause goes on. Onto an
+        // exact prefix (no position below p0 was evicted) or after llama_entropyinfer_seq_rewind,
+        // observation starts over here; over a compressed prefix (a context shift of a compressed
+        // cache) compression pauses for this sequence until its prefix is exact again (seq_rm at
+        // or below the first missing position, or cleared)
+        if (st->dec_rewound || !kv || kv->ei_first_missing(seq) < 0) {
+            restart = true;
+        } else {
+            if (!st->dec_paused) {
+                snprintf(buf, sizeof buf, "decode compression paused for sequence %d: positions jump from %lld to %lld "
+                         "over a compressed prefix (first missing position %d)", (int) seq, (long long) st->next_pos,
+                         (long long) p0, (int) kv->ei_first_missing(seq));
+                ei_report_once(buf);
+            }
+            st->dec_paused = true;
+            st->next_pos   = p0 + ub->n_tokens;
             return;
         }
+    }
+    if (restart) {
         for (auto & L : st->layers) {
             if (L->has_dec) {
                 ei_decoder_reset(&L->dec);
             }
         }
-        generated = st->ann_n_all == 1;
-    } else if (seq != st->dec_seq) {
-        ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
-        return;
-    } else if (p0 != st->next_pos) {
-        snprintf(buf, sizeof buf, "positions jump from %lld to %lld (context shift, prompt-cache reuse or a rewind: "
-                 "compressed history cannot be restored)", (long long) st->next_pos, (long long) p0);
-        ei_decode_refuse(st, buf);
-        return;
+        generated       = st->ann_n_all == 1;
+        st->dec_paused  = false;
+        st->dec_rewound = false;
     }
     st->dec_seq       = seq;
     st->next_pos      = p0 + ub->n_tokens;
@@ -1256,7 +1305,7 @@ public:
         if (decision == EI_SERVE && served_layers > 0) {
             st->stats.ubatches_served++;
         }
-        ei_observe_decide(st, ub);
+        ei_observe_decide(st, ub, kv);
     }
 
     bool can_reuse(const llm_graph_params & params) override {
@@ -1972,7 +2021,7 @@ static bool ei_gpu_register() {
 }
 
 bool llama_ei_compress_due(const llama_ei_state * st) {
-    if (!st || !st->opts.compress || st->dec_off) {
+    if (!st || !st->opts.compress || st->dec_off || st->dec_paused || st->dec_seq < 0 || !ei_seq_enabled(st, st->dec_seq)) {
         return false;
     }
     for (const auto & L : st->layers) {
@@ -2228,7 +2277,7 @@ void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
             while (e < held.size() && (ik >= kept.size() || held[e] < kept[ik])) {
                 ++e;
             }
-            kv->seq_rm(st->dec_seq, held[i], held[e - 1] + 1);
+            kv->ei_evict(st->dec_seq, held[i], held[e - 1] + 1); // recorded: ei_first_missing
             i = e;
         }
         if (kv->ei_compact(kv->get_stream(st->dec_seq)) < 0) {
@@ -2262,6 +2311,57 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
     out->bytes_before = st->stats.bytes_before;
     out->bytes_after  = st->stats.bytes_after;
     out->seconds      = st->stats.ns_compress * 1e-9;
+    return 0;
+}
+
+// ---------------------------------------------------------------- positions after compression
+
+// ctx's sequence seq, or a message on stderr (bad arguments are the caller's bug, reported, no crash)
+static bool ei_seq_valid(const llama_context * ctx, llama_seq_id seq, const char * fn) {
+    if (!ctx || seq < 0 || (uint32_t) seq >= llama_n_seq_max(ctx)) {
+        fprintf(stderr, "%s: %s: sequence %d of a context with %u\n", fn, ctx ? "no such sequence" : "no context", (int) seq,
+                ctx ? llama_n_seq_max(ctx) : 0u);
+        return false;
+    }
+    return true;
+}
+
+llama_pos llama_entropyinfer_seq_first_missing(const llama_context * ctx, llama_seq_id seq) {
+    if (!ei_seq_valid(ctx, seq, __func__)) {
+        return -2;
+    }
+    const llama_kv_cache * kv = ei_compress_cache(llama_get_memory(ctx));
+    return kv ? kv->ei_first_missing(seq) : -1; // other memory is never compressed
+}
+
+bool llama_entropyinfer_seq_rewind(llama_context * ctx, llama_seq_id seq, llama_pos p0) {
+    if (!ei_seq_valid(ctx, seq, __func__)) {
+        return false;
+    }
+    const bool prev = llama_kv_cache::ei_set_rewind(true);
+    const bool ok   = llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
+    llama_kv_cache::ei_set_rewind(prev);
+    llama_ei_state * st = ctx->get_cparams().ei;
+    if (ok && st && st->dec_seq == seq && p0 < st->next_pos) {
+        st->dec_rewound = true; // the next ubatch continues at p0: observation starts over there
+    }
+    return ok;
+}
+
+int llama_entropyinfer_seq_set_enabled(llama_context * ctx, llama_seq_id seq, bool enabled) {
+    llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
+    if (!st) {
+        return -1; // entropyinfer is off for this context: nothing to turn on or off
+    }
+    if (seq < 0) {
+        st->all_on = enabled;
+        st->seq_on.clear();
+        return 0;
+    }
+    if (!ei_seq_valid(ctx, seq, __func__)) {
+        return -1;
+    }
+    st->seq_on[seq] = enabled;
     return 0;
 }
 

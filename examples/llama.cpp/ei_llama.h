@@ -7,7 +7,11 @@
 //   llama_context       create / free the per-context state (cparams.ei),
 //                       announce each ubatch of llama_decode (is it the last?),
 //                       decode compression at the end of llama_decode
-//   llama_kv_cache      ei_compact: move the cells in use to the front
+//   llama_kv_cache      ei_compact: move the cells in use to the front; ei_evict and
+//                       ei_first_missing: the record of evicted positions (seq_rm
+//                       refuses a truncation that would keep one)
+//   llama-server        reuse at most [0, F) of a compressed slot, the request
+//                       field "entropyinfer"; speculative rollbacks: seq_rewind
 //   build_attn          (KV-cache and iSWA variants) llama_ei_build_attn instead
 //                       of build_attn_mha: entropyinfer's planning and block-sparse
 //                       attention as ggml custom ops for the layers and ubatches
@@ -54,6 +58,30 @@ struct llama_entropyinfer_decode_info {
 };
 // 0, or -1 when entropyinfer is off for ctx.
 LLAMA_API int llama_entropyinfer_get_decode_info(const struct llama_context * ctx, struct llama_entropyinfer_decode_info * out);
+
+// Positions after decode compression. llama_memory_seq_pos_min/max still span the positions a
+// compression evicted; the first missing one is F below, and llama_memory_seq_rm(mem, seq, p0, -1)
+// with p0 > F (a truncation that keeps a prefix with a hole) returns false: clear the sequence and
+// process the prompt again, or keep [0, F) with seq_rm(mem, seq, F, -1). A removal inside the
+// sequence (a context shift's discard) is allowed, and shifts move the record with the cells.
+// A restored sequence (llama_state_seq_set_data) counts every position below its max that no
+// restored cell holds as missing.
+
+// F: the lowest position below seq's max that the KV cache no longer holds; -1 when none is
+// missing (or the memory is not a KV cache), -2 for a bad ctx/seq (reported on stderr).
+LLAMA_API llama_pos llama_entropyinfer_seq_first_missing(const struct llama_context * ctx, llama_seq_id seq);
+
+// Speculative decoding's rollback: remove positions [p0, end) of seq (p0 < 0: all, as seq_rm), the
+// tokens the caller just added, even when p0 > F (the generation continues over its compressed
+// cache; decode compression observes again from p0). true on success, false for a bad ctx/seq
+// (reported) or when the memory refuses (as llama_memory_seq_rm).
+LLAMA_API bool llama_entropyinfer_seq_rewind(struct llama_context * ctx, llama_seq_id seq, llama_pos p0);
+
+// Per request: entropyinfer (sparse prefill and decode compression) on or off for seq, or for
+// every sequence without a setting of its own when seq < 0. The other options stay process-wide
+// (the state is sized when the context is created). 0, or -1 when entropyinfer is off for ctx
+// or seq is out of range.
+LLAMA_API int llama_entropyinfer_seq_set_enabled(struct llama_context * ctx, llama_seq_id seq, bool enabled);
 
 #ifdef __cplusplus
 }

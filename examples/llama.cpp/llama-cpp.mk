@@ -3,7 +3,8 @@
 #
 # Targets
 #   llama-cpp          build/llama.cpp/bin/{llama-perplexity,llama-completion,llama-bench,llama-simple,
-#                      llama-server, llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp)}:
+#                      llama-server, llama-ei-decode (examples/llama.cpp/ei_decode_eval.cpp),
+#                      llama-ei-bookkeeping (ei_bookkeeping_test.cpp)}:
 #                      the pinned llama.cpp tree (fetch_llama_cpp.sh: llama-cpp-python 0.3.36's
 #                      vendored llama.cpp 0c1e57098, from PyPI) with entropyinfer.patch and the glue
 #                      ei_llama.cpp compiled into libllama; CPU backend, only these targets
@@ -16,7 +17,7 @@
 #                      a compile break of the GPU side of the patch fails CI (the glue's GPU twins are
 #                      plain C++, compiled by llama-cpp)
 #   llama-cpp-vanilla  build/llama.cpp-vanilla/bin/...: the same tree unpatched (reference numbers; every
-#                      tool but llama-ei-decode, which the patch adds)
+#                      tool but llama-ei-decode and llama-ei-bookkeeping, which the patch adds)
 #   llama-cpp-models   fetch_models.sh: Gemma 3 270M and SmolLM2-135M-Instruct (PyPI) into .cache/model
 #   llama-cpp-eval     eval.sh: llama-perplexity dense vs entropyinfer on a long text, SmolLM2 at 8k and
 #                      Gemma at 16k/32k, and the time of llama.cpp's attention in the same layers
@@ -31,6 +32,11 @@
 #                      every run in build/decode_eval/ (kept: a rerun does only what is missing)
 #   llama-cpp-smoke    smoke.sh: llama-perplexity on SmolLM2-135M and Gemma 3 270M, dense vs --entropyinfer
 #                      (about 3 minutes on 2 cores; compares with llama-cpp-vanilla when that is built)
+#   llama-cpp-bookkeeping  bookkeeping.sh: llama-ei-bookkeeping on SmolLM2-135M and Gemma 3 270M (issue 34):
+#                      after decode compression the first missing position F, seq_rm refusing a truncation
+#                      above F, rewind, state save/restore, shifts, and the suffix decoded again from F
+#                      against a context that never compressed; llama-server's reuse after a compression and
+#                      its "entropyinfer" request field (bookkeeping_server.py); about half a minute on 2 cores
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
@@ -49,7 +55,7 @@ LLAMA_CPP_CUDA      := build/llama.cpp-cuda
 LLAMA_CPP_CUDA_ARCHS ?= 90a
 LLAMA_CPP_CUDA_TARGETS ?= $(LLAMA_CPP_TARGETS)
 LLAMA_CPP_PATCH     := $(LLAMA_CPP_DIR)/entropyinfer.patch
-LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple llama-server llama-ei-decode
+LLAMA_CPP_TARGETS   ?= llama-perplexity llama-completion llama-bench llama-simple llama-server llama-ei-decode llama-ei-bookkeeping
 LLAMA_CPP_JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 LLAMA_CPP_CMAKE_FLAGS ?=
 # AMX off: -march=native turns it on where the CPU advertises it, and some virtual machines
@@ -66,7 +72,7 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
 # The CUDA build: the same options with ggml's CUDA backend (CUDA graphs as upstream).
 LLAMA_CPP_CUDA_CMAKE = $(LLAMA_CPP_CMAKE) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
 
-.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
+.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -115,10 +121,13 @@ llama-cpp-cuda-check: $(LLAMA_CPP_PATCHED)/.patched
 	@echo "llama-cpp-cuda-check: the patched ggml-cuda.cu compiles"
 
 llama-cpp-vanilla: $(LLAMA_CPP_VANILLA)/CMakeCache.txt
-	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(filter-out llama-ei-decode,$(LLAMA_CPP_TARGETS))
+	cmake --build $(LLAMA_CPP_VANILLA) -j$(LLAMA_CPP_JOBS) --target $(filter-out llama-ei-decode llama-ei-bookkeeping,$(LLAMA_CPP_TARGETS))
 
 llama-cpp-smoke: llama-cpp
 	sh $(LLAMA_CPP_DIR)/smoke.sh
+
+llama-cpp-bookkeeping: llama-cpp
+	sh $(LLAMA_CPP_DIR)/bookkeeping.sh
 
 llama-cpp-models:
 	sh $(LLAMA_CPP_DIR)/fetch_models.sh

@@ -1,0 +1,410 @@
+// ei_bookkeeping_test.cpp - positions after decode compression, through llama.cpp's public API
+// (issue 34; built as build/llama.cpp/bin/llama-ei-bookkeeping by entropyinfer.patch, run by
+// `make llama-cpp-bookkeeping` on SmolLM2-135M and Gemma 3 270M).
+//
+//   llama-ei-bookkeeping -m MODEL -f TEXT [-t THREADS (2)] [-n PROMPT_TOKENS (1200)] [--suffix N (32)]
+//
+// A prompt of the first PROMPT_TOKENS tokens of TEXT is prefilled densely (min_tokens above the
+// prompt: llama.cpp's attention, so that a context without entropyinfer holds the same K/V), then
+// tokens are generated greedily one llama_decode each until decode compression ran (decode_gap 4,
+// decode_budget_ratio 0.5). Then, printing each check:
+//   compress   a compression ran and cut the cells in use
+//   range      seq_pos_max still the last position, F = llama_entropyinfer_seq_first_missing in [0, max)
+//   refuse     seq_rm(F + 1, -1) and seq_rm(max, -1) return false and change nothing
+//   rewind     llama_entropyinfer_seq_rewind(max) succeeds, F stays, the token decodes again
+//   state      the sequence saved and restored into a second context: the same F, truncation refused
+//   shift      seq_add(+7) moves F and max by 7; a context shift's discard (seq_rm of 16 positions
+//              above F, then seq_add of the rest by -16) succeeds, F stays, a token decodes after it,
+//              a truncation above F is still refused; seq_div(2) makes F F/2
+//   pause      restored into a third context, a token decoded, then a context shift's discard above F:
+//              12 tokens after it (positions jump over the compressed prefix) compress nothing;
+//              seq_rm at F, 8 tokens fed from F and 12 generated: it compresses again
+//   seq_rm(F)  seq_rm(F, -1) succeeds, nothing missing after it
+//   reuse      the suffix tokens [F, F + N) decoded again (one call, every logit) against a context
+//              that never had entropyinfer (every position there), fed the prompt as A was, cut at F
+//              with seq_rm and fed the same suffix: logits bit-equal, else within 1e-3 of the
+//              largest |logit| (printed: which, and the largest difference). A "note" line adds the
+//              difference to a fresh context fed [0, F) in one call: not a bit-for-bit reference,
+//              llama.cpp's CPU matmuls round differently at other batch sizes
+//   per-seq    llama_entropyinfer_seq_set_enabled(off): no compression in 12 more tokens; on again:
+//              it compresses again within 12 (observation restarted after the reuse)
+// One line per check ("ok" or "FAIL"), then a summary; exit status 1 when a check failed.
+#include "llama.h"
+#include "ei_llama.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+static int g_failed = 0, g_checks = 0;
+
+static void check(bool ok, const char * name, const std::string & detail) {
+    ++g_checks;
+    g_failed += ok ? 0 : 1;
+    printf("%-4s %-10s %s\n", ok ? "ok" : "FAIL", name, detail.c_str());
+    fflush(stdout);
+}
+
+static void die(const std::string & msg) {
+    fprintf(stderr, "llama-ei-bookkeeping: %s\n", msg.c_str());
+    exit(2);
+}
+
+static std::string fmt(const char * f, ...) __attribute__((format(printf, 1, 2)));
+static std::string fmt(const char * f, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// one llama_decode of tokens at positions pos0.. of sequence 0; every logit when all_logits
+static bool decode(llama_context * ctx, const llama_token * tok, int n, llama_pos pos0, bool all_logits) {
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        b.token[i]     = tok[i];
+        b.pos[i]       = pos0 + i;
+        b.n_seq_id[i]  = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i]    = all_logits || i == n - 1;
+    }
+    b.n_tokens = n;
+    const bool ok = llama_decode(ctx, b) == 0;
+    llama_batch_free(b);
+    return ok;
+}
+
+static llama_token argmax_last(llama_context * ctx, int n_vocab) {
+    const float * lg = llama_get_logits_ith(ctx, -1);
+    return (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+}
+
+static int compressions(const llama_context * ctx) {
+    llama_entropyinfer_decode_info info;
+    return llama_entropyinfer_get_decode_info(ctx, &info) == 0 ? info.compressions : -1;
+}
+
+static void set_option(const char * o) {
+    char err[512];
+    if (llama_entropyinfer_option(o, err, sizeof err) != 0) {
+        die(err);
+    }
+}
+
+static llama_context * new_context(llama_model * model, int n_ctx, int threads) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = (uint32_t) n_ctx;
+    cp.n_batch         = (uint32_t) n_ctx;
+    cp.n_ubatch        = 512;
+    cp.n_threads       = threads;
+    cp.n_threads_batch = threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.swa_full        = true; // Gemma 3: the sliding-window layers keep every position, as the reference does
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        die("cannot create a context");
+    }
+    return ctx;
+}
+
+struct logit_diff {
+    bool   bit_equal = true;
+    double max_diff = 0, max_abs = 0;
+};
+
+// la against lb (la.size() floats); max_abs: the largest |logit| of lb
+static logit_diff compare(const std::vector<float> & la, const float * lb) {
+    logit_diff d;
+    for (size_t i = 0; i < la.size(); ++i) {
+        d.max_diff  = std::max(d.max_diff, (double) std::fabs(la[i] - lb[i]));
+        d.max_abs   = std::max(d.max_abs, (double) std::fabs(lb[i]));
+        d.bit_equal = d.bit_equal && memcmp(&la[i], &lb[i], sizeof(float)) == 0;
+    }
+    return d;
+}
+
+struct seq_view {
+    llama_pos min, max, first_missing;
+};
+
+static seq_view view(llama_context * ctx) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    return { llama_memory_seq_pos_min(mem, 0), llama_memory_seq_pos_max(mem, 0), llama_entropyinfer_seq_first_missing(ctx, 0) };
+}
+
+int main(int argc, char ** argv) {
+    std::string model_path, text_path;
+    int threads = 2, n_prompt = 1200, n_suffix = 32;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (++i >= argc) {
+                die(a + ": missing value");
+            }
+            return argv[i];
+        };
+        if (a == "-m") {
+            model_path = next();
+        } else if (a == "-f") {
+            text_path = next();
+        } else if (a == "-t") {
+            threads = atoi(next().c_str());
+        } else if (a == "-n") {
+            n_prompt = atoi(next().c_str());
+        } else if (a == "--suffix") {
+            n_suffix = atoi(next().c_str());
+        } else {
+            die("unknown argument " + a + " (usage: -m MODEL -f TEXT [-t N] [-n PROMPT_TOKENS] [--suffix N])");
+        }
+    }
+    if (model_path.empty() || text_path.empty() || threads < 1 || n_prompt < 256 || n_suffix < 1) {
+        die("usage: -m MODEL -f TEXT [-t THREADS >= 1] [-n PROMPT_TOKENS >= 256] [--suffix N >= 1]");
+    }
+    const double t_start = now_s();
+
+    llama_backend_init();
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_ERROR) {
+            fputs(text, stderr);
+        }
+    }, nullptr);
+    llama_model_params mp = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
+    if (!model) {
+        die("cannot load " + model_path);
+    }
+    const llama_vocab * vocab   = llama_model_get_vocab(model);
+    const int           n_vocab = llama_vocab_n_tokens(vocab);
+
+    std::ifstream in(text_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    std::vector<llama_token> toks(text.size() + 16);
+    const int n_tok = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), toks.data(), (int32_t) toks.size(), true, false);
+    if (n_tok < n_prompt + n_suffix) {
+        die(fmt("%s: %d tokens, %d needed", text_path.c_str(), n_tok, n_prompt + n_suffix));
+    }
+    const std::vector<llama_token> all(toks.begin(), toks.begin() + n_tok);
+    toks.resize((size_t) n_prompt); // the history: the prompt, then the generated tokens
+    const int n_ctx = n_prompt + 512;
+
+    // A: entropyinfer with a dense prefill and a quick compression
+    llama_entropyinfer_reset();
+    set_option("min_tokens=2147483647,decode_gap=4,recompress_every=8,decode_budget_ratio=0.5");
+    llama_context * a = new_context(model, n_ctx, threads);
+    double t0 = now_s();
+    if (!decode(a, toks.data(), n_prompt, 0, false)) {
+        die("prefill failed");
+    }
+    const double t_prefill = now_s() - t0;
+    t0 = now_s();
+    for (int step = 0; step < 64 && compressions(a) < 1; ++step) {
+        const llama_token t = argmax_last(a, n_vocab);
+        toks.push_back(t);
+        if (!decode(a, &t, 1, (llama_pos) toks.size() - 1, false)) {
+            die("a generation step failed");
+        }
+    }
+    llama_entropyinfer_decode_info info;
+    llama_entropyinfer_get_decode_info(a, &info);
+    check(info.compressions >= 1 && info.cells_after < info.cells_before, "compress",
+          fmt("%d generated tokens, %d compression(s), cells %lld -> %lld (%.2f s)", (int) toks.size() - n_prompt,
+              info.compressions, (long long) info.cells_before, (long long) info.cells_after, now_s() - t0));
+    if (info.compressions < 1) {
+        die("no compression: nothing to check");
+    }
+
+    // range: llama.cpp still reports the whole range; F says where the hole starts
+    const seq_view v = view(a);
+    const llama_pos F = v.first_missing, last = (llama_pos) toks.size() - 1;
+    check(v.max == last && F >= 0 && F < v.max, "range",
+          fmt("pos_min %d, pos_max %d (last position %d), first missing F = %d", v.min, v.max, last, F));
+    if (F < 0 || F >= v.max) {
+        die("no missing position: nothing to check");
+    }
+
+    // refuse: truncations that would keep a prefix with a hole
+    llama_memory_t mem_a = llama_get_memory(a);
+    const bool rm_above = llama_memory_seq_rm(mem_a, 0, F + 1, -1);
+    const bool rm_last  = llama_memory_seq_rm(mem_a, 0, v.max, -1);
+    const seq_view v2 = view(a);
+    check(!rm_above && !rm_last && v2.max == v.max && v2.first_missing == F, "refuse",
+          fmt("seq_rm(F+1, -1) %s, seq_rm(max, -1) %s; after: pos_max %d, F %d", rm_above ? "succeeded" : "refused",
+              rm_last ? "succeeded" : "refused", v2.max, v2.first_missing));
+
+    // rewind: speculative decoding's rollback of its last token, then the token again
+    const bool rewound = llama_entropyinfer_seq_rewind(a, 0, v.max);
+    const seq_view v3 = view(a);
+    const bool redecoded = decode(a, &toks.back(), 1, v.max, false);
+    const seq_view v4 = view(a);
+    check(rewound && v3.max == v.max - 1 && v3.first_missing == F && redecoded && v4.max == v.max, "rewind",
+          fmt("rewind(max) %s: pos_max %d, F %d; decoded again: %s, pos_max %d", rewound ? "ok" : "refused", v3.max,
+              v3.first_missing, redecoded ? "ok" : "failed", v4.max));
+
+    // state: save the sequence, restore it into another context
+    {
+        std::vector<uint8_t> state(llama_state_seq_get_size(a, 0));
+        const bool saved = !state.empty() && llama_state_seq_get_data(a, state.data(), state.size(), 0) == state.size();
+        llama_context * c = new_context(model, n_ctx, threads);
+        const bool restored = saved && llama_state_seq_set_data(c, state.data(), state.size(), 0) == state.size();
+        const seq_view vc = view(c);
+        const bool refused = !llama_memory_seq_rm(llama_get_memory(c), 0, F + 1, -1);
+        check(restored && vc.max == v.max && vc.first_missing == F && refused, "state",
+              fmt("%zu bytes, restored %s: pos_max %d, F %d, seq_rm(F+1, -1) %s", state.size(), restored ? "ok" : "failed",
+                  vc.max, vc.first_missing, refused ? "refused" : "succeeded"));
+
+        // shift: the record moves with the cells
+        llama_memory_t mem_c = llama_get_memory(c);
+        llama_memory_seq_add(mem_c, 0, 0, -1, 7);
+        const seq_view vs = view(c);
+        const llama_pos Fs = F + 7;
+        bool ok = vs.max == v.max + 7 && vs.first_missing == Fs;
+        std::string detail = fmt("seq_add(+7): pos_max %d, F %d", vs.max, vs.first_missing);
+        // a context shift's discard above F (llama-server: n_keep, then n_discard positions)
+        const int n_discard = 16;
+        if (Fs + 1 + n_discard < vs.max) {
+            const bool rm = llama_memory_seq_rm(mem_c, 0, Fs + 1, Fs + 1 + n_discard);
+            llama_memory_seq_add(mem_c, 0, Fs + 1 + n_discard, -1, -n_discard);
+            const seq_view vd = view(c);
+            const llama_token t = toks.back();
+            const bool dec = decode(c, &t, 1, vd.max + 1, false);
+            const bool trunc = llama_memory_seq_rm(mem_c, 0, Fs + 1, -1);
+            // seq_div (self-extend) merges positions: F/2 counts as missing (conservative)
+            llama_memory_seq_div(mem_c, 0, 0, -1, 2);
+            const seq_view vv = view(c);
+            ok = ok && rm && vd.max == vs.max - n_discard && vd.first_missing == Fs && dec && !trunc &&
+                 vv.first_missing == Fs / 2;
+            detail += fmt("; discard [F+1, F+%d) %s, shift -%d: pos_max %d, F %d; a token after it %s; "
+                          "seq_rm(F+1, -1) %s; seq_div(2): F %d", 1 + n_discard, rm ? "ok" : "refused", n_discard, vd.max,
+                          vd.first_missing, dec ? "decoded" : "failed", trunc ? "succeeded" : "refused", vv.first_missing);
+        }
+        check(ok, "shift", detail);
+
+        llama_free(c);
+
+        // pause: in a third context restored from the same state, a context shift (positions jump over
+        // the compressed prefix) pauses compression; once the prefix is exact again (cut at F) it
+        // observes and compresses again
+        llama_context * d = new_context(model, n_ctx, threads);
+        llama_memory_t mem_d = llama_get_memory(d);
+        const bool restored_d = llama_state_seq_set_data(d, state.data(), state.size(), 0) == state.size();
+        llama_pos pos = v.max + 1;
+        auto generate = [&](int n) {
+            bool ok_all = true;
+            for (int i = 0; i < n; ++i) {
+                const llama_token t = argmax_last(d, n_vocab);
+                ok_all = decode(d, &t, 1, pos++, false) && ok_all;
+            }
+            return ok_all;
+        };
+        const bool g0 = restored_d && decode(d, &toks.back(), 1, pos++, false); // observation starts here
+        const bool rm_d = llama_memory_seq_rm(mem_d, 0, F + 1, F + 1 + n_discard);
+        llama_memory_seq_add(mem_d, 0, F + 1 + n_discard, -1, -n_discard);
+        pos -= n_discard;
+        const int  c0 = compressions(d);
+        const bool g1 = generate(12);
+        const int  c1 = compressions(d);
+        const bool cut = llama_memory_seq_rm(mem_d, 0, F, -1);
+        pos = F;
+        const bool fed = cut && decode(d, toks.data() + F, 8, F, false);
+        pos += 8;
+        const bool g2 = fed && generate(12);
+        const int  c2 = compressions(d);
+        check(g0 && rm_d && g1 && c1 == c0 && cut && g2 && c2 > c1, "pause",
+              fmt("after a context shift over the compressed prefix 12 tokens: compressions %d -> %d; cut at F %s, "
+                  "8 tokens fed from F and 12 generated: -> %d", c0, c1, cut ? "ok" : "refused", c2));
+        llama_free(d);
+    }
+
+    // reuse: keep exactly [0, F), decode the suffix again, compare with a context that never compressed
+    const bool rm_f = llama_memory_seq_rm(mem_a, 0, F, -1);
+    const seq_view vr = view(a);
+    check(rm_f && vr.max == F - 1 && vr.first_missing == -1, "seq_rm(F)",
+          fmt("seq_rm(F, -1) %s: pos_max %d, first missing %d", rm_f ? "ok" : "refused", vr.max, vr.first_missing));
+    {
+        std::vector<llama_token> suffix;
+        for (int i = 0; i < n_suffix; ++i) { // the history from F on, then the text after the prompt
+            const size_t j = (size_t) F + (size_t) i;
+            suffix.push_back(j < toks.size() ? toks[j] : all[(size_t) n_prompt + (j - toks.size())]);
+        }
+        t0 = now_s();
+        if (!decode(a, suffix.data(), n_suffix, F, true)) {
+            die("decoding the suffix failed");
+        }
+        std::vector<float> la(llama_get_logits(a), llama_get_logits(a) + (size_t) n_suffix * n_vocab);
+
+        // B: llama.cpp unchanged (entropyinfer off), never compressed: the prompt fed as A was, then
+        // seq_rm(F, -1) and the suffix. The same ubatches as A, so bit-equal logits are expected
+        llama_entropyinfer_reset();
+        llama_context * b = new_context(model, n_ctx, threads);
+        if (!decode(b, toks.data(), n_prompt, 0, false) || !llama_memory_seq_rm(llama_get_memory(b), 0, F, -1) ||
+            !decode(b, suffix.data(), n_suffix, F, true)) {
+            die("decoding the reference failed");
+        }
+        const logit_diff d = compare(la, llama_get_logits(b));
+        check(d.bit_equal || d.max_diff <= 1e-3 * d.max_abs, "reuse",
+              fmt("%d suffix tokens from F against a never-compressed context fed the prompt, cut at F, and the suffix: %s "
+                  "(max |diff| %.3g, largest |logit| %.3g, tolerance 1e-3 of it; %.2f s)", n_suffix,
+                  d.bit_equal ? "bit-equal" : "not bit-equal", d.max_diff, d.max_abs, now_s() - t0));
+        llama_free(b);
+
+        // for information: a fresh context fed only [0, F) in one call, then the suffix. Its K/V of
+        // [0, F) come from a batch of F tokens instead of the prompt's ubatches of 512, and llama.cpp's
+        // CPU matmuls round differently at another batch size, so this is no bit-for-bit reference
+        llama_context * f = new_context(model, n_ctx, threads);
+        if ((F > 0 && !decode(f, toks.data(), F, 0, false)) || !decode(f, suffix.data(), n_suffix, F, true)) {
+            die("decoding the fresh reference failed");
+        }
+        const logit_diff e = compare(la, llama_get_logits(f));
+        printf("note reuse       against a fresh context fed [0, F) then the suffix (other batch shapes): %s, max |diff| %.3g\n",
+               e.bit_equal ? "bit-equal" : "not bit-equal", e.max_diff);
+        llama_free(f);
+    }
+
+    // per-seq: off for sequence 0, then on again
+    {
+        std::vector<llama_token> hist(toks.begin(), toks.begin() + F);
+        llama_pos pos = vr.max + 1 + n_suffix;
+        auto generate = [&](int n) {
+            for (int i = 0; i < n; ++i) {
+                const llama_token t = argmax_last(a, n_vocab);
+                if (!decode(a, &t, 1, pos++, false)) {
+                    die("a generation step failed");
+                }
+            }
+        };
+        const int c0 = compressions(a);
+        const int off = llama_entropyinfer_seq_set_enabled(a, 0, false);
+        generate(12);
+        const int c1 = compressions(a);
+        const int on = llama_entropyinfer_seq_set_enabled(a, 0, true);
+        generate(12);
+        const int c2 = compressions(a);
+        const int bad = llama_entropyinfer_seq_set_enabled(a, 1 << 20, true);
+        check(off == 0 && c1 == c0 && on == 0 && c2 > c1 && bad == -1, "per-seq",
+              fmt("off: compressions %d -> %d in 12 tokens; on again: -> %d in 12 more; an unknown sequence refused: %s",
+                  c0, c1, c2, bad == -1 ? "yes" : "no"));
+    }
+    llama_free(a);
+    llama_model_free(model);
+    llama_backend_free();
+
+    printf("summary: %d/%d checks passed, prompt %d tokens (prefill %.2f s), total %.1f s\n", g_checks - g_failed, g_checks,
+           n_prompt, t_prefill, now_s() - t_start);
+    return g_failed ? 1 : 0;
+}
