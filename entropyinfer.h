@@ -204,6 +204,10 @@
                pool_kernel), the top b - W kept. The window holds the last
                window - decode_gap prompt queries and the first generated
                ones, so generated queries take part in the scoring.
+               decode_recent r > 0 (here and for SNAPKV; 0, the default, is
+               the paper's): the newest R = max(floor(r x b), tail)
+               positions are kept by recency, as H2O's recent window, and
+               only the older candidates are ranked (their top b - R).
      EI_DECODE_STREAMING  StreamingLLM (Xiao et al., arXiv 2309.17453):
                no scoring and no read of K; the first min(decode_sink,
                b - W) positions held (its attention sinks; decode_sink 4 as
@@ -734,6 +738,9 @@ typedef struct ei_config {
     int64_t decode_positions;    /* 0: the positions 0..decode_positions-1 whose summed attention an
                                     EI_DECODE_H2O decoder holds (its memory: n_heads x 4 bytes each) */
     ei_shared_weight decode_shared_weight; /* EI_SHARED_EQUAL: a layer's weight in a shared keep set */
+    float decode_recent;         /* 0: the paper's; in (0, 1]: EI_DECODE_ENTROPYINFER and EI_DECODE_SNAPKV
+                                    keep the newest max(floor(decode_recent x b), tail) positions of a
+                                    budget b and rank only the older ones (CONCEPTS: decode policy) */
     /* execution */
     ei_simd simd;                /* EI_SIMD_AUTO */
     ei_backend backend;          /* EI_BACKEND_CPU */
@@ -1257,7 +1264,7 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 12
+#define EI_CUDA_ABI_VERSION 13
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1291,7 +1298,8 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
    policy fields (decode_policy .. decode_shared_weight) and ei_decoder the
    H2O sums (accumulated .. accumulated_end): the decode entries follow
    ei__decode_scored, ei__decode_tail and ei__decode_budget; a decoder's
-   memory is laid out by the header (ring, then the sums). */
+   memory is laid out by the header (ring, then the sums). ABI 13:
+   ei_config has decode_recent (ei__decode_recent). */
 typedef struct ei_cuda_api {
     int32_t abi_version;   /* EI_CUDA_ABI_VERSION of the plugin's build */
     int32_t struct_size;   /* sizeof(ei_cuda_api) of the plugin's build */
@@ -1673,6 +1681,19 @@ EI__HD int64_t ei__decode_budget(const ei_config *c, int64_t P) {
     if (b < (double)c->decode_budget_min) b = (double)c->decode_budget_min;
     if (b > (double)c->decode_budget) b = (double)c->decode_budget;
     return (int64_t)b;
+}
+
+/* The newest positions a keep set of b positions holds by recency alone
+   under decode_recent (EI_DECODE_ENTROPYINFER and EI_DECODE_SNAPKV):
+   floor(decode_recent x b), 0 for the other policies and decode_recent 0
+   (the tail is kept whatever this says). Why: on Gemma 3 at 32k StreamingLLM
+   and H2O, which keep thousands of recent positions, stayed within 2% of
+   dense where the window alone did not (docs/decode_eval/window_probe). */
+EI__HD int64_t ei__decode_recent(const ei_config *c, int64_t b) {
+    if (!(c->decode_recent > 0.0f) ||
+        (c->decode_policy != EI_DECODE_ENTROPYINFER && c->decode_policy != EI_DECODE_SNAPKV))
+        return 0;
+    return (int64_t)floor((double)c->decode_recent * (double)b);
 }
 
 #endif /* EI__CUDA_ABI_INCLUDED */
@@ -2677,6 +2698,7 @@ EIDEF ei_config ei_config_default(void) {
     c.decode_budget_min = 128; /* see CONCEPTS: decode budget */
     c.decode_positions = 0;
     c.decode_shared_weight = EI_SHARED_EQUAL;
+    c.decode_recent = 0.0f;   /* the paper's: only the window's positions are kept by recency */
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
     return c;
@@ -2754,6 +2776,8 @@ static ei_result ei__check_config(const ei_config *c) {
         EI__BAD("decode_positions %lld not in 0..%lld", (long long)c->decode_positions, (long long)EI_MAX_TOKENS);
     if (c->decode_shared_weight != EI_SHARED_EQUAL && c->decode_shared_weight != EI_SHARED_ENTROPY)
         EI__BAD("unknown decode_shared_weight %d", (int)c->decode_shared_weight);
+    if (!(c->decode_recent >= 0.0f && c->decode_recent <= 1.0f)) /* (NaN fails too) */
+        EI__BAD("decode_recent %g not in 0..1", (double)c->decode_recent);
     if (c->decode_policy == EI_DECODE_H2O && c->decode_positions == 0)
         EI__BAD("EI_DECODE_H2O needs decode_positions > 0 (the positions its decoder sums attention for)");
     if ((int)c->simd < 0 || (int)c->simd > EI_SIMD_NEON_BFMMLA) EI__BAD("unknown simd path %d", (int)c->simd);
@@ -5369,7 +5393,9 @@ static ei_result ei__decode_accumulate(const ei_context *ctx, ei_decoder *dec, c
      pooled output shows);
    H2O: the newest R = max(b / 2, T) positions (the tail, then the newest
      candidates: H2O's recent window, half the budget as in its paper) and
-     the top b - R of score among the older candidates (its heavy hitters). */
+     the top b - R of score among the older candidates (its heavy hitters);
+   ENTROPYINFER, SNAPKV with decode_recent > 0: likewise with R =
+     max(floor(decode_recent x b), T) (ei__decode_recent). */
 static void ei__keep_policy(const ei_config *c, ei_keep_set *keep, int32_t h, const int32_t *map, float *score,
                             const int32_t *order, int64_t L, int64_t T, int64_t b, int64_t n, ei__ranked *pairs) {
     int64_t kk = b - T, Lr = L, j;
@@ -5378,8 +5404,8 @@ static void ei__keep_policy(const ei_config *c, ei_keep_set *keep, int32_t h, co
         Lr = L - (kk - sink);
         for (j = 0; j < L; ++j) score[j] = j < sink || j >= Lr ? 1.0f : 0.0f;
         kk = sink;
-    } else if (c->decode_policy == EI_DECODE_H2O) {
-        int64_t R = EI__MAX(b / 2, T);
+    } else if (c->decode_policy == EI_DECODE_H2O || ei__decode_recent(c, b) > 0) {
+        int64_t R = c->decode_policy == EI_DECODE_H2O ? EI__MAX(b / 2, T) : EI__MAX(ei__decode_recent(c, b), T);
         Lr = L - (R - T);
         kk = b - R;
     }

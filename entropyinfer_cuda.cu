@@ -4732,6 +4732,7 @@ struct KeepParams {
     int div;             /* head h uses map h / div (maps > 1) */
     int64_t n, W, budget; /* W: the tail (ei__decode_tail); budget: b (ei__decode_budget) */
     int policy, sink;    /* cfg->decode_policy, cfg->decode_sink */
+    int64_t recent;      /* ei__decode_recent(cfg, budget) */
     float *pooled_out;   /* STREAMING: keep->pooled, 1 for a kept candidate, 0 else (NULL: none) */
     int64_t pooled_cap;
     const int *row_pos;  /* the maps (positions out); NULL: row j holds position j */
@@ -4749,7 +4750,8 @@ struct KeepParams {
    the kk = budget - W best candidates (ties to the older position);
    STREAMING: the first min(sink, kk) candidates and the newest others; H2O:
    the newest R = max(budget / 2, W) positions and the best budget - R of
-   the older candidates. Then the kept rows ascending, their positions, the
+   the older candidates; ENTROPYINFER / SNAPKV with decode_recent: likewise,
+   R = max(ei__decode_recent, W). Then the kept rows ascending, their positions, the
    byte mask over 0..n-1. */
 __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
     __shared__ int hist[256];
@@ -4767,8 +4769,9 @@ __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
         int64_t sink = p.sink < kk ? (int64_t)p.sink : kk;
         Lr = L - (kk - sink);
         kk = sink;
-    } else if (!all && p.policy == EI_DECODE_H2O) {
-        int64_t R = p.budget / 2 > p.W ? p.budget / 2 : p.W;
+    } else if (!all && (p.policy == EI_DECODE_H2O || p.recent > 0)) {
+        int64_t R = p.policy == EI_DECODE_H2O ? p.budget / 2 : p.recent;
+        if (R < p.W) R = p.W;
         Lr = L - (R - p.W);
         kk = p.budget - R;
     }
@@ -5421,6 +5424,7 @@ static ei_result keep_launch(const ei_config *cfg, ei_decoder *dec, ei_keep_set 
     kp.n = n; kp.W = W; kp.budget = budget;
     kp.policy = (int)cfg->decode_policy;
     kp.sink = cfg->decode_sink;
+    kp.recent = ei__decode_recent(cfg, budget);
     kp.pooled_out = keep->pooled;
     kp.pooled_cap = keep->pooled_capacity;
     kp.row_pos = mp.ref.maps ? mp.row_pos : NULL;

@@ -78,6 +78,9 @@ static void test_views_and_config(void) {
     BAD_CONFIG(decode_positions, -1);
     BAD_CONFIG(decode_positions, EI_MAX_TOKENS + 1);
     BAD_CONFIG(decode_shared_weight, (ei_shared_weight)2);
+    BAD_CONFIG(decode_recent, -0.1f);
+    BAD_CONFIG(decode_recent, 1.5f);
+    BAD_CONFIG(decode_recent, NAN);
     c = ei_config_default(); /* a ratio's floor: window..decode_budget */
     c.decode_budget_ratio = 0.25; c.decode_budget_min = 31;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
@@ -1824,7 +1827,7 @@ static void test_decode_policies(void) {
     int32_t *row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows), *perm = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
     double *by_pos = (double *)malloc(sizeof(double) * HEADS * (NPOS + MORE));
     double *acc = (double *)malloc(sizeof(double) * HEADS * (NPOS + MORE));
-    int p, pol, var, mapped, ri, round, cases = 0;
+    int p, pv, pol, var, mapped, ri, round, cases = 0;
     long j, t;
     if (!q || !k || !kS || !row_pos || !perm || !by_pos || !acc) { printf("out of memory\n"); exit(2); }
     synth_qk(q, k, NPOS + MORE, HEADS, KV, DIM, 64, 2, 31);
@@ -1841,7 +1844,7 @@ static void test_decode_policies(void) {
     }
     for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
         if (!test_simd_selected((ei_simd)p)) continue;
-        for (pol = EI_DECODE_ENTROPYINFER; pol <= EI_DECODE_H2O; ++pol)
+        for (pv = EI_DECODE_ENTROPYINFER; pv <= EI_DECODE_H2O + 2; ++pv) /* +1, +2: ENTROPYINFER, SNAPKV with decode_recent */
             for (var = 0; var < 3; ++var)
                 for (mapped = 0; mapped < 2; ++mapped)
                     for (ri = 0; ri < 3; ++ri) {
@@ -1853,9 +1856,12 @@ static void test_decode_policies(void) {
                         void *dm, *ws;
                         char what[160];
                         int32_t heads_out;
+                        const float recent = pv > EI_DECODE_H2O ? 0.4f : 0.0f;
+                        pol = pv <= EI_DECODE_H2O ? pv : pv == EI_DECODE_H2O + 1 ? EI_DECODE_ENTROPYINFER : EI_DECODE_SNAPKV;
                         c.simd = (ei_simd)p;
                         c.decode_budget = BUDGET; c.window = WIN; c.decode_gap = GAP; c.recompress_every = MORE;
                         c.decode_policy = (ei_decode_policy)pol;
+                        c.decode_recent = recent;
                         c.decode_sink = SINK;
                         c.decode_budget_ratio = ratios[ri];
                         c.decode_budget_min = 40;
@@ -1895,7 +1901,8 @@ static void test_decode_policies(void) {
                             kt = mapped ? ei_tensor_make(kS, EI_F32, rows, KV, DIM) : ei_tensor_make(k, EI_F32, N, KV, DIM);
                             ks = decode_keep_set(heads_out, BUDGET, kt.n_tokens, N);
                             ks.row_pos = mapped ? row_pos : NULL;
-                            snprintf(what, sizeof what, "%s, policy %d, %s%s, %s, ratio %g, round %d", ei_simd_name((ei_simd)p), pol,
+                            snprintf(what, sizeof what, "%s, policy %d, recent %g, %s%s, %s, ratio %g, round %d",
+                                     ei_simd_name((ei_simd)p), pol, (double)recent,
                                      c.per_kv_head ? "per kv head " : "per query head", c.per_kv_head ? (var ? "max" : "mean") : "",
                                      mapped ? "row map" : "rows in order", ratios[ri], round);
                             CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
@@ -1909,8 +1916,10 @@ static void test_decode_policies(void) {
                             if (pol == EI_DECODE_STREAMING) {
                                 long sink = (long)SINK < R.kk ? (long)SINK : R.kk;
                                 R.Lr = N - R.T - (R.kk - sink); R.kk = sink;
-                            } else if (pol == EI_DECODE_H2O) {
-                                long keepr = R.b / 2 > R.T ? R.b / 2 : R.T;
+                            } else if (pol == EI_DECODE_H2O || recent > 0.0f) { /* a recent window, then the ranked */
+                                long share = (long)floor((double)recent * (double)R.b);
+                                long keepr = pol == EI_DECODE_H2O ? R.b / 2 : share;
+                                if (keepr < R.T) keepr = R.T;
                                 R.Lr = N - keepr; R.kk = R.b - keepr;
                             }
                             for (j = 0; j < (long)HEADS * N; ++j) by_pos[j] = 0.0;

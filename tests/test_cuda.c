@@ -710,6 +710,7 @@ static void decode_policies_gpu(int quick) {
                     c.decode_positions = NPOS + MORE;
                     c.per_kv_head = var == 0;
                     c.decode_shared_weight = var ? EI_SHARED_ENTROPY : EI_SHARED_EQUAL; /* (only shared sets read it) */
+                    c.decode_recent = var && (pol == EI_DECODE_ENTROPYINFER || pol == EI_DECODE_SNAPKV) ? 0.4f : 0.0f;
                     heads_out = c.per_kv_head ? NKV : NH;
                     g = make_ctx(&c, EI_BACKEND_CUDA);
                     cpu = make_ctx(&c, EI_BACKEND_CPU);
@@ -750,8 +751,8 @@ static void decode_policies_gpu(int quick) {
                         ckt = mapped ? ei_tensor_make(ks_host, EI_F32, rows, NKV, D) : ei_tensor_make(k, EI_F32, N, NKV, D);
                         pol_keep_make(&gk, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
                         pol_keep_make(&ck, 0, heads_out, B, N, mapped ? row_pos : NULL);
-                        snprintf(what, sizeof what, "policy %d %s %s ratio %g round %d", pol, var ? "per query head" : "per kv head",
-                                 mapped ? "row map" : "rows in order", ratios[ri], round);
+                        snprintf(what, sizeof what, "policy %d recent %g %s %s ratio %g round %d", pol, (double)c.decode_recent,
+                                 var ? "per query head" : "per kv head", mapped ? "row map" : "rows in order", ratios[ri], round);
                         CHECK_OK(ei_decode_keep(g, &gd, &gkt, &gk.ks, gws, wb));
                         CHECK_OK(ei_decode_keep(cpu, &cd, &ckt, &ck.ks, cws, wb));
                         bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);

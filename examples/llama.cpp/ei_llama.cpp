@@ -217,6 +217,7 @@ static const ei_field k_fields[] = {
     EI_FIELD(decode_budget_min,    EI_FIELD_I32),
     EI_FIELD(decode_positions,     EI_FIELD_I64),
     EI_FIELD(decode_shared_weight, EI_FIELD_SHARED),
+    EI_FIELD(decode_recent,        EI_FIELD_F32),
 };
 #undef EI_FIELD
 
@@ -890,7 +891,8 @@ const char * llama_entropyinfer_help(void) {
             "(entropyinfer|streaming|snapkv|h2o), decode_sink (%d), decode_budget_ratio (%g; > 0: the budget is that "
             "fraction of the sequence's positions, at least decode_budget_min (%d), at most decode_budget, which is then the "
             "context's cells unless given), decode_positions (h2o: 4x the context's cells), decode_shared_weight "
-            "(equal|entropy); "
+            "(equal|entropy), decode_recent (0; in (0, 1]: entropyinfer and snapkv keep that share of the budget "
+            "newest, as h2o keeps half); "
             "mode: sparse (default: entropyinfer's plans and block-sparse attention), ei-dense (its kernel without "
             "a plan), time-dense (llama.cpp's attention, timed in the layers entropyinfer would serve); "
             "executor: op (default: entropyinfer's attention kernels) or mask (llama.cpp's own attention, the plan "
