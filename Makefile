@@ -12,8 +12,9 @@
 #   make install [PREFIX=/usr/local]  header, CUDA plugin if built, pkg-config and CMake files (install/install.mk)
 #   make test-arm64               the NEON path under qemu (tests/tests.mk)
 #   make cuda test-cuda           the CUDA backend and its GPU tests (cuda.mk)
-#   make llama-cpp llama-cpp-models llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-eval decode-eval
-#                                 llama.cpp's own tools with entropyinfer in their attention
+#   make llama-cpp llama-cpp-models llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-soak llama-cpp-eval decode-eval
+#                                 llama.cpp's own tools with entropyinfer in their attention; llama-cpp-soak:
+#                                 llama-server under concurrent requests (not in CI)
 #                                 (examples/llama.cpp/llama-cpp.mk)
 #   make bench     benchmarks (bench/)
 CC      ?= cc

@@ -37,6 +37,10 @@
 #                      above F, rewind, state save/restore, shifts, and the suffix decoded again from F
 #                      against a context that never compressed; llama-server's reuse after a compression and
 #                      its "entropyinfer" request field (bookkeeping_server.py); about half a minute on 2 cores
+#   llama-cpp-soak     soak.sh: llama-server with --entropyinfer under concurrent requests (soak_server.py,
+#                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified) x 4 client threads, then one slot
+#                      with decode compression; every request answered, the server alive and exiting
+#                      cleanly, greedy answers repeated, entropyinfer served; about 2 minutes on 2 cores
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
@@ -72,7 +76,7 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
 # The CUDA build: the same options with ggml's CUDA backend (CUDA graphs as upstream).
 LLAMA_CPP_CUDA_CMAKE = $(LLAMA_CPP_CMAKE) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
 
-.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
+.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-soak llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -128,6 +132,9 @@ llama-cpp-smoke: llama-cpp
 
 llama-cpp-bookkeeping: llama-cpp
 	sh $(LLAMA_CPP_DIR)/bookkeeping.sh
+
+llama-cpp-soak: llama-cpp
+	sh $(LLAMA_CPP_DIR)/soak.sh
 
 llama-cpp-models:
 	sh $(LLAMA_CPP_DIR)/fetch_models.sh
