@@ -1684,12 +1684,15 @@ EI__HD int64_t ei__decode_budget(const ei_config *c, int64_t P) {
 }
 
 /* The newest positions a keep set of b positions holds by recency alone
-   under decode_recent (EI_DECODE_ENTROPYINFER and EI_DECODE_SNAPKV):
-   floor(decode_recent x b), 0 for the other policies and decode_recent 0
-   (the tail is kept whatever this says). Why: on Gemma 3 at 32k StreamingLLM
-   and H2O, which keep thousands of recent positions, stayed within 2% of
-   dense where the window alone did not (docs/decode_eval/window_probe). */
+   before it ranks the older ones (ei__keep_policy, keep_finish_kernel):
+   EI_DECODE_H2O b / 2 (its recent window, as in its paper);
+   EI_DECODE_ENTROPYINFER and EI_DECODE_SNAPKV floor(decode_recent x b);
+   0 otherwise. The tail is kept whatever this says (R = max(this, tail)).
+   Why decode_recent: on Gemma 3 at 32k StreamingLLM and H2O, which keep
+   thousands of recent positions, stayed within 2% of dense where the window
+   alone did not (docs/decode_eval/window_probe). */
 EI__HD int64_t ei__decode_recent(const ei_config *c, int64_t b) {
+    if (c->decode_policy == EI_DECODE_H2O) return b / 2;
     if (!(c->decode_recent > 0.0f) ||
         (c->decode_policy != EI_DECODE_ENTROPYINFER && c->decode_policy != EI_DECODE_SNAPKV))
         return 0;
@@ -5395,7 +5398,7 @@ static ei_result ei__decode_accumulate(const ei_context *ctx, ei_decoder *dec, c
      candidates: H2O's recent window, half the budget as in its paper) and
      the top b - R of score among the older candidates (its heavy hitters);
    ENTROPYINFER, SNAPKV with decode_recent > 0: likewise with R =
-     max(floor(decode_recent x b), T) (ei__decode_recent). */
+     max(floor(decode_recent x b), T). R: ei__decode_recent. */
 static void ei__keep_policy(const ei_config *c, ei_keep_set *keep, int32_t h, const int32_t *map, float *score,
                             const int32_t *order, int64_t L, int64_t T, int64_t b, int64_t n, ei__ranked *pairs) {
     int64_t kk = b - T, Lr = L, j;
@@ -5404,8 +5407,8 @@ static void ei__keep_policy(const ei_config *c, ei_keep_set *keep, int32_t h, co
         Lr = L - (kk - sink);
         for (j = 0; j < L; ++j) score[j] = j < sink || j >= Lr ? 1.0f : 0.0f;
         kk = sink;
-    } else if (c->decode_policy == EI_DECODE_H2O || ei__decode_recent(c, b) > 0) {
-        int64_t R = c->decode_policy == EI_DECODE_H2O ? EI__MAX(b / 2, T) : EI__MAX(ei__decode_recent(c, b), T);
+    } else if (ei__decode_recent(c, b) > 0) { /* H2O, or decode_recent: a recent window, then the ranked */
+        int64_t R = EI__MAX(ei__decode_recent(c, b), T);
         Lr = L - (R - T);
         kk = b - R;
     }

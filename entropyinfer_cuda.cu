@@ -4732,7 +4732,7 @@ struct KeepParams {
     int div;             /* head h uses map h / div (maps > 1) */
     int64_t n, W, budget; /* W: the tail (ei__decode_tail); budget: b (ei__decode_budget) */
     int policy, sink;    /* cfg->decode_policy, cfg->decode_sink */
-    int64_t recent;      /* ei__decode_recent(cfg, budget) */
+    int64_t recent;      /* ei__decode_recent(cfg, budget): H2O's b / 2, decode_recent's share */
     float *pooled_out;   /* STREAMING: keep->pooled, 1 for a kept candidate, 0 else (NULL: none) */
     int64_t pooled_cap;
     const int *row_pos;  /* the maps (positions out); NULL: row j holds position j */
@@ -4769,9 +4769,8 @@ __global__ void __launch_bounds__(256) keep_finish_kernel(KeepParams p) {
         int64_t sink = p.sink < kk ? (int64_t)p.sink : kk;
         Lr = L - (kk - sink);
         kk = sink;
-    } else if (!all && (p.policy == EI_DECODE_H2O || p.recent > 0)) {
-        int64_t R = p.policy == EI_DECODE_H2O ? p.budget / 2 : p.recent;
-        if (R < p.W) R = p.W;
+    } else if (!all && p.recent > 0) { /* H2O, or decode_recent: a recent window, then the ranked */
+        int64_t R = p.recent > p.W ? p.recent : p.W;
         Lr = L - (R - p.W);
         kk = p.budget - R;
     }

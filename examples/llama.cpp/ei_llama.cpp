@@ -1045,9 +1045,13 @@ static const llama_kv_cache_context * ei_attn_kv(const llama_memory_context_i * 
     return nullptr; // unknown memory: no reuse of served graphs (ei_decide falls back)
 }
 
-// Can this ubatch be served (in every servable layer)? why: the reason when not.
-static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq);
+// Is entropyinfer on for seq (llama_entropyinfer_seq_set_enabled): its own setting, else all_on.
+static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq) {
+    const auto it = st->seq_on.find(seq);
+    return it == st->seq_on.end() ? st->all_on : it->second;
+}
 
+// Can this ubatch be served (in every servable layer)? why: the reason when not.
 static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
                              const llama_cparams & cp, std::string & why) {
     if (!ub.pos || ub.pos != st->ann_pos || ub.n_tokens != st->ann_n) {
@@ -1182,11 +1186,6 @@ static void ei_decode_refuse(llama_ei_state * st, const std::string & why) {
 // sequence starts at position 0 (the decoders are reset), every later ubatch
 // continues where the last one ended. A ubatch of a llama_decode call with one
 // token is a generated token; once one was, later tokens count as generated.
-static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq) {
-    const auto it = st->seq_on.find(seq);
-    return it == st->seq_on.end() ? st->all_on : it->second;
-}
-
 // kv: the cache of the served layers (null: none), whose record says whether the held prefix is exact
 static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv) {
     st->obs_active = false;
