@@ -18,15 +18,16 @@ import math
 import os
 import sys
 
-POLICIES = ["entropyinfer", "entropyinfer_entropyw", "snapkv", "streaming", "h2o"]
+POLICIES = ["entropyinfer", "entropyinfer_recent", "entropyinfer_entropyw", "snapkv", "streaming", "h2o"]
 LABELS = {
-    "entropyinfer": "entropyinfer (default)",
+    "entropyinfer": "entropyinfer (the paper's)",
+    "entropyinfer_recent": "entropyinfer, half the budget newest (decode_recent 0.5)",
     "entropyinfer_entropyw": "entropyinfer, layers weighted by entropy",
     "snapkv": "SnapKV",
     "streaming": "StreamingLLM",
     "h2o": "H2O",
 }
-COLORS = {"entropyinfer": "#d62728", "entropyinfer_entropyw": "#ff9896", "snapkv": "#1f77b4",
+COLORS = {"entropyinfer": "#d62728", "entropyinfer_recent": "#8c564b", "entropyinfer_entropyw": "#ff9896", "snapkv": "#1f77b4",
           "streaming": "#2ca02c", "h2o": "#9467bd"}
 
 
@@ -145,16 +146,18 @@ def markdown(recs):
 def versus(recs):
     """the paper's claim, run by run: the default's continuation perplexity against each baseline's at
     the same fraction, on the same tokens (both from the later of the two first compressions)"""
-    out = ["| text | model, context | kept | default vs SnapKV | default vs StreamingLLM | default vs H2O | "
-           "entropy-weighted layers vs default |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| text | model, context | kept | paper's vs SnapKV | paper's vs StreamingLLM | paper's vs H2O | "
+           "entropy-weighted layers vs paper's | decode_recent 0.5 vs SnapKV | vs StreamingLLM | vs H2O | vs paper's |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["text"], r["model_context"], r["fraction"]) for r in recs if r["policy"] == "entropyinfer"},
                   key=lambda k: (panel_key(k[0], k[1]), k[2]))
     for text, mc, f in keys:
         by = {r["policy"]: r for r in recs if r["text"] == text and r["model_context"] == mc and r["fraction"] == f}
         cells = []
         for a, b in (("entropyinfer", "snapkv"), ("entropyinfer", "streaming"), ("entropyinfer", "h2o"),
-                     ("entropyinfer_entropyw", "entropyinfer")):
+                     ("entropyinfer_entropyw", "entropyinfer"), ("entropyinfer_recent", "snapkv"),
+                     ("entropyinfer_recent", "streaming"), ("entropyinfer_recent", "h2o"),
+                     ("entropyinfer_recent", "entropyinfer")):
             if a in by and b in by:
                 start = max(by[a]["after_from"], by[b]["after_from"])
                 m, se = paired(by[a]["nll"], by[b]["nll"], start)

@@ -47,21 +47,27 @@ die() { echo "eval_decode: $*" >&2; exit 1; }
 [ -x "$BIN" ] || die "$BIN missing (make llama-cpp)"
 
 # The policy runs: NAME:OPTIONS. Every policy at 1/8 and 1/4 of the positions; the default also at
-# 1/16 and 1/2, and with the entropy weighting of layers (decode_shared_weight=entropy) at 1/8, 1/4.
+# 1/16 and 1/2, with the entropy weighting of layers (decode_shared_weight=entropy) at 1/8, 1/4, and with
+# half of the budget given to the newest positions (decode_recent=0.5) at 1/8, 1/4 (passkey: 1/4).
+# The default's runs name decode_recent=0 (the paper's policy) so that they keep their meaning whatever
+# the glue's default is.
 # recompress_every 32 (= window): each window of generated queries scores once (H2O sums each
 # generated query once), and the cache returns to the fraction every 32 tokens.
 COMMON="recompress_every=32${OPTS:+,$OPTS}"
+PAPER="decode_recent=0"
 policy_runs() { # KIND
     echo "dense:dense"
     if [ "$1" = cont ]; then
-        for r in 0.0625 0.125 0.25 0.5; do echo "entropyinfer-$r:decode_budget_ratio=$r,$COMMON"; done
+        for r in 0.0625 0.125 0.25 0.5; do echo "entropyinfer-$r:decode_budget_ratio=$r,$PAPER,$COMMON"; done
         for r in 0.125 0.25; do
-            echo "entropyinfer_entropyw-$r:decode_budget_ratio=$r,decode_shared_weight=entropy,$COMMON"
+            echo "entropyinfer_entropyw-$r:decode_budget_ratio=$r,decode_shared_weight=entropy,$PAPER,$COMMON"
+            echo "entropyinfer_recent-$r:decode_budget_ratio=$r,decode_recent=0.5,$COMMON"
             for p in snapkv streaming h2o; do echo "$p-$r:decode_policy=$p,decode_budget_ratio=$r,$COMMON"; done
         done
     else
         r=0.25
-        for p in entropyinfer snapkv streaming h2o; do echo "$p-$r:decode_policy=$p,decode_budget_ratio=$r,$COMMON"; done
+        for p in entropyinfer snapkv streaming h2o; do echo "$p-$r:decode_policy=$p,decode_budget_ratio=$r,$PAPER,$COMMON"; done
+        echo "entropyinfer_recent-$r:decode_budget_ratio=$r,decode_recent=0.5,$COMMON"
     fi
 }
 
