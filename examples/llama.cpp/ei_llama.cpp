@@ -34,23 +34,31 @@
 //   attention for that ubatch, an attention failure retries without the plan.
 //
 // Decode compression (on with --entropyinfer; compress=0 turns it off)
-//   An observe op in every served layer copies the ubatch's last `window`
-//   queries into the layer's ei_decoder (ei_observe_decide: one sequence,
-//   positions continuing the last ubatch or restarting at 0; a llama_decode
-//   call of one token is a generated token). At the end of llama_decode, when
-//   the decoders are due (decode_gap generated tokens, then every
-//   recompress_every), llama_ei_compress scores the cache of every layer of
-//   the KV cache (ei_decode_score over the context's threads; cells mapped to
-//   positions, empty ones ignored), adds them into one score per cell
-//   (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells
-//   with the window (ei_decode_select_shared), evicts the others with
-//   seq_rm and moves the rest to the front (llama_kv_cache::ei_compact, added
-//   by the patch) so that attention reads fewer cells. iSWA models (Gemma 3):
-//   only the base cache of the global layers is compressed; the
-//   sliding-window cache keeps its cells. Refused with a message, compression
-//   then off for the context: several sequences, a unified cache with a layer
-//   that is not served, recurrent/hybrid memory, several KV streams, cells
-//   shared between sequences.
+//   Per sequence: each sequence of the context (n_seq_max) has its own decoder in every served
+//   layer (made on its first observed ubatch, ei_seq_decoders), its own keep set and evictions.
+//   An observe op in every served layer copies each sequence's queries of the ubatch into that
+//   sequence's decoder (ei_observe_decide: a sequence's rows are its own; with --kv-unified off
+//   llama.cpp gives each sequence one run of the ubatch, in a unified cache a ubatch holds the
+//   call's tokens in their order and each sequence is observed run by run; its positions
+//   continue its last ubatch or restart at 0; a token that is the only position of its sequence
+//   in the llama_decode call is a generated token). At the end of llama_decode, for every sequence
+//   whose decoders are due (decode_gap generated tokens, then every recompress_every),
+//   llama_ei_compress scores that sequence's cells in its KV stream (the stream's rows of the K
+//   storage; with --kv-unified off a stream of its own, in a unified cache the shared one) in
+//   every layer of the KV cache (ei_decode_score over the context's threads; rows mapped to the
+//   sequence's positions, empty cells and other sequences' cells ignored), adds them into one
+//   score per cell (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells with the
+//   window (ei_decode_select_shared), evicts the sequence's other positions with seq_rm of that
+//   sequence (a cell it shares with another sequence, e.g. a prefix after seq_cp, stays the
+//   other's) and moves the stream's cells in use to the front (llama_kv_cache::ei_compact, added
+//   by the patch: every sequence's cells of the stream, in cell order) so that attention reads
+//   fewer cells. iSWA models (Gemma 3): only the base cache of the global layers is compressed;
+//   the sliding-window cache keeps its cells. Refused with a message, compression then off for
+//   the context: a KV cache with a layer that is not served, recurrent/hybrid memory, a pending
+//   context shift, several positions per token (M-RoPE); for one sequence (until it starts again
+//   at position 0): its tokens of a ubatch out of position order, a library call that fails.
+//   The exit line counts the distinct sequences compressed ("compressions C of N sequences") and
+//   those with a served ubatch ("ubatches S/T of N sequences", when more than one).
 //
 // Positions after compression (issue 34)
 //   The cache records the positions it evicted (llama_kv_cache::ei_evict);
@@ -64,7 +72,8 @@
 //   compressed prefix compression pauses for the sequence until it is exact
 //   again. llama_entropyinfer_seq_set_enabled turns entropyinfer (prefill and
 //   decode compression) off or on per sequence (llama-server: a request's
-//   "entropyinfer": false).
+//   "entropyinfer": false). All of this is per sequence: rewinds, pauses and
+//   restarts of one sequence leave the others' decoders as they are.
 //
 // On the GPU (llama.cpp's CUDA backend, -ngl, built by `make llama-cpp-cuda`)
 //   A layer whose K/V cache lies in CUDA memory is served by the CUDA plugin
@@ -78,11 +87,12 @@
 //   ei_cuda_status at the next ubatch, with the keep counts of the density
 //   line. ggml-cuda never captures a graph holding a custom op into a CUDA
 //   graph (the ops read the ubatch's position when they run). Decode
-//   compression scores, pools and selects on the device (one synchronising
-//   call at the end of llama_decode), then evicts and compacts as on the
-//   CPU. gpu_timing=1 times the GPU ops with a synchronisation around each
-//   (a measurement mode; the time-dense mode times llama.cpp's attention the
-//   same way). Served only on CUDA device 0 with an F16 or BF16 cache and
+//   compression keeps each sequence's decoders in device memory (made as on
+//   the CPU, on the sequence's first ubatch), scores, pools and selects on the
+//   device (one synchronising call per sequence compressed at the end of
+//   llama_decode), then evicts and compacts as on the CPU. gpu_timing=1
+//   times the GPU ops with a synchronisation around each (a measurement
+//   mode; the time-dense mode times llama.cpp's attention the same way). Served only on CUDA device 0 with an F16 or BF16 cache and
 //   head sizes 64/128/256 (the GPU kernels'); other GPU backends (Metal,
 //   Vulkan, ...) and layers run llama.cpp's attention, reported once.
 //
