@@ -2,7 +2,7 @@
 // (issue 34; built as build/llama.cpp/bin/llama-ei-bookkeeping by entropyinfer.patch, run by
 // `make llama-cpp-bookkeeping` on SmolLM2-135M and Gemma 3 270M).
 //
-//   llama-ei-bookkeeping -m MODEL -f TEXT [-t THREADS (2)] [-n PROMPT_TOKENS (1200)] [--suffix N (32)]
+//   llama-ei-bookkeeping -m MODEL -f TEXT [-t THREADS (2)] [-n PROMPT_TOKENS (1200)] [--suffix N (32)] [--multi-only]
 //
 // A prompt of the first PROMPT_TOKENS tokens of TEXT is prefilled densely (min_tokens above the
 // prompt: llama.cpp's attention, so that a context without entropyinfer holds the same K/V), then
@@ -28,6 +28,23 @@
 //              llama.cpp's CPU matmuls round differently at other batch sizes
 //   per-seq    llama_entropyinfer_seq_set_enabled(off): no compression in 12 more tokens; on again:
 //              it compresses again within 12 (observation restarted after the reuse)
+// Then several sequences in one context (n_seq_max 2), with --kv-unified off ("split") and on
+// ("unified"): two different prompts (200 and 170 tokens) prefilled densely as sequences 0 and 1 in
+// a context without entropyinfer of that layout, saved and restored into context A (entropyinfer, decode_gap 4)
+// and context B (entropyinfer off); A and B then get the same batches: 3 tokens of sequence 0 alone,
+// one batch of 2 tokens of each, interleaved (s0 s1 s0 s1: in a unified cache a ubatch that mixes
+// the sequences, each observed run by run), then one token of each per llama_decode until both
+// compressed. The tokens are the texts' own continuations (the same in A and B), every logit read:
+//   ms-X order   sequence 0 compressed first, while sequence 1 had not been
+//   ms-X intact  right after that: sequence 1 has nothing missing (F = -1) and its whole position
+//                range; sequence 0 has F >= 0
+//   ms-X logits  A against B: every row of both sequences before any compression, and sequence 1's
+//                rows while only sequence 0 was compressed (up to the batch after which sequence 1
+//                compressed): split, bit-equal (the streams are independent); unified, within 1e-3
+//                of the largest |logit| (printed: bit-equal or the largest difference; sequence 0's
+//                compaction moves sequence 1's cells in the shared stream, in cell order)
+//   ms-X both    each sequence compressed (llama_entropyinfer_get_seq_decode_info: its own cells
+//                dropped), F >= 0 for both, the context's decode info counts 2 sequences
 // One line per check ("ok" or "FAIL"), then a summary; exit status 1 when a check failed.
 #include "llama.h"
 #include "ei_llama.h"
@@ -105,9 +122,11 @@ static void set_option(const char * o) {
     }
 }
 
-static llama_context * new_context(llama_model * model, int n_ctx, int threads) {
+static llama_context * new_context(llama_model * model, int n_ctx, int threads, int n_seq = 1, bool unified = false) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = (uint32_t) n_ctx;
+    cp.n_seq_max       = (uint32_t) n_seq;
+    cp.kv_unified      = unified;
     cp.n_batch         = (uint32_t) n_ctx;
     cp.n_ubatch        = 512;
     cp.n_threads       = threads;
@@ -141,14 +160,173 @@ struct seq_view {
     llama_pos min, max, first_missing;
 };
 
-static seq_view view(llama_context * ctx) {
+static seq_view view(llama_context * ctx, llama_seq_id seq = 0) {
     llama_memory_t mem = llama_get_memory(ctx);
-    return { llama_memory_seq_pos_min(mem, 0), llama_memory_seq_pos_max(mem, 0), llama_entropyinfer_seq_first_missing(ctx, 0) };
+    return { llama_memory_seq_pos_min(mem, seq), llama_memory_seq_pos_max(mem, seq), llama_entropyinfer_seq_first_missing(ctx, seq) };
+}
+
+// one token of a batch: (token, position, sequence)
+struct tok_at {
+    llama_token  tok;
+    llama_pos    pos;
+    llama_seq_id seq;
+};
+
+static bool decode_mixed(llama_context * ctx, const std::vector<tok_at> & ts, bool all_logits = true) {
+    llama_batch b = llama_batch_init((int32_t) ts.size(), 0, 1);
+    for (size_t i = 0; i < ts.size(); ++i) {
+        b.token[i]     = ts[i].tok;
+        b.pos[i]       = ts[i].pos;
+        b.n_seq_id[i]  = 1;
+        b.seq_id[i][0] = ts[i].seq;
+        b.logits[i]    = all_logits || i + 1 == ts.size();
+    }
+    b.n_tokens = (int32_t) ts.size();
+    const bool ok = llama_decode(ctx, b) == 0;
+    llama_batch_free(b);
+    return ok;
+}
+
+static int seq_compressions(const llama_context * ctx, llama_seq_id seq) {
+    llama_entropyinfer_decode_info info;
+    return llama_entropyinfer_get_seq_decode_info(ctx, seq, &info) == 0 ? info.compressions : -1;
+}
+
+// Several sequences in one context (see the header: ms-split, ms-unified). p0, p1: the two prompts
+// and their continuations (the tokens fed after them); states: the two sequences prefilled by a
+// context without entropyinfer of the same layout (a saved sequence names its KV streams), saved and
+// restored into A and B.
+static void multi_seq(llama_model * model, int threads, bool unified, const std::vector<llama_token> & p0,
+                      const std::vector<llama_token> & p1, int n0, int n1, int n_vocab) {
+    const double      t0   = now_s();
+    const std::string name = unified ? "unified" : "split";
+    const int         n_ctx = 2 * 512;
+    llama_entropyinfer_reset();
+    std::vector<std::vector<uint8_t>> states(2);
+    {
+        llama_context * donor = new_context(model, n_ctx, threads, 2, unified);
+        for (int s = 0; s < 2; ++s) {
+            std::vector<tok_at> prompt;
+            for (int i = 0; i < (s == 0 ? n0 : n1); ++i) {
+                prompt.push_back({ (s == 0 ? p0 : p1)[(size_t) i], i, s });
+            }
+            if (!decode_mixed(donor, prompt, false)) {
+                die("prefilling the two sequences failed (" + name + ")");
+            }
+            states[s].resize(llama_state_seq_get_size(donor, s));
+            if (llama_state_seq_get_data(donor, states[s].data(), states[s].size(), s) != states[s].size()) {
+                die("saving a sequence failed (" + name + ")");
+            }
+        }
+        llama_free(donor);
+    }
+    llama_context * b = new_context(model, n_ctx, threads, 2, unified);
+    set_option("min_tokens=2147483647,decode_gap=4,recompress_every=8,decode_budget_ratio=0.5");
+    llama_context * a = new_context(model, n_ctx, threads, 2, unified);
+    llama_entropyinfer_reset();
+    for (llama_context * c : { a, b }) {
+        for (int s = 0; s < 2; ++s) {
+            if (llama_state_seq_set_data(c, states[s].data(), states[s].size(), s) != states[s].size()) {
+                die("restoring a sequence failed (" + name + ")");
+            }
+        }
+    }
+    const std::vector<llama_token> * pr[2] = { &p0, &p1 };
+    llama_pos next[2] = { n0, n1 };
+    auto tok = [&](int s) { // the next token of sequence s (its text's continuation)
+        const tok_at t = { (*pr[s])[(size_t) next[s]], next[s], s };
+        next[s]++;
+        return t;
+    };
+    std::vector<std::vector<tok_at>> steps;
+    for (int i = 0; i < 3; ++i) {
+        steps.push_back({ tok(0) });
+    }
+    {
+        const tok_at a0 = tok(0), b0 = tok(1), a1 = tok(0), b1 = tok(1);
+        steps.push_back({ a0, b0, a1, b1 });
+    }
+    int    k_first = -1, k_both = -1, rows_equal = 0, rows_cmp = 0;
+    double max_diff = 0, max_abs = 0;
+    bool   intact = false;
+    std::string intact_detail = "sequence 0 was never compressed alone";
+    for (size_t k = 0; k < 40 && k_both < 0; ++k) {
+        if (k >= steps.size()) {
+            steps.push_back({ tok(0), tok(1) });
+        }
+        const std::vector<tok_at> & st = steps[k];
+        const int c0_before = seq_compressions(a, 0), c1_before = seq_compressions(a, 1);
+        if (!decode_mixed(a, st) || !decode_mixed(b, st)) {
+            die("a decode step failed (" + name + ")");
+        }
+        // rows to compare: all before any compression; sequence 1's while only sequence 0 was compressed
+        for (size_t i = 0; i < st.size(); ++i) {
+            const bool cmp = (c0_before == 0 && c1_before == 0) || (st[i].seq == 1 && c1_before == 0);
+            if (!cmp) {
+                continue;
+            }
+            const float * la = llama_get_logits_ith(a, (int32_t) i);
+            const std::vector<float> va(la, la + n_vocab);
+            const logit_diff d = compare(va, llama_get_logits_ith(b, (int32_t) i));
+            rows_cmp++;
+            rows_equal += d.bit_equal ? 1 : 0;
+            max_diff = std::max(max_diff, d.max_diff);
+            max_abs  = std::max(max_abs, d.max_abs);
+        }
+        const int c0 = seq_compressions(a, 0), c1 = seq_compressions(a, 1);
+        if (k_first < 0 && c0 > 0) {
+            k_first = (int) k;
+            const seq_view v0 = view(a, 0), v1 = view(a, 1);
+            intact = c1 == 0 && v1.first_missing == -1 && v1.min == 0 && v1.max == next[1] - 1 && v0.first_missing >= 0;
+            intact_detail = fmt("after batch %d: sequence 1 F %d, positions %d..%d (fed 0..%d), compressions %d; "
+                                "sequence 0 F %d", (int) k + 1, v1.first_missing, v1.min, v1.max, next[1] - 1, c1,
+                                v0.first_missing);
+        }
+        if (c0 > 0 && c1 > 0) {
+            k_both = (int) k;
+        }
+    }
+    check(k_first >= 0 && k_both > k_first, ("ms-" + name).c_str(),
+          fmt("order: sequence 0 compressed after batch %d, sequence 1 after batch %d", k_first + 1, k_both + 1));
+    check(intact, ("ms-" + name).c_str(), "intact: " + intact_detail);
+    const bool logits_ok = rows_cmp > 0 && (unified ? (rows_equal == rows_cmp || max_diff <= 1e-3 * max_abs)
+                                                    : rows_equal == rows_cmp);
+    check(logits_ok, ("ms-" + name).c_str(),
+          fmt("logits: %d rows against the context without entropyinfer (both sequences before any compression, "
+              "sequence 1 while only sequence 0 was compressed): %d bit-equal, max |diff| %.3g, largest |logit| %.3g%s",
+              rows_cmp, rows_equal, max_diff, max_abs, unified ? " (tolerance 1e-3 of it)" : " (bit-equal required)"));
+    llama_entropyinfer_decode_info i0, i1, ia;
+    llama_entropyinfer_get_seq_decode_info(a, 0, &i0);
+    llama_entropyinfer_get_seq_decode_info(a, 1, &i1);
+    llama_entropyinfer_get_decode_info(a, &ia);
+    const llama_pos f0 = llama_entropyinfer_seq_first_missing(a, 0), f1 = llama_entropyinfer_seq_first_missing(a, 1);
+    check(i0.compressions >= 1 && i1.compressions >= 1 && i0.cells_after < i0.cells_before && i1.cells_after < i1.cells_before &&
+              f0 >= 0 && f1 >= 0 && ia.sequences == 2, ("ms-" + name).c_str(),
+          fmt("both: sequence 0 %d compression(s), cells %lld -> %lld, F %d; sequence 1 %d, cells %lld -> %lld, F %d; "
+              "the context: %d compressions of %d sequences (%.2f s)", i0.compressions, (long long) i0.cells_before,
+              (long long) i0.cells_after, f0, i1.compressions, (long long) i1.cells_before, (long long) i1.cells_after, f1,
+              ia.compressions, ia.sequences, now_s() - t0));
+    llama_free(a);
+    llama_free(b);
+}
+
+// The two layouts' checks (ms-split, ms-unified): the prompts and continuations cut from the text.
+static void multi_seq_all(llama_model * model, const std::vector<llama_token> & all, const std::string & text_path,
+                          int threads, int n_vocab) {
+    const int n_tok = (int) all.size();
+    const int n0 = 200, n1 = 170, off1 = 1500, cont = 48;
+    if (n_tok < off1 + n1 + cont) {
+        die(fmt("%s: %d tokens, %d needed", text_path.c_str(), n_tok, off1 + n1 + cont));
+    }
+    const std::vector<llama_token> p0(all.begin(), all.begin() + n0 + cont), p1(all.begin() + off1, all.begin() + off1 + n1 + cont);
+    multi_seq(model, threads, false, p0, p1, n0, n1, n_vocab);
+    multi_seq(model, threads, true, p0, p1, n0, n1, n_vocab);
 }
 
 int main(int argc, char ** argv) {
     std::string model_path, text_path;
     int threads = 2, n_prompt = 1200, n_suffix = 32;
+    bool multi_only = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -167,8 +345,10 @@ int main(int argc, char ** argv) {
             n_prompt = atoi(next().c_str());
         } else if (a == "--suffix") {
             n_suffix = atoi(next().c_str());
+        } else if (a == "--multi-only") {
+            multi_only = true;
         } else {
-            die("unknown argument " + a + " (usage: -m MODEL -f TEXT [-t N] [-n PROMPT_TOKENS] [--suffix N])");
+            die("unknown argument " + a + " (usage: -m MODEL -f TEXT [-t N] [-n PROMPT_TOKENS] [--suffix N] [--multi-only])");
         }
     }
     if (model_path.empty() || text_path.empty() || threads < 1 || n_prompt < 256 || n_suffix < 1) {
@@ -200,6 +380,13 @@ int main(int argc, char ** argv) {
         die(fmt("%s: %d tokens, %d needed", text_path.c_str(), n_tok, n_prompt + n_suffix));
     }
     const std::vector<llama_token> all(toks.begin(), toks.begin() + n_tok);
+    if (multi_only) { // only the checks of several sequences
+        multi_seq_all(model, all, text_path, threads, n_vocab);
+        llama_model_free(model);
+        llama_backend_free();
+        printf("summary: %d/%d checks passed, total %.1f s\n", g_checks - g_failed, g_checks, now_s() - t_start);
+        return g_failed ? 1 : 0;
+    }
     toks.resize((size_t) n_prompt); // the history: the prompt, then the generated tokens
     const int n_ctx = n_prompt + 512;
 
@@ -401,6 +588,9 @@ int main(int argc, char ** argv) {
                   c0, c1, c2, bad == -1 ? "yes" : "no"));
     }
     llama_free(a);
+
+    multi_seq_all(model, all, text_path, threads, n_vocab);
+
     llama_model_free(model);
     llama_backend_free();
 

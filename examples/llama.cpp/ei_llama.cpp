@@ -34,23 +34,31 @@
 //   attention for that ubatch, an attention failure retries without the plan.
 //
 // Decode compression (on with --entropyinfer; compress=0 turns it off)
-//   An observe op in every served layer copies the ubatch's last `window`
-//   queries into the layer's ei_decoder (ei_observe_decide: one sequence,
-//   positions continuing the last ubatch or restarting at 0; a llama_decode
-//   call of one token is a generated token). At the end of llama_decode, when
-//   the decoders are due (decode_gap generated tokens, then every
-//   recompress_every), llama_ei_compress scores the cache of every layer of
-//   the KV cache (ei_decode_score over the context's threads; cells mapped to
-//   positions, empty ones ignored), adds them into one score per cell
-//   (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells
-//   with the window (ei_decode_select_shared), evicts the others with
-//   seq_rm and moves the rest to the front (llama_kv_cache::ei_compact, added
-//   by the patch) so that attention reads fewer cells. iSWA models (Gemma 3):
-//   only the base cache of the global layers is compressed; the
-//   sliding-window cache keeps its cells. Refused with a message, compression
-//   then off for the context: several sequences, a unified cache with a layer
-//   that is not served, recurrent/hybrid memory, several KV streams, cells
-//   shared between sequences.
+//   Per sequence: each sequence of the context (n_seq_max) has its own decoder in every served
+//   layer (made on its first observed ubatch, ei_seq_decoders), its own keep set and evictions.
+//   An observe op in every served layer copies each sequence's queries of the ubatch into that
+//   sequence's decoder (ei_observe_decide: a sequence's rows are its own; with --kv-unified off
+//   llama.cpp gives each sequence one run of the ubatch, in a unified cache a ubatch holds the
+//   call's tokens in their order and each sequence is observed run by run; its positions
+//   continue its last ubatch or restart at 0; a token that is the only position of its sequence
+//   in the llama_decode call is a generated token). At the end of llama_decode, for every sequence
+//   whose decoders are due (decode_gap generated tokens, then every recompress_every),
+//   llama_ei_compress scores that sequence's cells in its KV stream (the stream's rows of the K
+//   storage; with --kv-unified off a stream of its own, in a unified cache the shared one) in
+//   every layer of the KV cache (ei_decode_score over the context's threads; rows mapped to the
+//   sequence's positions, empty cells and other sequences' cells ignored), adds them into one
+//   score per cell (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells with the
+//   window (ei_decode_select_shared), evicts the sequence's other positions with seq_rm of that
+//   sequence (a cell it shares with another sequence, e.g. a prefix after seq_cp, stays the
+//   other's) and moves the stream's cells in use to the front (llama_kv_cache::ei_compact, added
+//   by the patch: every sequence's cells of the stream, in cell order) so that attention reads
+//   fewer cells. iSWA models (Gemma 3): only the base cache of the global layers is compressed;
+//   the sliding-window cache keeps its cells. Refused with a message, compression then off for
+//   the context: a KV cache with a layer that is not served, recurrent/hybrid memory, a pending
+//   context shift, several positions per token (M-RoPE); for one sequence (until it starts again
+//   at position 0): its tokens of a ubatch out of position order, a library call that fails.
+//   The exit line counts the distinct sequences compressed ("compressions C of N sequences") and
+//   those with a served ubatch ("ubatches S/T of N sequences", when more than one).
 //
 // Positions after compression (issue 34)
 //   The cache records the positions it evicted (llama_kv_cache::ei_evict);
@@ -64,7 +72,8 @@
 //   compressed prefix compression pauses for the sequence until it is exact
 //   again. llama_entropyinfer_seq_set_enabled turns entropyinfer (prefill and
 //   decode compression) off or on per sequence (llama-server: a request's
-//   "entropyinfer": false).
+//   "entropyinfer": false). All of this is per sequence: rewinds, pauses and
+//   restarts of one sequence leave the others' decoders as they are.
 //
 // On the GPU (llama.cpp's CUDA backend, -ngl, built by `make llama-cpp-cuda`)
 //   A layer whose K/V cache lies in CUDA memory is served by the CUDA plugin
@@ -78,11 +87,12 @@
 //   ei_cuda_status at the next ubatch, with the keep counts of the density
 //   line. ggml-cuda never captures a graph holding a custom op into a CUDA
 //   graph (the ops read the ubatch's position when they run). Decode
-//   compression scores, pools and selects on the device (one synchronising
-//   call at the end of llama_decode), then evicts and compacts as on the
-//   CPU. gpu_timing=1 times the GPU ops with a synchronisation around each
-//   (a measurement mode; the time-dense mode times llama.cpp's attention the
-//   same way). Served only on CUDA device 0 with an F16 or BF16 cache and
+//   compression keeps each sequence's decoders in device memory (made as on
+//   the CPU, on the sequence's first ubatch), scores, pools and selects on the
+//   device (one synchronising call per sequence compressed at the end of
+//   llama_decode), then evicts and compacts as on the CPU. gpu_timing=1
+//   times the GPU ops with a synchronisation around each (a measurement
+//   mode; the time-dense mode times llama.cpp's attention the same way). Served only on CUDA device 0 with an F16 or BF16 cache and
 //   head sizes 64/128/256 (the GPU kernels'); other GPU backends (Metal,
 //   Vulkan, ...) and layers run llama.cpp's attention, reported once.
 //
@@ -475,8 +485,10 @@ struct ei_stats {
     int64_t ns_plan         = 0;
     int64_t ns_attn         = 0;
     int64_t ns_dense        = 0; // llama.cpp's attention (time-dense)
-    // decode compression
+    int32_t seqs_served     = 0; // distinct sequences with a served ubatch (summed over contexts)
+    // decode compression (cells and bytes: the compressed sequence's, at the first compression and the last)
     int32_t compressions    = 0;
+    int32_t seqs_compressed = 0; // distinct sequences compressed (summed over contexts)
     int64_t cells_before    = 0, cells_after = 0, bytes_before = 0, bytes_after = 0;
     int64_t ns_compress     = 0;
 
@@ -490,6 +502,8 @@ struct ei_stats {
             bytes_after  = o.bytes_after;
         }
         compressions    += o.compressions;
+        seqs_compressed += o.seqs_compressed;
+        seqs_served     += o.seqs_served;
         ns_compress     += o.ns_compress;
         n_layer          = std::max(n_layer, o.n_layer);
         layers_served    = std::max(layers_served, o.layers_served);
@@ -545,6 +559,19 @@ struct ei_timer {
     }
 };
 
+// One sequence's decoder in one layer (decode compression). Made lazily, when the sequence's
+// first ubatch is observed (ei_seq_decoders, from set_input: the main thread, before the graph
+// runs), not for all n_seq_max sequences up front: an H2O decoder holds n_heads x decode_positions
+// floats (4x the context's cells: SmolLM2 at 8k cells, 9 heads x 32k x 4 bytes = 1.2 MB per layer
+// and sequence, 141 MB for 30 layers x 4 sequences), and many contexts with several sequences
+// never generate (perplexity, embeddings) or use only some of them (a server's idle slots).
+struct ei_seq_decoder {
+    ei_decoder           dec   = {};
+    std::vector<uint8_t> mem;             // its ring (host)
+    void *               g_mem = nullptr; // its ring (device: a layer on the GPU)
+    bool                 has   = false;
+};
+
 struct ei_layer {
     llama_ei_state * st       = nullptr;
     int              il       = -1;
@@ -565,16 +592,16 @@ struct ei_layer {
     int64_t          ns_plan = 0;
     int64_t          t_dense0 = 0;
 
-    // decode compression: the layer's observation window
-    ei_decoder           dec = {};
-    std::vector<uint8_t> dec_mem;
-    bool                 has_dec = false;
+    // decode compression: the observation window of each sequence (ei_seq_decoder, by sequence id:
+    // the context's n_seq_max, each made on its sequence's first observed ubatch, ei_seq_decoders)
+    bool                 has_dec   = false; // this layer observes (its graph has the observe op)
+    size_t               dec_bytes = 0;     // one decoder's memory (ei_decoder_size)
+    std::vector<ei_seq_decoder> decs;
 
     // on the GPU (the cache in CUDA memory): ctx/ctx_plan are CUDA contexts on the null stream (sizes,
     // allocations); the ops take the stream's contexts (ei_gpu_context)
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
-    void *               g_dec_mem = nullptr;  // the decoder's ring (device)
     std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (stream, q_pos, n) of this ubatch, read at the next settle
     int64_t              plan_tokens = 0;              // a plan's max_tokens: the cells of a stream
 
@@ -610,18 +637,33 @@ struct llama_ei_state {
     int               is_final = 0;
     uint32_t          ann_n_all = 0;
 
-    // decode compression of one sequence (ei_observe_decide, llama_ei_compress)
+    // decode compression, per sequence (ei_observe_decide, llama_ei_compress): each sequence of the
+    // context (n_seq_max) has its own decoders (ei_layer::decs), keep set and evictions
+    struct ei_seq_state {
+        bool    started   = false; // observed since its (re)start
+        bool    off       = false; // refused for this sequence (reported) until it starts again at position 0
+        bool    has_dec   = false; // its decoders are made (ei_seq_decoders)
+        int64_t next_pos  = -1;    // the position after its last observed token
+        bool    active    = false; // this ubatch's rows of it are observed
+        int     generated = 0;     // ... as generated tokens
+        bool    paused    = false; // a jump over a compressed prefix (ei_observe_decide)
+        bool    rewound   = false; // llama_entropyinfer_seq_rewind since its last ubatch
+        bool    one       = false; // the llama_decode call holds one position of it (a generated token)
+        bool    served    = false; // a ubatch of it was served (statistics)
+        // this ubatch's rows of the sequence: runs [r0, r1) of consecutive rows, the first's position
+        // (the positions continue from run to run)
+        std::vector<std::array<int64_t, 3>> runs;
+        // its compressions (llama_entropyinfer_get_seq_decode_info)
+        int32_t compressions = 0;
+        int64_t cells_before = 0, cells_after = 0, bytes_before = 0, bytes_after = 0, ns_compress = 0;
+    };
+    std::vector<ei_seq_state>         seqs;                  // by sequence id (n_seq_max)
     bool                              dec_off       = false; // refused for this context (reported)
-    llama_seq_id                      dec_seq       = -1;
-    int64_t                           next_pos      = -1;    // the position after the last observed token
-    bool                              obs_active    = false; // this ubatch's queries are observed
-    int                               obs_generated = 0;
+    bool                              obs_any       = false; // this ubatch has observed rows
     int                               n_threads     = 1;
     std::vector<std::vector<uint8_t>> dec_ws;                // per scoring thread
     std::vector<float>                dec_scores, dec_shared;
     std::vector<int32_t>              dec_row_pos, dec_index, dec_positions;
-    bool                              dec_paused    = false; // a jump over a compressed prefix (ei_observe_decide)
-    bool                              dec_rewound   = false; // llama_entropyinfer_seq_rewind since the last ubatch
     // per-request on/off (llama_entropyinfer_seq_set_enabled): a sequence's own setting, else all_on
     bool                              all_on        = true;
     std::map<llama_seq_id, bool>      seq_on;
@@ -798,6 +840,9 @@ static void ei_print_summary() {
     int  n = snprintf(line, sizeof line, "entropyinfer: mode %s%s, layers %d/%d, ubatches %lld/%lld",
             k_mode_names[mode], mode == EI_MODE_SPARSE && ei_opts().executor == EI_EXEC_MASK ? " (executor mask)" : "",
             s.layers_served, s.n_layer, (long long) s.ubatches_served, (long long) s.ubatches);
+    if (s.seqs_served > 1) { // several sequences (of a context, summed over contexts) had served ubatches
+        n += snprintf(line + n, sizeof line - n, " of %d sequences", (int) s.seqs_served);
+    }
     const bool timing = ei_opts().gpu_timing;
     if (mode == EI_MODE_SPARSE) {
         if (s.causal > 0) {
@@ -823,8 +868,9 @@ static void ei_print_summary() {
         n += snprintf(line + n, sizeof line - n, ", backend cpu");
     }
     if (s.compressions > 0) {
-        n += snprintf(line + n, sizeof line - n, ", compressions %d, cells=%lld->%lld, kv-bytes=%lld->%lld, compress %.3f s",
-                      (int) s.compressions, (long long) s.cells_before, (long long) s.cells_after,
+        n += snprintf(line + n, sizeof line - n, ", compressions %d of %d sequence%s, cells=%lld->%lld, kv-bytes=%lld->%lld, "
+                      "compress %.3f s", (int) s.compressions, (int) s.seqs_compressed, s.seqs_compressed == 1 ? "" : "s",
+                      (long long) s.cells_before, (long long) s.cells_after,
                       (long long) s.bytes_before, (long long) s.bytes_after, s.ns_compress * 1e-9);
     }
     fprintf(stderr, "%s\n", line);
@@ -941,6 +987,7 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
         st->layers.back()->il = il;
     }
     st->stats.n_layer = st->n_layer;
+    st->seqs.resize(std::max<uint32_t>(cparams.n_seq_max, 1));
     if (ei_context_create(&st->opts.cfg, &st->ctx0) != EI_OK) {
         const std::string msg = std::string("invalid configuration: ") + ei_last_error();
         ei_report_once(msg);
@@ -986,8 +1033,8 @@ void llama_ei_context_free(llama_ei_state * st) {
                 ei_plan_free(L->gpu ? st->gsetup : L->ctx, &L->plans[i]);
             }
         }
-        if (L->gpu) {
-            ei_device_free(st->gsetup, L->g_dec_mem);
+        for (auto & D : L->decs) {
+            ei_device_free(st->gsetup, D.g_mem); // (null for host decoders)
         }
     }
     for (auto & b : st->gbuf) {
@@ -1005,7 +1052,8 @@ void llama_ei_context_free(llama_ei_state * st) {
     delete st;
 }
 
-void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all) {
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all,
+                           const llama_batch_allocr * balloc) {
     if (!st) {
         return;
     }
@@ -1015,6 +1063,13 @@ void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, boo
     st->ann_last  = last;
     st->ann_n_all = n_tokens_all;
     st->stats.ubatches++;
+    // a sequence's token is a generated one when the llama_decode call holds one position of that
+    // sequence (one token per call and sequence: the batch of a server's generating slots, in one
+    // ubatch or, --no-kv-unified, in ubatches of consecutive sequence ids), whatever else the call holds
+    for (size_t s = 0; s < st->seqs.size(); ++s) {
+        const llama_pos p0 = balloc ? balloc->seq_pos_min((llama_seq_id) s) : -1;
+        st->seqs[s].one = balloc ? p0 >= 0 && p0 == balloc->seq_pos_max((llama_seq_id) s) : n_tokens_all == 1;
+    }
 }
 
 void llama_ei_ubatch_end(llama_ei_state * st) {
@@ -1157,6 +1212,10 @@ static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const ll
         const llama_seq_id seq = ub && ub->seq_id && n_tok ? ub->seq_id[i0][0] : 0;
         st->slices.push_back({ ub && ub->pos && n_tok ? (int64_t) ub->pos[i0] : 0,
                                kv && seq >= 0 ? (int32_t) kv->get_stream(seq) : 0, (int32_t) per });
+        if (d == EI_SERVE && seq >= 0 && (size_t) seq < st->seqs.size() && !st->seqs[(size_t) seq].served) {
+            st->seqs[(size_t) seq].served = true;
+            st->stats.seqs_served++;
+        }
     }
     if (d != EI_SERVE) {
         return;
@@ -1175,96 +1234,187 @@ static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const ll
 
 // ---------------------------------------------------------------- decode compression
 
+// Decode compression off for the whole context (the memory, a layer, a device allocation), reported.
 static void ei_decode_refuse(llama_ei_state * st, const std::string & why) {
     ei_report_once("decode compression off for this context: " + why);
-    st->dec_off    = true;
-    st->obs_active = false;
+    st->dec_off = true;
+    st->obs_any = false;
+    for (auto & S : st->seqs) {
+        S.active = false;
+    }
 }
 
-// Are this ubatch's queries observed (compute time, from set_input)? Decode
-// compression serves one sequence whose tokens come in position order: a new
-// sequence starts at position 0 (the decoders are reset), every later ubatch
-// continues where the last one ended. A ubatch of a llama_decode call with one
-// token is a generated token; once one was, later tokens count as generated.
-// kv: the cache of the served layers (null: none), whose record says whether the held prefix is exact
+// ... for one sequence until it starts again at position 0 (a new sequence in that id), reported.
+static void ei_decode_refuse_seq(llama_ei_state * st, llama_seq_id seq, const std::string & why) {
+    ei_report_once("decode compression off for sequence " + std::to_string(seq) + ": " + why);
+    auto & S  = st->seqs[(size_t) seq];
+    S.off     = true;
+    S.active  = false;
+    S.started = false;
+}
+
+// The sequence's decoders in every observing layer, made on its first observed ubatch (set_input:
+// the main thread, no op running; see ei_seq_decoder for why not up front). false: refused (reported).
+static bool ei_seq_decoders(llama_ei_state * st, llama_seq_id seq) {
+    auto & S = st->seqs[(size_t) seq];
+    if (S.has_dec) {
+        return true;
+    }
+    ei_context * sync = nullptr;
+    for (auto & L : st->layers) {
+        if (!L->has_dec || L->decs[(size_t) seq].has) {
+            continue;
+        }
+        ei_seq_decoder & D = L->decs[(size_t) seq];
+        void * mem = nullptr;
+        if (L->gpu) {
+            if (ei_device_alloc(L->ctx, &D.g_mem, L->dec_bytes) != EI_OK) {
+                ei_decode_refuse(st, std::string("a decoder on the GPU: ") + ei_last_error());
+                return false;
+            }
+            mem = D.g_mem;
+            st->stats.gpu_dec_bytes += (int64_t) L->dec_bytes;
+            sync = L->ctx;
+        } else {
+            D.mem.resize(L->dec_bytes);
+            mem = D.mem.data();
+        }
+        if (ei_decoder_init(L->ctx, &D.dec, L->n_head, L->n_head_kv, L->head_dim, mem, L->dec_bytes) != EI_OK) {
+            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decoder_init: " + ei_last_error());
+            return false;
+        }
+        D.has = true;
+    }
+    if (sync) { // the device decoders' clears ran on the null stream; ggml's streams do not wait for it
+        ei_gpu_time(st, sync);
+    }
+    S.has_dec = true;
+    return true;
+}
+
+// One sequence's rows of this ubatch (S.runs, filled by ei_observe_decide): are they observed?
+// Its tokens come in position order: a new sequence starts at position 0 (its decoders are reset),
+// every later ubatch continues where its last one ended. A token that is the only position of its
+// sequence in the llama_decode call is a generated token; once one was, later tokens count as
+// generated.
+static void ei_observe_seq(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv, llama_seq_id seq) {
+    auto & S = st->seqs[(size_t) seq];
+    if (!ei_seq_enabled(st, seq)) {
+        return; // turned off for this sequence (a request's "entropyinfer": false)
+    }
+    const int64_t p0 = ub->pos[S.runs[0][0]];
+    if (S.off && p0 != 0) {
+        return; // refused until it starts again
+    }
+    int64_t n = 0;
+    for (auto & r : S.runs) {
+        r[2] = p0 + n;
+        for (int64_t i = r[0]; i < r[1]; ++i, ++n) {
+            if (ub->pos[i] != p0 + n) {
+                ei_decode_refuse_seq(st, seq, "positions of its tokens in a ubatch are not consecutive and in order");
+                return;
+            }
+        }
+    }
+    bool generated = S.one;
+    for (auto & L : st->layers) {
+        if (L->has_dec && L->decs[(size_t) seq].has) {
+            generated = generated || L->decs[(size_t) seq].dec.n_generated > 0;
+            break;
+        }
+    }
+    // a new sequence (llama-perplexity clears the memory for each chunk), or the first ubatch of a
+    // sequence whose cache was restored (llama_state_seq_set_data: a saved prefill): observation
+    // starts here, so the decoders need the last `window` prompt tokens fed again after the
+    // restore (the window's queries are not part of the saved state)
+    bool restart = p0 == 0 || !S.started;
+    if (!restart && (p0 != S.next_pos || S.paused)) {
+        // positions jump (prompt-cache reuse, a rewind, a context shift), or a pause goes on. Onto an
+        // exact prefix (no position below p0 was evicted) or after llama_entropyinfer_seq_rewind,
+        // observation starts over here; over a compressed prefix (a context shift of a compressed
+        // cache) compression pauses for this sequence until its prefix is exact again (seq_rm at
+        // or below the first missing position, or cleared)
+        if (S.rewound || !kv || kv->ei_first_missing(seq) < 0) {
+            restart = true;
+        } else {
+            if (!S.paused) {
+                char buf[256];
+                snprintf(buf, sizeof buf, "decode compression paused for sequence %d: positions jump from %lld to %lld "
+                         "over a compressed prefix (first missing position %d)", (int) seq, (long long) S.next_pos,
+                         (long long) p0, (int) kv->ei_first_missing(seq));
+                ei_report_once(buf);
+            }
+            S.paused   = true;
+            S.next_pos = p0 + n;
+            return;
+        }
+    }
+    if (!ei_seq_decoders(st, seq)) {
+        return;
+    }
+    if (restart) {
+        for (auto & L : st->layers) {
+            if (L->has_dec) {
+                ei_decoder_reset(&L->decs[(size_t) seq].dec);
+            }
+        }
+        generated = S.one;
+        S.off     = false;
+        S.paused  = false;
+        S.rewound = false;
+    }
+    S.started   = true;
+    S.next_pos  = p0 + n;
+    S.active    = true;
+    S.generated = generated ? 1 : 0;
+    st->obs_any = true;
+}
+
+// Which rows of this ubatch are observed, and into which sequence's decoders (compute time, from
+// set_input)? Each sequence's rows are its own (a token of several sequences is a query of each):
+// with --no-kv-unified llama.cpp gives each sequence one run of the ubatch (split_equal); in a
+// unified cache (split_simple) the ubatch holds the call's tokens in their order, any mix of
+// sequences, and each sequence's rows are observed run by run, in position order.
+// kv: the cache of the served layers (null: none), whose record says whether a held prefix is exact
 static void ei_observe_decide(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv) {
-    st->obs_active = false;
+    st->obs_any = false;
+    for (auto & S : st->seqs) {
+        S.active = false;
+        S.runs.clear();
+    }
     if (!st->opts.compress || st->dec_off || !ub || !ub->pos || ub->pos != st->ann_pos || ub->n_tokens != st->ann_n) {
         return; // off, or not a ubatch of llama_decode (graph reservation)
     }
-    bool any = false, generated = st->ann_n_all == 1;
+    bool any = false;
     for (auto & L : st->layers) {
-        if (L->has_dec) {
-            any = true;
-            generated = generated || L->dec.n_generated > 0;
-        }
+        any = any || L->has_dec;
     }
-    if (!any) {
-        return;
-    }
-    char buf[256];
-    if (ub->n_seqs_unq != 1 || !ub->seq_id_unq) {
-        ei_decode_refuse(st, "a ubatch holds several sequences (one keep-set per context is served)");
+    if (!any || !ub->seq_id || !ub->n_seq_id) {
         return;
     }
     if (ub->n_pos != 1) {
         ei_decode_refuse(st, "several positions per token (M-RoPE)");
         return;
     }
-    const llama_seq_id seq = ub->seq_id_unq[0];
-    const int64_t      p0  = ub->pos[0];
-    if (!ei_seq_enabled(st, seq)) {
-        return; // turned off for this sequence (a request's "entropyinfer": false)
-    }
-    for (uint32_t i = 1; i < ub->n_tokens; ++i) {
-        if (ub->pos[i] != p0 + (llama_pos) i) {
-            ei_decode_refuse(st, "positions of a ubatch are not consecutive");
-            return;
-        }
-    }
-    // a new sequence (llama-perplexity clears the memory for each chunk), or the first ubatch of a
-    // context whose cache was restored (llama_state_seq_set_data: a saved prefill): observation
-    // starts here, so the decoders need the last `window` prompt tokens fed again after the
-    // restore (the window's queries are not part of the saved state)
-    bool restart = p0 == 0 || st->dec_seq < 0;
-    if (st->dec_seq >= 0 && seq != st->dec_seq) {
-        ei_decode_refuse(st, "a second sequence (one keep-set per context is served)");
-        return;
-    }
-    if (!restart && (p0 != st->next_pos || st->dec_paused)) {
-        // positions jump (prompt-cache reuse, a rewind, a context shift), or a pause goes on. Onto an
-        // exact prefix (no position below p0 was evicted) or after llama_entropyinfer_seq_rewind,
-        // observation starts over here; over a compressed prefix (a context shift of a compressed
-        // cache) compression pauses for this sequence until its prefix is exact again (seq_rm at
-        // or below the first missing position, or cleared)
-        if (st->dec_rewound || !kv || kv->ei_first_missing(seq) < 0) {
-            restart = true;
-        } else {
-            if (!st->dec_paused) {
-                snprintf(buf, sizeof buf, "decode compression paused for sequence %d: positions jump from %lld to %lld "
-                         "over a compressed prefix (first missing position %d)", (int) seq, (long long) st->next_pos,
-                         (long long) p0, (int) kv->ei_first_missing(seq));
-                ei_report_once(buf);
+    for (uint32_t i = 0; i < ub->n_tokens; ++i) {
+        for (int32_t k = 0; k < ub->n_seq_id[i]; ++k) {
+            const llama_seq_id seq = ub->seq_id[i][k];
+            if (seq < 0 || (size_t) seq >= st->seqs.size()) {
+                continue; // (llama_batch_allocr refuses these)
             }
-            st->dec_paused = true;
-            st->next_pos   = p0 + ub->n_tokens;
-            return;
-        }
-    }
-    if (restart) {
-        for (auto & L : st->layers) {
-            if (L->has_dec) {
-                ei_decoder_reset(&L->dec);
+            auto & runs = st->seqs[(size_t) seq].runs;
+            if (!runs.empty() && runs.back()[1] == (int64_t) i) {
+                runs.back()[1] = i + 1;
+            } else {
+                runs.push_back({ (int64_t) i, (int64_t) i + 1, 0 });
             }
         }
-        generated       = st->ann_n_all == 1;
-        st->dec_paused  = false;
-        st->dec_rewound = false;
     }
-    st->dec_seq       = seq;
-    st->next_pos      = p0 + ub->n_tokens;
-    st->obs_active    = true;
-    st->obs_generated = generated ? 1 : 0;
+    for (size_t seq = 0; seq < st->seqs.size(); ++seq) {
+        if (!st->seqs[seq].runs.empty()) {
+            ei_observe_seq(st, ub, kv, (llama_seq_id) seq);
+        }
+    }
 }
 
 // Executor mask: the most keys a query row of this ubatch may see under any plan of the
@@ -1578,16 +1728,13 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
         ei_report_once(std::string("attention workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
-    if (st->opts.compress) {
-        size_t b_dec = 0;
-        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &b_dec) != EI_OK ||
-            ei_device_alloc(L->ctx, &L->g_dec_mem, b_dec) != EI_OK ||
-            ei_decoder_init(L->ctx, &L->dec, L->n_head, L->n_head_kv, L->head_dim, L->g_dec_mem, b_dec) != EI_OK) {
+    if (st->opts.compress) { // the sequences' decoders in device memory: made on their first ubatch (ei_seq_decoders)
+        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &L->dec_bytes) != EI_OK) {
             ei_report_once(std::string("decoder on the GPU: ") + ei_last_error() + ": no decode compression");
             st->dec_off = true;
         } else {
+            L->decs.resize(st->seqs.size());
             L->has_dec = true;
-            st->stats.gpu_dec_bytes += (int64_t) b_dec;
         }
     }
     // the clears above ran on the null stream; ggml's streams do not wait for it
@@ -1629,19 +1776,13 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
         ei_report_once("workspace allocation failed: llama.cpp's attention");
         return false;
     }
-    if (st->opts.compress) { // the observation window of decode compression
-        size_t b_dec = 0;
-        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &b_dec) != EI_OK) {
+    if (st->opts.compress) { // the sequences' observation windows: made on their first ubatch (ei_seq_decoders)
+        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &L->dec_bytes) != EI_OK) {
             ei_report_once(std::string("decoder size: ") + ei_last_error() + ": no decode compression");
             st->dec_off = true;
         } else {
-            L->dec_mem.resize(b_dec);
-            if (ei_decoder_init(L->ctx, &L->dec, L->n_head, L->n_head_kv, L->head_dim, L->dec_mem.data(), b_dec) != EI_OK) {
-                ei_report_once(std::string("decoder: ") + ei_last_error() + ": no decode compression");
-                st->dec_off = true;
-            } else {
-                L->has_dec = true;
-            }
+            L->decs.resize(st->seqs.size());
+            L->has_dec = true;
         }
     }
     return true;
@@ -1848,26 +1989,45 @@ static void ei_op_mask(ggml_tensor * dst, int ith, int nth, void * ud) {
     }
 }
 
-// Observe the ubatch's queries (dst->src[0]) in the layer's decoder: its last `window` rows, whose
-// positions end at next_pos (ei_observe_decide). c: the layer's context (GPU: the stream's).
+// Observe the ubatch's queries (dst->src[0]) in each observed sequence's decoder of the layer: a
+// sequence in one run of rows gives its last `window` rows, whose positions end at its next_pos (a
+// prompt call of a whole window may skip ahead); in several runs (a unified cache's mixed ubatch)
+// each run, in order (the library keeps the last `window`). c: the layer's context (GPU: the stream's).
 static void ei_observe_layer(ei_layer * L, ei_context * c, ggml_tensor * dst) {
     llama_ei_state * st = L->st;
-    ei_tensor q = ei_view(dst->src[0]);
-    const int64_t keep = std::min<int64_t>(q.n_tokens, L->dec.window);
-    q.data     = (const float *) q.data + (size_t) (q.n_tokens - keep) * (size_t) q.token_stride;
-    q.n_tokens = keep;
-    if (!c || ei_decode_observe(c, &L->dec, &q, st->next_pos - keep, st->obs_generated) != EI_OK) {
-        ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_observe: " + (c ? ei_last_error() : "no CUDA context"));
+    const ei_tensor  q0 = ei_view(dst->src[0]);
+    for (size_t seq = 0; seq < st->seqs.size(); ++seq) {
+        auto & S = st->seqs[seq];
+        if (!S.active) {
+            continue;
+        }
+        ei_decoder * dec = &L->decs[seq].dec;
+        for (const auto & r : S.runs) {
+            int64_t r0 = r[0], q_pos = r[2];
+            if (S.runs.size() == 1) {
+                const int64_t keep = std::min<int64_t>(r[1] - r[0], dec->window);
+                r0    = r[1] - keep;
+                q_pos = S.next_pos - keep;
+            }
+            ei_tensor q = q0;
+            q.data     = (const float *) q0.data + (size_t) r0 * (size_t) q0.token_stride;
+            q.n_tokens = r[1] - r0;
+            if (!c || ei_decode_observe(c, dec, &q, q_pos, S.generated) != EI_OK) {
+                ei_decode_refuse_seq(st, (llama_seq_id) seq, "layer " + std::to_string(L->il) + ": ei_decode_observe: " +
+                                     (c ? ei_last_error() : "no CUDA context"));
+                break;
+            }
+        }
     }
 }
 
-// Observe the queries of this ubatch in the layer's decoder (one thread; the
-// decoder keeps the last `window`).
+// Observe the queries of this ubatch in the layer's decoders (one thread; each decoder keeps the
+// last `window` of its sequence).
 static void ei_op_observe(ggml_tensor * dst, int ith, int nth, void * ud) {
     (void) nth;
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
-    if (ith != 0 || !st->obs_active || !L->has_dec) {
+    if (ith != 0 || !st->obs_any || !L->has_dec) {
         return;
     }
     ei_observe_layer(L, L->gpu ? nullptr : L->ctx, dst);
@@ -1990,7 +2150,7 @@ static void ei_cuda_mask(ggml_tensor * dst, void * stream, void * ud) {
 
 static void ei_cuda_observe(ggml_tensor * dst, void * stream, void * ud) {
     ei_layer * L = (ei_layer *) ud;
-    if (!L->st->obs_active || !L->has_dec || !ei_gpu_op_begin(L, stream, "ei_observe")) {
+    if (!L->st->obs_any || !L->has_dec || !ei_gpu_op_begin(L, stream, "ei_observe")) {
         return;
     }
     ei_observe_layer(L, ei_gpu_context(L->st, L->scale, stream, 1), dst);
@@ -2021,13 +2181,27 @@ static bool ei_gpu_register() {
     return registered == 1;
 }
 
-bool llama_ei_compress_due(const llama_ei_state * st) {
-    if (!st || !st->opts.compress || st->dec_off || st->dec_paused || st->dec_seq < 0 || !ei_seq_enabled(st, st->dec_seq)) {
+// Is a keep set due for this sequence (its decoders say so)?
+static bool ei_seq_due(const llama_ei_state * st, llama_seq_id seq) {
+    const auto & S = st->seqs[(size_t) seq];
+    if (!S.started || S.off || S.paused || !S.has_dec || !ei_seq_enabled(st, seq)) {
         return false;
     }
     for (const auto & L : st->layers) {
         if (L->has_dec) {
-            return ei_decode_due(L->ctx, &L->dec) != 0;
+            return ei_decode_due(L->ctx, &L->decs[(size_t) seq].dec) != 0;
+        }
+    }
+    return false;
+}
+
+bool llama_ei_compress_due(const llama_ei_state * st) {
+    if (!st || !st->opts.compress || st->dec_off) {
+        return false;
+    }
+    for (size_t seq = 0; seq < st->seqs.size(); ++seq) {
+        if (ei_seq_due(st, (llama_seq_id) seq)) {
+            return true;
         }
     }
     return false;
@@ -2046,10 +2220,11 @@ static llama_kv_cache * ei_compress_cache(llama_memory_i * mem) {
     return nullptr;
 }
 
-// The first n cells of a layer's K cache storage [cells][kv heads][head_dim] as a tensor.
-static ei_tensor ei_k_cells(const ei_layer * L, const ggml_tensor * k, int64_t n) {
+// The first n cells of KV stream strm of a layer's K cache storage [streams][cells][kv heads][head_dim]
+// (llama_kv_cache: one stream per sequence with --kv-unified off, ne[2] of the storage) as a tensor.
+static ei_tensor ei_k_cells(const ei_layer * L, const ggml_tensor * k, uint32_t strm, int64_t n) {
     ei_tensor kt;
-    kt.data         = k->data;
+    kt.data         = (const char *) k->data + (size_t) strm * k->nb[2];
     kt.dtype        = ei_dtype_of(k->type);
     kt.n_heads      = L->n_head_kv;
     kt.head_dim     = L->head_dim;
@@ -2062,13 +2237,14 @@ static ei_tensor ei_k_cells(const ei_layer * L, const ggml_tensor * k, int64_t n
 // The sequence's keep set from every layer's scores, on the CPU (the context's threads score).
 // keep's positions: st->dec_positions.
 static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
-                                 int64_t n, ei_keep_set & keep) {
+                                 llama_seq_id seq, uint32_t strm, int64_t n, ei_keep_set & keep) {
     char buf[256];
     ei_layer *    L0 = layers[0];
     const int32_t H = L0->n_head, KV = L0->n_head_kv;
+    ei_decoder *  D0 = &L0->decs[(size_t) seq].dec;
     size_t ws_bytes = 0;
     if (ei_decode_workspace_size(L0->ctx, n, H, KV, &ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_workspace_size: ") + ei_last_error());
+        ei_decode_refuse_seq(st, seq, std::string("ei_decode_workspace_size: ") + ei_last_error());
         return false;
     }
     const int nt = std::max(1, std::min(st->n_threads, (int) H));
@@ -2085,12 +2261,13 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        const ei_tensor kt = ei_k_cells(L, k, n);
+        const ei_decoder * dec = &L->decs[(size_t) seq].dec;
+        const ei_tensor    kt  = ei_k_cells(L, k, strm, n);
         st->dec_scores.resize((size_t) H * (size_t) n);
         std::vector<ei_result> rs((size_t) nt, EI_OK);
         std::vector<std::string> msgs((size_t) nt);
         auto score = [&](int ith) {
-            rs[ith] = ei_decode_score(L->ctx, &L->dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
+            rs[ith] = ei_decode_score(L->ctx, dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
                                       st->dec_ws[ith].data(), ws_bytes);
             if (rs[ith] != EI_OK) {
                 msgs[ith] = ei_last_error();
@@ -2106,13 +2283,13 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
         }
         for (int ith = 0; ith < nt; ++ith) {
             if (rs[ith] != EI_OK) {
-                ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score: " + msgs[ith]);
+                ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_score: " + msgs[ith]);
                 return false;
             }
         }
-        if (ei_decode_shared_add(L->ctx, &L->dec, st->dec_scores.data(), n, st->dec_row_pos.data(), st->dec_shared.data(),
-                                 st->dec_ws[0].data(), ws_bytes) != EI_OK) {
-            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
+        if (ei_decode_shared_add(L->ctx, &L->decs[(size_t) seq].dec, st->dec_scores.data(), n, st->dec_row_pos.data(),
+                                 st->dec_shared.data(), st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+            ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
             return false;
         }
     }
@@ -2124,8 +2301,8 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
     keep.index     = st->dec_index.data();
     keep.positions = st->dec_positions.data();
     keep.row_pos   = st->dec_row_pos.data();
-    if (ei_decode_select_shared(L0->ctx, &L0->dec, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_select_shared: ") + ei_last_error());
+    if (ei_decode_select_shared(L0->ctx, D0, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+        ei_decode_refuse_seq(st, seq, std::string("ei_decode_select_shared: ") + ei_last_error());
         return false;
     }
     return true;
@@ -2135,14 +2312,15 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
 // device memory; one context that waits for data errors: outside the graph), then the kept
 // positions read back into st->dec_positions.
 static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
-                                 int64_t n, ei_keep_set & keep) {
+                                 llama_seq_id seq, uint32_t strm, int64_t n, ei_keep_set & keep) {
     char buf[256];
     ei_layer *    L0 = layers[0];
     const int32_t H = L0->n_head, KV = L0->n_head_kv;
+    ei_decoder *  D0 = &L0->decs[(size_t) seq].dec;
     ei_context *  c0 = ei_gpu_context(st, L0->scale, st->g_stream, 0);
     size_t ws_bytes = 0;
     if (!c0 || ei_decode_workspace_size(c0, n, H, KV, &ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_workspace_size (GPU): ") + ei_last_error());
+        ei_decode_refuse_seq(st, seq, std::string("ei_decode_workspace_size (GPU): ") + ei_last_error());
         return false;
     }
     const int32_t cap = (int32_t) std::max<int64_t>(std::min<int64_t>(n, ei_context_config(c0)->decode_budget), 1);
@@ -2167,14 +2345,15 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
             ei_decode_refuse(st, buf);
             return false;
         }
-        const ei_tensor kt = ei_k_cells(L, k, n);
-        if (ei_decode_score(c, &L->dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
-            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
+        ei_decoder *    dec = &L->decs[(size_t) seq].dec;
+        const ei_tensor kt  = ei_k_cells(L, k, strm, n);
+        if (ei_decode_score(c, dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
+            ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
             return false;
         }
-        if (ei_decode_shared_add(c, &L->dec, (const float *) d_scr, n, (const int32_t *) d_row, (float *) d_shr, d_ws,
+        if (ei_decode_shared_add(c, dec, (const float *) d_scr, n, (const int32_t *) d_row, (float *) d_shr, d_ws,
                                  ws_bytes) != EI_OK) {
-            ei_decode_refuse(st, "layer " + std::to_string(L->il) + ": ei_decode_shared_add (GPU): " + ei_last_error());
+            ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_shared_add (GPU): " + ei_last_error());
             return false;
         }
     }
@@ -2183,34 +2362,130 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
     keep.index     = (int32_t *) d_idx;
     keep.positions = (int32_t *) d_pos;
     keep.row_pos   = (const int32_t *) d_row;
-    if (ei_decode_select_shared(c0, &L0->dec, (const float *) d_shr, n, &keep, d_ws, ws_bytes) != EI_OK) {
-        ei_decode_refuse(st, std::string("ei_decode_select_shared (GPU): ") + ei_last_error());
+    if (ei_decode_select_shared(c0, D0, (const float *) d_shr, n, &keep, d_ws, ws_bytes) != EI_OK) {
+        ei_decode_refuse_seq(st, seq, std::string("ei_decode_select_shared (GPU): ") + ei_last_error());
         return false;
     }
     st->dec_positions.assign((size_t) cap, 0);
     if (keep.compressed && ei_device_copy(c0, st->dec_positions.data(), d_pos, (size_t) keep.n_kept * sizeof(int32_t),
                                           EI_COPY_DEVICE_TO_HOST) != EI_OK) {
-        ei_decode_refuse(st, std::string("reading the kept positions back: ") + ei_last_error());
+        ei_decode_refuse_seq(st, seq, std::string("reading the kept positions back: ") + ei_last_error());
         return false;
     }
     keep.positions = st->dec_positions.data();
     return true;
 }
 
+// One sequence's keep set applied: its cells in its KV stream (with --kv-unified off, a stream of its
+// own; in a unified cache the stream all sequences share) scored against its decoders, the positions
+// not kept evicted from this sequence only (ei_evict: seq_rm of this sequence, which leaves a cell
+// it shares with another sequence, e.g. a common prefix after seq_cp, to the other), then the
+// stream compacted (ei_compact moves every non-empty cell of the stream, any sequence's, to the
+// front, in cell order).
+static void ei_compress_seq(llama_ei_state * st, llama_kv_cache * kv, const std::vector<ei_layer *> & layers,
+                            llama_seq_id seq) {
+    const int64_t  t0   = ei_now_ns();
+    const uint32_t strm = kv->get_stream(seq);
+    // the sequence's rows of the stream: -1 for empty cells and other sequences' cells (never
+    // scored or kept); a cell it shares with another sequence is scored as its own
+    int64_t n = 0, used_before = 0;
+    {
+        const llama_kv_cells & cells = kv->get_cells(seq);
+        n = cells.used_max_p1();
+        st->dec_row_pos.assign((size_t) n, -1);
+        for (int64_t j = 0; j < n; ++j) {
+            if (!cells.is_empty((uint32_t) j) && cells.seq_has((uint32_t) j, seq)) {
+                st->dec_row_pos[(size_t) j] = cells.pos_get((uint32_t) j);
+                ++used_before;
+            }
+        }
+    }
+    int64_t row_bytes = 0; // K and V bytes of one cell over the cache's layers
+    for (ei_layer * L : layers) {
+        const ggml_tensor * k = kv->get_k_storage(L->il);
+        row_bytes += 2 * (int64_t) k->nb[1];
+    }
+
+    // one keep-set for the sequence: every layer's scores, each layer weighing 1
+    ei_keep_set keep;
+    memset(&keep, 0, sizeof keep);
+    if (!(layers[0]->gpu ? ei_select_shared_gpu(st, kv, layers, seq, strm, n, keep)
+                         : ei_select_shared_cpu(st, kv, layers, seq, strm, n, keep))) {
+        return;
+    }
+    if (keep.compressed) {
+        // evict the positions not kept, in runs, through llama.cpp's own memory API
+        std::vector<int32_t> kept(st->dec_positions.begin(), st->dec_positions.begin() + keep.n_kept), held;
+        std::sort(kept.begin(), kept.end());
+        for (int64_t j = 0; j < n; ++j) {
+            if (st->dec_row_pos[(size_t) j] >= 0) {
+                held.push_back(st->dec_row_pos[(size_t) j]);
+            }
+        }
+        std::sort(held.begin(), held.end());
+        size_t ik = 0;
+        for (size_t i = 0; i < held.size();) {
+            while (ik < kept.size() && kept[ik] < held[i]) {
+                ++ik;
+            }
+            if (ik < kept.size() && kept[ik] == held[i]) {
+                ++i;
+                continue;
+            }
+            size_t e = i + 1; // a run of evicted positions: held[i..e) with no kept one between
+            while (e < held.size() && (ik >= kept.size() || held[e] < kept[ik])) {
+                ++e;
+            }
+            kv->ei_evict(seq, held[i], held[e - 1] + 1); // this sequence's only; recorded: ei_first_missing
+            i = e;
+        }
+        if (kv->ei_compact(strm) < 0) {
+            ei_report_once("decode compression: the V cache is transposed, cells evicted but not moved to the front");
+        }
+    }
+    int64_t used_after = 0;
+    {
+        const llama_kv_cells & cells = kv->get_cells(seq);
+        for (uint32_t j = 0; j < cells.used_max_p1(); ++j) {
+            used_after += !cells.is_empty(j) && cells.seq_has(j, seq) ? 1 : 0;
+        }
+    }
+    const int64_t ns = ei_now_ns() - t0;
+    auto & S = st->seqs[(size_t) seq];
+    if (S.compressions == 0) {
+        S.cells_before = used_before;
+        S.bytes_before = used_before * row_bytes;
+        st->stats.seqs_compressed++;
+    }
+    S.compressions++;
+    S.cells_after  = used_after;
+    S.bytes_after  = used_after * row_bytes;
+    S.ns_compress += ns;
+    ei_stats & s = st->stats;
+    if (s.compressions == 0) {
+        s.cells_before = used_before;
+        s.bytes_before = used_before * row_bytes;
+    }
+    s.compressions++;
+    s.cells_after  = used_after;
+    s.bytes_after  = used_after * row_bytes;
+    s.ns_compress += ns;
+}
+
+// At the end of llama_decode: every sequence whose decoders are due, one after the other.
 void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
     if (!llama_ei_compress_due(st)) {
         return;
     }
     ei_gpu_settle(st);
-    const int64_t t0 = ei_now_ns();
     char buf[256];
     llama_kv_cache * kv = ei_compress_cache(mem);
     if (!kv) {
         ei_decode_refuse(st, "the model's memory is not a KV cache (recurrent or hybrid memory)");
         return;
     }
-    if (kv->get_n_stream() != 1 || kv->get_has_shift()) {
-        ei_decode_refuse(st, kv->get_has_shift() ? "a context shift is pending" : "a KV cache with several streams");
+    if (kv->get_has_shift()) {
+        ei_decode_refuse(st, "a context shift is pending");
         return;
     }
     // every layer of the cache must be observed: evicting a cell removes it from all of them
@@ -2228,73 +2503,11 @@ void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
     if (layers.empty()) {
         return;
     }
-    const llama_kv_cells & cells = kv->get_cells(st->dec_seq);
-    const int64_t n = cells.used_max_p1();
-    st->dec_row_pos.assign((size_t) n, -1);
-    for (int64_t j = 0; j < n; ++j) {
-        if (cells.is_empty((uint32_t) j)) {
-            continue;
-        }
-        if (!cells.seq_has((uint32_t) j, st->dec_seq) || cells.seq_count((uint32_t) j) != 1) {
-            snprintf(buf, sizeof buf, "cell %lld is shared with another sequence", (long long) j);
-            ei_decode_refuse(st, buf);
-            return;
-        }
-        st->dec_row_pos[j] = cells.pos_get((uint32_t) j);
-    }
-    const int64_t used_before = cells.get_used();
-    int64_t row_bytes = 0; // K and V bytes of one cell over the cache's layers
-    for (ei_layer * L : layers) {
-        const ggml_tensor * k = kv->get_k_storage(L->il);
-        row_bytes += 2 * (int64_t) k->nb[1];
-    }
-
-    // one keep-set for the sequence: every layer's scores, each layer weighing 1
-    ei_keep_set keep;
-    memset(&keep, 0, sizeof keep);
-    if (!(layers[0]->gpu ? ei_select_shared_gpu(st, kv, layers, n, keep) : ei_select_shared_cpu(st, kv, layers, n, keep))) {
-        return;
-    }
-    if (keep.compressed) {
-        // evict the positions not kept, in runs, through llama.cpp's own memory API
-        std::vector<int32_t> kept(st->dec_positions.begin(), st->dec_positions.begin() + keep.n_kept), held;
-        std::sort(kept.begin(), kept.end());
-        for (int64_t j = 0; j < n; ++j) {
-            if (st->dec_row_pos[j] >= 0) {
-                held.push_back(st->dec_row_pos[j]);
-            }
-        }
-        std::sort(held.begin(), held.end());
-        size_t ik = 0;
-        for (size_t i = 0; i < held.size();) {
-            while (ik < kept.size() && kept[ik] < held[i]) {
-                ++ik;
-            }
-            if (ik < kept.size() && kept[ik] == held[i]) {
-                ++i;
-                continue;
-            }
-            size_t e = i + 1; // a run of evicted positions: held[i..e) with no kept one between
-            while (e < held.size() && (ik >= kept.size() || held[e] < kept[ik])) {
-                ++e;
-            }
-            kv->ei_evict(st->dec_seq, held[i], held[e - 1] + 1); // recorded: ei_first_missing
-            i = e;
-        }
-        if (kv->ei_compact(kv->get_stream(st->dec_seq)) < 0) {
-            ei_report_once("decode compression: the V cache is transposed, cells evicted but not moved to the front");
+    for (size_t seq = 0; seq < st->seqs.size() && !st->dec_off; ++seq) {
+        if (ei_seq_due(st, (llama_seq_id) seq)) {
+            ei_compress_seq(st, kv, layers, (llama_seq_id) seq);
         }
     }
-    const int64_t used_after = kv->get_cells(st->dec_seq).get_used();
-    ei_stats & s = st->stats;
-    if (s.compressions == 0) {
-        s.cells_before = used_before;
-        s.bytes_before = used_before * row_bytes;
-    }
-    s.compressions++;
-    s.cells_after  = used_after;
-    s.bytes_after  = used_after * row_bytes;
-    s.ns_compress += ei_now_ns() - t0;
 }
 
 int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyinfer_decode_info * out) {
@@ -2312,6 +2525,27 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
     out->bytes_before = st->stats.bytes_before;
     out->bytes_after  = st->stats.bytes_after;
     out->seconds      = st->stats.ns_compress * 1e-9;
+    out->sequences    = st->stats.seqs_compressed;
+    return 0;
+}
+
+int llama_entropyinfer_get_seq_decode_info(const llama_context * ctx, llama_seq_id seq, llama_entropyinfer_decode_info * out) {
+    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
+    if (!out) {
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    if (!st || seq < 0 || (size_t) seq >= st->seqs.size()) {
+        return -1;
+    }
+    const auto & S = st->seqs[(size_t) seq];
+    out->compressions = S.compressions;
+    out->cells_before = S.cells_before;
+    out->cells_after  = S.cells_after;
+    out->bytes_before = S.bytes_before;
+    out->bytes_after  = S.bytes_after;
+    out->seconds      = S.ns_compress * 1e-9;
+    out->sequences    = S.compressions > 0 ? 1 : 0;
     return 0;
 }
 
@@ -2343,8 +2577,8 @@ bool llama_entropyinfer_seq_rewind(llama_context * ctx, llama_seq_id seq, llama_
     const bool ok   = llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
     llama_kv_cache::ei_set_rewind(prev);
     llama_ei_state * st = ctx->get_cparams().ei;
-    if (ok && st && st->dec_seq == seq && p0 < st->next_pos) {
-        st->dec_rewound = true; // the next ubatch continues at p0: observation starts over there
+    if (ok && st && (size_t) seq < st->seqs.size() && st->seqs[(size_t) seq].started && p0 < st->seqs[(size_t) seq].next_pos) {
+        st->seqs[(size_t) seq].rewound = true; // its next ubatch continues at p0: observation starts over there
     }
     return ok;
 }

@@ -55,9 +55,15 @@ struct llama_entropyinfer_decode_info {
     int64_t bytes_before;   // their K/V bytes
     int64_t bytes_after;
     double  seconds;        // scoring, selection, eviction and compaction, summed
+    int32_t sequences;      // distinct sequences compressed (each has its own decoders and keep set)
 };
-// 0, or -1 when entropyinfer is off for ctx.
+// 0, or -1 when entropyinfer is off for ctx. Cells and bytes are those of the sequence compressed
+// (its cells in its KV stream), at the context's first compression and at its last.
 LLAMA_API int llama_entropyinfer_get_decode_info(const struct llama_context * ctx, struct llama_entropyinfer_decode_info * out);
+// The same for one sequence: its own compressions, its cells before its first and after its last.
+// 0, or -1 when entropyinfer is off for ctx or seq is out of range.
+LLAMA_API int llama_entropyinfer_get_seq_decode_info(const struct llama_context * ctx, llama_seq_id seq,
+                                                     struct llama_entropyinfer_decode_info * out);
 
 // Positions after decode compression. llama_memory_seq_pos_min/max still span the positions a
 // compression evicted; the first missing one is F below, and llama_memory_seq_rm(mem, seq, p0, -1)
@@ -104,14 +110,18 @@ void             llama_ei_context_free(llama_ei_state * st);
 
 // Around each ubatch of llama_context::decode: `last` is true for the last
 // ubatch of the call (the end of the prompt: is_final for the planner);
-// n_tokens_all: the call's tokens (1: a generated token).
-void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all);
+// n_tokens_all: the call's tokens; balloc: the call's batch (a sequence with
+// one position in it: a generated token of that sequence).
+class llama_batch_allocr;
+void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, bool last, uint32_t n_tokens_all,
+                           const llama_batch_allocr * balloc);
 void llama_ei_ubatch_end  (llama_ei_state * st);
 
-// At the end of llama_context::decode: is a decode compression due (the
-// observed layers' decoders say so)? Then, after synchronising, compress:
-// one keep-set for the sequence, the other cells evicted with seq_rm and the
-// cells in use moved to the front (llama_kv_cache::ei_compact).
+// At the end of llama_context::decode: is a decode compression due (a
+// sequence's decoders in the observed layers say so)? Then, after
+// synchronising, compress every sequence that is due: one keep-set per
+// sequence, its other cells evicted with seq_rm of that sequence and the
+// cells in use of its KV stream moved to the front (llama_kv_cache::ei_compact).
 struct llama_memory_i;
 bool llama_ei_compress_due(const llama_ei_state * st);
 void llama_ei_compress    (llama_ei_state * st, llama_memory_i * mem);

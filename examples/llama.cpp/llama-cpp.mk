@@ -38,9 +38,10 @@
 #                      against a context that never compressed; llama-server's reuse after a compression and
 #                      its "entropyinfer" request field (bookkeeping_server.py); about half a minute on 2 cores
 #   llama-cpp-soak     soak.sh: llama-server with --entropyinfer under concurrent requests (soak_server.py,
-#                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified) x 4 client threads, then one slot
-#                      with decode compression; every request answered, the server alive and exiting
-#                      cleanly, greedy answers repeated, entropyinfer served; about 2 minutes on 2 cores
+#                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified) x 4 client threads, decode
+#                      compression per slot, then one slot; every request answered, the server alive and
+#                      exiting cleanly, greedy answers repeated, entropyinfer served, several slots
+#                      compressed; about 2 minutes on 2 cores (idle)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with

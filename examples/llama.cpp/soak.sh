@@ -1,8 +1,9 @@
 #!/bin/sh
 # examples/llama.cpp/soak.sh - `make llama-cpp-soak`: llama-server with --entropyinfer under
 # concurrent requests (issue 34): soak_server.py on SmolLM2-135M, prompts cut from the licence texts
-# of /usr/share/common-licenses; a phase of 4 slots (--no-kv-unified) and a phase of one slot with
-# decode compression. About 2 minutes on 2 cores. Fails when a check fails.
+# of /usr/share/common-licenses; a phase of 4 slots (--no-kv-unified, decode compression per slot)
+# and a phase of one slot. About 2 minutes on 2 cores idle, 17-20 with another 2-thread job on them.
+# Fails when a check fails.
 # Logs: build/llama_cpp_soak/{soak.log,parallel.err,queued.err}.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)

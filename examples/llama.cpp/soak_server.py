@@ -11,9 +11,9 @@ entropyinfer act on prompts of a few hundred tokens (sparse prefill from 512 tok
   parallel  -np 4 --no-kv-unified -c 8192 (2048 cells a slot): 4 client threads x 3 requests at
             once, prompts of 600-1200 tokens cut from TEXT (a fixed seed), some sharing a prefix of
             about 800 tokens (prompt-cache reuse), every fourth with "entropyinfer": false, every
-            third streamed, greedy and sampled (seeded). Sparse prefill serves each slot's KV stream.
-            Decode compression of several sequences is not implemented yet: the glue refuses it once
-            with a message and the slots go on uncompressed; the check is that it does so cleanly
+            third streamed, greedy and sampled (seeded). Sparse prefill serves each slot's KV stream,
+            and decode compression each slot's sequence, with its own decoders and keep set (after
+            decode_gap, 16, generated tokens: once per request of 24 tokens)
   queued    -np 1 -c 4096: 2 client threads x 2 requests queued on one slot, which compresses while
             decoding; a prompt sharing a prefix reuses the cache up to the first evicted position
 
@@ -29,12 +29,13 @@ tokens decoded in batches of several; the CPU backend then takes other kernels (
 and matmul paths chosen by batch size), and it was seen to change the greedy text of the dense
 probe. The entropyinfer probe differs for two more reasons: a sparse plan is made per ubatch from
 that ubatch's queries, and a ubatch holding a sequence with "entropyinfer": false runs llama.cpp's
-attention for all of its sequences (ei_decide). Then: the
-server aliveThen: the
-server alive and answering /health after the load, exit status 0 on SIGTERM, its exit line
+attention for all of its sequences (ei_decide). Then: the server alive and answering /health after the load, exit status 0 on SIGTERM, its exit line
 "entropyinfer: mode ..., layers L/N, ubatches S/T, density D" with L, S > 0 and D < 1 (sparse
-segments ran); parallel: tokens reused from the slots' caches; queued: "compressions C" with C > 0
-and "entropyinfer evicted position" reuse lines. A summary line per phase (requests, prompt tokens,
+segments ran), and no "decode compression off" message; parallel: tokens reused from the slots'
+caches or reuses cut at the first evicted position (the slots compress, so a shared prefix is
+reused only up to it), and "compressions C of N sequences" with N > 1 (several slots
+compressed); queued:
+"compressions C" with C > 0 and "entropyinfer evicted position" reuse lines. A summary line per phase (requests, prompt tokens,
 generated tokens, wall time); exit status 1 when a check failed. Server logs: OUT_DIR/<phase>.err.
 """
 import json
@@ -246,25 +247,31 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
     check(rc == 0, name, "exit", f"exit status {rc} on SIGTERM")
     wall = time.time() - t0
     log_text = open(log_path, encoding="utf-8", errors="replace").read()
-    m = re.search(r"entropyinfer: mode \S+, layers (\d+)/(\d+), ubatches (\d+)/(\d+), density ([0-9.]+)[^\n]*", log_text)
+    m = re.search(r"entropyinfer: mode \S+, layers (\d+)/(\d+), ubatches (\d+)/(\d+)(?: of \d+ sequences)?, density ([0-9.]+)[^\n]*",
+                  log_text)
     served = m is not None and int(m.group(1)) > 0 and int(m.group(3)) > 0 and float(m.group(5)) < 1.0
     check(served, name, "served", m.group(0) if m else "no \"entropyinfer: mode ...\" line at exit")
-    comp = re.search(r"compressions (\d+)", m.group(0)) if m else None
+    comp = re.search(r"compressions (\d+) of (\d+) sequence", m.group(0)) if m else None
     n_comp = int(comp.group(1)) if comp else 0
+    n_comp_seqs = int(comp.group(2)) if comp else 0
     reuse = len(re.findall(r"entropyinfer evicted position \d+ of the cache: reusing at most \d+ tokens", log_text))
-    refused = re.search(r"entropyinfer: [^\n]*(decode compression|several streams|second sequence)[^\n]*", log_text)
+    refused = re.search(r"entropyinfer: [^\n]*decode compression off[^\n]*", log_text)
     if name == "parallel":
-        check(cached_tok > 0, name, "reuse", f"{cached_tok} prompt tokens taken from the slots' caches")
+        # the slots compress too, so a shared prefix is reused only up to the first evicted position F
+        check(cached_tok > 0 or reuse > 0, name, "reuse",
+              f"{cached_tok} prompt tokens taken from the slots' caches, {reuse} reuses cut at the first evicted position")
     if name == "queued":
         check(n_comp > 0 and reuse > 0, name, "compress",
               f"{n_comp} decode compressions, {reuse} reuses cut at the first evicted position")
     else:
-        # several sequences: compression refused once, cleanly (until the glue keeps one keep-set per sequence)
-        check(n_comp > 0 or refused is not None, name, "compress",
-              f"{n_comp} decode compressions" + (f"; refused: {refused.group(0)}" if refused else ""))
+        # several sequences: each slot compressed with its own keep set
+        check(n_comp > 0 and n_comp_seqs > 1, name, "compress",
+              f"{n_comp} decode compressions of {n_comp_seqs} sequences (slots)")
+    check(refused is None, name, "no-refusal",
+          "no \"decode compression off\" message" if refused is None else refused.group(0))
     print(f"summary  {name:8} {n_req} requests from {n_threads} threads, {prompt_tok} prompt tokens "
-          f"({cached_tok} from the prompt cache), {gen_tok} generated; load {wall_load:.1f} s, "
-          f"phase {wall:.1f} s", flush=True)
+          f"({cached_tok} from the prompt cache), {gen_tok} generated, {n_comp} compressions of {n_comp_seqs} "
+          f"sequences; load {wall_load:.1f} s, phase {wall:.1f} s", flush=True)
     return wall
 
 
