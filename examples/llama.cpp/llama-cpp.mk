@@ -41,7 +41,8 @@
 #                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified) x 4 client threads, decode
 #                      compression per slot, then one slot; every request answered, the server alive and
 #                      exiting cleanly, greedy answers repeated, entropyinfer served, several slots
-#                      compressed; about 2 minutes on 2 cores (idle)
+#                      compressed; two rounds of load with malformed requests (4xx) and dropped streams
+#                      beside them, resident memory compared between rounds (also: llama-server-soak)
 #   llama-cpp-clean    remove the builds and the patched copy (the download stays in .cache/llama.cpp)
 #
 # The patched source is a fresh copy of the pristine tree (.cache/llama.cpp/src-<commit>) with
@@ -77,7 +78,7 @@ LLAMA_CPP_CMAKE     = -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
 # The CUDA build: the same options with ggml's CUDA backend (CUDA graphs as upstream).
 LLAMA_CPP_CUDA_CMAKE = $(LLAMA_CPP_CMAKE) -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$(LLAMA_CPP_CUDA_ARCHS)"
 
-.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-soak llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
+.PHONY: llama-cpp llama-cpp-cuda llama-cpp-cuda-check llama-cpp-vanilla llama-cpp-smoke llama-cpp-bookkeeping llama-cpp-soak llama-server-soak llama-cpp-models llama-cpp-eval llama-cpp-clean decode-eval
 
 $(LLAMA_CPP_PRISTINE)/.fetched: $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
 	LLAMA_CPP_PRISTINE=$(LLAMA_CPP_PRISTINE) sh $(LLAMA_CPP_DIR)/fetch_llama_cpp.sh
@@ -136,6 +137,8 @@ llama-cpp-bookkeeping: llama-cpp
 
 llama-cpp-soak: llama-cpp
 	sh $(LLAMA_CPP_DIR)/soak.sh
+
+llama-server-soak: llama-cpp-soak # issue 34's name for it
 
 llama-cpp-models:
 	sh $(LLAMA_CPP_DIR)/fetch_models.sh

@@ -17,8 +17,17 @@ entropyinfer act on prompts of a few hundred tokens (sparse prefill from 512 tok
   queued    -np 1 -c 4096: 2 client threads x 2 requests queued on one slot, which compresses while
             decoding; a prompt sharing a prefix reuses the cache up to the first evicted position
 
+The client load runs ROUNDS (3) times per phase, and beside it, in each round, a client sending
+malformed requests (not JSON, a JSON array, no prompt, fields of the wrong type, "entropyinfer" not
+a boolean) and one dropping two streamed requests of 200 tokens after 3 chunks (cancelled). The
+server's RAM prompt cache is bounded (--cache-ram 64), so that its resident memory can be compared
+between rounds.
+
 Checks, per phase: every request HTTP 200 with n_predict tokens ("ignore_eos"), the streamed ones
-read to their final chunk; two greedy probes (cache_prompt false, so the prompt is processed from
+read to their final chunk; every malformed request refused with a 4xx; the dropped streams read
+(and the requests after them answered); the greedy entropyinfer probe sent alone after each round
+giving the text it gave alone before the load; the server's resident memory after the last round
+at most 10% above that after the first plus the prompt cache's bound (64 MiB, which the rounds fill); two greedy probes (cache_prompt false, so the prompt is processed from
 position 0), one with entropyinfer and one with "entropyinfer": false, sent alone before the load
 and again amid it. In the queued phase both must give the same text (one slot: the probe's prompt
 is cut into the same ubatches and its tokens decoded alone, as the first time). In the parallel
@@ -63,6 +72,23 @@ PHASES = [
     ("parallel", ["-np", "4", "--no-kv-unified", "-c", "8192"], 4, 3),
     ("queued", ["-np", "1", "-c", "4096"], 2, 2),
 ]
+# the client load runs ROUNDS times per phase; the server's RAM prompt cache is bounded (--cache-ram), so
+# its resident memory after the last round must stay within that bound plus MEM_GROWTH of the memory
+# after the first round (the cache fills over the rounds: 289, 295, 316 MiB with one slot)
+ROUNDS = 3
+CACHE_RAM_MIB = 64
+MEM_GROWTH = 0.10
+# requests a server must refuse with a 4xx, sent amid the load (body bytes, what is wrong)
+MALFORMED = [
+    (b'{"prompt": "hi", ', "not JSON"),
+    (b'[1, 2]', "a JSON array"),
+    (b'{"n_predict": 4}', "no prompt"),
+    (b'{"prompt": "hi", "n_predict": "abc"}', "n_predict a string"),
+    (b'{"prompt": "hi", "n_predict": 4, "temperature": "hot"}', "temperature a string"),
+    (b'{"prompt": "hi", "n_predict": 4, "entropyinfer": 3}', "entropyinfer not a boolean"),
+]
+# streamed requests the client drops after CANCEL_AFTER chunks (the server must stop them and free the slot)
+CANCEL_AFTER = 3
 
 
 def free_port():
@@ -101,6 +127,53 @@ def post(port, body, timeout=600):
         return e.code, e.read().decode(errors="replace"), 0
     except (urllib.error.URLError, ConnectionError, OSError) as e:
         return -1, f"{type(e).__name__}: {e}", 0
+
+
+def post_raw(port, data, timeout=120):
+    """A /completion request with a raw body: (HTTP status, body text)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, ConnectionError, OSError) as e:
+        return -1, f"{type(e).__name__}: {e}"
+
+
+def cancel_stream(port, prompt, n_chunks):
+    """A streamed request of 200 tokens dropped after n_chunks chunks: the number of chunks read
+    (-1: no HTTP 200)."""
+    body = {"prompt": prompt, "n_predict": 200, "ignore_eos": True, "stream": True, "cache_prompt": False}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        r = urllib.request.urlopen(req, timeout=600)
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return -1
+    got = 0
+    try:
+        for raw in r:
+            if raw.startswith(b"data: "):
+                got += 1
+                if got >= n_chunks:
+                    break
+    finally:
+        r.close()  # the connection goes: the server sees the client gone
+    return got
+
+
+def rss_mib(pid):
+    """Resident memory of a process (VmRSS), MiB; 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 def wait_ready(port, proc, seconds=120):
@@ -167,6 +240,7 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
                         "temperature": 0, "entropyinfer": False}}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([server, "-m", model, "-fa", "on", "-t", THREADS, "--host", "127.0.0.1", "--port", str(port),
+                                 "--cache-ram", str(CACHE_RAM_MIB),
                                  "--entropyinfer", "--entropyinfer-opt", EI_OPTS] + server_args,
                                 stdout=log, stderr=subprocess.STDOUT)
     t0 = time.time()
@@ -183,24 +257,46 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
                 check(False, name, "probe", f"{key}: HTTP {st}: {str(first[key])[:200]}")
                 return None
 
-        def client(t):
+        def client(t, rnd):
             for i, body in enumerate(plans[t]):
                 ts = time.time()
                 st, r, chunks = post(port, body)
                 with lock:
                     results.append((t, i, body, st, r, chunks, time.time() - ts))
                 key = ["ei", "dense"][t] if t < 2 else None
-                if key and i == len(plans[t]) // 2:  # a probe again, amid the other clients' requests
+                if key and rnd == 0 and i == len(plans[t]) // 2:  # a probe again, amid the other clients' requests
                     st2, r2, _ = post(port, probes[key])
                     with lock:
                         results.append((t, "probe-" + key, probes[key], st2, r2, 0, 0.0))
 
-        threads = [threading.Thread(target=client, args=(t,)) for t in range(n_threads)]
+        misuse, cancels = [], []  # (round, what, status, body), (round, chunks read)
+
+        def misuser(rnd):
+            for data, what in MALFORMED:
+                st, txt = post_raw(port, data)
+                with lock:
+                    misuse.append((rnd, what, st, txt[:160]))
+                time.sleep(0.5)
+
+        def canceller(rnd):
+            for j in range(2):
+                got = cancel_stream(port, text[30000 + 5000 * j:30000 + 5000 * j + 3000], CANCEL_AFTER)
+                with lock:
+                    cancels.append((rnd, got))
+
+        mem, alone = [], []  # RSS after each round; the entropyinfer probe sent alone after each round
         t_load = time.time()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        for rnd in range(ROUNDS):
+            threads = [threading.Thread(target=client, args=(t, rnd)) for t in range(n_threads)]
+            threads += [threading.Thread(target=misuser, args=(rnd,)), threading.Thread(target=canceller, args=(rnd,))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            time.sleep(2)  # the dropped streams' slots stop at their next token: the probe then runs alone
+            st, r, _ = post(port, probes["ei"])
+            alone.append(r.get("content") if st == 200 and isinstance(r, dict) else f"HTTP {st}: {str(r)[:120]}")
+            mem.append(rss_mib(proc.pid))
         wall_load = time.time() - t_load
 
         bad = [(t, i, st, str(r)[:200]) for t, i, body, st, r, _, _ in results
@@ -234,6 +330,22 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
                 detail += " (not required with several slots: completed; see the header)"
                 same = True
             check(same, name, "determinism", detail)
+        bad4 = [(w, st, txt) for _, w, st, txt in misuse if not 400 <= st < 500]
+        check(not bad4, name, "malformed",
+              f"{len(misuse) - len(bad4)}/{len(misuse)} malformed requests refused with a 4xx ("
+              + ", ".join(sorted({f"{w}: {st}" for _, w, st, _ in misuse})) + ")" + (f"; not 4xx: {bad4[:2]}" if bad4 else ""))
+        check(len(cancels) == 2 * ROUNDS and all(g >= 1 for _, g in cancels), name, "cancel",
+              f"{len(cancels)} streamed requests of 200 tokens dropped after {CANCEL_AFTER} chunks "
+              f"(chunks read: {[g for _, g in cancels]}); the requests after them answered")
+        same_alone = all(a == first["ei"]["content"] for a in alone)
+        check(same_alone, name, "rounds",
+              f"greedy probe (ei) alone before the load and after each of {ROUNDS} rounds: "
+              + ("same text" if same_alone else f"differs: {[a[:40] for a in alone]!r} vs {first['ei']['content'][:40]!r}"))
+        limit = mem[0] * (1 + MEM_GROWTH) + CACHE_RAM_MIB if mem and mem[0] > 0 else 0.0
+        check(bool(mem) and mem[0] > 0 and mem[-1] <= limit, name, "memory",
+              f"server resident memory after each round: {', '.join(f'{m:.0f}' for m in mem)} MiB "
+              f"(at most {limit:.0f}: the first round's + {100 * MEM_GROWTH:.0f}% + the prompt cache's bound, "
+              f"--cache-ram {CACHE_RAM_MIB})")
         alive = proc.poll() is None and health(port)
         check(alive, name, "alive", "server running and /health 200 after the load")
     finally:
