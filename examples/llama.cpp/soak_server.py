@@ -97,13 +97,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def completion_request(port, data):
+    """A POST of data (bytes, or a dict sent as JSON) to the server's /completion."""
+    if isinstance(data, dict):
+        data = json.dumps(data).encode()
+    return urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=data,
+                                  headers={"Content-Type": "application/json"})
+
+
 def post(port, body, timeout=600):
     """One /completion request; streamed requests are read to their final chunk.
     Returns (HTTP status, the final JSON object or the error text, number of streamed chunks)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(completion_request(port, body), timeout=timeout) as r:
             if not body.get("stream"):
                 return r.status, json.loads(r.read()), 0
             # server-sent events: "data: {...}" lines; the last one has "stop": true and the timings
@@ -131,10 +137,8 @@ def post(port, body, timeout=600):
 
 def post_raw(port, data, timeout=120):
     """A /completion request with a raw body: (HTTP status, body text)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=data,
-                                 headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(completion_request(port, data), timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
@@ -146,10 +150,8 @@ def cancel_stream(port, prompt, n_chunks):
     """A streamed request of 200 tokens dropped after n_chunks chunks: the number of chunks read
     (-1: no HTTP 200)."""
     body = {"prompt": prompt, "n_predict": 200, "ignore_eos": True, "stream": True, "cache_prompt": False}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     try:
-        r = urllib.request.urlopen(req, timeout=600)
+        r = urllib.request.urlopen(completion_request(port, body), timeout=600)
     except (urllib.error.URLError, ConnectionError, OSError):
         return -1
     got = 0
