@@ -27,15 +27,22 @@
        const int64_t n_prompt = n - 32, ubatch = 512;
        const size_t row = 8 * 128;                // elements of a cache row: 8 kv heads x head_dim 128
 
-       // once, at setup: plan, decoder, keep set, cache and workspaces, for up to cap tokens
-       size_t plan_bytes, dec_bytes, ws_bytes, ws2_bytes, ws3_bytes;
-       ei_plan_size(ctx, cap, 8, 128, EI_PLAN_CHUNKED, &plan_bytes);
-       ei_decoder_size(ctx, 32, 128, &dec_bytes);                      // 32 query heads
-       ei_profile_workspace_size(ctx, cap, 32, 8, 128, &ws_bytes);      // planning
-       ei_attention_workspace_size(ctx, 32, 8, 128, &ws2_bytes);        // attention
-       ei_decode_workspace_size(ctx, cap, 32, 8, &ws3_bytes);           // decode keep sets
-       void *plan_mem = malloc(plan_bytes), *dec_mem = malloc(dec_bytes);
-       void *ws = malloc(ws_bytes), *ws2 = malloc(ws2_bytes), *ws3 = malloc(ws3_bytes);
+       // once, at setup: every buffer of the layer from one query (32 query heads,
+       // 8 kv heads, head_dim 128, up to cap tokens), the calls run on 2 threads
+       ei_shape shape;
+       memset(&shape, 0, sizeof shape);
+       shape.max_tokens = cap;
+       shape.n_heads = 32; shape.n_kv_heads = 8; shape.head_dim = 128;
+       shape.plan_flags = EI_PLAN_CHUNKED;        // a plan for micro-batches
+       shape.n_threads = 2;
+       ei_sizes sz;
+       if (ei_layer_sizes(ctx, &shape, &sz) != EI_OK) { puts(ei_last_error()); return 1; }
+       ei_exec x;                                 // how every call runs: its threads (or
+       memset(&x, 0, sizeof x);                   // x.ith/x.nth: a part of your own pool's)
+       x.n_threads = 2;
+       x.workspace = malloc(sz.workspace);        // and one workspace for every call
+       x.workspace_bytes = sz.workspace;
+       void *plan_mem = malloc(sz.plan), *dec_mem = malloc(sz.decoder);
        uint16_t *k_cache = (uint16_t *)calloc((size_t)cap * row, 2);
        uint16_t *v_cache = (uint16_t *)calloc((size_t)cap * row, 2);
        ei_plan plan;
@@ -45,8 +52,8 @@
        keep.heads_out = 8;                         // a set per kv head (cfg.per_kv_head)
        keep.capacity = cfg.decode_budget;
        keep.index = (int32_t *)malloc(sizeof(int32_t) * 8 * (size_t)cfg.decode_budget);
-       ei_result r = ei_plan_init(ctx, &plan, cap, 8, 128, EI_PLAN_CHUNKED, plan_mem, plan_bytes);
-       if (r == EI_OK) r = ei_decoder_init(ctx, &dec, 32, 8, 128, dec_mem, dec_bytes);
+       ei_result r = ei_plan_init(ctx, &plan, cap, 8, 128, EI_PLAN_CHUNKED, plan_mem, sz.plan);
+       if (r == EI_OK) r = ei_decoder_init(ctx, &dec, 32, 8, 128, dec_mem, sz.decoder);
 
        // prefill, per micro-batch of positions [p, p + m): its K/V appended to the cache,
        // planned against the padded cache (rows past p + m are ignored), attended, observed
@@ -60,9 +67,8 @@
            ei_tensor k = ei_tensor_make(k_cache, EI_BF16, cap, 8, 128);
            ei_tensor v = ei_tensor_make(v_cache, EI_BF16, cap, 8, 128);
            ei_out_tensor out = ei_out_tensor_make((float *)out_ptr + (size_t)p * 32 * 128, EI_F32, m, 32, 128);
-           r = ei_profile_chunk(ctx, &q, &k, &plan, p, p + m == n_prompt, ws, ws_bytes); // the plan
-           if (r == EI_OK)                      // thread 0 of 1 (ith, nth: your pool's)
-               r = ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, p, 0, 1, ws2, ws2_bytes);
+           r = ei_profile_chunk(ctx, &x, &q, &k, &plan, p, p + m == n_prompt); // the plan
+           if (r == EI_OK) r = ei_attention_prefill(ctx, &x, &q, &k, &v, &plan, &out, p);
            if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q, p, 0); // keeps the last cfg.window
        }
 
@@ -77,25 +83,25 @@
            ei_tensor v = ei_tensor_make(v_cache, EI_BF16, rows, 8, 128); // padded view: a row map)
            ei_out_tensor o1 = ei_out_tensor_make((float *)out_ptr + (size_t)t * 32 * 128, EI_F32, 1, 32, 128);
            // q_offset: the query's ROW (after a compaction rows are fewer than positions);
-           // ei_attention_decode splits the keys over threads instead
-           r = ei_attention_prefill(ctx, &q1, &k, &v, NULL, &o1, rows - 1, 0, 1, ws2, ws2_bytes);
+           // the keys split over the threads, no keep set: the whole cache
+           r = ei_attention_decode(ctx, &x, &q1, &k, &v, NULL, &o1, rows - 1);
            if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q1, t, 1);
            if (r == EI_OK && ei_decode_due(ctx, &dec)) {     // after cfg.decode_gap tokens
                ei_out_tensor ko = ei_out_tensor_make(k_cache, EI_BF16, rows, 8, 128);
                ei_out_tensor vo = ei_out_tensor_make(v_cache, EI_BF16, rows, 8, 128);
-               r = ei_decode_keep(ctx, &dec, &k, &keep, ws3, ws3_bytes);
+               r = ei_decode_keep(ctx, &x, &dec, &k, &keep);
                if (r == EI_OK) r = ei_kv_compact(ctx, &keep, &ko, &vo);
                if (r == EI_OK) rows = keep.n_kept;  // RoPE positions go on from t + 1
            }
        }
        if (r != EI_OK) puts(ei_last_error());
        ei_context_destroy(ctx);
-       free(plan_mem); free(dec_mem); free(ws); free(ws2); free(ws3);
+       free(plan_mem); free(dec_mem); free(x.workspace);
        free(k_cache); free(v_cache); free(keep.index);
 
    PROTOCOLS says what chunked plans equal and how decode lines up its
-   window; docs/integration.md shows the thread helpers, split-key decode
-   and caches shared by every layer (llama.cpp's).
+   window; THREADS how an engine's own thread pool runs the calls in parts;
+   docs/integration.md shows caches shared by every layer (llama.cpp's).
 
    BUILD OPTIONS (define before the implementation include)
    =============
@@ -111,7 +117,7 @@
    | EI_ATTN_PREFER_DPBF16   | AUTO: vdpbf16ps attention wherever present (default: |
    |                         | where its measured rate wins, ei_cpu_dpbf16_ratio)   |
    | EI_NO_NEON              | leave out the NEON path                               |
-   | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
+   | EI_NO_PTHREADS          | no built-in threads (n_threads shares run in turn)   |
    | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
    | EI_CUDA_LIBRARY_NAME    | the plugin's file name (default                      |
    |                         | "libentropyinfer_cuda.so"; GPU MEMORY: finding it)   |
@@ -293,8 +299,7 @@
    0's entropy and the last segment's cap are set by a final call.
    On the CUDA backend ei_profile_chunk runs the same protocol with q, k and
    the plan in device memory, every kv head in one call (the head states stay
-   in the plan's device memory; kv-head ranges, ei_profile_chunk_heads, are
-   CPU-only): plans equal the CPU's chunked ones (counts, classes and the
+   in the plan's device memory; a call in parts is made whole by part 0): plans equal the CPU's chunked ones (counts, classes and the
    default ranking exactly; entropies and scores within float32 summation
    order; tests/test_cuda.c). With EI_RANK_SAMPLED the open segment's
    sampled rows are summed over chunks as on the CPU, by the whole-prompt
@@ -383,7 +388,7 @@
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head (the antidiagonal one that many tiles); its workspace
    adds 32 x n_tokens floats of scores.
-   Plan memory per layer (ei_plan_size; per kv head and segment: 24 bytes of
+   Plan memory per layer (ei_sizes.plan; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
    segment's query min/max and block row per kv head): 32 query / 8 kv
@@ -395,13 +400,14 @@
    read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
    them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
-   reads only the new keys. A plan of ei_plan_alloc grows with the prompt
-   (ei_plan_grow): allocate it for a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
+   reads only the new keys. A plan of the library's memory (ei_plan_init
+   with memory NULL) grows with the prompt (ei_plan_grow): allocate it for
+   a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
    AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
    317 ms with it, 289 ms as one ei_profile call; the plans are the same.
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
-   thread (ei_decode_workspace_size); the rows that hold positions are read
+   thread (ei_sizes.decode_keep); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
    A decoder observes at most EI_MAX_TOKENS queries (EI_ERR_SIZE past it;
    ei_decoder_reset starts again). An EI_DECODE_H2O decoder adds
@@ -413,13 +419,13 @@
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full;
    attention checks each query row of its tiles and each key row it reads,
    just before scoring it: keys a sparse row drops, or past the call's last
-   query, are not read; with ith/nth, the threads whose rows meet it return
+   query, are not read; in parts, the parts whose rows meet it return
    it); finite inputs so large that float32 block or decode scores overflow:
    EI_ERR_NONFINITE (attention clamps its logits to +-FLT_MAX).
    Stack: a call uses at most 24 KiB of the caller's stack (measured: up to
-   13 KB, ei_decode_keep_mt, gcc -O2 x86-64; tests/test_threads.c runs every
-   entry point on a 64 KiB thread stack and checks the bound); the *_mt
-   workers run on threads created with default attributes.
+   13 KB, ei_decode_keep on threads, gcc -O2 x86-64; tests/test_threads.c
+   runs every entry point on a 64 KiB thread stack and checks the bound);
+   the context's workers run on threads created with default attributes.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
    that attend to it and, in the SIMD kernels, of the earlier queries of its
    64-key tile (masked weight 0 times NaN), as in tiled flash attention.
@@ -430,8 +436,9 @@
    the regions it reads and writes that intersect where one of them is
    written: views (address range from the first element to the end of the
    farthest), a plan's arrays, a decoder's query ring, the workspace bytes it
-   uses (for *_mt: the per-thread size times the threads it runs, n_threads
-   or fewer when there are fewer heads to split), keep-set arrays, scores,
+   uses (on threads: every thread's share, the per-thread size times the
+   threads it runs, n_threads or fewer when there are fewer heads to split;
+   in parts: the part's share), keep-set arrays, scores,
    row maps, and the ei_plan / ei_keep_set / ei_decoder / ei_tensor structs
    it reads or writes. Read-only regions may share memory (Q and K in one
    buffer). Two views with the same dtype and strides are compared element
@@ -445,29 +452,27 @@
    arrays: what ei_plan_init laid out; decoder: the ei_decoder struct and,
    where the struct is written, its summed attention (EI_DECODE_H2O), ring:
    its query ring; keep: the ei_keep_set struct and its index, positions,
-   mask, pooled arrays; ws: the workspace bytes the call uses, every
-   thread's share for *_mt; the context is read by every call):
+   mask, pooled arrays; ws: the workspace bytes the call uses (above);
+   the context is read by every call):
    | entry                               | reads             | writes          |
    | ei_plan_init                        |                   | plan, memory    |
    | ei_plan_reset                       |                   | plan, arrays    |
    | ei_plan_finalize                    | plan              | plan arrays     |
    | ei_plan_grow                        | plan, plan arrays | plan (arrays:   |
    |                                     |                   | new, library's) |
-   | ei_profile ei_profile_heads         | q, k              | plan, plan      |
-   |   ei_profile_mt ei_profile_chunk    |                   | arrays, ws      |
-   |   ei_profile_chunk_heads            |                   |                 |
-   |   ei_profile_chunk_mt               |                   |                 |
+   | ei_layer_sizes                      | shape             | sizes           |
+   | ei_profile ei_profile_chunk         | q, k              | plan, plan      |
+   |                                     |                   | arrays, ws      |
    | ei_attention_prefill                | q, k, v, plan,    | out, ws         |
-   |   ei_attention_prefill_mt           | plan arrays       |                 |
-   | ei_attention_decode                 | q, k, v, keep,    | partials (out   |
-   |   ei_attention_decode_keep          | keep->index       | for _mt), ws    |
-   |   ei_attention_decode_mt            |                   |                 |
-   |   ei_attention_decode_keep_mt       |                   |                 |
-   | ei_attention_decode_merge           | partials          | out             |
+   |                                     | plan arrays       |                 |
+   | ei_attention_decode                 | q, k, v, keep,    | ws (the parts'  |
+   |                                     | keep->index       | partials; out   |
+   |                                     |                   | on threads)     |
+   | ei_attention_decode_merge           | ws (partials)     | out             |
    | ei_decoder_init                     |                   | decoder, memory |
    | ei_decoder_reset                    | ring (apart)      | decoder         |
    | ei_decode_observe                   | q                 | decoder, ring   |
-   | ei_decode_keep ei_decode_keep_mt    | k, ring, row_pos  | decoder, keep   |
+   | ei_decode_keep                      | k, ring, row_pos  | decoder, keep   |
    |                                     |                   | and arrays, ws  |
    | ei_decode_score                     | k, decoder, ring, | scores, ws      |
    |                                     | row_pos           |                 |
@@ -491,12 +496,12 @@
    counters before it reads anything else of it, whatever it returns:
    ei_plan_free leaves a plan it refuses as it is (nothing freed, the reason
    in ei_last_error; a zeroed plan is freed already, and a refused
-   ei_plan_alloc leaves the struct as it was), ei_plan_segment_is_sparse and
+   ei_plan_init leaves the struct as it was), ei_plan_segment_is_sparse and
    ei_decode_due return 0 for a refused struct (the reason in
    ei_last_error). Caller values (positions, counts, strides, capacities)
    are range-checked before any sum or product is formed with them, up to
    the int64 edges. A refused call leaves every struct, plan and decoder as
-   it was: the *_mt helpers check every share before any thread runs (data
+   it was: a call on threads checks every share before any thread runs (data
    errors found while computing, NaN/Inf or a row map's faults, may leave
    outputs written in part, as each call documents).
 
@@ -511,30 +516,34 @@
 
    THREADS
    =======
-   An ei_context is immutable after creation: any number of threads may use
-   one context at once. A plan may be shared by threads that work on
-   disjoint kv-head ranges (ei_profile_heads, ei_profile_chunk_heads) or
-   read it at once (ei_attention_prefill with ith/nth, disjoint outputs). A
-   decoder belongs to one thread at a time (observe, keep, select and
-   shared_add write it), except that threads may run ei_decode_score on it at
-   once (it only reads the decoder; each writes its own query heads' rows of
-   scores). Anything else written by a call belongs to one thread at a time.
-   Workspaces are per thread. The logger may be called from several threads
-   at once (your threads, or the workers of the *_mt helpers): make it
-   thread-safe. A failure inside an *_mt worker is returned, with its
-   message, to the calling thread.
-   The *_mt helpers run the first share on the calling thread and the others
-   on workers the context keeps from call to call (started by the first call
-   that needs them, ended by ei_context_destroy; they spin for some tens of
-   microseconds after a call, then sleep). One call at a time has them: a
-   call made while another thread's call holds them starts and joins
-   threads of its own, as every call did before, which costs 51 us per
-   extra thread on a 2-core Zen 5 VM (16 us on a Sapphire Rapids one).
-   Measured on the Zen 5 VM, ei_attention_decode_mt over 64 keys (32/8
-   heads, bf16, best of 2000 calls): 30-33 us on 1 thread, 34-36 us on 2
-   with the kept workers, 57-62 us starting threads per call. An engine
-   with its own thread pool can still run the ith/nth calls on it, as
-   examples/gemma does for attention.
+   Every operation runs as its ei_exec says (API, "execution"): on threads
+   (n_threads: the calling thread and the context's workers) or in parts
+   (ith/nth: the engine's own pool calls it nth times), with one workspace
+   for the call either way (ei_layer_sizes for that thread count). An
+   ei_context is immutable after creation: any number of threads may use
+   one context at once. The parts of one call share its plan (each writes
+   its own kv heads' rows; only part 0 or the part holding kv head 0 writes
+   the shared fields), its output (each writes its own rows) and its
+   workspace (each its own share); a decoder belongs to one call at a time
+   (observe, keep, select and shared_add write it), except that the parts
+   of ei_decode_score read it at once (each writes its own query heads'
+   rows of scores). Anything else written by a call belongs to one thread at
+   a time. The logger may be called from several threads at once (your
+   threads, or the context's workers): make it thread-safe. A failure on a
+   worker is returned, with its message, to the calling thread.
+   Calls on threads run the first share on the calling thread and the
+   others on workers the context keeps from call to call (started by the
+   first call that needs them, ended by ei_context_destroy; they spin for
+   some tens of microseconds after a call, then sleep). One call at a time
+   has them: a call made while another thread's call holds them starts and
+   joins threads of its own, which costs 51 us per extra thread on a 2-core
+   Zen 5 VM (16 us on a Sapphire Rapids one). Measured on the Zen 5 VM,
+   decode attention on 2 threads over 64 keys (32/8 heads, bf16, best of
+   2000 calls): 30-33 us on 1 thread, 34-36 us on 2 with the kept workers,
+   57-62 us starting threads per call. An engine with its own thread pool
+   runs the calls in parts on it, as examples/gemma does for attention and
+   the llama.cpp glue does on ggml's threads. Under EI_NO_PTHREADS a call
+   on threads runs its shares one after another on the calling thread.
 */
 #ifndef ENTROPYINFER_H
 #define ENTROPYINFER_H
@@ -680,7 +689,7 @@ typedef enum ei_backend {
     EI_BACKEND_CPU = 0,
     EI_BACKEND_CUDA = 1,        /* the CUDA plugin; context creation fails without it */
     EI_BACKEND_CUDA_OR_CPU = 2  /* the CUDA plugin when it loads and finds a GPU, else the CPU (the
-                                   logger hears why); ei_context_backend() says which */
+                                   logger hears why); ei_context_config()->backend says which */
 } ei_backend;
 
 typedef struct ei_allocator {
@@ -1222,7 +1231,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    a bad keep index, a bad row map) waits for cfg.cuda_stream and reads a flag
    back. With cuda_deferred_errors the per-layer calls ei_profile,
    ei_profile_chunk, the attention calls (prefill and decode),
-   ei_decode_observe, ei_decode_keep (and _mt), ei_decode_score,
+   ei_decode_observe, ei_decode_keep, ei_decode_score,
    ei_decode_select, ei_decode_shared_add, ei_decode_select_shared and
    ei_kv_compact never wait, read back or allocate: they only queue kernels
    (row maps are sorted by CUB in the decode workspace) and async memsets
@@ -1234,7 +1243,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    (attention and compaction write nothing, a decoder has counted the queries
    it did not store). In this mode the attention workspace holds the call's
    scan reports (512 bytes, so that a graph replays its own; plus split-K's
-   partial rows for head_dim 64/256, below): pass ei_attention_workspace_size
+   partial rows for head_dim 64/256, below): pass ei_sizes.prefill
    bytes. After synchronising, the engine calls ei_cuda_status: the first data
    error recorded since the last call, with the code and message the waiting
    call would have returned (ei_last_error), then cleared; EI_OK if none. The
@@ -3182,8 +3191,9 @@ EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_t
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
     if (!plan->owned_memory)
-        return ei__fail(ctx, EI_ERR_STATE, "only a plan of ei_plan_alloc grows (a plan in caller memory: lay it out "
-                                           "again with ei_plan_init, or allocate it for the whole context)");
+        return ei__fail(ctx, EI_ERR_STATE, "only a plan of the library's memory grows (ei_plan_init with memory "
+                                           "NULL); a plan in caller memory: lay it out again with ei_plan_init, or "
+                                           "allocate it for the whole context");
     if (plan->on_device)
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "a GPU plan does not grow: allocate it for the context");
     if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
@@ -3347,7 +3357,7 @@ static int ei__all_zero(const void *p, size_t n) {
    without that context the plan is left as it is and the error recorded). */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     if (!plan || ei__all_zero(plan, sizeof *plan)) return; /* freed already, or zeroed and never made */
-    /* a struct ei_plan_init / ei_plan_alloc did not make (an engine's cleanup
+    /* a struct ei_plan_init did not make (an engine's cleanup
        after a failed alloc, garbage, an edited owned_memory) holds nothing of
        ours: left as it is, the error recorded, nothing freed */
     if (ei__check_plan_seal(ctx, plan) != EI_OK) return;
