@@ -648,6 +648,7 @@ EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tok
 #define EI_MAX_BUDGET     (1 << 26)
 #define EI_MAX_CHUNK_GROUP 64          /* query heads per kv head in chunked planning */
 #define EI_MAX_RANK_SAMPLES 4096       /* rank_samples */
+#define EI_MAX_THREADS    256          /* ei_exec n_threads / nth, ei_shape n_threads */
 
 /* ---------------------------------------------------------------- config */
 typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
@@ -809,7 +810,7 @@ EIDEF double ei_cpu_dpbf16_ratio(void);
    workspace (enough for calls that need none: ei_decode_observe does not
    take one). */
 typedef struct ei_exec {
-    int32_t n_threads;      /* threads of a whole call (0: 1) */
+    int32_t n_threads;      /* threads of a whole call (0: 1; at most EI_MAX_THREADS) */
     int32_t ith, nth;       /* part ith of nth (nth 0 or 1: a whole call) */
     void *workspace;        /* ei_sizes.workspace bytes (or the operation's own entry) */
     size_t workspace_bytes;
@@ -834,7 +835,9 @@ typedef struct ei_sizes {
     size_t decode;          /* workspace of ei_attention_decode and its merge (up to
                                EI_DECODE_MAX_TOKENS query tokens, with or without a keep set) */
     size_t decode_keep;     /* workspace of ei_decode_keep, _score, _select, _shared_add and
-                               _select_shared over up to max_tokens cache rows */
+                               _select_shared over up to max_tokens cache rows
+                               (profile 0: this context cannot plan, e.g. EI_RANK_ANTIDIAGONAL on the
+                               CUDA backend; ei_profile says why. Thread counts up to EI_MAX_THREADS) */
     size_t workspace;       /* the largest of the five workspaces: one buffer serves every
                                call of the layer (calls one after another) */
 } ei_sizes;
@@ -2021,7 +2024,7 @@ static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
    threads started and joined for this call; a share that no thread can take
    runs on the caller. The first failure wins. Under EI_NO_PTHREADS every
    share runs on the calling thread in turn. */
-#define EI__MAX_THREADS 256
+#define EI__MAX_THREADS EI_MAX_THREADS
 typedef ei_result (*ei__task_fn)(void *arg, int ith, int nth, void *ws, size_t ws_bytes);
 #ifndef EI_NO_PTHREADS
 #include <pthread.h>
@@ -7082,12 +7085,6 @@ static ei_result ei__attn_decode_mt_sizes(const ei_context *ctx, int64_t n_token
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     return EI_OK;
 }
-static ei_result ei__attn_decode_ws_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                   int32_t n_kv_heads, int32_t head_dim, int n_threads, size_t *bytes) {
-    size_t partials, per;
-    if (ctx && ei__on_gpu(ctx)) return ei__attn_ws_size(ctx, n_heads, n_kv_heads, head_dim, bytes);
-    return ei__attn_decode_mt_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, n_threads, &partials, &per, bytes);
-}
 
 typedef struct ei__decode_mt_arg { const ei__attn_job *J; float *partials; } ei__decode_mt_arg;
 static ei_result ei__attn_decode_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
@@ -7511,10 +7508,15 @@ static ei_result ei__exec_read(const ei_context *ctx, const ei_exec *x, ei__run 
     e->ws_bytes = x->workspace ? x->workspace_bytes : 0;
     return EI_OK;
 }
-/* Part ith's slice of the bytes [base, base + bytes) of the workspace. */
+/* Part ith's slice of the bytes [base, base + bytes) of the workspace: the
+   nth equal slices from the first 64-byte boundary, each a multiple of 64
+   bytes (so parts never share a cache line; ei_layer_sizes counts the
+   rounding). */
 static void *ei__run_slice(const ei__run *e, unsigned char *base, size_t bytes, size_t *slice) {
-    *slice = bytes / (size_t)e->nth;
-    return base ? base + *slice * (size_t)e->ith : NULL;
+    size_t pad = base ? (EI__ALIGN - (uintptr_t)base % EI__ALIGN) % EI__ALIGN : 0;
+    if (!base || bytes < pad) { *slice = 0; return NULL; }
+    *slice = (bytes - pad) / (size_t)e->nth / EI__ALIGN * EI__ALIGN;
+    return base + pad + *slice * (size_t)e->ith;
 }
 /* The kv heads (or query heads) [n ith / nth, n (ith + 1) / nth) of part ith. */
 static void ei__run_range(const ei__run *e, int32_t n, int32_t *b, int32_t *end) {
@@ -7522,34 +7524,49 @@ static void ei__run_range(const ei__run *e, int32_t n, int32_t *b, int32_t *end)
     *end = (int32_t)((int64_t)n * (e->ith + 1) / e->nth);
 }
 
+/* n shares of per bytes as the calls cut them: on threads laid end to end,
+   in parts each rounded to 64 bytes from a 64-byte boundary (the larger). */
+static int ei__shares_size(size_t per, int n, size_t *bytes) {
+    size_t a;
+    return ei__add_size(per, EI__ALIGN - 1, &a) && ei__mul_size(a / EI__ALIGN * EI__ALIGN, (size_t)n, &a) &&
+           ei__add_size(a, EI__ALIGN, bytes);
+}
 EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_sizes *sizes) {
-    size_t per[5], m;
+    size_t per[4], pbytes = 0;
     int n, i, gpu;
     ei_result r;
     if (!ctx || !shape || !sizes) return ei__fail(ctx, EI_ERR_NULL, "context, shape or sizes is NULL");
     memset(sizes, 0, sizeof *sizes);
-    if (shape->n_threads < 0 || shape->n_threads > EI__MAX_THREADS)
-        return ei__fail(ctx, EI_ERR_SIZE, "shape n_threads %d not in 0..%d", (int)shape->n_threads, EI__MAX_THREADS);
+    if (shape->n_threads < 0 || shape->n_threads > EI_MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "shape n_threads %d not in 0..%d", (int)shape->n_threads, EI_MAX_THREADS);
     n = shape->n_threads > 1 ? shape->n_threads : 1;
     gpu = ei__on_gpu(ctx);
-    if ((r = ei__plan_size(ctx, shape->max_tokens, shape->n_kv_heads, shape->head_dim, shape->plan_flags,
+    if ((r = ei__check_sizes(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim, &per[0])) != EI_OK ||
+        (r = ei__plan_size(ctx, shape->max_tokens, shape->n_kv_heads, shape->head_dim, shape->plan_flags,
                            &sizes->plan)) != EI_OK ||
-        (r = ei__check_sizes(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim, &m)) != EI_OK ||
         (r = ei__decoder_size(ctx, shape->n_heads, shape->head_dim, &sizes->decoder)) != EI_OK ||
-        (r = ei__profile_ws_size(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim,
-                                 &per[0])) != EI_OK ||
         (r = ei__attn_ws_size(ctx, shape->n_heads, shape->n_kv_heads, shape->head_dim, &per[1])) != EI_OK ||
         (r = ei__decode_ws_size(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, &per[3])) != EI_OK)
         return r;
-    if (gpu) per[2] = per[1]; /* a decode step is one attention launch */
-    else if ((r = ei__attn_decode_ws_size(ctx, EI_DECODE_MAX_TOKENS, shape->n_heads, shape->n_kv_heads, shape->head_dim,
-                                          n, &per[2])) != EI_OK)
+    /* planning this context cannot run (EI_RANK_ANTIDIAGONAL on the GPU) needs
+       no workspace: 0, and ei_profile says why; every other size stands */
+    if ((r = ei__profile_ws_size(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim,
+                                 &per[0])) == EI_ERR_UNSUPPORTED)
+        per[0] = 0;
+    else if (r != EI_OK)
         return r;
-    /* per-thread shares laid end to end; on the GPU one launch sequence
-       takes one workspace, and decode partials are already per thread */
-    for (i = 0; i < 4; ++i)
-        if (!gpu && i != 2 && !ei__mul_size(per[i], (size_t)n, &per[i]))
-            return ei__fail(ctx, EI_ERR_OVERFLOW, "workspace for %d threads overflows size_t", n);
+    if (gpu) per[2] = per[1]; /* a decode step is one attention launch; one workspace per launch sequence */
+    else {
+        /* decode: the partials of n shares (from a 64-byte boundary), then n attention shares */
+        if ((r = ei__decode_partials_size(ctx, EI_DECODE_MAX_TOKENS, shape->n_heads, shape->head_dim, n, &pbytes)) != EI_OK)
+            return r;
+        per[2] = per[1];
+        for (i = 0; i < 4; ++i)
+            if (!ei__shares_size(per[i], n, &per[i]))
+                return ei__fail(ctx, EI_ERR_OVERFLOW, "workspace for %d threads overflows size_t", n);
+        if (!ei__add_size(per[2], pbytes + EI__ALIGN, &per[2]))
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    }
     sizes->profile = per[0];
     sizes->prefill = per[1];
     sizes->decode = per[2];
@@ -7636,6 +7653,7 @@ static ei_result ei__decode_parts_layout(const ei_context *ctx, const ei__run *e
     p = e->ws + pad;
     *partials = (float *)(void *)p;
     *ws = ei__run_slice(e, p + *pbytes, e->ws_bytes - pad - *pbytes, slice);
+    if (!*ws) *slice = 0; /* no room past the partials: the part's call names the size it needs */
     return EI_OK;
 }
 
