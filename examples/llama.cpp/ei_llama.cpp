@@ -154,6 +154,10 @@
 // ---------------------------------------------------------------- options
 
 enum ei_mode { EI_MODE_SPARSE = 0, EI_MODE_EI_DENSE = 1, EI_MODE_TIME_DENSE = 2 };
+// Tokens a CPU plan holds when made; it doubles (ei_plan_grow) as a prompt passes it, up to the
+// stream's cells, so plans cost what the prompts hold, not the context (69 bytes per token per
+// layer for 32/8 heads of 128: LIMITS in entropyinfer.h)
+static const int64_t EI_PLAN_FIRST = 4096;
 static const char * const k_mode_names[] = { "sparse", "ei-dense", "time-dense" };
 // Who runs the sparse attention: the library's kernels in a custom op (the CPU's SIMD paths, the
 // CUDA plugin), or llama.cpp's own attention (ggml_flash_attn_ext, or soft_max without -fa) with the
@@ -481,6 +485,7 @@ struct ei_stats {
     int     layers_served   = 0;
     int     layers_gpu      = 0; // of them, served on the GPU
     int64_t gpu_plan_bytes  = 0, gpu_dec_bytes = 0, gpu_ws_bytes = 0; // device memory of a context
+    int64_t cpu_plan_bytes  = 0; // host memory of a context's plans (they grow with the prompts: the most)
     int64_t ubatches        = 0; // announced by llama_decode
     int64_t ubatches_served = 0; // with entropyinfer (time-dense: timed)
     double  kept            = 0; // keys attended by the queries of sparse segments (per kv head)
@@ -512,6 +517,7 @@ struct ei_stats {
         layers_served    = std::max(layers_served, o.layers_served);
         layers_gpu       = std::max(layers_gpu, o.layers_gpu);
         gpu_plan_bytes   = std::max(gpu_plan_bytes, o.gpu_plan_bytes);
+        cpu_plan_bytes   = std::max(cpu_plan_bytes, o.cpu_plan_bytes);
         gpu_dec_bytes    = std::max(gpu_dec_bytes, o.gpu_dec_bytes);
         gpu_ws_bytes     = std::max(gpu_ws_bytes, o.gpu_ws_bytes);
         ubatches        += o.ubatches;
@@ -606,7 +612,8 @@ struct ei_layer {
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
     std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (stream, q_pos, n) of this ubatch, read at the next settle
-    int64_t              plan_tokens = 0;              // a plan's max_tokens: the cells of a stream
+    int64_t              plan_tokens = 0;              // the most a plan holds: the cells of a stream
+    int64_t              plan_bytes  = 0;              // what its CPU plans hold now (they grow)
     ei_sizes             sizes = {};                   // its buffers (ei_layer_sizes at setup: plan_tokens rows,
                                                        // the state's ws_threads on the CPU, one call on the GPU)
 
@@ -889,6 +896,9 @@ static void ei_print_summary() {
                       s.gpu_dec_bytes / 1048576.0, s.gpu_ws_bytes / 1048576.0);
     } else if (s.layers_served > 0) {
         n += snprintf(line + n, sizeof line - n, ", backend cpu");
+        if (s.cpu_plan_bytes > 0) {
+            n += snprintf(line + n, sizeof line - n, ", plans %.2f MiB", s.cpu_plan_bytes / 1048576.0);
+        }
     }
     if (s.compressions > 0) {
         n += snprintf(line + n, sizeof line - n, ", compressions %d of %d sequence%s, cells=%lld->%lld, kv-bytes=%lld->%lld, "
@@ -1223,6 +1233,8 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
 }
 
 static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream);
+static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t stream);
+static void      ei_layer_plans_grow(llama_ei_state * st, ei_layer * L);
 
 // The sequences of a served ubatch (set_input): one slice per KV stream of the K/V views, and
 // the plans of their streams made (main thread, before the graph runs).
@@ -1252,6 +1264,7 @@ static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const ll
                 L->fail("a plan for the sequence's stream");
             }
         }
+        ei_layer_plans_grow(st, L.get());
     }
 }
 
@@ -1684,7 +1697,10 @@ static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream
         return nullptr;
     }
     if (!L->has_plan[(size_t) stream]) {
-        if (ei_plan_init(L->ctx, &L->plans[(size_t) stream], L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
+        // a GPU plan holds the stream's cells (it does not grow); a CPU plan starts at
+        // EI_PLAN_FIRST tokens and grows with the prompt (ei_layer_plans_grow)
+        const int64_t n = L->gpu ? L->plan_tokens : std::min<int64_t>(L->plan_tokens, EI_PLAN_FIRST);
+        if (ei_plan_init(L->ctx, &L->plans[(size_t) stream], n, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
                          nullptr, 0) != EI_OK) {
             ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": entropyinfer's dense attention");
             return nullptr;
@@ -1696,6 +1712,47 @@ static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream
         }
     }
     return &L->plans[(size_t) stream];
+}
+
+// Before the graph runs (main thread): each CPU plan the ubatch uses holds its slice's positions,
+// grown to twice what it held (at most the stream's cells) when it would not; the planning
+// workspace was sized for the cells. The bytes the context's CPU plans hold, for the summary.
+static void ei_layer_plans_grow(llama_ei_state * st, ei_layer * L) {
+    if (L->gpu) {
+        return;
+    }
+    for (const auto & sl : st->slices) {
+        ei_plan *     P   = ei_layer_plan_at(L, sl.stream);
+        const int64_t end = sl.q_pos + sl.n;
+        if (!P || end <= P->max_tokens) {
+            continue;
+        }
+        const int64_t n = std::min(L->plan_tokens, std::max(end, 2 * P->max_tokens));
+        if (ei_plan_grow(L->ctx, P, n) != EI_OK) {
+            L->fail("ei_plan_grow");
+        }
+    }
+    int64_t bytes = 0;
+    for (size_t i = 0; i < L->plans.size(); ++i) {
+        if (L->has_plan[i]) {
+            ei_shape shape = {};
+            ei_sizes sz    = {};
+            shape.max_tokens = L->plans[i].max_tokens;
+            shape.n_heads    = L->n_head;
+            shape.n_kv_heads = L->n_head_kv;
+            shape.head_dim   = L->head_dim;
+            shape.plan_flags = L->plans[i].flags;
+            if (ei_layer_sizes(L->ctx, &shape, &sz) == EI_OK) {
+                bytes += (int64_t) sz.plan;
+            }
+        }
+    }
+    L->plan_bytes = bytes;
+    int64_t total = 0;
+    for (const auto & M : st->layers) {
+        total += M->plan_bytes;
+    }
+    st->stats.cpu_plan_bytes = std::max(st->stats.cpu_plan_bytes, total);
 }
 
 // The plan of a stream, if made (the ops: set_input made the ubatch's).
