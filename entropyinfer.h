@@ -800,7 +800,12 @@ EIDEF double ei_cpu_dpbf16_ratio(void);
               ei_profile / ei_profile_chunk, ei_attention_decode_merge after
               ei_attention_decode; and a step that cannot be split
               (ei_decode_select, _shared_add, _select_shared) is done by part
-              0 while the others return EI_OK.
+              0 while the others return EI_OK. A part with nothing to do
+              (part ith > 0 of those, a part of ei_profile or
+              ei_profile_chunk whose kv-head share is empty, a part other
+              than 0 on the CUDA backend) returns EI_OK at once, without
+              looking at the other arguments: the part that works reports
+              what is wrong with them.
    workspace: ONE buffer for the whole call, however it runs: every part
    passes the same one, and the library gives each thread its share. Its
    size is ei_layer_sizes' for the same thread count (shape.n_threads = the
