@@ -843,7 +843,7 @@ typedef struct ei_sizes {
                                _select_shared over up to max_tokens cache rows
                                (profile 0: this context cannot plan, e.g. EI_RANK_ANTIDIAGONAL on the
                                CUDA backend; ei_profile says why. Thread counts up to EI_MAX_THREADS) */
-    size_t workspace;       /* the largest of the five workspaces: one buffer serves every
+    size_t workspace;       /* the largest of the four workspaces: one buffer serves every
                                call of the layer (calls one after another) */
 } ei_sizes;
 EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_sizes *sizes);
@@ -2554,6 +2554,17 @@ static size_t ei__view_bytes(const ei_tensor *t) {
 }
 /* A checked view's data, and the struct that describes it (read throughout
    the call, so nothing may be written over it either). */
+/* The workspace a call registers for its overlap checks. A call in parts
+   registers every part's share (>>exec sets the span on the part's thread
+   for the call): a part cannot see how the others use the buffer they
+   share, so an output, q or plan lying in another part's share is refused
+   by every part, before any writes, as a call on threads refuses it. */
+typedef struct ei__span { const void *p; size_t bytes; } ei__span;
+static EI__TLS ei__span ei__tls_ws_span;
+static void ei__reg_workspace(ei__regions *g, const void *workspace, size_t bytes) {
+    if (ei__tls_ws_span.p) ei__reg_mem(g, ei__tls_ws_span.p, ei__tls_ws_span.bytes, "the workspace (every part's share)", 1);
+    else ei__reg_mem(g, workspace, bytes, "the workspace", 1);
+}
 static void ei__reg_view(ei__regions *g, const ei_tensor *t, const char *name, const char *struct_name, int written) {
     int i = g->n;
     ei__reg_mem(g, t->data, ei__view_bytes(t), name, written);
@@ -4178,7 +4189,7 @@ static ei_result ei__check_profile_regions(const ei_context *ctx, const ei_tenso
     if (q) ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
     ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
     ei__reg_plan(&g, plan, 1);
-    ei__reg_mem(&g, workspace, ws_bytes, "the workspace", 1);
+    ei__reg_workspace(&g, workspace, ws_bytes);
     return ei__check_regions(ctx, &g);
 }
 static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
@@ -5152,7 +5163,7 @@ static ei_result ei__reg_decode_ws(const ei_context *ctx, ei__regions *g, const 
                                    const void *workspace, int threads) {
     size_t per;
     ei_result r = ei__decode_ws_size(ctx, n, dec->n_heads, dec->n_kv_heads, &per);
-    if (r == EI_OK) ei__reg_mem(g, workspace, per * (size_t)threads, "the workspace", 1);
+    if (r == EI_OK) ei__reg_workspace(g, workspace, per * (size_t)threads);
     return r;
 }
 
@@ -6588,7 +6599,7 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
     ei__reg_view(&g, v, "v", "the ei_tensor v", 0);
     ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
     if (plan) ei__reg_plan(&g, plan, 0);
-    ei__reg_mem(&g, workspace, per * (size_t)n_ws, "the workspace", 1);
+    ei__reg_workspace(&g, workspace, per * (size_t)n_ws);
     if (partials) ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
     if (keep) {
         ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
@@ -7523,6 +7534,16 @@ static void *ei__run_slice(const ei__run *e, unsigned char *base, size_t bytes, 
     *slice = (bytes - pad) / (size_t)e->nth / EI__ALIGN * EI__ALIGN;
     return base + pad + *slice * (size_t)e->ith;
 }
+/* A part's call with the span of every part's share registered (ei__reg_workspace). */
+static void ei__span_set(const void *p, size_t bytes) { ei__tls_ws_span.p = p; ei__tls_ws_span.bytes = bytes; }
+static ei_result ei__span_clear(ei_result r) { ei__tls_ws_span.p = NULL; ei__tls_ws_span.bytes = 0; return r; }
+/* What a part with no kv heads of its own checks (k is checked already): q
+   and the plan's layout (read only; the plan's rows belong to the parts that plan). */
+static ei_result ei__empty_part_check(const ei_context *ctx, const ei_tensor *q, int q_optional, const ei_plan *plan) {
+    ei_result r;
+    if ((!q_optional || q) && (r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
+    return ei__check_plan_layout(ctx, plan);
+}
 /* The kv heads (or query heads) [n ith / nth, n (ith + 1) / nth) of part ith. */
 static void ei__run_range(const ei__run *e, int32_t n, int32_t *b, int32_t *end) {
     *b = (int32_t)((int64_t)n * e->ith / e->nth);
@@ -7600,11 +7621,12 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_exec *x, const ei_ten
         return e.n_threads > 1 ? ei__profile_mt(ctx, q, k, plan, e.n_threads, e.ws, e.ws_bytes)
                                : ei__profile_whole(ctx, q, k, plan, e.ws, e.ws_bytes);
     if (ei__on_gpu(ctx)) return e.ith == 0 ? ei__profile_whole(ctx, q, k, plan, e.ws, e.ws_bytes) : EI_OK;
-    if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
     ei__run_range(&e, k->n_heads, &b, &end);
-    if (b >= end) return EI_OK; /* more parts than kv heads: this one has none */
+    if (b >= end) return ei__empty_part_check(ctx, q, 0, plan); /* more parts than kv heads: none here */
     ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
-    return ei__profile_heads(ctx, q, k, plan, b, end, ws, slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__profile_heads(ctx, q, k, plan, b, end, ws, slice));
 }
 
 EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
@@ -7620,11 +7642,12 @@ EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_exec *x, const 
                                : ei__profile_chunk_all(ctx, q, k, plan, q_pos, is_final, e.ws, e.ws_bytes);
     if (ei__on_gpu(ctx))
         return e.ith == 0 ? ei__profile_chunk_all(ctx, q, k, plan, q_pos, is_final, e.ws, e.ws_bytes) : EI_OK;
-    if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
     ei__run_range(&e, k->n_heads, &b, &end);
-    if (b >= end) return EI_OK;
+    if (b >= end) return ei__empty_part_check(ctx, q, 1, plan);
     ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
-    return ei__profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, b, end, ws, slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, b, end, ws, slice));
 }
 
 EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
@@ -7638,7 +7661,8 @@ EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_exec *x, co
     if (ei__on_gpu(ctx))
         return e.ith == 0 ? ei__attn_prefill_part(ctx, q, k, v, plan, out, q_offset, 0, 1, e.ws, e.ws_bytes) : EI_OK;
     ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
-    return ei__attn_prefill_part(ctx, q, k, v, plan, out, q_offset, e.ith, e.nth, ws, slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__attn_prefill_part(ctx, q, k, v, plan, out, q_offset, e.ith, e.nth, ws, slice));
 }
 
 /* Decode in parts: the workspace is laid out as on threads (ei__attn_decode_mt:
@@ -7678,7 +7702,9 @@ EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_exec *x, con
     if ((r = ei__decode_parts_layout(ctx, &e, q->n_tokens, q->n_heads, q->head_dim, &partials, &pbytes, &ws, &slice)) !=
         EI_OK)
         return r;
-    return ei__attn_decode_part(ctx, q, k, v, keep, out, q_offset, e.ith, e.nth, partials, pbytes, ws, slice);
+    /* the parts' shares: the bytes past the partials (registered on their own) */
+    ei__span_set((unsigned char *)partials + pbytes, (size_t)(e.ws + e.ws_bytes - ((unsigned char *)partials + pbytes)));
+    return ei__span_clear(ei__attn_decode_part(ctx, q, k, v, keep, out, q_offset, e.ith, e.nth, partials, pbytes, ws, slice));
 }
 
 EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, const ei_exec *x, ei_out_tensor *out) {
@@ -7735,7 +7761,8 @@ EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_exec *x, const e
                           : EI_OK;
     if (e.nth > 1) {
         ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
-        return ei__decode_score_part(ctx, dec, k, row_pos, row_pos_stride, scores, e.ith, e.nth, ws, slice);
+        ei__span_set(e.ws, e.ws_bytes);
+        return ei__span_clear(ei__decode_score_part(ctx, dec, k, row_pos, row_pos_stride, scores, e.ith, e.nth, ws, slice));
     }
     if (!dec) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL");
     nt = EI__MIN(e.n_threads, EI__MAX(dec->n_heads, 1));
