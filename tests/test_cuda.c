@@ -1635,7 +1635,8 @@ static void chunked_plans(int quick) {
 }
 /* Bad chunked calls: the same call on a CPU plan and a GPU plan (the same
    history) gets the same code, with no crash; a group change is found on the
-   device. Head ranges say what to use instead. With the sampled ranking
+   device. A chunk in parts on the GPU is part 0's call (the other parts
+   leave the plan as it was). With the sampled ranking
    (segments from 512 on sampled, 16 rows) the same schedule of calls. */
 typedef struct chunk_pair {
     ei_context *cpu, *g;
