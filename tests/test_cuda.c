@@ -1869,7 +1869,11 @@ static void gpu_exec_tests(void) {
     CHECK(p1.on_device == 1 && p1.owned_memory != NULL, "gpu ei_plan_init(NULL, 0): on_device %d", p1.on_device);
     CHECK_OK(ei_plan_init(g_cpu, &h1, n, NKV, D, 0, NULL, 0));
     CHECK_OK(ei_plan_init(g_cpu, &h2, n, NKV, D, 0, NULL, 0));
-    CHECK_ERR(ei_plan_init(g, &h2, n, NKV, D, 0, NULL, 64), EI_ERR_NULL);
+    {
+        ei_plan none;
+        memset(&none, 0, sizeof none);
+        CHECK_ERR(ei_plan_init(g, &none, n, NKV, D, 0, NULL, 64), EI_ERR_NULL); /* (a failed allocation of the caller's) */
+    }
     /* the ei_exec is checked on the GPU as on the CPU */
     x = ex(ws, z1.workspace); x.nth = 2; x.ith = 2;
     CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_SIZE);
