@@ -305,7 +305,7 @@ CHECK_FN int test_simd_selected(ei_simd p) {
     if (!strcmp(e, "auto")) {
         ei_context *ctx = NULL;
         ei_simd chosen = EI_SIMD_SCALAR;
-        if (ei_context_create(NULL, &ctx) == EI_OK) chosen = ei_context_simd(ctx);
+        if (ei_context_create(NULL, &ctx) == EI_OK) chosen = ei_context_config(ctx)->simd;
         ei_context_destroy(ctx);
         return p == chosen;
     }
