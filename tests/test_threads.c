@@ -676,7 +676,6 @@ static void threaded_round(const ei_context *ctx, const results *ref, int nth, i
     worker W[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
     int i, l, ph;
-    const ei_config *c = ei_context_config(ctx);
     long logged0 = logged();
     memset(&S, 0, sizeof S);
     S.ctx = ctx;
@@ -779,7 +778,6 @@ static void threaded_round(const ei_context *ctx, const results *ref, int nth, i
         free(S.got[l].keep);
         free(S.got[l].sel);
     }
-    (void)c;
 }
 
 /* A call's ei_exec refused: the code, and a message that names it. */
