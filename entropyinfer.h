@@ -8575,6 +8575,12 @@ EI__TARGET_AMX static void ei__amx_begin(void) {
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (i = 0; i < 8; ++i) { c.colsb[i] = 64; c.rows[i] = 16; }
+    /* gcc 12 at -O1 does not see that ldtilecfg reads all 64 bytes of c: it
+       dropped the zeroing of colsb[8..15] and rows[8..15] as dead stores, and
+       the stack garbage left there made ldtilecfg fault (#GP: SIGSEGV, found
+       by the fuzz corpus replayed natively on a Sapphire Rapids VM). The
+       empty asm reads c in full, so every store above stays. */
+    __asm__ __volatile__("" : : "m"(c) : "memory");
     _tile_loadconfig(&c);
 }
 static int32_t ei__amx_d32(int32_t d) { return (int32_t)ei__round_up(d, 32); }
