@@ -460,7 +460,6 @@
    | ei_plan_finalize                    | plan              | plan arrays     |
    | ei_plan_grow                        | plan, plan arrays | plan (arrays:   |
    |                                     |                   | new, library's) |
-   | ei_layer_sizes                      | shape             | sizes           |
    | ei_profile ei_profile_chunk         | q, k              | plan, plan      |
    |                                     |                   | arrays, ws      |
    | ei_attention_prefill                | q, k, v, plan,    | out, ws         |
@@ -7525,14 +7524,12 @@ static ei_result ei__exec_read(const ei_context *ctx, const ei_exec *x, ei__run 
     return EI_OK;
 }
 /* Part ith's slice of the bytes [base, base + bytes) of the workspace: the
-   nth equal slices from the first 64-byte boundary, each a multiple of 64
-   bytes (so parts never share a cache line; ei_layer_sizes counts the
-   rounding). */
+   ith of nth equal slices, as the built-in threads lay their shares end to
+   end (each share aligns its own arena, so a slice may start anywhere; the
+   sizes stay exact: a byte less than ei_layer_sizes reports is refused). */
 static void *ei__run_slice(const ei__run *e, unsigned char *base, size_t bytes, size_t *slice) {
-    size_t pad = base ? (EI__ALIGN - (uintptr_t)base % EI__ALIGN) % EI__ALIGN : 0;
-    if (!base || bytes < pad) { *slice = 0; return NULL; }
-    *slice = (bytes - pad) / (size_t)e->nth / EI__ALIGN * EI__ALIGN;
-    return base + pad + *slice * (size_t)e->ith;
+    *slice = base ? bytes / (size_t)e->nth : 0;
+    return base ? base + *slice * (size_t)e->ith : NULL;
 }
 /* A part's call with the span of every part's share registered (ei__reg_workspace). */
 static void ei__span_set(const void *p, size_t bytes) { ei__tls_ws_span.p = p; ei__tls_ws_span.bytes = bytes; }
@@ -7550,13 +7547,6 @@ static void ei__run_range(const ei__run *e, int32_t n, int32_t *b, int32_t *end)
     *end = (int32_t)((int64_t)n * (e->ith + 1) / e->nth);
 }
 
-/* n shares of per bytes as the calls cut them: on threads laid end to end,
-   in parts each rounded to 64 bytes from a 64-byte boundary (the larger). */
-static int ei__shares_size(size_t per, int n, size_t *bytes) {
-    size_t a;
-    return ei__add_size(per, EI__ALIGN - 1, &a) && ei__mul_size(a / EI__ALIGN * EI__ALIGN, (size_t)n, &a) &&
-           ei__add_size(a, EI__ALIGN, bytes);
-}
 EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_sizes *sizes) {
     size_t per[4], pbytes = 0;
     int n, i, gpu;
@@ -7588,9 +7578,9 @@ EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_
             return r;
         per[2] = per[1];
         for (i = 0; i < 4; ++i)
-            if (!ei__shares_size(per[i], n, &per[i]))
+            if (!ei__mul_size(per[i], (size_t)n, &per[i]))
                 return ei__fail(ctx, EI_ERR_OVERFLOW, "workspace for %d threads overflows size_t", n);
-        if (!ei__add_size(per[2], pbytes + EI__ALIGN, &per[2]))
+        if (!ei__add_size(per[2], pbytes + EI__ALIGN, &per[2])) /* the partials from a 64-byte boundary */
             return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     }
     sizes->profile = per[0];
