@@ -2357,7 +2357,7 @@ static void test_exec_fields(void) {
               !memcmp(plan2.entropy, m.plan.entropy, sizeof(float) * (size_t)m.plan.n_kv_heads * (size_t)m.plan.seg_capacity),
           "a plan made in 4 parts over 2 kv heads differs from the one of one thread");
     ei_plan_free(m.ctx, &plan2);
-    /* a k of no kv heads in parts: every part's range is empty, yet the call is bad (known gap: EI_OK, unchecked) */
+    /* a k of no kv heads in parts: every part's range is empty, yet the call is bad (every part refuses it) */
     k0.n_heads = 0;
     {
         ei_result r0, r1;
