@@ -583,7 +583,7 @@ CHECK_FN int ref_attention_token(const ei_config *c, const ei_plan *plan, const 
     return in_range;
 }
 
-/* Query token t of q through a keep set (ei_attention_decode_keep): head h
+/* Query token t of q through a keep set (ei_attention_decode with a keep set): head h
    attends to its set's kept rows (keep->index row: 0 for a shared set, h /
    G per kv head, h per query head), then to rows keep->n_tokens ..
    q_offset + t. out[h * d + i]. Returns 0 when a logit left float range. */
