@@ -27,15 +27,22 @@
        const int64_t n_prompt = n - 32, ubatch = 512;
        const size_t row = 8 * 128;                // elements of a cache row: 8 kv heads x head_dim 128
 
-       // once, at setup: plan, decoder, keep set, cache and workspaces, for up to cap tokens
-       size_t plan_bytes, dec_bytes, ws_bytes, ws2_bytes, ws3_bytes;
-       ei_plan_size(ctx, cap, 8, 128, EI_PLAN_CHUNKED, &plan_bytes);
-       ei_decoder_size(ctx, 32, 128, &dec_bytes);                      // 32 query heads
-       ei_profile_workspace_size(ctx, cap, 32, 8, 128, &ws_bytes);      // planning
-       ei_attention_workspace_size(ctx, 32, 8, 128, &ws2_bytes);        // attention
-       ei_decode_workspace_size(ctx, cap, 32, 8, &ws3_bytes);           // decode keep sets
-       void *plan_mem = malloc(plan_bytes), *dec_mem = malloc(dec_bytes);
-       void *ws = malloc(ws_bytes), *ws2 = malloc(ws2_bytes), *ws3 = malloc(ws3_bytes);
+       // once, at setup: every buffer of the layer from one query (32 query heads,
+       // 8 kv heads, head_dim 128, up to cap tokens), the calls run on 2 threads
+       ei_shape shape;
+       memset(&shape, 0, sizeof shape);
+       shape.max_tokens = cap;
+       shape.n_heads = 32; shape.n_kv_heads = 8; shape.head_dim = 128;
+       shape.plan_flags = EI_PLAN_CHUNKED;        // a plan for micro-batches
+       shape.n_threads = 2;
+       ei_sizes sz;
+       if (ei_layer_sizes(ctx, &shape, &sz) != EI_OK) { puts(ei_last_error()); return 1; }
+       ei_exec x;                                 // how every call runs: its threads (or
+       memset(&x, 0, sizeof x);                   // x.ith/x.nth: a part of your own pool's)
+       x.n_threads = 2;
+       x.workspace = malloc(sz.workspace);        // and one workspace for every call
+       x.workspace_bytes = sz.workspace;
+       void *plan_mem = malloc(sz.plan), *dec_mem = malloc(sz.decoder);
        uint16_t *k_cache = (uint16_t *)calloc((size_t)cap * row, 2);
        uint16_t *v_cache = (uint16_t *)calloc((size_t)cap * row, 2);
        ei_plan plan;
@@ -45,8 +52,8 @@
        keep.heads_out = 8;                         // a set per kv head (cfg.per_kv_head)
        keep.capacity = cfg.decode_budget;
        keep.index = (int32_t *)malloc(sizeof(int32_t) * 8 * (size_t)cfg.decode_budget);
-       ei_result r = ei_plan_init(ctx, &plan, cap, 8, 128, EI_PLAN_CHUNKED, plan_mem, plan_bytes);
-       if (r == EI_OK) r = ei_decoder_init(ctx, &dec, 32, 8, 128, dec_mem, dec_bytes);
+       ei_result r = ei_plan_init(ctx, &plan, cap, 8, 128, EI_PLAN_CHUNKED, plan_mem, sz.plan);
+       if (r == EI_OK) r = ei_decoder_init(ctx, &dec, 32, 8, 128, dec_mem, sz.decoder);
 
        // prefill, per micro-batch of positions [p, p + m): its K/V appended to the cache,
        // planned against the padded cache (rows past p + m are ignored), attended, observed
@@ -60,9 +67,8 @@
            ei_tensor k = ei_tensor_make(k_cache, EI_BF16, cap, 8, 128);
            ei_tensor v = ei_tensor_make(v_cache, EI_BF16, cap, 8, 128);
            ei_out_tensor out = ei_out_tensor_make((float *)out_ptr + (size_t)p * 32 * 128, EI_F32, m, 32, 128);
-           r = ei_profile_chunk(ctx, &q, &k, &plan, p, p + m == n_prompt, ws, ws_bytes); // the plan
-           if (r == EI_OK)                      // thread 0 of 1 (ith, nth: your pool's)
-               r = ei_attention_prefill(ctx, &q, &k, &v, &plan, &out, p, 0, 1, ws2, ws2_bytes);
+           r = ei_profile_chunk(ctx, &x, &q, &k, &plan, p, p + m == n_prompt); // the plan
+           if (r == EI_OK) r = ei_attention_prefill(ctx, &x, &q, &k, &v, &plan, &out, p);
            if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q, p, 0); // keeps the last cfg.window
        }
 
@@ -77,25 +83,25 @@
            ei_tensor v = ei_tensor_make(v_cache, EI_BF16, rows, 8, 128); // padded view: a row map)
            ei_out_tensor o1 = ei_out_tensor_make((float *)out_ptr + (size_t)t * 32 * 128, EI_F32, 1, 32, 128);
            // q_offset: the query's ROW (after a compaction rows are fewer than positions);
-           // ei_attention_decode splits the keys over threads instead
-           r = ei_attention_prefill(ctx, &q1, &k, &v, NULL, &o1, rows - 1, 0, 1, ws2, ws2_bytes);
+           // the keys split over the threads, no keep set: the whole cache
+           r = ei_attention_decode(ctx, &x, &q1, &k, &v, NULL, &o1, rows - 1);
            if (r == EI_OK) r = ei_decode_observe(ctx, &dec, &q1, t, 1);
            if (r == EI_OK && ei_decode_due(ctx, &dec)) {     // after cfg.decode_gap tokens
                ei_out_tensor ko = ei_out_tensor_make(k_cache, EI_BF16, rows, 8, 128);
                ei_out_tensor vo = ei_out_tensor_make(v_cache, EI_BF16, rows, 8, 128);
-               r = ei_decode_keep(ctx, &dec, &k, &keep, ws3, ws3_bytes);
+               r = ei_decode_keep(ctx, &x, &dec, &k, &keep);
                if (r == EI_OK) r = ei_kv_compact(ctx, &keep, &ko, &vo);
                if (r == EI_OK) rows = keep.n_kept;  // RoPE positions go on from t + 1
            }
        }
        if (r != EI_OK) puts(ei_last_error());
        ei_context_destroy(ctx);
-       free(plan_mem); free(dec_mem); free(ws); free(ws2); free(ws3);
+       free(plan_mem); free(dec_mem); free(x.workspace);
        free(k_cache); free(v_cache); free(keep.index);
 
    PROTOCOLS says what chunked plans equal and how decode lines up its
-   window; docs/integration.md shows the thread helpers, split-key decode
-   and caches shared by every layer (llama.cpp's).
+   window; THREADS how an engine's own thread pool runs the calls in parts;
+   docs/integration.md shows caches shared by every layer (llama.cpp's).
 
    BUILD OPTIONS (define before the implementation include)
    =============
@@ -111,7 +117,7 @@
    | EI_ATTN_PREFER_DPBF16   | AUTO: vdpbf16ps attention wherever present (default: |
    |                         | where its measured rate wins, ei_cpu_dpbf16_ratio)   |
    | EI_NO_NEON              | leave out the NEON path                               |
-   | EI_NO_PTHREADS          | leave out the *_mt thread helpers                     |
+   | EI_NO_PTHREADS          | no built-in threads (n_threads shares run in turn)   |
    | EI_NO_CUDA_LOADER       | leave out dlopen of the CUDA backend                  |
    | EI_CUDA_LIBRARY_NAME    | the plugin's file name (default                      |
    |                         | "libentropyinfer_cuda.so"; GPU MEMORY: finding it)   |
@@ -293,8 +299,7 @@
    0's entropy and the last segment's cap are set by a final call.
    On the CUDA backend ei_profile_chunk runs the same protocol with q, k and
    the plan in device memory, every kv head in one call (the head states stay
-   in the plan's device memory; kv-head ranges, ei_profile_chunk_heads, are
-   CPU-only): plans equal the CPU's chunked ones (counts, classes and the
+   in the plan's device memory; a call in parts is made whole by part 0): plans equal the CPU's chunked ones (counts, classes and the
    default ranking exactly; entropies and scores within float32 summation
    order; tests/test_cuda.c). With EI_RANK_SAMPLED the open segment's
    sampled rows are summed over chunks as on the CPU, by the whole-prompt
@@ -383,7 +388,7 @@
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head (the antidiagonal one that many tiles); its workspace
    adds 32 x n_tokens floats of scores.
-   Plan memory per layer (ei_plan_size; per kv head and segment: 24 bytes of
+   Plan memory per layer (ei_sizes.plan; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
    segment's query min/max and block row per kv head): 32 query / 8 kv
@@ -395,13 +400,14 @@
    read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
    them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
-   reads only the new keys. A plan of ei_plan_alloc grows with the prompt
-   (ei_plan_grow): allocate it for a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
+   reads only the new keys. A plan of the library's memory (ei_plan_init
+   with memory NULL) grows with the prompt (ei_plan_grow): allocate it for
+   a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
    AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
    317 ms with it, 289 ms as one ei_profile call; the plans are the same.
    Decode: a workspace of about (n_heads + 41) x 4 bytes per cache row per
-   thread (ei_decode_workspace_size); the rows that hold positions are read
+   thread (ei_sizes.decode_keep); the rows that hold positions are read
    in full: NaN/Inf there, or scores that overflow, give EI_ERR_NONFINITE.
    A decoder observes at most EI_MAX_TOKENS queries (EI_ERR_SIZE past it;
    ei_decoder_reset starts again). An EI_DECODE_H2O decoder adds
@@ -413,13 +419,13 @@
    NaN or Inf in Q or K: EI_ERR_NONFINITE (profiling reads them in full;
    attention checks each query row of its tiles and each key row it reads,
    just before scoring it: keys a sparse row drops, or past the call's last
-   query, are not read; with ith/nth, the threads whose rows meet it return
+   query, are not read; in parts, the parts whose rows meet it return
    it); finite inputs so large that float32 block or decode scores overflow:
    EI_ERR_NONFINITE (attention clamps its logits to +-FLT_MAX).
    Stack: a call uses at most 24 KiB of the caller's stack (measured: up to
-   13 KB, ei_decode_keep_mt, gcc -O2 x86-64; tests/test_threads.c runs every
-   entry point on a 64 KiB thread stack and checks the bound); the *_mt
-   workers run on threads created with default attributes.
+   13 KB, ei_decode_keep on threads, gcc -O2 x86-64; tests/test_threads.c
+   runs every entry point on a 64 KiB thread stack and checks the bound);
+   the context's workers run on threads created with default attributes.
    V is never scanned: NaN/Inf in V propagates to the outputs of the queries
    that attend to it and, in the SIMD kernels, of the earlier queries of its
    64-key tile (masked weight 0 times NaN), as in tiled flash attention.
@@ -430,8 +436,9 @@
    the regions it reads and writes that intersect where one of them is
    written: views (address range from the first element to the end of the
    farthest), a plan's arrays, a decoder's query ring, the workspace bytes it
-   uses (for *_mt: the per-thread size times the threads it runs, n_threads
-   or fewer when there are fewer heads to split), keep-set arrays, scores,
+   uses (on threads: every thread's share, the per-thread size times the
+   threads it runs, n_threads or fewer when there are fewer heads to split;
+   in parts: the part's share), keep-set arrays, scores,
    row maps, and the ei_plan / ei_keep_set / ei_decoder / ei_tensor structs
    it reads or writes. Read-only regions may share memory (Q and K in one
    buffer). Two views with the same dtype and strides are compared element
@@ -445,29 +452,26 @@
    arrays: what ei_plan_init laid out; decoder: the ei_decoder struct and,
    where the struct is written, its summed attention (EI_DECODE_H2O), ring:
    its query ring; keep: the ei_keep_set struct and its index, positions,
-   mask, pooled arrays; ws: the workspace bytes the call uses, every
-   thread's share for *_mt; the context is read by every call):
+   mask, pooled arrays; ws: the workspace bytes the call uses (above);
+   the context is read by every call):
    | entry                               | reads             | writes          |
    | ei_plan_init                        |                   | plan, memory    |
    | ei_plan_reset                       |                   | plan, arrays    |
    | ei_plan_finalize                    | plan              | plan arrays     |
    | ei_plan_grow                        | plan, plan arrays | plan (arrays:   |
    |                                     |                   | new, library's) |
-   | ei_profile ei_profile_heads         | q, k              | plan, plan      |
-   |   ei_profile_mt ei_profile_chunk    |                   | arrays, ws      |
-   |   ei_profile_chunk_heads            |                   |                 |
-   |   ei_profile_chunk_mt               |                   |                 |
+   | ei_profile ei_profile_chunk         | q, k              | plan, plan      |
+   |                                     |                   | arrays, ws      |
    | ei_attention_prefill                | q, k, v, plan,    | out, ws         |
-   |   ei_attention_prefill_mt           | plan arrays       |                 |
-   | ei_attention_decode                 | q, k, v, keep,    | partials (out   |
-   |   ei_attention_decode_keep          | keep->index       | for _mt), ws    |
-   |   ei_attention_decode_mt            |                   |                 |
-   |   ei_attention_decode_keep_mt       |                   |                 |
-   | ei_attention_decode_merge           | partials          | out             |
+   |                                     | plan arrays       |                 |
+   | ei_attention_decode                 | q, k, v, keep,    | ws (the parts'  |
+   |                                     | keep->index       | partials; out   |
+   |                                     |                   | on threads)     |
+   | ei_attention_decode_merge           | ws (partials)     | out             |
    | ei_decoder_init                     |                   | decoder, memory |
    | ei_decoder_reset                    | ring (apart)      | decoder         |
    | ei_decode_observe                   | q                 | decoder, ring   |
-   | ei_decode_keep ei_decode_keep_mt    | k, ring, row_pos  | decoder, keep   |
+   | ei_decode_keep                      | k, ring, row_pos  | decoder, keep   |
    |                                     |                   | and arrays, ws  |
    | ei_decode_score                     | k, decoder, ring, | scores, ws      |
    |                                     | row_pos           |                 |
@@ -491,12 +495,12 @@
    counters before it reads anything else of it, whatever it returns:
    ei_plan_free leaves a plan it refuses as it is (nothing freed, the reason
    in ei_last_error; a zeroed plan is freed already, and a refused
-   ei_plan_alloc leaves the struct as it was), ei_plan_segment_is_sparse and
+   ei_plan_init leaves the struct as it was), ei_plan_segment_is_sparse and
    ei_decode_due return 0 for a refused struct (the reason in
    ei_last_error). Caller values (positions, counts, strides, capacities)
    are range-checked before any sum or product is formed with them, up to
    the int64 edges. A refused call leaves every struct, plan and decoder as
-   it was: the *_mt helpers check every share before any thread runs (data
+   it was: a call on threads checks every share before any thread runs (data
    errors found while computing, NaN/Inf or a row map's faults, may leave
    outputs written in part, as each call documents).
 
@@ -511,30 +515,34 @@
 
    THREADS
    =======
-   An ei_context is immutable after creation: any number of threads may use
-   one context at once. A plan may be shared by threads that work on
-   disjoint kv-head ranges (ei_profile_heads, ei_profile_chunk_heads) or
-   read it at once (ei_attention_prefill with ith/nth, disjoint outputs). A
-   decoder belongs to one thread at a time (observe, keep, select and
-   shared_add write it), except that threads may run ei_decode_score on it at
-   once (it only reads the decoder; each writes its own query heads' rows of
-   scores). Anything else written by a call belongs to one thread at a time.
-   Workspaces are per thread. The logger may be called from several threads
-   at once (your threads, or the workers of the *_mt helpers): make it
-   thread-safe. A failure inside an *_mt worker is returned, with its
-   message, to the calling thread.
-   The *_mt helpers run the first share on the calling thread and the others
-   on workers the context keeps from call to call (started by the first call
-   that needs them, ended by ei_context_destroy; they spin for some tens of
-   microseconds after a call, then sleep). One call at a time has them: a
-   call made while another thread's call holds them starts and joins
-   threads of its own, as every call did before, which costs 51 us per
-   extra thread on a 2-core Zen 5 VM (16 us on a Sapphire Rapids one).
-   Measured on the Zen 5 VM, ei_attention_decode_mt over 64 keys (32/8
-   heads, bf16, best of 2000 calls): 30-33 us on 1 thread, 34-36 us on 2
-   with the kept workers, 57-62 us starting threads per call. An engine
-   with its own thread pool can still run the ith/nth calls on it, as
-   examples/gemma does for attention.
+   Every operation runs as its ei_exec says (API, "execution"): on threads
+   (n_threads: the calling thread and the context's workers) or in parts
+   (ith/nth: the engine's own pool calls it nth times), with one workspace
+   for the call either way (ei_layer_sizes for that thread count). An
+   ei_context is immutable after creation: any number of threads may use
+   one context at once. The parts of one call share its plan (each writes
+   its own kv heads' rows; only part 0 or the part holding kv head 0 writes
+   the shared fields), its output (each writes its own rows) and its
+   workspace (each its own share); a decoder belongs to one call at a time
+   (observe, keep, select and shared_add write it), except that the parts
+   of ei_decode_score read it at once (each writes its own query heads'
+   rows of scores). Anything else written by a call belongs to one thread at
+   a time. The logger may be called from several threads at once (your
+   threads, or the context's workers): make it thread-safe. A failure on a
+   worker is returned, with its message, to the calling thread.
+   Calls on threads run the first share on the calling thread and the
+   others on workers the context keeps from call to call (started by the
+   first call that needs them, ended by ei_context_destroy; they spin for
+   some tens of microseconds after a call, then sleep). One call at a time
+   has them: a call made while another thread's call holds them starts and
+   joins threads of its own, which costs 51 us per extra thread on a 2-core
+   Zen 5 VM (16 us on a Sapphire Rapids one). Measured on the Zen 5 VM,
+   decode attention on 2 threads over 64 keys (32/8 heads, bf16, best of
+   2000 calls): 30-33 us on 1 thread, 34-36 us on 2 with the kept workers,
+   57-62 us starting threads per call. An engine with its own thread pool
+   runs the calls in parts on it, as examples/gemma does for attention and
+   the llama.cpp glue does on ggml's threads. Under EI_NO_PTHREADS a call
+   on threads runs its shares one after another on the calling thread.
 */
 #ifndef ENTROPYINFER_H
 #define ENTROPYINFER_H
@@ -543,9 +551,9 @@
 #include <stdint.h>
 
 #define EI_VERSION_MAJOR 0
-#define EI_VERSION_MINOR 1
+#define EI_VERSION_MINOR 2
 #define EI_VERSION_PATCH 0
-#define EI_VERSION_STRING "0.1.0"
+#define EI_VERSION_STRING "0.2.0"
 
 #ifndef EIDEF
 #ifdef EI_STATIC
@@ -639,6 +647,7 @@ EIDEF ei_out_tensor ei_out_tensor_make(void *data, ei_dtype dtype, int64_t n_tok
 #define EI_MAX_BUDGET     (1 << 26)
 #define EI_MAX_CHUNK_GROUP 64          /* query heads per kv head in chunked planning */
 #define EI_MAX_RANK_SAMPLES 4096       /* rank_samples */
+#define EI_MAX_THREADS    256          /* ei_exec n_threads / nth, ei_shape n_threads */
 
 /* ---------------------------------------------------------------- config */
 typedef enum ei_pool { EI_POOL_AVG = 0, EI_POOL_MAX = 1, EI_POOL_NONE = 2 } ei_pool;
@@ -680,7 +689,7 @@ typedef enum ei_backend {
     EI_BACKEND_CPU = 0,
     EI_BACKEND_CUDA = 1,        /* the CUDA plugin; context creation fails without it */
     EI_BACKEND_CUDA_OR_CPU = 2  /* the CUDA plugin when it loads and finds a GPU, else the CPU (the
-                                   logger hears why); ei_context_backend() says which */
+                                   logger hears why); ei_context_config()->backend says which */
 } ei_backend;
 
 typedef struct ei_allocator {
@@ -764,9 +773,10 @@ typedef struct ei_context ei_context;
 
 EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out);
 EIDEF void ei_context_destroy(ei_context *ctx);
+/* The configuration the context runs: the one given, with simd the path
+   chosen (never EI_SIMD_AUTO) and backend the one that runs (EI_BACKEND_CPU
+   or EI_BACKEND_CUDA, never EI_BACKEND_CUDA_OR_CPU). */
 EIDEF const ei_config *ei_context_config(const ei_context *ctx);
-EIDEF ei_simd ei_context_simd(const ei_context *ctx);   /* the path chosen */
-EIDEF ei_backend ei_context_backend(const ei_context *ctx);
 EIDEF int ei_cpu_supports(ei_simd path);                /* 1 if this CPU/OS/build can run it */
 EIDEF const char *ei_simd_name(ei_simd path);
 /* The vdpbf16ps FLOP rate over the f32 FMA FLOP rate of this core, measured
@@ -774,6 +784,68 @@ EIDEF const char *ei_simd_name(ei_simd path);
    with vdpbf16ps (the avx512-bf16 path) when it is at least 1.25, else
    widens bf16 to f32 (>>kernels says why). */
 EIDEF double ei_cpu_dpbf16_ratio(void);
+
+/* ---------------------------------------------------------------- execution */
+/* How a call runs, the same for every operation (profile, attention, decode
+   keep sets), in the manner of ggml's compute params:
+     threads  nth 0 or 1: the call does the whole operation on n_threads
+              threads, the calling thread and n_threads - 1 of the context's
+              workers (THREADS; 0 or 1: the calling thread alone);
+     parts    nth >= 2: the engine's own nth threads each make the call with
+              ith = 0 .. nth - 1 and otherwise the same arguments (n_threads
+              0 or 1), at once or in any order; each does part ith. An
+              operation with a step that needs every part done has a second
+              call made after the engine's barrier: ei_plan_finalize after
+              ei_profile / ei_profile_chunk, ei_attention_decode_merge after
+              ei_attention_decode; and a step that cannot be split
+              (ei_decode_select, _shared_add, _select_shared) is done by part
+              0 while the others return EI_OK. A part with nothing to do
+              (part ith > 0 of those, a part of ei_profile or
+              ei_profile_chunk whose kv-head share is empty, a part other
+              than 0 on the CUDA backend) returns EI_OK at once, without
+              looking at the other arguments: the part that works reports
+              what is wrong with them.
+   workspace: ONE buffer for the whole call, however it runs: every part
+   passes the same one, and the library gives each thread its share. Its
+   size is ei_layer_sizes' for the same thread count (shape.n_threads = the
+   call's n_threads or nth); any alignment. On the CUDA backend it is device
+   memory, the call is one launch sequence on cfg.cuda_stream (threads
+   unused; in parts, part 0 makes it). A NULL ei_exec is one thread and no
+   workspace (enough for calls that need none: ei_decode_observe does not
+   take one). */
+typedef struct ei_exec {
+    int32_t n_threads;      /* threads of a whole call (0: 1; at most EI_MAX_THREADS) */
+    int32_t ith, nth;       /* part ith of nth (nth 0 or 1: a whole call) */
+    void *workspace;        /* ei_sizes.workspace bytes (or the operation's own entry) */
+    size_t workspace_bytes;
+} ei_exec;
+
+/* Every buffer a layer's calls need, from one query: the layer's shape and
+   the threads (or parts) its calls run on. */
+typedef struct ei_shape {
+    int64_t max_tokens;     /* the most tokens a call sees: prompt tokens planned, cache rows
+                               attended or scored (a plan's capacity: ei_plan_init's max_tokens) */
+    int32_t n_heads;        /* query heads */
+    int32_t n_kv_heads;     /* kv heads (n_heads a multiple of it) */
+    int32_t head_dim;
+    uint32_t plan_flags;    /* EI_PLAN_* of the layer's plan */
+    int32_t n_threads;      /* threads or parts of the calls (0: 1) */
+} ei_shape;
+typedef struct ei_sizes {
+    size_t plan;            /* ei_plan_init's memory */
+    size_t decoder;         /* ei_decoder_init's memory */
+    size_t profile;         /* workspace of ei_profile and ei_profile_chunk */
+    size_t prefill;         /* workspace of ei_attention_prefill */
+    size_t decode;          /* workspace of ei_attention_decode and its merge (up to
+                               EI_DECODE_MAX_TOKENS query tokens, with or without a keep set) */
+    size_t decode_keep;     /* workspace of ei_decode_keep, _score, _select, _shared_add and
+                               _select_shared over up to max_tokens cache rows
+                               (profile 0: this context cannot plan, e.g. EI_RANK_ANTIDIAGONAL on the
+                               CUDA backend; ei_profile says why. Thread counts up to EI_MAX_THREADS) */
+    size_t workspace;       /* the largest of the four workspaces: one buffer serves every
+                               call of the layer (calls one after another) */
+} ei_sizes;
+EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_sizes *sizes);
 
 /* ---------------------------------------------------------------- plans */
 enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
@@ -813,7 +885,7 @@ typedef struct ei_plan {
     int32_t *block_index;
     float *scores;
     void *state;           /* chunked planning state (library-private) */
-    void *owned_memory;    /* set by ei_plan_alloc */
+    void *owned_memory;    /* set by ei_plan_init with memory NULL (the context's allocator) */
     int32_t on_device;     /* 1: arrays live in GPU memory (CUDA backend) */
     int32_t seg_capacity;  /* segments the arrays can hold */
     int32_t blk_capacity;  /* blocks a scores row can hold */
@@ -828,63 +900,53 @@ typedef struct ei_plan {
 #define EI_PLAN_BLOCKS(plan, kv_head, segment) \
     ((plan)->block_index + EI_PLAN_ROW(plan, kv_head, segment) * (size_t)(plan)->max_keep)
 
-/* Bytes for a plan of up to max_tokens tokens (flags: EI_PLAN_*). */
-EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads,
-                             int32_t head_dim, uint32_t flags, size_t *bytes);
-/* Lay a plan out in caller memory (at least ei_plan_size bytes, any alignment). */
+/* Lay a plan of up to max_tokens tokens (flags: EI_PLAN_*) out in caller
+   memory: at least ei_sizes.plan bytes (ei_layer_sizes with shape.max_tokens
+   = max_tokens and shape.plan_flags = flags), any alignment; device memory
+   on the CUDA backend. memory NULL with bytes 0: the context's allocator
+   owns it (setup time, not per layer; a GPU context allocates on the
+   device), freed by ei_plan_free. memory NULL with bytes > 0 is
+   EI_ERR_NULL (a failed allocation of the caller's). */
 EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
                              int32_t n_kv_heads, int32_t head_dim, uint32_t flags,
                              void *memory, size_t bytes);
-/* Or let the context's allocator own it (setup time, not per layer). */
-EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens,
-                              int32_t n_kv_heads, int32_t head_dim, uint32_t flags);
-/* Frees what ei_plan_alloc allocated and zeroes the plan; a zeroed plan is a
-   no-op; a plan ei_plan_init / ei_plan_alloc did not make (or edited) is
-   left as it is, nothing freed, the reason in ei_last_error. */
+/* Frees what ei_plan_init allocated (memory NULL) and zeroes the plan; a
+   zeroed plan or one in caller memory is zeroed, nothing freed; a plan
+   ei_plan_init did not make (or edited) is left as it is, nothing freed,
+   the reason in ei_last_error. */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan);
-/* A plan that grows with the prompt: a plan of ei_plan_alloc (the library's
-   memory; CPU backend) moves into memory laid out for max_tokens, its rows,
+/* A plan that grows with the prompt: a plan of ei_plan_init with memory NULL
+   (the library's memory; CPU backend) moves into memory laid out for max_tokens, its rows,
    counts and chunked state kept, so that an engine allocates plans for the
    prompt so far (a micro-batch or two) instead of the whole context, and
    grows them before the chunk that passes plan.max_tokens (plans equal
    those of a plan allocated for the whole prompt, bit for bit: test_core).
    Never shrinks (max_tokens <= plan.max_tokens: EI_OK, nothing done). Grow
-   the profiling workspace too (ei_profile_workspace_size at the new
-   max_tokens). Not between the ranges of one ei_profile_chunk_heads call.
+   the profiling workspace too (ei_layer_sizes at the new max_tokens). Not
+   between the parts of one ei_profile_chunk call.
    On a refusal (no memory, a plan of caller memory, a GPU plan) the plan is
    as it was. */
 EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_tokens);
 /* Start a new sequence in an existing plan (chunked planning). */
 EIDEF ei_result ei_plan_reset(ei_plan *plan);
-/* After ei_profile_heads / ei_profile_chunk_heads ranges of one call have
-   all returned: fills keep_count with the max over heads when
-   per_segment_budget = 1 (no-op otherwise). ei_profile, ei_profile_mt and
-   ei_profile_chunk call it themselves. */
+/* After every part of an ei_profile / ei_profile_chunk call made in parts
+   has returned (the engine's barrier): fills keep_count with the max over
+   heads when per_segment_budget = 1 (a no-op otherwise, and after a call
+   made on threads, which does it itself). */
 EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan);
 
 /* ---------------------------------------------------------------- profiling */
-/* Per-thread workspace for profiling a prompt of n_tokens. */
-EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                          int32_t n_kv_heads, int32_t head_dim, size_t *bytes);
-
 /* Whole-prompt planning (equals the reference): q [n][heads][dim],
-   k [n][kv_heads][dim] post-RoPE, same n. Fills every kv head of the plan. */
-EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                           ei_plan *plan, void *workspace, size_t workspace_bytes);
-/* The same for kv heads [kv_begin, kv_end) only, so an engine's threads can
-   share one plan (each with its own workspace, disjoint ranges covering all
-   kv heads). Only the call whose range holds kv head 0 writes the plan's
-   shared fields (n_tokens, n_segments, ...); no call reads them. */
-EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                 ei_plan *plan, int32_t kv_begin, int32_t kv_end,
-                                 void *workspace, size_t workspace_bytes);
-/* Built-in pthread helper: n_threads workers, workspace = n_threads x
-   per-thread size. Threads split the kv heads; with fewer kv heads than
-   threads (one, in Gemma 3 270M) each kv head's segments are split over its
-   threads instead (the same plan, bit for bit); at most max(kv heads,
-   segments) threads run. */
-EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                              ei_plan *plan, int n_threads, void *workspace, size_t workspace_bytes);
+   k [n][kv_heads][dim] post-RoPE, same n. Fills every kv head of the plan.
+   Workspace: ei_sizes.profile (shape.max_tokens >= n). Threads split the kv
+   heads; with fewer kv heads than threads each kv head's segments are split
+   over its threads instead (at most max(kv heads, segments) threads work).
+   Parts split the kv heads (part ith: kv heads [kv ith / nth,
+   kv (ith + 1) / nth)), then ei_plan_finalize; only the part holding kv
+   head 0 writes the plan's shared fields (n_tokens, n_segments, ...). The
+   same plan however it runs, bit for bit. */
+EIDEF ei_result ei_profile(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                           ei_plan *plan);
 
 /* Chunked planning (plan made with EI_PLAN_CHUNKED), for engines that
    prefill in micro-batches. q holds the queries of positions [q_pos, q_pos +
@@ -909,31 +971,21 @@ EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const e
    dynamic late (its earlier segments kept the base budget). After a roll-back
    into a segment, or skipped positions, that segment is planned from the
    queries given after the cut only, and after a skip the recurrence starts
-   again as at segment 1. Workspace: ei_profile_workspace_size with the
+   again as at segment 1. Workspace: ei_sizes.profile with the
    plan's max_tokens. Up to EI_MAX_CHUNK_GROUP query heads per kv head.
-   CUDA backend: ei_profile_chunk only (every kv head: ei_profile_chunk_heads
-   refuses other ranges with EI_ERR_UNSUPPORTED), either ranking,
-   PROTOCOLS says the rest. A
+   Threads split the kv heads; with fewer kv heads than threads (one, in
+   Gemma 3 270M) each segment's query min/max is split over the threads by
+   query head and its block scores by block range instead (the key min/max,
+   the softmax, the budget and the ranking of a segment stay on the calling
+   thread). Parts split the kv heads only (part ith: kv heads
+   [kv ith / nth, kv (ith + 1) / nth), none when that is empty), then
+   ei_plan_finalize. The same plan however it runs, bit for bit. CUDA
+   backend: every kv head in one call (part 0), either ranking, PROTOCOLS
+   says the rest. A
    chunked plan's state does not travel with ei_plan_copy: continue a copied
    plan with a roll-back to 0. */
-EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                 int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                       int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end,
-                                       void *workspace, size_t workspace_bytes);
-/* Built-in pthread helper for a chunk, as ei_profile_mt is for a whole
-   prompt: n_threads workers (the context's, THREADS), workspace =
-   min(n_threads, kv heads) x the ei_profile_chunk size (ei_profile_workspace_size
-   with the plan's max_tokens). Threads split the kv heads; with
-   fewer kv heads than threads (one, in Gemma 3 270M) each segment's query
-   min/max is split over the threads by query head and its block scores by
-   block range instead (the key min/max, the softmax, the budget and the
-   ranking of a segment stay on the calling thread). The same plan as
-   ei_profile_chunk, bit for bit.
-   On the CUDA backend it is ei_profile_chunk (n_threads unused). */
-EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
-                                    int64_t q_pos, int is_final, int n_threads, void *workspace,
-                                    size_t workspace_bytes);
+EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                                 ei_plan *plan, int64_t q_pos, int is_final);
 /* What the library needs of an engine's cache order: cell j holds the key of
    position j for every j < n_keys (a cache filled in order for one sequence).
    EI_OK if cell_pos[j] == j for all of them; otherwise EI_ERR_SHAPE naming
@@ -950,27 +1002,20 @@ EIDEF int ei_plan_segment_is_sparse(const ei_context *ctx, const ei_plan *plan, 
    q holds tokens [q_offset, q_offset + q->n_tokens) (q_offset = 0 for the
    whole prompt; chunked callers pass the chunk's first position); k and v hold
    keys 0 .. q_offset + q->n_tokens - 1. out has q's shape (f32, f16 or bf16).
-   Work is split into nth parts; call with ith = 0..nth-1 from the engine's
-   threads (or ith=0, nth=1). Workspace per thread.
+   Threads or parts split the work items (query tiles of a head); workspace
+   ei_sizes.prefill.
    CUDA backend: one launch does the layer. For head_dim 64 and 256 a call
    whose work fills less than half the GPU (an engine's micro-batch of few
    heads: 512 queries x 4 heads is 32 CTAs) splits each work item's keys
    over several CTAs and merges their rows (split-K, as FlashDecoding) in
-   the workspace: ei_attention_workspace_size reports room for it (about
-   17 MB on an H200; one workspace serves every layer of a stream, calls in
-   stream order). A smaller workspace (or none, without cuda_deferred_errors)
+   the workspace: ei_sizes.prefill reports room for it (about 17 MB on an
+   H200; one workspace serves every layer of a stream, calls in stream
+   order). A smaller workspace (or none, without cuda_deferred_errors)
    splits less or not at all; outputs agree within float32 summation order.
    EI_CUDA_ATTN_SPLIT=N caps the splits (1: off). */
-EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
-                                            int32_t head_dim, size_t *bytes);
-EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                     const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
-                                     int64_t q_offset, int ith, int nth,
-                                     void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                        const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out,
-                                        int64_t q_offset, int n_threads,
-                                        void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_exec *x, const ei_tensor *q,
+                                     const ei_tensor *k, const ei_tensor *v, const ei_plan *plan,
+                                     ei_out_tensor *out, int64_t q_offset);
 
 /* The plan as an additive attention mask, for engines that keep their own
    attention kernel and give it a mask (llama.cpp's ggml_flash_attn_ext, with
@@ -1011,52 +1056,31 @@ EIDEF ei_result ei_plan_mask(const ei_context *ctx, const ei_plan *plan, int64_t
    0 .. q_offset + n_tokens - 1: q_offset is the row of the step's first
    key, which is its position until a compaction (ei_kv_compact) leaves
    fewer rows than positions; RoPE uses positions, attention rows), dense
-   causal, the same result as ei_attention_prefill with
-   plan NULL (within float32 summation order), split along the keys so that
-   every thread works however few kv heads the layer has. Two phases:
-     ei_attention_decode(..., ith, nth, partials, ...)  thread ith of nth
-         attends to its slice of the keys for every head and writes slot ith
-         of `partials` (shared by the threads, 4-byte aligned,
-         ei_attention_decode_partials_size bytes); workspace per thread
-         (ei_attention_workspace_size); out is not written on the CPU;
-     ei_attention_decode_merge(ctx, out, partials, ..., ith, nth)  after
-         every slice is in (the engine's barrier), thread ith writes its
-         share of out's rows; the same nth as the first phase.
-   ei_attention_decode_mt does both with the built-in threads; its one
-   workspace is ei_attention_decode_workspace_size bytes (any alignment).
-   On the CUDA backend the ith = 0 call runs the whole step and the merge
-   does nothing. NaN/Inf in q or in a key gets EI_ERR_NONFINITE.
-   ei_attention_decode_keep(_mt) attend through a keep set instead of the
-   whole cache, for engines that mask evicted rows rather than compacting
-   them (ei_kv_compact): each query head attends to its set's kept rows
+   causal, the same result as ei_attention_prefill with plan NULL (within
+   float32 summation order), split along the keys so that every thread
+   works however few kv heads the layer has: each thread or part attends to
+   its slice of the keys for every head and writes a partial row (output,
+   running max and sum) into the workspace, then the partials are merged
+   into out. On threads ei_attention_decode does both; in parts, the merge
+   is ei_attention_decode_merge, made by every part after the engine's
+   barrier with the same ei_exec (each writes its share of out's rows;
+   after a call on threads it does nothing). Workspace: ei_sizes.decode.
+   NaN/Inf in q or in a key gets EI_ERR_NONFINITE.
+   keep: NULL attends to the whole cache. A keep set attends through it
+   instead, for engines that mask evicted rows rather than compacting them
+   (ei_kv_compact): each query head attends to its set's kept rows
    (keep->index: one row per kv head, per query head, or one shared set),
    then to every row appended since the set was made (keep->n_tokens ..
    q_offset + t, causal). The set must have been made at or before the
    step's first query (keep->n_tokens <= q_offset + 1); the result equals
-   dense attention over the compacted cache. CPU backend only. */
+   dense attention over the compacted cache. CPU backend only.
+   CUDA backend: one launch (part 0), the merge does nothing. */
 #define EI_DECODE_MAX_TOKENS 16
-EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                  int32_t head_dim, int nth, size_t *bytes);
-EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                    const ei_tensor *v, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
-                                    float *partials, size_t partials_bytes,
-                                    void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
-                                          size_t partials_bytes, int ith, int nth);
-EIDEF ei_result ei_attention_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                   int32_t n_kv_heads, int32_t head_dim, int n_threads,
-                                                   size_t *bytes);
-EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                       const ei_tensor *v, ei_out_tensor *out, int64_t q_offset, int n_threads,
-                                       void *workspace, size_t workspace_bytes);
 typedef struct ei_keep_set ei_keep_set;
-EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                         const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
-                                         int64_t q_offset, int ith, int nth, float *partials, size_t partials_bytes,
-                                         void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
-                                            const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
-                                            int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes);
+EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_exec *x, const ei_tensor *q,
+                                    const ei_tensor *k, const ei_tensor *v, const ei_keep_set *keep,
+                                    ei_out_tensor *out, int64_t q_offset);
+EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, const ei_exec *x, ei_out_tensor *out);
 
 /* ---------------------------------------------------------------- decode */
 /* Per-layer, per-sequence observation state. */
@@ -1077,7 +1101,8 @@ typedef struct ei_decoder {
                                ei_decoder_init; an edited decoder is refused */
 } ei_decoder;
 
-EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes);
+/* Lay a decoder out in caller memory of ei_sizes.decoder bytes (device
+   memory on the CUDA backend). */
 EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t n_heads,
                                 int32_t n_kv_heads, int32_t head_dim, void *memory, size_t bytes);
 EIDEF ei_result ei_decoder_reset(ei_decoder *dec);
@@ -1125,24 +1150,21 @@ struct ei_keep_set {
                                (the next call's row_pos) */
 };
 
-EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                         int32_t n_kv_heads, size_t *bytes);
 /* Score the cache k [n_tokens rows][n_kv_heads][dim] against the window and
-   fill keep (ei_decode_score + ei_decode_select). The window's W queries
-   line up with the keys of the newest W positions; each query attends the
-   rows holding positions up to its own. _mt: n_threads threads (query heads
-   split between them), workspace n_threads x ei_decode_workspace_size. */
-EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
-                               ei_keep_set *keep, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k,
-                                  ei_keep_set *keep, int n_threads, void *workspace, size_t workspace_bytes);
-/* The parts, for an engine's own threads:
-   ei_decode_score: thread ith of nth fills the rows of its query heads
-     (n_heads * ith / nth up to n_heads * (ith + 1) / nth) of scores
-     [n_heads][k->n_tokens]: scores[h][row] = the mean over the window's
-     queries of query head h of their softmax weight on that row (0 for rows
-     holding no position); row_pos/row_pos_stride as in ei_keep_set. One
-     workspace of ei_decode_workspace_size bytes per thread.
+   fill keep (ei_decode_score, then ei_decode_select). The window's W
+   queries line up with the keys of the newest W positions; each query
+   attends the rows holding positions up to its own. Threads split the
+   query heads of the scoring; on parts it is refused (EI_ERR_CONFIG: make
+   the two calls, with the barrier between them). Workspace:
+   ei_sizes.decode_keep (shape.max_tokens >= the cache's rows). */
+EIDEF ei_result ei_decode_keep(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const ei_tensor *k,
+                               ei_keep_set *keep);
+/* The parts, for shared keep sets and for an engine's own threads:
+   ei_decode_score: fills scores [n_heads][k->n_tokens]: scores[h][row] =
+     the mean over the window's queries of query head h of their softmax
+     weight on that row (0 for rows holding no position); row_pos /
+     row_pos_stride as in ei_keep_set. Threads or parts split the query
+     heads (part ith: heads [n_heads ith / nth, n_heads (ith + 1) / nth)).
    ei_decode_select: from one layer's scores, the keep set of each head
      (query heads reduced per kv head by gqa_reduce when per_kv_head; pooled
      over candidates in position order; the top b - W kept, b the decode
@@ -1154,16 +1176,17 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
      layer weighs 1, whatever mass it leaves on its window; layers added, or
      with gqa_reduce max their maximum kept), then
      ei_decode_select_shared (keep->heads_out = 1; keep->row_pos the map).
-     shared_add marks the decoder as compressed (ei_decode_due). */
-EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k,
-                                const int32_t *row_pos, int64_t row_pos_stride, float *scores,
-                                int ith, int nth, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
-                                 ei_keep_set *keep, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
-                                     const int32_t *row_pos, float *shared, void *workspace, size_t workspace_bytes);
-EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder *dec, const float *shared,
-                                        int64_t n_rows, ei_keep_set *keep, void *workspace, size_t workspace_bytes);
+     shared_add marks the decoder as compressed (ei_decode_due).
+   select, shared_add and select_shared run on one thread (in parts: part
+   0's call; the others return EI_OK). Workspace: ei_sizes.decode_keep. */
+EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_exec *x, const ei_decoder *dec, const ei_tensor *k,
+                                const int32_t *row_pos, int64_t row_pos_stride, float *scores);
+EIDEF ei_result ei_decode_select(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const float *scores,
+                                 int64_t n_rows, ei_keep_set *keep);
+EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const float *scores,
+                                     int64_t n_rows, const int32_t *row_pos, float *shared);
+EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_exec *x, const ei_decoder *dec,
+                                        const float *shared, int64_t n_rows, ei_keep_set *keep);
 /* In-place compaction of a contiguous-per-head cache with keep->heads_out
    heads (or any number of heads for a shared set, heads_out 1): row i of
    head h becomes row keep->index[h][i]. Afterwards the cache holds
@@ -1215,7 +1238,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    a bad keep index, a bad row map) waits for cfg.cuda_stream and reads a flag
    back. With cuda_deferred_errors the per-layer calls ei_profile,
    ei_profile_chunk, the attention calls (prefill and decode),
-   ei_decode_observe, ei_decode_keep (and _mt), ei_decode_score,
+   ei_decode_observe, ei_decode_keep, ei_decode_score,
    ei_decode_select, ei_decode_shared_add, ei_decode_select_shared and
    ei_kv_compact never wait, read back or allocate: they only queue kernels
    (row maps are sorted by CUB in the decode workspace) and async memsets
@@ -1227,7 +1250,7 @@ EIDEF ei_result ei_plan_copy(const ei_context *ctx, ei_plan *dst, const ei_plan 
    (attention and compaction write nothing, a decoder has counted the queries
    it did not store). In this mode the attention workspace holds the call's
    scan reports (512 bytes, so that a graph replays its own; plus split-K's
-   partial rows for head_dim 64/256, below): pass ei_attention_workspace_size
+   partial rows for head_dim 64/256, below): pass ei_sizes.prefill
    bytes. After synchronising, the engine calls ei_cuda_status: the first data
    error recorded since the last call, with the code and message the waiting
    call would have returned (ei_last_error), then cleared; EI_OK if none. The
@@ -1730,6 +1753,8 @@ EI__HD int64_t ei__decode_recent(const ei_config *c, int64_t b) {
                      each path's kernels (a vector vocabulary, the elementwise
                      stages written once against it, the hand-written score and
                      P.V loops) and its kernel table
+     >>exec          the public calls: an ei_exec (threads or parts, one
+                     workspace) run through the functions above; ei_layer_sizes
      >>kernels       ei__kernels_for: the table a context uses
    The method's rules (plan geometry, caps, sparse segments, rigid test,
    budget recurrence, decode window) are not here but above, under the CUDA
@@ -2003,7 +2028,7 @@ static void *ei__arena_take(ei__arena *a, size_t n, size_t elem) {
    threads started and joined for this call; a share that no thread can take
    runs on the caller. The first failure wins. Under EI_NO_PTHREADS every
    share runs on the calling thread in turn. */
-#define EI__MAX_THREADS 256
+#define EI__MAX_THREADS EI_MAX_THREADS
 typedef ei_result (*ei__task_fn)(void *arg, int ith, int nth, void *ws, size_t ws_bytes);
 #ifndef EI_NO_PTHREADS
 #include <pthread.h>
@@ -2528,6 +2553,17 @@ static size_t ei__view_bytes(const ei_tensor *t) {
 }
 /* A checked view's data, and the struct that describes it (read throughout
    the call, so nothing may be written over it either). */
+/* The workspace a call registers for its overlap checks. A call in parts
+   registers every part's share (>>exec sets the span on the part's thread
+   for the call): a part cannot see how the others use the buffer they
+   share, so an output, q or plan lying in another part's share is refused
+   by every part, before any writes, as a call on threads refuses it. */
+typedef struct ei__span { const void *p; size_t bytes; } ei__span;
+static EI__TLS ei__span ei__tls_ws_span;
+static void ei__reg_workspace(ei__regions *g, const void *workspace, size_t bytes) {
+    if (ei__tls_ws_span.p) ei__reg_mem(g, ei__tls_ws_span.p, ei__tls_ws_span.bytes, "the workspace (every part's share)", 1);
+    else ei__reg_mem(g, workspace, bytes, "the workspace", 1);
+}
 static void ei__reg_view(ei__regions *g, const ei_tensor *t, const char *name, const char *struct_name, int written) {
     int i = g->n;
     ei__reg_mem(g, t->data, ei__view_bytes(t), name, written);
@@ -3001,6 +3037,9 @@ EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
 #ifndef EI_NO_PTHREADS
     if (ctx->backend == EI_BACKEND_CPU) ctx->pool = ei__pool_open(&ctx->alloc); /* NULL: every call starts its threads */
 #endif
+    /* ei_context_config tells what runs: the path and the backend chosen */
+    ctx->cfg.simd = ctx->kern->simd;
+    ctx->cfg.backend = ctx->backend;
     *out = ctx;
     return EI_OK;
 }
@@ -3015,8 +3054,6 @@ EIDEF void ei_context_destroy(ei_context *ctx) {
     ei__free(&a, ctx);
 }
 EIDEF const ei_config *ei_context_config(const ei_context *ctx) { return ctx ? &ctx->cfg : NULL; }
-EIDEF ei_simd ei_context_simd(const ei_context *ctx) { return ctx ? ctx->kern->simd : EI_SIMD_SCALAR; }
-EIDEF ei_backend ei_context_backend(const ei_context *ctx) { return ctx ? ctx->backend : EI_BACKEND_CPU; }
 
 // >>plan --------------------------------------------------------------------
 /* Plans are laid out by ei__plan_geometry (under the ABI), the same on both
@@ -3072,7 +3109,7 @@ static ei_result ei__check_plan_geometry(const ei_context *ctx, int64_t max_toke
     return EI_OK;
 }
 
-EIDEF ei_result ei_plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
+static ei_result ei__plan_size(const ei_context *ctx, int64_t max_tokens, int32_t n_kv_heads, int32_t head_dim,
                              uint32_t flags, size_t *bytes) {
     ei__plan_geom g;
     ei_result r;
@@ -3163,6 +3200,8 @@ static void ei__copy_rows(void *dst, size_t sn, const void *src, size_t so, size
     for (i = 0; i < n_rows; ++i)
         memcpy((unsigned char *)dst + i * sn * es, (const unsigned char *)src + i * so * es, len * es);
 }
+static ei_result ei__plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                                int32_t head_dim, uint32_t flags);
 EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_tokens) {
     ei_plan g;
     size_t kv, so, sn, i;
@@ -3170,15 +3209,16 @@ EIDEF ei_result ei_plan_grow(const ei_context *ctx, ei_plan *plan, int64_t max_t
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if ((r = ei__check_plan(ctx, plan)) != EI_OK) return r;
     if (!plan->owned_memory)
-        return ei__fail(ctx, EI_ERR_STATE, "only a plan of ei_plan_alloc grows (a plan in caller memory: lay it out "
-                                           "again with ei_plan_init, or allocate it for the whole context)");
+        return ei__fail(ctx, EI_ERR_STATE, "only a plan of the library's memory grows (ei_plan_init with memory "
+                                           "NULL); a plan in caller memory: lay it out again with ei_plan_init, or "
+                                           "allocate it for the whole context");
     if (plan->on_device)
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "a GPU plan does not grow: allocate it for the context");
     if (plan->segment_size != ctx->cfg.segment_size || plan->block_size != ctx->cfg.block_size)
         return ei__fail(ctx, EI_ERR_SHAPE, "plan was laid out for segment %d / block %d, context has %d / %d",
                         (int)plan->segment_size, (int)plan->block_size, (int)ctx->cfg.segment_size, (int)ctx->cfg.block_size);
     if (max_tokens <= plan->max_tokens) return EI_OK;
-    if ((r = ei_plan_alloc(ctx, &g, max_tokens, plan->n_kv_heads, plan->head_dim, plan->flags)) != EI_OK) return r;
+    if ((r = ei__plan_alloc(ctx, &g, max_tokens, plan->n_kv_heads, plan->head_dim, plan->flags)) != EI_OK) return r;
     if (g.max_keep < plan->max_keep) { /* a context of a smaller budget cap than the plan's */
         ei_plan_free(ctx, &g);
         return ei__fail(ctx, EI_ERR_SHAPE, "plan keeps up to %d blocks a row, this context's layout %d: grow it under "
@@ -3249,7 +3289,7 @@ EIDEF ei_result ei_plan_reset(ei_plan *plan) {
     return EI_OK;
 }
 
-EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+static ei_result ei__plan_init_mem(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
                              int32_t head_dim, uint32_t flags, void *memory, size_t bytes) {
     ei__plan_geom g;
     unsigned char *base;
@@ -3299,18 +3339,18 @@ EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_t
     return EI_OK;
 }
 
-EIDEF ei_result ei_plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+static ei_result ei__plan_alloc(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
                               int32_t head_dim, uint32_t flags) {
     size_t bytes;
     void *mem;
-    ei_result r = ei_plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &bytes);
+    ei_result r = ei__plan_size(ctx, max_tokens, n_kv_heads, head_dim, flags, &bytes);
     if (r != EI_OK) return r;
     if (!plan) return ei__fail(ctx, EI_ERR_NULL, "plan is NULL");
     if (ei__on_gpu(ctx)) {
         if ((r = EI__CUDA(ctx, mem_alloc, &mem, bytes)) != EI_OK) return r;
     } else if (!(mem = ei__alloc(&ctx->alloc, bytes)))
         return ei__fail(ctx, EI_ERR_NOMEM, "allocating a plan of %zu bytes", bytes);
-    r = ei_plan_init(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, mem, bytes);
+    r = ei__plan_init_mem(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, mem, bytes);
     if (r != EI_OK) {
         if (ei__on_gpu(ctx)) ei__cuda_api_of(ctx)->mem_free(mem);
         else ei__free(&ctx->alloc, mem);
@@ -3335,7 +3375,7 @@ static int ei__all_zero(const void *p, size_t n) {
    without that context the plan is left as it is and the error recorded). */
 EIDEF void ei_plan_free(const ei_context *ctx, ei_plan *plan) {
     if (!plan || ei__all_zero(plan, sizeof *plan)) return; /* freed already, or zeroed and never made */
-    /* a struct ei_plan_init / ei_plan_alloc did not make (an engine's cleanup
+    /* a struct ei_plan_init did not make (an engine's cleanup
        after a failed alloc, garbage, an edited owned_memory) holds nothing of
        ours: left as it is, the error recorded, nothing freed */
     if (ei__check_plan_seal(ctx, plan) != EI_OK) return;
@@ -3766,7 +3806,7 @@ static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
     return EI_OK;
 }
 
-EIDEF ei_result ei_profile_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+static ei_result ei__profile_ws_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                           int32_t n_kv_heads, int32_t head_dim, size_t *bytes) {
     ei__profile_ws w;
     ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, bytes);
@@ -4148,7 +4188,7 @@ static ei_result ei__check_profile_regions(const ei_context *ctx, const ei_tenso
     if (q) ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
     ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
     ei__reg_plan(&g, plan, 1);
-    ei__reg_mem(&g, workspace, ws_bytes, "the workspace", 1);
+    ei__reg_workspace(&g, workspace, ws_bytes);
     return ei__check_regions(ctx, &g);
 }
 static ei_result ei__check_whole_prompt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
@@ -4281,14 +4321,14 @@ EIDEF ei_result ei_plan_finalize(const ei_context *ctx, ei_plan *plan) {
     return EI_OK;
 }
 
-EIDEF ei_result ei_profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int32_t kv_begin, int32_t kv_end, void *workspace, size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (ei__on_gpu(ctx))
         return ei__fail(ctx, EI_ERR_UNSUPPORTED, "head ranges are a CPU feature: call ei_profile on the CUDA backend");
     return ei__profile_range(ctx, q, k, plan, kv_begin, kv_end, workspace, workspace_bytes);
 }
-EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_whole(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                            void *workspace, size_t workspace_bytes) {
     ei_result r;
     if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
@@ -4296,7 +4336,7 @@ EIDEF ei_result ei_profile(const ei_context *ctx, const ei_tensor *q, const ei_t
     if (ei__on_gpu(ctx)) {
         size_t need;
         if ((r = ei__check_gpu_ranking(ctx)) != EI_OK ||
-            (r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
+            (r = ei__profile_ws_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &need)) != EI_OK ||
             (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
             return r;
         if ((r = EI__CUDA(ctx, profile, &ctx->cfg, q, k, plan, workspace, workspace_bytes)) == EI_OK)
@@ -4349,19 +4389,19 @@ static ei_result ei__profile_share(void *arg, int ith, int nth, void *ws, size_t
     if (s0 >= s1) return EI_OK;
     return ei__profile_part(j->ctx, j->q, j->k, j->plan, kvh, s0, s1, j->step, &w);
 }
-EIDEF ei_result ei_profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                               int n_threads, void *workspace, size_t workspace_bytes) {
     ei__profile_job job;
     size_t per;
     int nt;
     ei_result r;
     if (!ctx || !k) return ei__fail(ctx, EI_ERR_NULL, "context or k is NULL");
-    if (ei__on_gpu(ctx)) return ei_profile(ctx, q, k, plan, workspace, workspace_bytes);
+    if (ei__on_gpu(ctx)) return ei__profile_whole(ctx, q, k, plan, workspace, workspace_bytes);
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
     if ((r = ei__check_whole_prompt(ctx, q, k, plan, 0, k->n_heads)) != EI_OK) return r;
     nt = (int)EI__MIN((int64_t)n_threads, EI__MAX((int64_t)k->n_heads, ei__ceil_div(q->n_tokens, ctx->cfg.segment_size)));
-    if ((r = ei_profile_workspace_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if ((r = ei__profile_ws_size(ctx, q->n_tokens, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, nt, per);
@@ -4647,7 +4687,7 @@ static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q
     ei_result r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads);
     if (r != EI_OK || (r = ei__check_gpu_ranking(ctx)) != EI_OK) return r;
     /* sized for the plan's capacity, as on the CPU (a final call without queries needs no query features) */
-    if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
+    if ((r = ei__profile_ws_size(ctx, plan->max_tokens, q ? q->n_heads : k->n_heads, k->n_heads, k->head_dim,
                                        &need)) != EI_OK ||
         (r = ei__check_profile_regions(ctx, q, k, plan, workspace, need)) != EI_OK)
         return r;
@@ -4655,7 +4695,7 @@ static ei_result ei__profile_chunk_gpu(const ei_context *ctx, const ei_tensor *q
     if (r == EI_OK) ei__plan_covers(&ctx->cfg, plan, q_pos + (q ? q->n_tokens : 0), is_final);
     return r;
 }
-EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_chunk_heads(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                        int64_t q_pos, int is_final, int32_t kv_begin, int32_t kv_end, void *workspace,
                                        size_t workspace_bytes) {
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
@@ -4669,13 +4709,13 @@ EIDEF ei_result ei_profile_chunk_heads(const ei_context *ctx, const ei_tensor *q
     }
     return ei__profile_chunk_range(ctx, q, k, plan, q_pos, is_final, kv_begin, kv_end, workspace, workspace_bytes, 1);
 }
-EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_chunk_all(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                  int64_t q_pos, int is_final, void *workspace, size_t workspace_bytes) {
     ei_result r;
     if (!k) return ei__fail(ctx, EI_ERR_NULL, "k is NULL");
     if (ctx && ei__on_gpu(ctx)) /* the plugin applies per_segment_budget itself */
         return ei__profile_chunk_gpu(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
-    r = ei_profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads, workspace, workspace_bytes);
+    r = ei__profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads, workspace, workspace_bytes);
     return r != EI_OK ? r : ei_plan_finalize(ctx, plan);
 }
 
@@ -4696,7 +4736,7 @@ static ei_result ei__chunk_share(void *arg, int ith, int nth, void *ws, size_t w
     return ei__profile_chunk_range(j->ctx, j->q, j->k, j->plan, j->q_pos, j->is_final, (int32_t)((int64_t)kv * ith / nth),
                                    (int32_t)((int64_t)kv * (ith + 1) / nth), ws, ws_bytes, 1);
 }
-EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
+static ei_result ei__profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                                     int64_t q_pos, int is_final, int n_threads, void *workspace, size_t workspace_bytes) {
     ei__chunk_job job;
     size_t per;
@@ -4704,13 +4744,13 @@ EIDEF ei_result ei_profile_chunk_mt(const ei_context *ctx, const ei_tensor *q, c
     int nt;
     ei_result r;
     if (!ctx || !k || !plan) return ei__fail(ctx, EI_ERR_NULL, "context, k or plan is NULL");
-    if (ei__on_gpu(ctx)) return ei_profile_chunk(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
+    if (ei__on_gpu(ctx)) return ei__profile_chunk_all(ctx, q, k, plan, q_pos, is_final, workspace, workspace_bytes);
     if (n_threads <= 0 || n_threads > EI__MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__MAX_THREADS);
     if ((r = ei__check_chunk(ctx, q, k, plan, q_pos, is_final, 0, k->n_heads)) != EI_OK) return r;
     kv = k->n_heads;
     G = q ? q->n_heads / kv : ei__plan_states(plan)[0].group;
-    if ((r = ei_profile_workspace_size(ctx, plan->max_tokens, EI__MAX(G, 1) * kv, kv, k->head_dim, &per)) != EI_OK) return r;
+    if ((r = ei__profile_ws_size(ctx, plan->max_tokens, EI__MAX(G, 1) * kv, kv, k->head_dim, &per)) != EI_OK) return r;
     nt = EI__MIN(n_threads, (int)kv);
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
@@ -4743,7 +4783,7 @@ EIDEF ei_result ei_check_key_positions(const ei_context *ctx, const int32_t *cel
 }
 
 // >>decode ------------------------------------------------------------------
-EIDEF ei_result ei_decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
+static ei_result ei__decoder_size(const ei_context *ctx, int32_t n_heads, int32_t head_dim, size_t *bytes) {
     size_t total = 0;
     if (!ctx || !bytes) return ei__fail(ctx, EI_ERR_NULL, "context or bytes is NULL");
     if (n_heads <= 0 || n_heads > EI_MAX_HEADS) return ei__fail(ctx, EI_ERR_SIZE, "n_heads %d out of range", (int)n_heads);
@@ -4826,7 +4866,7 @@ EIDEF ei_result ei_decoder_init(const ei_context *ctx, ei_decoder *dec, int32_t 
                                 int32_t head_dim, void *memory, size_t bytes) {
     size_t need;
     ei__arena a;
-    ei_result r = ei_decoder_size(ctx, n_heads, head_dim, &need);
+    ei_result r = ei__decoder_size(ctx, n_heads, head_dim, &need);
     if (r != EI_OK) return r;
     if (!dec || !memory) return ei__fail(ctx, EI_ERR_NULL, "decoder or its memory is NULL");
     if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads)
@@ -4980,7 +5020,7 @@ static int ei__decode_ws_layout(int64_t n, int32_t H, int32_t d, ei__decode_ws *
     w->scores = (float *)ei__arena_take(&a, (size_t)H, N * 4u);
     return 1;
 }
-EIDEF ei_result ei_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+static ei_result ei__decode_ws_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
                                          size_t *bytes) {
     ei__decode_ws w;
     ei_result r = ei__check_sizes(ctx, n_tokens, n_heads, n_kv_heads, 1, bytes);
@@ -5121,8 +5161,8 @@ static void ei__reg_keep(ei__regions *g, const ei_keep_set *keep, int32_t n_maps
 static ei_result ei__reg_decode_ws(const ei_context *ctx, ei__regions *g, const ei_decoder *dec, int64_t n,
                                    const void *workspace, int threads) {
     size_t per;
-    ei_result r = ei_decode_workspace_size(ctx, n, dec->n_heads, dec->n_kv_heads, &per);
-    if (r == EI_OK) ei__reg_mem(g, workspace, per * (size_t)threads, "the workspace", 1);
+    ei_result r = ei__decode_ws_size(ctx, n, dec->n_heads, dec->n_kv_heads, &per);
+    if (r == EI_OK) ei__reg_workspace(g, workspace, per * (size_t)threads);
     return r;
 }
 
@@ -5196,7 +5236,7 @@ static ei_result ei__decode_score_run(const ei_context *ctx, const ei_decoder *d
     return EI_OK;
 }
 
-EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
+static ei_result ei__decode_score_part(const ei_context *ctx, const ei_decoder *dec, const ei_tensor *k, const int32_t *row_pos,
                                 int64_t row_pos_stride, float *scores, int ith, int nth, void *workspace,
                                 size_t workspace_bytes) {
     ei__regions g;
@@ -5487,7 +5527,7 @@ static ei_result ei__decode_select_run(const ei_context *ctx, ei_decoder *dec, c
     if (r != EI_OK) keep->n_kept = n_kept;
     return r;
 }
-EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+static ei_result ei__decode_select(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
                                  ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     ei__regions g;
     int32_t heads_out;
@@ -5509,7 +5549,7 @@ EIDEF ei_result ei_decode_select(const ei_context *ctx, ei_decoder *dec, const f
     return ei__decode_select_run(ctx, dec, scores, n_rows, keep, workspace, workspace_bytes);
 }
 
-EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
+static ei_result ei__decode_shared_add(const ei_context *ctx, ei_decoder *dec, const float *scores, int64_t n_rows,
                                      const int32_t *row_pos, float *shared, void *workspace, size_t workspace_bytes) {
     const ei_config *c;
     ei__decode_ws w;
@@ -5577,7 +5617,7 @@ EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, ei_decoder *dec, con
     return EI_OK;
 }
 
-EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_decoder *dec, const float *shared, int64_t n_rows,
+static ei_result ei__decode_select_shared(const ei_context *ctx, const ei_decoder *dec, const float *shared, int64_t n_rows,
                                         ei_keep_set *keep, void *workspace, size_t workspace_bytes) {
     const ei_config *c;
     ei__decode_ws w;
@@ -5643,7 +5683,7 @@ static ei_result ei__decode_share(void *arg, int ith, int nth, void *ws, size_t 
                                 j->scores, ith, nth, ws, ws_bytes);
 }
 
-EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
+static ei_result ei__decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
                                   int n_threads, void *workspace, size_t workspace_bytes) {
     const ei_config *c;
     ei__decode_ws w;
@@ -5689,7 +5729,7 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
             return ei__fail(ctx, EI_ERR_WORKSPACE, "pooled capacity %lld < %lld", (long long)keep->pooled_capacity, (long long)(n - W));
         return EI__CUDA(ctx, decode_keep, c, dec, k, keep, workspace, workspace_bytes);
     }
-    if ((r = ei_decode_workspace_size(ctx, k->n_tokens, dec->n_heads, dec->n_kv_heads, &per)) != EI_OK) return r;
+    if ((r = ei__decode_ws_size(ctx, k->n_tokens, dec->n_heads, dec->n_kv_heads, &per)) != EI_OK) return r;
     nt = EI__MIN(n_threads, dec->n_heads);
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d x %zu bytes needed)", nt, per);
     if (workspace_bytes / (size_t)nt < per)
@@ -5703,10 +5743,6 @@ EIDEF ei_result ei_decode_keep_mt(const ei_context *ctx, ei_decoder *dec, const 
     return ei__decode_select_run(ctx, dec, w.scores, k->n_tokens, keep, workspace, per);
 }
 
-EIDEF ei_result ei_decode_keep(const ei_context *ctx, ei_decoder *dec, const ei_tensor *k, ei_keep_set *keep,
-                               void *workspace, size_t workspace_bytes) {
-    return ei_decode_keep_mt(ctx, dec, k, keep, 1, workspace, workspace_bytes);
-}
 
 /* Checks of a filled keep set that a call reads (ei_kv_compact, decode
    attention): its counts, then (ei__check_keep_index) every kept row
@@ -5980,7 +6016,7 @@ static int ei__attn_ws_layout(const ei_config *c, int32_t G, int32_t d, ei__attn
     return 1;
 }
 
-EIDEF ei_result ei_attention_workspace_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
+static ei_result ei__attn_ws_size(const ei_context *ctx, int32_t n_heads, int32_t n_kv_heads,
                                             int32_t head_dim, size_t *bytes) {
     ei__attn_ws w;
     ei_result r = ei__check_sizes(ctx, 1, n_heads, n_kv_heads, head_dim, bytes);
@@ -6555,14 +6591,14 @@ static ei_result ei__attn_check(const ei_context *ctx, const ei_tensor *q, const
                         (long long)k->n_tokens, (long long)v->n_tokens);
     if (plan && (r = ei__check_plan(ctx, plan)) != EI_OK) return r;
     if (keep && (r = ei__check_decode_keep(ctx, keep, q, k, q_offset)) != EI_OK) return r;
-    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if ((r = ei__attn_ws_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     g.n = 0; /* attention is not in place: out meets nothing it reads */
     ei__reg_view(&g, q, "q", "the ei_tensor q", 0);
     ei__reg_view(&g, k, "k", "the ei_tensor k", 0);
     ei__reg_view(&g, v, "v", "the ei_tensor v", 0);
     ei__reg_out_view(&g, out, "out", "the ei_out_tensor out");
     if (plan) ei__reg_plan(&g, plan, 0);
-    ei__reg_mem(&g, workspace, per * (size_t)n_ws, "the workspace", 1);
+    ei__reg_workspace(&g, workspace, per * (size_t)n_ws);
     if (partials) ei__reg_mem(&g, partials, partials_bytes, "partials", 1);
     if (keep) {
         ei__reg_mem(&g, keep, sizeof *keep, "the ei_keep_set struct", 0);
@@ -6634,7 +6670,7 @@ static ei_result ei__attn_run(const ei__attn_job *J, int ith, int nth, void *wor
     return EI_OK;
 }
 
-EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+static ei_result ei__attn_prefill_part(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                      const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
                                      void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
@@ -6656,7 +6692,7 @@ static ei_result ei__attn_share(void *arg, int ith, int nth, void *ws, size_t ws
 /* Built-in pthread helper: n_threads workers (the calling thread is one of
    them), workspace = n_threads x ei_attention_workspace_size. Under
    EI_NO_PTHREADS the shares run one after another on the calling thread. */
-EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+static ei_result ei__attn_prefill_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                         const ei_plan *plan, ei_out_tensor *out, int64_t q_offset, int n_threads,
                                         void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
@@ -6670,7 +6706,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
     if (ei__on_gpu(ctx)) return EI__CUDA(ctx, attention, &ctx->cfg, q, k, v, plan, out, q_offset, workspace, workspace_bytes);
     ei__attn_setup(ctx, q, k, v, plan, out, q_offset, &J);
     if (n_threads == 1) return ei__attn_run(&J, 0, 1, workspace, workspace_bytes);
-    if ((r = ei_attention_workspace_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
+    if ((r = ei__attn_ws_size(ctx, q->n_heads, k->n_heads, q->head_dim, &per)) != EI_OK) return r;
     if (!workspace) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (%d threads x %zu bytes needed)", n_threads, per);
     if (workspace_bytes / (size_t)n_threads < per)
         return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes, %d threads x %zu needed", workspace_bytes, n_threads, per);
@@ -6695,7 +6731,7 @@ EIDEF ei_result ei_attention_prefill_mt(const ei_context *ctx, const ei_tensor *
 
 static size_t ei__decode_partial_floats(int32_t d) { return (size_t)d + EI__DECODE_PARTIAL_HEAD; }
 
-EIDEF ei_result ei_attention_decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
+static ei_result ei__decode_partials_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
                                                   int32_t head_dim, int nth, size_t *bytes) {
     size_t rows, floats;
     ei_result r = ei__check_sizes(ctx, 1, n_heads, 1, head_dim, bytes);
@@ -7006,7 +7042,7 @@ static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q
     ei_result r;
     if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
     if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
-    if ((r = ei_attention_decode_partials_size(ctx, q->n_tokens, q->n_heads, q->head_dim, nth, &need)) != EI_OK) return r;
+    if ((r = ei__decode_partials_size(ctx, q->n_tokens, q->n_heads, q->head_dim, nth, &need)) != EI_OK) return r;
     if (!ei__on_gpu(ctx)) {
         if ((r = ei__check_partials(ctx, partials, partials_bytes, need, nth)) != EI_OK) return r;
     } else if (keep)
@@ -7015,7 +7051,7 @@ static ei_result ei__attn_decode_check(const ei_context *ctx, const ei_tensor *q
     return ei__attn_check(ctx, q, k, v, NULL, keep, out, q_offset, workspace, n_ws, partials, partials ? need : 0);
 }
 
-EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
+static ei_result ei__attn_decode_part(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                                          const ei_keep_set *keep, ei_out_tensor *out, int64_t q_offset, int ith, int nth,
                                          float *partials, size_t partials_bytes, void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
@@ -7030,14 +7066,8 @@ EIDEF ei_result ei_attention_decode_keep(const ei_context *ctx, const ei_tensor 
     J.keep = keep;
     return ei__attn_decode_run(&J, ith, nth, partials, workspace, workspace_bytes);
 }
-EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                    ei_out_tensor *out, int64_t q_offset, int ith, int nth, float *partials,
-                                    size_t partials_bytes, void *workspace, size_t workspace_bytes) {
-    return ei_attention_decode_keep(ctx, q, k, v, NULL, out, q_offset, ith, nth, partials, partials_bytes, workspace,
-                                    workspace_bytes);
-}
 
-EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
+static ei_result ei__attn_decode_merge(const ei_context *ctx, ei_out_tensor *out, const float *partials,
                                           size_t partials_bytes, int ith, int nth) {
     ei__regions g;
     size_t need;
@@ -7046,7 +7076,7 @@ EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, ei_out_tensor *
     if ((r = ei__attn_check_split(ctx, ith, nth)) != EI_OK) return r;
     if ((r = ei__check_out_tensor(ctx, out, "out")) != EI_OK) return r;
     if (ei__on_gpu(ctx)) return EI_OK;
-    if ((r = ei_attention_decode_partials_size(ctx, out->n_tokens, out->n_heads, out->head_dim, nth, &need)) != EI_OK)
+    if ((r = ei__decode_partials_size(ctx, out->n_tokens, out->n_heads, out->head_dim, nth, &need)) != EI_OK)
         return r;
     if ((r = ei__check_partials(ctx, partials, partials_bytes, need, nth)) != EI_OK) return r;
     g.n = 0;
@@ -7063,18 +7093,12 @@ static ei_result ei__attn_decode_mt_sizes(const ei_context *ctx, int64_t n_token
                                           int32_t head_dim, int n_threads, size_t *partials, size_t *per, size_t *bytes) {
     size_t ws;
     ei_result r;
-    if ((r = ei_attention_decode_partials_size(ctx, n_tokens, n_heads, head_dim, n_threads, partials)) != EI_OK ||
-        (r = ei_attention_workspace_size(ctx, n_heads, n_kv_heads, head_dim, per)) != EI_OK)
+    if ((r = ei__decode_partials_size(ctx, n_tokens, n_heads, head_dim, n_threads, partials)) != EI_OK ||
+        (r = ei__attn_ws_size(ctx, n_heads, n_kv_heads, head_dim, per)) != EI_OK)
         return r;
     if (!ei__mul_size(*per, (size_t)n_threads, &ws) || !ei__add_size(ws, *partials + EI__ALIGN, bytes))
         return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
     return EI_OK;
-}
-EIDEF ei_result ei_attention_decode_workspace_size(const ei_context *ctx, int64_t n_tokens, int32_t n_heads,
-                                                   int32_t n_kv_heads, int32_t head_dim, int n_threads, size_t *bytes) {
-    size_t partials, per;
-    if (ctx && ei__on_gpu(ctx)) return ei_attention_workspace_size(ctx, n_heads, n_kv_heads, head_dim, bytes);
-    return ei__attn_decode_mt_sizes(ctx, n_tokens, n_heads, n_kv_heads, head_dim, n_threads, &partials, &per, bytes);
 }
 
 typedef struct ei__decode_mt_arg { const ei__attn_job *J; float *partials; } ei__decode_mt_arg;
@@ -7084,7 +7108,7 @@ static ei_result ei__attn_decode_share(void *arg, int ith, int nth, void *ws, si
 }
 
 /* Built-in pthread helper: both phases, the merge on the calling thread. */
-EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
+static ei_result ei__attn_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k,
                                             const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out,
                                             int64_t q_offset, int n_threads, void *workspace, size_t workspace_bytes) {
     ei__attn_job J;
@@ -7097,7 +7121,7 @@ EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tens
     if (n_threads <= 0 || n_threads > EI__ATTN_MAX_THREADS)
         return ei__fail(ctx, EI_ERR_SIZE, "n_threads %d not in 1..%d", n_threads, EI__ATTN_MAX_THREADS);
     if (ei__on_gpu(ctx))
-        return ei_attention_decode_keep(ctx, q, k, v, keep, out, q_offset, 0, 1, NULL, 0, workspace, workspace_bytes);
+        return ei__attn_decode_part(ctx, q, k, v, keep, out, q_offset, 0, 1, NULL, 0, workspace, workspace_bytes);
     if ((r = ei__attn_decode_mt_sizes(ctx, q->n_tokens, q->n_heads, k ? k->n_heads : 1, q->head_dim, n_threads, &pbytes,
                                       &per, &need)) != EI_OK)
         return r;
@@ -7113,11 +7137,6 @@ EIDEF ei_result ei_attention_decode_keep_mt(const ei_context *ctx, const ei_tens
     if ((r = ei__fork_join(ctx, ei__attn_decode_share, &a, n_threads, ws, per)) != EI_OK) return r;
     ei__attn_decode_merge_rows(out, a.partials, n_threads, 0, 1);
     return EI_OK;
-}
-EIDEF ei_result ei_attention_decode_mt(const ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
-                                       ei_out_tensor *out, int64_t q_offset, int n_threads, void *workspace,
-                                       size_t workspace_bytes) {
-    return ei_attention_decode_keep_mt(ctx, q, k, v, NULL, out, q_offset, n_threads, workspace, workspace_bytes);
 }
 
 /* The block mass of sampled rows (EI_RANK_SAMPLED), written once; defines
@@ -7460,6 +7479,308 @@ EIDEF ei_result ei_plan_mask(const ei_context *ctx, const ei_plan *plan, int64_t
             }
         }
     return EI_OK;
+}
+
+// >>exec: the public calls, each operation run as its ei_exec says ---------
+/* Every operation has one public call taking an ei_exec; the work itself is
+   done by the functions above, each written for one way to run: a part
+   (ith of nth, one workspace of its own), a whole call on one thread, or
+   the built-in threads (ei__fork_join over per-thread workspaces laid end to
+   end). Here an ei_exec picks one of them and cuts the call's one workspace
+   into the shares they take: in parts, part ith takes the ith of nth equal
+   slices, so a workspace of ei_layer_sizes for nth threads gives each part
+   at least its own size. */
+typedef struct ei__run {
+    int n_threads;         /* a whole call: its threads (1: the caller alone) */
+    int ith, nth;          /* nth >= 2: part ith of nth */
+    unsigned char *ws;
+    size_t ws_bytes;
+} ei__run;
+
+static ei_result ei__exec_read(const ei_context *ctx, const ei_exec *x, ei__run *e) {
+    e->n_threads = 1; e->ith = 0; e->nth = 1; e->ws = NULL; e->ws_bytes = 0;
+    if (!ctx) return ei__fail(ctx, EI_ERR_NULL, "context is NULL");
+    if (!x) return EI_OK;
+    if (x->nth >= 2) {
+        if (x->nth > EI__MAX_THREADS || x->ith < 0 || x->ith >= x->nth)
+            return ei__fail(ctx, EI_ERR_SIZE, "ei_exec part ith %d of nth %d: need 0 <= ith < nth <= %d", (int)x->ith,
+                            (int)x->nth, EI__MAX_THREADS);
+        if (x->n_threads > 1)
+            return ei__fail(ctx, EI_ERR_CONFIG, "ei_exec with n_threads %d and nth %d: a call runs on threads or in "
+                            "parts, not both", (int)x->n_threads, (int)x->nth);
+        e->ith = x->ith; e->nth = x->nth;
+    } else {
+        if (x->nth < 0 || x->ith != 0)
+            return ei__fail(ctx, EI_ERR_SIZE, "ei_exec ith %d, nth %d: a whole call has ith 0 and nth 0 or 1 "
+                            "(parts: nth >= 2)", (int)x->ith, (int)x->nth);
+        if (x->n_threads < 0 || x->n_threads > EI__MAX_THREADS)
+            return ei__fail(ctx, EI_ERR_SIZE, "ei_exec n_threads %d not in 0..%d", (int)x->n_threads, EI__MAX_THREADS);
+        e->n_threads = x->n_threads > 1 ? x->n_threads : 1;
+    }
+    if (!x->workspace && x->workspace_bytes)
+        return ei__fail(ctx, EI_ERR_NULL, "ei_exec workspace is NULL with workspace_bytes %zu", x->workspace_bytes);
+    e->ws = (unsigned char *)x->workspace;
+    e->ws_bytes = x->workspace ? x->workspace_bytes : 0;
+    return EI_OK;
+}
+/* Part ith's slice of the bytes [base, base + bytes) of the workspace: the
+   ith of nth equal slices, as the built-in threads lay their shares end to
+   end (each share aligns its own arena, so a slice may start anywhere; the
+   sizes stay exact: a byte less than ei_layer_sizes reports is refused). */
+static void *ei__run_slice(const ei__run *e, unsigned char *base, size_t bytes, size_t *slice) {
+    *slice = base ? bytes / (size_t)e->nth : 0;
+    return base ? base + *slice * (size_t)e->ith : NULL;
+}
+/* A part's call with the span of every part's share registered (ei__reg_workspace). */
+static void ei__span_set(const void *p, size_t bytes) { ei__tls_ws_span.p = p; ei__tls_ws_span.bytes = bytes; }
+static ei_result ei__span_clear(ei_result r) { ei__tls_ws_span.p = NULL; ei__tls_ws_span.bytes = 0; return r; }
+/* What a part with no kv heads of its own checks (k is checked already): q
+   and the plan's layout (read only; the plan's rows belong to the parts that plan). */
+static ei_result ei__empty_part_check(const ei_context *ctx, const ei_tensor *q, int q_optional, const ei_plan *plan) {
+    ei_result r;
+    if ((!q_optional || q) && (r = ei__check_tensor(ctx, q, "q")) != EI_OK) return r;
+    return ei__check_plan_layout(ctx, plan);
+}
+/* The kv heads (or query heads) [n ith / nth, n (ith + 1) / nth) of part ith. */
+static void ei__run_range(const ei__run *e, int32_t n, int32_t *b, int32_t *end) {
+    *b = (int32_t)((int64_t)n * e->ith / e->nth);
+    *end = (int32_t)((int64_t)n * (e->ith + 1) / e->nth);
+}
+
+EIDEF ei_result ei_layer_sizes(const ei_context *ctx, const ei_shape *shape, ei_sizes *sizes) {
+    size_t per[4], pbytes = 0;
+    int n, i, gpu;
+    ei_result r;
+    if (!ctx || !shape || !sizes) return ei__fail(ctx, EI_ERR_NULL, "context, shape or sizes is NULL");
+    memset(sizes, 0, sizeof *sizes);
+    if (shape->n_threads < 0 || shape->n_threads > EI_MAX_THREADS)
+        return ei__fail(ctx, EI_ERR_SIZE, "shape n_threads %d not in 0..%d", (int)shape->n_threads, EI_MAX_THREADS);
+    n = shape->n_threads > 1 ? shape->n_threads : 1;
+    gpu = ei__on_gpu(ctx);
+    if ((r = ei__check_sizes(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim, &per[0])) != EI_OK ||
+        (r = ei__plan_size(ctx, shape->max_tokens, shape->n_kv_heads, shape->head_dim, shape->plan_flags,
+                           &sizes->plan)) != EI_OK ||
+        (r = ei__decoder_size(ctx, shape->n_heads, shape->head_dim, &sizes->decoder)) != EI_OK ||
+        (r = ei__attn_ws_size(ctx, shape->n_heads, shape->n_kv_heads, shape->head_dim, &per[1])) != EI_OK ||
+        (r = ei__decode_ws_size(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, &per[3])) != EI_OK)
+        return r;
+    /* planning this context cannot run (EI_RANK_ANTIDIAGONAL on the GPU) needs
+       no workspace: 0, and ei_profile says why; every other size stands */
+    if ((r = ei__profile_ws_size(ctx, shape->max_tokens, shape->n_heads, shape->n_kv_heads, shape->head_dim,
+                                 &per[0])) == EI_ERR_UNSUPPORTED)
+        per[0] = 0;
+    else if (r != EI_OK)
+        return r;
+    if (gpu) per[2] = per[1]; /* a decode step is one attention launch; one workspace per launch sequence */
+    else {
+        /* decode: the partials of n shares (from a 64-byte boundary), then n attention shares */
+        if ((r = ei__decode_partials_size(ctx, EI_DECODE_MAX_TOKENS, shape->n_heads, shape->head_dim, n, &pbytes)) != EI_OK)
+            return r;
+        per[2] = per[1];
+        for (i = 0; i < 4; ++i)
+            if (!ei__mul_size(per[i], (size_t)n, &per[i]))
+                return ei__fail(ctx, EI_ERR_OVERFLOW, "workspace for %d threads overflows size_t", n);
+        if (!ei__add_size(per[2], pbytes + EI__ALIGN, &per[2])) /* the partials from a 64-byte boundary */
+            return ei__fail(ctx, EI_ERR_OVERFLOW, "decode workspace overflows size_t");
+    }
+    sizes->profile = per[0];
+    sizes->prefill = per[1];
+    sizes->decode = per[2];
+    sizes->decode_keep = per[3];
+    sizes->workspace = EI__MAX(EI__MAX(per[0], per[1]), EI__MAX(per[2], per[3]));
+    return EI_OK;
+}
+
+EIDEF ei_result ei_plan_init(const ei_context *ctx, ei_plan *plan, int64_t max_tokens, int32_t n_kv_heads,
+                             int32_t head_dim, uint32_t flags, void *memory, size_t bytes) {
+    if (!memory && bytes)
+        return ei__fail(ctx, EI_ERR_NULL, "memory is NULL with bytes %zu (NULL with 0: the context allocates)", bytes);
+    if (!memory) return ei__plan_alloc(ctx, plan, max_tokens, n_kv_heads, head_dim, flags);
+    return ei__plan_init_mem(ctx, plan, max_tokens, n_kv_heads, head_dim, flags, memory, bytes);
+}
+
+EIDEF ei_result ei_profile(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                           ei_plan *plan) {
+    ei__run e;
+    int32_t b, end;
+    size_t slice;
+    void *ws;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (e.nth == 1)
+        return e.n_threads > 1 ? ei__profile_mt(ctx, q, k, plan, e.n_threads, e.ws, e.ws_bytes)
+                               : ei__profile_whole(ctx, q, k, plan, e.ws, e.ws_bytes);
+    if (ei__on_gpu(ctx)) return e.ith == 0 ? ei__profile_whole(ctx, q, k, plan, e.ws, e.ws_bytes) : EI_OK;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    ei__run_range(&e, k->n_heads, &b, &end);
+    if (b >= end) return ei__empty_part_check(ctx, q, 0, plan); /* more parts than kv heads: none here */
+    ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__profile_heads(ctx, q, k, plan, b, end, ws, slice));
+}
+
+EIDEF ei_result ei_profile_chunk(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                                 ei_plan *plan, int64_t q_pos, int is_final) {
+    ei__run e;
+    int32_t b, end;
+    size_t slice;
+    void *ws;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (e.nth == 1)
+        return e.n_threads > 1 ? ei__profile_chunk_mt(ctx, q, k, plan, q_pos, is_final, e.n_threads, e.ws, e.ws_bytes)
+                               : ei__profile_chunk_all(ctx, q, k, plan, q_pos, is_final, e.ws, e.ws_bytes);
+    if (ei__on_gpu(ctx))
+        return e.ith == 0 ? ei__profile_chunk_all(ctx, q, k, plan, q_pos, is_final, e.ws, e.ws_bytes) : EI_OK;
+    if ((r = ei__check_tensor(ctx, k, "k")) != EI_OK) return r;
+    ei__run_range(&e, k->n_heads, &b, &end);
+    if (b >= end) return ei__empty_part_check(ctx, q, 1, plan);
+    ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__profile_chunk_heads(ctx, q, k, plan, q_pos, is_final, b, end, ws, slice));
+}
+
+EIDEF ei_result ei_attention_prefill(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                                     const ei_tensor *v, const ei_plan *plan, ei_out_tensor *out, int64_t q_offset) {
+    ei__run e;
+    size_t slice;
+    void *ws;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (e.nth == 1) return ei__attn_prefill_mt(ctx, q, k, v, plan, out, q_offset, e.n_threads, e.ws, e.ws_bytes);
+    if (ei__on_gpu(ctx))
+        return e.ith == 0 ? ei__attn_prefill_part(ctx, q, k, v, plan, out, q_offset, 0, 1, e.ws, e.ws_bytes) : EI_OK;
+    ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
+    ei__span_set(e.ws, e.ws_bytes);
+    return ei__span_clear(ei__attn_prefill_part(ctx, q, k, v, plan, out, q_offset, e.ith, e.nth, ws, slice));
+}
+
+/* Decode in parts: the workspace is laid out as on threads (ei__attn_decode_mt:
+   the partials of every part, 64-byte aligned, then the parts' attention
+   workspaces); the merge finds the partials where the parts wrote them. */
+static ei_result ei__decode_parts_layout(const ei_context *ctx, const ei__run *e, int64_t n_tokens, int32_t n_heads,
+                                         int32_t head_dim, float **partials, size_t *pbytes, void **ws, size_t *slice) {
+    unsigned char *p;
+    size_t pad;
+    ei_result r;
+    if ((r = ei__decode_partials_size(ctx, n_tokens, n_heads, head_dim, e->nth, pbytes)) != EI_OK) return r;
+    if (!e->ws) return ei__fail(ctx, EI_ERR_NULL, "workspace is NULL (ei_sizes.decode bytes needed)");
+    pad = (EI__ALIGN - (uintptr_t)e->ws % EI__ALIGN) % EI__ALIGN;
+    if (e->ws_bytes < pad + *pbytes)
+        return ei__fail(ctx, EI_ERR_WORKSPACE, "workspace of %zu bytes holds no room for the %zu bytes of partials "
+                        "(ei_sizes.decode)", e->ws_bytes, *pbytes);
+    p = e->ws + pad;
+    *partials = (float *)(void *)p;
+    *ws = ei__run_slice(e, p + *pbytes, e->ws_bytes - pad - *pbytes, slice);
+    if (!*ws) *slice = 0; /* no room past the partials: the part's call names the size it needs */
+    return EI_OK;
+}
+
+EIDEF ei_result ei_attention_decode(const ei_context *ctx, const ei_exec *x, const ei_tensor *q, const ei_tensor *k,
+                                    const ei_tensor *v, const ei_keep_set *keep, ei_out_tensor *out, int64_t q_offset) {
+    ei__run e;
+    float *partials;
+    size_t pbytes, slice;
+    void *ws;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (e.nth == 1) return ei__attn_decode_mt(ctx, q, k, v, keep, out, q_offset, e.n_threads, e.ws, e.ws_bytes);
+    if (ei__on_gpu(ctx))
+        return e.ith == 0 ? ei__attn_decode_part(ctx, q, k, v, keep, out, q_offset, 0, 1, NULL, 0, e.ws, e.ws_bytes)
+                          : EI_OK;
+    if (!q) return ei__fail(ctx, EI_ERR_NULL, "q is NULL");
+    if ((r = ei__decode_parts_layout(ctx, &e, q->n_tokens, q->n_heads, q->head_dim, &partials, &pbytes, &ws, &slice)) !=
+        EI_OK)
+        return r;
+    /* the parts' shares: the bytes past the partials (registered on their own) */
+    ei__span_set((unsigned char *)partials + pbytes, (size_t)(e.ws + e.ws_bytes - ((unsigned char *)partials + pbytes)));
+    return ei__span_clear(ei__attn_decode_part(ctx, q, k, v, keep, out, q_offset, e.ith, e.nth, partials, pbytes, ws, slice));
+}
+
+EIDEF ei_result ei_attention_decode_merge(const ei_context *ctx, const ei_exec *x, ei_out_tensor *out) {
+    ei__run e;
+    float *partials;
+    size_t pbytes, slice;
+    void *ws;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if ((r = ei__check_out_tensor(ctx, out, "out")) != EI_OK) return r;
+    if (e.nth == 1 || ei__on_gpu(ctx)) return EI_OK; /* the call itself merged */
+    if ((r = ei__decode_parts_layout(ctx, &e, out->n_tokens, out->n_heads, out->head_dim, &partials, &pbytes, &ws,
+                                     &slice)) != EI_OK)
+        return r;
+    return ei__attn_decode_merge(ctx, out, partials, pbytes, e.ith, e.nth);
+}
+
+EIDEF ei_result ei_decode_keep(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const ei_tensor *k,
+                               ei_keep_set *keep) {
+    ei__run e;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (e.nth > 1)
+        return ei__fail(ctx, EI_ERR_CONFIG, "ei_decode_keep runs on threads, not in parts: an engine's own threads "
+                        "call ei_decode_score in parts, then ei_decode_select after their barrier");
+    return ei__decode_keep_mt(ctx, dec, k, keep, e.n_threads, e.ws, e.ws_bytes);
+}
+
+/* ei_decode_score on the built-in threads: each scores its query heads with
+   its own workspace (the calls check everything before any writes). */
+typedef struct ei__decode_score_job {
+    const ei_context *ctx;
+    const ei_decoder *dec;
+    const ei_tensor *k;
+    const int32_t *row_pos;
+    int64_t row_pos_stride;
+    float *scores;
+} ei__decode_score_job;
+static ei_result ei__decode_score_share(void *arg, int ith, int nth, void *ws, size_t ws_bytes) {
+    const ei__decode_score_job *j = (const ei__decode_score_job *)arg;
+    return ei__decode_score_part(j->ctx, j->dec, j->k, j->row_pos, j->row_pos_stride, j->scores, ith, nth, ws, ws_bytes);
+}
+EIDEF ei_result ei_decode_score(const ei_context *ctx, const ei_exec *x, const ei_decoder *dec, const ei_tensor *k,
+                                const int32_t *row_pos, int64_t row_pos_stride, float *scores) {
+    ei__decode_score_job job;
+    ei__run e;
+    size_t slice;
+    void *ws;
+    int nt;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    if (ei__on_gpu(ctx) || (e.nth == 1 && e.n_threads == 1)) /* one launch (part 0), or the caller alone */
+        return e.ith == 0 ? ei__decode_score_part(ctx, dec, k, row_pos, row_pos_stride, scores, 0, 1, e.ws, e.ws_bytes)
+                          : EI_OK;
+    if (e.nth > 1) {
+        ws = ei__run_slice(&e, e.ws, e.ws_bytes, &slice);
+        ei__span_set(e.ws, e.ws_bytes);
+        return ei__span_clear(ei__decode_score_part(ctx, dec, k, row_pos, row_pos_stride, scores, e.ith, e.nth, ws, slice));
+    }
+    if (!dec) return ei__fail(ctx, EI_ERR_NULL, "decoder is NULL");
+    nt = EI__MIN(e.n_threads, EI__MAX(dec->n_heads, 1));
+    job.ctx = ctx; job.dec = dec; job.k = k; job.row_pos = row_pos; job.row_pos_stride = row_pos_stride;
+    job.scores = scores;
+    return ei__fork_join(ctx, ei__decode_score_share, &job, nt, e.ws, e.ws_bytes / (size_t)nt);
+}
+
+EIDEF ei_result ei_decode_select(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const float *scores,
+                                 int64_t n_rows, ei_keep_set *keep) {
+    ei__run e;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    return e.ith == 0 ? ei__decode_select(ctx, dec, scores, n_rows, keep, e.ws, e.ws_bytes) : EI_OK;
+}
+EIDEF ei_result ei_decode_shared_add(const ei_context *ctx, const ei_exec *x, ei_decoder *dec, const float *scores,
+                                     int64_t n_rows, const int32_t *row_pos, float *shared) {
+    ei__run e;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    return e.ith == 0 ? ei__decode_shared_add(ctx, dec, scores, n_rows, row_pos, shared, e.ws, e.ws_bytes) : EI_OK;
+}
+EIDEF ei_result ei_decode_select_shared(const ei_context *ctx, const ei_exec *x, const ei_decoder *dec,
+                                        const float *shared, int64_t n_rows, ei_keep_set *keep) {
+    ei__run e;
+    ei_result r;
+    if ((r = ei__exec_read(ctx, x, &e)) != EI_OK) return r;
+    return e.ith == 0 ? ei__decode_select_shared(ctx, dec, shared, n_rows, keep, e.ws, e.ws_bytes) : EI_OK;
 }
 
 // >>isa-scalar: the plain reference kernels ---------------------------------
@@ -8244,6 +8565,12 @@ EI__TARGET_AMX static void ei__amx_begin(void) {
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (i = 0; i < 8; ++i) { c.colsb[i] = 64; c.rows[i] = 16; }
+    /* gcc 12 at -O1 does not see that ldtilecfg reads all 64 bytes of c: it
+       dropped the zeroing of colsb[8..15] and rows[8..15] as dead stores, and
+       the stack garbage left there made ldtilecfg fault (#GP: SIGSEGV, found
+       by the fuzz corpus replayed natively on a Sapphire Rapids VM). The
+       empty asm reads c in full, so every store above stays. */
+    __asm__ __volatile__("" : : "m"(c) : "memory");
     _tile_loadconfig(&c);
 }
 static int32_t ei__amx_d32(int32_t d) { return (int32_t)ei__round_up(d, 32); }

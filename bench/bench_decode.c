@@ -13,11 +13,13 @@
    times, best of reps (wall and process CPU time / threads):
      keep_scalar  ei_decode_keep, the scalar reference kernels, 1 thread
      keep_1t      ei_decode_keep, the CPU's fastest kernels, 1 thread
-     keep_mt      ei_decode_keep_mt, `threads` threads (query heads split)
-     step         one dense decode step: ei_attention_prefill_mt with one query
+     keep_mt      ei_decode_keep, `threads` threads (query heads split)
+     step         one dense decode step: ei_attention_prefill with one query
                   (at position n - 1) against the n keys and values, `threads` threads
                   (split by kv head)
-     step_split   the same step through ei_attention_decode_mt (split along the keys)
+     step_split   the same step through ei_attention_decode, `threads` threads (split
+                  along the keys)
+   Every call passes the same workspace, ei_layer_sizes' for `threads` threads.
      stream       `threads` threads reading the step's K and V bytes once (the
                   memory bandwidth a step can use: its ceiling)
    and the keep-set's scoring rate: 2 x window x heads x n x dim FLOPs
@@ -106,14 +108,17 @@ int main(int argc, char **argv) {
     ei_context *ctx[2];
     ei_decoder dec[2];
     ei_keep_set keep;
-    void *kbuf, *vbuf, *dmem[2], *ws, *aws, *dws;
+    void *kbuf, *vbuf, *dmem[2];
     float *q, *out;
-    size_t esz, db, wb, ab, dwb;
+    size_t esz;
+    ei_shape shape;
+    ei_sizes sizes;
+    ei_exec x1, xt; /* one thread; `threads` threads: the same workspace */
     timing t_keep_scalar = {1e30, 1e30}, t_keep_1t = {1e30, 1e30}, t_keep_mt = {1e30, 1e30}, t_step = {1e30, 1e30};
     timing t_split = {1e30, 1e30}, t_stream = {1e30, 1e30};
     double flops, kv_bytes;
     uint64_t sink = 0;
-    for (a = 1; a < argc; ++a) {
+    for (a = 1; a < argc; a += 2) { /* --option value */
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!v) { fprintf(stderr, "bench_decode: %s needs a value\n", o); return 2; }
         if (!strcmp(o, "--n")) n = atoll(v);
@@ -126,7 +131,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--layout")) head_major = !strcmp(v, "head");
         else if (!strcmp(o, "--dtype")) dt = !strcmp(v, "f32") ? EI_F32 : !strcmp(v, "f16") ? EI_F16 : EI_BF16;
         else { fprintf(stderr, "bench_decode: unknown option %s\n", o); return 2; }
-        ++a;
     }
     if (n < 2 * W || H < 1 || KV < 1 || H % KV || d < 1 || W < 1 || threads < 1 || reps < 1) {
         fprintf(stderr, "bench_decode: bad sizes\n");
@@ -149,24 +153,30 @@ int main(int argc, char **argv) {
     fill(kbuf, dt, (size_t)n * KV * d);
     fill(vbuf, dt, (size_t)n * KV * d);
     fill(q, EI_F32, (size_t)W * H * d);
-    if (ei_decoder_size(ctx[1], H, d, &db) != EI_OK) die("ei_decoder_size");
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = n;
+    shape.n_heads = H;
+    shape.n_kv_heads = KV;
+    shape.head_dim = d;
+    shape.n_threads = threads;
+    if (ei_layer_sizes(ctx[1], &shape, &sizes) != EI_OK) die("ei_layer_sizes");
     for (path = 0; path < 2; ++path) {
         ei_tensor qt = ei_tensor_make(q, EI_F32, W, H, d);
-        dmem[path] = malloc(db);
-        if (ei_decoder_init(ctx[path], &dec[path], H, KV, d, dmem[path], db) != EI_OK) die("ei_decoder_init");
+        if (!(dmem[path] = malloc(sizes.decoder))) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
+        if (ei_decoder_init(ctx[path], &dec[path], H, KV, d, dmem[path], sizes.decoder) != EI_OK) die("ei_decoder_init");
         if (ei_decode_observe(ctx[path], &dec[path], &qt, n - W, 1) != EI_OK) die("ei_decode_observe"); /* the newest W positions */
     }
-    if (ei_decode_workspace_size(ctx[1], n, H, KV, &wb) != EI_OK) die("ei_decode_workspace_size");
-    if (ei_attention_workspace_size(ctx[1], H, KV, d, &ab) != EI_OK) die("ei_attention_workspace_size");
-    if (ei_attention_decode_workspace_size(ctx[1], 1, H, KV, d, threads, &dwb) != EI_OK) die("ei_attention_decode_workspace_size");
-    ws = malloc(wb * (size_t)threads);
-    aws = malloc(ab * (size_t)threads);
-    dws = malloc(dwb);
+    memset(&x1, 0, sizeof x1);
+    x1.n_threads = 1;
+    x1.workspace_bytes = sizes.workspace;
+    x1.workspace = malloc(sizes.workspace ? sizes.workspace : 1);
+    xt = x1;
+    xt.n_threads = threads;
     memset(&keep, 0, sizeof keep);
     keep.heads_out = KV;
     keep.capacity = cfg.decode_budget;
     keep.index = (int32_t *)malloc(sizeof(int32_t) * (size_t)KV * (size_t)keep.capacity);
-    if (!ws || !aws || !dws || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
+    if (!x1.workspace || !keep.index) { fprintf(stderr, "bench_decode: out of memory\n"); return 1; }
     {
         ei_tensor kt = ei_tensor_make(kbuf, dt, n, KV, d), vt = ei_tensor_make(vbuf, dt, n, KV, d);
         if (head_major) {
@@ -182,11 +192,11 @@ int main(int argc, char **argv) {
             if ((call) != EI_OK) die(#call);                                          \
             if (now_ms(0) - w0 < slot.wall) slot.wall = now_ms(0) - w0;              \
             if (now_ms(1) - c0 < slot.cpu) slot.cpu = now_ms(1) - c0;
-            if (r == 0) { TIME(t_keep_scalar, ei_decode_keep(ctx[0], &dec[0], &kt, &keep, ws, wb)) }
-            TIME(t_keep_1t, ei_decode_keep(ctx[1], &dec[1], &kt, &keep, ws, wb))
-            TIME(t_keep_mt, ei_decode_keep_mt(ctx[1], &dec[1], &kt, &keep, threads, ws, wb * (size_t)threads))
-            TIME(t_step, ei_attention_prefill_mt(ctx[1], &qt, &kt, &vt, NULL, &ot, n - 1, threads, aws, ab * (size_t)threads))
-            TIME(t_split, ei_attention_decode_mt(ctx[1], &qt, &kt, &vt, &ot, n - 1, threads, dws, dwb))
+            if (r == 0) { TIME(t_keep_scalar, ei_decode_keep(ctx[0], &x1, &dec[0], &kt, &keep)) }
+            TIME(t_keep_1t, ei_decode_keep(ctx[1], &x1, &dec[1], &kt, &keep))
+            TIME(t_keep_mt, ei_decode_keep(ctx[1], &xt, &dec[1], &kt, &keep))
+            TIME(t_step, ei_attention_prefill(ctx[1], &xt, &qt, &kt, &vt, NULL, &ot, n - 1))
+            TIME(t_split, ei_attention_decode(ctx[1], &xt, &qt, &kt, &vt, NULL, &ot, n - 1))
             w0 = now_ms(0); c0 = now_ms(1);
             sink += stream_read(kbuf, (size_t)n * KV * d * esz, threads) + stream_read(vbuf, (size_t)n * KV * d * esz, threads);
             if (now_ms(0) - w0 < t_stream.wall) t_stream.wall = now_ms(0) - w0;
@@ -198,7 +208,7 @@ int main(int argc, char **argv) {
     printf("decode keep-set vs one dense decode step: n %lld, %d/%d heads, dim %d, window %d, %s cache (%s-major), %d threads, "
            "kernels %s (best of %d; cpu = process CPU time / threads)\n",
            (long long)n, H, KV, d, W, dt == EI_F32 ? "f32" : dt == EI_F16 ? "f16" : "bf16", head_major ? "head" : "token", threads,
-           ei_simd_name(ei_context_simd(ctx[1])), reps);
+           ei_simd_name(ei_context_config(ctx[1])->simd), reps);
     printf("%-14s %10s %10s %10s\n", "", "wall ms", "cpu ms", "GFLOP/s");
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_scalar", t_keep_scalar.wall, t_keep_scalar.cpu, flops / t_keep_scalar.wall * 1e-6);
     printf("%-14s %10.2f %10.2f %10.1f\n", "keep_1t", t_keep_1t.wall, t_keep_1t.cpu, flops / t_keep_1t.wall * 1e-6);
@@ -214,6 +224,6 @@ int main(int argc, char **argv) {
            t_keep_mt.wall / t_step.wall, t_keep_mt.cpu / t_step.cpu, t_keep_1t.wall / t_keep_mt.wall,
            t_keep_scalar.wall / t_keep_1t.wall);
     for (path = 0; path < 2; ++path) { ei_context_destroy(ctx[path]); free(dmem[path]); }
-    free(kbuf); free(vbuf); free(q); free(out); free(ws); free(aws); free(dws); free(keep.index);
+    free(kbuf); free(vbuf); free(q); free(out); free(x1.workspace); free(keep.index);
     return 0;
 }

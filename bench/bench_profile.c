@@ -2,9 +2,10 @@
    usage: bench_profile [n_tokens=32768] [heads=32] [kv_heads=8] [dim=128] [threads=2] [reps=3] [chunk=0] [keep_keys=0]
    Prints, per dtype (f32, bf16) and SIMD path, the best of reps runs in ms.
    chunk > 0: the prompt planned as an engine's micro-batches of chunk tokens
-   (ei_profile_chunk_mt over a chunked plan, the cache holding every key),
-   instead of one ei_profile_mt call; keep_keys = 1: the plan with
-   EI_PLAN_KEEP_KEYS (each call reads only the new keys). */
+   (ei_profile_chunk over a chunked plan, the cache holding every key),
+   instead of one ei_profile call; keep_keys = 1: the plan with
+   EI_PLAN_KEEP_KEYS (each call reads only the new keys). Every call runs on
+   `threads` threads with one workspace (ei_layer_sizes' for them). */
 #define _POSIX_C_SOURCE 200809L
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
@@ -43,34 +44,44 @@ int main(int argc, char **argv) {
             ei_config c = ei_config_default();
             ei_context *ctx;
             ei_plan plan;
-            size_t wb;
-            void *ws;
+            ei_shape shape = {0, 0, 0, 0, 0, 0};
+            ei_sizes sizes;
+            ei_exec x = {0, 0, 0, NULL, 0};
             double best = 1e30;
             ei_tensor qt = ei_tensor_make(d ? (const void *)q16 : (const void *)q, d ? EI_BF16 : EI_F32, n, heads, dim);
             ei_tensor kt = ei_tensor_make(d ? (const void *)k16 : (const void *)k, d ? EI_BF16 : EI_F32, n, kv, dim);
             if (!ei_cpu_supports((ei_simd)p)) continue;
             c.simd = (ei_simd)p;
-            if (ei_context_create(&c, &ctx) != EI_OK || ei_plan_alloc(ctx, &plan, n, kv, dim, chunk > 0 ? EI_PLAN_CHUNKED | (keep_keys ? EI_PLAN_KEEP_KEYS : 0u) : 0u) != EI_OK ||
-                ei_profile_workspace_size(ctx, n, heads, kv, dim, &wb) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-            ws = malloc(wb * threads);
+            shape.max_tokens = n;
+            shape.n_heads = heads;
+            shape.n_kv_heads = kv;
+            shape.head_dim = dim;
+            shape.plan_flags = chunk > 0 ? EI_PLAN_CHUNKED | (keep_keys ? EI_PLAN_KEEP_KEYS : 0u) : 0u;
+            shape.n_threads = threads;
+            if (ei_context_create(&c, &ctx) != EI_OK ||
+                ei_plan_init(ctx, &plan, n, kv, dim, shape.plan_flags, NULL, 0) != EI_OK ||
+                ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+            x.n_threads = threads;
+            x.workspace_bytes = sizes.profile;
+            if (!(x.workspace = malloc(sizes.profile ? sizes.profile : 1))) { fprintf(stderr, "out of memory\n"); return 1; }
             for (r = 0; r < reps; ++r) {
                 double t0 = now_ms();
                 long s;
                 ei_result res = EI_OK;
-                if (chunk == 0) res = ei_profile_mt(ctx, &qt, &kt, &plan, threads, ws, wb * threads);
+                if (chunk == 0) res = ei_profile(ctx, &x, &qt, &kt, &plan);
                 for (s = 0; chunk > 0 && s < n && res == EI_OK; s += chunk) { /* micro-batches [s, e) */
                     long e = s + chunk < n ? s + chunk : n;
                     size_t es = d ? 2 : 4;
                     ei_tensor qc = ei_tensor_make((const char *)qt.data + (size_t)s * (size_t)heads * (size_t)dim * es, qt.dtype,
                                                   e - s, heads, dim);
-                    res = ei_profile_chunk_mt(ctx, &qc, &kt, &plan, s, e == n, threads, ws, wb * threads);
+                    res = ei_profile_chunk(ctx, &x, &qc, &kt, &plan, s, e == n);
                 }
                 if (res != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
                 t0 = now_ms() - t0;
                 if (t0 < best) best = t0;
             }
             printf("%-6s %-8s %10.1f\n", d ? "bf16" : "f32", ei_simd_name((ei_simd)p), best);
-            free(ws);
+            free(x.workspace);
             ei_plan_free(ctx, &plan);
             ei_context_destroy(ctx);
             if (p == EI_SIMD_SCALAR) break;

@@ -3,8 +3,9 @@
    For each N: generate Q/K/V with one "rigid" kv-head family (attention sink
    plus mild locality: the block-level entropy is ~0) and one "dynamic" family
    (topics drifting along the sequence: entropy changes segment to segment),
-   profile with ei_profile_mt, then time ei_attention_prefill_mt dense (plan
-   NULL) and sparse (the plan), and compare the outputs.
+   profile with ei_profile on `threads` threads, then time ei_attention_prefill
+   on as many, dense (plan NULL) and sparse (the plan), and compare the
+   outputs. One workspace (ei_layer_sizes' for the threads) serves every call.
 
      build/ei_bench [--n 8192,16384,32768] [--heads 8] [--kv-heads 2] [--dim 128]
                     [--threads 2] [--dtype f32|bf16|f16] [--simd auto|scalar|avx2|avx512]
@@ -13,7 +14,7 @@
                     [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]
                     [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B]
                     [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
-                    [--chunk C]   (plan in chunks of C queries, ei_profile_chunk_mt, as
+                    [--chunk C]   (plan in chunks of C queries, ei_profile_chunk, as
                                    an engine's micro-batched prefill does; 0: whole prompt)
 
    Columns / JSON keys: n, threads, dtype, profile_ms, dense_ms, sparse_ms,
@@ -61,13 +62,13 @@ static const char *ranking_name(ei_ranking r) {
     return r == EI_RANK_SAMPLED ? "sampled" : r == EI_RANK_ANTIDIAGONAL ? "antidiagonal" : "reference";
 }
 
-/* Profile the whole prompt (chunk 0: ei_profile_mt) or in chunks of
-   `chunk` queries from position 0 (ei_profile_chunk_mt, a chunked plan). */
-static ei_result profile_run(const ei_context *ctx, const ei_tensor *tq, const ei_tensor *tk, ei_plan *plan, int threads,
-                             void *ws, size_t wp, int64_t chunk) {
+/* Profile the whole prompt (chunk 0: ei_profile) or in chunks of `chunk`
+   queries from position 0 (ei_profile_chunk, a chunked plan), as x says. */
+static ei_result profile_run(const ei_context *ctx, const ei_exec *x, const ei_tensor *tq, const ei_tensor *tk,
+                             ei_plan *plan, int64_t chunk) {
     int64_t t0;
     ei_result er;
-    if (chunk <= 0) return ei_profile_mt(ctx, tq, tk, plan, threads, ws, wp * (size_t)threads);
+    if (chunk <= 0) return ei_profile(ctx, x, tq, tk, plan);
     if ((er = ei_plan_reset(plan)) != EI_OK) return er;
     for (t0 = 0; t0 < tq->n_tokens; t0 += chunk) {
         ei_tensor qc = *tq, kc = *tk;
@@ -75,8 +76,7 @@ static ei_result profile_run(const ei_context *ctx, const ei_tensor *tq, const e
         qc.n_tokens = t0 + chunk < tq->n_tokens ? chunk : tq->n_tokens - t0;
         qc.data = (const unsigned char *)tq->data + (size_t)t0 * (size_t)tq->token_stride * es;
         kc.n_tokens = t0 + qc.n_tokens;
-        if ((er = ei_profile_chunk_mt(ctx, &qc, &kc, plan, t0, t0 + qc.n_tokens == tq->n_tokens, threads, ws,
-                                      wp * (size_t)threads)) != EI_OK)
+        if ((er = ei_profile_chunk(ctx, x, &qc, &kc, plan, t0, t0 + qc.n_tokens == tq->n_tokens)) != EI_OK)
             return er;
     }
     return EI_OK;
@@ -352,7 +352,7 @@ int main(int argc, char **argv) {
                "attention with vdpbf16ps)\n", cpu_model(), ei_cpu_dpbf16_ratio());
         printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d"
                "  ranking %s samples %d top_p %g sink %d local %d\n",
-               EI_VERSION_STRING, ei_simd_name(ei_context_simd(c0)), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
+               EI_VERSION_STRING, ei_simd_name(ei_context_config(c0)->simd), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
                dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", cfg.segment_size, cfg.block_size,
                (long long)cfg.threshold_len, cfg.base_budget, ranking_name(cfg.ranking),
                cfg.rank_samples, cfg.top_p, cfg.sink_blocks, cfg.local_blocks);
@@ -371,8 +371,9 @@ int main(int argc, char **argv) {
         ei_plan plan;
         ei_tensor tq, tk, tv;
         ei_out_tensor to_d, to_s;
-        size_t wp, wa;
-        void *wsp, *wsa;
+        ei_shape shape;
+        ei_sizes sizes;
+        ei_exec x; /* every call: `threads` threads, one workspace */
         double t_prof = 1e300, t_ref_prof = 1e300, c_prof = 1e300, c_ref_prof = 1e300, t_dense = 1e300, t_sparse = 1e300, t, c, num = 0, den = 0, dense_fl, sparse_fl;
         double c_dense = 1e300, c_sparse = 1e300;
         int r, rigid = 0, h;
@@ -387,15 +388,23 @@ int main(int argc, char **argv) {
         tv = ei_tensor_make(vd, dt, n, HK, d);
         to_d = ei_out_tensor_make(od, EI_F32, n, H, d);
         to_s = ei_out_tensor_make(os, EI_F32, n, H, d);
-        if (ei_plan_alloc(ctx, &plan, n, HK, d, chunk > 0 ? EI_PLAN_CHUNKED : 0) != EI_OK ||
-            ei_profile_workspace_size(ctx, n, H, HK, d, &wp) != EI_OK ||
-            ei_attention_workspace_size(ctx, H, HK, d, &wa) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-        wsp = malloc(wp * (size_t)threads);
-        wsa = malloc(wa * (size_t)threads);
+        memset(&shape, 0, sizeof shape);
+        shape.max_tokens = n;
+        shape.n_heads = H;
+        shape.n_kv_heads = HK;
+        shape.head_dim = d;
+        shape.plan_flags = chunk > 0 ? EI_PLAN_CHUNKED : 0;
+        shape.n_threads = threads;
+        if (ei_plan_init(ctx, &plan, n, HK, d, shape.plan_flags, NULL, 0) != EI_OK ||
+            ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+        memset(&x, 0, sizeof x);
+        x.n_threads = threads;
+        x.workspace_bytes = sizes.workspace;
+        if (!(x.workspace = malloc(sizes.workspace ? sizes.workspace : 1))) { fprintf(stderr, "out of memory\n"); return 1; }
         for (r = 0; r < reps; ++r) {
             c = cpu_ms();
             t = now_ms();
-            er = profile_run(ctx, &tq, &tk, &plan, threads, wsp, wp, chunk);
+            er = profile_run(ctx, &x, &tq, &tk, &plan, chunk);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "profile: %s\n", ei_last_error()); return 1; }
@@ -407,14 +416,14 @@ int main(int argc, char **argv) {
             ei_context *rctx;
             ei_plan rplan;
             rc.ranking = EI_RANK_REFERENCE; rc.top_p = 0.0; rc.sink_blocks = rc.local_blocks = 0;
-            if (ei_context_create(&rc, &rctx) != EI_OK || ei_plan_alloc(rctx, &rplan, n, HK, d, chunk > 0 ? EI_PLAN_CHUNKED : 0) != EI_OK) {
+            if (ei_context_create(&rc, &rctx) != EI_OK || ei_plan_init(rctx, &rplan, n, HK, d, shape.plan_flags, NULL, 0) != EI_OK) {
                 fprintf(stderr, "%s\n", ei_last_error());
                 return 1;
             }
             for (r = 0; r < reps; ++r) {
                 c = cpu_ms();
                 t = now_ms();
-                er = profile_run(rctx, &tq, &tk, &rplan, threads, wsp, wp, chunk);
+                er = profile_run(rctx, &x, &tq, &tk, &rplan, chunk);
                 t = now_ms() - t;
                 c = (cpu_ms() - c) / threads;
                 if (er != EI_OK) { fprintf(stderr, "reference profile: %s\n", ei_last_error()); return 1; }
@@ -427,7 +436,7 @@ int main(int argc, char **argv) {
         for (r = 0; r < reps; ++r) {
             c = cpu_ms();
             t = now_ms();
-            er = ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to_d, 0, threads, wsa, wa * (size_t)threads);
+            er = ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to_d, 0);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "dense: %s\n", ei_last_error()); return 1; }
@@ -435,7 +444,7 @@ int main(int argc, char **argv) {
             if (c < c_dense) c_dense = c;
             c = cpu_ms();
             t = now_ms();
-            er = ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to_s, 0, threads, wsa, wa * (size_t)threads);
+            er = ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &plan, &to_s, 0);
             t = now_ms() - t;
             c = (cpu_ms() - c) / threads;
             if (er != EI_OK) { fprintf(stderr, "sparse: %s\n", ei_last_error()); return 1; }
@@ -481,8 +490,8 @@ int main(int argc, char **argv) {
                        "\"ranking\": \"%s\", \"reference_profile_ms\": %.3f, \"reference_profile_pct_of_dense\": %.3f, "
                        "\"profile_cpu_pct_of_dense\": %.3f, \"reference_profile_cpu_pct_of_dense\": %.3f}\n",
                        (long long)n, threads, dts, H, HK, d, t_prof, t_dense, t_sparse, gflops, density, speedup,
-                       speedup * density, rel, 100.0 * t_prof / t_dense, rigid, ei_simd_name(ei_context_simd(ctx)),
-                       ei_context_simd(ctx) == EI_SIMD_AVX512_BF16 ? "+dpbf16" : "",
+                       speedup * density, rel, 100.0 * t_prof / t_dense, rigid, ei_simd_name(ei_context_config(ctx)->simd),
+                       ei_context_config(ctx)->simd == EI_SIMD_AVX512_BF16 ? "+dpbf16" : "",
                        c_dense, c_sparse, gflops * t_dense / c_dense, ranking_name(cfg.ranking),
                        t_ref_prof, 100.0 * t_ref_prof / t_dense, 100.0 * c_prof / c_dense, 100.0 * c_ref_prof / c_dense);
             else
@@ -492,7 +501,7 @@ int main(int argc, char **argv) {
                        100.0 * t_ref_prof / t_dense, 100.0 * c_prof / c_dense, 100.0 * c_ref_prof / c_dense);
             fflush(stdout);
         }
-        free(wsp); free(wsa); free(qd); free(kd); free(vd); free(od); free(os);
+        free(x.workspace); free(qd); free(kd); free(vd); free(od); free(os);
         ei_plan_free(ctx, &plan);
         ei_context_destroy(ctx);
     }

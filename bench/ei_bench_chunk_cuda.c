@@ -1,7 +1,7 @@
 /* bench/ei_bench_chunk_cuda.c - an engine's micro-batch on the GPU: the attention of m queries near
    the end of n keys (llama.cpp's ubatch of a long prompt; the chunk ends one segment before the
    prompt's end, whose last segment the plan keeps dense), with few heads, timed with
-   split-K (the workspace of ei_attention_workspace_size) and without it (no workspace: one CTA per
+   split-K (the workspace of ei_layer_sizes' prefill entry) and without it (no workspace: one CTA per
    work item). Dense (plan NULL) and sparse (a plan of ei_config_quality() profiled on the GPU over
    the whole prompt, then the chunk's rows of it).
 
@@ -43,17 +43,33 @@ static void *upload(const ei_context *g, const void *h, size_t bytes) {
     OK(ei_device_copy(g, d, h, bytes, EI_COPY_HOST_TO_DEVICE));
     return d;
 }
+/* The layer's buffers on g (one launch sequence: one workspace a call). */
+static ei_sizes layer_sizes(const ei_context *g, int64_t n, int H, int KV, int D) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n;
+    sh.n_heads = H;
+    sh.n_kv_heads = KV;
+    sh.head_dim = D;
+    OK(ei_layer_sizes(g, &sh, &z));
+    return z;
+}
 /* median ms of one call (synchronised by a 4-byte read back) */
 static double time_call(const ei_context *g, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v, const ei_plan *plan,
                         ei_out_tensor *o, int64_t q_offset, void *ws, size_t ws_bytes, void *probe) {
     double t[9];
     int i;
     uint32_t tmp;
-    OK(ei_attention_prefill(g, q, k, v, plan, o, q_offset, 0, 1, ws, ws_bytes));
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = ws_bytes;
+    OK(ei_attention_prefill(g, &x, q, k, v, plan, o, q_offset));
     OK(ei_device_copy(g, &tmp, probe, 4, EI_COPY_DEVICE_TO_HOST));
     for (i = 0; i < 9; i++) {
         double t0 = now_ms();
-        OK(ei_attention_prefill(g, q, k, v, plan, o, q_offset, 0, 1, ws, ws_bytes));
+        OK(ei_attention_prefill(g, &x, q, k, v, plan, o, q_offset));
         OK(ei_device_copy(g, &tmp, probe, 4, EI_COPY_DEVICE_TO_HOST));
         t[i] = now_ms() - t0;
     }
@@ -90,18 +106,23 @@ int main(int argc, char **argv) {
         ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, KV, D), tqc = tq;
         ei_out_tensor to;
         ei_plan plan;
+        ei_sizes z = layer_sizes(g, n, H, KV, D);
+        ei_exec px;
         int pass;
         OK(ei_device_alloc(g, &dout, (size_t)m * H * D * 4));
         to = ei_out_tensor_make(dout, EI_F32, m, H, D);
         tqc.data = (const char *)dq + (size_t)off * H * D * 2;
         tqc.n_tokens = m;
-        OK(ei_attention_workspace_size(g, H, KV, D, &wsb));
+        wsb = z.prefill;
         if (wsb) OK(ei_device_alloc(g, &ws, wsb));
         memset(&plan, 0, sizeof plan);
-        OK(ei_plan_alloc(g, &plan, n, KV, D, 0));
-        OK(ei_profile_workspace_size(g, n, H, KV, D, &pwsb));
+        OK(ei_plan_init(g, &plan, n, KV, D, 0, NULL, 0));
+        pwsb = z.profile;
         OK(ei_device_alloc(g, &pws, pwsb));
-        OK(ei_profile(g, &tq, &tk, &plan, pws, pwsb));
+        memset(&px, 0, sizeof px);
+        px.workspace = pws;
+        px.workspace_bytes = pwsb;
+        OK(ei_profile(g, &px, &tq, &tk, &plan));
         for (pass = 0; pass < 2; pass++) {
             const ei_plan *pl = pass ? &plan : NULL;
             double one = time_call(g, &tqc, &tk, &tv, pl, &to, off, NULL, 0, dout);
@@ -117,7 +138,7 @@ int main(int argc, char **argv) {
                 double kept = 0, all = 0;
                 cc.backend = EI_BACKEND_CPU;
                 OK(ei_context_create(&cc, &cpu));
-                OK(ei_plan_size(cpu, n, KV, D, 0, &b));
+                b = layer_sizes(cpu, n, H, KV, D).plan;
                 mem = malloc(b);
                 OK(ei_plan_init(cpu, &hp, n, KV, D, 0, mem, b));
                 OK(ei_plan_copy(g, &hp, &plan, EI_COPY_DEVICE_TO_HOST));

@@ -73,6 +73,28 @@
 #define NKV 8
 #define HD 128
 
+/* The layer's buffers on ctx for n tokens (the GPU: one workspace a call). */
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t n, uint32_t flags) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n;
+    sh.n_heads = NH;
+    sh.n_kv_heads = NKV;
+    sh.head_dim = HD;
+    sh.plan_flags = flags;
+    OK(ei_layer_sizes(ctx, &sh, &z));
+    return z;
+}
+/* A whole call with this workspace. */
+static ei_exec ex(void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+
 /* uniform noise in [-1.73, 1.73] (unit variance) as bf16, from a table */
 static uint16_t noise_table[65536];
 static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
@@ -114,11 +136,11 @@ static double time_prefill(const ei_context *ctx, const ei_cuda_api *api, void *
                            int reps) {
     char msg[EI_CUDA_MSG_SIZE];
     int rep;
-    OK(ei_attention_prefill(ctx, q, k, vt, plan, o, 0, 0, 1, NULL, 0));
+    OK(ei_attention_prefill(ctx, NULL, q, k, vt, plan, o, 0));
     OK(api->synchronize(stream, msg) == EI_OK ? EI_OK : EI_ERR_BACKEND);
     for (rep = 0; rep < reps; rep++) {
         double t0 = now_ms();
-        OK(ei_attention_prefill(ctx, q, k, vt, plan, o, 0, 0, 1, NULL, 0));
+        OK(ei_attention_prefill(ctx, NULL, q, k, vt, plan, o, 0));
         api->synchronize(stream, msg);
         v[rep] = now_ms() - t0;
     }
@@ -149,7 +171,8 @@ static double profile_at(const ei_config *base_cfg, int base, int64_t n, void *d
     ei_config c = *base_cfg, h;
     ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
     ei_plan hp;
-    size_t pb, wsb;
+    ei_sizes z;
+    ei_exec x;
     double d;
     c.base_budget = base;
     if (*gctx) { ei_device_free(*gctx, *mem); ei_context_destroy(*gctx); ei_context_destroy(*cctx); }
@@ -157,13 +180,13 @@ static double profile_at(const ei_config *base_cfg, int base, int64_t n, void *d
     h = c;
     h.backend = EI_BACKEND_CPU;
     OK(ei_context_create(&h, cctx));
-    OK(ei_plan_size(*gctx, n, NKV, HD, 0, &pb));
-    OK(ei_device_alloc(*gctx, mem, pb));
-    OK(ei_plan_init(*gctx, plan, n, NKV, HD, 0, *mem, pb));
-    OK(ei_profile_workspace_size(*gctx, n, NH, NKV, HD, &wsb));
-    if (wsb > ws_bytes) { fprintf(stderr, "profile workspace too small\n"); exit(1); }
-    OK(ei_profile(*gctx, &tq, &tk, plan, ws, wsb));
-    OK(ei_plan_alloc(*cctx, &hp, n, NKV, HD, 0));
+    z = layer_sizes(*gctx, n, 0);
+    OK(ei_device_alloc(*gctx, mem, z.plan));
+    OK(ei_plan_init(*gctx, plan, n, NKV, HD, 0, *mem, z.plan));
+    if (z.profile > ws_bytes) { fprintf(stderr, "profile workspace too small\n"); exit(1); }
+    x = ex(ws, z.profile);
+    OK(ei_profile(*gctx, &x, &tq, &tk, plan));
+    OK(ei_plan_init(*cctx, &hp, n, NKV, HD, 0, NULL, 0));
     OK(ei_plan_copy(*gctx, &hp, plan, EI_COPY_DEVICE_TO_HOST));
     d = plan_density(*cctx, &hp, &c, n);
     ei_plan_free(*cctx, &hp);
@@ -265,15 +288,15 @@ int main(int argc, char **argv) {
     OK(ei_device_copy(g, dq, hq, (size_t)nmax * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
     OK(ei_device_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
     OK(ei_device_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_profile_workspace_size(g, nmax, NH, NKV, HD, &bytes));
-    OK(ei_profile_workspace_size(gq, nmax, NH, NKV, HD, &qbytes));
+    bytes = layer_sizes(g, nmax, 0).profile;
+    qbytes = layer_sizes(gq, nmax, 0).profile;
     {   /* the real-density rows profile with base budgets up to nmax: size the workspace for that too */
         ei_config bc = cfg;
         ei_context *gb;
         size_t bb;
         bc.base_budget = (int)(nmax < (1 << 30) ? nmax : (1 << 30));
         OK(ei_context_create(&bc, &gb));
-        OK(ei_profile_workspace_size(gb, nmax, NH, NKV, HD, &bb));
+        bb = layer_sizes(gb, nmax, 0).profile;
         ei_context_destroy(gb);
         if (bb > bytes) bytes = bb;
     }
@@ -292,11 +315,8 @@ int main(int argc, char **argv) {
         free(h32);
     }
     {
-        size_t pb;
-        OK(ei_plan_size(g, nmax, NKV, HD, 0, &pb));
-        OK(ei_device_alloc(g, &plan_mem, pb));
-        OK(ei_plan_size(gq, nmax, NKV, HD, 0, &pb));
-        OK(ei_device_alloc(g, &qplan_mem, pb));
+        OK(ei_device_alloc(g, &plan_mem, layer_sizes(g, nmax, 0).plan));
+        OK(ei_device_alloc(g, &qplan_mem, layer_sizes(gq, nmax, 0).plan));
     }
 
     printf("\n%7s %10s %9s %9s %9s %9s %8s %8s %9s %8s %6s %6s %7s %8s %8s %9s\n", "n", "profile_ms", "prof_q_ms",
@@ -309,27 +329,30 @@ int main(int argc, char **argv) {
         ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
         ei_plan plan, hplan, qplan;
         size_t pb, wsb;
+        ei_exec x;
         double v[16], useful = 0, qdensity, dense_pairs, prof, profq, spq, dn[MAXCFG], sp[MAXCFG], best_dense, best_sparse,
                flops_dense;
         int w, nrigid = 0;
-        OK(ei_plan_size(g, n, NKV, HD, 0, &pb));
+        pb = layer_sizes(g, n, 0).plan;
         OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, pb));
-        OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
-        OK(ei_profile(g, &tq, &tk, &plan, ws, wsb)); /* warm-up */
+        wsb = layer_sizes(g, n, 0).profile;
+        x = ex(ws, wsb);
+        OK(ei_profile(g, &x, &tq, &tk, &plan)); /* warm-up */
         for (rep = 0; rep < reps; rep++) {
             double t0 = now_ms();
-            OK(ei_profile(g, &tq, &tk, &plan, ws, wsb));
+            OK(ei_profile(g, &x, &tq, &tk, &plan));
             v[rep] = now_ms() - t0;
         }
         prof = median_ms(v, reps);
         /* the quality configuration: sampled ranking, top_p, sink/local */
-        OK(ei_plan_size(gq, n, NKV, HD, 0, &pb));
+        pb = layer_sizes(gq, n, 0).plan;
         OK(ei_plan_init(gq, &qplan, n, NKV, HD, 0, qplan_mem, pb));
-        OK(ei_profile_workspace_size(gq, n, NH, NKV, HD, &wsb));
-        OK(ei_profile(gq, &tq, &tk, &qplan, ws, wsb)); /* warm-up */
+        wsb = layer_sizes(gq, n, 0).profile;
+        x = ex(ws, wsb);
+        OK(ei_profile(gq, &x, &tq, &tk, &qplan)); /* warm-up */
         for (rep = 0; rep < reps; rep++) {
             double t0 = now_ms();
-            OK(ei_profile(gq, &tq, &tk, &qplan, ws, wsb));
+            OK(ei_profile(gq, &x, &tq, &tk, &qplan));
             v[rep] = now_ms() - t0;
         }
         profq = median_ms(v, reps);
@@ -340,7 +363,7 @@ int main(int argc, char **argv) {
             ei_plan cpl;
             size_t cpb;
             int cs;
-            OK(ei_plan_size(gq, n, NKV, HD, EI_PLAN_CHUNKED, &cpb));
+            cpb = layer_sizes(gq, n, EI_PLAN_CHUNKED).plan;
             OK(ei_device_alloc(gq, &cmem, cpb));
             OK(ei_plan_init(gq, &cpl, n, NKV, HD, EI_PLAN_CHUNKED, cmem, cpb));
             for (cs = 0; cs < 2; cs++)
@@ -349,7 +372,7 @@ int main(int argc, char **argv) {
                     for (t = 0; t < n; t += chunk_sizes[cs]) {
                         int64_t m = n - t < chunk_sizes[cs] ? n - t : chunk_sizes[cs];
                         ei_tensor cqv = ei_tensor_make((const uint16_t *)dq + (size_t)t * NH * HD, EI_BF16, m, NH, HD);
-                        OK(ei_profile_chunk(gq, &cqv, &tk, &cpl, t, t + m == n, ws, wsb));
+                        OK(ei_profile_chunk(gq, &x, &cqv, &tk, &cpl, t, t + m == n));
                     }
                     if (rep >= 0) v[rep] = now_ms() - t0;
                     if (rep == reps - 1) chq[cs] = median_ms(v, reps);
@@ -360,7 +383,6 @@ int main(int argc, char **argv) {
                    (long long)n, prof, profq, chq[0], chq[1]);
             continue;
         }
-        OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
         for (w = 0; w < NCFG; w++) {
             set_shape(cta_shapes[w]);
             dn[w] = time_prefill(g, api, cfg.cuda_stream, &tq, &tk, &tv, NULL, &to, v, reps);
@@ -369,7 +391,7 @@ int main(int argc, char **argv) {
         /* the quality plan: density and sparse time (first CTA shape) */
         set_shape(cta_shapes[0]);
         spq = time_prefill(gq, api, cfg.cuda_stream, &tq, &tk, &tv, &qplan, &to, v, reps);
-        OK(ei_plan_alloc(cpuq, &hplan, n, NKV, HD, 0));
+        OK(ei_plan_init(cpuq, &hplan, n, NKV, HD, 0, NULL, 0));
         OK(ei_plan_copy(gq, &hplan, &qplan, EI_COPY_DEVICE_TO_HOST));
         qdensity = 0;
         for (t = 0; t < n; t++) {
@@ -385,7 +407,7 @@ int main(int argc, char **argv) {
         }
         ei_plan_free(cpuq, &hplan);
         /* density from the plan */
-        OK(ei_plan_alloc(cpu, &hplan, n, NKV, HD, 0));
+        OK(ei_plan_init(cpu, &hplan, n, NKV, HD, 0, NULL, 0));
         OK(ei_plan_copy(g, &hplan, &plan, EI_COPY_DEVICE_TO_HOST));
         for (i = 0; i < NKV; i++) nrigid += hplan.head_class[i] == EI_HEAD_RIGID;
         for (t = 0; t < n; t++) {
@@ -435,28 +457,28 @@ int main(int argc, char **argv) {
                 if (w) dense_f32q[si] = time_prefill(g, api, cfg.cuda_stream, qq, &tk, &tv, NULL, &to, v, reps);
                 else dense_bf16[si] = time_prefill(g, api, cfg.cuda_stream, qq, &tk, &tv, NULL, &to, v, reps);
             }
-            OK(ei_profile_workspace_size(g, n, NH, NKV, HD, &wsb));
-            OK(ei_profile(g, &tq32, &tk, &plan, ws, wsb));
+            x = ex(ws, layer_sizes(g, n, 0).profile);
+            OK(ei_profile(g, &x, &tq32, &tk, &plan));
             for (rep = 0; rep < reps; rep++) {
                 double t0 = now_ms();
-                OK(ei_profile(g, &tq32, &tk, &plan, ws, wsb));
+                OK(ei_profile(g, &x, &tq32, &tk, &plan));
                 v[rep] = now_ms() - t0;
             }
             prof_f32q[si] = median_ms(v, reps);
-            OK(ei_profile_workspace_size(gq, n, NH, NKV, HD, &wsb));
-            OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+            x = ex(ws, layer_sizes(gq, n, 0).profile);
+            OK(ei_profile(gq, &x, &tq32, &tk, &qplan));
             for (rep = 0; rep < reps; rep++) {
                 double t0 = now_ms();
-                OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                OK(ei_profile(gq, &x, &tq32, &tk, &qplan));
                 v[rep] = now_ms() - t0;
             }
             profq_f32q[si] = median_ms(v, reps);
             if (si == 0) { /* the CUDA-core sampled path (f32 q read as f32), smallest size only: slow */
                 setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
-                OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                OK(ei_profile(gq, &x, &tq32, &tk, &qplan));
                 for (rep = 0; rep < 3; rep++) {
                     double t0 = now_ms();
-                    OK(ei_profile(gq, &tq32, &tk, &qplan, ws, wsb));
+                    OK(ei_profile(gq, &x, &tq32, &tk, &qplan));
                     v[rep] = now_ms() - t0;
                 }
                 profq_gen_f32q[si] = median_ms(v, 3);
@@ -481,10 +503,10 @@ int main(int argc, char **argv) {
                 }
                 base = hi;
                 dens = profile_at(&cfg, base, n, dq, dk, ws, wsmax, &gc, &cc, &pmem, &pl);
-                OK(ei_profile_workspace_size(gc, n, NH, NKV, HD, &wsb));
+                x = ex(ws, layer_sizes(gc, n, 0).profile);
                 for (rep = 0; rep < reps; rep++) {
                     double t0 = now_ms();
-                    OK(ei_profile(gc, &tq, &tk, &pl, ws, wsb));
+                    OK(ei_profile(gc, &x, &tq, &tk, &pl));
                     v[rep] = now_ms() - t0;
                 }
                 pms = median_ms(v, reps);

@@ -70,11 +70,20 @@ EITP void eitp_destroy(void *h) {
    (device memory, for n tokens of nh query / nkv kv heads of head_dim hd) */
 EITP int eitp_sizes(void *h, int64_t n, int32_t nh, int32_t nkv, int32_t hd, size_t *sizes) {
     eitp_ctx *c = (eitp_ctx *)h;
+    ei_shape sh;
+    ei_sizes z;
     ei_result r;
     if (!c || !sizes) return EI_ERR_NULL;
-    if ((r = ei_plan_size(c->gpu, n, nkv, hd, 0, &sizes[0])) != EI_OK) return r;
-    if ((r = ei_profile_workspace_size(c->gpu, n, nh, nkv, hd, &sizes[1])) != EI_OK) return r;
-    return ei_attention_workspace_size(c->gpu, nh, nkv, hd, &sizes[2]);
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n;
+    sh.n_heads = nh;
+    sh.n_kv_heads = nkv;
+    sh.head_dim = hd;
+    if ((r = ei_layer_sizes(c->gpu, &sh, &z)) != EI_OK) return r;
+    sizes[0] = z.plan;
+    sizes[1] = z.profile;
+    sizes[2] = z.prefill;
+    return EI_OK;
 }
 
 /* A plan (host struct, arrays in the caller's device memory of `bytes`). */
@@ -93,10 +102,20 @@ EITP int eitp_plan_create(void *h, int64_t n, int32_t nkv, int32_t hd, void *dev
 }
 EITP void eitp_plan_destroy(void *plan) { free(plan); }
 
+/* A whole call with the caller's workspace (one launch sequence on the GPU). */
+static ei_exec eitp_exec(void *ws, size_t ws_bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = ws_bytes;
+    return x;
+}
+
 EITP int eitp_profile(void *h, void *plan, const ei_tensor *q, const ei_tensor *k, void *ws, size_t ws_bytes) {
     eitp_ctx *c = (eitp_ctx *)h;
+    ei_exec x = eitp_exec(ws, ws_bytes);
     if (!c) return EI_ERR_NULL;
-    return ei_profile(c->gpu, q, k, (ei_plan *)plan, ws, ws_bytes);
+    return ei_profile(c->gpu, &x, q, k, (ei_plan *)plan);
 }
 
 /* plan NULL: dense causal attention. out: an ei_tensor-shaped view of a
@@ -105,6 +124,7 @@ EITP int eitp_profile(void *h, void *plan, const ei_tensor *q, const ei_tensor *
 EITP int eitp_attention(void *h, const void *plan, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v,
                         const ei_tensor *out, void *ws, size_t ws_bytes) {
     eitp_ctx *c = (eitp_ctx *)h;
+    ei_exec x = eitp_exec(ws, ws_bytes);
     ei_out_tensor o;
     if (!c || !out) return EI_ERR_NULL;
     o.data = (void *)(uintptr_t)out->data;
@@ -114,7 +134,7 @@ EITP int eitp_attention(void *h, const void *plan, const ei_tensor *q, const ei_
     o.n_tokens = out->n_tokens;
     o.token_stride = out->token_stride;
     o.head_stride = out->head_stride;
-    return ei_attention_prefill(c->gpu, q, k, v, (const ei_plan *)plan, &o, 0, 0, 1, ws, ws_bytes);
+    return ei_attention_prefill(c->gpu, &x, q, k, v, (const ei_plan *)plan, &o, 0);
 }
 
 /* info: n_tokens, n_kv_heads, n_segments, n_blocks, max_keep, seg_capacity */
@@ -147,7 +167,7 @@ EITP int eitp_plan_export(void *h, const void *plan, float *entropy, uint8_t *he
     if (!p->on_device) {
         hp = *p; /* a host plan (CPU backend): read in place */
     } else {
-        if ((r = ei_plan_alloc(c->cpu, &hp, p->max_tokens, p->n_kv_heads, p->head_dim, 0)) != EI_OK) return r;
+        if ((r = ei_plan_init(c->cpu, &hp, p->max_tokens, p->n_kv_heads, p->head_dim, 0, NULL, 0)) != EI_OK) return r;
         if ((r = ei_plan_copy(c->gpu, &hp, p, EI_COPY_DEVICE_TO_HOST)) != EI_OK) {
             ei_plan_free(c->cpu, &hp);
             return r;

@@ -26,9 +26,10 @@ int main(int argc, char **argv) {
     ei_config cfg = ei_config_default(); /* the paper's configuration */
     ei_context *ctx;
     ei_plan plan;
-    size_t ws_bytes;
+    ei_shape shape = {0, 0, 0, 0, 0, 0};
+    ei_sizes sizes;
+    ei_exec x = {0, 0, 0, NULL, 0};
     float *q, *k;
-    void *ws;
     ei_tensor qt, kt;
     double t0, t1;
     int h, s;
@@ -39,24 +40,33 @@ int main(int argc, char **argv) {
     if (!q || !k) { fprintf(stderr, "out of memory\n"); return 1; }
     synth_qk(q, k, n, heads, kv_heads, dim, cfg.segment_size, 3, 42);
 
+    /* the layer's shape and the threads its calls run on: one workspace for them */
+    shape.max_tokens = n;
+    shape.n_heads = heads;
+    shape.n_kv_heads = kv_heads;
+    shape.head_dim = dim;
+    shape.n_threads = threads;
     if (ei_context_create(&cfg, &ctx) != EI_OK ||
-        ei_plan_alloc(ctx, &plan, n, kv_heads, dim, 0) != EI_OK ||
-        ei_profile_workspace_size(ctx, n, heads, kv_heads, dim, &ws_bytes) != EI_OK) {
+        ei_plan_init(ctx, &plan, n, kv_heads, dim, 0, NULL, 0) != EI_OK ||
+        ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) {
         fprintf(stderr, "setup failed: %s\n", ei_last_error());
         return 1;
     }
-    ws = malloc(ws_bytes * (size_t)threads);
+    x.n_threads = threads;
+    x.workspace_bytes = sizes.profile;
+    x.workspace = malloc(sizes.profile ? sizes.profile : 1);
+    if (!x.workspace) { fprintf(stderr, "out of memory\n"); return 1; }
     qt = ei_tensor_make(q, EI_F32, n, heads, dim);
     kt = ei_tensor_make(k, EI_F32, n, kv_heads, dim);
     t0 = now_ms();
-    if (ei_profile_mt(ctx, &qt, &kt, &plan, threads, ws, ws_bytes * (size_t)threads) != EI_OK) {
+    if (ei_profile(ctx, &x, &qt, &kt, &plan) != EI_OK) {
         fprintf(stderr, "profiling failed: %s\n", ei_last_error());
         return 1;
     }
     t1 = now_ms();
 
     printf("entropyinfer %s demo: one layer, %ld tokens, %d query heads, %d kv heads, dim %d, f32, SIMD %s\n",
-           EI_VERSION_STRING, n, heads, kv_heads, dim, ei_simd_name(ei_context_simd(ctx)));
+           EI_VERSION_STRING, n, heads, kv_heads, dim, ei_simd_name(ei_context_config(ctx)->simd));
     printf("paper configuration: segment %d, block %d, threshold %lld, base budget %d, e_t %g, delta_t %g, alpha %g\n",
            cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget, cfg.rigid_entropy,
            cfg.delta_t, cfg.alpha);
@@ -84,7 +94,7 @@ int main(int argc, char **argv) {
     }
     printf("\nrigid heads keep the base budget in every segment; dynamic heads move with the entropy's relative\n"
            "change (1x..3x base). The plan feeds ei_attention_prefill (block-sparse attention).\n");
-    free(ws);
+    free(x.workspace);
     ei_plan_free(ctx, &plan);
     ei_context_destroy(ctx);
     free(q);

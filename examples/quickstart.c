@@ -30,8 +30,10 @@ int main(void) {
     ei_plan plan;
     ei_decoder dec;
     ei_keep_set keep;
-    size_t prof_ws = 0, attn_ws = 0, dec_ws = 0, dec_mem = 0;
-    void *ws, *dec_memory;
+    ei_shape shape;
+    ei_sizes sizes;
+    ei_exec x;                                  /* how calls run: threads and the one workspace */
+    void *dec_memory;
 
     memset(&keep, 0, sizeof keep);
     for (i = 0; i < cap * HEADS * DIM; ++i) q[i] = frand(&seed);
@@ -39,14 +41,20 @@ int main(void) {
 
     /* ---- setup, once per model: context, plan and decoder memory, workspaces */
     if (ei_context_create(&cfg, &ctx) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-    ei_plan_alloc(ctx, &plan, cap, KV_HEADS, DIM, 0);
-    ei_profile_workspace_size(ctx, cap, HEADS, KV_HEADS, DIM, &prof_ws);
-    ei_attention_workspace_size(ctx, HEADS, KV_HEADS, DIM, &attn_ws);
-    ei_decode_workspace_size(ctx, cap, HEADS, KV_HEADS, &dec_ws);
-    ei_decoder_size(ctx, HEADS, DIM, &dec_mem);
-    ws = malloc(prof_ws > attn_ws ? (prof_ws > dec_ws ? prof_ws : dec_ws) : (attn_ws > dec_ws ? attn_ws : dec_ws));
-    dec_memory = malloc(dec_mem);
-    ei_decoder_init(ctx, &dec, HEADS, KV_HEADS, DIM, dec_memory, dec_mem);
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = cap;
+    shape.n_heads = HEADS;
+    shape.n_kv_heads = KV_HEADS;
+    shape.head_dim = DIM;
+    shape.n_threads = 2;                        /* the calls below run on 2 threads */
+    if (ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+    memset(&x, 0, sizeof x);
+    x.n_threads = 2;
+    x.workspace = malloc(sizes.workspace);      /* one workspace serves every call of the layer */
+    x.workspace_bytes = sizes.workspace;
+    dec_memory = malloc(sizes.decoder);
+    ei_plan_init(ctx, &plan, cap, KV_HEADS, DIM, 0, NULL, 0); /* memory NULL: the context allocates */
+    ei_decoder_init(ctx, &dec, HEADS, KV_HEADS, DIM, dec_memory, sizes.decoder);
     keep.heads_out = KV_HEADS;
     keep.capacity = cfg.decode_budget;
     keep.index = (int32_t *)malloc(sizeof(int32_t) * KV_HEADS * cfg.decode_budget);
@@ -57,8 +65,8 @@ int main(void) {
         ei_tensor kt = ei_tensor_make(k, EI_F32, N_PROMPT, KV_HEADS, DIM);
         ei_tensor vt = ei_tensor_make(v, EI_F32, N_PROMPT, KV_HEADS, DIM);
         ei_out_tensor ot = ei_out_tensor_make(out, EI_F32, N_PROMPT, HEADS, DIM);
-        if (ei_profile(ctx, &qt, &kt, &plan, ws, prof_ws) != EI_OK ||
-            ei_attention_prefill(ctx, &qt, &kt, &vt, &plan, &ot, 0, 0, 1, ws, attn_ws) != EI_OK ||
+        if (ei_profile(ctx, &x, &qt, &kt, &plan) != EI_OK ||
+            ei_attention_prefill(ctx, &x, &qt, &kt, &vt, &plan, &ot, 0) != EI_OK ||
             ei_decode_observe(ctx, &dec, &qt, 0, 0) != EI_OK) { /* the prompt's queries (from position 0) open the window */
             fprintf(stderr, "prefill: %s\n", ei_last_error());
             return 1;
@@ -75,7 +83,7 @@ int main(void) {
             ei_tensor kc = ei_tensor_make(k, EI_F32, n + 1, KV_HEADS, DIM);
             ei_out_tensor ko = ei_out_tensor_make(k, EI_F32, n + 1, KV_HEADS, DIM);
             ei_out_tensor vo = ei_out_tensor_make(v, EI_F32, n + 1, KV_HEADS, DIM);
-            if (ei_decode_keep(ctx, &dec, &kc, &keep, ws, dec_ws) != EI_OK ||
+            if (ei_decode_keep(ctx, &x, &dec, &kc, &keep) != EI_OK ||
                 ei_kv_compact(ctx, &keep, &ko, &vo) != EI_OK) {
                 fprintf(stderr, "decode: %s\n", ei_last_error());
                 return 1;
@@ -87,6 +95,6 @@ int main(void) {
     ei_plan_free(ctx, &plan);
     free(dec_memory); /* the decoder's memory is the caller's */
     ei_context_destroy(ctx);
-    free(q); free(k); free(v); free(out); free(ws); free(keep.index);
+    free(q); free(k); free(v); free(out); free(x.workspace); free(keep.index);
     return 0;
 }

@@ -305,7 +305,7 @@ CHECK_FN int test_simd_selected(ei_simd p) {
     if (!strcmp(e, "auto")) {
         ei_context *ctx = NULL;
         ei_simd chosen = EI_SIMD_SCALAR;
-        if (ei_context_create(NULL, &ctx) == EI_OK) chosen = ei_context_simd(ctx);
+        if (ei_context_create(NULL, &ctx) == EI_OK) chosen = ei_context_config(ctx)->simd;
         ei_context_destroy(ctx);
         return p == chosen;
     }
@@ -583,7 +583,7 @@ CHECK_FN int ref_attention_token(const ei_config *c, const ei_plan *plan, const 
     return in_range;
 }
 
-/* Query token t of q through a keep set (ei_attention_decode_keep): head h
+/* Query token t of q through a keep set (ei_attention_decode with a keep set): head h
    attends to its set's kept rows (keep->index row: 0 for a shared set, h /
    G per kv head, h per query head), then to rows keep->n_tokens ..
    q_offset + t. out[h * d + i]. Returns 0 when a logit left float range. */

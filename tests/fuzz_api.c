@@ -5,13 +5,25 @@
    dtypes, strides: contiguous, padded, head-major, zero, negative, aliasing,
    huge; values with NaN, Inf, denormals and huge magnitudes injected), then
    a sequence of operations in any order (the op byte modulo OP_COUNT, see
-   run_op): plan init/alloc/reset/finalize, whole, per-head-range, threaded
-   and chunked profiling (chunks of any size and offset), plan corruption
-   (arbitrary block indices and counts), prefill attention with arbitrary
-   plans and ith/nth, decoder init/observe/due/keep (also before anything was
-   observed), keep sets over row maps and compaction with arbitrary indices,
-   size queries with extreme arguments, the GPU-memory helpers on a CPU
-   context, swapping the context a plan was made with, and (issue 15):
+   run_op): plan init (caller memory, or NULL: the context allocates),
+   reset, finalize, grow, the plan as a mask (ei_plan_mask), profiling
+   whole, in parts and on threads, chunked (chunks of any size and offset),
+   plan corruption (arbitrary block indices and counts), prefill attention
+   with arbitrary plans, decode attention (a keep set or none) and its merge,
+   decoder init/observe/due/keep (also before anything was observed), keep
+   sets over row maps and compaction with arbitrary indices, ei_layer_sizes
+   with extreme shapes, the GPU-memory helpers on a CPU context, swapping the
+   context a plan was made with, and (issue 31) every call that takes an
+   ei_exec run as a whole call on threads, or in parts ith/nth with ONE
+   workspace every part passes (sized by ei_layer_sizes for nth, sometimes
+   too small: refused), or with hostile fields: n_threads negative, past
+   the limit or with nth, ith >= nth or negative, nth huge, a NULL workspace
+   with bytes, a NULL ei_exec; a bad ei_exec is refused with its code
+   (exec_refusal) before anything else; parts are compared with the whole
+   call where they must equal it (a plan, bit for bit; select / shared_add
+   / select_shared: part 0 works, the others leave everything as it was;
+   the decode merge after a call on threads writes nothing). Every public
+   function is called (42 in 0.2). And (issue 15):
      placement   one call's buffers (views, plan memory and struct, decoder
                  ring and struct, keep-set arrays and struct, row maps,
                  scores, workspaces) placed in one arena at fuzzer-chosen
@@ -63,15 +75,20 @@
    per call kind at exit. EI_FUZZ_PLACE_BIAS=k (1..8) turns k/8 of the op
    bytes into the placement op (a campaign that counts placement calls).
 
-   Ops (the op byte modulo OP_COUNT): 0 plan init/alloc, 1-2 profile,
-   3 profile_heads, 4 profile_mt, 5 and 24 chunk, 6 reset/finalize,
-   7 corrupt, 8 attention, 10 attention_mt, 11 decoder init, 12-13 observe,
-   9 and 14 decode (row maps, or keep), 15 compact, 16 decoder reset,
-   17 sizes, 18 new layer, 19 swap contexts, 20 placement, 21 plan/decoder
-   edit, 22 small stack, 23 cell_pos, 25 int64 edges (issue 36: positions,
-   counts, strides, capacities and a plan's / decoder's counters at the
-   int64 and int32 edges and the documented limits). tests/fuzz_seeds.py writes inputs in
-   this format.
+   Ops (the op byte modulo OP_COUNT): 0 plan init, 1-2 profile (a whole
+   call), 3 profile in parts, 4 profile on threads, 5 and 24 chunk (threads
+   or parts), 6 reset/finalize/grow/mask, 7 corrupt, 8 attention (prefill
+   in parts, or a decode step in parts), 10 attention on threads, 11 decoder
+   init, 12-13 observe, 9 and 14 decode (row maps: score in parts, or keep),
+   15 compact, 16 decoder reset, 17 sizes (ei_layer_sizes), 18 new layer,
+   19 swap contexts, 20 placement, 21 plan/decoder edit, 22 small stack,
+   23 cell_pos, 25 int64 edges (issue 36: positions, counts, strides,
+   capacities and a plan's / decoder's counters at the int64 and int32 edges
+   and the documented limits). tests/fuzz_seeds.py writes inputs in this
+   format; the 0.2 API (issue 31) kept it, but for the decode step's
+   placement, whose partials now live in the workspace (no byte for their
+   address), and the bytes ops 5, 6, 14 and 17 now read in branches that
+   older inputs seldom take.
 
    Op families can be switched off (compile -DEI_FUZZ_FAMILIES=mask or
    environment EI_FUZZ_FAMILIES=mask; FAM_* below), e.g. while the library
@@ -177,21 +194,26 @@ static void work_spend(double w) { work_left -= w; }
 static double attn_cost(int64_t cnt, int64_t keys, int32_t H, int32_t d) {
     return (double)cnt * (double)((keys + 63) / 64 * 64) * (double)(H > 0 ? H : 1) * (double)((d + 15) / 16 * 16);
 }
-/* Threads of an _mt call. Starting a thread costs 0.2-0.4 ms under ASan
-   (its 8 MB stack's shadow is cleared), the cost of a hundred plain calls:
-   a call with worker threads is rare (byte % 32 == 31) and comes once per
-   input; otherwise one thread (the caller runs the share), or 0 / -1
-   (refused) now and then. */
+/* ei_exec.n_threads of a call on threads. Starting a thread costs 0.2-0.4
+   ms under ASan (its 8 MB stack's shadow is cleared), the cost of a hundred
+   plain calls: a call with worker threads is rare (byte % 32 == 31) and
+   comes once per input; otherwise one thread (the caller runs the call), 0
+   (the caller alone too) or -1 now and then, and (byte % 32 == 30) a count
+   past the limit (EI__MAX_THREADS + 1, INT32_MAX, INT32_MIN, -2: refused
+   before any thread starts). */
 static int threads_left;
 static int fz_threads(unsigned b, int maxn) {
+    static const int past[] = {EI__MAX_THREADS + 1, INT32_MAX, INT32_MIN, -2};
     if (b % 32u == 31u && threads_left > 0) {
         threads_left--;
         return 2 + (int)((b >> 5) % (unsigned)(maxn > 2 ? maxn - 1 : 1));
     }
     if (b % 32u == 0u) return -(int)((b >> 5) & 1u);
+    if (b % 32u == 30u) return past[(b >> 5) & 3u];
     return 1;
 }
-static int fz_threads1(unsigned b, int maxn) { int n = fz_threads(b, maxn); return n > 0 ? n : 1; }
+/* The same, always a count the library runs (placement). */
+static int fz_threads1(unsigned b, int maxn) { int n = fz_threads(b, maxn); return n > 0 && n <= EI__MAX_THREADS ? n : 1; }
 
 /* ------------------------------------------------------------ input bytes */
 typedef struct fz {
@@ -227,6 +249,55 @@ static ei_result checked_(ei_result r, const char *what) {
     ORACLE(r <= 0 && r >= EI_RESULT_MIN_, "result outside EI_RESULT_TABLE", r, 0);
     if (r != EI_OK) ORACLE(strstr(ei_last_error(), ei_result_name(r)) != NULL, "message does not name its code", r, 0);
     return r;
+}
+
+/* ------------------------------------------------------------ execution (issue 31) */
+/* An ei_exec: a whole call on n_threads threads (0 or 1: the caller
+   alone), or part ith of nth; one workspace either way. */
+static ei_exec fz_ex(int n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+static ei_exec fz_part(int ith, int nth, void *ws, size_t bytes) {
+    ei_exec x = fz_ex(0, ws, bytes);
+    x.ith = ith;
+    x.nth = nth;
+    return x;
+}
+/* The code a bad ei_exec is refused with before anything else is looked at
+   (EI_OK: x is valid): ith/nth or n_threads out of range EI_ERR_SIZE,
+   threads and parts at once EI_ERR_CONFIG, a NULL workspace with bytes
+   EI_ERR_NULL. */
+static ei_result exec_refusal(const ei_exec *x) {
+    if (!x) return EI_OK;
+    if (x->nth >= 2) {
+        if (x->nth > EI__MAX_THREADS || x->ith < 0 || x->ith >= x->nth) return EI_ERR_SIZE;
+        if (x->n_threads > 1) return EI_ERR_CONFIG;
+    } else if (x->nth < 0 || x->ith != 0 || x->n_threads < 0 || x->n_threads > EI__MAX_THREADS)
+        return EI_ERR_SIZE;
+    return !x->workspace && x->workspace_bytes ? EI_ERR_NULL : EI_OK;
+}
+/* checked() of a call that took x (and ctx): a bad x is refused with its code. */
+#define xchecked(ctx, x, expr) exec_checked_((ctx), (x), checked(expr))
+static ei_result exec_checked_(const ei_context *ctx, const ei_exec *x, ei_result r) {
+    ei_result want = exec_refusal(x);
+    if (ctx && want != EI_OK) ORACLE(r == want, "a bad ei_exec was not refused with its code", r, want);
+    return r;
+}
+/* Threads a call's workspace is sized for: n when the library accepts it, else 1. */
+static int ws_threads(int n) { return n >= 1 && n <= EI__MAX_THREADS ? n : 1; }
+/* ei_layer_sizes of a layer (n_heads H, n_kv_heads KV) for n_threads threads or parts. */
+static ei_result fz_sizes(const ei_context *ctx, int64_t max_tokens, int32_t H, int32_t KV, int32_t d, uint32_t flags,
+                          int n_threads, ei_sizes *sz) {
+    ei_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = max_tokens; sh.n_heads = H; sh.n_kv_heads = KV; sh.head_dim = d; sh.plan_flags = flags;
+    sh.n_threads = n_threads;
+    return checked(ei_layer_sizes(ctx, &sh, sz));
 }
 
 /* ------------------------------------------------------------ rng and element access */
@@ -668,7 +739,12 @@ static ei_context *fz_context_create(ei_config c) {
     } else {
         ORACLE(ctx != NULL, "no context on success", 0, 0);
         ORACLE(ei_context_config(ctx)->segment_size == c.segment_size, "config not kept", 0, 0);
-        ORACLE(ei_cpu_supports(ei_context_simd(ctx)), "chosen SIMD path unsupported", ei_context_simd(ctx), 0);
+        ORACLE(ei_cpu_supports(ei_context_config(ctx)->simd), "chosen SIMD path unsupported", ei_context_config(ctx)->simd, 0);
+        /* the configuration the context runs: the path and backend chosen, never AUTO / CUDA_OR_CPU */
+        ORACLE(ei_context_config(ctx)->simd != EI_SIMD_AUTO && ei_context_config(ctx)->backend != EI_BACKEND_CUDA_OR_CPU &&
+                   (ei_context_config(ctx)->backend == EI_BACKEND_CPU || ei_context_config(ctx)->backend == EI_BACKEND_CUDA),
+               "ei_context_config does not report the path and backend chosen", ei_context_config(ctx)->simd,
+               ei_context_config(ctx)->backend);
     }
     return ctx;
 }
@@ -818,6 +894,7 @@ static void op_plan_init(state *s, fz *f) {
     int32_t kv = s->KV, d = s->d;
     uint32_t flags = m >> 1 & 3u;
     size_t bytes = 0;
+    ei_sizes sz;
     ei_result r;
     plan_release(s);
     switch (fz_u8(f) % 8) {
@@ -828,31 +905,40 @@ static void op_plan_init(state *s, fz *f) {
         case 5: flags = fz_u8(f); break;
         default: break;
     }
-    r = checked(ei_plan_size(ctx, maxt, kv, d, flags, &bytes));
+    /* the plan's size (a layer of kv query heads: the plan depends only on kv, d and flags) */
+    r = fz_sizes(ctx, maxt, kv, kv, d, flags, 1, &sz);
     if (r != EI_OK) return;
+    bytes = sz.plan;
     ORACLE(bytes > 0, "zero plan size", 0, 0);
     if (bytes > ((size_t)4 << 20)) return; /* too big for a fast input */
     work_spend((double)bytes / 4.0);
-    if (m & 8) {
-        r = checked(ei_plan_alloc(ctx, &s->plan, maxt, kv, d, flags));
-        if (r == EI_OK) { s->plan_ok = s->plan_owned = 1; s->plan_ctx = ctx; }
+    if (m & 8) { /* memory NULL, bytes 0: the context allocates */
+        r = checked(ei_plan_init(ctx, &s->plan, maxt, kv, d, flags, NULL, 0));
+        if (r == EI_OK) {
+            s->plan_ok = s->plan_owned = 1; s->plan_ctx = ctx;
+            ORACLE(s->plan.owned_memory != NULL, "ei_plan_init(NULL, 0) made a plan without owned memory", 0, 0);
+        }
     } else {
         size_t give = bytes, less;
         if (m & 16) { less = 1 + fz_u8(f) % 8; give = bytes > less ? bytes - less : 1; }
         s->plan_mem = walloc_mem(give);
         r = checked(ei_plan_init(ctx, &s->plan, maxt, kv, d, flags, (m & 32) ? NULL : s->plan_mem, give));
+        if (m & 32) ORACLE(r == EI_ERR_NULL, "ei_plan_init with memory NULL and bytes > 0 is not EI_ERR_NULL", r, give);
         if (r == EI_OK) { s->plan_ok = 1; s->plan_ctx = ctx; ORACLE(give >= bytes, "plan accepted too small memory", give, bytes); }
         else { wfree(s->plan_mem); s->plan_mem = NULL; }
     }
     s->plan_trusted = s->plan_dirty = 0;
 }
 
-static void *ws_for_profile(const state *s, const ei_context *ctx, fz *f, int64_t n, size_t *bytes, int mul) {
+/* One workspace for profiling on nt threads or in nt parts (ei_layer_sizes'
+   for nt; sometimes a few bytes short). */
+static void *ws_for_profile(const state *s, const ei_context *ctx, fz *f, int64_t n, size_t *bytes, int nt) {
     size_t need = 0;
+    ei_sizes sz;
     unsigned m = fz_u8(f);
-    if (checked(ei_profile_workspace_size(ctx, n, s->H, s->KV, s->d, &need)) != EI_OK) need = 64;
-    if (need > ((size_t)8 << 20)) need = 64;
-    need *= (size_t)mul;
+    if (fz_sizes(ctx, n, s->H, s->KV, s->d, 0, ws_threads(nt), &sz) != EI_OK) need = 64;
+    else need = sz.profile;
+    if (need > ((size_t)8 << 20) * (size_t)ws_threads(nt)) need = 64;
     if ((m & 7) == 7 && need > 8) need -= 1 + (m >> 3) % 8; /* too small */
     *bytes = need;
     return walloc_mem(need);
@@ -874,32 +960,71 @@ static double layer_cost(const state *s, double per_token) {
     return (double)(s->n > 0 ? s->n : 1) * (double)(s->H > 0 ? s->H : 1) * (double)(s->d > 0 ? s->d : 1) * per_token;
 }
 
+/* A plan's arrays and counts as bytes (the parts' plan against the whole call's). */
+static size_t plan_extent(const ei_config *c, int64_t max_tokens, int32_t kv, int32_t d, uint32_t flags);
+static unsigned char *plan_bytes(const ei_context *ctx, const ei_plan *p, size_t *n) {
+    size_t ext = plan_extent(ei_context_config(ctx), p->max_tokens, p->n_kv_heads, p->head_dim, p->flags);
+    int64_t cnt[4];
+    unsigned char *b;
+    if (!ext || !p->entropy) return NULL;
+    cnt[0] = p->n_tokens; cnt[1] = p->n_segments; cnt[2] = p->n_blocks; cnt[3] = p->final;
+    b = (unsigned char *)xalloc(sizeof cnt + ext);
+    memcpy(b, cnt, sizeof cnt);
+    memcpy(b + sizeof cnt, p->entropy, ext);
+    *n = sizeof cnt + ext;
+    return b;
+}
+
+/* kind 0: a whole call on one thread (or a NULL ei_exec, or a NULL
+   workspace with bytes); 1: in parts, ith of nth from two bytes (-1..4 of
+   0..5: bad pairs refused), then sometimes the other parts and
+   ei_plan_finalize (the whole plan, checked, and then sometimes compared
+   with a whole call's, bit for bit); 2: on threads. */
 static void op_profile(state *s, fz *f, int kind) {
     ei_context *ctx = s->ctx;
     size_t wb;
     void *ws;
+    ei_exec x;
     ei_result r;
     ei_plan *p = (fz_u8(f) % 16 == 15) ? NULL : &s->plan;
     if (!s->plan_ok && p) p = (fz_u8(f) & 1) ? NULL : &s->plan; /* zeroed, uninitialised plan */
     work_spend(layer_cost(s, 8.0));
     if (kind == 0) {
+        unsigned b;
         ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
-        r = checked(ei_profile(ctx, &s->q.t, &s->k.t, p, (fz_u8(f) % 32 == 31) ? NULL : ws, wb));
+        b = fz_u8(f) % 32;
+        x = fz_ex(1, b == 31 ? NULL : ws, wb);
+        r = xchecked(ctx, &x, ei_profile(ctx, b == 30 ? NULL : &x, &s->q.t, &s->k.t, p));
+        if (b == 30) ORACLE(r != EI_OK, "ei_profile with a NULL ei_exec (no workspace) accepted", 0, 0);
     } else if (kind == 1) {
-        int32_t a = (int32_t)(fz_u8(f) % 6) - 1, b = (int32_t)(fz_u8(f) % 6);
-        ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
-        r = checked(ei_profile_heads(ctx, &s->q.t, &s->k.t, p, a, b, ws, wb));
-        if (r == EI_OK && (fz_u8(f) & 1)) {
-            /* the rest of the heads, so the plan is whole */
-            if (a > 0) checked(ei_profile_heads(ctx, &s->q.t, &s->k.t, p, 0, a, ws, wb));
-            if (b < s->KV) checked(ei_profile_heads(ctx, &s->q.t, &s->k.t, p, b, s->KV, ws, wb));
-            r = checked(ei_plan_finalize(ctx, p));
+        int32_t ith = (int32_t)(fz_u8(f) % 6) - 1, nth = (int32_t)(fz_u8(f) % 6), j;
+        unsigned rest;
+        ws = ws_for_profile(s, ctx, f, s->n, &wb, nth);
+        x = fz_part(ith, nth, ws, wb);
+        r = xchecked(ctx, &x, ei_profile(ctx, &x, &s->q.t, &s->k.t, p));
+        rest = r == EI_OK ? fz_u8(f) : 0u;
+        if (rest & 1) { /* the other parts (the engine's threads), then ei_plan_finalize after its barrier */
+            for (j = 0; j < nth && r == EI_OK; ++j)
+                if (j != ith) { x.ith = j; r = xchecked(ctx, &x, ei_profile(ctx, &x, &s->q.t, &s->k.t, p)); }
+            if (r == EI_OK) r = checked(ei_plan_finalize(ctx, p));
+            if (r == EI_OK && (rest & 2) && p && s->plan_ctx == ctx) { /* the same plan as a whole call's, bit for bit */
+                size_t na = 0, nb = 0;
+                unsigned char *a = plan_bytes(ctx, p, &na), *b;
+                ei_exec one = fz_ex(1, ws, wb);
+                if (a && checked(ei_profile(ctx, &one, &s->q.t, &s->k.t, p)) == EI_OK) {
+                    b = plan_bytes(ctx, p, &nb);
+                    ORACLE(b && na == nb && !memcmp(a, b, na), "a plan made in parts differs from the whole call's", ith, nth);
+                    free(b);
+                }
+                free(a);
+            }
         }
-        if (r == EI_OK) { s->plan_trusted = 0; wfree(ws); return; } /* partial plans are not checked */
+        if (r == EI_OK && !(rest & 1)) { s->plan_trusted = 0; wfree(ws); return; } /* a part's plan is not checked */
     } else {
         int nt = fz_threads(fz_u8(f), 3);
-        ws = ws_for_profile(s, ctx, f, s->n, &wb, nt > 0 ? nt : 1);
-        r = checked(ei_profile_mt(ctx, &s->q.t, &s->k.t, p, nt, ws, wb));
+        ws = ws_for_profile(s, ctx, f, s->n, &wb, nt);
+        x = fz_ex(nt, ws, wb);
+        r = xchecked(ctx, &x, ei_profile(ctx, &x, &s->q.t, &s->k.t, p));
     }
     after_profile(s, r, ctx);
     wfree(ws);
@@ -918,6 +1043,9 @@ static void op_chunk(state *s, fz *f) {
     view qc, kc;
     size_t wb = 0;
     void *ws;
+    ei_sizes sz;
+    ei_exec x;
+    int nt = 1, ith = 0, nth = 0, all_parts = 0, wsn = 1;
     ei_result r;
     if (!s->q.valid || !s->k.valid || s->n <= 0 || s->q.t.n_tokens != s->k.t.n_tokens) return;
     if (m & 1) off = (int64_t)(fz_u8(f) % (unsigned)s->n);
@@ -931,25 +1059,46 @@ static void op_chunk(state *s, fz *f) {
     if (no_queries) { off = s->plan.n_tokens; cnt = 0; is_final = 1; pad = s->n - off; }
     if (!no_queries) view_rows(&qc, &s->q, off, cnt, f);
     view_rows_padded(&kc, &s->k, 0, off + cnt, pad, f); /* padding cells are NaN: never read */
-    if (checked(ei_profile_workspace_size(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, &wb)) != EI_OK ||
-        wb > ((size_t)8 << 20))
+    if (m & 128) { /* in parts: ith 0..4 of nth 0..4 (bad pairs refused); sometimes every part, then finalize */
+        unsigned b = fz_u8(f);
+        ith = (int)(b % 5);
+        all_parts = (int)((b / 5) & 1);
+        nth = (int)(fz_u8(f) % 5);
+        wsn = ws_threads(nth);
+    } else { /* on nt threads (0: the caller alone), the workspace sized for nt or (a refused one) for one */
+        unsigned b = fz_u8(f);
+        nt = (int)(b % 4);
+        if ((b >> 2) & 1) wsn = ws_threads(nt);
+    }
+    if (fz_sizes(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, 0, wsn, &sz) != EI_OK ||
+        (wb = sz.profile) > ((size_t)8 << 20) * (size_t)wsn)
         wb = 64;
     if ((m & 96) == 96 && wb > 8) wb -= 8;
     ws = walloc_mem(wb);
     work_spend(layer_cost(s, 8.0));
     if (m & 128) {
-        int32_t a = (int32_t)(fz_u8(f) % 5), b = (int32_t)(fz_u8(f) % 5);
-        r = checked(ei_profile_chunk_heads(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
-                                           a, b, ws, wb));
-        if (r == EI_OK) s->plan_trusted = 0;
-    } else {
-        int nt = fz_u8(f) % 4; /* 1..3: ei_profile_chunk_mt (the same plan, or a refused workspace) */
-        if (nt > 0)
-            r = checked(ei_profile_chunk_mt(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
-                                            nt, ws, wb));
-        else
-            r = checked(ei_profile_chunk(ctx, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off, is_final,
-                                         ws, wb));
+        int j, first_ok;
+        x = fz_part(ith, nth, ws, wb);
+        r = xchecked(ctx, &x, ei_profile_chunk(ctx, &x, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off,
+                                               is_final));
+        first_ok = r == EI_OK;
+        if (r == EI_OK && all_parts) {
+            for (j = 0; j < nth && r == EI_OK; ++j)
+                if (j != ith) {
+                    x.ith = j;
+                    r = xchecked(ctx, &x, ei_profile_chunk(ctx, &x, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL,
+                                                           off, is_final));
+                }
+            if (r == EI_OK) r = checked(ei_plan_finalize(ctx, s->plan_ok ? &s->plan : NULL));
+        }
+        if (first_ok && !(all_parts && r == EI_OK)) s->plan_trusted = 0; /* a part's plan, or parts that failed */
+    }
+    if (!(m & 128) || (all_parts && r == EI_OK)) {
+        if (!(m & 128)) {
+            x = fz_ex(nt, ws, wb);
+            r = xchecked(ctx, &x, ei_profile_chunk(ctx, &x, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off,
+                                                   is_final));
+        }
         /* a chunk rewrites only its own segments: a plan corrupted earlier stays
            untrusted unless this chunk started it (offset 0 rewrites every row) */
         if (r == EI_OK) {
@@ -1087,10 +1236,12 @@ static void op_attention(state *s, fz *f, int threaded) {
     view qc, kc, vc;
     view ov;
     ei_out_tensor out;
-    size_t wb = 0, per = 0;
+    size_t wb = 0;
     void *ws;
     const ei_plan *plan = (m & 1) && s->plan_ok ? &s->plan : NULL;
     int ith, nth, all_ok = 1;
+    ei_sizes sz;
+    ei_exec x;
     ei_result r = EI_OK;
     static const int nths[] = {1, 2, 3, 1, 0, -1, 4};
     if (!s->q.valid || !s->k.valid || !s->v.valid || s->n <= 0) {
@@ -1098,9 +1249,11 @@ static void op_attention(state *s, fz *f, int threaded) {
         ei_out_tensor o0 = ei_out_tensor_make(NULL, EI_F32, 1, 1, 1);
         float one = 0;
         o0.data = &one;
-        r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb));
-        ws = walloc_mem(r == EI_OK && wb < ((size_t)8 << 20) ? wb : 64);
-        checked(ei_attention_prefill(ctx, &s->q.t, &s->k.t, &s->v.t, NULL, &o0, 0, 0, 1, ws, r == EI_OK ? wb : 64));
+        r = fz_sizes(ctx, s->n > 0 ? s->n : 1, s->H, s->KV, s->d, 0, 1, &sz);
+        wb = r == EI_OK && sz.prefill < ((size_t)8 << 20) ? sz.prefill : 64;
+        ws = walloc_mem(wb);
+        x = fz_ex(1, ws, wb);
+        xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &s->q.t, &s->k.t, &s->v.t, NULL, &o0, 0));
         wfree(ws);
         return;
     }
@@ -1137,12 +1290,9 @@ static void op_attention(state *s, fz *f, int threaded) {
         fprintf(stderr, "  attention: q_offset %lld, plan %s\n", (long long)q_off, plan ? "yes" : "NULL");
         describe("q", &qc); describe("k", &kc); describe("v", &vc); describe("out", &ov);
     }
-    r = checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &per));
-    if (r != EI_OK || per > ((size_t)8 << 20)) per = 64;
-    if ((m & 128) && !plan && cnt <= EI_DECODE_MAX_TOKENS + 1) { /* a decode step: keys split over threads, merged */
-        size_t pb = 0;
-        float *partials;
+    if ((m & 128) && !plan && cnt <= EI_DECODE_MAX_TOKENS + 1) { /* a decode step: keys split over threads or parts, merged */
         ei_keep_set keep, *kp = NULL;
+        unsigned one_part;
         int keep_full = 0, keep_broken = 0;
         unsigned km = fz_u8(f);
         memset(&keep, 0, sizeof keep);
@@ -1170,29 +1320,38 @@ static void op_attention(state *s, fz *f, int threaded) {
             }
             kp = &keep;
         }
+        /* one workspace of ei_sizes.decode for the nth parts or threads (the partials live in it); sometimes
+           one sized for a single thread (too small for nth parts: refused), or a byte short */
         nth = threaded ? fz_threads(fz_u8(f), 3) : FZ_PICK(f, nths);
-        if (checked(ei_attention_decode_partials_size(ctx, cnt, s->H, s->d, nth, &pb)) != EI_OK || pb > ((size_t)8 << 20))
-            pb = 64;
-        if (fz_u8(f) % 8 == 7 && pb >= 4) pb -= 4;
+        one_part = fz_u8(f) % 8 == 7;
+        if (fz_sizes(ctx, q_off + cnt, s->H, s->KV, s->d, 0, one_part ? 1 : ws_threads(nth), &sz) != EI_OK ||
+            (wb = sz.decode) > ((size_t)16 << 20))
+            wb = 64;
+        if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
+        ws = walloc_mem(wb);
         if (threaded) {
-            if (checked(ei_attention_decode_workspace_size(ctx, cnt, s->H, s->KV, s->d, nth, &wb)) != EI_OK ||
-                wb > ((size_t)16 << 20))
-                wb = 64;
-            if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-            ws = walloc_mem(wb);
-            r = checked(ei_attention_decode_keep_mt(ctx, &qc.t, &kc.t, &vc.t, kp, &out, q_off, nth, ws, wb));
+            x = fz_ex(nth, ws, wb);
+            r = xchecked(ctx, &x, ei_attention_decode(ctx, &x, &qc.t, &kc.t, &vc.t, kp, &out, q_off));
             all_ok = r == EI_OK;
+            if (r == EI_OK) { /* after a call on threads the merge has nothing to do: EI_OK, out as it is */
+                size_t ob = ov.elems * dtype_size(ov.t.dtype);
+                unsigned char *before = (unsigned char *)xalloc(ob);
+                memcpy(before, ov.buf, ob);
+                r = xchecked(ctx, &x, ei_attention_decode_merge(ctx, &x, &out));
+                ORACLE(r == EI_OK && !memcmp(before, ov.buf, ob), "ei_attention_decode_merge after a call on threads", r, nth);
+                free(before);
+            }
         } else {
-            partials = (float *)walloc_arr(pb);
-            wb = per;
-            if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
-            ws = walloc_mem(wb);
-            for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
-                all_ok = (r = checked(ei_attention_decode_keep(ctx, &qc.t, &kc.t, &vc.t, kp, &out, q_off, ith, nth, partials,
-                                                               pb, ws, wb))) == EI_OK;
-            for (ith = 0; ith < (nth > 0 ? nth : 1) && all_ok; ++ith)
-                all_ok = (r = checked(ei_attention_decode_merge(ctx, &out, partials, pb, ith, nth))) == EI_OK;
-            wfree(partials);
+            for (ith = 0; ith < (nth > 1 ? nth : 1) && all_ok; ++ith) {
+                x = fz_part(ith, nth, ws, wb);
+                all_ok = (r = xchecked(ctx, &x, ei_attention_decode(ctx, &x, &qc.t, &kc.t, &vc.t, kp, &out, q_off))) == EI_OK;
+            }
+            for (ith = 0; ith < (nth > 1 ? nth : 1) && all_ok; ++ith) { /* after the engine's barrier */
+                x = fz_part(ith, nth, ws, wb);
+                all_ok = (r = xchecked(ctx, &x, ei_attention_decode_merge(ctx, &x, &out))) == EI_OK;
+            }
+            if (one_part && nth >= 2)
+                ORACLE(r != EI_OK, "decode in parts accepted a workspace for one part", nth, wb);
         }
         if (kp) {
             ORACLE(!(keep_broken && r == EI_OK), "decode attention accepted a keep set with a repeated row", keep.n_kept, 0);
@@ -1203,29 +1362,52 @@ static void op_attention(state *s, fz *f, int threaded) {
         }
     } else if (threaded) {
         int nt = fz_threads(fz_u8(f), 3);
-        wb = per * (size_t)(nt > 0 ? nt : 1);
+        if (fz_sizes(ctx, q_off + cnt, s->H, s->KV, s->d, 0, ws_threads(nt), &sz) != EI_OK ||
+            (wb = sz.prefill) > ((size_t)8 << 20) * (size_t)ws_threads(nt))
+            wb = 64;
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
         ws = walloc_mem(wb);
-        r = checked(ei_attention_prefill_mt(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, nt, ws, wb));
+        x = fz_ex(nt, ws, wb);
+        r = xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &qc.t, &kc.t, &vc.t, plan, &out, q_off));
         all_ok = r == EI_OK;
-    } else {
+    } else { /* in parts: one workspace for nth (every part passes it) */
+        int short_ws;
         nth = FZ_PICK(f, nths);
         if (verbose > 0) fprintf(stderr, "  nth %d\n", nth);
-        wb = per;
-        if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
+        if (fz_sizes(ctx, q_off + cnt, s->H, s->KV, s->d, 0, ws_threads(nth), &sz) != EI_OK ||
+            (wb = sz.prefill) > ((size_t)8 << 20) * (size_t)ws_threads(nth))
+            wb = 64;
+        short_ws = fz_u8(f) % 8 == 7 && wb > 0;
+        if (short_ws) wb--;
         ws = walloc_mem(wb);
-        if (fz_u8(f) % 8 == 7) { /* a single odd call */
-            ith = (int)(fz_u8(f) % 6) - 1;
-            r = checked(ei_attention_prefill(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, ith, nth, ws, wb));
+        if (fz_u8(f) % 8 == 7) { /* a single odd call: ith -1..4 of nth, and hostile ei_exec fields */
+            static const int32_t huge[] = {EI__MAX_THREADS + 1, INT32_MAX, EI__MAX_THREADS, INT32_MIN};
+            unsigned b = fz_u8(f);
+            x = fz_part((int)(b % 6) - 1, nth, ws, wb);
+            switch ((b / 6) % 6) {
+                case 1: x.n_threads = 2 + (int32_t)(b % 3); break;                     /* threads and parts at once */
+                case 2: x.nth = huge[b % 4]; x.ith = (b & 1) && x.nth > 0 ? x.nth - 1 : 0; break; /* nth past the limit (or at it) */
+                case 3: x.n_threads = (b & 1) ? -1 : EI__MAX_THREADS + 1; break;       /* n_threads out of range */
+                case 4: x.workspace = NULL; x.workspace_bytes = wb ? wb : 1; break;    /* a NULL workspace with bytes */
+                case 5: x.ith = (int32_t)(b & 1 ? INT32_MIN : INT32_MAX); break;        /* ith at the int32 edges */
+                default: break;
+            }
+            if (verbose > 0) fprintf(stderr, "  exec n_threads %d ith %d nth %d ws %p bytes %zu\n", (int)x.n_threads,
+                                     (int)x.ith, (int)x.nth, x.workspace, x.workspace_bytes);
+            r = xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &qc.t, &kc.t, &vc.t, plan, &out, q_off));
             all_ok = 0;
-        } else
-            for (ith = 0; ith < (nth > 0 ? nth : 1); ++ith) {
-                r = checked(ei_attention_prefill(ctx, &qc.t, &kc.t, &vc.t, plan, &out, q_off, ith, nth, ws, wb));
+        } else {
+            for (ith = 0; ith < (nth > 1 ? nth : 1); ++ith) {
+                x = fz_part(ith, nth, ws, wb);
+                r = xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &qc.t, &kc.t, &vc.t, plan, &out, q_off));
                 if (r != EI_OK) { all_ok = 0; break; }
             }
+            if (short_ws && nth >= 2 && qc.valid && kc.valid && vc.valid && ov.valid)
+                ORACLE(r != EI_OK, "attention in parts accepted a workspace a byte short of nth shares", nth, wb);
+        }
     }
     if (all_ok && r == EI_OK && qc.tame && kc.tame && vc.tame && ov.valid && (!plan || (s->plan_trusted && s->plan_ctx == ctx && plan->n_kv_heads == s->KV)) &&
-        ei_context_backend(ctx) == EI_BACKEND_CPU) {
+        ei_context_config(ctx)->backend == EI_BACKEND_CPU) {
         if (!attention_matches(ctx, plan, &qc, &kc, &vc, &out, q_off, m)) fz_fail("attention differs from the reference", q_off, cnt);
     }
     /* the Q and K rows a call reads are scanned (EI_ERR_NONFINITE) and V is
@@ -1252,7 +1434,12 @@ static void op_decoder_init(state *s, fz *f) {
     s->dec_ok = 0;
     if (m & 1) H = (int32_t)(fz_u8(f) % 10) - 1;
     if (m & 2) KV = (int32_t)(fz_u8(f) % 10) - 1;
-    if (checked(ei_decoder_size(s->ctx, H, d, &need)) != EI_OK || need > ((size_t)2 << 20)) need = 64;
+    { /* the decoder's size depends on H and d: asked for a layer of H kv heads when KV does not divide H */
+        ei_sizes sz;
+        if (fz_sizes(s->ctx, 1, H, KV > 0 && H > 0 && H % KV == 0 ? KV : H, d, 0, 1, &sz) != EI_OK ||
+            (need = sz.decoder) > ((size_t)2 << 20))
+            need = 64;
+    }
     give = (m & 4) ? need - 1 : need;
     s->dec_mem = walloc_mem(give);
     if (checked(ei_decoder_init(s->ctx, &s->dec, H, KV, d, (m & 8) ? NULL : s->dec_mem, give)) == EI_OK) s->dec_ok = 1;
@@ -1281,18 +1468,24 @@ static void op_observe(state *s, fz *f) {
 }
 
 /* Decode keep sets over a row map (positions shuffled over the rows, an empty
-   row, a garbage entry), scoring split over threads, per-head or shared. */
+   row, a garbage entry), scoring in nth parts with one workspace (sometimes
+   one sized for a single part: refused), per-head or shared; select,
+   shared_add and select_shared whole, in parts (part 0 works, the others
+   return EI_OK and write nothing) or with n_threads 2. */
 static void op_decode_rows(state *s, fz *f) {
     ei_context *ctx = s->ctx;
     const ei_config *c = ei_context_config(ctx);
     unsigned m = fz_u8(f);
     int64_t n = s->k.t.n_tokens, j;
     int32_t *map, h, i, H = s->dec.n_heads, KV = s->dec.n_kv_heads; /* the decoder's heads: op_decoder_init may vary them */
-    int nth, ith;
+    int nth, ith, mode;
+    unsigned b;
     float *scores, *shared;
     size_t wb = 0;
     void *ws;
     ei_keep_set ks;
+    ei_sizes sz;
+    ei_exec x;
     ei_result r = EI_OK;
     if (!s->k.valid || n <= 0 || !s->dec_ok || H <= 0 || (size_t)n * (size_t)H > ((size_t)16 << 20)) return;
     work_spend((double)n * (double)H * (double)s->d * (double)EI__MAX(ei_context_config(ctx)->window, 1) * 2.0);
@@ -1305,14 +1498,21 @@ static void op_decode_rows(state *s, fz *f) {
     }
     if (m & 1) map[fz_u16(f) % (unsigned)n] = -1;
     if (m & 2) map[fz_u16(f) % (unsigned)n] = (int32_t)fz_u32(f);
-    if (checked(ei_decode_workspace_size(ctx, n, H, KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
+    b = fz_u8(f);
+    nth = 1 + (int)(b % 4u);
+    mode = (int)((b >> 2) & 3u); /* 1: the workspace of one part; 2: select etc. in parts; 3: with n_threads 2 */
+    if (fz_sizes(ctx, n, H, KV, s->dec.head_dim, 0, mode == 1 ? 1 : nth, &sz) != EI_OK ||
+        (wb = sz.decode_keep) > ((size_t)8 << 20) * (size_t)nth)
+        wb = 64;
     ws = walloc_mem(wb);
     scores = (float *)walloc_arr(sizeof(float) * (size_t)H * (size_t)n);
     shared = (float *)walloc_arr(sizeof(float) * (size_t)n);
     memset(shared, 0, sizeof(float) * (size_t)n);
-    nth = 1 + (int)(fz_u8(f) % 4u);
-    for (ith = 0; ith < nth && r == EI_OK; ++ith)
-        r = checked(ei_decode_score(ctx, &s->dec, &s->k.t, map, 0, scores, ith, nth, ws, wb));
+    for (ith = 0; ith < nth && r == EI_OK; ++ith) {
+        x = fz_part(ith, nth, ws, wb);
+        r = xchecked(ctx, &x, ei_decode_score(ctx, &x, &s->dec, &s->k.t, map, 0, scores));
+    }
+    if (mode == 1 && nth >= 2) ORACLE(r != EI_OK, "decode_score in parts accepted the workspace of one part", nth, wb);
     memset(&ks, 0, sizeof ks);
     ks.heads_out = (m & 4) ? 1 : c->per_kv_head ? KV : H;
     ks.capacity = (int32_t)EI__MIN(n, (int64_t)c->decode_budget);
@@ -1320,11 +1520,25 @@ static void op_decode_rows(state *s, fz *f) {
     ks.positions = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)ks.heads_out * (size_t)ks.capacity);
     ks.row_pos = map;
     if (r == EI_OK) {
-        if (m & 4) {
-            r = checked(ei_decode_shared_add(ctx, &s->dec, scores, n, map, shared, ws, wb));
-            if (r == EI_OK) r = checked(ei_decode_select_shared(ctx, &s->dec, shared, n, &ks, ws, wb));
-        } else {
-            r = checked(ei_decode_select(ctx, &s->dec, scores, n, &ks, ws, wb));
+        int parts = mode == 2 ? nth : 1, p;
+        for (p = parts - 1; p >= 0 && r == EI_OK; --p) { /* part 0 last: the others must leave everything as it was */
+            ei_decoder dec0 = s->dec;
+            float *shared0 = NULL;
+            x = mode == 2 ? fz_part(p, nth, ws, wb) : fz_ex(mode == 3 ? 2 : 1, ws, wb);
+            ks.n_kept = -7; /* (an output: a part that does nothing leaves it) */
+            if (p > 0) { shared0 = (float *)xalloc(sizeof(float) * (size_t)n); memcpy(shared0, shared, sizeof(float) * (size_t)n); }
+            if (m & 4) {
+                r = xchecked(ctx, &x, ei_decode_shared_add(ctx, &x, &s->dec, scores, n, map, shared));
+                if (r == EI_OK) r = xchecked(ctx, &x, ei_decode_select_shared(ctx, &x, &s->dec, shared, n, &ks));
+            } else {
+                r = xchecked(ctx, &x, ei_decode_select(ctx, &x, &s->dec, scores, n, &ks));
+            }
+            if (p > 0) {
+                ORACLE(r == EI_OK && ks.n_kept == -7 && !memcmp(&dec0, &s->dec, sizeof dec0) &&
+                           !memcmp(shared0, shared, sizeof(float) * (size_t)n),
+                       "a part other than 0 of select / shared_add / select_shared did something", p, r);
+                free(shared0);
+            }
         }
     }
     if (r == EI_OK)
@@ -1339,7 +1553,10 @@ static void op_decode_rows(state *s, fz *f) {
     wfree(ks.index); wfree(ks.positions); wfree(scores); wfree(shared); wfree(ws); wfree(map);
 }
 
-static void op_decode_keep(state *s, fz *f) {
+/* sel (64..255, the op's selector byte) % 8: 0-4 one thread (or 0: the
+   caller alone), 5 on threads, 6 in parts (refused: EI_ERR_CONFIG), 7 a
+   NULL ei_exec (no workspace). */
+static void op_decode_keep(state *s, fz *f, unsigned sel) {
     ei_context *ctx = s->ctx;
     const ei_config *c = ei_context_config(ctx);
     unsigned m = fz_u8(f);
@@ -1348,10 +1565,15 @@ static void op_decode_keep(state *s, fz *f) {
     size_t wb = 0;
     void *ws;
     ei_keep_set *ks = &s->keep;
+    ei_sizes sz;
+    ei_exec x;
+    int nt = (sel >> 3) & 1 ? 0 : 1;
     ei_result r;
     int32_t heads_out;
+    if (sel % 8 == 5 && threads_left > 0) { threads_left--; nt = 2; }
     if (!s->k.valid || s->n <= 0) {
-        checked(ei_decode_keep(ctx, &s->dec, &s->k.t, &s->keep, NULL, 0));
+        x = fz_ex(1, NULL, 0);
+        xchecked(ctx, &x, ei_decode_keep(ctx, &x, &s->dec, &s->k.t, &s->keep));
         return;
     }
     keep_release(s);
@@ -1374,10 +1596,15 @@ static void op_decode_keep(state *s, fz *f) {
             if (ks->pooled_capacity > 0) ks->pooled = (float *)walloc_arr(sizeof(float) * (size_t)heads_out * (size_t)ks->pooled_capacity);
         }
     }
-    if (checked(ei_decode_workspace_size(ctx, n, s->H, s->KV, &wb)) != EI_OK || wb > ((size_t)8 << 20)) wb = 64;
+    if (fz_sizes(ctx, n, s->H, s->KV, s->d, 0, ws_threads(nt), &sz) != EI_OK ||
+        (wb = sz.decode_keep) > ((size_t)8 << 20) * (size_t)ws_threads(nt))
+        wb = 64;
     if ((m & 128) && wb > 0) wb -= 1;
     ws = walloc_mem(wb);
-    r = checked(ei_decode_keep(ctx, s->dec_ok ? &s->dec : NULL, &kc.t, ks, ws, wb));
+    x = sel % 8 == 6 ? fz_part((int)(sel >> 3) & 1, 2, ws, wb) : fz_ex(nt, ws, wb);
+    r = xchecked(ctx, &x, ei_decode_keep(ctx, sel % 8 == 7 ? NULL : &x, s->dec_ok ? &s->dec : NULL, &kc.t, ks));
+    if (sel % 8 == 6) ORACLE(r == EI_ERR_CONFIG, "ei_decode_keep in parts was not refused with EI_ERR_CONFIG", r, 0);
+    if (sel % 8 == 7) ORACLE(r != EI_OK, "ei_decode_keep with a NULL ei_exec (no workspace) accepted", r, 0);
     if (r == EI_OK) {
         int32_t h, i;
         ORACLE(ks->n_kept >= 0 && ks->n_kept <= ks->capacity, "n_kept outside capacity", ks->n_kept, ks->capacity);
@@ -1477,29 +1704,68 @@ typedef unsigned __int128 u128;
 #else
 typedef unsigned long long u128;
 #endif
+/* A context of ei_config_quality() (made once), for size queries. */
+static ei_context *quality_context(void) {
+    static ei_context *qctx = NULL;
+    if (!qctx) {
+        ei_config qc = ei_config_quality();
+        if (checked(ei_context_create(&qc, &qctx)) != EI_OK) fz_fail("ei_config_quality() refused", 0, 0);
+    }
+    return qctx;
+}
+/* ei_layer_sizes of a shape from the picks (and ei_exec's n_threads at its
+   edges), the queries with NULL arguments, the GPU-memory helpers on a CPU
+   context, ei_tensor_make of the picks, the CPU probes. */
 static void op_sizes(state *s, fz *f) {
     static const int64_t toks[] = {1, 2, 511, 512, 513, 4096, EI_MAX_TOKENS, EI_MAX_TOKENS + 1, 0, -1, INT64_MAX, INT64_MIN};
     static const int32_t heads[] = {1, 2, 8, 64, EI_MAX_HEADS, EI_MAX_HEADS + 1, 0, -1, INT32_MAX, 3};
     static const int32_t dims[] = {1, 64, 128, EI_MAX_HEAD_DIM, EI_MAX_HEAD_DIM + 1, 0, -1, INT32_MAX};
-    ei_context *ctx = (fz_u8(f) & 1) ? s->alt : s->ctx;
+    static const int32_t threads[] = {1, 0, 2, 3, 16, EI__MAX_THREADS, EI__MAX_THREADS + 1, -1, INT32_MAX, INT32_MIN, 64, 7};
+    unsigned sel = fz_u8(f), fb;
+    ei_context *ctx = (sel & 2) ? quality_context() : (sel & 1) ? s->alt : s->ctx;
     const ei_config *c = ei_context_config(ctx);
     int64_t n = FZ_PICK(f, toks);
-    int32_t H = FZ_PICK(f, heads), KV = FZ_PICK(f, heads), d = FZ_PICK(f, dims);
-    size_t b = 0;
-    uint32_t flags = fz_u8(f) % 4;
-    if (checked(ei_plan_size(ctx, n, KV, d, flags, &b)) == EI_OK) {
+    int32_t H = FZ_PICK(f, heads), KV = FZ_PICK(f, heads), d = FZ_PICK(f, dims), nt;
+    uint32_t flags;
+    ei_shape sh;
+    ei_sizes z, z1;
+    ei_result r;
+    int valid;
+    fb = fz_u8(f);
+    flags = fb % 4;
+    nt = threads[(fb >> 2) % (sizeof threads / sizeof threads[0])];
+    if (sel & 4) flags |= (sel & 8) ? EI_PLAN_KEEP_KEYS : 0x80u; /* KEEP_KEYS (alone: without CHUNKED), or an unknown flag */
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n; sh.n_heads = H; sh.n_kv_heads = KV; sh.head_dim = d; sh.plan_flags = flags; sh.n_threads = nt;
+    memset(&z, 0x5a, sizeof z);
+    r = checked(ei_layer_sizes(ctx, &sh, &z));
+    valid = n >= 1 && n <= EI_MAX_TOKENS && H >= 1 && H <= EI_MAX_HEADS && KV >= 1 && KV <= EI_MAX_HEADS && H % KV == 0 &&
+            d >= 1 && d <= EI_MAX_HEAD_DIM && nt >= 0 && nt <= EI__MAX_THREADS;
+    if (!valid) ORACLE(r != EI_OK, "ei_layer_sizes accepted a shape outside the limits", n, nt);
+    if (r == EI_OK) {
         u128 segs = (u128)((n + c->segment_size - 1) / c->segment_size);
-        ORACLE((u128)b >= segs * (u128)KV * 16u, "plan size wrapped", (long)b, n);
+        int nn = nt > 1 ? nt : 1;
+        ORACLE((u128)z.plan >= segs * (u128)KV * 16u, "plan size wrapped", (long)z.plan, n);
+        ORACLE((u128)z.profile >= (u128)d * 8u * (u128)nn, "profile workspace too small", (long)z.profile, d);
+        ORACLE((u128)z.decode_keep >= ((u128)H * (u128)n * 4u + (u128)32 * (u128)n * 4u + (u128)n * 32u) * (u128)nn,
+               "decode workspace wrapped", (long)z.decode_keep, n);
+        ORACLE((u128)z.decoder >= (u128)c->window * (u128)H * (u128)d * 4u, "decoder size wrapped", (long)z.decoder, H);
+        ORACLE(z.prefill > 0 && z.decode > 0, "zero attention workspace", (long)z.prefill, (long)z.decode);
+        ORACLE(z.workspace == EI__MAX(EI__MAX(z.profile, z.prefill), EI__MAX(z.decode, z.decode_keep)),
+               "sizes.workspace is not the largest workspace", (long)z.workspace, 0);
+        /* n_threads: the per-thread shares laid end to end (CPU); plan and decoder do not change */
+        sh.n_threads = 1;
+        if (checked(ei_layer_sizes(ctx, &sh, &z1)) == EI_OK) {
+            ORACLE(z.plan == z1.plan && z.decoder == z1.decoder, "plan or decoder size depends on n_threads", nt, 0);
+            ORACLE(z.profile == z1.profile * (size_t)nn && z.prefill == z1.prefill * (size_t)nn &&
+                       z.decode_keep == z1.decode_keep * (size_t)nn && z.decode >= z1.decode,
+                   "workspaces for n_threads are not n_threads shares", nt, (long)z.profile);
+        } else ORACLE(0, "ei_layer_sizes refused one thread after accepting n_threads", nt, 0);
+        sh.n_threads = nt;
     }
-    if (checked(ei_profile_workspace_size(ctx, n, H, KV, d, &b)) == EI_OK)
-        ORACLE((u128)b >= (u128)d * 8u, "profile workspace too small", (long)b, d);
-    if (checked(ei_decode_workspace_size(ctx, n, H, KV, &b)) == EI_OK)
-        ORACLE((u128)b >= (u128)H * (u128)n * 4u + (u128)32 * (u128)n * 4u + (u128)n * 32u, "decode workspace wrapped", (long)b, n);
-    if (checked(ei_decoder_size(ctx, H, d, &b)) == EI_OK)
-        ORACLE((u128)b >= (u128)c->window * (u128)H * (u128)d * 4u, "decoder size wrapped", (long)b, H);
-    if (checked(ei_attention_workspace_size(ctx, H, KV, d, &b)) == EI_OK) ORACLE(b > 0, "zero attention workspace", 0, 0);
-    checked(ei_plan_size(ctx, n, KV, d, flags, NULL));
-    checked(ei_plan_size(NULL, n, KV, d, flags, &b));
+    ORACLE(checked(ei_layer_sizes(ctx, &sh, NULL)) == EI_ERR_NULL, "ei_layer_sizes: sizes NULL", 0, 0);
+    ORACLE(checked(ei_layer_sizes(ctx, NULL, &z)) == EI_ERR_NULL, "ei_layer_sizes: shape NULL", 0, 0);
+    ORACLE(checked(ei_layer_sizes(NULL, &sh, &z)) == EI_ERR_NULL, "ei_layer_sizes: context NULL", 0, 0);
     { /* GPU-memory helpers: on a CPU context a clear EI_ERR_UNSUPPORTED (or EI_ERR_NULL) */
         void *dp = NULL;
         char buf[16] = {0};
@@ -1511,11 +1777,24 @@ static void op_sizes(state *s, fz *f) {
         checked(ei_device_copy(ctx, (m & 2) ? buf : NULL, buf + 8, 8, (int)(m >> 4) - 1));
         checked(ei_plan_copy((m & 4) ? ctx : NULL, &dst, s->plan_ok ? &s->plan : NULL, (int)(m >> 5) - 1));
         ORACLE(dst.entropy == NULL, "ei_plan_copy wrote a plan on a CPU context", 0, 0);
+        r = checked(ei_cuda_status((m & 8) ? ctx : NULL));
+        ORACLE(r == ((m & 8) ? EI_OK : EI_ERR_NULL), "ei_cuda_status on a CPU context (or NULL)", r, m);
+    }
+    { /* a contiguous view of the picks: its strides are the layout's, whatever the values */
+        ei_tensor t = ei_tensor_make(NULL, (ei_dtype)(fb >> 6), n, H, d);
+        ORACLE(t.n_tokens == n && t.n_heads == H && t.head_dim == d && t.dtype == (ei_dtype)(fb >> 6) && t.data == NULL &&
+                   t.head_stride == (int64_t)d && t.token_stride == (int64_t)H * (int64_t)d,
+               "ei_tensor_make is not the contiguous view", H, d);
     }
     (void)ei_plan_segment_is_sparse(ctx, s->plan_ok ? &s->plan : NULL, (int32_t)fz_u32(f));
     (void)ei_simd_name((ei_simd)(int32_t)fz_u32(f));
     (void)ei_cpu_supports((ei_simd)(int32_t)fz_u8(f));
     (void)ei_result_string((ei_result)(int8_t)fz_u8(f));
+    {
+        double ratio = ei_cpu_dpbf16_ratio();
+        ORACLE(ratio >= 0.0 && ratio < 1e6 && (ratio == 0.0 || ei_cpu_supports(EI_SIMD_AVX512_BF16)),
+               "ei_cpu_dpbf16_ratio out of range (or non-zero without AVX512_BF16)", (long)(ratio * 1000), 0);
+    }
 }
 
 
@@ -1533,24 +1812,26 @@ static void op_edges(state *s, fz *f) {
     unsigned which = fz_u8(f);
     int64_t e = FZ_PICK(f, edge_vals);
     int past = e < 0 || e > EI_MAX_TOKENS; /* a position or count no call accepts */
-    size_t wb = 0, pb = 0;
+    size_t wb = 0;
     void *ws = NULL;
-    float *part = NULL;
+    ei_sizes sz;
+    ei_exec x;
     ei_result r = EI_OK;
     if (verbose > 0) fprintf(stderr, "  edges: case %u, value %lld\n", which % 9, (long long)e);
-    if (!layer_usable(s) || ei_context_backend(ctx) != EI_BACKEND_CPU) return;
+    if (!layer_usable(s) || ei_context_config(ctx)->backend != EI_BACKEND_CPU) return;
     switch (which % 9) {
         case 0: case 1: { /* chunked planning: q_pos, or q's count at the largest q_pos */
             ei_tensor q = s->q.t;
             int64_t q_pos = e;
             if (which % 9 == 1) { q.n_tokens = e; q_pos = (fz_u8(f) & 1) ? EI_MAX_TOKENS : s->plan_ok ? s->plan.n_tokens : 0; }
-            if (checked(ei_profile_workspace_size(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, &wb)) != EI_OK ||
-                wb > ((size_t)8 << 20))
+            if (fz_sizes(ctx, s->plan_ok ? s->plan.max_tokens : s->n, s->H, s->KV, s->d, 0, 1, &sz) != EI_OK ||
+                (wb = sz.profile) > ((size_t)8 << 20))
                 return;
             ws = walloc_mem(2 * wb);
-            if (!s->plan_ok || !s->plan.state) { r = checked(ei_profile_chunk(ctx, &q, &s->k.t, NULL, q_pos, 0, ws, wb)); break; }
-            if (fz_u8(f) & 1) r = checked(ei_profile_chunk_mt(ctx, &q, &s->k.t, &s->plan, q_pos, 0, 2, ws, 2 * wb));
-            else r = checked(ei_profile_chunk(ctx, &q, &s->k.t, &s->plan, q_pos, 0, ws, wb));
+            x = fz_ex(1, ws, wb);
+            if (!s->plan_ok || !s->plan.state) { r = checked(ei_profile_chunk(ctx, &x, &q, &s->k.t, NULL, q_pos, 0)); break; }
+            if (fz_u8(f) & 1) x = fz_ex(2, ws, 2 * wb); /* on 2 threads */
+            r = checked(ei_profile_chunk(ctx, &x, &q, &s->k.t, &s->plan, q_pos, 0));
             if (q_pos > s->n || (which % 9 == 1 && (past || e == 0))) ORACLE(r != EI_OK, "a chunk past its keys was accepted", e, q_pos);
             s->plan_trusted = 0;
             break;
@@ -1561,13 +1842,12 @@ static void op_edges(state *s, fz *f) {
             float *out = (float *)walloc_arr(sizeof(float) * (size_t)cnt * (size_t)s->H * (size_t)s->d);
             ei_out_tensor o = ei_out_tensor_make(out, EI_F32, cnt, s->H, s->d);
             q.n_tokens = cnt;
-            if (checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb)) == EI_OK) {
+            if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK) {
+                wb = which % 9 == 2 ? sz.prefill : sz.decode;
                 ws = walloc_mem(wb);
-                if (which % 9 == 2) r = checked(ei_attention_prefill(ctx, &q, &s->k.t, &s->v.t, NULL, &o, e, 0, 1, ws, wb));
-                else if (checked(ei_attention_decode_partials_size(ctx, 1, s->H, s->d, 1, &pb)) == EI_OK) {
-                    part = (float *)walloc_arr(pb);
-                    r = checked(ei_attention_decode(ctx, &q, &s->k.t, &s->v.t, &o, e, 0, 1, part, pb, ws, wb));
-                }
+                x = fz_ex(1, ws, wb);
+                if (which % 9 == 2) r = checked(ei_attention_prefill(ctx, &x, &q, &s->k.t, &s->v.t, NULL, &o, e));
+                else r = checked(ei_attention_decode(ctx, &x, &q, &s->k.t, &s->v.t, NULL, &o, e));
                 if (past || e + cnt > s->n) ORACLE(r != EI_OK, "attention past its keys was accepted", e, cnt);
             }
             wfree(out);
@@ -1587,11 +1867,10 @@ static void op_edges(state *s, fz *f) {
             else if (field == 1) k.n_kept = (int32_t)e;
             else k.capacity = (int32_t)e;
             q.n_tokens = 1;
-            if (checked(ei_attention_workspace_size(ctx, s->H, s->KV, s->d, &wb)) == EI_OK &&
-                checked(ei_attention_decode_partials_size(ctx, 1, s->H, s->d, 1, &pb)) == EI_OK) {
-                ws = walloc_mem(wb);
-                part = (float *)walloc_arr(pb);
-                r = checked(ei_attention_decode_keep(ctx, &q, &s->k.t, &s->v.t, &k, &o, s->n - 1, 0, 1, part, pb, ws, wb));
+            if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK) {
+                ws = walloc_mem(wb = sz.decode);
+                x = fz_ex(1, ws, wb);
+                r = checked(ei_attention_decode(ctx, &x, &q, &s->k.t, &s->v.t, &k, &o, s->n - 1));
                 if (field == 0 && past) ORACLE(r != EI_OK, "a keep set of a count past the limits was accepted", e, 0);
             }
             wfree(out);
@@ -1612,10 +1891,11 @@ static void op_edges(state *s, fz *f) {
             map = (int32_t *)walloc_arr(sizeof(int32_t) * (size_t)s->n);
             scores = (float *)walloc_arr(sizeof(float) * (size_t)s->H * (size_t)s->n);
             for (j = 0; j < s->n; ++j) map[j] = (int32_t)j;
-            if (checked(ei_decode_workspace_size(ctx, s->n, s->H, s->KV, &wb)) == EI_OK && wb <= ((size_t)8 << 20)) {
+            if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK && (wb = sz.decode_keep) <= ((size_t)8 << 20)) {
                 ws = walloc_mem(wb);
+                x = fz_ex(1, ws, wb);
                 if (which % 9 == 5) {
-                    r = checked(ei_decode_score(ctx, s->dec_ok ? &s->dec : NULL, &s->k.t, map, e, scores, 0, 1, ws, wb));
+                    r = checked(ei_decode_score(ctx, &x, s->dec_ok ? &s->dec : NULL, &s->k.t, map, e, scores));
                     if (stride_refused) ORACLE(r != EI_OK, "a row map stride past its limits was accepted", e, 0);
                 } else {
                     ei_keep_set k;
@@ -1627,7 +1907,7 @@ static void op_edges(state *s, fz *f) {
                     if (field == 0) { k.row_pos = map; k.row_pos_stride = e; }
                     else if (field == 1) { k.mask = (uint8_t *)(void *)scores; k.mask_capacity = e; }
                     else { k.pooled = scores; k.pooled_capacity = e; }
-                    r = checked(ei_decode_keep(ctx, s->dec_ok ? &s->dec : NULL, &s->k.t, &k, ws, wb));
+                    r = checked(ei_decode_keep(ctx, &x, s->dec_ok ? &s->dec : NULL, &s->k.t, &k));
                     if ((past && field > 0) || (field == 0 && stride_refused))
                         ORACLE(r != EI_OK, "a keep capacity or map stride past the limits was accepted", e, field);
                     wfree(k.index);
@@ -1664,9 +1944,209 @@ static void op_edges(state *s, fz *f) {
         }
     }
     wfree(ws);
-    wfree(part);
 }
 
+
+/* ------------------------------------------------------------ growing plans, plans as masks (issue 31) */
+/* The rows of a plan's planned segments (entropy, budget, both counts, the
+   kept blocks), the head classes and the counts, to compare across
+   ei_plan_grow (which moves them into a new layout). */
+typedef struct plan_rows { float *f; int32_t *i; uint8_t *hc; int64_t cnt[4]; int32_t kv, segs, mk; } plan_rows;
+static void plan_rows_take(const ei_plan *p, plan_rows *o) {
+    int32_t h, sg, k;
+    size_t nr;
+    memset(o, 0, sizeof *o);
+    o->kv = p->n_kv_heads; o->segs = EI__MIN(p->n_segments, p->seg_capacity); o->mk = p->max_keep;
+    o->cnt[0] = p->n_tokens; o->cnt[1] = p->n_segments; o->cnt[2] = p->n_blocks; o->cnt[3] = p->final;
+    nr = (size_t)EI__MAX(o->kv, 0) * (size_t)EI__MAX(o->segs, 0);
+    o->f = (float *)xalloc(sizeof(float) * 2 * (nr ? nr : 1));
+    o->i = (int32_t *)xalloc(sizeof(int32_t) * (nr ? nr : 1) * (size_t)(2 + EI__MAX(o->mk, 0)));
+    o->hc = (uint8_t *)xalloc((size_t)EI__MAX(o->kv, 1));
+    for (h = 0; h < o->kv; ++h) {
+        o->hc[h] = p->head_class[h];
+        for (sg = 0; sg < o->segs; ++sg) {
+            size_t row = EI_PLAN_ROW(p, h, sg), at = (size_t)h * (size_t)o->segs + (size_t)sg;
+            int32_t *ri = o->i + at * (size_t)(2 + o->mk);
+            o->f[2 * at] = p->entropy[row]; o->f[2 * at + 1] = p->budget[row];
+            ri[0] = p->keep_blocks[row]; ri[1] = p->keep_count[row];
+            for (k = 0; k < o->mk; ++k) ri[2 + k] = EI_PLAN_BLOCKS(p, h, sg)[k];
+        }
+    }
+}
+static int plan_rows_same(const ei_plan *p, const plan_rows *o) {
+    int32_t h, sg, k;
+    if (p->n_tokens != o->cnt[0] || p->n_segments != o->cnt[1] || p->n_blocks != o->cnt[2] || p->final != o->cnt[3] ||
+        p->n_kv_heads != o->kv || p->max_keep < o->mk)
+        return 0;
+    for (h = 0; h < o->kv; ++h) {
+        if (p->head_class[h] != o->hc[h]) return 0;
+        for (sg = 0; sg < o->segs; ++sg) {
+            size_t row = EI_PLAN_ROW(p, h, sg), at = (size_t)h * (size_t)o->segs + (size_t)sg;
+            const int32_t *ri = o->i + at * (size_t)(2 + o->mk);
+            if (memcmp(&p->entropy[row], &o->f[2 * at], 4) || memcmp(&p->budget[row], &o->f[2 * at + 1], 4) ||
+                p->keep_blocks[row] != ri[0] || p->keep_count[row] != ri[1])
+                return 0;
+            for (k = 0; k < o->mk; ++k)
+                if (EI_PLAN_BLOCKS(p, h, sg)[k] != ri[2 + k]) return 0;
+        }
+    }
+    return 1;
+}
+static void plan_rows_free(plan_rows *o) { free(o->f); free(o->i); free(o->hc); }
+
+/* ei_plan_grow of the state's plan (its context's or the other one, or
+   NULL) to a max_tokens past its own, at or below it, or at the limits and
+   past them. A refusal leaves the plan as it was (a plan in caller memory
+   is refused); at or below max_tokens: EI_OK, nothing done; a grown plan
+   holds at least max_tokens, its rows, counts and chunked state kept. */
+static void op_plan_grow(state *s, fz *f) {
+    static const int64_t past[] = {0, -1, EI_MAX_TOKENS + 1, INT64_MAX, INT64_MIN, ((int64_t)1 << 40)};
+    unsigned m = fz_u8(f), t = fz_u8(f);
+    ei_context *ctx = (m & 1) ? s->alt : s->ctx;
+    ei_plan *p = (m & 2) ? NULL : &s->plan, before;
+    int64_t target, mt = s->plan.max_tokens;
+    plan_rows rows;
+    ei_result r;
+    switch (t % 4) {
+        case 0: target = mt + 1 + (int64_t)((t >> 2) % 64); break; /* a chunk or two more */
+        case 1: target = mt - (int64_t)((t >> 2) % 4); break;      /* at or below: nothing to do */
+        case 2: target = FZ_PICK(f, past); break;
+        default: target = 2 * mt + (int64_t)(t >> 2); break;
+    }
+    if ((t % 4 == 0 || t % 4 == 3) && target > 8192) target = mt + 1; /* a fast input: plans of at most ~8k tokens */
+    work_spend((double)(target > 0 && target <= 8192 ? target : 1) * (double)EI__MAX(s->plan.n_kv_heads, 1) * 8.0);
+    memcpy(&before, &s->plan, sizeof before);
+    plan_rows_take(&s->plan, &rows);
+    r = checked(ei_plan_grow(ctx, p, target));
+    if (!p) ORACLE(r != EI_OK, "ei_plan_grow of a NULL plan accepted", 0, 0);
+    else if (r != EI_OK) ORACLE(!memcmp(&before, p, sizeof before), "a refused ei_plan_grow changed the plan", r, target);
+    else if (target <= before.max_tokens)
+        ORACLE(!memcmp(&before, p, sizeof before), "ei_plan_grow to at most max_tokens changed the plan", target, before.max_tokens);
+    else {
+        ORACLE(s->plan_owned, "ei_plan_grow moved a plan of caller memory", target, 0);
+        ORACLE(target <= EI_MAX_TOKENS, "ei_plan_grow past EI_MAX_TOKENS accepted", target, 0);
+        ORACLE(p->max_tokens >= target, "a grown plan holds fewer tokens than asked", p->max_tokens, target);
+        ORACLE(plan_rows_same(p, &rows), "a grown plan lost its rows or counts", target, before.max_tokens);
+        if (s->plan_trusted) plan_check(s, s->plan_ctx);
+    }
+    plan_rows_free(&rows);
+}
+
+/* ei_plan_mask: the state's plan (or NULL: dense) as a mask of 1, kv or
+   query heads (or a count it refuses), f32/f16/bf16 (or an unknown dtype),
+   rows at the plan's end, inside it, past it, at hostile offsets, keys to
+   the rows' end and past it, contiguous, head-major, padded or aliasing
+   layouts, with no base, a base of 1 or out's heads, or a base over out.
+   Oracles: a refusal of every bad argument, and where the call succeeds
+   every element: -inf where the plan hides key j from the row's query
+   (keys after it, blocks a sparse segment does not keep), else base's
+   value (0 without a base). */
+static FZ_FAST int mask_visible(const ei_context *ctx, const ei_plan *plan, int32_t heads, int32_t h, int64_t t, int64_t j) {
+    const ei_config *c = ei_context_config(ctx);
+    int32_t sg, kv0, kv1, kvh, i;
+    if (j > t) return 0;
+    sg = (int32_t)(t / c->segment_size);
+    if (!plan || !ei_plan_segment_is_sparse(ctx, plan, sg) || j >= (int64_t)sg * c->segment_size) return 1;
+    kv0 = heads == 1 ? 0 : h / (heads / plan->n_kv_heads);
+    kv1 = heads == 1 ? plan->n_kv_heads : kv0 + 1;
+    for (kvh = kv0; kvh < kv1; ++kvh) {
+        const int32_t *b = EI_PLAN_BLOCKS(plan, kvh, sg);
+        int32_t cnt = plan->keep_count[EI_PLAN_ROW(plan, kvh, sg)];
+        for (i = 0; i < cnt; ++i)
+            if ((int64_t)b[i] == j / c->block_size) return 1;
+    }
+    return 0;
+}
+static void op_plan_mask(state *s, fz *f) {
+    static const float bvals[] = {0.0f, -INFINITY, -1.5f, 2.0f};
+    static const int32_t bad_heads[] = {0, -1, 3, EI_MAX_HEADS + 1, 5};
+    static const int64_t bad_off[] = {-1, EI_MAX_TOKENS, INT64_MAX, INT64_MIN};
+    static const ei_dtype mdt[] = {EI_F32, EI_F16, EI_BF16, (ei_dtype)3};
+    unsigned m = fz_u8(f), m2 = fz_u8(f), m3 = fz_u8(f);
+    ei_context *ctx = s->ctx;
+    const ei_plan *plan = (m & 1) ? &s->plan : NULL;
+    int32_t kv = plan ? plan->n_kv_heads : EI__MAX(s->KV, 1), heads, h;
+    int64_t covered = plan ? plan->n_tokens : EI__MAX(s->n, (int64_t)1), rows, keys, q_off, i, j, ext = 0;
+    int lay = (int)((m2 >> 4) & 3u), bsel = (int)((m >> 6) & 3u), sane, ok_args;
+    ei_mask out, base, *bp = NULL;
+    size_t es;
+    ei_result r;
+    switch ((m >> 1) & 3u) {
+        case 0: heads = kv; break;
+        case 1: heads = kv * (int32_t)(1 + m2 % 3); break;
+        case 2: heads = 1; break;
+        default: heads = bad_heads[m2 % 5]; break;
+    }
+    memset(&out, 0, sizeof out);
+    out.dtype = mdt[(m >> 3) & 3u];
+    rows = 1 + (int64_t)(m3 % 16);
+    switch ((m3 >> 4) & 3u) {
+        case 0: rows = EI__MIN(rows, covered); q_off = covered - rows; break;  /* the plan's last rows */
+        case 1: q_off = (int64_t)(m2 % (unsigned)(covered > 0 ? covered : 1)); break; /* inside, maybe past its end */
+        case 2: q_off = 0; break;
+        default: q_off = bad_off[m2 % 4]; break;
+    }
+    keys = q_off >= 0 && q_off <= EI_MAX_TOKENS ? q_off + rows + ((m & 32) ? (int64_t)(m2 % 8) : 0) : rows;
+    if ((m3 >> 6) == 3) keys = (m2 & 1) ? 0 : -1;
+    out.n_heads = heads; out.n_rows = rows; out.n_keys = keys;
+    sane = heads >= 1 && heads <= 64 && keys >= 1 && keys <= 4096 && (int)out.dtype >= 0 && (int)out.dtype <= 2;
+    switch (lay) {
+        case 0: out.head_stride = keys; out.row_stride = (int64_t)heads * keys; break;
+        case 1: out.row_stride = keys; out.head_stride = rows * keys; break;
+        case 2: out.head_stride = keys + 3; out.row_stride = (int64_t)heads * (keys + 3) + 5; break;
+        default: /* heads that alias (two or more heads), or a stride that is not positive: refused */
+            out.row_stride = (m2 & 2) ? -1 : (int64_t)heads * keys;
+            out.head_stride = heads > 1 && (m2 & 4) ? keys - 1 : (m2 & 1) ? 0 : -keys;
+            sane = 0;
+            break;
+    }
+    es = sane ? dtype_size(out.dtype) : 4;
+    if (sane) ext = (rows - 1) * out.row_stride + (int64_t)(heads - 1) * out.head_stride + keys;
+    out.data = walloc_arr((size_t)(sane ? ext : 4) * es); /* (element-aligned: misaligned views are the placement op's) */
+    if (sane) memset(out.data, 0xff, (size_t)ext * es); /* NaN: an element left unwritten shows */
+    if (bsel && sane) {
+        base = out;
+        if (bsel == 1) { base.n_heads = 1; base.head_stride = keys; base.row_stride = keys; }
+        if (bsel == 3) bp = &base; /* over out: refused */
+        else {
+            int64_t bext = (rows - 1) * base.row_stride + (int64_t)(base.n_heads - 1) * base.head_stride + keys;
+            base.dtype = mdt[m3 % 3];
+            base.data = walloc_arr((size_t)bext * dtype_size(base.dtype));
+            for (i = 0; i < bext; ++i) store_el(base.data, base.dtype, (size_t)i, bvals[rng_next() % 4u]);
+            bp = &base;
+        }
+    }
+    ok_args = sane && q_off >= 0 && q_off <= EI_MAX_TOKENS - rows && bsel != 3 &&
+              (!plan || ((heads == 1 || heads % plan->n_kv_heads == 0) && plan->n_tokens >= q_off + rows));
+    work_spend((double)(sane ? ext : 1) * 2.0);
+    ORACLE(checked(ei_plan_mask(NULL, plan, q_off, bp, &out)) == EI_ERR_NULL, "ei_plan_mask without a context", 0, 0);
+    ORACLE(checked(ei_plan_mask(ctx, plan, q_off, bp, NULL)) == EI_ERR_NULL, "ei_plan_mask without out", 0, 0);
+    r = checked(ei_plan_mask(ctx, plan, q_off, bp, &out));
+    if (!ok_args) ORACLE(r != EI_OK, "ei_plan_mask accepted bad arguments", heads, q_off);
+    if (r == EI_OK && (!plan || (s->plan_trusted && s->plan_ctx == ctx))) {
+        for (h = 0; h < heads; ++h)
+            for (i = 0; i < rows; ++i)
+                for (j = 0; j < keys; ++j) {
+                    size_t at = (size_t)(i * out.row_stride + (int64_t)h * out.head_stride + j);
+                    float want = -INFINITY;
+                    unsigned char wb[4], gb[4];
+                    if (mask_visible(ctx, plan, heads, h, q_off + i, j))
+                        want = !bp ? 0.0f
+                                   : load_el(bp->data, bp->dtype,
+                                             (size_t)(i * bp->row_stride + (int64_t)(bp->n_heads == 1 ? 0 : h) * bp->head_stride + j));
+                    store_el(wb, out.dtype, 0, want);
+                    memcpy(gb, (unsigned char *)out.data + at * es, es);
+                    if (memcmp(wb, gb, es)) {
+                        fprintf(stderr, "plan mask: head %d row %lld key %lld: %g, expected %g\n", (int)h, (long long)(q_off + i),
+                                (long long)j, (double)load_el(out.data, out.dtype, at), (double)want);
+                        fz_fail("ei_plan_mask differs from the plan's rule", (long)(q_off + i), (long)j);
+                    }
+                }
+    }
+    if (bp && bp != &base) bp = NULL;
+    if (bsel && sane && bsel != 3) wfree(base.data);
+    wfree(out.data);
+}
 
 /* ------------------------------------------------------------ cache order check */
 /* ei_check_key_positions over an orderly map, one with a broken cell, and a
@@ -1769,26 +2249,38 @@ static void op_plan_edit(state *s, fz *f) {
             fprintf(stderr, "  plan field %u edited (layout changed %d, counts fit %d; tokens %lld/%lld, segments %d/%d, blocks %d/%d)\n", which,
                     layout_changed, plan_counts_fit(p), (long long)p->n_tokens, (long long)p->max_tokens, (int)p->n_segments,
                     (int)p->seg_capacity, (int)p->n_blocks, (int)p->blk_capacity);
-        if (checked(ei_profile_workspace_size(s->ctx, saved.max_tokens, s->H, s->KV, s->d, &ws_need)) != EI_OK ||
-            ws_need > ((size_t)8 << 20))
+        ei_sizes sz;
+        ei_exec x;
+        if (fz_sizes(s->ctx, saved.max_tokens, s->H, s->KV, s->d, 0, 2, &sz) != EI_OK || sz.profile > ((size_t)16 << 20))
             ws_need = 64;
+        else ws_need = sz.profile / 2;
         wb = ws_need;
+        x = fz_ex(1, NULL, 0);
         switch (use % 8) {
-            case 0: ws = walloc_mem(wb); r = checked(ei_profile(s->ctx, &s->q.t, &s->k.t, p, ws, wb)); break;
-            case 1: ws = walloc_mem(wb); r = checked(ei_profile_chunk(s->ctx, &s->q.t, &s->k.t, p, 0, 1, ws, wb)); break;
-            case 2: ws = walloc_mem(wb); r = checked(ei_profile_heads(s->ctx, &s->q.t, &s->k.t, p, 0, s->KV, ws, wb)); break;
+            case 0: ws = walloc_mem(wb); x = fz_ex(1, ws, wb); r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p)); break;
+            case 1: ws = walloc_mem(wb); x = fz_ex(1, ws, wb); r = checked(ei_profile_chunk(s->ctx, &x, &s->q.t, &s->k.t, p, 0, 1)); break;
+            case 2: { /* in 2 parts (one of them may hold no kv head: it does nothing): the first failure */
+                int j;
+                ws = walloc_mem(2 * wb);
+                for (j = 0; j < 2 && r == EI_OK; ++j) {
+                    x = fz_part(j, 2, ws, 2 * wb);
+                    r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p));
+                }
+                break;
+            }
             case 3: {
                 view ov;
                 ei_out_tensor out;
-                size_t per = 0;
+                size_t per = 64;
                 if (!layer_usable(s)) { r = checked(ei_plan_finalize(s->ctx, p)); break; }
                 view_make(&ov, f, EI_F32, s->n, s->H, s->d, 0);
                 memcpy(&out, &ov.t, sizeof out);
                 out.data = ov.buf;
-                if (checked(ei_attention_workspace_size(s->ctx, s->H, s->KV, s->d, &per)) != EI_OK || per > ((size_t)8 << 20)) per = 64;
+                if (fz_sizes(s->ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK && sz.prefill <= ((size_t)8 << 20)) per = sz.prefill;
                 ws = walloc_mem(per);
+                x = fz_ex(1, ws, per);
                 work_spend((double)s->n * (double)s->n * (double)s->H * (double)s->d);
-                r = checked(ei_attention_prefill(s->ctx, &s->q.t, &s->k.t, &s->v.t, p, &out, 0, 0, 1, ws, per));
+                r = checked(ei_attention_prefill(s->ctx, &x, &s->q.t, &s->k.t, &s->v.t, p, &out, 0));
                 view_free(&ov);
                 break;
             }
@@ -1806,7 +2298,8 @@ static void op_plan_edit(state *s, fz *f) {
             default: {
                 int nt = fz_threads1(fz_u8(f), 2);
                 ws = walloc_mem(wb * (size_t)nt);
-                r = checked(ei_profile_mt(s->ctx, &s->q.t, &s->k.t, p, nt, ws, wb * (size_t)nt));
+                x = fz_ex(nt, ws, wb * (size_t)nt);
+                r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p));
                 break;
             }
         }
@@ -1858,18 +2351,21 @@ static void op_plan_edit(state *s, fz *f) {
                     void *ws;
                     ei_keep_set ks;
                     int64_t n = s->n > 0 ? s->n : 1;
-                    if (!s->k.valid) { r = checked(ei_decode_keep(s->ctx, d, &s->k.t, &s->keep, NULL, 0)); break; }
+                    ei_exec x;
+                    ei_sizes sz;
+                    if (!s->k.valid) { x = fz_ex(1, NULL, 0); r = checked(ei_decode_keep(s->ctx, &x, d, &s->k.t, &s->keep)); break; }
                     memset(&ks, 0, sizeof ks);
                     ks.heads_out = ei_context_config(s->ctx)->per_kv_head ? s->KV : s->H;
                     ks.capacity = (int32_t)EI__MIN(n, (int64_t)ei_context_config(s->ctx)->decode_budget);
                     if (ks.heads_out <= 0 || ks.capacity <= 0) { r = EI_ERR_STATE; counts_fit = 1; layout_changed = 0; break; }
                     ks.index = (int32_t *)walloc_arr(4u * (size_t)ks.heads_out * (size_t)ks.capacity);
-                    if (checked(ei_decode_workspace_size(s->ctx, n, saved.n_heads, saved.n_kv_heads, &wb)) != EI_OK ||
-                        wb > ((size_t)8 << 20))
+                    if (fz_sizes(s->ctx, n, saved.n_heads, saved.n_kv_heads, saved.head_dim, 0, 1, &sz) != EI_OK ||
+                        (wb = sz.decode_keep) > ((size_t)8 << 20))
                         wb = 64;
                     ws = walloc_mem(wb);
+                    x = fz_ex(1, ws, wb);
                     work_spend((double)n * (double)saved.n_heads * (double)saved.head_dim * (double)EI__MAX(saved.window, 1));
-                    r = checked(ei_decode_keep(s->ctx, d, &s->k.t, &ks, ws, wb));
+                    r = checked(ei_decode_keep(s->ctx, &x, d, &s->k.t, &ks));
                     wfree(ws);
                     wfree(ks.index);
                     break;
@@ -1889,23 +2385,26 @@ static void op_plan_edit(state *s, fz *f) {
    poisoned (ASan). The same call with every buffer apart and 64-byte aligned
    (views keep their address mod 64) is the reference. */
 enum { R_Q, R_K, R_V, R_OUT, R_PLAN, R_PSTRUCT, R_WS, R_DEC, R_DSTRUCT, R_KSTRUCT, R_INDEX, R_POS, R_MASK, R_POOLED,
-       R_ROWPOS, R_SCORES, R_SHARED, R_PART, R_COUNT };
+       R_ROWPOS, R_SCORES, R_SHARED, R_COUNT };
 static const char *const role_names[R_COUNT] = {"q", "k", "v", "out", "plan memory", "ei_plan", "workspace",
                                                 "decoder memory", "ei_decoder", "ei_keep_set", "keep->index",
                                                 "keep->positions", "keep->mask", "keep->pooled", "row_pos", "scores",
-                                                "shared", "partials"};
+                                                "shared"};
 enum { PK_VIEW, PK_ARR, PK_BYTES, PK_MEM, PK_STRUCT };
 static const unsigned char role_kind[R_COUNT] = {PK_VIEW, PK_VIEW, PK_VIEW, PK_VIEW, PK_MEM, PK_STRUCT, PK_MEM, PK_MEM,
                                                  PK_STRUCT, PK_STRUCT, PK_ARR, PK_ARR, PK_BYTES, PK_ARR, PK_ARR, PK_ARR,
-                                                 PK_ARR, PK_ARR};
+                                                 PK_ARR};
 /* Roles whose contents the harness prepares with library calls (or builds):
    an overlap that involves one leaves no reference to compare with. */
 static int role_prepared(int r) { return r == R_PLAN || r == R_PSTRUCT || r == R_DEC || r == R_DSTRUCT || r == R_KSTRUCT; }
 
-/* (issue 36) PL_STEP: a decode step through a keep set (ei_attention_decode_keep
-   and its merge, or _mt); PL_PLAN_RESET, PL_DEC_RESET: a plan (reset or
+/* (issue 36) PL_STEP: a decode step through a keep set (ei_attention_decode
+   with a keep set and its merge: on threads, or in parts with one workspace
+   that holds the partials); PL_PLAN_RESET, PL_DEC_RESET: a plan (reset or
    finalize) or decoder (reset) made apart by init, its struct then copied
-   where the fuzzer put it, its own arrays included. */
+   where the fuzzer put it, its own arrays included. PL_PROFILE and
+   PL_SCORE run in parts too (one workspace, part ith's share at ith x its
+   nth of the bytes). */
 enum { PL_PROFILE, PL_CHUNK, PL_ATTN, PL_DEC_INIT, PL_OBSERVE, PL_KEEP, PL_SCORE, PL_SELECT, PL_SHARED_ADD,
        PL_SELECT_SHARED, PL_COMPACT, PL_PLAN_INIT, PL_STEP, PL_PLAN_RESET, PL_DEC_RESET, PL_COUNT };
 static const char *const kind_names[PL_COUNT] = {"profile", "profile_chunk", "attention", "decoder_init", "observe",
@@ -1923,14 +2422,14 @@ typedef struct pcall {
     ei_dtype dt, vdt, odt;
     int lay[4];                /* layouts of q, k (or compact's k), v, out */
     uint32_t flags;
-    int nt;                    /* threads of an _mt variant (0: the plain call) */
-    int ith, nth;
+    int nt;                    /* a call on nt threads (0: one thread) */
+    int ith, nth;              /* decode_score: part ith of nth; profile, decode step: nth >= 2 parts (every one) */
     int use_plan, is_final;
     int64_t c1;                /* chunk: positions planned before the call */
     int32_t heads_out, capacity, n_kept;
     int64_t mask_cap, pooled_cap;
     int64_t keep_n;            /* decode step: the rows its keep set scored */
-    size_t partb, per;         /* decode step: partials, and the attention workspace per thread */
+    size_t partb, per;         /* decode step: partials (in the workspace), and the attention workspace per thread */
     size_t bytes[R_COUNT];     /* 0: not used by the call */
     int inter;                 /* interleaved views: host and guest forced (1) */
     unsigned var2;
@@ -2076,7 +2575,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
     pc->c = c = ei_context_config(s->ctx);
     pc->kind = (int)(fz_u8(f) % PL_COUNT);
     pc->var = fz_u8(f);
-    if (ei_context_backend(pc->ctx) != EI_BACKEND_CPU) return 0;
+    if (ei_context_config(pc->ctx)->backend != EI_BACKEND_CPU) return 0;
     if (layer_usable(s) && s->H <= 16 && s->d <= 64 && s->q.t.dtype >= EI_F32 && s->q.t.dtype <= EI_BF16 &&
         s->v.t.dtype >= EI_F32 && s->v.t.dtype <= EI_BF16) {
         pc->n = EI__MIN(s->n, 40); pc->H = s->H; pc->KV = s->KV; pc->d = s->d;
@@ -2099,6 +2598,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
         case PL_PROFILE:
             pc->flags = (pc->var >> 4) & 3u;
             if ((pc->var & 3) == 2) pc->nt = fz_threads1(fz_u8(f), 3);
+            if ((pc->var & 3) == 1) pc->nth = 2 + (int)((pc->var >> 2) & 1u); /* in 2 or 3 parts, then finalize */
             if (pc->inter && pc->H == pc->KV) { pc->lay[1] = pc->lay[0] = 3 + (pc->lay[0] & 1); } /* q, k interleaved (both read) */
             else pc->inter = 0;
             break;
@@ -2109,7 +2609,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
             pc->q_off = pc->c1;
             pc->is_final = pc->c1 + pc->cnt == pc->n ? !(pc->var & 8) : 0;
             pc->kn = pc->c1 + pc->cnt + ((pc->var & 64) ? (int64_t)(fz_u8(f) % 4) : 0);
-            if (pc->var & 32) pc->nt = fz_threads1(fz_u8(f), 3); /* ei_profile_chunk_mt: every share checked first */
+            if (pc->var & 32) pc->nt = fz_threads1(fz_u8(f), 3); /* on threads: every share checked first */
             pc->inter = 0;
             break;
         case PL_ATTN:
@@ -2155,6 +2655,7 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
             pc->capacity = (int32_t)pc->keep_n;
             pc->n_kept = (int32_t)(fz_u8(f) % (unsigned)(pc->keep_n + 1));
             if (pc->var & 4) pc->nt = fz_threads1(fz_u8(f), 3);
+            else pc->nth = (int)(pc->var & 3u) % 3 + 1; /* 2, 3: in parts, then the merges */
             pc->inter = 0;
             break;
         default: pc->inter = 0; break;
@@ -2163,9 +2664,12 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
 #define USE(role, b) (pc->bytes[role] = (b))
     {
         ei_tensor t;
-        size_t b = 0;
         int64_t n = pc->n;
         int dec = 0, keep = 0;
+        ei_shape shape; /* the layer, per thread (the call's count multiplies below) */
+        ei_sizes sz;
+        memset(&shape, 0, sizeof shape);
+        shape.max_tokens = n; shape.n_heads = pc->H; shape.n_kv_heads = pc->KV; shape.head_dim = pc->d; shape.n_threads = 1;
         switch (pc->kind) {
             case PL_PROFILE: case PL_CHUNK: case PL_ATTN:
                 t = pview(pc->lay[0], pc->dt, pc->cnt, pc->H, pc->d, NULL); USE(R_Q, tensor_bytes(&t));
@@ -2173,18 +2677,22 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
                 if (pc->kind == PL_ATTN) {
                     t = pview(pc->lay[2], pc->vdt, pc->kn, pc->KV, pc->d, NULL); USE(R_V, tensor_bytes(&t));
                     t = pview(pc->lay[3], pc->odt, pc->cnt, pc->H, pc->d, NULL); USE(R_OUT, tensor_bytes(&t));
-                    if (ei_attention_workspace_size(pc->ctx, pc->H, pc->KV, pc->d, &per) != EI_OK) return 0;
-                } else if (ei_profile_workspace_size(pc->ctx, n, pc->H, pc->KV, pc->d, &per) != EI_OK)
+                    if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK) return 0;
+                    per = sz.prefill;
+                } else if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK)
                     return 0;
-                USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : 1));
+                else per = sz.profile;
+                USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : pc->nth > 1 ? pc->nth : 1));
                 if (pc->kind != PL_ATTN || pc->use_plan) {
-                    if (ei_plan_size(pc->ctx, n, pc->KV, pc->d, pc->flags, &b) != EI_OK) return 0;
-                    USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
+                    shape.plan_flags = pc->flags;
+                    if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK) return 0;
+                    USE(R_PLAN, sz.plan); USE(R_PSTRUCT, sizeof(ei_plan));
                 }
                 break;
             case PL_PLAN_INIT: case PL_PLAN_RESET:
-                if (ei_plan_size(pc->ctx, n, pc->KV, pc->d, pc->flags, &b) != EI_OK) return 0;
-                USE(R_PLAN, b); USE(R_PSTRUCT, sizeof(ei_plan));
+                shape.plan_flags = pc->flags;
+                if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK) return 0;
+                USE(R_PLAN, sz.plan); USE(R_PSTRUCT, sizeof(ei_plan));
                 break;
             case PL_DEC_INIT: case PL_DEC_RESET: dec = 1; break;
             case PL_STEP:
@@ -2194,16 +2702,14 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
                 t = pview(pc->lay[3], pc->odt, pc->cnt, pc->H, pc->d, NULL); USE(R_OUT, tensor_bytes(&t));
                 USE(R_KSTRUCT, sizeof(ei_keep_set));
                 USE(R_INDEX, 4u * (size_t)pc->heads_out * (size_t)EI__MAX(pc->capacity, 1));
-                if (ei_attention_decode_partials_size(pc->ctx, pc->cnt, pc->H, pc->d, pc->nt > 0 ? pc->nt : 1, &pc->partb) != EI_OK ||
-                    ei_attention_workspace_size(pc->ctx, pc->H, pc->KV, pc->d, &pc->per) != EI_OK)
+                /* the partials of the call's threads or parts live in the workspace (ei_sizes.decode) */
+                if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK) return 0;
+                pc->per = sz.prefill;
+                shape.n_threads = pc->nt > 0 ? pc->nt : pc->nth;
+                if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK ||
+                    ei__decode_partials_size(pc->ctx, pc->cnt, pc->H, pc->d, pc->nt > 0 ? pc->nt : pc->nth, &pc->partb) != EI_OK)
                     return 0;
-                if (pc->nt > 0) {
-                    if (ei_attention_decode_workspace_size(pc->ctx, pc->cnt, pc->H, pc->KV, pc->d, pc->nt, &b) != EI_OK) return 0;
-                    USE(R_WS, b);
-                } else {
-                    USE(R_WS, pc->per);
-                    USE(R_PART, pc->partb);
-                }
+                USE(R_WS, sz.decode);
                 break;
             case PL_OBSERVE:
                 dec = 1;
@@ -2230,12 +2736,10 @@ static int pcall_setup(pcall *pc, state *s, fz *f) {
             default: return 0;
         }
         if (dec) {
-            if (ei_decoder_size(pc->ctx, pc->H, pc->d, &b) != EI_OK || b > ((size_t)1 << 20)) return 0;
-            USE(R_DEC, b); USE(R_DSTRUCT, sizeof(ei_decoder));
-            if (pc->kind != PL_DEC_INIT && pc->kind != PL_OBSERVE && pc->kind != PL_DEC_RESET) {
-                if (ei_decode_workspace_size(pc->ctx, n, pc->H, pc->KV, &per) != EI_OK) return 0;
-                USE(R_WS, per * (size_t)(pc->nt > 0 ? pc->nt : 1));
-            }
+            if (ei_layer_sizes(pc->ctx, &shape, &sz) != EI_OK || sz.decoder > ((size_t)1 << 20)) return 0;
+            USE(R_DEC, sz.decoder); USE(R_DSTRUCT, sizeof(ei_decoder));
+            if (pc->kind != PL_DEC_INIT && pc->kind != PL_OBSERVE && pc->kind != PL_DEC_RESET) /* score: nth parts' shares */
+                USE(R_WS, sz.decode_keep * (size_t)(pc->nt > 0 ? pc->nt : pc->kind == PL_SCORE ? pc->nth : 1));
         }
         if (keep) {
             if (pc->heads_out <= 0 || pc->capacity <= 0) return 0;
@@ -2421,13 +2925,17 @@ static int pc_prepare(pcall *pc, placement *pl, int reference) {
         if ((pc->kind == PL_ATTN && pc->use_plan) || (pc->kind == PL_CHUNK && pc->c1 > 0)) {
             size_t need = 0;
             void *ws;
-            if (ei_profile_workspace_size(pc->ctx, pc->n, pc->H, pc->KV, pc->d, &need) != EI_OK) return 0;
+            ei_sizes sz;
+            ei_exec x;
+            if (fz_sizes(pc->ctx, pc->n, pc->H, pc->KV, pc->d, 0, 1, &sz) != EI_OK) return 0;
+            need = sz.profile;
             ws = walloc_mem(need);
-            if (pc->kind == PL_ATTN) r = checked(ei_profile(pc->ctx, &pc->qs.t, &pc->ks.t, p, ws, need));
+            x = fz_ex(1, ws, need);
+            if (pc->kind == PL_ATTN) r = checked(ei_profile(pc->ctx, &x, &pc->qs.t, &pc->ks.t, p));
             else {
                 ei_tensor q0 = pc->qs.t, k0 = pc->ks.t;
                 q0.n_tokens = k0.n_tokens = pc->c1;
-                r = checked(ei_profile_chunk(pc->ctx, &q0, &k0, p, 0, 0, ws, need));
+                r = checked(ei_profile_chunk(pc->ctx, &x, &q0, &k0, p, 0, 0));
             }
             wfree(ws);
             if (r != EI_OK && reference) return 0;
@@ -2497,7 +3005,7 @@ static FZ_FAST void pc_fill_role(const pcall *pc, const placement *pl, int r) {
         case R_SCORES: if (pc->kind != PL_SCORE) memcpy(pl->p[r], pc->scores, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
         case R_SHARED: memcpy(pl->p[r], pc->shared, pc->bytes[r]); break;
         case R_INDEX: if (pc->kind == PL_COMPACT || pc->kind == PL_STEP) memcpy(pl->p[r], pc->index, pc->bytes[r]); else memset(pl->p[r], 0xff, pc->bytes[r]); break;
-        case R_POS: case R_MASK: case R_POOLED: case R_PART: memset(pl->p[r], 0xff, pc->bytes[r]); break;
+        case R_POS: case R_MASK: case R_POOLED: memset(pl->p[r], 0xff, pc->bytes[r]); break;
         case R_WS: fill_ff(pl->p[r], pc->bytes[r]); break;
         default: break;
     }
@@ -2523,43 +3031,53 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
     ei_out_tensor out = pc_out(pc, pl), ko = pc_kout(pc, pl), vo = pc_vout(pc, pl);
     const int32_t *rowpos = (const int32_t *)(void *)pl->p[R_ROWPOS];
     float *scores = (float *)(void *)pl->p[R_SCORES], *shared = (float *)(void *)pl->p[R_SHARED];
+    ei_exec x = fz_ex(pc->nt > 0 ? pc->nt : 1, ws, wb); /* on the call's threads (1: the caller) */
+    ei_result r = EI_OK;
+    int j;
     switch (pc->kind) {
         case PL_PROFILE:
-            if ((pc->var & 3) == 1) return checked(ei_profile_heads(ctx, &q, &k, plan, 0, pc->KV, ws, wb));
-            if (pc->nt > 0) return checked(ei_profile_mt(ctx, &q, &k, plan, pc->nt, ws, wb));
-            return checked(ei_profile(ctx, &q, &k, plan, ws, wb));
-        case PL_CHUNK:
-            if (pc->nt > 0) return checked(ei_profile_chunk_mt(ctx, &q, &k, plan, pc->q_off, pc->is_final, pc->nt, ws, wb));
-            return checked(ei_profile_chunk(ctx, &q, &k, plan, pc->q_off, pc->is_final, ws, wb));
-        case PL_ATTN:
-            if (pc->nt > 0) return checked(ei_attention_prefill_mt(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, pc->nt, ws, wb));
-            return checked(ei_attention_prefill(ctx, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off, 0, 1, ws, wb));
+            if (pc->nth >= 2) { /* in parts (the first failure), then finalize */
+                for (j = 0; j < pc->nth && r == EI_OK; ++j) {
+                    x = fz_part(j, pc->nth, ws, wb);
+                    r = checked(ei_profile(ctx, &x, &q, &k, plan));
+                }
+                return r == EI_OK ? checked(ei_plan_finalize(ctx, plan)) : r;
+            }
+            return checked(ei_profile(ctx, &x, &q, &k, plan));
+        case PL_CHUNK: return checked(ei_profile_chunk(ctx, &x, &q, &k, plan, pc->q_off, pc->is_final));
+        case PL_ATTN: return checked(ei_attention_prefill(ctx, &x, &q, &k, &v, pc->use_plan ? plan : NULL, &out, pc->q_off));
         case PL_DEC_INIT: return checked(ei_decoder_init(ctx, dec, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
         case PL_OBSERVE: return checked(ei_decode_observe(ctx, dec, &q, dec ? dec->position_end : 0, (int)(pc->var & 1)));
-        case PL_KEEP:
-            if (pc->nt > 0) return checked(ei_decode_keep_mt(ctx, dec, &k, keep, pc->nt, ws, wb));
-            return checked(ei_decode_keep(ctx, dec, &k, keep, ws, wb));
-        case PL_SCORE: return checked(ei_decode_score(ctx, dec, &k, rowpos, 0, scores, pc->ith, pc->nth, ws, wb));
-        case PL_SELECT: return checked(ei_decode_select(ctx, dec, scores, pc->n, keep, ws, wb));
-        case PL_SHARED_ADD: return checked(ei_decode_shared_add(ctx, dec, scores, pc->n, rowpos, shared, ws, wb));
-        case PL_SELECT_SHARED: return checked(ei_decode_select_shared(ctx, dec, shared, pc->n, keep, ws, wb));
+        case PL_KEEP: return checked(ei_decode_keep(ctx, &x, dec, &k, keep));
+        case PL_SCORE: x = fz_part(pc->ith, pc->nth, ws, wb); return checked(ei_decode_score(ctx, &x, dec, &k, rowpos, 0, scores));
+        case PL_SELECT: return checked(ei_decode_select(ctx, &x, dec, scores, pc->n, keep));
+        case PL_SHARED_ADD: return checked(ei_decode_shared_add(ctx, &x, dec, scores, pc->n, rowpos, shared));
+        case PL_SELECT_SHARED: return checked(ei_decode_select_shared(ctx, &x, dec, shared, pc->n, keep));
         case PL_COMPACT: return checked(ei_kv_compact(ctx, keep, &ko, &vo));
         case PL_PLAN_INIT: return checked(ei_plan_init(ctx, plan, pc->n, pc->KV, pc->d, pc->flags, pl->p[R_PLAN], pc->bytes[R_PLAN]));
         case PL_PLAN_RESET: return checked((pc->var & 4) ? ei_plan_finalize(ctx, plan) : ei_plan_reset(plan));
         case PL_DEC_RESET: return checked(ei_decoder_reset(dec));
-        case PL_STEP: {
-            float *part = (float *)(void *)pl->p[R_PART];
-            ei_result r;
-            if (pc->nt > 0) return checked(ei_attention_decode_keep_mt(ctx, &q, &k, &v, keep, &out, pc->q_off, pc->nt, ws, wb));
-            r = checked(ei_attention_decode_keep(ctx, &q, &k, &v, keep, &out, pc->q_off, 0, 1, part, pc->partb, ws, wb));
-            return r == EI_OK ? checked(ei_attention_decode_merge(ctx, &out, part, pc->partb, 0, 1)) : r;
-        }
+        case PL_STEP:
+            if (pc->nt > 0 || pc->nth < 2) { /* on threads: the merge does nothing */
+                r = checked(ei_attention_decode(ctx, &x, &q, &k, &v, keep, &out, pc->q_off));
+                return r == EI_OK ? checked(ei_attention_decode_merge(ctx, &x, &out)) : r;
+            }
+            for (j = 0; j < pc->nth && r == EI_OK; ++j) { /* the parts, then (after the engine's barrier) their merges */
+                x = fz_part(j, pc->nth, ws, wb);
+                r = checked(ei_attention_decode(ctx, &x, &q, &k, &v, keep, &out, pc->q_off));
+            }
+            for (j = 0; j < pc->nth && r == EI_OK; ++j) {
+                x = fz_part(j, pc->nth, ws, wb);
+                r = checked(ei_attention_decode_merge(ctx, &x, &out));
+            }
+            return r;
         default: return EI_ERR_STATE;
     }
 }
-/* The workspace bytes a call needs: *_workspace_size per thread the call
-   runs (ei_profile_mt runs at most one per kv head or, with fewer kv heads
-   than threads, per segment; ei_decode_keep_mt one per query head). */
+/* The workspace bytes a call on threads needs: a thread's share (ei_layer_sizes
+   for one thread) per thread the call runs (on threads ei_profile runs at
+   most one per kv head or, with fewer kv heads than threads, per segment;
+   ei_decode_keep one per query head). */
 static size_t pc_ws_need(const pcall *pc) {
     size_t per = pc->bytes[R_WS] / (size_t)(pc->nt > 0 ? pc->nt : 1);
     int used = pc->nt > 0 ? pc->nt : 1;
@@ -2589,7 +3107,13 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
                 preg_add(g, R_PLAN, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags), pc->kind != PL_ATTN);
                 preg_add(g, R_PSTRUCT, plan, sizeof *plan, pc->kind != PL_ATTN);
             }
-            preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
+            if (pc->kind == PL_PROFILE && pc->nth >= 2) { /* part j: its share at j x (bytes / nth), if it has kv heads */
+                size_t slice = pc->bytes[R_WS] / (size_t)pc->nth;
+                int j;
+                for (j = 0; j < pc->nth; ++j)
+                    if ((int64_t)pc->KV * j / pc->nth < (int64_t)pc->KV * (j + 1) / pc->nth)
+                        preg_add(g, R_WS, pl->p[R_WS] + slice * (size_t)j, slice, 1);
+            } else preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
             break;
         case PL_PLAN_INIT:
             preg_add(g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
@@ -2604,19 +3128,23 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_DEC, acc_ptr(pc, dec), acc_bytes(pc), 0);
             preg_add(g, R_DSTRUCT, dec, sizeof *dec, 1);
             break;
-        case PL_STEP: { /* the _mt workspace: the partials from its first 64-byte boundary, then the threads' shares */
+        case PL_STEP: { /* the partials from the workspace's first 64-byte boundary, then the threads' shares
+                           (in parts: part j's at j x its nth of the bytes after the partials) */
             unsigned char *w = pl->p[R_WS];
+            size_t pad = (64 - (uintptr_t)w % 64) % 64;
             t = pc_q(pc, pl); preg_view(g, R_Q, &t, 0);
             t = pc_k(pc, pl); preg_view(g, R_K, &t, 0);
             t = pc_v(pc, pl); preg_view(g, R_V, &t, 0);
             o = pc_out(pc, pl); t = as_view(&o); preg_view(g, R_OUT, &t, 1);
             preg_add(g, R_KSTRUCT, pl->p[R_KSTRUCT], sizeof(ei_keep_set), 0);
             preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 0);
-            if (pc->nt > 0)
-                preg_add(g, R_WS, w + (64 - (uintptr_t)w % 64) % 64, pc->partb + pc->per * (size_t)pc->nt, 1);
+            if (pc->nt > 0 || pc->nth < 2)
+                preg_add(g, R_WS, w + pad, pc->partb + pc->per * (size_t)(pc->nt > 0 ? pc->nt : 1), 1);
             else {
-                preg_add(g, R_WS, w, pc->per, 1);
-                preg_add(g, R_PART, pl->p[R_PART], pc->partb, 1);
+                size_t slice = (pc->bytes[R_WS] - pad - pc->partb) / (size_t)pc->nth;
+                int j;
+                preg_add(g, R_WS, w + pad, pc->partb, 1);
+                for (j = 0; j < pc->nth; ++j) preg_add(g, R_WS, w + pad + pc->partb + slice * (size_t)j, pc->per, 1);
             }
             break;
         }
@@ -2653,7 +3181,9 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_ROWPOS, pl->p[R_ROWPOS], pc->bytes[R_ROWPOS], 0);
             preg_add(g, R_SCORES, pl->p[R_SCORES], pc->bytes[R_SCORES], pc->kind == PL_SCORE);
             preg_add(g, R_SHARED, pl->p[R_SHARED], pc->bytes[R_SHARED], pc->kind == PL_SHARED_ADD);
-            preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
+            if (pc->kind == PL_SCORE) /* part ith's share: ith x (bytes / nth), a thread's size */
+                preg_add(g, R_WS, pl->p[R_WS] + pc->bytes[R_WS] / (size_t)pc->nth * (size_t)pc->ith, pc->bytes[R_WS] / (size_t)pc->nth, 1);
+            else preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
             break;
     }
 }
@@ -2955,19 +3485,28 @@ static void run_op(state *s, fz *f, unsigned op) {
         case OP_PROFILE_HEADS: op_profile(s, f, 1); break;
         case OP_PROFILE_MT: op_profile(s, f, 2); break;
         case OP_CHUNK: case OP_CHUNK2: op_chunk(s, f); break;
-        case OP_RESET_FINALIZE:
-            if (s->plan_ok && (fz_u8(f) & 1)) {
+        case OP_RESET_FINALIZE: { /* a plan: reset or finalize, grow (byte & 6 == 2), mask (byte & 6 == 4) */
+            unsigned b = s->plan_ok ? fz_u8(f) : 0u;
+            if (s->plan_ok && (b & 6u) == 2u) op_plan_grow(s, f);
+            else if (s->plan_ok && (b & 6u) == 4u) op_plan_mask(s, f);
+            else if (s->plan_ok && (b & 1)) {
                 if (checked(ei_plan_reset(&s->plan)) == EI_OK) s->plan_dirty = 0; /* every row cleared */
                 s->plan_trusted = 0;
             }
             else checked(ei_plan_finalize(s->ctx, s->plan_ok ? &s->plan : NULL));
             break;
+        }
         case OP_CORRUPT: op_corrupt(s, f); break;
         case OP_ATTENTION: op_attention(s, f, 0); break;
         case OP_ATTENTION_MT: op_attention(s, f, 1); break;
         case OP_DECODER_INIT: op_decoder_init(s, f); break;
         case OP_OBSERVE: case OP_OBSERVE2: op_observe(s, f); break;
-        case OP_DECODE: case OP_DECODE2: if (fz_u8(f) < 64) op_decode_rows(s, f); else op_decode_keep(s, f); break;
+        case OP_DECODE: case OP_DECODE2: {
+            unsigned sel = fz_u8(f);
+            if (sel < 64) op_decode_rows(s, f);
+            else op_decode_keep(s, f, sel);
+            break;
+        }
         case OP_COMPACT: op_compact(s, f); break;
         case OP_DECODER_RESET: if (s->dec_ok) checked(ei_decoder_reset(&s->dec)); else checked(ei_decoder_reset(NULL)); break;
         case OP_SIZES: op_sizes(s, f); break;
@@ -3020,7 +3559,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 (int)c->segment_size, (int)c->block_size, (long long)c->threshold_len, (int)c->base_budget, c->budget_min_factor,
                 c->budget_max_factor, (int)c->per_segment_budget, (int)c->ranking, (int)c->rank_samples, c->top_p,
                 (int)c->sink_blocks, (int)c->local_blocks, (int)c->decode_budget, (int)c->window, (int)c->decode_gap,
-                ei_simd_name(ei_context_simd(s.ctx)));
+                ei_simd_name(ei_context_config(s.ctx)->simd));
     }
     fail_after = -1;
     s.alt = fz_context(&f, s.ctx);

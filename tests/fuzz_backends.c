@@ -30,7 +30,8 @@
               equal up to near-ties (check.h's plan_row_compare). Then
               attention, dense or with the GPU's plan (the CPU runs the same
               plan, copied down), the whole prompt or a chunk at q_offset,
-              split ith/nth or through ei_attention_prefill_mt, outputs of
+              in parts ith/nth (one workspace for nth) or on 4 threads
+              (ei_exec n_threads), outputs of
               any dtype and layout: codes equal, outputs within tolerance,
               nothing written outside the output's elements. Where the GPU
               has no kernel (f32 k/v, k and v of two types, q 16-bit of
@@ -43,8 +44,8 @@
               queries observed (fewer than the window too), a cache whose
               rows map to positions (identity, or scattered with -1 rows
               holding NaN, older positions evicted; one map or one per kv
-              head): ei_decode_keep, ei_decode_score split over "threads" +
-              ei_decode_select, the shared keep set of two layers
+              head): ei_decode_keep, ei_decode_score in parts (ith/nth, one
+              workspace for nth) + ei_decode_select, the shared keep set of two layers
               (ei_decode_shared_add, ei_decode_select_shared): codes equal,
               scores within 1e-3, keep sets equal up to near-ties
               (check.h's keep_compare), then ei_kv_compact of K and V caches
@@ -121,6 +122,38 @@ static fz_pair pair_make(ei_config c) {
     return p;
 }
 static void pair_free(fz_pair *p) { side_free(&p->s[0]); side_free(&p->s[1]); }
+
+/* A whole call on n_threads threads (0: the caller alone), or part ith of
+   nth; one workspace either way. */
+static ei_exec ex(int n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+static ei_exec ex_part(int ith, int nth, void *ws, size_t bytes) {
+    ei_exec x = ex(0, ws, bytes);
+    x.ith = ith;
+    x.nth = nth;
+    return x;
+}
+/* Every size of a layer (ei_layer_sizes) for calls on n_threads threads or parts. */
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t max_tokens, int32_t n_heads, int32_t n_kv_heads,
+                            int32_t head_dim, uint32_t plan_flags, int32_t n_threads) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = max_tokens;
+    sh.n_heads = n_heads;
+    sh.n_kv_heads = n_kv_heads;
+    sh.head_dim = head_dim;
+    sh.plan_flags = plan_flags;
+    sh.n_threads = n_threads;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &z), EI_OK);
+    return z;
+}
 
 /* ------------------------------------------------------------ views */
 /* [n][H][d] values (f32, logical) stored as dtype dt at data = base + off
@@ -492,7 +525,7 @@ static void attention_case(fz_rng *r, fz_prefill *F) {
     if (mode == 1) nth = fz_int(r, 2, 5);
     DESC(" | attention %s q[%lld..%lld) out %s ts %lld hs %lld off %lld %s", use_plan ? "plan" : "dense", (long long)q0,
          (long long)(q0 + m), dtype_name(o.dt), (long long)o.ts, (long long)o.hs, (long long)o.off,
-         mode == 2 ? "_mt" : nth > 1 ? "ith/nth" : "");
+         mode == 2 ? "4 threads" : nth > 1 ? "ith/nth" : "");
     if (poison) { /* NaN/Inf in one element of Q (of the call) or K */
         const ei_plan *pl = use_plan ? &F->plan[1] : NULL;
         unsigned char *read = (unsigned char *)malloc((size_t)F->n);
@@ -509,22 +542,22 @@ static void attention_case(fz_rng *r, fz_prefill *F) {
         view_upload(pv, &F->P);
         DESC(" | poison %s[%lld][%d][%d] %s", pk ? "k" : "q", (long long)pt, ph, pi, expect_bad ? "read" : "unread");
     }
-    for (side_i = 0; side_i < 2; ++side_i) {
-        const side *s = &F->P.s[side_i];
-        CHECK_ERR(ei_attention_workspace_size(s->ctx, F->H, F->KV, F->d, &wsb[side_i]), EI_OK);
-        if (mode == 2) wsb[side_i] *= 4;
-    }
+    for (side_i = 0; side_i < 2; ++side_i) /* one workspace for the 4 threads or the nth parts */
+        wsb[side_i] = layer_sizes(F->P.s[side_i].ctx, F->n, F->H, F->KV, F->d, 0, mode == 2 ? 4 : nth).prefill;
     buf_new(&ws, &F->P, wsb[0], wsb[1]);
     for (side_i = 0; side_i < 2; ++side_i) {
         const side *s = &F->P.s[side_i];
         ei_tensor tq = view_tensor(&F->q, side_i, q0, m), tk = view_tensor(&F->k, side_i, 0, F->n), tv = view_tensor(&F->v, side_i, 0, F->n);
         ei_out_tensor to = view_out(&o, side_i);
         const ei_plan *pl = !use_plan ? NULL : side_i ? plan_of_side1(F) : &F->plan[1];
-        if (mode == 2) res[side_i] = ei_attention_prefill_mt(s->ctx, &tq, &tk, &tv, pl, &to, q0, 4, ws.p[side_i], ws.n[side_i]);
-        else {
+        if (mode == 2) {
+            ei_exec x = ex(4, ws.p[side_i], ws.n[side_i]);
+            res[side_i] = ei_attention_prefill(s->ctx, &x, &tq, &tk, &tv, pl, &to, q0);
+        } else {
             res[side_i] = EI_OK;
-            for (i = 0; i < nth; ++i) { /* the shares in turn; the first failure is the call's */
-                ei_result ri = ei_attention_prefill(s->ctx, &tq, &tk, &tv, pl, &to, q0, i, nth, ws.p[side_i], ws.n[side_i]);
+            for (i = 0; i < nth; ++i) { /* the parts in turn; the first failure is the call's */
+                ei_exec x = ex_part(i, nth, ws.p[side_i], ws.n[side_i]);
+                ei_result ri = ei_attention_prefill(s->ctx, &x, &tq, &tk, &tv, pl, &to, q0);
                 if (res[side_i] == EI_OK) res[side_i] = ri;
             }
         }
@@ -581,17 +614,18 @@ static void attention_misuse(fz_rng *r, fz_prefill *F) {
     size_t wsb[2];
     view_layout(r, &o, EI_F32, F->n, F->H, F->d, 0);
     view_upload(&o, &F->P);
-    for (side_i = 0; side_i < 2; ++side_i)
-        CHECK_ERR(ei_attention_workspace_size(F->P.s[side_i].ctx, F->H, F->KV, F->d, &wsb[side_i]), EI_OK);
+    for (side_i = 0; side_i < 2; ++side_i) wsb[side_i] = layer_sizes(F->P.s[side_i].ctx, F->n, F->H, F->KV, F->d, 0, 1).prefill;
     buf_new(&ws, &F->P, wsb[0], wsb[1]);
     for (side_i = 0; side_i < 2; ++side_i) {
         const side *s = &F->P.s[side_i];
         ei_tensor tq = view_tensor(&F->q, side_i, 0, F->n), tk = view_tensor(&F->k, side_i, 0, F->n), tv = view_tensor(&F->v, side_i, 0, F->n);
         ei_out_tensor to = view_out(&o, side_i);
         const ei_plan *pl = F->plan[1].n_tokens > 0 ? (side_i ? plan_of_side1(F) : &F->plan[1]) : NULL;
+        ei_exec x;
         if (which == 0) tk.data = (const char *)tk.data + 1; /* odd byte address */
         else if (pl) pl = side_i ? &F->plan[1] : &F->dplan; /* a plan of the other kind of memory */
-        res[side_i] = ei_attention_prefill(s->ctx, &tq, &tk, &tv, pl, &to, 0, 0, 1, ws.p[side_i], ws.n[side_i]);
+        x = ex(1, ws.p[side_i], ws.n[side_i]);
+        res[side_i] = ei_attention_prefill(s->ctx, &x, &tq, &tk, &tv, pl, &to, 0);
     }
     CHECK(res[0] == res[1], "attention misuse %d: cpu %s, gpu %s", which, ei_result_name(res[0]), ei_result_name(res[1]));
     CHECK(res[0] == (which ? EI_ERR_STATE : EI_ERR_ALIGN), "attention misuse %d: %s", which, ei_result_name(res[0]));
@@ -632,8 +666,9 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         chunk_given(F, q_pos, m);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, m), tk = view_tensor(&F->k, side_i, 0, F->n);
-            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0], q_pos,
-                                           is_final, ws->p[side_i], ws->n[side_i]);
+            ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0], q_pos,
+                                           is_final);
         }
         calls++;
         CHECK(res[0] == res[1], "profile_chunk at %lld (+%lld, final %d): cpu %s, gpu %s (%s)", (long long)q_pos,
@@ -652,8 +687,9 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         if (with_q) chunk_given(F, q_pos, F->n - q_pos);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, F->n - q_pos), tk = view_tensor(&F->k, side_i, 0, F->n);
-            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, with_q ? &tq : NULL, &tk,
-                                           side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1, ws->p[side_i], ws->n[side_i]);
+            ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, with_q ? &tq : NULL, &tk,
+                                           side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1);
         }
         CHECK(res[0] == res[1], "final profile_chunk: cpu %s, gpu %s (%s)", ei_result_name(res[0]),
               ei_result_name(res[1]), ei_last_error());
@@ -720,12 +756,11 @@ static void prefill_run(fz_rng *r) {
     if (F.chunked && !(F.given = (unsigned char *)calloc((size_t)F.n, 1))) { printf("out of memory\n"); exit(2); }
     {
         uint32_t fl = EI_PLAN_SCORES | (F.chunked ? EI_PLAN_CHUNKED : 0u);
-        CHECK_ERR(ei_plan_alloc(F.host, &F.plan[0], F.n, F.KV, F.d, fl), EI_OK);
-        CHECK_ERR(ei_plan_alloc(F.host, &F.plan[1], F.n, F.KV, F.d, fl), EI_OK);
-        if (!g_twin) CHECK_ERR(ei_plan_alloc(F.P.s[1].ctx, &F.dplan, F.n, F.KV, F.d, fl), EI_OK);
+        CHECK_ERR(ei_plan_init(F.host, &F.plan[0], F.n, F.KV, F.d, fl, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(F.host, &F.plan[1], F.n, F.KV, F.d, fl, NULL, 0), EI_OK);
+        if (!g_twin) CHECK_ERR(ei_plan_init(F.P.s[1].ctx, &F.dplan, F.n, F.KV, F.d, fl, NULL, 0), EI_OK);
+        for (side_i = 0; side_i < 2; ++side_i) wsb[side_i] = layer_sizes(F.P.s[side_i].ctx, F.n, F.H, F.KV, F.d, fl, 1).profile;
     }
-    for (side_i = 0; side_i < 2; ++side_i)
-        CHECK_ERR(ei_profile_workspace_size(F.P.s[side_i].ctx, F.n, F.H, F.KV, F.d, &wsb[side_i]), EI_OK);
     buf_new(&ws, &F.P, wsb[0], wsb[1]);
     if (F.chunked) {
         res[0] = res[1] = chunk_schedule_run(r, &F, &ws, poison);
@@ -737,8 +772,8 @@ static void prefill_run(fz_rng *r) {
         int short_ws = !poison && fz_chance(r, 0.05);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F.q, side_i, 0, F.n), tk = view_tensor(&F.k, side_i, 0, F.n);
-            res[side_i] = ei_profile(F.P.s[side_i].ctx, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0], ws.p[side_i],
-                                     ws.n[side_i] - (size_t)short_ws);
+            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)short_ws);
+            res[side_i] = ei_profile(F.P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0]);
         }
         CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]), ei_last_error());
         if (poison) CHECK(res[0] == EI_ERR_NONFINITE, "profile of NaN input: %s", ei_result_name(res[0]));
@@ -931,7 +966,7 @@ static void decode_run(fz_rng *r) {
     int64_t prompt, gen, W, maps1;
     float *keys[2];
     size_t wsb[2], sc_bytes;
-    fz_buf ws;
+    fz_buf ws, wsp;
     keep_host kh[2], sel[2], shared_set[2];
     float *sc[2][2], *sh[2];
     void *dsc[2][2], *dsh[2];
@@ -975,12 +1010,13 @@ static void decode_run(fz_rng *r) {
     for (side_i = 0; side_i < 2; ++side_i) {
         const side *s = &D.P.s[side_i];
         D.drp[side_i] = D.row_pos ? mem_up(s, D.row_pos, sizeof(int32_t) * (size_t)maps1 * (size_t)D.n) : NULL;
-        CHECK_ERR(ei_decoder_size(s->ctx, D.H, D.d, &D.ring_bytes), EI_OK);
+        ei_sizes sz = layer_sizes(s->ctx, D.n, D.H, D.KV, D.d, 0, 1);
+        D.ring_bytes = sz.decoder;
+        wsb[side_i] = sz.decode_keep;
         for (L = 0; L < 2; ++L) {
             D.ring[side_i][L] = mem_new(s, D.ring_bytes);
             CHECK_ERR(ei_decoder_init(s->ctx, &D.dec[side_i][L], D.H, D.KV, D.d, D.ring[side_i][L], D.ring_bytes), EI_OK);
         }
-        CHECK_ERR(ei_decode_workspace_size(s->ctx, D.n, D.H, D.KV, &wsb[side_i]), EI_OK);
     }
     buf_new(&ws, &D.P, wsb[0], wsb[1]);
     for (L = 0; L < 2; ++L) decode_observe_all(r, &D, L, prompt);
@@ -1003,10 +1039,10 @@ static void decode_run(fz_rng *r) {
             int32_t heads = D.c.per_kv_head ? D.KV : D.H;
             ei_keep_set ks = keep_new(s, heads, (int32_t)EI__MIN(D.n, (int64_t)D.c.decode_budget), D.n, D.n);
             ei_tensor tk = view_tensor(&D.k[0], side_i, 0, D.n);
+            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)short_ws);
             ks.row_pos = (const int32_t *)D.drp[side_i];
             ks.row_pos_stride = D.maps > 1 ? D.n : 0;
-            keep_take(s, &ks, ei_decode_keep(s->ctx, &D.dec[side_i][0], &tk, &ks, ws.p[side_i], ws.n[side_i] - (size_t)short_ws),
-                      &kh[side_i]);
+            keep_take(s, &ks, ei_decode_keep(s->ctx, &x, &D.dec[side_i][0], &tk, &ks), &kh[side_i]);
         }
         CHECK(kh[0].r == kh[1].r, "decode_keep: cpu %s, gpu %s (%s)", ei_result_name(kh[0].r), ei_result_name(kh[1].r),
               ei_last_error());
@@ -1021,8 +1057,13 @@ static void decode_run(fz_rng *r) {
         if (poison) { fill_cache(&D, 0, keys[0]); view_upload(&D.k[0], &D.P); }
     }
 
-    /* 2. decode_score split over nth "threads", then decode_select */
+    /* 2. decode_score in nth parts (one workspace for nth), then decode_select */
     nth = fz_int(r, 1, 4);
+    {
+        size_t wpb[2];
+        for (side_i = 0; side_i < 2; ++side_i) wpb[side_i] = layer_sizes(D.P.s[side_i].ctx, D.n, D.H, D.KV, D.d, 0, nth).decode_keep;
+        buf_new(&wsp, &D.P, wpb[0], wpb[1]);
+    }
     sc_bytes = sizeof(float) * (size_t)D.H * (size_t)D.n;
     for (side_i = 0; side_i < 2; ++side_i)
         for (L = 0; L < 2; ++L) dsc[side_i][L] = mem_new(&D.P.s[side_i], sc_bytes);
@@ -1049,9 +1090,10 @@ static void decode_run(fz_rng *r) {
             const side *s = &D.P.s[side_i];
             ei_tensor tk = view_tensor(&D.k[L], side_i, 0, D.n);
             res[side_i] = EI_OK;
-            for (i = 0; i < nth; ++i) {
-                ei_result ri = ei_decode_score(s->ctx, &D.dec[side_i][L], &tk, (const int32_t *)D.drp[side_i],
-                                               D.maps > 1 ? D.n : 0, (float *)dsc[side_i][L], i, nth, ws.p[side_i], ws.n[side_i]);
+            for (i = 0; i < nth; ++i) { /* the parts in turn; the first failure is the call's */
+                ei_exec x = ex_part(i, nth, wsp.p[side_i], wsp.n[side_i]);
+                ei_result ri = ei_decode_score(s->ctx, &x, &D.dec[side_i][L], &tk, (const int32_t *)D.drp[side_i],
+                                               D.maps > 1 ? D.n : 0, (float *)dsc[side_i][L]);
                 if (res[side_i] == EI_OK) res[side_i] = ri;
             }
         }
@@ -1069,14 +1111,16 @@ static void decode_run(fz_rng *r) {
         for (side_i = 0; side_i < 2; ++side_i) sc[side_i][L] = (float *)mem_down(&D.P.s[side_i], dsc[side_i][L], sc_bytes);
         if (res[0] == EI_OK) scores_check(L ? "decode_score layer 1" : "decode_score layer 0", sc[0][L], sc[1][L], (size_t)D.H * D.n);
     }
+    buf_free(&wsp, &D.P);
     for (side_i = 0; side_i < 2; ++side_i) { /* select from each side's own scores */
         const side *s = &D.P.s[side_i];
         int32_t heads = D.c.per_kv_head ? D.KV : D.H;
         ei_keep_set ks = keep_new(s, heads, (int32_t)EI__MIN(D.n, (int64_t)D.c.decode_budget), D.n, D.n);
+        ei_exec x = ex(1, ws.p[side_i], ws.n[side_i]);
         ks.row_pos = (const int32_t *)D.drp[side_i];
         ks.row_pos_stride = D.maps > 1 ? D.n : 0;
-        keep_take(s, &ks, ei_decode_select(s->ctx, &D.dec[side_i][0], (const float *)dsc[side_i][0], D.n, &ks, ws.p[side_i],
-                                          ws.n[side_i]), &sel[side_i]);
+        keep_take(s, &ks, ei_decode_select(s->ctx, &x, &D.dec[side_i][0], (const float *)dsc[side_i][0], D.n, &ks),
+                  &sel[side_i]);
     }
     keep_compare("decode_select, gpu vs cpu", &sel[0], &sel[1], D.row_pos, D.maps > 1 ? D.n : 0, D.c.per_kv_head ? 1 : D.H / D.KV, W);
 
@@ -1086,18 +1130,19 @@ static void decode_run(fz_rng *r) {
             const side *s = &D.P.s[side_i];
             float *zero = (float *)calloc((size_t)D.n, sizeof(float));
             ei_keep_set ks;
+            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i]);
             dsh[side_i] = mem_up(s, zero, sizeof(float) * (size_t)D.n);
             free(zero);
             res[side_i] = EI_OK;
             for (L = 0; L < 2 && res[side_i] == EI_OK; ++L)
-                res[side_i] = ei_decode_shared_add(s->ctx, &D.dec[side_i][L], (const float *)dsc[side_i][L], D.n,
-                                                   (const int32_t *)D.drp[side_i], (float *)dsh[side_i], ws.p[side_i], ws.n[side_i]);
+                res[side_i] = ei_decode_shared_add(s->ctx, &x, &D.dec[side_i][L], (const float *)dsc[side_i][L], D.n,
+                                                   (const int32_t *)D.drp[side_i], (float *)dsh[side_i]);
             sh[side_i] = (float *)mem_down(s, dsh[side_i], sizeof(float) * (size_t)D.n);
             ks = keep_new(s, 1, (int32_t)EI__MIN(D.n, (int64_t)D.c.decode_budget), D.n, D.n);
             ks.row_pos = (const int32_t *)D.drp[side_i];
             keep_take(s, &ks, res[side_i] != EI_OK ? res[side_i]
-                              : ei_decode_select_shared(s->ctx, &D.dec[side_i][0], (const float *)dsh[side_i], D.n, &ks,
-                                                        ws.p[side_i], ws.n[side_i]), &shared_set[side_i]);
+                              : ei_decode_select_shared(s->ctx, &x, &D.dec[side_i][0], (const float *)dsh[side_i], D.n, &ks),
+                      &shared_set[side_i]);
             mem_del(s, dsh[side_i], sizeof(float) * (size_t)D.n);
         }
         CHECK(res[0] == res[1], "decode_shared_add: cpu %s, gpu %s", ei_result_name(res[0]), ei_result_name(res[1]));
@@ -1163,7 +1208,7 @@ static void table_run(fz_rng *r) {
     CHECK(res[0].r == EI_OK, "table %s: the reference: %s (%s)", name, ei_result_name(res[0].r), ei_last_error());
     if (g_twin || ops_gpu_runs(&cs))
         g_counts[K_KNIFE] += ops_compare(g_twin ? "table, cpu twin" : "table, gpu", &D, &res[0], &res[1], !g_twin,
-                                         ei_context_simd(s[1].ctx));
+                                         ei_context_config(s[1].ctx)->simd);
     else {
         CHECK(res[1].r == EI_ERR_DTYPE || res[1].r == EI_ERR_UNSUPPORTED, "table %s: a case the GPU has no kernel for: %s",
               name, ei_result_name(res[1].r));

@@ -15,6 +15,26 @@
 static char failure[2048];
 #define FAIL(...) do { snprintf(failure, sizeof failure, __VA_ARGS__); return 0; } while (0)
 
+/* A whole call on the calling thread with the workspace ws. */
+static ei_exec one_thread(void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+/* Every size of a layer of the case's shape (one thread). */
+static ei_result case_sizes(const ei_context *ctx, const golden_meta *m, uint32_t plan_flags, ei_sizes *sz) {
+    ei_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = m->n_tokens;
+    sh.n_heads = (int32_t)m->n_heads;
+    sh.n_kv_heads = (int32_t)m->n_kv_heads;
+    sh.head_dim = (int32_t)m->head_dim;
+    sh.plan_flags = plan_flags;
+    return ei_layer_sizes(ctx, &sh, sz);
+}
+
 /* ------------------------------------------------------------ prefill */
 typedef struct {
     float *q, *k, *scores, *entropy, *topk_w;
@@ -106,10 +126,11 @@ static ei_config prefill_config(const golden_meta *m, ei_simd simd, int per_segm
    the whole-prompt ones exactly, and the plan is identical for every head
    that is rigid throughout or dynamic from segment 1. */
 static int check_chunked(const golden_meta *m, ei_context *ctx, const ei_tensor *q, const ei_tensor *k, const ei_plan *whole,
-                         void *ws, size_t ws_bytes, const char *what) {
+                         const ei_exec *x, const char *what) {
     ei_plan p;
     long seg = m->segment_size, t, h, s;
-    ei_result rc = ei_plan_alloc(ctx, &p, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, EI_PLAN_CHUNKED);
+    ei_result rc = ei_plan_init(ctx, &p, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, EI_PLAN_CHUNKED,
+                                NULL, 0);
     if (rc != EI_OK) FAIL("%s: chunked plan alloc: %s", what, ei_last_error());
     for (t = 0; t < m->n_tokens; t += seg) {
         long cnt = m->n_tokens - t < seg ? m->n_tokens - t : seg;
@@ -117,7 +138,7 @@ static int check_chunked(const golden_meta *m, ei_context *ctx, const ei_tensor 
         qc.data = (const char *)q->data + (size_t)t * q->token_stride * (q->dtype == EI_F32 ? 4 : 2);
         qc.n_tokens = cnt;
         kc.n_tokens = t + cnt;
-        rc = ei_profile_chunk(ctx, &qc, &kc, &p, t, t + cnt == m->n_tokens, ws, ws_bytes);
+        rc = ei_profile_chunk(ctx, x, &qc, &kc, &p, t, t + cnt == m->n_tokens);
         if (rc != EI_OK) { ei_plan_free(ctx, &p); FAIL("%s: ei_profile_chunk at %ld: %s", what, t, ei_last_error()); }
     }
     for (h = 0; h < m->n_kv_heads; ++h) {
@@ -176,25 +197,27 @@ static int run_prefill(const golden_meta *m, char *summary) {
                 ei_config c = prefill_config(m, (ei_simd)p, per);
                 ei_context *ctx = NULL;
                 ei_plan plan;
-                size_t ws_bytes = 0;
+                ei_sizes sz;
+                ei_exec x;
                 void *ws = NULL;
                 snprintf(what, sizeof what, "%s/%s/%s", dtype_name(dt), ei_simd_name((ei_simd)p), per ? "segment_topk" : "keep_blocks");
                 if (ei_context_create(&c, &ctx) != EI_OK ||
-                    ei_plan_alloc(ctx, &plan, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, EI_PLAN_SCORES) != EI_OK ||
-                    ei_profile_workspace_size(ctx, m->n_tokens, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, &ws_bytes) != EI_OK) {
+                    ei_plan_init(ctx, &plan, m->n_tokens, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, EI_PLAN_SCORES, NULL, 0) != EI_OK ||
+                    case_sizes(ctx, m, EI_PLAN_SCORES | EI_PLAN_CHUNKED, &sz) != EI_OK) {
                     snprintf(failure, sizeof failure, "%s: setup: %s", what, ei_last_error());
                     ok = 0;
                     ei_context_destroy(ctx);
                     break;
                 }
-                ws = malloc(ws_bytes);
-                if (ei_profile(ctx, &q, &k, &plan, ws, ws_bytes) != EI_OK) {
+                ws = malloc(sz.profile);
+                x = one_thread(ws, sz.profile);
+                if (ei_profile(ctx, &x, &q, &k, &plan) != EI_OK) {
                     snprintf(failure, sizeof failure, "%s: ei_profile: %s", what, ei_last_error());
                     ok = 0;
                 } else {
                     /* f16 inputs below the normal range lose precision: scores hold within tolerance (FORMAT.md) */
                     ok = check_plan(&c, m, &r, &plan, per, what);
-                    if (ok) ok = check_chunked(m, ctx, &q, &k, &plan, ws, ws_bytes, what);
+                    if (ok) ok = check_chunked(m, ctx, &q, &k, &plan, &x, what);
                     configs++;
                 }
                 free(ws);
@@ -268,29 +291,30 @@ static int run_decode(const golden_meta *m, char *summary) {
             ei_context *ctx = NULL;
             ei_decoder dec;
             ei_keep_set ks;
-            size_t dbytes = 0, wbytes = 0;
+            ei_sizes sz;
+            ei_exec x;
             void *dmem, *ws;
             if (!ei_cpu_supports((ei_simd)p)) continue;
             snprintf(what, sizeof what, "%s/%s", dtype_name(dt), ei_simd_name((ei_simd)p));
             c.simd = (ei_simd)p;
-            if (ei_context_create(&c, &ctx) != EI_OK || ei_decoder_size(ctx, (int32_t)m->n_heads, (int32_t)m->head_dim, &dbytes) != EI_OK ||
-                ei_decode_workspace_size(ctx, m->n_tokens, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, &wbytes) != EI_OK) {
+            if (ei_context_create(&c, &ctx) != EI_OK || case_sizes(ctx, m, 0, &sz) != EI_OK) {
                 snprintf(failure, sizeof failure, "%s: setup: %s", what, ei_last_error());
                 ok = 0;
                 ei_context_destroy(ctx);
                 break;
             }
-            dmem = malloc(dbytes);
-            ws = malloc(wbytes);
+            dmem = malloc(sz.decoder);
+            ws = malloc(sz.decode_keep);
+            x = one_thread(ws, sz.decode_keep);
             memset(&ks, 0, sizeof ks);
             ks.heads_out = (int32_t)m->heads_out;
             ks.capacity = (int32_t)m->decode_budget;
             ks.index = (int32_t *)malloc(sizeof(int32_t) * ks.heads_out * ks.capacity);
             ks.pooled_capacity = m->n_tokens;
             ks.pooled = (float *)malloc(sizeof(float) * ks.heads_out * m->n_tokens);
-            if (ei_decoder_init(ctx, &dec, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, dmem, dbytes) != EI_OK ||
+            if (ei_decoder_init(ctx, &dec, (int32_t)m->n_heads, (int32_t)m->n_kv_heads, (int32_t)m->head_dim, dmem, sz.decoder) != EI_OK ||
                 ei_decode_observe(ctx, &dec, &qt, kt.n_tokens - qt.n_tokens, 0) != EI_OK || /* the last window positions */
-                ei_decode_keep(ctx, &dec, &kt, &ks, ws, wbytes) != EI_OK) {
+                ei_decode_keep(ctx, &x, &dec, &kt, &ks) != EI_OK) {
                 snprintf(failure, sizeof failure, "%s: %s", what, ei_last_error());
                 ok = 0;
             } else {

@@ -19,8 +19,10 @@ int main(int argc, char **argv) {
     ei_context *ctx;
     ei_dtype dt = EI_F32;
     float *q, *k, *v, *o;
-    void *ws;
-    size_t wsb, i, es;
+    ei_shape shape;
+    ei_sizes sizes;
+    ei_exec x;
+    size_t i, es;
     int calls, c;
     if (argc < 3) { fprintf(stderr, "usage: %s scalar|neon|neon-bf16|neon-bfmmla|neon-fhm CALLS [f32|f16|bf16]\n", argv[0]); return 2; }
     cfg.simd = strcmp(argv[1], "neon-bf16") == 0 ? EI_SIMD_NEON_BF16 : strcmp(argv[1], "neon-fhm") == 0 ? EI_SIMD_NEON_FHM
@@ -43,18 +45,22 @@ int main(int argc, char **argv) {
             }
         }
     }
-    ei_attention_workspace_size(ctx, H, HK, D, &wsb);
-    ws = malloc(wsb);
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = N; shape.n_heads = H; shape.n_kv_heads = HK; shape.head_dim = D; shape.n_threads = 1;
+    if (ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
+    memset(&x, 0, sizeof x); /* one thread, the attention workspace */
+    x.workspace = malloc(sizes.prefill);
+    x.workspace_bytes = sizes.prefill;
     {
         ei_tensor tq = ei_tensor_make(q, dt, N, H, D), tk = ei_tensor_make(k, dt, N, HK, D), tv = ei_tensor_make(v, dt, N, HK, D);
         ei_out_tensor to = ei_out_tensor_make(o, EI_F32, N, H, D);
         for (c = 0; c < calls; ++c)
-            if (ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb) != EI_OK) {
+            if (ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to, 0) != EI_OK) {
                 fprintf(stderr, "%s\n", ei_last_error());
                 return 1;
             }
     }
-    printf("%s %s: %d calls, out[0] = %g\n", ei_simd_name(ei_context_simd(ctx)), argv[3] ? argv[3] : "f32", calls, (double)o[0]);
-    ei_context_destroy(ctx); free(q); free(k); free(v); free(o); free(ws);
+    printf("%s %s: %d calls, out[0] = %g\n", ei_simd_name(ei_context_config(ctx)->simd), argv[3] ? argv[3] : "f32", calls, (double)o[0]);
+    ei_context_destroy(ctx); free(q); free(k); free(v); free(o); free(x.workspace);
     return 0;
 }

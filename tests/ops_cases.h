@@ -9,12 +9,16 @@
    every view (contiguous, strided with padding between heads and tokens,
    head-major, a cache padded past its valid rows), protocol (the chunks a
    chunked plan is made of; the batches the decoder observes; the query
-   range of a prefill chunk) and configuration. ops_data_make builds its
-   inputs on the host (deterministic in the case and a seed), ops_run runs
-   it on a side (check.h: a CPU context on one SIMD path, or a CUDA context
-   with device memory), ops_compare compares a run against the reference
-   run with the tolerances of check.h's table (test_tols), ops_check_ref
-   compares the reference run with check.h's double-precision references. */
+   range of a prefill chunk), configuration, and the ways its calls run
+   (an ei_exec: the whole call on one thread, on threads, or in parts with
+   one shared workspace). ops_data_make builds its inputs on the host
+   (deterministic in the case and a seed), ops_run runs it on a side
+   (check.h: a CPU context on one SIMD path, or a CUDA context with device
+   memory) the case's first way, ops_run_way any of its ways, ops_compare
+   compares a run against the reference run with the tolerances of
+   check.h's table (test_tols), ops_compare_ways two ways of one side (bit
+   for bit where the library promises it), ops_check_ref compares the
+   reference run with check.h's double-precision references. */
 #ifndef EI_TEST_OPS_CASES_H
 #define EI_TEST_OPS_CASES_H
 #ifndef EI_TEST_CHECK_H
@@ -24,16 +28,18 @@
 
 /* ------------------------------------------------------------ the table */
 typedef enum ops_op {
-    OP_PROFILE,          /* ei_profile (nth > 1: ei_profile_mt) */
-    OP_PROFILE_CHUNKED,  /* ei_profile_chunk over a protocol's chunks (nth > 1: ei_profile_chunk_mt) */
-    OP_PLAN_FINALIZE,    /* ei_profile_heads over nth kv-head ranges, then ei_plan_finalize (per-segment budgets) */
-    OP_PREFILL_DENSE,    /* ei_attention_prefill, plan NULL, split ith/nth (nth 3: ei_attention_prefill_mt) */
-    OP_PREFILL_SPARSE,   /* ei_attention_prefill with the reference's plan (nth 3: _mt) */
-    OP_DECODE_ATTN,      /* ei_attention_decode (ith/nth) + ei_attention_decode_merge (nth 3: ei_attention_decode_mt) */
-    OP_DECODE_ATTN_KEEP, /* ei_attention_decode_keep through a keep set, CPU backend only (nth 3: _mt) */
+    OP_PROFILE,          /* ei_profile */
+    OP_PROFILE_CHUNKED,  /* ei_profile_chunk over a protocol's chunks */
+    OP_PLAN_FINALIZE,    /* ei_profile in parts, then ei_plan_finalize (per-segment budgets: its first way 'p' or 'r') */
+    OP_PREFILL_DENSE,    /* ei_attention_prefill, plan NULL */
+    OP_PREFILL_SPARSE,   /* ei_attention_prefill with the reference's plan */
+    OP_DECODE_ATTN,      /* ei_attention_decode + ei_attention_decode_merge (a step of 3 tokens when the first way is
+                            '1', else of 1) */
+    OP_DECODE_ATTN_KEEP, /* the same through a keep set, CPU backend only */
     OP_DECODE_OBSERVE,   /* ei_decode_observe in a protocol's batches: the window ring */
-    OP_DECODE_KEEP,      /* ei_decode_keep (nth > 1: ei_decode_keep_mt on the CPU) */
-    OP_DECODE_SCORE,     /* ei_decode_score split ith/nth */
+    OP_DECODE_KEEP,      /* ei_decode_keep ('p', 'r': refused with EI_ERR_CONFIG, then ei_decode_score in parts +
+                            ei_decode_select, as an engine's threads make it) */
+    OP_DECODE_SCORE,     /* ei_decode_score */
     OP_DECODE_SELECT,    /* ei_decode_score + ei_decode_select */
     OP_DECODE_SHARED,    /* ei_decode_shared_add of two layers + ei_decode_select_shared */
     OP_KV_COMPACT,       /* ei_kv_compact of a K and a V cache */
@@ -72,87 +78,103 @@ static const ops_call ops_protocols[][OPS_CALLS] CHECK_UNUSED = {
 };
 #define OPS_PROTOCOLS ((int)(sizeof ops_protocols / sizeof ops_protocols[0]))
 
+/* Ways to run the calls that take an ei_exec (a case's `ways`: letters, the
+   first the case's own way: ops_run runs it, and every path and the GPU are
+   compared with the reference's run of it; test_ops runs the others on the
+   same side and compares each with the first, ops_compare_ways):
+     '1'  the whole call on the calling thread (n_threads 1)
+     't'  the whole call on nth threads (n_threads nth: the caller and the context's workers)
+     'p'  nth parts, ith 0 .. nth - 1 in turn as an engine's threads make them, every part with
+          the same ei_exec but ith and ONE workspace (ei_layer_sizes for nth); then the step after
+          the engine's barrier: ei_plan_finalize, or ei_attention_decode_merge by every part
+     'r'  the same parts in reverse order (ith nth - 1 .. 0: "at once or in any order")
+   "-": the operation takes no ei_exec (observe, compaction, the mask): one run.
+   On the GPU every way is one launch sequence (parts: part 0's call, the
+   others return EI_OK; n_threads unused). */
+#define OPS_WAYS_MAX 4
 typedef struct ops_case {
     ops_op op;
     int32_t n, H, KV, d;   /* tokens (decode: positions), query heads, kv heads, head_dim */
     ei_dtype q, kv, out;   /* q's dtype, k's and v's, the output's */
-    int layout, proto, cfg, nth;
+    int layout, proto, cfg;
+    int nth;               /* threads of 't', parts of 'p' and 'r' (plan-mask: its mask heads) */
+    const char *ways;      /* the ways, the case's own first */
 } ops_case;
 
 #define F32 EI_F32
 #define F16 EI_F16
 #define BF16 EI_BF16
 static const ops_case ops_cases[] CHECK_UNUSED = {
-    /* op                   n     H   KV  d    q     kv    out   layout          proto cfg           nth */
-    /* profiling: whole prompt, chunked, head ranges + finalize */
-    {OP_PROFILE,            700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       1},
-    {OP_PROFILE,            700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       1},
-    {OP_PROFILE,            640,  6,  3,  40,  F16,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_SAMPLED,     2},
-    {OP_PROFILE,            900,  8,  1,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_SAMPLED,     1},
-    {OP_PROFILE,            512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 1},
-    {OP_PROFILE,            777,  12, 4,  33,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_PSEG,        1},
+    /* op                   n     H   KV  d    q     kv    out   layout          proto cfg           nth ways */
+    /* profiling: whole prompt, chunked, parts + finalize */
+    {OP_PROFILE,            700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       2,  "1tp"},
+    {OP_PROFILE,            700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       3,  "1pt"},
+    {OP_PROFILE,            640,  6,  3,  40,  F16,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_SAMPLED,     2,  "t1p"},
+    {OP_PROFILE,            900,  8,  1,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_SAMPLED,     3,  "1tr"},
+    {OP_PROFILE,            512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 2,  "1tp"},
+    {OP_PROFILE,            777,  12, 4,  33,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_PSEG,        3,  "1tp"},
     /* the shapes of test_cuda's former random_plans (bf16, contiguous; sizes where GPUs plan) */
-    {OP_PROFILE,            3000, 8,  2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
-    {OP_PROFILE,            5000, 4,  4,  128, BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
-    {OP_PROFILE,            1777, 6,  3,  32,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_SMALL,       1},
-    {OP_PROFILE,            9000, 8,  1,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        1},
-    {OP_PROFILE,            700,  14, 2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_INTERLEAVED, 1},
-    {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_SMALL,       1},
-    {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  BF16, BF16, F32,  LAY_PADDED,     2, CFG_SMALL,       1},
-    {OP_PROFILE_CHUNKED,    1000, 4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     3, CFG_SAMPLED,     2},
-    {OP_PROFILE_CHUNKED,    700,  6,  2,  64,  F16,  F16,  F32,  LAY_STRIDED,    4, CFG_SAMPLED,     1},
-    {OP_PROFILE_CHUNKED,    800,  16, 2,  32,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        1},
-    {OP_PLAN_FINALIZE,      800,  8,  4,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_PSEG,        2},
-    {OP_PLAN_FINALIZE,      640,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_PSEG,        2},
+    {OP_PROFILE,            3000, 8,  2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        2,  "1tp"},
+    {OP_PROFILE,            5000, 4,  4,  128, BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        3,  "1tp"},
+    {OP_PROFILE,            1777, 6,  3,  32,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_SMALL,       2,  "1pt"},
+    {OP_PROFILE,            9000, 8,  1,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_WIDE,        3,  "1tp"},
+    {OP_PROFILE,            700,  14, 2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_INTERLEAVED, 2,  "1tp"},
+    {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_SMALL,       2,  "1tp"},
+    {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  BF16, BF16, F32,  LAY_PADDED,     2, CFG_SMALL,       3,  "1rt"},
+    {OP_PROFILE_CHUNKED,    1000, 4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     3, CFG_SAMPLED,     2,  "t1p"},
+    {OP_PROFILE_CHUNKED,    700,  6,  2,  64,  F16,  F16,  F32,  LAY_STRIDED,    4, CFG_SAMPLED,     2,  "1pt"},
+    {OP_PROFILE_CHUNKED,    800,  16, 2,  32,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        3,  "1tp"},
+    {OP_PLAN_FINALIZE,      800,  8,  4,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_PSEG,        2,  "p1t"},
+    {OP_PLAN_FINALIZE,      640,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_PSEG,        2,  "r1t"},
     /* prefill attention: dense and sparse, whole prompt and a chunk */
-    {OP_PREFILL_DENSE,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       1},
-    {OP_PREFILL_DENSE,      600,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       2},
-    {OP_PREFILL_DENSE,      512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 1},
-    {OP_PREFILL_DENSE,      500,  4,  1,  128, F16,  F16,  F16,  LAY_HEAD_MAJOR, 0, CFG_SMALL,       1},
-    {OP_PREFILL_DENSE,      640,  8,  2,  64,  F32,  F16,  F32,  LAY_PADDED,     1, CFG_SMALL,       3},
-    {OP_PREFILL_DENSE,      300,  4,  4,  256, BF16, BF16, BF16, LAY_CONTIG,     0, CFG_SMALL,       1},
-    {OP_PREFILL_SPARSE,     700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       1},
-    {OP_PREFILL_SPARSE,     700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       2},
-    {OP_PREFILL_SPARSE,     512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 1},
-    {OP_PREFILL_SPARSE,     900,  14, 2,  64,  F16,  F16,  F32,  LAY_CONTIG,     0, CFG_SAMPLED,     1},
-    {OP_PREFILL_SPARSE,     800,  8,  2,  128, F32,  BF16, BF16, LAY_PADDED,     1, CFG_SMALL,       1},
-    {OP_PREFILL_SPARSE,     800,  8,  2,  64,  F32,  F16,  F16,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        3},
+    {OP_PREFILL_DENSE,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       2,  "1tp"},
+    {OP_PREFILL_DENSE,      600,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       2,  "p1t"},
+    {OP_PREFILL_DENSE,      512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 3,  "1tp"},
+    {OP_PREFILL_DENSE,      500,  4,  1,  128, F16,  F16,  F16,  LAY_HEAD_MAJOR, 0, CFG_SMALL,       2,  "1pt"},
+    {OP_PREFILL_DENSE,      640,  8,  2,  64,  F32,  F16,  F32,  LAY_PADDED,     1, CFG_SMALL,       3,  "t1p"},
+    {OP_PREFILL_DENSE,      300,  4,  4,  256, BF16, BF16, BF16, LAY_CONTIG,     0, CFG_SMALL,       2,  "1tp"},
+    {OP_PREFILL_SPARSE,     700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_SMALL,       2,  "1tp"},
+    {OP_PREFILL_SPARSE,     700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_SMALL,       2,  "p1t"},
+    {OP_PREFILL_SPARSE,     512,  4,  2,  128, BF16, BF16, F32,  LAY_STRIDED,    0, CFG_INTERLEAVED, 3,  "1tr"},
+    {OP_PREFILL_SPARSE,     900,  14, 2,  64,  F16,  F16,  F32,  LAY_CONTIG,     0, CFG_SAMPLED,     2,  "1tp"},
+    {OP_PREFILL_SPARSE,     800,  8,  2,  128, F32,  BF16, BF16, LAY_PADDED,     1, CFG_SMALL,       2,  "1pt"},
+    {OP_PREFILL_SPARSE,     800,  8,  2,  64,  F32,  F16,  F16,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        3,  "t1p"},
     /* decode attention: plain, through a keep set */
-    {OP_DECODE_ATTN,        700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
-    {OP_DECODE_ATTN,        700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_DECODE,      3},
-    {OP_DECODE_ATTN,        900,  4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     0, CFG_DECODE,      2},
-    {OP_DECODE_ATTN,        500,  16, 2,  128, F32,  BF16, BF16, LAY_HEAD_MAJOR, 0, CFG_DECODE,      1},
-    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
-    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE,      3},
-    {OP_DECODE_ATTN_KEEP,   500,  6,  3,  32,  BF16, BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE_PERQ, 1},
+    {OP_DECODE_ATTN,        700,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      2,  "1tp"},
+    {OP_DECODE_ATTN,        700,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_DECODE,      3,  "t1p"},
+    {OP_DECODE_ATTN,        900,  4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     0, CFG_DECODE,      2,  "p1tr"},
+    {OP_DECODE_ATTN,        500,  16, 2,  128, F32,  BF16, BF16, LAY_HEAD_MAJOR, 0, CFG_DECODE,      3,  "1tp"},
+    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_DECODE,      2,  "1tp"},
+    {OP_DECODE_ATTN_KEEP,   600,  8,  2,  64,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE,      3,  "t1p"},
+    {OP_DECODE_ATTN_KEEP,   500,  6,  3,  32,  BF16, BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE_PERQ, 2,  "1pt"},
     /* decode compression */
-    {OP_DECODE_OBSERVE,     300,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      1},
-    {OP_DECODE_OBSERVE,     300,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    2, CFG_DECODE,      1},
-    {OP_DECODE_OBSERVE,     200,  4,  4,  40,  F16,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE,      1},
-    {OP_DECODE_KEEP,        600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      1},
-    {OP_DECODE_KEEP,        600,  8,  2,  64,  F32,  BF16, F32,  LAY_PADDED,     2, CFG_DECODE_MAX,  2},
-    {OP_DECODE_KEEP,        500,  6,  2,  40,  F16,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE_PERQ, 1},
+    {OP_DECODE_OBSERVE,     300,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      1,  "-"},
+    {OP_DECODE_OBSERVE,     300,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    2, CFG_DECODE,      1,  "-"},
+    {OP_DECODE_OBSERVE,     200,  4,  4,  40,  F16,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE,      1,  "-"},
+    {OP_DECODE_KEEP,        600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      2,  "1tp"},
+    {OP_DECODE_KEEP,        600,  8,  2,  64,  F32,  BF16, F32,  LAY_PADDED,     2, CFG_DECODE_MAX,  2,  "t1p"},
+    {OP_DECODE_KEEP,        500,  6,  2,  40,  F16,  F16,  F32,  LAY_STRIDED,    0, CFG_DECODE_PERQ, 3,  "1tp"},
     /* the shapes and policies of test_cuda's former random_decode (bf16 caches) */
-    {OP_DECODE_KEEP,        3000, 8,  2,  128, F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_512,  1},
-    {OP_DECODE_KEEP,        2500, 8,  4,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_300,  1},
-    {OP_DECODE_KEEP,        1200, 4,  2,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_256,  1},
-    {OP_DECODE_KEEP,        100,  4,  2,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_128,  1},
-    {OP_DECODE_SCORE,       600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      3},
-    {OP_DECODE_SCORE,       700,  8,  1,  128, BF16, BF16, F32,  LAY_PADDED,     2, CFG_DECODE,      2},
-    {OP_DECODE_SCORE,       400,  4,  2,  16,  F32,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE_MAX,  1},
-    {OP_DECODE_SELECT,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_PADDED,     1, CFG_DECODE,      2},
-    {OP_DECODE_SELECT,      500,  8,  4,  32,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_DECODE_PERQ, 1},
-    {OP_DECODE_SHARED,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      1},
-    {OP_DECODE_SHARED,      500,  8,  2,  64,  F32,  BF16, F32,  LAY_PADDED,     2, CFG_DECODE_MAX,  1},
-    {OP_KV_COMPACT,         300,  2,  2,  64,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE,      1},
-    {OP_KV_COMPACT,         300,  4,  4,  80,  F32,  F32,  F32,  LAY_STRIDED,    0, CFG_DECODE,      1},
-    {OP_KV_COMPACT,         250,  3,  3,  128, F32,  F16,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1},
+    {OP_DECODE_KEEP,        3000, 8,  2,  128, F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_512,  2,  "1tp"},
+    {OP_DECODE_KEEP,        2500, 8,  4,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_300,  2,  "1tp"},
+    {OP_DECODE_KEEP,        1200, 4,  2,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_256,  2,  "1tp"},
+    {OP_DECODE_KEEP,        100,  4,  2,  64,  F32,  BF16, F32,  LAY_CONTIG,     0, CFG_DECODE_128,  2,  "1tp"},
+    {OP_DECODE_SCORE,       600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      3,  "p1t"},
+    {OP_DECODE_SCORE,       700,  8,  1,  128, BF16, BF16, F32,  LAY_PADDED,     2, CFG_DECODE,      2,  "p1tr"},
+    {OP_DECODE_SCORE,       400,  4,  2,  16,  F32,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE_MAX,  2,  "1tp"},
+    {OP_DECODE_SELECT,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_PADDED,     1, CFG_DECODE,      2,  "p1t"},
+    {OP_DECODE_SELECT,      500,  8,  4,  32,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_DECODE_PERQ, 3,  "1tr"},
+    {OP_DECODE_SHARED,      600,  8,  2,  64,  F32,  F32,  F32,  LAY_CONTIG,     1, CFG_DECODE,      2,  "1tp"},
+    {OP_DECODE_SHARED,      500,  8,  2,  64,  F32,  BF16, F32,  LAY_PADDED,     2, CFG_DECODE_MAX,  3,  "1pt"},
+    {OP_KV_COMPACT,         300,  2,  2,  64,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 0, CFG_DECODE,      1,  "-"},
+    {OP_KV_COMPACT,         300,  4,  4,  80,  F32,  F32,  F32,  LAY_STRIDED,    0, CFG_DECODE,      1,  "-"},
+    {OP_KV_COMPACT,         250,  3,  3,  128, F32,  F16,  F32,  LAY_CONTIG,     0, CFG_DECODE,      1,  "-"},
     /* the plan as a mask (base dtype in q's column) */
-    {OP_PLAN_MASK,          700,  8,  2,  64,  F32,  F32,  F16,  LAY_CONTIG,     0, CFG_SMALL,       3},
-    {OP_PLAN_MASK,          700,  8,  2,  64,  F16,  BF16, F16,  LAY_STRIDED,    1, CFG_SMALL,       1},
-    {OP_PLAN_MASK,          900,  14, 2,  64,  F32,  F16,  BF16, LAY_HEAD_MAJOR, 2, CFG_SAMPLED,     2},
-    {OP_PLAN_MASK,          800,  8,  2,  128, BF16, BF16, F32,  LAY_PADDED,     1, CFG_PSEG,        3},
-    {OP_PLAN_MASK,          512,  4,  1,  128, F16,  F16,  F16,  LAY_PADDED,     3, CFG_INTERLEAVED, 1},
+    {OP_PLAN_MASK,          700,  8,  2,  64,  F32,  F32,  F16,  LAY_CONTIG,     0, CFG_SMALL,       3,  "-"},
+    {OP_PLAN_MASK,          700,  8,  2,  64,  F16,  BF16, F16,  LAY_STRIDED,    1, CFG_SMALL,       1,  "-"},
+    {OP_PLAN_MASK,          900,  14, 2,  64,  F32,  F16,  BF16, LAY_HEAD_MAJOR, 2, CFG_SAMPLED,     2,  "-"},
+    {OP_PLAN_MASK,          800,  8,  2,  128, BF16, BF16, F32,  LAY_PADDED,     1, CFG_PSEG,        3,  "-"},
+    {OP_PLAN_MASK,          512,  4,  1,  128, F16,  F16,  F16,  LAY_PADDED,     3, CFG_INTERLEAVED, 1,  "-"},
 };
 #undef F32
 #undef F16
@@ -222,10 +244,63 @@ CHECK_FN int ops_is_decode(ops_op op) { return op >= OP_DECODE_ATTN && op <= OP_
 CHECK_FN int ops_is_plan(ops_op op) { return op <= OP_PLAN_FINALIZE; }
 CHECK_FN int ops_is_attention(ops_op op) { return op >= OP_PREFILL_DENSE && op <= OP_DECODE_ATTN_KEEP; }
 
+/* ------------------------------------------------------------ ways */
+/* The case's own way (the first of its ways; '1' for "-" or none). */
+CHECK_FN char ops_first_way(const ops_case *cs) {
+    return cs->ways && cs->ways[0] && cs->ways[0] != '-' ? cs->ways[0] : '1';
+}
+CHECK_FN int ops_way_is_parts(char way) { return way == 'p' || way == 'r'; }
+/* The threads (or parts) a way runs on: the workspace's count. */
+CHECK_FN int ops_way_n(const ops_case *cs, char way) { return way == '1' || cs->nth < 1 ? 1 : cs->nth; }
+/* The calls a way makes: nth parts, or one whole call. */
+CHECK_FN int ops_way_calls(const ops_case *cs, char way) { return ops_way_is_parts(way) ? ops_way_n(cs, way) : 1; }
+/* The ei_exec of a way's call number i (parts: 'p' in order, 'r' reversed). */
+CHECK_FN ei_exec ops_exec(const ops_case *cs, char way, int i, void *ws, size_t ws_bytes) {
+    ei_exec x;
+    int n = ops_way_n(cs, way);
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = ws_bytes;
+    if (ops_way_is_parts(way) && n > 1) {
+        x.nth = n;
+        x.ith = way == 'r' ? n - 1 - i : i;
+    } else
+        x.n_threads = n;
+    return x;
+}
+/* Every buffer of the case's layer on a side, for max_tokens tokens and a
+   way's threads or parts. */
+CHECK_FN ei_sizes ops_sizes(const side *s, const ops_case *cs, int64_t max_tokens, uint32_t plan_flags, char way) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = max_tokens;
+    sh.n_heads = cs->H;
+    sh.n_kv_heads = cs->KV;
+    sh.head_dim = cs->d;
+    sh.plan_flags = plan_flags;
+    sh.n_threads = ops_way_n(cs, way);
+    CHECK_OK(ei_layer_sizes(s->ctx, &sh, &z));
+    return z;
+}
+/* Whether the library promises two ways of a case the same bits on a side:
+   plans are "the same plan however it runs"; a prefill row is computed by
+   one thread in one order whatever ith/nth; decode scores split by query
+   head; select, shared_add and select_shared run on one thread (part 0);
+   on the GPU every way is the same launch sequence. Not: decode attention
+   on the CPU over other key splits (one thread against nth: the partials
+   are summed in another order: within the attention tolerance), and on the
+   GPU ei_decode_keep against ei_decode_score + ei_decode_select (its own
+   launches: keep sets equal up to near-ties). */
+CHECK_FN int ops_ways_exact(const ops_case *cs, int gpu, char a, char b) {
+    if (!gpu && (cs->op == OP_DECODE_ATTN || cs->op == OP_DECODE_ATTN_KEEP)) return ops_way_n(cs, a) == ops_way_n(cs, b);
+    if (gpu && cs->op == OP_DECODE_KEEP) return ops_way_is_parts(a) == ops_way_is_parts(b);
+    return 1;
+}
+
 /* Whether the CUDA backend runs the case (else it must refuse it with
    EI_ERR_DTYPE or EI_ERR_UNSUPPORTED): attention takes k and v 16-bit, q of
-   k's dtype or f32, head_dim 64/128/256, and no keep set; the kv-head
-   ranges of ei_profile_heads are a CPU feature (the GPU case runs ei_profile). */
+   k's dtype or f32, head_dim 64/128/256, and no keep set. */
 CHECK_FN int ops_gpu_runs(const ops_case *cs) {
     if (cs->op == OP_DECODE_ATTN_KEEP) return 0;
     if (cs->op == OP_PLAN_MASK) return 1;
@@ -421,7 +496,7 @@ CHECK_FN void ops_data_make(ops_data *D, const ops_case *cs, uint64_t seed) {
         if (D->m < 1) { D->q0 = 0; D->m = D->n; }
     }
     if (cs->op == OP_DECODE_ATTN || cs->op == OP_DECODE_ATTN_KEEP) {
-        D->m = cs->nth > 1 ? 1 : 3;
+        D->m = ops_way_n(cs, ops_first_way(cs)) > 1 ? 1 : 3; /* a split step: one token */
         D->q0 = D->n - D->m;
     }
     if (cs->op == OP_KV_COMPACT) { /* caches [rows][H][d] of two dtypes */
@@ -438,16 +513,21 @@ CHECK_FN void ops_data_make(ops_data *D, const ops_case *cs, uint64_t seed) {
     }
     if (cs->op == OP_PREFILL_SPARSE || cs->op == OP_PLAN_MASK) { /* the reference plan: the scalar path, whole prompt */
         ei_config c = D->c;
-        size_t wb;
-        void *ws;
+        ei_exec x;
+        side hs;
+        ei_sizes z;
         ei_tensor tq = ops_tensor(&D->q, D->q.host, 0, D->n), tk = ops_tensor(&D->k, D->k.host, 0, D->n);
         c.simd = EI_SIMD_SCALAR;
         D->host = ctx_make(0, c);
-        CHECK_OK(ei_plan_alloc(D->host, &D->plan, D->n, cs->KV, cs->d, 0));
-        CHECK_OK(ei_profile_workspace_size(D->host, D->n, cs->H, cs->KV, cs->d, &wb));
-        ws = malloc(wb);
-        CHECK_OK(ei_profile(D->host, &tq, &tk, &D->plan, ws, wb));
-        free(ws);
+        hs.gpu = 0;
+        hs.ctx = D->host;
+        z = ops_sizes(&hs, cs, D->n, 0, '1');
+        CHECK_OK(ei_plan_init(D->host, &D->plan, D->n, cs->KV, cs->d, 0, NULL, 0));
+        memset(&x, 0, sizeof x);
+        x.workspace_bytes = z.profile;
+        x.workspace = malloc(z.profile);
+        CHECK_OK(ei_profile(D->host, &x, &tq, &tk, &D->plan));
+        free(x.workspace);
     }
     if (cs->op == OP_DECODE_ATTN_KEEP || cs->op == OP_KV_COMPACT) { /* a keep set: every third row and the newest 16 */
         int32_t h, i;
@@ -501,50 +581,47 @@ CHECK_FN double ops_now(void) {
 /* A view's bytes on a side, and a host copy of them back. */
 CHECK_FN void *ops_up(const side *s, const ops_view *v) { return mem_up(s, v->host, ops_view_bytes(v)); }
 
-/* Plans: profile, chunked, head ranges + finalize. */
-CHECK_FN void ops_run_plan(const ops_data *D, const side *s, ops_result *o) {
+/* Plans: profile, chunked, in parts + finalize. */
+CHECK_FN void ops_run_plan(const ops_data *D, const side *s, char way, ops_result *o) {
     const ops_case *cs = D->cs;
     uint32_t flags = EI_PLAN_SCORES | (cs->op == OP_PROFILE_CHUNKED ? EI_PLAN_CHUNKED : 0u);
     void *dq = ops_up(s, &D->q), *dk = ops_up(s, &D->k), *ws;
-    size_t wb, wtot;
-    int nth = s->gpu ? 1 : cs->nth, i;
+    ei_sizes z = ops_sizes(s, cs, D->n, flags, way);
+    int calls = ops_way_calls(cs, way), i, j;
     ei_plan dplan, *plan;
     ei_config hc = D->c;
     double t0;
     memset(&dplan, 0, sizeof dplan);
     o->host = ctx_make(0, hc);
-    CHECK_OK(ei_plan_alloc(o->host, &o->plan, D->n, cs->KV, cs->d, flags));
-    if (s->gpu) CHECK_OK(ei_plan_alloc(s->ctx, &dplan, D->n, cs->KV, cs->d, flags));
+    CHECK_OK(ei_plan_init(o->host, &o->plan, D->n, cs->KV, cs->d, flags, NULL, 0));
+    if (s->gpu) CHECK_OK(ei_plan_init(s->ctx, &dplan, D->n, cs->KV, cs->d, flags, NULL, 0));
     plan = s->gpu ? &dplan : &o->plan;
-    CHECK_OK(ei_profile_workspace_size(s->ctx, D->n, cs->H, cs->KV, cs->d, &wb));
-    wtot = wb * (size_t)nth;
-    ws = mem_new(s, wtot);
+    ws = mem_new(s, z.profile); /* one workspace, whatever the way */
     t0 = ops_now();
     o->r = EI_OK;
-    if (cs->op == OP_PROFILE) {
+    if (cs->op != OP_PROFILE_CHUNKED) {
         ei_tensor tq = ops_tensor(&D->q, dq, 0, D->n), tk = ops_tensor(&D->k, dk, 0, D->n);
-        o->r = nth > 1 ? ei_profile_mt(s->ctx, &tq, &tk, plan, nth, ws, wtot) : ei_profile(s->ctx, &tq, &tk, plan, ws, wb);
-    } else if (cs->op == OP_PLAN_FINALIZE) {
-        ei_tensor tq = ops_tensor(&D->q, dq, 0, D->n), tk = ops_tensor(&D->k, dk, 0, D->n);
-        if (s->gpu) OPS_FIRST(o->r, ei_profile(s->ctx, &tq, &tk, plan, ws, wb));
-        else
-            for (i = 0; i < nth; ++i) /* the ranges in turn, as an engine's threads would */
-                OPS_FIRST(o->r, ei_profile_heads(s->ctx, &tq, &tk, plan, cs->KV * i / nth, cs->KV * (i + 1) / nth,
-                                                 (char *)ws + wb * (size_t)i, wb));
-        OPS_FIRST(o->r, ei_plan_finalize(s->ctx, plan));
+        for (j = 0; j < calls; ++j) { /* the parts in turn, as an engine's threads would */
+            ei_exec x = ops_exec(cs, way, j, ws, z.profile);
+            OPS_FIRST(o->r, ei_profile(s->ctx, &x, &tq, &tk, plan));
+        }
+        if (calls > 1 && o->r == EI_OK) OPS_FIRST(o->r, ei_plan_finalize(s->ctx, plan)); /* after the barrier */
     } else
         for (i = 0; i < D->n_calls && o->r == EI_OK; ++i) {
             const ops_call *cc = &D->calls[i];
             int64_t end = cc->end < 0 ? cc->start : cc->end;
             ei_tensor tq = ops_tensor(&D->q, dq, cc->start, end - cc->start), tk = ops_tensor(&D->k, dk, 0, D->rows);
             if (cs->layout != LAY_PADDED) tk.n_tokens = end; /* padded: the whole cache, cells past end ignored */
-            o->r = nth > 1 ? ei_profile_chunk_mt(s->ctx, cc->end < 0 ? NULL : &tq, &tk, plan, cc->start, cc->final, nth, ws, wtot)
-                           : ei_profile_chunk(s->ctx, cc->end < 0 ? NULL : &tq, &tk, plan, cc->start, cc->final, ws, wb);
+            for (j = 0; j < calls; ++j) {
+                ei_exec x = ops_exec(cs, way, j, ws, z.profile);
+                OPS_FIRST(o->r, ei_profile_chunk(s->ctx, &x, cc->end < 0 ? NULL : &tq, &tk, plan, cc->start, cc->final));
+            }
+            if (calls > 1 && o->r == EI_OK) OPS_FIRST(o->r, ei_plan_finalize(s->ctx, plan));
         }
     o->seconds = ops_now() - t0;
     if (s->gpu && o->r == EI_OK) CHECK_OK(ei_plan_copy(s->ctx, &o->plan, &dplan, EI_COPY_DEVICE_TO_HOST));
     if (s->gpu) ei_plan_free(s->ctx, &dplan);
-    mem_del(s, ws, wtot);
+    mem_del(s, ws, z.profile);
     mem_del(s, dq, ops_view_bytes(&D->q));
     mem_del(s, dk, ops_view_bytes(&D->k));
     o->intact = 1;
@@ -567,12 +644,13 @@ CHECK_FN void ops_take_out(const side *s, const ops_view *ov, void *dout, ops_re
 }
 
 /* Attention: prefill dense/sparse, decode, decode through a keep set. */
-CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o) {
+CHECK_FN void ops_run_attention(const ops_data *D, const side *s, char way, ops_result *o) {
     const ops_case *cs = D->cs;
-    void *dq = ops_up(s, &D->q), *dk = ops_up(s, &D->k), *dv = ops_up(s, &D->v), *dout, *ws, *parts = NULL, *didx = NULL;
+    void *dq = ops_up(s, &D->q), *dk = ops_up(s, &D->k), *dv = ops_up(s, &D->v), *dout, *ws, *didx = NULL;
     ops_view ov;
-    size_t wb, pb = 0, wmt = 0;
-    int nth = cs->nth, i, mt = !s->gpu && cs->nth == 3; /* nth 3: the _mt helpers */
+    int decode = ops_is_decode(cs->op), calls = ops_way_calls(cs, way), j;
+    ei_sizes z = ops_sizes(s, cs, D->q0 + D->m, 0, way);
+    size_t wb = decode ? z.decode : z.prefill;
     ei_plan dplan;
     const ei_plan *plan = NULL;
     ei_tensor tq = ops_tensor(&D->q, dq, D->q0, D->m), tk = ops_tensor(&D->k, dk, 0, D->q0 + D->m);
@@ -587,7 +665,7 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
     to = ops_out_tensor(&ov, dout);
     if (cs->op == OP_PREFILL_SPARSE) {
         if (s->gpu) {
-            CHECK_OK(ei_plan_alloc(s->ctx, &dplan, D->n, cs->KV, cs->d, 0));
+            CHECK_OK(ei_plan_init(s->ctx, &dplan, D->n, cs->KV, cs->d, 0, NULL, 0));
             CHECK_OK(ei_plan_copy(s->ctx, &dplan, &D->plan, EI_COPY_HOST_TO_DEVICE));
             plan = &dplan;
         } else
@@ -602,45 +680,28 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
         didx = mem_up(s, D->keep_index, sizeof(int32_t) * (size_t)D->keep_heads * (size_t)D->keep_cap);
         ks.index = (int32_t *)didx;
     }
-    CHECK_OK(ei_attention_workspace_size(s->ctx, cs->H, cs->KV, cs->d, &wb));
-    if (mt && ops_is_decode(cs->op))
-        CHECK_OK(ei_attention_decode_workspace_size(s->ctx, D->m, cs->H, cs->KV, cs->d, nth, &wmt));
-    ws = mem_new(s, wb * (size_t)nth > wmt ? wb * (size_t)nth : wmt);
-    if (ops_is_decode(cs->op)) {
-        if (s->gpu) nth = 1; /* the ith = 0 call runs the step */
-        else if (!mt) {
-            CHECK_OK(ei_attention_decode_partials_size(s->ctx, D->m, cs->H, cs->d, nth, &pb));
-            parts = mem_new(s, pb);
-        }
-    }
+    ws = mem_new(s, wb); /* one workspace, whatever the way (decode: the parts' partials live in it) */
     t0 = ops_now();
     o->r = EI_OK;
-    if (mt) { /* the built-in threads */
-        size_t wall = wb * (size_t)nth > wmt ? wb * (size_t)nth : wmt;
-        if (cs->op == OP_DECODE_ATTN) o->r = ei_attention_decode_mt(s->ctx, &tq, &tk, &tv, &to, D->q0, nth, ws, wmt);
-        else if (cs->op == OP_DECODE_ATTN_KEEP)
-            o->r = ei_attention_decode_keep_mt(s->ctx, &tq, &tk, &tv, &ks, &to, D->q0, nth, ws, wmt);
-        else o->r = ei_attention_prefill_mt(s->ctx, &tq, &tk, &tv, plan, &to, D->q0, nth, ws, wall);
-        nth = 0; /* done */
-    }
-    for (i = 0; i < nth; ++i) {
-        void *w = (char *)ws + wb * (size_t)i;
-        if (cs->op == OP_DECODE_ATTN)
-            OPS_FIRST(o->r, ei_attention_decode(s->ctx, &tq, &tk, &tv, &to, D->q0, i, nth, (float *)parts, pb, w, wb));
-        else if (cs->op == OP_DECODE_ATTN_KEEP)
-            OPS_FIRST(o->r, ei_attention_decode_keep(s->ctx, &tq, &tk, &tv, &ks, &to, D->q0, i, nth, (float *)parts, pb, w, wb));
+    for (j = 0; j < calls; ++j) {
+        ei_exec x = ops_exec(cs, way, j, ws, wb);
+        if (decode)
+            OPS_FIRST(o->r, ei_attention_decode(s->ctx, &x, &tq, &tk, &tv, cs->op == OP_DECODE_ATTN_KEEP ? &ks : NULL, &to,
+                                                D->q0));
         else
-            OPS_FIRST(o->r, ei_attention_prefill(s->ctx, &tq, &tk, &tv, plan, &to, D->q0, i, nth, w, wb));
+            OPS_FIRST(o->r, ei_attention_prefill(s->ctx, &x, &tq, &tk, &tv, plan, &to, D->q0));
     }
-    if (ops_is_decode(cs->op) && !s->gpu && !mt && o->r == EI_OK)
-        for (i = 0; i < nth; ++i) OPS_FIRST(o->r, ei_attention_decode_merge(s->ctx, &to, (const float *)parts, pb, i, nth));
+    /* after the barrier every part merges its rows (after a whole call: nothing to do) */
+    for (j = 0; decode && o->r == EI_OK && j < calls; ++j) {
+        ei_exec x = ops_exec(cs, way, j, ws, wb);
+        OPS_FIRST(o->r, ei_attention_decode_merge(s->ctx, &x, &to));
+    }
     o->seconds = ops_now() - t0;
     if (o->r == EI_OK) ops_take_out(s, &ov, dout, o);
     else o->intact = 1;
     if (s->gpu && plan) ei_plan_free(s->ctx, &dplan);
-    if (parts) mem_del(s, parts, pb);
     if (didx) mem_del(s, didx, sizeof(int32_t) * (size_t)D->keep_heads * (size_t)D->keep_cap);
-    mem_del(s, ws, wb * (size_t)cs->nth > wmt ? wb * (size_t)cs->nth : wmt);
+    mem_del(s, ws, wb);
     mem_del(s, dout, ops_view_bytes(&ov));
     mem_del(s, dq, ops_view_bytes(&D->q));
     mem_del(s, dk, ops_view_bytes(&D->k));
@@ -649,12 +710,13 @@ CHECK_FN void ops_run_attention(const ops_data *D, const side *s, ops_result *o)
 }
 
 /* Decode compression: observe, keep, score, select, shared. */
-CHECK_FN void ops_run_decode(const ops_data *D, const side *s, ops_result *o) {
+CHECK_FN void ops_run_decode(const ops_data *D, const side *s, char way, ops_result *o) {
     const ops_case *cs = D->cs;
-    int layers = cs->op == OP_DECODE_SHARED ? 2 : 1, L, i, nth = cs->nth;
+    int layers = cs->op == OP_DECODE_SHARED ? 2 : 1, L, i, j, calls = ops_way_calls(cs, way);
     void *dq = ops_up(s, &D->q), *dk = ops_up(s, &D->k), *dv = ops_up(s, &D->v), *ring[2], *ws, *drp = NULL;
     void *dsc[2] = {NULL, NULL}, *dsh = NULL;
-    size_t ring_bytes, wb, sc_bytes = sizeof(float) * (size_t)cs->H * (size_t)D->rows;
+    ei_sizes z = ops_sizes(s, cs, D->rows, 0, way);
+    size_t ring_bytes = z.decoder, wb = z.decode_keep, sc_bytes = sizeof(float) * (size_t)cs->H * (size_t)D->rows;
     ei_decoder dec[2];
     int32_t heads = D->c.per_kv_head ? cs->KV : cs->H, cap = (int32_t)EI__MIN(D->n, (int64_t)D->c.decode_budget);
     int64_t gen = 6, prompt = D->n - gen;
@@ -663,10 +725,7 @@ CHECK_FN void ops_run_decode(const ops_data *D, const side *s, ops_result *o) {
     tk[0] = ops_tensor(&D->k, dk, 0, D->rows);
     tk[1] = ops_tensor(&D->v, dv, 0, D->rows); /* the second layer's keys */
     if (D->row_pos) drp = mem_up(s, D->row_pos, sizeof(int32_t) * (size_t)D->rows);
-    CHECK_OK(ei_decoder_size(s->ctx, cs->H, cs->d, &ring_bytes));
-    CHECK_OK(ei_decode_workspace_size(s->ctx, D->rows, cs->H, cs->KV, &wb));
-    if (s->gpu) nth = cs->op == OP_DECODE_SCORE ? nth : 1;
-    ws = mem_new(s, wb * (size_t)cs->nth);
+    ws = mem_new(s, wb); /* one workspace, whatever the way */
     t0 = ops_now();
     o->r = EI_OK;
     for (L = 0; L < layers; ++L) { /* the prompt in the protocol's batches, then generated tokens one at a time */
@@ -697,44 +756,74 @@ CHECK_FN void ops_run_decode(const ops_data *D, const side *s, ops_result *o) {
     }
     if (cs->op == OP_DECODE_KEEP) {
         ei_keep_set ks = keep_new(s, heads, cap, D->rows, D->rows);
+        ei_result rk = EI_OK;
         ks.row_pos = (const int32_t *)drp;
-        keep_take(s, &ks, nth > 1 && !s->gpu ? ei_decode_keep_mt(s->ctx, &dec[0], &tk[0], &ks, nth, ws, wb * (size_t)nth)
-                                             : ei_decode_keep(s->ctx, &dec[0], &tk[0], &ks, ws, wb), &o->keep);
+        if (calls > 1) { /* ei_decode_keep runs on threads; an engine's parts score, then part 0 selects */
+            ei_exec x = ops_exec(cs, way, 0, ws, wb);
+            CHECK_ERR(ei_decode_keep(s->ctx, &x, &dec[0], &tk[0], &ks), EI_ERR_CONFIG);
+            dsc[0] = mem_new(s, sc_bytes);
+            for (j = 0; j < calls; ++j) {
+                x = ops_exec(cs, way, j, ws, wb);
+                OPS_FIRST(rk, ei_decode_score(s->ctx, &x, &dec[0], &tk[0], (const int32_t *)drp, 0, (float *)dsc[0]));
+            }
+            for (j = 0; j < calls && rk == EI_OK; ++j) { /* after the barrier */
+                x = ops_exec(cs, way, j, ws, wb);
+                OPS_FIRST(rk, ei_decode_select(s->ctx, &x, &dec[0], (const float *)dsc[0], D->rows, &ks));
+            }
+        } else {
+            ei_exec x = ops_exec(cs, way, 0, ws, wb);
+            rk = ei_decode_keep(s->ctx, &x, &dec[0], &tk[0], &ks);
+        }
+        keep_take(s, &ks, rk, &o->keep);
         o->has_keep = 1;
         OPS_FIRST(o->r, o->keep.r);
     }
     if (cs->op == OP_DECODE_SCORE || cs->op == OP_DECODE_SELECT || cs->op == OP_DECODE_SHARED) {
         for (L = 0; L < layers; ++L) {
             dsc[L] = mem_new(s, sc_bytes);
-            for (i = 0; i < nth; ++i)
-                OPS_FIRST(o->r, ei_decode_score(s->ctx, &dec[L], &tk[L], (const int32_t *)drp, 0, (float *)dsc[L], i, nth,
-                                                (char *)ws + wb * (size_t)i, wb));
+            for (j = 0; j < calls; ++j) {
+                ei_exec x = ops_exec(cs, way, j, ws, wb);
+                OPS_FIRST(o->r, ei_decode_score(s->ctx, &x, &dec[L], &tk[L], (const int32_t *)drp, 0, (float *)dsc[L]));
+            }
         }
         if (cs->op == OP_DECODE_SCORE) {
             o->out = (float *)mem_down(s, dsc[0], sc_bytes);
             o->n_out = sc_bytes / 4;
         }
-        if (cs->op == OP_DECODE_SELECT) {
+        if (cs->op == OP_DECODE_SELECT) { /* every part calls it after the barrier; part 0 selects */
             ei_keep_set ks = keep_new(s, heads, cap, D->rows, D->rows);
+            ei_result rk = EI_OK;
             ks.row_pos = (const int32_t *)drp;
-            keep_take(s, &ks, ei_decode_select(s->ctx, &dec[0], (const float *)dsc[0], D->rows, &ks, ws, wb), &o->keep);
+            for (j = 0; j < calls; ++j) {
+                ei_exec x = ops_exec(cs, way, j, ws, wb);
+                OPS_FIRST(rk, ei_decode_select(s->ctx, &x, &dec[0], (const float *)dsc[0], D->rows, &ks));
+            }
+            keep_take(s, &ks, rk, &o->keep);
             o->has_keep = 1;
             OPS_FIRST(o->r, o->keep.r);
         }
         if (cs->op == OP_DECODE_SHARED) {
             float *zero = (float *)calloc((size_t)D->rows, sizeof(float));
             ei_keep_set ks;
+            ei_result rk = EI_OK;
             if (!zero) { printf("out of memory\n"); exit(2); }
             dsh = mem_up(s, zero, sizeof(float) * (size_t)D->rows);
             free(zero);
             for (L = 0; L < layers; ++L)
-                OPS_FIRST(o->r, ei_decode_shared_add(s->ctx, &dec[L], (const float *)dsc[L], D->rows, (const int32_t *)drp,
-                                                     (float *)dsh, ws, wb));
+                for (j = 0; j < calls; ++j) {
+                    ei_exec x = ops_exec(cs, way, j, ws, wb);
+                    OPS_FIRST(o->r, ei_decode_shared_add(s->ctx, &x, &dec[L], (const float *)dsc[L], D->rows,
+                                                         (const int32_t *)drp, (float *)dsh));
+                }
             o->out = (float *)mem_down(s, dsh, sizeof(float) * (size_t)D->rows);
             o->n_out = (size_t)D->rows;
             ks = keep_new(s, 1, cap, D->rows, D->rows);
             ks.row_pos = (const int32_t *)drp;
-            keep_take(s, &ks, ei_decode_select_shared(s->ctx, &dec[0], (const float *)dsh, D->rows, &ks, ws, wb), &o->keep);
+            for (j = 0; j < calls; ++j) {
+                ei_exec x = ops_exec(cs, way, j, ws, wb);
+                OPS_FIRST(rk, ei_decode_select_shared(s->ctx, &x, &dec[0], (const float *)dsh, D->rows, &ks));
+            }
+            keep_take(s, &ks, rk, &o->keep);
             o->has_keep = 1;
             OPS_FIRST(o->r, o->keep.r);
             mem_del(s, dsh, sizeof(float) * (size_t)D->rows);
@@ -747,7 +836,7 @@ CHECK_FN void ops_run_decode(const ops_data *D, const side *s, ops_result *o) {
         if (dsc[L]) mem_del(s, dsc[L], sc_bytes);
     }
     if (drp) mem_del(s, drp, sizeof(int32_t) * (size_t)D->rows);
-    mem_del(s, ws, wb * (size_t)cs->nth);
+    mem_del(s, ws, wb);
     mem_del(s, dq, ops_view_bytes(&D->q));
     mem_del(s, dk, ops_view_bytes(&D->k));
     mem_del(s, dv, ops_view_bytes(&D->v));
@@ -786,7 +875,6 @@ CHECK_FN void ops_run_compact(const ops_data *D, const side *s, ops_result *o) {
     mem_del(s, dv, vb);
 }
 
-/* Runs the case on a side: o holds what came back. */
 /* The plan as a mask: the mask's views and the base's values. Keys: the
    k view's rows (a padded cache: keys past the queries). The base is an
    engine's mask: -inf past the query and on every 37th key (another
@@ -828,7 +916,7 @@ CHECK_FN void ops_run_mask(const ops_data *D, const side *s, ops_result *o) {
         base.row_stride = bv.ts; base.head_stride = bv.hs;
     }
     if (s->gpu) {
-        CHECK_OK(ei_plan_alloc(s->ctx, &dplan, D->n, cs->KV, cs->d, 0));
+        CHECK_OK(ei_plan_init(s->ctx, &dplan, D->n, cs->KV, cs->d, 0, NULL, 0));
         CHECK_OK(ei_plan_copy(s->ctx, &dplan, &D->plan, EI_COPY_HOST_TO_DEVICE));
         plan = &dplan;
     }
@@ -845,14 +933,17 @@ CHECK_FN void ops_run_mask(const ops_data *D, const side *s, ops_result *o) {
     ops_view_free(&bv);
 }
 
-CHECK_FN void ops_run(const ops_data *D, const side *s, ops_result *o) {
+/* Runs the case on a side the way `way` (one of its ways): o holds what came back. */
+CHECK_FN void ops_run_way(const ops_data *D, const side *s, char way, ops_result *o) {
     memset(o, 0, sizeof *o);
-    if (ops_is_plan(D->cs->op)) ops_run_plan(D, s, o);
+    if (ops_is_plan(D->cs->op)) ops_run_plan(D, s, way, o);
     else if (D->cs->op == OP_PLAN_MASK) ops_run_mask(D, s, o);
     else if (D->cs->op == OP_KV_COMPACT) ops_run_compact(D, s, o);
-    else if (ops_is_attention(D->cs->op)) ops_run_attention(D, s, o);
-    else ops_run_decode(D, s, o);
+    else if (ops_is_attention(D->cs->op)) ops_run_attention(D, s, way, o);
+    else ops_run_decode(D, s, way, o);
 }
+/* The case's own way. */
+CHECK_FN void ops_run(const ops_data *D, const side *s, ops_result *o) { ops_run_way(D, s, ops_first_way(D->cs), o); }
 CHECK_FN void ops_result_free(ops_result *o) {
     if (o->host) { ei_plan_free(o->host, &o->plan); ei_context_destroy(o->host); }
     free(o->out);
@@ -1029,6 +1120,57 @@ CHECK_FN int ops_compare(const char *who, const ops_data *D, const ops_result *r
     return knife;
 }
 
+/* Two plans laid out alike, the same bits in every field and row planned. */
+CHECK_FN int ops_plan_identical(const ei_plan *a, const ei_plan *b) {
+    int32_t kvh, s;
+    if (a->n_tokens != b->n_tokens || a->n_segments != b->n_segments || a->n_blocks != b->n_blocks ||
+        a->max_keep != b->max_keep || a->final != b->final || a->n_kv_heads != b->n_kv_heads)
+        return 0;
+    if (memcmp(a->head_class, b->head_class, (size_t)a->n_kv_heads)) return 0;
+    for (kvh = 0; kvh < a->n_kv_heads; ++kvh)
+        for (s = 0; s < a->n_segments; ++s) {
+            size_t ra = EI_PLAN_ROW(a, kvh, s), rb = EI_PLAN_ROW(b, kvh, s);
+            if (memcmp(&a->entropy[ra], &b->entropy[rb], 4) || memcmp(&a->budget[ra], &b->budget[rb], 4) ||
+                a->keep_blocks[ra] != b->keep_blocks[rb] || a->keep_count[ra] != b->keep_count[rb] ||
+                memcmp(EI_PLAN_BLOCKS(a, kvh, s), EI_PLAN_BLOCKS(b, kvh, s), sizeof(int32_t) * (size_t)a->max_keep))
+                return 0;
+            if (a->scores && b->scores &&
+                memcmp(a->scores + ra * (size_t)a->blk_capacity, b->scores + rb * (size_t)b->blk_capacity,
+                       sizeof(float) * (size_t)a->n_blocks))
+                return 0;
+        }
+    return 1;
+}
+CHECK_FN int ops_keep_identical(const keep_host *a, const keep_host *b) {
+    size_t ib = (size_t)a->heads * (size_t)a->cap * 4;
+    return a->heads == b->heads && a->cap == b->cap && a->n_kept == b->n_kept && a->compressed == b->compressed &&
+           a->n_tokens == b->n_tokens && a->n == b->n && a->pcap == b->pcap && !memcmp(a->index, b->index, ib) &&
+           !memcmp(a->positions, b->positions, ib) && !memcmp(a->mask, b->mask, (size_t)a->heads * (size_t)a->n) &&
+           !memcmp(a->pooled, b->pooled, (size_t)a->heads * (size_t)a->pcap * 4);
+}
+/* Another way's run (got, way wg) of a case on one side against its first
+   way's (first, way wf): bit for bit where the library promises it
+   (ops_ways_exact: the same code, and everything the operation returns
+   the same bits), else as ops_compare compares a path with the reference.
+   Returns the near-ties / knife-edges seen. */
+CHECK_FN int ops_compare_ways(const char *who, const ops_data *D, const ops_result *first, const ops_result *got, int gpu,
+                              ei_simd path, char wf, char wg) {
+    int same;
+    if (!ops_ways_exact(D->cs, gpu, wf, wg)) return ops_compare(who, D, first, got, gpu, path);
+    CHECK(got->r == first->r, "%s: %s, the case's first way '%c' %s", who, ei_result_name(got->r), wf,
+          ei_result_name(first->r));
+    CHECK(got->intact, "%s: wrote outside its output's elements", who);
+    if (got->r != EI_OK || first->r != EI_OK) return 0;
+    same = got->n_out == first->n_out && got->n_raw == first->n_raw && got->has_keep == first->has_keep;
+    if (same && got->out) same = !memcmp(got->out, first->out, sizeof(float) * got->n_out);
+    if (same && got->raw) same = !memcmp(got->raw, first->raw, got->n_raw);
+    if (same && got->has_keep) same = ops_keep_identical(&got->keep, &first->keep);
+    if (same && ops_is_plan(D->cs->op)) same = ops_plan_identical(&got->plan, &first->plan);
+    CHECK(same, "%s: not bit-identical to the case's first way '%c' (the library gives the same result however a call "
+          "runs)", who, wf);
+    return 0;
+}
+
 /* A mask against the keys check.h's reference attention reads
    (ref_token_keys: the union over kv heads for a one-head mask), and the
    base's values (0 without one) rounded to the mask's dtype on them. */
@@ -1104,8 +1246,8 @@ CHECK_FN void ops_check_ref(const char *who, const ops_data *D, const ops_result
 
 /* One line naming a case. */
 CHECK_FN void ops_case_name(const ops_case *cs, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s n=%d %d/%d d=%d %s/%s->%s %s P%d %s nth=%d", ops_op_names[cs->op], cs->n, cs->H, cs->KV, cs->d,
-             dtype_name(cs->q), dtype_name(cs->kv), dtype_name(cs->out), ops_layout_names[cs->layout], cs->proto,
-             ops_cfg_names[cs->cfg], cs->nth);
+    snprintf(buf, cap, "%s n=%d %d/%d d=%d %s/%s->%s %s P%d %s nth=%d %s", ops_op_names[cs->op], cs->n, cs->H, cs->KV,
+             cs->d, dtype_name(cs->q), dtype_name(cs->kv), dtype_name(cs->out), ops_layout_names[cs->layout], cs->proto,
+             ops_cfg_names[cs->cfg], cs->nth, cs->ways ? cs->ways : "-");
 }
 #endif

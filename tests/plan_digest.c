@@ -106,9 +106,23 @@ int main(void) {
                 void *pm, *ws;
                 ei_plan plan;
                 uint32_t flags = EI_PLAN_CHUNKED | (cfgi == 0 ? EI_PLAN_SCORES : 0u);
+#if EI_VERSION_MINOR >= 2 /* the 0.2 API (issue 31): one size query, calls take an ei_exec */
+                ei_shape sh;
+                ei_sizes sz;
+                ei_exec x;
+                memset(&sh, 0, sizeof sh);
+                sh.max_tokens = N; sh.n_heads = H; sh.n_kv_heads = KV; sh.head_dim = D; sh.plan_flags = flags;
+                if (ei_layer_sizes(ctx, &sh, &sz) != EI_OK) { printf("size: %s\n", ei_last_error()); return 1; }
+                pb = sz.plan; wb = sz.profile;
+#else
                 if (ei_plan_size(ctx, N, KV, D, flags, &pb) != EI_OK ||
                     ei_profile_workspace_size(ctx, N, H, KV, D, &wb) != EI_OK) { printf("size: %s\n", ei_last_error()); return 1; }
+#endif
                 pm = malloc(pb); ws = malloc(wb);
+#if EI_VERSION_MINOR >= 2
+                memset(&x, 0, sizeof x);
+                x.workspace = ws; x.workspace_bytes = wb;
+#endif
                 if (ei_plan_init(ctx, &plan, N, KV, D, flags, pm, pb) != EI_OK) { printf("init: %s\n", ei_last_error()); return 1; }
                 for (pi = 0; pi < (int)(sizeof protos / sizeof protos[0]); ++pi) {
                     const protocol *p = &protos[pi];
@@ -119,7 +133,11 @@ int main(void) {
                         size_t es = dts[di] == EI_F32 ? 4 : 2;
                         ei_tensor qt = ei_tensor_make((const unsigned char *)qm + (size_t)start * (size_t)H * (size_t)D * es,
                                                       dts[di], end - start, H, D);
+#if EI_VERSION_MINOR >= 2
+                        r = ei_profile_chunk(ctx, &x, end < 0 ? NULL : &qt, &kt, &plan, start, (int)p->call[i][2]);
+#else
                         r = ei_profile_chunk(ctx, end < 0 ? NULL : &qt, &kt, &plan, start, (int)p->call[i][2], ws, wb);
+#endif
                     }
                     printf("%-11s cfg %d  %d/%d heads d%-3d %-4s  %-26s  %s %016llx\n", ei_simd_name((ei_simd)sm), cfgi, H, KV, D,
                            dts[di] == EI_F32 ? "f32" : dts[di] == EI_BF16 ? "bf16" : "f16", p->name,

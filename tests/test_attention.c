@@ -14,8 +14,9 @@
        f16 out 2^-11, bf16 out 2^-8 relative)
      avx512-bf16 (P rounded to bf16 before P V):      4e-3
    plus: output finite, guard bytes around and between output rows intact,
-   ith/nth splits and chunked calls (q_offset) give the same result, bad
-   input returns the documented error and leaves out untouched.
+   calls in ith/nth parts (one shared workspace), on threads and chunked
+   calls (q_offset) give the same result, bad input (bad ei_exec fields
+   included) returns the documented error and leaves out untouched.
 
    Build: make test-attention (test-attention-all: gcc, clang, C and C++,
    ASan/UBSan variants; tests/tests.mk). */
@@ -74,6 +75,30 @@ static void make_qkv(buf *q, buf *k, buf *v, int32_t G, float amp) {
     }
 }
 
+/* ---- how a call runs (ei_exec) and the layer's sizes ------------------ */
+/* A whole call on n threads (0 or 1: the caller alone), ONE workspace. */
+static ei_exec ex(int n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads; x.workspace = ws; x.workspace_bytes = bytes;
+    return x;
+}
+/* Part ith of nth (nth 1: the whole call on one thread): every part passes
+   the same workspace. */
+static ei_exec part(int ith, int nth, void *ws, size_t bytes) {
+    ei_exec x = ex(0, ws, bytes);
+    x.ith = ith; x.nth = nth;
+    return x;
+}
+/* ei_layer_sizes of a layer of T tokens, H query and HK kv heads, for
+   calls on n threads or in n parts. */
+static ei_result layer_sizes(const ei_context *ctx, int64_t T, int32_t H, int32_t HK, int32_t d, int n, ei_sizes *z) {
+    ei_shape s;
+    memset(&s, 0, sizeof s);
+    s.max_tokens = T; s.n_heads = H; s.n_kv_heads = HK; s.head_dim = d; s.n_threads = n;
+    return ei_layer_sizes(ctx, &s, z);
+}
+
 /* ---- outputs: guarded, PAD_ELEMS extra elements between tokens (strided) -- */
 #define PAD_ELEMS 5
 static guarded_out out_alloc(ei_dtype dt, int64_t n, int32_t heads, int32_t d, int strided) {
@@ -124,39 +149,44 @@ typedef struct case_desc {
     int per_segment; /* the reference's one count per segment (max over heads) */
     int small_cap;   /* attention contexts with a smaller base_budget than the plan's:
                         rows longer than the workspace's sort buffer run unsorted */
-    int decode;      /* chunks through ei_attention_decode + merge (nth slices of the
-                        keys), checked bit-identical to ei_attention_decode_mt */
+    int decode;      /* chunks through ei_attention_decode + merge in nth parts (nth
+                        slices of the keys), checked bit-identical to the call on nth threads */
 } case_desc;
 
-/* One chunk of queries through the two decode phases, nth threads in turn;
-   then the same through ei_attention_decode_mt, which must agree bit for bit. */
+/* One chunk of queries through the two decode calls in nth parts (one
+   shared workspace of ei_sizes.decode for nth, the parts in turn); then the
+   same call on nth threads, which must agree bit for bit (and its merge does
+   nothing). */
 static ei_result decode_chunk(ei_context *ctx, const ei_tensor *tq, const ei_tensor *tk, const ei_tensor *tv,
-                              ei_out_tensor *to, int64_t t0, int nth, void *ws, size_t wsb) {
-    size_t pb = 0, mtb = 0;
-    float *partials;
-    void *mtws;
+                              ei_out_tensor *to, int64_t t0, int nth) {
+    ei_sizes z;
+    ei_exec x;
+    void *ws, *mtws;
     guarded_out o2;
     ei_result r;
     int ith;
-    CHECK(ei_attention_decode_partials_size(ctx, tq->n_tokens, tq->n_heads, tq->head_dim, nth, &pb) == EI_OK, "partials size");
-    partials = (float *)malloc(pb);
-    for (ith = 0; ith < nth; ++ith)
-        if ((r = ei_attention_decode(ctx, tq, tk, tv, to, t0, ith, nth, partials, pb, ws, wsb)) != EI_OK) {
-            free(partials);
-            return r;
-        }
-    for (ith = 0; ith < nth; ++ith)
-        if ((r = ei_attention_decode_merge(ctx, to, partials, pb, ith, nth)) != EI_OK) { free(partials); return r; }
-    free(partials);
-    CHECK(ei_attention_decode_workspace_size(ctx, tq->n_tokens, tq->n_heads, tk->n_heads, tq->head_dim, nth, &mtb) == EI_OK,
-          "decode workspace size");
-    mtws = malloc(mtb + 1);
+    memset(&z, 0, sizeof z);
+    CHECK(layer_sizes(ctx, tk->n_tokens, tq->n_heads, tk->n_heads, tq->head_dim, nth, &z) == EI_OK,
+          "decode workspace size: %s", ei_last_error());
+    ws = malloc(z.decode);
+    for (ith = 0; ith < nth; ++ith) {
+        x = part(ith, nth, ws, z.decode);
+        if ((r = ei_attention_decode(ctx, &x, tq, tk, tv, NULL, to, t0)) != EI_OK) { free(ws); return r; }
+    }
+    for (ith = 0; ith < nth; ++ith) {
+        x = part(ith, nth, ws, z.decode);
+        if ((r = ei_attention_decode_merge(ctx, &x, to)) != EI_OK) { free(ws); return r; }
+    }
+    free(ws);
+    mtws = malloc(z.decode + 1);
     o2 = guarded_out_make(to->dtype, to->n_tokens, to->n_heads, to->head_dim, 0);
-    r = ei_attention_decode_mt(ctx, tq, tk, tv, &o2.t, t0, nth, (char *)mtws + 1, mtb); /* any alignment */
-    CHECK(r == EI_OK, "decode_mt: %s", ei_last_error());
+    x = ex(nth, (char *)mtws + 1, z.decode); /* any alignment */
+    r = ei_attention_decode(ctx, &x, tq, tk, tv, NULL, &o2.t, t0);
+    CHECK(r == EI_OK, "decode on %d threads: %s", nth, ei_last_error());
     if (r == EI_OK) {
         int64_t t;
         int32_t h, e, same = 1;
+        CHECK(ei_attention_decode_merge(ctx, &x, &o2.t) == EI_OK, "merge after a call on threads: %s", ei_last_error());
         for (t = 0; t < to->n_tokens; ++t)
             for (h = 0; h < to->n_heads; ++h)
                 for (e = 0; e < to->head_dim; ++e) {
@@ -167,7 +197,7 @@ static ei_result decode_chunk(ei_context *ctx, const ei_tensor *tq, const ei_ten
                                              ((size_t)(t * o2.t.token_stride + h * o2.t.head_stride + e)) * es;
                     if (memcmp(a, b, es) != 0) same = 0;
                 }
-        CHECK(same && guarded_out_intact(&o2), "decode_mt (%d threads) differs from the two phases", nth);
+        CHECK(same && guarded_out_intact(&o2), "decode on %d threads differs from the call in %d parts", nth, nth);
     }
     guarded_out_free(&o2);
     free(mtws);
@@ -182,7 +212,8 @@ static void run_case(const case_desc *cd) {
     ei_plan plan;
     ei_tensor tv;
     double *ref, *vmax;
-    size_t ws_prof;
+    ei_sizes zp;
+    ei_exec x;
     void *wsp;
     unsigned kd;
     int32_t G = cd->H / cd->HK;
@@ -198,10 +229,11 @@ static void run_case(const case_desc *cd) {
     for (i = 0; i < cd->HK; ++i) vmax[i] = ref_vmax(&tv, (int32_t)i);
     if (cd->use_plan) {
         ei_tensor tq = buf_view(&q), tk = buf_view(&k);
-        CHECK(ei_plan_alloc(ctx_prof, &plan, cd->n, cd->HK, cd->d, 0) == EI_OK, "plan: %s", ei_last_error());
-        CHECK(ei_profile_workspace_size(ctx_prof, cd->n, cd->H, cd->HK, cd->d, &ws_prof) == EI_OK, "ws");
-        wsp = malloc(ws_prof);
-        CHECK(ei_profile(ctx_prof, &tq, &tk, &plan, wsp, ws_prof) == EI_OK, "profile: %s", ei_last_error());
+        CHECK(ei_plan_init(ctx_prof, &plan, cd->n, cd->HK, cd->d, 0, NULL, 0) == EI_OK, "plan: %s", ei_last_error());
+        CHECK(layer_sizes(ctx_prof, cd->n, cd->H, cd->HK, cd->d, 1, &zp) == EI_OK, "ws");
+        wsp = malloc(zp.profile);
+        x = ex(1, wsp, zp.profile);
+        CHECK(ei_profile(ctx_prof, &x, &tq, &tk, &plan) == EI_OK, "profile: %s", ei_last_error());
         free(wsp);
     }
     ref = (double *)malloc((size_t)(cd->n * cd->H * cd->d) * sizeof(double));
@@ -215,7 +247,7 @@ static void run_case(const case_desc *cd) {
         ei_config c2 = cfg;
         ei_context *ctx;
         guarded_out o;
-        size_t wsb;
+        ei_sizes z;
         void *ws;
         double tol, worst = 0;
         int64_t t0, t;
@@ -225,8 +257,9 @@ static void run_case(const case_desc *cd) {
         if (cd->small_cap) c2.base_budget = 4;
         if (ei_context_create(&c2, &ctx) != EI_OK) { CHECK(0, "context %s: %s", K->name, ei_last_error()); continue; }
         o = out_alloc(cd->out_dt, cd->n, cd->H, cd->d, cd->strided);
-        CHECK(ei_attention_workspace_size(ctx, cd->H, cd->HK, cd->d, &wsb) == EI_OK, "ws size");
-        ws = malloc(wsb);
+        /* one workspace for the nth parts of each call */
+        CHECK(layer_sizes(ctx, cd->n, cd->H, cd->HK, cd->d, cd->nth, &z) == EI_OK, "ws size: %s", ei_last_error());
+        ws = malloc(z.prefill);
         for (t0 = 0; t0 < cd->n; t0 += cd->chunk ? cd->chunk : cd->n) {
             int64_t nt = cd->chunk ? (cd->chunk < cd->n - t0 ? cd->chunk : cd->n - t0) : cd->n;
             size_t qes = dtype_size(cd->in_dt), oes = dtype_size(cd->out_dt);
@@ -237,12 +270,12 @@ static void run_case(const case_desc *cd) {
             to.data = (unsigned char *)o.t.data + (size_t)(t0 * o.t.token_stride) * oes;
             to.n_tokens = nt;
             if (cd->decode) {
-                ei_result r = decode_chunk(ctx, &tq, &tk, &tv, &to, t0, cd->nth, ws, wsb);
+                ei_result r = decode_chunk(ctx, &tq, &tk, &tv, &to, t0, cd->nth);
                 CHECK(r == EI_OK, "%s decode: %s", K->name, ei_last_error());
             } else
                 for (ith = 0; ith < cd->nth; ++ith) {
-                    ei_result r = ei_attention_prefill(ctx, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0, ith,
-                                                       cd->nth, ws, wsb);
+                    ei_exec xp = part(ith, cd->nth, ws, z.prefill);
+                    ei_result r = ei_attention_prefill(ctx, &xp, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0);
                     CHECK(r == EI_OK, "%s: %s", K->name, ei_last_error());
                 }
         }
@@ -280,7 +313,8 @@ static void test_plans_are_ragged(void) {
     ei_context *ctx;
     buf q, k, v;
     ei_plan plan;
-    size_t wsb;
+    ei_sizes z;
+    ei_exec x;
     void *ws;
     int32_t s, h, distinct = 0, sparse = 0, rigid = 0;
     ei_tensor tq, tk;
@@ -288,10 +322,11 @@ static void test_plans_are_ragged(void) {
     buf_alloc(&q, EI_F32, 200, 8, 64); buf_alloc(&k, EI_F32, 200, 4, 64); buf_alloc(&v, EI_F32, 200, 4, 64);
     make_qkv(&q, &k, &v, 2, 1.0f);
     tq = buf_view(&q); tk = buf_view(&k);
-    ei_plan_alloc(ctx, &plan, 200, 4, 64, 0);
-    ei_profile_workspace_size(ctx, 200, 8, 4, 64, &wsb);
-    ws = malloc(wsb);
-    CHECK(ei_profile(ctx, &tq, &tk, &plan, ws, wsb) == EI_OK, "profile: %s", ei_last_error());
+    ei_plan_init(ctx, &plan, 200, 4, 64, 0, NULL, 0);
+    layer_sizes(ctx, 200, 8, 4, 64, 1, &z);
+    ws = malloc(z.profile);
+    x = ex(1, ws, z.profile);
+    CHECK(ei_profile(ctx, &x, &tq, &tk, &plan) == EI_OK, "profile: %s", ei_last_error());
     for (s = 0; s < plan.n_segments; ++s) {
         int32_t c0 = plan.keep_count[s];
         if (ei_plan_segment_is_sparse(ctx, &plan, s)) ++sparse;
@@ -315,8 +350,11 @@ static void test_bad_inputs(void) {
     guarded_out o;
     ei_tensor tq, tk, tv, bad;
     ei_out_tensor to, bo;
-    size_t wsb, wsp;
-    void *ws, *pws;
+    ei_shape shape;
+    ei_sizes z, z2;
+    ei_exec x, xb;
+    size_t wsb;
+    void *ws, *pws, *ws2;
     int32_t saved;
     unsigned char *snap;
     ei_context_create(&cfg, &ctx);
@@ -325,12 +363,14 @@ static void test_bad_inputs(void) {
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
     o = out_alloc(EI_F32, 100, 4, 32, 0);
     to = o.t;
-    ei_attention_workspace_size(ctx, 4, 2, 32, &wsb);
+    layer_sizes(ctx, 100, 4, 2, 32, 1, &z);
+    wsb = z.prefill;
     ws = malloc(wsb);
-    ei_plan_alloc(ctx, &plan, 100, 2, 32, 0);
-    ei_profile_workspace_size(ctx, 100, 4, 2, 32, &wsp);
-    pws = malloc(wsp);
-    ei_profile(ctx, &tq, &tk, &plan, pws, wsp);
+    x = ex(1, ws, wsb);
+    ei_plan_init(ctx, &plan, 100, 2, 32, 0, NULL, 0);
+    pws = malloc(z.profile);
+    xb = ex(1, pws, z.profile);
+    ei_profile(ctx, &xb, &tq, &tk, &plan);
     snap = (unsigned char *)malloc(o.bytes);
     memcpy(snap, o.t.data, o.bytes);
 #define BAD(expr, code)                                                                                      \
@@ -340,49 +380,65 @@ static void test_bad_inputs(void) {
               ei_result_name(code));                                                                         \
         CHECK(memcmp(snap, o.t.data, o.bytes) == 0, "%s wrote to out", #expr);                                 \
     } while (0)
-    BAD(ei_attention_prefill(NULL, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, NULL, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, &tq, NULL, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, NULL, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, NULL, 0, 0, 1, ws, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 1, NULL, wsb), EI_ERR_NULL);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb - 1), EI_ERR_WORKSPACE);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 1, 1, ws, wsb), EI_ERR_SIZE);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, -1, 2, ws, wsb), EI_ERR_SIZE);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, 0, ws, wsb), EI_ERR_SIZE);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, -1, 0, 1, ws, wsb), EI_ERR_SIZE);
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &to, 1, 0, 1, ws, wsb), EI_ERR_SHAPE); /* keys too short */
+/* a refused ei_exec: the code, a message that names the ei_exec, out untouched */
+#define BADX(code)                                                                                           \
+    do {                                                                                                     \
+        ei_result r_ = ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0);                          \
+        CHECK(r_ == (code) && strstr(ei_last_error(), #code) && strstr(ei_last_error(), "ei_exec"),         \
+              "ei_exec n_threads %d ith %d nth %d: %s (%s), expected %s", (int)xb.n_threads, (int)xb.ith,     \
+              (int)xb.nth, ei_result_name(r_), ei_last_error(), #code);                                      \
+        CHECK(memcmp(snap, o.t.data, o.bytes) == 0, "ei_exec n_threads %d ith %d nth %d wrote to out",       \
+              (int)xb.n_threads, (int)xb.ith, (int)xb.nth);                                                  \
+    } while (0)
+    BAD(ei_attention_prefill(NULL, &x, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &x, NULL, &tk, &tv, NULL, &to, 0), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &x, &tq, NULL, &tv, NULL, &to, 0), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, NULL, NULL, &to, 0), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, NULL, 0), EI_ERR_NULL);
+    xb = ex(1, NULL, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_NULL);
+    BAD(ei_attention_prefill(ctx, NULL, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_NULL); /* NULL ei_exec: no workspace */
+    xb = ex(1, ws, wsb - 1);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
+    xb = part(1, 1, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
+    xb = part(-1, 2, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
+    xb = part(2, 2, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to, -1), EI_ERR_SIZE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to, 1), EI_ERR_SHAPE); /* keys too short */
     bad = tq; bad.dtype = (ei_dtype)3; /* in the enum's value range (C++), not a dtype */
-    BAD(ei_attention_prefill(ctx, &bad, &tk, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_DTYPE);
+    BAD(ei_attention_prefill(ctx, &x, &bad, &tk, &tv, NULL, &to, 0), EI_ERR_DTYPE);
     bad = tk; bad.token_stride = 16; /* aliases heads */
-    BAD(ei_attention_prefill(ctx, &tq, &bad, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &bad, &tv, NULL, &to, 0), EI_ERR_STRIDE);
     bad = tv; bad.head_stride = 0;
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &bad, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &bad, NULL, &to, 0), EI_ERR_STRIDE);
     bad = tv; bad.n_heads = 1; bad.token_stride = 32;
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &bad, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &bad, NULL, &to, 0), EI_ERR_SHAPE);
     bad = tk; bad.n_heads = 3; bad.token_stride = 96;
-    BAD(ei_attention_prefill(ctx, &tq, &bad, &tv, NULL, &to, 0, 0, 1, ws, wsb), EI_ERR_GQA);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &bad, &tv, NULL, &to, 0), EI_ERR_GQA);
     bo = to; bo.n_tokens = 99;
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &bo, 0), EI_ERR_SHAPE);
     bo = to; bo.head_dim = 16;
-    BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+    BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &bo, 0), EI_ERR_SHAPE);
     bo = to; bo.data = k.data; bo.n_heads = 2; bo.token_stride = 64; bo.dtype = EI_F32;
     {   /* out overlapping k */
         ei_tensor q2 = tq; q2.n_heads = 2; q2.token_stride = 128;
-        ei_result r = ei_attention_prefill(ctx, &q2, &tk, &tv, NULL, &bo, 0, 0, 1, ws, wsb);
+        ei_result r = ei_attention_prefill(ctx, &x, &q2, &tk, &tv, NULL, &bo, 0);
         CHECK(r == EI_ERR_OVERLAP, "out overlapping k: %s", ei_result_name(r));
     }
     /* plans */
     {   /* edited layout fields are refused by the seal, before any array is read */
         ei_plan p2 = plan;
         p2.n_kv_heads = 3;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &p2, &to, 0), EI_ERR_STATE);
         p2 = plan; p2.n_tokens = 50;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &p2, &to, 0), EI_ERR_STATE);
         p2 = plan; p2.block_index = NULL;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &p2, &to, 0), EI_ERR_STATE);
         p2 = plan; p2.entropy = NULL;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &p2, &to, 0, 0, 1, ws, wsb), EI_ERR_NULL);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &p2, &to, 0), EI_ERR_NULL);
     }
     {   /* a sparse segment whose plan row names a block at its own start, or -1, or too many */
         int32_t s = 4; /* tokens 64..79: sparse (threshold 32, not last) */
@@ -390,25 +446,62 @@ static void test_bad_inputs(void) {
         int32_t *idx = plan.block_index + row * (size_t)plan.max_keep, old = idx[0];
         CHECK(ei_plan_segment_is_sparse(ctx, &plan, s) && plan.keep_count[row] > 0, "segment 4 should be sparse");
         idx[0] = s * (16 / 4);
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &plan, &to, 0), EI_ERR_SHAPE);
         idx[0] = -1;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &plan, &to, 0), EI_ERR_SHAPE);
         idx[0] = old;
         saved = plan.keep_count[row];
         plan.keep_count[row] = plan.max_keep + 1;
-        BAD(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb), EI_ERR_SHAPE);
+        BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &plan, &to, 0), EI_ERR_SHAPE);
         plan.keep_count[row] = saved;
     }
-    BAD(ei_attention_workspace_size(ctx, 4, 3, 32, &wsb), EI_ERR_GQA);
-    BAD(ei_attention_workspace_size(ctx, 4, 2, 0, &wsb), EI_ERR_SIZE);
-    BAD(ei_attention_workspace_size(ctx, 4, 2, 32, NULL), EI_ERR_NULL);
+    /* the sizes */
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = 100; shape.n_heads = 4; shape.n_kv_heads = 3; shape.head_dim = 32;
+    BAD(ei_layer_sizes(ctx, &shape, &z2), EI_ERR_GQA);
+    shape.n_kv_heads = 2; shape.head_dim = 0;
+    BAD(ei_layer_sizes(ctx, &shape, &z2), EI_ERR_SIZE);
+    shape.head_dim = 32;
+    BAD(ei_layer_sizes(ctx, &shape, NULL), EI_ERR_NULL);
+    BAD(ei_layer_sizes(ctx, NULL, &z2), EI_ERR_NULL);
+    shape.n_threads = -1;
+    BAD(ei_layer_sizes(ctx, &shape, &z2), EI_ERR_SIZE);
+    shape.n_threads = 3;
+    CHECK(ei_layer_sizes(ctx, &shape, &z2) == EI_OK && z2.prefill == 3 * z.prefill && z2.profile == 3 * z.profile &&
+              z2.decode_keep == 3 * z.decode_keep && z2.decode > z.decode && z2.plan == z.plan &&
+              z2.decoder == z.decoder &&
+              z2.workspace == EI__MAX(EI__MAX(z2.profile, z2.prefill), EI__MAX(z2.decode, z2.decode_keep)),
+          "ei_layer_sizes for 3 threads: the per-thread workspaces x 3, the rest as for one (%s)", ei_last_error());
 #ifndef EI_NO_PTHREADS /* without threads one share of workspace is enough */
-    BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 2, ws, wsb), EI_ERR_WORKSPACE);
+    xb = ex(2, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
 #endif
-    BAD(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &to, 0, 0, ws, wsb), EI_ERR_SIZE);
+    /* ei_exec fields out of range, or threads and parts at once */
+    xb = ex(-1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = ex(EI__MAX_THREADS + 1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = part(0, EI__MAX_THREADS + 1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = part(0, -1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = part(0, 2, ws, wsb); xb.n_threads = 2; BADX(EI_ERR_CONFIG);
+    /* parts share ONE workspace: one thread's is too small for 2 parts, a
+       workspace for 2 serves both, and so does one for 3 (any alignment) */
+    xb = part(0, 2, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
+    xb = part(1, 2, ws, wsb);
+    BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
+    ws2 = malloc(z2.prefill + 1);
+    {
+        int ith, ok = 1;
+        for (ith = 0; ith < 2; ++ith) {
+            xb = part(ith, 2, (char *)ws2 + 1, z2.prefill);
+            ok &= ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, &plan, &to, 0) == EI_OK;
+        }
+        CHECK(ok, "2 parts on a workspace for 3: %s", ei_last_error());
+    }
+    free(ws2);
     /* and a good call still works */
-    CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, ws, wsb) == EI_OK, "good call: %s", ei_last_error());
+    CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, &plan, &to, 0) == EI_OK, "good call: %s", ei_last_error());
     CHECK(guarded_out_intact(&o), "guards");
+#undef BADX
 #undef BAD
     free(snap); free(ws); free(pws); guarded_out_free(&o);
     ei_plan_free(ctx, &plan);
@@ -432,7 +525,8 @@ static void test_extremes(void) {
             buf q, k, v;
             ei_tensor tq, tk, tv;
             guarded_out o;
-            size_t wsb;
+            ei_sizes z;
+            ei_exec x;
             void *ws;
             int64_t i;
             int finite = 1;
@@ -444,9 +538,10 @@ static void test_extremes(void) {
             make_qkv(&q, &k, &v, 2, amps[a]);
             tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
             o = out_alloc(EI_F32, 90, 2, 64, 0);
-            ei_attention_workspace_size(ctx, 2, 1, 64, &wsb);
-            ws = malloc(wsb);
-            CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &o.t, 0, 0, 1, ws, wsb) == EI_OK, "extreme");
+            layer_sizes(ctx, 90, 2, 1, 64, 2, &z); /* for 2 threads (the decode below); more than 1 needs */
+            ws = malloc(z.prefill);
+            x = ex(1, ws, z.prefill);
+            CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 0) == EI_OK, "extreme");
             for (i = 0; i < 90 * 2 * 64; ++i) {
                 float x = ((float *)o.t.data)[i];
                 if (!(x - x == 0)) finite = 0;
@@ -459,13 +554,13 @@ static void test_extremes(void) {
                 for (nt = 1; nt <= 5; nt += 4) {
                     ei_tensor q1 = tq;
                     guarded_out o1 = out_alloc(EI_F32, nt, 2, 64, 0);
-                    size_t dwb;
                     void *dws;
+                    ei_exec xd;
                     q1.data = (char *)q.data + (size_t)(90 - nt) * (size_t)tq.token_stride * (dt == EI_F32 ? 4u : 2u);
                     q1.n_tokens = nt;
-                    ei_attention_decode_workspace_size(ctx, nt, 2, 1, 64, 2, &dwb);
-                    dws = malloc(dwb);
-                    CHECK(ei_attention_decode_mt(ctx, &q1, &tk, &tv, &o1.t, 90 - nt, 2, dws, dwb) == EI_OK, "extreme decode: %s",
+                    dws = malloc(z.decode);
+                    xd = ex(2, dws, z.decode);
+                    CHECK(ei_attention_decode(ctx, &xd, &q1, &tk, &tv, NULL, &o1.t, 90 - nt) == EI_OK, "extreme decode: %s",
                           ei_last_error());
                     for (i = 0, finite = 1; i < nt * 2 * 64; ++i) {
                         float x = ((float *)o1.t.data)[i];
@@ -481,44 +576,61 @@ static void test_extremes(void) {
         }
 }
 
-/* ei_attention_prefill_mt equals the single-threaded result bit for bit
-   (each query row is computed by one thread in the same order). */
+/* ei_attention_prefill on 3 threads, and in 3 parts (one shared
+   workspace), equals the single-threaded result bit for bit (each query row
+   is computed by one thread in the same order). */
 static void test_mt(void) {
     ei_config cfg = small_config();
     ei_context *ctx;
     buf q, k, v;
     ei_tensor tq, tk, tv;
-    guarded_out o1, o2;
-    size_t wsb;
+    guarded_out o1, o2, o3;
+    ei_sizes z;
+    ei_exec x;
     void *ws;
+    int ith, ok = 1;
     ei_context_create(&cfg, &ctx);
     buf_alloc(&q, EI_F32, 300, 8, 128); buf_alloc(&k, EI_F32, 300, 2, 128); buf_alloc(&v, EI_F32, 300, 2, 128);
     make_qkv(&q, &k, &v, 4, 1.0f);
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
     o1 = out_alloc(EI_F32, 300, 8, 128, 0);
     o2 = out_alloc(EI_F32, 300, 8, 128, 0);
-    ei_attention_workspace_size(ctx, 8, 2, 128, &wsb);
-    ws = malloc(wsb * 3);
-    CHECK(ei_attention_prefill(ctx, &tq, &tk, &tv, NULL, &o1.t, 0, 0, 1, ws, wsb) == EI_OK, "st");
-    CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, NULL, &o2.t, 0, 3, ws, wsb * 3) == EI_OK, "mt: %s", ei_last_error());
+    o3 = out_alloc(EI_F32, 300, 8, 128, 0);
+    layer_sizes(ctx, 300, 8, 2, 128, 3, &z);
+    ws = malloc(z.prefill);
+    x = ex(1, ws, z.prefill);
+    CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o1.t, 0) == EI_OK, "st");
+    x = ex(3, ws, z.prefill);
+    CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o2.t, 0) == EI_OK, "mt: %s", ei_last_error());
     CHECK(memcmp(o1.t.data, o2.t.data, o1.bytes) == 0 && guarded_out_intact(&o1) && guarded_out_intact(&o2),
           "mt result differs from single-threaded");
-    free(ws); guarded_out_free(&o1); guarded_out_free(&o2); ei_context_destroy(ctx);
+    for (ith = 2; ith >= 0; --ith) { /* any order */
+        x = part(ith, 3, ws, z.prefill);
+        ok &= ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o3.t, 0) == EI_OK;
+    }
+    CHECK(ok && memcmp(o1.t.data, o3.t.data, o1.bytes) == 0 && guarded_out_intact(&o3),
+          "3 parts on one workspace differ from single-threaded (%s)", ei_last_error());
+    free(ws); guarded_out_free(&o1); guarded_out_free(&o2); guarded_out_free(&o3); ei_context_destroy(ctx);
     free(q.data); free(k.data); free(v.data);
 }
 
 /* ei_attention_decode and its merge refuse what they cannot serve, with a
-   code, before writing anything; NaN in a key is reported by the thread
-   whose slice holds it. */
+   code, before writing anything; NaN in a key is reported by the part whose
+   slice holds it. In parts the partials live in the one workspace
+   (ei_sizes.decode for nth): nth x n_tokens x n_heads rows of head_dim + 2
+   floats from its first 64-byte boundary, then the parts' attention
+   workspaces (the layout the exact-size checks below rely on). */
 static void test_decode_bad_inputs(void) {
     ei_config cfg = small_config();
     ei_context *ctx;
     buf q, k, v;
     ei_tensor tq, tk, tv, q17;
     guarded_out o;
-    size_t wsb, pb;
-    void *ws;
-    float *partials;
+    ei_sizes z, z1;
+    ei_shape shape;
+    ei_exec x;
+    size_t pb, need;
+    unsigned char *raw, *ws;
     ei_result r0, r1;
     ei_context_create(&cfg, &ctx);
     buf_alloc(&q, EI_F32, 300, 8, 64); buf_alloc(&k, EI_F32, 300, 2, 64); buf_alloc(&v, EI_F32, 300, 2, 64);
@@ -526,51 +638,67 @@ static void test_decode_bad_inputs(void) {
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
     tq.n_tokens = 1;
     o = out_alloc(EI_F32, 1, 8, 64, 0);
-    ei_attention_workspace_size(ctx, 8, 2, 64, &wsb);
-    ws = malloc(wsb);
-    CHECK(ei_attention_decode_partials_size(ctx, 1, 8, 64, 2, &pb) == EI_OK && pb == 2 * 8 * 66 * 4, "partials size %zu", pb);
-    partials = (float *)malloc(pb + 8);
-    CHECK(ei_attention_decode_partials_size(ctx, 17, 8, 64, 2, &pb) == EI_ERR_SIZE, "17 tokens accepted");
-    CHECK(ei_attention_decode_partials_size(ctx, 1, 8, 64, 0, &pb) == EI_ERR_SIZE, "nth 0 accepted");
-    ei_attention_decode_partials_size(ctx, 1, 8, 64, 2, &pb);
+    layer_sizes(ctx, 300, 8, 2, 64, 1, &z1);
+    pb = 2 * 8 * 66 * 4; /* the partials of 2 parts of a one-token step */
+    need = pb + 2 * z1.prefill;
+    CHECK(layer_sizes(ctx, 300, 8, 2, 64, 2, &z) == EI_OK && z.decode >= 16 * pb + 2 * z1.prefill,
+          "decode workspace %zu for 2 parts: short of 16 tokens' partials and 2 attention workspaces", z.decode);
+    raw = (unsigned char *)malloc(z.decode + 64);
+    ws = raw + (64 - (uintptr_t)raw % 64) % 64; /* 64-byte aligned: the partials start at ws */
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = 300; shape.n_heads = 8; shape.n_kv_heads = 2; shape.head_dim = 64; shape.n_threads = -1;
+    CHECK(ei_layer_sizes(ctx, &shape, &z1) == EI_ERR_SIZE, "n_threads -1 accepted");
+    layer_sizes(ctx, 300, 8, 2, 64, 1, &z1);
     q17 = buf_view(&q); q17.n_tokens = 17;
-    CHECK(ei_attention_decode(ctx, &q17, &tk, &tv, &o.t, 0, 0, 2, partials, pb, ws, wsb) == EI_ERR_SIZE, "q of 17 tokens");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 2, 2, partials, pb, ws, wsb) == EI_ERR_SIZE, "ith == nth");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, NULL, pb, ws, wsb) == EI_ERR_NULL, "partials NULL");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb - 4, ws, wsb) == EI_ERR_WORKSPACE,
-          "partials short");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, (float *)(void *)((char *)partials + 2), pb, ws, wsb) ==
-              EI_ERR_ALIGN, "partials misaligned");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb, ws, wsb - 1) == EI_ERR_WORKSPACE,
-          "workspace short");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, (float *)ws, pb, ws, wsb) == EI_ERR_OVERLAP,
-          "partials over the workspace");
-    CHECK(ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 300, 0, 2, partials, pb, ws, wsb) == EI_ERR_SHAPE,
-          "a query past the keys");
-    CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb - 4, 0, 2) == EI_ERR_WORKSPACE, "merge: partials short");
-    CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb, 0, 3) == EI_ERR_WORKSPACE, "merge: more threads than slots");
+    x = part(0, 2, ws, z.decode);
+    CHECK(ei_attention_decode(ctx, &x, &q17, &tk, &tv, NULL, &o.t, 0) == EI_ERR_SIZE, "q of 17 tokens");
+    x = part(2, 2, ws, z.decode);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_SIZE, "ith == nth");
+    x = part(0, 2, NULL, 0);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_NULL, "workspace NULL");
+    x = part(0, 2, ws, pb - 4);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_WORKSPACE, "no room for the partials");
+    x = part(0, 2, raw + 1, z.decode);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_OK, "a misaligned workspace: %s",
+          ei_last_error());
+    x = part(1, 2, ws, need - 1);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_WORKSPACE,
+          "workspace a byte short of 2 parts");
+    x = part(1, 2, ws, need);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_OK, "workspace of exactly 2 parts: %s",
+          ei_last_error());
+    x = part(0, 2, ws, z.decode);
+    CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 300) == EI_ERR_SHAPE, "a query past the keys");
+    x = part(0, 2, ws, pb - 4);
+    CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_ERR_WORKSPACE, "merge: no room for the partials");
+    x = part(0, 2, NULL, 0);
+    CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_ERR_NULL, "merge: workspace NULL");
     {
         ei_out_tensor over = o.t;
-        over.data = partials;
-        CHECK(ei_attention_decode_merge(ctx, &over, partials, pb, 0, 2) == EI_ERR_OVERLAP, "merge: out over partials");
+        over.data = ws;
+        x = part(0, 2, ws, z.decode);
+        CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &over, 299) == EI_ERR_OVERLAP, "out over the partials");
+        CHECK(ei_attention_decode_merge(ctx, &x, &over) == EI_ERR_OVERLAP, "merge: out over partials");
     }
     CHECK(guarded_out_intact(&o), "guard bytes overwritten");
-    /* NaN in key 200: the slice of thread 1 of 2 (keys 128..299) */
+    /* NaN in key 200: the slice of part 1 of 2 (keys 128..299) */
     ((float *)k.data)[(200 * 2 + 1) * 64 + 3] = NAN;
     tq.data = (float *)q.data + 299 * 8 * 64;
-    r0 = ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 0, 2, partials, pb, ws, wsb);
-    r1 = ei_attention_decode(ctx, &tq, &tk, &tv, &o.t, 299, 1, 2, partials, pb, ws, wsb);
-    CHECK(r0 == EI_OK && r1 == EI_ERR_NONFINITE, "NaN key: thread results %d %d", (int)r0, (int)r1);
-    free(partials); free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
+    x = part(0, 2, ws, z.decode);
+    r0 = ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299);
+    x = part(1, 2, ws, z.decode);
+    r1 = ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299);
+    CHECK(r0 == EI_OK && r1 == EI_ERR_NONFINITE, "NaN key: part results %d %d", (int)r0, (int)r1);
+    free(raw); guarded_out_free(&o); ei_context_destroy(ctx);
     free(q.data); free(k.data); free(v.data);
 }
 
-/* ei_attention_decode_keep(_mt): a step through a keep set equals the double
+/* ei_attention_decode with a keep set: a step through it equals the double
    reference over the set's kept rows and the rows appended since (every
    kernel; sets shared, per kv head and per query head; made well before the
-   step and at its first query; 1 and 3 tokens; 1 and 3 threads, the _mt
-   helper bit-identical to the two phases), and a set it cannot serve is
-   refused with a code before anything is written. */
+   step and at its first query; 1 and 3 tokens; in 1 and 3 parts on one
+   workspace, the call on as many threads bit-identical to the parts), and a
+   set it cannot serve is refused with a code before anything is written. */
 static void test_decode_keep(void) {
     ei_config cfg = small_config();
     enum { N = 400, H = 8, HK = 2, D = 72, KEPT = 120, CAP = 130 };
@@ -600,8 +728,8 @@ static void test_decode_keep(void) {
                             ei_tensor tq = buf_view(&q), tk = buf_view(&k), tv = buf_view(&v);
                             guarded_out o = out_alloc(EI_F32, nt, H, D, 0), o2 = out_alloc(EI_F32, nt, H, D, 0);
                             double *ref = (double *)malloc(sizeof(double) * (size_t)nt * H * D), worst = 0, tol;
-                            size_t pb, wsb, mtb;
-                            float *partials;
+                            ei_sizes z;
+                            ei_exec x;
                             void *ws, *mtws;
                             int32_t s, i, row, h, e;
                             int64_t t;
@@ -613,17 +741,22 @@ static void test_decode_keep(void) {
                                     if ((row * 7 + s * 3) % 5 < 2 || row >= made - (KEPT - i)) index[s * CAP + i++] = row;
                             tq.data = (unsigned char *)q.data + (size_t)q_offset * H * D * dtype_size(dt);
                             tq.n_tokens = nt;
-                            ei_attention_decode_partials_size(ctx, nt, H, D, nth, &pb);
-                            ei_attention_workspace_size(ctx, H, HK, D, &wsb);
-                            ei_attention_decode_workspace_size(ctx, nt, H, HK, D, nth, &mtb);
-                            partials = (float *)malloc(pb); ws = malloc(wsb); mtws = malloc(mtb);
-                            for (i = 0; i < nth; ++i)
-                                CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, &keep, &o.t, q_offset, i, nth, partials, pb, ws,
-                                                               wsb) == EI_OK, "%s decode_keep: %s", K->name, ei_last_error());
-                            for (i = 0; i < nth; ++i) CHECK(ei_attention_decode_merge(ctx, &o.t, partials, pb, i, nth) == EI_OK, "merge");
-                            CHECK(ei_attention_decode_keep_mt(ctx, &tq, &tk, &tv, &keep, &o2.t, q_offset, nth, mtws, mtb) == EI_OK,
-                                  "%s decode_keep_mt: %s", K->name, ei_last_error());
-                            CHECK(memcmp(o.t.data, o2.t.data, o.bytes) == 0, "%s decode_keep_mt differs from the two phases", K->name);
+                            layer_sizes(ctx, N, H, HK, D, nth, &z);
+                            ws = malloc(z.decode); mtws = malloc(z.decode);
+                            for (i = 0; i < nth; ++i) {
+                                x = part(i, nth, ws, z.decode);
+                                CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, &keep, &o.t, q_offset) == EI_OK,
+                                      "%s decode with a keep set, part %d of %d: %s", K->name, i, nth, ei_last_error());
+                            }
+                            for (i = 0; i < nth; ++i) {
+                                x = part(i, nth, ws, z.decode);
+                                CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_OK, "merge");
+                            }
+                            x = ex(nth, mtws, z.decode);
+                            CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, &keep, &o2.t, q_offset) == EI_OK,
+                                  "%s decode with a keep set on %d threads: %s", K->name, nth, ei_last_error());
+                            CHECK(memcmp(o.t.data, o2.t.data, o.bytes) == 0, "%s decode with a keep set on %d threads differs "
+                                  "from the call in %d parts", K->name, nth, nth);
                             for (t = 0; t < nt; ++t)
                                 ref_attention_keep(&c2, &keep, &tq, &tk, &tv, q_offset, t, ref + (size_t)t * H * D);
                             for (t = 0; t < nt; ++t)
@@ -636,7 +769,7 @@ static void test_decode_keep(void) {
                             CHECK(worst <= tol * 8, "%s %s heads_out %d nt %d made %lld nth %d: max err %.3g", K->name,
                                   dt == EI_F32 ? "f32" : "bf16", heads_out, nt, (long long)made, nth, worst);
                             CHECK(guarded_out_intact(&o) && guarded_out_intact(&o2), "guards");
-                            free(ref); free(partials); free(ws); free(mtws); guarded_out_free(&o); guarded_out_free(&o2);
+                            free(ref); free(ws); free(mtws); guarded_out_free(&o); guarded_out_free(&o2);
                         }
             ei_context_destroy(ctx);
         }
@@ -645,20 +778,21 @@ static void test_decode_keep(void) {
             ei_keep_set keep;
             ei_tensor tq = buf_view(&q), tk = buf_view(&k), tv = buf_view(&v);
             guarded_out o = out_alloc(EI_F32, 1, H, D, 0);
-            size_t pb, wsb;
-            float *partials;
-            void *ws;
+            ei_sizes z;
+            ei_exec x;
+            unsigned char *raw, *ws;
             int32_t i;
             ei_context_create(&cfg, &ctx);
             tq.data = (float *)q.data + (size_t)(N - 1) * H * D;
             tq.n_tokens = 1;
-            ei_attention_decode_partials_size(ctx, 1, H, D, 1, &pb);
-            ei_attention_workspace_size(ctx, H, HK, D, &wsb);
-            partials = (float *)malloc(pb); ws = malloc(wsb);
+            layer_sizes(ctx, N, H, HK, D, 1, &z);
+            raw = (unsigned char *)malloc(z.decode + 64);
+            ws = raw + (64 - (uintptr_t)raw % 64) % 64; /* the partials start at ws */
+            x = ex(1, ws, z.decode);
             memset(&keep, 0, sizeof keep);
             keep.heads_out = HK; keep.capacity = CAP; keep.n_kept = KEPT; keep.n_tokens = 300; keep.index = index;
             for (i = 0; i < HK * CAP; ++i) index[i] = (i % CAP) * 2;
-#define DK(code, what) CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, &keep, &o.t, N - 1, 0, 1, partials, pb, ws, wsb) == (code), \
+#define DK(code, what) CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, &keep, &o.t, N - 1) == (code), \
                              "decode_keep: %s: %s", what, ei_last_error())
             DK(EI_OK, "a good set");
             keep.heads_out = 3; DK(EI_ERR_SHAPE, "3 rows for 2 kv / 8 query heads"); keep.heads_out = HK;
@@ -669,15 +803,15 @@ static void test_decode_keep(void) {
             index[CAP + KEPT - 1] = 300; DK(EI_ERR_SHAPE, "a row past the rows scored"); index[CAP + KEPT - 1] = 2 * (KEPT - 1);
             keep.index = NULL; DK(EI_ERR_NULL, "index NULL");
             keep.index = (int32_t *)(void *)((char *)index + 2); DK(EI_ERR_ALIGN, "index misaligned"); keep.index = index;
-            CHECK(ei_attention_decode_keep(ctx, &tq, &tk, &tv, NULL, &o.t, N - 1, 0, 1, partials, pb, ws, wsb) == EI_OK,
+            CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, N - 1) == EI_OK,
                   "decode_keep: keep NULL is dense decode");
-            keep.index = (int32_t *)partials; /* the set inside what the call writes */
+            keep.index = (int32_t *)(void *)ws; /* the set inside what the call writes */
             DK(EI_ERR_OVERLAP, "index inside the partials");
             keep.index = index;
             DK(EI_OK, "the good set again");
 #undef DK
             CHECK(guarded_out_intact(&o), "guards");
-            free(partials); free(ws); guarded_out_free(&o); ei_context_destroy(ctx);
+            free(raw); guarded_out_free(&o); ei_context_destroy(ctx);
         }
         free(q.data); free(k.data); free(v.data);
     }
@@ -750,7 +884,8 @@ static void test_chunked_planning(void) {
     buf q, k, v;
     ei_plan plan;
     guarded_out o;
-    size_t wsp, wsa;
+    ei_sizes z;
+    ei_exec xp, xa;
     void *pws, *aws;
     int64_t n = 200, pad = 32, t0, i, nt;
     static const int64_t sizes[] = {48, 5, 29, 1, 64, 20};
@@ -766,11 +901,12 @@ static void test_chunked_planning(void) {
     tvall = buf_view(&v);
     for (i = n * HK * d; i < (n + pad) * HK * d; ++i) { buf_set(&k, i, NAN); buf_set(&v, i, NAN); }
     vmax = ref_vmax(&tvall, -1);
-    CHECK(ei_plan_alloc(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED) == EI_OK, "plan: %s", ei_last_error());
-    ei_profile_workspace_size(ctx, n, H, HK, d, &wsp);
-    pws = malloc(wsp);
-    ei_attention_workspace_size(ctx, H, HK, d, &wsa);
-    aws = malloc(wsa * 2);
+    CHECK(ei_plan_init(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED, NULL, 0) == EI_OK, "plan: %s", ei_last_error());
+    layer_sizes(ctx, n, H, HK, d, 2, &z); /* for attention on 2 threads (profiling on 1 takes less) */
+    pws = malloc(z.profile);
+    aws = malloc(z.prefill);
+    xp = ex(1, pws, z.profile);
+    xa = ex(2, aws, z.prefill);
     o = out_alloc(EI_F32, n, H, d, 1);
     for (t0 = 0; t0 < n; t0 += nt) {
         int is_final;
@@ -782,9 +918,8 @@ static void test_chunked_planning(void) {
         ei_out_tensor to = o.t;
         to.data = (float *)o.t.data + t0 * o.t.token_stride;
         to.n_tokens = nt;
-        CHECK(ei_profile_chunk(ctx, &tq, &tk, &plan, t0, is_final, pws, wsp) == EI_OK, "profile_chunk: %s", ei_last_error());
-        CHECK(ei_attention_prefill_mt(ctx, &tq, &tk, &tv, &plan, &to, t0, 2, aws, wsa * 2) == EI_OK, "attention: %s",
-              ei_last_error());
+        CHECK(ei_profile_chunk(ctx, &xp, &tq, &tk, &plan, t0, is_final) == EI_OK, "profile_chunk: %s", ei_last_error());
+        CHECK(ei_attention_prefill(ctx, &xa, &tq, &tk, &tv, &plan, &to, t0) == EI_OK, "attention: %s", ei_last_error());
         ref_attention(&cfg, &plan, &tq, &tkall, &tvall, t0, ref + t0 * H * d);
     }
     for (i = 0; i < n; ++i) {
@@ -821,10 +956,10 @@ int main(int argc, char **argv) {
                          : ei_cpu_supports(EI_SIMD_AVX512) ? EI_SIMD_AVX512 : ei_cpu_supports(EI_SIMD_AVX2) ? EI_SIMD_AVX2
                          : ei_cpu_supports(EI_SIMD_NEON) ? EI_SIMD_NEON : EI_SIMD_SCALAR;
         CHECK(ei_context_create(NULL, &ctx) == EI_OK, "default context");
-        printf("vdpbf16ps / f32 FMA FLOP rate: %.2f; EI_SIMD_AUTO chose %s\n", ratio, ei_simd_name(ei_context_simd(ctx)));
+        printf("vdpbf16ps / f32 FMA FLOP rate: %.2f; EI_SIMD_AUTO chose %s\n", ratio, ei_simd_name(ei_context_config(ctx)->simd));
         CHECK(ei_cpu_supports(EI_SIMD_AVX512_BF16) ? ratio > 0.1 && ratio < 10 : ratio == 0.0, "ratio %g", ratio);
 #ifndef EI_ATTN_PREFER_DPBF16
-        CHECK(ei_context_simd(ctx) == expect, "AUTO chose %s, expected %s", ei_simd_name(ei_context_simd(ctx)),
+        CHECK(ei_context_config(ctx)->simd == expect, "AUTO chose %s, expected %s", ei_simd_name(ei_context_config(ctx)->simd),
               ei_simd_name(expect));
 #else
         (void)expect;

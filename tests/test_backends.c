@@ -31,8 +31,8 @@
        ranking score (recomputed by the test in double); the CPU's rows also
        against the ideal rows of those scores
      8 decode over a row map (rows out of position order, empty rows NaN):
-       ei_decode_keep with row_pos and positions, ei_decode_score split over
-       threads, ei_decode_select, a keep set per query head over per-kv-head
+       ei_decode_keep with row_pos and positions, ei_decode_score in parts
+       (ith/nth, one workspace), ei_decode_select, a keep set per query head over per-kv-head
        maps, compaction and a second compression, the shared keep set of two
        layers and its compaction of every head, the misuse codes: kept
        positions equal up to near-ties, pooled scores within 1e-3
@@ -83,6 +83,39 @@ static uint16_t *bf16_ints(size_t n) {
     return x;
 }
 
+/* ------------------------------------------------------------ execution and sizes */
+/* A whole call on n_threads threads (0: the caller alone), or part ith of
+   nth; one workspace either way. */
+static ei_exec ex(int n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+static ei_exec ex_part(int ith, int nth, void *ws, size_t bytes) {
+    ei_exec x = ex(0, ws, bytes);
+    x.ith = ith;
+    x.nth = nth;
+    return x;
+}
+/* Every size of a layer (ei_layer_sizes) for calls on n_threads threads or parts. */
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t max_tokens, int32_t n_heads, int32_t n_kv_heads,
+                            int32_t head_dim, uint32_t plan_flags, int32_t n_threads) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = max_tokens;
+    sh.n_heads = n_heads;
+    sh.n_kv_heads = n_kv_heads;
+    sh.head_dim = head_dim;
+    sh.plan_flags = plan_flags;
+    sh.n_threads = n_threads;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &z), EI_OK);
+    return z;
+}
+
 /* ------------------------------------------------------------ 1: decode window */
 enum { S1_H = 4, S1_KV = 2, S1_D = 64, S1_Q = 45, S1_N = 225 };
 /* Keys of random norms (0.5 .. 3) spread the pooled scores; with this seed
@@ -123,18 +156,19 @@ typedef struct s1_out { keep_out stage[2]; } s1_out;
 static void s1_run(int gpu, const uint16_t *q, const uint16_t *k, s1_out *o) {
     ei_config c = s1_config();
     side s = side_make(gpu, c);
-    size_t ring_bytes, ws_bytes;
+    ei_sizes sz = layer_sizes(s.ctx, S1_N, S1_H, S1_KV, S1_D, 0, 1);
+    size_t ring_bytes = sz.decoder, ws_bytes = sz.decode_keep;
     void *ring, *dq, *dk, *ws;
     ei_decoder dec;
+    ei_exec x;
     int stage, heads = S1_KV, cap = c.decode_budget;
     int64_t q_done = 0;
-    CHECK_ERR(ei_decoder_size(s.ctx, S1_H, S1_D, &ring_bytes), EI_OK);
     ring = mem_new(&s, ring_bytes);
     CHECK_ERR(ei_decoder_init(s.ctx, &dec, S1_H, S1_KV, S1_D, ring, ring_bytes), EI_OK);
     dq = mem_up(&s, q, (size_t)S1_Q * S1_H * S1_D * 2);
     dk = mem_up(&s, k, (size_t)S1_N * S1_KV * S1_D * 2);
-    CHECK_ERR(ei_decode_workspace_size(s.ctx, S1_N, S1_H, S1_KV, &ws_bytes), EI_OK);
     ws = mem_new(&s, ws_bytes);
+    x = ex(1, ws, ws_bytes);
     for (stage = 0; stage < 2; ++stage) {
         keep_out *ko = &o->stage[stage];
         int64_t observe_to = stage == 0 ? 20 : S1_Q, n = stage == 0 ? 200 : S1_N;
@@ -159,10 +193,10 @@ static void s1_run(int gpu, const uint16_t *q, const uint16_t *k, s1_out *o) {
         if (stage == 0) { /* the view padded past the newest position, no row map: refused on both backends */
             ei_tensor padded = tk;
             padded.n_tokens = n + 8;
-            CHECK_ERR(ei_decode_keep(s.ctx, &dec, &padded, &ks, ws, ws_bytes), EI_ERR_SHAPE);
+            CHECK_ERR(ei_decode_keep(s.ctx, &x, &dec, &padded, &ks), EI_ERR_SHAPE);
             CHECK(ks.n_kept == 0, "1 (%s): a refused padded keep set its counts", side_name(&s));
         }
-        ko->r = ei_decode_keep(s.ctx, &dec, &tk, &ks, ws, ws_bytes);
+        ko->r = ei_decode_keep(s.ctx, &x, &dec, &tk, &ks);
         CHECK(ko->r == EI_OK, "1 (%s): decode_keep with %lld observed: %s", side_name(&s), (long long)dec.n_observed,
               ei_last_error());
         ko->observed = dec.n_observed;
@@ -264,7 +298,7 @@ static void s2_run(int gpu, s2_out *o) {
     q10 = bf16_normal((size_t)10 * S2_H * S2_D, 1.0f);
     q40 = bf16_normal(n40, 1.0f);
     q1 = bf16_normal((size_t)S2_H * S2_D, 1.0f);
-    CHECK_ERR(ei_decoder_size(s.ctx, S2_H, S2_D, &ring_bytes), EI_OK);
+    ring_bytes = layer_sizes(s.ctx, 40, S2_H, S2_KV, S2_D, 0, 1).decoder;
     ring = mem_new(&s, ring_bytes);
     CHECK_ERR(ei_decoder_init(s.ctx, &dec, S2_H, S2_KV, S2_D, ring, ring_bytes), EI_OK);
     d10 = mem_up(&s, q10, (size_t)10 * S2_H * S2_D * 2);
@@ -387,28 +421,30 @@ static void s3_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t
     side small = side_make(gpu, s3_config(32)), big = side_make(gpu, s3_config(64));
     size_t nq = (size_t)S3_N * S3_H * S3_D * 2, nk = (size_t)S3_N * S3_KV * S3_D * 2, nout = (size_t)S3_N * S3_H * S3_D * 4;
     void *dq = mem_up(&small, q, nq), *dk = mem_up(&small, k, nk), *dv = mem_up(&small, v, nk), *dout, *ws, *aws;
-    size_t ws_bytes, aws_bytes;
+    ei_sizes sz = layer_sizes(big.ctx, S3_N, S3_H, S3_KV, S3_D, 0, 1);
+    size_t ws_bytes = sz.profile, aws_bytes = sz.prefill;
+    ei_exec x;
     ei_tensor tq = ei_tensor_make(dq, EI_BF16, S3_N, S3_H, S3_D), tk = ei_tensor_make(dk, EI_BF16, S3_N, S3_KV, S3_D);
     ei_tensor tv = ei_tensor_make(dv, EI_BF16, S3_N, S3_KV, S3_D);
     ei_out_tensor to;
     ei_plan plan;
     dout = mem_new(&small, nout);
     to = ei_out_tensor_make(dout, EI_F32, S3_N, S3_H, S3_D);
-    CHECK_ERR(ei_plan_alloc(small.ctx, &plan, S3_N, S3_KV, S3_D, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(small.ctx, &plan, S3_N, S3_KV, S3_D, 0, NULL, 0), EI_OK);
     CHECK(plan.max_keep == 12, "3: the small context's rows hold %d blocks, 12 expected", plan.max_keep);
-    CHECK_ERR(ei_profile_workspace_size(big.ctx, S3_N, S3_H, S3_KV, S3_D, &ws_bytes), EI_OK);
     ws = mem_new(&big, ws_bytes);
+    x = ex(1, ws, ws_bytes);
     /* profiling with the big context: its budgets need rows of 24 blocks */
-    o->profile_big = ei_profile(big.ctx, &tq, &tk, &plan, ws, ws_bytes);
+    o->profile_big = ei_profile(big.ctx, &x, &tq, &tk, &plan);
     CHECK(o->profile_big == EI_ERR_SHAPE && strstr(ei_last_error(), "EI_ERR_SHAPE"),
           "3 (%s): profile with a plan too small for the budgets: %s (%s)", side_name(&big),
           ei_result_name(o->profile_big), ei_last_error());
     /* the context that laid it out plans it; the big one runs attention with it */
-    o->profile_small = ei_profile(small.ctx, &tq, &tk, &plan, ws, ws_bytes);
+    o->profile_small = ei_profile(small.ctx, &x, &tq, &tk, &plan);
     CHECK(o->profile_small == EI_OK, "3 (%s): profile with the small context: %s", side_name(&small), ei_last_error());
-    CHECK_ERR(ei_attention_workspace_size(big.ctx, S3_H, S3_KV, S3_D, &aws_bytes), EI_OK);
     aws = mem_new(&big, aws_bytes);
-    o->attention_big = ei_attention_prefill(big.ctx, &tq, &tk, &tv, &plan, &to, 0, 0, 1, aws, aws_bytes);
+    x = ex(1, aws, aws_bytes);
+    o->attention_big = ei_attention_prefill(big.ctx, &x, &tq, &tk, &tv, &plan, &to, 0);
     CHECK(o->attention_big == EI_TEST_SMALL_PLAN_ATTENTION, "3 (%s): attention with the small plan: %s (%s)",
           side_name(&big), ei_result_name(o->attention_big), ei_last_error());
     mem_del(&big, aws, aws_bytes);
@@ -464,6 +500,8 @@ static void s4_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t
     uint16_t *hq = s4_strided(q, S4_H, S4_QHS, S4_QTS), *hk = s4_strided(k, S4_KV, S4_KHS, S4_KTS);
     uint16_t *hv = s4_strided(v, S4_KV, S4_KHS, S4_KTS);
     size_t bq = (size_t)S4_N * S4_QTS * 2, bk = (size_t)S4_N * S4_KTS * 2, bo = (size_t)S4_N * S4_OTS * 4, ws_bytes, aws_bytes;
+    ei_sizes sz;
+    ei_exec x;
     void *dq = mem_up(&s, hq, bq), *dk = mem_up(&s, hk, bk), *dv = mem_up(&s, hv, bk), *dout, *ws, *aws;
     ei_tensor tq = ei_tensor_make(dq, EI_BF16, S4_N, S4_H, S4_D), tk = ei_tensor_make(dk, EI_BF16, S4_N, S4_KV, S4_D);
     ei_tensor tv;
@@ -478,18 +516,21 @@ static void s4_run(int gpu, const uint16_t *q, const uint16_t *k, const uint16_t
     dout = mem_new(&s, bo);
     to = ei_out_tensor_make(dout, EI_F32, S4_N, S4_H, S4_D);
     to.head_stride = S4_OHS; to.token_stride = S4_OTS;
-    CHECK_ERR(ei_plan_alloc(host, &o->plan, S4_N, S4_KV, S4_D, 0), EI_OK);
-    if (gpu) CHECK_ERR(ei_plan_alloc(s.ctx, &dplan, S4_N, S4_KV, S4_D, 0), EI_OK);
-    CHECK_ERR(ei_profile_workspace_size(s.ctx, S4_N, S4_H, S4_KV, S4_D, &ws_bytes), EI_OK);
+    CHECK_ERR(ei_plan_init(host, &o->plan, S4_N, S4_KV, S4_D, 0, NULL, 0), EI_OK);
+    if (gpu) CHECK_ERR(ei_plan_init(s.ctx, &dplan, S4_N, S4_KV, S4_D, 0, NULL, 0), EI_OK);
+    sz = layer_sizes(s.ctx, S4_N, S4_H, S4_KV, S4_D, 0, 1);
+    ws_bytes = sz.profile;
+    aws_bytes = sz.prefill;
     ws = mem_new(&s, ws_bytes);
-    o->r_profile = ei_profile(s.ctx, &tq, &tk, plan, ws, ws_bytes);
+    x = ex(1, ws, ws_bytes);
+    o->r_profile = ei_profile(s.ctx, &x, &tq, &tk, plan);
     CHECK(o->r_profile == EI_OK, "4 (%s): profile of interleaved views: %s", side_name(&s), ei_last_error());
     if (gpu) CHECK_ERR(ei_plan_copy(s.ctx, &o->plan, &dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
-    CHECK_ERR(ei_attention_workspace_size(s.ctx, S4_H, S4_KV, S4_D, &aws_bytes), EI_OK);
     aws = mem_new(&s, aws_bytes);
+    x = ex(1, aws, aws_bytes);
     o->padding_ok = 1;
     for (pass = 0; pass < 2; ++pass) {
-        ei_result r = ei_attention_prefill(s.ctx, &tq, &tk, &tv, pass == 0 ? plan : NULL, &to, 0, 0, 1, aws, aws_bytes);
+        ei_result r = ei_attention_prefill(s.ctx, &x, &tq, &tk, &tv, pass == 0 ? plan : NULL, &to, 0);
         float *raw = (float *)mem_down(&s, dout, bo), *dst = (float *)malloc((size_t)S4_N * S4_H * S4_D * 4);
         int64_t t;
         int h, i;
@@ -566,7 +607,7 @@ static void s4_check_cpu(const s4_out *o, const uint16_t *q, const uint16_t *k, 
         double vmax = 0, tol = test_tols[TOL_ATTN_CPU].max_abs;
         ei_context *auto_ctx;
         if (ei_context_create(&c, &auto_ctx) == EI_OK) {
-            if (kernel_rounds_p(ei_context_simd(auto_ctx))) {
+            if (kernel_rounds_p(ei_context_config(auto_ctx)->simd)) {
                 for (i = 0; i < n / 2; ++i) vmax = fmax(vmax, fabs(fv[i]));
                 tol = test_tols[TOL_ATTN_ROUNDS_P].max_abs * (vmax > 1 ? vmax : 1.0);
             }
@@ -603,7 +644,7 @@ static void s5_gpu(void) {
     ei_config c = ei_config_default();
     ei_context *gpu = ctx_make(1, c), *cpu = ctx_make(0, c);
     ei_plan plan, before;
-    CHECK_ERR(ei_plan_alloc(gpu, &plan, 4096, 2, 64, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(gpu, &plan, 4096, 2, 64, 0, NULL, 0), EI_OK);
     CHECK(plan.on_device == 1 && plan.owned_memory != NULL, "5 (gpu): not a device plan");
     before = plan;
     CHECK_ERR(ei_plan_reset(NULL), EI_ERR_NULL);
@@ -810,6 +851,7 @@ static ei_result s7_run(int gpu, const s7_case *cs, const s7_data *D, ei_plan *o
     side s = side_make(gpu, c);
     ei_context *host = ctx_make(0, c);
     size_t es = D->dt == EI_F32 ? 4 : 2, bq = (size_t)S7_N * S7_H * D->d * es, bk = (size_t)S7_N * S7_KV * D->d * es, wsb;
+    ei_exec x;
     size_t off = cs->misalign ? es : 0;
     void *dq = mem_new(&s, bq + 16), *dk = mem_new(&s, bk + 16), *ws;
     ei_tensor tq = ei_tensor_make((char *)dq + off, D->dt, S7_N, S7_H, D->d);
@@ -818,11 +860,12 @@ static ei_result s7_run(int gpu, const s7_case *cs, const s7_data *D, ei_plan *o
     ei_result r;
     mem_put(&s, (char *)dq + off, D->q, bq);
     mem_put(&s, (char *)dk + off, D->k, bk);
-    CHECK_ERR(ei_plan_alloc(host, out, S7_N, S7_KV, D->d, EI_PLAN_SCORES), EI_OK);
-    if (gpu) CHECK_ERR(ei_plan_alloc(s.ctx, &dplan, S7_N, S7_KV, D->d, EI_PLAN_SCORES), EI_OK);
-    CHECK_ERR(ei_profile_workspace_size(s.ctx, S7_N, S7_H, S7_KV, D->d, &wsb), EI_OK);
+    CHECK_ERR(ei_plan_init(host, out, S7_N, S7_KV, D->d, EI_PLAN_SCORES, NULL, 0), EI_OK);
+    if (gpu) CHECK_ERR(ei_plan_init(s.ctx, &dplan, S7_N, S7_KV, D->d, EI_PLAN_SCORES, NULL, 0), EI_OK);
+    wsb = layer_sizes(s.ctx, S7_N, S7_H, S7_KV, D->d, EI_PLAN_SCORES, 1).profile;
     ws = mem_new(&s, wsb);
-    r = ei_profile(s.ctx, &tq, &tk, plan, ws, wsb);
+    x = ex(1, ws, wsb);
+    r = ei_profile(s.ctx, &x, &tq, &tk, plan);
     CHECK(r == EI_OK, "7 (%s): %s: profile: %s", side_name(&s), cs->name, ei_last_error());
     if (gpu) {
         CHECK_ERR(ei_plan_copy(s.ctx, out, &dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
@@ -943,7 +986,7 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
     ei_plan ideal;
     double *sc = (double *)malloc((size_t)S7_NB * sizeof(double)), *ref = (double *)malloc((size_t)S7_NB * sizeof(double));
     int kvh, s, i, bad = 0, knife = 0, shown = 0, selective = 0, differs = 0, kmin = 1 << 30, kmax = 0;
-    CHECK_ERR(ei_plan_alloc(host, &ideal, S7_N, S7_KV, D->d, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(host, &ideal, S7_N, S7_KV, D->d, 0, NULL, 0), EI_OK);
     for (kvh = 0; kvh < S7_KV; ++kvh)
         for (s = 1; s < S7_NSEG; ++s) {
             size_t r = EI_PLAN_ROW(a, kvh, s);
@@ -984,8 +1027,9 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
 /* A cache whose rows are not in position order: positions 0..299 scattered
    over 337 rows (the 37 empty rows NaN, never read), f32, 8 query heads on 2
    kv heads, window 16, budget 96. On each backend: ei_decode_keep with
-   row_pos (positions, mask, pooled); ei_decode_score split over 3 "threads"
-   (= one call); ei_decode_select of those scores; a keep set per query head
+   row_pos (positions, mask, pooled); ei_decode_score in 3 parts (ith/nth,
+   one shared workspace; the same scores as one whole call); ei_decode_select
+   of those scores; a keep set per query head
    (per_kv_head 0, max pooling) over per-kv-head maps; compaction per kv
    head, 8 new positions into rows in reverse order and a second
    compression over per-kv-head maps; the shared keep set of two layers
@@ -995,7 +1039,7 @@ static void s7_check_cpu(const s7_case *cs, const s7_data *D, const ei_plan *a) 
    pooled scores within 1e-3, the same codes. */
 enum { S8_H = 8, S8_KV = 2, S8_D = 32, S8_GAP = 4, S8_WIN = 16, S8_BUDGET = 96, S8_NPOS = 300, S8_EXTRA = 37,
        S8_MORE = 8, S8_ROWS = S8_NPOS + S8_EXTRA, S8_L = S8_NPOS - S8_WIN, S8_ROWS2 = S8_BUDGET + S8_MORE,
-       S8_MISUSE = 9 };
+       S8_MISUSE = 13 };
 typedef struct s8_out {
     keep_host keep, sel, perq, second, shared_set;
     float *scores;     /* [H][ROWS] of layer 1 */
@@ -1016,9 +1060,13 @@ typedef struct s8_data {
    decode_shared_add), a window position missing (decode_score), NaN in a
    row holding a position (decode_keep, decode_score of the second kv head's
    query heads), row_pos_stride < rows (decode_score), Inf in a shared score
-   (decode_select_shared) */
+   (decode_select_shared); then ei_exec misuse, refused alike by both
+   backends before anything else: part ith 2 of nth 2 (decode_score),
+   n_threads with nth (decode_select), a NULL workspace with
+   workspace_bytes (decode_keep), ei_decode_keep in parts */
 static const ei_result s8_misuse_codes[S8_MISUSE] = {EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE, EI_ERR_SHAPE,
-                                                     EI_ERR_NONFINITE, EI_ERR_NONFINITE, EI_ERR_STRIDE, EI_ERR_NONFINITE};
+                                                     EI_ERR_NONFINITE, EI_ERR_NONFINITE, EI_ERR_STRIDE, EI_ERR_NONFINITE,
+                                                     EI_ERR_SIZE, EI_ERR_CONFIG, EI_ERR_NULL, EI_ERR_CONFIG};
 static ei_config s8_config(void) {
     ei_config c = ei_config_default();
     c.decode_budget = S8_BUDGET; c.window = S8_WIN; c.decode_gap = S8_GAP; c.recompress_every = S8_MORE;
@@ -1094,6 +1142,7 @@ static void s8_observe_all(const side *s, ei_decoder *dec, void *dq) {
 static void s8_run(int gpu, const s8_data *D, s8_out *o) {
     ei_config c = s8_config(), cq = s8_config();
     side s = side_make(gpu, c), sq;
+    ei_exec x1;
     size_t ring_bytes, wb, kb_bytes = sizeof(float) * S8_ROWS * S8_KV * S8_D, sc_bytes = sizeof(float) * S8_H * S8_ROWS;
     void *ring, *ring2, *ws, *dq, *dq2, *dk;
     int32_t *drp, *drp2, *dmap2;
@@ -1106,13 +1155,15 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
     const char *who = side_name(&s);
     cq.per_kv_head = 0; cq.pool = EI_POOL_MAX; cq.pool_kernel = 3;
     sq = side_make(gpu, cq);
-    CHECK_ERR(ei_decoder_size(s.ctx, S8_H, S8_D, &ring_bytes), EI_OK);
+    ring_bytes = layer_sizes(s.ctx, S8_ROWS, S8_H, S8_KV, S8_D, 0, 1).decoder;
     ring = mem_new(&s, ring_bytes);
     ring2 = mem_new(&s, ring_bytes);
     CHECK_ERR(ei_decoder_init(s.ctx, &dec, S8_H, S8_KV, S8_D, ring, ring_bytes), EI_OK);
     CHECK_ERR(ei_decoder_init(s.ctx, &dec2, S8_H, S8_KV, S8_D, ring2, ring_bytes), EI_OK);
-    CHECK_ERR(ei_decode_workspace_size(sq.ctx, S8_ROWS, S8_H, S8_KV, &wb), EI_OK); /* per query head: the larger */
+    /* per query head: the larger; for 3 parts (ei_decode_score below), whole calls take it too */
+    wb = layer_sizes(sq.ctx, S8_ROWS, S8_H, S8_KV, S8_D, 0, 3).decode_keep;
     ws = mem_new(&s, wb);
+    x1 = ex(1, ws, wb);
     dq = mem_up(&s, D->q, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
     dq2 = mem_up(&s, D->q2, sizeof(float) * (S8_NPOS + S8_MORE) * S8_H * S8_D);
     dk = mem_up(&s, D->kB, kb_bytes);
@@ -1126,23 +1177,26 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
     /* decode_keep over the scattered rows */
     ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), &o->keep);
+    keep_take(&s, &ks, ei_decode_keep(s.ctx, &x1, &dec, &kB, &ks), &o->keep);
     CHECK(o->keep.r == EI_OK && o->keep.n_kept == S8_BUDGET && o->keep.compressed == 1 && o->keep.n_tokens == S8_ROWS,
           "8 (%s): decode_keep with row_pos: %s, kept %d", who, ei_result_name(o->keep.r), o->keep.n_kept);
     s8_check_one(who, "decode_keep", &o->keep, D->row_pos, 0, 1);
 
-    /* decode_score over 3 "threads" = one call; select from those scores */
-    for (i = 0; i < 3; ++i) CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, i, 3, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc2, 0, 1, ws, wb), EI_OK);
+    /* decode_score in 3 parts (one workspace) = one whole call; select from those scores */
+    for (i = 0; i < 3; ++i) {
+        ei_exec xp = ex_part(i, 3, ws, wb);
+        CHECK_ERR(ei_decode_score(s.ctx, &xp, &dec, &kB, drp, 0, dsc), EI_OK);
+    }
+    CHECK_ERR(ei_decode_score(s.ctx, &x1, &dec, &kB, drp, 0, dsc2), EI_OK);
     o->scores = (float *)mem_down(&s, dsc, sc_bytes);
     {
         float *one = (float *)mem_down(&s, dsc2, sc_bytes);
-        CHECK(!memcmp(one, o->scores, sc_bytes), "8 (%s): decode_score split over 3 threads differs from one call", who);
+        CHECK(!memcmp(one, o->scores, sc_bytes), "8 (%s): decode_score in 3 parts differs from one call", who);
         free(one);
     }
     ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    keep_take(&s, &ks, ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb), &o->sel);
+    keep_take(&s, &ks, ei_decode_select(s.ctx, &x1, &dec, dsc, S8_ROWS, &ks), &o->sel);
     s8_check_one(who, "decode_select", &o->sel, D->row_pos, 0, 1);
 
     /* a keep set per query head (max pooling), per-kv-head maps */
@@ -1154,7 +1208,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         ks = keep_new(&sq, S8_H, S8_BUDGET, S8_ROWS, S8_ROWS);
         ks.row_pos = drp2;
         ks.row_pos_stride = S8_ROWS;
-        keep_take(&sq, &ks, ei_decode_keep(sq.ctx, &decq, &kB, &ks, ws, wb), &o->perq);
+        keep_take(&sq, &ks, ei_decode_keep(sq.ctx, &x1, &decq, &kB, &ks), &o->perq);
         CHECK(o->perq.r == EI_OK, "8 (%s): per query head: %s", who, ei_last_error());
         s8_check_one(who, "per query head", &o->perq, D->row_pos2, S8_ROWS, S8_H / S8_KV);
         mem_del(&sq, ringq, ring_bytes);
@@ -1164,7 +1218,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
        first) and a second compression over per-kv-head maps */
     ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    CHECK_ERR(ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(s.ctx, &x1, &dec, &kB, &ks), EI_OK);
     ko = ei_out_tensor_make(dk, EI_F32, S8_ROWS, S8_KV, S8_D);
     CHECK_ERR(ei_kv_compact(s.ctx, &ks, &ko, NULL), EI_OK);
     o->map2 = (int32_t *)malloc(sizeof(int32_t) * S8_KV * S8_ROWS2);
@@ -1199,7 +1253,7 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         ks = keep_new(&s, S8_KV, S8_BUDGET, S8_ROWS2, S8_ROWS2);
         ks.row_pos = dmap2;
         ks.row_pos_stride = S8_ROWS2;
-        keep_take(&s, &ks, ei_decode_keep(s.ctx, &dec, &kC, &ks, ws, wb), &o->second);
+        keep_take(&s, &ks, ei_decode_keep(s.ctx, &x1, &dec, &kC, &ks), &o->second);
         CHECK(o->second.r == EI_OK && o->second.n_kept == S8_BUDGET, "8 (%s): second compression: %s", who,
               ei_result_name(o->second.r));
         s8_check_one(who, "second compression", &o->second, o->map2, S8_ROWS2, 1);
@@ -1215,11 +1269,11 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         memset(zeros, 0, sizeof zeros);
         mem_put(&s, dshared, zeros, sizeof zeros);
     }
-    CHECK_ERR(ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 0, 1, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_score(s.ctx, &dec2, &kB, drp, 0, dsc2, 0, 1, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_shared_add(s.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_score(s.ctx, &x1, &dec, &kB, drp, 0, dsc), EI_OK);
+    CHECK_ERR(ei_decode_score(s.ctx, &x1, &dec2, &kB, drp, 0, dsc2), EI_OK);
+    CHECK_ERR(ei_decode_shared_add(s.ctx, &x1, &dec, dsc, S8_ROWS, drp, dshared), EI_OK);
     CHECK(!ei_decode_due(s.ctx, &dec) && ei_decode_due(s.ctx, &dec2), "8 (%s): shared_add marks its decoder", who);
-    CHECK_ERR(ei_decode_shared_add(s.ctx, &dec2, dsc2, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_shared_add(s.ctx, &x1, &dec2, dsc2, S8_ROWS, drp, dshared), EI_OK);
     o->shared = (float *)mem_down(&s, dshared, sizeof(float) * S8_ROWS);
     { /* gqa_reduce max: the heads' and the layers' maximum */
         ei_config cm = s8_config();
@@ -1229,15 +1283,15 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         sm = side_make(gpu, cm);
         memset(zeros, 0, sizeof zeros);
         mem_put(&s, dshared, zeros, sizeof zeros);
-        CHECK_ERR(ei_decode_shared_add(sm.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb), EI_OK);
-        CHECK_ERR(ei_decode_shared_add(sm.ctx, &dec2, dsc2, S8_ROWS, drp, dshared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(sm.ctx, &x1, &dec, dsc, S8_ROWS, drp, dshared), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(sm.ctx, &x1, &dec2, dsc2, S8_ROWS, drp, dshared), EI_OK);
         o->shared_max = (float *)mem_down(&s, dshared, sizeof(float) * S8_ROWS);
         mem_put(&s, dshared, o->shared, sizeof(float) * S8_ROWS);
         side_free(&sm);
     }
     ks = keep_new(&s, 1, S8_BUDGET, S8_ROWS, S8_ROWS);
     ks.row_pos = drp;
-    keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb), &o->shared_set);
+    keep_take(&s, &ks, ei_decode_select_shared(s.ctx, &x1, &dec, dshared, S8_ROWS, &ks), &o->shared_set);
     CHECK(o->shared_set.r == EI_OK && o->shared_set.n_kept == S8_BUDGET, "8 (%s): select_shared: %s", who,
           ei_result_name(o->shared_set.r));
     s8_check_one(who, "shared keep set", &o->shared_set, D->row_pos, 0, 1);
@@ -1277,29 +1331,48 @@ static void s8_run(int gpu, const s8_data *D, s8_out *o) {
         memcpy(rp, D->row_pos, sizeof rp);
         rp[r5] = -2; /* not a position */
         mem_put(&s, drp, rp, sizeof rp);
-        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
-        o->misuse[mi++] = ei_decode_select(s.ctx, &dec, dsc, S8_ROWS, &ks, ws, wb);
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &x1, &dec, &kB, &ks);
+        o->misuse[mi++] = ei_decode_select(s.ctx, &x1, &dec, dsc, S8_ROWS, &ks);
         rp[r5] = 6; /* two rows hold position 6 */
         mem_put(&s, drp, rp, sizeof rp);
-        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
-        o->misuse[mi++] = ei_decode_shared_add(s.ctx, &dec, dsc, S8_ROWS, drp, dshared, ws, wb);
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &x1, &dec, &kB, &ks);
+        o->misuse[mi++] = ei_decode_shared_add(s.ctx, &x1, &dec, dsc, S8_ROWS, drp, dshared);
         rp[r5] = 5;
         rp[rw] = -1; /* a window position missing: the newest 16 are not consecutive */
         mem_put(&s, drp, rp, sizeof rp);
-        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 0, 1, ws, wb);
+        o->misuse[mi++] = ei_decode_score(s.ctx, &x1, &dec, &kB, drp, 0, dsc);
         rp[rw] = S8_NPOS - 3;
         mem_put(&s, drp, rp, sizeof rp);
         for (i = 0; i < S8_KV * S8_D; ++i) nan_row[i] = NAN; /* NaN in a row holding position 6 */
         mem_put(&s, (float *)dk + (size_t)r6 * S8_KV * S8_D, nan_row, sizeof nan_row);
-        o->misuse[mi++] = ei_decode_keep(s.ctx, &dec, &kB, &ks, ws, wb);
-        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 0, dsc, 1, 2, ws, wb);
-        o->misuse[mi++] = ei_decode_score(s.ctx, &dec, &kB, drp, 1, dsc, 0, 1, ws, wb); /* stride < rows */
+        o->misuse[mi++] = ei_decode_keep(s.ctx, &x1, &dec, &kB, &ks);
+        { /* in 2 parts, part 1 first (the second kv head's query heads): the first part that fails says it (on
+             the GPU part 0 makes the whole call and part 1 returns EI_OK) */
+            ei_exec xp = ex_part(1, 2, ws, wb);
+            ei_result r = ei_decode_score(s.ctx, &xp, &dec, &kB, drp, 0, dsc);
+            if (!gpu) CHECK(r == EI_ERR_NONFINITE, "8 (cpu): part 1 of 2 with NaN in its heads' rows: %s", ei_result_name(r));
+            xp.ith = 0;
+            if (r == EI_OK) r = ei_decode_score(s.ctx, &xp, &dec, &kB, drp, 0, dsc);
+            o->misuse[mi++] = r;
+        }
+        o->misuse[mi++] = ei_decode_score(s.ctx, &x1, &dec, &kB, drp, 1, dsc); /* stride < rows */
         for (i = 0; i < S8_ROWS; ++i) shared_bad[i] = 1.0f;
         shared_bad[r5] = INFINITY;
         mem_put(&s, dshared, shared_bad, sizeof shared_bad);
         ks.heads_out = 1;
-        o->misuse[mi++] = ei_decode_select_shared(s.ctx, &dec, dshared, S8_ROWS, &ks, ws, wb);
+        o->misuse[mi++] = ei_decode_select_shared(s.ctx, &x1, &dec, dshared, S8_ROWS, &ks);
         ks.heads_out = S8_KV;
+        {
+            ei_exec bad = ex_part(2, 2, ws, wb);
+            o->misuse[mi++] = ei_decode_score(s.ctx, &bad, &dec, &kB, drp, 0, dsc);
+            bad = ex_part(0, 2, ws, wb);
+            bad.n_threads = 2;
+            o->misuse[mi++] = ei_decode_select(s.ctx, &bad, &dec, dsc, S8_ROWS, &ks);
+            bad = ex(1, NULL, wb);
+            o->misuse[mi++] = ei_decode_keep(s.ctx, &bad, &dec, &kB, &ks);
+            bad = ex_part(0, 2, ws, wb);
+            o->misuse[mi++] = ei_decode_keep(s.ctx, &bad, &dec, &kB, &ks);
+        }
         keep_del(&s, &ks);
     }
     for (i = 0; i < S8_MISUSE; ++i)

@@ -6,6 +6,42 @@
 #include "../entropyinfer.h"
 #include "check.h"
 
+/* ------------------------------------------------------------ execution (ei_exec, ei_layer_sizes) */
+/* A whole call on n_threads threads (0 or 1: the calling thread alone) with
+   the workspace ws of bytes bytes. */
+static ei_exec ex(int n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+/* Part ith of nth: every part passes the same workspace. */
+static ei_exec ex_part(int ith, int nth, void *ws, size_t bytes) {
+    ei_exec x = ex(0, ws, bytes);
+    x.ith = ith;
+    x.nth = nth;
+    return x;
+}
+/* Every size of a layer of max_tokens tokens, n_heads / n_kv_heads heads of
+   head_dim, plans of plan_flags, calls on n_threads threads or parts (a
+   test's set-up: stops the program on failure). */
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t max_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            uint32_t plan_flags, int32_t n_threads) {
+    ei_shape sh;
+    ei_sizes sz;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = max_tokens;
+    sh.n_heads = n_heads;
+    sh.n_kv_heads = n_kv_heads;
+    sh.head_dim = head_dim;
+    sh.plan_flags = plan_flags;
+    sh.n_threads = n_threads;
+    CHECK_OK(ei_layer_sizes(ctx, &sh, &sz));
+    return sz;
+}
+
 /* ------------------------------------------------------------ conversions */
 static void test_conversions(void) {
     const float vals[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 1e-3f, 3.14159f, 1e30f};
@@ -126,7 +162,18 @@ static void test_views_and_config(void) {
     if (!ei_cpu_supports(EI_SIMD_NEON)) CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_UNSUPPORTED);
     c.simd = EI_SIMD_SCALAR;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    CHECK(ei_context_simd(ctx) == EI_SIMD_SCALAR, "forced scalar");
+    CHECK(ei_context_config(ctx)->simd == EI_SIMD_SCALAR, "forced scalar");
+    CHECK(ei_context_config(ctx)->backend == EI_BACKEND_CPU, "the CPU backend");
+    ei_context_destroy(ctx);
+    /* ei_context_config reports the path and the backend chosen: never EI_SIMD_AUTO, never EI_BACKEND_CUDA_OR_CPU */
+    c = ei_config_default();
+    c.backend = EI_BACKEND_CUDA_OR_CPU;
+    c.cuda_library = "/nonexistent/libentropyinfer_cuda.so";
+    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+    CHECK(ei_context_config(ctx)->simd != EI_SIMD_AUTO && ei_cpu_supports(ei_context_config(ctx)->simd),
+          "EI_SIMD_AUTO resolved to %s", ei_simd_name(ei_context_config(ctx)->simd));
+    CHECK(ei_context_config(ctx)->backend == EI_BACKEND_CPU, "EI_BACKEND_CUDA_OR_CPU without the plugin resolved to %d",
+          (int)ei_context_config(ctx)->backend);
     ei_context_destroy(ctx);
     /* the CUDA backend on a machine without it: a clear error, the CPU keeps working */
     c = ei_config_default();
@@ -152,15 +199,18 @@ static ei_result plan_layer(ei_context *ctx, const synth_layer *L, ei_dtype dt, 
     void *mem, *ws;
     void *qd = to_dtype(L->q, (size_t)L->n * L->heads * L->dim, dt), *kd = to_dtype(L->k, (size_t)L->n * L->kv * L->dim, dt);
     ei_tensor q, k;
+    ei_sizes sz = layer_sizes(ctx, L->n, L->heads, L->kv, L->dim, EI_PLAN_SCORES, 1);
+    ei_exec x;
     ei_result r;
     q = ei_tensor_make(qd, dt, L->n, L->heads, L->dim);
     k = ei_tensor_make(kd, dt, L->n, L->kv, L->dim);
-    ei_plan_size(ctx, L->n, L->kv, L->dim, EI_PLAN_SCORES, &pb);
-    ei_profile_workspace_size(ctx, L->n, L->heads, L->kv, L->dim, &wb);
+    pb = sz.plan;
+    wb = sz.profile;
     mem = guarded_alloc(pb);
     ws = guarded_alloc(wb);
+    x = ex(1, ws, wb);
     r = ei_plan_init(ctx, plan, L->n, L->kv, L->dim, EI_PLAN_SCORES, mem, pb);
-    if (r == EI_OK) r = ei_profile(ctx, &q, &k, plan, ws, wb);
+    if (r == EI_OK) r = ei_profile(ctx, &x, &q, &k, plan);
     CHECK(guard_intact(mem, pb) && guard_intact(ws, wb), "guard bytes around plan/workspace overwritten");
     guarded_free(ws);
     free(qd);
@@ -252,25 +302,31 @@ static void test_profile_paths(void) {
     synth_layer_free(&L);
 }
 
-/* Strided views (padded rows, head-major) give the same plan as contiguous. */
+/* Strided views (padded rows, head-major) give the same plan as contiguous;
+   threads and parts (ei_exec) give the plan of one thread, bit for bit; bad
+   ei_exec fields are refused. */
 static void test_strided_and_threads(void) {
     synth_layer L = synth_layer_make(700, 4, 2, 32, 64, 3);
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan a, b, m;
-    size_t wb, nq = (size_t)L.n * L.heads * L.dim;
+    ei_sizes s1, s2;
+    size_t nq = (size_t)L.n * L.heads * L.dim;
     void *ws;
     float *qh = (float *)malloc(sizeof(float) * nq * 2);
     ei_tensor q = L.tq, k = L.tk, qs;
+    ei_exec x;
     long t;
     int h, i;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
-    ws = malloc(wb * 2);
-    CHECK_ERR(ei_plan_alloc(ctx, &a, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_plan_alloc(ctx, &b, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_plan_alloc(ctx, &m, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_profile(ctx, &q, &k, &a, ws, wb), EI_OK);
+    s1 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, 1);
+    s2 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, 2);
+    ws = malloc(s2.profile);
+    x = ex(1, ws, s1.profile);
+    CHECK_ERR(ei_plan_init(ctx, &a, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(ctx, &b, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(ctx, &m, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &a), EI_OK);
     /* head-major, padded copy of q: [heads][n][2*dim] */
     for (t = 0; t < L.n; ++t)
         for (h = 0; h < L.heads; ++h)
@@ -279,17 +335,20 @@ static void test_strided_and_threads(void) {
     qs.data = qh;
     qs.token_stride = 2 * L.dim;
     qs.head_stride = (int64_t)L.n * 2 * L.dim;
-    CHECK_ERR(ei_profile(ctx, &qs, &k, &b, ws, wb), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &x, &qs, &k, &b), EI_OK);
     CHECK(memcmp(a.entropy, b.entropy, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0, "strided entropy differs");
     CHECK(memcmp(a.block_index, b.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "strided plan differs");
-    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb * 2), EI_OK);
+    x = ex(2, ws, s2.profile);
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_OK);
     CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "threaded plan differs");
     {   /* more threads than kv heads: segments split over them, the same plan bit for bit */
         int nt;
-        void *ws5 = malloc(wb * 5);
         for (nt = 3; nt <= 5; ++nt) {
+            ei_sizes sn = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, nt);
+            void *wsn = malloc(sn.profile);
+            ei_exec xn = ex(nt, wsn, sn.profile);
             CHECK_ERR(ei_plan_reset(&m), EI_OK);
-            CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, nt, ws5, wb * (size_t)nt), EI_OK);
+            CHECK_ERR(ei_profile(ctx, &xn, &q, &k, &m), EI_OK);
             CHECK(m.n_tokens == a.n_tokens && m.n_segments == a.n_segments && m.final == a.final, "split plan's counts");
             CHECK(memcmp(a.entropy, m.entropy, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0 &&
                       memcmp(a.budget, m.budget, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0 &&
@@ -297,47 +356,50 @@ static void test_strided_and_threads(void) {
                       memcmp(a.keep_count, m.keep_count, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity) == 0 &&
                       memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0,
                   "plan split over segments (%d threads, 2 kv heads) differs", nt);
+            free(wsn);
         }
-        free(ws5);
     }
     for (i = 0; i < 2; ++i) { /* one kv head, the sampled (i 0) and antidiagonal (i 1) rankings with top-p, sink and
-                                 local blocks: 2 and 3 threads; the antidiagonal one also over kv-head ranges */
+                                 local blocks: 2 and 3 threads; the antidiagonal one also in parts */
         synth_layer L1 = synth_layer_make(900, 4, 1, 32, 64, 5);
         ei_config cq = c, qp = ei_config_quality();
         ei_context *cx;
         ei_plan p1, pm;
-        size_t wq;
+        ei_sizes sq;
+        ei_exec xq;
         void *wsq;
         int nt;
         cq.ranking = i ? EI_RANK_ANTIDIAGONAL : qp.ranking; cq.rank_samples = i ? 6 : 16; cq.top_p = qp.top_p;
         cq.sink_blocks = 1; cq.local_blocks = 2;
         CHECK_ERR(ei_context_create(&cq, &cx), EI_OK);
-        if (i) { /* L's two kv heads: kv-head ranges (ei_profile_heads, ei_profile_mt over heads) give one plan */
+        if (i) { /* L's two kv heads: parts (one each, one workspace, then ei_plan_finalize) and 2 threads give one plan */
             ei_plan ph, pt;
-            size_t wl;
-            void *wsl;
-            ei_profile_workspace_size(cx, L.n, L.heads, L.kv, L.dim, &wl);
-            wsl = malloc(wl * 2);
-            CHECK_ERR(ei_plan_alloc(cx, &ph, L.n, L.kv, L.dim, 0), EI_OK);
-            CHECK_ERR(ei_plan_alloc(cx, &pt, L.n, L.kv, L.dim, 0), EI_OK);
-            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 1, 2, wsl, wl), EI_OK);
-            CHECK_ERR(ei_profile_heads(cx, &q, &k, &ph, 0, 1, wsl, wl), EI_OK);
-            CHECK_ERR(ei_profile_mt(cx, &q, &k, &pt, 2, wsl, wl * 2), EI_OK);
+            ei_sizes sl = layer_sizes(cx, L.n, L.heads, L.kv, L.dim, 0, 2);
+            void *wsl = malloc(sl.profile);
+            ei_exec x0 = ex_part(0, 2, wsl, sl.profile), x1 = ex_part(1, 2, wsl, sl.profile), xt = ex(2, wsl, sl.profile);
+            CHECK_ERR(ei_plan_init(cx, &ph, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+            CHECK_ERR(ei_plan_init(cx, &pt, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+            CHECK_ERR(ei_profile(cx, &x1, &q, &k, &ph), EI_OK);
+            CHECK_ERR(ei_profile(cx, &x0, &q, &k, &ph), EI_OK);
+            CHECK_ERR(ei_plan_finalize(cx, &ph), EI_OK);
+            CHECK_ERR(ei_profile(cx, &xt, &q, &k, &pt), EI_OK);
             CHECK(memcmp(ph.keep_count, pt.keep_count, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity) == 0 &&
                       memcmp(ph.block_index, pt.block_index, sizeof(int32_t) * ph.n_kv_heads * ph.seg_capacity * ph.max_keep) == 0,
-                  "antidiagonal ranking over kv-head ranges differs from ei_profile_mt's");
+                  "antidiagonal ranking in parts differs from 2 threads'");
             ei_plan_free(cx, &ph);
             ei_plan_free(cx, &pt);
             free(wsl);
         }
-        ei_profile_workspace_size(cx, L1.n, L1.heads, L1.kv, L1.dim, &wq);
-        wsq = malloc(wq * 3);
-        CHECK_ERR(ei_plan_alloc(cx, &p1, L1.n, 1, L1.dim, 0), EI_OK);
-        CHECK_ERR(ei_plan_alloc(cx, &pm, L1.n, 1, L1.dim, 0), EI_OK);
-        CHECK_ERR(ei_profile(cx, &L1.tq, &L1.tk, &p1, wsq, wq), EI_OK);
+        sq = layer_sizes(cx, L1.n, L1.heads, L1.kv, L1.dim, 0, 3);
+        wsq = malloc(sq.profile);
+        CHECK_ERR(ei_plan_init(cx, &p1, L1.n, 1, L1.dim, 0, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(cx, &pm, L1.n, 1, L1.dim, 0, NULL, 0), EI_OK);
+        xq = ex(1, wsq, layer_sizes(cx, L1.n, L1.heads, L1.kv, L1.dim, 0, 1).profile);
+        CHECK_ERR(ei_profile(cx, &xq, &L1.tq, &L1.tk, &p1), EI_OK);
         for (nt = 2; nt <= 3; ++nt) {
+            xq = ex(nt, wsq, layer_sizes(cx, L1.n, L1.heads, L1.kv, L1.dim, 0, nt).profile);
             CHECK_ERR(ei_plan_reset(&pm), EI_OK);
-            CHECK_ERR(ei_profile_mt(cx, &L1.tq, &L1.tk, &pm, nt, wsq, wq * (size_t)nt), EI_OK);
+            CHECK_ERR(ei_profile(cx, &xq, &L1.tq, &L1.tk, &pm), EI_OK);
             CHECK(memcmp(p1.entropy, pm.entropy, sizeof(float) * p1.seg_capacity) == 0 &&
                       memcmp(p1.keep_count, pm.keep_count, sizeof(int32_t) * p1.seg_capacity) == 0 &&
                       memcmp(p1.block_index, pm.block_index, sizeof(int32_t) * p1.seg_capacity * p1.max_keep) == 0 &&
@@ -350,15 +412,54 @@ static void test_strided_and_threads(void) {
         ei_context_destroy(cx);
         synth_layer_free(&L1);
     }
-    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 2, ws, wb), EI_ERR_WORKSPACE);
-    CHECK_ERR(ei_profile_mt(ctx, &q, &k, &m, 0, ws, wb), EI_ERR_SIZE);
-    /* head ranges on one plan */
+    x = ex(2, ws, s1.profile); /* one thread's workspace for two */
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_ERR_WORKSPACE);
+    /* parts on one plan: each kv head by its part, in any order, one workspace for both, then ei_plan_finalize */
     CHECK_ERR(ei_plan_reset(&m), EI_OK);
-    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 1, 2, ws, wb), EI_OK);
-    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 0, 1, ws, wb), EI_OK);
-    CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "head ranges differ");
-    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 1, 1, ws, wb), EI_ERR_SIZE);
-    CHECK_ERR(ei_profile_heads(ctx, &q, &k, &m, 0, 3, ws, wb), EI_ERR_SIZE);
+    x = ex_part(1, 2, ws, s2.profile);
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_OK);
+    x = ex_part(0, 2, ws, s2.profile);
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_OK);
+    CHECK_ERR(ei_plan_finalize(ctx, &m), EI_OK);
+    CHECK(memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0, "parts differ");
+    {   /* more parts than kv heads: part 0 has none (EI_OK, nothing done), the others one each */
+        ei_sizes s3 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, 3);
+        void *ws3 = malloc(s3.profile);
+        int ith;
+        CHECK_ERR(ei_plan_reset(&m), EI_OK);
+        for (ith = 2; ith >= 0; --ith) {
+            x = ex_part(ith, 3, ws3, s3.profile);
+            CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_OK);
+        }
+        CHECK_ERR(ei_plan_finalize(ctx, &m), EI_OK);
+        CHECK(m.n_tokens == a.n_tokens && m.n_segments == a.n_segments && m.final == a.final &&
+                  memcmp(a.entropy, m.entropy, sizeof(float) * a.n_kv_heads * a.seg_capacity) == 0 &&
+                  memcmp(a.block_index, m.block_index, sizeof(int32_t) * a.n_kv_heads * a.seg_capacity * a.max_keep) == 0,
+              "3 parts over 2 kv heads differ");
+        free(ws3);
+    }
+    /* bad ei_exec fields: refused before anything runs, the message names the ei_exec */
+#define BAD_EXEC(code, ...)                                                                        \
+    do {                                                                                           \
+        x = __VA_ARGS__;                                                                           \
+        CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), code);                                          \
+        CHECK(strstr(ei_last_error(), "ei_exec") != NULL, "message '%s' names the ei_exec", ei_last_error()); \
+    } while (0)
+    BAD_EXEC(EI_ERR_SIZE, ex_part(2, 2, ws, s2.profile));          /* ith past nth */
+    BAD_EXEC(EI_ERR_SIZE, ex_part(-1, 2, ws, s2.profile));
+    BAD_EXEC(EI_ERR_SIZE, ex_part(0, EI__MAX_THREADS + 1, ws, s2.profile));
+    BAD_EXEC(EI_ERR_SIZE, ex_part(1, 1, ws, s2.profile));          /* a whole call has ith 0 */
+    BAD_EXEC(EI_ERR_SIZE, ex_part(0, -1, ws, s2.profile));
+    BAD_EXEC(EI_ERR_SIZE, ex(-1, ws, s1.profile));
+    BAD_EXEC(EI_ERR_SIZE, ex(EI__MAX_THREADS + 1, ws, s2.profile));
+    BAD_EXEC(EI_ERR_NULL, ex(1, NULL, s1.profile));                 /* no workspace, bytes given */
+    x = ex_part(1, 2, ws, s2.profile);
+    x.n_threads = 2; /* threads and parts at once */
+    BAD_EXEC(EI_ERR_CONFIG, x);
+#undef BAD_EXEC
+    x = ex_part(1, 2, ws, s2.profile - 1); /* a workspace too small for 2 parts: each part's slice too small */
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &m), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_profile(ctx, NULL, &q, &k, &m), EI_ERR_NULL); /* a NULL ei_exec: one thread, no workspace */
     ei_plan_free(ctx, &a);
     ei_plan_free(ctx, &b);
     ei_plan_free(ctx, &m);
@@ -368,64 +469,86 @@ static void test_strided_and_threads(void) {
     synth_layer_free(&L);
 }
 
-/* ei_profile_chunk_mt against ei_profile_chunk, chunk by chunk, bit for bit:
-   one kv head (block scores split by block range once a segment sees 1024
-   blocks: 2 threads of 512; and the query min/max by head range: 8 heads x
-   64 dims x 700+ queries), two kv heads (kv-head ranges), 1..3 threads,
-   chunks that cut segments; a refused call changes nothing, nor does NaN in
-   a query of the one kv head (found before its state moves). */
-static void test_profile_chunk_mt(void) {
+/* ei_profile_chunk on threads (and in parts) against one thread, chunk by
+   chunk, bit for bit: one kv head (block scores split by block range once a
+   segment sees 1024 blocks: 2 threads of 512; and the query min/max by head
+   range: 8 heads x 64 dims x 700+ queries), two kv heads (kv-head ranges),
+   1..3 threads, 2..3 parts (kv heads only: one part holds none with one kv
+   head), chunks that cut segments; a refused call changes nothing, nor does
+   NaN in a query of the one kv head (found before its state moves). */
+static int plan_rows_same(const ei_plan *a, const ei_plan *b) {
+    size_t rows = (size_t)a->n_kv_heads * (size_t)a->seg_capacity;
+    return !memcmp(a->entropy, b->entropy, sizeof(float) * rows) && !memcmp(a->budget, b->budget, sizeof(float) * rows) &&
+           !memcmp(a->head_class, b->head_class, (size_t)a->n_kv_heads) &&
+           !memcmp(a->keep_count, b->keep_count, sizeof(int32_t) * rows) &&
+           !memcmp(a->block_index, b->block_index, sizeof(int32_t) * rows * (size_t)a->max_keep) &&
+           a->n_tokens == b->n_tokens && a->final == b->final;
+}
+static void test_profile_chunk_threads(void) {
     int kv;
     for (kv = 1; kv <= 2; ++kv) {
         synth_layer L = kv == 1 ? synth_layer_make(9000, 8, 1, 64, 64, 12) : synth_layer_make(3000, 4, kv, 32, 64, 13);
         ei_config c = small_config(EI_SIMD_AUTO);
         ei_context *ctx;
-        ei_plan ref, got;
-        size_t wb;
+        ei_plan ref, got, prt;
+        ei_sizes s1, s3;
+        ei_exec x1;
         void *ws;
         int nt;
         if (kv == 1) c.segment_size = 512; /* a segment's min/max: 512 x 8 x 64 elements, enough to split */
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-        ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
-        ws = malloc(wb * 3);
-        CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
-        CHECK_ERR(ei_plan_alloc(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
+        s1 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 1);
+        s3 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 3);
+        ws = malloc(s3.profile);
+        x1 = ex(1, ws, s1.profile);
+        CHECK_ERR(ei_plan_init(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(ctx, &prt, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
         for (nt = 1; nt <= 3; ++nt) {
             long t, step = 700 + 37 * nt; /* cuts segments */
+            const size_t wn = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, nt).profile;
+            ei_exec xn = ex(nt, ws, wn), xb;
             CHECK_ERR(ei_plan_reset(&ref), EI_OK);
             CHECK_ERR(ei_plan_reset(&got), EI_OK);
+            CHECK_ERR(ei_plan_reset(&prt), EI_OK);
             for (t = 0; t < L.n; t += step) {
                 ei_tensor qc = L.tq, kc = L.tk;
-                int fin = t + step >= L.n;
+                int fin = t + step >= L.n, ith;
                 qc.data = L.q + (size_t)t * L.heads * L.dim;
                 qc.n_tokens = fin ? L.n - t : step;
                 kc.n_tokens = t + qc.n_tokens;
-                CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ref, t, fin, ws, wb), EI_OK);
-                if (t == step) { /* a bad call first: q_pos past the keys, too small a workspace, no threads */
-                    CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &got, L.n, fin, nt, ws, wb * 3), EI_ERR_SIZE);
-                    CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &got, t, fin, 0, ws, wb * 3), EI_ERR_SIZE);
-                    if (kv > 1 && nt > 1) CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &got, t, fin, nt, ws, wb), EI_ERR_WORKSPACE);
+                CHECK_ERR(ei_profile_chunk(ctx, &x1, &qc, &kc, &ref, t, fin), EI_OK);
+                if (t == step) { /* a bad call first: q_pos past the keys, too small a workspace, bad thread counts */
+                    CHECK_ERR(ei_profile_chunk(ctx, &xn, &qc, &kc, &got, L.n, fin), EI_ERR_SIZE);
+                    xb = ex(nt == 2 ? EI__MAX_THREADS + 1 : -nt, ws, wn);
+                    CHECK_ERR(ei_profile_chunk(ctx, &xb, &qc, &kc, &got, t, fin), EI_ERR_SIZE);
+                    xb = ex(nt, ws, s1.profile); /* one thread's workspace */
+                    if (kv > 1 && nt > 1) CHECK_ERR(ei_profile_chunk(ctx, &xb, &qc, &kc, &got, t, fin), EI_ERR_WORKSPACE);
                     if (kv == 1) { /* NaN in the last query head's last row: reported before the one head's state moves */
                         float *bad = L.q + ((size_t)(t + qc.n_tokens - 1) * L.heads + L.heads - 1) * L.dim, keep = *bad;
                         *bad = NAN;
-                        CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &got, t, fin, nt, ws, wb * 3), EI_ERR_NONFINITE);
+                        CHECK_ERR(ei_profile_chunk(ctx, &xn, &qc, &kc, &got, t, fin), EI_ERR_NONFINITE);
                         *bad = keep;
                     }
                 }
-                CHECK_ERR(ei_profile_chunk_mt(ctx, &qc, &kc, &got, t, fin, nt, ws, wb * 3), EI_OK);
-                CHECK(memcmp(ref.entropy, got.entropy, sizeof(float) * ref.n_kv_heads * ref.seg_capacity) == 0 &&
-                          memcmp(ref.budget, got.budget, sizeof(float) * ref.n_kv_heads * ref.seg_capacity) == 0 &&
-                          memcmp(ref.head_class, got.head_class, (size_t)ref.n_kv_heads) == 0 &&
-                          memcmp(ref.keep_count, got.keep_count, sizeof(int32_t) * ref.n_kv_heads * ref.seg_capacity) == 0 &&
-                          memcmp(ref.block_index, got.block_index,
-                                 sizeof(int32_t) * ref.n_kv_heads * ref.seg_capacity * ref.max_keep) == 0 &&
-                          ref.n_tokens == got.n_tokens && ref.final == got.final,
-                      "ei_profile_chunk_mt (%d kv heads, %d threads) differs after the chunk at %ld", kv, nt, t);
+                CHECK_ERR(ei_profile_chunk(ctx, &xn, &qc, &kc, &got, t, fin), EI_OK);
+                CHECK(plan_rows_same(&ref, &got), "ei_profile_chunk (%d kv heads, %d threads) differs after the chunk at %ld",
+                      kv, nt, t);
+                if (nt > 1) { /* nt parts, the last first, one workspace; then ei_plan_finalize */
+                    for (ith = nt - 1; ith >= 0; --ith) {
+                        xb = ex_part(ith, nt, ws, wn);
+                        CHECK_ERR(ei_profile_chunk(ctx, &xb, &qc, &kc, &prt, t, fin), EI_OK);
+                    }
+                    CHECK_ERR(ei_plan_finalize(ctx, &prt), EI_OK);
+                    CHECK(plan_rows_same(&ref, &prt), "ei_profile_chunk (%d kv heads, %d parts) differs after the chunk at %ld",
+                          kv, nt, t);
+                }
             }
         }
         free(ws);
         ei_plan_free(ctx, &ref);
         ei_plan_free(ctx, &got);
+        ei_plan_free(ctx, &prt);
         ei_context_destroy(ctx);
         synth_layer_free(&L);
     }
@@ -436,35 +559,74 @@ static void test_profile_errors(void) {
     ei_config c = small_config(EI_SIMD_AUTO);
     ei_context *ctx;
     ei_plan plan, small;
+    ei_sizes sz;
+    ei_shape sh;
     size_t wb, pb;
     void *ws, *pm;
     ei_tensor q = L.tq, k = L.tk, x;
+    ei_exec xe, xs;
     int p;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    sz = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, 1);
+    wb = sz.profile;
     ws = malloc(wb);
-    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_profile(NULL, &q, &k, &plan, ws, wb), EI_ERR_NULL);
-    CHECK_ERR(ei_profile(ctx, NULL, &k, &plan, ws, wb), EI_ERR_NULL);
-    CHECK_ERR(ei_profile(ctx, &q, &k, NULL, ws, wb), EI_ERR_NULL);
-    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, NULL, wb), EI_ERR_NULL);
-    CHECK_ERR(ei_profile(ctx, &q, &k, &plan, ws, wb - 1), EI_ERR_WORKSPACE);
+    xe = ex(1, ws, wb);
+    CHECK_ERR(ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(NULL, &xe, &q, &k, &plan), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &xe, NULL, &k, &plan), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, &xe, &q, &k, NULL), EI_ERR_NULL);
+    xs = ex(1, NULL, wb);
+    CHECK_ERR(ei_profile(ctx, &xs, &q, &k, &plan), EI_ERR_NULL);
+    xs = ex(1, ws, wb - 1);
+    CHECK_ERR(ei_profile(ctx, &xs, &q, &k, &plan), EI_ERR_WORKSPACE);
     x = q; x.n_heads = 3; x.token_stride = 3 * L.dim;
-    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_GQA);
+    CHECK_ERR(ei_profile(ctx, &xe, &x, &k, &plan), EI_ERR_GQA);
     x = q; x.head_dim = 8;
-    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_profile(ctx, &xe, &x, &k, &plan), EI_ERR_SHAPE);
     x = q; x.n_tokens = L.n - 1;
-    CHECK_ERR(ei_profile(ctx, &x, &k, &plan, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_profile(ctx, &xe, &x, &k, &plan), EI_ERR_SHAPE);
     /* plan too small for the prompt */
-    CHECK_ERR(ei_plan_alloc(ctx, &small, 100, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_profile(ctx, &q, &k, &small, ws, wb), EI_ERR_SIZE);
+    CHECK_ERR(ei_plan_init(ctx, &small, 100, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &xe, &q, &k, &small), EI_ERR_SIZE);
     ei_plan_free(ctx, &small);
-    ei_plan_size(ctx, L.n, L.kv, L.dim, 0, &pb);
+    pb = sz.plan;
     pm = malloc(pb);
     CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0, pm, pb - 1), EI_ERR_WORKSPACE);
     CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0x80, pm, pb), EI_ERR_CONFIG);
-    CHECK_ERR(ei_plan_size(ctx, EI_MAX_TOKENS + 1, L.kv, L.dim, 0, &pb), EI_ERR_SIZE);
-    CHECK_ERR(ei_plan_size(ctx, 1000, 0, L.dim, 0, &pb), EI_ERR_SIZE);
+    CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0, NULL, pb), EI_ERR_NULL); /* NULL memory: bytes 0 allocates */
+    CHECK_ERR(ei_plan_init(ctx, &small, L.n, L.kv, L.dim, 0, pm, pb), EI_OK);
+    ei_plan_free(ctx, &small); /* a plan in caller memory: nothing to free */
+    /* ei_layer_sizes: the shape checked, threads multiply the CPU's per-thread workspaces, workspace the largest */
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = EI_MAX_TOKENS + 1; sh.n_heads = L.heads; sh.n_kv_heads = L.kv; sh.head_dim = L.dim;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_SIZE);
+    sh.max_tokens = 1000; sh.n_kv_heads = 0;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_SIZE);
+    sh.n_kv_heads = 3; /* 4 query heads over 3 kv heads */
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_GQA);
+    sh.n_kv_heads = L.kv; sh.n_threads = -1;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_SIZE);
+    sh.n_threads = EI__MAX_THREADS + 1;
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_SIZE);
+    sh.n_threads = 0; sh.plan_flags = EI_PLAN_KEEP_KEYS; /* without EI_PLAN_CHUNKED */
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, &sz), EI_ERR_CONFIG);
+    sh.plan_flags = 0;
+    CHECK_ERR(ei_layer_sizes(NULL, &sh, &sz), EI_ERR_NULL);
+    CHECK_ERR(ei_layer_sizes(ctx, NULL, &sz), EI_ERR_NULL);
+    CHECK_ERR(ei_layer_sizes(ctx, &sh, NULL), EI_ERR_NULL);
+    {
+        ei_sizes a = layer_sizes(ctx, 1000, L.heads, L.kv, L.dim, 0, 0), b = layer_sizes(ctx, 1000, L.heads, L.kv, L.dim, 0, 1),
+                 t3 = layer_sizes(ctx, 1000, L.heads, L.kv, L.dim, 0, 3);
+        CHECK(!memcmp(&a, &b, sizeof a), "n_threads 0 and 1 give the same sizes");
+        CHECK(a.plan > 0 && a.decoder > 0 && a.profile > 0 && a.prefill > 0 && a.decode > 0 && a.decode_keep > 0,
+              "every size of a layer is given");
+        CHECK(a.workspace == EI__MAX(EI__MAX(a.profile, a.prefill), EI__MAX(a.decode, a.decode_keep)) &&
+                  t3.workspace == EI__MAX(EI__MAX(t3.profile, t3.prefill), EI__MAX(t3.decode, t3.decode_keep)),
+              "sizes.workspace is the largest workspace");
+        CHECK(t3.plan == a.plan && t3.decoder == a.decoder && t3.profile == 3 * a.profile && t3.prefill == 3 * a.prefill &&
+                  t3.decode_keep == 3 * a.decode_keep && t3.decode > a.decode,
+              "3 threads: 3 per-thread workspaces (decode: partials and workspaces of 3)");
+    }
     free(pm);
     /* non-finite input on every path, in q and in k (also in the unscored tail) */
     for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
@@ -473,21 +635,21 @@ static void test_profile_errors(void) {
         if (!ei_cpu_supports((ei_simd)p)) continue;
         CHECK_ERR(ei_context_create(&cc, &cp), EI_OK);
         L.q[(size_t)123 * L.heads * L.dim + 5] = NAN;
-        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_profile(cp, &xe, &q, &k, &plan), EI_ERR_NONFINITE);
         L.q[(size_t)123 * L.heads * L.dim + 5] = 0.25f;
         L.k[(size_t)77 * L.kv * L.dim + 3] = -INFINITY;
-        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_profile(cp, &xe, &q, &k, &plan), EI_ERR_NONFINITE);
         L.k[(size_t)77 * L.kv * L.dim + 3] = 0.25f;
         L.k[(size_t)(L.n - 1) * L.kv * L.dim + 1] = INFINITY; /* key of the last segment: never scored, still read */
-        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_profile(cp, &xe, &q, &k, &plan), EI_ERR_NONFINITE);
         L.k[(size_t)(L.n - 1) * L.kv * L.dim + 1] = 0.25f;
         /* finite but huge: the scores overflow float32 */
         L.q[(size_t)100 * L.heads * L.dim] = 3e38f;
         L.k[(size_t)10 * L.kv * L.dim] = 3e38f;
-        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_ERR_NONFINITE);
+        CHECK_ERR(ei_profile(cp, &xe, &q, &k, &plan), EI_ERR_NONFINITE);
         L.q[(size_t)100 * L.heads * L.dim] = 0.25f;
         L.k[(size_t)10 * L.kv * L.dim] = 0.25f;
-        CHECK_ERR(ei_profile(cp, &q, &k, &plan, ws, wb), EI_OK);
+        CHECK_ERR(ei_profile(cp, &xe, &q, &k, &plan), EI_OK);
         ei_context_destroy(cp);
     }
     ei_plan_free(ctx, &plan);
@@ -501,7 +663,7 @@ static void test_profile_errors(void) {
    one that builds them again every call plans, bit for bit, after every call
    of protocols with cuts inside segments, roll-backs, skipped positions, a
    final call without queries and a second turn; on every SIMD path, with
-   ei_profile_chunk and ei_profile_chunk_mt (2 threads). The flag alone
+   ei_profile_chunk on one thread and on 2 threads. The flag alone
    (without EI_PLAN_CHUNKED) is refused. */
 static int plans_equal(const ei_plan *a, const ei_plan *b) {
     size_t rows = (size_t)a->n_kv_heads * (size_t)a->seg_capacity;
@@ -528,15 +690,13 @@ static const long chunk_protocols[][4][3] = {
 #define CHUNK_KEY_STORE_MASK 0x0Fu /* protocols 0-3 */
 #define CHUNK_GROW_MASK 0x33u      /* protocols 0, 1, 4, 5 */
 /* One call of a protocol on a chunked plan: the call's queries of L (none
-   where end is -1) with all of L's keys; n_threads > 1: ei_profile_chunk_mt. */
-static ei_result chunk_step(const ei_context *ctx, const synth_layer *L, ei_plan *plan, const long call[3], int n_threads,
-                            void *ws, size_t wb) {
+   where end is -1) with all of L's keys, run as x says. */
+static ei_result chunk_step(const ei_context *ctx, const synth_layer *L, ei_plan *plan, const long call[3], const ei_exec *x) {
     long t = call[0], e = call[1];
     ei_tensor qc = L->tq, kc = L->tk;
     qc.data = L->q + (size_t)t * L->heads * L->dim;
     qc.n_tokens = e - t;
-    if (n_threads > 1) return ei_profile_chunk_mt(ctx, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2], n_threads, ws, wb);
-    return ei_profile_chunk(ctx, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2], ws, wb);
+    return ei_profile_chunk(ctx, x, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2]);
 }
 static void test_chunked_key_store(void) {
     synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 21);
@@ -545,23 +705,33 @@ static void test_chunked_key_store(void) {
         ei_config c = small_config((ei_simd)sm);
         ei_context *ctx;
         ei_plan ref, got;
-        size_t wb, b0, b1;
+        ei_shape sh;
+        ei_sizes s0, s1, s2;
+        ei_exec x1, x2;
         void *ws;
         if (!ei_cpu_supports((ei_simd)sm)) continue;
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_KEEP_KEYS, &b0), EI_ERR_CONFIG);
-        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, &b0), EI_OK);
-        CHECK_ERR(ei_plan_size(ctx, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, &b1), EI_OK);
-        CHECK(b1 >= b0 + (size_t)L.kv * 2u * (size_t)L.dim * 4u * (size_t)(L.n / 8 - 8), "the key store: %zu vs %zu bytes", b1, b0);
-        ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
-        ws = malloc(wb * 2);
-        CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
-        CHECK_ERR(ei_plan_alloc(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS), EI_OK);
+        memset(&sh, 0, sizeof sh);
+        sh.max_tokens = L.n; sh.n_heads = L.heads; sh.n_kv_heads = L.kv; sh.head_dim = L.dim;
+        sh.plan_flags = EI_PLAN_KEEP_KEYS;
+        CHECK_ERR(ei_layer_sizes(ctx, &sh, &s0), EI_ERR_CONFIG);
+        sh.plan_flags = EI_PLAN_CHUNKED;
+        CHECK_ERR(ei_layer_sizes(ctx, &sh, &s0), EI_OK);
+        sh.plan_flags = EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS;
+        CHECK_ERR(ei_layer_sizes(ctx, &sh, &s1), EI_OK);
+        CHECK(s1.plan >= s0.plan + (size_t)L.kv * 2u * (size_t)L.dim * 4u * (size_t)(L.n / 8 - 8), "the key store: %zu vs %zu bytes",
+              s1.plan, s0.plan);
+        s2 = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, 2);
+        ws = malloc(s2.profile);
+        x1 = ex(1, ws, s1.profile);
+        x2 = ex(2, ws, s2.profile);
+        CHECK_ERR(ei_plan_init(ctx, &ref, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, NULL, 0), EI_OK);
         for (mt = 0; mt < 2; ++mt)
             for (p = 0; p < CHUNK_PROTOCOLS; ++p)
                 for (i = 0; i < 4 && (CHUNK_KEY_STORE_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i) {
-                    ei_result r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], 1, ws, wb);
-                    ei_result r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], mt ? 2 : 1, ws, mt ? wb * 2 : wb);
+                    ei_result r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], &x1);
+                    ei_result r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], mt ? &x2 : &x1);
                     CHECK(r0 == EI_OK && r1 == EI_OK, "%s: protocol %d call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), p,
                           i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
                     CHECK(plans_equal(&ref, &got), "%s%s: protocol %d call %d: the plan with the key store differs",
@@ -615,12 +785,14 @@ static void test_plan_grow(void) {
             ei_plan ref, got;
             size_t wb;
             void *ws;
+            ei_exec x;
             if (rk) { c.ranking = EI_RANK_SAMPLED; c.rank_samples = 16; }
             CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-            ei_profile_workspace_size(ctx, 2 * L.n, L.heads, L.kv, L.dim, &wb); /* (for the largest grown plan) */
+            wb = layer_sizes(ctx, 2 * L.n, L.heads, L.kv, L.dim, flag_sets[fs], 1).profile; /* (for the largest grown plan) */
             ws = malloc(wb);
-            CHECK_ERR(ei_plan_alloc(ctx, &ref, L.n, L.kv, L.dim, flag_sets[fs]), EI_OK);
-            CHECK_ERR(ei_plan_alloc(ctx, &got, 200, L.kv, L.dim, flag_sets[fs]), EI_OK);
+            x = ex(1, ws, wb);
+            CHECK_ERR(ei_plan_init(ctx, &ref, L.n, L.kv, L.dim, flag_sets[fs], NULL, 0), EI_OK);
+            CHECK_ERR(ei_plan_init(ctx, &got, 200, L.kv, L.dim, flag_sets[fs], NULL, 0), EI_OK);
             for (p = 0; p < CHUNK_PROTOCOLS; ++p)
                 for (i = 0; i < 4 && (CHUNK_GROW_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i) {
                     long t = chunk_protocols[p][i][0], e = chunk_protocols[p][i][1];
@@ -632,8 +804,8 @@ static void test_plan_grow(void) {
                         CHECK(got.max_tokens == m, "grown to %lld tokens, %lld asked", (long long)got.max_tokens, (long long)m);
                         n_grow++;
                     }
-                    r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], 1, ws, wb);
-                    r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], 1, ws, wb);
+                    r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], &x);
+                    r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], &x);
                     CHECK(r0 == EI_OK && r1 == EI_OK, "grow: ranking %d flags %u protocol %d call %d: %s / %s (%s)", rk,
                           flag_sets[fs], p, i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
                     CHECK(plan_rows_equal(&ref, &got), "grow: ranking %d flags %u protocol %d call %d: the grown plan differs",
@@ -648,7 +820,7 @@ static void test_plan_grow(void) {
                 void *mem;
                 ei_config c2 = c;
                 ei_context *ctx2;
-                ei_plan_size(ctx, 300, L.kv, L.dim, EI_PLAN_CHUNKED, &pb);
+                pb = layer_sizes(ctx, 300, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 1).plan;
                 mem = malloc(pb);
                 CHECK_ERR(ei_plan_init(ctx, &mine, 300, L.kv, L.dim, EI_PLAN_CHUNKED, mem, pb), EI_OK);
                 before = mine;
@@ -684,24 +856,26 @@ static void test_chunked(void) {
     void *ws;
     ei_tensor q = L.tq, k = L.tk;
     ei_tensor qc = q, kc = k;
+    ei_exec x;
     long t;
     int h, s;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    wb = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 1).profile;
     ws = malloc(wb);
-    CHECK_ERR(ei_plan_alloc(ctx, &whole, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_plan_alloc(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED), EI_OK);
-    CHECK_ERR(ei_profile(ctx, &q, &k, &whole, ws, wb), EI_OK);
-    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &whole, 0, 1, ws, wb), EI_ERR_STATE); /* not a chunked plan */
+    x = ex(1, ws, wb);
+    CHECK_ERR(ei_plan_init(ctx, &whole, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &x, &q, &k, &whole), EI_OK);
+    CHECK_ERR(ei_profile_chunk(ctx, &x, &q, &k, &whole, 0, 1), EI_ERR_STATE); /* not a chunked plan */
     /* two segments per call, then the rest */
     for (t = 0; t < L.n; t += 128) {
         long cnt = L.n - t < 128 ? L.n - t : 128;
         qc.data = L.q + (size_t)t * L.heads * L.dim;
         qc.n_tokens = cnt;
         kc.n_tokens = t + cnt;
-        CHECK_ERR(ei_profile_chunk(ctx, &qc, &kc, &ch, t, t + cnt == L.n, ws, wb), EI_OK);
+        CHECK_ERR(ei_profile_chunk(ctx, &x, &qc, &kc, &ch, t, t + cnt == L.n), EI_OK);
     }
-    CHECK_ERR(ei_profile_chunk(ctx, NULL, &kc, &ch, L.n, 1, ws, wb), EI_OK); /* finalising again changes nothing */
+    CHECK_ERR(ei_profile_chunk(ctx, &x, NULL, &kc, &ch, L.n, 1), EI_OK); /* finalising again changes nothing */
     CHECK(ch.final == 1 && ch.n_segments == whole.n_segments, "chunked plan shape");
     for (h = 0; h < L.kv; ++h) {
         size_t row = (size_t)h * ch.seg_capacity;
@@ -714,7 +888,7 @@ static void test_chunked(void) {
         }
     }
     CHECK_ERR(ei_plan_reset(&ch), EI_OK);
-    CHECK_ERR(ei_profile_chunk(ctx, &q, &k, &ch, ch.n_tokens, 1, ws, wb), EI_OK); /* one call = whole prompt */
+    CHECK_ERR(ei_profile_chunk(ctx, &x, &q, &k, &ch, ch.n_tokens, 1), EI_OK); /* one call = whole prompt */
     CHECK(!memcmp(ch.block_index, whole.block_index, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity * ch.max_keep),
           "single chunked call differs from whole-prompt");
     ei_plan_free(ctx, &whole);
@@ -864,6 +1038,7 @@ typedef struct chunk_env {
     const ei_config *c;
     void *ws;
     size_t wb;
+    ei_exec x; /* one thread, the workspace ws */
 } chunk_env;
 
 /* The context of c, its profiling workspace for L, a whole-prompt plan of L (plan flags `flags`) and an
@@ -872,11 +1047,12 @@ static void chunk_env_open(chunk_env *E, const ei_config *c, const synth_layer *
                            uint32_t flags) {
     CHECK_ERR(ei_context_create(c, &E->ctx), EI_OK);
     E->c = ei_context_config(E->ctx);
-    ei_profile_workspace_size(E->ctx, L->n, L->heads, L->kv, L->dim, &E->wb);
+    E->wb = layer_sizes(E->ctx, L->n, L->heads, L->kv, L->dim, EI_PLAN_CHUNKED | flags, 1).profile;
     E->ws = malloc(E->wb);
-    CHECK_ERR(ei_plan_alloc(E->ctx, whole, L->n, L->kv, L->dim, flags), EI_OK);
-    CHECK_ERR(ei_plan_alloc(E->ctx, ch, L->n, L->kv, L->dim, EI_PLAN_CHUNKED | flags), EI_OK);
-    CHECK_ERR(ei_profile(E->ctx, &L->tq, &L->tk, whole, E->ws, E->wb), EI_OK);
+    E->x = ex(1, E->ws, E->wb);
+    CHECK_ERR(ei_plan_init(E->ctx, whole, L->n, L->kv, L->dim, flags, NULL, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(E->ctx, ch, L->n, L->kv, L->dim, EI_PLAN_CHUNKED | flags, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(E->ctx, &E->x, &L->tq, &L->tk, whole), EI_OK);
 }
 static void chunk_env_close(chunk_env *E, ei_plan *whole, ei_plan *ch) {
     ei_plan_free(E->ctx, whole);
@@ -893,7 +1069,7 @@ static ei_result chunk_call(const chunk_env *E, const synth_layer *L, const floa
     qc.data = L->q + (size_t)t0 * L->heads * L->dim;
     qc.n_tokens = cnt;
     kc.n_tokens = pad < 0 ? L->n : t0 + cnt + pad;
-    return ei_profile_chunk(E->ctx, cnt ? &qc : NULL, &kc, ch, t0, is_final, E->ws, E->wb);
+    return ei_profile_chunk(E->ctx, &E->x, cnt ? &qc : NULL, &kc, ch, t0, is_final);
 }
 
 /* Rows of segments [s0, s1) of ch equal those of whole (entropies from segment 1; counts and
@@ -1025,8 +1201,8 @@ static void test_chunked_any_position(int per_segment, int sampled) {
             ei_plan ws_plan;
             char what[64];
             snprintf(what, sizeof what, "roll-back to %ld, per_segment %d, sampled %d", p, per_segment, sampled);
-            CHECK_ERR(ei_plan_alloc(E.ctx, &ws_plan, L.n, L.kv, L.dim, 0), EI_OK);
-            CHECK_ERR(ei_profile(E.ctx, &S.tq, &S.tk, &ws_plan, E.ws, E.wb), EI_OK);
+            CHECK_ERR(ei_plan_init(E.ctx, &ws_plan, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+            CHECK_ERR(ei_profile(E.ctx, &E.x, &S.tq, &S.tk, &ws_plan), EI_OK);
             ei_plan_reset(&ch);
             CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 300, 0, -1), EI_OK);
             CHECK_ERR(chunk_call(&E, &L, kL, &ch, 300, 340, 1, 0), EI_OK);
@@ -1068,6 +1244,7 @@ static void test_chunked_any_position(int per_segment, int sampled) {
         ei_plan wide;
         size_t wwb;
         void *wws;
+        ei_exec xw;
         ei_plan_reset(&ch);
         CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 0, 1, 5), EI_ERR_STATE);  /* nothing to finalise */
         CHECK_ERR(chunk_call(&E, &L, kL, &ch, 0, 100, 0, 0), EI_OK);
@@ -1075,24 +1252,26 @@ static void test_chunked_any_position(int per_segment, int sampled) {
         CHECK_ERR(chunk_call(&E, &L, kL, &ch, 90, 0, 1, 0), EI_ERR_STATE);  /* no queries, elsewhere */
         {
             ei_tensor qc = L.tq, kc = L.tk;
+            ei_exec xs = ex(1, E.ws, E.wb - 1);
             qc.n_tokens = 50;
             kc.n_tokens = 149;
-            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, 100, 0, E.ws, E.wb), EI_ERR_SHAPE); /* k too short */
-            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, -1, 0, E.ws, E.wb), EI_ERR_SIZE);
+            CHECK_ERR(ei_profile_chunk(E.ctx, &E.x, &qc, &kc, &ch, 100, 0), EI_ERR_SHAPE); /* k too short */
+            CHECK_ERR(ei_profile_chunk(E.ctx, &E.x, &qc, &kc, &ch, -1, 0), EI_ERR_SIZE);
             kc.n_tokens = L.n;
-            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, L.n - 49, 0, E.ws, E.wb), EI_ERR_SIZE); /* past capacity */
-            CHECK_ERR(ei_profile_chunk(E.ctx, &qc, &kc, &ch, 100, 0, E.ws, E.wb - 1), EI_ERR_WORKSPACE);
+            CHECK_ERR(ei_profile_chunk(E.ctx, &E.x, &qc, &kc, &ch, L.n - 49, 0), EI_ERR_SIZE); /* past capacity */
+            CHECK_ERR(ei_profile_chunk(E.ctx, &xs, &qc, &kc, &ch, 100, 0), EI_ERR_WORKSPACE);
         }
         CHECK(ch.n_tokens == 100, "failed calls leave the plan where it was");
         CHECK_ERR(chunk_call(&E, &L, kL, &ch, 100, 0, 1, 0), EI_OK);
-        CHECK_ERR(ei_plan_alloc(E.ctx, &plain, L.n, L.kv, L.dim, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(E.ctx, &plain, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
         CHECK_ERR(chunk_call(&E, &L, kL, &plain, 0, 64, 1, 0), EI_ERR_STATE); /* not a chunked plan */
         ei_plan_free(E.ctx, &plain);
         /* more query heads per kv head than chunked planning keeps */
-        CHECK_ERR(ei_plan_alloc(E.ctx, &wide, 64, 2, 8, EI_PLAN_CHUNKED), EI_OK);
-        ei_profile_workspace_size(E.ctx, 64, 130, 2, 8, &wwb);
+        CHECK_ERR(ei_plan_init(E.ctx, &wide, 64, 2, 8, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+        wwb = layer_sizes(E.ctx, 64, 130, 2, 8, EI_PLAN_CHUNKED, 1).profile;
         wws = malloc(wwb);
-        CHECK_ERR(ei_profile_chunk(E.ctx, &W.tq, &W.tk, &wide, 0, 1, wws, wwb), EI_ERR_UNSUPPORTED);
+        xw = ex(1, wws, wwb);
+        CHECK_ERR(ei_profile_chunk(E.ctx, &xw, &W.tq, &W.tk, &wide, 0, 1), EI_ERR_UNSUPPORTED);
         CHECK(strstr(ei_last_error(), "64") != NULL, "message names the limit: %s", ei_last_error());
         free(wws);
         ei_plan_free(E.ctx, &wide);
@@ -1121,6 +1300,8 @@ static void test_decode(void) {
     ei_context *ctx;
     ei_decoder dec;
     ei_keep_set ks;
+    ei_sizes sz;
+    ei_exec x, xs;
     size_t db, wb, idx_bytes;
     void *dm, *ws;
     float *q, *k, *v, *k0;
@@ -1139,10 +1320,13 @@ static void test_decode(void) {
     for (t = 0; t < n * kv * dim; ++t) v[t] = (float)t;
     k0 = (float *)malloc(sizeof(float) * (size_t)n * kv * dim);
     memcpy(k0, k, sizeof(float) * (size_t)n * kv * dim);
-    ei_decoder_size(ctx, heads, dim, &db);
-    ei_decode_workspace_size(ctx, n, heads, kv, &wb);
+    sz = layer_sizes(ctx, n, heads, kv, dim, 0, 1);
+    db = sz.decoder;
+    wb = sz.decode_keep;
     dm = guarded_alloc(db);
     ws = guarded_alloc(wb);
+    x = ex(1, ws, wb);
+    xs = ex(1, ws, wb - 1);
     CHECK_ERR(ei_decoder_init(ctx, &dec, heads, 3, dim, dm, db), EI_ERR_GQA);
     CHECK_ERR(ei_decoder_init(ctx, &dec, heads, kv, dim, dm, db - 1), EI_ERR_WORKSPACE);
     CHECK_ERR(ei_decoder_init(ctx, &dec, heads, kv, dim, dm, db), EI_OK);
@@ -1154,7 +1338,7 @@ static void test_decode(void) {
     ks.mask_capacity = n;
     ks.mask = (uint8_t *)guarded_alloc((size_t)kv * n);
     kt = ei_tensor_make(k, EI_F32, n, kv, dim);
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE); /* nothing observed */
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_ERR_STATE); /* nothing observed */
     /* prompt queries (all at once; the decoder keeps the last window) */
     qt = ei_tensor_make(q, EI_F32, prompt, heads, dim);
     CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
@@ -1166,10 +1350,14 @@ static void test_decode(void) {
     CHECK(ei_decode_due(ctx, &dec), "due after decode_gap generated tokens");
     CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_ERR_STATE); /* prompt after generation */
     ks.heads_out = heads;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_ERR_SHAPE);
     ks.heads_out = kv;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb - 1), EI_ERR_WORKSPACE);
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &xs, &dec, &kt, &ks), EI_ERR_WORKSPACE);
+    xs = ex_part(0, 2, ws, wb);
+    CHECK_ERR(ei_decode_keep(ctx, &xs, &dec, &kt, &ks), EI_ERR_CONFIG); /* not in parts: score, barrier, select */
+    CHECK(strstr(ei_last_error(), "ei_decode_score") != NULL, "the refusal says what to call: '%s'", ei_last_error());
+    CHECK(ei_decode_due(ctx, &dec), "a refused keep left the decoder due");
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_OK);
     CHECK(!ei_decode_due(ctx, &dec), "fires once by default");
     CHECK(ks.compressed == 1 && ks.n_kept == c.decode_budget, "kept %d", ks.n_kept);
     for (h = 0; h < kv; ++h) {
@@ -1206,7 +1394,7 @@ static void test_decode(void) {
         CHECK_ERR(ei_decoder_reset(&dec), EI_OK);
         qt.n_tokens = 50;
         CHECK_ERR(ei_decode_observe(ctx, &dec, &qt, 0, 0), EI_OK);
-        CHECK_ERR(ei_decode_keep(ctx, &dec, &ks_short, &ks, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &ks_short, &ks), EI_OK);
         CHECK(ks.compressed == 0 && ks.n_kept == 50 && ks.index[49] == 49, "short cache keeps all");
     }
     /* NaN in observed queries is refused without changing the window */
@@ -1276,6 +1464,8 @@ static void test_decode_padded(void) {
     ei_decoder dec, saved;
     ei_keep_set ksP, ksM, ksC;
     ei_tensor kP, kC, one;
+    ei_sizes s1, s2;
+    ei_exec x, x2;
     size_t db, wb;
     void *dm, *dm2, *ws;
     float *q, *k, *scores, *shared;
@@ -1290,11 +1480,15 @@ static void test_decode_padded(void) {
     shared = (float *)calloc((size_t)rows, sizeof(float));
     row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
     synth_qk(q, k, rows, HEADS, KV, DIM, 64, 2, 31); /* the padding rows hold finite stale keys */
-    ei_decoder_size(ctx, HEADS, DIM, &db);
-    ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+    s1 = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 1);
+    s2 = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 2);
+    db = s1.decoder;
+    wb = s2.decode_keep; /* one buffer, for 2 threads */
     dm = guarded_alloc(db);
     dm2 = guarded_alloc(db);
     ws = guarded_alloc(wb);
+    x = ex(1, ws, s1.decode_keep);
+    x2 = ex(2, ws, s2.decode_keep);
     CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
     decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
     CHECK(dec.position_end == NPOS, "position_end %lld after positions 0..%d", (long long)dec.position_end, NPOS - 1);
@@ -1338,24 +1532,24 @@ static void test_decode_padded(void) {
     ksC = decode_keep_set(KV, BUDGET, rows, rows);
     memset(ksP.index, 0x5a, sizeof(int32_t) * KV * BUDGET);
     for (j = 0; j < rows * HEADS; ++j) scores[j] = 1.0f;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kP, &ksP, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kP, &ksP), EI_ERR_SHAPE);
     CHECK(strstr(ei_last_error(), "padding") != NULL, "the refusal names the padding: '%s'", ei_last_error());
     CHECK(ksP.n_kept == 0 && ksP.index[0] == 0x5a5a5a5a && ksP.index[KV * BUDGET - 1] == 0x5a5a5a5a,
           "a refused padded keep wrote its keep set");
-    CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kP, &ksP, 1, ws, wb), EI_ERR_SHAPE);
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kP, NULL, 0, scores, 0, 1, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x2, &dec, &kP, &ksP), EI_ERR_SHAPE); /* on 2 threads */
+    CHECK_ERR(ei_decode_score(ctx, &x, &dec, &kP, NULL, 0, scores), EI_ERR_SHAPE);
     CHECK(scores[0] == 1.0f && scores[rows * HEADS - 1] == 1.0f, "a refused padded score wrote scores");
-    CHECK_ERR(ei_decode_select(ctx, &dec, scores, rows, &ksP, ws, wb), EI_ERR_SHAPE);
-    CHECK_ERR(ei_decode_shared_add(ctx, &dec, scores, rows, NULL, shared, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_select(ctx, &x, &dec, scores, rows, &ksP), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_shared_add(ctx, &x, &dec, scores, rows, NULL, shared), EI_ERR_SHAPE);
     CHECK(shared[0] == 0.0f && shared[rows - 1] == 0.0f, "a refused padded shared_add wrote shared");
-    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksP, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_select_shared(ctx, &x, &dec, shared, rows, &ksP), EI_ERR_SHAPE);
     CHECK(!memcmp(&saved, &dec, sizeof dec), "a refused padded call changed the decoder");
 
     /* M: the padded view with a map marking the padding -1 == C: the view cut at position_end */
     for (j = 0; j < rows; ++j) row_pos[j] = j < NPOS ? (int32_t)j : -1;
     ksM.row_pos = row_pos;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kP, &ksM, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kP, &ksM), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kC, &ksC), EI_OK);
     CHECK(ksM.n_kept == BUDGET && ksC.n_kept == BUDGET && ksM.compressed && ksC.compressed,
           "kept %d / %d of %d", ksM.n_kept, ksC.n_kept, BUDGET);
     for (j = 0; j < KV * BUDGET; ++j) same &= ksM.index[j] == ksC.index[j] && ksM.positions[j] == ksC.positions[j];
@@ -1366,7 +1560,7 @@ static void test_decode_padded(void) {
     CHECK(same, "a map with -1 padding keeps what the cut view keeps, never a padding row");
     /* the view cut one row short (a token's K not yet appended) is still accepted */
     kC.n_tokens = NPOS - 1;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kC, &ksC), EI_OK);
 
     decode_keep_set_free(&ksP); decode_keep_set_free(&ksM); decode_keep_set_free(&ksC);
     guarded_free(dm); guarded_free(dm2); guarded_free(ws);
@@ -1383,7 +1577,9 @@ static void test_decode_rows(void) {
     ei_keep_set ksA, ksB, ksT, ksC, ksD, ksS;
     ei_tensor kA, kB, kC, kD;
     ei_out_tensor ko;
-    size_t db, wb;
+    ei_sizes s1, s5;
+    ei_exec x, xb;
+    size_t db, wb, wb5;
     void *dm, *dm2, *ws;
     float *q, *q2, *k, *bufB, *bufD, *scores1, *scores2, *shared;
     int32_t *row_pos, *perm, *row_pos2, *row_pos_d;
@@ -1397,10 +1593,14 @@ static void test_decode_rows(void) {
     k = (float *)malloc(sizeof(float) * (NPOS + MORE) * KV * DIM);
     synth_qk(q, k, NPOS + MORE, HEADS, KV, DIM, 64, 2, 23);
     synth_qk(q2, bufB = (float *)malloc(sizeof(float) * (size_t)rows * KV * DIM), NPOS + MORE, HEADS, KV, DIM, 64, 2, 29);
-    ei_decoder_size(ctx, HEADS, DIM, &db);
-    ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+    s1 = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 1);
+    s5 = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 5);
+    db = s1.decoder;
+    wb = s1.decode_keep;
+    wb5 = s5.decode_keep; /* one buffer for up to 5 threads or parts */
     dm = guarded_alloc(db); dm2 = guarded_alloc(db);
-    ws = guarded_alloc(5 * wb);
+    ws = guarded_alloc(wb5);
+    x = ex(1, ws, wb);
     CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
     CHECK_ERR(ei_decoder_init(ctx, &dec2, HEADS, KV, DIM, dm2, db), EI_OK);
     decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
@@ -1409,7 +1609,7 @@ static void test_decode_rows(void) {
        rows, the empty ones NaN (never read) */
     kA = ei_tensor_make(k, EI_F32, NPOS, KV, DIM);
     ksA = decode_keep_set(KV, BUDGET, rows, L);
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kA, &ksA, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kA, &ksA), EI_OK);
     row_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
     perm = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
     for (j = 0; j < rows; ++j) { perm[j] = (int32_t)j; row_pos[j] = -1; }
@@ -1431,7 +1631,7 @@ static void test_decode_rows(void) {
     kB = ei_tensor_make(bufB, EI_F32, rows, KV, DIM);
     ksB = decode_keep_set(KV, BUDGET, rows, L);
     ksB.row_pos = row_pos;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_OK);
     CHECK(ksB.n_kept == BUDGET && ksA.n_kept == BUDGET && ksB.compressed == 1 && ksB.n_tokens == rows, "kept %d", ksB.n_kept);
     for (h = 0; h < KV; ++h) {
         int32_t sorted[BUDGET];
@@ -1451,22 +1651,37 @@ static void test_decode_rows(void) {
 
     /* threads: the same keep set */
     for (nt = 2; nt <= 5; nt += 3) {
+        const size_t wn = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, nt).decode_keep;
         ksT = decode_keep_set(KV, BUDGET, rows, L);
         ksT.row_pos = row_pos;
-        CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kB, &ksT, nt, ws, (size_t)nt * wb - 1), EI_ERR_WORKSPACE);
-        CHECK_ERR(ei_decode_keep_mt(ctx, &dec, &kB, &ksT, nt, ws, (size_t)nt * wb), EI_OK);
+        xb = ex(nt, ws, wn - 1);
+        CHECK_ERR(ei_decode_keep(ctx, &xb, &dec, &kB, &ksT), EI_ERR_WORKSPACE);
+        xb = ex(nt, ws, wn);
+        CHECK_ERR(ei_decode_keep(ctx, &xb, &dec, &kB, &ksT), EI_OK);
         CHECK(!memcmp(ksT.index, ksB.index, sizeof(int32_t) * KV * BUDGET) &&
               !memcmp(ksT.pooled, ksB.pooled, sizeof(float) * KV * L), "%d threads: the same keep set", nt);
         decode_keep_set_free(&ksT);
     }
-    /* scores: split over 3 threads = one call, and the double reference */
+    /* scores: split in 3 parts (one workspace) = on 3 threads = one call, and the double reference */
     scores1 = (float *)malloc(sizeof(float) * HEADS * (size_t)rows);
     scores2 = (float *)malloc(sizeof(float) * HEADS * (size_t)rows);
     ref1 = (double *)malloc(sizeof(double) * HEADS * (size_t)rows);
     ref2 = (double *)malloc(sizeof(double) * HEADS * (size_t)rows);
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb), EI_OK);
-    for (i = 0; i < 3; ++i) CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores2, (int)i, 3, ws, wb), EI_OK);
-    CHECK(!memcmp(scores1, scores2, sizeof(float) * HEADS * (size_t)rows), "threaded scores identical");
+    CHECK_ERR(ei_decode_score(ctx, &x, &dec, &kB, row_pos, 0, scores1), EI_OK);
+    {
+        const size_t w3 = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 3).decode_keep;
+        for (i = 2; i >= 0; --i) {
+            xb = ex_part((int)i, 3, ws, w3);
+            CHECK_ERR(ei_decode_score(ctx, &xb, &dec, &kB, row_pos, 0, scores2), EI_OK);
+        }
+        CHECK(!memcmp(scores1, scores2, sizeof(float) * HEADS * (size_t)rows), "scores in parts identical");
+        xb = ex_part(0, 3, ws, w3 - 3); /* each part's third one byte short */
+        CHECK_ERR(ei_decode_score(ctx, &xb, &dec, &kB, row_pos, 0, scores2), EI_ERR_WORKSPACE);
+        memset(scores2, 0, sizeof(float) * HEADS * (size_t)rows);
+        xb = ex(3, ws, w3);
+        CHECK_ERR(ei_decode_score(ctx, &xb, &dec, &kB, row_pos, 0, scores2), EI_OK);
+        CHECK(!memcmp(scores1, scores2, sizeof(float) * HEADS * (size_t)rows), "scores on 3 threads identical");
+    }
     ref_decode_scores(&c, q + (size_t)(NPOS - WIN) * HEADS * DIM, WIN, HEADS, &kB, row_pos, 0, ref1);
     {
         double worst = 0.0;
@@ -1510,10 +1725,10 @@ static void test_decode_rows(void) {
     ksC.row_pos = row_pos2; ksC.row_pos_stride = BUDGET + MORE;
     ksD.row_pos = row_pos_d; ksD.row_pos_stride = BUDGET + MORE;
     ksC.row_pos_stride = 1;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_ERR_STRIDE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kC, &ksC), EI_ERR_STRIDE);
     ksC.row_pos_stride = BUDGET + MORE;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kC, &ksC, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kD, &ksD, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kC, &ksC), EI_OK);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kD, &ksD), EI_OK);
     for (h = 0; h < KV; ++h) {
         int32_t sorted[BUDGET];
         for (i = 0; i < BUDGET; ++i) sorted[i] = ksC.positions[h * BUDGET + i];
@@ -1530,11 +1745,17 @@ static void test_decode_rows(void) {
     decode_observe_all(ctx, &dec2, q2, NPOS, HEADS, DIM, GAP);
     shared = (float *)calloc((size_t)rows, sizeof(float));
     refS = (double *)calloc((size_t)NPOS, sizeof(double));
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_score(ctx, &dec2, &kB, row_pos, 0, scores2, 0, 1, ws, wb), EI_OK);
-    CHECK_ERR(ei_decode_shared_add(ctx, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_score(ctx, &x, &dec, &kB, row_pos, 0, scores1), EI_OK);
+    CHECK_ERR(ei_decode_score(ctx, &x, &dec2, &kB, row_pos, 0, scores2), EI_OK);
+    /* in parts: part 0 adds, the others return EI_OK having done nothing */
+    xb = ex_part(1, 2, ws, layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 2).decode_keep);
+    CHECK_ERR(ei_decode_shared_add(ctx, &xb, &dec, scores1, rows, row_pos, shared), EI_OK);
+    for (j = 0; j < rows && shared[j] == 0.0f; ++j) {}
+    CHECK(j == rows && ei_decode_due(ctx, &dec), "shared_add: part 1 of 2 added nothing");
+    xb.ith = 0;
+    CHECK_ERR(ei_decode_shared_add(ctx, &xb, &dec, scores1, rows, row_pos, shared), EI_OK);
     CHECK(!ei_decode_due(ctx, &dec) && ei_decode_due(ctx, &dec2), "shared_add marks its decoder compressed");
-    CHECK_ERR(ei_decode_shared_add(ctx, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+    CHECK_ERR(ei_decode_shared_add(ctx, &x, &dec2, scores2, rows, row_pos, shared), EI_OK);
     ref_decode_scores(&c, q2 + (size_t)(NPOS - WIN) * HEADS * DIM, WIN, HEADS, &kB, row_pos, 0, ref2);
     for (i = 0; i < 2; ++i) { /* reduce all heads (mean), pool (avg 5) in position order, weigh 1 */
         const double *ref = i ? ref2 : ref1;
@@ -1554,9 +1775,13 @@ static void test_decode_rows(void) {
     ksS = decode_keep_set(1, BUDGET, rows, L);
     ksS.row_pos = row_pos;
     ksS.heads_out = 2;
-    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksS, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_select_shared(ctx, &x, &dec, shared, rows, &ksS), EI_ERR_SHAPE);
     ksS.heads_out = 1;
-    CHECK_ERR(ei_decode_select_shared(ctx, &dec, shared, rows, &ksS, ws, wb), EI_OK);
+    xb.ith = 1; /* in parts: part 1 returns EI_OK, nothing written; part 0 selects */
+    CHECK_ERR(ei_decode_select_shared(ctx, &xb, &dec, shared, rows, &ksS), EI_OK);
+    CHECK(ksS.n_kept == 0 && ksS.compressed == 0, "select_shared: part 1 of 2 wrote the keep set");
+    xb.ith = 0;
+    CHECK_ERR(ei_decode_select_shared(ctx, &xb, &dec, shared, rows, &ksS), EI_OK);
     {
         double last = HUGE_VAL, worst = 0.0;
         int in_window = 0;
@@ -1587,10 +1812,10 @@ static void test_decode_rows(void) {
         cm.gqa_reduce = EI_REDUCE_MAX;
         CHECK_ERR(ei_context_create(&cm, &ctxm), EI_OK);
         memset(shared, 0, sizeof(float) * (size_t)rows);
-        CHECK_ERR(ei_decode_shared_add(ctxm, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
-        CHECK_ERR(ei_decode_shared_add(ctxm, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxm, &x, &dec, scores1, rows, row_pos, shared), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxm, &x, &dec2, scores2, rows, row_pos, shared), EI_OK);
         ksM.row_pos = row_pos;
-        CHECK_ERR(ei_decode_select_shared(ctxm, &dec, shared, rows, &ksM, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_select_shared(ctxm, &x, &dec, shared, rows, &ksM), EI_OK);
         for (p = 0; p < L; ++p) refM[p] = 0.0;
         for (i = 0; i < 2; ++i) {
             const double *ref = i ? ref2 : ref1;
@@ -1624,10 +1849,10 @@ static void test_decode_rows(void) {
         ce.decode_shared_weight = EI_SHARED_ENTROPY;
         CHECK_ERR(ei_context_create(&ce, &ctxe), EI_OK);
         memset(shared, 0, sizeof(float) * (size_t)rows);
-        CHECK_ERR(ei_decode_shared_add(ctxe, &dec, scores1, rows, row_pos, shared, ws, wb), EI_OK);
-        CHECK_ERR(ei_decode_shared_add(ctxe, &dec2, scores2, rows, row_pos, shared, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxe, &x, &dec, scores1, rows, row_pos, shared), EI_OK);
+        CHECK_ERR(ei_decode_shared_add(ctxe, &x, &dec2, scores2, rows, row_pos, shared), EI_OK);
         ksE.row_pos = row_pos;
-        CHECK_ERR(ei_decode_select_shared(ctxe, &dec, shared, rows, &ksE, ws, wb), EI_OK);
+        CHECK_ERR(ei_decode_select_shared(ctxe, &x, &dec, shared, rows, &ksE), EI_OK);
         for (p = 0; p < L; ++p) refE[p] = 0.0;
         for (i = 0; i < 2; ++i) {
             const double *ref = i ? ref2 : ref1;
@@ -1669,23 +1894,25 @@ static void test_decode_rows(void) {
     /* misuse */
     for (j = 0; j < rows * KV * DIM; ++j) bufB[j] = NAN;
     for (t = 0; t < NPOS; ++t) memcpy(bufB + (size_t)perm[t] * KV * DIM, k + (size_t)t * KV * DIM, sizeof(float) * KV * DIM);
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, NULL, 0, 1, ws, wb), EI_ERR_NULL);
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 2, 2, ws, wb), EI_ERR_SIZE);
-    CHECK_ERR(ei_decode_score(ctx, &dec, &kB, row_pos, 0, scores1, 0, 1, ws, wb - 1), EI_ERR_WORKSPACE);
+    CHECK_ERR(ei_decode_score(ctx, &x, &dec, &kB, row_pos, 0, NULL), EI_ERR_NULL);
+    xb = ex_part(2, 2, ws, wb5);
+    CHECK_ERR(ei_decode_score(ctx, &xb, &dec, &kB, row_pos, 0, scores1), EI_ERR_SIZE);
+    xb = ex(1, ws, wb - 1);
+    CHECK_ERR(ei_decode_score(ctx, &xb, &dec, &kB, row_pos, 0, scores1), EI_ERR_WORKSPACE);
     row_pos[perm[5]] = -2;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_ERR_SHAPE);
     row_pos[perm[5]] = 6; /* two rows hold position 6 */
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_ERR_SHAPE);
     row_pos[perm[5]] = 5;
     row_pos[perm[NPOS - 3]] = -1; /* a window key missing */
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_SHAPE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_ERR_SHAPE);
     row_pos[perm[NPOS - 3]] = NPOS - 3;
     bufB[(size_t)perm[7] * KV * DIM + 3] = NAN; /* a row that holds a position */
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_NONFINITE);
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_ERR_NONFINITE);
     for (i = 0; i < DIM; ++i) /* finite keys whose float32 scores overflow */
         bufB[(size_t)perm[7] * KV * DIM + (size_t)i] = q[(size_t)(NPOS - 1) * HEADS * DIM + (size_t)i] >= 0 ? 3e38f : -3e38f;
-    CHECK_ERR(ei_decode_keep(ctx, &dec, &kB, &ksB, ws, wb), EI_ERR_NONFINITE);
-    CHECK(guard_intact(ws, 5 * wb) && guard_intact(dm, db) && guard_intact(dm2, db), "guard bytes overwritten");
+    CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kB, &ksB), EI_ERR_NONFINITE);
+    CHECK(guard_intact(ws, wb5) && guard_intact(dm, db) && guard_intact(dm2, db), "guard bytes overwritten");
 
     decode_keep_set_free(&ksA); decode_keep_set_free(&ksB); decode_keep_set_free(&ksC);
     decode_keep_set_free(&ksD); decode_keep_set_free(&ksS);
@@ -1852,6 +2079,8 @@ static void test_decode_policies(void) {
                         ei_context *ctx;
                         ei_decoder dec;
                         ei_keep_set ks;
+                        ei_sizes sz;
+                        ei_exec x;
                         size_t db, wb;
                         void *dm, *ws;
                         char what[160];
@@ -1870,10 +2099,12 @@ static void test_decode_policies(void) {
                         c.gqa_reduce = var == 1 ? EI_REDUCE_MAX : EI_REDUCE_MEAN;
                         heads_out = c.per_kv_head ? KV : HEADS;
                         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-                        ei_decoder_size(ctx, HEADS, DIM, &db);
-                        ei_decode_workspace_size(ctx, rows, HEADS, KV, &wb);
+                        sz = layer_sizes(ctx, rows, HEADS, KV, DIM, 0, 1);
+                        db = sz.decoder;
+                        wb = sz.decode_keep;
                         dm = guarded_alloc(db);
                         ws = guarded_alloc(wb);
+                        x = ex(1, ws, wb);
                         CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
                         CHECK(pol == EI_DECODE_H2O ? dec.accumulated && dec.n_positions == NPOS + MORE : !dec.accumulated,
                               "the decoder holds sums only for H2O");
@@ -1905,7 +2136,7 @@ static void test_decode_policies(void) {
                                      ei_simd_name((ei_simd)p), pol, (double)recent,
                                      c.per_kv_head ? "per kv head " : "per query head", c.per_kv_head ? (var ? "max" : "mean") : "",
                                      mapped ? "row map" : "rows in order", ratios[ri], round);
-                            CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_OK);
+                            CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_OK);
                             /* the reference */
                             R.H = HEADS; R.KV = KV; R.d = DIM; R.N = N;
                             R.T = pol == EI_DECODE_SNAPKV ? (long)WIN + g : (long)WIN;
@@ -1954,6 +2185,7 @@ static void test_decode_policies(void) {
         ei_decoder dec, dec2;
         ei_keep_set ks;
         ei_tensor kt = ei_tensor_make(k, EI_F32, NPOS, KV, DIM);
+        ei_exec x;
         size_t db, db2, wb;
         void *dm, *dm2, *ws;
         float *acc0;
@@ -1964,11 +2196,12 @@ static void test_decode_policies(void) {
         c.decode_policy = EI_DECODE_SNAPKV;
         c.decode_budget = WIN + 2; /* fewer than the window and the generated positions after it */
         CHECK_ERR(ei_context_create(&c, &ctx2), EI_OK);
-        ei_decoder_size(ctx, HEADS, DIM, &db);
-        ei_decoder_size(ctx2, HEADS, DIM, &db2);
+        db = layer_sizes(ctx, NPOS, HEADS, KV, DIM, 0, 1).decoder;
+        db2 = layer_sizes(ctx2, NPOS, HEADS, KV, DIM, 0, 1).decoder;
         CHECK(db >= db2 + (size_t)HEADS * (NPOS - 1) * 4, "an H2O decoder holds its sums (%zu, %zu bytes)", db, db2);
-        ei_decode_workspace_size(ctx, NPOS, HEADS, KV, &wb);
+        wb = layer_sizes(ctx, NPOS, HEADS, KV, DIM, 0, 1).decode_keep;
         dm = guarded_alloc(db); dm2 = guarded_alloc(db2); ws = guarded_alloc(wb);
+        x = ex(1, ws, wb);
         CHECK_ERR(ei_decoder_init(ctx, &dec, HEADS, KV, DIM, dm, db), EI_OK);
         CHECK_ERR(ei_decoder_init(ctx2, &dec2, HEADS, KV, DIM, dm2, db2), EI_OK);
         decode_observe_all(ctx, &dec, q, NPOS, HEADS, DIM, GAP);
@@ -1981,36 +2214,36 @@ static void test_decode_policies(void) {
             ei_keep_set ks3 = decode_keep_set(KV, BUDGET, NPOS, NPOS);
             CHECK_ERR(ei_decoder_init(ctx2, &d3, HEADS, KV, DIM, dm3, db2), EI_OK);
             CHECK_ERR(ei_decode_observe(ctx2, &d3, &one, NPOS-1, 1), EI_OK);
-            CHECK_ERR(ei_decode_keep(ctx2, &d3, &kt, &ks3, ws, wb), EI_ERR_STATE);
+            CHECK_ERR(ei_decode_keep(ctx2, &x, &d3, &kt, &ks3), EI_ERR_STATE);
             decode_keep_set_free(&ks3);
             guarded_free(dm3);
         }
         ks = decode_keep_set(KV, BUDGET, NPOS, NPOS);
         acc0 = (float *)malloc(sizeof(float) * HEADS * (NPOS - 1));
         memcpy(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1));
-        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_SIZE); /* position NPOS - 1 past decode_positions */
+        CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_ERR_SIZE); /* position NPOS - 1 past decode_positions */
         CHECK(dec.n_accumulated == 0 && dec.accumulated_end == 0 && dec.last_compress == -1 &&
               !memcmp(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1)), "a refused H2O call left the decoder");
         /* an H2O decoder under a SnapKV context is taken (its sums unused; here its tail is too long), a SnapKV one
            has no sums for H2O */
-        CHECK_ERR(ei_decode_keep(ctx2, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
-        CHECK_ERR(ei_decode_keep(ctx, &dec2, &kt, &ks, ws, wb), EI_ERR_SHAPE);
-        CHECK_ERR(ei_decode_keep(ctx2, &dec2, &kt, &ks, ws, wb), EI_ERR_STATE); /* tail WIN + GAP > budget */
+        CHECK_ERR(ei_decode_keep(ctx2, &x, &dec, &kt, &ks), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_keep(ctx, &x, &dec2, &kt, &ks), EI_ERR_SHAPE);
+        CHECK_ERR(ei_decode_keep(ctx2, &x, &dec2, &kt, &ks), EI_ERR_STATE); /* tail WIN + GAP > budget */
         CHECK(ks.n_kept == 0 && dec2.last_compress == -1, "a refused SnapKV call left the keep set and decoder");
         {   /* the decoder's sums are its memory: an output or input placed inside them is refused, nothing written */
             ei_keep_set ks2 = ks;
             ei_tensor q2 = ei_tensor_make(dec.accumulated + 8, EI_F32, 1, HEADS, DIM);
             ks2.index = (int32_t *)(void *)(dec.accumulated + 100);
-            CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks2, ws, wb), EI_ERR_OVERLAP);
+            CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks2), EI_ERR_OVERLAP);
             CHECK_ERR(ei_decode_observe(ctx, &dec, &q2, dec.position_end, 1), EI_ERR_OVERLAP);
             CHECK(dec.n_observed == NPOS && !memcmp(acc0, dec.accumulated, sizeof(float) * HEADS * (NPOS - 1)),
                   "a refused overlap changed the decoder");
         }
         dec.n_accumulated = dec.n_observed + 1; /* counters out of range */
-        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_ERR_STATE);
         dec.n_accumulated = 0;
         dec.n_positions++; /* sealed */
-        CHECK_ERR(ei_decode_keep(ctx, &dec, &kt, &ks, ws, wb), EI_ERR_STATE);
+        CHECK_ERR(ei_decode_keep(ctx, &x, &dec, &kt, &ks), EI_ERR_STATE);
         dec.n_positions--;
         CHECK(guard_intact(dm, db) && guard_intact(dm2, db2) && guard_intact(ws, wb), "guard bytes overwritten");
         decode_keep_set_free(&ks);
@@ -2035,12 +2268,14 @@ static void test_plan_mask(void) {
     uint16_t *mem = (uint16_t *)malloc(sizeof(uint16_t) * (nb + 64));
     float *basef = (float *)malloc(sizeof(float) * (size_t)100 * 300);
     ei_mask out, base, x;
+    ei_exec xe;
     int64_t i, finite = 0;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    ei_profile_workspace_size(ctx, L.n, L.heads, L.kv, L.dim, &wb);
+    wb = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, 0, 1).profile;
     ws = malloc(wb);
-    CHECK_ERR(ei_plan_alloc(ctx, &plan, L.n, L.kv, L.dim, 0), EI_OK);
-    CHECK_ERR(ei_profile(ctx, &L.tq, &L.tk, &plan, ws, wb), EI_OK);
+    xe = ex(1, ws, wb);
+    CHECK_ERR(ei_plan_init(ctx, &plan, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+    CHECK_ERR(ei_profile(ctx, &xe, &L.tq, &L.tk, &plan), EI_OK);
     for (j = 0; j < nb + 64; ++j) mem[j] = 0x7E00u; /* f16 NaN: what no call writes */
     for (j = 0; j < (size_t)100 * 300; ++j) basef[j] = (j % 300) % 11 == 10 ? -INFINITY : -0.5f;
     out.data = mem; out.dtype = EI_F16; out.n_heads = 4; out.n_rows = 100; out.n_keys = 300;
@@ -2108,11 +2343,11 @@ static void test_allocator_logger(void) {
     c.allocator.free = count_free;
     c.log = count_log;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    CHECK_ERR(ei_plan_alloc(ctx, &p, 4096, 2, 64, 0), EI_OK);
+    CHECK_ERR(ei_plan_init(ctx, &p, 4096, 2, 64, 0, NULL, 0), EI_OK);
     ei_plan_free(ctx, &p);
-    CHECK_ERR(ei_profile(ctx, NULL, NULL, NULL, NULL, 0), EI_ERR_NULL);
+    CHECK_ERR(ei_profile(ctx, NULL, NULL, NULL, NULL), EI_ERR_NULL);
     ei_context_destroy(ctx);
-    {   /* the context, the plan, and the *_mt helpers' worker pool (with threads) */
+    {   /* the context, the plan, and the worker pool of calls on threads (with threads) */
 #ifdef EI_NO_PTHREADS
         const int want = 2;
 #else
@@ -2133,7 +2368,7 @@ int main(void) {
     test_views_and_config();
     test_profile_paths();
     test_strided_and_threads();
-    test_profile_chunk_mt();
+    test_profile_chunk_threads();
     test_profile_errors();
     test_chunked();
     test_chunked_key_store();

@@ -209,22 +209,46 @@ static ei_context *make_ctx(const ei_config *c, ei_backend backend) {
     return ctx;
 }
 
+/* Every buffer of a layer of this shape on ctx, for one thread (on the GPU
+   the count does not matter: one launch sequence, one workspace). */
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t n, int32_t nh, int32_t nkv, int32_t D, uint32_t flags) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    memset(&z, 0, sizeof z);
+    sh.max_tokens = n;
+    sh.n_heads = nh;
+    sh.n_kv_heads = nkv;
+    sh.head_dim = D;
+    sh.plan_flags = flags;
+    CHECK_OK(ei_layer_sizes(ctx, &sh, &z));
+    return z;
+}
+/* A whole call on the calling thread with this workspace. */
+static ei_exec ex(void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+
 /* A device plan profiled on the GPU and its host copy. */
 typedef struct gpu_plan { ei_plan dev, host; void *mem, *ws; } gpu_plan;
 static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const ei_tensor *k, uint32_t flags,
                         gpu_plan *gp, ei_result expect) {
-    size_t bytes, wsb;
     ei_result r;
     int64_t n = q->n_tokens;
-    CHECK_OK(ei_plan_size(g, n, k->n_heads, q->head_dim, flags, &bytes));
-    gp->mem = dev_alloc(bytes);
-    CHECK_OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, bytes));
-    CHECK_OK(ei_profile_workspace_size(g, n, q->n_heads, k->n_heads, q->head_dim, &wsb));
-    gp->ws = dev_alloc(wsb);
-    r = ei_profile(g, q, k, &gp->dev, gp->ws, wsb);
+    ei_sizes z = layer_sizes(g, n, q->n_heads, k->n_heads, q->head_dim, flags);
+    ei_exec x;
+    gp->mem = dev_alloc(z.plan);
+    CHECK_OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, z.plan));
+    gp->ws = dev_alloc(z.profile);
+    x = ex(gp->ws, z.profile);
+    r = ei_profile(g, &x, q, k, &gp->dev);
     CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
           ei_result_name(expect));
-    CHECK_OK(ei_plan_alloc(c, &gp->host, n, k->n_heads, q->head_dim, flags));
+    CHECK_OK(ei_plan_init(c, &gp->host, n, k->n_heads, q->head_dim, flags, NULL, 0));
     if (r == EI_OK) CHECK_OK(ei_plan_copy(g, &gp->host, &gp->dev, EI_COPY_DEVICE_TO_HOST));
 }
 static void gpu_plan_free(gpu_plan *gp) {
@@ -391,15 +415,16 @@ static void golden_prefill(const char *dir, const char *name, ei_dtype dt) {
     /* GPU vs CPU on the same input (f32 CPU reference of the same values) */
     {
         ei_plan cp;
-        size_t wsb;
+        ei_sizes z = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES);
         void *ws;
+        ei_exec x;
         ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, nkv, D);
         int diff_keep = 0, diff_set = 0, exact = 0, total = 0;
         if (dt != EI_F32) { round_to(q, nq, dt); round_to(k, nk, dt); }
-        CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
-        CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
-        ws = malloc(wsb);
-        CHECK_OK(ei_profile(cpu, &hq, &hk, &cp, ws, wsb));
+        CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, EI_PLAN_SCORES, NULL, 0));
+        ws = malloc(z.profile);
+        x = ex(ws, z.profile);
+        CHECK_OK(ei_profile(cpu, &x, &hq, &hk, &cp));
         for (h = 0; h < nkv; h++)
             for (s = 1; s < nseg; s++) {
                 size_t row = (size_t)h * cp.seg_capacity + s;
@@ -428,15 +453,15 @@ typedef struct dev_keep { ei_keep_set ks; void *idx, *mask, *pooled, *ws, *ring;
 
 static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, const float *obs, int64_t n, int nh,
                            int nkv, int D, ei_dtype dt, dev_keep *dk, void **dkey) {
-    size_t bytes, wsb;
+    ei_sizes z = layer_sizes(g, n, nh, nkv, D, 0);
+    ei_exec x;
     int heads_out = c->per_kv_head ? nkv : nh, W = c->window;
     int64_t L = n - W > 0 ? n - W : 0;
     ei_tensor tq, tk;
     void *dq = dev_upload(obs, (size_t)W * nh * D, dt);
     *dkey = dev_upload(k, (size_t)n * nkv * D, dt);
-    CHECK_OK(ei_decoder_size(g, nh, D, &bytes));
-    dk->ring = dev_alloc(bytes);
-    CHECK_OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, bytes));
+    dk->ring = dev_alloc(z.decoder);
+    CHECK_OK(ei_decoder_init(g, &dk->dec, nh, nkv, D, dk->ring, z.decoder));
     tq = ei_tensor_make(dq, dt, W, nh, D);
     CHECK_OK(ei_decode_observe(g, &dk->dec, &tq, n - W, 0));
     memset(&dk->ks, 0, sizeof dk->ks);
@@ -450,10 +475,10 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     dk->ks.mask_capacity = n;
     dk->ks.pooled = (float *)dk->pooled;
     dk->ks.pooled_capacity = L > 0 ? L : 1;
-    CHECK_OK(ei_decode_workspace_size(g, n, nh, nkv, &wsb));
-    dk->ws = dev_alloc(wsb);
+    dk->ws = dev_alloc(z.decode_keep);
     tk = ei_tensor_make(*dkey, dt, n, nkv, D);
-    CHECK_OK(ei_decode_keep(g, &dk->dec, &tk, &dk->ks, dk->ws, wsb));
+    x = ex(dk->ws, z.decode_keep);
+    CHECK_OK(ei_decode_keep(g, &x, &dk->dec, &tk, &dk->ks));
     dev_free(dq);
 }
 static void dev_keep_free(dev_keep *dk) {
@@ -700,7 +725,8 @@ static void decode_policies_gpu(int quick) {
                     ei_context *g, *cpu, *gdf; /* gdf: cuda_deferred_errors, the same kernels: the same keep sets */
                     ei_decoder gd, cd, dd;
                     void *gring, *cring, *dring, *gws, *cws, *dws;
-                    size_t db, wb;
+                    ei_sizes gz, cz;
+                    ei_exec gx, cx, dx;
                     int heads_out, bad = 0, df_ok = 1;
                     char what[160];
                     if (quick && (var || ri) && pol != EI_DECODE_H2O) continue;
@@ -717,18 +743,20 @@ static void decode_policies_gpu(int quick) {
                     c.cuda_deferred_errors = 1;
                     gdf = make_ctx(&c, EI_BACKEND_CUDA);
                     c.cuda_deferred_errors = 0;
-                    CHECK_OK(ei_decoder_size(g, NH, D, &db));
-                    gring = dev_alloc(db);
-                    dring = dev_alloc(db);
-                    cring = malloc(db);
-                    CHECK_OK(ei_decoder_init(g, &gd, NH, NKV, D, gring, db));
-                    CHECK_OK(ei_decoder_init(gdf, &dd, NH, NKV, D, dring, db));
-                    CHECK_OK(ei_decoder_init(cpu, &cd, NH, NKV, D, cring, db));
-                    CHECK_OK(ei_decode_workspace_size(g, rows, NH, NKV, &wb));
-                    gws = dev_alloc(wb);
-                    dws = dev_alloc(wb);
-                    CHECK_OK(ei_decode_workspace_size(cpu, rows, NH, NKV, &wb));
-                    cws = malloc(wb);
+                    gz = layer_sizes(g, rows, NH, NKV, D, 0);
+                    cz = layer_sizes(cpu, rows, NH, NKV, D, 0);
+                    gring = dev_alloc(gz.decoder);
+                    dring = dev_alloc(gz.decoder);
+                    cring = malloc(cz.decoder);
+                    CHECK_OK(ei_decoder_init(g, &gd, NH, NKV, D, gring, gz.decoder));
+                    CHECK_OK(ei_decoder_init(gdf, &dd, NH, NKV, D, dring, gz.decoder));
+                    CHECK_OK(ei_decoder_init(cpu, &cd, NH, NKV, D, cring, cz.decoder));
+                    gws = dev_alloc(gz.decode_keep);
+                    dws = dev_alloc(gz.decode_keep);
+                    cws = malloc(cz.decode_keep);
+                    gx = ex(gws, gz.decode_keep);
+                    dx = ex(dws, gz.decode_keep);
+                    cx = ex(cws, cz.decode_keep);
                     for (j = 0; j < rows; j++) row_pos[j] = -1;
                     for (round = 0; round < 2; round++) {
                         const int64_t N = round ? NPOS + MORE : NPOS, from = round ? NPOS : 0;
@@ -753,8 +781,8 @@ static void decode_policies_gpu(int quick) {
                         pol_keep_make(&ck, 0, heads_out, B, N, mapped ? row_pos : NULL);
                         snprintf(what, sizeof what, "policy %d recent %g %s %s ratio %g round %d", pol, (double)c.decode_recent,
                                  var ? "per query head" : "per kv head", mapped ? "row map" : "rows in order", ratios[ri], round);
-                        CHECK_OK(ei_decode_keep(g, &gd, &gkt, &gk.ks, gws, wb));
-                        CHECK_OK(ei_decode_keep(cpu, &cd, &ckt, &ck.ks, cws, wb));
+                        CHECK_OK(ei_decode_keep(g, &gx, &gd, &gkt, &gk.ks));
+                        CHECK_OK(ei_decode_keep(cpu, &cx, &cd, &ckt, &ck.ks));
                         bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
                         CHECK(gd.n_accumulated == cd.n_accumulated && gd.accumulated_end == cd.accumulated_end &&
                               gd.last_compress == cd.last_compress, "%s: decoder counters differ", what);
@@ -762,7 +790,7 @@ static void decode_policies_gpu(int quick) {
                             pol_keep dk2;
                             ei_result rd;
                             pol_keep_make(&dk2, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
-                            rd = ei_decode_keep(gdf, &dd, &gkt, &dk2.ks, dws, wb);
+                            rd = ei_decode_keep(gdf, &dx, &dd, &gkt, &dk2.ks);
                             if (mapped && (ratios[ri] > 0 || pol == EI_DECODE_H2O)) {
                                 CHECK(rd == EI_ERR_UNSUPPORTED, "%s, deferred: %s, EI_ERR_UNSUPPORTED expected", what, ei_result_name(rd));
                                 df_ok = 0;
@@ -791,26 +819,26 @@ static void decode_policies_gpu(int quick) {
                         ei_tensor ckt = mapped ? ei_tensor_make(ks_host, EI_F32, rows, NKV, D) : ei_tensor_make(k, EI_F32, N, NKV, D);
                         pol_keep gk, ck;
                         int bs = 0;
-                        CHECK_OK(ei_decode_score(g, &gd, &gkt, mapped ? (const int32_t *)dmap : NULL, 0, gsc, 0, 1, gws, wb));
-                        CHECK_OK(ei_decode_score(cpu, &cd, &ckt, mapped ? row_pos : NULL, 0, csc, 0, 1, cws, wb));
+                        CHECK_OK(ei_decode_score(g, &gx, &gd, &gkt, mapped ? (const int32_t *)dmap : NULL, 0, gsc));
+                        CHECK_OK(ei_decode_score(cpu, &cx, &cd, &ckt, mapped ? row_pos : NULL, 0, csc));
                         dev_get(back, gsc, sizeof(float) * NH * n);
                         for (j = 0; j < NH * n; j++)
                             if (!close_enough(back[j], csc[j], 1e-8, 1e-3)) bs++;
                         CHECK(bs == 0, "policy %d: %d decode scores differ", pol, bs);
                         pol_keep_make(&gk, 1, heads_out, B, N, mapped ? (const int32_t *)dmap : NULL);
                         pol_keep_make(&ck, 0, heads_out, B, N, mapped ? row_pos : NULL);
-                        CHECK_OK(ei_decode_select(g, &gd, gsc, n, &gk.ks, gws, wb));
-                        CHECK_OK(ei_decode_select(cpu, &cd, csc, n, &ck.ks, cws, wb));
+                        CHECK_OK(ei_decode_select(g, &gx, &gd, gsc, n, &gk.ks));
+                        CHECK_OK(ei_decode_select(cpu, &cx, &cd, csc, n, &ck.ks));
                         snprintf(what, sizeof what, "policy %d select%s", pol, mapped ? " row map" : "");
                         bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
                         pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
                         CHECK_OK(ei_device_copy(g, gsh, csh, sizeof(float) * n, EI_COPY_HOST_TO_DEVICE)); /* zeros */
-                        CHECK_OK(ei_decode_shared_add(g, &gd, gsc, n, mapped ? (const int32_t *)dmap : NULL, gsh, gws, wb));
-                        CHECK_OK(ei_decode_shared_add(cpu, &cd, csc, n, mapped ? row_pos : NULL, csh, cws, wb));
+                        CHECK_OK(ei_decode_shared_add(g, &gx, &gd, gsc, n, mapped ? (const int32_t *)dmap : NULL, gsh));
+                        CHECK_OK(ei_decode_shared_add(cpu, &cx, &cd, csc, n, mapped ? row_pos : NULL, csh));
                         pol_keep_make(&gk, 1, 1, B, N, mapped ? (const int32_t *)dmap : NULL);
                         pol_keep_make(&ck, 0, 1, B, N, mapped ? row_pos : NULL);
-                        CHECK_OK(ei_decode_select_shared(g, &gd, gsh, n, &gk.ks, gws, wb));
-                        CHECK_OK(ei_decode_select_shared(cpu, &cd, csh, n, &ck.ks, cws, wb));
+                        CHECK_OK(ei_decode_select_shared(g, &gx, &gd, gsh, n, &gk.ks));
+                        CHECK_OK(ei_decode_select_shared(cpu, &cx, &cd, csh, n, &ck.ks));
                         snprintf(what, sizeof what, "policy %d shared%s", pol, mapped ? " row map" : "");
                         bad += pol_compare(&c, &gk, &ck, N, ei__decode_tail(&c, &cd), what);
                         pol_keep_free(&gk, 1); pol_keep_free(&ck, 0);
@@ -843,6 +871,42 @@ static void attention_ref(const ei_config *c, const ei_plan *plan, const float *
         for (i = 0; i < (size_t)nh * (size_t)D; i++) out[(size_t)t * (size_t)nh * (size_t)D + i] = (float)row[i];
     }
     free(row);
+}
+
+/* On the GPU every way to run a call is one launch sequence: in parts, part
+   0 makes the whole call and the others return EI_OK writing nothing (here
+   parts 2 and 1 come first); n_threads is unused. Both give the whole
+   call's output bit for bit (the same workspace: the same split-K). */
+static void gpu_ways_prefill(ei_context *g, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v, const ei_plan *plan,
+                             ei_out_tensor *out, int64_t q_offset, void *ws, size_t wsb, size_t out_bytes) {
+    unsigned char *whole = (unsigned char *)malloc(out_bytes), *got = (unsigned char *)malloc(out_bytes);
+    unsigned char *poison = (unsigned char *)malloc(out_bytes);
+    ei_exec x = ex(ws, wsb);
+    int ith, untouched = 1;
+    memset(poison, 0xFF, out_bytes);
+    dev_put(out->data, poison, out_bytes);
+    CHECK_OK(ei_attention_prefill(g, &x, q, k, v, plan, out, q_offset));
+    dev_get(whole, out->data, out_bytes);
+    dev_put(out->data, poison, out_bytes);
+    x.nth = 3;
+    for (ith = 2; ith >= 0; ith--) {
+        x.ith = ith;
+        CHECK_OK(ei_attention_prefill(g, &x, q, k, v, plan, out, q_offset));
+        if (ith) {
+            dev_get(got, out->data, out_bytes);
+            untouched &= !memcmp(got, poison, out_bytes);
+        }
+    }
+    CHECK(untouched, "gpu prefill in parts: a part other than 0 wrote the output");
+    dev_get(got, out->data, out_bytes);
+    CHECK(!memcmp(got, whole, out_bytes), "gpu prefill in parts: part 0's output differs from the whole call's");
+    dev_put(out->data, poison, out_bytes);
+    x = ex(ws, wsb);
+    x.n_threads = 4;
+    CHECK_OK(ei_attention_prefill(g, &x, q, k, v, plan, out, q_offset));
+    dev_get(got, out->data, out_bytes);
+    CHECK(!memcmp(got, whole, out_bytes), "gpu prefill on 4 threads: the output differs from one thread's");
+    free(whole); free(got); free(poison);
 }
 
 static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, int base, int64_t threshold,
@@ -884,8 +948,8 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     tq_part.data = (const char *)dq + (size_t)q_offset * nh * D * (dt == EI_F32 ? 4 : 2);
     tq_part.n_tokens = nq_tok;
     to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
-    /* the workspace of ei_attention_workspace_size: split-K where the grid is small (head_dim 64/256) */
-    CHECK_OK(ei_attention_workspace_size(g, nh, nkv, D, &wsb));
+    /* the workspace of ei_sizes.prefill: split-K where the grid is small (head_dim 64/256) */
+    wsb = layer_sizes(g, n, nh, nkv, D, 0).prefill;
     if (wsb) dws = dev_alloc(wsb);
     for (shape = 0; shape < (D == 256 ? 1 : 15); shape++)
     for (wsp = 0; wsp < (wsb ? 2 : 1); wsp++) {
@@ -899,8 +963,10 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         setenv("EI_CUDA_ATTN_CFG", shapes[shape], 1);
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
-        CHECK_OK(ei_attention_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, 0, 1,
-                                      wsp ? dws : NULL, wsp ? wsb : 0));
+        {
+            ei_exec x = ex(wsp ? dws : NULL, wsp ? wsb : 0);
+            CHECK_OK(ei_attention_prefill(g, &x, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset));
+        }
         dev_get(hout, dout, nout * oes);
         for (i = 0; i < nout; i++)
             got[i] = out_dt == EI_F32 ? ((float *)hout)[i] : out_dt == EI_BF16 ? bf2f(((uint16_t *)hout)[i]) : h2f(((uint16_t *)hout)[i]);
@@ -929,6 +995,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         }
     }
     unsetenv("EI_CUDA_ATTN_CFG");
+    gpu_ways_prefill(g, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset, dws, wsb, nout * oes);
     if (use_plan) gpu_plan_free(&gp);
     if (dws) dev_free(dws);
     dev_free(dq); dev_free(dk); dev_free(dv); dev_free(dout);
@@ -1019,7 +1086,7 @@ static int plan_diff(const ei_config *c, const ei_plan *a, const ei_plan *b, int
     return diff;
 }
 static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float peak) {
-    size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, i, wsb, cwsb;
+    size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D, i, cwsb;
     float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4), *v = (float *)malloc(nk * 4);
     float *got = (float *)malloc(nq * 4), *got16 = (float *)malloc(nq * 4), *ref = (float *)malloc(nq * 4);
     void *hk, *hv, *dq, *dq16, *dk, *dv, *dout, *cws;
@@ -1032,6 +1099,7 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
     ei_out_tensor to, ho;
     gpu_plan gp;
     ei_plan cp;
+    ei_exec cx;
     int mode, bad, exact, total, bad_ent, diff;
     c.segment_size = 256; c.block_size = 8; c.base_budget = 256; c.threshold_len = 512;
     gen_qk(q, k, n, nh, nkv, D, peak);
@@ -1048,16 +1116,13 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
     hq = ei_tensor_make(q, EI_F32, n, nh, D); htk = ei_tensor_make(hk, kdt, n, nkv, D); htv = ei_tensor_make(hv, kdt, n, nkv, D);
     to = ei_out_tensor_make(dout, EI_F32, n, nh, D);
     ho = ei_out_tensor_make(ref, EI_F32, n, nh, D);
-    CHECK_OK(ei_attention_workspace_size(cpu, nh, nkv, D, &cwsb));
-    CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &wsb));
-    if (wsb > cwsb) cwsb = wsb;
-    CHECK_OK(ei_attention_decode_workspace_size(cpu, 1, nh, nkv, D, 1, &wsb));
-    if (wsb > cwsb) cwsb = wsb;
+    cwsb = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES).workspace; /* one buffer: profile, prefill, decode */
     cws = malloc(cwsb);
+    cx = ex(cws, cwsb);
     /* the plan from the f32 q: GPU against CPU */
     gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
-    CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, EI_PLAN_SCORES));
-    CHECK_OK(ei_profile(cpu, &hq, &htk, &cp, cws, cwsb));
+    CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, EI_PLAN_SCORES, NULL, 0));
+    CHECK_OK(ei_profile(cpu, &cx, &hq, &htk, &cp));
     diff = plan_diff(&c, &gp.host, &cp, &exact, &total, &bad_ent);
     CHECK(diff == 0 && bad_ent == 0, "f32 q / %s k: plan: %d rows differ, %d entropies off", kn, diff, bad_ent);
     printf("  f32 q, %s k: plan (reference ranking) gpu vs cpu %s (%d/%d rankings identical)\n", kn,
@@ -1076,12 +1141,12 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
             o1.n_tokens = 1; ho1.n_tokens = 1;
         }
         for (i = 0; i < no; i++) ref[i] = NAN;
-        if (mode == 2) {
-            CHECK_OK(ei_attention_decode_mt(cpu, &hq1, &htk, &htv, &ho1, off, 1, cws, cwsb));
-            CHECK_OK(ei_attention_decode(g, &q1, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
+        if (mode == 2) { /* (a NULL ei_exec: one thread, no workspace) */
+            CHECK_OK(ei_attention_decode(cpu, &cx, &hq1, &htk, &htv, NULL, &ho1, off));
+            CHECK_OK(ei_attention_decode(g, NULL, &q1, &tk, &tv, NULL, &o1, off));
         } else {
-            CHECK_OK(ei_attention_prefill(cpu, &hq1, &htk, &htv, hplan, &ho1, off, 0, 1, cws, cwsb));
-            CHECK_OK(ei_attention_prefill(g, &q1, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+            CHECK_OK(ei_attention_prefill(cpu, &cx, &hq1, &htk, &htv, hplan, &ho1, off));
+            CHECK_OK(ei_attention_prefill(g, NULL, &q1, &tk, &tv, dplan, &o1, off));
         }
         dev_get(got, dout, no * 4);
         {   /* poison, then the same call with q rounded on the host */
@@ -1090,8 +1155,8 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
             dev_put(dout, poison, no * 4);
             free(poison);
         }
-        if (mode == 2) CHECK_OK(ei_attention_decode(g, &q116, &tk, &tv, &o1, off, 0, 1, NULL, 0, NULL, 0));
-        else CHECK_OK(ei_attention_prefill(g, &q116, &tk, &tv, dplan, &o1, off, 0, 1, NULL, 0));
+        if (mode == 2) CHECK_OK(ei_attention_decode(g, NULL, &q116, &tk, &tv, NULL, &o1, off));
+        else CHECK_OK(ei_attention_prefill(g, NULL, &q116, &tk, &tv, dplan, &o1, off));
         dev_get(got16, dout, no * 4);
         rel_err(got, ref, no, &rel, &mx, &bad);
         CHECK(bad == 0, "f32 q / %s k %s: %d outputs unwritten or non-finite", kn, names[mode], bad);
@@ -1117,13 +1182,12 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
         setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1); /* CUDA cores, q in f32 */
         gpu_profile(g, cpu, &tq, &tk, 0, &gpg, EI_OK);
         unsetenv("EI_CUDA_SAMPLED_GENERIC");
-        CHECK_OK(ei_plan_alloc(cpu, &cp, n, nkv, D, 0));
+        CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, 0, NULL, 0));
         {   /* the sampled ranking's own (larger) workspace */
-            size_t swsb;
-            void *sws;
-            CHECK_OK(ei_profile_workspace_size(cpu, n, nh, nkv, D, &swsb));
-            sws = malloc(swsb);
-            CHECK_OK(ei_profile(cpu, &hq, &htk, &cp, sws, swsb));
+            size_t swsb = layer_sizes(cpu, n, nh, nkv, D, 0).profile;
+            void *sws = malloc(swsb);
+            ei_exec sx = ex(sws, swsb);
+            CHECK_OK(ei_profile(cpu, &sx, &hq, &htk, &cp));
             free(sws);
         }
         for (h = 0; h < nkv; h++)
@@ -1166,21 +1230,21 @@ static void f32q_errors(void) {
     dout = dev_alloc((size_t)n * nh * D * 4);
     o = ei_out_tensor_make(dout, EI_F32, n, nh, D);
     ei_tensor vb = ei_tensor_make(dv16, EI_BF16, n, nkv, D);
-    r = ei_attention_prefill(g, &qh, &kb, &vb, NULL, &o, 0, 0, 1, NULL, 0);
+    r = ei_attention_prefill(g, NULL, &qh, &kb, &vb, NULL, &o, 0);
     CHECK(r == EI_ERR_DTYPE && strstr(ei_last_error(), "q of k's dtype"), "q f16 over bf16 k: %s", ei_result_name(r));
     printf("  q f16, k/v bf16: %s: %s\n", ei_result_name(r), ei_last_error());
-    r = ei_attention_prefill(g, &q32, &kb, &kh, NULL, &o, 0, 0, 1, NULL, 0);
+    r = ei_attention_prefill(g, NULL, &q32, &kb, &kh, NULL, &o, 0);
     CHECK(r == EI_ERR_DTYPE && strstr(ei_last_error(), "k and v both"), "k bf16, v f16: %s", ei_result_name(r));
     printf("  q f32, k bf16, v f16: %s: %s\n", ei_result_name(r), ei_last_error());
     ei_tensor v32 = ei_tensor_make(dk32, EI_F32, n, nkv, D);
-    r = ei_attention_prefill(g, &q32, &k32, &v32, NULL, &o, 0, 0, 1, NULL, 0);
+    r = ei_attention_prefill(g, NULL, &q32, &k32, &v32, NULL, &o, 0);
     CHECK(r == EI_ERR_DTYPE, "f32 k/v: %s", ei_result_name(r));
     printf("  q, k, v f32: %s: %s\n", ei_result_name(r), ei_last_error());
     {   /* an f32 q beyond f16's range over f16 k: refused, not served as Inf */
         float big = 70000.f;
         ei_tensor k16 = ei_tensor_make(dk16, EI_F16, n, nkv, D), v16 = ei_tensor_make(dv16, EI_F16, n, nkv, D);
         dev_put((float *)d32 + 5 * nh * D + 3, &big, 4);
-        r = ei_attention_prefill(g, &q32, &k16, &v16, NULL, &o, 0, 0, 1, NULL, 0);
+        r = ei_attention_prefill(g, NULL, &q32, &k16, &v16, NULL, &o, 0);
         CHECK(r == EI_ERR_NONFINITE, "f32 q 70000 over f16 k: %s", ei_result_name(r));
         printf("  q f32 holding 70000, k/v f16: %s: %s\n", ei_result_name(r), ei_last_error());
     }
@@ -1297,6 +1361,8 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4);
     ei_context *g = make_ctx(cfg, EI_BACKEND_CUDA), *cpu = make_ctx(cfg, EI_BACKEND_CPU);
     const uint32_t flags = EI_PLAN_CHUNKED | EI_PLAN_SCORES;
+    ei_sizes gz = layer_sizes(g, cap, nh, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u));
+    ei_exec cx, gx, dx;
     ei_plan cp, gp, hp;
     void *dq, *dk, *pmem, *gws, *cws;
     ei_tensor tk, hk;
@@ -1318,21 +1384,25 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     dk = dev_upload(k, nk, EI_BF16);
     tk = ei_tensor_make(dk, EI_BF16, cap, nkv, D);
     hk = ei_tensor_make(k, EI_F32, cap, nkv, D);
-    CHECK_OK(ei_plan_alloc(cpu, &cp, cap, nkv, D, flags));
-    CHECK_OK(ei_plan_alloc(cpu, &hp, cap, nkv, D, flags));
-    CHECK_OK(ei_plan_size(g, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), &pbytes));
+    CHECK_OK(ei_plan_init(cpu, &cp, cap, nkv, D, flags, NULL, 0));
+    CHECK_OK(ei_plan_init(cpu, &hp, cap, nkv, D, flags, NULL, 0));
+    pbytes = gz.plan;
     pmem = dev_alloc(pbytes);
     CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), pmem, pbytes));
-    CHECK_OK(ei_profile_workspace_size(cpu, cap, nh, nkv, D, &cwsb));
-    CHECK_OK(ei_profile_workspace_size(g, cap, nh, nkv, D, &gwsb));
+    cwsb = layer_sizes(cpu, cap, nh, nkv, D, flags).profile;
+    gwsb = gz.profile;
     cws = malloc(cwsb);
     gws = dev_alloc(gwsb);
+    cx = ex(cws, cwsb);
+    gx = ex(gws, gwsb);
+    dx = ex(NULL, 0);
     if (sampled) {
         ei_config dc = *cfg;
         dc.cuda_deferred_errors = 1;
         gd = make_ctx(&dc, EI_BACKEND_CUDA);
         dpmem = dev_alloc(pbytes);
         dws = dev_alloc(gwsb);
+        dx = ex(dws, gwsb);
         CHECK_OK(ei_plan_init(gd, &dp, cap, nkv, D, flags, dpmem, pbytes));
     }
     for (ci = 0; ci < ncalls; ci++) {
@@ -1343,9 +1413,9 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
         int e, t, d, h, sgi;
         if (cc->m && cc->q_pos != cp.n_tokens) plain = 0; /* a roll-back or a skip */
         chunk_given(given, cap, cfg->segment_size, cp.n_tokens, cc);
-        rc = ei_profile_chunk(cpu, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final, cws, cwsb);
-        rg = ei_profile_chunk(g, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final, gws, gwsb);
-        if (gd) CHECK_OK(ei_profile_chunk(gd, cc->m ? &gq : NULL, &tk, &dp, cc->q_pos, cc->is_final, dws, gwsb));
+        rc = ei_profile_chunk(cpu, &cx, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final);
+        rg = ei_profile_chunk(g, &gx, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final);
+        if (gd) CHECK_OK(ei_profile_chunk(gd, &dx, cc->m ? &gq : NULL, &tk, &dp, cc->q_pos, cc->is_final));
         CHECK(rc == EI_OK && rg == EI_OK, "%s call %d (q_pos %lld, m %lld, final %d): cpu %s, gpu %s (%s)", name, ci,
               (long long)cc->q_pos, (long long)cc->m, cc->is_final, ei_result_name(rc), ei_result_name(rg), ei_last_error());
         if (rc != EI_OK || rg != EI_OK) break;
@@ -1382,7 +1452,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
         int h, sgi, differ = 0;
         ei_result st = ei_cuda_status(gd);
         CHECK(st == EI_OK, "chunked %s, deferred errors: ei_cuda_status %s (%s)", name, ei_result_name(st), ei_last_error());
-        CHECK_OK(ei_plan_alloc(cpu, &dh, cap, nkv, D, flags));
+        CHECK_OK(ei_plan_init(cpu, &dh, cap, nkv, D, flags, NULL, 0));
         CHECK_OK(ei_plan_copy(gd, &dh, &dp, EI_COPY_DEVICE_TO_HOST));
         differ += dh.n_tokens != hp.n_tokens || dh.n_segments != hp.n_segments || dh.final != hp.final;
         for (h = 0; h < nkv && !differ; h++) {
@@ -1565,7 +1635,8 @@ static void chunked_plans(int quick) {
 }
 /* Bad chunked calls: the same call on a CPU plan and a GPU plan (the same
    history) gets the same code, with no crash; a group change is found on the
-   device. Head ranges say what to use instead. With the sampled ranking
+   device. A chunk in parts on the GPU is part 0's call (the other parts
+   leave the plan as it was). With the sampled ranking
    (segments from 512 on sampled, 16 rows) the same schedule of calls. */
 typedef struct chunk_pair {
     ei_context *cpu, *g;
@@ -1585,12 +1656,13 @@ static void chunk_both(chunk_pair *P, int64_t src, int64_t m, int heads, int64_t
     ei_tensor gq = ei_tensor_make((const uint16_t *)P->dq + src * ts, EI_BF16, m, heads, P->D);
     ei_tensor ck = ei_tensor_make(P->hk, EI_F32, k_tokens, P->nkv, P->D);
     ei_tensor gk = ei_tensor_make(P->dk, EI_BF16, k_tokens, P->nkv, P->D);
+    ei_exec cx = ex(P->cws, ws_cut ? ws_cut : P->cwsb), gx = ex(P->gws, ws_cut ? ws_cut : P->gwsb);
     ei_result rc, rg;
     char cmsg[512];
     cq.token_stride = gq.token_stride = ts;
-    rc = ei_profile_chunk(P->cpu, m ? &cq : NULL, &ck, &P->cp, q_pos, is_final, P->cws, ws_cut ? ws_cut : P->cwsb);
+    rc = ei_profile_chunk(P->cpu, &cx, m ? &cq : NULL, &ck, &P->cp, q_pos, is_final);
     snprintf(cmsg, sizeof cmsg, "%s", ei_last_error());
-    rg = ei_profile_chunk(P->g, m ? &gq : NULL, &gk, &P->gp, q_pos, is_final, P->gws, ws_cut ? ws_cut : P->gwsb);
+    rg = ei_profile_chunk(P->g, &gx, m ? &gq : NULL, &gk, &P->gp, q_pos, is_final);
     CHECK(rc == want && rg == want, "%s: cpu %s (%s), gpu %s (%s), expected %s", what, ei_result_name(rc), cmsg,
           ei_result_name(rg), ei_last_error(), ei_result_name(want));
     if (rg != EI_OK) printf("  %-34s cpu %s, gpu %s: %s\n", what, ei_result_name(rc), ei_result_name(rg), ei_last_error());
@@ -1601,7 +1673,7 @@ static void chunked_errors(int sampled) {
     ei_config c = base_config();
     int64_t n = 1500;
     chunk_pair P;
-    size_t pbytes;
+    ei_sizes gz, cz;
     float *q, *k;
     void *pm;
     ei_plan whole;
@@ -1625,12 +1697,13 @@ static void chunked_errors(int sampled) {
     P.hq = q; P.hk = k;
     P.dq = dev_upload(q, (size_t)n * P.nh * P.D, EI_BF16);
     P.dk = dev_upload(k, (size_t)n * P.nkv * P.D, EI_BF16);
-    CHECK_OK(ei_plan_size(P.g, n, P.nkv, P.D, EI_PLAN_CHUNKED, &pbytes));
-    pm = dev_alloc(pbytes);
-    CHECK_OK(ei_plan_init(P.g, &P.gp, n, P.nkv, P.D, EI_PLAN_CHUNKED, pm, pbytes));
-    CHECK_OK(ei_plan_alloc(P.cpu, &P.cp, n, P.nkv, P.D, EI_PLAN_CHUNKED));
-    CHECK_OK(ei_profile_workspace_size(P.g, n, P.nh, P.nkv, P.D, &P.gwsb));
-    CHECK_OK(ei_profile_workspace_size(P.cpu, n, P.nh, P.nkv, P.D, &P.cwsb));
+    gz = layer_sizes(P.g, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED);
+    cz = layer_sizes(P.cpu, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED);
+    pm = dev_alloc(gz.plan);
+    CHECK_OK(ei_plan_init(P.g, &P.gp, n, P.nkv, P.D, EI_PLAN_CHUNKED, pm, gz.plan));
+    CHECK_OK(ei_plan_init(P.cpu, &P.cp, n, P.nkv, P.D, EI_PLAN_CHUNKED, NULL, 0));
+    P.gwsb = gz.profile;
+    P.cwsb = cz.profile;
     P.gws = dev_alloc(P.gwsb);
     P.cws = malloc(P.cwsb);
     chunk_both(&P, 0, 0, 8, n, 0, 1, 0, EI_ERR_STATE, "final call with nothing planned");
@@ -1648,11 +1721,24 @@ static void chunked_errors(int sampled) {
     chunk_both(&P, 600, 800, 8, n, 600, 1, 0, EI_OK, "[600, 1400), final (before the NaN)");
     {
         ei_tensor gq = ei_tensor_make(P.dq, EI_BF16, 600, P.nh, P.D), gk = ei_tensor_make(P.dk, EI_BF16, n, P.nkv, P.D);
-        CHECK_ERR(ei_profile_chunk_heads(P.g, &gq, &gk, &P.gp, 0, 0, 0, 1, P.gws, P.gwsb), EI_ERR_UNSUPPORTED);
-        CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "head-range message: %s", ei_last_error());
-        printf("  head range on the GPU: %s\n", ei_last_error());
-        CHECK_OK(ei_plan_alloc(P.g, &whole, n, P.nkv, P.D, 0)); /* a plan without the chunked state */
-        CHECK_ERR(ei_profile_chunk(P.g, &gq, &gk, &whole, 0, 0, P.gws, P.gwsb), EI_ERR_STATE);
+        ei_exec x = ex(P.gws, P.gwsb);
+        int64_t before = P.gp.n_tokens;
+        /* in parts the GPU call is part 0's: part 1 returns EI_OK and leaves the plan (a roll-back to 0 here) */
+        x.nth = 2;
+        x.ith = 1;
+        CHECK_ERR(ei_profile_chunk(P.g, &x, &gq, &gk, &P.gp, 0, 0), EI_OK);
+        CHECK(P.gp.n_tokens == before && before == 1400, "gpu chunk, part 1 of 2: the plan covers %lld tokens, not %lld",
+              (long long)P.gp.n_tokens, (long long)before);
+        x.ith = 0;
+        CHECK_ERR(ei_profile_chunk(P.g, &x, &gq, &gk, &P.gp, 0, 0), EI_OK);
+        CHECK_ERR(ei_plan_finalize(P.g, &P.gp), EI_OK);
+        CHECK(P.gp.n_tokens == 600, "gpu chunk, part 0 of 2: the plan covers %lld tokens, not 600", (long long)P.gp.n_tokens);
+        printf("  a chunk in parts on the GPU: part 1 of 2 did nothing, part 0 planned [0, 600)\n");
+        /* a plan without the chunked state (the context allocates it on the device) */
+        CHECK_OK(ei_plan_init(P.g, &whole, n, P.nkv, P.D, 0, NULL, 0));
+        CHECK(whole.on_device == 1, "ei_plan_init(NULL, 0) on a GPU context: on_device %d", whole.on_device);
+        x = ex(P.gws, P.gwsb);
+        CHECK_ERR(ei_profile_chunk(P.g, &x, &gq, &gk, &whole, 0, 0), EI_ERR_STATE);
         ei_plan_free(P.g, &whole);
     }
     dev_free(P.gws); dev_free(pm); dev_free((void *)P.dq); dev_free((void *)P.dk);
@@ -1682,14 +1768,206 @@ static void error_tests(void) {
     printf("  NaN in q: %s\n", ei_last_error());
     {
         ei_tensor bad = tq;
+        ei_exec big = ex(gp.ws, (size_t)1 << 30), small = ex(gp.ws, 16);
         bad.head_stride = 0;
-        CHECK(ei_profile(g, &bad, &tk, &gp.dev, gp.ws, 1 << 30) == EI_ERR_STRIDE, "zero stride accepted");
-        CHECK(ei_profile(g, &tq, &tk, &gp.dev, gp.ws, 16) == EI_ERR_WORKSPACE, "small workspace accepted");
+        CHECK(ei_profile(g, &big, &bad, &tk, &gp.dev) == EI_ERR_STRIDE, "zero stride accepted");
+        CHECK(ei_profile(g, &small, &tq, &tk, &gp.dev) == EI_ERR_WORKSPACE, "small workspace accepted");
     }
     gpu_plan_free(&gp);
     dev_free(dq); dev_free(dk);
     free(q); free(k);
     ei_context_destroy(g); ei_context_destroy(cpu);
+}
+
+/* ------------------------------------------------------------ ei_exec on the GPU */
+/* Two plans (host copies), the same bits in every field and planned row. */
+static int plans_identical(const ei_plan *a, const ei_plan *b) {
+    int h, s;
+    if (a->n_tokens != b->n_tokens || a->n_segments != b->n_segments || a->n_blocks != b->n_blocks || a->final != b->final ||
+        a->max_keep != b->max_keep || memcmp(a->head_class, b->head_class, (size_t)a->n_kv_heads))
+        return 0;
+    for (h = 0; h < a->n_kv_heads; h++)
+        for (s = 0; s < a->n_segments; s++) {
+            size_t r = EI_PLAN_ROW(a, h, s);
+            if (memcmp(&a->entropy[r], &b->entropy[r], 4) || memcmp(&a->budget[r], &b->budget[r], 4) ||
+                a->keep_count[r] != b->keep_count[r] || a->keep_blocks[r] != b->keep_blocks[r] ||
+                memcmp(EI_PLAN_BLOCKS(a, h, s), EI_PLAN_BLOCKS(b, h, s), sizeof(int32_t) * (size_t)a->max_keep))
+                return 0;
+        }
+    return 1;
+}
+/* A call on the CUDA backend is one launch sequence however its ei_exec
+   says it runs: n_threads is unused, and in parts part 0 makes the whole
+   call while the others return EI_OK writing nothing (parts 2 and 1 go
+   first here; ei_plan_finalize and ei_attention_decode_merge after them
+   have nothing left to do). The ei_exec itself is checked as on the CPU,
+   ei_layer_sizes gives one workspace whatever the thread count, and
+   ei_plan_init with memory NULL allocates the plan on the device. (Prefill
+   attention: attention_case's gpu_ways_prefill; every operation of the
+   table: test_ops' ways.) */
+static void gpu_exec_tests(void) {
+    enum { NH = 8, NKV = 2, D = 64 };
+    const int64_t n = 1200;
+    ei_config c = base_config();
+    ei_context *g;
+    float *q = (float *)malloc(sizeof(float) * (size_t)n * NH * D), *k = (float *)malloc(sizeof(float) * (size_t)n * NKV * D);
+    float *v = (float *)malloc(sizeof(float) * (size_t)n * NKV * D);
+    void *dq, *dk, *dv, *ws, *dout, *ring, *dsc;
+    unsigned char *whole, *got, *poison;
+    size_t ob = (size_t)NH * D * 2, sb = sizeof(float) * (size_t)NH * (size_t)n, big = sb > ob ? sb : ob;
+    ei_shape sh;
+    ei_sizes z1, z8;
+    ei_plan p1, p2, h1, h2;
+    ei_exec x;
+    ei_tensor tq, tk, tv, tq1;
+    ei_out_tensor to;
+    ei_decoder dec;
+    ei_keep_set ks;
+    int ith, untouched = 1;
+    int64_t i;
+    c.decode_budget = 256; c.window = 16; c.decode_gap = 4;
+    g = make_ctx(&c, EI_BACKEND_CUDA);
+    CHECK(ei_context_config(g)->backend == EI_BACKEND_CUDA && ei_context_config(g)->simd != EI_SIMD_AUTO,
+          "ei_context_config on a CUDA context: backend %d, simd %d", (int)ei_context_config(g)->backend,
+          (int)ei_context_config(g)->simd);
+    {   /* EI_BACKEND_CUDA_OR_CPU finds the GPU, and the context says so */
+        ei_config oc = c;
+        ei_context *o = NULL;
+        oc.backend = EI_BACKEND_CUDA_OR_CPU;
+        CHECK_OK(ei_context_create(&oc, &o));
+        CHECK(o && ei_context_config(o)->backend == EI_BACKEND_CUDA, "EI_BACKEND_CUDA_OR_CPU with a GPU: backend %d",
+              o ? (int)ei_context_config(o)->backend : -1);
+        ei_context_destroy(o);
+    }
+    gen_qk(q, k, n, NH, NKV, D, 2.f);
+    for (i = 0; i < n * NKV * D; i++) v[i] = nrand();
+    dq = dev_upload(q, (size_t)n * NH * D, EI_BF16);
+    dk = dev_upload(k, (size_t)n * NKV * D, EI_BF16);
+    dv = dev_upload(v, (size_t)n * NKV * D, EI_BF16);
+    tq = ei_tensor_make(dq, EI_BF16, n, NH, D);
+    tk = ei_tensor_make(dk, EI_BF16, n, NKV, D);
+    tv = ei_tensor_make(dv, EI_BF16, n, NKV, D);
+    /* sizes: one workspace for any thread count; a decode step is one attention launch */
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n; sh.n_heads = NH; sh.n_kv_heads = NKV; sh.head_dim = D; sh.n_threads = 1;
+    CHECK_OK(ei_layer_sizes(g, &sh, &z1));
+    sh.n_threads = 8;
+    CHECK_OK(ei_layer_sizes(g, &sh, &z8));
+    CHECK(!memcmp(&z1, &z8, sizeof z1), "gpu ei_layer_sizes: 8 threads change the sizes (profile %zu/%zu, prefill %zu/%zu, "
+          "decode %zu/%zu, decode_keep %zu/%zu)", z1.profile, z8.profile, z1.prefill, z8.prefill, z1.decode, z8.decode,
+          z1.decode_keep, z8.decode_keep);
+    CHECK(z1.decode == z1.prefill, "gpu ei_layer_sizes: decode %zu, prefill %zu (one launch)", z1.decode, z1.prefill);
+    CHECK(z1.workspace >= z1.profile && z1.workspace >= z1.prefill && z1.workspace >= z1.decode &&
+              z1.workspace >= z1.decode_keep &&
+              (z1.workspace == z1.profile || z1.workspace == z1.prefill || z1.workspace == z1.decode ||
+               z1.workspace == z1.decode_keep),
+          "gpu ei_layer_sizes: workspace %zu is not the largest of the four", z1.workspace);
+    ws = dev_alloc(z1.workspace);
+    /* plans in device memory the context allocates */
+    CHECK_OK(ei_plan_init(g, &p1, n, NKV, D, 0, NULL, 0));
+    CHECK_OK(ei_plan_init(g, &p2, n, NKV, D, 0, NULL, 0));
+    CHECK(p1.on_device == 1 && p1.owned_memory != NULL, "gpu ei_plan_init(NULL, 0): on_device %d", p1.on_device);
+    CHECK_OK(ei_plan_init(g_cpu, &h1, n, NKV, D, 0, NULL, 0));
+    CHECK_OK(ei_plan_init(g_cpu, &h2, n, NKV, D, 0, NULL, 0));
+    {
+        ei_plan none;
+        memset(&none, 0, sizeof none);
+        CHECK_ERR(ei_plan_init(g, &none, n, NKV, D, 0, NULL, 64), EI_ERR_NULL); /* (a failed allocation of the caller's) */
+    }
+    /* the ei_exec is checked on the GPU as on the CPU */
+    x = ex(ws, z1.workspace); x.nth = 2; x.ith = 2;
+    CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_SIZE);
+    x.ith = 0; x.n_threads = 2;
+    CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_CONFIG);
+    x = ex(ws, z1.workspace); x.nth = -1;
+    CHECK_ERR(ei_attention_prefill(g, &x, &tq, &tk, &tv, NULL, NULL, 0), EI_ERR_SIZE);
+    x = ex(NULL, 64);
+    CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_NULL);
+    /* profiling: whole, parts, threads: one plan */
+    x = ex(ws, z1.workspace);
+    CHECK_OK(ei_profile(g, &x, &tq, &tk, &p1));
+    CHECK_OK(ei_plan_copy(g, &h1, &p1, EI_COPY_DEVICE_TO_HOST));
+    x.nth = 3;
+    for (ith = 2; ith >= 0; ith--) {
+        x.ith = ith;
+        CHECK_OK(ei_profile(g, &x, &tq, &tk, &p2));
+        if (ith) untouched &= p2.n_tokens == 0 && p2.n_segments == 0;
+    }
+    CHECK_OK(ei_plan_finalize(g, &p2));
+    CHECK(untouched, "gpu profile in parts: a part other than 0 planned");
+    CHECK_OK(ei_plan_copy(g, &h2, &p2, EI_COPY_DEVICE_TO_HOST));
+    CHECK(plans_identical(&h1, &h2), "gpu profile in parts: part 0's plan differs from the whole call's");
+    x = ex(ws, z1.workspace); x.n_threads = 4;
+    CHECK_OK(ei_profile(g, &x, &tq, &tk, &p2));
+    CHECK_OK(ei_plan_copy(g, &h2, &p2, EI_COPY_DEVICE_TO_HOST));
+    CHECK(plans_identical(&h1, &h2), "gpu profile on 4 threads: the plan differs from one thread's");
+    /* a decode step: whole, parts (+ merge), threads */
+    whole = (unsigned char *)malloc(big); got = (unsigned char *)malloc(big); poison = (unsigned char *)malloc(big);
+    memset(poison, 0xFF, big);
+    dout = dev_alloc(ob);
+    tq1 = tq;
+    tq1.data = (const uint16_t *)dq + (size_t)(n - 1) * NH * D;
+    tq1.n_tokens = 1;
+    to = ei_out_tensor_make(dout, EI_BF16, 1, NH, D);
+    dev_put(dout, poison, ob);
+    x = ex(ws, z1.decode);
+    CHECK_OK(ei_attention_decode(g, &x, &tq1, &tk, &tv, NULL, &to, n - 1));
+    CHECK_OK(ei_attention_decode_merge(g, &x, &to));
+    dev_get(whole, dout, ob);
+    dev_put(dout, poison, ob);
+    x.nth = 3;
+    untouched = 1;
+    for (ith = 2; ith >= 0; ith--) {
+        x.ith = ith;
+        CHECK_OK(ei_attention_decode(g, &x, &tq1, &tk, &tv, NULL, &to, n - 1));
+        if (ith) { dev_get(got, dout, ob); untouched &= !memcmp(got, poison, ob); }
+    }
+    for (ith = 0; ith < 3; ith++) { x.ith = ith; CHECK_OK(ei_attention_decode_merge(g, &x, &to)); }
+    dev_get(got, dout, ob);
+    CHECK(untouched, "gpu decode attention in parts: a part other than 0 wrote the output");
+    CHECK(!memcmp(got, whole, ob), "gpu decode attention in parts: the output differs from the whole call's");
+    dev_put(dout, poison, ob);
+    x = ex(ws, z1.decode); x.n_threads = 4;
+    CHECK_OK(ei_attention_decode(g, &x, &tq1, &tk, &tv, NULL, &to, n - 1));
+    dev_get(got, dout, ob);
+    CHECK(!memcmp(got, whole, ob), "gpu decode attention on 4 threads: the output differs from one thread's");
+    /* decode scores in parts; ei_decode_keep refuses parts (score, then select, after the barrier) */
+    ring = dev_alloc(z1.decoder);
+    dsc = dev_alloc(sb);
+    CHECK_OK(ei_decoder_init(g, &dec, NH, NKV, D, ring, z1.decoder));
+    {
+        ei_tensor qo = tq;
+        qo.data = (const uint16_t *)dq + (size_t)(n - 16) * NH * D;
+        qo.n_tokens = 16;
+        CHECK_OK(ei_decode_observe(g, &dec, &qo, n - 16, 0));
+    }
+    dev_put(dsc, poison, sb);
+    x = ex(ws, z1.decode_keep);
+    CHECK_OK(ei_decode_score(g, &x, &dec, &tk, NULL, 0, (float *)dsc));
+    dev_get(whole, dsc, sb);
+    dev_put(dsc, poison, sb);
+    x.nth = 2;
+    x.ith = 1;
+    CHECK_OK(ei_decode_score(g, &x, &dec, &tk, NULL, 0, (float *)dsc));
+    dev_get(got, dsc, sb);
+    CHECK(!memcmp(got, poison, sb), "gpu decode score, part 1 of 2: the scores were written");
+    x.ith = 0;
+    CHECK_OK(ei_decode_score(g, &x, &dec, &tk, NULL, 0, (float *)dsc));
+    dev_get(got, dsc, sb);
+    CHECK(!memcmp(got, whole, sb), "gpu decode score, part 0 of 2: the scores differ from the whole call's");
+    memset(&ks, 0, sizeof ks);
+    ks.heads_out = NKV;
+    ks.capacity = c.decode_budget;
+    ks.index = (int32_t *)ws; /* (refused before anything is read or written) */
+    CHECK_ERR(ei_decode_keep(g, &x, &dec, &tk, &ks), EI_ERR_CONFIG);
+    printf("  ei_exec on the GPU: sizes for 1 and 8 threads alike (workspace %zu bytes); profile, decode attention and "
+           "decode scores in parts = the whole call bit for bit, parts other than 0 write nothing; n_threads unused\n",
+           z1.workspace);
+    dev_free(ring); dev_free(dsc); dev_free(dout); dev_free(ws);
+    dev_free(dq); dev_free(dk); dev_free(dv);
+    ei_plan_free(g, &p1); ei_plan_free(g, &p2); ei_plan_free(g_cpu, &h1); ei_plan_free(g_cpu, &h2);
+    free(whole); free(got); free(poison); free(q); free(k); free(v);
+    ei_context_destroy(g);
 }
 
 /* ------------------------------------------------------------ device placements */
@@ -1735,16 +2013,19 @@ static void *dp_at(const dp_fix *x, int r) { return x->arena + x->at[r]; }
 static ei_tensor dp_view(const dp_fix *x, int r, int heads) { return ei_tensor_make(dp_at(x, r), EI_BF16, x->n, heads, x->D); }
 static ei_result dp_profile(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    return ei_profile(x->ctx, &q, &k, &x->plan, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_profile(x->ctx, &e, &q, &k, &x->plan);
 }
 static ei_result dp_chunk(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    return ei_profile_chunk(x->ctx, &q, &k, &x->plan, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_profile_chunk(x->ctx, &e, &q, &k, &x->plan, 0, 1);
 }
 static ei_result dp_prefill(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
     ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, x->n, x->nh, x->D);
-    return ei_attention_prefill(x->ctx, &q, &k, &v, &x->plan, &o, 0, 0, 1, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_attention_prefill(x->ctx, &e, &q, &k, &v, &x->plan, &o, 0);
 }
 static ei_result dp_observe(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh);
@@ -1756,24 +2037,26 @@ static ei_result dp_copy(dp_fix *x) {
 /* the decode entries: the decoder observed the last W rows and the keep set laid over its regions (setup) */
 static ei_result dp_keep(dp_fix *x) {
     ei_tensor k = dp_view(x, DP_K, x->nkv);
-    return ei_decode_keep(x->ctx, &x->dec, &k, &x->keep, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    return ei_decode_keep(x->ctx, &e, &x->dec, &k, &x->keep);
 }
 static ei_result dp_score(dp_fix *x) {
     ei_tensor k = dp_view(x, DP_K, x->nkv);
-    return ei_decode_score(x->ctx, &x->dec, &k, (const int32_t *)dp_at(x, DP_ROWPOS), 0, (float *)dp_at(x, DP_SCORES), 0, 1,
-                           dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    return ei_decode_score(x->ctx, &e, &x->dec, &k, (const int32_t *)dp_at(x, DP_ROWPOS), 0, (float *)dp_at(x, DP_SCORES));
 }
 static ei_result dp_select(dp_fix *x) {
-    return ei_decode_select(x->ctx, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, &x->keep, dp_at(x, DP_DWS),
-                            x->bytes[DP_DWS]);
+    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    return ei_decode_select(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, &x->keep);
 }
 static ei_result dp_shared_add(dp_fix *x) {
-    return ei_decode_shared_add(x->ctx, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, (const int32_t *)dp_at(x, DP_ROWPOS),
-                                (float *)dp_at(x, DP_SHARED), dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    return ei_decode_shared_add(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n,
+                                (const int32_t *)dp_at(x, DP_ROWPOS), (float *)dp_at(x, DP_SHARED));
 }
 static ei_result dp_select_shared(dp_fix *x) {
-    return ei_decode_select_shared(x->ctx, &x->dec, (const float *)dp_at(x, DP_SHARED), x->n, &x->keep, dp_at(x, DP_DWS),
-                                   x->bytes[DP_DWS]);
+    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    return ei_decode_select_shared(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SHARED), x->n, &x->keep);
 }
 static ei_result dp_compact(dp_fix *x) {
     ei_out_tensor k = ei_out_tensor_make(dp_at(x, DP_K), EI_BF16, x->n, x->nkv, x->D);
@@ -1783,9 +2066,10 @@ static ei_result dp_compact(dp_fix *x) {
 static ei_result dp_decode_attn(dp_fix *x) { /* the newest query against every key */
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
     ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, 1, x->nh, x->D);
+    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
     q.data = (const unsigned char *)q.data + (size_t)(x->n - 1) * x->nh * x->D * 2;
     q.n_tokens = 1;
-    return ei_attention_decode(x->ctx, &q, &k, &v, &o, x->n - 1, 0, 1, NULL, 0, dp_at(x, DP_WS), x->bytes[DP_WS]);
+    return ei_attention_decode(x->ctx, &e, &q, &k, &v, NULL, &o, x->n - 1);
 }
 static const dp_call dp_calls[] = {
     {"ei_profile", DPB(DP_Q) | DPB(DP_K) | DPB(DP_PLAN) | DPB(DP_WS), DPB(DP_PLAN) | DPB(DP_WS), 0, dp_profile},
@@ -1908,12 +2192,15 @@ static void device_placements(void) {
     x.q_host = host_as(qf, (size_t)x.n * x.nh * x.D, EI_BF16);
     x.k_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
     x.v_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
-    CHECK_OK(ei_plan_size(x.ctx, x.n, x.nkv, x.D, 0, &x.pb));
-    CHECK_OK(ei_plan_size(x.ctx, x.n, x.nkv, x.D, EI_PLAN_CHUNKED, &x.pcb));
-    CHECK_OK(ei_profile_workspace_size(x.ctx, x.n, x.nh, x.nkv, x.D, &pwsb));
-    CHECK_OK(ei_attention_workspace_size(x.ctx, x.nh, x.nkv, x.D, &awsb));
-    CHECK_OK(ei_decoder_size(x.ctx, x.nh, x.D, &x.db));
-    CHECK_OK(ei_decode_workspace_size(x.ctx, x.n, x.nh, x.nkv, &x.dwsb));
+    {
+        ei_sizes z = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, 0);
+        x.pb = z.plan;
+        x.pcb = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, EI_PLAN_CHUNKED).plan;
+        pwsb = z.profile;
+        awsb = z.prefill > z.decode ? z.prefill : z.decode;
+        x.db = z.decoder;
+        x.dwsb = z.decode_keep;
+    }
     x.bytes[DP_DWS] = x.dwsb;
     x.bytes[DP_IDX] = x.bytes[DP_POS] = (size_t)x.nkv * x.C * 4;
     x.bytes[DP_SCORES] = (size_t)x.nh * x.n * 4;
@@ -1936,8 +2223,9 @@ static void device_placements(void) {
         x.ref_mem = dev_alloc(x.pb); x.ref_ws = dev_alloc(pwsb);
         dev_put(x.arena + x.home[DP_Q], x.q_host, x.bytes[DP_Q]);
         dev_put(x.arena + x.home[DP_K], x.k_host, x.bytes[DP_K]);
+        ei_exec e = ex(x.ref_ws, pwsb);
         CHECK_OK(ei_plan_init(x.ctx, &x.ref_plan, x.n, x.nkv, x.D, 0, x.ref_mem, x.pb));
-        CHECK_OK(ei_profile(x.ctx, &q, &kk, &x.ref_plan, x.ref_ws, pwsb));
+        CHECK_OK(ei_profile(x.ctx, &e, &q, &kk, &x.ref_plan));
     }
     { /* the decode entries' inputs, made apart: scores, shared sums, a per-kv-head keep set; the identity map */
         int64_t j;
@@ -1946,6 +2234,7 @@ static void device_placements(void) {
         ei_keep_set ks;
         void *dws = dev_alloc(x.dwsb), *dsc = dev_alloc(x.bytes[DP_SCORES]), *dsh = dev_alloc(x.bytes[DP_SHARED]);
         void *didx = dev_alloc(x.bytes[DP_IDX]), *dpos = dev_alloc(x.bytes[DP_POS]), *dmap = dev_alloc(x.bytes[DP_ROWPOS]);
+        ei_exec e = ex(dws, x.dwsb);
         x.q_obs = dev_alloc((size_t)x.W * x.nh * x.D * 2);
         x.dec_apart = dev_alloc(x.db);
         dev_put(x.q_obs, (const unsigned char *)x.q_host + (size_t)(x.n - x.W) * x.nh * x.D * 2, (size_t)x.W * x.nh * x.D * 2);
@@ -1959,15 +2248,15 @@ static void device_placements(void) {
         qo = ei_tensor_make(x.q_obs, EI_BF16, x.W, x.nh, x.D);
         CHECK_OK(ei_decoder_init(x.ctx, &x.dec, x.nh, x.nkv, x.D, x.dec_apart, x.db));
         CHECK_OK(ei_decode_observe(x.ctx, &x.dec, &qo, x.n - x.W, 0));
-        CHECK_OK(ei_decode_score(x.ctx, &x.dec, &kk, (const int32_t *)dmap, 0, (float *)dsc, 0, 1, dws, x.dwsb));
-        CHECK_OK(ei_decode_shared_add(x.ctx, &x.dec, (const float *)dsc, x.n, (const int32_t *)dmap, (float *)dsh, dws, x.dwsb));
+        CHECK_OK(ei_decode_score(x.ctx, &e, &x.dec, &kk, (const int32_t *)dmap, 0, (float *)dsc));
+        CHECK_OK(ei_decode_shared_add(x.ctx, &e, &x.dec, (const float *)dsc, x.n, (const int32_t *)dmap, (float *)dsh));
         dev_get(x.ref_scores, dsc, x.bytes[DP_SCORES]);
         dev_get(x.ref_shared, dsh, x.bytes[DP_SHARED]);
         memset(&ks, 0, sizeof ks);
         ks.heads_out = x.nkv; ks.capacity = x.C; ks.index = (int32_t *)didx; ks.positions = (int32_t *)dpos;
         CHECK_OK(ei_decoder_reset(&x.dec));
         CHECK_OK(ei_decode_observe(x.ctx, &x.dec, &qo, x.n - x.W, 0));
-        CHECK_OK(ei_decode_keep(x.ctx, &x.dec, &kk, &ks, dws, x.dwsb));
+        CHECK_OK(ei_decode_keep(x.ctx, &e, &x.dec, &kk, &ks));
         CHECK(ks.n_kept == x.C && ks.compressed == 1, "decode placements: the keep set apart kept %d of %d rows",
               (int)ks.n_kept, x.C);
         x.ref_kept = ks.n_kept;
@@ -2052,6 +2341,15 @@ static int fallback_test(void) {
     r = ei_context_create(&c, &ctx);
     printf("  explicit missing library: %s: %s\n", ei_result_name(r), ei_last_error());
     CHECK(r == EI_ERR_BACKEND && strstr(ei_last_error(), "/nonexistent/") != NULL, "explicit path not reported");
+    c.backend = EI_BACKEND_CUDA_OR_CPU; /* the CPU instead, and the context says so */
+    r = ei_context_create(&c, &ctx);
+    CHECK(r == EI_OK && ctx && ei_context_config(ctx)->backend == EI_BACKEND_CPU &&
+              ei_context_config(ctx)->simd != EI_SIMD_AUTO,
+          "EI_BACKEND_CUDA_OR_CPU without the plugin: %s, backend %d", ei_result_name(r),
+          ctx ? (int)ei_context_config(ctx)->backend : -1);
+    if (ctx) printf("  EI_BACKEND_CUDA_OR_CPU: the CPU (%s)\n", ei_simd_name(ei_context_config(ctx)->simd));
+    ei_context_destroy(ctx);
+    ctx = NULL;
     /* the CPU keeps working */
     c.backend = EI_BACKEND_CPU;
     c.cuda_library = NULL;
@@ -2064,12 +2362,14 @@ static int fallback_test(void) {
         ei_plan plan;
         size_t wsb;
         void *ws;
+        ei_exec x;
         CHECK_OK(ei_context_create(&c, &ctx));
         gen_qk(q, k, n, nh, nkv, D, 0.f);
-        CHECK_OK(ei_plan_alloc(ctx, &plan, n, nkv, D, 0));
-        CHECK_OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &wsb));
+        CHECK_OK(ei_plan_init(ctx, &plan, n, nkv, D, 0, NULL, 0));
+        wsb = layer_sizes(ctx, n, nh, nkv, D, 0).profile;
         ws = malloc(wsb);
-        r = ei_profile(ctx, &tq, &tk, &plan, ws, wsb);
+        x = ex(ws, wsb);
+        r = ei_profile(ctx, &x, &tq, &tk, &plan);
         CHECK(r == EI_OK && plan.n_segments == 5, "CPU profile after a failed CUDA context: %s", ei_result_name(r));
         printf("  CPU context after the failure: profile %s, %d segments\n", ei_result_name(r), plan.n_segments);
         free(ws);
@@ -2143,6 +2443,8 @@ int main(int argc, char **argv) {
     error_tests();
     chunked_errors(0);
     chunked_errors(1);
+    printf("ei_exec on the GPU (threads unused, parts made by part 0):\n");
+    gpu_exec_tests();
     printf("device placements (MEMORY ARGUMENTS on device pointers):\n");
     device_placements();
     ei_context_destroy(g_gpu);

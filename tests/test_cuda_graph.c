@@ -72,6 +72,29 @@ static void fill_bf16(uint16_t *x, size_t count, float scale) {
     for (i = 0; i < count; i++) x[i] = f2bf(scale * urand_pm() + (i % 7 == 0 ? scale * urand_pm() * 4.f : 0.f));
 }
 
+/* Every buffer of a layer of this shape (one launch sequence: one workspace). */
+static ei_sizes sizes_of(const ei_context *ctx, int64_t n, int nh, int nkv, int D, uint32_t flags) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    memset(&z, 0, sizeof z);
+    sh.max_tokens = n;
+    sh.n_heads = nh;
+    sh.n_kv_heads = nkv;
+    sh.head_dim = D;
+    sh.plan_flags = flags;
+    CHECK_OK(ei_layer_sizes(ctx, &sh, &z));
+    return z;
+}
+/* A whole call with this workspace. */
+static ei_exec ex(void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+
 typedef struct layer {
     int64_t n;
     int nh, nkv, D;
@@ -92,12 +115,15 @@ static void layer_make(ei_context *ctx, layer *L, int64_t n, int nh, int nkv, in
     CU(cudaMalloc(&L->v, L->nk * 2));
     CU(cudaMalloc(&L->out, L->nq * 2));
     CU(cudaMemset(L->out, 0, L->nq * 2));
-    CHECK_OK(ei_plan_size(ctx, n, nkv, D, 0, &L->plan_bytes));
+    {
+        ei_sizes z = sizes_of(ctx, n, nh, nkv, D, 0);
+        L->plan_bytes = z.plan;
+        L->pws_bytes = z.profile;
+        L->aws_bytes = z.prefill;
+    }
     CU(cudaMalloc(&L->plan_mem, L->plan_bytes));
     CHECK_OK(ei_plan_init(ctx, &L->plan, n, nkv, D, 0, L->plan_mem, L->plan_bytes));
-    CHECK_OK(ei_profile_workspace_size(ctx, n, nh, nkv, D, &L->pws_bytes));
     CU(cudaMalloc(&L->pws, L->pws_bytes));
-    CHECK_OK(ei_attention_workspace_size(ctx, nh, nkv, D, &L->aws_bytes));
     if (L->aws_bytes) CU(cudaMalloc(&L->aws, L->aws_bytes));
     L->tq = ei_tensor_make(L->q, EI_BF16, n, nh, D);
     L->tk = ei_tensor_make(L->k, EI_BF16, n, nkv, D);
@@ -116,9 +142,10 @@ static void layer_put(layer *L, const uint16_t *q, const uint16_t *k, const uint
 }
 /* the layer's calls as an engine makes them */
 static ei_result layer_run(ei_context *ctx, layer *L) {
-    ei_result r = ei_profile(ctx, &L->tq, &L->tk, &L->plan, L->pws, L->pws_bytes);
+    ei_exec px = ex(L->pws, L->pws_bytes), ax = ex(L->aws, L->aws_bytes);
+    ei_result r = ei_profile(ctx, &px, &L->tq, &L->tk, &L->plan);
     if (r != EI_OK) return r;
-    return ei_attention_prefill(ctx, &L->tq, &L->tk, &L->tv, &L->plan, &L->to, 0, 0, 1, L->aws, L->aws_bytes);
+    return ei_attention_prefill(ctx, &ax, &L->tq, &L->tk, &L->tv, &L->plan, &L->to, 0);
 }
 /* plan memory (every array) and output, bit for bit; 1 if equal */
 static int layer_same(const layer *a, const layer *b) {
@@ -259,7 +286,7 @@ static void prefill_graph(void) {
         CU(cudaStreamSynchronize(st));
         CHECK_OK(ei_cuda_status(capt));
         CHECK(layer_same(&G, &E), "deferred eager run differs from the synchronous one");
-        r = ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, &G.plan, &G.to, 0, 0, 1, NULL, 0);
+        r = ei_attention_prefill(capt, NULL, &G.tq, &G.tk, &G.tv, &G.plan, &G.to, 0);
         CHECK(r == EI_ERR_NULL, "deferred attention without its workspace: %s", ei_result_name(r));
     }
     { /* attention's own report (dense, eager, deferred): NaN in q, nothing written */
@@ -268,7 +295,8 @@ static void prefill_graph(void) {
         q[(size_t)2500 * nh * D + 3 * D + 17] = 0x7FC0;
         layer_put(&G, q, k, v);
         CU(cudaMemset(G.out, 0x5A, nq * 2));
-        CHECK_OK(ei_attention_prefill(capt, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0, 0, 1, G.aws, G.aws_bytes));
+        ei_exec ax = ex(G.aws, G.aws_bytes);
+        CHECK_OK(ei_attention_prefill(capt, &ax, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0));
         CU(cudaStreamSynchronize(st));
         r = ei_cuda_status(capt);
         CHECK(r == EI_ERR_NONFINITE && strstr(ei_last_error(), "attention") && strstr(ei_last_error(), "token 2500"),
@@ -323,7 +351,7 @@ static void decode_graph(void) {
     c.cuda_stream = st;
     c.cuda_deferred_errors = 1;
     CHECK_OK(ei_context_create(&c, &ctx));
-    CHECK_OK(ei_decoder_size(ctx, nh, D, &dec_bytes));
+    dec_bytes = sizes_of(ctx, n, nh, nkv, D, 0).decoder;
     CU(cudaMalloc(&dec_mem, dec_bytes));
     CHECK_OK(ei_decoder_init(ctx, &dec, nh, nkv, D, dec_mem, dec_bytes));
     CU(cudaMalloc(&dq, nq * 2));
@@ -422,7 +450,8 @@ typedef struct chunk_arg {
 } chunk_arg;
 static ei_result chunk_call_run(void *arg) {
     chunk_arg *a = (chunk_arg *)arg;
-    return ei_profile_chunk(a->ctx, a->q, a->k, a->plan, a->q_pos, a->is_final, a->ws, a->wsb);
+    ei_exec x = ex(a->ws, a->wsb);
+    return ei_profile_chunk(a->ctx, &x, a->q, a->k, a->plan, a->q_pos, a->is_final);
 }
 /* the plan arrays (not the state region: its unused parts are not cleared) and fields, bit for bit */
 static int chunk_plans_same(const ei_plan *a, const ei_plan *b) {
@@ -447,6 +476,7 @@ static void chunk_graph(void) {
     void *dq, *dk, *pm_e, *pm_g, *ws_e, *ws_g;
     ei_plan pe, pg;
     ei_tensor tk, q0, q1;
+    ei_exec xe, xg;
     int step;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     c.backend = EI_BACKEND_CUDA;
@@ -462,15 +492,20 @@ static void chunk_graph(void) {
     tk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
     q0 = ei_tensor_make(dq, EI_BF16, 700, nh, D);
     q1 = ei_tensor_make((const uint16_t *)dq + (size_t)700 * nh * D, EI_BF16, 600, nh, D);
-    CHECK_OK(ei_plan_size(eager, n, nkv, D, EI_PLAN_CHUNKED, &pbytes));
-    CHECK_OK(ei_profile_workspace_size(eager, n, nh, nkv, D, &wsb));
+    {
+        ei_sizes z = sizes_of(eager, n, nh, nkv, D, EI_PLAN_CHUNKED);
+        pbytes = z.plan;
+        wsb = z.profile;
+    }
     CU(cudaMalloc(&pm_e, pbytes)); CU(cudaMalloc(&pm_g, pbytes));
     CU(cudaMalloc(&ws_e, wsb)); CU(cudaMalloc(&ws_g, wsb));
     CHECK_OK(ei_plan_init(eager, &pe, n, nkv, D, EI_PLAN_CHUNKED, pm_e, pbytes));
     CHECK_OK(ei_plan_init(capt, &pg, n, nkv, D, EI_PLAN_CHUNKED, pm_g, pbytes));
     /* the first chunk eagerly on both (the mode outside a graph) */
-    CHECK_OK(ei_profile_chunk(eager, &q0, &tk, &pe, 0, 0, ws_e, wsb));
-    CHECK_OK(ei_profile_chunk(capt, &q0, &tk, &pg, 0, 0, ws_g, wsb));
+    xe = ex(ws_e, wsb);
+    xg = ex(ws_g, wsb);
+    CHECK_OK(ei_profile_chunk(eager, &xe, &q0, &tk, &pe, 0, 0));
+    CHECK_OK(ei_profile_chunk(capt, &xg, &q0, &tk, &pg, 0, 0));
     CU(cudaStreamSynchronize(st));
     CHECK_OK(ei_cuda_status(capt));
     for (step = 0; step < 2; step++) { /* the next chunk, then a final call without queries, captured */
@@ -489,7 +524,7 @@ static void chunk_graph(void) {
         CU(cudaStreamSynchronize(st));
         r = ei_cuda_status(capt);
         CHECK(r == EI_OK, "chunk replay %d: status %s (%s)", step, ei_result_name(r), ei_last_error());
-        CHECK_OK(ei_profile_chunk(eager, step ? NULL : &q1, &tk, &pe, a.q_pos, step, ws_e, wsb));
+        CHECK_OK(ei_profile_chunk(eager, &xe, step ? NULL : &q1, &tk, &pe, a.q_pos, step));
         same = chunk_plans_same(&pg, &pe);
         CHECK(same, "chunk replay %d: the plan differs from the eager call's", step);
         printf("  captured %s (%d nodes), replayed: plan %s the eager call's\n",
@@ -644,8 +679,11 @@ static void dscene_make(dscene *s, int per_kv_head) {
     CHECK_OK(ei_context_create(&c, &s->eager));
     c.cuda_deferred_errors = 1;
     CHECK_OK(ei_context_create(&c, &s->capt));
-    CHECK_OK(ei_decoder_size(s->eager, DG_NH, DG_D, &s->dec_bytes));
-    CHECK_OK(ei_decode_workspace_size(s->eager, DG_N, DG_NH, DG_NKV, &s->ws_bytes));
+    {
+        ei_sizes z = sizes_of(s->eager, DG_N, DG_NH, DG_NKV, DG_D, 0);
+        s->dec_bytes = z.decoder;
+        s->ws_bytes = z.decode_keep;
+    }
 }
 static void dscene_free(dscene *s) {
     ei_context_destroy(s->eager); ei_context_destroy(s->capt);
@@ -677,9 +715,10 @@ typedef struct keep_call {
 } keep_call;
 static ei_result keep_call_run(void *arg) {
     keep_call *a = (keep_call *)arg;
+    ei_exec x = ex(a->ws, a->wsb);
     ei_result r = ei_decode_observe(a->ctx, a->dec, a->q, a->dec->position_end, 1);
     if (r != EI_OK) return r;
-    return ei_decode_keep(a->ctx, a->dec, a->k, a->keep, a->ws, a->wsb);
+    return ei_decode_keep(a->ctx, &x, a->dec, a->k, a->keep);
 }
 
 /* maps: 0 none, 1 one per kv head (stride DG_N), 2 one for every kv head */
@@ -689,6 +728,7 @@ static void keep_graph(int maps) {
     dscene s;
     ei_decoder dE, dG;
     void *mE, *mG, *ring, *wsE, *wsG, *dk, *dqp, *dqg;
+    ei_exec xE, xG;
     int32_t *rp_h = (int32_t *)malloc((size_t)DG_NKV * DG_N * 4), *rp_d = NULL;
     size_t nk = (size_t)DG_N * DG_NKV * DG_D, nqp = (size_t)DG_P * DG_NH * DG_D, nqg = (size_t)DG_NH * DG_D;
     uint16_t *k = (uint16_t *)malloc(nk * 2), *qp = (uint16_t *)malloc(nqp * 2), *qg = (uint16_t *)malloc(nqg * 2);
@@ -707,6 +747,8 @@ static void keep_graph(int maps) {
     dec_make(&s, s.capt, &dG, &mG);
     CU(cudaMalloc(&ring, (size_t)DG_W * DG_NH * DG_D * 4));
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
+    xE = ex(wsE, s.ws_bytes);
+    xG = ex(wsG, s.ws_bytes);
     CU(cudaMalloc(&dk, nk * 2)); CU(cudaMalloc(&dqp, nqp * 2)); CU(cudaMalloc(&dqg, nqg * 2));
     tk = ei_tensor_make(dk, EI_BF16, DG_N, DG_NKV, DG_D);
     tqp = ei_tensor_make(dqp, EI_BF16, DG_P, DG_NH, DG_D);
@@ -784,7 +826,7 @@ static void keep_graph(int maps) {
         dec_sync(&dE, &dG, ring, n0, s.st);
         dkeep_clear(&kE, s.st);
         re = ei_decode_observe(s.eager, &dE, &tqg, dE.position_end, 1);
-        if (re == EI_OK) re = ei_decode_keep(s.eager, &dE, &tk, &kE.ks, wsE, s.ws_bytes);
+        if (re == EI_OK) re = ei_decode_keep(s.eager, &xE, &dE, &tk, &kE.ks);
         snprintf(emsg, sizeof emsg, "%s", re == EI_OK ? "" : ei_last_error());
         if (!fault) {
             int same;
@@ -816,7 +858,7 @@ static void keep_graph(int maps) {
     }
     if (maps) { /* fewer rows than decode_budget with a row map: refused at call time in the mode */
         ei_tensor tk80 = ei_tensor_make(dk, EI_BF16, 80, DG_NKV, DG_D);
-        r = ei_decode_keep(s.capt, &dG, &tk80, &kG.ks, wsG, s.ws_bytes);
+        r = ei_decode_keep(s.capt, &xG, &dG, &tk80, &kG.ks);
         CHECK(r == EI_ERR_UNSUPPORTED && strstr(ei_last_error(), "decode_budget"),
               "keep with a row map over 80 < decode_budget rows in the mode: %s (%s)", ei_result_name(r), ei_last_error());
         printf("  %s, 80 rows < decode_budget: %s at call time: %s\n", name, ei_result_name(r), ei_last_error());
@@ -845,15 +887,17 @@ typedef struct select_call {
 } select_call;
 static ei_result select_call_run(void *arg) {
     select_call *a = (select_call *)arg;
-    ei_result r = ei_decode_score(a->ctx, a->dec, a->k, a->rp, a->stride, a->scores, 0, 1, a->ws, a->wsb);
+    ei_exec x = ex(a->ws, a->wsb);
+    ei_result r = ei_decode_score(a->ctx, &x, a->dec, a->k, a->rp, a->stride, a->scores);
     if (r != EI_OK) return r;
-    return ei_decode_select(a->ctx, a->dec, a->scores, a->k->n_tokens, a->keep, a->ws, a->wsb);
+    return ei_decode_select(a->ctx, &x, a->dec, a->scores, a->k->n_tokens, a->keep);
 }
 static void score_select_graph(int maps) {
     const char *name = maps ? "score + select, a row map per kv head" : "score + select, no row map";
     dscene s;
     ei_decoder dE, dG;
     void *mE, *mG, *wsE, *wsG, *dk, *dqp;
+    ei_exec xE;
     float *scE, *scG;
     int32_t *rp_h = (int32_t *)malloc((size_t)DG_NKV * DG_N * 4), *rp = (int32_t *)malloc((size_t)DG_NKV * DG_N * 4),
             *rp_d = NULL;
@@ -873,6 +917,7 @@ static void score_select_graph(int maps) {
     dec_make(&s, s.eager, &dE, &mE);
     dec_make(&s, s.capt, &dG, &mG);
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
+    xE = ex(wsE, s.ws_bytes);
     CU(cudaMalloc(&dk, nk * 2)); CU(cudaMalloc(&dqp, nqp * 2));
     CU(cudaMalloc((void **)&scE, nsc * 4)); CU(cudaMalloc((void **)&scG, nsc * 4));
     tk = ei_tensor_make(dk, EI_BF16, DG_N, DG_NKV, DG_D);
@@ -932,8 +977,8 @@ static void score_select_graph(int maps) {
         dkeep_clear(&kE, s.st);
         CU(cudaMemset(scE, 0x33, nsc * 4));
         dE.last_compress = -1;
-        re = ei_decode_score(s.eager, &dE, &tk, rp_d, maps ? DG_N : 0, scE, 0, 1, wsE, s.ws_bytes);
-        if (re == EI_OK) re = ei_decode_select(s.eager, &dE, scE, DG_N, &kE.ks, wsE, s.ws_bytes);
+        re = ei_decode_score(s.eager, &xE, &dE, &tk, rp_d, maps ? DG_N : 0, scE);
+        if (re == EI_OK) re = ei_decode_select(s.eager, &xE, &dE, scE, DG_N, &kE.ks);
         snprintf(emsg, sizeof emsg, "%s", re == EI_OK ? "" : ei_last_error());
         if (!fault) {
             int same_scores, same_keep;
@@ -977,15 +1022,16 @@ typedef struct shared_call {
 } shared_call;
 static ei_result shared_call_run(void *arg) {
     shared_call *a = (shared_call *)arg;
+    ei_exec x = ex(a->ws, a->wsb);
     ei_result r;
     int layer;
     if (cudaMemsetAsync(a->shared, 0, (size_t)DG_N * 4, a->st) != cudaSuccess) return EI_ERR_BACKEND;
     for (layer = 0; layer < 2; layer++) {
-        r = ei_decode_score(a->ctx, a->dec[layer], a->k[layer], a->rp, 0, a->scores, 0, 1, a->ws, a->wsb);
-        if (r == EI_OK) r = ei_decode_shared_add(a->ctx, a->dec[layer], a->scores, DG_N, a->rp, a->shared, a->ws, a->wsb);
+        r = ei_decode_score(a->ctx, &x, a->dec[layer], a->k[layer], a->rp, 0, a->scores);
+        if (r == EI_OK) r = ei_decode_shared_add(a->ctx, &x, a->dec[layer], a->scores, DG_N, a->rp, a->shared);
         if (r != EI_OK) return r;
     }
-    return ei_decode_select_shared(a->ctx, a->dec[1], a->shared, DG_N, a->keep, a->ws, a->wsb);
+    return ei_decode_select_shared(a->ctx, &x, a->dec[1], a->shared, DG_N, a->keep);
 }
 typedef struct select_shared_call {
     ei_context *ctx;
@@ -997,13 +1043,15 @@ typedef struct select_shared_call {
 } select_shared_call;
 static ei_result select_shared_call_run(void *arg) {
     select_shared_call *a = (select_shared_call *)arg;
-    return ei_decode_select_shared(a->ctx, a->dec, a->shared, DG_N, a->keep, a->ws, a->wsb);
+    ei_exec x = ex(a->ws, a->wsb);
+    return ei_decode_select_shared(a->ctx, &x, a->dec, a->shared, DG_N, a->keep);
 }
 static void shared_graph(void) {
     const char *name = "shared keep set over two layers, one row map";
     dscene s;
     ei_decoder dE[2], dG[2];
     void *mE[2], *mG[2], *wsE, *wsG, *dk[2], *dqp;
+    ei_exec xE;
     float *scE, *scG, *shE, *shG, *shX;
     int32_t *rp_h = (int32_t *)malloc((size_t)DG_N * 4), *rp = (int32_t *)malloc((size_t)DG_N * 4), *rp_d;
     size_t nk = (size_t)DG_N * DG_NKV * DG_D, nqp = (size_t)DG_P * DG_NH * DG_D, nsc = (size_t)DG_NH * DG_N;
@@ -1022,6 +1070,7 @@ static void shared_graph(void) {
 
     dscene_make(&s, 1);
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
+    xE = ex(wsE, s.ws_bytes);
     CU(cudaMalloc(&dqp, nqp * 2));
     CU(cudaMalloc((void **)&scE, nsc * 4)); CU(cudaMalloc((void **)&scG, nsc * 4));
     CU(cudaMalloc((void **)&shE, DG_N * 4)); CU(cudaMalloc((void **)&shG, DG_N * 4)); CU(cudaMalloc((void **)&shX, DG_N * 4));
@@ -1085,10 +1134,10 @@ static void shared_graph(void) {
         re = EI_OK;
         for (layer = 0; layer < 2 && re == EI_OK; layer++) {
             dE[layer].last_compress = -1;
-            re = ei_decode_score(s.eager, &dE[layer], &tk[layer], rp_d, 0, scE, 0, 1, wsE, s.ws_bytes);
-            if (re == EI_OK) re = ei_decode_shared_add(s.eager, &dE[layer], scE, DG_N, rp_d, shE, wsE, s.ws_bytes);
+            re = ei_decode_score(s.eager, &xE, &dE[layer], &tk[layer], rp_d, 0, scE);
+            if (re == EI_OK) re = ei_decode_shared_add(s.eager, &xE, &dE[layer], scE, DG_N, rp_d, shE);
         }
-        if (re == EI_OK) re = ei_decode_select_shared(s.eager, &dE[1], shE, DG_N, &kE.ks, wsE, s.ws_bytes);
+        if (re == EI_OK) re = ei_decode_select_shared(s.eager, &xE, &dE[1], shE, DG_N, &kE.ks);
         snprintf(emsg, sizeof emsg, "%s", re == EI_OK ? "" : ei_last_error());
         if (!fault) {
             int same_shared, same_keep;
@@ -1133,7 +1182,7 @@ static void shared_graph(void) {
         CU(cudaGraphLaunch(exec, s.st));
         CU(cudaStreamSynchronize(s.st));
         dkeep_clear(&kE, s.st);
-        re = ei_decode_select_shared(s.eager, &dE[1], shX, DG_N, &kE.ks, wsE, s.ws_bytes);
+        re = ei_decode_select_shared(s.eager, &xE, &dE[1], shX, DG_N, &kE.ks);
         snprintf(emsg, sizeof emsg, "%s", re == EI_OK ? "" : ei_last_error());
         if (rep != 1) {
             int same;

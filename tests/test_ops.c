@@ -18,6 +18,12 @@
    runs). The last lines: checks by operation, runs by path, near-ties, then
    check_summary.
 
+   Every case also runs its other ways (the table's `ways`: the whole call
+   on one thread, on nth threads, nth parts with one shared workspace, in
+   order or reversed) on each of these, and compares each with the case's
+   first way on the same path: bit for bit where the library promises it
+   (ops_ways_exact), else within the operation's tolerance.
+
    A new case is a row of ops_cases[] (tests/ops_cases.h); a new operation an
    OP_* with its run (ops_run_*), what ops_compare compares of it, and its
    tolerance in check.h's test_tols, which every comparing test reads; a new
@@ -33,9 +39,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The case's first way on side s, reps times (the best time in *best): first. */
+static void run_first(const ops_data *D, const side *s, int reps, double *best, ops_result *first) {
+    int rep;
+    for (rep = 0; rep < reps; ++rep) {
+        if (rep) ops_result_free(first);
+        ops_run(D, s, first);
+        if (!rep || first->seconds < *best) *best = first->seconds;
+    }
+}
+/* The case's other ways on side s, each against its first way's run there;
+   returns the near-ties seen, counts the runs in *n_runs. */
+static int run_other_ways(const ops_data *D, const side *s, const char *who, ei_simd path, const ops_result *first,
+                          int *n_runs) {
+    const char *w = D->cs->ways;
+    char wf = ops_first_way(D->cs), name[400];
+    int i, knife = 0;
+    for (i = 1; w && w[0] != '-' && w[i]; ++i) {
+        ops_result got;
+        snprintf(name, sizeof name, "%s, way '%c' against '%c'", who, w[i], wf);
+        ops_run_way(D, s, w[i], &got);
+        knife += ops_compare_ways(name, D, first, &got, s->gpu, path, wf, w[i]);
+        ops_result_free(&got);
+        (*n_runs)++;
+    }
+    return knife;
+}
+
 int main(int argc, char **argv) {
     int quick = 0, perf = 0, require_gpu = 0, only = -1, have_gpu, i, p, ci, runs[TEST_SIMD_END + 1], knife = 0;
-    int gpu_runs = 0, gpu_refused = 0, cases_run = 0, op_checks[OP_COUNT], op_cases[OP_COUNT];
+    int gpu_runs = 0, gpu_refused = 0, cases_run = 0, op_checks[OP_COUNT], op_cases[OP_COUNT], way_runs = 0;
     double scale = 1.0;
     double t_start = ops_now();
     ei_config probe_cfg = ei_config_default();
@@ -80,7 +113,7 @@ int main(int argc, char **argv) {
         ops_result ref;
         char name[256], who[320];
         side s;
-        int f0 = failures, c0 = checks, reps = perf ? 3 : 1, rep;
+        int f0 = failures, c0 = checks, reps = perf ? 3 : 1;
         double best[3] = {0, 0, 0};
         if (only >= 0 && ci != only) continue;
         if (scale > 0 && scale != 1.0) cs.n = (int32_t)(cs.n * scale) > 100 ? (int32_t)(cs.n * scale) : 100;
@@ -92,15 +125,12 @@ int main(int argc, char **argv) {
             ei_config c = D.c;
             c.simd = EI_SIMD_SCALAR;
             s = side_make(0, c);
-            for (rep = 0; rep < reps; ++rep) {
-                if (rep) ops_result_free(&ref);
-                ops_run(&D, &s, &ref);
-                if (!rep || ref.seconds < best[0]) best[0] = ref.seconds;
-            }
+            run_first(&D, &s, reps, &best[0], &ref);
             snprintf(who, sizeof who, "[%d] %s: scalar", ci, name);
             CHECK(ref.r == EI_OK, "%s: %s (%s)", who, ei_result_name(ref.r), ei_last_error());
             CHECK(ref.intact, "%s: wrote outside its output's elements", who);
             ops_check_ref(who, &D, &ref);
+            knife += run_other_ways(&D, &s, who, EI_SIMD_SCALAR, &ref, &way_runs);
             side_free(&s);
             runs[EI_SIMD_SCALAR]++;
         }
@@ -110,13 +140,10 @@ int main(int argc, char **argv) {
             if (!test_simd_selected((ei_simd)p)) continue;
             c.simd = (ei_simd)p;
             s = side_make(0, c);
-            for (rep = 0; rep < reps; ++rep) {
-                if (rep) ops_result_free(&got);
-                ops_run(&D, &s, &got);
-                if (!rep || got.seconds < best[1]) best[1] = got.seconds;
-            }
+            run_first(&D, &s, reps, &best[1], &got);
             snprintf(who, sizeof who, "[%d] %s: %s", ci, name, ei_simd_name((ei_simd)p));
             knife += ops_compare(who, &D, &ref, &got, 0, (ei_simd)p);
+            knife += run_other_ways(&D, &s, who, (ei_simd)p, &got, &way_runs);
             ops_result_free(&got);
             side_free(&s);
             runs[p]++;
@@ -124,11 +151,7 @@ int main(int argc, char **argv) {
         if (have_gpu) {
             ops_result got;
             s = side_make(1, D.c);
-            for (rep = 0; rep < reps; ++rep) {
-                if (rep) ops_result_free(&got);
-                ops_run(&D, &s, &got);
-                if (!rep || got.seconds < best[2]) best[2] = got.seconds;
-            }
+            run_first(&D, &s, reps, &best[2], &got);
             snprintf(who, sizeof who, "[%d] %s: cuda", ci, name);
             if (ops_gpu_runs(&cs)) {
                 knife += ops_compare(who, &D, &ref, &got, 1, EI_SIMD_AUTO);
@@ -138,6 +161,7 @@ int main(int argc, char **argv) {
                       ei_result_name(got.r));
                 gpu_refused++;
             }
+            knife += run_other_ways(&D, &s, who, EI_SIMD_AUTO, &got, &way_runs);
             ops_result_free(&got);
             side_free(&s);
         }
@@ -157,7 +181,7 @@ int main(int argc, char **argv) {
     for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p)
         if (runs[p]) printf(" %s %d", ei_simd_name((ei_simd)p), runs[p]);
     if (have_gpu) printf(" cuda %d (and %d refused as documented)", gpu_runs, gpu_refused);
-    printf("; near-ties and knife-edges %d; %.1f s\n", knife, ops_now() - t_start);
+    printf("; other ways %d; near-ties and knife-edges %d; %.1f s\n", way_runs, knife, ops_now() - t_start);
     printf("test_ops: %d cases %s\n", cases_run, failures ? "FAILED" : "passed");
     return check_summary();
 }

@@ -32,6 +32,26 @@ static int calls_total(void) {
     return n;
 }
 
+/* How a call runs (ei_exec): n threads, or part ith of nth, with one workspace. */
+static ei_exec ex(int32_t n_threads, void *ws, size_t bytes) {
+    ei_exec e;
+    memset(&e, 0, sizeof e);
+    e.n_threads = n_threads; e.workspace = ws; e.workspace_bytes = bytes;
+    return e;
+}
+static ei_exec part(int32_t ith, int32_t nth, void *ws, size_t bytes) {
+    ei_exec e = ex(0, ws, bytes);
+    e.ith = ith; e.nth = nth;
+    return e;
+}
+/* A layer's sizes for n threads (or parts). */
+static ei_result sizes_of(const ei_context *ctx, int64_t T, int32_t H, int32_t kv, int32_t d, int32_t n, ei_sizes *s) {
+    ei_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = T; sh.n_heads = H; sh.n_kv_heads = kv; sh.head_dim = d; sh.n_threads = n;
+    return ei_layer_sizes(ctx, &sh, s);
+}
+
 static void test_result_table(void) {
     int r;
     for (r = EI_RESULT_MIN_; r <= 0; ++r)
@@ -78,18 +98,18 @@ static void test_loading(const char *dir) {
     g_log_calls = 0;
     c = cfg_with(nodev, EI_BACKEND_CUDA_OR_CPU);
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    CHECK(ctx && ei_context_backend(ctx) == EI_BACKEND_CPU, "CUDA_OR_CPU without a device runs on the CPU");
+    CHECK(ctx && ei_context_config(ctx)->backend == EI_BACKEND_CPU, "CUDA_OR_CPU without a device runs on the CPU");
     CHECK(g_log_calls >= 1 && strstr(g_logged, "running on the CPU") && strstr(g_logged, "no usable device"),
           "fallback not logged: '%s'", g_logged);
     ei_context_destroy(ctx);
     c = cfg_with("/nonexistent.so", EI_BACKEND_CUDA_OR_CPU);
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    CHECK(ctx && ei_context_backend(ctx) == EI_BACKEND_CPU, "fallback when the library is missing");
+    CHECK(ctx && ei_context_config(ctx)->backend == EI_BACKEND_CPU, "fallback when the library is missing");
     ei_context_destroy(ctx);
 
     c = cfg_with(good, EI_BACKEND_CUDA_OR_CPU);
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-    CHECK(ctx && ei_context_backend(ctx) == EI_BACKEND_CUDA, "CUDA_OR_CPU with a device runs on it");
+    CHECK(ctx && ei_context_config(ctx)->backend == EI_BACKEND_CUDA, "CUDA_OR_CPU with a device runs on it");
     ei_context_destroy(ctx);
 }
 
@@ -136,44 +156,65 @@ static void test_validate_once(const char *dir) {
         ei_keep_set ks;
         int32_t idx[2 * 64];
         void *dmem, *ws;
-        size_t dbytes, wsb;
+        size_t wsb;
         int before;
         ei_tensor bad;
         ei_out_tensor out_over;
+        ei_sizes sz;
+        ei_exec e, e4k, eb;
         layer_make(&L, 64, 4, 2, 8);
-        CHECK_ERR(ei_plan_alloc(x, &plan, 64, 2, 8, 0), EI_OK);
-        CHECK_ERR(ei_plan_alloc(small[b], &plan_small, 64, 2, 8, 0), EI_OK);
-        CHECK_ERR(ei_profile_workspace_size(x, 64, 4, 2, 8, &wsb), EI_OK);
+        CHECK_ERR(ei_plan_init(x, &plan, 64, 2, 8, 0, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(small[b], &plan_small, 64, 2, 8, 0, NULL, 0), EI_OK);
+        CHECK_ERR(sizes_of(x, 64, 4, 2, 8, 1, &sz), EI_OK);
+        wsb = sz.profile;
         ws = malloc(wsb > 4096 ? wsb : 4096);
-        CHECK_ERR(ei_decoder_size(x, 4, 8, &dbytes), EI_OK);
-        dmem = malloc(dbytes);
-        CHECK_ERR(ei_decoder_init(x, &dec, 4, 2, 8, dmem, dbytes), EI_OK);
+        e = ex(1, ws, wsb);
+        e4k = ex(1, ws, 4096);
+        dmem = malloc(sz.decoder);
+        CHECK_ERR(ei_decoder_init(x, &dec, 4, 2, 8, dmem, sz.decoder), EI_OK);
         if (b) memset(g_calls, 0, 32 * sizeof(int));
         before = b ? calls_total() : 0;
 
         /* bad calls: the header's codes on both backends, nothing reaches the plugin */
-        CHECK_ERR(ei_profile(x, NULL, &L.tk, &plan, ws, wsb), EI_ERR_NULL);
+        CHECK_ERR(ei_profile(x, &e, NULL, &L.tk, &plan), EI_ERR_NULL);
         bad = L.tq; bad.head_dim = 4; bad.head_stride = 4; bad.token_stride = 16;
-        CHECK_ERR(ei_profile(x, &bad, &L.tk, &plan, ws, wsb), EI_ERR_SHAPE);
+        CHECK_ERR(ei_profile(x, &e, &bad, &L.tk, &plan), EI_ERR_SHAPE);
         bad = L.tq; bad.n_heads = 3; bad.token_stride = 24;
-        CHECK_ERR(ei_profile(x, &bad, &L.tk, &plan, ws, wsb), EI_ERR_GQA);
+        CHECK_ERR(ei_profile(x, &e, &bad, &L.tk, &plan), EI_ERR_GQA);
         bad = L.tq; bad.n_tokens = 32;
-        CHECK_ERR(ei_profile(x, &bad, &L.tk, &plan, ws, wsb), EI_ERR_SHAPE);
-        CHECK_ERR(ei_profile(x, &L.tq, &L.tk, &plan_small, ws, wsb), EI_ERR_SHAPE); /* rows too short for the budgets */
-        CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, &plan_small, &L.to, 0, 0, 1, ws, wsb), EI_ERR_STATE);
+        CHECK_ERR(ei_profile(x, &e, &bad, &L.tk, &plan), EI_ERR_SHAPE);
+        CHECK_ERR(ei_profile(x, &e, &L.tq, &L.tk, &plan_small), EI_ERR_SHAPE); /* rows too short for the budgets */
+        CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &L.tk, &L.tv, &plan_small, &L.to, 0), EI_ERR_STATE);
         bad = L.tk; bad.token_stride = 4; /* tokens alias heads */
-        CHECK_ERR(ei_attention_prefill(x, &L.tq, &bad, &L.tv, NULL, &L.to, 0, 0, 1, ws, wsb), EI_ERR_STRIDE);
+        CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &bad, &L.tv, NULL, &L.to, 0), EI_ERR_STRIDE);
         out_over = ei_out_tensor_make(L.q, EI_F32, 64, 4, 8); /* out over q */
-        CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &out_over, 0, 0, 1, ws, wsb), EI_ERR_OVERLAP);
-        CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &L.to, 1, 0, 1, ws, wsb), EI_ERR_SHAPE);
-        CHECK_ERR(ei_profile_workspace_size(x, 64, 4, 3, 8, &wsb), EI_ERR_GQA);
-        CHECK_ERR(ei_attention_workspace_size(x, 4, 2, EI_MAX_HEAD_DIM + 1, &wsb), EI_ERR_SIZE);
-        CHECK_ERR(ei_decode_workspace_size(x, 0, 4, 2, &wsb), EI_ERR_SIZE);
-        CHECK_ERR(ei_decode_keep(x, &dec, &L.tk, NULL, ws, 4096), EI_ERR_NULL);
+        CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &L.tk, &L.tv, NULL, &out_over, 0), EI_ERR_OVERLAP);
+        CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &L.tk, &L.tv, NULL, &L.to, 1), EI_ERR_SHAPE);
+        CHECK_ERR(sizes_of(x, 64, 4, 3, 8, 1, &sz), EI_ERR_GQA);
+        CHECK_ERR(sizes_of(x, 64, 4, 2, EI_MAX_HEAD_DIM + 1, 1, &sz), EI_ERR_SIZE);
+        CHECK_ERR(sizes_of(x, 0, 4, 2, 8, 1, &sz), EI_ERR_SIZE);
+        CHECK_ERR(ei_decode_keep(x, &e4k, &dec, &L.tk, NULL), EI_ERR_NULL);
+        /* how a call runs (ei_exec): the header's codes too */
+        eb = part(2, 2, ws, wsb); /* ith past nth */
+        CHECK_ERR(ei_profile(x, &eb, &L.tq, &L.tk, &plan), EI_ERR_SIZE);
+        eb = part(0, 2, ws, wsb); eb.n_threads = 2; /* threads and parts at once */
+        CHECK_ERR(ei_attention_prefill(x, &eb, &L.tq, &L.tk, &L.tv, NULL, &L.to, 0), EI_ERR_CONFIG);
+        eb = ex(-1, ws, wsb);
+        CHECK_ERR(ei_profile_chunk(x, &eb, &L.tq, &L.tk, &plan, 0, 1), EI_ERR_SIZE);
+        eb = ex(1, NULL, wsb); /* no workspace, but bytes */
+        CHECK_ERR(ei_profile(x, &eb, &L.tq, &L.tk, &plan), EI_ERR_NULL);
+        eb = part(1, 2, ws, 4096); /* decode keep sets run on threads; parts make score, then select */
+        CHECK_ERR(ei_decode_keep(x, &eb, &dec, &L.tk, NULL), EI_ERR_CONFIG);
+        CHECK(strstr(ei_last_error(), "ei_decode_score") != NULL, "%s", ei_last_error());
+        CHECK_ERR(ei_plan_init(x, &plan_small, 64, 2, 8, 0, NULL, 1024), EI_ERR_NULL); /* a failed allocation of the caller's */
+        /* part 0 of a bad call in parts: the same code on both backends */
+        bad = L.tq; bad.n_tokens = 32;
+        eb = part(0, 2, ws, wsb);
+        CHECK_ERR(ei_profile(x, &eb, &bad, &L.tk, &plan), EI_ERR_SHAPE);
         memset(&ks, 0, sizeof ks);
         ks.heads_out = 2; ks.capacity = 64; ks.index = idx; ks.n_kept = 3; ks.n_tokens = 64; ks.compressed = 1;
         idx[0] = 0; idx[1] = 5; idx[2] = 9; idx[64] = 1; idx[65] = 2; idx[66] = 3;
-        CHECK_ERR(ei_decode_keep(x, &dec, &L.tk, &ks, ws, 4096), EI_ERR_STATE); /* nothing observed */
+        CHECK_ERR(ei_decode_keep(x, &e4k, &dec, &L.tk, &ks), EI_ERR_STATE); /* nothing observed */
         {
             ei_out_tensor kc = ei_out_tensor_make(L.k, EI_F32, 64, 2, 8);
             ei_out_tensor vc = ei_out_tensor_make(L.v, EI_F32, 64, 2, 8);
@@ -189,17 +230,16 @@ static void test_validate_once(const char *dir) {
 
         /* good calls reach the plugin once each (and run on the CPU) */
         if (b) memset(g_calls, 0, 32 * sizeof(int));
-        CHECK_ERR(ei_profile(x, &L.tq, &L.tk, &plan, ws, wsb), EI_OK);
+        CHECK_ERR(ei_profile(x, &e, &L.tq, &L.tk, &plan), EI_OK);
         {   /* an interleaved view: 2 kv heads of 8 dims, head stride 10, token stride 22 */
             float *kk = (float *)calloc(64 * 22, 4), *vv = (float *)calloc(64 * 22, 4);
             ei_tensor ki = ei_tensor_make(kk, EI_F32, 64, 2, 8), vi = ei_tensor_make(vv, EI_F32, 64, 2, 8);
-            size_t aws;
-            void *aw;
+            ei_exec ea;
             ki.head_stride = vi.head_stride = 10; ki.token_stride = vi.token_stride = 22;
-            CHECK_ERR(ei_attention_workspace_size(x, 4, 2, 8, &aws), EI_OK);
-            aw = malloc(aws ? aws : 1);
-            CHECK_ERR(ei_attention_prefill(x, &L.tq, &ki, &vi, &plan, &L.to, 0, 0, 1, aw, aws), EI_OK);
-            free(aw); free(kk); free(vv);
+            CHECK_ERR(sizes_of(x, 64, 4, 2, 8, 1, &sz), EI_OK);
+            ea = ex(1, malloc(sz.prefill ? sz.prefill : 1), sz.prefill);
+            CHECK_ERR(ei_attention_prefill(x, &ea, &L.tq, &ki, &vi, &plan, &L.to, 0), EI_OK);
+            free(ea.workspace); free(kk); free(vv);
         }
         {   /* fewer observed queries than the window: accepted */
             ei_tensor q5 = L.tq;
@@ -220,21 +260,43 @@ static void test_validate_once(const char *dir) {
             CHECK(strstr(ei_last_error(), "EI_ERR_STATE") != NULL, "%s", ei_last_error());
             ei_plan_free(x, &plan);
             CHECK(g_calls[1] == frees + 1 && plan.owned_memory == NULL, "ei_plan_free(ctx, device plan) frees it once");
-            { /* chunked planning: every kv head in one call reaches the plugin (profile_chunk, ABI 7); kv-head
-                 ranges stay on the CPU and say what to call instead */
+            { /* chunked planning: every kv head in one call reaches the plugin (profile_chunk, ABI 7); in parts,
+                 part 0 makes that call and the others return EI_OK, and a call on threads is the same one call */
                 ei_plan chunked;
                 void *pm = malloc(1 << 20);
                 int before = g_calls[18];
+                ei_exec p0 = part(0, 2, ws, wsb), p1 = part(1, 2, ws, wsb), t2 = ex(2, ws, wsb);
                 CHECK_ERR(ei_plan_init(x, &chunked, 64, 2, 8, EI_PLAN_CHUNKED, pm, 1 << 20), EI_OK);
-                CHECK_ERR(ei_profile_chunk_heads(x, &L.tq, &L.tk, &chunked, 0, 1, 0, 1, ws, wsb), EI_ERR_UNSUPPORTED);
-                CHECK(strstr(ei_last_error(), "call ei_profile_chunk") != NULL, "%s", ei_last_error());
-                CHECK_ERR(ei_profile_chunk(x, &L.tq, &L.tk, &chunked, 0, 1, ws, wsb), EI_OK);
+                CHECK_ERR(ei_profile_chunk(x, &p1, &L.tq, &L.tk, &chunked, 0, 1), EI_OK);
+                CHECK(g_calls[18] == before && chunked.n_tokens == 0, "part 1 of 2 reached the plugin (%d calls) or "
+                      "moved the plan (%lld tokens)", g_calls[18] - before, (long long)chunked.n_tokens);
+                CHECK_ERR(ei_profile_chunk(x, &p0, &L.tq, &L.tk, &chunked, 0, 1), EI_OK);
+                CHECK_ERR(ei_plan_finalize(x, &chunked), EI_OK);
                 CHECK(g_calls[18] == before + 1 && chunked.n_tokens == 64 && chunked.final == 1,
                       "profile_chunk calls %d (1 expected), plan covers %lld tokens, final %d", g_calls[18] - before,
                       (long long)chunked.n_tokens, (int)chunked.final);
-                CHECK_ERR(ei_profile_chunk(x, NULL, &L.tk, &chunked, 32, 1, ws, wsb), EI_ERR_STATE);
-                CHECK(g_calls[18] == before + 1, "a refused call reached the plugin");
+                CHECK_ERR(ei_profile_chunk(x, &t2, &L.tq, &L.tk, &chunked, 0, 1), EI_OK);
+                CHECK(g_calls[18] == before + 2, "a call on 2 threads: %d plugin calls (1 expected)", g_calls[18] - before - 1);
+                CHECK_ERR(ei_profile_chunk(x, &e, NULL, &L.tk, &chunked, 32, 1), EI_ERR_STATE);
+                CHECK(g_calls[18] == before + 2, "a refused call reached the plugin");
                 free(pm);
+            }
+            { /* prefill and decode attention in parts: part 0 launches, once; the merge launches nothing */
+                ei_exec p[2];
+                ei_out_tensor o1 = L.to;
+                ei_tensor q1 = L.tq;
+                int i, attn = g_calls[9];
+                CHECK_ERR(sizes_of(x, 64, 4, 2, 8, 2, &sz), EI_OK);
+                p[0] = part(0, 2, malloc(sz.workspace ? sz.workspace : 1), sz.workspace);
+                p[1] = part(1, 2, p[0].workspace, sz.workspace);
+                for (i = 0; i < 2; ++i) CHECK_ERR(ei_attention_prefill(x, &p[i], &L.tq, &L.tk, &L.tv, NULL, &L.to, 0), EI_OK);
+                CHECK(g_calls[9] == attn + 1, "prefill in 2 parts: %d plugin calls (1 expected)", g_calls[9] - attn);
+                q1.n_tokens = 1; o1.n_tokens = 1;
+                for (i = 0; i < 2; ++i) CHECK_ERR(ei_attention_decode(x, &p[i], &q1, &L.tk, &L.tv, NULL, &o1, 63), EI_OK);
+                for (i = 0; i < 2; ++i) CHECK_ERR(ei_attention_decode_merge(x, &p[i], &o1), EI_OK);
+                CHECK(g_calls[9] == attn + 2, "decode in 2 parts and its merge: %d plugin calls (1 expected)",
+                      g_calls[9] - attn - 1);
+                free(p[0].workspace);
             }
         } else {
             ei_plan_free(x, &plan);
@@ -259,6 +321,8 @@ static void test_antidiag_refused(const char *dir) {
     void *ws, *pm = malloc(1 << 20);
     size_t wsb = 1 << 16;
     int before;
+    ei_sizes sz;
+    ei_exec e, e2, p0;
     snprintf(good, sizeof good, "%s/fake_cuda.so", dir);
     c = cfg_with(good, EI_BACKEND_CUDA);
     c.ranking = EI_RANK_ANTIDIAGONAL;
@@ -266,21 +330,23 @@ static void test_antidiag_refused(const char *dir) {
     if (!x) { free(pm); return; }
     layer_make(&L, 64, 4, 2, 8);
     ws = malloc(wsb);
-    CHECK_ERR(ei_plan_alloc(x, &plan, 64, 2, 8, 0), EI_OK);
+    e = ex(1, ws, wsb); e2 = ex(2, ws, wsb); p0 = part(0, 2, ws, wsb);
+    CHECK_ERR(ei_plan_init(x, &plan, 64, 2, 8, 0, NULL, 0), EI_OK);
     CHECK_ERR(ei_plan_init(x, &chunked, 64, 2, 8, EI_PLAN_CHUNKED, pm, 1 << 20), EI_OK);
     memset(g_calls, 0, 32 * sizeof(int));
     before = calls_total();
-    CHECK_ERR(ei_profile_workspace_size(x, 64, 4, 2, 8, &wsb), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(sizes_of(x, 64, 4, 2, 8, 1, &sz), EI_ERR_UNSUPPORTED); /* the profiling workspace cannot be sized */
     CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "%s", ei_last_error());
-    wsb = 1 << 16;
-    CHECK_ERR(ei_profile(x, &L.tq, &L.tk, &plan, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile(x, &e, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
     CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "%s", ei_last_error());
-    CHECK_ERR(ei_profile_mt(x, &L.tq, &L.tk, &plan, 2, ws, wsb), EI_ERR_UNSUPPORTED);
-    CHECK_ERR(ei_profile_chunk(x, &L.tq, &L.tk, &chunked, 0, 1, ws, wsb), EI_ERR_UNSUPPORTED);
-    CHECK_ERR(ei_profile_chunk_mt(x, &L.tq, &L.tk, &chunked, 0, 1, 2, ws, wsb), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile(x, &e2, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile(x, &p0, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile_chunk(x, &e, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile_chunk(x, &e2, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
+    CHECK_ERR(ei_profile_chunk(x, &p0, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
     CHECK(calls_total() == before && plan.n_tokens == 0 && chunked.n_tokens == 0,
           "a refused EI_RANK_ANTIDIAGONAL call reached the plugin (%d calls) or moved a plan", calls_total() - before);
-    CHECK_ERR(ei_attention_prefill(x, &L.tq, &L.tk, &L.tv, NULL, &L.to, 0, 0, 1, ws, wsb), EI_OK);
+    CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &L.tk, &L.tv, NULL, &L.to, 0), EI_OK);
     ei_plan_free(x, &plan);
     free(pm);
     free(ws);

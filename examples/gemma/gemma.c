@@ -617,7 +617,8 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
 #ifdef GEMMA_WITH_EI
     if (mode != GM_ATTN_DENSE_OWN) {
         ei_result r;
-        size_t b;
+        ei_shape shape;
+        ei_sizes sizes;
         s->ei_cfg = ei_cfg ? *(const ei_config *)ei_cfg : ei_config_default();
         s->ei_cfg.attn_scale = hp->attn_scale;
         if (s->ei_cfg.decode_scale == 0) s->ei_cfg.decode_scale = hp->attn_scale;
@@ -625,6 +626,19 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
             { gguf_fail(err, errlen, "entropyinfer: ei_context_create: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
         if (max_batch % s->ei_cfg.segment_size)
             { gguf_fail(err, errlen, "state: max_batch %d must be a multiple of segment_size %d", max_batch, s->ei_cfg.segment_size); goto bad; }
+        /* one workspace for every call of every global layer (they run one
+           after another): the pool's nth threads, max_ctx rows; and the
+           decoder's memory */
+        shape.max_tokens = max_ctx;
+        shape.n_heads = H;
+        shape.n_kv_heads = hp->n_kv_head;
+        shape.head_dim = D;
+        shape.plan_flags = EI_PLAN_CHUNKED;
+        shape.n_threads = nth;
+        if ((r = ei_layer_sizes(s->ei, &shape, &sizes)) != EI_OK)
+            { gguf_fail(err, errlen, "entropyinfer: ei_layer_sizes: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+        s->ei_ws_bytes = sizes.workspace;
+        s->ei_ws = malloc(s->ei_ws_bytes ? s->ei_ws_bytes : 1);
         s->plans = (ei_plan *)calloc((size_t)hp->n_layer, sizeof(ei_plan));
         s->decs = (ei_decoder *)calloc((size_t)hp->n_layer, sizeof(ei_decoder));
         s->dec_mem = (void **)calloc((size_t)hp->n_layer, sizeof(void *));
@@ -632,35 +646,19 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         for (l = 0; l < hp->n_layer; l++) {
             if (!m->layers[l].is_global) continue;
             if (mode == GM_ATTN_EI_SPARSE) {
-                if ((r = ei_plan_alloc(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED)) != EI_OK)
-                    { gguf_fail(err, errlen, "entropyinfer: ei_plan_alloc: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-                if ((r = ei_decoder_size(s->ei, H, D, &b)) != EI_OK)
-                    { gguf_fail(err, errlen, "entropyinfer: ei_decoder_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-                if (!(s->dec_mem[l] = malloc(b))) goto oom;
-                if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], b)) != EI_OK)
+                if ((r = ei_plan_init(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED, NULL, 0)) != EI_OK)
+                    { gguf_fail(err, errlen, "entropyinfer: ei_plan_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
+                if (!(s->dec_mem[l] = malloc(sizes.decoder))) goto oom;
+                if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], sizes.decoder)) != EI_OK)
                     { gguf_fail(err, errlen, "entropyinfer: ei_decoder_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
             }
         }
-        if ((r = ei_profile_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, D, &s->prof_ws_bytes)) != EI_OK)
-            { gguf_fail(err, errlen, "entropyinfer: ei_profile_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-        if ((r = ei_attention_workspace_size(s->ei, H, hp->n_kv_head, D, &s->attn_ws_bytes)) != EI_OK)
-            { gguf_fail(err, errlen, "entropyinfer: ei_attention_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-        if ((r = ei_decode_workspace_size(s->ei, max_ctx, H, hp->n_kv_head, &s->dec_ws_bytes)) != EI_OK)
-            { gguf_fail(err, errlen, "entropyinfer: ei_decode_workspace_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-        if ((r = ei_attention_decode_partials_size(s->ei, 1, H, D, nth, &s->attn_partials_bytes)) != EI_OK)
-            { gguf_fail(err, errlen, "entropyinfer: ei_attention_decode_partials_size: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
-        s->attn_ws_bytes = (s->attn_ws_bytes + 63) & ~(size_t)63;
-        s->attn_partials = (float *)malloc(s->attn_partials_bytes);
-        s->prof_nth = nth < hp->n_kv_head ? nth : hp->n_kv_head; /* ei_profile_chunk_mt's workspaces */
-        s->prof_ws = malloc(s->prof_ws_bytes ? s->prof_ws_bytes * (size_t)s->prof_nth : 1);
-        s->attn_ws = malloc(s->attn_ws_bytes * (size_t)nth + 1);
-        s->dec_ws = malloc(s->dec_ws_bytes ? s->dec_ws_bytes : 1);
         s->keep_index = (int32_t *)malloc((size_t)hp->n_kv_head * (size_t)max_ctx * sizeof(int32_t));
         s->ei_shared = getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) != 0;
         s->shared_scores = (float *)malloc((size_t)(H + 1) * (size_t)max_ctx * sizeof(float));
         s->row_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
         s->shared_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
-        if (!s->prof_ws || !s->attn_ws || !s->attn_partials || !s->dec_ws || !s->keep_index || !s->shared_scores || !s->row_pos || !s->shared_pos)
+        if (!s->ei_ws || !s->keep_index || !s->shared_scores || !s->row_pos || !s->shared_pos)
             goto oom;
     }
 #endif
@@ -688,7 +686,7 @@ void gm_state_free(gm_state *s) {
         ei_context_destroy(s->ei);
     }
     free(s->plans); free(s->decs); free(s->dec_mem);
-    free(s->prof_ws); free(s->attn_ws); free(s->attn_partials); free(s->dec_ws); free(s->keep_index);
+    free(s->ei_ws); free(s->keep_index);
     free(s->shared_scores); free(s->row_pos); free(s->shared_pos);
 #endif
     memset(s, 0, sizeof(*s));
@@ -731,26 +729,40 @@ typedef struct ei_attn_job {
     ei_result r[64];
 } ei_attn_job;
 
+/* How a call runs: part ith of nth on the pool's threads (nth >= 2), or a
+   whole call on n_threads threads; every call passes the state's one
+   workspace. */
+static ei_exec ei_run(const gm_state *s, int n_threads, int ith, int nth) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.ith = ith;
+    x.nth = nth;
+    x.workspace = s->ei_ws;
+    x.workspace_bytes = s->ei_ws_bytes;
+    return x;
+}
+
 static void ei_attn_task(void *arg, int ith, int nth) {
     ei_attn_job *j = (ei_attn_job *)arg;
     gm_state *s = j->s;
-    j->r[ith] = ei_attention_prefill(s->ei, &j->q, &j->k, &j->v, j->plan, &j->out, j->q_offset, ith, nth,
-                                     (char *)s->attn_ws + s->attn_ws_bytes * (size_t)ith, s->attn_ws_bytes);
+    ei_exec x = ei_run(s, 0, ith, nth);
+    j->r[ith] = ei_attention_prefill(s->ei, &x, &j->q, &j->k, &j->v, j->plan, &j->out, j->q_offset);
 }
 
 /* A decode step: the keys split over the pool's threads (every thread works
    though the model has one kv head), then the slices merged, after the
-   pool's join. */
+   pool's join; the partials live in the shared workspace. */
 static void ei_decode_task(void *arg, int ith, int nth) {
     ei_attn_job *j = (ei_attn_job *)arg;
     gm_state *s = j->s;
-    j->r[ith] = ei_attention_decode(s->ei, &j->q, &j->k, &j->v, &j->out, j->q_offset, ith, nth, s->attn_partials,
-                                    s->attn_partials_bytes, (char *)s->attn_ws + s->attn_ws_bytes * (size_t)ith,
-                                    s->attn_ws_bytes);
+    ei_exec x = ei_run(s, 0, ith, nth);
+    j->r[ith] = ei_attention_decode(s->ei, &x, &j->q, &j->k, &j->v, NULL, &j->out, j->q_offset);
 }
 static void ei_merge_task(void *arg, int ith, int nth) {
     ei_attn_job *j = (ei_attn_job *)arg;
-    j->r[ith] = ei_attention_decode_merge(j->s->ei, &j->out, j->s->attn_partials, j->s->attn_partials_bytes, ith, nth);
+    ei_exec x = ei_run(j->s, 0, ith, nth);
+    j->r[ith] = ei_attention_decode_merge(j->s->ei, &x, &j->out);
 }
 
 static int ei_check(gm_state *s, ei_result r, const char *what, char *err, size_t errlen) {
@@ -785,9 +797,9 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
         double tp = gm_now();
         /* every thread of the pool: with Gemma's one kv head, each segment's
            query min/max split by head and its block scores by block range */
-        if (ei_check(s, ei_profile_chunk_mt(s->ei, &j.q, &j.k, &s->plans[l], row0, is_final, gm_pool_size(s->pool),
-                                            s->prof_ws, s->prof_ws_bytes * (size_t)s->prof_nth),
-                     "ei_profile_chunk_mt", err, errlen))
+        ei_exec x = ei_run(s, gm_pool_size(s->pool), 0, 1);
+        if (ei_check(s, ei_profile_chunk(s->ei, &x, &j.q, &j.k, &s->plans[l], row0, is_final), "ei_profile_chunk", err,
+                     errlen))
             return -1;
         s->stats.t_profile += gm_now() - tp;
         plan = &s->plans[l];
@@ -795,7 +807,7 @@ static int ei_global_attention(gm_state *s, int l, int n, int64_t row0, int is_f
             return gguf_fail(err, errlen, "plan_hook failed at layer %d, rows %lld..%lld", l, (long long)row0, (long long)(row0 + n - 1));
     }
     j.plan = plan;
-    if (decode && n == 1) { /* the partials are sized for one token */
+    if (decode && n == 1) { /* a generated token (teacher-forced batches: prefill attention) */
         gm_pool_run(s->pool, ei_decode_task, &j);
         for (i = 0; i < gm_pool_size(s->pool); i++)
             if (ei_check(s, j.r[i], "ei_attention_decode", err, errlen)) return -1;
@@ -826,6 +838,7 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
     ei_keep_set keep;
     ei_tensor kt;
     ei_out_tensor ko, vo;
+    ei_exec x;
     double t0;
     if (!ei_layer_sparse(s, l) || !ei_decode_due(s->ei, &s->decs[l])) return 0;
     t0 = gm_now();
@@ -836,7 +849,8 @@ static int ei_maybe_compress(gm_state *s, int l, char *err, size_t errlen) {
     keep.capacity = (int32_t)s->max_ctx;
     keep.index = s->keep_index;
     kt = ei_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
-    if (ei_check(s, ei_decode_keep(s->ei, &s->decs[l], &kt, &keep, s->dec_ws, s->dec_ws_bytes), "ei_decode_keep", err, errlen))
+    x = ei_run(s, 1, 0, 1);
+    if (ei_check(s, ei_decode_keep(s->ei, &x, &s->decs[l], &kt, &keep), "ei_decode_keep", err, errlen))
         return -1;
     ko = ei_out_tensor_make(s->k_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
     vo = ei_out_tensor_make(s->v_cache[l], EI_F32, s->cache_len[l], hp->n_kv_head, hp->head_dim);
@@ -855,6 +869,7 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
     const int H = hp->n_head;
     float *scores = s->shared_scores, *shared = s->shared_scores + (size_t)H * (size_t)s->max_ctx;
     ei_keep_set keep;
+    const ei_exec x = ei_run(s, 1, 0, 1); /* the caller's thread alone */
     int64_t n = -1, j;
     int l;
     double t0;
@@ -871,9 +886,9 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
         if (!(s->m->layers[l].is_global && ei_layer_sparse(s, l))) continue;
         if (s->cache_len[l] != n) return gguf_fail(err, errlen, "engine: global layers hold %lld and %lld rows", (long long)n, (long long)s->cache_len[l]);
         kt = ei_tensor_make(s->k_cache[l], EI_F32, n, hp->n_kv_head, hp->head_dim);
-        if (ei_check(s, ei_decode_score(s->ei, &s->decs[l], &kt, s->row_pos, 0, scores, 0, 1, s->dec_ws, s->dec_ws_bytes),
-                     "ei_decode_score", err, errlen) ||
-            ei_check(s, ei_decode_shared_add(s->ei, &s->decs[l], scores, n, s->row_pos, shared, s->dec_ws, s->dec_ws_bytes),
+        if (ei_check(s, ei_decode_score(s->ei, &x, &s->decs[l], &kt, s->row_pos, 0, scores), "ei_decode_score", err,
+                     errlen) ||
+            ei_check(s, ei_decode_shared_add(s->ei, &x, &s->decs[l], scores, n, s->row_pos, shared),
                      "ei_decode_shared_add", err, errlen))
             return -1;
     }
@@ -884,8 +899,8 @@ static int ei_maybe_compress_shared(gm_state *s, char *err, size_t errlen) {
     keep.positions = s->shared_pos;
     keep.row_pos = s->row_pos;
     for (l = 0; l < hp->n_layer && !(s->m->layers[l].is_global && ei_layer_sparse(s, l)); l++) {}
-    if (ei_check(s, ei_decode_select_shared(s->ei, &s->decs[l], shared, n, &keep, s->dec_ws, s->dec_ws_bytes),
-                 "ei_decode_select_shared", err, errlen))
+    if (ei_check(s, ei_decode_select_shared(s->ei, &x, &s->decs[l], shared, n, &keep), "ei_decode_select_shared", err,
+                 errlen))
         return -1;
     for (l = 0; l < hp->n_layer; l++) {
         ei_out_tensor ko, vo;

@@ -146,11 +146,9 @@ typedef struct gm_state {
     ei_decoder *decs;
     void **dec_mem;
     void *plan_mem;
-    void *prof_ws; size_t prof_ws_bytes; /* per thread; prof_nth of them (ei_profile_chunk_mt) */
-    int prof_nth;
-    void *attn_ws; size_t attn_ws_bytes;   /* per thread, attn_ws_bytes each */
-    float *attn_partials; size_t attn_partials_bytes; /* a decode step's slices (ei_attention_decode), shared */
-    void *dec_ws; size_t dec_ws_bytes;
+    /* the one workspace of every ei_* call: ei_layer_sizes' for the pool's threads
+       (whole calls on threads and calls in parts alike; a decode step's partials in it) */
+    void *ei_ws; size_t ei_ws_bytes;
     int32_t *keep_index;
     int prompt_done;       /* the prompt was planned to the end (final) */
     /* shared keep set (GEMMA_EI_SHARED=1 in the environment at gm_state_init): one set

@@ -22,9 +22,11 @@
 //
 //   For a served layer and ubatch the graph holds three ggml custom ops in
 //   place of llama.cpp's attention nodes:
-//     ei_profile   ei_profile_chunk_heads, kv-head ranges over ggml's threads
+//     ei_profile   ei_profile_chunk in parts over ggml's threads (ei_exec ith/nth: kv-head ranges)
 //     ei_finalize  ei_plan_finalize, one thread (and the density statistics)
-//     ei_attn      ei_attention_prefill(ith, nth) into [head_dim*n_head, n_tokens]
+//     ei_attn      ei_attention_prefill in parts (ei_exec ith/nth) into [head_dim*n_head, n_tokens]
+//   The parts of both share the state's one host workspace, sized by ei_layer_sizes for the most
+//   threads ggml gives an op (n_threads or n_threads_batch, whichever is larger).
 //   Q is llama.cpp's f32 post-RoPE query, K and V are views of the cache (no
 //   copies). The ubatch's first position and is_final are read at compute
 //   time (set_input of a graph input of ours), and that input's can_reuse
@@ -45,7 +47,8 @@
 //   whose decoders are due (decode_gap generated tokens, then every recompress_every),
 //   llama_ei_compress scores that sequence's cells in its KV stream (the stream's rows of the K
 //   storage; with --kv-unified off a stream of its own, in a unified cache the shared one) in
-//   every layer of the KV cache (ei_decode_score over the context's threads; rows mapped to the
+//   every layer of the KV cache (ei_decode_score in parts over the context's threads, one shared
+//   workspace; rows mapped to the
 //   sequence's positions, empty cells and other sequences' cells ignored), adds them into one
 //   score per cell (ei_decode_shared_add: each layer weighs 1), keeps decode_budget cells with the
 //   window (ei_decode_select_shared), evicts the sequence's other positions with seq_rm of that
@@ -151,6 +154,10 @@
 // ---------------------------------------------------------------- options
 
 enum ei_mode { EI_MODE_SPARSE = 0, EI_MODE_EI_DENSE = 1, EI_MODE_TIME_DENSE = 2 };
+// Tokens a CPU plan holds when made; it doubles (ei_plan_grow) as a prompt passes it, up to the
+// stream's cells, so plans cost what the prompts hold, not the context (69 bytes per token per
+// layer for 32/8 heads of 128: LIMITS in entropyinfer.h)
+static const int64_t EI_PLAN_FIRST = 4096;
 static const char * const k_mode_names[] = { "sparse", "ei-dense", "time-dense" };
 // Who runs the sparse attention: the library's kernels in a custom op (the CPU's SIMD paths, the
 // CUDA plugin), or llama.cpp's own attention (ggml_flash_attn_ext, or soft_max without -fa) with the
@@ -478,6 +485,7 @@ struct ei_stats {
     int     layers_served   = 0;
     int     layers_gpu      = 0; // of them, served on the GPU
     int64_t gpu_plan_bytes  = 0, gpu_dec_bytes = 0, gpu_ws_bytes = 0; // device memory of a context
+    int64_t cpu_plan_bytes  = 0; // host memory of a context's plans (they grow with the prompts: the most)
     int64_t ubatches        = 0; // announced by llama_decode
     int64_t ubatches_served = 0; // with entropyinfer (time-dense: timed)
     double  kept            = 0; // keys attended by the queries of sparse segments (per kv head)
@@ -509,6 +517,7 @@ struct ei_stats {
         layers_served    = std::max(layers_served, o.layers_served);
         layers_gpu       = std::max(layers_gpu, o.layers_gpu);
         gpu_plan_bytes   = std::max(gpu_plan_bytes, o.gpu_plan_bytes);
+        cpu_plan_bytes   = std::max(cpu_plan_bytes, o.cpu_plan_bytes);
         gpu_dec_bytes    = std::max(gpu_dec_bytes, o.gpu_dec_bytes);
         gpu_ws_bytes     = std::max(gpu_ws_bytes, o.gpu_ws_bytes);
         ubatches        += o.ubatches;
@@ -595,7 +604,7 @@ struct ei_layer {
     // decode compression: the observation window of each sequence (ei_seq_decoder, by sequence id:
     // the context's n_seq_max, each made on its sequence's first observed ubatch, ei_seq_decoders)
     bool                 has_dec   = false; // this layer observes (its graph has the observe op)
-    size_t               dec_bytes = 0;     // one decoder's memory (ei_decoder_size)
+    size_t               dec_bytes = 0;     // one decoder's memory (ei_sizes.decoder)
     std::vector<ei_seq_decoder> decs;
 
     // on the GPU (the cache in CUDA memory): ctx/ctx_plan are CUDA contexts on the null stream (sizes,
@@ -603,7 +612,10 @@ struct ei_layer {
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
     std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (stream, q_pos, n) of this ubatch, read at the next settle
-    int64_t              plan_tokens = 0;              // a plan's max_tokens: the cells of a stream
+    int64_t              plan_tokens = 0;              // the most a plan holds: the cells of a stream
+    int64_t              plan_bytes  = 0;              // what its CPU plans hold now (they grow)
+    ei_sizes             sizes = {};                   // its buffers (ei_layer_sizes at setup: plan_tokens rows,
+                                                       // the state's ws_threads on the CPU, one call on the GPU)
 
     void fail(const char * what) {
         int expected = 0;
@@ -619,8 +631,9 @@ struct llama_ei_state {
     std::vector<std::unique_ptr<ei_layer>> layers;
     std::map<uint32_t, ei_context *>       ctxs;          // by the bits of the attention scale
     ei_context *                           ctx0 = nullptr; // the configuration as given (checks)
-    std::vector<void *>                    ws;            // per thread
+    void *                                 ws = nullptr;  // the host ops' one workspace (every part passes it)
     size_t                                 ws_bytes = 0;
+    int                                    ws_threads = 0; // the parts it is sized for (ei_layer_sizes' n_threads)
     std::vector<int32_t>                   cell_pos;
 
     // the ubatch llama_decode is processing (announced), and the one computed
@@ -661,7 +674,7 @@ struct llama_ei_state {
     bool                              dec_off       = false; // refused for this context (reported)
     bool                              obs_any       = false; // this ubatch has observed rows
     int                               n_threads     = 1;
-    std::vector<std::vector<uint8_t>> dec_ws;                // per scoring thread
+    std::vector<uint8_t>              dec_ws;                // the scoring's one workspace (every part passes it)
     std::vector<float>                dec_scores, dec_shared;
     std::vector<int32_t>              dec_row_pos, dec_index, dec_positions;
     // per-request on/off (llama_entropyinfer_seq_set_enabled): a sequence's own setting, else all_on
@@ -685,32 +698,49 @@ enum ei_gpu_slot { EI_G_PROFILE_WS = 0, EI_G_ATTN_WS, EI_G_SCRATCH, EI_G_ROW_POS
                    EI_G_DECODE_WS, EI_G_SLOTS };
 
 static void ei_free_ws(llama_ei_state * st) {
-    for (void * p : st->ws) {
-        free(p);
-    }
-    st->ws.clear();
+    free(st->ws);
+    st->ws       = nullptr;
     st->ws_bytes = 0;
 }
 
-// per-thread workspaces of at least `bytes` for n threads (graph-build time: no op runs)
-static bool ei_ensure_ws(llama_ei_state * st, size_t bytes, int n) {
-    if (bytes <= st->ws_bytes && (int) st->ws.size() >= n) {
+// The host workspace of at least `bytes` (a layer's ei_layer_sizes for st->ws_threads parts; grown,
+// never shrunk; graph-build time: no op runs).
+static bool ei_ensure_ws(llama_ei_state * st, size_t bytes) {
+    if (st->ws && bytes <= st->ws_bytes) {
         return true;
     }
-    const size_t b = std::max(bytes, st->ws_bytes);
-    const int    m = std::max(n, (int) st->ws.size());
     ei_free_ws(st);
-    const size_t rounded = (b + 63) / 64 * 64;
-    for (int i = 0; i < m; ++i) {
-        void * p = aligned_alloc(64, rounded ? rounded : 64);
-        if (!p) {
-            ei_free_ws(st);
-            return false;
-        }
-        st->ws.push_back(p);
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    st->ws = aligned_alloc(64, rounded);
+    if (!st->ws) {
+        return false;
     }
-    st->ws_bytes = b;
+    st->ws_bytes = bytes;
     return true;
+}
+
+// How a library call runs: part ith of nth (nth >= 2: ggml's threads, or the scoring threads, all
+// passing the same workspace), or nth 1: the whole call on the calling thread.
+static ei_exec ei_part(int ith, int nth, void * ws, size_t bytes) {
+    ei_exec x = {};
+    x.ith             = nth > 1 ? ith : 0;
+    x.nth             = nth;
+    x.workspace       = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+
+// Every buffer of a layer's calls (ei_layer_sizes) over max_tokens cache rows, on n_threads
+// threads or parts (the GPU: 1, one launch sequence).
+static ei_result ei_sizes_of(const ei_context * c, const ei_layer * L, int64_t max_tokens, int n_threads, ei_sizes * sizes) {
+    ei_shape shape   = {};
+    shape.max_tokens = max_tokens;
+    shape.n_heads    = L->n_head;
+    shape.n_kv_heads = L->n_head_kv;
+    shape.head_dim   = L->head_dim;
+    shape.plan_flags = EI_PLAN_CHUNKED;
+    shape.n_threads  = n_threads;
+    return ei_layer_sizes(c, &shape, sizes);
 }
 
 // ---------------------------------------------------------------- the GPU
@@ -866,6 +896,9 @@ static void ei_print_summary() {
                       s.gpu_dec_bytes / 1048576.0, s.gpu_ws_bytes / 1048576.0);
     } else if (s.layers_served > 0) {
         n += snprintf(line + n, sizeof line - n, ", backend cpu");
+        if (s.cpu_plan_bytes > 0) {
+            n += snprintf(line + n, sizeof line - n, ", plans %.2f MiB", s.cpu_plan_bytes / 1048576.0);
+        }
     }
     if (s.compressions > 0) {
         n += snprintf(line + n, sizeof line - n, ", compressions %d of %d sequence%s, cells=%lld->%lld, kv-bytes=%lld->%lld, "
@@ -1004,7 +1037,7 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
                 (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget,
                 k_ranking_names[c.ranking == EI_RANK_SAMPLED ? 1 : 0], (int) c.rank_samples, c.top_p, (int) c.sink_blocks,
                 (int) c.local_blocks, st->opts.min_tokens,
-                ei_simd_name(ei_context_simd(st->ctx0)),
+                ei_simd_name(ei_context_config(st->ctx0)->simd),
                 cparams.flash_attn ? "flash attention on: the V cache is head-major, layers can be served"
                                    : "flash attention off: llama.cpp stores the V cache transposed, so no layer can be "
                                      "served and llama.cpp's attention runs everywhere (use -fa on)");
@@ -1200,6 +1233,8 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
 }
 
 static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream);
+static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t stream);
+static void      ei_layer_plans_grow(llama_ei_state * st, ei_layer * L);
 
 // The sequences of a served ubatch (set_input): one slice per KV stream of the K/V views, and
 // the plans of their streams made (main thread, before the graph runs).
@@ -1229,6 +1264,7 @@ static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const ll
                 L->fail("a plan for the sequence's stream");
             }
         }
+        ei_layer_plans_grow(st, L.get());
     }
 }
 
@@ -1661,20 +1697,62 @@ static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream
         return nullptr;
     }
     if (!L->has_plan[(size_t) stream]) {
-        if (ei_plan_alloc(L->ctx, &L->plans[(size_t) stream], L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED) != EI_OK) {
+        // a GPU plan holds the stream's cells (it does not grow); a CPU plan starts at
+        // EI_PLAN_FIRST tokens and grows with the prompt (ei_layer_plans_grow)
+        const int64_t n = L->gpu ? L->plan_tokens : std::min<int64_t>(L->plan_tokens, EI_PLAN_FIRST);
+        if (ei_plan_init(L->ctx, &L->plans[(size_t) stream], n, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
+                         nullptr, 0) != EI_OK) {
             ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": entropyinfer's dense attention");
             return nullptr;
         }
         L->has_plan[(size_t) stream] = 1;
-        size_t b_plan = 0;
-        if (L->gpu && ei_plan_size(L->ctx, L->plan_tokens, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED, &b_plan) == EI_OK) {
-            st->stats.gpu_plan_bytes += (int64_t) b_plan;
-        }
         if (L->gpu) { // its clears ran on the null stream; ggml's streams do not wait for it
+            st->stats.gpu_plan_bytes += (int64_t) L->sizes.plan;
             ei_gpu_time(st, L->ctx);
         }
     }
     return &L->plans[(size_t) stream];
+}
+
+// Before the graph runs (main thread): each CPU plan the ubatch uses holds its slice's positions,
+// grown to twice what it held (at most the stream's cells) when it would not; the planning
+// workspace was sized for the cells. The bytes the context's CPU plans hold, for the summary.
+static void ei_layer_plans_grow(llama_ei_state * st, ei_layer * L) {
+    if (L->gpu) {
+        return;
+    }
+    for (const auto & sl : st->slices) {
+        ei_plan *     P   = ei_layer_plan_at(L, sl.stream);
+        const int64_t end = sl.q_pos + sl.n;
+        if (!P || end <= P->max_tokens) {
+            continue;
+        }
+        const int64_t n = std::min(L->plan_tokens, std::max(end, 2 * P->max_tokens));
+        if (ei_plan_grow(L->ctx, P, n) != EI_OK) {
+            L->fail("ei_plan_grow");
+        }
+    }
+    int64_t bytes = 0;
+    for (size_t i = 0; i < L->plans.size(); ++i) {
+        if (L->has_plan[i]) {
+            ei_shape shape = {};
+            ei_sizes sz    = {};
+            shape.max_tokens = L->plans[i].max_tokens;
+            shape.n_heads    = L->n_head;
+            shape.n_kv_heads = L->n_head_kv;
+            shape.head_dim   = L->head_dim;
+            shape.plan_flags = L->plans[i].flags;
+            if (ei_layer_sizes(L->ctx, &shape, &sz) == EI_OK) {
+                bytes += (int64_t) sz.plan;
+            }
+        }
+    }
+    L->plan_bytes = bytes;
+    int64_t total = 0;
+    for (const auto & M : st->layers) {
+        total += M->plan_bytes;
+    }
+    st->stats.cpu_plan_bytes = std::max(st->stats.cpu_plan_bytes, total);
 }
 
 // The plan of a stream, if made (the ops: set_input made the ubatch's).
@@ -1709,33 +1787,31 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
     L->n_head_kv = (int32_t) k->ne[1];
     L->head_dim  = (int32_t) k->ne[0];
     const int64_t n_cells = mctx->get_kv()->get_size();
+    // the plan, workspaces and decoder of the layer: one launch sequence per call, so one
+    // workspace each, whatever ggml's threads
+    if (ei_sizes_of(L->ctx, L, n_cells, 1, &L->sizes) != EI_OK) {
+        ei_report_once(std::string("buffer sizes on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
+        return false;
+    }
     if (st->opts.mode == EI_MODE_SPARSE) {
-        size_t b_prof = 0;
         if (!ei_layer_plans_init(st, L, mctx, n_cells)) {
             return false;
         }
-        if (ei_profile_workspace_size(L->ctx_plan, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK ||
-            !ei_gpu_buf(st, EI_G_PROFILE_WS, b_prof)) {
+        if (!ei_gpu_buf(st, EI_G_PROFILE_WS, L->sizes.profile)) {
             ei_report_once(std::string("planning workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
             return false;
         }
     }
     // one attention workspace for every layer (its calls follow each other on the stream): the
     // deferred reports and the partial rows of split-K
-    size_t b_attn = 0;
-    if (ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &b_attn) != EI_OK ||
-        !ei_gpu_buf(st, EI_G_ATTN_WS, b_attn)) {
+    if (!ei_gpu_buf(st, EI_G_ATTN_WS, L->sizes.prefill)) {
         ei_report_once(std::string("attention workspace on the GPU: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
     if (st->opts.compress) { // the sequences' decoders in device memory: made on their first ubatch (ei_seq_decoders)
-        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &L->dec_bytes) != EI_OK) {
-            ei_report_once(std::string("decoder on the GPU: ") + ei_last_error() + ": no decode compression");
-            st->dec_off = true;
-        } else {
-            L->decs.resize(st->seqs.size());
-            L->has_dec = true;
-        }
+        L->dec_bytes = L->sizes.decoder;
+        L->decs.resize(st->seqs.size());
+        L->has_dec = true;
     }
     // the clears above ran on the null stream; ggml's streams do not wait for it
     ei_gpu_time(st, L->ctx);
@@ -1761,29 +1837,28 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
     L->n_head_kv = (int32_t) k->ne[1];
     L->head_dim  = (int32_t) k->ne[0];
     const int64_t n_cells = mctx->get_kv()->get_size();
-    if (st->opts.mode == EI_MODE_SPARSE && !ei_layer_plans_init(st, L, mctx, n_cells)) {
-        return false;
+    // the ops run in parts on ggml's threads: as many as the graph's plan gives an op
+    // (GGML_N_TASKS_MAX), n_threads or n_threads_batch; the state's one workspace is sized for
+    // the most at the first layer's setup (more threads later, llama_set_n_threads: the ops use
+    // that many parts and leave the others idle)
+    if (st->ws_threads == 0) {
+        st->ws_threads = std::max({ (int) g.cparams.n_threads, (int) g.cparams.n_threads_batch, 1 });
     }
-    size_t b_prof = 0, b_attn = 0;
-    if ((st->opts.mode == EI_MODE_SPARSE &&
-         ei_profile_workspace_size(L->ctx, n_cells, L->n_head, L->n_head_kv, L->head_dim, &b_prof) != EI_OK) ||
-        ei_attention_workspace_size(L->ctx, L->n_head, L->n_head_kv, L->head_dim, &b_attn) != EI_OK) {
+    if (ei_sizes_of(L->ctx, L, n_cells, st->ws_threads, &L->sizes) != EI_OK) {
         ei_report_once(std::string("workspace size: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
-    const int n_threads = std::max({ (int) g.cparams.n_threads, (int) g.cparams.n_threads_batch, 1 });
-    if (!ei_ensure_ws(st, std::max(b_prof, b_attn), n_threads)) {
+    if (st->opts.mode == EI_MODE_SPARSE && !ei_layer_plans_init(st, L, mctx, n_cells)) {
+        return false;
+    }
+    if (!ei_ensure_ws(st, std::max(st->opts.mode == EI_MODE_SPARSE ? L->sizes.profile : 0, L->sizes.prefill))) {
         ei_report_once("workspace allocation failed: llama.cpp's attention");
         return false;
     }
     if (st->opts.compress) { // the sequences' observation windows: made on their first ubatch (ei_seq_decoders)
-        if (ei_decoder_size(L->ctx, L->n_head, L->head_dim, &L->dec_bytes) != EI_OK) {
-            ei_report_once(std::string("decoder size: ") + ei_last_error() + ": no decode compression");
-            st->dec_off = true;
-        } else {
-            L->decs.resize(st->seqs.size());
-            L->has_dec = true;
-        }
+        L->dec_bytes = L->sizes.decoder;
+        L->decs.resize(st->seqs.size());
+        L->has_dec = true;
     }
     return true;
 }
@@ -1794,17 +1869,18 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
     L->t_plan.enter();
-    const int nw = std::min(nth, (int) st->ws.size());
-    const int ns = (int) st->slices.size();
+    // parts: the threads the workspace is sized for at most (the others idle); part ith plans kv
+    // heads [kv ith / nw, kv (ith + 1) / nw) (none: it returns at once), ei_op_finalize then
+    // finalises the plans (nw 1: the whole call, finalised already)
+    const int     nw = std::min(nth, st->ws_threads);
+    const ei_exec x  = ei_part(ith, nw, st->ws, st->ws_bytes);
+    const int     ns = (int) st->slices.size();
     for (int i = 0; i < ns && ith < nw; ++i) { // each sequence's plan: every thread its kv heads
         const ei_tensor q = ei_view_q(dst->src[0], i, ns);
         const ei_tensor k = ei_view_kv(dst->src[1], i);
-        const int32_t   H = L->n_head_kv;
-        const int32_t   b = (int32_t) ((int64_t) ith * H / nw), e = (int32_t) ((int64_t) (ith + 1) * H / nw);
         ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
-        if (b < e && (!P || ei_profile_chunk_heads(L->ctx_plan, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final,
-                                                   b, e, st->ws[ith], st->ws_bytes) != EI_OK)) {
-            L->fail("ei_profile_chunk_heads");
+        if (!P || ei_profile_chunk(L->ctx_plan, &x, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final) != EI_OK) {
+            L->fail("ei_profile_chunk");
         }
     }
     const int64_t t = L->t_plan.leave(nth);
@@ -1892,8 +1968,9 @@ static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
     L->t_attn.enter();
-    const int nw = std::min(nth, (int) st->ws.size());
-    const int ns = (int) st->slices.size();
+    const int     nw = std::min(nth, st->ws_threads); // parts, as ei_op_profile's
+    const ei_exec x  = ei_part(ith, nw, st->ws, st->ws_bytes);
+    const int     ns = (int) st->slices.size();
     for (int i = 0; i < ns && ith < nw; ++i) { // each sequence over its own stream, with its plan
         const auto &    sl = st->slices[(size_t) i];
         const ei_tensor q  = ei_view_q(dst->src[0], i, ns);
@@ -1901,12 +1978,12 @@ static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
         const ei_tensor v  = ei_view_kv(dst->src[2], i);
         ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
         const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
-        ei_result r = ei_attention_prefill(L->ctx, &q, &k, &v, plan, &o, sl.q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+        ei_result r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, plan, &o, sl.q_pos);
         if (r != EI_OK && plan) {
             // argument checks fail alike in every thread: all of them retry without the plan
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
                            "; retrying without the plan (dense)");
-            r = ei_attention_prefill(L->ctx, &q, &k, &v, nullptr, &o, sl.q_pos, ith, nw, st->ws[ith], st->ws_bytes);
+            r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, nullptr, &o, sl.q_pos);
         }
         if (r != EI_OK) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
@@ -2058,12 +2135,13 @@ static void ei_cuda_profile(ggml_tensor * dst, void * stream, void * ud) {
     ei_context *    c  = ei_gpu_context(st, L->scale_plan, stream, 1);
     const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
     const auto &    ws = st->gbuf[EI_G_PROFILE_WS];
+    const ei_exec   x  = ei_part(0, 1, ws.first, ws.second); // one call: every kv head, finalised
     const int       ns = (int) st->slices.size();
     for (int i = 0; i < ns; ++i) { // each sequence's plan (its stream)
         const ei_tensor q = ei_view_q(dst->src[0], i, ns);
         const ei_tensor k = ei_view_kv(dst->src[1], i);
         ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
-        if (!c || !P || ei_profile_chunk(c, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final, ws.first, ws.second) != EI_OK) {
+        if (!c || !P || ei_profile_chunk(c, &x, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final) != EI_OK) {
             L->fail("ei_profile_chunk (GPU)");
             break;
         }
@@ -2088,6 +2166,7 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
     ei_context *    c  = ei_gpu_context(st, L->scale, stream, 1);
     const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
     const auto &    ws = st->gbuf[EI_G_ATTN_WS];
+    const ei_exec   x  = ei_part(0, 1, ws.first, ws.second); // one launch
     const int       ns = (int) st->slices.size();
     for (int i = 0; i < ns; ++i) { // each sequence over its own stream, with its plan
         const auto &    sl = st->slices[(size_t) i];
@@ -2096,12 +2175,11 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
         const ei_tensor v  = ei_view_kv(dst->src[2], i);
         ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
         const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
-        ei_result r = c ? ei_attention_prefill(c, &q, &k, &v, plan, &o, sl.q_pos, 0, 1, ws.first, ws.second)
-                        : EI_ERR_UNSUPPORTED;
+        ei_result r = c ? ei_attention_prefill(c, &x, &q, &k, &v, plan, &o, sl.q_pos) : EI_ERR_UNSUPPORTED;
         if (r != EI_OK && c && plan) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
                            "; retrying without the plan (dense)");
-            r = ei_attention_prefill(c, &q, &k, &v, nullptr, &o, sl.q_pos, 0, 1, ws.first, ws.second);
+            r = ei_attention_prefill(c, &x, &q, &k, &v, nullptr, &o, sl.q_pos);
         }
         if (r != EI_OK) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
@@ -2242,16 +2320,17 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
     ei_layer *    L0 = layers[0];
     const int32_t H = L0->n_head, KV = L0->n_head_kv;
     ei_decoder *  D0 = &L0->decs[(size_t) seq].dec;
-    size_t ws_bytes = 0;
-    if (ei_decode_workspace_size(L0->ctx, n, H, KV, &ws_bytes) != EI_OK) {
-        ei_decode_refuse_seq(st, seq, std::string("ei_decode_workspace_size: ") + ei_last_error());
+    // the scoring in nt parts (query-head ranges) on threads of ours, one workspace for all of them
+    // (ei_sizes.decode_keep for nt parts); shared_add and select_shared on this thread with it
+    const int nt = std::max(1, std::min(st->n_threads, (int) H));
+    ei_sizes  sizes;
+    if (ei_sizes_of(L0->ctx, L0, n, nt, &sizes) != EI_OK) {
+        ei_decode_refuse_seq(st, seq, std::string("ei_layer_sizes: ") + ei_last_error());
         return false;
     }
-    const int nt = std::max(1, std::min(st->n_threads, (int) H));
-    st->dec_ws.resize((size_t) nt);
-    for (auto & w : st->dec_ws) {
-        w.resize(ws_bytes);
-    }
+    const size_t ws_bytes = sizes.decode_keep;
+    st->dec_ws.resize(std::max<size_t>(ws_bytes, 1));
+    const ei_exec x1 = ei_part(0, 1, st->dec_ws.data(), ws_bytes);
     st->dec_shared.assign((size_t) n, 0.0f);
     for (ei_layer * L : layers) {
         const ggml_tensor * k = kv->get_k_storage(L->il);
@@ -2267,8 +2346,8 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
         std::vector<ei_result> rs((size_t) nt, EI_OK);
         std::vector<std::string> msgs((size_t) nt);
         auto score = [&](int ith) {
-            rs[ith] = ei_decode_score(L->ctx, dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data(), ith, nt,
-                                      st->dec_ws[ith].data(), ws_bytes);
+            const ei_exec x = ei_part(ith, nt, st->dec_ws.data(), ws_bytes);
+            rs[ith] = ei_decode_score(L->ctx, &x, dec, &kt, st->dec_row_pos.data(), 0, st->dec_scores.data());
             if (rs[ith] != EI_OK) {
                 msgs[ith] = ei_last_error();
             }
@@ -2287,8 +2366,8 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
                 return false;
             }
         }
-        if (ei_decode_shared_add(L->ctx, &L->decs[(size_t) seq].dec, st->dec_scores.data(), n, st->dec_row_pos.data(),
-                                 st->dec_shared.data(), st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+        if (ei_decode_shared_add(L->ctx, &x1, &L->decs[(size_t) seq].dec, st->dec_scores.data(), n, st->dec_row_pos.data(),
+                                 st->dec_shared.data()) != EI_OK) {
             ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_shared_add: " + ei_last_error());
             return false;
         }
@@ -2301,7 +2380,7 @@ static bool ei_select_shared_cpu(llama_ei_state * st, llama_kv_cache * kv, const
     keep.index     = st->dec_index.data();
     keep.positions = st->dec_positions.data();
     keep.row_pos   = st->dec_row_pos.data();
-    if (ei_decode_select_shared(L0->ctx, D0, st->dec_shared.data(), n, &keep, st->dec_ws[0].data(), ws_bytes) != EI_OK) {
+    if (ei_decode_select_shared(L0->ctx, &x1, D0, st->dec_shared.data(), n, &keep) != EI_OK) {
         ei_decode_refuse_seq(st, seq, std::string("ei_decode_select_shared: ") + ei_last_error());
         return false;
     }
@@ -2318,11 +2397,12 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
     const int32_t H = L0->n_head, KV = L0->n_head_kv;
     ei_decoder *  D0 = &L0->decs[(size_t) seq].dec;
     ei_context *  c0 = ei_gpu_context(st, L0->scale, st->g_stream, 0);
-    size_t ws_bytes = 0;
-    if (!c0 || ei_decode_workspace_size(c0, n, H, KV, &ws_bytes) != EI_OK) {
-        ei_decode_refuse_seq(st, seq, std::string("ei_decode_workspace_size (GPU): ") + ei_last_error());
+    ei_sizes      sizes;
+    if (!c0 || ei_sizes_of(c0, L0, n, 1, &sizes) != EI_OK) {
+        ei_decode_refuse_seq(st, seq, std::string("ei_layer_sizes (GPU): ") + (c0 ? ei_last_error() : "no CUDA context"));
         return false;
     }
+    const size_t ws_bytes = sizes.decode_keep;
     const int32_t cap = (int32_t) std::max<int64_t>(std::min<int64_t>(n, ei_context_config(c0)->decode_budget), 1);
     void * d_row = ei_gpu_buf(st, EI_G_ROW_POS, (size_t) n * sizeof(int32_t));
     void * d_scr = ei_gpu_buf(st, EI_G_SCORES, (size_t) H * (size_t) n * sizeof(float));
@@ -2330,6 +2410,7 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
     void * d_idx = ei_gpu_buf(st, EI_G_INDEX, (size_t) cap * sizeof(int32_t));
     void * d_pos = ei_gpu_buf(st, EI_G_POSITIONS, (size_t) cap * sizeof(int32_t));
     void * d_ws  = ei_gpu_buf(st, EI_G_DECODE_WS, ws_bytes);
+    const ei_exec x = ei_part(0, 1, d_ws, ws_bytes); // one call each (device workspace)
     st->dec_shared.assign((size_t) n, 0.0f);
     if (!d_row || !d_scr || !d_shr || !d_idx || !d_pos || !d_ws ||
         ei_device_copy(c0, d_row, st->dec_row_pos.data(), (size_t) n * sizeof(int32_t), EI_COPY_HOST_TO_DEVICE) != EI_OK ||
@@ -2347,12 +2428,11 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
         }
         ei_decoder *    dec = &L->decs[(size_t) seq].dec;
         const ei_tensor kt  = ei_k_cells(L, k, strm, n);
-        if (ei_decode_score(c, dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr, 0, 1, d_ws, ws_bytes) != EI_OK) {
+        if (ei_decode_score(c, &x, dec, &kt, (const int32_t *) d_row, 0, (float *) d_scr) != EI_OK) {
             ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_score (GPU): " + ei_last_error());
             return false;
         }
-        if (ei_decode_shared_add(c, dec, (const float *) d_scr, n, (const int32_t *) d_row, (float *) d_shr, d_ws,
-                                 ws_bytes) != EI_OK) {
+        if (ei_decode_shared_add(c, &x, dec, (const float *) d_scr, n, (const int32_t *) d_row, (float *) d_shr) != EI_OK) {
             ei_decode_refuse_seq(st, seq, "layer " + std::to_string(L->il) + ": ei_decode_shared_add (GPU): " + ei_last_error());
             return false;
         }
@@ -2362,7 +2442,7 @@ static bool ei_select_shared_gpu(llama_ei_state * st, llama_kv_cache * kv, const
     keep.index     = (int32_t *) d_idx;
     keep.positions = (int32_t *) d_pos;
     keep.row_pos   = (const int32_t *) d_row;
-    if (ei_decode_select_shared(c0, D0, (const float *) d_shr, n, &keep, d_ws, ws_bytes) != EI_OK) {
+    if (ei_decode_select_shared(c0, &x, D0, (const float *) d_shr, n, &keep) != EI_OK) {
         ei_decode_refuse_seq(st, seq, std::string("ei_decode_select_shared (GPU): ") + ei_last_error());
         return false;
     }

@@ -66,8 +66,10 @@ static int check_plugin(const char *expect) {
 
 int main(int argc, char **argv) {
     float *q, *k, *v, *out;
-    size_t plan_bytes = 0, prof_ws = 0, attn_ws = 0;
-    void *plan_mem, *ws;
+    ei_shape shape;
+    ei_sizes sizes;
+    ei_exec x; /* one thread, one workspace for every call */
+    void *plan_mem;
     ei_config cfg = ei_config_default();
     ei_context *ctx;
     ei_plan plan;
@@ -83,22 +85,24 @@ int main(int argc, char **argv) {
     for (i = 0; i < N * HEADS * DIM; ++i) q[i] = frand(&seed);
     for (i = 0; i < N * KV_HEADS * DIM; ++i) { k[i] = frand(&seed); v[i] = frand(&seed); }
     if (ei_context_create(&cfg, &ctx) != EI_OK) { fprintf(stderr, "%s\n", ei_last_error()); return 1; }
-    if (ei_plan_size(ctx, N, KV_HEADS, DIM, 0, &plan_bytes) != EI_OK ||
-        ei_profile_workspace_size(ctx, N, HEADS, KV_HEADS, DIM, &prof_ws) != EI_OK ||
-        ei_attention_workspace_size(ctx, HEADS, KV_HEADS, DIM, &attn_ws) != EI_OK) {
+    memset(&shape, 0, sizeof shape);
+    shape.max_tokens = N; shape.n_heads = HEADS; shape.n_kv_heads = KV_HEADS; shape.head_dim = DIM; shape.n_threads = 1;
+    if (ei_layer_sizes(ctx, &shape, &sizes) != EI_OK) {
         fprintf(stderr, "sizes: %s\n", ei_last_error());
         return 1;
     }
-    plan_mem = malloc(plan_bytes);
-    ws = malloc(prof_ws > attn_ws ? prof_ws : attn_ws);
+    plan_mem = malloc(sizes.plan);
+    memset(&x, 0, sizeof x);
+    x.workspace = malloc(sizes.workspace);
+    x.workspace_bytes = sizes.workspace;
     {
         ei_tensor qt = ei_tensor_make(q, EI_F32, N, HEADS, DIM);
         ei_tensor kt = ei_tensor_make(k, EI_F32, N, KV_HEADS, DIM);
         ei_tensor vt = ei_tensor_make(v, EI_F32, N, KV_HEADS, DIM);
         ei_out_tensor ot = ei_out_tensor_make(out, EI_F32, N, HEADS, DIM);
-        if (ei_plan_init(ctx, &plan, N, KV_HEADS, DIM, 0, plan_mem, plan_bytes) != EI_OK ||
-            ei_profile(ctx, &qt, &kt, &plan, ws, prof_ws) != EI_OK ||
-            ei_attention_prefill(ctx, &qt, &kt, &vt, &plan, &ot, 0, 0, 1, ws, attn_ws) != EI_OK) {
+        if (ei_plan_init(ctx, &plan, N, KV_HEADS, DIM, 0, plan_mem, sizes.plan) != EI_OK ||
+            ei_profile(ctx, &x, &qt, &kt, &plan) != EI_OK ||
+            ei_attention_prefill(ctx, &x, &qt, &kt, &vt, &plan, &ot, 0) != EI_OK) {
             fprintf(stderr, "prefill: %s\n", ei_last_error());
             return 1;
         }
@@ -115,7 +119,7 @@ int main(int argc, char **argv) {
         }
     }
     ei_context_destroy(ctx);
-    free(q); free(k); free(v); free(out); free(plan_mem); free(ws);
+    free(q); free(k); free(v); free(out); free(plan_mem); free(x.workspace);
     if (!(worst < 1e-4)) { fprintf(stderr, "consumer: attention differs from the reference by %g\n", worst); return 1; }
     printf("consumer: %d tokens, %d/%d heads: attention equals a plain softmax (max error %.2g)\n", N, HEADS, KV_HEADS,
            worst);
