@@ -183,6 +183,34 @@ CHECK_FN l2_acc l2_of_f32(const float *got, const float *ref, size_t n) {
     return a;
 }
 
+/* ------------------------------------------------------------ ei_exec and ei_layer_sizes */
+/* A whole call on n_threads threads (0 or 1: the calling thread alone), with
+   the one workspace ws of bytes bytes. */
+CHECK_FN ei_exec ex(int32_t n_threads, void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.n_threads = n_threads;
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+/* Part ith of nth: every part passes the same workspace. */
+CHECK_FN ei_exec ex_part(int32_t ith, int32_t nth, void *ws, size_t bytes) {
+    ei_exec x = ex(0, ws, bytes);
+    x.ith = ith;
+    x.nth = nth;
+    return x;
+}
+/* ei_layer_sizes of a layer of T tokens, H / kv heads of d, plans of flags,
+   calls on n threads or parts. */
+CHECK_FN ei_result sizes_for(const ei_context *ctx, int64_t T, int32_t H, int32_t kv, int32_t d, uint32_t flags, int32_t n,
+                             ei_sizes *sz) {
+    ei_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = T; sh.n_heads = H; sh.n_kv_heads = kv; sh.head_dim = d; sh.plan_flags = flags; sh.n_threads = n;
+    return ei_layer_sizes(ctx, &sh, sz);
+}
+
 /* ------------------------------------------------------------ guarded buffers */
 /* n bytes with GUARD canary bytes (0xA5) on each side; the inside starts as
    garbage (0xFF: NaN in every dtype) so that reading what the library did not
@@ -200,6 +228,13 @@ CHECK_FN l2_acc l2_of_f32(const float *got, const float *ref, size_t n) {
             exit(1);                                                                           \
         }                                                                                      \
     } while (0)
+/* ei_layer_sizes where a test's set-up needs them (stops the program on failure). */
+CHECK_FN ei_sizes layer_sizes(const ei_context *ctx, int64_t T, int32_t H, int32_t kv, int32_t d, uint32_t flags,
+                              int32_t n) {
+    ei_sizes sz;
+    CHECK_OK(sizes_for(ctx, T, H, kv, d, flags, n, &sz));
+    return sz;
+}
 #define GUARD 256
 typedef struct guard_head { unsigned char *raw; size_t n; } guard_head;
 CHECK_FN void *guarded_alloc_at(size_t n, unsigned offset) {

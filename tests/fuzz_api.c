@@ -251,23 +251,6 @@ static ei_result checked_(ei_result r, const char *what) {
     return r;
 }
 
-/* ------------------------------------------------------------ execution (issue 31) */
-/* An ei_exec: a whole call on n_threads threads (0 or 1: the caller
-   alone), or part ith of nth; one workspace either way. */
-static ei_exec fz_ex(int n_threads, void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.n_threads = n_threads;
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
-static ei_exec fz_part(int ith, int nth, void *ws, size_t bytes) {
-    ei_exec x = fz_ex(0, ws, bytes);
-    x.ith = ith;
-    x.nth = nth;
-    return x;
-}
 /* The code a bad ei_exec is refused with before anything else is looked at
    (EI_OK: x is valid): ith/nth or n_threads out of range EI_ERR_SIZE,
    threads and parts at once EI_ERR_CONFIG, a NULL workspace with bytes
@@ -993,14 +976,14 @@ static void op_profile(state *s, fz *f, int kind) {
         unsigned b;
         ws = ws_for_profile(s, ctx, f, s->n, &wb, 1);
         b = fz_u8(f) % 32;
-        x = fz_ex(1, b == 31 ? NULL : ws, wb);
+        x = ex(1, b == 31 ? NULL : ws, wb);
         r = xchecked(ctx, &x, ei_profile(ctx, b == 30 ? NULL : &x, &s->q.t, &s->k.t, p));
         if (b == 30) ORACLE(r != EI_OK, "ei_profile with a NULL ei_exec (no workspace) accepted", 0, 0);
     } else if (kind == 1) {
         int32_t ith = (int32_t)(fz_u8(f) % 6) - 1, nth = (int32_t)(fz_u8(f) % 6), j;
         unsigned rest;
         ws = ws_for_profile(s, ctx, f, s->n, &wb, nth);
-        x = fz_part(ith, nth, ws, wb);
+        x = ex_part(ith, nth, ws, wb);
         r = xchecked(ctx, &x, ei_profile(ctx, &x, &s->q.t, &s->k.t, p));
         rest = r == EI_OK ? fz_u8(f) : 0u;
         if (rest & 1) { /* the other parts (the engine's threads), then ei_plan_finalize after its barrier */
@@ -1010,7 +993,7 @@ static void op_profile(state *s, fz *f, int kind) {
             if (r == EI_OK && (rest & 2) && p && s->plan_ctx == ctx) { /* the same plan as a whole call's, bit for bit */
                 size_t na = 0, nb = 0;
                 unsigned char *a = plan_bytes(ctx, p, &na), *b;
-                ei_exec one = fz_ex(1, ws, wb);
+                ei_exec one = ex(1, ws, wb);
                 if (a && checked(ei_profile(ctx, &one, &s->q.t, &s->k.t, p)) == EI_OK) {
                     b = plan_bytes(ctx, p, &nb);
                     ORACLE(b && na == nb && !memcmp(a, b, na), "a plan made in parts differs from the whole call's", ith, nth);
@@ -1023,7 +1006,7 @@ static void op_profile(state *s, fz *f, int kind) {
     } else {
         int nt = fz_threads(fz_u8(f), 3);
         ws = ws_for_profile(s, ctx, f, s->n, &wb, nt);
-        x = fz_ex(nt, ws, wb);
+        x = ex(nt, ws, wb);
         r = xchecked(ctx, &x, ei_profile(ctx, &x, &s->q.t, &s->k.t, p));
     }
     after_profile(s, r, ctx);
@@ -1078,7 +1061,7 @@ static void op_chunk(state *s, fz *f) {
     work_spend(layer_cost(s, 8.0));
     if (m & 128) {
         int j, first_ok;
-        x = fz_part(ith, nth, ws, wb);
+        x = ex_part(ith, nth, ws, wb);
         r = xchecked(ctx, &x, ei_profile_chunk(ctx, &x, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off,
                                                is_final));
         first_ok = r == EI_OK;
@@ -1095,7 +1078,7 @@ static void op_chunk(state *s, fz *f) {
     }
     if (!(m & 128) || (all_parts && r == EI_OK)) {
         if (!(m & 128)) {
-            x = fz_ex(nt, ws, wb);
+            x = ex(nt, ws, wb);
             r = xchecked(ctx, &x, ei_profile_chunk(ctx, &x, no_queries ? NULL : &qc.t, &kc.t, s->plan_ok ? &s->plan : NULL, off,
                                                    is_final));
         }
@@ -1252,7 +1235,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         r = fz_sizes(ctx, s->n > 0 ? s->n : 1, s->H, s->KV, s->d, 0, 1, &sz);
         wb = r == EI_OK && sz.prefill < ((size_t)8 << 20) ? sz.prefill : 64;
         ws = walloc_mem(wb);
-        x = fz_ex(1, ws, wb);
+        x = ex(1, ws, wb);
         xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &s->q.t, &s->k.t, &s->v.t, NULL, &o0, 0));
         wfree(ws);
         return;
@@ -1330,7 +1313,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
         ws = walloc_mem(wb);
         if (threaded) {
-            x = fz_ex(nth, ws, wb);
+            x = ex(nth, ws, wb);
             r = xchecked(ctx, &x, ei_attention_decode(ctx, &x, &qc.t, &kc.t, &vc.t, kp, &out, q_off));
             all_ok = r == EI_OK;
             if (r == EI_OK) { /* after a call on threads the merge has nothing to do: EI_OK, out as it is */
@@ -1343,11 +1326,11 @@ static void op_attention(state *s, fz *f, int threaded) {
             }
         } else {
             for (ith = 0; ith < (nth > 1 ? nth : 1) && all_ok; ++ith) {
-                x = fz_part(ith, nth, ws, wb);
+                x = ex_part(ith, nth, ws, wb);
                 all_ok = (r = xchecked(ctx, &x, ei_attention_decode(ctx, &x, &qc.t, &kc.t, &vc.t, kp, &out, q_off))) == EI_OK;
             }
             for (ith = 0; ith < (nth > 1 ? nth : 1) && all_ok; ++ith) { /* after the engine's barrier */
-                x = fz_part(ith, nth, ws, wb);
+                x = ex_part(ith, nth, ws, wb);
                 all_ok = (r = xchecked(ctx, &x, ei_attention_decode_merge(ctx, &x, &out))) == EI_OK;
             }
             if (one_part && nth >= 2)
@@ -1367,7 +1350,7 @@ static void op_attention(state *s, fz *f, int threaded) {
             wb = 64;
         if (fz_u8(f) % 8 == 7 && wb > 0) wb--;
         ws = walloc_mem(wb);
-        x = fz_ex(nt, ws, wb);
+        x = ex(nt, ws, wb);
         r = xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &qc.t, &kc.t, &vc.t, plan, &out, q_off));
         all_ok = r == EI_OK;
     } else { /* in parts: one workspace for nth (every part passes it) */
@@ -1383,7 +1366,7 @@ static void op_attention(state *s, fz *f, int threaded) {
         if (fz_u8(f) % 8 == 7) { /* a single odd call: ith -1..4 of nth, and hostile ei_exec fields */
             static const int32_t huge[] = {EI__MAX_THREADS + 1, INT32_MAX, EI__MAX_THREADS, INT32_MIN};
             unsigned b = fz_u8(f);
-            x = fz_part((int)(b % 6) - 1, nth, ws, wb);
+            x = ex_part((int)(b % 6) - 1, nth, ws, wb);
             switch ((b / 6) % 6) {
                 case 1: x.n_threads = 2 + (int32_t)(b % 3); break;                     /* threads and parts at once */
                 case 2: x.nth = huge[b % 4]; x.ith = (b & 1) && x.nth > 0 ? x.nth - 1 : 0; break; /* nth past the limit (or at it) */
@@ -1398,7 +1381,7 @@ static void op_attention(state *s, fz *f, int threaded) {
             all_ok = 0;
         } else {
             for (ith = 0; ith < (nth > 1 ? nth : 1); ++ith) {
-                x = fz_part(ith, nth, ws, wb);
+                x = ex_part(ith, nth, ws, wb);
                 r = xchecked(ctx, &x, ei_attention_prefill(ctx, &x, &qc.t, &kc.t, &vc.t, plan, &out, q_off));
                 if (r != EI_OK) { all_ok = 0; break; }
             }
@@ -1509,7 +1492,7 @@ static void op_decode_rows(state *s, fz *f) {
     shared = (float *)walloc_arr(sizeof(float) * (size_t)n);
     memset(shared, 0, sizeof(float) * (size_t)n);
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        x = fz_part(ith, nth, ws, wb);
+        x = ex_part(ith, nth, ws, wb);
         r = xchecked(ctx, &x, ei_decode_score(ctx, &x, &s->dec, &s->k.t, map, 0, scores));
     }
     if (mode == 1 && nth >= 2) ORACLE(r != EI_OK, "decode_score in parts accepted the workspace of one part", nth, wb);
@@ -1524,7 +1507,7 @@ static void op_decode_rows(state *s, fz *f) {
         for (p = parts - 1; p >= 0 && r == EI_OK; --p) { /* part 0 last: the others must leave everything as it was */
             ei_decoder dec0 = s->dec;
             float *shared0 = NULL;
-            x = mode == 2 ? fz_part(p, nth, ws, wb) : fz_ex(mode == 3 ? 2 : 1, ws, wb);
+            x = mode == 2 ? ex_part(p, nth, ws, wb) : ex(mode == 3 ? 2 : 1, ws, wb);
             ks.n_kept = -7; /* (an output: a part that does nothing leaves it) */
             if (p > 0) { shared0 = (float *)xalloc(sizeof(float) * (size_t)n); memcpy(shared0, shared, sizeof(float) * (size_t)n); }
             if (m & 4) {
@@ -1572,7 +1555,7 @@ static void op_decode_keep(state *s, fz *f, unsigned sel) {
     int32_t heads_out;
     if (sel % 8 == 5 && threads_left > 0) { threads_left--; nt = 2; }
     if (!s->k.valid || s->n <= 0) {
-        x = fz_ex(1, NULL, 0);
+        x = ex(1, NULL, 0);
         xchecked(ctx, &x, ei_decode_keep(ctx, &x, &s->dec, &s->k.t, &s->keep));
         return;
     }
@@ -1601,7 +1584,7 @@ static void op_decode_keep(state *s, fz *f, unsigned sel) {
         wb = 64;
     if ((m & 128) && wb > 0) wb -= 1;
     ws = walloc_mem(wb);
-    x = sel % 8 == 6 ? fz_part((int)(sel >> 3) & 1, 2, ws, wb) : fz_ex(nt, ws, wb);
+    x = sel % 8 == 6 ? ex_part((int)(sel >> 3) & 1, 2, ws, wb) : ex(nt, ws, wb);
     r = xchecked(ctx, &x, ei_decode_keep(ctx, sel % 8 == 7 ? NULL : &x, s->dec_ok ? &s->dec : NULL, &kc.t, ks));
     if (sel % 8 == 6) ORACLE(r == EI_ERR_CONFIG, "ei_decode_keep in parts was not refused with EI_ERR_CONFIG", r, 0);
     if (sel % 8 == 7) ORACLE(r != EI_OK, "ei_decode_keep with a NULL ei_exec (no workspace) accepted", r, 0);
@@ -1828,9 +1811,9 @@ static void op_edges(state *s, fz *f) {
                 (wb = sz.profile) > ((size_t)8 << 20))
                 return;
             ws = walloc_mem(2 * wb);
-            x = fz_ex(1, ws, wb);
+            x = ex(1, ws, wb);
             if (!s->plan_ok || !s->plan.state) { r = checked(ei_profile_chunk(ctx, &x, &q, &s->k.t, NULL, q_pos, 0)); break; }
-            if (fz_u8(f) & 1) x = fz_ex(2, ws, 2 * wb); /* on 2 threads */
+            if (fz_u8(f) & 1) x = ex(2, ws, 2 * wb); /* on 2 threads */
             r = checked(ei_profile_chunk(ctx, &x, &q, &s->k.t, &s->plan, q_pos, 0));
             if (q_pos > s->n || (which % 9 == 1 && (past || e == 0))) ORACLE(r != EI_OK, "a chunk past its keys was accepted", e, q_pos);
             s->plan_trusted = 0;
@@ -1845,7 +1828,7 @@ static void op_edges(state *s, fz *f) {
             if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK) {
                 wb = which % 9 == 2 ? sz.prefill : sz.decode;
                 ws = walloc_mem(wb);
-                x = fz_ex(1, ws, wb);
+                x = ex(1, ws, wb);
                 if (which % 9 == 2) r = checked(ei_attention_prefill(ctx, &x, &q, &s->k.t, &s->v.t, NULL, &o, e));
                 else r = checked(ei_attention_decode(ctx, &x, &q, &s->k.t, &s->v.t, NULL, &o, e));
                 if (past || e + cnt > s->n) ORACLE(r != EI_OK, "attention past its keys was accepted", e, cnt);
@@ -1869,7 +1852,7 @@ static void op_edges(state *s, fz *f) {
             q.n_tokens = 1;
             if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK) {
                 ws = walloc_mem(wb = sz.decode);
-                x = fz_ex(1, ws, wb);
+                x = ex(1, ws, wb);
                 r = checked(ei_attention_decode(ctx, &x, &q, &s->k.t, &s->v.t, &k, &o, s->n - 1));
                 if (field == 0 && past) ORACLE(r != EI_OK, "a keep set of a count past the limits was accepted", e, 0);
             }
@@ -1893,7 +1876,7 @@ static void op_edges(state *s, fz *f) {
             for (j = 0; j < s->n; ++j) map[j] = (int32_t)j;
             if (fz_sizes(ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK && (wb = sz.decode_keep) <= ((size_t)8 << 20)) {
                 ws = walloc_mem(wb);
-                x = fz_ex(1, ws, wb);
+                x = ex(1, ws, wb);
                 if (which % 9 == 5) {
                     r = checked(ei_decode_score(ctx, &x, s->dec_ok ? &s->dec : NULL, &s->k.t, map, e, scores));
                     if (stride_refused) ORACLE(r != EI_OK, "a row map stride past its limits was accepted", e, 0);
@@ -2255,15 +2238,15 @@ static void op_plan_edit(state *s, fz *f) {
             ws_need = 64;
         else ws_need = sz.profile / 2;
         wb = ws_need;
-        x = fz_ex(1, NULL, 0);
+        x = ex(1, NULL, 0);
         switch (use % 8) {
-            case 0: ws = walloc_mem(wb); x = fz_ex(1, ws, wb); r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p)); break;
-            case 1: ws = walloc_mem(wb); x = fz_ex(1, ws, wb); r = checked(ei_profile_chunk(s->ctx, &x, &s->q.t, &s->k.t, p, 0, 1)); break;
+            case 0: ws = walloc_mem(wb); x = ex(1, ws, wb); r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p)); break;
+            case 1: ws = walloc_mem(wb); x = ex(1, ws, wb); r = checked(ei_profile_chunk(s->ctx, &x, &s->q.t, &s->k.t, p, 0, 1)); break;
             case 2: { /* in 2 parts (one of them may hold no kv head: it does nothing): the first failure */
                 int j;
                 ws = walloc_mem(2 * wb);
                 for (j = 0; j < 2 && r == EI_OK; ++j) {
-                    x = fz_part(j, 2, ws, 2 * wb);
+                    x = ex_part(j, 2, ws, 2 * wb);
                     r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p));
                 }
                 break;
@@ -2278,7 +2261,7 @@ static void op_plan_edit(state *s, fz *f) {
                 out.data = ov.buf;
                 if (fz_sizes(s->ctx, s->n, s->H, s->KV, s->d, 0, 1, &sz) == EI_OK && sz.prefill <= ((size_t)8 << 20)) per = sz.prefill;
                 ws = walloc_mem(per);
-                x = fz_ex(1, ws, per);
+                x = ex(1, ws, per);
                 work_spend((double)s->n * (double)s->n * (double)s->H * (double)s->d);
                 r = checked(ei_attention_prefill(s->ctx, &x, &s->q.t, &s->k.t, &s->v.t, p, &out, 0));
                 view_free(&ov);
@@ -2298,7 +2281,7 @@ static void op_plan_edit(state *s, fz *f) {
             default: {
                 int nt = fz_threads1(fz_u8(f), 2);
                 ws = walloc_mem(wb * (size_t)nt);
-                x = fz_ex(nt, ws, wb * (size_t)nt);
+                x = ex(nt, ws, wb * (size_t)nt);
                 r = checked(ei_profile(s->ctx, &x, &s->q.t, &s->k.t, p));
                 break;
             }
@@ -2353,7 +2336,7 @@ static void op_plan_edit(state *s, fz *f) {
                     int64_t n = s->n > 0 ? s->n : 1;
                     ei_exec x;
                     ei_sizes sz;
-                    if (!s->k.valid) { x = fz_ex(1, NULL, 0); r = checked(ei_decode_keep(s->ctx, &x, d, &s->k.t, &s->keep)); break; }
+                    if (!s->k.valid) { x = ex(1, NULL, 0); r = checked(ei_decode_keep(s->ctx, &x, d, &s->k.t, &s->keep)); break; }
                     memset(&ks, 0, sizeof ks);
                     ks.heads_out = ei_context_config(s->ctx)->per_kv_head ? s->KV : s->H;
                     ks.capacity = (int32_t)EI__MIN(n, (int64_t)ei_context_config(s->ctx)->decode_budget);
@@ -2363,7 +2346,7 @@ static void op_plan_edit(state *s, fz *f) {
                         (wb = sz.decode_keep) > ((size_t)8 << 20))
                         wb = 64;
                     ws = walloc_mem(wb);
-                    x = fz_ex(1, ws, wb);
+                    x = ex(1, ws, wb);
                     work_spend((double)n * (double)saved.n_heads * (double)saved.head_dim * (double)EI__MAX(saved.window, 1));
                     r = checked(ei_decode_keep(s->ctx, &x, d, &s->k.t, &ks));
                     wfree(ws);
@@ -2930,7 +2913,7 @@ static int pc_prepare(pcall *pc, placement *pl, int reference) {
             if (fz_sizes(pc->ctx, pc->n, pc->H, pc->KV, pc->d, 0, 1, &sz) != EI_OK) return 0;
             need = sz.profile;
             ws = walloc_mem(need);
-            x = fz_ex(1, ws, need);
+            x = ex(1, ws, need);
             if (pc->kind == PL_ATTN) r = checked(ei_profile(pc->ctx, &x, &pc->qs.t, &pc->ks.t, p));
             else {
                 ei_tensor q0 = pc->qs.t, k0 = pc->ks.t;
@@ -3031,14 +3014,14 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
     ei_out_tensor out = pc_out(pc, pl), ko = pc_kout(pc, pl), vo = pc_vout(pc, pl);
     const int32_t *rowpos = (const int32_t *)(void *)pl->p[R_ROWPOS];
     float *scores = (float *)(void *)pl->p[R_SCORES], *shared = (float *)(void *)pl->p[R_SHARED];
-    ei_exec x = fz_ex(pc->nt > 0 ? pc->nt : 1, ws, wb); /* on the call's threads (1: the caller) */
+    ei_exec x = ex(pc->nt > 0 ? pc->nt : 1, ws, wb); /* on the call's threads (1: the caller) */
     ei_result r = EI_OK;
     int j;
     switch (pc->kind) {
         case PL_PROFILE:
             if (pc->nth >= 2) { /* in parts (the first failure), then finalize */
                 for (j = 0; j < pc->nth && r == EI_OK; ++j) {
-                    x = fz_part(j, pc->nth, ws, wb);
+                    x = ex_part(j, pc->nth, ws, wb);
                     r = checked(ei_profile(ctx, &x, &q, &k, plan));
                 }
                 return r == EI_OK ? checked(ei_plan_finalize(ctx, plan)) : r;
@@ -3049,7 +3032,7 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
         case PL_DEC_INIT: return checked(ei_decoder_init(ctx, dec, pc->H, pc->KV, pc->d, pl->p[R_DEC], pc->bytes[R_DEC]));
         case PL_OBSERVE: return checked(ei_decode_observe(ctx, dec, &q, dec ? dec->position_end : 0, (int)(pc->var & 1)));
         case PL_KEEP: return checked(ei_decode_keep(ctx, &x, dec, &k, keep));
-        case PL_SCORE: x = fz_part(pc->ith, pc->nth, ws, wb); return checked(ei_decode_score(ctx, &x, dec, &k, rowpos, 0, scores));
+        case PL_SCORE: x = ex_part(pc->ith, pc->nth, ws, wb); return checked(ei_decode_score(ctx, &x, dec, &k, rowpos, 0, scores));
         case PL_SELECT: return checked(ei_decode_select(ctx, &x, dec, scores, pc->n, keep));
         case PL_SHARED_ADD: return checked(ei_decode_shared_add(ctx, &x, dec, scores, pc->n, rowpos, shared));
         case PL_SELECT_SHARED: return checked(ei_decode_select_shared(ctx, &x, dec, shared, pc->n, keep));
@@ -3063,11 +3046,11 @@ static ei_result pc_run(const pcall *pc, const placement *pl) {
                 return r == EI_OK ? checked(ei_attention_decode_merge(ctx, &x, &out)) : r;
             }
             for (j = 0; j < pc->nth && r == EI_OK; ++j) { /* the parts, then (after the engine's barrier) their merges */
-                x = fz_part(j, pc->nth, ws, wb);
+                x = ex_part(j, pc->nth, ws, wb);
                 r = checked(ei_attention_decode(ctx, &x, &q, &k, &v, keep, &out, pc->q_off));
             }
             for (j = 0; j < pc->nth && r == EI_OK; ++j) {
-                x = fz_part(j, pc->nth, ws, wb);
+                x = ex_part(j, pc->nth, ws, wb);
                 r = checked(ei_attention_decode_merge(ctx, &x, &out));
             }
             return r;

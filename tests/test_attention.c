@@ -75,30 +75,6 @@ static void make_qkv(buf *q, buf *k, buf *v, int32_t G, float amp) {
     }
 }
 
-/* ---- how a call runs (ei_exec) and the layer's sizes ------------------ */
-/* A whole call on n threads (0 or 1: the caller alone), ONE workspace. */
-static ei_exec ex(int n_threads, void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.n_threads = n_threads; x.workspace = ws; x.workspace_bytes = bytes;
-    return x;
-}
-/* Part ith of nth (nth 1: the whole call on one thread): every part passes
-   the same workspace. */
-static ei_exec part(int ith, int nth, void *ws, size_t bytes) {
-    ei_exec x = ex(0, ws, bytes);
-    x.ith = ith; x.nth = nth;
-    return x;
-}
-/* ei_layer_sizes of a layer of T tokens, H query and HK kv heads, for
-   calls on n threads or in n parts. */
-static ei_result layer_sizes(const ei_context *ctx, int64_t T, int32_t H, int32_t HK, int32_t d, int n, ei_sizes *z) {
-    ei_shape s;
-    memset(&s, 0, sizeof s);
-    s.max_tokens = T; s.n_heads = H; s.n_kv_heads = HK; s.head_dim = d; s.n_threads = n;
-    return ei_layer_sizes(ctx, &s, z);
-}
-
 /* ---- outputs: guarded, PAD_ELEMS extra elements between tokens (strided) -- */
 #define PAD_ELEMS 5
 static guarded_out out_alloc(ei_dtype dt, int64_t n, int32_t heads, int32_t d, int strided) {
@@ -166,15 +142,15 @@ static ei_result decode_chunk(ei_context *ctx, const ei_tensor *tq, const ei_ten
     ei_result r;
     int ith;
     memset(&z, 0, sizeof z);
-    CHECK(layer_sizes(ctx, tk->n_tokens, tq->n_heads, tk->n_heads, tq->head_dim, nth, &z) == EI_OK,
+    CHECK(sizes_for(ctx, tk->n_tokens, tq->n_heads, tk->n_heads, tq->head_dim, 0, nth, &z) == EI_OK,
           "decode workspace size: %s", ei_last_error());
     ws = malloc(z.decode);
     for (ith = 0; ith < nth; ++ith) {
-        x = part(ith, nth, ws, z.decode);
+        x = ex_part(ith, nth, ws, z.decode);
         if ((r = ei_attention_decode(ctx, &x, tq, tk, tv, NULL, to, t0)) != EI_OK) { free(ws); return r; }
     }
     for (ith = 0; ith < nth; ++ith) {
-        x = part(ith, nth, ws, z.decode);
+        x = ex_part(ith, nth, ws, z.decode);
         if ((r = ei_attention_decode_merge(ctx, &x, to)) != EI_OK) { free(ws); return r; }
     }
     free(ws);
@@ -230,7 +206,7 @@ static void run_case(const case_desc *cd) {
     if (cd->use_plan) {
         ei_tensor tq = buf_view(&q), tk = buf_view(&k);
         CHECK(ei_plan_init(ctx_prof, &plan, cd->n, cd->HK, cd->d, 0, NULL, 0) == EI_OK, "plan: %s", ei_last_error());
-        CHECK(layer_sizes(ctx_prof, cd->n, cd->H, cd->HK, cd->d, 1, &zp) == EI_OK, "ws");
+        CHECK(sizes_for(ctx_prof, cd->n, cd->H, cd->HK, cd->d, 0, 1, &zp) == EI_OK, "ws");
         wsp = malloc(zp.profile);
         x = ex(1, wsp, zp.profile);
         CHECK(ei_profile(ctx_prof, &x, &tq, &tk, &plan) == EI_OK, "profile: %s", ei_last_error());
@@ -258,7 +234,7 @@ static void run_case(const case_desc *cd) {
         if (ei_context_create(&c2, &ctx) != EI_OK) { CHECK(0, "context %s: %s", K->name, ei_last_error()); continue; }
         o = out_alloc(cd->out_dt, cd->n, cd->H, cd->d, cd->strided);
         /* one workspace for the nth parts of each call */
-        CHECK(layer_sizes(ctx, cd->n, cd->H, cd->HK, cd->d, cd->nth, &z) == EI_OK, "ws size: %s", ei_last_error());
+        CHECK(sizes_for(ctx, cd->n, cd->H, cd->HK, cd->d, 0, cd->nth, &z) == EI_OK, "ws size: %s", ei_last_error());
         ws = malloc(z.prefill);
         for (t0 = 0; t0 < cd->n; t0 += cd->chunk ? cd->chunk : cd->n) {
             int64_t nt = cd->chunk ? (cd->chunk < cd->n - t0 ? cd->chunk : cd->n - t0) : cd->n;
@@ -274,7 +250,7 @@ static void run_case(const case_desc *cd) {
                 CHECK(r == EI_OK, "%s decode: %s", K->name, ei_last_error());
             } else
                 for (ith = 0; ith < cd->nth; ++ith) {
-                    ei_exec xp = part(ith, cd->nth, ws, z.prefill);
+                    ei_exec xp = ex_part(ith, cd->nth, ws, z.prefill);
                     ei_result r = ei_attention_prefill(ctx, &xp, &tq, &tk, &tv, cd->use_plan ? &plan : NULL, &to, t0);
                     CHECK(r == EI_OK, "%s: %s", K->name, ei_last_error());
                 }
@@ -323,7 +299,7 @@ static void test_plans_are_ragged(void) {
     make_qkv(&q, &k, &v, 2, 1.0f);
     tq = buf_view(&q); tk = buf_view(&k);
     ei_plan_init(ctx, &plan, 200, 4, 64, 0, NULL, 0);
-    layer_sizes(ctx, 200, 8, 4, 64, 1, &z);
+    sizes_for(ctx, 200, 8, 4, 64, 0, 1, &z);
     ws = malloc(z.profile);
     x = ex(1, ws, z.profile);
     CHECK(ei_profile(ctx, &x, &tq, &tk, &plan) == EI_OK, "profile: %s", ei_last_error());
@@ -363,7 +339,7 @@ static void test_bad_inputs(void) {
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
     o = out_alloc(EI_F32, 100, 4, 32, 0);
     to = o.t;
-    layer_sizes(ctx, 100, 4, 2, 32, 1, &z);
+    sizes_for(ctx, 100, 4, 2, 32, 0, 1, &z);
     wsb = z.prefill;
     ws = malloc(wsb);
     x = ex(1, ws, wsb);
@@ -400,11 +376,11 @@ static void test_bad_inputs(void) {
     BAD(ei_attention_prefill(ctx, NULL, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_NULL); /* NULL ei_exec: no workspace */
     xb = ex(1, ws, wsb - 1);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
-    xb = part(1, 1, ws, wsb);
+    xb = ex_part(1, 1, ws, wsb);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
-    xb = part(-1, 2, ws, wsb);
+    xb = ex_part(-1, 2, ws, wsb);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
-    xb = part(2, 2, ws, wsb);
+    xb = ex_part(2, 2, ws, wsb);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_SIZE);
     BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to, -1), EI_ERR_SIZE);
     BAD(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &to, 1), EI_ERR_SHAPE); /* keys too short */
@@ -479,20 +455,20 @@ static void test_bad_inputs(void) {
     /* ei_exec fields out of range, or threads and parts at once */
     xb = ex(-1, ws, wsb); BADX(EI_ERR_SIZE);
     xb = ex(EI__MAX_THREADS + 1, ws, wsb); BADX(EI_ERR_SIZE);
-    xb = part(0, EI__MAX_THREADS + 1, ws, wsb); BADX(EI_ERR_SIZE);
-    xb = part(0, -1, ws, wsb); BADX(EI_ERR_SIZE);
-    xb = part(0, 2, ws, wsb); xb.n_threads = 2; BADX(EI_ERR_CONFIG);
+    xb = ex_part(0, EI__MAX_THREADS + 1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = ex_part(0, -1, ws, wsb); BADX(EI_ERR_SIZE);
+    xb = ex_part(0, 2, ws, wsb); xb.n_threads = 2; BADX(EI_ERR_CONFIG);
     /* parts share ONE workspace: one thread's is too small for 2 parts, a
        workspace for 2 serves both, and so does one for 3 (any alignment) */
-    xb = part(0, 2, ws, wsb);
+    xb = ex_part(0, 2, ws, wsb);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
-    xb = part(1, 2, ws, wsb);
+    xb = ex_part(1, 2, ws, wsb);
     BAD(ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, NULL, &to, 0), EI_ERR_WORKSPACE);
     ws2 = malloc(z2.prefill + 1);
     {
         int ith, ok = 1;
         for (ith = 0; ith < 2; ++ith) {
-            xb = part(ith, 2, (char *)ws2 + 1, z2.prefill);
+            xb = ex_part(ith, 2, (char *)ws2 + 1, z2.prefill);
             ok &= ei_attention_prefill(ctx, &xb, &tq, &tk, &tv, &plan, &to, 0) == EI_OK;
         }
         CHECK(ok, "2 parts on a workspace for 3: %s", ei_last_error());
@@ -538,7 +514,7 @@ static void test_extremes(void) {
             make_qkv(&q, &k, &v, 2, amps[a]);
             tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
             o = out_alloc(EI_F32, 90, 2, 64, 0);
-            layer_sizes(ctx, 90, 2, 1, 64, 2, &z); /* for 2 threads (the decode below); more than 1 needs */
+            sizes_for(ctx, 90, 2, 1, 64, 0, 2, &z); /* for 2 threads (the decode below); more than 1 needs */
             ws = malloc(z.prefill);
             x = ex(1, ws, z.prefill);
             CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 0) == EI_OK, "extreme");
@@ -596,7 +572,7 @@ static void test_mt(void) {
     o1 = out_alloc(EI_F32, 300, 8, 128, 0);
     o2 = out_alloc(EI_F32, 300, 8, 128, 0);
     o3 = out_alloc(EI_F32, 300, 8, 128, 0);
-    layer_sizes(ctx, 300, 8, 2, 128, 3, &z);
+    sizes_for(ctx, 300, 8, 2, 128, 0, 3, &z);
     ws = malloc(z.prefill);
     x = ex(1, ws, z.prefill);
     CHECK(ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o1.t, 0) == EI_OK, "st");
@@ -605,7 +581,7 @@ static void test_mt(void) {
     CHECK(memcmp(o1.t.data, o2.t.data, o1.bytes) == 0 && guarded_out_intact(&o1) && guarded_out_intact(&o2),
           "mt result differs from single-threaded");
     for (ith = 2; ith >= 0; --ith) { /* any order */
-        x = part(ith, 3, ws, z.prefill);
+        x = ex_part(ith, 3, ws, z.prefill);
         ok &= ei_attention_prefill(ctx, &x, &tq, &tk, &tv, NULL, &o3.t, 0) == EI_OK;
     }
     CHECK(ok && memcmp(o1.t.data, o3.t.data, o1.bytes) == 0 && guarded_out_intact(&o3),
@@ -638,45 +614,45 @@ static void test_decode_bad_inputs(void) {
     tq = buf_view(&q); tk = buf_view(&k); tv = buf_view(&v);
     tq.n_tokens = 1;
     o = out_alloc(EI_F32, 1, 8, 64, 0);
-    layer_sizes(ctx, 300, 8, 2, 64, 1, &z1);
+    sizes_for(ctx, 300, 8, 2, 64, 0, 1, &z1);
     pb = 2 * 8 * 66 * 4; /* the partials of 2 parts of a one-token step */
     need = pb + 2 * z1.prefill;
-    CHECK(layer_sizes(ctx, 300, 8, 2, 64, 2, &z) == EI_OK && z.decode >= 16 * pb + 2 * z1.prefill,
+    CHECK(sizes_for(ctx, 300, 8, 2, 64, 0, 2, &z) == EI_OK && z.decode >= 16 * pb + 2 * z1.prefill,
           "decode workspace %zu for 2 parts: short of 16 tokens' partials and 2 attention workspaces", z.decode);
     raw = (unsigned char *)malloc(z.decode + 64);
     ws = raw + (64 - (uintptr_t)raw % 64) % 64; /* 64-byte aligned: the partials start at ws */
     memset(&shape, 0, sizeof shape);
     shape.max_tokens = 300; shape.n_heads = 8; shape.n_kv_heads = 2; shape.head_dim = 64; shape.n_threads = -1;
     CHECK(ei_layer_sizes(ctx, &shape, &z1) == EI_ERR_SIZE, "n_threads -1 accepted");
-    layer_sizes(ctx, 300, 8, 2, 64, 1, &z1);
+    sizes_for(ctx, 300, 8, 2, 64, 0, 1, &z1);
     q17 = buf_view(&q); q17.n_tokens = 17;
-    x = part(0, 2, ws, z.decode);
+    x = ex_part(0, 2, ws, z.decode);
     CHECK(ei_attention_decode(ctx, &x, &q17, &tk, &tv, NULL, &o.t, 0) == EI_ERR_SIZE, "q of 17 tokens");
-    x = part(2, 2, ws, z.decode);
+    x = ex_part(2, 2, ws, z.decode);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_SIZE, "ith == nth");
-    x = part(0, 2, NULL, 0);
+    x = ex_part(0, 2, NULL, 0);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_NULL, "workspace NULL");
-    x = part(0, 2, ws, pb - 4);
+    x = ex_part(0, 2, ws, pb - 4);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_WORKSPACE, "no room for the partials");
-    x = part(0, 2, raw + 1, z.decode);
+    x = ex_part(0, 2, raw + 1, z.decode);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_OK, "a misaligned workspace: %s",
           ei_last_error());
-    x = part(1, 2, ws, need - 1);
+    x = ex_part(1, 2, ws, need - 1);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_ERR_WORKSPACE,
           "workspace a byte short of 2 parts");
-    x = part(1, 2, ws, need);
+    x = ex_part(1, 2, ws, need);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299) == EI_OK, "workspace of exactly 2 parts: %s",
           ei_last_error());
-    x = part(0, 2, ws, z.decode);
+    x = ex_part(0, 2, ws, z.decode);
     CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 300) == EI_ERR_SHAPE, "a query past the keys");
-    x = part(0, 2, ws, pb - 4);
+    x = ex_part(0, 2, ws, pb - 4);
     CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_ERR_WORKSPACE, "merge: no room for the partials");
-    x = part(0, 2, NULL, 0);
+    x = ex_part(0, 2, NULL, 0);
     CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_ERR_NULL, "merge: workspace NULL");
     {
         ei_out_tensor over = o.t;
         over.data = ws;
-        x = part(0, 2, ws, z.decode);
+        x = ex_part(0, 2, ws, z.decode);
         CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &over, 299) == EI_ERR_OVERLAP, "out over the partials");
         CHECK(ei_attention_decode_merge(ctx, &x, &over) == EI_ERR_OVERLAP, "merge: out over partials");
     }
@@ -684,9 +660,9 @@ static void test_decode_bad_inputs(void) {
     /* NaN in key 200: the slice of part 1 of 2 (keys 128..299) */
     ((float *)k.data)[(200 * 2 + 1) * 64 + 3] = NAN;
     tq.data = (float *)q.data + 299 * 8 * 64;
-    x = part(0, 2, ws, z.decode);
+    x = ex_part(0, 2, ws, z.decode);
     r0 = ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299);
-    x = part(1, 2, ws, z.decode);
+    x = ex_part(1, 2, ws, z.decode);
     r1 = ei_attention_decode(ctx, &x, &tq, &tk, &tv, NULL, &o.t, 299);
     CHECK(r0 == EI_OK && r1 == EI_ERR_NONFINITE, "NaN key: part results %d %d", (int)r0, (int)r1);
     free(raw); guarded_out_free(&o); ei_context_destroy(ctx);
@@ -741,15 +717,15 @@ static void test_decode_keep(void) {
                                     if ((row * 7 + s * 3) % 5 < 2 || row >= made - (KEPT - i)) index[s * CAP + i++] = row;
                             tq.data = (unsigned char *)q.data + (size_t)q_offset * H * D * dtype_size(dt);
                             tq.n_tokens = nt;
-                            layer_sizes(ctx, N, H, HK, D, nth, &z);
+                            sizes_for(ctx, N, H, HK, D, 0, nth, &z);
                             ws = malloc(z.decode); mtws = malloc(z.decode);
                             for (i = 0; i < nth; ++i) {
-                                x = part(i, nth, ws, z.decode);
+                                x = ex_part(i, nth, ws, z.decode);
                                 CHECK(ei_attention_decode(ctx, &x, &tq, &tk, &tv, &keep, &o.t, q_offset) == EI_OK,
                                       "%s decode with a keep set, part %d of %d: %s", K->name, i, nth, ei_last_error());
                             }
                             for (i = 0; i < nth; ++i) {
-                                x = part(i, nth, ws, z.decode);
+                                x = ex_part(i, nth, ws, z.decode);
                                 CHECK(ei_attention_decode_merge(ctx, &x, &o.t) == EI_OK, "merge");
                             }
                             x = ex(nth, mtws, z.decode);
@@ -785,7 +761,7 @@ static void test_decode_keep(void) {
             ei_context_create(&cfg, &ctx);
             tq.data = (float *)q.data + (size_t)(N - 1) * H * D;
             tq.n_tokens = 1;
-            layer_sizes(ctx, N, H, HK, D, 1, &z);
+            sizes_for(ctx, N, H, HK, D, 0, 1, &z);
             raw = (unsigned char *)malloc(z.decode + 64);
             ws = raw + (64 - (uintptr_t)raw % 64) % 64; /* the partials start at ws */
             x = ex(1, ws, z.decode);
@@ -902,7 +878,7 @@ static void test_chunked_planning(void) {
     for (i = n * HK * d; i < (n + pad) * HK * d; ++i) { buf_set(&k, i, NAN); buf_set(&v, i, NAN); }
     vmax = ref_vmax(&tvall, -1);
     CHECK(ei_plan_init(ctx, &plan, n, HK, d, EI_PLAN_CHUNKED, NULL, 0) == EI_OK, "plan: %s", ei_last_error());
-    layer_sizes(ctx, n, H, HK, d, 2, &z); /* for attention on 2 threads (profiling on 1 takes less) */
+    sizes_for(ctx, n, H, HK, d, 0, 2, &z); /* for attention on 2 threads (profiling on 1 takes less) */
     pws = malloc(z.profile);
     aws = malloc(z.prefill);
     xp = ex(1, pws, z.profile);

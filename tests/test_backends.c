@@ -83,38 +83,6 @@ static uint16_t *bf16_ints(size_t n) {
     return x;
 }
 
-/* ------------------------------------------------------------ execution and sizes */
-/* A whole call on n_threads threads (0: the caller alone), or part ith of
-   nth; one workspace either way. */
-static ei_exec ex(int n_threads, void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.n_threads = n_threads;
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
-static ei_exec ex_part(int ith, int nth, void *ws, size_t bytes) {
-    ei_exec x = ex(0, ws, bytes);
-    x.ith = ith;
-    x.nth = nth;
-    return x;
-}
-/* Every size of a layer (ei_layer_sizes) for calls on n_threads threads or parts. */
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t max_tokens, int32_t n_heads, int32_t n_kv_heads,
-                            int32_t head_dim, uint32_t plan_flags, int32_t n_threads) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = max_tokens;
-    sh.n_heads = n_heads;
-    sh.n_kv_heads = n_kv_heads;
-    sh.head_dim = head_dim;
-    sh.plan_flags = plan_flags;
-    sh.n_threads = n_threads;
-    CHECK_ERR(ei_layer_sizes(ctx, &sh, &z), EI_OK);
-    return z;
-}
 
 /* ------------------------------------------------------------ 1: decode window */
 enum { S1_H = 4, S1_KV = 2, S1_D = 64, S1_Q = 45, S1_N = 225 };

@@ -7,40 +7,6 @@
 #include "check.h"
 
 /* ------------------------------------------------------------ execution (ei_exec, ei_layer_sizes) */
-/* A whole call on n_threads threads (0 or 1: the calling thread alone) with
-   the workspace ws of bytes bytes. */
-static ei_exec ex(int n_threads, void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.n_threads = n_threads;
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
-/* Part ith of nth: every part passes the same workspace. */
-static ei_exec ex_part(int ith, int nth, void *ws, size_t bytes) {
-    ei_exec x = ex(0, ws, bytes);
-    x.ith = ith;
-    x.nth = nth;
-    return x;
-}
-/* Every size of a layer of max_tokens tokens, n_heads / n_kv_heads heads of
-   head_dim, plans of plan_flags, calls on n_threads threads or parts (a
-   test's set-up: stops the program on failure). */
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t max_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            uint32_t plan_flags, int32_t n_threads) {
-    ei_shape sh;
-    ei_sizes sz;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = max_tokens;
-    sh.n_heads = n_heads;
-    sh.n_kv_heads = n_kv_heads;
-    sh.head_dim = head_dim;
-    sh.plan_flags = plan_flags;
-    sh.n_threads = n_threads;
-    CHECK_OK(ei_layer_sizes(ctx, &sh, &sz));
-    return sz;
-}
 
 /* ------------------------------------------------------------ conversions */
 static void test_conversions(void) {

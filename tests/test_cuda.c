@@ -209,29 +209,6 @@ static ei_context *make_ctx(const ei_config *c, ei_backend backend) {
     return ctx;
 }
 
-/* Every buffer of a layer of this shape on ctx, for one thread (on the GPU
-   the count does not matter: one launch sequence, one workspace). */
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t n, int32_t nh, int32_t nkv, int32_t D, uint32_t flags) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    memset(&z, 0, sizeof z);
-    sh.max_tokens = n;
-    sh.n_heads = nh;
-    sh.n_kv_heads = nkv;
-    sh.head_dim = D;
-    sh.plan_flags = flags;
-    CHECK_OK(ei_layer_sizes(ctx, &sh, &z));
-    return z;
-}
-/* A whole call on the calling thread with this workspace. */
-static ei_exec ex(void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
 
 /* A device plan profiled on the GPU and its host copy. */
 typedef struct gpu_plan { ei_plan dev, host; void *mem, *ws; } gpu_plan;
@@ -239,12 +216,12 @@ static void gpu_profile(ei_context *g, ei_context *c, const ei_tensor *q, const 
                         gpu_plan *gp, ei_result expect) {
     ei_result r;
     int64_t n = q->n_tokens;
-    ei_sizes z = layer_sizes(g, n, q->n_heads, k->n_heads, q->head_dim, flags);
+    ei_sizes z = layer_sizes(g, n, q->n_heads, k->n_heads, q->head_dim, flags, 1);
     ei_exec x;
     gp->mem = dev_alloc(z.plan);
     CHECK_OK(ei_plan_init(g, &gp->dev, n, k->n_heads, q->head_dim, flags, gp->mem, z.plan));
     gp->ws = dev_alloc(z.profile);
-    x = ex(gp->ws, z.profile);
+    x = ex(1, gp->ws, z.profile);
     r = ei_profile(g, &x, q, k, &gp->dev);
     CHECK(r == expect, "gpu profile returned %s (%s), expected %s", ei_result_name(r), ei_last_error(),
           ei_result_name(expect));
@@ -415,7 +392,7 @@ static void golden_prefill(const char *dir, const char *name, ei_dtype dt) {
     /* GPU vs CPU on the same input (f32 CPU reference of the same values) */
     {
         ei_plan cp;
-        ei_sizes z = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES);
+        ei_sizes z = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES, 1);
         void *ws;
         ei_exec x;
         ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, nkv, D);
@@ -423,7 +400,7 @@ static void golden_prefill(const char *dir, const char *name, ei_dtype dt) {
         if (dt != EI_F32) { round_to(q, nq, dt); round_to(k, nk, dt); }
         CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, EI_PLAN_SCORES, NULL, 0));
         ws = malloc(z.profile);
-        x = ex(ws, z.profile);
+        x = ex(1, ws, z.profile);
         CHECK_OK(ei_profile(cpu, &x, &hq, &hk, &cp));
         for (h = 0; h < nkv; h++)
             for (s = 1; s < nseg; s++) {
@@ -453,7 +430,7 @@ typedef struct dev_keep { ei_keep_set ks; void *idx, *mask, *pooled, *ws, *ring;
 
 static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, const float *obs, int64_t n, int nh,
                            int nkv, int D, ei_dtype dt, dev_keep *dk, void **dkey) {
-    ei_sizes z = layer_sizes(g, n, nh, nkv, D, 0);
+    ei_sizes z = layer_sizes(g, n, nh, nkv, D, 0, 1);
     ei_exec x;
     int heads_out = c->per_kv_head ? nkv : nh, W = c->window;
     int64_t L = n - W > 0 ? n - W : 0;
@@ -477,7 +454,7 @@ static void run_decode_gpu(ei_context *g, const ei_config *c, const float *k, co
     dk->ks.pooled_capacity = L > 0 ? L : 1;
     dk->ws = dev_alloc(z.decode_keep);
     tk = ei_tensor_make(*dkey, dt, n, nkv, D);
-    x = ex(dk->ws, z.decode_keep);
+    x = ex(1, dk->ws, z.decode_keep);
     CHECK_OK(ei_decode_keep(g, &x, &dk->dec, &tk, &dk->ks));
     dev_free(dq);
 }
@@ -743,8 +720,8 @@ static void decode_policies_gpu(int quick) {
                     c.cuda_deferred_errors = 1;
                     gdf = make_ctx(&c, EI_BACKEND_CUDA);
                     c.cuda_deferred_errors = 0;
-                    gz = layer_sizes(g, rows, NH, NKV, D, 0);
-                    cz = layer_sizes(cpu, rows, NH, NKV, D, 0);
+                    gz = layer_sizes(g, rows, NH, NKV, D, 0, 1);
+                    cz = layer_sizes(cpu, rows, NH, NKV, D, 0, 1);
                     gring = dev_alloc(gz.decoder);
                     dring = dev_alloc(gz.decoder);
                     cring = malloc(cz.decoder);
@@ -754,9 +731,9 @@ static void decode_policies_gpu(int quick) {
                     gws = dev_alloc(gz.decode_keep);
                     dws = dev_alloc(gz.decode_keep);
                     cws = malloc(cz.decode_keep);
-                    gx = ex(gws, gz.decode_keep);
-                    dx = ex(dws, gz.decode_keep);
-                    cx = ex(cws, cz.decode_keep);
+                    gx = ex(1, gws, gz.decode_keep);
+                    dx = ex(1, dws, gz.decode_keep);
+                    cx = ex(1, cws, cz.decode_keep);
                     for (j = 0; j < rows; j++) row_pos[j] = -1;
                     for (round = 0; round < 2; round++) {
                         const int64_t N = round ? NPOS + MORE : NPOS, from = round ? NPOS : 0;
@@ -881,7 +858,7 @@ static void gpu_ways_prefill(ei_context *g, const ei_tensor *q, const ei_tensor 
                              ei_out_tensor *out, int64_t q_offset, void *ws, size_t wsb, size_t out_bytes) {
     unsigned char *whole = (unsigned char *)malloc(out_bytes), *got = (unsigned char *)malloc(out_bytes);
     unsigned char *poison = (unsigned char *)malloc(out_bytes);
-    ei_exec x = ex(ws, wsb);
+    ei_exec x = ex(1, ws, wsb);
     int ith, untouched = 1;
     memset(poison, 0xFF, out_bytes);
     dev_put(out->data, poison, out_bytes);
@@ -901,7 +878,7 @@ static void gpu_ways_prefill(ei_context *g, const ei_tensor *q, const ei_tensor 
     dev_get(got, out->data, out_bytes);
     CHECK(!memcmp(got, whole, out_bytes), "gpu prefill in parts: part 0's output differs from the whole call's");
     dev_put(out->data, poison, out_bytes);
-    x = ex(ws, wsb);
+    x = ex(1, ws, wsb);
     x.n_threads = 4;
     CHECK_OK(ei_attention_prefill(g, &x, q, k, v, plan, out, q_offset));
     dev_get(got, out->data, out_bytes);
@@ -949,7 +926,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
     tq_part.n_tokens = nq_tok;
     to = ei_out_tensor_make(dout, out_dt, nq_tok, nh, D);
     /* the workspace of ei_sizes.prefill: split-K where the grid is small (head_dim 64/256) */
-    wsb = layer_sizes(g, n, nh, nkv, D, 0).prefill;
+    wsb = layer_sizes(g, n, nh, nkv, D, 0, 1).prefill;
     if (wsb) dws = dev_alloc(wsb);
     for (shape = 0; shape < (D == 256 ? 1 : 15); shape++)
     for (wsp = 0; wsp < (wsb ? 2 : 1); wsp++) {
@@ -964,7 +941,7 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
         memset(hout, 0xFF, nout * oes); /* poison: NaN in every dtype */
         dev_put(dout, hout, nout * oes);
         {
-            ei_exec x = ex(wsp ? dws : NULL, wsp ? wsb : 0);
+            ei_exec x = ex(1, wsp ? dws : NULL, wsp ? wsb : 0);
             CHECK_OK(ei_attention_prefill(g, &x, &tq_part, &tk, &tv, use_plan ? &gp.dev : NULL, &to, q_offset));
         }
         dev_get(hout, dout, nout * oes);
@@ -1116,9 +1093,9 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
     hq = ei_tensor_make(q, EI_F32, n, nh, D); htk = ei_tensor_make(hk, kdt, n, nkv, D); htv = ei_tensor_make(hv, kdt, n, nkv, D);
     to = ei_out_tensor_make(dout, EI_F32, n, nh, D);
     ho = ei_out_tensor_make(ref, EI_F32, n, nh, D);
-    cwsb = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES).workspace; /* one buffer: profile, prefill, decode */
+    cwsb = layer_sizes(cpu, n, nh, nkv, D, EI_PLAN_SCORES, 1).workspace; /* one buffer: profile, prefill, decode */
     cws = malloc(cwsb);
-    cx = ex(cws, cwsb);
+    cx = ex(1, cws, cwsb);
     /* the plan from the f32 q: GPU against CPU */
     gpu_profile(g, cpu, &tq, &tk, 0, &gp, EI_OK);
     CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, EI_PLAN_SCORES, NULL, 0));
@@ -1184,9 +1161,9 @@ static void f32q_case(ei_dtype kdt, int64_t n, int nh, int nkv, int D, float pea
         unsetenv("EI_CUDA_SAMPLED_GENERIC");
         CHECK_OK(ei_plan_init(cpu, &cp, n, nkv, D, 0, NULL, 0));
         {   /* the sampled ranking's own (larger) workspace */
-            size_t swsb = layer_sizes(cpu, n, nh, nkv, D, 0).profile;
+            size_t swsb = layer_sizes(cpu, n, nh, nkv, D, 0, 1).profile;
             void *sws = malloc(swsb);
-            ei_exec sx = ex(sws, swsb);
+            ei_exec sx = ex(1, sws, swsb);
             CHECK_OK(ei_profile(cpu, &sx, &hq, &htk, &cp));
             free(sws);
         }
@@ -1361,7 +1338,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4);
     ei_context *g = make_ctx(cfg, EI_BACKEND_CUDA), *cpu = make_ctx(cfg, EI_BACKEND_CPU);
     const uint32_t flags = EI_PLAN_CHUNKED | EI_PLAN_SCORES;
-    ei_sizes gz = layer_sizes(g, cap, nh, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u));
+    ei_sizes gz = layer_sizes(g, cap, nh, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), 1);
     ei_exec cx, gx, dx;
     ei_plan cp, gp, hp;
     void *dq, *dk, *pmem, *gws, *cws;
@@ -1389,20 +1366,20 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     pbytes = gz.plan;
     pmem = dev_alloc(pbytes);
     CHECK_OK(ei_plan_init(g, &gp, cap, nkv, D, flags | (g_keep_keys ? EI_PLAN_KEEP_KEYS : 0u), pmem, pbytes));
-    cwsb = layer_sizes(cpu, cap, nh, nkv, D, flags).profile;
+    cwsb = layer_sizes(cpu, cap, nh, nkv, D, flags, 1).profile;
     gwsb = gz.profile;
     cws = malloc(cwsb);
     gws = dev_alloc(gwsb);
-    cx = ex(cws, cwsb);
-    gx = ex(gws, gwsb);
-    dx = ex(NULL, 0);
+    cx = ex(1, cws, cwsb);
+    gx = ex(1, gws, gwsb);
+    dx = ex(1, NULL, 0);
     if (sampled) {
         ei_config dc = *cfg;
         dc.cuda_deferred_errors = 1;
         gd = make_ctx(&dc, EI_BACKEND_CUDA);
         dpmem = dev_alloc(pbytes);
         dws = dev_alloc(gwsb);
-        dx = ex(dws, gwsb);
+        dx = ex(1, dws, gwsb);
         CHECK_OK(ei_plan_init(gd, &dp, cap, nkv, D, flags, dpmem, pbytes));
     }
     for (ci = 0; ci < ncalls; ci++) {
@@ -1656,7 +1633,7 @@ static void chunk_both(chunk_pair *P, int64_t src, int64_t m, int heads, int64_t
     ei_tensor gq = ei_tensor_make((const uint16_t *)P->dq + src * ts, EI_BF16, m, heads, P->D);
     ei_tensor ck = ei_tensor_make(P->hk, EI_F32, k_tokens, P->nkv, P->D);
     ei_tensor gk = ei_tensor_make(P->dk, EI_BF16, k_tokens, P->nkv, P->D);
-    ei_exec cx = ex(P->cws, ws_cut ? ws_cut : P->cwsb), gx = ex(P->gws, ws_cut ? ws_cut : P->gwsb);
+    ei_exec cx = ex(1, P->cws, ws_cut ? ws_cut : P->cwsb), gx = ex(1, P->gws, ws_cut ? ws_cut : P->gwsb);
     ei_result rc, rg;
     char cmsg[512];
     cq.token_stride = gq.token_stride = ts;
@@ -1697,8 +1674,8 @@ static void chunked_errors(int sampled) {
     P.hq = q; P.hk = k;
     P.dq = dev_upload(q, (size_t)n * P.nh * P.D, EI_BF16);
     P.dk = dev_upload(k, (size_t)n * P.nkv * P.D, EI_BF16);
-    gz = layer_sizes(P.g, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED);
-    cz = layer_sizes(P.cpu, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED);
+    gz = layer_sizes(P.g, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED, 1);
+    cz = layer_sizes(P.cpu, n, P.nh, P.nkv, P.D, EI_PLAN_CHUNKED, 1);
     pm = dev_alloc(gz.plan);
     CHECK_OK(ei_plan_init(P.g, &P.gp, n, P.nkv, P.D, EI_PLAN_CHUNKED, pm, gz.plan));
     CHECK_OK(ei_plan_init(P.cpu, &P.cp, n, P.nkv, P.D, EI_PLAN_CHUNKED, NULL, 0));
@@ -1721,7 +1698,7 @@ static void chunked_errors(int sampled) {
     chunk_both(&P, 600, 800, 8, n, 600, 1, 0, EI_OK, "[600, 1400), final (before the NaN)");
     {
         ei_tensor gq = ei_tensor_make(P.dq, EI_BF16, 600, P.nh, P.D), gk = ei_tensor_make(P.dk, EI_BF16, n, P.nkv, P.D);
-        ei_exec x = ex(P.gws, P.gwsb);
+        ei_exec x = ex(1, P.gws, P.gwsb);
         int64_t before = P.gp.n_tokens;
         /* in parts the GPU call is part 0's: part 1 returns EI_OK and leaves the plan (a roll-back to 0 here) */
         x.nth = 2;
@@ -1737,7 +1714,7 @@ static void chunked_errors(int sampled) {
         /* a plan without the chunked state (the context allocates it on the device) */
         CHECK_OK(ei_plan_init(P.g, &whole, n, P.nkv, P.D, 0, NULL, 0));
         CHECK(whole.on_device == 1, "ei_plan_init(NULL, 0) on a GPU context: on_device %d", whole.on_device);
-        x = ex(P.gws, P.gwsb);
+        x = ex(1, P.gws, P.gwsb);
         CHECK_ERR(ei_profile_chunk(P.g, &x, &gq, &gk, &whole, 0, 0), EI_ERR_STATE);
         ei_plan_free(P.g, &whole);
     }
@@ -1768,7 +1745,7 @@ static void error_tests(void) {
     printf("  NaN in q: %s\n", ei_last_error());
     {
         ei_tensor bad = tq;
-        ei_exec big = ex(gp.ws, (size_t)1 << 30), small = ex(gp.ws, 16);
+        ei_exec big = ex(1, gp.ws, (size_t)1 << 30), small = ex(1, gp.ws, 16);
         bad.head_stride = 0;
         CHECK(ei_profile(g, &big, &bad, &tk, &gp.dev) == EI_ERR_STRIDE, "zero stride accepted");
         CHECK(ei_profile(g, &small, &tq, &tk, &gp.dev) == EI_ERR_WORKSPACE, "small workspace accepted");
@@ -1875,16 +1852,16 @@ static void gpu_exec_tests(void) {
         CHECK_ERR(ei_plan_init(g, &none, n, NKV, D, 0, NULL, 64), EI_ERR_NULL); /* (a failed allocation of the caller's) */
     }
     /* the ei_exec is checked on the GPU as on the CPU */
-    x = ex(ws, z1.workspace); x.nth = 2; x.ith = 2;
+    x = ex(1, ws, z1.workspace); x.nth = 2; x.ith = 2;
     CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_SIZE);
     x.ith = 0; x.n_threads = 2;
     CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_CONFIG);
-    x = ex(ws, z1.workspace); x.nth = -1;
+    x = ex(1, ws, z1.workspace); x.nth = -1;
     CHECK_ERR(ei_attention_prefill(g, &x, &tq, &tk, &tv, NULL, NULL, 0), EI_ERR_SIZE);
-    x = ex(NULL, 64);
+    x = ex(1, NULL, 64);
     CHECK_ERR(ei_profile(g, &x, &tq, &tk, &p1), EI_ERR_NULL);
     /* profiling: whole, parts, threads: one plan */
-    x = ex(ws, z1.workspace);
+    x = ex(1, ws, z1.workspace);
     CHECK_OK(ei_profile(g, &x, &tq, &tk, &p1));
     CHECK_OK(ei_plan_copy(g, &h1, &p1, EI_COPY_DEVICE_TO_HOST));
     x.nth = 3;
@@ -1897,7 +1874,7 @@ static void gpu_exec_tests(void) {
     CHECK(untouched, "gpu profile in parts: a part other than 0 planned");
     CHECK_OK(ei_plan_copy(g, &h2, &p2, EI_COPY_DEVICE_TO_HOST));
     CHECK(plans_identical(&h1, &h2), "gpu profile in parts: part 0's plan differs from the whole call's");
-    x = ex(ws, z1.workspace); x.n_threads = 4;
+    x = ex(1, ws, z1.workspace); x.n_threads = 4;
     CHECK_OK(ei_profile(g, &x, &tq, &tk, &p2));
     CHECK_OK(ei_plan_copy(g, &h2, &p2, EI_COPY_DEVICE_TO_HOST));
     CHECK(plans_identical(&h1, &h2), "gpu profile on 4 threads: the plan differs from one thread's");
@@ -1910,7 +1887,7 @@ static void gpu_exec_tests(void) {
     tq1.n_tokens = 1;
     to = ei_out_tensor_make(dout, EI_BF16, 1, NH, D);
     dev_put(dout, poison, ob);
-    x = ex(ws, z1.decode);
+    x = ex(1, ws, z1.decode);
     CHECK_OK(ei_attention_decode(g, &x, &tq1, &tk, &tv, NULL, &to, n - 1));
     CHECK_OK(ei_attention_decode_merge(g, &x, &to));
     dev_get(whole, dout, ob);
@@ -1927,7 +1904,7 @@ static void gpu_exec_tests(void) {
     CHECK(untouched, "gpu decode attention in parts: a part other than 0 wrote the output");
     CHECK(!memcmp(got, whole, ob), "gpu decode attention in parts: the output differs from the whole call's");
     dev_put(dout, poison, ob);
-    x = ex(ws, z1.decode); x.n_threads = 4;
+    x = ex(1, ws, z1.decode); x.n_threads = 4;
     CHECK_OK(ei_attention_decode(g, &x, &tq1, &tk, &tv, NULL, &to, n - 1));
     dev_get(got, dout, ob);
     CHECK(!memcmp(got, whole, ob), "gpu decode attention on 4 threads: the output differs from one thread's");
@@ -1942,7 +1919,7 @@ static void gpu_exec_tests(void) {
         CHECK_OK(ei_decode_observe(g, &dec, &qo, n - 16, 0));
     }
     dev_put(dsc, poison, sb);
-    x = ex(ws, z1.decode_keep);
+    x = ex(1, ws, z1.decode_keep);
     CHECK_OK(ei_decode_score(g, &x, &dec, &tk, NULL, 0, (float *)dsc));
     dev_get(whole, dsc, sb);
     dev_put(dsc, poison, sb);
@@ -2013,18 +1990,18 @@ static void *dp_at(const dp_fix *x, int r) { return x->arena + x->at[r]; }
 static ei_tensor dp_view(const dp_fix *x, int r, int heads) { return ei_tensor_make(dp_at(x, r), EI_BF16, x->n, heads, x->D); }
 static ei_result dp_profile(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(1, dp_at(x, DP_WS), x->bytes[DP_WS]);
     return ei_profile(x->ctx, &e, &q, &k, &x->plan);
 }
 static ei_result dp_chunk(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv);
-    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(1, dp_at(x, DP_WS), x->bytes[DP_WS]);
     return ei_profile_chunk(x->ctx, &e, &q, &k, &x->plan, 0, 1);
 }
 static ei_result dp_prefill(dp_fix *x) {
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
     ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, x->n, x->nh, x->D);
-    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(1, dp_at(x, DP_WS), x->bytes[DP_WS]);
     return ei_attention_prefill(x->ctx, &e, &q, &k, &v, &x->plan, &o, 0);
 }
 static ei_result dp_observe(dp_fix *x) {
@@ -2037,25 +2014,25 @@ static ei_result dp_copy(dp_fix *x) {
 /* the decode entries: the decoder observed the last W rows and the keep set laid over its regions (setup) */
 static ei_result dp_keep(dp_fix *x) {
     ei_tensor k = dp_view(x, DP_K, x->nkv);
-    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(1, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
     return ei_decode_keep(x->ctx, &e, &x->dec, &k, &x->keep);
 }
 static ei_result dp_score(dp_fix *x) {
     ei_tensor k = dp_view(x, DP_K, x->nkv);
-    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(1, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
     return ei_decode_score(x->ctx, &e, &x->dec, &k, (const int32_t *)dp_at(x, DP_ROWPOS), 0, (float *)dp_at(x, DP_SCORES));
 }
 static ei_result dp_select(dp_fix *x) {
-    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(1, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
     return ei_decode_select(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n, &x->keep);
 }
 static ei_result dp_shared_add(dp_fix *x) {
-    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(1, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
     return ei_decode_shared_add(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SCORES), x->n,
                                 (const int32_t *)dp_at(x, DP_ROWPOS), (float *)dp_at(x, DP_SHARED));
 }
 static ei_result dp_select_shared(dp_fix *x) {
-    ei_exec e = ex(dp_at(x, DP_DWS), x->bytes[DP_DWS]);
+    ei_exec e = ex(1, dp_at(x, DP_DWS), x->bytes[DP_DWS]);
     return ei_decode_select_shared(x->ctx, &e, &x->dec, (const float *)dp_at(x, DP_SHARED), x->n, &x->keep);
 }
 static ei_result dp_compact(dp_fix *x) {
@@ -2066,7 +2043,7 @@ static ei_result dp_compact(dp_fix *x) {
 static ei_result dp_decode_attn(dp_fix *x) { /* the newest query against every key */
     ei_tensor q = dp_view(x, DP_Q, x->nh), k = dp_view(x, DP_K, x->nkv), v = dp_view(x, DP_V, x->nkv);
     ei_out_tensor o = ei_out_tensor_make(dp_at(x, DP_OUT), EI_BF16, 1, x->nh, x->D);
-    ei_exec e = ex(dp_at(x, DP_WS), x->bytes[DP_WS]);
+    ei_exec e = ex(1, dp_at(x, DP_WS), x->bytes[DP_WS]);
     q.data = (const unsigned char *)q.data + (size_t)(x->n - 1) * x->nh * x->D * 2;
     q.n_tokens = 1;
     return ei_attention_decode(x->ctx, &e, &q, &k, &v, NULL, &o, x->n - 1);
@@ -2193,9 +2170,9 @@ static void device_placements(void) {
     x.k_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
     x.v_host = host_as(kf, (size_t)x.n * x.nkv * x.D, EI_BF16);
     {
-        ei_sizes z = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, 0);
+        ei_sizes z = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, 0, 1);
         x.pb = z.plan;
-        x.pcb = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, EI_PLAN_CHUNKED).plan;
+        x.pcb = layer_sizes(x.ctx, x.n, x.nh, x.nkv, x.D, EI_PLAN_CHUNKED, 1).plan;
         pwsb = z.profile;
         awsb = z.prefill > z.decode ? z.prefill : z.decode;
         x.db = z.decoder;
@@ -2223,7 +2200,7 @@ static void device_placements(void) {
         x.ref_mem = dev_alloc(x.pb); x.ref_ws = dev_alloc(pwsb);
         dev_put(x.arena + x.home[DP_Q], x.q_host, x.bytes[DP_Q]);
         dev_put(x.arena + x.home[DP_K], x.k_host, x.bytes[DP_K]);
-        ei_exec e = ex(x.ref_ws, pwsb);
+        ei_exec e = ex(1, x.ref_ws, pwsb);
         CHECK_OK(ei_plan_init(x.ctx, &x.ref_plan, x.n, x.nkv, x.D, 0, x.ref_mem, x.pb));
         CHECK_OK(ei_profile(x.ctx, &e, &q, &kk, &x.ref_plan));
     }
@@ -2234,7 +2211,7 @@ static void device_placements(void) {
         ei_keep_set ks;
         void *dws = dev_alloc(x.dwsb), *dsc = dev_alloc(x.bytes[DP_SCORES]), *dsh = dev_alloc(x.bytes[DP_SHARED]);
         void *didx = dev_alloc(x.bytes[DP_IDX]), *dpos = dev_alloc(x.bytes[DP_POS]), *dmap = dev_alloc(x.bytes[DP_ROWPOS]);
-        ei_exec e = ex(dws, x.dwsb);
+        ei_exec e = ex(1, dws, x.dwsb);
         x.q_obs = dev_alloc((size_t)x.W * x.nh * x.D * 2);
         x.dec_apart = dev_alloc(x.db);
         dev_put(x.q_obs, (const unsigned char *)x.q_host + (size_t)(x.n - x.W) * x.nh * x.D * 2, (size_t)x.W * x.nh * x.D * 2);
@@ -2366,9 +2343,9 @@ static int fallback_test(void) {
         CHECK_OK(ei_context_create(&c, &ctx));
         gen_qk(q, k, n, nh, nkv, D, 0.f);
         CHECK_OK(ei_plan_init(ctx, &plan, n, nkv, D, 0, NULL, 0));
-        wsb = layer_sizes(ctx, n, nh, nkv, D, 0).profile;
+        wsb = layer_sizes(ctx, n, nh, nkv, D, 0, 1).profile;
         ws = malloc(wsb);
-        x = ex(ws, wsb);
+        x = ex(1, ws, wsb);
         r = ei_profile(ctx, &x, &tq, &tk, &plan);
         CHECK(r == EI_OK && plan.n_segments == 5, "CPU profile after a failed CUDA context: %s", ei_result_name(r));
         printf("  CPU context after the failure: profile %s, %d segments\n", ei_result_name(r), plan.n_segments);

@@ -72,28 +72,6 @@ static void fill_bf16(uint16_t *x, size_t count, float scale) {
     for (i = 0; i < count; i++) x[i] = f2bf(scale * urand_pm() + (i % 7 == 0 ? scale * urand_pm() * 4.f : 0.f));
 }
 
-/* Every buffer of a layer of this shape (one launch sequence: one workspace). */
-static ei_sizes sizes_of(const ei_context *ctx, int64_t n, int nh, int nkv, int D, uint32_t flags) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    memset(&z, 0, sizeof z);
-    sh.max_tokens = n;
-    sh.n_heads = nh;
-    sh.n_kv_heads = nkv;
-    sh.head_dim = D;
-    sh.plan_flags = flags;
-    CHECK_OK(ei_layer_sizes(ctx, &sh, &z));
-    return z;
-}
-/* A whole call with this workspace. */
-static ei_exec ex(void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
 
 typedef struct layer {
     int64_t n;
@@ -116,7 +94,7 @@ static void layer_make(ei_context *ctx, layer *L, int64_t n, int nh, int nkv, in
     CU(cudaMalloc(&L->out, L->nq * 2));
     CU(cudaMemset(L->out, 0, L->nq * 2));
     {
-        ei_sizes z = sizes_of(ctx, n, nh, nkv, D, 0);
+        ei_sizes z = layer_sizes(ctx, n, nh, nkv, D, 0, 1);
         L->plan_bytes = z.plan;
         L->pws_bytes = z.profile;
         L->aws_bytes = z.prefill;
@@ -142,7 +120,7 @@ static void layer_put(layer *L, const uint16_t *q, const uint16_t *k, const uint
 }
 /* the layer's calls as an engine makes them */
 static ei_result layer_run(ei_context *ctx, layer *L) {
-    ei_exec px = ex(L->pws, L->pws_bytes), ax = ex(L->aws, L->aws_bytes);
+    ei_exec px = ex(1, L->pws, L->pws_bytes), ax = ex(1, L->aws, L->aws_bytes);
     ei_result r = ei_profile(ctx, &px, &L->tq, &L->tk, &L->plan);
     if (r != EI_OK) return r;
     return ei_attention_prefill(ctx, &ax, &L->tq, &L->tk, &L->tv, &L->plan, &L->to, 0);
@@ -295,7 +273,7 @@ static void prefill_graph(void) {
         q[(size_t)2500 * nh * D + 3 * D + 17] = 0x7FC0;
         layer_put(&G, q, k, v);
         CU(cudaMemset(G.out, 0x5A, nq * 2));
-        ei_exec ax = ex(G.aws, G.aws_bytes);
+        ei_exec ax = ex(1, G.aws, G.aws_bytes);
         CHECK_OK(ei_attention_prefill(capt, &ax, &G.tq, &G.tk, &G.tv, NULL, &G.to, 0));
         CU(cudaStreamSynchronize(st));
         r = ei_cuda_status(capt);
@@ -351,7 +329,7 @@ static void decode_graph(void) {
     c.cuda_stream = st;
     c.cuda_deferred_errors = 1;
     CHECK_OK(ei_context_create(&c, &ctx));
-    dec_bytes = sizes_of(ctx, n, nh, nkv, D, 0).decoder;
+    dec_bytes = layer_sizes(ctx, n, nh, nkv, D, 0, 1).decoder;
     CU(cudaMalloc(&dec_mem, dec_bytes));
     CHECK_OK(ei_decoder_init(ctx, &dec, nh, nkv, D, dec_mem, dec_bytes));
     CU(cudaMalloc(&dq, nq * 2));
@@ -450,7 +428,7 @@ typedef struct chunk_arg {
 } chunk_arg;
 static ei_result chunk_call_run(void *arg) {
     chunk_arg *a = (chunk_arg *)arg;
-    ei_exec x = ex(a->ws, a->wsb);
+    ei_exec x = ex(1, a->ws, a->wsb);
     return ei_profile_chunk(a->ctx, &x, a->q, a->k, a->plan, a->q_pos, a->is_final);
 }
 /* the plan arrays (not the state region: its unused parts are not cleared) and fields, bit for bit */
@@ -493,7 +471,7 @@ static void chunk_graph(void) {
     q0 = ei_tensor_make(dq, EI_BF16, 700, nh, D);
     q1 = ei_tensor_make((const uint16_t *)dq + (size_t)700 * nh * D, EI_BF16, 600, nh, D);
     {
-        ei_sizes z = sizes_of(eager, n, nh, nkv, D, EI_PLAN_CHUNKED);
+        ei_sizes z = layer_sizes(eager, n, nh, nkv, D, EI_PLAN_CHUNKED, 1);
         pbytes = z.plan;
         wsb = z.profile;
     }
@@ -502,8 +480,8 @@ static void chunk_graph(void) {
     CHECK_OK(ei_plan_init(eager, &pe, n, nkv, D, EI_PLAN_CHUNKED, pm_e, pbytes));
     CHECK_OK(ei_plan_init(capt, &pg, n, nkv, D, EI_PLAN_CHUNKED, pm_g, pbytes));
     /* the first chunk eagerly on both (the mode outside a graph) */
-    xe = ex(ws_e, wsb);
-    xg = ex(ws_g, wsb);
+    xe = ex(1, ws_e, wsb);
+    xg = ex(1, ws_g, wsb);
     CHECK_OK(ei_profile_chunk(eager, &xe, &q0, &tk, &pe, 0, 0));
     CHECK_OK(ei_profile_chunk(capt, &xg, &q0, &tk, &pg, 0, 0));
     CU(cudaStreamSynchronize(st));
@@ -680,7 +658,7 @@ static void dscene_make(dscene *s, int per_kv_head) {
     c.cuda_deferred_errors = 1;
     CHECK_OK(ei_context_create(&c, &s->capt));
     {
-        ei_sizes z = sizes_of(s->eager, DG_N, DG_NH, DG_NKV, DG_D, 0);
+        ei_sizes z = layer_sizes(s->eager, DG_N, DG_NH, DG_NKV, DG_D, 0, 1);
         s->dec_bytes = z.decoder;
         s->ws_bytes = z.decode_keep;
     }
@@ -715,7 +693,7 @@ typedef struct keep_call {
 } keep_call;
 static ei_result keep_call_run(void *arg) {
     keep_call *a = (keep_call *)arg;
-    ei_exec x = ex(a->ws, a->wsb);
+    ei_exec x = ex(1, a->ws, a->wsb);
     ei_result r = ei_decode_observe(a->ctx, a->dec, a->q, a->dec->position_end, 1);
     if (r != EI_OK) return r;
     return ei_decode_keep(a->ctx, &x, a->dec, a->k, a->keep);
@@ -747,8 +725,8 @@ static void keep_graph(int maps) {
     dec_make(&s, s.capt, &dG, &mG);
     CU(cudaMalloc(&ring, (size_t)DG_W * DG_NH * DG_D * 4));
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
-    xE = ex(wsE, s.ws_bytes);
-    xG = ex(wsG, s.ws_bytes);
+    xE = ex(1, wsE, s.ws_bytes);
+    xG = ex(1, wsG, s.ws_bytes);
     CU(cudaMalloc(&dk, nk * 2)); CU(cudaMalloc(&dqp, nqp * 2)); CU(cudaMalloc(&dqg, nqg * 2));
     tk = ei_tensor_make(dk, EI_BF16, DG_N, DG_NKV, DG_D);
     tqp = ei_tensor_make(dqp, EI_BF16, DG_P, DG_NH, DG_D);
@@ -887,7 +865,7 @@ typedef struct select_call {
 } select_call;
 static ei_result select_call_run(void *arg) {
     select_call *a = (select_call *)arg;
-    ei_exec x = ex(a->ws, a->wsb);
+    ei_exec x = ex(1, a->ws, a->wsb);
     ei_result r = ei_decode_score(a->ctx, &x, a->dec, a->k, a->rp, a->stride, a->scores);
     if (r != EI_OK) return r;
     return ei_decode_select(a->ctx, &x, a->dec, a->scores, a->k->n_tokens, a->keep);
@@ -917,7 +895,7 @@ static void score_select_graph(int maps) {
     dec_make(&s, s.eager, &dE, &mE);
     dec_make(&s, s.capt, &dG, &mG);
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
-    xE = ex(wsE, s.ws_bytes);
+    xE = ex(1, wsE, s.ws_bytes);
     CU(cudaMalloc(&dk, nk * 2)); CU(cudaMalloc(&dqp, nqp * 2));
     CU(cudaMalloc((void **)&scE, nsc * 4)); CU(cudaMalloc((void **)&scG, nsc * 4));
     tk = ei_tensor_make(dk, EI_BF16, DG_N, DG_NKV, DG_D);
@@ -1022,7 +1000,7 @@ typedef struct shared_call {
 } shared_call;
 static ei_result shared_call_run(void *arg) {
     shared_call *a = (shared_call *)arg;
-    ei_exec x = ex(a->ws, a->wsb);
+    ei_exec x = ex(1, a->ws, a->wsb);
     ei_result r;
     int layer;
     if (cudaMemsetAsync(a->shared, 0, (size_t)DG_N * 4, a->st) != cudaSuccess) return EI_ERR_BACKEND;
@@ -1043,7 +1021,7 @@ typedef struct select_shared_call {
 } select_shared_call;
 static ei_result select_shared_call_run(void *arg) {
     select_shared_call *a = (select_shared_call *)arg;
-    ei_exec x = ex(a->ws, a->wsb);
+    ei_exec x = ex(1, a->ws, a->wsb);
     return ei_decode_select_shared(a->ctx, &x, a->dec, a->shared, DG_N, a->keep);
 }
 static void shared_graph(void) {
@@ -1070,7 +1048,7 @@ static void shared_graph(void) {
 
     dscene_make(&s, 1);
     CU(cudaMalloc(&wsE, s.ws_bytes)); CU(cudaMalloc(&wsG, s.ws_bytes));
-    xE = ex(wsE, s.ws_bytes);
+    xE = ex(1, wsE, s.ws_bytes);
     CU(cudaMalloc(&dqp, nqp * 2));
     CU(cudaMalloc((void **)&scE, nsc * 4)); CU(cudaMalloc((void **)&scG, nsc * 4));
     CU(cudaMalloc((void **)&shE, DG_N * 4)); CU(cudaMalloc((void **)&shG, DG_N * 4)); CU(cudaMalloc((void **)&shX, DG_N * 4));

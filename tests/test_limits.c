@@ -34,33 +34,6 @@ static ei_config small_config(ei_simd simd) {
     return c;
 }
 
-/* How a call runs (ei_exec): n threads over one workspace (0 or 1: the
-   caller alone), or part ith of nth, every part passing the same one. */
-static ei_exec ex(int32_t n_threads, void *ws, size_t bytes) {
-    ei_exec e;
-    memset(&e, 0, sizeof e);
-    e.n_threads = n_threads; e.workspace = ws; e.workspace_bytes = bytes;
-    return e;
-}
-static ei_exec part(int32_t ith, int32_t nth, void *ws, size_t bytes) {
-    ei_exec e = ex(0, ws, bytes);
-    e.ith = ith; e.nth = nth;
-    return e;
-}
-/* A layer's sizes (ei_layer_sizes) for n threads or parts, and its code. */
-static ei_result sizes_of(const ei_context *ctx, int64_t T, int32_t H, int32_t kv, int32_t d, uint32_t flags, int32_t n,
-                          ei_sizes *sz) {
-    ei_shape sh;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = T; sh.n_heads = H; sh.n_kv_heads = kv; sh.head_dim = d; sh.plan_flags = flags; sh.n_threads = n;
-    return ei_layer_sizes(ctx, &sh, sz);
-}
-/* The same where a test's set-up needs them (stops the program on failure). */
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t T, int32_t H, int32_t kv, int32_t d, uint32_t flags, int32_t n) {
-    ei_sizes sz;
-    CHECK_OK(sizes_of(ctx, T, H, kv, d, flags, n, &sz));
-    return sz;
-}
 
 /* ------------------------------------------------------------ size arithmetic */
 /* A lower bound of a plan's bytes that any implementation of the documented
@@ -112,7 +85,7 @@ static wide layer_lower_bound(const ei_config *c, int64_t T, int32_t H, int32_t 
 static void check_plan_size(const ei_context *ctx, int64_t T, int32_t kv, int32_t d, uint32_t flags) {
     const ei_config *c = ei_context_config(ctx);
     ei_sizes sz;
-    ei_result r = sizes_of(ctx, T, kv, kv, d, flags, 1, &sz); /* as many query heads as kv heads */
+    ei_result r = sizes_for(ctx, T, kv, kv, d, flags, 1, &sz); /* as many query heads as kv heads */
     size_t bytes = sz.plan;
     int in_range = T >= 1 && T <= EI_MAX_TOKENS && kv >= 1 && kv <= EI_MAX_HEADS && d >= 1 && d <= EI_MAX_HEAD_DIM;
     if (!in_range) {
@@ -189,7 +162,7 @@ static void test_size_arithmetic(void) {
             for (ti = 0; ti < 8; ++ti) {
                 int64_t T = toks[ti];
                 ei_sizes sz;
-                ei_result r = sizes_of(ctx, T, EI_MAX_HEADS, 1, dims[di], 0, 1, &sz);
+                ei_result r = sizes_for(ctx, T, EI_MAX_HEADS, 1, dims[di], 0, 1, &sz);
                 const ei_config *c = &cfgs[ci];
                 wide lb = profile_lower_bound(c, T, dims[di]);
                 b = sz.profile;
@@ -204,10 +177,10 @@ static void test_size_arithmetic(void) {
         }
         {
             ei_sizes sz;
-            CHECK_ERR(sizes_of(ctx, EI_MAX_TOKENS + 1, 8, 8, 64, 0, 1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 4096, EI_MAX_HEADS + 1, 1, 64, 0, 1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 4096, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 4096, 8, 3, 64, 0, 1, &sz), EI_ERR_GQA);
+            CHECK_ERR(sizes_for(ctx, EI_MAX_TOKENS + 1, 8, 8, 64, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 4096, EI_MAX_HEADS + 1, 1, 64, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 4096, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 4096, 8, 3, 64, 0, 1, &sz), EI_ERR_GQA);
         }
         /* decode workspace: the scores of every query head [H][n], the scoring
            kernel's 32 rows of scores [n][32], and per row its order, sort key,
@@ -221,7 +194,7 @@ static void test_size_arithmetic(void) {
                 for (ti = 0; ti < 9; ++ti) {
                     int64_t T = toks[ti];
                     ei_sizes sz;
-                    ei_result r = sizes_of(ctx, T, hs[hi], 1, 1, 0, 1, &sz);
+                    ei_result r = sizes_for(ctx, T, hs[hi], 1, 1, 0, 1, &sz);
                     wide lb = decode_keep_lower_bound(T, hs[hi]);
                     b = sz.decode_keep;
                     if (T > EI_MAX_TOKENS) { CHECK_ERR(r, EI_ERR_SIZE); continue; }
@@ -241,8 +214,8 @@ static void test_size_arithmetic(void) {
         }
         {
             ei_sizes sz;
-            CHECK_ERR(sizes_of(ctx, 0, 8, 8, 64, 0, 1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 100, 8, 0, 64, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 0, 8, 8, 64, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 100, 8, 0, 64, 0, 1, &sz), EI_ERR_SIZE);
         }
         /* decoder: the ring of window queries */
         {
@@ -250,7 +223,7 @@ static void test_size_arithmetic(void) {
                window on a 32-bit size_t, which must refuse it */
             wide ring = (wide)cfgs[ci].window * EI_MAX_HEADS * EI_MAX_HEAD_DIM * 4u;
             ei_sizes sz;
-            ei_result r = sizes_of(ctx, 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0, 1, &sz);
+            ei_result r = sizes_for(ctx, 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0, 1, &sz);
             if (ring + 64u > WIDE_MAX_SIZE) CHECK_ERR(r, EI_ERR_OVERFLOW);
             else if (r == EI_ERR_OVERFLOW && layer_lower_bound(&cfgs[ci], 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0) > WIDE_MAX_SIZE / 4u)
                 CHECK_ERR(r, EI_ERR_OVERFLOW); /* another buffer of the layer, past size_t (32-bit) */
@@ -258,24 +231,24 @@ static void test_size_arithmetic(void) {
                 CHECK_ERR(r, EI_OK);
                 CHECK((wide)sz.decoder >= ring, "decoder size %zu wrapped", sz.decoder);
             }
-            CHECK_ERR(sizes_of(ctx, 1, EI_MAX_HEADS + 1, 1, 64, 0, 1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 1, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 1, EI_MAX_HEADS + 1, 1, 64, 0, 1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 1, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &sz), EI_ERR_SIZE);
         }
         /* attention workspace: sane at the limits, monotone in head_dim */
         {
             ei_sizes s1, s2;
-            ei_result r1 = sizes_of(ctx, 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0, 1, &s1);
-            ei_result r2 = sizes_of(ctx, 1, EI_MAX_HEADS, 1, 64, 0, 1, &s2);
+            ei_result r1 = sizes_for(ctx, 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0, 1, &s1);
+            ei_result r2 = sizes_for(ctx, 1, EI_MAX_HEADS, 1, 64, 0, 1, &s2);
             size_t a1 = s1.prefill, a2 = s2.prefill;
             /* (with a 32-bit size_t and the largest window the decoder's ring overflows, and with it the query) */
             int o1 = r1 == EI_ERR_OVERFLOW && layer_lower_bound(&cfgs[ci], 1, EI_MAX_HEADS, 1, EI_MAX_HEAD_DIM, 0) > WIDE_MAX_SIZE / 4u;
             int o2 = r2 == EI_ERR_OVERFLOW && layer_lower_bound(&cfgs[ci], 1, EI_MAX_HEADS, 1, 64, 0) > WIDE_MAX_SIZE / 4u;
             CHECK((o1 || r1 == EI_OK) && (o2 || r2 == EI_OK) && (o1 || o2 || a1 >= a2) && (o1 || a1 >= 64u * 4u) &&
                       (o2 || a2 >= 64u * 4u), "attention workspace %s %zu / %s %zu", ei_result_name(r1), a1, ei_result_name(r2), a2);
-            CHECK_ERR(sizes_of(ctx, 1, EI_MAX_HEADS + 1, 1, 64, 0, 1, &s1), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 1, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &s1), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, 1, 8, 3, 64, 0, 1, &s1), EI_ERR_GQA);
-            CHECK_ERR(sizes_of(ctx, 1, 8, 8, 64, 0, 1, NULL), EI_ERR_NULL);
+            CHECK_ERR(sizes_for(ctx, 1, EI_MAX_HEADS + 1, 1, 64, 0, 1, &s1), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 1, 8, 8, EI_MAX_HEAD_DIM + 1, 0, 1, &s1), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, 1, 8, 3, 64, 0, 1, &s1), EI_ERR_GQA);
+            CHECK_ERR(sizes_for(ctx, 1, 8, 8, 64, 0, 1, NULL), EI_ERR_NULL);
             CHECK_ERR(ei_layer_sizes(ctx, NULL, &s1), EI_ERR_NULL);
         }
         ei_context_destroy(ctx);
@@ -586,7 +559,7 @@ static void test_v_propagates(void) {
         ei_exec e;
         if (!test_simd_selected((ei_simd)p)) continue;
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
-        CHECK_ERR(sizes_of(ctx, L.n, L.heads, L.kv, L.dim, 0, 1, &sz), EI_OK);
+        CHECK_ERR(sizes_for(ctx, L.n, L.heads, L.kv, L.dim, 0, 1, &sz), EI_OK);
         wb = sz.prefill;
         ws = guarded_alloc(wb);
         e = ex(1, ws, wb);
@@ -645,7 +618,7 @@ static void test_every_code(void) {
     en = ex(1, NULL, wb);
     CHECK_ERR(ei_profile(ctx, &en, &q, &k, &plan), EI_ERR_NULL);
     /* EI_ERR_SIZE */
-    CHECK_ERR(sizes_of(ctx, EI_MAX_TOKENS + 1, 4, 2, 16, 0, 1, &sb), EI_ERR_SIZE);
+    CHECK_ERR(sizes_for(ctx, EI_MAX_TOKENS + 1, 4, 2, 16, 0, 1, &sb), EI_ERR_SIZE);
     x = q; x.n_tokens = 0;
     CHECK_ERR(ei_profile(ctx, &e, &x, &k, &plan), EI_ERR_SIZE);
     /* EI_ERR_GQA */
@@ -673,7 +646,7 @@ static void test_every_code(void) {
         ei_context *cb;
         big.segment_size = 1; big.block_size = 1; big.base_budget = EI_MAX_BUDGET; big.budget_max_factor = 64.0;
         CHECK_ERR(ei_context_create(&big, &cb), EI_OK);
-        CHECK_ERR(sizes_of(cb, EI_MAX_TOKENS, EI_MAX_HEADS, EI_MAX_HEADS, EI_MAX_HEAD_DIM, EI_PLAN_SCORES, 1, &sb), EI_ERR_OVERFLOW);
+        CHECK_ERR(sizes_for(cb, EI_MAX_TOKENS, EI_MAX_HEADS, EI_MAX_HEADS, EI_MAX_HEAD_DIM, EI_PLAN_SCORES, 1, &sb), EI_ERR_OVERFLOW);
         ei_context_destroy(cb);
     }
     x = q; x.token_stride = ((int64_t)1 << 58);
@@ -797,7 +770,7 @@ static void test_any_alignment(void) {
             o1 = o; o1.n_tokens = 1;
             for (j = 0; j < 4 && r5 == EI_OK && r2 == EI_OK; ++j) {
                 for (i = 0; i < 3 && r5 == EI_OK; ++i) {
-                    ei_exec e3 = part(i, 3, w3[j < 1 ? 0 : j < 2 ? 1 : 2], w3b[j < 1 ? 0 : j < 2 ? 1 : 2]);
+                    ei_exec e3 = ex_part(i, 3, w3[j < 1 ? 0 : j < 2 ? 1 : 2], w3b[j < 1 ? 0 : j < 2 ? 1 : 2]);
                     r5 = j == 0 ? ei_profile_chunk(ctx, &e3, &q, &k, &plan, 0, 1)
                        : j == 1 ? ei_attention_prefill(ctx, &e3, &q, &k, &v, &plan, &o, 0)
                        : j == 2 ? ei_attention_decode(ctx, &e3, &q1, &k, &v, NULL, &o1, L.n - 1)
@@ -913,9 +886,9 @@ static void test_overlaps(void) {
     uint8_t *mask = (uint8_t *)guarded_alloc((size_t)L->kv * (size_t)L->n);
     ei_tensor x;
     /* one thread, two threads, and parts of two sharing one workspace */
-    ei_exec ea = ex(1, as, m.ab), ea2 = ex(2, as, 2 * m.ab), ep0 = part(0, 2, as, 2 * m.ab), ep1 = part(1, 2, as, 2 * m.ab);
+    ei_exec ea = ex(1, as, m.ab), ea2 = ex(2, as, 2 * m.ab), ep0 = ex_part(0, 2, as, 2 * m.ab), ep1 = ex_part(1, 2, as, 2 * m.ab);
     ei_exec ew = ex(1, ws, m.wb), ew2 = ex(2, ws, 2 * m.wb), ek = ex(1, dws, m.kb), ek2 = ex(2, dws, 2 * m.kb);
-    ei_exec ek1 = part(1, 2, dws, 2 * m.kb);
+    ei_exec ek1 = ex_part(1, 2, dws, 2 * m.kb);
     /* attention output over the plan's arrays, over its own workspace, over q */
     ox = o; ox.data = m.plan.block_index;
     mu_expect_overlap(ei_attention_prefill(m.ctx, &ea, &L->tq, &L->tk, &L->tv, &m.plan, &ox, 0), "out",
@@ -1157,7 +1130,7 @@ static void test_attention_nonfinite(void) {
                               sparse ? "sparse" : "dense", ei_result_name(r));
                         /* three parts of one workspace: one of them meets it */
                         for (t = 0; t < 3; ++t) {
-                            ei_exec ep = part(t, 3, as, 3 * m.ab);
+                            ei_exec ep = ex_part(t, 3, as, 3 * m.ab);
                             r3[t] = ei_attention_prefill(m.ctx, &ep, &q, &k, &v, sparse ? &m.plan : NULL, &o, 0);
                         }
                         CHECK((which == 2) == (r3[0] == EI_OK && r3[1] == EI_OK && r3[2] == EI_OK),
@@ -1388,7 +1361,7 @@ static void su_decoder_init(pl_fix *x) { x->bytes[R_DEC] = sizeof(ei_decoder); x
 #define PL_KEEP PX(ei_keep_set, R_KEEP)
 /* the ei_exec of an entry: one thread, two threads, or part ith of two, over the workspace where it is now */
 static ei_exec pl_ex(const pl_fix *x, int32_t n_threads) { return ex(n_threads, x->p[R_WS], x->bytes[R_WS]); }
-static ei_exec pl_part(const pl_fix *x, int32_t ith) { return part(ith, 2, x->p[R_WS], x->bytes[R_WS]); }
+static ei_exec pl_part(const pl_fix *x, int32_t ith) { return ex_part(ith, 2, x->p[R_WS], x->bytes[R_WS]); }
 static ei_result ru_profile(pl_fix *x) { ei_exec e = pl_ex(x, 1); return ei_profile(x->ctx, &e, PL_Q, PL_K, PX(ei_plan, R_PLAN)); }
 static ei_result ru_profile_part0(pl_fix *x) { ei_exec e = pl_part(x, 0); return ei_profile(x->ctx, &e, PL_Q, PL_K, PX(ei_plan, R_PLAN)); }
 static ei_result ru_profile_mt(pl_fix *x) { ei_exec e = pl_ex(x, 2); return ei_profile(x->ctx, &e, PL_Q, PL_K, PX(ei_plan, R_PLAN)); }
@@ -1810,11 +1783,11 @@ static void pl_make(pl_fix *x, ei_decode_policy policy) {
     out1 = (float *)malloc(nq1 * 4);
     o1 = ei_out_tensor_make(out1, EI_F32, 1, L->heads, L->dim);
     for (j = 0; j < 2; ++j) { /* a step in parts works */
-        ei_exec ep = part((int32_t)j, 2, as, x->s2.decode);
+        ei_exec ep = ex_part((int32_t)j, 2, as, x->s2.decode);
         CHECK_OK(ei_attention_decode(x->ctx, &ep, &x->tq1, &L->tk, &L->tv, &x->keep_filled, &o1, L->n - 1));
     }
     for (j = 0; j < 2; ++j) {
-        ei_exec ep = part((int32_t)j, 2, as, x->s2.decode);
+        ei_exec ep = ex_part((int32_t)j, 2, as, x->s2.decode);
         CHECK_OK(ei_attention_decode_merge(x->ctx, &ep, &o1));
     }
     free(out1);
@@ -2077,8 +2050,8 @@ static void test_issue36_int64_edges(void) {
     ei_tensor q, q1 = L->tq;
     ei_sizes sz, s2 = layer_sizes(m.ctx, L->n, L->heads, L->kv, L->dim, EI_PLAN_CHUNKED, 2);
     void *decw = guarded_alloc(s2.decode); /* a decode step's workspace for 2 threads or parts */
-    ei_exec ew = ex(1, ws, m.wb), ew2 = ex(2, ws, 2 * m.wb), ew1 = part(1, 2, ws, 2 * m.wb), ea = ex(1, as, m.ab);
-    ei_exec ed = ex(2, decw, s2.decode), ed0 = part(0, 2, decw, s2.decode), ek = ex(1, dws, m.kb);
+    ei_exec ew = ex(1, ws, m.wb), ew2 = ex(2, ws, 2 * m.wb), ew1 = ex_part(1, 2, ws, 2 * m.wb), ea = ex(1, as, m.ab);
+    ei_exec ed = ex(2, decw, s2.decode), ed0 = ex_part(0, 2, decw, s2.decode), ek = ex(1, dws, m.kb);
     cb = s2.plan;
     cm = guarded_alloc(cb);
     CHECK_ERR(ei_plan_init(m.ctx, &cp, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, cm, cb), EI_OK);
@@ -2124,7 +2097,7 @@ static void test_issue36_int64_edges(void) {
         CHECK(r == EI_ERR_SIZE || r == EI_ERR_WORKSPACE, "mask_capacity %lld: %s", (long long)v, ei_result_name(r));
         CHECK_ERR(ei_decode_select(m.ctx, &ek, &m.dec, scores, v, &ks), EI_ERR_SIZE);
         /* sizes: a layer of v tokens; a decode step of v query tokens (threads and parts) */
-        CHECK_ERR(sizes_of(m.ctx, v, L->heads, L->kv, L->dim, 0, 1, &sz), EI_ERR_SIZE);
+        CHECK_ERR(sizes_for(m.ctx, v, L->heads, L->kv, L->dim, 0, 1, &sz), EI_ERR_SIZE);
         q = q1; q.n_tokens = v;
         r = ei_attention_decode(m.ctx, &ed, &q, &L->tk, &L->tv, NULL, &o1, 0);
         CHECK(r == EI_ERR_SIZE, "a decode step of %lld query tokens: %s", (long long)v, ei_result_name(r));
@@ -2161,7 +2134,7 @@ static void test_issue36_chunk_mt_shares(void) {
     size_t cb, qb = sizeof(float) * 100u * (size_t)L->heads * (size_t)L->dim;
     unsigned char *cm, *snap, *ws = (unsigned char *)guarded_alloc(2 * m.wb + qb); /* q may run past the workspace */
     ei_tensor q = L->tq;
-    ei_exec e2 = ex(2, ws, 2 * m.wb), p0 = part(0, 2, ws, 2 * m.wb), p1 = part(1, 2, ws, 2 * m.wb);
+    ei_exec e2 = ex(2, ws, 2 * m.wb), p0 = ex_part(0, 2, ws, 2 * m.wb), p1 = ex_part(1, 2, ws, 2 * m.wb);
     ei_result r0;
     cb = layer_sizes(m.ctx, L->n, L->heads, L->kv, L->dim, EI_PLAN_CHUNKED, 2).plan;
     cm = (unsigned char *)guarded_alloc(cb);
@@ -2206,7 +2179,7 @@ static void test_layer_sizes_threads(void) {
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
         ei_sizes one, prev;
-        CHECK_ERR(sizes_of(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, 1, &one), EI_OK);
+        CHECK_ERR(sizes_for(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, 1, &one), EI_OK);
         CHECK(one.workspace == EI__MAX(EI__MAX(one.profile, one.prefill), EI__MAX(one.decode, one.decode_keep)) &&
                   one.profile > 0 && one.prefill > 0 && one.decode > 0 && one.decode_keep > 0 && one.plan > 0 && one.decoder > 0,
               "shape %d: sizes plan %zu decoder %zu profile %zu prefill %zu decode %zu decode_keep %zu workspace %zu",
@@ -2216,7 +2189,7 @@ static void test_layer_sizes_threads(void) {
             int32_t n = ns[ni];
             size_t k = (size_t)(n > 1 ? n : 1);
             ei_sizes sz;
-            ei_result r = sizes_of(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, n, &sz);
+            ei_result r = sizes_for(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, n, &sz);
             if ((wide)k * (wide)EI__MAX(EI__MAX(one.profile, one.prefill), one.decode_keep) > WIDE_MAX_SIZE) { /* 32-bit */
                 CHECK_ERR(r, EI_ERR_OVERFLOW);
                 continue;
@@ -2234,8 +2207,8 @@ static void test_layer_sizes_threads(void) {
         }
         {
             ei_sizes sz;
-            CHECK_ERR(sizes_of(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, -1, &sz), EI_ERR_SIZE);
-            CHECK_ERR(sizes_of(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, EI__MAX_THREADS + 1,
+            CHECK_ERR(sizes_for(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, -1, &sz), EI_ERR_SIZE);
+            CHECK_ERR(sizes_for(ctx, shapes[si].T, shapes[si].H, shapes[si].kv, shapes[si].d, shapes[si].flags, EI__MAX_THREADS + 1,
                                &sz), EI_ERR_SIZE);
             CHECK(strstr(ei_last_error(), "n_threads") != NULL, "%s", ei_last_error());
         }
@@ -2268,16 +2241,16 @@ static void test_exec_fields(void) {
     int i, op, bad_count = 0;
     q1.data = L->q + (size_t)(L->n - 1) * L->heads * L->dim; q1.n_tokens = 1; o1.n_tokens = 1;
     memset(out, 0, m.ob); memset(shared, 0, sizeof(float) * (size_t)L->n);
-    bad[0] = part(2, 2, ws, s2.workspace);                   /* ith past nth */
-    bad[1] = part(-1, 2, ws, s2.workspace);                  /* ith negative */
-    bad[2] = part(0, EI__MAX_THREADS + 1, ws, s4.workspace); /* more parts than threads can be */
-    bad[3] = part(1, 1, ws, s1.workspace);                   /* a whole call with ith 1 */
-    bad[4] = part(0, -1, ws, s1.workspace);                  /* nth negative */
+    bad[0] = ex_part(2, 2, ws, s2.workspace);                   /* ith past nth */
+    bad[1] = ex_part(-1, 2, ws, s2.workspace);                  /* ith negative */
+    bad[2] = ex_part(0, EI__MAX_THREADS + 1, ws, s4.workspace); /* more parts than threads can be */
+    bad[3] = ex_part(1, 1, ws, s1.workspace);                   /* a whole call with ith 1 */
+    bad[4] = ex_part(0, -1, ws, s1.workspace);                  /* nth negative */
     bad[5] = ex(-1, ws, s1.workspace);
     bad[6] = ex(EI__MAX_THREADS + 1, ws, s4.workspace);
-    bad[7] = part(0, 2, ws, s2.workspace); bad[7].n_threads = 2; /* threads and parts at once */
+    bad[7] = ex_part(0, 2, ws, s2.workspace); bad[7].n_threads = 2; /* threads and parts at once */
     bad[8] = ex(1, NULL, s1.workspace);                      /* no workspace, but bytes */
-    bad[9] = part(1, 0, ws, s1.workspace);                   /* nth 0 (a whole call) with ith 1 */
+    bad[9] = ex_part(1, 0, ws, s1.workspace);                   /* nth 0 (a whole call) with ith 1 */
     CHECK_ERR(ei_plan_init(m.ctx, &cp, L->n, L->kv, L->dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
     memcpy(snap_plan, m.pm, m.pb); memcpy(snap_dec, m.dm, m.db);
     for (i = 0; i < 10; ++i)
@@ -2320,24 +2293,24 @@ static void test_exec_fields(void) {
     /* a workspace too small for the threads or parts it is cut into (one thread's, for 2) */
     e = ex(2, ws, s1.profile);
     CHECK_ERR(ei_profile(m.ctx, &e, &L->tq, &L->tk, &m.plan), EI_ERR_WORKSPACE);
-    e = part(1, 2, ws, s1.profile);
+    e = ex_part(1, 2, ws, s1.profile);
     CHECK_ERR(ei_profile(m.ctx, &e, &L->tq, &L->tk, &m.plan), EI_ERR_WORKSPACE);
-    e = part(1, 2, ws, s1.profile);
+    e = ex_part(1, 2, ws, s1.profile);
     CHECK_ERR(ei_profile_chunk(m.ctx, &e, &L->tq, &L->tk, &cp, 0, 1), EI_ERR_WORKSPACE);
-    e = part(2, 3, ws, s2.prefill);
+    e = ex_part(2, 3, ws, s2.prefill);
     CHECK_ERR(ei_attention_prefill(m.ctx, &e, &L->tq, &L->tk, &L->tv, &m.plan, &o, 0), EI_ERR_WORKSPACE);
-    e = part(1, 2, ws, s1.decode);
+    e = ex_part(1, 2, ws, s1.decode);
     CHECK_ERR(ei_attention_decode(m.ctx, &e, &q1, &L->tk, &L->tv, NULL, &o1, L->n - 1), EI_ERR_WORKSPACE);
     e = ex(2, ws, s1.decode);
     CHECK_ERR(ei_attention_decode(m.ctx, &e, &q1, &L->tk, &L->tv, NULL, &o1, L->n - 1), EI_ERR_WORKSPACE);
-    e = part(1, 2, ws, s1.decode_keep);
+    e = ex_part(1, 2, ws, s1.decode_keep);
     CHECK_ERR(ei_decode_score(m.ctx, &e, &m.dec, &L->tk, NULL, 0, scores), EI_ERR_WORKSPACE);
     e = ex(2, ws, s1.decode_keep);
     {
         ei_decoder d = m.dec;
         CHECK_ERR(ei_decode_keep(m.ctx, &e, &d, &L->tk, &ks), EI_ERR_WORKSPACE);
         /* keep sets in parts: refused, the message says what to call */
-        e = part(0, 2, ws, s2.decode_keep);
+        e = ex_part(0, 2, ws, s2.decode_keep);
         CHECK_ERR(ei_decode_keep(m.ctx, &e, &d, &L->tk, &ks), EI_ERR_CONFIG);
         CHECK(strstr(ei_last_error(), "ei_decode_score") != NULL, "%s", ei_last_error());
     }
@@ -2346,7 +2319,7 @@ static void test_exec_fields(void) {
        ei_plan_finalize is the one of a call on one thread, bit for bit */
     CHECK_ERR(ei_plan_init(m.ctx, &plan2, L->n, L->kv, L->dim, 0, NULL, 0), EI_OK);
     for (i = 0; i < 4; ++i) {
-        e = part(i, 4, ws, s4.profile);
+        e = ex_part(i, 4, ws, s4.profile);
         CHECK_ERR(ei_profile(m.ctx, &e, &L->tq, &L->tk, &plan2), EI_OK);
     }
     CHECK_ERR(ei_plan_finalize(m.ctx, &plan2), EI_OK);
@@ -2361,9 +2334,9 @@ static void test_exec_fields(void) {
     k0.n_heads = 0;
     {
         ei_result r0, r1;
-        e = part(0, 2, ws, s2.profile);
+        e = ex_part(0, 2, ws, s2.profile);
         r0 = ei_profile(m.ctx, &e, &L->tq, &k0, &m.plan);
-        e = part(1, 2, ws, s2.profile);
+        e = ex_part(1, 2, ws, s2.profile);
         r1 = ei_profile_chunk(m.ctx, &e, &L->tq, &k0, &cp, 0, 1);
         known_gap(r0 == EI_ERR_SIZE && r1 == EI_ERR_SIZE,
                   gap_empty_parts);
@@ -2374,7 +2347,7 @@ static void test_exec_fields(void) {
     {
         ei_decoder d = m.dec;
         ei_keep_set k2 = ks;
-        ei_exec ek = ex(1, ws, s1.decode_keep), e1 = part(1, 2, ws, s2.decode_keep), e0 = part(0, 2, ws, s2.decode_keep);
+        ei_exec ek = ex(1, ws, s1.decode_keep), e1 = ex_part(1, 2, ws, s2.decode_keep), e0 = ex_part(0, 2, ws, s2.decode_keep);
         CHECK_ERR(ei_decode_score(m.ctx, &ek, &d, &L->tk, NULL, 0, scores), EI_OK);
         memset(index, 0x7f, sizeof(int32_t) * (size_t)L->kv * (size_t)m.c.decode_budget);
         CHECK_ERR(ei_decode_select(m.ctx, &e1, &d, scores, L->n, &k2), EI_OK);
@@ -2412,7 +2385,7 @@ static void test_mt_error_message(void) {
     ws = guarded_alloc(wb);
     e2 = ex(2, ws, wb);
     L.k[(size_t)40 * L.kv * L.dim + 1 * L.dim + 2] = NAN;  /* kv head 1: the second thread's */
-    (void)sizes_of(ctx, 10, 2, 2, 16, 0, 1, NULL);         /* leaves an EI_ERR_NULL message behind */
+    (void)sizes_for(ctx, 10, 2, 2, 16, 0, 1, NULL);         /* leaves an EI_ERR_NULL message behind */
     r = ei_profile(ctx, &e2, &q, &k, &plan);
     CHECK(r == EI_ERR_NONFINITE, "ei_profile on 2 threads with NaN in kv head 1 returned %s", ei_result_name(r));
     CHECK(strstr(ei_last_error(), "EI_ERR_NONFINITE") != NULL,
@@ -2448,7 +2421,7 @@ static void test_plan_other_context(void) {
         uint32_t flags = pass ? EI_PLAN_CHUNKED : 0;
         ei_sizes sz;
         ei_exec e;
-        CHECK_ERR(sizes_of(cs, L.n, L.heads, L.kv, L.dim, flags, 1, &sz), EI_OK);
+        CHECK_ERR(sizes_for(cs, L.n, L.heads, L.kv, L.dim, flags, 1, &sz), EI_OK);
         pb = sz.plan;
         pm = guarded_alloc(pb);
         CHECK_ERR(ei_plan_init(cs, &plan, L.n, L.kv, L.dim, flags, pm, pb), EI_OK);

@@ -162,20 +162,6 @@ static ei_tensor query_row(const layer *L, long t) {
 static int32_t identity_pos[N];
 
 /* ------------------------------------------------------------ how calls run */
-/* A whole call on n threads (0 or 1: the caller alone), ONE workspace. */
-static ei_exec ex(int n_threads, void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.n_threads = n_threads; x.workspace = ws; x.workspace_bytes = bytes;
-    return x;
-}
-/* Part ith of nth (nth 1: the whole call on one thread); every part passes
-   the same workspace. */
-static ei_exec part(int ith, int nth, void *ws, size_t bytes) {
-    ei_exec x = ex(0, ws, bytes);
-    x.ith = ith; x.nth = nth;
-    return x;
-}
 /* ei_layer_sizes of a layer (max_tokens T, H query and n_kv kv heads, head_dim d)
    for calls on n threads or in n parts; a failure ends the test (setup). */
 static ei_sizes sizes_of(const ei_context *ctx, int64_t T, int32_t H, int32_t n_kv, int32_t d, int n) {
@@ -190,7 +176,7 @@ static ei_sizes sizes_of(const ei_context *ctx, int64_t T, int32_t H, int32_t n_
     return z;
 }
 /* The test layers' sizes. */
-static ei_sizes layer_sizes(const ei_context *ctx, int n) { return sizes_of(ctx, N, HEADS, KV, DIM, n); }
+static ei_sizes sizes_n(const ei_context *ctx, int n) { return sizes_of(ctx, N, HEADS, KV, DIM, n); }
 
 /* ------------------------------------------------------------ per-layer results */
 enum { DSTEP = 3 }; /* query tokens of the even layers' decode step */
@@ -273,7 +259,7 @@ static ei_result decode_layer(const ei_context *ctx, int l, int n_threads, int32
                               int64_t *rows) {
     const ei_config *c = ei_context_config(ctx);
     const layer *L = &layers[l];
-    const ei_sizes z = layer_sizes(ctx, n_threads);
+    const ei_sizes z = sizes_n(ctx, n_threads);
     ei_decoder dec;
     ei_keep_set ks;
     ei_exec x;
@@ -342,7 +328,7 @@ static ei_result decode_step_call(const ei_context *ctx, const results *ref, int
 
 /* Single-threaded reference for every layer. */
 static void reference(const ei_context *ctx, results *ref) {
-    const ei_sizes z = layer_sizes(ctx, 1);
+    const ei_sizes z = sizes_n(ctx, 1);
     int l;
     void *ws, *aws, *dws, *decws;
     ei_exec xp, xa, xd, xdec;
@@ -437,7 +423,7 @@ static void ph_contexts(shared *S, int ith, long arg) {
 }
 /* 1. plan layer 0 in parts: each thread its kv heads of one plan, one workspace */
 static void ph_profile(shared *S, int ith, long arg) {
-    ei_exec x = part(ith, S->nth, S->ws, S->z.profile);
+    ei_exec x = ex_part(ith, S->nth, S->ws, S->z.profile);
     CHECK_ERR(ei_profile(S->ctx, &x, &layers[0].tq, &layers[0].tk, &S->got[0].plan), EI_OK);
     (void)arg;
 }
@@ -448,21 +434,21 @@ static void ph_finalize(shared *S, int ith, long arg) {
 }
 /* 2. the chunk of layer 0 that starts at token arg, in parts */
 static void ph_chunk(shared *S, int ith, long t) {
-    ei_exec x = part(ith, S->nth, S->ws, S->z.profile);
+    ei_exec x = ex_part(ith, S->nth, S->ws, S->z.profile);
     ei_tensor qc, kc;
     chunk_views(0, t, &qc, &kc);
     CHECK_ERR(ei_profile_chunk(S->ctx, &x, &qc, &kc, &S->got[0].chunked, t, t + CHUNK >= N), EI_OK);
 }
 /* 3. attention of layer 0 on the shared plan, ith of nth, one shared output */
 static void ph_attend(shared *S, int ith, long arg) {
-    ei_exec x = part(ith, S->nth, S->aws, S->z.prefill);
+    ei_exec x = ex_part(ith, S->nth, S->aws, S->z.prefill);
     ei_out_tensor o = ei_out_tensor_make(S->got[0].out, EI_F32, N, HEADS, DIM);
     CHECK_ERR(ei_attention_prefill(S->ctx, &x, &layers[0].tq, &layers[0].tk, &layers[0].tv, &S->got[0].plan, &o, 0), EI_OK);
     (void)arg;
 }
 /* 4. every layer's scores, ith of nth, from one decoder shared by all threads */
 static void ph_score(shared *S, int ith, long arg) {
-    ei_exec x = part(ith, S->nth, S->dws, S->z.decode_keep);
+    ei_exec x = ex_part(ith, S->nth, S->dws, S->z.decode_keep);
     int l;
     for (l = 0; l < N_LAYERS; ++l)
         CHECK_ERR(ei_decode_score(S->ctx, &x, &S->ref[l].dec, &layers[l].tk, score_map(l), 0, S->got[l].scores), EI_OK);
@@ -472,7 +458,7 @@ static void ph_score(shared *S, int ith, long arg) {
    the others return at once), each layer on the round's own decoder */
 static void ph_select(shared *S, int ith, long arg) {
     const ei_config *c = ei_context_config(S->ctx);
-    ei_exec x = part(ith, S->nth, S->dws, S->z.decode_keep);
+    ei_exec x = ex_part(ith, S->nth, S->dws, S->z.decode_keep);
     int l;
     for (l = 0; l < N_LAYERS; ++l) {
         ei_keep_set ks;
@@ -488,7 +474,7 @@ static void ph_select(shared *S, int ith, long arg) {
 /* 5. layer arg's decode step, part ith of nth: each part its slice of the
    keys into the partials in the one workspace ... */
 static void ph_decode(shared *S, int ith, long l) {
-    ei_exec x = part(ith, S->nth, S->decws, S->z.decode);
+    ei_exec x = ex_part(ith, S->nth, S->decws, S->z.decode);
     ei_tensor q;
     ei_keep_set ks;
     int64_t off;
@@ -498,7 +484,7 @@ static void ph_decode(shared *S, int ith, long l) {
 }
 /* ... then, after the barrier, each part its share of the output rows */
 static void ph_merge(shared *S, int ith, long l) {
-    ei_exec x = part(ith, S->nth, S->decws, S->z.decode);
+    ei_exec x = ex_part(ith, S->nth, S->decws, S->z.decode);
     ei_out_tensor o = dout_tensor(S->got[l].dout, (int)l);
     CHECK_ERR(ei_attention_decode_merge(S->ctx, &x, &o), EI_OK);
 }
@@ -516,10 +502,10 @@ static void ph_mixed(shared *S, int ith, long arg) {
     int nth = S->nth, l;
     if (nth >= 4) {
         if (ith < 2) {
-            ei_exec x = part(ith, 2, S->ws, S->z.profile);
+            ei_exec x = ex_part(ith, 2, S->ws, S->z.profile);
             CHECK_ERR(ei_profile(ctx, &x, &layers[1].tq, &layers[1].tk, &S->got[1].plan), EI_OK);
         } else if (ith < 4) {
-            ei_exec x = part(ith - 2, 2, S->aws2, S->aw2);
+            ei_exec x = ex_part(ith - 2, 2, S->aws2, S->aw2);
             ei_out_tensor o = ei_out_tensor_make(S->got[2].out, EI_F32, N, HEADS, DIM);
             /* layer 2 attends densely (plan NULL) in two parts while layer 1 is planned */
             CHECK_ERR(ei_attention_prefill(ctx, &x, &layers[2].tq, &layers[2].tk, &layers[2].tv, NULL, &o, 0), EI_OK);
@@ -619,7 +605,7 @@ static float max_abs_diff(const float *a, const float *b, size_t n) {
    single-threaded reference's) bit for bit. */
 static void threads_vs_parts(const ei_context *ctx, const results *ref, const shared *S, const char *what) {
     const int nth = S->nth;
-    const ei_sizes z = layer_sizes(ctx, nth);
+    const ei_sizes z = sizes_n(ctx, nth);
     void *ws = guarded_alloc(z.workspace);
     ei_exec x = ex(nth, ws, z.workspace);
     ei_plan p, pc;
@@ -681,8 +667,8 @@ static void threaded_round(const ei_context *ctx, const results *ref, int nth, i
     S.ctx = ctx;
     S.ref = ref;
     S.nth = nth;
-    S.z = layer_sizes(ctx, nth);
-    S.aw2 = layer_sizes(ctx, 2).prefill;
+    S.z = sizes_n(ctx, nth);
+    S.aw2 = sizes_n(ctx, 2).prefill;
     build_phases(&S, race);
     for (l = 0; l < N_LAYERS; ++l) {
         CHECK_ERR(ei_plan_init(ctx, &S.got[l].plan, N, KV, DIM, 0, NULL, 0), EI_OK);
@@ -752,7 +738,7 @@ static void threaded_round(const ei_context *ctx, const results *ref, int nth, i
         CHECK(plans_equal(&S.got[1].plan, &ref[1].plan), "%s: layer 1 plan (profiled during attention) differs", what);
         {
             /* dense reference of layer 2 */
-            const ei_sizes z1 = layer_sizes(ctx, 1);
+            const ei_sizes z1 = sizes_n(ctx, 1);
             void *aws = guarded_alloc(z1.prefill);
             ei_exec x = ex(1, aws, z1.prefill);
             float *dense = (float *)guarded_alloc(out_bytes());
@@ -791,7 +777,7 @@ static void threaded_round(const ei_context *ctx, const results *ref, int nth, i
 /* The library's own threads against the reference, the refusals of an
    ei_exec a call cannot run on, and failures inside a thread or a part. */
 static void helpers_round(const ei_context *ctx, const results *ref, int nth, const char *what) {
-    const ei_sizes z = layer_sizes(ctx, nth), z1 = layer_sizes(ctx, 1);
+    const ei_sizes z = sizes_n(ctx, nth), z1 = sizes_n(ctx, 1);
     ei_plan p;
     void *ws, *aws;
     ei_exec x, xa;
@@ -836,28 +822,28 @@ static void helpers_round(const ei_context *ctx, const results *ref, int nth, co
         CHECK_ERR(ei_profile(ctx, &x, &layers[0].tq, &kb, &p), EI_ERR_NONFINITE);
         CHECK_ERR(ei_attention_prefill(ctx, &xa, &qb, &layers[0].tk, &layers[0].tv, &ref[0].plan, &o, 0), EI_ERR_NONFINITE);
         /* in parts: only the part whose kv heads hold the NaN sees it */
-        xp = part(0, nth, ws, z.profile);
+        xp = ex_part(0, nth, ws, z.profile);
         CHECK_ERR(ei_profile(ctx, &xp, &layers[0].tq, &kb, &p), EI_OK);
-        xp = part(nth - 1, nth, ws, z.profile);
+        xp = ex_part(nth - 1, nth, ws, z.profile);
         CHECK_ERR(ei_profile(ctx, &xp, &layers[0].tq, &kb, &p), EI_ERR_NONFINITE);
         /* refused: threads and parts at once, a part past nth, a workspace of
            one thread shared by 2 parts, ei_decode_keep in parts. (Part 0: the
            library checks overlaps with the workspace a part needs before its
            size, so a later part's short slice reaches past the buffer and may
            be refused as overlapping whatever lies there: EI_ERR_OVERLAP.) */
-        xp = part(0, nth, ws, z.profile);
+        xp = ex_part(0, nth, ws, z.profile);
         xp.n_threads = nth;
         CHECK_EXEC(ei_profile(ctx, &xp, &layers[0].tq, &layers[0].tk, &p), EI_ERR_CONFIG);
-        xp = part(nth, nth, ws, z.profile);
+        xp = ex_part(nth, nth, ws, z.profile);
         CHECK_EXEC(ei_profile_chunk(ctx, &xp, &layers[0].tq, &layers[0].tk, &p, 0, 1), EI_ERR_SIZE);
-        xp = part(0, 2, ws, z1.profile);
+        xp = ex_part(0, 2, ws, z1.profile);
         CHECK_EXEC(ei_profile(ctx, &xp, &layers[0].tq, &layers[0].tk, &p), EI_ERR_WORKSPACE);
-        xp = part(0, 2, aws, z1.prefill);
+        xp = ex_part(0, 2, aws, z1.prefill);
         CHECK_EXEC(ei_attention_prefill(ctx, &xp, &layers[0].tq, &layers[0].tk, &layers[0].tv, &ref[0].plan, &o, 0),
                    EI_ERR_WORKSPACE);
         {
             void *dws = guarded_alloc(z1.decode_keep);
-            xp = part(0, 2, dws, z1.decode_keep);
+            xp = ex_part(0, 2, dws, z1.decode_keep);
             CHECK_EXEC(ei_decode_score(ctx, &xp, &ref[0].dec, &layers[0].tk, NULL, 0, out), EI_ERR_WORKSPACE);
             guarded_free(dws);
         }
@@ -865,7 +851,7 @@ static void helpers_round(const ei_context *ctx, const results *ref, int nth, co
             ei_decoder dec = ref[0].dec; /* refused before it is read */
             ei_keep_set ks;
             memset(&ks, 0, sizeof ks);
-            xp = part(0, nth, ws, z.profile);
+            xp = ex_part(0, nth, ws, z.profile);
             CHECK_EXEC(ei_decode_keep(ctx, &xp, &dec, &layers[0].tk, &ks), EI_ERR_CONFIG);
         }
         free(kbad);
@@ -888,7 +874,7 @@ typedef struct concurrent_arg {
 } concurrent_arg;
 static void *concurrent_helper(void *a) {
     concurrent_arg *c = (concurrent_arg *)a;
-    const ei_sizes z = layer_sizes(c->ctx, c->nth);
+    const ei_sizes z = sizes_n(c->ctx, c->nth);
     ei_plan p;
     void *ws;
     ei_exec x;
@@ -1063,7 +1049,7 @@ static ei_result sc_profile_parts(stack_env *E, long nth) {
     ei_result r = EI_OK;
     int ith;
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        ei_exec x = part(ith, (int)nth, E->pws, E->pw);
+        ei_exec x = ex_part(ith, (int)nth, E->pws, E->pw);
         r = ei_profile(E->ctx, &x, &E->q[0], &E->k[0], &E->plan);
     }
     return r == EI_OK ? ei_plan_finalize(E->ctx, &E->plan) : r;
@@ -1108,7 +1094,7 @@ static ei_result sc_attention_parts(stack_env *E, long nth) {
     ei_result r = EI_OK;
     int ith;
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        ei_exec x = part(ith, (int)nth, E->aws, E->aw);
+        ei_exec x = ex_part(ith, (int)nth, E->aws, E->aw);
         r = ei_attention_prefill(E->ctx, &x, &q, &E->k[0], &E->v[0], &E->plan, &o, ST_N - ST_AQ);
     }
     return r;
@@ -1146,11 +1132,11 @@ static ei_result sc_attn_decode_run(stack_env *E, long nth, int mt, const ei_kee
         return ei_attention_decode(E->ctx, &x, &q, &E->D.tk, &E->D.tv, keep, &o, ST_DN - 1);
     }
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        x = part(ith, (int)nth, E->decws, E->decw);
+        x = ex_part(ith, (int)nth, E->decws, E->decw);
         r = ei_attention_decode(E->ctx, &x, &q, &E->D.tk, &E->D.tv, keep, &o, ST_DN - 1);
     }
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        x = part(ith, (int)nth, E->decws, E->decw);
+        x = ex_part(ith, (int)nth, E->decws, E->decw);
         r = ei_attention_decode_merge(E->ctx, &x, &o);
     }
     return r;
@@ -1174,7 +1160,7 @@ static ei_result sc_score_run(stack_env *E, long nth, int mt) {
         return ei_decode_score(E->ctx, &x, &E->dec, &E->D.tk, NULL, 0, E->scores);
     }
     for (ith = 0; ith < nth && r == EI_OK; ++ith) {
-        x = part(ith, (int)nth, E->dws, E->dw);
+        x = ex_part(ith, (int)nth, E->dws, E->dw);
         r = ei_decode_score(E->ctx, &x, &E->dec, &E->D.tk, NULL, 0, E->scores);
     }
     return r;
