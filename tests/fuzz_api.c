@@ -2072,7 +2072,8 @@ static void op_plan_mask(state *s, fz *f) {
     keys = q_off >= 0 && q_off <= EI_MAX_TOKENS ? q_off + rows + ((m & 32) ? (int64_t)(m2 % 8) : 0) : rows;
     if ((m3 >> 6) == 3) keys = (m2 & 1) ? 0 : -1;
     out.n_heads = heads; out.n_rows = rows; out.n_keys = keys;
-    sane = heads >= 1 && heads <= 64 && keys >= 1 && keys <= 4096 && (int)out.dtype >= 0 && (int)out.dtype <= 2;
+    /* (rows 0: an empty plan's last rows; refused, and no extent to allocate) */
+    sane = rows >= 1 && heads >= 1 && heads <= 64 && keys >= 1 && keys <= 4096 && (int)out.dtype >= 0 && (int)out.dtype <= 2;
     switch (lay) {
         case 0: out.head_stride = keys; out.row_stride = (int64_t)heads * keys; break;
         case 1: out.row_stride = keys; out.head_stride = rows * keys; break;
@@ -2387,7 +2388,8 @@ static int role_prepared(int r) { return r == R_PLAN || r == R_PSTRUCT || r == R
    finalize) or decoder (reset) made apart by init, its struct then copied
    where the fuzzer put it, its own arrays included. PL_PROFILE and
    PL_SCORE run in parts too (one workspace, part ith's share at ith x its
-   nth of the bytes). */
+   nth of the bytes; a part checks against every part's share, so the whole
+   workspace counts as written). */
 enum { PL_PROFILE, PL_CHUNK, PL_ATTN, PL_DEC_INIT, PL_OBSERVE, PL_KEEP, PL_SCORE, PL_SELECT, PL_SHARED_ADD,
        PL_SELECT_SHARED, PL_COMPACT, PL_PLAN_INIT, PL_STEP, PL_PLAN_RESET, PL_DEC_RESET, PL_COUNT };
 static const char *const kind_names[PL_COUNT] = {"profile", "profile_chunk", "attention", "decoder_init", "observe",
@@ -3090,13 +3092,9 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
                 preg_add(g, R_PLAN, plan->entropy, plan_extent(pc->c, pc->n, pc->KV, pc->d, pc->flags), pc->kind != PL_ATTN);
                 preg_add(g, R_PSTRUCT, plan, sizeof *plan, pc->kind != PL_ATTN);
             }
-            if (pc->kind == PL_PROFILE && pc->nth >= 2) { /* part j: its share at j x (bytes / nth), if it has kv heads */
-                size_t slice = pc->bytes[R_WS] / (size_t)pc->nth;
-                int j;
-                for (j = 0; j < pc->nth; ++j)
-                    if ((int64_t)pc->KV * j / pc->nth < (int64_t)pc->KV * (j + 1) / pc->nth)
-                        preg_add(g, R_WS, pl->p[R_WS] + slice * (size_t)j, slice, 1);
-            } else preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
+            if (pc->kind == PL_PROFILE && pc->nth >= 2) /* in parts: every part's share, the whole workspace */
+                preg_add(g, R_WS, pl->p[R_WS], pc->bytes[R_WS], 1);
+            else preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
             break;
         case PL_PLAN_INIT:
             preg_add(g, R_PLAN, pl->p[R_PLAN], pc->bytes[R_PLAN], 1);
@@ -3123,12 +3121,8 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_INDEX, pl->p[R_INDEX], pc->bytes[R_INDEX], 0);
             if (pc->nt > 0 || pc->nth < 2)
                 preg_add(g, R_WS, w + pad, pc->partb + pc->per * (size_t)(pc->nt > 0 ? pc->nt : 1), 1);
-            else {
-                size_t slice = (pc->bytes[R_WS] - pad - pc->partb) / (size_t)pc->nth;
-                int j;
-                preg_add(g, R_WS, w + pad, pc->partb, 1);
-                for (j = 0; j < pc->nth; ++j) preg_add(g, R_WS, w + pad + pc->partb + slice * (size_t)j, pc->per, 1);
-            }
+            else /* in parts: the partials, then every part's share: the rest of the workspace */
+                preg_add(g, R_WS, w + pad, pc->bytes[R_WS] - pad, 1);
             break;
         }
         case PL_DEC_INIT:
@@ -3164,8 +3158,10 @@ static void pc_regions(const pcall *pc, const placement *pl, pregs *g) {
             preg_add(g, R_ROWPOS, pl->p[R_ROWPOS], pc->bytes[R_ROWPOS], 0);
             preg_add(g, R_SCORES, pl->p[R_SCORES], pc->bytes[R_SCORES], pc->kind == PL_SCORE);
             preg_add(g, R_SHARED, pl->p[R_SHARED], pc->bytes[R_SHARED], pc->kind == PL_SHARED_ADD);
-            if (pc->kind == PL_SCORE) /* part ith's share: ith x (bytes / nth), a thread's size */
-                preg_add(g, R_WS, pl->p[R_WS] + pc->bytes[R_WS] / (size_t)pc->nth * (size_t)pc->ith, pc->bytes[R_WS] / (size_t)pc->nth, 1);
+            if (pc->kind == PL_SCORE && pc->nth >= 2) /* in parts: every part's share, the whole workspace */
+                preg_add(g, R_WS, pl->p[R_WS], pc->bytes[R_WS], 1);
+            else if (pc->kind == PL_SCORE) /* one part of one: a thread's share */
+                preg_add(g, R_WS, pl->p[R_WS], pc->bytes[R_WS] / (size_t)pc->nth, 1);
             else preg_add(g, R_WS, pl->p[R_WS], pc_ws_need(pc), 1);
             break;
     }
