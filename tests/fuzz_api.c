@@ -945,16 +945,35 @@ static double layer_cost(const state *s, double per_token) {
 
 /* A plan's arrays and counts as bytes (the parts' plan against the whole call's). */
 static size_t plan_extent(const ei_config *c, int64_t max_tokens, int32_t kv, int32_t d, uint32_t flags);
+/* What a plan holds, for comparing two plans bit for bit: its counts, each
+   kv head's class, and per planned segment its entropy, budget, counts and
+   the blocks it keeps (not the padding between arrays or past the counts,
+   which the library never writes: under memcheck it is uninitialised). */
 static unsigned char *plan_bytes(const ei_context *ctx, const ei_plan *p, size_t *n) {
-    size_t ext = plan_extent(ei_context_config(ctx), p->max_tokens, p->n_kv_heads, p->head_dim, p->flags);
     int64_t cnt[4];
     unsigned char *b;
-    if (!ext || !p->entropy) return NULL;
+    size_t at = 0, cap;
+    int32_t h, sg, kc;
+    (void)ctx;
+    if (!p->entropy || p->n_segments < 0 || p->n_segments > p->seg_capacity || p->max_keep < 0) return NULL;
+    cap = sizeof cnt + (size_t)p->n_kv_heads * (1u + (size_t)p->n_segments * (16u + 4u * (size_t)p->max_keep));
+    b = (unsigned char *)xalloc(cap);
     cnt[0] = p->n_tokens; cnt[1] = p->n_segments; cnt[2] = p->n_blocks; cnt[3] = p->final;
-    b = (unsigned char *)xalloc(sizeof cnt + ext);
     memcpy(b, cnt, sizeof cnt);
-    memcpy(b + sizeof cnt, p->entropy, ext);
-    *n = sizeof cnt + ext;
+    at = sizeof cnt;
+    for (h = 0; h < p->n_kv_heads; ++h) {
+        b[at++] = p->head_class[h];
+        for (sg = 0; sg < p->n_segments; ++sg) {
+            size_t row = EI_PLAN_ROW(p, h, sg);
+            memcpy(b + at, &p->entropy[row], 4); at += 4;
+            memcpy(b + at, &p->budget[row], 4); at += 4;
+            memcpy(b + at, &p->keep_blocks[row], 4); at += 4;
+            memcpy(b + at, &p->keep_count[row], 4); at += 4;
+            kc = p->keep_count[row] < 0 ? 0 : p->keep_count[row] > p->max_keep ? p->max_keep : p->keep_count[row];
+            memcpy(b + at, EI_PLAN_BLOCKS(p, h, sg), 4u * (size_t)kc); at += 4u * (size_t)kc;
+        }
+    }
+    *n = at;
     return b;
 }
 
