@@ -45,6 +45,19 @@
 //                compaction moves sequence 1's cells in the shared stream, in cell order)
 //   ms-X both    each sequence compressed (llama_entropyinfer_get_seq_decode_info: its own cells
 //                dropped), F >= 0 for both, the context's decode info counts 2 sequences
+// Then prefill of several sequences in one ubatch (entropyinfer with small segments: segment_size 64,
+// threshold_len 128, base_budget 96; compression off): both texts fed as 4 batches of 48 tokens of
+// each, interleaved (in a unified cache their cells alternate, so each sequence's keys are gathered),
+// then positions 10..19 of sequence 0 removed and batches of 40 + 1 and 40 + 40 tokens (sequence 0
+// misses positions: attended densely over its cells). Contexts in both layouts (unified, --kv-unified
+// off): without entropyinfer (R), sparse (U), mode=ei-dense (D):
+//   mp-unified served  U unified served every ubatch of the 6 batches, of 2 sequences, sparse (density
+//                      < 1); D unified too
+//   mp-unified logits  U and D, unified against --kv-unified off, over the interleaved prompts: bit-equal
+//                      (each sequence planned and attended as its own, whatever the layout), or at most 1.25x
+//                      as far apart as R's two layouts where llama.cpp's own layers differ between them (Gemma's
+//                      sliding-window layers: 9.35 against our 9.87 logits; SmolLM2, every layer ours: bit-equal)
+//   mp-dense logits    sequence 0's rows after the removal, D against R (unified): top-1 equal in 90%
 // One line per check ("ok" or "FAIL"), then a summary; exit status 1 when a check failed.
 #include "llama.h"
 #include "ei_llama.h"
@@ -122,8 +135,11 @@ static void set_option(const char * o) {
     }
 }
 
-static llama_context * new_context(llama_model * model, int n_ctx, int threads, int n_seq = 1, bool unified = false) {
+static llama_context * new_context(llama_model * model, int n_ctx, int threads, int n_seq = 1, bool unified = false,
+                                   ggml_type kv_type = GGML_TYPE_F16, bool flash = true) {
     llama_context_params cp = llama_context_default_params();
+    cp.type_k          = kv_type;
+    cp.type_v          = kv_type;
     cp.n_ctx           = (uint32_t) n_ctx;
     cp.n_seq_max       = (uint32_t) n_seq;
     cp.kv_unified      = unified;
@@ -131,7 +147,7 @@ static llama_context * new_context(llama_model * model, int n_ctx, int threads, 
     cp.n_ubatch        = 512;
     cp.n_threads       = threads;
     cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.swa_full        = true; // Gemma 3: the sliding-window layers keep every position, as the reference does
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
@@ -310,6 +326,102 @@ static void multi_seq(llama_model * model, int threads, bool unified, const std:
     llama_free(b);
 }
 
+// Prefill of several sequences in one ubatch (see the header: mp-unified, mp-dense). p0, p1: the two
+// texts; every context has n_seq_max 2 and gets the same batches.
+static void multi_prefill(llama_model * model, int threads, const std::vector<llama_token> & p0,
+                          const std::vector<llama_token> & p1, int n_vocab) {
+    const double t0    = now_s();
+    const int    n_ctx = 2 * 512, chunk = 48;
+    const char * small = "min_tokens=32,segment_size=64,threshold_len=128,base_budget=96,last_segment_dense=0,compress=0";
+    llama_entropyinfer_reset();
+    // contexts by [layout: 0 unified, 1 --kv-unified off]: llama.cpp's attention, sparse, ei-dense
+    llama_context * ref[2]   = { new_context(model, n_ctx, threads, 2, true), new_context(model, n_ctx, threads, 2, false) };
+    set_option(small);
+    llama_context * sp[2]    = { new_context(model, n_ctx, threads, 2, true), new_context(model, n_ctx, threads, 2, false) };
+    set_option("mode=ei-dense");
+    llama_context * dn[2]    = { new_context(model, n_ctx, threads, 2, true), new_context(model, n_ctx, threads, 2, false) };
+    llama_entropyinfer_reset();
+    llama_context * all_ctx[6] = { ref[0], ref[1], sp[0], sp[1], dn[0], dn[1] };
+    const std::vector<llama_token> * pr[2] = { &p0, &p1 };
+    llama_pos next[2] = { 0, 0 };
+    auto run = [&](int seq, int n, std::vector<tok_at> & b) { // the next n tokens of sequence seq
+        for (int i = 0; i < n; ++i, ++next[seq]) {
+            b.push_back({ (*pr[seq])[(size_t) next[seq]], next[seq], seq });
+        }
+    };
+    std::vector<std::vector<tok_at>> steps;
+    for (int k = 0; k < 4; ++k) { // the prompts in interleaved chunks: a ubatch holds both, cells alternate
+        steps.emplace_back();
+        run(0, chunk, steps.back());
+        run(1, chunk, steps.back());
+    }
+    const size_t n_first = steps.size();
+    steps.emplace_back(); // after positions 10 .. 19 of sequence 0 are removed: 40 of it, 1 of sequence 1
+    run(0, 40, steps.back());
+    run(1, 1, steps.back());
+    steps.emplace_back();
+    run(1, 40, steps.back());
+    run(0, 40, steps.back());
+    auto row = [&](llama_context * c, size_t i) {
+        const float * l = llama_get_logits_ith(c, (int32_t) i);
+        return std::vector<float>(l, l + n_vocab);
+    };
+    auto top1 = [](const std::vector<float> & l) { return std::max_element(l.begin(), l.end()) - l.begin(); };
+    int    n_lay = 0, eq_lay = 0, n_miss = 0, agree_miss = 0;
+    double diff_lay = 0, diff_ref = 0, diff_miss = 0, abs_miss = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+        for (llama_context * c : all_ctx) {
+            if (k == n_first && !llama_memory_seq_rm(llama_get_memory(c), 0, 10, 20)) {
+                die("seq_rm(0, 10, 20) failed (mp)");
+            }
+            if (!decode_mixed(c, steps[k])) {
+                die("a prefill step failed (mp)");
+            }
+        }
+        for (size_t i = 0; i < steps[k].size(); ++i) {
+            if (k < n_first) { // the interleaved prompts: each layout's rows against the other's
+                const std::vector<float> r0 = row(ref[0], i);
+                diff_ref = std::max(diff_ref, compare(r0, llama_get_logits_ith(ref[1], (int32_t) i)).max_diff);
+                for (llama_context ** c : { sp, dn }) {
+                    const logit_diff d = compare(row(c[0], i), llama_get_logits_ith(c[1], (int32_t) i));
+                    n_lay++;
+                    eq_lay += d.bit_equal ? 1 : 0;
+                    diff_lay = std::max(diff_lay, d.max_diff);
+                }
+            } else if (steps[k][i].seq == 0) { // sequence 0 without positions 10 .. 19: ei-dense against llama.cpp
+                const std::vector<float> a = row(dn[0], i), b = row(ref[0], i);
+                const logit_diff d = compare(a, b.data());
+                n_miss++;
+                agree_miss += top1(a) == top1(b) ? 1 : 0;
+                diff_miss = std::max(diff_miss, d.max_diff);
+                abs_miss  = std::max(abs_miss, d.max_abs);
+            }
+        }
+    }
+    llama_entropyinfer_prefill_info iu, is, id;
+    llama_entropyinfer_get_prefill_info(sp[0], &iu);
+    llama_entropyinfer_get_prefill_info(sp[1], &is);
+    llama_entropyinfer_get_prefill_info(dn[0], &id);
+    check(iu.ubatches_served == (int64_t) steps.size() && iu.sequences == 2 && iu.density < 1.0 &&
+              id.ubatches_served == (int64_t) steps.size(), "mp-unified",
+          fmt("served: unified cache, %d batches of both sequences: %lld of %lld ubatches served, %d sequences, density %.4f "
+              "(ei-dense: %lld of %lld; --kv-unified off: %lld of %lld)", (int) steps.size(), (long long) iu.ubatches_served,
+              (long long) iu.ubatches, iu.sequences, iu.density, (long long) id.ubatches_served, (long long) id.ubatches,
+              (long long) is.ubatches_served, (long long) is.ubatches));
+    check(n_lay > 0 && (eq_lay == n_lay || diff_lay <= 1.25 * diff_ref), "mp-unified",
+          fmt("logits: the interleaved prompts, unified cache against --kv-unified off (each sequence in a stream of its "
+              "own), sparse and ei-dense: %d of %d rows bit-equal, max |diff| %.3g; llama.cpp's own attention differs "
+              "between the two layouts by %.3g (bit-equal required, or at most 1.25x llama.cpp's own difference where "
+              "layers it runs, e.g. Gemma's sliding-window ones, differ between the layouts)", eq_lay, n_lay, diff_lay, diff_ref));
+    check(n_miss > 0 && agree_miss * 10 >= n_miss * 9, "mp-dense",
+          fmt("logits: sequence 0 with positions 10..19 removed (attended densely over the cells it has), ei-dense "
+              "against llama.cpp's attention in the unified cache: top-1 equal in %d of %d rows (90%% required), max "
+              "|diff| %.3g, largest |logit| %.3g (%.2f s)", agree_miss, n_miss, diff_miss, abs_miss, now_s() - t0));
+    for (llama_context * c : all_ctx) {
+        llama_free(c);
+    }
+}
+
 // The two layouts' checks (ms-split, ms-unified): the prompts and continuations cut from the text.
 static void multi_seq_all(llama_model * model, const std::vector<llama_token> & all, const std::string & text_path,
                           int threads, int n_vocab) {
@@ -321,6 +433,11 @@ static void multi_seq_all(llama_model * model, const std::vector<llama_token> & 
     const std::vector<llama_token> p0(all.begin(), all.begin() + n0 + cont), p1(all.begin() + off1, all.begin() + off1 + n1 + cont);
     multi_seq(model, threads, false, p0, p1, n0, n1, n_vocab);
     multi_seq(model, threads, true, p0, p1, n0, n1, n_vocab);
+    if (n_tok < off1 + 300) {
+        die(fmt("%s: %d tokens, %d needed", text_path.c_str(), n_tok, off1 + 300));
+    }
+    multi_prefill(model, threads, std::vector<llama_token>(all.begin(), all.begin() + 300),
+                  std::vector<llama_token>(all.begin() + off1, all.begin() + off1 + 300), n_vocab);
 }
 
 int main(int argc, char ** argv) {

@@ -587,11 +587,11 @@ struct ei_layer {
     int              status   = 0;       // 0: not seen yet, 1: served, -1: not served
     ei_context *     ctx      = nullptr; // owned by the state (one per attention scale)
     ei_context *     ctx_plan = nullptr; // planning's: attn_scale * the Q pre-scale it undoes (ei_raw_query)
-    // one plan per KV stream (a sequence of its own with --kv-unified off; stream 0 otherwise),
-    // made when a ubatch first serves that stream (ei_layer_plan)
+    // one plan per sequence (n_seq_max), made when a ubatch first plans that sequence (ei_layer_plan)
     std::vector<ei_plan> plans;
     std::vector<uint8_t> has_plan;
     int32_t          n_head = 0, n_head_kv = 0, head_dim = 0;
+    size_t           k_row = 0, v_row = 0; // bytes of a cell's K and V rows (a gathered row, ei_op_gather)
 
     // this ubatch
     bool             use_plan = false;
@@ -611,7 +611,7 @@ struct ei_layer {
     // allocations); the ops take the stream's contexts (ei_gpu_context)
     bool                 gpu = false;
     float                scale = 0.0f, scale_plan = 0.0f;
-    std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (stream, q_pos, n) of this ubatch, read at the next settle
+    std::vector<std::array<int64_t, 3>> stat_pending; // GPU: (sequence, q_pos, n) of this ubatch, read at the next settle
     int64_t              plan_tokens = 0;              // the most a plan holds: the cells of a stream
     int64_t              plan_bytes  = 0;              // what its CPU plans hold now (they grow)
     ei_sizes             sizes = {};                   // its buffers (ei_layer_sizes at setup: plan_tokens rows,
@@ -634,19 +634,32 @@ struct llama_ei_state {
     void *                                 ws = nullptr;  // the host ops' one workspace (every part passes it)
     size_t                                 ws_bytes = 0;
     int                                    ws_threads = 0; // the parts it is sized for (ei_layer_sizes' n_threads)
-    std::vector<int32_t>                   cell_pos;
+    std::vector<int32_t>                   cell_of; // ei_slices_of: the cell of each position of a sequence
 
     // the ubatch llama_decode is processing (announced), and the one computed
     const llama_pos * ann_pos  = nullptr;
     uint32_t          ann_n    = 0;
     bool              ann_last = false;
-    // the served ubatch's sequences, one per KV stream of the K/V views (set_input): the first
-    // position of each, its stream, its tokens (q rows [i * n, (i + 1) * n) of the ubatch)
+    // the served ubatch's sequences (ei_slices_of, set_input), one slice each: its run of the
+    // ubatch's rows and where its keys are. Keys are the sequence's cells that hold positions
+    // below the run's end, in position order: m rows, the run's queries the last n of them.
+    // planned: m == q_pos + n (no position missing: rows are positions), planned with the
+    // sequence's plan; otherwise (a compressed prefix) dense attention over the m rows. The rows
+    // are a view of the K/V views (stream `view`, from cell c0) when the cells run in order, else
+    // gathered into the state's buffer (ei_op_gather; CPU layers only).
     struct ei_slice {
-        int64_t q_pos;
-        int32_t stream, n;
+        int64_t q_pos;    // position of the run's first token
+        int32_t r0, n;    // rows [r0, r0 + n) of the ubatch
+        int32_t seq;      // its sequence: the plan's slot
+        int32_t view;     // stream index in the K/V views (--kv-unified off: one per sequence)
+        bool    planned;  // no position missing below q_pos + n
+        int64_t m;        // key rows; the first query is row m - n
+        int64_t c0;       // the rows are cells c0 .. c0 + m - 1 of the view, or -1: gathered
+        int64_t g0;       // gathered: its cells are cell_gather[g0 .. g0 + m)
     };
     std::vector<ei_slice> slices;
+    std::vector<int32_t>  cell_gather;          // the gathered slices' cells, in position order
+    std::vector<uint8_t>  gather;               // their K and V rows (ei_op_gather), every CPU layer in turn
     int               is_final = 0;
     uint32_t          ann_n_all = 0;
 
@@ -837,7 +850,7 @@ static void ei_gpu_settle(llama_ei_state * st) {
                        ": that ubatch's attention outputs are unspecified");
     }
     for (auto & L : st->layers) {
-        for (const auto & sp : L->stat_pending) { // (stream, q_pos, n)
+        for (const auto & sp : L->stat_pending) { // (sequence, q_pos, n)
             const ei_plan & p = L->plans[(size_t) sp[0]];
             st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
             if (ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
@@ -1139,9 +1152,137 @@ static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq) {
     return it == st->seq_on.end() ? st->all_on : it->second;
 }
 
-// Can this ubatch be served (in every servable layer)? why: the reason when not.
+// The sequences of a ubatch as slices (llama_ei_state::ei_slice), in the order of their runs;
+// false with why when it cannot be served. Each sequence's tokens are one run of rows with
+// consecutive positions (a unified cache's ubatch holds the llama_decode call's tokens in their
+// order, any mix of sequences; with --kv-unified off llama.cpp gives each sequence one equal run
+// and the runs' streams are consecutive, build_attn_mha's layout), each token of one sequence.
+// Its keys: the cells of its stream in view that hold it at a position below the run's end, each
+// position at most once, the run's own positions among them. cell_gather receives the cells of
+// the slices that are not one run of cells in position order.
+static bool ei_slices_of(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
+                         std::vector<llama_ei_state::ei_slice> & out, std::string & why) {
+    const llama_kv_cache * kv = kvc->get_kv();
+    const bool             streams = kv->get_n_stream() > 1;
+    char                   buf[256];
+    out.clear();
+    st->cell_gather.clear();
+    if (!ub.seq_id || !ub.n_seq_id) {
+        why = "a ubatch without sequence ids: llama.cpp's attention";
+        return false;
+    }
+    for (uint32_t i = 0; i < ub.n_tokens;) {
+        if (ub.n_seq_id[i] != 1) {
+            why = "tokens that belong to several sequences: llama.cpp's attention";
+            return false;
+        }
+        const llama_seq_id seq = ub.seq_id[i][0];
+        uint32_t           j   = i + 1;
+        while (j < ub.n_tokens && ub.n_seq_id[j] == 1 && ub.seq_id[j][0] == seq && ub.pos[j] == ub.pos[j - 1] + 1) {
+            ++j;
+        }
+        for (const auto & o : out) {
+            if (o.seq == seq) {
+                why = "a sequence's tokens are not one run of consecutive positions in the ubatch: llama.cpp's attention";
+                return false;
+            }
+        }
+        if (seq < 0 || (size_t) seq >= st->seqs.size()) {
+            why = "a sequence id past n_seq_max: llama.cpp's attention";
+            return false;
+        }
+        llama_ei_state::ei_slice sl = {};
+        sl.q_pos = ub.pos[i];
+        sl.r0    = (int32_t) i;
+        sl.n     = (int32_t) (j - i);
+        sl.seq   = seq;
+        out.push_back(sl);
+        i = j;
+    }
+    if (streams) { // the K/V views span the ubatch's streams, one equal run each, in stream order
+        const int32_t stream0 = out.empty() ? 0 : (int32_t) kv->get_stream(out[0].seq);
+        for (size_t i = 0; i < out.size(); ++i) {
+            if (out[i].n != out[0].n || (int32_t) kv->get_stream(out[i].seq) != stream0 + (int32_t) i) {
+                why = "the sequences of a ubatch are not equal runs in consecutive KV streams: llama.cpp's attention";
+                return false;
+            }
+            out[i].view = (int32_t) i;
+        }
+    }
+    for (auto & sl : out) {
+        const llama_kv_cells & cells = kv->get_cells(sl.seq);
+        const int64_t          n_kv  = std::min<int64_t>(kvc->get_n_kv(), cells.size());
+        const int64_t          end   = sl.q_pos + sl.n;
+        if (sl.q_pos < 0 || end > EI_MAX_TOKENS) {
+            why = "positions outside 0 .. EI_MAX_TOKENS: llama.cpp's attention";
+            return false;
+        }
+        st->cell_of.assign((size_t) end, -1);
+        for (int64_t c = 0; c < n_kv; ++c) {
+            if (cells.is_empty((uint32_t) c) || !cells.seq_has((uint32_t) c, sl.seq)) {
+                continue;
+            }
+            const llama_pos p = cells.pos_get((uint32_t) c);
+            if (p < 0 || p >= end) {
+                continue; // a later position: no query of the run sees it
+            }
+            if (st->cell_of[(size_t) p] >= 0) {
+                snprintf(buf, sizeof buf, "cells %d and %lld both hold position %d of sequence %d: llama.cpp's attention",
+                         (int) st->cell_of[(size_t) p], (long long) c, (int) p, (int) sl.seq);
+                why = buf;
+                return false;
+            }
+            st->cell_of[(size_t) p] = (int32_t) c;
+        }
+        // the sequence's cells in position order (compacted over the missing positions)
+        const size_t g0 = st->cell_gather.size();
+        for (int64_t p = 0; p < end; ++p) {
+            if (st->cell_of[(size_t) p] >= 0) {
+                st->cell_gather.push_back(st->cell_of[(size_t) p]);
+            } else if (p >= sl.q_pos) {
+                snprintf(buf, sizeof buf, "position %lld of sequence %d is not in the cells in view: llama.cpp's attention",
+                         (long long) p, (int) sl.seq);
+                why = buf;
+                return false;
+            }
+        }
+        sl.m       = (int64_t) (st->cell_gather.size() - g0);
+        sl.planned = sl.m == end;
+        sl.c0      = st->cell_gather[g0];
+        for (int64_t r = 1; r < sl.m && sl.c0 >= 0; ++r) {
+            if (st->cell_gather[g0 + (size_t) r] != sl.c0 + r) {
+                sl.c0 = -1;
+            }
+        }
+        if (sl.c0 >= 0) {
+            st->cell_gather.resize(g0); // a view: nothing to gather
+            sl.g0 = -1;
+        } else {
+            sl.g0 = (int64_t) g0;
+        }
+    }
+    return true;
+}
+
+// What the graph of a served ubatch holds besides the ops (the input's layout; graphs are reused
+// while it stays): EI_LAYOUT_CELLS, every sequence planned over the cells from 0 of its view (the
+// mask executor's and the GPU's own case); EI_LAYOUT_VIEWS, some sequence's rows start at a later
+// cell or miss positions (attended densely); EI_LAYOUT_GATHER, some sequence's cells are gathered
+// (ei_op_gather: CPU layers; a GPU layer runs llama.cpp's attention).
+enum ei_layout { EI_LAYOUT_CELLS = 0, EI_LAYOUT_VIEWS = 1, EI_LAYOUT_GATHER = 2 };
+
+static int ei_layout_of(const std::vector<llama_ei_state::ei_slice> & slices) {
+    int l = EI_LAYOUT_CELLS;
+    for (const auto & sl : slices) {
+        l = std::max(l, sl.c0 < 0 ? (int) EI_LAYOUT_GATHER : sl.c0 > 0 || !sl.planned ? (int) EI_LAYOUT_VIEWS : (int) EI_LAYOUT_CELLS);
+    }
+    return l;
+}
+
+// Can this ubatch be served (in every servable layer)? why: the reason when not; layout: its
+// ei_layout when served.
 static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
-                             const llama_cparams & cp, std::string & why) {
+                             const llama_cparams & cp, std::string & why, int * layout = nullptr) {
     if (!ub.pos || ub.pos != st->ann_pos || ub.n_tokens != st->ann_n) {
         return EI_SILENT; // not a ubatch of llama_decode (graph reservation): llama.cpp's attention, no report
     }
@@ -1157,7 +1298,6 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
         why = "non-causal attention (llama_set_causal_attn): llama.cpp's attention";
         return EI_FALLBACK;
     }
-    char buf[256];
     if ((int64_t) ub.n_tokens < st->opts.min_tokens) {
         return EI_SILENT; // by choice (decode, warm-up): llama.cpp's attention, not reported
     }
@@ -1169,99 +1309,61 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
         why = "no KV cache: llama.cpp's attention";
         return EI_FALLBACK;
     }
-    const llama_kv_cache * kv = kvc->get_kv();
-    // several sequences: each in a KV stream of its own (--kv-unified off), in equal runs of the
-    // ubatch, their streams consecutive (build_attn_mha's layout): each planned and attended as its own
-    const uint32_t n_sets = ub.seq_id_unq ? std::max<uint32_t>(ub.n_seqs_unq, 1) : 1;
-    if (n_sets > 1 && (kv->get_n_stream() <= 1 || !ub.equal_seqs() || ub.n_seqs != n_sets || ub.n_tokens % n_sets)) {
-        why = kv->get_n_stream() <= 1
-            ? "a ubatch holds several sequences of one KV stream (a unified cache; --no-kv-unified gives each its own): "
-              "llama.cpp's attention"
-            : "a ubatch holds several sequences in unequal runs: llama.cpp's attention";
+    std::vector<llama_ei_state::ei_slice> slices;
+    if (!ei_slices_of(st, ub, kvc, slices, why)) {
         return EI_FALLBACK;
     }
-    const uint32_t per = ub.n_tokens / n_sets;
-    int32_t stream0 = -1;
-    for (uint32_t set = 0; set < n_sets; ++set) {
-        const uint32_t i0 = set * per;
-        if (!ub.seq_id || ub.n_seq_id[i0] != 1) {
-            why = "tokens that belong to several sequences: llama.cpp's attention";
-            return EI_FALLBACK;
-        }
-        const llama_seq_id seq = ub.seq_id[i0][0];
-        const int64_t p0 = ub.pos[i0], n_end = p0 + per;
-        for (uint32_t i = 1; i < per; ++i) {
-            if (ub.pos[i0 + i] != p0 + (llama_pos) i || ub.n_seq_id[i0 + i] != 1 || ub.seq_id[i0 + i][0] != seq) {
-                why = "positions of a ubatch are not consecutive: llama.cpp's attention";
-                return EI_FALLBACK;
-            }
-        }
-        const int32_t stream = (int32_t) kv->get_stream(seq);
-        if (set == 0) {
-            stream0 = stream;
-        } else if (stream != stream0 + (int32_t) set) {
-            why = "the sequences of a ubatch are not in consecutive KV streams: llama.cpp's attention";
-            return EI_FALLBACK;
-        }
-        const llama_kv_cells & cells = kv->get_cells(seq);
-        const int64_t        n_kv  = std::min<int64_t>(kvc->get_n_kv(), cells.size());
-        if (p0 < 0 || n_end > n_kv) {
-            snprintf(buf, sizeof buf, "positions %lld..%lld lie past the %lld cache cells in view: llama.cpp's attention",
-                     (long long) p0, (long long) n_end - 1, (long long) n_kv);
-            why = buf;
-            return EI_FALLBACK;
-        }
-        st->cell_pos.resize((size_t) n_end);
-        for (int64_t j = 0; j < n_end; ++j) {
-            st->cell_pos[j] = cells.is_empty((uint32_t) j) || !cells.seq_has((uint32_t) j, seq) ? -1 : cells.pos_get((uint32_t) j);
-        }
-        if (ei_check_key_positions(st->ctx0, st->cell_pos.data(), n_end) != EI_OK) {
-            why = std::string("KV cells are not in position order for the sequence (-1: empty or another sequence's; ") +
-                  ei_last_error() + "): llama.cpp's attention";
-            return EI_FALLBACK;
-        }
-        for (int64_t j = n_end; j < n_kv; ++j) {
-            if (!cells.is_empty((uint32_t) j) && cells.seq_has((uint32_t) j, seq) && cells.pos_get((uint32_t) j) < n_end) {
-                snprintf(buf, sizeof buf, "cache cell %lld holds position %d, seen by this ubatch: llama.cpp's attention",
-                         (long long) j, (int) cells.pos_get((uint32_t) j));
-                why = buf;
-                return EI_FALLBACK;
-            }
-        }
+    if (layout) {
+        *layout = ei_layout_of(slices);
     }
     return EI_SERVE;
 }
 
-static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream);
-static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t stream);
+static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t seq);
+static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t seq);
 static void      ei_layer_plans_grow(llama_ei_state * st, ei_layer * L);
 
-// The sequences of a served ubatch (set_input): one slice per KV stream of the K/V views, and
-// the plans of their streams made (main thread, before the graph runs).
-static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache * kv, ei_decision d) {
+// The sequences of a served ubatch (set_input: main thread, before the graph runs): its slices,
+// the gather buffer sized for them, and the plans of its planned sequences made (grown). A layer
+// that does not run ours for this layout (a GPU layer when rows are gathered) is skipped.
+static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const llama_kv_cache_context * kvc,
+                          ei_decision d, int layout) {
     st->slices.clear();
-    const uint32_t n_sets = d == EI_SERVE && ub && ub->seq_id_unq ? std::max<uint32_t>(ub->n_seqs_unq, 1) : 1;
-    const uint32_t n_tok  = ub ? ub->n_tokens : 0, per = n_tok / n_sets;
-    for (uint32_t set = 0; set < n_sets; ++set) {
-        const uint32_t     i0  = set * per;
-        const llama_seq_id seq = ub && ub->seq_id && n_tok ? ub->seq_id[i0][0] : 0;
-        st->slices.push_back({ ub && ub->pos && n_tok ? (int64_t) ub->pos[i0] : 0,
-                               kv && seq >= 0 ? (int32_t) kv->get_stream(seq) : 0, (int32_t) per });
-        if (d == EI_SERVE && seq >= 0 && (size_t) seq < st->seqs.size() && !st->seqs[(size_t) seq].served) {
-            st->seqs[(size_t) seq].served = true;
+    st->cell_gather.clear();
+    if (d != EI_SERVE || !ub || !kvc) {
+        return;
+    }
+    std::string why;
+    if (!ei_slices_of(st, *ub, kvc, st->slices, why) || ei_layout_of(st->slices) != layout) {
+        // cannot happen (the graph's decision was made on this ubatch and cache): the ops write NaN
+        ei_report_once("the served ubatch changed between graph and compute (" + why + "): its attention output is NaN");
+        st->slices.clear();
+        return;
+    }
+    size_t row = 0; // the K + V bytes of a gathered cell, the most of any CPU layer
+    for (const auto & L : st->layers) {
+        if (L->status == 1 && !L->gpu) {
+            row = std::max(row, L->k_row + L->v_row);
+        }
+    }
+    size_t gathered = 0;
+    for (const auto & sl : st->slices) {
+        gathered += sl.c0 < 0 ? (size_t) sl.m * row : 0;
+        if (!st->seqs[(size_t) sl.seq].served) {
+            st->seqs[(size_t) sl.seq].served = true;
             st->stats.seqs_served++;
         }
     }
-    if (d != EI_SERVE) {
-        return;
+    if (st->gather.size() < gathered) {
+        st->gather.resize(gathered);
     }
     for (auto & L : st->layers) {
-        if (L->status != 1 || L->plans.empty()) {
+        if (L->status != 1 || L->plans.empty() || (L->gpu && layout == EI_LAYOUT_GATHER)) {
             continue;
         }
         for (const auto & sl : st->slices) {
-            if (!ei_layer_plan(st, L.get(), sl.stream)) {
-                L->fail("a plan for the sequence's stream");
+            if (sl.planned && !ei_layer_plan(st, L.get(), sl.seq)) {
+                L->fail("a plan for the sequence");
             }
         }
         ei_layer_plans_grow(st, L.get());
@@ -1488,7 +1590,7 @@ public:
             L->t_plan.reset();
             L->t_attn.reset();
         }
-        ei_set_slices(st, ub, kv, decision);
+        ei_set_slices(st, ub, kvc, decision, layout);
         if (decision == EI_SERVE && served_layers > 0) {
             st->stats.ubatches_served++;
         }
@@ -1506,7 +1608,13 @@ public:
         if (ei_mask_bound(st, params.ubatch, n_kv) != n_kv_max) { // executor mask: the hint is in the graph
             return false;
         }
-        return ei_decide(st, params.ubatch, kvc, params.cparams, why) == decision;
+        int layout_now = EI_LAYOUT_CELLS;
+        if (ei_decide(st, params.ubatch, kvc, params.cparams, why, &layout_now) != decision ||
+            (decision == EI_SERVE && layout_now != layout)) {
+            return false;
+        }
+        this->kvc = kvc; // the ubatch's memory context (set_input reads its cells), as llama.cpp's inputs do
+        return true;
     }
 
     llama_ei_state *       st;
@@ -1515,6 +1623,8 @@ public:
     int64_t                n_kv          = -1;      // cells of the K/V views the graph was built with
     int64_t                n_kv_max      = 0;       // executor mask: the graph's sparse-mask hint (ei_mask_bound)
     const llama_kv_cache * kv            = nullptr; // the cache whose streams the sequences use
+    const llama_kv_cache_context * kvc   = nullptr; // the ubatch's view of it (n_kv cells)
+    int                    layout        = EI_LAYOUT_CELLS; // of a served graph (ei_layout)
 };
 
 static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei_state * st,
@@ -1525,11 +1635,14 @@ static llm_graph_input_ei * ei_graph_input(const llm_graph_context & g, llama_ei
         }
     }
     std::string why;
-    const ei_decision d = ei_decide(st, g.ubatch, kvc, g.cparams, why);
+    int               layout = EI_LAYOUT_CELLS;
+    const ei_decision d      = ei_decide(st, g.ubatch, kvc, g.cparams, why, &layout);
     if (d == EI_FALLBACK) {
         ei_report_once(why);
     }
     auto * in = new llm_graph_input_ei(st, d);
+    in->layout = layout;
+    in->kvc    = kvc;
     in->n_kv = kvc ? (int64_t) kvc->get_n_kv() : -1;
     in->n_kv_max = ei_mask_bound(st, g.ubatch, in->n_kv);
     in->kv   = kvc ? kvc->get_kv() : nullptr;
@@ -1652,24 +1765,43 @@ static ei_tensor ei_view(const ggml_tensor * t) {
     return v;
 }
 
-// Slice i of n sequences of a served ubatch (one per KV stream, build_attn_mha's layout): the
-// queries [i * n_tokens/n, (i + 1) * n_tokens/n) of q [head_dim, heads, tokens]; stream i of a
-// K/V view [head_dim, kv heads, cells, streams].
-static ei_tensor ei_view_q(const ggml_tensor * q, int i, int n) {
+// The queries of a slice of the ubatch: rows [r0, r0 + n) of q [head_dim, heads, tokens].
+static ei_tensor ei_slice_q(const ggml_tensor * q, const llama_ei_state::ei_slice & sl) {
     ei_tensor v = ei_view(q);
-    v.n_tokens = q->ne[2] / n;
-    v.data     = (const char *) q->data + (size_t) i * (size_t) v.n_tokens * q->nb[2];
+    v.n_tokens = sl.n;
+    v.data     = (const char *) q->data + (size_t) sl.r0 * q->nb[2];
     return v;
 }
-static ei_tensor ei_view_kv(const ggml_tensor * t, int i) {
+// Where ei_op_gather puts a gathered slice's K (which 0) or V (1) rows for layer L: each gathered
+// slice's K rows, then its V rows, in slice order.
+static uint8_t * ei_gathered(const ei_layer * L, const llama_ei_state::ei_slice & sl, int which) {
+    size_t off = 0;
+    for (const auto & o : L->st->slices) {
+        if (&o == &sl) {
+            break;
+        }
+        off += o.c0 < 0 ? (size_t) o.m * (L->k_row + L->v_row) : 0;
+    }
+    return L->st->gather.data() + off + (which ? (size_t) sl.m * L->k_row : 0);
+}
+// Its key rows in K (which 0) or V (1), t the layer's view [head_dim, kv heads, cells, streams]:
+// cells c0 .. of its stream in view, or the rows ei_op_gather copied for layer L.
+static ei_tensor ei_slice_kv(const ei_layer * L, const ggml_tensor * t, const llama_ei_state::ei_slice & sl, int which) {
     ei_tensor v = ei_view(t);
-    v.data = (const char *) t->data + (size_t) i * t->nb[3];
+    if (sl.c0 >= 0) {
+        v.data     = (const char *) t->data + (size_t) sl.view * t->nb[3] + (size_t) sl.c0 * t->nb[2];
+        v.n_tokens = t->ne[2] - sl.c0;
+        return v;
+    }
+    v.data         = ei_gathered(L, sl, which);
+    v.n_tokens     = sl.m;
+    v.token_stride = t->ne[0] * t->ne[1];
+    v.head_stride  = t->ne[0];
     return v;
 }
-// The rows of slice i of n in the attention output [head_dim * heads, tokens] (f32).
-static ei_out_tensor ei_view_out(ggml_tensor * dst, const ei_tensor & q, int i, int n) {
-    const int64_t m = dst->ne[1] / n;
-    return ei_out_tensor_make((char *) dst->data + (size_t) i * (size_t) m * dst->nb[1], EI_F32, m, q.n_heads, q.head_dim);
+// Its rows of the attention output [head_dim * heads, tokens] (f32).
+static ei_out_tensor ei_slice_out(ggml_tensor * dst, const ei_tensor & q, const llama_ei_state::ei_slice & sl) {
+    return ei_out_tensor_make((char *) dst->data + (size_t) sl.r0 * dst->nb[1], EI_F32, sl.n, q.n_heads, q.head_dim);
 }
 
 // The state's context for one attention scale (created on first use; NULL on failure).
@@ -1691,27 +1823,27 @@ static ei_context * ei_context_for_scale(llama_ei_state * st, float scale) {
     return it->second;
 }
 
-// The plan of one KV stream of a layer (made on first use, for a stream's cells; NULL: reported).
-static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t stream) {
-    if (stream < 0 || (size_t) stream >= L->plans.size()) {
+// The plan of one sequence in a layer (made on first use, for a stream's cells; NULL: reported).
+static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t seq) {
+    if (seq < 0 || (size_t) seq >= L->plans.size()) {
         return nullptr;
     }
-    if (!L->has_plan[(size_t) stream]) {
-        // a GPU plan holds the stream's cells (it does not grow); a CPU plan starts at
+    if (!L->has_plan[(size_t) seq]) {
+        // a GPU plan holds the seq's cells (it does not grow); a CPU plan starts at
         // EI_PLAN_FIRST tokens and grows with the prompt (ei_layer_plans_grow)
         const int64_t n = L->gpu ? L->plan_tokens : std::min<int64_t>(L->plan_tokens, EI_PLAN_FIRST);
-        if (ei_plan_init(L->ctx, &L->plans[(size_t) stream], n, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
+        if (ei_plan_init(L->ctx, &L->plans[(size_t) seq], n, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
                          nullptr, 0) != EI_OK) {
             ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": entropyinfer's dense attention");
             return nullptr;
         }
-        L->has_plan[(size_t) stream] = 1;
-        if (L->gpu) { // its clears ran on the null stream; ggml's streams do not wait for it
+        L->has_plan[(size_t) seq] = 1;
+        if (L->gpu) { // its clears ran on the null seq; ggml's seqs do not wait for it
             st->stats.gpu_plan_bytes += (int64_t) L->sizes.plan;
             ei_gpu_time(st, L->ctx);
         }
     }
-    return &L->plans[(size_t) stream];
+    return &L->plans[(size_t) seq];
 }
 
 // Before the graph runs (main thread): each CPU plan the ubatch uses holds its slice's positions,
@@ -1722,7 +1854,7 @@ static void ei_layer_plans_grow(llama_ei_state * st, ei_layer * L) {
         return;
     }
     for (const auto & sl : st->slices) {
-        ei_plan *     P   = ei_layer_plan_at(L, sl.stream);
+        ei_plan *     P   = sl.planned ? ei_layer_plan_at(L, sl.seq) : nullptr;
         const int64_t end = sl.q_pos + sl.n;
         if (!P || end <= P->max_tokens) {
             continue;
@@ -1755,17 +1887,16 @@ static void ei_layer_plans_grow(llama_ei_state * st, ei_layer * L) {
     st->stats.cpu_plan_bytes = std::max(st->stats.cpu_plan_bytes, total);
 }
 
-// The plan of a stream, if made (the ops: set_input made the ubatch's).
-static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t stream) {
-    return stream >= 0 && (size_t) stream < L->plans.size() && L->has_plan[(size_t) stream] ? &L->plans[(size_t) stream] : nullptr;
+// The plan of a sequence, if made (the ops: set_input made the ubatch's).
+static ei_plan * ei_layer_plan_at(ei_layer * L, int32_t seq) {
+    return seq >= 0 && (size_t) seq < L->plans.size() && L->has_plan[(size_t) seq] ? &L->plans[(size_t) seq] : nullptr;
 }
 
-// A layer's plans, one per KV stream of the cache, each for a stream's cells; stream 0's now (the
-// others when a ubatch first serves them).
-static bool ei_layer_plans_init(llama_ei_state * st, ei_layer * L, const llama_kv_cache_context * mctx, int64_t n_cells) {
-    const uint32_t n_stream = std::max<uint32_t>(mctx->get_kv()->get_n_stream(), 1);
-    L->plans.assign(n_stream, ei_plan{});
-    L->has_plan.assign(n_stream, 0);
+// A layer's plans, one per sequence of the context (n_seq_max), each for the cells a sequence can
+// hold (a stream's); sequence 0's now (the others when a ubatch first plans them).
+static bool ei_layer_plans_init(llama_ei_state * st, ei_layer * L, int64_t n_cells) {
+    L->plans.assign(st->seqs.size(), ei_plan{});
+    L->has_plan.assign(st->seqs.size(), 0);
     L->plan_tokens = n_cells;
     return ei_layer_plan(st, L, 0) != nullptr;
 }
@@ -1794,7 +1925,7 @@ static bool ei_gpu_layer_setup(llama_ei_state * st, ei_layer * L, const llama_kv
         return false;
     }
     if (st->opts.mode == EI_MODE_SPARSE) {
-        if (!ei_layer_plans_init(st, L, mctx, n_cells)) {
+        if (!ei_layer_plans_init(st, L, n_cells)) {
             return false;
         }
         if (!ei_gpu_buf(st, EI_G_PROFILE_WS, L->sizes.profile)) {
@@ -1848,7 +1979,7 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
         ei_report_once(std::string("workspace size: ") + ei_last_error() + ": llama.cpp's attention");
         return false;
     }
-    if (st->opts.mode == EI_MODE_SPARSE && !ei_layer_plans_init(st, L, mctx, n_cells)) {
+    if (st->opts.mode == EI_MODE_SPARSE && !ei_layer_plans_init(st, L, n_cells)) {
         return false;
     }
     if (!ei_ensure_ws(st, std::max(st->opts.mode == EI_MODE_SPARSE ? L->sizes.profile : 0, L->sizes.prefill))) {
@@ -1865,6 +1996,51 @@ static bool ei_layer_setup(llama_ei_state * st, ei_layer * L, const llm_graph_co
 
 // ---------------------------------------------------------------- custom ops
 
+// The plan a slice attends with: its sequence's, when planned, in sparse mode, and the layer's
+// planning of this ubatch succeeded; NULL for dense attention.
+static const ei_plan * ei_slice_plan(ei_layer * L, const llama_ei_state::ei_slice & sl) {
+    return L->st->opts.mode == EI_MODE_SPARSE && L->use_plan && sl.planned ? ei_layer_plan_at(L, sl.seq) : nullptr;
+}
+
+// NaN into rows [r0, r0 + n) of a host attention output [head_dim * heads, tokens] (f32).
+static void ei_out_nan(ggml_tensor * dst, int64_t r0, int64_t n) {
+    for (int64_t r = r0; r < r0 + n; ++r) {
+        float * row = (float *) ((char *) dst->data + (size_t) r * dst->nb[1]);
+        for (int64_t j = 0; j < dst->ne[0]; ++j) {
+            row[j] = NAN;
+        }
+    }
+}
+
+// The K and V rows of the gathered slices (EI_LAYOUT_GATHER: a sequence whose cells are not one
+// run in position order, e.g. interleaved with other sequences' in a unified cache) copied into
+// the state's buffer, in parts over ggml's threads (each a share of the rows), before the layer's
+// profile and attention ops read them (ei_slice_kv). The copy is as the cache stores it, so
+// attention over it gives what it gives over the cells.
+static void ei_op_gather(ggml_tensor * dst, int ith, int nth, void * ud) {
+    ei_layer *          L     = (ei_layer *) ud;
+    llama_ei_state *    st    = L->st;
+    const ggml_tensor * t2[2] = { dst->src[0], dst->src[1] };
+    const int64_t       total = (int64_t) st->cell_gather.size(), a = total * ith / nth, b = total * (ith + 1) / nth;
+    for (const auto & sl : st->slices) {
+        if (sl.c0 >= 0 || a >= sl.g0 + sl.m || b <= sl.g0) {
+            continue;
+        }
+        for (int which = 0; which < 2; ++which) {
+            const ggml_tensor * t    = t2[which];
+            uint8_t *           to   = ei_gathered(L, sl, which);
+            const size_t        head = ggml_row_size(t->type, t->ne[0]), row = which ? L->v_row : L->k_row;
+            for (int64_t g = std::max(a, sl.g0); g < std::min(b, sl.g0 + sl.m); ++g) {
+                const char * src = (const char *) t->data + (size_t) sl.view * t->nb[3] + (size_t) st->cell_gather[(size_t) g] * t->nb[2];
+                uint8_t *    out = to + (size_t) (g - sl.g0) * row;
+                for (int64_t h = 0; h < t->ne[1]; ++h) {
+                    memcpy(out + (size_t) h * head, src + (size_t) h * t->nb[1], head);
+                }
+            }
+        }
+    }
+}
+
 static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     ei_layer *       L  = (ei_layer *) ud;
     llama_ei_state * st = L->st;
@@ -1875,11 +2051,15 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     const int     nw = std::min(nth, st->ws_threads);
     const ei_exec x  = ei_part(ith, nw, st->ws, st->ws_bytes);
     const int     ns = (int) st->slices.size();
-    for (int i = 0; i < ns && ith < nw; ++i) { // each sequence's plan: every thread its kv heads
-        const ei_tensor q = ei_view_q(dst->src[0], i, ns);
-        const ei_tensor k = ei_view_kv(dst->src[1], i);
-        ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
-        if (!P || ei_profile_chunk(L->ctx_plan, &x, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final) != EI_OK) {
+    for (int i = 0; i < ns && ith < nw; ++i) { // each planned sequence's plan: every thread its kv heads
+        const auto & sl = st->slices[(size_t) i];
+        if (!sl.planned) {
+            continue;
+        }
+        const ei_tensor q = ei_slice_q(dst->src[0], sl);
+        const ei_tensor k = ei_slice_kv(L, dst->src[1], sl, 0);
+        ei_plan *       P = ei_layer_plan_at(L, sl.seq);
+        if (!P || ei_profile_chunk(L->ctx_plan, &x, &q, &k, P, sl.q_pos, st->is_final) != EI_OK) {
             L->fail("ei_profile_chunk");
         }
     }
@@ -1919,14 +2099,14 @@ static void ei_plan_done(ei_layer * L) {
         ei_report_once("layer " + std::to_string(L->il) + ": " + L->error +
                        "; this ubatch runs entropyinfer's dense attention (exact)");
         for (const auto & sl : st->slices) {
-            ei_plan * P = ei_layer_plan_at(L, sl.stream);
+            ei_plan * P = sl.planned ? ei_layer_plan_at(L, sl.seq) : nullptr;
             if (!P) {
                 continue;
             }
             if (L->gpu) {
                 ei_plan_free(st->gsetup, P);
-                L->has_plan[(size_t) sl.stream] = 0;
-                ei_layer_plan(st, L, sl.stream);
+                L->has_plan[(size_t) sl.seq] = 0;
+                ei_layer_plan(st, L, sl.seq);
             } else {
                 ei_plan_reset(P);
             }
@@ -1936,10 +2116,13 @@ static void ei_plan_done(ei_layer * L) {
     }
     L->use_plan = true;
     for (const auto & sl : st->slices) {
-        const ei_plan * P = ei_layer_plan_at(L, sl.stream);
+        const ei_plan * P = sl.planned ? ei_layer_plan_at(L, sl.seq) : nullptr;
+        if (!P) {
+            continue;
+        }
         if (L->gpu) { // the counts are on the device: ei_gpu_settle reads them after the ubatch
-            L->stat_pending.push_back({ (int64_t) sl.stream, sl.q_pos, (int64_t) sl.n });
-        } else if (P) {
+            L->stat_pending.push_back({ (int64_t) sl.seq, sl.q_pos, (int64_t) sl.n });
+        } else {
             ei_count_density(st, L, *P, P->keep_count, sl.q_pos, sl.n);
         }
     }
@@ -1955,8 +2138,8 @@ static void ei_op_finalize(ggml_tensor * dst, int ith, int nth, void * ud) {
     const int64_t    t0 = ei_now_ns();
     (void) dst;
     for (const auto & sl : st->slices) {
-        ei_plan * P = ei_layer_plan_at(L, sl.stream);
-        if (!L->failed && (!P || ei_plan_finalize(L->ctx_plan, P) != EI_OK)) {
+        ei_plan * P = ei_layer_plan_at(L, sl.seq);
+        if (sl.planned && !L->failed && (!P || ei_plan_finalize(L->ctx_plan, P) != EI_OK)) {
             L->fail("ei_plan_finalize");
         }
     }
@@ -1971,27 +2154,27 @@ static void ei_op_attention(ggml_tensor * dst, int ith, int nth, void * ud) {
     const int     nw = std::min(nth, st->ws_threads); // parts, as ei_op_profile's
     const ei_exec x  = ei_part(ith, nw, st->ws, st->ws_bytes);
     const int     ns = (int) st->slices.size();
-    for (int i = 0; i < ns && ith < nw; ++i) { // each sequence over its own stream, with its plan
+    if (ns == 0 && ith == 0) { // no slices: ei_set_slices reported why
+        ei_out_nan(dst, 0, dst->ne[1]);
+    }
+    for (int i = 0; i < ns && ith < nw; ++i) { // each sequence over its own keys, a planned one with its plan
         const auto &    sl = st->slices[(size_t) i];
-        const ei_tensor q  = ei_view_q(dst->src[0], i, ns);
-        const ei_tensor k  = ei_view_kv(dst->src[1], i);
-        const ei_tensor v  = ei_view_kv(dst->src[2], i);
-        ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
-        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
-        ei_result r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, plan, &o, sl.q_pos);
+        const ei_tensor q  = ei_slice_q(dst->src[0], sl);
+        const ei_tensor k  = ei_slice_kv(L, dst->src[1], sl, 0);
+        const ei_tensor v  = ei_slice_kv(L, dst->src[2], sl, 1);
+        ei_out_tensor   o  = ei_slice_out(dst, q, sl);
+        const ei_plan * plan = ei_slice_plan(L, sl);
+        ei_result r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, plan, &o, sl.m - sl.n);
         if (r != EI_OK && plan) {
             // argument checks fail alike in every thread: all of them retry without the plan
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
                            "; retrying without the plan (dense)");
-            r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, nullptr, &o, sl.q_pos);
+            r = ei_attention_prefill(L->ctx, &x, &q, &k, &v, nullptr, &o, sl.m - sl.n);
         }
         if (r != EI_OK) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill: " + ei_last_error() +
                            "; the attention output of this ubatch is NaN");
-            float * out = (float *) o.data;
-            for (size_t j = 0; j < (size_t) (o.n_tokens * o.n_heads * o.head_dim); ++j) {
-                out[j] = NAN;
-            }
+            ei_out_nan(dst, sl.r0, sl.n);
         }
     }
     const int64_t t = L->t_attn.leave(nth);
@@ -2036,14 +2219,16 @@ static ei_mask ei_mask_view(const ggml_tensor * t, int i, int64_t r0, int64_t r1
     return m;
 }
 
-// Rows [r0, r1) of sequence slice i: llama.cpp's mask (src 0) where the plan lets a query see a key,
-// -inf elsewhere; without a usable plan the mask as it is (dense attention, exact).
+// Rows [r0, r1) of sequence slice i (EI_LAYOUT_CELLS: its keys are the cells from 0): llama.cpp's
+// mask (src 0) where the plan lets a query see a key, -inf elsewhere; without a usable plan the mask
+// as it is (dense attention, exact). A mask of several streams has each slice's rows in its stream.
 static bool ei_mask_rows(ei_layer * L, ei_context * c, ggml_tensor * dst, int i, int64_t r0, int64_t r1) {
     llama_ei_state * st   = L->st;
     const auto &     sl   = st->slices[(size_t) i];
-    const ei_mask    base = ei_mask_view(dst->src[0], i, r0, r1);
-    ei_mask          out  = ei_mask_view(dst, i, r0, r1);
-    const ei_plan *  plan = L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
+    const int64_t    off  = dst->src[0]->ne[3] > 1 ? 0 : sl.r0;
+    const ei_mask    base = ei_mask_view(dst->src[0], sl.view, off + r0, off + r1);
+    ei_mask          out  = ei_mask_view(dst, sl.view, off + r0, off + r1);
+    const ei_plan *  plan = ei_slice_plan(L, sl);
     ei_result r = c ? ei_plan_mask(c, plan, sl.q_pos + r0, &base, &out) : EI_ERR_UNSUPPORTED;
     if (r != EI_OK && c && plan) {
         ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask: " + ei_last_error() +
@@ -2058,7 +2243,7 @@ static void ei_op_mask(ggml_tensor * dst, int ith, int nth, void * ud) {
     llama_ei_state * st = L->st;
     const int        ns = (int) st->slices.size();
     for (int i = 0; i < ns; ++i) { // each sequence's rows, split over the threads
-        const int64_t n = dst->ne[1], r0 = n * ith / nth, r1 = n * (ith + 1) / nth;
+        const int64_t n = st->slices[(size_t) i].n, r0 = n * ith / nth, r1 = n * (ith + 1) / nth;
         if (r0 < r1 && !ei_mask_rows(L, L->ctx, dst, i, r0, r1)) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask: " + ei_last_error() +
                            "; the attention output of this ubatch is unspecified");
@@ -2137,11 +2322,15 @@ static void ei_cuda_profile(ggml_tensor * dst, void * stream, void * ud) {
     const auto &    ws = st->gbuf[EI_G_PROFILE_WS];
     const ei_exec   x  = ei_part(0, 1, ws.first, ws.second); // one call: every kv head, finalised
     const int       ns = (int) st->slices.size();
-    for (int i = 0; i < ns; ++i) { // each sequence's plan (its stream)
-        const ei_tensor q = ei_view_q(dst->src[0], i, ns);
-        const ei_tensor k = ei_view_kv(dst->src[1], i);
-        ei_plan *       P = ei_layer_plan_at(L, st->slices[(size_t) i].stream);
-        if (!c || !P || ei_profile_chunk(c, &x, &q, &k, P, st->slices[(size_t) i].q_pos, st->is_final) != EI_OK) {
+    for (int i = 0; i < ns; ++i) { // each planned sequence's plan
+        const auto & sl = st->slices[(size_t) i];
+        if (!sl.planned) {
+            continue;
+        }
+        const ei_tensor q = ei_slice_q(dst->src[0], sl);
+        const ei_tensor k = ei_slice_kv(L, dst->src[1], sl, 0);
+        ei_plan *       P = ei_layer_plan_at(L, sl.seq);
+        if (!c || !P || ei_profile_chunk(c, &x, &q, &k, P, sl.q_pos, st->is_final) != EI_OK) {
             L->fail("ei_profile_chunk (GPU)");
             break;
         }
@@ -2168,18 +2357,18 @@ static void ei_cuda_attention(ggml_tensor * dst, void * stream, void * ud) {
     const auto &    ws = st->gbuf[EI_G_ATTN_WS];
     const ei_exec   x  = ei_part(0, 1, ws.first, ws.second); // one launch
     const int       ns = (int) st->slices.size();
-    for (int i = 0; i < ns; ++i) { // each sequence over its own stream, with its plan
+    for (int i = 0; i < ns; ++i) { // each sequence over its own keys (views: no gather on the GPU)
         const auto &    sl = st->slices[(size_t) i];
-        const ei_tensor q  = ei_view_q(dst->src[0], i, ns);
-        const ei_tensor k  = ei_view_kv(dst->src[1], i);
-        const ei_tensor v  = ei_view_kv(dst->src[2], i);
-        ei_out_tensor   o  = ei_view_out(dst, q, i, ns);
-        const ei_plan * plan = st->opts.mode == EI_MODE_SPARSE && L->use_plan ? ei_layer_plan_at(L, sl.stream) : nullptr;
-        ei_result r = c ? ei_attention_prefill(c, &x, &q, &k, &v, plan, &o, sl.q_pos) : EI_ERR_UNSUPPORTED;
+        const ei_tensor q  = ei_slice_q(dst->src[0], sl);
+        const ei_tensor k  = ei_slice_kv(L, dst->src[1], sl, 0);
+        const ei_tensor v  = ei_slice_kv(L, dst->src[2], sl, 1);
+        ei_out_tensor   o  = ei_slice_out(dst, q, sl);
+        const ei_plan * plan = ei_slice_plan(L, sl);
+        ei_result r = c ? ei_attention_prefill(c, &x, &q, &k, &v, plan, &o, sl.m - sl.n) : EI_ERR_UNSUPPORTED;
         if (r != EI_OK && c && plan) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
                            "; retrying without the plan (dense)");
-            r = ei_attention_prefill(c, &x, &q, &k, &v, nullptr, &o, sl.q_pos);
+            r = ei_attention_prefill(c, &x, &q, &k, &v, nullptr, &o, sl.m - sl.n);
         }
         if (r != EI_OK) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_attention_prefill (GPU): " + ei_last_error() +
@@ -2219,7 +2408,7 @@ static void ei_cuda_mask(ggml_tensor * dst, void * stream, void * ud) {
     ei_context * c  = ei_gpu_context(L->st, L->scale, stream, 1);
     const int    ns = (int) L->st->slices.size();
     for (int i = 0; i < ns; ++i) {
-        if (!ei_mask_rows(L, c, dst, i, 0, dst->ne[1])) {
+        if (!ei_mask_rows(L, c, dst, i, 0, L->st->slices[(size_t) i].n)) {
             ei_report_once("layer " + std::to_string(L->il) + ": ei_plan_mask (GPU): " + ei_last_error() +
                            "; the attention output of this ubatch is unspecified");
         }
@@ -2609,6 +2798,22 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
     return 0;
 }
 
+int llama_entropyinfer_get_prefill_info(const llama_context * ctx, llama_entropyinfer_prefill_info * out) {
+    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
+    if (!out) {
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    if (!st) {
+        return -1;
+    }
+    out->ubatches        = st->stats.ubatches;
+    out->ubatches_served = st->stats.ubatches_served;
+    out->sequences       = st->stats.seqs_served;
+    out->density         = st->stats.causal > 0 ? st->stats.kept / st->stats.causal : 1.0;
+    return 0;
+}
+
 int llama_entropyinfer_get_seq_decode_info(const llama_context * ctx, llama_seq_id seq, llama_entropyinfer_decode_info * out) {
     const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
     if (!out) {
@@ -2755,15 +2960,30 @@ ggml_tensor * llama_ei_build_attn(
         ggml_format_name(obs, "ei_observe-%d", il);
         ggml_build_forward_expand(g.gf, obs);
     }
-    const int64_t n_sets = g.ubatch.seq_id_unq ? std::max<int64_t>(g.ubatch.n_seqs_unq, 1) : 1;
-    if (in->decision == EI_SERVE && (k->ne[3] != n_sets || v->ne[3] != n_sets || q->ne[2] % n_sets)) {
+    // the K/V views: one stream per sequence of the ubatch with --kv-unified off, else the one stream
+    const int64_t n_views = mctx->get_kv()->get_n_stream() > 1 && g.ubatch.seq_id_unq ? std::max<int64_t>(g.ubatch.n_seqs_unq, 1) : 1;
+    if (in->decision == EI_SERVE && (k->ne[3] != n_views || v->ne[3] != n_views)) {
         ei_report_once("the K/V views' streams are not the ubatch's sequences: llama.cpp's attention");
         in->decision = EI_FALLBACK; // the whole graph: later layers see it too
     }
     if (in->decision != EI_SERVE) {
         return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
     }
+    if (L->gpu && in->layout == EI_LAYOUT_GATHER) {
+        ei_report_once("a sequence's cells are not one run in position order (a unified cache of several sequences): "
+                       "llama.cpp's attention in the layers on the GPU for such ubatches");
+        return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+    }
+    if (st->opts.executor == EI_EXEC_MASK && st->opts.mode == EI_MODE_SPARSE && kq_mask && in->layout != EI_LAYOUT_CELLS) {
+        ei_report_once("executor mask: a sequence's keys are not the cells from 0 in position order (a unified cache of "
+                       "several sequences, or a compressed prefix): llama.cpp's attention for such ubatches");
+        return g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+    }
     in->served_layers++;
+    if (!L->gpu) {
+        L->k_row = ggml_row_size(k->type, k->ne[0] * k->ne[1]);
+        L->v_row = ggml_row_size(v->type, v->ne[0] * v->ne[1]);
+    }
 
     ggml_context * ctx0 = g.ctx0;
     if (st->opts.mode == EI_MODE_TIME_DENSE) {
@@ -2779,10 +2999,16 @@ ggml_tensor * llama_ei_build_attn(
         return cur;
     }
 
+    ggml_tensor * gat = nullptr; // the gathered K/V rows, read by the profile and attention ops
+    if (in->layout == EI_LAYOUT_GATHER) {
+        ggml_tensor * ag[2] = { k, v };
+        gat = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, ag, 2, ei_op_gather, GGML_N_TASKS_MAX, L);
+        ggml_format_name(gat, "ei_gather-%d", il);
+    }
     ggml_tensor * fin = nullptr;
     if (st->opts.mode == EI_MODE_SPARSE) {
-        ggml_tensor * a0[2] = { ei_raw_query(q), k };
-        ggml_tensor * prof = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, 2, ei_op_profile, GGML_N_TASKS_MAX, L);
+        ggml_tensor * a0[3] = { ei_raw_query(q), k, gat };
+        ggml_tensor * prof = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a0, gat ? 3 : 2, ei_op_profile, GGML_N_TASKS_MAX, L);
         ggml_format_name(prof, "ei_profile-%d", il);
         ggml_tensor * a1[1] = { prof };
         fin = ggml_custom_4d(ctx0, GGML_TYPE_F32, 1, 1, 1, 1, a1, 1, ei_op_finalize, 1, L);
@@ -2793,13 +3019,16 @@ ggml_tensor * llama_ei_build_attn(
     }
     // the KQ mask is not read; as a source it stays allocated, so llama.cpp's graph-reuse check
     // of the mask's size (n_kv) stays in force
-    ggml_tensor * a2[5] = { q, k, v, nullptr, nullptr };
+    ggml_tensor * a2[6] = { q, k, v, nullptr, nullptr, nullptr };
     int n_args = 3;
     if (kq_mask) {
         a2[n_args++] = kq_mask;
     }
     if (fin) {
         a2[n_args++] = fin;
+    }
+    if (gat) {
+        a2[n_args++] = gat;
     }
     ggml_tensor * out = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2], 1, 1,
                                        a2, n_args, ei_op_attention, GGML_N_TASKS_MAX, L);

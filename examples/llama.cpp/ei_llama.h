@@ -65,6 +65,17 @@ LLAMA_API int llama_entropyinfer_get_decode_info(const struct llama_context * ct
 LLAMA_API int llama_entropyinfer_get_seq_decode_info(const struct llama_context * ctx, llama_seq_id seq,
                                                      struct llama_entropyinfer_decode_info * out);
 
+// Prefill: what entropyinfer served in ctx so far (a unified cache's ubatches that mix sequences
+// included: each sequence planned and attended over its own cells).
+struct llama_entropyinfer_prefill_info {
+    int64_t ubatches;        // ubatches llama_decode computed
+    int64_t ubatches_served; // ... whose attention entropyinfer ran in its served layers
+    int32_t sequences;       // distinct sequences with a served ubatch
+    double  density;         // keys attended / causal keys over the sparse segments' queries (1: none sparse)
+};
+// 0, or -1 when entropyinfer is off for ctx.
+LLAMA_API int llama_entropyinfer_get_prefill_info(const struct llama_context * ctx, struct llama_entropyinfer_prefill_info * out);
+
 // Positions after decode compression. llama_memory_seq_pos_min/max still span the positions a
 // compression evicted; the first missing one is F below, and llama_memory_seq_rm(mem, seq, p0, -1)
 // with p0 > F (a truncation that keeps a prefix with a hole) returns false: clear the sequence and
