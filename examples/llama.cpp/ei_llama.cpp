@@ -7,16 +7,23 @@
 //   or MLA, equal K/V head sizes, an F16/BF16/F32 cache and a head-major V
 //   (flash attention on; with it off llama.cpp stores V transposed).
 //   A ubatch is served when llama_decode announced it, it has at least
-//   min_tokens tokens (default 32), one sequence or several each in a KV
-//   stream of its own (--no-kv-unified: equal runs of the ubatch, streams in
-//   order), consecutive positions, and in each sequence's stream the cells
-//   0 .. pos+n-1 hold positions 0 .. pos+n-1 of that sequence (checked with
-//   ei_check_key_positions) with no later cell holding an earlier position.
-//   Each sequence has its own plan per layer (one per KV stream) and is
-//   planned and attended as its own: a ubatch of 4 sequences of 128 tokens
+//   min_tokens tokens (default 32), each sequence's tokens are one run of
+//   consecutive positions (a unified cache: any mix of sequences in the
+//   call's order; --no-kv-unified: equal runs, streams in order), and each
+//   sequence's cells in view hold each of its positions below the run's end
+//   at most once, the run's own among them (ei_slices_of). A sequence's keys
+//   are those cells in position order: a view of the cache when they run in
+//   order (from cell 0, or from a later cell: a slot of a unified cache), else
+//   gathered by ei_op_gather (slots whose cells interleave; CPU layers only, a
+//   GPU layer runs llama.cpp's attention for such ubatches). A sequence that
+//   misses positions (a compressed or cut prefix) is attended densely over
+//   the cells it has (as llama.cpp's mask lets it).
+//   Each sequence has its own plan per layer and is planned and attended as
+//   its own, whatever the cache's layout: a ubatch of 4 sequences of 128 tokens
 //   gives the perplexity of one sequence per ubatch of 128 tokens, to the
 //   last digit (llama-perplexity -c 2048 -b 8192 -ub 512 -no-kvu against
-//   -b 2048 -ub 128, SmolLM2: 21.9293 both). Everything else runs llama.cpp's own attention, and the
+//   -b 2048 -ub 128, SmolLM2: 21.9293 both; and -c 512 -b 2048 -ub 2048, 4 sequences a ubatch, unified
+//   cache and -no-kvu: 13.9518 both). Everything else runs llama.cpp's own attention, and the
 //   reason is printed once on stderr ("entropyinfer: ..."); ubatches below
 //   min_tokens (decoding) are a choice and not reported.
 //

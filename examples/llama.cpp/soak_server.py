@@ -14,6 +14,10 @@ entropyinfer act on prompts of a few hundred tokens (sparse prefill from 512 tok
             third streamed, greedy and sampled (seeded). Sparse prefill serves each slot's KV stream,
             and decode compression each slot's sequence, with its own decoders and keep set (after
             decode_gap, 16, generated tokens: once per request of 24 tokens)
+  unified   -np 4 -c 8192, llama-server's default cache (unified: one KV stream for the 4 slots): the
+            same load; a ubatch that mixes slots is served sequence by sequence, each over its own
+            cells (a view, or gathered where the slots' cells interleave), and the exit line counts
+            the sequences served
   queued    -np 1 -c 4096: 2 client threads x 2 requests queued on one slot, which compresses while
             decoding; a prompt sharing a prefix reuses the cache up to the first evicted position
 
@@ -70,6 +74,7 @@ EI_OPTS = ("threshold_len=512,segment_size=256,base_budget=128,"
 PHASES = [
     # name, server arguments, client threads, requests per thread
     ("parallel", ["-np", "4", "--no-kv-unified", "-c", "8192"], 4, 3),
+    ("unified", ["-np", "4", "-c", "8192"], 4, 3),
     ("queued", ["-np", "1", "-c", "4096"], 2, 2),
 ]
 # the client load runs ROUNDS times per phase; the server's RAM prompt cache is bounded (--cache-ram), so
@@ -327,7 +332,7 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
                 a2 = r2.get("content", "") if r2 else str(again)
                 n = next((j for j in range(min(len(a1), len(a2))) if a1[j] != a2[j]), min(len(a1), len(a2)))
                 detail += f"differ from character {n}: {a1[n:n + 30]!r} vs {a2[n:n + 30]!r}"
-            if PARALLEL_ONLY_COMPLETES and "--no-kv-unified" in server_args and not same and r2 \
+            if PARALLEL_ONLY_COMPLETES and server_args[server_args.index("-np") + 1] != "1" and not same and r2 \
                     and r2.get("tokens_predicted") == N_PREDICT:
                 detail += " (not required with several slots: completed; see the header)"
                 same = True
@@ -370,7 +375,12 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
     n_comp_seqs = int(comp.group(2)) if comp else 0
     reuse = len(re.findall(r"entropyinfer evicted position \d+ of the cache: reusing at most \d+ tokens", log_text))
     refused = re.search(r"entropyinfer: [^\n]*decode compression off[^\n]*", log_text)
-    if name == "parallel":
+    if name == "unified":
+        # one KV stream for the 4 slots: ubatches that mix slots, or start past cell 0, are served per sequence
+        sv = re.search(r"ubatches \d+/\d+ of (\d+) sequences", m.group(0)) if m else None
+        check(sv is not None and int(sv.group(1)) > 1, name, "several",
+              f"served ubatches of {sv.group(1) if sv else 'one'} sequences in the unified cache")
+    if name in ("parallel", "unified"):
         # the slots compress too, so a shared prefix is reused only up to the first evicted position F
         check(cached_tok > 0 or reuse > 0, name, "reuse",
               f"{cached_tok} prompt tokens taken from the slots' caches, {reuse} reuses cut at the first evicted position")
