@@ -8,6 +8,15 @@
      nvcc -O2 -I. -I bench bench/ei_trace_cuda.c -o build/ei_trace_cuda -lcupti -ldl -lpthread -lm
      EI_CUDA_LIBRARY=build/libentropyinfer_cuda.so build/ei_trace_cuda [n_tokens]   (default 32768)
 
+     build/ei_trace_cuda n_tokens LIB_A LIB_B
+
+   A/B mode: two builds of the plugin in one process (a context each, cfg.cuda_library), their
+   calls interleaved (dense, sparse with the default plan, plans of 30% and 50% density; each
+   round in turn A first or B first, after one untimed round), so that the GPU's clock and
+   temperature drift reach both alike: per build and plan the median host time of a waiting call
+   and the medians of its attention kernel and scan kernels (CUPTI), and the efficiencies
+   density x dense / sparse of calls and of kernels.
+
    Used for issue 32 (the sparse call's 0.5 ms that is not the attention kernel). Nothing here
    changes what the library does: CUPTI watches the process. */
 #define ENTROPYINFER_IMPLEMENTATION
@@ -164,6 +173,133 @@ static ei_exec ex(void *ws, size_t bytes) {
     return x;
 }
 
+
+/* Share of the dense causal (query, key) pairs a host plan attends (ei_bench_cuda's). */
+static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
+    double useful = 0;
+    int64_t t;
+    int i;
+    for (t = 0; t < n; t++) {
+        int s = (int)(t / c->segment_size);
+        int64_t start = (int64_t)s * c->segment_size;
+        if (ei_plan_segment_is_sparse(cpu, hp, s))
+            for (i = 0; i < NKV; i++)
+                useful += (NH / NKV) * ((double)hp->keep_count[(size_t)i * hp->seg_capacity + s] * c->block_size +
+                                        (double)(t - start + 1));
+        else
+            useful += (double)NH * (double)(t + 1);
+    }
+    return useful / ((double)NH * (double)n * (double)(n + 1) / 2.0);
+}
+static double median_of(const double *v, int n) {
+    double w[64];
+    memcpy(w, v, sizeof(double) * (size_t)n);
+    return median_ms(w, n);
+}
+/* A/B: the two plugins, interleaved (see the top of the file) */
+#define AB_ROUNDS 12
+static int ab_mode(int64_t n, const char *lib[2]) {
+    static const int budgets[3][3] = {{4584, 9944, 20648}, {8832, 18432, 37624}, {0, 0, 0}}; /* 30% / 50% at 32k/64k/128k */
+    const char *cases[4] = {"dense", "sparse (default plan)", "30% density", "50% density"};
+    ei_context *g[2][3], *cpu[3];
+    ei_plan plan[3];
+    void *dq, *dk, *dv, *dout, *ws, *pm[3];
+    uint16_t *hq, *hk, *hv;
+    cudaStream_t st;
+    double dens[4] = {1, 0, 0, 0}, call[2][4][AB_ROUNDS], kern[2][4][AB_ROUNDS], scan[2][4][AB_ROUNDS];
+    uint64_t mark[2][4][AB_ROUNDS][2];
+    int si = n == 32768 ? 0 : n == 65536 ? 1 : n == 131072 ? 2 : -1, b, l, c, r, i;
+    size_t wsb = 0;
+    CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    if (si < 0) { fprintf(stderr, "A/B mode: n is 32768, 65536 or 131072 (the plans of 30%% / 50%% density)\n"); return 1; }
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    for (b = 0; b < 3; b++) {
+        ei_config cfg = ei_config_default(), h;
+        if (b) cfg.base_budget = budgets[b - 1][si];
+        cfg.backend = EI_BACKEND_CUDA;
+        cfg.cuda_stream = st;
+        for (l = 0; l < 2; l++) {
+            cfg.cuda_library = lib[l];
+            OK(ei_context_create(&cfg, &g[l][b]));
+        }
+        h = cfg;
+        h.backend = EI_BACKEND_CPU;
+        h.cuda_library = NULL;
+        OK(ei_context_create(&h, &cpu[b]));
+        if (layer_sizes(g[0][b], n).profile > wsb) wsb = layer_sizes(g[0][b], n).profile;
+    }
+    for (i = 0; i < 65536; i++) noise_table[(i * 40503u) & 0xFFFF] = bf16_of(((float)i / 65535.f) * 3.46f - 1.73f);
+    hq = (uint16_t *)malloc((size_t)n * NH * HD * 2);
+    hk = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    hv = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    fill(hq, n, NH, 1);
+    fill(hk, n, NKV, 0);
+    fill(hv, n, NKV, -1);
+    OK(ei_device_alloc(g[0][0], &dq, (size_t)n * NH * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dk, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dv, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dout, (size_t)n * NH * HD * 2));
+    OK(ei_device_copy(g[0][0], dq, hq, (size_t)n * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g[0][0], dk, hk, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g[0][0], dv, hv, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_alloc(g[0][0], &ws, wsb));
+    {
+        ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
+        ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);
+        ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
+        for (b = 0; b < 3; b++) { /* the plans (build A profiles them; both builds plan bit for bit alike) */
+            ei_plan hp;
+            ei_exec x = ex(ws, layer_sizes(g[0][b], n).profile);
+            OK(ei_device_alloc(g[0][b], &pm[b], layer_sizes(g[0][b], n).plan));
+            OK(ei_plan_init(g[0][b], &plan[b], n, NKV, HD, 0, pm[b], layer_sizes(g[0][b], n).plan));
+            OK(ei_profile(g[0][b], &x, &tq, &tk, &plan[b]));
+            OK(ei_plan_init(cpu[b], &hp, n, NKV, HD, 0, NULL, 0));
+            OK(ei_plan_copy(g[0][b], &hp, &plan[b], EI_COPY_DEVICE_TO_HOST));
+            dens[b + 1] = plan_density(cpu[b], &hp, &g[0][b]->cfg, n);
+            ei_plan_free(cpu[b], &hp);
+        }
+        for (r = -1; r < AB_ROUNDS; r++)
+            for (c = 0; c < 4; c++)
+                for (i = 0; i < 2; i++) {
+                    int L = (r & 1) ? 1 - i : i, B = c ? c - 1 : 0;
+                    uint64_t t0, t1;
+                    double a = now_ms();
+                    cuptiGetTimestamp(&t0);
+                    OK(ei_attention_prefill(g[L][B], NULL, &tq, &tk, &tv, c ? &plan[c - 1] : NULL, &to, 0));
+                    cudaStreamSynchronize(st);
+                    cuptiGetTimestamp(&t1);
+                    if (r < 0) continue;
+                    call[L][c][r] = now_ms() - a;
+                    mark[L][c][r][0] = t0;
+                    mark[L][c][r][1] = t1;
+                }
+    }
+    cuptiActivityFlushAll(1);
+    for (l = 0; l < 2; l++)
+        for (c = 0; c < 4; c++)
+            for (r = 0; r < AB_ROUNDS; r++) {
+                kern[l][c][r] = scan[l][c][r] = 0;
+                for (i = 0; i < nrec; i++) {
+                    const Rec *q = &recs[i];
+                    if (q->t0 < mark[l][c][r][0] || q->t0 > mark[l][c][r][1]) continue;
+                    if (strstr(q->what, "attention")) kern[l][c][r] += (q->t1 - q->t0) / 1e6;
+                    else if (strstr(q->what, "scan")) scan[l][c][r] += (q->t1 - q->t0) / 1e3;
+                }
+            }
+    printf("A/B n %lld, %d rounds (A: %s, B: %s); densities %.4f / %.4f / %.4f\n", (long long)n, AB_ROUNDS, lib[0], lib[1],
+           dens[1], dens[2], dens[3]);
+    printf("%-22s %-2s %10s %10s %10s %9s %9s\n", "case", "", "call ms", "kernel ms", "scans us", "call eff", "kern eff");
+    for (c = 0; c < 4; c++)
+        for (l = 0; l < 2; l++) {
+            double cm = median_of(call[l][c], AB_ROUNDS), km = median_of(kern[l][c], AB_ROUNDS);
+            double cd = median_of(call[l][0], AB_ROUNDS), kd = median_of(kern[l][0], AB_ROUNDS);
+            printf("%-22s %-2s %10.3f %10.3f %10.1f %9.3f %9.3f\n", cases[c], l ? "B" : "A", cm, km,
+                   median_of(scan[l][c], AB_ROUNDS), dens[c] * cd / cm, dens[c] * kd / km);
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int64_t n = argc > 1 ? atoll(argv[1]) : 32768;
     const int reps = 7;
@@ -178,6 +314,10 @@ int main(int argc, char **argv) {
     uint64_t t0, tret, t1;
     double v[16];
     int i, k, rep;
+    if (argc > 3) {
+        const char *libs[2] = {argv[2], argv[3]};
+        return ab_mode(n, libs);
+    }
     CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
