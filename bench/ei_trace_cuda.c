@@ -1,0 +1,417 @@
+/* bench/ei_trace_cuda.c - where the time of one attention call goes: a CUPTI activity trace
+   (kernels, memsets, copies, runtime and driver calls, on the device's clock) of a dense and a
+   sparse ei_attention_prefill on the shapes of ei_bench_cuda (32 query / 8 kv heads, d 128, bf16,
+   the default configuration and its plan, the same generated inputs), printed as a timeline from
+   the call's entry; then the host clock of a waiting call against one of deferred errors
+   (cuda_deferred_errors = 1: no read-back), back to back, as the median of reps.
+
+     nvcc -O2 -I. -I bench bench/ei_trace_cuda.c -o build/ei_trace_cuda -lcupti -ldl -lpthread -lm
+     EI_CUDA_LIBRARY=build/libentropyinfer_cuda.so build/ei_trace_cuda [n_tokens]   (default 32768)
+
+     build/ei_trace_cuda n_tokens LIB_A LIB_B
+
+   A/B mode: two builds of the plugin in one process (a context each, cfg.cuda_library), their
+   calls interleaved (dense, sparse with the default plan, plans of 30% and 50% density; each
+   round in turn A first or B first, after one untimed round), so that the GPU's clock and
+   temperature drift reach both alike: per build and plan the median host time of a waiting call
+   and the medians of its attention kernel and scan kernels (CUPTI), and the efficiencies
+   density x dense / sparse of calls and of kernels.
+
+   Used for issue 32 (the sparse call's 0.5 ms that is not the attention kernel). Nothing here
+   changes what the library does: CUPTI watches the process. */
+#define ENTROPYINFER_IMPLEMENTATION
+#include "entropyinfer.h"
+#include "ei_bench_common.h"
+
+#include <cuda_runtime.h>
+#include <cupti.h>
+
+#define NH 32
+#define NKV 8
+#define HD 128
+
+#define CUPTI_OK(call)                                                                              \
+    do {                                                                                            \
+        CUptiResult c_ = (call);                                                                    \
+        if (c_ != CUPTI_SUCCESS) {                                                                  \
+            const char *s_ = NULL;                                                                  \
+            cuptiGetResultString(c_, &s_);                                                          \
+            fprintf(stderr, "%s: %s\n", #call, s_ ? s_ : "?");                                      \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+/* ---- the activity records, kept until printed */
+typedef struct {
+    uint64_t t0, t1;
+    char what[96];
+} Rec;
+static Rec recs[65536];
+static int nrec;
+static void add(uint64_t t0, uint64_t t1, const char *kind, const char *name) {
+    if (nrec >= (int)(sizeof recs / sizeof recs[0])) return;
+    recs[nrec].t0 = t0;
+    recs[nrec].t1 = t1;
+    snprintf(recs[nrec].what, sizeof recs[nrec].what, "%s %.80s", kind, name ? name : "");
+    nrec++;
+}
+static void CUPTIAPI buf_request(uint8_t **buf, size_t *size, size_t *max_records) {
+    *size = 8u << 20;
+    *buf = (uint8_t *)malloc(*size); /* CUPTI needs 8-byte alignment: malloc gives 16 */
+    *max_records = 0;
+}
+static void CUPTIAPI buf_complete(CUcontext c, uint32_t stream, uint8_t *buf, size_t size, size_t valid) {
+    CUpti_Activity *r = NULL;
+    (void)c; (void)stream; (void)size;
+    while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+        const char *name = NULL;
+        switch (r->kind) {
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+        case CUPTI_ACTIVITY_KIND_KERNEL: {
+            CUpti_ActivityKernel10 *k = (CUpti_ActivityKernel10 *)r;
+            char g[96];
+            snprintf(g, sizeof g, "%.60s <<<%d,%d>>>", k->name, k->gridX * k->gridY * k->gridZ, k->blockX);
+            add(k->start, k->end, "GPU kernel", g);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+            CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)r;
+            char g[64];
+            snprintf(g, sizeof g, "%llu bytes kind %d", (unsigned long long)m->bytes, (int)m->copyKind);
+            add(m->start, m->end, "GPU memcpy", g);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+            CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)r;
+            char g[64];
+            snprintf(g, sizeof g, "%llu bytes", (unsigned long long)m->bytes);
+            add(m->start, m->end, "GPU memset", g);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_RUNTIME: {
+            CUpti_ActivityAPI *a = (CUpti_ActivityAPI *)r;
+            cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
+            add(a->start, a->end, "host rt", name);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_DRIVER: {
+            CUpti_ActivityAPI *a = (CUpti_ActivityAPI *)r;
+            cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
+            add(a->start, a->end, "host drv", name);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    free(buf);
+}
+static int cmp_rec(const void *a, const void *b) {
+    const Rec *x = (const Rec *)a, *y = (const Rec *)b;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+/* the records that start in [t0, t1], from t0, in microseconds; GPU busy time summed */
+static void timeline(const char *title, uint64_t t0, uint64_t tret, uint64_t t1) {
+    int i;
+    double busy = 0;
+    uint64_t gpu_first = 0, gpu_last = 0;
+    printf("\n== %s: call returned at %.1f us, synchronised at %.1f us (host clock)\n", title, (tret - t0) / 1e3,
+           (t1 - t0) / 1e3);
+    for (i = 0; i < nrec; i++) {
+        const Rec *r = &recs[i];
+        if (r->t0 < t0 || r->t0 > t1) continue;
+        printf("  %9.1f .. %9.1f us  %8.1f us  %s\n", (r->t0 - t0) / 1e3, (r->t1 - t0) / 1e3, (r->t1 - r->t0) / 1e3,
+               r->what);
+        if (!strncmp(r->what, "GPU", 3)) {
+            busy += (r->t1 - r->t0) / 1e3;
+            if (!gpu_first) gpu_first = r->t0;
+            gpu_last = r->t1;
+        }
+    }
+    printf("  GPU busy %.1f us; first GPU work starts at %.1f us, last ends at %.1f us\n", busy,
+           gpu_first ? (gpu_first - t0) / 1e3 : 0., gpu_last ? (gpu_last - t0) / 1e3 : 0.);
+}
+
+/* the generator of ei_bench_cuda (same inputs, same plan) */
+static uint16_t noise_table[65536];
+static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
+    int64_t t;
+    int h, d;
+    for (t = 0; t < n_tokens; t++)
+        for (h = 0; h < heads; h++) {
+            int kvh = is_q ? h / (NH / NKV) : h;
+            uint16_t *row = x + ((size_t)t * heads + h) * HD;
+            for (d = 0; d < HD; d++) {
+                uint32_t r = next32();
+                float u = (float)((kvh * 31 + d * 7) % 3) - 1.0f;
+                if (kvh % 2 == 0 && is_q >= 0) {
+                    float noise = 0.1f * ((float)(r & 0xFFFF) / 65535.f * 3.46f - 1.73f);
+                    float sink = is_q ? 1.0f * u : (t < 8 ? 2.0f * u : 0.f);
+                    row[d] = bf16_of(sink + noise);
+                } else {
+                    row[d] = noise_table[r & 0xFFFF];
+                }
+            }
+        }
+}
+static ei_sizes layer_sizes(const ei_context *ctx, int64_t n) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n;
+    sh.n_heads = NH;
+    sh.n_kv_heads = NKV;
+    sh.head_dim = HD;
+    OK(ei_layer_sizes(ctx, &sh, &z));
+    return z;
+}
+static ei_exec ex(void *ws, size_t bytes) {
+    ei_exec x;
+    memset(&x, 0, sizeof x);
+    x.workspace = ws;
+    x.workspace_bytes = bytes;
+    return x;
+}
+
+
+/* Share of the dense causal (query, key) pairs a host plan attends (ei_bench_cuda's). */
+static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
+    double useful = 0;
+    int64_t t;
+    int i;
+    for (t = 0; t < n; t++) {
+        int s = (int)(t / c->segment_size);
+        int64_t start = (int64_t)s * c->segment_size;
+        if (ei_plan_segment_is_sparse(cpu, hp, s))
+            for (i = 0; i < NKV; i++)
+                useful += (NH / NKV) * ((double)hp->keep_count[(size_t)i * hp->seg_capacity + s] * c->block_size +
+                                        (double)(t - start + 1));
+        else
+            useful += (double)NH * (double)(t + 1);
+    }
+    return useful / ((double)NH * (double)n * (double)(n + 1) / 2.0);
+}
+static double median_of(const double *v, int n) {
+    double w[64];
+    memcpy(w, v, sizeof(double) * (size_t)n);
+    return median_ms(w, n);
+}
+/* A/B: the two plugins, interleaved (see the top of the file) */
+#define AB_ROUNDS 12
+static int ab_mode(int64_t n, const char *lib[2]) {
+    static const int budgets[3][3] = {{4584, 9944, 20648}, {8832, 18432, 37624}, {0, 0, 0}}; /* 30% / 50% at 32k/64k/128k */
+    const char *cases[4] = {"dense", "sparse (default plan)", "30% density", "50% density"};
+    ei_context *g[2][3], *cpu[3];
+    ei_plan plan[3];
+    void *dq, *dk, *dv, *dout, *ws, *pm[3];
+    uint16_t *hq, *hk, *hv;
+    cudaStream_t st;
+    double dens[4] = {1, 0, 0, 0}, call[2][4][AB_ROUNDS], kern[2][4][AB_ROUNDS], scan[2][4][AB_ROUNDS];
+    uint64_t mark[2][4][AB_ROUNDS][2];
+    int si = n == 32768 ? 0 : n == 65536 ? 1 : n == 131072 ? 2 : -1, b, l, c, r, i;
+    size_t wsb = 0;
+    CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    if (si < 0) { fprintf(stderr, "A/B mode: n is 32768, 65536 or 131072 (the plans of 30%% / 50%% density)\n"); return 1; }
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    for (b = 0; b < 3; b++) {
+        ei_config cfg = ei_config_default(), h;
+        if (b) cfg.base_budget = budgets[b - 1][si];
+        cfg.backend = EI_BACKEND_CUDA;
+        cfg.cuda_stream = st;
+        for (l = 0; l < 2; l++) {
+            cfg.cuda_library = lib[l];
+            OK(ei_context_create(&cfg, &g[l][b]));
+        }
+        h = cfg;
+        h.backend = EI_BACKEND_CPU;
+        h.cuda_library = NULL;
+        OK(ei_context_create(&h, &cpu[b]));
+        if (layer_sizes(g[0][b], n).profile > wsb) wsb = layer_sizes(g[0][b], n).profile;
+    }
+    for (i = 0; i < 65536; i++) noise_table[(i * 40503u) & 0xFFFF] = bf16_of(((float)i / 65535.f) * 3.46f - 1.73f);
+    hq = (uint16_t *)malloc((size_t)n * NH * HD * 2);
+    hk = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    hv = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    fill(hq, n, NH, 1);
+    fill(hk, n, NKV, 0);
+    fill(hv, n, NKV, -1);
+    OK(ei_device_alloc(g[0][0], &dq, (size_t)n * NH * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dk, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dv, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g[0][0], &dout, (size_t)n * NH * HD * 2));
+    OK(ei_device_copy(g[0][0], dq, hq, (size_t)n * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g[0][0], dk, hk, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g[0][0], dv, hv, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_alloc(g[0][0], &ws, wsb));
+    {
+        ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
+        ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);
+        ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
+        for (b = 0; b < 3; b++) { /* the plans (build A profiles them; both builds plan bit for bit alike) */
+            ei_plan hp;
+            ei_exec x = ex(ws, layer_sizes(g[0][b], n).profile);
+            OK(ei_device_alloc(g[0][b], &pm[b], layer_sizes(g[0][b], n).plan));
+            OK(ei_plan_init(g[0][b], &plan[b], n, NKV, HD, 0, pm[b], layer_sizes(g[0][b], n).plan));
+            OK(ei_profile(g[0][b], &x, &tq, &tk, &plan[b]));
+            OK(ei_plan_init(cpu[b], &hp, n, NKV, HD, 0, NULL, 0));
+            OK(ei_plan_copy(g[0][b], &hp, &plan[b], EI_COPY_DEVICE_TO_HOST));
+            dens[b + 1] = plan_density(cpu[b], &hp, &g[0][b]->cfg, n);
+            ei_plan_free(cpu[b], &hp);
+        }
+        for (r = -1; r < AB_ROUNDS; r++)
+            for (c = 0; c < 4; c++)
+                for (i = 0; i < 2; i++) {
+                    int L = (r & 1) ? 1 - i : i, B = c ? c - 1 : 0;
+                    uint64_t t0, t1;
+                    double a = now_ms();
+                    cuptiGetTimestamp(&t0);
+                    OK(ei_attention_prefill(g[L][B], NULL, &tq, &tk, &tv, c ? &plan[c - 1] : NULL, &to, 0));
+                    cudaStreamSynchronize(st);
+                    cuptiGetTimestamp(&t1);
+                    if (r < 0) continue;
+                    call[L][c][r] = now_ms() - a;
+                    mark[L][c][r][0] = t0;
+                    mark[L][c][r][1] = t1;
+                }
+    }
+    cuptiActivityFlushAll(1);
+    for (l = 0; l < 2; l++)
+        for (c = 0; c < 4; c++)
+            for (r = 0; r < AB_ROUNDS; r++) {
+                kern[l][c][r] = scan[l][c][r] = 0;
+                for (i = 0; i < nrec; i++) {
+                    const Rec *q = &recs[i];
+                    if (q->t0 < mark[l][c][r][0] || q->t0 > mark[l][c][r][1]) continue;
+                    if (strstr(q->what, "attention")) kern[l][c][r] += (q->t1 - q->t0) / 1e6;
+                    else if (strstr(q->what, "scan")) scan[l][c][r] += (q->t1 - q->t0) / 1e3;
+                }
+            }
+    printf("A/B n %lld, %d rounds (A: %s, B: %s); densities %.4f / %.4f / %.4f\n", (long long)n, AB_ROUNDS, lib[0], lib[1],
+           dens[1], dens[2], dens[3]);
+    printf("%-22s %-2s %10s %10s %10s %9s %9s\n", "case", "", "call ms", "kernel ms", "scans us", "call eff", "kern eff");
+    for (c = 0; c < 4; c++)
+        for (l = 0; l < 2; l++) {
+            double cm = median_of(call[l][c], AB_ROUNDS), km = median_of(kern[l][c], AB_ROUNDS);
+            double cd = median_of(call[l][0], AB_ROUNDS), kd = median_of(kern[l][0], AB_ROUNDS);
+            printf("%-22s %-2s %10.3f %10.3f %10.1f %9.3f %9.3f\n", cases[c], l ? "B" : "A", cm, km,
+                   median_of(scan[l][c], AB_ROUNDS), dens[c] * cd / cm, dens[c] * kd / km);
+        }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int64_t n = argc > 1 ? atoll(argv[1]) : 32768;
+    const int reps = 7;
+    ei_config cfg = ei_config_default(), dcfg;
+    ei_context *g, *gd;
+    uint16_t *hq, *hk, *hv;
+    void *dq, *dk, *dv, *dout, *ws, *plan_mem, *aws;
+    cudaStream_t st;
+    ei_plan plan;
+    ei_exec x, xa;
+    ei_sizes z;
+    uint64_t t0, tret, t1;
+    double v[16];
+    int i, k, rep;
+    if (argc > 3) {
+        const char *libs[2] = {argv[2], argv[3]};
+        return ab_mode(n, libs);
+    }
+    CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER));
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    cfg.backend = EI_BACKEND_CUDA;
+    cfg.cuda_stream = st;
+    OK(ei_context_create(&cfg, &g));
+    dcfg = cfg;
+    dcfg.cuda_deferred_errors = 1;
+    OK(ei_context_create(&dcfg, &gd));
+    for (i = 0; i < 65536; i++) noise_table[(i * 40503u) & 0xFFFF] = bf16_of(((float)i / 65535.f) * 3.46f - 1.73f);
+    hq = (uint16_t *)malloc((size_t)n * NH * HD * 2);
+    hk = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    hv = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
+    fill(hq, n, NH, 1);
+    fill(hk, n, NKV, 0);
+    fill(hv, n, NKV, -1);
+    OK(ei_device_alloc(g, &dq, (size_t)n * NH * HD * 2));
+    OK(ei_device_alloc(g, &dk, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g, &dv, (size_t)n * NKV * HD * 2));
+    OK(ei_device_alloc(g, &dout, (size_t)n * NH * HD * 2));
+    OK(ei_device_copy(g, dq, hq, (size_t)n * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g, dk, hk, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    OK(ei_device_copy(g, dv, hv, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    z = layer_sizes(g, n);
+    OK(ei_device_alloc(g, &ws, z.profile));
+    OK(ei_device_alloc(g, &plan_mem, z.plan));
+    OK(ei_device_alloc(g, &aws, layer_sizes(gd, n).prefill + 1));
+    OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, z.plan));
+    x = ex(ws, z.profile);
+    xa = ex(aws, layer_sizes(gd, n).prefill);
+    {
+        ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
+        ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);
+        ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
+        const ei_plan *plans[2] = {NULL, &plan};
+        OK(ei_profile(g, &x, &tq, &tk, &plan));
+        cudaStreamSynchronize(st);
+        printf("ei_trace_cuda: n %lld, 32/8 heads, d 128, bf16, default config and plan\n", (long long)n);
+        /* host clock, as ei_bench_cuda: waiting calls, then deferred-errors calls one by one and
+           back to back (one wait for `reps` calls) */
+        for (k = 0; k < 2; k++) {
+            double wait_ms, defer_ms, b2b_ms;
+            OK(ei_attention_prefill(g, NULL, &tq, &tk, &tv, plans[k], &to, 0));
+            for (rep = 0; rep < reps; rep++) {
+                double a = now_ms();
+                OK(ei_attention_prefill(g, NULL, &tq, &tk, &tv, plans[k], &to, 0));
+                cudaStreamSynchronize(st);
+                v[rep] = now_ms() - a;
+            }
+            wait_ms = median_ms(v, reps);
+            OK(ei_attention_prefill(gd, &xa, &tq, &tk, &tv, plans[k], &to, 0));
+            for (rep = 0; rep < reps; rep++) {
+                double a = now_ms();
+                OK(ei_attention_prefill(gd, &xa, &tq, &tk, &tv, plans[k], &to, 0));
+                cudaStreamSynchronize(st);
+                v[rep] = now_ms() - a;
+            }
+            defer_ms = median_ms(v, reps);
+            {
+                double a = now_ms();
+                for (rep = 0; rep < reps; rep++) OK(ei_attention_prefill(gd, &xa, &tq, &tk, &tv, plans[k], &to, 0));
+                cudaStreamSynchronize(st);
+                b2b_ms = (now_ms() - a) / reps;
+            }
+            OK(ei_cuda_status(gd));
+            printf("%s: waiting call %.3f ms, deferred-errors call %.3f ms, deferred back to back %.3f ms per call "
+                   "(median of %d / mean of %d)\n", k ? "sparse" : "dense", wait_ms, defer_ms, b2b_ms, reps, reps);
+        }
+        /* the traced calls: dense, sparse, sparse again */
+        cuptiActivityFlushAll(1);
+        nrec = 0;
+        {
+            uint64_t marks[3][3];
+            const char *titles[3] = {"dense call (waiting)", "sparse call (waiting)", "sparse call (waiting), again"};
+            for (k = 0; k < 3; k++) {
+                cuptiGetTimestamp(&marks[k][0]);
+                OK(ei_attention_prefill(g, NULL, &tq, &tk, &tv, plans[k ? 1 : 0], &to, 0));
+                cuptiGetTimestamp(&marks[k][1]);
+                cudaStreamSynchronize(st);
+                cuptiGetTimestamp(&marks[k][2]);
+            }
+            cuptiActivityFlushAll(1);
+            qsort(recs, (size_t)nrec, sizeof recs[0], cmp_rec);
+            for (k = 0; k < 3; k++) {
+                t0 = marks[k][0]; tret = marks[k][1]; t1 = marks[k][2];
+                timeline(titles[k], t0, tret, t1);
+            }
+        }
+    }
+    ei_context_destroy(gd);
+    ei_context_destroy(g);
+    return 0;
+}
