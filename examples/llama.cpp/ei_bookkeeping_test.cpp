@@ -58,6 +58,10 @@
 //                      as far apart as R's two layouts where llama.cpp's own layers differ between them (Gemma's
 //                      sliding-window layers: 9.35 against our 9.87 logits; SmolLM2, every layer ours: bit-equal)
 //   mp-dense logits    sequence 0's rows after the removal, D against R (unified): top-1 equal in 90%
+// ms-shared: the unified layout again, sequence 1 made by llama_memory_seq_cp of sequence 0's prompt
+// (every prompt cell shared by both), each then fed its own continuation: when sequence 0 compresses,
+// the shared cells it evicts stay sequence 1's (intact: F = -1, every position), and sequence 1's
+// logits are as without entropyinfer until it compresses itself.
 // One line per check ("ok" or "FAIL"), then a summary; exit status 1 when a check failed.
 #include "llama.h"
 #include "ei_llama.h"
@@ -213,13 +217,13 @@ static int seq_compressions(const llama_context * ctx, llama_seq_id seq) {
 // context without entropyinfer of the same layout (a saved sequence names its KV streams), saved and
 // restored into A and B.
 static void multi_seq(llama_model * model, int threads, bool unified, const std::vector<llama_token> & p0,
-                      const std::vector<llama_token> & p1, int n0, int n1, int n_vocab) {
+                      const std::vector<llama_token> & p1, int n0, int n1, int n_vocab, bool shared = false) {
     const double      t0   = now_s();
-    const std::string name = unified ? "unified" : "split";
+    const std::string name = shared ? "shared" : unified ? "unified" : "split";
     const int         n_ctx = 2 * 512;
     llama_entropyinfer_reset();
     std::vector<std::vector<uint8_t>> states(2);
-    {
+    if (!shared) {
         llama_context * donor = new_context(model, n_ctx, threads, 2, unified);
         for (int s = 0; s < 2; ++s) {
             std::vector<tok_at> prompt;
@@ -240,15 +244,30 @@ static void multi_seq(llama_model * model, int threads, bool unified, const std:
     set_option("min_tokens=2147483647,decode_gap=4,recompress_every=8,decode_budget_ratio=0.5");
     llama_context * a = new_context(model, n_ctx, threads, 2, unified);
     llama_entropyinfer_reset();
+    // shared: sequence 0's prompt prefilled in A and B alike (llama.cpp's attention: min_tokens), then
+    // llama_memory_seq_cp to sequence 1, whose own continuation (p1's) follows the common prefix
+    std::vector<llama_token> p1s(p0.begin(), p0.begin() + n0);
+    p1s.insert(p1s.end(), p1.begin() + n1, p1.end());
     for (llama_context * c : { a, b }) {
+        if (shared) {
+            std::vector<tok_at> prompt;
+            for (int i = 0; i < n0; ++i) {
+                prompt.push_back({ p0[(size_t) i], i, 0 });
+            }
+            if (!decode_mixed(c, prompt, false)) {
+                die("prefilling the common prefix failed (" + name + ")");
+            }
+            llama_memory_seq_cp(llama_get_memory(c), 0, 1, -1, -1);
+            continue;
+        }
         for (int s = 0; s < 2; ++s) {
             if (llama_state_seq_set_data(c, states[s].data(), states[s].size(), s) != states[s].size()) {
                 die("restoring a sequence failed (" + name + ")");
             }
         }
     }
-    const std::vector<llama_token> * pr[2] = { &p0, &p1 };
-    llama_pos next[2] = { n0, n1 };
+    const std::vector<llama_token> * pr[2] = { &p0, shared ? &p1s : &p1 };
+    llama_pos next[2] = { n0, shared ? n0 : n1 };
     auto tok = [&](int s) { // the next token of sequence s (its text's continuation)
         const tok_at t = { (*pr[s])[(size_t) next[s]], next[s], s };
         next[s]++;
@@ -433,6 +452,7 @@ static void multi_seq_all(llama_model * model, const std::vector<llama_token> & 
     const std::vector<llama_token> p0(all.begin(), all.begin() + n0 + cont), p1(all.begin() + off1, all.begin() + off1 + n1 + cont);
     multi_seq(model, threads, false, p0, p1, n0, n1, n_vocab);
     multi_seq(model, threads, true, p0, p1, n0, n1, n_vocab);
+    multi_seq(model, threads, true, p0, p1, n0, n1, n_vocab, true);
     if (n_tok < off1 + 300) {
         die(fmt("%s: %d tokens, %d needed", text_path.c_str(), n_tok, off1 + 300));
     }

@@ -69,6 +69,10 @@ N_PREDICT = 24
 # into other ubatches, so it is only required to complete there (see the header)
 PARALLEL_ONLY_COMPLETES = True
 THREADS = os.environ.get("SOAK_THREADS", "2")
+# SOAK_BASELINE=1: the same load on a server started without --entropyinfer (llama.cpp's attention; the
+# checks of entropyinfer's exit line, compressions and reuses cut at F are skipped): the throughput to
+# compare with
+BASELINE = os.environ.get("SOAK_BASELINE", "0") == "1"
 EI_OPTS = ("threshold_len=512,segment_size=256,base_budget=128,"
            "decode_budget=256,decode_budget_min=64,recompress_every=16")
 PHASES = [
@@ -248,7 +252,7 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
     with open(log_path, "w") as log:
         proc = subprocess.Popen([server, "-m", model, "-fa", "on", "-t", THREADS, "--host", "127.0.0.1", "--port", str(port),
                                  "--cache-ram", str(CACHE_RAM_MIB),
-                                 "--entropyinfer", "--entropyinfer-opt", EI_OPTS] + server_args,
+                                 ] + ([] if BASELINE else ["--entropyinfer", "--entropyinfer-opt", EI_OPTS]) + server_args,
                                 stdout=log, stderr=subprocess.STDOUT)
     t0 = time.time()
     results = []  # (thread, index, body, status, response, chunks, seconds)
@@ -369,6 +373,9 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
     m = re.search(r"entropyinfer: mode \S+, layers (\d+)/(\d+), ubatches (\d+)/(\d+)(?: of \d+ sequences)?, density ([0-9.]+)[^\n]*",
                   log_text)
     served = m is not None and int(m.group(1)) > 0 and int(m.group(3)) > 0 and float(m.group(5)) < 1.0
+    if BASELINE:  # entropyinfer off: none of its lines may appear
+        check(m is None, name, "baseline", "no \"entropyinfer: mode ...\" line: the server ran llama.cpp's attention")
+        check = lambda ok, phase, what, detail: None  # noqa: E731 (the entropyinfer checks below do not apply)
     check(served, name, "served", m.group(0) if m else "no \"entropyinfer: mode ...\" line at exit")
     comp = re.search(r"compressions (\d+) of (\d+) sequence", m.group(0)) if m else None
     n_comp = int(comp.group(1)) if comp else 0
@@ -393,9 +400,10 @@ def run_phase(name, server_args, n_threads, n_per_thread, server, model, text, o
               f"{n_comp} decode compressions of {n_comp_seqs} sequences (slots)")
     check(refused is None, name, "no-refusal",
           "no \"decode compression off\" message" if refused is None else refused.group(0))
-    print(f"summary  {name:8} {n_req} requests from {n_threads} threads, {prompt_tok} prompt tokens "
-          f"({cached_tok} from the prompt cache), {gen_tok} generated, {n_comp} compressions of {n_comp_seqs} "
-          f"sequences; load {wall_load:.1f} s, phase {wall:.1f} s", flush=True)
+    print(f"summary  {name:8} {'entropyinfer off: ' if BASELINE else ''}{n_req} requests from {n_threads} threads, "
+          f"{prompt_tok} prompt tokens ({cached_tok} from the prompt cache), {gen_tok} generated, {n_comp} compressions "
+          f"of {n_comp_seqs} sequences; load {wall_load:.1f} s ({n_req / wall_load:.3f} requests/s, "
+          f"{(prompt_tok - cached_tok + gen_tok) / wall_load:.1f} tokens/s processed), phase {wall:.1f} s", flush=True)
     return wall
 
 
