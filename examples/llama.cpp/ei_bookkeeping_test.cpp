@@ -58,6 +58,8 @@
 //                      as far apart as R's two layouts where llama.cpp's own layers differ between them (Gemma's
 //                      sliding-window layers: 9.35 against our 9.87 logits; SmolLM2, every layer ours: bit-equal)
 //   mp-dense logits    sequence 0's rows after the removal, D against R (unified): top-1 equal in 90%
+// The mp checks are for the CPU backend: with the layers on a GPU, a ubatch whose sequences' cells
+// interleave runs llama.cpp's attention there (CUDA build, H100, 2026-12-06: 1 of 6 served, as designed).
 // ms-shared: the unified layout again, sequence 1 made by llama_memory_seq_cp of sequence 0's prompt
 // (every prompt cell shared by both), each then fed its own continuation: when sequence 0 compresses,
 // the shared cells it evicts stay sequence 1's (intact: F = -1, every position), and sequence 1's
