@@ -119,7 +119,7 @@ test-cuda: $(CUDA_LIB) $(BUILD)/test_cuda $(BUILD)/test_backends $(BUILD)/test_c
 	    || { tail -40 $(BUILD)/sanitizer.log; echo "compute-sanitizer memcheck: FAILED"; exit 1; }; \
 	else echo "compute-sanitizer not found: skipped"; fi
 
-$(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c bench/ei_bench_common.h $(HDR)
+$(BUILD)/ei_bench_cuda: bench/ei_bench_cuda.c bench/ei_bench_common.h bench/ei_bench_inputs.h $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 

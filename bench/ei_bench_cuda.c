@@ -72,51 +72,9 @@
 #define NH 32
 #define NKV 8
 #define HD 128
+#include "ei_bench_inputs.h"
 
-/* The layer's buffers on ctx for n tokens (the GPU: one workspace a call). */
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t n, uint32_t flags) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = n;
-    sh.n_heads = NH;
-    sh.n_kv_heads = NKV;
-    sh.head_dim = HD;
-    sh.plan_flags = flags;
-    OK(ei_layer_sizes(ctx, &sh, &z));
-    return z;
-}
-/* A whole call with this workspace. */
-static ei_exec ex(void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
 
-/* uniform noise in [-1.73, 1.73] (unit variance) as bf16, from a table */
-static uint16_t noise_table[65536];
-static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
-    int64_t t;
-    int h, d;
-    for (t = 0; t < n_tokens; t++)
-        for (h = 0; h < heads; h++) {
-            int kvh = is_q ? h / (NH / NKV) : h;
-            uint16_t *row = x + ((size_t)t * heads + h) * HD;
-            for (d = 0; d < HD; d++) {
-                uint32_t r = next32();
-                float u = (float)((kvh * 31 + d * 7) % 3) - 1.0f;
-                if (kvh % 2 == 0 && is_q >= 0) { /* rigid: a sink block at the start */
-                    float noise = 0.1f * ((float)(r & 0xFFFF) / 65535.f * 3.46f - 1.73f);
-                    float sink = is_q ? 1.0f * u : (t < 8 ? 2.0f * u : 0.f);
-                    row[d] = bf16_of(sink + noise);
-                } else {
-                    row[d] = noise_table[r & 0xFFFF];
-                }
-            }
-        }
-}
 
 #define MAXCFG 8
 static const char *cta_shapes[MAXCFG] = {"wgs128", "wgy128", "wgk64", "wg64"};
@@ -147,23 +105,6 @@ static double time_prefill(const ei_context *ctx, const ei_cuda_api *api, void *
     return median_ms(v, reps);
 }
 
-/* Share of the dense causal (query, key) pairs a host plan attends. */
-static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
-    double useful = 0;
-    int64_t t;
-    int i;
-    for (t = 0; t < n; t++) {
-        int s = (int)(t / c->segment_size);
-        int64_t start = (int64_t)s * c->segment_size;
-        if (ei_plan_segment_is_sparse(cpu, hp, s))
-            for (i = 0; i < NKV; i++)
-                useful += (NH / NKV) * ((double)hp->keep_count[(size_t)i * hp->seg_capacity + s] * c->block_size +
-                                        (double)(t - start + 1));
-        else
-            useful += (double)NH * (double)(t + 1);
-    }
-    return useful / ((double)NH * (double)n * (double)(n + 1) / 2.0);
-}
 /* One profile (GPU) with base_budget `base`: the plan on the device (*mem,
    reallocated) and its density; *ctx_out keeps the context. */
 static double profile_at(const ei_config *base_cfg, int base, int64_t n, void *dq, void *dk, void *ws, size_t ws_bytes,
@@ -266,28 +207,11 @@ int main(int argc, char **argv) {
     printf("shape: %d q heads, %d kv heads, d=%d, bf16; config: segment %d, block %d, threshold %lld, base %d\n", NH,
            NKV, HD, cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget);
 
-    for (i = 0; i < 65536; i++) {
-        float u = ((float)i / 65535.f) * 3.46f - 1.73f;
-        noise_table[(i * 40503u) & 0xFFFF] = bf16_of(u);
-    }
-    hq = (uint16_t *)malloc((size_t)nmax * NH * HD * 2);
-    hk = (uint16_t *)malloc((size_t)nmax * NKV * HD * 2);
-    hv = (uint16_t *)malloc((size_t)nmax * NKV * HD * 2);
-    if (!hq || !hk || !hv) { fprintf(stderr, "out of host memory\n"); return 1; }
     {
         double t0 = now_ms();
-        fill(hq, nmax, NH, 1);
-        fill(hk, nmax, NKV, 0);
-        fill(hv, nmax, NKV, -1);
+        device_inputs(g, nmax, &hq, &hk, &hv, &dq, &dk, &dv, &dout);
         printf("generated %lld tokens in %.0f ms\n", (long long)nmax, now_ms() - t0);
     }
-    OK(ei_device_alloc(g, &dq, (size_t)nmax * NH * HD * 2));
-    OK(ei_device_alloc(g, &dk, (size_t)nmax * NKV * HD * 2));
-    OK(ei_device_alloc(g, &dv, (size_t)nmax * NKV * HD * 2));
-    OK(ei_device_alloc(g, &dout, (size_t)nmax * NH * HD * 2));
-    OK(ei_device_copy(g, dq, hq, (size_t)nmax * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g, dk, hk, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g, dv, hv, (size_t)nmax * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
     bytes = layer_sizes(g, nmax, 0).profile;
     qbytes = layer_sizes(gq, nmax, 0).profile;
     {   /* the real-density rows profile with base budgets up to nmax: size the workspace for that too */

@@ -29,6 +29,7 @@
 #define NH 32
 #define NKV 8
 #define HD 128
+#include "ei_bench_inputs.h"
 
 #define CUPTI_OK(call)                                                                              \
     do {                                                                                            \
@@ -132,65 +133,8 @@ static void timeline(const char *title, uint64_t t0, uint64_t tret, uint64_t t1)
            gpu_first ? (gpu_first - t0) / 1e3 : 0., gpu_last ? (gpu_last - t0) / 1e3 : 0.);
 }
 
-/* the generator of ei_bench_cuda (same inputs, same plan) */
-static uint16_t noise_table[65536];
-static void fill(uint16_t *x, int64_t n_tokens, int heads, int is_q) {
-    int64_t t;
-    int h, d;
-    for (t = 0; t < n_tokens; t++)
-        for (h = 0; h < heads; h++) {
-            int kvh = is_q ? h / (NH / NKV) : h;
-            uint16_t *row = x + ((size_t)t * heads + h) * HD;
-            for (d = 0; d < HD; d++) {
-                uint32_t r = next32();
-                float u = (float)((kvh * 31 + d * 7) % 3) - 1.0f;
-                if (kvh % 2 == 0 && is_q >= 0) {
-                    float noise = 0.1f * ((float)(r & 0xFFFF) / 65535.f * 3.46f - 1.73f);
-                    float sink = is_q ? 1.0f * u : (t < 8 ? 2.0f * u : 0.f);
-                    row[d] = bf16_of(sink + noise);
-                } else {
-                    row[d] = noise_table[r & 0xFFFF];
-                }
-            }
-        }
-}
-static ei_sizes layer_sizes(const ei_context *ctx, int64_t n) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = n;
-    sh.n_heads = NH;
-    sh.n_kv_heads = NKV;
-    sh.head_dim = HD;
-    OK(ei_layer_sizes(ctx, &sh, &z));
-    return z;
-}
-static ei_exec ex(void *ws, size_t bytes) {
-    ei_exec x;
-    memset(&x, 0, sizeof x);
-    x.workspace = ws;
-    x.workspace_bytes = bytes;
-    return x;
-}
 
 
-/* Share of the dense causal (query, key) pairs a host plan attends (ei_bench_cuda's). */
-static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_config *c, int64_t n) {
-    double useful = 0;
-    int64_t t;
-    int i;
-    for (t = 0; t < n; t++) {
-        int s = (int)(t / c->segment_size);
-        int64_t start = (int64_t)s * c->segment_size;
-        if (ei_plan_segment_is_sparse(cpu, hp, s))
-            for (i = 0; i < NKV; i++)
-                useful += (NH / NKV) * ((double)hp->keep_count[(size_t)i * hp->seg_capacity + s] * c->block_size +
-                                        (double)(t - start + 1));
-        else
-            useful += (double)NH * (double)(t + 1);
-    }
-    return useful / ((double)NH * (double)n * (double)(n + 1) / 2.0);
-}
 static double median_of(const double *v, int n) {
     double w[64];
     memcpy(w, v, sizeof(double) * (size_t)n);
@@ -227,22 +171,9 @@ static int ab_mode(int64_t n, const char *lib[2]) {
         h.backend = EI_BACKEND_CPU;
         h.cuda_library = NULL;
         OK(ei_context_create(&h, &cpu[b]));
-        if (layer_sizes(g[0][b], n).profile > wsb) wsb = layer_sizes(g[0][b], n).profile;
+        if (layer_sizes(g[0][b], n, 0).profile > wsb) wsb = layer_sizes(g[0][b], n, 0).profile;
     }
-    for (i = 0; i < 65536; i++) noise_table[(i * 40503u) & 0xFFFF] = bf16_of(((float)i / 65535.f) * 3.46f - 1.73f);
-    hq = (uint16_t *)malloc((size_t)n * NH * HD * 2);
-    hk = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
-    hv = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
-    fill(hq, n, NH, 1);
-    fill(hk, n, NKV, 0);
-    fill(hv, n, NKV, -1);
-    OK(ei_device_alloc(g[0][0], &dq, (size_t)n * NH * HD * 2));
-    OK(ei_device_alloc(g[0][0], &dk, (size_t)n * NKV * HD * 2));
-    OK(ei_device_alloc(g[0][0], &dv, (size_t)n * NKV * HD * 2));
-    OK(ei_device_alloc(g[0][0], &dout, (size_t)n * NH * HD * 2));
-    OK(ei_device_copy(g[0][0], dq, hq, (size_t)n * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g[0][0], dk, hk, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g[0][0], dv, hv, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
+    device_inputs(g[0][0], n, &hq, &hk, &hv, &dq, &dk, &dv, &dout);
     OK(ei_device_alloc(g[0][0], &ws, wsb));
     {
         ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
@@ -250,9 +181,9 @@ static int ab_mode(int64_t n, const char *lib[2]) {
         ei_out_tensor to = ei_out_tensor_make(dout, EI_BF16, n, NH, HD);
         for (b = 0; b < 3; b++) { /* the plans (build A profiles them; both builds plan bit for bit alike) */
             ei_plan hp;
-            ei_exec x = ex(ws, layer_sizes(g[0][b], n).profile);
-            OK(ei_device_alloc(g[0][b], &pm[b], layer_sizes(g[0][b], n).plan));
-            OK(ei_plan_init(g[0][b], &plan[b], n, NKV, HD, 0, pm[b], layer_sizes(g[0][b], n).plan));
+            ei_exec x = ex(ws, layer_sizes(g[0][b], n, 0).profile);
+            OK(ei_device_alloc(g[0][b], &pm[b], layer_sizes(g[0][b], n, 0).plan));
+            OK(ei_plan_init(g[0][b], &plan[b], n, NKV, HD, 0, pm[b], layer_sizes(g[0][b], n, 0).plan));
             OK(ei_profile(g[0][b], &x, &tq, &tk, &plan[b]));
             OK(ei_plan_init(cpu[b], &hp, n, NKV, HD, 0, NULL, 0));
             OK(ei_plan_copy(g[0][b], &hp, &plan[b], EI_COPY_DEVICE_TO_HOST));
@@ -313,7 +244,7 @@ int main(int argc, char **argv) {
     ei_sizes z;
     uint64_t t0, tret, t1;
     double v[16];
-    int i, k, rep;
+    int k, rep;
     if (argc > 3) {
         const char *libs[2] = {argv[2], argv[3]};
         return ab_mode(n, libs);
@@ -331,27 +262,14 @@ int main(int argc, char **argv) {
     dcfg = cfg;
     dcfg.cuda_deferred_errors = 1;
     OK(ei_context_create(&dcfg, &gd));
-    for (i = 0; i < 65536; i++) noise_table[(i * 40503u) & 0xFFFF] = bf16_of(((float)i / 65535.f) * 3.46f - 1.73f);
-    hq = (uint16_t *)malloc((size_t)n * NH * HD * 2);
-    hk = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
-    hv = (uint16_t *)malloc((size_t)n * NKV * HD * 2);
-    fill(hq, n, NH, 1);
-    fill(hk, n, NKV, 0);
-    fill(hv, n, NKV, -1);
-    OK(ei_device_alloc(g, &dq, (size_t)n * NH * HD * 2));
-    OK(ei_device_alloc(g, &dk, (size_t)n * NKV * HD * 2));
-    OK(ei_device_alloc(g, &dv, (size_t)n * NKV * HD * 2));
-    OK(ei_device_alloc(g, &dout, (size_t)n * NH * HD * 2));
-    OK(ei_device_copy(g, dq, hq, (size_t)n * NH * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g, dk, hk, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    OK(ei_device_copy(g, dv, hv, (size_t)n * NKV * HD * 2, EI_COPY_HOST_TO_DEVICE));
-    z = layer_sizes(g, n);
+    device_inputs(g, n, &hq, &hk, &hv, &dq, &dk, &dv, &dout);
+    z = layer_sizes(g, n, 0);
     OK(ei_device_alloc(g, &ws, z.profile));
     OK(ei_device_alloc(g, &plan_mem, z.plan));
-    OK(ei_device_alloc(g, &aws, layer_sizes(gd, n).prefill + 1));
+    OK(ei_device_alloc(g, &aws, layer_sizes(gd, n, 0).prefill + 1));
     OK(ei_plan_init(g, &plan, n, NKV, HD, 0, plan_mem, z.plan));
     x = ex(ws, z.profile);
-    xa = ex(aws, layer_sizes(gd, n).prefill);
+    xa = ex(aws, layer_sizes(gd, n, 0).prefill);
     {
         ei_tensor tq = ei_tensor_make(dq, EI_BF16, n, NH, HD), tk = ei_tensor_make(dk, EI_BF16, n, NKV, HD);
         ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, NKV, HD);

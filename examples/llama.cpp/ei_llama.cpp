@@ -2019,6 +2019,23 @@ static void ei_out_nan(ggml_tensor * dst, int64_t r0, int64_t n) {
     }
 }
 
+// Each planned sequence of the ubatch profiled into its plan (q: dst's src 0, K: src 1) with context
+// c (NULL: fails) and x; false at the first failure (ei_last_error says why).
+static bool ei_profile_slices(ei_layer * L, ei_context * c, const ei_exec & x, const ggml_tensor * dst) {
+    for (const auto & sl : L->st->slices) {
+        if (!sl.planned) {
+            continue;
+        }
+        const ei_tensor q = ei_slice_q(dst->src[0], sl);
+        const ei_tensor k = ei_slice_kv(L, dst->src[1], sl, 0);
+        ei_plan *       P = ei_layer_plan_at(L, sl.seq);
+        if (!c || !P || ei_profile_chunk(c, &x, &q, &k, P, sl.q_pos, L->st->is_final) != EI_OK) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // The K and V rows of the gathered slices (EI_LAYOUT_GATHER: a sequence whose cells are not one
 // run in position order, e.g. interleaved with other sequences' in a unified cache) copied into
 // the state's buffer, in parts over ggml's threads (each a share of the rows), before the layer's
@@ -2057,18 +2074,8 @@ static void ei_op_profile(ggml_tensor * dst, int ith, int nth, void * ud) {
     // finalises the plans (nw 1: the whole call, finalised already)
     const int     nw = std::min(nth, st->ws_threads);
     const ei_exec x  = ei_part(ith, nw, st->ws, st->ws_bytes);
-    const int     ns = (int) st->slices.size();
-    for (int i = 0; i < ns && ith < nw; ++i) { // each planned sequence's plan: every thread its kv heads
-        const auto & sl = st->slices[(size_t) i];
-        if (!sl.planned) {
-            continue;
-        }
-        const ei_tensor q = ei_slice_q(dst->src[0], sl);
-        const ei_tensor k = ei_slice_kv(L, dst->src[1], sl, 0);
-        ei_plan *       P = ei_layer_plan_at(L, sl.seq);
-        if (!P || ei_profile_chunk(L->ctx_plan, &x, &q, &k, P, sl.q_pos, st->is_final) != EI_OK) {
-            L->fail("ei_profile_chunk");
-        }
+    if (ith < nw && !ei_profile_slices(L, L->ctx_plan, x, dst)) { // every part its kv heads of each plan
+        L->fail("ei_profile_chunk");
     }
     const int64_t t = L->t_plan.leave(nth);
     if (t >= 0) {
@@ -2328,19 +2335,8 @@ static void ei_cuda_profile(ggml_tensor * dst, void * stream, void * ud) {
     const int64_t   t0 = st->opts.gpu_timing ? ei_gpu_time(st, c) : 0;
     const auto &    ws = st->gbuf[EI_G_PROFILE_WS];
     const ei_exec   x  = ei_part(0, 1, ws.first, ws.second); // one call: every kv head, finalised
-    const int       ns = (int) st->slices.size();
-    for (int i = 0; i < ns; ++i) { // each planned sequence's plan
-        const auto & sl = st->slices[(size_t) i];
-        if (!sl.planned) {
-            continue;
-        }
-        const ei_tensor q = ei_slice_q(dst->src[0], sl);
-        const ei_tensor k = ei_slice_kv(L, dst->src[1], sl, 0);
-        ei_plan *       P = ei_layer_plan_at(L, sl.seq);
-        if (!c || !P || ei_profile_chunk(c, &x, &q, &k, P, sl.q_pos, st->is_final) != EI_OK) {
-            L->fail("ei_profile_chunk (GPU)");
-            break;
-        }
+    if (!ei_profile_slices(L, c, x, dst)) {
+        L->fail("ei_profile_chunk (GPU)");
     }
     L->ns_plan = st->opts.gpu_timing ? ei_gpu_time(st, c) - t0 : 0;
 }
@@ -2786,12 +2782,18 @@ void llama_ei_compress(llama_ei_state * st, llama_memory_i * mem) {
     }
 }
 
-int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyinfer_decode_info * out) {
-    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
+// The state behind ctx for an info call, its out zeroed first; nullptr (the call returns -1) when
+// out is NULL or entropyinfer is off for ctx.
+static const llama_ei_state * ei_info_state(const llama_context * ctx, void * out, size_t bytes) {
     if (!out) {
-        return -1;
+        return nullptr;
     }
-    memset(out, 0, sizeof *out);
+    memset(out, 0, bytes);
+    return ctx ? ctx->get_cparams().ei : nullptr;
+}
+
+int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyinfer_decode_info * out) {
+    const llama_ei_state * st = ei_info_state(ctx, out, sizeof *out);
     if (!st) {
         return -1;
     }
@@ -2806,11 +2808,7 @@ int llama_entropyinfer_get_decode_info(const llama_context * ctx, llama_entropyi
 }
 
 int llama_entropyinfer_get_prefill_info(const llama_context * ctx, llama_entropyinfer_prefill_info * out) {
-    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
-    if (!out) {
-        return -1;
-    }
-    memset(out, 0, sizeof *out);
+    const llama_ei_state * st = ei_info_state(ctx, out, sizeof *out);
     if (!st) {
         return -1;
     }
@@ -2822,11 +2820,7 @@ int llama_entropyinfer_get_prefill_info(const llama_context * ctx, llama_entropy
 }
 
 int llama_entropyinfer_get_seq_decode_info(const llama_context * ctx, llama_seq_id seq, llama_entropyinfer_decode_info * out) {
-    const llama_ei_state * st = ctx ? ctx->get_cparams().ei : nullptr;
-    if (!out) {
-        return -1;
-    }
-    memset(out, 0, sizeof *out);
+    const llama_ei_state * st = ei_info_state(ctx, out, sizeof *out);
     if (!st || seq < 0 || (size_t) seq >= st->seqs.size()) {
         return -1;
     }
