@@ -38,7 +38,7 @@
 #                      against a context that never compressed; llama-server's reuse after a compression and
 #                      its "entropyinfer" request field (bookkeeping_server.py); about half a minute on 2 cores
 #   llama-cpp-soak     soak.sh: llama-server with --entropyinfer under concurrent requests (soak_server.py,
-#                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified) x 4 client threads, decode
+#                      issue 34): SmolLM2-135M, 4 slots (--no-kv-unified, then unified) x 4 client threads, decode
 #                      compression per slot, then one slot; every request answered, the server alive and
 #                      exiting cleanly, greedy answers repeated, entropyinfer served, several slots
 #                      compressed; two rounds of load with malformed requests (4xx) and dropped streams

@@ -1,10 +1,12 @@
 #!/bin/sh
 # examples/llama.cpp/soak.sh - `make llama-cpp-soak`: llama-server with --entropyinfer under
 # concurrent requests (issue 34): soak_server.py on SmolLM2-135M, prompts cut from the licence texts
-# of /usr/share/common-licenses; a phase of 4 slots (--no-kv-unified, decode compression per slot)
-# and a phase of one slot. About 2 minutes on 2 cores idle, 17-20 with another 2-thread job on them.
+# of /usr/share/common-licenses; a phase of 4 slots (--no-kv-unified, decode compression per slot), the same
+# in the default unified cache (4 slots, one KV stream)
+# and a phase of one slot. About 10 minutes on 2 cores idle (2026-12-06: 629 s); SOAK_BASELINE=1: the
+# same load without --entropyinfer (throughput to compare).
 # Fails when a check fails.
-# Logs: build/llama_cpp_soak/{soak.log,parallel.err,queued.err}.
+# Logs: build/llama_cpp_soak/{soak.log,parallel.err,unified.err,queued.err} (SOAK_OUT).
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"

@@ -4,7 +4,7 @@
 
     soak_server.py SERVER_BINARY MODEL TEXT OUT_DIR
 
-Two phases, each a llama-server on a free local port with --entropyinfer and options that make
+Three phases, each a llama-server on a free local port with --entropyinfer and options that make
 entropyinfer act on prompts of a few hundred tokens (sparse prefill from 512 tokens, segments of
 256, decode budget 256 recompressed every 16 generated tokens):
 
