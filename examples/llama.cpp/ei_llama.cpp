@@ -641,7 +641,6 @@ struct llama_ei_state {
     void *                                 ws = nullptr;  // the host ops' one workspace (every part passes it)
     size_t                                 ws_bytes = 0;
     int                                    ws_threads = 0; // the parts it is sized for (ei_layer_sizes' n_threads)
-    std::vector<int32_t>                   cell_of; // ei_slices_of: the cell of each position of a sequence
 
     // the ubatch llama_decode is processing (announced), and the one computed
     const llama_pos * ann_pos  = nullptr;
@@ -662,10 +661,11 @@ struct llama_ei_state {
         bool    planned;  // no position missing below q_pos + n
         int64_t m;        // key rows; the first query is row m - n
         int64_t c0;       // the rows are cells c0 .. c0 + m - 1 of the view, or -1: gathered
-        int64_t g0;       // gathered: its cells are cell_gather[g0 .. g0 + m)
+        int64_t g0;       // gathered: its cells are cell_gather[g0 .. g0 + m) (the gathered slices' cells one
+                          // after another, so its rows start g0 rows into a layer's gather: ei_gathered); else -1
     };
     std::vector<ei_slice> slices;
-    std::vector<int32_t>  cell_gather;          // the gathered slices' cells, in position order
+    std::vector<int32_t>  cell_gather;          // the gathered slices' cells, in position order (ei_set_slices)
     std::vector<uint8_t>  gather;               // their K and V rows (ei_op_gather), every CPU layer in turn
     int               is_final = 0;
     uint32_t          ann_n_all = 0;
@@ -1165,15 +1165,17 @@ static bool ei_seq_enabled(const llama_ei_state * st, llama_seq_id seq) {
 // order, any mix of sequences; with --kv-unified off llama.cpp gives each sequence one equal run
 // and the runs' streams are consecutive, build_attn_mha's layout), each token of one sequence.
 // Its keys: the cells of its stream in view that hold it at a position below the run's end, each
-// position at most once, the run's own positions among them. cell_gather receives the cells of
-// the slices that are not one run of cells in position order.
-static bool ei_slices_of(llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
-                         std::vector<llama_ei_state::ei_slice> & out, std::string & why) {
+// position at most once, the run's own positions among them. gather receives the cells of the
+// slices that are not one run of cells in position order (the caller's: ei_decide only asks, the
+// state's list is set by ei_set_slices alone).
+static bool ei_slices_of(const llama_ei_state * st, const llama_ubatch & ub, const llama_kv_cache_context * kvc,
+                         std::vector<llama_ei_state::ei_slice> & out, std::vector<int32_t> & gather, std::string & why) {
     const llama_kv_cache * kv = kvc->get_kv();
     const bool             streams = kv->get_n_stream() > 1;
     char                   buf[256];
+    std::vector<int32_t>   cell_of; // the cell of each position of a sequence
     out.clear();
-    st->cell_gather.clear();
+    gather.clear();
     if (!ub.seq_id || !ub.n_seq_id) {
         why = "a ubatch without sequence ids: llama.cpp's attention";
         return false;
@@ -1224,7 +1226,7 @@ static bool ei_slices_of(llama_ei_state * st, const llama_ubatch & ub, const lla
             why = "positions outside 0 .. EI_MAX_TOKENS: llama.cpp's attention";
             return false;
         }
-        st->cell_of.assign((size_t) end, -1);
+        cell_of.assign((size_t) end, -1);
         for (int64_t c = 0; c < n_kv; ++c) {
             if (cells.is_empty((uint32_t) c) || !cells.seq_has((uint32_t) c, sl.seq)) {
                 continue;
@@ -1233,19 +1235,19 @@ static bool ei_slices_of(llama_ei_state * st, const llama_ubatch & ub, const lla
             if (p < 0 || p >= end) {
                 continue; // a later position: no query of the run sees it
             }
-            if (st->cell_of[(size_t) p] >= 0) {
+            if (cell_of[(size_t) p] >= 0) {
                 snprintf(buf, sizeof buf, "cells %d and %lld both hold position %d of sequence %d: llama.cpp's attention",
-                         (int) st->cell_of[(size_t) p], (long long) c, (int) p, (int) sl.seq);
+                         (int) cell_of[(size_t) p], (long long) c, (int) p, (int) sl.seq);
                 why = buf;
                 return false;
             }
-            st->cell_of[(size_t) p] = (int32_t) c;
+            cell_of[(size_t) p] = (int32_t) c;
         }
         // the sequence's cells in position order (compacted over the missing positions)
-        const size_t g0 = st->cell_gather.size();
+        const size_t g0 = gather.size();
         for (int64_t p = 0; p < end; ++p) {
-            if (st->cell_of[(size_t) p] >= 0) {
-                st->cell_gather.push_back(st->cell_of[(size_t) p]);
+            if (cell_of[(size_t) p] >= 0) {
+                gather.push_back(cell_of[(size_t) p]);
             } else if (p >= sl.q_pos) {
                 snprintf(buf, sizeof buf, "position %lld of sequence %d is not in the cells in view: llama.cpp's attention",
                          (long long) p, (int) sl.seq);
@@ -1253,16 +1255,16 @@ static bool ei_slices_of(llama_ei_state * st, const llama_ubatch & ub, const lla
                 return false;
             }
         }
-        sl.m       = (int64_t) (st->cell_gather.size() - g0);
+        sl.m       = (int64_t) (gather.size() - g0);
         sl.planned = sl.m == end;
-        sl.c0      = st->cell_gather[g0];
+        sl.c0      = gather[g0];
         for (int64_t r = 1; r < sl.m && sl.c0 >= 0; ++r) {
-            if (st->cell_gather[g0 + (size_t) r] != sl.c0 + r) {
+            if (gather[g0 + (size_t) r] != sl.c0 + r) {
                 sl.c0 = -1;
             }
         }
         if (sl.c0 >= 0) {
-            st->cell_gather.resize(g0); // a view: nothing to gather
+            gather.resize(g0); // a view: nothing to gather
             sl.g0 = -1;
         } else {
             sl.g0 = (int64_t) g0;
@@ -1317,7 +1319,8 @@ static ei_decision ei_decide(llama_ei_state * st, const llama_ubatch & ub, const
         return EI_FALLBACK;
     }
     std::vector<llama_ei_state::ei_slice> slices;
-    if (!ei_slices_of(st, ub, kvc, slices, why)) {
+    std::vector<int32_t>                  gather;
+    if (!ei_slices_of(st, ub, kvc, slices, gather, why)) {
         return EI_FALLBACK;
     }
     if (layout) {
@@ -1341,10 +1344,11 @@ static void ei_set_slices(llama_ei_state * st, const llama_ubatch * ub, const ll
         return;
     }
     std::string why;
-    if (!ei_slices_of(st, *ub, kvc, st->slices, why) || ei_layout_of(st->slices) != layout) {
+    if (!ei_slices_of(st, *ub, kvc, st->slices, st->cell_gather, why) || ei_layout_of(st->slices) != layout) {
         // cannot happen (the graph's decision was made on this ubatch and cache): the ops write NaN
         ei_report_once("the served ubatch changed between graph and compute (" + why + "): its attention output is NaN");
         st->slices.clear();
+        st->cell_gather.clear();
         return;
     }
     size_t row = 0; // the K + V bytes of a gathered cell, the most of any CPU layer
@@ -1780,15 +1784,10 @@ static ei_tensor ei_slice_q(const ggml_tensor * q, const llama_ei_state::ei_slic
     return v;
 }
 // Where ei_op_gather puts a gathered slice's K (which 0) or V (1) rows for layer L: each gathered
-// slice's K rows, then its V rows, in slice order.
+// slice's K rows, then its V rows, in slice order. The gathered slices before it hold g0 cells
+// (ei_slices_of), so it starts g0 rows of L's K + V in.
 static uint8_t * ei_gathered(const ei_layer * L, const llama_ei_state::ei_slice & sl, int which) {
-    size_t off = 0;
-    for (const auto & o : L->st->slices) {
-        if (&o == &sl) {
-            break;
-        }
-        off += o.c0 < 0 ? (size_t) o.m * (L->k_row + L->v_row) : 0;
-    }
+    const size_t off = (size_t) sl.g0 * (L->k_row + L->v_row);
     return L->st->gather.data() + off + (which ? (size_t) sl.m * L->k_row : 0);
 }
 // Its key rows in K (which 0) or V (1), t the layer's view [head_dim, kv heads, cells, streams]:
