@@ -162,8 +162,9 @@
      sampled rows aim at (their key parts, mass_geometry; it also sizes
      ei_profile's workspace). Default 2048. Ablations.
    EI_CUDA_SAMPLED_CHUNK_PARTS (sampled_chunk_parts): N > 0 (atoi): key
-     parts at most in a chunk's sampled rows (ei_profile_chunk). Default
-     16. Ablations. */
+     parts at most in a chunk's sampled rows (ei_profile_chunk). Default:
+     chunk_parts_max's rule (16, more for chunks that fill few CTAs).
+     Ablations. */
 struct CudaTuning {
     const char *attn_cfg, *attn_sparse_cfg; /* as in the environment (NULL: unset) */
     int attn_split;                         /* INT_MAX: unset or empty */
@@ -186,7 +187,7 @@ static CudaTuning tuning_read(void) {
     e = getenv("EI_CUDA_SAMPLED_CTAS");
     t.sampled_ctas = e && atoi(e) > 0 ? atoi(e) : 2048;
     e = getenv("EI_CUDA_SAMPLED_CHUNK_PARTS");
-    t.sampled_chunk_parts = e && atoi(e) > 0 ? atoi(e) : 16;
+    t.sampled_chunk_parts = e && atoi(e) > 0 ? atoi(e) : 0; /* 0: chunk_parts_max's rule */
     return t;
 }
 
@@ -526,12 +527,12 @@ __global__ void __launch_bounds__(256) qfeat_kernel(const void *q, int dtype, in
    in shared memory. A warp reads 512 contiguous bytes per load (qfeat_kernel:
    64 bytes, 2 bytes a lane), for views whose data is 16-byte aligned with
    strides multiples of V. The same maxima and minima. */
-template <typename T>
-__global__ void __launch_bounds__(256) qfeat_rows_kernel(const T *q, int64_t ts, int64_t hs, int64_t n, int D, int seg,
-                                                         int nseg, int HB, float *qfeat, int *flag, int64_t q_pos,
-                                                         int s_first) {
-    constexpr int V = 16 / (int)sizeof(T), P = 4;
-    __shared__ float smax[256 * 8], smin[256 * 8];
+template <typename T, int P>
+__global__ void __launch_bounds__(64 * P) qfeat_rows_kernel(const T *q, int64_t ts, int64_t hs, int64_t n, int D, int seg,
+                                                            int nseg, int HB, float *qfeat, int *flag, int64_t q_pos,
+                                                            int s_first) {
+    constexpr int V = 16 / (int)sizeof(T);
+    __shared__ float smax[32 * P * V], smin[32 * P * V]; /* the upper half of the phases, halved each round */
     const int s = blockIdx.x, cph = D / V, c = threadIdx.x % 64, ph = threadIdx.x / 64;
     const int h = blockIdx.y * HB + c / cph, d = (c % cph) * V;
     const int64_t t0 = max((int64_t)(s_first + s) * seg, q_pos) - q_pos,
@@ -553,21 +554,45 @@ __global__ void __launch_bounds__(256) qfeat_rows_kernel(const T *q, int64_t ts,
             mn[i] = fminf(mn[i], x);
         }
     }
+    /* phases [half, 2 half) hand their extremes to phases [0, half) (max and min: any order gives
+       the same result) */
+    for (int half = P / 2; half >= 1; half /= 2) {
+        if (ph >= half && ph < 2 * half)
 #pragma unroll
-    for (int i = 0; i < V; i++) smax[threadIdx.x * V + i] = mx[i], smin[threadIdx.x * V + i] = mn[i];
-    __syncthreads();
-    if (ph == 0) {
-        for (int p = 1; p < P; p++)
+            for (int i = 0; i < V; i++)
+                smax[((ph - half) * 64 + c) * V + i] = mx[i], smin[((ph - half) * 64 + c) * V + i] = mn[i];
+        __syncthreads();
+        if (ph < half)
 #pragma unroll
             for (int i = 0; i < V; i++) {
-                mx[i] = fmaxf(mx[i], smax[(p * 64 + c) * V + i]);
-                mn[i] = fminf(mn[i], smin[(p * 64 + c) * V + i]);
+                mx[i] = fmaxf(mx[i], smax[(ph * 64 + c) * V + i]);
+                mn[i] = fminf(mn[i], smin[(ph * 64 + c) * V + i]);
             }
+        __syncthreads();
+    }
+    if (ph == 0) {
         float *o = qfeat + ((int64_t)h * nseg + s) * 2 * D + d;
 #pragma unroll
         for (int i = 0; i < V; i++) o[i] = mx[i], o[D + i] = mn[i];
     }
     if (bad) atomicOr(flag, PF_NAN_Q);
+}
+/* qfeat_rows_kernel with P phases of rows per CTA (64 P threads), of q's dtype. */
+template <int P>
+static ei_result qfeat_rows_launch(const ei_tensor *q, int64_t n, int D, int seg, int nrows, int HB, dim3 grid, float *qfeat,
+                                   int *flag, int64_t q_pos, int s_first, cudaStream_t st, char *msg) {
+    if (q->dtype == EI_BF16)
+        qfeat_rows_kernel<__nv_bfloat16, P><<<grid, 64 * P, 0, st>>>((const __nv_bfloat16 *)q->data, q->token_stride,
+                                                                     q->head_stride, n, D, seg, nrows, HB, qfeat, flag,
+                                                                     q_pos, s_first);
+    else if (q->dtype == EI_F16)
+        qfeat_rows_kernel<__half, P><<<grid, 64 * P, 0, st>>>((const __half *)q->data, q->token_stride, q->head_stride, n,
+                                                              D, seg, nrows, HB, qfeat, flag, q_pos, s_first);
+    else
+        qfeat_rows_kernel<float, P><<<grid, 64 * P, 0, st>>>((const float *)q->data, q->token_stride, q->head_stride, n, D,
+                                                             seg, nrows, HB, qfeat, flag, q_pos, s_first);
+    LAUNCH_CHECK("qfeat_rows_kernel");
+    return EI_OK;
 }
 /* The query min/max of nrows segments from s_first (queries from position
    q_pos): qfeat_rows_kernel where the view allows it, else qfeat_kernel. */
@@ -584,17 +609,10 @@ static ei_result qfeat_run(const ei_tensor *q, int64_t n, int seg, int nrows, fl
     }
     const int HB = 64 / cph;
     const dim3 grid((unsigned)nrows, (unsigned)(nh / HB));
-    if (q->dtype == EI_BF16)
-        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const __nv_bfloat16 *)q->data, q->token_stride, q->head_stride, n, D,
-                                                seg, nrows, HB, qfeat, flag, q_pos, s_first);
-    else if (q->dtype == EI_F16)
-        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const __half *)q->data, q->token_stride, q->head_stride, n, D, seg,
-                                                nrows, HB, qfeat, flag, q_pos, s_first);
-    else
-        qfeat_rows_kernel<<<grid, 256, 0, st>>>((const float *)q->data, q->token_stride, q->head_stride, n, D, seg,
-                                                nrows, HB, qfeat, flag, q_pos, s_first);
-    LAUNCH_CHECK("qfeat_rows_kernel");
-    return EI_OK;
+    /* a chunk's few CTAs (llama.cpp's micro-batch: one segment, Gemma 3 270M's 4 heads: 4 CTAs) each
+       walk 512 rows: 16 phases of rows per CTA instead of 4 (40 -> ~10 us a call, H100) */
+    if (grid.x * grid.y < 128) return qfeat_rows_launch<16>(q, n, D, seg, nrows, HB, grid, qfeat, flag, q_pos, s_first, st, msg);
+    return qfeat_rows_launch<4>(q, n, D, seg, nrows, HB, grid, qfeat, flag, q_pos, s_first, st, msg);
 }
 
 /* kfeat[(kvh*stride + b)*2 + {max,min}][D] for b_first <= b < nblk; the keys
@@ -1229,7 +1247,7 @@ __global__ void __launch_bounds__(256) topk_kernel(const SegRows r, int bps, con
    seg_max_kernel applies the max over heads. Dynamic shared memory: sort_n
    (power of two >= max_keep) 64-bit keys, with top_p as many doubles after
    the ranked ones (their weights). */
-__global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const SegRows r, const float *mass,
+__global__ void __launch_bounds__(1024) rank_kernel(const ei_config cfg, const SegRows r, const float *mass,
                                                    int *keep_blocks, int *keep_count, int seg_cap, int *block_index,
                                                    int max_keep, int *flag) {
     extern __shared__ uint64_t keys[];
@@ -1301,7 +1319,20 @@ __global__ void __launch_bounds__(256) rank_kernel(const ei_config cfg, const Se
             int64_t k_p = nf, cap = seg_cap_blocks(c, r, s);
             for (int b = 0; b < ns; b++) cum += EI__W(b);
             for (int b = l0; b < nvis; b++) cum += EI__W(b);
-            for (int i = 0; cum < target && i < ranked; ++i, ++k_p) cum += wts[i]; /* the CPU's order */
+            /* the ranked weights in the CPU's order, one at a time until the target; read 8 ahead, so
+               that the shared loads overlap the chain of double adds (one thread walks up to max_keep
+               entries: a load per add made this walk most of a chunk's rank_kernel) */
+            for (int i = 0; cum < target && i < ranked; i += 8) {
+                double w8[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) w8[u] = i + u < ranked ? wts[i + u] : 0.0;
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (cum < target && i + u < ranked) {
+                        cum += w8[u];
+                        ++k_p;
+                    }
+            }
             if (cum < target) ++k_p; /* not reached within the row's capacity */
             if (!(total > 0.0)) k_p = 0;
             int kk = ei__keep_count(c, s, 0.0, k_p, nf, cap, max_keep); /* top_p: the budget is not used */
@@ -1498,6 +1529,7 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
                                     float2 *stats, size_t stats_bytes, int *flag, const CudaTuning &tn, cudaStream_t st,
                                     char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn);
+static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, const CudaTuning &tn,
                             ProfileWs *w, char *msg) {
     size_t nseg = (size_t)((n + cfg->segment_size - 1) / cfg->segment_size);
@@ -1578,9 +1610,12 @@ static ei_result launch_ranking(const ei_config *cfg, ei_plan *plan, const SegRo
     if (profile_extended(cfg)) {
         /* rows of 0 blocks still get their counts (and -1 padding, of nothing) */
         CUDA_TRY(cudaFuncSetAttribute(rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rank_bytes));
-        rank_kernel<<<dim3(r.nrows, nkv), 256, rank_bytes, st>>>(*cfg, r, mass, plan->keep_blocks, plan->keep_count,
-                                                                 plan->seg_capacity, plan->block_index, plan->max_keep,
-                                                                 flag);
+        /* a chunk's one or two rows per kv head: 1024 threads each (the selection and the sort of up to
+           max_keep blocks run in the CTA: 33-59 us a call with 256, H100, issue 33) */
+        const int threads = (int64_t)r.nrows * nkv < 64 ? 1024 : 256;
+        rank_kernel<<<dim3(r.nrows, nkv), threads, rank_bytes, st>>>(*cfg, r, mass, plan->keep_blocks, plan->keep_count,
+                                                                     plan->seg_capacity, plan->block_index, plan->max_keep,
+                                                                     flag);
         LAUNCH_CHECK("rank_kernel");
         if (cfg->top_p > 0.0 && cfg->per_segment_budget) {
             seg_max_kernel<<<r.nrows, 256, 0, st>>>(nkv, plan->seg_capacity, plan->keep_blocks, plan->keep_count,
@@ -1739,7 +1774,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
                                                                          (int)blk_cap, flag, NULL);
         LAUNCH_CHECK("chunk_softmax_kernel");
         if (sampled) { /* the sampled rows of the chunk's tokens, then the stored ones of a continued segment */
-            const int parts_max = tn.sampled_chunk_parts; /* key parts at most (mass_geometry) */
+            const int parts_max = chunk_parts_max(cfg, sq, s_end, nkv, n, tn); /* key parts at most (mass_geometry) */
             if (nblk > 0 &&
                 (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
                                         parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, tn, st,
@@ -3857,6 +3892,24 @@ static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, con
         return 0;
     return (size_t)nkv * (size_t)ngroups * (size_t)rchunks * (size_t)ns * MS_ROWS * sizeof(float2);
 }
+/* Key parts at most for a chunk's sampled rows (ei_profile_chunk over the
+   segments [s_lo, nseg), keys up to n): 16, as for the whole prompt, unless
+   the chunk's groups of segments and kv heads fill fewer than 256 CTAs at 16
+   parts. Then as many parts as bring it to 256 CTAs, each part at least 512
+   keys, at most 128 parts. Why: llama.cpp's micro-batch of 512 queries is one
+   segment; with Gemma 3 270M's one kv head that was 16 CTAs on 132 SMs, and
+   the sampled rows took 43-61% of a chunk's planning on an H100 (issue 33,
+   `ei_trace_cuda plan`). A function of the shapes alone, as mass_geometry
+   is; EI_CUDA_SAMPLED_CHUNK_PARTS overrides it. */
+static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn) {
+    int sf, spc, rpad, rchunks, ngroups, ns;
+    if (tn.sampled_chunk_parts > 0) return tn.sampled_chunk_parts;
+    if (!mass_geometry(cfg, s_lo, nseg, nkv, 16, tn, &sf, &spc, &rpad, &rchunks, &ngroups, &ns)) return 16;
+    int64_t per = (int64_t)ngroups * nkv, want = (256 + per - 1) / per * rchunks, by_keys = n / 512;
+    if ((int64_t)ns * per >= 256) return 16;
+    want = std::min(want, std::min(by_keys, (int64_t)128));
+    return (int)std::max(want, (int64_t)16);
+}
 /* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
    is s_lo: its token (-1: unused) and query head; *seg its segment. */
 __device__ __forceinline__ int mass_row(const MassParams &p, int s_lo, int chunk, int r, int kvh, int *head, int *seg) {
@@ -3925,7 +3978,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
     /* wgmma's swizzle repeats every 1024 bytes: align the tiles to it (the launch adds the slack) */
     uint4 *smem = WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16 : smem_raw;
     uint4 *sQ = smem, *sK = smem + MS_ROWS * RS;
-    __shared__ int r_tok[MS_ROWS], r_lim[MS_ROWS], mt_tmax[NMT], mt_lim[NMT];
+    __shared__ int r_tok[MS_ROWS], r_head[MS_ROWS], r_lim[MS_ROWS], mt_tmax[NMT], mt_lim[NMT];
     __shared__ float colsum[NMT][MS_BC];
     __shared__ int kend1_s, kend2_s;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -3991,30 +4044,42 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
         __syncthreads(); /* the previous chunk is done with shared memory */
         if (tid == 0) kend1_s = kend2_s = 0;
         __syncthreads();
-        {   /* one row per thread: its token, mass limit and query */
+        {   /* one row per thread: its token, query head and mass limit */
             int r = tid, head, s;
             int t = mass_row(p, s_lo, chunk, r, kvh, &head, &s);
             r_tok[r] = t;
+            r_head[r] = head;
             r_lim[r] = t >= 0 ? s * p.seg : 0;
-            /* WG: logical m-tile L (warp L/2, m-tile L%2) sits where that warp's wgmma
-               accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
-            int L = r >> 4, pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
             if (t >= 0) {
-                int64_t src = (int64_t)(t - p.q_lo) * p.q_ts + (int64_t)head * p.q_hs;
                 atomicMax(&kend1_s, t + 1);
                 atomicMax(&kend2_s, s * p.seg);
+            }
+        }
+        __syncthreads();
+        {   /* the query rows, 16 bytes of shared memory per thread and step, consecutive threads on
+               consecutive chunks of a row (a row per thread was uncoalesced, and a chunk's 64 used rows
+               of 256 left three quarters of the threads idle: a fixed cost per CTA that more key parts
+               multiply). WG: logical m-tile L (warp L/2, m-tile L%2) sits where that warp's wgmma
+               accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
+            uint32_t bad = 0;
+#pragma unroll 4
+            for (int i = tid; i < MS_ROWS * CH; i += MS_NW * 32) {
+                const int r = i / CH, ch = i % CH, t = r_tok[r], L = r >> 4;
+                const int pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
+                uint4 *dst = &sQ[at(pr, ch, MS_ROWS)];
+                if (t < 0) {
+                    *dst = make_uint4(0, 0, 0, 0);
+                    continue;
+                }
+                const int64_t src = (int64_t)(t - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs + ch * 8;
                 if (p.q_dtype == EI_F32) { /* rounded to T, as attention does; beyond T's range: refused */
-                    uint32_t bad = 0;
-                    for (int ch = 0; ch < CH; ch++) {
-                        uint4 v = round8_of_f32<T>((const float *)p.q + src + ch * 8, p.vec);
-                        bad |= nonfinite8<T>(v);
-                        sQ[at(pr, ch, MS_ROWS)] = v;
-                    }
-                    if (bad) atomicOr(p.flag, PF_Q_RANGE);
+                    const uint4 v = round8_of_f32<T>((const float *)p.q + src, p.vec);
+                    bad |= nonfinite8<T>(v);
+                    *dst = v;
                 } else
-                    for (int ch = 0; ch < CH; ch++) load16<T>(&sQ[at(pr, ch, MS_ROWS)], (const T *)p.q + src + ch * 8, p.vec);
-            } else
-                for (int ch = 0; ch < CH; ch++) sQ[at(pr, ch, MS_ROWS)] = make_uint4(0, 0, 0, 0);
+                    load16<T>(dst, (const T *)p.q + src, p.vec);
+            }
+            if (bad) atomicOr(p.flag, PF_Q_RANGE);
         }
         cp_async_commit();
         cp_async_wait_all();

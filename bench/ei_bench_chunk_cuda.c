@@ -22,27 +22,6 @@
 #include <string.h>
 #include <time.h>
 
-/* [n][heads][d] bf16: noise, and in even kv heads a sink (the first 8 keys large, q aligned with them) */
-static uint16_t *make(int64_t n, int heads, int d, int group, int is_q) {
-    uint16_t *x = (uint16_t *)malloc((size_t)n * heads * d * 2);
-    int64_t t;
-    int h, i;
-    for (t = 0; t < n; t++)
-        for (h = 0; h < heads; h++)
-            for (i = 0; i < d; i++) {
-                float noise = ((float)(next32() & 0xFFFF) / 65535.f * 3.46f - 1.73f);
-                float u = (float)(((h / group) * 31 + i * 7) % 3) - 1.0f;
-                float sink = (h / group) % 2 ? 0.f : is_q ? u : (t < 8 ? 2.f * u : 0.f);
-                x[((size_t)t * heads + h) * d + i] = bf16_of(sink + 0.3f * noise);
-            }
-    return x;
-}
-static void *upload(const ei_context *g, const void *h, size_t bytes) {
-    void *d = NULL;
-    OK(ei_device_alloc(g, &d, bytes));
-    OK(ei_device_copy(g, d, h, bytes, EI_COPY_HOST_TO_DEVICE));
-    return d;
-}
 /* The layer's buffers on g (one launch sequence: one workspace a call). */
 static ei_sizes layer_sizes(const ei_context *g, int64_t n, int H, int KV, int D) {
     ei_shape sh;
@@ -98,7 +77,7 @@ int main(int argc, char **argv) {
         const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
         /* the chunk ends one segment before the prompt's end: the plan's last segment is dense */
         const int64_t n = args[i + 3], m = args[i + 4], off = n - m - cfg.segment_size > 0 ? n - m - cfg.segment_size : 0;
-        uint16_t *hq = make(n, H, D, H / KV, 1), *hk = make(n, KV, D, 1, 0), *hv = make(n, KV, D, 1, 0);
+        uint16_t *hq = noise_heads(n, H, D, H / KV, 1), *hk = noise_heads(n, KV, D, 1, 0), *hv = noise_heads(n, KV, D, 1, 0);
         void *dq = upload(g, hq, (size_t)n * H * D * 2), *dk = upload(g, hk, (size_t)n * KV * D * 2),
              *dv = upload(g, hv, (size_t)n * KV * D * 2), *dout = NULL, *ws = NULL, *pws = NULL;
         size_t wsb = 0, pwsb = 0;

@@ -1,7 +1,8 @@
 /* bench/ei_bench_common.h - what the CUDA benchmarks share: a fatal check of library calls, the
    host clock, the median, and bf16 noise from a fixed xorshift stream (the same inputs every run).
-   Included after entropyinfer.h (with the implementation) by ei_bench_cuda.c and
-   ei_bench_chunk_cuda.c. */
+   Included after entropyinfer.h (with the implementation) by ei_bench_cuda.c,
+   ei_bench_chunk_cuda.c and ei_trace_cuda.c; noise_heads and upload are the inputs of any shape
+   (ei_bench_chunk_cuda, ei_trace_cuda's plan mode). */
 #ifndef EI_BENCH_COMMON_H
 #define EI_BENCH_COMMON_H
 
@@ -41,6 +42,28 @@ static inline uint16_t bf16_of(float f) {
     memcpy(&u, &f, 4);
     u += 0x7FFF + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+/* [n][heads][d] bf16: noise, and in even kv heads a sink (the first 8 keys large, q aligned with them) */
+static inline uint16_t *noise_heads(int64_t n, int heads, int d, int group, int is_q) {
+    uint16_t *x = (uint16_t *)malloc((size_t)n * heads * d * 2);
+    int64_t t;
+    int h, i;
+    for (t = 0; t < n; t++)
+        for (h = 0; h < heads; h++)
+            for (i = 0; i < d; i++) {
+                float noise = ((float)(next32() & 0xFFFF) / 65535.f * 3.46f - 1.73f);
+                float u = (float)(((h / group) * 31 + i * 7) % 3) - 1.0f;
+                float sink = (h / group) % 2 ? 0.f : is_q ? u : (t < 8 ? 2.f * u : 0.f);
+                x[((size_t)t * heads + h) * d + i] = bf16_of(sink + 0.3f * noise);
+            }
+    return x;
+}
+static inline void *upload(const ei_context *g, const void *h, size_t bytes) {
+    void *d = NULL;
+    OK(ei_device_alloc(g, &d, bytes));
+    OK(ei_device_copy(g, d, h, bytes, EI_COPY_HOST_TO_DEVICE));
+    return d;
 }
 
 #endif

@@ -17,6 +17,17 @@
    and the medians of its attention kernel and scan kernels (CUPTI), and the efficiencies
    density x dense / sparse of calls and of kernels.
 
+   Plan mode: chunked planning as llama.cpp's glue runs it on the GPU (issue 33: planning at -ub 512
+   cost more than the attention it plans), per group of H KV D n m on the command line:
+
+     build/ei_trace_cuda plan [H KV D n m ...]   (default: 4 1 256 32768 512, ... 9 3 64 8192 512)
+
+   ei_config_quality(), f32 queries over an f16 cache (llama.cpp's types), deferred errors, the
+   prompt planned in chunks of m: the host time of the schedule with a synchronisation after each
+   chunk (the glue's gpu_timing=1) and back to back, the GPU time per kernel summed over a traced
+   schedule, and the timeline of one chunk near the end. m 0: the whole prompt by ei_profile;
+   EI_TRACE_BF16=1: bf16 q and k (ei_bench_cuda's types).
+
    Used for issue 32 (the sparse call's 0.5 ms that is not the attention kernel). Nothing here
    changes what the library does: CUPTI watches the process. */
 #define ENTROPYINFER_IMPLEMENTATION
@@ -231,6 +242,181 @@ static int ab_mode(int64_t n, const char *lib[2]) {
     return 0;
 }
 
+/* ---- plan mode: chunked planning as llama.cpp's glue runs it (see the top of the file) */
+typedef struct {
+    char name[96];
+    double us;
+    int count;
+} KernSum;
+static int cmp_kern(const void *a, const void *b) {
+    const KernSum *x = (const KernSum *)a, *y = (const KernSum *)b;
+    return x->us < y->us ? 1 : x->us > y->us ? -1 : 0;
+}
+/* GPU time per kernel (grid stripped: a chunk's grids vary) of the records in [t0, t1], largest first */
+static void kernel_sums(uint64_t t0, uint64_t t1, double host_ms) {
+    static KernSum ks[256];
+    int nk = 0, i, j;
+    double all = 0;
+    for (i = 0; i < nrec; i++) {
+        const Rec *r = &recs[i];
+        char name[96];
+        char *cut;
+        if (r->t0 < t0 || r->t0 > t1 || strncmp(r->what, "GPU", 3)) continue;
+        snprintf(name, sizeof name, "%s", r->what);
+        if ((cut = strstr(name, " <<<")) != NULL) *cut = 0;
+        if (!strncmp(name, "GPU memset", 10) || !strncmp(name, "GPU memcpy", 10)) name[10] = 0;
+        for (j = 0; j < nk && strcmp(ks[j].name, name); j++) {}
+        if (j == nk) {
+            if (nk == 256) continue;
+            snprintf(ks[nk].name, sizeof ks[nk].name, "%s", name);
+            ks[nk].us = 0;
+            ks[nk++].count = 0;
+        }
+        ks[j].us += (r->t1 - r->t0) / 1e3;
+        ks[j].count++;
+        all += (r->t1 - r->t0) / 1e3;
+    }
+    qsort(ks, (size_t)nk, sizeof ks[0], cmp_kern);
+    printf("  GPU busy %.3f ms of %.3f ms on the host clock; per kernel (total ms, count, mean us, share of busy):\n",
+           all / 1e3, host_ms);
+    for (j = 0; j < nk; j++)
+        printf("    %9.3f ms %6d %9.1f us %5.1f%%  %s\n", ks[j].us / 1e3, ks[j].count, ks[j].us / ks[j].count,
+               100.0 * ks[j].us / (all > 0 ? all : 1), ks[j].name);
+}
+/* One schedule: ei_profile_chunk over chunks of m queries from position 0 (a roll-back of the
+   plan), a stream synchronisation after each chunk when sync (llama.cpp's gpu_timing=1) or only at
+   the end; the CUPTI time of each chunk's start in marks (may be NULL). Returns host ms. */
+static double plan_schedule(const ei_context *g, const ei_exec *x, const ei_tensor *tq, const ei_tensor *tk,
+                            ei_plan *plan, int64_t m, int sync, cudaStream_t st, uint64_t *marks) {
+    const int64_t n = tq->n_tokens;
+    const size_t row = (size_t)tq->token_stride * (tq->dtype == EI_F32 ? 4 : 2);
+    double a = now_ms();
+    int64_t t;
+    int c = 0;
+    if (m <= 0) { /* the whole prompt at once: ei_profile */
+        if (marks) cuptiGetTimestamp(&marks[0]);
+        OK(ei_profile(g, x, tq, tk, plan));
+        cudaStreamSynchronize(st);
+        if (marks) cuptiGetTimestamp(&marks[1]);
+        return now_ms() - a;
+    }
+    for (t = 0; t < n; t += m, c++) {
+        ei_tensor qc = *tq;
+        qc.data = (const char *)tq->data + (size_t)t * row;
+        qc.n_tokens = n - t < m ? n - t : m;
+        if (marks) cuptiGetTimestamp(&marks[c]);
+        OK(ei_profile_chunk(g, x, &qc, tk, plan, t, t + qc.n_tokens == n));
+        if (sync) cudaStreamSynchronize(st);
+    }
+    cudaStreamSynchronize(st);
+    if (marks) cuptiGetTimestamp(&marks[c]);
+    return now_ms() - a;
+}
+/* plan mode: groups of H KV D n m on the command line (default: Gemma 3 270M's global layers at 32k
+   and 128k in chunks of 512 and 4096, SmolLM2-135M at 8k in chunks of 512) */
+static int plan_mode(int argc, char **argv) {
+    static const long long defaults[] = {4, 1, 256, 32768, 512,  4, 1, 256, 32768, 4096, 4, 1, 256, 131072, 512,
+                                         4, 1, 256, 131072, 4096, 9, 3, 64, 8192, 512};
+    long long args[60];
+    int na = 0, i, rep;
+    cudaStream_t st;
+    CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+    CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+    if (argc > 0) {
+        for (i = 0; i < argc && na < 60; i++) args[na++] = atoll(argv[i]);
+        na -= na % 5;
+    } else {
+        na = (int)(sizeof defaults / sizeof defaults[0]);
+        memcpy(args, defaults, sizeof defaults);
+    }
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    for (i = 0; i < na; i += 5) {
+        const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
+        const int64_t n = args[i + 3], m = args[i + 4], nchunks = m > 0 ? (n + m - 1) / m : 1;
+        const uint32_t pflags = m > 0 ? EI_PLAN_CHUNKED : 0;
+        const int bf = getenv("EI_TRACE_BF16") && getenv("EI_TRACE_BF16")[0] == '1';
+        ei_config cfg = ei_config_quality();
+        ei_context *g;
+        ei_plan plan;
+        ei_shape sh;
+        ei_sizes z;
+        ei_exec x;
+        void *dq, *dk, *ws;
+        uint16_t *hq, *hk;
+        float *fq;
+        uint64_t *marks = (uint64_t *)calloc((size_t)nchunks + 1, sizeof *marks);
+        double v[3], synced, b2b, traced;
+        int64_t j, c;
+        cfg.backend = EI_BACKEND_CUDA;
+        cfg.cuda_stream = st;
+        cfg.cuda_deferred_errors = 1; /* as the glue's layer ops: no read-back */
+        OK(ei_context_create(&cfg, &g));
+        /* llama.cpp's types: f32 queries, an f16 cache */
+        hq = noise_heads(n, H, D, H / KV, 1);
+        hk = noise_heads(n, KV, D, 1, 0);
+        fq = (float *)malloc((size_t)n * H * D * 4);
+        if (!fq || !marks) die("out of host memory", EI_ERR_NOMEM);
+        for (j = 0; j < n * H * D; j++) {
+            uint32_t u = (uint32_t)hq[j] << 16;
+            memcpy(&fq[j], &u, 4);
+        }
+        for (j = 0; j < n * KV * D && !bf; j++) {
+            float f;
+            uint32_t u = (uint32_t)hk[j] << 16;
+            memcpy(&f, &u, 4);
+            hk[j] = ei__f32_to_f16(f);
+        }
+        dq = bf ? upload(g, hq, (size_t)n * H * D * 2) : upload(g, fq, (size_t)n * H * D * 4);
+        dk = upload(g, hk, (size_t)n * KV * D * 2);
+        memset(&sh, 0, sizeof sh);
+        sh.max_tokens = n;
+        sh.n_heads = H;
+        sh.n_kv_heads = KV;
+        sh.head_dim = D;
+        sh.plan_flags = pflags;
+        OK(ei_layer_sizes(g, &sh, &z));
+        OK(ei_device_alloc(g, &ws, z.profile));
+        x = ex(ws, z.profile);
+        memset(&plan, 0, sizeof plan);
+        OK(ei_plan_init(g, &plan, n, KV, D, pflags, NULL, 0));
+        {
+            ei_tensor tq = ei_tensor_make(dq, bf ? EI_BF16 : EI_F32, n, H, D);
+            ei_tensor tk = ei_tensor_make(dk, bf ? EI_BF16 : EI_F16, n, KV, D);
+            plan_schedule(g, &x, &tq, &tk, &plan, m, 1, st, NULL); /* warm-up */
+            for (rep = 0; rep < 3; rep++) v[rep] = plan_schedule(g, &x, &tq, &tk, &plan, m, 1, st, NULL);
+            synced = median_ms(v, 3);
+            for (rep = 0; rep < 3; rep++) v[rep] = plan_schedule(g, &x, &tq, &tk, &plan, m, 0, st, NULL);
+            b2b = median_ms(v, 3);
+            OK(ei_cuda_status(g));
+            cuptiActivityFlushAll(1);
+            nrec = 0;
+            traced = plan_schedule(g, &x, &tq, &tk, &plan, m, 1, st, marks);
+            cuptiActivityFlushAll(1);
+            qsort(recs, (size_t)nrec, sizeof recs[0], cmp_rec);
+        }
+        printf("\n== plan: %d/%d heads, d %d, n %lld in chunks of %lld (%lld calls; 0: ei_profile), quality config, %s\n",
+               H, KV, D, (long long)n, (long long)m, (long long)nchunks, bf ? "bf16 q, bf16 k" : "f32 q, f16 k");
+        printf("  schedule: %.3f ms synchronised per chunk (%.1f us a call), %.3f ms back to back (%.1f us a call)\n",
+               synced, 1e3 * synced / nchunks, b2b, 1e3 * b2b / nchunks);
+        kernel_sums(marks[0], marks[nchunks], traced);
+        c = nchunks >= 3 ? nchunks - 2 : 0; /* a chunk near the end: the longest key prefix but not final */
+        {
+            char title[64];
+            snprintf(title, sizeof title, "chunk %lld of %lld", (long long)c, (long long)nchunks);
+            timeline(title, marks[c], marks[c + 1], marks[c + 1]);
+        }
+        ei_plan_free(g, &plan);
+        ei_device_free(g, ws);
+        ei_device_free(g, dq);
+        ei_device_free(g, dk);
+        ei_context_destroy(g);
+        free(hq); free(hk); free(fq); free(marks);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int64_t n = argc > 1 ? atoll(argv[1]) : 32768;
     const int reps = 7;
@@ -245,6 +431,7 @@ int main(int argc, char **argv) {
     uint64_t t0, tret, t1;
     double v[16];
     int k, rep;
+    if (argc > 1 && !strcmp(argv[1], "plan")) return plan_mode(argc - 2, argv + 2);
     if (argc > 3) {
         const char *libs[2] = {argv[2], argv[3]};
         return ab_mode(n, libs);

@@ -1589,6 +1589,13 @@ static void chunked_plans(int quick) {
         cs.rank_samples = 64; cs.top_p = 0.0; cs.threshold_len = 0;
         nc = chunk_schedule(calls, 0, 2500, 2500, 1);
         chunked_case("sampled one chunk", &cs, 2500, 8, 2, 64, EI_BF16, 2.f, calls, nc);
+        /* Gemma 3 270M's global layers in llama.cpp's micro-batches: one kv head of 4 query heads, d 256,
+           f32 q, chunks of 512 with the quality preset's ranking; past 8192 keys a chunk's sampled rows
+           take more than 16 key parts (chunk_parts_max: 24 at the end) */
+        cs.rank_samples = 64; cs.top_p = 0.95; cs.sink_blocks = 1; cs.local_blocks = 8; cs.threshold_len = 1024;
+        cs.budget_max_factor = 4.0;
+        nc = chunk_schedule(calls, 0, 12288, 512, 1);
+        chunked_case("sampled 512s, d 256, 1 kv head", &cs, 12288, 4, 1, 256, EI_F32, 2.f, calls, nc);
     }
     /* GQA 8 with several kv heads, one call per 128 tokens, per_segment_budget */
     {
