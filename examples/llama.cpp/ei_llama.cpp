@@ -94,8 +94,8 @@
 //   device memory), ei_attention_prefill, ei_decode_observe into a device
 //   decoder. No host copy of Q/K/V and no synchronisation inside a layer: the
 //   GPU contexts defer data errors (cfg.cuda_deferred_errors), read back with
-//   ei_cuda_status at the next ubatch, with the keep counts of the density
-//   line. ggml-cuda never captures a graph holding a custom op into a CUDA
+//   ei_cuda_status between llama_decode calls, with the keep counts of the
+//   density line (ei_gpu_settle: no wait between the ubatches of one call). ggml-cuda never captures a graph holding a custom op into a CUDA
 //   graph (the ops read the ubatch's position when they run). Decode
 //   compression keeps each sequence's decoders in device memory (made as on
 //   the CPU, on the sequence's first ubatch), scores, pools and selects on the
@@ -706,6 +706,7 @@ struct llama_ei_state {
     ei_context *                      gsetup   = nullptr; // CUDA, null stream: allocations and frees
     void *                            g_stream = nullptr; // the stream of the last GPU op
     bool                              g_pending = false;  // GPU ops queued since the last ei_gpu_settle
+    bool                              g_settle_next = false; // a GPU ubatch ended inside a segment: settle at the next
     std::vector<std::pair<void *, size_t>> gbuf;          // device buffers by ei_gpu_buf slot
     std::vector<int32_t>              g_counts;           // keep counts read back
     int64_t                           g_buf_bytes = 0;    // the most gbuf held at once
@@ -835,9 +836,17 @@ static int64_t ei_gpu_time(llama_ei_state * st, const ei_context * c) {
 static void ei_count_density(llama_ei_state * st, const ei_layer * L, const ei_plan & p, const int32_t * keep_count,
                              int64_t q_pos, int64_t n);
 
-// After the GPU ops of a ubatch (at the next ubatch, a compression, the context's end): the data
-// errors they deferred (ei_cuda_status, one record per device) and their keep counts (density).
+// After the GPU ops of ubatches: the data errors they deferred (ei_cuda_status, one record per
+// device) and their keep counts (density). It waits for the GPU, so it runs between llama_decode
+// calls (at the first ubatch of the next call), before a compression, in the info calls and at
+// the context's end, not between the ubatches of one call: a wait there kept llama.cpp from
+// preparing the next ubatch (its inputs, the KQ mask of every cell) while the GPU ran this one,
+// and cost Gemma 3 270M 1.5 s of a 131072-token prefill in ubatches of 512 (H100). The counts
+// read late are those the ubatches used: a segment's keep count changes only when a later chunk
+// continues it (then ei_op's ubatch asks for a settle at the next ubatch, g_settle_next) or a
+// later call plans it again (the next llama_decode call, after this settle).
 static void ei_gpu_settle(llama_ei_state * st) {
+    st->g_settle_next = false;
     if (!st->g_pending) {
         return;
     }
@@ -857,11 +866,17 @@ static void ei_gpu_settle(llama_ei_state * st) {
                        ": that ubatch's attention outputs are unspecified");
     }
     for (auto & L : st->layers) {
+        int64_t read = -1; // the sequence whose counts g_counts holds (a call's ubatches: one read)
+        bool    ok   = false;
         for (const auto & sp : L->stat_pending) { // (sequence, q_pos, n)
             const ei_plan & p = L->plans[(size_t) sp[0]];
-            st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
-            if (ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
-                               EI_COPY_DEVICE_TO_HOST) == EI_OK) {
+            if (sp[0] != read) {
+                read = sp[0];
+                st->g_counts.resize((size_t) p.n_kv_heads * (size_t) p.seg_capacity);
+                ok = ei_device_copy(c, st->g_counts.data(), p.keep_count, st->g_counts.size() * sizeof(int32_t),
+                                    EI_COPY_DEVICE_TO_HOST) == EI_OK;
+            }
+            if (ok) {
                 ei_count_density(st, L.get(), p, st->g_counts.data(), sp[1], sp[2]);
             }
         }
@@ -1074,12 +1089,12 @@ void llama_ei_context_free(llama_ei_state * st) {
     if (!st) {
         return;
     }
+    ei_gpu_settle(st); // the last llama_decode call's GPU reports and keep counts, before the stats are added
     {
         std::lock_guard<std::mutex> lock(ei_mutex());
         ei_glob().done.add(st->stats);
         ei_glob().live.erase(st);
     }
-    ei_gpu_settle(st);
     for (auto & L : st->layers) {
         for (size_t i = 0; i < L->plans.size(); ++i) {
             if (L->has_plan[i]) {
@@ -1110,7 +1125,9 @@ void llama_ei_ubatch_begin(llama_ei_state * st, const llama_ubatch & ubatch, boo
     if (!st) {
         return;
     }
-    ei_gpu_settle(st); // the last ubatch's GPU reports and keep counts
+    if (st->ann_last || st->g_settle_next) { // the first ubatch of a llama_decode call (ei_gpu_settle)
+        ei_gpu_settle(st);
+    }
     st->ann_pos   = ubatch.pos;
     st->ann_n     = ubatch.n_tokens;
     st->ann_last  = last;
@@ -2133,8 +2150,11 @@ static void ei_plan_done(ei_layer * L) {
         if (!P) {
             continue;
         }
-        if (L->gpu) { // the counts are on the device: ei_gpu_settle reads them after the ubatch
+        if (L->gpu) { // the counts are on the device: ei_gpu_settle reads them after the llama_decode call
             L->stat_pending.push_back({ (int64_t) sl.seq, sl.q_pos, (int64_t) sl.n });
+            if ((sl.q_pos + sl.n) % P->segment_size != 0) { // the next chunk continues the segment: read before it
+                st->g_settle_next = true;
+            }
         } else {
             ei_count_density(st, L, *P, P->keep_count, sl.q_pos, sl.n);
         }
@@ -2811,6 +2831,7 @@ int llama_entropyinfer_get_prefill_info(const llama_context * ctx, llama_entropy
     if (!st) {
         return -1;
     }
+    ei_gpu_settle(const_cast<llama_ei_state *>(st)); // the GPU ubatches' keep counts not read yet (waits for them)
     out->ubatches        = st->stats.ubatches;
     out->ubatches_served = st->stats.ubatches_served;
     out->sequences       = st->stats.seqs_served;
