@@ -90,7 +90,8 @@ def collect(logs):
             recs.append({"text": text, "model_context": mc, "run": "dense", "policy": "dense", "fraction": 1.0,
                          "ppl_dense": ppl(d_nll, 16), "ppl": ppl(d_nll, 16), "vs_dense_pct": 0.0, "agreement_pct": 100.0,
                          "step_ms_median": float(dn.get("step_ms_median_after", "nan")),
-                         "prompt_tokens": int(dn["prompt_tokens"]), "passkey": pk.get("dense", {}),
+                         "prompt_tokens": int(dn["prompt_tokens"]), "fed_tokens": int(dn.get("fed_tokens", "256")),
+                         "passkey": pk.get("dense", {}),
                          "options": "dense", "wall_s": float(dn.get("wall_s", "nan")), "nll": d_nll})
             for fn in sorted(os.listdir(cont)):
                 if not fn.endswith(".out") or fn == "dense.out":
@@ -132,8 +133,8 @@ def markdown(recs):
         ms = r["step_ms_median"]
         tps = "%.1f (%.1f)" % (ms, 1000 / ms) if ms == ms and ms > 0 else "-"
         if r["policy"] == "dense":
-            out.append("| %s | %s | dense | 1 | %d + 256 | %.4f | (reference) | - | %s | %s | - |" % (
-                r["text"], r["model_context"], r["prompt_tokens"], r["ppl"], pk, tps))
+            out.append("| %s | %s | dense | 1 | %d + %d | %.4f | (reference) | - | %s | %s | - |" % (
+                r["text"], r["model_context"], r["prompt_tokens"], r.get("fed_tokens", 256), r["ppl"], pk, tps))
         else:
             out.append("| %s | %s | %s | %s | %d -> %d | %.4f (%.4f) | %+.2f %% (%+.1f..%+.1f) | %.1f %% | %s | %s | %.2f (%d) |" % (
                 r["text"], r["model_context"], r["policy"], frac_label(r["fraction"]), r["cells_before"], r["cells_after"],
