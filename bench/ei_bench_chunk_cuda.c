@@ -22,18 +22,6 @@
 #include <string.h>
 #include <time.h>
 
-/* The layer's buffers on g (one launch sequence: one workspace a call). */
-static ei_sizes layer_sizes(const ei_context *g, int64_t n, int H, int KV, int D) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = n;
-    sh.n_heads = H;
-    sh.n_kv_heads = KV;
-    sh.head_dim = D;
-    OK(ei_layer_sizes(g, &sh, &z));
-    return z;
-}
 /* median ms of one call (synchronised by a 4-byte read back) */
 static double time_call(const ei_context *g, const ei_tensor *q, const ei_tensor *k, const ei_tensor *v, const ei_plan *plan,
                         ei_out_tensor *o, int64_t q_offset, void *ws, size_t ws_bytes, void *probe) {
@@ -56,19 +44,11 @@ static double time_call(const ei_context *g, const ei_tensor *q, const ei_tensor
 }
 
 int main(int argc, char **argv) {
-    static const long long defaults[] = {4, 1, 256, 32768, 512,  4, 1, 256, 32768, 4096, 4, 1, 256, 131072, 512,
-                                         4, 1, 256, 131072, 4096, 9, 3, 64, 8192, 512};
-    long long args[64];
-    int na = 0, i;
+    long long args[60];
+    const int na = shape_groups(argc - 1, argv + 1, args);
+    int i;
     ei_config cfg = ei_config_quality();
     ei_context *g;
-    if (argc > 1) {
-        for (i = 1; i < argc && na < 60; i++) args[na++] = atoll(argv[i]);
-        na -= na % 5;
-    } else {
-        na = (int)(sizeof defaults / sizeof defaults[0]);
-        memcpy(args, defaults, sizeof defaults);
-    }
     cfg.backend = EI_BACKEND_CUDA;
     OK(ei_context_create(&cfg, &g));
     printf("%5s %3s %4s %7s %5s | %-6s %8s %10s %8s | %-7s\n", "H", "KV", "D", "n", "m", "plan", "one_ms", "split_ms",
@@ -85,7 +65,7 @@ int main(int argc, char **argv) {
         ei_tensor tv = ei_tensor_make(dv, EI_BF16, n, KV, D), tqc = tq;
         ei_out_tensor to;
         ei_plan plan;
-        ei_sizes z = layer_sizes(g, n, H, KV, D);
+        ei_sizes z = shape_sizes(g, n, H, KV, D, 0);
         ei_exec px;
         int pass;
         OK(ei_device_alloc(g, &dout, (size_t)m * H * D * 4));
@@ -117,7 +97,7 @@ int main(int argc, char **argv) {
                 double kept = 0, all = 0;
                 cc.backend = EI_BACKEND_CPU;
                 OK(ei_context_create(&cc, &cpu));
-                b = layer_sizes(cpu, n, H, KV, D).plan;
+                b = shape_sizes(cpu, n, H, KV, D, 0).plan;
                 mem = malloc(b);
                 OK(ei_plan_init(cpu, &hp, n, KV, D, 0, mem, b));
                 OK(ei_plan_copy(g, &hp, &plan, EI_COPY_DEVICE_TO_HOST));

@@ -2,7 +2,8 @@
    host clock, the median, and bf16 noise from a fixed xorshift stream (the same inputs every run).
    Included after entropyinfer.h (with the implementation) by ei_bench_cuda.c,
    ei_bench_chunk_cuda.c and ei_trace_cuda.c; noise_heads and upload are the inputs of any shape
-   (ei_bench_chunk_cuda, ei_trace_cuda's plan mode). */
+   (ei_bench_chunk_cuda, ei_trace_cuda's plan mode), shape_sizes their layer's buffers and
+   shape_groups the shapes an engine's micro-batches have. */
 #ifndef EI_BENCH_COMMON_H
 #define EI_BENCH_COMMON_H
 
@@ -64,6 +65,35 @@ static inline void *upload(const ei_context *g, const void *h, size_t bytes) {
     OK(ei_device_alloc(g, &d, bytes));
     OK(ei_device_copy(g, d, h, bytes, EI_COPY_HOST_TO_DEVICE));
     return d;
+}
+
+/* The buffers of one layer of this shape on g (ei_layer_sizes; the GPU: one workspace a call). */
+static inline ei_sizes shape_sizes(const ei_context *g, int64_t n, int H, int KV, int D, uint32_t plan_flags) {
+    ei_shape sh;
+    ei_sizes z;
+    memset(&sh, 0, sizeof sh);
+    sh.max_tokens = n;
+    sh.n_heads = H;
+    sh.n_kv_heads = KV;
+    sh.head_dim = D;
+    sh.plan_flags = plan_flags;
+    OK(ei_layer_sizes(g, &sh, &z));
+    return z;
+}
+/* Groups of five numbers H KV D n m from the command line (argv[0 .. argc)) into args (60 at most);
+   without any, an engine's micro-batches: Gemma 3 270M's global layers (4 query / 1 kv head,
+   head_dim 256) at 32k and 128k in micro-batches of 512 and 4096, and SmolLM2-135M (9 / 3, head_dim
+   64) at 8k in 512. Returns the count of numbers (a multiple of 5). */
+static inline int shape_groups(int argc, char **argv, long long args[60]) {
+    static const long long engine[25] = {4, 1, 256, 32768, 512,  4, 1, 256, 32768, 4096, 4, 1, 256, 131072, 512,
+                                         4, 1, 256, 131072, 4096, 9, 3, 64, 8192, 512};
+    int na = 0, i;
+    if (argc <= 0) {
+        memcpy(args, engine, sizeof engine);
+        return 25;
+    }
+    for (i = 0; i < argc && na < 60; i++) args[na++] = atoll(argv[i]);
+    return na - na % 5;
 }
 
 #endif

@@ -73,16 +73,7 @@ static double plan_density(const ei_context *cpu, const ei_plan *hp, const ei_co
 }
 /* The layer's buffers on ctx for n tokens (the GPU: one workspace a call). */
 static ei_sizes layer_sizes(const ei_context *ctx, int64_t n, uint32_t flags) {
-    ei_shape sh;
-    ei_sizes z;
-    memset(&sh, 0, sizeof sh);
-    sh.max_tokens = n;
-    sh.n_heads = NH;
-    sh.n_kv_heads = NKV;
-    sh.head_dim = HD;
-    sh.plan_flags = flags;
-    OK(ei_layer_sizes(ctx, &sh, &z));
-    return z;
+    return shape_sizes(ctx, n, NH, NKV, HD, flags);
 }
 /* A whole call with this workspace. */
 static ei_exec ex(void *ws, size_t bytes) {

@@ -315,22 +315,14 @@ static double plan_schedule(const ei_context *g, const ei_exec *x, const ei_tens
 /* plan mode: groups of H KV D n m on the command line (default: Gemma 3 270M's global layers at 32k
    and 128k in chunks of 512 and 4096, SmolLM2-135M at 8k in chunks of 512) */
 static int plan_mode(int argc, char **argv) {
-    static const long long defaults[] = {4, 1, 256, 32768, 512,  4, 1, 256, 32768, 4096, 4, 1, 256, 131072, 512,
-                                         4, 1, 256, 131072, 4096, 9, 3, 64, 8192, 512};
     long long args[60];
-    int na = 0, i, rep;
+    const int na = shape_groups(argc, argv, args);
+    int i, rep;
     cudaStream_t st;
     CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
-    if (argc > 0) {
-        for (i = 0; i < argc && na < 60; i++) args[na++] = atoll(argv[i]);
-        na -= na % 5;
-    } else {
-        na = (int)(sizeof defaults / sizeof defaults[0]);
-        memcpy(args, defaults, sizeof defaults);
-    }
     if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return 1;
     for (i = 0; i < na; i += 5) {
         const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
@@ -340,7 +332,6 @@ static int plan_mode(int argc, char **argv) {
         ei_config cfg = ei_config_quality();
         ei_context *g;
         ei_plan plan;
-        ei_shape sh;
         ei_sizes z;
         ei_exec x;
         void *dq, *dk, *ws;
@@ -370,13 +361,7 @@ static int plan_mode(int argc, char **argv) {
         }
         dq = bf ? upload(g, hq, (size_t)n * H * D * 2) : upload(g, fq, (size_t)n * H * D * 4);
         dk = upload(g, hk, (size_t)n * KV * D * 2);
-        memset(&sh, 0, sizeof sh);
-        sh.max_tokens = n;
-        sh.n_heads = H;
-        sh.n_kv_heads = KV;
-        sh.head_dim = D;
-        sh.plan_flags = pflags;
-        OK(ei_layer_sizes(g, &sh, &z));
+        z = shape_sizes(g, n, H, KV, D, pflags);
         OK(ei_device_alloc(g, &ws, z.profile));
         x = ex(ws, z.profile);
         memset(&plan, 0, sizeof plan);
