@@ -3857,11 +3857,13 @@ struct MassParams {
    not depend on the device; the part statistics combine in another order
    for another ns, a float32 rounding difference). The segments are [s_lo,
    nseg) (a chunk's; 0 for the whole prompt). parts_max: 16; a chunk's
-   (api_profile_chunk) is the tuning knob EI_CUDA_SAMPLED_CHUNK_PARTS
-   (>>cuda-tuning): a micro-batch in one segment is one group of CTAs per kv
-   head, and more parts spread its long key prefix over more CTAs, but 64
-   parts won only on small chunks at 128k and lost elsewhere, so the default
-   stays 16 (docs/performance.md, H200 dated log, chunked planning). The
+   (api_profile_chunk) is chunk_parts_max's (or the tuning knob
+   EI_CUDA_SAMPLED_CHUNK_PARTS, >>cuda-tuning): a micro-batch in one segment
+   is one group of CTAs per kv head, and more parts spread its long key
+   prefix over more CTAs. 64 parts everywhere won only on small chunks at
+   128k with 8 kv heads (docs/performance.md, H200 dated log, chunked
+   planning); with one kv head, 16 parts were 16 CTAs (H100 dated log,
+   2026-12-06). The
    CTA count aimed at is the knob EI_CUDA_SAMPLED_CTAS (tn). Returns 0 when
    no segment is sampled. */
 static int mass_geometry(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int parts_max, const CudaTuning &tn,
