@@ -21,6 +21,9 @@
 #                             fuzz_backends builds, says "no GPU", and 5 draws run CPU vs CPU (--cpu-twin; the fifth a case of the table)
 #   make bench-chunk-cuda     an engine's micro-batch on the GPU (Gemma 3's and SmolLM2's head shapes, 512 and
 #                             4096 queries after 8k-128k keys): split-K against one CTA per work item
+#   make trace-plan-cuda      bench/ei_trace_cuda.c's plan mode (nvcc, CUPTI): chunked planning as llama.cpp's
+#                             glue runs it at the same shapes, host time per call and GPU time per kernel
+#                             (TRACE_PLAN_SHAPES: groups of H KV D n m; m 0: ei_profile of the whole prompt)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 #                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
@@ -32,7 +35,7 @@ CUDA_NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo --threads 0
 CUDA_LIB    := $(BUILD)/libentropyinfer_cuda.so
 CUDA_GOLDEN ?= $(GOLDEN)
 
-.PHONY: cuda test-cuda test-ops-cuda test-cuda-fallback bench-cuda bench-chunk-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
+.PHONY: cuda test-cuda test-ops-cuda test-cuda-fallback bench-cuda bench-chunk-cuda trace-plan-cuda test-gpu-fuzz test-gpu-fuzz-sanitize
 
 cuda: $(CUDA_LIB)
 
@@ -130,6 +133,15 @@ $(BUILD)/ei_bench_chunk_cuda: bench/ei_bench_chunk_cuda.c bench/ei_bench_common.
 # an engine's micro-batch (m queries after n keys, few heads): split-K against one CTA per work item
 bench-chunk-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_chunk_cuda
 	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/ei_bench_chunk_cuda
+
+$(BUILD)/ei_trace_cuda: bench/ei_trace_cuda.c bench/ei_bench_common.h bench/ei_bench_inputs.h $(HDR)
+	@mkdir -p $(BUILD)
+	$(CUDA_NVCC) -O2 -I. -I bench -Xcompiler -Wall,-Wextra,-Werror $< -o $@ -lcupti -ldl -lpthread -lm
+
+# chunked planning as llama.cpp's glue runs it (issue 33): host time per call, GPU time per kernel
+TRACE_PLAN_SHAPES ?=
+trace-plan-cuda: $(CUDA_LIB) $(BUILD)/ei_trace_cuda
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/ei_trace_cuda plan $(TRACE_PLAN_SHAPES)
 
 CUDA_BENCH_SIZES ?= 32768 65536 131072
 bench-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_cuda

@@ -20,7 +20,8 @@
    Plan mode: chunked planning as llama.cpp's glue runs it on the GPU (issue 33: planning at -ub 512
    cost more than the attention it plans), per group of H KV D n m on the command line:
 
-     build/ei_trace_cuda plan [H KV D n m ...]   (default: 4 1 256 32768 512, ... 9 3 64 8192 512)
+     build/ei_trace_cuda plan [H KV D n m ...]   (default: shape_groups' engine shapes)
+     make trace-plan-cuda [TRACE_PLAN_SHAPES="H KV D n m ..."]
 
    ei_config_quality(), f32 queries over an f16 cache (llama.cpp's types), deferred errors, the
    prompt planned in chunks of m: the host time of the schedule with a synchronisation after each
