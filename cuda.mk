@@ -23,7 +23,7 @@
 #                             4096 queries after 8k-128k keys): split-K against one CTA per work item
 #   make trace-plan-cuda      bench/ei_trace_cuda.c's plan mode (nvcc, CUPTI): chunked planning as llama.cpp's
 #                             glue runs it at the same shapes, host time per call and GPU time per kernel
-#                             (TRACE_PLAN_SHAPES: groups of H KV D n m; m 0: ei_profile of the whole prompt)
+#                             (CUDA_TRACE_SHAPES: groups of H KV D n m; m 0: ei_profile of the whole prompt)
 #   make bench-cuda           32k/64k/128k tokens, 32/8 heads, d=128, bf16, vs PyTorch SDPA; profile time
 #                             of the reference ranking and of ei_config_quality() (sampled rows, top_p, sink/local)
 #                             ; plans at real densities (30% / 50% of the dense keys: profile + sparse vs SDPA)
@@ -139,9 +139,9 @@ $(BUILD)/ei_trace_cuda: bench/ei_trace_cuda.c bench/ei_bench_common.h bench/ei_b
 	$(CUDA_NVCC) -O2 -I. -I bench -Xcompiler -Wall,-Wextra,-Werror $< -o $@ -lcupti -ldl -lpthread -lm
 
 # chunked planning as llama.cpp's glue runs it (issue 33): host time per call, GPU time per kernel
-TRACE_PLAN_SHAPES ?=
+CUDA_TRACE_SHAPES ?=
 trace-plan-cuda: $(CUDA_LIB) $(BUILD)/ei_trace_cuda
-	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/ei_trace_cuda plan $(TRACE_PLAN_SHAPES)
+	EI_CUDA_LIBRARY=./$(CUDA_LIB) ./$(BUILD)/ei_trace_cuda plan $(CUDA_TRACE_SHAPES)
 
 CUDA_BENCH_SIZES ?= 32768 65536 131072
 bench-cuda: $(CUDA_LIB) $(BUILD)/ei_bench_cuda

@@ -21,7 +21,7 @@
    cost more than the attention it plans), per group of H KV D n m on the command line:
 
      build/ei_trace_cuda plan [H KV D n m ...]   (default: shape_groups' engine shapes)
-     make trace-plan-cuda [TRACE_PLAN_SHAPES="H KV D n m ..."]
+     make trace-plan-cuda [CUDA_TRACE_SHAPES="H KV D n m ..."]
 
    ei_config_quality(), f32 queries over an f16 cache (llama.cpp's types), deferred errors, the
    prompt planned in chunks of m: the host time of the schedule with a synchronisation after each
