@@ -2283,7 +2283,7 @@ struct KeyList {
    scheme on cp.async loads that lost to it (issue 17): docs/performance.md,
    "NVIDIA H200" and its dated log. The variants' names: >>cuda-tuning. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
        TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
@@ -2293,7 +2293,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     constexpr int NSTG = OVL ? 3 : 2; /* K/V stages */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
-    static_assert(!WG || (NW == 8 && MT == 1 && D <= 128), "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128");
+    static_assert(!WG || (NW == 8 && MT == 1 && (D <= 128 || (BC == 64 && TM < 4))),
+                  "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128, or 256 with 64 keys per step and two stages");
     static_assert(!TMA || (WG && VEC), "TMA tiles: the wgmma kernel's swizzled layout, 16-byte-aligned views");
     /* shared layout of a [rows][D] tile in 16-byte chunks: rows padded by one
        chunk (constant offsets for ldmatrix, conflict-free) for D <= 128; for
@@ -2585,9 +2586,15 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4) ? 2 : 1)
     };
     auto wg_pv = [&](uint32_t (&pa)[NB / 2][4], const uint4 *bV) {
         if constexpr (WG) {
+            /* at most 128 output columns per wgmma: head_dim 256 issues two, on slabs 0-1 and 2-3 of V
+               (their accumulators: o's n-tiles 0-15 and 16-31) */
+            constexpr int NN = D < 128 ? D : 128, NH = D / NN;
 #pragma unroll
             for (int t = 0; t < NB / 2; t++)
-                wgmma_rs<D, T>(o[0], pa[t], wgmma_desc((const char *)bV + t * 16 * 128, BC * 128, 1024));
+#pragma unroll
+                for (int h = 0; h < NH; h++)
+                    wgmma_rs<NN, T>(*reinterpret_cast<float(*)[NN / 8][4]>(&o[0][h * (NN / 8)]), pa[t],
+                                    wgmma_desc((const char *)bV + (h * (NN / 64) * BC + t * 16) * 128, BC * 128, 1024));
         }
     };
 
@@ -3391,7 +3398,18 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
     *mt = 2;
     *bc = 64;
     *wg = 0;
-    if (D == 256) { *nw = 4; *mt = 1; return; }
+    if (D == 256) {
+        /* mma.sync 4x1x64; on Hopper wgmma, 2 warpgroups x 64 keys, one CTA per SM (shared memory:
+           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgk64 (TMA tiles, *wg = 4) or
+           wg64 (cp.async, *wg = 1) */
+        *nw = 4;
+        *mt = 1;
+        if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
+            *nw = 8;
+            *wg = e && !strcmp(e, "wg64") ? 1 : 4;
+        }
+        return;
+    }
     if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
@@ -3419,12 +3437,13 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
    whose work items fill fewer than half the SMs splits each item's key tiles
    over up to ATTN_SPLIT_MAX CTAs (llama.cpp's micro-batches of 512 queries
    and 4 heads: 32 CTAs on 132 SMs), about 2 CTAs per SM, so the partials of
-   a call never exceed 2.5 x SMs x (rows per CTA) x (D + 2) floats. A
+   a call never exceed 2.5 x SMs x (rows per CTA) x (D + 2) floats (head_dim
+   256 on Hopper: 128 rows per CTA, but one CTA per SM: SMs x 128 rows). A
    smaller workspace (0: none) is still accepted: the call then splits less,
    or not at all (the same outputs up to float32 summation order). */
 #define ATTN_DEFERRED_WS 512
 #define ATTN_SPLIT_MAX 16
-static size_t attn_split_bound(int D) { /* rows per CTA: 64 for head_dim 256, at most 256 for 64 */
+static size_t attn_split_bound(int D) { /* rows per CTA and SM: at most 160 for head_dim 256, 256 for 64 */
     return (D == 64 || D == 256) ? (size_t)5 * sm_count() / 2 * (D == 256 ? 64 : 256) * (size_t)(D + 2) * sizeof(float) : 0;
 }
 static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, int32_t nkv, int32_t D,
@@ -3438,13 +3457,15 @@ static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, 
    warp-specialised kernel, and block sizes that divide the keys per step, so that a split starts
    on a block): how many splits (1: none; EI_CUDA_ATTN_SPLIT=N caps it, 1 turns it off) and where
    the partial rows go (the workspace past its first 256 aligned bytes). */
-static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws_kernel, unsigned grid, void *ws,
-                           size_t ws_bytes, int split_cap, float **part) {
+static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws_kernel, bool one_per_sm, unsigned grid,
+                           void *ws, size_t ws_bytes, int split_cap, float **part) {
     *part = NULL;
     if (!ws || ws_kernel || (D != 64 && D != 256) || bc % p.bs) return 1;
     const int sms = sm_count();
     if ((int64_t)grid * 2 > sms) return 1;
-    int n = (int)std::min<int64_t>((2 * (int64_t)sms + grid - 1) / grid, ATTN_SPLIT_MAX);
+    /* about 2 CTAs per SM; a kernel that holds a whole SM (head_dim 256's wgmma kernel: 193 KiB of
+       shared memory) gets one wave, no ragged second one */
+    int n = (int)std::min<int64_t>(one_per_sm ? sms / grid : (2 * (int64_t)sms + grid - 1) / grid, ATTN_SPLIT_MAX);
     const int64_t keys = p.q_offset + p.nq; /* a work item's longest key list */
     n = (int)std::min<int64_t>(n, keys / (4 * bc)); /* at least about 4 tiles a split */
     n = std::min(n, split_cap); /* EI_CUDA_ATTN_SPLIT (INT_MAX: unset) */
@@ -3656,12 +3677,14 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         EI__ATT_TMA(128, 128, 4);
     }
     if (WGK == 4 && maps) {
+        if (D == 256) EI__ATT_TMA(256, 64, 3);
         if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
         if (D == 64) EI__ATT_TMA(64, 128, 3);
         if (BCK == 64) EI__ATT_TMA(128, 64, 3);
         EI__ATT_TMA(128, 128, 3);
     }
 #undef EI__ATT_TMA
+    if (WGK && D == 256) EI__ATT_WG(256, 64, true);
     if (WGK && D == 64 && BCK == 64) EI__ATT_WG(64, 64, true);
     if (WGK && D == 64) EI__ATT_WG(64, 128, true);
     if (WGK && BCK == 64) EI__ATT_WG(128, 64, true);
@@ -3786,7 +3809,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     p.seg_mode = split ? 1 : 0;
     p.D = D;
     p.nsplit = attn_split_plan(p, D, rows, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
-                               (unsigned)grid, ws, ws_bytes, tn.attn_split, &p.part);
+                               D == 256 && WGK > 0, (unsigned)grid, ws, ws_bytes, tn.attn_split, &p.part);
     if (p.nsplit > 1 && (BCK % p.bs || (split && BCK2 % p.bs))) p.nsplit = 1;
     const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);
     if ((r = attention_launch(p, mp, D, bf, vec, e_all, (unsigned)grid, st, msg))) return r;

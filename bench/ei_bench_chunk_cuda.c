@@ -12,7 +12,8 @@
    The defaults are Gemma 3 270M's global layers (4 query / 1 kv head, head_dim 256) and SmolLM2-135M
    (9 / 3, head_dim 64). bf16 q/k/v of unit-variance noise with a sink block in even kv heads; f32
    output as llama.cpp's. Each time is the median of 9 calls after a warm-up, host clock around the
-   call and a stream synchronisation. Prints ms per call and the split's speedup. */
+   call and a stream synchronisation. Prints ms per call, the split's speedup and its TFLOP/s (4 x head_dim
+   flops per query head and attended key: the causal keys, times the plan's density). */
 #define ENTROPYINFER_IMPLEMENTATION
 #include "entropyinfer.h"
 #include "ei_bench_common.h"
@@ -51,8 +52,8 @@ int main(int argc, char **argv) {
     ei_context *g;
     cfg.backend = EI_BACKEND_CUDA;
     OK(ei_context_create(&cfg, &g));
-    printf("%5s %3s %4s %7s %5s | %-6s %8s %10s %8s | %-7s\n", "H", "KV", "D", "n", "m", "plan", "one_ms", "split_ms",
-           "speedup", "density");
+    printf("%5s %3s %4s %7s %5s | %-6s %8s %10s %8s %7s | %-7s\n", "H", "KV", "D", "n", "m", "plan", "one_ms", "split_ms",
+           "speedup", "TFLOP/s", "density");
     for (i = 0; i < na; i += 5) {
         const int H = (int)args[i], KV = (int)args[i + 1], D = (int)args[i + 2];
         /* the chunk ends one segment before the prompt's end: the plan's last segment is dense */
@@ -116,8 +117,11 @@ int main(int argc, char **argv) {
                 free(mem);
                 ei_context_destroy(cpu);
             }
-            printf("%5d %3d %4d %7lld %5lld | %-6s %8.3f %10.3f %7.2fx | %.4f\n", H, KV, D, (long long)n, (long long)m,
-                   pl ? "sparse" : "dense", one, split, one / split, dens);
+            { /* the products' useful work: 4 D flops per (query head, attended key), causal keys x density */
+                const double flops = 4.0 * D * H * (double)m * (0.5 * (double)(2 * off + m + 1)) * dens;
+                printf("%5d %3d %4d %7lld %5lld | %-6s %8.3f %10.3f %7.2fx %7.1f | %.4f\n", H, KV, D, (long long)n,
+                       (long long)m, pl ? "sparse" : "dense", one, split, one / split, flops / (split * 1e9), dens);
+            }
         }
         ei_plan_free(g, &plan);
         ei_device_free(g, pws);
