@@ -125,7 +125,8 @@
 
    EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
      Default (unset or ""): on Hopper wgs128 for head_dim 128, wgk64 for
-     head_dim 64; other GPUs mma.sync 8x2x64; head_dim 256 mma.sync 4x1x64.
+     head_dim 64 and 256 (256 knows only wg64, wgk64 and "4x1x64"); other
+     GPUs mma.sync 8x2x64, head_dim 256 mma.sync 4x1x64.
      wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
      tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
      "wgk64" / "wgk128" (TMA, masks from key indices), "wgp64" / "wgp128"
@@ -2276,9 +2277,11 @@ struct KeyList {
    products within a step. Both are ablations: with a CTA barrier per step
    one CTA of two warpgroups does no better than two CTAs of wgk64, which
    is why attention_ws_kernel below (a producer warp, mbarriers only) took
-   over head_dim 128. This kernel stays the default for head_dim 64, block
-   sizes that are not a multiple of 8, and (TM 0 / mma.sync) views TMA
-   cannot describe, other GPUs and head_dim 256.
+   over head_dim 128. This kernel stays the default for head_dim 64 and 256
+   (wgk64; for 256 two N = 128 products per P V step, one CTA per SM:
+   docs/performance.md, "Current for head_dim 256"), block sizes that are
+   not a multiple of 8, and (TM 0 / mma.sync) views TMA cannot describe and
+   other GPUs.
    Measurements of every variant (ms, ncu, spills), and FlashAttention-3's
    scheme on cp.async loads that lost to it (issue 17): docs/performance.md,
    "NVIDIA H200" and its dated log. The variants' names: >>cuda-tuning. */
@@ -3385,8 +3388,9 @@ static bool wgmma_available(void) {
    not a multiple of 8, and wgx128 when the group maps cannot be encoded.
    For head_dim 64: wgmma, 8 warps (2 warpgroups of 64
    rows) x 64 keys, 2 CTAs per SM, K/V tiles by TMA (wgk64; *wg = 4; wg64
-   where the tensor maps cannot describe the views). Elsewhere mma.sync, 8x2x64 for head_dim <=
-   128 (fastest on an H200 before wgmma), 4x1x64 for 256.
+   where the tensor maps cannot describe the views); for 256 the same at one
+   CTA per SM. Elsewhere mma.sync, 8x2x64 for head_dim <= 128 (fastest on an
+   H200 before wgmma), 4x1x64 for 256.
    e: the knob EI_CUDA_ATTN_CFG (its names and what each variant is:
    >>cuda-tuning); *wg by name: wg 1, wgt 2, wgp 3, wgk 4, wgo 5, wgq 6
    (attention_kernel with TM = *wg - 1), wgw 7, wgv 8, wgx 9, wgu 10, wgg 11, wgy 12,
