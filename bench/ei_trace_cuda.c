@@ -348,9 +348,9 @@ static int plan_mode(int argc, char **argv) {
         /* llama.cpp's types: f32 queries, an f16 cache */
         hq = noise_heads(n, H, D, H / KV, 1);
         hk = noise_heads(n, KV, D, 1, 0);
-        fq = (float *)malloc((size_t)n * H * D * 4);
-        if (!fq || !marks) die("out of host memory", EI_ERR_NOMEM);
-        for (j = 0; j < n * H * D; j++) {
+        fq = bf ? NULL : (float *)malloc((size_t)n * H * D * 4); /* EI_TRACE_BF16: q stays bf16 */
+        if ((!bf && !fq) || !marks) die("out of host memory", EI_ERR_NOMEM);
+        for (j = 0; j < n * H * D && !bf; j++) {
             uint32_t u = (uint32_t)hq[j] << 16;
             memcpy(&fq[j], &u, 4);
         }
