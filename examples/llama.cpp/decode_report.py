@@ -63,7 +63,11 @@ def paired(a, b, start):
 
 
 def frac_label(r):
-    return "1/%d" % round(1 / r) if r < 1 else "1"
+    """1/n for 1/n, else the fraction itself (0.9)"""
+    if r >= 1:
+        return "1"
+    n = round(1 / r)
+    return "1/%d" % n if abs(n * r - 1) < 1e-6 else "%g" % r
 
 
 def collect(logs):
