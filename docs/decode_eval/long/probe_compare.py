@@ -20,14 +20,9 @@ import math
 import os
 import sys
 
-
-def parse(path):
-    d = {}
-    with open(path) as f:
-        for line in f:
-            k, _, v = line.rstrip("\n").partition(" ")
-            d[k] = v
-    return d
+# the run files' reader is the report's (examples/llama.cpp/decode_report.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "llama.cpp"))
+from decode_report import parse  # noqa: E402
 
 
 def stats(a, b, lo, hi, aa=None, ba=None):
