@@ -3402,19 +3402,17 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
     *mt = 2;
     *bc = 64;
     *wg = 0;
+    const bool wgmma = wgmma_available() && !(e && e[0] && e[1] == 'x'); /* "WxMxB" names mma.sync */
     if (D == 256) {
         /* mma.sync 4x1x64; on Hopper wgmma, 2 warpgroups x 64 keys, one CTA per SM (shared memory:
            128 Q rows and two K/V stages of 64 keys are 193 KiB): wgk64 (TMA tiles, *wg = 4) or
            wg64 (cp.async, *wg = 1) */
-        *nw = 4;
+        *nw = wgmma ? 8 : 4;
         *mt = 1;
-        if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
-            *nw = 8;
-            *wg = e && !strcmp(e, "wg64") ? 1 : 4;
-        }
+        if (wgmma) *wg = e && !strcmp(e, "wg64") ? 1 : 4;
         return;
     }
-    if (wgmma_available() && !(e && e[0] && e[1] == 'x')) {
+    if (wgmma) {
         /* default: wgk64 (TMA); "wg64" / "wg128": cp.async only */
         size_t n = e ? strlen(e) : 0;
         bool w = n >= 2 && e[0] == 'w' && e[1] == 'g';
