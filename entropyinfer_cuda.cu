@@ -125,8 +125,9 @@
 
    EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
      Default (unset or ""): on Hopper wgs128 for head_dim 128, wgk64 for
-     head_dim 64 and 256 (256 knows only wg64, wgk64 and "4x1x64"); other
-     GPUs mma.sync 8x2x64, head_dim 256 mma.sync 4x1x64.
+     head_dim 64, wgi64 for 256 (256 knows only wg64, wgk64, wgi64: wgk64
+     on group-interleaved tiles, and "4x1x64"); other GPUs mma.sync 8x2x64,
+     head_dim 256 mma.sync 4x1x64.
      wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
      tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
      "wgk64" / "wgk128" (TMA, masks from key indices), "wgp64" / "wgp128"
@@ -2286,17 +2287,19 @@ struct KeyList {
    scheme on cp.async loads that lost to it (issue 17): docs/performance.md,
    "NVIDIA H200" and its dated log. The variants' names: >>cuda-tuning. */
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && (TM < 4 || TM == 6) && D <= 128) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
        TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
        4: as 3, three K/V stages and S(j) = Q K_j^T issued before O += P(j-1) V(j-1) (overlap, below);
-       5: as 4, and warpgroup 0 issues its products of a step before warpgroup 1 (named barrier 1) */
-    constexpr bool TMA = TM > 0, OVL = TM >= 4;
+       5: as 4, and warpgroup 0 issues its products of a step before warpgroup 1 (named barrier 1);
+       6: as 3 on group-interleaved K/V tiles (GL: [8-key group][64-column slab][8 keys], attn_map_gl), so
+       that a gathered tile is one TMA box per 8-key group of K and of V, a run of keys one box each */
+    constexpr bool TMA = TM > 0, OVL = TM == 4 || TM == 5, GL = TM == 6;
     constexpr int NSTG = OVL ? 3 : 2; /* K/V stages */
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
-    static_assert(!WG || (NW == 8 && MT == 1 && (D <= 128 || (BC == 64 && TM < 4))),
+    static_assert(!WG || (NW == 8 && MT == 1 && (D <= 128 || (BC == 64 && !OVL))),
                   "wgmma tiles: 2 warpgroups of 64 rows, head_dim 64/128, or 256 with 64 keys per step and two stages");
     static_assert(!TMA || (WG && VEC), "TMA tiles: the wgmma kernel's swizzled layout, 16-byte-aligned views");
     /* shared layout of a [rows][D] tile in 16-byte chunks: rows padded by one
@@ -2308,6 +2311,11 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128
         if (WG) return (ch >> 3) * R * 8 + row * 8 + ((ch & 7) ^ (row & 7));
         (void)R;
         return D <= 128 ? row * RS + ch : row * RS + (ch ^ (row & 7));
+    };
+    /* K/V tiles: at's layout, or GL's [row / 8][slab][row % 8] (the same 128-byte swizzle) */
+    auto at_kv = [&](int row, int ch) -> int {
+        if (GL) return ((row >> 3) * (D / 64) + (ch >> 3)) * 64 + (row & 7) * 8 + ((ch & 7) ^ (row & 7));
+        return at(row, ch, BC);
     };
     extern __shared__ uint4 smem_raw[];
     /* wgmma's swizzle pattern repeats every 1024 bytes: align the tiles to it
@@ -2460,7 +2468,16 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128
                     if (TM == 2 && j >= 2) mbar_wait(&ebar[buf], ((j >> 1) - 1) & 1);
                     if (lane == 0) mbar_arrive_expect_tx(&tbar[buf], 2u * BC * D * (unsigned)sizeof(T));
                     __syncwarp();
-                    if (contig) {
+                    if (GL) { /* a run of BC / 8 whole groups as one box, else a box per group (every slab) */
+                        if (contig && !(pos0 & 7) && pos0 / 8 + NG <= tm.run_groups) {
+                            if (lane < 2)
+                                tma_load5(lane ? bV : bK, lane ? (const void *)&tm.v_run : (const void *)&tm.k_run, 0, 0, 0,
+                                          pos0 / 8, kvh, &tbar[buf]);
+                        } else if (lane < 2 * NG) {
+                            tma_load4((lane >= NG ? bV : bK) + g * NS * 64,
+                                      lane >= NG ? (const void *)&tm.v_g : (const void *)&tm.k_g, 0, pos, 0, kvh, &tbar[buf]);
+                        }
+                    } else if (contig) {
                         if (lane < 2 * NS) {
                             int sl = lane % NS;
                             bool isv = lane >= NS;
@@ -2491,7 +2508,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128
         for (int c = tma_done ? BC * CH : tid; c < BC * CH; c += NT) {
             int row = c / CH, ch = c % CH;
             int pos = kl.pos(j * BC + row);
-            int sw = at(row, ch, BC);
+            int sw = at_kv(row, ch);
             if (pos != POS_INVALID) {
                 load16<T>(&bK[sw], K + (int64_t)pos * p.k_ts + ch * 8, VEC);
                 load16<T>(&bV[sw], V + (int64_t)pos * p.v_ts + ch * 8, VEC);
@@ -2584,7 +2601,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss<BC, T>(s, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+                                GL ? wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, (D / 64) * 1024)
+                                   : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
         }
     };
     auto wg_pv = [&](uint32_t (&pa)[NB / 2][4], const uint4 *bV) {
@@ -2597,7 +2615,9 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && TM < 4 && D <= 128
 #pragma unroll
                 for (int h = 0; h < NH; h++)
                     wgmma_rs<NN, T>(*reinterpret_cast<float(*)[NN / 8][4]>(&o[0][h * (NN / 8)]), pa[t],
-                                    wgmma_desc((const char *)bV + (h * (NN / 64) * BC + t * 16) * 128, BC * 128, 1024));
+                                    GL ? wgmma_desc((const char *)bV + (t * 2 * (D / 64) + h * (NN / 64)) * 1024, 1024,
+                                                    (D / 64) * 1024)
+                                       : wgmma_desc((const char *)bV + (h * (NN / 64) * BC + t * 16) * 128, BC * 128, 1024));
         }
     };
 
@@ -3254,7 +3274,7 @@ static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, 
 
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM >= 4 ? 3 : 2) * BC) * D * 2 + 1024
+    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM == 4 || TM == 5 ? 3 : 2) * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -3307,13 +3327,14 @@ static bool attn_map_one(ei_encode_tiled_fn enc, CUtensorMap *m, const ei_tensor
                strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-/* The group-interleaved tiles of attention_ws_kernel (GL): a tile is [16 groups][D/64 slabs][8 keys][128
-   bytes], so that one box brings an 8-key group with every slab: rank 4 (64 columns, tokens, slabs 128
-   bytes apart, heads), box (64, 8, D/64, 1); and a run of 16 whole groups: rank 5 (64 columns, 8 keys,
-   slabs, groups of 8 keys, heads), box (64, 8, D/64, 16, 1), over the tensor's whole groups only (a
-   partial last group would read past its end: those tiles take the rank-4 boxes). */
+/* The group-interleaved tiles (GL: attention_ws_kernel, and attention_kernel's TM 6): a tile is [run
+   groups][D/64 slabs][8 keys][128 bytes], so that one box brings an 8-key group with every slab: rank 4
+   (64 columns, tokens, slabs 128 bytes apart, heads), box (64, 8, D/64, 1); and a run of `run` whole
+   groups (a tile's keys per step / 8): rank 5 (64 columns, 8 keys, slabs, groups of 8 keys, heads), box
+   (64, 8, D/64, run, 1), over the tensor's whole groups only (a partial last group would read past its
+   end: those tiles take the rank-4 boxes). */
 static bool attn_map_gl(ei_encode_tiled_fn enc, CUtensorMap *g, CUtensorMap *run, const ei_tensor *t, int D, bool bf,
-                        int *run_groups) {
+                        int run_len, int *run_groups) {
     int64_t ts = t->token_stride * 2, hs = t->head_stride * 2, ns = D / 64;
     if (t->n_heads == 1) hs = ts;
     if (((uintptr_t)t->data & 15) || ts <= 0 || (ts & 15) || hs <= 0 || (hs & 15) || ts * 8 >= (1ll << 40) ||
@@ -3331,16 +3352,17 @@ static bool attn_map_gl(ei_encode_tiled_fn enc, CUtensorMap *g, CUtensorMap *run
     if (groups < 1) return true; /* no whole group: every tile by rank-4 boxes */
     cuuint64_t d5[5] = {64, 8, (cuuint64_t)ns, (cuuint64_t)groups, (cuuint64_t)t->n_heads};
     cuuint64_t s5[4] = {(cuuint64_t)ts, 128, (cuuint64_t)ts * 8, (cuuint64_t)hs};
-    cuuint32_t b5[5] = {64, 8, (cuuint32_t)ns, 16, 1}, e5[5] = {1, 1, 1, 1, 1};
+    cuuint32_t b5[5] = {64, 8, (cuuint32_t)ns, (cuuint32_t)run_len, 1}, e5[5] = {1, 1, 1, 1, 1};
     if (enc(run, dt, 5, (void *)t->data, d5, s5, b5, e5, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         *run_groups = 0; /* rank-4 boxes only */
     return true;
 }
-static bool attn_maps_gl(const ei_tensor *k, const ei_tensor *v, int D, bool bf, AttnMaps *m) {
+static bool attn_maps_gl(const ei_tensor *k, const ei_tensor *v, int D, bool bf, int run_len, AttnMaps *m) {
     ei_encode_tiled_fn enc = encode_tiled();
     int rk = 0, rv = 0;
-    if (!enc || !attn_map_gl(enc, &m->k_g, &m->k_run, k, D, bf, &rk) || !attn_map_gl(enc, &m->v_g, &m->v_run, v, D, bf, &rv))
+    if (!enc || !attn_map_gl(enc, &m->k_g, &m->k_run, k, D, bf, run_len, &rk) ||
+        !attn_map_gl(enc, &m->v_g, &m->v_run, v, D, bf, run_len, &rv))
         return false;
     m->run_groups = std::min(rk, rv);
     return true;
@@ -3352,12 +3374,13 @@ static bool attn_maps(const ei_tensor *k, const ei_tensor *v, int D, int bc, boo
 }
 
 /* The tensor maps of the kernel of shape code wgk (attention_shape's *wg; keys per step bc), or NULL for
-   the cp.async kernels or views the maps cannot describe. The group-interleaved kernels (wgk 12..14)
-   need attn_maps_gl's too: without them the call runs the same kernel on slab tiles (*e = "wgx128"). */
+   the cp.async kernels or views the maps cannot describe. The group-interleaved kernels (wgk 12..15,
+   and 16: head_dim 256's wgi64) need attn_maps_gl's too: without them the call runs the same kernel on
+   slab tiles (*e = "wgx128" / "wgk64"). */
 static const AttnMaps *attn_maps_for(int wgk, const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m,
                                      const char **e) {
     if (wgk < 2 || !attn_maps(k, v, D, bc, bf, m)) return NULL;
-    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, m)) *e = "wgx128";
+    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, bc / 8, m)) *e = wgk == 16 ? "wgk64" : "wgx128";
     return m;
 }
 
@@ -3405,11 +3428,11 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
     const bool wgmma = wgmma_available() && !(e && e[0] && e[1] == 'x'); /* "WxMxB" names mma.sync */
     if (D == 256) {
         /* mma.sync 4x1x64; on Hopper wgmma, 2 warpgroups x 64 keys, one CTA per SM (shared memory:
-           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgk64 (TMA tiles, *wg = 4) or
-           wg64 (cp.async, *wg = 1) */
+           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgi64 (TMA, group-interleaved tiles,
+           *wg = 16: the default), wgk64 (TMA, slab tiles, *wg = 4) or wg64 (cp.async, *wg = 1) */
         *nw = wgmma ? 8 : 4;
         *mt = 1;
-        if (wgmma) *wg = e && !strcmp(e, "wg64") ? 1 : 4;
+        if (wgmma) *wg = e && !strcmp(e, "wg64") ? 1 : e && !strcmp(e, "wgk64") ? 4 : 16;
         return;
     }
     if (wgmma) {
@@ -3678,6 +3701,7 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (BCK == 64) EI__ATT_TMA(128, 64, 4);
         EI__ATT_TMA(128, 128, 4);
     }
+    if (WGK == 16 && maps && D == 256) EI__ATT_TMA(256, 64, 6); /* group-interleaved tiles */
     if (WGK == 4 && maps) {
         if (D == 256) EI__ATT_TMA(256, 64, 3);
         if (D == 64 && BCK == 64) EI__ATT_TMA(64, 64, 3);
