@@ -3482,7 +3482,7 @@ static ei_result api_attention_workspace_size(const ei_config *cfg, int32_t nh, 
    warp-specialised kernel, and block sizes that divide the keys per step, so that a split starts
    on a block): how many splits (1: none; EI_CUDA_ATTN_SPLIT=N caps it, 1 turns it off) and where
    the partial rows go (the workspace past its first 256 aligned bytes). */
-static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws_kernel, bool one_per_sm, unsigned grid,
+static int attn_split_plan(const AttnParams &p, int D, int bc, bool ws_kernel, bool one_per_sm, unsigned grid,
                            void *ws, size_t ws_bytes, int split_cap, float **part) {
     *part = NULL;
     if (!ws || ws_kernel || (D != 64 && D != 256) || bc % p.bs) return 1;
@@ -3494,7 +3494,6 @@ static int attn_split_plan(const AttnParams &p, int D, int rows, int bc, bool ws
     const int64_t keys = p.q_offset + p.nq; /* a work item's longest key list */
     n = (int)std::min<int64_t>(n, keys / (4 * bc)); /* at least about 4 tiles a split */
     n = std::min(n, split_cap); /* EI_CUDA_ATTN_SPLIT (INT_MAX: unset) */
-    (void)rows;
     char *base = ws_base(ws) + 256;
     if ((size_t)(base - (char *)ws) >= ws_bytes) return 1;
     const size_t avail = ws_bytes - (size_t)(base - (char *)ws);
@@ -3834,7 +3833,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         return r;
     p.seg_mode = split ? 1 : 0;
     p.D = D;
-    p.nsplit = attn_split_plan(p, D, rows, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
+    p.nsplit = attn_split_plan(p, D, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
                                D == 256 && WGK > 0, (unsigned)grid, ws, ws_bytes, tn.attn_split, &p.part);
     if (p.nsplit > 1 && (BCK % p.bs || (split && BCK2 % p.bs))) p.nsplit = 1;
     const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);

@@ -17,9 +17,14 @@
 //                         on the same tokens)
 // --passkey DEPTH,KEY: the prompt is TEXT as filler with "The pass key is KEY. Remember it. KEY is
 // the pass key." at DEPTH (0..1) of the filler, then "What is the pass key? The pass key is"; the
-// last `fed` (default: decode_gap, 16) tokens of the question are fed one by one (so compression,
-// when on, fires before the answer), then `gen` (8) tokens are generated greedily:
-//   answer "<text>", passkey_ok 0|1, plus the compression lines above.
+// prompt's last `fed` tokens (default 16, the default decode_gap; the question is about 11 tokens,
+// so the filler's last ones come first) are fed one by one, so that compression, when on, fires
+// before the answer: pass --fed at least the runs' largest decode_gap. Then `gen` (8) tokens are
+// generated greedily:
+//   answer "<text>", passkey_ok 0|1, compressions_before_answer N, compressed_before_question 0|1
+//   (1: the first compression came before the question's first token was computed, so the answer
+//   tests what the compression kept; 0: the question's K/V were computed over every cell and may
+//   carry the key), plus the lines above. A decode_gap of G needs --fed of at least G + 12.
 //
 // Options: -t THREADS (nproc), -td THREADS (single-token steps; -t: on a shared machine 1 keeps
 // llama.cpp's spinning thread barriers from stalling each step), -ub N (512), --cont N (256), --fed N (16), --gen N (8).
@@ -103,6 +108,7 @@ struct eval_input {
     std::vector<llama_token> fed_tok;
     bool                     passkey = false;
     int                      key = 0, gen = 8;
+    int                      question_at = 0; // passkey: the fed token where the question starts
 };
 
 // Feed the fed tokens one llama_decode call each after the prompt (whose last logits are `last`),
@@ -159,6 +165,14 @@ static void run_fed(llama_context * ctx, const eval_input & in, std::vector<floa
     } else {
         std::string answer;
         llama_token tok = argmax_of(last.data(), n_vocab);
+        if (llama_entropyinfer_get_decode_info(ctx, &info) != 0) {
+            memset(&info, 0, sizeof info);
+        }
+        const int before_answer = (int) info.compressions;
+        // an eviction test when the cache was compressed before the question's tokens were computed
+        // (first_after: the fed token after the first compression); otherwise their K/V, computed
+        // with attention over every cell, may carry the key past any eviction
+        const int before_question = first_after >= 0 && first_after <= in.question_at ? 1 : 0;
         for (int g = 0; g < in.gen; ++g) {
             char piece[256];
             const int n = llama_token_to_piece(in.vocab, tok, piece, sizeof piece, 0, false);
@@ -173,8 +187,9 @@ static void run_fed(llama_context * ctx, const eval_input & in, std::vector<floa
         for (char & c : answer) {
             c = c == '\n' || c == '"' ? ' ' : c;
         }
-        fprintf(out, "answer \"%s\"\npasskey_ok %d\n", answer.c_str(),
-                answer.find(std::to_string(in.key)) != std::string::npos ? 1 : 0);
+        fprintf(out, "answer \"%s\"\npasskey_ok %d\ncompressions_before_answer %d\ncompressed_before_question %d\n",
+                answer.c_str(), answer.find(std::to_string(in.key)) != std::string::npos ? 1 : 0, before_answer,
+                before_question);
     }
     if (llama_entropyinfer_get_decode_info(ctx, &info) != 0) {
         memset(&info, 0, sizeof info);
@@ -321,8 +336,10 @@ int main(int argc, char ** argv) {
         prompt.insert(prompt.end(), needle.begin(), needle.end());
         prompt.insert(prompt.end(), filler.begin() + at, filler.begin() + n_fill);
         prompt.insert(prompt.end(), question.begin(), question.end());
-        const int nf = std::min(fed, (int) question.size());
+        // the last fed tokens of the prompt (question and filler), never the needle's
+        const int nf = std::min(fed, (n_fill - at) + (int) question.size());
         in.fed_tok.assign(prompt.end() - nf, prompt.end());
+        in.question_at = std::max(0, nf - (int) question.size());
         prompt.resize(prompt.size() - (size_t) nf);
     }
 
