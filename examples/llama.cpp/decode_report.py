@@ -38,6 +38,17 @@ def panel_key(text, mc):
             int(ctx) if ctx.isdigit() else 0)
 
 
+def passkey_cell(run, d):
+    """A run's passkey answer: 1 found, 0 lost; "?" for a run that did not compress before the
+    question's tokens were computed (their K/V, computed over every cell, may carry the
+    key: not a test of what the compression kept), as every run before llama-ei-decode printed
+    compressed_before_question."""
+    ok = int(d.get("passkey_ok", "0"))
+    if run == "dense":
+        return ok
+    return ok if d.get("compressed_before_question") == "1" else "?"
+
+
 def parse(path):
     d = {}
     with open(path) as f:
@@ -84,8 +95,8 @@ def collect(logs):
                 if sub.startswith("passkey-"):
                     for fn in os.listdir(os.path.join(base, sub)):
                         if fn.endswith(".out"):
-                            pk.setdefault(fn[:-4], {})[sub[len("passkey-"):]] = int(
-                                parse(os.path.join(base, sub, fn)).get("passkey_ok", "0"))
+                            pk.setdefault(fn[:-4], {})[sub[len("passkey-"):]] = passkey_cell(
+                                fn[:-4], parse(os.path.join(base, sub, fn)))
             if not os.path.exists(dense):
                 continue
             dn = parse(dense)

@@ -16,8 +16,11 @@
 #                near the kept fraction of the positions as generation goes on; perplexity and
 #                top-1 agreement with dense over the tokens after the first compression
 #   passkey-D    (handbook only) a pass key at depth D (0.1, 0.5, 0.9) of CONTEXT tokens; the
-#                question's last 16 tokens fed one by one (compression fires before the answer),
-#                8 tokens generated greedily; dense and every policy at 1/4
+#                prompt's last DECODE_EVAL_FED (48) tokens fed one by one, so that compression
+#                (after decode_gap, 16) fires before the question (its last ~11 tokens) is computed;
+#                8 tokens generated greedily; dense and every policy at 1/4. A run that did not
+#                compress before the question shows "?" in the report (set DECODE_EVAL_FED to at
+#                least decode_gap + 12 for runs with a larger decode_gap)
 # One llama-ei-decode process per (text, model-context, cont|passkey-D): ONE dense prefill, its KV
 # cache saved and restored into a fresh context for each run (--run; see ei_decode_eval.cpp), so
 # a 32k prefill is paid once, not 14 times. The prefill is dense for every policy: the runs then
@@ -99,7 +102,7 @@ for text in $(echo "$TEXTS" | tr ',' ' '); do
                 mkdir -p "$dir"
                 set -- -m "$M" -f "$T" -c "$ctx" -t "$THREADS" -td "$DTHREADS" --out-dir "$dir"
                 case $job in
-                    passkey-*) set -- "$@" --passkey "${name#passkey-},${job#*,}" ;;
+                    passkey-*) set -- "$@" --passkey "${name#passkey-},${job#*,}" --fed "${DECODE_EVAL_FED:-48}" ;;
                     *) set -- "$@" --cont $CONT ;;
                 esac
                 missing=0
