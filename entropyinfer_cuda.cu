@@ -2015,6 +2015,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint
     uint64_t a = smem_u32(p);
     return ((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
+/* Group-interleaved K/V tiles ([8-key group][ns 64-column slabs][8 keys][128 bytes], attn_map_gl):
+   K as S = Q K^T's K-major operand at k-step kk (16 columns; 8-key groups ns KiB apart), and V as
+   O += P V's N-major operand at key step t (16 keys: two groups) from slab s0 (slabs 1 KiB apart). */
+__device__ __forceinline__ uint64_t gl_k_desc(const char *k0, int kk, int ns) {
+    return wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, ns * 1024);
+}
+__device__ __forceinline__ uint64_t gl_v_desc(const char *v0, int t, int s0, int ns) {
+    return wgmma_desc(v0 + (t * 2 * ns + s0) * 1024, 1024, ns * 1024);
+}
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef EI_WGMMA
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -2286,8 +2295,10 @@ struct KeyList {
    Measurements of every variant (ms, ncu, spills), and FlashAttention-3's
    scheme on cp.async loads that lost to it (issue 17): docs/performance.md,
    "NVIDIA H200" and its dated log. The variants' names: >>cuda-tuning. */
+/* K/V stages of attention_kernel's TM variant: three for the overlapped ones (4, 5), else two */
+__host__ __device__ constexpr int attn_kv_stages(int tm) { return tm == 4 || tm == 5 ? 3 : 2; }
 template <int D, int NW, int MT, int BC, typename T, bool WG, bool VEC, int TM = 0>
-__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && (TM < 4 || TM == 6) && D <= 128) ? 2 : 1)
+__global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && attn_kv_stages(TM) == 2 && D <= 128) ? 2 : 1)
     attention_kernel(const AttnParams p, const __grid_constant__ typename std::conditional<(TM > 0), AttnMaps, AttnNoMaps>::type tm) {
     /* TM 1: TMA tiles (kpos and the mask as for cp.async tiles), one CTA barrier per tile; 3: the same, the
        TMA tiles' masks from key indices (no kpos); 2: as 3, TMA tiles handed over by mbarriers only;
@@ -2295,8 +2306,8 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && (TM < 4 || TM == 6
        5: as 4, and warpgroup 0 issues its products of a step before warpgroup 1 (named barrier 1);
        6: as 3 on group-interleaved K/V tiles (GL: [8-key group][64-column slab][8 keys], attn_map_gl), so
        that a gathered tile is one TMA box per 8-key group of K and of V, a run of keys one box each */
-    constexpr bool TMA = TM > 0, OVL = TM == 4 || TM == 5, GL = TM == 6;
-    constexpr int NSTG = OVL ? 3 : 2; /* K/V stages */
+    constexpr int NSTG = attn_kv_stages(TM); /* K/V stages */
+    constexpr bool TMA = TM > 0, OVL = NSTG == 3, GL = TM == 6;
     constexpr int ROWS = 16 * NW * MT, NT = 32 * NW, CH = D / 8, NB = BC / 8; /* NB key n-tiles */
     constexpr bool QREG = !WG && MT == 1 && D <= 128;
     static_assert(!WG || (NW == 8 && MT == 1 && (D <= 128 || (BC == 64 && !OVL))),
@@ -2601,7 +2612,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && (TM < 4 || TM == 6
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss<BC, T>(s, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                GL ? wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, (D / 64) * 1024)
+                                GL ? gl_k_desc(k0, kk, D / 64)
                                    : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
         }
     };
@@ -2615,8 +2626,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && (TM < 4 || TM == 6
 #pragma unroll
                 for (int h = 0; h < NH; h++)
                     wgmma_rs<NN, T>(*reinterpret_cast<float(*)[NN / 8][4]>(&o[0][h * (NN / 8)]), pa[t],
-                                    GL ? wgmma_desc((const char *)bV + (t * 2 * (D / 64) + h * (NN / 64)) * 1024, 1024,
-                                                    (D / 64) * 1024)
+                                    GL ? gl_v_desc((const char *)bV, t, h * (NN / 64), D / 64)
                                        : wgmma_desc((const char *)bV + (h * (NN / 64) * BC + t * 16) * 128, BC * 128, 1024));
         }
     };
@@ -3088,14 +3098,14 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                GL ? wgmma_desc(k0 + (kk >> 2) * 1024 + (kk & 3) * 32, 16, NS * 1024)
+                                GL ? gl_k_desc(k0, kk, NS)
                                    : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
         };
         auto pv = [&](int st) {
             const char *v0 = (const char *)(sV + st * BC * CH);
 #pragma unroll
             for (int t = 0; t < NB / 2; t++)
-                wgmma_rs<D, T>(o, pa[t], GL ? wgmma_desc(v0 + t * 2 * NS * 1024, 1024, NS * 1024)
+                wgmma_rs<D, T>(o, pa[t], GL ? gl_v_desc(v0, t, 0, NS)
                                             : wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
         };
         /* mask: own keys past a row's token, and the groups kmask names */
@@ -3274,7 +3284,7 @@ static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, 
 
 template <int D, int NW, int MT, int BC, typename T, bool WG = false, bool VEC = true, int TM = 0>
 static ei_result launch_attention(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * (TM == 4 || TM == 5 ? 3 : 2) * BC) * D * 2 + 1024
+    size_t smem = WG ? (size_t)(16 * NW * MT + 2 * attn_kv_stages(TM) * BC) * D * 2 + 1024
                      : (size_t)(16 * NW * MT + 4 * BC) * (D <= 128 ? D + 8 : D) * 2;
     CUDA_TRY(cudaFuncSetAttribute(attention_kernel<D, NW, MT, BC, T, WG, VEC, TM>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
