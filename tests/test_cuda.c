@@ -668,8 +668,10 @@ done:
 
 /* Every decode policy, GPU against CPU: window W, the first compression after GAP generated tokens
    (32 / 8; and 128 / 128, the window the README's decode eval measured best) */
-static void decode_policies_gpu(int quick, int W, int GAP) {
-    enum { NH = 8, NKV = 2, D = 64, B = 256, NPOS = 1500, MORE = 16, EXTRA = 100, SINK = 4 };
+/* W, GAP: the observation window and the gap; B: the budget, above what SnapKV keeps unscored (the
+   prompt's window and every generated position: W + GAP + MORE at the second round) */
+static void decode_policies_gpu(int quick, int W, int GAP, int B) {
+    enum { NH = 8, NKV = 2, D = 64, NPOS = 1500, MORE = 16, EXTRA = 100, SINK = 4 };
     const int64_t rows = NPOS + MORE + EXTRA;
     const double ratios[2] = {0.0, 0.3};
     float *q = (float *)malloc(sizeof(float) * (NPOS + MORE) * NH * D), *k = (float *)malloc(sizeof(float) * (NPOS + MORE) * NKV * D);
@@ -2423,8 +2425,8 @@ int main(int argc, char **argv) {
         free(list);
     }
     printf("decode policies and ratio budgets, GPU vs CPU:\n");
-    decode_policies_gpu(quick, 32, 8);
-    decode_policies_gpu(1, 128, 128);
+    decode_policies_gpu(quick, 32, 8, 256);
+    decode_policies_gpu(1, 128, 128, 512);
     printf("attention vs f64-accumulated reference (bf16/f16 inputs):\n");
     attention_tests(quick);
     printf("f32 queries over bf16/f16 k, v (GPU vs CPU):\n");
