@@ -713,7 +713,7 @@ static void decode_policies_gpu(int quick, int W, int GAP, int B) {
                     if (quick && (var || ri) && pol != EI_DECODE_H2O) continue;
                     c.decode_budget = B; c.window = W; c.decode_gap = GAP; c.recompress_every = MORE;
                     c.decode_policy = (ei_decode_policy)pol; c.decode_sink = SINK;
-                    c.decode_budget_ratio = ratios[ri]; c.decode_budget_min = 64;
+                    c.decode_budget_ratio = ratios[ri]; c.decode_budget_min = W > 64 ? W : 64;
                     c.decode_positions = NPOS + MORE;
                     c.per_kv_head = var == 0;
                     c.decode_shared_weight = var ? EI_SHARED_ENTROPY : EI_SHARED_EQUAL; /* (only shared sets read it) */
@@ -779,11 +779,12 @@ static void decode_policies_gpu(int quick, int W, int GAP, int B) {
                                 int32_t *p1 = (int32_t *)malloc((size_t)heads_out * B * 4), *p2 = (int32_t *)malloc((size_t)heads_out * B * 4);
                                 CHECK(rd == EI_OK, "%s, deferred: %s (%s)", what, ei_result_name(rd), ei_last_error());
                                 CHECK(ei_cuda_status(gdf) == EI_OK, "%s, deferred: a fault recorded (%s)", what, ei_last_error());
+                                int h, same = dk2.ks.n_kept == gk.ks.n_kept && dk2.ks.compressed == gk.ks.compressed;
                                 dev_get(p1, gk.pos, (size_t)heads_out * B * 4);
                                 dev_get(p2, dk2.pos, (size_t)heads_out * B * 4);
-                                CHECK(dk2.ks.n_kept == gk.ks.n_kept && dk2.ks.compressed == gk.ks.compressed &&
-                                      !memcmp(p1, p2, (size_t)heads_out * (size_t)gk.ks.n_kept * 4),
-                                      "%s, deferred: a keep set other than the waiting call's", what);
+                                for (h = 0; h < heads_out && same; h++) /* [heads_out][capacity B]: n_kept of each row */
+                                    same = !memcmp(p1 + (size_t)h * B, p2 + (size_t)h * B, (size_t)gk.ks.n_kept * 4);
+                                CHECK(same, "%s, deferred: a keep set other than the waiting call's", what);
                                 free(p1); free(p2);
                             }
                             pol_keep_free(&dk2, 1);
