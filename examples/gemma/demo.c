@@ -26,7 +26,9 @@
    (and kv head) by default; GEMMA_EI_SHARED=1 one shared keep set for the
    three global layers (ei_decode_shared_add, as an engine with shared KV
    cells must); GEMMA_DEMO_REDUCE=max: gqa_reduce max (heads, and layers of
-   a shared set, by their maximum) instead of the mean.
+   a shared set, by their maximum) instead of the mean; GEMMA_DEMO_POLICY=
+   streaming|snapkv|h2o: that decode policy instead of the paper's
+   (entropyinfer), at the same budget (issue 37's baselines).
 
    Consistency check: GEMMA_DEMO_OWN=1 makes the second run use the engine's
    own dense attention instead of entropyinfer (expected: identical
@@ -251,8 +253,16 @@ int main(int argc, char **argv) {
        block ranking, top-p counts, sink and local blocks); GEMMA_DEMO_PAPER=1:
        the paper's own ranking and budgets */
     ei_config cfg = getenv("GEMMA_DEMO_PAPER") ? ei_config_default() : ei_config_quality();
-    if (getenv("GEMMA_DEMO_REDUCE") && !strcmp(getenv("GEMMA_DEMO_REDUCE"), "max")) cfg.gqa_reduce = EI_REDUCE_MAX;
+    const char *policy = getenv("GEMMA_DEMO_POLICY") ? getenv("GEMMA_DEMO_POLICY") : "entropyinfer";
     run_result rd, rs;
+    if (getenv("GEMMA_DEMO_REDUCE") && !strcmp(getenv("GEMMA_DEMO_REDUCE"), "max")) cfg.gqa_reduce = EI_REDUCE_MAX;
+    if (!strcmp(policy, "streaming")) cfg.decode_policy = EI_DECODE_STREAMING;
+    else if (!strcmp(policy, "snapkv")) cfg.decode_policy = EI_DECODE_SNAPKV;
+    else if (!strcmp(policy, "h2o")) cfg.decode_policy = EI_DECODE_H2O;
+    else if (strcmp(policy, "entropyinfer")) {
+        fprintf(stderr, "gemma-demo: GEMMA_DEMO_POLICY %s: expected entropyinfer, streaming, snapkv or h2o\n", policy);
+        return 2;
+    }
     double t_start = gm_now();
 
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-demo: %s\n", err); return 1; }
@@ -268,6 +278,7 @@ int main(int argc, char **argv) {
     if (argc > 4) cfg.threshold_len = atoll(argv[4]);
     if (argc > 3) cfg.base_budget = atoi(argv[3]);
     cfg.decode_budget = argc > 5 ? atoi(argv[5]) : (int32_t)(n_prompt / 4);
+    if (cfg.decode_policy == EI_DECODE_H2O) cfg.decode_positions = n_prompt + N_CONT + N_GEN + 8; /* its sums' rows */
     lo = (cfg.threshold_len + cfg.segment_size - 1) / cfg.segment_size * cfg.segment_size;
     hi = (n_prompt + cfg.segment_size - 1) / cfg.segment_size * cfg.segment_size - cfg.segment_size; /* last segment dense */
     if (hi > n_prompt - 1) hi = n_prompt - 1;
@@ -278,11 +289,12 @@ int main(int argc, char **argv) {
     printf("document: /usr/share/common-licenses/* (%zu bytes, %lld tokens); prompt %lld tokens + %d continuation + %d generated\n",
            len, (long long)n_all, (long long)n_prompt, N_CONT, N_GEN);
     printf("config: segment %d, block %d, threshold_len %lld, base_budget %d (x%.0f..x%.0f), e_t %g, delta_t %.2f, alpha %.2f,\n"
-           "        decode_budget %d, window %d, decode_gap %d, %s plans,\n"
+           "        decode_budget %d, window %d, decode_gap %d, decode policy %s, %s keep sets, %s plans,\n"
            "        ranking %s (%d sampled rows), top_p %g, sink blocks %d, local blocks %d%s\n",
            cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget, (double)cfg.budget_min_factor,
            (double)cfg.budget_max_factor, (double)cfg.rigid_entropy, (double)cfg.delta_t, (double)cfg.alpha, cfg.decode_budget,
-           cfg.window, cfg.decode_gap, cfg.per_segment_budget ? "per-segment" : "ragged",
+           cfg.window, cfg.decode_gap, policy, getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) ? "shared" : "per-layer",
+           cfg.per_segment_budget ? "per-segment" : "ragged",
            cfg.ranking == EI_RANK_SAMPLED ? "sampled attention mass" : "reference block score", cfg.rank_samples, cfg.top_p,
            cfg.sink_blocks, cfg.local_blocks,
            cfg.ranking == EI_RANK_SAMPLED ? " (ei_config_quality; GEMMA_DEMO_PAPER=1: the paper's)" : " (the paper's)");
