@@ -44,6 +44,8 @@
 
 #define N_CONT 256
 #define N_GEN 24
+/* positions a run holds at most: the prompt, the continuation and the generated tokens */
+#define MAX_CTX(n_prompt) ((n_prompt) + N_CONT + N_GEN + 8)
 /* Prompt rows scored for perplexity and agreement, evenly spaced over the
    sparse segments: one row's logits (262,144 x 640) cost about a third of a
    token's whole forward pass, so scoring every row of a 16k prompt would take
@@ -145,7 +147,7 @@ static int run(const gm_model *m, gm_pool *pool, gm_attn_mode mode, const ei_con
     int i, gap = cfg->decode_gap;
     int32_t next;
     memset(res, 0, sizeof(*res));
-    if (gm_state_init(&s, m, pool, n_prompt + N_CONT + N_GEN + 8, cfg->segment_size, mode, cfg, err, errlen)) return -1;
+    if (gm_state_init(&s, m, pool, MAX_CTX(n_prompt), cfg->segment_size, mode, cfg, err, errlen)) return -1;
     hidden = (float *)malloc((size_t)n_prompt * Dm * sizeof(float));
     logits = (float *)malloc((size_t)64 * V * sizeof(float));
     res->prompt_argmax = (int32_t *)malloc((size_t)N_SCORED * sizeof(int32_t));
@@ -278,7 +280,7 @@ int main(int argc, char **argv) {
     if (argc > 4) cfg.threshold_len = atoll(argv[4]);
     if (argc > 3) cfg.base_budget = atoi(argv[3]);
     cfg.decode_budget = argc > 5 ? atoi(argv[5]) : (int32_t)(n_prompt / 4);
-    if (cfg.decode_policy == EI_DECODE_H2O) cfg.decode_positions = n_prompt + N_CONT + N_GEN + 8; /* its sums' rows */
+    if (cfg.decode_policy == EI_DECODE_H2O) cfg.decode_positions = MAX_CTX(n_prompt); /* its sums' rows */
     lo = (cfg.threshold_len + cfg.segment_size - 1) / cfg.segment_size * cfg.segment_size;
     hi = (n_prompt + cfg.segment_size - 1) / cfg.segment_size * cfg.segment_size - cfg.segment_size; /* last segment dense */
     if (hi > n_prompt - 1) hi = n_prompt - 1;
@@ -293,7 +295,7 @@ int main(int argc, char **argv) {
            "        ranking %s (%d sampled rows), top_p %g, sink blocks %d, local blocks %d%s\n",
            cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget, (double)cfg.budget_min_factor,
            (double)cfg.budget_max_factor, (double)cfg.rigid_entropy, (double)cfg.delta_t, (double)cfg.alpha, cfg.decode_budget,
-           cfg.window, cfg.decode_gap, policy, getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) ? "shared" : "per-layer",
+           cfg.window, cfg.decode_gap, policy, gm_ei_shared_env() ? "shared" : "per-layer",
            cfg.per_segment_budget ? "per-segment" : "ragged",
            cfg.ranking == EI_RANK_SAMPLED ? "sampled attention mass" : "reference block score", cfg.rank_samples, cfg.top_p,
            cfg.sink_blocks, cfg.local_blocks,

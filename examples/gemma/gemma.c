@@ -559,6 +559,8 @@ static void attn_task(void *arg, int ith, int nth) {
 }
 
 /* ================================================================ state */
+int gm_ei_shared_env(void) { return getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) != 0; }
+
 int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx, int max_batch,
                   gm_attn_mode mode, const void *ei_cfg, char *err, size_t errlen) {
     const gm_hparams *hp = &m->hp;
@@ -654,7 +656,7 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
             }
         }
         s->keep_index = (int32_t *)malloc((size_t)hp->n_kv_head * (size_t)max_ctx * sizeof(int32_t));
-        s->ei_shared = getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) != 0;
+        s->ei_shared = gm_ei_shared_env();
         s->shared_scores = (float *)malloc((size_t)(H + 1) * (size_t)max_ctx * sizeof(float));
         s->row_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));
         s->shared_pos = (int32_t *)malloc((size_t)max_ctx * sizeof(int32_t));

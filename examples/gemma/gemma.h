@@ -168,6 +168,8 @@ typedef struct gm_state {
 /* Create a state for sequences up to max_ctx tokens, batches up to
    max_batch tokens. ei_cfg (ignored without GEMMA_WITH_EI) configures
    entropyinfer for GM_ATTN_EI_* modes; NULL: ei_config_default(). */
+/* 1 when GEMMA_EI_SHARED asks for one shared keep set (what gm_state_init reads) */
+int gm_ei_shared_env(void);
 int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx, int max_batch,
                   gm_attn_mode mode, const void *ei_cfg, char *err, size_t errlen);
 void gm_state_free(gm_state *s);
