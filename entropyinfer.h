@@ -357,7 +357,10 @@
    shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
-   rank in another order. Decode scores run through the same kernels (rows in
+   rank in another order. The avx512-bf16 path scores bf16 keys of even
+   head_dim with vdpbf16ps and so rounds q to bf16 first, as the CUDA
+   backend's tensor cores do (logits within 2^-8 scale sum |q_i k_i|; equal
+   to the other paths' for a bf16 q). Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
    bit-identical scores on one path. EI_RANK_ANTIDIAGONAL
@@ -5863,7 +5866,10 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
      avx512-bf16  q, k, v all bf16, even head_dim, a CPU with AVX512_BF16:
                   vdpbf16ps for Q K^T (bf16 products exact, f32 sums) and for
                   P V with P rounded to bf16 (error ~2^-9 per weight, as GPU
-                  flash attention does). cfg.simd = EI_SIMD_AVX512_BF16
+                  flash attention does); the sampled ranking's rows against
+                  bf16 keys too, q rounded to bf16 (ACCURACY ACROSS PATHS;
+                  its profile 0.6-0.7x the f32 kernel's at 32k on a Zen 5,
+                  docs/quality.md). cfg.simd = EI_SIMD_AVX512_BF16
                   forces it; AUTO picks it where its FLOP rate, measured at
                   the first context creation (ei_cpu_dpbf16_ratio, >>kernels),
                   is at least 1.25x the f32 FMA rate, because that ratio
@@ -7140,80 +7146,101 @@ static ei_result ei__attn_decode_mt(const ei_context *ctx, const ei_tensor *q, c
 }
 
 /* The block mass of sampled rows (EI_RANK_SAMPLED), written once; defines
-   ei__sample_mass_<isa>. qt [d][EI__SAMPLE_ROWS]: row r of the batch in
+   ei__sample_mass_<isa>, and ei__sample_mass_by_<isa>, its walk with the
+   tile scores as a parameter (the avx512-bf16 path's vdpbf16ps scores,
+   ei__sample_scores_dpbf16). qt [d][EI__SAMPLE_ROWS]: row r of the batch in
    column r (columns from nr on zero), tokens tok[0..nr) ascending. For each
    row, scale * q.k_j over keys j = 0..tok[r] of kv head kvh (in log2 units:
    the scale carries log2 e), softmaxed; the weights of block b < nvis
    (block_size bs) are summed and added to mass[b], rows in row order (so a
-   segment's mass does not depend on how its rows are batched). Rows sit in
+   segment's mass does not depend on how its rows are batched). Keys go by
+   tiles of ei__sample_tile_keys (whole blocks): a tile's scores stay in L1,
+   its max, its exp sum and its blocks' exp sums (relative to the tile max)
+   are kept, and the blocks are rescaled once the row's max and sum are
+   known: one pass over the scores. lg: the layout of ei__sample_lg_floats;
+   kbuf: a tile of key rows as f32, stride d rounded up to 16. krow (NULL:
+   key j is row j) gathers key j from row krow[j] (decode scoring of caches
+   whose rows are not in position order, with bs = 1: mass[j] is key j's
+   summed weight). The scalar reference, with expf and every score stored,
+   is ei__sample_mass_scalar (>>isa-scalar).
+   ei__sample_scores_<isa>: one tile's scores, keys j0 .. j0+nk, rows in
    lanes: a key's score for all rows is a broadcast-FMA walk over d, 8 keys
-   at a time. Keys go by tiles of ei__sample_tile_keys (whole blocks): a
-   tile's scores stay in L1, its max, its exp sum and its blocks' exp sums
-   (relative to the tile max) are kept, and the blocks are rescaled once the
-   row's max and sum are known: one pass over the scores. lg: the layout of
-   ei__sample_lg_floats; kbuf: a tile of key rows as f32, stride d rounded
-   up to 16. krow (NULL: key j is row j) gathers key j from row krow[j]
-   (decode scoring of caches whose rows are not in position order, with
-   bs = 1: mass[j] is key j's summed weight). The scalar reference, with expf and every score stored, is
-   ei__sample_mass_scalar (>>isa-scalar). */
+   at a time, in f32 (each key row widened into kbuf first); the tile's
+   scores go to tl [nk][EI__SAMPLE_ROWS], times sc. Returns 1 if a score is
+   NaN or +-inf. */
+typedef int (*ei__sample_scores_fn)(const void *qx, const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,
+                                    int64_t nk, float *kbuf, float sc, float *tl);
 #define EI__DEFINE_SAMPLE_MASS()                                                                               \
-    EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
-                                                      const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
-                                                      int64_t nvis, float *lg, float *kbuf, float *mass,        \
-                                                      const int32_t *krow) {                                    \
+    EI__VTARGET static int EI__VNAME(ei__sample_scores)(const void *qx, const ei_tensor *k, int32_t kvh,        \
+                                                        const int32_t *krow, int64_t j0, int64_t nk, float *kbuf, \
+                                                        float scf, float *tl) {                                \
         enum { R = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN, PV = EI__VN == 16 ? 2 : 1 }; /* PV: row vectors per pass */ \
-        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16), tk = ei__sample_tile_keys(bs);       \
+        const float *qt = (const float *)qx;                                                                   \
+        const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);                                      \
+        const EI__VEC sc = EI__VSET1(scf);                                                                     \
+        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
+        int64_t j;                                                                                             \
+        int32_t i, u, v, r;                                                                                    \
+        for (j = 0; j < nk; ++j)                                                                               \
+            EI__VNAME(ei__attn_row_f32)(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, dp,       \
+                                        kbuf + (size_t)j * (size_t)dp);                                        \
+        for (j = 0; j < nk; j += 8) /* 8 keys x PV row vectors at a time, accumulators in registers */      \
+            for (v = 0; v < RV; v += PV) {                                                                     \
+                const float *q0 = qt + (size_t)(v * EI__VN), *q1 = q0 + (PV > 1 ? EI__VN : 0);                 \
+                const float *k0 = kbuf + (size_t)EI__MIN(j + 0, nk - 1) * (size_t)dp,                          \
+                            *k1 = kbuf + (size_t)EI__MIN(j + 1, nk - 1) * (size_t)dp,                          \
+                            *k2 = kbuf + (size_t)EI__MIN(j + 2, nk - 1) * (size_t)dp,                          \
+                            *k3 = kbuf + (size_t)EI__MIN(j + 3, nk - 1) * (size_t)dp,                          \
+                            *k4 = kbuf + (size_t)EI__MIN(j + 4, nk - 1) * (size_t)dp,                          \
+                            *k5 = kbuf + (size_t)EI__MIN(j + 5, nk - 1) * (size_t)dp,                          \
+                            *k6 = kbuf + (size_t)EI__MIN(j + 6, nk - 1) * (size_t)dp,                          \
+                            *k7 = kbuf + (size_t)EI__MIN(j + 7, nk - 1) * (size_t)dp;                          \
+                EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();                \
+                EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO();                \
+                EI__VEC b0 = EI__VZERO(), b1 = EI__VZERO(), b2 = EI__VZERO(), b3 = EI__VZERO();                \
+                EI__VEC b4 = EI__VZERO(), b5 = EI__VZERO(), b6 = EI__VZERO(), b7 = EI__VZERO();                \
+                EI__VEC acc[2][8];                                                                             \
+                for (i = 0; i < d; ++i) {                                                                      \
+                    EI__VEC qa = EI__VLOAD(q0 + (size_t)i * R), kb;                                            \
+                    EI__VEC qb = PV > 1 ? EI__VLOAD(q1 + (size_t)i * R) : qa;                                  \
+                    kb = EI__VSET1(k0[i]); a0 = EI__VFMA(qa, kb, a0); if (PV > 1) b0 = EI__VFMA(qb, kb, b0);   \
+                    kb = EI__VSET1(k1[i]); a1 = EI__VFMA(qa, kb, a1); if (PV > 1) b1 = EI__VFMA(qb, kb, b1);   \
+                    kb = EI__VSET1(k2[i]); a2 = EI__VFMA(qa, kb, a2); if (PV > 1) b2 = EI__VFMA(qb, kb, b2);   \
+                    kb = EI__VSET1(k3[i]); a3 = EI__VFMA(qa, kb, a3); if (PV > 1) b3 = EI__VFMA(qb, kb, b3);   \
+                    kb = EI__VSET1(k4[i]); a4 = EI__VFMA(qa, kb, a4); if (PV > 1) b4 = EI__VFMA(qb, kb, b4);   \
+                    kb = EI__VSET1(k5[i]); a5 = EI__VFMA(qa, kb, a5); if (PV > 1) b5 = EI__VFMA(qb, kb, b5);   \
+                    kb = EI__VSET1(k6[i]); a6 = EI__VFMA(qa, kb, a6); if (PV > 1) b6 = EI__VFMA(qb, kb, b6);   \
+                    kb = EI__VSET1(k7[i]); a7 = EI__VFMA(qa, kb, a7); if (PV > 1) b7 = EI__VFMA(qb, kb, b7);   \
+                }                                                                                              \
+                acc[0][0] = a0; acc[0][1] = a1; acc[0][2] = a2; acc[0][3] = a3;                                \
+                acc[0][4] = a4; acc[0][5] = a5; acc[0][6] = a6; acc[0][7] = a7;                                \
+                acc[1][0] = b0; acc[1][1] = b1; acc[1][2] = b2; acc[1][3] = b3;                                \
+                acc[1][4] = b4; acc[1][5] = b5; acc[1][6] = b6; acc[1][7] = b7;                                \
+                for (u = 0; u < 8 && j + u < nk; ++u)                                                          \
+                    for (r = 0; r < PV; ++r) {                                                                 \
+                        EI__VEC x = EI__VMUL(acc[r][u], sc);                                                   \
+                        nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                    \
+                        EI__VSTORE(tl + (size_t)(j + u) * R + (size_t)((v + r) * EI__VN), x);                  \
+                    }                                                                                          \
+            }                                                                                                  \
+        return EI__VANY(nan);                                                                                  \
+    }                                                                                                          \
+    EI__MAYBE_UNUSED EI__VTARGET static int EI__VNAME(ei__sample_mass_by)(ei__sample_scores_fn scores, const void *qx,          \
+                                                         const int64_t *tok, int32_t nr, const ei_tensor *k,    \
+                                                         int32_t kvh, float scale, int32_t bs, int64_t nvis,    \
+                                                         float *lg, float *kbuf, float *mass,                   \
+                                                         const int32_t *krow) {                                 \
+        enum { R = EI__SAMPLE_ROWS, RV = EI__SAMPLE_ROWS / EI__VN };                                           \
+        const int32_t tk = ei__sample_tile_keys(bs);                                                           \
         const int64_t last = tok[nr - 1], ntiles = last / tk + 1;                                              \
         float *tl = lg, *bsum = tl + (size_t)tk * R, *tm = bsum + (size_t)nvis * R, *tz = tm + (size_t)ntiles * R; \
-        const EI__VEC sc = EI__VSET1(scale * 1.44269504088896341f);                                           \
-        EI__VMASK nan = EI__VNAN_NONE();                                                                       \
         float inv[EI__SAMPLE_ROWS], part[EI__SAMPLE_ROWS], m[EI__SAMPLE_ROWS];                                 \
         int64_t j0, j, b, t;                                                                                   \
-        int32_t i, u, v, r;                                                                                    \
+        int32_t v, r;                                                                                          \
+        int bad = 0;                                                                                           \
         for (t = 0, j0 = 0; j0 <= last; ++t, j0 += tk) {                                                       \
             int64_t nk = EI__MIN((int64_t)tk, last + 1 - j0);                                                  \
-            for (j = 0; j < nk; ++j)                                                                           \
-                EI__VNAME(ei__attn_row_f32)(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, dp,   \
-                                            kbuf + (size_t)j * (size_t)dp);                                    \
-            for (j = 0; j < nk; j += 8) /* 8 keys x PV row vectors at a time, accumulators in registers */  \
-                for (v = 0; v < RV; v += PV) {                                                                 \
-                    const float *q0 = qt + (size_t)(v * EI__VN), *q1 = q0 + (PV > 1 ? EI__VN : 0);             \
-                    const float *k0 = kbuf + (size_t)EI__MIN(j + 0, nk - 1) * (size_t)dp,                      \
-                                *k1 = kbuf + (size_t)EI__MIN(j + 1, nk - 1) * (size_t)dp,                      \
-                                *k2 = kbuf + (size_t)EI__MIN(j + 2, nk - 1) * (size_t)dp,                      \
-                                *k3 = kbuf + (size_t)EI__MIN(j + 3, nk - 1) * (size_t)dp,                      \
-                                *k4 = kbuf + (size_t)EI__MIN(j + 4, nk - 1) * (size_t)dp,                      \
-                                *k5 = kbuf + (size_t)EI__MIN(j + 5, nk - 1) * (size_t)dp,                      \
-                                *k6 = kbuf + (size_t)EI__MIN(j + 6, nk - 1) * (size_t)dp,                      \
-                                *k7 = kbuf + (size_t)EI__MIN(j + 7, nk - 1) * (size_t)dp;                      \
-                    EI__VEC a0 = EI__VZERO(), a1 = EI__VZERO(), a2 = EI__VZERO(), a3 = EI__VZERO();            \
-                    EI__VEC a4 = EI__VZERO(), a5 = EI__VZERO(), a6 = EI__VZERO(), a7 = EI__VZERO();            \
-                    EI__VEC b0 = EI__VZERO(), b1 = EI__VZERO(), b2 = EI__VZERO(), b3 = EI__VZERO();            \
-                    EI__VEC b4 = EI__VZERO(), b5 = EI__VZERO(), b6 = EI__VZERO(), b7 = EI__VZERO();            \
-                    EI__VEC acc[2][8];                                                                         \
-                    for (i = 0; i < d; ++i) {                                                                  \
-                        EI__VEC qa = EI__VLOAD(q0 + (size_t)i * R), kb;                                        \
-                        EI__VEC qb = PV > 1 ? EI__VLOAD(q1 + (size_t)i * R) : qa;                              \
-                        kb = EI__VSET1(k0[i]); a0 = EI__VFMA(qa, kb, a0); if (PV > 1) b0 = EI__VFMA(qb, kb, b0); \
-                        kb = EI__VSET1(k1[i]); a1 = EI__VFMA(qa, kb, a1); if (PV > 1) b1 = EI__VFMA(qb, kb, b1); \
-                        kb = EI__VSET1(k2[i]); a2 = EI__VFMA(qa, kb, a2); if (PV > 1) b2 = EI__VFMA(qb, kb, b2); \
-                        kb = EI__VSET1(k3[i]); a3 = EI__VFMA(qa, kb, a3); if (PV > 1) b3 = EI__VFMA(qb, kb, b3); \
-                        kb = EI__VSET1(k4[i]); a4 = EI__VFMA(qa, kb, a4); if (PV > 1) b4 = EI__VFMA(qb, kb, b4); \
-                        kb = EI__VSET1(k5[i]); a5 = EI__VFMA(qa, kb, a5); if (PV > 1) b5 = EI__VFMA(qb, kb, b5); \
-                        kb = EI__VSET1(k6[i]); a6 = EI__VFMA(qa, kb, a6); if (PV > 1) b6 = EI__VFMA(qb, kb, b6); \
-                        kb = EI__VSET1(k7[i]); a7 = EI__VFMA(qa, kb, a7); if (PV > 1) b7 = EI__VFMA(qb, kb, b7); \
-                    }                                                                                          \
-                    acc[0][0] = a0; acc[0][1] = a1; acc[0][2] = a2; acc[0][3] = a3;                            \
-                    acc[0][4] = a4; acc[0][5] = a5; acc[0][6] = a6; acc[0][7] = a7;                            \
-                    acc[1][0] = b0; acc[1][1] = b1; acc[1][2] = b2; acc[1][3] = b3;                            \
-                    acc[1][4] = b4; acc[1][5] = b5; acc[1][6] = b6; acc[1][7] = b7;                            \
-                    for (u = 0; u < 8 && j + u < nk; ++u)                                                      \
-                        for (r = 0; r < PV; ++r) {                                                             \
-                            EI__VEC x = EI__VMUL(acc[r][u], sc);                                               \
-                            nan = EI__VNAN_OR(nan, EI__VSUB(x, x)); /* NaN for NaN and +-inf */                \
-                            EI__VSTORE(tl + (size_t)(j + u) * R + (size_t)((v + r) * EI__VN), x);              \
-                        }                                                                                      \
-                }                                                                                              \
+            bad |= scores(qx, k, kvh, krow, j0, nk, kbuf, scale * 1.44269504088896341f, tl);                   \
             for (j = EI__MAX(tok[0] + 1 - j0, (int64_t)0); j < nk; ++j) /* causal: row r sees keys up to tok[r] */ \
                 for (r = 0; r < nr; ++r)                                                                       \
                     if (tok[r] < j0 + j) tl[(size_t)j * R + (size_t)r] = -INFINITY;                            \
@@ -7234,7 +7261,7 @@ static ei_result ei__attn_decode_mt(const ei_context *ctx, const ei_tensor *q, c
                 EI__VSTORE(tz + (size_t)t * R + (size_t)(v * EI__VN), z);                                      \
             }                                                                                                  \
         }                                                                                                      \
-        if (EI__VANY(nan)) return 0;                                                                           \
+        if (bad) return 0;                                                                                     \
         for (r = 0; r < R; ++r) { /* each row's max and sum over its tiles */                                 \
             double zr = 0.0;                                                                                   \
             m[r] = -FLT_MAX;                                                                                   \
@@ -7250,6 +7277,13 @@ static ei_result ei__attn_decode_mt(const ei_context *ctx, const ei_tensor *q, c
             for (r = 0; r < nr; ++r) mass[b] += bsum[(size_t)b * R + (size_t)r] * part[r];                     \
         }                                                                                                      \
         return 1;                                                                                              \
+    }                                                                                                          \
+    EI__VTARGET static int EI__VNAME(ei__sample_mass)(const float *qt, const int64_t *tok, int32_t nr,          \
+                                                      const ei_tensor *k, int32_t kvh, float scale, int32_t bs, \
+                                                      int64_t nvis, float *lg, float *kbuf, float *mass,        \
+                                                      const int32_t *krow) {                                    \
+        return EI__VNAME(ei__sample_mass_by)(EI__VNAME(ei__sample_scores), qt, tok, nr, k, kvh, scale, bs, nvis, \
+                                             lg, kbuf, mass, krow);                                             \
     }
 
 /* EI_RANK_ANTIDIAGONAL, written once: the weights of a group of query tiles
@@ -8523,13 +8557,79 @@ EI__TARGET_AVX512BF16 static void ei__attn_pv_avx512bf16(const ei__attn_job *J, 
     }
 }
 
+/* EI_RANK_SAMPLED's tile scores with vdpbf16ps (bf16 k, even head_dim):
+   qx is the batch's rows as bf16 pairs [d/2][EI__SAMPLE_ROWS] (q rounded to
+   bf16, as the GPU's tensor cores round it), keys read in place as pairs;
+   bf16 products are exact, sums f32. Twice the f32 kernel's FLOP rate where
+   the path is chosen (ei_cpu_dpbf16_ratio >= 1.25), and no widening of the
+   keys. The contract: ei__sample_scores_<isa> (EI__DEFINE_SAMPLE_MASS). */
+EI__TARGET_AVX512BF16 static int ei__sample_scores_dpbf16(const void *qx, const ei_tensor *k, int32_t kvh,
+                                                          const int32_t *krow, int64_t j0, int64_t nk, float *kbuf,
+                                                          float scf, float *tl) {
+    enum { R = EI__SAMPLE_ROWS };
+    const uint32_t *qp = (const uint32_t *)qx;
+    const int32_t d2 = k->head_dim / 2;
+    const __m512 sc = _mm512_set1_ps(scf);
+    __mmask16 bad = 0;
+    int64_t j;
+    int32_t i, u, r;
+    (void)kbuf;
+    for (j = 0; j < nk; j += 8) { /* 8 keys x 32 rows, accumulators in registers */
+        const void *kr[8];
+        __m512 a[8], b[8];
+        for (u = 0; u < 8; ++u) {
+            int64_t jj = j0 + EI__MIN(j + u, nk - 1);
+            kr[u] = ei__row(k, krow ? krow[jj] : jj, kvh);
+            a[u] = b[u] = _mm512_setzero_ps();
+        }
+        for (i = 0; i < d2; ++i) {
+            __m512i q0 = _mm512_loadu_si512(qp + (size_t)i * R), q1 = _mm512_loadu_si512(qp + (size_t)i * R + 16), kb;
+            kb = EI__ATTN_BCAST(kr[0], i); EI__ATTN_DP(a[0], kb, q0); EI__ATTN_DP(b[0], kb, q1);
+            kb = EI__ATTN_BCAST(kr[1], i); EI__ATTN_DP(a[1], kb, q0); EI__ATTN_DP(b[1], kb, q1);
+            kb = EI__ATTN_BCAST(kr[2], i); EI__ATTN_DP(a[2], kb, q0); EI__ATTN_DP(b[2], kb, q1);
+            kb = EI__ATTN_BCAST(kr[3], i); EI__ATTN_DP(a[3], kb, q0); EI__ATTN_DP(b[3], kb, q1);
+            kb = EI__ATTN_BCAST(kr[4], i); EI__ATTN_DP(a[4], kb, q0); EI__ATTN_DP(b[4], kb, q1);
+            kb = EI__ATTN_BCAST(kr[5], i); EI__ATTN_DP(a[5], kb, q0); EI__ATTN_DP(b[5], kb, q1);
+            kb = EI__ATTN_BCAST(kr[6], i); EI__ATTN_DP(a[6], kb, q0); EI__ATTN_DP(b[6], kb, q1);
+            kb = EI__ATTN_BCAST(kr[7], i); EI__ATTN_DP(a[7], kb, q0); EI__ATTN_DP(b[7], kb, q1);
+        }
+        for (u = 0; u < 8 && j + u < nk; ++u)
+            for (r = 0; r < 2; ++r) {
+                __m512 x = _mm512_mul_ps(r ? b[u] : a[u], sc);
+                bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_sub_ps(x, x), _CMP_UNORD_Q); /* NaN, +-inf */
+                _mm512_storeu_ps(tl + (size_t)(j + u) * R + (size_t)(r * 16), x);
+            }
+    }
+    return bad != 0;
+}
+/* The sampled block mass on the avx512-bf16 path: vdpbf16ps scores for bf16
+   keys of even head_dim (the batch's rows packed as bf16 pairs into kbuf,
+   which these scores do not use for keys: d/2 x 32 words, within its
+   ei__sample_tile_keys x d floats), else the avx512 kernel. */
+EI__TARGET_AVX512BF16 static int ei__sample_mass_avx512bf16(const float *qt, const int64_t *tok, int32_t nr,
+                                                            const ei_tensor *k, int32_t kvh, float scale, int32_t bs,
+                                                            int64_t nvis, float *lg, float *kbuf, float *mass,
+                                                            const int32_t *krow) {
+    enum { R = EI__SAMPLE_ROWS };
+    uint32_t *qp = (uint32_t *)(void *)kbuf;
+    int32_t i, r;
+    if (k->dtype != EI_BF16 || k->head_dim % 2)
+        return ei__sample_mass_avx512(qt, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, krow);
+    for (i = 0; i < k->head_dim / 2; ++i)
+        for (r = 0; r < R; ++r)
+            qp[(size_t)i * R + (size_t)r] = (uint32_t)ei__f32_to_bf16(qt[(size_t)(2 * i) * R + (size_t)r]) |
+                                            (uint32_t)ei__f32_to_bf16(qt[(size_t)(2 * i + 1) * R + (size_t)r]) << 16;
+    return ei__sample_mass_by_avx512(ei__sample_scores_dpbf16, qp, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass,
+                                     krow);
+}
+
 static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__attn_prep_kv_avx512bf16,
                                                     ei__attn_scores_avx512bf16, ei__attn_softmax_avx512,
                                                     ei__attn_pack_p_avx512bf16, ei__attn_pv_avx512bf16,
                                                     ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
-                                                   ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512,
+                                                   ei__dot_avx512, ei__sample_mass_avx512bf16, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
                                                    ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */

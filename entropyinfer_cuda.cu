@@ -3955,17 +3955,19 @@ static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, con
 /* Key parts at most for a chunk's sampled rows (ei_profile_chunk over the
    segments [s_lo, nseg), keys up to n): 16, as for the whole prompt, unless
    the chunk's groups of segments and kv heads fill fewer than 256 CTAs at 16
-   parts. Then as many parts as bring it to 256 CTAs, each part at least 512
+   parts. Then as many parts as bring it to 256 CTAs, each part at least 256
    keys, at most 128 parts. Why: llama.cpp's micro-batch of 512 queries is one
    segment; with Gemma 3 270M's one kv head that was 16 CTAs on 132 SMs, and
    the sampled rows took 43-61% of a chunk's planning on an H100 (issue 33,
-   `ei_trace_cuda plan`). A function of the shapes alone, as mass_geometry
-   is; EI_CUDA_SAMPLED_CHUNK_PARTS overrides it. */
+   `ei_trace_cuda plan`). Parts of 512 keys still left a 32k chunk 63 CTAs;
+   parts of 256 make 32k planning 8-9% faster at 512-2048 queries (H100,
+   docs/performance.md, "more key parts for small chunks"). A function of the
+   shapes alone, as mass_geometry is; EI_CUDA_SAMPLED_CHUNK_PARTS overrides it. */
 static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn) {
     int sf, spc, rpad, rchunks, ngroups, ns;
     if (tn.sampled_chunk_parts > 0) return tn.sampled_chunk_parts;
     if (!mass_geometry(cfg, s_lo, nseg, nkv, 16, tn, &sf, &spc, &rpad, &rchunks, &ngroups, &ns)) return 16;
-    int64_t per = (int64_t)ngroups * nkv, want = (256 + per - 1) / per * rchunks, by_keys = n / 512;
+    int64_t per = (int64_t)ngroups * nkv, want = (256 + per - 1) / per * rchunks, by_keys = n / 256;
     if ((int64_t)ns * per >= 256) return 16;
     want = std::min(want, std::min(by_keys, (int64_t)128));
     return (int)std::max(want, (int64_t)16);
