@@ -357,10 +357,11 @@
    shape, so near-ties may rank in another order, tests/test_cuda.c). The sampled ranking's
    SIMD kernels use a polynomial 2^x (~1 ulp) where the scalar one calls
    expf: masses agree across paths within 1e-3 relative, so near-ties may
-   rank in another order. The avx512-bf16 path scores bf16 keys of even
-   head_dim with vdpbf16ps and so rounds q to bf16 first, as the CUDA
-   backend's tensor cores do (logits within 2^-8 scale sum |q_i k_i|; equal
-   to the other paths' for a bf16 q). Decode scores run through the same kernels (rows in
+   rank in another order. The avx512-bf16 path ranks (EI_RANK_SAMPLED)
+   against bf16 keys of even head_dim with vdpbf16ps and so rounds q to bf16
+   first, as the CUDA backend's ranking does on its tensor cores (logits
+   within 2^-8 scale sum |q_i k_i|; equal to the other paths' for a bf16 q);
+   decode scores keep an f32 q on every path, as on the CUDA backend. Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
    bit-identical scores on one path. EI_RANK_ANTIDIAGONAL
@@ -1905,6 +1906,12 @@ typedef struct ei__kernels {
        not finite */
     int (*sample_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
                        int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass, const int32_t *krow);
+    /* the same contract for the ranking's sampled rows: sample_mass, or (the
+       avx512-bf16 path) vdpbf16ps on bf16 keys with q rounded to bf16, as
+       the CUDA backend's ranking rounds it; decode scores keep sample_mass
+       (f32 q, as the CUDA backend's decode scores) */
+    int (*rank_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
+                     int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass, const int32_t *krow);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
        and stages for all-bf16 / all-f16 calls with an even head_dim (NULL:
        none) */
@@ -4000,7 +4007,7 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
             ++nr;
         }
         if (!nr) break;
-        if (!ctx->kern->sample_mass(w->sq, tok, nr, k, kvh, scale, c->block_size, (int64_t)s * (c->segment_size / c->block_size),
+        if (!ctx->kern->rank_mass(w->sq, tok, nr, k, kvh, scale, c->block_size, (int64_t)s * (c->segment_size / c->block_size),
                                     w->logits, w->keys, mass, NULL))
             return 0;
         *rows += nr;
@@ -7918,7 +7925,7 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, NULL, NULL, NULL, NULL, NULL, 0};
+                                               ei__sample_mass_scalar, ei__sample_mass_scalar, NULL, NULL, NULL, NULL, NULL, 0};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -8144,7 +8151,7 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
+                                             ei__sample_mass_avx2, ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
                                              ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX2 */
 
@@ -8390,7 +8397,7 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
+                                               ei__sample_mass_avx512, ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
                                                ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512 */
 
@@ -8602,7 +8609,8 @@ EI__TARGET_AVX512BF16 static int ei__sample_scores_dpbf16(const void *qx, const 
     }
     return bad != 0;
 }
-/* The sampled block mass on the avx512-bf16 path: vdpbf16ps scores for bf16
+/* The ranking's sampled block mass on the avx512-bf16 path (rank_mass; decode
+   scores keep ei__sample_mass_avx512): vdpbf16ps scores for bf16
    keys of even head_dim (the batch's rows packed as bf16 pairs into kbuf,
    which these scores do not use for keys: d/2 x 32 words, within its
    ei__sample_tile_keys x d floats), else the avx512 kernel. */
@@ -8629,7 +8637,7 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
                                                     ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
-                                                   ei__dot_avx512, ei__sample_mass_avx512bf16, &ei__attn_avx512,
+                                                   ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
                                                    ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */
@@ -8830,7 +8838,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_softmax_amx, ei__attn_pack_p_amx, ei__attn_pv_amx,
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
-                                            ei__dot_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
+                                            ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
                                             ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AMX */
 
@@ -9049,7 +9057,7 @@ static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__at
 static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
+                                             ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
                                              ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
@@ -9123,7 +9131,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                  ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
+                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
                                                   ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
@@ -9219,7 +9227,7 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_scores_neon_bfmmla, ei__attn_softmax_neon, NULL,
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
-                                                    ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon,
+                                                    ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
                                                     ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_BF16 */
@@ -9339,7 +9347,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_scores_neon_fhm, ei__attn_softmax_neon, NULL,
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                 ei__dot_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
+                                                 ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
