@@ -361,7 +361,8 @@
    against bf16 keys of even head_dim with vdpbf16ps and so rounds q to bf16
    first, as the CUDA backend's ranking does on its tensor cores (logits
    within 2^-8 scale sum |q_i k_i|; equal to the other paths' for a bf16 q);
-   decode scores keep an f32 q on every path, as on the CUDA backend. Decode scores run through the same kernels (rows in
+   decode scores keep an f32 q on every path, as on the CUDA backend.
+   Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
    bit-identical scores on one path. EI_RANK_ANTIDIAGONAL
