@@ -8603,8 +8603,8 @@ EI__TARGET_AVX512BF16 static int ei__sample_scores_dpbf16(const void *qx, const 
         }
         for (u = 0; u < 8 && j + u < nk; ++u)
             for (r = 0; r < 2; ++r) {
-                __m512 x = _mm512_mul_ps(r ? b[u] : a[u], sc);
-                bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_sub_ps(x, x), _CMP_UNORD_Q); /* NaN, +-inf */
+                __m512 x = _mm512_mul_ps(r ? b[u] : a[u], sc), z = _mm512_sub_ps(x, x); /* z: NaN for NaN and +-inf */
+                bad |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
                 _mm512_storeu_ps(tl + (size_t)(j + u) * R + (size_t)(r * 16), x);
             }
     }
