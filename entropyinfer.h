@@ -114,6 +114,8 @@
    | EI_NO_AVX2, EI_NO_AVX512| leave out that x86 path                              |
    | EI_NO_AVX512BF16        | leave out the vdpbf16ps attention (EI_SIMD_AVX512_BF16)|
    | EI_NO_AMX               | leave out the AMX tile attention (EI_SIMD_AMX)         |
+   | EI_NO_VNNI              | leave out vpdpbusd (EI_RANK_PRECISION_INT8's scores  |
+   |                         | then take int16 vpmaddwd; the same results)          |
    | EI_ATTN_PREFER_DPBF16   | AUTO: vdpbf16ps attention wherever present (default: |
    |                         | where its measured rate wins, ei_cpu_dpbf16_ratio)   |
    | EI_NO_NEON              | leave out the NEON path                               |
@@ -159,6 +161,24 @@
                is ranked by the reference score. Either way the
                reference score gives the entropy, the head class and the
                budget recurrence (a plan's budget field).
+               Score precision (cfg.rank_precision): EI_RANK_PRECISION_F32
+               scores in f32 (the default). EI_RANK_PRECISION_INT8 rounds
+               each sampled row x (its d elements as f32) and each key to
+               int8 with its own scale: s = max|x_i| / 127 (f32 division),
+               x8_i = x_i / s (f32 division) rounded half away from zero,
+               clamped to [-127, 127] (an all-zero row: zeros, s = 0); the
+               row's logit on key j is then scale * s_q * s_k * (the int32
+               sum of q8_i k8_i), the f32 products taken in that order
+               (scale in log2 units, as the walk's exp2 needs); max, exp and
+               the block sums are the f32 ranking's. Integer sums are exact,
+               so every CPU path gives bit-identical scores (vpdpbusd on
+               AVX512_VNNI or AVX-VNNI, int16 vpmaddwd on AVX2, plain loops
+               elsewhere). It applies to EI_RANK_SAMPLED's ranking only
+               (decode scores stay f32); CPU only: the CUDA backend refuses
+               it (EI_ERR_UNSUPPORTED). NaN or +-inf in a sampled row or a
+               key: EI_ERR_NONFINITE, as with f32. On Gemma 3 270M at 32k it
+               ranked as well as f32 (docs/quality.md, "The sampled rows in
+               int8 (issue 35)").
                EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
                XAttention (Xu et al., arXiv 2503.16428, which sums the
                strided antidiagonals of each (query block, key block) tile
@@ -362,6 +382,10 @@
    first, as the CUDA backend's ranking does on its tensor cores (logits
    within 2^-8 scale sum |q_i k_i|; equal to the other paths' for a bf16 q);
    decode scores keep an f32 q on every path, as on the CUDA backend.
+   With EI_RANK_PRECISION_INT8 the sampled ranking's scores are
+   bit-identical on every CPU path (and every x86 dot: vpdpbusd on zmm or
+   ymm, vpmaddwd; the rounding is the same bytes); its masses then differ
+   across paths only by the 2^x above (within 1e-3 relative).
    Decode scores run through the same kernels (rows in
    position order, whatever the row order of the cache): the same holds for
    them, and a cache and the same cache with its rows permuted give
@@ -392,7 +416,8 @@
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head (the antidiagonal one that many tiles); its workspace
-   adds 32 x n_tokens floats of scores.
+   adds 32 x n_tokens floats of scores (EI_RANK_PRECISION_INT8: and 129 x
+   head_dim bytes of int8 rows).
    Plan memory per layer (ei_sizes.plan; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
@@ -678,6 +703,12 @@ typedef enum ei_ranking {
     EI_RANK_ANTIDIAGONAL = 2 /* attention mass on the antidiagonals of sampled (query block, key block)
                                 tiles, as XAttention (arXiv 2503.16428); CPU only */
 } ei_ranking;
+/* The arithmetic of EI_RANK_SAMPLED's scores (CONCEPTS: ranking). */
+typedef enum ei_rank_precision {
+    EI_RANK_PRECISION_F32 = 0, /* f32 q . k (the avx512-bf16 path: q rounded to bf16 against bf16 keys) */
+    EI_RANK_PRECISION_INT8 = 1 /* q rows and keys rounded to int8, one scale each, exact int32 dot
+                                  products: the same scores on every CPU path; CPU only */
+} ei_rank_precision;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
     EI_SIMD_SCALAR = 1, /* plain reference */
@@ -766,6 +797,10 @@ typedef struct ei_config {
     ei_allocator allocator;      /* {0}: EI_MALLOC/EI_FREE */
     ei_log_fn log;               /* NULL: silent */
     void *log_user_data;
+    /* (last, so that the fields above keep the layout the CUDA plugin's ABI 13 reads) */
+    ei_rank_precision rank_precision; /* EI_RANK_PRECISION_F32: the arithmetic of EI_RANK_SAMPLED's
+                                         scores; EI_RANK_PRECISION_INT8: int8 q and k, exact
+                                         int32 dot products (CONCEPTS: ranking; CPU only) */
 } ei_config;
 
 EIDEF ei_config ei_config_default(void);
@@ -1221,8 +1256,9 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
    in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
    (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
-   one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL has no GPU kernels yet: every
-   profiling call of a CUDA context refuses it (EI_ERR_UNSUPPORTED).
+   one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL and EI_RANK_PRECISION_INT8
+   have no GPU kernels yet: every profiling call of a CUDA context refuses
+   them (EI_ERR_UNSUPPORTED).
    Finding the plugin (EI_BACKEND_CUDA*): cfg.cuda_library, else the path in
    $EI_CUDA_LIBRARY, else libentropyinfer_cuda.so through the dynamic loader's
    search path (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache, system
@@ -1837,6 +1873,19 @@ EI__HD int64_t ei__decode_recent(const ei_config *c, int64_t b) {
 #define EI__TARGET_AVX512BF16 \
     __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
 #endif
+/* vpdpbusd (EI_RANK_PRECISION_INT8's dot): AVX512_VNNI on gcc >= 9 or
+   clang >= 8, AVX-VNNI (its VEX form on ymm) on gcc >= 11 or clang >= 12;
+   EI_NO_VNNI leaves both out (int16 vpmaddwd then). */
+#if defined(EI__HAVE_AVX512) && !defined(EI_NO_VNNI) && \
+    ((defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9))
+#define EI__HAVE_AVX512VNNI 1
+#define EI__TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+#endif
+#if defined(EI__HAVE_AVX2) && !defined(EI_NO_VNNI) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define EI__HAVE_AVXVNNI 1
+#define EI__TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#endif
 /* AMX tiles: gcc >= 11 or clang >= 12, and Linux (the OS grants the tile
    state per process: arch_prctl, >>cpu-features) */
 #if defined(EI__HAVE_AVX512BF16) && !defined(EI_NO_AMX) && defined(__linux__) && defined(__x86_64__) && \
@@ -1881,6 +1930,7 @@ EI__HD int64_t ei__decode_recent(const ei_config *c, int64_t b) {
 struct ei__attn_job;
 struct ei__attn_ws;
 struct ei__attn_tile;
+struct ei__rank_q8;
 typedef struct ei__attn_stages {   /* the stages of one query tile (>>attention) */
     void (*pack_q)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T);
     void (*prep_kv)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk);
@@ -1913,6 +1963,11 @@ typedef struct ei__kernels {
        (f32 q, as the CUDA backend's decode scores) */
     int (*rank_mass)(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh, float scale,
                      int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass, const int32_t *krow);
+    /* the same with EI_RANK_PRECISION_INT8: the batch's rows in int8
+       (ei__rank_q8, >>profile), keys quantised a tile at a time, exact
+       int32 dot products (the x86 dot: q->dot); keys in position order */
+    int (*rank_mass_i8)(const struct ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
+                        float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
        and stages for all-bf16 / all-f16 calls with an even head_dim (NULL:
        none) */
@@ -1942,6 +1997,7 @@ struct ei_context {
     ei_config cfg;              /* as given (backend as asked for) */
     ei_backend backend;         /* the backend in use: EI_BACKEND_CPU or EI_BACKEND_CUDA */
     const ei__kernels *kern;    /* the CPU kernels */
+    int i8dot;                  /* EI_RANK_PRECISION_INT8: the x86 int8 dots this CPU runs (EI__I8DOT_* bits, >>cpu-features) */
     ei_allocator alloc;
     ei__cuda_state *cuda;       /* the loaded plugin (>>backend), NULL on the CPU */
     struct ei__pool *pool;      /* the *_mt helpers' workers (>>memory, ei__fork_join); NULL: none */
@@ -2412,6 +2468,30 @@ static unsigned ei__cpu_paths(void) {
 #endif
     return paths;
 }
+/* The int8 dot product of EI_RANK_PRECISION_INT8's x86 scores: vpdpbusd on
+   zmm (AVX512_VNNI: cpuid leaf 7 ECX bit 11, with the avx512 path), on ymm
+   (AVX-VNNI: leaf 7 subleaf 1 EAX bit 4, with the avx2 path), else int8
+   widened to int16 and vpmaddwd (exact: vpmaddubsw would saturate). Bits
+   of the result: the dots this CPU has; a path's kernels take the widest
+   their ISA allows (>>isa-avx2, >>isa-avx512); every one gives the same
+   int32 sums. */
+enum { EI__I8DOT_WIDEN = 0, EI__I8DOT_AVXVNNI = 1, EI__I8DOT_AVX512VNNI = 2 };
+static int ei__cpu_i8dot(void) {
+    int dot = EI__I8DOT_WIDEN;
+#if (defined(EI__HAVE_AVX512VNNI) || defined(EI__HAVE_AVXVNNI))
+    unsigned paths = ei__cpu_paths(), a, b, c, d;
+#ifdef EI__HAVE_AVXVNNI
+    if (((paths >> EI_SIMD_AVX2) & 1u) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u))
+        dot = EI__I8DOT_AVXVNNI;
+#endif
+#ifdef EI__HAVE_AVX512VNNI
+    if (((paths >> EI_SIMD_AVX512) & 1u) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 11) & 1u))
+        dot |= EI__I8DOT_AVX512VNNI;
+#endif
+    (void)paths; (void)a; (void)b; (void)c; (void)d;
+#endif
+    return dot;
+}
 EIDEF int ei_cpu_supports(ei_simd path) {
     if (path == EI_SIMD_AUTO) return 1;
     if ((int)path < 0 || (int)path > EI_SIMD_NEON_BFMMLA) return 0;
@@ -2751,6 +2831,7 @@ EIDEF ei_config ei_config_default(void) {
     c.decode_recent = 0.0f;   /* the paper's: only the window's positions are kept by recency */
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
+    c.rank_precision = EI_RANK_PRECISION_F32;
     return c;
 }
 
@@ -2795,6 +2876,8 @@ static ei_result ei__check_config(const ei_config *c) {
         EI__BAD("unknown ranking %d (EI_RANK_REFERENCE, EI_RANK_SAMPLED or EI_RANK_ANTIDIAGONAL)", (int)c->ranking);
     if (c->rank_samples <= 0 || c->rank_samples > EI_MAX_RANK_SAMPLES)
         EI__BAD("rank_samples %d not in 1..%d", (int)c->rank_samples, EI_MAX_RANK_SAMPLES);
+    if (c->rank_precision != EI_RANK_PRECISION_F32 && c->rank_precision != EI_RANK_PRECISION_INT8)
+        EI__BAD("unknown rank_precision %d (EI_RANK_PRECISION_F32 or EI_RANK_PRECISION_INT8)", (int)c->rank_precision);
     if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
     if (c->sink_blocks < 0 || c->local_blocks < 0 || c->sink_blocks > EI_MAX_BUDGET || c->local_blocks > EI_MAX_BUDGET)
         EI__BAD("sink_blocks %d / local_blocks %d not in 0..%d", (int)c->sink_blocks, (int)c->local_blocks, EI_MAX_BUDGET);
@@ -3034,6 +3117,7 @@ EIDEF ei_result ei_context_create(const ei_config *cfg, ei_context **out) {
         ei__free(&ctx->alloc, ctx);
         return r;
     }
+    ctx->i8dot = ei__cpu_i8dot();
     if (c.backend != EI_BACKEND_CPU) {
         if ((r = ei__cuda_open(ctx)) == EI_OK) ctx->backend = EI_BACKEND_CUDA;
         else if (c.backend == EI_BACKEND_CUDA) {
@@ -3675,6 +3759,82 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
     int64_t tk = ei__sample_tile_keys(bs), tiled = tk + n / bs + 2 * (n / tk + 1), rows = ei__round_up(n, 16);
     return (size_t)(rows > tiled ? rows : tiled) * EI__SAMPLE_ROWS;
 }
+/* EI_RANK_PRECISION_INT8 (CONCEPTS: ranking): a batch of sampled rows in
+   int8, in the layouts the dot kernels read (row r of the batch in column r,
+   rows from nr on and elements from d on zero). Rounding is shared plain C
+   (ei__quant_i8) or, for keys, vector code that gives the same bytes. */
+typedef struct ei__rank_q8 {
+    const int8_t *q;            /* [dq/4][EI__SAMPLE_ROWS][4]: element i of row r at ((i/4) 32 + r) 4 + i%4 */
+    const uint8_t *qu;          /* the same + 128 (vpdpbusd's unsigned operand) */
+    const int16_t *q16;         /* [dq/2][EI__SAMPLE_ROWS][2] (vpmaddwd's pairs) */
+    float s[EI__SAMPLE_ROWS];   /* each row's scale s_q (0 from nr on) */
+    int32_t dq;                 /* head_dim rounded up to 4 */
+    int dot;                    /* the x86 dots this CPU has (ei_context.i8dot) */
+} ei__rank_q8;
+static int ei__rank_int8(const ei_config *c) {
+    return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
+}
+/* Bytes of a batch's int8 rows (q, qu, q16) and one row of d bytes. */
+static size_t ei__rank_q8_bytes(int32_t d) { return (size_t)ei__round_up(d, 4) * EI__SAMPLE_ROWS * 4u + (size_t)ei__round_up(d, 4); }
+/* x / s rounded half away from zero, clamped to +-127, for |x / s| below
+   2^31 (the quantisers' range: |x| <= 127 s up to rounding): trunc, then
+   the exact remainder decides. */
+static int8_t ei__round_i8(float t) {
+    float r = (float)(int32_t)t, f = t - r;
+    if (f >= 0.5f) r += 1.0f;
+    else if (f <= -0.5f) r -= 1.0f;
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r);
+}
+/* One row of d f32 in int8 (CONCEPTS: ranking): s = max|x| / 127, out[i] =
+   round(x[i] / s) (all zero where s is 0); returns s, or -1 if an element
+   is NaN or +-inf (out then zero). */
+static float ei__quant_i8(const float *x, int32_t d, int8_t *out) {
+    float m = 0.0f, s;
+    int32_t i;
+    for (i = 0; i < d; ++i) {
+        float a = x[i] < 0.0f ? -x[i] : x[i];
+        if (!(x[i] - x[i] == 0.0f)) {
+            memset(out, 0, (size_t)d);
+            return -1.0f;
+        }
+        m = a > m ? a : m;
+    }
+    s = m / 127.0f;
+    for (i = 0; i < d; ++i) {
+        float t = s > 0.0f ? x[i] / s : 0.0f;
+        out[i] = ei__round_i8(t);
+    }
+    return s;
+}
+
+/* EI_RANK_PRECISION_INT8's key tile of nk keys in the kernels' kbuf
+   (ei__sample_tile_keys x d rounded up to 16 floats): one key row widened
+   to f32 [dp], the tile's keys in int8 [nk][dq] and widened to int16 for
+   vpmaddwd [nk][dq], each key's scale s_k and 128 x its sum (vpdpbusd's
+   offset). */
+typedef struct ei__rank_k8 {
+    float *row;
+    int8_t *k;
+    int16_t *k16;
+    float *s;
+    int32_t *sum128;
+} ei__rank_k8;
+static ei__rank_k8 ei__rank_k8_at(float *kbuf, int32_t d, int64_t nk) {
+    ei__rank_k8 t;
+    size_t kb = (size_t)ei__round_up(nk * ei__round_up(d, 4), 64);
+    t.row = kbuf;
+    t.k = (int8_t *)(void *)(kbuf + ei__round_up(d, 16));
+    t.k16 = (int16_t *)(void *)(t.k + kb);
+    t.s = (float *)(void *)(t.k + 3u * kb);
+    t.sum128 = (int32_t *)(void *)(t.s + ei__round_up(nk, 16));
+    return t;
+}
+EI__MAYBE_UNUSED static int32_t ei__ld32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 /* The score buffer and key tile of a ranking by mass: EI_RANK_ANTIDIAGONAL
    runs the same kernels over one key in bs (ceil(n / bs) keys, one-key
    blocks), so it takes the larger of the two layouts. */
@@ -3719,6 +3879,7 @@ typedef struct ei__profile_ws {
     float *sq;            /* a batch of sampled query rows, transposed [d][EI__SAMPLE_ROWS] */
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
+    unsigned char *sq8;   /* EI_RANK_PRECISION_INT8: the batch's rows in int8 (ei__rank_q8_bytes; NULL otherwise) */
     /* EI_RANK_ANTIDIAGONAL's tile groups (ei__antidiag_grouped; NULL otherwise) */
     float *ad_q;          /* a group's rows, per phase transposed [bs][d][EI__ANTIDIAG_LANES] */
     float *ad_w;          /* their weights [bs][ad_ld][EI__ANTIDIAG_LANES] */
@@ -3746,6 +3907,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u) ||
           !ei__reserve(&total, ei__mass_lg_floats(c, n), 4u))) ||
+        (ei__rank_int8(c) && !ei__reserve(&total, ei__rank_q8_bytes(d), 1u)) ||
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
@@ -3777,6 +3939,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->keys = (float *)ei__arena_take(&a, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u);
         w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
     }
+    w->sq8 = ei__rank_int8(c) ? (unsigned char *)ei__arena_take(&a, ei__rank_q8_bytes(d), 1u) : NULL;
     w->ad_q = w->ad_w = NULL;
     w->ad_u = w->ad_last = w->ad_row = NULL;
     w->ad_ld = 0;
@@ -3814,6 +3977,10 @@ static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
         return ei__fail(ctx, EI_ERR_UNSUPPORTED,
                         "EI_RANK_ANTIDIAGONAL is a CPU ranking: profile on the CPU backend, or rank with EI_RANK_SAMPLED "
                         "on the CUDA backend");
+    if (ctx->cfg.ranking == EI_RANK_SAMPLED && ctx->cfg.rank_precision == EI_RANK_PRECISION_INT8)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "EI_RANK_PRECISION_INT8 is a CPU ranking arithmetic: profile on the CPU backend, or rank with "
+                        "EI_RANK_PRECISION_F32 on the CUDA backend");
     return EI_OK;
 }
 
@@ -3983,6 +4150,54 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 }
 
 
+/* ei__sample_mass with EI_RANK_PRECISION_INT8: each row rounded to int8
+   (ei__quant_i8; NaN or +-inf in it: 0) into the layouts of ei__rank_q8,
+   then the path's int8 kernel. */
+static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
+                              int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows,
+                              ei__profile_ws *w) {
+    enum { R = EI__SAMPLE_ROWS };
+    const ei_config *c = &ctx->cfg;
+    const int32_t d = k->head_dim, dq = (int32_t)ei__round_up(d, 4);
+    const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
+    int8_t *q8 = (int8_t *)w->sq8, *row = q8 + (size_t)dq * R * 4u;
+    uint8_t *qu = (uint8_t *)(q8 + (size_t)dq * R);
+    int16_t *q16 = (int16_t *)(void *)(q8 + (size_t)dq * R * 2u);
+    ei__rank_q8 b;
+    int64_t tok[EI__SAMPLE_ROWS];
+    int32_t i = 0, nr, e;
+    b.q = q8;
+    b.qu = qu;
+    b.q16 = q16;
+    b.dq = dq;
+    b.dot = ctx->i8dot;
+    while (i < c->rank_samples) {
+        memset(q8, 0, (size_t)dq * R);
+        memset(qu, 0x80, (size_t)dq * R);
+        memset(q16, 0, (size_t)dq * R * 2u);
+        memset(b.s, 0, sizeof b.s);
+        for (nr = 0; i < c->rank_samples && nr < R; ++i) { /* the next batch of rows, in columns */
+            int64_t t = ei__sample_token(c, s, i);
+            if (t < t_lo || t >= t_hi) continue;
+            tok[nr] = t;
+            ei__row_to_f32(ei__row(q, t - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+            if ((b.s[nr] = ei__quant_i8(w->qtmp, d, row)) < 0.0f) return 0;
+            for (e = 0; e < d; ++e) {
+                q8[((size_t)(e / 4) * R + (size_t)nr) * 4u + (size_t)(e % 4)] = row[e];
+                qu[((size_t)(e / 4) * R + (size_t)nr) * 4u + (size_t)(e % 4)] = (uint8_t)(row[e] + 128);
+                q16[((size_t)(e / 2) * R + (size_t)nr) * 2u + (size_t)(e % 2)] = row[e];
+            }
+            ++nr;
+        }
+        if (!nr) break;
+        if (!ctx->kern->rank_mass_i8(&b, tok, nr, k, kvh, scale, c->block_size,
+                                     (int64_t)s * (c->segment_size / c->block_size), w->logits, w->keys, mass))
+            return 0;
+        *rows += nr;
+    }
+    return 1;
+}
+
 /* EI_RANK_SAMPLED: add to mass[0..nvis) the block mass of the sampled rows
    of segment s whose tokens lie in [t_lo, t_hi) (CONCEPTS: ranking). q holds
    the queries of tokens from q_pos on; k every key up to the last row's
@@ -3997,6 +4212,7 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
     int64_t tok[EI__SAMPLE_ROWS];
     int32_t i = 0, nr, e;
+    if (ei__rank_int8(c)) return ei__sample_mass_i8(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
     while (i < c->rank_samples) {
         memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
         for (nr = 0; i < c->rank_samples && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of rows, in columns */
@@ -7925,8 +8141,67 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
     return 1;
 }
 
+/* EI_RANK_PRECISION_INT8's tile scores (the contract of
+   ei__sample_scores_<isa>, EI__DEFINE_SAMPLE_MASS; qx an ei__rank_q8),
+   plain: each key rounded to int8 (ei__quant_i8; NaN or +-inf: 1), then
+   per row the int32 sum of q8 k8 and the score sc s_q s_k sum, multiplied
+   in that order. Every path's int8 scores equal these bit for bit. */
+static int ei__rank_scores_i8_scalar(const void *qx, const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,
+                                     int64_t nk, float *kbuf, float sc, float *tl) {
+    enum { R = EI__SAMPLE_ROWS };
+    const ei__rank_q8 *q = (const ei__rank_q8 *)qx;
+    const int32_t d = k->head_dim;
+    ei__rank_k8 t = ei__rank_k8_at(kbuf, d, nk);
+    int64_t j;
+    int32_t r, i;
+    int bad = 0;
+    for (j = 0; j < nk; ++j) {
+        int8_t *kj = t.k + (size_t)j * (size_t)q->dq;
+        ei__row_to_f32(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, t.row);
+        if ((t.s[j] = ei__quant_i8(t.row, d, kj)) < 0.0f) bad = 1;
+        memset(kj + d, 0, (size_t)(q->dq - d)); /* the row's padding, as the vector roundings write it */
+        for (r = 0; r < R; ++r) {
+            int32_t acc = 0;
+            float x;
+            for (i = 0; i < d; ++i) acc += (int32_t)q->q[((size_t)(i / 4) * R + (size_t)r) * 4u + (size_t)(i % 4)] * kj[i];
+            x = sc * q->s[r] * t.s[j] * (float)acc;
+            if (!(x - x == 0.0f)) bad = 1;
+            tl[(size_t)j * R + (size_t)r] = x;
+        }
+    }
+    return bad;
+}
+/* The block mass of int8 rows (rank_mass_i8), the plain reference: every
+   score stored (log2 units: the scale carries log2 e), exp2f. */
+static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
+                                   float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
+    const int32_t R = EI__SAMPLE_ROWS, tk = ei__sample_tile_keys(bs);
+    float inv[EI__SAMPLE_ROWS];
+    int64_t j, b, j0;
+    int32_t r;
+    int bad = 0;
+    for (j0 = 0; j0 <= tok[nr - 1]; j0 += tk)
+        bad |= ei__rank_scores_i8_scalar(q, k, kvh, NULL, j0, EI__MIN((int64_t)tk, tok[nr - 1] + 1 - j0), kbuf,
+                                         scale * 1.44269504088896341f, lg + (size_t)j0 * (size_t)R);
+    if (bad) return 0;
+    for (r = 0; r < nr; ++r) { /* softmax of row r over keys 0..tok[r] */
+        float m = -FLT_MAX;
+        double z = 0.0;
+        for (j = 0; j <= tok[r]; ++j) m = lg[(size_t)j * R + (size_t)r] > m ? lg[(size_t)j * R + (size_t)r] : m;
+        for (j = 0; j <= tok[r]; ++j) z += (double)(lg[(size_t)j * R + (size_t)r] = exp2f(lg[(size_t)j * R + (size_t)r] - m));
+        inv[r] = (float)(1.0 / z);
+    }
+    for (b = 0; b < nvis; ++b) /* per block, rows added in row order; row r sees keys 0..tok[r] */
+        for (r = 0; r < nr; ++r) {
+            float acc = 0.0f;
+            for (j = b * bs; j < (b + 1) * bs && j <= tok[r]; ++j) acc += lg[(size_t)j * R + (size_t)r];
+            mass[b] += acc * inv[r];
+        }
+    return 1;
+}
+
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, ei__sample_mass_scalar, NULL, NULL, NULL, NULL, NULL, 0};
+                                               ei__sample_mass_scalar, ei__sample_mass_scalar, ei__rank_mass_i8_scalar, NULL, NULL, NULL, NULL, NULL, 0};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -8151,8 +8426,137 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
+/* EI_RANK_PRECISION_INT8 on ymm. Keys rounded to int8 as ei__quant_i8
+   rounds them, 8 elements at a time (max|x| is exact in any order, the
+   division correctly rounded, trunc and the remainder exact: the same
+   bytes), into the tile's int8 and int16 rows (ei__rank_k8); 1 if a key
+   holds NaN or +-inf. */
+EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,
+                                                    int64_t nk, int32_t dq, const ei__rank_k8 *t) {
+    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), one = _mm256_set1_ps(1.0f);
+    int64_t j;
+    int32_t c0;
+    int bad = 0;
+    for (j = 0; j < nk; ++j) {
+        int8_t *k8 = t->k + (size_t)j * (size_t)dq;
+        int16_t *k16 = t->k16 + (size_t)j * (size_t)dq;
+        __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps(), sv;
+        __m128 m4;
+        __m256i sum = _mm256_setzero_si256();
+        float s;
+        ei__attn_row_f32_avx2(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, dp, t->row);
+        for (c0 = 0; c0 < dq; c0 += 8) {
+            __m256 x = _mm256_loadu_ps(t->row + c0);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_sub_ps(x, x), _CMP_UNORD_Q));
+            m = _mm256_max_ps(m, _mm256_and_ps(x, absm));
+        }
+        m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        s = _mm_cvtss_f32(m4) / 127.0f;
+        if (_mm256_movemask_ps(nan)) {
+            bad = 1;
+            s = 0.0f;
+        }
+        t->s[j] = s;
+        sv = _mm256_set1_ps(s > 0.0f ? s : 1.0f);
+        for (c0 = 0; c0 < dq; c0 += 8) {
+            __m256 x = _mm256_div_ps(_mm256_loadu_ps(t->row + c0), sv);
+            __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(x, r);
+            __m256i v;
+            __m128i p16, p8;
+            r = _mm256_add_ps(r, _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
+            r = _mm256_sub_ps(r, _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one));
+            r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+            v = s > 0.0f ? _mm256_cvtps_epi32(r) : _mm256_setzero_si256();
+            sum = _mm256_add_epi32(sum, v);
+            p16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            p8 = _mm_packs_epi16(p16, p16);
+            if (dq - c0 >= 8) {
+                _mm_storeu_si128((__m128i *)(void *)(k16 + c0), p16);
+                _mm_storel_epi64((__m128i *)(void *)(k8 + c0), p8);
+            } else { /* the last 4 */
+                int32_t w8 = _mm_cvtsi128_si32(p8);
+                memcpy(k16 + c0, &p16, 8);
+                memcpy(k8 + c0, &w8, 4);
+            }
+        }
+        {
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            t->sum128[j] = 128 * _mm_cvtsi128_si32(s4);
+        }
+    }
+    return bad;
+}
+/* The tile scores on ymm, 8 rows a vector, 8 keys at a time: a group of
+   4 bytes (vpdpbusd: q + 128 against the key's bytes, less 128 x the key's
+   sum) or 2 int16 (vpmaddwd) of every row against a broadcast group of the
+   key; then sc s_q s_k times the sum, as ei__rank_scores_i8_scalar. */
+#define EI__DEFINE_RANK_SCORES_I8_YMM(name, TARGET, QB, KB, KSZ, NG, DOT, CORR)                                \
+    TARGET static int name(const void *qx, const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,     \
+                           int64_t nk, float *kbuf, float scf, float *tl) {                                       \
+        enum { R = EI__SAMPLE_ROWS };                                                                           \
+        const ei__rank_q8 *q = (const ei__rank_q8 *)qx;                                                         \
+        const int32_t dq = q->dq, ng = NG;                                                                      \
+        ei__rank_k8 t = ei__rank_k8_at(kbuf, k->head_dim, nk);                                                  \
+        const unsigned char *qb = (const unsigned char *)(QB), *kb = (const unsigned char *)(KB);               \
+        __m256 nan = _mm256_setzero_ps();                                                                       \
+        int64_t j;                                                                                              \
+        int32_t g, u, v;                                                                                        \
+        int bad = ei__rank_quant_keys_avx2(k, kvh, krow, j0, nk, dq, &t);                                      \
+        for (j = 0; j < nk; j += 8)                                                                             \
+            for (v = 0; v < R / 8; ++v) {                                                                       \
+                const unsigned char *kr[8];                                                                     \
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; \
+                __m256 rs = _mm256_mul_ps(_mm256_set1_ps(scf), _mm256_loadu_ps(q->s + v * 8));                 \
+                __m256i acc[8];                                                                                 \
+                for (u = 0; u < 8; ++u) kr[u] = kb + (size_t)EI__MIN(j + u, nk - 1) * (size_t)dq * (KSZ); \
+                for (g = 0; g < ng; ++g) {                                                                      \
+                    __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(qb + ((size_t)g * R + (size_t)v * 8) * 4u)); \
+                    a0 = DOT(a0, qv, _mm256_set1_epi32(ei__ld32(kr[0] + (size_t)g * 4u)));                     \
+                    a1 = DOT(a1, qv, _mm256_set1_epi32(ei__ld32(kr[1] + (size_t)g * 4u)));                     \
+                    a2 = DOT(a2, qv, _mm256_set1_epi32(ei__ld32(kr[2] + (size_t)g * 4u)));                     \
+                    a3 = DOT(a3, qv, _mm256_set1_epi32(ei__ld32(kr[3] + (size_t)g * 4u)));                     \
+                    a4 = DOT(a4, qv, _mm256_set1_epi32(ei__ld32(kr[4] + (size_t)g * 4u)));                     \
+                    a5 = DOT(a5, qv, _mm256_set1_epi32(ei__ld32(kr[5] + (size_t)g * 4u)));                     \
+                    a6 = DOT(a6, qv, _mm256_set1_epi32(ei__ld32(kr[6] + (size_t)g * 4u)));                     \
+                    a7 = DOT(a7, qv, _mm256_set1_epi32(ei__ld32(kr[7] + (size_t)g * 4u)));                     \
+                }                                                                                               \
+                acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7; \
+                for (u = 0; u < 8 && j + u < nk; ++u) {                                                         \
+                    __m256i dot = (CORR) ? _mm256_sub_epi32(acc[u], _mm256_set1_epi32(t.sum128[j + u])) : acc[u]; \
+                    __m256 x = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_set1_ps(t.s[j + u])), _mm256_cvtepi32_ps(dot)); \
+                    nan = _mm256_or_ps(nan, _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_sub_ps(x, x), _CMP_UNORD_Q)); \
+                    _mm256_storeu_ps(tl + (size_t)(j + u) * R + (size_t)v * 8, x);                              \
+                }                                                                                               \
+            }                                                                                                   \
+        return bad | (_mm256_movemask_ps(nan) != 0);                                                            \
+    }
+#define EI__RANK_DOT_MADD(acc, q, k) _mm256_add_epi32(acc, _mm256_madd_epi16(q, k))
+EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avx2, EI__TARGET_AVX2, q->q16, t.k16, 2u, dq / 2, EI__RANK_DOT_MADD, 0)
+#ifdef EI__HAVE_AVXVNNI
+#define EI__RANK_DOT_AVXVNNI(acc, q, k) _mm256_dpbusd_avx_epi32(acc, q, k)
+EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avxvnni, EI__TARGET_AVXVNNI, q->qu, t.k, 1u, dq / 4, EI__RANK_DOT_AVXVNNI, 1)
+#endif
+/* The int8 scores on ymm this CPU runs: vpdpbusd (AVX-VNNI) or vpmaddwd. */
+static ei__sample_scores_fn ei__rank_scores_i8_ymm(int dot) {
+#ifdef EI__HAVE_AVXVNNI
+    if (dot & EI__I8DOT_AVXVNNI) return ei__rank_scores_i8_avxvnni;
+#endif
+    (void)dot;
+    return ei__rank_scores_i8_avx2;
+}
+EI__TARGET_AVX2 static int ei__rank_mass_i8_avx2(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k,
+                                                 int32_t kvh, float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf,
+                                                 float *mass) {
+    return ei__sample_mass_by_avx2(ei__rank_scores_i8_ymm(q->dot), q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
+}
+
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, ei__sample_mass_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
+                                             ei__sample_mass_avx2, ei__sample_mass_avx2, ei__rank_mass_i8_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
                                              ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX2 */
 
@@ -8397,8 +8801,118 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
+/* EI_RANK_PRECISION_INT8 on zmm: keys rounded as ei__rank_quant_keys_avx2
+   rounds them (the same bytes), 16 elements at a time, int8 rows only;
+   then vpdpbusd (AVX512_VNNI), 32 rows in two vectors, 8 keys at a time:
+   a group of 4 bytes of q + 128 against the key's broadcast group, less
+   128 x the key's sum; sc s_q s_k times the sum, as the plain scores. A CPU
+   without AVX512_VNNI takes the ymm scores (ei__rank_scores_i8_ymm). */
+#ifdef EI__HAVE_AVX512VNNI
+EI__TARGET_AVX512 static int ei__rank_quant_keys_avx512(const ei_tensor *k, int32_t kvh, int64_t j0, int64_t nk, int32_t dq,
+                                                        const ei__rank_k8 *t) {
+    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int64_t j;
+    int32_t c0;
+    int bad = 0;
+    for (j = 0; j < nk; ++j) {
+        int8_t *k8 = t->k + (size_t)j * (size_t)dq;
+        __m512 m = _mm512_setzero_ps(), sv;
+        __m512i sum = _mm512_setzero_si512();
+        __mmask16 nan = 0;
+        float s;
+        ei__attn_row_f32_avx512(ei__row(k, j0 + j, kvh), k->dtype, d, dp, t->row);
+        for (c0 = 0; c0 < dq; c0 += 16) {
+            __m512 x = _mm512_loadu_ps(t->row + c0), z = _mm512_sub_ps(x, x);
+            nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+            m = _mm512_max_ps(m, _mm512_abs_ps(x));
+        }
+        s = _mm512_reduce_max_ps(m) / 127.0f;
+        if (nan) {
+            bad = 1;
+            s = 0.0f;
+        }
+        t->s[j] = s;
+        sv = _mm512_set1_ps(s > 0.0f ? s : 1.0f);
+        for (c0 = 0; c0 < dq; c0 += 16) {
+            __m512 x = _mm512_div_ps(_mm512_loadu_ps(t->row + c0), sv);
+            __m512 r = _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, r);
+            __m512i v;
+            r = _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), r, one);
+            r = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(f, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), r, one);
+            r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+            v = s > 0.0f ? _mm512_cvtps_epi32(r) : _mm512_setzero_si512();
+            sum = _mm512_add_epi32(sum, v);
+            _mm512_mask_cvtepi32_storeu_epi8(k8 + c0, (__mmask16)(dq - c0 >= 16 ? 0xffffu : (1u << (dq - c0)) - 1u), v);
+        }
+        t->sum128[j] = 128 * _mm512_reduce_add_epi32(sum);
+    }
+    return bad;
+}
+EI__TARGET_AVX512VNNI static int ei__rank_scores_i8_avx512vnni(const void *qx, const ei_tensor *k, int32_t kvh,
+                                                               const int32_t *krow, int64_t j0, int64_t nk, float *kbuf,
+                                                               float scf, float *tl) {
+    enum { R = EI__SAMPLE_ROWS };
+    const ei__rank_q8 *q = (const ei__rank_q8 *)qx;
+    const int32_t dq = q->dq, ng = dq / 4;
+    ei__rank_k8 t = ei__rank_k8_at(kbuf, k->head_dim, nk);
+    const __m512 r0 = _mm512_mul_ps(_mm512_set1_ps(scf), _mm512_loadu_ps(q->s)),
+                 r1 = _mm512_mul_ps(_mm512_set1_ps(scf), _mm512_loadu_ps(q->s + 16));
+    __mmask16 nan = 0;
+    int64_t j;
+    int32_t g, u;
+    int bad = ei__rank_quant_keys_avx512(k, kvh, j0, nk, dq, &t);
+    (void)krow; /* the ranking reads keys in position order */
+    for (j = 0; j < nk; j += 8) {
+        const int8_t *kr[8];
+        __m512i a[8], b[8];
+        for (u = 0; u < 8; ++u) {
+            kr[u] = t.k + (size_t)EI__MIN(j + u, nk - 1) * (size_t)dq;
+            a[u] = b[u] = _mm512_setzero_si512();
+        }
+        for (g = 0; g < ng; ++g) {
+            const __m512i q0 = _mm512_loadu_si512(q->qu + (size_t)g * R * 4u), q1 = _mm512_loadu_si512(q->qu + (size_t)g * R * 4u + 64);
+            __m512i kb;
+            kb = _mm512_set1_epi32(ei__ld32(kr[0] + (size_t)g * 4u)); a[0] = _mm512_dpbusd_epi32(a[0], q0, kb); b[0] = _mm512_dpbusd_epi32(b[0], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[1] + (size_t)g * 4u)); a[1] = _mm512_dpbusd_epi32(a[1], q0, kb); b[1] = _mm512_dpbusd_epi32(b[1], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[2] + (size_t)g * 4u)); a[2] = _mm512_dpbusd_epi32(a[2], q0, kb); b[2] = _mm512_dpbusd_epi32(b[2], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[3] + (size_t)g * 4u)); a[3] = _mm512_dpbusd_epi32(a[3], q0, kb); b[3] = _mm512_dpbusd_epi32(b[3], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[4] + (size_t)g * 4u)); a[4] = _mm512_dpbusd_epi32(a[4], q0, kb); b[4] = _mm512_dpbusd_epi32(b[4], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[5] + (size_t)g * 4u)); a[5] = _mm512_dpbusd_epi32(a[5], q0, kb); b[5] = _mm512_dpbusd_epi32(b[5], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[6] + (size_t)g * 4u)); a[6] = _mm512_dpbusd_epi32(a[6], q0, kb); b[6] = _mm512_dpbusd_epi32(b[6], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(kr[7] + (size_t)g * 4u)); a[7] = _mm512_dpbusd_epi32(a[7], q0, kb); b[7] = _mm512_dpbusd_epi32(b[7], q1, kb);
+        }
+        for (u = 0; u < 8 && j + u < nk; ++u) {
+            const __m512i corr = _mm512_set1_epi32(t.sum128[j + u]);
+            const __m512 ks = _mm512_set1_ps(t.s[j + u]);
+            __m512 x0 = _mm512_mul_ps(_mm512_mul_ps(r0, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(a[u], corr)));
+            __m512 x1 = _mm512_mul_ps(_mm512_mul_ps(r1, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(b[u], corr)));
+            __m512 z0 = _mm512_sub_ps(x0, x0), z1 = _mm512_sub_ps(x1, x1); /* NaN for NaN and +-inf */
+            nan |= _mm512_cmp_ps_mask(z0, z0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(z1, z1, _CMP_UNORD_Q);
+            _mm512_storeu_ps(tl + (size_t)(j + u) * R, x0);
+            _mm512_storeu_ps(tl + (size_t)(j + u) * R + 16, x1);
+        }
+    }
+    return bad | (nan != 0);
+}
+#endif
+/* rank_mass_i8 of the AVX-512 paths: the avx512 walk over the widest int8
+   scores this CPU and build have. */
+EI__TARGET_AVX512 static int ei__rank_mass_i8_avx512(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k,
+                                                     int32_t kvh, float scale, int32_t bs, int64_t nvis, float *lg,
+                                                     float *kbuf, float *mass) {
+    ei__sample_scores_fn scores = ei__rank_scores_i8_scalar;
+#ifdef EI__HAVE_AVX2
+    scores = ei__rank_scores_i8_ymm(q->dot);
+#endif
+#ifdef EI__HAVE_AVX512VNNI
+    if (q->dot & EI__I8DOT_AVX512VNNI) scores = ei__rank_scores_i8_avx512vnni;
+#endif
+    return ei__sample_mass_by_avx512(scores, q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
+}
+
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, ei__sample_mass_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
+                                               ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
                                                ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512 */
 
@@ -8638,7 +9152,8 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
                                                     ei__attn_store_avx512};
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
-                                                   ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16, &ei__attn_avx512,
+                                                   ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16,
+                                                   ei__rank_mass_i8_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
                                                    ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */
@@ -8839,7 +9354,8 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_softmax_amx, ei__attn_pack_p_amx, ei__attn_pv_amx,
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
-                                            ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
+                                            ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
+                                            &ei__attn_avx512, &ei__attn_amx, NULL,
                                             ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AMX */
 
@@ -9057,8 +9573,14 @@ static void ei__attn_pv_neon(const ei__attn_job *J, ei__attn_ws *w, const ei__at
 /* f32 arithmetic for every dtype (f16/bf16 rows widened per tile, as avx2). */
 static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep_kv_neon, ei__attn_scores_neon,
                                               ei__attn_softmax_neon, NULL, ei__attn_pv_neon, ei__attn_store_neon};
+/* EI_RANK_PRECISION_INT8 on NEON: the neon walk over the plain int8
+   scores (an sdot kernel is future work; the scores are the same). */
+static int ei__rank_mass_i8_neon(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
+                                 float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
+    return ei__sample_mass_by_neon(ei__rank_scores_i8_scalar, q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
+}
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
+                                             ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
                                              ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
@@ -9132,7 +9654,8 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_scores_neon_bf16, ei__attn_softmax_neon, NULL,
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
+                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
+                                                  &ei__attn_neon, &ei__attn_neon_bf16, NULL,
                                                   ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
@@ -9228,7 +9751,8 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_scores_neon_bfmmla, ei__attn_softmax_neon, NULL,
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
-                                                    ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon,
+                                                    ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon,
+                                                    ei__rank_mass_i8_neon, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
                                                     ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_BF16 */
@@ -9348,7 +9872,8 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_scores_neon_fhm, ei__attn_softmax_neon, NULL,
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
-                                                 ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
+                                                 ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
+                                                 &ei__attn_neon, NULL, &ei__attn_neon_fhm,
                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */

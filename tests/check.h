@@ -675,20 +675,48 @@ CHECK_FN int ref_budget_on_edge(const ei_config *c, double budget, double tol) {
     return frac * c->block_size < tol || (1.0 - frac) * c->block_size < tol;
 }
 /* ------------------------------------------------------------ reference ranking (beyond the paper) */
+/* EI_RANK_PRECISION_INT8's rounding of a row (entropyinfer.h CONCEPTS:
+   ranking), the test's own: s = max|x| / 127 in float32, lroundf(x / s)
+   (half away from zero) clamped to +-127, all zero where s is 0; returns s. */
+CHECK_FN float ref_quant_i8(const float *x, int32_t d, int32_t *out) {
+    float m = 0.0f, s;
+    int32_t i;
+    for (i = 0; i < d; ++i) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    s = m / 127.0f;
+    for (i = 0; i < d; ++i) {
+        long v = s > 0.0f ? lroundf(x[i] / s) : 0;
+        out[i] = (int32_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return s;
+}
 /* EI_RANK_SAMPLED in double: the block mass of segment s of kv head kvh over
    the first n tokens (entropyinfer.h CONCEPTS: ranking), into mass[0..nvis);
    with given (chunked planning: given[t] = 1 where the plan holds the query
-   of token t) only the rows of given tokens. Returns the rows summed. */
+   of token t) only the rows of given tokens. With EI_RANK_PRECISION_INT8
+   the logits are scale s_q s_k (q8 . k8), the rows and keys rounded by
+   ref_quant_i8 and the sums exact. Returns the rows summed. */
 CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
                                     int64_t n, const unsigned char *given, double *mass) {
     const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
     const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt((double)d);
+    const int i8 = c->rank_precision == EI_RANK_PRECISION_INT8;
     double *lg = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    float *xf = (float *)malloc(sizeof(float) * (size_t)d), *sk = NULL, sq = 0.0f;
+    int32_t *k8 = NULL, *q8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)d);
     int64_t b, j;
     int32_t i, e;
     int rows = 0;
-    if (!lg) { printf("out of memory\n"); exit(2); }
+    if (!lg || !xf || !q8) { printf("out of memory\n"); exit(2); }
+    if (i8) { /* every key of the first n, rounded */
+        k8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)d * (size_t)(n > 0 ? n : 1));
+        sk = (float *)malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        if (!k8 || !sk) { printf("out of memory\n"); exit(2); }
+        for (j = 0; j < n; ++j) {
+            for (e = 0; e < d; ++e) xf[e] = (float)ref_at(k, j, kvh, e);
+            sk[j] = ref_quant_i8(xf, d, k8 + (size_t)j * (size_t)d);
+        }
+    }
     for (b = 0; b < nvis; ++b) mass[b] = 0.0;
     for (i = 0; i < c->rank_samples; ++i) {
         int64_t t = ei__sample_token(c, s, i);
@@ -696,9 +724,18 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
         double m = -HUGE_VAL, z = 0.0;
         if (t >= n || (given && !given[t])) continue;
         rows++;
+        if (i8) {
+            for (e = 0; e < d; ++e) xf[e] = (float)ref_at(q, t, h, e);
+            sq = ref_quant_i8(xf, d, q8);
+        }
         for (j = 0; j <= t; ++j) {
             double acc = 0.0;
-            for (e = 0; e < d; ++e) acc += ref_at(q, t, h, e) * ref_at(k, j, kvh, e);
+            if (i8) {
+                int64_t acc8 = 0;
+                for (e = 0; e < d; ++e) acc8 += (int64_t)q8[e] * k8[(size_t)j * (size_t)d + (size_t)e];
+                acc = (double)sq * (double)sk[j] * (double)acc8;
+            } else
+                for (e = 0; e < d; ++e) acc += ref_at(q, t, h, e) * ref_at(k, j, kvh, e);
             lg[j] = scale * acc;
             if (lg[j] > m) m = lg[j];
         }
@@ -706,6 +743,10 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
         for (j = 0; j < nvis * bs; ++j) mass[j / bs] += lg[j] / z;
     }
     free(lg);
+    free(xf);
+    free(q8);
+    free(k8);
+    free(sk);
     return rows;
 }
 CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,

@@ -57,9 +57,9 @@ enum { LAY_CONTIG, LAY_STRIDED, LAY_HEAD_MAJOR, LAY_PADDED, LAY_COUNT };
 static const char *const ops_layout_names[LAY_COUNT] CHECK_UNUSED = {"contig", "strided", "head-major", "padded"};
 
 /* Configurations. */
-enum { CFG_SMALL, CFG_SAMPLED, CFG_PSEG, CFG_INTERLEAVED, CFG_WIDE, CFG_DECODE, CFG_DECODE_MAX, CFG_DECODE_PERQ,
+enum { CFG_SMALL, CFG_SAMPLED, CFG_PSEG, CFG_INTERLEAVED, CFG_WIDE, CFG_SAMPLED_I8, CFG_DECODE, CFG_DECODE_MAX, CFG_DECODE_PERQ,
        CFG_DECODE_512, CFG_DECODE_300, CFG_DECODE_256, CFG_DECODE_128, CFG_COUNT };
-static const char *const ops_cfg_names[CFG_COUNT] CHECK_UNUSED = {"small", "sampled", "per-seg", "seg64", "seg512",
+static const char *const ops_cfg_names[CFG_COUNT] CHECK_UNUSED = {"small", "sampled", "per-seg", "seg64", "seg512", "sampled-i8",
                                                                   "decode", "dec-max", "dec-perq", "b512", "b300-max",
                                                                   "b256-perq", "b128"};
 
@@ -123,6 +123,12 @@ static const ops_case ops_cases[] CHECK_UNUSED = {
     {OP_PROFILE_CHUNKED,    900,  8,  2,  64,  BF16, BF16, F32,  LAY_PADDED,     2, CFG_SMALL,       3,  "1rt"},
     {OP_PROFILE_CHUNKED,    1000, 4,  1,  128, F32,  F16,  F32,  LAY_PADDED,     3, CFG_SAMPLED,     2,  "t1p"},
     {OP_PROFILE_CHUNKED,    700,  6,  2,  64,  F16,  F16,  F32,  LAY_STRIDED,    4, CFG_SAMPLED,     2,  "1pt"},
+    /* the sampled ranking's int8 scores: odd head_dim, GQA, every dtype, chunked */
+    {OP_PROFILE,            900,  8,  2,  64,  BF16, BF16, F32,  LAY_CONTIG,     0, CFG_SAMPLED_I8,  2,  "1tp"},
+    {OP_PROFILE,            700,  6,  3,  33,  F32,  F16,  F32,  LAY_STRIDED,    0, CFG_SAMPLED_I8,  3,  "t1r"},
+    {OP_PROFILE,            640,  4,  1,  256, F16,  F16,  F32,  LAY_HEAD_MAJOR, 0, CFG_SAMPLED_I8,  2,  "1pt"},
+    {OP_PROFILE_CHUNKED,    1000, 8,  2,  128, BF16, BF16, F32,  LAY_PADDED,     2, CFG_SAMPLED_I8,  2,  "1tp"},
+    {OP_PROFILE_CHUNKED,    800,  4,  1,  40,  F32,  F32,  F32,  LAY_CONTIG,     3, CFG_SAMPLED_I8,  3,  "t1p"},
     {OP_PROFILE_CHUNKED,    800,  16, 2,  32,  F32,  BF16, F32,  LAY_HEAD_MAJOR, 2, CFG_PSEG,        3,  "1tp"},
     {OP_PLAN_FINALIZE,      800,  8,  4,  64,  F32,  F32,  F32,  LAY_CONTIG,     0, CFG_PSEG,        2,  "p1t"},
     {OP_PLAN_FINALIZE,      640,  8,  2,  64,  BF16, BF16, F32,  LAY_STRIDED,    0, CFG_PSEG,        2,  "r1t"},
@@ -187,12 +193,16 @@ CHECK_FN ei_config ops_config(int cfg) {
     c.block_size = 8;
     c.threshold_len = 256;
     c.base_budget = 128;
-    if (cfg == CFG_SAMPLED) {
+    if (cfg == CFG_SAMPLED || cfg == CFG_SAMPLED_I8) {
         c.ranking = EI_RANK_SAMPLED;
         c.rank_samples = 16;
         c.top_p = 0.9;
         c.sink_blocks = 1;
         c.local_blocks = 2;
+    }
+    if (cfg == CFG_SAMPLED_I8) { /* int8 scores (CPU only: the GPU refuses them), more rows */
+        c.rank_precision = EI_RANK_PRECISION_INT8;
+        c.rank_samples = 40;
     }
     if (cfg == CFG_PSEG) { /* e_t 1: rigid heads beside dynamic ones on this data */
         c.per_segment_budget = 1;

@@ -988,6 +988,297 @@ static void test_ranking_options(void) {
     synth_layer_free(&L);
 }
 
+/* ------------------------------------------------------------ the sampled ranking in int8 */
+/* EI_RANK_PRECISION_INT8 (CONCEPTS: ranking): the rounding against the
+   test's own (check.h ref_quant_i8) and at exact halves; every x86 int8
+   dot this CPU has (vpdpbusd on zmm and ymm, vpmaddwd) gives the plain
+   scores bit for bit, and the keys' bytes and scales; every path's block
+   mass within 1e-3 of the plain one; plans (counts, blocks) equal on every
+   path and dot for f32, f16 and bf16, GQA, odd head_dim, a zero query row;
+   NaN in a sampled row or a key: EI_ERR_NONFINITE; the int8 plan keeps
+   nearly the f32 plan's blocks. */
+static uint64_t i8_rng = 0x1234567ull;
+static float i8_nrand(void) { /* a rough normal: the sum of 4 uniforms, centred */
+    float x = 0.0f;
+    int i;
+    for (i = 0; i < 4; ++i) {
+        i8_rng = i8_rng * 6364136223846793005ull + 1442695040888963407ull;
+        x += (float)(i8_rng >> 40) / (float)(1u << 24);
+    }
+    return (x - 2.0f) * 1.7f;
+}
+/* The int8 dots of path p that this CPU has (ei__cpu_i8dot's bits), each
+   one a run: bit sets to force through ctx->i8dot. */
+static int i8_dots(ei_simd p, int *dots) {
+    int have = ei__cpu_i8dot(), n = 0;
+    dots[n++] = 0;
+    if (p == EI_SIMD_AVX2 || p == EI_SIMD_AVX512 || p == EI_SIMD_AVX512_BF16 || p == EI_SIMD_AMX) {
+        if (have & EI__I8DOT_AVXVNNI) dots[n++] = EI__I8DOT_AVXVNNI;
+        if (p != EI_SIMD_AVX2 && (have & EI__I8DOT_AVX512VNNI)) dots[n++] = have;
+    }
+    return n;
+}
+/* 64-byte aligned memory, as the library's workspaces are. */
+static void *i8_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) { printf("out of memory\n"); exit(2); }
+    return p;
+}
+static void test_rank_int8_kernels(void) {
+    static const int32_t dims[] = {1, 7, 33, 64, 130, 256};
+    enum { R = EI__SAMPLE_ROWS, NK = 70, NR = 29 };
+    size_t di;
+    int dt, i, n_scores = 0, n_mass = 0;
+    { /* exact halves round away from zero; s = max|x| / 127 */
+        float x[8] = {127.0f, 0.5f, 1.5f, -2.5f, 126.5f, -0.5f, -126.5f, 0.49999997f};
+        int8_t out[8], want[8] = {127, 1, 2, -3, 127, -1, -127, 0};
+        int32_t r8[8];
+        float s = ei__quant_i8(x, 8, out);
+        CHECK(s == 1.0f && !memcmp(out, want, 8), "int8 rounding at halves: s %g, %d %d %d %d %d %d %d %d", (double)s, out[0],
+              out[1], out[2], out[3], out[4], out[5], out[6], out[7]);
+        CHECK(ref_quant_i8(x, 8, r8) == s, "int8 rounding: the test's scale");
+        for (i = 0; i < 8; ++i) CHECK(r8[i] == out[i], "int8 rounding: element %d: %d, the test's %d", i, out[i], (int)r8[i]);
+        memset(x, 0, sizeof x);
+        CHECK(ei__quant_i8(x, 8, out) == 0.0f && !memcmp(out, "\0\0\0\0\0\0\0\0", 8), "an all-zero row: scale 0, zeros");
+        x[3] = NAN;
+        CHECK(ei__quant_i8(x, 8, out) < 0.0f, "a NaN element is reported");
+        x[3] = -INFINITY;
+        CHECK(ei__quant_i8(x, 8, out) < 0.0f, "an infinite element is reported");
+    }
+    for (di = 0; di < sizeof dims / sizeof dims[0]; ++di)
+        for (dt = 0; dt < 3; ++dt) {
+            const int32_t d = dims[di], dq = (int32_t)ei__round_up(d, 4), dp = (int32_t)ei__round_up(d, 16);
+            const int32_t tk = ei__sample_tile_keys(8);
+            float *kf = (float *)malloc(sizeof(float) * NK * 2 * (size_t)d), *row = (float *)malloc(sizeof(float) * (size_t)d);
+            void *kd;
+            ei_tensor k;
+            int8_t *q8 = (int8_t *)calloc((size_t)dq * R, 1), *rq = (int8_t *)malloc((size_t)dq);
+            uint8_t *qu = (uint8_t *)malloc((size_t)dq * R);
+            int16_t *q16 = (int16_t *)calloc((size_t)dq * R, 2);
+            float *kb_ref = (float *)i8_alloc(sizeof(float) * (size_t)tk * dp), *kb = (float *)i8_alloc(sizeof(float) * (size_t)tk * dp);
+            float *tl_ref = (float *)i8_alloc(sizeof(float) * NK * R), *tl = (float *)i8_alloc(sizeof(float) * NK * R);
+            float *lg = (float *)i8_alloc(sizeof(float) * ei__sample_lg_floats(300, 8)), mref[40], m[40];
+            int64_t tok[NR];
+            ei__rank_q8 b;
+            int32_t r, e, tile;
+            int p;
+            char what[96];
+            memset(&b, 0, sizeof b);
+            for (i = 0; i < NK * 2 * d; ++i) kf[i] = i8_nrand() * (i % 5 == 0 ? 3.0f : 1.0f);
+            for (e = 0; e < d; ++e) kf[(size_t)5 * 2 * d + e] = 0.0f; /* an all-zero key (kv head 0, key 5) */
+            kd = to_dtype(kf, (size_t)NK * 2 * d, (ei_dtype)dt);
+            k = ei_tensor_make(kd, (ei_dtype)dt, NK, 2, d);
+            memset(qu, 0x80, (size_t)dq * R);
+            for (r = 0; r < NR; ++r) { /* rows from NR on zero; row 3 all zero */
+                for (e = 0; e < d; ++e) row[e] = r == 3 ? 0.0f : i8_nrand();
+                b.s[r] = ei__quant_i8(row, d, rq);
+                for (e = 0; e < d; ++e) {
+                    q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)] = rq[e];
+                    qu[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)] = (uint8_t)(rq[e] + 128);
+                    q16[((size_t)(e / 2) * R + (size_t)r) * 2u + (size_t)(e % 2)] = rq[e];
+                }
+            }
+            b.q = q8; b.qu = qu; b.q16 = q16; b.dq = dq;
+            for (r = 0; r < NR; ++r) tok[r] = 20 + (int64_t)r * (NK - 21) / (NR - 1); /* ascending to the last key: two tiles */
+            for (tile = 0; tile * tk < NK; ++tile) { /* scores: every dot against the plain ones, bit for bit */
+                int64_t j0 = (int64_t)tile * tk, nk = EI__MIN((int64_t)tk, (int64_t)NK - j0), j;
+                ei__sample_scores_fn fns[4];
+                const char *names[4];
+                int nf = 0, f, bad_ref;
+                ei__rank_k8 t_ref = ei__rank_k8_at(kb_ref, d, nk), t = ei__rank_k8_at(kb, d, nk);
+                bad_ref = ei__rank_scores_i8_scalar(&b, &k, 1, NULL, j0, nk, kb_ref, 0.3f, tl_ref);
+                CHECK(!bad_ref, "int8 scores: finite data reported non-finite");
+                for (j = 0; j < nk; ++j) { /* the plain scores against the test's arithmetic */
+                    int32_t kq[1100], qq[1100];
+                    float sk;
+                    for (e = 0; e < d; ++e) row[e] = (float)ref_at(&k, j0 + j, 1, e);
+                    sk = ref_quant_i8(row, d, kq);
+                    CHECK(sk == t_ref.s[j], "int8 key scale %g, the test's %g", (double)t_ref.s[j], (double)sk);
+                    for (r = 0; r < R; ++r) {
+                        int32_t acc = 0;
+                        float want;
+                        for (e = 0; e < d; ++e) qq[e] = q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)];
+                        for (e = 0; e < d; ++e) acc += qq[e] * kq[e];
+                        want = 0.3f * b.s[r] * sk * (float)acc;
+                        if (memcmp(&want, &tl_ref[j * R + r], 4))
+                            CHECK(0, "int8 plain score [%d][%d]: %g, the test's %g", (int)j, r, (double)tl_ref[j * R + r], (double)want);
+                    }
+                }
+#ifdef EI__HAVE_AVX2
+                if (ei_cpu_supports(EI_SIMD_AVX2)) { fns[nf] = ei__rank_scores_i8_avx2; names[nf++] = "vpmaddwd"; }
+#endif
+#ifdef EI__HAVE_AVXVNNI
+                if (ei__cpu_i8dot() & EI__I8DOT_AVXVNNI) { fns[nf] = ei__rank_scores_i8_avxvnni; names[nf++] = "avx-vnni"; }
+#endif
+#ifdef EI__HAVE_AVX512VNNI
+                if (ei__cpu_i8dot() & EI__I8DOT_AVX512VNNI) { fns[nf] = ei__rank_scores_i8_avx512vnni; names[nf++] = "avx512-vnni"; }
+#endif
+                for (f = 0; f < nf; ++f) {
+                    int bad = fns[f](&b, &k, 1, NULL, j0, nk, kb, 0.3f, tl);
+                    snprintf(what, sizeof what, "int8 scores, %s, d %d, %s, tile %d", names[f], (int)d, dtype_name((ei_dtype)dt), tile);
+                    CHECK(!bad, "%s: finite data reported non-finite", what);
+                    CHECK(!memcmp(tl, tl_ref, sizeof(float) * (size_t)nk * R), "%s: not the plain scores bit for bit", what);
+                    CHECK(!memcmp(t.k, t_ref.k, (size_t)nk * (size_t)dq) && !memcmp(t.s, t_ref.s, sizeof(float) * (size_t)nk),
+                          "%s: the keys' bytes or scales differ from the plain rounding", what);
+                    n_scores++;
+                }
+                (void)names;
+            }
+            /* masses: every path's walk (and dot) against the plain one */
+            memset(mref, 0, sizeof mref);
+            CHECK(ei__rank_mass_i8_scalar(&b, tok, NR, &k, 0, 0.125f, 8, 8, lg, kb_ref, mref), "int8 plain mass: finite data");
+            for (p = EI_SIMD_AVX2; p < TEST_SIMD_END; ++p) {
+                const ei__kernels *kern = ei__kernels_for((ei_simd)p);
+                int dots[4], nd, di2;
+                if (!kern || !test_simd_selected((ei_simd)p)) continue;
+                nd = i8_dots((ei_simd)p, dots);
+                for (di2 = 0; di2 < nd; ++di2) {
+                    int64_t bl;
+                    double worst = 0;
+                    b.dot = dots[di2];
+                    memset(m, 0, sizeof m);
+                    CHECK(kern->rank_mass_i8(&b, tok, NR, &k, 0, 0.125f, 8, 8, lg, kb, m), "int8 mass on %s: finite data",
+                          ei_simd_name((ei_simd)p));
+                    for (bl = 0; bl < 8; ++bl) worst = fmax(worst, fabs((double)m[bl] - mref[bl]) / (1e-6 + fabs((double)mref[bl])));
+                    CHECK(worst <= 1e-3, "int8 mass on %s (dot bits %d), d %d, %s: %g relative from the plain mass",
+                          ei_simd_name((ei_simd)p), dots[di2], (int)d, dtype_name((ei_dtype)dt), worst);
+                    n_mass++;
+                }
+            }
+            b.dot = 0;
+            free(kf); free(row); free(kd); free(q8); free(rq); free(qu); free(q16); free(kb_ref); free(kb); free(tl_ref); free(tl); free(lg);
+        }
+    printf("  int8 ranking kernels: %d tile scores bit-identical to the plain ones, %d masses within 1e-3\n", n_scores, n_mass);
+}
+/* Plans keep the same blocks: counts and rows. */
+static int plan_keeps_equal(const ei_plan *a, const ei_plan *b) {
+    int32_t h, s;
+    if (a->n_segments != b->n_segments || a->max_keep != b->max_keep) return 0;
+    for (h = 0; h < a->n_kv_heads; ++h)
+        for (s = 0; s < a->n_segments; ++s) {
+            size_t ra = EI_PLAN_ROW(a, h, s), rb = EI_PLAN_ROW(b, h, s);
+            if (a->keep_blocks[ra] != b->keep_blocks[rb] || a->keep_count[ra] != b->keep_count[rb] ||
+                memcmp(EI_PLAN_BLOCKS(a, h, s), EI_PLAN_BLOCKS(b, h, s), sizeof(int32_t) * (size_t)a->keep_count[ra]))
+                return 0;
+        }
+    return 1;
+}
+static void test_rank_int8_plans(void) {
+    static const struct { int n, heads, kv, dim; } shapes[] = {{1000, 8, 4, 64}, {700, 6, 2, 33}, {640, 4, 1, 128}};
+    size_t si;
+    int n_plans = 0;
+    for (si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
+        synth_layer L = synth_layer_make(shapes[si].n, shapes[si].heads, shapes[si].kv, shapes[si].dim, 64, 11 + si);
+        ei_config c = small_config(EI_SIMD_SCALAR);
+        int dt, p, e;
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = 40;
+        c.top_p = 0.9;
+        c.sink_blocks = 1;
+        c.local_blocks = 2;
+        c.rank_precision = EI_RANK_PRECISION_INT8;
+        for (e = 0; e < L.heads * L.dim; ++e) /* the first sampled row of segment 5 is all zero, every head */
+            L.q[(size_t)ei__sample_token(&c, 5, 0) * L.heads * L.dim + e] = 0.0f;
+        for (dt = 0; dt < 3; ++dt) {
+            ei_context *ref_ctx;
+            ei_plan ref;
+            void *ref_mem;
+            char what[128];
+            c.simd = EI_SIMD_SCALAR;
+            CHECK_ERR(ei_context_create(&c, &ref_ctx), EI_OK);
+            CHECK_ERR(plan_layer(ref_ctx, &L, (ei_dtype)dt, &ref, &ref_mem), EI_OK);
+            snprintf(what, sizeof what, "int8 plan, scalar, %d x %d/%d x %d, %s", shapes[si].n, L.heads, L.kv, L.dim,
+                     dtype_name((ei_dtype)dt));
+            check_ranked_plan(ei_context_config(ref_ctx), &ref, &L, (ei_dtype)dt, what);
+            for (p = EI_SIMD_AVX2; p < TEST_SIMD_END; ++p) {
+                int dots[4], nd, k;
+                if (!test_simd_selected((ei_simd)p) || !ei_cpu_supports((ei_simd)p)) continue;
+                nd = i8_dots((ei_simd)p, dots);
+                for (k = 0; k < nd; ++k) {
+                    ei_context *ctx;
+                    ei_plan plan;
+                    void *mem;
+                    c.simd = (ei_simd)p;
+                    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                    ctx->i8dot = dots[k];
+                    CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)dt, &plan, &mem), EI_OK);
+                    CHECK(plan_keeps_equal(&ref, &plan), "int8 plan on %s (dot bits %d), %d x %d/%d x %d, %s: not the scalar plan",
+                          ei_simd_name((ei_simd)p), dots[k], shapes[si].n, L.heads, L.kv, L.dim, dtype_name((ei_dtype)dt));
+                    n_plans++;
+                    guarded_free(mem);
+                    ei_context_destroy(ctx);
+                }
+            }
+            if (dt == EI_F32) { /* a sanity check, not an exact one: int8 keeps nearly the f32 plan's blocks */
+                ei_context *fctx;
+                ei_plan fp;
+                void *fmem;
+                long kept = 0, shared = 0;
+                int32_t h, s, i, j;
+                c.rank_precision = EI_RANK_PRECISION_F32;
+                CHECK_ERR(ei_context_create(&c, &fctx), EI_OK);
+                CHECK_ERR(plan_layer(fctx, &L, EI_F32, &fp, &fmem), EI_OK);
+                for (h = 0; h < fp.n_kv_heads; ++h)
+                    for (s = 1; s < fp.n_segments; ++s) {
+                        const int32_t *a = EI_PLAN_BLOCKS(&fp, h, s), *b = EI_PLAN_BLOCKS(&ref, h, s);
+                        int32_t na = fp.keep_count[EI_PLAN_ROW(&fp, h, s)], nb = ref.keep_count[EI_PLAN_ROW(&ref, h, s)];
+                        kept += na;
+                        for (i = 0; i < na; ++i)
+                            for (j = 0; j < nb; ++j) shared += a[i] == b[j];
+                    }
+                CHECK(kept > 0 && (double)shared >= 0.95 * (double)kept, "int8 against f32 plans: %ld of %ld kept blocks shared",
+                      shared, kept);
+                printf("  int8 against f32 plan (%d x %d/%d x %d): %ld of %ld kept blocks shared\n", shapes[si].n, L.heads,
+                       L.kv, L.dim, shared, kept);
+                c.rank_precision = EI_RANK_PRECISION_INT8;
+                ei_plan_free(fctx, &fp);
+                guarded_free(fmem);
+                ei_context_destroy(fctx);
+            }
+            guarded_free(ref_mem);
+            ei_context_destroy(ref_ctx);
+        }
+        synth_layer_free(&L);
+    }
+    {   /* NaN in a sampled row or in a key: EI_ERR_NONFINITE on every path; an unknown precision: EI_ERR_CONFIG */
+        synth_layer L = synth_layer_make(600, 4, 2, 32, 64, 3);
+        ei_config c = small_config(EI_SIMD_SCALAR);
+        ei_context *ctx;
+        int p, which;
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = 16;
+        c.rank_precision = EI_RANK_PRECISION_INT8;
+        for (which = 0; which < 2; ++which)
+            for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+                ei_plan plan;
+                void *mem;
+                size_t at = which ? (size_t)300 * L.kv * L.dim + 5 : (size_t)ei__sample_token(&c, 7, 3) * L.heads * L.dim + 9;
+                float keep = which ? L.k[at] : L.q[at];
+                if (!test_simd_selected((ei_simd)p) || !ei_cpu_supports((ei_simd)p)) continue;
+                c.simd = (ei_simd)p;
+                (which ? L.k : L.q)[at] = which ? INFINITY : NAN;
+                CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                CHECK(plan_layer(ctx, &L, EI_F32, &plan, &mem) == EI_ERR_NONFINITE, "int8 ranking on %s: %s not reported",
+                      ei_simd_name((ei_simd)p), which ? "an infinite key" : "a NaN query");
+                guarded_free(mem);
+                ei_context_destroy(ctx);
+                (which ? L.k : L.q)[at] = keep;
+            }
+        c = ei_config_default();
+        c.rank_precision = (ei_rank_precision)2;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        CHECK(strstr(ei_last_error(), "EI_RANK_PRECISION_INT8") != NULL, "an unknown precision names the known ones: %s",
+              ei_last_error());
+        c.rank_precision = (ei_rank_precision)-1;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        c = ei_config_default();
+        CHECK(c.rank_precision == EI_RANK_PRECISION_F32 && ei_config_quality().rank_precision == EI_RANK_PRECISION_F32,
+              "f32 scores by default");
+        synth_layer_free(&L);
+    }
+    printf("  int8 ranking plans: %d path/dot runs equal to the scalar plan\n", n_plans);
+}
+
 /* ------------------------------------------------------------ decode */
 /* Chunked planning from any position: chunks that start and end anywhere,
    padded K views, continuing after a final call, finalising without queries,
@@ -1130,6 +1421,7 @@ static void test_chunked_any_position(int per_segment, int sampled) {
         c.top_p = 0.9;
         c.sink_blocks = 1;
         c.local_blocks = 2;
+        if (sampled == 2) c.rank_precision = EI_RANK_PRECISION_INT8; /* the int8 scores */
     }
     chunk_env_open(&E, &c, &L, &whole, &ch, 0);
     for (trial = 0; trial < 24; ++trial) {
@@ -2343,7 +2635,11 @@ int main(void) {
     test_chunked_any_position(1, 0);
     test_chunked_any_position(0, 1);
     test_chunked_any_position(1, 1);
+    test_chunked_any_position(0, 2);
+    test_chunked_any_position(1, 2);
     test_ranking_options();
+    test_rank_int8_kernels();
+    test_rank_int8_plans();
     test_antidiag_chunked();
     test_decode();
     test_decode_rows();

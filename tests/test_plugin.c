@@ -289,11 +289,12 @@ static void test_validate_once(const char *dir) {
     for (b = 0; b < 2; ++b) { ei_context_destroy(ctx[b]); ei_context_destroy(small[b]); }
 }
 
-/* EI_RANK_ANTIDIAGONAL has no CUDA kernels: on the plugin's backend every
-   profiling entry refuses it (EI_ERR_UNSUPPORTED, naming the ranking) before
-   the plugin is called, rather than plan with another ranking; the same
-   context still runs attention on the GPU. */
-static void test_antidiag_refused(const char *dir) {
+/* EI_RANK_ANTIDIAGONAL and EI_RANK_PRECISION_INT8 (named by `name`) have
+   no CUDA kernels: on the plugin's backend every profiling entry refuses
+   them (EI_ERR_UNSUPPORTED, naming the ranking) before the plugin is
+   called, rather than plan with another ranking; the same context still
+   runs attention on the GPU. */
+static void test_cpu_ranking_refused(const char *dir, ei_ranking ranking, ei_rank_precision precision, const char *name) {
     char good[600];
     ei_context *x = NULL;
     ei_config c;
@@ -306,7 +307,8 @@ static void test_antidiag_refused(const char *dir) {
     ei_exec e, e2, p0;
     snprintf(good, sizeof good, "%s/fake_cuda.so", dir);
     c = cfg_with(good, EI_BACKEND_CUDA);
-    c.ranking = EI_RANK_ANTIDIAGONAL;
+    c.ranking = ranking;
+    c.rank_precision = precision;
     CHECK_ERR(ei_context_create(&c, &x), EI_OK);
     if (!x) { free(pm); return; }
     layer_make(&L, 64, 4, 2, 8);
@@ -322,14 +324,14 @@ static void test_antidiag_refused(const char *dir) {
           sz.decoder, sz.profile, sz.prefill, sz.decode, sz.decode_keep);
     before = calls_total();
     CHECK_ERR(ei_profile(x, &e, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
-    CHECK(strstr(ei_last_error(), "EI_RANK_ANTIDIAGONAL") != NULL, "%s", ei_last_error());
+    CHECK(strstr(ei_last_error(), name) != NULL && strstr(ei_last_error(), "CPU") != NULL, "%s", ei_last_error());
     CHECK_ERR(ei_profile(x, &e2, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
     CHECK_ERR(ei_profile(x, &p0, &L.tq, &L.tk, &plan), EI_ERR_UNSUPPORTED);
     CHECK_ERR(ei_profile_chunk(x, &e, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
     CHECK_ERR(ei_profile_chunk(x, &e2, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
     CHECK_ERR(ei_profile_chunk(x, &p0, &L.tq, &L.tk, &chunked, 0, 1), EI_ERR_UNSUPPORTED);
     CHECK(calls_total() == before && plan.n_tokens == 0 && chunked.n_tokens == 0,
-          "a refused EI_RANK_ANTIDIAGONAL call reached the plugin (%d calls) or moved a plan", calls_total() - before);
+          "a refused %s call reached the plugin (%d calls) or moved a plan", name, calls_total() - before);
     CHECK_ERR(ei_attention_prefill(x, &e, &L.tq, &L.tk, &L.tv, NULL, &L.to, 0), EI_OK);
     ei_plan_free(x, &plan);
     free(pm);
@@ -370,7 +372,8 @@ int main(int argc, char **argv) {
     }
     test_loading(dir);
     test_validate_once(dir);
-    test_antidiag_refused(dir);
+    test_cpu_ranking_refused(dir, EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_F32, "EI_RANK_ANTIDIAGONAL");
+    test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_INT8, "EI_RANK_PRECISION_INT8");
     dlclose(h);
     printf("test_plugin: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
