@@ -173,7 +173,8 @@
                the block sums are the f32 ranking's. Integer sums are exact,
                so every CPU path gives bit-identical scores (vpdpbusd on
                AVX512_VNNI or AVX-VNNI, int16 vpmaddwd on AVX2, plain loops
-               elsewhere). It applies to EI_RANK_SAMPLED's ranking only
+               elsewhere). Each key is rounded once per profiling call and
+               kv head, however many rows and segments score it. It applies to EI_RANK_SAMPLED's ranking only
                (decode scores stay f32); CPU only: the CUDA backend refuses
                it (EI_ERR_UNSUPPORTED). NaN or +-inf in a sampled row or a
                key: EI_ERR_NONFINITE, as with f32. On Gemma 3 270M at 32k it
@@ -416,8 +417,9 @@
    kv head (EI_ERR_UNSUPPORTED past it; whole-prompt planning has no limit).
    The sampled ranking scores up to EI_MAX_RANK_SAMPLES (4096) rows per
    segment and kv head (the antidiagonal one that many tiles); its workspace
-   adds 32 x n_tokens floats of scores (EI_RANK_PRECISION_INT8: and 129 x
-   head_dim bytes of int8 rows).
+   adds 32 x n_tokens floats of scores (EI_RANK_PRECISION_INT8: and the
+   keys in int8, n_tokens x (head_dim rounded up to 4, + 8) bytes, and a
+   batch of rows, 129 x head_dim bytes, per thread).
    Plan memory per layer (ei_sizes.plan; per kv head and segment: 24 bytes of
    counts plus a row of max_keep block indices, max_keep = the budget cap,
    not the context; chunked plans add the recurrence rows, one open
@@ -1931,6 +1933,7 @@ struct ei__attn_job;
 struct ei__attn_ws;
 struct ei__attn_tile;
 struct ei__rank_q8;
+struct ei__rank_keys;
 typedef struct ei__attn_stages {   /* the stages of one query tile (>>attention) */
     void (*pack_q)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T);
     void (*prep_kv)(const struct ei__attn_job *J, struct ei__attn_ws *w, const struct ei__attn_tile *T, int32_t nk);
@@ -1968,6 +1971,9 @@ typedef struct ei__kernels {
        int32 dot products (the x86 dot: q->dot); keys in position order */
     int (*rank_mass_i8)(const struct ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
                         float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass);
+    /* EI_RANK_PRECISION_INT8's rounding of rows [kc->n, j1) of head kvh
+       (ei__rank_keys_extend_scalar's contract: the same bytes on every path) */
+    int (*rank_round_i8)(struct ei__rank_keys *kc, const ei_tensor *k, int32_t kvh, int64_t j1, float *row);
     /* prefill attention: f32-arithmetic stages (NULL: the scalar reference),
        and stages for all-bf16 / all-f16 calls with an even head_dim (NULL:
        none) */
@@ -3763,7 +3769,19 @@ static size_t ei__sample_lg_floats(int64_t n, int32_t bs) {
    int8, in the layouts the dot kernels read (row r of the batch in column r,
    rows from nr on and elements from d on zero). Rounding is shared plain C
    (ei__quant_i8) or, for keys, vector code that gives the same bytes. */
+/* The keys of one kv head in int8, 0..n-1 rounded so far in this call
+   (each key once per profiling call and kv head, whatever the rows and
+   segments that score it): key j's bytes at k + j dq, its scale s_k and
+   128 x its sum (vpdpbusd's offset). */
+typedef struct ei__rank_keys {
+    int8_t *k;
+    float *s;
+    int32_t *sum128;
+    int64_t n;
+    int32_t head;               /* the kv head they are of (-1: none yet) */
+} ei__rank_keys;
 typedef struct ei__rank_q8 {
+    ei__rank_keys *kc;          /* the keys (the kernel rounds those its rows need first) */
     const int8_t *q;            /* [dq/4][EI__SAMPLE_ROWS][4]: element i of row r at ((i/4) 32 + r) 4 + i%4 */
     const uint8_t *qu;          /* the same + 128 (vpdpbusd's unsigned operand) */
     const int16_t *q16;         /* [dq/2][EI__SAMPLE_ROWS][2] (vpmaddwd's pairs) */
@@ -3807,27 +3825,26 @@ static float ei__quant_i8(const float *x, int32_t d, int8_t *out) {
     return s;
 }
 
-/* EI_RANK_PRECISION_INT8's key tile of nk keys in the kernels' kbuf
-   (ei__sample_tile_keys x d rounded up to 16 floats): one key row widened
-   to f32 [dp], the tile's keys in int8 [nk][dq] and widened to int16 for
-   vpmaddwd [nk][dq], each key's scale s_k and 128 x its sum (vpdpbusd's
-   offset). */
-typedef struct ei__rank_k8 {
-    float *row;
-    int8_t *k;
-    int16_t *k16;
-    float *s;
-    int32_t *sum128;
-} ei__rank_k8;
-static ei__rank_k8 ei__rank_k8_at(float *kbuf, int32_t d, int64_t nk) {
-    ei__rank_k8 t;
-    size_t kb = (size_t)ei__round_up(nk * ei__round_up(d, 4), 64);
-    t.row = kbuf;
-    t.k = (int8_t *)(void *)(kbuf + ei__round_up(d, 16));
-    t.k16 = (int16_t *)(void *)(t.k + kb);
-    t.s = (float *)(void *)(t.k + 3u * kb);
-    t.sum128 = (int32_t *)(void *)(t.s + ei__round_up(nk, 16));
-    return t;
+/* Round keys [kc->n, j1) of kv head kvh into kc (a key row widened to f32
+   in row, d rounded up to 16 floats); 1 if one holds NaN or +-inf. The
+   plain version; the vector ones give the same bytes. */
+static int ei__rank_keys_extend_scalar(ei__rank_keys *kc, const ei_tensor *k, int32_t kvh, int64_t j1, float *row) {
+    const int32_t d = k->head_dim, dq = (int32_t)ei__round_up(d, 4);
+    int bad = 0;
+    int32_t i;
+    for (; kc->n < j1; ++kc->n) {
+        int8_t *kj = kc->k + (size_t)kc->n * (size_t)dq;
+        int32_t sum = 0;
+        ei__row_to_f32(ei__row(k, kc->n, kvh), k->dtype, d, row);
+        if ((kc->s[kc->n] = ei__quant_i8(row, d, kj)) < 0.0f) {
+            bad = 1;
+            kc->s[kc->n] = 0.0f;
+        }
+        memset(kj + d, 0, (size_t)(dq - d));
+        for (i = 0; i < d; ++i) sum += kj[i];
+        kc->sum128[kc->n] = 128 * sum;
+    }
+    return bad;
 }
 EI__MAYBE_UNUSED static int32_t ei__ld32(const void *p) {
     int32_t v;
@@ -3880,6 +3897,8 @@ typedef struct ei__profile_ws {
     float *keys;          /* a tile of keys as f32 [ei__sample_tile_keys][d rounded up to 16] */
     float *logits;        /* the batch's scores (ei__sample_lg_floats) */
     unsigned char *sq8;   /* EI_RANK_PRECISION_INT8: the batch's rows in int8 (ei__rank_q8_bytes; NULL otherwise) */
+    ei__rank_keys k8;     /* EI_RANK_PRECISION_INT8: keys in int8 (n x (head_dim rounded up to 4 + 8) bytes), each
+                             rounded once per call and kv head */
     /* EI_RANK_ANTIDIAGONAL's tile groups (ei__antidiag_grouped; NULL otherwise) */
     float *ad_q;          /* a group's rows, per phase transposed [bs][d][EI__ANTIDIAG_LANES] */
     float *ad_w;          /* their weights [bs][ad_ld][EI__ANTIDIAG_LANES] */
@@ -3907,7 +3926,9 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
          (!ei__reserve(&total, (size_t)ld, 4u) || !ei__reserve(&total, EI__SAMPLE_ROWS, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u) ||
           !ei__reserve(&total, ei__mass_lg_floats(c, n), 4u))) ||
-        (ei__rank_int8(c) && !ei__reserve(&total, ei__rank_q8_bytes(d), 1u)) ||
+        (ei__rank_int8(c) && (!ei__reserve(&total, ei__rank_q8_bytes(d), 1u) ||
+                              !ei__reserve(&total, (size_t)n, (size_t)ei__round_up(d, 4)) ||
+                              !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)n, 4u))) ||
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
@@ -3939,7 +3960,15 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->keys = (float *)ei__arena_take(&a, (size_t)ei__mass_tile_keys(c), (size_t)ei__round_up(d, 16) * 4u);
         w->logits = (float *)ei__arena_take(&a, ei__mass_lg_floats(c, n), 4u);
     }
-    w->sq8 = ei__rank_int8(c) ? (unsigned char *)ei__arena_take(&a, ei__rank_q8_bytes(d), 1u) : NULL;
+    memset(&w->k8, 0, sizeof w->k8);
+    w->k8.head = -1;
+    w->sq8 = NULL;
+    if (ei__rank_int8(c)) {
+        w->sq8 = (unsigned char *)ei__arena_take(&a, ei__rank_q8_bytes(d), 1u);
+        w->k8.k = (int8_t *)ei__arena_take(&a, (size_t)n, (size_t)ei__round_up(d, 4));
+        w->k8.s = (float *)ei__arena_take(&a, (size_t)n, 4u);
+        w->k8.sum128 = (int32_t *)ei__arena_take(&a, (size_t)n, 4u);
+    }
     w->ad_q = w->ad_w = NULL;
     w->ad_u = w->ad_last = w->ad_row = NULL;
     w->ad_ld = 0;
@@ -4151,8 +4180,8 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 
 
 /* ei__sample_mass with EI_RANK_PRECISION_INT8: each row rounded to int8
-   (ei__quant_i8; NaN or +-inf in it: 0) into the layouts of ei__rank_q8,
-   then the path's int8 kernel. */
+   (the path's rank_round_i8, the bytes of ei__quant_i8; NaN or +-inf in
+   it: 0) into the layouts of ei__rank_q8, then the path's int8 kernel. */
 static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, const ei_tensor *k, int32_t kvh,
                               int32_t G, int32_t s, int64_t t_lo, int64_t t_hi, float *mass, int32_t *rows,
                               ei__profile_ws *w) {
@@ -4165,7 +4194,12 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
     int16_t *q16 = (int16_t *)(void *)(q8 + (size_t)dq * R * 2u);
     ei__rank_q8 b;
     int64_t tok[EI__SAMPLE_ROWS];
-    int32_t i = 0, nr, e;
+    int32_t i = 0, nr, e, sum;
+    if (w->k8.head != kvh) { /* another kv head's keys: rounded anew */
+        w->k8.head = kvh;
+        w->k8.n = 0;
+    }
+    b.kc = &w->k8;
     b.q = q8;
     b.qu = qu;
     b.q16 = q16;
@@ -4179,13 +4213,29 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
         for (nr = 0; i < c->rank_samples && nr < R; ++i) { /* the next batch of rows, in columns */
             int64_t t = ei__sample_token(c, s, i);
             if (t < t_lo || t >= t_hi) continue;
+            ei__rank_keys rk;
+            ei_tensor qv = *q; /* the row as a one-row view */
             tok[nr] = t;
-            ei__row_to_f32(ei__row(q, t - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
-            if ((b.s[nr] = ei__quant_i8(w->qtmp, d, row)) < 0.0f) return 0;
-            for (e = 0; e < d; ++e) {
-                q8[((size_t)(e / 4) * R + (size_t)nr) * 4u + (size_t)(e % 4)] = row[e];
-                qu[((size_t)(e / 4) * R + (size_t)nr) * 4u + (size_t)(e % 4)] = (uint8_t)(row[e] + 128);
-                q16[((size_t)(e / 2) * R + (size_t)nr) * 2u + (size_t)(e % 2)] = row[e];
+            qv.data = ei__row(q, t - q_pos, kvh * G + i % G);
+            qv.n_tokens = 1;
+            rk.k = row;
+            rk.s = &b.s[nr];
+            rk.sum128 = &sum;
+            rk.n = 0;
+            rk.head = 0;
+            if (ctx->kern->rank_round_i8(&rk, &qv, 0, 1, w->keys)) return 0;
+            for (e = 0; e < dq; e += 4) { /* row bytes from d to dq are zero */
+                size_t o = ((size_t)(e / 4) * R + (size_t)nr) * 4u;
+                memcpy(q8 + o, row + e, 4);
+                qu[o] = (uint8_t)(row[e] + 128);
+                qu[o + 1] = (uint8_t)(row[e + 1] + 128);
+                qu[o + 2] = (uint8_t)(row[e + 2] + 128);
+                qu[o + 3] = (uint8_t)(row[e + 3] + 128);
+                o = ((size_t)(e / 2) * R + (size_t)nr) * 2u;
+                q16[o] = row[e];
+                q16[o + 1] = row[e + 1];
+                q16[o + 2 * R] = row[e + 2];
+                q16[o + 2 * R + 1] = row[e + 3];
             }
             ++nr;
         }
@@ -8142,29 +8192,27 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
 }
 
 /* EI_RANK_PRECISION_INT8's tile scores (the contract of
-   ei__sample_scores_<isa>, EI__DEFINE_SAMPLE_MASS; qx an ei__rank_q8),
-   plain: each key rounded to int8 (ei__quant_i8; NaN or +-inf: 1), then
-   per row the int32 sum of q8 k8 and the score sc s_q s_k sum, multiplied
-   in that order. Every path's int8 scores equal these bit for bit. */
+   ei__sample_scores_<isa>, EI__DEFINE_SAMPLE_MASS; qx an ei__rank_q8 whose
+   keys kc hold keys j0 .. j0+nk), plain: per row the int32 sum of q8 k8
+   and the score sc s_q s_k sum, multiplied in that order. Every path's
+   int8 scores equal these bit for bit. */
 static int ei__rank_scores_i8_scalar(const void *qx, const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,
                                      int64_t nk, float *kbuf, float sc, float *tl) {
     enum { R = EI__SAMPLE_ROWS };
     const ei__rank_q8 *q = (const ei__rank_q8 *)qx;
+    const ei__rank_keys *kc = q->kc;
     const int32_t d = k->head_dim;
-    ei__rank_k8 t = ei__rank_k8_at(kbuf, d, nk);
     int64_t j;
     int32_t r, i;
     int bad = 0;
+    (void)kvh; (void)krow; (void)kbuf; /* keys in position order, rounded before (kc) */
     for (j = 0; j < nk; ++j) {
-        int8_t *kj = t.k + (size_t)j * (size_t)q->dq;
-        ei__row_to_f32(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, t.row);
-        if ((t.s[j] = ei__quant_i8(t.row, d, kj)) < 0.0f) bad = 1;
-        memset(kj + d, 0, (size_t)(q->dq - d)); /* the row's padding, as the vector roundings write it */
+        const int8_t *kj = kc->k + (size_t)(j0 + j) * (size_t)q->dq;
         for (r = 0; r < R; ++r) {
             int32_t acc = 0;
             float x;
             for (i = 0; i < d; ++i) acc += (int32_t)q->q[((size_t)(i / 4) * R + (size_t)r) * 4u + (size_t)(i % 4)] * kj[i];
-            x = sc * q->s[r] * t.s[j] * (float)acc;
+            x = sc * q->s[r] * kc->s[j0 + j] * (float)acc;
             if (!(x - x == 0.0f)) bad = 1;
             tl[(size_t)j * R + (size_t)r] = x;
         }
@@ -8179,7 +8227,7 @@ static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int
     float inv[EI__SAMPLE_ROWS];
     int64_t j, b, j0;
     int32_t r;
-    int bad = 0;
+    int bad = ei__rank_keys_extend_scalar(q->kc, k, kvh, tok[nr - 1] + 1, kbuf);
     for (j0 = 0; j0 <= tok[nr - 1]; j0 += tk)
         bad |= ei__rank_scores_i8_scalar(q, k, kvh, NULL, j0, EI__MIN((int64_t)tk, tok[nr - 1] + 1 - j0), kbuf,
                                          scale * 1.44269504088896341f, lg + (size_t)j0 * (size_t)R);
@@ -8201,7 +8249,8 @@ static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
-                                               ei__sample_mass_scalar, ei__sample_mass_scalar, ei__rank_mass_i8_scalar, NULL, NULL, NULL, NULL, NULL, 0};
+                                               ei__sample_mass_scalar, ei__sample_mass_scalar, ei__rank_mass_i8_scalar,
+                                               ei__rank_keys_extend_scalar, NULL, NULL, NULL, NULL, NULL, 0};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -8426,29 +8475,26 @@ EI__TARGET_AVX2 static void ei__attn_pv_avx2(const ei__attn_job *J, ei__attn_ws 
 
 static const ei__attn_stages ei__attn_avx2 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx2, ei__attn_scores_avx2,
                                               ei__attn_softmax_avx2, NULL, ei__attn_pv_avx2, ei__attn_store_avx2};
-/* EI_RANK_PRECISION_INT8 on ymm. Keys rounded to int8 as ei__quant_i8
+/* EI_RANK_PRECISION_INT8 on ymm. Keys [kc->n, j1) rounded as ei__quant_i8
    rounds them, 8 elements at a time (max|x| is exact in any order, the
    division correctly rounded, trunc and the remainder exact: the same
-   bytes), into the tile's int8 and int16 rows (ei__rank_k8); 1 if a key
-   holds NaN or +-inf. */
-EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,
-                                                    int64_t nk, int32_t dq, const ei__rank_k8 *t) {
-    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);
+   bytes); 1 if a key holds NaN or +-inf. */
+EI__TARGET_AVX2 static int ei__rank_keys_extend_avx2(ei__rank_keys *kc, const ei_tensor *k, int32_t kvh, int64_t j1,
+                                                     float *row) {
+    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16), dq = (int32_t)ei__round_up(d, 4);
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), one = _mm256_set1_ps(1.0f);
-    int64_t j;
     int32_t c0;
     int bad = 0;
-    for (j = 0; j < nk; ++j) {
-        int8_t *k8 = t->k + (size_t)j * (size_t)dq;
-        int16_t *k16 = t->k16 + (size_t)j * (size_t)dq;
+    for (; kc->n < j1; ++kc->n) {
+        int8_t *k8 = kc->k + (size_t)kc->n * (size_t)dq;
         __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps(), sv;
         __m128 m4;
         __m256i sum = _mm256_setzero_si256();
         float s;
-        ei__attn_row_f32_avx2(ei__row(k, krow ? krow[j0 + j] : j0 + j, kvh), k->dtype, d, dp, t->row);
+        ei__attn_row_f32_avx2(ei__row(k, kc->n, kvh), k->dtype, d, dp, row);
         for (c0 = 0; c0 < dq; c0 += 8) {
-            __m256 x = _mm256_loadu_ps(t->row + c0);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_sub_ps(x, x), _CMP_UNORD_Q));
+            __m256 x = _mm256_loadu_ps(row + c0), z = _mm256_sub_ps(x, x);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
             m = _mm256_max_ps(m, _mm256_and_ps(x, absm));
         }
         m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -8459,10 +8505,10 @@ EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t 
             bad = 1;
             s = 0.0f;
         }
-        t->s[j] = s;
+        kc->s[kc->n] = s;
         sv = _mm256_set1_ps(s > 0.0f ? s : 1.0f);
         for (c0 = 0; c0 < dq; c0 += 8) {
-            __m256 x = _mm256_div_ps(_mm256_loadu_ps(t->row + c0), sv);
+            __m256 x = _mm256_div_ps(_mm256_loadu_ps(row + c0), sv);
             __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(x, r);
             __m256i v;
             __m128i p16, p8;
@@ -8473,12 +8519,9 @@ EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t 
             sum = _mm256_add_epi32(sum, v);
             p16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             p8 = _mm_packs_epi16(p16, p16);
-            if (dq - c0 >= 8) {
-                _mm_storeu_si128((__m128i *)(void *)(k16 + c0), p16);
-                _mm_storel_epi64((__m128i *)(void *)(k8 + c0), p8);
-            } else { /* the last 4 */
+            if (dq - c0 >= 8) _mm_storel_epi64((__m128i *)(void *)(k8 + c0), p8);
+            else { /* the last 4 */
                 int32_t w8 = _mm_cvtsi128_si32(p8);
-                memcpy(k16 + c0, &p16, 8);
                 memcpy(k8 + c0, &w8, 4);
             }
         }
@@ -8486,34 +8529,45 @@ EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t 
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-            t->sum128[j] = 128 * _mm_cvtsi128_si32(s4);
+            kc->sum128[kc->n] = 128 * _mm_cvtsi128_si32(s4);
         }
     }
     return bad;
+}
+/* The tile's keys widened to int16 (vpmaddwd's pairs) into kbuf [nk][dq]. */
+EI__TARGET_AVX2 static const int16_t *ei__rank_keys_i16_avx2(const ei__rank_keys *kc, int32_t dq, int64_t j0, int64_t nk,
+                                                             float *kbuf) {
+    int16_t *k16 = (int16_t *)(void *)kbuf;
+    const int8_t *k8 = kc->k + (size_t)j0 * (size_t)dq;
+    size_t i, n = (size_t)nk * (size_t)dq;
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(k16 + i), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(k8 + i))));
+    for (; i < n; ++i) k16[i] = k8[i];
+    return k16;
 }
 /* The tile scores on ymm, 8 rows a vector, 8 keys at a time: a group of
    4 bytes (vpdpbusd: q + 128 against the key's bytes, less 128 x the key's
    sum) or 2 int16 (vpmaddwd) of every row against a broadcast group of the
    key; then sc s_q s_k times the sum, as ei__rank_scores_i8_scalar. */
-#define EI__DEFINE_RANK_SCORES_I8_YMM(name, TARGET, QB, KB, KSZ, NG, DOT, CORR)                                \
+#define EI__DEFINE_RANK_SCORES_I8_YMM(name, TARGET, QB, KB, KSZ, NG, DOT, CORR)                                  \
     TARGET static int name(const void *qx, const ei_tensor *k, int32_t kvh, const int32_t *krow, int64_t j0,     \
                            int64_t nk, float *kbuf, float scf, float *tl) {                                       \
         enum { R = EI__SAMPLE_ROWS };                                                                           \
         const ei__rank_q8 *q = (const ei__rank_q8 *)qx;                                                         \
+        const ei__rank_keys *kc = q->kc;                                                                        \
         const int32_t dq = q->dq, ng = NG;                                                                      \
-        ei__rank_k8 t = ei__rank_k8_at(kbuf, k->head_dim, nk);                                                  \
         const unsigned char *qb = (const unsigned char *)(QB), *kb = (const unsigned char *)(KB);               \
         __m256 nan = _mm256_setzero_ps();                                                                       \
         int64_t j;                                                                                              \
         int32_t g, u, v;                                                                                        \
-        int bad = ei__rank_quant_keys_avx2(k, kvh, krow, j0, nk, dq, &t);                                      \
+        (void)k; (void)kvh; (void)krow; (void)kbuf;                                                             \
         for (j = 0; j < nk; j += 8)                                                                             \
             for (v = 0; v < R / 8; ++v) {                                                                       \
                 const unsigned char *kr[8];                                                                     \
                 __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; \
                 __m256 rs = _mm256_mul_ps(_mm256_set1_ps(scf), _mm256_loadu_ps(q->s + v * 8));                 \
                 __m256i acc[8];                                                                                 \
-                for (u = 0; u < 8; ++u) kr[u] = kb + (size_t)EI__MIN(j + u, nk - 1) * (size_t)dq * (KSZ); \
+                for (u = 0; u < 8; ++u) kr[u] = kb + (size_t)EI__MIN(j + u, nk - 1) * (size_t)dq * (KSZ);      \
                 for (g = 0; g < ng; ++g) {                                                                      \
                     __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(qb + ((size_t)g * R + (size_t)v * 8) * 4u)); \
                     a0 = DOT(a0, qv, _mm256_set1_epi32(ei__ld32(kr[0] + (size_t)g * 4u)));                     \
@@ -8527,19 +8581,21 @@ EI__TARGET_AVX2 static int ei__rank_quant_keys_avx2(const ei_tensor *k, int32_t 
                 }                                                                                               \
                 acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4; acc[5] = a5; acc[6] = a6; acc[7] = a7; \
                 for (u = 0; u < 8 && j + u < nk; ++u) {                                                         \
-                    __m256i dot = (CORR) ? _mm256_sub_epi32(acc[u], _mm256_set1_epi32(t.sum128[j + u])) : acc[u]; \
-                    __m256 x = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_set1_ps(t.s[j + u])), _mm256_cvtepi32_ps(dot)); \
+                    __m256i dot = (CORR) ? _mm256_sub_epi32(acc[u], _mm256_set1_epi32(kc->sum128[j0 + j + u])) : acc[u]; \
+                    __m256 x = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_set1_ps(kc->s[j0 + j + u])), _mm256_cvtepi32_ps(dot)); \
                     nan = _mm256_or_ps(nan, _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_sub_ps(x, x), _CMP_UNORD_Q)); \
                     _mm256_storeu_ps(tl + (size_t)(j + u) * R + (size_t)v * 8, x);                              \
                 }                                                                                               \
             }                                                                                                   \
-        return bad | (_mm256_movemask_ps(nan) != 0);                                                            \
+        return _mm256_movemask_ps(nan) != 0;                                                                    \
     }
 #define EI__RANK_DOT_MADD(acc, q, k) _mm256_add_epi32(acc, _mm256_madd_epi16(q, k))
-EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avx2, EI__TARGET_AVX2, q->q16, t.k16, 2u, dq / 2, EI__RANK_DOT_MADD, 0)
+EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avx2, EI__TARGET_AVX2, q->q16, ei__rank_keys_i16_avx2(kc, dq, j0, nk, kbuf),
+                              2u, dq / 2, EI__RANK_DOT_MADD, 0)
 #ifdef EI__HAVE_AVXVNNI
 #define EI__RANK_DOT_AVXVNNI(acc, q, k) _mm256_dpbusd_avx_epi32(acc, q, k)
-EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avxvnni, EI__TARGET_AVXVNNI, q->qu, t.k, 1u, dq / 4, EI__RANK_DOT_AVXVNNI, 1)
+EI__DEFINE_RANK_SCORES_I8_YMM(ei__rank_scores_i8_avxvnni, EI__TARGET_AVXVNNI, q->qu, kc->k + (size_t)j0 * (size_t)dq, 1u,
+                              dq / 4, EI__RANK_DOT_AVXVNNI, 1)
 #endif
 /* The int8 scores on ymm this CPU runs: vpdpbusd (AVX-VNNI) or vpmaddwd. */
 static ei__sample_scores_fn ei__rank_scores_i8_ymm(int dot) {
@@ -8552,11 +8608,13 @@ static ei__sample_scores_fn ei__rank_scores_i8_ymm(int dot) {
 EI__TARGET_AVX2 static int ei__rank_mass_i8_avx2(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k,
                                                  int32_t kvh, float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf,
                                                  float *mass) {
+    if (ei__rank_keys_extend_avx2(q->kc, k, kvh, tok[nr - 1] + 1, kbuf)) return 0;
     return ei__sample_mass_by_avx2(ei__rank_scores_i8_ymm(q->dot), q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
 }
 
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
-                                             ei__sample_mass_avx2, ei__sample_mass_avx2, ei__rank_mass_i8_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
+                                             ei__sample_mass_avx2, ei__sample_mass_avx2, ei__rank_mass_i8_avx2,
+                                             ei__rank_keys_extend_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
                                              ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX2 */
 
@@ -8801,29 +8859,27 @@ EI__TARGET_AVX512 static void ei__attn_pv_avx512(const ei__attn_job *J, ei__attn
 
 static const ei__attn_stages ei__attn_avx512 = {ei__attn_pack_q_f32, ei__attn_prep_kv_avx512, ei__attn_scores_avx512,
                                                 ei__attn_softmax_avx512, NULL, ei__attn_pv_avx512, ei__attn_store_avx512};
-/* EI_RANK_PRECISION_INT8 on zmm: keys rounded as ei__rank_quant_keys_avx2
-   rounds them (the same bytes), 16 elements at a time, int8 rows only;
-   then vpdpbusd (AVX512_VNNI), 32 rows in two vectors, 8 keys at a time:
-   a group of 4 bytes of q + 128 against the key's broadcast group, less
-   128 x the key's sum; sc s_q s_k times the sum, as the plain scores. A CPU
-   without AVX512_VNNI takes the ymm scores (ei__rank_scores_i8_ymm). */
-#ifdef EI__HAVE_AVX512VNNI
-EI__TARGET_AVX512 static int ei__rank_quant_keys_avx512(const ei_tensor *k, int32_t kvh, int64_t j0, int64_t nk, int32_t dq,
-                                                        const ei__rank_k8 *t) {
-    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16);
+/* EI_RANK_PRECISION_INT8 on zmm: keys rounded as ei__rank_keys_extend_avx2
+   rounds them (the same bytes), 16 elements at a time; then vpdpbusd
+   (AVX512_VNNI), 32 rows in two vectors, 8 keys at a time: a group of 4
+   bytes of q + 128 against the key's broadcast group, less 128 x the key's
+   sum; sc s_q s_k times the sum, as the plain scores. A CPU without
+   AVX512_VNNI takes the ymm scores (ei__rank_scores_i8_ymm). */
+EI__TARGET_AVX512 static int ei__rank_keys_extend_avx512(ei__rank_keys *kc, const ei_tensor *k, int32_t kvh, int64_t j1,
+                                                         float *row) {
+    const int32_t d = k->head_dim, dp = (int32_t)ei__round_up(d, 16), dq = (int32_t)ei__round_up(d, 4);
     const __m512 one = _mm512_set1_ps(1.0f);
-    int64_t j;
     int32_t c0;
     int bad = 0;
-    for (j = 0; j < nk; ++j) {
-        int8_t *k8 = t->k + (size_t)j * (size_t)dq;
+    for (; kc->n < j1; ++kc->n) {
+        int8_t *k8 = kc->k + (size_t)kc->n * (size_t)dq;
         __m512 m = _mm512_setzero_ps(), sv;
         __m512i sum = _mm512_setzero_si512();
         __mmask16 nan = 0;
         float s;
-        ei__attn_row_f32_avx512(ei__row(k, j0 + j, kvh), k->dtype, d, dp, t->row);
+        ei__attn_row_f32_avx512(ei__row(k, kc->n, kvh), k->dtype, d, dp, row);
         for (c0 = 0; c0 < dq; c0 += 16) {
-            __m512 x = _mm512_loadu_ps(t->row + c0), z = _mm512_sub_ps(x, x);
+            __m512 x = _mm512_loadu_ps(row + c0), z = _mm512_sub_ps(x, x);
             nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
             m = _mm512_max_ps(m, _mm512_abs_ps(x));
         }
@@ -8832,10 +8888,10 @@ EI__TARGET_AVX512 static int ei__rank_quant_keys_avx512(const ei_tensor *k, int3
             bad = 1;
             s = 0.0f;
         }
-        t->s[j] = s;
+        kc->s[kc->n] = s;
         sv = _mm512_set1_ps(s > 0.0f ? s : 1.0f);
         for (c0 = 0; c0 < dq; c0 += 16) {
-            __m512 x = _mm512_div_ps(_mm512_loadu_ps(t->row + c0), sv);
+            __m512 x = _mm512_div_ps(_mm512_loadu_ps(row + c0), sv);
             __m512 r = _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, r);
             __m512i v;
             r = _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), r, one);
@@ -8845,55 +8901,62 @@ EI__TARGET_AVX512 static int ei__rank_quant_keys_avx512(const ei_tensor *k, int3
             sum = _mm512_add_epi32(sum, v);
             _mm512_mask_cvtepi32_storeu_epi8(k8 + c0, (__mmask16)(dq - c0 >= 16 ? 0xffffu : (1u << (dq - c0)) - 1u), v);
         }
-        t->sum128[j] = 128 * _mm512_reduce_add_epi32(sum);
+        kc->sum128[kc->n] = 128 * _mm512_reduce_add_epi32(sum);
     }
     return bad;
 }
+#ifdef EI__HAVE_AVX512VNNI
 EI__TARGET_AVX512VNNI static int ei__rank_scores_i8_avx512vnni(const void *qx, const ei_tensor *k, int32_t kvh,
                                                                const int32_t *krow, int64_t j0, int64_t nk, float *kbuf,
                                                                float scf, float *tl) {
     enum { R = EI__SAMPLE_ROWS };
     const ei__rank_q8 *q = (const ei__rank_q8 *)qx;
+    const ei__rank_keys *kc = q->kc;
     const int32_t dq = q->dq, ng = dq / 4;
-    ei__rank_k8 t = ei__rank_k8_at(kbuf, k->head_dim, nk);
     const __m512 r0 = _mm512_mul_ps(_mm512_set1_ps(scf), _mm512_loadu_ps(q->s)),
                  r1 = _mm512_mul_ps(_mm512_set1_ps(scf), _mm512_loadu_ps(q->s + 16));
     __mmask16 nan = 0;
     int64_t j;
     int32_t g, u;
-    int bad = ei__rank_quant_keys_avx512(k, kvh, j0, nk, dq, &t);
-    (void)krow; /* the ranking reads keys in position order */
-    for (j = 0; j < nk; j += 8) {
-        const int8_t *kr[8];
-        __m512i a[8], b[8];
-        for (u = 0; u < 8; ++u) {
-            kr[u] = t.k + (size_t)EI__MIN(j + u, nk - 1) * (size_t)dq;
-            a[u] = b[u] = _mm512_setzero_si512();
-        }
+    (void)k; (void)kvh; (void)krow; (void)kbuf; /* keys in position order, rounded before (kc) */
+    for (j = 0; j < nk; j += 8) { /* 8 keys x 32 rows, accumulators in registers (named: arrays of them spill) */
+        const int8_t *k0 = kc->k + (size_t)(j0 + EI__MIN(j + 0, nk - 1)) * (size_t)dq,
+                     *k1 = kc->k + (size_t)(j0 + EI__MIN(j + 1, nk - 1)) * (size_t)dq,
+                     *k2 = kc->k + (size_t)(j0 + EI__MIN(j + 2, nk - 1)) * (size_t)dq,
+                     *k3 = kc->k + (size_t)(j0 + EI__MIN(j + 3, nk - 1)) * (size_t)dq,
+                     *k4 = kc->k + (size_t)(j0 + EI__MIN(j + 4, nk - 1)) * (size_t)dq,
+                     *k5 = kc->k + (size_t)(j0 + EI__MIN(j + 5, nk - 1)) * (size_t)dq,
+                     *k6 = kc->k + (size_t)(j0 + EI__MIN(j + 6, nk - 1)) * (size_t)dq,
+                     *k7 = kc->k + (size_t)(j0 + EI__MIN(j + 7, nk - 1)) * (size_t)dq;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        __m512i b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+        __m512i acc[2][8];
         for (g = 0; g < ng; ++g) {
             const __m512i q0 = _mm512_loadu_si512(q->qu + (size_t)g * R * 4u), q1 = _mm512_loadu_si512(q->qu + (size_t)g * R * 4u + 64);
             __m512i kb;
-            kb = _mm512_set1_epi32(ei__ld32(kr[0] + (size_t)g * 4u)); a[0] = _mm512_dpbusd_epi32(a[0], q0, kb); b[0] = _mm512_dpbusd_epi32(b[0], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[1] + (size_t)g * 4u)); a[1] = _mm512_dpbusd_epi32(a[1], q0, kb); b[1] = _mm512_dpbusd_epi32(b[1], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[2] + (size_t)g * 4u)); a[2] = _mm512_dpbusd_epi32(a[2], q0, kb); b[2] = _mm512_dpbusd_epi32(b[2], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[3] + (size_t)g * 4u)); a[3] = _mm512_dpbusd_epi32(a[3], q0, kb); b[3] = _mm512_dpbusd_epi32(b[3], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[4] + (size_t)g * 4u)); a[4] = _mm512_dpbusd_epi32(a[4], q0, kb); b[4] = _mm512_dpbusd_epi32(b[4], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[5] + (size_t)g * 4u)); a[5] = _mm512_dpbusd_epi32(a[5], q0, kb); b[5] = _mm512_dpbusd_epi32(b[5], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[6] + (size_t)g * 4u)); a[6] = _mm512_dpbusd_epi32(a[6], q0, kb); b[6] = _mm512_dpbusd_epi32(b[6], q1, kb);
-            kb = _mm512_set1_epi32(ei__ld32(kr[7] + (size_t)g * 4u)); a[7] = _mm512_dpbusd_epi32(a[7], q0, kb); b[7] = _mm512_dpbusd_epi32(b[7], q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k0 + (size_t)g * 4u)); a0 = _mm512_dpbusd_epi32(a0, q0, kb); b0 = _mm512_dpbusd_epi32(b0, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k1 + (size_t)g * 4u)); a1 = _mm512_dpbusd_epi32(a1, q0, kb); b1 = _mm512_dpbusd_epi32(b1, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k2 + (size_t)g * 4u)); a2 = _mm512_dpbusd_epi32(a2, q0, kb); b2 = _mm512_dpbusd_epi32(b2, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k3 + (size_t)g * 4u)); a3 = _mm512_dpbusd_epi32(a3, q0, kb); b3 = _mm512_dpbusd_epi32(b3, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k4 + (size_t)g * 4u)); a4 = _mm512_dpbusd_epi32(a4, q0, kb); b4 = _mm512_dpbusd_epi32(b4, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k5 + (size_t)g * 4u)); a5 = _mm512_dpbusd_epi32(a5, q0, kb); b5 = _mm512_dpbusd_epi32(b5, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k6 + (size_t)g * 4u)); a6 = _mm512_dpbusd_epi32(a6, q0, kb); b6 = _mm512_dpbusd_epi32(b6, q1, kb);
+            kb = _mm512_set1_epi32(ei__ld32(k7 + (size_t)g * 4u)); a7 = _mm512_dpbusd_epi32(a7, q0, kb); b7 = _mm512_dpbusd_epi32(b7, q1, kb);
         }
+        acc[0][0] = a0; acc[0][1] = a1; acc[0][2] = a2; acc[0][3] = a3; acc[0][4] = a4; acc[0][5] = a5; acc[0][6] = a6; acc[0][7] = a7;
+        acc[1][0] = b0; acc[1][1] = b1; acc[1][2] = b2; acc[1][3] = b3; acc[1][4] = b4; acc[1][5] = b5; acc[1][6] = b6; acc[1][7] = b7;
         for (u = 0; u < 8 && j + u < nk; ++u) {
-            const __m512i corr = _mm512_set1_epi32(t.sum128[j + u]);
-            const __m512 ks = _mm512_set1_ps(t.s[j + u]);
-            __m512 x0 = _mm512_mul_ps(_mm512_mul_ps(r0, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(a[u], corr)));
-            __m512 x1 = _mm512_mul_ps(_mm512_mul_ps(r1, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(b[u], corr)));
+            const __m512i corr = _mm512_set1_epi32(kc->sum128[j0 + j + u]);
+            const __m512 ks = _mm512_set1_ps(kc->s[j0 + j + u]);
+            __m512 x0 = _mm512_mul_ps(_mm512_mul_ps(r0, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[0][u], corr)));
+            __m512 x1 = _mm512_mul_ps(_mm512_mul_ps(r1, ks), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[1][u], corr)));
             __m512 z0 = _mm512_sub_ps(x0, x0), z1 = _mm512_sub_ps(x1, x1); /* NaN for NaN and +-inf */
             nan |= _mm512_cmp_ps_mask(z0, z0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(z1, z1, _CMP_UNORD_Q);
             _mm512_storeu_ps(tl + (size_t)(j + u) * R, x0);
             _mm512_storeu_ps(tl + (size_t)(j + u) * R + 16, x1);
         }
     }
-    return bad | (nan != 0);
+    return nan != 0;
 }
 #endif
 /* rank_mass_i8 of the AVX-512 paths: the avx512 walk over the widest int8
@@ -8908,11 +8971,13 @@ EI__TARGET_AVX512 static int ei__rank_mass_i8_avx512(const ei__rank_q8 *q, const
 #ifdef EI__HAVE_AVX512VNNI
     if (q->dot & EI__I8DOT_AVX512VNNI) scores = ei__rank_scores_i8_avx512vnni;
 #endif
+    if (ei__rank_keys_extend_avx512(q->kc, k, kvh, tok[nr - 1] + 1, kbuf)) return 0;
     return ei__sample_mass_by_avx512(scores, q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
 }
 
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
-                                               ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
+                                               ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
+                                               ei__rank_keys_extend_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
                                                ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512 */
 
@@ -9153,7 +9218,7 @@ static const ei__attn_stages ei__attn_avx512bf16 = {ei__attn_pack_q_pairs, ei__a
 static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minmax_avx512, ei__rows_finite_avx512,
                                                    ei__score_row_avx512,
                                                    ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16,
-                                                   ei__rank_mass_i8_avx512, &ei__attn_avx512,
+                                                   ei__rank_mass_i8_avx512, ei__rank_keys_extend_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
                                                    ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AVX512BF16 */
@@ -9355,7 +9420,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
                                              ei__attn_store_avx512};
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
-                                            &ei__attn_avx512, &ei__attn_amx, NULL,
+                                            ei__rank_keys_extend_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
                                             ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_AMX */
 
@@ -9577,10 +9642,12 @@ static const ei__attn_stages ei__attn_neon = {ei__attn_pack_q_f32, ei__attn_prep
    scores (an sdot kernel is future work; the scores are the same). */
 static int ei__rank_mass_i8_neon(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
+    if (ei__rank_keys_extend_scalar(q->kc, k, kvh, tok[nr - 1] + 1, kbuf)) return 0;
     return ei__sample_mass_by_neon(ei__rank_scores_i8_scalar, q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
 }
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
-                                             ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
+                                             ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
+                                             ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
                                              ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
@@ -9655,7 +9722,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
                                                    ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
-                                                  &ei__attn_neon, &ei__attn_neon_bf16, NULL,
+                                                  ei__rank_keys_extend_scalar, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
                                                   ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
@@ -9752,7 +9819,7 @@ static const ei__attn_stages ei__attn_neon_bfmmla = {ei__attn_pack_q_bfmmla, ei_
                                                      ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__minmax_neon, ei__rows_finite_neon,
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon,
-                                                    ei__rank_mass_i8_neon, &ei__attn_neon,
+                                                    ei__rank_mass_i8_neon, ei__rank_keys_extend_scalar, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
                                                     ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_BF16 */
@@ -9873,7 +9940,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
                                                   ei__attn_pv_neon, ei__attn_store_neon};
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
-                                                 &ei__attn_neon, NULL, &ei__attn_neon_fhm,
+                                                 ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */

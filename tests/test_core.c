@@ -990,9 +990,10 @@ static void test_ranking_options(void) {
 
 /* ------------------------------------------------------------ the sampled ranking in int8 */
 /* EI_RANK_PRECISION_INT8 (CONCEPTS: ranking): the rounding against the
-   test's own (check.h ref_quant_i8) and at exact halves; every x86 int8
-   dot this CPU has (vpdpbusd on zmm and ymm, vpmaddwd) gives the plain
-   scores bit for bit, and the keys' bytes and scales; every path's block
+   test's own (check.h ref_quant_i8) and at exact halves; every vector
+   rounding of keys gives the plain one's bytes, scales and sums; every x86
+   int8 dot this CPU has (vpdpbusd on zmm and ymm, vpmaddwd) gives the plain
+   scores bit for bit; every path's block
    mass within 1e-3 of the plain one; plans (counts, blocks) equal on every
    path and dot for f32, f16 and bf16, GQA, odd head_dim, a zero query row;
    NaN in a sampled row or a key: EI_ERR_NONFINITE; the int8 plan keeps
@@ -1028,7 +1029,7 @@ static void test_rank_int8_kernels(void) {
     static const int32_t dims[] = {1, 7, 33, 64, 130, 256};
     enum { R = EI__SAMPLE_ROWS, NK = 70, NR = 29 };
     size_t di;
-    int dt, i, n_scores = 0, n_mass = 0;
+    int dt, i, n_scores = 0, n_mass = 0, n_keys = 0;
     { /* exact halves round away from zero; s = max|x| / 127 */
         float x[8] = {127.0f, 0.5f, 1.5f, -2.5f, 126.5f, -0.5f, -126.5f, 0.49999997f};
         int8_t out[8], want[8] = {127, 1, 2, -3, 127, -1, -127, 0};
@@ -1060,10 +1061,14 @@ static void test_rank_int8_kernels(void) {
             float *lg = (float *)i8_alloc(sizeof(float) * ei__sample_lg_floats(300, 8)), mref[40], m[40];
             int64_t tok[NR];
             ei__rank_q8 b;
+            ei__rank_keys kc_ref, kc;
             int32_t r, e, tile;
             int p;
             char what[96];
             memset(&b, 0, sizeof b);
+            kc_ref.k = (int8_t *)malloc((size_t)NK * dq); kc_ref.s = (float *)malloc(4 * NK); kc_ref.sum128 = (int32_t *)malloc(4 * NK);
+            kc.k = (int8_t *)malloc((size_t)NK * dq); kc.s = (float *)malloc(4 * NK); kc.sum128 = (int32_t *)malloc(4 * NK);
+            kc_ref.head = kc.head = 1;
             for (i = 0; i < NK * 2 * d; ++i) kf[i] = i8_nrand() * (i % 5 == 0 ? 3.0f : 1.0f);
             for (e = 0; e < d; ++e) kf[(size_t)5 * 2 * d + e] = 0.0f; /* an all-zero key (kv head 0, key 5) */
             kd = to_dtype(kf, (size_t)NK * 2 * d, (ei_dtype)dt);
@@ -1080,30 +1085,61 @@ static void test_rank_int8_kernels(void) {
             }
             b.q = q8; b.qu = qu; b.q16 = q16; b.dq = dq;
             for (r = 0; r < NR; ++r) tok[r] = 20 + (int64_t)r * (NK - 21) / (NR - 1); /* ascending to the last key: two tiles */
+            { /* the keys: every rounding against the plain one, and the plain one against the test's */
+                typedef int (*extend_fn)(ei__rank_keys *, const ei_tensor *, int32_t, int64_t, float *);
+                extend_fn fns[3];
+                const char *names[3];
+                int nf = 0, f;
+                int64_t j;
+                kc_ref.n = 0;
+                CHECK(!ei__rank_keys_extend_scalar(&kc_ref, &k, 1, 30, kb_ref) &&
+                          !ei__rank_keys_extend_scalar(&kc_ref, &k, 1, NK, kb_ref) && kc_ref.n == NK,
+                      "int8 keys: finite data reported non-finite");
+                for (j = 0; j < NK; ++j) {
+                    int32_t kq[1100], sum = 0;
+                    float sk;
+                    for (e = 0; e < d; ++e) row[e] = (float)ref_at(&k, j, 1, e);
+                    sk = ref_quant_i8(row, d, kq);
+                    for (e = 0; e < d; ++e) sum += kq[e];
+                    for (e = 0; e < d && kq[e] == kc_ref.k[(size_t)j * dq + (size_t)e]; ++e) {}
+                    CHECK(sk == kc_ref.s[j] && e == d && kc_ref.sum128[j] == 128 * sum, "int8 key %d (d %d, %s): not the test's rounding",
+                          (int)j, (int)d, dtype_name((ei_dtype)dt));
+                }
+#ifdef EI__HAVE_AVX2
+                if (ei_cpu_supports(EI_SIMD_AVX2)) { fns[nf] = ei__rank_keys_extend_avx2; names[nf++] = "avx2"; }
+#endif
+#ifdef EI__HAVE_AVX512
+                if (ei_cpu_supports(EI_SIMD_AVX512)) { fns[nf] = ei__rank_keys_extend_avx512; names[nf++] = "avx512"; }
+#endif
+                for (f = 0; f < nf; ++f) {
+                    kc.n = 0;
+                    memset(kc.k, 0x55, (size_t)NK * dq);
+                    CHECK(!fns[f](&kc, &k, 1, 41, kb) && !fns[f](&kc, &k, 1, NK, kb) && kc.n == NK, "int8 keys on %s: finite data", names[f]);
+                    CHECK(!memcmp(kc.k, kc_ref.k, (size_t)NK * dq) && !memcmp(kc.s, kc_ref.s, sizeof(float) * NK) &&
+                              !memcmp(kc.sum128, kc_ref.sum128, sizeof(int32_t) * NK),
+                          "int8 keys on %s (d %d, %s): not the plain rounding's bytes, scales and sums", names[f], (int)d,
+                          dtype_name((ei_dtype)dt));
+                    n_keys++;
+                }
+            }
+            b.kc = &kc_ref;
             for (tile = 0; tile * tk < NK; ++tile) { /* scores: every dot against the plain ones, bit for bit */
                 int64_t j0 = (int64_t)tile * tk, nk = EI__MIN((int64_t)tk, (int64_t)NK - j0), j;
                 ei__sample_scores_fn fns[4];
                 const char *names[4];
                 int nf = 0, f, bad_ref;
-                ei__rank_k8 t_ref = ei__rank_k8_at(kb_ref, d, nk), t = ei__rank_k8_at(kb, d, nk);
                 bad_ref = ei__rank_scores_i8_scalar(&b, &k, 1, NULL, j0, nk, kb_ref, 0.3f, tl_ref);
                 CHECK(!bad_ref, "int8 scores: finite data reported non-finite");
-                for (j = 0; j < nk; ++j) { /* the plain scores against the test's arithmetic */
-                    int32_t kq[1100], qq[1100];
-                    float sk;
-                    for (e = 0; e < d; ++e) row[e] = (float)ref_at(&k, j0 + j, 1, e);
-                    sk = ref_quant_i8(row, d, kq);
-                    CHECK(sk == t_ref.s[j], "int8 key scale %g, the test's %g", (double)t_ref.s[j], (double)sk);
+                for (j = 0; j < nk; ++j) /* the plain scores against the test's arithmetic */
                     for (r = 0; r < R; ++r) {
                         int32_t acc = 0;
                         float want;
-                        for (e = 0; e < d; ++e) qq[e] = q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)];
-                        for (e = 0; e < d; ++e) acc += qq[e] * kq[e];
-                        want = 0.3f * b.s[r] * sk * (float)acc;
+                        for (e = 0; e < d; ++e)
+                            acc += q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)] * kc_ref.k[(size_t)(j0 + j) * dq + (size_t)e];
+                        want = 0.3f * b.s[r] * kc_ref.s[j0 + j] * (float)acc;
                         if (memcmp(&want, &tl_ref[j * R + r], 4))
                             CHECK(0, "int8 plain score [%d][%d]: %g, the test's %g", (int)j, r, (double)tl_ref[j * R + r], (double)want);
                     }
-                }
 #ifdef EI__HAVE_AVX2
                 if (ei_cpu_supports(EI_SIMD_AVX2)) { fns[nf] = ei__rank_scores_i8_avx2; names[nf++] = "vpmaddwd"; }
 #endif
@@ -1118,15 +1154,15 @@ static void test_rank_int8_kernels(void) {
                     snprintf(what, sizeof what, "int8 scores, %s, d %d, %s, tile %d", names[f], (int)d, dtype_name((ei_dtype)dt), tile);
                     CHECK(!bad, "%s: finite data reported non-finite", what);
                     CHECK(!memcmp(tl, tl_ref, sizeof(float) * (size_t)nk * R), "%s: not the plain scores bit for bit", what);
-                    CHECK(!memcmp(t.k, t_ref.k, (size_t)nk * (size_t)dq) && !memcmp(t.s, t_ref.s, sizeof(float) * (size_t)nk),
-                          "%s: the keys' bytes or scales differ from the plain rounding", what);
                     n_scores++;
                 }
                 (void)names;
             }
             /* masses: every path's walk (and dot) against the plain one */
             memset(mref, 0, sizeof mref);
+            kc_ref.n = 0; /* kv head 0's keys, rounded by each kernel as it needs them */
             CHECK(ei__rank_mass_i8_scalar(&b, tok, NR, &k, 0, 0.125f, 8, 8, lg, kb_ref, mref), "int8 plain mass: finite data");
+            b.kc = &kc;
             for (p = EI_SIMD_AVX2; p < TEST_SIMD_END; ++p) {
                 const ei__kernels *kern = ei__kernels_for((ei_simd)p);
                 int dots[4], nd, di2;
@@ -1136,6 +1172,7 @@ static void test_rank_int8_kernels(void) {
                     int64_t bl;
                     double worst = 0;
                     b.dot = dots[di2];
+                    kc.n = 0;
                     memset(m, 0, sizeof m);
                     CHECK(kern->rank_mass_i8(&b, tok, NR, &k, 0, 0.125f, 8, 8, lg, kb, m), "int8 mass on %s: finite data",
                           ei_simd_name((ei_simd)p));
@@ -1146,9 +1183,11 @@ static void test_rank_int8_kernels(void) {
                 }
             }
             b.dot = 0;
+            free(kc_ref.k); free(kc_ref.s); free(kc_ref.sum128); free(kc.k); free(kc.s); free(kc.sum128);
             free(kf); free(row); free(kd); free(q8); free(rq); free(qu); free(q16); free(kb_ref); free(kb); free(tl_ref); free(tl); free(lg);
         }
-    printf("  int8 ranking kernels: %d tile scores bit-identical to the plain ones, %d masses within 1e-3\n", n_scores, n_mass);
+    printf("  int8 ranking kernels: %d key roundings and %d tile scores bit-identical to the plain ones, %d masses within 1e-3\n",
+           n_keys, n_scores, n_mass);
 }
 /* Plans keep the same blocks: counts and rows. */
 static int plan_keeps_equal(const ei_plan *a, const ei_plan *b) {
