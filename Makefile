@@ -40,13 +40,18 @@ $(BUILD)/bench_profile: bench/bench_profile.c $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
 
+# The sampled ranking's profile time, f32 against int8 scores (docs/quality.md, issue 35).
+$(BUILD)/bench_rank: bench/bench_rank.c $(HDR)
+	@mkdir -p $(BUILD)
+	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
+
 # `make demo` (examples/gemma/gemma.mk) runs the main demo: Gemma 3 270M with
 # entropyinfer in its attention. The synthetic one needs no model:
 demo-synthetic: $(BUILD)/demo_synthetic
 	./$(BUILD)/demo_synthetic
 
 # `make bench` (bench/attention.mk) builds build/ei_bench; this adds the profiling benchmark.
-bench: $(BUILD)/bench_profile
+bench: $(BUILD)/bench_profile $(BUILD)/bench_rank
 bench-profile: $(BUILD)/bench_profile
 	./$(BUILD)/bench_profile
 
