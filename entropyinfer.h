@@ -174,12 +174,14 @@
                so every CPU path gives bit-identical scores (vpdpbusd on
                AVX512_VNNI or AVX-VNNI, int16 vpmaddwd on AVX2, plain loops
                elsewhere). Each key is rounded once per profiling call and
-               kv head, however many rows and segments score it. It applies to EI_RANK_SAMPLED's ranking only
-               (decode scores stay f32); CPU only: the CUDA backend refuses
-               it (EI_ERR_UNSUPPORTED). NaN or +-inf in a sampled row or a
-               key: EI_ERR_NONFINITE, as with f32. On Gemma 3 270M at 32k it
-               ranked as well as f32 (docs/quality.md, "The sampled rows in
-               int8 (issue 35)").
+               kv head, however many rows and segments score it. It applies
+               to EI_RANK_SAMPLED's ranking only (decode scores stay f32);
+               CPU only: the CUDA backend refuses it (EI_ERR_UNSUPPORTED).
+               NaN or +-inf in a sampled row or a key: EI_ERR_NONFINITE, as
+               with f32. An f32 emulation of this
+               rounding ranked as well as f32 on Gemma 3 270M at 32k with
+               128 rows; cost: docs/quality.md, "The sampled rows in int8
+               (issue 35)".
                EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
                XAttention (Xu et al., arXiv 2503.16428, which sums the
                strided antidiagonals of each (query block, key block) tile
