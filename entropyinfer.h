@@ -3796,6 +3796,18 @@ static int ei__rank_int8(const ei_config *c) {
 }
 /* Bytes of a batch's int8 rows (q, qu, q16) and one row of d bytes. */
 static size_t ei__rank_q8_bytes(int32_t d) { return (size_t)ei__round_up(d, 4) * EI__SAMPLE_ROWS * 4u + (size_t)ei__round_up(d, 4); }
+/* x rounded to f32 where the compiler keeps excess precision (x87 math on
+   i386: FLT_EVAL_METHOD 2, and C++ does not round at assignments there),
+   so that the plain int8 rounding and scores are the vector paths' bit for
+   bit; x itself elsewhere. */
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
+static float ei__f32_round(float x) {
+    volatile float v = x;
+    return v;
+}
+#else
+#define ei__f32_round(x) (x)
+#endif
 /* x / s rounded half away from zero, clamped to +-127, for |x / s| below
    2^31 (the quantisers' range: |x| <= 127 s up to rounding): trunc, then
    the exact remainder decides. */
@@ -3819,11 +3831,8 @@ static float ei__quant_i8(const float *x, int32_t d, int8_t *out) {
         }
         m = a > m ? a : m;
     }
-    s = m / 127.0f;
-    for (i = 0; i < d; ++i) {
-        float t = s > 0.0f ? x[i] / s : 0.0f;
-        out[i] = ei__round_i8(t);
-    }
+    s = ei__f32_round(m / 127.0f);
+    for (i = 0; i < d; ++i) out[i] = ei__round_i8(s > 0.0f ? ei__f32_round(x[i] / s) : 0.0f);
     return s;
 }
 
@@ -8214,7 +8223,7 @@ static int ei__rank_scores_i8_scalar(const void *qx, const ei_tensor *k, int32_t
             int32_t acc = 0;
             float x;
             for (i = 0; i < d; ++i) acc += (int32_t)q->q[((size_t)(i / 4) * R + (size_t)r) * 4u + (size_t)(i % 4)] * kj[i];
-            x = sc * q->s[r] * kc->s[j0 + j] * (float)acc;
+            x = ei__f32_round(ei__f32_round(ei__f32_round(sc * q->s[r]) * kc->s[j0 + j]) * (float)acc);
             if (!(x - x == 0.0f)) bad = 1;
             tl[(size_t)j * R + (size_t)r] = x;
         }

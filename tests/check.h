@@ -683,8 +683,12 @@ CHECK_FN float ref_quant_i8(const float *x, int32_t d, int32_t *out) {
     int32_t i;
     for (i = 0; i < d; ++i) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
     s = m / 127.0f;
+    {   /* s as a float (volatile: x87 keeps excess precision) */
+        volatile float sv = s;
+        s = sv;
+    }
     for (i = 0; i < d; ++i) {
-        long v = s > 0.0f ? lroundf(x[i] / s) : 0;
+        long v = s > 0.0f ? lroundf(x[i] / s) : 0; /* (the argument rounds to float) */
         out[i] = (int32_t)(v > 127 ? 127 : v < -127 ? -127 : v);
     }
     return s;

@@ -1136,7 +1136,11 @@ static void test_rank_int8_kernels(void) {
                         float want;
                         for (e = 0; e < d; ++e)
                             acc += q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)] * kc_ref.k[(size_t)(j0 + j) * dq + (size_t)e];
-                        want = 0.3f * b.s[r] * kc_ref.s[j0 + j] * (float)acc;
+                        { /* each product rounded to f32 (volatile: x87 keeps excess precision) */
+                            volatile float p1 = 0.3f * b.s[r], p2;
+                            p2 = p1 * kc_ref.s[j0 + j];
+                            want = p2 * (float)acc;
+                        }
                         if (memcmp(&want, &tl_ref[j * R + r], 4))
                             CHECK(0, "int8 plain score [%d][%d]: %g, the test's %g", (int)j, r, (double)tl_ref[j * R + r], (double)want);
                     }
