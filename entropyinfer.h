@@ -4223,9 +4223,9 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
         memset(b.s, 0, sizeof b.s);
         for (nr = 0; i < c->rank_samples && nr < R; ++i) { /* the next batch of rows, in columns */
             int64_t t = ei__sample_token(c, s, i);
-            if (t < t_lo || t >= t_hi) continue;
             ei__rank_keys rk;
             ei_tensor qv = *q; /* the row as a one-row view */
+            if (t < t_lo || t >= t_hi) continue;
             tok[nr] = t;
             qv.data = ei__row(q, t - q_pos, kvh * G + i % G);
             qv.n_tokens = 1;
