@@ -1331,8 +1331,9 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #ifndef EI__CUDA_ABI_INCLUDED
 #define EI__CUDA_ABI_INCLUDED
 
-/* Bump on any change of ei_cuda_api or of the meaning of its functions. */
-#define EI_CUDA_ABI_VERSION 13
+/* Bump on any change of ei_cuda_api or of the meaning of its functions (ei_config is passed by
+   pointer: a new field is a change; 14: rank_precision). */
+#define EI_CUDA_ABI_VERSION 14
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */

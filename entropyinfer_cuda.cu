@@ -125,9 +125,10 @@
 
    EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
      Default (unset or ""): on Hopper wgs128 for head_dim 128, wgk64 for
-     head_dim 64, wgi64 for 256 (256 knows only wg64, wgk64, wgi64: wgk64
-     on group-interleaved tiles, and "4x1x64"); other GPUs mma.sync 8x2x64,
-     head_dim 256 mma.sync 4x1x64.
+     head_dim 64 and 256 (ATTN_D256_DEFAULT; 256 knows only wg64, wgk64,
+     wgi64: wgk64 on group-interleaved tiles, wgs64: attention_ws_kernel at
+     64 keys per step, and "4x1x64"); other GPUs mma.sync 8x2x64, head_dim
+     256 mma.sync 4x1x64.
      wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
      tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
      "wgk64" / "wgk128" (TMA, masks from key indices), "wgp64" / "wgp128"
@@ -2184,6 +2185,35 @@ template <int N, typename T> __device__ __forceinline__ void wgmma_rs(float (&d)
     "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
     "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
     "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+/* N = 256 (wgmma_rs only: attention_ws_kernel's O for head_dim 256 in one product, no halves
+   that ptxas would copy between) */
+#define EI__WG_REGS_256 \
+    "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" "}"
+#define EI__WG_OPS_256 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), \
+    "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), \
+    "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), \
+    "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), \
+    "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), \
+    "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
 #ifdef EI_WGMMA
 #define EI__WG_SS(N, T, TY, A0, A1, A2)                                                               \
     template <>                                                                                     \
@@ -2225,12 +2255,16 @@ EI__WG_RS(64, __nv_bfloat16, "bf16", "32", "33", "34", "35", "36", "37")
 EI__WG_RS(64, __half, "f16", "32", "33", "34", "35", "36", "37")
 EI__WG_RS(128, __nv_bfloat16, "bf16", "64", "65", "66", "67", "68", "69")
 EI__WG_RS(128, __half, "f16", "64", "65", "66", "67", "68", "69")
+EI__WG_RS(256, __nv_bfloat16, "bf16", "128", "129", "130", "131", "132", "133")
+EI__WG_RS(256, __half, "f16", "128", "129", "130", "131", "132", "133")
 #undef EI__WG_SS
 #undef EI__WG_RS
 #undef EI__WG_OPS_64
 #undef EI__WG_OPS_128
+#undef EI__WG_OPS_256
 #undef EI__WG_REGS_64
 #undef EI__WG_REGS_128
+#undef EI__WG_REGS_256
 
 /* The key list a CTA attends to: kept blocks (ranked; all before the
    segment), then keys base_pos .. base_pos + own_len - 1 (causal). */
@@ -2921,11 +2955,19 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && attn_kv_stages(TM)
    pair. Measurements (dense and sparse against SDPA, the ablation of each
    choice): docs/performance.md, "NVIDIA H200", the current table. */
 #ifdef EI_WGMMA
-__device__ __forceinline__ void setmaxnreg_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory"); }
-__device__ __forceinline__ void setmaxnreg_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory"); }
+/* registers a thread: the producer warpgroup's and the consumers' (128 x P + 256 x C <= 64 Ki); head_dim
+   256's consumers hold O as 128 registers and need FlashAttention-3's 24 / 240 split */
+template <int D> __device__ __forceinline__ void setmaxnreg_producer() {
+    if constexpr (D == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+}
+template <int D> __device__ __forceinline__ void setmaxnreg_consumer() {
+    if constexpr (D == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+}
 #else
-__device__ __forceinline__ void setmaxnreg_producer() {}
-__device__ __forceinline__ void setmaxnreg_consumer() {}
+template <int D> __device__ __forceinline__ void setmaxnreg_producer() {}
+template <int D> __device__ __forceinline__ void setmaxnreg_consumer() {}
 #endif
 /* One work item of an attention launch: rows (query heads h0 .. h0+hc-1 x
    tokens t0 .. t1-1) of kv head kvh, their key list and its tiles. */
@@ -2972,10 +3014,13 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
+/* Keys per step of attention_ws_kernel: 128, and 64 for head_dim 256, whose consumers hold O as 64 x 256
+   f32 (128 registers a thread of their 232) and whose Q rows and two K/V stages fill 193 KiB. */
+__host__ __device__ constexpr int attn_ws_bc(int D) { return D == 256 ? 64 : 128; }
 template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool SPLIT>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
-    constexpr int BC = 128, ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
-    static_assert(D == 64 || D == 128, "head_dim 64 / 128");
+    constexpr int BC = attn_ws_bc(D), ROWS = 128, CH = D / 8, NB = BC / 8, NS = D / 64;
+    static_assert(D == 64 || D == 128 || (D == 256 && GL), "head_dim 64 / 128, or 256 on group-interleaved tiles");
     extern __shared__ uint4 smem_raw[];
     uint4 *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) / 16;
     uint4 *sQ = smem, *sK = smem + ROWS * CH, *sV = sK + NST * BC * CH; /* [stage][slab][BC rows][8 chunks] */
@@ -3001,11 +3046,11 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
     if (warp < 4) {
         /* ---- producer: warp 0 copies every tile (SPLIT: warp 0 the K tiles, warp 1 the
            V tiles), the other warps leave */
-        setmaxnreg_producer();
+        setmaxnreg_producer<D>();
         if (warp > (SPLIT ? 1 : 0)) return;
         const bool do_k = !SPLIT || warp == 0, do_v = !SPLIT || warp == 1;
         uint32_t it = 0;
-        const int g = lane & 15; /* this lane's 8-key group of a tile (lanes 16..31 repeat 0..15) */
+        const int g = lane % NB; /* this lane's 8-key group of a tile (lanes NB..31 repeat 0..NB-1) */
         for (int r = 0; work(r) < p.nwork; r++) {
             AttnItem w;
             if (!attn_item(p, work(r), BC, w)) continue;
@@ -3026,7 +3071,7 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                     pos = w.kl.base_pos + (i - w.kl.kept_len);
                 int pos0 = __shfl_sync(0xffffffffu, pos, 0);
                 bool contig = !GALL && __all_sync(0xffffffffu, pos == pos0 + 8 * g);
-                uint32_t bad = __ballot_sync(0xffffffffu, !ok) & 0xffffu;
+                uint32_t bad = __ballot_sync(0xffffffffu, !ok) & ((1u << NB) - 1u);
                 int st = it % NST;
                 uint32_t ph = (it / NST) & 1;
                 auto load = [&](uint4 *dst, const CUtensorMap *mt, const CUtensorMap *m8, uint64_t *full, uint64_t *empty,
@@ -3037,10 +3082,10 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
                         mbar_arrive_expect_tx(full, (unsigned)(BC * D * sizeof(T)));
                     }
                     __syncwarp();
-                    if (GL) { /* [group][slab][8 keys]: a run of 16 whole groups, else a box per group */
-                        if (contig && !(pos0 & 7) && pos0 / 8 + 16 <= tm.run_groups) {
+                    if (GL) { /* [group][slab][8 keys]: a run of NB whole groups, else a box per group */
+                        if (contig && !(pos0 & 7) && pos0 / 8 + NB <= tm.run_groups) {
                             if (lane == 0) tma_load5(dst, mt, 0, 0, 0, pos0 / 8, w.kvh, full);
-                        } else if (lane < 16) {
+                        } else if (lane < NB) {
                             tma_load4(dst + g * NS * 64, m8, 0, pos, 0, w.kvh, full);
                         }
                     } else if (contig) { /* [slab][BC keys] */
@@ -3059,7 +3104,7 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
         return;
     }
     /* ---- consumers: warpgroup cw owns rows cw*64 .. cw*64+63 */
-    setmaxnreg_consumer();
+    setmaxnreg_consumer<D>();
     const int cw = (warp >> 2) - 1, ltid = tid & 127;
     if (PP && cw == 1) named_arrive(1, 256); /* warpgroup 0 issues first */
     float o[D / 8][4], sc[NB][4];
@@ -3095,18 +3140,40 @@ __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p
         /* the products: S = Q K^T (D/16 k-steps), O += P V (BC/16 k-steps) */
         auto qk = [&](int st) {
             const char *q0 = (const char *)sQ + cw * 64 * 128, *k0 = (const char *)(sK + st * BC * CH);
+            if constexpr (D == 256) {
+                /* head_dim 256: each k-step's descriptors as the stage's base plus the step's offset
+                   (16-byte units in the address field), the base hidden from the optimiser, so that
+                   the 32 descriptors are not hoisted out of the key loop into 64 registers: with O
+                   that left too few for the products (ptxas: serialised wgmma, spills) */
+                uint64_t qd = wgmma_desc(q0, 16, 1024), kd = gl_k_desc(k0, 0, NS);
+                asm volatile("" : "+l"(qd), "+l"(kd));
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
-                                GL ? gl_k_desc(k0, kk, NS)
-                                   : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+                for (int kk = 0; kk < D / 16; kk++)
+                    wgmma_ss<BC, T>(sc, qd + (uint64_t)(((kk >> 2) * ROWS * 128 + (kk & 3) * 32) >> 4),
+                                    kd + (uint64_t)(((kk >> 2) * 1024 + (kk & 3) * 32) >> 4), kk > 0);
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++)
+                    wgmma_ss<BC, T>(sc, wgmma_desc(q0 + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16, 1024),
+                                    GL ? gl_k_desc(k0, kk, NS)
+                                       : wgmma_desc(k0 + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+            }
         };
         auto pv = [&](int st) {
             const char *v0 = (const char *)(sV + st * BC * CH);
+            if constexpr (D == 256) {
+                /* one m64n256k16 per 16 keys over V's four slabs, descriptors from a hidden base as in
+                   qk: two m64n128k16 on halves of O (attention_kernel's wg_pv) made ptxas copy 64
+                   accumulator registers between them every step and serialise the products */
+                uint64_t vd = gl_v_desc(v0, 0, 0, NS);
+                asm volatile("" : "+l"(vd));
 #pragma unroll
-            for (int t = 0; t < NB / 2; t++)
-                wgmma_rs<D, T>(o, pa[t], GL ? gl_v_desc(v0, t, 0, NS)
-                                            : wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
+                for (int t = 0; t < NB / 2; t++) wgmma_rs<256, T>(o, pa[t], vd + (uint64_t)((t * 2 * NS * 1024) >> 4));
+            } else {
+#pragma unroll
+                for (int t = 0; t < NB / 2; t++)
+                    wgmma_rs<D, T>(o, pa[t], GL ? gl_v_desc(v0, t, 0, NS) : wgmma_desc(v0 + t * 16 * 128, BC * 128, 1024));
+            }
         };
         /* mask: own keys past a row's token, and the groups kmask names */
         auto mask = [&](int j, uint32_t km) {
@@ -3271,7 +3338,7 @@ static int sm_count(void) {
 }
 template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool SPLIT>
 static ei_result launch_attention_ws(const AttnParams &p, const AttnMaps *maps, unsigned grid, cudaStream_t st, char *msg) {
-    size_t smem = (size_t)(128 + 2 * NST * 128) * D * 2 + 1024;
+    size_t smem = (size_t)(128 + 2 * NST * attn_ws_bc(D)) * D * 2 + 1024;
     CUDA_TRY(cudaFuncSetAttribute(attention_ws_kernel<D, T, PP, NST, GALL, GL, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
     AttnParams q = p;
@@ -3390,7 +3457,7 @@ static bool attn_maps(const ei_tensor *k, const ei_tensor *v, int D, int bc, boo
 static const AttnMaps *attn_maps_for(int wgk, const ei_tensor *k, const ei_tensor *v, int D, int bc, bool bf, AttnMaps *m,
                                      const char **e) {
     if (wgk < 2 || !attn_maps(k, v, D, bc, bf, m)) return NULL;
-    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, bc / 8, m)) *e = wgk == 16 ? "wgk64" : "wgx128";
+    if (wgk >= 12 && !attn_maps_gl(k, v, D, bf, bc / 8, m)) *e = wgk == 16 || D == 256 ? "wgk64" : "wgx128";
     return m;
 }
 
@@ -3428,6 +3495,14 @@ static bool wgmma_available(void) {
    >>cuda-tuning); *wg by name: wg 1, wgt 2, wgp 3, wgk 4, wgo 5, wgq 6
    (attention_kernel with TM = *wg - 1), wgw 7, wgv 8, wgx 9, wgu 10, wgg 11, wgy 12,
    wgh 13, wgz 14, wgs 15 (attention_ws_kernel); "WxMxB": mma.sync (*wg 0). */
+/* Whether shape code wgk is attention_ws_kernel's (7 .. 15; 16, wgi64, is attention_kernel's). Until
+   2026-12-07 the checks below read wgk >= 7, which sent wgi64 to wgk64 (and off split-K): every
+   "wgi64" measurement before then ran wgk64. */
+static inline bool attn_is_ws(int wgk) { return wgk >= 7 && wgk <= 15; }
+/* Head_dim 256's default shape code on Hopper: wgk64 (4). wgs64 (15) and wgi64 (16) are built and
+   named by EI_CUDA_ATTN_CFG; they become the default once measured on a GPU (docs/performance.md,
+   "head_dim 256 on the warp-specialised kernel"). */
+#define ATTN_D256_DEFAULT 4
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
 #define ATTN_SPARSE_DEFAULT NULL
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
@@ -3438,11 +3513,16 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
     const bool wgmma = wgmma_available() && !(e && e[0] && e[1] == 'x'); /* "WxMxB" names mma.sync */
     if (D == 256) {
         /* mma.sync 4x1x64; on Hopper wgmma, 2 warpgroups x 64 keys, one CTA per SM (shared memory:
-           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgi64 (TMA, group-interleaved tiles,
-           *wg = 16: the default), wgk64 (TMA, slab tiles, *wg = 4) or wg64 (cp.async, *wg = 1) */
+           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgk64 (TMA, slab tiles, *wg = 4:
+           the default, ATTN_D256_DEFAULT), wgs64 (attention_ws_kernel: a producer warpgroup, two
+           consumer warpgroups with ping-pong, group-interleaved tiles, *wg = 15; where it is the
+           default api_attention runs wgi64 instead when split-K would cut the work items), wgi64
+           (attention_kernel, TMA, group-interleaved tiles, *wg = 16) or wg64 (cp.async, *wg = 1) */
         *nw = wgmma ? 8 : 4;
         *mt = 1;
-        if (wgmma) *wg = e && !strcmp(e, "wg64") ? 1 : e && !strcmp(e, "wgk64") ? 4 : 16;
+        if (wgmma)
+            *wg = !e || !e[0] ? ATTN_D256_DEFAULT : !strcmp(e, "wg64") ? 1 : !strcmp(e, "wgi64") ? 16
+                : !strcmp(e, "wgs64") ? 15 : 4;
         return;
     }
     if (wgmma) {
@@ -3686,6 +3766,9 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
         if (BCK == 64) EI__ATT_TMA(128, 64, 2);
         EI__ATT_TMA(128, 128, 2);
     }
+    if (WGK == 15 && maps && D == 256) /* warp-specialised, persistent, 64 keys per step (wgs64) */
+        return bf ? launch_attention_ws<256, __nv_bfloat16, true, 2, false, true, true>(p, maps, grid, st, msg)
+                  : launch_attention_ws<256, __half, true, 2, false, true, true>(p, maps, grid, st, msg);
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
 #define EI__ATT_WS(PP, NST, GALL, GL, SPLIT)                                                                    \
     return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL, SPLIT>(p, maps, grid, st, msg)       \
@@ -3777,11 +3860,12 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     int NW, MT, BCK, WGK, NW2, MT2, BCK2, WGK2;
     attention_pick(D, vec, e_all, &NW, &MT, &BCK, &WGK);
     attention_pick(D, vec, e_sp && e_sp[0] ? e_sp : e_all, &NW2, &MT2, &BCK2, &WGK2);
-    /* the warp-specialised kernel copies every tile by TMA in 8-key groups: other calls run wgk64 */
-    const bool ws_ok = D == 128 && cfg->block_size % 8 == 0;
-    if (WGK >= 7 && !ws_ok) { WGK = 4; BCK = 64; e_all = "wgk64"; }
-    if (WGK2 >= 7 && !ws_ok) { WGK2 = 4; BCK2 = 64; e_sp = "wgk64"; }
-    bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
+    /* the warp-specialised kernel copies every tile by TMA in 8-key groups: other calls run wgk64
+       (head_dim 256: wgi64, attention_kernel on the same tiles) */
+    const bool ws_ok = (D == 128 || D == 256) && cfg->block_size % 8 == 0;
+    const char *ws_alt = D == 256 ? "wgi64" : "wgk64";
+    if (attn_is_ws(WGK) && !ws_ok) { WGK = D == 256 ? 16 : 4; BCK = 64; e_all = ws_alt; }
+    if (attn_is_ws(WGK2) && !ws_ok) { WGK2 = D == 256 ? 16 : 4; BCK2 = 64; e_sp = ws_alt; }
     int rows = 16 * NW * MT, G = nh / nkv;
     AttnMaps maps;
     AttnParams p;
@@ -3811,6 +3895,14 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
     p.scale_log2 = scale * 1.4426950408889634f;
     int64_t grid = (int64_t)(p.s_last - s_first + 1) * nkv * p.chunks * p.tiles_per_seg;
     if ((r = grid_fits("attention", grid, 1, 1, msg))) return r;
+    /* head_dim 256's default: the persistent warp-specialised kernel cannot split a work item's keys,
+       so a call of fewer work items than half the SMs (an engine's micro-batch: split-K's case) runs
+       wgi64 with split-K instead (a kernel named by EI_CUDA_ATTN_CFG runs as named) */
+    if (D == 256 && grid * 2 <= sm_count()) {
+        if (WGK == 15 && !(e_all && e_all[0])) { WGK = 16; e_all = "wgi64"; }
+        if (WGK2 == 15 && !(e_sp && e_sp[0])) { WGK2 = 16; e_sp = "wgi64"; }
+    }
+    const bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     cudaStream_t st = stream_of(cfg);
     bool bf = k->dtype == EI_BF16; /* the kernels' type: k's (an f32 q is rounded to it) */
     ScanParams sp;
@@ -3843,7 +3935,7 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
         return r;
     p.seg_mode = split ? 1 : 0;
     p.D = D;
-    p.nsplit = attn_split_plan(p, D, std::max(BCK, split ? BCK2 : BCK), WGK >= 7 || (split && WGK2 >= 7),
+    p.nsplit = attn_split_plan(p, D, std::max(BCK, split ? BCK2 : BCK), attn_is_ws(WGK) || (split && attn_is_ws(WGK2)),
                                D == 256 && WGK > 0, (unsigned)grid, ws, ws_bytes, tn.attn_split, &p.part);
     if (p.nsplit > 1 && (BCK % p.bs || (split && BCK2 % p.bs))) p.nsplit = 1;
     const AttnMaps *mp = attn_maps_for(WGK, k, v, D, BCK, bf, &maps, &e_all);

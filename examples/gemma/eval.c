@@ -16,6 +16,7 @@
                            budgets, sink and local blocks). The options below override
                            either.
          samples=N         rank_samples: query rows (sampled) or query tiles (antidiagonal) per segment and kv head
+         precision=f32|int8  rank_precision: the sampled ranking's score arithmetic
          top_p=P           top-p keep counts, P in (0, 1]; 0: counts from the budget recurrence
          max_factor=F      budget_max_factor: budgets (and top-p counts) up to F x base (paper 3)
          sink=N            sink_blocks: key blocks from position 0 always kept
@@ -55,7 +56,7 @@
    as JSON (the path with ".md" replaced by ".json", or ".json" appended):
      {"model", "text", "tokens_in_text", "threads", "complete" (false while the
       run is under way: the file is rewritten after every row),
-      "config": {ranking, rank_samples, top_p, sink_blocks, local_blocks,
+      "config": {ranking, rank_samples, rank_precision, top_p, sink_blocks, local_blocks,
                  base_budget, segment_size, block_size, threshold_len, ...},
       "rows": one per (context, mode) of the perplexity table: context, mode
               (dense | ragged | per_segment | oracle | bf16kv), ranking
@@ -106,17 +107,18 @@ static struct {
     int32_t base_budget, segment, block, oracle, no_reference, mass;
     int32_t ranking;      /* -1: not given (the paper's configuration); EI_RANK_* */
     int32_t samples;      /* 0: not given */
+    int32_t precision;    /* -1: not given; EI_RANK_PRECISION_* (rank_precision) */
     int32_t sink, local;  /* -1: not given */
     double top_p;         /* -1: not given */
     double max_factor;    /* -1: not given (budget_max_factor) */
     uint64_t dense_layers;
     const char *dense_cache; /* NULL: dense rows are computed in every run */
-} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1.0, -1.0, 0, NULL};
+} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1, -1.0, -1.0, 0, NULL};
 
 /* any option beyond the ranking that changes the sparse modes */
 static int ovr_changes_config(void) {
     return ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.samples > 0 || ovr.top_p >= 0 || ovr.sink >= 0 ||
-           ovr.max_factor >= 0 ||
+           ovr.max_factor >= 0 || ovr.precision >= 0 ||
            ovr.local >= 0 || ovr.dense_layers;
 }
 
@@ -130,6 +132,7 @@ static ei_config mode_config(int mode) {
     if (ovr.segment > 0) c.segment_size = ovr.segment;
     if (ovr.block > 0) c.block_size = ovr.block;
     if (ovr.samples > 0) c.rank_samples = ovr.samples;
+    if (ovr.precision >= 0) c.rank_precision = (ei_rank_precision)ovr.precision;
     if (ovr.top_p >= 0) c.top_p = ovr.top_p;
     if (ovr.max_factor >= 0) c.budget_max_factor = ovr.max_factor;
     if (ovr.sink >= 0) c.sink_blocks = ovr.sink;
@@ -172,6 +175,12 @@ static int parse_override(const char *arg) {
         if (!strcmp(arg + 8, "reference")) ovr.ranking = EI_RANK_REFERENCE;
         else if (!strcmp(arg + 8, "sampled")) ovr.ranking = EI_RANK_SAMPLED;
         else if (!strcmp(arg + 8, "antidiagonal")) ovr.ranking = EI_RANK_ANTIDIAGONAL;
+        else return -1;
+        return 0;
+    }
+    if (!strncmp(arg, "precision=", 10)) {
+        if (!strcmp(arg + 10, "f32")) ovr.precision = EI_RANK_PRECISION_F32;
+        else if (!strcmp(arg + 10, "int8")) ovr.precision = EI_RANK_PRECISION_INT8;
         else return -1;
         return 0;
     }
@@ -620,6 +629,7 @@ static void jstr(FILE *f, const char *key, const char *v) {
 /* the sparse configuration's fields (after a first key) */
 static void json_config_fields(FILE *f, const ei_config *c) {
     jint(f, "rank_samples", c->rank_samples);
+    jstr(f, "rank_precision", c->rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32");
     jnum(f, "top_p", c->top_p);
     jint(f, "sink_blocks", c->sink_blocks);
     jint(f, "local_blocks", c->local_blocks);
@@ -848,8 +858,9 @@ int main(int argc, char **argv) {
             for (c = 6; c < argc; c++) fprintf(md, " `%s`", argv[c]);
             fprintf(md, "\n\n");
         }
-        fprintf(md, "Ranking: %s (ranking=%s, rank_samples %d, top_p %g, sink_blocks %d, local_blocks %d).\n\n", rank_desc,
-                ranking_id(d.ranking), (int)d.rank_samples, d.top_p, (int)d.sink_blocks, (int)d.local_blocks);
+        fprintf(md, "Ranking: %s (ranking=%s, rank_samples %d, rank_precision %s, top_p %g, sink_blocks %d, local_blocks %d).\n\n",
+                rank_desc, ranking_id(d.ranking), (int)d.rank_samples,
+                d.rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32", d.top_p, (int)d.sink_blocks, (int)d.local_blocks);
         fprintf(md, "Configuration: %s%s: segment %d, block %d, threshold_len %lld, base_budget %d "
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
                     "entropyinfer runs in the global layers %s; the %d sliding-window (%d) layers are dense in every mode. "
