@@ -48,6 +48,22 @@ static char *load_licences(size_t *len) {
     return text;
 }
 
+/* A whole text file (eval's long document, the demo's GEMMA_DEMO_TEXT). Returns malloc'd text. */
+static char *load_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (text = (char *)malloc((size_t)n + 1)) != NULL) {
+        *len = fread(text, 1, (size_t)n, f);
+        text[*len] = 0;
+    }
+    fclose(f);
+    return text;
+}
+
+
 static int32_t *tokenize_all(const gm_tokenizer *t, const char *text, size_t n, int add_bos, int64_t *ntok) {
     int64_t cap = (int64_t)n + 2, k;
     int32_t *ids = (int32_t *)malloc((size_t)cap * sizeof(int32_t));

@@ -28,7 +28,8 @@
    cells must); GEMMA_DEMO_REDUCE=max: gqa_reduce max (heads, and layers of
    a shared set, by their maximum) instead of the mean; GEMMA_DEMO_POLICY=
    streaming|snapkv|h2o: that decode policy instead of the paper's
-   (entropyinfer), at the same budget (issue 37's baselines).
+   (entropyinfer), at the same budget (issue 37's baselines);
+   GEMMA_DEMO_TEXT=path: that text file instead of the licences.
 
    Consistency check: GEMMA_DEMO_OWN=1 makes the second run use the engine's
    own dense attention instead of entropyinfer (expected: identical
@@ -256,6 +257,7 @@ int main(int argc, char **argv) {
        the paper's own ranking and budgets */
     ei_config cfg = getenv("GEMMA_DEMO_PAPER") ? ei_config_default() : ei_config_quality();
     const char *policy = getenv("GEMMA_DEMO_POLICY") ? getenv("GEMMA_DEMO_POLICY") : "entropyinfer";
+    const char *doc = getenv("GEMMA_DEMO_TEXT") && *getenv("GEMMA_DEMO_TEXT") ? getenv("GEMMA_DEMO_TEXT") : NULL;
     run_result rd, rs;
     if (getenv("GEMMA_DEMO_REDUCE") && !strcmp(getenv("GEMMA_DEMO_REDUCE"), "max")) cfg.gqa_reduce = EI_REDUCE_MAX;
     if (!strcmp(policy, "streaming")) cfg.decode_policy = EI_DECODE_STREAMING;
@@ -268,8 +270,8 @@ int main(int argc, char **argv) {
     double t_start = gm_now();
 
     if (gm_model_load(&m, model, err, sizeof err)) { fprintf(stderr, "gemma-demo: %s\n", err); return 1; }
-    text = load_licences(&len);
-    if (!text) { fprintf(stderr, "gemma-demo: cannot read /usr/share/common-licenses\n"); return 1; }
+    text = doc ? load_text_file(doc, &len) : load_licences(&len);
+    if (!text) { fprintf(stderr, "gemma-demo: cannot read %s\n", doc ? doc : "/usr/share/common-licenses"); return 1; }
     ids = tokenize_all(&m.tok, text, len, 1, &n_all);
     if (!ids || n_all < n_prompt + N_CONT + 1) { fprintf(stderr, "gemma-demo: document too short\n"); return 1; }
     pool = gm_pool_create(gm_default_threads());
@@ -288,8 +290,8 @@ int main(int argc, char **argv) {
 
     printf("Gemma 3 270M (%s), %d threads, entropyinfer %s (SIMD: %s)\n", model, gm_pool_size(pool), EI_VERSION_STRING,
            ei_simd_name(EI_SIMD_AUTO));
-    printf("document: /usr/share/common-licenses/* (%zu bytes, %lld tokens); prompt %lld tokens + %d continuation + %d generated\n",
-           len, (long long)n_all, (long long)n_prompt, N_CONT, N_GEN);
+    printf("document: %s (%zu bytes, %lld tokens); prompt %lld tokens + %d continuation + %d generated\n",
+           doc ? doc : "/usr/share/common-licenses/*", len, (long long)n_all, (long long)n_prompt, N_CONT, N_GEN);
     printf("config: segment %d, block %d, threshold_len %lld, base_budget %d (x%.0f..x%.0f), e_t %g, delta_t %.2f, alpha %.2f,\n"
            "        decode_budget %d, window %d, decode_gap %d, decode policy %s, %s keep sets, %s plans,\n"
            "        ranking %s (%d sampled rows), top_p %g, sink blocks %d, local blocks %d%s\n",

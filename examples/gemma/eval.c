@@ -86,21 +86,6 @@ static const char *mode_name[N_MODES] = {"dense", "entropyinfer ragged", "entrop
                                          "ragged counts, oracle block ranking (diagnostic)",
                                          "dense, bf16 K/V cache (reference)"};
 
-/* A whole text file (for eval's long document). Returns malloc'd text. */
-static char *load_text_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    long n;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (text = (char *)malloc((size_t)n + 1)) != NULL) {
-        *len = fread(text, 1, (size_t)n, f);
-        text[*len] = 0;
-    }
-    fclose(f);
-    return text;
-}
-
 /* name=value on the command line: the configuration of the sparse modes, for
    sweeps (0 or -1: not given, the base configuration's value) */
 static struct {
