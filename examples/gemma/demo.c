@@ -29,7 +29,9 @@
    a shared set, by their maximum) instead of the mean; GEMMA_DEMO_POLICY=
    streaming|snapkv|h2o: that decode policy instead of the paper's
    (entropyinfer), at the same budget (issue 37's baselines);
-   GEMMA_DEMO_TEXT=path: that text file instead of the licences.
+   GEMMA_DEMO_TEXT=path: that text file instead of the licences;
+   GEMMA_DEMO_RECENT=r: decode_recent r (the newest r x budget positions kept
+   by recency; 0, the default, is the paper's).
 
    Consistency check: GEMMA_DEMO_OWN=1 makes the second run use the engine's
    own dense attention instead of entropyinfer (expected: identical
@@ -260,6 +262,7 @@ int main(int argc, char **argv) {
     const char *doc = getenv("GEMMA_DEMO_TEXT") && *getenv("GEMMA_DEMO_TEXT") ? getenv("GEMMA_DEMO_TEXT") : NULL;
     run_result rd, rs;
     if (getenv("GEMMA_DEMO_REDUCE") && !strcmp(getenv("GEMMA_DEMO_REDUCE"), "max")) cfg.gqa_reduce = EI_REDUCE_MAX;
+    if (getenv("GEMMA_DEMO_RECENT")) cfg.decode_recent = (float)atof(getenv("GEMMA_DEMO_RECENT"));
     if (!strcmp(policy, "streaming")) cfg.decode_policy = EI_DECODE_STREAMING;
     else if (!strcmp(policy, "snapkv")) cfg.decode_policy = EI_DECODE_SNAPKV;
     else if (!strcmp(policy, "h2o")) cfg.decode_policy = EI_DECODE_H2O;
@@ -293,11 +296,11 @@ int main(int argc, char **argv) {
     printf("document: %s (%zu bytes, %lld tokens); prompt %lld tokens + %d continuation + %d generated\n",
            doc ? doc : "/usr/share/common-licenses/*", len, (long long)n_all, (long long)n_prompt, N_CONT, N_GEN);
     printf("config: segment %d, block %d, threshold_len %lld, base_budget %d (x%.0f..x%.0f), e_t %g, delta_t %.2f, alpha %.2f,\n"
-           "        decode_budget %d, window %d, decode_gap %d, decode policy %s, %s keep sets, %s plans,\n"
+           "        decode_budget %d, window %d, decode_gap %d, decode policy %s (decode_recent %g), %s keep sets, %s plans,\n"
            "        ranking %s (%d sampled rows), top_p %g, sink blocks %d, local blocks %d%s\n",
            cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget, (double)cfg.budget_min_factor,
            (double)cfg.budget_max_factor, (double)cfg.rigid_entropy, (double)cfg.delta_t, (double)cfg.alpha, cfg.decode_budget,
-           cfg.window, cfg.decode_gap, policy, gm_ei_shared_env() ? "shared" : "per-layer",
+           cfg.window, cfg.decode_gap, policy, (double)cfg.decode_recent, gm_ei_shared_env() ? "shared" : "per-layer",
            cfg.per_segment_budget ? "per-segment" : "ragged",
            cfg.ranking == EI_RANK_SAMPLED ? "sampled attention mass" : "reference block score", cfg.rank_samples, cfg.top_p,
            cfg.sink_blocks, cfg.local_blocks,
