@@ -8166,23 +8166,15 @@ static float ei__dot_scalar(const float *a, const float *b, int32_t d) {
     return s;
 }
 
-/* The block mass of sampled rows (EI_RANK_SAMPLED; the vector version and
-   the contract: EI__DEFINE_SAMPLE_MASS in >>attention's templates). */
-static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
-                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass,
-                                  const int32_t *krow) {
-    const int32_t d = k->head_dim, R = EI__SAMPLE_ROWS;
+/* The plain references' walk over stored scores lg [keys][EI__SAMPLE_ROWS]: the
+   softmax of row r over keys 0..tok[r] (base2: scores in log2 units, exp2f;
+   else expf), then per block the rows' weights, rows added in row order, into
+   mass[0..nvis). 0 if a score is NaN or +-inf. */
+static int ei__sample_walk_scalar(float *lg, const int64_t *tok, int32_t nr, int32_t bs, int64_t nvis, float *mass, int base2) {
+    const int32_t R = EI__SAMPLE_ROWS;
     float inv[EI__SAMPLE_ROWS];
     int64_t j, b;
-    int32_t r, i;
-    for (j = 0; j <= tok[nr - 1]; ++j) { /* scale * q.k, rows in columns */
-        ei__row_to_f32(ei__row(k, krow ? krow[j] : j, kvh), k->dtype, d, kbuf);
-        for (r = 0; r < R; ++r) {
-            float acc = 0.0f;
-            for (i = 0; i < d; ++i) acc += qt[(size_t)i * R + (size_t)r] * kbuf[i];
-            lg[(size_t)j * R + (size_t)r] = acc * scale;
-        }
-    }
+    int32_t r;
     for (r = 0; r < nr; ++r) { /* softmax of row r over keys 0..tok[r] */
         float m = -FLT_MAX;
         double z = 0.0;
@@ -8191,7 +8183,11 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
             if (!(x - x == 0.0f)) return 0;
             m = x > m ? x : m;
         }
-        for (j = 0; j <= tok[r]; ++j) z += (double)(lg[(size_t)j * R + (size_t)r] = expf(lg[(size_t)j * R + (size_t)r] - m));
+        for (j = 0; j <= tok[r]; ++j) {
+            float *x = &lg[(size_t)j * R + (size_t)r];
+            *x = base2 ? exp2f(*x - m) : expf(*x - m);
+            z += (double)*x;
+        }
         inv[r] = (float)(1.0 / z);
     }
     for (b = 0; b < nvis; ++b) /* per block, rows added in row order; row r sees keys 0..tok[r] */
@@ -8201,6 +8197,25 @@ static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t n
             mass[b] += acc * inv[r];
         }
     return 1;
+}
+
+/* The block mass of sampled rows (EI_RANK_SAMPLED; the vector version and
+   the contract: EI__DEFINE_SAMPLE_MASS in >>attention's templates). */
+static int ei__sample_mass_scalar(const float *qt, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
+                                  float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass,
+                                  const int32_t *krow) {
+    const int32_t d = k->head_dim, R = EI__SAMPLE_ROWS;
+    int64_t j;
+    int32_t r, i;
+    for (j = 0; j <= tok[nr - 1]; ++j) { /* scale * q.k, rows in columns */
+        ei__row_to_f32(ei__row(k, krow ? krow[j] : j, kvh), k->dtype, d, kbuf);
+        for (r = 0; r < R; ++r) {
+            float acc = 0.0f;
+            for (i = 0; i < d; ++i) acc += qt[(size_t)i * R + (size_t)r] * kbuf[i];
+            lg[(size_t)j * R + (size_t)r] = acc * scale;
+        }
+    }
+    return ei__sample_walk_scalar(lg, tok, nr, bs, nvis, mass, 0);
 }
 
 /* EI_RANK_PRECISION_INT8's tile scores (the contract of
@@ -8236,28 +8251,12 @@ static int ei__rank_scores_i8_scalar(const void *qx, const ei_tensor *k, int32_t
 static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int32_t nr, const ei_tensor *k, int32_t kvh,
                                    float scale, int32_t bs, int64_t nvis, float *lg, float *kbuf, float *mass) {
     const int32_t R = EI__SAMPLE_ROWS, tk = ei__sample_tile_keys(bs);
-    float inv[EI__SAMPLE_ROWS];
-    int64_t j, b, j0;
-    int32_t r;
+    int64_t j0;
     int bad = ei__rank_keys_extend_scalar(q->kc, k, kvh, tok[nr - 1] + 1, kbuf);
     for (j0 = 0; j0 <= tok[nr - 1]; j0 += tk)
         bad |= ei__rank_scores_i8_scalar(q, k, kvh, NULL, j0, EI__MIN((int64_t)tk, tok[nr - 1] + 1 - j0), kbuf,
                                          scale * 1.44269504088896341f, lg + (size_t)j0 * (size_t)R);
-    if (bad) return 0;
-    for (r = 0; r < nr; ++r) { /* softmax of row r over keys 0..tok[r] */
-        float m = -FLT_MAX;
-        double z = 0.0;
-        for (j = 0; j <= tok[r]; ++j) m = lg[(size_t)j * R + (size_t)r] > m ? lg[(size_t)j * R + (size_t)r] : m;
-        for (j = 0; j <= tok[r]; ++j) z += (double)(lg[(size_t)j * R + (size_t)r] = exp2f(lg[(size_t)j * R + (size_t)r] - m));
-        inv[r] = (float)(1.0 / z);
-    }
-    for (b = 0; b < nvis; ++b) /* per block, rows added in row order; row r sees keys 0..tok[r] */
-        for (r = 0; r < nr; ++r) {
-            float acc = 0.0f;
-            for (j = b * bs; j < (b + 1) * bs && j <= tok[r]; ++j) acc += lg[(size_t)j * R + (size_t)r];
-            mass[b] += acc * inv[r];
-        }
-    return 1;
+    return !bad && ei__sample_walk_scalar(lg, tok, nr, bs, nvis, mass, 1);
 }
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
