@@ -17,8 +17,11 @@
 
    Scenarios (one per iteration):
      prefill  config (segment/block sizes, budgets and factors, threshold,
-              ranking reference/sampled with R rows, top_p, sink/local
-              blocks, per-segment budgets, last segment dense, attn_scale),
+              ranking reference/sampled with R rows, rank_precision (int8
+              for 40% of sampled configs and 10% of reference ones, where
+              it changes nothing; from a stream of its own: the other draws
+              stay as they were), top_p, sink/local blocks,
+              per-segment budgets, last segment dense, attn_scale),
               GQA shapes, head_dim (odd ones for planning), f32/f16/bf16
               views (mixed for planning), layouts (contiguous, padded,
               head-major, odd strides, data one or more elements past an
@@ -39,6 +42,13 @@
               EI_ERR_DTYPE / EI_ERR_UNSUPPORTED. An f32 q over 16-bit k runs
               rounded to k's type on the GPU: the output tolerance and the
               sampled ranking's near-tie margin grow by q_round_bound.
+              EI_RANK_PRECISION_INT8 with the sampled ranking: --cpu-twin
+              compares the plans as above (its scores are bit-identical on
+              every path, masses within 1e-3; near-ties from the int8
+              reference mass); the GPU must refuse its profiling
+              (EI_ERR_UNSUPPORTED, counted gpu-unsupported; chunked: the
+              first call, then the CPU plans alone), no plan is compared
+              and attention runs dense.
      decode   config (window, gap, budget, pooling, per kv head, gqa_reduce,
               recompress_every, decode_scale), the prompt's and generated
               queries observed (fewer than the window too), a cache whose
@@ -95,12 +105,18 @@ static float fz_normal(fz_rng *r) {
 static int g_verbose = 0;
 static int g_twin = 0;
 static int64_t g_max_n = 1 << 30; /* --max-n: tokens / cache rows at most (sanitizer runs) */     /* --cpu-twin: the second backend is the CPU on another SIMD path (no GPU needed) */
-#define K_KINDS 10
+#define K_KINDS 12
 static long g_counts[K_KINDS];   /* scenarios run, by kind */
-enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE };
-static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported attention",
+enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE,
+       K_INT8, K_INT8_PLANS };
+/* gpu-unsupported: attention calls and table cases the GPU has no kernel
+   for, and profiling of EI_RANK_PRECISION_INT8 configs, all refused there;
+   int8-ranked: prefill configs of EI_RANK_SAMPLED with
+   EI_RANK_PRECISION_INT8, of which int8 plans compared were planned on both
+   sides and compared (--cpu-twin; the GPU refuses them) */
+static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported",
                                                    "non-finite cases", "misuse cases", "knife-edges", "attention calls",
-                                                   "chunked plans", "table cases"};
+                                                   "chunked plans", "table cases", "int8-ranked", "int8 plans compared"};
 static char g_desc[512];   /* the iteration's draw, printed when it fails */
 #define DESC(...) do { size_t l_ = strlen(g_desc); snprintf(g_desc + l_, sizeof g_desc - l_, __VA_ARGS__); } while (0)
 
@@ -282,6 +298,8 @@ typedef struct fz_prefill {
     ei_context *host; /* lays out host plans */
     int chunked;      /* planned by a schedule of ei_profile_chunk calls (EI_PLAN_CHUNKED plans) */
     unsigned char *given; /* chunked: given[t] = 1 where the plans hold token t's query (the sampled rows they sum) */
+    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8): its profiling must say
+                         EI_ERR_UNSUPPORTED, the CPU plans alone and nothing is compared */
 } fz_prefill;
 
 static ei_config draw_prefill_config(fz_rng *r) {
@@ -308,7 +326,20 @@ static ei_config draw_prefill_config(fz_rng *r) {
     c.local_blocks = fz_chance(r, 0.5) ? 0 : fz_int(r, 1, 9);
     c.attn_scale = fz_chance(r, 0.7) ? 0.0f : (float)(0.02 + 0.2 * fz_unit(r));
     c.simd = draw_simd(r);
+    { /* the sampled ranking's score precision: int8 for 40% of EI_RANK_SAMPLED configs (10% of reference ones,
+         where it must change nothing), drawn from a stream of its own seeded by r's state here, r not
+         advanced: every other draw of the iteration stays as before */
+        fz_rng pr;
+        pr.s = r->s ^ 0x5851F42D4C957F2Dull;
+        c.rank_precision = fz_chance(&pr, c.ranking == EI_RANK_SAMPLED ? 0.4 : 0.1) ? EI_RANK_PRECISION_INT8
+                                                                                     : EI_RANK_PRECISION_F32;
+    }
     return c;
+}
+/* EI_RANK_SAMPLED in int8 (CPU only: every profiling call of a CUDA context
+   refuses it with EI_ERR_UNSUPPORTED). */
+static int config_int8_ranked(const ei_config *c) {
+    return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
 
 /* The ranking scores of the visible blocks of row (kvh, s) of the CPU plan
@@ -616,9 +647,23 @@ static void chunk_given(fz_prefill *F, int64_t q_pos, int64_t m) {
         for (t = q_pos / seg * seg; t < F->n; ++t) F->given[t] = 0;
     for (t = q_pos; t < q_pos + m; ++t) F->given[t] = 1;
 }
+/* A config the GPU cannot plan (F->gpu_refuses): its first call must be
+   refused (EI_ERR_UNSUPPORTED); the CPU runs the schedule alone. */
+static ei_result chunk_call_gpu_refused(fz_prefill *F, int *tried, const ei_tensor *tq, const ei_tensor *tk,
+                                        const fz_buf *ws, int64_t q_pos, int is_final, ei_result cpu) {
+    if (!*tried) {
+        ei_exec x = ex(1, ws->p[1], ws->n[1]);
+        ei_result r = ei_profile_chunk(F->P.s[1].ctx, &x, tq, tk, &F->dplan, q_pos, is_final);
+        CHECK(r == EI_ERR_UNSUPPORTED, "profile_chunk of an int8-ranked config on the GPU: %s (%s), not EI_ERR_UNSUPPORTED",
+              ei_result_name(r), ei_last_error());
+        g_counts[K_GPU_UNSUPPORTED]++;
+        *tried = 1;
+    }
+    return cpu;
+}
 static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, int poison) {
     int64_t pos = 0, seg = F->c.segment_size;
-    int calls = 0, side_i;
+    int calls = 0, side_i, gpu_tried = 0;
     ei_result res[2] = {EI_OK, EI_OK};
     g_counts[K_CHUNK]++;
     DESC(" | chunked:");
@@ -636,8 +681,10 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, m), tk = view_tensor(&F->k, side_i, 0, F->n);
             ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
-            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0], q_pos,
-                                           is_final);
+            if (side_i && F->gpu_refuses) res[1] = chunk_call_gpu_refused(F, &gpu_tried, &tq, &tk, ws, q_pos, is_final, res[0]);
+            else
+                res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0],
+                                               q_pos, is_final);
         }
         calls++;
         CHECK(res[0] == res[1], "profile_chunk at %lld (+%lld, final %d): cpu %s, gpu %s (%s)", (long long)q_pos,
@@ -657,8 +704,11 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, F->n - q_pos), tk = view_tensor(&F->k, side_i, 0, F->n);
             ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
-            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, with_q ? &tq : NULL, &tk,
-                                           side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1);
+            if (side_i && F->gpu_refuses)
+                res[1] = chunk_call_gpu_refused(F, &gpu_tried, with_q ? &tq : NULL, &tk, ws, q_pos, 1, res[0]);
+            else
+                res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, with_q ? &tq : NULL, &tk,
+                                               side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1);
         }
         CHECK(res[0] == res[1], "final profile_chunk: cpu %s, gpu %s (%s)", ei_result_name(res[0]),
               ei_result_name(res[1]), ei_last_error());
@@ -685,13 +735,16 @@ static void prefill_run(fz_rng *r) {
     memset(&F, 0, sizeof F);
     F.c = draw_prefill_config(r);
     F.P = pair_make(F.c);
-    DESC("prefill seg %d bs %d thr %lld base %d rank %s R %d top_p %.3f sink %d local %d pseg %d lsd %d factors %.2f..%.2f e_t %.3g",
+    DESC("prefill seg %d bs %d thr %lld base %d rank %s%s R %d top_p %.3f sink %d local %d pseg %d lsd %d factors %.2f..%.2f e_t %.3g",
          F.c.segment_size, F.c.block_size, (long long)F.c.threshold_len, F.c.base_budget,
-         F.c.ranking == EI_RANK_SAMPLED ? "sampled" : "ref", F.c.rank_samples, F.c.top_p, F.c.sink_blocks,
+         F.c.ranking == EI_RANK_SAMPLED ? "sampled" : "ref",
+         F.c.rank_precision == EI_RANK_PRECISION_INT8 ? "/int8" : "", F.c.rank_samples, F.c.top_p, F.c.sink_blocks,
          F.c.local_blocks, F.c.per_segment_budget, F.c.last_segment_dense, F.c.budget_min_factor, F.c.budget_max_factor,
          F.c.rigid_entropy);
     if (F.P.r != EI_OK) { g_counts[K_CFG_REFUSED]++; if (F.P.s[0].ctx) pair_free(&F.P); return; }
     g_counts[K_PREFILL]++;
+    if (config_int8_ranked(&F.c)) g_counts[K_INT8]++;
+    F.gpu_refuses = !g_twin && config_int8_ranked(&F.c);
     F.KV = fz_int(r, 1, 4);
     F.H = F.KV * FZ_PICK(r, groups);
     F.d = attn ? FZ_PICK(r, dims_gpu) : FZ_PICK(r, dims_any);
@@ -733,6 +786,7 @@ static void prefill_run(fz_rng *r) {
     buf_new(&ws, &F.P, wsb[0], wsb[1]);
     if (F.chunked) {
         res[0] = res[1] = chunk_schedule_run(r, &F, &ws, poison);
+        if (F.gpu_refuses) res[1] = EI_ERR_UNSUPPORTED; /* checked in the schedule: nothing to compare */
         if (poison) {
             CHECK(res[0] == EI_ERR_NONFINITE, "chunked planning of NaN input: %s", ei_result_name(res[0]));
             g_counts[K_NONFINITE]++;
@@ -741,10 +795,17 @@ static void prefill_run(fz_rng *r) {
         int short_ws = !poison && fz_chance(r, 0.05);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F.q, side_i, 0, F.n), tk = view_tensor(&F.k, side_i, 0, F.n);
-            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)short_ws);
+            /* (the GPU's size for a config it cannot plan is 0: no byte short of it) */
+            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)(short_ws && !(side_i && F.gpu_refuses)));
             res[side_i] = ei_profile(F.P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0]);
         }
-        CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]), ei_last_error());
+        if (F.gpu_refuses) {
+            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked config on the GPU: %s (%s), not EI_ERR_UNSUPPORTED",
+                  ei_result_name(res[1]), ei_last_error());
+            g_counts[K_GPU_UNSUPPORTED]++;
+        } else
+            CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]),
+                  ei_last_error());
         if (poison) CHECK(res[0] == EI_ERR_NONFINITE, "profile of NaN input: %s", ei_result_name(res[0]));
         if (short_ws) CHECK(res[0] == EI_ERR_WORKSPACE, "profile with a short workspace: %s", ei_result_name(res[0]));
         if (poison || short_ws) g_counts[poison ? K_NONFINITE : K_MISUSE]++;
@@ -753,6 +814,7 @@ static void prefill_run(fz_rng *r) {
     if (res[0] == EI_OK && res[1] == EI_OK) {
         if (!g_twin) CHECK_ERR(ei_plan_copy(F.P.s[1].ctx, &F.plan[1], &F.dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
         plans_check(&F);
+        if (config_int8_ranked(&F.c)) g_counts[K_INT8_PLANS]++;
     }
     if (attn && !poison) {
         int calls = fz_int(r, 1, 2), i;
