@@ -125,10 +125,11 @@
 
    EI_CUDA_ATTN_CFG (attn_cfg): the attention kernel of every segment.
      Default (unset or ""): on Hopper wgs128 for head_dim 128, wgk64 for
-     head_dim 64, wgs64 for 256 (ATTN_D256_DEFAULT: attention_ws_kernel at 64
+     head_dim 64, wgz64 for 256 (ATTN_D256_DEFAULT: attention_ws_kernel at 64
      keys per step; wgi64 where split-K would cut the call's work items, see
      api_attention; 256 knows only wg64, wgk64, wgi64: wgk64 on
-     group-interleaved tiles, wgs64 and "4x1x64"); other GPUs mma.sync
+     group-interleaved tiles, wgs64, wgz64: wgs64 without ping-pong, and
+     "4x1x64"); other GPUs mma.sync
      8x2x64, head_dim 256 mma.sync 4x1x64.
      wgmma kernels (Hopper, attention_kernel): "wg64" / "wg128" (cp.async
      tiles, 64 / 128 keys per step), "wgt64" / "wgt128" (TMA tiles),
@@ -2921,7 +2922,7 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && attn_kv_stages(TM)
 }
 
 /* ---- The warp-specialised Hopper kernel (the default for head_dim 128,
-   wgs128, and 256, wgs64; its variants: EI_CUDA_ATTN_CFG in >>cuda-tuning).
+   wgs128, and 256, wgz64; its variants: EI_CUDA_ATTN_CFG in >>cuda-tuning).
    FlashAttention-3's layout on our tiles: a persistent grid (one CTA per SM,
    the work items of attention_kernel's order dealt out round by round, every
    other round in reverse so that the heavy items spread evenly), three
@@ -2948,9 +2949,10 @@ __global__ void __launch_bounds__(NW * 32, (WG && BC == 64 && attn_kv_stages(TM)
    masked by key index (boxes past the tensor's end are zero-filled), kept
    blocks that are not before their segment (a corrupt device plan) are loaded
    from key 0 and masked (kmask). Needs block_size % 8 == 0 and head_dim 128
-   (wgs128) or 256 (wgs64: 64 keys per step, two stages, O += P V as one
-   m64n256k16, setmaxnreg 24 / 240); other calls run wgk64 (head_dim 256:
-   wgi64).
+   (wgs128) or 256 (wgz64 / wgs64: 64 keys per step, two stages, O += P V as
+   one m64n256k16, setmaxnreg 24 / 240; the default, wgz64, without
+   ping-pong, which gained nothing there); other calls run wgk64 (head_dim
+   256: wgi64).
    Why this shape: a producer warp with full/empty mbarriers lets the two
    consumers run without a CTA barrier per step, so their products can
    ping-pong; TMA box count is what limits gathered tiles (many small boxes
@@ -3502,10 +3504,11 @@ static bool wgmma_available(void) {
    2026-12-07 the checks below read wgk >= 7, which sent wgi64 to wgk64 (and off split-K): every
    "wgi64" measurement before then ran wgk64. */
 static inline bool attn_is_ws(int wgk) { return wgk >= 7 && wgk <= 15; }
-/* Head_dim 256's default shape code on Hopper: wgs64 (15; api_attention runs wgi64, 16, where split-K
-   would cut the work items). Against wgk64 (4, the default until 2026-12-07) on an H100: dense 1.2-1.3x
-   and sparse 1.5-3.1x faster (docs/performance.md, "head_dim 256 on the warp-specialised kernel"). */
-#define ATTN_D256_DEFAULT 15
+/* Head_dim 256's default shape code on Hopper: wgz64 (14: wgs64, 15, without ping-pong; api_attention
+   runs wgi64, 16, where split-K would cut the work items). Against wgk64 (4, the default until
+   2026-12-07) on an H100: dense 1.2-1.3x and sparse 1.5-3.1x faster; against wgs64 the same or up to
+   11% faster (docs/performance.md, "head_dim 256 on the warp-specialised kernel"). */
+#define ATTN_D256_DEFAULT 14
 /* The sparse segments' kernel when no variable names one (NULL: the dense one's). */
 #define ATTN_SPARSE_DEFAULT NULL
 static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int *wg) {
@@ -3516,16 +3519,17 @@ static void attention_shape(int D, const char *e, int *nw, int *mt, int *bc, int
     const bool wgmma = wgmma_available() && !(e && e[0] && e[1] == 'x'); /* "WxMxB" names mma.sync */
     if (D == 256) {
         /* mma.sync 4x1x64; on Hopper wgmma, 2 warpgroups x 64 keys, one CTA per SM (shared memory:
-           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgs64 (attention_ws_kernel: a
-           producer warpgroup, two consumer warpgroups with ping-pong, group-interleaved tiles, *wg =
-           15: the default, ATTN_D256_DEFAULT; api_attention runs wgi64 instead when split-K would
-           cut the work items), wgi64 (attention_kernel, TMA, group-interleaved tiles, *wg = 16),
-           wgk64 (TMA, slab tiles, *wg = 4) or wg64 (cp.async, *wg = 1) */
+           128 Q rows and two K/V stages of 64 keys are 193 KiB): wgz64 (attention_ws_kernel: a
+           producer warpgroup, two consumer warpgroups, group-interleaved tiles, *wg = 14: the
+           default, ATTN_D256_DEFAULT; api_attention runs wgi64 instead when split-K would cut the
+           work items), wgs64 (the same with ping-pong, *wg = 15), wgi64 (attention_kernel, TMA,
+           group-interleaved tiles, *wg = 16), wgk64 (TMA, slab tiles, *wg = 4) or wg64 (cp.async,
+           *wg = 1) */
         *nw = wgmma ? 8 : 4;
         *mt = 1;
         if (wgmma)
             *wg = !e || !e[0] ? ATTN_D256_DEFAULT : !strcmp(e, "wg64") ? 1 : !strcmp(e, "wgi64") ? 16
-                : !strcmp(e, "wgs64") ? 15 : !strcmp(e, "wgk64") ? 4 : ATTN_D256_DEFAULT;
+                : !strcmp(e, "wgs64") ? 15 : !strcmp(e, "wgz64") ? 14 : !strcmp(e, "wgk64") ? 4 : ATTN_D256_DEFAULT;
         return;
     }
     if (wgmma) {
@@ -3772,6 +3776,9 @@ static ei_result attention_launch(const AttnParams &p, const AttnMaps *maps, int
     if (WGK == 15 && maps && D == 256) /* warp-specialised, persistent, 64 keys per step (wgs64) */
         return bf ? launch_attention_ws<256, __nv_bfloat16, true, 2, false, true, true>(p, maps, grid, st, msg)
                   : launch_attention_ws<256, __half, true, 2, false, true, true>(p, maps, grid, st, msg);
+    if (WGK == 14 && maps && D == 256) /* wgs64 without ping-pong (wgz64: the default) */
+        return bf ? launch_attention_ws<256, __nv_bfloat16, false, 2, false, true, true>(p, maps, grid, st, msg)
+                  : launch_attention_ws<256, __half, false, 2, false, true, true>(p, maps, grid, st, msg);
     if (WGK >= 7 && maps && D == 128) { /* warp-specialised, persistent (api_attention checked the block size) */
 #define EI__ATT_WS(PP, NST, GALL, GL, SPLIT)                                                                    \
     return bf ? launch_attention_ws<128, __nv_bfloat16, PP, NST, GALL, GL, SPLIT>(p, maps, grid, st, msg)       \
@@ -3902,8 +3909,8 @@ static ei_result api_attention(const ei_config *cfg, const ei_tensor *q, const e
        so a call of fewer work items than half the SMs (an engine's micro-batch: split-K's case) runs
        wgi64 with split-K instead (a kernel named by EI_CUDA_ATTN_CFG runs as named) */
     if (D == 256 && grid * 2 <= sm_count()) {
-        if (WGK == 15 && !(e_all && e_all[0])) { WGK = 16; e_all = "wgi64"; }
-        if (WGK2 == 15 && !(e_sp && e_sp[0])) { WGK2 = 16; e_sp = "wgi64"; }
+        if (attn_is_ws(WGK) && !(e_all && e_all[0])) { WGK = 16; e_all = "wgi64"; }
+        if (attn_is_ws(WGK2) && !(e_sp && e_sp[0])) { WGK2 = 16; e_sp = "wgi64"; }
     }
     const bool split = plan && NW2 * MT2 == NW * MT && (NW2 != NW || MT2 != MT || BCK2 != BCK || WGK2 != WGK);
     cudaStream_t st = stream_of(cfg);

@@ -939,11 +939,11 @@ static void attention_case(int64_t n, int nh, int nkv, int D, int seg, int bs, i
        barriers between them); WxMxB: mma.sync; wgy128: the warp-specialised kernel with one producer warp
        (the default, wgs128, has two; head_dim 128, else wgk64). Head_dim 256: the wgmma kernel on
        cp.async tiles, on TMA slab tiles (wgk64), on TMA group-interleaved tiles (wgi64, the default on
-       Hopper where split-K cuts the work items), the warp-specialised kernel (wgs64, the default
-       elsewhere on Hopper; never split), mma.sync */
+       Hopper where split-K cuts the work items), the warp-specialised kernel (wgs64, never split),
+       wgz64 (wgs64 without ping-pong: the default elsewhere on Hopper), mma.sync */
     static const char *const shapes_all[] = {"wg64", "wg128", "wgt64", "wgt128", "wgk64", "wgk128", "wgp64", "wgp128",
                                              "8x2x64", "4x1x64", "4x2x64", "8x1x64", "8x2x32", "4x2x32", "wgy128"};
-    static const char *const shapes_256[] = {"wg64", "wgk64", "wgi64", "wgs64", "4x1x64"};
+    static const char *const shapes_256[] = {"wg64", "wgk64", "wgi64", "wgs64", "wgz64", "4x1x64"};
     const char *const *shapes = D == 256 ? shapes_256 : shapes_all;
     const int nshapes = D == 256 ? (int)(sizeof shapes_256 / sizeof *shapes_256) : (int)(sizeof shapes_all / sizeof *shapes_all);
     for (shape = 0; shape < nshapes; shape++)
