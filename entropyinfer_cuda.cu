@@ -3020,7 +3020,7 @@ __device__ __forceinline__ void warp_arrive(uint64_t *bar) {
     if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
 }
 /* Keys per step of attention_ws_kernel: 128, and 64 for head_dim 256, whose consumers hold O as 64 x 256
-   f32 (128 registers a thread of their 232) and whose Q rows and two K/V stages fill 193 KiB. */
+   f32 (128 registers a thread of their 240) and whose Q rows and two K/V stages fill 193 KiB. */
 __host__ __device__ constexpr int attn_ws_bc(int D) { return D == 256 ? 64 : 128; }
 template <int D, typename T, bool PP, int NST, bool GALL, bool GL, bool SPLIT>
 __global__ void __launch_bounds__(384, 1) attention_ws_kernel(const AttnParams p, const __grid_constant__ AttnMaps tm) {
