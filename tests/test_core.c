@@ -1143,8 +1143,11 @@ static void test_rank_int8_kernels(void) {
                         float want;
                         for (e = 0; e < d; ++e)
                             acc += q8[((size_t)(e / 4) * R + (size_t)r) * 4u + (size_t)(e % 4)] * kc_ref.k[(size_t)(j0 + j) * dq + (size_t)e];
-                        { /* each product rounded to f32 (volatile: x87 keeps excess precision) */
-                            volatile float p1 = 0.3f * b.s[r], p2;
+                        { /* each product rounded to f32 (volatile: x87 keeps excess precision; the
+                             constant too: with FLT_EVAL_METHOD 2 a literal 0.3f has long double's
+                             precision, while the library's sc is a float parameter) */
+                            volatile float sc = 0.3f, p1, p2;
+                            p1 = sc * b.s[r];
                             p2 = p1 * kc_ref.s[j0 + j];
                             want = p2 * (float)acc;
                         }
