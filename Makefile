@@ -36,12 +36,12 @@ $(BUILD)/demo_synthetic: examples/demo_synthetic.c $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) $< -o $@ $(LDLIBS)
 
-$(BUILD)/bench_profile: bench/bench_profile.c $(HDR)
+$(BUILD)/bench_profile: bench/bench_profile.c bench/ei_bench_common.h $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
 
 # The sampled ranking's profile time, f32 against int8 scores (docs/quality.md, issue 35).
-$(BUILD)/bench_rank: bench/bench_rank.c $(HDR)
+$(BUILD)/bench_rank: bench/bench_rank.c bench/ei_bench_common.h $(HDR)
 	@mkdir -p $(BUILD)
 	$(CC) -std=c99 -D_DEFAULT_SOURCE -O2 $(WARN) $< -o $@ $(LDLIBS)
 

@@ -10,16 +10,7 @@
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "../examples/synth_qk.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "ei_bench_common.h"
 
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 32768;

@@ -13,17 +13,7 @@
 #define ENTROPYINFER_IMPLEMENTATION
 #include "../entropyinfer.h"
 #include "../examples/synth_qk.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "ei_bench_common.h"
 
 /* The best of reps ei_profile calls (after one untimed) in ms; < 0: refused. */
 static double time_profile(const ei_config *c, int i8dot, const ei_tensor *qt, const ei_tensor *kt, int threads, int reps) {

@@ -1,7 +1,8 @@
-/* bench/ei_bench_common.h - what the CUDA benchmarks share: a fatal check of library calls, the
+/* bench/ei_bench_common.h - what the benchmarks share: a fatal check of library calls, the
    host clock, the median, and bf16 noise from a fixed xorshift stream (the same inputs every run).
    Included after entropyinfer.h (with the implementation) by ei_bench_cuda.c,
-   ei_bench_chunk_cuda.c and ei_trace_cuda.c; noise_heads and upload are the inputs of any shape
+   ei_bench_chunk_cuda.c, ei_trace_cuda.c, bench_profile.c and bench_rank.c (every function
+   static inline: a program takes what it uses); noise_heads and upload are the inputs of any shape
    (ei_bench_chunk_cuda, ei_trace_cuda's plan mode), shape_sizes their layer's buffers and
    shape_groups the shapes an engine's micro-batches have. */
 #ifndef EI_BENCH_COMMON_H
@@ -12,23 +13,23 @@
 #include <string.h>
 #include <time.h>
 
-static void die(const char *what, ei_result r) {
+static inline void die(const char *what, ei_result r) {
     fprintf(stderr, "%s: %s: %s\n", what, ei_result_name(r), ei_last_error());
     exit(1);
 }
 #define OK(call) do { ei_result r_ = (call); if (r_ != EI_OK) die(#call, r_); } while (0)
 
-static double now_ms(void) {
+static inline double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
-static int cmp_double(const void *a, const void *b) {
+static inline int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 /* the median of n values (sorts them) */
-static double median_ms(double *v, int n) {
+static inline double median_ms(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return v[n / 2];
 }
