@@ -182,6 +182,29 @@
                rounding ranked as well as f32 on Gemma 3 270M at 32k with
                128 rows; cost: docs/quality.md, "The sampled rows in int8
                (issue 35)".
+               Rows (cfg.rank_rows): EI_RANK_ROWS_EVEN scores the rows
+               above. EI_RANK_ROWS_SPREAD picks them by farthest point where
+               the call holds the whole segment (tokens t0 .. t0 +
+               segment_size - 1; elsewhere, a segment split across
+               ei_profile_chunk calls or a prompt's shorter last segment,
+               the even rows): the candidates are the tokens t0 + j st (st =
+               ceil(segment_size G / 8192), so at most 8192 candidates) of
+               each query head of the group, in that order (token-major),
+               each rounded to int8 as above (c8; n = the int32 sum of c8^2,
+               r = 1 / sqrt(n) in double, 0 where n is 0); the cosine of
+               two candidates is (double)(the int32 sum of a8 b8) * r_a *
+               r_b. Row 0 is even row 0 (its token, the group's first head);
+               each next row is the candidate whose largest cosine to the
+               rows so far is smallest (the earliest on ties); min(R,
+               candidates) rows, scored in candidate order. Rows where the
+               segment's queries differ, not at fixed offsets: a query
+               direction that few tokens share gets a row, so the blocks
+               only it attends to count. Integer dots: the same rows on
+               every path. Cost: R passes over the candidates (R x
+               segment_size x G x head_dim int8 products a segment and kv
+               head). Measured on Gemma 3 270M: docs/quality.md, "Rows where
+               the queries differ (issue 35)". CPU only: the CUDA backend
+               refuses it (EI_ERR_UNSUPPORTED).
                EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
                XAttention (Xu et al., arXiv 2503.16428, which sums the
                strided antidiagonals of each (query block, key block) tile
@@ -713,6 +736,12 @@ typedef enum ei_rank_precision {
     EI_RANK_PRECISION_INT8 = 1 /* q rows and keys rounded to int8, one scale each, exact int32 dot
                                   products: the same scores on every CPU path; CPU only */
 } ei_rank_precision;
+/* Which query rows EI_RANK_SAMPLED scores (CONCEPTS: ranking). */
+typedef enum ei_rank_rows {
+    EI_RANK_ROWS_EVEN = 0,  /* rows at evenly spaced tokens of the segment, the group's heads in turn */
+    EI_RANK_ROWS_SPREAD = 1 /* farthest-point rows: each the query direction least like the rows
+                               before it; CPU only */
+} ei_rank_rows;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
     EI_SIMD_SCALAR = 1, /* plain reference */
@@ -805,6 +834,8 @@ typedef struct ei_config {
     ei_rank_precision rank_precision; /* EI_RANK_PRECISION_F32: the arithmetic of EI_RANK_SAMPLED's
                                          scores; EI_RANK_PRECISION_INT8: int8 q and k, exact
                                          int32 dot products (CONCEPTS: ranking; CPU only) */
+    ei_rank_rows rank_rows;      /* EI_RANK_ROWS_EVEN: which query rows EI_RANK_SAMPLED scores;
+                                    EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; CPU only) */
 } ei_config;
 
 EIDEF ei_config ei_config_default(void);
@@ -1332,8 +1363,8 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions (ei_config is passed by
-   pointer: a new field is a change; 14: rank_precision). */
-#define EI_CUDA_ABI_VERSION 14
+   pointer: a new field is a change; 14: rank_precision; 15: rank_rows). */
+#define EI_CUDA_ABI_VERSION 15
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1994,6 +2025,10 @@ typedef struct ei__kernels {
     int (*antidiag_group)(const float *qt, const int64_t *u, const ei_tensor *k, int32_t kvh, float scale, int32_t bs,
                           int64_t ns, int64_t ld, float *lg, float *kbuf);
     int32_t antidiag_lanes;
+    /* EI_RANK_ROWS_SPREAD: out[c] = the int32 sum of cand[c][i] p[i] over i < dq
+       for c < n (rows dq bytes apart; exact, so every path gives the same
+       sums); NULL: the plain loop (ei__spread_dots_scalar) */
+    void (*spread_dots)(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p, int32_t *out);
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -2841,6 +2876,7 @@ EIDEF ei_config ei_config_default(void) {
     c.simd = EI_SIMD_AUTO;
     c.backend = EI_BACKEND_CPU;
     c.rank_precision = EI_RANK_PRECISION_F32;
+    c.rank_rows = EI_RANK_ROWS_EVEN;
     return c;
 }
 
@@ -2887,6 +2923,10 @@ static ei_result ei__check_config(const ei_config *c) {
         EI__BAD("rank_samples %d not in 1..%d", (int)c->rank_samples, EI_MAX_RANK_SAMPLES);
     if (c->rank_precision != EI_RANK_PRECISION_F32 && c->rank_precision != EI_RANK_PRECISION_INT8)
         EI__BAD("unknown rank_precision %d (EI_RANK_PRECISION_F32 or EI_RANK_PRECISION_INT8)", (int)c->rank_precision);
+    if (c->rank_rows != EI_RANK_ROWS_EVEN && c->rank_rows != EI_RANK_ROWS_SPREAD)
+        EI__BAD("unknown rank_rows %d (EI_RANK_ROWS_EVEN or EI_RANK_ROWS_SPREAD)", (int)c->rank_rows);
+    if (c->rank_rows == EI_RANK_ROWS_SPREAD && c->ranking != EI_RANK_SAMPLED)
+        EI__BAD("rank_rows EI_RANK_ROWS_SPREAD chooses the rows of EI_RANK_SAMPLED (ranking is %d)", (int)c->ranking);
     if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
     if (c->sink_blocks < 0 || c->local_blocks < 0 || c->sink_blocks > EI_MAX_BUDGET || c->local_blocks > EI_MAX_BUDGET)
         EI__BAD("sink_blocks %d / local_blocks %d not in 0..%d", (int)c->sink_blocks, (int)c->local_blocks, EI_MAX_BUDGET);
@@ -3795,6 +3835,10 @@ typedef struct ei__rank_q8 {
 static int ei__rank_int8(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
+/* EI_RANK_ROWS_SPREAD: at most this many candidates (tokens at a stride x the
+   group's heads) per segment and kv head (CONCEPTS: ranking) */
+#define EI__SPREAD_MAX 8192
+static int ei__rank_spread(const ei_config *c) { return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD; }
 /* Bytes of a batch's int8 rows (q, qu, q16) and one row of d bytes. */
 static size_t ei__rank_q8_bytes(int32_t d) { return (size_t)ei__round_up(d, 4) * EI__SAMPLE_ROWS * 4u + (size_t)ei__round_up(d, 4); }
 /* x rounded to f32 where the compiler keeps excess precision (x87 math on
@@ -3835,6 +3879,18 @@ static float ei__quant_i8(const float *x, int32_t d, int8_t *out) {
     s = ei__f32_round(m / 127.0f);
     for (i = 0; i < d; ++i) out[i] = ei__round_i8(s > 0.0f ? ei__f32_round(x[i] / s) : 0.0f);
     return s;
+}
+
+/* EI_RANK_ROWS_SPREAD's dots (the spread_dots contract), plain. */
+static void ei__spread_dots_scalar(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p, int32_t *out) {
+    int64_t c;
+    int32_t i;
+    for (c = 0; c < n; ++c) {
+        const int8_t *x = cand + (size_t)c * (size_t)dq;
+        int32_t acc = 0;
+        for (i = 0; i < dq; ++i) acc += (int32_t)x[i] * p[i];
+        out[c] = acc;
+    }
 }
 
 /* Round keys [kc->n, j1) of kv head kvh into kc (a key row widened to f32
@@ -3918,6 +3974,15 @@ typedef struct ei__profile_ws {
     int64_t *ad_last;     /* the rows in token order: each one's blocks [0, last) */
     int64_t *ad_row;      /* and its weights' column: (phase x ad_ld) x lanes + lane */
     int64_t ad_ld;
+    /* EI_RANK_ROWS_SPREAD (NULL otherwise): the candidates of a segment's rows in int8
+       [EI__SPREAD_MAX][dq], their 1/sqrt(norm), largest cosine to the rows so far and dots,
+       and the rows picked (tokens, query heads; sp_n of them, for segment sp_seg) */
+    int8_t *sp8;
+    double *sp_r, *sp_best;
+    int32_t *sp_dot;
+    int64_t *sp_tok;
+    int32_t *sp_head;
+    int32_t sp_n, sp_seg;
     int score_threads;    /* threads a chunk's segment splits its query min/max and block scores over (ei_profile_chunk_mt) */
     int32_t krep_head;    /* chunked planning: the kv head whose key blocks [0, krep_blocks) kmaxT/kminT hold (-1: none) */
     int64_t krep_blocks;
@@ -3941,6 +4006,10 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         (ei__rank_int8(c) && (!ei__reserve(&total, ei__rank_q8_bytes(d), 1u) ||
                               !ei__reserve(&total, (size_t)n, (size_t)ei__round_up(d, 4)) ||
                               !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)n, 4u))) ||
+        (ei__rank_spread(c) &&
+         (!ei__reserve(&total, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4)) || !ei__reserve(&total, EI__SPREAD_MAX, 8u) ||
+          !ei__reserve(&total, EI__SPREAD_MAX, 8u) || !ei__reserve(&total, EI__SPREAD_MAX, 4u) ||
+          !ei__reserve(&total, (size_t)c->rank_samples, 8u) || !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
@@ -3980,6 +4049,20 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->k8.k = (int8_t *)ei__arena_take(&a, (size_t)n, (size_t)ei__round_up(d, 4));
         w->k8.s = (float *)ei__arena_take(&a, (size_t)n, 4u);
         w->k8.sum128 = (int32_t *)ei__arena_take(&a, (size_t)n, 4u);
+    }
+    w->sp8 = NULL;
+    w->sp_r = w->sp_best = NULL;
+    w->sp_dot = w->sp_head = NULL;
+    w->sp_tok = NULL;
+    w->sp_n = 0;
+    w->sp_seg = -1;
+    if (ei__rank_spread(c)) {
+        w->sp8 = (int8_t *)ei__arena_take(&a, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4));
+        w->sp_r = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
+        w->sp_best = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
+        w->sp_dot = (int32_t *)ei__arena_take(&a, EI__SPREAD_MAX, 4u);
+        w->sp_tok = (int64_t *)ei__arena_take(&a, (size_t)c->rank_samples, 8u);
+        w->sp_head = (int32_t *)ei__arena_take(&a, (size_t)c->rank_samples, 4u);
     }
     w->ad_q = w->ad_w = NULL;
     w->ad_u = w->ad_last = w->ad_row = NULL;
@@ -4022,6 +4105,10 @@ static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
         return ei__fail(ctx, EI_ERR_UNSUPPORTED,
                         "EI_RANK_PRECISION_INT8 is a CPU ranking arithmetic: profile on the CPU backend, or rank with "
                         "EI_RANK_PRECISION_F32 on the CUDA backend");
+    if (ctx->cfg.ranking == EI_RANK_SAMPLED && ctx->cfg.rank_rows == EI_RANK_ROWS_SPREAD)
+        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
+                        "EI_RANK_ROWS_SPREAD is a CPU choice of rows: profile on the CPU backend, or rank with "
+                        "EI_RANK_ROWS_EVEN on the CUDA backend");
     return EI_OK;
 }
 
@@ -4191,6 +4278,89 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 }
 
 
+/* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): segment s's rows picked by
+   farthest point among its candidates (tokens t0 + j st, every query head of
+   kv head kvh's group; q holds the queries of tokens from q_pos on, all of
+   the segment's), into w->sp_tok / sp_head in token order, then head.
+   Returns 0 if a candidate holds NaN or +-inf. */
+static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
+                           ei__profile_ws *w) {
+    const ei_config *c = &ctx->cfg;
+    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = ei__ceil_div(S * G, EI__SPREAD_MAX);
+    const int64_t C = ei__ceil_div(S, st) * G;
+    const int32_t d = q->head_dim, dq = (int32_t)ei__round_up(d, 4), R = c->rank_samples;
+    void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) =
+        ctx->kern->spread_dots ? ctx->kern->spread_dots : ei__spread_dots_scalar;
+    int64_t x, pick, *idx = w->sp_tok;
+    int32_t n = 0, i;
+    for (x = 0; x < C; ++x) { /* the candidates in int8, their 1 / sqrt(norm) */
+        int8_t *r = w->sp8 + (size_t)x * (size_t)dq;
+        int64_t nn = 0;
+        int32_t e;
+        ei__row_to_f32(ei__row(q, t0 + (x / G) * st - q_pos, kvh * G + (int32_t)(x % G)), q->dtype, d, w->qtmp);
+        if (ei__quant_i8(w->qtmp, d, r) < 0.0f) return 0;
+        memset(r + d, 0, (size_t)(dq - d));
+        for (e = 0; e < d; ++e) nn += (int32_t)r[e] * r[e];
+        w->sp_r[x] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
+        w->sp_best[x] = -2.0;
+    }
+    pick = (S / (2 * (int64_t)R)) / st * G; /* even row 0 (ei__sample_token) */
+    if (pick >= C) pick = 0;
+    for (;;) {
+        double best = 4.0, rp = w->sp_r[pick];
+        int64_t next = 0;
+        idx[n++] = pick;
+        if (n == R || n == C) break;
+        w->sp_best[pick] = 3.0; /* taken: above every cosine */
+        dots(w->sp8, C, dq, w->sp8 + (size_t)pick * (size_t)dq, w->sp_dot);
+        for (x = 0; x < C; ++x) { /* each candidate's largest cosine to the rows so far; the smallest is next */
+            double cs = (double)w->sp_dot[x] * w->sp_r[x] * rp;
+            if (cs > w->sp_best[x]) w->sp_best[x] = cs;
+            if (w->sp_best[x] < best) {
+                best = w->sp_best[x];
+                next = x;
+            }
+        }
+        pick = next;
+    }
+    for (i = 1; i < n; ++i) { /* token order (then head): candidate order */
+        int64_t v = idx[i];
+        int32_t j = i;
+        for (; j > 0 && idx[j - 1] > v; --j) idx[j] = idx[j - 1];
+        idx[j] = v;
+    }
+    for (i = 0; i < n; ++i) {
+        w->sp_head[i] = kvh * G + (int32_t)(idx[i] % G);
+        idx[i] = t0 + (idx[i] / G) * st;
+    }
+    w->sp_n = n;
+    w->sp_seg = s;
+    return 1;
+}
+/* Which rows segment s's sampled ranking scores in this call: w->sp_* holds
+   the spread rows where EI_RANK_ROWS_SPREAD applies (the call's rows [t_lo,
+   t_hi) hold the whole segment), else sp_seg is -1 (the even rows). 0 if a
+   candidate is not finite. */
+static int ei__sample_rows_pick(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
+                                int64_t t_lo, int64_t t_hi, ei__profile_ws *w) {
+    const int64_t S = ctx->cfg.segment_size;
+    w->sp_seg = -1;
+    w->sp_n = 0;
+    if (!ei__rank_spread(&ctx->cfg) || t_lo > (int64_t)s * S || t_hi < ((int64_t)s + 1) * S || (int64_t)s * S < q_pos)
+        return 1;
+    return ei__spread_rows(ctx, q, q_pos, kvh, G, s, w);
+}
+/* Row i of segment s's sampled rows: its token, and its query head in *head. */
+static int64_t ei__sample_row(const ei_config *c, const ei__profile_ws *w, int32_t kvh, int32_t G, int32_t s, int32_t i,
+                              int32_t *head) {
+    if (w->sp_seg == s) {
+        *head = w->sp_head[i];
+        return w->sp_tok[i];
+    }
+    *head = kvh * G + i % G;
+    return ei__sample_token(c, s, i);
+}
+
 /* ei__sample_mass with EI_RANK_PRECISION_INT8: each row rounded to int8
    (the path's rank_round_i8, the bytes of ei__quant_i8; NaN or +-inf in
    it: 0) into the layouts of ei__rank_q8, then the path's int8 kernel. */
@@ -4206,7 +4376,7 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
     int16_t *q16 = (int16_t *)(void *)(q8 + (size_t)dq * R * 2u);
     ei__rank_q8 b;
     int64_t tok[EI__SAMPLE_ROWS];
-    int32_t i = 0, nr, e, sum;
+    int32_t i = 0, nr, e, sum, n_rows;
     if (w->k8.head != kvh) { /* another kv head's keys: rounded anew */
         w->k8.head = kvh;
         w->k8.n = 0;
@@ -4217,18 +4387,21 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
     b.q16 = q16;
     b.dq = dq;
     b.dot = ctx->i8dot;
-    while (i < c->rank_samples) {
+    if (!ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) return 0;
+    n_rows = w->sp_seg == s ? w->sp_n : c->rank_samples;
+    while (i < n_rows) {
         memset(q8, 0, (size_t)dq * R);
         memset(qu, 0x80, (size_t)dq * R);
         memset(q16, 0, (size_t)dq * R * 2u);
         memset(b.s, 0, sizeof b.s);
-        for (nr = 0; i < c->rank_samples && nr < R; ++i) { /* the next batch of rows, in columns */
-            int64_t t = ei__sample_token(c, s, i);
+        for (nr = 0; i < n_rows && nr < R; ++i) { /* the next batch of rows, in columns */
+            int32_t h;
+            int64_t t = ei__sample_row(c, w, kvh, G, s, i, &h);
             ei__rank_keys rk;
             ei_tensor qv = *q; /* the row as a one-row view */
             if (t < t_lo || t >= t_hi) continue;
             tok[nr] = t;
-            qv.data = ei__row(q, t - q_pos, kvh * G + i % G);
+            qv.data = ei__row(q, t - q_pos, h);
             qv.n_tokens = 1;
             rk.k = row;
             rk.s = &b.s[nr];
@@ -4273,15 +4446,18 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     const int32_t d = k->head_dim;
     const float scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)d);
     int64_t tok[EI__SAMPLE_ROWS];
-    int32_t i = 0, nr, e;
+    int32_t i = 0, nr, e, n_rows;
     if (ei__rank_int8(c)) return ei__sample_mass_i8(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
-    while (i < c->rank_samples) {
+    if (!ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) return 0;
+    n_rows = w->sp_seg == s ? w->sp_n : c->rank_samples;
+    while (i < n_rows) {
         memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
-        for (nr = 0; i < c->rank_samples && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of rows, in columns */
-            int64_t t = ei__sample_token(c, s, i);
+        for (nr = 0; i < n_rows && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of rows, in columns */
+            int32_t h;
+            int64_t t = ei__sample_row(c, w, kvh, G, s, i, &h);
             if (t < t_lo || t >= t_hi) continue;
             tok[nr] = t;
-            ei__row_to_f32(ei__row(q, t - q_pos, kvh * G + i % G), q->dtype, d, w->qtmp);
+            ei__row_to_f32(ei__row(q, t - q_pos, h), q->dtype, d, w->qtmp);
             for (e = 0; e < d; ++e) w->sq[(size_t)e * EI__SAMPLE_ROWS + (size_t)nr] = w->qtmp[e];
             ++nr;
         }
@@ -8261,7 +8437,7 @@ static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
                                                ei__sample_mass_scalar, ei__sample_mass_scalar, ei__rank_mass_i8_scalar,
-                                               ei__rank_keys_extend_scalar, NULL, NULL, NULL, NULL, NULL, 0};
+                                               ei__rank_keys_extend_scalar, NULL, NULL, NULL, NULL, NULL, 0, ei__spread_dots_scalar};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -8623,10 +8799,28 @@ EI__TARGET_AVX2 static int ei__rank_mass_i8_avx2(const ei__rank_q8 *q, const int
     return ei__sample_mass_by_avx2(ei__rank_scores_i8_ymm(q->dot), q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
 }
 
+/* EI_RANK_ROWS_SPREAD's dots: int8 widened to int16 pairs, vpmaddwd (exact). */
+EI__TARGET_AVX2 static void ei__spread_dots_avx2(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p, int32_t *out) {
+    int64_t c;
+    for (c = 0; c < n; ++c) {
+        const int8_t *x = cand + (size_t)c * (size_t)dq;
+        __m256i acc = _mm256_setzero_si256();
+        __m128i h;
+        int32_t i = 0, tail = 0;
+        for (; i + 16 <= dq; i += 16)
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + i))),
+                                                          _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + i)))));
+        for (; i < dq; ++i) tail += (int32_t)x[i] * p[i];
+        h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        out[c] = _mm_cvtsi128_si32(h) + tail;
+    }
+}
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
                                              ei__sample_mass_avx2, ei__sample_mass_avx2, ei__rank_mass_i8_avx2,
                                              ei__rank_keys_extend_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
-                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS};
+                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS, ei__spread_dots_avx2};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -8986,10 +9180,25 @@ EI__TARGET_AVX512 static int ei__rank_mass_i8_avx512(const ei__rank_q8 *q, const
     return ei__sample_mass_by_avx512(scores, q, tok, nr, k, kvh, scale, bs, nvis, lg, kbuf, mass, NULL);
 }
 
+/* EI_RANK_ROWS_SPREAD's dots: 32 int8 widened to int16, vpmaddwd (exact). */
+EI__TARGET_AVX512 static void ei__spread_dots_avx512(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p,
+                                                     int32_t *out) {
+    int64_t c;
+    for (c = 0; c < n; ++c) {
+        const int8_t *x = cand + (size_t)c * (size_t)dq;
+        __m512i acc = _mm512_setzero_si512();
+        int32_t i = 0, tail = 0;
+        for (; i + 32 <= dq; i += 32)
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                                          _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + i)))));
+        for (; i < dq; ++i) tail += (int32_t)x[i] * p[i];
+        out[c] = _mm512_reduce_add_epi32(acc) + tail;
+    }
+}
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
                                                ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
                                                ei__rank_keys_extend_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
-                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
+                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -9231,7 +9440,7 @@ static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minm
                                                    ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16,
                                                    ei__rank_mass_i8_avx512, ei__rank_keys_extend_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
-                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
+                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -9432,7 +9641,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
                                             ei__rank_keys_extend_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
-                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS};
+                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
 #endif /* EI__HAVE_AMX */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -9659,7 +9868,7 @@ static int ei__rank_mass_i8_neon(const ei__rank_q8 *q, const int64_t *tok, int32
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                              ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
-                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS};
+                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -9734,7 +9943,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                                   ei__rank_keys_extend_scalar, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
-                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
+                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
    the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
@@ -9832,7 +10041,7 @@ static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__min
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon,
                                                     ei__rank_mass_i8_neon, ei__rank_keys_extend_scalar, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
-                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS};
+                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -9952,7 +10161,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                                  ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
-                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS};
+                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 

@@ -693,12 +693,65 @@ CHECK_FN float ref_quant_i8(const float *x, int32_t d, int32_t *out) {
     }
     return s;
 }
+/* EI_RANK_ROWS_SPREAD in plain code (entropyinfer.h CONCEPTS: ranking):
+   the rows of segment s of kv head kvh (G query heads per kv head; q holds
+   every query of the segment) picked by farthest point, into tok / head in
+   token order, then head; returns their count. */
+CHECK_FN int32_t ref_spread_rows(const ei_config *c, const ei_tensor *q, int32_t G, int32_t kvh, int32_t s, int64_t *tok,
+                                 int32_t *head) {
+    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = (S * G + 8191) / 8192, C = (S + st - 1) / st * G;
+    const int32_t d = q->head_dim, R = c->rank_samples;
+    int32_t *x8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)C * (size_t)d);
+    double *r = (double *)malloc(sizeof(double) * (size_t)C), *best = (double *)malloc(sizeof(double) * (size_t)C);
+    unsigned char *taken = (unsigned char *)calloc((size_t)C, 1);
+    float *xf = (float *)malloc(sizeof(float) * (size_t)d);
+    int64_t x, p, *pick = (int64_t *)malloc(sizeof(int64_t) * (size_t)R);
+    int32_t n = 0, i, e;
+    if (!x8 || !r || !best || !taken || !xf || !pick) { printf("out of memory\n"); exit(2); }
+    for (x = 0; x < C; ++x) {
+        int64_t nn = 0;
+        for (e = 0; e < d; ++e) xf[e] = (float)ref_at(q, t0 + (x / G) * st, kvh * G + (int32_t)(x % G), e);
+        (void)ref_quant_i8(xf, d, x8 + (size_t)x * (size_t)d);
+        for (e = 0; e < d; ++e) nn += (int64_t)x8[(size_t)x * (size_t)d + (size_t)e] * x8[(size_t)x * (size_t)d + (size_t)e];
+        r[x] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
+        best[x] = -2.0;
+    }
+    p = (S / (2 * (int64_t)R)) / st * G; /* the even rows' first */
+    if (p >= C) p = 0;
+    for (;;) {
+        int64_t next = -1;
+        pick[n++] = p;
+        taken[p] = 1;
+        if (n == R || n == C) break;
+        for (x = 0; x < C; ++x) {
+            int64_t dot = 0;
+            double cs;
+            if (taken[x]) continue;
+            for (e = 0; e < d; ++e) dot += (int64_t)x8[(size_t)x * (size_t)d + (size_t)e] * x8[(size_t)p * (size_t)d + (size_t)e];
+            cs = (double)dot * r[x] * r[p];
+            if (cs > best[x]) best[x] = cs;
+            if (next < 0 || best[x] < best[next]) next = x;
+        }
+        p = next;
+    }
+    for (i = 0; i < n; ++i) { /* candidate order */
+        int32_t j, m = i;
+        for (j = i + 1; j < n; ++j) m = pick[j] < pick[m] ? j : m;
+        x = pick[i]; pick[i] = pick[m]; pick[m] = x;
+        tok[i] = t0 + (pick[i] / G) * st;
+        head[i] = kvh * G + (int32_t)(pick[i] % G);
+    }
+    free(x8); free(r); free(best); free(taken); free(xf); free(pick);
+    return n;
+}
 /* EI_RANK_SAMPLED in double: the block mass of segment s of kv head kvh over
    the first n tokens (entropyinfer.h CONCEPTS: ranking), into mass[0..nvis);
    with given (chunked planning: given[t] = 1 where the plan holds the query
    of token t) only the rows of given tokens. With EI_RANK_PRECISION_INT8
    the logits are scale s_q s_k (q8 . k8), the rows and keys rounded by
-   ref_quant_i8 and the sums exact. Returns the rows summed. */
+   ref_quant_i8 and the sums exact. With EI_RANK_ROWS_SPREAD the rows of a
+   segment that the first n tokens hold whole (given NULL: whole-prompt
+   planning) are ref_spread_rows'. Returns the rows summed. */
 CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
                                     int64_t n, const unsigned char *given, double *mass) {
     const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
@@ -708,10 +761,16 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
     double *lg = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     float *xf = (float *)malloc(sizeof(float) * (size_t)d), *sk = NULL, sq = 0.0f;
     int32_t *k8 = NULL, *q8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)d);
-    int64_t b, j;
-    int32_t i, e;
+    int64_t b, j, *sp_tok = NULL;
+    int32_t i, e, n_rows = c->rank_samples, *sp_head = NULL;
     int rows = 0;
     if (!lg || !xf || !q8) { printf("out of memory\n"); exit(2); }
+    if (c->rank_rows == EI_RANK_ROWS_SPREAD && !given && t0 + c->segment_size <= n) {
+        sp_tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)c->rank_samples);
+        sp_head = (int32_t *)malloc(sizeof(int32_t) * (size_t)c->rank_samples);
+        if (!sp_tok || !sp_head) { printf("out of memory\n"); exit(2); }
+        n_rows = ref_spread_rows(c, q, G, kvh, s, sp_tok, sp_head);
+    }
     if (i8) { /* every key of the first n, rounded */
         k8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)d * (size_t)(n > 0 ? n : 1));
         sk = (float *)malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -722,9 +781,9 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
         }
     }
     for (b = 0; b < nvis; ++b) mass[b] = 0.0;
-    for (i = 0; i < c->rank_samples; ++i) {
-        int64_t t = ei__sample_token(c, s, i);
-        int32_t h = kvh * G + i % G;
+    for (i = 0; i < n_rows; ++i) {
+        int64_t t = sp_tok ? sp_tok[i] : ei__sample_token(c, s, i);
+        int32_t h = sp_head ? sp_head[i] : kvh * G + i % G;
         double m = -HUGE_VAL, z = 0.0;
         if (t >= n || (given && !given[t])) continue;
         rows++;
@@ -751,6 +810,8 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
     free(q8);
     free(k8);
     free(sk);
+    free(sp_tok);
+    free(sp_head);
     return rows;
 }
 CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,

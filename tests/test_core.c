@@ -1337,6 +1337,127 @@ static void test_rank_int8_plans(void) {
     printf("  int8 ranking plans: %d path/dot runs equal to the scalar plan\n", n_plans);
 }
 
+/* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): the rows every path picks are
+   the plain reference's (check.h ref_spread_rows; exact integer dots, so
+   equal, not near), plans on every path and dtype rank by the reference
+   mass of those rows (check_ranked_plan), a segment whole in one chunk call
+   is ranked as in the whole-prompt plan, and bad configs are refused. */
+static void test_rank_spread(void) {
+    static const struct { int n, heads, kv, dim, R; } shapes[] = {{1000, 8, 4, 64, 40}, {700, 6, 2, 33, 24}, {400, 4, 1, 128, 300}};
+    size_t si;
+    int n_rows = 0, n_plans = 0;
+    for (si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
+        synth_layer L = synth_layer_make(shapes[si].n, shapes[si].heads, shapes[si].kv, shapes[si].dim, 64, 21 + si);
+        ei_config c = small_config(EI_SIMD_SCALAR);
+        const int32_t G = L.heads / L.kv;
+        int dt, p, e;
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = shapes[si].R;
+        c.top_p = 0.9;
+        c.sink_blocks = 1;
+        c.local_blocks = 2;
+        c.rank_rows = EI_RANK_ROWS_SPREAD;
+        for (e = 0; e < L.heads * L.dim; ++e) /* a zero query row (every head) among segment 3's candidates */
+            L.q[(size_t)(3 * c.segment_size + 5) * L.heads * L.dim + e] = 0.0f;
+        for (e = 0; e < L.dim; ++e) /* and two rows of one direction */
+            L.q[(size_t)(4 * c.segment_size + 9) * L.heads * L.dim + e] = 2.0f * L.q[(size_t)(4 * c.segment_size + 2) * L.heads * L.dim + e];
+        for (dt = 0; dt < 3; ++dt)
+            for (p = EI_SIMD_SCALAR; p < TEST_SIMD_END; ++p) {
+                ei_context *ctx;
+                ei_plan plan;
+                void *mem, *wm, *qd = to_dtype(L.q, (size_t)L.n * L.heads * L.dim, (ei_dtype)dt);
+                ei_tensor q = ei_tensor_make(qd, (ei_dtype)dt, L.n, L.heads, L.dim);
+                ei__profile_ws w;
+                size_t need = 0;
+                char what[128];
+                int32_t h, s;
+                if (!test_simd_selected((ei_simd)p) || !ei_cpu_supports((ei_simd)p)) { free(qd); continue; }
+                c.simd = (ei_simd)p;
+                CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                CHECK(ei__profile_ws_layout(ei_context_config(ctx), L.n, G, L.dim, &w, NULL, 0, &need), "spread workspace size");
+                wm = malloc(need);
+                CHECK(wm && ei__profile_ws_layout(ei_context_config(ctx), L.n, G, L.dim, &w, wm, need, &need), "spread workspace");
+                for (h = 0; h < L.kv; ++h)
+                    for (s = 1; ((int64_t)s + 1) * c.segment_size <= L.n; ++s) {
+                        int64_t rt[512];
+                        int32_t rh[512], rn = ref_spread_rows(ei_context_config(ctx), &q, G, h, s, rt, rh), i;
+                        int same;
+                        CHECK(ei__spread_rows(ctx, &q, 0, h, G, s, &w), "spread rows refused");
+                        same = w.sp_n == rn && w.sp_seg == s;
+                        for (i = 0; same && i < rn; ++i) same = w.sp_tok[i] == rt[i] && w.sp_head[i] == rh[i];
+                        CHECK(same, "spread rows on %s, %s, %d x %d/%d x %d, kv head %d segment %d: not the reference's (%d rows, %d)",
+                              ei_simd_name((ei_simd)p), dtype_name((ei_dtype)dt), (int)L.n, L.heads, L.kv, L.dim, h, s, (int)w.sp_n,
+                              (int)rn);
+                        CHECK(rn == (c.rank_samples < c.segment_size * G ? c.rank_samples : c.segment_size * G),
+                              "spread rows: %d of %d candidates for %d asked", (int)rn, (int)(c.segment_size * G), (int)c.rank_samples);
+                        for (i = 1; i < rn; ++i)
+                            CHECK(rt[i - 1] < rt[i] || (rt[i - 1] == rt[i] && rh[i - 1] < rh[i]), "spread rows out of order");
+                        n_rows += rn;
+                    }
+                free(wm);
+                CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)dt, &plan, &mem), EI_OK);
+                snprintf(what, sizeof what, "spread plan, %s, %d x %d/%d x %d, %s", ei_simd_name((ei_simd)p), (int)L.n, L.heads, L.kv, L.dim,
+                         dtype_name((ei_dtype)dt));
+                check_ranked_plan(ei_context_config(ctx), &plan, &L, (ei_dtype)dt, what);
+                n_plans++;
+                guarded_free(mem);
+                ei_context_destroy(ctx);
+                free(qd);
+            }
+        synth_layer_free(&L);
+    }
+    {   /* chunks of two whole segments plan as the whole prompt */
+        synth_layer L = synth_layer_make(640, 4, 2, 32, 64, 9);
+        ei_config c = small_config(EI_SIMD_AUTO);
+        ei_context *ctx;
+        ei_plan whole, ch;
+        size_t wb;
+        void *ws;
+        ei_tensor q = L.tq, k = L.tk, qc = L.tq, kc = L.tk;
+        ei_exec x;
+        long t;
+        c.ranking = EI_RANK_SAMPLED;
+        c.rank_samples = 16;
+        c.top_p = 0.9;
+        c.rank_rows = EI_RANK_ROWS_SPREAD;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+        wb = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 1).profile;
+        ws = malloc(wb);
+        x = ex(1, ws, wb);
+        CHECK_ERR(ei_plan_init(ctx, &whole, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
+        CHECK_ERR(ei_plan_init(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
+        CHECK_ERR(ei_profile(ctx, &x, &q, &k, &whole), EI_OK);
+        for (t = 0; t < L.n; t += 128) {
+            long cnt = L.n - t < 128 ? L.n - t : 128;
+            qc.data = L.q + (size_t)t * L.heads * L.dim;
+            qc.n_tokens = cnt;
+            kc.n_tokens = t + cnt;
+            CHECK_ERR(ei_profile_chunk(ctx, &x, &qc, &kc, &ch, t, t + cnt == L.n), EI_OK);
+        }
+        CHECK(!memcmp(ch.block_index, whole.block_index, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity * ch.max_keep) &&
+                  !memcmp(ch.keep_count, whole.keep_count, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity),
+              "spread rows: chunks of whole segments plan otherwise than the whole prompt");
+        ei_plan_free(ctx, &whole);
+        ei_plan_free(ctx, &ch);
+        ei_context_destroy(ctx);
+        free(ws);
+        synth_layer_free(&L);
+    }
+    {   /* configs */
+        ei_config c = ei_config_quality();
+        ei_context *ctx;
+        c.rank_rows = (ei_rank_rows)2;
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        CHECK(strstr(ei_last_error(), "EI_RANK_ROWS_SPREAD") != NULL, "an unknown rank_rows names the known ones: %s", ei_last_error());
+        c = ei_config_default();
+        c.rank_rows = EI_RANK_ROWS_SPREAD; /* the reference ranking has no rows */
+        CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
+        CHECK(ei_config_default().rank_rows == EI_RANK_ROWS_EVEN && ei_config_quality().rank_rows == EI_RANK_ROWS_EVEN,
+              "even rows by default");
+    }
+    printf("  spread rows: %d rows equal to the reference's, %d plans checked against its mass\n", n_rows, n_plans);
+}
+
 /* ------------------------------------------------------------ decode */
 /* Chunked planning from any position: chunks that start and end anywhere,
    padded K views, continuing after a final call, finalising without queries,
@@ -2698,6 +2819,7 @@ int main(void) {
     test_ranking_options();
     test_rank_int8_kernels();
     test_rank_int8_plans();
+    test_rank_spread();
     test_antidiag_chunked();
     test_decode();
     test_decode_rows();

@@ -289,12 +289,13 @@ static void test_validate_once(const char *dir) {
     for (b = 0; b < 2; ++b) { ei_context_destroy(ctx[b]); ei_context_destroy(small[b]); }
 }
 
-/* EI_RANK_ANTIDIAGONAL and EI_RANK_PRECISION_INT8 (named by `name`) have
+/* EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_INT8 and EI_RANK_ROWS_SPREAD (named by `name`) have
    no CUDA kernels: on the plugin's backend every profiling entry refuses
    them (EI_ERR_UNSUPPORTED, naming the ranking) before the plugin is
    called, rather than plan with another ranking; the same context still
    runs attention on the GPU. */
-static void test_cpu_ranking_refused(const char *dir, ei_ranking ranking, ei_rank_precision precision, const char *name) {
+static void test_cpu_ranking_refused(const char *dir, ei_ranking ranking, ei_rank_precision precision, ei_rank_rows rows,
+                                     const char *name) {
     char good[600];
     ei_context *x = NULL;
     ei_config c;
@@ -309,6 +310,7 @@ static void test_cpu_ranking_refused(const char *dir, ei_ranking ranking, ei_ran
     c = cfg_with(good, EI_BACKEND_CUDA);
     c.ranking = ranking;
     c.rank_precision = precision;
+    c.rank_rows = rows;
     CHECK_ERR(ei_context_create(&c, &x), EI_OK);
     if (!x) { free(pm); return; }
     layer_make(&L, 64, 4, 2, 8);
@@ -372,8 +374,9 @@ int main(int argc, char **argv) {
     }
     test_loading(dir);
     test_validate_once(dir);
-    test_cpu_ranking_refused(dir, EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_F32, "EI_RANK_ANTIDIAGONAL");
-    test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_INT8, "EI_RANK_PRECISION_INT8");
+    test_cpu_ranking_refused(dir, EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_F32, EI_RANK_ROWS_EVEN, "EI_RANK_ANTIDIAGONAL");
+    test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_INT8, EI_RANK_ROWS_EVEN, "EI_RANK_PRECISION_INT8");
+    test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_F32, EI_RANK_ROWS_SPREAD, "EI_RANK_ROWS_SPREAD");
     dlclose(h);
     printf("test_plugin: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;

@@ -17,12 +17,19 @@
                            either.
          samples=N         rank_samples: query rows (sampled) or query tiles (antidiagonal) per segment and kv head
          precision=f32|int8  rank_precision: the sampled ranking's score arithmetic
+         rows=even|spread  rank_rows: which query rows the sampled ranking scores
          top_p=P           top-p keep counts, P in (0, 1]; 0: counts from the budget recurrence
          max_factor=F      budget_max_factor: budgets (and top-p counts) up to F x base (paper 3)
          sink=N            sink_blocks: key blocks from position 0 always kept
          local=N           local_blocks: key blocks just before the segment always kept
          dense_layers=L,.. global layers kept dense (the engine's dense_layers)
          oracle=0          skip the oracle row (below)
+         estimate=NAME     (with oracle=1) the oracle row ranks by an estimator instead of
+                           the true mass, at the plan's counts, and only dense and that row
+                           run: even | strat | rand | fps | fpsw | sfps | sfpsh (the row
+                           choices compared in docs/quality.md, "Rows where the queries
+                           differ"; described above est_pick); estimate_rows=N (64),
+                           estimate_seed=S
          mass=1            also measure the attention mass that the ragged (and
                            per-segment) plans keep, as the oracle row does (costs a
                            dense softmax pass per sparse segment)
@@ -93,17 +100,23 @@ static struct {
     int32_t ranking;      /* -1: not given (the paper's configuration); EI_RANK_* */
     int32_t samples;      /* 0: not given */
     int32_t precision;    /* -1: not given; EI_RANK_PRECISION_* (rank_precision) */
+    int32_t rows;         /* -1: not given; EI_RANK_ROWS_* (rank_rows) */
     int32_t sink, local;  /* -1: not given */
     double top_p;         /* -1: not given */
     double max_factor;    /* -1: not given (budget_max_factor) */
     uint64_t dense_layers;
     const char *dense_cache; /* NULL: dense rows are computed in every run */
-} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1, -1.0, -1.0, 0, NULL};
+} ovr = {0, 0, 0, 1, 0, 0, -1, 0, -1, -1, -1, -1, -1.0, -1.0, 0, NULL};
+
+/* the oracle row's estimator (estimate=, below the oracle selection) */
+enum { EST_NONE, EST_EVEN, EST_STRAT, EST_RAND, EST_FPS, EST_FPSW, EST_SFPS, EST_SFPSH };
+static int est_kind = EST_NONE;
+static int32_t est_rows = 64, est_seed = 1;
 
 /* any option beyond the ranking that changes the sparse modes */
 static int ovr_changes_config(void) {
     return ovr.base_budget > 0 || ovr.segment > 0 || ovr.block > 0 || ovr.samples > 0 || ovr.top_p >= 0 || ovr.sink >= 0 ||
-           ovr.max_factor >= 0 || ovr.precision >= 0 ||
+           ovr.max_factor >= 0 || ovr.precision >= 0 || ovr.rows >= 0 ||
            ovr.local >= 0 || ovr.dense_layers;
 }
 
@@ -118,6 +131,7 @@ static ei_config mode_config(int mode) {
     if (ovr.block > 0) c.block_size = ovr.block;
     if (ovr.samples > 0) c.rank_samples = ovr.samples;
     if (ovr.precision >= 0) c.rank_precision = (ei_rank_precision)ovr.precision;
+    if (ovr.rows >= 0) c.rank_rows = (ei_rank_rows)ovr.rows;
     if (ovr.top_p >= 0) c.top_p = ovr.top_p;
     if (ovr.max_factor >= 0) c.budget_max_factor = ovr.max_factor;
     if (ovr.sink >= 0) c.sink_blocks = ovr.sink;
@@ -163,6 +177,21 @@ static int parse_override(const char *arg) {
         else return -1;
         return 0;
     }
+    if (!strncmp(arg, "rows=", 5)) {
+        if (!strcmp(arg + 5, "even")) ovr.rows = EI_RANK_ROWS_EVEN;
+        else if (!strcmp(arg + 5, "spread")) ovr.rows = EI_RANK_ROWS_SPREAD;
+        else return -1;
+        return 0;
+    }
+    if (!strncmp(arg, "estimate=", 9)) {
+        static const char *names[] = {"none", "even", "strat", "rand", "fps", "fpsw", "sfps", "sfpsh"};
+        int k;
+        for (k = 0; k < 8; k++)
+            if (!strcmp(arg + 9, names[k])) { est_kind = k; return 0; }
+        return -1;
+    }
+    if (!strncmp(arg, "estimate_rows=", 14)) return parse_count(arg + 14, &est_rows) || est_rows < 1 ? -1 : 0;
+    if (!strncmp(arg, "estimate_seed=", 14)) return parse_count(arg + 14, &est_seed);
     if (!strncmp(arg, "precision=", 10)) {
         if (!strcmp(arg + 10, "f32")) ovr.precision = EI_RANK_PRECISION_F32;
         else if (!strcmp(arg + 10, "int8")) ovr.precision = EI_RANK_PRECISION_INT8;
@@ -258,6 +287,193 @@ static void oracle_task(void *arg, int ith, int nth) {
     free(w);
 }
 
+/* Diagnostic estimators for the oracle row (estimate=NAME, issue 35): instead of
+   every query row, a few rows of the segment, chosen by NAME, each weighed
+   by w, give the block mass (f32 scores, double sums):
+     even    the library's sampled rows (token t0 + ((2i+1) S) / (2N), head i % R):
+             the sampled ranking in f32, a check of this path
+     strat   one row at a random token of each of N equal strata, head i % R
+     rand    N rows at random tokens and heads of the segment
+     fps     farthest-point rows: the first of `even`, then each time the
+             (token, head) whose query direction is farthest (1 - cosine) from
+             the rows chosen so far
+     fpsw    fps, each row weighed by how many of the segment's rows are
+             nearest to it (a stratified estimate of the whole mass)
+     sfps    stratified fps: row i from stratum i (tokens [t0 + iS/N, t0 +
+             (i+1)S/N)), any head of the group: the candidate farthest from
+             rows 0..i-1 (row 0: the stratum's middle token, head 0)
+     sfpsh   sfps with row i's head fixed to i % R (tokens vary)
+   estimate_rows=N (default 64) rows per segment and kv head; estimate_seed=S. */
+typedef struct est_job {
+    const gm_state *s;
+    int l;
+    int64_t row0, seg_start;
+    int32_t nb, n_rows;
+    const int64_t *tok;
+    const int32_t *head;
+    const double *w;
+    double *mass; /* [nth][nb] */
+    int failed;
+} est_job;
+static void est_task(void *arg, int ith, int nth) {
+    est_job *j = (est_job *)arg;
+    const gm_hparams *hp = &j->s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = j->s->ei_cfg.block_size;
+    const float *kc = j->s->k_cache[j->l];
+    double *mass = j->mass + (size_t)ith * j->nb;
+    float *w = (float *)malloc((size_t)(j->seg_start + j->s->ei_cfg.segment_size) * sizeof(float));
+    int32_t i;
+    if (!w) { j->failed = 1; return; }
+    for (i = ith; i < j->n_rows; i += nth) {
+        const int64_t t = j->tok[i];
+        const int h = j->head[i];
+        const float *q = j->s->q + ((size_t)(t - j->row0) * H + h) * D;
+        float mx = -INFINITY;
+        double sum = 0;
+        int64_t key;
+        for (key = 0; key <= t; key++) {
+            const float *k = kc + ((size_t)key * G + h / R) * D;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0;
+            int d, u;
+            for (d = 0; d + 8 <= D; d += 8)
+                for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
+            for (; d < D; d++) dot += q[d] * k[d];
+            for (u = 0; u < 8; u++) dot += acc[u];
+            w[key] = dot * hp->attn_scale;
+            if (w[key] > mx) mx = w[key];
+        }
+        for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
+        for (key = 0; key < (int64_t)j->nb * bs; key++) mass[key / bs] += j->w[i] * w[key] / sum;
+    }
+    free(w);
+}
+static uint64_t est_rng;
+static uint32_t est_next(void) {
+    est_rng = est_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(est_rng >> 33);
+}
+/* The rows of kv head kv in the segment [t0, t0 + len) (S: segment size):
+   fills tok/head/w, returns their count. */
+static int32_t est_pick(const gm_state *s, int kv, int64_t t0, int32_t len, int32_t S, int64_t row0, int64_t *tok,
+                        int32_t *head, double *w) {
+    const int H = s->m->hp.n_head, G = s->m->hp.n_kv_head, D = s->m->hp.head_dim, R = H / G;
+    const int32_t N = est_rows;
+    int32_t i, n = 0;
+    if (est_kind == EST_EVEN || est_kind == EST_STRAT || est_kind == EST_RAND) {
+        for (i = 0; i < N; i++) {
+            int64_t t;
+            int h = kv * R + i % R;
+            if (est_kind == EST_EVEN) t = t0 + ((2 * (int64_t)i + 1) * S) / (2 * (int64_t)N);
+            else if (est_kind == EST_STRAT) t = t0 + ((int64_t)i * S) / N + est_next() % (uint32_t)(S / N > 0 ? S / N : 1);
+            else { t = t0 + est_next() % (uint32_t)len; h = kv * R + (int)(est_next() % (uint32_t)R); }
+            if (t >= t0 + len) continue;
+            tok[n] = t; head[n] = h; w[n] = 1.0; n++;
+        }
+        return n;
+    }
+    if (est_kind == EST_SFPS || est_kind == EST_SFPSH) {
+        float *u = (float *)malloc((size_t)N * D * sizeof(float));
+        float *cand = (float *)malloc((size_t)D * sizeof(float));
+        if (!u || !cand) { free(u); free(cand); return -1; }
+        for (i = 0; i < N; i++) {
+            const int64_t a = t0 + ((int64_t)i * S) / N, z = t0 + ((int64_t)(i + 1) * S) / N;
+            int64_t t, bt = -1;
+            int hh, bh = 0;
+            float bestv = 3.f;
+            for (t = a; t < z && t < t0 + len; t++)
+                for (hh = 0; hh < R; hh++) {
+                    const float *q = s->q + ((size_t)(t - row0) * H + kv * R + hh) * D;
+                    double nn = 0;
+                    float worst = -2.f;
+                    int d, c2;
+                    if (est_kind == EST_SFPSH && hh != i % R) continue;
+                    for (d = 0; d < D; d++) nn += (double)q[d] * q[d];
+                    nn = nn > 0 ? 1.0 / sqrt(nn) : 0;
+                    for (d = 0; d < D; d++) cand[d] = (float)(q[d] * nn);
+                    if (i == 0) { /* the stratum's middle token, head 0 (sfpsh: its head) */
+                        if (t != a + (z - a) / 2) continue;
+                        bt = t; bh = hh; memcpy(u, cand, (size_t)D * sizeof(float));
+                        break;
+                    }
+                    for (c2 = 0; c2 < n; c2++) {
+                        float dot = 0;
+                        for (d = 0; d < D; d++) dot += cand[d] * u[(size_t)c2 * D + d];
+                        if (dot > worst) worst = dot;
+                    }
+                    if (worst < bestv) { bestv = worst; bt = t; bh = hh; memcpy(u + (size_t)n * D, cand, (size_t)D * sizeof(float)); }
+                }
+            if (bt < 0) continue;
+            tok[n] = bt; head[n] = kv * R + bh; w[n] = 1.0; n++;
+        }
+        free(u); free(cand);
+        return n;
+    }
+    {   /* fps / fpsw over the segment's len x R rows, by direction */
+        const int64_t C = (int64_t)len * R;
+        float *u = (float *)malloc((size_t)C * D * sizeof(float));
+        float *best = (float *)malloc((size_t)C * sizeof(float));
+        int32_t *owner = (int32_t *)malloc((size_t)C * sizeof(int32_t));
+        int64_t c, first;
+        if (!u || !best || !owner) { free(u); free(best); free(owner); return -1; }
+        for (c = 0; c < C; c++) {
+            const float *q = s->q + ((size_t)(t0 + c / R - row0) * H + kv * R + c % R) * D;
+            double nn = 0;
+            int d;
+            for (d = 0; d < D; d++) nn += (double)q[d] * q[d];
+            nn = nn > 0 ? 1.0 / sqrt(nn) : 0;
+            for (d = 0; d < D; d++) u[c * D + d] = (float)(q[d] * nn);
+            best[c] = -2.f; /* best cosine to a chosen row */
+            owner[c] = 0;
+        }
+        first = ((int64_t)S / (2 * N)) * R; /* even's row 0 (head 0 of the group) */
+        if (first >= C) first = 0;
+        for (i = 0; i < N && i < C; i++) {
+            int64_t pick = first;
+            if (i > 0) {
+                float lo = 2.f;
+                for (c = 0; c < C; c++)
+                    if (best[c] < lo) { lo = best[c]; pick = c; }
+            }
+            tok[n] = t0 + pick / R; head[n] = kv * R + (int)(pick % R); w[n] = 0; n++;
+            for (c = 0; c < C; c++) {
+                const float *a = u + c * D, *b = u + pick * D;
+                float dot = 0;
+                int d;
+                for (d = 0; d < D; d++) dot += a[d] * b[d];
+                if (dot > best[c] || c == pick) { best[c] = c == pick ? 2.f : dot; owner[c] = n - 1; }
+            }
+        }
+        for (c = 0; c < C; c++) w[owner[c]] += 1.0;
+        for (i = 0; i < n; i++) w[i] = est_kind == EST_FPSW ? w[i] * n / (double)C : 1.0;
+        free(u); free(best); free(owner);
+        return n;
+    }
+}
+/* The estimator's block mass of kv head kv into mk[nb] (zeroed first). */
+static int est_mass(gm_state *s, int l, int kv, int64_t t0, int32_t len, int32_t nb, int64_t row0, double *mk) {
+    const int nth = gm_pool_size(s->pool);
+    int64_t *tok = (int64_t *)malloc((size_t)est_rows * sizeof(int64_t));
+    int32_t *head = (int32_t *)malloc((size_t)est_rows * sizeof(int32_t));
+    double *w = (double *)malloc((size_t)est_rows * sizeof(double));
+    est_job j;
+    int32_t n, i, b;
+    memset(&j, 0, sizeof j);
+    if (!tok || !head || !w) { free(tok); free(head); free(w); return -1; }
+    n = est_pick(s, kv, t0, len, s->ei_cfg.segment_size, row0, tok, head, w);
+    j.s = s; j.l = l; j.row0 = row0; j.seg_start = t0; j.nb = nb; j.n_rows = n < 0 ? 0 : n;
+    j.tok = tok; j.head = head; j.w = w;
+    j.mass = (double *)calloc((size_t)nth * nb, sizeof(double));
+    if (n < 0 || !j.mass) { free(tok); free(head); free(w); free(j.mass); return -1; }
+    gm_pool_run(s->pool, est_task, &j);
+    for (b = 0; b < nb; b++) {
+        double v = 0;
+        for (i = 0; i < nth; i++) v += j.mass[(size_t)i * nb + b];
+        mk[b] = v;
+    }
+    free(tok); free(head); free(w); free(j.mass);
+    return j.failed ? -1 : 0;
+}
+
 /* Share of the attention mass on a sparse segment's earlier keys that its kept
    blocks hold, summed over (layer, kv head, segment) rows: under the plan's own
    ranking and under the oracle's. */
@@ -281,13 +497,19 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
         j.failed = 0;
         if (j.seg_start < row0) return -1; /* a segment split across chunks: not supported here */
         if (!(j.mass = (double *)calloc((size_t)nth * G * j.nb, sizeof(double)))) return -1;
-        gm_pool_run(s->pool, oracle_task, &j);
+        if (est_kind == EST_NONE || !oracle_rerank) gm_pool_run(s->pool, oracle_task, &j);
         if (j.failed) { free(j.mass); return -1; }
         for (i = 1; i < nth; i++)
             for (b = 0; b < G * j.nb; b++) j.mass[b] += j.mass[(size_t)i * G * j.nb + b];
         for (kv = 0; kv < G; kv++) {
             /* the heads of kv head `kv` share its blocks: their summed mass ranks them */
             const double *mk = j.mass + (size_t)kv * j.nb;
+            double *em = NULL;
+            if (est_kind != EST_NONE && oracle_rerank) { /* the estimator ranks (no dense pass: mass kept is its own) */
+                if (!(em = (double *)malloc((size_t)j.nb * sizeof(double))) ||
+                    est_mass(s, l, kv, j.seg_start, j.seg_len, j.nb, row0, em)) { free(em); free(j.mass); return -1; }
+                mk = em;
+            }
             int32_t keep = p->keep_count[EI_PLAN_ROW(p, kv, seg)], *row = EI_PLAN_BLOCKS(p, kv, seg);
             uint8_t *taken = (uint8_t *)calloc((size_t)j.nb, 1);
             double total = 0, ref = 0, best_sum = 0;
@@ -295,14 +517,16 @@ static int oracle_rank(gm_state *s, int l, int n, int64_t row0) {
             for (b = 0; b < j.nb; b++) total += mk[b];
             for (c = 0; c < keep; c++) ref += mk[row[c]];
             for (c = 0; c < keep; c++) {
+                const double *rk = em ? em : mk;
                 int32_t best = -1;
                 for (b = 0; b < j.nb; b++)
-                    if (!taken[b] && (best < 0 || mk[b] > mk[best])) best = b;
+                    if (!taken[b] && (best < 0 || rk[b] > rk[best])) best = b;
                 taken[best] = 1;
                 if (oracle_rerank) row[c] = best;
                 best_sum += mk[best];
             }
             free(taken);
+            free(em);
             if (total > 0) {
                 mass_kept.ref += ref / total;
                 mass_kept.oracle += best_sum / total;
@@ -421,6 +645,7 @@ static int ppl_run_uncached(const gm_model *m, gm_pool *pool, int mode, const in
     s.kv_bf16 = mode == M_BF16KV;
     s.dense_layers = ovr.dense_layers;
     oracle_rerank = mode == M_ORACLE;
+    est_rng = (uint64_t)est_seed * 0x9E3779B97F4A7C15ull + 1;
     if (mode == M_ORACLE || (ovr.mass && (mode == M_RAGGED || mode == M_PERSEG))) s.plan_hook = oracle_rank;
     memset(&mass_kept, 0, sizeof mass_kept);
     hook_s = 0;
@@ -615,6 +840,7 @@ static void jstr(FILE *f, const char *key, const char *v) {
 static void json_config_fields(FILE *f, const ei_config *c) {
     jint(f, "rank_samples", c->rank_samples);
     jstr(f, "rank_precision", c->rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32");
+    jstr(f, "rank_rows", c->rank_rows == EI_RANK_ROWS_SPREAD ? "spread" : "even");
     jnum(f, "top_p", c->top_p);
     jint(f, "sink_blocks", c->sink_blocks);
     jint(f, "local_blocks", c->local_blocks);
@@ -791,6 +1017,7 @@ int main(int argc, char **argv) {
     /* perplexity table: the passkey modes, then the precision reference: how far a
        common engine choice (K/V cached in bf16) moves a dense run, for scale */
     for (n_ppl = 0; n_ppl < n_modes; n_ppl++) ppl_modes[n_ppl] = n_ppl;
+    if (est_kind != EST_NONE) n_ppl = 1; /* an estimator's run: dense (cached) and the oracle row only */
     if (ovr.oracle) ppl_modes[n_ppl++] = M_ORACLE;
     if (!ovr.no_reference) ppl_modes[n_ppl++] = M_BF16KV;
     md = fopen(out_path, "w");
@@ -843,9 +1070,10 @@ int main(int argc, char **argv) {
             for (c = 6; c < argc; c++) fprintf(md, " `%s`", argv[c]);
             fprintf(md, "\n\n");
         }
-        fprintf(md, "Ranking: %s (ranking=%s, rank_samples %d, rank_precision %s, top_p %g, sink_blocks %d, local_blocks %d).\n\n",
+        fprintf(md, "Ranking: %s (ranking=%s, rank_samples %d, rank_precision %s, rank_rows %s, top_p %g, sink_blocks %d, local_blocks %d).\n\n",
                 rank_desc, ranking_id(d.ranking), (int)d.rank_samples,
-                d.rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32", d.top_p, (int)d.sink_blocks, (int)d.local_blocks);
+                d.rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32",
+                d.rank_rows == EI_RANK_ROWS_SPREAD ? "spread" : "even", d.top_p, (int)d.sink_blocks, (int)d.local_blocks);
         fprintf(md, "Configuration: %s%s: segment %d, block %d, threshold_len %lld, base_budget %d "
                     "(dynamic heads x%.0f..x%.0f), e_t %g, delta_t %.1f, alpha %.1f; last segment dense. "
                     "entropyinfer runs in the global layers %s; the %d sliding-window (%d) layers are dense in every mode. "
