@@ -15,6 +15,7 @@
                     [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B]
                     [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
                     [--rank-precision f32|int8]   (EI_RANK_SAMPLED's score arithmetic)
+                    [--rank-rows even|spread]     (EI_RANK_SAMPLED's rows: even, or farthest-point)
                     [--chunk C]   (plan in chunks of C queries, ei_profile_chunk, as
                                    an engine's micro-batched prefill does; 0: whole prompt)
 
@@ -274,7 +275,7 @@ static void usage(void) {
          "                [--threshold 4096] [--budget 2048] [--e-t 1e-5] [--delta 0.4] [--alpha 0.5]\n"
          "                [--per-segment] [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]\n"
          "                [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B] [--quality]\n"
-         "                [--rank-precision f32|int8] [--chunk C]");
+         "                [--rank-precision f32|int8] [--rank-rows even|spread] [--chunk C]");
 }
 
 int main(int argc, char **argv) {
@@ -343,6 +344,11 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "int8")) cfg.rank_precision = EI_RANK_PRECISION_INT8;
             else if (!strcmp(v, "f32")) cfg.rank_precision = EI_RANK_PRECISION_F32;
             else { fprintf(stderr, "ei_bench: unknown rank precision '%s' (f32, int8)\n", v); return 2; }
+        } else if (!strcmp(o, "--rank-rows")) {
+            const char *v = TAKE;
+            if (!strcmp(v, "spread")) cfg.rank_rows = EI_RANK_ROWS_SPREAD;
+            else if (!strcmp(v, "even")) cfg.rank_rows = EI_RANK_ROWS_EVEN;
+            else { fprintf(stderr, "ei_bench: unknown rank rows '%s' (even, spread)\n", v); return 2; }
         }
         else if (!strcmp(o, "--top-p")) cfg.top_p = atof(TAKE);
         else if (!strcmp(o, "--sink")) cfg.sink_blocks = atoi(TAKE);
@@ -358,11 +364,12 @@ int main(int argc, char **argv) {
         printf("cpu: %s; vdpbf16ps / f32 FMA FLOP rate %.2f (measured at context creation; >= 1.25: AUTO runs bf16 "
                "attention with vdpbf16ps)\n", cpu_model(), ei_cpu_dpbf16_ratio());
         printf("entropyinfer %s  simd %s%s  heads %d/%d  dim %d  threads %d  dtype %s  segment %d block %d threshold %lld budget %d"
-               "  ranking %s samples %d (%s) top_p %g sink %d local %d\n",
+               "  ranking %s samples %d (%s%s) top_p %g sink %d local %d\n",
                EI_VERSION_STRING, ei_simd_name(ei_context_config(c0)->simd), ei_cpu_supports(EI_SIMD_AVX512_BF16) ? "+bf16" : "", H, HK, d, threads,
                dt == EI_F32 ? "f32" : dt == EI_BF16 ? "bf16" : "f16", cfg.segment_size, cfg.block_size,
                (long long)cfg.threshold_len, cfg.base_budget, ranking_name(cfg.ranking),
-               cfg.rank_samples, cfg.rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32", cfg.top_p,
+               cfg.rank_samples, cfg.rank_precision == EI_RANK_PRECISION_INT8 ? "int8" : "f32",
+               cfg.rank_rows == EI_RANK_ROWS_SPREAD ? ", spread rows" : "", cfg.top_p,
                cfg.sink_blocks, cfg.local_blocks);
         printf("%7s %4s %5s %10s %10s %10s %9s %8s %8s %7s %10s %6s %6s %9s %8s %9s %9s %9s\n", "N", "thr", "dtype", "profile_ms", "dense_ms",
                "sparse_ms", "dense_GF/s", "density", "speedup", "effic", "rel_err", "prof%", "rigid", "cpuGF/s", "cpu_spd",

@@ -1369,8 +1369,9 @@ static void test_rank_spread(void) {
                 ei_tensor q = ei_tensor_make(qd, (ei_dtype)dt, L.n, L.heads, L.dim);
                 ei__profile_ws w;
                 size_t need = 0;
-                char what[128];
+                char what[160];
                 int32_t h, s;
+                int pr;
                 if (!test_simd_selected((ei_simd)p) || !ei_cpu_supports((ei_simd)p)) { free(qd); continue; }
                 c.simd = (ei_simd)p;
                 CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
@@ -1395,13 +1396,19 @@ static void test_rank_spread(void) {
                         n_rows += rn;
                     }
                 free(wm);
-                CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)dt, &plan, &mem), EI_OK);
-                snprintf(what, sizeof what, "spread plan, %s, %d x %d/%d x %d, %s", ei_simd_name((ei_simd)p), (int)L.n, L.heads, L.kv, L.dim,
-                         dtype_name((ei_dtype)dt));
-                check_ranked_plan(ei_context_config(ctx), &plan, &L, (ei_dtype)dt, what);
-                n_plans++;
-                guarded_free(mem);
                 ei_context_destroy(ctx);
+                for (pr = 0; pr < 2; ++pr) { /* the plans, with f32 and int8 scores */
+                    c.rank_precision = pr ? EI_RANK_PRECISION_INT8 : EI_RANK_PRECISION_F32;
+                    CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
+                    CHECK_ERR(plan_layer(ctx, &L, (ei_dtype)dt, &plan, &mem), EI_OK);
+                    snprintf(what, sizeof what, "spread plan, %s, %s scores, %d x %d/%d x %d, %s", ei_simd_name((ei_simd)p),
+                             pr ? "int8" : "f32", (int)L.n, L.heads, L.kv, L.dim, dtype_name((ei_dtype)dt));
+                    check_ranked_plan(ei_context_config(ctx), &plan, &L, (ei_dtype)dt, what);
+                    n_plans++;
+                    guarded_free(mem);
+                    ei_context_destroy(ctx);
+                }
+                c.rank_precision = EI_RANK_PRECISION_F32;
                 free(qd);
             }
         synth_layer_free(&L);
