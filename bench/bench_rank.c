@@ -1,6 +1,7 @@
 /* bench_rank: time to profile one layer with the sampled ranking
    (ei_config_quality: EI_RANK_SAMPLED, top-p 0.95, sink 1, local 8) at
-   rows R, its scores in f32 and in int8 (EI_RANK_PRECISION_INT8), on every
+   rows R, its scores in f32 (with even and with spread rows,
+   EI_RANK_ROWS_SPREAD) and in int8 (EI_RANK_PRECISION_INT8), on every
    x86 SIMD path this CPU has (avx2 and up) and, for int8, every x86 dot it has (vpdpbusd on
    zmm and ymm, int16 vpmaddwd), with the reference ranking's time beside
    (the part every ranking pays: entropies, head classes, budgets).
@@ -98,6 +99,10 @@ int main(int argc, char **argv) {
             c.rank_samples = rows[ri];
             printf("%-12s %-5s %-13s %5d %10.2f %12.2f\n", ei_simd_name((ei_simd)p), "f32", "-", rows[ri],
                    time_profile(&c, -1, &qt, &kt, threads, reps), ref);
+            c.rank_rows = EI_RANK_ROWS_SPREAD; /* the same with farthest-point rows */
+            printf("%-12s %-5s %-13s %5d %10.2f %12.2f\n", ei_simd_name((ei_simd)p), "f32", "spread rows", rows[ri],
+                   time_profile(&c, -1, &qt, &kt, threads, reps), ref);
+            c.rank_rows = EI_RANK_ROWS_EVEN;
             c.rank_precision = EI_RANK_PRECISION_INT8;
             for (di = 0; di < 3; ++di) {
                 if (dots[di].bit && !(have & dots[di].bit)) continue;
