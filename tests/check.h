@@ -23,7 +23,8 @@
                >>attention); ref_vmax; ref_budget, ref_keep_blocks,
                ref_budget_on_edge: the budget walk on the header's own rules
                (ei__budget_next, ei__keep_of, ei__cap_blocks); ref_sampled_mass
-               (and _given: the rows a chunked plan holds), ref_antidiag_mass_given
+               (and _given: the rows a chunked plan holds; _rows: spread rows
+               or not, told), ref_antidiag_mass_given
                (EI_RANK_ANTIDIAGONAL), ref_ranking_mass_given (either),
                ref_check_ranked_row (the ranking options); ref_decode_scores
                (decode scoring with row maps)
@@ -749,11 +750,12 @@ CHECK_FN int32_t ref_spread_rows(const ei_config *c, const ei_tensor *q, int32_t
    with given (chunked planning: given[t] = 1 where the plan holds the query
    of token t) only the rows of given tokens. With EI_RANK_PRECISION_INT8
    the logits are scale s_q s_k (q8 . k8), the rows and keys rounded by
-   ref_quant_i8 and the sums exact. With EI_RANK_ROWS_SPREAD the rows of a
-   segment that the first n tokens hold whole (given NULL: whole-prompt
-   planning) are ref_spread_rows'. Returns the rows summed. */
-CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
-                                    int64_t n, const unsigned char *given, double *mass) {
+   ref_quant_i8 and the sums exact. spread (0/1): the rows are
+   ref_spread_rows' (EI_RANK_ROWS_SPREAD where one profiling call held the
+   whole segment; the caller knows which calls did), else the even rows.
+   Returns the rows summed. */
+CHECK_FN int ref_sampled_mass_rows(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
+                                   int64_t n, const unsigned char *given, int spread, double *mass) {
     const int32_t G = q->n_heads / k->n_heads, d = q->head_dim, bs = c->block_size;
     const int64_t t0 = (int64_t)s * c->segment_size, nvis = t0 / bs;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt((double)d);
@@ -765,7 +767,7 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
     int32_t i, e, n_rows = c->rank_samples, *sp_head = NULL;
     int rows = 0;
     if (!lg || !xf || !q8) { printf("out of memory\n"); exit(2); }
-    if (c->rank_rows == EI_RANK_ROWS_SPREAD && !given && t0 + c->segment_size <= n) {
+    if (spread) {
         sp_tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)c->rank_samples);
         sp_head = (int32_t *)malloc(sizeof(int32_t) * (size_t)c->rank_samples);
         if (!sp_tok || !sp_head) { printf("out of memory\n"); exit(2); }
@@ -813,6 +815,18 @@ CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, cons
     free(sp_tok);
     free(sp_head);
     return rows;
+}
+/* ref_sampled_mass_rows with the spread rows where EI_RANK_ROWS_SPREAD
+   applies to a segment that the first n tokens hold whole and given is NULL
+   (whole-prompt planning: ei_profile's one call holds it); with given
+   (chunked planning) the even rows: a caller that knows which chunk calls
+   held a segment whole calls ref_sampled_mass_rows. */
+CHECK_FN int ref_sampled_mass_given(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s,
+                                    int64_t n, const unsigned char *given, double *mass) {
+    return ref_sampled_mass_rows(c, q, k, kvh, s, n, given,
+                                 c->rank_rows == EI_RANK_ROWS_SPREAD && !given &&
+                                     (int64_t)s * c->segment_size + c->segment_size <= n,
+                                 mass);
 }
 CHECK_FN void ref_sampled_mass(const ei_config *c, const ei_tensor *q, const ei_tensor *k, int32_t kvh, int32_t s, int64_t n,
                                double *mass) {

@@ -20,7 +20,9 @@
               ranking reference/sampled with R rows, rank_precision (int8
               for 40% of sampled configs and 10% of reference ones, where
               it changes nothing; from a stream of its own: the other draws
-              stay as they were), top_p, sink/local blocks,
+              stay as they were), rank_rows (EI_RANK_ROWS_SPREAD for 30%
+              of sampled configs, never another ranking's, from a stream of
+              its own too), top_p, sink/local blocks,
               per-segment budgets, last segment dense, attn_scale),
               GQA shapes, head_dim (odd ones for planning), f32/f16/bf16
               views (mixed for planning), layouts (contiguous, padded,
@@ -48,7 +50,12 @@
               reference mass); the GPU must refuse its profiling
               (EI_ERR_UNSUPPORTED, counted gpu-unsupported; chunked: the
               first call, then the CPU plans alone), no plan is compared
-              and attention runs dense.
+              and attention runs dense. EI_RANK_ROWS_SPREAD the same way
+              (--cpu-twin compares its plans, the GPU refuses it); the
+              reference's rows: farthest point for a segment that one call
+              held whole (ei_profile: every whole segment of the prompt; a
+              chunked schedule: a call with every token of the segment),
+              the even rows elsewhere.
      decode   config (window, gap, budget, pooling, per kv head, gqa_reduce,
               recompress_every, decode_scale), the prompt's and generated
               queries observed (fewer than the window too), a cache whose
@@ -105,18 +112,21 @@ static float fz_normal(fz_rng *r) {
 static int g_verbose = 0;
 static int g_twin = 0;
 static int64_t g_max_n = 1 << 30; /* --max-n: tokens / cache rows at most (sanitizer runs) */     /* --cpu-twin: the second backend is the CPU on another SIMD path (no GPU needed) */
-#define K_KINDS 12
+#define K_KINDS 14
 static long g_counts[K_KINDS];   /* scenarios run, by kind */
 enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE,
-       K_INT8, K_INT8_PLANS };
+       K_INT8, K_INT8_PLANS, K_SPREAD, K_SPREAD_PLANS };
 /* gpu-unsupported: attention calls and table cases the GPU has no kernel
-   for, and profiling of EI_RANK_PRECISION_INT8 configs, all refused there;
-   int8-ranked: prefill configs of EI_RANK_SAMPLED with
-   EI_RANK_PRECISION_INT8, of which int8 plans compared were planned on both
-   sides and compared (--cpu-twin; the GPU refuses them) */
+   for, and profiling of EI_RANK_PRECISION_INT8 and EI_RANK_ROWS_SPREAD
+   configs, all refused there; int8-ranked: prefill configs of
+   EI_RANK_SAMPLED with EI_RANK_PRECISION_INT8, of which int8 plans compared
+   were planned on both sides and compared (--cpu-twin; the GPU refuses
+   them); spread-rows and spread plans compared: the same for
+   EI_RANK_ROWS_SPREAD */
 static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported",
                                                    "non-finite cases", "misuse cases", "knife-edges", "attention calls",
-                                                   "chunked plans", "table cases", "int8-ranked", "int8 plans compared"};
+                                                   "chunked plans", "table cases", "int8-ranked", "int8 plans compared",
+                                                   "spread-rows", "spread plans compared"};
 static char g_desc[512];   /* the iteration's draw, printed when it fails */
 #define DESC(...) do { size_t l_ = strlen(g_desc); snprintf(g_desc + l_, sizeof g_desc - l_, __VA_ARGS__); } while (0)
 
@@ -298,8 +308,10 @@ typedef struct fz_prefill {
     ei_context *host; /* lays out host plans */
     int chunked;      /* planned by a schedule of ei_profile_chunk calls (EI_PLAN_CHUNKED plans) */
     unsigned char *given; /* chunked: given[t] = 1 where the plans hold token t's query (the sampled rows they sum) */
-    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8): its profiling must say
-                         EI_ERR_UNSUPPORTED, the CPU plans alone and nothing is compared */
+    unsigned char *whole; /* chunked: whole[s] = 1 where one call of the schedule held segment s's every token
+                             (EI_RANK_ROWS_SPREAD picks its rows by farthest point there, else the even rows) */
+    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8, EI_RANK_ROWS_SPREAD): its
+                         profiling must say EI_ERR_UNSUPPORTED, the CPU plans alone and nothing is compared */
 } fz_prefill;
 
 static ei_config draw_prefill_config(fz_rng *r) {
@@ -334,6 +346,13 @@ static ei_config draw_prefill_config(fz_rng *r) {
         c.rank_precision = fz_chance(&pr, c.ranking == EI_RANK_SAMPLED ? 0.4 : 0.1) ? EI_RANK_PRECISION_INT8
                                                                                      : EI_RANK_PRECISION_F32;
     }
+    { /* the sampled ranking's rows: spread for 30% of EI_RANK_SAMPLED configs (never another ranking's: the
+         library refuses that, EI_ERR_CONFIG), from a stream of its own as above (another constant), r not
+         advanced */
+        fz_rng sr;
+        sr.s = r->s ^ 0x2545F4914F6CDD1Dull;
+        c.rank_rows = c.ranking == EI_RANK_SAMPLED && fz_chance(&sr, 0.3) ? EI_RANK_ROWS_SPREAD : EI_RANK_ROWS_EVEN;
+    }
     return c;
 }
 /* EI_RANK_SAMPLED in int8 (CPU only: every profiling call of a CUDA context
@@ -341,11 +360,16 @@ static ei_config draw_prefill_config(fz_rng *r) {
 static int config_int8_ranked(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
+/* EI_RANK_SAMPLED with EI_RANK_ROWS_SPREAD (CPU only, refused the same way). */
+static int config_spread_rows(const ei_config *c) {
+    return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD;
+}
 
 /* The ranking scores of the visible blocks of row (kvh, s) of the CPU plan
    a: the sampled mass in double (returns 1; a chunked plan's: the rows of
-   the queries it holds), or, where the segment is not sampled or holds no
-   sampled row, the softmaxed reference scores (0). */
+   the queries it holds, spread rows where one call held the segment whole),
+   or, where the segment is not sampled or holds no sampled row, the
+   softmaxed reference scores (0). */
 static int row_scores(const fz_prefill *F, const ei_plan *a, int kvh, int s, double *sc) {
     const ei_config *c = &F->c;
     int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), b;
@@ -353,7 +377,10 @@ static int row_scores(const fz_prefill *F, const ei_plan *a, int kvh, int s, dou
     if (c->ranking == EI_RANK_SAMPLED && s > 0 && (int64_t)s * c->segment_size >= c->threshold_len &&
         ei__sample_token(c, s, 0) < F->n) {
         ei_tensor tq = view_host(&F->q), tk = view_host(&F->k);
-        if (ref_sampled_mass_given(c, &tq, &tk, kvh, s, F->n, F->chunked ? F->given : NULL, sc) > 0) return 1;
+        if (F->chunked ? ref_sampled_mass_rows(c, &tq, &tk, kvh, s, F->n, F->given,
+                                               config_spread_rows(c) && F->whole[s], sc) > 0
+                       : ref_sampled_mass_given(c, &tq, &tk, kvh, s, F->n, NULL, sc) > 0)
+            return 1;
     }
     for (b = 0; b < nvis; ++b) sc[b] = a->scores[EI_PLAN_ROW(a, kvh, s) * (size_t)a->blk_capacity + (size_t)b];
     return 0;
@@ -640,12 +667,17 @@ static void attention_misuse(fz_rng *r, fz_prefill *F) {
    of every call equal; the first data error (NaN) ends the schedule (the
    plans are then unspecified). F->given follows the queries the plans hold
    (a roll-back drops the segment it cuts from its start on and every later
-   one; skipped positions hold none). Returns the last code. */
+   one; skipped positions hold none), F->whole the segments a call of the
+   schedule held whole (the call's tokens [q_pos, q_pos + m) cover [s S,
+   (s + 1) S)), dropped with them. Returns the last code. */
 static void chunk_given(fz_prefill *F, int64_t q_pos, int64_t m) {
-    int64_t t, seg = F->c.segment_size;
-    if (q_pos < F->plan[0].n_tokens)
+    int64_t t, s, seg = F->c.segment_size;
+    if (q_pos < F->plan[0].n_tokens) {
         for (t = q_pos / seg * seg; t < F->n; ++t) F->given[t] = 0;
+        for (s = q_pos / seg; s * seg < F->n; ++s) F->whole[s] = 0;
+    }
     for (t = q_pos; t < q_pos + m; ++t) F->given[t] = 1;
+    for (s = (q_pos + seg - 1) / seg; (s + 1) * seg <= q_pos + m; ++s) F->whole[s] = 1;
 }
 /* A config the GPU cannot plan (F->gpu_refuses): its first call must be
    refused (EI_ERR_UNSUPPORTED); the CPU runs the schedule alone. */
@@ -654,8 +686,8 @@ static ei_result chunk_call_gpu_refused(fz_prefill *F, int *tried, const ei_tens
     if (!*tried) {
         ei_exec x = ex(1, ws->p[1], ws->n[1]);
         ei_result r = ei_profile_chunk(F->P.s[1].ctx, &x, tq, tk, &F->dplan, q_pos, is_final);
-        CHECK(r == EI_ERR_UNSUPPORTED, "profile_chunk of an int8-ranked config on the GPU: %s (%s), not EI_ERR_UNSUPPORTED",
-              ei_result_name(r), ei_last_error());
+        CHECK(r == EI_ERR_UNSUPPORTED, "profile_chunk of an int8-ranked or spread-rows config on the GPU: %s (%s), not "
+              "EI_ERR_UNSUPPORTED", ei_result_name(r), ei_last_error());
         g_counts[K_GPU_UNSUPPORTED]++;
         *tried = 1;
     }
@@ -735,16 +767,18 @@ static void prefill_run(fz_rng *r) {
     memset(&F, 0, sizeof F);
     F.c = draw_prefill_config(r);
     F.P = pair_make(F.c);
-    DESC("prefill seg %d bs %d thr %lld base %d rank %s%s R %d top_p %.3f sink %d local %d pseg %d lsd %d factors %.2f..%.2f e_t %.3g",
+    DESC("prefill seg %d bs %d thr %lld base %d rank %s%s%s R %d top_p %.3f sink %d local %d pseg %d lsd %d factors %.2f..%.2f e_t %.3g",
          F.c.segment_size, F.c.block_size, (long long)F.c.threshold_len, F.c.base_budget,
          F.c.ranking == EI_RANK_SAMPLED ? "sampled" : "ref",
-         F.c.rank_precision == EI_RANK_PRECISION_INT8 ? "/int8" : "", F.c.rank_samples, F.c.top_p, F.c.sink_blocks,
+         F.c.rank_precision == EI_RANK_PRECISION_INT8 ? "/int8" : "", F.c.rank_rows == EI_RANK_ROWS_SPREAD ? "/spread" : "",
+         F.c.rank_samples, F.c.top_p, F.c.sink_blocks,
          F.c.local_blocks, F.c.per_segment_budget, F.c.last_segment_dense, F.c.budget_min_factor, F.c.budget_max_factor,
          F.c.rigid_entropy);
     if (F.P.r != EI_OK) { g_counts[K_CFG_REFUSED]++; if (F.P.s[0].ctx) pair_free(&F.P); return; }
     g_counts[K_PREFILL]++;
     if (config_int8_ranked(&F.c)) g_counts[K_INT8]++;
-    F.gpu_refuses = !g_twin && config_int8_ranked(&F.c);
+    if (config_spread_rows(&F.c)) g_counts[K_SPREAD]++;
+    F.gpu_refuses = !g_twin && (config_int8_ranked(&F.c) || config_spread_rows(&F.c));
     F.KV = fz_int(r, 1, 4);
     F.H = F.KV * FZ_PICK(r, groups);
     F.d = attn ? FZ_PICK(r, dims_gpu) : FZ_PICK(r, dims_any);
@@ -775,7 +809,11 @@ static void prefill_run(fz_rng *r) {
     F.host = ctx_make(0, F.c);
     /* the protocol axis: a schedule of chunks (either ranking, on both backends) */
     F.chunked = fz_chance(r, 0.3) && F.H / F.KV <= EI_MAX_CHUNK_GROUP;
-    if (F.chunked && !(F.given = (unsigned char *)calloc((size_t)F.n, 1))) { printf("out of memory\n"); exit(2); }
+    if (F.chunked && (!(F.given = (unsigned char *)calloc((size_t)F.n, 1)) ||
+                      !(F.whole = (unsigned char *)calloc((size_t)(F.n / F.c.segment_size + 1), 1)))) {
+        printf("out of memory\n");
+        exit(2);
+    }
     {
         uint32_t fl = EI_PLAN_SCORES | (F.chunked ? EI_PLAN_CHUNKED : 0u);
         CHECK_ERR(ei_plan_init(F.host, &F.plan[0], F.n, F.KV, F.d, fl, NULL, 0), EI_OK);
@@ -800,8 +838,8 @@ static void prefill_run(fz_rng *r) {
             res[side_i] = ei_profile(F.P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0]);
         }
         if (F.gpu_refuses) {
-            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked config on the GPU: %s (%s), not EI_ERR_UNSUPPORTED",
-                  ei_result_name(res[1]), ei_last_error());
+            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked or spread-rows config on the GPU: %s (%s), not "
+                  "EI_ERR_UNSUPPORTED", ei_result_name(res[1]), ei_last_error());
             g_counts[K_GPU_UNSUPPORTED]++;
         } else
             CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]),
@@ -815,6 +853,7 @@ static void prefill_run(fz_rng *r) {
         if (!g_twin) CHECK_ERR(ei_plan_copy(F.P.s[1].ctx, &F.plan[1], &F.dplan, EI_COPY_DEVICE_TO_HOST), EI_OK);
         plans_check(&F);
         if (config_int8_ranked(&F.c)) g_counts[K_INT8_PLANS]++;
+        if (config_spread_rows(&F.c)) g_counts[K_SPREAD_PLANS]++;
     }
     if (attn && !poison) {
         int calls = fz_int(r, 1, 2), i;
@@ -823,6 +862,7 @@ static void prefill_run(fz_rng *r) {
     }
     buf_free(&ws, &F.P);
     free(F.given);
+    free(F.whole);
     ei_plan_free(F.host, &F.plan[0]);
     ei_plan_free(F.host, &F.plan[1]);
     if (!g_twin) ei_plan_free(F.P.s[1].ctx, &F.dplan);
