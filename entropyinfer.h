@@ -3979,6 +3979,7 @@ typedef struct ei__profile_ws {
        and the rows picked (tokens, query heads; sp_n of them, for segment sp_seg) */
     int8_t *sp8;
     double *sp_r, *sp_best;
+    float *sp_s;          /* the candidates' int8 scales (not used: cosines need no scale) */
     int32_t *sp_dot;
     int64_t *sp_tok;
     int32_t *sp_head;
@@ -4009,7 +4010,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         (ei__rank_spread(c) &&
          (!ei__reserve(&total, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4)) || !ei__reserve(&total, EI__SPREAD_MAX, 8u) ||
           !ei__reserve(&total, EI__SPREAD_MAX, 8u) || !ei__reserve(&total, EI__SPREAD_MAX, 4u) ||
-          !ei__reserve(&total, (size_t)c->rank_samples, 8u) || !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
+          !ei__reserve(&total, EI__SPREAD_MAX, 4u) || !ei__reserve(&total, (size_t)c->rank_samples, 8u) || !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
@@ -4052,6 +4053,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     }
     w->sp8 = NULL;
     w->sp_r = w->sp_best = NULL;
+    w->sp_s = NULL;
     w->sp_dot = w->sp_head = NULL;
     w->sp_tok = NULL;
     w->sp_n = 0;
@@ -4060,6 +4062,7 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->sp8 = (int8_t *)ei__arena_take(&a, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4));
         w->sp_r = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
         w->sp_best = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
+        w->sp_s = (float *)ei__arena_take(&a, EI__SPREAD_MAX, 4u);
         w->sp_dot = (int32_t *)ei__arena_take(&a, EI__SPREAD_MAX, 4u);
         w->sp_tok = (int64_t *)ei__arena_take(&a, (size_t)c->rank_samples, 8u);
         w->sp_head = (int32_t *)ei__arena_take(&a, (size_t)c->rank_samples, 4u);
@@ -4286,25 +4289,32 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                            ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
-    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = ei__ceil_div(S * G, EI__SPREAD_MAX);
-    const int64_t C = ei__ceil_div(S, st) * G;
-    const int32_t d = q->head_dim, dq = (int32_t)ei__round_up(d, 4), R = c->rank_samples;
+    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = ei__ceil_div(S * G, EI__SPREAD_MAX), nt = ei__ceil_div(S, st);
+    const int64_t C = nt * G;
+    const int32_t dq = (int32_t)ei__round_up(q->head_dim, 4), R = c->rank_samples;
     void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) =
         ctx->kern->spread_dots ? ctx->kern->spread_dots : ei__spread_dots_scalar;
-    int64_t x, pick, *idx = w->sp_tok;
-    int32_t n = 0, i;
-    for (x = 0; x < C; ++x) { /* the candidates in int8, their 1 / sqrt(norm) */
-        int8_t *r = w->sp8 + (size_t)x * (size_t)dq;
-        int64_t nn = 0;
-        int32_t e;
-        ei__row_to_f32(ei__row(q, t0 + (x / G) * st - q_pos, kvh * G + (int32_t)(x % G)), q->dtype, d, w->qtmp);
-        if (ei__quant_i8(w->qtmp, d, r) < 0.0f) return 0;
-        memset(r + d, 0, (size_t)(dq - d));
-        for (e = 0; e < d; ++e) nn += (int32_t)r[e] * r[e];
-        w->sp_r[x] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
-        w->sp_best[x] = -2.0;
+    int64_t b, pick, *idx = w->sp_tok;
+    int32_t n = 0, i, g;
+    for (b = 0; b < C; ++b) { /* candidate b = j G + g: the path's int8 rounding, 1 / sqrt(its norm) */
+        ei__rank_keys rk;
+        ei_tensor v = *q;
+        int8_t *r = w->sp8 + (size_t)b * (size_t)dq;
+        int32_t nn;
+        g = (int32_t)(b % G);
+        v.data = ei__row(q, t0 + (b / G) * st - q_pos, 0);
+        v.n_tokens = 1;
+        rk.k = r;
+        rk.s = w->sp_s + b;
+        rk.sum128 = w->sp_dot + b;
+        rk.n = 0;
+        rk.head = kvh * G + g;
+        if (ctx->kern->rank_round_i8(&rk, &v, kvh * G + g, 1, w->keys)) return 0;
+        dots(r, 1, dq, r, &nn);
+        w->sp_r[b] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
+        w->sp_best[b] = -2.0;
     }
-    pick = (S / (2 * (int64_t)R)) / st * G; /* even row 0 (ei__sample_token) */
+    pick = (S / (2 * (int64_t)R)) / st * G; /* even row 0 (ei__sample_token), the group's first head */
     if (pick >= C) pick = 0;
     for (;;) {
         double best = 4.0, rp = w->sp_r[pick];
@@ -4313,21 +4323,21 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
         if (n == R || n == C) break;
         w->sp_best[pick] = 3.0; /* taken: above every cosine */
         dots(w->sp8, C, dq, w->sp8 + (size_t)pick * (size_t)dq, w->sp_dot);
-        for (x = 0; x < C; ++x) { /* each candidate's largest cosine to the rows so far; the smallest is next */
-            double cs = (double)w->sp_dot[x] * w->sp_r[x] * rp;
-            if (cs > w->sp_best[x]) w->sp_best[x] = cs;
-            if (w->sp_best[x] < best) {
-                best = w->sp_best[x];
-                next = x;
+        for (b = 0; b < C; ++b) { /* each candidate's largest cosine to the rows so far; the smallest is next */
+            double cs = (double)w->sp_dot[b] * w->sp_r[b] * rp;
+            if (cs > w->sp_best[b]) w->sp_best[b] = cs;
+            if (w->sp_best[b] < best) {
+                best = w->sp_best[b];
+                next = b;
             }
         }
         pick = next;
     }
     for (i = 1; i < n; ++i) { /* token order (then head): candidate order */
         int64_t v = idx[i];
-        int32_t j = i;
-        for (; j > 0 && idx[j - 1] > v; --j) idx[j] = idx[j - 1];
-        idx[j] = v;
+        int32_t k = i;
+        for (; k > 0 && idx[k - 1] > v; --k) idx[k] = idx[k - 1];
+        idx[k] = v;
     }
     for (i = 0; i < n; ++i) {
         w->sp_head[i] = kvh * G + (int32_t)(idx[i] % G);
