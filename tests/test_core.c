@@ -813,6 +813,19 @@ static void test_plan_grow(void) {
     synth_layer_free(&L);
 }
 
+/* Plan L in chunked calls of `step` queries (the last one final). */
+static void profile_in_chunks(ei_context *ctx, const ei_exec *x, const synth_layer *L, ei_plan *ch, long step) {
+    ei_tensor qc = L->tq, kc = L->tk;
+    long t;
+    for (t = 0; t < L->n; t += step) {
+        long cnt = L->n - t < step ? L->n - t : step;
+        qc.data = L->q + (size_t)t * L->heads * L->dim;
+        qc.n_tokens = cnt;
+        kc.n_tokens = t + cnt;
+        CHECK_ERR(ei_profile_chunk(ctx, x, &qc, &kc, ch, t, t + cnt == L->n), EI_OK);
+    }
+}
+
 static void test_chunked(void) {
     synth_layer L = synth_layer_make(640, 4, 2, 32, 64, 9);
     ei_config c = small_config(EI_SIMD_AUTO);
@@ -821,9 +834,8 @@ static void test_chunked(void) {
     size_t wb;
     void *ws;
     ei_tensor q = L.tq, k = L.tk;
-    ei_tensor qc = q, kc = k;
+    ei_tensor kc = k; /* (every key: the final call's) */
     ei_exec x;
-    long t;
     int h, s;
     CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
     wb = layer_sizes(ctx, L.n, L.heads, L.kv, L.dim, EI_PLAN_CHUNKED, 1).profile;
@@ -833,14 +845,7 @@ static void test_chunked(void) {
     CHECK_ERR(ei_plan_init(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
     CHECK_ERR(ei_profile(ctx, &x, &q, &k, &whole), EI_OK);
     CHECK_ERR(ei_profile_chunk(ctx, &x, &q, &k, &whole, 0, 1), EI_ERR_STATE); /* not a chunked plan */
-    /* two segments per call, then the rest */
-    for (t = 0; t < L.n; t += 128) {
-        long cnt = L.n - t < 128 ? L.n - t : 128;
-        qc.data = L.q + (size_t)t * L.heads * L.dim;
-        qc.n_tokens = cnt;
-        kc.n_tokens = t + cnt;
-        CHECK_ERR(ei_profile_chunk(ctx, &x, &qc, &kc, &ch, t, t + cnt == L.n), EI_OK);
-    }
+    profile_in_chunks(ctx, &x, &L, &ch, 128); /* two segments per call, then the rest */
     CHECK_ERR(ei_profile_chunk(ctx, &x, NULL, &kc, &ch, L.n, 1), EI_OK); /* finalising again changes nothing */
     CHECK(ch.final == 1 && ch.n_segments == whole.n_segments, "chunked plan shape");
     for (h = 0; h < L.kv; ++h) {
@@ -1420,9 +1425,8 @@ static void test_rank_spread(void) {
         ei_plan whole, ch;
         size_t wb;
         void *ws;
-        ei_tensor q = L.tq, k = L.tk, qc = L.tq, kc = L.tk;
+        ei_tensor q = L.tq, k = L.tk;
         ei_exec x;
-        long t;
         c.ranking = EI_RANK_SAMPLED;
         c.rank_samples = 16;
         c.top_p = 0.9;
@@ -1434,13 +1438,7 @@ static void test_rank_spread(void) {
         CHECK_ERR(ei_plan_init(ctx, &whole, L.n, L.kv, L.dim, 0, NULL, 0), EI_OK);
         CHECK_ERR(ei_plan_init(ctx, &ch, L.n, L.kv, L.dim, EI_PLAN_CHUNKED, NULL, 0), EI_OK);
         CHECK_ERR(ei_profile(ctx, &x, &q, &k, &whole), EI_OK);
-        for (t = 0; t < L.n; t += 128) {
-            long cnt = L.n - t < 128 ? L.n - t : 128;
-            qc.data = L.q + (size_t)t * L.heads * L.dim;
-            qc.n_tokens = cnt;
-            kc.n_tokens = t + cnt;
-            CHECK_ERR(ei_profile_chunk(ctx, &x, &qc, &kc, &ch, t, t + cnt == L.n), EI_OK);
-        }
+        profile_in_chunks(ctx, &x, &L, &ch, 128);
         CHECK(!memcmp(ch.block_index, whole.block_index, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity * ch.max_keep) &&
                   !memcmp(ch.keep_count, whole.keep_count, sizeof(int32_t) * ch.n_kv_heads * ch.seg_capacity),
               "spread rows: chunks of whole segments plan otherwise than the whole prompt");

@@ -253,37 +253,46 @@ typedef struct oracle_job {
     int failed;            /* a thread could not allocate its scratch */
 } oracle_job;
 
+/* Row (token t, query head h) of layer l: its dense causal softmax over keys
+   0..t, weight x its probability on each key before nb blocks added to
+   mass[key / block]; w holds t + 1 floats. */
+static void row_mass(const gm_state *s, int l, int64_t row0, int64_t t, int h, int32_t nb, double weight, float *w,
+                     double *mass) {
+    const gm_hparams *hp = &s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = s->ei_cfg.block_size;
+    const float *kc = s->k_cache[l], *q = s->q + ((size_t)(t - row0) * H + h) * D;
+    float mx = -INFINITY;
+    double sum = 0;
+    int64_t key;
+    for (key = 0; key <= t; key++) {
+        const float *k = kc + ((size_t)key * G + h / R) * D;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0; /* 8 lanes: the compiler vectorizes it */
+        int d, u;
+        for (d = 0; d + 8 <= D; d += 8)
+            for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
+        for (; d < D; d++) dot += q[d] * k[d];
+        for (u = 0; u < 8; u++) dot += acc[u];
+        w[key] = dot * hp->attn_scale;
+        if (w[key] > mx) mx = w[key];
+    }
+    for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
+    for (key = 0; key < (int64_t)nb * bs; key++) mass[key / bs] += weight * w[key] / sum;
+}
+
 /* Thread ith: for its queries of the segment [seg_start, seg_start + seg_len) and
    every head, the dense causal softmax over keys 0..t; the weight on keys before
    the segment is added to their block's mass. */
 static void oracle_task(void *arg, int ith, int nth) {
     oracle_job *j = (oracle_job *)arg;
     const gm_hparams *hp = &j->s->m->hp;
-    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = j->s->ei_cfg.block_size;
-    const float *kc = j->s->k_cache[j->l];
+    const int H = hp->n_head, G = hp->n_kv_head, R = H / G;
     double *mass = j->mass + (size_t)ith * G * j->nb;
     float *w = (float *)malloc((size_t)(j->seg_start + j->seg_len) * sizeof(float));
-    int64_t t, key;
-    int h, d, u;
+    int64_t t;
+    int h;
     if (!w) { j->failed = 1; return; }
     for (t = j->seg_start + ith; t < j->seg_start + j->seg_len; t += nth)
-        for (h = 0; h < H; h++) {
-            const float *q = j->s->q + ((size_t)(t - j->row0) * H + h) * D;
-            float mx = -INFINITY;
-            double sum = 0;
-            for (key = 0; key <= t; key++) {
-                const float *k = kc + ((size_t)key * G + h / R) * D;
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0; /* 8 lanes: the compiler vectorizes it */
-                for (d = 0; d + 8 <= D; d += 8)
-                    for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
-                for (; d < D; d++) dot += q[d] * k[d];
-                for (u = 0; u < 8; u++) dot += acc[u];
-                w[key] = dot * hp->attn_scale;
-                if (w[key] > mx) mx = w[key];
-            }
-            for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
-            for (key = 0; key < (int64_t)j->nb * bs; key++) mass[(size_t)(h / R) * j->nb + key / bs] += w[key] / sum;
-        }
+        for (h = 0; h < H; h++) row_mass(j->s, j->l, j->row0, t, h, j->nb, 1.0, w, mass + (size_t)(h / R) * j->nb);
     free(w);
 }
 
@@ -317,34 +326,11 @@ typedef struct est_job {
 } est_job;
 static void est_task(void *arg, int ith, int nth) {
     est_job *j = (est_job *)arg;
-    const gm_hparams *hp = &j->s->m->hp;
-    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = j->s->ei_cfg.block_size;
-    const float *kc = j->s->k_cache[j->l];
     double *mass = j->mass + (size_t)ith * j->nb;
     float *w = (float *)malloc((size_t)(j->seg_start + j->s->ei_cfg.segment_size) * sizeof(float));
     int32_t i;
     if (!w) { j->failed = 1; return; }
-    for (i = ith; i < j->n_rows; i += nth) {
-        const int64_t t = j->tok[i];
-        const int h = j->head[i];
-        const float *q = j->s->q + ((size_t)(t - j->row0) * H + h) * D;
-        float mx = -INFINITY;
-        double sum = 0;
-        int64_t key;
-        for (key = 0; key <= t; key++) {
-            const float *k = kc + ((size_t)key * G + h / R) * D;
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0;
-            int d, u;
-            for (d = 0; d + 8 <= D; d += 8)
-                for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
-            for (; d < D; d++) dot += q[d] * k[d];
-            for (u = 0; u < 8; u++) dot += acc[u];
-            w[key] = dot * hp->attn_scale;
-            if (w[key] > mx) mx = w[key];
-        }
-        for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
-        for (key = 0; key < (int64_t)j->nb * bs; key++) mass[key / bs] += j->w[i] * w[key] / sum;
-    }
+    for (i = ith; i < j->n_rows; i += nth) row_mass(j->s, j->l, j->row0, j->tok[i], j->head[i], j->nb, j->w[i], w, mass);
     free(w);
 }
 static uint64_t est_rng;
