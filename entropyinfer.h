@@ -835,7 +835,8 @@ typedef struct ei_config {
                                          scores; EI_RANK_PRECISION_INT8: int8 q and k, exact
                                          int32 dot products (CONCEPTS: ranking; CPU only) */
     ei_rank_rows rank_rows;      /* EI_RANK_ROWS_EVEN: which query rows EI_RANK_SAMPLED scores;
-                                    EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; CPU only) */
+                                    EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; CPU only;
+                                    other rankings ignore it, as they ignore rank_precision) */
 } ei_config;
 
 EIDEF ei_config ei_config_default(void);
@@ -2925,8 +2926,6 @@ static ei_result ei__check_config(const ei_config *c) {
         EI__BAD("unknown rank_precision %d (EI_RANK_PRECISION_F32 or EI_RANK_PRECISION_INT8)", (int)c->rank_precision);
     if (c->rank_rows != EI_RANK_ROWS_EVEN && c->rank_rows != EI_RANK_ROWS_SPREAD)
         EI__BAD("unknown rank_rows %d (EI_RANK_ROWS_EVEN or EI_RANK_ROWS_SPREAD)", (int)c->rank_rows);
-    if (c->rank_rows == EI_RANK_ROWS_SPREAD && c->ranking != EI_RANK_SAMPLED)
-        EI__BAD("rank_rows EI_RANK_ROWS_SPREAD chooses the rows of EI_RANK_SAMPLED (ranking is %d)", (int)c->ranking);
     if (!ei__finite(c->top_p) || c->top_p < 0 || c->top_p > 1) EI__BAD("top_p must be in 0..1 (0: budgets from the recurrence)");
     if (c->sink_blocks < 0 || c->local_blocks < 0 || c->sink_blocks > EI_MAX_BUDGET || c->local_blocks > EI_MAX_BUDGET)
         EI__BAD("sink_blocks %d / local_blocks %d not in 0..%d", (int)c->sink_blocks, (int)c->local_blocks, EI_MAX_BUDGET);
