@@ -2028,7 +2028,7 @@ typedef struct ei__kernels {
     int32_t antidiag_lanes;
     /* EI_RANK_ROWS_SPREAD: out[c] = the int32 sum of cand[c][i] p[i] over i < dq
        for c < n (rows dq bytes apart; exact, so every path gives the same
-       sums); NULL: the plain loop (ei__spread_dots_scalar) */
+       sums; ei__spread_dots_scalar is the plain one) */
     void (*spread_dots)(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p, int32_t *out);
 } ei__kernels;
 
@@ -4291,8 +4291,7 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
     const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = ei__ceil_div(S * G, EI__SPREAD_MAX), nt = ei__ceil_div(S, st);
     const int64_t C = nt * G;
     const int32_t dq = (int32_t)ei__round_up(q->head_dim, 4), R = c->rank_samples;
-    void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) =
-        ctx->kern->spread_dots ? ctx->kern->spread_dots : ei__spread_dots_scalar;
+    void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) = ctx->kern->spread_dots;
     int64_t b, pick, *idx = w->sp_tok;
     int32_t n = 0, i, g;
     for (b = 0; b < C; ++b) { /* candidate b = j G + g: the path's int8 rounding, 1 / sqrt(its norm) */
@@ -4348,16 +4347,16 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
 }
 /* Which rows segment s's sampled ranking scores in this call: w->sp_* holds
    the spread rows where EI_RANK_ROWS_SPREAD applies (the call's rows [t_lo,
-   t_hi) hold the whole segment), else sp_seg is -1 (the even rows). 0 if a
-   candidate is not finite. */
-static int ei__sample_rows_pick(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
+   t_hi) hold the whole segment), else sp_seg is -1 (the even rows). Returns
+   how many rows there are, or -1 if a candidate is not finite. */
+static int32_t ei__sample_rows_pick(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                                 int64_t t_lo, int64_t t_hi, ei__profile_ws *w) {
     const int64_t S = ctx->cfg.segment_size;
     w->sp_seg = -1;
     w->sp_n = 0;
     if (!ei__rank_spread(&ctx->cfg) || t_lo > (int64_t)s * S || t_hi < ((int64_t)s + 1) * S || (int64_t)s * S < q_pos)
-        return 1;
-    return ei__spread_rows(ctx, q, q_pos, kvh, G, s, w);
+        return ctx->cfg.rank_samples;
+    return ei__spread_rows(ctx, q, q_pos, kvh, G, s, w) ? w->sp_n : -1;
 }
 /* Row i of segment s's sampled rows: its token, and its query head in *head. */
 static int64_t ei__sample_row(const ei_config *c, const ei__profile_ws *w, int32_t kvh, int32_t G, int32_t s, int32_t i,
@@ -4396,8 +4395,7 @@ static int ei__sample_mass_i8(const ei_context *ctx, const ei_tensor *q, int64_t
     b.q16 = q16;
     b.dq = dq;
     b.dot = ctx->i8dot;
-    if (!ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) return 0;
-    n_rows = w->sp_seg == s ? w->sp_n : c->rank_samples;
+    if ((n_rows = ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) < 0) return 0;
     while (i < n_rows) {
         memset(q8, 0, (size_t)dq * R);
         memset(qu, 0x80, (size_t)dq * R);
@@ -4457,8 +4455,7 @@ static int ei__sample_mass(const ei_context *ctx, const ei_tensor *q, int64_t q_
     int64_t tok[EI__SAMPLE_ROWS];
     int32_t i = 0, nr, e, n_rows;
     if (ei__rank_int8(c)) return ei__sample_mass_i8(ctx, q, q_pos, k, kvh, G, s, t_lo, t_hi, mass, rows, w);
-    if (!ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) return 0;
-    n_rows = w->sp_seg == s ? w->sp_n : c->rank_samples;
+    if ((n_rows = ei__sample_rows_pick(ctx, q, q_pos, kvh, G, s, t_lo, t_hi, w)) < 0) return 0;
     while (i < n_rows) {
         memset(w->sq, 0, (size_t)d * EI__SAMPLE_ROWS * sizeof(float));
         for (nr = 0; i < n_rows && nr < EI__SAMPLE_ROWS; ++i) { /* the next batch of rows, in columns */
