@@ -187,24 +187,28 @@
                the call holds the whole segment (tokens t0 .. t0 +
                segment_size - 1; elsewhere, a segment split across
                ei_profile_chunk calls or a prompt's shorter last segment,
-               the even rows): the candidates are the tokens t0 + j st (st =
-               ceil(segment_size G / 8192), so at most 8192 candidates) of
+               the even rows): the candidates are the tokens t0 + j st of
                each query head of the group, in that order (token-major),
+               st the smallest stride that keeps them at most 1024 and
+               their int8 rows at most 128 KiB (st = ceil(segment_size /
+               max(1, floor(min(1024, 131072 / dq) / G))), dq = head_dim
+               rounded up to 4: 512 candidates for G 4 at head_dim 256, 1024
+               at 128; they fit one CTA's shared memory on the GPU),
                each rounded to int8 as above (c8; n = the int32 sum of c8^2,
                r = 1 / sqrt(n) in double, 0 where n is 0); the cosine of
                two candidates is (double)(the int32 sum of a8 b8) * r_a *
-               r_b. Row 0 is even row 0 (its token, the group's first head);
+               r_b. Row 0 is even row 0's token rounded down to the stride
+               (the group's first head);
                each next row is the candidate whose largest cosine to the
                rows so far is smallest (the earliest on ties); min(R,
                candidates) rows, scored in candidate order. Rows where the
                segment's queries differ, not at fixed offsets: a query
                direction that few tokens share gets a row, so the blocks
                only it attends to count. Integer dots: the same rows on
-               every path. Cost: R passes over the candidates (R x
-               segment_size x G x head_dim int8 products a segment and kv
-               head). Measured on Gemma 3 270M: docs/quality.md, "Rows where
-               the queries differ (issue 35)". CPU only: the CUDA backend
-               refuses it (EI_ERR_UNSUPPORTED).
+               every path and backend. Cost: R passes over the candidates
+               (at most R x 128 Ki int8 products a segment and kv head).
+               Measured on Gemma 3 270M: docs/quality.md, "Rows where the
+               queries differ (issue 35)".
                EI_RANK_ANTIDIAGONAL: attention mass on antidiagonals, after
                XAttention (Xu et al., arXiv 2503.16428, which sums the
                strided antidiagonals of each (query block, key block) tile
@@ -835,8 +839,8 @@ typedef struct ei_config {
                                          scores; EI_RANK_PRECISION_INT8: int8 q and k, exact
                                          int32 dot products (CONCEPTS: ranking; CPU only) */
     ei_rank_rows rank_rows;      /* EI_RANK_ROWS_EVEN: which query rows EI_RANK_SAMPLED scores;
-                                    EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; CPU only;
-                                    other rankings ignore it, as they ignore rank_precision) */
+                                    EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; both
+                                    backends; other rankings ignore it, as they ignore rank_precision) */
 } ei_config;
 
 EIDEF ei_config ei_config_default(void);
@@ -1364,8 +1368,9 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 #define EI__CUDA_ABI_INCLUDED
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions (ei_config is passed by
-   pointer: a new field is a change; 14: rank_precision; 15: rank_rows). */
-#define EI_CUDA_ABI_VERSION 15
+   pointer: a new field is a change; 14: rank_precision; 15: rank_rows; 16: the GPU picks
+   EI_RANK_ROWS_SPREAD's rows). */
+#define EI_CUDA_ABI_VERSION 16
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -1704,6 +1709,39 @@ EI__HD double ei__chunk_budget(const ei_config *c, const ei__seg_state *cur) {
    ranking); its query head is kvh * G + i % G. */
 EI__HD int64_t ei__sample_token(const ei_config *c, int32_t s, int32_t i) {
     return (int64_t)s * c->segment_size + ((2 * (int64_t)i + 1) * c->segment_size) / (2 * (int64_t)c->rank_samples);
+}
+/* EI_RANK_ROWS_SPREAD's candidates (CONCEPTS: ranking): at most
+   EI__SPREAD_MAX of them and EI__SPREAD_BYTES of int8 rows, so that a
+   segment's candidates fit one CTA's shared memory on the GPU (sm_80 and up)
+   and each pick is one pass over 128 KiB on the CPU. Tokens t0 + j st of
+   each of the G query heads, j < ceil(segment_size / st): the smallest
+   stride st that keeps their count within both. */
+#define EI__SPREAD_MAX 1024
+#define EI__SPREAD_BYTES 131072
+EI__HD int64_t ei__spread_stride(const ei_config *c, int32_t G, int32_t head_dim) {
+    int64_t cap = EI__SPREAD_BYTES / ei__round_up(head_dim, 4), per;
+    if (cap > EI__SPREAD_MAX) cap = EI__SPREAD_MAX;
+    per = cap / G > 0 ? cap / G : 1; /* tokens; G > cap: one token, G candidates */
+    return ei__ceil_div(c->segment_size, per);
+}
+/* The candidates of a segment: ceil(segment_size / st) tokens x G heads. */
+EI__HD int64_t ei__spread_candidates(const ei_config *c, int32_t G, int32_t head_dim) {
+    return ei__ceil_div(c->segment_size, ei__spread_stride(c, G, head_dim)) * G;
+}
+/* The first spread row: even row 0's token (ei__sample_token) rounded down
+   to the stride, the group's first head (candidate 0 if that is past them). */
+EI__HD int64_t ei__spread_first(const ei_config *c, int32_t G, int32_t head_dim) {
+    int64_t st = ei__spread_stride(c, G, head_dim);
+    int64_t b = (c->segment_size / (2 * (int64_t)c->rank_samples)) / st * G;
+    return b < ei__spread_candidates(c, G, head_dim) ? b : 0;
+}
+/* Segment s takes spread rows in a call whose queries are tokens [t_lo,
+   t_hi) (q holding them from q_pos): EI_RANK_ROWS_SPREAD, and the call
+   holds all its tokens. */
+EI__HD int ei__spread_whole(const ei_config *c, int32_t s, int64_t q_pos, int64_t t_lo, int64_t t_hi) {
+    const int64_t t0 = (int64_t)s * c->segment_size;
+    return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD && t_lo <= t0 && q_pos <= t0 &&
+           t_hi >= t0 + c->segment_size;
 }
 /* EI_RANK_ANTIDIAGONAL: the first token of query tile i of segment s, a
    whole query block (CONCEPTS: ranking); its query head is kvh * G + i % G,
@@ -3834,9 +3872,6 @@ typedef struct ei__rank_q8 {
 static int ei__rank_int8(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
-/* EI_RANK_ROWS_SPREAD: at most this many candidates (tokens at a stride x the
-   group's heads) per segment and kv head (CONCEPTS: ranking) */
-#define EI__SPREAD_MAX 8192
 static int ei__rank_spread(const ei_config *c) { return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD; }
 /* Bytes of a batch's int8 rows (q, qu, q16) and one row of d bytes. */
 static size_t ei__rank_q8_bytes(int32_t d) { return (size_t)ei__round_up(d, 4) * EI__SAMPLE_ROWS * 4u + (size_t)ei__round_up(d, 4); }
@@ -3991,7 +4026,7 @@ typedef struct ei__profile_ws {
 static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32_t d, ei__profile_ws *w, void *mem,
                                  size_t bytes, size_t *need) {
     int64_t S = ei__ceil_div(n, c->segment_size), nb = (S - 1) * (c->segment_size / c->block_size);
-    int64_t ld = ei__round_up(nb > 0 ? nb : 1, 16);
+    int64_t ld = ei__round_up(nb > 0 ? nb : 1, 16), spc = ei__rank_spread(c) && G > 0 ? ei__spread_candidates(c, G, d) : 0;
     size_t total = 0;
     ei__arena a;
     if (!ei__reserve(&total, 2u * (size_t)d, (size_t)ld * 4u) || !ei__reserve(&total, (size_t)G * 2u, (size_t)d * 4u) ||
@@ -4007,9 +4042,10 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
                               !ei__reserve(&total, (size_t)n, (size_t)ei__round_up(d, 4)) ||
                               !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)n, 4u))) ||
         (ei__rank_spread(c) &&
-         (!ei__reserve(&total, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4)) || !ei__reserve(&total, EI__SPREAD_MAX, 8u) ||
-          !ei__reserve(&total, EI__SPREAD_MAX, 8u) || !ei__reserve(&total, EI__SPREAD_MAX, 4u) ||
-          !ei__reserve(&total, EI__SPREAD_MAX, 4u) || !ei__reserve(&total, (size_t)c->rank_samples, 8u) || !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
+         (!ei__reserve(&total, (size_t)spc, (size_t)ei__round_up(d, 4)) || !ei__reserve(&total, (size_t)spc, 8u) ||
+          !ei__reserve(&total, (size_t)spc, 8u) || !ei__reserve(&total, (size_t)spc, 4u) ||
+          !ei__reserve(&total, (size_t)spc, 4u) || !ei__reserve(&total, (size_t)c->rank_samples, 8u) ||
+          !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
         (ei__antidiag_grouped_shape(c, n) &&
          (!ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)d * 4u) ||
           !ei__reserve(&total, (size_t)c->block_size * EI__ANTIDIAG_LANES, (size_t)ei__antidiag_ld(c, n) * 4u) ||
@@ -4058,11 +4094,11 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->sp_n = 0;
     w->sp_seg = -1;
     if (ei__rank_spread(c)) {
-        w->sp8 = (int8_t *)ei__arena_take(&a, EI__SPREAD_MAX, (size_t)ei__round_up(d, 4));
-        w->sp_r = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
-        w->sp_best = (double *)ei__arena_take(&a, EI__SPREAD_MAX, 8u);
-        w->sp_s = (float *)ei__arena_take(&a, EI__SPREAD_MAX, 4u);
-        w->sp_dot = (int32_t *)ei__arena_take(&a, EI__SPREAD_MAX, 4u);
+        w->sp8 = (int8_t *)ei__arena_take(&a, (size_t)spc, (size_t)ei__round_up(d, 4));
+        w->sp_r = (double *)ei__arena_take(&a, (size_t)spc, 8u);
+        w->sp_best = (double *)ei__arena_take(&a, (size_t)spc, 8u);
+        w->sp_s = (float *)ei__arena_take(&a, (size_t)spc, 4u);
+        w->sp_dot = (int32_t *)ei__arena_take(&a, (size_t)spc, 4u);
         w->sp_tok = (int64_t *)ei__arena_take(&a, (size_t)c->rank_samples, 8u);
         w->sp_head = (int32_t *)ei__arena_take(&a, (size_t)c->rank_samples, 4u);
     }
@@ -4107,10 +4143,6 @@ static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
         return ei__fail(ctx, EI_ERR_UNSUPPORTED,
                         "EI_RANK_PRECISION_INT8 is a CPU ranking arithmetic: profile on the CPU backend, or rank with "
                         "EI_RANK_PRECISION_F32 on the CUDA backend");
-    if (ctx->cfg.ranking == EI_RANK_SAMPLED && ctx->cfg.rank_rows == EI_RANK_ROWS_SPREAD)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
-                        "EI_RANK_ROWS_SPREAD is a CPU choice of rows: profile on the CPU backend, or rank with "
-                        "EI_RANK_ROWS_EVEN on the CUDA backend");
     return EI_OK;
 }
 
@@ -4288,8 +4320,8 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                            ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
-    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = ei__ceil_div(S * G, EI__SPREAD_MAX), nt = ei__ceil_div(S, st);
-    const int64_t C = nt * G;
+    const int64_t t0 = (int64_t)s * c->segment_size, st = ei__spread_stride(c, G, q->head_dim);
+    const int64_t C = ei__spread_candidates(c, G, q->head_dim);
     const int32_t dq = (int32_t)ei__round_up(q->head_dim, 4), R = c->rank_samples;
     void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) = ctx->kern->spread_dots;
     int64_t b, pick, *idx = w->sp_tok;
@@ -4312,8 +4344,7 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
         w->sp_r[b] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
         w->sp_best[b] = -2.0;
     }
-    pick = (S / (2 * (int64_t)R)) / st * G; /* even row 0 (ei__sample_token), the group's first head */
-    if (pick >= C) pick = 0;
+    pick = ei__spread_first(c, G, q->head_dim);
     for (;;) {
         double best = 4.0, rp = w->sp_r[pick];
         int64_t next = 0;
@@ -4351,11 +4382,9 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
    how many rows there are, or -1 if a candidate is not finite. */
 static int32_t ei__sample_rows_pick(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                                 int64_t t_lo, int64_t t_hi, ei__profile_ws *w) {
-    const int64_t S = ctx->cfg.segment_size;
     w->sp_seg = -1;
     w->sp_n = 0;
-    if (!ei__rank_spread(&ctx->cfg) || t_lo > (int64_t)s * S || t_hi < ((int64_t)s + 1) * S || (int64_t)s * S < q_pos)
-        return ctx->cfg.rank_samples;
+    if (!ei__spread_whole(&ctx->cfg, s, q_pos, t_lo, t_hi)) return ctx->cfg.rank_samples;
     return ei__spread_rows(ctx, q, q_pos, kvh, G, s, w) ? w->sp_n : -1;
 }
 /* Row i of segment s's sampled rows: its token, and its query head in *head. */

@@ -1521,7 +1521,7 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
 
 /* ============================================================ profile (host) */
 struct ProfileWs {
-    size_t qfeat, kfeat, raw, mass, stats, rows, flag, total;
+    size_t qfeat, kfeat, raw, mass, stats, rows, spread, flag, total;
 };
 /* The plan's rows need the ranking stage beyond the paper (rank_kernel):
    sampled mass, top_p counts or always-kept blocks; else topk_kernel as in
@@ -1531,9 +1531,10 @@ static bool profile_extended(const ei_config *cfg) {
 }
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *flag, const CudaTuning &tn, cudaStream_t st,
-                                    char *msg);
+                                    float2 *stats, size_t stats_bytes, int *spread, int *flag, const CudaTuning &tn,
+                                    cudaStream_t st, char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn);
+static bool spread_rows(const ei_config *cfg) { return cfg->ranking == EI_RANK_SAMPLED && cfg->rank_rows == EI_RANK_ROWS_SPREAD; }
 static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, const CudaTuning &tn,
                             ProfileWs *w, char *msg) {
@@ -1551,13 +1552,15 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->stats = w->mass + (cfg->ranking == EI_RANK_SAMPLED ? align256(c) : 0);
     /* chunked planning with EI_RANK_SAMPLED: the sampled rows of each segment a chunk plans, [kv][segment] */
     w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv, tn));
-    w->flag = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
+    w->spread = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
+    /* EI_RANK_ROWS_SPREAD: the rows spread_pick_kernel picks, [kv][segment][rank_samples] */
+    w->flag = w->spread + (spread_rows(cfg) ? align256((size_t)nkv * nseg * (size_t)cfg->rank_samples * 4) : 0);
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
 static ei_result api_profile_workspace_size(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D,
                                             size_t *bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {};
     const CudaTuning tn = tuning_read();
     ei_result r = profile_ws(cfg, n, nh, nkv, D, tn, &w, msg);
     if (r) return r;
@@ -1647,7 +1650,7 @@ static ei_result profile_report(const ei_config *cfg, const ei_plan *plan, const
 
 static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, ei_plan *plan,
                              void *ws, size_t ws_bytes, char *msg) {
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {};
     int64_t n = q->n_tokens;
     int nh = q->n_heads, nkv = k->n_heads, D = q->head_dim, G = nh / nkv;
     const CudaTuning tn = tuning_read();
@@ -1683,7 +1686,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     LAUNCH_CHECK("softmax_entropy_kernel");
     if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
         (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, 16, mass, (float2 *)(base + w.stats),
-                                w.rows - w.stats, flag, tn, st, msg)) != EI_OK)
+                                w.rows - w.stats, (int *)(base + w.spread), flag, tn, st, msg)) != EI_OK)
         return r;
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
                                      plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
@@ -1726,7 +1729,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
-    ProfileWs w = {0, 0, 0, 0, 0, 0, 0, 0};
+    ProfileWs w = {};
     ei__chunk_geom cg;
     const CudaTuning tn = tuning_read();
     ei_result r = profile_ws(cfg, plan->max_tokens, nh, nkv, D, tn, &w, msg);
@@ -1782,8 +1785,8 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
             const int parts_max = chunk_parts_max(cfg, sq, s_end, nkv, n, tn); /* key parts at most (mass_geometry) */
             if (nblk > 0 &&
                 (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
-                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats, flag, tn, st,
-                                        msg)))
+                                        parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats,
+                                        (int *)(base + w.spread), flag, tn, st, msg)))
                 return r;
             chunk_rows_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)nrows, (int)sq, q_pos, n, continues, heads, seg_rows,
                                                    nblk > 0 ? mass : NULL, raw_stride, open_raw, pad);
@@ -4008,6 +4011,9 @@ struct MassParams {
     float *mass;
     float2 *stats; /* [kvh][group][chunk][part][MS_ROWS]: each part's row max and sum */
     int *flag;
+    int *spread;       /* EI_RANK_ROWS_SPREAD: the rows spread_pick_kernel chose, laid out as the mass rows
+                          ([kvh][mrows][R] candidate numbers, -1 past the last); NULL: the even rows */
+    int sp_st;         /* the candidates' token stride (ei__spread_stride) */
     ei_config cfg;
 };
 /* How the tensor-core path splits the work: the first sampled segment,
@@ -4076,15 +4082,33 @@ static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int
 }
 /* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
    is s_lo: its token (-1: unused) and query head; *seg its segment. */
+/* Sampled row i of segment s of kv head kvh: its token (-1: the call does
+   not hold it) and query head (0 then). The spread rows where the call holds
+   the whole segment (EI_RANK_ROWS_SPREAD: spread_pick_kernel's table, as the
+   CPU's ei__sample_rows_pick), else the even rows. */
+__device__ __forceinline__ int sample_row(const MassParams &p, int s, int i, int kvh, int *head) {
+    int64_t t;
+    int g;
+    *head = 0;
+    if (p.spread && ei__spread_whole(&p.cfg, s, p.q_lo, p.q_lo, p.n)) {
+        const int c = p.spread[((int64_t)kvh * p.mrows + s - p.mseg0) * p.R + i];
+        if (c < 0) return -1;
+        t = (int64_t)s * p.seg + (int64_t)(c / p.G) * p.sp_st;
+        g = c % p.G;
+    } else {
+        t = ei__sample_token(&p.cfg, s, i);
+        if (t >= p.n || t < p.q_lo) return -1;
+        g = i % p.G;
+    }
+    *head = kvh * p.G + g;
+    return (int)t;
+}
 __device__ __forceinline__ int mass_row(const MassParams &p, int s_lo, int chunk, int r, int kvh, int *head, int *seg) {
     int a = r / p.rpad, il = r - a * p.rpad, s = s_lo + a, i = chunk * p.rpad + il;
     *seg = s;
     *head = 0;
     if (a >= p.spc || s >= p.nseg || i >= p.R) return -1;
-    int64_t t = ei__sample_token(&p.cfg, s, i);
-    if (t >= p.n || t < p.q_lo) return -1;
-    *head = kvh * p.G + i % p.G;
-    return (int)t;
+    return sample_row(p, s, i, kvh, head);
 }
 /* Sum of the 16 values c[nt*2 + col] (n-tile nt, column col of this lane's
    columns 2*(lane&3) + col) over the 8 lanes that share lane & 3: a
@@ -4522,13 +4546,10 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
         if (tid == 0) kend1_s = 0;
         __syncthreads();
         if (tid < MG_RT) {
-            int i = i0 + tid, t = -1;
-            if (i < p.R) {
-                int64_t tt = ei__sample_token(&p.cfg, s, i);
-                t = tt < p.n && tt >= p.q_lo ? (int)tt : -1;
-            }
+            int i = i0 + tid, t = -1, hh = 0;
+            if (i < p.R) t = sample_row(p, s, i, kvh, &hh);
             r_tok[tid] = t;
-            r_head[tid] = kvh * p.G + i % p.G;
+            r_head[tid] = hh;
             if (t >= 0) atomicMax(&kend1_s, t + 1);
         }
         __syncthreads();
@@ -4589,6 +4610,116 @@ __global__ void mass_zero_kernel(const MassParams p) {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < all; e += (int64_t)gridDim.x * blockDim.x)
         p.mass[((e / per) * p.mrows + p.s_first - p.mseg0) * p.nblk + e % per] = 0.f;
 }
+/* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): the farthest-point rows of each
+   sampled segment the call holds whole, as the CPU's ei__spread_rows, into
+   p.spread (candidate numbers in ascending order, -1 past the last). One
+   CTA per (segment, kv head); the segment's candidates stay in shared
+   memory (at most 128 KiB of int8 rows, ei__spread_stride), so each pick is
+   one pass over them there. The rows are the CPU's bit for bit: the rounding
+   is ei__quant_i8's (correctly rounded f32 divisions), the dots are exact
+   int32 (dp4a), and the cosines are the same double products, compared in
+   the same order (the earliest candidate on ties). Shared memory: C doubles
+   r (1 / sqrt(norm)) and best (largest cosine to the rows so far), min(R, C)
+   picks, C rows of dq / 4 + 1 words (the extra word: row b's word w sits in
+   bank (b + w) mod 32, so a warp reading one word of 32 rows is
+   conflict-free). */
+#define SP_THREADS 1024 /* one CTA an SM (up to 151 KiB of shared memory): every warp it can hold, to hide the loads */
+static size_t spread_smem_bytes(int64_t C, int dq, int R) {
+    return (size_t)C * 16 + (size_t)std::min((int64_t)R, C) * 4 + (size_t)C * (size_t)(dq / 4 + 1) * 4;
+}
+__device__ __forceinline__ int8_t quant_round_i8(float t) { /* ei__round_i8 */
+    float r = truncf(t), f = t - r;
+    if (f >= 0.5f) r += 1.0f;
+    else if (f <= -0.5f) r -= 1.0f;
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+}
+__global__ void __launch_bounds__(SP_THREADS) spread_pick_kernel(const MassParams p, int C, int dq) {
+    extern __shared__ __align__(16) unsigned char sp_smem[];
+    const int s = p.s_first + (int)blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = p.R, nmax = min(R, C), ws = dq / 4 + 1;
+    double *r = (double *)sp_smem, *best = r + C;
+    int *picks = (int *)(best + C), *cand = picks + nmax;
+    __shared__ double red_v[SP_THREADS / 32];
+    __shared__ int red_i[SP_THREADS / 32], next_s;
+    int *out = p.spread + ((int64_t)kvh * p.mrows + s - p.mseg0) * R;
+    if (!ei__spread_whole(&p.cfg, s, p.q_lo, p.q_lo, p.n)) return; /* the even rows: the table is not read */
+    for (int b = warp; b < C; b += SP_THREADS / 32) { /* candidate b = j G + g: int8 rounding, 1 / sqrt(norm) */
+        const int64_t t = (int64_t)s * p.seg + (int64_t)(b / p.G) * p.sp_st;
+        const int64_t base = (t - p.q_lo) * p.q_ts + (int64_t)(kvh * p.G + b % p.G) * p.q_hs;
+        unsigned char *row = (unsigned char *)(cand + (int64_t)b * ws);
+        float m = 0.f;
+        bool bad = false;
+        for (int e = lane; e < p.D; e += 32) {
+            float x = load_f32(p.q, p.q_dtype, base + e);
+            bad |= !isfinite(x);
+            m = fmaxf(m, fabsf(x));
+        }
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(p.flag, PF_NAN_Q);
+        const float sc = __fdiv_rn(m, 127.0f);
+        int nn = 0;
+        for (int e = lane; e < ws * 4; e += 32) {
+            int8_t v = 0;
+            if (e < p.D && sc > 0.f) v = quant_round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
+            row[e] = (unsigned char)v;
+            nn += (int)v * v;
+        }
+        for (int o = 16; o; o >>= 1) nn += __shfl_xor_sync(0xffffffffu, nn, o);
+        if (lane == 0) {
+            r[b] = nn > 0 ? __ddiv_rn(1.0, __dsqrt_rn((double)nn)) : 0.0;
+            best[b] = -2.0;
+        }
+    }
+    __syncthreads();
+    int pick = (int)ei__spread_first(&p.cfg, p.G, p.D), n = 0;
+    for (;;) {
+        if (tid == 0) picks[n] = pick;
+        if (++n == nmax) break;
+        const int *pr = cand + (int64_t)pick * ws;
+        const double rp = r[pick];
+        double bv = 4.0;
+        int bi = 0;
+        for (int b = tid; b < C; b += SP_THREADS) { /* ascending b: a thread keeps its earliest smallest */
+            const int *x = cand + (int64_t)b * ws;
+            int d0 = 0, d1 = 0; /* two chains (dq / 4 words: even or odd, the exact sum either way) */
+            int w = 0;
+            for (; w + 1 < dq / 4; w += 2) {
+                d0 = __dp4a(x[w], pr[w], d0);
+                d1 = __dp4a(x[w + 1], pr[w + 1], d1);
+            }
+            if (w < dq / 4) d0 = __dp4a(x[w], pr[w], d0);
+            const int dot = d0 + d1;
+            const double cs = __dmul_rn(__dmul_rn((double)dot, r[b]), rp);
+            double v = b == pick ? 3.0 : best[b]; /* taken: above every cosine */
+            if (cs > v) v = cs;
+            best[b] = v;
+            if (v < bv) { bv = v; bi = b; }
+        }
+        for (int o = 16; o; o >>= 1) { /* the smallest, the earliest on ties */
+            double ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov < bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { red_v[warp] = bv; red_i[warp] = bi; }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < SP_THREADS / 32; w++)
+                if (red_v[w] < bv || (red_v[w] == bv && red_i[w] < bi)) { bv = red_v[w]; bi = red_i[w]; }
+            next_s = bi;
+        }
+        __syncthreads();
+        pick = next_s;
+    }
+    if (tid == 0) /* candidate order */
+        for (int i = 1; i < n; i++) {
+            int v = picks[i], k = i;
+            for (; k > 0 && picks[k - 1] > v; --k) picks[k] = picks[k - 1];
+            picks[k] = v;
+        }
+    __syncthreads();
+    for (int i = tid; i < R; i += SP_THREADS) out[i] = i < n ? picks[i] : -1;
+}
+
 /* Zeroes the mass rows of the sampled segments and launches the kernels
    (stats: the part statistics, MS_ROWS float2 per row chunk and part, at
    most stats_bytes of them; key parts at most parts_max, see
@@ -4599,8 +4730,8 @@ __global__ void mass_zero_kernel(const MassParams p) {
    choice, the CTA count). */
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *flag, const CudaTuning &tn, cudaStream_t st,
-                                    char *msg) {
+                                    float2 *stats, size_t stats_bytes, int *spread, int *flag, const CudaTuning &tn,
+                                    cudaStream_t st, char *msg) {
     MassParams p;
     memset(&p, 0, sizeof p);
     int D = q->head_dim;
@@ -4626,6 +4757,24 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         int64_t per = (int64_t)(nseg - p.s_first) * nblk;
         mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(p);
         LAUNCH_CHECK("mass_zero_kernel");
+    }
+    if (spread_rows(cfg)) { /* the spread rows of the segments the call holds whole, first */
+        const int dq = (D + 3) / 4 * 4;
+        const int64_t C = ei__spread_candidates(cfg, p.G, D);
+        const size_t smem = spread_smem_bytes(C, dq, p.R);
+        int smem_max = 0;
+        ei_result e;
+        if ((e = smem_limit(&smem_max, msg)) || (e = grid_fits("profile (spread rows)", nseg - p.s_first, p.nkv, 1, msg)))
+            return e;
+        if (smem > (size_t)smem_max)
+            return fail(msg, EI_ERR_UNSUPPORTED,
+                        "EI_RANK_ROWS_SPREAD: a segment's %lld candidates need %zu bytes of shared memory, the device "
+                        "has %d", (long long)C, smem, smem_max);
+        p.spread = spread;
+        p.sp_st = (int)ei__spread_stride(cfg, p.G, D);
+        CUDA_TRY(cudaFuncSetAttribute(spread_pick_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        spread_pick_kernel<<<dim3((unsigned)(nseg - p.s_first), (unsigned)p.nkv), SP_THREADS, smem, st>>>(p, (int)C, dq);
+        LAUNCH_CHECK("spread_pick_kernel");
     }
     /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded),
        unless EI_CUDA_SAMPLED_GENERIC */

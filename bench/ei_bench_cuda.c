@@ -14,7 +14,8 @@
                  top_p 0.95, sink 1, local 8 blocks (a second line per size
                  gives its density and sparse time, first CTA shape;
                  EI_BENCH_QUALITY_R=R samples R rows, 0 keeps the reference
-                 ranking with the same top_p, sink and local)
+                 ranking with the same top_p, sink and local;
+                 EI_BENCH_QUALITY_ROWS=spread|even sets its rank_rows)
      dense_ms    our kernel in dense causal mode (plan NULL)
      sparse_ms   our kernel executing the plan
    (EI_BENCH_PROFILE_ONLY=1: only profile_ms and prof_q_ms, e.g. to run
@@ -193,6 +194,11 @@ int main(int argc, char **argv) {
             if (r > 0) qcfg.rank_samples = r;
             else qcfg.ranking = EI_RANK_REFERENCE;
         }
+    }
+    {   /* EI_BENCH_QUALITY_ROWS=spread|even: the sampled rows (rank_rows) */
+        const char *e = getenv("EI_BENCH_QUALITY_ROWS");
+        if (e && !strcmp(e, "spread")) qcfg.rank_rows = EI_RANK_ROWS_SPREAD;
+        else if (e && !strcmp(e, "even")) qcfg.rank_rows = EI_RANK_ROWS_EVEN;
     }
     OK(ei_context_create(&qcfg, &gq));
     {   /* the quality plan read back needs host rows of its own budgets */

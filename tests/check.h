@@ -700,8 +700,11 @@ CHECK_FN float ref_quant_i8(const float *x, int32_t d, int32_t *out) {
    token order, then head; returns their count. */
 CHECK_FN int32_t ref_spread_rows(const ei_config *c, const ei_tensor *q, int32_t G, int32_t kvh, int32_t s, int64_t *tok,
                                  int32_t *head) {
-    const int64_t S = c->segment_size, t0 = (int64_t)s * S, st = (S * G + 8191) / 8192, C = (S + st - 1) / st * G;
+    /* candidates: at most 1024, and at most 128 KiB of int8 rows of head_dim rounded up to 4 */
     const int32_t d = q->head_dim, R = c->rank_samples;
+    const int64_t cap = 131072 / ((d + 3) / 4 * 4) < 1024 ? 131072 / ((d + 3) / 4 * 4) : 1024;
+    const int64_t per = cap / G > 0 ? cap / G : 1, S = c->segment_size, t0 = (int64_t)s * S, st = (S + per - 1) / per;
+    const int64_t C = (S + st - 1) / st * G;
     int32_t *x8 = (int32_t *)malloc(sizeof(int32_t) * (size_t)C * (size_t)d);
     double *r = (double *)malloc(sizeof(double) * (size_t)C), *best = (double *)malloc(sizeof(double) * (size_t)C);
     unsigned char *taken = (unsigned char *)calloc((size_t)C, 1);

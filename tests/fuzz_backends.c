@@ -50,8 +50,9 @@
               reference mass); the GPU must refuse its profiling
               (EI_ERR_UNSUPPORTED, counted gpu-unsupported; chunked: the
               first call, then the CPU plans alone), no plan is compared
-              and attention runs dense. EI_RANK_ROWS_SPREAD the same way
-              (--cpu-twin compares its plans, the GPU refuses it); the
+              and attention runs dense. EI_RANK_ROWS_SPREAD is compared
+              as the f32 sampled ranking on both backends (the GPU picks
+              the CPU's rows bit for bit); the
               reference's rows: farthest point for a segment that one call
               held whole (ei_profile: every whole segment of the prompt; a
               chunked schedule: a call with every token of the segment),
@@ -117,12 +118,11 @@ static long g_counts[K_KINDS];   /* scenarios run, by kind */
 enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE,
        K_INT8, K_INT8_PLANS, K_SPREAD, K_SPREAD_PLANS };
 /* gpu-unsupported: attention calls and table cases the GPU has no kernel
-   for, and profiling of EI_RANK_PRECISION_INT8 and EI_RANK_ROWS_SPREAD
-   configs, all refused there; int8-ranked: prefill configs of
-   EI_RANK_SAMPLED with EI_RANK_PRECISION_INT8, of which int8 plans compared
-   were planned on both sides and compared (--cpu-twin; the GPU refuses
-   them); spread-rows and spread plans compared: the same for
-   EI_RANK_ROWS_SPREAD */
+   for, and profiling of EI_RANK_PRECISION_INT8 configs, all refused
+   there; int8-ranked: prefill configs of EI_RANK_SAMPLED with
+   EI_RANK_PRECISION_INT8, of which int8 plans compared were planned on both
+   sides and compared (--cpu-twin; the GPU refuses them); spread-rows and
+   spread plans compared: the same for EI_RANK_ROWS_SPREAD (both backends) */
 static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported",
                                                    "non-finite cases", "misuse cases", "knife-edges", "attention calls",
                                                    "chunked plans", "table cases", "int8-ranked", "int8 plans compared",
@@ -310,7 +310,7 @@ typedef struct fz_prefill {
     unsigned char *given; /* chunked: given[t] = 1 where the plans hold token t's query (the sampled rows they sum) */
     unsigned char *whole; /* chunked: whole[s] = 1 where one call of the schedule held segment s's every token
                              (EI_RANK_ROWS_SPREAD picks its rows by farthest point there, else the even rows) */
-    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8, EI_RANK_ROWS_SPREAD): its
+    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8): its
                          profiling must say EI_ERR_UNSUPPORTED, the CPU plans alone and nothing is compared */
 } fz_prefill;
 
@@ -360,7 +360,7 @@ static ei_config draw_prefill_config(fz_rng *r) {
 static int config_int8_ranked(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
-/* EI_RANK_SAMPLED with EI_RANK_ROWS_SPREAD (CPU only, refused the same way). */
+/* EI_RANK_SAMPLED with EI_RANK_ROWS_SPREAD (both backends: the same rows bit for bit). */
 static int config_spread_rows(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD;
 }
@@ -778,7 +778,7 @@ static void prefill_run(fz_rng *r) {
     g_counts[K_PREFILL]++;
     if (config_int8_ranked(&F.c)) g_counts[K_INT8]++;
     if (config_spread_rows(&F.c)) g_counts[K_SPREAD]++;
-    F.gpu_refuses = !g_twin && (config_int8_ranked(&F.c) || config_spread_rows(&F.c));
+    F.gpu_refuses = !g_twin && config_int8_ranked(&F.c);
     F.KV = fz_int(r, 1, 4);
     F.H = F.KV * FZ_PICK(r, groups);
     F.d = attn ? FZ_PICK(r, dims_gpu) : FZ_PICK(r, dims_any);
@@ -838,7 +838,7 @@ static void prefill_run(fz_rng *r) {
             res[side_i] = ei_profile(F.P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0]);
         }
         if (F.gpu_refuses) {
-            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked or spread-rows config on the GPU: %s (%s), not "
+            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked config on the GPU: %s (%s), not "
                   "EI_ERR_UNSUPPORTED", ei_result_name(res[1]), ei_last_error());
             g_counts[K_GPU_UNSUPPORTED]++;
         } else

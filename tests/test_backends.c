@@ -726,7 +726,11 @@ static void s6_compare(const s6_out *a, const s6_out *b) {
    and above the 256 rows of a GPU tile, a last segment of 40 tokens (rows past
    the prompt unused) and threshold 128 (segment 1 keeps the reference
    ranking). Keys carry a per-block strength along one direction that the
-   queries share, so mass varies from block to block.
+   queries share, so mass varies from block to block. With
+   EI_RANK_ROWS_SPREAD the rows of the 15 whole segments are picked by
+   farthest point (the GPU's spread_pick_kernel against the CPU's picks,
+   bit-identical by contract) and the test's mass is that of check.h's
+   ref_spread_rows.
    Backends differ in float32 rounding (~1e-6), so: the always-kept blocks lead
    both rows identically; keep counts are equal except at a knife-edge of
    top_p (the share of the CPU row's first min(k_cpu, k_gpu) blocks within
@@ -748,14 +752,28 @@ typedef struct s7_case {
     double top_p;
     int sink, local, per_seg;
     int misalign;        /* q and k one element past a 16-byte boundary (the GPU's element loads) */
+    ei_rank_rows rows;   /* EI_RANK_ROWS_SPREAD: farthest-point rows in segments 0..14 (whole in ei_profile's
+                            call), the even rows in the last one of 40 tokens */
 } s7_case;
 static const s7_case s7_cases[] = {
-    {"sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0},
-    {"sampled R=300, sink 2, local 3, per-segment budget", 0, EI_RANK_SAMPLED, 300, 0.0, 2, 3, 1, 0},
-    {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0},
-    {"sampled R=64, top_p 0.95, sink 1, local 8, unaligned views", 0, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 1},
-    {"f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1, 0},
-    {"d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0},
+    {"sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0, EI_RANK_ROWS_EVEN},
+    {"sampled R=300, sink 2, local 3, per-segment budget", 0, EI_RANK_SAMPLED, 300, 0.0, 2, 3, 1, 0, EI_RANK_ROWS_EVEN},
+    {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0, EI_RANK_ROWS_EVEN},
+    {"sampled R=64, top_p 0.95, sink 1, local 8, unaligned views", 0, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 1,
+     EI_RANK_ROWS_EVEN},
+    {"f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1, 0,
+     EI_RANK_ROWS_EVEN},
+    {"d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0, EI_RANK_ROWS_EVEN},
+    /* EI_RANK_ROWS_SPREAD: the GPU picks the rows (spread_pick_kernel) and must pick the CPU's, bit for bit;
+       a wrong row shows as a ranking that is not the ideal one of the test's mass of the CPU's rows. 256
+       candidates a segment (64 tokens x G 4, stride 1): R 24 and 64 of them on the tensor cores (d 64,
+       128), R 7 at d 40 in f32 on the CUDA cores */
+    {"spread rows: sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0,
+     EI_RANK_ROWS_SPREAD},
+    {"spread rows, d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0,
+     EI_RANK_ROWS_SPREAD},
+    {"spread rows, f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1,
+     0, EI_RANK_ROWS_SPREAD},
 };
 enum { S7_CASES = (int)(sizeof s7_cases / sizeof s7_cases[0]) };
 
@@ -773,6 +791,7 @@ static ei_config s7_config(const s7_case *cs) {
     c.sink_blocks = cs->sink;
     c.local_blocks = cs->local;
     c.per_segment_budget = cs->per_seg;
+    c.rank_rows = cs->rows;
     return c;
 }
 static s7_data s7_make(ei_dtype dt, int d, uint64_t seed) {
@@ -847,11 +866,22 @@ static ei_result s7_run(int gpu, const s7_case *cs, const s7_data *D, ei_plan *o
     return r;
 }
 
-/* The sampled mass of (kvh, s) in double: mass[b] for b < s * blocks per segment. */
+/* The sampled mass of (kvh, s) in double: mass[b] for b < s * blocks per segment, of the rows the plan
+   used. EI_RANK_ROWS_SPREAD: check.h's reference (ref_sampled_mass_rows, on views of the data as stored,
+   bf16 or f32: the rows are picked from q's own values) with the spread rows where ei_profile's one call
+   holds the segment whole, (s + 1) * S7_SEG <= S7_N, the even rows in the last segment; even rows: the
+   test's own sum below, as before. */
 static void s7_mass_ref(const s7_data *D, const ei_config *c, int kvh, int s, double *mass) {
     int G = S7_H / S7_KV, d = D->d, i, e;
     int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), j, t;
-    double scale = (double)(1.0f / sqrtf((float)d)), *lg = (double *)malloc(S7_N * sizeof(double));
+    double scale, *lg;
+    if (c->rank_rows == EI_RANK_ROWS_SPREAD) {
+        ei_tensor tq = ei_tensor_make(D->q, D->dt, S7_N, S7_H, d), tk = ei_tensor_make(D->k, D->dt, S7_N, S7_KV, d);
+        (void)ref_sampled_mass_rows(c, &tq, &tk, kvh, s, S7_N, NULL, (int64_t)(s + 1) * S7_SEG <= S7_N, mass);
+        return;
+    }
+    scale = (double)(1.0f / sqrtf((float)d));
+    lg = (double *)malloc(S7_N * sizeof(double));
     for (j = 0; j < nvis; ++j) mass[j] = 0.0;
     for (i = 0; i < c->rank_samples; ++i) {
         double mx = -1e300, z = 0.0;

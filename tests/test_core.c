@@ -1348,13 +1348,17 @@ static void test_rank_int8_plans(void) {
    mass of those rows (check_ranked_plan), a segment whole in one chunk call
    is ranked as in the whole-prompt plan, and bad configs are refused. */
 static void test_rank_spread(void) {
-    static const struct { int n, heads, kv, dim, R; } shapes[] = {{1000, 8, 4, 64, 40}, {700, 6, 2, 33, 24}, {400, 4, 1, 128, 300}};
+    static const struct { int n, heads, kv, dim, R; } shapes[] = {{1000, 8, 4, 64, 40}, {700, 6, 2, 33, 24}, {400, 4, 1, 128, 300},
+                                                                    {300, 8, 1, 520, 40}}; /* the last: candidates at a stride of 3 tokens */
     size_t si;
     int n_rows = 0, n_plans = 0;
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
         synth_layer L = synth_layer_make(shapes[si].n, shapes[si].heads, shapes[si].kv, shapes[si].dim, 64, 21 + si);
         ei_config c = small_config(EI_SIMD_SCALAR);
         const int32_t G = L.heads / L.kv;
+        /* candidates: at most 1024 and 128 KiB of int8 rows (head_dim rounded up to 4): 64 tokens of 8 heads at 520 */
+        const int32_t per = (131072 / ((L.dim + 3) / 4 * 4) < 1024 ? 131072 / ((L.dim + 3) / 4 * 4) : 1024) / G;
+        const int32_t st = (c.segment_size + per - 1) / per, cand = (c.segment_size + st - 1) / st * G;
         int dt, p, e;
         c.ranking = EI_RANK_SAMPLED;
         c.rank_samples = shapes[si].R;
@@ -1394,8 +1398,8 @@ static void test_rank_spread(void) {
                         CHECK(same, "spread rows on %s, %s, %d x %d/%d x %d, kv head %d segment %d: not the reference's (%d rows, %d)",
                               ei_simd_name((ei_simd)p), dtype_name((ei_dtype)dt), (int)L.n, L.heads, L.kv, L.dim, h, s, (int)w.sp_n,
                               (int)rn);
-                        CHECK(rn == (c.rank_samples < c.segment_size * G ? c.rank_samples : c.segment_size * G),
-                              "spread rows: %d of %d candidates for %d asked", (int)rn, (int)(c.segment_size * G), (int)c.rank_samples);
+                        CHECK(rn == (c.rank_samples < cand ? c.rank_samples : cand), "spread rows: %d of %d candidates for %d asked",
+                              (int)rn, (int)cand, (int)c.rank_samples);
                         for (i = 1; i < rn; ++i)
                             CHECK(rt[i - 1] < rt[i] || (rt[i - 1] == rt[i] && rh[i - 1] < rh[i]), "spread rows out of order");
                         n_rows += rn;

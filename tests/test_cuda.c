@@ -1262,6 +1262,21 @@ static void chunk_given(unsigned char *given, int64_t cap, int64_t seg, int64_t 
         for (t = cc->q_pos / seg * seg; t < cap; t++) given[t] = 0;
     for (t = cc->q_pos; t < cc->q_pos + cc->m; t++) given[t] = 1;
 }
+/* EI_RANK_ROWS_SPREAD: the segments whose rows one call held whole after
+   call cc (whole[s] = 1: the plan scored them with the spread rows; 0: the
+   even rows of the tokens given), as ei_profile_chunk decides
+   (ei__spread_whole: q_pos <= s * seg and q_pos + m >= (s + 1) * seg). A
+   roll-back drops them from the segment it cuts on, as chunk_given drops the
+   rows; the call then sets each segment it touches: 1 if it covers it
+   entirely, 0 if it cuts it (its other rows come from other calls). */
+static void chunk_whole(unsigned char *whole, int64_t nseg, int64_t seg, int64_t end, const chunk_call *cc) {
+    int64_t s;
+    if (!cc->m) return;
+    if (cc->q_pos < end)
+        for (s = cc->q_pos / seg; s < nseg; s++) whole[s] = 0;
+    for (s = cc->q_pos / seg; s * seg < cc->q_pos + cc->m; s++)
+        whole[s] = cc->q_pos <= s * seg && cc->q_pos + cc->m >= (s + 1) * seg;
+}
 /* What rounding an f32 q to k's bf16 on the tensor cores can move a sampled
    mass by, relative (tests/fuzz_backends.c's q_round_bound: twice the logit
    bound 2^-8 * scale * max|q| * max|k|); 0 when q is not rounded. */
@@ -1290,11 +1305,15 @@ static double q_round_bound(const ei_config *c, const float *q, const float *k, 
    scores: the sampled mass in double of the rows the plan holds (given,
    NULL: all rows below the plan's end; tie 2e-3 + qround, the tolerance of
    tests/fuzz_backends.c), or where a segment holds no sampled row or is not
-   sampled, a's softmaxed reference scores (tie 1e-3). Returns the rows that
-   differ beyond that; *exact / *total rankings identical, *bad_ent. */
+   sampled, a's softmaxed reference scores (tie 1e-3). With
+   EI_RANK_ROWS_SPREAD, a segment that one call held whole (whole[s], see
+   chunk_whole) is scored by the mass of its spread rows (ref_spread_rows:
+   the rows both backends picked, bit-identical by contract), the others by
+   their given even rows. Returns the rows that differ beyond that; *exact /
+   *total rankings identical, *bad_ent. */
 static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, const ei_plan *b, const float *q,
-                        const float *k, int nh, int D, const unsigned char *given, double qround, int *exact, int *total,
-                        int *bad_ent, int *knife) {
+                        const float *k, int nh, int D, const unsigned char *given, const unsigned char *whole,
+                        double qround, int *exact, int *total, int *bad_ent, int *knife) {
     int h, s, diff = 0, shown = 0;
     const int64_t n = a->n_tokens;
     ei_tensor hq = ei_tensor_make(q, EI_F32, n, nh, D), hk = ei_tensor_make(k, EI_F32, n, a->n_kv_heads, D);
@@ -1317,7 +1336,9 @@ static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, 
             }
             if (nvis > a->n_blocks) nvis = a->n_blocks;
             if (!(c->ranking == EI_RANK_SAMPLED && (int64_t)s * c->segment_size >= c->threshold_len &&
-                  ref_sampled_mass_given(c, &hq, &hk, h, s, n, given, sc) > 0)) {
+                  (c->rank_rows == EI_RANK_ROWS_SPREAD && whole && whole[s]
+                       ? ref_sampled_mass_rows(c, &hq, &hk, h, s, n, given, 1, sc)
+                       : ref_sampled_mass_given(c, &hq, &hk, h, s, n, given, sc)) > 0)) {
                 for (j = 0; j < nvis; j++) sc[j] = a->scores[row * (size_t)a->blk_capacity + (size_t)j];
             } else
                 tie = 2e-3 + qround;
@@ -1338,7 +1359,10 @@ static int sampled_diff(const char *what, const ei_config *c, const ei_plan *a, 
    whole-prompt plan of the same tokens, as tests/test_core.c's chunk_compare
    does on the CPU: entropies of segments >= 1 bit-identical, classes equal,
    and for heads that do not turn dynamic late, rows equal up to near-ties
-   of the mass (the two sum a segment's rows in another order). They also run
+   of the mass (the two sum a segment's rows in another order; with
+   EI_RANK_ROWS_SPREAD only the segments that both plans scored with the
+   same rows: whole in one call of the chunks, or cut there and short of a
+   whole segment in the prompt). They also run
    on a context with cfg.cuda_deferred_errors (nothing read back): the same
    plan bit for bit, and ei_cuda_status EI_OK. */
 /* 1: the GPU plan keeps the key blocks' min/max (EI_PLAN_KEEP_KEYS), the CPU's builds them per call */
@@ -1360,6 +1384,9 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
     /* the sampled rows on tensor cores (q rounded to k's bf16 when f32) or CUDA cores (f32) */
     const int mma = (qdt == EI_BF16 || qdt == EI_F32) && (D == 64 || D == 128 || D == 256) && !(gen && gen[0] == '1');
     unsigned char *given = (unsigned char *)calloc((size_t)cap, 1);
+    /* EI_RANK_ROWS_SPREAD: segments one call held whole (chunk_whole) */
+    const int64_t nseg = (cap + cfg->segment_size - 1) / cfg->segment_size;
+    unsigned char *whole = (unsigned char *)calloc((size_t)nseg, 1);
     double qround;
     ei_context *gd = NULL; /* EI_RANK_SAMPLED: a context with deferred errors, its plan */
     ei_plan dp;
@@ -1400,6 +1427,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
         ei_result rc, rg;
         int e, t, d, h, sgi;
         if (cc->m && cc->q_pos != cp.n_tokens) plain = 0; /* a roll-back or a skip */
+        chunk_whole(whole, nseg, cfg->segment_size, cp.n_tokens, cc);
         chunk_given(given, cap, cfg->segment_size, cp.n_tokens, cc);
         rc = ei_profile_chunk(cpu, &cx, cc->m ? &cq : NULL, &hk, &cp, cc->q_pos, cc->is_final);
         rg = ei_profile_chunk(g, &gx, cc->m ? &gq : NULL, &tk, &gp, cc->q_pos, cc->is_final);
@@ -1413,7 +1441,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
               "%s call %d: gpu plan covers %lld tokens / %d segments / final %d, cpu %lld / %d / %d", name, ci,
               (long long)hp.n_tokens, hp.n_segments, hp.final, (long long)cp.n_tokens, cp.n_segments, cp.final);
         if (sampled)
-            d = sampled_diff(name, cfg, &cp, &hp, q, k, nh, D, given, qround, &e, &t, &h, &knife);
+            d = sampled_diff(name, cfg, &cp, &hp, q, k, nh, D, given, whole, qround, &e, &t, &h, &knife);
         else
             d = plan_diff(cfg, &hp, &cp, &e, &t, &h);
         diff += d; bad_ent += h; exact += e; total += t;
@@ -1463,7 +1491,7 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
         const int64_t n = hp.n_tokens;
         ei_tensor wq = ei_tensor_make(dq, qdt, n, nh, D), wk = ei_tensor_make(dk, EI_BF16, n, nkv, D);
         gpu_plan wp;
-        int h, sgi, ent_bits = 0, cls = 0, rowbad = 0, same = 0, all = 0, shown = 0, wknife = 0;
+        int h, sgi, ent_bits = 0, cls = 0, rowbad = 0, same = 0, all = 0, shown = 0, wknife = 0, other_rows = 0;
         ei_tensor rq = ei_tensor_make(q, EI_F32, n, nh, D), rk = ei_tensor_make(k, EI_F32, n, nkv, D);
         double *sc = (double *)malloc(sizeof(double) * (size_t)(hp.n_blocks + 1));
         gpu_profile(g, cpu, &wq, &wk, EI_PLAN_SCORES, &wp, EI_OK);
@@ -1478,6 +1506,18 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
                 double tie = 1e-3;
                 if (memcmp(&wp.host.entropy[rw], &hp.entropy[rc], sizeof(float))) ent_bits++;
                 if (late) continue;
+                /* EI_RANK_ROWS_SPREAD: ei_profile's one call holds every full segment ((s + 1) S <= n: the
+                   spread rows), the chunks only those that one of them held whole (whole[]); a segment cut
+                   across calls took the even rows, a ranking of other rows, not comparable here (entropies
+                   and classes come from the reference score and still are; so do the rows of segments
+                   below threshold_len). Where both took the same rows
+                   (spread, or even in the prompt's short last segment) ref_sampled_mass_given's choice
+                   (given NULL) is that of both plans. */
+                if (cfg->rank_rows == EI_RANK_ROWS_SPREAD && (int64_t)sgi * cfg->segment_size >= cfg->threshold_len &&
+                    ((int64_t)(sgi + 1) * cfg->segment_size <= n) != (whole[sgi] != 0)) {
+                    other_rows++;
+                    continue;
+                }
                 all++;
                 if (wp.host.keep_count[rw] == hp.keep_count[rc] &&
                     !memcmp(EI_PLAN_BLOCKS(&wp.host, h, sgi), EI_PLAN_BLOCKS(&hp, h, sgi), sizeof(int32_t) * (size_t)hp.max_keep)) {
@@ -1497,13 +1537,18 @@ static void chunked_case(const char *name, const ei_config *cfg, int64_t cap, in
               "chunked %s: vs the GPU's whole-prompt plan: %d entropies not bit-identical, %d classes, %d rows differ", name,
               ent_bits, cls, rowbad);
         printf("  chunked %-28s = gpu whole-prompt: entropies bit-identical %s, classes %s, rows %s (%d/%d identical, "
-               "%d knife-edges)\n", name, ent_bits ? "NO" : "yes", cls ? "NO" : "yes", rowbad ? "FAILED" : "ok", same, all,
+               "%d knife-edges", name, ent_bits ? "NO" : "yes", cls ? "NO" : "yes", rowbad ? "FAILED" : "ok", same, all,
                wknife);
+        if (cfg->rank_rows == EI_RANK_ROWS_SPREAD)
+            printf("; %d rows of segments cut across calls, even rows there, spread in the whole prompt: not compared",
+                   other_rows);
+        printf(")\n");
         free(sc);
         gpu_plan_free(&wp);
     }
     free(cws);
     free(given);
+    free(whole);
     dev_free(gws); dev_free(pmem); dev_free(dq); dev_free(dk);
     ei_plan_free(cpu, &cp); ei_plan_free(cpu, &hp);
     ei_context_destroy(g); ei_context_destroy(cpu);
@@ -1579,6 +1624,25 @@ static void chunked_plans(int quick) {
         g_keep_keys = 1;
         chunked_case("the same, GPU plan with EI_PLAN_KEEP_KEYS", &cs, 3200, 8, 2, 64, EI_F32, 2.f, calls, nc);
         g_keep_keys = 0;
+        /* EI_RANK_ROWS_SPREAD (the GPU's spread_pick_kernel, whose rows must be the CPU's bit for bit): the
+           farthest-point rows in the segments one call holds whole, the even rows in those cut across calls
+           (sampled_diff scores each segment by the rows it took, chunk_whole); top_p, sink and local as
+           above. Chunks of 1024: whole segments and a cut last one, bf16 q on the tensor cores (d 128),
+           then the whole-prompt plan; chunks of 700: whole and cut segments in turn, f32 q on the CUDA cores
+           (d 96), the whole-prompt plan compared where both took the same rows; G 8 of one kv head (1024
+           candidates a segment, stride 4) with a roll-back to a segment's start (segments 2 and 3 whole
+           again), one into segment 2 (both cut), then segment 3 cut, 4 and 5 whole, a short last one */
+        cs.rank_rows = EI_RANK_ROWS_SPREAD;
+        nc = chunk_schedule(calls, 0, 3000, 1024, 1);
+        chunked_case("spread rows 1024s, G 4", &cs, 3000, 8, 2, 128, EI_BF16, 2.f, calls, nc);
+        nc = chunk_schedule(calls, 0, 3300, 700, 1);
+        chunked_case("spread rows 700s, d 96", &cs, 3300, 8, 2, 96, EI_F32, 2.f, calls, nc);
+        nc = chunk_schedule(calls, 0, 2048, 1024, 0);
+        calls[nc].q_pos = 1024; calls[nc].m = 1024; calls[nc].is_final = 0; nc++; /* roll back to segment 2's start */
+        calls[nc].q_pos = 1300; calls[nc].m = 700; calls[nc].is_final = 0; nc++;  /* roll back into segment 2 */
+        calls[nc].q_pos = 2000; calls[nc].m = 1100; calls[nc].is_final = 1; nc++; /* 3 cut, 4 and 5 whole, 6 short */
+        chunked_case("spread rows roll-backs, G 8", &cs, 3100, 8, 1, 64, EI_BF16, 2.f, calls, nc);
+        cs.rank_rows = EI_RANK_ROWS_EVEN; /* (the cases below: the even rows) */
     }
     if (quick) return;
     {   /* EI_RANK_SAMPLED, more: f32 q on CUDA cores at d 128 (EI_CUDA_SAMPLED_GENERIC), G 8 of one kv head,

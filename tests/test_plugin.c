@@ -289,7 +289,7 @@ static void test_validate_once(const char *dir) {
     for (b = 0; b < 2; ++b) { ei_context_destroy(ctx[b]); ei_context_destroy(small[b]); }
 }
 
-/* EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_INT8 and EI_RANK_ROWS_SPREAD (named by `name`) have
+/* EI_RANK_ANTIDIAGONAL and EI_RANK_PRECISION_INT8 (named by `name`) have
    no CUDA kernels: on the plugin's backend every profiling entry refuses
    them (EI_ERR_UNSUPPORTED, naming the ranking) before the plugin is
    called, rather than plan with another ranking; the same context still
@@ -376,7 +376,6 @@ int main(int argc, char **argv) {
     test_validate_once(dir);
     test_cpu_ranking_refused(dir, EI_RANK_ANTIDIAGONAL, EI_RANK_PRECISION_F32, EI_RANK_ROWS_EVEN, "EI_RANK_ANTIDIAGONAL");
     test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_INT8, EI_RANK_ROWS_EVEN, "EI_RANK_PRECISION_INT8");
-    test_cpu_ranking_refused(dir, EI_RANK_SAMPLED, EI_RANK_PRECISION_F32, EI_RANK_ROWS_SPREAD, "EI_RANK_ROWS_SPREAD");
     dlclose(h);
     printf("test_plugin: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
