@@ -193,7 +193,9 @@
                their int8 rows at most 128 KiB (st = ceil(segment_size /
                max(1, floor(min(1024, 131072 / dq) / G))), dq = head_dim
                rounded up to 4: 512 candidates for G 4 at head_dim 256, 1024
-               at 128; they fit one CTA's shared memory on the GPU),
+               at 128; they fit one CTA's shared memory on the GPU, one
+               thread a candidate: the CUDA backend refuses a group of more
+               than 1024 query heads, EI_ERR_UNSUPPORTED),
                each rounded to int8 as above (c8; n = the int32 sum of c8^2,
                r = 1 / sqrt(n) in double, 0 where n is 0); the cosine of
                two candidates is (double)(the int32 sum of a8 b8) * r_a *

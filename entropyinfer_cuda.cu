@@ -4613,102 +4613,127 @@ __global__ void mass_zero_kernel(const MassParams p) {
 /* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): the farthest-point rows of each
    sampled segment the call holds whole, as the CPU's ei__spread_rows, into
    p.spread (candidate numbers in ascending order, -1 past the last). One
-   CTA per (segment, kv head); the segment's candidates stay in shared
-   memory (at most 128 KiB of int8 rows, ei__spread_stride), so each pick is
-   one pass over them there. The rows are the CPU's bit for bit: the rounding
-   is ei__quant_i8's (correctly rounded f32 divisions), the dots are exact
-   int32 (dp4a), and the cosines are the same double products, compared in
-   the same order (the earliest candidate on ties). Shared memory: C doubles
-   r (1 / sqrt(norm)) and best (largest cosine to the rows so far), min(R, C)
-   picks, C rows of dq / 4 + 1 words (the extra word: row b's word w sits in
-   bank (b + w) mod 32, so a warp reading one word of 32 rows is
-   conflict-free). */
-#define SP_THREADS 1024 /* one CTA an SM (up to 151 KiB of shared memory): every warp it can hold, to hide the loads */
-static size_t spread_smem_bytes(int64_t C, int dq, int R) {
-    return (size_t)C * 16 + (size_t)std::min((int64_t)R, C) * 4 + (size_t)C * (size_t)(dq / 4 + 1) * 4;
+   CTA per (segment, kv head), one thread per candidate (ei__spread_stride
+   caps a segment's candidates at 128 KiB of int8 rows: 1024 at d 128, 512
+   at d 256, when G allows; the launch refuses more than its threads).
+   Picks are sequential, so their latency is the kernel's time (a chunk of
+   512 tokens launches only n_kv_heads CTAs): each thread keeps its
+   candidate's row (NC 16-byte chunks, NC 4 / 8 / 16: head_dim 64 / 128 /
+   256; NC 0, other sizes: read from shared memory each pick), 1 / sqrt(norm)
+   and largest cosine so far in registers, so a pick reads only the picked
+   row (a broadcast), then one warp reduction, one barrier, and every warp
+   reduces the warps' minima itself (two buffers: a warp cannot be a pick
+   ahead of a warp still reading). The rows are the CPU's bit for bit: the
+   rounding is ei__quant_i8's (correctly rounded f32 divisions), the dots
+   are exact int32, the cosines the same double products, and the
+   reductions pick the smallest (cosine, candidate) pair, the earliest
+   candidate on ties, whatever order they combine them in. Shared memory:
+   C rows of spread_row_chunks 16-byte chunks, C doubles r, min(R, C)
+   picks. */
+#define SP_THREADS 1024 /* one CTA an SM: every warp it can hold */
+/* A candidate's row in 16-byte chunks: (D + 15) / 16 read, the stride made
+   odd, so that the 8 threads of a quarter warp reading chunk c of 8
+   consecutive rows hit 8 distinct bank groups (NC 0). */
+static __host__ __device__ int spread_row_chunks(int D) { return (D + 15) / 16 | 1; }
+static size_t spread_smem_bytes(int64_t C, int D, int R) {
+    return (size_t)C * (size_t)spread_row_chunks(D) * 16 + (size_t)C * 8 + (size_t)std::min((int64_t)R, C) * 4;
 }
+/* threads of spread_pick_kernel<NC>: 512 at 16 chunks (64 registers of row) */
+static __host__ __device__ constexpr int spread_threads(int NC) { return NC == 16 ? 512 : SP_THREADS; }
 __device__ __forceinline__ int8_t quant_round_i8(float t) { /* ei__round_i8 */
     float r = truncf(t), f = t - r;
     if (f >= 0.5f) r += 1.0f;
     else if (f <= -0.5f) r -= 1.0f;
     return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
 }
-__global__ void __launch_bounds__(SP_THREADS) spread_pick_kernel(const MassParams p, int C, int dq) {
-    extern __shared__ __align__(16) unsigned char sp_smem[];
-    const int s = p.s_first + (int)blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int R = p.R, nmax = min(R, C), ws = dq / 4 + 1;
-    double *r = (double *)sp_smem, *best = r + C;
-    int *picks = (int *)(best + C), *cand = picks + nmax;
-    __shared__ double red_v[SP_THREADS / 32];
-    __shared__ int red_i[SP_THREADS / 32], next_s;
-    int *out = p.spread + ((int64_t)kvh * p.mrows + s - p.mseg0) * R;
-    if (!ei__spread_whole(&p.cfg, s, p.q_lo, p.q_lo, p.n)) return; /* the even rows: the table is not read */
-    for (int b = warp; b < C; b += SP_THREADS / 32) { /* candidate b = j G + g: int8 rounding, 1 / sqrt(norm) */
-        const int64_t t = (int64_t)s * p.seg + (int64_t)(b / p.G) * p.sp_st;
-        const int64_t base = (t - p.q_lo) * p.q_ts + (int64_t)(kvh * p.G + b % p.G) * p.q_hs;
-        unsigned char *row = (unsigned char *)(cand + (int64_t)b * ws);
-        float m = 0.f;
-        bool bad = false;
-        for (int e = lane; e < p.D; e += 32) {
-            float x = load_f32(p.q, p.q_dtype, base + e);
-            bad |= !isfinite(x);
-            m = fmaxf(m, fabsf(x));
-        }
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(p.flag, PF_NAN_Q);
-        const float sc = __fdiv_rn(m, 127.0f);
-        int nn = 0;
-        for (int e = lane; e < ws * 4; e += 32) {
-            int8_t v = 0;
-            if (e < p.D && sc > 0.f) v = quant_round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
-            row[e] = (unsigned char)v;
-            nn += (int)v * v;
-        }
-        for (int o = 16; o; o >>= 1) nn += __shfl_xor_sync(0xffffffffu, nn, o);
-        if (lane == 0) {
-            r[b] = nn > 0 ? __ddiv_rn(1.0, __dsqrt_rn((double)nn)) : 0.0;
-            best[b] = -2.0;
-        }
+/* the smaller of two (value, candidate) pairs, the earlier candidate on ties */
+__device__ __forceinline__ void spread_min(double &v, int &i, double ov, int oi) {
+    if (ov < v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+__device__ __forceinline__ void spread_warp_min(double &v, int &i) {
+    for (int o = 16; o; o >>= 1) spread_min(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
+__device__ __forceinline__ void spread_dot4(int4 a, int4 y, int &d0, int &d1) { /* two chains: the exact sum either way */
+    d0 = __dp4a(a.x, y.x, d0);
+    d1 = __dp4a(a.y, y.y, d1);
+    d0 = __dp4a(a.z, y.z, d0);
+    d1 = __dp4a(a.w, y.w, d1);
+}
+/* Candidate b (= j G + g) of segment s: its int8 row (zeros past D: the dots read whole chunks) and
+   1 / sqrt(norm), by one warp; NaN / Inf in q flag PF_NAN_Q. */
+__device__ void spread_candidate(const MassParams &p, int s, int kvh, int b, int nc, signed char *row, double *r) {
+    const int lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)s * p.seg + (int64_t)(b / p.G) * p.sp_st;
+    const int64_t base = (t - p.q_lo) * p.q_ts + (int64_t)(kvh * p.G + b % p.G) * p.q_hs;
+    float m = 0.f;
+    bool bad = false;
+    for (int e = lane; e < p.D; e += 32) {
+        float x = load_f32(p.q, p.q_dtype, base + e);
+        bad |= !isfinite(x);
+        m = fmaxf(m, fabsf(x));
     }
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(p.flag, PF_NAN_Q);
+    const float sc = __fdiv_rn(m, 127.0f);
+    int nn = 0;
+    for (int e = lane; e < nc * 16; e += 32) {
+        int8_t v = 0;
+        if (e < p.D && sc > 0.f) v = quant_round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
+        row[e] = v;
+        nn += (int)v * v;
+    }
+    for (int o = 16; o; o >>= 1) nn += __shfl_xor_sync(0xffffffffu, nn, o);
+    if (lane == 0) *r = nn > 0 ? __ddiv_rn(1.0, __dsqrt_rn((double)nn)) : 0.0;
+}
+template <int NC>
+__global__ void __launch_bounds__(spread_threads(NC)) spread_pick_kernel(const MassParams p, int C) {
+    extern __shared__ __align__(16) unsigned char sp_smem[];
+    constexpr int NT = spread_threads(NC), NW = NT / 32;
+    const int s = p.s_first + (int)blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = p.R, nmax = min(R, C), nc = NC ? NC : (p.D + 15) / 16, rc = spread_row_chunks(p.D);
+    int4 *cand = (int4 *)sp_smem;
+    double *r = (double *)(cand + (int64_t)C * rc);
+    int *picks = (int *)(r + C);
+    __shared__ double red_v[2][NW];
+    __shared__ int red_i[2][NW];
+    if (!ei__spread_whole(&p.cfg, s, p.q_lo, p.q_lo, p.n)) return; /* the even rows: the table is not read */
+    for (int b = warp; b < C; b += NW) spread_candidate(p, s, kvh, b, nc, (signed char *)(cand + (int64_t)b * rc), r + b);
     __syncthreads();
+    const bool mine = tid < C; /* this thread's candidate: tid */
+    const int4 *x = cand + (int64_t)(mine ? tid : 0) * rc;
+    int4 own[NC ? NC : 1];
+    if (NC) {
+#pragma unroll
+        for (int c = 0; c < (NC ? NC : 1); c++) own[c] = x[c];
+    }
+    const double rb = mine ? r[tid] : 0.0;
+    double best = -2.0; /* the largest cosine to the rows so far; 3 once taken: above every cosine */
     int pick = (int)ei__spread_first(&p.cfg, p.G, p.D), n = 0;
     for (;;) {
         if (tid == 0) picks[n] = pick;
         if (++n == nmax) break;
-        const int *pr = cand + (int64_t)pick * ws;
-        const double rp = r[pick];
-        double bv = 4.0;
-        int bi = 0;
-        for (int b = tid; b < C; b += SP_THREADS) { /* ascending b: a thread keeps its earliest smallest */
-            const int *x = cand + (int64_t)b * ws;
-            int d0 = 0, d1 = 0; /* two chains (dq / 4 words: even or odd, the exact sum either way) */
-            int w = 0;
-            for (; w + 1 < dq / 4; w += 2) {
-                d0 = __dp4a(x[w], pr[w], d0);
-                d1 = __dp4a(x[w + 1], pr[w + 1], d1);
-            }
-            if (w < dq / 4) d0 = __dp4a(x[w], pr[w], d0);
-            const int dot = d0 + d1;
-            const double cs = __dmul_rn(__dmul_rn((double)dot, r[b]), rp);
-            double v = b == pick ? 3.0 : best[b]; /* taken: above every cosine */
-            if (cs > v) v = cs;
-            best[b] = v;
-            if (v < bv) { bv = v; bi = b; }
+        double v = 4.0; /* no candidate: above every candidate */
+        int bi = tid;
+        if (mine) {
+            const int4 *pr = cand + (int64_t)pick * rc;
+            int d0 = 0, d1 = 0;
+            if (NC) {
+#pragma unroll
+                for (int c = 0; c < (NC ? NC : 1); c++) spread_dot4(own[c], pr[c], d0, d1);
+            } else
+                for (int c = 0; c < nc; c++) spread_dot4(x[c], pr[c], d0, d1);
+            const double cs = __dmul_rn(__dmul_rn((double)(d0 + d1), rb), r[pick]);
+            if (tid == pick) best = 3.0;
+            else if (cs > best) best = cs;
+            v = best;
         }
-        for (int o = 16; o; o >>= 1) { /* the smallest, the earliest on ties */
-            double ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov < bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        if (lane == 0) { red_v[warp] = bv; red_i[warp] = bi; }
+        spread_warp_min(v, bi);
+        if (lane == 0) { red_v[n & 1][warp] = v; red_i[n & 1][warp] = bi; }
         __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < SP_THREADS / 32; w++)
-                if (red_v[w] < bv || (red_v[w] == bv && red_i[w] < bi)) { bv = red_v[w]; bi = red_i[w]; }
-            next_s = bi;
-        }
-        __syncthreads();
-        pick = next_s;
+        v = 4.0; bi = NT;
+        if (lane < NW) { v = red_v[n & 1][lane]; bi = red_i[n & 1][lane]; }
+        spread_warp_min(v, bi);
+        pick = bi; /* every lane of every warp: the butterfly leaves the minimum in all */
     }
     if (tid == 0) /* candidate order */
         for (int i = 1; i < n; i++) {
@@ -4717,7 +4742,14 @@ __global__ void __launch_bounds__(SP_THREADS) spread_pick_kernel(const MassParam
             picks[k] = v;
         }
     __syncthreads();
-    for (int i = tid; i < R; i += SP_THREADS) out[i] = i < n ? picks[i] : -1;
+    int *out = p.spread + ((int64_t)kvh * p.mrows + s - p.mseg0) * R;
+    for (int i = tid; i < R; i += NT) out[i] = i < n ? picks[i] : -1;
+}
+template <int NC>
+static ei_result launch_spread_pick(const MassParams &p, int64_t C, size_t smem, int nseg, cudaStream_t st, char *msg) {
+    CUDA_TRY(cudaFuncSetAttribute(spread_pick_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    spread_pick_kernel<NC><<<dim3((unsigned)(nseg - p.s_first), (unsigned)p.nkv), spread_threads(NC), smem, st>>>(p, (int)C);
+    return EI_OK;
 }
 
 /* Zeroes the mass rows of the sampled segments and launches the kernels
@@ -4759,21 +4791,24 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         LAUNCH_CHECK("mass_zero_kernel");
     }
     if (spread_rows(cfg)) { /* the spread rows of the segments the call holds whole, first */
-        const int dq = (D + 3) / 4 * 4;
         const int64_t C = ei__spread_candidates(cfg, p.G, D);
-        const size_t smem = spread_smem_bytes(C, dq, p.R);
+        const size_t smem = spread_smem_bytes(C, D, p.R);
         int smem_max = 0;
         ei_result e;
         if ((e = smem_limit(&smem_max, msg)) || (e = grid_fits("profile (spread rows)", nseg - p.s_first, p.nkv, 1, msg)))
             return e;
-        if (smem > (size_t)smem_max)
+        /* the candidates' rows in registers at head_dim 64 / 128 / 256 (16 chunks: 512 threads) */
+        const int nc = (D + 15) / 16, NC = (nc == 4 || nc == 8 || (nc == 16 && C <= spread_threads(16))) ? nc : 0;
+        if (C > spread_threads(NC) || smem > (size_t)smem_max)
             return fail(msg, EI_ERR_UNSUPPORTED,
-                        "EI_RANK_ROWS_SPREAD: a segment's %lld candidates need %zu bytes of shared memory, the device "
-                        "has %d", (long long)C, smem, smem_max);
+                        "EI_RANK_ROWS_SPREAD: a segment's %lld candidates (%d query heads per kv head) need %zu bytes of "
+                        "shared memory and %lld threads; the device has %d bytes, the kernel %d threads",
+                        (long long)C, (int)p.G, smem, (long long)C, smem_max, spread_threads(NC));
         p.spread = spread;
         p.sp_st = (int)ei__spread_stride(cfg, p.G, D);
-        CUDA_TRY(cudaFuncSetAttribute(spread_pick_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        spread_pick_kernel<<<dim3((unsigned)(nseg - p.s_first), (unsigned)p.nkv), SP_THREADS, smem, st>>>(p, (int)C, dq);
+        e = NC == 4 ? launch_spread_pick<4>(p, C, smem, nseg, st, msg) : NC == 8 ? launch_spread_pick<8>(p, C, smem, nseg, st, msg)
+            : NC == 16 ? launch_spread_pick<16>(p, C, smem, nseg, st, msg) : launch_spread_pick<0>(p, C, smem, nseg, st, msg);
+        if (e) return e;
         LAUNCH_CHECK("spread_pick_kernel");
     }
     /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded),

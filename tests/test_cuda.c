@@ -1642,6 +1642,9 @@ static void chunked_plans(int quick) {
         calls[nc].q_pos = 1300; calls[nc].m = 700; calls[nc].is_final = 0; nc++;  /* roll back into segment 2 */
         calls[nc].q_pos = 2000; calls[nc].m = 1100; calls[nc].is_final = 1; nc++; /* 3 cut, 4 and 5 whole, 6 short */
         chunked_case("spread rows roll-backs, G 8", &cs, 3100, 8, 1, 64, EI_BF16, 2.f, calls, nc);
+        /* Gemma 3's heads (G 4 of one kv head, d 256: the rows in registers, 512 threads) */
+        nc = chunk_schedule(calls, 0, 2600, 1024, 1);
+        chunked_case("spread rows d 256, G 4", &cs, 2600, 4, 1, 256, EI_BF16, 2.f, calls, nc);
         cs.rank_rows = EI_RANK_ROWS_EVEN; /* (the cases below: the even rows) */
     }
     if (quick) return;
