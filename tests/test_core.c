@@ -1462,8 +1462,9 @@ static void test_rank_spread(void) {
         c.rank_rows = EI_RANK_ROWS_SPREAD; /* the reference ranking has no rows: ignored, as rank_precision is */
         CHECK_ERR(ei_context_create(&c, &ctx), EI_OK);
         ei_context_destroy(ctx);
-        CHECK(ei_config_default().rank_rows == EI_RANK_ROWS_EVEN && ei_config_quality().rank_rows == EI_RANK_ROWS_EVEN,
-              "even rows by default");
+        CHECK(ei_config_default().rank_rows == EI_RANK_ROWS_EVEN, "even rows by default");
+        CHECK(ei_config_quality().rank_rows == EI_RANK_ROWS_SPREAD && ei_config_quality().rank_samples == 128,
+              "the quality preset: 128 spread rows");
     }
     printf("  spread rows: %d rows equal to the reference's, %d plans checked against its mass\n", n_rows, n_plans);
 }
