@@ -130,7 +130,7 @@ mode_title() {
         vanilla)      echo "dense, llama.cpp unpatched";;
         dense)        echo "dense, patched (no flag)";;
         entropyinfer) echo "entropyinfer (ragged per-head plans)";;
-        quality)      echo "entropyinfer preset=quality (sampled ranking, top-p, sink/local)";;
+        quality)      echo "entropyinfer preset=quality (sampled ranking of 128 farthest-point rows, top-p, sink/local)";;
         quality-mask) echo "entropyinfer preset=quality, executor mask (llama.cpp's attention through the plan's mask)";;
         per-segment)  echo "entropyinfer per_segment_budget=1";;
         ei-dense)     echo "ei-dense (entropyinfer's kernel, no plan)";;
