@@ -1712,6 +1712,17 @@ EI__HD double ei__chunk_budget(const ei_config *c, const ei__seg_state *cur) {
 EI__HD int64_t ei__sample_token(const ei_config *c, int32_t s, int32_t i) {
     return (int64_t)s * c->segment_size + ((2 * (int64_t)i + 1) * c->segment_size) / (2 * (int64_t)c->rank_samples);
 }
+/* x / s rounded half away from zero, clamped to +-127, for |x / s| below
+   2^31 (the quantisers' range: |x| <= 127 s up to rounding): trunc, then
+   the exact remainder decides. The int8 ranking's and the spread rows'
+   rounding, on both backends. */
+EI__HD int8_t ei__round_i8(float t) {
+    float r = (float)(int32_t)t, f = t - r;
+    if (f >= 0.5f) r += 1.0f;
+    else if (f <= -0.5f) r -= 1.0f;
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r);
+}
+EI__HD int ei__rank_spread(const ei_config *c) { return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD; }
 /* EI_RANK_ROWS_SPREAD's candidates (CONCEPTS: ranking): at most
    EI__SPREAD_MAX of them and EI__SPREAD_BYTES of int8 rows, so that a
    segment's candidates fit one CTA's shared memory on the GPU (sm_80 and up)
@@ -1742,8 +1753,7 @@ EI__HD int64_t ei__spread_first(const ei_config *c, int32_t G, int32_t head_dim)
    holds all its tokens. */
 EI__HD int ei__spread_whole(const ei_config *c, int32_t s, int64_t q_pos, int64_t t_lo, int64_t t_hi) {
     const int64_t t0 = (int64_t)s * c->segment_size;
-    return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD && t_lo <= t0 && q_pos <= t0 &&
-           t_hi >= t0 + c->segment_size;
+    return ei__rank_spread(c) && t_lo <= t0 && q_pos <= t0 && t_hi >= t0 + c->segment_size;
 }
 /* EI_RANK_ANTIDIAGONAL: the first token of query tile i of segment s, a
    whole query block (CONCEPTS: ranking); its query head is kvh * G + i % G,
@@ -3878,7 +3888,6 @@ typedef struct ei__rank_q8 {
 static int ei__rank_int8(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
-static int ei__rank_spread(const ei_config *c) { return c->ranking == EI_RANK_SAMPLED && c->rank_rows == EI_RANK_ROWS_SPREAD; }
 /* Bytes of a batch's int8 rows (q, qu, q16) and one row of d bytes. */
 static size_t ei__rank_q8_bytes(int32_t d) { return (size_t)ei__round_up(d, 4) * EI__SAMPLE_ROWS * 4u + (size_t)ei__round_up(d, 4); }
 /* x rounded to f32 where the compiler keeps excess precision (x87 math on
@@ -3893,15 +3902,6 @@ static float ei__f32_round(float x) {
 #else
 #define ei__f32_round(x) (x)
 #endif
-/* x / s rounded half away from zero, clamped to +-127, for |x / s| below
-   2^31 (the quantisers' range: |x| <= 127 s up to rounding): trunc, then
-   the exact remainder decides. */
-static int8_t ei__round_i8(float t) {
-    float r = (float)(int32_t)t, f = t - r;
-    if (f >= 0.5f) r += 1.0f;
-    else if (f <= -0.5f) r -= 1.0f;
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r);
-}
 /* One row of d f32 in int8 (CONCEPTS: ranking): s = max|x| / 127, out[i] =
    round(x[i] / s) (all zero where s is 0); returns s, or -1 if an element
    is NaN or +-inf (out then zero). */

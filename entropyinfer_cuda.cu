@@ -1534,7 +1534,6 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
                                     float2 *stats, size_t stats_bytes, int *spread, int *flag, const CudaTuning &tn,
                                     cudaStream_t st, char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn);
-static bool spread_rows(const ei_config *cfg) { return cfg->ranking == EI_RANK_SAMPLED && cfg->rank_rows == EI_RANK_ROWS_SPREAD; }
 static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, const CudaTuning &tn,
                             ProfileWs *w, char *msg) {
@@ -1554,7 +1553,7 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv, tn));
     w->spread = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
     /* EI_RANK_ROWS_SPREAD: the rows spread_pick_kernel picks, [kv][segment][rank_samples] */
-    w->flag = w->spread + (spread_rows(cfg) ? align256((size_t)nkv * nseg * (size_t)cfg->rank_samples * 4) : 0);
+    w->flag = w->spread + (ei__rank_spread(cfg) ? align256((size_t)nkv * nseg * (size_t)cfg->rank_samples * 4) : 0);
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
@@ -4080,8 +4079,6 @@ static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int
     want = std::min(want, std::min(by_keys, (int64_t)128));
     return (int)std::max(want, (int64_t)16);
 }
-/* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
-   is s_lo: its token (-1: unused) and query head; *seg its segment. */
 /* Sampled row i of segment s of kv head kvh: its token (-1: the call does
    not hold it) and query head (0 then). The spread rows where the call holds
    the whole segment (EI_RANK_ROWS_SPREAD: spread_pick_kernel's table, as the
@@ -4103,6 +4100,8 @@ __device__ __forceinline__ int sample_row(const MassParams &p, int s, int i, int
     *head = kvh * p.G + g;
     return (int)t;
 }
+/* Row r (0 .. MS_ROWS) of row chunk `chunk` of the CTA whose first segment
+   is s_lo: its token (-1: unused) and query head; *seg its segment. */
 __device__ __forceinline__ int mass_row(const MassParams &p, int s_lo, int chunk, int r, int kvh, int *head, int *seg) {
     int a = r / p.rpad, il = r - a * p.rpad, s = s_lo + a, i = chunk * p.rpad + il;
     *seg = s;
@@ -4640,12 +4639,6 @@ static size_t spread_smem_bytes(int64_t C, int D, int R) {
 }
 /* threads of spread_pick_kernel<NC>: 512 at 16 chunks (64 registers of row) */
 static __host__ __device__ constexpr int spread_threads(int NC) { return NC == 16 ? 512 : SP_THREADS; }
-__device__ __forceinline__ int8_t quant_round_i8(float t) { /* ei__round_i8 */
-    float r = truncf(t), f = t - r;
-    if (f >= 0.5f) r += 1.0f;
-    else if (f <= -0.5f) r -= 1.0f;
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
-}
 /* the smaller of two (value, candidate) pairs, the earlier candidate on ties */
 __device__ __forceinline__ void spread_min(double &v, int &i, double ov, int oi) {
     if (ov < v || (ov == v && oi < i)) { v = ov; i = oi; }
@@ -4678,7 +4671,7 @@ __device__ void spread_candidate(const MassParams &p, int s, int kvh, int b, int
     int nn = 0;
     for (int e = lane; e < nc * 16; e += 32) {
         int8_t v = 0;
-        if (e < p.D && sc > 0.f) v = quant_round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
+        if (e < p.D && sc > 0.f) v = ei__round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
         row[e] = v;
         nn += (int)v * v;
     }
@@ -4790,7 +4783,7 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         mass_zero_kernel<<<stride_blocks(per * p.nkv), 256, 0, st>>>(p);
         LAUNCH_CHECK("mass_zero_kernel");
     }
-    if (spread_rows(cfg)) { /* the spread rows of the segments the call holds whole, first */
+    if (ei__rank_spread(cfg)) { /* the spread rows of the segments the call holds whole, first */
         const int64_t C = ei__spread_candidates(cfg, p.G, D);
         const size_t smem = spread_smem_bytes(C, D, p.R);
         int smem_max = 0;
