@@ -13,7 +13,8 @@
                     [--e-t 1e-5] [--delta 0.4] [--alpha 0.5] [--per-segment]
                     [--reps 1] [--json] [--peak] [--kernel auto|scalar|avx2|avx512|dpbf16|amx]
                     [--ranking reference|sampled|antidiagonal] [--samples 64] [--top-p P] [--sink B] [--local B]
-                    [--quality]   (ei_config_quality's ranking, top_p, sink and local blocks)
+                    [--quality]   (ei_config_quality's ranking, its rows and precision, top_p, sink and
+                                   local blocks, budget cap)
                     [--rank-precision f32|int8]   (EI_RANK_SAMPLED's score arithmetic)
                     [--rank-rows even|spread]     (EI_RANK_SAMPLED's rows: even, or farthest-point)
                     [--chunk C]   (plan in chunks of C queries, ei_profile_chunk, as
@@ -335,6 +336,8 @@ int main(int argc, char **argv) {
             ei_config qc = ei_config_quality();
             cfg.ranking = qc.ranking; cfg.rank_samples = qc.rank_samples; cfg.top_p = qc.top_p;
             cfg.sink_blocks = qc.sink_blocks; cfg.local_blocks = qc.local_blocks;
+            cfg.rank_rows = qc.rank_rows; cfg.rank_precision = qc.rank_precision;
+            cfg.budget_max_factor = qc.budget_max_factor;
         } else if (!strcmp(o, "--ranking")) {
             const char *v = TAKE;
             cfg.ranking = !strcmp(v, "sampled") ? EI_RANK_SAMPLED : !strcmp(v, "antidiagonal") ? EI_RANK_ANTIDIAGONAL : EI_RANK_REFERENCE;

@@ -297,13 +297,14 @@ int main(int argc, char **argv) {
            doc ? doc : "/usr/share/common-licenses/*", len, (long long)n_all, (long long)n_prompt, N_CONT, N_GEN);
     printf("config: segment %d, block %d, threshold_len %lld, base_budget %d (x%.0f..x%.0f), e_t %g, delta_t %.2f, alpha %.2f,\n"
            "        decode_budget %d, window %d, decode_gap %d, decode policy %s (decode_recent %g), %s keep sets, %s plans,\n"
-           "        ranking %s (%d sampled rows%s), top_p %g, sink blocks %d, local blocks %d%s\n",
+           "        ranking %s (%d sampled rows%s%s), top_p %g, sink blocks %d, local blocks %d%s\n",
            cfg.segment_size, cfg.block_size, (long long)cfg.threshold_len, cfg.base_budget, (double)cfg.budget_min_factor,
            (double)cfg.budget_max_factor, (double)cfg.rigid_entropy, (double)cfg.delta_t, (double)cfg.alpha, cfg.decode_budget,
            cfg.window, cfg.decode_gap, policy, (double)cfg.decode_recent, gm_ei_shared_env() ? "shared" : "per-layer",
            cfg.per_segment_budget ? "per-segment" : "ragged",
            cfg.ranking == EI_RANK_SAMPLED ? "sampled attention mass" : "reference block score", cfg.rank_samples,
-           cfg.rank_rows == EI_RANK_ROWS_SPREAD ? ", farthest-point" : "", cfg.top_p,
+           cfg.rank_rows == EI_RANK_ROWS_SPREAD ? ", farthest-point" : "",
+           cfg.rank_precision == EI_RANK_PRECISION_INT8 ? ", int8 scores" : "", cfg.top_p,
            cfg.sink_blocks, cfg.local_blocks,
            cfg.ranking == EI_RANK_SAMPLED ? " (ei_config_quality; GEMMA_DEMO_PAPER=1: the paper's)" : " (the paper's)");
     printf("NOTE: only the 3 global layers (5, 11, 17) use entropyinfer; the 15 sliding-window layers and the matmuls\n"

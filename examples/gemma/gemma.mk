@@ -13,8 +13,11 @@
 #                        ref-b<B>      reference ranking (the paper), base_budget B for B in GEMMA_EVAL_BUDGETS,
 #                                      with the oracle row (the oracle at the reference's counts) for B in
 #                                      GEMMA_EVAL_ORACLE_BUDGETS
-#                        sampled-p<P>  ranking=sampled (the ei_config_quality preset) with top_p P for P
-#                                      in GEMMA_EVAL_TOP_P (no oracle row)
+#                        sampled-p<P>  ranking=sampled (the ei_config_quality preset: 128 farthest-point
+#                                      rows, int8 scores) with top_p P for P in GEMMA_EVAL_TOP_P, with the
+#                                      oracle row (the oracle at its counts) for P in GEMMA_EVAL_SAMPLED_ORACLE
+#                        even64-p<P>   the preset before 2026-12-07 (64 even rows, f32 scores) with top_p P
+#                                      for P in GEMMA_EVAL_EVEN64_TOP_P (no oracle row)
 #                        antidiag-p<P> ranking=antidiagonal (the preset with EI_RANK_ANTIDIAGONAL, 64 tiles)
 #                                      with top_p P for P in GEMMA_EVAL_ANTIDIAG_TOP_P (no oracle row)
 #                      The dense rows and dense passkey answers are computed once (dense_cache=build/eval/dense).
@@ -48,6 +51,8 @@ GEMMA_EVAL_PASSKEY     ?= 8192,16384,32768
 GEMMA_EVAL_BUDGETS     ?= 1024 2048 3072
 GEMMA_EVAL_TOP_P       ?= 0.9 0.95 0.98 0.99
 GEMMA_EVAL_ANTIDIAG_TOP_P ?= 0.95
+GEMMA_EVAL_SAMPLED_ORACLE ?= 0.95
+GEMMA_EVAL_EVEN64_TOP_P ?= 0.95
 GEMMA_EVAL_PK_BUDGET   ?=
 GEMMA_EVAL_ORACLE_BUDGETS ?= 1024 2048
 GEMMA_EVAL_PK_TOP_P    ?= 0.95
@@ -109,13 +114,15 @@ eval-table: $(GEMMA_BUILD)/gemma-eval $(GEMMA_MODEL) $(GEMMA_EVAL_TEXT_DEP)
 
 # The sweep. Each run's options and passkey contexts:
 gemma_eval_runs := $(foreach b,$(GEMMA_EVAL_BUDGETS),ref-b$(b)) $(foreach p,$(GEMMA_EVAL_TOP_P),sampled-p$(p)) \
-                   $(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),antidiag-p$(p))
+                   $(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),antidiag-p$(p)) $(foreach p,$(GEMMA_EVAL_EVEN64_TOP_P),even64-p$(p))
 $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_opts_ref-b$(b) = ranking=reference base_budget=$(b)$(if \
     $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),, no_reference=1)$(if $(filter $(b),$(GEMMA_EVAL_ORACLE_BUDGETS)),, oracle=0) $$(GEMMA_EVAL_OPTIONS)))
 $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_pk_ref-b$(b) = $(if $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),$$(GEMMA_EVAL_PASSKEY))))
-$(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
+$(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=$(if \
+    $(filter $(p),$(GEMMA_EVAL_SAMPLED_ORACLE)),1,0) no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
 $(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_pk_sampled-p$(p) = $(if $(filter $(p),$(GEMMA_EVAL_PK_TOP_P)),$$(GEMMA_EVAL_PASSKEY))))
-$(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),$(eval gemma_eval_opts_antidiag-p$(p) = ranking=antidiagonal top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
+$(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),$(eval gemma_eval_opts_antidiag-p$(p) = ranking=antidiagonal samples=64 top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
+$(foreach p,$(GEMMA_EVAL_EVEN64_TOP_P),$(eval gemma_eval_opts_even64-p$(p) = ranking=sampled top_p=$(p) samples=64 rows=even precision=f32 oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
 
 # One run: $(1) its name, $(2) the run before it (order-only: one run at a time, also
 # under -j, so timings compare). <name>.args holds the command line, rewritten only

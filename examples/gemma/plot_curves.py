@@ -35,6 +35,8 @@ MARKERS = ["circle", "square", "triangle", "diamond", "triangle-down", "cross"]
 IDENT_FIELDS = [
     ("counts", "counts"),
     ("rank_samples", "samples"),
+    ("rank_rows", "rows"),
+    ("rank_precision", "scores"),
     ("budget_max_factor", "cap x base"),
     ("sink_blocks", "sink"),
     ("local_blocks", "local"),
