@@ -14,8 +14,11 @@
 #                                      with the oracle row (the oracle at the reference's counts) for B in
 #                                      GEMMA_EVAL_ORACLE_BUDGETS
 #                        sampled-p<P>  ranking=sampled (the ei_config_quality preset: 128 farthest-point
-#                                      rows, int8 scores) with top_p P for P in GEMMA_EVAL_TOP_P, with the
-#                                      oracle row (the oracle at its counts) for P in GEMMA_EVAL_SAMPLED_ORACLE
+#                                      rows) with GEMMA_EVAL_SAMPLED_OPTIONS (default precision=int8: int8
+#                                      scores, which rank as the preset's f32 ones for 0.6x the time; CPU
+#                                      only until docs/ranking_rows_eval/int8_gpu/gpu_int8.patch runs on a
+#                                      GPU) and top_p P for P in GEMMA_EVAL_TOP_P, with the oracle row (the
+#                                      oracle at its counts) for P in GEMMA_EVAL_SAMPLED_ORACLE
 #                        even64-p<P>   the preset before 2026-12-07 (64 even rows, f32 scores) with top_p P
 #                                      for P in GEMMA_EVAL_EVEN64_TOP_P (no oracle row)
 #                        antidiag-p<P> ranking=antidiagonal (the preset with EI_RANK_ANTIDIAGONAL, 64 tiles)
@@ -52,6 +55,7 @@ GEMMA_EVAL_BUDGETS     ?= 1024 2048 3072
 GEMMA_EVAL_TOP_P       ?= 0.9 0.95 0.98 0.99
 GEMMA_EVAL_ANTIDIAG_TOP_P ?= 0.95
 GEMMA_EVAL_SAMPLED_ORACLE ?= 0.95
+GEMMA_EVAL_SAMPLED_OPTIONS ?= precision=int8
 GEMMA_EVAL_EVEN64_TOP_P ?= 0.95
 GEMMA_EVAL_PK_BUDGET   ?=
 GEMMA_EVAL_ORACLE_BUDGETS ?= 1024 2048
@@ -119,7 +123,7 @@ $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_opts_ref-b$(b) = ranking=ref
     $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),, no_reference=1)$(if $(filter $(b),$(GEMMA_EVAL_ORACLE_BUDGETS)),, oracle=0) $$(GEMMA_EVAL_OPTIONS)))
 $(foreach b,$(GEMMA_EVAL_BUDGETS),$(eval gemma_eval_pk_ref-b$(b) = $(if $(filter $(b),$(GEMMA_EVAL_PK_BUDGET)),$$(GEMMA_EVAL_PASSKEY))))
 $(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_opts_sampled-p$(p) = ranking=sampled top_p=$(p) oracle=$(if \
-    $(filter $(p),$(GEMMA_EVAL_SAMPLED_ORACLE)),1,0) no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
+    $(filter $(p),$(GEMMA_EVAL_SAMPLED_ORACLE)),1,0) no_reference=1 $$(GEMMA_EVAL_SAMPLED_OPTIONS) $$(GEMMA_EVAL_OPTIONS)))
 $(foreach p,$(GEMMA_EVAL_TOP_P),$(eval gemma_eval_pk_sampled-p$(p) = $(if $(filter $(p),$(GEMMA_EVAL_PK_TOP_P)),$$(GEMMA_EVAL_PASSKEY))))
 $(foreach p,$(GEMMA_EVAL_ANTIDIAG_TOP_P),$(eval gemma_eval_opts_antidiag-p$(p) = ranking=antidiagonal samples=64 top_p=$(p) oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))
 $(foreach p,$(GEMMA_EVAL_EVEN64_TOP_P),$(eval gemma_eval_opts_even64-p$(p) = ranking=sampled top_p=$(p) samples=64 rows=even precision=f32 oracle=0 no_reference=1 $$(GEMMA_EVAL_OPTIONS)))

@@ -77,6 +77,8 @@ def row_ident(run, row):
     ident = {
         "counts": "top-p" if finite(top_p) and top_p > 0 else "budget",
         "rank_samples": cfg.get("rank_samples") if cfg.get("ranking") in ("sampled", "antidiagonal") else None,
+        "rank_rows": cfg.get("rank_rows") if cfg.get("ranking") == "sampled" else None,
+        "rank_precision": cfg.get("rank_precision") if cfg.get("ranking") == "sampled" else None,
         "dense_layers": ",".join(str(x) for x in (run.get("config") or {}).get("dense_layers") or []) or None,
         "per_segment_budget": cfg.get("per_segment_budget"),
     }

@@ -195,7 +195,7 @@ static ei_options & ei_opts() {
 }
 
 enum ei_field_kind { EI_FIELD_I32, EI_FIELD_I64, EI_FIELD_F64, EI_FIELD_F32, EI_FIELD_SIMD, EI_FIELD_POOL, EI_FIELD_REDUCE,
-                     EI_FIELD_RANKING, EI_FIELD_ROWS, EI_FIELD_POLICY, EI_FIELD_SHARED };
+                     EI_FIELD_RANKING, EI_FIELD_ROWS, EI_FIELD_PRECISION, EI_FIELD_POLICY, EI_FIELD_SHARED };
 
 struct ei_field {
     const char *  name;
@@ -219,6 +219,7 @@ static const ei_field k_fields[] = {
     EI_FIELD(ranking,            EI_FIELD_RANKING),
     EI_FIELD(rank_samples,       EI_FIELD_I32),
     EI_FIELD(rank_rows,          EI_FIELD_ROWS),
+    EI_FIELD(rank_precision,     EI_FIELD_PRECISION),
     EI_FIELD(top_p,              EI_FIELD_F64),
     EI_FIELD(sink_blocks,        EI_FIELD_I32),
     EI_FIELD(local_blocks,       EI_FIELD_I32),
@@ -304,6 +305,7 @@ static const char * const k_pool_names[]   = { "avg", "max", "none" };
 static const char * const k_reduce_names[] = { "mean", "max" };
 static const char * const k_ranking_names[] = { "reference", "sampled" };
 static const char * const k_rows_names[] = { "even", "spread" }; // ei_rank_rows
+static const char * const k_precision_names[] = { "f32", "int8" }; // ei_rank_precision
 // in the order of the enums ei_decode_policy and ei_shared_weight
 static const char * const k_policy_names[] = { "entropyinfer", "streaming", "snapkv", "h2o" };
 static const char * const k_shared_names[] = { "equal", "entropy" };
@@ -320,12 +322,14 @@ static const ei_enum_names k_enum_names[] = {
     { EI_FIELD_REDUCE,  k_reduce_names,  2 },
     { EI_FIELD_RANKING, k_ranking_names, 2 },
     { EI_FIELD_ROWS,    k_rows_names,    2 },
+    { EI_FIELD_PRECISION, k_precision_names, 2 },
     { EI_FIELD_POLICY,  k_policy_names,  4 },
     { EI_FIELD_SHARED,  k_shared_names,  2 },
 };
 // (the enum fields are stored as int: ei_set_one copies an int into them)
 static_assert(sizeof(ei_simd) == sizeof(int) && sizeof(ei_pool) == sizeof(int) && sizeof(ei_reduce) == sizeof(int) &&
-              sizeof(ei_ranking) == sizeof(int) && sizeof(ei_rank_rows) == sizeof(int) && sizeof(ei_decode_policy) == sizeof(int) &&
+              sizeof(ei_ranking) == sizeof(int) && sizeof(ei_rank_rows) == sizeof(int) && sizeof(ei_rank_precision) == sizeof(int) &&
+              sizeof(ei_decode_policy) == sizeof(int) &&
               sizeof(ei_shared_weight) == sizeof(int), "ei_config's enum fields are int-sized");
 
 static const ei_enum_names * ei_enum_of(ei_field_kind kind) {
@@ -400,6 +404,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.cfg.ranking      = q.ranking;
         o.cfg.rank_samples = q.rank_samples;
         o.cfg.rank_rows    = q.rank_rows;
+        o.cfg.rank_precision = q.rank_precision;
         o.cfg.top_p        = q.top_p;
         o.cfg.sink_blocks  = q.sink_blocks;
         o.cfg.local_blocks = q.local_blocks;
@@ -998,7 +1003,7 @@ const char * llama_entropyinfer_help(void) {
             "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
             "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g), "
             "last_segment_dense (%d), per_segment_budget (%d), ranking (reference|sampled), rank_samples (%d), "
-            "rank_rows (even|spread: farthest-point rows), "
+            "rank_rows (even|spread: farthest-point rows), rank_precision (f32|int8: the sampled rows' scores; int8 on the CPU backend), "
             "top_p (%g), sink_blocks (%d), local_blocks (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16); "
             "preset=quality (ei_config_quality(): the sampled ranking of 128 farthest-point rows, top-p counts, sink and "
             "local blocks) or "
@@ -1072,12 +1077,13 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
     std::call_once(once, [&] {
         const ei_config & c = st->opts.cfg;
         fprintf(stderr, "entropyinfer: on, mode %s, executor %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
-                "last_segment_dense %d, per_segment_budget %d, ranking %s (rank_samples %d, rank_rows %s, top_p %g, sink_blocks %d, "
+                "last_segment_dense %d, per_segment_budget %d, ranking %s (rank_samples %d, rank_rows %s, rank_precision %s, top_p %g, sink_blocks %d, "
                 "local_blocks %d), min_tokens %d, simd %s; %s\n",
                 k_mode_names[st->opts.mode], k_executor_names[st->opts.executor], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
                 (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget,
                 k_ranking_names[c.ranking == EI_RANK_SAMPLED ? 1 : 0], (int) c.rank_samples,
-                k_rows_names[c.rank_rows == EI_RANK_ROWS_SPREAD ? 1 : 0], c.top_p, (int) c.sink_blocks,
+                k_rows_names[c.rank_rows == EI_RANK_ROWS_SPREAD ? 1 : 0],
+                k_precision_names[c.rank_precision == EI_RANK_PRECISION_INT8 ? 1 : 0], c.top_p, (int) c.sink_blocks,
                 (int) c.local_blocks, st->opts.min_tokens,
                 ei_simd_name(ei_context_config(st->ctx0)->simd),
                 cparams.flash_attn ? "flash attention on: the V cache is head-major, layers can be served"
