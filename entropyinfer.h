@@ -176,8 +176,10 @@
                elsewhere). Each key is rounded once per profiling call and
                kv head, however many rows and segments score it. It applies
                to EI_RANK_SAMPLED's ranking only (decode scores stay f32);
-               CPU only: the CUDA backend refuses it (EI_ERR_UNSUPPORTED).
-               NaN or +-inf in a sampled row or a key: EI_ERR_NONFINITE, as
+               the CUDA backend forms the same int32 sums (the int8 values
+               held exactly in bf16 or f32 rows, whose products and partial
+               sums are integers below 2^24: exact in f32) and the same
+               logits. NaN or +-inf in a sampled row or a key: EI_ERR_NONFINITE, as
                with f32. An f32 emulation of this
                rounding ranked as well as f32 on Gemma 3 270M at 32k with
                128 rows; cost: docs/quality.md, "The sampled rows in int8
@@ -740,13 +742,13 @@ typedef enum ei_ranking {
 typedef enum ei_rank_precision {
     EI_RANK_PRECISION_F32 = 0, /* f32 q . k (the avx512-bf16 path: q rounded to bf16 against bf16 keys) */
     EI_RANK_PRECISION_INT8 = 1 /* q rows and keys rounded to int8, one scale each, exact int32 dot
-                                  products: the same scores on every CPU path; CPU only */
+                                  products: the same scores on every path and backend */
 } ei_rank_precision;
 /* Which query rows EI_RANK_SAMPLED scores (CONCEPTS: ranking). */
 typedef enum ei_rank_rows {
     EI_RANK_ROWS_EVEN = 0,  /* rows at evenly spaced tokens of the segment, the group's heads in turn */
     EI_RANK_ROWS_SPREAD = 1 /* farthest-point rows: each the query direction least like the rows
-                               before it; CPU only */
+                               before it; both backends */
 } ei_rank_rows;
 typedef enum ei_simd {
     EI_SIMD_AUTO = 0,   /* best this CPU and OS support */
@@ -839,7 +841,7 @@ typedef struct ei_config {
     /* (last, so that the fields above keep the layout the CUDA plugin's ABI 13 reads) */
     ei_rank_precision rank_precision; /* EI_RANK_PRECISION_F32: the arithmetic of EI_RANK_SAMPLED's
                                          scores; EI_RANK_PRECISION_INT8: int8 q and k, exact
-                                         int32 dot products (CONCEPTS: ranking; CPU only) */
+                                         int32 dot products (CONCEPTS: ranking; both backends) */
     ei_rank_rows rank_rows;      /* EI_RANK_ROWS_EVEN: which query rows EI_RANK_SAMPLED scores;
                                     EI_RANK_ROWS_SPREAD: farthest-point rows (CONCEPTS: ranking; both
                                     backends; other rankings ignore it, as they ignore rank_precision) */
@@ -1296,11 +1298,15 @@ EIDEF ei_result ei_kv_compact(const ei_context *ctx, const ei_keep_set *keep, ei
    f32 either way (plans equal the CPU's); the sampled ranking (EI_RANK_SAMPLED)
    rounds an f32 q to k's type on the tensor cores as attention does (an f32 q
    element that rounds to Inf there: EI_ERR_NONFINITE), and runs on CUDA cores
-   in f32 for f32 k or head_dim other than 64/128/256. Chunked planning
-   (ei_profile_chunk) runs on the GPU with either ranking, every kv head in
-   one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL and EI_RANK_PRECISION_INT8
-   have no GPU kernels yet: every profiling call of a CUDA context refuses
-   them (EI_ERR_UNSUPPORTED).
+   in f32 for f32 k or head_dim other than 64/128/256; with
+   EI_RANK_PRECISION_INT8 every key is rounded once per call into the
+   workspace (ei_sizes.profile counts it: n_tokens x n_kv_heads x
+   (2 x head_dim rounded up to 64, 128 or 256, + 4) bytes) and the rows run
+   on the tensor cores for any dtype up to head_dim 256 (f32 CUDA cores
+   above). Chunked planning (ei_profile_chunk) runs on the GPU with either
+   ranking, every kv head in one call (PROTOCOLS). EI_RANK_ANTIDIAGONAL has
+   no GPU kernels yet: every profiling call of a CUDA context refuses it
+   (EI_ERR_UNSUPPORTED).
    Finding the plugin (EI_BACKEND_CUDA*): cfg.cuda_library, else the path in
    $EI_CUDA_LIBRARY, else libentropyinfer_cuda.so through the dynamic loader's
    search path (LD_LIBRARY_PATH, the program's RUNPATH, ld.so.cache, system
@@ -1371,8 +1377,8 @@ EIDEF ei_result ei_cuda_status(const ei_context *ctx);
 
 /* Bump on any change of ei_cuda_api or of the meaning of its functions (ei_config is passed by
    pointer: a new field is a change; 14: rank_precision; 15: rank_rows; 16: the GPU picks
-   EI_RANK_ROWS_SPREAD's rows). */
-#define EI_CUDA_ABI_VERSION 16
+   EI_RANK_ROWS_SPREAD's rows; 17: the GPU scores EI_RANK_PRECISION_INT8). */
+#define EI_CUDA_ABI_VERSION 17
 #define EI_CUDA_ENTRY_POINT "ei_cuda_get_api"
 /* The plugin's file name, looked up when neither cfg.cuda_library nor
    $EI_CUDA_LIBRARY names a path (a build may define another name). */
@@ -2932,16 +2938,19 @@ EIDEF ei_config ei_config_default(void) {
 }
 
 /* The values measured best on real models (docs/quality.md, "Block ranking beyond
-   the paper" and "Spread rows on the GPU: the preset"): the paper's segments,
-   blocks, threshold and base budget, the sampled ranking of 128 farthest-point
-   rows (Gemma 3 270M at 32k against 64 even rows: perplexity -0.20% / +2.02%
-   of dense on two texts where the even rows gave +0.30% / +5.13%, for about
-   2x the profile's time), top-p counts (cap 4x base), sink/local blocks. */
+   the paper", "Spread rows on the GPU: the preset" and "int8 scores on the
+   GPU"): the paper's segments, blocks, threshold and base budget, the sampled
+   ranking of 128 farthest-point rows scored in int8 (Gemma 3 270M at 32k
+   against 64 even rows in f32: perplexity -0.08% / +1.34% of dense on two
+   texts where the even rows gave +0.30% / +5.13%; f32 scores of the same rows
+   -0.20% / +2.02% for 1.5x the time), top-p counts (cap 4x base), sink/local
+   blocks. */
 EIDEF ei_config ei_config_quality(void) {
     ei_config c = ei_config_default();
     c.ranking = EI_RANK_SAMPLED;
     c.rank_samples = 128;
     c.rank_rows = EI_RANK_ROWS_SPREAD;
+    c.rank_precision = EI_RANK_PRECISION_INT8;
     c.top_p = 0.95;
     c.sink_blocks = 1;
     c.local_blocks = 8;
@@ -4145,10 +4154,6 @@ static ei_result ei__check_gpu_ranking(const ei_context *ctx) {
         return ei__fail(ctx, EI_ERR_UNSUPPORTED,
                         "EI_RANK_ANTIDIAGONAL is a CPU ranking: profile on the CPU backend, or rank with EI_RANK_SAMPLED "
                         "on the CUDA backend");
-    if (ctx->cfg.ranking == EI_RANK_SAMPLED && ctx->cfg.rank_precision == EI_RANK_PRECISION_INT8)
-        return ei__fail(ctx, EI_ERR_UNSUPPORTED,
-                        "EI_RANK_PRECISION_INT8 is a CPU ranking arithmetic: profile on the CPU backend, or rank with "
-                        "EI_RANK_PRECISION_F32 on the CUDA backend");
     return EI_OK;
 }
 

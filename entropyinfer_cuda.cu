@@ -1521,8 +1521,34 @@ static ei_result api_plan_copy(const ei_config *cfg, ei_plan *dst, const ei_plan
 
 /* ============================================================ profile (host) */
 struct ProfileWs {
-    size_t qfeat, kfeat, raw, mass, stats, rows, spread, flag, total;
+    size_t qfeat, kfeat, raw, mass, stats, rows, spread, k8s, k8, flag, total;
 };
+/* EI_RANK_PRECISION_INT8 on the GPU (CONCEPTS: ranking): each key is rounded
+   once per call (rank_keys_i8_kernel) into the workspace, its scale, then
+   its int8 values held exactly in a 16-bit or f32 row, so that the sampled
+   ranking's kernels, unchanged in their arithmetic, form the exact int32
+   dot: every product of two int8 values and every partial sum of up to 1024
+   of them is an integer below 2^24, exact in f32 whatever the order (the
+   tensor cores' f32 accumulation included). The tensor-core kernel takes
+   head_dim up to 256, its rows padded with zeros to 64 / 128 / 256 (a zero
+   adds nothing to an integer sum), in bf16 (any dtype of q and k: the
+   rounding reads them as f32); larger head_dim or EI_CUDA_SAMPLED_GENERIC:
+   the f32 kernel over f32 rows of head_dim. */
+static bool rank_int8(const ei_config *cfg) {
+    return cfg->ranking == EI_RANK_SAMPLED && cfg->rank_precision == EI_RANK_PRECISION_INT8;
+}
+static bool i8_mma(int D, const CudaTuning &tn) { return D <= 256 && !tn.sampled_generic; }
+static int i8_width(int D, const CudaTuning &tn) { return !i8_mma(D, tn) ? D : D <= 64 ? 64 : D <= 128 ? 128 : 256; }
+/* Bytes of the rounded keys of n tokens: nkv x n scales, and the rows (false on overflow). */
+static bool i8_key_bytes(int64_t n, int32_t nkv, int D, const CudaTuning &tn, size_t *scales, size_t *rows) {
+    size_t keys;
+    if (!mul_ok((size_t)nkv, (size_t)n, &keys) || !mul_ok(keys, (size_t)i8_width(D, tn) * (i8_mma(D, tn) ? 2u : 4u), rows) ||
+        keys > SIZE_MAX / 8 || *rows > SIZE_MAX / 4)
+        return false;
+    *scales = align256(keys * 4);
+    *rows = align256(*rows);
+    return true;
+}
 /* The plan's rows need the ranking stage beyond the paper (rank_kernel):
    sampled mass, top_p counts or always-kept blocks; else topk_kernel as in
    the reference (bit-identical plans for the default configuration). */
@@ -1531,8 +1557,8 @@ static bool profile_extended(const ei_config *cfg) {
 }
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *spread, int *flag, const CudaTuning &tn,
-                                    cudaStream_t st, char *msg);
+                                    float2 *stats, size_t stats_bytes, int *spread, float *k8s, char *k8, int *flag,
+                                    const CudaTuning &tn, cudaStream_t st, char *msg);
 static size_t mass_stats_bytes(const ei_config *cfg, int64_t n, int32_t nkv, const CudaTuning &tn);
 static int chunk_parts_max(const ei_config *cfg, int64_t s_lo, int64_t nseg, int32_t nkv, int64_t n, const CudaTuning &tn);
 static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t nkv, int32_t D, const CudaTuning &tn,
@@ -1553,7 +1579,14 @@ static ei_result profile_ws(const ei_config *cfg, int64_t n, int32_t nh, int32_t
     w->rows = w->stats + align256(mass_stats_bytes(cfg, n, nkv, tn));
     w->spread = w->rows + (cfg->ranking == EI_RANK_SAMPLED ? align256((size_t)nkv * nseg * 4) : 0);
     /* EI_RANK_ROWS_SPREAD: the rows spread_pick_kernel picks, [kv][segment][rank_samples] */
-    w->flag = w->spread + (ei__rank_spread(cfg) ? align256((size_t)nkv * nseg * (size_t)cfg->rank_samples * 4) : 0);
+    w->k8s = w->spread + (ei__rank_spread(cfg) ? align256((size_t)nkv * nseg * (size_t)cfg->rank_samples * 4) : 0);
+    {   /* EI_RANK_PRECISION_INT8: the rounded keys' scales [kv][token], then their rows */
+        size_t sc = 0, kb = 0;
+        if (rank_int8(cfg) && !i8_key_bytes(n, nkv, D, tn, &sc, &kb))
+            return fail(msg, EI_ERR_OVERFLOW, "profiling workspace for %lld tokens overflows size_t", (long long)n);
+        w->k8 = w->k8s + sc;
+        w->flag = w->k8 + kb;
+    }
     w->total = w->flag + 256 + 256; /* the flag, and slack to align the base */
     return EI_OK;
 }
@@ -1685,7 +1718,7 @@ static ei_result api_profile(const ei_config *cfg, const ei_tensor *q, const ei_
     LAUNCH_CHECK("softmax_entropy_kernel");
     if (cfg->ranking == EI_RANK_SAMPLED && nblk > 0 &&
         (r = launch_sample_mass(cfg, q, k, 0, n, 0, nseg, 0, nseg, nblk, 16, mass, (float2 *)(base + w.stats),
-                                w.rows - w.stats, (int *)(base + w.spread), flag, tn, st, msg)) != EI_OK)
+                                w.rows - w.stats, (int *)(base + w.spread), (float *)(base + w.k8s), base + w.k8, flag, tn, st, msg)) != EI_OK)
         return r;
     budget_kernel<<<1, 256, 0, st>>>(*cfg, nkv, nseg, plan->seg_capacity, n, nblk, plan->max_keep, plan->entropy,
                                      plan->head_class, plan->budget, plan->keep_blocks, plan->keep_count);
@@ -1785,7 +1818,7 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
             if (nblk > 0 &&
                 (r = launch_sample_mass(cfg, q, k, q_pos, n, (int)sq, (int)s_end, (int)sq, (int)nrows, (int)raw_stride,
                                         parts_max, mass, (float2 *)(base + w.stats), w.rows - w.stats,
-                                        (int *)(base + w.spread), flag, tn, st, msg)))
+                                        (int *)(base + w.spread), (float *)(base + w.k8s), base + w.k8, flag, tn, st, msg)))
                 return r;
             chunk_rows_kernel<<<nkv, 256, 0, st>>>(*cfg, (int)nrows, (int)sq, q_pos, n, continues, heads, seg_rows,
                                                    nblk > 0 ? mass : NULL, raw_stride, open_raw, pad);
@@ -1893,6 +1926,16 @@ template <typename T> __device__ __forceinline__ void load16(uint4 *dst, const T
    vec: two 16-byte loads (data 16-byte aligned, strides multiples of 8
    elements), else element loads. Synchronous: the Q tile is loaded once per
    CTA, beside the cp.async K/V tiles. */
+/* 8 floats rounded to T, as 16 bytes */
+template <typename T> __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
+    union { uint4 v; T h[8]; } u;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        if constexpr (std::is_same<T, __half>::value) u.h[e] = __float2half_rn(x[e]);
+        else u.h[e] = __float2bfloat16_rn(x[e]);
+    }
+    return u.v;
+}
 template <typename T> __device__ __forceinline__ uint4 round8_of_f32(const float *src, int vec) {
     float x[8];
     if (vec) {
@@ -1902,13 +1945,7 @@ template <typename T> __device__ __forceinline__ uint4 round8_of_f32(const float
 #pragma unroll
         for (int e = 0; e < 8; e++) x[e] = src[e];
     }
-    union { uint4 v; T h[8]; } u;
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        if constexpr (std::is_same<T, __half>::value) u.h[e] = __float2half_rn(x[e]);
-        else u.h[e] = __float2bfloat16_rn(x[e]);
-    }
-    return u.v;
+    return pack8<T>(x);
 }
 /* A Q row chunk (8 elements) into shared memory as T: load16 for a T view,
    rounded from f32 for an f32 view (q_f32) */
@@ -4013,8 +4050,91 @@ struct MassParams {
     int *spread;       /* EI_RANK_ROWS_SPREAD: the rows spread_pick_kernel chose, laid out as the mass rows
                           ([kvh][mrows][R] candidate numbers, -1 past the last); NULL: the even rows */
     int sp_st;         /* the candidates' token stride (ei__spread_stride) */
+    const float *k_scale; /* EI_RANK_PRECISION_INT8: the keys' scales [kvh][n] (k then holds the rounded keys,
+                             rank_keys_i8_kernel); NULL: f32 scores */
     ei_config cfg;
 };
+/* EI_RANK_PRECISION_INT8 (CONCEPTS: ranking): the scale of a row of D
+   elements at x + base, max|x_i| / 127 as ei__quant_i8 divides, by one warp
+   (every lane gets it); NaN or Inf sets bad_bit in *flag and gives 0 (a
+   zero row, as the CPU's). */
+__device__ float warp_i8_scale(const void *x, int dtype, int64_t base, int D, int *flag, int bad_bit) {
+    const int lane = threadIdx.x & 31;
+    float m = 0.f;
+    bool bad = false;
+    for (int e = lane; e < D; e += 32) {
+        float v = load_f32(x, dtype, base + e);
+        bad |= !isfinite(v);
+        m = fmaxf(m, fabsf(v));
+    }
+    m = warp_max(m);
+    if (__any_sync(0xffffffffu, bad)) {
+        if (lane == 0) atomicOr(flag, bad_bit);
+        return 0.f;
+    }
+    return __fdiv_rn(m, 127.0f);
+}
+/* The same rounding by a group of L consecutive lanes (L a power of two
+   up to 32, groups aligned in the warp, every lane of the warp calling):
+   lane c of the group takes elements 8c..8c+7 of the row at x + base (zeros
+   from D on) and gets them rounded in v, as floats; returns the row's scale
+   (0 for a zero row, and for NaN or Inf, which sets bad_bit in *flag). The
+   row's loads are issued together, not element after element as a warp a
+   row does: one memory latency a row group instead of two a row. */
+__device__ float group_i8_round8(const void *x, int dtype, int64_t base, int D, int c, int L, float (&v)[8], int *flag,
+                                 int bad_bit) {
+    float m = 0.f;
+    int bad = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int e = c * 8 + i;
+        v[i] = e < D ? load_f32(x, dtype, base + e) : 0.f;
+        bad |= !isfinite(v[i]);
+        m = fmaxf(m, fabsf(v[i]));
+    }
+    for (int o = L >> 1; o > 0; o >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    }
+    if (bad && c == 0) atomicOr(flag, bad_bit);
+    const float s = bad ? 0.f : __fdiv_rn(m, 127.0f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = s > 0.f ? (float)ei__round_i8(__fdiv_rn(v[i], s)) : 0.f;
+    return s;
+}
+/* Element e of that row rounded to int8 (ei__round_i8 of x / s), as a float. */
+__device__ __forceinline__ float i8_of(const void *x, int dtype, int64_t i, float s) {
+    return s > 0.f ? (float)ei__round_i8(__fdiv_rn(load_f32(x, dtype, i), s)) : 0.f;
+}
+/* Key j of kv head h rounded (one warp a key): its int8 values, exact in T,
+   in row h n + j of W elements (zeros from D on), its scale at scale[h n +
+   j]; NaN or Inf: PF_NAN_K. */
+template <typename T>
+__global__ void __launch_bounds__(256) rank_keys_i8_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
+                                                           int nkv, int D, int W, T *out, float *scale, int *flag) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (std::is_same<T, float>::value) { /* f32 rows (CUDA cores), any width: a warp a key */
+        const int64_t key = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+        if (key >= n * nkv) return; /* whole warps */
+        const int64_t base = (key % n) * ts + (key / n) * hs;
+        const float s = warp_i8_scale(k, dtype, base, D, flag, PF_NAN_K);
+        T *row = out + key * W;
+        for (int e = lane; e < W; e += 32) row[e] = i8_of(k, dtype, base + e, s);
+        if (lane == 0) scale[key] = s;
+    } else { /* tensor-core rows, W 64/128/256: W / 8 lanes a key, 16 bytes each */
+        const int L = W / 8;
+        const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, key = i / L;
+        const int c = (int)(i % L);
+        if ((i - lane) / L >= n * nkv) return; /* whole warps: a warp's first key is past the last */
+        const bool in = key < n * nkv;
+        float v[8];
+        const float s = group_i8_round8(k, dtype, in ? (key % n) * ts + (key / n) * hs : 0, in ? D : 0, c, L, v, flag,
+                                        PF_NAN_K);
+        if (!in) return;
+        ((uint4 *)(out + key * W))[c] = pack8<T>(v);
+        if (c == 0) scale[key] = s;
+    }
+}
 /* How the tensor-core path splits the work: the first sampled segment,
    segments per CTA (spc), rows per segment slot (rpad), row chunks, CTA
    groups of segments, and key parts per group (ns: about 2048 CTAs in all,
@@ -4167,13 +4287,15 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
     uint4 *sQ = smem, *sK = smem + MS_ROWS * RS;
     __shared__ int r_tok[MS_ROWS], r_head[MS_ROWS], r_lim[MS_ROWS], mt_tmax[NMT], mt_lim[NMT];
     __shared__ float colsum[NMT][MS_BC];
+    __shared__ float r_rf[MS_ROWS], k_sc[2][MS_BC]; /* EI_RANK_PRECISION_INT8: scale_log2 s_q per row, s_k per key */
     __shared__ int kend1_s, kend2_s;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int split = blockIdx.x % p.ns, rest = blockIdx.x / p.ns;
     const int kvh = rest % p.nkv, g = p.ngroups - 1 - rest / p.nkv;
     const int s_lo = p.s_first + g * p.spc;
     const T *K = (const T *)p.k + (int64_t)kvh * p.k_hs;
-    const float sl = p.scale_log2;
+    const bool i8 = p.k_scale != NULL;
+    const float sl = i8 ? 1.0f : p.scale_log2; /* int8 logits carry the scale (log2 units) already */
 
     auto issue = [&](int j, int buf) {
         uint4 *bK = sK + buf * MS_BC * RS;
@@ -4183,6 +4305,30 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
             if (key < p.n) load16<T>(&bK[at(row, ch, MS_BC)], K + key * p.k_ts + ch * 8, p.vec);
             else bK[at(row, ch, MS_BC)] = make_uint4(0, 0, 0, 0);
         }
+        if (i8 && tid < MS_BC) { /* read after the loop's barrier, as the tile */
+            int64_t key = (int64_t)j * MS_BC + tid;
+            k_sc[buf][tid] = key < p.n ? p.k_scale[(int64_t)kvh * p.n + key] : 0.f;
+        }
+    };
+    /* EI_RANK_PRECISION_INT8: the exact integer dots to logits, ((scale_log2 s_q) s_k) dot in that order
+       (the CPU's ei__rank_scores_i8_scalar) */
+    auto logits_i8 = [&](float (&sc)[MT][NB][4], int buf) {
+        float rf[MT][2]; /* (from shared memory: registers are short in PHASE 1) */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) rf[mt][hf] = r_rf[(warp * MT + mt) * 16 + (lane >> 2) + 8 * hf];
+#pragma unroll
+        for (int nt = 0; nt < NB; nt++)
+#pragma unroll
+            for (int col = 0; col < 2; col++) {
+                const float ks = k_sc[buf][nt * 8 + (lane & 3) * 2 + col];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++)
+                        sc[mt][nt][2 * hf + col] = __fmul_rn(__fmul_rn(rf[mt][hf], ks), sc[mt][nt][2 * hf + col]);
+            }
     };
     auto qk = [&](float (&sc)[MT][NB][4], const uint4 *bK) {
         if constexpr (WG) {
@@ -4249,10 +4395,23 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                multiply). WG: logical m-tile L (warp L/2, m-tile L%2) sits where that warp's wgmma
                accumulator rows are: warpgroup (L/2)/4, 64-row block L%2, 16 rows (L/2)%4 */
             uint32_t bad = 0;
+            auto phys = [](int r) { /* the row's place in sQ */
+                const int L = r >> 4;
+                return WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
+            };
+            if (i8) /* EI_RANK_PRECISION_INT8: each row rounded to int8, held exactly in T, zeros from p.D; the
+                       CH lanes of a row's chunks together (CH divides 32; the bound is a multiple of the CTA) */
+                for (int i = tid; i < MS_ROWS * CH; i += MS_NW * 32) {
+                    const int r = i / CH, ch = i % CH, t = r_tok[r];
+                    const int64_t src = t >= 0 ? (int64_t)(t - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs : 0;
+                    float v[8];
+                    const float sq = group_i8_round8(p.q, p.q_dtype, src, t >= 0 ? p.D : 0, ch, CH, v, p.flag, PF_NAN_Q);
+                    sQ[at(phys(r), ch, MS_ROWS)] = pack8<T>(v);
+                    if (ch == 0) r_rf[r] = __fmul_rn(p.scale_log2, sq);
+                }
 #pragma unroll 4
-            for (int i = tid; i < MS_ROWS * CH; i += MS_NW * 32) {
-                const int r = i / CH, ch = i % CH, t = r_tok[r], L = r >> 4;
-                const int pr = WG ? ((L >> 3) * 128 + (L & 1) * 64 + ((L >> 1) & 3) * 16 + (r & 15)) : r;
+            for (int i = i8 ? MS_ROWS * CH : tid; i < MS_ROWS * CH; i += MS_NW * 32) {
+                const int r = i / CH, ch = i % CH, t = r_tok[r], pr = phys(r);
                 uint4 *dst = &sQ[at(pr, ch, MS_ROWS)];
                 if (t < 0) {
                     *dst = make_uint4(0, 0, 0, 0);
@@ -4374,6 +4533,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                 if (ts <= wt1) { /* (warpgroup-uniform for WG: wgmma runs in all four warps) */
                     float sc[MT][NB][4];
                     qk(sc, sK + buf * MS_BC * RS);
+                    if (i8) logits_i8(sc, buf);
                     if (ts + MS_BC - 1 > wmin_t) tile1(std::true_type{}, sc, ts);
                     else tile1(std::false_type{}, sc, ts);
                 }
@@ -4457,6 +4617,7 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
                 if (ts < wl2) { /* (warpgroup-uniform for WG) */
                     float sc[MT][NB][4];
                     qk(sc, sK + buf * MS_BC * RS);
+                    if (i8) logits_i8(sc, buf);
                     if (ts + MS_BC > wmin_lim) tile2(std::true_type{}, sc, ts);
                     else tile2(std::false_type{}, sc, ts);
                 }
@@ -4517,9 +4678,18 @@ __global__ void __launch_bounds__(MS_NW * 32, D <= 128 ? 2 : 1) mass_mma_kernel(
 __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
     __shared__ float qs[MG_RT][MG_DC + 1], ks[MG_TK][MG_DC + 1], P[MG_RT][MG_TK + 1], colsum[MG_TK];
     __shared__ int r_tok[MG_RT], r_head[MG_RT], kend1_s;
-    const int tid = threadIdx.x, tr = tid >> 3, tk = tid & 7;
+    __shared__ float r_sq[MG_RT]; /* EI_RANK_PRECISION_INT8: each row's scale s_q */
+    const int tid = threadIdx.x, tr = tid >> 3, tk = tid & 7, warp = tid >> 5;
     const int kvh = blockIdx.x % p.nkv, s = p.s_first + (p.ngroups - 1 - blockIdx.x / p.nkv);
     const int lim = s * p.seg;
+    /* logits: scale q.k (natural units, expf), or with EI_RANK_PRECISION_INT8 (p.k the rounded keys, the
+       dot exact) ((scale_log2 s_q) s_k) dot in that order (log2 units, exp2f) */
+    const bool i8 = p.k_scale != NULL;
+    auto logit = [&](float acc, int key) {
+        return i8 ? __fmul_rn(__fmul_rn(__fmul_rn(p.scale_log2, r_sq[tr]), p.k_scale[(int64_t)kvh * p.n + key]), acc)
+                  : acc * p.scale;
+    };
+    auto ex = [&](float x) { return i8 ? exp2f(x) : expf(x); };
     /* acc[u] = q_row(tr) . k(j0 + tk + 8u) over the head dimension */
     auto dots = [&](int j0, float (&acc)[4]) {
         for (int u = 0; u < 4; u++) acc[u] = 0.f;
@@ -4527,9 +4697,9 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             __syncthreads();
             for (int x = tid; x < MG_RT * MG_DC; x += 256) {
                 int r = x / MG_DC, dd = x % MG_DC, d = d0 + dd;
-                qs[r][dd] = (r_tok[r] >= 0 && d < p.D)
-                                ? load_f32(p.q, p.q_dtype, (int64_t)(r_tok[r] - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs + d)
-                                : 0.f;
+                const int64_t qi = (int64_t)(r_tok[r] - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs + d;
+                qs[r][dd] = (r_tok[r] >= 0 && d < p.D) ? (i8 ? i8_of(p.q, p.q_dtype, qi, r_sq[r]) : load_f32(p.q, p.q_dtype, qi))
+                                                       : 0.f;
                 int64_t key = (int64_t)j0 + r;
                 ks[r][dd] = (key < p.n && d < p.D) ? load_f32(p.k, p.k_dtype, key * p.k_ts + (int64_t)kvh * p.k_hs + d) : 0.f;
             }
@@ -4552,6 +4722,14 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             if (t >= 0) atomicMax(&kend1_s, t + 1);
         }
         __syncthreads();
+        if (i8) { /* the rows' int8 scales, a warp a row */
+            for (int r = warp; r < MG_RT; r += 8) {
+                const int64_t src = (int64_t)(r_tok[r] - p.q_lo) * p.q_ts + (int64_t)r_head[r] * p.q_hs;
+                const float sq = r_tok[r] >= 0 ? warp_i8_scale(p.q, p.q_dtype, src, p.D, p.flag, PF_NAN_Q) : 0.f;
+                if ((tid & 31) == 0) r_sq[r] = sq;
+            }
+            __syncthreads();
+        }
         const int kend1 = kend1_s, tok = r_tok[tr];
         if (kend1 == 0) continue;
         /* pass 1: this thread's keys, then the row over its 8 lanes */
@@ -4563,16 +4741,16 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             for (int u = 0; u < 4; u++) {
                 int key = j0 + tk + 8 * u;
                 if (key > tok) continue;
-                float x = acc[u] * p.scale;
+                float x = logit(acc[u], key);
                 if (!isfinite(x)) { bad = true; continue; }
-                if (x > m) { l = l * expf(m - x) + 1.0f; m = x; }
-                else l += expf(x - m);
+                if (x > m) { l = l * ex(m - x) + 1.0f; m = x; }
+                else l += ex(x - m);
             }
         }
         for (int o = 1; o < 8; o <<= 1) {
             float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
             float M = fmaxf(m, mo);
-            l = (m == -INFINITY ? 0.f : l * expf(m - M)) + (mo == -INFINITY ? 0.f : lo * expf(mo - M));
+            l = (m == -INFINITY ? 0.f : l * ex(m - M)) + (mo == -INFINITY ? 0.f : lo * ex(mo - M));
             m = M;
         }
         if (bad) atomicOr(p.flag, PF_SAMPLED);
@@ -4583,7 +4761,7 @@ __global__ void __launch_bounds__(256) mass_generic_kernel(const MassParams p) {
             dots(j0, acc);
             for (int u = 0; u < 4; u++) {
                 int key = j0 + tk + 8 * u;
-                P[tr][tk + 8 * u] = (inv > 0.f && key < lim) ? expf(acc[u] * p.scale - m) * inv : 0.f;
+                P[tr][tk + 8 * u] = (inv > 0.f && key < lim) ? ex(logit(acc[u], key) - m) * inv : 0.f;
             }
             __syncthreads();
             if (tid < MG_TK) {
@@ -4658,20 +4836,10 @@ __device__ void spread_candidate(const MassParams &p, int s, int kvh, int b, int
     const int lane = threadIdx.x & 31;
     const int64_t t = (int64_t)s * p.seg + (int64_t)(b / p.G) * p.sp_st;
     const int64_t base = (t - p.q_lo) * p.q_ts + (int64_t)(kvh * p.G + b % p.G) * p.q_hs;
-    float m = 0.f;
-    bool bad = false;
-    for (int e = lane; e < p.D; e += 32) {
-        float x = load_f32(p.q, p.q_dtype, base + e);
-        bad |= !isfinite(x);
-        m = fmaxf(m, fabsf(x));
-    }
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(p.flag, PF_NAN_Q);
-    const float sc = __fdiv_rn(m, 127.0f);
+    const float sc = warp_i8_scale(p.q, p.q_dtype, base, p.D, p.flag, PF_NAN_Q);
     int nn = 0;
     for (int e = lane; e < nc * 16; e += 32) {
-        int8_t v = 0;
-        if (e < p.D && sc > 0.f) v = ei__round_i8(__fdiv_rn(load_f32(p.q, p.q_dtype, base + e), sc));
+        const int8_t v = (int8_t)(e < p.D ? i8_of(p.q, p.q_dtype, base + e, sc) : 0.f);
         row[e] = v;
         nn += (int)v * v;
     }
@@ -4755,8 +4923,8 @@ static ei_result launch_spread_pick(const MassParams &p, int64_t C, size_t smem,
    choice, the CTA count). */
 static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, const ei_tensor *k, int64_t q_lo, int64_t n,
                                     int s_lo, int nseg, int mseg0, int mrows, int nblk, int parts_max, float *mass,
-                                    float2 *stats, size_t stats_bytes, int *spread, int *flag, const CudaTuning &tn,
-                                    cudaStream_t st, char *msg) {
+                                    float2 *stats, size_t stats_bytes, int *spread, float *k8s, char *k8, int *flag,
+                                    const CudaTuning &tn, cudaStream_t st, char *msg) {
     MassParams p;
     memset(&p, 0, sizeof p);
     int D = q->head_dim;
@@ -4805,10 +4973,33 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         LAUNCH_CHECK("spread_pick_kernel");
     }
     /* tensor cores for 16-bit k with q of k's dtype or f32 (rounded to k's dtype as the Q rows are loaded),
-       unless EI_CUDA_SAMPLED_GENERIC */
-    bool mma = k->dtype != EI_F32 && (q->dtype == k->dtype || q->dtype == EI_F32) && (D == 64 || D == 128 || D == 256) &&
-               !tn.sampled_generic;
+       unless EI_CUDA_SAMPLED_GENERIC; EI_RANK_PRECISION_INT8: for every dtype up to head_dim 256 (i8_mma) */
+    const bool i8 = rank_int8(cfg);
+    bool mma = i8 ? i8_mma(D, tn)
+                  : k->dtype != EI_F32 && (q->dtype == k->dtype || q->dtype == EI_F32) && (D == 64 || D == 128 || D == 256) &&
+                        !tn.sampled_generic;
     ei_result r;
+    if (i8) { /* the keys 0..n-1 rounded once, every kv head; the kernels read them in k's place */
+        /* (the workspace holds the call's capacity of keys, profile_ws: n of them, indexed [kv][n]) */
+        const int W = i8_width(D, tn);
+        const int64_t keys = n * p.nkv;
+        const int64_t per = mma ? 256 / (W / 8) : 8; /* keys a block of 256 threads rounds */
+        if ((r = grid_fits("profile (int8 keys)", (keys + per - 1) / per, 1, 1, msg))) return r;
+        const unsigned blocks = (unsigned)((keys + per - 1) / per);
+        if (mma)
+            rank_keys_i8_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n,
+                                                                      p.nkv, D, W, (__nv_bfloat16 *)k8, k8s, flag);
+        else
+            rank_keys_i8_kernel<float><<<blocks, 256, 0, st>>>(k->data, k->dtype, k->token_stride, k->head_stride, n, p.nkv, D,
+                                                              W, (float *)k8, k8s, flag);
+        LAUNCH_CHECK("rank_keys_i8_kernel");
+        p.k = k8;
+        p.k_dtype = mma ? EI_BF16 : EI_F32;
+        p.k_ts = W;
+        p.k_hs = n * W;
+        p.k_scale = k8s;
+        D = W; /* the tensor-core kernel's row width */
+    }
     if (!mma) { /* one CTA per (kv head, segment) */
         p.spc = 1; p.rpad = MG_RT; p.rchunks = 1; p.ns = 1;
         p.ngroups = nseg - p.s_first;
@@ -4817,11 +5008,12 @@ static ei_result launch_sample_mass(const ei_config *cfg, const ei_tensor *q, co
         LAUNCH_CHECK("mass_generic_kernel");
         return EI_OK;
     }
-    p.vec = !((uintptr_t)q->data & 15) && !((uintptr_t)k->data & 15) && !(q->token_stride & 7) &&
-            !(q->head_stride & 7) && !(k->token_stride & 7) && !(k->head_stride & 7);
+    p.vec = i8 || /* int8: the rounded keys are aligned rows; q is read element by element */
+            (!((uintptr_t)q->data & 15) && !((uintptr_t)k->data & 15) && !(q->token_stride & 7) &&
+             !(q->head_stride & 7) && !(k->token_stride & 7) && !(k->head_stride & 7));
     if ((r = grid_fits("profile (sampled rows)", (int64_t)p.ngroups * p.nkv * p.ns, 1, 1, msg))) return r;
     unsigned grid = (unsigned)((int64_t)p.ngroups * p.nkv * p.ns);
-    bool bf = k->dtype == EI_BF16;
+    bool bf = p.k_dtype == EI_BF16;
     bool wg = wgmma_available() && !tn.sampled_mma; /* EI_CUDA_SAMPLED_MMA: mma.sync even where wgmma runs */
 #define EI__MASS_K(DD, TT, WW)                                                                            \
     do {                                                                                                  \

@@ -10,12 +10,13 @@
      profile_ms  ei_profile on the GPU (min/max, scores, softmax+entropy,
                  budgets, top-k; includes its non-finite check's sync)
      prof_q_ms   the same with ei_config_quality()'s ranking: the sampled
-                 ranking (64 rows per kv head and segment scored exactly),
+                 ranking (its rows per kv head and segment scored exactly),
                  top_p 0.95, sink 1, local 8 blocks (a second line per size
                  gives its density and sparse time, first CTA shape;
                  EI_BENCH_QUALITY_R=R samples R rows, 0 keeps the reference
                  ranking with the same top_p, sink and local;
-                 EI_BENCH_QUALITY_ROWS=spread|even sets its rank_rows)
+                 EI_BENCH_QUALITY_ROWS=spread|even sets its rank_rows,
+                 EI_BENCH_QUALITY_PRECISION=int8|f32 its rank_precision)
      dense_ms    our kernel in dense causal mode (plan NULL)
      sparse_ms   our kernel executing the plan
    (EI_BENCH_PROFILE_ONLY=1: only profile_ms and prof_q_ms, e.g. to run
@@ -199,6 +200,11 @@ int main(int argc, char **argv) {
         const char *e = getenv("EI_BENCH_QUALITY_ROWS");
         if (e && !strcmp(e, "spread")) qcfg.rank_rows = EI_RANK_ROWS_SPREAD;
         else if (e && !strcmp(e, "even")) qcfg.rank_rows = EI_RANK_ROWS_EVEN;
+    }
+    {   /* EI_BENCH_QUALITY_PRECISION=int8|f32: the sampled ranking's scores (rank_precision) */
+        const char *e = getenv("EI_BENCH_QUALITY_PRECISION");
+        if (e && !strcmp(e, "int8")) qcfg.rank_precision = EI_RANK_PRECISION_INT8;
+        else if (e && !strcmp(e, "f32")) qcfg.rank_precision = EI_RANK_PRECISION_F32;
     }
     OK(ei_context_create(&qcfg, &gq));
     {   /* the quality plan read back needs host rows of its own budgets */

@@ -44,13 +44,11 @@
               EI_ERR_DTYPE / EI_ERR_UNSUPPORTED. An f32 q over 16-bit k runs
               rounded to k's type on the GPU: the output tolerance and the
               sampled ranking's near-tie margin grow by q_round_bound.
-              EI_RANK_PRECISION_INT8 with the sampled ranking: --cpu-twin
-              compares the plans as above (its scores are bit-identical on
-              every path, masses within 1e-3; near-ties from the int8
-              reference mass); the GPU must refuse its profiling
-              (EI_ERR_UNSUPPORTED, counted gpu-unsupported; chunked: the
-              first call, then the CPU plans alone), no plan is compared
-              and attention runs dense. EI_RANK_ROWS_SPREAD is compared
+              EI_RANK_PRECISION_INT8 with the sampled ranking: the plans
+              are compared as above on both backends and with --cpu-twin
+              (its scores are bit-identical on every path and backend,
+              masses within 1e-3; near-ties from the int8 reference
+              mass). EI_RANK_ROWS_SPREAD is compared
               as the f32 sampled ranking on both backends (the GPU picks
               the CPU's rows bit for bit); the
               reference's rows: farthest point for a segment that one call
@@ -118,11 +116,10 @@ static long g_counts[K_KINDS];   /* scenarios run, by kind */
 enum { K_PREFILL, K_DECODE, K_CFG_REFUSED, K_GPU_UNSUPPORTED, K_NONFINITE, K_MISUSE, K_KNIFE, K_ATTN, K_CHUNK, K_TABLE,
        K_INT8, K_INT8_PLANS, K_SPREAD, K_SPREAD_PLANS };
 /* gpu-unsupported: attention calls and table cases the GPU has no kernel
-   for, and profiling of EI_RANK_PRECISION_INT8 configs, all refused
-   there; int8-ranked: prefill configs of EI_RANK_SAMPLED with
-   EI_RANK_PRECISION_INT8, of which int8 plans compared were planned on both
-   sides and compared (--cpu-twin; the GPU refuses them); spread-rows and
-   spread plans compared: the same for EI_RANK_ROWS_SPREAD (both backends) */
+   for, all refused there; int8-ranked: prefill configs of EI_RANK_SAMPLED
+   with EI_RANK_PRECISION_INT8, of which int8 plans compared were planned on
+   both sides and compared (both backends since ABI 17); spread-rows and
+   spread plans compared: the same for EI_RANK_ROWS_SPREAD */
 static const char *const g_count_names[K_KINDS] = {"prefill", "decode", "configs refused", "gpu-unsupported",
                                                    "non-finite cases", "misuse cases", "knife-edges", "attention calls",
                                                    "chunked plans", "table cases", "int8-ranked", "int8 plans compared",
@@ -310,8 +307,6 @@ typedef struct fz_prefill {
     unsigned char *given; /* chunked: given[t] = 1 where the plans hold token t's query (the sampled rows they sum) */
     unsigned char *whole; /* chunked: whole[s] = 1 where one call of the schedule held segment s's every token
                              (EI_RANK_ROWS_SPREAD picks its rows by farthest point there, else the even rows) */
-    int gpu_refuses;  /* the GPU cannot plan this config (EI_RANK_PRECISION_INT8): its
-                         profiling must say EI_ERR_UNSUPPORTED, the CPU plans alone and nothing is compared */
 } fz_prefill;
 
 static ei_config draw_prefill_config(fz_rng *r) {
@@ -355,8 +350,7 @@ static ei_config draw_prefill_config(fz_rng *r) {
     }
     return c;
 }
-/* EI_RANK_SAMPLED in int8 (CPU only: every profiling call of a CUDA context
-   refuses it with EI_ERR_UNSUPPORTED). */
+/* EI_RANK_SAMPLED in int8 (both backends: the same integer dots). */
 static int config_int8_ranked(const ei_config *c) {
     return c->ranking == EI_RANK_SAMPLED && c->rank_precision == EI_RANK_PRECISION_INT8;
 }
@@ -679,23 +673,9 @@ static void chunk_given(fz_prefill *F, int64_t q_pos, int64_t m) {
     for (t = q_pos; t < q_pos + m; ++t) F->given[t] = 1;
     for (s = (q_pos + seg - 1) / seg; (s + 1) * seg <= q_pos + m; ++s) F->whole[s] = 1;
 }
-/* A config the GPU cannot plan (F->gpu_refuses): its first call must be
-   refused (EI_ERR_UNSUPPORTED); the CPU runs the schedule alone. */
-static ei_result chunk_call_gpu_refused(fz_prefill *F, int *tried, const ei_tensor *tq, const ei_tensor *tk,
-                                        const fz_buf *ws, int64_t q_pos, int is_final, ei_result cpu) {
-    if (!*tried) {
-        ei_exec x = ex(1, ws->p[1], ws->n[1]);
-        ei_result r = ei_profile_chunk(F->P.s[1].ctx, &x, tq, tk, &F->dplan, q_pos, is_final);
-        CHECK(r == EI_ERR_UNSUPPORTED, "profile_chunk of an int8-ranked or spread-rows config on the GPU: %s (%s), not "
-              "EI_ERR_UNSUPPORTED", ei_result_name(r), ei_last_error());
-        g_counts[K_GPU_UNSUPPORTED]++;
-        *tried = 1;
-    }
-    return cpu;
-}
 static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, int poison) {
     int64_t pos = 0, seg = F->c.segment_size;
-    int calls = 0, side_i, gpu_tried = 0;
+    int calls = 0, side_i;
     ei_result res[2] = {EI_OK, EI_OK};
     g_counts[K_CHUNK]++;
     DESC(" | chunked:");
@@ -713,10 +693,8 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, m), tk = view_tensor(&F->k, side_i, 0, F->n);
             ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
-            if (side_i && F->gpu_refuses) res[1] = chunk_call_gpu_refused(F, &gpu_tried, &tq, &tk, ws, q_pos, is_final, res[0]);
-            else
-                res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0],
-                                               q_pos, is_final);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(F) : &F->plan[0],
+                                           q_pos, is_final);
         }
         calls++;
         CHECK(res[0] == res[1], "profile_chunk at %lld (+%lld, final %d): cpu %s, gpu %s (%s)", (long long)q_pos,
@@ -736,11 +714,8 @@ static ei_result chunk_schedule_run(fz_rng *r, fz_prefill *F, const fz_buf *ws, 
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F->q, side_i, q_pos, F->n - q_pos), tk = view_tensor(&F->k, side_i, 0, F->n);
             ei_exec x = ex(1, ws->p[side_i], ws->n[side_i]);
-            if (side_i && F->gpu_refuses)
-                res[1] = chunk_call_gpu_refused(F, &gpu_tried, with_q ? &tq : NULL, &tk, ws, q_pos, 1, res[0]);
-            else
-                res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, with_q ? &tq : NULL, &tk,
-                                               side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1);
+            res[side_i] = ei_profile_chunk(F->P.s[side_i].ctx, &x, with_q ? &tq : NULL, &tk,
+                                           side_i ? plan_of_side1(F) : &F->plan[0], q_pos, 1);
         }
         CHECK(res[0] == res[1], "final profile_chunk: cpu %s, gpu %s (%s)", ei_result_name(res[0]),
               ei_result_name(res[1]), ei_last_error());
@@ -778,7 +753,6 @@ static void prefill_run(fz_rng *r) {
     g_counts[K_PREFILL]++;
     if (config_int8_ranked(&F.c)) g_counts[K_INT8]++;
     if (config_spread_rows(&F.c)) g_counts[K_SPREAD]++;
-    F.gpu_refuses = !g_twin && config_int8_ranked(&F.c);
     F.KV = fz_int(r, 1, 4);
     F.H = F.KV * FZ_PICK(r, groups);
     F.d = attn ? FZ_PICK(r, dims_gpu) : FZ_PICK(r, dims_any);
@@ -824,7 +798,6 @@ static void prefill_run(fz_rng *r) {
     buf_new(&ws, &F.P, wsb[0], wsb[1]);
     if (F.chunked) {
         res[0] = res[1] = chunk_schedule_run(r, &F, &ws, poison);
-        if (F.gpu_refuses) res[1] = EI_ERR_UNSUPPORTED; /* checked in the schedule: nothing to compare */
         if (poison) {
             CHECK(res[0] == EI_ERR_NONFINITE, "chunked planning of NaN input: %s", ei_result_name(res[0]));
             g_counts[K_NONFINITE]++;
@@ -833,17 +806,11 @@ static void prefill_run(fz_rng *r) {
         int short_ws = !poison && fz_chance(r, 0.05);
         for (side_i = 0; side_i < 2; ++side_i) {
             ei_tensor tq = view_tensor(&F.q, side_i, 0, F.n), tk = view_tensor(&F.k, side_i, 0, F.n);
-            /* (the GPU's size for a config it cannot plan is 0: no byte short of it) */
-            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)(short_ws && !(side_i && F.gpu_refuses)));
+            ei_exec x = ex(1, ws.p[side_i], ws.n[side_i] - (size_t)short_ws);
             res[side_i] = ei_profile(F.P.s[side_i].ctx, &x, &tq, &tk, side_i ? plan_of_side1(&F) : &F.plan[0]);
         }
-        if (F.gpu_refuses) {
-            CHECK(res[1] == EI_ERR_UNSUPPORTED, "profile of an int8-ranked config on the GPU: %s (%s), not "
-                  "EI_ERR_UNSUPPORTED", ei_result_name(res[1]), ei_last_error());
-            g_counts[K_GPU_UNSUPPORTED]++;
-        } else
-            CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]),
-                  ei_last_error());
+        CHECK(res[0] == res[1], "profile: cpu %s, gpu %s (%s)", ei_result_name(res[0]), ei_result_name(res[1]),
+              ei_last_error());
         if (poison) CHECK(res[0] == EI_ERR_NONFINITE, "profile of NaN input: %s", ei_result_name(res[0]));
         if (short_ws) CHECK(res[0] == EI_ERR_WORKSPACE, "profile with a short workspace: %s", ei_result_name(res[0]));
         if (poison || short_ws) g_counts[poison ? K_NONFINITE : K_MISUSE]++;

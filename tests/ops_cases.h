@@ -311,10 +311,9 @@ CHECK_FN int ops_ways_exact(const ops_case *cs, int gpu, char a, char b) {
 /* Whether the CUDA backend runs the case (else it must refuse it with
    EI_ERR_DTYPE or EI_ERR_UNSUPPORTED): attention takes k and v 16-bit, q of
    k's dtype or f32, head_dim 64/128/256, and no keep set; planning takes
-   every configuration but int8 ranking scores (CFG_SAMPLED_I8). */
+   every configuration, int8 ranking scores (CFG_SAMPLED_I8) included. */
 CHECK_FN int ops_gpu_runs(const ops_case *cs) {
     if (cs->op == OP_DECODE_ATTN_KEEP) return 0;
-    if (cs->cfg == CFG_SAMPLED_I8) return 0; /* int8 ranking scores: CPU only, the GPU refuses them */
     if (cs->op == OP_PLAN_MASK) return 1;
     if (cs->op == OP_PREFILL_DENSE || cs->op == OP_PREFILL_SPARSE || cs->op == OP_DECODE_ATTN)
         return cs->kv != EI_F32 && (cs->q == cs->kv || cs->q == EI_F32) && (cs->d == 64 || cs->d == 128 || cs->d == 256);

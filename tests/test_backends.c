@@ -730,7 +730,9 @@ static void s6_compare(const s6_out *a, const s6_out *b) {
    EI_RANK_ROWS_SPREAD the rows of the 15 whole segments are picked by
    farthest point (the GPU's spread_pick_kernel against the CPU's picks,
    bit-identical by contract) and the test's mass is that of check.h's
-   ref_spread_rows.
+   ref_spread_rows. With EI_RANK_PRECISION_INT8 the test's mass is check.h's
+   (its own int8 rounding, exact integer dots) and every GPU path runs, the
+   f32 views too.
    Backends differ in float32 rounding (~1e-6), so: the always-kept blocks lead
    both rows identically; keep counts are equal except at a knife-edge of
    top_p (the share of the CPU row's first min(k_cpu, k_gpu) blocks within
@@ -754,26 +756,37 @@ typedef struct s7_case {
     int misalign;        /* q and k one element past a 16-byte boundary (the GPU's element loads) */
     ei_rank_rows rows;   /* EI_RANK_ROWS_SPREAD: farthest-point rows in segments 0..14 (whole in ei_profile's
                             call), the even rows in the last one of 40 tokens */
+    ei_rank_precision precision; /* EI_RANK_PRECISION_INT8: q rows and keys in int8 (the GPU: int8 values exact in
+                                    bf16 on the tensor cores, whatever the data's dtype, or f32 on CUDA cores) */
 } s7_case;
 static const s7_case s7_cases[] = {
-    {"sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0, EI_RANK_ROWS_EVEN},
-    {"sampled R=300, sink 2, local 3, per-segment budget", 0, EI_RANK_SAMPLED, 300, 0.0, 2, 3, 1, 0, EI_RANK_ROWS_EVEN},
-    {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0, EI_RANK_ROWS_EVEN},
+    {"sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0, EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
+    {"sampled R=300, sink 2, local 3, per-segment budget", 0, EI_RANK_SAMPLED, 300, 0.0, 2, 3, 1, 0, EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
+    {"reference ranking, top_p 0.85, sink 1, local 4", 0, EI_RANK_REFERENCE, 64, 0.85, 1, 4, 0, 0, EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
     {"sampled R=64, top_p 0.95, sink 1, local 8, unaligned views", 0, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 1,
-     EI_RANK_ROWS_EVEN},
+     EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
     {"f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1, 0,
-     EI_RANK_ROWS_EVEN},
-    {"d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0, EI_RANK_ROWS_EVEN},
+     EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
+    {"d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0, EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_F32},
     /* EI_RANK_ROWS_SPREAD: the GPU picks the rows (spread_pick_kernel) and must pick the CPU's, bit for bit;
        a wrong row shows as a ranking that is not the ideal one of the test's mass of the CPU's rows. 256
        candidates a segment (64 tokens x G 4, stride 1): R 24 and 64 of them on the tensor cores (d 64,
        128), R 7 at d 40 in f32 on the CUDA cores */
     {"spread rows: sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0,
-     EI_RANK_ROWS_SPREAD},
+     EI_RANK_ROWS_SPREAD, EI_RANK_PRECISION_F32},
     {"spread rows, d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8, 0, 0,
-     EI_RANK_ROWS_SPREAD},
+     EI_RANK_ROWS_SPREAD, EI_RANK_PRECISION_F32},
     {"spread rows, f32 d=40: sampled R=7, top_p 0.9, local 1, per-segment budget", 1, EI_RANK_SAMPLED, 7, 0.9, 0, 1, 1,
-     0, EI_RANK_ROWS_SPREAD},
+     0, EI_RANK_ROWS_SPREAD, EI_RANK_PRECISION_F32},
+    /* EI_RANK_PRECISION_INT8: exact int32 dots on every path, so the GPU's logits are the CPU's; d 64 and 128
+       on the tensor cores, f32 d 40 too (rows padded with zeros to 64), and the f32 CUDA cores under
+       EI_CUDA_SAMPLED_GENERIC; R 300 is two GPU row chunks */
+    {"int8 scores: sampled R=24, top_p 0.9, sink 1, local 2", 0, EI_RANK_SAMPLED, 24, 0.9, 1, 2, 0, 0,
+     EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_INT8},
+    {"int8 scores, spread rows, d=128: sampled R=64, top_p 0.95, sink 1, local 8", 2, EI_RANK_SAMPLED, 64, 0.95, 1, 8,
+     0, 0, EI_RANK_ROWS_SPREAD, EI_RANK_PRECISION_INT8},
+    {"int8 scores, f32 d=40: sampled R=300, top_p 0.9, local 1, per-segment budget, unaligned views", 1,
+     EI_RANK_SAMPLED, 300, 0.9, 0, 1, 1, 1, EI_RANK_ROWS_EVEN, EI_RANK_PRECISION_INT8},
 };
 enum { S7_CASES = (int)(sizeof s7_cases / sizeof s7_cases[0]) };
 
@@ -792,6 +805,7 @@ static ei_config s7_config(const s7_case *cs) {
     c.local_blocks = cs->local;
     c.per_segment_budget = cs->per_seg;
     c.rank_rows = cs->rows;
+    c.rank_precision = cs->precision;
     return c;
 }
 static s7_data s7_make(ei_dtype dt, int d, uint64_t seed) {
@@ -875,9 +889,10 @@ static void s7_mass_ref(const s7_data *D, const ei_config *c, int kvh, int s, do
     int G = S7_H / S7_KV, d = D->d, i, e;
     int64_t nvis = (int64_t)s * (c->segment_size / c->block_size), j, t;
     double scale, *lg;
-    if (c->rank_rows == EI_RANK_ROWS_SPREAD) {
+    if (c->rank_rows == EI_RANK_ROWS_SPREAD || c->rank_precision == EI_RANK_PRECISION_INT8) {
         ei_tensor tq = ei_tensor_make(D->q, D->dt, S7_N, S7_H, d), tk = ei_tensor_make(D->k, D->dt, S7_N, S7_KV, d);
-        (void)ref_sampled_mass_rows(c, &tq, &tk, kvh, s, S7_N, NULL, (int64_t)(s + 1) * S7_SEG <= S7_N, mass);
+        (void)ref_sampled_mass_rows(c, &tq, &tk, kvh, s, S7_N, NULL,
+                                    c->rank_rows == EI_RANK_ROWS_SPREAD && (int64_t)(s + 1) * S7_SEG <= S7_N, mass);
         return;
     }
     scale = (double)(1.0f / sqrtf((float)d));
@@ -1538,7 +1553,7 @@ int main(int argc, char **argv) {
                 s7_run(1, cs, D, &pg);
                 s7_compare("gpu vs cpu", cs, D, &pc, &pg);
                 ei_plan_free(host_ctx, &pg);
-                if (D->dt != EI_F32 && cs->ranking == EI_RANK_SAMPLED) {
+                if ((D->dt != EI_F32 || cs->precision == EI_RANK_PRECISION_INT8) && cs->ranking == EI_RANK_SAMPLED) {
                     /* the other GPU paths on the same data: mma.sync where wgmma runs, and CUDA cores */
                     setenv("EI_CUDA_SAMPLED_MMA", "1", 1);
                     s7_run(1, cs, D, &pg);

@@ -1335,8 +1335,8 @@ static void test_rank_int8_plans(void) {
         c.rank_precision = (ei_rank_precision)-1;
         CHECK_ERR(ei_context_create(&c, &ctx), EI_ERR_CONFIG);
         c = ei_config_default();
-        CHECK(c.rank_precision == EI_RANK_PRECISION_F32 && ei_config_quality().rank_precision == EI_RANK_PRECISION_F32,
-              "f32 scores by default");
+        CHECK(c.rank_precision == EI_RANK_PRECISION_F32 && ei_config_quality().rank_precision == EI_RANK_PRECISION_INT8,
+              "f32 scores by default, int8 in the quality preset");
         synth_layer_free(&L);
     }
     printf("  int8 ranking plans: %d path/dot runs equal to the scalar plan\n", n_plans);

@@ -1645,7 +1645,20 @@ static void chunked_plans(int quick) {
         /* Gemma 3's heads (G 4 of one kv head, d 256: the rows in registers, 512 threads) */
         nc = chunk_schedule(calls, 0, 2600, 1024, 1);
         chunked_case("spread rows d 256, G 4", &cs, 2600, 4, 1, 256, EI_BF16, 2.f, calls, nc);
+        /* EI_RANK_PRECISION_INT8 (the keys rounded once per call, the rows in the mass kernels; exact integer
+           dots, so the GPU's logits are the CPU's): spread rows in chunks of 1024 (bf16, d 128); even rows in
+           chunks of 700 with f32 q and k at d 96, on the tensor cores (rows padded with zeros to 128) and on
+           the CUDA cores */
+        cs.rank_precision = EI_RANK_PRECISION_INT8;
+        nc = chunk_schedule(calls, 0, 3000, 1024, 1);
+        chunked_case("int8, spread rows 1024s, G 4", &cs, 3000, 8, 2, 128, EI_BF16, 2.f, calls, nc);
         cs.rank_rows = EI_RANK_ROWS_EVEN; /* (the cases below: the even rows) */
+        nc = chunk_schedule(calls, 0, 3300, 700, 1);
+        chunked_case("int8 700s, f32 d 96", &cs, 3300, 8, 2, 96, EI_F32, 2.f, calls, nc);
+        setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+        chunked_case("int8 700s, f32 d 96, CUDA cores", &cs, 3300, 8, 2, 96, EI_F32, 2.f, calls, nc);
+        unsetenv("EI_CUDA_SAMPLED_GENERIC");
+        cs.rank_precision = EI_RANK_PRECISION_F32;
     }
     if (quick) return;
     {   /* EI_RANK_SAMPLED, more: f32 q on CUDA cores at d 128 (EI_CUDA_SAMPLED_GENERIC), G 8 of one kv head,
@@ -1674,6 +1687,10 @@ static void chunked_plans(int quick) {
         cs.budget_max_factor = 4.0;
         nc = chunk_schedule(calls, 0, 12288, 512, 1);
         chunked_case("sampled 512s, d 256, 1 kv head", &cs, 12288, 4, 1, 256, EI_F32, 2.f, calls, nc);
+        /* the same heads with ei_config_quality()'s ranking (128 spread rows, int8 scores) */
+        cs.rank_samples = 128; cs.rank_rows = EI_RANK_ROWS_SPREAD; cs.rank_precision = EI_RANK_PRECISION_INT8;
+        nc = chunk_schedule(calls, 0, 6144, 512, 1);
+        chunked_case("preset ranking 512s, d 256, 1 kv head", &cs, 6144, 4, 1, 256, EI_F32, 2.f, calls, nc);
     }
     /* GQA 8 with several kv heads, one call per 128 tokens, per_segment_budget */
     {

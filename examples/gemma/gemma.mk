@@ -14,10 +14,8 @@
 #                                      with the oracle row (the oracle at the reference's counts) for B in
 #                                      GEMMA_EVAL_ORACLE_BUDGETS
 #                        sampled-p<P>  ranking=sampled (the ei_config_quality preset: 128 farthest-point
-#                                      rows) with GEMMA_EVAL_SAMPLED_OPTIONS (default precision=int8: int8
-#                                      scores, which rank as the preset's f32 ones for 0.6x the time; CPU
-#                                      only until docs/ranking_rows_eval/int8_gpu/gpu_int8.patch runs on a
-#                                      GPU) and top_p P for P in GEMMA_EVAL_TOP_P, with the oracle row (the
+#                                      rows) with GEMMA_EVAL_SAMPLED_OPTIONS (default precision=int8: the
+#                                      preset's int8 scores, named so that precision=f32 is one edit away) and top_p P for P in GEMMA_EVAL_TOP_P, with the oracle row (the
 #                                      oracle at its counts) for P in GEMMA_EVAL_SAMPLED_ORACLE
 #                        even64-p<P>   the preset before 2026-12-07 (64 even rows, f32 scores) with top_p P
 #                                      for P in GEMMA_EVAL_EVEN64_TOP_P (no oracle row)
