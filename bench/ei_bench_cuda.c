@@ -226,6 +226,13 @@ int main(int argc, char **argv) {
     }
     bytes = layer_sizes(g, nmax, 0).profile;
     qbytes = layer_sizes(gq, nmax, 0).profile;
+    {   /* the CUDA-core sampled path at the first size (below): int8 keys as f32 rows, twice the bytes */
+        size_t gb;
+        setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+        gb = layer_sizes(gq, sizes[0], 0).profile;
+        unsetenv("EI_CUDA_SAMPLED_GENERIC");
+        if (gb > qbytes) qbytes = gb;
+    }
     {   /* the real-density rows profile with base budgets up to nmax: size the workspace for that too */
         ei_config bc = cfg;
         ei_context *gb;
@@ -411,6 +418,7 @@ int main(int argc, char **argv) {
             profq_f32q[si] = median_ms(v, reps);
             if (si == 0) { /* the CUDA-core sampled path (f32 q read as f32), smallest size only: slow */
                 setenv("EI_CUDA_SAMPLED_GENERIC", "1", 1);
+                x = ex(ws, layer_sizes(gq, n, 0).profile); /* its own size (allocated above) */
                 OK(ei_profile(gq, &x, &tq32, &tk, &qplan));
                 for (rep = 0; rep < 3; rep++) {
                     double t0 = now_ms();

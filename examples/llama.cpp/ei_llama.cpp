@@ -1003,7 +1003,7 @@ const char * llama_entropyinfer_help(void) {
             "the ei_config fields segment_size (%d), block_size (%d), threshold_len (%lld), base_budget (%d), "
             "rigid_entropy (%g), delta_t (%g), alpha (%g), budget_min_factor (%g), budget_max_factor (%g), "
             "last_segment_dense (%d), per_segment_budget (%d), ranking (reference|sampled), rank_samples (%d), "
-            "rank_rows (even|spread: farthest-point rows), rank_precision (f32|int8: the sampled rows' scores; int8 on the CPU backend), "
+            "rank_rows (even|spread: farthest-point rows), rank_precision (f32|int8: the sampled rows' scores, on either backend), "
             "top_p (%g), sink_blocks (%d), local_blocks (%d), simd (auto|scalar|avx2|avx512|neon|avx512_bf16); "
             "preset=quality (ei_config_quality(): the sampled ranking of 128 farthest-point rows, top-p counts, sink and "
             "local blocks) or "
