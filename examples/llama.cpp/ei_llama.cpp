@@ -408,6 +408,7 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.cfg.top_p        = q.top_p;
         o.cfg.sink_blocks  = q.sink_blocks;
         o.cfg.local_blocks = q.local_blocks;
+        o.cfg.budget_max_factor = q.budget_max_factor; // the top-p counts' cap (quality: 4x base; until 2026-12-07 the glue left the paper's 3x)
         return true;
     }
     if (name == "attn_scale" || name == "decode_scale") {
