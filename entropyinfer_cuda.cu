@@ -1921,11 +1921,6 @@ template <typename T> __device__ __forceinline__ void load16(uint4 *dst, const T
     for (int e = 0; e < 8; e++) u.h[e] = ((const unsigned short *)src)[e];
     *dst = u.v;
 }
-/* 8 f32 elements of a query row, rounded to T (round to nearest even) into
-   16 bytes of shared memory: how an f32 Q (llama.cpp's) meets 16-bit K/V.
-   vec: two 16-byte loads (data 16-byte aligned, strides multiples of 8
-   elements), else element loads. Synchronous: the Q tile is loaded once per
-   CTA, beside the cp.async K/V tiles. */
 /* 8 floats rounded to T, as 16 bytes */
 template <typename T> __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
     union { uint4 v; T h[8]; } u;
@@ -1936,6 +1931,11 @@ template <typename T> __device__ __forceinline__ uint4 pack8(const float (&x)[8]
     }
     return u.v;
 }
+/* 8 f32 elements of a query row, rounded to T (round to nearest even) into
+   16 bytes of shared memory: how an f32 Q (llama.cpp's) meets 16-bit K/V.
+   vec: two 16-byte loads (data 16-byte aligned, strides multiples of 8
+   elements), else element loads. Synchronous: the Q tile is loaded once per
+   CTA, beside the cp.async K/V tiles. */
 template <typename T> __device__ __forceinline__ uint4 round8_of_f32(const float *src, int vec) {
     float x[8];
     if (vec) {
@@ -4106,9 +4106,10 @@ __device__ float group_i8_round8(const void *x, int dtype, int64_t base, int D, 
 __device__ __forceinline__ float i8_of(const void *x, int dtype, int64_t i, float s) {
     return s > 0.f ? (float)ei__round_i8(__fdiv_rn(load_f32(x, dtype, i), s)) : 0.f;
 }
-/* Key j of kv head h rounded (one warp a key): its int8 values, exact in T,
-   in row h n + j of W elements (zeros from D on), its scale at scale[h n +
-   j]; NaN or Inf: PF_NAN_K. */
+/* Key j of kv head h rounded: its int8 values, exact in T, in row h n + j
+   of W elements (zeros from D on), its scale at scale[h n + j]; NaN or Inf:
+   PF_NAN_K. bf16 rows (the tensor cores'): W / 8 lanes a key
+   (group_i8_round8); f32 rows: a warp a key. */
 template <typename T>
 __global__ void __launch_bounds__(256) rank_keys_i8_kernel(const void *k, int dtype, int64_t ts, int64_t hs, int64_t n,
                                                            int nkv, int D, int W, T *out, float *scale, int *flag) {
