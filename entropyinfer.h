@@ -2086,6 +2086,16 @@ typedef struct ei__kernels {
        for c < n (rows dq bytes apart; exact, so every path gives the same
        sums; ei__spread_dots_scalar is the plain one) */
     void (*spread_dots)(const int8_t *cand, int64_t n, int32_t dq, const int8_t *p, int32_t *out);
+    /* EI_RANK_ROWS_SPREAD's pick step, where the path has a faster one (NULL:
+       spread_dots and the plain loop of ei__spread_rows; run only where
+       ei_context.i8dot has EI__I8DOT_AVX512VNNI): the dots of the n
+       candidates (regrouped by ei__spread_regroup into t, with sum128)
+       with row p, each candidate's largest cosine best[c] raised to
+       dot r[c] rp where that is larger, and the next pick returned: the
+       smallest best[c], the earliest on ties. ei__spread_rows' loop bit
+       for bit (the same exact dots, the same double products). */
+    int64_t (*spread_step)(const int8_t *t, const int32_t *sum128, int64_t n, int32_t dq, const int8_t *p, double rp,
+                           const double *r, double *best);
 } ei__kernels;
 
 typedef struct ei__cuda_state {
@@ -4027,6 +4037,8 @@ typedef struct ei__profile_ws {
        [EI__SPREAD_MAX][dq], their 1/sqrt(norm), largest cosine to the rows so far and dots,
        and the rows picked (tokens, query heads; sp_n of them, for segment sp_seg) */
     int8_t *sp8;
+    int8_t *sp8g;         /* the candidates regrouped for spread_step (ei__spread_regroup) */
+    int32_t *sp_sum128;   /* and 128 x each one's byte sum */
     double *sp_r, *sp_best;
     float *sp_s;          /* the candidates' int8 scales (not used: cosines need no scale) */
     int32_t *sp_dot;
@@ -4057,7 +4069,9 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
                               !ei__reserve(&total, (size_t)n, (size_t)ei__round_up(d, 4)) ||
                               !ei__reserve(&total, (size_t)n, 4u) || !ei__reserve(&total, (size_t)n, 4u))) ||
         (ei__rank_spread(c) &&
-         (!ei__reserve(&total, (size_t)spc, (size_t)ei__round_up(d, 4)) || !ei__reserve(&total, (size_t)spc, 8u) ||
+         (!ei__reserve(&total, (size_t)spc, (size_t)ei__round_up(d, 4)) ||
+          !ei__reserve(&total, (size_t)ei__round_up(spc, 16), (size_t)ei__round_up(d, 4)) ||
+          !ei__reserve(&total, (size_t)ei__round_up(spc, 16), 4u) || !ei__reserve(&total, (size_t)spc, 8u) ||
           !ei__reserve(&total, (size_t)spc, 8u) || !ei__reserve(&total, (size_t)spc, 4u) ||
           !ei__reserve(&total, (size_t)spc, 4u) || !ei__reserve(&total, (size_t)c->rank_samples, 8u) ||
           !ei__reserve(&total, (size_t)c->rank_samples, 4u))) ||
@@ -4101,7 +4115,8 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
         w->k8.s = (float *)ei__arena_take(&a, (size_t)n, 4u);
         w->k8.sum128 = (int32_t *)ei__arena_take(&a, (size_t)n, 4u);
     }
-    w->sp8 = NULL;
+    w->sp8 = w->sp8g = NULL;
+    w->sp_sum128 = NULL;
     w->sp_r = w->sp_best = NULL;
     w->sp_s = NULL;
     w->sp_dot = w->sp_head = NULL;
@@ -4110,6 +4125,8 @@ static int ei__profile_ws_layout(const ei_config *c, int64_t n, int32_t G, int32
     w->sp_seg = -1;
     if (ei__rank_spread(c)) {
         w->sp8 = (int8_t *)ei__arena_take(&a, (size_t)spc, (size_t)ei__round_up(d, 4));
+        w->sp8g = (int8_t *)ei__arena_take(&a, (size_t)ei__round_up(spc, 16), (size_t)ei__round_up(d, 4));
+        w->sp_sum128 = (int32_t *)ei__arena_take(&a, (size_t)ei__round_up(spc, 16), 4u);
         w->sp_r = (double *)ei__arena_take(&a, (size_t)spc, 8u);
         w->sp_best = (double *)ei__arena_take(&a, (size_t)spc, 8u);
         w->sp_s = (float *)ei__arena_take(&a, (size_t)spc, 4u);
@@ -4328,6 +4345,26 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
    kv head kvh's group; q holds the queries of tokens from q_pos on, all of
    the segment's), into w->sp_tok / sp_head in token order, then head.
    Returns 0 if a candidate holds NaN or +-inf. */
+/* The candidates [n][dq] regrouped for spread_step: t [dq/4][n rounded up
+   to 16][4] (4 bytes of 16 candidates in 64 bytes; candidates past n zero)
+   and sum128[c] = 128 x candidate c's byte sum. */
+static void ei__spread_regroup(const int8_t *cand, int64_t n, int32_t dq, int8_t *t, int32_t *sum128) {
+    const int64_t n16 = ei__round_up(n, 16);
+    int64_t c;
+    int32_t g, i;
+    for (c = 0; c < n16; ++c) {
+        const int8_t *x = cand + (size_t)c * (size_t)dq;
+        int32_t sum = 0;
+        if (c >= n) {
+            for (g = 0; g < dq / 4; ++g) memset(t + ((size_t)g * (size_t)n16 + (size_t)c) * 4u, 0, 4);
+            sum128[c] = 0;
+            continue;
+        }
+        for (g = 0; g < dq / 4; ++g) memcpy(t + ((size_t)g * (size_t)n16 + (size_t)c) * 4u, x + (size_t)g * 4u, 4);
+        for (i = 0; i < dq; ++i) sum += x[i];
+        sum128[c] = 128 * sum;
+    }
+}
 static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                            ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
@@ -4335,6 +4372,8 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
     const int64_t C = ei__spread_candidates(c, G, q->head_dim);
     const int32_t dq = (int32_t)ei__round_up(q->head_dim, 4), R = c->rank_samples;
     void (*dots)(const int8_t *, int64_t, int32_t, const int8_t *, int32_t *) = ctx->kern->spread_dots;
+    int64_t (*step)(const int8_t *, const int32_t *, int64_t, int32_t, const int8_t *, double, const double *, double *) =
+        (ctx->i8dot & EI__I8DOT_AVX512VNNI) ? ctx->kern->spread_step : NULL;
     int64_t b, pick, *idx = w->sp_tok;
     int32_t n = 0, i, g;
     for (b = 0; b < C; ++b) { /* candidate b = j G + g: the path's int8 rounding, 1 / sqrt(its norm) */
@@ -4355,6 +4394,7 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
         w->sp_r[b] = nn > 0 ? 1.0 / sqrt((double)nn) : 0.0;
         w->sp_best[b] = -2.0;
     }
+    if (step) ei__spread_regroup(w->sp8, C, dq, w->sp8g, w->sp_sum128);
     pick = ei__spread_first(c, G, q->head_dim);
     for (;;) {
         double best = 4.0, rp = w->sp_r[pick];
@@ -4362,6 +4402,10 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
         idx[n++] = pick;
         if (n == R || n == C) break;
         w->sp_best[pick] = 3.0; /* taken: above every cosine */
+        if (step) {
+            pick = step(w->sp8g, w->sp_sum128, C, dq, w->sp8 + (size_t)pick * (size_t)dq, rp, w->sp_r, w->sp_best);
+            continue;
+        }
         dots(w->sp8, C, dq, w->sp8 + (size_t)pick * (size_t)dq, w->sp_dot);
         for (b = 0; b < C; ++b) { /* each candidate's largest cosine to the rows so far; the smallest is next */
             double cs = (double)w->sp_dot[b] * w->sp_r[b] * rp;
@@ -8483,7 +8527,7 @@ static int ei__rank_mass_i8_scalar(const ei__rank_q8 *q, const int64_t *tok, int
 
 static const ei__kernels ei__kernels_scalar = {EI_SIMD_SCALAR, ei__minmax_scalar, ei__rows_finite_scalar, ei__score_row_scalar, ei__dot_scalar,
                                                ei__sample_mass_scalar, ei__sample_mass_scalar, ei__rank_mass_i8_scalar,
-                                               ei__rank_keys_extend_scalar, NULL, NULL, NULL, NULL, NULL, 0, ei__spread_dots_scalar};
+                                               ei__rank_keys_extend_scalar, NULL, NULL, NULL, NULL, NULL, 0, ei__spread_dots_scalar, NULL};
 
 // >>isa-avx2: AVX2 + FMA + F16C, 8 lanes ------------------------------------
 #ifdef EI__HAVE_AVX2
@@ -8866,7 +8910,7 @@ EI__TARGET_AVX2 static void ei__spread_dots_avx2(const int8_t *cand, int64_t n, 
 static const ei__kernels ei__kernels_avx2 = {EI_SIMD_AVX2, ei__minmax_avx2, ei__rows_finite_avx2, ei__score_row_avx2, ei__dot_avx2,
                                              ei__sample_mass_avx2, ei__sample_mass_avx2, ei__rank_mass_i8_avx2,
                                              ei__rank_keys_extend_avx2, &ei__attn_avx2, NULL, NULL, ei__attn_decode_tile_avx2,
-                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS, ei__spread_dots_avx2};
+                                             ei__antidiag_group_avx2, EI__SAMPLE_ROWS, ei__spread_dots_avx2, NULL};
 #endif /* EI__HAVE_AVX2 */
 
 // >>isa-avx512: AVX-512 F/BW/DQ/VL, 16 lanes --------------------------------
@@ -9241,10 +9285,86 @@ EI__TARGET_AVX512 static void ei__spread_dots_avx512(const int8_t *cand, int64_t
         out[c] = _mm512_reduce_add_epi32(acc) + tail;
     }
 }
+#ifdef EI__HAVE_AVX512VNNI
+/* spread_step on vpdpbusd: 16 candidates a vector, 4 bytes of each per
+   instruction (the row's bytes + 128 as the unsigned operand, 128 x the
+   candidate's byte sum taken off after: exact), 64 candidates at a time;
+   then the cosines in double, 8 lanes, and the smallest with its
+   candidate, lanes kept apart until the end so that ties go to the
+   earliest candidate as in the plain loop. */
+EI__TARGET_AVX512VNNI static int64_t ei__spread_step_avx512vnni(const int8_t *t, const int32_t *sum128, int64_t n, int32_t dq,
+                                                                const int8_t *p, double rp, const double *r, double *best) {
+    const int64_t n16 = ei__round_up(n, 16);
+    const int32_t ng = dq / 4;
+    const __m512d vrp = _mm512_set1_pd(rp);
+    __m512d bv = _mm512_set1_pd(4.0); /* per lane: the smallest so far and its candidate */
+    __m512i bi = _mm512_setzero_si512(), idx = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    int32_t dots[64];
+    int64_t c, next = 0;
+    int32_t g, u;
+    double bmin = 4.0;
+    for (c = 0; c < n16; c += 64) {
+        const int32_t nv = (int32_t)EI__MIN((int64_t)4, (n16 - c) / 16);
+        const int8_t *tc = t + (size_t)c * 4u;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        if (nv == 4)
+            for (g = 0; g < ng; ++g) {
+                const __m512i pb = _mm512_set1_epi32((int32_t)(ei__ld32(p + (size_t)g * 4u) ^ 0x80808080u));
+                const int8_t *tg = tc + (size_t)g * (size_t)n16 * 4u;
+                a0 = _mm512_dpbusd_epi32(a0, pb, _mm512_loadu_si512(tg));
+                a1 = _mm512_dpbusd_epi32(a1, pb, _mm512_loadu_si512(tg + 64));
+                a2 = _mm512_dpbusd_epi32(a2, pb, _mm512_loadu_si512(tg + 128));
+                a3 = _mm512_dpbusd_epi32(a3, pb, _mm512_loadu_si512(tg + 192));
+            }
+        else
+            for (g = 0; g < ng; ++g) {
+                const __m512i pb = _mm512_set1_epi32((int32_t)(ei__ld32(p + (size_t)g * 4u) ^ 0x80808080u));
+                const int8_t *tg = tc + (size_t)g * (size_t)n16 * 4u;
+                a0 = _mm512_dpbusd_epi32(a0, pb, _mm512_loadu_si512(tg));
+                if (nv > 1) a1 = _mm512_dpbusd_epi32(a1, pb, _mm512_loadu_si512(tg + 64));
+                if (nv > 2) a2 = _mm512_dpbusd_epi32(a2, pb, _mm512_loadu_si512(tg + 128));
+            }
+        _mm512_storeu_si512(dots, _mm512_sub_epi32(a0, _mm512_loadu_si512(sum128 + c)));
+        if (nv > 1) _mm512_storeu_si512(dots + 16, _mm512_sub_epi32(a1, _mm512_loadu_si512(sum128 + c + 16)));
+        if (nv > 2) _mm512_storeu_si512(dots + 32, _mm512_sub_epi32(a2, _mm512_loadu_si512(sum128 + c + 32)));
+        if (nv > 3) _mm512_storeu_si512(dots + 48, _mm512_sub_epi32(a3, _mm512_loadu_si512(sum128 + c + 48)));
+        for (u = 0; u < nv * 16; u += 8) { /* 8 candidates: cosine, largest so far, smallest of those */
+            const int64_t b = c + u;
+            const __mmask8 in = (__mmask8)(b + 8 <= n ? 0xffu : b < n ? (1u << (n - b)) - 1u : 0u);
+            __m512d cs, bs;
+            __mmask8 lt;
+            if (!in) break;
+            cs = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)(dots + u))),
+                                             _mm512_maskz_loadu_pd(in, r + b)), vrp);
+            bs = _mm512_maskz_loadu_pd(in, best + b);
+            bs = _mm512_mask_mov_pd(bs, _mm512_cmp_pd_mask(cs, bs, _CMP_GT_OQ), cs);
+            _mm512_mask_storeu_pd(best + b, in, bs);
+            lt = _mm512_mask_cmp_pd_mask(in, bs, bv, _CMP_LT_OQ);
+            bv = _mm512_mask_mov_pd(bv, lt, bs);
+            bi = _mm512_mask_mov_epi64(bi, lt, _mm512_add_epi64(idx, _mm512_set1_epi64(b)));
+        }
+    }
+    { /* the lanes' minima: the smallest value, the earliest candidate among equals */
+        double v[8];
+        int64_t ix[8];
+        _mm512_storeu_pd(v, bv);
+        _mm512_storeu_si512(ix, bi);
+        for (u = 0; u < 8; ++u)
+            if (v[u] < bmin || (v[u] == bmin && ix[u] < next)) {
+                bmin = v[u];
+                next = ix[u];
+            }
+    }
+    return next;
+}
+#define EI__SPREAD_STEP_AVX512 ei__spread_step_avx512vnni
+#else
+#define EI__SPREAD_STEP_AVX512 NULL
+#endif
 static const ei__kernels ei__kernels_avx512 = {EI_SIMD_AVX512, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512, ei__dot_avx512,
                                                ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
                                                ei__rank_keys_extend_avx512, &ei__attn_avx512, NULL, NULL, ei__attn_decode_tile_avx512,
-                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
+                                               ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512, EI__SPREAD_STEP_AVX512};
 #endif /* EI__HAVE_AVX512 */
 
 // >>isa-avx512bf16: AVX512_BF16 (vdpbf16ps) attention for bf16 q, k, v ------
@@ -9486,7 +9606,7 @@ static const ei__kernels ei__kernels_avx512bf16 = {EI_SIMD_AVX512_BF16, ei__minm
                                                    ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512bf16,
                                                    ei__rank_mass_i8_avx512, ei__rank_keys_extend_avx512, &ei__attn_avx512,
                                                    &ei__attn_avx512bf16, NULL, ei__attn_decode_tile_avx512,
-                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
+                                                   ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512, EI__SPREAD_STEP_AVX512};
 #endif /* EI__HAVE_AVX512BF16 */
 
 // >>isa-amx: AMX-BF16 tiles for bf16 q, k, v ---------------------------------
@@ -9687,7 +9807,7 @@ static const ei__attn_stages ei__attn_amx = {ei__attn_pack_q_amx, ei__attn_prep_
 static const ei__kernels ei__kernels_amx = {EI_SIMD_AMX, ei__minmax_avx512, ei__rows_finite_avx512, ei__score_row_avx512,
                                             ei__dot_avx512, ei__sample_mass_avx512, ei__sample_mass_avx512, ei__rank_mass_i8_avx512,
                                             ei__rank_keys_extend_avx512, &ei__attn_avx512, &ei__attn_amx, NULL,
-                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512};
+                                            ei__attn_decode_tile_avx512, ei__antidiag_group_avx512, EI__SAMPLE_ROWS, ei__spread_dots_avx512, EI__SPREAD_STEP_AVX512};
 #endif /* EI__HAVE_AMX */
 
 // >>isa-neon: AArch64 Advanced SIMD, 4 lanes ---------------------------------
@@ -9914,7 +10034,7 @@ static int ei__rank_mass_i8_neon(const ei__rank_q8 *q, const int64_t *tok, int32
 static const ei__kernels ei__kernels_neon = {EI_SIMD_NEON, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon, ei__dot_neon,
                                              ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                              ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, NULL, ei__attn_decode_tile_neon,
-                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
+                                             ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar, NULL};
 
 /* The prep_kv of the kernels that read 16-bit keys in place (neon-bf16,
    neon-bfmmla, neon-fhm): key row pointers; values (bf16 or f16 rows) widened into the
@@ -9989,7 +10109,7 @@ static const ei__attn_stages ei__attn_neon_bf16 = {ei__attn_pack_q_pairs, ei__at
 static const ei__kernels ei__kernels_neon_bf16 = {EI_SIMD_NEON_BF16, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                   ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                                   ei__rank_keys_extend_scalar, &ei__attn_neon, &ei__attn_neon_bf16, NULL,
-                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
+                                                  ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar, NULL};
 
 /* neon-bfmmla (>>attention, Kernels): BFMMLA for Q K^T of all-bf16 calls,
    the neon stages for the rest. BFMMLA multiplies a 2 x 4 bf16 matrix (2
@@ -10087,7 +10207,7 @@ static const ei__kernels ei__kernels_neon_bfmmla = {EI_SIMD_NEON_BFMMLA, ei__min
                                                     ei__score_row_neon, ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon,
                                                     ei__rank_mass_i8_neon, ei__rank_keys_extend_scalar, &ei__attn_neon,
                                                     &ei__attn_neon_bfmmla, NULL, ei__attn_decode_tile_neon,
-                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
+                                                    ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar, NULL};
 #endif /* EI__HAVE_NEON_BF16 */
 
 #ifdef EI__HAVE_NEON_FHM
@@ -10207,7 +10327,7 @@ static const ei__attn_stages ei__attn_neon_fhm = {ei__attn_pack_q_f16_fhm, ei__a
 static const ei__kernels ei__kernels_neon_fhm = {EI_SIMD_NEON_FHM, ei__minmax_neon, ei__rows_finite_neon, ei__score_row_neon,
                                                  ei__dot_neon, ei__sample_mass_neon, ei__sample_mass_neon, ei__rank_mass_i8_neon,
                                                  ei__rank_keys_extend_scalar, &ei__attn_neon, NULL, &ei__attn_neon_fhm,
-                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar};
+                                                 ei__attn_decode_tile_neon, ei__antidiag_group_neon, EI__SAMPLE_ROWS, ei__spread_dots_scalar, NULL};
 #endif /* EI__HAVE_NEON_FHM */
 #endif /* EI__HAVE_NEON */
 
