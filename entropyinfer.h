@@ -115,7 +115,8 @@
    | EI_NO_AVX512BF16        | leave out the vdpbf16ps attention (EI_SIMD_AVX512_BF16)|
    | EI_NO_AMX               | leave out the AMX tile attention (EI_SIMD_AMX)         |
    | EI_NO_VNNI              | leave out vpdpbusd (EI_RANK_PRECISION_INT8's scores  |
-   |                         | then take int16 vpmaddwd; the same results)          |
+   |                         | and EI_RANK_ROWS_SPREAD's picking then take int16    |
+   |                         | vpmaddwd; the same results)                          |
    | EI_ATTN_PREFER_DPBF16   | AUTO: vdpbf16ps attention wherever present (default: |
    |                         | where its measured rate wins, ei_cpu_dpbf16_ratio)   |
    | EI_NO_NEON              | leave out the NEON path                               |
@@ -4340,11 +4341,6 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 }
 
 
-/* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): segment s's rows picked by
-   farthest point among its candidates (tokens t0 + j st, every query head of
-   kv head kvh's group; q holds the queries of tokens from q_pos on, all of
-   the segment's), into w->sp_tok / sp_head in token order, then head.
-   Returns 0 if a candidate holds NaN or +-inf. */
 /* The candidates [n][dq] regrouped for spread_step: t [dq/4][n rounded up
    to 16][4] (4 bytes of 16 candidates in 64 bytes; candidates past n zero)
    and sum128[c] = 128 x candidate c's byte sum. */
@@ -4365,6 +4361,11 @@ static void ei__spread_regroup(const int8_t *cand, int64_t n, int32_t dq, int8_t
         sum128[c] = 128 * sum;
     }
 }
+/* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): segment s's rows picked by
+   farthest point among its candidates (tokens t0 + j st, every query head of
+   kv head kvh's group; q holds the queries of tokens from q_pos on, all of
+   the segment's), into w->sp_tok / sp_head in token order, then head.
+   Returns 0 if a candidate holds NaN or +-inf. */
 static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_pos, int32_t kvh, int32_t G, int32_t s,
                            ei__profile_ws *w) {
     const ei_config *c = &ctx->cfg;
