@@ -4342,23 +4342,20 @@ static void ei__plan_rank_row(const ei_config *c, ei_plan *plan, int32_t kvh, in
 
 
 /* The candidates [n][dq] regrouped for spread_step: t [dq/4][n rounded up
-   to 16][4] (4 bytes of 16 candidates in 64 bytes; candidates past n zero)
-   and sum128[c] = 128 x candidate c's byte sum. */
+   to 16][4] (4 bytes of 16 candidates in 64 bytes; candidates past n zero,
+   and their sum128 entries, which the rounding wrote for the first n). */
 static void ei__spread_regroup(const int8_t *cand, int64_t n, int32_t dq, int8_t *t, int32_t *sum128) {
     const int64_t n16 = ei__round_up(n, 16);
     int64_t c;
-    int32_t g, i;
+    int32_t g;
     for (c = 0; c < n16; ++c) {
-        const int8_t *x = cand + (size_t)c * (size_t)dq;
-        int32_t sum = 0;
-        if (c >= n) {
-            for (g = 0; g < dq / 4; ++g) memset(t + ((size_t)g * (size_t)n16 + (size_t)c) * 4u, 0, 4);
-            sum128[c] = 0;
-            continue;
+        const int8_t *x = c < n ? cand + (size_t)c * (size_t)dq : NULL;
+        for (g = 0; g < dq / 4; ++g) {
+            int8_t *o = t + ((size_t)g * (size_t)n16 + (size_t)c) * 4u;
+            if (x) memcpy(o, x + (size_t)g * 4u, 4);
+            else memset(o, 0, 4);
         }
-        for (g = 0; g < dq / 4; ++g) memcpy(t + ((size_t)g * (size_t)n16 + (size_t)c) * 4u, x + (size_t)g * 4u, 4);
-        for (i = 0; i < dq; ++i) sum += x[i];
-        sum128[c] = 128 * sum;
+        if (!x) sum128[c] = 0;
     }
 }
 /* EI_RANK_ROWS_SPREAD (CONCEPTS: ranking): segment s's rows picked by
@@ -4387,7 +4384,7 @@ static int ei__spread_rows(const ei_context *ctx, const ei_tensor *q, int64_t q_
         v.n_tokens = 1;
         rk.k = r;
         rk.s = w->sp_s + b;
-        rk.sum128 = w->sp_dot + b;
+        rk.sum128 = w->sp_sum128 + b; /* 128 x its byte sum, for spread_step */
         rk.n = 0;
         rk.head = kvh * G + g;
         if (ctx->kern->rank_round_i8(&rk, &v, kvh * G + g, 1, w->keys)) return 0;
