@@ -29,7 +29,9 @@
                            run: even | strat | rand | fps | fpsw | sfps | sfpsh (the row
                            choices compared in docs/quality.md, "Rows where the queries
                            differ"; described above est_pick); estimate_rows=N (64),
-                           estimate_seed=S
+                           estimate_seed=S; shortlist=F: the estimator's rows see only
+                           the F x cap blocks the reference block score rates highest
+                           (with the sink and local blocks; described above est_mass)
          mass=1            also measure the attention mass that the ragged (and
                            per-segment) plans keep, as the oracle row does (costs a
                            dense softmax pass per sparse segment)
@@ -112,6 +114,22 @@ static struct {
 enum { EST_NONE, EST_EVEN, EST_STRAT, EST_RAND, EST_FPS, EST_FPSW, EST_SFPS, EST_SFPSH };
 static int est_kind = EST_NONE;
 static int32_t est_rows = 64, est_seed = 1;
+/* shortlist=F (with estimate=): the estimator's rows see only the blocks of a
+   shortlist, the F x cap blocks (cap: budget_max_factor x base_budget) that the
+   reference block score (the plan's EI_PLAN_SCORES row, computed for the
+   entropy by every ranking) rates highest, with the sink and local blocks;
+   each row's softmax is over those keys and its own segment's. */
+static double est_shortlist = 0.0;
+/* shortlist_by=ref (the reference block score, free) | mean (the rows against
+   each block's mean key: softmax over blocks of q.mean + ln bs) | bound (the rows
+   against each block's per-dimension key max and min: Quest's upper bound of
+   q.k in the block); shortlist_rows=N: the first N of the estimator's rows
+   score the shortlist (0: all) */
+enum { SL_REF, SL_MEAN, SL_BOUND };
+static int sl_by = SL_REF;
+static int32_t sl_rows = 0;
+static int32_t sl_fullnorm = 0; /* shortlist_norm=full: each row's softmax over every key (a diagnostic: what the
+                                   shortlist costs by its blocks alone), the mass kept only for the shortlist's */
 
 /* any option beyond the ranking that changes the sparse modes */
 static int ovr_changes_config(void) {
@@ -192,6 +210,20 @@ static int parse_override(const char *arg) {
     }
     if (!strncmp(arg, "estimate_rows=", 14)) return parse_count(arg + 14, &est_rows) || est_rows < 1 ? -1 : 0;
     if (!strncmp(arg, "estimate_seed=", 14)) return parse_count(arg + 14, &est_seed);
+    if (!strncmp(arg, "shortlist_by=", 13)) {
+        if (!strcmp(arg + 13, "ref")) sl_by = SL_REF;
+        else if (!strcmp(arg + 13, "mean")) sl_by = SL_MEAN;
+        else if (!strcmp(arg + 13, "bound")) sl_by = SL_BOUND;
+        else return -1;
+        return 0;
+    }
+    if (!strcmp(arg, "shortlist_norm=full")) { sl_fullnorm = 1; return 0; }
+    if (!strncmp(arg, "shortlist_rows=", 15)) return parse_count(arg + 15, &sl_rows);
+    if (!strncmp(arg, "shortlist=", 10)) {
+        char *end;
+        est_shortlist = strtod(arg + 10, &end);
+        return end == arg + 10 || *end || !(est_shortlist > 0) ? -1 : 0;
+    }
     if (!strncmp(arg, "precision=", 10)) {
         if (!strcmp(arg + 10, "f32")) ovr.precision = EI_RANK_PRECISION_F32;
         else if (!strcmp(arg + 10, "int8")) ovr.precision = EI_RANK_PRECISION_INT8;
@@ -256,8 +288,16 @@ typedef struct oracle_job {
 /* Row (token t, query head h) of layer l: its dense causal softmax over keys
    0..t, weight x its probability on each key before nb blocks added to
    mass[key / block]; w holds t + 1 floats. */
+static void row_mass_in(const gm_state *s, int l, int64_t row0, int64_t t, int h, int32_t nb, double weight,
+                        const uint8_t *in, float *w, double *mass);
 static void row_mass(const gm_state *s, int l, int64_t row0, int64_t t, int h, int32_t nb, double weight, float *w,
                      double *mass) {
+    row_mass_in(s, l, row0, t, h, nb, weight, NULL, w, mass);
+}
+/* row_mass over the keys of the blocks b < nb with in[b] set and every key
+   from block nb on (in NULL: every key): the softmax over those keys only. */
+static void row_mass_in(const gm_state *s, int l, int64_t row0, int64_t t, int h, int32_t nb, double weight,
+                        const uint8_t *in, float *w, double *mass) {
     const gm_hparams *hp = &s->m->hp;
     const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, R = H / G, bs = s->ei_cfg.block_size;
     const float *kc = s->k_cache[l], *q = s->q + ((size_t)(t - row0) * H + h) * D;
@@ -268,6 +308,7 @@ static void row_mass(const gm_state *s, int l, int64_t row0, int64_t t, int h, i
         const float *k = kc + ((size_t)key * G + h / R) * D;
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dot = 0; /* 8 lanes: the compiler vectorizes it */
         int d, u;
+        if (in && !sl_fullnorm && key < (int64_t)nb * bs && !in[key / bs]) { w[key] = -INFINITY; continue; }
         for (d = 0; d + 8 <= D; d += 8)
             for (u = 0; u < 8; u++) acc[u] += q[d + u] * k[d + u];
         for (; d < D; d++) dot += q[d] * k[d];
@@ -276,7 +317,8 @@ static void row_mass(const gm_state *s, int l, int64_t row0, int64_t t, int h, i
         if (w[key] > mx) mx = w[key];
     }
     for (key = 0; key <= t; key++) sum += (w[key] = expf(w[key] - mx));
-    for (key = 0; key < (int64_t)nb * bs; key++) mass[key / bs] += weight * w[key] / sum;
+    for (key = 0; key < (int64_t)nb * bs; key++)
+        if (!in || in[key / bs]) mass[key / bs] += weight * w[key] / sum;
 }
 
 /* Thread ith: for its queries of the segment [seg_start, seg_start + seg_len) and
@@ -321,6 +363,7 @@ typedef struct est_job {
     const int64_t *tok;
     const int32_t *head;
     const double *w;
+    const uint8_t *in; /* the shortlist (shortlist=F), or NULL */
     double *mass; /* [nth][nb] */
     int failed;
 } est_job;
@@ -330,7 +373,7 @@ static void est_task(void *arg, int ith, int nth) {
     float *w = (float *)malloc((size_t)(j->seg_start + j->s->ei_cfg.segment_size) * sizeof(float));
     int32_t i;
     if (!w) { j->failed = 1; return; }
-    for (i = ith; i < j->n_rows; i += nth) row_mass(j->s, j->l, j->row0, j->tok[i], j->head[i], j->nb, j->w[i], w, mass);
+    for (i = ith; i < j->n_rows; i += nth) row_mass_in(j->s, j->l, j->row0, j->tok[i], j->head[i], j->nb, j->w[i], j->in, w, mass);
     free(w);
 }
 static uint64_t est_rng;
@@ -435,6 +478,76 @@ static int32_t est_pick(const gm_state *s, int kv, int64_t t0, int32_t len, int3
         return n;
     }
 }
+/* est_shortlist's blocks of kv head kv's segment at t0 (nb before it) into in[nb]. */
+static const float *sl_prob;
+static int sl_desc(const void *a, const void *b) {
+    const float x = sl_prob[*(const int32_t *)a], y = sl_prob[*(const int32_t *)b];
+    return x > y ? -1 : x < y ? 1 : *(const int32_t *)a - *(const int32_t *)b;
+}
+/* The rows' block scores by mean key or bound into sc[nb] (mass summed over rows). */
+static int sl_row_scores(const gm_state *s, int l, int kv, int32_t nb, int64_t row0, const int64_t *tok,
+                         const int32_t *head, int32_t n, float *sc) {
+    const gm_hparams *hp = &s->m->hp;
+    const int H = hp->n_head, G = hp->n_kv_head, D = hp->head_dim, bs = s->ei_cfg.block_size;
+    float *rep = (float *)malloc((size_t)nb * 2 * D * sizeof(float)), *lg = (float *)malloc((size_t)nb * sizeof(float));
+    int32_t b, i, d, e;
+    if (!rep || !lg) { free(rep); free(lg); return -1; }
+    for (b = 0; b < nb; b++) { /* [b][0]: mean or max, [b][1]: min */
+        float *a = rep + (size_t)b * 2 * D, *z = a + D;
+        for (d = 0; d < D; d++) { a[d] = sl_by == SL_MEAN ? 0.0f : -INFINITY; z[d] = INFINITY; }
+        for (e = 0; e < bs; e++) {
+            const float *k = s->k_cache[l] + ((size_t)((int64_t)b * bs + e) * G + kv) * D;
+            for (d = 0; d < D; d++) {
+                if (sl_by == SL_MEAN) a[d] += k[d] / bs;
+                else { a[d] = k[d] > a[d] ? k[d] : a[d]; z[d] = k[d] < z[d] ? k[d] : z[d]; }
+            }
+        }
+    }
+    for (b = 0; b < nb; b++) sc[b] = 0.0f;
+    for (i = 0; i < n; i++) {
+        const float *q = s->q + ((size_t)(tok[i] - row0) * H + head[i]) * D;
+        float mx = -INFINITY;
+        double z = 0;
+        for (b = 0; b < nb; b++) {
+            const float *a = rep + (size_t)b * 2 * D, *zz = a + D;
+            float dot = 0;
+            for (d = 0; d < D; d++) dot += sl_by == SL_MEAN ? q[d] * a[d] : (q[d] * a[d] > q[d] * zz[d] ? q[d] * a[d] : q[d] * zz[d]);
+            lg[b] = dot * hp->attn_scale;
+            if (lg[b] > mx) mx = lg[b];
+        }
+        for (b = 0; b < nb; b++) z += (lg[b] = expf(lg[b] - mx));
+        for (b = 0; b < nb; b++) sc[b] += (float)(lg[b] / z);
+    }
+    free(rep); free(lg);
+    return 0;
+}
+static int est_shortlist_blocks(const gm_state *s, int l, int kv, int64_t t0, int32_t nb, int64_t row0, const int64_t *tok,
+                                const int32_t *head, int32_t n, uint8_t *in) {
+    const ei_plan *p = &s->plans[l];
+    const ei_config *c = &s->ei_cfg;
+    const int32_t seg = (int32_t)(t0 / c->segment_size);
+    const int64_t L = (int64_t)(est_shortlist * c->budget_max_factor * c->base_budget / c->block_size);
+    int32_t *ord = (int32_t *)malloc((size_t)nb * sizeof(int32_t)), b;
+    float *sc = NULL;
+    if (nb <= 0 || !ord || !p->scores) { free(ord); return -1; }
+    sl_prob = p->scores + EI_PLAN_ROW(p, kv, seg) * (size_t)(p->blk_capacity > 0 ? p->blk_capacity : 1);
+    if (sl_by != SL_REF) {
+        if (!(sc = (float *)malloc((size_t)nb * sizeof(float))) ||
+            sl_row_scores(s, l, kv, nb, row0, tok, head, sl_rows > 0 && sl_rows < n ? sl_rows : n, sc)) { free(sc); free(ord); return -1; }
+        sl_prob = sc;
+    }
+    for (b = 0; b < nb; b++) ord[b] = b;
+    qsort(ord, (size_t)nb, sizeof *ord, sl_desc);
+    memset(in, 0, (size_t)nb);
+    for (b = 0; b < nb && b < L; b++) in[ord[b]] = 1;
+    for (b = 0; b < nb && b < c->sink_blocks; b++) in[b] = 1;
+    for (b = nb - c->local_blocks > 0 ? nb - c->local_blocks : 0; b < nb; b++) in[b] = 1;
+    free(ord);
+    free(sc);
+    return 0;
+}
+static int64_t sl_blocks, sl_all; /* blocks the shortlists held, of all the visible ones */
+
 /* The estimator's block mass of kv head kv into mk[nb] (zeroed first). */
 static int est_mass(gm_state *s, int l, int kv, int64_t t0, int32_t len, int32_t nb, int64_t row0, double *mk) {
     const int nth = gm_pool_size(s->pool);
@@ -450,7 +563,15 @@ static int est_mass(gm_state *s, int l, int kv, int64_t t0, int32_t len, int32_t
     j.tok = tok; j.head = head; j.w = w;
     j.mass = (double *)calloc((size_t)nth * nb, sizeof(double));
     if (n < 0 || !j.mass) { free(tok); free(head); free(w); free(j.mass); return -1; }
+    if (est_shortlist > 0) {
+        uint8_t *in = (uint8_t *)malloc((size_t)nb);
+        if (!in || est_shortlist_blocks(s, l, kv, t0, nb, row0, tok, head, n, in)) { free(in); free(tok); free(head); free(w); free(j.mass); return -1; }
+        for (b = 0; b < nb; b++) sl_blocks += in[b];
+        sl_all += nb;
+        j.in = in;
+    }
     gm_pool_run(s->pool, est_task, &j);
+    free((void *)j.in);
     for (b = 0; b < nb; b++) {
         double v = 0;
         for (i = 0; i < nth; i++) v += j.mass[(size_t)i * nb + b];
@@ -1004,6 +1125,11 @@ int main(int argc, char **argv) {
        common engine choice (K/V cached in bf16) moves a dense run, for scale */
     for (n_ppl = 0; n_ppl < n_modes; n_ppl++) ppl_modes[n_ppl] = n_ppl;
     if (est_kind != EST_NONE) n_ppl = 1; /* an estimator's run: dense (cached) and the oracle row only */
+    if (est_shortlist > 0 && (est_kind == EST_NONE || !ovr.oracle)) {
+        fprintf(stderr, "gemma-eval: shortlist= needs estimate= (and the oracle row)\n");
+        return 2;
+    }
+    if (est_shortlist > 0) gm_plan_extra_flags |= EI_PLAN_SCORES;
     if (ovr.oracle) ppl_modes[n_ppl++] = M_ORACLE;
     if (!ovr.no_reference) ppl_modes[n_ppl++] = M_BF16KV;
     md = fopen(out_path, "w");
@@ -1211,6 +1337,9 @@ int main(int argc, char **argv) {
         fprintf(md, ".\n");
     }
 done:
+    if (sl_all)
+        fprintf(md, "\nShortlist (shortlist=%g): %.1f%% of the visible blocks, over the estimator's segments.\n",
+                est_shortlist, 100.0 * (double)sl_blocks / (double)sl_all);
     fprintf(md, "\nTotal evaluation time: %.0f s.\n", gm_now() - t_start);
     fclose(md);
     if (write_json(1, gm_now() - t_start)) { fprintf(stderr, "gemma-eval: cannot write %s\n", json_path); return 1; }

@@ -559,6 +559,7 @@ static void attn_task(void *arg, int ith, int nth) {
 }
 
 /* ================================================================ state */
+uint32_t gm_plan_extra_flags = 0;
 int gm_ei_shared_env(void) { return getenv("GEMMA_EI_SHARED") && atoi(getenv("GEMMA_EI_SHARED")) != 0; }
 
 int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx, int max_batch,
@@ -648,7 +649,7 @@ int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx
         for (l = 0; l < hp->n_layer; l++) {
             if (!m->layers[l].is_global) continue;
             if (mode == GM_ATTN_EI_SPARSE) {
-                if ((r = ei_plan_init(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED, NULL, 0)) != EI_OK)
+                if ((r = ei_plan_init(s->ei, &s->plans[l], max_ctx, hp->n_kv_head, D, EI_PLAN_CHUNKED | gm_plan_extra_flags, NULL, 0)) != EI_OK)
                     { gguf_fail(err, errlen, "entropyinfer: ei_plan_init: %s (%s)", ei_result_name(r), ei_last_error()); goto bad; }
                 if (!(s->dec_mem[l] = malloc(sizes.decoder))) goto oom;
                 if ((r = ei_decoder_init(s->ei, &s->decs[l], H, hp->n_kv_head, D, s->dec_mem[l], sizes.decoder)) != EI_OK)

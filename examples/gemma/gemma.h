@@ -170,6 +170,9 @@ typedef struct gm_state {
    entropyinfer for GM_ATTN_EI_* modes; NULL: ei_config_default(). */
 /* 1 when GEMMA_EI_SHARED asks for one shared keep set (what gm_state_init reads) */
 int gm_ei_shared_env(void);
+/* EI_PLAN_* flags added to every plan gm_state_init lays out (0; eval's
+   shortlist= diagnostic sets EI_PLAN_SCORES to read the reference block scores) */
+extern uint32_t gm_plan_extra_flags;
 int gm_state_init(gm_state *s, const gm_model *m, gm_pool *pool, int64_t max_ctx, int max_batch,
                   gm_attn_mode mode, const void *ei_cfg, char *err, size_t errlen);
 void gm_state_free(gm_state *s);
