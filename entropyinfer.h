@@ -466,7 +466,7 @@
    read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
    them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
-   reads only the new keys. A plan of the library's memory (ei_plan_init
+   reads only the new keys (a roll-back builds them all again once). A plan of the library's memory (ei_plan_init
    with memory NULL) grows with the prompt (ei_plan_grow): allocate it for
    a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
@@ -937,8 +937,9 @@ enum { EI_HEAD_DYNAMIC = 0, EI_HEAD_RIGID = 1 };
 #define EI_PLAN_CHUNKED 1u   /* plan also holds the state of chunked planning */
 #define EI_PLAN_SCORES  2u   /* plan also stores the observation scores */
 #define EI_PLAN_KEEP_KEYS 4u /* with EI_PLAN_CHUNKED: the plan keeps the key blocks' min/max, so
-                                each ei_profile_chunk reads only the keys that are new; without it
-                                (smaller plans) every call reads all keys so far (LIMITS) */
+                                each ei_profile_chunk reads only the keys that are new (after a
+                                roll-back: all, once); without it (smaller plans) every call reads
+                                all keys so far (LIMITS) */
 
 /* A per-layer, per-sequence sparsity plan. Arrays are caller-visible and
    laid out as below, the same on CPU and GPU (ei__plan_geometry):
@@ -5000,8 +5001,12 @@ static void ei__chunk_clear_rows(ei_plan *plan, int32_t kvh, int64_t s0, int64_t
 
 /* Bring head kvh's chunk end to q_pos. Rolling back forgets every segment
    from q_pos on (a segment cut at q_pos is planned again from the queries
-   given after q_pos: those before it are not stored). Skipping ahead leaves
-   the segments wholly inside the gap unplanned (their recurrence unknown). */
+   given after q_pos: those before it are not stored), and the key store
+   (EI_PLAN_KEEP_KEYS) whole: an engine rolls back when its cache changed,
+   and a change may reach below the cut (llama.cpp's context shift rotates
+   the keys it keeps), so the next call builds the store from the cache
+   again, as a plan without it does every call. Skipping ahead leaves the
+   segments wholly inside the gap unplanned (their recurrence unknown). */
 static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64_t q_pos) {
     ei__head_state *st = &ei__plan_states(plan)[kvh];
     int64_t s_pos = q_pos / c->segment_size;
@@ -5010,7 +5015,7 @@ static void ei__chunk_seek(const ei_config *c, ei_plan *plan, int32_t kvh, int64
                              ei__ceil_div(st->tokens_done, c->segment_size));
         st->open_valid = 0;
         st->last_final = 0;
-        st->blocks_done = EI__MIN(st->blocks_done, q_pos / c->block_size);
+        st->blocks_done = 0;
     }
     st->tokens_done = q_pos;
 }

@@ -1753,12 +1753,12 @@ static ei_result api_profile_chunk(const ei_config *cfg, const ei_tensor *q, con
     const bool replan = q ? (plan->final && open_valid && open_seg < sq) : true;
     const int64_t blk_cap = plan->blk_capacity > 0 ? plan->blk_capacity : 1, pad = (blk_cap + 15) / 16 * 16;
     /* EI_PLAN_KEEP_KEYS: the plan stores the key blocks' min/max; those stored for sure are the blocks the
-       last call's last segment sees, and a roll-back keeps the blocks wholly before q_pos; the chunk builds
-       [kb0, nblk). Without the store (smaller plans) it builds [0, nblk) in the workspace. Either way it
-       scans its keys (a final one: to n) */
+       last call's last segment sees, and a roll-back builds them all again (ei__chunk_seek: the cache may
+       have changed below the cut); the chunk builds [kb0, nblk). Without the store (smaller plans) it
+       builds [0, nblk) in the workspace. Either way it scans its keys (a final one: to n) */
     const bool store = (plan->flags & EI_PLAN_KEEP_KEYS) != 0;
     const int64_t stored = store && T > 0 ? ((T + seg - 1) / seg - 1) * bps : 0;
-    const int64_t kb0 = std::min(rollback ? std::min(stored, q_pos / bs) : stored, nblk);
+    const int64_t kb0 = std::min(rollback ? (int64_t)0 : stored, nblk);
     const int64_t scan_end = is_final ? (n + bs - 1) / bs : nblk, kblocks = ((scan_end - kb0) * D + 255) / 256;
     const int64_t raw_stride = nblk > 0 ? nblk : 1;
     ProfileWs w = {};
@@ -4799,9 +4799,9 @@ __global__ void mass_zero_kernel(const MassParams p) {
    candidate's row (NC 16-byte chunks, NC 4 / 8 / 16: head_dim 64 / 128 /
    256; NC 0, other sizes: read from shared memory each pick), 1 / sqrt(norm)
    and largest cosine so far in registers, so a pick reads only the picked
-   row (a broadcast), then one warp reduction, one barrier, and every warp
-   reduces the warps' minima itself (two buffers: a warp cannot be a pick
-   ahead of a warp still reading). The rows are the CPU's bit for bit: the
+   row (a broadcast), then one warp reduction (spread_warp_min), one
+   barrier, and every warp reduces the warps' minima itself (two buffers: a
+   warp cannot be a pick ahead of a warp still reading). The rows are the CPU's bit for bit: the
    rounding is ei__quant_i8's (correctly rounded f32 divisions), the dots
    are exact int32, the cosines the same double products, and the
    reductions pick the smallest (cosine, candidate) pair, the earliest
@@ -4818,18 +4818,29 @@ static size_t spread_smem_bytes(int64_t C, int D, int R) {
 }
 /* threads of spread_pick_kernel<NC>: 512 at 16 chunks (64 registers of row) */
 static __host__ __device__ constexpr int spread_threads(int NC) { return NC == 16 ? 512 : SP_THREADS; }
-/* the smaller of two (value, candidate) pairs, the earlier candidate on ties */
-__device__ __forceinline__ void spread_min(double &v, int &i, double ov, int oi) {
-    if (ov < v || (ov == v && oi < i)) { v = ov; i = oi; }
+/* A largest cosine as an unsigned key of the same order: the cosines are
+   finite, never -0 (a zero dot gives +0: its factors are >= 0), so the
+   order of the keys is that of the doubles, ties included. */
+__device__ __forceinline__ unsigned long long spread_key(double v) {
+    const unsigned long long b = (unsigned long long)__double_as_longlong(v);
+    return (b >> 63) ? ~b : b | 0x8000000000000000ull;
 }
-__device__ __forceinline__ void spread_warp_min(double &v, int &i) {
-    for (int o = 16; o; o >>= 1) spread_min(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+/* The smallest (key, candidate) pair of the warp, the earliest candidate on
+   ties, in every lane: three redux.sync (the key's halves, then the
+   candidate among the lanes that hold the key) instead of a butterfly of
+   double compares, so that a pick waits on few dependent steps. */
+__device__ __forceinline__ void spread_warp_min(unsigned long long &k, int &i) {
+    const unsigned hi = (unsigned)(k >> 32), lo = (unsigned)k;
+    const unsigned mh = __reduce_min_sync(0xffffffffu, hi);
+    const unsigned ml = __reduce_min_sync(0xffffffffu, hi == mh ? lo : 0xffffffffu);
+    i = (int)__reduce_min_sync(0xffffffffu, hi == mh && lo == ml ? (unsigned)i : 0xffffffffu);
+    k = (unsigned long long)mh << 32 | ml;
 }
-__device__ __forceinline__ void spread_dot4(int4 a, int4 y, int &d0, int &d1) { /* two chains: the exact sum either way */
-    d0 = __dp4a(a.x, y.x, d0);
-    d1 = __dp4a(a.y, y.y, d1);
-    d0 = __dp4a(a.z, y.z, d0);
-    d1 = __dp4a(a.w, y.w, d1);
+__device__ __forceinline__ void spread_dot4(int4 a, int4 y, int (&d)[4]) { /* four chains: the exact sum either way */
+    d[0] = __dp4a(a.x, y.x, d[0]);
+    d[1] = __dp4a(a.y, y.y, d[1]);
+    d[2] = __dp4a(a.z, y.z, d[2]);
+    d[3] = __dp4a(a.w, y.w, d[3]);
 }
 /* Candidate b (= j G + g) of segment s: its int8 row (zeros past D: the dots read whole chunks) and
    1 / sqrt(norm), by one warp; NaN / Inf in q flag PF_NAN_Q. */
@@ -4856,7 +4867,7 @@ __global__ void __launch_bounds__(spread_threads(NC)) spread_pick_kernel(const M
     int4 *cand = (int4 *)sp_smem;
     double *r = (double *)(cand + (int64_t)C * rc);
     int *picks = (int *)(r + C);
-    __shared__ double red_v[2][NW];
+    __shared__ unsigned long long red_k[2][NW];
     __shared__ int red_i[2][NW];
     if (!ei__spread_whole(&p.cfg, s, p.q_lo, p.q_lo, p.n)) return; /* the even rows: the table is not read */
     for (int b = warp; b < C; b += NW) spread_candidate(p, s, kvh, b, nc, (signed char *)(cand + (int64_t)b * rc), r + b);
@@ -4874,28 +4885,29 @@ __global__ void __launch_bounds__(spread_threads(NC)) spread_pick_kernel(const M
     for (;;) {
         if (tid == 0) picks[n] = pick;
         if (++n == nmax) break;
-        double v = 4.0; /* no candidate: above every candidate */
-        int bi = tid;
+        unsigned long long key = ~0ull; /* no candidate: above every candidate */
+        int bi = 0x7fffffff;
         if (mine) {
             const int4 *pr = cand + (int64_t)pick * rc;
-            int d0 = 0, d1 = 0;
+            int d[4] = {0, 0, 0, 0};
             if (NC) {
 #pragma unroll
-                for (int c = 0; c < (NC ? NC : 1); c++) spread_dot4(own[c], pr[c], d0, d1);
+                for (int c = 0; c < (NC ? NC : 1); c++) spread_dot4(own[c], pr[c], d);
             } else
-                for (int c = 0; c < nc; c++) spread_dot4(x[c], pr[c], d0, d1);
-            const double cs = __dmul_rn(__dmul_rn((double)(d0 + d1), rb), r[pick]);
+                for (int c = 0; c < nc; c++) spread_dot4(x[c], pr[c], d);
+            const double cs = __dmul_rn(__dmul_rn((double)((d[0] + d[1]) + (d[2] + d[3])), rb), r[pick]);
             if (tid == pick) best = 3.0;
             else if (cs > best) best = cs;
-            v = best;
+            key = spread_key(best);
+            bi = tid;
         }
-        spread_warp_min(v, bi);
-        if (lane == 0) { red_v[n & 1][warp] = v; red_i[n & 1][warp] = bi; }
+        spread_warp_min(key, bi);
+        if (lane == 0) { red_k[n & 1][warp] = key; red_i[n & 1][warp] = bi; }
         __syncthreads();
-        v = 4.0; bi = NT;
-        if (lane < NW) { v = red_v[n & 1][lane]; bi = red_i[n & 1][lane]; }
-        spread_warp_min(v, bi);
-        pick = bi; /* every lane of every warp: the butterfly leaves the minimum in all */
+        key = ~0ull; bi = 0x7fffffff;
+        if (lane < NW) { key = red_k[n & 1][lane]; bi = red_i[n & 1][lane]; }
+        spread_warp_min(key, bi);
+        pick = bi; /* every lane of every warp: redux.sync leaves the minimum in all */
     }
     if (tid == 0) /* candidate order */
         for (int i = 1; i < n; i++) {

@@ -186,6 +186,9 @@ struct ei_options {
     bool      budget_set = false;
     bool        gpu          = true;  // serve layers whose cache is in CUDA memory (the CUDA plugin)
     bool        gpu_timing   = false; // time the GPU ops, synchronising around each
+    // keep_keys=1: plans made with EI_PLAN_KEEP_KEYS, so that each micro-batch's planning reads
+    // only the new keys' block min/max (head_dim bytes more plan memory per cell and kv head)
+    bool        keep_keys    = false;
     std::string cuda_library;         // the plugin's path (empty: $EI_CUDA_LIBRARY, then the header's search)
 };
 
@@ -360,12 +363,12 @@ static bool ei_set_one(const std::string & item, std::string & err) {
         o.min_tokens = (int) iv;
         return true;
     }
-    if (name == "gpu" || name == "gpu_timing") {
+    if (name == "gpu" || name == "gpu_timing" || name == "keep_keys") {
         if (!ei_parse_int(value, 0, 1, iv)) {
             err = name + ": expected 0 or 1, got '" + value + "'";
             return false;
         }
-        (name == "gpu" ? o.gpu : o.gpu_timing) = iv != 0;
+        (name == "gpu" ? o.gpu : name == "gpu_timing" ? o.gpu_timing : o.keep_keys) = iv != 0;
         return true;
     }
     if (name == "cuda_library") {
@@ -761,6 +764,12 @@ static ei_exec ei_part(int ith, int nth, void * ws, size_t bytes) {
     return x;
 }
 
+// The flags of every plan the glue makes: chunked (a prompt comes in micro-batches), and with
+// keep_keys=1 the key blocks' min/max kept in the plan.
+static uint32_t ei_plan_flags() {
+    return EI_PLAN_CHUNKED | (ei_opts().keep_keys ? EI_PLAN_KEEP_KEYS : 0u);
+}
+
 // Every buffer of a layer's calls (ei_layer_sizes) over max_tokens cache rows, on n_threads
 // threads or parts (the GPU: 1, one launch sequence).
 static ei_result ei_sizes_of(const ei_context * c, const ei_layer * L, int64_t max_tokens, int n_threads, ei_sizes * sizes) {
@@ -769,7 +778,7 @@ static ei_result ei_sizes_of(const ei_context * c, const ei_layer * L, int64_t m
     shape.n_heads    = L->n_head;
     shape.n_kv_heads = L->n_head_kv;
     shape.head_dim   = L->head_dim;
-    shape.plan_flags = EI_PLAN_CHUNKED;
+    shape.plan_flags = ei_plan_flags();
     shape.n_threads  = n_threads;
     return ei_layer_sizes(c, &shape, sizes);
 }
@@ -1079,13 +1088,13 @@ llama_ei_state * llama_ei_context_init(const llama_model & model, const llama_cp
         const ei_config & c = st->opts.cfg;
         fprintf(stderr, "entropyinfer: on, mode %s, executor %s, segment_size %d, block_size %d, threshold_len %lld, base_budget %d, "
                 "last_segment_dense %d, per_segment_budget %d, ranking %s (rank_samples %d, rank_rows %s, rank_precision %s, top_p %g, sink_blocks %d, "
-                "local_blocks %d), min_tokens %d, simd %s; %s\n",
+                "local_blocks %d), min_tokens %d, keep_keys %d, simd %s; %s\n",
                 k_mode_names[st->opts.mode], k_executor_names[st->opts.executor], (int) c.segment_size, (int) c.block_size, (long long) c.threshold_len,
                 (int) c.base_budget, (int) c.last_segment_dense, (int) c.per_segment_budget,
                 k_ranking_names[c.ranking == EI_RANK_SAMPLED ? 1 : 0], (int) c.rank_samples,
                 k_rows_names[c.rank_rows == EI_RANK_ROWS_SPREAD ? 1 : 0],
                 k_precision_names[c.rank_precision == EI_RANK_PRECISION_INT8 ? 1 : 0], c.top_p, (int) c.sink_blocks,
-                (int) c.local_blocks, st->opts.min_tokens,
+                (int) c.local_blocks, st->opts.min_tokens, (int) st->opts.keep_keys,
                 ei_simd_name(ei_context_config(st->ctx0)->simd),
                 cparams.flash_attn ? "flash attention on: the V cache is head-major, layers can be served"
                                    : "flash attention off: llama.cpp stores the V cache transposed, so no layer can be "
@@ -1869,7 +1878,7 @@ static ei_plan * ei_layer_plan(llama_ei_state * st, ei_layer * L, int32_t seq) {
         // a GPU plan holds the seq's cells (it does not grow); a CPU plan starts at
         // EI_PLAN_FIRST tokens and grows with the prompt (ei_layer_plans_grow)
         const int64_t n = L->gpu ? L->plan_tokens : std::min<int64_t>(L->plan_tokens, EI_PLAN_FIRST);
-        if (ei_plan_init(L->ctx, &L->plans[(size_t) seq], n, L->n_head_kv, L->head_dim, EI_PLAN_CHUNKED,
+        if (ei_plan_init(L->ctx, &L->plans[(size_t) seq], n, L->n_head_kv, L->head_dim, ei_plan_flags(),
                          nullptr, 0) != EI_OK) {
             ei_report_once(std::string("plan allocation failed: ") + ei_last_error() + ": entropyinfer's dense attention");
             return nullptr;
