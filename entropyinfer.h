@@ -466,9 +466,10 @@
    read of K so far per chunk: n^2 / chunk work); EI_PLAN_KEEP_KEYS keeps
    them in the plan instead, 2 x head_dim x 4 bytes per block and kv head
    (1 KiB per token for 8 kv heads of 128: 33.6 MiB at 32k), and each call
-   reads only the new keys (a roll-back builds them all again once). A plan of the library's memory (ei_plan_init
-   with memory NULL) grows with the prompt (ei_plan_grow): allocate it for
-   a micro-batch or two, not the context. Planning a 32k prompt of that shape in chunks
+   reads only the new keys (a roll-back builds them all again once). A plan
+   of the library's memory (ei_plan_init with memory NULL) grows with the
+   prompt (ei_plan_grow): allocate it for a micro-batch or two, not the
+   context. Planning a 32k prompt of that shape in chunks
    of 512 (bench/bench_profile 32768 32 8 128 1 2 512 [1], bf16, one thread,
    AVX2, 2-core AMD EPYC VM): 1068-1152 ms without the store (three runs),
    317 ms with it, 289 ms as one ei_profile call; the plans are the same.

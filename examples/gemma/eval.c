@@ -30,8 +30,10 @@
                            choices compared in docs/quality.md, "Rows where the queries
                            differ"; described above est_pick); estimate_rows=N (64),
                            estimate_seed=S; shortlist=F: the estimator's rows see only
-                           the F x cap blocks the reference block score rates highest
-                           (with the sink and local blocks; described above est_mass)
+                           the F x cap blocks a cheap score rates highest (with the sink
+                           and local blocks), shortlist_by=ref|mean|bound,
+                           shortlist_rows=N, shortlist_norm=full (described above
+                           est_shortlist)
          mass=1            also measure the attention mass that the ragged (and
                            per-segment) plans keep, as the oracle row does (costs a
                            dense softmax pass per sparse segment)
@@ -114,14 +116,15 @@ static struct {
 enum { EST_NONE, EST_EVEN, EST_STRAT, EST_RAND, EST_FPS, EST_FPSW, EST_SFPS, EST_SFPSH };
 static int est_kind = EST_NONE;
 static int32_t est_rows = 64, est_seed = 1;
-/* shortlist=F (with estimate=): the estimator's rows see only the blocks of a
-   shortlist, the F x cap blocks (cap: budget_max_factor x base_budget) that the
-   reference block score (the plan's EI_PLAN_SCORES row, computed for the
-   entropy by every ranking) rates highest, with the sink and local blocks;
-   each row's softmax is over those keys and its own segment's. */
+/* shortlist=F (with estimate=; issue 35, docs/quality.md "Shortlists"): the
+   estimator's rows see only the blocks of a shortlist, the F x cap blocks
+   (cap: budget_max_factor x base_budget) that a cheap score rates highest,
+   with the sink and local blocks; each row's softmax is over those keys and
+   its own segment's. */
 static double est_shortlist = 0.0;
-/* shortlist_by=ref (the reference block score, free) | mean (the rows against
-   each block's mean key: softmax over blocks of q.mean + ln bs) | bound (the rows
+/* shortlist_by=ref (the reference block score: the plan's EI_PLAN_SCORES row,
+   which every ranking computes for the entropy) | mean (the rows against each
+   block's mean key: a softmax over blocks of q . mean) | bound (the rows
    against each block's per-dimension key max and min: Quest's upper bound of
    q.k in the block); shortlist_rows=N: the first N of the estimator's rows
    score the shortlist (0: all) */
@@ -478,7 +481,7 @@ static int32_t est_pick(const gm_state *s, int kv, int64_t t0, int32_t len, int3
         return n;
     }
 }
-/* est_shortlist's blocks of kv head kv's segment at t0 (nb before it) into in[nb]. */
+/* the shortlist's order: score descending, then block (sl_prob: the scores) */
 static const float *sl_prob;
 static int sl_desc(const void *a, const void *b) {
     const float x = sl_prob[*(const int32_t *)a], y = sl_prob[*(const int32_t *)b];
@@ -521,6 +524,8 @@ static int sl_row_scores(const gm_state *s, int l, int kv, int32_t nb, int64_t r
     free(rep); free(lg);
     return 0;
 }
+/* est_shortlist's blocks of kv head kv's segment at t0 (nb before it) into in[nb], scored by
+   sl_by (with the rows tok/head[0..n) for mean and bound). */
 static int est_shortlist_blocks(const gm_state *s, int l, int kv, int64_t t0, int32_t nb, int64_t row0, const int64_t *tok,
                                 const int32_t *head, int32_t n, uint8_t *in) {
     const ei_plan *p = &s->plans[l];
