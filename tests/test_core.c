@@ -665,6 +665,17 @@ static ei_result chunk_step(const ei_context *ctx, const synth_layer *L, ei_plan
     qc.n_tokens = e - t;
     return ei_profile_chunk(ctx, x, e < 0 ? NULL : &qc, &kc, plan, t, (int)call[2]);
 }
+/* One call on both plans (ref without the key store, on one thread; got with it, as xg says), then
+   the plans compared; protocol -1: the roll-back onto changed keys. Returns 1 (a comparison). */
+static int key_store_step(const ei_context *ctx, const synth_layer *L, ei_plan *ref, ei_plan *got, const long call[3],
+                          const ei_exec *x1, const ei_exec *xg, int sm, int p, int i) {
+    ei_result r0 = chunk_step(ctx, L, ref, call, x1), r1 = chunk_step(ctx, L, got, call, xg);
+    CHECK(r0 == EI_OK && r1 == EI_OK, "%s: protocol %d call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), p, i,
+          ei_result_name(r0), ei_result_name(r1), ei_last_error());
+    CHECK(plans_equal(ref, got), "%s%s: protocol %d call %d: the plan with the key store differs", ei_simd_name((ei_simd)sm),
+          xg != x1 ? " (2 threads)" : "", p, i);
+    return 1;
+}
 static void test_chunked_key_store(void) {
     synth_layer L = synth_layer_make(1500, 8, 2, 32, 64, 21);
     int sm, p, i, mt, n_cmp = 0;
@@ -696,29 +707,14 @@ static void test_chunked_key_store(void) {
         CHECK_ERR(ei_plan_init(ctx, &got, L.n, L.kv, L.dim, EI_PLAN_CHUNKED | EI_PLAN_KEEP_KEYS, NULL, 0), EI_OK);
         for (mt = 0; mt < 2; ++mt)
             for (p = 0; p < CHUNK_PROTOCOLS; ++p)
-                for (i = 0; i < 4 && (CHUNK_KEY_STORE_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i) {
-                    ei_result r0 = chunk_step(ctx, &L, &ref, chunk_protocols[p][i], &x1);
-                    ei_result r1 = chunk_step(ctx, &L, &got, chunk_protocols[p][i], mt ? &x2 : &x1);
-                    CHECK(r0 == EI_OK && r1 == EI_OK, "%s: protocol %d call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), p,
-                          i, ei_result_name(r0), ei_result_name(r1), ei_last_error());
-                    CHECK(plans_equal(&ref, &got), "%s%s: protocol %d call %d: the plan with the key store differs",
-                          ei_simd_name((ei_simd)sm), mt ? " (2 threads)" : "", p, i);
-                    n_cmp++;
-                }
+                for (i = 0; i < 4 && (CHUNK_KEY_STORE_MASK >> p & 1u) && chunk_protocols[p][i][2] >= 0; ++i)
+                    n_cmp += key_store_step(ctx, &L, &ref, &got, chunk_protocols[p][i], &x1, mt ? &x2 : &x1, sm, p, i);
         { /* a roll-back after the keys below the cut changed (llama.cpp's context shift rotates the keys it
              keeps): the store is built again, so the plans stay equal */
             synth_layer M = synth_layer_make(1500, 8, 2, 32, 64, 22), H = L;
             static const long steps[3][3] = {{0, 900, 0}, {600, 1200, 0}, {1200, 1500, 1}};
             H.k = M.k; H.tk = M.tk; /* L's queries, other keys */
-            for (i = 0; i < 3; ++i) {
-                const synth_layer *Li = i ? &H : &L;
-                ei_result r0 = chunk_step(ctx, Li, &ref, steps[i], &x1), r1 = chunk_step(ctx, Li, &got, steps[i], &x2);
-                CHECK(r0 == EI_OK && r1 == EI_OK, "%s: changed keys, call %d: %s / %s (%s)", ei_simd_name((ei_simd)sm), i,
-                      ei_result_name(r0), ei_result_name(r1), ei_last_error());
-                CHECK(plans_equal(&ref, &got), "%s: changed keys, call %d: the plan with the key store differs",
-                      ei_simd_name((ei_simd)sm), i);
-                n_cmp++;
-            }
+            for (i = 0; i < 3; ++i) n_cmp += key_store_step(ctx, i ? &H : &L, &ref, &got, steps[i], &x1, &x2, sm, -1, i);
             synth_layer_free(&M);
         }
         free(ws);
